@@ -1,0 +1,27 @@
+"""Install the ``testbed`` package and its ``testbed`` console command.
+
+Pinned dependency versions live in ``requirements.lock`` (installed by ``install.sh``);
+``install_requires`` here names what the package imports, without pins, so that
+``pip install -e .`` never fights the lock file.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="aset-testbed",
+    version="0.1.0",
+    description="Network-emulation testbed for scheduling DNN inference on edge clusters (ASET)",
+    python_requires=">=3.11,<3.12",
+    packages=find_packages(include=["testbed", "testbed.*"]),
+    install_requires=[
+        "pydantic>=2",
+        "PyYAML",
+        "networkx",
+        "topohub",
+        "aiohttp",
+        "rich",
+        "pandas",
+        "numpy",
+    ],
+    entry_points={"console_scripts": ["testbed=testbed.cli:main"]},
+)

@@ -1,0 +1,404 @@
+"""``testbed run``: bring up the emulation, run the workload, measure, tear down.
+
+Order: checks (root, tools, model zoo) -> lock + cleanup of leftovers -> intent log -> Mininet build
+-> link emulators -> ryu-manager -> switches -> wait until the controller sees every switch and
+link -> RTT self-check -> inference servers (CPU-limited, warmed up) -> sources -> progress until
+the load ends -> summary. Whatever happens (Ctrl-C, a crash, a failed check), the ``finally``
+block stops everything we started and removes our namespaces, interfaces, bridges and cgroups;
+records written so far stay in the run directory.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from datetime import datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from testbed.emulation import cgroups
+from testbed.emulation.cleanup import (
+    RUN_ENV,
+    RunLockedError,
+    acquire_lock,
+    foreign_bridges,
+    remove_leftovers,
+    write_state,
+)
+from testbed.emulation.network import (
+    Emulation,
+    EmulationError,
+    choose_datapath,
+    choose_link_emulator,
+    planned_root_interfaces,
+)
+from testbed.emulation.selfcheck import check_rtts
+from testbed.plan import Plan
+from testbed.summary import print_summary, summarize
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+REQUIRED_TOOLS = ("ovs-vsctl", "mnexec", "ethtool", "ping", "tc", "ip")
+GRACE_MS = 2000.0  # how long a source waits past a query's deadline before calling it unanswered
+
+
+class RunError(RuntimeError):
+    """A precondition or a self-check failed; the message says what to do."""
+
+
+def _preflight(plan: Plan) -> None:
+    if os.geteuid() != 0:
+        raise RunError("testbed run needs root (Mininet, Open vSwitch, cgroups): run it with sudo")
+    missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
+    if missing:
+        raise RunError(f"missing tools: {', '.join(missing)}; run ./install.sh")
+    ovs = subprocess.run(["ovs-vsctl", "--timeout=5", "show"], capture_output=True, text=True)
+    if ovs.returncode != 0:
+        raise RunError("Open vSwitch is not running (ovs-vsctl show failed): start it with "
+                       "`/usr/share/openvswitch/scripts/ovs-ctl start` (./install.sh does this)")
+
+
+def _model_table(plan: Plan) -> dict:
+    """Accuracy (manifest) and expected service time (profile p95 / CPU share) per model, checked."""
+    from testbed.inference import zoo
+
+    exp = plan.experiment
+    zoo_dir = REPO_ROOT / exp.zoo_dir if not Path(exp.zoo_dir).is_absolute() else Path(exp.zoo_dir)
+    prof_dir = REPO_ROOT / exp.profiles_dir if not Path(exp.profiles_dir).is_absolute() else Path(exp.profiles_dir)
+    zoo.ensure_zoo(zoo_dir)
+    manifest = zoo.load_manifest(zoo_dir)
+    variants = manifest["variants"]
+    for c in plan.clusters:
+        for m in c.models:
+            if m not in variants:
+                raise RunError(f"cluster {c.name!r}: model {m!r} is not in the zoo ({', '.join(variants)})")
+    for a in exp.applications:
+        if a.family != manifest["family"]:
+            raise RunError(f"application {a.name!r}: family {a.family!r} not in the zoo (has {manifest['family']!r})")
+    return {"zoo_dir": zoo_dir, "variants": variants,
+            "p95_ms": {m: zoo.load_profile(prof_dir, m)["p95_ms"] for m in variants}}
+
+
+def _source_configs(plan: Plan, models: dict, run_dir: Path, start_ns: int, duration_s: float) -> list[Path]:
+    exp = plan.experiment
+    paths = []
+    for i, s in enumerate(plan.sources):
+        apps = []
+        for a in exp.applications:
+            rate = sum(w.rate_qps for w in exp.workload
+                       if w.application == a.name and (w.sources == "all" or s.name in w.sources))
+            if rate > 0:
+                apps.append({"name": a.name, "deadline_ms": a.deadline_ms, "min_accuracy": a.min_accuracy,
+                             "rate_qps": rate})
+        if not apps:
+            continue
+        options = [{"cluster": c.name, "ip": c.ip, "model": m, "rtt_ms": plan.rtt_ms(s.name, c.name),
+                    # Expected t_m at the cluster's share: the 1-core p95 stretched by the CFS quota.
+                    "service_ms": models["p95_ms"][m] / min(1.0, c.cpu_cores or 1.0),
+                    "accuracy": models["variants"][m]["accuracy"]}
+                   for c in plan.clusters for m in c.models]
+        cfg = {"source": s.name, "source_index": i, "seed": exp.seed, "policy": exp.policy,
+               "start_ns": start_ns, "duration_s": duration_s, "grace_ms": GRACE_MS,
+               "server_port": exp.emulation.server_port, "applications": apps, "options": options,
+               "payloads": str(models["zoo_dir"] / "payloads.npz"),
+               "records": str(run_dir / "sources" / f"{s.name}.records.csv")}
+        p = run_dir / "sources" / f"{s.name}.json"
+        p.write_text(json.dumps(cfg, indent=1))
+        paths.append(p)
+    return paths
+
+
+class _LinkPoller(threading.Thread):
+    """Polls the controller's per-link utilization into ``link_stats.csv`` every interval."""
+
+    FIELDS = ["t", "a", "a_port", "b", "b_port", "kind", "capacity_mbps", "rate_mbps_ab", "rate_mbps_ba",
+              "util_ab", "util_ba", "drops_ab", "drops_ba", "drops_total"]
+
+    def __init__(self, rest_url: str, path: Path, interval_s: float):
+        super().__init__(daemon=True)
+        self.rest_url, self.path, self.interval_s = rest_url, path, interval_s
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        from testbed.controller import get_links
+
+        with open(self.path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.FIELDS, extrasaction="ignore")
+            w.writeheader()
+            while not self.stop_event.wait(self.interval_s):
+                try:
+                    for row in get_links(self.rest_url):
+                        w.writerow(row)
+                    f.flush()
+                except Exception:  # noqa: BLE001 - a missed poll is not worth stopping the run
+                    continue
+
+
+def _count_records(files: list[Path], offsets: dict, counts: dict) -> None:
+    for f in files:
+        if not f.exists():
+            continue
+        with open(f) as fh:
+            fh.seek(offsets.get(f, 0))
+            chunk = fh.read()
+            cut = chunk.rfind("\n") + 1
+            offsets[f] = offsets.get(f, 0) + len(chunk[:cut].encode())
+            for line in chunk[:cut].splitlines():
+                if line.startswith("query_id"):
+                    continue
+                counts["n"] += 1
+                counts["ok"] += ",success," in line
+
+
+def _print_rtt(results, console: Console, run_dir: Path) -> None:
+    with open(run_dir / "rtt_check.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["source", "cluster", "dpids", "expected_rtt_ms", "median_rtt_ms", "error_ms",
+                     "tolerance_ms", "samples_ms", "ok"])
+        for r in results:
+            w.writerow([r.source, r.cluster, " ".join(map(str, r.dpids)), f"{r.expected_ms:.3f}",
+                        f"{r.median_ms:.3f}", f"{r.error_ms:.3f}", f"{r.tolerance_ms:.3f}",
+                        " ".join(f"{x:.3f}" for x in r.samples), int(r.ok)])
+    errs = sorted(abs(r.error_ms) for r in results if r.samples)
+    t = Table(title="RTT self-check (controller path, 2 x sum of one-way delays)")
+    for col in ("source", "cluster", "expected ms", "measured median ms", "error ms", "ok"):
+        t.add_column(col)
+    for r in results:
+        t.add_row(r.source, r.cluster, f"{r.expected_ms:.2f}", f"{r.median_ms:.2f}", f"{r.error_ms:+.2f}",
+                  "[green]yes[/green]" if r.ok else "[red]NO[/red]")
+    console.print(t)
+    if errs:
+        console.print(f"RTT error |measured - expected|: median {errs[len(errs) // 2]:.3f} ms, max {errs[-1]:.3f} ms")
+
+
+def _raise_interrupt(signum, frame) -> None:
+    """SIGTERM handler: unwind exactly like Ctrl-C, so the same teardown runs."""
+    raise KeyboardInterrupt
+
+
+def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
+                   duration_s: float | None = None, link_emulator: str | None = None) -> int:
+    """Run a planned experiment end to end. Returns the process exit code (0 ok, 3 failed check,
+    130 interrupted). Writes everything under ``runs_dir/<timestamp>-<name>/``.
+
+    Raises:
+        RunError: a precondition failed before anything was built.
+    """
+    console = console or Console()
+    exp = plan.experiment
+    try:
+        _preflight(plan)
+        models = _model_table(plan)
+    except RunError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    duration_s = duration_s or exp.duration_s
+    run_id = f"{datetime.now():%Y%m%d-%H%M%S}-{exp.name}"
+    base = Path(runs_dir) if runs_dir else (REPO_ROOT / exp.runs_dir if not Path(exp.runs_dir).is_absolute()
+                                             else Path(exp.runs_dir))
+    run_dir = base / run_id
+    for sub in ("logs", "linkemu", "clusters", "sources"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    try:
+        lock = acquire_lock()
+    except RunLockedError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    prev_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
+    os.environ[RUN_ENV] = run_id
+    python = sys.executable
+    emu: Emulation | None = None
+    ctrl = None
+    servers: dict[str, subprocess.Popen] = {}
+    sources: list[subprocess.Popen] = []
+    poller = None
+    status = 0
+    timings: dict[str, float] = {}
+    t_start = time.monotonic()
+    with ExitStack() as stack:
+        try:
+            left = remove_leftovers()
+            if left:
+                console.print(f"removed {left} leftover item(s) of an earlier run")
+            le = choose_link_emulator(link_emulator or exp.emulation.link_emulator)
+            dp = choose_datapath(exp.emulation.datapath)
+            console.print(f"run {run_id}: link delay by [bold]{le}[/bold], OVS datapath [bold]{dp}[/bold]; "
+                          f"results in {run_dir}")
+            bridges = [s.name for s in plan.switches]
+            foreign = foreign_bridges(bridges, {run_id})
+            if foreign:
+                raise RunError(f"OVS bridge(s) {', '.join(foreign)} exist and are not ours; remove them or "
+                               f"rename the switches (topology node 'name')")
+            state = {"run_id": run_id, "pid": os.getpid(), "bridges": bridges,
+                     "interfaces": planned_root_interfaces(plan, le),
+                     "cgroups": [str(cgroups.ROOT / sub / f"testbed-{run_id}-{c.name}")
+                                 for c in plan.clusters for sub in ("cpu", "memory", "")]}
+            write_state(state)
+            plan.write_json(run_dir / "plan.json")
+            (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "link_emulator": le, "datapath": dp,
+                                                          "duration_s": duration_s}, indent=1))
+
+            from testbed import controller as ctl
+
+            with console.status("building the network (Mininet)..."):
+                emu = Emulation(plan, le, dp, run_dir)
+                emu.build()
+                emu.start_link_emulators(python)
+            sw_dpid = {s.name: s.dpid for s in plan.switches}
+            cfg_path = run_dir / "controller.json"
+            ctl.write_config(
+                cfg_path,
+                switches=[{"name": s.name, "dpid": s.dpid} for s in plan.switches],
+                links=[{"a": sw_dpid[lk.a], "b": sw_dpid[lk.b], "delay_ms": lk.delay_ms,
+                        "bandwidth_mbps": lk.bandwidth_mbps} for lk in plan.links],
+                hosts=[{"name": h.name, "mac": h.mac, "ip": h.ip, "dpid": sw_dpid[h.switch],
+                        "port": emu.host_ports[h.name], "delay_ms": 0.0, "bandwidth_mbps": h.bandwidth_mbps}
+                       for h in plan.hosts],
+                stats_interval_s=exp.emulation.stats_interval_s,
+            )
+            rest_url = f"http://127.0.0.1:{exp.emulation.rest_port}"
+            with console.status("starting ryu-manager and the switches..."):
+                ctrl = ctl.start_controller(cfg_path, exp.emulation.of_port, exp.emulation.rest_port,
+                                            run_dir / "logs" / "controller.log")
+                emu.start_switches(run_id)
+                ctl.wait_ready(rest_url, timeout_s=60 + 2 * len(plan.links))
+            timings["network_s"] = time.monotonic() - t_start
+            console.print(f"controller ready: {len(plan.switches)} switches, {len(plan.links)} links discovered, "
+                          f"flows installed ({timings['network_s']:.1f} s)")
+
+            def path_of(src_mac: str, dst_mac: str):
+                p = ctl.get_path(rest_url, src_mac, dst_mac)
+                return p["dpids"], p["delay_ms"]
+
+            if exp.emulation.rtt_check:
+                with console.status("RTT self-check (ping every source -> cluster path)..."):
+                    results = check_rtts(emu, plan, path_of, exp.emulation.ping_count,
+                                         exp.emulation.rtt_tolerance_ms, exp.emulation.rtt_tolerance_pct)
+                _print_rtt(results, console, run_dir)
+                bad = [r for r in results if not r.ok]
+                if bad:
+                    raise EmulationError(
+                        f"RTT self-check failed on {len(bad)} path(s), e.g. {bad[0].source} -> {bad[0].cluster}: "
+                        f"measured {bad[0].median_ms:.2f} ms vs expected {bad[0].expected_ms:.2f} ms "
+                        f"(tolerance {bad[0].tolerance_ms:.2f} ms). The emulated delays are not trustworthy on "
+                        f"this machine now (CPU overload?); see {run_dir / 'rtt_check.csv'}")
+
+            with console.status("starting inference servers (TensorFlow, warm-up)..."):
+                for c in plan.clusters:
+                    cg = cgroups.create_limited_group(f"testbed-{run_id}-{c.name}", c.cpu_cores,
+                                                      next(x.memory_mib for x in exp.clusters if x.name == c.name))
+                    log = stack.enter_context(open(run_dir / "logs" / f"server-{c.name}.log", "w"))
+                    cmd = [python, "-m", "testbed.inference.server", "--host", "0.0.0.0",
+                           "--port", str(exp.emulation.server_port), "--zoo", str(models["zoo_dir"]),
+                           "--models", ",".join(c.models), "--workers", str(c.workers),
+                           "--threads", str(max(1, math.ceil(c.cpu_cores))),
+                           "--queue-limit", str(next(x.queue_limit for x in exp.clusters if x.name == c.name)),
+                           "--stats-file", str(run_dir / "clusters" / f"{c.name}.stats.json"),
+                           "--ready-file", str(run_dir / "clusters" / f"{c.name}.ready.json")]
+                    p = emu.node(c.name).popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+                    cgroups.add_process(cg, p.pid)
+                    servers[c.name] = p
+                deadline = time.monotonic() + 180
+                while True:
+                    waiting = [n for n in servers if not (run_dir / "clusters" / f"{n}.ready.json").exists()]
+                    dead = [n for n, p in servers.items() if p.poll() is not None]
+                    if dead:
+                        raise RunError(f"inference server {dead[0]} exited (code {servers[dead[0]].returncode}); "
+                                       f"see {run_dir / 'logs' / f'server-{dead[0]}.log'}")
+                    if not waiting:
+                        break
+                    if time.monotonic() > deadline:
+                        raise RunError(f"inference servers {', '.join(waiting)} not ready after 180 s; "
+                                       f"see {run_dir / 'logs'}")
+                    time.sleep(0.2)
+            timings["bringup_s"] = time.monotonic() - t_start
+            console.print(f"{len(servers)} inference servers ready; bring-up took {timings['bringup_s']:.1f} s")
+
+            poller = _LinkPoller(rest_url, run_dir / "link_stats.csv", exp.emulation.stats_interval_s)
+            poller.start()
+            start_ns = time.time_ns() + 1_000_000_000
+            for cfg in _source_configs(plan, models, run_dir, start_ns, duration_s):
+                name = cfg.stem
+                log = stack.enter_context(open(run_dir / "logs" / f"source-{name}.log", "w"))
+                sources.append(emu.node(name).popen([python, "-m", "testbed.workload", str(cfg)],
+                                                    stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT)))
+            files = sorted((run_dir / "sources").glob("*.json"))
+            files = [f.with_name(f"{f.stem}.records.csv") for f in files]
+            offsets: dict = {}
+            counts = {"n": 0, "ok": 0}
+            with Progress(TextColumn("[bold]load[/bold]"), BarColumn(), TimeElapsedColumn(),
+                          TextColumn("{task.fields[info]}"), console=console, transient=False) as prog:
+                task = prog.add_task("load", total=duration_s, info="")
+                t_load = time.time()
+                hard_stop = time.monotonic() + duration_s + 1 + GRACE_MS / 1e3 + 30
+                while any(p.poll() is None for p in sources) and time.monotonic() < hard_stop:
+                    time.sleep(0.5)
+                    _count_records(files, offsets, counts)
+                    sr = counts["ok"] / counts["n"] if counts["n"] else 0.0
+                    prog.update(task, completed=min(duration_s, max(0.0, time.time() - t_load - 1)),
+                                info=f"{counts['n']} queries, success {sr:.3f}")
+            failed = [p for p in sources if p.returncode not in (0, None)]
+            if failed:
+                console.print(f"[yellow]warning:[/yellow] {len(failed)} source(s) exited with an error; "
+                              f"see {run_dir / 'logs'}")
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted: stopping; what was measured so far is kept[/yellow]")
+            status = 130
+        except (EmulationError, RunError, cgroups.CgroupError) as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            status = 3
+        except Exception as exc:  # noqa: BLE001 - tear down, then report
+            from testbed.controller import ControllerNotReady
+
+            if not isinstance(exc, ControllerNotReady):
+                raise
+            console.print(f"[red]error:[/red] {exc}")
+            status = 3
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for p in sources:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGINT)
+            for p in list(servers.values()):
+                if p.poll() is None:
+                    p.terminate()
+            for p in sources + list(servers.values()):
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            if poller is not None:
+                poller.stop_event.set()
+                poller.join(timeout=3)
+            if emu is not None:
+                try:
+                    emu.stop()
+                except Exception as exc:  # noqa: BLE001 - cleanup below still runs
+                    console.print(f"[yellow]warning:[/yellow] Mininet stop: {exc}")
+            if ctrl is not None:
+                from testbed.controller import stop_controller
+
+                stop_controller(ctrl)
+            remove_leftovers()
+            os.close(lock)
+            signal.signal(signal.SIGTERM, prev_handler)
+            os.environ.pop(RUN_ENV, None)
+    records = list((run_dir / "sources").glob("*.records.csv"))
+    if records:
+        s = summarize(run_dir, duration_s)
+        s["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
+        (run_dir / "summary.json").write_text(json.dumps(s, indent=2))
+        print_summary(s, console, run_dir)
+    console.print(f"run directory: {run_dir}")
+    return status

@@ -1,0 +1,236 @@
+"""Topology input: topohub datasets, Topology Zoo GraphML files and our own YAML.
+
+Each loader returns a :class:`RawTopology`: nodes and links exactly as the source gives them
+(nothing merged or dropped yet). :mod:`testbed.plan` applies the validation rules.
+
+Our YAML format (see ``topologies/triangle.yaml``)::
+
+    name: triangle
+    nodes:
+      - {id: A, lat: 45.0, lon: 7.0}            # optional: label, name (Mininet switch name), dpid
+    links:
+      - {a: A, b: B, delay: 5ms, bandwidth: 100Mbit/s}   # delay/bandwidth optional, loss_pct optional
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from testbed.config import _unit_pair
+from testbed.units import parse_delay_ms, parse_rate_mbps
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TOPOLOGIES_DIR = REPO_ROOT / "topologies"
+EARTH_RADIUS_KM = 6371.0088  # IUGG mean Earth radius
+
+
+class TopologyError(ValueError):
+    """The topology is invalid or cannot be loaded; the message names the offending item."""
+
+
+@dataclass
+class RawNode:
+    """A topology node as given by its source. ``lat``/``lon`` in degrees, or None if unknown."""
+
+    id: str
+    label: str
+    lat: float | None = None
+    lon: float | None = None
+    name: str | None = None
+    dpid: int | None = None
+
+
+@dataclass
+class RawLink:
+    """An undirected link as given by its source; None means 'derive it' (delay) or 'default'."""
+
+    a: str
+    b: str
+    delay_ms: float | None = None
+    bandwidth_mbps: float | None = None
+    loss_pct: float = 0.0
+
+
+@dataclass
+class RawTopology:
+    """Nodes and links before validation. ``origin`` decides how lenient the rules are."""
+
+    name: str
+    origin: Literal["yaml", "topohub", "graphml"]
+    nodes: list[RawNode]
+    links: list[RawLink]
+    notes: list[str] = field(default_factory=list)
+
+
+def great_circle_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
+    """Haversine great-circle distance in km between two (lat, lon) points in degrees."""
+    p1, p2 = math.radians(lat1), math.radians(lat2)
+    dp, dl = p2 - p1, math.radians(lon2 - lon1)
+    h = math.sin(dp / 2) ** 2 + math.cos(p1) * math.cos(p2) * math.sin(dl / 2) ** 2
+    return 2 * EARTH_RADIUS_KM * math.asin(min(1.0, math.sqrt(h)))
+
+
+# --- our YAML -------------------------------------------------------------------------------
+
+class _YNode(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str | int
+    label: str | None = None
+    lat: float | None = Field(None, ge=-90, le=90)
+    lon: float | None = Field(None, ge=-180, le=180)
+    name: str | None = None
+    dpid: int | str | None = None
+
+
+class _YLink(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    a: str | int
+    b: str | int
+    delay_ms: float | None = Field(None, ge=0)
+    bandwidth_mbps: float | None = Field(None, gt=0)
+    loss_pct: float = Field(0.0, ge=0, le=100)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = _unit_pair(data, "delay", parse_delay_ms, "ms")
+        return _unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
+
+
+class _YTopo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    nodes: list[_YNode] = Field(min_length=1)
+    links: list[_YLink]
+
+
+def _parse_dpid(value: int | str | None, item: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value, 16)
+    except ValueError:
+        raise TopologyError(f"{item}: dpid {value!r} is neither an integer nor a hex string") from None
+
+
+def load_yaml_topology(path: Path) -> RawTopology:
+    """Load our YAML topology format.
+
+    Raises:
+        TopologyError: unreadable file, invalid YAML, or schema errors (each located, e.g. ``links.2.delay``).
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise TopologyError(f"cannot read topology {path}: {exc}") from None
+    try:
+        topo = _YTopo.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{path}: invalid topology"]
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+            lines.append(f"  {loc}: {msg}")
+        raise TopologyError("\n".join(lines)) from None
+    nodes = [
+        RawNode(id=str(n.id), label=n.label or str(n.id), lat=n.lat, lon=n.lon, name=n.name,
+                dpid=_parse_dpid(n.dpid, f"node {n.id}"))
+        for n in topo.nodes
+    ]
+    links = [RawLink(str(lk.a), str(lk.b), lk.delay_ms, lk.bandwidth_mbps, lk.loss_pct) for lk in topo.links]
+    return RawTopology(topo.name, "yaml", nodes, links)
+
+
+# --- topohub --------------------------------------------------------------------------------
+
+def load_topohub(key: str) -> RawTopology:
+    """Load ``group/name`` from topohub's embedded repository (positions are (lon, lat)).
+
+    Note: topohub drops nodes that lack coordinates before we see them; the plan says so.
+
+    Raises:
+        TopologyError: unknown key.
+    """
+    import topohub
+
+    try:
+        data = topohub.get(key)
+    except (KeyError, FileNotFoundError, ValueError):
+        raise TopologyError(
+            f"topohub has no topology {key!r} (examples: topozoo/Abilene, sndlib/polska, gabriel/25/0)"
+        ) from None
+    nodes = []
+    for n in data["nodes"]:
+        pos = n.get("pos")
+        lon, lat = (pos[0], pos[1]) if pos else (None, None)
+        nodes.append(RawNode(id=str(n["id"]), label=str(n.get("name", n["id"])), lat=lat, lon=lon))
+    links = [RawLink(str(e["source"]), str(e["target"])) for e in data["edges"]]
+    notes = [f"topohub {key}: nodes without coordinates are dropped by topohub itself, before loading"]
+    return RawTopology(str(data["graph"].get("name", key)), "topohub", nodes, links, notes)
+
+
+# --- Topology Zoo GraphML -------------------------------------------------------------------
+
+def load_graphml(path: Path) -> RawTopology:
+    """Load a Topology Zoo GraphML file (node keys ``Latitude``/``Longitude``/``label``).
+
+    Parallel edges are kept (read as a multigraph) so the plan can report them.
+
+    Raises:
+        TopologyError: unreadable or malformed file.
+    """
+    import networkx as nx
+
+    try:
+        g = nx.read_graphml(path, force_multigraph=True)
+    except (OSError, nx.NetworkXError, SyntaxError, ValueError) as exc:
+        raise TopologyError(f"cannot read GraphML {path}: {exc}") from None
+    nodes = []
+    for nid, attrs in g.nodes(data=True):
+        lat, lon = attrs.get("Latitude"), attrs.get("Longitude")
+        nodes.append(RawNode(id=str(nid), label=str(attrs.get("label", nid)),
+                             lat=float(lat) if lat is not None else None,
+                             lon=float(lon) if lon is not None else None))
+    links = [RawLink(str(a), str(b)) for a, b, _k in g.edges(keys=True)]
+    return RawTopology(str(g.graph.get("label", g.graph.get("Network", path.stem))), "graphml", nodes, links)
+
+
+def resolve_topology_path(source: str, base_dir: Path) -> Path:
+    """Find a topology file named in an experiment: relative to the experiment, then ``topologies/``."""
+    p = Path(source)
+    for cand in ([p] if p.is_absolute() else [base_dir / p, TOPOLOGIES_DIR / p, p]):
+        if cand.is_file():
+            return cand
+    raise TopologyError(f"topology file {source!r} not found (looked in {base_dir} and {TOPOLOGIES_DIR})")
+
+
+def load_topology(source: str, base_dir: Path = Path(".")) -> RawTopology:
+    """Load a topology from ``topohub:GROUP/NAME``, a ``.graphml`` file or a ``.yaml`` file.
+
+    Raises:
+        TopologyError: unknown scheme/extension, missing file, or a loader error.
+    """
+    if source.startswith("topohub:"):
+        return load_topohub(source.removeprefix("topohub:"))
+    path = resolve_topology_path(source, base_dir)
+    if path.suffix.lower() == ".graphml":
+        return load_graphml(path)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return load_yaml_topology(path)
+    raise TopologyError(f"topology {source!r}: expected topohub:GROUP/NAME, a .graphml or a .yaml file")
+
+
+def raw_from_dict(data: dict, origin: Literal["yaml", "topohub", "graphml"] = "yaml") -> RawTopology:
+    """Build a :class:`RawTopology` from plain dicts (tests and programmatic use)."""
+    nodes = [RawNode(**n) for n in data["nodes"]]
+    links = [RawLink(**lk) for lk in data["links"]]
+    return RawTopology(data.get("name", "topology"), origin, nodes, links)
+
