@@ -17,7 +17,7 @@ from testbed.config import ConfigError
 from testbed.plan import Plan, PlanError, plan_experiment
 from testbed.topology import TopologyError
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def print_plan(plan: Plan) -> None:

@@ -20,7 +20,9 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -187,215 +189,273 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
-                   duration_s: float | None = None, link_emulator: str | None = None) -> int:
-    """Run a planned experiment end to end. Returns the process exit code (0 ok, 3 failed check,
-    130 interrupted). Writes everything under ``runs_dir/<timestamp>-<name>/``.
+@dataclass
+class Live:
+    """A running emulation: Mininet network, ryu-manager, and where to reach the controller."""
 
-    Raises:
-        RunError: a precondition failed before anything was built.
-    """
-    console = console or Console()
+    plan: Plan
+    emu: Emulation
+    run_id: str
+    run_dir: Path
+    rest_url: str
+    link_emulator: str
+    datapath: str
+    bringup_s: float
+
+    def path_of(self, src_mac: str, dst_mac: str) -> tuple[list[int], float]:
+        """The controller's installed path (DPIDs) and its one-way delay in ms."""
+        from testbed.controller import get_path
+
+        p = get_path(self.rest_url, src_mac, dst_mac)
+        return p["dpids"], p["delay_ms"]
+
+
+def new_run_dir(plan: Plan, runs_dir: Path | None = None) -> tuple[str, Path]:
+    """A fresh ``<runs_dir>/<YYYYmmdd-HHMMSS>-<name>`` directory with its sub-folders."""
     exp = plan.experiment
-    try:
-        _preflight(plan)
-        models = _model_table(plan)
-    except RunError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
-    duration_s = duration_s or exp.duration_s
     run_id = f"{datetime.now():%Y%m%d-%H%M%S}-{exp.name}"
     base = Path(runs_dir) if runs_dir else (REPO_ROOT / exp.runs_dir if not Path(exp.runs_dir).is_absolute()
                                              else Path(exp.runs_dir))
     run_dir = base / run_id
     for sub in ("logs", "linkemu", "clusters", "sources"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    try:
-        lock = acquire_lock()
-    except RunLockedError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
-    prev_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
+    return run_id, run_dir
+
+
+@contextmanager
+def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str | None = None,
+                     console: Console | None = None) -> Iterator[Live]:
+    """Bring up the network of ``plan`` and tear it down on exit, whatever happens.
+
+    Takes the single-run lock, removes leftovers of earlier runs, writes the intent log, builds
+    Mininet, starts link emulators, ryu-manager and the switches, and waits until the controller has
+    every switch and link. On exit: Mininet stopped, controller stopped, and every process,
+    bridge, interface and cgroup of this run removed.
+
+    Raises:
+        RunError: not root, missing tools, OVS not running, or a bridge name owned by someone else.
+        RunLockedError: another run is active.
+        EmulationError: Mininet could not build, or netem/kernel datapath forced but missing.
+        testbed.controller.ControllerNotReady: switches or links missing after the timeout.
+    """
+    from testbed import controller as ctl
+
+    console = console or Console(quiet=True)
+    exp = plan.experiment
+    _preflight(plan)
+    lock = acquire_lock()
     os.environ[RUN_ENV] = run_id
-    python = sys.executable
     emu: Emulation | None = None
     ctrl = None
-    servers: dict[str, subprocess.Popen] = {}
-    sources: list[subprocess.Popen] = []
-    poller = None
-    status = 0
-    timings: dict[str, float] = {}
     t_start = time.monotonic()
-    with ExitStack() as stack:
-        try:
-            left = remove_leftovers()
-            if left:
-                console.print(f"removed {left} leftover item(s) of an earlier run")
-            le = choose_link_emulator(link_emulator or exp.emulation.link_emulator)
-            dp = choose_datapath(exp.emulation.datapath)
-            console.print(f"run {run_id}: link delay by [bold]{le}[/bold], OVS datapath [bold]{dp}[/bold]; "
-                          f"results in {run_dir}")
-            bridges = [s.name for s in plan.switches]
-            foreign = foreign_bridges(bridges, {run_id})
-            if foreign:
-                raise RunError(f"OVS bridge(s) {', '.join(foreign)} exist and are not ours; remove them or "
-                               f"rename the switches (topology node 'name')")
-            state = {"run_id": run_id, "pid": os.getpid(), "bridges": bridges,
+    try:
+        left = remove_leftovers()
+        if left:
+            console.print(f"removed {left} leftover item(s) of an earlier run")
+        le = choose_link_emulator(link_emulator or exp.emulation.link_emulator)
+        dp = choose_datapath(exp.emulation.datapath)
+        console.print(f"run {run_id}: link delay by [bold]{le}[/bold], OVS datapath [bold]{dp}[/bold]; "
+                      f"results in {run_dir}")
+        bridges = [s.name for s in plan.switches]
+        foreign = foreign_bridges(bridges, {run_id})
+        if foreign:
+            raise RunError(f"OVS bridge(s) {', '.join(foreign)} exist and are not ours; remove them or "
+                           f"rename the switches (topology node 'name')")
+        write_state({"run_id": run_id, "pid": os.getpid(), "bridges": bridges,
                      "interfaces": planned_root_interfaces(plan, le),
                      "cgroups": [str(cgroups.ROOT / sub / f"testbed-{run_id}-{c.name}")
-                                 for c in plan.clusters for sub in ("cpu", "memory", "")]}
-            write_state(state)
-            plan.write_json(run_dir / "plan.json")
-            (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "link_emulator": le, "datapath": dp,
-                                                          "duration_s": duration_s}, indent=1))
+                                 for c in plan.clusters for sub in ("cpu", "memory", "")]})
+        plan.write_json(run_dir / "plan.json")
+        with console.status("building the network (Mininet)..."):
+            emu = Emulation(plan, le, dp, run_dir)
+            emu.build()
+            emu.start_link_emulators(sys.executable)
+        sw_dpid = {s.name: s.dpid for s in plan.switches}
+        cfg_path = run_dir / "controller.json"
+        ctl.write_config(
+            cfg_path,
+            switches=[{"name": s.name, "dpid": s.dpid} for s in plan.switches],
+            links=[{"a": sw_dpid[lk.a], "b": sw_dpid[lk.b], "delay_ms": lk.delay_ms,
+                    "bandwidth_mbps": lk.bandwidth_mbps} for lk in plan.links],
+            hosts=[{"name": h.name, "mac": h.mac, "ip": h.ip, "dpid": sw_dpid[h.switch],
+                    "port": emu.host_ports[h.name], "delay_ms": 0.0, "bandwidth_mbps": h.bandwidth_mbps}
+                   for h in plan.hosts],
+            stats_interval_s=exp.emulation.stats_interval_s,
+        )
+        rest_url = f"http://127.0.0.1:{exp.emulation.rest_port}"
+        with console.status("starting ryu-manager and the switches..."):
+            ctrl = ctl.start_controller(cfg_path, exp.emulation.of_port, exp.emulation.rest_port,
+                                        run_dir / "logs" / "controller.log")
+            emu.start_switches(run_id)
+            ctl.wait_ready(rest_url, timeout_s=60 + 2 * len(plan.links))
+        live = Live(plan, emu, run_id, run_dir, rest_url, le, dp, time.monotonic() - t_start)
+        console.print(f"controller ready: {len(plan.switches)} switches, {len(plan.links)} links discovered, "
+                      f"flows installed ({live.bringup_s:.1f} s)")
+        yield live
+    finally:
+        if emu is not None:
+            try:
+                emu.stop()
+            except Exception as exc:  # noqa: BLE001 - the cleanup below still runs
+                console.print(f"[yellow]warning:[/yellow] Mininet stop: {exc}")
+        if ctrl is not None:
+            ctl.stop_controller(ctrl)
+        remove_leftovers()
+        os.close(lock)
+        os.environ.pop(RUN_ENV, None)
 
-            from testbed import controller as ctl
 
-            with console.status("building the network (Mininet)..."):
-                emu = Emulation(plan, le, dp, run_dir)
-                emu.build()
-                emu.start_link_emulators(python)
-            sw_dpid = {s.name: s.dpid for s in plan.switches}
-            cfg_path = run_dir / "controller.json"
-            ctl.write_config(
-                cfg_path,
-                switches=[{"name": s.name, "dpid": s.dpid} for s in plan.switches],
-                links=[{"a": sw_dpid[lk.a], "b": sw_dpid[lk.b], "delay_ms": lk.delay_ms,
-                        "bandwidth_mbps": lk.bandwidth_mbps} for lk in plan.links],
-                hosts=[{"name": h.name, "mac": h.mac, "ip": h.ip, "dpid": sw_dpid[h.switch],
-                        "port": emu.host_ports[h.name], "delay_ms": 0.0, "bandwidth_mbps": h.bandwidth_mbps}
-                       for h in plan.hosts],
-                stats_interval_s=exp.emulation.stats_interval_s,
-            )
-            rest_url = f"http://127.0.0.1:{exp.emulation.rest_port}"
-            with console.status("starting ryu-manager and the switches..."):
-                ctrl = ctl.start_controller(cfg_path, exp.emulation.of_port, exp.emulation.rest_port,
-                                            run_dir / "logs" / "controller.log")
-                emu.start_switches(run_id)
-                ctl.wait_ready(rest_url, timeout_s=60 + 2 * len(plan.links))
-            timings["network_s"] = time.monotonic() - t_start
-            console.print(f"controller ready: {len(plan.switches)} switches, {len(plan.links)} links discovered, "
-                          f"flows installed ({timings['network_s']:.1f} s)")
+def rtt_self_check(live: Live, console: Console) -> None:
+    """Ping every source -> cluster path, save ``rtt_check.csv``, print the table.
 
-            def path_of(src_mac: str, dst_mac: str):
-                p = ctl.get_path(rest_url, src_mac, dst_mac)
-                return p["dpids"], p["delay_ms"]
+    Raises:
+        EmulationError: a path is out of tolerance (the message names it and the figures).
+    """
+    em = live.plan.experiment.emulation
+    with console.status("RTT self-check (ping every source -> cluster path)..."):
+        results = check_rtts(live.emu, live.plan, live.path_of, em.ping_count, em.rtt_tolerance_ms,
+                             em.rtt_tolerance_pct)
+    _print_rtt(results, console, live.run_dir)
+    bad = [r for r in results if not r.ok]
+    if bad:
+        b = bad[0]
+        raise EmulationError(
+            f"RTT self-check failed on {len(bad)} path(s), e.g. {b.source} -> {b.cluster}: measured "
+            f"{b.median_ms:.2f} ms vs expected {b.expected_ms:.2f} ms (tolerance {b.tolerance_ms:.2f} ms). "
+            f"The emulated delays are not trustworthy now (CPU overload?); see {live.run_dir / 'rtt_check.csv'}")
 
-            if exp.emulation.rtt_check:
-                with console.status("RTT self-check (ping every source -> cluster path)..."):
-                    results = check_rtts(emu, plan, path_of, exp.emulation.ping_count,
-                                         exp.emulation.rtt_tolerance_ms, exp.emulation.rtt_tolerance_pct)
-                _print_rtt(results, console, run_dir)
-                bad = [r for r in results if not r.ok]
-                if bad:
-                    raise EmulationError(
-                        f"RTT self-check failed on {len(bad)} path(s), e.g. {bad[0].source} -> {bad[0].cluster}: "
-                        f"measured {bad[0].median_ms:.2f} ms vs expected {bad[0].expected_ms:.2f} ms "
-                        f"(tolerance {bad[0].tolerance_ms:.2f} ms). The emulated delays are not trustworthy on "
-                        f"this machine now (CPU overload?); see {run_dir / 'rtt_check.csv'}")
 
+def start_servers(live: Live, models: dict, stack: ExitStack, timeout_s: float = 180.0) -> dict[str, subprocess.Popen]:
+    """Start one CPU-limited inference server per cluster host and wait until all are warmed up.
+
+    Raises:
+        RunError: a server exited or was not ready within ``timeout_s``.
+        CgroupError: the CPU limit cannot be applied.
+    """
+    exp, run_dir = live.plan.experiment, live.run_dir
+    servers: dict[str, subprocess.Popen] = {}
+    stack.callback(_stop_processes, servers.values(), signal.SIGTERM)
+    for c in live.plan.clusters:
+        spec = next(x for x in exp.clusters if x.name == c.name)
+        cg = cgroups.create_limited_group(f"testbed-{live.run_id}-{c.name}", c.cpu_cores, spec.memory_mib)
+        log = stack.enter_context(open(run_dir / "logs" / f"server-{c.name}.log", "w"))
+        cmd = [sys.executable, "-m", "testbed.inference.server", "--host", "0.0.0.0",
+               "--port", str(exp.emulation.server_port), "--zoo", str(models["zoo_dir"]),
+               "--models", ",".join(c.models), "--workers", str(c.workers),
+               "--threads", str(max(1, math.ceil(c.cpu_cores))), "--queue-limit", str(spec.queue_limit),
+               "--stats-file", str(run_dir / "clusters" / f"{c.name}.stats.json"),
+               "--ready-file", str(run_dir / "clusters" / f"{c.name}.ready.json")]
+        p = live.emu.node(c.name).popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+        servers[c.name] = p
+        cgroups.add_process(cg, p.pid)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        dead = [n for n, p in servers.items() if p.poll() is not None]
+        if dead:
+            raise RunError(f"inference server {dead[0]} exited (code {servers[dead[0]].returncode}); "
+                           f"see {run_dir / 'logs' / f'server-{dead[0]}.log'}")
+        waiting = [n for n in servers if not (run_dir / "clusters" / f"{n}.ready.json").exists()]
+        if not waiting:
+            return servers
+        if time.monotonic() > deadline:
+            raise RunError(f"inference servers {', '.join(waiting)} not ready after {timeout_s:g} s; "
+                           f"see {run_dir / 'logs'}")
+        time.sleep(0.2)
+
+
+def _stop_processes(procs, sig: int) -> None:
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(sig)
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def run_load(live: Live, models: dict, duration_s: float, stack: ExitStack, console: Console) -> None:
+    """Start every source at the same instant, show progress until the load ends."""
+    exp, run_dir = live.plan.experiment, live.run_dir
+    poller = _LinkPoller(live.rest_url, run_dir / "link_stats.csv", exp.emulation.stats_interval_s)
+    poller.start()
+    stack.callback(poller.join, 3)
+    stack.callback(poller.stop_event.set)
+    sources: list[subprocess.Popen] = []
+    stack.callback(_stop_processes, sources, signal.SIGINT)
+    start_ns = time.time_ns() + 1_000_000_000
+    cfgs = _source_configs(live.plan, models, run_dir, start_ns, duration_s)
+    for cfg in cfgs:
+        log = stack.enter_context(open(run_dir / "logs" / f"source-{cfg.stem}.log", "w"))
+        sources.append(live.emu.node(cfg.stem).popen([sys.executable, "-m", "testbed.workload", str(cfg)],
+                                                     stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT)))
+    files = [c.with_name(f"{c.stem}.records.csv") for c in cfgs]
+    offsets: dict = {}
+    counts = {"n": 0, "ok": 0}
+    with Progress(TextColumn("[bold]load[/bold]"), BarColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[info]}"), console=console) as prog:
+        task = prog.add_task("load", total=duration_s, info="")
+        t_load = time.time()
+        hard_stop = time.monotonic() + duration_s + 1 + GRACE_MS / 1e3 + 30
+        while any(p.poll() is None for p in sources) and time.monotonic() < hard_stop:
+            time.sleep(0.5)
+            _count_records(files, offsets, counts)
+            sr = counts["ok"] / counts["n"] if counts["n"] else 0.0
+            prog.update(task, completed=min(duration_s, max(0.0, time.time() - t_load - 1)),
+                        info=f"{counts['n']} queries, success {sr:.3f}")
+    failed = [p for p in sources if p.returncode not in (0, None)]
+    if failed:
+        console.print(f"[yellow]warning:[/yellow] {len(failed)} source(s) exited with an error; "
+                      f"see {run_dir / 'logs'}")
+
+
+def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
+                   duration_s: float | None = None, link_emulator: str | None = None) -> int:
+    """Run a planned experiment end to end; returns the exit code (0 ok, 2 bad input or
+    precondition, 3 a component or self-check failed, 130 interrupted). Results go to
+    ``runs_dir/<timestamp>-<name>/``; records measured before an interruption are kept and summarised.
+    """
+    from testbed.controller import ControllerNotReady
+
+    console = console or Console()
+    try:
+        models = _model_table(plan)
+    except RunError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    duration_s = duration_s or plan.experiment.duration_s
+    run_id, run_dir = new_run_dir(plan, runs_dir)
+    prev = signal.signal(signal.SIGTERM, _raise_interrupt)
+    status = 0
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    try:
+        with emulated_network(plan, run_id, run_dir, link_emulator, console) as live, ExitStack() as stack:
+            timings["network_s"] = live.bringup_s
+            (run_dir / "run.json").write_text(json.dumps(
+                {"run_id": run_id, "link_emulator": live.link_emulator, "datapath": live.datapath,
+                 "duration_s": duration_s}, indent=1))
+            if plan.experiment.emulation.rtt_check:
+                rtt_self_check(live, console)
             with console.status("starting inference servers (TensorFlow, warm-up)..."):
-                for c in plan.clusters:
-                    cg = cgroups.create_limited_group(f"testbed-{run_id}-{c.name}", c.cpu_cores,
-                                                      next(x.memory_mib for x in exp.clusters if x.name == c.name))
-                    log = stack.enter_context(open(run_dir / "logs" / f"server-{c.name}.log", "w"))
-                    cmd = [python, "-m", "testbed.inference.server", "--host", "0.0.0.0",
-                           "--port", str(exp.emulation.server_port), "--zoo", str(models["zoo_dir"]),
-                           "--models", ",".join(c.models), "--workers", str(c.workers),
-                           "--threads", str(max(1, math.ceil(c.cpu_cores))),
-                           "--queue-limit", str(next(x.queue_limit for x in exp.clusters if x.name == c.name)),
-                           "--stats-file", str(run_dir / "clusters" / f"{c.name}.stats.json"),
-                           "--ready-file", str(run_dir / "clusters" / f"{c.name}.ready.json")]
-                    p = emu.node(c.name).popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
-                    cgroups.add_process(cg, p.pid)
-                    servers[c.name] = p
-                deadline = time.monotonic() + 180
-                while True:
-                    waiting = [n for n in servers if not (run_dir / "clusters" / f"{n}.ready.json").exists()]
-                    dead = [n for n, p in servers.items() if p.poll() is not None]
-                    if dead:
-                        raise RunError(f"inference server {dead[0]} exited (code {servers[dead[0]].returncode}); "
-                                       f"see {run_dir / 'logs' / f'server-{dead[0]}.log'}")
-                    if not waiting:
-                        break
-                    if time.monotonic() > deadline:
-                        raise RunError(f"inference servers {', '.join(waiting)} not ready after 180 s; "
-                                       f"see {run_dir / 'logs'}")
-                    time.sleep(0.2)
-            timings["bringup_s"] = time.monotonic() - t_start
+                servers = start_servers(live, models, stack)
+            timings["bringup_s"] = time.monotonic() - t0
             console.print(f"{len(servers)} inference servers ready; bring-up took {timings['bringup_s']:.1f} s")
-
-            poller = _LinkPoller(rest_url, run_dir / "link_stats.csv", exp.emulation.stats_interval_s)
-            poller.start()
-            start_ns = time.time_ns() + 1_000_000_000
-            for cfg in _source_configs(plan, models, run_dir, start_ns, duration_s):
-                name = cfg.stem
-                log = stack.enter_context(open(run_dir / "logs" / f"source-{name}.log", "w"))
-                sources.append(emu.node(name).popen([python, "-m", "testbed.workload", str(cfg)],
-                                                    stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT)))
-            files = sorted((run_dir / "sources").glob("*.json"))
-            files = [f.with_name(f"{f.stem}.records.csv") for f in files]
-            offsets: dict = {}
-            counts = {"n": 0, "ok": 0}
-            with Progress(TextColumn("[bold]load[/bold]"), BarColumn(), TimeElapsedColumn(),
-                          TextColumn("{task.fields[info]}"), console=console, transient=False) as prog:
-                task = prog.add_task("load", total=duration_s, info="")
-                t_load = time.time()
-                hard_stop = time.monotonic() + duration_s + 1 + GRACE_MS / 1e3 + 30
-                while any(p.poll() is None for p in sources) and time.monotonic() < hard_stop:
-                    time.sleep(0.5)
-                    _count_records(files, offsets, counts)
-                    sr = counts["ok"] / counts["n"] if counts["n"] else 0.0
-                    prog.update(task, completed=min(duration_s, max(0.0, time.time() - t_load - 1)),
-                                info=f"{counts['n']} queries, success {sr:.3f}")
-            failed = [p for p in sources if p.returncode not in (0, None)]
-            if failed:
-                console.print(f"[yellow]warning:[/yellow] {len(failed)} source(s) exited with an error; "
-                              f"see {run_dir / 'logs'}")
-        except KeyboardInterrupt:
-            console.print("[yellow]interrupted: stopping; what was measured so far is kept[/yellow]")
-            status = 130
-        except (EmulationError, RunError, cgroups.CgroupError) as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            status = 3
-        except Exception as exc:  # noqa: BLE001 - tear down, then report
-            from testbed.controller import ControllerNotReady
-
-            if not isinstance(exc, ControllerNotReady):
-                raise
-            console.print(f"[red]error:[/red] {exc}")
-            status = 3
-        finally:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            for p in sources:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGINT)
-            for p in list(servers.values()):
-                if p.poll() is None:
-                    p.terminate()
-            for p in sources + list(servers.values()):
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            if poller is not None:
-                poller.stop_event.set()
-                poller.join(timeout=3)
-            if emu is not None:
-                try:
-                    emu.stop()
-                except Exception as exc:  # noqa: BLE001 - cleanup below still runs
-                    console.print(f"[yellow]warning:[/yellow] Mininet stop: {exc}")
-            if ctrl is not None:
-                from testbed.controller import stop_controller
-
-                stop_controller(ctrl)
-            remove_leftovers()
-            os.close(lock)
-            signal.signal(signal.SIGTERM, prev_handler)
-            os.environ.pop(RUN_ENV, None)
-    records = list((run_dir / "sources").glob("*.records.csv"))
-    if records:
+            run_load(live, models, duration_s, stack, console)
+            timings["total_s"] = time.monotonic() - t0
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopped and cleaned up; what was measured so far is kept[/yellow]")
+        status = 130
+    except (RunError, RunLockedError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        status = 2 if not timings else 3
+    except (EmulationError, cgroups.CgroupError, ControllerNotReady) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        status = 3
+    finally:
+        signal.signal(signal.SIGTERM, prev)
+    if any((run_dir / "sources").glob("*.records.csv")):
         s = summarize(run_dir, duration_s)
         s["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
         (run_dir / "summary.json").write_text(json.dumps(s, indent=2))

@@ -1,0 +1,159 @@
+"""End-to-end emulation: real Mininet, real Open vSwitch, a real ryu-manager, real TensorFlow servers.
+
+Slow (tens of seconds each) and root-only: marked ``emulation``. CI runs them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import requests
+import yaml
+
+from testbed.config import Experiment
+from testbed.emulation.cleanup import RUN_ENV, STATE_FILE, _ovs_bridges, _pids_with_run_ids, cleanup
+from testbed.emulation.selfcheck import check_rtts
+from testbed.plan import build_plan, plan_experiment
+from testbed.run import emulated_network, new_run_dir, run_experiment
+
+REPO = Path(__file__).resolve().parent.parent
+TRIANGLE = REPO / "experiments" / "triangle.yaml"
+
+pytestmark = [
+    pytest.mark.emulation,
+    pytest.mark.skipif(os.geteuid() != 0, reason="emulation needs root"),
+]
+
+
+def _variant(**changes) -> Experiment:
+    data = yaml.safe_load(TRIANGLE.read_text())
+    data = copy.deepcopy(data)
+    for k, v in changes.items():
+        data[k] = v
+    return Experiment.model_validate(data)
+
+
+def _assert_nothing_left(run_id: str, plan) -> None:
+    assert not _pids_with_run_ids({run_id}), "processes of the run survived"
+    tagged = {n for n, tag in _ovs_bridges().items() if tag == run_id}
+    assert not tagged, f"bridges left: {tagged}"
+    for s in plan.switches:
+        assert not Path(f"/sys/class/net/{s.name}-eth1").exists(), f"interface {s.name}-eth1 left"
+    assert not STATE_FILE.exists()
+
+
+def test_triangle_reachability_rtt_and_controller_links(tmp_path):
+    plan = plan_experiment(TRIANGLE)
+    run_id, run_dir = new_run_dir(plan, tmp_path)
+    with emulated_network(plan, run_id, run_dir) as live:
+        hosts = [live.emu.node(h.name) for h in plan.hosts]
+        loss = live.emu.net.ping(hosts=hosts, timeout="2")
+        assert loss == 0.0, "not every host reaches every other host"
+
+        status = requests.get(f"{live.rest_url}/testbed/status", timeout=5).json()
+        assert status["links_discovered"] == len(plan.links) == 3
+        assert status["ready"] is True
+
+        # The controller routes A -> C over B (2 + 3 ms) rather than the 10 ms direct link.
+        srca, edgec = plan.host("srca"), plan.host("edgec")
+        dpids, one_way = live.path_of(srca.mac, edgec.mac)
+        assert dpids == [1, 2, 3] and one_way == pytest.approx(5.0)
+
+        em = plan.experiment.emulation
+        results = check_rtts(live.emu, plan, live.path_of, 10, em.rtt_tolerance_ms, em.rtt_tolerance_pct)
+        assert len(results) == 4
+        for r in results:
+            assert r.ok, f"{r.source}->{r.cluster}: {r.median_ms:.2f} ms vs {r.expected_ms:.2f} ms"
+            assert len(r.samples) == 10
+        a_c = next(r for r in results if (r.source, r.cluster) == ("srca", "edgec"))
+        assert a_c.expected_ms == pytest.approx(10.0)
+        assert min(a_c.samples) >= 10.0  # a packet cannot beat the configured propagation delay
+    _assert_nothing_left(run_id, plan)
+
+
+def test_short_run_records_and_success(tmp_path):
+    plan = plan_experiment(TRIANGLE)
+    assert run_experiment(plan, runs_dir=tmp_path, duration_s=6) == 0
+    run_dir = next(tmp_path.iterdir())
+    df = pd.read_csv(run_dir / "records.csv")
+    assert len(df) >= 20  # 2 sources x 4 q/s x 6 s = 48 expected
+    ok = df[df["outcome"] == "success"]
+    assert len(ok) / len(df) > 0.5
+    for col in ("t1_ns", "t2_ns", "t3_ns", "t4_ns"):
+        assert ok[col].notna().all()
+    assert (ok["t0_ns"] <= ok["t1_ns"]).all() and (ok["t1_ns"] <= ok["t2_ns"]).all()
+    assert (ok["t2_ns"] <= ok["t3_ns"]).all() and (ok["t3_ns"] <= ok["t4_ns"]).all()
+    # Network time can never be below the path's propagation RTT.
+    assert (ok["network_ms"] >= ok["expected_rtt_ms"] - 0.05).all()
+    # closest: srca's nearest feasible cluster is edgeb (RTT 4 ms), srcc's is edgec (same switch).
+    assert set(ok[ok["source"] == "srca"]["cluster"]) == {"edgeb"}
+    assert set(ok[ok["source"] == "srcc"]["cluster"]) == {"edgec"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["queries"] == len(df) and summary["success_ratio"] > 0.5
+    assert set(summary["per_cluster"]) == {"edgeb", "edgec"}
+    assert any(v["util_ab_max"] > 0 or v["util_ba_max"] > 0 for v in summary["links"].values())
+    rtt = pd.read_csv(run_dir / "rtt_check.csv")
+    assert len(rtt) == 4 and rtt["ok"].all()
+
+
+def test_impossible_deadline_gives_deadline_misses(tmp_path):
+    exp = _variant(applications=[{"name": "digits", "deadline": "1ms", "min_accuracy": 0.5}],
+                   emulation={"of_port": 6663, "rest_port": 8088, "rtt_check": False})
+    plan = build_plan(exp, base_dir=TRIANGLE.parent)
+    assert run_experiment(plan, runs_dir=tmp_path, duration_s=4) == 0
+    df = pd.read_csv(next(tmp_path.iterdir()) / "records.csv")
+    assert len(df) > 5
+    assert (df["outcome"] == "failure").all()
+    assert set(df["failure_cause"]) == {"deadline_miss"}
+    assert (df["fallback"] == 1).all()  # no pair was feasible: min_latency fallback, recorded
+
+
+def test_interrupted_run_leaves_nothing_and_next_run_is_clean(tmp_path):
+    env = dict(os.environ, COLUMNS="120")
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(TRIANGLE), "--runs-dir", str(tmp_path),
+                             "--duration", "30"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    # Interrupt mid-build: as soon as the intent log exists and a bridge is up.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if STATE_FILE.exists() and any(tag for tag in _ovs_bridges().values()):
+            break
+        time.sleep(0.05)
+    run_id = json.loads(STATE_FILE.read_text())["run_id"]
+    os.kill(proc.pid, signal.SIGKILL)  # a crash: no teardown at all
+    proc.wait(timeout=10)
+    time.sleep(0.5)
+    plan = plan_experiment(TRIANGLE)
+    assert _ovs_bridges(), "expected leftovers after SIGKILL"
+    cleanup()
+    time.sleep(0.5)
+    _assert_nothing_left(run_id, plan)
+
+    # Ctrl-C during the load: exit 130, records so far kept, everything removed.
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(TRIANGLE), "--runs-dir", str(tmp_path),
+                             "--duration", "30"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    deadline = time.monotonic() + 120
+    records = []
+    while time.monotonic() < deadline and not records:
+        records = [p for p in tmp_path.glob("*/sources/*.records.csv") if p.stat().st_size > 300]
+        time.sleep(0.2)
+    assert records, "the second run never produced records"
+    state = json.loads(STATE_FILE.read_text())
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    _assert_nothing_left(state["run_id"], plan)
+    run_dir = Path(records[0]).parent.parent
+    assert len(pd.read_csv(run_dir / "records.csv")) > 0
+    assert RUN_ENV not in os.environ
