@@ -416,7 +416,7 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
     precondition, 3 a component or self-check failed, 130 interrupted). Results go to
     ``runs_dir/<timestamp>-<name>/``; records measured before an interruption are kept and summarised.
     """
-    from testbed.controller import ControllerNotReady
+    from testbed.controller import ControllerError
 
     console = console or Console()
     try:
@@ -450,7 +450,7 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
     except (RunError, RunLockedError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         status = 2 if not timings else 3
-    except (EmulationError, cgroups.CgroupError, ControllerNotReady) as exc:
+    except (EmulationError, cgroups.CgroupError, ControllerError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         status = 3
     finally:

@@ -1,0 +1,260 @@
+"""Pure routing and counter logic for the testbed's Ryu controller (no Ryu imports).
+
+Everything here is deterministic and testable without a network:
+
+* :func:`build_graph` turns ``(a, b, delay_ms)`` switch links into an undirected
+  :class:`networkx.Graph` whose edges carry ``delay_ms``.
+* :func:`shortest_path_tree` computes, for one destination switch, the next hop of every other
+  switch on its least-delay path toward the destination (Dijkstra on ``(delay, hops)``
+  lexicographically; remaining ties go to the lower DPID). A destination tree is loop-free by
+  construction, so installing ``eth_dst=MAC -> port toward next hop`` on every switch gives
+  loop-free forwarding on any mesh.
+* :func:`tree_path` / :func:`path_delay_ms` reconstruct the switch sequence and its one-way delay.
+* :func:`counter_delta`, :func:`port_delta`, :func:`rate_mbps`, :func:`utilization` turn two
+  OpenFlow port-stats samples into Mbit/s, utilization and drop counts, surviving counter resets
+  (a switch or port that restarted) and counters the switch does not support (all ones).
+
+Units: delays in milliseconds, rates in Mbit/s (10^6 bit/s), byte counters in bytes, times in
+seconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import networkx as nx
+
+#: OpenFlow reports an unsupported 64-bit counter as all ones.
+COUNTER_UNSUPPORTED = 2**64 - 1
+
+#: Delays are compared after rounding to this many decimals (ms), so that 2.0 + 3.0 and 5.0, or
+#: 0.1 + 0.2 and 0.3, count as equal and the deterministic tie-break decides.
+DELAY_DECIMALS = 9
+
+
+class NoRouteError(LookupError):
+    """No path between two switches in the current tree (disconnected or unknown DPID)."""
+
+
+def build_graph(links: Iterable[tuple[int, int, float]], nodes: Iterable[int] = ()) -> nx.Graph:
+    """Undirected switch graph with an edge attribute ``delay_ms``.
+
+    Args:
+        links: ``(a_dpid, b_dpid, delay_ms)`` per undirected link; delay in ms, >= 0.
+        nodes: extra DPIDs to include even without links (isolated switches).
+
+    Returns:
+        A :class:`networkx.Graph`; nodes are DPIDs (int).
+
+    Raises:
+        ValueError: a self-loop, a negative or non-finite delay, or the same pair given twice.
+    """
+    g = nx.Graph()
+    g.add_nodes_from(int(n) for n in nodes)
+    for a, b, delay in links:
+        a, b, delay = int(a), int(b), float(delay)
+        if a == b:
+            raise ValueError(f"link {a}-{b} is a self-loop")
+        if not math.isfinite(delay) or delay < 0:
+            raise ValueError(f"link {a}-{b}: delay_ms must be finite and >= 0, got {delay!r}")
+        if g.has_edge(a, b):
+            raise ValueError(f"link {a}-{b} given twice (parallel links are not supported)")
+        g.add_edge(a, b, delay_ms=delay)
+    return g
+
+
+def shortest_path_tree(graph: nx.Graph, root: int) -> dict[int, int]:
+    """Next hop toward ``root`` for every switch that can reach it.
+
+    Dijkstra from ``root`` with the lexicographic cost ``(sum of delay_ms, hop count)``; when two
+    neighbours give the same cost the lower DPID becomes the parent. Because the cost strictly
+    increases along every tree edge (hop count), the result is a tree even with zero delays.
+
+    Args:
+        graph: from :func:`build_graph` (edge attribute ``delay_ms``, ms).
+        root: destination switch DPID.
+
+    Returns:
+        ``{dpid: next_hop_dpid}`` for every reachable switch except ``root`` (unreachable switches
+        are absent).
+
+    Raises:
+        NoRouteError: ``root`` is not in the graph.
+    """
+    if root not in graph:
+        raise NoRouteError(f"switch {root} is not in the topology")
+    best: dict[int, tuple[float, int, int]] = {root: (0.0, 0, -1)}
+    done: set[int] = set()
+    heap: list[tuple[float, int, int, int]] = [(0.0, 0, -1, root)]
+    while heap:
+        d, h, parent, u = heapq.heappop(heap)
+        if u in done:
+            continue
+        done.add(u)
+        for v, attrs in graph.adj[u].items():
+            if v in done:
+                continue
+            cand = (round(d + float(attrs["delay_ms"]), DELAY_DECIMALS), h + 1, u)
+            if v not in best or cand < best[v]:
+                best[v] = cand
+                heapq.heappush(heap, (*cand, v))
+    return {v: lab[2] for v, lab in best.items() if v != root}
+
+
+def all_trees(graph: nx.Graph, roots: Iterable[int]) -> dict[int, dict[int, int]]:
+    """:func:`shortest_path_tree` for each distinct root DPID (roots not in the graph give ``{}``)."""
+    out: dict[int, dict[int, int]] = {}
+    for r in roots:
+        if r not in out:
+            out[r] = shortest_path_tree(graph, r) if r in graph else {}
+    return out
+
+
+def tree_path(tree: Mapping[int, int], src: int, dst: int) -> list[int]:
+    """Switch DPIDs from ``src`` to ``dst`` following ``tree`` (the tree rooted at ``dst``).
+
+    Args:
+        tree: ``{dpid: next_hop}`` toward ``dst`` (from :func:`shortest_path_tree`).
+        src: first switch. dst: the tree's root.
+
+    Returns:
+        ``[src, ..., dst]`` (``[dst]`` when ``src == dst``).
+
+    Raises:
+        NoRouteError: ``src`` has no next hop, or the table loops (would be a bug upstream).
+    """
+    path = [src]
+    seen = {src}
+    u = src
+    while u != dst:
+        if u not in tree:
+            raise NoRouteError(f"no route from switch {src} to switch {dst} (stuck at {u})")
+        u = tree[u]
+        if u in seen:
+            raise NoRouteError(f"forwarding loop toward switch {dst}: {path + [u]}")
+        seen.add(u)
+        path.append(u)
+    return path
+
+
+def is_loop_free(tree: Mapping[int, int], root: int) -> bool:
+    """True when following ``tree`` from every switch ends at ``root`` without revisiting a switch."""
+    for start in tree:
+        try:
+            tree_path(tree, start, root)
+        except NoRouteError:
+            return False
+    return True
+
+
+def path_delay_ms(graph: nx.Graph, dpids: list[int]) -> float:
+    """One-way delay in ms of consecutive switch links along ``dpids`` (0 for a single switch).
+
+    Raises:
+        NoRouteError: two consecutive DPIDs are not linked in ``graph``.
+    """
+    total = 0.0
+    for a, b in zip(dpids, dpids[1:], strict=False):
+        if not graph.has_edge(a, b):
+            raise NoRouteError(f"switches {a} and {b} are not linked")
+        total += float(graph.edges[a, b]["delay_ms"])
+    return total
+
+
+# --------------------------------------------------------------------------- counters and rates
+
+
+def counter_delta(prev: int | None, cur: int | None) -> int:
+    """Increase of a monotonic OpenFlow counter between two samples.
+
+    * ``prev`` or ``cur`` missing, or either equal to :data:`COUNTER_UNSUPPORTED`: 0.
+    * ``cur >= prev``: ``cur - prev``.
+    * ``cur < prev``: the counter was reset (switch/port restarted, counters cleared); it counted
+      up from 0 since, so the delta is ``cur``.
+    """
+    if prev is None or cur is None or prev == COUNTER_UNSUPPORTED or cur == COUNTER_UNSUPPORTED:
+        return 0
+    return cur - prev if cur >= prev else cur
+
+
+def rate_mbps(delta_bytes: int, dt_s: float) -> float:
+    """``delta_bytes`` over ``dt_s`` seconds in Mbit/s (10^6 bit/s); 0.0 when ``dt_s <= 0``."""
+    if dt_s <= 0:
+        return 0.0
+    return delta_bytes * 8.0 / dt_s / 1e6
+
+
+def utilization(rate: float, capacity_mbps: float | None) -> float | None:
+    """``rate / capacity`` (both Mbit/s); ``None`` when the capacity is unknown or not positive."""
+    if capacity_mbps is None or capacity_mbps <= 0:
+        return None
+    return rate / capacity_mbps
+
+
+@dataclass(frozen=True)
+class PortSample:
+    """One OpenFlow port-stats entry.
+
+    Attributes:
+        t: receipt time, unix seconds.
+        duration_s: port uptime reported by the switch, seconds (``None`` if not reported).
+        tx_bytes, rx_bytes: byte counters. tx_dropped, rx_dropped, tx_errors, rx_errors: packets.
+    """
+
+    t: float
+    duration_s: float | None
+    tx_bytes: int
+    rx_bytes: int
+    tx_dropped: int = 0
+    rx_dropped: int = 0
+    tx_errors: int = 0
+    rx_errors: int = 0
+
+
+@dataclass(frozen=True)
+class PortDelta:
+    """What happened on a port between two samples.
+
+    Attributes:
+        t: time of the newer sample (unix s). dt_s: interval used for the rates (s).
+        tx_mbps, rx_mbps: rates (Mbit/s). tx_drops: tx_dropped + tx_errors increase (packets).
+        rx_drops: rx_dropped + rx_errors increase (packets). reset: a counter went backwards.
+    """
+
+    t: float
+    dt_s: float
+    tx_mbps: float
+    rx_mbps: float
+    tx_drops: int
+    rx_drops: int
+    reset: bool
+
+
+def port_delta(prev: PortSample, cur: PortSample) -> PortDelta:
+    """Rates and drop increases between two samples of the same port.
+
+    The interval is the difference of the switch-reported port uptimes when both exist and grow
+    (switch-side timing, immune to controller scheduling jitter), else the difference of receipt
+    times. Counter resets are handled by :func:`counter_delta`; after a reset the uptime restarts
+    too, so the receipt-time interval is used.
+    """
+    reset = any(
+        c < p and COUNTER_UNSUPPORTED not in (p, c)
+        for p, c in ((prev.tx_bytes, cur.tx_bytes), (prev.rx_bytes, cur.rx_bytes))
+    )
+    if prev.duration_s is not None and cur.duration_s is not None and cur.duration_s > prev.duration_s and not reset:
+        dt = cur.duration_s - prev.duration_s
+    else:
+        dt = cur.t - prev.t
+    return PortDelta(
+        t=cur.t,
+        dt_s=dt,
+        tx_mbps=rate_mbps(counter_delta(prev.tx_bytes, cur.tx_bytes), dt),
+        rx_mbps=rate_mbps(counter_delta(prev.rx_bytes, cur.rx_bytes), dt),
+        tx_drops=counter_delta(prev.tx_dropped, cur.tx_dropped) + counter_delta(prev.tx_errors, cur.tx_errors),
+        rx_drops=counter_delta(prev.rx_dropped, cur.rx_dropped) + counter_delta(prev.rx_errors, cur.rx_errors),
+        reset=reset,
+    )
