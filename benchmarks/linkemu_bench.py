@@ -142,7 +142,8 @@ def tcp_run(seconds: float, during=None) -> tuple[float, object]:
     try:
         assert sink.stdout is not None
         sink.stdout.readline()  # "listening"
-        src = subprocess.Popen(shlex.split(nsx(NS_A, f"{sys.executable} {me} _source {IP_B} {PORT} {seconds}")))
+        src_cmd = nsx(NS_A, f"{sys.executable} {me} _source {IP_B} {PORT} {seconds}")
+        src = subprocess.Popen(shlex.split(src_cmd))
         result = during() if during else None
         src.wait(timeout=seconds + 30)
         out = sink.communicate(timeout=30)[0]
@@ -262,6 +263,7 @@ def bench(seconds: float, workdir: Path) -> dict:
 def report(res: dict, argv: Sequence[str]) -> None:
     """Print the table."""
     f2 = "{:.3f} / {:.3f}".format
+    f3 = "{:.3f} / {:.3f} / {:.3f}".format
     print("\nlinkemu benchmark (median / p99 unless noted)")
     print(f"{'measurement':58s} value")
     rows = [
@@ -270,8 +272,8 @@ def report(res: dict, argv: Sequence[str]) -> None:
         ("1. => delay added by the emulator (RTT, 2 passes), ms", f2(*res["added_rtt_ms"])),
         ("1. emulator lateness at idle, mean / max us", "{} / {}".format(*res["idle_lateness_us"])),
         ("1. emulator CPU at idle, %", f"{res['idle_cpu_pct']:.2f}"),
-        ("   RTT at delay 10 ms, min / median / p99, ms", "{:.3f} / {:.3f} / {:.3f}".format(*res["rtt_delay10.0_ms"])),
-        ("   RTT at delay 0.5 ms, min / median / p99, ms", "{:.3f} / {:.3f} / {:.3f}".format(*res["rtt_delay0.5_ms"])),
+        ("   RTT at delay 10 ms, min / median / p99, ms", f3(*res["rtt_delay10.0_ms"])),
+        ("   RTT at delay 0.5 ms, min / median / p99, ms", f3(*res["rtt_delay0.5_ms"])),
     ]
     for label in ("unshaped", "htb200"):
         r = res[f"load_{label}"]
@@ -293,7 +295,8 @@ def report(res: dict, argv: Sequence[str]) -> None:
         ]
     for name, val in rows:
         print(f"{name:58s} {val}")
-    print(f"\nreproduce: cd {REPO} && sudo {sys.executable} benchmarks/linkemu_bench.py {' '.join(argv)}".rstrip())
+    cmd = f"cd {REPO} && sudo {sys.executable} benchmarks/linkemu_bench.py {' '.join(argv)}"
+    print(f"\nreproduce: {cmd.rstrip()}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

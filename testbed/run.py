@@ -16,6 +16,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -148,19 +149,19 @@ class _LinkPoller(threading.Thread):
 
 
 def _count_records(files: list[Path], offsets: dict, counts: dict) -> None:
+    """Add the complete record lines appended since the last call to ``counts`` (n, ok)."""
     for f in files:
         if not f.exists():
             continue
-        with open(f) as fh:
+        with open(f, "rb") as fh:
             fh.seek(offsets.get(f, 0))
             chunk = fh.read()
-            cut = chunk.rfind("\n") + 1
-            offsets[f] = offsets.get(f, 0) + len(chunk[:cut].encode())
-            for line in chunk[:cut].splitlines():
-                if line.startswith("query_id"):
-                    continue
+        cut = chunk.rfind(b"\n") + 1
+        offsets[f] = offsets.get(f, 0) + cut
+        for line in chunk[:cut].splitlines():
+            if line and not line.startswith(b"query_id"):
                 counts["n"] += 1
-                counts["ok"] += ",success," in line
+                counts["ok"] += b",success," in line
 
 
 def _print_rtt(results, console: Console, run_dir: Path) -> None:
@@ -220,6 +221,21 @@ def new_run_dir(plan: Plan, runs_dir: Path | None = None) -> tuple[str, Path]:
     for sub in ("logs", "linkemu", "clusters", "sources"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     return run_id, run_dir
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Wait until ryu-manager accepts OpenFlow connections on 127.0.0.1:``port``, so the switches
+    find it at their first attempt. Raises RunError if it exits or times out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RunError(f"ryu-manager exited with code {proc.returncode}; see its log in the run directory")
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RunError(f"ryu-manager did not listen on 127.0.0.1:{port} within {timeout_s:g} s")
 
 
 @contextmanager
@@ -286,6 +302,7 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
         with console.status("starting ryu-manager and the switches..."):
             ctrl = ctl.start_controller(cfg_path, exp.emulation.of_port, exp.emulation.rest_port,
                                         run_dir / "logs" / "controller.log")
+            _wait_listening(exp.emulation.of_port, ctrl, timeout_s=30)
             emu.start_switches(run_id)
             ctl.wait_ready(rest_url, timeout_s=60 + 2 * len(plan.links))
         live = Live(plan, emu, run_id, run_dir, rest_url, le, dp, time.monotonic() - t_start)

@@ -96,12 +96,14 @@ RX_BATCH = 64
 RX_BUFSIZE = 65536 + 14
 #: Room for PACKET_AUXDATA (20 bytes) and SCM_TIMESTAMPNS (16 bytes) control messages.
 ANC_BUFSIZE = socket.CMSG_SPACE(20) + socket.CMSG_SPACE(16) + 16
-#: Default SO_RCVBUF/SO_SNDBUF request in bytes (the kernel doubles it and charges each frame's
-#: skb truesize, ~2.3 KiB for a full-size frame: ~1800 frames, ~20 ms at 1 Gbit/s). Sized to ride
-#: out the emulator being descheduled for several milliseconds on a busy machine without drops,
-#: while bounding the extra queueing when the emulator itself is the bottleneck (the kernel
-#: default, ~208 KiB, dropped frames; 8 MiB added ~20 ms more RTT under overload than 2 MiB).
-DEFAULT_SOCKBUF_BYTES = 2 * 1024 * 1024
+#: Default SO_RCVBUF/SO_SNDBUF request in bytes, forced past ``net.core.[rw]mem_max``. The kernel
+#: doubles it and charges each frame's skb truesize (~2.3 KiB for a full-size frame): ~900 frames,
+#: ~20 ms at 500 Mbit/s, enough to ride out the emulator being descheduled on a busy machine
+#: without drops. It is also the standing queue TCP builds when the emulator itself is the
+#: bottleneck (CPU-bound, above ~500 Mbit/s here): measured RTT at 2 x 5 ms under such overload,
+#: median 13.5 / 21.6 / 25-31 / 32 ms for 256 KiB / 1 MiB / 2 MiB / 4 MiB (the kernel default,
+#: ~208 KiB, drops frames during short stalls).
+DEFAULT_SOCKBUF_BYTES = 1024 * 1024
 #: Default nice value of the emulator process. netem runs in softirq context, ahead of every
 #: process; a negative nice keeps this replacement from waiting behind CPU-bound processes
 #: (measured on the 2-core build machine at load 2: idle p99 RTT 4.1 ms at nice 0, 0.3-0.7 ms at -10).
@@ -402,6 +404,7 @@ class LinkEmulator:
             sa.close()
             raise
         self._socks = (sa, sb)
+        self._ifindex = {cfg.if_a: socket.if_nametoindex(cfg.if_a), cfg.if_b: socket.if_nametoindex(cfg.if_b)}
         # String seeds are hashed with SHA-512 by random.seed: stable across runs and versions.
         self._ab = _Direction("ab", sa, sb, random.Random(f"linkemu:{self.seed}:ab"))
         self._ba = _Direction("ba", sb, sa, random.Random(f"linkemu:{self.seed}:ba"))
@@ -518,11 +521,19 @@ class LinkEmulator:
             queue.append((due, data))
 
     def _rx_error(self, d: _Direction, exc: OSError) -> None:
+        """A pending socket error: the interface went down (keep going) or was deleted (stop).
+
+        The kernel reports both as ENETDOWN (packet(7) notifier), so existence is checked.
+        """
         name = self.cfg.if_a if d is self._ab else self.cfg.if_b
-        if exc.errno in (errno.ENODEV, errno.ENXIO):
+        try:
+            alive = socket.if_nametoindex(name) == self._ifindex[name]
+        except OSError:
+            alive = False
+        if not alive or exc.errno in (errno.ENODEV, errno.ENXIO):
             self.fatal = f"interface {name} disappeared"
             self.stop()
-        else:  # ENETDOWN and the like are reported once by the socket; keep going
+        else:
             self._warn(f"rx{exc.errno}", f"receive error on {name}: {exc}")
 
     # -- send --

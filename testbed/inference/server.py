@@ -25,7 +25,8 @@ Endpoints:
   Response headers (nanoseconds since the epoch, ``time.time_ns()``, the clock all emulated hosts
   share): ``X-Testbed-T1`` body fully received, ``X-Testbed-T2`` inference start, ``X-Testbed-T3``
   inference end; ``X-Testbed-Queue-Len`` queries waiting (not in service) when it arrived. A 503
-  carries T1 and the queue length too.
+  carries T1 and the queue length too. T2 - T1 (queueing) includes decoding the JSON body in the
+  event loop, ~0.5 ms per 32x32 image on a 2 GHz-class core (as TF Serving's REST front end does).
 * ``GET /v1/models/{name}``: TF Serving model status (version "1", state AVAILABLE); 404 if unknown.
 * ``GET /v1/models``: the served variants with their manifest accuracy.
 * ``GET /v1/stats``: ``{"queue_len", "busy_workers", "workers", "queue_limit", "served", "dropped",
@@ -395,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda signum, _frame: early_stop.append(signum))
     try:
         manifest = zoo.load_manifest(args.zoo)
-        names = [n.strip() for n in args.models.split(",") if n.strip()] or list(manifest["variants"])
+        names = list(dict.fromkeys(n.strip() for n in args.models.split(",") if n.strip()))
+        names = names or list(manifest["variants"])
         for n in names:  # fail fast, before paying for TensorFlow's import
             zoo.variant_dir(args.zoo, n, manifest)
         zoo.configure_tf_threads(intra_op=args.threads, inter_op=1)
