@@ -20,8 +20,27 @@ Run as root (it creates and always removes the namespaces)::
 
     sudo /work/main/.venv/bin/python benchmarks/linkemu_bench.py [--seconds 5] [--json out.json]
 
-Measured on the 2-core build machine (Firecracker VM, kernel 6.18, Python 3.11), 2026-11-30:
-see the figures printed by the script; summary in the module docstring of linkemu.
+Measured on the 2-core build machine (Firecracker VM, kernel 6.18, Python 3.11, other jobs
+running: load average 1-4), 2026-11-30, ranges over three runs of the final code:
+
+============================================================  =========================
+1. RTT direct veth, median / p99                              0.03-0.04 / 0.06-0.07 ms
+1. RTT through the emulator at delay 0, median / p99          0.20-0.25 / 0.34-3.5 ms
+1. => added by the emulator (two passes), median / p99        0.17-0.20 / 0.27-3.5 ms
+1. emulator CPU at idle                                       0.00 %
+   RTT at delay 10 ms, min / median / p99                     20.1-20.2 / 20.2-20.3 / 20.5-22.1 ms
+   RTT at delay 0.5 ms, min / median / p99                    1.09-1.13 / 1.14-1.20 / 1.4-3.5 ms
+2. delay 5 ms, RTT idle, median                               10.2-10.3 ms
+2. delay 5 ms, RTT during unshaped bulk TCP, median / p99     16.5-19.7 / 42-57 ms (7-21 of 150 lost)
+2. delay 5 ms, RTT during HTB-200 Mbit/s bulk TCP, med / p99  13.0-13.4 / 15-17.5 ms (none lost)
+3. TCP throughput, delay 0                                    485-670 Mbit/s
+3. TCP throughput, delay 5 ms                                 407-612 Mbit/s
+3. emulator CPU during the transfer (one core = 100 %)        60-97 %
+============================================================  =========================
+
+The p99 outliers (3.5 ms) coincide with other jobs loading both cores; the unshaped case makes
+the emulator itself the bottleneck (it then queues up to its socket buffer, see
+``DEFAULT_SOCKBUF_BYTES``), which the testbed avoids by shaping links with HTB.
 """
 
 from __future__ import annotations

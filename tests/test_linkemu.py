@@ -223,6 +223,51 @@ def test_loss_is_random_but_reproducible(net: None, tmp_path: Path) -> None:
     assert received == received2
 
 
+_VLAN_RX = """
+import select, socket, struct, sys, time
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+s.bind(("b0", 3))
+s.setsockopt(263, 8, 1)  # SOL_PACKET, PACKET_AUXDATA
+print("ready", flush=True)
+end = time.monotonic() + 5
+while time.monotonic() < end:
+    if not select.select([s], [], [], 0.2)[0]:
+        continue
+    data, anc, _, _ = s.recvmsg(2048, 256)
+    for _, ctype, cdata in anc:
+        status, _, _, _, _, tci, tpid = struct.unpack("=IIIHHHH", cdata)
+        if ctype == 8 and data[12:14] == b"\\x88\\xb5":
+            print(status & 0x10, tci, hex(tpid), data[14:24].decode(), flush=True)
+            sys.exit(0)
+sys.exit(1)
+"""
+
+_VLAN_TX = """
+import socket, struct
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(("a0", 0))
+tag = struct.pack("!HHH", 0x8100, (3 << 13) | 10, 0x88b5)  # PCP 3, VID 10, local experimental type
+s.send(b"\\xff" * 6 + bytes.fromhex("020000000001") + tag + b"hello-vlan".ljust(46, b"\\0"))
+"""
+
+
+def test_vlan_tag_survives(net: None, tmp_path: Path) -> None:
+    """An 802.1Q-tagged frame leaves with its tag (the kernel hands it over untagged + auxdata)."""
+    with emulator(tmp_path, 1.0) as emu:
+        rx = subprocess.Popen(_in(NS_B, sys.executable, "-c", _VLAN_RX), stdout=subprocess.PIPE, text=True)
+        try:
+            assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+            _sh(_in(NS_A, sys.executable, "-c", _VLAN_TX))
+            out = rx.communicate(timeout=10)[0].split()
+        finally:
+            if rx.poll() is None:
+                rx.kill()
+                rx.wait()
+    assert emu.returncode == 0, emu.output
+    assert out == ["16", str((3 << 13) | 10), "0x8100", "hello-vlan"]
+    assert emu.stats["bytes_ab"] == 64  # 14 + 4 (tag) + 46
+
+
 def test_cli_rejects_missing_interface(net: None) -> None:
     """A wrong interface name is a clear error with exit code 2, not a traceback."""
     res = _sh(_in(NS_L, sys.executable, "-m", "testbed.emulation.linkemu", "--if-a", "nope0", "--if-b", "l1",

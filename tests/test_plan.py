@@ -107,7 +107,8 @@ def test_shell_metacharacters_in_names_rejected():
 def test_interface_name_longer_than_15_bytes_rejected():
     long = "clusterabcdefgh"  # 15 chars -> "clusterabcdefgh-eth0" is 20 bytes
     e = exp(clusters=[{"name": long, "site": "B", "tier": "far_edge", "cpu_cores": 1, "models": ["m"]}])
-    with pytest.raises(PlanError, match=r"interface name 'clusterabcdefgh-eth0' is 20 bytes, over the Linux limit of 15"):
+    msg = r"interface name 'clusterabcdefgh-eth0' is 20 bytes, over the Linux limit of 15"
+    with pytest.raises(PlanError, match=msg):
         build_plan(e, topo())
 
 

@@ -65,7 +65,9 @@ def acquire_lock() -> int:
     except BlockingIOError:
         other = os.pread(fd, 32, 0).decode(errors="replace").strip()
         os.close(fd)
-        raise RunLockedError(f"another testbed run (pid {other or '?'}) is in progress; wait for it or stop it") from None
+        raise RunLockedError(
+            f"another testbed run (pid {other or '?'}) is in progress; wait for it or stop it"
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd

@@ -39,9 +39,15 @@ Design (and where each choice comes from):
   segmented, and forwarding it as is breaks TCP (measured: TCP stalls). The emulator warns once
   when it sees such frames.
 
-Performance (pure Python, measured with ``benchmarks/linkemu_bench.py`` on the 2-core build
-machine; see that script's docstring for the figures) is several hundred Mbit/s of TCP per link,
-above the >= 200 Mbit/s the testbed needs.
+Performance (pure Python is enough; measured with ``benchmarks/linkemu_bench.py`` on the 2-core
+build machine while other jobs loaded it, three runs): one bulk TCP flow through one link gets
+407-670 Mbit/s with the emulator at 60-97 % of a core (two thirds of it kernel time), above the
+>= 200 Mbit/s the testbed needs. Added RTT at idle (two passes, delay 0): median 0.17-0.20 ms,
+p99 0.27-3.5 ms (the larger figure when the machine was busy). RTT at 2 x 10 ms: min 20.1 ms,
+median 20.2-20.3 ms; at 2 x 0.5 ms: median 1.14-1.20 ms. Idle CPU: 0.00 %. When the emulator is
+the bottleneck (unshaped TCP above ~500 Mbit/s) frames queue in its socket buffer: RTT at
+2 x 5 ms rose to a median of 16.5-19.7 ms; with the sender shaped to 200 Mbit/s by HTB (as in
+the testbed) it was 13.0-13.4 ms, mostly HTB's own queue (emulator lateness ~0.2 ms).
 
 On SIGTERM/SIGINT the process writes its statistics as JSON (:class:`LinkStats`) to
 ``--stats-file`` (and stdout) and exits 0.
@@ -90,7 +96,8 @@ TFD_TIMER_ABSTIME = 1
 TFD_NONBLOCK = os.O_NONBLOCK
 TFD_CLOEXEC = os.O_CLOEXEC
 
-#: Frames read from one socket before the loop looks at due frames and the other socket again.
+#: Frames read from one socket before the loop looks at due frames and the other socket again
+#: (64 x ~5 us per frame: due frames wait at most ~0.3 ms behind a burst).
 RX_BATCH = 64
 #: Receive buffer per frame: the largest veth MTU (64 KiB) plus an Ethernet header.
 RX_BUFSIZE = 65536 + 14
@@ -100,9 +107,9 @@ ANC_BUFSIZE = socket.CMSG_SPACE(20) + socket.CMSG_SPACE(16) + 16
 #: doubles it and charges each frame's skb truesize (~2.3 KiB for a full-size frame): ~900 frames,
 #: ~20 ms at 500 Mbit/s, enough to ride out the emulator being descheduled on a busy machine
 #: without drops. It is also the standing queue TCP builds when the emulator itself is the
-#: bottleneck (CPU-bound, above ~500 Mbit/s here): measured RTT at 2 x 5 ms under such overload,
-#: median 13.5 / 21.6 / 25-31 / 32 ms for 256 KiB / 1 MiB / 2 MiB / 4 MiB (the kernel default,
-#: ~208 KiB, drops frames during short stalls).
+#: bottleneck (CPU-bound, above ~500 Mbit/s here): measured mean ping RTT at 2 x 5 ms under such
+#: overload, 13.5 / 21.6 / 25 / 32 ms for 256 KiB / 1 MiB / 2 MiB / 4 MiB (one run each; 256 KiB
+#: and 1 MiB lost ~7 % of the pings, i.e. TCP filled the buffer either way).
 DEFAULT_SOCKBUF_BYTES = 1024 * 1024
 #: Default nice value of the emulator process. netem runs in softirq context, ahead of every
 #: process; a negative nice keeps this replacement from waiting behind CPU-bound processes
@@ -117,7 +124,7 @@ MAX_TIMESTAMP_AGE_S = 1.0
 CLOCK_OFFSET_REFRESH_S = 0.5
 
 _AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
-_TIMESPEC = struct.Struct("=qq")  # struct timespec on 64-bit Linux
+_TIMESPEC = struct.Struct("@ll")  # struct timespec (the "old" layout SO_TIMESTAMPNS delivers)
 _VLAN_TAG = struct.Struct("!HH")
 _PACKET_MREQ = struct.Struct("=iHH8s")  # struct packet_mreq
 _TPACKET_STATS = struct.Struct("=II")  # struct tpacket_stats {tp_packets; tp_drops}
@@ -286,8 +293,11 @@ class LinkConfig:
     queue_limit: int = DEFAULT_QUEUE_LIMIT
 
     def validate(self) -> None:
-        """Raises:
-            LinkEmuError: a negative delay/jitter, loss outside [0, 100], same interface twice.
+        """Check the parameters.
+
+        Raises:
+            LinkEmuError: a negative delay/jitter, loss outside [0, 100], the same interface
+                twice, a queue limit below 1 or socket buffers below 64 KiB.
         """
         if self.delay_ms < 0 or self.jitter_ms < 0:
             raise LinkEmuError(f"delay_ms and jitter_ms must be >= 0 (got {self.delay_ms}, {self.jitter_ms})")
@@ -349,12 +359,18 @@ class LinkStats:
 
 
 def _open_packet_socket(ifname: str, sockbuf: int) -> socket.socket:
+    """A non-blocking packet socket receiving every frame of ``ifname`` (see the module docstring).
+
+    Raises:
+        LinkEmuError: no such interface, or no permission for raw sockets.
+    """
     try:
         ifindex = socket.if_nametoindex(ifname)
     except OSError:
         raise LinkEmuError(f"no interface named {ifname!r} in this network namespace") from None
     try:
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        # protocol 0: nothing is received until bind() names the interface and ETH_P_ALL
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
     except PermissionError:
         raise LinkEmuError("raw AF_PACKET sockets need root (CAP_NET_RAW)") from None
     for force, plain in ((SO_RCVBUFFORCE, socket.SO_RCVBUF), (SO_SNDBUFFORCE, socket.SO_SNDBUF)):
@@ -370,14 +386,8 @@ def _open_packet_socket(ifname: str, sockbuf: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP,
                     _PACKET_MREQ.pack(ifindex, PACKET_MR_PROMISC, 0, b""))
-    sock.bind((ifname, ETH_P_ALL))
-    # Frames queued between socket() and bind() may come from any interface: drop them.
+    sock.bind((ifname, ETH_P_ALL))  # Python converts the protocol to network byte order
     sock.setblocking(False)
-    while True:
-        try:
-            sock.recv(RX_BUFSIZE)
-        except BlockingIOError:
-            break
     return sock
 
 

@@ -137,7 +137,14 @@ class Emulation:
         net = mn_net.Mininet(topo=None, build=False, controller=None, autoSetMacs=False,
                              autoStaticArp=False, waitConnected=False)
         self.net = net
-        net.addController("c0", controller=mn_node.RemoteController, ip="127.0.0.1", port=exp.emulation.of_port)
+        class Ryu(mn_node.RemoteController):
+            """ryu-manager, started by testbed.run; Mininet's probe at construction time would
+            only warn that it is not listening yet."""
+
+            def checkListening(self):
+                return None
+
+        net.addController("c0", controller=Ryu, ip="127.0.0.1", port=exp.emulation.of_port)
         for s in self.plan.switches:
             net.addSwitch(s.name, cls=mn_node.OVSSwitch, dpid=f"{s.dpid:016x}", datapath=self.datapath,
                           protocols="OpenFlow13", failMode="secure")
