@@ -1,0 +1,50 @@
+"""The RTT self-check's pure parts: ping parsing and the tolerance rule."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from testbed.emulation.selfcheck import RttResult, check_rtts, parse_ping
+
+PING = """PING 10.0.0.5 (10.0.0.5) 56(84) bytes of data.
+64 bytes from 10.0.0.5: icmp_seq=1 ttl=64 time=11.6 ms
+64 bytes from 10.0.0.5: icmp_seq=2 ttl=64 time=10.9 ms
+64 bytes from 10.0.0.5: icmp_seq=4 ttl=64 time=12.0 ms
+
+--- 10.0.0.5 ping statistics ---
+4 packets transmitted, 3 received, 25% packet loss, time 603ms
+"""
+
+
+def test_parse_ping():
+    assert parse_ping(PING) == [11.6, 10.9, 12.0]
+    assert parse_ping("connect: Network is unreachable") == []
+
+
+def test_result_median_error_and_ok():
+    r = RttResult("s", "c", [1, 2], 10.0, [11.6, 10.9, 12.0], tolerance_ms=1.5)
+    assert r.median_ms == 11.6 and r.error_ms == pytest.approx(1.6) and not r.ok
+    assert RttResult("s", "c", [1], 10.0, [], 5.0).ok is False  # no reply is never a pass
+
+
+class _Proc:
+    def __init__(self, out):
+        self.out = out
+
+    def wait(self):
+        return 0
+
+    def communicate(self):
+        return self.out, None
+
+
+def test_tolerance_is_abs_plus_pct_plus_per_hop():
+    src = SimpleNamespace(name="s", mac="m1", ip="10.0.0.1")
+    clu = SimpleNamespace(name="c", mac="m2", ip="10.0.0.2")
+    plan = SimpleNamespace(sources=[src], clusters=[clu])
+    node = SimpleNamespace(popen=lambda *a, **k: _Proc(PING))
+    emu = SimpleNamespace(node=lambda name: node)
+    [r] = check_rtts(emu, plan, lambda a, b: ([1, 2, 3], 5.0), count=4, tol_ms=1.0, tol_pct=5.0, per_hop_ms=0.5)
+    assert r.expected_ms == 10.0
+    assert r.tolerance_ms == pytest.approx(1.0 + 0.5 + 2 * 0.5)  # 2 switch-to-switch hops
+    assert r.ok  # error 1.6 ms <= 2.5 ms
