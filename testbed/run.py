@@ -331,7 +331,7 @@ def rtt_self_check(live: Live, console: Console) -> None:
     em = live.plan.experiment.emulation
     with console.status("RTT self-check (ping every source -> cluster path)..."):
         results = check_rtts(live.emu, live.plan, live.path_of, em.ping_count, em.rtt_tolerance_ms,
-                             em.rtt_tolerance_pct, em.rtt_tolerance_per_hop_ms)
+                             em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms)
     _print_rtt(results, console, live.run_dir)
     bad = [r for r in results if not r.ok]
     if bad:

@@ -70,7 +70,7 @@ def test_triangle_reachability_rtt_and_controller_links(tmp_path):
 
         em = plan.experiment.emulation
         results = check_rtts(live.emu, plan, live.path_of, 10, em.rtt_tolerance_ms, em.rtt_tolerance_pct,
-                             em.rtt_tolerance_per_hop_ms)
+                             em.rtt_tolerance_per_switch_ms)
         assert len(results) == 4
         for r in results:
             assert r.ok, f"{r.source}->{r.cluster}: {r.median_ms:.2f} ms vs {r.expected_ms:.2f} ms"

@@ -38,13 +38,13 @@ class _Proc:
         return self.out, None
 
 
-def test_tolerance_is_abs_plus_pct_plus_per_hop():
+def test_tolerance_is_abs_plus_pct_plus_per_switch():
     src = SimpleNamespace(name="s", mac="m1", ip="10.0.0.1")
     clu = SimpleNamespace(name="c", mac="m2", ip="10.0.0.2")
     plan = SimpleNamespace(sources=[src], clusters=[clu])
     node = SimpleNamespace(popen=lambda *a, **k: _Proc(PING))
     emu = SimpleNamespace(node=lambda name: node)
-    [r] = check_rtts(emu, plan, lambda a, b: ([1, 2, 3], 5.0), count=4, tol_ms=1.0, tol_pct=5.0, per_hop_ms=0.5)
+    [r] = check_rtts(emu, plan, lambda a, b: ([1, 2, 3], 5.0), count=4, tol_ms=1.0, tol_pct=5.0, per_switch_ms=0.5)
     assert r.expected_ms == 10.0
-    assert r.tolerance_ms == pytest.approx(1.0 + 0.5 + 2 * 0.5)  # 2 switch-to-switch hops
-    assert r.ok  # error 1.6 ms <= 2.5 ms
+    assert r.tolerance_ms == pytest.approx(1.0 + 0.5 + 3 * 0.5)  # 3 switches on the path
+    assert r.ok  # error 1.6 ms <= 3.0 ms

@@ -2,7 +2,7 @@
 
 Expected RTT = 2 x the sum of one-way delays along the path the controller actually installed
 (system-model.md), host links included. A path passes when
-``|median measured - expected| <= tol_ms + tol_pct/100 x expected + per_hop_ms x hops``.
+``|median measured - expected| <= tol_ms + tol_pct/100 x expected + per_switch_ms x switches on the path``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def parse_ping(output: str) -> list[float]:
 
 
 def check_rtts(emu, plan, path_of, count: int, tol_ms: float, tol_pct: float,
-               per_hop_ms: float = 0.0) -> list[RttResult]:
+               per_switch_ms: float = 0.0) -> list[RttResult]:
     """Ping every cluster from every source (in parallel per pair) and compare with the expected RTT.
 
     Args:
@@ -53,8 +53,8 @@ def check_rtts(emu, plan, path_of, count: int, tol_ms: float, tol_pct: float,
         plan: its plan.
         path_of: ``(src_mac, dst_mac) -> (dpids, one_way_ms)`` from the controller.
         count: pings per pair (after one warm-up ping that resolves ARP).
-        tol_ms, tol_pct, per_hop_ms: tolerance, absolute (ms) plus relative (% of expected) plus
-            per switch-to-switch hop of the controller's path (ms).
+        tol_ms, tol_pct, per_switch_ms: tolerance, absolute (ms) plus relative (% of expected) plus
+            per switch on the controller's path (ms).
 
     Returns:
         One :class:`RttResult` per (source, cluster) pair.
@@ -73,5 +73,5 @@ def check_rtts(emu, plan, path_of, count: int, tol_ms: float, tol_pct: float,
         dpids, one_way = path_of(s.mac, c.mac)
         expected = 2.0 * one_way
         results.append(RttResult(s.name, c.name, dpids, expected, parse_ping(out),
-                                 tol_ms + tol_pct / 100.0 * expected + per_hop_ms * max(0, len(dpids) - 1)))
+                                 tol_ms + tol_pct / 100.0 * expected + per_switch_ms * len(dpids)))
     return results
