@@ -437,6 +437,7 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
 
     console = console or Console()
     try:
+        _preflight(plan)
         models = _model_table(plan)
     except RunError as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -8,6 +8,7 @@ Files in a run directory (all written by :mod:`testbed.run`):
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
 
 def print_summary(s: dict, console: Console, run_dir: Path | None = None) -> None:
     """Print the summary as tables (and save them as ``summary.md`` when ``run_dir`` is given)."""
-    rec = Console(record=True, width=110, file=open("/dev/null", "w"))  # noqa: SIM115
+    rec = Console(record=True, width=110, file=io.StringIO())
     for c in (console, rec):
         sr = s.get("success_ratio")
         c.print(f"[bold]Summary[/bold]: {s['queries']} queries in {s['duration_s']:g} s, success ratio "
