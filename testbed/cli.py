@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from testbed.config import ConfigError
@@ -86,11 +87,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
-    from testbed.emulation.cleanup import cleanup
+    from testbed.emulation.cleanup import RunLockedError, cleanup
 
-    removed = cleanup(verbose=True)
+    try:
+        removed = cleanup(verbose=True)
+    except (RunLockedError, PermissionError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))} (testbed cleanup needs root and no active run)")
+        return 2
     console.print(f"cleanup: removed {removed} leftover item(s) of earlier runs")
     return 0
+
+
+def _positive_s(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"{text!r}: the duration must be > 0 s")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_cmd_plan)
     p = sub.add_parser("run", help="emulate the experiment (root): Mininet + Ryu + TensorFlow servers")
     p.add_argument("experiment", type=Path)
-    p.add_argument("--duration", type=float, help="override the load duration, in s")
+    p.add_argument("--duration", type=_positive_s, help="override the load duration, in s (> 0)")
     p.add_argument("--link-emulator", choices=["auto", "netem", "userspace"], help="override emulation.link_emulator")
     p.add_argument("--runs-dir", type=Path, help="where run directories go (default: the experiment's runs_dir)")
     p.set_defaults(func=_cmd_run)
@@ -113,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ConfigError, PlanError, TopologyError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]")

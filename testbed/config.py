@@ -48,7 +48,7 @@ Num = Annotated[float, BeforeValidator(_number_only)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TopologySpec(_Model):
@@ -210,6 +210,10 @@ class Experiment(_Model):
                 for s in w.sources:
                     if s not in srcs:
                         raise ValueError(f"workload[{i}]: unknown source {s!r}; known: {sorted(srcs)}")
+        if self.cloud is None:
+            for s in self.sources:
+                if s.site == "cloud":
+                    raise ValueError(f"source {s.name!r} sits in the cloud but the experiment has no 'cloud:' section")
         for c in self.clusters:
             if (c.site == "cloud") != (c.tier == "cloud"):
                 raise ValueError(f"cluster {c.name!r}: tier 'cloud' goes with site 'cloud' and only there")
@@ -241,6 +245,8 @@ def load_experiment(path: str | Path) -> Experiment:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read experiment file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -355,7 +355,10 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
     # --- names and interface lengths ---
     all_names: dict[str, str] = {s.name: f"switch {s.label!r}" for s in switches}
     for lk in links:
-        all_names.setdefault(lk.emu_name, f"link emulator of {lk.a}-{lk.b}")
+        if lk.emu_name in all_names:
+            raise PlanError(f"switch name {lk.emu_name!r} ({all_names[lk.emu_name]}) is reserved for the link "
+                            f"emulator of link #{lk.index}; names l<digits> cannot be switch names")
+        all_names[lk.emu_name] = f"link emulator of {lk.a}-{lk.b}"
     for h in hosts:
         if h.name in all_names:
             raise PlanError(f"{h.role} name {h.name!r} clashes with {all_names[h.name]}; rename it")

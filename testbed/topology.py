@@ -79,7 +79,7 @@ def great_circle_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float
 # --- our YAML -------------------------------------------------------------------------------
 
 class _YNode(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     id: str | int
     label: str | None = None
     lat: float | None = Field(None, ge=-90, le=90)
@@ -89,7 +89,7 @@ class _YNode(BaseModel):
 
 
 class _YLink(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     a: str | int
     b: str | int
     delay_ms: float | None = Field(None, ge=0)
@@ -104,7 +104,7 @@ class _YLink(BaseModel):
 
 
 class _YTopo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
     nodes: list[_YNode] = Field(min_length=1)
     links: list[_YLink]
@@ -129,7 +129,7 @@ def load_yaml_topology(path: Path) -> RawTopology:
     """
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise TopologyError(f"cannot read topology {path}: {exc}") from None
     try:
         topo = _YTopo.model_validate(data)
@@ -195,10 +195,15 @@ def load_graphml(path: Path) -> RawTopology:
         raise TopologyError(f"cannot read GraphML {path}: {exc}") from None
     nodes = []
     for nid, attrs in g.nodes(data=True):
-        lat, lon = attrs.get("Latitude"), attrs.get("Longitude")
-        nodes.append(RawNode(id=str(nid), label=str(attrs.get("label", nid)),
-                             lat=float(lat) if lat is not None else None,
-                             lon=float(lon) if lon is not None else None))
+        coords = []
+        for key in ("Latitude", "Longitude"):
+            value = attrs.get(key)
+            try:
+                coords.append(None if value is None else float(value))
+            except (TypeError, ValueError):
+                label = attrs.get("label", nid)
+                raise TopologyError(f"{path}: node {label!r}: {key} {value!r} is not a number") from None
+        nodes.append(RawNode(id=str(nid), label=str(attrs.get("label", nid)), lat=coords[0], lon=coords[1]))
     links = [RawLink(str(a), str(b)) for a, b, _k in g.edges(keys=True)]
     return RawTopology(str(g.graph.get("label", g.graph.get("Network", path.stem))), "graphml", nodes, links)
 

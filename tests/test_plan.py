@@ -278,3 +278,41 @@ def test_plan_cli_needs_no_root_and_reports_errors(tmp_path):
     bad.write_text("name: x\nduration: 5\n")
     r = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2 and "duration" in r.stdout and "bare number" in r.stdout
+
+
+def test_switch_named_like_a_link_emulator_rejected():
+    nodes = copy.deepcopy(TRIANGLE["nodes"])
+    nodes[0]["name"] = "l1"
+    with pytest.raises(PlanError, match="switch name 'l1' .* is reserved for the link emulator of link #1"):
+        build_plan(exp(), topo(nodes=nodes))
+
+
+def test_infinite_values_and_cloud_source_without_cloud_rejected():
+    with pytest.raises(Exception, match="finite"):
+        exp(clusters=[{"name": "edge", "site": "B", "tier": "far_edge", "cpu_cores": float("inf"), "models": ["m"]}])
+    with pytest.raises(Exception, match="source 'src' sits in the cloud"):
+        exp(sources=[{"name": "src", "site": "cloud"}])
+
+
+def test_non_utf8_experiment_and_bad_graphml_coordinates(tmp_path):
+    f = tmp_path / "e.yaml"
+    f.write_bytes(b"\xff\xfe\x00name: x\x80")
+    with pytest.raises(ConfigError, match="not a UTF-8 text file"):
+        load_experiment(f)
+    g = tmp_path / "g.graphml"
+    g.write_text('<?xml version="1.0"?><graphml xmlns="http://graphml.graphdrawing.org/xmlns">'
+                 '<key attr.name="Latitude" attr.type="string" for="node" id="d1"/>'
+                 '<graph edgedefault="undirected"><node id="0"><data key="d1">north</data></node></graph></graphml>')
+    with pytest.raises(TopologyError, match="Latitude 'north' is not a number"):
+        load_graphml(g)
+
+
+def test_error_text_with_brackets_is_printed_verbatim(tmp_path):
+    d = copy.deepcopy(BASE)
+    d["clusters"][0]["name"] = "Bad Name"
+    import yaml
+
+    f = tmp_path / "e.yaml"
+    f.write_text(yaml.safe_dump(d))
+    r = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", str(f)], capture_output=True, text=True)
+    assert r.returncode == 2 and "^[a-z][a-z0-9]*$" in r.stdout
