@@ -222,8 +222,9 @@ class Experiment(_Model):
         return self
 
 
-def _format_validation_error(exc: ValidationError, path: str) -> str:
-    lines = [f"{path}: invalid experiment"]
+def format_validation_error(exc: ValidationError, path: str, what: str = "experiment") -> str:
+    """One line per pydantic error: its location (e.g. ``links.2.delay``) and message."""
+    lines = [f"{path}: invalid {what}"]
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
@@ -256,4 +257,4 @@ def load_experiment(path: str | Path) -> Experiment:
     try:
         return Experiment.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, str(path))) from None
+        raise ConfigError(format_validation_error(exc, str(path))) from None

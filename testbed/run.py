@@ -72,13 +72,17 @@ def _preflight(plan: Plan) -> None:
                        "`/usr/share/openvswitch/scripts/ovs-ctl start` (./install.sh does this)")
 
 
+def _repo_path(path: str) -> Path:
+    """An experiment's folder setting: absolute as given, else relative to the repository."""
+    return Path(path) if Path(path).is_absolute() else REPO_ROOT / path
+
+
 def _model_table(plan: Plan) -> dict:
     """Accuracy (manifest) and expected service time (profile p95 / CPU share) per model, checked."""
     from testbed.inference import zoo
 
     exp = plan.experiment
-    zoo_dir = REPO_ROOT / exp.zoo_dir if not Path(exp.zoo_dir).is_absolute() else Path(exp.zoo_dir)
-    prof_dir = REPO_ROOT / exp.profiles_dir if not Path(exp.profiles_dir).is_absolute() else Path(exp.profiles_dir)
+    zoo_dir, prof_dir = _repo_path(exp.zoo_dir), _repo_path(exp.profiles_dir)
     zoo.ensure_zoo(zoo_dir)
     manifest = zoo.load_manifest(zoo_dir)
     variants = manifest["variants"]
@@ -215,8 +219,7 @@ def new_run_dir(plan: Plan, runs_dir: Path | None = None) -> tuple[str, Path]:
     """A fresh ``<runs_dir>/<YYYYmmdd-HHMMSS>-<name>`` directory with its sub-folders."""
     exp = plan.experiment
     run_id = f"{datetime.now():%Y%m%d-%H%M%S}-{exp.name}"
-    base = Path(runs_dir) if runs_dir else (REPO_ROOT / exp.runs_dir if not Path(exp.runs_dir).is_absolute()
-                                             else Path(exp.runs_dir))
+    base = Path(runs_dir) if runs_dir else _repo_path(exp.runs_dir)
     run_dir = base / run_id
     for sub in ("logs", "linkemu", "clusters", "sources"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)

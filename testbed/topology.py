@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from testbed.config import _unit_pair
+from testbed.config import _unit_pair, format_validation_error
 from testbed.units import parse_delay_ms, parse_rate_mbps
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -134,12 +134,7 @@ def load_yaml_topology(path: Path) -> RawTopology:
     try:
         topo = _YTopo.model_validate(data)
     except ValidationError as exc:
-        lines = [f"{path}: invalid topology"]
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-            lines.append(f"  {loc}: {msg}")
-        raise TopologyError("\n".join(lines)) from None
+        raise TopologyError(format_validation_error(exc, str(path), "topology")) from None
     nodes = [
         RawNode(id=str(n.id), label=n.label or str(n.id), lat=n.lat, lon=n.lon, name=n.name,
                 dpid=_parse_dpid(n.dpid, f"node {n.id}"))
