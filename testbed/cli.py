@@ -105,6 +105,19 @@ def _positive_s(text: str) -> float:
     return value
 
 
+def _command_modules() -> list:
+    """The further subcommands: each module of :mod:`testbed.commands` has ``register(subparsers)``,
+    which adds its parser with ``func(args) -> exit code`` as default. Modules import cheaply
+    (no TensorFlow at import)."""
+    import importlib
+    import pkgutil
+
+    import testbed.commands as pkg
+
+    return [importlib.import_module(f"testbed.commands.{m.name}")
+            for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name)]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``testbed`` console command."""
     ap = argparse.ArgumentParser(prog="testbed", description=__doc__.split("\n")[0])
@@ -121,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("cleanup", help="remove what an interrupted or crashed run left behind (ours only)")
     p.set_defaults(func=_cmd_cleanup)
+    for mod in _command_modules():
+        mod.register(sub)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

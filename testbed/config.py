@@ -9,46 +9,21 @@ so that nothing a stranger writes reaches a shell command unchecked.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from testbed.units import UnitError, parse_delay_ms, parse_duration_s, parse_rate_mbps
-
-NAME_RE = r"^[a-z][a-z0-9]*$"
+from testbed.capture.spec import CaptureSpec
+from testbed.inference.spec import ServerSpec
+from testbed.schema import NAME_RE, Num
+from testbed.schema import StrictModel as _Model
+from testbed.schema import unit_pair as _unit_pair
+from testbed.units import parse_delay_ms, parse_duration_s, parse_rate_mbps
 
 
 class ConfigError(ValueError):
     """The experiment file is invalid; the message names the offending item."""
-
-
-def _unit_pair(data: Any, key: str, parse, suffix: str) -> Any:
-    """Accept ``key: "<num><unit>"`` or ``key_<suffix>: <num>``; store under ``key_<suffix>``."""
-    if not isinstance(data, dict):
-        return data
-    if key in data and f"{key}_{suffix}" in data:
-        raise ValueError(f"give either '{key}' or '{key}_{suffix}', not both")
-    if key in data:
-        data = dict(data)
-        try:
-            data[f"{key}_{suffix}"] = parse(data.pop(key), item=key)
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
-    return data
-
-
-def _number_only(v: Any) -> Any:
-    if isinstance(v, str):
-        raise ValueError(f"{v!r}: this key carries its unit already; give a plain number")
-    return v
-
-
-Num = Annotated[float, BeforeValidator(_number_only)]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TopologySpec(_Model):
@@ -105,6 +80,7 @@ class ClusterSpec(_Model):
     memory_mib: int = Field(1024, ge=64)
     queue_limit: int = Field(64, ge=1)
     models: list[str] = Field(min_length=1)
+    server: ServerSpec = ServerSpec()
 
 
 class ApplicationSpec(_Model):
@@ -182,6 +158,7 @@ class Experiment(_Model):
     applications: list[ApplicationSpec] = Field(min_length=1)
     workload: list[WorkloadSpec] = Field(min_length=1)
     emulation: EmulationSpec = EmulationSpec()
+    capture: CaptureSpec | None = None
     zoo_dir: str = "models/zoo"
     profiles_dir: str = "models/profiles"
     runs_dir: str = "runs"

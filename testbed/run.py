@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import shutil
 import signal
@@ -48,6 +47,8 @@ from testbed.emulation.network import (
     planned_root_interfaces,
 )
 from testbed.emulation.selfcheck import check_rtts
+from testbed.inference.launch import server_command
+from testbed.inference.profiles import service_time
 from testbed.plan import Plan
 from testbed.summary import print_summary, summarize
 
@@ -93,8 +94,7 @@ def _model_table(plan: Plan) -> dict:
     for a in exp.applications:
         if a.family != manifest["family"]:
             raise RunError(f"application {a.name!r}: family {a.family!r} not in the zoo (has {manifest['family']!r})")
-    return {"zoo_dir": zoo_dir, "variants": variants,
-            "p95_ms": {m: zoo.load_profile(prof_dir, m)["p95_ms"] for m in variants}}
+    return {"zoo_dir": zoo_dir, "profiles_dir": prof_dir, "variants": variants}
 
 
 def _source_configs(plan: Plan, models: dict, run_dir: Path, start_ns: int, duration_s: float) -> list[Path]:
@@ -106,19 +106,19 @@ def _source_configs(plan: Plan, models: dict, run_dir: Path, start_ns: int, dura
             rate = sum(w.rate_qps for w in exp.workload
                        if w.application == a.name and (w.sources == "all" or s.name in w.sources))
             if rate > 0:
-                apps.append({"name": a.name, "deadline_ms": a.deadline_ms, "min_accuracy": a.min_accuracy,
-                             "rate_qps": rate})
+                apps.append({"name": a.name, "family": a.family, "deadline_ms": a.deadline_ms,
+                             "min_accuracy": a.min_accuracy, "rate_qps": rate})
         if not apps:
             continue
         options = [{"cluster": c.name, "ip": c.ip, "model": m, "rtt_ms": plan.rtt_ms(s.name, c.name),
-                    # Expected t_m at the cluster's share: the 1-core p95 stretched by the CFS quota.
-                    "service_ms": models["p95_ms"][m] / min(1.0, c.cpu_cores or 1.0),
+                    # Expected t_m at the cluster's share: the profile's p95 there.
+                    "service_ms": service_time(models["profiles_dir"], m, c.cpu_cores).p95_ms,
                     "accuracy": models["variants"][m]["accuracy"]}
                    for c in plan.clusters for m in c.models]
         cfg = {"source": s.name, "source_index": i, "seed": exp.seed, "policy": exp.policy,
                "start_ns": start_ns, "duration_s": duration_s, "grace_ms": GRACE_MS,
                "server_port": exp.emulation.server_port, "applications": apps, "options": options,
-               "payloads": str(models["zoo_dir"] / "payloads.npz"),
+               "zoo_dir": str(models["zoo_dir"]),
                "records": str(run_dir / "sources" / f"{s.name}.records.csv")}
         p = run_dir / "sources" / f"{s.name}.json"
         p.write_text(json.dumps(cfg, indent=1))
@@ -359,12 +359,7 @@ def start_servers(live: Live, models: dict, stack: ExitStack, timeout_s: float =
         spec = next(x for x in exp.clusters if x.name == c.name)
         cg = cgroups.create_limited_group(f"testbed-{live.run_id}-{c.name}", c.cpu_cores, spec.memory_mib)
         log = stack.enter_context(open(run_dir / "logs" / f"server-{c.name}.log", "w"))
-        cmd = [sys.executable, "-m", "testbed.inference.server", "--host", "0.0.0.0",
-               "--port", str(exp.emulation.server_port), "--zoo", str(models["zoo_dir"]),
-               "--models", ",".join(c.models), "--workers", str(c.workers),
-               "--threads", str(max(1, math.ceil(c.cpu_cores))), "--queue-limit", str(spec.queue_limit),
-               "--stats-file", str(run_dir / "clusters" / f"{c.name}.stats.json"),
-               "--ready-file", str(run_dir / "clusters" / f"{c.name}.ready.json")]
+        cmd = server_command(spec, c.cpu_cores, exp.emulation.server_port, models["zoo_dir"], run_dir)
         p = live.emu.node(c.name).popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
         servers[c.name] = p
         cgroups.add_process(cg, p.pid)
@@ -404,6 +399,10 @@ def run_load(live: Live, models: dict, duration_s: float, stack: ExitStack, cons
     stack.callback(poller.stop_event.set)
     sources: list[subprocess.Popen] = []
     stack.callback(_stop_processes, sources, signal.SIGINT)
+    if exp.capture is not None:
+        from testbed.capture.capture import start_capture
+
+        start_capture(live, exp.capture, stack)
     start_ns = time.time_ns() + 1_000_000_000
     cfgs = _source_configs(live.plan, models, run_dir, start_ns, duration_s)
     for cfg in cfgs:
@@ -477,6 +476,10 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
     finally:
         signal.signal(signal.SIGTERM, prev)
     if any((run_dir / "sources").glob("*.records.csv")):
+        if plan.experiment.capture is not None and (run_dir / "pcap").is_dir():
+            from testbed.capture.analysis import analyze_run
+
+            analyze_run(run_dir)
         s = summarize(run_dir, duration_s)
         s["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
         (run_dir / "summary.json").write_text(json.dumps(s, indent=2))

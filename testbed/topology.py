@@ -22,7 +22,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from testbed.config import _unit_pair, format_validation_error
+from testbed.config import format_validation_error
+from testbed.schema import unit_pair as _unit_pair
 from testbed.units import parse_delay_ms, parse_rate_mbps
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from testbed.inference.zoo import request_bodies
 from testbed.policies import POLICIES, Option
 
 #: Columns of the per-query records (units in the names; times are ns since the Unix epoch).
@@ -67,12 +68,8 @@ class Source:
         self.options = [Option(o["cluster"], o["model"], o["rtt_ms"], o["service_ms"], o["accuracy"])
                         for o in cfg["options"]]
         self.ip = {o["cluster"]: o["ip"] for o in cfg["options"]}
-        data = np.load(cfg["payloads"])
-        x, y = data["x"], data["y"]
-        n = min(len(x), 128)
-        # JSON bodies made once: building them per query would cost the source, not the network.
-        self.bodies = [json.dumps({"instances": [np.round(x[i], 4).tolist()]}).encode() for i in range(n)]
-        self.labels = [int(y[i]) for i in range(n)]
+        # JSON bodies made once per application: building them per query would cost the source.
+        self.bodies = {a["name"]: request_bodies(cfg["zoo_dir"], a["family"]) for a in cfg["applications"]}
         self.rng = np.random.default_rng([cfg["seed"], cfg["source_index"]])
         self.out = open(cfg["records"], "w", newline="")  # noqa: SIM115 - closed in run()
         self.writer = csv.DictWriter(self.out, fieldnames=RECORD_FIELDS)
@@ -90,8 +87,9 @@ class Source:
 
         self.seq += 1
         qid = f"{self.name}-{self.seq}"
-        k = int(self.rng.integers(len(self.bodies)))
-        body, label = self.bodies[k], self.labels[k]
+        bodies, labels = self.bodies[app["name"]]
+        k = int(self.rng.integers(len(bodies)))
+        body, label = bodies[k], labels[k]
         t0 = time.time_ns()
         d = self.policy(self.options, app["deadline_ms"], app["min_accuracy"])
         opt = next(o for o in self.options if o.cluster == d.cluster and o.model == d.model)
@@ -105,7 +103,8 @@ class Source:
         timeout = aiohttp.ClientTimeout(total=(app["deadline_ms"] + self.cfg["grace_ms"]) / 1e3)
         try:
             async with session.post(url, data=body, timeout=timeout,
-                                    headers={"Content-Type": "application/json"}) as resp:
+                                    headers={"Content-Type": "application/json", "X-Testbed-Query-Id": qid,
+                                             "X-Testbed-Deadline-Ns": str(t0 + int(app["deadline_ms"] * 1e6))}) as resp:
                 payload = await resp.read()
                 t4 = time.time_ns()
                 status = resp.status

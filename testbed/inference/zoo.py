@@ -132,6 +132,25 @@ def load_payloads(zoo_dir: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarr
     return x.astype(np.float32, copy=False), y.astype(np.int64, copy=False)
 
 
+def request_bodies(zoo_dir: str | os.PathLike[str], family: str, n: int = 128) -> tuple[list[bytes], list[int]]:
+    """Ready-to-send TensorFlow Serving REST bodies for application family ``family``.
+
+    Returns ``(bodies, labels)``: up to ``n`` JSON bodies ``{"instances": [<one input>]}`` (bytes)
+    built from the held-out payloads, and each one's true label. Built once per source so that
+    serialising a query costs nothing on the measured path.
+
+    Raises:
+        ZooError: ``family`` is not in the zoo, or its payloads are missing / malformed.
+    """
+    manifest = load_manifest(zoo_dir)
+    if family != manifest["family"]:
+        raise ZooError(f"family {family!r} is not in the zoo {zoo_dir} (has {manifest['family']!r})")
+    x, y = load_payloads(zoo_dir)
+    k = min(len(x), n)
+    bodies = [json.dumps({"instances": [np.round(x[i], 4).tolist()]}).encode() for i in range(k)]
+    return bodies, [int(v) for v in y[:k]]
+
+
 def load_profile(profiles_dir: str | os.PathLike[str], variant: str) -> dict[str, Any]:
     """Read ``<profiles_dir>/<variant>.json``: the variant's measured single-query service time.
 

@@ -1,0 +1,1 @@
+"""Packet capture in the emulated namespaces and per-hop, per-query packet analysis."""
