@@ -21,6 +21,10 @@ from testbed.schema import StrictModel as _Model
 from testbed.schema import unit_pair as _unit_pair
 from testbed.units import parse_delay_ms, parse_duration_s, parse_rate_mbps
 
+#: A static policy of testbed.policies.CATALOGUE, or ``aset`` (testbed.aset picks one per window).
+PolicyName = Literal["closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random", "round_robin",
+                     "aset"]
+
 
 class ConfigError(ValueError):
     """The experiment file is invalid; the message names the offending item."""
@@ -98,19 +102,168 @@ class ApplicationSpec(_Model):
 
 
 class SourceSpec(_Model):
-    """A query source (workload generator + dispatcher) attached at an access site."""
+    """A query source (workload generator + dispatcher) attached at an access site; ``policy``
+    overrides the experiment's policy for this source."""
 
     name: str = Field(pattern=NAME_RE)
     site: str
+    policy: PolicyName | None = None
+
+
+class StepSpec(_Model):
+    """One step of a ``step`` arrival process: from ``at_s`` on, ``rate_qps`` queries/s."""
+
+    at_s: Num = Field(ge=0)
+    rate_qps: Num = Field(ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        return _unit_pair(data, "at", parse_duration_s, "s")
 
 
 class WorkloadSpec(_Model):
-    """Poisson arrivals of one application at some sources, ``rate_qps`` queries/s at each."""
+    """Arrivals of one application at some sources (see :mod:`testbed.arrivals` for the formulas).
+
+    ``process`` and its keys (rates are per source, before spatial weights):
+
+    - ``poisson``: ``rate_qps``.
+    - ``mmpp``: Markov-modulated Poisson (bursts): ``rates_qps`` (one per state, >= 2 states) and
+      ``dwell_s`` (mean exponential time in each state, s); the chain leaves a state for one of
+      the others uniformly; it starts in state 0.
+    - ``diurnal``: ``rate_qps`` x (1 + ``amplitude`` x sin(2 pi (t + ``phase_s``) / ``period_s``)).
+    - ``step``: ``steps``: ``[{at: 0s, rate_qps: 2}, {at: 20s, rate_qps: 8}]`` (piecewise constant;
+      0 before the first step).
+    - ``trace``: ``trace``: a CSV file with a column ``t_s`` (seconds since the load starts), replayed
+      at every selected source (relative paths: against the experiment file's folder); ``rate_qps``
+      is ignored.
+
+    Spatial weights (optional, one of): ``weights`` ``{source: w}`` or ``demand_matrix``: a CSV
+    ``source_site,target_site,demand``, or ``topohub:sndlib/NAME`` (SNDlib's demand matrix, for an
+    experiment on that SNDlib topology); a source's weight is the demand originating at its site.
+    Weights are normalised to mean 1 over the selected sources, so the total rate stays
+    ``rate_qps`` x number of sources.
+    """
 
     application: str
     sources: list[str] | Literal["all"] = "all"
-    process: Literal["poisson"] = "poisson"
-    rate_qps: Num = Field(gt=0)
+    process: Literal["poisson", "mmpp", "diurnal", "step", "trace"] = "poisson"
+    rate_qps: Num | None = Field(None, ge=0)
+    rates_qps: list[Num] | None = None
+    dwell_s: list[Num] | None = None
+    amplitude: Num = Field(0.5, ge=0, le=1)
+    period_s: Num = Field(60.0, gt=0)
+    phase_s: Num = 0.0
+    steps: list[StepSpec] | None = None
+    trace: str | None = None
+    weights: dict[str, Num] | None = None
+    demand_matrix: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = _unit_pair(data, "period", parse_duration_s, "s")
+        return _unit_pair(data, "phase", parse_duration_s, "s")
+
+    @model_validator(mode="after")
+    def _process_keys(self) -> WorkloadSpec:
+        p = self.process
+        if p in ("poisson", "diurnal") and self.rate_qps is None:
+            raise ValueError(f"process {p!r} needs rate_qps")
+        if p == "mmpp":
+            if not self.rates_qps or not self.dwell_s or len(self.rates_qps) != len(self.dwell_s) \
+                    or len(self.rates_qps) < 2:
+                raise ValueError("process 'mmpp' needs rates_qps and dwell_s, lists of the same length >= 2")
+            if any(r < 0 for r in self.rates_qps) or any(d <= 0 for d in self.dwell_s):
+                raise ValueError("mmpp: rates_qps must be >= 0 and dwell_s > 0")
+        if p == "step":
+            if not self.steps:
+                raise ValueError("process 'step' needs steps: [{at: 0s, rate_qps: N}, ...]")
+            ats = [s.at_s for s in self.steps]
+            if ats != sorted(ats):
+                raise ValueError("step: steps must be in increasing 'at' order")
+        if p == "trace" and not self.trace:
+            raise ValueError("process 'trace' needs trace: PATH.csv (column t_s)")
+        if self.weights is not None and self.demand_matrix is not None:
+            raise ValueError("give either weights or demand_matrix, not both")
+        if self.weights is not None and any(w < 0 for w in self.weights.values()):
+            raise ValueError("weights must be >= 0")
+        return self
+
+
+class EventSpec(_Model):
+    """A scenario event at time ``at`` (since the load starts).
+
+    - ``link_delay``: link ``link: [A, B]`` (topology node labels or ids, or ``cloud``) gets one-way
+      delay ``delay`` from then on.
+    - ``link_congestion``: background traffic of ``background`` (Mbit/s) on link ``link`` from then
+      on (``background: 0Mbit/s`` ends it). Simulated only (see docs/policies-and-simulator.md).
+    - ``cluster_down`` / ``cluster_up``: cluster ``cluster`` fails (queued and new queries are lost,
+      it stops answering reports) / recovers (empty queue).
+    """
+
+    at_s: Num = Field(ge=0)
+    kind: Literal["link_delay", "link_congestion", "cluster_down", "cluster_up"]
+    link: list[str] | None = Field(None, min_length=2, max_length=2)
+    delay_ms: Num | None = Field(None, ge=0)
+    background_mbps: Num | None = Field(None, ge=0)
+    cluster: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = _unit_pair(data, "at", parse_duration_s, "s")
+        data = _unit_pair(data, "delay", parse_delay_ms, "ms")
+        return _unit_pair(data, "background", parse_rate_mbps, "mbps")
+
+    @model_validator(mode="after")
+    def _fields(self) -> EventSpec:
+        need = {"link_delay": ("link", "delay_ms"), "link_congestion": ("link", "background_mbps"),
+                "cluster_down": ("cluster",), "cluster_up": ("cluster",)}[self.kind]
+        for k in need:
+            if getattr(self, k) is None:
+                raise ValueError(f"event {self.kind!r} needs {k.removesuffix('_ms').removesuffix('_mbps')!r}")
+        return self
+
+
+class AsetSpec(_Model):
+    """Settings of the ``aset`` policy (testbed.aset): ``checkpoint`` (path of the trained agent),
+    ``window`` (decision window, default 100 ms), ``options`` (free-form, read by testbed.aset)."""
+
+    checkpoint: str | None = None
+    window_s: Num = Field(0.1, gt=0)
+    options: dict[str, Any] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        return _unit_pair(data, "window", parse_duration_s, "s")
+
+
+class SimulationSpec(_Model):
+    """Simulator-only settings (``testbed simulate``).
+
+    ``request_bytes`` / ``response_bytes``: bytes on the wire per query (request: the JSON image,
+    default: the mean size of the zoo's request bodies; response: the JSON probabilities, default
+    400). ``overhead_ms``: fixed per-query cost outside the network and the model (HTTP/JSON
+    handling in the emulation; 0 by default). ``per_hop_ms``: forwarding cost per link of the path
+    and round trip (software switches and link emulators; 0 by default). Both are calibration knobs
+    for comparing with an emulation host (see docs/policies-and-simulator.md), not part of the
+    system model. ``warmup``: queries created before this time are simulated but not recorded.
+    """
+
+    request_bytes: int | None = Field(None, ge=1)
+    response_bytes: int = Field(400, ge=1)
+    overhead_ms: Num = Field(0.0, ge=0)
+    per_hop_ms: Num = Field(0.0, ge=0)
+    warmup_s: Num = Field(0.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = _unit_pair(data, "overhead", parse_delay_ms, "ms")
+        data = _unit_pair(data, "per_hop", parse_delay_ms, "ms")
+        return _unit_pair(data, "warmup", parse_duration_s, "s")
 
 
 class EmulationSpec(_Model):
@@ -150,7 +303,11 @@ class Experiment(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     seed: int = 1
     duration_s: Num = Field(gt=0)
-    policy: Literal["closest"] = "closest"
+    policy: PolicyName = "closest"
+    report_interval_s: Num = Field(0.5, gt=0)
+    aset: AsetSpec | None = None
+    events: list[EventSpec] = []
+    simulation: SimulationSpec = SimulationSpec()
     topology: TopologySpec
     cloud: CloudSpec | None = None
     clusters: list[ClusterSpec] = Field(min_length=1)
@@ -166,7 +323,8 @@ class Experiment(_Model):
     @model_validator(mode="before")
     @classmethod
     def _units(cls, data: Any) -> Any:
-        return _unit_pair(data, "duration", parse_duration_s, "s")
+        data = _unit_pair(data, "duration", parse_duration_s, "s")
+        return _unit_pair(data, "report_interval", parse_duration_s, "s")
 
     @model_validator(mode="after")
     def _references(self) -> Experiment:
@@ -187,6 +345,17 @@ class Experiment(_Model):
                 for s in w.sources:
                     if s not in srcs:
                         raise ValueError(f"workload[{i}]: unknown source {s!r}; known: {sorted(srcs)}")
+            if w.weights is not None:
+                for s in w.weights:
+                    if s not in srcs:
+                        raise ValueError(f"workload[{i}].weights: unknown source {s!r}; known: {sorted(srcs)}")
+        uses_aset = self.policy == "aset" or any(s.policy == "aset" for s in self.sources)
+        if uses_aset and (self.aset is None or not self.aset.checkpoint):
+            raise ValueError("policy 'aset' needs an 'aset:' section with a checkpoint (aset: {checkpoint: PATH})")
+        clusters = {c.name for c in self.clusters}
+        for i, ev in enumerate(self.events):
+            if ev.cluster is not None and ev.cluster not in clusters:
+                raise ValueError(f"events[{i}]: unknown cluster {ev.cluster!r}; known: {sorted(clusters)}")
         if self.cloud is None:
             for s in self.sources:
                 if s.site == "cloud":

@@ -97,28 +97,49 @@ def _model_table(plan: Plan) -> dict:
     return {"zoo_dir": zoo_dir, "profiles_dir": prof_dir, "variants": variants}
 
 
-def _source_configs(plan: Plan, models: dict, run_dir: Path, start_ns: int, duration_s: float) -> list[Path]:
+def _source_configs(plan: Plan, models: dict, run_dir: Path, start_ns: int, duration_s: float,
+                    base_dir: Path | None = None) -> list[Path]:
+    """One JSON config per source with load (see :mod:`testbed.workload`): its workload streams
+    (the same specs, weights and seeds as the simulator), options, policy, report interval."""
+    from testbed.arrivals import source_weights
+
     exp = plan.experiment
+    base_dir = base_dir or REPO_ROOT / "experiments"
+    site_names = {h.name: (h.site, plan.switch(h.switch).node_id) for h in plan.sources}
+    weights = []
+    for w in exp.workload:
+        sel = [s.name for s in plan.sources if w.sources == "all" or s.name in w.sources]
+        weights.append(source_weights(w, [(n, site_names[n]) for n in sel], base_dir))
     paths = []
     for i, s in enumerate(plan.sources):
-        apps = []
-        for a in exp.applications:
-            rate = sum(w.rate_qps for w in exp.workload
-                       if w.application == a.name and (w.sources == "all" or s.name in w.sources))
-            if rate > 0:
-                apps.append({"name": a.name, "family": a.family, "deadline_ms": a.deadline_ms,
-                             "min_accuracy": a.min_accuracy, "rate_qps": rate})
+        streams = [{"index": wi, "spec": w.model_dump(mode="json"), "weight": weights[wi][s.name],
+                    "base_dir": str(base_dir)}
+                   for wi, w in enumerate(exp.workload) if s.name in weights[wi]]
+        names = {st["spec"]["application"] for st in streams}
+        apps = [{"name": a.name, "family": a.family, "deadline_ms": a.deadline_ms, "min_accuracy": a.min_accuracy}
+                for a in exp.applications if a.name in names]
         if not apps:
             continue
-        options = [{"cluster": c.name, "ip": c.ip, "model": m, "rtt_ms": plan.rtt_ms(s.name, c.name),
-                    # Expected t_m at the cluster's share: the profile's p95 there.
-                    "service_ms": service_time(models["profiles_dir"], m, c.cpu_cores).p95_ms,
-                    "accuracy": models["variants"][m]["accuracy"]}
-                   for c in plan.clusters for m in c.models]
-        cfg = {"source": s.name, "source_index": i, "seed": exp.seed, "policy": exp.policy,
+        options = []
+        for c in plan.clusters:
+            spec = next(x for x in exp.clusters if x.name == c.name)
+            for m in c.models:
+                st = service_time(models["profiles_dir"], m, c.cpu_cores, runtime=spec.server.runtime_of(m))
+                # Expected t_m at the cluster's share: the profile's p95 there (the simulator does the same).
+                options.append({"cluster": c.name, "ip": c.ip, "model": m, "rtt_ms": plan.rtt_ms(s.name, c.name),
+                                "service_ms": st.p95_ms, "mean_service_ms": st.mean_ms,
+                                "accuracy": models["variants"][m]["accuracy"], "tier": c.tier,
+                                "workers": c.workers or 1})
+        path_links = {p.cluster: [[a, b] for a, b in zip(p.switches, p.switches[1:], strict=False)]
+                      for p in plan.paths if p.source == s.name}
+        spec_s = next(x for x in exp.sources if x.name == s.name)
+        cfg = {"source": s.name, "source_index": i, "seed": exp.seed, "policy": spec_s.policy or exp.policy,
                "start_ns": start_ns, "duration_s": duration_s, "grace_ms": GRACE_MS,
-               "server_port": exp.emulation.server_port, "applications": apps, "options": options,
-               "zoo_dir": str(models["zoo_dir"]),
+               "report_interval_s": exp.report_interval_s,
+               "server_port": exp.emulation.server_port, "applications": apps, "streams": streams,
+               "options": options, "path_links": path_links, "link_util_file": str(run_dir / "link_util.json"),
+               "aset": exp.aset.model_dump(mode="json") if exp.aset else {},
+               "zoo_dir": str(models["zoo_dir"]), "repo_dir": str(REPO_ROOT),
                "records": str(run_dir / "sources" / f"{s.name}.records.csv")}
         p = run_dir / "sources" / f"{s.name}.json"
         p.write_text(json.dumps(cfg, indent=1))
@@ -145,9 +166,17 @@ class _LinkPoller(threading.Thread):
             w.writeheader()
             while not self.stop_event.wait(self.interval_s):
                 try:
-                    for row in get_links(self.rest_url):
+                    rows = get_links(self.rest_url)
+                    util = {}
+                    for row in rows:
                         w.writerow(row)
+                        if row.get("kind") == "switch":
+                            util[f"{row.get('a_name')}-{row.get('b_name')}"] = max(row.get("util_ab") or 0.0,
+                                                                                 row.get("util_ba") or 0.0)
                     f.flush()
+                    tmp = self.path.with_name("link_util.json.tmp")
+                    tmp.write_text(json.dumps({"t": time.time(), "links": util}))
+                    os.replace(tmp, self.path.with_name("link_util.json"))
                 except Exception:  # noqa: BLE001 - a missed poll is not worth stopping the run
                     continue
 
@@ -390,8 +419,42 @@ def _stop_processes(procs, sig: int) -> None:
             p.kill()
 
 
-def run_load(live: Live, models: dict, duration_s: float, stack: ExitStack, console: Console) -> None:
-    """Start every source at the same instant, show progress until the load ends."""
+class _EventRunner(threading.Thread):
+    """Applies the experiment's scenario events during the load. Emulated: ``cluster_down`` /
+    ``cluster_up`` (SIGSTOP / SIGCONT of the cluster's server: it stops answering, queries time out;
+    queued ones are served late after the recovery). ``link_delay`` / ``link_congestion`` are not
+    emulated yet (the user-space link emulator has no run-time control): logged and skipped."""
+
+    def __init__(self, events, servers: dict, t_start: float, log: Path):
+        super().__init__(daemon=True)
+        self.events, self.servers, self.t_start, self.log = events, servers, t_start, log
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        with open(self.log, "w") as f:
+            for ev in sorted(self.events, key=lambda e: e.at_s):
+                if self.stop_event.wait(max(0.0, self.t_start + ev.at_s - time.time())):
+                    return
+                if ev.kind in ("cluster_down", "cluster_up") and ev.cluster in self.servers:
+                    p = self.servers[ev.cluster]
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGSTOP if ev.kind == "cluster_down" else signal.SIGCONT)
+                    f.write(f"{time.time():.3f} {ev.kind} {ev.cluster}\n")
+                else:
+                    f.write(f"{time.time():.3f} {ev.kind} NOT EMULATED (simulator only): {ev.model_dump()}\n")
+                f.flush()
+
+    def resume_all(self) -> None:
+        """SIGCONT every server (so that teardown can stop them)."""
+        for p in self.servers.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+
+
+def run_load(live: Live, models: dict, duration_s: float, stack: ExitStack, console: Console,
+             servers: dict | None = None, base_dir: Path | None = None) -> None:
+    """Start every source at the same instant, apply the scenario events, show progress until the
+    load ends. ``servers``: cluster name -> server process (for cluster failure events)."""
     exp, run_dir = live.plan.experiment, live.run_dir
     poller = _LinkPoller(live.rest_url, run_dir / "link_stats.csv", exp.emulation.stats_interval_s)
     poller.start()
@@ -404,7 +467,13 @@ def run_load(live: Live, models: dict, duration_s: float, stack: ExitStack, cons
 
         start_capture(live, exp.capture, stack)
     start_ns = time.time_ns() + 1_000_000_000
-    cfgs = _source_configs(live.plan, models, run_dir, start_ns, duration_s)
+    cfgs = _source_configs(live.plan, models, run_dir, start_ns, duration_s, base_dir)
+    if exp.events:
+        events = _EventRunner(exp.events, servers or {}, start_ns / 1e9, run_dir / "logs" / "events.log")
+        events.start()
+        stack.callback(events.resume_all)
+        stack.callback(events.join, 3)
+        stack.callback(events.stop_event.set)
     for cfg in cfgs:
         log = stack.enter_context(open(run_dir / "logs" / f"source-{cfg.stem}.log", "w"))
         sources.append(live.emu.node(cfg.stem).popen([sys.executable, "-m", "testbed.workload", str(cfg)],
@@ -430,7 +499,8 @@ def run_load(live: Live, models: dict, duration_s: float, stack: ExitStack, cons
 
 
 def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
-                   duration_s: float | None = None, link_emulator: str | None = None) -> int:
+                   duration_s: float | None = None, link_emulator: str | None = None,
+                   base_dir: Path | None = None) -> int:
     """Run a planned experiment end to end; returns the exit code (0 ok, 2 bad input or
     precondition, 3 a component or self-check failed, 130 interrupted). Results go to
     ``runs_dir/<timestamp>-<name>/``; records measured before an interruption are kept and summarised.
@@ -454,15 +524,16 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
         with emulated_network(plan, run_id, run_dir, link_emulator, console) as live, ExitStack() as stack:
             timings["network_s"] = live.bringup_s
             (run_dir / "run.json").write_text(json.dumps(
-                {"run_id": run_id, "link_emulator": live.link_emulator, "datapath": live.datapath,
-                 "duration_s": duration_s}, indent=1))
+                {"mode": "emulation", "run_id": run_id, "link_emulator": live.link_emulator,
+                 "datapath": live.datapath, "duration_s": duration_s, "seed": plan.experiment.seed,
+                 "report_interval_s": plan.experiment.report_interval_s}, indent=1))
             if plan.experiment.emulation.rtt_check:
                 rtt_self_check(live, console)
             with console.status("starting inference servers (TensorFlow, warm-up)..."):
                 servers = start_servers(live, models, stack)
             timings["bringup_s"] = time.monotonic() - t0
             console.print(f"{len(servers)} inference servers ready; bring-up took {timings['bringup_s']:.1f} s")
-            run_load(live, models, duration_s, stack, console)
+            run_load(live, models, duration_s, stack, console, servers, base_dir)
             timings["total_s"] = time.monotonic() - t0
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopped and cleaned up; what was measured so far is kept[/yellow]")

@@ -1,14 +1,19 @@
-"""Inference server and model zoo, end to end: real TensorFlow, real server subprocesses on 127.0.0.1.
+"""Inference server end to end: real TensorFlow / LiteRT, real server subprocesses on 127.0.0.1.
 
-The zoo is the repository's ``models/zoo`` (built once by ``ensure_zoo`` if missing, ~1 min).
-Three servers start in parallel (port 0: each picks a free port and reports it in its ready file):
-``main`` (both variants), ``overload`` (digits_large, 1 worker, queue limit 2) and ``term``
-(digits_small, stopped with SIGTERM by its test). Total ~20-30 s on 2 cores.
+The zoo is the repository's ``models/zoo`` (built once by ``ensure_zoo`` if missing, ~2-3 min).
+Four servers start in parallel (port 0: each picks a free port and reports it in its ready file):
+``main`` (digits_small, digits_large, parity_large on LiteRT, cancer_medium), ``overload``
+(digits_large, 1 worker, queue limit 2), ``batch`` (digits_large, max batch 8, 50 ms max queue
+delay) and ``term`` (digits_small, stopped with SIGTERM by its test). Total ~30-40 s on 2 cores.
+The requests are the ones a TensorFlow Serving REST client sends (row / columnar / named /
+b64 binary inputs, status, metadata). Exact-count queue rules: tests/test_inference_scheduler.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import os
 import signal
@@ -76,7 +81,10 @@ def servers(payloads, tmp_path_factory) -> dict[str, Server]:
     """Start the three servers at once, wait until all are ready, stop the survivors at the end."""
     tmp = tmp_path_factory.mktemp("inference")
     specs = {
-        "main": ("--models", "digits_small,digits_large", "--workers", "1", "--queue-limit", "64"),
+        "main": ("--models", "digits_small,digits_large,parity_large,cancer_medium", "--workers", "1",
+                 "--queue-limit", "64", "--model-runtimes", "parity_large=litert"),
+        "batch": ("--models", "digits_large", "--workers", "1", "--queue-limit", "64", "--max-batch", "8",
+                  "--max-queue-delay-ms", "50"),
         "overload": ("--models", "digits_large", "--workers", "1", "--queue-limit", "2"),
         "term": ("--models", "digits_small", "--workers", "1", "--queue-limit", "8"),
     }
@@ -111,43 +119,12 @@ def predict(server: Server, model: str, body: Any = None, raw: bytes | None = No
     return http("POST", f"{server.url}/v1/models/{model}:predict", body, raw)
 
 
-def _check_probs(rows: list[list[float]], n: int) -> np.ndarray:
+def _check_probs(rows: list[list[float]], n: int, classes: int = 10) -> np.ndarray:
     p = np.asarray(rows, dtype=np.float64)
-    assert p.shape == (n, 10)
+    assert p.shape == (n, classes)
     assert np.all(p >= 0)
     np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-4)
     return p
-
-
-# --- zoo ----------------------------------------------------------------------------------
-
-
-def test_zoo_manifest_payloads_profiles(payloads):
-    manifest = zoo.load_manifest(ZOO)
-    assert manifest["family"] == "digits" and manifest["input_shape"] == [32, 32, 1] and manifest["classes"] == 10
-    x, y = payloads
-    assert x.dtype == np.float32 and x.shape[1:] == (32, 32, 1) and 0.0 <= x.min() and x.max() <= 1.0
-    assert y.shape == (len(x),) and set(np.unique(y)) == set(range(10))
-    small, large = manifest["variants"]["digits_small"], manifest["variants"]["digits_large"]
-    assert f"(n={len(y)})" in large["accuracy_source"]
-    assert large["accuracy"] > small["accuracy"]
-    for name in ("digits_small", "digits_large"):
-        prof = zoo.load_profile(REPO / "models" / "profiles", name)
-        assert prof["variant"] == name and prof["samples"] >= 200 and prof["batch_size"] == 1
-        assert 0 < prof["p50_ms"] <= prof["p95_ms"] <= prof["p99_ms"]
-    assert (zoo.load_profile(REPO / "models" / "profiles", "digits_large")["p50_ms"]
-            > 2 * zoo.load_profile(REPO / "models" / "profiles", "digits_small")["p50_ms"])
-
-
-def test_zoo_errors_name_what_is_missing(tmp_path):
-    with pytest.raises(zoo.ZooFileMissing, match="manifest.json"):
-        zoo.load_manifest(tmp_path)
-    with pytest.raises(zoo.ZooFileMissing, match="payloads.npz"):
-        zoo.load_payloads(tmp_path)
-    with pytest.raises(zoo.ZooFileMissing, match="digits_huge"):
-        zoo.load_profile(tmp_path, "digits_huge")
-    with pytest.raises(zoo.ZooError, match="digits_huge"):
-        zoo.variant_dir(ZOO, "digits_huge")
 
 
 def test_server_refuses_unknown_variant_at_start(payloads, tmp_path):
@@ -172,6 +149,101 @@ def test_predict_row_and_columnar_forms(servers, payloads):
     status, _, body = predict(s, "digits_large", {"inputs": {"x": x[:2].tolist()}})
     assert status == 200
     _check_probs(body["outputs"], 2)
+    status, _, named = predict(s, "digits_large", {"instances": [{"x": x[0].tolist()}, {"x": x[1].tolist()}],
+                                                   "signature_name": "serving_default"})
+    assert status == 200
+    np.testing.assert_allclose(named["predictions"], body["outputs"], atol=1e-6)
+    status, _, ver = http("POST", f"{s.url}/v1/models/digits_large/versions/1:predict", {"instances": x[:1].tolist()})
+    assert status == 200
+    np.testing.assert_allclose(ver["predictions"][0], body["outputs"][0], atol=1e-6)
+
+
+def b64(data: bytes) -> dict[str, str]:
+    return {"b64": base64.b64encode(data).decode()}
+
+
+def test_predict_b64_binary_inputs(servers, payloads):
+    """Raw little-endian float32 and 8-bit greyscale PNG, in row and columnar form, equal the list form."""
+    from PIL import Image
+
+    x, _ = payloads
+    s = servers["main"]
+    status, _, ref = predict(s, "digits_small", {"instances": x[:2].tolist()})
+    assert status == 200
+    raw = [b64(x[i].astype("<f4").tobytes()) for i in range(2)]
+    status, _, body = predict(s, "digits_small", {"instances": raw})
+    assert status == 200
+    np.testing.assert_allclose(body["predictions"], ref["predictions"], atol=1e-6)
+    status, _, body = predict(s, "digits_small", {"inputs": {"x": raw}})
+    assert status == 200
+    np.testing.assert_allclose(body["outputs"], ref["predictions"], atol=1e-6)
+    img = np.round(x[0, :, :, 0] * 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img, mode="L").save(buf, format="PNG")
+    status, _, png = predict(s, "digits_small", {"instances": [b64(buf.getvalue())]})
+    status2, _, lst = predict(s, "digits_small", {"instances": [(img.astype(np.float32) / 255)[..., None].tolist()]})
+    assert status == status2 == 200
+    np.testing.assert_allclose(png["predictions"], lst["predictions"], atol=1e-6)
+
+
+@pytest.mark.parametrize("item,needle", [
+    ({"b64": "@@not base64@@"}, "invalid base64"),
+    ({"b64": base64.b64encode(b"1234").decode()}, "needs 4096"),
+    ({"b64": base64.b64encode(b"\x89PNG\r\n\x1a\nbroken").decode()}, "cannot decode PNG"),
+    ({"b64": 5}, "binary input must be"),
+])
+def test_bad_b64_is_400(servers, item, needle):
+    status, _, body = predict(servers["main"], "digits_small", {"instances": [item]})
+    assert status == 400 and needle in body["error"], body
+
+
+def test_other_families_and_litert(servers):
+    s = servers["main"]
+    cx, cy = zoo.load_payloads(ZOO, "cancer")
+    status, headers, body = predict(s, "cancer_medium", {"instances": cx[:20].tolist()})
+    assert status == 200 and headers["X-Testbed-Runtime"] == "tensorflow"
+    p = _check_probs(body["predictions"], 20, classes=2)
+    assert (p.argmax(axis=1) == cy[:20]).sum() >= 16
+    status, _, body = predict(s, "cancer_medium", {"instances": [[0.0] * 29]})
+    assert status == 400 and "[1, 30]" in body["error"]
+    px, py = zoo.load_payloads(ZOO, "parity")
+    status, headers, body = predict(s, "parity_large", {"instances": px[:20].tolist()})
+    assert status == 200 and headers["X-Testbed-Runtime"] == "litert"
+    assert (_check_probs(body["predictions"], 20, classes=2).argmax(axis=1) == py[:20]).sum() >= 16
+    status, _, listing = http("GET", f"{s.url}/v1/models")
+    assert status == 200 and listing["models"]["parity_large"]["runtime"] == "litert"
+    assert listing["models"]["cancer_medium"]["family"] == "cancer"
+
+
+def test_model_metadata(servers):
+    s = servers["main"]
+    for name, shape, classes in (("digits_small", [-1, 32, 32, 1], 10), ("cancer_medium", [-1, 30], 2)):
+        for path in (f"/v1/models/{name}/metadata", f"/v1/models/{name}/versions/1/metadata"):
+            status, _, body = http("GET", s.url + path)
+            assert status == 200
+            assert body["model_spec"] == {"name": name, "signature_name": "", "version": "1"}
+            sig = body["metadata"]["signature_def"]["signature_def"]["serving_default"]
+            assert sig["method_name"] == "tensorflow/serving/predict"
+            assert [int(d["size"]) for d in sig["inputs"]["x"]["tensor_shape"]["dim"]] == shape
+            assert sig["inputs"]["x"]["dtype"] == "DT_FLOAT"
+            assert [int(d["size"]) for d in sig["outputs"]["probabilities"]["tensor_shape"]["dim"]] == [-1, classes]
+    assert http("GET", f"{s.url}/v1/models/nope/metadata")[0] == 404
+
+
+def test_batching_gives_the_same_outputs_as_single_calls(servers, payloads):
+    x, _ = payloads
+    single = [predict(servers["main"], "digits_large", {"instances": [x[i].tolist()]})[2]["predictions"][0]
+              for i in range(8)]
+    bodies = [json.dumps({"instances": [x[i].tolist()]}).encode() for i in range(8)]
+    results = asyncio.run(_burst(f"{servers['batch'].url}/v1/models/digits_large:predict", bodies, headers=True))
+    assert [c for c, _, _ in results] == [200] * 8
+    batches = [int(h["X-Testbed-Batch"]) for _, _, h in results]
+    assert max(batches) > 1, batches  # 8 concurrent queries, 50 ms to fill a batch of 8
+    got = np.asarray([b["predictions"][0] for _, b, _ in results])
+    np.testing.assert_allclose(got, np.asarray(single), atol=1e-5)
+    assert (got.argmax(axis=1) == np.asarray(single).argmax(axis=1)).all()
+    status, _, stats = http("GET", f"{servers['batch'].url}/v1/stats")
+    assert stats["served"] == 8 and stats["batches"] < 8 and stats["mean_batch"] > 1
 
 
 def test_large_model_is_accurate_on_held_out_samples(servers, payloads):
@@ -220,11 +292,23 @@ def test_model_status(servers):
     (b'{"instances": []}', "non-empty"),
     (b'{"instances": [["a", "b"]]}', "numbers"),
     (b'{"inputs": {"y": [1]}}', "'x'"),
+    (b'{"instances": [[1]], "signature_name": "other"}', "signature_name"),
+    (b'{"instances": [[1]], "extra": 1}', "unknown key"),
 ])
 def test_malformed_body_is_400(servers, raw, needle):
     status, _, body = predict(servers["main"], "digits_small", raw=raw)
     assert status == 400
     assert needle in body["error"]
+
+
+def test_bad_deadline_header_is_400(servers, payloads):
+    x, _ = payloads
+    req = urllib.request.Request(f"{servers['main'].url}/v1/models/digits_small:predict", method="POST",
+                                 data=json.dumps({"instances": [x[0].tolist()]}).encode(),
+                                 headers={"Content-Type": "application/json", "X-Testbed-Deadline-Ns": "soon"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == 400 and "X-Testbed-Deadline-Ns" in json.loads(err.value.read())["error"]
 
 
 def test_wrong_shape_is_400(servers, payloads):
@@ -242,12 +326,14 @@ def test_wrong_shape_is_400(servers, payloads):
 # --- overload, stats, shutdown --------------------------------------------------------------
 
 
-async def _burst(url: str, bodies: list[bytes]) -> list[tuple[int, dict]]:
+async def _burst(url: str, bodies: list[bytes], headers: bool = False) -> list[tuple]:
     import aiohttp
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        async def one(body: bytes) -> tuple[int, dict]:
+        async def one(body: bytes) -> tuple:
             async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+                if headers:
+                    return resp.status, await resp.json(), dict(resp.headers)
                 return resp.status, await resp.json()
 
         return await asyncio.gather(*(one(b) for b in bodies))
@@ -264,12 +350,13 @@ def test_queue_overload_drops_with_503(servers, payloads):
     assert codes.count(503) >= 1 and codes.count(200) >= 3, codes
     for code, body in results:
         if code == 503:
-            assert body == {"error": "queue full (limit 2)"}
+            assert body["reason"] == "queue_full" and "limit 2" in body["error"]
         else:
             _check_probs(body["predictions"], 16)
     status, _, stats = http("GET", f"{s.url}/v1/stats")
     assert status == 200
     assert stats["served"] == codes.count(200) and stats["dropped"] == codes.count(503)
+    assert stats["dropped_queue_full"] == codes.count(503) and stats["dropped_admission"] == 0
     assert stats["served"] + stats["dropped"] == 30
     assert stats["workers"] == 1 and stats["queue_len"] == 0 and stats["busy_workers"] == 0
     assert stats["busy_s"] > 0 and 0 < stats["utilization"] <= 1
@@ -279,8 +366,8 @@ def test_stats_endpoint_and_file(servers):
     s = servers["main"]
     status, _, stats = http("GET", f"{s.url}/v1/stats")
     assert status == 200
-    for key in ("queue_len", "busy_workers", "workers", "served", "dropped", "errors", "busy_s", "uptime_s",
-                "utilization"):
+    for key in ("queue_len", "busy_workers", "workers", "served", "dropped", "dropped_queue_full",
+                "dropped_admission", "errors", "batches", "mean_batch", "busy_s", "uptime_s", "utilization"):
         assert key in stats
     deadline = time.monotonic() + 5
     while not s.stats_file.is_file() and time.monotonic() < deadline:
@@ -299,3 +386,27 @@ def test_sigterm_exits_0_with_final_stats(servers, payloads):
     assert final["served"] == 5 and final["pid"] == s.ready["pid"]
     assert not any(p.name.startswith(".") for p in s.stats_file.parent.iterdir() if "stats" in p.name)
     assert os.path.getsize(s.stats_file) > 0
+
+
+def test_server_command_passes_every_server_setting(tmp_path):
+    from testbed.config import ClusterSpec
+    from testbed.inference.launch import server_command
+
+    spec = ClusterSpec(name="edge1", site="A", tier="far_edge", cpu_cores=0.5, workers=2, queue_limit=9,
+                       models=["digits_small", "digits_large"],
+                       server={"runtime": "litert", "model_runtimes": {"digits_large": "tensorflow", "other": "litert"},
+                               "discipline": "edf", "admission": True, "max_batch": 4, "max_queue_delay": "2ms",
+                               "warmup_calls": 7})
+    cmd = server_command(spec, 0.5, 8501, tmp_path / "zoo", tmp_path)
+    args = dict(zip(cmd[3::2], cmd[4::2], strict=False))  # after python -m testbed.inference.server
+    assert cmd[1:3] == ["-m", "testbed.inference.server"] and cmd[-1] == "--admission"
+    assert (args["--runtime"], args["--discipline"], args["--max-batch"], args["--max-queue-delay-ms"],
+            args["--warmup"], args["--workers"], args["--queue-limit"], args["--threads"], args["--cpu-cores"]) == (
+        "litert", "edf", "4", "2.0", "7", "2", "9", "1", "0.5")
+    assert args["--model-runtimes"] == "digits_large=tensorflow"  # keys the cluster does not serve are dropped
+    assert args["--profiles"] == str(tmp_path / "profiles")
+    # the server accepts exactly this command line
+    from testbed.inference.server import _check_args, build_parser
+
+    parsed = build_parser().parse_args(cmd[3:])
+    assert _check_args(parsed) is None and parsed.admission and parsed.max_queue_delay_ms == 2.0

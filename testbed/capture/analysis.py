@@ -1,10 +1,351 @@
-"""Per-hop, per-query analysis of a run's pcaps (filled in by the packet-capture issue)."""
+"""Per-hop, per-query analysis of a run's pcaps (written by :mod:`testbed.capture.capture`).
+
+Matching (all capture points share one kernel clock, so timestamps compare directly):
+
+* **A packet across capture points**: the same transmitted TCP segment has the same
+  (IP src, IP dst, ports, IP ID, TCP seq, TCP ack, flags, payload length) at every point (no NAT on
+  the path; Linux gives every transmission, retransmissions included, a new IP ID). Sorting one
+  packet's observations by time gives its hops; hop one-way delay = t(next point) - t(point).
+* **A segment to a query**: every query is one HTTP/1.1 request (``POST ...``, carrying
+  ``X-Testbed-Query-Id: <source>-<seq>`` in its first segment) and one response (``HTTP/1.x ...``);
+  a connection may carry several requests one after the other (keep-alive, no pipelining),
+  including requests that are not queries (``GET /v1/stats``: matched, then left out). A data
+  segment belongs to the message whose first byte (TCP sequence number, relative to the flow's
+  first seen one) is the largest at or below its own; the k-th response of a connection answers its
+  k-th request.
+* **Retransmissions**: a byte range (flow, seq, length) sent with more than one IP ID.
+
+Files written to ``RUN_DIR/capture/`` (columns in docs/records-schema.md):
+``queries.csv`` / ``.parquet`` (one row per query seen on the wire, ``pkt_*`` columns joined into
+the records by :func:`testbed.summary.merge_records`), ``hops.csv`` (per query and direction, the
+hops of the message's first segment), ``hop_delays.csv`` (per hop over every matched packet:
+count, percentiles, the configured link delay when the hop is an emulated link), ``analysis.json``.
+"""
 
 from __future__ import annotations
 
+import json
+import re
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 
-def analyze_run(run_dir: Path) -> None:
-    """Match each query's packets across capture points; write per-hop results into ``run_dir``."""
-    raise NotImplementedError("packet analysis is not implemented yet")
+PCAP_MAGIC = {b"\xd4\xc3\xb2\xa1": ("<", 1000), b"\xa1\xb2\xc3\xd4": (">", 1000),
+              b"\x4d\x3c\xb2\xa1": ("<", 1), b"\xa1\xb2\x3c\x4d": (">", 1)}
+LINKTYPE_ETHERNET = 1
+QUERY_ID_RE = re.compile(rb"X-Testbed-Query-Id: *([A-Za-z0-9_.-]+)")
+HEAD_BYTES = 400
+#: First bytes of an HTTP/1.x message: a request line (any method: the sources also poll
+#: ``GET /v1/stats`` on the same connections) or a status line (RFC 9112 section 3 and 4).
+HTTP_START_RE = re.compile(rb"(?:[A-Z]{3,10} /[^ ]* HTTP/1\.[01]\r\n|HTTP/1\.[01] \d{3})")
+KEY = ["src", "dst", "sport", "dport", "ipid", "seq", "ack", "flags", "paylen"]
+
+
+class PcapError(ValueError):
+    """A pcap file that is not little/big-endian pcap with Ethernet frames."""
+
+
+def read_pcap(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(timestamp_ns, frame_bytes)`` of a classic pcap file (micro- or nanosecond magic).
+
+    Format: https://www.tcpdump.org/manpages/pcap-savefile.5.txt. A truncated last record (capture
+    killed mid-write) is ignored. Raises :class:`PcapError` for another format or link type.
+    """
+    with open(path, "rb") as f:
+        head = f.read(24)
+        if len(head) < 24:
+            return
+        if head[:4] not in PCAP_MAGIC:
+            raise PcapError(f"{path}: not a pcap file (magic {head[:4].hex()}; pcapng is not supported)")
+        endian, mult = PCAP_MAGIC[head[:4]]
+        (linktype,) = struct.unpack(endian + "I", head[20:24])
+        if linktype & 0xFFFF != LINKTYPE_ETHERNET:
+            raise PcapError(f"{path}: link type {linktype}, expected Ethernet (1)")
+        rec = struct.Struct(endian + "IIII")
+        while True:
+            h = f.read(16)
+            if len(h) < 16:
+                return
+            sec, frac, incl, _orig = rec.unpack(h)
+            data = f.read(incl)
+            if len(data) < incl:
+                return
+            yield sec * 1_000_000_000 + frac * mult, data
+
+
+def parse_tcp(frame: bytes) -> tuple | None:
+    """Header fields of an Ethernet/IPv4/TCP frame, or None for anything else.
+
+    Returns ``(src, dst, sport, dport, ipid, seq, ack, flags, paylen, payload_head)``; ``paylen``
+    is the TCP payload length from the IP total length (so correct under a short snaplen),
+    ``payload_head`` the captured payload bytes (at most HEAD_BYTES).
+    """
+    off, etype = 14, int.from_bytes(frame[12:14], "big") if len(frame) >= 14 else 0
+    while etype in (0x8100, 0x88A8) and len(frame) >= off + 4:
+        etype, off = int.from_bytes(frame[off + 2:off + 4], "big"), off + 4
+    if etype != 0x0800 or len(frame) < off + 20:
+        return None
+    vihl, total_len, ipid, proto = frame[off], *struct.unpack("!HH", frame[off + 2:off + 6]), frame[off + 9]
+    ihl = (vihl & 0x0F) * 4
+    if vihl >> 4 != 4 or proto != 6 or len(frame) < off + ihl + 20:
+        return None
+    src, dst = frame[off + 12:off + 16], frame[off + 16:off + 20]
+    t = off + ihl
+    sport, dport, seq, ack, doff, flags = struct.unpack("!HHIIBB", frame[t:t + 14])
+    thl = (doff >> 4) * 4
+    paylen = total_len - ihl - thl
+    head = frame[t + thl:t + thl + min(paylen, HEAD_BYTES)] if paylen > 0 else b""
+    return (".".join(map(str, src)), ".".join(map(str, dst)), sport, dport, ipid, seq, ack, flags, paylen, head)
+
+
+def load_packets(pcap_dir: Path, points: list[str] | None = None, errors: list[str] | None = None) -> pd.DataFrame:
+    """All TCP packets of ``pcap_dir/<point>.pcap`` as one frame (columns: point, ts_ns, KEY, head, start).
+
+    ``points``: the pcap stems to read (default: every ``*.pcap``). ``start``: the segment starts an
+    HTTP message (:data:`HTTP_START_RE`); ``head``: its captured payload bytes (empty bytes for
+    other segments). ``errors``: when given, a file that is not Ethernet pcap is skipped and its
+    :class:`PcapError` message appended here (else raised).
+    """
+    rows = []
+    stems = points if points is not None else sorted(p.stem for p in pcap_dir.glob("*.pcap"))
+    for point in stems:
+        path = pcap_dir / f"{point}.pcap"
+        if not path.exists():
+            continue
+        try:
+            frames = list(read_pcap(path))
+        except PcapError as exc:
+            if errors is None:
+                raise
+            errors.append(str(exc))
+            continue
+        for ts, frame in frames:
+            r = parse_tcp(frame)
+            if r is None:
+                continue
+            start = bool(HTTP_START_RE.match(r[9]))
+            rows.append((point, ts, *r[:9], r[9] if start else b"", start))
+    df = pd.DataFrame(rows, columns=["point", "ts_ns", *KEY, "head", "start"])
+    return df.astype({"ts_ns": "int64", "sport": "int64", "dport": "int64", "ipid": "int64", "seq": "int64",
+                      "ack": "int64", "flags": "int64", "paylen": "int64"})
+
+
+def number_packets(pk: pd.DataFrame) -> pd.DataFrame:
+    """``pk`` with a ``pkt`` column: the packet (one transmission, ``KEY``) each observation is of.
+
+    An observation repeated at the same point (IP ID reuse) is a new packet (occurrence index).
+    """
+    pk = pk.copy()
+    order = pk.sort_values("ts_ns", kind="stable")
+    occ = order.groupby([*KEY, "point"], sort=False).cumcount()
+    pk["pkt"] = order.assign(occ=occ).groupby([*KEY, "occ"], sort=False).ngroup()
+    return pk
+
+
+def packet_hops(pk: pd.DataFrame) -> pd.DataFrame:
+    """One row per hop of every packet: ``pkt`` (packet number), from, to, t_from_ns, owd_ns, origin
+    (the packet's first capture point), hop (0-based position on its path).
+
+    Hops join consecutive observations of one packet (see :func:`number_packets`) in time order.
+    """
+    if pk.empty:
+        return pd.DataFrame(columns=["pkt", "from", "to", "t_from_ns", "owd_ns", "origin", "hop"])
+    if "pkt" not in pk:
+        pk = number_packets(pk)
+    pk = pk.sort_values(["pkt", "ts_ns"], kind="stable")
+    pkt, pt, ts = pk["pkt"].to_numpy(), pk["point"].to_numpy(), pk["ts_ns"].to_numpy(dtype="int64")
+    m = pkt[1:] == pkt[:-1]  # integer arithmetic: ns since the epoch do not fit a float64 exactly
+    first = np.r_[True, pkt[1:] != pkt[:-1]]
+    start = np.maximum.accumulate(np.where(first, np.arange(len(pkt)), 0))  # row of each packet's first point
+    return pd.DataFrame({"pkt": pkt[:-1][m], "from": pt[:-1][m], "to": pt[1:][m], "t_from_ns": ts[:-1][m],
+                         "owd_ns": (ts[1:] - ts[:-1])[m], "origin": pt[start[:-1][m]],
+                         "hop": (np.arange(len(pkt)) - start)[:-1][m]})
+
+
+def expected_hop_delays(plan: dict, meta: dict) -> dict[tuple[str, str], float]:
+    """Configured one-way delay (ms) of hops that are one emulated link, both directions.
+
+    Link points: ``lK-eth0`` <-> ``lK-eth1`` (user-space emulator) or the two switch ports of the link
+    (netem), as recorded in ``capture.json``.
+    """
+    delay = {lk["index"]: float(lk["delay_ms"]) for lk in plan.get("links", [])}
+    sides: dict[int, dict[str, str]] = {}
+    for name, p in meta.get("points", {}).items():
+        if p.get("link") is not None and p.get("side") and p.get("kind") in ("link", "switch"):
+            if p["kind"] == "link" or meta.get("link_emulator") != "userspace":
+                sides.setdefault(p["link"], {})[p["side"]] = name
+    out = {}
+    for k, s in sides.items():
+        if "a" in s and "b" in s and k in delay:
+            out[(s["a"], s["b"])] = out[(s["b"], s["a"])] = delay[k]
+    return out
+
+
+def _message_table(pk: pd.DataFrame, server_port: int) -> pd.DataFrame:
+    """Data segments with their message: columns of pk + conn, direction, rel_seq, msg (index in conn)."""
+    d = pk[pk["paylen"] > 0].copy()
+    if d.empty:
+        return d.assign(conn="", direction="", rel_seq=0, msg=-1)
+    to_server = d["dport"] == server_port
+    d["direction"] = np.where(to_server, "request", "response")
+    cli_ip = np.where(to_server, d["src"], d["dst"])
+    cli_port = np.where(to_server, d["sport"], d["dport"])
+    srv_ip = np.where(to_server, d["dst"], d["src"])
+    d["conn"] = [f"{a}:{b}>{c}" for a, b, c in zip(cli_ip, cli_port, srv_ip, strict=True)]
+    base = pk.sort_values("ts_ns").groupby(["src", "sport", "dst", "dport"])["seq"].first()
+    b = base.reindex(pd.MultiIndex.from_frame(d[["src", "sport", "dst", "dport"]])).to_numpy()
+    d["rel_seq"] = (d["seq"].to_numpy() - b) % 2**32
+    starts = (d[d["start"]].groupby(["conn", "direction"])["rel_seq"]
+              .apply(lambda s: np.unique(s.to_numpy())))
+    msg = np.full(len(d), -1)
+    for (conn, direction), idx in d.groupby(["conn", "direction"]).indices.items():
+        st = starts.get((conn, direction))
+        if st is not None:
+            msg[idx] = np.searchsorted(st, d["rel_seq"].to_numpy()[idx], side="right") - 1
+    d["msg"] = msg
+    return d[d["msg"] >= 0]
+
+
+def analyze_packets(pk: pd.DataFrame, server_port: int,
+                    hops: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-query packet measures and per-query hop lists from a packet table (see :func:`load_packets`).
+
+    Returns ``(queries, query_hops)``. ``queries``: one row per request seen whose first segment
+    carries a query id; columns ``query_id`` and the ``pkt_*`` columns of docs/records-schema.md
+    (times in ns since the epoch, durations in ms, sizes in bytes). ``query_hops``: query_id,
+    direction, hop (0-based), from, to, owd_ms of the first segment of the request/response.
+    ``pk`` must carry ``pkt`` (:func:`number_packets`) when ``hops`` is given.
+    """
+    cols = ["query_id"]
+    if pk.empty:
+        return pd.DataFrame(columns=cols), pd.DataFrame(columns=["query_id", "direction", "hop", "from", "to",
+                                                                  "owd_ms"])
+    pk = pk.reset_index(drop=True)
+    if "pkt" not in pk:
+        pk = number_packets(pk)
+    if hops is None:
+        hops = packet_hops(pk)
+    d = _message_table(pk, server_port)
+    # query id of each request: from the message's first segment (any point that kept the header)
+    firsts = d[d["start"]]
+    ids = {}
+    for (conn, direction, msg), g in firsts.groupby(["conn", "direction", "msg"]):
+        if direction == "request":
+            for h in g["head"]:
+                m = QUERY_ID_RE.search(h)
+                if m:
+                    ids[(conn, msg)] = m.group(1).decode()
+                    break
+    hop_by_pkt = {k: g for k, g in hops.groupby("pkt")} if not hops.empty else {}
+    rows, hop_rows = {}, []
+    for (conn, direction, msg), g in d.groupby(["conn", "direction", "msg"]):
+        qid = ids.get((conn, msg))
+        if qid is None:
+            continue
+        p = "req" if direction == "request" else "resp"
+        r = rows.setdefault(qid, {"query_id": qid})
+        first_seen = g.groupby("point")["ts_ns"].min().sort_values()
+        tx_pt, rx_pt = first_seen.index[0], first_seen.index[-1]
+        seg_first = g.groupby(["point", "rel_seq", "paylen"])["ts_ns"].min()
+        tx, rx = seg_first.loc[tx_pt], seg_first.loc[rx_pt]
+        r[f"pkt_{p}_first_tx_ns"], r[f"pkt_{p}_last_tx_ns"] = int(tx.min()), int(tx.max())
+        r[f"pkt_{p}_first_rx_ns"], r[f"pkt_{p}_last_rx_ns"] = int(rx.min()), int(rx.max())
+        r[f"pkt_{p}_tx_ms"] = round((tx.max() - tx.min()) / 1e6, 4)
+        r[f"pkt_{p}_owd_ms"] = round((rx.min() - tx.min()) / 1e6, 4)
+        r[f"pkt_{p}_transfer_ms"] = round((rx.max() - tx.min()) / 1e6, 4)
+        segs = g.drop_duplicates(["rel_seq", "paylen"])
+        r[f"pkt_{p}_segments"] = int(len(segs))
+        r[f"pkt_{p}_payload_bytes"] = int(segs["paylen"].sum())
+        sends = g.groupby(["rel_seq", "paylen"])["ipid"].nunique()
+        r[f"pkt_{p}_retransmissions"] = int((sends - 1).sum())
+        r[f"pkt_{p}_points"] = int(len(first_seen))
+        r[f"pkt_{p}_tx_point"], r[f"pkt_{p}_rx_point"] = tx_pt, rx_pt
+        first_pkt = g.loc[g["rel_seq"] == g["rel_seq"].min()].sort_values("ts_ns")["pkt"].iloc[0]
+        hp = hop_by_pkt.get(first_pkt)
+        if hp is not None:
+            parts = []
+            for i, h in enumerate(hp.itertuples(index=False)):
+                hop_rows.append((qid, direction, i, h[1], h[2], round(h[4] / 1e6, 4)))
+                parts.append(f"{h[1]}>{h[2]}:{h[4] / 1e6:.3f}")
+            r[f"pkt_{p}_hops"] = " ".join(parts)
+    q = pd.DataFrame(list(rows.values()))
+    for c in [c for c in q.columns if c.endswith("_ns")]:  # nullable ints: ns do not fit a float64
+        q[c] = pd.array([r.get(c) for r in rows.values()], dtype="Int64")
+    if not q.empty:
+        for c in ("req", "resp"):
+            if f"pkt_{c}_retransmissions" not in q:
+                q[f"pkt_{c}_retransmissions"] = pd.NA
+        q["pkt_retransmissions"] = q[["pkt_req_retransmissions", "pkt_resp_retransmissions"]].sum(axis=1,
+                                                                                               min_count=1)
+        if "pkt_resp_first_rx_ns" in q and "pkt_req_first_tx_ns" in q:
+            q["pkt_e2e_ms"] = ((q["pkt_resp_last_rx_ns"] - q["pkt_req_first_tx_ns"]) / 1e6).round(4)
+    hop_df = pd.DataFrame(hop_rows, columns=["query_id", "direction", "hop", "from", "to", "owd_ms"])
+    return q, hop_df
+
+
+def hop_delay_table(hops: pd.DataFrame, expected: dict[tuple[str, str], float]) -> pd.DataFrame:
+    """Per hop (from, to) over every matched packet: packets, min/p5/median/mean/p95/max one-way delay
+    (ms), the configured link delay (ms, emulated links only) and median minus configured.
+
+    ``hops``: :func:`packet_hops`. Rows in path order (grouped by where the packets entered).
+    """
+    cols = ["from", "to", "packets", "min_ms", "p5_ms", "median_ms", "mean_ms", "p95_ms", "max_ms",
+            "configured_ms", "excess_median_ms"]
+    if hops.empty:
+        return pd.DataFrame(columns=cols)
+    g = hops.assign(ms=hops["owd_ns"] / 1e6).groupby(["from", "to"])["ms"]
+    t = pd.DataFrame({"packets": g.size(), "min_ms": g.min(), "p5_ms": g.quantile(0.05),
+                      "median_ms": g.median(), "mean_ms": g.mean(), "p95_ms": g.quantile(0.95),
+                      "max_ms": g.max()}).reset_index()
+    t["configured_ms"] = [expected.get((a, b)) for a, b in zip(t["from"], t["to"], strict=True)]
+    t["configured_ms"] = t["configured_ms"].astype("float64")
+    t["excess_median_ms"] = t["median_ms"] - t["configured_ms"]
+    # path order: by the most common origin of the hop's packets, then the hop's position
+    gk = hops.groupby(["from", "to"])
+    order = pd.DataFrame({"origin": gk["origin"].agg(lambda o: o.mode().iloc[0]), "pos": gk["hop"].median()})
+    t = t.join(order, on=["from", "to"]).sort_values(["origin", "pos", "from", "to"])
+    return t[cols].round(4).reset_index(drop=True)
+
+
+def analyze_run(run_dir: Path) -> dict:
+    """Analyse ``run_dir/pcap`` and write ``run_dir/capture/`` (see the module docstring).
+
+    Needs ``pcap/capture.json`` (written by the capture) and ``plan.json`` (for link delays; optional).
+    Returns the content of ``analysis.json``: packets per point, queries matched, request starts
+    seen, retransmissions, the hop table as records, ``errors`` (unreadable pcap files, skipped).
+    """
+    run_dir = Path(run_dir)
+    pcap_dir = run_dir / "pcap"
+    meta_path = pcap_dir / "capture.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"points": {}}
+    plan_path = run_dir / "plan.json"
+    plan = json.loads(plan_path.read_text()) if plan_path.exists() else {}
+    port = int(meta.get("server_port") or plan.get("experiment", {}).get("emulation", {}).get("server_port", 8501))
+    errors: list[str] = []
+    pk = number_packets(load_packets(pcap_dir, list(meta["points"]) or None, errors))
+    hops = packet_hops(pk)
+    q, qh = analyze_packets(pk, port, hops)
+    out = run_dir / "capture"
+    out.mkdir(exist_ok=True)
+    q.to_csv(out / "queries.csv", index=False)
+    if not q.empty:
+        q.to_parquet(out / "queries.parquet", index=False)
+    qh.to_csv(out / "hops.csv", index=False)
+    table = hop_delay_table(hops, expected_hop_delays(plan, meta))
+    table.to_csv(out / "hop_delays.csv", index=False)
+    req = pk[pk["start"] & (pk["dport"] == port)] if not pk.empty else pk
+    requests = int(len(req.drop_duplicates(["src", "sport", "seq"])))
+    result = {
+        "packets_per_point": {} if pk.empty else {k: int(v) for k, v in
+                                                  pk["point"].value_counts().sort_index().items()},
+        "queries_matched": int(len(q)),
+        "request_segments_with_header": requests,
+        "retransmissions": 0 if q.empty else int(q["pkt_retransmissions"].fillna(0).sum()),
+        "hop_delays": json.loads(table.to_json(orient="records")),
+        "errors": errors,
+    }
+    (out / "analysis.json").write_text(json.dumps(result, indent=1))
+    return result

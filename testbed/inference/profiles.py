@@ -1,13 +1,26 @@
 """Service-time profiles: what the dispatcher expects and what the simulator draws.
 
-Profiles are measured by the profiler and stored in ``models/profiles/<variant>.json``. This
-module is the one reader the policies, the emulation's dispatcher and the simulator share.
+Profiles are measured by ``testbed profile`` (:mod:`testbed.inference.profiler`) and stored in
+``models/profiles/<variant>.json``; this module is the one reader the policies, the emulation's
+dispatcher and the simulator share. Format (schema 2)::
+
+    {"schema": 2, "variant", "family", "machine": {...}, "method", "measured_at",
+     "runtime", "cpu_cores", "batch_size", "mean_ms", "p50_ms", "p95_ms", "p99_ms",   # reference point
+     "measurements": [{"runtime": "tensorflow" | "litert", "cpu_cores": 0.5, "batch": 8,
+                       "threads", "cgroup": true, "samples", "warmup_calls",
+                       "mean_ms", "p50_ms", "p95_ms", "p99_ms", "samples_ms": [...]}, ...]}
+
+A measurement's times are per call (one batch of ``batch`` inputs), wall clock, in ms, measured in
+a process held to ``cpu_cores`` by a CFS quota. Schema-1 profiles (one 1-core, batch-1 TensorFlow
+figure without ``measurements``) are still read.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -16,10 +29,12 @@ from testbed.inference import zoo
 
 @dataclass(frozen=True)
 class ServiceTime:
-    """Service-time distribution of one model variant at one CPU share and batch size.
+    """Service-time distribution of one model variant at one CPU share, batch size and runtime.
 
     ``mean_ms``/``p50_ms``/``p95_ms``: milliseconds per call (one batch of ``batch`` queries).
-    ``samples_ms``: measured per-call times (ms), already scaled to ``cpu_cores``.
+    ``samples_ms``: measured per-call times (ms), already scaled to ``cpu_cores`` / ``batch`` when
+    those were not measured exactly. ``measured_cpu_cores`` / ``measured_batch``: the measurement
+    the figures come from (``scale`` = the factor applied to it, 1.0 for an exact match).
     """
 
     variant: str
@@ -30,28 +45,72 @@ class ServiceTime:
     p50_ms: float
     p95_ms: float
     samples_ms: np.ndarray
+    measured_cpu_cores: float = 0.0
+    measured_batch: int = 0
+    scale: float = 1.0
 
     def sample(self, rng: np.random.Generator, n: int | None = None) -> float | np.ndarray:
-        """Draw service times (ms) from the measured samples (bootstrap)."""
+        """Draw service times (ms) from the measured samples (bootstrap: uniform with replacement)."""
         return rng.choice(self.samples_ms, size=n)
+
+
+def measurements(prof: dict[str, Any]) -> list[dict[str, Any]]:
+    """The measurements of a loaded profile; a schema-1 profile gives its one TensorFlow measurement."""
+    if prof.get("measurements"):
+        return list(prof["measurements"])
+    return [{"runtime": "tensorflow", "cpu_cores": float(prof["cpu_cores"]), "batch": int(prof["batch_size"]),
+             "mean_ms": prof["mean_ms"], "p50_ms": prof["p50_ms"], "p95_ms": prof["p95_ms"],
+             "p99_ms": prof["p99_ms"],
+             "samples_ms": prof.get("samples_ms") or [prof["p50_ms"], prof["p95_ms"], prof["p99_ms"]]}]
+
+
+def _mean_at_batch(rows: list[dict[str, Any]], batch: int) -> float:
+    """Mean per-call time at ``batch`` from the rows of one share: linear in the batch size between
+    (and beyond) the measured batch sizes; with one measured size, proportional to the batch."""
+    pts = sorted((int(r["batch"]), float(r["mean_ms"])) for r in rows)
+    if len(pts) == 1:
+        b, t = pts[0]
+        return t * batch / b
+    if batch <= pts[0][0]:
+        (b0, t0), (b1, t1) = pts[0], pts[1]
+    elif batch >= pts[-1][0]:
+        (b0, t0), (b1, t1) = pts[-2], pts[-1]
+    else:
+        i = next(k for k in range(1, len(pts)) if pts[k][0] >= batch)
+        (b0, t0), (b1, t1) = pts[i - 1], pts[i]
+    return max(1e-6, t0 + (t1 - t0) * (batch - b0) / (b1 - b0))
 
 
 def service_time(profiles_dir: str | os.PathLike[str], variant: str, cpu_cores: float, batch: int = 1,
                  runtime: str = "tensorflow") -> ServiceTime:
-    """The service-time distribution of ``variant`` at ``cpu_cores`` cores.
+    """The service-time distribution of ``variant`` at ``cpu_cores`` cores, ``batch`` inputs per call.
 
-    A CFS quota below one core stretches a single-threaded call by 1/cpu_cores (it runs only that
-    fraction of each period); above one core a single call is not faster.
+    Picks the measured CPU share nearest to ``cpu_cores`` (in ratio, log scale); if it differs,
+    stretches the samples by min(1, measured) / min(1, cpu_cores) (a CFS quota below one core runs a
+    single-threaded call only that fraction of each period; above one core a call is assumed no
+    faster). Within that share, an unmeasured ``batch`` scales the samples of the nearest measured
+    batch by the ratio of mean per-call times interpolated linearly in the batch size.
 
     Raises:
         testbed.inference.zoo.ZooFileMissing: no profile for ``variant``.
-        testbed.inference.zoo.ZooError: the profile is malformed.
+        testbed.inference.zoo.ZooError: the profile is malformed or has no ``runtime`` measurement.
         ValueError: ``cpu_cores`` <= 0 or ``batch`` < 1.
     """
     if cpu_cores <= 0 or batch < 1:
         raise ValueError(f"cpu_cores must be > 0 and batch >= 1 (got {cpu_cores}, {batch})")
     prof = zoo.load_profile(profiles_dir, variant)
-    stretch = 1.0 / min(1.0, cpu_cores)
-    samples = np.asarray(prof.get("samples_ms") or [prof["p50_ms"], prof["p95_ms"], prof["p99_ms"]], dtype=float)
-    return ServiceTime(variant, cpu_cores, batch, runtime, prof["mean_ms"] * stretch, prof["p50_ms"] * stretch,
-                       prof["p95_ms"] * stretch, samples * stretch)
+    rows = [r for r in measurements(prof) if r.get("runtime", "tensorflow") == runtime]
+    if not rows:
+        have = sorted({r.get("runtime", "tensorflow") for r in measurements(prof)})
+        raise zoo.ZooError(f"profile of variant {variant!r} has no {runtime!r} measurement (has: {', '.join(have)}); "
+                           f"measure it: testbed profile --variants {variant} --runtimes {runtime}")
+    share = min({float(r["cpu_cores"]) for r in rows}, key=lambda s: (abs(math.log(s / cpu_cores)), -s))
+    at_share = [r for r in rows if float(r["cpu_cores"]) == share]
+    row = min(at_share, key=lambda r: (abs(int(r["batch"]) - batch), -int(r["batch"])))
+    scale = min(1.0, share) / min(1.0, cpu_cores)
+    if int(row["batch"]) != batch:
+        scale *= _mean_at_batch(at_share, batch) / float(row["mean_ms"])
+    samples = np.asarray(row.get("samples_ms") or [row["p50_ms"], row["p95_ms"], row["p99_ms"]], dtype=float)
+    return ServiceTime(variant, cpu_cores, batch, runtime, float(row["mean_ms"]) * scale, float(row["p50_ms"]) * scale,
+                       float(row["p95_ms"]) * scale, samples * scale, measured_cpu_cores=share,
+                       measured_batch=int(row["batch"]), scale=scale)

@@ -19,17 +19,27 @@ Runtime = Literal["tensorflow", "litert"]
 class ServerSpec(StrictModel):
     """How a cluster's server runs its models and orders its queue.
 
-    - ``runtime``: ``tensorflow`` (SavedModel through a compiled ``tf.function``) or ``litert``
-      (``ai-edge-litert`` interpreter); ``model_runtimes`` overrides it per model variant.
+    Exact rules: :mod:`testbed.inference.scheduler` (the server implements them, the simulator models them).
+
+    - ``runtime``: ``tensorflow`` (SavedModel signature, a compiled ``tf.function``) or ``litert``
+      (``ai-edge-litert`` interpreter on the zoo's ``.tflite``); ``model_runtimes`` overrides it per
+      model variant (keys that the cluster does not serve are ignored).
     - ``discipline``: ``fifo`` or ``edf`` (earliest absolute deadline t0 + D_a first; the source
-      sends it in the ``X-Testbed-Deadline-Ns`` request header).
-    - ``admission``: when true, a query is rejected at arrival (HTTP 503, cause ``dropped``) if its
-      expected completion, (queries ahead of it / workers + 1) x mean service time, is later than
-      its deadline. Off by default: a plain bounded queue.
-    - ``max_batch`` / ``max_queue_delay_ms``: dynamic batching; a worker takes up to ``max_batch``
-      queued queries for one model, waiting at most ``max_queue_delay_ms`` for the batch to fill.
-      ``max_batch: 1`` (default) disables batching.
-    - ``warmup_calls``: inference calls per model (and batch size) before the server reports ready.
+      sends it in the ``X-Testbed-Deadline-Ns`` request header; no deadline = +infinity; ties FIFO).
+    - ``admission``: when true, a query with a deadline is rejected at arrival (HTTP 503, reason
+      ``admission``; the source records cause ``dropped``) if its expected completion
+      ``now + (ahead / workers + 1) x mean service time`` is later than its deadline, where
+      ``ahead`` = waiting queries served before it (FIFO: all waiting; EDF: those with a deadline
+      <= its own) + busy workers, and the mean service time is the model's profile at the
+      cluster's CPU share, batch 1, its runtime. Off by default: a plain bounded queue
+      (``queue_limit`` waiting queries; beyond, 503 reason ``queue_full``).
+    - ``max_batch`` / ``max_queue_delay_ms``: dynamic batching; a free worker takes the first
+      waiting query, then the waiting queries for the same model in discipline order up to
+      ``max_batch`` inputs, and if the batch is not full waits for more until
+      ``max_queue_delay_ms`` after that first query joined the queue; one model call serves the
+      batch. ``max_batch: 1`` (default) disables batching.
+    - ``warmup_calls``: inference calls per model at batch 1 (and as many at ``max_batch`` when
+      batching) before the server reports ready.
     """
 
     runtime: Runtime = "tensorflow"

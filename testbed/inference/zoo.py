@@ -1,22 +1,25 @@
-"""The model zoo on disk: manifest, payloads, service-time profiles, and the one inference code path.
+"""The model zoo on disk: manifest, payloads, service-time profiles, and the inference code paths.
 
 Layout (written by ``models/build_zoo.py``; nothing here is downloaded)::
 
-    models/zoo/manifest.json          {"recipe_version", "family": "digits", "input_shape": [32, 32, 1],
-                                       "classes": 10, "variants": {name: {"path", "accuracy",
-                                       "accuracy_source", "params", ...}}}
-    models/zoo/payloads.npz           x: float32 [N, 32, 32, 1] in [0, 1]; y: int64 [N] (held-out split)
+    models/zoo/manifest.json          {"recipe_version", "families": {family: {"input_shape", "classes",
+                                       "payloads", "dataset", ...}}, "variants": {name: {"family", "path",
+                                       "tflite", "accuracy", "accuracy_source", "params", ...}},
+                                       "family"/"input_shape"/"classes": the default family "digits"}
+    models/zoo/payloads/<family>.npz  x: float32 [N, *input_shape]; y: int64 [N] (held-out split)
+    models/zoo/payloads.npz           the same for "digits" (kept for older readers)
     models/zoo/<variant>/             TensorFlow SavedModel, signature "serving_default":
-                                      x: float32 [None, 32, 32, 1] -> probabilities: float32 [None, 10]
-    models/profiles/<variant>.json    single-query service time t_m [ms] on 1 core (mean/p50/p95/p99)
+                                      x: float32 [None, *input_shape] -> probabilities: float32 [None, classes]
+    models/zoo/<variant>.tflite       the same model converted for LiteRT (float32, no quantisation)
+    models/profiles/<variant>.json    measured service times (see testbed.inference.profiles)
 
 The functions that only read JSON / NumPy files never import TensorFlow (it costs ~4 s and ~525 MB
-per process). :class:`ZooModel` does, and is the exact call the inference server makes per query
-(``ZooModel.predict``); the build script profiles that same call, so a profile's ``t_m`` is what
-the server's T3 - T2 measures, minus contention.
+per process). :class:`ZooModel` (TensorFlow) and :class:`LiteRTModel` (``ai-edge-litert``) do; both
+expose the same ``predict(x) -> probabilities`` call, the whole per-query inference step of the
+server, and the profiler times that same call.
 
 Errors: every missing or malformed file raises :class:`ZooError` (``ZooFileMissing`` for a missing
-file, a ``FileNotFoundError`` too) whose message names the variant and the path, and how to fix it.
+file, a ``FileNotFoundError`` too) whose message names the variant / family and the path.
 """
 
 from __future__ import annotations
@@ -28,21 +31,24 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-#: Input of every variant: one grey-scale 32x32 image, float32 in [0, 1] (height, width, channels).
-INPUT_SHAPE: tuple[int, int, int] = (32, 32, 1)
-#: Number of classes (digits 0-9); every variant answers a probability per class.
+#: Input of the default family "digits": one grey-scale 32x32 image, float32 in [0, 1] (H, W, C).
+INPUT_SHAPE: tuple[int, ...] = (32, 32, 1)
+#: Classes of the default family "digits" (0-9).
 NUM_CLASSES: int = 10
-#: SavedModel signature the server calls, and its input / output tensor names.
+DEFAULT_FAMILY = "digits"
+#: SavedModel signature the server calls, and its input / output tensor names (every variant).
 SIGNATURE_KEY = "serving_default"
 INPUT_NAME = "x"
 OUTPUT_NAME = "probabilities"
+RUNTIMES = ("tensorflow", "litert")
 
 MANIFEST = "manifest.json"
 PAYLOADS = "payloads.npz"
+PAYLOADS_DIR = "payloads"
 #: The build script, relative to the repository root (this file is testbed/inference/zoo.py).
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "models" / "build_zoo.py"
 
@@ -70,26 +76,69 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 def load_manifest(zoo_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check ``<zoo_dir>/manifest.json``.
 
-    Returns the manifest dict (keys ``recipe_version``, ``family``, ``input_shape``, ``classes``,
-    ``variants``; each variant has ``path`` (relative to ``zoo_dir``), ``accuracy`` (top-1 in
-    [0, 1], measured on the held-out split), ``accuracy_source`` and ``params``).
+    Returns the manifest dict: ``recipe_version``, ``families`` (family -> ``input_shape``,
+    ``classes``, ``payloads``, ``dataset``), ``variants`` (name -> ``family``, ``path`` (SavedModel
+    dir relative to ``zoo_dir``), ``tflite``, ``accuracy`` (top-1 in [0, 1]), ``accuracy_source``,
+    ``params``), and for older readers ``family`` / ``input_shape`` / ``classes`` of "digits".
+    A manifest of recipe 1 (one family, no ``families``) is read as a one-family zoo.
 
     Raises:
         ZooFileMissing: the manifest does not exist.
-        ZooError: it is not JSON, or lacks a key, or a variant lacks ``path`` / ``accuracy``.
+        ZooError: it is not JSON, lacks a key, or a variant lacks a key or names an unknown family.
     """
     path = Path(zoo_dir) / MANIFEST
     data = _read_json(path, "zoo manifest")
-    for key in ("recipe_version", "family", "input_shape", "classes", "variants"):
+    for key in ("recipe_version", "variants"):
         if key not in data:
             raise ZooError(f"zoo manifest {path} has no {key!r}; rebuild with --force")
+    if "families" not in data:  # recipe 1: one family, described at the top level
+        for key in ("family", "input_shape", "classes"):
+            if key not in data:
+                raise ZooError(f"zoo manifest {path} has no {key!r}; rebuild with --force")
+        data["families"] = {data["family"]: {"input_shape": data["input_shape"], "classes": data["classes"],
+                                             "payloads": PAYLOADS}}
+        for v in data["variants"].values():
+            if isinstance(v, dict):
+                v.setdefault("family", data["family"])
+    if not isinstance(data["families"], dict) or not data["families"]:
+        raise ZooError(f"zoo manifest {path}: 'families' must be a non-empty object")
+    for fam, f in data["families"].items():
+        for key in ("input_shape", "classes", "payloads"):
+            if not isinstance(f, dict) or key not in f:
+                raise ZooError(f"zoo manifest {path}: family {fam!r} has no {key!r}")
     if not isinstance(data["variants"], dict) or not data["variants"]:
         raise ZooError(f"zoo manifest {path}: 'variants' must be a non-empty object")
     for name, v in data["variants"].items():
-        for key in ("path", "accuracy", "accuracy_source", "params"):
+        for key in ("family", "path", "accuracy", "accuracy_source", "params"):
             if not isinstance(v, dict) or key not in v:
                 raise ZooError(f"zoo manifest {path}: variant {name!r} has no {key!r}")
+        if v["family"] not in data["families"]:
+            raise ZooError(f"zoo manifest {path}: variant {name!r} names unknown family {v['family']!r}")
     return data
+
+
+def families(manifest: dict[str, Any]) -> dict[str, list[str]]:
+    """Application families of a loaded manifest -> their variant names (manifest order)."""
+    out: dict[str, list[str]] = {f: [] for f in manifest["families"]}
+    for name, v in manifest["variants"].items():
+        out[v["family"]].append(name)
+    return out
+
+
+def family_info(manifest: dict[str, Any], family: str) -> dict[str, Any]:
+    """The manifest entry of ``family`` (``input_shape``, ``classes``, ``payloads``, ...).
+
+    Raises:
+        ZooError: ``family`` is not in the zoo (the message lists the known families).
+    """
+    if family not in manifest["families"]:
+        raise ZooError(f"family {family!r} is not in the zoo (has: {', '.join(sorted(manifest['families']))})")
+    return manifest["families"][family]
+
+
+def input_shape(manifest: dict[str, Any], variant: str) -> tuple[int, ...]:
+    """Shape of one input of ``variant`` (without the batch dimension)."""
+    return tuple(int(d) for d in manifest["families"][manifest["variants"][variant]["family"]]["input_shape"])
 
 
 def variant_dir(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any] | None = None) -> Path:
@@ -110,25 +159,47 @@ def variant_dir(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, 
     return path
 
 
-def load_payloads(zoo_dir: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
-    """The held-out images and labels: ``x`` float32 [N, 32, 32, 1] in [0, 1], ``y`` int64 [N] in 0..9.
-
-    These are the real queries the workload sends (sklearn's digits, never seen in training).
+def tflite_path(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any] | None = None) -> Path:
+    """The LiteRT flatbuffer of variant ``name``.
 
     Raises:
-        ZooFileMissing: ``<zoo_dir>/payloads.npz`` does not exist.
-        ZooError: it lacks ``x`` / ``y`` or their shapes disagree.
+        ZooError: unknown variant, or the zoo has no LiteRT conversion of it (recipe 1).
+        ZooFileMissing: the ``.tflite`` file is missing.
     """
-    path = Path(zoo_dir) / PAYLOADS
+    manifest = manifest if manifest is not None else load_manifest(zoo_dir)
+    variant_dir(zoo_dir, name, manifest)
+    rel = manifest["variants"][name].get("tflite")
+    if not rel:
+        raise ZooError(f"variant {name!r} has no LiteRT model in zoo {zoo_dir}; rebuild: python models/build_zoo.py")
+    path = Path(zoo_dir) / rel
     if not path.is_file():
-        raise ZooFileMissing(f"zoo payloads: {path} does not exist (build it: python models/build_zoo.py)")
+        raise ZooFileMissing(f"variant {name!r}: no LiteRT model at {path} (rebuild: python models/build_zoo.py)")
+    return path
+
+
+def load_payloads(zoo_dir: str | os.PathLike[str], family: str = DEFAULT_FAMILY) -> tuple[np.ndarray, np.ndarray]:
+    """The held-out inputs and labels of ``family``: ``x`` float32 [N, *input_shape], ``y`` int64 [N].
+
+    These are the real queries the workload sends (never seen in training).
+
+    Raises:
+        ZooError: unknown family, or the file lacks ``x`` / ``y`` or their shapes disagree.
+        ZooFileMissing: the payload file does not exist.
+    """
+    manifest = load_manifest(zoo_dir)
+    info = family_info(manifest, family)
+    path = Path(zoo_dir) / info["payloads"]
+    if not path.is_file():
+        raise ZooFileMissing(f"zoo payloads of {family!r}: {path} does not exist (build: python models/build_zoo.py)")
     try:
         with np.load(path) as data:
             x, y = data["x"], data["y"]
     except (OSError, ValueError, KeyError) as exc:
         raise ZooError(f"zoo payloads {path}: cannot read arrays 'x' and 'y' ({exc})") from exc
-    if x.ndim != 4 or tuple(x.shape[1:]) != INPUT_SHAPE or y.shape != (x.shape[0],):
-        raise ZooError(f"zoo payloads {path}: x {x.shape} / y {y.shape}, expected [N, 32, 32, 1] / [N]")
+    shape = tuple(info["input_shape"])
+    if tuple(x.shape[1:]) != shape or y.shape != (x.shape[0],):
+        raise ZooError(f"zoo payloads {path}: x {list(x.shape)} / y {list(y.shape)}, expected [N, "
+                       f"{', '.join(map(str, shape))}] / [N]")
     return x.astype(np.float32, copy=False), y.astype(np.int64, copy=False)
 
 
@@ -136,27 +207,24 @@ def request_bodies(zoo_dir: str | os.PathLike[str], family: str, n: int = 128) -
     """Ready-to-send TensorFlow Serving REST bodies for application family ``family``.
 
     Returns ``(bodies, labels)``: up to ``n`` JSON bodies ``{"instances": [<one input>]}`` (bytes)
-    built from the held-out payloads, and each one's true label. Built once per source so that
-    serialising a query costs nothing on the measured path.
+    built from the family's held-out payloads, and each one's true label. Built once per source so
+    that serialising a query costs nothing on the measured path.
 
     Raises:
         ZooError: ``family`` is not in the zoo, or its payloads are missing / malformed.
     """
-    manifest = load_manifest(zoo_dir)
-    if family != manifest["family"]:
-        raise ZooError(f"family {family!r} is not in the zoo {zoo_dir} (has {manifest['family']!r})")
-    x, y = load_payloads(zoo_dir)
+    x, y = load_payloads(zoo_dir, family)
     k = min(len(x), n)
     bodies = [json.dumps({"instances": [np.round(x[i], 4).tolist()]}).encode() for i in range(k)]
     return bodies, [int(v) for v in y[:k]]
 
 
 def load_profile(profiles_dir: str | os.PathLike[str], variant: str) -> dict[str, Any]:
-    """Read ``<profiles_dir>/<variant>.json``: the variant's measured single-query service time.
+    """Read ``<profiles_dir>/<variant>.json`` (format: :mod:`testbed.inference.profiles`).
 
-    Keys: ``variant``, ``cpu_cores``, ``batch_size``, ``samples``, ``mean_ms``, ``p50_ms``, ``p95_ms``,
-    ``p99_ms`` (milliseconds of ``ZooModel.predict`` on one image with 1 intra-op thread, after
-    warm-up), ``machine``, ``measured_at``.
+    Top-level keys ``mean_ms``, ``p50_ms``, ``p95_ms``, ``p99_ms``, ``cpu_cores``, ``batch_size``
+    (the reference point: TensorFlow, 1 core, batch 1), ``machine``, ``measured_at``; profiles of
+    schema 2 add ``measurements`` (one per runtime x CPU share x batch, with raw ``samples_ms``).
 
     Raises:
         ZooFileMissing: no profile for ``variant``.
@@ -166,31 +234,36 @@ def load_profile(profiles_dir: str | os.PathLike[str], variant: str) -> dict[str
     data = _read_json(path, f"service-time profile of variant {variant!r}")
     for key in ("mean_ms", "p50_ms", "p95_ms", "p99_ms", "cpu_cores", "batch_size"):
         if key not in data:
-            raise ZooError(f"profile {path} of variant {variant!r} has no {key!r}; rebuild with --force")
+            raise ZooError(f"profile {path} of variant {variant!r} has no {key!r}; re-measure: testbed profile")
     return data
 
 
 def zoo_complete(zoo_dir: str | os.PathLike[str]) -> bool:
-    """True iff the manifest, the payloads and every listed SavedModel exist (no TensorFlow needed)."""
+    """True iff the manifest, every family's payloads and every SavedModel / .tflite exist (no TensorFlow)."""
     try:
         manifest = load_manifest(zoo_dir)
-        for name in manifest["variants"]:
+        for name, v in manifest["variants"].items():
             variant_dir(zoo_dir, name, manifest)
+            if v.get("tflite"):
+                tflite_path(zoo_dir, name, manifest)
+        for f in manifest["families"].values():
+            if not (Path(zoo_dir) / f["payloads"]).is_file():
+                return False
     except ZooError:
         return False
-    return (Path(zoo_dir) / PAYLOADS).is_file()
+    return True
 
 
 def ensure_zoo(zoo_dir: str | os.PathLike[str] = "models/zoo", profiles_dir: str | os.PathLike[str] | None = None,
                timeout_s: float = 600.0) -> dict[str, Any]:
-    """Return the zoo's manifest, building the zoo (and its profiles) first if missing or stale.
+    """Return the zoo's manifest, building the zoo first if missing or stale.
 
     Runs ``models/build_zoo.py --out zoo_dir --profiles profiles_dir`` in a subprocess (so this
-    process does not pay TensorFlow's import). The script is idempotent and knows the recipe
-    version: on an up-to-date zoo it returns in well under a second without importing TensorFlow;
-    it rebuilds a missing or older-recipe zoo (~1 min) and re-profiles missing profiles.
-    ``profiles_dir`` defaults to ``<zoo_dir>/../profiles`` (the script's default). Without the build
-    script (an installed copy of the package), the zoo and profiles must already be complete.
+    process does not pay TensorFlow's import). The script is idempotent: on an up-to-date zoo it
+    returns in well under a second; it rebuilds a missing or older-recipe zoo (~1.5 min) and
+    measures a minimal profile only for variants that have none (tracked profiles are measured
+    data: never overwritten). Without the build script (an installed copy of the package), the zoo
+    and profiles must already be complete.
 
     Raises:
         ZooFileMissing: no build script and the zoo or a profile is missing.
@@ -233,19 +306,35 @@ def configure_tf_threads(intra_op: int = 1, inter_op: int = 1) -> None:
         raise ZooError(f"cannot set TensorFlow threads to intra={intra_op} inter={inter_op}: {exc}") from exc
 
 
-class ZooModel:
-    """One loaded variant: the SavedModel's ``serving_default`` signature, called directly.
+class Model(Protocol):
+    """What the server and the profiler need from a loaded variant (TensorFlow, LiteRT or a test fake)."""
 
-    ``model.predict`` through Keras costs ~3x more per query; the signature's concrete function
-    does not. Thread-safe: several server workers may call :meth:`predict` at once.
+    name: str
+    runtime: str
+    input_shape: tuple[int, ...]
+    classes: int
+    info: dict[str, Any]
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Probabilities float32 [N, classes] for inputs float32 [N, *input_shape]."""
+        ...
+
+
+class ZooModel:
+    """One variant through TensorFlow: the SavedModel's ``serving_default`` signature, called directly.
+
+    ``model.predict`` through Keras costs ~3x more per query; the signature's concrete (compiled
+    ``tf.function``) function does not. Thread-safe: several server workers may call :meth:`predict`.
     """
+
+    runtime = "tensorflow"
 
     def __init__(self, zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any] | None = None):
         """Load variant ``name`` from ``zoo_dir``.
 
         Raises:
             ZooError / ZooFileMissing: unknown variant, missing SavedModel, or no ``serving_default``
-                signature with input ``x`` [None, 32, 32, 1] and output ``probabilities``.
+                signature with input ``x`` [None, *input_shape] and output ``probabilities``.
         """
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow as tf
@@ -255,6 +344,8 @@ class ZooModel:
         self.name = name
         self.path = variant_dir(zoo_dir, name, manifest)
         self.info: dict[str, Any] = dict(manifest["variants"][name])
+        self.input_shape = input_shape(manifest, name)
+        self.classes = int(manifest["families"][self.info["family"]]["classes"])
         self._loaded = tf.saved_model.load(str(self.path))  # keeps the variables alive
         sigs = self._loaded.signatures
         if SIGNATURE_KEY not in sigs:
@@ -262,56 +353,120 @@ class ZooModel:
                            f"(has: {', '.join(sigs) or 'none'})")
         self._fn = sigs[SIGNATURE_KEY]
         spec = self._fn.structured_input_signature[1].get(INPUT_NAME)
-        if spec is None or spec.shape.as_list() != [None, *INPUT_SHAPE]:
+        if spec is None or spec.shape.as_list() != [None, *self.input_shape]:
             raise ZooError(f"variant {name!r}: signature input {INPUT_NAME!r} is {spec}, expected "
-                           f"float32 [None, {', '.join(map(str, INPUT_SHAPE))}]")
+                           f"float32 [None, {', '.join(map(str, self.input_shape))}]")
         if OUTPUT_NAME not in self._fn.structured_outputs:
             raise ZooError(f"variant {name!r}: signature has no output {OUTPUT_NAME!r}")
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Class probabilities float32 [N, 10] (rows sum to 1) for images ``x`` float32 [N, 32, 32, 1].
-
-        This is the whole per-query inference step of the server (T2..T3).
-        """
+        """Class probabilities float32 [N, classes] (rows sum to 1) for inputs ``x`` float32 [N, *input_shape]."""
         out = self._fn(x=self._tf.constant(np.asarray(x, dtype=np.float32)))
         return out[OUTPUT_NAME].numpy()
 
-    def warm_up(self, x: np.ndarray, calls: int = 20) -> float:
-        """Run ``calls`` single-image predictions on ``x[i % N]``; return their total wall time [ms].
-
-        The first calls build TensorFlow's kernels and caches; measured times exclude them.
-        """
-        t = time.perf_counter()
-        for i in range(calls):
-            self.predict(x[i % len(x)][None])
-        return (time.perf_counter() - t) * 1e3
+    def warm_up(self, x: np.ndarray, calls: int = 20, batch: int = 1) -> float:
+        """Run ``calls`` predictions of ``batch`` inputs from ``x``; return their total wall time [ms]."""
+        return _warm_up(self, x, calls, batch)
 
 
-def service_time_profile(model: ZooModel, x: np.ndarray, samples: int = 300, warmup: int = 50) -> dict[str, Any]:
-    """Measure single-query (batch 1) service time of ``model.predict`` on real images ``x``.
+class LiteRTModel:
+    """One variant through LiteRT (``ai_edge_litert.interpreter.Interpreter``) on its ``.tflite`` file.
 
-    ``warmup`` calls first (not recorded), then ``samples`` calls, each timed with
-    ``time.perf_counter``. Call it in a process whose TensorFlow runs 1 intra-op and 1 inter-op
-    thread (:func:`configure_tf_threads`) to get the 1-core figure. Returns the profile fields
-    (milliseconds) without ``variant`` / ``measured_at``.
+    An interpreter is not thread-safe, so the model holds ``pool`` slots (one per server worker);
+    a call takes a free slot (waiting if none), and each slot keeps one interpreter per batch size
+    it has seen (``num_threads`` CPU threads each), so alternating batch sizes never re-allocate
+    tensors. The first call at a new batch size in a slot builds that interpreter (warm up every
+    batch size used).
     """
-    model.warm_up(x, warmup)
-    times = np.empty(samples)
-    for i in range(samples):
-        img = x[i % len(x)][None]
-        t = time.perf_counter()
-        model.predict(img)
-        times[i] = time.perf_counter() - t
-    ms = times * 1e3
-    return {"cpu_cores": 1.0, "batch_size": 1, "samples": int(samples), "warmup_calls": int(warmup),
-            "mean_ms": round(float(ms.mean()), 4), "p50_ms": round(float(np.percentile(ms, 50)), 4),
-            "p95_ms": round(float(np.percentile(ms, 95)), 4), "p99_ms": round(float(np.percentile(ms, 99)), 4),
-            "method": "ZooModel.predict (SavedModel serving_default signature), 1 intra-op + 1 inter-op "
-                      "thread, sequential calls after warm-up"}
+
+    runtime = "litert"
+
+    def __init__(self, zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any] | None = None,
+                 num_threads: int = 1, pool: int = 1):
+        """Load variant ``name``'s ``.tflite`` from ``zoo_dir``.
+
+        Raises:
+            ZooError / ZooFileMissing: unknown variant or missing ``.tflite``; ``ai-edge-litert`` not
+                installed; the model's input is not float32 [1, *input_shape].
+        """
+        import queue
+
+        manifest = manifest if manifest is not None else load_manifest(zoo_dir)
+        self.name = name
+        self.path = tflite_path(zoo_dir, name, manifest)
+        self.info = dict(manifest["variants"][name])
+        self.input_shape = input_shape(manifest, name)
+        self.classes = int(manifest["families"][self.info["family"]]["classes"])
+        self.num_threads = int(num_threads)
+        self._model_bytes = self.path.read_bytes()
+        self._slots: queue.SimpleQueue[dict[int, tuple[Any, int, int]]] = queue.SimpleQueue()
+        for _ in range(max(1, int(pool))):
+            slot: dict[int, tuple[Any, int, int]] = {}
+            self._entry(slot, 1)  # fail now, not at the first query
+            self._slots.put(slot)
+
+    def _entry(self, slot: dict[int, tuple[Any, int, int]], batch: int) -> tuple[Any, int, int]:
+        if batch not in slot:
+            try:
+                from ai_edge_litert.interpreter import Interpreter
+            except ImportError as exc:
+                raise ZooError("the LiteRT runtime needs the ai-edge-litert package (pip install ai-edge-litert)") \
+                    from exc
+            interp = Interpreter(model_content=self._model_bytes, num_threads=self.num_threads)
+            inp = interp.get_input_details()[0]
+            if list(inp["shape"][1:]) != list(self.input_shape) or inp["dtype"] != np.float32:
+                raise ZooError(f"variant {self.name!r}: LiteRT input is {inp['dtype'].__name__} {list(inp['shape'])}, "
+                               f"expected float32 [1, {', '.join(map(str, self.input_shape))}]")
+            if batch != int(inp["shape"][0]):
+                interp.resize_tensor_input(inp["index"], [batch, *self.input_shape], strict=False)
+            interp.allocate_tensors()
+            slot[batch] = (interp, inp["index"], interp.get_output_details()[0]["index"])
+        return slot[batch]
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class probabilities float32 [N, classes] for inputs ``x`` float32 [N, *input_shape]."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        slot = self._slots.get()
+        try:
+            interp, inp, out = self._entry(slot, x.shape[0])
+            interp.set_tensor(inp, x)
+            interp.invoke()
+            return interp.get_tensor(out).copy()
+        finally:
+            self._slots.put(slot)
+
+    def warm_up(self, x: np.ndarray, calls: int = 20, batch: int = 1) -> float:
+        """Run ``calls`` predictions of ``batch`` inputs from ``x``; return their total wall time [ms]."""
+        return _warm_up(self, x, calls, batch)
+
+
+def _warm_up(model: Model, x: np.ndarray, calls: int, batch: int) -> float:
+    t = time.perf_counter()
+    for i in range(calls):
+        idx = (np.arange(batch) + i * batch) % len(x)
+        model.predict(x[idx])
+    return (time.perf_counter() - t) * 1e3
+
+
+def load_model(zoo_dir: str | os.PathLike[str], name: str, runtime: str = "tensorflow",
+               manifest: dict[str, Any] | None = None, threads: int = 1, pool: int = 1) -> ZooModel | LiteRTModel:
+    """Load variant ``name`` with ``runtime`` (``tensorflow`` | ``litert``).
+
+    ``threads``: LiteRT interpreter threads (TensorFlow's pools are process-wide: :func:`configure_tf_threads`);
+    ``pool``: LiteRT interpreter slots, one per thread that calls ``predict`` concurrently.
+
+    Raises:
+        ZooError: unknown runtime or variant, missing files.
+    """
+    if runtime == "tensorflow":
+        return ZooModel(zoo_dir, name, manifest)
+    if runtime == "litert":
+        return LiteRTModel(zoo_dir, name, manifest, num_threads=threads, pool=pool)
+    raise ZooError(f"unknown runtime {runtime!r} for variant {name!r} (known: {', '.join(RUNTIMES)})")
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model, logical cores, Python and TensorFlow versions of this machine (for profiles)."""
+    """CPU model, logical cores, kernel, Python / TensorFlow / LiteRT versions of this machine (for profiles)."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -320,7 +475,14 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    info: dict[str, Any] = {"cpu_model": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
-    if "tensorflow" in sys.modules:
-        info["tensorflow"] = sys.modules["tensorflow"].__version__
+    info: dict[str, Any] = {"cpu_model": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
+                            "python": platform.python_version()}
+    from importlib.metadata import PackageNotFoundError, version
+
+    dists = (("tensorflow", "tensorflow-cpu"), ("tensorflow", "tensorflow"), ("ai_edge_litert", "ai-edge-litert"))
+    for key, dist in dists:
+        try:
+            info.setdefault(key, version(dist))
+        except PackageNotFoundError:
+            pass
     return info

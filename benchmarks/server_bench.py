@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Inference-server benchmark: overhead over the bare model call, max sustained q/s per core, RSS.
+
+    .venv/bin/python benchmarks/server_bench.py [--variants digits_small,digits_large,...] [--duration 3]
+        [--latency-queries 300] [--concurrency 4] [--no-cgroup] [--json out.json]
+
+For each runtime (tensorflow, litert) one server subprocess (``python -m testbed.inference.server``,
+1 worker, 1 thread, ``--warmup 30``) serves the selected variants on 127.0.0.1, held to ONE core
+by a CFS quota (``testbed.emulation.cgroups``, period 100 ms; ``--no-cgroup``: unlimited).
+
+1. Overhead at low load: one query at a time over a kept-alive HTTP connection (``http.client``),
+   a single held-out input per query. Per query: client round trip (send -> answer parsed) and
+   the server's model call (T3 - T2 response headers). Overhead = round trip - model call: HTTP
+   on both sides, JSON encode/decode, queue hand-off. Reported as p50 / p95 [ms], with the model
+   call's p50 and the bare model call's p50 from ``models/profiles`` for comparison, and the
+   server-side part before the model call (T2 - T1: JSON decoding + queue hand-off). The HTTP
+   baseline is the p50 round trip of ``GET /v1/models/NAME`` on the same connection (client,
+   TCP, aiohttp, no body, no model); "predict path adds" = overhead p50 - that baseline: what the
+   predict path itself (decode, queue hand-off, encode) costs over any HTTP request.
+2. Max sustained q/s per core: a closed loop of ``--concurrency`` clients (aiohttp), each sending
+   its next query when the previous answer arrives, for ``--duration`` s; q/s = answers (HTTP
+   200) / duration. The server's one core is the bottleneck; the clients run outside its quota
+   (on the other core).
+3. Memory: VmRSS [MiB] of each server process after warm-up and after the load.
+
+Timings on a shared 2-core machine are noisy (other processes steal CPU): quote them with the
+date and the load average printed at the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from testbed.inference import profiles, zoo  # noqa: E402
+
+ZOO = REPO / "models" / "zoo"
+PROFILES = REPO / "models" / "profiles"
+
+
+def rss_mib(pid: int) -> float:
+    """Resident set size [MiB] of ``pid`` (VmRSS from /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def start_server(runtime: str, variants: list[str], tmp: Path, use_cgroup: bool) -> tuple[subprocess.Popen, int, list]:
+    """Start one server (1 worker, 1 thread) for ``variants`` with ``runtime``; return (proc, port, cgroup dirs)."""
+    ready = tmp / f"{runtime}.ready.json"
+    cmd = [sys.executable, "-m", "testbed.inference.server", "--host", "127.0.0.1", "--port", "0", "--zoo", str(ZOO),
+           "--models", ",".join(variants), "--runtime", runtime, "--workers", "1", "--threads", "1",
+           "--queue-limit", "256", "--warmup", "30", "--ready-file", str(ready)]
+    log = open(tmp / f"{runtime}.log", "w")  # noqa: SIM115 - lives as long as the server
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    dirs: list = []
+    if use_cgroup:
+        from testbed.emulation import cgroups
+
+        dirs = cgroups.create_limited_group(f"aset-bench-{os.getpid()}-{runtime}", 1.0, 4096)
+        cgroups.add_process(dirs, proc.pid)
+    deadline = time.monotonic() + 180
+    while not ready.is_file():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"server ({runtime}) did not start: {(tmp / f'{runtime}.log').read_text()[-2000:]}")
+        time.sleep(0.1)
+    return proc, json.loads(ready.read_text())["port"], dirs
+
+
+def stop_server(proc: subprocess.Popen, dirs: list) -> None:
+    """SIGTERM, wait, then remove the benchmark's cgroups."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+def latency(port: int, variant: str, bodies: list[bytes], n: int) -> dict[str, float]:
+    """Sequential queries; p50/p95 of round trip, model call (T3 - T2) and overhead [ms]."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    rtt, model, pre = [], [], []
+    for i in range(n + 20):
+        body = bodies[i % len(bodies)]
+        t0 = time.perf_counter_ns()
+        conn.request("POST", f"/v1/models/{variant}:predict", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        json.loads(resp.read())
+        t4 = time.perf_counter_ns()
+        if resp.status != 200:
+            raise SystemExit(f"{variant}: HTTP {resp.status}")
+        if i >= 20:  # the first 20: connection and cache warm-up
+            rtt.append((t4 - t0) / 1e6)
+            model.append((int(resp.getheader("X-Testbed-T3")) - int(resp.getheader("X-Testbed-T2"))) / 1e6)
+            pre.append((int(resp.getheader("X-Testbed-T2")) - int(resp.getheader("X-Testbed-T1"))) / 1e6)
+    base = []
+    for i in range(n // 2 + 10):  # the same client and HTTP stack, no body, no model: GET model status
+        t0 = time.perf_counter_ns()
+        conn.request("GET", f"/v1/models/{variant}")
+        resp = conn.getresponse()
+        json.loads(resp.read())
+        if i >= 10:
+            base.append((time.perf_counter_ns() - t0) / 1e6)
+    conn.close()
+    over = np.asarray(rtt) - np.asarray(model)
+    return {"rtt_p50_ms": float(np.median(rtt)), "model_p50_ms": float(np.median(model)),
+            "overhead_p50_ms": float(np.median(over)), "overhead_p95_ms": float(np.percentile(over, 95)),
+            "decode_queue_p50_ms": float(np.median(pre)), "http_baseline_p50_ms": float(np.median(base)),
+            "server_added_p50_ms": float(np.median(over) - np.median(base))}
+
+
+async def closed_loop(port: int, variant: str, bodies: list[bytes], concurrency: int, duration_s: float) -> float:
+    """Answers per second with ``concurrency`` clients in a closed loop for ``duration_s``."""
+    import aiohttp
+
+    url = f"http://127.0.0.1:{port}/v1/models/{variant}:predict"
+    ok = 0
+    end = time.monotonic() + duration_s
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def client(k: int) -> None:
+            nonlocal ok
+            i = k
+            while time.monotonic() < end:
+                async with session.post(url, data=bodies[i % len(bodies)],
+                                        headers={"Content-Type": "application/json"}) as resp:
+                    await resp.read()
+                    ok += resp.status == 200
+                i += concurrency
+
+        t = time.monotonic()
+        await asyncio.gather(*(client(k) for k in range(concurrency)))
+        return ok / (time.monotonic() - t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print a table (and optionally JSON)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", default="all")
+    ap.add_argument("--runtimes", default="tensorflow,litert")
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds of closed-loop load per variant")
+    ap.add_argument("--latency-queries", type=int, default=300)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--no-cgroup", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    manifest = zoo.ensure_zoo(ZOO)
+    variants = list(manifest["variants"]) if args.variants == "all" else args.variants.split(",")
+    bodies = {v: zoo.request_bodies(ZOO, manifest["variants"][v]["family"], 64)[0] for v in variants}
+    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load average {os.getloadavg()[0]:.2f}, "
+          f"{os.cpu_count()} cores, server quota {'none' if args.no_cgroup else '1 core'}")
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as d:
+        for rt in args.runtimes.split(","):
+            proc, port, dirs = start_server(rt, variants, Path(d), not args.no_cgroup)
+            try:
+                res: dict[str, Any] = {"rss_mib_ready": round(rss_mib(proc.pid), 1), "variants": {}}
+                for v in variants:
+                    lat = latency(port, v, bodies[v], args.latency_queries)
+                    qps = asyncio.run(closed_loop(port, v, bodies[v], args.concurrency, args.duration))
+                    try:
+                        bare = profiles.service_time(PROFILES, v, 1.0, 1, rt).p50_ms
+                    except zoo.ZooError:
+                        bare = float("nan")
+                    res["variants"][v] = {**{k: round(x, 3) for k, x in lat.items()}, "bare_p50_ms": bare,
+                                          "max_qps_per_core": round(qps, 1)}
+                    r = res["variants"][v]
+                    print(f"{rt:<10} {v:<14} overhead p50 {r['overhead_p50_ms']:.3f} ms p95 {r['overhead_p95_ms']:.3f}"
+                          f" (HTTP GET baseline {r['http_baseline_p50_ms']:.3f}, predict path adds "
+                          f"{r['server_added_p50_ms']:.3f}; server T2-T1 {r['decode_queue_p50_ms']:.3f})"
+                          f" | model call p50 {r['model_p50_ms']:.3f} (profile {bare:.3f}) | round trip p50 "
+                          f"{r['rtt_p50_ms']:.3f} ms | max {r['max_qps_per_core']:.0f} q/s per core", flush=True)
+                res["rss_mib_after"] = round(rss_mib(proc.pid), 1)
+                print(f"{rt:<10} server RSS {res['rss_mib_ready']:.0f} MiB after warm-up, "
+                      f"{res['rss_mib_after']:.0f} MiB after the load ({len(variants)} variants loaded)", flush=True)
+            finally:
+                stop_server(proc, dirs)
+            results[rt] = res
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Simulated queries per second on one core, 100-node topology: our simulator vs the same scenario
+written plainly in SimPy.
+
+Run: ``.venv/bin/python benchmarks/sim_bench.py [--sim-seconds 20] [--rate 250] [--policy closest]``
+(needs ``pip install simpy`` for the comparison). Timings are wall-clock on a shared, noisy machine.
+
+Scenario: topohub ``gabriel/100/0`` (100 nodes, 186 links, 100 Mbit/s links), 20 sources at nodes
+0, 5, ..., 95, 10 edge clusters (0.5 core, 2 workers, digits_small + digits_large) at nodes
+2, 12, ..., 92 plus the cloud, two applications (Poisson, ``--rate`` q/s each per source), report
+interval 500 ms. Both versions use the same policy module, service-time profiles and delays;
+the SimPy one creates one process per query (arrival -> network -> ``Resource`` queue -> service
+-> network) and decides per query on the last report, without caching.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq  # noqa: F401 - kept for symmetry with the simulator's imports
+import time
+from pathlib import Path
+
+import numpy as np
+
+from testbed.config import Experiment
+from testbed.plan import build_plan
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def bench_plan(rate: float, policy: str):
+    exp = Experiment.model_validate({
+        "name": "bench100", "duration": "60s", "policy": policy, "report_interval": "500ms",
+        "topology": {"source": "topohub:gabriel/100/0", "bandwidth": "100Mbit/s"},
+        "cloud": {"attach_to": "R50", "delay": "20ms"},
+        "clusters": [{"name": f"edge{i}", "site": f"R{i * 10 + 2}", "tier": "far_edge" if i % 2 else "near_edge",
+                      "cpu_cores": 0.5, "workers": 2, "queue_limit": 64, "models": ["digits_small", "digits_large"]}
+                     for i in range(10)]
+        + [{"name": "cloud", "site": "cloud", "tier": "cloud", "cpu_cores": 1.0, "workers": 8, "queue_limit": 256,
+            "models": ["digits_small", "digits_large"]}],
+        "sources": [{"name": f"src{i}", "site": f"R{i * 5}"} for i in range(20)],
+        "applications": [{"name": "fast", "deadline": "60ms", "min_accuracy": 0.9},
+                         {"name": "hq", "deadline": "150ms", "min_accuracy": 0.97}],
+        "workload": [{"application": "fast", "rate_qps": rate}, {"application": "hq", "rate_qps": rate / 2}],
+        "simulation": {"request_bytes": 2000}})
+    return build_plan(exp)
+
+
+def run_ours(plan, sim_s: float) -> tuple[int, float, float]:
+    from testbed.sim import Simulator
+
+    sim = Simulator(plan, seed=1, track_resolved=False)
+    t = time.perf_counter()
+    sim.run_until(sim_s)
+    wall = time.perf_counter() - t
+    n = sim.dispatched
+    ok = sum(c.served for c in sim.clusters)
+    return n, wall, ok / max(1, n)
+
+
+def run_simpy(plan, sim_s: float) -> tuple[int, float]:
+    import simpy
+
+    from testbed import policies as pol
+    from testbed.sim import Simulator
+
+    ref = Simulator(plan, seed=1)  # only for its delays, options and service samplers (same inputs)
+    env = simpy.Environment()
+    res = {c.name: simpy.Resource(env, capacity=c.c) for c in ref.clusters}
+    limit = {c.name: c.limit for c in ref.clusters}
+    svc = {(c.name, ref.model_names[m]): s for c in ref.clusters for m, s in c.services.items()}
+    counts = {"n": 0, "served": 0}
+    heard = {"opts": ref._build_options()}
+    mi = ref.cl_index
+
+    def reporter():
+        while True:
+            yield env.timeout(ref.R)
+            for c in ref.clusters:
+                r = res[c.name]
+                ref.heard[c.name] = {"queue_len": len(r.queue), "busy": r.count, "workers": c.c,
+                                     "utilization": 0.0, "up": True}
+            heard["opts"] = ref._build_options()
+
+    def query(si, app):
+        d = pol.decide(ref.src_policy[si], heard["opts"][si], app.deadline_ms, app.min_accuracy, ref.ctx[si])
+        ci = mi[d.cluster]
+        yield env.timeout(ref.fwd_s[si][ci])
+        r = res[d.cluster]
+        if len(r.queue) >= limit[d.cluster]:
+            return
+        with r.request() as req:
+            yield req
+            yield env.timeout(svc[(d.cluster, d.model)].draw() / 1e3)
+        counts["served"] += 1
+        yield env.timeout(ref.back_s[si][ci])
+
+    def source(si, ai, rate, rng):
+        app = ref.apps[ai]
+        while True:
+            yield env.timeout(rng.exponential(1.0 / rate))
+            counts["n"] += 1
+            env.process(query(si, app))
+
+    for k, (si, ai, proc) in enumerate(ref.streams):
+        env.process(source(si, ai, proc.rate, np.random.default_rng([1, k])))
+    env.process(reporter())
+    t = time.perf_counter()
+    env.run(until=sim_s)
+    return counts["n"], time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sim-seconds", type=float, default=20.0)
+    ap.add_argument("--rate", type=float, default=250.0, help="q/s of application 'fast' per source (hq: half)")
+    ap.add_argument("--policy", default="closest")
+    ap.add_argument("--no-simpy", action="store_true")
+    a = ap.parse_args()
+    plan = bench_plan(a.rate, a.policy)
+    n, wall, served = run_ours(plan, a.sim_seconds)
+    print(f"ours : {n} queries, {a.sim_seconds:g} simulated s, {wall:.2f} s wall -> {n / wall:,.0f} q/s "
+          f"(served fraction {served:.3f}; {len(plan.switches)} switches, {len(plan.links)} links)")
+    if not a.no_simpy:
+        n2, wall2 = run_simpy(plan, a.sim_seconds)
+        print(f"simpy: {n2} queries, {wall2:.2f} s wall -> {n2 / wall2:,.0f} q/s")
+        print(f"ratio ours / simpy: {(n / wall) / (n2 / wall2):.1f}x")
+
+
+if __name__ == "__main__":
+    main()

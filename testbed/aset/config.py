@@ -1,0 +1,153 @@
+"""The ASET configuration (``experiments/aset-*.yaml``): every constant of the agent in one file.
+
+system-model.md fixes the defaults: window dt = 100 ms, K = 4 windows of arrival history, an MLP
+2 x 64 ReLU trained by double DQN with a target network, experience replay, epsilon-greedy and the
+Huber loss, Adam. The normalisation scales are our choice (they only keep the features near
+[0, 1]); each is a config value. Quantities carry their unit (``window: 100ms`` or
+``window_ms: 100``), as everywhere in the testbed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from testbed.config import ConfigError, format_validation_error
+from testbed.schema import Num, StrictModel, unit_pair
+from testbed.units import parse_delay_ms, parse_duration_s
+
+
+class ObservationSpec(StrictModel):
+    """How the per-window observation is built and normalised (see :mod:`testbed.aset.observation`).
+
+    ``history_windows``: K, windows of per-application arrival rate (system-model.md: K = 4).
+    ``rate_scale_qps``: arrival rates are divided by this (queries/s). ``queue_scale``: queue
+    length per worker is divided by this. ``rtt_scale_ms``: RTTs are divided by this (ms).
+    ``clip``: every feature is clipped to [0, clip] so the Gymnasium Box is bounded.
+    """
+
+    window_ms: Num = Field(100.0, gt=0)
+    history_windows: int = Field(4, ge=1, le=64)
+    rate_scale_qps: Num = Field(20.0, gt=0)
+    queue_scale: Num = Field(4.0, gt=0)
+    rtt_scale_ms: Num = Field(100.0, gt=0)
+    clip: Num = Field(5.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = unit_pair(data, "window", parse_delay_ms, "ms")
+        return unit_pair(data, "rtt_scale", parse_delay_ms, "ms")
+
+
+class AgentSpec(StrictModel):
+    """Double DQN hyper-parameters (van Hasselt et al. 2016; Mnih et al. 2015 for the rest).
+
+    ``hidden``: MLP layer widths (system-model.md: [64, 64], ReLU). ``gamma``: discount per window.
+    Epsilon decays linearly from ``epsilon_start`` to ``epsilon_end`` over ``epsilon_decay_steps``
+    agent decisions. Training starts after ``train_start`` transitions and runs one gradient step
+    of ``batch_size`` every ``train_every`` decisions; the target network is copied every
+    ``target_update_steps`` gradient steps. ``huber_delta``: the Huber loss threshold.
+    """
+
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1)
+    learning_rate: Num = Field(1e-3, gt=0)
+    gamma: Num = Field(0.9, ge=0, lt=1)
+    batch_size: int = Field(64, ge=1)
+    replay_size: int = Field(50_000, ge=1)
+    train_start: int = Field(500, ge=1)
+    train_every: int = Field(1, ge=1)
+    target_update_steps: int = Field(250, ge=1)
+    epsilon_start: Num = Field(1.0, ge=0, le=1)
+    epsilon_end: Num = Field(0.05, ge=0, le=1)
+    epsilon_decay_steps: int = Field(5_000, ge=1)
+    huber_delta: Num = Field(1.0, gt=0)
+
+
+class RandomiseSpec(StrictModel):
+    """Per training episode: a scenario drawn uniformly from ``scenarios`` and its arrival rates
+    (every ``rate_qps`` in its workload) scaled by a factor drawn uniformly from ``load_scale``.
+    The scenario files carry the bursts (MMPP), hotspot moves, link delay changes and failures."""
+
+    load_scale: tuple[Num, Num] = (0.6, 1.4)
+
+    @model_validator(mode="after")
+    def _order(self) -> RandomiseSpec:
+        lo, hi = self.load_scale
+        if not 0 < lo <= hi:
+            raise ValueError(f"load_scale: need 0 < low <= high, got {list(self.load_scale)}")
+        return self
+
+
+class TrainingSpec(StrictModel):
+    """``testbed train``: ``steps`` environment steps (windows; each gives one decision per
+    dispatcher), episodes of ``episode_s`` simulated seconds, a checkpoint every
+    ``checkpoint_every`` steps, output in ``out_dir`` (relative to the config file's folder's
+    parent, i.e. the repository)."""
+
+    scenarios: list[str] = Field(min_length=1)
+    steps: int = Field(20_000, ge=1)
+    episode_s: Num = Field(30.0, gt=0)
+    checkpoint_every: int = Field(5_000, ge=1)
+    out_dir: str = "runs/aset-train"
+    export_to: str | None = None
+    randomise: RandomiseSpec = RandomiseSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        return unit_pair(data, "episode", parse_duration_s, "s")
+
+
+class EvaluationSpec(StrictModel):
+    """``testbed evaluate``: ASET (``checkpoint``) and every static policy on ``scenarios``,
+    ``seeds`` seeds each (>= 5 for the 95 % CI), ``duration_s`` simulated seconds per run."""
+
+    scenarios: list[str] = Field(min_length=1)
+    seeds: int = Field(5, ge=2)
+    duration_s: Num | None = Field(None, gt=0)
+    checkpoint: str = "models/aset/aset"
+    out_dir: str = "runs/aset-eval"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        return unit_pair(data, "duration", parse_duration_s, "s")
+
+
+class AsetConfig(StrictModel):
+    """One ``experiments/aset-*.yaml`` file."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    seed: int = 1
+    observation: ObservationSpec = ObservationSpec()
+    agent: AgentSpec = AgentSpec()
+    training: TrainingSpec | None = None
+    evaluation: EvaluationSpec | None = None
+
+
+def load_aset_config(path: str | Path) -> tuple[AsetConfig, Path]:
+    """Read and validate an ASET config; returns it and the base folder for its relative paths
+    (the repository root: the parent of the config file's folder).
+
+    Raises:
+        ConfigError: missing file, bad YAML, or a validation error naming the item
+            (e.g. ``agent.gamma: Input should be less than 1``).
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read ASET config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        cfg = AsetConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(path), what="ASET config")) from None
+    return cfg, path.resolve().parent.parent

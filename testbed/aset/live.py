@@ -1,0 +1,189 @@
+"""ASET in the emulation: the per-window policy selector each source's dispatcher calls.
+
+``testbed.workload`` (a source host, experiment ``policy: aset``) builds
+``LivePolicySelector(cfg)`` once and calls ``choose(state)`` every window with the raw window
+state of :mod:`testbed.aset.observation`. The selector rebuilds the observation with the SAME code
+as the simulator env (:class:`~testbed.aset.observation.SourceObserver`) and runs the exported
+Q-network in numpy (:class:`~testbed.aset.agent.NumpyPolicy`; no TensorFlow import: the source
+process stays light). Every decision is timed (``time.perf_counter_ns``) and
+:meth:`LivePolicySelector.timing` summarises it; with ``cfg["records"]`` set, the summary and the
+per-policy window counts go to ``<records without .csv>.aset.json`` when the process exits.
+
+Source config keys used (``cfg`` is the source's JSON config written by ``testbed.run``):
+``source``, ``applications`` [{name, ...}], ``options`` [{cluster, rtt_ms, ...}], and
+``aset`` (the experiment's ``aset:`` section, :class:`testbed.config.AsetSpec`):
+``checkpoint``: path of the exported policy without suffix (``models/aset/aset``); ``window_s``:
+must equal the checkpoint's window (the arrival-rate features are per window);
+``options.control_socket`` (optional): a Unix socket of a running
+:class:`~testbed.aset.envs.AsetLiveEnv`; when set, the state goes to that env and its answer is
+used (the checkpoint's choice after one window without answer). A relative checkpoint path is
+resolved against ``cfg["repo_dir"]`` when given, else the repository this package lives in.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from testbed.aset.npolicy import NumpyPolicy
+from testbed.aset.observation import SourceContext, SourceObserver
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class LivePolicySelector:
+    """Chooses the policy of one dispatcher for the next window from its live window state.
+
+    Raises:
+        KeyError: ``cfg`` lacks ``aset.checkpoint``.
+        FileNotFoundError: the checkpoint files are missing.
+        ValueError: the emulation's clusters or applications are not those the checkpoint was
+            trained on (the message names them).
+    """
+
+    def __init__(self, cfg: Mapping):
+        aset = cfg.get("aset") or {}
+        if not aset.get("checkpoint"):
+            raise KeyError("source config: 'aset.checkpoint' is required with policy 'aset'")
+        ckpt = Path(aset["checkpoint"])
+        if not ckpt.is_absolute():
+            ckpt = Path(cfg.get("repo_dir") or REPO) / ckpt
+        self.policy = NumpyPolicy(ckpt)
+        meta = self.policy.meta
+        window_ms = self.policy.obs_spec.window_ms
+        if aset.get("window_s") is not None and abs(float(aset["window_s"]) * 1e3 - window_ms) > 1e-6:
+            raise ValueError(f"aset.window {float(aset['window_s']) * 1e3:g} ms differs from the checkpoint's "
+                             f"window {window_ms:g} ms ({ckpt}); set aset.window to {window_ms:g}ms")
+        rtt: dict[str, float] = {}
+        for o in cfg["options"]:
+            rtt[o["cluster"]] = min(rtt.get(o["cluster"], float("inf")), float(o["rtt_ms"]))
+        if set(rtt) != set(meta["clusters"]):
+            raise ValueError(f"source {cfg['source']!r}: clusters {sorted(rtt)} differ from the checkpoint's "
+                             f"{meta['clusters']} ({ckpt})")
+        unknown = sorted({a["name"] for a in cfg["applications"]} - set(meta["applications"]))
+        if unknown:
+            raise ValueError(f"source {cfg['source']!r}: applications {unknown} unknown to the checkpoint "
+                             f"(trained on {meta['applications']})")
+        self.ctx = SourceContext(cfg["source"], tuple(meta["applications"]), tuple(meta["clusters"]),
+                                 tuple(rtt[c] for c in meta["clusters"]), tuple(meta["policies"]))
+        self.observer = SourceObserver(self.ctx, self.policy.obs_spec)
+        if self.observer.size != self.policy.obs_size:
+            raise ValueError(f"{ckpt}: network input {self.policy.obs_size} != observation size {self.observer.size}")
+        self.decision_ns: list[int] = []
+        sock = aset.get("control_socket") or (aset.get("options") or {}).get("control_socket")
+        self.control = ControlClient(sock, cfg["source"]) if sock else None
+        self.window_s = self.policy.obs_spec.window_ms / 1e3
+        self.choices: dict[str, int] = {}
+        self.report_path = Path(cfg["records"]).with_suffix(".aset.json") if cfg.get("records") else None
+        if self.report_path is not None:
+            atexit.register(self.write_report)
+
+    def choose(self, state: Mapping) -> str:
+        """The policy name for the next window (a name of the checkpoint's catalogue)."""
+        t = time.perf_counter_ns()
+        obs = self.observer.observe(state)
+        name = self.ctx.policies[int(self.policy.act(obs)[0])]
+        self.decision_ns.append(time.perf_counter_ns() - t)
+        if self.control is not None:
+            remote = self.control.ask(state, self.window_s)
+            if remote in self.ctx.policies:
+                name = remote
+        self.choices[name] = self.choices.get(name, 0) + 1
+        return name
+
+    def write_report(self) -> None:
+        """Write ``<records>.aset.json`` (at process exit): source, decision timing (ms) and how many
+        windows each policy was chosen."""
+        if self.report_path is None:
+            return
+        try:
+            self.report_path.write_text(json.dumps({"source": self.ctx.source, "timing": self.timing(),
+                                                    "choices": self.choices}, indent=1))
+        except OSError:
+            pass
+
+    def timing(self) -> dict[str, float]:
+        """Decision time per window (observation + forward pass), in ms: n, mean, p50, p99, max."""
+        if not self.decision_ns:
+            return {"n": 0}
+        ms = np.asarray(self.decision_ns, dtype=np.float64) / 1e6
+        return {"n": int(ms.size), "mean_ms": float(ms.mean()), "p50_ms": float(np.percentile(ms, 50)),
+                "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max())}
+
+
+def _jsonable(state: Mapping) -> dict:
+    return {"arrivals": dict(state.get("arrivals") or {}), "clusters": dict(state.get("clusters") or {}),
+            "path_util": dict(state.get("path_util") or {}),
+            "resolved": [list(r) for r in state.get("resolved") or ()], "policy": state.get("policy")}
+
+
+class ControlClient:
+    """The dispatcher's end of the live-env control channel (Unix datagram socket)."""
+
+    def __init__(self, server_path: str, source: str):
+        self.server_path = server_path
+        self.source = source
+        self.path = f"{server_path}.{source}.{os.getpid()}"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        self.sock.bind(self.path)
+
+    def ask(self, state: Mapping, timeout_s: float) -> str | None:
+        """Send the state, wait up to ``timeout_s`` for the policy name (None on timeout/error)."""
+        try:
+            self.sock.sendto(json.dumps({"source": self.source, "state": _jsonable(state)}).encode(),
+                             self.server_path)
+            self.sock.settimeout(timeout_s)
+            data, _ = self.sock.recvfrom(65536)
+            return json.loads(data)["policy"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+
+class ControlServer:
+    """The env's end: collects one state per source per window and replies with the policies."""
+
+    def __init__(self, path: str):
+        self.path = path
+        if os.path.exists(path):
+            os.unlink(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.peers: dict[str, str] = {}
+
+    def receive_all(self, sources: list[str], timeout_s: float) -> dict[str, dict]:
+        """Block until every source sent its state (TimeoutError after ``timeout_s``)."""
+        got: dict[str, dict] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(got) < len(sources):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"live env: no window state from {sorted(set(sources) - set(got))}")
+            self.sock.settimeout(left)
+            data, peer = self.sock.recvfrom(1 << 20)
+            msg = json.loads(data)
+            if msg.get("source") in sources:
+                got[msg["source"]] = msg["state"]
+                self.peers[msg["source"]] = peer
+        return got
+
+    def reply_all(self, policies: Mapping[str, str]) -> None:
+        for src, name in policies.items():
+            if src in self.peers:
+                try:
+                    self.sock.sendto(json.dumps({"policy": name}).encode(), self.peers[src])
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)

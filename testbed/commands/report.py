@@ -1,0 +1,44 @@
+"""``testbed report RUN_DIR [RUN_DIR ...] [--out DIR]``: HTML + Markdown report of one or more runs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    """Add the ``report`` subcommand (see :mod:`testbed.report`)."""
+    p = subparsers.add_parser(
+        "report", help="write a report (HTML with embedded PNGs + Markdown) of one or more run directories",
+        description="Latency CDFs per policy, network/queueing/inference breakdown, success ratio and policy "
+                    "over time, link utilization heatmap + topology, per-hop delays (packet capture), and a "
+                    "comparison table across runs. Works for emulated and simulated runs.")
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: RUN_DIR/report for one run, <parent>/report-<time> for several)")
+    p.add_argument("--analyze", action="store_true",
+                   help="(re)run the packet analysis of runs that have a pcap/ folder before reporting")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from testbed.cli import console
+    from testbed.report import ReportError, build_report
+
+    for d in args.run_dirs:
+        if args.analyze and (d / "pcap" / "capture.json").exists():
+            from testbed.capture.analysis import analyze_run
+            from testbed.summary import merge_records
+
+            res = analyze_run(d)
+            merge_records(d)
+            console.print(f"{d}: packet analysis matched {res['queries_matched']} queries")
+    try:
+        out = build_report(args.run_dirs, args.out)
+    except ReportError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    console.print(f"report: {out['html']} ({len(out['figures'])} figures; Markdown: {out['markdown']})")
+    for k, v in out["skipped"].items():
+        console.print(f"  not drawn: {k}: {v}")
+    return 0

@@ -1,0 +1,494 @@
+"""Experiment reports: ``testbed report RUN_DIR [RUN_DIR ...] [--out DIR]``.
+
+Reads run directories (emulated or simulated: same record schema, docs/records-schema.md) and writes
+into ``--out``: ``report.html`` (self-contained: every figure embedded as a base64 PNG),
+``report.md`` (same content, linking the PNGs) and ``figures/*.png``. Figures (docs/reports.md):
+
+* ``latency_cdf.png``: CDF of end-to-end latency (ms) of answered queries, per run and policy;
+* ``breakdown.png``: mean network / queueing / inference time (ms) of answered queries;
+* ``success_over_time.png``: success ratio per time bin (s since the run's first query);
+* ``policy_over_time.png``: the policy in force for each query (``policy`` column) over time;
+* ``link_util_<k>.png``: per run with ``link_stats.csv``: link utilization over time as a heatmap
+  (max of both directions, controller port stats) beside the topology drawn on its coordinates
+  (lon/lat from ``plan.json``), links coloured by mean utilization;
+* ``hop_delays.png``: with packet capture: per-hop one-way delay against the configured link delay;
+* a comparison table across runs (queries, success ratio, q/s, e2e percentiles, breakdown).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from testbed.summary import read_csv_exact
+
+MAX_POLICY_PANELS = 8
+MAX_HOP_ROWS = 40
+
+
+class ReportError(ValueError):
+    """A run directory that cannot be reported on (named in the message)."""
+
+
+@dataclass
+class RunData:
+    """What the report needs from one run directory (missing files give empty frames / dicts)."""
+
+    path: Path
+    label: str
+    mode: str
+    records: pd.DataFrame
+    summary: dict = field(default_factory=dict)
+    plan: dict = field(default_factory=dict)
+    link_stats: pd.DataFrame = field(default_factory=pd.DataFrame)
+    hop_delays: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() and path.stat().st_size else {}
+
+
+def load_run(run_dir: Path) -> RunData:
+    """Load one run directory.
+
+    Records: ``records.parquet``, else ``records.csv``, else the per-source CSVs merged
+    (:func:`testbed.summary.merge_records`). Raises :class:`ReportError` when ``run_dir`` is not a
+    directory or has no records at all.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: not a directory")
+    if (run_dir / "records.parquet").exists():
+        df = pd.read_parquet(run_dir / "records.parquet")
+    elif (run_dir / "records.csv").exists() and (run_dir / "records.csv").stat().st_size > 1:
+        df = read_csv_exact(run_dir / "records.csv")
+    elif any((run_dir / "sources").glob("*.records.csv")):
+        from testbed.summary import merge_records
+
+        df = merge_records(run_dir)
+    else:
+        raise ReportError(f"{run_dir}: no records (records.parquet, records.csv or sources/*.records.csv)")
+    run = _json(run_dir / "run.json")
+    summary = _json(run_dir / "summary.json")
+    mode = run.get("mode") or summary.get("mode") or "emulation"
+    ls = run_dir / "link_stats.csv"
+    hd = run_dir / "capture" / "hop_delays.csv"
+    return RunData(run_dir, run_dir.name, mode, df, summary, _json(run_dir / "plan.json"),
+                   pd.read_csv(ls) if ls.exists() and ls.stat().st_size else pd.DataFrame(),
+                   pd.read_csv(hd) if hd.exists() and hd.stat().st_size > 1 else pd.DataFrame())
+
+
+def _answered(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty or "http_status" not in df:
+        return df.iloc[0:0]
+    st = pd.to_numeric(df["http_status"], errors="coerce")
+    return df[(st == 200) & pd.to_numeric(df["e2e_ms"], errors="coerce").notna()]
+
+
+def _t_s(df: pd.DataFrame) -> pd.Series:
+    t = df["t0_ns"].astype("Int64")
+    return ((t - t.min()).astype("float64")) / 1e9
+
+
+def _groups(runs: list[RunData]) -> list[tuple[str, RunData, pd.DataFrame]]:
+    """(label, run, records) per run and policy; the label names the run only when there are several."""
+    out = []
+    for r in runs:
+        pols = r.records["policy"].fillna("?").astype(str) if "policy" in r.records else pd.Series("?", r.records.index)
+        for pol, g in r.records.groupby(pols, sort=True):
+            out.append((pol if len(runs) == 1 else f"{r.label} / {pol}", r, g))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- figures
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def fig_latency_cdf(runs: list[RunData], path: Path) -> bool:
+    """CDF of e2e latency (ms) of answered queries per run and policy; False when nothing to draw."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    drawn = 0
+    for label, _r, g in _groups(runs):
+        e = np.sort(pd.to_numeric(_answered(g)["e2e_ms"], errors="coerce").dropna().to_numpy())
+        if len(e):
+            ax.step(e, np.arange(1, len(e) + 1) / len(e), where="post", label=f"{label} (n={len(e)})")
+            drawn += 1
+    deadlines = sorted({float(x) for r in runs for x in pd.to_numeric(r.records.get("deadline_ms", pd.Series()),
+                                                                      errors="coerce").dropna().unique()})
+    for d in deadlines[:4]:
+        ax.axvline(d, color="grey", ls=":", lw=1)
+    ax.set(xlabel="end-to-end latency (ms)", ylabel="fraction of answered queries", ylim=(0, 1.02),
+           title="Latency CDF per policy" + (" (dotted: deadlines)" if deadlines else ""))
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn > 0
+
+
+def fig_breakdown(runs: list[RunData], path: Path) -> bool:
+    """Stacked bars: mean network / queueing / inference (ms) of answered queries per run and policy."""
+    plt = _plt()
+    rows = []
+    for label, _r, g in _groups(runs):
+        a = _answered(g)
+        if len(a):
+            rows.append((label, *(float(pd.to_numeric(a.get(f"{k}_ms"), errors="coerce").mean())
+                                  for k in ("network", "queueing", "inference"))))
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.45 * max(len(rows), 3)))
+    left = np.zeros(len(rows))
+    for i, (name, color) in enumerate((("network", "#4c72b0"), ("queueing", "#dd8452"), ("inference", "#55a868"))):
+        vals = np.nan_to_num(np.array([r[i + 1] for r in rows], dtype=float))
+        ax.barh([r[0] for r in rows], vals, left=left, color=color, label=name)
+        left += vals
+    ax.set(xlabel="mean time per answered query (ms)", title="Where the time goes: network / queueing / inference")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return bool(rows)
+
+
+def _bin_s(runs: list[RunData]) -> float:
+    span = max((float(_t_s(r.records).max()) for r in runs if not r.records.empty), default=1.0)
+    return max(1.0, round(span / 30.0))
+
+
+def fig_success_over_time(runs: list[RunData], path: Path) -> bool:
+    """Success ratio per time bin (bin = max(1 s, span / 30)) per run and policy."""
+    plt = _plt()
+    width = _bin_s(runs)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    drawn = 0
+    for label, r, g in _groups(runs):
+        if g.empty:
+            continue
+        t = _t_s(r.records).loc[g.index]
+        ok = (g["outcome"] == "success").astype(float)
+        b = (t // width) * width
+        s = ok.groupby(b).mean()
+        ax.plot(s.index + width / 2, s.to_numpy(), marker="o", ms=3, label=label)
+        drawn += 1
+    ax.set(xlabel=f"time since the first query (s), {width:g} s bins", ylabel="success ratio", ylim=(-0.02, 1.05),
+           title="Success ratio over time")
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn > 0
+
+
+def fig_policy_over_time(runs: list[RunData], path: Path) -> bool:
+    """The policy in force per query (``policy`` column) over time, one panel per run (at most 8)."""
+    plt = _plt()
+    shown = [r for r in runs if not r.records.empty][:MAX_POLICY_PANELS]
+    if not shown:
+        return False
+    fig, axes = plt.subplots(len(shown), 1, figsize=(7, 1.4 + 1.3 * len(shown)), squeeze=False, sharex=True)
+    for ax, r in zip(axes[:, 0], shown, strict=True):
+        pol = r.records["policy"].fillna("?").astype(str) if "policy" in r.records else pd.Series("?", r.records.index)
+        cats = sorted(pol.unique())
+        y = pol.map({c: i for i, c in enumerate(cats)})
+        t = _t_s(r.records)
+        ok = r.records.get("outcome", pd.Series("success", r.records.index)) == "success"
+        ax.scatter(t[ok], y[ok], s=6, color="#55a868", label="success")
+        ax.scatter(t[~ok], y[~ok], s=10, color="#c44e52", marker="x", label="failure")
+        ax.set_yticks(range(len(cats)), cats, fontsize=8)
+        ax.set_ylim(-0.6, len(cats) - 0.4)
+        ax.set_title(r.label, fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
+    axes[0, 0].legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("time since the first query (s)")
+    fig.suptitle("Policy in force per query over time", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _switch_of(plan: dict) -> dict[str, str]:
+    """link_stats.csv ``a``/``b`` value -> switch name: the emulation writes DPIDs, the simulator names."""
+    out = {str(s["dpid"]): s["name"] for s in plan.get("switches", [])}
+    out.update({s["name"]: s["name"] for s in plan.get("switches", [])})
+    return out
+
+
+def _node_names(plan: dict) -> dict[str, str]:
+    """link_stats.csv ``a``/``b`` value (DPID or switch name) -> switch label; hosts keep their name."""
+    label = {s["name"]: s.get("label") or s["name"] for s in plan.get("switches", [])}
+    return {k: label[v] for k, v in _switch_of(plan).items()}
+
+
+def link_utilization(r: RunData) -> pd.DataFrame:
+    """Per poll and link: t_s (s since the first poll), link (label), util (max of both directions, 0..1)."""
+    ls = r.link_stats
+    if ls.empty:
+        return pd.DataFrame(columns=["t_s", "link", "util", "a", "b", "kind"])
+    names = _node_names(r.plan)
+    a = ls["a"].astype(str).map(lambda x: names.get(x, x))
+    b = ls["b"].astype(str).map(lambda x: names.get(x, x))
+    return pd.DataFrame({"t_s": ls["t"] - ls["t"].min(), "link": a + "-" + b,
+                         "util": np.maximum(ls["util_ab"].to_numpy(float), ls["util_ba"].to_numpy(float)),
+                         "a": ls["a"].astype(str), "b": ls["b"].astype(str), "kind": ls["kind"]})
+
+
+def fig_link_utilization(r: RunData, path: Path) -> bool:
+    """Heatmap (links x time) of utilization beside the topology on its lon/lat, for one run."""
+    plt = _plt()
+    u = link_utilization(r)
+    if u.empty:
+        return False
+    m = u.pivot_table(index="link", columns="t_s", values="util", aggfunc="max").fillna(0.0)
+    m = m.loc[m.max(axis=1).sort_values(ascending=False).index]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 0.8 + max(3.5, 0.28 * len(m))),
+                                  gridspec_kw={"width_ratios": [1.6, 1]})
+    vmax = max(float(m.to_numpy().max()), 1e-6)
+    im = ax.imshow(m.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=vmax, interpolation="nearest",
+                   extent=(float(m.columns.min()), float(m.columns.max()) or 1.0, len(m) - 0.5, -0.5))
+    ax.set_yticks(range(len(m)), list(m.index), fontsize=7)
+    ax.set(xlabel="time since the first poll (s)", title="Link utilization (max of both directions)")
+    fig.colorbar(im, ax=ax, label="utilization (0-1)")
+    # topology on its coordinates
+    sw = r.plan.get("switches", [])
+    pos = {}
+    have = [s for s in sw if s.get("lat") is not None and s.get("lon") is not None]
+    for s in have:
+        pos[s["name"]] = (float(s["lon"]), float(s["lat"]))
+    if have:
+        lon0 = min(p[0] for p in pos.values())
+        lat1 = max(p[1] for p in pos.values())
+        spread = max(1.0, max(p[0] for p in pos.values()) - lon0)
+    else:
+        lon0, lat1, spread = 0.0, 0.0, 1.0
+    for i, s in enumerate(x for x in sw if x["name"] not in pos):  # no coordinates (e.g. the cloud)
+        pos[s["name"]] = (lon0 + 0.15 * spread * i, lat1 + 0.15 * spread)
+    to_sw = _switch_of(r.plan)
+    us = u[u["kind"] == "switch"]
+    mean_util = us.groupby([us["a"].map(lambda x: to_sw.get(x, x)), us["b"].map(lambda x: to_sw.get(x, x))])[
+        "util"].mean()
+    cmap = plt.get_cmap("viridis")
+    for lk in r.plan.get("links", []):
+        if lk["a"] in pos and lk["b"] in pos:
+            val = mean_util.get((lk["a"], lk["b"]), mean_util.get((lk["b"], lk["a"]), 0.0))
+            (x1, y1), (x2, y2) = pos[lk["a"]], pos[lk["b"]]
+            ax2.plot([x1, x2], [y1, y2], color=cmap(min(val / vmax, 1.0)), lw=1.5 + 4 * min(val / vmax, 1.0),
+                     zorder=1)
+            ax2.text((x1 + x2) / 2, (y1 + y2) / 2, f"{lk['delay_ms']:.3g} ms", fontsize=6, color="grey")
+    hosts: dict[str, list[str]] = {}
+    for h in r.plan.get("hosts", []):
+        hosts.setdefault(h["switch"], []).append(h["name"])
+    for s in sw:
+        x, y = pos[s["name"]]
+        ax2.scatter([x], [y], s=40, color="#333333", zorder=2)
+        label = s.get("label") or s["name"]
+        if s["name"] in hosts:
+            label += "\n" + ",".join(hosts[s["name"]])
+        ax2.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax2.set(xlabel="longitude", ylabel="latitude", title="Topology, links coloured by mean utilization")
+    ax2.grid(alpha=0.2)
+    fig.suptitle(r.label, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _link_dir(plan: dict, a: str, b: str) -> str:
+    """`` (A>B)`` with switch labels when the hop ``a > b`` is link emulator lK's eth0 > eth1 or back."""
+    label = {s["name"]: s.get("label") or s["name"] for s in plan.get("switches", [])}
+    for lk in plan.get("links", []):
+        e = lk.get("emu_name") or f"l{lk['index']}"
+        ends = (label.get(lk["a"], lk["a"]), label.get(lk["b"], lk["b"]))
+        if (a, b) == (f"{e}-eth0", f"{e}-eth1"):
+            return f" ({ends[0]}>{ends[1]})"
+        if (a, b) == (f"{e}-eth1", f"{e}-eth0"):
+            return f" ({ends[1]}>{ends[0]})"
+    return ""
+
+
+def fig_hop_delays(runs: list[RunData], path: Path) -> bool:
+    """Per-hop median one-way delay (p5-p95 whiskers) against the configured link delay (captured runs).
+
+    More than MAX_HOP_ROWS hops: only the hops that are one emulated link are drawn.
+    """
+    plt = _plt()
+    rows = [(f"{h['from']}>{h['to']}{_link_dir(r.plan, h['from'], h['to'])}"
+             + ("" if len(runs) == 1 else f" [{r.label[-12:]}]"), h)
+            for r in runs if not r.hop_delays.empty for _, h in r.hop_delays.iterrows()]
+    if not rows:
+        return False
+    title = "Per-hop one-way delay (packet capture)"
+    if len(rows) > MAX_HOP_ROWS:  # large topologies: the emulated links only (every hop is in the table)
+        rows = [x for x in rows if not pd.isna(x[1]["configured_ms"])][:MAX_HOP_ROWS] or rows[:MAX_HOP_ROWS]
+        title = f"One-way delay of the {len(rows)} emulated-link hops (capture)"
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.22 * len(rows)))
+    y = np.arange(len(rows))
+    med = np.array([h["median_ms"] for _, h in rows], dtype=float)
+    lo = med - np.array([h["p5_ms"] for _, h in rows], dtype=float)
+    hi = np.array([h["p95_ms"] for _, h in rows], dtype=float) - med
+    ax.barh(y, med, xerr=[lo, hi], color="#4c72b0", alpha=0.8, label="measured median (p5-p95)")
+    conf = np.array([np.nan if pd.isna(h["configured_ms"]) else h["configured_ms"] for _, h in rows], dtype=float)
+    ax.scatter(conf, y, marker="|", s=200, color="#c44e52", label="configured link delay", zorder=3)
+    ax.set_yticks(y, [n for n, _ in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="one-way delay (ms)", title=title)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ------------------------------------------------------------------------------------------- tables
+
+def comparison_table(runs: list[RunData]) -> pd.DataFrame:
+    """One row per run and policy: queries, load (s), success ratio, answered q/s, e2e p50/p95/p99 (ms),
+    mean network/queueing/inference (ms) of answered queries, failures per cause."""
+    from testbed.summary import load_duration_s
+
+    rows = []
+    for label, r, g in _groups(runs):
+        a = _answered(g)
+        e = pd.to_numeric(a["e2e_ms"], errors="coerce") if len(a) else pd.Series(dtype=float)
+        dur = float(r.summary.get("duration_s") or 0) or (float(_t_s(r.records).max()) or 1.0)
+        load = load_duration_s(g["t0_ns"], dur)
+        fails = g.loc[g["outcome"] != "success", "failure_cause"].fillna("?").value_counts()
+        rows.append({"run / policy": label, "mode": r.mode, "queries": len(g), "load_s": round(load, 2),
+                     "success_ratio": round(float((g["outcome"] == "success").mean()), 4) if len(g) else None,
+                     "answered_qps": round(len(a) / load, 2) if load > 0 else None,
+                     **{f"e2e_p{q}_ms": (round(float(e.quantile(q / 100)), 2) if len(e) else None)
+                        for q in (50, 95, 99)},
+                     **{f"{k}_mean_ms": (round(float(pd.to_numeric(a[f"{k}_ms"], errors="coerce").mean()), 2)
+                                         if len(a) else None) for k in ("network", "queueing", "inference")},
+                     "failures": ", ".join(f"{k} {v}" for k, v in fails.items()) or "none"})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------- report
+
+FIGURES = [("latency_cdf", "Latency CDF per policy", fig_latency_cdf),
+           ("breakdown", "Network / queueing / inference breakdown", fig_breakdown),
+           ("success_over_time", "Success ratio over time", fig_success_over_time),
+           ("policy_over_time", "Policy in force over time", fig_policy_over_time),
+           ("hop_delays", "Per-hop one-way delay (packet capture)", fig_hop_delays)]
+
+
+def default_out_dir(run_dirs: list[Path]) -> Path:
+    """``RUN_DIR/report`` for one run; ``<parent of the first>/report-<timestamp>`` for several."""
+    if len(run_dirs) == 1:
+        return Path(run_dirs[0]) / "report"
+    return Path(run_dirs[0]).resolve().parent / f"report-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def build_report(run_dirs: list[Path], out_dir: Path | None = None) -> dict:
+    """Write ``report.html``, ``report.md`` and ``figures/*.png`` for the given runs into ``out_dir``.
+
+    Returns ``{"html": Path, "markdown": Path, "figures": {name: Path}, "skipped": {name: reason}}``.
+    Raises :class:`ReportError` for no runs, a missing directory or one without records (named).
+    """
+    if not run_dirs:
+        raise ReportError("no run directory given")
+    runs = [load_run(Path(d)) for d in run_dirs]
+    labels = [r.label for r in runs]
+    for i, r in enumerate(runs):  # same directory name twice (runs from different parents): disambiguate
+        if labels.count(r.label) > 1:
+            r.label = f"{r.path.parent.name}/{r.label}#{i}"
+    out = Path(out_dir) if out_dir else default_out_dir([r.path for r in runs])
+    figdir = out / "figures"
+    figdir.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, Path] = {}
+    titles: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    for name, title, fn in FIGURES:
+        p = figdir / f"{name}.png"
+        if fn(runs, p):
+            figures[name], titles[name] = p, title
+        else:
+            p.unlink(missing_ok=True)
+            skipped[name] = "no data (no answered queries" + (" / no packet capture)" if name == "hop_delays" else ")")
+    for k, r in enumerate(runs, start=1):
+        name = f"link_util_{k}"
+        p = figdir / f"{name}.png"
+        if fig_link_utilization(r, p):
+            figures[name], titles[name] = p, f"Link utilization over time and on the topology: {r.label}"
+        else:
+            skipped[name] = f"{r.label}: no link_stats.csv" + (" (simulated run)" if r.mode == "simulation" else "")
+    table = comparison_table(runs)
+    hops = [(r.label, r.hop_delays) for r in runs if not r.hop_delays.empty]
+    _write_html(out / "report.html", runs, table, figures, titles, skipped, hops)
+    _write_md(out / "report.md", runs, table, figures, titles, skipped, hops)
+    return {"html": out / "report.html", "markdown": out / "report.md", "figures": figures, "skipped": skipped}
+
+
+def _runs_list(runs: list[RunData]) -> list[str]:
+    out = []
+    for r in runs:
+        s = r.summary
+        out.append(f"{r.label} ({r.mode}; {len(r.records)} queries; {r.path})"
+                   + (f"; configured load {s['duration_s']:g} s" if s.get("duration_s") else ""))
+    return out
+
+
+def _write_html(path: Path, runs, table: pd.DataFrame, figures, titles, skipped, hops) -> None:
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>ASET testbed report</title><style>",
+             "body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;"
+             "text-align:right}th{background:#f2f2f2}img{max-width:100%;border:1px solid #eee}"
+             "</style></head><body>",
+             f"<h1>ASET testbed report</h1><p>Generated {datetime.now():%Y-%m-%d %H:%M:%S} from "
+             f"{len(runs)} run(s):</p><ul>"]
+    parts += [f"<li>{html.escape(x)}</li>" for x in _runs_list(runs)]
+    parts.append("</ul><h2>Comparison across runs</h2>")
+    parts.append(table.to_html(index=False, na_rep="-", escape=True))
+    for name, p in figures.items():
+        b64 = base64.b64encode(p.read_bytes()).decode()
+        parts.append(f"<h2>{html.escape(titles[name])}</h2><img alt='{name}' src='data:image/png;base64,{b64}'>")
+    for label, h in hops:
+        parts.append(f"<h3>Per-hop one-way delay: {html.escape(label)}</h3>")
+        parts.append(h.to_html(index=False, na_rep="-", escape=True))
+    if skipped:
+        parts.append("<h2>Not drawn</h2><ul>")
+        parts += [f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in skipped.items()]
+        parts.append("</ul>")
+    parts.append("<p>Columns and units: docs/records-schema.md; figures: docs/reports.md.</p></body></html>")
+    path.write_text("\n".join(parts))
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join("-" if pd.isna(v) else str(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _write_md(path: Path, runs, table: pd.DataFrame, figures, titles, skipped, hops) -> None:
+    parts = ["# ASET testbed report", "", *[f"- {x}" for x in _runs_list(runs)], "", "## Comparison across runs",
+             "", _md_table(table), ""]
+    for name, p in figures.items():
+        parts += [f"## {titles[name]}", "", f"![{name}]({p.relative_to(path.parent)})", ""]
+    for label, h in hops:
+        parts += [f"### Per-hop one-way delay: {label}", "", _md_table(h), ""]
+    if skipped:
+        parts += ["## Not drawn", "", *[f"- {k}: {v}" for k, v in skipped.items()], ""]
+    path.write_text("\n".join(parts))

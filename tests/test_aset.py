@@ -1,0 +1,359 @@
+"""ASET: observation, environments, agent, checkpoints and the live selector (no emulation).
+
+The environment tests here drive :class:`AsetSimEnv` with a small fake simulator implementing the
+simulator contract of issue 4 (pure logic: arrivals and outcomes are scripted); the tests against
+the real simulator are in ``tests/test_aset_sim.py``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from testbed.aset.config import AgentSpec, AsetConfig, ObservationSpec, TrainingSpec, load_aset_config
+from testbed.aset.envs import AsetSimEnv
+from testbed.aset.observation import SourceContext, SourceObserver, observation_size
+from testbed.config import ConfigError
+from testbed.plan import plan_experiment
+from testbed.policies import CATALOGUE
+
+REPO = Path(__file__).resolve().parent.parent
+TRIANGLE = REPO / "experiments" / "triangle.yaml"
+
+
+@dataclass
+class Resolved:
+    source: str
+    application: str
+    policy: str
+    t0_s: float
+    resolved_s: float
+    success: bool
+    failure_cause: str
+
+
+class FakeSim:
+    """Scripted simulator (same methods as testbed.sim.Simulator): Poisson arrivals of ``rate``
+    q/s per (source, application); a query succeeds iff its source's policy is ``good``; it
+    resolves ``e2e_s`` after creation."""
+
+    good = "least_loaded"
+    rate = 40.0
+    e2e_s = 0.03
+
+    def __init__(self, plan, seed, policies=None):
+        self.rng = np.random.default_rng(seed)
+        self.now_s = 0.0
+        self.sources = [s.name for s in plan.sources]
+        self.apps = [a.name for a in plan.experiment.applications]
+        self.clusters = [c.name for c in plan.clusters]
+        self.policy = {s: self.policy_names[0] for s in self.sources} | dict(policies or {})
+        self.next = {(s, a): float(self.rng.exponential(1 / self.rate)) for s in self.sources for a in self.apps}
+        self.inflight: list = []
+        self.resolved: list = []
+        self.created: list = []
+
+    policy_names = list(CATALOGUE)
+
+    def set_policy(self, source, policy):
+        self.policy[source] = policy
+
+    def run_until(self, t_s):
+        for key in sorted(self.next):
+            while self.next[key] <= t_s:
+                t0 = self.next[key]
+                s, a = key
+                ok = self.policy[s] == self.good
+                heapq.heappush(self.inflight, (t0 + self.e2e_s, t0, s, a, self.policy[s], ok))
+                self.created.append((s, a))
+                self.next[key] = t0 + float(self.rng.exponential(1 / self.rate))
+        while self.inflight and self.inflight[0][0] <= t_s:
+            tr, t0, s, a, p, ok = heapq.heappop(self.inflight)
+            self.resolved.append(Resolved(s, a, p, t0, tr, ok, "" if ok else "deadline_miss"))
+        self.now_s = t_s
+
+    def drain_resolved(self):
+        out, self.resolved = self.resolved, []
+        return out
+
+    def drain_created(self):
+        out, self.created = self.created, []
+        return out
+
+    def cluster_state(self, source=None):
+        return {c: {"queue_len": i, "busy": 1, "workers": 2, "utilization": 0.25 * (i + 1), "up": True}
+                for i, c in enumerate(self.clusters)}
+
+    def link_utilization(self):
+        return {("s1", "s2"): 0.5}
+
+    def path_links(self, source, cluster):
+        return [("s2", "s1")]
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return plan_experiment(TRIANGLE)
+
+
+SPEC = ObservationSpec(window_ms=100, history_windows=2, rate_scale_qps=10, queue_scale=2, rtt_scale_ms=50, clip=5)
+
+
+def test_observation_layout_exact_values():
+    ctx = SourceContext("srca", ("appa", "appb"), ("c1", "c2"), (10.0, 200.0), ("closest", "cloud", "random"))
+    obs = SourceObserver(ctx, SPEC)
+    assert obs.size == observation_size(2, 2, 3, 2) == 2 * 2 + 5 * 2 + 2 + 3
+    state = {"arrivals": {"appa": 3, "appb": 0, "other": 9},
+             "clusters": {"c1": {"queue_len": 8, "busy": 2, "workers": 2, "utilization": 0.5, "up": True}},
+             "path_util": {"c1": 0.25, "c2": 0.75},
+             "resolved": [("appa", True), ("appa", False, 0.5), ("appa", True), ("appa", True, 0.7)],
+             "policy": "cloud"}
+    v = obs.observe(state)
+    expect = [0.0, 3.0,            # appa rate history (3 queries / 0.1 s / 10 q/s), oldest first
+              0.0, 0.0,            # appb
+              0.5, 0.0,            # utilization (c2 missing -> down -> 0)
+              2.0, 0.0,            # queue per worker / queue_scale = 8 / 2 / 2
+              0.2, 4.0,            # rtt / 50 ms
+              1.0, 0.0,            # up
+              0.75, 1.0,           # success ratio per app (appb none resolved -> 1.0)
+              0.25, 0.75,          # path util
+              0.0, 1.0, 0.0]       # policy one-hot
+    assert v.dtype == np.float32
+    np.testing.assert_allclose(v, expect, rtol=1e-6)
+    v2 = obs.observe({"arrivals": {"appa": 100}, "policy": "closest"})
+    assert v2[0] == pytest.approx(3.0) and v2[1] == 5.0  # history shifted; 100 q clipped to clip=5
+    assert v2[12] == pytest.approx(0.75)  # success ratio kept when nothing resolved
+
+
+def test_config_errors_name_the_item(tmp_path):
+    bad = tmp_path / "x.yaml"
+    bad.write_text("name: t\nagent: {gamma: 1.5}\nobservation: {window: 10}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_aset_config(bad)
+    msg = str(exc.value)
+    assert "agent.gamma" in msg and "observation" in msg and "window" in msg
+    bad.write_text("name: t\nagent: {hiden: [3]}\n")
+    with pytest.raises(ConfigError, match="agent.hiden: unknown key"):
+        load_aset_config(bad)
+
+
+def test_aset_config_files_validate():
+    import yaml
+
+    files = [f for f in sorted((REPO / "experiments").glob("aset-*.yaml"))
+             if "topology" not in yaml.safe_load(f.read_text())]
+    assert len(files) >= 2, "no experiments/aset-*.yaml ASET configs"
+    for f in files:
+        cfg, base = load_aset_config(f)
+        assert base == REPO and cfg.observation.window_ms == 100 and cfg.agent.hidden == [64, 64]
+
+
+def test_check_env_passes_on_sim_env_with_fake(plan):
+    from gymnasium.utils.env_checker import check_env
+
+    env = AsetSimEnv(plan, SPEC, 1.0, simulator_factory=FakeSim)
+    check_env(env, skip_render_check=True)
+    assert env.observation_space.shape == (2, env.obs_size)
+    assert env.action_space.nvec.tolist() == [len(CATALOGUE)] * 2
+
+
+def _rollout(env, seed, n):
+    obs, _ = env.reset(seed=seed)
+    acts = np.random.default_rng(99)
+    out = [obs]
+    trans = []
+    for _ in range(n):
+        obs, r, term, trunc, info = env.step(acts.integers(0, len(CATALOGUE), 2))
+        out.append(obs)
+        trans += [(t[0], t[2], t[3]) for t in info["transitions"]]
+        if trunc:
+            break
+    return np.stack(out), trans, info
+
+
+def test_env_is_deterministic_per_seed_and_settles_rewards(plan):
+    env = AsetSimEnv(plan, SPEC, 2.0, simulator_factory=FakeSim)
+    a, ta, info = _rollout(env, 5, 100)
+    b, tb, _ = _rollout(env, 5, 100)
+    c, tc, _ = _rollout(env, 6, 100)
+    np.testing.assert_array_equal(a, b)
+    assert ta == tb and ta != tc
+    assert info["window"] == 20 and len(a) == 21
+    # every (window, source) with queries settled, reward = 1 iff the good policy was chosen
+    assert 35 <= len(ta) <= 40
+    good = CATALOGUE.index(FakeSim.good)
+    assert all(r == (1.0 if act == good else 0.0) for _, act, r in ta)
+    assert info["success_ratio"] == pytest.approx(np.mean([r for _, _, r in ta]), abs=0.2)
+
+
+def _tiny_cfg(tmp_path, steps):
+    return AsetConfig(
+        name="toy", seed=3, observation=SPEC,
+        agent=AgentSpec(learning_rate=3e-3, gamma=0.5, batch_size=32, replay_size=5000, train_start=64,
+                        target_update_steps=50, epsilon_start=1.0, epsilon_end=0.02, epsilon_decay_steps=400),
+        training=TrainingSpec(scenarios=["unused.yaml"], steps=steps, episode_s=5.0, checkpoint_every=10_000,
+                              out_dir=str(tmp_path)))
+
+
+@pytest.fixture(scope="module")
+def toy_training(plan, tmp_path_factory):
+    from testbed.aset.train import train
+
+    tmp = tmp_path_factory.mktemp("toy")
+    cfg = _tiny_cfg(tmp, 600)
+    return train(cfg, REPO, progress=False, simulator_factory=FakeSim, plans=plan), cfg
+
+
+def test_agent_learns_toy_scenario_within_600_steps(toy_training, plan):
+    """Toy: only ``least_loaded`` ever succeeds. Budget: 600 env steps (1200 decisions)."""
+    from testbed.aset.agent import NumpyPolicy
+
+    result, cfg = toy_training
+    pol = NumpyPolicy(result.policy_path)
+    env = AsetSimEnv(plan, SPEC, 5.0, simulator_factory=FakeSim)
+    obs, _ = env.reset(seed=123)
+    picks = []
+    done = False
+    while not done:
+        a = pol.act(obs)
+        picks += a.tolist()
+        obs, _, _, done, info = env.step(a)
+    share = np.mean(np.asarray(picks) == CATALOGUE.index("least_loaded"))
+    assert len(picks) == 100 and share > 0.95
+    assert info["success_ratio"] > 0.95
+    assert (result.out_dir / "curve.png").is_file() and (result.out_dir / "episodes.csv").is_file()
+    assert any((result.out_dir / "tb").iterdir())
+    assert len(result.episodes) == 600 // 50
+
+
+def test_checkpoint_save_load_and_export_give_identical_actions(toy_training, tmp_path):
+    from testbed.aset.agent import DQNAgent, NumpyPolicy
+
+    result, cfg = toy_training
+    agent = result.agent
+    obs = np.random.default_rng(0).uniform(0, 2, (256, agent.obs_size)).astype(np.float32)
+    agent.save(tmp_path / "ck")
+    other = DQNAgent(agent.obs_size, agent.n_actions, cfg.agent, seed=77)
+    assert not np.allclose(other.q_values(obs), agent.q_values(obs))  # another init before loading
+    other.load(tmp_path / "ck")
+    np.testing.assert_array_equal(other.act(obs, explore=False), agent.act(obs, explore=False))
+    np.testing.assert_array_equal(other.q_values(obs), agent.q_values(obs))
+    pol = NumpyPolicy(result.policy_path)
+    np.testing.assert_allclose(pol.q_values(obs), agent.q_values(obs), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(pol.act(obs), agent.act(obs, explore=False))
+
+
+def test_live_selector_uses_checkpoint_and_times_decisions(toy_training, plan, tmp_path):
+    from testbed.aset.live import LivePolicySelector
+
+    result, _ = toy_training
+    cfg = {"source": "srca", "applications": [{"name": "digits"}],
+           "options": [{"cluster": h.name, "model": "m", "rtt_ms": plan.rtt_ms("srca", h.name)} for h in plan.clusters],
+           "aset": {"checkpoint": str(result.policy_path)}}
+    sel = LivePolicySelector(cfg)
+    state = {"arrivals": {"digits": 4}, "clusters": FakeSim(plan, 0).cluster_state(), "path_util": {},
+             "resolved": [("digits", False)], "policy": "closest"}
+    picks = {sel.choose(state) for _ in range(50)}
+    assert picks == {"least_loaded"}
+    t = sel.timing()
+    assert t["n"] == 50 and t["p99_ms"] > 0
+    rec = dict(cfg, records=str(tmp_path / "srca.records.csv"))
+    sel2 = LivePolicySelector(rec)
+    sel2.choose(state)
+    sel2.write_report()
+    import json
+
+    rep = json.loads((tmp_path / "srca.records.aset.json").read_text())
+    assert rep["source"] == "srca" and rep["timing"]["n"] == 1 and rep["choices"] == {"least_loaded": 1}
+    bad = dict(cfg, options=[{"cluster": "nowhere", "model": "m", "rtt_ms": 1.0}])
+    with pytest.raises(ValueError, match="nowhere"):
+        LivePolicySelector(bad)
+    with pytest.raises(KeyError, match="aset.checkpoint"):
+        LivePolicySelector(dict(cfg, aset={}))
+    with pytest.raises(ValueError, match="differs from the checkpoint's window 100 ms"):
+        LivePolicySelector(dict(cfg, aset={"checkpoint": str(result.policy_path), "window_s": 0.2}))
+    # the experiment's aset section as testbed.run passes it (AsetSpec dump) is accepted
+    ok = LivePolicySelector(dict(cfg, aset={"checkpoint": str(result.policy_path), "window_s": 0.1, "options": {}}))
+    assert ok.choose(state) == "least_loaded"
+
+
+def test_scale_rates_scales_every_rate():
+    from testbed.aset.train import scale_rates
+
+    data = [{"application": "a", "rate_qps": 4.0, "process": {"kind": "mmpp", "rates_qps": [1.0, 10.0]}},
+            {"application": "b", "rate_qps": 2}]
+    out = scale_rates(data, 1.5)
+    assert out[0]["rate_qps"] == 6.0 and out[0]["process"]["rates_qps"] == [1.5, 15.0] and out[1]["rate_qps"] == 3.0
+    assert data[0]["rate_qps"] == 4.0  # input untouched
+
+
+def test_live_env_spaces_and_control_channel(toy_training, plan, tmp_path):
+    """AsetLiveEnv over its Unix-socket control channel, with two scripted dispatchers (threads
+    running the real LivePolicySelector + ControlClient): same spaces as the sim env, check_env."""
+    import threading
+
+    from gymnasium.utils.env_checker import check_env
+
+    from testbed.aset.envs import AsetLiveEnv, plan_contexts
+    from testbed.aset.live import LivePolicySelector
+
+    result, _ = toy_training
+    sock = str(tmp_path / "aset.sock")
+    env = AsetLiveEnv(plan_contexts(plan, CATALOGUE), SPEC, sock, timeout_s=5.0, episode_windows=5)
+    sim_env = AsetSimEnv(plan, SPEC, 1.0, simulator_factory=FakeSim)
+    assert env.observation_space == sim_env.observation_space and env.action_space == sim_env.action_space
+    stop = threading.Event()
+    chosen: dict[str, list[str]] = {"srca": [], "srcc": []}
+
+    def dispatcher(src):
+        cfg = {"source": src, "applications": [{"name": "digits"}],
+               "options": [{"cluster": h.name, "model": "m", "rtt_ms": plan.rtt_ms(src, h.name)}
+                           for h in plan.clusters],
+               "aset": {"checkpoint": str(result.policy_path), "options": {"control_socket": sock}}}
+        sel = LivePolicySelector(cfg)
+        sel.window_s = 0.5
+        policy = "closest"
+        while not stop.is_set():
+            policy = sel.choose({"arrivals": {"digits": 2}, "resolved": [("digits", True)], "policy": policy})
+            chosen[src].append(policy)
+
+    threads = [threading.Thread(target=dispatcher, args=(s,), daemon=True) for s in chosen]
+    for t in threads:
+        t.start()
+    try:
+        check_env(env, skip_render_check=True)
+        obs, _ = env.reset()
+        assert obs.shape == (2, env.obs_size)
+        obs, r, term, trunc, info = env.step(np.array([1, 3]))
+        assert r == 1.0 and not term and info["reward_kind"] == "resolved_in_window"
+        obs, *_ = env.step(np.array([1, 3]))
+        # the dispatchers applied what the env sent: srca -> cloud, srcc -> min_latency
+        assert chosen["srca"][-1] == "cloud" and chosen["srcc"][-1] == "min_latency"
+        assert obs[0, -len(CATALOGUE) + 1] == 1.0  # srca's one-hot now says cloud
+    finally:
+        stop.set()
+        env.close()
+        for t in threads:
+            t.join(timeout=5)
+
+
+def test_committed_checkpoint_drives_the_live_experiment():
+    """models/aset/aset fits experiments/aset-live.yaml: the source config as testbed.run writes it
+    (applications, per (cluster, model) options, the experiment's aset section) is accepted."""
+    from testbed.aset.live import LivePolicySelector
+
+    plan = plan_experiment(REPO / "experiments" / "aset-live.yaml")
+    exp = plan.experiment
+    assert exp.policy == "aset" and exp.aset.checkpoint == "models/aset/aset"
+    for s in plan.sources:
+        cfg = {"source": s.name, "applications": [{"name": a.name} for a in exp.applications],
+               "options": [{"cluster": c.name, "model": m, "rtt_ms": plan.rtt_ms(s.name, c.name)}
+                           for c in plan.clusters for m in c.models],
+               "aset": exp.aset.model_dump(mode="json")}
+        sel = LivePolicySelector(cfg)
+        assert sel.choose({"arrivals": {}, "clusters": {}, "path_util": {}, "resolved": [], "policy": "closest"}) \
+            in CATALOGUE

@@ -1,0 +1,102 @@
+"""The policy catalogue: exact picks per policy, fallback, determinism of the stateful ones."""
+
+import numpy as np
+import pytest
+
+from testbed import policies as pol
+from testbed.policies import CATALOGUE, Context, Option, decide
+
+# near: 4 ms RTT, loaded; mid: 10 ms, idle; cloud: 40 ms. small: 0.93, large: 0.98.
+OPTS = [
+    Option("near", "small", rtt_ms=4.0, service_ms=1.0, accuracy=0.93, queue_wait_ms=30.0, load=3.0, tier="far_edge"),
+    Option("mid", "small", rtt_ms=10.0, service_ms=1.0, accuracy=0.93, queue_wait_ms=0.0, load=0.0, tier="near_edge"),
+    Option("mid", "large", rtt_ms=10.0, service_ms=6.0, accuracy=0.98, queue_wait_ms=0.0, load=0.0, tier="near_edge"),
+    Option("cloud", "small", rtt_ms=40.0, service_ms=0.5, accuracy=0.93, queue_wait_ms=0.0, load=0.5, tier="cloud"),
+    Option("cloud", "large", rtt_ms=40.0, service_ms=3.0, accuracy=0.98, queue_wait_ms=0.0, load=0.5, tier="cloud"),
+]
+
+
+def pick(name, deadline=60.0, acc=0.9, opts=OPTS, ctx=None):
+    d = decide(name, opts, deadline, acc, ctx or Context(rng=np.random.default_rng(1)))
+    return d.cluster, d.model, d.fallback
+
+
+def test_catalogue_order_is_fixed():
+    assert CATALOGUE == ("closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random", "round_robin")
+    assert tuple(pol.POLICIES) == CATALOGUE
+
+
+@pytest.mark.parametrize("name,deadline,acc,expected", [
+    ("closest", 60, 0.9, ("near", "small", False)),
+    ("closest", 60, 0.97, ("mid", "large", False)),
+    ("closest", 15, 0.97, ("mid", "large", True)),  # 10 + 6 > 15 and 40 + 3 > 15: fallback min_latency (16 < 43)
+    ("cloud", 60, 0.9, ("cloud", "small", False)),
+    ("cloud", 60, 0.97, ("cloud", "large", False)),
+    ("cloud", 30, 0.9, ("cloud", "small", False)),  # cloud ignores the deadline
+    ("least_loaded", 60, 0.9, ("mid", "small", False)),  # load 0 < 0.5 < 3
+    ("least_loaded", 60, 0.97, ("mid", "large", False)),
+    ("min_latency", 60, 0.9, ("mid", "small", False)),  # near: 4 + 30 + 1 = 35 > mid: 11
+    ("min_latency", 60, 0.97, ("mid", "large", False)),  # 16 < 43
+    ("max_accuracy", 60, 0.9, ("mid", "large", False)),  # 0.98 at 16 ms (cloud large 43 ms: later)
+    ("max_accuracy", 14, 0.9, ("mid", "small", False)),  # no large in time -> min_latency
+    ("min_latency", 4.5, 0.9, ("mid", "small", True)),  # nothing feasible: min_latency over accurate pairs
+    ("closest", 60, 0.99, ("mid", "large", True)),  # nothing accurate enough: the most accurate, nearest
+])
+def test_exact_picks(name, deadline, acc, expected):
+    assert pick(name, deadline, acc) == expected
+
+
+def test_random_is_uniform_over_feasible_pairs_and_seeded():
+    ctx = Context(rng=np.random.default_rng(5))
+    seq = [decide("random", OPTS, 60, 0.9, ctx) for _ in range(5000)]
+    counts = {}
+    for d in seq:
+        counts[(d.cluster, d.model)] = counts.get((d.cluster, d.model), 0) + 1
+    assert set(counts) == {(o.cluster, o.model) for o in OPTS}  # all 5 pairs are feasible at 60 ms
+    assert all(900 < n < 1100 for n in counts.values())
+    ctx2 = Context(rng=np.random.default_rng(5))
+    assert [decide("random", OPTS, 60, 0.9, ctx2) for _ in range(5000)] == seq
+
+
+def test_round_robin_cycles_feasible_clusters_by_name_per_application():
+    ctx = Context()
+    got = [pick("round_robin", 60, 0.9, ctx=ctx)[:2] for _ in range(4)]
+    assert got == [("cloud", "small"), ("mid", "small"), ("near", "small"), ("cloud", "small")]
+    # another application class has its own counter; only mid and cloud have a 0.97 model
+    got = [pick("round_robin", 60, 0.97, ctx=ctx)[:2] for _ in range(3)]
+    assert got == [("cloud", "large"), ("mid", "large"), ("cloud", "large")]
+
+
+def test_clusters_heard_down_are_avoided():
+    opts = [Option(o.cluster, o.model, o.rtt_ms, o.service_ms, o.accuracy, o.queue_wait_ms, o.load, o.tier,
+                   up=o.cluster != "near") for o in OPTS]
+    assert pick("closest", 60, 0.9, opts) == ("mid", "small", False)
+    assert pick("cloud", 60, 0.9, [o for o in opts if o.tier != "cloud"]) == ("mid", "small", True)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="unknown policy 'fastest'; known: closest, cloud"):
+        decide("fastest", OPTS, 60, 0.9)
+    with pytest.raises(ValueError, match="no .cluster, model. options"):
+        decide("closest", [], 60, 0.9)
+    with pytest.raises(ValueError, match="needs a Context"):
+        decide("round_robin", OPTS, 60, 0.9, None)
+
+
+def test_expected_wait():
+    assert pol.expected_wait_ms(queue_len=5, busy=1, workers=2, mean_service_ms=10) == 0.0
+    assert pol.expected_wait_ms(queue_len=3, busy=2, workers=2, mean_service_ms=10) == 20.0
+
+
+def test_decide_many_matches_single_decisions():
+    ctx1, ctx2 = Context(), Context()
+    assert pol.decide_many("round_robin", OPTS, 60, 0.9, 5, ctx1) == [decide("round_robin", OPTS, 60, 0.9, ctx2)
+                                                                       for _ in range(5)]
+    assert ctx1.rr == ctx2.rr
+    many = pol.decide_many("random", OPTS, 60, 0.9, 5000, Context(rng=np.random.default_rng(2)))
+    counts = {}
+    for d in many:
+        counts[d.cluster, d.model] = counts.get((d.cluster, d.model), 0) + 1
+    assert len(counts) == 5 and all(900 < n < 1100 for n in counts.values())
+    assert pol.decide_many("closest", OPTS, 60, 0.9, 3) == [decide("closest", OPTS, 60, 0.9)] * 3
+    assert pol.decide_many("random", OPTS, 4.5, 0.9, 2, Context()) == [decide("min_latency", OPTS, 4.5, 0.9)] * 2

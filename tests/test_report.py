@@ -1,0 +1,136 @@
+"""The report on crafted run directories (pure logic: records written here, figures drawn for real)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from PIL import Image
+
+from testbed.report import ReportError, build_report, comparison_table, link_utilization, load_run
+from testbed.summary import load_duration_s, summarize
+from testbed.workload import RECORD_FIELDS
+
+S = 1_000_000_000
+T0 = 1_800_000_000 * S
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_run(root: Path, name: str, policies: list[str], n: int = 40, mode: str | None = None,
+             link_stats: bool = True, fail_every: int = 5) -> Path:
+    """A run dir with ``n`` queries 0.25 s apart; every ``fail_every``-th fails (deadline miss, no answer)."""
+    d = root / name
+    (d / "sources").mkdir(parents=True)
+    rows = []
+    for i in range(n):
+        fail = i % fail_every == fail_every - 1
+        rows.append({"query_id": f"srca-{i + 1}", "source": "srca", "application": "digits", "cluster": "edgec",
+                     "model": "digits_small", "policy": policies[i * len(policies) // n], "deadline_ms": 50.0,
+                     "t0_ns": T0 + i * S // 4, "e2e_ms": None if fail else 10.0 + i,
+                     "network_ms": None if fail else 5.0,
+                     "queueing_ms": None if fail else 3.0, "inference_ms": None if fail else 2.0,
+                     "http_status": None if fail else 200, "outcome": "failure" if fail else "success",
+                     "failure_cause": "deadline_miss" if fail else ""})
+    pd.DataFrame(rows, columns=RECORD_FIELDS).to_csv(d / "sources" / "srca.records.csv", index=False)
+    plan = {"switches": [{"name": "s1", "dpid": 1, "label": "A", "lat": 45.0, "lon": 7.7},
+                         {"name": "s2", "dpid": 2, "label": "B", "lat": 45.5, "lon": 9.2},
+                         {"name": "s3", "dpid": 3, "label": "cloud", "lat": None, "lon": None}],
+            "links": [{"index": 1, "a": "s1", "b": "s2", "delay_ms": 2.0}, {"index": 2, "a": "s2", "b": "s3",
+                                                                              "delay_ms": 20.0}],
+            "hosts": [{"name": "srca", "switch": "s1"}, {"name": "edgec", "switch": "s2"}]}
+    (d / "plan.json").write_text(json.dumps(plan))
+    (d / "run.json").write_text(json.dumps({"mode": mode} if mode else {"link_emulator": "userspace"}))
+    if link_stats:
+        ls = [{"t": 100.0 + k, "a": a, "b": b, "kind": kind, "capacity_mbps": 100.0, "util_ab": 0.01 * k,
+               "util_ba": 0.02, "drops_total": 0}
+              for k in range(10) for a, b, kind in ((1, 2, "switch"), (2, 3, "switch"), ("srca", 1, "host"))]
+        pd.DataFrame(ls).to_csv(d / "link_stats.csv", index=False)
+    summarize(d, 10.0)
+    return d
+
+
+def _check_png(p: Path) -> None:
+    img = Image.open(p).convert("L")
+    lo, hi = img.getextrema()
+    assert img.width >= 600 and img.height >= 250 and hi - lo > 100, p.name
+
+
+def test_comparison_table_exact(tmp_path):
+    a = make_run(tmp_path, "run-a", ["closest"])
+    b = make_run(tmp_path, "run-b", ["aset", "max_accuracy"], mode="simulation", link_stats=False)
+    t = comparison_table([load_run(a), load_run(b)]).set_index("run / policy")
+    assert list(t.index) == ["run-a / closest", "run-b / aset", "run-b / max_accuracy"]
+    ra = t.loc["run-a / closest"]
+    assert ra["queries"] == 40 and ra["success_ratio"] == 0.8 and ra["mode"] == "emulation"
+    assert ra["failures"] == "deadline_miss 8" and ra["network_mean_ms"] == 5.0
+    # span of t0 = 39 x 0.25 s = 9.75 s; x (n + 1) / (n - 1) = 41/39 -> 10.25 s, capped at the configured 10 s
+    assert ra["load_s"] == 10.0 and ra["answered_qps"] == 3.2
+    rb = t.loc["run-b / aset"]
+    assert rb["mode"] == "simulation" and rb["queries"] == 20
+    assert rb["load_s"] == pytest.approx(19 * 0.25 * 21 / 19, abs=0.01)  # policy's own span: 4.75 s x 21/19
+    assert rb["e2e_p50_ms"] == pytest.approx(pd.Series([10.0 + i for i in range(20) if i % 5 != 4]).median())
+
+
+def test_build_report_mixed_runs(tmp_path):
+    a = make_run(tmp_path, "run-a", ["closest"])
+    b = make_run(tmp_path, "run-b", ["aset", "closest"], mode="simulation", link_stats=False)
+    out = build_report([a, b], tmp_path / "rep")
+    assert set(out["figures"]) == {"latency_cdf", "breakdown", "success_over_time", "policy_over_time", "link_util_1"}
+    assert out["skipped"] == {"hop_delays": "no data (no answered queries / no packet capture)",
+                              "link_util_2": "run-b: no link_stats.csv (simulated run)"}
+    for p in out["figures"].values():
+        _check_png(p)
+    html = out["html"].read_text()
+    assert html.count("data:image/png;base64,") == 5 and "run-b / aset" in html
+    md = out["markdown"].read_text()
+    assert "![latency_cdf](figures/latency_cdf.png)" in md and "| run-a / closest | emulation | 40 |" in md
+
+
+def test_link_utilization_names_switches(tmp_path):
+    r = load_run(make_run(tmp_path, "run-a", ["closest"]))
+    u = link_utilization(r)
+    assert sorted(u["link"].unique()) == ["A-B", "B-cloud", "srca-A"]
+    assert u.loc[u["link"] == "A-B", "util"].max() == pytest.approx(0.09)  # max(0.01 x 9, 0.02)
+    # the simulator writes switch names instead of DPIDs: same labels
+    ls = pd.read_csv(r.path / "link_stats.csv")
+    ls[["a", "b"]] = ls[["a", "b"]].astype(str).replace({"1": "s1", "2": "s2", "3": "s3"})
+    ls.to_csv(r.path / "link_stats.csv", index=False)
+    assert sorted(link_utilization(load_run(r.path))["link"].unique()) == ["A-B", "B-cloud", "srca-A"]
+
+
+def test_report_errors_name_the_directory(tmp_path):
+    with pytest.raises(ReportError, match="nowhere: not a directory"):
+        build_report([tmp_path / "nowhere"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReportError, match="empty: no records"):
+        build_report([tmp_path / "empty"])
+
+
+def test_report_cli(tmp_path):
+    a = make_run(tmp_path, "run-a", ["closest"])
+    p = subprocess.run([sys.executable, "-m", "testbed.cli", "report", str(a)], capture_output=True, text=True,
+                       cwd=REPO)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (a / "report" / "report.html").exists() and (a / "report" / "figures" / "link_util_1.png").exists()
+    p = subprocess.run([sys.executable, "-m", "testbed.cli", "report", str(tmp_path / "nope")], capture_output=True,
+                       text=True, cwd=REPO)
+    assert p.returncode == 2 and "not a directory" in p.stdout
+
+
+def test_load_duration_after_interruption():
+    # 11 queries 0.5 s apart = span 5 s -> 5 x 12/10 = 6 s although 30 s were configured (Ctrl-C)
+    t0 = pd.Series([T0 + i * S // 2 for i in range(11)])
+    assert load_duration_s(t0, 30.0) == pytest.approx(6.0)
+    assert load_duration_s(t0, 5.5) == 5.5  # never above the configured duration
+    assert load_duration_s(t0.iloc[:1], 30.0) == 30.0
+
+
+def test_summary_uses_measured_load(tmp_path):
+    d = make_run(tmp_path, "run-a", ["closest"], n=21)  # span 5 s -> 5.5 s of load, configured 10 s
+    s = json.loads((d / "summary.json").read_text())
+    assert s["duration_s"] == 10.0 and s["load_s"] == 5.5
+    assert s["throughput_qps"] == pytest.approx(round(17 / 5.5, 3))  # 21 queries, 4 unanswered

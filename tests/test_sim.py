@@ -1,0 +1,225 @@
+"""The simulator: queueing theory, determinism, events, records, API, bad input (no root needed)."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from testbed.config import ConfigError, Experiment, load_experiment
+from testbed.plan import build_plan, plan_experiment
+from testbed.sim import ServiceSampler, SimError, Simulator, simulate_experiment
+from testbed.workload import RECORD_FIELDS
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def one_queue(workers=1, rate=70.0, queue_limit=1_000_000, server=None, deadline="100s", **extra):
+    """One source at A, one cluster at B (triangle), one application."""
+    cl = {"name": "c", "site": "B", "tier": "far_edge", "cpu_cores": 1, "workers": workers,
+          "queue_limit": queue_limit, "models": ["m"]}
+    if server:
+        cl["server"] = server
+    exp = Experiment.model_validate({
+        "name": "qt", "duration": "10s", "policy": "closest",
+        "topology": {"source": str(REPO / "topologies/triangle.yaml")},
+        "clusters": [cl], "sources": [{"name": "src", "site": "A"}],
+        "applications": [{"name": "app", "deadline": deadline, "min_accuracy": 0.5}],
+        "workload": [{"application": "app", "rate_qps": rate}], **extra})
+    return build_plan(exp)
+
+
+def sim_with(plan, seed, svc, **kw):
+    return Simulator(plan, seed=seed, accuracy={"m": 0.9}, request_bytes=1000,
+                     service=lambda cl, m: svc(np.random.default_rng([seed, 99])), **kw)
+
+
+def erlang_c_wait_ms(c: int, lam: float, mean_ms: float) -> float:
+    """M/M/c mean wait in queue: C(c, a) x mean / (c - a), a = lam x mean (Erlang C formula)."""
+    a = lam * mean_ms / 1e3
+    head = sum(a**k / math.factorial(k) for k in range(c))
+    tail = a**c / math.factorial(c) * c / (c - a)
+    return tail / (head + tail) * mean_ms / (c - a)
+
+
+@pytest.mark.parametrize("c,rho", [(1, 0.7), (3, 0.6)])
+def test_mmc_mean_wait_matches_erlang_c(c, rho):
+    mean = 10.0
+    lam = rho * c / (mean / 1e3)
+    sim = sim_with(one_queue(c, lam), 1, lambda r: ServiceSampler.exponential(mean, r))
+    sim.run_until(400_000 / lam)
+    cl = sim.clusters[0]
+    assert cl.served > 390_000
+    wq_ms = cl.wait_sum / cl.served * 1e3
+    assert wq_ms == pytest.approx(erlang_c_wait_ms(c, lam, mean), rel=0.02)
+
+
+def test_md1_mean_wait_matches_pollaczek_khinchine():
+    d, rho = 10.0, 0.7
+    lam = rho / (d / 1e3)
+    sim = sim_with(one_queue(1, lam), 2, lambda r: ServiceSampler.deterministic(d, r))
+    sim.run_until(300_000 / lam)
+    cl = sim.clusters[0]
+    # P-K: Wq = lam E[S^2] / (2 (1 - rho)) = rho d / (2 (1 - rho)) for constant service d.
+    assert cl.wait_sum / cl.served * 1e3 == pytest.approx(rho * d / (2 * (1 - rho)), rel=0.02)
+
+
+def test_queue_bound_drops_and_admission():
+    plan = one_queue(1, 200.0, queue_limit=2, deadline="1s")
+    sim = sim_with(plan, 3, lambda r: ServiceSampler.deterministic(10.0, r))
+    sim.run_until(20.0)
+    res = sim.drain_resolved()
+    causes = {r.failure_cause for r in res}
+    assert "dropped" in causes and sim.clusters[0].dropped > 1000  # offered 2x the capacity
+    assert all(r.failure_cause in ("", "dropped") for r in res)
+    # admission: expected completion (ahead / workers + 1) x 10 ms must meet a 25 ms deadline
+    plan = one_queue(1, 200.0, queue_limit=100, deadline="25ms", server={"admission": True})
+    sim = sim_with(plan, 3, lambda r: ServiceSampler.deterministic(10.0, r))
+    sim.run_until(5.0)
+    assert sim.clusters[0].dropped > 0 and len(sim.clusters[0].waiting) <= 2
+
+
+def test_edf_serves_earliest_deadline_first():
+    exp = Experiment.model_validate({
+        "name": "edf", "duration": "10s", "topology": {"source": str(REPO / "topologies/triangle.yaml")},
+        "clusters": [{"name": "c", "site": "B", "tier": "far_edge", "cpu_cores": 1, "workers": 1,
+                      "queue_limit": 10000, "models": ["m"], "server": {"discipline": "edf"}}],
+        "sources": [{"name": "src", "site": "A"}],
+        "applications": [{"name": "tight", "deadline": "50ms", "min_accuracy": 0.5},
+                         {"name": "loose", "deadline": "5s", "min_accuracy": 0.5}],
+        "workload": [{"application": "tight", "rate_qps": 45}, {"application": "loose", "rate_qps": 45}]})
+    plan = build_plan(exp)
+    waits = {}
+    for disc in ("fifo", "edf"):
+        sim = sim_with(plan, 4, lambda r: ServiceSampler.deterministic(10.0, r), record=True)
+        sim.clusters[0].edf = disc == "edf"
+        sim.run_until(60.0)
+        q = [x for x in sim.queries if x.t2 is not None]
+        waits[disc] = {a: np.mean([x.t2 - x.t1 for x in q if x.app == i]) for i, a in enumerate(("tight", "loose"))}
+    assert waits["fifo"]["tight"] == pytest.approx(waits["fifo"]["loose"], rel=0.1)
+    assert waits["edf"]["tight"] < 0.5 * waits["edf"]["loose"]
+
+
+def test_batching_takes_up_to_max_batch():
+    plan = one_queue(1, 300.0, server={"max_batch": 4, "max_queue_delay": "5ms"})
+    sim = sim_with(plan, 5, lambda r: ServiceSampler.deterministic(10.0, r), record=True)
+    sim.run_until(10.0)
+    sizes = {q.batch for q in sim.queries if q.t2 is not None}
+    assert max(sizes) == 4 and 1 < np.mean([q.batch for q in sim.queries if q.t2 is not None]) <= 4
+    # a batch never starts later than its oldest query's arrival + 5 ms, unless every worker was busy
+    assert sim.clusters[0].served > 2900  # 300 q/s offered, capacity 4 per 10 ms
+
+
+def test_default_experiment_is_deterministic_per_seed_and_writes_emulation_layout(tmp_path):
+    plan = plan_experiment(REPO / "experiments/default.yaml")
+    a, sa = simulate_experiment(plan, REPO / "experiments", run_dir=tmp_path / "a", duration_s=20, quiet=True)
+    b, sb = simulate_experiment(plan, REPO / "experiments", run_dir=tmp_path / "b", duration_s=20, quiet=True)
+    c, sc = simulate_experiment(plan, REPO / "experiments", run_dir=tmp_path / "c", duration_s=20, seed=99, quiet=True)
+    ra, rb, rc = (pd.read_csv(d / "records.csv") for d in (a, b, c))
+    assert list(ra.columns) == RECORD_FIELDS
+    pd.testing.assert_frame_equal(ra, rb)
+    assert not ra["t0_ns"].equals(rc["t0_ns"]) if len(ra) == len(rc) else len(ra) != len(rc)
+    assert sa["queries"] == len(ra) == sb["queries"] and sa["success_ratio"] == sb["success_ratio"]
+    assert sorted(p.name for p in (a / "sources").iterdir()) == ["atl.records.csv", "lax.records.csv",
+                                                                 "nyc.records.csv", "sea.records.csv"]
+    import json
+
+    run = json.loads((a / "run.json").read_text())
+    assert run["mode"] == "simulation" and run["seed"] == 1
+    ok = ra[ra["outcome"] == "success"]
+    assert (ok["t1_ns"] >= ok["t0_ns"]).all() and (ok["t2_ns"] >= ok["t1_ns"]).all()
+    assert (ok["t3_ns"] > ok["t2_ns"]).all() and (ok["t4_ns"] > ok["t3_ns"]).all()
+    assert ((ok["e2e_ms"] <= ok["deadline_ms"]) & (ok["model_accuracy"] >= ok["min_accuracy"])).all()
+
+
+def test_api_for_the_aset_environment():
+    plan = plan_experiment(REPO / "experiments/default.yaml")
+    sim = Simulator(plan, seed=3)
+    assert sim.policy_names == ["closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random",
+                                "round_robin"]
+    sim.run_until(2.0)
+    n1 = len(sim.drain_resolved())
+    assert sim.now_s == 2.0 and n1 > 0 and sim.drain_resolved() == []
+    st = sim.cluster_state("sea")
+    assert set(st) == {"fesv", "fedc", "nechi", "cloud"}
+    assert set(st["cloud"]) == {"queue_len", "busy", "workers", "utilization", "up"} and st["cloud"]["workers"] == 2
+    sim.set_policy("sea", "cloud")
+    sim.run_until(4.0)
+    later = [r for r in sim.drain_resolved() if r.source == "sea" and r.t0_s >= 2.0]
+    assert later and {r.cluster for r in later} == {"cloud"} and {r.policy for r in later} == {"cloud"}
+    links = sim.path_links("sea", "cloud")
+    util = sim.link_utilization()
+    assert links and all(lk in util for lk in links) and util[links[0]] > 0
+    with pytest.raises(SimError, match="unknown policy 'best'"):
+        sim.set_policy("sea", "best")
+    with pytest.raises(SimError, match="unknown source 'xyz'"):
+        sim.set_policy("xyz", "cloud")
+
+
+def test_events_cluster_failure_and_link_delay():
+    base = one_queue(1, 50.0, deadline="100ms").experiment.model_dump()
+    base["events"] = [{"at": "2s", "kind": "cluster_down", "cluster": "c"},
+                      {"at": "4s", "kind": "cluster_up", "cluster": "c"},
+                      {"at": "6s", "kind": "link_delay", "link": ["A", "B"], "delay": "60ms"}]
+    plan = build_plan(Experiment.model_validate(base))
+    sim = sim_with(plan, 6, lambda r: ServiceSampler.deterministic(1.0, r))
+    sim.run_until(8.5)
+    res = sim.drain_resolved()
+    down = [r for r in res if 2.0 <= r.t0_s < 3.99]  # later ones arrive after the recovery
+    assert down and all(not r.success and r.failure_cause == "deadline_miss" for r in down)
+    ok = [r for r in res if 4.1 <= r.t0_s < 5.9]
+    assert ok and all(r.success for r in ok)
+    slow = [r for r in res if 6.0 <= r.t0_s < 8.3]
+    assert slow and all(r.failure_cause == "deadline_miss" for r in slow)  # RTT now >= 120 ms > 100 ms
+    assert all(r.e2e_ms is None or r.e2e_ms > 120 for r in slow)
+
+
+
+def test_bad_input_errors(tmp_path):
+    plan = plan_experiment(REPO / "experiments/triangle.yaml")
+    with pytest.raises(SimError, match="policies: unknown source 'nope'"):
+        Simulator(plan, policies={"nope": "closest"}, accuracy={"digits_small": 0.9, "digits_large": 0.95})
+    text = (REPO / "experiments/triangle.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("rate_qps: 4", "process: mmpp, rates_qps: [1]"))
+    with pytest.raises(ConfigError, match=r"workload\.0: process .mmpp. needs rates_qps and dwell_s"):
+        load_experiment(bad)
+    bad.write_text(text + "\nevents:\n  - {at: 1s, kind: cluster_down, cluster: nosuch}\n")
+    with pytest.raises(ConfigError, match="events.0.*unknown cluster 'nosuch'|unknown cluster 'nosuch'"):
+        load_experiment(bad)
+    bad.write_text(text + "\nevents:\n  - {at: 1s, kind: link_delay, link: [A, B]}\n")
+    with pytest.raises(ConfigError, match="events.0: event 'link_delay' needs 'delay'"):
+        load_experiment(bad)
+    bad.write_text(text.replace("policy: closest", "policy: fastest"))
+    with pytest.raises(ConfigError, match="policy"):
+        load_experiment(bad)
+    bad.write_text(text + "\nevents:\n  - {at: 1s, kind: link_delay, link: [A, Z], delay: 5ms}\n")
+    with pytest.raises(SimError, match="events.0.link: unknown node 'Z'"):
+        Simulator(plan_experiment(bad), accuracy={"digits_small": 0.9, "digits_large": 0.95})
+
+
+def test_aset_policy_needs_a_checkpoint(tmp_path):
+    text = (REPO / "experiments/triangle.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("policy: closest", "policy: aset"))
+    with pytest.raises(ConfigError, match="policy 'aset' needs an 'aset:' section with a checkpoint"):
+        load_experiment(bad)
+    bad.write_text(text.replace("policy: closest", "policy: aset\naset: {checkpoint: models/aset/aset, window: 100ms}"))
+    exp = load_experiment(bad)
+    assert exp.aset.window_s == pytest.approx(0.1) and exp.aset.checkpoint == "models/aset/aset"
+
+
+def test_cli_simulate_and_sweep(tmp_path):
+    from testbed.cli import main
+
+    assert main(["simulate", str(REPO / "experiments/triangle.yaml"), "--duration", "5s", "--policy", "random",
+                 "--runs-dir", str(tmp_path)]) == 0
+    (run,) = list(tmp_path.iterdir())
+    df = pd.read_csv(run / "records.csv")
+    assert len(df) > 0 and set(df["policy"]) == {"random"}
+    assert main(["sweep", str(REPO / "experiments/triangle.yaml"), "--policies", "closest,best", "--out",
+                 str(tmp_path / "sw")]) == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / "experiments/triangle.yaml").read_text().replace("rate_qps: 4", "rate_qps: -4"))
+    assert main(["simulate", str(bad)]) == 2

@@ -1,0 +1,35 @@
+"""Sweeps: the CI formula, and a small real sweep in two processes."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from testbed.sweep import sweep, t_ci95
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_t_ci95_known_values():
+    m, h = t_ci95([0.9, 0.8, 0.85, 0.95, 0.75])
+    # mean 0.85, s = 0.0790569, t_{0.975,4} = 2.7764451 -> 2.7764451 x 0.0790569 / sqrt(5) = 0.0981622
+    assert m == pytest.approx(0.85) and h == pytest.approx(0.0981622, rel=1e-5)
+    m, h = t_ci95([0.5])
+    assert m == 0.5 and h != h  # NaN with one seed
+
+
+def test_small_sweep_writes_tables_and_plots(tmp_path):
+    exps = [str(REPO / "experiments/scenario-low.yaml"), str(REPO / "experiments/scenario-failure.yaml")]
+    table = sweep(exps, ["closest", "cloud"], [1, 2], tmp_path, jobs=2, duration_s=20.0)
+    assert len(table) == 4 and set(table["seeds"]) == {2}
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert len(runs) == 8 and set(runs["policy"]) == {"closest", "cloud"}
+    for f in ("runs.parquet", "table.csv", "table.md", "success_ratio.png", "e2e_p95.png"):
+        assert (tmp_path / f).stat().st_size > 0
+    low = table.set_index(["scenario", "policy"])
+    # the cloud is out of reach of the 50 ms application: far below closest
+    cloud, closest = (low.loc[("scenario-low", p), "success_mean"] for p in ("cloud", "closest"))
+    assert cloud < closest - 0.3
+    r = runs[(runs["scenario"] == "scenario-low") & (runs["policy"] == "cloud")]
+    assert low.loc[("scenario-low", "cloud"), "success_mean"] == pytest.approx(r["success_ratio"].mean(), abs=1e-4)
+    assert "| scenario-low | closest | 2 |" in (tmp_path / "table.md").read_text()
