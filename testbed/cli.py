@@ -83,7 +83,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         overrides["duration_s"] = args.duration
     if args.link_emulator is not None:
         overrides["link_emulator"] = args.link_emulator
-    return run_experiment(plan, console=console, runs_dir=args.runs_dir, **overrides)
+    return run_experiment(plan, console=console, runs_dir=args.runs_dir,
+                          base_dir=args.experiment.parent, **overrides)
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:

@@ -92,8 +92,9 @@ def _model_table(plan: Plan) -> dict:
             if m not in variants:
                 raise RunError(f"cluster {c.name!r}: model {m!r} is not in the zoo ({', '.join(variants)})")
     for a in exp.applications:
-        if a.family != manifest["family"]:
-            raise RunError(f"application {a.name!r}: family {a.family!r} not in the zoo (has {manifest['family']!r})")
+        fams = zoo.families(manifest)
+        if a.family not in fams:
+            raise RunError(f"application {a.name!r}: family {a.family!r} not in the zoo (has: {', '.join(fams)})")
     return {"zoo_dir": zoo_dir, "profiles_dir": prof_dir, "variants": variants}
 
 
