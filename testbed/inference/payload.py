@@ -159,3 +159,22 @@ def parse_predict_body(body: bytes, input_shape: tuple[int, ...] = zoo.INPUT_SHA
     if not np.isfinite(x).all():
         raise RequestError(400, f"{key!r} holds NaN or infinite values")
     return x, columnar
+
+
+def predict_response(result: np.ndarray, columnar: bool) -> dict[str, Any]:
+    """The JSON answer of a predict call: ``{"predictions": rows}`` for a row-form request,
+    ``{"outputs": rows}`` for a columnar one (TF Serving REST API); ``result`` [N, ...]."""
+    return {"outputs" if columnar else "predictions": result.tolist()}
+
+
+def metadata_response(name: str, model: Any) -> dict[str, Any]:
+    """``GET /v1/models/{name}/metadata``: the signature_def of ``model`` in TF Serving's JSON shape."""
+    def tensor(key: str, dims: list[int]) -> dict[str, Any]:
+        return {"dtype": "DT_FLOAT", "name": key,
+                "tensor_shape": {"dim": [{"size": str(d), "name": ""} for d in dims], "unknown_rank": False}}
+
+    sig = {"inputs": {zoo.INPUT_NAME: tensor(f"{zoo.SIGNATURE_KEY}_{zoo.INPUT_NAME}:0", [-1, *model.input_shape])},
+           "outputs": {zoo.OUTPUT_NAME: tensor("StatefulPartitionedCall:0", [-1, model.classes])},
+           "method_name": "tensorflow/serving/predict"}
+    return {"model_spec": {"name": name, "signature_name": "", "version": "1"},
+            "metadata": {"signature_def": {"signature_def": {zoo.SIGNATURE_KEY: sig}}}}

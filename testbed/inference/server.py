@@ -67,7 +67,13 @@ import numpy as np
 from aiohttp import web
 
 from testbed.inference import zoo
-from testbed.inference.payload import MAX_INSTANCES, RequestError, parse_predict_body
+from testbed.inference.payload import (
+    MAX_INSTANCES,
+    RequestError,
+    metadata_response,
+    parse_predict_body,
+    predict_response,
+)
 from testbed.inference.scheduler import Job, Scheduler
 
 #: Largest request body [bytes] (one 32x32 image as JSON is ~5-10 kB).
@@ -82,18 +88,6 @@ def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> Non
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
-
-
-def _metadata(name: str, model: Any) -> dict[str, Any]:
-    def tensor(key: str, dims: list[int]) -> dict[str, Any]:
-        return {"dtype": "DT_FLOAT", "name": key,
-                "tensor_shape": {"dim": [{"size": str(d), "name": ""} for d in dims], "unknown_rank": False}}
-
-    sig = {"inputs": {zoo.INPUT_NAME: tensor(f"{zoo.SIGNATURE_KEY}_{zoo.INPUT_NAME}:0", [-1, *model.input_shape])},
-           "outputs": {zoo.OUTPUT_NAME: tensor("StatefulPartitionedCall:0", [-1, model.classes])},
-           "method_name": "tensorflow/serving/predict"}
-    return {"model_spec": {"name": name, "signature_name": "", "version": "1"},
-            "metadata": {"signature_def": {"signature_def": {zoo.SIGNATURE_KEY: sig}}}}
 
 
 class InferenceServer:
@@ -184,8 +178,7 @@ class InferenceServer:
         headers.update({"X-Testbed-T2": str(job.t2), "X-Testbed-T3": str(job.t3), "X-Testbed-Batch": str(job.batch)})
         if job.error is not None or job.result is None:
             return self._error(500, f"inference failed in model {name!r}: {job.error}", headers, count=False)
-        key = "outputs" if columnar else "predictions"
-        return web.json_response({key: job.result.tolist()}, headers=headers)
+        return web.json_response(predict_response(job.result, columnar), headers=headers)
 
     async def model_status(self, request: web.Request) -> web.Response:
         """``GET /v1/models/{name}``: TF Serving's model status shape."""
@@ -200,7 +193,7 @@ class InferenceServer:
         found = self._model(request)
         if isinstance(found, web.Response):
             return found
-        return web.json_response(_metadata(*found))
+        return web.json_response(metadata_response(*found))
 
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /v1/models``: served variants with family, runtime, accuracy and parameter count."""
