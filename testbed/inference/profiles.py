@@ -114,3 +114,58 @@ def service_time(profiles_dir: str | os.PathLike[str], variant: str, cpu_cores: 
     return ServiceTime(variant, cpu_cores, batch, runtime, float(row["mean_ms"]) * scale, float(row["p50_ms"]) * scale,
                        float(row["p95_ms"]) * scale, samples * scale, measured_cpu_cores=share,
                        measured_batch=int(row["batch"]), scale=scale)
+
+
+@dataclass(frozen=True)
+class CpuTime:
+    """Per-call CPU demand of one variant: its wall time with no CPU quota in the way.
+
+    ``samples_ms``: per-call wall times (ms) of ``batch`` inputs, measured with a CFS quota of at
+    least ``threads`` cores (so no call is throttled): what a call costs when it runs. The share a
+    cluster gets is applied by the CPU model (:mod:`testbed.model.cpu`), not here.
+    ``measured_cpu_cores`` / ``measured_batch``: the measurement used; ``scale``: factor applied
+    to it for an unmeasured batch size (linear in the batch, as :func:`service_time`).
+    """
+
+    variant: str
+    runtime: str
+    batch: int
+    threads: int
+    mean_ms: float
+    p50_ms: float
+    p95_ms: float
+    samples_ms: np.ndarray
+    measured_cpu_cores: float
+    measured_batch: int
+    scale: float = 1.0
+
+
+def cpu_time(profiles_dir: str | os.PathLike[str], variant: str, runtime: str = "tensorflow", batch: int = 1,
+             threads: int = 1) -> CpuTime:
+    """The unthrottled per-call time of ``variant`` (the input of :mod:`testbed.model.cpu`).
+
+    Uses the measurement of ``runtime`` at the smallest CPU share >= ``threads`` cores (one
+    thread per core, so the quota never throttles a call); an unmeasured ``batch`` scales the
+    nearest measured batch by the ratio of mean per-call times, linear in the batch size.
+
+    Raises:
+        testbed.inference.zoo.ZooFileMissing: no profile for ``variant``.
+        testbed.inference.zoo.ZooError: no measurement of ``runtime`` at >= ``threads`` cores.
+        ValueError: ``batch`` < 1 or ``threads`` < 1.
+    """
+    if batch < 1 or threads < 1:
+        raise ValueError(f"batch and threads must be >= 1 (got {batch}, {threads})")
+    prof = zoo.load_profile(profiles_dir, variant)
+    rows = [r for r in measurements(prof) if r.get("runtime", "tensorflow") == runtime
+            and float(r["cpu_cores"]) >= threads]
+    if not rows:
+        raise zoo.ZooError(f"profile of variant {variant!r} has no {runtime!r} measurement at >= {threads} core(s) "
+                           f"(unthrottled); measure it: testbed profile --variants {variant} --runtimes {runtime} "
+                           f"--shares {threads}")
+    share = min(float(r["cpu_cores"]) for r in rows)
+    at_share = [r for r in rows if float(r["cpu_cores"]) == share]
+    row = min(at_share, key=lambda r: (abs(int(r["batch"]) - batch), -int(r["batch"])))
+    scale = 1.0 if int(row["batch"]) == batch else _mean_at_batch(at_share, batch) / float(row["mean_ms"])
+    samples = np.asarray(row.get("samples_ms") or [row["p50_ms"], row["p95_ms"], row["p99_ms"]], dtype=float)
+    return CpuTime(variant, runtime, batch, threads, float(row["mean_ms"]) * scale, float(row["p50_ms"]) * scale,
+                   float(row["p95_ms"]) * scale, samples * scale, share, int(row["batch"]), scale)
