@@ -1,7 +1,26 @@
 #!/usr/bin/env python3
-"""Build the model zoo: three application families x three variants, trained here, offline, in ~1.5 min.
+"""Build the model zoo: real edge DNNs (three image applications) and three small trained families.
 
     python models/build_zoo.py [--out models/zoo] [--profiles models/profiles] [--force]
+
+Real networks, for the applications of the paper's class (sources and pins: ``models/zoo_sources.py``):
+
+* ``hands`` (AR/VR hand tracking): ``hand_lite``, ``hand_full``, ``hand_palm`` -- trained MediaPipe
+  models from the mediapipe 0.10.21 wheel (pip download, hash-pinned; only the ``.tflite`` files
+  are extracted, each sha256-checked). LiteRT only. Quality: published (MediaPipe Hands paper).
+* ``faces`` (video analytics, face detection): ``face_short``, ``face_full``, ``face_dual`` -- same
+  wheel. Quality: measured here on 200 frames with known faces / non-faces (LFW subset of
+  scikit-image pasted into real photographs).
+* ``imagenet`` (cognitive assistance, classification): ``mobilenet_v3_small``, ``mobilenet_v2_035``,
+  ``mobilenet_v2_100``, ``efficientnet_b0``, ``resnet50`` -- Keras Applications architectures with
+  RANDOM weights (``weights=None``, seed 0) unless the user has the ImageNet weights file locally
+  (``$ASET_KERAS_WEIGHTS`` or ``~/.keras/models``: then those are loaded and the manifest says so).
+  SavedModel and LiteRT. Quality: the published top-1 of the trained architecture, cited.
+
+Frames are real photographs from the scikit-image 0.26.0 wheel (same pinning; images only, the
+package is not installed), stored with the JPEG a camera app sends.
+
+The small families below (trained here on scikit-learn's bundled data, ~1.5 min) stay for fast tests.
 
 Data (all shipped inside scikit-learn, nothing is downloaded), each split 70/30 stratified by class
 with a fixed seed; the held-out 30% is never used for training: it gives each variant's measured
@@ -39,8 +58,11 @@ Outputs (``models/zoo`` is git-ignored; ``models/profiles`` is kept, it is measu
   batch 1, both runtimes) from ``testbed.inference.profiler``; the full grid is ``testbed profile``.
   Existing (tracked) profiles are never overwritten here.
 
-Idempotent: if ``<out>/manifest.json`` has this ``RECIPE_VERSION`` and every file is there, it does
-nothing. ``--force`` rebuilds. Bump RECIPE_VERSION whenever anything below changes the models.
+Idempotent: if ``<out>/manifest.json`` has this ``RECIPE_VERSION``, the same ``PARTS`` versions and
+every file is there, it does nothing; otherwise each part whose version (and, for Keras, weights
+source) is unchanged is copied from the old zoo and only the rest is built. The wheels are
+downloaded once into ``models/.cache/wheels`` (git-ignored). ``--force`` rebuilds all. Bump a
+part's version whenever anything changes its models.
 Seeds are fixed; figures may still differ slightly across CPUs (floating-point summation order).
 """
 
@@ -65,10 +87,16 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zoo_sources as src  # noqa: E402
+
 from testbed.inference import zoo  # noqa: E402
 
 #: Bump when data preparation, split, architectures or training change.
-RECIPE_VERSION = 4
+RECIPE_VERSION = 5
+#: Version of each part of the zoo; a part is rebuilt iff its version changed.
+PARTS = {"trained": 4, "images": 2, "mediapipe": 1, "keras": 2}
+CACHE = Path(__file__).resolve().parent / ".cache"
 SEED = 0
 TEST_FRACTION = 0.3
 
@@ -276,80 +304,333 @@ def up_to_date(out: Path) -> bool:
     if not zoo.zoo_complete(out):
         return False
     manifest = zoo.load_manifest(out)
-    return manifest["recipe_version"] == RECIPE_VERSION and set(manifest["variants"]) == set(VARIANTS)
+    return (manifest["recipe_version"] == RECIPE_VERSION and manifest.get("parts") == PARTS
+            and set(manifest["variants"]) == set(ALL_VARIANTS)
+            and all(_keras_reusable(manifest, n) for n in src.KERAS_VARIANTS))
 
 
 def _predict_all(model: Any, x: np.ndarray) -> np.ndarray:
     return np.concatenate([model.predict(x[i:i + 256]) for i in range(0, len(x), 256)])
 
 
-def build(out: Path) -> dict[str, Any]:
-    """Train, save, convert and evaluate every variant into a temp dir, then swap it in as ``out``.
+ALL_VARIANTS = [*VARIANTS, *src.MEDIAPIPE_VARIANTS, *src.KERAS_VARIANTS]
+
+
+def _part_reusable(old: dict[str, Any] | None, part: str) -> bool:
+    """True iff the old manifest built ``part`` at the current version (recipe 4 = trained part 4)."""
+    if old is None:
+        return False
+    parts = old.get("parts") or ({"trained": old.get("recipe_version")} if old.get("recipe_version") == 4 else {})
+    return parts.get(part) == PARTS[part]
+
+
+def _keras_weights(name: str) -> tuple[Path | None, str]:
+    """(local ImageNet weights file or None, its description for the manifest)."""
+    path = src.keras_weights_file(src.KERAS_VARIANTS[name]["weights_file"])
+    if path is None:
+        return None, "random"
+    return path, f"imagenet: {path} (sha256 {src.sha256(path.read_bytes())})"
+
+
+def _keras_reusable(old: dict[str, Any] | None, name: str) -> bool:
+    v = (old or {}).get("variants", {}).get(name)
+    return bool(v) and _part_reusable(old, "keras") and v.get("weights") == _keras_weights(name)[1]
+
+
+def _copy_variant(old_dir: Path, tmp: Path, entry: dict[str, Any]) -> None:
+    """Copy a variant's files (SavedModel dir, .tflite) from the old zoo into the new one."""
+    if entry.get("path"):
+        shutil.copytree(old_dir / entry["path"], tmp / entry["path"])
+    if entry.get("tflite"):
+        shutil.copy2(old_dir / entry["tflite"], tmp / entry["tflite"])
+
+
+def build_trained(tmp: Path, manifest: dict[str, Any], old: dict[str, Any] | None, old_dir: Path) -> None:
+    """The digits / parity / cancer families: trained here, or copied from an old zoo of the same recipe."""
+    data = load_data()
+    for fam, f in FAMILIES.items():
+        x_tr, y_tr, x_te, y_te = data[fam]
+        (tmp / f["payloads"]).parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(tmp / f["payloads"], x=x_te.astype(np.float32), y=y_te.astype(np.int64))
+        manifest["families"][fam] = {
+            **f, "dataset": {**f["dataset"], "n_total": len(x_tr) + len(x_te), "n_train": len(x_tr),
+                             "n_test": len(x_te), "test_fraction": TEST_FRACTION,
+                             "split": f"stratified, random_state={SEED}"},
+            "binary_input": "b64 of raw little-endian float32, row-major, one input "
+                            f"{f['input_shape']}" + (" (or an 8-bit greyscale PNG, pixel/255)"
+                                                     if len(f["input_shape"]) == 3 else "")}
+    if _part_reusable(old, "trained") and all(n in old["variants"] for n in VARIANTS):
+        for name in VARIANTS:
+            _copy_variant(old_dir, tmp, old["variants"][name])
+            manifest["variants"][name] = old["variants"][name]
+        log(f"trained families: reused from {old_dir} (recipe {PARTS['trained']})")
+        return
+    for name in VARIANTS:
+        manifest["variants"][name] = train_variant(tmp, name, data, manifest)
+
+
+def train_variant(tmp: Path, name: str, data: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+    """Train, save, convert and evaluate one small variant; returns its manifest entry."""
+    recipe = VARIANTS[name]
+    fam = recipe["family"]
+    x_tr, y_tr, x_te, y_te = data[fam]
+    model, train_s = train(name, x_tr, y_tr)
+    save_savedmodel(model, tmp / name, FAMILIES[fam]["input_shape"])
+    save_tflite(tmp / name, tmp / f"{name}.tflite")
+    manifest["variants"][name] = {"family": fam, "path": name, "tflite": f"{name}.tflite",
+                                  "accuracy": 0.0, "accuracy_source": "", "params": 0}
+    # Accuracy of the artifacts the server loads, through the same calls.
+    tf_top1 = _predict_all(zoo.ZooModel(tmp, name, manifest), x_te).argmax(axis=1)
+    lite_top1 = _predict_all(zoo.LiteRTModel(tmp, name, manifest), x_te).argmax(axis=1)
+    correct, correct_lite = int((tf_top1 == y_te).sum()), int((lite_top1 == y_te).sum())
+    if (tf_top1 == lite_top1).mean() < 0.99:
+        raise SystemExit(f"{name}: LiteRT and TensorFlow disagree on top-1 for "
+                         f"{int((tf_top1 != lite_top1).sum())} of {len(y_te)} inputs: conversion is broken")
+    ds = FAMILIES[fam]["dataset"]["name"]
+    log(f"{name}: trained in {train_s:.1f} s, accuracy {correct}/{len(y_te)} = {correct / len(y_te):.4f}"
+        f" (LiteRT {correct_lite}/{len(y_te)})")
+    return {"family": fam, "path": name, "tflite": f"{name}.tflite",
+            "accuracy": round(correct / len(y_te), 4),
+            "accuracy_source": f"measured on held-out 30% split of {ds} (n={len(y_te)})",
+            "correct": correct, "n_test": len(y_te),
+            "accuracy_litert": round(correct_lite / len(y_te), 4),
+            "top1_agreement_litert": round(float((tf_top1 == lite_top1).mean()), 4),
+            "params": int(model.count_params()), "weights": "trained here",
+            "architecture": recipe["description"],
+            "training": {"epochs": recipe["epochs"], "batch_size": recipe["batch_size"],
+                         "optimizer": f"Adam, cosine decay from {recipe['learning_rate']}",
+                         "seed": SEED, "train_s": round(train_s, 2)}}
+
+
+def fetch_sources(cache: Path) -> tuple[Path, Path]:
+    """Download (once) and unpack the pinned wheels' files; returns (mediapipe dir, images dir)."""
+    wheels = cache / "wheels"
+    mp_wheel = src.fetch_wheel(src.MEDIAPIPE_WHEEL, wheels)
+    sk_wheel = src.fetch_wheel(src.SKIMAGE_WHEEL, wheels)
+    mp_dir = cache / "mediapipe-0.10.21"
+    src.extract(mp_wheel, src.MEDIAPIPE_FILES, mp_dir)
+    img_dir = cache / "skimage-0.26.0"
+    src.extract(sk_wheel, {f"skimage/data/{k}": v for k, v in src.SKIMAGE_FILES.items()}, img_dir)
+    return mp_dir, img_dir
+
+
+def build_image_families(tmp: Path, manifest: dict[str, Any], images: Path) -> None:
+    """Payload frames (real photographs, JPEG as sent) of the hands / faces / imagenet families."""
+    for fam, f in src.IMAGE_FAMILIES.items():
+        h = f["input_shape"][0]
+        if fam == "faces":
+            frames, labels = src.face_frames(images, h, SEED)
+        else:
+            frames = src.photo_frames(images, h, 64, src.HAND_CROPS if fam == "hands" else src.SCENE_CROPS)
+            labels = [-1] * len(frames)
+        rel = f"{zoo.PAYLOADS_DIR}/{fam}.npz"
+        wire = src.frames_npz(tmp / rel, frames, labels)
+        manifest["families"][fam] = {
+            "input_shape": f["input_shape"], "classes": f["classes"], "payloads": rel, "wire": "jpeg_b64",
+            "task": f["task"],
+            "dataset": {"name": f"scikit-image {src.SKIMAGE_WHEEL[1]} sample images (skimage/data), "
+                                + ("LFW subset pasted into photographs (zoo_sources.face_frames)" if fam == "faces"
+                                   else "square crops of the photographs (zoo_sources.photo_frames)"),
+                        "labels": f["labels"], "n_test": wire["n"]},
+            "binary_input": f"b64 of a JPEG (or PNG) frame, any size: decoded server-side to RGB, resized "
+                            f"bilinearly to {f['input_shape'][1]}x{f['input_shape'][0]}, pixel/255",
+            "jpeg": wire}
+        log(f"{fam}: {wire['n']} frames {h}x{h}, JPEG q{wire['jpeg_quality']} {wire['jpeg_bytes_mean']} bytes mean")
+
+
+def _tflite_params(path: Path) -> int:
+    """Weights in a .tflite file: elements of its constant float tensors (float32 / float16)."""
+    from ai_edge_litert import schema_py_generated as fb
+
+    m = fb.Model.GetRootAsModel(path.read_bytes(), 0)
+    n = 0
+    for i in range(m.SubgraphsLength()):
+        sg = m.Subgraphs(i)
+        for j in range(sg.TensorsLength()):
+            t = sg.Tensors(j)
+            b = m.Buffers(t.Buffer())
+            if t.Type() in (fb.TensorType.FLOAT32, fb.TensorType.FLOAT16) and (b.DataLength() or b.Size()):
+                n += int(np.prod(t.ShapeAsNumpy())) if t.ShapeLength() else 1
+    return n
+
+
+def build_mediapipe(tmp: Path, manifest: dict[str, Any], mp_dir: Path) -> None:
+    """Copy the checked MediaPipe files into the zoo and write their variants (faces measured later)."""
+    (tmp / src.MP_DIR).mkdir(exist_ok=True)
+    for member in src.MEDIAPIPE_FILES:
+        shutil.copy2(mp_dir / Path(member).name, tmp / src.MP_DIR / Path(member).name)
+    for name, spec in src.MEDIAPIPE_VARIANTS.items():
+        files = spec["tflite_files"]
+        manifest["variants"][name] = {
+            "family": spec["family"], "path": None, "graph": spec["graph"], "tflite_files": files,
+            "accuracy": spec["accuracy"] if spec["accuracy"] is not None else 0.0,
+            "accuracy_source": spec.get("accuracy_source", "measured: see below"),
+            "params": sum(_tflite_params(tmp / f["path"]) for f in files.values()),
+            "size_bytes": sum((tmp / f["path"]).stat().st_size for f in files.values()),
+            "weights": f"trained (Google MediaPipe), from the {src.MEDIAPIPE_WHEEL[2]} wheel",
+            "weights_source": "real MediaPipe weights (mediapipe 0.10.21 wheel)",
+            "architecture": spec["architecture"], "outputs": src.GRAPH_OUTPUTS[spec["graph"]]}
+
+
+def measure_faces(tmp: Path, manifest: dict[str, Any]) -> None:
+    """Face variants' accuracy: (TP + TN) / N on the faces payloads at score >= 0.5 (MediaPipe's
+    default min_detection_confidence), through the model the server loads."""
+    x, y = zoo.load_payloads(tmp, "faces")
+    for name, spec in src.MEDIAPIPE_VARIANTS.items():
+        if spec["family"] != "faces":
+            continue
+        model = zoo.load_model(tmp, name, "litert", manifest)
+        hit = np.concatenate([model.predict(x[i:i + 20])["score"] for i in range(0, len(x), 20)]) >= 0.5
+        tp, tn = int((hit & (y == 1)).sum()), int((~hit & (y == 0)).sum())
+        acc = (tp + tn) / len(y)
+        manifest["variants"][name].update(
+            accuracy=round(acc, 4), correct=tp + tn, n_test=len(y),
+            recall=round(tp / int((y == 1).sum()), 4), false_positive_rate=round(1 - tn / int((y == 0).sum()), 4),
+            accuracy_source=f"measured here: face / no-face accuracy at score >= 0.5 on the {len(y)} 'faces' frames "
+                            "(scikit-image LFW subset, 100 faces + 100 non-faces, pasted at 10-60 % of the frame "
+                            "width into scikit-image photographs; zoo_sources.face_frames, seed 0)")
+        log(f"{name}: accuracy {acc:.3f} (recall {tp}/100, false positives {100 - tn}/100)")
+
+
+def _preprocess_layer(kind: str) -> Any:
+    """Keras layer mapping frames RGB in [0, 1] to the architecture's expected input."""
+    import keras
+
+    class _Pre(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            if kind == "x255":  # the model rescales itself (MobileNetV3, EfficientNet: include_preprocessing)
+                return x * 255.0
+            if kind == "pm1":  # mobilenet_v2.preprocess_input: [-1, 1]
+                return x * 2.0 - 1.0
+            bgr = keras.ops.flip(x * 255.0, axis=-1)  # resnet50.preprocess_input, caffe mode
+            return bgr - keras.ops.convert_to_tensor(src.CAFFE_MEAN_BGR, dtype="float32")
+
+    return _Pre(name=f"preprocess_{kind}")
+
+
+def calibrate_batchnorm(model: Any, x: np.ndarray) -> int:
+    """Set every BatchNormalization's moving mean / variance to the statistics of batch ``x``.
+
+    With random weights and Keras' initial statistics (mean 0, variance 1) the activations of these
+    deep networks vanish or saturate, so every input gets the same answer (measured here: uniform
+    0.001 from the MobileNets, one class at 0.99 from ResNet50). One forward pass in training mode
+    with momentum 0 makes the network normalise real frames as a trained one would; the weights stay
+    random. Returns the number of BatchNormalization layers.
+    """
+    import keras
+
+    def walk(layer: Any) -> list[Any]:
+        inner = getattr(layer, "layers", None) or []
+        return [layer] + [y for sub in inner for y in walk(sub)]
+
+    bns = [ly for ly in walk(model) if isinstance(ly, keras.layers.BatchNormalization)]
+    for ly in bns:
+        ly.momentum = 0.0
+    model(x, training=True)
+    return len(bns)
+
+
+def build_keras_variant(tmp: Path, name: str, frames: np.ndarray) -> dict[str, Any]:
+    """Build one Keras Applications architecture, save SavedModel + .tflite; returns its manifest entry.
+
+    Random weights get their BatchNorm statistics calibrated on ``frames`` [N, 224, 224, 3] in [0, 1]
+    (:func:`calibrate_batchnorm`); a local ImageNet weights file is used as it is.
+    """
+    import keras
+
+    spec = src.KERAS_VARIANTS[name]
+    weights_path, weights = _keras_weights(name)
+    keras.utils.set_random_seed(SEED)
+    net = getattr(keras.applications, spec["ctor"])(input_shape=(224, 224, 3), weights=None, **spec["kwargs"])
+    if weights_path is not None:
+        net.load_weights(str(weights_path))
+    inp = keras.Input((224, 224, 3), name=zoo.INPUT_NAME)
+    model = keras.Model(inp, net(_preprocess_layer(spec["preprocess"])(inp)), name=name)
+    calibrated = 0 if weights_path is not None else calibrate_batchnorm(model, frames)
+    t = time.perf_counter()
+    save_savedmodel(model, tmp / name, [224, 224, 3])
+    save_tflite(tmp / name, tmp / f"{name}.tflite")
+    log(f"{name}: {spec['ctor']} {spec['kwargs'] or ''} weights {weights}, saved + converted in "
+        f"{time.perf_counter() - t:.1f} s")
+    random = weights_path is None
+    return {"family": "imagenet", "path": name, "tflite": f"{name}.tflite", "accuracy": spec["top1"],
+            "accuracy_source": spec["source"] + ("; the weights here are RANDOM (weights=None, seed 0; BatchNorm "
+                                                 "statistics calibrated on the imagenet frames): the outputs are "
+                                                 "meaningless, the figure is the trained architecture's" if random
+                                                 else "; weights: ImageNet (a local file)"),
+            "batchnorm_calibrated_layers": calibrated,
+            "params": int(net.count_params()), "weights": weights, "random_weights": random,
+            "weights_file": spec["weights_file"], "architecture": f"keras.applications.{spec['ctor']}"
+            f"({', '.join(f'{k}={v}' for k, v in spec['kwargs'].items())}), "
+            f"preprocessing {spec['preprocess']} in graph",
+            "outputs": {zoo.OUTPUT_NAME: [1000]}}
+
+
+def build_keras(tmp: Path, manifest: dict[str, Any], old: dict[str, Any] | None, old_dir: Path) -> None:
+    """The imagenet variants (reused when the part version and weights source are unchanged), then
+    their TensorFlow vs LiteRT agreement on the imagenet frames."""
+    x, _ = zoo.load_payloads(tmp, "imagenet")
+    for name in src.KERAS_VARIANTS:
+        if _keras_reusable(old, name):
+            _copy_variant(old_dir, tmp, old["variants"][name])
+            manifest["variants"][name] = old["variants"][name]
+            log(f"{name}: reused from {old_dir}")
+            continue
+        entry = build_keras_variant(tmp, name, x)
+        manifest["variants"][name] = entry
+        tf_p = _predict_all(zoo.ZooModel(tmp, name, manifest), x)
+        lite_p = _predict_all(zoo.LiteRTModel(tmp, name, manifest), x)
+        if not (np.isfinite(tf_p).all() and np.isfinite(lite_p).all()):
+            raise SystemExit(f"{name}: non-finite outputs (TensorFlow or LiteRT): the export is broken")
+        entry.update(top1_agreement_litert=round(float((tf_p.argmax(1) == lite_p.argmax(1)).mean()), 4),
+                     max_abs_diff_litert=float(np.abs(tf_p - lite_p).max()))
+        entry["size_bytes"] = (tmp / entry["tflite"]).stat().st_size
+        entry["savedmodel_bytes"] = sum(p.stat().st_size for p in (tmp / name).rglob("*") if p.is_file())
+
+
+def build(out: Path, cache: Path = CACHE) -> dict[str, Any]:
+    """Build every part into a temp dir (reusing unchanged parts of ``out``), then swap it in as ``out``.
 
     Returns the manifest. Raises ``SystemExit`` if ``out`` exists but is not a zoo (never deletes
-    a foreign directory).
+    a foreign directory), or if a source cannot be fetched or fails its hash check.
     """
     if out.exists() and any(out.iterdir()) and not (out / zoo.MANIFEST).is_file():
         raise SystemExit(f"{out} exists, is not empty and has no {zoo.MANIFEST}: refusing to replace it")
+    old = None
+    if (out / zoo.MANIFEST).is_file():
+        try:
+            old = zoo.load_manifest(out)
+        except zoo.ZooError:
+            old = None
     t0 = time.perf_counter()
+    try:
+        mp_dir, images = fetch_sources(cache)
+    except src.SourceError as exc:
+        raise SystemExit(f"zoo sources: {exc}") from exc
     zoo.configure_tf_threads(intra_op=min(2, os.cpu_count() or 1), inter_op=1)  # imports TensorFlow
     import tensorflow as tf
 
-    log(f"tensorflow {tf.__version__} imported in {time.perf_counter() - t0:.1f} s")
-    data = load_data()
+    log(f"sources ready, tensorflow {tf.__version__} imported in {time.perf_counter() - t0:.1f} s")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the zoo is read by other users / hosts too
     try:
-        families = {}
-        for fam, f in FAMILIES.items():
-            x_tr, y_tr, x_te, y_te = data[fam]
-            (tmp / f["payloads"]).parent.mkdir(parents=True, exist_ok=True)
-            np.savez_compressed(tmp / f["payloads"], x=x_te.astype(np.float32), y=y_te.astype(np.int64))
-            families[fam] = {**f, "dataset": {**f["dataset"], "n_total": len(x_tr) + len(x_te), "n_train": len(x_tr),
-                                              "n_test": len(x_te), "test_fraction": TEST_FRACTION,
-                                              "split": f"stratified, random_state={SEED}"},
-                             "binary_input": "b64 of raw little-endian float32, row-major, one input "
-                                             f"{f['input_shape']}" + (" (or an 8-bit greyscale PNG, pixel/255)"
-                                                                      if len(f["input_shape"]) == 3 else "")}
         manifest: dict[str, Any] = {
-            "recipe_version": RECIPE_VERSION, "families": families, "variants": {},
+            "recipe_version": RECIPE_VERSION, "parts": PARTS, "families": {}, "variants": {},
             # The default family at the top level, for readers of recipe 1.
             "family": zoo.DEFAULT_FAMILY, "input_shape": FAMILIES["digits"]["input_shape"],
             "classes": FAMILIES["digits"]["classes"],
             "signature": {"key": zoo.SIGNATURE_KEY, "input": zoo.INPUT_NAME, "output": zoo.OUTPUT_NAME},
-        }
-        for name, recipe in VARIANTS.items():
-            fam = recipe["family"]
-            x_tr, y_tr, x_te, y_te = data[fam]
-            model, train_s = train(name, x_tr, y_tr)
-            save_savedmodel(model, tmp / name, FAMILIES[fam]["input_shape"])
-            save_tflite(tmp / name, tmp / f"{name}.tflite")
-            manifest["variants"][name] = {"family": fam, "path": name, "tflite": f"{name}.tflite",
-                                          "accuracy": 0.0, "accuracy_source": "", "params": 0}
-            # Accuracy of the artifacts the server loads, through the same calls.
-            tf_top1 = _predict_all(zoo.ZooModel(tmp, name, manifest), x_te).argmax(axis=1)
-            lite_top1 = _predict_all(zoo.LiteRTModel(tmp, name, manifest), x_te).argmax(axis=1)
-            correct, correct_lite = int((tf_top1 == y_te).sum()), int((lite_top1 == y_te).sum())
-            if (tf_top1 == lite_top1).mean() < 0.99:
-                raise SystemExit(f"{name}: LiteRT and TensorFlow disagree on top-1 for "
-                                 f"{int((tf_top1 != lite_top1).sum())} of {len(y_te)} inputs: conversion is broken")
-            ds = FAMILIES[fam]["dataset"]["name"]
-            manifest["variants"][name] = {
-                "family": fam, "path": name, "tflite": f"{name}.tflite",
-                "accuracy": round(correct / len(y_te), 4),
-                "accuracy_source": f"measured on held-out 30% split of {ds} (n={len(y_te)})",
-                "correct": correct, "n_test": len(y_te),
-                "accuracy_litert": round(correct_lite / len(y_te), 4),
-                "top1_agreement_litert": round(float((tf_top1 == lite_top1).mean()), 4),
-                "params": int(model.count_params()),
-                "architecture": recipe["description"],
-                "training": {"epochs": recipe["epochs"], "batch_size": recipe["batch_size"],
-                             "optimizer": f"Adam, cosine decay from {recipe['learning_rate']}",
-                             "seed": SEED, "train_s": round(train_s, 2)},
-            }
-            log(f"{name}: trained in {train_s:.1f} s, accuracy {correct}/{len(y_te)} = {correct / len(y_te):.4f}"
-                f" (LiteRT {correct_lite}/{len(y_te)})")
+            "sources": {"mediapipe_wheel": dict(zip(("dist", "version", "file", "sha256"), src.MEDIAPIPE_WHEEL,
+                                                    strict=True)),
+                        "skimage_wheel": dict(zip(("dist", "version", "file", "sha256"), src.SKIMAGE_WHEEL,
+                                                  strict=True))}}
+        build_trained(tmp, manifest, old, out)
+        build_image_families(tmp, manifest, images)
+        build_mediapipe(tmp, manifest, mp_dir)
+        write_json(tmp / zoo.MANIFEST, manifest)  # provisional: the measurements read the zoo like a server
+        measure_faces(tmp, manifest)
+        build_keras(tmp, manifest, old, out)
         manifest["tensorflow"] = tf.__version__
         manifest["built_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         write_json(tmp / zoo.MANIFEST, manifest)

@@ -2,17 +2,23 @@
 
 Profiles are measured by ``testbed profile`` (:mod:`testbed.inference.profiler`) and stored in
 ``models/profiles/<variant>.json``; this module is the one reader the policies, the emulation's
-dispatcher and the simulator share. Format (schema 2)::
+dispatcher and the simulator share. Format (schema 3)::
 
-    {"schema": 2, "variant", "family", "machine": {...}, "method", "measured_at",
+    {"schema": 3, "variant", "family", "weights", "random_weights", "machine": {..., "loadavg_at_merge"},
+     "method", "measured_at",
      "runtime", "cpu_cores", "batch_size", "mean_ms", "p50_ms", "p95_ms", "p99_ms",   # reference point
      "measurements": [{"runtime": "tensorflow" | "litert", "cpu_cores": 0.5, "batch": 8,
-                       "threads", "cgroup": true, "samples", "warmup_calls",
+                       "load": "back_to_back" | "isolated", "role": "cpu_time" | "validation",
+                       "threads", "cgroup": true, "samples", "warmup_calls", "gap_ms", "loadavg_1min",
                        "mean_ms", "p50_ms", "p95_ms", "p99_ms", "samples_ms": [...]}, ...]}
 
 A measurement's times are per call (one batch of ``batch`` inputs), wall clock, in ms, measured in
-a process held to ``cpu_cores`` by a CFS quota. Schema-1 profiles (one 1-core, batch-1 TensorFlow
-figure without ``measurements``) are still read.
+a process held to ``cpu_cores`` by a CFS quota, back to back (high load) or each call 100 ms after
+the previous (``isolated``: quota refilled, low load; only at shares below ``threads``).
+``role: "cpu_time"`` rows (share >= threads: never throttled) are the input of the CPU-share
+model (:func:`cpu_time`); ``validation`` rows (fractional shares, throttled) are what the
+emulation sees, kept to check that model. Schema-2 rows have no ``load`` (they are back to back);
+schema-1 profiles (one 1-core, batch-1 TensorFlow figure without ``measurements``) are still read.
 """
 
 from __future__ import annotations
@@ -81,9 +87,17 @@ def _mean_at_batch(rows: list[dict[str, Any]], batch: int) -> float:
     return max(1e-6, t0 + (t1 - t0) * (batch - b0) / (b1 - b0))
 
 
+def _load(row: dict[str, Any]) -> str:
+    return row.get("load", "back_to_back")
+
+
 def service_time(profiles_dir: str | os.PathLike[str], variant: str, cpu_cores: float, batch: int = 1,
-                 runtime: str = "tensorflow") -> ServiceTime:
+                 runtime: str = "tensorflow", load: str = "back_to_back") -> ServiceTime:
     """The service-time distribution of ``variant`` at ``cpu_cores`` cores, ``batch`` inputs per call.
+
+    ``load``: which measurements at a share to use, ``back_to_back`` (high load, the default) or
+    ``isolated`` (low load); where the chosen share has no row of that load (shares >= threads are
+    only measured back to back; older profiles have no isolated rows), the other load's rows.
 
     Picks the measured CPU share nearest to ``cpu_cores`` (in ratio, log scale); if it differs,
     stretches the samples by min(1, measured) / min(1, cpu_cores) (a CFS quota below one core runs a
@@ -106,6 +120,7 @@ def service_time(profiles_dir: str | os.PathLike[str], variant: str, cpu_cores: 
                            f"measure it: testbed profile --variants {variant} --runtimes {runtime}")
     share = min({float(r["cpu_cores"]) for r in rows}, key=lambda s: (abs(math.log(s / cpu_cores)), -s))
     at_share = [r for r in rows if float(r["cpu_cores"]) == share]
+    at_share = [r for r in at_share if _load(r) == load] or at_share
     row = min(at_share, key=lambda r: (abs(int(r["batch"]) - batch), -int(r["batch"])))
     scale = min(1.0, share) / min(1.0, cpu_cores)
     if int(row["batch"]) != batch:
@@ -164,6 +179,7 @@ def cpu_time(profiles_dir: str | os.PathLike[str], variant: str, runtime: str = 
                            f"--shares {threads}")
     share = min(float(r["cpu_cores"]) for r in rows)
     at_share = [r for r in rows if float(r["cpu_cores"]) == share]
+    at_share = [r for r in at_share if _load(r) == "back_to_back"] or at_share
     row = min(at_share, key=lambda r: (abs(int(r["batch"]) - batch), -int(r["batch"])))
     scale = 1.0 if int(row["batch"]) == batch else _mean_at_batch(at_share, batch) / float(row["mean_ms"])
     samples = np.asarray(row.get("samples_ms") or [row["p50_ms"], row["p95_ms"], row["p99_ms"]], dtype=float)

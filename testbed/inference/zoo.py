@@ -11,12 +11,18 @@ Layout (written by ``models/build_zoo.py``; nothing here is downloaded)::
     models/zoo/<variant>/             TensorFlow SavedModel, signature "serving_default":
                                       x: float32 [None, *input_shape] -> probabilities: float32 [None, classes]
     models/zoo/<variant>.tflite       the same model converted for LiteRT (float32, no quantisation)
+    models/zoo/mediapipe/*.tflite     trained MediaPipe models (LiteRT only; no SavedModel: ``path`` null),
+                                      sha256-checked at every load (:mod:`testbed.inference.graphs`)
     models/profiles/<variant>.json    measured service times (see testbed.inference.profiles)
 
 The functions that only read JSON / NumPy files never import TensorFlow (it costs ~4 s and ~525 MB
 per process). :class:`ZooModel` (TensorFlow) and :class:`LiteRTModel` (``ai-edge-litert``) do; both
 expose the same ``predict(x) -> probabilities`` call, the whole per-query inference step of the
 server, and the profiler times that same call.
+
+Image families (``hands``, ``faces``, ``imagenet``; ``"wire": "jpeg_b64"`` in the manifest) store
+their payloads as uint8 frames plus the JPEG bytes a camera app sends; :func:`load_payloads` gives
+them as float32 RGB in [0, 1] and :func:`request_bodies` as ``{"instances": [{"b64": JPEG}]}``.
 
 Errors: every missing or malformed file raises :class:`ZooError` (``ZooFileMissing`` for a missing
 file, a ``FileNotFoundError`` too) whose message names the variant / family and the path.
@@ -59,6 +65,20 @@ class ZooError(RuntimeError):
 
 class ZooFileMissing(ZooError, FileNotFoundError):
     """A file or directory of the zoo (or of the profiles) does not exist."""
+
+
+class NamedOutputs(dict):
+    """Named output arrays of one model call (TF Serving's multi-output shape), each [N, ...].
+
+    Indexing with a slice slices every array (``out[i:j]``: the outputs of inputs i..j-1), which
+    is how the server's scheduler splits a batched call among its queries; a string key gives one
+    array as usual.
+    """
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return NamedOutputs({k: v[key] for k, v in self.items()})
+        return super().__getitem__(key)
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -149,9 +169,10 @@ def variant_dir(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, 
         ZooFileMissing: the manifest or the variant's SavedModel (``saved_model.pb``) is missing.
     """
     manifest = manifest if manifest is not None else load_manifest(zoo_dir)
-    variants = manifest["variants"]
-    if name not in variants:
-        raise ZooError(f"unknown model variant {name!r} in zoo {zoo_dir} (known: {', '.join(sorted(variants))})")
+    variants = _known(zoo_dir, name, manifest)
+    if not variants[name]["path"]:
+        raise ZooError(f"variant {name!r} has no TensorFlow SavedModel: {variants[name].get('weights_source', 'it')} "
+                       "ships as TFLite only; serve it with runtime litert")
     path = Path(zoo_dir) / variants[name]["path"]
     if not (path / "saved_model.pb").is_file():
         raise ZooFileMissing(f"variant {name!r}: no SavedModel at {path} (rebuild: python models/build_zoo.py "
@@ -159,15 +180,38 @@ def variant_dir(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, 
     return path
 
 
+def _known(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    variants = manifest["variants"]
+    if name not in variants:
+        raise ZooError(f"unknown model variant {name!r} in zoo {zoo_dir} (known: {', '.join(sorted(variants))})")
+    return variants
+
+
+def runtimes_of(manifest: dict[str, Any], name: str) -> tuple[str, ...]:
+    """The runtimes variant ``name`` can be served with: ``tensorflow`` iff it has a SavedModel,
+    ``litert`` iff it has a ``.tflite`` (converted) or MediaPipe model files."""
+    v = manifest["variants"][name]
+    return tuple(rt for rt, ok in (("tensorflow", bool(v.get("path"))),
+                                   ("litert", bool(v.get("tflite") or v.get("tflite_files")))) if ok)
+
+
 def tflite_path(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any] | None = None) -> Path:
-    """The LiteRT flatbuffer of variant ``name``.
+    """The LiteRT flatbuffer of variant ``name`` (a MediaPipe variant: its first model file; all must exist).
 
     Raises:
         ZooError: unknown variant, or the zoo has no LiteRT conversion of it (recipe 1).
         ZooFileMissing: the ``.tflite`` file is missing.
     """
     manifest = manifest if manifest is not None else load_manifest(zoo_dir)
-    variant_dir(zoo_dir, name, manifest)
+    _known(zoo_dir, name, manifest)
+    files = manifest["variants"][name].get("tflite_files")
+    if files:
+        paths = [Path(zoo_dir) / f["path"] for f in files.values()]
+        for p in paths:
+            if not p.is_file():
+                raise ZooFileMissing(f"variant {name!r}: no MediaPipe model at {p} "
+                                     "(rebuild: python models/build_zoo.py)")
+        return paths[0]
     rel = manifest["variants"][name].get("tflite")
     if not rel:
         raise ZooError(f"variant {name!r} has no LiteRT model in zoo {zoo_dir}; rebuild: python models/build_zoo.py")
@@ -191,30 +235,59 @@ def load_payloads(zoo_dir: str | os.PathLike[str], family: str = DEFAULT_FAMILY)
     path = Path(zoo_dir) / info["payloads"]
     if not path.is_file():
         raise ZooFileMissing(f"zoo payloads of {family!r}: {path} does not exist (build: python models/build_zoo.py)")
-    try:
-        with np.load(path) as data:
-            x, y = data["x"], data["y"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ZooError(f"zoo payloads {path}: cannot read arrays 'x' and 'y' ({exc})") from exc
+    x, y = _read_arrays(path, ("x", "y"))
     shape = tuple(info["input_shape"])
     if tuple(x.shape[1:]) != shape or y.shape != (x.shape[0],):
         raise ZooError(f"zoo payloads {path}: x {list(x.shape)} / y {list(y.shape)}, expected [N, "
                        f"{', '.join(map(str, shape))}] / [N]")
+    if x.dtype == np.uint8:  # image families: 8-bit RGB frames
+        return x.astype(np.float32) / np.float32(255.0), y.astype(np.int64, copy=False)
     return x.astype(np.float32, copy=False), y.astype(np.int64, copy=False)
+
+
+def _read_arrays(path: Path, keys: tuple[str, ...]) -> list[np.ndarray]:
+    try:
+        with np.load(path) as data:
+            return [data[k] for k in keys]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ZooError(f"zoo payloads {path}: cannot read arrays {', '.join(map(repr, keys))} ({exc})") from exc
+
+
+def load_jpegs(zoo_dir: str | os.PathLike[str], family: str) -> list[bytes]:
+    """The JPEG files [bytes] of an image family's payload frames (what its camera app sends), in payload order.
+
+    Raises:
+        ZooError: ``family`` is not an image family (no ``"wire": "jpeg_b64"``) or its payloads lack them.
+    """
+    manifest = load_manifest(zoo_dir)
+    info = family_info(manifest, family)
+    if info.get("wire") != "jpeg_b64":
+        raise ZooError(f"family {family!r} sends tensors, not JPEG frames")
+    buf, offsets = _read_arrays(Path(zoo_dir) / info["payloads"], ("jpeg", "jpeg_offsets"))
+    raw = buf.tobytes()
+    return [raw[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
 
 
 def request_bodies(zoo_dir: str | os.PathLike[str], family: str, n: int = 128) -> tuple[list[bytes], list[int]]:
     """Ready-to-send TensorFlow Serving REST bodies for application family ``family``.
 
-    Returns ``(bodies, labels)``: up to ``n`` JSON bodies ``{"instances": [<one input>]}`` (bytes)
-    built from the family's held-out payloads, and each one's true label. Built once per source so
-    that serialising a query costs nothing on the measured path.
+    Returns ``(bodies, labels)``: up to ``n`` JSON bodies (bytes) and each one's label (-1: the
+    family has no ground truth for it). Tensor families: ``{"instances": [<one input>]}`` from the
+    held-out payloads; image families: ``{"instances": [{"b64": "<JPEG>"}]}``, the frame as the
+    camera app sends it (decoded and resized server-side). Built once per source so that
+    serialising a query costs nothing on the measured path.
 
     Raises:
         ZooError: ``family`` is not in the zoo, or its payloads are missing / malformed.
     """
     x, y = load_payloads(zoo_dir, family)
     k = min(len(x), n)
+    if family_info(load_manifest(zoo_dir), family).get("wire") == "jpeg_b64":
+        import base64
+
+        jpegs = load_jpegs(zoo_dir, family)[:k]
+        return ([json.dumps({"instances": [{"b64": base64.b64encode(j).decode()}]}).encode() for j in jpegs],
+                [int(v) for v in y[:k]])
     bodies = [json.dumps({"instances": [np.round(x[i], 4).tolist()]}).encode() for i in range(k)]
     return bodies, [int(v) for v in y[:k]]
 
@@ -243,8 +316,9 @@ def zoo_complete(zoo_dir: str | os.PathLike[str]) -> bool:
     try:
         manifest = load_manifest(zoo_dir)
         for name, v in manifest["variants"].items():
-            variant_dir(zoo_dir, name, manifest)
-            if v.get("tflite"):
+            if v.get("path"):
+                variant_dir(zoo_dir, name, manifest)
+            if v.get("tflite") or v.get("tflite_files"):
                 tflite_path(zoo_dir, name, manifest)
         for f in manifest["families"].values():
             if not (Path(zoo_dir) / f["payloads"]).is_file():
@@ -315,8 +389,8 @@ class Model(Protocol):
     classes: int
     info: dict[str, Any]
 
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Probabilities float32 [N, classes] for inputs float32 [N, *input_shape]."""
+    def predict(self, x: np.ndarray) -> np.ndarray | NamedOutputs:
+        """Probabilities float32 [N, classes] (or :class:`NamedOutputs`) for inputs float32 [N, *input_shape]."""
         ...
 
 
@@ -449,15 +523,28 @@ def _warm_up(model: Model, x: np.ndarray, calls: int, batch: int) -> float:
 
 
 def load_model(zoo_dir: str | os.PathLike[str], name: str, runtime: str = "tensorflow",
-               manifest: dict[str, Any] | None = None, threads: int = 1, pool: int = 1) -> ZooModel | LiteRTModel:
+               manifest: dict[str, Any] | None = None, threads: int = 1, pool: int = 1) -> Any:
     """Load variant ``name`` with ``runtime`` (``tensorflow`` | ``litert``).
 
     ``threads``: LiteRT interpreter threads (TensorFlow's pools are process-wide: :func:`configure_tf_threads`);
     ``pool``: LiteRT interpreter slots, one per thread that calls ``predict`` concurrently.
+    Returns a :class:`ZooModel`, :class:`LiteRTModel` or (real MediaPipe weights)
+    :class:`testbed.inference.graphs.MediaPipeModel`.
 
     Raises:
-        ZooError: unknown runtime or variant, missing files.
+        ZooError: unknown runtime or variant, missing files, a MediaPipe file whose sha256 does not
+            match the manifest (the message names the file), a runtime the variant lacks.
     """
+    manifest = manifest if manifest is not None else load_manifest(zoo_dir)
+    info = _known(zoo_dir, name, manifest)[name]
+    if info.get("graph") and runtime == "litert":
+        from testbed.inference import graphs
+
+        tflite_path(zoo_dir, name, manifest)
+        try:
+            return graphs.MediaPipeModel(zoo_dir, name, info, input_shape(manifest, name), threads, pool)
+        except graphs.GraphError as exc:
+            raise ZooError(str(exc)) from exc
     if runtime == "tensorflow":
         return ZooModel(zoo_dir, name, manifest)
     if runtime == "litert":
