@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Inference-server benchmark: overhead over the bare model call, max sustained q/s per core, RSS.
 
-    .venv/bin/python benchmarks/server_bench.py [--variants digits_small,digits_large,...] [--duration 3]
-        [--latency-queries 300] [--concurrency 4] [--no-cgroup] [--json out.json]
+    .venv/bin/python benchmarks/server_bench.py [--variants digits_small,digits_large,...] [--families hands,faces]
+        [--runtimes tensorflow,litert] [--group family|all] [--duration 3] [--latency-queries 300]
+        [--concurrency 4] [--no-cgroup] [--json out.json]
 
-For each runtime (tensorflow, litert) one server subprocess (``python -m testbed.inference.server``,
-1 worker, 1 thread, ``--warmup 30``) serves the selected variants on 127.0.0.1, held to ONE core
-by a CFS quota (``testbed.emulation.cgroups``, period 100 ms; ``--no-cgroup``: unlimited).
+For each runtime (tensorflow, litert) and, with ``--group family`` (default), each application
+family, one server subprocess (``python -m testbed.inference.server``, 1 worker, 1 thread,
+``--warmup 30``) serves the selected variants that have that runtime on 127.0.0.1, held to ONE
+core by a CFS quota (``testbed.emulation.cgroups``, period 100 ms; ``--no-cgroup``: unlimited).
+Queries are the family's request bodies (``zoo.request_bodies``: JPEG frames in b64 for the image
+families); their mean size [bytes] is printed per family.
 
 1. Overhead at low load: one query at a time over a kept-alive HTTP connection (``http.client``),
    a single held-out input per query. Per query: client round trip (send -> answer parsed) and
@@ -62,23 +66,23 @@ def rss_mib(pid: int) -> float:
 
 def start_server(runtime: str, variants: list[str], tmp: Path, use_cgroup: bool) -> tuple[subprocess.Popen, int, list]:
     """Start one server (1 worker, 1 thread) for ``variants`` with ``runtime``; return (proc, port, cgroup dirs)."""
-    ready = tmp / f"{runtime}.ready.json"
+    ready = tmp / f"{runtime}-{variants[0]}.ready.json"
     cmd = [sys.executable, "-m", "testbed.inference.server", "--host", "127.0.0.1", "--port", "0", "--zoo", str(ZOO),
            "--models", ",".join(variants), "--runtime", runtime, "--workers", "1", "--threads", "1",
            "--queue-limit", "256", "--warmup", "30", "--ready-file", str(ready)]
-    log = open(tmp / f"{runtime}.log", "w")  # noqa: SIM115 - lives as long as the server
+    log = open(tmp / f"{runtime}-{variants[0]}.log", "w")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     dirs: list = []
     if use_cgroup:
         from testbed.emulation import cgroups
 
-        dirs = cgroups.create_limited_group(f"aset-bench-{os.getpid()}-{runtime}", 1.0, 4096)
+        dirs = cgroups.create_limited_group(f"aset-bench-{os.getpid()}-{runtime}-{variants[0]}", 1.0, 4096)
         cgroups.add_process(dirs, proc.pid)
     deadline = time.monotonic() + 180
     while not ready.is_file():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise SystemExit(f"server ({runtime}) did not start: {(tmp / f'{runtime}.log').read_text()[-2000:]}")
+            raise SystemExit(f"server ({runtime}) did not start: {log.name}: {Path(log.name).read_text()[-2000:]}")
         time.sleep(0.1)
     return proc, json.loads(ready.read_text())["port"], dirs
 
@@ -158,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print a table (and optionally JSON)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", default="all")
+    ap.add_argument("--families", default="", help="only variants of these comma-separated families")
+    ap.add_argument("--group", default="family", choices=("family", "all"),
+                    help="one server per family (RSS per application) or one for all variants")
     ap.add_argument("--runtimes", default="tensorflow,litert")
     ap.add_argument("--duration", type=float, default=3.0, help="seconds of closed-loop load per variant")
     ap.add_argument("--latency-queries", type=int, default=300)
@@ -167,16 +174,27 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     manifest = zoo.ensure_zoo(ZOO)
     variants = list(manifest["variants"]) if args.variants == "all" else args.variants.split(",")
+    fams = [f for f in args.families.split(",") if f]
+    variants = [v for v in variants if not fams or manifest["variants"][v]["family"] in fams]
     bodies = {v: zoo.request_bodies(ZOO, manifest["variants"][v]["family"], 64)[0] for v in variants}
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load average {os.getloadavg()[0]:.2f}, "
           f"{os.cpu_count()} cores, server quota {'none' if args.no_cgroup else '1 core'}")
+    for fam in dict.fromkeys(manifest["variants"][v]["family"] for v in variants):
+        sizes = [len(b) for b in zoo.request_bodies(ZOO, fam, 64)[0]]
+        print(f"# request body of {fam}: mean {np.mean(sizes):.0f} bytes (min {min(sizes)}, max {max(sizes)})")
     results: dict[str, Any] = {}
+    groups = ({f: [v for v in variants if manifest["variants"][v]["family"] == f]
+               for f in dict.fromkeys(manifest["variants"][v]["family"] for v in variants)}
+              if args.group == "family" else {"all": variants})
     with tempfile.TemporaryDirectory() as d:
-        for rt in args.runtimes.split(","):
-            proc, port, dirs = start_server(rt, variants, Path(d), not args.no_cgroup)
+        for rt, group, names in ((rt, g, [v for v in vs if rt in zoo.runtimes_of(manifest, v)])
+                                 for rt in args.runtimes.split(",") for g, vs in groups.items()):
+            if not names:
+                continue
+            proc, port, dirs = start_server(rt, names, Path(d), not args.no_cgroup)
             try:
                 res: dict[str, Any] = {"rss_mib_ready": round(rss_mib(proc.pid), 1), "variants": {}}
-                for v in variants:
+                for v in names:
                     lat = latency(port, v, bodies[v], args.latency_queries)
                     qps = asyncio.run(closed_loop(port, v, bodies[v], args.concurrency, args.duration))
                     try:
@@ -192,11 +210,11 @@ def main(argv: list[str] | None = None) -> int:
                           f" | model call p50 {r['model_p50_ms']:.3f} (profile {bare:.3f}) | round trip p50 "
                           f"{r['rtt_p50_ms']:.3f} ms | max {r['max_qps_per_core']:.0f} q/s per core", flush=True)
                 res["rss_mib_after"] = round(rss_mib(proc.pid), 1)
-                print(f"{rt:<10} server RSS {res['rss_mib_ready']:.0f} MiB after warm-up, "
-                      f"{res['rss_mib_after']:.0f} MiB after the load ({len(variants)} variants loaded)", flush=True)
+                print(f"{rt:<10} {group} server RSS {res['rss_mib_ready']:.0f} MiB after warm-up, "
+                      f"{res['rss_mib_after']:.0f} MiB after the load ({', '.join(names)})", flush=True)
             finally:
                 stop_server(proc, dirs)
-            results[rt] = res
+            results[f"{rt}/{group}"] = res
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -181,12 +181,12 @@ def jpeg(img: Any) -> bytes:
     return buf.getvalue()
 
 
-def frames_npz(path: Path, images: list[Any], labels: list[int]) -> dict[str, Any]:
+def frames_npz(path: Path, images: list[Any], labels: list[int], **extra: np.ndarray) -> dict[str, Any]:
     """Save frames as the payloads of an image family; returns wire statistics.
 
     The file holds ``x`` uint8 [N, H, W, 3] (the frame as the server decodes it from the JPEG, so
     profiles and server see the same pixels), ``y`` int64 [N], ``jpeg`` uint8 (the JPEG files
-    concatenated) and ``jpeg_offsets`` int64 [N + 1].
+    concatenated), ``jpeg_offsets`` int64 [N + 1] and the ``extra`` arrays (e.g. ``boxes``).
     """
     from PIL import Image
 
@@ -195,7 +195,7 @@ def frames_npz(path: Path, images: list[Any], labels: list[int]) -> dict[str, An
     offsets = np.cumsum([0] + [len(b) for b in blobs]).astype(np.int64)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(path, x=x, y=np.asarray(labels, np.int64),
-                        jpeg=np.frombuffer(b"".join(blobs), np.uint8), jpeg_offsets=offsets)
+                        jpeg=np.frombuffer(b"".join(blobs), np.uint8), jpeg_offsets=offsets, **extra)
     sizes = np.diff(offsets)
     return {"n": len(blobs), "jpeg_bytes_mean": int(sizes.mean()), "jpeg_bytes_min": int(sizes.min()),
             "jpeg_bytes_max": int(sizes.max()), "jpeg_quality": JPEG_QUALITY}
@@ -215,17 +215,24 @@ def photo_frames(images: Path, size: int, n: int, fractions: tuple[float, ...] =
     return out[:n]
 
 
-def face_frames(images: Path, size: int, seed: int = 0) -> tuple[list[Any], list[int]]:
+#: Photographs that show a human face (astronaut: Eileen Collins; camera: the cameraman): not used
+#: as backgrounds of the face frames, whose only face must be the pasted one.
+WITH_FACES = ("astronaut.png", "camera.png")
+
+
+def face_frames(images: Path, size: int, seed: int = 0) -> tuple[list[Any], list[int], np.ndarray]:
     """200 frames size x size with known faces: each LFW-subset crop (100 faces, then 100 non-faces)
     pasted at a random scale (10-60 % of the frame width, log-uniform) and position onto a real
-    photograph (grey, cycling through PHOTOS). Labels 1 = face, 0 = no face; returned interleaved
-    (face, non-face, ...) so that any prefix is balanced. Seeded (``seed``)."""
+    photograph without faces (grey, cycling through PHOTOS but WITH_FACES). Returns (frames,
+    labels 1 = face / 0 = no face, boxes float32 [N, 4] = xmin, ymin, xmax, ymax of the pasted crop,
+    normalised), interleaved (face, non-face, ...) so that any prefix is balanced. Seeded."""
     from PIL import Image
 
     lfw = np.load(images / "lfw_subset.npy")  # [200, 25, 25] float64 in [0, 1]
-    backs = [load_photo(images, n).convert("L").resize((size, size), Image.BILINEAR) for n in PHOTOS]
+    backs = [load_photo(images, n).convert("L").resize((size, size), Image.BILINEAR)
+             for n in PHOTOS if n not in WITH_FACES]
     rng = np.random.default_rng(seed)
-    frames = []
+    frames, boxes = [], []
     for i, crop in enumerate(lfw):
         frac = float(np.exp(rng.uniform(np.log(0.1), np.log(0.6))))
         side = max(8, int(size * frac))
@@ -233,9 +240,10 @@ def face_frames(images: Path, size: int, seed: int = 0) -> tuple[list[Any], list
         canvas = backs[i % len(backs)].copy()
         canvas.paste(Image.fromarray((crop * 255).astype(np.uint8)).resize((side, side), Image.BILINEAR), (px, py))
         frames.append(canvas.convert("RGB"))
+        boxes.append([px / size, py / size, (px + side) / size, (py + side) / size])
     labels = [1] * 100 + [0] * (len(lfw) - 100)
     order = [i for pair in zip(range(100), range(100, len(lfw)), strict=True) for i in pair]  # face, non-face, ...
-    return [frames[i] for i in order], [labels[i] for i in order]
+    return [frames[i] for i in order], [labels[i] for i in order], np.asarray(boxes, np.float32)[order]
 
 
 #: Where a user's ImageNet weights files are looked for (Keras' own cache, where
@@ -281,21 +289,20 @@ def _mp(fname: str) -> dict[str, str]:
     return {"path": f"{MP_DIR}/{fname}", "sha256": MEDIAPIPE_FILES[member], "wheel_member": member}
 
 
+def _hand_landmark(level: str, complexity: int) -> dict[str, Any]:
+    """A hand variant running only the landmark model ``level`` (lite / full) on the frame as region."""
+    return {"family": "hands", "graph": "hand_landmark", "tflite_files": {"hand": _mp(f"hand_landmark_{level}.tflite")},
+            "accuracy": round(HAND_MSE["heavy"] / HAND_MSE[level], 4),
+            "accuracy_source": HAND_SOURCE.format(mse=HAND_MSE[level]),
+            "architecture": f"MediaPipe hand landmark model, {level} (MODEL_COMPLEXITY {complexity}), "
+                            "224x224 region of interest"}
+
+
 #: Real trained networks (weights: mediapipe 0.10.21 wheel), LiteRT only. ``accuracy``: None means
 #: measured at build time (faces: face_frames); else the published figure in ``accuracy_source``.
 MEDIAPIPE_VARIANTS: dict[str, dict[str, Any]] = {
-    "hand_lite": {"family": "hands", "graph": "hand_landmark",
-                  "tflite_files": {"hand": _mp("hand_landmark_lite.tflite")},
-                  "accuracy": round(HAND_MSE["heavy"] / HAND_MSE["lite"], 4),
-                  "accuracy_source": HAND_SOURCE.format(mse=HAND_MSE["lite"]),
-                  "architecture": "MediaPipe hand landmark model, lite (MODEL_COMPLEXITY 0), "
-                                  "224x224 region of interest"},
-    "hand_full": {"family": "hands", "graph": "hand_landmark",
-                  "tflite_files": {"hand": _mp("hand_landmark_full.tflite")},
-                  "accuracy": round(HAND_MSE["heavy"] / HAND_MSE["full"], 4),
-                  "accuracy_source": HAND_SOURCE.format(mse=HAND_MSE["full"]),
-                  "architecture": "MediaPipe hand landmark model, full (MODEL_COMPLEXITY 1), "
-                                  "224x224 region of interest"},
+    "hand_lite": _hand_landmark("lite", 0),
+    "hand_full": _hand_landmark("full", 1),
     "hand_palm": {"family": "hands", "graph": "palm_hand",
                   "tflite_files": {"palm": _mp("palm_detection_full.tflite"), "hand": _mp("hand_landmark_full.tflite")},
                   "accuracy": round(HAND_MSE["heavy"] / HAND_MSE["full"], 4),

@@ -13,11 +13,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from testbed.inference import profiler, profiles
+from testbed.inference import profiler, profiles, zoo
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"
@@ -36,8 +37,6 @@ def _cgroups_usable() -> bool:
 
 @pytest.fixture(scope="module")
 def zoo_dir() -> Path:
-    from testbed.inference import zoo
-
     zoo.ensure_zoo(ZOO)
     return ZOO
 
@@ -48,7 +47,7 @@ def zoo_dir() -> Path:
     (["--shares", "0,1"], "--shares"),
     (["--batches", "1.5"], "--batches"),
     (["--samples", "5"], "--samples"),
-    (["--families", "imagenet"], "'imagenet'"),
+    (["--families", "imagenet1k"], "'imagenet1k'"),
 ])
 def test_bad_options_exit_2_naming_the_option(zoo_dir, tmp_path, args, needle):
     proc = subprocess.run([sys.executable, "-m", "testbed.cli", "profile", "--zoo", str(zoo_dir),
@@ -66,17 +65,34 @@ def test_two_profiler_runs_agree(zoo_dir, tmp_path):
         profiler.run(zoo_dir, out, variants=["digits_large"], runtimes=["tensorflow"], shares=[1.0], batches=[1],
                      samples=200, warmup=30, use_cgroup=use_cgroup, make_plot=(i == 0), log=lambda _m: None)
         prof = json.loads((out / "digits_large.json").read_text())
-        assert prof["schema"] == 2 and prof["variant"] == "digits_large" and prof["family"] == "digits"
-        assert {"cpu_model", "cores", "kernel", "python", "tensorflow"} <= set(prof["machine"])
+        assert prof["schema"] == 3 and prof["variant"] == "digits_large" and prof["family"] == "digits"
+        assert {"cpu_model", "cores", "kernel", "python", "tensorflow", "loadavg_at_merge"} <= set(prof["machine"])
         (m,) = prof["measurements"]
-        assert (m["runtime"], m["cpu_cores"], m["batch"], m["threads"], m["cgroup"]) == (
-            "tensorflow", 1.0, 1, 1, use_cgroup)
+        assert (m["runtime"], m["cpu_cores"], m["batch"], m["threads"], m["cgroup"], m["load"], m["role"]) == (
+            "tensorflow", 1.0, 1, 1, use_cgroup, "back_to_back", "cpu_time")
+        assert len(m["loadavg_1min"]) == 2
         assert m["samples"] == 200 and len(m["samples_ms"]) == 200 and m["warmup_calls"] == 30
         assert 0 < m["p50_ms"] <= m["p95_ms"] <= m["p99_ms"]
         runs.append(profiles.service_time(out, "digits_large", 1.0))
     assert (tmp_path / "run0" / profiler.PLOT).stat().st_size > 10_000
     a, b = runs[0].p50_ms, runs[1].p50_ms
     assert abs(a - b) <= TOLERANCE * max(a, b), f"p50 {a:.3f} ms vs {b:.3f} ms differ by more than {TOLERANCE:.0%}"
+
+
+@pytest.mark.skipif(not _cgroups_usable(), reason="needs root and cgroups (a CFS quota)")
+def test_fractional_share_is_measured_isolated_and_back_to_back(zoo_dir, tmp_path):
+    """Below one core: both loads, marked validation; isolated calls are spaced by the CFS period."""
+    t = time.monotonic()
+    profiler.run(zoo_dir, tmp_path, variants=["digits_small"], runtimes=["litert"], shares=[0.5], batches=[1],
+                 samples=40, warmup=5, isolated_samples=20, make_plot=False, log=lambda _m: None)
+    prof = json.loads((tmp_path / "digits_small.json").read_text())
+    rows = {m["load"]: m for m in prof["measurements"]}
+    assert set(rows) == {"back_to_back", "isolated"} and {m["role"] for m in rows.values()} == {"validation"}
+    assert rows["isolated"]["samples"] == 20 and rows["isolated"]["gap_ms"] == profiler.ISOLATED_GAP_MS
+    assert rows["back_to_back"]["samples"] == 40 and rows["back_to_back"]["gap_ms"] == 0
+    assert time.monotonic() - t >= 20 * profiler.ISOLATED_GAP_MS / 1e3
+    with pytest.raises(zoo.ZooError, match="unthrottled"):
+        profiles.cpu_time(tmp_path, "digits_small", "litert")  # no >= 1-core row: not a CPU-share input
 
 
 def test_merge_keeps_other_measurements(tmp_path):

@@ -1,6 +1,7 @@
 """Model zoo: families and variants in the manifest, payloads, TensorFlow vs LiteRT, profile reading.
 
-The zoo is the repository's ``models/zoo`` (built by ``ensure_zoo`` if missing, ~2-3 min).
+The zoo is the repository's ``models/zoo`` (built by ``ensure_zoo`` if missing, ~3-4 min).
+The real image families (hands, faces, imagenet) have their own tests: tests/test_real_zoo.py.
 The profile-reading tests use small profile files written here, so their expected values are exact.
 """
 
@@ -24,14 +25,19 @@ def manifest() -> dict:
     return zoo.ensure_zoo(ZOO)
 
 
+TRAINED = ("digits", "parity", "cancer")
+
+
 def test_three_families_of_three_variants_with_measured_accuracy(manifest):
-    fams = zoo.families(manifest)
-    assert set(fams) >= {"digits", "parity", "cancer"}
+    fams = {f: v for f, v in zoo.families(manifest).items() if f in TRAINED}
+    assert set(fams) == set(TRAINED)
     assert all(len(v) >= 3 for v in fams.values()), fams
     assert {"digits_small", "digits_large"} <= set(fams["digits"])  # the experiments use these names
     shapes = {f: tuple(manifest["families"][f]["input_shape"]) for f in fams}
     assert shapes["digits"] == (32, 32, 1) and shapes["parity"] == (16, 16, 1) and shapes["cancer"] == (30,)
     for name, v in manifest["variants"].items():
+        if v["family"] not in TRAINED:
+            continue
         n = manifest["families"][v["family"]]["dataset"]["n_test"]
         assert v["accuracy_source"].startswith("measured on held-out") and f"(n={n})" in v["accuracy_source"]
         assert v["accuracy"] == round(v["correct"] / n, 4) and 0.5 < v["accuracy"] <= 1.0
@@ -45,6 +51,8 @@ def test_three_families_of_three_variants_with_measured_accuracy(manifest):
 
 def test_payloads_and_request_bodies_per_family(manifest):
     for fam, info in manifest["families"].items():
+        if fam not in TRAINED:
+            continue
         x, y = zoo.load_payloads(ZOO, fam)
         assert x.dtype == np.float32 and x.shape == (info["dataset"]["n_test"], *info["input_shape"])
         assert set(np.unique(y)) == set(range(info["classes"]))
@@ -52,13 +60,15 @@ def test_payloads_and_request_bodies_per_family(manifest):
         assert len(bodies) == 5 and labels == [int(v) for v in y[:5]]
         inst = json.loads(bodies[0])["instances"]
         assert np.asarray(inst).shape == (1, *info["input_shape"])
-    with pytest.raises(zoo.ZooError, match="'imagenet'.*cancer, digits, parity"):
-        zoo.request_bodies(ZOO, "imagenet", 1)
+    with pytest.raises(zoo.ZooError, match="'imagenet1k'.*cancer, digits, faces"):
+        zoo.request_bodies(ZOO, "imagenet1k", 1)
 
 
 def test_tensorflow_and_litert_give_the_same_top1(manifest):
-    """Every variant, every held-out input of its family: same top-1, probabilities within 1e-4."""
+    """Every trained variant, every held-out input of its family: same top-1, probabilities within 1e-4."""
     for name, v in manifest["variants"].items():
+        if v["family"] not in TRAINED:
+            continue
         x, _ = zoo.load_payloads(ZOO, v["family"])
         tf_p = np.concatenate([zoo.load_model(ZOO, name, "tensorflow", manifest).predict(x[i:i + 128])
                                for i in range(0, len(x), 128)])
@@ -71,10 +81,15 @@ def test_tensorflow_and_litert_give_the_same_top1(manifest):
 
 
 def test_every_variant_has_a_profile(manifest):
+    """Every variant, every runtime it has: a 1-core batch-1 profile (unthrottled: the CPU-share model's input)."""
+    from testbed.inference.profiler import MIN_SAMPLES
+
     for name in manifest["variants"]:
-        for rt in ("tensorflow", "litert"):
+        for rt in zoo.runtimes_of(manifest, name):
             st = profiles.service_time(PROFILES, name, 1.0, 1, rt)
-            assert 0 < st.p50_ms <= st.p95_ms and len(st.samples_ms) >= 200, (name, rt)
+            assert 0 < st.p50_ms <= st.p95_ms and len(st.samples_ms) >= MIN_SAMPLES, (name, rt)
+            ct = profiles.cpu_time(PROFILES, name, rt)
+            assert ct.measured_cpu_cores >= 1.0 and ct.p50_ms > 0, (name, rt)
 
 
 def test_zoo_errors_name_what_is_missing(tmp_path):
@@ -135,3 +150,19 @@ def test_schema1_profile_is_still_read(tmp_path):
                                                    "mean_ms": 2.0, "p50_ms": 1.5, "p95_ms": 3.0, "p99_ms": 4.0}))
     st = profiles.service_time(tmp_path, "old", 0.5)
     assert (st.mean_ms, st.p50_ms, st.p95_ms) == (4.0, 3.0, 6.0)
+
+
+def test_service_time_prefers_isolated_rows_and_cpu_time_the_unthrottled_ones(tmp_path):
+    """At a fractional share the isolated (low-load) rows by default, back to back on request;
+    cpu_time: the back-to-back row at >= threads cores (never throttled)."""
+    rows = [{**_row("litert", 0.25, 1, [90.0, 4.0, 4.0]), "load": "back_to_back", "role": "validation"},
+            {**_row("litert", 0.25, 1, [4.0, 4.5, 5.0]), "load": "isolated", "role": "validation"},
+            {**_row("litert", 1.0, 1, [3.0, 3.0, 3.5]), "load": "back_to_back", "role": "cpu_time"}]
+    (tmp_path / "m.json").write_text(json.dumps({"schema": 3, "variant": "m", "cpu_cores": 1.0, "batch_size": 1,
+                                                 **{k: rows[2][k] for k in ("mean_ms", "p50_ms", "p95_ms", "p99_ms")},
+                                                 "measurements": rows}))
+    assert list(profiles.service_time(tmp_path, "m", 0.25, runtime="litert").samples_ms) == [4.0, 4.5, 5.0]
+    assert profiles.service_time(tmp_path, "m", 0.25, runtime="litert", load="back_to_back").mean_ms == 98 / 3
+    assert profiles.service_time(tmp_path, "m", 1.0, runtime="litert").mean_ms == pytest.approx(9.5 / 3)  # b2b only
+    ct = profiles.cpu_time(tmp_path, "m", "litert")
+    assert ct.measured_cpu_cores == 1.0 and list(ct.samples_ms) == [3.0, 3.0, 3.5]

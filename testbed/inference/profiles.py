@@ -92,12 +92,14 @@ def _load(row: dict[str, Any]) -> str:
 
 
 def service_time(profiles_dir: str | os.PathLike[str], variant: str, cpu_cores: float, batch: int = 1,
-                 runtime: str = "tensorflow", load: str = "back_to_back") -> ServiceTime:
+                 runtime: str = "tensorflow", load: str = "isolated") -> ServiceTime:
     """The service-time distribution of ``variant`` at ``cpu_cores`` cores, ``batch`` inputs per call.
 
-    ``load``: which measurements at a share to use, ``back_to_back`` (high load, the default) or
-    ``isolated`` (low load); where the chosen share has no row of that load (shares >= threads are
-    only measured back to back; older profiles have no isolated rows), the other load's rows.
+    ``load``: which measurements at a share to use: ``isolated`` (default: each call with a
+    refilled CFS quota, what a lightly loaded cluster sees; back-to-back samples at a fractional
+    share are mostly the quota's period, ~100 ms, not the model) or ``back_to_back``; where the
+    chosen share has no row of that load (shares >= threads are only measured back to back; older
+    profiles have no isolated rows), the other load's rows.
 
     Picks the measured CPU share nearest to ``cpu_cores`` (in ratio, log scale); if it differs,
     stretches the samples by min(1, measured) / min(1, cpu_cores) (a CFS quota below one core runs a
