@@ -6,9 +6,10 @@
         [--concurrency 4] [--no-cgroup] [--json out.json]
 
 For each runtime (tensorflow, litert) and, with ``--group family`` (default), each application
-family, one server subprocess (``python -m testbed.inference.server``, 1 worker, 1 thread,
-``--warmup 30``) serves the selected variants that have that runtime on 127.0.0.1, held to ONE
-core by a CFS quota (``testbed.emulation.cgroups``, period 100 ms; ``--no-cgroup``: unlimited).
+family, one server subprocess (``python -m testbed.inference.server CONFIG.json``, a
+``testbed.boundaries.ServerConfig``: 1 worker, 1 thread, 30 warm-up calls) serves the selected
+variants that have that runtime on 127.0.0.1, held to ONE core by a CFS quota
+(``testbed.emulation.cgroups``, period 100 ms; ``--no-cgroup``: unlimited).
 Queries are the family's request bodies (``zoo.request_bodies``: JPEG frames in b64 for the image
 families); their mean size [bytes] is printed per family.
 
@@ -66,10 +67,15 @@ def rss_mib(pid: int) -> float:
 
 def start_server(runtime: str, variants: list[str], tmp: Path, use_cgroup: bool) -> tuple[subprocess.Popen, int, list]:
     """Start one server (1 worker, 1 thread) for ``variants`` with ``runtime``; return (proc, port, cgroup dirs)."""
+    from testbed.boundaries import ServerConfig
+
     ready = tmp / f"{runtime}-{variants[0]}.ready.json"
-    cmd = [sys.executable, "-m", "testbed.inference.server", "--host", "127.0.0.1", "--port", "0", "--zoo", str(ZOO),
-           "--models", ",".join(variants), "--runtime", runtime, "--workers", "1", "--threads", "1",
-           "--queue-limit", "256", "--warmup", "30", "--ready-file", str(ready)]
+    cfg = ServerConfig(cluster="bench", host="127.0.0.1", port=0, zoo_dir=str(ZOO), models=variants,
+                       runtimes={v: runtime for v in variants}, workers=1, threads=1, queue_limit=256,
+                       warmup_calls=30, cpu_cores=1.0, ready_file=str(ready))
+    cfg_path = tmp / f"{runtime}-{variants[0]}.server.json"
+    cfg_path.write_text(cfg.model_dump_json())
+    cmd = [sys.executable, "-m", "testbed.inference.server", str(cfg_path)]
     log = open(tmp / f"{runtime}-{variants[0]}.log", "w")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     dirs: list = []

@@ -17,6 +17,7 @@ import base64
 import binascii
 import io
 import json
+from collections.abc import Mapping
 from itertools import chain
 from typing import Any
 
@@ -197,14 +198,14 @@ def parse_predict_body(body: bytes, input_shape: tuple[int, ...] = zoo.INPUT_SHA
     return x, columnar
 
 
-def predict_response(result: np.ndarray | zoo.NamedOutputs, columnar: bool) -> dict[str, Any]:
+def predict_response(result: np.ndarray | Mapping[str, np.ndarray], columnar: bool) -> dict[str, Any]:
     """The JSON answer of a predict call (TF Serving REST API); ``result`` [N, ...] or named arrays [N, ...].
 
     One output: ``{"predictions": rows}`` (row form) / ``{"outputs": rows}`` (columnar). Several
-    (:class:`~testbed.inference.zoo.NamedOutputs`): ``{"predictions": [{name: value, ...} per
+    (a mapping such as :class:`~testbed.inference.zoo.NamedOutputs`): ``{"predictions": [{name: value, ...} per
     input]}`` / ``{"outputs": {name: [values]}}``, values rounded to OUTPUT_DECIMALS.
     """
-    if not isinstance(result, zoo.NamedOutputs):
+    if not isinstance(result, Mapping):  # NamedOutputs, or the plain dict a batch slice may give
         return {"outputs" if columnar else "predictions": result.tolist()}
     lists = {k: np.round(np.asarray(v, dtype=np.float64), OUTPUT_DECIMALS).tolist() for k, v in result.items()}
     if columnar:
