@@ -1,0 +1,144 @@
+"""Service time under a fractional CPU share: the CFS bandwidth-control model.
+
+A cluster's share ``cores`` is a CFS quota of ``cores x P`` of CPU time per period ``P`` = 100 ms
+(``testbed.emulation.cgroups``). The kernel's rule (Documentation/scheduler/sched-bwc.rst): within
+each period the group's threads run at full speed until the group has consumed its quota; then
+they are throttled and do not run again until the next period, when the quota is refilled.
+
+So a call needing ``wall`` ms of unthrottled time (the profile's :func:`~testbed.inference.profiles.cpu_time`,
+measured with ``threads`` threads) takes ``wall`` when the quota left covers it, which is the
+case at low load (the quota refills while the server idles), and stretches by whole throttled
+periods at high load: the mean over many back-to-back calls tends to ``wall x threads / cores``.
+A random draw of throttled samples, independent of the load, is not this behaviour: that is why
+the simulator applies this model to unthrottled samples instead.
+
+Our choices, stated (each can be checked against the emulation, see benchmarks/cpu_model_bench.py):
+
+* Periods are aligned at t = 0 of the caller's clock (the kernel's period timer has its own
+  phase, which we do not know).
+* A call consumes quota at ``threads`` CPU-seconds per second of wall time while it runs.
+* Concurrent workers share the one quota in the order their calls start: a call books the quota
+  it uses, period by period, and a later call gets what is left (exact for one worker).
+* Other load on the host (the emulation's own processes) is not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: CFS period of the cgroups the emulation creates, in s (``cpu.cfs_period_us`` = 100000).
+PERIOD_S = 0.1
+
+
+def threads_per_call(cores: float, workers: int) -> int:
+    """Threads one model call runs on at a cluster of ``cores`` cores and ``workers`` workers (our
+    choice): ``max(1, ceil(cores / workers))``, so that the workers' calls together can use the
+    share and no more. The server sets its runtimes so (LiteRT: that many threads per worker's
+    interpreter; TensorFlow: an intra-op pool of workers x that many), and the profile used is the
+    one measured at that many threads."""
+    return max(1, math.ceil(cores / workers - 1e-9))
+
+
+class CfsQuota:
+    """The CPU quota of one cluster's cgroup, as the calls of its workers consume it.
+
+    Args:
+        cores: the share (cores, > 0): quota = cores x period per period.
+        threads: threads a model call runs on (CPU-s consumed per s of wall time, >= 1).
+        workers: calls that may run at once (the server's workers, >= 1); when even all of them
+            cannot exceed the quota (``workers x threads <= cores``) nothing is ever throttled.
+        period_s: the CFS period (s).
+
+    Raises:
+        ValueError: ``cores`` <= 0, ``threads`` or ``workers`` < 1, or ``period_s`` <= 0.
+    """
+
+    __slots__ = ("cores", "threads", "period", "quota", "unlimited", "_k", "_p1", "_cur", "_later")
+
+    def __init__(self, cores: float, threads: int = 1, workers: int = 1, period_s: float = PERIOD_S):
+        if not cores > 0 or threads < 1 or workers < 1 or not period_s > 0:
+            raise ValueError(f"cores must be > 0, threads and workers >= 1, period > 0 "
+                             f"(got {cores}, {threads}, {workers}, {period_s})")
+        self.cores, self.threads, self.period = float(cores), int(threads), float(period_s)
+        self.quota = self.cores * self.period  # CPU-s per period
+        self.unlimited = workers * threads <= self.cores
+        self._k, self._p1 = -1, -1.0  # the current period (the latest booking's start) and its end, s
+        self._cur = self.quota  # CPU-s of quota the current period has left
+        self._later: dict[int, float] = {}  # later period -> CPU-s left (absent: all of it)
+
+    def run(self, start_s: float, wall_s: float) -> float:
+        """Book a call starting at ``start_s`` that needs ``wall_s`` s unthrottled; return its end (s).
+
+        Calls must be booked in order of their start times (the engines do). The quota left in
+        the current period is kept, and that of later periods a long call already reached.
+        """
+        if self.unlimited:
+            return start_s + wall_s
+        if start_s >= self._p1:  # a later period: no booking can reach back before it
+            self._enter(start_s)
+        need = wall_s * self.threads
+        end = start_s + wall_s
+        left = self._cur
+        if need <= left and end <= self._p1:  # fits in what this period has left
+            self._cur = left - need
+            return end
+        return self._book_across(start_s, need)
+
+    def _enter(self, t: float) -> None:
+        k = int(t // self.period)
+        self._k, self._p1 = k, (k + 1) * self.period
+        later = self._later
+        self._cur = later.pop(k, self.quota)
+        for old in [x for x in later if x < k]:
+            del later[old]
+
+    def _book_across(self, t: float, need: float) -> float:
+        """The slow path of :meth:`run`: the call is throttled or crosses period boundaries."""
+        tau, period, quota, later = self.threads, self.period, self.quota, self._later
+        k, boundary, left = self._k, self._p1, self._cur
+        first = True
+        while True:
+            can = (boundary - t) * tau
+            if left < can:
+                can = left
+            if need <= can:
+                left -= need
+                t += need / tau
+                break
+            need -= can
+            left -= can
+            if first:
+                self._cur, first = left, False
+            else:
+                later[k] = left
+            k += 1
+            t, boundary = boundary, boundary + period
+            left = later.get(k, quota)
+        if first:
+            self._cur = left
+        else:
+            later[k] = left
+        return t
+
+    def isolated_s(self, wall_s: float) -> float:
+        """End - start of a call that starts at a period boundary with the whole quota (low load)."""
+        need = wall_s * self.threads
+        if self.unlimited or need <= self.quota:
+            return wall_s
+        full = math.ceil(need / self.quota) - 1  # periods used up to the end of their quota
+        return full * self.period + (need - full * self.quota) / self.threads
+
+    def saturated_s(self, wall_s: float, workers: int = 1) -> float:
+        """Mean time per call of each of ``workers`` workers all busy back to back (high load):
+        the quota is the bottleneck once ``workers x threads > cores``."""
+        if self.unlimited:
+            return wall_s
+        return max(wall_s, wall_s * self.threads * workers / self.cores)
+
+    def reset(self) -> None:
+        """Forget the consumption (a server restarted)."""
+        self._k, self._p1, self._cur = -1, -1.0, self.quota
+        self._later.clear()
+
+
+__all__ = ["PERIOD_S", "CfsQuota"]

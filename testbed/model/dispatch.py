@@ -1,0 +1,171 @@
+"""The dispatcher step: what a source knows, the options it sees, and its decision.
+
+A source's dispatcher knows, per (cluster, model) pair, what the plan fixes (:class:`OptionSpec`:
+RTT, expected service time, accuracy, tier) and, per cluster, the load it last *heard*
+(:class:`Heard`, stale by the report interval: the emulation polls each server's ``/v1/stats``,
+the simulator takes a snapshot; a failed poll marks the cluster down). From these it builds the
+:class:`testbed.policies.Option` list and applies the policy in force (:func:`testbed.policies.decide`).
+Both engines go through :class:`Dispatcher`; neither builds options of its own.
+
+Expected queueing delay (our choice, system-model.md leaves it open): a query arriving at a
+cluster last heard with ``queue_len`` waiting and ``busy`` of ``workers`` busy waits
+``(queue_len + 1) / workers x mean service`` when every worker is busy, else 0
+(:func:`expected_wait_ms`). Queue length per worker, ``(queue_len + busy) / workers``, is the load.
+
+Decisions of the policies in :data:`testbed.policies.DETERMINISTIC` depend only on the options,
+which change only when something is heard; the dispatcher caches them per application until then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from testbed import policies as pol
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """What the plan fixes about one (cluster, model) pair, as one source sees it.
+
+    ``rtt_ms``: the plan's RTT source -> cluster (ms). ``service_ms``: expected service time t_m
+    at the cluster's share (ms; the feasibility test RTT + t_m <= D_a uses it). ``mean_service_ms``:
+    mean service time per call when the cluster is busy (ms; the expected wait uses it).
+    ``accuracy``: alpha_m. ``tier``: far_edge / near_edge / cloud. ``workers``: the cluster's W.
+    """
+
+    cluster: str
+    model: str
+    rtt_ms: float
+    service_ms: float
+    mean_service_ms: float
+    accuracy: float
+    tier: str
+    workers: int
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A cluster's load as a dispatcher last heard it. ``utilization`` 0..1 over the last report
+    interval; ``up`` False when the last report failed; ``at_s`` when it was heard (the caller's
+    clock, None: never)."""
+
+    queue_len: int = 0
+    busy: int = 0
+    workers: int = 1
+    utilization: float = 0.0
+    up: bool = True
+    at_s: float | None = None
+
+    def as_dict(self) -> dict[str, float | int | bool]:
+        """The window-state view ASET's observation reads (``queue_len``, ``busy``, ``workers``,
+        ``utilization``, ``up``)."""
+        return {"queue_len": self.queue_len, "busy": self.busy, "workers": self.workers,
+                "utilization": self.utilization, "up": self.up}
+
+
+def expected_wait_ms(queue_len: int, busy: int, workers: int, mean_service_ms: float) -> float:
+    """Expected queueing delay (ms) at a cluster last heard with ``queue_len`` waiting and
+    ``busy`` of ``workers`` busy (module docstring); infinite for ``workers`` <= 0."""
+    if workers <= 0:
+        return float("inf")
+    if busy < workers:
+        return 0.0
+    return (queue_len + 1) / workers * mean_service_ms
+
+
+class Dispatcher:
+    """The dispatcher of one source.
+
+    Args:
+        specs: one :class:`OptionSpec` per (cluster, model) pair the source may use.
+        policy: the policy in force (a name of :data:`testbed.policies.CATALOGUE`); ``policy`` may
+            be reassigned at any time (ASET does, per window).
+        rng: the source's generator for ``random`` (seeded by the caller).
+
+    Raises:
+        ValueError: no options, or an unknown policy.
+    """
+
+    def __init__(self, specs: Sequence[OptionSpec], policy: str, rng: np.random.Generator):
+        if not specs:
+            raise ValueError("a dispatcher needs at least one (cluster, model) option")
+        self.specs = list(specs)
+        self.clusters = list(dict.fromkeys(s.cluster for s in self.specs))
+        self.heard: dict[str, Heard] = {}
+        for s in self.specs:
+            self.heard.setdefault(s.cluster, Heard(workers=s.workers))
+        self.ctx = pol.Context(rng=rng)
+        self._policy = ""
+        self.policy = policy
+        self._options: list[pol.Option] | None = None
+        self._cache: dict[tuple[float, float], pol.Decision] = {}
+
+    @property
+    def policy(self) -> str:
+        return self._policy
+
+    @policy.setter
+    def policy(self, name: str) -> None:
+        if name not in pol.POLICIES:
+            raise ValueError(f"unknown policy {name!r}; known: {', '.join(pol.CATALOGUE)}")
+        if name != self._policy:
+            self._policy = name
+            self._cache = {}
+
+    def hear(self, cluster: str, heard: Heard) -> None:
+        """A report from ``cluster`` (or its failure: ``Heard(up=False, ...)``)."""
+        self.heard[cluster] = heard
+        self._options = None
+        self._cache = {}
+
+    def hear_all(self, reports: Iterable[tuple[str, Heard]]) -> None:
+        """Several reports at once (one rebuild of the options)."""
+        for cluster, heard in reports:
+            self.heard[cluster] = heard
+        self._options = None
+        self._cache = {}
+
+    def lost(self, cluster: str, at_s: float | None = None) -> None:
+        """The report from ``cluster`` failed: it is taken as down, its last load kept."""
+        h = self.heard[cluster]
+        self.hear(cluster, Heard(h.queue_len, h.busy, h.workers, h.utilization, False, at_s))
+
+    @property
+    def options(self) -> list[pol.Option]:
+        """The :class:`testbed.policies.Option` list as this dispatcher sees it now."""
+        if self._options is None:
+            out = []
+            for s in self.specs:
+                h = self.heard[s.cluster]
+                w = max(1, h.workers)
+                out.append(pol.Option(s.cluster, s.model, s.rtt_ms, s.service_ms, s.accuracy,
+                                      expected_wait_ms(h.queue_len, h.busy, w, s.mean_service_ms),
+                                      (h.queue_len + h.busy) / w, s.tier, h.up))
+            self._options = out
+        return self._options
+
+    def decide(self, deadline_ms: float, min_accuracy: float) -> pol.Decision:
+        """The decision of the policy in force for a query of an application (D_a, A_a)."""
+        if self._policy in pol.DETERMINISTIC:
+            key = (deadline_ms, min_accuracy)
+            d = self._cache.get(key)
+            if d is None:
+                d = self._cache[key] = pol.decide(self._policy, self.options, deadline_ms, min_accuracy, self.ctx)
+            return d
+        return pol.decide(self._policy, self.options, deadline_ms, min_accuracy, self.ctx)
+
+    def decide_many(self, deadline_ms: float, min_accuracy: float, n: int) -> list[pol.Decision]:
+        """``n`` successive decisions on the same state (:func:`testbed.policies.decide_many`)."""
+        if self._policy in pol.DETERMINISTIC:
+            return [self.decide(deadline_ms, min_accuracy)] * n
+        return pol.decide_many(self._policy, self.options, deadline_ms, min_accuracy, n, self.ctx)
+
+    def heard_state(self) -> dict[str, dict[str, float | int | bool]]:
+        """Per cluster, what was last heard (the ``clusters`` part of ASET's window state)."""
+        return {c: h.as_dict() for c, h in self.heard.items()}
+
+
+__all__ = ["Dispatcher", "Heard", "OptionSpec", "expected_wait_ms"]

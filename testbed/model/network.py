@@ -1,0 +1,191 @@
+"""The network part of the model: link state, least-delay routes, and the time a message takes.
+
+:class:`NetworkState` holds every switch link's current one-way delay (ms), capacity (Mbit/s),
+loss (%), background traffic (Mbit/s, per direction) and whether it is up; :meth:`apply` takes a
+:class:`~testbed.model.events.Change`. Routes are least one-way delay over the links that are up
+(the Ryu controller's rule, :mod:`testbed.routing`); ties are broken by the graph's order.
+
+A message of ``n`` bytes crossing a link direction of capacity C with background traffic r
+(our link model, stated; HTB shapes each direction at C, a FIFO of ``queue_packets`` frames
+behind it, see :mod:`testbed.emulation.network`):
+
+* transfer: its frames (``ceil(n / MSS)`` frames of MSS + :data:`FRAME_OVERHEAD_BYTES`) at the
+  capacity left by the background, ``C - r`` (processor sharing with the background flow,
+  never below 1 % of C);
+* queueing behind background frames, M/D/1 with utilization rho = r / C (Pollaczek-Khinchine):
+  ``rho / (2 (1 - rho)) x L / C`` with L one full frame, while rho < 1;
+* at rho >= 1 (the background alone fills the link) the shaper's FIFO is full: every frame waits
+  ``queue_packets x L / C`` and the share ``1 - C / r`` of frames is dropped (:meth:`loss`).
+
+Loss, from ``link_loss`` or an overloaded link, costs a TCP query one retransmission timeout,
+:data:`TCP_RTO_MIN_MS` (Linux ``TCP_RTO_MIN``, 200 ms), with probability
+``1 - (1 - p)^frames`` per direction (:func:`p_retransmit`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import networkx as nx
+
+from testbed.model.events import Change
+
+#: Bytes per frame on the wire beyond the TCP payload (Ethernet 14 + IPv4 20 + TCP 32 with
+#: timestamps), and the TCP payload per frame at a 1500-byte MTU (1500 - 20 - 32).
+FRAME_OVERHEAD_BYTES, MSS_BYTES = 66, 1448
+#: A full frame on the wire, bytes (MSS + overhead).
+FULL_FRAME_BYTES = MSS_BYTES + FRAME_OVERHEAD_BYTES
+#: Linux's minimum TCP retransmission timeout, ms (include/net/tcp.h: TCP_RTO_MIN = HZ / 5).
+TCP_RTO_MIN_MS = 200.0
+#: Frames the FIFO behind each link's shaper holds (the veth's default txqueuelen).
+DEFAULT_QUEUE_PACKETS = 1000
+
+
+def frames(nbytes: int) -> int:
+    """Frames a TCP message of ``nbytes`` payload bytes takes (at least one)."""
+    return max(1, math.ceil(nbytes / MSS_BYTES))
+
+
+def wire_bytes(nbytes: int) -> int:
+    """Bytes on the wire for ``nbytes`` of payload: payload + one header per frame."""
+    return nbytes + frames(nbytes) * FRAME_OVERHEAD_BYTES
+
+
+def p_retransmit(loss_pct: float, nbytes: int) -> float:
+    """Probability that at least one of the message's frames is lost, at ``loss_pct`` % per frame."""
+    if loss_pct <= 0:
+        return 0.0
+    return 1.0 - (1.0 - min(1.0, loss_pct / 100.0)) ** frames(nbytes)
+
+
+class LinkState:
+    """One switch link (undirected). Delays ms, rates Mbit/s, loss %; background per direction
+    (``bg_ab`` from ``a`` to ``b``)."""
+
+    __slots__ = ("a", "b", "delay_ms", "capacity_mbps", "loss_pct", "bg_ab", "bg_ba", "up", "queue_packets")
+
+    def __init__(self, a: str, b: str, delay_ms: float, capacity_mbps: float, loss_pct: float = 0.0,
+                 queue_packets: int = DEFAULT_QUEUE_PACKETS):
+        self.a, self.b = a, b
+        self.delay_ms, self.capacity_mbps, self.loss_pct = float(delay_ms), float(capacity_mbps), float(loss_pct)
+        self.bg_ab = self.bg_ba = 0.0
+        self.up = True
+        self.queue_packets = queue_packets
+
+    def background(self, forward: bool) -> float:
+        """Background Mbit/s in the a -> b direction (``forward``) or b -> a."""
+        return self.bg_ab if forward else self.bg_ba
+
+    def utilization(self, forward: bool) -> float:
+        """Background rate / capacity in one direction (may exceed 1)."""
+        return self.background(forward) / self.capacity_mbps
+
+    def loss(self, forward: bool) -> float:
+        """Frame loss in % in one direction: configured loss, plus the overflow of an overloaded shaper."""
+        rho = self.utilization(forward)
+        over = (1.0 - 1.0 / rho) * 100.0 if rho > 1.0 else 0.0
+        return 100.0 - (100.0 - self.loss_pct) * (100.0 - over) / 100.0
+
+    def one_way_ms(self, nbytes: int, forward: bool) -> float:
+        """Time (ms) for a message of ``nbytes`` payload to cross the link one way (module doc)."""
+        c = self.capacity_mbps
+        rho = self.utilization(forward)
+        avail = max(c - self.background(forward), 0.01 * c)
+        transfer = wire_bytes(nbytes) * 8 / (avail * 1e3)
+        frame_ms = FULL_FRAME_BYTES * 8 / (c * 1e3)
+        if rho >= 1.0:
+            queue = self.queue_packets * frame_ms
+        else:
+            queue = rho / (2 * (1 - rho)) * frame_ms
+        return self.delay_ms + transfer + queue
+
+
+class NetworkState:
+    """The switch links of a plan and their state; routes by least one-way delay.
+
+    Args:
+        links: ``(a, b, delay_ms, bandwidth_mbps, loss_pct)`` per link (the plan's switch names).
+        switches: every switch name (nodes without links are kept in the graph).
+
+    Raises:
+        KeyError: a change names a link that is not here.
+    """
+
+    def __init__(self, links: Iterable[tuple[str, str, float, float, float]], switches: Sequence[str] = ()):
+        self.links: list[LinkState] = [LinkState(a, b, d, bw, loss) for a, b, d, bw, loss in links]
+        self.index: dict[tuple[str, str], int] = {}
+        for i, lk in enumerate(self.links):
+            self.index[(lk.a, lk.b)] = self.index[(lk.b, lk.a)] = i
+        self.switches = list(switches) or list(dict.fromkeys(n for lk in self.links for n in (lk.a, lk.b)))
+        self.version = 0  # bumped by every change that can move a route or a delay
+
+    def link(self, a: str, b: str) -> LinkState:
+        """The link between switches ``a`` and ``b`` (either order)."""
+        return self.links[self.index[(a, b)]]
+
+    def apply(self, ch: Change) -> None:
+        """Apply one step of the timeline (cluster changes are not the network's and are ignored)."""
+        if ch.link is None:
+            return
+        lk = self.link(*ch.link)
+        forward_first = (lk.a, lk.b) == tuple(ch.link)
+        if ch.kind == "link_delay":
+            lk.delay_ms = float(ch.value)
+        elif ch.kind == "link_bandwidth":
+            lk.capacity_mbps = float(ch.value)
+        elif ch.kind == "link_loss":
+            lk.loss_pct = float(ch.value)
+        elif ch.kind == "link_down":
+            lk.up = False
+        elif ch.kind == "link_up":
+            lk.up = True
+        elif ch.kind == "link_congestion":
+            v = float(ch.value)
+            ab = ch.direction in ("both", "ab" if forward_first else "ba")
+            ba = ch.direction in ("both", "ba" if forward_first else "ab")
+            lk.bg_ab = v if ab else lk.bg_ab
+            lk.bg_ba = v if ba else lk.bg_ba
+        self.version += 1
+
+    def graph(self) -> nx.Graph:
+        """The links that are up, weighted by one-way delay (ms)."""
+        g = nx.Graph()
+        g.add_nodes_from(self.switches)
+        for lk in self.links:
+            if lk.up:
+                g.add_edge(lk.a, lk.b, delay=lk.delay_ms)
+        return g
+
+    def routes(self, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[str] | None]:
+        """Least-delay switch path for every (from switch, to switch) pair; None without a route."""
+        g = self.graph()
+        out: dict[tuple[str, str], list[str] | None] = {}
+        by_src: dict[str, list[str]] = {}
+        for s, d in pairs:
+            by_src.setdefault(s, []).append(d)
+        for s, ds in by_src.items():
+            _, paths = nx.single_source_dijkstra(g, s, weight="delay")
+            for d in ds:
+                out[(s, d)] = paths.get(d)
+        return out
+
+    def path_ms(self, path: Sequence[str], nbytes: int) -> float:
+        """One-way time (ms) of a message of ``nbytes`` along ``path`` (switch names, in order)."""
+        total = 0.0
+        for a, b in zip(path, path[1:], strict=False):
+            lk = self.link(a, b)
+            total += lk.one_way_ms(nbytes, (lk.a, lk.b) == (a, b))
+        return total
+
+    def path_loss_pct(self, path: Sequence[str]) -> float:
+        """Frame loss (%) along ``path``: 1 - prod(1 - loss of each link direction)."""
+        keep = 1.0
+        for a, b in zip(path, path[1:], strict=False):
+            lk = self.link(a, b)
+            keep *= 1.0 - lk.loss((lk.a, lk.b) == (a, b)) / 100.0
+        return (1.0 - keep) * 100.0
+
+
+__all__ = ["DEFAULT_QUEUE_PACKETS", "FRAME_OVERHEAD_BYTES", "FULL_FRAME_BYTES", "MSS_BYTES", "TCP_RTO_MIN_MS",
+           "LinkState", "NetworkState", "frames", "p_retransmit", "wire_bytes"]

@@ -1,0 +1,107 @@
+"""A cluster's service times, computed once at plan time from one profiles folder.
+
+For each (cluster, model) the plan keeps a :class:`ServiceFigures`: the unthrottled per-call
+samples of the model's profile (:func:`testbed.inference.profiles.cpu_time`, at the cluster's
+runtime and threads), and what the CPU-share model (:mod:`testbed.model.cpu`) makes of them at
+the cluster's share and worker count:
+
+* ``expected_ms`` = t_m, the time a dispatcher expects a call to take (the feasibility test
+  RTT + t_m <= D_a): the p95 of an isolated call (low load: the quota refilled);
+* ``busy_mean_ms``: mean time per call when every worker is busy (high load; queue-wait
+  estimates and the server's admission use it).
+
+The simulator draws service times from ``samples_ms`` (bootstrap) and runs them through the CFS
+model; the emulation measures them for real. Batches: the per-call time of ``b`` inputs scales
+the batch-1 samples by ``mean(b) / mean(1)``, linear in ``b`` between (and beyond) the measured
+batch sizes (:func:`batch_scale`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from testbed.model.cpu import CfsQuota
+
+
+class ServiceFigures(BaseModel):
+    """Service times of one model at one cluster (ms unless named otherwise).
+
+    ``samples_ms``: unthrottled per-call times of one input (batch 1). ``batch_mean_ms``: measured
+    batch size -> mean unthrottled per-call time. ``cores``/``workers``/``threads``: the cluster's
+    share, W and threads per call. ``source``: the profile file the samples come from.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    runtime: str
+    cores: float = Field(gt=0)
+    workers: int = Field(ge=1)
+    threads: int = Field(ge=1)
+    samples_ms: list[float] = Field(min_length=1)
+    batch_mean_ms: dict[int, float]
+    wall_mean_ms: float
+    wall_p95_ms: float
+    expected_ms: float
+    busy_mean_ms: float
+    source: str = ""
+
+    def quota(self) -> CfsQuota:
+        """A fresh CFS quota of this cluster (one per cluster and run)."""
+        return CfsQuota(self.cores, self.threads, self.workers)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def mean_at_batch(batch_mean_ms: Mapping[int, float], batch: int) -> float:
+    """Mean per-call time (ms) at ``batch`` inputs: linear in the batch size between (and beyond)
+    the measured sizes; with one measured size, proportional to the batch."""
+    pts = sorted((int(b), float(t)) for b, t in batch_mean_ms.items())
+    if len(pts) == 1:
+        b, t = pts[0]
+        return t * batch / b
+    if batch <= pts[0][0]:
+        (b0, t0), (b1, t1) = pts[0], pts[1]
+    elif batch >= pts[-1][0]:
+        (b0, t0), (b1, t1) = pts[-2], pts[-1]
+    else:
+        i = next(k for k in range(1, len(pts)) if pts[k][0] >= batch)
+        (b0, t0), (b1, t1) = pts[i - 1], pts[i]
+    return max(1e-6, t0 + (t1 - t0) * (batch - b0) / (b1 - b0))
+
+
+def batch_scale(fig: ServiceFigures, batch: int) -> float:
+    """Factor from a batch-1 call to a call of ``batch`` inputs (1.0 for batch 1)."""
+    if batch == 1:
+        return 1.0
+    return mean_at_batch(fig.batch_mean_ms, batch) / mean_at_batch(fig.batch_mean_ms, 1)
+
+
+def service_figures(model: str, runtime: str, cores: float, workers: int, threads: int, samples_ms: Sequence[float],
+                    batch_mean_ms: Mapping[int, float], source: str = "") -> ServiceFigures:
+    """The :class:`ServiceFigures` of ``model`` at a cluster of ``cores`` cores and ``workers``
+    workers, from unthrottled batch-1 ``samples_ms`` (ms).
+
+    Raises:
+        ValueError: no samples, a non-positive sample, or bad cores/workers/threads.
+    """
+    samples = [float(s) for s in samples_ms]
+    if not samples or min(samples) <= 0:
+        raise ValueError(f"model {model!r}: service-time samples must be > 0 ms (got {len(samples)} samples)")
+    quota = CfsQuota(cores, threads, workers)
+    mean = sum(samples) / len(samples)
+    isolated = [quota.isolated_s(s / 1e3) * 1e3 for s in samples]
+    bm = {int(b): float(t) for b, t in batch_mean_ms.items()} or {1: mean}
+    return ServiceFigures(model=model, runtime=runtime, cores=cores, workers=workers, threads=threads,
+                          samples_ms=samples, batch_mean_ms=bm, wall_mean_ms=mean,
+                          wall_p95_ms=_percentile(samples, 95), expected_ms=_percentile(isolated, 95),
+                          busy_mean_ms=quota.saturated_s(mean / 1e3, workers) * 1e3, source=source)
+
+
+__all__ = ["ServiceFigures", "batch_scale", "mean_at_batch", "service_figures"]

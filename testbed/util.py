@@ -1,0 +1,138 @@
+"""The chores every part of the testbed needs, written once.
+
+* :data:`REPO_ROOT` and :func:`repo_path`: where the repository is, and a configured folder
+  resolved against it.
+* :func:`write_json_atomic`: a JSON file (or a pydantic model) written atomically.
+* :func:`poll_until`: wait for a condition with a timeout, watching a process.
+* :func:`stop_processes`: signal, wait, then kill.
+* :func:`ci95`: mean and 95 % confidence half-width (Student's t, ``scipy.stats.t``).
+* :func:`markdown_table`: a real Markdown table (``pandas.DataFrame.to_markdown``, tabulate).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from testbed.errors import RunFailure
+
+#: The repository this package lives in (``testbed/`` is directly below it).
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+T = TypeVar("T")
+
+
+def repo_path(path: str | os.PathLike[str], base: Path = REPO_ROOT) -> Path:
+    """``path`` as given when absolute, else relative to ``base`` (default: the repository)."""
+    p = Path(path)
+    return p if p.is_absolute() else base / p
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any, indent: int | None = 1) -> Path:
+    """Write ``data`` (a JSON-serialisable object, or a pydantic model: ``model_dump_json``) to
+    ``path`` atomically: a temporary file in the same folder, then ``os.replace``.
+
+    Raises:
+        OSError: the folder is not writable or the disk is full (the temporary file is removed).
+    """
+    path = Path(path)
+    text = data.model_dump_json(indent=indent) if hasattr(data, "model_dump_json") else json.dumps(data, indent=indent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def poll_until(check: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.1,
+               proc: subprocess.Popen | None = None, exit_code: int | None = None) -> T:
+    """Call ``check()`` every ``interval_s`` s until it returns something other than None/False;
+    return that.
+
+    Args:
+        check: the condition (may return a value, e.g. a status dict).
+        timeout_s: give up after this many seconds.
+        what: what is awaited, for the error message (e.g. ``"ryu-manager listening on :6653"``).
+        proc: a process whose exit ends the wait at once (it was supposed to make ``check`` true).
+        exit_code: the exit code of the :class:`RunFailure` raised (default: bring-up failure).
+
+    Raises:
+        RunFailure: ``proc`` exited, or ``timeout_s`` passed; the message says which and names ``what``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got is not None and got is not False:
+            return got
+        if proc is not None and proc.poll() is not None:
+            raise RunFailure(f"{what}: the process exited with code {proc.returncode} first", exit_code)
+        if time.monotonic() >= deadline:
+            raise RunFailure(f"{what}: not within {timeout_s:g} s", exit_code)
+        time.sleep(interval_s)
+
+
+def stop_processes(procs: Iterable[subprocess.Popen], sig: int = signal.SIGTERM, timeout_s: float = 5.0) -> None:
+    """Send ``sig`` to every process still running, wait up to ``timeout_s`` s in all, then SIGKILL
+    what is left and reap it. Safe on processes that already exited."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.05, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def ci95(values: Sequence[float | None]) -> tuple[float, float]:
+    """Mean and half-width of the 95 % confidence interval of the mean, Student's t with n - 1
+    degrees of freedom: mean +- t_{0.975, n-1} x s / sqrt(n) (``scipy.stats.t``). None and NaN
+    values are left out; half-width NaN for fewer than 2 values, mean NaN for none."""
+    from scipy import stats
+
+    v = [float(x) for x in values if x is not None and not math.isnan(float(x))]
+    if not v:
+        return math.nan, math.nan
+    m = sum(v) / len(v)
+    if len(v) < 2:
+        return m, math.nan
+    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+    return m, float(stats.t.ppf(0.975, len(v) - 1)) * sd / math.sqrt(len(v))
+
+
+def markdown_table(rows: Any, columns: Sequence[str] | None = None) -> str:
+    """A GitHub-flavoured Markdown table of ``rows`` (a DataFrame, or a list of dicts), with
+    ``columns`` in that order (default: all). Cells are text: ``|`` in a cell is escaped, None and
+    NaN are left empty. Uses ``pandas.DataFrame.to_markdown`` (the tabulate package)."""
+    import pandas as pd
+
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    if columns is not None:
+        df = df.reindex(columns=list(columns))
+
+    def cell(v: Any) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return ""
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    text = df.astype(object).map(cell) if not df.empty else df.astype(str)
+    return text.to_markdown(index=False, disable_numparse=True) + "\n"
+
+
+__all__ = ["REPO_ROOT", "ci95", "markdown_table", "poll_until", "repo_path", "stop_processes", "write_json_atomic"]
