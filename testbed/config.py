@@ -15,7 +15,9 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from testbed.capture.spec import CaptureSpec
+from testbed.errors import InputError
 from testbed.inference.spec import ServerSpec
+from testbed.model.events import EventSpec
 from testbed.schema import NAME_RE, Num
 from testbed.schema import StrictModel as _Model
 from testbed.schema import unit_pair as _unit_pair
@@ -26,7 +28,7 @@ PolicyName = Literal["closest", "cloud", "least_loaded", "min_latency", "max_acc
                      "aset"]
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """The experiment file is invalid; the message names the offending item."""
 
 
@@ -188,41 +190,6 @@ class WorkloadSpec(_Model):
             raise ValueError("give either weights or demand_matrix, not both")
         if self.weights is not None and any(w < 0 for w in self.weights.values()):
             raise ValueError("weights must be >= 0")
-        return self
-
-
-class EventSpec(_Model):
-    """A scenario event at time ``at`` (since the load starts).
-
-    - ``link_delay``: link ``link: [A, B]`` (topology node labels or ids, or ``cloud``) gets one-way
-      delay ``delay`` from then on.
-    - ``link_congestion``: background traffic of ``background`` (Mbit/s) on link ``link`` from then
-      on (``background: 0Mbit/s`` ends it). Simulated only (see docs/policies-and-simulator.md).
-    - ``cluster_down`` / ``cluster_up``: cluster ``cluster`` fails (queued and new queries are lost,
-      it stops answering reports) / recovers (empty queue).
-    """
-
-    at_s: Num = Field(ge=0)
-    kind: Literal["link_delay", "link_congestion", "cluster_down", "cluster_up"]
-    link: list[str] | None = Field(None, min_length=2, max_length=2)
-    delay_ms: Num | None = Field(None, ge=0)
-    background_mbps: Num | None = Field(None, ge=0)
-    cluster: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "at", parse_duration_s, "s")
-        data = _unit_pair(data, "delay", parse_delay_ms, "ms")
-        return _unit_pair(data, "background", parse_rate_mbps, "mbps")
-
-    @model_validator(mode="after")
-    def _fields(self) -> EventSpec:
-        need = {"link_delay": ("link", "delay_ms"), "link_congestion": ("link", "background_mbps"),
-                "cluster_down": ("cluster",), "cluster_up": ("cluster",)}[self.kind]
-        for k in need:
-            if getattr(self, k) is None:
-                raise ValueError(f"event {self.kind!r} needs {k.removesuffix('_ms').removesuffix('_mbps')!r}")
         return self
 
 

@@ -21,37 +21,54 @@ DPIDs                  explicit or 1..N; must be unique and in        generated 
 names                  ``[a-z][a-z0-9]*``; interface names            generated s1..sN
                        (``NAME-ethN``) at most 15 bytes (IFNAMSIZ-1)
 unknown site           error (with close matches)                     same
+model / family         error unless the catalog (the zoo) has it      same
+service-time profile   error unless the catalog has one for the       same
+                       model at the cluster's runtime
 =====================  =============================================  ===============================
 
 Link delay: the configured one if given, else great-circle km x ms_per_km x route_factor, never
 below delay_floor_ms (system-model.md). RTT of a path = 2 x the sum of its one-way delays.
+
+The plan also fixes, once, every model's accuracy and each cluster's service times
+(:class:`testbed.model.service.ServiceFigures`, from one profiles folder): the emulation's servers
+and dispatchers and the simulator all take them from here. A plan is a pydantic model; it is what
+``plan.json`` holds (``Plan.model_dump_json``) and what every process of a run reads back.
 """
 
 from __future__ import annotations
 
 import difflib
 import ipaddress
-import json
+import math
 import re
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import networkx as nx
+from pydantic import BaseModel, ConfigDict
 
+from testbed.catalog import Catalog, CatalogError, ModelInfo, ZooCatalog
 from testbed.config import Experiment
+from testbed.errors import InputError
+from testbed.model.cpu import threads_per_call
+from testbed.model.events import VALUE_FIELD, Change, expand
+from testbed.model.service import ServiceFigures, service_figures
 from testbed.topology import RawTopology, TopologyError, great_circle_km, load_topology
+from testbed.util import repo_path, write_json_atomic
 
 IFNAMSIZ = 16  # Linux include/uapi/linux/if.h; names hold at most IFNAMSIZ-1 = 15 bytes
 MAX_DPID = 2**64 - 1
 NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9]*$")
 
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """The experiment cannot be planned; the message names the offending item."""
 
 
-@dataclass
-class Switch:
+class _PlanModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Switch(_PlanModel):
     """An OpenFlow switch standing for one topology node. ``lat``/``lon`` in degrees."""
 
     name: str
@@ -62,10 +79,10 @@ class Switch:
     lon: float | None
 
 
-@dataclass
-class Link:
-    """An undirected switch-switch link. ``delay_ms`` is one-way; ``delay_source`` is one of
-    ``config``, ``geo``, ``floor`` (geo below the floor), ``cloud``."""
+class Link(_PlanModel):
+    """An undirected switch-switch link. ``delay_ms`` is one-way (ms), ``bandwidth_mbps`` Mbit/s,
+    ``loss_pct`` percent; ``delay_source`` is one of ``config``, ``geo``, ``floor`` (geo below the
+    floor), ``cloud``; ``km`` the great-circle length (None when not derived)."""
 
     index: int
     a: str
@@ -82,26 +99,24 @@ class Link:
         return f"l{self.index}"
 
 
-@dataclass
-class Host:
+class Host(_PlanModel):
     """A source or cluster host, attached to ``switch`` by a link of ``bandwidth_mbps`` and 0 ms."""
 
     name: str
     role: str  # "source" | "cluster"
     switch: str
     site: str
-    ip: str
-    mac: str
+    ip: str = ""
+    mac: str = ""
     bandwidth_mbps: float
     tier: str | None = None
     cpu_cores: float | None = None
     workers: int | None = None
-    models: list[str] = field(default_factory=list)
+    models: list[str] = []
 
 
-@dataclass
-class PathInfo:
-    """Expected path from a source host to a cluster host by least one-way delay."""
+class PathInfo(_PlanModel):
+    """Expected path from a source host to a cluster host by least one-way delay (ms)."""
 
     source: str
     cluster: str
@@ -114,9 +129,17 @@ class PathInfo:
         return 2.0 * self.one_way_ms
 
 
-@dataclass
-class Plan:
-    """Everything ``testbed run`` will build, resolved and validated."""
+class Plan(_PlanModel):
+    """Everything ``testbed run`` and ``testbed simulate`` execute, resolved and validated.
+
+    ``models``: every model variant a cluster serves. ``services``: cluster -> model -> its
+    service times there. ``changes``: the events' timeline (:func:`testbed.model.events.expand`),
+    links named by the plan's switch names. ``weights``: per workload entry, the spatial weight
+    of each source it selects (:func:`testbed.arrivals.source_weights`). ``request_bytes``: per
+    application, the request body size (bytes) its queries put on the wire. ``base_dir``: the
+    experiment file's folder (trace and demand-matrix
+    paths are relative to it); ``zoo_dir`` / ``profiles_dir``: resolved folders.
+    """
 
     experiment: Experiment
     topology_name: str
@@ -125,6 +148,14 @@ class Plan:
     hosts: list[Host]
     paths: list[PathInfo]
     notes: list[str]
+    models: dict[str, ModelInfo] = {}
+    services: dict[str, dict[str, ServiceFigures]] = {}
+    changes: list[Change] = []
+    weights: list[dict[str, float]] = []
+    request_bytes: dict[str, int] = {}
+    base_dir: str = "."
+    zoo_dir: str = ""
+    profiles_dir: str = ""
 
     def switch(self, name: str) -> Switch:
         """The switch called ``name`` (KeyError if none)."""
@@ -156,19 +187,18 @@ class Plan:
         raise KeyError((source, cluster))
 
     def to_dict(self) -> dict:
-        """A JSON-serialisable view (written to ``plan.json`` in the run directory)."""
-        return {
-            "experiment": self.experiment.model_dump(),
-            "topology": self.topology_name,
-            "switches": [asdict(s) for s in self.switches],
-            "links": [asdict(lk) | {"emu_name": lk.emu_name} for lk in self.links],
-            "hosts": [asdict(h) for h in self.hosts],
-            "paths": [asdict(p) | {"rtt_ms": p.rtt_ms} for p in self.paths],
-            "notes": self.notes,
-        }
+        """A JSON-serialisable view (``plan.json``), with each link's ``emu_name`` and each
+        path's ``rtt_ms`` added for readers of the file."""
+        d = self.model_dump(mode="json")
+        for lk, row in zip(self.links, d["links"], strict=True):
+            row["emu_name"] = lk.emu_name
+        for p, row in zip(self.paths, d["paths"], strict=True):
+            row["rtt_ms"] = p.rtt_ms
+        return d
 
     def write_json(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_dict(), indent=2))
+        """Write :meth:`to_dict` to ``path`` (atomically)."""
+        write_json_atomic(path, self.to_dict(), indent=1)
 
 
 def _suggest(name: str, options: list[str]) -> str:
@@ -190,216 +220,372 @@ def _check_name(name: str, what: str) -> None:
         raise PlanError(f"{what} name {name!r}: use lower-case letters and digits only, starting with a letter")
 
 
-def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path = Path(".")) -> Plan:
+def _read_value_trace(path: Path, column: str, item: str) -> list[tuple[float, float]]:
+    """Rows (t_s, value) of an event's trace CSV (columns ``t_s`` and ``column``), t_s >= 0 and
+    increasing, values finite and >= 0."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise PlanError(f"{item}: cannot read trace {str(path)!r}: {exc}") from None
+    missing = [c for c in ("t_s", column) if c not in df.columns]
+    if missing:
+        raise PlanError(f"{item}: trace {str(path)!r} lacks column(s) {missing} (has {list(df.columns)})")
+    t = pd.to_numeric(df["t_s"], errors="coerce")
+    v = pd.to_numeric(df[column], errors="coerce")
+    bad = df.index[t.isna() | v.isna() | (t < 0) | (v < 0) | ~t.apply(math.isfinite) | ~v.apply(math.isfinite)]
+    if len(bad):
+        raise PlanError(f"{item}: trace {str(path)!r} row {int(bad[0]) + 2}: t_s and {column} must be numbers >= 0")
+    if not t.is_monotonic_increasing:
+        raise PlanError(f"{item}: trace {str(path)!r}: t_s must increase")
+    return list(zip(t.astype(float).tolist(), v.astype(float).tolist(), strict=True))
+
+
+class _Builder:
+    """The steps of :func:`build_plan`, in order: nodes, links, connectivity, cloud, hosts,
+    names, paths, models. Each step reads what the earlier ones resolved."""
+
+    def __init__(self, exp: Experiment, raw: RawTopology):
+        self.exp, self.raw = exp, raw
+        self.strict = raw.origin == "yaml"
+        self.notes: list[str] = list(raw.notes)
+        self.nodes: dict[str, Switch] = {}
+        self.seen_names: dict[str, str] = {}
+        self.order: list[frozenset] = []
+        self.merged: dict[frozenset, dict] = {}
+        self.switches: list[Switch] = []
+        self.links: list[Link] = []
+        self.hosts: list[Host] = []
+        self.cloud_switch: Switch | None = None
+
+    # -- step 1 --
+    def build_nodes(self) -> None:
+        """Ids, switch names and DPIDs (unique, in range)."""
+        raw = self.raw
+        for i, n in enumerate(raw.nodes, start=1):
+            if n.id in self.nodes:
+                raise PlanError(f"node id {n.id!r} appears twice in topology {raw.name!r}")
+            name = n.name or f"s{i}"
+            _check_name(name, f"switch (node {n.label!r})")
+            dpid = n.dpid if n.dpid is not None else i
+            if not 1 <= dpid <= MAX_DPID:
+                raise PlanError(f"node {n.label!r}: DPID {dpid} out of range [1, 2^64-1] (0 is not a valid DPID)")
+            self.nodes[n.id] = Switch(name=name, dpid=dpid, node_id=n.id, label=n.label, lat=n.lat, lon=n.lon)
+        seen_dpids: dict[int, str] = {}
+        for s in self.nodes.values():
+            if s.name in self.seen_names:
+                raise PlanError(f"switch name {s.name!r} is used by nodes {self.seen_names[s.name]!r} and {s.label!r}")
+            if s.dpid in seen_dpids:
+                raise PlanError(f"DPID {s.dpid:#x} is used by nodes {seen_dpids[s.dpid]!r} and {s.label!r}")
+            self.seen_names[s.name] = s.label
+            seen_dpids[s.dpid] = s.label
+
+    def node_of(self, ref: str, item: str) -> Switch:
+        """The switch a topology reference (node id or unique label) names."""
+        if ref in self.nodes:
+            return self.nodes[ref]
+        by_label = [s for s in self.nodes.values() if s.label == ref]
+        if len(by_label) == 1:
+            return by_label[0]
+        if len(by_label) > 1:
+            raise PlanError(f"{item}: label {ref!r} names {len(by_label)} nodes; use the node id instead")
+        options = list(self.nodes) + [s.label for s in self.nodes.values()]
+        raise PlanError(f"{item}: unknown node {ref!r}{_suggest(ref, options)}")
+
+    # -- step 2 --
+    def _link_delay(self, a: Switch, b: Switch, configured: float | None, item: str) -> tuple[float, str, float | None]:
+        if configured is not None:
+            return configured, "config", None
+        missing = [s.label for s in (a, b) if s.lat is None or s.lon is None]
+        if missing:
+            raise PlanError(
+                f"{item}: node {missing[0]!r} has no coordinates, so the link delay cannot be "
+                f"derived from geography; give the link an explicit delay (e.g. delay: 5ms)"
+            )
+        t = self.exp.topology
+        km = great_circle_km(a.lat, a.lon, b.lat, b.lon)
+        geo = km * t.ms_per_km * t.route_factor
+        return (geo, "geo", km) if geo >= t.delay_floor_ms else (t.delay_floor_ms, "floor", km)
+
+    def build_links(self) -> None:
+        """Self-loops, parallel links and each link's delay and bandwidth."""
+        for j, lk in enumerate(self.raw.links):
+            item = f"link #{j} ({lk.a} - {lk.b})"
+            a, b = self.node_of(lk.a, item), self.node_of(lk.b, item)
+            if a.node_id == b.node_id:
+                if self.strict:
+                    raise PlanError(f"{item}: self-loop on node {a.label!r}; remove it")
+                self.notes.append(f"self-loop on {a.label!r} dropped (carries no traffic)")
+                continue
+            delay, source, km = self._link_delay(a, b, lk.delay_ms, item)
+            bw = lk.bandwidth_mbps if lk.bandwidth_mbps is not None else self.exp.topology.bandwidth_mbps
+            key = frozenset((a.node_id, b.node_id))
+            if key in self.merged:
+                self._merge_parallel(key, a, b, delay, source, km, bw, item)
+                continue
+            self.merged[key] = {"a": a, "b": b, "delay": delay, "source": source, "km": km, "bw": bw,
+                                "loss": lk.loss_pct}
+            self.order.append(key)
+
+    def _merge_parallel(self, key: frozenset, a: Switch, b: Switch, delay: float, source: str, km: float | None,
+                        bw: float, item: str) -> None:
+        if self.strict:
+            raise PlanError(f"{item}: parallel link between {a.label!r} and {b.label!r}; keep one")
+        old = self.merged[key]
+        self.notes.append(
+            f"parallel links {a.label!r} - {b.label!r} merged into one: delay = min "
+            f"({min(old['delay'], delay):.3f} ms), bandwidth = sum ({old['bw'] + bw:g} Mbit/s)"
+        )
+        if delay < old["delay"]:
+            old.update(delay=delay, source=source, km=km)
+        old["bw"] += bw
+
+    # -- step 3 --
+    def check_connectivity(self) -> None:
+        """One component, or the largest kept (``keep_largest_component``), said in the notes."""
+        nodes = self.nodes
+        g = nx.Graph()
+        g.add_nodes_from(nodes)
+        g.add_edges_from(tuple(k) for k in self.order)
+        comps = sorted(nx.connected_components(g), key=lambda c: (-len(c), sorted(c)))
+        if len(comps) > 1:
+            if not self.exp.topology.keep_largest_component:
+                desc = "; ".join(
+                    f"{{{', '.join(sorted(nodes[n].label for n in c)[:4])}{', ...' if len(c) > 4 else ''}}}"
+                    for c in comps
+                )
+                raise PlanError(
+                    f"topology {self.raw.name!r} is disconnected: {len(comps)} components: {desc}. "
+                    f"Connect them, or set topology.keep_largest_component: true"
+                )
+            dropped = set().union(*comps[1:])
+            self.notes.append(
+                f"keep_largest_component: dropped {len(dropped)} node(s) outside the largest component: "
+                + ", ".join(sorted(nodes[n].label for n in dropped))
+            )
+            self.dropped = {nodes[n].label for n in dropped} | set(dropped)
+            for n in dropped:
+                del nodes[n]
+            self.order = [k for k in self.order if k <= set(nodes)]
+        if not nodes:
+            raise PlanError(f"topology {self.raw.name!r} has no nodes")
+        self.switches = list(nodes.values())
+        self.links = [Link(index=i, a=self.merged[k]["a"].name, b=self.merged[k]["b"].name,
+                           delay_ms=self.merged[k]["delay"], bandwidth_mbps=self.merged[k]["bw"],
+                           loss_pct=self.merged[k]["loss"], delay_source=self.merged[k]["source"],
+                           km=self.merged[k]["km"])
+                      for i, k in enumerate(self.order, start=1)]
+
+    # -- step 4 --
+    def add_cloud(self) -> None:
+        """The cloud switch and its long link to ``cloud.attach_to``."""
+        cloud = self.exp.cloud
+        if cloud is None:
+            return
+        anchor = self.node_of(cloud.attach_to, "cloud.attach_to")
+        used = [int(s.name[1:]) for s in self.switches if re.fullmatch(r"s\d+", s.name)]
+        name = f"s{max(used, default=0) + 1}"
+        dpid = max(s.dpid for s in self.switches) + 1
+        if dpid > MAX_DPID or name in self.seen_names:
+            raise PlanError("cannot allocate a name/DPID for the cloud switch")
+        self.cloud_switch = Switch(name=name, dpid=dpid, node_id="cloud", label="cloud", lat=None, lon=None)
+        self.switches.append(self.cloud_switch)
+        self.links.append(Link(index=len(self.links) + 1, a=anchor.name, b=name, delay_ms=cloud.delay_ms,
+                               bandwidth_mbps=cloud.bandwidth_mbps, loss_pct=0.0, delay_source="cloud", km=None))
+
+    # -- step 5 --
+    def _site_switch(self, site: str, item: str) -> Switch:
+        if site == "cloud":
+            assert self.cloud_switch is not None  # config validation guarantees a cloud section
+            return self.cloud_switch
+        if site in getattr(self, "dropped", set()):
+            raise PlanError(f"{item}: site {site!r} was dropped with its component (keep_largest_component)")
+        return self.node_of(site, item)
+
+    def add_hosts(self) -> None:
+        """One host per source and cluster, with its IP (10.0.0.k/8) and MAC (00:..:k)."""
+        hbw = self.exp.topology.host_bandwidth_mbps
+        for src in self.exp.sources:
+            sw = self._site_switch(src.site, f"source {src.name!r}")
+            self.hosts.append(Host(name=src.name, role="source", switch=sw.name, site=sw.label, bandwidth_mbps=hbw))
+        for c in self.exp.clusters:
+            sw = self._site_switch(c.site, f"cluster {c.name!r}")
+            self.hosts.append(Host(name=c.name, role="cluster", switch=sw.name, site=sw.label, bandwidth_mbps=hbw,
+                                   tier=c.tier, cpu_cores=c.cpu_cores, workers=c.workers, models=list(c.models)))
+        net = ipaddress.ip_network("10.0.0.0/8")
+        for k, h in enumerate(self.hosts, start=1):
+            h.ip = str(net.network_address + k)
+            h.mac = ":".join(f"{b:02x}" for b in k.to_bytes(6, "big"))
+
+    # -- step 6 --
+    def check_names(self) -> None:
+        """Node names unique across switches, link emulators and hosts; interface names fit IFNAMSIZ."""
+        all_names: dict[str, str] = {s.name: f"switch {s.label!r}" for s in self.switches}
+        for lk in self.links:
+            if lk.emu_name in all_names:
+                raise PlanError(f"switch name {lk.emu_name!r} ({all_names[lk.emu_name]}) is reserved for the link "
+                                f"emulator of link #{lk.index}; names l<digits> cannot be switch names")
+            all_names[lk.emu_name] = f"link emulator of {lk.a}-{lk.b}"
+        for h in self.hosts:
+            if h.name in all_names:
+                raise PlanError(f"{h.role} name {h.name!r} clashes with {all_names[h.name]}; rename it")
+            all_names[h.name] = h.role
+            _check_ifname(h.name, 0, h.role)
+        ports = {s.name: 0 for s in self.switches}
+        for lk in self.links:
+            ports[lk.a] += 1
+            ports[lk.b] += 1
+        for h in self.hosts:
+            ports[h.switch] += 1
+        for s in self.switches:
+            _check_ifname(s.name, ports[s.name], "switch")
+        for lk in self.links:
+            _check_ifname(lk.emu_name, 1, "link emulator")
+
+    # -- step 7 --
+    def expected_paths(self) -> list[PathInfo]:
+        """Least one-way delay path of every (source, cluster) pair (ties: the graph's order)."""
+        sg = nx.Graph()
+        sg.add_nodes_from(s.name for s in self.switches)
+        for lk in self.links:
+            sg.add_edge(lk.a, lk.b, delay=lk.delay_ms)
+        paths = []
+        for s in (h for h in self.hosts if h.role == "source"):
+            dist, route = nx.single_source_dijkstra(sg, s.switch, weight="delay")
+            for c in (h for h in self.hosts if h.role == "cluster"):
+                paths.append(PathInfo(source=s.name, cluster=c.name, switches=route[c.switch],
+                                      one_way_ms=dist[c.switch]))
+        return paths
+
+    # -- step 8 --
+    def resolve_events(self, base_dir: Path) -> list[Change]:
+        """Each event's link as the plan's (a, b), its trace read, the timeline expanded."""
+        exp = self.exp
+        clusters = {c.name for c in exp.clusters}
+        by_pair = {frozenset((lk.a, lk.b)): (lk.a, lk.b) for lk in self.links}
+        links: dict[int, tuple[str, str]] = {}
+        traces: dict[int, list[tuple[float, float]]] = {}
+        for i, ev in enumerate(exp.events):
+            item = f"events.{i} ({ev.kind})"
+            if ev.cluster is not None and ev.cluster not in clusters:
+                raise PlanError(f"{item}: unknown cluster {ev.cluster!r}; known: {', '.join(sorted(clusters))}")
+            if ev.link is not None:
+                a = self.cloud_switch if ev.link[0] == "cloud" else self.node_of(ev.link[0], f"{item}.link")
+                b = self.cloud_switch if ev.link[1] == "cloud" else self.node_of(ev.link[1], f"{item}.link")
+                pair = by_pair.get(frozenset((a.name, b.name))) if a and b else None
+                if pair is None:
+                    raise PlanError(f"{item}: no link between {ev.link[0]!r} and {ev.link[1]!r} in the topology")
+                links[i] = (a.name, b.name)
+            if ev.trace is not None:
+                traces[i] = _read_value_trace(repo_path(ev.trace, Path(base_dir)), VALUE_FIELD[ev.kind], item)
+        initial = {(lk.a, lk.b): {"delay_ms": lk.delay_ms, "bandwidth_mbps": lk.bandwidth_mbps,
+                                  "loss_pct": lk.loss_pct, "background_mbps": 0.0} for lk in self.links}
+        initial |= {(b, a): v for (a, b), v in initial.items()}
+        try:
+            return expand(exp.events, links, initial, traces)
+        except ValueError as exc:
+            raise PlanError(str(exc)) from None
+
+    # -- step 9 --
+    def resolve_workload(self, base_dir: Path) -> list[dict[str, float]]:
+        """Per workload entry, the weight of every source it selects (demand matrices read here)."""
+        from testbed.arrivals import ArrivalError, source_weights
+
+        site_names = {h.name: (h.site, next(s.node_id for s in self.switches if s.name == h.switch))
+                      for h in self.hosts if h.role == "source"}
+        out = []
+        for i, w in enumerate(self.exp.workload):
+            sel = [s.name for s in self.exp.sources if w.sources == "all" or s.name in w.sources]
+            try:
+                out.append(source_weights(w, [(n, site_names[n]) for n in sel], Path(base_dir)))
+            except ArrivalError as exc:
+                raise PlanError(f"workload.{i}: {exc}") from None
+        return out
+
+    # -- step 10 --
+    def resolve_models(self, catalog: Catalog) -> tuple[dict[str, ModelInfo], dict[str, dict[str, ServiceFigures]]]:
+        """Every served model and application family from the catalog; each cluster's service times."""
+        exp = self.exp
+        families = set(catalog.families())
+        for a in exp.applications:
+            if a.family not in families:
+                raise PlanError(f"application {a.name!r}: family {a.family!r} is not in the model zoo "
+                                f"(has: {', '.join(sorted(families))})")
+        models: dict[str, ModelInfo] = {}
+        services: dict[str, dict[str, ServiceFigures]] = {}
+        for c in exp.clusters:
+            threads = threads_per_call(c.cpu_cores, c.workers)
+            services[c.name] = {}
+            for m in c.models:
+                try:
+                    models[m] = catalog.model(m)
+                    rt = c.server.runtime_of(m)
+                    smp = catalog.samples(m, rt, threads)
+                except CatalogError as exc:
+                    raise PlanError(f"cluster {c.name!r}: {exc}") from None
+                services[c.name][m] = service_figures(m, rt, c.cpu_cores, c.workers, threads, smp.samples_ms,
+                                                      smp.batch_mean_ms, smp.source)
+        return models, services
+
+    def request_sizes(self, catalog: Catalog) -> dict[str, int]:
+        """Request body bytes per application: ``simulation.request_bytes`` if set, else the mean
+        size of the catalog's request bodies for the application's family."""
+        fixed = self.exp.simulation.request_bytes
+        return {a.name: int(fixed or catalog.request_bytes(a.family)) for a in self.exp.applications}
+
+
+def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path = Path("."),
+               catalog: Catalog | None = None) -> Plan:
     """Resolve and validate an experiment into a :class:`Plan`. Builds nothing; needs no root.
 
     Args:
         exp: the validated experiment file.
         raw: the loaded topology; loaded from ``exp.topology.source`` when None.
-        base_dir: folder against which a relative topology path is resolved.
+        base_dir: the experiment file's folder: a relative topology, trace or demand-matrix path is
+            resolved against it.
+        catalog: where models come from; default the zoo and profiles folders of the experiment
+            (``zoo_dir``, ``profiles_dir``, relative to the repository).
 
     Raises:
         PlanError: any rule of this module's table is violated; the message names the item.
         TopologyError: the topology cannot be loaded.
+        testbed.catalog.CatalogError: the model zoo cannot be read.
     """
     if raw is None:
         raw = load_topology(exp.topology.source, base_dir)
-    strict = raw.origin == "yaml"
-    tspec = exp.topology
-    notes = list(raw.notes)
-
-    # --- nodes: ids, names, DPIDs ---
-    nodes: dict[str, Switch] = {}
-    for i, n in enumerate(raw.nodes, start=1):
-        if n.id in nodes:
-            raise PlanError(f"node id {n.id!r} appears twice in topology {raw.name!r}")
-        name = n.name or f"s{i}"
-        _check_name(name, f"switch (node {n.label!r})")
-        dpid = n.dpid if n.dpid is not None else i
-        if not 1 <= dpid <= MAX_DPID:
-            raise PlanError(f"node {n.label!r}: DPID {dpid} out of range [1, 2^64-1] (0 is not a valid DPID)")
-        nodes[n.id] = Switch(name, dpid, n.id, n.label, n.lat, n.lon)
-    seen_names: dict[str, str] = {}
-    seen_dpids: dict[int, str] = {}
-    for s in nodes.values():
-        if s.name in seen_names:
-            raise PlanError(f"switch name {s.name!r} is used by nodes {seen_names[s.name]!r} and {s.label!r}")
-        if s.dpid in seen_dpids:
-            raise PlanError(f"DPID {s.dpid:#x} is used by nodes {seen_dpids[s.dpid]!r} and {s.label!r}")
-        seen_names[s.name] = s.label
-        seen_dpids[s.dpid] = s.label
-
-    def node_of(ref: str, item: str) -> Switch:
-        if ref in nodes:
-            return nodes[ref]
-        by_label = [s for s in nodes.values() if s.label == ref]
-        if len(by_label) == 1:
-            return by_label[0]
-        if len(by_label) > 1:
-            raise PlanError(f"{item}: label {ref!r} names {len(by_label)} nodes; use the node id instead")
-        options = list(nodes) + [s.label for s in nodes.values()]
-        raise PlanError(f"{item}: unknown node {ref!r}{_suggest(ref, options)}")
-
-    # --- links: self-loops, parallel links, delays ---
-    merged: dict[frozenset, dict] = {}
-    order: list[frozenset] = []
-    for j, lk in enumerate(raw.links):
-        item = f"link #{j} ({lk.a} - {lk.b})"
-        a, b = node_of(lk.a, item), node_of(lk.b, item)
-        if a.node_id == b.node_id:
-            if strict:
-                raise PlanError(f"{item}: self-loop on node {a.label!r}; remove it")
-            notes.append(f"self-loop on {a.label!r} dropped (carries no traffic)")
-            continue
-        if lk.delay_ms is not None:
-            delay, source, km = lk.delay_ms, "config", None
-        else:
-            missing = [s.label for s in (a, b) if s.lat is None or s.lon is None]
-            if missing:
-                raise PlanError(
-                    f"{item}: node {missing[0]!r} has no coordinates, so the link delay cannot be "
-                    f"derived from geography; give the link an explicit delay (e.g. delay: 5ms)"
-                )
-            km = great_circle_km(a.lat, a.lon, b.lat, b.lon)
-            geo = km * tspec.ms_per_km * tspec.route_factor
-            delay, source = (geo, "geo") if geo >= tspec.delay_floor_ms else (tspec.delay_floor_ms, "floor")
-        bw = lk.bandwidth_mbps if lk.bandwidth_mbps is not None else tspec.bandwidth_mbps
-        key = frozenset((a.node_id, b.node_id))
-        entry = {"a": a, "b": b, "delay": delay, "source": source, "km": km, "bw": bw, "loss": lk.loss_pct}
-        if key in merged:
-            if strict:
-                raise PlanError(f"{item}: parallel link between {a.label!r} and {b.label!r}; keep one")
-            old = merged[key]
-            notes.append(
-                f"parallel links {a.label!r} - {b.label!r} merged into one: delay = min "
-                f"({min(old['delay'], delay):.3f} ms), bandwidth = sum ({old['bw'] + bw:g} Mbit/s)"
-            )
-            if delay < old["delay"]:
-                old.update(delay=delay, source=source, km=km)
-            old["bw"] += bw
-            continue
-        merged[key] = entry
-        order.append(key)
-
-    # --- connectivity ---
-    g = nx.Graph()
-    g.add_nodes_from(nodes)
-    g.add_edges_from(tuple(k) for k in order)
-    comps = sorted(nx.connected_components(g), key=lambda c: (-len(c), sorted(c)))
-    if len(comps) > 1:
-        if not tspec.keep_largest_component:
-            desc = "; ".join(
-                f"{{{', '.join(sorted(nodes[n].label for n in c)[:4])}{', ...' if len(c) > 4 else ''}}}"
-                for c in comps
-            )
-            raise PlanError(
-                f"topology {raw.name!r} is disconnected: {len(comps)} components: {desc}. "
-                f"Connect them, or set topology.keep_largest_component: true"
-            )
-        dropped = set().union(*comps[1:])
-        notes.append(
-            f"keep_largest_component: dropped {len(dropped)} node(s) outside the largest component: "
-            + ", ".join(sorted(nodes[n].label for n in dropped))
-        )
-        for n in dropped:
-            del nodes[n]
-        order = [k for k in order if k <= set(nodes)]
-    if not nodes:
-        raise PlanError(f"topology {raw.name!r} has no nodes")
-
-    switches = list(nodes.values())
-    links = [
-        Link(i, merged[k]["a"].name, merged[k]["b"].name, merged[k]["delay"], merged[k]["bw"],
-             merged[k]["loss"], merged[k]["source"], merged[k]["km"])
-        for i, k in enumerate(order, start=1)
-    ]
-
-    # --- the cloud ---
-    cloud_switch: Switch | None = None
-    if exp.cloud is not None:
-        anchor = node_of(exp.cloud.attach_to, "cloud.attach_to")
-        used = [int(s.name[1:]) for s in switches if re.fullmatch(r"s\d+", s.name)]
-        name = f"s{max(used, default=0) + 1}"
-        dpid = max(s.dpid for s in switches) + 1
-        if dpid > MAX_DPID or name in seen_names:
-            raise PlanError("cannot allocate a name/DPID for the cloud switch")
-        cloud_switch = Switch(name, dpid, "cloud", "cloud", None, None)
-        switches.append(cloud_switch)
-        links.append(Link(len(links) + 1, anchor.name, name, exp.cloud.delay_ms,
-                          exp.cloud.bandwidth_mbps, 0.0, "cloud", None))
-
-    # --- hosts ---
-    hosts: list[Host] = []
-    net = ipaddress.ip_network("10.0.0.0/8")
-
-    def site_switch(site: str, item: str) -> Switch:
-        if site == "cloud":
-            assert cloud_switch is not None  # config validation guarantees a cloud section
-            return cloud_switch
-        sw = node_of(site, item)
-        if sw.node_id not in nodes:
-            raise PlanError(f"{item}: site {site!r} was dropped with its component (keep_largest_component)")
-        return sw
-
-    for src in exp.sources:
-        sw = site_switch(src.site, f"source {src.name!r}")
-        hosts.append(Host(src.name, "source", sw.name, sw.label, "", "", tspec.host_bandwidth_mbps))
-    for c in exp.clusters:
-        sw = site_switch(c.site, f"cluster {c.name!r}")
-        hosts.append(Host(c.name, "cluster", sw.name, sw.label, "", "", tspec.host_bandwidth_mbps,
-                          c.tier, c.cpu_cores, c.workers, list(c.models)))
-    for k, h in enumerate(hosts, start=1):
-        h.ip = str(net.network_address + k)
-        h.mac = ":".join(f"{b:02x}" for b in k.to_bytes(6, "big"))
-
-    # --- names and interface lengths ---
-    all_names: dict[str, str] = {s.name: f"switch {s.label!r}" for s in switches}
-    for lk in links:
-        if lk.emu_name in all_names:
-            raise PlanError(f"switch name {lk.emu_name!r} ({all_names[lk.emu_name]}) is reserved for the link "
-                            f"emulator of link #{lk.index}; names l<digits> cannot be switch names")
-        all_names[lk.emu_name] = f"link emulator of {lk.a}-{lk.b}"
-    for h in hosts:
-        if h.name in all_names:
-            raise PlanError(f"{h.role} name {h.name!r} clashes with {all_names[h.name]}; rename it")
-        all_names[h.name] = h.role
-        _check_ifname(h.name, 0, h.role)
-    ports = {s.name: 0 for s in switches}
-    for lk in links:
-        ports[lk.a] += 1
-        ports[lk.b] += 1
-    for h in hosts:
-        ports[h.switch] += 1
-    for s in switches:
-        _check_ifname(s.name, ports[s.name], "switch")
-    for lk in links:
-        _check_ifname(lk.emu_name, 1, "link emulator")
-
-    # --- expected paths (least one-way delay; ties broken by the switch graph's order) ---
-    sg = nx.Graph()
-    sg.add_nodes_from(s.name for s in switches)
-    for lk in links:
-        sg.add_edge(lk.a, lk.b, delay=lk.delay_ms)
-    paths = []
-    for s in (h for h in hosts if h.role == "source"):
-        dist, route = nx.single_source_dijkstra(sg, s.switch, weight="delay")
-        for c in (h for h in hosts if h.role == "cluster"):
-            paths.append(PathInfo(s.name, c.name, route[c.switch], dist[c.switch]))
-
-    return Plan(exp, raw.name, switches, links, hosts, paths, notes)
+    zoo_dir, profiles_dir = repo_path(exp.zoo_dir), repo_path(exp.profiles_dir)
+    b = _Builder(exp, raw)
+    b.build_nodes()
+    b.build_links()
+    b.check_connectivity()
+    b.add_cloud()
+    b.add_hosts()
+    b.check_names()
+    paths = b.expected_paths()
+    changes = b.resolve_events(Path(base_dir))
+    weights = b.resolve_workload(Path(base_dir))
+    catalog = catalog if catalog is not None else ZooCatalog(zoo_dir, profiles_dir)
+    models, services = b.resolve_models(catalog)
+    request_bytes = b.request_sizes(catalog)
+    return Plan(experiment=exp, topology_name=raw.name, switches=b.switches, links=b.links, hosts=b.hosts,
+                paths=paths, notes=b.notes, models=models, services=services, changes=changes,
+                weights=weights, request_bytes=request_bytes, base_dir=str(Path(base_dir).resolve()),
+                zoo_dir=str(zoo_dir), profiles_dir=str(profiles_dir))
 
 
-def plan_experiment(path: str | Path) -> Plan:
+def plan_experiment(path: str | Path, catalog: Catalog | None = None) -> Plan:
     """Load an experiment file and plan it (see :func:`build_plan`).
 
     Raises:
-        ConfigError, PlanError, TopologyError: with a message naming the offending item.
+        ConfigError, PlanError, TopologyError, CatalogError: with a message naming the offending item.
     """
     from testbed.config import load_experiment
 
     path = Path(path)
     exp = load_experiment(path)
-    return build_plan(exp, base_dir=path.parent)
+    return build_plan(exp, base_dir=path.parent, catalog=catalog)
 
 
-__all__ = ["Plan", "PlanError", "TopologyError", "build_plan", "plan_experiment"]
+__all__ = ["Host", "Link", "PathInfo", "Plan", "PlanError", "Switch", "TopologyError", "build_plan",
+           "plan_experiment"]

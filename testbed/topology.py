@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from testbed.config import format_validation_error
+from testbed.errors import InputError
 from testbed.schema import unit_pair as _unit_pair
 from testbed.units import parse_delay_ms, parse_rate_mbps
 
@@ -31,7 +32,7 @@ TOPOLOGIES_DIR = REPO_ROOT / "topologies"
 EARTH_RADIUS_KM = 6371.0088  # IUGG mean Earth radius
 
 
-class TopologyError(ValueError):
+class TopologyError(InputError):
     """The topology is invalid or cannot be loaded; the message names the offending item."""
 
 

@@ -16,9 +16,9 @@ import pytest
 from testbed.capture.analysis import analyze_run, load_packets, parse_tcp, read_pcap
 from testbed.capture.capture import capture_points, packet_bound, tcpdump_command, validate_capture
 from testbed.capture.spec import CaptureSpec
+from testbed.model.records import RECORD_FIELDS
 from testbed.plan import PlanError, plan_experiment
 from testbed.summary import merge_records
-from testbed.workload import RECORD_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
 MS = 1_000_000
@@ -191,7 +191,7 @@ def test_capture_unknown_name_is_named(plan):
     with pytest.raises(PlanError, match=r"capture\.interfaces\.1: 'srcx' is not a host.*did you mean 'srca'"):
         capture_points(plan, CaptureSpec(interfaces=["srca", "srcx"]))
     bad = plan.experiment.model_copy(update={"capture": CaptureSpec(interfaces=["l9"])})
-    plan2 = type(plan)(bad, plan.topology_name, plan.switches, plan.links, plan.hosts, plan.paths, plan.notes)
+    plan2 = plan.model_copy(update={"experiment": bad})
     with pytest.raises(PlanError, match=r"capture\.interfaces\.0: 'l9'"):
         validate_capture(plan2)
     validate_capture(plan)

@@ -99,14 +99,14 @@ def test_experiment_file_errors_name_the_item(tmp_path):
 
 def test_shell_metacharacters_in_names_rejected():
     with pytest.raises(Exception, match="pattern"):
-        exp(clusters=[{"name": "e;reboot", "site": "B", "tier": "far_edge", "cpu_cores": 1, "models": ["m"]}])
+        exp(clusters=[{"name": "e;reboot", "site": "B", "tier": "far_edge", "cpu_cores": 1, "models": ["digits_small"]}])
     with pytest.raises(PlanError, match="lower-case letters and digits"):
         build_plan(exp(), topo(nodes=[dict(TRIANGLE["nodes"][0], name="s1$(id)")] + TRIANGLE["nodes"][1:]))
 
 
 def test_interface_name_longer_than_15_bytes_rejected():
     long = "clusterabcdefgh"  # 15 chars -> "clusterabcdefgh-eth0" is 20 bytes
-    e = exp(clusters=[{"name": long, "site": "B", "tier": "far_edge", "cpu_cores": 1, "models": ["m"]}])
+    e = exp(clusters=[{"name": long, "site": "B", "tier": "far_edge", "cpu_cores": 1, "models": ["digits_small"]}])
     msg = r"interface name 'clusterabcdefgh-eth0' is 20 bytes, over the Linux limit of 15"
     with pytest.raises(PlanError, match=msg):
         build_plan(e, topo())
@@ -214,7 +214,7 @@ def test_parallel_links_merged_for_datasets(tmp_path):
 </graphml>""")
     raw = load_graphml(f)
     assert raw.origin == "graphml" and len(raw.links) == 2
-    e = exp(clusters=[{"name": "edge", "site": "Milano", "tier": "far_edge", "cpu_cores": 1, "models": ["m"]}],
+    e = exp(clusters=[{"name": "edge", "site": "Milano", "tier": "far_edge", "cpu_cores": 1, "models": ["digits_small"]}],
             sources=[{"name": "src", "site": "Torino"}])
     plan = build_plan(e, raw)
     assert len(plan.links) == 1 and plan.links[0].bandwidth_mbps == 200.0
@@ -247,14 +247,14 @@ def test_expected_paths_follow_least_delay():
     p = plan.paths[0]
     assert (p.source, p.cluster, p.switches) == ("src", "edge", ["s1", "s2"])
     plan2 = build_plan(exp(clusters=[{"name": "edge", "site": "C", "tier": "far_edge", "cpu_cores": 1,
-                                      "models": ["m"]}]), topo())
+                                      "models": ["digits_small"]}]), topo())
     via_b = plan2.links[0].delay_ms + plan2.links[1].delay_ms
     assert via_b < 20.0
     assert plan2.paths[0].switches == ["s1", "s2", "s3"] and plan2.paths[0].rtt_ms == pytest.approx(2 * via_b)
 
 
 def test_default_experiment_plans():
-    plan = plan_experiment(REPO / "experiments" / "default.yaml")
+    plan = plan_experiment(REPO / "experiments" / "digits-abilene.yaml")
     assert len(plan.switches) == 12 and len(plan.links) == 15  # Abilene 11 + cloud, 14 + cloud link
     tiers = {h.tier for h in plan.clusters}
     assert tiers == {"far_edge", "near_edge", "cloud"} and len(plan.sources) >= 4
@@ -270,7 +270,7 @@ def test_unknown_topohub_key():
 
 
 def test_plan_cli_needs_no_root_and_reports_errors(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", str(REPO / "experiments" / "default.yaml")],
+    ok = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", str(REPO / "experiments" / "digits-abilene.yaml")],
                         capture_output=True, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert ok.returncode == 0, ok.stderr
     assert "Kansas City" in ok.stdout and "expected RTT ms" in ok.stdout
@@ -289,7 +289,7 @@ def test_switch_named_like_a_link_emulator_rejected():
 
 def test_infinite_values_and_cloud_source_without_cloud_rejected():
     with pytest.raises(Exception, match="finite"):
-        exp(clusters=[{"name": "edge", "site": "B", "tier": "far_edge", "cpu_cores": float("inf"), "models": ["m"]}])
+        exp(clusters=[{"name": "edge", "site": "B", "tier": "far_edge", "cpu_cores": float("inf"), "models": ["digits_small"]}])
     with pytest.raises(Exception, match="source 'src' sits in the cloud"):
         exp(sources=[{"name": "src", "site": "cloud"}])
 

@@ -1,0 +1,139 @@
+"""What the plan needs to know about models: accuracy, family and service-time profiles.
+
+:class:`ZooCatalog` reads them from the model zoo (``models/zoo/manifest.json``) and one profiles
+folder (``models/profiles``); :class:`FixedCatalog` holds them in memory (tests, benchmarks with
+synthetic models). :func:`testbed.plan.build_plan` asks a catalog once per model and cluster;
+nothing else reads the zoo's manifest or the profiles to decide anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from testbed.errors import InputError
+
+
+class CatalogError(InputError):
+    """A model, family or profile the experiment needs is not in the catalog (names it)."""
+
+
+class ModelInfo(BaseModel):
+    """One model variant: its family (application input/output kind), accuracy alpha_m in [0, 1]
+    and where that figure comes from (measured here, or a published source)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    family: str
+    accuracy: float = Field(ge=0, le=1)
+    accuracy_source: str = ""
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Unthrottled per-call times (ms) of one model at batch 1, the measured batch sizes' means
+    (ms per call), and the file they come from."""
+
+    samples_ms: Sequence[float]
+    batch_mean_ms: Mapping[int, float]
+    source: str
+
+
+class Catalog(Protocol):
+    """What :func:`testbed.plan.build_plan` asks about models."""
+
+    def families(self) -> Sequence[str]: ...
+
+    def model(self, name: str) -> ModelInfo: ...
+
+    def samples(self, name: str, runtime: str, threads: int) -> Samples: ...
+
+    def request_bytes(self, family: str) -> int: ...
+
+
+class ZooCatalog:
+    """The model zoo on disk and one profiles folder.
+
+    Raises (from the methods): CatalogError naming the missing model, family or profile.
+    """
+
+    def __init__(self, zoo_dir: str | os.PathLike[str], profiles_dir: str | os.PathLike[str]):
+        from testbed.inference import zoo
+
+        self.zoo_dir, self.profiles_dir = Path(zoo_dir), Path(profiles_dir)
+        try:
+            self.manifest = zoo.load_manifest(self.zoo_dir)
+        except zoo.ZooError as exc:
+            raise CatalogError(f"model zoo: {exc}") from None
+
+    def families(self) -> list[str]:
+        return sorted(self.manifest["families"])
+
+    def model(self, name: str) -> ModelInfo:
+        variants = self.manifest["variants"]
+        if name not in variants:
+            raise CatalogError(f"model {name!r} is not in the zoo {self.zoo_dir} (has: {', '.join(sorted(variants))})")
+        v = variants[name]
+        return ModelInfo(name=name, family=v["family"], accuracy=float(v["accuracy"]),
+                         accuracy_source=str(v.get("accuracy_source", "")))
+
+    def samples(self, name: str, runtime: str, threads: int) -> Samples:
+        from testbed.inference import profiles, zoo
+
+        try:
+            ct = profiles.cpu_time(self.profiles_dir, name, runtime, 1, threads)
+            prof = zoo.load_profile(self.profiles_dir, name)
+        except (zoo.ZooError, ValueError) as exc:
+            raise CatalogError(f"model {name!r}: no service-time profile to plan with: {exc}") from None
+        rows = [r for r in profiles.measurements(prof) if r.get("runtime", "tensorflow") == runtime
+                and float(r["cpu_cores"]) == ct.measured_cpu_cores]
+        means = {int(r["batch"]): float(r["mean_ms"]) for r in rows}
+        return Samples([float(s) for s in ct.samples_ms], means,
+                       str(self.profiles_dir / f"{name}.json"))
+
+    def request_bytes(self, family: str) -> int:
+        """Mean size (bytes) of the zoo's request bodies for ``family`` (what the sources send)."""
+        from testbed.inference import zoo
+
+        try:
+            bodies, _ = zoo.request_bodies(self.zoo_dir, family, n=16)
+        except zoo.ZooError as exc:
+            raise CatalogError(f"family {family!r}: no request bodies in the zoo: {exc}") from None
+        return int(sum(len(b) for b in bodies) / len(bodies))
+
+
+@dataclass
+class FixedCatalog:
+    """Models held in memory: ``models`` name -> (family, accuracy, batch-1 samples in ms); the
+    same samples for every runtime and thread count; ``body_bytes`` per request (tests, synthetic
+    benchmarks)."""
+
+    models: Mapping[str, tuple[str, float, Sequence[float]]]
+    batch_mean_ms: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    body_bytes: int = 1000
+
+    def families(self) -> list[str]:
+        return sorted({f for f, _, _ in self.models.values()})
+
+    def model(self, name: str) -> ModelInfo:
+        if name not in self.models:
+            raise CatalogError(f"model {name!r} is not in the catalog (has: {', '.join(sorted(self.models))})")
+        fam, acc, _ = self.models[name]
+        return ModelInfo(name=name, family=fam, accuracy=acc, accuracy_source="fixed (test catalog)")
+
+    def samples(self, name: str, runtime: str, threads: int) -> Samples:
+        self.model(name)
+        s = [float(x) for x in self.models[name][2]]
+        return Samples(s, self.batch_mean_ms.get(name) or {1: sum(s) / len(s)}, "fixed")
+
+    def request_bytes(self, family: str) -> int:
+        return self.body_bytes
+
+
+__all__ = ["Catalog", "CatalogError", "FixedCatalog", "ModelInfo", "Samples", "ZooCatalog"]
