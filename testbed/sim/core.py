@@ -1,46 +1,55 @@
-"""The discrete-event simulator of the testbed's system model (``shared/design/system-model.md``).
+"""The discrete-event simulator: the system model on a virtual clock.
 
-Same plan as the emulation (paths, propagation + serialization delays), clusters as multi-worker
-queues (FIFO or EDF, queue bound, admission, dynamic batching as :class:`ServerSpec` says), service
-times drawn from the profiles (:func:`testbed.inference.profiles.service_time`), the arrival
-processes of :mod:`testbed.arrivals`, the policies of :mod:`testbed.policies` deciding on the state
-last heard (a snapshot every ``report_interval``), scenario events (link delay, link congestion,
-cluster failure / recovery).
+Every rule comes from :mod:`testbed.model`, the same code the emulation runs on the wall clock:
+the server queue (:class:`~testbed.model.queue.ServerQueue`), the CPU share
+(:class:`~testbed.model.cpu.CfsQuota`), the dispatcher step (:class:`~testbed.model.dispatch.Dispatcher`
+with :mod:`testbed.policies`), the network (:class:`~testbed.model.network.NetworkState`), the
+events' timeline (``plan.changes``) and the record with its outcome rule
+(:func:`~testbed.model.records.make_record`). What the simulator adds is only the clock and the
+bookkeeping: arrivals from :mod:`testbed.arrivals` (the same seeds as the emulation's sources),
+service times drawn from the plan's unthrottled samples, and messages that take the time the
+network model says.
 
-How it is fast: between two load reports the dispatchers' view is constant, so the deterministic
-policies' decision per (source, application) is computed once per report and reused for every
-query; arrivals come in vectorised blocks per report interval; network delays are constants per
-(source, cluster) (no per-link events); the only per-query events are the clusters' queue events,
-and the clusters are independent between two reports, so each is advanced on its own (a merge of
-its arrivals with its workers' completions, no global event heap).
+How it is fast: queries live in columns (one list per field, indexed by query number), not in
+objects; between two load reports the dispatchers' view is constant, so deterministic policies
+decide once per (source, application) and report (the dispatcher caches it); arrivals come in
+vectorised blocks per report interval; clusters are independent between two reports, so each is
+advanced on its own (a merge of its arrivals with its workers' completions, no global event heap).
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from collections import deque
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from testbed import policies as pol
-from testbed.arrivals import make_process, source_weights
+from testbed.arrivals import make_process
+from testbed.errors import InputError
+from testbed.model import queue as mq
+from testbed.model.cpu import CfsQuota
+from testbed.model.dispatch import Dispatcher, Heard, OptionSpec
+from testbed.model.network import TCP_RTO_MIN_MS, NetworkState, p_retransmit, wire_bytes
+from testbed.model.records import CONNECTION_REFUSED, RECORD_FIELDS, classify, make_record
+from testbed.model.service import ServiceFigures, batch_scale
 from testbed.plan import Plan
 
-GRACE_MS = 2000.0  # as testbed.run: a source waits this long past the deadline before giving up
-#: Bytes per frame on the wire beyond the payload (Ethernet + IP + TCP headers), and the MSS.
-FRAME_OVERHEAD_BYTES, MSS_BYTES = 66, 1448
+INF = math.inf
 
 
-class SimError(ValueError):
-    """The experiment cannot be simulated (unknown model, missing profile, bad event); names the item."""
+class SimError(InputError):
+    """The experiment cannot be simulated (unknown policy or source, bad event); names the item."""
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """A query resolved (completed, dropped, or past its deadline), as :meth:`Simulator.drain_resolved`
+    """A query resolved (answered, refused, or past its deadline), as :meth:`Simulator.drain_resolved`
     returns it. Times in s of simulated time; ``e2e_ms`` None when no answer came."""
 
     source: str
@@ -56,13 +65,11 @@ class Resolved:
 
 
 class ServiceSampler:
-    """Service times (ms) of one model at one cluster: ``mean_ms``, ``p95_ms``, ``draw() -> ms``.
+    """Unthrottled service times (ms) of one model at one cluster: ``mean_ms``, ``p95_ms``,
+    ``draw() -> ms``. Built from the plan's samples (bootstrap); tests inject :meth:`exponential`
+    or :meth:`deterministic` ones."""
 
-    Built from a :class:`testbed.inference.profiles.ServiceTime` (bootstrap of the measured samples);
-    tests inject :meth:`exponential` or :meth:`deterministic` ones.
-    """
-
-    def __init__(self, mean_ms: float, p95_ms: float, sampler, rng: np.random.Generator, block: int = 4096):
+    def __init__(self, mean_ms: float, p95_ms: float, sampler: Callable, rng: np.random.Generator, block: int = 4096):
         self.mean_ms, self.p95_ms = float(mean_ms), float(p95_ms)
         self._sampler, self._rng, self._block = sampler, rng, block
         self._buf: list[float] = []
@@ -78,6 +85,12 @@ class ServiceSampler:
         return v
 
     @classmethod
+    def bootstrap(cls, fig: ServiceFigures, rng: np.random.Generator, scale: float = 1.0) -> ServiceSampler:
+        """Draws from ``fig.samples_ms`` x ``scale`` (uniform with replacement)."""
+        arr = np.asarray(fig.samples_ms, dtype=float) * scale
+        return cls(float(arr.mean()), float(np.percentile(arr, 95)), lambda r, n: r.choice(arr, size=n), rng)
+
+    @classmethod
     def exponential(cls, mean_ms: float, rng: np.random.Generator) -> ServiceSampler:
         """Exponential service of mean ``mean_ms`` (M/M/c checks)."""
         return cls(mean_ms, mean_ms * math.log(20), lambda r, n: r.exponential(mean_ms, n), rng)
@@ -88,296 +101,224 @@ class ServiceSampler:
         return cls(ms, ms, lambda r, n: np.full(n, ms), rng)
 
 
-class _Q:
-    """One query in flight (internal)."""
+class _Queries:
+    """Every query of a run, one list per field (index = query number).
 
-    __slots__ = ("qid", "src", "app", "cl", "model", "pol", "fb", "t0", "t1", "dl", "t2", "t3", "t4", "status",
-                 "qlen", "back", "done", "released", "acc", "batch")
+    An answered query has ``t2``/``t3`` (start / end of its model call) and nothing in
+    ``status``/``t4``, which :meth:`status_of` and :meth:`t4_of` derive (HTTP 200, t3 + the
+    response's way back); a query refused or lost has ``status`` (503 or connection refused) and
+    ``t4`` (when the refusal reached the source); ``batch`` is set for batches of more than one.
+    """
 
-    def __init__(self, qid, src, app, cl, model, p, fb, t0, t1, dl, back, acc):
-        self.qid, self.src, self.app, self.cl, self.model, self.pol, self.fb = qid, src, app, cl, model, p, fb
-        self.t0, self.t1, self.dl, self.back, self.acc = t0, t1, dl, back, acc
-        self.t2 = self.t3 = self.t4 = None
-        self.status = None  # 200, 503, or None (no answer)
-        self.qlen = 0
-        self.done = False
-        self.released = False
-        self.batch = 1
+    __slots__ = ("src", "app", "cl", "model", "pol", "fb", "t0", "t1", "dl", "back", "t2", "t3", "t4", "status",
+                 "qlen", "batch", "reason", "released", "recorded")
+
+    def __init__(self) -> None:
+        for f in self.__slots__:
+            setattr(self, f, [])
+        self.fb = bytearray()  # 0/1 per query
+        self.released = bytearray()  # 1 once drain_resolved reported it
+        self.reason: dict[int, str] = {}  # drop reason of refused queries only
+
+    def __len__(self) -> int:
+        return len(self.t0)
+
+    def status_of(self, qi: int) -> int | None:
+        """HTTP status as the source sees it (None: no answer yet)."""
+        return 200 if self.t2[qi] is not None else self.status[qi]
+
+    def t4_of(self, qi: int) -> float | None:
+        """When the answer or the refusal reached the source (s; None: not yet)."""
+        t3 = self.t3[qi]
+        return t3 + self.back[qi] if t3 is not None and self.t2[qi] is not None else self.t4[qi]
+
+
+UP, KILLED, STOPPED = 0, 1, 2
 
 
 class _Cluster:
-    """A cluster's server: ``workers`` workers, a bounded queue, FIFO/EDF, admission, batching.
+    """A cluster's server on the virtual clock: the model's queue and CPU quota, its workers'
+    completions, and what an outage does (``kill``: refused; ``stop``: frozen until resumed)."""
 
-    Semantics (testbed.inference.spec.ServerSpec): ``queue_limit`` bounds the queries waiting (not
-    in service); beyond it a query is dropped (HTTP 503). Admission (when on) drops a query whose
-    expected completion, t1 + (queries ahead / workers + 1) x mean service, is after its deadline.
-    EDF orders the queue by absolute deadline t0 + D_a. Batching: a free worker takes up to
-    ``max_batch`` queued queries for the head query's model, waiting at most ``max_queue_delay``
-    after the oldest of them arrived for the batch to fill.
-    """
-
-    def __init__(self, idx: int, name: str, tier: str, workers: int, queue_limit: int, discipline: str,
-                 admission: bool, max_batch: int, max_queue_delay_s: float, services: dict[int, ServiceSampler],
-                 batch_services, n_sources: int):
-        self.idx, self.name, self.tier = idx, name, tier
-        self.c, self.limit = workers, queue_limit
-        self.edf = discipline == "edf"
-        self.admission, self.max_batch, self.max_delay = admission, max_batch, max_queue_delay_s
-        self.services = services  # model index -> sampler (batch 1)
-        self.batch_services = batch_services  # (model, b) -> sampler
-        self.up = True
-        self.pending: list = []  # (t1, seq, q) sorted by t1; processed up to self.pi
+    def __init__(self, sim: Simulator, idx: int, name: str, tier: str, spec, figures: dict[int, ServiceFigures],
+                 samplers: dict[int, ServiceSampler], batch_sampler: Callable[[int, int], ServiceSampler]):
+        self.sim, self.idx, self.name, self.tier = sim, idx, name, tier
+        self.figures, self.samplers, self.batch_sampler = figures, samplers, batch_sampler
+        fig0 = next(iter(figures.values()))
+        self.workers = fig0.workers
+        self.queue = mq.ServerQueue(fig0.workers, spec.queue_limit, spec.server.discipline, spec.server.admission,
+                                    spec.server.max_batch, spec.server.max_queue_delay_ms / 1e3,
+                                    {m: f.busy_mean_ms / 1e3 for m, f in figures.items()})
+        self.quota = CfsQuota(fig0.cores, fig0.threads, fig0.workers)
+        self.pending: list[tuple[float, int]] = []  # (t1, query) sorted by t1; processed up to pi
         self.pi = 0
-        self.simple = max_batch == 1 and not self.edf
-        self.waiting = deque() if self.simple else []  # (key, seq, q): FIFO deque, or a heap by key
-        self.free = [0.0] * workers  # time each worker becomes free
-        self.running: list[list[_Q]] = [[] for _ in range(workers)]
-        self.busy_started = 0.0  # total service time of started batches, s
-        self.served = self.dropped = 0
-        self.lost = 0
-        self.wait_sum = 0.0  # sum of t2 - t1 over started queries, s (queueing-theory checks)
-        self._busy_mark = 0.0  # cumulative busy at the last report
-        self.seq = 0
-        self.resp = [0] * n_sources  # responses per source since the last report (link bytes)
-        self.res_heap: list | None = None  # the simulator's resolution heap (None: not tracked)
+        self.comp: list[tuple[float, int, list[int], float]] = []  # (end, seq, queries, start)
+        self.seq = itertools.count()
+        self.state = UP
+        self.floor_s = 0.0  # nothing happens before this time (a stopped server resumes then)
+        self.t_last = 0.0
+        self.busy_started = 0.0  # total duration of started model calls, s
+        self.served = self.dropped = self.lost = 0
+        self._busy_mark = 0.0
 
-    # -- state ---------------------------------------------------------------------------------
+    # -- state --
     def cum_busy(self, t: float) -> float:
-        """Worker-seconds of service done up to ``t`` (exact: started minus the unserved remainder)."""
-        return self.busy_started - sum(f - t for f in self.free if f > t)
+        """Worker-seconds of model calls done up to ``t`` (started minus the unserved remainder)."""
+        return self.busy_started - sum(e - max(t, s) for e, _, _, s in self.comp if e > t)
 
-    def busy_at(self, t: float) -> int:
-        return sum(1 for f in self.free if f > t)
+    def mean_wait_s(self) -> float:
+        """Mean t2 - t1 (s) of the queries this cluster started (queueing-theory checks)."""
+        q = self.sim.q
+        waits = [t2 - t1 for c, t1, t2 in zip(q.cl, q.t1, q.t2, strict=True) if c == self.idx and t2 is not None]
+        return sum(waits) / len(waits) if waits else 0.0
 
-    def snapshot(self, t: float, interval_s: float) -> dict:
+    def snapshot(self, t: float, interval_s: float) -> Heard:
+        """The report a dispatcher hears (stale until the next report); down while not UP."""
         cb = self.cum_busy(t)
-        util = (cb - self._busy_mark) / (interval_s * self.c) if interval_s > 0 else 0.0
+        util = (cb - self._busy_mark) / (interval_s * self.workers) if interval_s > 0 else 0.0
         self._busy_mark = cb
-        return {"queue_len": len(self.waiting), "busy": self.busy_at(t), "workers": self.c,
-                "utilization": min(1.0, max(0.0, util)), "up": self.up}
+        return Heard(len(self.queue), self.queue.busy, self.workers, min(1.0, max(0.0, util)), self.state == UP, t)
 
-    def add(self, items: list) -> None:
-        """New arrivals (t1, seq, q), any order."""
+    def add(self, items: list[tuple[float, int]]) -> None:
+        """New arrivals (t1, query), any order."""
         if self.pi:
             del self.pending[: self.pi]
             self.pi = 0
         self.pending.extend(items)
-        self.pending.sort(key=_t1_key)
+        self.pending.sort(key=_first)
 
-    # -- events --------------------------------------------------------------------------------
-    def _serve(self, batch: list, w: int, t: float) -> None:
-        n = len(batch)
-        head = batch[0]
-        s = (self.services[head.model] if n == 1 else self.batch_services(head.model, n)).draw() / 1e3
-        end = t + s
-        self.free[w] = end
-        self.running[w] = batch
-        self.busy_started += s
-        h = self.res_heap
-        resp = self.resp
-        for q in batch:
-            self.wait_sum += t - q.t1
-            q.t2 = t
-            q.t3 = end
-            q.status = 200
-            q.batch = n
-            q.t4 = t4 = end + q.back
-            q.done = True
-            resp[q.src] += 1
-            if h is not None and t4 < q.dl:
-                heapq.heappush(h, (t4, q.qid, q))
-        self.served += n
+    # -- service --
+    def _refuse(self, qi: int, status: int, reason: str, t: float) -> None:
+        """``qi`` is answered at once without service: 503 (``reason``) or refused (server down)."""
+        q = self.sim.q
+        q.status[qi] = status
+        if reason:
+            q.reason[qi] = reason
+        q.t4[qi] = t4 = t + q.back[qi]
+        res = self.sim.res_heap
+        if res is not None and t4 < q.dl[qi]:
+            heapq.heappush(res, (t4, qi))
 
-    def _pop_batch(self) -> list:
-        if self.simple:
-            return [self.waiting.popleft()[2]]
-        _, _, head = heapq.heappop(self.waiting)
-        batch = [head]
-        if self.max_batch > 1:
-            same = sorted(e for e in self.waiting if e[2].model == head.model)[: self.max_batch - 1]
-            if same:
-                ids = {id(e[2]) for e in same}
-                self.waiting = [e for e in self.waiting if id(e[2]) not in ids]
-                heapq.heapify(self.waiting)
-                batch += [e[2] for e in same]
-        return batch
-
-    def _next_start(self) -> tuple[float, int]:
-        """Earliest time a worker can start the head of the queue (inf if nothing waits), and which."""
-        if not self.waiting:
-            return math.inf, -1
-        t = min(self.free)
-        w = self.free.index(t)
-        if self.max_batch > 1:
-            head = self.waiting[0][2]
-            same = [e[2].t1 for e in self.waiting if e[2].model == head.model]
-            if len(same) < self.max_batch:
-                t = max(t, min(same) + self.max_delay)
-        return t, w
-
-    def _advance_simple(self, until: float, drop) -> None:
-        """:meth:`advance` for FIFO without batching, inlined (the hot path: no per-event calls
-        beyond the service draw)."""
-        pend = self.pending
+    def advance(self, until: float) -> None:
+        """Process every completion, batch start and arrival before ``until`` (s), in time order
+        (at equal times: completions, then batch starts, then arrivals). The queue's rules are the
+        model's (:class:`ServerQueue`); here only the clock and the bookkeeping: a started call's
+        end comes from the CPU quota (:class:`CfsQuota`) and a drawn unthrottled service time."""
+        q, queue = self.sim.q, self.queue
+        pend, comp, heap = self.pending, self.comp, queue.heap
         i, n = self.pi, len(pend)
-        free = self.free
-        waiting = self.waiting
-        popleft, append = waiting.popleft, waiting.append
-        services = self.services
-        h = self.res_heap
-        resp = self.resp
-        running = self.running
-        limit, c1, admission = self.limit, self.c == 1, self.admission
-        inf = math.inf
-        wait_sum = busy = 0.0
-        served = 0
-        push = heapq.heappush
+        batching = queue.max_batch > 1
+        arrive, complete, due, take = queue.arrive, queue.complete, queue.due, queue.take
+        run, samplers, batch_sampler, seq = self.quota.run, self.samplers, self.batch_sampler, self.seq
+        models, dls, qlens, t1s, t2s, t3s, batch, back = q.model, q.dl, q.qlen, q.t1, q.t2, q.t3, q.batch, q.back
+        res, push, pop = self.sim.res_heap, heapq.heappush, heapq.heappop
+        killed, started, waiting = self.state == KILLED, mq.STARTED, mq.WAITING
+        t_last, floor = self.t_last, self.floor_s
+        busy, served = 0.0, 0
         while True:
-            ta = pend[i][0] if i < n else inf
-            if waiting:
-                if c1:
-                    ts, w = free[0], 0
-                else:
-                    ts = min(free)
-                    w = free.index(ts)
-                if ts <= ta and ts < until:
-                    q = popleft()[2]
-                    t = ts
-                elif ta >= until:
+            ta = pend[i][0] if i < n else INF
+            late = ta < floor  # came while the server was stopped: read when it resumes
+            if late:
+                ta = floor
+            tc = comp[0][0] if comp else INF
+            tb = max(due(t_last), floor) if batching else INF
+            if tc <= ta and tc <= tb:  # a worker finishes; without batching it takes the next query
+                if tc >= until:
                     break
-                else:
-                    q = None
-            elif ta >= until:
-                break
-            else:
-                q = None
-            if q is None:  # an arrival at ta
-                q = pend[i][2]
+                t = t_last = tc
+                pop(comp)
+                items = complete(tc)
+                if items is None:
+                    continue
+                model = models[items[0]]
+            elif tb <= ta:  # a batch is due
+                if tb >= until:
+                    break
+                t = t_last = tb
+                _, items = take(tb)
+                model = models[items[0]]
+            else:  # an arrival
+                if ta >= until:
+                    break
+                qi = pend[i][1]
                 i += 1
-                t = ta
-                if not self.up:
+                t = t_last = ta
+                if late:
+                    t1s[qi] = ta
+                if killed:
                     self.lost += 1
-                    drop(q, None)
+                    self._refuse(qi, CONNECTION_REFUSED, "", ta)
                     continue
-                q.qlen = len(waiting)
-                if not waiting:
-                    if c1:
-                        m, w = free[0], 0
-                    else:
-                        m = min(free)
-                        w = free.index(m)
-                    if m > t:
-                        append((t, 0, q))
-                        continue
-                else:
-                    if len(waiting) >= limit:
+                qlens[qi] = len(heap)
+                model = models[qi]
+                code = arrive(qi, model, ta, dls[qi])
+                if code != started:
+                    if code != waiting:
                         self.dropped += 1
-                        drop(q, 503)
-                        continue
-                    if admission:
-                        ahead = len(waiting) + self.busy_at(t)
-                        if t + (ahead / self.c + 1) * services[q.model].mean_ms / 1e3 > q.dl:
-                            self.dropped += 1
-                            drop(q, 503)
-                            continue
-                    append((t, 0, q))
+                        self._refuse(qi, 503, mq.REASONS[code], ta)
                     continue
-            # q starts service on worker w at t
-            s = services[q.model].draw() / 1e3
-            end = t + s
-            free[w] = end
-            running[w] = (q,)
-            busy += s
-            wait_sum += t - q.t1
-            q.t2 = t
-            q.t3 = end
-            q.status = 200
-            q.t4 = t4 = end + q.back
-            q.done = True
-            resp[q.src] += 1
-            served += 1
-            if h is not None and t4 < q.dl:
-                push(h, (t4, q.qid, q))
-        self.pi = i
-        self.served += served
+                items = [qi]
+            # a worker starts one model call for `items` at t
+            k = len(items)
+            end = run(t, (samplers[model] if k == 1 else batch_sampler(model, k)).draw() / 1e3)
+            push(comp, (end, next(seq), items, t))
+            busy += end - t
+            served += k
+            for qi in items:
+                t2s[qi] = t
+                t3s[qi] = end
+                if k > 1:
+                    batch[qi] = k
+                if res is not None and end + back[qi] < dls[qi]:
+                    push(res, (end + back[qi], qi))
+        self.pi, self.t_last = i, t_last
         self.busy_started += busy
-        self.wait_sum += wait_sum
+        self.served += served
 
-    def advance(self, until: float, drop) -> None:
-        """Process every arrival and service start before ``until`` (s)."""
-        if self.simple:
-            self._advance_simple(until, drop)
+    # -- outages --
+    def down(self, t: float, mode: str, resume_s: float) -> None:
+        """The server goes down at ``t``: ``kill`` (what it holds gets connection resets, arrivals
+        are refused) or ``stop`` (frozen until ``resume_s``; model calls in progress end that much
+        later)."""
+        if self.state != UP:
             return
-        pend = self.pending
-        i, n = self.pi, len(self.pending)
-        free = self.free
-        inf = math.inf
-        while True:
-            ta = pend[i][0] if i < n else inf
-            if self.waiting:
-                ts, w = self._next_start()
-                if ts <= ta and ts < until:
-                    self._serve(self._pop_batch(), w, ts)
-                    continue
-            if ta >= until:
-                break
-            q = pend[i][2]
-            i += 1
-            t = ta
-            if not self.up:
-                self.lost += 1
-                drop(q, None)
-                continue
-            waiting = self.waiting
-            q.qlen = len(waiting)
-            if not waiting and self.max_batch == 1:
-                m = min(free)
-                if m <= t:
-                    self._serve([q], free.index(m), t)
-                    continue
-            if len(waiting) >= self.limit:
-                self.dropped += 1
-                drop(q, 503)
-                continue
-            if self.admission:
-                ahead = len(waiting) + self.busy_at(t)
-                if t + (ahead / self.c + 1) * self.services[q.model].mean_ms / 1e3 > q.dl:
-                    self.dropped += 1
-                    drop(q, 503)
-                    continue
-            self.seq += 1
-            if self.simple:
-                waiting.append((t, self.seq, q))
-            else:
-                heapq.heappush(waiting, (q.dl if self.edf else t, self.seq, q))
-        self.pi = i
-
-    def fail(self, t: float, drop) -> None:
-        """The cluster fails at ``t``: queued and running queries get no answer."""
-        self.up = False
-        for _, _, q in self.waiting:
+        q = self.sim.q
+        if mode == "stop":
+            self.state, self.floor_s = STOPPED, resume_s
+            shift = resume_s - t
+            moved = []
+            for end, seq, items, start in self.comp:
+                if end > t:
+                    end += shift
+                    for qi in items:
+                        q.t3[qi] = end
+                        a4 = end + q.back[qi]
+                        if self.sim.res_heap is not None and a4 < q.dl[qi]:
+                            heapq.heappush(self.sim.res_heap, (a4, qi))
+                moved.append((end, seq, items, start))
+            self.comp = moved
+            heapq.heapify(self.comp)
+            return
+        self.state = KILLED
+        for qi in self.queue.clear():
             self.lost += 1
-            drop(q, None)
-        self.waiting = deque() if self.simple else []
-        for w in range(self.c):
-            if self.free[w] > t:
-                self.busy_started -= self.free[w] - t
-                for q in self.running[w]:
-                    q.t2 = q.t3 = q.t4 = None
-                    q.status = None
-                    self.served -= 1
+            self._refuse(qi, CONNECTION_REFUSED, "", t)
+        for end, _, items, start in self.comp:
+            if end > t:
+                self.busy_started -= end - max(t, start)
+                self.served -= len(items)
+                for qi in items:
+                    q.t2[qi] = q.t3[qi] = None
                     self.lost += 1
-                    drop(q, None)
-                self.free[w] = t
-            self.running[w] = []
+                    self._refuse(qi, CONNECTION_REFUSED, "", t)
+        self.comp = []  # calls that ended by t have answered already; the rest were lost above
+        self.quota.reset()
 
-    def recover(self, t: float) -> None:
-        self.up = True
-        self.free = [max(f, t) for f in self.free]
-
-
-def _t1_key(item: tuple) -> float:
-    return item[0]
+    def up(self, t: float) -> None:
+        """The server is back at ``t`` (restarted after a kill, or resumed after a stop)."""
+        if self.state == STOPPED:
+            self.floor_s = max(self.t_last, t)
+        self.state = UP
 
 
 class Simulator:
@@ -392,35 +333,31 @@ class Simulator:
         sim.cluster_state(source=None)  # {cluster: {queue_len, busy, workers, utilization 0..1, up}};
                                         # with a source: as that dispatcher last heard it (stale)
         sim.link_utilization()          # {(switch a, switch b): 0..1}, over the last report interval
-        sim.path_links(source, cluster) # [(switch a, switch b), ...]
+        sim.path_links(source, cluster) # [(switch a, switch b), ...] of the current route
         sim.drain_resolved()            # [Resolved, ...] since the last call, by resolution time
         sim.drain_created()             # [(source, application), ...] created since the last call
         sim.policy_names                # testbed.policies.CATALOGUE (ASET's action space)
         sim.write_run(run_dir)          # records + run.json in the emulation's layout (record=True)
 
     Args:
-        plan: from :func:`testbed.plan.build_plan` / :func:`testbed.plan.plan_experiment`.
+        plan: from :func:`testbed.plan.build_plan` / :func:`testbed.plan.plan_experiment` (models,
+            service times, weights, events and request sizes all come from it).
         seed: every random stream (arrivals per (source, application), service per (cluster, model),
-            the random policy per source) derives from it: the same seed, the same run.
+            the random policy per source, loss per source) derives from it: the same seed, the same run.
         policies: per-source policy override (source name -> a name of ``CATALOGUE``).
-        record: keep every query for :meth:`records` / :meth:`write_run` (memory: ~200 bytes/query).
-        base_dir: folder against which trace / demand-matrix paths are resolved.
-        accuracy: model variant -> accuracy; default: the zoo manifest's.
-        service: test hook, ``(cluster, model) -> ServiceSampler``; default: the profiles.
-        request_bytes: bytes per request; default ``simulation.request_bytes`` or the zoo's mean.
+        record: keep every query for :meth:`records` / :meth:`write_run`.
+        service: test hook, ``(cluster, model) -> ServiceSampler`` of unthrottled times; default:
+            the plan's samples.
         track_resolved: keep the resolution queue behind :meth:`drain_resolved` (off: faster, and
             drain_resolved returns nothing).
 
     Raises:
-        SimError: an unknown model/profile, an unknown policy or source, an event naming an unknown
-            link or cluster.
+        SimError: an unknown policy or source.
     """
 
     def __init__(self, plan: Plan, seed: int | None = None, policies: dict[str, str] | None = None,
-                 record: bool = False, base_dir: Path | str = ".", accuracy: dict[str, float] | None = None,
-                 service=None, request_bytes: int | None = None, track_resolved: bool = True):
-        from testbed.inference import profiles, zoo
-
+                 record: bool = False, service: Callable[[str, str], ServiceSampler] | None = None,
+                 track_resolved: bool = True, base_dir: str | Path | None = None):
         self.plan = plan
         exp = self.exp = plan.experiment
         self.seed = exp.seed if seed is None else int(seed)
@@ -428,228 +365,162 @@ class Simulator:
         self.R = float(exp.report_interval_s)
         self.now_s = 0.0
         self.policy_names: list[str] = list(pol.CATALOGUE)
-        repo = Path(__file__).resolve().parents[2]
-
-        def repo_path(p: str) -> Path:
-            return Path(p) if Path(p).is_absolute() else repo / p
-
-        # --- models: accuracy and service times ---
-        self.model_names: list[str] = sorted({m for c in plan.clusters for m in c.models})
-        if accuracy is None:
-            try:
-                variants = zoo.load_manifest(repo_path(exp.zoo_dir))["variants"]
-            except zoo.ZooError as exc:
-                raise SimError(f"cannot read the model zoo: {exc}") from None
-            accuracy = {}
-            for m in self.model_names:
-                if m not in variants:
-                    raise SimError(f"model {m!r} is not in the zoo ({', '.join(variants)})")
-                accuracy[m] = float(variants[m]["accuracy"])
-        self.accuracy = accuracy
-        mi = {m: i for i, m in enumerate(self.model_names)}
-        self.clusters: list[_Cluster] = []
-        cl_specs = {c.name: c for c in exp.clusters}
-        for ci, h in enumerate(plan.clusters):
-            spec = cl_specs[h.name].server
-            svc: dict[int, ServiceSampler] = {}
-            for m in h.models:
-                rng = np.random.default_rng([self.seed, 2, ci, mi[m]])
-                if service is not None:
-                    svc[mi[m]] = service(h.name, m)
-                else:
-                    try:
-                        st = profiles.service_time(repo_path(exp.profiles_dir), m, h.cpu_cores,
-                                                   runtime=spec.runtime_of(m))
-                    except (zoo.ZooError, ValueError) as exc:
-                        raise SimError(f"cluster {h.name!r}: no service time for model {m!r}: {exc}") from None
-                    svc[mi[m]] = ServiceSampler(st.mean_ms, st.p95_ms, st.sample, rng)
-            self.clusters.append(_Cluster(ci, h.name, h.tier, h.workers or 1, cl_specs[h.name].queue_limit,
-                                          spec.discipline, spec.admission, spec.max_batch,
-                                          spec.max_queue_delay_ms / 1e3, svc,
-                                          self._batch_service_fn(h, ci, service, repo_path, mi),
-                                          len(plan.sources)))
-        self.cl_index = {c.name: c.idx for c in self.clusters}
-
-        # --- network: per (source, cluster) one-way delays from the plan's paths ---
+        self.base_dir = Path(base_dir) if base_dir is not None else Path(plan.base_dir)
+        self.q = _Queries()
+        self.res_heap: list[tuple[float, int]] | None = [] if track_resolved else None
+        self.track_resolved = track_resolved
         self.sources = [h.name for h in plan.sources]
         self.src_index = {s: i for i, s in enumerate(self.sources)}
-        self.link_keys = [(lk.a, lk.b) for lk in plan.links]
-        self.link_idx = {k: i for i, k in enumerate(self.link_keys)}
-        self.link_idx |= {(b, a): i for i, (a, b) in enumerate(self.link_keys)}
-        self.prop_ms = np.array([lk.delay_ms for lk in plan.links], dtype=float)
-        self.bw_mbps = np.array([lk.bandwidth_mbps for lk in plan.links], dtype=float)
-        self.bg_mbps = np.zeros(len(plan.links))
-        sim = exp.simulation
-        fixed = request_bytes or sim.request_bytes
-        self.req_bytes_app = [fixed or self._zoo_request_bytes(repo_path(exp.zoo_dir), a.family)
-                              for a in exp.applications]
-        self.req_bytes = self.req_bytes_app[0]
-        self.resp_bytes = sim.response_bytes
-        self.overhead_s = sim.overhead_ms / 1e3
-        self.per_hop_ms = sim.per_hop_ms
-        self.warmup_s = sim.warmup_s
-        nS, nC, nL = len(self.sources), len(self.clusters), len(plan.links)
-        self.inc = np.zeros((nS, nC, nL))  # path-link incidence
-        self.dir_ab = np.zeros((nS, nC, nL))  # 1 where the request goes a->b on that link
-        self.host_bw = {h.name: h.bandwidth_mbps for h in plan.hosts}
-        self.rtt_plan = np.zeros((nS, nC))
-        for p in plan.paths:
-            si, ci = self.src_index[p.source], self.cl_index[p.cluster]
-            self.rtt_plan[si, ci] = p.rtt_ms
-            for a, b in zip(p.switches, p.switches[1:], strict=False):
-                li = self.link_idx[(a, b)]
-                self.inc[si, ci, li] = 1
-                self.dir_ab[si, ci, li] = 1 if self.link_keys[li] == (a, b) else 0
-        self._recompute_delays()
-
-        # --- applications and arrivals ---
         self.apps = list(exp.applications)
         self.app_index = {a.name: i for i, a in enumerate(self.apps)}
-        base = Path(base_dir)
-        self.streams: list[tuple[int, int, object]] = []  # (source, app, process)
-        site_names = {h.name: (h.site, self._node_id(h.switch)) for h in plan.sources}
-        for wi, w in enumerate(exp.workload):
-            sel = [s for s in self.sources if w.sources == "all" or s in w.sources]
-            weights = source_weights(w, [(s, site_names[s]) for s in sel], base)
-            for s in sel:
-                rng = np.random.default_rng([self.seed, 1, wi, self.src_index[s]])
-                self.streams.append((self.src_index[s], self.app_index[w.application],
-                                     make_process(w, rng, weights[s], base)))
-
-        # --- policies ---
-        default = exp.policy
-        self.src_policy: list[str] = []
-        for h in plan.sources:
-            sp = next(x for x in exp.sources if x.name == h.name).policy
-            p = (policies or {}).get(h.name, sp or default)
-            if p == "aset":
-                p = "closest"  # the live agent replaces it per window; a plain simulation starts with closest
-            self._check_policy(p)
-            self.src_policy.append(p)
-        for s in policies or {}:
-            if s not in self.src_index:
-                raise SimError(f"policies: unknown source {s!r}; known: {', '.join(self.sources)}")
-        self.ctx = [pol.Context(rng=np.random.default_rng([self.seed, 3, i])) for i in range(nS)]
-        self._cache: dict = {}
-
-        # --- events ---
-        self.events = sorted(((ev.at_s, k, ev) for k, ev in enumerate(exp.events)), key=lambda e: (e[0], e[1]))
-        for _, k, ev in self.events:
-            if ev.link is not None:
-                self._resolve_link(ev.link, f"events.{k}.link")
-        self._ev_i = 0
-
-        # --- state ---
-        self._window_end = 0.0  # arrivals generated up to here
-        self.arrivals_end = math.inf  # no query is created at or after this time (s)
-        self._buf: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(nS)]  # per source: (times, app)
-        self.next_report = self.R
-        self.snap = {c.name: {"queue_len": 0, "busy": 0, "workers": c.c, "utilization": 0.0, "up": True}
-                     for c in self.clusters}
-        self.heard = self.snap
-        self._link_bits = np.zeros((nL, 2))
-        self.link_util: dict[tuple[str, str], float] = dict.fromkeys(self.link_keys, 0.0)
-        self._options = self._build_options()
-        self._res_heap: list = []
-        self.track_resolved = track_resolved
-        for c in self.clusters:
-            c.res_heap = self._res_heap if track_resolved else None
-        self.dispatched = 0  # queries created so far
-        self._created: dict[tuple[int, int], int] = {}  # (source, app) -> created since drain_created
-        self._seq = 0
-        self.queries: list[_Q] = []
+        self._init_models()
+        self._init_clusters(service)
+        self._init_network()
+        self._init_arrivals()
+        self._init_dispatchers(policies or {})
+        self._init_events()
+        self.queries_recorded: list[int] = []
         self.link_rows: list[dict] = []
+        self._created: dict[tuple[int, int], int] = {}
+        self.next_report = self.R
+        self._window_end = 0.0
+        self.arrivals_end = INF  # no query is created at or after this time (s)
 
-    # ------------------------------------------------------------------ setup helpers
-    def _batch_service_fn(self, h, ci, service, repo_path, mi):
-        cache: dict = {}
-        names = self.model_names
+    # ------------------------------------------------------------------ setup steps
+    def _init_models(self) -> None:
+        self.model_names: list[str] = sorted(self.plan.models)
+        self.model_index = {m: i for i, m in enumerate(self.model_names)}
+        self.accuracy = [self.plan.models[m].accuracy for m in self.model_names]
 
-        def get(model_idx: int, b: int) -> ServiceSampler:
-            key = (model_idx, b)
+    def _init_clusters(self, service: Callable[[str, str], ServiceSampler] | None) -> None:
+        plan, mi = self.plan, self.model_index
+        specs = {c.name: c for c in self.exp.clusters}
+        self.clusters: list[_Cluster] = []
+        for ci, h in enumerate(plan.clusters):
+            figs = {mi[m]: f for m, f in plan.services[h.name].items()}
+            samplers: dict[int, ServiceSampler] = {}
+            for m, f in figs.items():
+                rng = np.random.default_rng([self.seed, 2, ci, m])
+                samplers[m] = service(h.name, self.model_names[m]) if service else ServiceSampler.bootstrap(f, rng)
+            self.clusters.append(_Cluster(self, ci, h.name, h.tier or "", specs[h.name], figs, samplers,
+                                          self._batch_sampler_fn(ci, figs, samplers, service is not None)))
+        self.cl_index = {c.name: c.idx for c in self.clusters}
+
+    def _batch_sampler_fn(self, ci: int, figs: dict[int, ServiceFigures], samplers: dict[int, ServiceSampler],
+                          hooked: bool) -> Callable[[int, int], ServiceSampler]:
+        cache: dict[tuple[int, int], ServiceSampler] = {}
+
+        def get(model: int, b: int) -> ServiceSampler:
+            key = (model, b)
             if key not in cache:
-                from testbed.inference import profiles
-
-                rng = np.random.default_rng([self.seed, 4, ci, model_idx, b])
-                if service is not None:
-                    base = service(h.name, names[model_idx])
-                    cache[key] = base  # the test hook gives one sampler whatever the batch
+                if hooked:  # the test hook gives one sampler whatever the batch
+                    cache[key] = samplers[model]
                 else:
-                    spec = next(x for x in self.exp.clusters if x.name == h.name).server
-                    st = profiles.service_time(repo_path(self.exp.profiles_dir), names[model_idx], h.cpu_cores,
-                                               batch=b, runtime=spec.runtime_of(names[model_idx]))
-                    cache[key] = ServiceSampler(st.mean_ms, st.p95_ms, st.sample, rng)
+                    rng = np.random.default_rng([self.seed, 4, ci, model, b])
+                    cache[key] = ServiceSampler.bootstrap(figs[model], rng, batch_scale(figs[model], b))
             return cache[key]
         return get
 
-    def _node_id(self, switch: str) -> str:
-        return self.plan.switch(switch).node_id
+    def _init_network(self) -> None:
+        plan = self.plan
+        self.net = NetworkState([(lk.a, lk.b, lk.delay_ms, lk.bandwidth_mbps, lk.loss_pct) for lk in plan.links],
+                                [s.name for s in plan.switches])
+        self.link_keys = [(lk.a, lk.b) for lk in plan.links]
+        self.src_switch = [plan.host(s).switch for s in self.sources]
+        self.cl_switch = [plan.host(c.name).switch for c in self.clusters]
+        self.host_bw = {h.name: h.bandwidth_mbps for h in plan.hosts}
+        self.req_bytes_app = [plan.request_bytes[a.name] for a in self.apps]
+        self.resp_bytes = self.exp.simulation.response_bytes
+        self.overhead_s = self.exp.simulation.overhead_ms / 1e3
+        self.per_hop_ms = self.exp.simulation.per_hop_ms
+        self.warmup_s = self.exp.simulation.warmup_s
+        self.rtt_plan = np.array([[plan.rtt_ms(s, c.name) for c in self.clusters] for s in self.sources])
+        self._link_bits = np.zeros((len(self.link_keys), 2))
+        self._resp = np.zeros((len(self.sources), len(plan.clusters)))  # responses per (source, cluster)
+        self.link_util: dict[tuple[str, str], float] = dict.fromkeys(self.link_keys, 0.0)
+        self.loss_rng = [np.random.default_rng([self.seed, 5, i]) for i in range(len(self.sources))]
+        self._route()
 
-    @staticmethod
-    def _zoo_request_bytes(zoo_dir: Path, family: str) -> int:
-        try:
-            from testbed.inference.zoo import request_bodies
+    def _route(self) -> None:
+        """Routes (least delay over links that are up) and the one-way times along them, after
+        any network change: ``fwd_app[a][s][c]`` request time (s), ``back_s[s][c]`` response time."""
+        nS, nC, nL = len(self.sources), len(self.clusters), len(self.link_keys)
+        pairs = {(self.src_switch[si], self.cl_switch[ci]) for si in range(nS) for ci in range(nC)}
+        routes = self.net.routes(pairs)
+        lidx = {k: i for i, k in enumerate(self.link_keys)} | {(b, a): i for i, (a, b) in enumerate(self.link_keys)}
+        self.inc = np.zeros((nS, nC, nL))
+        self.dir_ab = np.zeros((nS, nC, nL))
+        self.paths: list[list[list[str] | None]] = [[None] * nC for _ in range(nS)]
+        self.loss_pct = np.zeros((nS, nC))
+        back = np.full((nS, nC), INF)
+        fwd = [np.full((nS, nC), INF) for _ in self.apps]
+        for si in range(nS):
+            hs = self.host_bw[self.sources[si]]
+            for ci in range(nC):
+                path = routes[(self.src_switch[si], self.cl_switch[ci])]
+                self.paths[si][ci] = path
+                if path is None:
+                    continue
+                hc = self.host_bw[self.clusters[ci].name]
+                hops = len(path) - 1
+                for a, b in zip(path, path[1:], strict=False):
+                    li = lidx[(a, b)]
+                    self.inc[si, ci, li] = 1
+                    self.dir_ab[si, ci, li] = 1 if self.link_keys[li] == (a, b) else 0
+                self.loss_pct[si, ci] = self.net.path_loss_pct(path)
+                extra = hops * self.per_hop_ms / 2
+                back[si, ci] = (self.net.path_ms(path[::-1], self.resp_bytes) + _host_ms(self.resp_bytes, hs, hc)
+                                + extra) / 1e3
+                for ai, nb in enumerate(self.req_bytes_app):
+                    fwd[ai][si, ci] = (self.net.path_ms(path, nb) + _host_ms(nb, hs, hc) + extra) / 1e3 \
+                        + self.overhead_s
+        self.back_s = back.tolist()
+        self.fwd_app = [f.tolist() for f in fwd]
 
-            bodies, _ = request_bodies(zoo_dir, family, n=16)
-            return int(np.mean([len(b) for b in bodies]))
-        except Exception:  # noqa: BLE001 - no zoo: a documented default
-            return 20000
+    def _init_arrivals(self) -> None:
+        self.streams: list[tuple[int, int, object]] = []  # (source, app, process)
+        for wi, w in enumerate(self.exp.workload):
+            for s, weight in self.plan.weights[wi].items():
+                rng = np.random.default_rng([self.seed, 1, wi, self.src_index[s]])
+                self.streams.append((self.src_index[s], self.app_index[w.application],
+                                     make_process(w, rng, weight, self.base_dir)))
+        self._buf: list[list[tuple[np.ndarray, int]]] = [[] for _ in self.sources]
+
+    def _init_dispatchers(self, policies: dict[str, str]) -> None:
+        for s in policies:
+            if s not in self.src_index:
+                raise SimError(f"policies: unknown source {s!r}; known: {', '.join(self.sources)}")
+        specs_of = {c.name: c for c in self.exp.sources}
+        self.dispatchers: list[Dispatcher] = []
+        for si, s in enumerate(self.sources):
+            p = policies.get(s, specs_of[s].policy or self.exp.policy)
+            if p == "aset":
+                p = "closest"  # the live agent replaces it per window; a plain simulation starts with closest
+            self._check_policy(p)
+            opts = [OptionSpec(c.name, self.model_names[m], float(self.rtt_plan[si, c.idx]), f.expected_ms,
+                               f.busy_mean_ms, self.accuracy[m], c.tier, f.workers)
+                    for c in self.clusters for m, f in c.figures.items()]
+            self.dispatchers.append(Dispatcher(opts, p, np.random.default_rng([self.seed, 3, si])))
+
+    def _init_events(self) -> None:
+        self.changes = list(self.plan.changes)
+        self._ev_i = 0
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def src_policy(self) -> list[str]:
+        """The policy in force per source (index = source index)."""
+        return [d.policy for d in self.dispatchers]
+
+    @property
+    def dispatched(self) -> int:
+        """Queries created so far."""
+        return len(self.q)
 
     def _check_policy(self, p: str) -> None:
         if p not in pol.POLICIES:
             raise SimError(f"unknown policy {p!r}; known: {', '.join(pol.CATALOGUE)}")
 
-    def _resolve_link(self, ends: list[str], item: str) -> int:
-        def sw(ref: str) -> str:
-            for s in self.plan.switches:
-                if ref in (s.name, s.label, s.node_id):
-                    return s.name
-            raise SimError(f"{item}: unknown node {ref!r}")
-        a, b = sw(ends[0]), sw(ends[1])
-        if (a, b) not in self.link_idx:
-            raise SimError(f"{item}: no link between {ends[0]!r} and {ends[1]!r}")
-        return self.link_idx[(a, b)]
-
-    def _recompute_delays(self) -> None:
-        """One-way delays (s) per (application, source, cluster): propagation + serialization of the
-        request (response) on every link of the path at its bandwidth left by background traffic
-        (processor-sharing approximation), plus the two host links, plus the calibration knobs
-        ``simulation.per_hop_ms`` (per link, split over both directions) and ``overhead_ms``."""
-        avail = np.maximum(self.bw_mbps - self.bg_mbps, 0.01 * self.bw_mbps)
-
-        def ser_ms(nbytes: int, mbps) -> np.ndarray:
-            frames = math.ceil(nbytes / MSS_BYTES)
-            return (nbytes + frames * FRAME_OVERHEAD_BYTES) * 8 / (np.asarray(mbps) * 1e3)
-
-        hops = self.inc.sum(axis=2)
-        host_s = np.array([self.host_bw[s] for s in self.sources])[:, None]
-        host_c = np.array([self.host_bw[c.name] for c in self.clusters])[None, :]
-        back = self.inc @ (self.prop_ms + ser_ms(self.resp_bytes, avail)) + hops * self.per_hop_ms / 2
-        back += ser_ms(self.resp_bytes, host_s) + ser_ms(self.resp_bytes, host_c)
-        self.back_s = (back / 1e3).tolist()
-        self.fwd_app = []
-        for nbytes in self.req_bytes_app:
-            fwd = self.inc @ (self.prop_ms + ser_ms(nbytes, avail)) + hops * self.per_hop_ms / 2
-            fwd += ser_ms(nbytes, host_s) + ser_ms(nbytes, host_c)
-            self.fwd_app.append((fwd / 1e3 + self.overhead_s).tolist())
-        self.fwd_s = self.fwd_app[0]
-
-    def _build_options(self) -> list[list[pol.Option]]:
-        out = []
-        for si in range(len(self.sources)):
-            opts = []
-            for c in self.clusters:
-                st = self.heard[c.name]
-                load = (st["queue_len"] + st["busy"]) / st["workers"]
-                for m, svc in c.services.items():
-                    wait = pol.expected_wait_ms(st["queue_len"], st["busy"], st["workers"], svc.mean_ms)
-                    opts.append(pol.Option(c.name, self.model_names[m], float(self.rtt_plan[si, c.idx]),
-                                           svc.p95_ms, self.accuracy[self.model_names[m]], wait, load, c.tier,
-                                           st["up"]))
-            out.append(opts)
-        return out
-
-    # ------------------------------------------------------------------ public API
     def set_policy(self, source: str, policy: str) -> None:
         """Apply ``policy`` to the queries ``source`` creates from now on.
 
@@ -659,7 +530,7 @@ class Simulator:
         if source not in self.src_index:
             raise SimError(f"unknown source {source!r}; known: {', '.join(self.sources)}")
         self._check_policy(policy)
-        self.src_policy[self.src_index[source]] = policy
+        self.dispatchers[self.src_index[source]].policy = policy
 
     def cluster_state(self, source: str | None = None) -> dict[str, dict]:
         """Per cluster ``{queue_len, busy, workers, utilization, up}``: now (``source`` None) or as
@@ -667,10 +538,13 @@ class Simulator:
         if source is not None:
             if source not in self.src_index:
                 raise SimError(f"unknown source {source!r}")
-            return {k: dict(v) for k, v in self.heard.items()}
-        t = self.now_s
-        return {c.name: {"queue_len": len(c.waiting), "busy": c.busy_at(t), "workers": c.c,
-                         "utilization": self.snap[c.name]["utilization"], "up": c.up} for c in self.clusters}
+            return self.dispatchers[self.src_index[source]].heard_state()
+        out = {}
+        for c in self.clusters:
+            heard = self.dispatchers[0].heard.get(c.name) if self.dispatchers else None
+            out[c.name] = {"queue_len": len(c.queue), "busy": c.queue.busy, "workers": c.workers,
+                           "utilization": heard.utilization if heard else 0.0, "up": c.state == UP}
+        return out
 
     def link_utilization(self) -> dict[tuple[str, str], float]:
         """Per link (switch a, switch b): utilization 0..1 over the last report interval (the busier
@@ -678,7 +552,7 @@ class Simulator:
         return dict(self.link_util)
 
     def path_links(self, source: str, cluster: str) -> list[tuple[str, str]]:
-        """The links (switch pairs, as in :meth:`link_utilization`) of the source -> cluster path."""
+        """The links (switch pairs, as in :meth:`link_utilization`) of the current source -> cluster route."""
         si, ci = self.src_index[source], self.cl_index[cluster]
         return [self.link_keys[i] for i in np.flatnonzero(self.inc[si, ci])]
 
@@ -686,21 +560,36 @@ class Simulator:
         """The plan's RTT (ms) source -> cluster (what the dispatchers assume)."""
         return float(self.rtt_plan[self.src_index[source], self.cl_index[cluster]])
 
+    def _outcome(self, qi: int) -> tuple[str, str, float | None]:
+        q = self.q
+        a = self.apps[q.app[qi]]
+        t4 = q.t4_of(qi)
+        e2e = None if t4 is None else (t4 - q.t0[qi]) * 1e3
+        outcome, cause = classify(q.status_of(qi), e2e, a.deadline_ms, self.accuracy[q.model[qi]], a.min_accuracy)
+        return outcome, cause, e2e
+
     def drain_resolved(self) -> list[Resolved]:
-        """Queries resolved since the last call (completed with an answer by their deadline,
-        dropped, or past their deadline), in order of resolution time."""
-        out = []
-        h = self._res_heap
-        now = self.now_s
+        """Queries resolved since the last call (answered or refused by their deadline, or past
+        their deadline), in order of resolution time."""
+        out: list[Resolved] = []
+        h = self.res_heap
+        if h is None:
+            return out
+        q, now = self.q, self.now_s
         while h and h[0][0] <= now:
-            t, _, q = heapq.heappop(h)
-            if q.released or (q.status is None and t < q.dl):
+            t, qi = heapq.heappop(h)
+            if q.released[qi]:
                 continue
-            q.released = True
-            ok, cause = self._outcome(q)
-            e2e = None if q.t4 is None else (q.t4 - q.t0) * 1e3
-            out.append(Resolved(self.sources[q.src], self.apps[q.app].name, q.pol, self.clusters[q.cl].name,
-                                self.model_names[q.model], q.t0, t, ok, cause, e2e))
+            t4 = q.t4_of(qi)
+            if t < q.dl[qi] and (t4 is None or t4 != t):
+                continue  # an answer that moved (the server froze): its deadline entry settles it
+            q.released[qi] = 1
+            outcome, cause, e2e = self._outcome(qi)
+            if e2e is not None and t4 > t:
+                e2e = None  # not answered by the time it was settled
+            out.append(Resolved(self.sources[q.src[qi]], self.apps[q.app[qi]].name, self.policy_names[q.pol[qi]],
+                                self.clusters[q.cl[qi]].name, self.model_names[q.model[qi]], q.t0[qi], t,
+                                outcome == "success", cause, e2e))
         return out
 
     def drain_created(self) -> list[tuple[str, str]]:
@@ -716,12 +605,12 @@ class Simulator:
         """Advance simulated time to ``t_s`` (s), processing every arrival, report and event before it."""
         while self.now_s < t_s:
             stop = min(t_s, self.next_report)
-            if self._ev_i < len(self.events):
-                stop = min(stop, max(self.now_s, self.events[self._ev_i][0]))
+            if self._ev_i < len(self.changes):
+                stop = min(stop, max(self.now_s, self.changes[self._ev_i].t_s))
             self._step(self.now_s, stop)
             self.now_s = stop
-            while self._ev_i < len(self.events) and self.events[self._ev_i][0] <= stop:
-                self._apply_event(self.events[self._ev_i][2], stop)
+            while self._ev_i < len(self.changes) and self.changes[self._ev_i].t_s <= stop:
+                self._apply(self.changes[self._ev_i], stop)
                 self._ev_i += 1
             if stop >= self.next_report:
                 self._report(stop)
@@ -729,19 +618,7 @@ class Simulator:
             if stop == t_s:
                 break
 
-    # ------------------------------------------------------------------ internals
-    def _outcome(self, q: _Q) -> tuple[bool, str]:
-        a = self.apps[q.app]
-        if q.status == 503:
-            return False, "dropped"
-        if q.status is None or q.t4 is None:
-            return False, "deadline_miss"
-        if q.acc < a.min_accuracy:
-            return False, "accuracy"
-        if q.t4 > q.dl + 1e-12:
-            return False, "deadline_miss"
-        return True, ""
-
+    # ------------------------------------------------------------------ the step
     def _generate(self, end: float) -> None:
         """Arrivals of every stream up to ``end`` (whole report intervals: rng use does not depend on
         how run_until is called)."""
@@ -755,177 +632,189 @@ class Simulator:
                     self._buf[si].append((ts, ai))
             self._window_end = b
 
-    def _decide(self, si: int, ai: int) -> tuple[pol.Decision, str]:
-        p = self.src_policy[si]
-        app = self.apps[ai]
-        if p in pol.DETERMINISTIC:
-            key = (si, ai, p)
-            d = self._cache.get(key)
-            if d is None:
-                d = self._cache[key] = pol.POLICIES[p](self._options[si], app.deadline_ms, app.min_accuracy, None)
-            return d, p
-        return pol.POLICIES[p](self._options[si], app.deadline_ms, app.min_accuracy, self.ctx[si]), p
+    def _take_arrivals(self, si: int, b: float) -> list[tuple[list[float], int]]:
+        rest, items = [], []
+        for ts, ai in self._buf[si]:
+            k = int(np.searchsorted(ts, b, side="left"))
+            if k:
+                items.append((ts[:k].tolist(), ai))
+            if k < ts.size:
+                rest.append((ts[k:], ai))
+        self._buf[si] = rest
+        return items
 
     def _step(self, a: float, b: float) -> None:
-        """Dispatch the queries created in [a, b), then advance every cluster to b.
-
-        Deterministic policies decide once per (source, application) and report interval (the
-        state they see is constant in between); random and round_robin decide per query."""
+        """Dispatch the queries created in [a, b), then advance every cluster to b."""
         self._generate(b)
-        names = self.model_names
-        mi = {m: i for i, m in enumerate(names)}
-        ci_of = self.cl_index
         nC = len(self.clusters)
-        new: list[list] = [[] for _ in range(nC)]
+        new: list[list[tuple[float, int]]] = [[] for _ in range(nC)]
         sent = np.zeros((len(self.sources), nC))
-        track = self.track_resolved
-        res = self._res_heap
-        keep = self.record
-        warm = self.warmup_s
-        seq = self._seq
-        push = heapq.heappush
-        created = self._created
+        sent_n = np.zeros((len(self.sources), nC))
         for si in range(len(self.sources)):
-            rest = []
-            items = []
-            for ts, ai in self._buf[si]:
-                k = int(np.searchsorted(ts, b, side="left"))
-                if k:
-                    items.append((ts[:k].tolist(), ai))
-                if k < ts.size:
-                    rest.append((ts[k:], ai))
-            self._buf[si] = rest
-            if not items:
-                continue
-            back = self.back_s[si]
-            pname = self.src_policy[si]
-            const = pname in pol.DETERMINISTIC
-            for t_list, ai in items:
-                app = self.apps[ai]
-                dl_s = app.deadline_ms / 1e3
-                fwd = self.fwd_app[ai][si]
-                nbytes = self.req_bytes_app[ai]
-                if const:
-                    d, _ = self._decide(si, ai)
-                    ci, m, fb, acc = ci_of[d.cluster], mi[d.model], d.fallback, self.accuracy[d.model]
-                    f, bk = fwd[ci], back[ci]
-                    out = new[ci]
-                    for t0 in t_list:
-                        seq += 1
-                        q = _Q(seq, si, ai, ci, m, pname, fb, t0, t0 + f, t0 + dl_s, bk, acc)
-                        out.append((q.t1, seq, q))
-                        if track:
-                            push(res, (q.dl, seq, q))
-                        if keep and t0 >= warm:
-                            self.queries.append(q)
-                    sent[si, ci] += len(t_list) * nbytes
-                    created[(si, ai)] = created.get((si, ai), 0) + len(t_list)
-                else:
-                    created[(si, ai)] = created.get((si, ai), 0) + len(t_list)
-                    many = pol.decide_many(pname, self._options[si], app.deadline_ms, app.min_accuracy, len(t_list),
-                                           self.ctx[si])
-                    for t0, d in zip(t_list, many, strict=True):
-                        ci = ci_of[d.cluster]
-                        seq += 1
-                        q = _Q(seq, si, ai, ci, mi[d.model], pname, d.fallback, t0, t0 + fwd[ci], t0 + dl_s, back[ci],
-                               self.accuracy[d.model])
-                        new[ci].append((q.t1, seq, q))
-                        sent[si, ci] += nbytes
-                        if track:
-                            push(res, (q.dl, seq, q))
-                        if keep and t0 >= warm:
-                            self.queries.append(q)
-        self.dispatched += seq - self._seq
-        self._seq = seq
+            items = self._take_arrivals(si, b)
+            if items:
+                self._dispatch(si, items, new, (sent, sent_n))
         self._count_link_bytes(sent, 1, 0)
+        self._resp += sent_n
         for c in self.clusters:
             if new[c.idx]:
                 c.add(new[c.idx])
-            c.advance(b, self._on_drop)
+            c.advance(b)
+
+    def _dispatch(self, si: int, items: list[tuple[list[float], int]], new: list[list[tuple[float, int]]],
+                  sent: tuple[np.ndarray, np.ndarray]) -> None:
+        """Create the queries of source ``si`` (times, application) and route them to clusters:
+        one decision per query, queries with the same decision created together."""
+        disp = self.dispatchers[si]
+        for t_list, ai in items:
+            app = self.apps[ai]
+            self._created[(si, ai)] = self._created.get((si, ai), 0) + len(t_list)
+            decisions = disp.decide_many(app.deadline_ms, app.min_accuracy, len(t_list))
+            if decisions[0] is decisions[-1] and all(d is decisions[0] for d in decisions):
+                groups = {decisions[0]: t_list}
+            else:
+                groups: dict[pol.Decision, list[float]] = {}
+                for t0, d in zip(t_list, decisions, strict=True):
+                    groups.setdefault(d, []).append(t0)
+            for d, ts in groups.items():
+                self._create(si, ai, d, ts, new, sent)
+
+    def _create(self, si: int, ai: int, d: pol.Decision, ts: list[float], new: list[list[tuple[float, int]]],
+                sent: tuple[np.ndarray, np.ndarray]) -> None:
+        """Append the queries created at times ``ts`` by source ``si`` for application ``ai``, all
+        sent to the same (cluster, model) ``d``, to the query columns and to the cluster's arrivals.
+        ``sent``: (request bytes, queries) per (source, cluster) of this step, for link
+        utilization; a query's response is counted with it (our bookkeeping choice)."""
+        q = self.q
+        k = len(ts)
+        ci, m = self.cl_index[d.cluster], self.model_index[d.model]
+        dl_s = self.apps[ai].deadline_ms / 1e3
+        f, bk = self.fwd_app[ai][si][ci], self.back_s[si][ci]
+        nbytes = self.req_bytes_app[ai]
+        loss = self.loss_pct[si, ci]
+        if loss > 0:  # one retransmission timeout per direction that loses a frame (model.network)
+            rng, rto = self.loss_rng[si], TCP_RTO_MIN_MS / 1e3
+            t1 = (np.asarray(ts) + f + rto * (rng.random(k) < p_retransmit(loss, nbytes))).tolist()
+            back = (bk + rto * (rng.random(k) < p_retransmit(loss, self.resp_bytes))).tolist()
+        else:
+            t1 = [t + f for t in ts]
+            back = [bk] * k
+        base = len(q.t0)
+        idx = range(base, base + k)
+        dls = [t + dl_s for t in ts]
+        for col, v in ((q.src, si), (q.app, ai), (q.cl, ci), (q.model, m),
+                       (q.pol, self.policy_names.index(self.dispatchers[si].policy))):
+            col.extend([v] * k)
+        q.fb.extend(bytes([int(d.fallback)]) * k)
+        q.released.extend(bytes(k))
+        for col in (q.t2, q.t3, q.t4, q.status, q.qlen, q.batch):
+            col.extend([None] * k)
+        q.t0.extend(ts)
+        q.t1.extend(t1)
+        q.dl.extend(dls)
+        q.back.extend(back)
+        if f < INF:
+            new[ci].extend(zip(t1, idx))  # noqa: B905 - same lengths by construction
+        sent[0][si, ci] += k * nbytes
+        sent[1][si, ci] += k
+        if self.res_heap is not None:
+            push, res = heapq.heappush, self.res_heap
+            for t, qi in zip(dls, idx, strict=True):
+                push(res, (t, qi))
+        if self.record:
+            warm = self.warmup_s
+            self.queries_recorded.extend(qi for qi, t in zip(idx, ts, strict=True) if t >= warm)
 
     def _count_link_bytes(self, counts: np.ndarray, nbytes: int, direction: int) -> None:
         if not counts.any():
             return
-        per_link = np.einsum("sc,scl->l", counts, self.inc * (self.dir_ab if direction == 0 else 1 - self.dir_ab))
-        per_link_rev = np.einsum("sc,scl->l", counts, self.inc * ((1 - self.dir_ab) if direction == 0 else self.dir_ab))
+        fwd = self.dir_ab if direction == 0 else 1 - self.dir_ab
+        per_link = np.einsum("sc,scl->l", counts, self.inc * fwd)
+        per_link_rev = np.einsum("sc,scl->l", counts, self.inc * (1 - fwd))
         self._link_bits[:, 0] += per_link * nbytes * 8
         self._link_bits[:, 1] += per_link_rev * nbytes * 8
 
-    def _on_drop(self, q: _Q, status: int | None) -> None:
-        q.status = status
-        q.done = True
-        if status == 503:
-            q.t4 = q.t1 + q.back
-            if q.t4 < q.dl and self.track_resolved:
-                heapq.heappush(self._res_heap, (q.t4, q.qid, q))
-
     def _report(self, t: float) -> None:
-        for c in self.clusters:
-            self.snap[c.name] = c.snapshot(t, self.R)
-        self.heard = {k: dict(v) for k, v in self.snap.items()}
-        resp = np.array([c.resp for c in self.clusters], dtype=float).T
-        for c in self.clusters:
-            c.resp = [0] * len(self.sources)
-        self._count_link_bytes(resp, self.resp_bytes, 1)
-        cap = self.bw_mbps * 1e6 * self.R
-        util = np.maximum(self._link_bits[:, 0], self._link_bits[:, 1]) / cap + self.bg_mbps / self.bw_mbps
-        self.link_util = {k: float(min(1.0, u)) for k, u in zip(self.link_keys, util, strict=False)}
-        if self.record:
-            for (a, b), li in zip(self.link_keys, range(len(self.link_keys)), strict=False):
-                ua, ub = self._link_bits[li] / cap[li] + self.bg_mbps[li] / self.bw_mbps[li]
-                self.link_rows.append({"t": round(t, 6), "a": a, "b": b, "kind": "switch",
-                                       "capacity_mbps": self.bw_mbps[li], "rate_mbps_ab": ua * self.bw_mbps[li],
-                                       "rate_mbps_ba": ub * self.bw_mbps[li], "util_ab": min(1.0, ua),
-                                       "util_ba": min(1.0, ub), "drops_ab": 0, "drops_ba": 0, "drops_total": 0})
-        self._link_bits[:] = 0
-        self._options = self._build_options()
-        self._cache.clear()
+        """Every report interval: the dispatchers hear each cluster; link utilization is computed."""
+        reports = [(c.name, c.snapshot(t, self.R)) for c in self.clusters]
+        for d in self.dispatchers:
+            d.hear_all(reports)
+        self._count_link_bytes(self._resp, wire_bytes(self.resp_bytes), 1)
+        self._resp[:] = 0
+        self._link_report(t)
 
-    def _apply_event(self, ev, t: float) -> None:
-        if ev.kind == "cluster_down":
-            self.clusters[self.cl_index[ev.cluster]].fail(t, self._on_drop)
-        elif ev.kind == "cluster_up":
-            self.clusters[self.cl_index[ev.cluster]].recover(t)
-        elif ev.kind == "link_delay":
-            self.prop_ms[self._resolve_link(ev.link, "event")] = ev.delay_ms
-            self._recompute_delays()
-        elif ev.kind == "link_congestion":
-            self.bg_mbps[self._resolve_link(ev.link, "event")] = ev.background_mbps
-            self._recompute_delays()
+    def _link_report(self, t: float) -> None:
+        links = self.net.links
+        cap = np.array([lk.capacity_mbps for lk in links]) * 1e6 * self.R
+        bg = np.array([[lk.bg_ab, lk.bg_ba] for lk in links]) * 1e6 * self.R
+        bits = self._link_bits + bg
+        util = np.minimum(1.0, bits / cap[:, None])
+        self.link_util = {k: float(max(u)) for k, u in zip(self.link_keys, util, strict=True)}
+        if self.record:
+            for (a, b), lk, u, bt in zip(self.link_keys, links, util, bits, strict=True):
+                self.link_rows.append({"t": round(t, 6), "a": a, "b": b, "kind": "switch",
+                                       "capacity_mbps": lk.capacity_mbps, "rate_mbps_ab": bt[0] / self.R / 1e6,
+                                       "rate_mbps_ba": bt[1] / self.R / 1e6, "util_ab": float(u[0]),
+                                       "util_ba": float(u[1]), "drops_ab": 0, "drops_ba": 0, "drops_total": 0})
+        self._link_bits[:] = 0
+
+    def _apply(self, ch, t: float) -> None:
+        """One step of the events' timeline (:mod:`testbed.model.events`)."""
+        if ch.kind == "cluster_down":
+            resume = next((c.t_s for c in self.changes[self._ev_i + 1:]
+                           if c.kind == "cluster_up" and c.cluster == ch.cluster), INF)
+            self.clusters[self.cl_index[ch.cluster]].down(t, ch.mode, resume)
+        elif ch.kind == "cluster_up":
+            self.clusters[self.cl_index[ch.cluster]].up(t)
+        else:
+            self.net.apply(ch)
+            self._route()
 
     # ------------------------------------------------------------------ results
     def records(self) -> list[dict]:
-        """One dict per recorded query (``record=True``), keys :data:`testbed.workload.RECORD_FIELDS`;
+        """One row per recorded query (``record=True``), keys :data:`testbed.model.records.RECORD_FIELDS`;
         times in ns since the virtual epoch 0 = the load starts. A query answered later than
         deadline + grace counts as unanswered, as in the emulation."""
+        q = self.q
         rows = []
-        grace = GRACE_MS / 1e3
-        for q in self.queries:
-            a = self.apps[q.app]
-            c = self.clusters[q.cl]
-            status = q.status if q.done else None
-            if status == 200 and q.t4 - q.t0 > a.deadline_ms / 1e3 + grace:
-                status = None  # answered after the source gave up
-            ok, cause = (False, "deadline_miss") if status is None else self._outcome(q)
-            row = {"query_id": f"{self.sources[q.src]}-{q.qid}", "source": self.sources[q.src],
-                   "application": a.name, "cluster": c.name, "model": self.model_names[q.model],
-                   "policy": q.pol, "fallback": int(q.fb), "deadline_ms": a.deadline_ms,
-                   "min_accuracy": a.min_accuracy, "model_accuracy": q.acc,
-                   "expected_rtt_ms": round(float(self.rtt_plan[q.src, q.cl]), 3),
-                   "t0_ns": int(round(q.t0 * 1e9)), "request_bytes": self.req_bytes_app[q.app],
-                   "outcome": "success" if ok else "failure", "failure_cause": cause}
-            if status is not None:
-                t4 = q.t4
-                row.update(t4_ns=int(round(t4 * 1e9)), e2e_ms=round((t4 - q.t0) * 1e3, 3), http_status=status)
-                if status == 200:
-                    row.update(t1_ns=int(round(q.t1 * 1e9)), t2_ns=int(round(q.t2 * 1e9)),
-                               t3_ns=int(round(q.t3 * 1e9)),
-                               network_ms=round(((q.t1 - q.t0) + (t4 - q.t3)) * 1e3, 3),
-                               queueing_ms=round((q.t2 - q.t1) * 1e3, 3),
-                               inference_ms=round((q.t3 - q.t2) * 1e3, 3), queue_len_at_arrival=q.qlen,
-                               response_bytes=self.resp_bytes)
-            rows.append(row)
+        for qi in self.queries_recorded:
+            a = self.apps[q.app[qi]]
+            ci = q.cl[qi]
+
+            def ns(v: float | None) -> int | None:
+                return None if v is None else int(round(v * 1e9))
+
+            st = q.status_of(qi)
+            rows.append(make_record(
+                query_id=f"{self.sources[q.src[qi]]}-{qi + 1}", source=self.sources[q.src[qi]], application=a.name,
+                cluster=self.clusters[ci].name, model=self.model_names[q.model[qi]],
+                policy=self.policy_names[q.pol[qi]], fallback=q.fb[qi], deadline_ms=a.deadline_ms,
+                min_accuracy=a.min_accuracy, model_accuracy=self.accuracy[q.model[qi]],
+                expected_rtt_ms=float(self.rtt_plan[q.src[qi], ci]), t0_ns=ns(q.t0[qi]), status=st,
+                t1_ns=ns(q.t1[qi]) if st == 200 else None, t2_ns=ns(q.t2[qi]), t3_ns=ns(q.t3[qi]),
+                t4_ns=ns(q.t4_of(qi)), batch=q.batch[qi] or 1, request_bytes=self.req_bytes_app[q.app[qi]],
+                response_bytes=self.resp_bytes if st == 200 else 0, queue_len_at_arrival=q.qlen[qi],
+                drop_reason=q.reason.get(qi, "")))
         return rows
+
+    def query_table(self):
+        """Every query so far as a ``pandas.DataFrame``, one row per query (recorded or not): source,
+        application, cluster, model, policy, t0_s .. t4_s (s of simulated time; NaN when not reached),
+        status (200, 503, -1 refused; NaN: no answer yet), batch (inputs in its model call),
+        queue_len_at_arrival. For analysis and tests; :meth:`records` is the run's record schema."""
+        import pandas as pd
+
+        q = self.q
+        n = len(q)
+        return pd.DataFrame({
+            "source": [self.sources[i] for i in q.src], "application": [self.apps[i].name for i in q.app],
+            "cluster": [self.clusters[i].name for i in q.cl], "model": [self.model_names[i] for i in q.model],
+            "policy": [self.policy_names[i] for i in q.pol], "t0_s": q.t0, "t1_s": q.t1,
+            "t2_s": pd.array(q.t2, dtype="Float64"), "t3_s": pd.array(q.t3, dtype="Float64"),
+            "t4_s": pd.array([q.t4_of(i) for i in range(n)], dtype="Float64"),
+            "status": pd.array([q.status_of(i) for i in range(n)], dtype="Int64"),
+            "batch": [(b or 1) if t2 is not None else None for b, t2 in zip(q.batch, q.t2, strict=True)],
+            "queue_len_at_arrival": pd.array(q.qlen, dtype="Int64")})
 
     def cluster_stats(self) -> dict[str, dict]:
         """Server counters per cluster, as the emulation's ``clusters/<name>.stats.json``."""
@@ -933,27 +822,25 @@ class Simulator:
         out = {}
         for c in self.clusters:
             up = max(t, 1e-9)
-            out[c.name] = {"queue_len": len(c.waiting), "busy_workers": c.busy_at(t), "workers": c.c,
-                           "queue_limit": c.limit, "served": c.served, "dropped": c.dropped, "lost": c.lost,
+            out[c.name] = {"queue_len": len(c.queue), "busy_workers": c.queue.busy, "workers": c.workers,
+                           "queue_limit": c.queue.limit, "served": c.served, "dropped": c.dropped, "lost": c.lost,
                            "busy_s": round(c.cum_busy(t), 6), "uptime_s": round(t, 6),
-                           "utilization": round(c.cum_busy(t) / (up * c.c), 6)}
+                           "utilization": round(c.cum_busy(t) / (up * c.workers), 6)}
         return out
 
     def write_run(self, run_dir: Path, extra: dict | None = None) -> None:
         """Write the run directory in the emulation's layout: ``sources/<source>.records.csv``
-        (:data:`testbed.workload.RECORD_FIELDS`), ``clusters/<name>.stats.json``, ``link_stats.csv``,
-        ``plan.json`` and ``run.json`` (``{"mode": "simulation", ...}``)."""
+        (:data:`RECORD_FIELDS`), ``clusters/<name>.stats.json``, ``link_stats.csv``, ``plan.json``
+        and ``run.json`` (``{"mode": "simulation", ...}``)."""
         import csv
-        import json
 
-        from testbed.workload import RECORD_FIELDS
+        from testbed.util import write_json_atomic
 
         run_dir = Path(run_dir)
         for sub in ("sources", "clusters"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
-        rows = self.records()
         by_src: dict[str, list[dict]] = {s: [] for s in self.sources}
-        for r in rows:
+        for r in self.records():
             by_src[r["source"]].append(r)
         for s, rs in by_src.items():
             with open(run_dir / "sources" / f"{s}.records.csv", "w", newline="") as f:
@@ -961,7 +848,7 @@ class Simulator:
                 w.writeheader()
                 w.writerows(rs)
         for name, st in self.cluster_stats().items():
-            (run_dir / "clusters" / f"{name}.stats.json").write_text(json.dumps(st, indent=1))
+            write_json_atomic(run_dir / "clusters" / f"{name}.stats.json", st)
         if self.link_rows:
             with open(run_dir / "link_stats.csv", "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=list(self.link_rows[0]))
@@ -969,8 +856,20 @@ class Simulator:
                 w.writerows(self.link_rows)
         self.plan.write_json(run_dir / "plan.json")
         info = {"mode": "simulation", "seed": self.seed, "duration_s": self.now_s,
-                "report_interval_s": self.R, "policies": dict(zip(self.sources, self.src_policy, strict=False)),
+                "report_interval_s": self.R, "policies": dict(zip(self.sources, self.src_policy, strict=True)),
                 "request_bytes": dict(zip([a.name for a in self.apps], self.req_bytes_app, strict=True)),
                 "response_bytes": self.resp_bytes,
                 "warmup_s": self.warmup_s, "epoch": "t_ns = 0 when the load starts (virtual)"}
-        (run_dir / "run.json").write_text(json.dumps(info | (extra or {}), indent=1))
+        write_json_atomic(run_dir / "run.json", info | (extra or {}))
+
+
+_first = operator.itemgetter(0)
+
+
+def _host_ms(nbytes: int, mbps_source: float, mbps_cluster: float) -> float:
+    """Transfer time (ms) of a message on the two host links (0 ms delay each)."""
+    wb = wire_bytes(nbytes) * 8
+    return wb / (mbps_source * 1e3) + wb / (mbps_cluster * 1e3)
+
+
+__all__ = ["Resolved", "ServiceSampler", "SimError", "Simulator"]

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
 
+from testbed.model.records import GRACE_MS
 from testbed.plan import Plan
-from testbed.sim.core import GRACE_MS, Simulator
+from testbed.sim.core import Simulator
+from testbed.util import repo_path, write_json_atomic
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
-
-def simulate_experiment(plan: Plan, base_dir: Path = Path("."), runs_dir: Path | None = None,
+def simulate_experiment(plan: Plan, base_dir: Path | None = None, runs_dir: Path | None = None,
                         duration_s: float | None = None, seed: int | None = None, policy: str | None = None,
                         run_dir: Path | None = None, console: Console | None = None,
                         quiet: bool = False) -> tuple[Path, dict]:
@@ -39,16 +38,15 @@ def simulate_experiment(plan: Plan, base_dir: Path = Path("."), runs_dir: Path |
     sim.run_until(duration_s + max(a.deadline_ms for a in exp.applications) / 1e3 + GRACE_MS / 1e3)
     wall = time.perf_counter() - t_wall
     if run_dir is None:
-        base = Path(runs_dir) if runs_dir else (Path(exp.runs_dir) if Path(exp.runs_dir).is_absolute()
-                                                else REPO_ROOT / exp.runs_dir)
+        base = Path(runs_dir) if runs_dir else repo_path(exp.runs_dir)
         tag = f"-{policy}" if policy else ""
         run_dir = base / f"{datetime.now():%Y%m%d-%H%M%S}-{exp.name}{tag}-sim-s{sim.seed}"
-    n = len(sim.queries)
+    n = len(sim.queries_recorded)
     sim.write_run(run_dir, {"simulated_s": duration_s, "wall_s": round(wall, 3), "queries": n})
     s = summarize(run_dir, duration_s)
     s["mode"] = "simulation"
     s["timings_s"] = {"wall_s": round(wall, 3)}
-    (run_dir / "summary.json").write_text(json.dumps(s, indent=2))
+    write_json_atomic(run_dir / "summary.json", s, indent=2)
     if not quiet:
         console = console or Console()
         print_summary(s, console, run_dir)
