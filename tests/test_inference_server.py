@@ -47,10 +47,16 @@ class Server:
     log: Path
 
 
-def _launch(tmp: Path, name: str, *args: str) -> tuple[subprocess.Popen, Path, Path, Path]:
+def _launch(tmp: Path, name: str, models: list[str], runtimes: dict[str, str] | None = None,
+            **settings: Any) -> tuple[subprocess.Popen, Path, Path, Path]:
+    from testbed.boundaries import ServerConfig
+
     ready, stats, log = tmp / f"{name}.ready.json", tmp / f"{name}.stats.json", tmp / f"{name}.log"
-    cmd = [sys.executable, "-m", "testbed.inference.server", "--host", "127.0.0.1", "--port", "0",
-           "--zoo", str(ZOO), "--threads", "1", "--stats-file", str(stats), "--ready-file", str(ready), *args]
+    cfg = ServerConfig(cluster=name, host="127.0.0.1", port=0, zoo_dir=str(ZOO), models=models,
+                       runtimes={m: (runtimes or {}).get(m, "tensorflow") for m in models}, workers=1, threads=1,
+                       cpu_cores=1.0, stats_file=str(stats), ready_file=str(ready), **settings)
+    (tmp / f"{name}.server.json").write_text(cfg.model_dump_json())
+    cmd = [sys.executable, "-m", "testbed.inference.server", str(tmp / f"{name}.server.json")]
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
     return proc, ready, stats, log
@@ -81,14 +87,13 @@ def servers(payloads, tmp_path_factory) -> dict[str, Server]:
     """Start the three servers at once, wait until all are ready, stop the survivors at the end."""
     tmp = tmp_path_factory.mktemp("inference")
     specs = {
-        "main": ("--models", "digits_small,digits_large,parity_large,cancer_medium", "--workers", "1",
-                 "--queue-limit", "64", "--model-runtimes", "parity_large=litert"),
-        "batch": ("--models", "digits_large", "--workers", "1", "--queue-limit", "64", "--max-batch", "8",
-                  "--max-queue-delay-ms", "50"),
-        "overload": ("--models", "digits_large", "--workers", "1", "--queue-limit", "2"),
-        "term": ("--models", "digits_small", "--workers", "1", "--queue-limit", "8"),
+        "main": {"models": ["digits_small", "digits_large", "parity_large", "cancer_medium"], "queue_limit": 64,
+                 "runtimes": {"parity_large": "litert"}},
+        "batch": {"models": ["digits_large"], "queue_limit": 64, "max_batch": 8, "max_queue_delay_ms": 50},
+        "overload": {"models": ["digits_large"], "queue_limit": 2},
+        "term": {"models": ["digits_small"], "queue_limit": 8},
     }
-    launched = {name: _launch(tmp, name, *args) for name, args in specs.items()}
+    launched = {name: _launch(tmp, name, **kw) for name, kw in specs.items()}
     try:
         started = {name: _wait_ready(*parts) for name, parts in launched.items()}
         yield started
@@ -128,10 +133,13 @@ def _check_probs(rows: list[list[float]], n: int, classes: int = 10) -> np.ndarr
 
 
 def test_server_refuses_unknown_variant_at_start(payloads, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "testbed.inference.server", "--zoo", str(ZOO), "--port", "0",
-                           "--models", "digits_small,nope"], capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert proc.returncode == 2
-    assert "'nope'" in proc.stderr
+    proc, *_ = _launch(tmp_path, "bad", ["digits_small", "nope"], queue_limit=4)
+    assert proc.wait(timeout=60) == 2
+    assert "'nope'" in (tmp_path / "bad.log").read_text()
+    (tmp_path / "broken.json").write_text('{"cluster": "x", "port": "eighty"}')
+    out = subprocess.run([sys.executable, "-m", "testbed.inference.server", str(tmp_path / "broken.json")],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 2 and "broken.json: invalid ServerConfig" in out.stderr and "port" in out.stderr
 
 
 # --- predict ------------------------------------------------------------------------------
@@ -388,25 +396,31 @@ def test_sigterm_exits_0_with_final_stats(servers, payloads):
     assert os.path.getsize(s.stats_file) > 0
 
 
-def test_server_command_passes_every_server_setting(tmp_path):
-    from testbed.config import ClusterSpec
-    from testbed.inference.launch import server_command
+def test_server_config_carries_every_server_setting(tmp_path):
+    from testbed.boundaries import ServerConfig
+    from testbed.config import Experiment
+    from testbed.inference.launch import server_command, write_server_config
+    from testbed.plan import build_plan
 
-    spec = ClusterSpec(name="edge1", site="A", tier="far_edge", cpu_cores=0.5, workers=2, queue_limit=9,
-                       models=["digits_small", "digits_large"],
-                       server={"runtime": "litert", "model_runtimes": {"digits_large": "tensorflow", "other": "litert"},
-                               "discipline": "edf", "admission": True, "max_batch": 4, "max_queue_delay": "2ms",
-                               "warmup_calls": 7})
-    cmd = server_command(spec, 0.5, 8501, tmp_path / "zoo", tmp_path)
-    args = dict(zip(cmd[3::2], cmd[4::2], strict=False))  # after python -m testbed.inference.server
-    assert cmd[1:3] == ["-m", "testbed.inference.server"] and cmd[-1] == "--admission"
-    assert (args["--runtime"], args["--discipline"], args["--max-batch"], args["--max-queue-delay-ms"],
-            args["--warmup"], args["--workers"], args["--queue-limit"], args["--threads"], args["--cpu-cores"]) == (
-        "litert", "edf", "4", "2.0", "7", "2", "9", "1", "0.5")
-    assert args["--model-runtimes"] == "digits_large=tensorflow"  # keys the cluster does not serve are dropped
-    assert args["--profiles"] == str(tmp_path / "profiles")
-    # the server accepts exactly this command line
-    from testbed.inference.server import _check_args, build_parser
-
-    parsed = build_parser().parse_args(cmd[3:])
-    assert _check_args(parsed) is None and parsed.admission and parsed.max_queue_delay_ms == 2.0
+    exp = Experiment.model_validate({
+        "name": "cfg", "duration": "5s", "topology": {"source": str(REPO / "topologies/triangle.yaml")},
+        "clusters": [{"name": "edge1", "site": "A", "tier": "far_edge", "cpu_cores": 0.5, "workers": 2,
+                      "queue_limit": 9, "models": ["digits_small", "digits_large"],
+                      "server": {"runtime": "litert", "model_runtimes": {"digits_large": "tensorflow",
+                                                                         "other": "litert"},
+                                 "discipline": "edf", "admission": True, "max_batch": 4, "max_queue_delay": "2ms",
+                                 "warmup_calls": 7}}],
+        "sources": [{"name": "s", "site": "B"}], "applications": [{"name": "a", "deadline": "50ms",
+                                                                   "min_accuracy": 0.5}],
+        "workload": [{"application": "a", "rate_qps": 1}]})
+    plan = build_plan(exp)
+    (tmp_path / "clusters").mkdir()
+    path = write_server_config(plan, "edge1", 8501, tmp_path)
+    cfg = ServerConfig.model_validate_json(path.read_text())
+    assert (cfg.discipline, cfg.admission, cfg.max_batch, cfg.max_queue_delay_ms, cfg.warmup_calls, cfg.workers,
+            cfg.queue_limit, cfg.threads, cfg.cpu_cores, cfg.port) == ("edf", True, 4, 2.0, 7, 2, 9, 1, 0.5, 8501)
+    assert cfg.runtimes == {"digits_small": "litert", "digits_large": "tensorflow"}  # others are dropped
+    svc = plan.services["edge1"]
+    assert cfg.mean_service_ms == {m: svc[m].busy_mean_ms for m in ("digits_small", "digits_large")}
+    assert cfg.stats_file == str(tmp_path / "clusters" / "edge1.stats.json")
+    assert server_command(path)[1:] == ["-m", "testbed.inference.server", str(path)]

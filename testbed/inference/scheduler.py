@@ -1,42 +1,29 @@
-"""The inference server's queue: bounded, FIFO or EDF, admission control, dynamic batching, W workers.
+"""The inference server's queue on the wall clock: the model's :class:`ServerQueue` plus W threads.
 
-Pure logic plus threads (no HTTP): :class:`Scheduler` holds the waiting queries, decides at arrival
-whether a query is admitted, and hands batches to worker threads, which call the model. The
-semantics are those of :class:`testbed.inference.spec.ServerSpec` (the simulator models the same):
-
-* Bounded queue: at most ``queue_limit`` queries wait (queries in service or being batched by a
-  worker do not count); one more is refused with reason ``queue_full``.
-* Discipline: ``fifo`` serves in arrival order; ``edf`` serves the earliest absolute deadline first
-  (ties and queries without a deadline: arrival order; no deadline counts as +infinity).
-* Admission (``admission=True``, only for queries that carry a deadline): at arrival, ``ahead`` =
-  the waiting queries that would be served before it (all of them under FIFO; under EDF those with
-  a deadline <= its own) + the busy workers; its expected completion is
-  ``now + (ahead / workers + 1) x mean service time`` of its model (batch 1, from the profile at the
-  server's CPU share and runtime); if that is later than its deadline it is refused with reason
-  ``admission``. Admitted queries are never dropped later, even if EDF lets later arrivals overtake.
-* Batching (``max_batch`` > 1): a free worker takes the first query in discipline order, then
-  every waiting query for the same model in discipline order while the batch holds at most
-  ``max_batch`` inputs; if it is not full, it waits for more until ``max_queue_delay_ms`` after the
-  first query's arrival at the queue, then runs the whole batch as one model call. All queries of a
-  batch share the inference start and end times. ``max_batch`` 1: one query per call, no waiting.
+Every queue rule (bound, FIFO/EDF order, admission, batching) is
+:class:`testbed.model.queue.ServerQueue`'s, the same code the simulator runs on its virtual clock;
+this module only adds the wall clock (``time.time()``, s since the epoch: the clock the sources'
+deadlines are on), a lock, and worker threads that call the model. A query the queue starts at
+once is handed to an idle worker; a worker that finishes takes the next query the queue gives it,
+or waits for the batching timer (:meth:`ServerQueue.due`); on stop it serves what is queued
+without waiting for batches to fill.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-#: Reasons a query is refused at arrival (the 503 body's ``reason``).
-QUEUE_FULL = "queue_full"
-ADMISSION = "admission"
+from testbed.model import queue as mq
+from testbed.model.queue import ADMISSION, QUEUE_FULL, ServerQueue
+
+__all__ = ["ADMISSION", "QUEUE_FULL", "Counters", "Job", "Scheduler"]
 
 
 @dataclass
@@ -44,7 +31,8 @@ class Job:
     """One query: ``x`` float32 [n, *input_shape]; ``deadline_ns`` absolute (epoch ns) or None.
 
     The worker fills ``t2``/``t3`` (epoch ns: inference start / end), ``batch`` (inputs in the model
-    call that served it) and ``result`` [n, classes] or ``error``, then calls ``done(job)``.
+    call that served it) and ``result`` (the model's output for these n inputs) or ``error``, then
+    calls ``done(job)``.
     """
 
     model: str
@@ -52,13 +40,11 @@ class Job:
     deadline_ns: int | None = None
     done: Callable[[Job], None] | None = None
     t1: int = 0
-    enqueued: float = 0.0
     t2: int = 0
     t3: int = 0
     batch: int = 0
-    result: np.ndarray | None = None
+    result: Any = None
     error: str | None = None
-    seq: int = 0
 
     @property
     def size(self) -> int:
@@ -75,122 +61,121 @@ class Counters:
     dropped_admission: int = 0
     errors: int = 0
     batches: int = 0
-    busy_workers: int = 0
     busy_s: float = 0.0
     per_model: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+def _slice(result: Any, i: int, n: int) -> Any:
+    """Rows i..i+n of a model output (an array, or a dict of named arrays)."""
+    if isinstance(result, dict):
+        return {k: v[i:i + n] for k, v in result.items()}
+    return result[i:i + n]
+
+
+def _concat(xs: list[np.ndarray]) -> np.ndarray:
+    return xs[0] if len(xs) == 1 else np.concatenate(xs)
+
+
 class Scheduler:
-    """Waiting queries and the worker threads that serve them (see the module doc for the rules)."""
+    """Waiting queries and the worker threads that serve them (module docstring).
+
+    Args:
+        models: name -> object with ``predict(x) -> output``.
+        workers, queue_limit, discipline, admission, max_batch: as :class:`ServerQueue`.
+        max_queue_delay_ms: the batching delay (ms).
+        service_ms: name -> mean service time per call when busy (ms); needed for every model
+            when ``admission`` is on (the plan's ``ServiceFigures.busy_mean_ms``).
+
+    Raises:
+        ValueError: a bad setting (names it).
+    """
 
     def __init__(self, models: dict[str, Any], workers: int = 1, queue_limit: int = 64, discipline: str = "fifo",
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
                  service_ms: dict[str, float] | None = None):
-        """``models``: name -> object with ``predict(x) -> probabilities``; ``service_ms``: name -> mean
-        batch-1 service time [ms] (needed for every model when ``admission``).
-
-        Raises:
-            ValueError: a bad setting (names it).
-        """
-        if workers < 1 or queue_limit < 1 or max_batch < 1 or max_queue_delay_ms < 0:
-            raise ValueError(f"workers, queue_limit, max_batch must be >= 1 and max_queue_delay_ms >= 0 "
-                             f"(got {workers}, {queue_limit}, {max_batch}, {max_queue_delay_ms})")
-        if discipline not in ("fifo", "edf"):
-            raise ValueError(f"discipline must be 'fifo' or 'edf', got {discipline!r}")
-        self.service_ms = dict(service_ms or {})
+        service_ms = dict(service_ms or {})
         if admission:
-            missing = [m for m in models if not self.service_ms.get(m, 0) > 0]
+            missing = [m for m in models if not service_ms.get(m, 0) > 0]
             if missing:
                 raise ValueError(f"admission needs a mean service time for models {missing}")
+        self.queue = ServerQueue(workers, queue_limit, discipline, admission, max_batch, max_queue_delay_ms / 1e3,
+                                 {m: v / 1e3 for m, v in service_ms.items()})
         self.models = models
-        self.workers = workers
-        self.queue_limit = queue_limit
-        self.discipline = discipline
-        self.admission = admission
-        self.max_batch = max_batch
-        self.max_queue_delay_s = max_queue_delay_ms / 1e3
+        self.service_ms = service_ms
+        self.workers, self.queue_limit, self.discipline = workers, queue_limit, discipline
+        self.admission, self.max_batch = admission, max_batch
         self.counters = Counters(per_model={m: {"served": 0, "busy_s": 0.0} for m in models})
         self.cond = threading.Condition()
-        self._heap: list[tuple[tuple[float, int], Job]] = []
-        self._seq = itertools.count()
+        self._ready: deque[list[Job]] = deque()  # batches the queue started, for an idle worker
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self.started = time.monotonic()
 
-    # -- queue ---------------------------------------------------------------------------
-    def _key(self, job: Job) -> tuple[float, int]:
-        if self.discipline == "edf":
-            return (float(job.deadline_ns) if job.deadline_ns is not None else math.inf, job.seq)
-        return (0.0, job.seq)
-
+    # -- queue -----------------------------------------------------------------------------
     def queue_len(self) -> int:
-        """Queries waiting now (not in service, not held by a worker forming a batch)."""
+        """Queries waiting now (not in service)."""
         with self.cond:
-            return len(self._heap)
+            return len(self.queue)
 
     def submit(self, job: Job) -> tuple[str, str] | None:
-        """Queue ``job`` (sets ``seq``, ``t1`` if unset, ``enqueued``); None if admitted, else (reason, message)."""
+        """A query arrives: None if admitted (it waits or starts), else ``(reason, message)``."""
         with self.cond:
-            job.seq = next(self._seq)
-            job.t1 = job.t1 or time.time_ns()
-            if len(self._heap) >= self.queue_limit:
+            now = time.time()
+            deadline = None if job.deadline_ns is None else job.deadline_ns / 1e9
+            q = self.queue
+            ahead, waiting = q.ahead(deadline), len(q)
+            code = q.arrive(job, job.model, now, deadline, job.size)
+            if code == mq.REFUSED_FULL:
                 self.counters.dropped_queue_full += 1
-                return QUEUE_FULL, f"queue full ({len(self._heap)} waiting, limit {self.queue_limit})"
-            key = self._key(job)
-            if self.admission and job.deadline_ns is not None:
-                ahead = sum(1 for k, _ in self._heap if k < key) + self.counters.busy_workers
-                expected_ns = time.time_ns() + (ahead / self.workers + 1) * self.service_ms[job.model] * 1e6
-                if expected_ns > job.deadline_ns:
-                    self.counters.dropped_admission += 1
-                    return ADMISSION, (f"admission: expected completion {(expected_ns - job.deadline_ns) / 1e6:.2f} ms "
-                                       f"after the deadline ({ahead} queries ahead, {self.workers} workers, "
-                                       f"{self.service_ms[job.model]:.3f} ms each)")
-            job.enqueued = time.monotonic()
-            heapq.heappush(self._heap, (key, job))
+                return QUEUE_FULL, f"queue full ({waiting} waiting, limit {q.limit})"
+            if code == mq.REFUSED_ADMISSION:
+                self.counters.dropped_admission += 1
+                late_ms = (q.expected_completion(job.model, now, deadline) - deadline) * 1e3
+                return ADMISSION, (f"admission: expected completion {late_ms:.2f} ms after the deadline "
+                                   f"({ahead} queries ahead, {q.workers} workers, "
+                                   f"{self.service_ms[job.model]:.3f} ms each)")
+            if code == mq.STARTED:
+                self._ready.append([job])
             self.cond.notify()
             return None
 
-    def _take_matching(self, model: str, room: int) -> list[Job]:
-        """Pop waiting jobs for ``model`` in discipline order while they fit in ``room`` inputs."""
-        taken, kept = [], []
-        while self._heap and room > 0:
-            item = heapq.heappop(self._heap)
-            if item[1].model == model and item[1].size <= room:
-                taken.append(item[1])
-                room -= item[1].size
-            else:
-                kept.append(item)
-        for item in kept:
-            heapq.heappush(self._heap, item)
-        return taken
-
     def next_batch(self) -> list[Job] | None:
-        """Block until a batch is ready for a worker (see the module doc); None when stopping."""
+        """Block until this worker has a batch to serve; None when stopping and nothing is left."""
         with self.cond:
-            while not self._heap:
-                if self._stopping:
+            while True:
+                if self._ready:
+                    return self._ready.popleft()
+                now = time.time()
+                got = self.queue.take(now, force=self._stopping)
+                if got is not None:
+                    return got[1]
+                if self._stopping and not len(self.queue):
                     return None
-                self.cond.wait()
-            head = heapq.heappop(self._heap)[1]
-            batch = [head]
-            if self.max_batch > 1:
-                room = self.max_batch - head.size
-                batch += self._take_matching(head.model, room)
-                until = head.enqueued + self.max_queue_delay_s
-                while sum(j.size for j in batch) < self.max_batch and not self._stopping:
-                    left = until - time.monotonic()
-                    if left <= 0:
-                        break
-                    self.cond.wait(left)
-                    batch += self._take_matching(head.model, self.max_batch - sum(j.size for j in batch))
-            self.counters.busy_workers += 1
-            return batch
+                due = self.queue.due(now)
+                self.cond.wait(None if due == mq.INF else max(0.0, due - now))
 
-    # -- workers -------------------------------------------------------------------------
-    def run_batch(self, batch: list[Job]) -> None:
-        """Serve ``batch`` with one model call, fill each job, call its ``done``."""
+    def _finished(self, batch: list[Job], busy: float, error: str | None) -> list[Job] | None:
+        """Count a served batch; the queue may hand this worker the next query at once."""
+        with self.cond:
+            c = self.counters
+            c.busy_s += busy
+            c.batches += 1
+            c.per_model[batch[0].model]["busy_s"] += busy
+            if error is None:
+                c.served += len(batch)
+                c.per_model[batch[0].model]["served"] += len(batch)
+            else:
+                c.errors += len(batch)
+            nxt = self.queue.complete(time.time())
+            self.cond.notify()  # the batching timer may be due now for another worker
+            return nxt
+
+    # -- workers ---------------------------------------------------------------------------
+    def run_batch(self, batch: list[Job]) -> list[Job] | None:
+        """Serve ``batch`` with one model call, fill each job, call its ``done``; returns the next
+        batch the queue gives this worker (None: go back to waiting)."""
         model = batch[0].model
-        x = batch[0].x if len(batch) == 1 else np.concatenate([j.x for j in batch])
+        x = _concat([j.x for j in batch])
         t2 = time.time_ns()
         result, error = None, None
         try:
@@ -198,33 +183,21 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
             error = f"{type(exc).__name__}: {exc}"
         t3 = time.time_ns()
-        busy = (t3 - t2) / 1e9
-        with self.cond:
-            c = self.counters
-            c.busy_workers -= 1
-            c.busy_s += busy
-            c.batches += 1
-            c.per_model[model]["busy_s"] += busy
-            if error is None:
-                c.served += len(batch)
-                c.per_model[model]["served"] += len(batch)
-            else:
-                c.errors += len(batch)
+        nxt = self._finished(batch, (t3 - t2) / 1e9, error)
         i = 0
         for j in batch:
             j.t2, j.t3, j.batch, j.error = t2, t3, int(x.shape[0]), error
             if result is not None:
-                j.result = result[i:i + j.size]
+                j.result = _slice(result, i, j.size)
             i += j.size
             if j.done is not None:
                 j.done(j)
+        return nxt
 
     def _worker(self) -> None:
-        while True:
-            batch = self.next_batch()
-            if batch is None:
-                return
-            self.run_batch(batch)
+        while (batch := self.next_batch()) is not None:
+            while batch is not None:
+                batch = self.run_batch(batch)
 
     def start(self) -> None:
         """Start the worker threads; counters' clock (uptime, utilization) starts here."""
@@ -249,7 +222,7 @@ class Scheduler:
         with self.cond:
             c = self.counters
             uptime = max(time.monotonic() - self.started, 1e-9)
-            return {"queue_len": len(self._heap), "busy_workers": c.busy_workers, "workers": self.workers,
+            return {"queue_len": len(self.queue), "busy_workers": self.queue.busy, "workers": self.workers,
                     "queue_limit": self.queue_limit, "discipline": self.discipline, "admission": self.admission,
                     "max_batch": self.max_batch, "served": c.served,
                     "dropped": c.dropped_queue_full + c.dropped_admission,

@@ -1,20 +1,16 @@
 """Inference server: zoo models (TensorFlow or LiteRT) behind TensorFlow Serving's REST API (aiohttp).
 
-    python -m testbed.inference.server --host 0.0.0.0 --port 8501 --zoo models/zoo \\
-        --models digits_small,digits_large --workers 1 --threads 1 --queue-limit 64 \\
-        [--runtime tensorflow|litert] [--model-runtimes digits_large=litert,...] [--discipline fifo|edf] \\
-        [--admission] [--max-batch 8 --max-queue-delay-ms 2] [--warmup 20] \\
-        [--profiles models/profiles --cpu-cores 0.5] --stats-file PATH --ready-file PATH
+    python -m testbed.inference.server CONFIG.json      # a testbed.boundaries.ServerConfig
 
-Start-up: sets TensorFlow's intra-op threads to ``--threads`` (inter-op 1; LiteRT interpreters get
-``--threads`` threads, one interpreter slot per worker), loads the listed variants with their
-runtime, warms each up (``--warmup`` calls at batch 1, and as many at ``--max-batch`` when
-batching), binds the socket, starts ``--workers`` inference threads, then writes ``--ready-file``
-(JSON {"pid", "port", "host", "models", "runtimes", "service_ms", "warmup_ms", ...}; ``--port 0``
-picks a free port, reported there). Queue, discipline, admission and batching:
-:mod:`testbed.inference.scheduler`. Admission's mean service time per model is the profile's
-(``testbed.inference.profiles.service_time`` at ``--cpu-cores``, batch 1, the model's runtime);
-without a profile, the mean of timed warm-up calls in this process.
+Start-up: TensorFlow's intra-op pool gets ``workers x threads`` threads (inter-op 1); each
+worker's LiteRT interpreter ``threads`` threads (``ServerConfig.threads``, from
+:func:`testbed.model.cpu.threads_per_call`). It loads the listed variants with their runtime,
+warms each up (``warmup_calls`` calls at batch 1, and as many at ``max_batch`` when batching),
+binds the socket, starts ``workers`` inference threads, then writes ``ready_file`` (JSON {"pid",
+"port", "host", "models", "runtimes", "mean_service_ms", "warmup_ms", ...}; ``port`` 0 picks a
+free port, reported there). Queue, discipline, admission and batching: the model's
+(:mod:`testbed.model.queue`, through :mod:`testbed.inference.scheduler`); admission's mean service
+time per model is the plan's (``ServerConfig.mean_service_ms``).
 
 Endpoints (TensorFlow Serving REST API, https://www.tensorflow.org/tfx/serving/api_rest):
 
@@ -45,49 +41,40 @@ Endpoints (TensorFlow Serving REST API, https://www.tensorflow.org/tfx/serving/a
   requests), ``batches``, ``mean_batch``, ``busy_s`` (sum of model-call time), ``uptime_s``,
   ``utilization`` = busy_s / (uptime_s x workers), ``per_model``.
 
-The same stats JSON goes to ``--stats-file`` every ``--stats-interval`` s (atomic) and once more
+The same stats JSON goes to ``stats_file`` every ``stats_interval_s`` s (atomic) and once more
 on SIGTERM / SIGINT, after which the server finishes in-flight queries (up to 5 s), stops and
-exits with code 0. Exit code 2: bad arguments or a missing zoo / variant / runtime.
+exits with code 0. Exit code 2: a bad config, a missing zoo / variant / runtime, or the port in use;
+the reason is the last line of stderr.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
-import json
 import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
+from testbed.boundaries import ServerConfig
 from testbed.inference import zoo
 from testbed.inference.payload import (
-    MAX_INSTANCES,
     RequestError,
     metadata_response,
     parse_predict_body,
     predict_response,
 )
 from testbed.inference.scheduler import Job, Scheduler
+from testbed.util import write_json_atomic
 
 #: Largest request body [bytes] (one 32x32 image as JSON is ~5-10 kB).
 MAX_BODY_BYTES = 32 * 1024 * 1024
 #: Seconds the server waits for in-flight queries on shutdown.
 SHUTDOWN_GRACE_S = 5.0
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same directory, then ``os.replace``)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 class InferenceServer:
@@ -283,135 +270,76 @@ async def serve(server: InferenceServer, host: str, port: int, stats_file: str |
         write_json_atomic(stats_file, server.snapshot())
 
 
-def _pairs(text: str, what: str) -> dict[str, str]:
+def load_models(cfg: ServerConfig) -> dict[str, Any]:
+    """The served variants, loaded with their runtimes and thread counts.
+
+    Raises:
+        zoo.ZooError: a variant or runtime file is missing (checked before TensorFlow is imported).
+    """
+    manifest = zoo.load_manifest(cfg.zoo_dir)
+    for n in cfg.models:  # fail fast, before paying for TensorFlow's import
+        (zoo.tflite_path if cfg.runtimes[n] == "litert" else zoo.variant_dir)(cfg.zoo_dir, n, manifest)
+    if "tensorflow" in cfg.runtimes.values():
+        zoo.configure_tf_threads(intra_op=cfg.workers * cfg.threads, inter_op=1)
+    return {n: zoo.load_model(cfg.zoo_dir, n, cfg.runtimes[n], manifest, threads=cfg.threads, pool=cfg.workers)
+            for n in cfg.models}
+
+
+def warm_up(cfg: ServerConfig, models: dict[str, Any]) -> dict[str, float]:
+    """``warmup_calls`` calls per model (and as many at ``max_batch``); ms per model."""
     out = {}
-    for item in (t.strip() for t in text.split(",") if t.strip()):
-        k, sep, v = item.partition("=")
-        if not sep or not k or not v:
-            raise ValueError(f"--{what}: {item!r} is not NAME=VALUE")
-        out[k.strip()] = v.strip()
+    for n, m in models.items():
+        try:
+            x = zoo.load_payloads(cfg.zoo_dir, m.info["family"])[0]
+        except zoo.ZooError:
+            x = np.random.default_rng(0).random((8, *m.input_shape), dtype=np.float32)
+        ms = m.warm_up(x, cfg.warmup_calls, 1)
+        if cfg.max_batch > 1:
+            ms += m.warm_up(x, cfg.warmup_calls, cfg.max_batch)
+        out[n] = round(ms, 3)
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (see the module doc)."""
-    ap = argparse.ArgumentParser(prog="python -m testbed.inference.server",
-                                 description="TF Serving-compatible REST inference server for the model zoo")
-    ap.add_argument("--host", default="0.0.0.0")
-    ap.add_argument("--port", type=int, default=8501, help="TCP port (0: pick a free one; see --ready-file)")
-    ap.add_argument("--zoo", default="models/zoo", help="zoo directory with manifest.json")
-    ap.add_argument("--models", default="", help="comma-separated variants to serve (default: all in the zoo)")
-    ap.add_argument("--workers", type=int, default=1, help="inference threads")
-    ap.add_argument("--threads", type=int, default=1, help="TensorFlow intra-op / LiteRT threads (inter-op is 1)")
-    ap.add_argument("--queue-limit", type=int, default=64, help="most queries waiting; beyond: HTTP 503")
-    ap.add_argument("--runtime", default="tensorflow", choices=zoo.RUNTIMES, help="runtime of every model")
-    ap.add_argument("--model-runtimes", default="", help="per-model runtime overrides: NAME=RUNTIME,...")
-    ap.add_argument("--discipline", default="fifo", choices=("fifo", "edf"), help="queue order")
-    ap.add_argument("--admission", action="store_true", help="refuse queries expected to miss their deadline")
-    ap.add_argument("--max-batch", type=int, default=1, help="dynamic batching: most inputs per model call")
-    ap.add_argument("--max-queue-delay-ms", type=float, default=0.0, help="dynamic batching: longest wait [ms]")
-    ap.add_argument("--warmup", type=int, default=20, help="warm-up calls per model (and batch size) before ready")
-    ap.add_argument("--profiles", default=None, help="profiles dir (admission's mean service time)")
-    ap.add_argument("--cpu-cores", type=float, default=1.0, help="this server's CPU share [cores] (for profiles)")
-    ap.add_argument("--stats-file", default=None, help="stats JSON rewritten every --stats-interval s")
-    ap.add_argument("--stats-interval", type=float, default=1.0, help="seconds between stats-file writes")
-    ap.add_argument("--ready-file", default=None, help="JSON written once the models are warm and the port open")
-    return ap
-
-
-def _check_args(args: argparse.Namespace) -> str | None:
-    for opt in ("workers", "threads", "queue_limit", "max_batch"):
-        if getattr(args, opt) < 1:
-            return f"--{opt.replace('_', '-')} must be >= 1"
-    if args.max_batch > MAX_INSTANCES:
-        return f"--max-batch must be <= {MAX_INSTANCES}"
-    if args.warmup < 0 or args.stats_interval <= 0 or args.max_queue_delay_ms < 0 or args.cpu_cores <= 0:
-        return "--warmup and --max-queue-delay-ms must be >= 0, --stats-interval and --cpu-cores > 0"
-    return None
-
-
-def _service_ms(args: argparse.Namespace, name: str, model: Any, x: np.ndarray) -> float:
-    """Mean batch-1 service time [ms]: the profile's at --cpu-cores, else 10 timed calls here."""
-    from testbed.inference.profiles import service_time
-
-    if args.profiles:
-        try:
-            return service_time(args.profiles, name, args.cpu_cores, 1, model.runtime).mean_ms
-        except zoo.ZooError:
-            pass
-    t = time.perf_counter()
-    for i in range(10):
-        model.predict(x[i % len(x)][None])
-    return (time.perf_counter() - t) * 1e3 / 10
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Run the server; returns the exit code (0 after SIGTERM/SIGINT, 2 on bad arguments / zoo)."""
-    args = build_parser().parse_args(argv)
-    problem = _check_args(args)
-    if problem:
-        print(problem, file=sys.stderr)
+    """Run the server; returns the exit code (0 after SIGTERM/SIGINT, 2 on a bad config or zoo)."""
+    from testbed.boundaries import read_config
+    from testbed.errors import TestbedError
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m testbed.inference.server CONFIG.json", file=sys.stderr)
         return 2
     early_stop: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):  # until the event loop takes over
         signal.signal(sig, lambda signum, _frame: early_stop.append(signum))
     try:
-        manifest = zoo.load_manifest(args.zoo)
-        names = list(dict.fromkeys(n.strip() for n in args.models.split(",") if n.strip()))
-        names = names or list(manifest["variants"])
-        runtimes = {n: args.runtime for n in names}
-        for n, rt in _pairs(args.model_runtimes, "model-runtimes").items():
-            if n not in runtimes:
-                raise zoo.ZooError(f"--model-runtimes: {n!r} is not among the served models ({', '.join(names)})")
-            if rt not in zoo.RUNTIMES:
-                raise zoo.ZooError(f"--model-runtimes: {n}={rt}: unknown runtime (known: {', '.join(zoo.RUNTIMES)})")
-            runtimes[n] = rt
-        for n in names:  # fail fast, before paying for TensorFlow's import
-            (zoo.tflite_path if runtimes[n] == "litert" else zoo.variant_dir)(args.zoo, n, manifest)
-        if "tensorflow" in runtimes.values():
-            zoo.configure_tf_threads(intra_op=args.threads, inter_op=1)
-        models = {n: zoo.load_model(args.zoo, n, runtimes[n], manifest, threads=args.threads, pool=args.workers)
-                  for n in names}
-        warm_x = {}
-        for n, m in models.items():
-            try:
-                warm_x[n] = zoo.load_payloads(args.zoo, m.info["family"])[0]
-            except zoo.ZooError:
-                warm_x[n] = np.random.default_rng(0).random((8, *m.input_shape), dtype=np.float32)
-    except (zoo.ZooError, ValueError) as exc:
+        cfg = read_config(argv[0], ServerConfig)
+        models = load_models(cfg)
+    except (TestbedError, zoo.ZooError, ValueError) as exc:
         print(f"[inference-server] {exc}", file=sys.stderr)
         return 2
-    warmup = {}
-    for n, m in models.items():
-        ms = m.warm_up(warm_x[n], args.warmup, 1)
-        if args.max_batch > 1:
-            ms += m.warm_up(warm_x[n], args.warmup, args.max_batch)
-        warmup[n] = round(ms, 3)
-    service = {n: round(_service_ms(args, n, m, warm_x[n]), 4) for n, m in models.items()}
+    warmup = warm_up(cfg, models)
     # TensorFlow leaves a huge, long-lived object graph; each full (gen-2) collection walks it:
     # measured here ~600 ms wall at a 0.25-core CFS quota, stalling every query behind it.
     # Collect once, then freeze the survivors into the permanent generation (Python docs,
     # gc.freeze: "Freeze all the objects tracked by gc ... ignore them for all future collections").
     gc.collect()
     gc.freeze()
-    server = InferenceServer(models, workers=args.workers, queue_limit=args.queue_limit, discipline=args.discipline,
-                             admission=args.admission, max_batch=args.max_batch,
-                             max_queue_delay_ms=args.max_queue_delay_ms, service_ms=service)
+    server = InferenceServer(models, workers=cfg.workers, queue_limit=cfg.queue_limit, discipline=cfg.discipline,
+                             admission=cfg.admission, max_batch=cfg.max_batch,
+                             max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms)
     if early_stop:
-        if args.stats_file:
-            write_json_atomic(args.stats_file, server.snapshot())
+        if cfg.stats_file:
+            write_json_atomic(cfg.stats_file, server.snapshot())
         return 0
-    ready_info = {"models": names, "runtimes": runtimes, "service_ms": service,
+    ready_info = {"models": cfg.models, "runtimes": cfg.runtimes, "mean_service_ms": cfg.mean_service_ms,
                   "warmup_ms": round(sum(warmup.values()), 3), "warmup_ms_per_model": warmup,
-                  "warmup_calls": args.warmup, "workers": args.workers, "threads": args.threads,
-                  "queue_limit": args.queue_limit, "discipline": args.discipline, "admission": args.admission,
-                  "max_batch": args.max_batch, "max_queue_delay_ms": args.max_queue_delay_ms,
-                  "cpu_cores": args.cpu_cores}
+                  "config": cfg.model_dump(mode="json")}
     try:
-        asyncio.run(serve(server, args.host, args.port, args.stats_file, args.ready_file, ready_info,
-                          args.stats_interval, early_stop))
+        asyncio.run(serve(server, cfg.host, cfg.port, cfg.stats_file, cfg.ready_file, ready_info,
+                          cfg.stats_interval_s, early_stop))
     except OSError as exc:
-        print(f"[inference-server] cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"[inference-server] cannot serve on {cfg.host}:{cfg.port}: {exc}", file=sys.stderr)
         return 2
     return 0
 
