@@ -91,48 +91,22 @@ def _norm_mac(mac: str) -> str:
 
 
 def load_config(path: str) -> dict:
-    """Read and check the controller JSON config.
+    """Read the controller config (a :class:`testbed.boundaries.ControllerConfig`, validated there).
 
     Raises:
-        RuntimeError: missing file, bad JSON or an inconsistent entry (the message names it).
+        RuntimeError: missing file or an invalid entry (the message names it).
     """
+    from testbed.boundaries import ControllerConfig, read_config
+    from testbed.errors import InputError
+
     try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except OSError as exc:
-        raise RuntimeError(f"cannot read controller config {path}: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise RuntimeError(f"controller config {path} is not valid JSON: {exc}") from exc
-    switches = {}
-    for s in cfg.get("switches", []):
-        dpid = int(s["dpid"])
-        if dpid in switches:
-            raise RuntimeError(f"{path}: dpid {dpid} given twice")
-        switches[dpid] = str(s.get("name", f"dpid{dpid}"))
-    links: dict[frozenset, LinkCfg] = {}
-    for lk in cfg.get("links", []):
-        a, b = int(lk["a"]), int(lk["b"])
-        for d in (a, b):
-            if d not in switches:
-                raise RuntimeError(f"{path}: link {a}-{b} names dpid {d}, which is not a configured switch")
-        key = frozenset((a, b))
-        if a == b or key in links:
-            raise RuntimeError(f"{path}: link {a}-{b} is a self-loop or a duplicate")
-        links[key] = LinkCfg(a, b, float(lk.get("delay_ms", 0.0)), float(lk.get("bandwidth_mbps", 0.0)))
-    hosts: dict[str, Host] = {}
-    for h in cfg.get("hosts", []):
-        mac = _norm_mac(h["mac"])
-        if not MAC_RE.match(mac):
-            raise RuntimeError(f"{path}: host {h.get('name')} has a bad MAC {h['mac']!r}")
-        if int(h["dpid"]) not in switches:
-            raise RuntimeError(f"{path}: host {h.get('name')} is on dpid {h['dpid']}, not a configured switch")
-        if mac in hosts:
-            raise RuntimeError(f"{path}: MAC {mac} given twice")
-        bw = h.get("bandwidth_mbps")
-        hosts[mac] = Host(str(h.get("name", mac)), mac, h.get("ip"), int(h["dpid"]), int(h["port"]),
-                          float(h.get("delay_ms", 0.0)), None if bw is None else float(bw))
-    return {"switches": switches, "links": links, "hosts": hosts,
-            "stats_interval_s": float(cfg.get("stats_interval_s", 1.0))}
+        cfg = read_config(path, ControllerConfig)
+    except InputError as exc:
+        raise RuntimeError(str(exc)) from exc
+    switches = {s.dpid: s.name for s in cfg.switches}
+    links = {frozenset((lk.a, lk.b)): LinkCfg(lk.a, lk.b, lk.delay_ms, lk.bandwidth_mbps) for lk in cfg.links}
+    hosts = {h.mac: Host(h.name, h.mac, h.ip, h.dpid, h.port, h.delay_ms, h.bandwidth_mbps) for h in cfg.hosts}
+    return {"switches": switches, "links": links, "hosts": hosts, "stats_interval_s": cfg.stats_interval_s}
 
 
 class TestbedController(app_manager.RyuApp):

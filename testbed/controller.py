@@ -14,9 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import math
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -29,16 +27,20 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from pydantic import ValidationError
+
+from testbed.boundaries import ControllerConfig
+from testbed.errors import RunFailure
+from testbed.util import REPO_ROOT, write_json_atomic
+
 CONTROLLER_APP = REPO_ROOT / "controllers" / "testbed_controller.py"
 CONFIG_ENV = "TESTBED_CONTROLLER_CONFIG"
-_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 
 #: rest_port -> (process, log path) of controllers started by this process (for wait_ready messages).
 _STARTED: dict[int, tuple[subprocess.Popen, Path, int]] = {}
 
 
-class ControllerError(RuntimeError):
+class ControllerError(RunFailure):
     """The controller could not be started, or its REST API answered with an error."""
 
 
@@ -49,9 +51,11 @@ class ControllerNotReady(ControllerError):
 # --------------------------------------------------------------------------- config
 
 
-def write_config(path: str | Path, switches: Iterable[Mapping[str, Any]], links: Iterable[Mapping[str, Any]],
-                 hosts: Iterable[Mapping[str, Any]], stats_interval_s: float = 1.0) -> Path:
-    """Write the controller's JSON config (read by the Ryu app from ``$TESTBED_CONTROLLER_CONFIG``).
+def write_config(path: str | Path, switches: Iterable[Mapping[str, Any]] | None = None,
+                 links: Iterable[Mapping[str, Any]] = (), hosts: Iterable[Mapping[str, Any]] = (),
+                 stats_interval_s: float = 1.0, config: ControllerConfig | None = None) -> Path:
+    """Write the controller's config (a :class:`testbed.boundaries.ControllerConfig`, read by the
+    Ryu app from ``$TESTBED_CONTROLLER_CONFIG``): ``config`` as given, or built from the parts.
 
     Args:
         path: file to write (parent directories are created).
@@ -70,62 +74,17 @@ def write_config(path: str | Path, switches: Iterable[Mapping[str, Any]], links:
             MACs or IPs, negative delays, non-positive bandwidths or interval (the message names the
             offending item).
     """
-    sw = [{"name": str(s["name"]), "dpid": int(s["dpid"])} for s in switches]
-    dpids = [s["dpid"] for s in sw]
-    names = {s["dpid"]: s["name"] for s in sw}
-    for s in sw:
-        if s["dpid"] <= 0:
-            raise ValueError(f"switch {s['name']}: dpid must be a positive integer, got {s['dpid']}")
-        if dpids.count(s["dpid"]) > 1:
-            raise ValueError(f"dpid {s['dpid']} is used by more than one switch")
-
-    def _num(item: str, key: str, v: Any, positive: bool) -> float:
-        x = float(v)
-        if not math.isfinite(x) or x < 0 or (positive and x == 0):
-            raise ValueError(f"{item}: {key} must be {'> 0' if positive else '>= 0'}, got {v!r}")
-        return x
-
-    lk_out, seen = [], set()
-    for lk in links:
-        a, b = int(lk["a"]), int(lk["b"])
-        item = f"link {names.get(a, a)}-{names.get(b, b)}"
-        for d in (a, b):
-            if d not in names:
-                raise ValueError(f"{item}: dpid {d} is not a configured switch")
-        if a == b:
-            raise ValueError(f"{item}: self-loop")
-        if frozenset((a, b)) in seen:
-            raise ValueError(f"{item}: given twice (parallel links are not supported)")
-        seen.add(frozenset((a, b)))
-        lk_out.append({"a": a, "b": b, "delay_ms": _num(item, "delay_ms", lk["delay_ms"], False),
-                       "bandwidth_mbps": _num(item, "bandwidth_mbps", lk["bandwidth_mbps"], True)})
-    h_out, macs, ips = [], set(), set()
-    for h in hosts:
-        item = f"host {h['name']}"
-        mac = str(h["mac"]).lower()
-        if not _MAC_RE.match(mac):
-            raise ValueError(f"{item}: bad MAC {h['mac']!r}")
-        if mac in macs:
-            raise ValueError(f"{item}: MAC {mac} used twice")
-        macs.add(mac)
-        if h.get("ip"):
-            if h["ip"] in ips:
-                raise ValueError(f"{item}: IP {h['ip']} used twice")
-            ips.add(h["ip"])
-        if int(h["dpid"]) not in names:
-            raise ValueError(f"{item}: dpid {h['dpid']} is not a configured switch")
-        if int(h["port"]) <= 0:
-            raise ValueError(f"{item}: port must be a positive switch port number, got {h['port']}")
-        h_out.append({"name": str(h["name"]), "mac": mac, "ip": h.get("ip"), "dpid": int(h["dpid"]),
-                      "port": int(h["port"]), "delay_ms": _num(item, "delay_ms", h.get("delay_ms", 0.0), False),
-                      "bandwidth_mbps": _num(item, "bandwidth_mbps", h["bandwidth_mbps"], True)})
-    interval = _num("stats_interval_s", "value", stats_interval_s, True)
+    if config is None:
+        try:
+            config = ControllerConfig(switches=[dict(s) for s in switches or ()], links=[dict(lk) for lk in links],
+                                      hosts=[{**h, "mac": str(h["mac"]).lower()} for h in hosts],
+                                      stats_interval_s=stats_interval_s)
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
+                                       for e in exc.errors())) from None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"switches": sw, "links": lk_out, "hosts": h_out, "stats_interval_s": interval},
-                              indent=1))
-    tmp.replace(path)
+    write_json_atomic(path, config)
     return path
 
 

@@ -273,19 +273,6 @@ def decide(policy: str, options: list[Option], deadline_ms: float, min_accuracy:
     return fn(options, deadline_ms, min_accuracy, ctx)
 
 
-def expected_wait_ms(queue_len: int, busy: int, workers: int, mean_service_ms: float) -> float:
-    """Expected queueing delay (ms) of a query arriving now at a cluster last heard with
-    ``queue_len`` waiting and ``busy`` of ``workers`` busy: the queries ahead of it per worker
-    times the mean service time, i.e. ``max(0, queue_len + busy - workers + 1) / workers x mean``
-    when every worker is busy, else 0 (our choice; the same estimate the server's admission uses).
-    """
-    if workers <= 0:
-        return float("inf")
-    if busy < workers:
-        return 0.0
-    return (queue_len + 1) / workers * mean_service_ms
-
-
 __all__ = ["CATALOGUE", "DETERMINISTIC", "POLICIES", "Context", "Decision", "Option", "closest", "cloud",
-           "decide", "decide_many", "expected_wait_ms", "feasible", "least_loaded", "max_accuracy", "min_latency",
+           "decide", "decide_many", "feasible", "least_loaded", "max_accuracy", "min_latency",
            "random", "round_robin"]

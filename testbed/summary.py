@@ -2,7 +2,7 @@
 
 Files in a run directory (all written by :mod:`testbed.run`):
 ``records.csv`` / ``records.parquet`` (one row per query, columns of
-:data:`testbed.workload.RECORD_FIELDS`), ``link_stats.csv`` (controller port stats per poll),
+:data:`testbed.model.records.RECORD_FIELDS`), ``link_stats.csv`` (controller port stats per poll),
 ``rtt_check.csv``, ``clusters/<name>.stats.json`` (server counters), ``summary.json``, ``summary.md``;
 with packet capture also ``capture/queries.csv`` (``pkt_*`` columns, :mod:`testbed.capture.analysis`),
 joined into the records here. Every column is documented in docs/records-schema.md.

@@ -1,247 +1,234 @@
 """A query source: workload generator + dispatcher, run inside a source host's namespace.
 
-``python -m testbed.workload CONFIG.json`` (written by :mod:`testbed.run`). For each workload entry
-it draws arrivals from the same :mod:`testbed.arrivals` process (and the same seeds) as the
-simulator, window by window (the report interval), applies the policy in force per query
-(:func:`testbed.policies.decide`, on the cluster state last heard), and sends the real image as a
-TensorFlow Serving REST request (``POST /v1/models/NAME:predict``) to the chosen cluster.
+``python -m testbed.workload CONFIG.json`` (a :class:`testbed.boundaries.SourceConfig` written by
+:mod:`testbed.run`). For each workload entry it draws arrivals from the same :mod:`testbed.arrivals`
+process (and the same seeds) as the simulator, window by window (the report interval); the
+dispatcher step is the model's (:class:`testbed.model.dispatch.Dispatcher`, deciding on the state
+last heard); each query is the real request body sent as TensorFlow Serving REST
+(``POST /v1/models/NAME:predict``) to the chosen cluster; each row is built by
+:func:`testbed.model.records.make_record`, the simulator's builder too.
 
 Stale state, as in the simulator: every ``report_interval_s`` the source polls each cluster's
-``GET /v1/stats`` over the emulated network (queue length, busy workers; a failed poll marks the
-cluster down) and decides on that until the next poll. The policy may change at run time: with
-``policy: aset`` the source asks ``testbed.aset.live.LivePolicySelector(cfg).choose(state)`` every
-``aset.window_s`` which static policy to apply (see :meth:`Source._aset_state`). Each record
-carries the policy in force (column ``policy``).
+``GET /v1/stats`` over the emulated network and the dispatcher hears it (a failed poll: the
+cluster is taken as down). With ``policy: aset`` the source asks
+``testbed.aset.live.LivePolicySelector(cfg).choose(state)`` every ``aset.window_s`` which static
+policy to apply. Each record carries the policy in force.
 
-One CSV row per query is appended to the records file as soon as the query resolves (see
-:data:`RECORD_FIELDS`). Timestamps are ``time.time_ns()``: all emulated hosts share one kernel
-clock, so t0..t4 from different hosts are directly comparable.
+Timestamps are ``time.time_ns()``: all emulated hosts share one kernel clock, so t0..t4 from
+different hosts are directly comparable. Records are appended (and flushed) as each query
+resolves, so a run stopped at any point keeps what was measured.
 """
 
 from __future__ import annotations
 
 import asyncio
 import csv
+import errno
 import json
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from testbed.boundaries import AppInfo, SourceConfig, StreamConfig, read_config
 from testbed.inference.zoo import request_bodies
-from testbed.policies import CATALOGUE, Context, Option, decide, expected_wait_ms
+from testbed.model.dispatch import Dispatcher, Heard
+from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
+from testbed.policies import CATALOGUE
 
-#: Columns of the per-query records (units in the names; times are ns since the Unix epoch).
-RECORD_FIELDS = [
-    "query_id", "source", "application", "cluster", "model", "policy", "fallback",
-    "deadline_ms", "min_accuracy", "model_accuracy", "expected_rtt_ms",
-    "t0_ns", "t1_ns", "t2_ns", "t3_ns", "t4_ns",
-    "e2e_ms", "network_ms", "queueing_ms", "inference_ms",
-    "request_bytes", "response_bytes", "http_status", "queue_len_at_arrival",
-    "label", "predicted", "outcome", "failure_cause", "error",
-]
+#: Client-side errors that mean nothing listens at the server (it is down): connection refused or reset.
+REFUSED_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH})
 
 
-def classify(status: int | None, e2e_ms: float | None, deadline_ms: float, accuracy: float,
-             min_accuracy: float) -> tuple[str, str]:
-    """Outcome and failure cause of one query.
+def heard_from_stats(stats: dict[str, Any], workers: int, utilization: float, at_s: float) -> Heard:
+    """What a dispatcher hears from a server's ``GET /v1/stats`` answer (queue length, busy
+    workers); ``utilization`` measured by the caller from ``busy_s`` differences."""
+    return Heard(int(stats.get("queue_len") or 0), int(stats.get("busy_workers", stats.get("busy", 0)) or 0),
+                 int(stats.get("workers") or workers), max(0.0, min(1.0, float(utilization))), True, at_s)
 
-    system-model.md: a query succeeds iff e2e <= D_a, alpha_m >= A_a and it was not dropped.
-    ``status`` is the HTTP status, 0 for a connection error, None for no answer within the deadline
-    plus the grace period. Causes, by precedence: ``deadline_miss`` (no answer), ``dropped``
-    (HTTP 503: queue full / admission), ``error`` (other status or connection error), ``accuracy``,
-    ``deadline_miss`` (answered late).
-    """
-    if status is None or e2e_ms is None and status == 200:
-        return "failure", "deadline_miss"
-    if status == 503:
-        return "failure", "dropped"
-    if status != 200:
-        return "failure", "error"
-    if accuracy < min_accuracy:
-        return "failure", "accuracy"
-    if e2e_ms is not None and e2e_ms > deadline_ms:
-        return "failure", "deadline_miss"
-    return "success", ""
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a client error means the connection was refused or reset (the server is down)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (ConnectionRefusedError, ConnectionResetError)) or \
+                getattr(exc, "errno", None) in REFUSED_ERRNOS:
+            return True
+        exc = getattr(exc, "os_error", None) or exc.__cause__ or exc.__context__
+    return False
 
 
 class Source:
     """Generates, dispatches and records the queries of one source host."""
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: SourceConfig):
         self.cfg = cfg
-        self.name: str = cfg["source"]
+        self.name = cfg.source
         self.aset = None
-        policy = cfg["policy"]
+        policy = cfg.policy
         if policy == "aset":
-            from testbed.aset.live import LivePolicySelector  # only when asked: it may import torch
+            from testbed.aset.live import LivePolicySelector  # only when asked
 
             self.aset = LivePolicySelector(cfg)
-            policy = cfg.get("aset", {}).get("initial_policy", "closest")
+            policy = (cfg.aset.options or {}).get("initial_policy", "closest") if cfg.aset else "closest"
         if policy not in CATALOGUE:
             raise ValueError(f"source {self.name}: unknown policy {policy!r}; known: {', '.join(CATALOGUE)}, aset")
-        self.policy_name: str = policy
-        self.ctx = Context(rng=np.random.default_rng([cfg["seed"], 3, cfg["source_index"]]))
-        self.base = cfg["options"]
-        self.ip = {o["cluster"]: o["ip"] for o in cfg["options"]}
-        self.apps = {a["name"]: a for a in cfg["applications"]}
-        self.heard = {o["cluster"]: {"queue_len": 0, "busy": 0, "workers": o.get("workers", 1), "utilization": 0.0,
-                                     "up": True} for o in cfg["options"]}
+        self.dispatcher = Dispatcher([o.option for o in cfg.options], policy,
+                                     np.random.default_rng([cfg.seed, 3, cfg.source_index]))
+        self.ip = {o.option.cluster: o.ip for o in cfg.options}
+        self.options = {(o.option.cluster, o.option.model): o.option for o in cfg.options}
+        self.workers = {o.option.cluster: o.option.workers for o in cfg.options}
+        self.apps = {a.name: a for a in cfg.applications}
         self._busy_s: dict[str, tuple[float, float]] = {}
-        self.options = self._options()
-        # JSON bodies made once per application: building them per query would cost the source.
-        self.bodies = {a["name"]: request_bodies(cfg["zoo_dir"], a["family"]) for a in cfg["applications"]}
-        self.rng = np.random.default_rng([cfg["seed"], cfg["source_index"]])
-        self.out = open(cfg["records"], "w", newline="")  # noqa: SIM115 - closed in run()
+        # Request bodies made once per application: building them per query would cost the source.
+        self.bodies = {a.name: request_bodies(cfg.zoo_dir, a.family) for a in cfg.applications}
+        self.rng = np.random.default_rng([cfg.seed, cfg.source_index])
+        self.out = open(cfg.records, "w", newline="")  # noqa: SIM115 - closed in run()
         self.writer = csv.DictWriter(self.out, fieldnames=RECORD_FIELDS)
         self.writer.writeheader()
+        self.out.flush()
         self.seq = 0
         self.pending: set[asyncio.Task] = set()
         self.stopping = False
         self.win_arrivals: dict[str, int] = {}
         self.win_resolved: list[tuple[str, bool, float]] = []
 
-    def _options(self) -> list[Option]:
-        out = []
-        for o in self.base:
-            st = self.heard[o["cluster"]]
-            w = max(1, int(st.get("workers") or 1))
-            mean = o.get("mean_service_ms", o["service_ms"])
-            wait = expected_wait_ms(st["queue_len"], st["busy"], w, mean)
-            out.append(Option(o["cluster"], o["model"], o["rtt_ms"], o["service_ms"], o["accuracy"], wait,
-                              (st["queue_len"] + st["busy"]) / w, o.get("tier", ""), st["up"]))
-        return out
+    @property
+    def policy_name(self) -> str:
+        return self.dispatcher.policy
 
     def _write(self, row: dict) -> None:
         self.writer.writerow(row)
         self.out.flush()
 
-    async def _query(self, session, app: dict) -> None:
+    async def _post(self, session, url: str, body: bytes, headers: dict, timeout) -> dict[str, Any]:
+        """One predict request; the times and status the record needs (module docstring)."""
+        out: dict[str, Any] = {"status": None}
+        async with session.post(url, data=body, timeout=timeout, headers=headers) as resp:
+            payload = await resp.read()
+            out.update(t4_ns=time.time_ns(), status=resp.status, response_bytes=len(payload))
+            h = resp.headers
+            if "X-Testbed-T1" in h:
+                out.update(t1_ns=int(h["X-Testbed-T1"]), queue_len_at_arrival=int(h.get("X-Testbed-Queue-Len", 0)))
+            if resp.status == 200 and "X-Testbed-T2" in h:
+                out.update(t2_ns=int(h["X-Testbed-T2"]), t3_ns=int(h["X-Testbed-T3"]),
+                           batch=int(h.get("X-Testbed-Batch", 1)))
+                preds = json.loads(payload).get("predictions")
+                if isinstance(preds, list) and preds and isinstance(preds[0], list):
+                    out["predicted"] = int(np.argmax(preds[0]))
+            elif resp.status == 503:
+                try:
+                    out["drop_reason"] = str(json.loads(payload).get("reason", ""))
+                except ValueError:
+                    pass
+        return out
+
+    async def _query(self, session, app: AppInfo) -> None:
         import aiohttp
 
         self.seq += 1
         qid = f"{self.name}-{self.seq}"
-        bodies, labels = self.bodies[app["name"]]
+        bodies, labels = self.bodies[app.name]
         k = int(self.rng.integers(len(bodies)))
         body, label = bodies[k], labels[k]
         t0 = time.time_ns()
-        policy = self.policy_name
-        d = decide(policy, self.options, app["deadline_ms"], app["min_accuracy"], self.ctx)
-        opt = next(o for o in self.options if o.cluster == d.cluster and o.model == d.model)
-        self.win_arrivals[app["name"]] = self.win_arrivals.get(app["name"], 0) + 1
-        url = f"http://{self.ip[d.cluster]}:{self.cfg['server_port']}/v1/models/{d.model}:predict"
-        row = {"query_id": qid, "source": self.name, "application": app["name"], "cluster": d.cluster,
-               "model": d.model, "policy": policy, "fallback": int(d.fallback),
-               "deadline_ms": app["deadline_ms"], "min_accuracy": app["min_accuracy"],
-               "model_accuracy": opt.accuracy, "expected_rtt_ms": round(opt.rtt_ms, 3), "t0_ns": t0,
-               "request_bytes": len(body), "label": label}
-        status = e2e = None
-        timeout = aiohttp.ClientTimeout(total=(app["deadline_ms"] + self.cfg["grace_ms"]) / 1e3)
+        policy = self.dispatcher.policy
+        d = self.dispatcher.decide(app.deadline_ms, app.min_accuracy)
+        opt = self.options[(d.cluster, d.model)]
+        self.win_arrivals[app.name] = self.win_arrivals.get(app.name, 0) + 1
+        url = f"http://{self.ip[d.cluster]}:{self.cfg.server_port}/v1/models/{d.model}:predict"
+        headers = {"Content-Type": "application/json", "X-Testbed-Query-Id": qid,
+                   "X-Testbed-Deadline-Ns": str(t0 + int(app.deadline_ms * 1e6))}
+        timeout = aiohttp.ClientTimeout(total=(app.deadline_ms + self.cfg.grace_ms) / 1e3)
+        got: dict[str, Any] = {"status": None}
+        error = ""
         try:
-            async with session.post(url, data=body, timeout=timeout,
-                                    headers={"Content-Type": "application/json", "X-Testbed-Query-Id": qid,
-                                             "X-Testbed-Deadline-Ns": str(t0 + int(app["deadline_ms"] * 1e6))}) as resp:
-                payload = await resp.read()
-                t4 = time.time_ns()
-                status = resp.status
-                e2e = (t4 - t0) / 1e6
-                row.update(t4_ns=t4, e2e_ms=round(e2e, 3), http_status=status, response_bytes=len(payload))
-                h = resp.headers
-                if status == 200 and "X-Testbed-T1" in h:
-                    t1, t2, t3 = int(h["X-Testbed-T1"]), int(h["X-Testbed-T2"]), int(h["X-Testbed-T3"])
-                    row.update(t1_ns=t1, t2_ns=t2, t3_ns=t3,
-                               network_ms=round(((t1 - t0) + (t4 - t3)) / 1e6, 3),
-                               queueing_ms=round((t2 - t1) / 1e6, 3), inference_ms=round((t3 - t2) / 1e6, 3),
-                               queue_len_at_arrival=h.get("X-Testbed-Queue-Len", ""))
-                    preds = json.loads(payload)["predictions"][0]
-                    row["predicted"] = int(np.argmax(preds))
+            got = await self._post(session, url, body, headers, timeout)
         except TimeoutError:
-            pass  # no answer within deadline + grace: a deadline miss
+            pass  # no answer within deadline + grace
         except (aiohttp.ClientError, OSError, ValueError, KeyError) as exc:
-            status = status or 0
-            row["error"] = type(exc).__name__
-        outcome, cause = classify(status, e2e, app["deadline_ms"], opt.accuracy, app["min_accuracy"])
-        row.update(outcome=outcome, failure_cause=cause)
-        self.win_resolved.append((app["name"], outcome == "success", (t0 - self.cfg["start_ns"]) / 1e9))
+            error = type(exc).__name__
+            got = {"status": CONNECTION_REFUSED if _refused(exc) else CLIENT_ERROR, "t4_ns": time.time_ns()}
+        row = make_record(query_id=qid, source=self.name, application=app.name, cluster=d.cluster, model=d.model,
+                          policy=policy, fallback=d.fallback, deadline_ms=app.deadline_ms,
+                          min_accuracy=app.min_accuracy, model_accuracy=opt.accuracy, expected_rtt_ms=opt.rtt_ms,
+                          t0_ns=t0, request_bytes=len(body), label=label, error=error, **got)
+        self.win_resolved.append((app.name, row["outcome"] == "success", (t0 - self.cfg.start_ns) / 1e9))
         self._write(row)
 
     async def _poll_stats(self, session, end: float) -> None:
-        """Every report interval: ``GET /v1/stats`` of each cluster; the options follow what was heard."""
+        """Every report interval: ``GET /v1/stats`` of each cluster; the dispatcher hears it."""
         import aiohttp
 
         loop = asyncio.get_running_loop()
-        interval = self.cfg.get("report_interval_s", 0.5)
+        interval = self.cfg.report_interval_s
         timeout = aiohttp.ClientTimeout(total=interval)
 
-        async def one(cluster: str) -> None:
-            url = f"http://{self.ip[cluster]}:{self.cfg['server_port']}/v1/stats"
+        async def one(cluster: str) -> tuple[str, Heard | None]:
+            url = f"http://{self.ip[cluster]}:{self.cfg.server_port}/v1/stats"
             try:
                 async with session.get(url, timeout=timeout) as resp:
                     st = await resp.json()
-                workers = int(st.get("workers") or self.heard[cluster]["workers"])
-                busy_s, now = float(st.get("busy_s") or 0.0), time.monotonic()
-                prev = self._busy_s.get(cluster)
-                self._busy_s[cluster] = (busy_s, now)
-                util = st.get("utilization") or 0.0
-                if prev and now > prev[1]:
-                    util = (busy_s - prev[0]) / ((now - prev[1]) * workers)
-                self.heard[cluster] = {"queue_len": int(st.get("queue_len") or 0),
-                                       "busy": int(st.get("busy_workers", st.get("busy", 0)) or 0),
-                                       "workers": workers, "utilization": max(0.0, min(1.0, float(util))), "up": True}
             except (aiohttp.ClientError, OSError, ValueError, TimeoutError):
-                self.heard[cluster] = dict(self.heard[cluster], up=False)
+                return cluster, None
+            workers = int(st.get("workers") or self.workers[cluster])
+            busy_s, now = float(st.get("busy_s") or 0.0), time.monotonic()
+            prev = self._busy_s.get(cluster)
+            self._busy_s[cluster] = (busy_s, now)
+            util = st.get("utilization") or 0.0
+            if prev and now > prev[1]:
+                util = (busy_s - prev[0]) / ((now - prev[1]) * workers)
+            return cluster, heard_from_stats(st, workers, util, time.time())
 
         while not self.stopping and loop.time() < end:
-            await asyncio.gather(*(one(c) for c in self.ip))
-            self.options = self._options()
+            for cluster, heard in await asyncio.gather(*(one(c) for c in self.ip)):
+                if heard is None:
+                    self.dispatcher.lost(cluster, time.time())
+                else:
+                    self.dispatcher.hear(cluster, heard)
             await asyncio.sleep(interval)
 
     def _path_util(self) -> dict[str, float]:
         """Max link utilization on the path to each cluster, from the run's ``link_util.json``
         (written by testbed.run from the controller's port stats); 0 when unknown."""
-        path = self.cfg.get("link_util_file")
         links: dict = {}
-        if path:
+        if self.cfg.link_util_file:
             try:
-                links = json.loads(Path(path).read_text()).get("links", {})
+                links = json.loads(Path(self.cfg.link_util_file).read_text()).get("links", {})
             except (OSError, ValueError):
                 links = {}
-        out = {}
-        for c, pl in self.cfg.get("path_links", {}).items():
-            out[c] = max((float(links.get(f"{a}-{b}", links.get(f"{b}-{a}", 0.0))) for a, b in pl), default=0.0)
-        return out
+        return {c: max((float(links.get(f"{a}-{b}", links.get(f"{b}-{a}", 0.0))) for a, b in pl), default=0.0)
+                for c, pl in self.cfg.path_links.items()}
 
     def _aset_state(self) -> dict:
-        """The window's raw view handed to ``LivePolicySelector.choose``: ``arrivals`` {app: count},
-        ``clusters`` (stats as last heard), ``path_util`` {cluster: 0..1}, ``resolved``
-        [(app, success, t0_s)] (t0_s: creation time, s since the load started), ``policy`` (current)."""
-        return {"arrivals": dict(self.win_arrivals), "clusters": {k: dict(v) for k, v in self.heard.items()},
+        """The window's raw view handed to ``LivePolicySelector.choose`` (testbed.aset.observation)."""
+        return {"arrivals": dict(self.win_arrivals), "clusters": self.dispatcher.heard_state(),
                 "path_util": self._path_util(), "resolved": list(self.win_resolved), "policy": self.policy_name}
 
     async def _aset_loop(self, end: float) -> None:
         loop = asyncio.get_running_loop()
-        window = self.cfg.get("aset", {}).get("window_s", 0.1)
+        window = self.cfg.aset.window_s if self.cfg.aset else 0.1
         while not self.stopping and loop.time() < end:
             await asyncio.sleep(window)
             state = self._aset_state()
             self.win_arrivals, self.win_resolved = {}, []
             choice = self.aset.choose(state)
             if choice in CATALOGUE:
-                self.policy_name = choice
+                self.dispatcher.policy = choice
 
-    async def _arrivals(self, session, stream: dict, t_start: float, end: float) -> None:
+    async def _arrivals(self, session, stream: StreamConfig, t_start: float, end: float) -> None:
         """Queries of one workload entry, times from :mod:`testbed.arrivals` (same seeds as the simulator)."""
         from testbed.arrivals import make_process
-        from testbed.config import WorkloadSpec
 
         loop = asyncio.get_running_loop()
-        spec = WorkloadSpec.model_validate(stream["spec"])
-        rng = np.random.default_rng([self.cfg["seed"], 1, stream["index"], self.cfg["source_index"]])
-        proc = make_process(spec, rng, stream["weight"], Path(stream["base_dir"]))
-        app = self.apps[spec.application]
-        window = self.cfg.get("report_interval_s", 0.5)
+        rng = np.random.default_rng([self.cfg.seed, 1, stream.index, self.cfg.source_index])
+        proc = make_process(stream.spec, rng, stream.weight, Path(self.cfg.base_dir))
+        app = self.apps[stream.spec.application]
+        window = self.cfg.report_interval_s
         a = 0.0
         duration = end - t_start
         while not self.stopping and a < duration:
@@ -260,17 +247,16 @@ class Source:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop)
-        start = self.cfg["start_ns"] / 1e9
-        await asyncio.sleep(max(0.0, start - time.time()))
+        await asyncio.sleep(max(0.0, self.cfg.start_ns / 1e9 - time.time()))
         t_start = loop.time()
-        end = t_start + self.cfg["duration_s"]
+        end = t_start + self.cfg.duration_s
         conn = aiohttp.TCPConnector(limit=0, force_close=False)
         try:
             async with aiohttp.ClientSession(connector=conn) as session:
                 side = [asyncio.create_task(self._poll_stats(session, end))]
                 if self.aset is not None:
                     side.append(asyncio.create_task(self._aset_loop(end)))
-                await asyncio.gather(*(self._arrivals(session, st, t_start, end) for st in self.cfg["streams"]))
+                await asyncio.gather(*(self._arrivals(session, st, t_start, end) for st in self.cfg.streams))
                 for t in side:
                     t.cancel()
                 if self.pending:
@@ -283,13 +269,18 @@ class Source:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m testbed.workload CONFIG.json``."""
+    """Entry point: ``python -m testbed.workload CONFIG.json``. Exit code 0, or 2 with the reason
+    on stderr when the config or the zoo is unusable."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m testbed.workload CONFIG.json", file=sys.stderr)
         return 2
-    cfg = json.loads(Path(argv[0]).read_text())
-    asyncio.run(Source(cfg).run())
+    try:
+        source = Source(read_config(argv[0], SourceConfig))
+    except Exception as exc:  # noqa: BLE001 - any reason not to start is reported, with exit code 2
+        print(f"[source] cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(source.run())
     return 0
 
 

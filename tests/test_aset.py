@@ -247,37 +247,48 @@ def test_checkpoint_save_load_and_export_give_identical_actions(toy_training, tm
     np.testing.assert_array_equal(pol.act(obs), agent.act(obs, explore=False))
 
 
+def _live_cfg(plan, aset, options=None, records=None):
+    """A source's config as testbed.run writes it (testbed.boundaries.SourceConfig)."""
+    from testbed.boundaries import SourceConfig
+
+    opts = options or [(h.name, plan.rtt_ms("srca", h.name)) for h in plan.clusters]
+    return SourceConfig.model_validate({
+        "source": "srca", "source_index": 0, "seed": 1, "policy": "aset", "start_ns": 0, "duration_s": 1,
+        "report_interval_s": 0.5, "server_port": 8501,
+        "applications": [{"name": "digits", "family": "digits", "deadline_ms": 100, "min_accuracy": 0.5}],
+        "streams": [], "base_dir": ".", "zoo_dir": ".", "repo_dir": ".", "records": records or "",
+        "options": [{"ip": "10.0.0.1", "option": {"cluster": c, "model": "m", "rtt_ms": rtt, "service_ms": 1.0,
+                                                  "mean_service_ms": 1.0, "accuracy": 0.9, "tier": "far_edge",
+                                                  "workers": 1}} for c, rtt in opts],
+        "aset": aset})
+
+
 def test_live_selector_uses_checkpoint_and_times_decisions(toy_training, plan, tmp_path):
     from testbed.aset.live import LivePolicySelector
 
     result, _ = toy_training
-    cfg = {"source": "srca", "applications": [{"name": "digits"}],
-           "options": [{"cluster": h.name, "model": "m", "rtt_ms": plan.rtt_ms("srca", h.name)} for h in plan.clusters],
-           "aset": {"checkpoint": str(result.policy_path)}}
-    sel = LivePolicySelector(cfg)
+    aset = {"checkpoint": str(result.policy_path)}
+    sel = LivePolicySelector(_live_cfg(plan, aset))
     state = {"arrivals": {"digits": 4}, "clusters": FakeSim(plan, 0).cluster_state(), "path_util": {},
              "resolved": [("digits", False)], "policy": "closest"}
     picks = {sel.choose(state) for _ in range(50)}
     assert picks == {"least_loaded"}
     t = sel.timing()
     assert t["n"] == 50 and t["p99_ms"] > 0
-    rec = dict(cfg, records=str(tmp_path / "srca.records.csv"))
-    sel2 = LivePolicySelector(rec)
+    sel2 = LivePolicySelector(_live_cfg(plan, aset, records=str(tmp_path / "srca.records.csv")))
     sel2.choose(state)
     sel2.write_report()
     import json
 
     rep = json.loads((tmp_path / "srca.records.aset.json").read_text())
     assert rep["source"] == "srca" and rep["timing"]["n"] == 1 and rep["choices"] == {"least_loaded": 1}
-    bad = dict(cfg, options=[{"cluster": "nowhere", "model": "m", "rtt_ms": 1.0}])
     with pytest.raises(ValueError, match="nowhere"):
-        LivePolicySelector(bad)
+        LivePolicySelector(_live_cfg(plan, aset, options=[("nowhere", 1.0)]))
     with pytest.raises(KeyError, match="aset.checkpoint"):
-        LivePolicySelector(dict(cfg, aset={}))
+        LivePolicySelector(_live_cfg(plan, {}))
     with pytest.raises(ValueError, match="differs from the checkpoint's window 100 ms"):
-        LivePolicySelector(dict(cfg, aset={"checkpoint": str(result.policy_path), "window_s": 0.2}))
-    # the experiment's aset section as testbed.run passes it (AsetSpec dump) is accepted
-    ok = LivePolicySelector(dict(cfg, aset={"checkpoint": str(result.policy_path), "window_s": 0.1, "options": {}}))
+        LivePolicySelector(_live_cfg(plan, {"checkpoint": str(result.policy_path), "window_s": 0.2}))
+    ok = LivePolicySelector(_live_cfg(plan, {"checkpoint": str(result.policy_path), "window_s": 0.1, "options": {}}))
     assert ok.choose(state) == "least_loaded"
 
 
@@ -310,11 +321,9 @@ def test_live_env_spaces_and_control_channel(toy_training, plan, tmp_path):
     chosen: dict[str, list[str]] = {"srca": [], "srcc": []}
 
     def dispatcher(src):
-        cfg = {"source": src, "applications": [{"name": "digits"}],
-               "options": [{"cluster": h.name, "model": "m", "rtt_ms": plan.rtt_ms(src, h.name)}
-                           for h in plan.clusters],
-               "aset": {"checkpoint": str(result.policy_path), "options": {"control_socket": sock}}}
-        sel = LivePolicySelector(cfg)
+        cfg = _live_cfg(plan, {"checkpoint": str(result.policy_path), "options": {"control_socket": sock}},
+                        options=[(h.name, plan.rtt_ms(src, h.name)) for h in plan.clusters])
+        sel = LivePolicySelector(cfg.model_copy(update={"source": src}))
         sel.window_s = 0.5
         policy = "closest"
         while not stop.is_set():
@@ -346,14 +355,13 @@ def test_committed_checkpoint_drives_the_live_experiment():
     (applications, per (cluster, model) options, the experiment's aset section) is accepted."""
     from testbed.aset.live import LivePolicySelector
 
+    from testbed.boundaries import SourceConfig
+
     plan = plan_experiment(REPO / "experiments" / "aset-live.yaml")
     exp = plan.experiment
     assert exp.policy == "aset" and exp.aset.checkpoint == "models/aset/aset"
     for s in plan.sources:
-        cfg = {"source": s.name, "applications": [{"name": a.name} for a in exp.applications],
-               "options": [{"cluster": c.name, "model": m, "rtt_ms": plan.rtt_ms(s.name, c.name)}
-                           for c in plan.clusters for m in c.models],
-               "aset": exp.aset.model_dump(mode="json")}
+        cfg = SourceConfig.from_plan(plan, s.name, 0, 1.0, Path("/tmp"))
         sel = LivePolicySelector(cfg)
         assert sel.choose({"arrivals": {}, "clusters": {}, "path_util": {}, "resolved": [], "policy": "closest"}) \
             in CATALOGUE

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from testbed.model.records import RECORD_FIELDS, classify
 from testbed.policies import Option, closest
 from testbed.summary import print_summary, summarize
-from testbed.workload import RECORD_FIELDS, classify
 
 OPTS = [
     Option("near", "small", rtt_ms=4.0, service_ms=1.0, accuracy=0.93),
@@ -38,7 +38,9 @@ def test_closest_picks_nearest_feasible_cluster_then_fastest_model():
     (503, 5.0, 0.95, ("failure", "dropped")),
     (500, 5.0, 0.95, ("failure", "error")),
     (0, None, 0.95, ("failure", "error")),
+    (-1, 3.0, 0.95, ("failure", "server_down")),  # connection refused or reset
     (None, None, 0.95, ("failure", "deadline_miss")),
+    (200, 2070.0, 0.95, ("failure", "deadline_miss")),  # answered after deadline + grace: given up
 ])
 def test_classify(status, e2e, acc, expected):
     assert classify(status, e2e, deadline_ms=60.0, accuracy=acc, min_accuracy=0.9) == expected
@@ -77,34 +79,37 @@ def test_summary_from_known_records(tmp_path):
 def _source_cfg(tmp_path, policy="closest"):
     from pathlib import Path
 
+    from testbed.boundaries import SourceConfig
+
     repo = Path(__file__).resolve().parent.parent
-    opt = {"ip": "10.0.0.9", "accuracy": 0.93, "service_ms": 2.0, "mean_service_ms": 1.0, "workers": 2}
-    return {"source": "a", "source_index": 0, "seed": 1, "policy": policy, "start_ns": 0, "duration_s": 1,
-            "grace_ms": 100, "report_interval_s": 0.5, "server_port": 8501,
-            "applications": [{"name": "app", "family": "digits", "deadline_ms": 60, "min_accuracy": 0.9}],
-            "streams": [], "options": [dict(opt, cluster="near", model="small", rtt_ms=4.0, tier="far_edge"),
-                                       dict(opt, cluster="far", model="small", rtt_ms=20.0, tier="cloud")],
-            "path_links": {"near": [["s1", "s2"]], "far": [["s1", "s2"], ["s2", "s3"]]},
-            "link_util_file": str(tmp_path / "link_util.json"), "aset": {"window_s": 0.1},
-            "zoo_dir": str(repo / "models/zoo"), "records": str(tmp_path / "a.records.csv")}
+    opt = {"ip": "10.0.0.9", "option": {"accuracy": 0.93, "service_ms": 2.0, "mean_service_ms": 1.0, "workers": 2}}
+    options = [dict(opt, option=dict(opt["option"], cluster="near", model="small", rtt_ms=4.0, tier="far_edge")),
+               dict(opt, option=dict(opt["option"], cluster="far", model="small", rtt_ms=20.0, tier="cloud"))]
+    return SourceConfig.model_validate({
+        "source": "a", "source_index": 0, "seed": 1, "policy": policy, "start_ns": 0, "duration_s": 1,
+        "grace_ms": 100, "report_interval_s": 0.5, "server_port": 8501,
+        "applications": [{"name": "app", "family": "digits", "deadline_ms": 60, "min_accuracy": 0.9}],
+        "streams": [], "options": options, "base_dir": str(tmp_path),
+        "path_links": {"near": [["s1", "s2"]], "far": [["s1", "s2"], ["s2", "s3"]]},
+        "link_util_file": str(tmp_path / "link_util.json"), "aset": {"window_s": 0.1},
+        "zoo_dir": str(repo / "models/zoo"), "repo_dir": str(repo), "records": str(tmp_path / "a.records.csv")})
 
 
 def test_dispatcher_decides_on_the_state_it_last_heard(tmp_path):
-    from testbed.policies import decide
-    from testbed.workload import Source
+    from testbed.model.dispatch import Heard
+    from testbed.workload import Source, heard_from_stats
 
     src = Source(_source_cfg(tmp_path, "least_loaded"))
-    d = decide(src.policy_name, src.options, 60, 0.9, src.ctx)
-    assert d.cluster == "near"  # equal load 0: ties break by the smaller RTT
-    src.heard["near"] = {"queue_len": 0, "busy": 0, "workers": 2, "utilization": 0.0, "up": True}
-    src.heard["far"] = {"queue_len": 6, "busy": 2, "workers": 2, "utilization": 1.0, "up": True}
-    src.options = src._options()
-    far = next(o for o in src.options if o.cluster == "far")
+    d = src.dispatcher
+    assert d.decide(60, 0.9).cluster == "near"  # equal load 0: ties break by the smaller RTT
+    d.hear("near", Heard(0, 0, 2, 0.0, True))
+    d.hear("far", heard_from_stats({"queue_len": 6, "busy_workers": 2, "workers": 2}, 2, 1.0, 0.0))
+    far = next(o for o in d.options if o.cluster == "far")
     assert far.load == 4.0 and far.queue_wait_ms == 3.5  # (6 + 1) / 2 workers x 1 ms mean
-    assert decide("least_loaded", src.options, 60, 0.9, src.ctx).cluster == "near"
-    src.heard["near"] = dict(src.heard["near"], up=False)
-    src.options = src._options()
-    assert decide("closest", src.options, 60, 0.9, src.ctx).cluster == "far"
+    assert d.decide(60, 0.9).cluster == "near"
+    d.lost("near")
+    d.policy = "closest"
+    assert d.decide(60, 0.9).cluster == "far"
     src.out.close()
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from testbed import policies as pol
+from testbed.model.dispatch import expected_wait_ms
 from testbed.policies import CATALOGUE, Context, Option, decide
 
 # near: 4 ms RTT, loaded; mid: 10 ms, idle; cloud: 40 ms. small: 0.93, large: 0.98.
@@ -84,8 +85,8 @@ def test_bad_input():
 
 
 def test_expected_wait():
-    assert pol.expected_wait_ms(queue_len=5, busy=1, workers=2, mean_service_ms=10) == 0.0
-    assert pol.expected_wait_ms(queue_len=3, busy=2, workers=2, mean_service_ms=10) == 20.0
+    assert expected_wait_ms(queue_len=5, busy=1, workers=2, mean_service_ms=10) == 0.0
+    assert expected_wait_ms(queue_len=3, busy=2, workers=2, mean_service_ms=10) == 20.0
 
 
 def test_decide_many_matches_single_decisions():

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from testbed.model.records import RECORD_FIELDS
 from testbed.report import ReportError, build_report, comparison_table, link_utilization, load_run
 from testbed.summary import load_duration_s, summarize
-from testbed.workload import RECORD_FIELDS
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S

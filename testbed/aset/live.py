@@ -6,7 +6,7 @@ state of :mod:`testbed.aset.observation`. The selector rebuilds the observation 
 as the simulator env (:class:`~testbed.aset.observation.SourceObserver`) and runs the exported
 Q-network in numpy (:class:`~testbed.aset.agent.NumpyPolicy`; no TensorFlow import: the source
 process stays light). Every decision is timed (``time.perf_counter_ns``) and
-:meth:`LivePolicySelector.timing` summarises it; with ``cfg["records"]`` set, the summary and the
+:meth:`LivePolicySelector.timing` summarises it; with ``cfg.records`` set, the summary and the
 per-policy window counts go to ``<records without .csv>.aset.json`` when the process exits.
 
 Source config keys used (``cfg`` is the source's JSON config written by ``testbed.run``):
@@ -17,7 +17,7 @@ must equal the checkpoint's window (the arrival-rate features are per window);
 ``options.control_socket`` (optional): a Unix socket of a running
 :class:`~testbed.aset.envs.AsetLiveEnv`; when set, the state goes to that env and its answer is
 used (the checkpoint's choice after one window without answer). A relative checkpoint path is
-resolved against ``cfg["repo_dir"]`` when given, else the repository this package lives in.
+resolved against ``cfg.repo_dir`` when given, else the repository this package lives in.
 """
 
 from __future__ import annotations
@@ -48,40 +48,41 @@ class LivePolicySelector:
             trained on (the message names them).
     """
 
-    def __init__(self, cfg: Mapping):
-        aset = cfg.get("aset") or {}
-        if not aset.get("checkpoint"):
+    def __init__(self, cfg):
+        aset = cfg.aset
+        if aset is None or not aset.checkpoint:
             raise KeyError("source config: 'aset.checkpoint' is required with policy 'aset'")
-        ckpt = Path(aset["checkpoint"])
+        ckpt = Path(aset.checkpoint)
         if not ckpt.is_absolute():
-            ckpt = Path(cfg.get("repo_dir") or REPO) / ckpt
+            ckpt = Path(cfg.repo_dir or REPO) / ckpt
         self.policy = NumpyPolicy(ckpt)
         meta = self.policy.meta
         window_ms = self.policy.obs_spec.window_ms
-        if aset.get("window_s") is not None and abs(float(aset["window_s"]) * 1e3 - window_ms) > 1e-6:
-            raise ValueError(f"aset.window {float(aset['window_s']) * 1e3:g} ms differs from the checkpoint's "
+        if aset.window_s is not None and abs(float(aset.window_s) * 1e3 - window_ms) > 1e-6:
+            raise ValueError(f"aset.window {float(aset.window_s) * 1e3:g} ms differs from the checkpoint's "
                              f"window {window_ms:g} ms ({ckpt}); set aset.window to {window_ms:g}ms")
         rtt: dict[str, float] = {}
-        for o in cfg["options"]:
-            rtt[o["cluster"]] = min(rtt.get(o["cluster"], float("inf")), float(o["rtt_ms"]))
+        for o in cfg.options:
+            c = o.option.cluster
+            rtt[c] = min(rtt.get(c, float("inf")), float(o.option.rtt_ms))
         if set(rtt) != set(meta["clusters"]):
-            raise ValueError(f"source {cfg['source']!r}: clusters {sorted(rtt)} differ from the checkpoint's "
+            raise ValueError(f"source {cfg.source!r}: clusters {sorted(rtt)} differ from the checkpoint's "
                              f"{meta['clusters']} ({ckpt})")
-        unknown = sorted({a["name"] for a in cfg["applications"]} - set(meta["applications"]))
+        unknown = sorted({a.name for a in cfg.applications} - set(meta["applications"]))
         if unknown:
-            raise ValueError(f"source {cfg['source']!r}: applications {unknown} unknown to the checkpoint "
+            raise ValueError(f"source {cfg.source!r}: applications {unknown} unknown to the checkpoint "
                              f"(trained on {meta['applications']})")
-        self.ctx = SourceContext(cfg["source"], tuple(meta["applications"]), tuple(meta["clusters"]),
+        self.ctx = SourceContext(cfg.source, tuple(meta["applications"]), tuple(meta["clusters"]),
                                  tuple(rtt[c] for c in meta["clusters"]), tuple(meta["policies"]))
         self.observer = SourceObserver(self.ctx, self.policy.obs_spec)
         if self.observer.size != self.policy.obs_size:
             raise ValueError(f"{ckpt}: network input {self.policy.obs_size} != observation size {self.observer.size}")
         self.decision_ns: list[int] = []
-        sock = aset.get("control_socket") or (aset.get("options") or {}).get("control_socket")
-        self.control = ControlClient(sock, cfg["source"]) if sock else None
+        sock = (aset.options or {}).get("control_socket")
+        self.control = ControlClient(sock, cfg.source) if sock else None
         self.window_s = self.policy.obs_spec.window_ms / 1e3
         self.choices: dict[str, int] = {}
-        self.report_path = Path(cfg["records"]).with_suffix(".aset.json") if cfg.get("records") else None
+        self.report_path = Path(cfg.records).with_suffix(".aset.json") if cfg.records else None
         if self.report_path is not None:
             atexit.register(self.write_report)
 

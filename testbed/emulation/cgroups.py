@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from testbed.errors import RunFailure
+
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
 
 
-class CgroupError(RuntimeError):
+class CgroupError(RunFailure):
     """Neither a usable cgroup v1 cpu hierarchy nor cgroup v2 is mounted, or a write failed."""
 
 

@@ -26,6 +26,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from testbed.errors import RunFailure
+
 STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/aset-testbed"))
 STATE_FILE = STATE_DIR / "state.json"
 LOCK_FILE = STATE_DIR / "lock"
@@ -33,7 +35,7 @@ RUN_ENV = "TESTBED_RUN_ID"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(RunFailure):
     """Another testbed run holds the lock."""
 
 

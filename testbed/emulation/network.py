@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.errors import RunFailure
 from testbed.plan import Plan
 
 OFFLOAD_OFF = "rx off tx off sg off tso off gso off gro off"
@@ -35,7 +36,7 @@ def _import_mininet():
     return net, node, link
 
 
-class EmulationError(RuntimeError):
+class EmulationError(RunFailure):
     """The emulated network could not be built or failed a self-check."""
 
 

@@ -1,0 +1,241 @@
+"""Bringing the emulated network up and down: Mininet, link emulators, ryu-manager, self-check.
+
+:func:`emulated_network` is a context manager shared by ``testbed run`` and the emulation tests:
+it takes the single-run lock, removes leftovers of earlier runs, writes the intent log, builds
+Mininet, starts the link emulators, ryu-manager and the switches, and waits until the controller
+has every switch and link. On exit, whatever happened, every process, bridge, interface and
+cgroup of the run is removed. :func:`rtt_self_check` then pings every source -> cluster path.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from testbed.boundaries import ControllerConfig
+from testbed.emulation import cgroups
+from testbed.emulation.cleanup import RUN_ENV, acquire_lock, foreign_bridges, remove_leftovers, write_state
+from testbed.emulation.network import (
+    Emulation,
+    EmulationError,
+    choose_datapath,
+    choose_link_emulator,
+    planned_root_interfaces,
+)
+from testbed.emulation.selfcheck import check_rtts
+from testbed.errors import InputError, RunFailure
+from testbed.plan import Plan
+from testbed.util import poll_until, repo_path
+
+REQUIRED_TOOLS = ("ovs-vsctl", "mnexec", "ethtool", "ping", "tc", "ip")
+RUN_SUBDIRS = ("logs", "linkemu", "clusters", "sources")
+
+
+class RunError(RunFailure):
+    """A precondition or a self-check of a run failed; the message says what to do."""
+
+
+def preflight() -> None:
+    """Root, the tools, and a running Open vSwitch.
+
+    Raises:
+        RunError: one is missing (exit code 2: nothing was built); the message says how to fix it.
+    """
+    import shutil
+
+    if os.geteuid() != 0:
+        raise RunError("testbed run needs root (Mininet, Open vSwitch, cgroups): run it with sudo",
+                       InputError.exit_code)
+    missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
+    if missing:
+        raise RunError(f"missing tools: {', '.join(missing)}; run ./install.sh", InputError.exit_code)
+    ovs = subprocess.run(["ovs-vsctl", "--timeout=5", "show"], capture_output=True, text=True)
+    if ovs.returncode != 0:
+        raise RunError("Open vSwitch is not running (ovs-vsctl show failed): start it with "
+                       "`/usr/share/openvswitch/scripts/ovs-ctl start` (./install.sh does this)", InputError.exit_code)
+
+
+@dataclass
+class Live:
+    """A running emulation: Mininet network, ryu-manager, and where to reach the controller."""
+
+    plan: Plan
+    emu: Emulation
+    run_id: str
+    run_dir: Path
+    rest_url: str
+    link_emulator: str
+    datapath: str
+    bringup_s: float
+    controller: subprocess.Popen | None = None
+
+    def path_of(self, src_mac: str, dst_mac: str) -> tuple[list[int], float]:
+        """The controller's installed path (DPIDs) and its one-way delay in ms."""
+        from testbed.controller import get_path
+
+        p = get_path(self.rest_url, src_mac, dst_mac)
+        return p["dpids"], p["delay_ms"]
+
+
+def new_run_dir(plan: Plan, runs_dir: Path | None = None) -> tuple[str, Path]:
+    """A fresh ``<runs_dir>/<YYYYmmdd-HHMMSS>-<name>`` directory with its sub-folders."""
+    exp = plan.experiment
+    run_id = f"{datetime.now():%Y%m%d-%H%M%S}-{exp.name}"
+    base = Path(runs_dir) if runs_dir else repo_path(exp.runs_dir)
+    run_dir = base / run_id
+    for sub in RUN_SUBDIRS:
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    return run_id, run_dir
+
+
+def wait_listening(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Wait until ryu-manager accepts OpenFlow connections on 127.0.0.1:``port``, so the switches
+    find it at their first attempt.
+
+    Raises:
+        RunFailure: it exited or did not listen within ``timeout_s``.
+    """
+    def listening() -> bool:
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    poll_until(listening, timeout_s, f"ryu-manager listening on 127.0.0.1:{port}", proc=proc)
+
+
+def _intent_log(plan: Plan, run_id: str, link_emulator: str) -> None:
+    write_state({"run_id": run_id, "pid": os.getpid(), "bridges": [s.name for s in plan.switches],
+                 "interfaces": planned_root_interfaces(plan, link_emulator),
+                 "cgroups": [str(cgroups.ROOT / sub / f"testbed-{run_id}-{c.name}")
+                             for c in plan.clusters for sub in ("cpu", "memory", "")]})
+
+
+def _start_controller(plan: Plan, emu: Emulation, run_id: str, run_dir: Path, console: Console):
+    from testbed import controller as ctl
+
+    em = plan.experiment.emulation
+    cfg_path = ctl.write_config(run_dir / "controller.json", config=ControllerConfig.from_plan(plan, emu.host_ports))
+    with console.status("starting ryu-manager and the switches..."):
+        proc = ctl.start_controller(cfg_path, em.of_port, em.rest_port, run_dir / "logs" / "controller.log")
+        wait_listening(em.of_port, proc, timeout_s=30)
+        emu.start_switches(run_id)
+        ctl.wait_ready(f"http://127.0.0.1:{em.rest_port}", timeout_s=60 + 2 * len(plan.links))
+    return proc
+
+
+@contextmanager
+def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str | None = None,
+                     console: Console | None = None) -> Iterator[Live]:
+    """Bring up the network of ``plan`` and tear it down on exit, whatever happens (module docstring).
+
+    Raises:
+        RunError: not root, missing tools, OVS not running, or a bridge name owned by someone else.
+        testbed.emulation.cleanup.RunLockedError: another run is active.
+        EmulationError: Mininet could not build, or netem/kernel datapath forced but missing.
+        testbed.controller.ControllerError: ryu-manager failed, or switches or links are missing
+            after the timeout.
+    """
+    from testbed import controller as ctl
+
+    console = console or Console(quiet=True)
+    exp = plan.experiment
+    preflight()
+    lock = acquire_lock()
+    os.environ[RUN_ENV] = run_id
+    emu: Emulation | None = None
+    ctrl = None
+    t_start = time.monotonic()
+    try:
+        left = remove_leftovers()
+        if left:
+            console.print(f"removed {left} leftover item(s) of an earlier run")
+        le = choose_link_emulator(link_emulator or exp.emulation.link_emulator)
+        dp = choose_datapath(exp.emulation.datapath)
+        console.print(f"run {run_id}: link delay by {le}, OVS datapath {dp}; results in {run_dir}", markup=False)
+        foreign = foreign_bridges([s.name for s in plan.switches], {run_id})
+        if foreign:
+            raise RunError(f"OVS bridge(s) {', '.join(foreign)} exist and are not ours; remove them or "
+                           f"rename the switches (topology node 'name')")
+        _intent_log(plan, run_id, le)
+        plan.write_json(run_dir / "plan.json")
+        with console.status("building the network (Mininet)..."):
+            emu = Emulation(plan, le, dp, run_dir)
+            emu.build()
+            emu.start_link_emulators(sys.executable)
+        ctrl = _start_controller(plan, emu, run_id, run_dir, console)
+        live = Live(plan, emu, run_id, run_dir, f"http://127.0.0.1:{exp.emulation.rest_port}", le, dp,
+                    time.monotonic() - t_start, ctrl)
+        console.print(f"controller ready: {len(plan.switches)} switches, {len(plan.links)} links discovered, "
+                      f"flows installed ({live.bringup_s:.1f} s)")
+        yield live
+    finally:
+        if emu is not None:
+            try:
+                emu.stop()
+            except Exception as exc:  # noqa: BLE001 - the cleanup below still runs
+                console.print(f"warning: Mininet stop: {exc}", markup=False)
+        if ctrl is not None:
+            ctl.stop_controller(ctrl)
+        remove_leftovers()
+        os.close(lock)
+        os.environ.pop(RUN_ENV, None)
+
+
+def _write_rtt_csv(results, run_dir: Path) -> None:
+    with open(run_dir / "rtt_check.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["source", "cluster", "dpids", "expected_rtt_ms", "median_rtt_ms", "error_ms",
+                    "tolerance_ms", "samples_ms", "ok"])
+        for r in results:
+            w.writerow([r.source, r.cluster, " ".join(map(str, r.dpids)), f"{r.expected_ms:.3f}",
+                        f"{r.median_ms:.3f}", f"{r.error_ms:.3f}", f"{r.tolerance_ms:.3f}",
+                        " ".join(f"{x:.3f}" for x in r.samples), int(r.ok)])
+
+
+def _print_rtt(results, console: Console) -> None:
+    t = Table(title="RTT self-check (controller path, 2 x sum of one-way delays)")
+    for col in ("source", "cluster", "expected ms", "measured median ms", "error ms", "ok"):
+        t.add_column(col)
+    for r in results:
+        t.add_row(r.source, r.cluster, f"{r.expected_ms:.2f}", f"{r.median_ms:.2f}", f"{r.error_ms:+.2f}",
+                  "yes" if r.ok else "NO")
+    console.print(t)
+    errs = sorted(abs(r.error_ms) for r in results if r.samples)
+    if errs:
+        console.print(f"RTT error |measured - expected|: median {errs[len(errs) // 2]:.3f} ms, max {errs[-1]:.3f} ms")
+
+
+def rtt_self_check(live: Live, console: Console) -> None:
+    """Ping every source -> cluster path, save ``rtt_check.csv``, print the table.
+
+    Raises:
+        EmulationError: a path is out of tolerance (the message names it and the figures).
+    """
+    em = live.plan.experiment.emulation
+    with console.status("RTT self-check (ping every source -> cluster path)..."):
+        results = check_rtts(live.emu, live.plan, live.path_of, em.ping_count, em.rtt_tolerance_ms,
+                             em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms)
+    _write_rtt_csv(results, live.run_dir)
+    _print_rtt(results, console)
+    bad = [r for r in results if not r.ok]
+    if bad:
+        b = bad[0]
+        raise EmulationError(
+            f"RTT self-check failed on {len(bad)} path(s), e.g. {b.source} -> {b.cluster}: measured "
+            f"{b.median_ms:.2f} ms vs expected {b.expected_ms:.2f} ms (tolerance {b.tolerance_ms:.2f} ms). "
+            f"The emulated delays are not trustworthy now (CPU overload?); see {live.run_dir / 'rtt_check.csv'}")
+
+
+__all__ = ["Live", "RunError", "emulated_network", "new_run_dir", "preflight", "rtt_self_check", "wait_listening"]
