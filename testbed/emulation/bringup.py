@@ -81,6 +81,17 @@ class Live:
     bringup_s: float
     controller: subprocess.Popen | None = None
 
+    def components(self) -> dict[str, object]:
+        """The long-running processes of the network, by component name (``ryu-manager``,
+        ``linkemu-<node>``, ...), each a ``subprocess.Popen``-like object with ``poll()`` and
+        ``returncode``, for the run's health watch."""
+        out: dict[str, object] = {}
+        if self.controller is not None:
+            out["ryu-manager"] = self.controller
+        for name, proc in getattr(self.emu, "emulator_procs", {}).items():
+            out[f"linkemu-{name}"] = proc
+        return out
+
     def path_of(self, src_mac: str, dst_mac: str) -> tuple[list[int], float]:
         """The controller's installed path (DPIDs) and its one-way delay in ms."""
         from testbed.controller import get_path

@@ -103,6 +103,7 @@ class Emulation:
     net: object = None
     host_ports: dict[str, int] = field(default_factory=dict)
     emulators: list = field(default_factory=list)
+    emulator_procs: dict = field(default_factory=dict)  # link emulator node -> its process
 
     def build(self) -> None:
         """Create namespaces, switches and links (nothing is started yet).
@@ -194,7 +195,9 @@ class Emulation:
                    "--loss-pct", f"{lk.loss_pct:g}", "--seed", str(self.plan.experiment.seed + lk.index),
                    "--stats-file", str(self.run_dir / "linkemu" / f"{lk.emu_name}.json")]
             log = open(logs / f"linkemu-{lk.emu_name}.log", "w")  # noqa: SIM115 - lives with the process
-            self.emulators.append(node.popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+            proc = node.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.emulators.append(proc)
+            self.emulator_procs[lk.emu_name] = proc
 
     def start_switches(self, run_id: str) -> None:
         """Start the switches (they connect to the controller) and tag their bridges as ours."""
