@@ -85,6 +85,8 @@ class Scheduler:
         max_queue_delay_ms: the batching delay (ms).
         service_ms: name -> mean service time per call when busy (ms); needed for every model
             when ``admission`` is on (the plan's ``ServiceFigures.busy_mean_ms``).
+        clock_ns: the wall clock, ns since the epoch (``time.time_ns``; the parity test passes a
+            scripted one). The queue's rules get it in s.
 
     Raises:
         ValueError: a bad setting (names it).
@@ -92,7 +94,8 @@ class Scheduler:
 
     def __init__(self, models: dict[str, Any], workers: int = 1, queue_limit: int = 64, discipline: str = "fifo",
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
-                 service_ms: dict[str, float] | None = None):
+                 service_ms: dict[str, float] | None = None,
+                 clock_ns: Callable[[], int] = time.time_ns):
         service_ms = dict(service_ms or {})
         if admission:
             missing = [m for m in models if not service_ms.get(m, 0) > 0]
@@ -105,7 +108,9 @@ class Scheduler:
         self.workers, self.queue_limit, self.discipline = workers, queue_limit, discipline
         self.admission, self.max_batch = admission, max_batch
         self.counters = Counters(per_model={m: {"served": 0, "busy_s": 0.0} for m in models})
+        self.clock_ns = clock_ns
         self.cond = threading.Condition()
+        self.idle = 0  # workers waiting for work (the parity test watches it)
         self._ready: deque[list[Job]] = deque()  # batches the queue started, for an idle worker
         self._stopping = False
         self._threads: list[threading.Thread] = []
@@ -120,7 +125,7 @@ class Scheduler:
     def submit(self, job: Job) -> tuple[str, str] | None:
         """A query arrives: None if admitted (it waits or starts), else ``(reason, message)``."""
         with self.cond:
-            now = time.time()
+            now = self.clock_ns() / 1e9
             deadline = None if job.deadline_ns is None else job.deadline_ns / 1e9
             q = self.queue
             ahead, waiting = q.ahead(deadline), len(q)
@@ -145,14 +150,16 @@ class Scheduler:
             while True:
                 if self._ready:
                     return self._ready.popleft()
-                now = time.time()
+                now = self.clock_ns() / 1e9
                 got = self.queue.take(now, force=self._stopping)
                 if got is not None:
                     return got[1]
                 if self._stopping and not len(self.queue):
                     return None
                 due = self.queue.due(now)
+                self.idle += 1
                 self.cond.wait(None if due == mq.INF else max(0.0, due - now))
+                self.idle -= 1
 
     def _finished(self, batch: list[Job], busy: float, error: str | None) -> list[Job] | None:
         """Count a served batch; the queue may hand this worker the next query at once."""
@@ -166,7 +173,7 @@ class Scheduler:
                 c.per_model[batch[0].model]["served"] += len(batch)
             else:
                 c.errors += len(batch)
-            nxt = self.queue.complete(time.time())
+            nxt = self.queue.complete(self.clock_ns() / 1e9)
             self.cond.notify()  # the batching timer may be due now for another worker
             return nxt
 
@@ -176,13 +183,13 @@ class Scheduler:
         batch the queue gives this worker (None: go back to waiting)."""
         model = batch[0].model
         x = _concat([j.x for j in batch])
-        t2 = time.time_ns()
+        t2 = self.clock_ns()
         result, error = None, None
         try:
             result = self.models[model].predict(x)
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
             error = f"{type(exc).__name__}: {exc}"
-        t3 = time.time_ns()
+        t3 = self.clock_ns()
         nxt = self._finished(batch, (t3 - t2) / 1e9, error)
         i = 0
         for j in batch:
