@@ -20,7 +20,6 @@ advanced on its own (a merge of its arrivals with its workers' completions, no g
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 import operator
 from collections.abc import Callable
@@ -152,8 +151,9 @@ class _Cluster:
         self.quota = CfsQuota(fig0.cores, fig0.threads, fig0.workers)
         self.pending: list[tuple[float, int]] = []  # (t1, query) sorted by t1; processed up to pi
         self.pi = 0
-        self.comp: list[tuple[float, int, list[int], float]] = []  # (end, seq, queries, start)
-        self.seq = itertools.count()
+        #: model calls in progress: (end, first query, queries, start); a query starts at most once,
+        #: so its number breaks ties between equal ends
+        self.comp: list[tuple[float, int, list[int], float]] = []
         self.state = UP
         self.floor_s = 0.0  # nothing happens before this time (a stopped server resumes then)
         self.t_last = 0.0
@@ -209,7 +209,7 @@ class _Cluster:
         i, n = self.pi, len(pend)
         batching = queue.max_batch > 1
         arrive, complete, due, take = queue.arrive, queue.complete, queue.due, queue.take
-        run, samplers, batch_sampler, seq = self.quota.run, self.samplers, self.batch_sampler, self.seq
+        run, samplers, batch_sampler = self.quota.run, self.samplers, self.batch_sampler
         models, dls, qlens, t1s, t2s, t3s, batch, back = q.model, q.dl, q.qlen, q.t1, q.t2, q.t3, q.batch, q.back
         res, push, pop = self.sim.res_heap, heapq.heappush, heapq.heappop
         killed, started, waiting = self.state == KILLED, mq.STARTED, mq.WAITING
@@ -261,7 +261,7 @@ class _Cluster:
             # a worker starts one model call for `items` at t
             k = len(items)
             end = run(t, (samplers[model] if k == 1 else batch_sampler(model, k)).draw() / 1e3)
-            push(comp, (end, next(seq), items, t))
+            push(comp, (end, items[0], items, t))
             busy += end - t
             served += k
             for qi in items:
