@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from testbed.summary import read_csv_exact
+from testbed.util import markdown_table
 
 MAX_POLICY_PANELS = 8
 MAX_HOP_ROWS = 40
@@ -474,21 +475,13 @@ def _write_html(path: Path, runs, table: pd.DataFrame, figures, titles, skipped,
     path.write_text("\n".join(parts))
 
 
-def _md_table(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join("-" if pd.isna(v) else str(v) for v in row) + " |")
-    return "\n".join(lines)
-
-
 def _write_md(path: Path, runs, table: pd.DataFrame, figures, titles, skipped, hops) -> None:
     parts = ["# ASET testbed report", "", *[f"- {x}" for x in _runs_list(runs)], "", "## Comparison across runs",
-             "", _md_table(table), ""]
+             "", markdown_table(table), ""]
     for name, p in figures.items():
         parts += [f"## {titles[name]}", "", f"![{name}]({p.relative_to(path.parent)})", ""]
     for label, h in hops:
-        parts += [f"### Per-hop one-way delay: {label}", "", _md_table(h), ""]
+        parts += [f"### Per-hop one-way delay: {label}", "", markdown_table(h), ""]
     if skipped:
         parts += ["## Not drawn", "", *[f"- {k}: {v}" for k, v in skipped.items()], ""]
     path.write_text("\n".join(parts))

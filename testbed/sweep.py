@@ -1,34 +1,66 @@
-"""Sweeps: policies x scenarios x seeds through the simulator, in parallel processes.
+"""Sweeps: policies x scenarios x seeds, in local processes or on Ray; resumable; streamed to Parquet.
 
-Each run is :func:`testbed.sim.simulate_experiment` (one process per run, ``concurrent.futures``);
-the results table has one row per run (``runs.csv``/``runs.parquet``) and one per (scenario, policy)
-(``table.csv``, ``table.md``): success ratio mean and 95% confidence interval over the seeds
-(Student's t: mean +- t_{0.975, n-1} s / sqrt(n)), e2e latency percentiles (mean over seeds of
-each run's p50/p95/p99, answered queries), failures per cause (mean count per run). Plots:
+Each cell (scenario, policy, seed) is one run: :func:`testbed.sim.simulate_experiment` (default), or
+with ``emulate=True`` one emulation, :func:`testbed.run.run_experiment` (root; one per machine:
+the Ray task needs the custom resource ``mininet: 1``, and takes ``/tmp/testbed-emulation.lock``
+on its node). Cells run through :func:`testbed.distributed.imap_unordered` (``backend="process"``
+or ``"ray"``, with ``ray_address`` for a cluster). The plan is sent to the workers, so a cluster's
+nodes need the repository (the package and its model zoo) but not the experiment files.
+
+Every finished cell is written at once to ``OUT/cells/<scenario>-<fingerprint>/<policy>-s<seed>.parquet``
+(one row, atomically); a sweep started again with the same ``OUT`` skips the cells found there.
+The fingerprint is a hash of what decides a cell's result besides policy and seed (the plan as
+JSON, the duration, simulation or emulation, the link emulator), so a changed experiment runs
+again instead of reusing stale cells.
+
+At the end, the results table has one row per run (``runs.csv``/``runs.parquet``) and one per
+(scenario, policy) (``table.csv``, ``table.md``): success ratio mean and 95% confidence interval
+over the seeds (:func:`testbed.util.ci95`), e2e latency percentiles (mean over seeds of each run's
+p50/p95/p99, answered queries), failures per cause (mean count per run). Plots:
 ``success_ratio.png`` (bars with the CI per scenario and policy) and ``e2e_p95.png``.
+Results do not depend on the backend: the same seeds give the same table.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import pandas as pd
 
+from testbed.errors import RunFailure
+from testbed.util import ci95, markdown_table
+
 CAUSES = ("deadline_miss", "dropped", "accuracy", "error")
+#: The per-(scenario, policy) columns of ``table.md``, in order.
+TABLE_COLUMNS = ["scenario", "policy", "seeds", "success_mean", "success_ci95", "e2e_p50_ms", "e2e_p95_ms",
+                 "e2e_p99_ms"] + [f"fail_{c}" for c in CAUSES]
+EMULATION_LOCK = Path("/tmp/testbed-emulation.lock")
+#: The Ray resource an emulation cell needs: one unit per machine that can hold an emulation.
+EMULATION_RESOURCE = "mininet"
 
 
-def run_one(experiment: str, policy: str, seed: int, duration_s: float | None, runs_dir: str | None) -> dict:
-    """One simulated run (in a worker process); returns its row of the results table."""
-    from testbed.plan import plan_experiment
+def _row(name: str, policy: str, seed: int, s: dict) -> dict:
+    """A run's row of the results table, from its summary."""
+    e2e = s.get("e2e_ms") or {}
+    row = {"scenario": name, "policy": policy, "seed": seed, "queries": s["queries"],
+           "success_ratio": s.get("success_ratio"), "e2e_p50_ms": e2e.get("p50"), "e2e_p95_ms": e2e.get("p95"),
+           "e2e_p99_ms": e2e.get("p99"), "wall_s": (s.get("timings_s") or {}).get("wall_s")}
+    for c in CAUSES:
+        row[f"fail_{c}"] = (s.get("failures") or {}).get(c, 0)
+    return row
+
+
+def run_one(plan, policy: str, seed: int, duration_s: float | None, runs_dir: str | None) -> dict:
+    """One simulated run (in a worker); returns its row of the results table. ``runs_dir`` None:
+    the run directory is temporary."""
     from testbed.sim import simulate_experiment
 
-    plan = plan_experiment(experiment)
     name = plan.experiment.name
     tmp = None
     if runs_dir is None:
@@ -37,40 +69,62 @@ def run_one(experiment: str, policy: str, seed: int, duration_s: float | None, r
     else:
         run_dir = Path(runs_dir) / f"{name}-{policy}-s{seed}"
     try:
-        _, s = simulate_experiment(plan, Path(experiment).parent, duration_s=duration_s, seed=seed, policy=policy,
-                                   run_dir=run_dir, quiet=True)
+        _, s = simulate_experiment(plan, duration_s=duration_s, seed=seed, policy=policy, run_dir=run_dir, quiet=True)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    e2e = s.get("e2e_ms") or {}
-    row = {"scenario": name, "policy": policy, "seed": seed, "queries": s["queries"],
-           "success_ratio": s["success_ratio"], "e2e_p50_ms": e2e.get("p50"), "e2e_p95_ms": e2e.get("p95"),
-           "e2e_p99_ms": e2e.get("p99"), "wall_s": s.get("timings_s", {}).get("wall_s")}
-    for c in CAUSES:
-        row[f"fail_{c}"] = (s.get("failures") or {}).get(c, 0)
+    return _row(name, policy, seed, s)
+
+
+def with_policy_and_seed(plan, policy: str, seed: int):
+    """``plan`` planned again with every source on ``policy`` and the experiment's seed ``seed``
+    (what the emulation reads; the simulator takes both as arguments instead)."""
+    from testbed.plan import build_plan
+
+    exp = plan.experiment
+    exp = exp.model_copy(update={"seed": seed, "policy": policy,
+                                 "sources": [s.model_copy(update={"policy": None}) for s in exp.sources]})
+    return build_plan(exp, base_dir=Path(plan.base_dir))
+
+
+def run_one_emulated(plan, policy: str, seed: int, duration_s: float | None, runs_dir: str,
+                     link_emulator: str | None = None) -> dict:
+    """One emulated run (root) of ``plan`` with ``policy`` and ``seed``, under this machine's
+    emulation lock; the run directory is kept under ``runs_dir/<scenario>-<policy>-s<seed>/``.
+
+    Raises:
+        RunFailure: the run exited non-zero (its run directory is named).
+    """
+    import fcntl
+    import json
+
+    from rich.console import Console
+
+    from testbed.run import run_experiment
+
+    name = plan.experiment.name
+    cell_dir = Path(runs_dir) / f"{name}-{policy}-s{seed}"
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    cell_plan = with_policy_and_seed(plan, policy, seed)
+    with open(EMULATION_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one emulation per machine, queued behind any other
+        before = set(cell_dir.iterdir())
+        code = run_experiment(cell_plan, console=Console(quiet=True), runs_dir=cell_dir, duration_s=duration_s,
+                              link_emulator=link_emulator)
+    (run_dir,) = set(cell_dir.iterdir()) - before
+    if code != 0:
+        raise RunFailure(f"sweep cell {name} / {policy} / seed {seed}: testbed run exited {code}; see {run_dir}",
+                         code)
+    row = _row(name, policy, seed, json.loads((run_dir / "summary.json").read_text()))
+    row["run_dir"] = str(run_dir)
     return row
-
-
-def t_ci95(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95% confidence interval (Student's t, n - 1 degrees of freedom);
-    half-width NaN for fewer than 2 values."""
-    from scipy import stats
-
-    v = [float(x) for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    if not v:
-        return math.nan, math.nan
-    m = sum(v) / len(v)
-    if len(v) < 2:
-        return m, math.nan
-    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
-    return m, float(stats.t.ppf(0.975, len(v) - 1)) * sd / math.sqrt(len(v))
 
 
 def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (scenario, policy): n, success ratio mean and CI, latency percentiles, failures."""
     rows = []
     for (sc, pol), g in runs.groupby(["scenario", "policy"], sort=False):
-        m, h = t_ci95(g["success_ratio"].tolist())
+        m, h = ci95(g["success_ratio"].tolist())
         row = {"scenario": sc, "policy": pol, "seeds": len(g), "queries_mean": round(g["queries"].mean(), 1),
                "success_mean": round(m, 4), "success_ci95": None if math.isnan(h) else round(h, 4)}
         for q in ("p50", "p95", "p99"):
@@ -112,58 +166,107 @@ def plot(table: pd.DataFrame, out: Path) -> list[Path]:
     return paths
 
 
+def fingerprint(plan, duration_s: float | None, emulate: bool, link_emulator: str | None) -> str:
+    """12 hex digits of SHA-256 over what decides a cell's result besides policy and seed."""
+    h = hashlib.sha256(plan.model_dump_json().encode())
+    h.update(repr((duration_s, emulate, link_emulator if emulate else None)).encode())
+    return h.hexdigest()[:12]
+
+
+def cell_path(out: Path, name: str, fp: str, policy: str, seed: int) -> Path:
+    """Where a finished cell's row is kept (one-row Parquet file)."""
+    return out / "cells" / f"{name}-{fp}" / f"{policy}-s{seed}.parquet"
+
+
+def _write_cell(path: Path, row: dict) -> None:
+    """One finished cell, atomically (a temporary file in the same folder, then ``os.replace``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pd.DataFrame([row]).to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def _plan_cells(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[int], out: Path,
+                duration_s: float | None, emulate: bool, link_emulator: str | None):
+    """Plan every experiment (bad input fails here, before anything runs); the cells as
+    (plan, policy, seed, path of its result)."""
+    from testbed.plan import plan_experiment
+
+    cells = []
+    for e in experiments:
+        plan = plan_experiment(e)
+        fp = fingerprint(plan, duration_s, emulate, link_emulator)
+        cells += [(plan, p, s, cell_path(out, plan.experiment.name, fp, p, s)) for p in policies for s in seeds]
+    return cells
+
+
+def _run_cells(todo: list, duration_s: float | None, runs_dir: str | None, emulate: bool, link_emulator: str | None,
+               jobs: int | None, backend: str, ray_address: str | None, prog, task) -> None:
+    """Run the cells not done yet; write each as it finishes."""
+    from testbed.distributed import imap_unordered
+
+    if emulate:
+        tasks = [(plan, p, s, duration_s, runs_dir, link_emulator) for plan, p, s, _ in todo]
+        it = imap_unordered(run_one_emulated, tasks, backend=backend, ray_address=ray_address,
+                            jobs=1 if backend == "process" else jobs, resources={EMULATION_RESOURCE: 1})
+    else:
+        tasks = [(plan, p, s, duration_s, runs_dir) for plan, p, s, _ in todo]
+        it = imap_unordered(run_one, tasks, backend=backend, jobs=jobs, ray_address=ray_address)
+    for i, row in it:
+        _write_cell(todo[i][3], row)
+        prog.update(task, advance=1, info=f"{row['scenario']} {row['policy']} seed {row['seed']}: "
+                                          f"{row['success_ratio']}")
+
+
 def sweep(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[int], out: Path,
           jobs: int | None = None, duration_s: float | None = None, keep_runs: bool = False,
-          console=None) -> pd.DataFrame:
-    """Run every (experiment, policy, seed) in ``jobs`` processes with a progress bar; write the
-    tables and plots to ``out``; return the per-(scenario, policy) table.
+          console=None, *, backend: str = "process", ray_address: str | None = None, emulate: bool = False,
+          link_emulator: str | None = None) -> pd.DataFrame:
+    """Run every (experiment, policy, seed) not finished yet in ``out`` with a progress bar; write
+    the tables and plots to ``out``; return the per-(scenario, policy) table.
+
+    Args:
+        jobs: parallel workers (process backend) or CPUs of the embedded Ray (default: CPU count).
+        backend: ``process`` or ``ray`` (:mod:`testbed.distributed`); ``ray_address`` implies ``ray``.
+        emulate: every cell is an emulation (root), one per machine at a time.
+        keep_runs: keep every simulated run directory under ``out/runs`` (emulated runs are always kept).
 
     Raises:
         testbed.config.ConfigError, testbed.plan.PlanError: an experiment is invalid (checked
             before any run starts).
+        testbed.distributed.DistributedError: Ray missing or unreachable, or no node for emulations.
+        testbed.errors.RunFailure: an emulated cell failed (the cells finished before it are kept).
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from testbed.plan import plan_experiment
-
     console = console or Console()
-    for e in experiments:
-        plan_experiment(e)  # bad input fails here, before anything runs
+    backend = "ray" if ray_address else backend
+    cells = _plan_cells(experiments, policies, seeds, out, duration_s, emulate, link_emulator)
     out.mkdir(parents=True, exist_ok=True)
-    runs_dir = str(out / "runs") if keep_runs else None
-    tasks = [(str(e), p, s) for e in experiments for p in policies for s in seeds]
-    rows = []
-    jobs = jobs or max(1, (os.cpu_count() or 1))
+    runs_dir = str(out / "runs") if keep_runs or emulate else None
+    todo = [c for c in cells if not c[3].exists()]
+    if len(todo) < len(cells):
+        console.print(f"sweep: {len(cells) - len(todo)} of {len(cells)} cells already done in {out / 'cells'}; "
+                      f"running the other {len(todo)}")
     with Progress(TextColumn("[bold]sweep[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[info]}"), console=console) as prog, \
-            ProcessPoolExecutor(max_workers=jobs) as pool:
-        task = prog.add_task("sweep", total=len(tasks), info="")
-        futs = {pool.submit(run_one, e, p, s, duration_s, runs_dir): (e, p, s) for e, p, s in tasks}
-        for f in as_completed(futs):
-            r = f.result()
-            rows.append(r)
-            prog.update(task, advance=1, info=f"{r['scenario']} {r['policy']} seed {r['seed']}: "
-                                              f"{r['success_ratio']}")
+                  TextColumn("{task.fields[info]}"), console=console) as prog:
+        task = prog.add_task("sweep", total=len(cells), completed=len(cells) - len(todo), info="")
+        if todo:
+            _run_cells(todo, duration_s, runs_dir, emulate, link_emulator, jobs, backend, ray_address, prog, task)
+    return write_results([c[3] for c in cells], policies, out)
+
+
+def write_results(cell_files: Sequence[Path], policies: Sequence[str], out: Path) -> pd.DataFrame:
+    """``runs.csv``/``.parquet``, ``table.csv``/``.md`` and the plots from the finished cells."""
     pol_rank = {p: i for i, p in enumerate(policies)}
-    runs = pd.DataFrame(rows)
+    runs = pd.concat([pd.read_parquet(f) for f in cell_files], ignore_index=True)
     runs = runs.sort_values(["scenario", "policy", "seed"], key=lambda c: c.map(pol_rank) if c.name == "policy"
                             else c).reset_index(drop=True)
     runs.to_csv(out / "runs.csv", index=False)
     runs.to_parquet(out / "runs.parquet", index=False)
     table = aggregate(runs)
     table.to_csv(out / "table.csv", index=False)
-    (out / "table.md").write_text(to_markdown(table))
+    (out / "table.md").write_text(markdown_table(table, TABLE_COLUMNS))
     plot(table, out)
     return table
-
-
-def to_markdown(table: pd.DataFrame) -> str:
-    """The per-(scenario, policy) table as Markdown."""
-    cols = ["scenario", "policy", "seeds", "success_mean", "success_ci95", "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms"] \
-        + [f"fail_{c}" for c in CAUSES]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in table.iterrows():
-        lines.append("| " + " | ".join("" if r[c] is None or (isinstance(r[c], float) and math.isnan(r[c]))
-                                       else str(r[c]) for c in cols) + " |")
-    return "\n".join(lines) + "\n"

@@ -1,20 +1,22 @@
 """Sweeps: the CI formula, and a small real sweep in two processes."""
 
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from testbed.sweep import sweep, t_ci95
+from testbed.sweep import sweep
+from testbed.util import ci95
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_t_ci95_known_values():
-    m, h = t_ci95([0.9, 0.8, 0.85, 0.95, 0.75])
+def test_ci95_known_values():
+    m, h = ci95([0.9, 0.8, 0.85, 0.95, 0.75])
     # mean 0.85, s = 0.0790569, t_{0.975,4} = 2.7764451 -> 2.7764451 x 0.0790569 / sqrt(5) = 0.0981622
     assert m == pytest.approx(0.85) and h == pytest.approx(0.0981622, rel=1e-5)
-    m, h = t_ci95([0.5])
+    m, h = ci95([0.5])
     assert m == 0.5 and h != h  # NaN with one seed
 
 
@@ -32,4 +34,24 @@ def test_small_sweep_writes_tables_and_plots(tmp_path):
     assert cloud < closest - 0.3
     r = runs[(runs["scenario"] == "scenario-low") & (runs["policy"] == "cloud")]
     assert low.loc[("scenario-low", "cloud"), "success_mean"] == pytest.approx(r["success_ratio"].mean(), abs=1e-4)
-    assert "| scenario-low | closest | 2 |" in (tmp_path / "table.md").read_text()
+    assert re.search(r"^\| scenario-low +\| closest +\| 2 +\|", (tmp_path / "table.md").read_text(), re.M)
+
+
+def test_sweep_resumes_finished_cells(tmp_path):
+    exp = [str(REPO / "experiments/triangle.yaml")]
+    sweep(exp, ["closest"], [1, 2], tmp_path, jobs=1, duration_s=3.0)
+    s1, s2 = sorted((tmp_path / "cells").rglob("*.parquet"))
+    assert (s1.name, s2.name) == ("closest-s1.parquet", "closest-s2.parquet")
+    first = pd.read_csv(tmp_path / "runs.csv")
+    # a resumed sweep takes a finished cell as it is (marked here) and runs only the missing one
+    row = pd.read_parquet(s1)
+    row["success_ratio"] = 0.123
+    row.to_parquet(s1, index=False)
+    s2.unlink()
+    sweep(exp, ["closest"], [1, 2], tmp_path, jobs=1, duration_s=3.0)
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert runs["success_ratio"].tolist() == [0.123, first["success_ratio"][1]] and s2.exists()
+    # another duration is another experiment: nothing is reused
+    sweep(exp, ["closest"], [1, 2], tmp_path, jobs=1, duration_s=4.0)
+    assert 0.123 not in pd.read_csv(tmp_path / "runs.csv")["success_ratio"].tolist()
+    assert len(list((tmp_path / "cells").rglob("*.parquet"))) == 4

@@ -1,7 +1,9 @@
 """``testbed sweep EXPERIMENT.yaml... [--policies P,Q] [--seeds 5] [--jobs 2] --out DIR``: every policy x
-experiment x seed through the simulator in parallel processes; writes ``runs.csv``/``.parquet``,
-``table.csv``, ``table.md`` (success ratio mean +- 95% CI, latency percentiles, failure causes) and
-PNG plots to DIR."""
+experiment x seed through the simulator (or ``--emulate``: the emulation, root) in parallel
+processes or on Ray (``--backend ray``: embedded local Ray; ``--ray-address HOST:PORT``: a cluster,
+docs/scale-out.md); writes ``runs.csv``/``.parquet``, ``table.csv``, ``table.md`` (success ratio
+mean +- 95% CI, latency percentiles, failure causes) and PNG plots to DIR. Each finished cell is
+kept in ``DIR/cells/``: run the same command again and it skips them (resume)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,16 @@ def register(subparsers) -> None:
     p.add_argument("--policies", default="all", help="comma-separated policy names, or 'all' (the catalogue)")
     p.add_argument("--seeds", type=int, default=5, help="number of seeds (1..N), default 5")
     p.add_argument("--seed-base", type=int, default=1, help="first seed, default 1")
-    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="worker processes, or CPUs of the embedded Ray (default: CPU count)")
+    p.add_argument("--backend", choices=("process", "ray"), default="process",
+                   help="local process pool (default) or Ray; --ray-address implies ray")
+    p.add_argument("--ray-address", default=None,
+                   help="a running Ray cluster (HOST:PORT of its head, or 'auto'); default: embedded local Ray")
+    p.add_argument("--emulate", action="store_true",
+                   help="run every cell as an emulation (root; one per machine: Ray resource mininet=1)")
+    p.add_argument("--link-emulator", choices=("auto", "netem", "userspace"), default=None,
+                   help="with --emulate: as for testbed run")
     p.add_argument("--duration", default=None, help="override every experiment's duration, e.g. 120s")
     p.add_argument("--keep-runs", action="store_true", help="keep every run directory under OUT/runs")
     p.add_argument("--out", required=True, help="output folder")
@@ -25,6 +36,8 @@ def register(subparsers) -> None:
 
 def _cmd(args: argparse.Namespace) -> int:
     from testbed.cli import console
+    from testbed.distributed import DistributedError
+    from testbed.errors import RunFailure
     from testbed.policies import CATALOGUE
     from testbed.sweep import sweep
     from testbed.units import UnitError, parse_duration_s
@@ -46,8 +59,16 @@ def _cmd(args: argparse.Namespace) -> int:
             console.print(f"[red]error:[/red] {exc}")
             return 2
     out = Path(args.out)
-    table = sweep(args.experiments, pols, list(range(args.seed_base, args.seed_base + args.seeds)), out,
-                  args.jobs, duration, args.keep_runs, console)
+    try:
+        table = sweep(args.experiments, pols, list(range(args.seed_base, args.seed_base + args.seeds)), out,
+                      args.jobs, duration, args.keep_runs, console, backend=args.backend,
+                      ray_address=args.ray_address, emulate=args.emulate, link_emulator=args.link_emulator)
+    except DistributedError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except RunFailure as exc:
+        console.print(f"[red]error:[/red] {exc}; the cells finished so far are kept: run again to resume")
+        return exc.exit_code
     console.print((out / "table.md").read_text())
     console.print(f"{len(table)} rows; results in {out}")
     return 0

@@ -1,0 +1,171 @@
+"""Run independent tasks in parallel: local processes, or Ray (one machine or a cluster).
+
+One primitive, :func:`imap_unordered`, used by ``testbed sweep`` and meant for ``testbed evaluate``
+and the rollout workers of ``testbed train``::
+
+    from testbed.distributed import imap_unordered
+    for i, result in imap_unordered(fn, [(a, b), (c, d)], backend="ray"):
+        ...  # result = fn(*tasks[i]), in the order the tasks finish
+
+Backends:
+
+* ``process`` (default): ``concurrent.futures.ProcessPoolExecutor`` with ``jobs`` workers
+  (default: the CPU count).
+* ``ray``: every task is a Ray task (``num_cpus`` per task, default 1, plus ``resources``, e.g.
+  ``{"mininet": 1}`` so that a node runs one emulation at a time). Without ``ray_address``, Ray
+  is embedded: ``ray.init()`` starts a private local instance with ``jobs`` CPUs (default: the CPU
+  count), bound to 127.0.0.1 only (see :func:`ray_session`). With ``ray_address`` (``HOST:PORT``
+  of a running head, or ``auto``) the tasks go to that cluster.
+
+Large arguments shared by many tasks (a plan) are sent once: with Ray every argument that is not
+a plain number or string goes to the object store once per distinct object (``ray.put``) and the
+tasks receive it by reference.
+
+Determinism is the tasks' own: the backends only decide where and when a task runs, so the same
+tasks give the same results on either (``tests/test_ray.py`` checks it on a two-node cluster).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any, Literal
+
+from testbed.errors import InputError
+
+Backend = Literal["process", "ray"]
+BACKENDS: tuple[str, ...] = ("process", "ray")
+#: Ray reads these when it is imported: no usage statistics sent anywhere, and a Ray started here
+#: without a cluster address stays on 127.0.0.1 (Ray otherwise binds its services to the address
+#: of the interface with the default route, so that other machines can join).
+_RAY_LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+class DistributedError(InputError):
+    """A backend that cannot be used as asked (Ray missing, bad address, resource absent)."""
+
+
+def _import_ray(local: bool):
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if local:
+        for k, v in _RAY_LOCAL_ENV.items():
+            os.environ.setdefault(k, v)
+    try:
+        import ray
+    except ImportError:
+        raise DistributedError("the ray backend needs Ray: pip install 'ray==2.60.0'") from None
+    return ray
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None,
+                resources: dict[str, float] | None = None) -> Iterator[Any]:
+    """Ray, connected for the duration of the ``with`` block; yields the ``ray`` module.
+
+    ``address`` None: an embedded local instance (``ray.init`` with ``num_cpus``, default
+    ``os.cpu_count()``, and ``resources`` declared for this machine, no dashboard, services on
+    127.0.0.1), shut down at the end. ``address``: connect to that cluster (``num_cpus`` and
+    ``resources`` are the cluster's own, set by ``ray start``), disconnect at the end. A Ray
+    already initialised by the caller is used as it is and left running.
+
+    Raises:
+        DistributedError: Ray is not installed, or the cluster cannot be reached.
+    """
+    ray = _import_ray(local=address is None)
+    if ray.is_initialized():
+        yield ray
+        return
+    try:
+        if address is None:
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, resources=resources or None, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise DistributedError(f"cannot start or reach Ray at {address or 'a local instance'}: {exc}") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _plain(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str, bytes))
+
+
+def _check_resources(ray, resources: dict[str, float] | None) -> None:
+    have = ray.cluster_resources()
+    missing = {k: v for k, v in (resources or {}).items() if have.get(k, 0) < v}
+    if missing:
+        raise DistributedError(f"no Ray node offers {missing} (cluster has {sorted(have)}); start the nodes "
+                               f"with e.g. ray start ... --resources='{{\"mininet\": 1}}' (docs/scale-out.md)")
+
+
+def _ray_imap(fn: Callable, tasks: Sequence[tuple], jobs: int | None, ray_address: str | None,
+              resources: dict[str, float] | None, num_cpus: float) -> Iterator[tuple[int, Any]]:
+    local_res = {k: max(1.0, v) for k, v in (resources or {}).items()} if ray_address is None else None
+    with ray_session(ray_address, jobs, local_res) as ray:
+        _check_resources(ray, resources)
+        remote = ray.remote(num_cpus=num_cpus, resources=resources or None, max_retries=0)(fn)
+        refs: dict[int, Any] = {}  # id(object) -> its ObjectRef: each shared object is sent once
+
+        def ref(v: Any) -> Any:
+            if _plain(v):
+                return v
+            if id(v) not in refs:
+                refs[id(v)] = ray.put(v)
+            return refs[id(v)]
+
+        pending = {remote.remote(*[ref(a) for a in args]): i for i, args in enumerate(tasks)}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for r in done:
+                yield pending.pop(r), ray.get(r)  # a task's exception is raised here, as its own type
+
+
+def _process_imap(fn: Callable, tasks: Sequence[tuple], jobs: int | None) -> Iterator[tuple[int, Any]]:
+    with ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        pending: dict[Future, int] = {pool.submit(fn, *args): i for i, args in enumerate(tasks)}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    yield pending.pop(f), f.result()
+        finally:
+            for f in pending:
+                f.cancel()
+
+
+def imap_unordered(fn: Callable, tasks: Sequence[tuple], *, backend: Backend = "process", jobs: int | None = None,
+                   ray_address: str | None = None, resources: dict[str, float] | None = None,
+                   num_cpus: float = 1) -> Iterator[tuple[int, Any]]:
+    """Yield ``(i, fn(*tasks[i]))`` for every task, in the order the tasks finish.
+
+    Args:
+        fn: a module-level function (it is pickled to the workers).
+        tasks: the argument tuples.
+        backend: ``process`` or ``ray`` (module docstring).
+        jobs: parallel workers (process) / CPUs of the embedded Ray instance; default: the CPU count.
+            Ignored with ``ray_address`` (the cluster's CPUs decide).
+        ray_address: a Ray cluster (``HOST:PORT`` or ``auto``); None: embedded local Ray.
+        resources: Ray custom resources each task needs (``{"mininet": 1}``); with embedded Ray, this
+            machine declares them (one unit each, or the amount asked), so tasks queue on it.
+        num_cpus: CPUs each Ray task reserves.
+
+    Raises:
+        DistributedError: unknown backend, Ray missing or unreachable, no node with ``resources``.
+        Exception: the first exception a task raised (the remaining tasks are cancelled or
+            abandoned when the generator is closed).
+    """
+    if backend not in BACKENDS:
+        raise DistributedError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if backend == "ray":
+        return _ray_imap(fn, tasks, jobs, ray_address, resources, num_cpus)
+    if ray_address is not None:
+        raise DistributedError("--ray-address needs the ray backend")
+    return _process_imap(fn, tasks, jobs)
+
+
+__all__ = ["BACKENDS", "Backend", "DistributedError", "imap_unordered", "ray_session"]
