@@ -329,15 +329,16 @@ def zoo_complete(zoo_dir: str | os.PathLike[str]) -> bool:
 
 
 def ensure_zoo(zoo_dir: str | os.PathLike[str] = "models/zoo", profiles_dir: str | os.PathLike[str] | None = None,
-               timeout_s: float = 600.0) -> dict[str, Any]:
+               timeout_s: float = 1800.0) -> dict[str, Any]:
     """Return the zoo's manifest, building the zoo first if missing or stale.
 
     Runs ``models/build_zoo.py --out zoo_dir --profiles profiles_dir`` in a subprocess (so this
     process does not pay TensorFlow's import). The script is idempotent: on an up-to-date zoo it
-    returns in well under a second; it rebuilds a missing or older-recipe zoo (~1.5 min) and
-    measures a minimal profile only for variants that have none (tracked profiles are measured
-    data: never overwritten). Without the build script (an installed copy of the package), the zoo
-    and profiles must already be complete.
+    returns in well under a second; it rebuilds a missing or older-recipe zoo (minutes from nothing:
+    docs/models-and-servers.md; parts that did not change are copied) and measures a minimal profile
+    only for variants that have none (tracked profiles are measured data: never overwritten).
+    Without the build script (an installed copy of the package), the zoo and profiles must
+    already be complete.
 
     Raises:
         ZooFileMissing: no build script and the zoo or a profile is missing.
