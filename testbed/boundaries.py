@@ -171,7 +171,7 @@ class SourceConfig(_Boundary):
             for m, f in plan.services[c.name].items():
                 options.append(SourceOption(ip=hosts[c.name].ip, option=OptionSpec(
                     c.name, m, plan.rtt_ms(source, c.name), f.expected_ms, f.busy_mean_ms,
-                    plan.models[m].accuracy, c.tier or "", f.workers)))
+                    plan.models[m].accuracy, c.tier or "", f.workers, plan.models[m].family)))
         path_links = {p.cluster: list(zip(p.switches, p.switches[1:], strict=False))
                       for p in plan.paths if p.source == source}
         spec_s = next(x for x in exp.sources if x.name == source)

@@ -71,20 +71,10 @@ def measurements(prof: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _mean_at_batch(rows: list[dict[str, Any]], batch: int) -> float:
-    """Mean per-call time at ``batch`` from the rows of one share: linear in the batch size between
-    (and beyond) the measured batch sizes; with one measured size, proportional to the batch."""
-    pts = sorted((int(r["batch"]), float(r["mean_ms"])) for r in rows)
-    if len(pts) == 1:
-        b, t = pts[0]
-        return t * batch / b
-    if batch <= pts[0][0]:
-        (b0, t0), (b1, t1) = pts[0], pts[1]
-    elif batch >= pts[-1][0]:
-        (b0, t0), (b1, t1) = pts[-2], pts[-1]
-    else:
-        i = next(k for k in range(1, len(pts)) if pts[k][0] >= batch)
-        (b0, t0), (b1, t1) = pts[i - 1], pts[i]
-    return max(1e-6, t0 + (t1 - t0) * (batch - b0) / (b1 - b0))
+    """Mean per-call time at ``batch`` from the rows of one share (:func:`testbed.model.service.mean_at_batch`)."""
+    from testbed.model.service import mean_at_batch
+
+    return mean_at_batch({int(r["batch"]): float(r["mean_ms"]) for r in rows}, batch)
 
 
 def _load(row: dict[str, Any]) -> str:

@@ -5,6 +5,8 @@ RTT, expected service time, accuracy, tier) and, per cluster, the load it last *
 (:class:`Heard`, stale by the report interval: the emulation polls each server's ``/v1/stats``,
 the simulator takes a snapshot; a failed poll marks the cluster down). From these it builds the
 :class:`testbed.policies.Option` list and applies the policy in force (:func:`testbed.policies.decide`).
+A query is only ever sent to a model of its application's family (the models of another family
+answer another question): the options a policy sees are those of that family.
 Both engines go through :class:`Dispatcher`; neither builds options of its own.
 
 Expected queueing delay (our choice, system-model.md leaves it open): a query arriving at a
@@ -34,6 +36,7 @@ class OptionSpec:
     at the cluster's share (ms; the feasibility test RTT + t_m <= D_a uses it). ``mean_service_ms``:
     mean service time per call when the cluster is busy (ms; the expected wait uses it).
     ``accuracy``: alpha_m. ``tier``: far_edge / near_edge / cloud. ``workers``: the cluster's W.
+    ``family``: the model's family (the kind of query it answers; "" matches every application).
     """
 
     cluster: str
@@ -44,6 +47,7 @@ class OptionSpec:
     accuracy: float
     tier: str
     workers: int
+    family: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,8 @@ class Dispatcher:
         self._policy = ""
         self.policy = policy
         self._options: list[pol.Option] | None = None
-        self._cache: dict[tuple[float, float], pol.Decision] = {}
+        self._by_family: dict[str, list[pol.Option]] = {}
+        self._cache: dict[tuple[str, float, float], pol.Decision] = {}
 
     @property
     def policy(self) -> str:
@@ -118,15 +123,18 @@ class Dispatcher:
     def hear(self, cluster: str, heard: Heard) -> None:
         """A report from ``cluster`` (or its failure: ``Heard(up=False, ...)``)."""
         self.heard[cluster] = heard
+        self._forget()
+
+    def _forget(self) -> None:
         self._options = None
+        self._by_family = {}
         self._cache = {}
 
     def hear_all(self, reports: Iterable[tuple[str, Heard]]) -> None:
         """Several reports at once (one rebuild of the options)."""
         for cluster, heard in reports:
             self.heard[cluster] = heard
-        self._options = None
-        self._cache = {}
+        self._forget()
 
     def lost(self, cluster: str, at_s: float | None = None) -> None:
         """The report from ``cluster`` failed: it is taken as down, its last load kept."""
@@ -147,21 +155,38 @@ class Dispatcher:
             self._options = out
         return self._options
 
-    def decide(self, deadline_ms: float, min_accuracy: float) -> pol.Decision:
-        """The decision of the policy in force for a query of an application (D_a, A_a)."""
+    def options_for(self, family: str = "") -> list[pol.Option]:
+        """The options a query of ``family`` may use: the models of that family ("" : all).
+
+        Raises:
+            ValueError: no option serves ``family`` (the plan refuses such an experiment).
+        """
+        if not family:
+            return self.options
+        opts = self._by_family.get(family)
+        if opts is None:
+            opts = [o for o, s in zip(self.options, self.specs, strict=True) if s.family in ("", family)]
+            if not opts:
+                raise ValueError(f"no (cluster, model) option serves family {family!r}")
+            self._by_family[family] = opts
+        return opts
+
+    def decide(self, deadline_ms: float, min_accuracy: float, family: str = "") -> pol.Decision:
+        """The decision of the policy in force for a query of an application (D_a, A_a, its family)."""
+        opts = self.options_for(family)
         if self._policy in pol.DETERMINISTIC:
-            key = (deadline_ms, min_accuracy)
+            key = (family, deadline_ms, min_accuracy)
             d = self._cache.get(key)
             if d is None:
-                d = self._cache[key] = pol.decide(self._policy, self.options, deadline_ms, min_accuracy, self.ctx)
+                d = self._cache[key] = pol.decide(self._policy, opts, deadline_ms, min_accuracy, self.ctx)
             return d
-        return pol.decide(self._policy, self.options, deadline_ms, min_accuracy, self.ctx)
+        return pol.decide(self._policy, opts, deadline_ms, min_accuracy, self.ctx)
 
-    def decide_many(self, deadline_ms: float, min_accuracy: float, n: int) -> list[pol.Decision]:
+    def decide_many(self, deadline_ms: float, min_accuracy: float, n: int, family: str = "") -> list[pol.Decision]:
         """``n`` successive decisions on the same state (:func:`testbed.policies.decide_many`)."""
         if self._policy in pol.DETERMINISTIC:
-            return [self.decide(deadline_ms, min_accuracy)] * n
-        return pol.decide_many(self._policy, self.options, deadline_ms, min_accuracy, n, self.ctx)
+            return [self.decide(deadline_ms, min_accuracy, family)] * n
+        return pol.decide_many(self._policy, self.options_for(family), deadline_ms, min_accuracy, n, self.ctx)
 
     def heard_state(self) -> dict[str, dict[str, float | int | bool]]:
         """Per cluster, what was last heard (the ``clusters`` part of ASET's window state)."""

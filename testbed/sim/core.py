@@ -498,7 +498,8 @@ class Simulator:
                 p = "closest"  # the live agent replaces it per window; a plain simulation starts with closest
             self._check_policy(p)
             opts = [OptionSpec(c.name, self.model_names[m], float(self.rtt_plan[si, c.idx]), f.expected_ms,
-                               f.busy_mean_ms, self.accuracy[m], c.tier, f.workers)
+                               f.busy_mean_ms, self.accuracy[m], c.tier, f.workers,
+                               self.plan.models[self.model_names[m]].family)
                     for c in self.clusters for m, f in c.figures.items()]
             self.dispatchers.append(Dispatcher(opts, p, np.random.default_rng([self.seed, 3, si])))
 
@@ -669,7 +670,7 @@ class Simulator:
         for t_list, ai in items:
             app = self.apps[ai]
             self._created[(si, ai)] = self._created.get((si, ai), 0) + len(t_list)
-            decisions = disp.decide_many(app.deadline_ms, app.min_accuracy, len(t_list))
+            decisions = disp.decide_many(app.deadline_ms, app.min_accuracy, len(t_list), app.family)
             if decisions[0] is decisions[-1] and all(d is decisions[0] for d in decisions):
                 groups = {decisions[0]: t_list}
             else:
