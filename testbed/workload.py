@@ -137,7 +137,7 @@ class Source:
         body, label = bodies[k], labels[k]
         t0 = time.time_ns()
         policy = self.dispatcher.policy
-        d = self.dispatcher.decide(app.deadline_ms, app.min_accuracy, app.family)
+        d = self.dispatcher.dispatch(app.deadline_ms, app.min_accuracy, app.family)
         opt = self.options[(d.cluster, d.model)]
         self.win_arrivals[app.name] = self.win_arrivals.get(app.name, 0) + 1
         url = f"http://{self.ip[d.cluster]}:{self.cfg.server_port}/v1/models/{d.model}:predict"

@@ -101,3 +101,21 @@ def test_decide_many_matches_single_decisions():
     assert len(counts) == 5 and all(900 < n < 1100 for n in counts.values())
     assert pol.decide_many("closest", OPTS, 60, 0.9, 3) == [decide("closest", OPTS, 60, 0.9)] * 3
     assert pol.decide_many("random", OPTS, 4.5, 0.9, 2, Context()) == [decide("min_latency", OPTS, 4.5, 0.9)] * 2
+
+
+def test_dispatcher_counts_its_own_sends_until_the_next_report():
+    """Herding: with stale reports, least_loaded alternates between two idle clusters because the
+    dispatcher adds its own sends to the last report; a report of the same cluster resets them."""
+    from testbed.model.dispatch import Dispatcher, Heard, OptionSpec
+
+    specs = [OptionSpec("a", "m", 4.0, 2.0, 10.0, 0.9, "far_edge", 1),
+             OptionSpec("b", "m", 6.0, 2.0, 10.0, 0.9, "far_edge", 1)]
+    d = Dispatcher(specs, "least_loaded", np.random.default_rng(0))
+    picks = [d.dispatch(60, 0.5).cluster for _ in range(4)]
+    assert picks == ["a", "b", "a", "b"] and d.sent == {"a": 2, "b": 2}
+    a_opt = next(o for o in d.options if o.cluster == "a")
+    assert a_opt.load == 2.0 and a_opt.queue_wait_ms == 20.0  # 1 busy + 1 waiting: (1 + 1) / 1 x 10 ms
+    d.hear("a", Heard(0, 0, 1, 0.0, True, 1.0))
+    assert d.sent == {"a": 0, "b": 2} and d.dispatch(60, 0.5).cluster == "a"
+    closest = Dispatcher(specs, "closest", np.random.default_rng(0))
+    assert [x.cluster for x in closest.dispatch_many(60, 0.5, 5)] == ["a"] * 5 and closest.sent["a"] == 5

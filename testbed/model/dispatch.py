@@ -9,13 +9,21 @@ A query is only ever sent to a model of its application's family (the models of 
 answer another question): the options a policy sees are those of that family.
 Both engines go through :class:`Dispatcher`; neither builds options of its own.
 
-Expected queueing delay (our choice, system-model.md leaves it open): a query arriving at a
-cluster last heard with ``queue_len`` waiting and ``busy`` of ``workers`` busy waits
-``(queue_len + 1) / workers x mean service`` when every worker is busy, else 0
-(:func:`expected_wait_ms`). Queue length per worker, ``(queue_len + busy) / workers``, is the load.
+A dispatcher also knows its own in-flight queries (system-model.md, 2026-12-01): the queries it
+sent to each cluster since it last heard from that cluster, which the report cannot contain yet
+(our definition: the same in both engines, reset by each report). Its estimate of a cluster is
+the report plus them: ``n = queue_len + busy + sent``, of which ``min(n, workers)`` busy and the
+rest waiting. Without it, every dispatcher of a load-aware policy sends everything to the
+cluster that looked idlest at the last report (herding).
 
-Decisions of the policies in :data:`testbed.policies.DETERMINISTIC` depend only on the options,
-which change only when something is heard; the dispatcher caches them per application until then.
+Expected queueing delay (our choice, system-model.md leaves it open): a query arriving at a
+cluster estimated with ``queue`` waiting and ``busy`` of ``workers`` busy waits
+``(queue + 1) / workers x mean service`` when every worker is busy, else 0
+(:func:`expected_wait_ms`). Queries per worker, ``n / workers``, is the load.
+
+Decisions of the policies in :data:`testbed.policies.DETERMINISTIC` depend only on the options;
+the dispatcher caches them per application until something is heard, or, for the load-aware
+ones (:data:`LOAD_AWARE`), until it sends a query.
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from testbed import policies as pol
+
+#: Policies whose decision depends on the load estimate (so on the dispatcher's own sends).
+LOAD_AWARE: frozenset[str] = frozenset({"least_loaded", "min_latency", "max_accuracy"})
 
 
 @dataclass(frozen=True)
@@ -104,7 +115,9 @@ class Dispatcher:
         self.ctx = pol.Context(rng=rng)
         self._policy = ""
         self.policy = policy
+        self.sent: dict[str, int] = dict.fromkeys(self.clusters, 0)  # own queries since the last report
         self._options: list[pol.Option] | None = None
+        self._stale = False  # the options' load is outdated (only decisions of load-aware policies care)
         self._by_family: dict[str, list[pol.Option]] = {}
         self._cache: dict[tuple[str, float, float], pol.Decision] = {}
 
@@ -118,15 +131,18 @@ class Dispatcher:
             raise ValueError(f"unknown policy {name!r}; known: {', '.join(pol.CATALOGUE)}")
         if name != self._policy:
             self._policy = name
-            self._cache = {}
+            self._forget()
 
     def hear(self, cluster: str, heard: Heard) -> None:
-        """A report from ``cluster`` (or its failure: ``Heard(up=False, ...)``)."""
+        """A report from ``cluster`` (or its failure: ``Heard(up=False, ...)``); it covers what this
+        dispatcher sent there before, so its in-flight count restarts at 0."""
         self.heard[cluster] = heard
+        self.sent[cluster] = 0
         self._forget()
 
     def _forget(self) -> None:
         self._options = None
+        self._stale = False
         self._by_family = {}
         self._cache = {}
 
@@ -134,7 +150,16 @@ class Dispatcher:
         """Several reports at once (one rebuild of the options)."""
         for cluster, heard in reports:
             self.heard[cluster] = heard
+            self.sent[cluster] = 0
         self._forget()
+
+    def note_sent(self, cluster: str, n: int = 1) -> None:
+        """This dispatcher sent ``n`` queries to ``cluster`` (its own in-flight count grows)."""
+        self.sent[cluster] += n
+        if self._policy in LOAD_AWARE:
+            self._forget()
+        else:
+            self._stale = True
 
     def lost(self, cluster: str, at_s: float | None = None) -> None:
         """The report from ``cluster`` failed: it is taken as down, its last load kept."""
@@ -144,15 +169,17 @@ class Dispatcher:
     @property
     def options(self) -> list[pol.Option]:
         """The :class:`testbed.policies.Option` list as this dispatcher sees it now."""
-        if self._options is None:
+        if self._options is None or self._stale:
             out = []
             for s in self.specs:
                 h = self.heard[s.cluster]
                 w = max(1, h.workers)
+                n = h.queue_len + h.busy + self.sent[s.cluster]
+                busy = min(n, w)
                 out.append(pol.Option(s.cluster, s.model, s.rtt_ms, s.service_ms, s.accuracy,
-                                      expected_wait_ms(h.queue_len, h.busy, w, s.mean_service_ms),
-                                      (h.queue_len + h.busy) / w, s.tier, h.up))
-            self._options = out
+                                      expected_wait_ms(n - busy, busy, w, s.mean_service_ms), n / w, s.tier, h.up))
+            self._options, self._stale = out, False
+            self._by_family = {}
         return self._options
 
     def options_for(self, family: str = "") -> list[pol.Option]:
@@ -172,25 +199,43 @@ class Dispatcher:
         return opts
 
     def decide(self, deadline_ms: float, min_accuracy: float, family: str = "") -> pol.Decision:
-        """The decision of the policy in force for a query of an application (D_a, A_a, its family)."""
-        opts = self.options_for(family)
+        """The decision of the policy in force for a query of an application (D_a, A_a, its
+        family), without sending it (see :meth:`dispatch`)."""
         if self._policy in pol.DETERMINISTIC:
             key = (family, deadline_ms, min_accuracy)
             d = self._cache.get(key)
             if d is None:
+                opts = self.options_for(family)
                 d = self._cache[key] = pol.decide(self._policy, opts, deadline_ms, min_accuracy, self.ctx)
             return d
-        return pol.decide(self._policy, opts, deadline_ms, min_accuracy, self.ctx)
+        return pol.decide(self._policy, self.options_for(family), deadline_ms, min_accuracy, self.ctx)
 
-    def decide_many(self, deadline_ms: float, min_accuracy: float, n: int, family: str = "") -> list[pol.Decision]:
-        """``n`` successive decisions on the same state (:func:`testbed.policies.decide_many`)."""
+    def dispatch(self, deadline_ms: float, min_accuracy: float, family: str = "") -> pol.Decision:
+        """Decide for one query and count it as sent (the dispatcher step of one query)."""
+        d = self.decide(deadline_ms, min_accuracy, family)
+        self.note_sent(d.cluster)
+        return d
+
+    def dispatch_many(self, deadline_ms: float, min_accuracy: float, n: int, family: str = "") -> list[pol.Decision]:
+        """``n`` successive queries of one application with no report in between: the same
+        decisions as ``n`` calls of :meth:`dispatch` (``random`` draws its ``n`` indices at once,
+        :func:`testbed.policies.decide_many`)."""
+        if self._policy in LOAD_AWARE:
+            return [self.dispatch(deadline_ms, min_accuracy, family) for _ in range(n)]
         if self._policy in pol.DETERMINISTIC:
-            return [self.decide(deadline_ms, min_accuracy, family)] * n
-        return pol.decide_many(self._policy, self.options_for(family), deadline_ms, min_accuracy, n, self.ctx)
+            out = [self.decide(deadline_ms, min_accuracy, family)] * n
+        else:
+            out = pol.decide_many(self._policy, self.options_for(family), deadline_ms, min_accuracy, n, self.ctx)
+        counts: dict[str, int] = {}
+        for d in out:
+            counts[d.cluster] = counts.get(d.cluster, 0) + 1
+        for c, k in counts.items():
+            self.note_sent(c, k)
+        return out
 
     def heard_state(self) -> dict[str, dict[str, float | int | bool]]:
         """Per cluster, what was last heard (the ``clusters`` part of ASET's window state)."""
         return {c: h.as_dict() for c, h in self.heard.items()}
 
 
-__all__ = ["Dispatcher", "Heard", "OptionSpec", "expected_wait_ms"]
+__all__ = ["LOAD_AWARE", "Dispatcher", "Heard", "OptionSpec", "expected_wait_ms"]

@@ -670,7 +670,7 @@ class Simulator:
         for t_list, ai in items:
             app = self.apps[ai]
             self._created[(si, ai)] = self._created.get((si, ai), 0) + len(t_list)
-            decisions = disp.decide_many(app.deadline_ms, app.min_accuracy, len(t_list), app.family)
+            decisions = disp.dispatch_many(app.deadline_ms, app.min_accuracy, len(t_list), app.family)
             if decisions[0] is decisions[-1] and all(d is decisions[0] for d in decisions):
                 groups = {decisions[0]: t_list}
             else:
