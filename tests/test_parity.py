@@ -260,7 +260,7 @@ def test_reported_state_gives_the_same_decisions(tmp_path):
     sim = Simulator(plan, seed=1, service=lambda c, m: ServiceSampler.deterministic(50.0, np.random.default_rng(0)))
     cl = sim.clusters[0]
     for i in range(4):
-        cl.add([(0.0, i)])
+        cl.add([(0.0, i, sim.model_index["fast"], 1.0)])
     for _ in range(4):
         sim.q.t0.append(0.0)
     for col in (sim.q.src, sim.q.app, sim.q.cl, sim.q.pol):

@@ -166,33 +166,39 @@ class Dispatcher:
         h = self.heard[cluster]
         self.hear(cluster, Heard(h.queue_len, h.busy, h.workers, h.utilization, False, at_s))
 
+    def _build(self) -> None:
+        out = []
+        for s in self.specs:
+            h = self.heard[s.cluster]
+            w = max(1, h.workers)
+            n = h.queue_len + h.busy + self.sent[s.cluster]
+            busy = min(n, w)
+            out.append(pol.Option(s.cluster, s.model, s.rtt_ms, s.service_ms, s.accuracy,
+                                  expected_wait_ms(n - busy, busy, w, s.mean_service_ms), n / w, s.tier, h.up))
+        self._options, self._stale, self._by_family = out, False, {}
+
     @property
     def options(self) -> list[pol.Option]:
         """The :class:`testbed.policies.Option` list as this dispatcher sees it now."""
         if self._options is None or self._stale:
-            out = []
-            for s in self.specs:
-                h = self.heard[s.cluster]
-                w = max(1, h.workers)
-                n = h.queue_len + h.busy + self.sent[s.cluster]
-                busy = min(n, w)
-                out.append(pol.Option(s.cluster, s.model, s.rtt_ms, s.service_ms, s.accuracy,
-                                      expected_wait_ms(n - busy, busy, w, s.mean_service_ms), n / w, s.tier, h.up))
-            self._options, self._stale = out, False
-            self._by_family = {}
+            self._build()
         return self._options
 
-    def options_for(self, family: str = "") -> list[pol.Option]:
-        """The options a query of ``family`` may use: the models of that family ("" : all).
+    def options_for(self, family: str = "", load: bool = True) -> list[pol.Option]:
+        """The options a query of ``family`` may use: the models of that family ("": all).
+        ``load=False``: the caller does not read the load (a policy outside :data:`LOAD_AWARE`),
+        so options outdated only by this dispatcher's own sends may be reused.
 
         Raises:
             ValueError: no option serves ``family`` (the plan refuses such an experiment).
         """
+        if self._options is None or (self._stale and load):
+            self._build()
         if not family:
-            return self.options
+            return self._options
         opts = self._by_family.get(family)
         if opts is None:
-            opts = [o for o, s in zip(self.options, self.specs, strict=True) if s.family in ("", family)]
+            opts = [o for o, s in zip(self._options, self.specs, strict=True) if s.family in ("", family)]
             if not opts:
                 raise ValueError(f"no (cluster, model) option serves family {family!r}")
             self._by_family[family] = opts
@@ -205,10 +211,10 @@ class Dispatcher:
             key = (family, deadline_ms, min_accuracy)
             d = self._cache.get(key)
             if d is None:
-                opts = self.options_for(family)
+                opts = self.options_for(family, self._policy in LOAD_AWARE)
                 d = self._cache[key] = pol.decide(self._policy, opts, deadline_ms, min_accuracy, self.ctx)
             return d
-        return pol.decide(self._policy, self.options_for(family), deadline_ms, min_accuracy, self.ctx)
+        return pol.decide(self._policy, self.options_for(family, False), deadline_ms, min_accuracy, self.ctx)
 
     def dispatch(self, deadline_ms: float, min_accuracy: float, family: str = "") -> pol.Decision:
         """Decide for one query and count it as sent (the dispatcher step of one query)."""
@@ -223,9 +229,10 @@ class Dispatcher:
         if self._policy in LOAD_AWARE:
             return [self.dispatch(deadline_ms, min_accuracy, family) for _ in range(n)]
         if self._policy in pol.DETERMINISTIC:
-            out = [self.decide(deadline_ms, min_accuracy, family)] * n
-        else:
-            out = pol.decide_many(self._policy, self.options_for(family), deadline_ms, min_accuracy, n, self.ctx)
+            d = self.decide(deadline_ms, min_accuracy, family)
+            self.note_sent(d.cluster, n)
+            return [d] * n
+        out = pol.decide_many(self._policy, self.options_for(family, False), deadline_ms, min_accuracy, n, self.ctx)
         counts: dict[str, int] = {}
         for d in out:
             counts[d.cluster] = counts.get(d.cluster, 0) + 1

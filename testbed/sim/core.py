@@ -20,6 +20,7 @@ advanced on its own (a merge of its arrivals with its workers' completions, no g
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import operator
 from collections.abc import Callable
@@ -149,7 +150,9 @@ class _Cluster:
                                     spec.server.max_batch, spec.server.max_queue_delay_ms / 1e3,
                                     {m: f.busy_mean_ms / 1e3 for m, f in figures.items()})
         self.quota = CfsQuota(fig0.cores, fig0.threads, fig0.workers)
-        self.pending: list[tuple[float, int]] = []  # (t1, query) sorted by t1; processed up to pi
+        #: arrivals (t1, query, model, deadline) sorted by t1, processed up to pi (what the loop
+        #: needs of a query travels with it: fewer column lookups on the hot path)
+        self.pending: list[tuple[float, int, int, float]] = []
         self.pi = 0
         #: model calls in progress: (end, first query, queries, start); a query starts at most once,
         #: so its number breaks ties between equal ends
@@ -179,8 +182,8 @@ class _Cluster:
         self._busy_mark = cb
         return Heard(len(self.queue), self.queue.busy, self.workers, min(1.0, max(0.0, util)), self.state == UP, t)
 
-    def add(self, items: list[tuple[float, int]]) -> None:
-        """New arrivals (t1, query), any order."""
+    def add(self, items: list[tuple[float, int, int, float]]) -> None:
+        """New arrivals (t1, query, model, deadline), any order."""
         if self.pi:
             del self.pending[: self.pi]
             self.pi = 0
@@ -240,7 +243,7 @@ class _Cluster:
             else:  # an arrival
                 if ta >= until:
                     break
-                qi = pend[i][1]
+                _, qi, model, dl = pend[i]
                 i += 1
                 t = t_last = ta
                 if late:
@@ -250,8 +253,7 @@ class _Cluster:
                     self._refuse(qi, CONNECTION_REFUSED, "", ta)
                     continue
                 qlens[qi] = len(heap)
-                model = models[qi]
-                code = arrive(qi, model, ta, dls[qi])
+                code = arrive(qi, model, ta, dl)
                 if code != started:
                     if code != waiting:
                         self.dropped += 1
@@ -648,7 +650,7 @@ class Simulator:
         """Dispatch the queries created in [a, b), then advance every cluster to b."""
         self._generate(b)
         nC = len(self.clusters)
-        new: list[list[tuple[float, int]]] = [[] for _ in range(nC)]
+        new: list[list[tuple[float, int, int, float]]] = [[] for _ in range(nC)]
         sent = np.zeros((len(self.sources), nC))
         sent_n = np.zeros((len(self.sources), nC))
         for si in range(len(self.sources)):
@@ -662,7 +664,7 @@ class Simulator:
                 c.add(new[c.idx])
             c.advance(b)
 
-    def _dispatch(self, si: int, items: list[tuple[list[float], int]], new: list[list[tuple[float, int]]],
+    def _dispatch(self, si: int, items: list[tuple[list[float], int]], new: list[list[tuple[float, int, int, float]]],
                   sent: tuple[np.ndarray, np.ndarray]) -> None:
         """Create the queries of source ``si`` (times, application) and route them to clusters:
         one decision per query, queries with the same decision created together."""
@@ -671,7 +673,7 @@ class Simulator:
             app = self.apps[ai]
             self._created[(si, ai)] = self._created.get((si, ai), 0) + len(t_list)
             decisions = disp.dispatch_many(app.deadline_ms, app.min_accuracy, len(t_list), app.family)
-            if decisions[0] is decisions[-1] and all(d is decisions[0] for d in decisions):
+            if decisions.count(decisions[0]) == len(decisions):
                 groups = {decisions[0]: t_list}
             else:
                 groups: dict[pol.Decision, list[float]] = {}
@@ -680,7 +682,8 @@ class Simulator:
             for d, ts in groups.items():
                 self._create(si, ai, d, ts, new, sent)
 
-    def _create(self, si: int, ai: int, d: pol.Decision, ts: list[float], new: list[list[tuple[float, int]]],
+    def _create(self, si: int, ai: int, d: pol.Decision, ts: list[float],
+                new: list[list[tuple[float, int, int, float]]],
                 sent: tuple[np.ndarray, np.ndarray]) -> None:
         """Append the queries created at times ``ts`` by source ``si`` for application ``ai``, all
         sent to the same (cluster, model) ``d``, to the query columns and to the cluster's arrivals.
@@ -715,7 +718,7 @@ class Simulator:
         q.dl.extend(dls)
         q.back.extend(back)
         if f < INF:
-            new[ci].extend(zip(t1, idx))  # noqa: B905 - same lengths by construction
+            new[ci].extend(zip(t1, idx, itertools.repeat(m), dls))  # noqa: B905 - same lengths by construction
         sent[0][si, ci] += k * nbytes
         sent[1][si, ci] += k
         if self.res_heap is not None:
