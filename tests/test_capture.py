@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed.capture.analysis import analyze_run, load_packets, parse_tcp, read_pcap
+from testbed.capture.analysis import IPV6, PcapError, analyze_run, load_packets, parse_tcp, read_pcap
 from testbed.capture.capture import capture_points, packet_bound, tcpdump_command, validate_capture
 from testbed.capture.spec import CaptureSpec
 from testbed.model.records import RECORD_FIELDS
@@ -208,3 +208,82 @@ def test_size_bound_and_command(plan, tmp_path):
     assert cmd[-1] == "tcp port 8501" and "--time-stamp-precision=nano" in cmd and "--immediate-mode" in cmd
     delayed = tcpdump_command(pt, CaptureSpec(start_delay_s=1.5), tmp_path / "x.pcap", 8501)
     assert delayed[:2] == ["sh", "-c"] and "sleep 1.500" in delayed[2] and delayed[4] == "tcpdump"
+
+
+# ---------------------------------------------------------------- formats: pcapng, IPv6, refusals
+
+def write_pcapng(path: Path, packets: list[tuple[int, bytes]], snaplen: int = 65535, interfaces: int = 1,
+                 linktype: int = 1) -> None:
+    """pcapng (little endian): a section header, ``interfaces`` interface descriptions with
+    if_tsresol = 9 (ns), then one enhanced packet block per packet on interface 0."""
+    def block(btype: int, body: bytes) -> bytes:
+        body += b"\x00" * (-len(body) % 4)
+        n = 12 + len(body)
+        return struct.pack("<II", btype, n) + body + struct.pack("<I", n)
+
+    out = block(0x0A0D0D0A, struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1))
+    tsresol = struct.pack("<HHB3x", 9, 1, 9) + struct.pack("<HH", 0, 0)  # if_tsresol 10^-9, opt_endofopt
+    for _ in range(interfaces):
+        out += block(1, struct.pack("<HHI", linktype, 0, snaplen) + tsresol)
+    for ts, data in packets:
+        cut = data[:snaplen]
+        out += block(6, struct.pack("<IIIII", 0, ts >> 32, ts & 0xFFFFFFFF, len(cut), len(data)) + cut)
+    path.write_bytes(out)
+
+
+def frame6(payload: bytes = b"x") -> bytes:
+    tcp = struct.pack("!HHIIBBHHH", CPORT, SPORT, 1, 1, 5 << 4, 0x18, 65535, 0, 0) + payload
+    ip6 = struct.pack("!IHBB16s16s", 6 << 28, len(tcp), 6, 64, b"\x20\x01" + b"\x00" * 13 + b"\x01",
+                      b"\x20\x01" + b"\x00" * 13 + b"\x02")
+    return b"\x00" * 11 + b"\x01" + b"\x86\xdd" + ip6 + tcp
+
+
+def test_pcapng_gives_the_same_analysis(tmp_path):
+    (tmp_path / "classic").mkdir()
+    (tmp_path / "ng").mkdir()
+    ref = crafted_run(tmp_path / "classic")
+    analyze_run(ref)
+    ng = crafted_run(tmp_path / "ng")
+    for f in sorted((ng / "pcap").glob("*.pcap")):
+        write_pcapng(f.with_suffix(".pcapng"), list(read_pcap(f)), snaplen=256)
+        f.unlink()
+    assert list(read_pcap(ng / "pcap" / "l1-eth1.pcapng"))[0][0] == T0 + POINTS["l1-eth1"]  # exact ns
+    res = analyze_run(ng)
+    assert res["queries_matched"] == 2 and res["errors"] == []
+    for name in ("queries.csv", "hops.csv", "hop_delays.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(ng / "capture" / name), pd.read_csv(ref / "capture" / name))
+
+
+def test_refused_captures_are_named(tmp_path):
+    pk = [(T0, frame(CLI, SRV, CPORT, SPORT, 1, 1, 1, b"x"))]
+    write_pcapng(tmp_path / "two.pcapng", pk, interfaces=2)
+    with pytest.raises(PcapError, match="pcapng file with 2 interfaces"):
+        list(read_pcap(tmp_path / "two.pcapng"))
+    write_pcapng(tmp_path / "raw.pcapng", pk, linktype=101)
+    with pytest.raises(PcapError, match=r"link type 101, expected Ethernet \(1\)"):
+        list(read_pcap(tmp_path / "raw.pcapng"))
+    (tmp_path / "text.pcap").write_bytes(b"hello, this is not a capture")
+    with pytest.raises(PcapError, match="not a pcap or pcapng file"):
+        list(read_pcap(tmp_path / "text.pcap"))
+    (tmp_path / "empty.pcap").write_bytes(b"")
+    assert list(read_pcap(tmp_path / "empty.pcap")) == []
+
+
+def test_ipv6_segments_are_left_out_with_a_note(tmp_path):
+    d = tmp_path / "pcap"
+    d.mkdir()
+    v4 = frame(CLI, SRV, CPORT, SPORT, 1, 1, 1, b"x")
+    write_pcap(d / "p.pcap", [(T0, v4), (T0 + 1, frame6()), (T0 + 2, frame6())])
+    assert parse_tcp(frame6()) == IPV6 and parse_tcp(v4)[0] == CLI
+    errors: list[str] = []
+    df = load_packets(d, errors=errors)
+    assert len(df) == 1 and df["ts_ns"].tolist() == [T0]
+    assert len(errors) == 1 and "2 TCP segments over IPv6 left out" in errors[0]
+
+
+def test_truncated_last_record_is_left_out(tmp_path):
+    p = tmp_path / "cut.pcap"
+    f = frame(CLI, SRV, CPORT, SPORT, 1, 1, 1, b"x" * 100)
+    write_pcap(p, [(T0, f), (T0 + 1, f)])
+    p.write_bytes(p.read_bytes()[:-30])  # the capture was killed mid-write
+    assert [ts for ts, _ in read_pcap(p)] == [T0]
