@@ -43,6 +43,10 @@ BACKENDS: tuple[str, ...] = ("process", "ray")
 _RAY_LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
+#: Seconds a cancelled running task gets to end by itself (an emulation's teardown) before Ray stops.
+CANCEL_GRACE_S = 120.0
+
+
 class DistributedError(InputError):
     """A backend that cannot be used as asked (Ray missing, bad address, resource absent)."""
 
@@ -73,10 +77,12 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
     Raises:
         DistributedError: Ray is not installed, or the cluster cannot be reached.
     """
-    ray = _import_ray(local=address is None)
+    ray = _import_ray(local=address is None or _is_loopback(address))
     if ray.is_initialized():
         yield ray
         return
+    if address not in (None, "auto"):
+        _check_reachable(address)
     try:
         if address is None:
             ray.init(num_cpus=num_cpus or os.cpu_count() or 1, resources=resources or None, include_dashboard=False,
@@ -89,6 +95,34 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
         yield ray
     finally:
         ray.shutdown()
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise DistributedError(f"--ray-address {address!r}: expected HOST:PORT of the head (e.g. 10.0.0.5:6379) "
+                               f"or 'auto'")
+    return host.strip("[]"), int(port)
+
+
+def _is_loopback(address: str) -> bool:
+    """A cluster on this machine's loopback (then Ray must not swap 127.0.0.1 for the NIC's address)."""
+    if address == "auto":
+        return False
+    host = _split(address)[0]
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast (instead of Ray's minutes of retries) when nothing listens at the head's address."""
+    import socket
+
+    host, port = _split(address)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise DistributedError(f"no Ray head at {address}: {exc} (start one with ray start --head, "
+                               f"docs/scale-out.md)") from None
 
 
 def _plain(v: Any) -> bool:
@@ -119,10 +153,24 @@ def _ray_imap(fn: Callable, tasks: Sequence[tuple], jobs: int | None, ray_addres
             return refs[id(v)]
 
         pending = {remote.remote(*[ref(a) for a in args]): i for i, args in enumerate(tasks)}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for r in done:
-                yield pending.pop(r), ray.get(r)  # a task's exception is raised here, as its own type
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                for r in done:
+                    yield pending.pop(r), ray.get(r)  # a task's exception is raised here, as its own type
+        finally:
+            _cancel(ray, list(pending))
+
+
+def _cancel(ray, refs: list, grace_s: float = CANCEL_GRACE_S) -> None:
+    """Stop tasks that will not be collected: queued ones are dropped, running ones get a
+    KeyboardInterrupt (an emulation then tears down as on Ctrl-C); wait up to ``grace_s`` s for them
+    before Ray shuts down, which would kill their processes outright."""
+    if not refs:
+        return
+    for r in refs:
+        ray.cancel(r, force=False)
+    ray.wait(refs, num_returns=len(refs), timeout=grace_s)
 
 
 def _process_imap(fn: Callable, tasks: Sequence[tuple], jobs: int | None) -> Iterator[tuple[int, Any]]:

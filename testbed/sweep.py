@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.errors import RunFailure
+from testbed.errors import EXIT_INPUT, RunFailure
 from testbed.util import ci95, markdown_table
 
 CAUSES = ("deadline_miss", "dropped", "accuracy", "error")
@@ -242,6 +242,8 @@ def sweep(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[i
 
     console = console or Console()
     backend = "ray" if ray_address else backend
+    if emulate and ray_address is None and os.geteuid() != 0:
+        raise RunFailure("sweep --emulate: the emulation needs root on this machine (sudo)", EXIT_INPUT)
     cells = _plan_cells(experiments, policies, seeds, out, duration_s, emulate, link_emulator)
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = str(out / "runs") if keep_runs or emulate else None

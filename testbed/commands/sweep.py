@@ -45,18 +45,18 @@ def _cmd(args: argparse.Namespace) -> int:
     pols = list(CATALOGUE) if args.policies == "all" else [x.strip() for x in args.policies.split(",") if x.strip()]
     bad = [p for p in pols if p not in CATALOGUE]
     if bad:
-        console.print(f"[red]error:[/red] --policies: unknown {', '.join(map(repr, bad))}; "
+        console.print(f"error: --policies: unknown {', '.join(map(repr, bad))}; "
                       f"known: {', '.join(CATALOGUE)}")
         return 2
     if args.seeds < 1 or (args.jobs is not None and args.jobs < 1):
-        console.print("[red]error:[/red] --seeds and --jobs must be >= 1")
+        console.print("error: --seeds and --jobs must be >= 1")
         return 2
     duration = None
     if args.duration:
         try:
             duration = parse_duration_s(args.duration, item="--duration")
         except UnitError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"error: {exc}")
             return 2
     out = Path(args.out)
     try:
@@ -64,10 +64,10 @@ def _cmd(args: argparse.Namespace) -> int:
                       args.jobs, duration, args.keep_runs, console, backend=args.backend,
                       ray_address=args.ray_address, emulate=args.emulate, link_emulator=args.link_emulator)
     except DistributedError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"error: {exc}")
         return 2
     except RunFailure as exc:
-        console.print(f"[red]error:[/red] {exc}; the cells finished so far are kept: run again to resume")
+        console.print(f"error: {exc}; the cells finished so far are kept: run again to resume")
         return exc.exit_code
     console.print((out / "table.md").read_text())
     console.print(f"{len(table)} rows; results in {out}")
