@@ -24,10 +24,24 @@ Behaviour
 * Every ``stats_interval_s`` an OFPPortStatsRequest goes to every switch; counter deltas give per
   link and direction: rate (Mbit/s, tx bytes of the sending port), utilization = rate / capacity,
   drops (tx_dropped + tx_errors of the sender + rx_dropped + rx_errors of the receiver).
+* **Failures.** A port that loses carrier (a link set down) arrives as OpenFlow port status;
+  ``ryu.topology`` turns it into LinkDelete, and the trees are recomputed over the links left up.
+  LLDP finds the link again when the port comes back (LinkAdd), and the trees are recomputed.
+* **Delay changes.** The run tells the controller a link's new delay (and bandwidth, for the
+  utilization it reports) with ``POST /testbed/link``, at the moment it changes the link; the
+  trees are recomputed by the new delays. (The controller does not measure delays itself.)
+* **Pinned probe paths.** Probe hosts at both ends of a link (``$TESTBED_CONTROLLER_PINS``: a JSON
+  list of ``{"a_mac", "b_mac", "a": dpid, "b": dpid}``) get ``eth_src, eth_dst`` flows that send
+  their traffic over exactly that link, whatever the trees say, so that probes and background
+  traffic cross the link that a scenario event changes.
+* Every port status, link add/delete, parameter change and reroute is kept in an event log
+  (``/testbed/events``); a reroute's ``done`` time is when every switch it changed acknowledged
+  its flows (OpenFlow barrier).
 
-REST (GET, JSON, 127.0.0.1): ``/testbed/status``, ``/testbed/links``,
-``/testbed/path?src=MAC&dst=MAC``, ``/testbed/paths``; see the handlers for the shapes. Errors
-are ``{"error": "..."}`` with status 400 (bad request), 404 (unknown host) or 503 (not ready).
+REST (JSON, 127.0.0.1): GET ``/testbed/status``, ``/testbed/links``,
+``/testbed/path?src=MAC&dst=MAC``, ``/testbed/paths``, ``/testbed/events?since=N``; POST
+``/testbed/link``; see the handlers for the shapes. Errors are ``{"error": "..."}`` with status
+400 (bad request), 404 (unknown host or link) or 503 (not ready).
 """
 
 from __future__ import annotations
@@ -51,12 +65,16 @@ from ryu.topology import event as topo_event
 import testbed.routing as routing
 
 CONFIG_ENV = "TESTBED_CONTROLLER_CONFIG"
+PINS_ENV = "TESTBED_CONTROLLER_PINS"
 APP_KEY = "testbed_app"
 COOKIE = 0x7E57BED000000001  # every flow this app installs carries it (so we only delete ours)
 ALL_ONES_64 = 0xFFFFFFFFFFFFFFFF
 PRIO_TABLE_MISS = 0
 PRIO_DROP_NOISE = 10
 PRIO_HOST = 100
+PRIO_PIN = 200
+#: Events kept in the log (oldest dropped first).
+MAX_EVENTS = 100_000
 PRIO_ARP = 300
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 DURATION_UNKNOWN = 0xFFFFFFFF
@@ -76,14 +94,31 @@ class Host:
     learned: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass
 class LinkCfg:
-    """A configured undirected switch link (``a``/``b`` in config order)."""
+    """A configured undirected switch link (``a``/``b`` in config order); delay and bandwidth may
+    change at run time (``POST /testbed/link``)."""
 
     a: int
     b: int
     delay_ms: float
     bandwidth_mbps: float
+
+
+def load_pins(path: str | None) -> list[dict]:
+    """Pinned probe pairs from ``path`` (``$TESTBED_CONTROLLER_PINS``), [] when unset.
+
+    Raises:
+        RuntimeError: unreadable file or an entry without ``a_mac``, ``b_mac``, ``a``, ``b``.
+    """
+    if not path:
+        return []
+    try:
+        pins = json.loads(open(path).read())
+        return [{"a_mac": _norm_mac(p["a_mac"]), "b_mac": _norm_mac(p["b_mac"]), "a": int(p["a"]), "b": int(p["b"])}
+                for p in pins]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RuntimeError(f"bad pins file {path}: {exc}") from exc
 
 
 def _norm_mac(mac: str) -> str:
@@ -139,6 +174,12 @@ class TestbedController(app_manager.RyuApp):
         self.port_drops_total: dict[tuple[int, int], list[int]] = {}  # -> [tx, rx] accumulated
         self.arp_unanswered = 0
         self._warned: set = set()
+        self.pins = load_pins(os.environ.get(PINS_ENV))
+        self.pins_installed: dict[tuple[int, str, str], int] = {}  # (dpid, src, dst) -> out port
+        self.event_log: list[dict] = []
+        self.event_seq = 0
+        self.reroutes: dict[int, dict] = {}  # reroute id -> its event (until done)
+        self.barrier_reroute: dict[tuple[int, int], int] = {}  # (dpid, xid) -> reroute id
         kwargs["wsgi"].register(TestbedRest, {APP_KEY: self})
         # eventlet's per-request access log goes through ryu.lib.hub at INFO: one line per poll.
         logging.getLogger("ryu.lib.hub").setLevel(logging.WARNING)
@@ -155,10 +196,22 @@ class TestbedController(app_manager.RyuApp):
                                       instructions=inst, command=ofp.OFPFC_ADD if command is None else command,
                                       out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY))
 
-    def _barrier(self, dp) -> None:
+    def _barrier(self, dp, reroute: int | None = None) -> None:
         req = dp.ofproto_parser.OFPBarrierRequest(dp)
         dp.send_msg(req)
         self.pending_barriers[dp.id] = req.xid
+        if reroute is not None:
+            self.barrier_reroute[(dp.id, req.xid)] = reroute
+            self.reroutes[reroute]["waiting"] += 1
+
+    def _event(self, kind: str, **fields) -> dict:
+        """Append to the event log (``/testbed/events``); ``t`` unix s."""
+        self.event_seq += 1
+        ev = {"seq": self.event_seq, "t": time.time(), "kind": kind, **fields}
+        self.event_log.append(ev)
+        if len(self.event_log) > MAX_EVENTS:
+            del self.event_log[: len(self.event_log) - MAX_EVENTS]
+        return ev
 
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def _switch_features(self, ev) -> None:
@@ -194,6 +247,8 @@ class TestbedController(app_manager.RyuApp):
     def _forget_switch_flows(self, dpid: int) -> None:
         for key in [k for k in self.installed if k[0] == dpid]:
             del self.installed[key]
+        for key in [k for k in self.pins_installed if k[0] == dpid]:
+            del self.pins_installed[key]
         self.pending_barriers.pop(dpid, None)
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
@@ -201,6 +256,28 @@ class TestbedController(app_manager.RyuApp):
         dpid = ev.msg.datapath.id
         if self.pending_barriers.get(dpid) == ev.msg.xid:
             del self.pending_barriers[dpid]
+        rid = self.barrier_reroute.pop((dpid, ev.msg.xid), None)
+        if rid is not None and rid in self.reroutes:
+            r = self.reroutes[rid]
+            r["waiting"] -= 1
+            if r["waiting"] <= 0:
+                del self.reroutes[rid]
+                r["done_t"] = time.time()
+                r["install_ms"] = round((r["done_t"] - r["t"]) * 1e3, 3)
+                self._event("reroute_done", reroute=rid, reason=r["reason"], install_ms=r["install_ms"])
+
+    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
+    def _port_status(self, ev) -> None:
+        msg = ev.msg
+        dp, desc = msg.datapath, msg.desc
+        ofp = dp.ofproto
+        reason = {ofp.OFPPR_ADD: "add", ofp.OFPPR_DELETE: "delete", ofp.OFPPR_MODIFY: "modify"}.get(msg.reason, "?")
+        down = bool(desc.state & ofp.OFPPS_LINK_DOWN or desc.config & ofp.OFPPC_PORT_DOWN)
+        self._event("port_status", dpid=dp.id, switch=self.switch_names.get(dp.id), port=desc.port_no,
+                    name=desc.name.decode(errors="replace") if isinstance(desc.name, bytes) else str(desc.name),
+                    reason=reason, link_down=down)
+        self.logger.info("port status: %s port %d %s%s", self.switch_names.get(dp.id, dp.id), desc.port_no, reason,
+                         " (link down)" if down else "")
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev) -> None:
@@ -224,6 +301,8 @@ class TestbedController(app_manager.RyuApp):
             return
         self.dir_links[(s.dpid, d.dpid)] = new
         self.logger.info("link %d:%d -> %d:%d discovered", s.dpid, s.port_no, d.dpid, d.port_no)
+        if self.initial_done:
+            self._event("link_add", src=s.dpid, src_port=s.port_no, dst=d.dpid, dst_port=d.port_no)
         self._recompute(f"link {s.dpid}->{d.dpid} up")
 
     @set_ev_cls(topo_event.EventLinkDelete)
@@ -233,6 +312,7 @@ class TestbedController(app_manager.RyuApp):
         if self.dir_links.get((s.dpid, d.dpid)) == (s.port_no, d.port_no):
             del self.dir_links[(s.dpid, d.dpid)]
             self.logger.warning("link %d:%d -> %d:%d lost", s.dpid, s.port_no, d.dpid, d.port_no)
+            self._event("link_delete", src=s.dpid, src_port=s.port_no, dst=d.dpid, dst_port=d.port_no)
             self._recompute(f"link {s.dpid}->{d.dpid} down")
 
     def _link_up(self, lk: LinkCfg) -> bool:
@@ -266,29 +346,81 @@ class TestbedController(app_manager.RyuApp):
             for u, nh in tree.items():
                 desired[(u, mac)] = self.dir_links[(u, nh)][0]
         touched: set[int] = set()
+        changed = 0
         for (dpid, mac), port in desired.items():
             if self.installed.get((dpid, mac)) != port:
+                changed += 1
                 dp = self.datapaths[dpid]
                 parser = dp.ofproto_parser
                 self._flow(dp, PRIO_HOST, parser.OFPMatch(eth_dst=mac), [parser.OFPActionOutput(port)])
                 self.installed[(dpid, mac)] = port
                 touched.add(dpid)
         for dpid, mac in [k for k in self.installed if k not in desired]:
+            changed += 1
             del self.installed[(dpid, mac)]
             dp = self.datapaths.get(dpid)
             if dp is not None:
                 self._flow(dp, PRIO_HOST, dp.ofproto_parser.OFPMatch(eth_dst=mac),
                            command=dp.ofproto.OFPFC_DELETE_STRICT)
                 touched.add(dpid)
+        touched |= self._install_pins()
+        rid = None
+        if self.initial_done and touched:
+            ev = self._event("reroute", reason=reason, switches=sorted(touched), flows=changed)
+            rid = ev["seq"]
+            self.reroutes[rid] = {"t": ev["t"], "reason": reason, "waiting": 0}
         for dpid in touched:
-            self._barrier(self.datapaths[dpid])
+            self._barrier(self.datapaths[dpid], rid)
         self.trees = trees
         if not self.initial_done:
             self.logger.info("all %d switches and %d links present: installing %d flows (%s)",
                              len(self.switch_names), len(self.link_cfg), len(desired), reason)
         elif touched:
-            self.logger.info("routes recomputed (%s): %d switch(es) updated", reason, len(touched))
+            self.logger.info("routes recomputed (%s): %d switch(es), %d flow(s) updated", reason, len(touched),
+                             changed)
         self.initial_done = True
+
+    def _install_pins(self) -> set[int]:
+        """(Re)install the pinned probe flows whose out port is known and changed; the DPIDs touched."""
+        touched = set()
+        for p in self.pins:
+            ends = ((p["a"], p["b"], p["a_mac"], p["b_mac"]), (p["b"], p["a"], p["b_mac"], p["a_mac"]))
+            for sw, other, src, dst in ends:
+                ports = self.dir_links.get((sw, other))
+                dp = self.datapaths.get(sw)
+                if ports is None or dp is None or self.pins_installed.get((sw, src, dst)) == ports[0]:
+                    continue
+                parser = dp.ofproto_parser
+                self._flow(dp, PRIO_PIN, parser.OFPMatch(eth_src=src, eth_dst=dst), [parser.OFPActionOutput(ports[0])])
+                self.pins_installed[(sw, src, dst)] = ports[0]
+                touched.add(sw)
+        return touched
+
+    def set_link(self, a: int, b: int, delay_ms: float | None = None, bandwidth_mbps: float | None = None) -> dict:
+        """Change a configured link's delay (routing) and/or bandwidth (utilization), recompute.
+
+        Raises:
+            KeyError: no such configured link. ValueError: a negative delay or non-positive bandwidth.
+        """
+        lk = self.link_cfg.get(frozenset((a, b)))
+        if lk is None:
+            raise KeyError(f"no configured link between dpid {a} and dpid {b}")
+        if delay_ms is not None and not 0 <= float(delay_ms) < float("inf"):
+            raise ValueError(f"delay_ms must be >= 0, got {delay_ms!r}")
+        if bandwidth_mbps is not None and not 0 < float(bandwidth_mbps) < float("inf"):
+            raise ValueError(f"bandwidth_mbps must be > 0, got {bandwidth_mbps!r}")
+        before = (lk.delay_ms, lk.bandwidth_mbps)
+        if delay_ms is not None:
+            lk.delay_ms = float(delay_ms)
+        if bandwidth_mbps is not None:
+            lk.bandwidth_mbps = float(bandwidth_mbps)
+        ev = self._event("link_change", a=a, b=b, delay_ms=lk.delay_ms, bandwidth_mbps=lk.bandwidth_mbps,
+                         before={"delay_ms": before[0], "bandwidth_mbps": before[1]})
+        n0 = self.event_seq
+        if delay_ms is not None and delay_ms != before[0]:
+            self._recompute(f"link {a}-{b} delay {before[0]:g} -> {lk.delay_ms:g} ms")
+        reroute = next((e for e in self.event_log[-3:] if e["kind"] == "reroute" and e["seq"] > n0), None)
+        return {"t": ev["t"], "reroute": reroute}
 
     # ------------------------------------------------------------------ ARP
 
@@ -444,9 +576,11 @@ class TestbedController(app_manager.RyuApp):
             kb = (lk.b, bp) if bp is not None else None
             r_ab, d_ab, t_ab = self._dir(ka, kb)
             r_ba, d_ba, t_ba = self._dir(kb, ka)
-            out.append(self._link_row(lk.a, ap, lk.b, bp, "switch", lk.bandwidth_mbps, lk.delay_ms,
-                                      (r_ab, d_ab, t_ab), (r_ba, d_ba, t_ba), self._total_drops(ka, kb),
-                                      self.switch_names.get(lk.a), self.switch_names.get(lk.b)))
+            row = self._link_row(lk.a, ap, lk.b, bp, "switch", lk.bandwidth_mbps, lk.delay_ms,
+                                 (r_ab, d_ab, t_ab), (r_ba, d_ba, t_ba), self._total_drops(ka, kb),
+                                 self.switch_names.get(lk.a), self.switch_names.get(lk.b))
+            row["up"] = self._link_up(lk)
+            out.append(row)
         for h in self.hosts.values():
             k = (h.dpid, h.port)
             d = self.port_delta.get(k)
@@ -551,6 +685,32 @@ class TestbedRest(ControllerBase):
             return _err(404, str(exc))
         except LookupError as exc:
             return _err(503, str(exc))
+
+    @route("testbed_events", "/testbed/events", methods=["GET"])
+    def get_events(self, req, **_kwargs):
+        """Events with ``seq`` > ``since`` (default 0): ``seq``, ``t`` (unix s), ``kind``
+        (port_status, link_add, link_delete, link_change, reroute, reroute_done) and its fields."""
+        try:
+            since = int(req.GET.get("since", 0))
+        except ValueError:
+            return _err(400, "'since' must be an integer")
+        return _json([e for e in self.app.event_log if e["seq"] > since])
+
+    @route("testbed_link", "/testbed/link", methods=["POST"])
+    def post_link(self, req, **_kwargs):
+        """Body ``{"a": dpid, "b": dpid, "delay_ms"?: ms, "bandwidth_mbps"?: Mbit/s}`` ->
+        ``{"t": unix s, "reroute": the reroute event or null}``."""
+        try:
+            body = json.loads(req.body or b"{}")
+            a, b = int(body["a"]), int(body["b"])
+        except (ValueError, TypeError, KeyError) as exc:
+            return _err(400, f"body must be JSON with integer 'a' and 'b' (DPIDs): {exc}")
+        try:
+            return _json(self.app.set_link(a, b, body.get("delay_ms"), body.get("bandwidth_mbps")))
+        except KeyError as exc:
+            return _err(404, exc.args[0])
+        except (ValueError, TypeError) as exc:
+            return _err(400, str(exc))
 
     @route("testbed_paths", "/testbed/paths", methods=["GET"])
     def get_paths(self, req, **_kwargs):

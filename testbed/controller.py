@@ -35,6 +35,7 @@ from testbed.util import REPO_ROOT, write_json_atomic
 
 CONTROLLER_APP = REPO_ROOT / "controllers" / "testbed_controller.py"
 CONFIG_ENV = "TESTBED_CONTROLLER_CONFIG"
+PINS_ENV = "TESTBED_CONTROLLER_PINS"
 
 #: rest_port -> (process, log path) of controllers started by this process (for wait_ready messages).
 _STARTED: dict[int, tuple[subprocess.Popen, Path, int]] = {}
@@ -118,7 +119,8 @@ def controller_command(of_port: int, rest_port: int, app: str | Path = CONTROLLE
             "--wsapi-host", "127.0.0.1", "--wsapi-port", str(rest_port), str(app)]
 
 
-def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_path: str | Path) -> subprocess.Popen:
+def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_path: str | Path,
+                     pins_path: str | Path | None = None) -> subprocess.Popen:
     """Start ``ryu-manager`` with the testbed app, in its own process group.
 
     Args:
@@ -126,6 +128,8 @@ def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_
         of_port: OpenFlow TCP port the switches connect to (127.0.0.1).
         rest_port: REST TCP port (127.0.0.1).
         log_path: file receiving the controller's stdout and stderr (parents created).
+        pins_path: JSON list of pinned probe pairs (``{"a_mac", "b_mac", "a", "b"}``: their traffic
+            crosses exactly the link between DPIDs a and b), or None.
 
     Returns:
         The running process (``start_new_session=True``: its pid is its process group id).
@@ -144,6 +148,8 @@ def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, **{CONFIG_ENV: str(config_path)})
+    if pins_path is not None:
+        env[PINS_ENV] = str(Path(pins_path).resolve())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(controller_command(of_port, rest_port), stdout=log, stderr=subprocess.STDOUT,
@@ -185,12 +191,16 @@ def _tail(path: Path, lines: int = 15) -> str:
 # --------------------------------------------------------------------------- REST
 
 
-def _get(rest_url: str, path: str, params: Mapping[str, str] | None = None, timeout_s: float = 5.0) -> Any:
+def _get(rest_url: str, path: str, params: Mapping[str, str] | None = None, timeout_s: float = 5.0,
+         body: Mapping[str, Any] | None = None) -> Any:
+    """GET ``path`` (or POST ``body`` as JSON) and decode the JSON answer."""
     url = rest_url.rstrip("/") + path
     if params:
         url += "?" + urllib.parse.urlencode(params)
+    req = url if body is None else urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                                          headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 - our own 127.0.0.1 API
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:  # noqa: S310 - our own 127.0.0.1 API
             return json.loads(r.read())
     except urllib.error.HTTPError as exc:
         body = exc.read().decode(errors="replace")
@@ -239,6 +249,35 @@ def get_path(rest_url: str, src_mac: str, dst_mac: str, timeout_s: float = 5.0) 
         ControllerError: unknown MAC (HTTP 404), bad MAC (400), not ready (503), unreachable.
     """
     return _get(rest_url, "/testbed/path", {"src": src_mac, "dst": dst_mac}, timeout_s=timeout_s)
+
+
+def get_events(rest_url: str, since: int = 0, timeout_s: float = 5.0) -> list[dict]:
+    """``GET /testbed/events``: the controller's events with ``seq`` > ``since``, each ``{"seq",
+    "t" (unix s), "kind", ...}``: ``port_status`` (dpid, switch, port, name, reason, link_down),
+    ``link_add`` / ``link_delete`` (src, src_port, dst, dst_port), ``link_change`` (a, b, delay_ms,
+    bandwidth_mbps, before), ``reroute`` (reason, switches, flows), ``reroute_done`` (reroute,
+    reason, install_ms: ms until every changed switch acknowledged its flows).
+
+    Raises:
+        ControllerError: unreachable or an HTTP error.
+    """
+    return _get(rest_url, "/testbed/events", {"since": str(since)}, timeout_s=timeout_s)
+
+
+def post_link(rest_url: str, a: int, b: int, delay_ms: float | None = None, bandwidth_mbps: float | None = None,
+              timeout_s: float = 5.0) -> dict:
+    """``POST /testbed/link``: the link between DPIDs ``a`` and ``b`` now has this one-way delay (ms;
+    the trees are recomputed) and/or bandwidth (Mbit/s; for utilization). Returns ``{"t", "reroute"}``.
+
+    Raises:
+        ControllerError: unknown link (HTTP 404), bad values (400), unreachable.
+    """
+    body: dict[str, Any] = {"a": a, "b": b}
+    if delay_ms is not None:
+        body["delay_ms"] = delay_ms
+    if bandwidth_mbps is not None:
+        body["bandwidth_mbps"] = bandwidth_mbps
+    return _get(rest_url, "/testbed/link", timeout_s=timeout_s, body=body)
 
 
 def get_paths(rest_url: str, timeout_s: float = 5.0) -> list[dict]:

@@ -2,14 +2,18 @@
 
 :func:`emulated_network` is a context manager shared by ``testbed run`` and the emulation tests:
 it takes the single-run lock, removes leftovers of earlier runs, writes the intent log, builds
-Mininet, starts the link emulators, ryu-manager and the switches, and waits until the controller
-has every switch and link. On exit, whatever happened, every process, bridge, interface and
-cgroup of the run is removed. :func:`rtt_self_check` then pings every source -> cluster path.
+Mininet, starts the link emulators, ryu-manager and the switches, waits until the controller has
+every switch and link, writes ``network.json`` (what every link and host link applies) and, when
+the scenario changes links, starts the probes that measure each change
+(:class:`testbed.emulation.dynamics.Dynamics`). On exit, whatever happened, the controller's event
+log goes to ``controller_events.csv`` and every process, bridge, interface, control socket and
+cgroup of the run is removed. :func:`rtt_self_check` pings every source -> cluster path.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import socket
 import subprocess
@@ -24,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from testbed.boundaries import ControllerConfig
+from testbed.boundaries import ControllerConfig, HostEntry
 from testbed.emulation import cgroups
 from testbed.emulation.cleanup import RUN_ENV, acquire_lock, foreign_bridges, remove_leftovers, write_state
 from testbed.emulation.network import (
@@ -33,6 +37,7 @@ from testbed.emulation.network import (
     choose_datapath,
     choose_link_emulator,
     planned_root_interfaces,
+    remove_control_dirs,
 )
 from testbed.emulation.selfcheck import check_rtts
 from testbed.errors import InputError, RunFailure
@@ -40,6 +45,8 @@ from testbed.plan import Plan
 from testbed.util import poll_until, repo_path
 
 REQUIRED_TOOLS = ("ovs-vsctl", "mnexec", "ethtool", "ping", "tc", "ip")
+#: Capacity the controller reports for a probe host's (unshaped) link, Mbit/s.
+PROBE_LINK_MBPS = 10000.0
 RUN_SUBDIRS = ("logs", "linkemu", "clusters", "sources")
 
 
@@ -80,16 +87,19 @@ class Live:
     datapath: str
     bringup_s: float
     controller: subprocess.Popen | None = None
+    dynamics: object = None  # testbed.emulation.dynamics.Dynamics when the scenario changes links
 
     def components(self) -> dict[str, object]:
         """The long-running processes of the network, by component name (``ryu-manager``,
-        ``linkemu-<node>``, ...), each a ``subprocess.Popen``-like object with ``poll()`` and
-        ``returncode``, for the run's health watch."""
+        ``linkemu-<node>``, ``probe-<host>``, ...), each a ``subprocess.Popen``-like object with
+        ``poll()`` and ``returncode``, for the run's health watch."""
         out: dict[str, object] = {}
         if self.controller is not None:
             out["ryu-manager"] = self.controller
         for name, proc in getattr(self.emu, "emulator_procs", {}).items():
             out[f"linkemu-{name}"] = proc
+        if self.dynamics is not None:
+            out.update(self.dynamics.components())
         return out
 
     def path_of(self, src_mac: str, dst_mac: str) -> tuple[list[int], float]:
@@ -133,13 +143,33 @@ def _intent_log(plan: Plan, run_id: str, link_emulator: str) -> None:
                              for c in plan.clusters for sub in ("cpu", "memory", "")]})
 
 
+def controller_config(plan: Plan, emu: Emulation) -> ControllerConfig:
+    """The plan's controller view plus the probe hosts (their traffic is pinned, see :func:`_pins`)."""
+    cfg = ControllerConfig.from_plan(plan, emu.host_ports)
+    dpid = {s.name: s.dpid for s in plan.switches}
+    probes = [HostEntry(name=p.name, mac=p.mac, ip=p.ip, dpid=dpid[p.switch], port=emu.host_ports[p.name],
+                        bandwidth_mbps=PROBE_LINK_MBPS) for p in emu.probes]
+    return ControllerConfig(switches=cfg.switches, links=cfg.links, hosts=[*cfg.hosts, *probes],
+                            stats_interval_s=cfg.stats_interval_s)
+
+
+def _pins(plan: Plan, emu: Emulation) -> list[dict]:
+    """Probe pairs whose traffic the controller sends over exactly their link."""
+    dpid = {s.name: s.dpid for s in plan.switches}
+    by = {(p.link, p.side): p for p in emu.probes}
+    return [{"a_mac": by[(i, "a")].mac, "b_mac": by[(i, "b")].mac, "a": dpid[by[(i, "a")].switch],
+             "b": dpid[by[(i, "b")].switch]} for i, side in by if side == "a"]
+
+
 def _start_controller(plan: Plan, emu: Emulation, run_id: str, run_dir: Path, console: Console):
     from testbed import controller as ctl
 
     em = plan.experiment.emulation
-    cfg_path = ctl.write_config(run_dir / "controller.json", config=ControllerConfig.from_plan(plan, emu.host_ports))
+    cfg_path = ctl.write_config(run_dir / "controller.json", config=controller_config(plan, emu))
+    pins = run_dir / "controller-pins.json"
+    pins.write_text(json.dumps(_pins(plan, emu), indent=1))
     with console.status("starting ryu-manager and the switches..."):
-        proc = ctl.start_controller(cfg_path, em.of_port, em.rest_port, run_dir / "logs" / "controller.log")
+        proc = ctl.start_controller(cfg_path, em.of_port, em.rest_port, run_dir / "logs" / "controller.log", pins)
         wait_listening(em.of_port, proc, timeout_s=30)
         emu.start_switches(run_id)
         ctl.wait_ready(f"http://127.0.0.1:{em.rest_port}", timeout_s=60 + 2 * len(plan.links))
@@ -167,9 +197,10 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
     os.environ[RUN_ENV] = run_id
     emu: Emulation | None = None
     ctrl = None
+    live: Live | None = None
     t_start = time.monotonic()
     try:
-        left = remove_leftovers()
+        left = remove_leftovers() + remove_control_dirs()
         if left:
             console.print(f"removed {left} leftover item(s) of an earlier run")
         le = choose_link_emulator(link_emulator or exp.emulation.link_emulator)
@@ -182,7 +213,7 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
         _intent_log(plan, run_id, le)
         plan.write_json(run_dir / "plan.json")
         with console.status("building the network (Mininet)..."):
-            emu = Emulation(plan, le, dp, run_dir)
+            emu = Emulation(plan, le, dp, run_dir, run_id)
             emu.build()
             emu.start_link_emulators(sys.executable)
         ctrl = _start_controller(plan, emu, run_id, run_dir, console)
@@ -190,8 +221,11 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
                     time.monotonic() - t_start, ctrl)
         console.print(f"controller ready: {len(plan.switches)} switches, {len(plan.links)} links discovered, "
                       f"flows installed ({live.bringup_s:.1f} s)")
+        _write_network_json(live)
+        _start_dynamics(live, console)
         yield live
     finally:
+        _teardown_outputs(live, console)
         if emu is not None:
             try:
                 emu.stop()
@@ -202,6 +236,58 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
         remove_leftovers()
         os.close(lock)
         os.environ.pop(RUN_ENV, None)
+
+
+def _start_dynamics(live: Live, console: Console) -> None:
+    """Probe daemons and their baseline, when the scenario changes links (module doc)."""
+    from testbed.emulation.dynamics import PATH_KINDS, Dynamics
+    from testbed.model.events import LINK_KINDS
+
+    kinds = {c.kind for c in live.plan.changes}
+    if not kinds & LINK_KINDS:
+        return
+    with console.status("starting probes for the scenario's link events (baseline)..."):
+        dyn = Dynamics(live.plan, live.emu, live.rest_url, live.run_dir)
+        live.dynamics = dyn
+        dyn.start()
+        dyn.write_outputs()
+    probed = ", ".join(f"{dyn.links[i].a}-{dyn.links[i].b} ({o[0]:.2f}/{o[1]:.2f} ms)"
+                       for i, o in dyn.overhead.items())
+    console.print(f"probes ready on {len(dyn.overhead)} link(s), probe-path overhead a>b/b>a: {probed}"
+                  + ("; source->cluster path probes on" if kinds & PATH_KINDS else ""), markup=False)
+
+
+def _write_network_json(live: Live, final: bool = False) -> None:
+    """``network.json``: what each link and host link applies (and, at the end, the emulators'
+    counters); the console notes links shaped above what one emulator forwards."""
+    from testbed.util import write_json_atomic
+
+    table = live.emu.applied_table()
+    if final and live.emu.emulator_procs:
+        try:
+            table["emulator_stats"] = live.emu.emulator_stats()
+        except Exception as exc:  # noqa: BLE001 - an emulator already gone: say so, keep the rest
+            table["emulator_stats"] = {"error": str(exc)}
+    write_json_atomic(live.run_dir / "network.json", table, indent=1)
+
+
+def _teardown_outputs(live: Live | None, console: Console) -> None:
+    """Before anything stops: the controller's event log, the final network table, the probes."""
+    if live is None:
+        return
+    from testbed.controller import ControllerError
+    from testbed.emulation.dynamics import write_controller_events
+
+    try:
+        write_controller_events(live.rest_url, live.run_dir / "controller_events.csv")
+    except ControllerError as exc:
+        console.print(f"warning: controller events not saved: {exc}", markup=False)
+    try:
+        _write_network_json(live, final=True)
+    except Exception as exc:  # noqa: BLE001 - teardown must go on
+        console.print(f"warning: network.json not updated: {exc}", markup=False)
+    if live.dynamics is not None:
+        live.dynamics.stop()
 
 
 def _write_rtt_csv(results, run_dir: Path) -> None:

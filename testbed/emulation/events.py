@@ -1,13 +1,23 @@
-"""Scenario events in the emulation: each step of ``plan.changes`` applied for real, at its time.
+"""Scenario events in the emulation: each step of ``plan.changes`` applied for real, at its time,
+and read back by measurement.
 
 The timeline and its meaning are the model's (:mod:`testbed.model.events`); this module applies
-each step to the running emulation and records it in ``events.csv``: planned time, applied time,
-kind, target, the value asked and, where it can be read back, the value measured.
+each step to the running emulation and records it in ``events.csv`` (:data:`EVENTS_FIELDS`):
+planned time, the time the run fired it (``applied_s``, s since the load started; ``lag_ms`` the
+difference), ``effect_ms`` (from firing to the first measurement showing it), the value asked and
+the value measured (``unit``), the ``tolerance`` the measurement is judged with and whether it
+is within (``ok``), and a note with the details.
 
-Applied here: ``cluster_down`` / ``cluster_up`` (``kill``: SIGKILL, then a restart that waits until
-the server is warm again; ``stop``: SIGSTOP / SIGCONT). Kinds this module cannot apply are
-refused before the load starts (:func:`unsupported`), never skipped: a configured event that
-did not happen would make the run's numbers lie.
+* Link events (every ``link_*`` kind) go through :class:`testbed.emulation.dynamics.Dynamics`:
+  the emulator or ``tc`` changes the link, the controller is told or reacts, and probes across the
+  link (and along the source -> cluster paths it carried) measure the result over a window after
+  the change (cut short by the next change).
+* ``cluster_down`` / ``cluster_up``: ``kill``: SIGKILL, then a restart that waits until the server
+  is warm again (measured: the seconds until it answered); ``stop``: SIGSTOP / SIGCONT.
+
+A change that cannot be applied, or whose measurement cannot be taken, stops the runner; the
+error is kept in :attr:`EventRunner.error` and the run stops with it. A measurement outside its
+tolerance is recorded (``ok`` 0) and shown, not fatal.
 """
 
 from __future__ import annotations
@@ -18,13 +28,16 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from testbed.emulation.dynamics import PREPARE_S
 from testbed.errors import RunFailure
-from testbed.model.events import Change
+from testbed.model.events import CLUSTER_KINDS, LINK_KINDS, Change
 
-#: Kinds the emulation applies today.
-APPLIED_KINDS = frozenset({"cluster_down", "cluster_up"})
-EVENTS_FIELDS = ["event", "step", "kind", "target", "planned_s", "applied_s", "lag_ms", "value_asked",
-                 "value_measured", "note"]
+#: Kinds the emulation applies.
+APPLIED_KINDS = LINK_KINDS | CLUSTER_KINDS
+EVENTS_FIELDS = ["event", "step", "kind", "target", "planned_s", "applied_s", "lag_ms", "effect_ms", "value_asked",
+                 "value_measured", "unit", "tolerance", "ok", "note"]
+#: A measurement window ends this long (s) before the next change fires (its preparation first).
+WINDOW_MARGIN_S = PREPARE_S + 0.02
 
 
 def unsupported(changes: Sequence[Change]) -> list[str]:
@@ -32,15 +45,26 @@ def unsupported(changes: Sequence[Change]) -> list[str]:
     return [f"events.{c.event} ({c.kind})" for c in changes if c.kind not in APPLIED_KINDS]
 
 
+def target_of(ch: Change) -> str:
+    """The cluster or the link (``a-b`` switch names) a change targets."""
+    return ch.cluster if ch.cluster else "-".join(ch.link) if ch.link else ""
+
+
+def _num(v: float | None, digits: int = 3) -> str:
+    """A value for the CSV ('' for none; a string, so that 0 still shows)."""
+    return "" if v is None else f"{round(v, digits):g}"
+
+
 class EventRunner(threading.Thread):
     """Applies ``changes`` during the load (started before it, stopped with :meth:`stop`).
 
     Args:
-        live: the running emulation (:class:`testbed.emulation.bringup.Live`).
+        live: the running emulation (:class:`testbed.emulation.bringup.Live`); its ``dynamics``
+            applies link changes.
         servers: the clusters' servers (:class:`testbed.emulation.servers.ClusterServers`).
         changes: the plan's timeline.
         t0_s: when the load starts (epoch s): change ``t_s`` is applied at ``t0_s + t_s``.
-        on_event: called with each ``events.csv`` row once applied (the console's progress).
+        on_event: called with each ``events.csv`` row once measured (the console's progress).
 
     A change that fails stops the runner and is kept in :attr:`error`; the run checks it.
     """
@@ -55,43 +79,90 @@ class EventRunner(threading.Thread):
         self.rows: list[dict] = []
         self.error: RunFailure | None = None
 
+    def _groups(self) -> list[list[Change]]:
+        groups: list[list[Change]] = []
+        for ch in self.changes:
+            if groups and groups[-1][0].t_s == ch.t_s:
+                groups[-1].append(ch)
+            else:
+                groups.append([ch])
+        return groups
+
     def run(self) -> None:
+        groups = self._groups()
         with open(self.path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=EVENTS_FIELDS)
             w.writeheader()
             f.flush()
-            for ch in self.changes:
-                if self.stop_event.wait(max(0.0, self.t0_s + ch.t_s - time.time())):
-                    return
+            for gi, group in enumerate(groups):
+                fire = self.t0_s + group[0].t_s
+                nxt = self.t0_s + groups[gi + 1][0].t_s - WINDOW_MARGIN_S if gi + 1 < len(groups) else float("inf")
                 try:
-                    row = self.apply(ch)
+                    if self.stop_event.wait(max(0.0, fire - PREPARE_S - time.time())):
+                        return
+                    prepared = self._prepare(group)
+                    if self.stop_event.wait(max(0.0, fire - time.time())):
+                        return
+                    rows = self._apply_group(group, prepared, nxt)
                 except Exception as exc:  # noqa: BLE001 - reported by the run, which then stops
-                    self.error = RunFailure(f"events.{ch.event} ({ch.kind}) at {ch.t_s:g} s failed: {exc}")
+                    ch = group[0]
+                    self.error = RunFailure(f"events.{ch.event} ({ch.kind} {target_of(ch)}) at {ch.t_s:g} s "
+                                            f"failed: {exc}")
                     return
-                self.rows.append(row)
-                w.writerow(row)
-                f.flush()
-                if self.on_event is not None:
-                    self.on_event(row)
+                for row in rows:
+                    self.rows.append(row)
+                    w.writerow(row)
+                    f.flush()
+                    if self.on_event is not None:
+                        self.on_event(row)
 
-    def apply(self, ch: Change) -> dict:
-        """Apply one change now; its ``events.csv`` row."""
-        t_applied = time.time()
-        note, measured = "", ""
+    def _prepare(self, group: list[Change]) -> list:
+        """Per change of the group: the link change's preparation (:meth:`Dynamics.prepare`), or None."""
+        dyn = getattr(self.live, "dynamics", None)
+        if dyn is None and any(ch.kind in LINK_KINDS for ch in group):
+            raise RunFailure("the emulation has no probe hosts for link events (built without them)")
+        return [dyn.prepare(ch) if ch.kind in LINK_KINDS else None for ch in group]
+
+    def _apply_group(self, group: list[Change], prepared: list, next_fire: float) -> list[dict]:
+        """Apply every change of one instant, wait for their windows, measure each."""
+        dyn = getattr(self.live, "dynamics", None)
+        pending = []
+        for ch, prep in zip(group, prepared, strict=True):
+            if ch.kind in CLUSTER_KINDS:
+                pending.append((ch, self._apply_cluster(ch)))
+            else:
+                pending.append((ch, dyn.apply(ch, prep)))
+        link_aps = [ap for ch, ap in pending if ch.kind in LINK_KINDS]
+        if link_aps:
+            end = min(next_fire, max(ap.t_fire + dyn.window_s(ap.change) for ap in link_aps))
+            self.stop_event.wait(max(0.0, end - time.time()))
+        rows = []
+        for ch, ap in pending:
+            if ch.kind in CLUSTER_KINDS:
+                rows.append(ap)
+                continue
+            m = dyn.measure(ap, min(time.time(), next_fire))
+            rows.append(self._row(ch, ap.t_fire, m.effect_ms, m.value, m.unit, m.tolerance, m.ok, m.note))
+        return rows
+
+    def _row(self, ch: Change, t_fire: float, effect_ms, measured, unit, tol, ok, note) -> dict:
+        applied = t_fire - self.t0_s
+        return {"event": ch.event, "step": ch.step, "kind": ch.kind, "target": target_of(ch),
+                "planned_s": round(ch.t_s, 6), "applied_s": round(applied, 6),
+                "lag_ms": round((applied - ch.t_s) * 1e3, 3), "effect_ms": _num(effect_ms),
+                "value_asked": _num(ch.value, 6), "value_measured": _num(measured), "unit": unit,
+                "tolerance": _num(tol), "ok": "" if ok is None else int(bool(ok)), "note": note}
+
+    def _apply_cluster(self, ch: Change) -> dict:
+        """Apply a cluster change now; its ``events.csv`` row."""
+        t_fire = time.time()
         if ch.kind == "cluster_down":
             self.servers.down(ch.cluster, ch.mode)
             note = f"server {'stopped (SIGSTOP)' if ch.mode == 'stop' else 'killed (SIGKILL)'}"
-        elif ch.kind == "cluster_up":
-            ready_s = self.servers.up(ch.cluster)
-            measured, note = round(ready_s, 3), "seconds until the server answered again"
-        else:  # refused before the load starts (unsupported)
-            raise RunFailure(f"{ch.kind} is not applied by the emulation")
-        target = ch.cluster if ch.cluster is not None else "-".join(ch.link or ())
-        applied = t_applied - self.t0_s
-        return {"event": ch.event, "step": ch.step, "kind": ch.kind, "target": target,
-                "planned_s": round(ch.t_s, 6), "applied_s": round(applied, 6),
-                "lag_ms": round((applied - ch.t_s) * 1e3, 3), "value_asked": "" if ch.value is None else ch.value,
-                "value_measured": measured, "note": note}
+            return self._row(ch, t_fire, None, None, "", None, None, note)
+        ready_s = self.servers.up(ch.cluster)
+        return self._row(ch, t_fire, ready_s * 1e3, ready_s, "s", None, None,
+                         "seconds until the server answered again")
 
     def stop(self) -> None:
         """Stop applying (the load ended or the run is interrupted)."""

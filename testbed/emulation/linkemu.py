@@ -1,20 +1,43 @@
-"""User-space link emulator: forwards Ethernet frames between two interfaces after a delay.
+"""User-space link emulator: forwards Ethernet frames between pairs of interfaces after a delay,
+through a FIFO shaper, with loss, and takes changes at run time over a control socket.
 
 Used where the kernel has no ``netem`` qdisc (see ``environment.md``: the build/CI machines). A
-delayed link ``s1 <-> s2`` is built as ``s1-ethX <-> lN-eth0 | lN-eth1 <-> s2-ethY``, and one
-process of this module runs in the namespace of ``lN``, forwarding *every* frame (LLDP, ARP, IP,
-VLAN-tagged or not) unchanged from one interface to the other after the link's one-way delay,
-in both directions. Bandwidth is not shaped here (HTB on the switch ports does that)::
+delayed link ``s1 <-> s2`` is built as ``s1-ethX <-> l7-eth0 | l7-eth1 <-> s2-ethY``, ``l7`` being a
+namespace of its own; a process of this module forwards *every* frame (LLDP, ARP, IP, VLAN-tagged
+or not) unchanged from one interface to the other, in both directions. One process serves one
+link (``--if-a/--if-b``) or many (``--links FILE``: one epoll loop and one timer for all of them;
+each link's sockets are opened inside its own namespace, ``netns``, with ``setns(2)``)::
 
-    python -m testbed.emulation.linkemu --if-a lN-eth0 --if-b lN-eth1 --delay-ms 10 \\
-        [--jitter-ms 1] [--loss-pct 0.5] [--seed 7] [--stats-file run/linkemu/lN.json]
+    python -m testbed.emulation.linkemu --if-a l7-eth0 --if-b l7-eth1 --delay-ms 10 [--rate-mbps 100] \\
+        [--jitter-ms 1] [--loss-pct 0.5] [--seed 7] [--control /run/.../emu.sock] [--stats-file F]
+    python -m testbed.emulation.linkemu --links links.json --control /run/.../emu.sock --stats-dir D
 
-Units: delays in milliseconds (``*_ms``), loss in percent, socket buffers in bytes, lateness in
-microseconds (``*_us``).
+Units: delays in milliseconds (``*_ms``), rates in Mbit/s (10^6 bit/s), loss in percent, socket
+buffers in bytes, lateness in microseconds (``*_us``).
+
+Per direction a frame goes through, in order (the link model of :mod:`testbed.model.network`):
+
+1. **the shaper** (``rate_mbps``; none when unset): a FIFO served at the rate, ``len(frame) x 8 / rate``
+   per frame (Ethernet header included, no preamble/FCS, as HTB counts). A frame that finds
+   ``shaper_queue`` frames waiting for the shaper is dropped (tail drop, ``shaper_drops_*``); the
+   default, 1000 frames, is a veth's ``txqueuelen``, the FIFO HTB would use;
+2. **loss**: independent (Bernoulli) drop with ``loss_pct`` after the shaper (a lost frame used
+   its transmission time, as on a wire);
+3. **the delay line**: sent ``delay`` (+ jitter) after its transmission ends, never before the frame
+   ahead of it (``due = max(due, previous due)``: frames are **never reordered**, unlike netem with
+   jitter or a lowered delay).
+
+**Run-time changes** (``--control``: a ``SOCK_SEQPACKET`` Unix socket, one JSON object per message,
+see :class:`LinkControl`) take effect for the frames that arrive after the change; frames already
+in the link keep the times they were given, so a change loses nothing in flight. The exceptions
+are what the change itself means: ``up: false`` drops the frames in flight (``dropped_down_*``)
+and sets both interfaces administratively down, so the switches see their ports lose carrier
+(OpenFlow port status); ``up: true`` brings them back. A lowered delay cannot overtake frames in
+flight, so the first frames after it wait for the last frame sent before it.
 
 Design (and where each choice comes from):
 
-* Two ``AF_PACKET``/``SOCK_RAW`` sockets bound with ``ETH_P_ALL`` to the two interfaces
+* Two ``AF_PACKET``/``SOCK_RAW`` sockets per link bound with ``ETH_P_ALL`` to its two interfaces
   (packet(7)), promiscuous membership so that real NICs hand over frames for any MAC.
 * Frames this process sent itself come back to a packet socket as ``PACKET_OUTGOING``; they are
   suppressed in the kernel with ``PACKET_IGNORE_OUTGOING`` (Linux >= 4.20) and, in any case,
@@ -25,13 +48,11 @@ Design (and where each choice comes from):
   from CLOCK_REALTIME to CLOCK_MONOTONIC), so the time a frame waits in the socket buffer while
   the emulator is busy is part of its delay rather than added to it. If a timestamp is missing
   or implausible the time of reading is used instead.
-* One single-threaded ``epoll`` loop; one FIFO (``deque``) per direction. With a constant delay
-  the due times are monotonic; with jitter a frame is never sent before its predecessor in the
-  same direction (``due = max(due, previous due)``), so frames are **never reordered** (unlike
-  netem with jitter). Sockets are drained in batches of :data:`RX_BATCH` frames.
-* Sleeping until the next due frame uses a ``timerfd`` (nanosecond ``hrtimer``, no timer slack)
-  in the epoll set, because ``epoll_wait``'s timeout has only millisecond resolution. At idle the
-  process blocks in ``epoll_wait`` with no timeout: no spinning, ~0 CPU.
+* One single-threaded ``epoll`` loop for every link; one FIFO (``deque``) per direction; one heap
+  of the directions' next due times and one ``timerfd`` (nanosecond ``hrtimer``, no timer slack;
+  ``epoll_wait``'s timeout has only millisecond resolution) armed at the earliest. At idle the
+  process blocks in ``epoll_wait`` with no timeout: no spinning, ~0 CPU. Sockets are drained in
+  batches of :data:`RX_BATCH` frames.
 * Large socket buffers (:data:`DEFAULT_SOCKBUF_BYTES`, forced past ``net.core.rmem_max`` with
   ``SO_RCVBUFFORCE`` as root) absorb bursts while the process is descheduled on a busy machine.
 * Checksum/segmentation offloads must be off on the veths (:func:`disable_offloads`): a packet
@@ -44,21 +65,23 @@ build machine while other jobs loaded it, three runs): one bulk TCP flow through
 407-670 Mbit/s with the emulator at 60-97 % of a core (two thirds of it kernel time), above the
 >= 200 Mbit/s the testbed needs. Added RTT at idle (two passes, delay 0): median 0.17-0.20 ms,
 p99 0.27-3.5 ms (the larger figure when the machine was busy). RTT at 2 x 10 ms: min 20.1 ms,
-median 20.2-20.3 ms; at 2 x 0.5 ms: median 1.14-1.20 ms. Idle CPU: 0.00 %. When the emulator is
-the bottleneck (unshaped TCP above ~500 Mbit/s) frames queue in its socket buffer: RTT at
-2 x 5 ms rose to a median of 16.5-19.7 ms; with the sender shaped to 200 Mbit/s by HTB (as in
-the testbed) it was 13.0-13.4 ms, mostly HTB's own queue (emulator lateness ~0.2 ms).
+median 20.2-20.3 ms; at 2 x 0.5 ms: median 1.14-1.20 ms. Idle CPU: 0.00 %. Above what it can
+forward (unshaped TCP above ~500 Mbit/s) frames queue in its socket buffer: RTT at 2 x 5 ms rose
+to a median of 16.5-19.7 ms; shaped below that rate, the queue is the shaper's.
 
-On SIGTERM/SIGINT the process writes its statistics as JSON (:class:`LinkStats`) to
-``--stats-file`` (and stdout) and exits 0.
+On SIGTERM/SIGINT the process writes its statistics as JSON (:class:`LinkStats`) to ``--stats-file``
+(one link) or to ``--stats-dir/<name>.json`` per link, prints them, and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import errno
+import fcntl
 import functools
+import heapq
 import json
 import os
 import random
@@ -73,10 +96,10 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# --- Linux constants (linux/if_packet.h, asm-generic/socket.h, linux/timerfd.h) --------------
+# --- Linux constants (linux/if_packet.h, asm-generic/socket.h, linux/timerfd.h, linux/sockios.h) --
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_ADD_MEMBERSHIP = 1
@@ -95,8 +118,13 @@ CLOCK_MONOTONIC = 1
 TFD_TIMER_ABSTIME = 1
 TFD_NONBLOCK = os.O_NONBLOCK
 TFD_CLOEXEC = os.O_CLOEXEC
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+SIOCGIFINDEX = 0x8933
+IFF_UP = 0x1
+CLONE_NEWNET = 0x40000000
 
-#: Frames read from one socket before the loop looks at due frames and the other socket again
+#: Frames read from one socket before the loop looks at due frames and the other sockets again
 #: (64 x ~5 us per frame: due frames wait at most ~0.3 ms behind a burst).
 RX_BATCH = 64
 #: Receive buffer per frame: the largest veth MTU (64 KiB) plus an Ethernet header.
@@ -115,19 +143,26 @@ DEFAULT_SOCKBUF_BYTES = 1024 * 1024
 #: process; a negative nice keeps this replacement from waiting behind CPU-bound processes
 #: (measured on the 2-core build machine at load 2: idle p99 RTT 4.1 ms at nice 0, 0.3-0.7 ms at -10).
 DEFAULT_NICE = -10
-#: Default FIFO limit per direction, in frames (netem's default ``limit`` is 1000 packets; this is
-#: larger so that long delays at high rates are not capped: 20000 frames = 240 ms at 1 Gbit/s).
+#: Default delay-line limit per direction, in frames (netem's default ``limit`` is 1000 packets;
+#: this is larger so that long delays at high rates are not capped: 20000 frames = 240 ms at 1 Gbit/s).
 DEFAULT_QUEUE_LIMIT = 20000
+#: Default shaper FIFO per direction, frames: a veth's default ``txqueuelen`` (the FIFO behind HTB,
+#: and :data:`testbed.model.network.DEFAULT_QUEUE_PACKETS`).
+DEFAULT_SHAPER_QUEUE = 1000
 #: A kernel timestamp older than this (seconds) is not trusted; the read time is used instead.
 MAX_TIMESTAMP_AGE_S = 1.0
 #: How often (seconds) the CLOCK_REALTIME -> CLOCK_MONOTONIC offset is re-measured.
 CLOCK_OFFSET_REFRESH_S = 0.5
+#: Largest control message, bytes.
+CONTROL_MSG_BYTES = 65536
 
 _AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
 _TIMESPEC = struct.Struct("@ll")  # struct timespec (the "old" layout SO_TIMESTAMPNS delivers)
 _VLAN_TAG = struct.Struct("!HH")
 _PACKET_MREQ = struct.Struct("=iHH8s")  # struct packet_mreq
 _TPACKET_STATS = struct.Struct("=II")  # struct tpacket_stats {tp_packets; tp_drops}
+_IFREQ_FLAGS = struct.Struct("16sH14x")  # struct ifreq with ifr_flags
+_IFREQ_INDEX = struct.Struct("16si20x")  # struct ifreq with ifr_ifindex
 
 
 class LinkEmuError(RuntimeError):
@@ -280,7 +315,14 @@ class LinkConfig:
         seed: seed of the per-direction random generators (loss and jitter); ``None`` draws one,
             which is reported in the stats.
         sockbuf_bytes: SO_RCVBUF/SO_SNDBUF request in bytes.
-        queue_limit: frames held per direction; beyond it frames are dropped (``overflow_*``).
+        queue_limit: frames held per direction in the delay line; beyond it frames are dropped
+            (``overflow_*``).
+        rate_mbps: the shaper's rate per direction, Mbit/s; ``None``: not shaped here.
+        shaper_queue: frames waiting for the shaper per direction before tail drop.
+        name: the link's name in control messages and stats (default ``IF_A-IF_B``).
+        up: whether the link starts up.
+        netns: the network namespace the two interfaces live in (a path such as
+            ``/proc/PID/ns/net``), None for the process's own.
     """
 
     if_a: str
@@ -291,43 +333,79 @@ class LinkConfig:
     seed: int | None = None
     sockbuf_bytes: int = DEFAULT_SOCKBUF_BYTES
     queue_limit: int = DEFAULT_QUEUE_LIMIT
+    rate_mbps: float | None = None
+    shaper_queue: int = DEFAULT_SHAPER_QUEUE
+    name: str = ""
+    up: bool = True
+    netns: str | None = None
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"{self.if_a}-{self.if_b}"
 
     def validate(self) -> None:
         """Check the parameters.
 
         Raises:
             LinkEmuError: a negative delay/jitter, loss outside [0, 100], the same interface
-                twice, a queue limit below 1 or socket buffers below 64 KiB.
+                twice, a rate <= 0, a queue limit below 1 or socket buffers below 64 KiB.
         """
-        if self.delay_ms < 0 or self.jitter_ms < 0:
-            raise LinkEmuError(f"delay_ms and jitter_ms must be >= 0 (got {self.delay_ms}, {self.jitter_ms})")
-        if not 0.0 <= self.loss_pct <= 100.0:
-            raise LinkEmuError(f"loss_pct must be within [0, 100] (got {self.loss_pct})")
+        check_params(self.delay_ms, self.jitter_ms, self.loss_pct, self.rate_mbps)
         if self.if_a == self.if_b:
             raise LinkEmuError(f"--if-a and --if-b are the same interface ({self.if_a})")
-        if self.queue_limit < 1 or self.sockbuf_bytes < 65536:
-            raise LinkEmuError("queue_limit must be >= 1 and sockbuf_bytes >= 65536")
+        if self.queue_limit < 1 or self.shaper_queue < 1 or self.sockbuf_bytes < 65536:
+            raise LinkEmuError("queue_limit and shaper_queue must be >= 1 and sockbuf_bytes >= 65536")
 
 
-@dataclass
+def check_params(delay_ms: float | None = None, jitter_ms: float | None = None, loss_pct: float | None = None,
+                 rate_mbps: float | None = None) -> None:
+    """Check link parameters (None: not given).
+
+    Raises:
+        LinkEmuError: a negative or non-finite delay/jitter, loss outside [0, 100], a rate <= 0.
+    """
+    for what, v in (("delay_ms", delay_ms), ("jitter_ms", jitter_ms)):
+        if v is not None and not 0.0 <= v < float("inf"):
+            raise LinkEmuError(f"{what} must be finite and >= 0 (got {v})")
+    if loss_pct is not None and not 0.0 <= loss_pct <= 100.0:
+        raise LinkEmuError(f"loss_pct must be within [0, 100] (got {loss_pct})")
+    if rate_mbps is not None and not 0.0 < rate_mbps < float("inf"):
+        raise LinkEmuError(f"rate_mbps must be > 0 (got {rate_mbps}); null means not shaped")
+
+
+@dataclass(eq=False)
 class _Direction:
-    """One direction: frames read from ``rx`` leave through ``tx`` after the delay."""
+    """One direction: frames read from ``rx`` leave through ``tx`` after shaper, loss and delay."""
 
     name: str
+    link: _Link
     rx: socket.socket
     tx: socket.socket
     rng: random.Random
     queue: deque[tuple[float, bytes]] = field(default_factory=deque)
+    backlog: deque[float] = field(default_factory=deque)  # transmission end times of frames in the shaper
+    free_at: float = 0.0  # when the shaper finishes the last frame it holds (monotonic s)
     last_due: float = 0.0
+    scheduled: bool = False  # an entry for this direction is in the timer heap
     frames: int = 0
     bytes: int = 0
     lost: int = 0
     overflow: int = 0
+    shaper_drops: int = 0
+    dropped_down: int = 0
     send_errors: int = 0
     truncated: int = 0
     ts_fallbacks: int = 0
     kernel_drops: int = 0
     blocked: bool = False  # tx returned EAGAIN: wait for EPOLLOUT
+
+    def clear(self) -> int:
+        """Drop every frame in the link (it went down); returns how many."""
+        n = len(self.queue)
+        self.queue.clear()
+        self.backlog.clear()
+        self.free_at = self.last_due = 0.0
+        self.dropped_down += n
+        return n
 
 
 @dataclass
@@ -348,12 +426,19 @@ class LinkStats:
     send_errors_ba: int = 0
     kernel_drops_ab: int = 0
     kernel_drops_ba: int = 0
+    shaper_drops_ab: int = 0
+    shaper_drops_ba: int = 0
+    dropped_down_ab: int = 0
+    dropped_down_ba: int = 0
     truncated: int = 0
     rx_time_fallbacks: int = 0
     queued_at_exit: int = 0
     delay_ms: float = 0.0
     jitter_ms: float = 0.0
     loss_pct: float = 0.0
+    rate_mbps: float | None = None
+    up: bool = True
+    changes: int = 0
     seed: int = 0
     runtime_s: float = 0.0
 
@@ -378,10 +463,8 @@ def _open_packet_socket(ifname: str, sockbuf: int) -> socket.socket:
             sock.setsockopt(socket.SOL_SOCKET, force, sockbuf)
         except OSError:  # no CAP_NET_ADMIN: capped by net.core.[rw]mem_max
             sock.setsockopt(socket.SOL_SOCKET, plain, sockbuf)
-    try:
+    with contextlib.suppress(OSError):  # kernel < 4.20: the pkttype check below still filters them
         sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
-    except OSError:  # kernel < 4.20: the pkttype check below still filters them
-        pass
     sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP,
@@ -391,38 +474,178 @@ def _open_packet_socket(ifname: str, sockbuf: int) -> socket.socket:
     return sock
 
 
+def set_admin_up(sock: socket.socket, ifname: str, up: bool) -> None:
+    """Set ``ifname`` administratively up or down (``ip link set ... up|down``) in the namespace of
+    ``sock`` (any socket created there)."""
+    req = _IFREQ_FLAGS.pack(ifname.encode(), 0)
+    flags = _IFREQ_FLAGS.unpack(fcntl.ioctl(sock, SIOCGIFFLAGS, req))[1]
+    flags = flags | IFF_UP if up else flags & ~IFF_UP
+    fcntl.ioctl(sock, SIOCSIFFLAGS, _IFREQ_FLAGS.pack(ifname.encode(), flags))
+
+
+def ifindex_in(sock: socket.socket, ifname: str) -> int | None:
+    """``ifname``'s index in the namespace of ``sock``; None if there is no such interface."""
+    try:
+        return _IFREQ_INDEX.unpack(fcntl.ioctl(sock, SIOCGIFINDEX, _IFREQ_INDEX.pack(ifname.encode(), 0)))[1]
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def in_netns(path: str | None):
+    """Run the block inside the network namespace at ``path`` (``setns(2)``; None: stay), then
+    return to the process's own; sockets created inside stay in that namespace.
+
+    Raises:
+        LinkEmuError: the namespace cannot be entered (no such file, not root).
+    """
+    if path is None:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        os.close(own)
+        raise LinkEmuError(f"network namespace {path}: {exc}") from None
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise LinkEmuError(f"setns({path}): {os.strerror(ctypes.get_errno())}")
+        try:
+            yield
+        finally:
+            if libc.setns(own, CLONE_NEWNET) != 0:
+                raise LinkEmuError(f"cannot return to the own network namespace: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
+        os.close(own)
+
+
+class _Link:
+    """One emulated link: its two directions and the parameters in force."""
+
+    def __init__(self, cfg: LinkConfig, seed: int):
+        self.cfg = cfg
+        self.name = cfg.name
+        self.seed = seed
+        self.delay = cfg.delay_ms / 1000.0
+        self.jitter = cfg.jitter_ms / 1000.0
+        self.loss = cfg.loss_pct / 100.0
+        self.byte_time = 8.0 / (cfg.rate_mbps * 1e6) if cfg.rate_mbps else 0.0  # s per byte
+        self.up = cfg.up
+        self.changes = 0
+        with in_netns(cfg.netns):
+            self.ctl = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # ioctls in the link's namespace
+            sa = sb = None
+            try:
+                sa = _open_packet_socket(cfg.if_a, cfg.sockbuf_bytes)
+                sb = _open_packet_socket(cfg.if_b, cfg.sockbuf_bytes)
+            except BaseException:
+                for x in (sa, sb, self.ctl):
+                    if x is not None:
+                        x.close()
+                raise
+        self.socks = (sa, sb)
+        self.ifindex = {cfg.if_a: ifindex_in(self.ctl, cfg.if_a), cfg.if_b: ifindex_in(self.ctl, cfg.if_b)}
+        # String seeds are hashed with SHA-512 by random.seed: stable across runs and versions.
+        self.ab = _Direction("ab", self, sa, sb, random.Random(f"linkemu:{seed}:ab"))
+        self.ba = _Direction("ba", self, sb, sa, random.Random(f"linkemu:{seed}:ba"))
+
+    def params(self) -> dict:
+        """The parameters in force (the units of :class:`LinkConfig`)."""
+        return {"name": self.name, "delay_ms": self.delay * 1e3, "jitter_ms": self.jitter * 1e3,
+                "loss_pct": self.loss * 100.0, "rate_mbps": self.cfg.rate_mbps, "up": self.up}
+
+    def set(self, msg: dict) -> None:
+        """Apply a control message's parameters (the keys of :meth:`params`, any subset).
+
+        Raises:
+            LinkEmuError: a bad value (nothing is changed then).
+        """
+        unknown = set(msg) - {"op", "link", "delay_ms", "jitter_ms", "loss_pct", "rate_mbps", "up"}
+        if unknown:
+            raise LinkEmuError(f"unknown key(s) {sorted(unknown)}")
+        get = msg.get
+        check_params(get("delay_ms"), get("jitter_ms"), get("loss_pct"), get("rate_mbps"))
+        if "up" in msg and not isinstance(msg["up"], bool):
+            raise LinkEmuError(f"'up' must be true or false (got {msg['up']!r})")
+        if get("delay_ms") is not None:
+            self.delay = float(msg["delay_ms"]) / 1000.0
+        if get("jitter_ms") is not None:
+            self.jitter = float(msg["jitter_ms"]) / 1000.0
+        if get("loss_pct") is not None:
+            self.loss = float(msg["loss_pct"]) / 100.0
+        if "rate_mbps" in msg:
+            self.cfg.rate_mbps = None if msg["rate_mbps"] is None else float(msg["rate_mbps"])
+            self.byte_time = 8.0 / (self.cfg.rate_mbps * 1e6) if self.cfg.rate_mbps else 0.0
+        if "up" in msg and msg["up"] != self.up:
+            self.set_up(msg["up"])
+        self.changes += 1
+
+    def set_up(self, up: bool) -> None:
+        """Down: both interfaces down first (nothing new enters), then what is in flight is dropped.
+        Up: both interfaces up."""
+        self.up = up
+        for ifname in (self.cfg.if_a, self.cfg.if_b):
+            set_admin_up(self.ctl, ifname, up)
+        if not up:
+            self.ab.clear()
+            self.ba.clear()
+
+    def close(self) -> None:
+        for s in (*self.socks, self.ctl):
+            s.close()
+
+
 class LinkEmulator:
-    """Forwards frames between ``cfg.if_a`` and ``cfg.if_b`` after the configured delay.
+    """Forwards frames of every link in ``links`` (see the module docstring).
 
     Call :meth:`run` (blocks until :meth:`stop`, SIGTERM or SIGINT), then :meth:`stats`.
 
+    Args:
+        links: one :class:`LinkConfig` per link (a single config is accepted too).
+        control_path: where to listen for control messages (a Unix ``SOCK_SEQPACKET`` socket,
+            replaced if it exists), or None.
+
     Raises (from the constructor):
-        LinkEmuError: bad parameters, an interface is missing, or no root.
+        LinkEmuError: bad parameters, an interface is missing, a link name is given twice, or no root.
     """
 
-    def __init__(self, cfg: LinkConfig) -> None:
-        cfg.validate()
-        self.cfg = cfg
-        self.seed = cfg.seed if cfg.seed is not None else secrets.randbits(32)
-        self._delay = cfg.delay_ms / 1000.0
-        self._jitter = cfg.jitter_ms / 1000.0
-        self._loss = cfg.loss_pct / 100.0
-        sa = _open_packet_socket(cfg.if_a, cfg.sockbuf_bytes)
+    def __init__(self, links: LinkConfig | Sequence[LinkConfig], control_path: str | Path | None = None) -> None:
+        cfgs = [links] if isinstance(links, LinkConfig) else list(links)
+        if not cfgs:
+            raise LinkEmuError("no link to emulate")
+        for c in cfgs:
+            c.validate()
+        names = [c.name for c in cfgs]
+        if len(set(names)) != len(names):
+            raise LinkEmuError(f"link names given twice: {sorted({n for n in names if names.count(n) > 1})}")
+        self.cfg = cfgs[0]  # the single link's config (kept for callers of the one-link form)
+        self.links: dict[str, _Link] = {}
         try:
-            sb = _open_packet_socket(cfg.if_b, cfg.sockbuf_bytes)
+            for c in cfgs:
+                self.links[c.name] = _Link(c, c.seed if c.seed is not None else secrets.randbits(32))
         except BaseException:
-            sa.close()
+            for lk in self.links.values():
+                lk.close()
             raise
-        self._socks = (sa, sb)
-        self._ifindex = {cfg.if_a: socket.if_nametoindex(cfg.if_a), cfg.if_b: socket.if_nametoindex(cfg.if_b)}
-        # String seeds are hashed with SHA-512 by random.seed: stable across runs and versions.
-        self._ab = _Direction("ab", sa, sb, random.Random(f"linkemu:{self.seed}:ab"))
-        self._ba = _Direction("ba", sb, sa, random.Random(f"linkemu:{self.seed}:ba"))
-        self._by_rx = {sa.fileno(): self._ab, sb.fileno(): self._ba}
-        self._by_tx = {sb.fileno(): self._ab, sa.fileno(): self._ba}
+        self.seed = next(iter(self.links.values())).seed
+        self._by_rx: dict[int, _Direction] = {}
+        self._by_tx: dict[int, _Direction] = {}
+        for lk in self.links.values():
+            for d in (lk.ab, lk.ba):
+                self._by_rx[d.rx.fileno()] = d
+                self._by_tx[d.tx.fileno()] = d
+        self._heap: list[tuple[float, int, _Direction]] = []
+        self._tick = 0  # heap tie-breaker
         self._timer = _TimerFd()
         self._ep = select.epoll()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._control: socket.socket | None = None
+        self._clients: dict[int, socket.socket] = {}
+        if control_path is not None:
+            self._control = _listen_control(Path(control_path))
         self._stopping = False
         self._late_sum = 0.0
         self._late_n = 0
@@ -437,10 +660,8 @@ class LinkEmulator:
     def stop(self) -> None:
         """Ask the loop to finish (safe from a signal handler)."""
         self._stopping = True
-        try:
+        with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
-        except OSError:
-            pass
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT stop the loop (and then the caller writes stats)."""
@@ -449,8 +670,15 @@ class LinkEmulator:
             signal.signal(sig, lambda _s, _f: self.stop())
 
     def close(self) -> None:
-        for s in self._socks:
-            s.close()
+        for lk in self.links.values():
+            lk.close()
+        for c in self._clients.values():
+            c.close()
+        if self._control is not None:
+            path = self._control.getsockname()
+            self._control.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         self._timer.close()
         self._ep.close()
         os.close(self._wake_r)
@@ -461,6 +689,58 @@ class LinkEmulator:
             self._warned.add(key)
             print(f"linkemu: warning: {msg}", file=sys.stderr, flush=True)
 
+    def handle(self, msg: dict) -> dict:
+        """Answer one control message (see :class:`LinkControl`); never raises."""
+        try:
+            op = msg.get("op")
+            name = msg.get("link")
+            if name is None and len(self.links) == 1:
+                name = next(iter(self.links))
+            if op == "ping":
+                return {"ok": True, "t": time.time(), "links": sorted(self.links)}
+            if op == "stats":
+                return {"ok": True, "t": time.time(), "stats": {n: asdict(s) for n, s in self.stats_by_link().items()}}
+            if name not in self.links:
+                raise LinkEmuError(f"unknown link {name!r}; known: {', '.join(sorted(self.links))}")
+            lk = self.links[name]
+            if op == "set":
+                before = lk.params()
+                lk.set(msg)
+                return {"ok": True, "t_applied": time.time(), "before": before, "params": lk.params()}
+            if op == "get":
+                return {"ok": True, "t": time.time(), "params": lk.params()}
+            raise LinkEmuError(f"unknown op {op!r} (ping, get, set, stats)")
+        except (LinkEmuError, OSError, TypeError, ValueError, AttributeError) as exc:
+            return {"ok": False, "error": str(exc)}
+
+    def _serve(self, fd: int) -> None:
+        if self._control is not None and fd == self._control.fileno():
+            with contextlib.suppress(BlockingIOError):
+                conn, _ = self._control.accept()
+                conn.setblocking(False)
+                self._clients[conn.fileno()] = conn
+                self._ep.register(conn.fileno(), select.EPOLLIN)
+            return
+        conn = self._clients[fd]
+        try:
+            data = conn.recv(CONTROL_MSG_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._ep.unregister(fd)
+            del self._clients[fd]
+            conn.close()
+            return
+        try:
+            msg = json.loads(data)
+            reply = self.handle(msg) if isinstance(msg, dict) else {"ok": False, "error": "not a JSON object"}
+        except ValueError as exc:
+            reply = {"ok": False, "error": f"bad JSON: {exc}"}
+        with contextlib.suppress(OSError):
+            conn.send(json.dumps(reply).encode())
+
     # -- receive --
     def _refresh_clock_offset(self, now: float) -> None:
         a = time.monotonic()
@@ -470,12 +750,14 @@ class LinkEmulator:
         self._offset_at = now
 
     def _drain(self, d: _Direction) -> None:
-        """Read up to RX_BATCH frames from ``d.rx`` into ``d.queue``."""
+        """Read up to RX_BATCH frames from ``d.rx`` into ``d.queue`` (shaper, loss, delay line)."""
         recvmsg = d.rx.recvmsg
-        queue = d.queue
+        queue, backlog = d.queue, d.backlog
+        lk = d.link
         rng = d.rng
-        loss, delay, jitter = self._loss, self._delay, self._jitter
-        limit = self.cfg.queue_limit
+        loss, delay, jitter, byte_time = lk.loss, lk.delay, lk.jitter, lk.byte_time
+        limit, shaper_limit = lk.cfg.queue_limit, lk.cfg.shaper_queue
+        was_empty = not queue
         now = time.monotonic()
         if now - self._offset_at > CLOCK_OFFSET_REFRESH_S:
             self._refresh_clock_offset(now)
@@ -485,14 +767,17 @@ class LinkEmulator:
             try:
                 data, anc, flags, addr = recvmsg(RX_BUFSIZE, ANC_BUFSIZE)
             except BlockingIOError:
-                return
+                break
             except OSError as exc:
                 self._rx_error(d, exc)
-                return
+                break
             if addr[2] == PACKET_OUTGOING:
                 continue
             if flags & socket.MSG_TRUNC:
                 d.truncated += 1
+                continue
+            if not lk.up:  # read before the interface went down: lost with the link
+                d.dropped_down += 1
                 continue
             ts = 0.0
             for _level, ctype, cdata in anc:
@@ -515,13 +800,23 @@ class LinkEmulator:
             else:
                 rx_time = now
                 d.ts_fallbacks += 1
+            sent = rx_time
+            if byte_time:  # the shaper: a FIFO served at the rate
+                while backlog and backlog[0] <= rx_time:
+                    backlog.popleft()
+                if len(backlog) >= shaper_limit:
+                    d.shaper_drops += 1
+                    continue
+                sent = (d.free_at if d.free_at > rx_time else rx_time) + len(data) * byte_time
+                d.free_at = sent
+                backlog.append(sent)
             if loss and rng.random() < loss:
                 d.lost += 1
                 continue
             if jitter:
-                due = rx_time + max(0.0, delay + rng.uniform(-jitter, jitter))
+                due = sent + max(0.0, delay + rng.uniform(-jitter, jitter))
             else:
-                due = rx_time + delay
+                due = sent + delay
             if due < d.last_due:
                 due = d.last_due
             if len(queue) >= limit:
@@ -529,21 +824,26 @@ class LinkEmulator:
                 continue
             d.last_due = due
             queue.append((due, data))
+        if was_empty and queue and not d.scheduled and not d.blocked:
+            self._schedule(d)
+
+    def _schedule(self, d: _Direction) -> None:
+        self._tick += 1
+        d.scheduled = True
+        heapq.heappush(self._heap, (d.queue[0][0], self._tick, d))
 
     def _rx_error(self, d: _Direction, exc: OSError) -> None:
         """A pending socket error: the interface went down (keep going) or was deleted (stop).
 
         The kernel reports both as ENETDOWN (packet(7) notifier), so existence is checked.
         """
-        name = self.cfg.if_a if d is self._ab else self.cfg.if_b
-        try:
-            alive = socket.if_nametoindex(name) == self._ifindex[name]
-        except OSError:
-            alive = False
+        lk = d.link
+        name = lk.cfg.if_a if d is lk.ab else lk.cfg.if_b
+        alive = ifindex_in(lk.ctl, name) == lk.ifindex[name]
         if not alive or exc.errno in (errno.ENODEV, errno.ENXIO):
             self.fatal = f"interface {name} disappeared"
             self.stop()
-        else:
+        elif lk.up:  # set down by us: expected
             self._warn(f"rx{exc.errno}", f"receive error on {name}: {exc}")
 
     # -- send --
@@ -593,31 +893,38 @@ class LinkEmulator:
     def _unblock(self, d: _Direction) -> None:
         d.blocked = False
         self._ep.modify(d.tx.fileno(), select.EPOLLIN)
+        if d.queue and not d.scheduled:
+            self._schedule(d)
+
+    def _due(self, now: float) -> float | None:
+        """Flush every direction whose head is due; the next due time (None: nothing queued)."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, _, d = heapq.heappop(heap)
+            d.scheduled = False
+            if d.blocked or not d.queue:
+                continue
+            self._flush(d, now)
+            if d.queue and not d.blocked:
+                self._schedule(d)
+        return heap[0][0] if heap else None
 
     def run(self) -> None:
         """Forward frames until stopped. Returns normally on stop (see :attr:`fatal`)."""
-        ab, ba = self._ab, self._ba
-        timer = self._timer
-        ep = self._ep
-        for s in self._socks:
-            ep.register(s.fileno(), select.EPOLLIN)
+        timer, ep = self._timer, self._ep
+        for fd in self._by_rx:
+            ep.register(fd, select.EPOLLIN)
         ep.register(timer.fd, select.EPOLLIN)
         ep.register(self._wake_r, select.EPOLLIN)
+        if self._control is not None:
+            ep.register(self._control.fileno(), select.EPOLLIN)
         by_rx, by_tx, tfd, wfd = self._by_rx, self._by_tx, timer.fd, self._wake_r
         readable = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
         armed: float | None = None
         monotonic = time.monotonic
         poll = ep.poll
         while not self._stopping:
-            now = monotonic()
-            nxt: float | None = None
-            for d in (ab, ba):
-                if d.queue and not d.blocked:
-                    self._flush(d, now)
-                    if d.queue and not d.blocked:
-                        head = d.queue[0][0]
-                        if nxt is None or head < nxt:
-                            nxt = head
+            nxt = self._due(monotonic())
             if nxt is not None and nxt != armed:
                 timer.arm(nxt)
                 armed = nxt
@@ -632,87 +939,214 @@ class LinkEmulator:
                     timer.clear()
                     armed = None
                 elif fd == wfd:
-                    try:
+                    with contextlib.suppress(BlockingIOError):
                         os.read(wfd, 512)
-                    except BlockingIOError:
-                        pass
+                else:
+                    self._serve(fd)
 
     def _collect_kernel_drops(self) -> None:
         """Add the kernel's receive-queue drops (socket buffer full) to the counters.
 
         ``PACKET_STATISTICS`` resets the kernel counters on every read, hence the accumulation.
         """
-        for d in (self._ab, self._ba):
-            try:
-                raw = d.rx.getsockopt(SOL_PACKET, PACKET_STATISTICS, _TPACKET_STATS.size)
-            except OSError:
-                continue
-            d.kernel_drops += _TPACKET_STATS.unpack(raw)[1]
+        for lk in self.links.values():
+            for d in (lk.ab, lk.ba):
+                try:
+                    raw = d.rx.getsockopt(SOL_PACKET, PACKET_STATISTICS, _TPACKET_STATS.size)
+                except OSError:
+                    continue
+                d.kernel_drops += _TPACKET_STATS.unpack(raw)[1]
 
-    def stats(self) -> LinkStats:
-        """Counters so far (lateness = send time minus due time, in microseconds).
+    def stats_by_link(self) -> dict[str, LinkStats]:
+        """Counters so far per link name (lateness, over every link of the process = send time
+        minus due time, in microseconds).
 
         ``frames_*``/``bytes_*`` count frames delivered; ``lost_*`` frames dropped by the loss
-        model; ``overflow_*`` frames dropped because the FIFO held ``queue_limit`` frames;
-        ``kernel_drops_*`` frames the kernel dropped because the receive buffer was full (the
-        emulator could not keep up); ``send_errors_*`` frames the kernel refused to send.
+        model; ``shaper_drops_*`` frames that found the shaper's FIFO full; ``overflow_*`` frames
+        dropped because the delay line held ``queue_limit`` frames; ``dropped_down_*`` frames lost
+        because the link went down; ``kernel_drops_*`` frames the kernel dropped because the
+        receive buffer was full (the emulator could not keep up); ``send_errors_*`` frames the
+        kernel refused to send.
         """
         self._collect_kernel_drops()
-        ab, ba = self._ab, self._ba
-        return LinkStats(
-            frames_ab=ab.frames, frames_ba=ba.frames, bytes_ab=ab.bytes, bytes_ba=ba.bytes,
-            lost_ab=ab.lost, lost_ba=ba.lost,
-            max_lateness_us=round(self._late_max * 1e6, 1),
-            mean_lateness_us=round(self._late_sum / self._late_n * 1e6, 1) if self._late_n else 0.0,
-            overflow_ab=ab.overflow, overflow_ba=ba.overflow,
-            send_errors_ab=ab.send_errors, send_errors_ba=ba.send_errors,
-            kernel_drops_ab=ab.kernel_drops, kernel_drops_ba=ba.kernel_drops,
-            truncated=ab.truncated + ba.truncated, rx_time_fallbacks=ab.ts_fallbacks + ba.ts_fallbacks,
-            queued_at_exit=len(ab.queue) + len(ba.queue),
-            delay_ms=self.cfg.delay_ms, jitter_ms=self.cfg.jitter_ms, loss_pct=self.cfg.loss_pct,
-            seed=self.seed, runtime_s=round(time.monotonic() - self._started, 3))
+        late_max = round(self._late_max * 1e6, 1)
+        late_mean = round(self._late_sum / self._late_n * 1e6, 1) if self._late_n else 0.0
+        out = {}
+        for name, lk in self.links.items():
+            ab, ba = lk.ab, lk.ba
+            p = lk.params()
+            out[name] = LinkStats(
+                frames_ab=ab.frames, frames_ba=ba.frames, bytes_ab=ab.bytes, bytes_ba=ba.bytes,
+                lost_ab=ab.lost, lost_ba=ba.lost, max_lateness_us=late_max, mean_lateness_us=late_mean,
+                overflow_ab=ab.overflow, overflow_ba=ba.overflow,
+                send_errors_ab=ab.send_errors, send_errors_ba=ba.send_errors,
+                kernel_drops_ab=ab.kernel_drops, kernel_drops_ba=ba.kernel_drops,
+                shaper_drops_ab=ab.shaper_drops, shaper_drops_ba=ba.shaper_drops,
+                dropped_down_ab=ab.dropped_down, dropped_down_ba=ba.dropped_down,
+                truncated=ab.truncated + ba.truncated, rx_time_fallbacks=ab.ts_fallbacks + ba.ts_fallbacks,
+                queued_at_exit=len(ab.queue) + len(ba.queue),
+                delay_ms=p["delay_ms"], jitter_ms=p["jitter_ms"], loss_pct=p["loss_pct"], rate_mbps=p["rate_mbps"],
+                up=lk.up, changes=lk.changes, seed=lk.seed, runtime_s=round(time.monotonic() - self._started, 3))
+        return out
+
+    def stats(self) -> LinkStats:
+        """Counters so far of the first (or only) link (see :meth:`stats_by_link`)."""
+        return next(iter(self.stats_by_link().values()))
+
+
+def _listen_control(path: Path) -> socket.socket:
+    """A non-blocking ``SOCK_SEQPACKET`` Unix socket listening at ``path`` (an old one is replaced).
+
+    Raises:
+        LinkEmuError: the path is too long for a Unix socket (107 bytes) or cannot be bound.
+    """
+    if len(os.fsencode(path)) > 107:
+        raise LinkEmuError(f"control socket path {path} is longer than 107 bytes")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        s.bind(str(path))
+        os.chmod(path, 0o600)
+        s.listen(8)
+    except OSError as exc:
+        s.close()
+        raise LinkEmuError(f"cannot listen on control socket {path}: {exc}") from None
+    s.setblocking(False)
+    return s
+
+
+class LinkControl:
+    """Client of an emulator's control socket (one JSON object per message, one reply each).
+
+    Messages: ``{"op": "set", "link": NAME, "delay_ms": .., "jitter_ms": .., "loss_pct": ..,
+    "rate_mbps": .. (null: unshaped), "up": true|false}`` (any subset; ``link`` may be left out when
+    the process serves one link) -> ``{"ok": true, "t_applied": unix s, "before": {...},
+    "params": {...}}``; ``{"op": "get", "link": NAME}`` -> ``{"ok", "t", "params"}``;
+    ``{"op": "stats"}`` -> ``{"ok", "t", "stats": {name: LinkStats fields}}``; ``{"op": "ping"}``.
+
+    Args:
+        path: the emulator's ``--control`` path.
+        timeout_s: per request, seconds.
+
+    Raises:
+        LinkEmuError: (from :meth:`request`) the emulator cannot be reached, times out, or
+            answers ``ok: false`` (its error message is quoted).
+    """
+
+    def __init__(self, path: str | Path, timeout_s: float = 5.0) -> None:
+        self.path, self.timeout_s = str(path), timeout_s
+        self._sock: socket.socket | None = None
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            s.settimeout(self.timeout_s)
+            try:
+                s.connect(self.path)
+            except OSError as exc:
+                s.close()
+                raise LinkEmuError(f"link emulator control socket {self.path}: {exc}") from None
+            self._sock = s
+        return self._sock
+
+    def request(self, msg: dict) -> dict:
+        """Send ``msg``, return the reply (``ok`` true)."""
+        s = self._connect()
+        try:
+            s.send(json.dumps(msg).encode())
+            data = s.recv(CONTROL_MSG_BYTES)
+        except OSError as exc:
+            self.close()
+            raise LinkEmuError(f"link emulator control socket {self.path}: {exc}") from None
+        if not data:
+            self.close()
+            raise LinkEmuError(f"link emulator at {self.path} closed the control connection")
+        reply = json.loads(data)
+        if not reply.get("ok"):
+            raise LinkEmuError(f"link emulator at {self.path} refused {msg}: {reply.get('error')}")
+        return reply
+
+    def set(self, link: str | None = None, **params) -> dict:
+        """``op: set`` for ``link`` with ``params`` (see the class doc)."""
+        msg = {"op": "set", **params}
+        if link is not None:
+            msg["link"] = link
+        return self.request(msg)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
 
 def write_stats(stats: LinkStats, path: Path | None) -> None:
-    """Write ``stats`` as JSON to ``path`` atomically (parent directories are created)."""
-    text = json.dumps(stats.__dict__, indent=1)
+    """Write one link's ``stats`` as JSON to ``path`` atomically (parent directories are created)."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(asdict(stats), indent=1) + "\n")
     os.replace(tmp, path)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m testbed.emulation.linkemu",
-                                description="Forward frames between two interfaces after a delay "
-                                            "(user-space netem replacement, both directions).")
-    p.add_argument("--if-a", required=True, help="first interface (e.g. l1-eth0)")
-    p.add_argument("--if-b", required=True, help="second interface (e.g. l1-eth1)")
-    p.add_argument("--delay-ms", type=float, required=True, help="one-way delay, milliseconds")
+                                description="Forward frames between pairs of interfaces after a shaper, loss and a "
+                                            "delay (user-space netem replacement, both directions).")
+    p.add_argument("--if-a", help="first interface (e.g. L1a)")
+    p.add_argument("--if-b", help="second interface (e.g. L1b)")
+    p.add_argument("--delay-ms", type=float, help="one-way delay, milliseconds")
+    p.add_argument("--links", type=Path, default=None,
+                   help="JSON list of links (LinkConfig fields) served by this one process, instead of --if-a/-b")
+    p.add_argument("--rate-mbps", type=float, default=None, help="shaper rate per direction, Mbit/s (default: none)")
+    p.add_argument("--shaper-queue", type=int, default=DEFAULT_SHAPER_QUEUE,
+                   help=f"frames waiting for the shaper before tail drop (default {DEFAULT_SHAPER_QUEUE})")
     p.add_argument("--jitter-ms", type=float, default=0.0,
                    help="uniform jitter +/- this many milliseconds (order is kept)")
     p.add_argument("--loss-pct", type=float, default=0.0, help="random loss per frame and direction, percent")
     p.add_argument("--seed", type=int, default=None, help="seed for loss/jitter (default: random, reported)")
-    p.add_argument("--stats-file", type=Path, default=None, help="write stats JSON here on exit")
+    p.add_argument("--control", type=Path, default=None, help="Unix socket for run-time changes (LinkControl)")
+    p.add_argument("--stats-file", type=Path, default=None, help="write stats JSON here on exit (one link)")
+    p.add_argument("--stats-dir", type=Path, default=None, help="write <link name>.json stats here on exit")
     p.add_argument("--sockbuf-bytes", type=int, default=DEFAULT_SOCKBUF_BYTES,
                    help=f"SO_RCVBUF/SO_SNDBUF request, bytes (default {DEFAULT_SOCKBUF_BYTES})")
     p.add_argument("--nice", type=int, default=DEFAULT_NICE,
                    help=f"scheduling nice value to set (default {DEFAULT_NICE}; needs root if < 0)")
     p.add_argument("--queue-limit", type=int, default=DEFAULT_QUEUE_LIMIT,
-                   help=f"frames held per direction before dropping (default {DEFAULT_QUEUE_LIMIT})")
+                   help=f"frames held per direction in the delay line (default {DEFAULT_QUEUE_LIMIT})")
     return p
+
+
+def _configs(args: argparse.Namespace) -> list[LinkConfig]:
+    """The links of the command line.
+
+    Raises:
+        LinkEmuError: neither or both forms given, or an unreadable links file.
+    """
+    if args.links is not None:
+        if args.if_a or args.if_b:
+            raise LinkEmuError("give --links or --if-a/--if-b, not both")
+        try:
+            rows = json.loads(args.links.read_text())
+            return [LinkConfig(**{"sockbuf_bytes": args.sockbuf_bytes, "queue_limit": args.queue_limit,
+                                  "shaper_queue": args.shaper_queue, **row}) for row in rows]
+        except (OSError, ValueError, TypeError) as exc:
+            raise LinkEmuError(f"cannot read links file {args.links}: {exc}") from None
+    if not args.if_a or not args.if_b or args.delay_ms is None:
+        raise LinkEmuError("--if-a, --if-b and --delay-ms are required (or --links FILE)")
+    return [LinkConfig(if_a=args.if_a, if_b=args.if_b, delay_ms=args.delay_ms, jitter_ms=args.jitter_ms,
+                       loss_pct=args.loss_pct, seed=args.seed, sockbuf_bytes=args.sockbuf_bytes,
+                       queue_limit=args.queue_limit, rate_mbps=args.rate_mbps, shaper_queue=args.shaper_queue)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point. Returns 0 after SIGTERM/SIGINT, 1 if an interface disappeared, 2 on bad setup."""
     args = _parser().parse_args(argv)
-    cfg = LinkConfig(if_a=args.if_a, if_b=args.if_b, delay_ms=args.delay_ms, jitter_ms=args.jitter_ms,
-                     loss_pct=args.loss_pct, seed=args.seed, sockbuf_bytes=args.sockbuf_bytes,
-                     queue_limit=args.queue_limit)
     try:
-        emu = LinkEmulator(cfg)
+        cfgs = _configs(args)
+        emu = LinkEmulator(cfgs, args.control)
     except LinkEmuError as exc:
         print(f"linkemu: error: {exc}", file=sys.stderr)
         return 2
@@ -721,14 +1155,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     except OSError as exc:
         print(f"linkemu: warning: cannot set nice {args.nice}: {exc}", file=sys.stderr)
-    print(f"linkemu ready: {cfg.if_a}<->{cfg.if_b} delay={cfg.delay_ms}ms jitter={cfg.jitter_ms}ms "
-          f"loss={cfg.loss_pct}% seed={emu.seed}", flush=True)
+    if len(cfgs) == 1:
+        c = cfgs[0]
+        print(f"linkemu ready: {c.if_a}<->{c.if_b} delay={c.delay_ms}ms jitter={c.jitter_ms}ms "
+              f"loss={c.loss_pct}% rate={c.rate_mbps or '-'}Mbit/s seed={emu.seed}", flush=True)
+    else:
+        print(f"linkemu ready: {len(cfgs)} links", flush=True)
     try:
         emu.run()
     finally:
-        stats = emu.stats()
-        write_stats(stats, args.stats_file)
-        print(json.dumps(stats.__dict__), flush=True)
+        by_link = emu.stats_by_link()
+        if len(cfgs) == 1:
+            write_stats(next(iter(by_link.values())), args.stats_file)
+        for name, st in by_link.items():
+            if args.stats_dir is not None:
+                write_stats(st, args.stats_dir / f"{name}.json")
+            print(json.dumps(asdict(st) if len(cfgs) == 1 else {name: asdict(st)}), flush=True)
         emu.close()
     if emu.fatal:
         print(f"linkemu: error: {emu.fatal}", file=sys.stderr)

@@ -39,7 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from testbed.schema import Num, StrictModel, unit_pair
-from testbed.units import parse_delay_ms, parse_duration_s, parse_rate_mbps
+from testbed.units import RATE_UNITS_MBPS, _parse, parse_delay_ms, parse_duration_s, parse_rate_mbps
 
 EventKind = Literal["link_delay", "link_bandwidth", "link_loss", "link_down", "link_up", "link_congestion",
                     "cluster_down", "cluster_up"]
@@ -50,6 +50,12 @@ LINK_KINDS = frozenset({"link_delay", "link_bandwidth", "link_loss", "link_down"
 CLUSTER_KINDS = frozenset({"cluster_down", "cluster_up"})
 #: The most steps one ramp or trace may expand to (each step is applied and measured for real).
 MAX_STEPS_PER_EVENT = 1000
+
+
+def parse_background_mbps(value: object, item: str = "") -> float:
+    """A background rate such as ``"80Mbit/s"``, where ``"0Mbit/s"`` (the end of a congestion) is
+    valid too (:func:`testbed.units.parse_rate_mbps` refuses 0); negative values fail validation."""
+    return _parse(value, RATE_UNITS_MBPS, "background rate", item)
 
 
 class RampSpec(StrictModel):
@@ -95,7 +101,7 @@ class EventSpec(StrictModel):
         data = unit_pair(data, "at", parse_duration_s, "s")
         data = unit_pair(data, "delay", parse_delay_ms, "ms")
         data = unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
-        return unit_pair(data, "background", parse_rate_mbps, "mbps")
+        return unit_pair(data, "background", parse_background_mbps, "mbps")
 
     @model_validator(mode="after")
     def _fields(self) -> EventSpec:
