@@ -15,7 +15,6 @@ the SimPy one creates one process per query (arrival -> network -> ``Resource`` 
 from __future__ import annotations
 
 import argparse
-import heapq  # noqa: F401 - kept for symmetry with the simulator's imports
 import time
 from pathlib import Path
 
@@ -61,30 +60,30 @@ def run_simpy(plan, sim_s: float) -> tuple[int, float]:
     import simpy
 
     from testbed import policies as pol
+    from testbed.model.dispatch import Heard
     from testbed.sim import Simulator
 
-    ref = Simulator(plan, seed=1)  # only for its delays, options and service samplers (same inputs)
+    ref = Simulator(plan, seed=1)  # only for its delays, dispatchers and service samplers (same inputs)
     env = simpy.Environment()
-    res = {c.name: simpy.Resource(env, capacity=c.c) for c in ref.clusters}
-    limit = {c.name: c.limit for c in ref.clusters}
-    svc = {(c.name, ref.model_names[m]): s for c in ref.clusters for m, s in c.services.items()}
+    res = {c.name: simpy.Resource(env, capacity=c.workers) for c in ref.clusters}
+    limit = {c.name: c.queue.limit for c in ref.clusters}
+    svc = {(c.name, ref.model_names[m]): s for c in ref.clusters for m, s in c.samplers.items()}
     counts = {"n": 0, "served": 0}
-    heard = {"opts": ref._build_options()}
     mi = ref.cl_index
 
     def reporter():
         while True:
             yield env.timeout(ref.R)
-            for c in ref.clusters:
-                r = res[c.name]
-                ref.heard[c.name] = {"queue_len": len(r.queue), "busy": r.count, "workers": c.c,
-                                     "utilization": 0.0, "up": True}
-            heard["opts"] = ref._build_options()
+            reports = [(c.name, Heard(len(res[c.name].queue), res[c.name].count, c.workers, 0.0, True, env.now))
+                       for c in ref.clusters]
+            for d in ref.dispatchers:
+                d.hear_all(reports)
 
-    def query(si, app):
-        d = pol.decide(ref.src_policy[si], heard["opts"][si], app.deadline_ms, app.min_accuracy, ref.ctx[si])
+    def query(si, ai, app):
+        disp = ref.dispatchers[si]  # the model's options, decided per query without the dispatcher's cache
+        d = pol.decide(disp.policy, disp.options_for(app.family), app.deadline_ms, app.min_accuracy, disp.ctx)
         ci = mi[d.cluster]
-        yield env.timeout(ref.fwd_s[si][ci])
+        yield env.timeout(ref.fwd_app[ai][si][ci])
         r = res[d.cluster]
         if len(r.queue) >= limit[d.cluster]:
             return
@@ -99,7 +98,7 @@ def run_simpy(plan, sim_s: float) -> tuple[int, float]:
         while True:
             yield env.timeout(rng.exponential(1.0 / rate))
             counts["n"] += 1
-            env.process(query(si, app))
+            env.process(query(si, ai, app))
 
     for k, (si, ai, proc) in enumerate(ref.streams):
         env.process(source(si, ai, proc.rate, np.random.default_rng([1, k])))
