@@ -1,7 +1,14 @@
-"""The ``testbed`` command: ``plan``, ``run`` and ``cleanup``.
+"""The ``testbed`` command: ``plan``, ``run`` and ``cleanup`` (and the subcommands of
+:mod:`testbed.commands`).
 
-Exit codes: 0 success; 2 invalid input (experiment, topology, plan); 3 the emulation failed a
-self-check or a component did not come up; 130 interrupted (Ctrl-C).
+Exit codes (:mod:`testbed.errors`): 0 success; 2 invalid input (nothing was built); 3 a
+precondition or self-check failed, or a component did not come up; 4 a component died during the
+run; 5 the run measured nothing; 130 interrupted (Ctrl-C).
+
+Errors are handled in one place, :func:`main`: every :class:`testbed.errors.TestbedError` is
+printed once, as plain text, and its exit code returned. Console output never interprets text
+as markup: the shared :data:`console` has markup off, so labels, names and file contents (which
+may hold ``[/bold]`` and the like) print verbatim; our own styling goes through ``style=``.
 """
 
 from __future__ import annotations
@@ -11,56 +18,64 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from testbed.config import ConfigError
-from testbed.plan import Plan, PlanError, plan_experiment
-from testbed.topology import TopologyError
+from testbed.errors import EXIT_INTERRUPTED, InputError, TestbedError
+from testbed.plan import Plan, plan_experiment
 
-console = Console(width=None if sys.stdout.isatty() else 160)
+#: The console every subcommand prints to. ``markup=False``: ``[...]`` in a string is printed as
+#: it is, never as console markup (untrusted text: labels, names, file contents, error messages).
+console = Console(width=None if sys.stdout.isatty() else 160, markup=False, highlight=False)
 
 
-def print_plan(plan: Plan) -> None:
-    """Print the resolved plan as tables: switches, links, hosts, expected paths, notes."""
+def plain(text: object) -> Text:
+    """``text`` as a rich Text that is printed verbatim whatever the console's settings."""
+    return Text(str(text))
+
+
+def _table(title: str, columns: list[str], rows: list[list[object]], right: set[str] = frozenset()) -> Table:
+    t = Table(title=plain(title))
+    for col in columns:
+        t.add_column(plain(col), justify="right" if col in right else "left", overflow="fold")
+    for row in rows:
+        t.add_row(*(plain(c) for c in row))
+    return t
+
+
+def print_plan(plan: Plan, out: Console | None = None) -> None:
+    """Print the resolved plan as tables: switches, links, hosts, expected paths, notes. Every
+    cell is plain text (dataset labels may contain anything)."""
+    out = out or console
     exp = plan.experiment
-    console.print(f"[bold]Experiment[/bold] {exp.name}: topology {plan.topology_name!r}, "
-                  f"{len(plan.switches)} switches, {len(plan.links)} links, {len(plan.hosts)} hosts, "
-                  f"policy {exp.policy}, duration {exp.duration_s:g} s, seed {exp.seed}")
-    t = Table(title="Switches")
-    for col in ("name", "DPID", "label", "lat", "lon"):
-        t.add_column(col)
-    for s in plan.switches:
-        t.add_row(s.name, f"{s.dpid:016x}", s.label,
-                  "-" if s.lat is None else f"{s.lat:.2f}", "-" if s.lon is None else f"{s.lon:.2f}")
-    console.print(t)
+    head = Text("Experiment", style="bold")
+    head.append(f" {exp.name}: topology {plan.topology_name!r}, {len(plan.switches)} switches, {len(plan.links)} "
+                f"links, {len(plan.hosts)} hosts, policy {exp.policy}, duration {exp.duration_s:g} s, seed {exp.seed}",
+                style="")
+    out.print(head)
+    out.print(_table("Switches", ["name", "DPID", "label", "lat", "lon"],
+                     [[s.name, f"{s.dpid:016x}", s.label, "-" if s.lat is None else f"{s.lat:.2f}",
+                       "-" if s.lon is None else f"{s.lon:.2f}"] for s in plan.switches]))
     label = {s.name: s.label for s in plan.switches}
-    t = Table(title="Links (one-way delay)")
-    for col in ("#", "a", "b", "km", "delay ms", "delay from", "bandwidth Mbit/s", "loss %"):
-        t.add_column(col, justify="right" if col not in ("a", "b", "delay from") else "left")
-    for lk in plan.links:
-        t.add_row(str(lk.index), f"{lk.a} ({label[lk.a]})", f"{lk.b} ({label[lk.b]})",
-                  "-" if lk.km is None else f"{lk.km:.0f}", f"{lk.delay_ms:.3f}", lk.delay_source,
-                  f"{lk.bandwidth_mbps:g}", f"{lk.loss_pct:g}")
-    console.print(t)
-    t = Table(title="Hosts")
-    for col in ("name", "role", "tier", "site", "switch", "IP", "MAC", "CPU cores", "models"):
-        t.add_column(col)
-    for h in plan.hosts:
-        t.add_row(h.name, h.role, h.tier or "-", h.site, h.switch, h.ip, h.mac,
-                  "-" if h.cpu_cores is None else f"{h.cpu_cores:g}", ", ".join(h.models) or "-")
-    console.print(t)
-    t = Table(title="Paths source -> cluster (least one-way delay)")
-    for col in ("source", "cluster", "hops", "switches", "one-way ms", "expected RTT ms"):
-        t.add_column(col, justify="right" if "ms" in col or col == "hops" else "left")
-    for p in plan.paths:
-        t.add_row(p.source, p.cluster, str(len(p.switches) - 1), " > ".join(p.switches),
-                  f"{p.one_way_ms:.3f}", f"{p.rtt_ms:.3f}")
-    console.print(t)
+    out.print(_table("Links (one-way delay)",
+                     ["#", "a", "b", "km", "delay ms", "delay from", "bandwidth Mbit/s", "loss %"],
+                     [[lk.index, f"{lk.a} ({label[lk.a]})", f"{lk.b} ({label[lk.b]})",
+                       "-" if lk.km is None else f"{lk.km:.0f}", f"{lk.delay_ms:.3f}", lk.delay_source,
+                       f"{lk.bandwidth_mbps:g}", f"{lk.loss_pct:g}"] for lk in plan.links],
+                     right={"#", "km", "delay ms", "bandwidth Mbit/s", "loss %"}))
+    out.print(_table("Hosts", ["name", "role", "tier", "site", "switch", "IP", "MAC", "CPU cores", "models"],
+                     [[h.name, h.role, h.tier or "-", h.site, h.switch, h.ip, h.mac,
+                       "-" if h.cpu_cores is None else f"{h.cpu_cores:g}", ", ".join(h.models) or "-"]
+                      for h in plan.hosts]))
+    out.print(_table("Paths source -> cluster (least one-way delay)",
+                     ["source", "cluster", "hops", "switches", "one-way ms", "expected RTT ms"],
+                     [[p.source, p.cluster, len(p.switches) - 1, " > ".join(p.switches), f"{p.one_way_ms:.3f}",
+                       f"{p.rtt_ms:.3f}"] for p in plan.paths],
+                     right={"hops", "one-way ms", "expected RTT ms"}))
     if plan.notes:
-        console.print("[bold]Notes[/bold]")
+        out.print(Text("Notes", style="bold"))
         for n in plan.notes:
-            console.print(f"  - {n}")
+            out.print(plain(f"  - {n}"))
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -88,21 +103,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
-    from testbed.emulation.cleanup import RunLockedError, cleanup
+    from testbed.emulation.cleanup import cleanup
 
     try:
         removed = cleanup(verbose=True)
-    except (RunLockedError, PermissionError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))} (testbed cleanup needs root and no active run)")
-        return 2
+    except PermissionError as exc:
+        raise InputError(f"{exc} (testbed cleanup needs root)") from None
     console.print(f"cleanup: removed {removed} leftover item(s) of earlier runs")
     return 0
 
 
 def _positive_s(text: str) -> float:
-    value = float(text)
-    if not 0 < value < 1e6:
-        raise argparse.ArgumentTypeError(f"{text!r}: the duration must be > 0 s")
+    from testbed.config import MAX_DURATION_S
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give the duration in s, a number") from None
+    if not 0 < value <= MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: the duration must be in (0, {MAX_DURATION_S:g}] s")
     return value
 
 
@@ -119,8 +138,7 @@ def _command_modules() -> list:
             for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``testbed`` console command."""
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="testbed", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="print the resolved plan of an experiment; builds nothing, needs no root")
@@ -137,16 +155,23 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_cmd_cleanup)
     for mod in _command_modules():
         mod.register(sub)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``testbed`` console command: the one place errors are printed."""
+    args = _parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, PlanError, TopologyError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        return 2
+    except TestbedError as exc:
+        console.print(Text("error: ", style="red") + plain(exc))
+        return exc.exit_code
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]")
-        return 130
+        console.print(Text("interrupted", style="yellow"))
+        return EXIT_INTERRUPTED
 
+
+__all__ = ["console", "main", "plain", "print_plan"]
 
 if __name__ == "__main__":
     sys.exit(main())

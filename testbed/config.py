@@ -4,6 +4,27 @@ Every quantity carries its unit in the value (``deadline: 80ms``) or in the key
 (``deadline_ms: 80``); see :mod:`testbed.units` for the exact rule. Unknown keys are errors.
 Names that become Mininet node names (clusters, sources) are restricted to ``[a-z][a-z0-9]*``
 so that nothing a stranger writes reaches a shell command unchecked.
+
+Bounds the engines can execute (each a module constant below; docs/trustworthy-runs.md says why):
+
+=============================  ==================================================================
+what                           bound
+=============================  ==================================================================
+``seed``                       0 .. 2^32 - 1 (numpy's SeedSequence takes no negative entropy)
+``duration``                   (0, 1e6 s]; and at most ``MAX_WINDOWS`` report intervals
+``report_interval``            >= 10 ms (every source polls every cluster once per interval)
+``emulation.stats_interval``   >= 100 ms (port stats of every switch; the servers' stats files)
+``aset.window``                >= 10 ms
+rates (``rate_qps``, ...)      <= 10,000 q/s per stream and source (after spatial weights)
+expected queries of a run      <= 1,000,000 (the simulator holds every query in memory,
+                               ~2.5 KB each at peak; checked by the plan, which knows the weights)
+``mmpp`` ``dwell``             >= 1 ms, at most 10^7 expected state changes per source
+ports                          ``of_port``, ``rest_port`` and ``server_port`` all different
+``name``                       at most 100 bytes (it names the run directory and the cgroups)
+=============================  ==================================================================
+
+Booleans are never numbers (``workers: true`` is an error) and duplicate keys are errors
+(:mod:`testbed.schema`).
 """
 
 from __future__ import annotations
@@ -12,13 +33,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from testbed.capture.spec import CaptureSpec
 from testbed.errors import InputError
 from testbed.inference.spec import ServerSpec
 from testbed.model.events import EventSpec
-from testbed.schema import NAME_RE, Num
+from testbed.schema import NAME_RE, DuplicateKeyError, Num, load_yaml
 from testbed.schema import StrictModel as _Model
 from testbed.schema import unit_pair as _unit_pair
 from testbed.units import parse_delay_ms, parse_duration_s, parse_rate_mbps
@@ -26,6 +47,19 @@ from testbed.units import parse_delay_ms, parse_duration_s, parse_rate_mbps
 #: A static policy of testbed.policies.CATALOGUE, or ``aset`` (testbed.aset picks one per window).
 PolicyName = Literal["closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random", "round_robin",
                      "aset"]
+
+
+MAX_SEED = 2**32 - 1
+MAX_DURATION_S = 1e6
+MIN_REPORT_INTERVAL_S = 0.01
+MAX_WINDOWS = 200_000
+MIN_STATS_INTERVAL_S = 0.1
+MIN_ASET_WINDOW_S = 0.01
+MAX_RATE_QPS = 10_000.0
+MAX_EXPECTED_QUERIES = 1_000_000
+MIN_DWELL_S = 0.001
+MAX_STATE_CHANGES = 10**7
+MAX_NAME_BYTES = 100
 
 
 class ConfigError(InputError):
@@ -40,6 +74,12 @@ class TopologySpec(_Model):
     resolved against the experiment file's folder, then the repository's ``topologies/``).
     Delay from geography: great-circle km x ``ms_per_km`` x ``route_factor``, never below
     ``delay_floor_ms`` (system-model.md).
+
+    ``coordinates``: ``{node: [lat, lon]}`` (degrees) for nodes the source gives no coordinates
+    (Topology Zoo GraphML often lacks them); a node is named by its id or label; given
+    coordinates replace the source's. ``dataset_link_speeds``: read the link capacities a
+    GraphML file gives (``LinkSpeedRaw``, ``LinkSpeed``, ``LinkLabel``; rules in
+    :mod:`testbed.topology`); false: every link gets ``bandwidth``.
     """
 
     source: str
@@ -49,6 +89,17 @@ class TopologySpec(_Model):
     bandwidth_mbps: Num = Field(100.0, gt=0)
     host_bandwidth_mbps: Num = Field(1000.0, gt=0)
     keep_largest_component: bool = False
+    coordinates: dict[str, list[Num]] = {}
+    dataset_link_speeds: bool = True
+
+    @field_validator("coordinates")
+    @classmethod
+    def _lat_lon(cls, v: dict[str, list[float]]) -> dict[str, list[float]]:
+        for node, ll in v.items():
+            if len(ll) != 2 or not (-90 <= ll[0] <= 90 and -180 <= ll[1] <= 180):
+                raise ValueError(f"coordinates of {node!r}: give [lat, lon] in degrees, lat in [-90, 90] and "
+                                 f"lon in [-180, 180], got {ll}")
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -116,7 +167,7 @@ class StepSpec(_Model):
     """One step of a ``step`` arrival process: from ``at_s`` on, ``rate_qps`` queries/s."""
 
     at_s: Num = Field(ge=0)
-    rate_qps: Num = Field(ge=0)
+    rate_qps: Num = Field(ge=0, le=MAX_RATE_QPS)
 
     @model_validator(mode="before")
     @classmethod
@@ -150,7 +201,7 @@ class WorkloadSpec(_Model):
     application: str
     sources: list[str] | Literal["all"] = "all"
     process: Literal["poisson", "mmpp", "diurnal", "step", "trace"] = "poisson"
-    rate_qps: Num | None = Field(None, ge=0)
+    rate_qps: Num | None = Field(None, ge=0, le=MAX_RATE_QPS)
     rates_qps: list[Num] | None = None
     dwell_s: list[Num] | None = None
     amplitude: Num = Field(0.5, ge=0, le=1)
@@ -176,8 +227,9 @@ class WorkloadSpec(_Model):
             if not self.rates_qps or not self.dwell_s or len(self.rates_qps) != len(self.dwell_s) \
                     or len(self.rates_qps) < 2:
                 raise ValueError("process 'mmpp' needs rates_qps and dwell_s, lists of the same length >= 2")
-            if any(r < 0 for r in self.rates_qps) or any(d <= 0 for d in self.dwell_s):
-                raise ValueError("mmpp: rates_qps must be >= 0 and dwell_s > 0")
+            if any(not 0 <= r <= MAX_RATE_QPS for r in self.rates_qps) or any(d < MIN_DWELL_S for d in self.dwell_s):
+                raise ValueError(f"mmpp: rates_qps must be in [0, {MAX_RATE_QPS:g}] q/s and dwell_s >= "
+                                 f"{MIN_DWELL_S:g} s")
         if p == "step":
             if not self.steps:
                 raise ValueError("process 'step' needs steps: [{at: 0s, rate_qps: N}, ...]")
@@ -198,7 +250,7 @@ class AsetSpec(_Model):
     ``window`` (decision window, default 100 ms), ``options`` (free-form, read by testbed.aset)."""
 
     checkpoint: str | None = None
-    window_s: Num = Field(0.1, gt=0)
+    window_s: Num = Field(0.1, ge=MIN_ASET_WINDOW_S)
     options: dict[str, Any] = {}
 
     @model_validator(mode="before")
@@ -255,7 +307,7 @@ class EmulationSpec(_Model):
     of_port: int = Field(6653, ge=1, le=65535)
     rest_port: int = Field(8080, ge=1, le=65535)
     server_port: int = Field(8501, ge=1, le=65535)
-    stats_interval_s: Num = Field(1.0, gt=0)
+    stats_interval_s: Num = Field(1.0, ge=MIN_STATS_INTERVAL_S)
 
     @model_validator(mode="before")
     @classmethod
@@ -263,15 +315,26 @@ class EmulationSpec(_Model):
         data = _unit_pair(data, "rtt_tolerance", parse_delay_ms, "ms")
         return _unit_pair(data, "stats_interval", parse_duration_s, "s")
 
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> EmulationSpec:
+        ports = {"of_port": self.of_port, "rest_port": self.rest_port, "server_port": self.server_port}
+        seen: dict[int, str] = {}
+        for key, port in ports.items():
+            if port in seen:
+                raise ValueError(f"{seen[port]} and {key} are both {port}: the OpenFlow, REST and inference "
+                                 f"server ports must all differ (one process would answer the other's protocol)")
+            seen[port] = key
+        return self
+
 
 class Experiment(_Model):
     """One experiment file (see ``experiments/default.yaml``)."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    seed: int = 1
-    duration_s: Num = Field(gt=0)
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_NAME_BYTES)
+    seed: int = Field(1, ge=0, le=MAX_SEED)
+    duration_s: Num = Field(gt=0, le=MAX_DURATION_S)
     policy: PolicyName = "closest"
-    report_interval_s: Num = Field(0.5, gt=0)
+    report_interval_s: Num = Field(0.5, ge=MIN_REPORT_INTERVAL_S)
     aset: AsetSpec | None = None
     events: list[EventSpec] = []
     simulation: SimulationSpec = SimulationSpec()
@@ -292,6 +355,15 @@ class Experiment(_Model):
     def _units(cls, data: Any) -> Any:
         data = _unit_pair(data, "duration", parse_duration_s, "s")
         return _unit_pair(data, "report_interval", parse_duration_s, "s")
+
+    @model_validator(mode="after")
+    def _windows(self) -> Experiment:
+        windows = self.duration_s / self.report_interval_s
+        if windows > MAX_WINDOWS:
+            raise ValueError(f"duration {self.duration_s:g} s / report_interval {self.report_interval_s:g} s = "
+                             f"{windows:.0f} report intervals, over the bound of {MAX_WINDOWS} (the simulator "
+                             f"steps once per interval); lengthen report_interval or shorten the duration")
+        return self
 
     @model_validator(mode="after")
     def _references(self) -> Experiment:
@@ -362,7 +434,9 @@ def load_experiment(path: str | Path) -> Experiment:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

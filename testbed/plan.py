@@ -12,7 +12,12 @@ unknown link endpoint  error (with close matches)                     error
 self-loop              error                                          dropped, noted
 parallel links         error                                          merged (min delay, summed
                                                                       bandwidth), noted
-node w/o coordinates   error if a link of it needs a derived delay    same
+node w/o coordinates   error naming every node a derived delay        same, with the GraphML advice;
+                       needs (give lat/lon or the links' delay)       ``topology.coordinates`` fixes
+                                                                      both
+link capacity          ``bandwidth`` of the link, else the default    GraphML: LinkSpeedRaw, LinkSpeed,
+                                                                      LinkLabel (testbed.topology),
+                                                                      noted; above 1000 Mbit/s noted
 disconnected graph     error listing the components, unless           same
                        ``keep_largest_component: true`` (then the
                        smaller components are dropped, noted)
@@ -20,8 +25,14 @@ DPIDs                  explicit or 1..N; must be unique and in        generated 
                        [1, 2^64-1]
 names                  ``[a-z][a-z0-9]*``; interface names            generated s1..sN
                        (``NAME-ethN``) at most 15 bytes (IFNAMSIZ-1)
-unknown site           error (with close matches)                     same
-model / family         error unless the catalog (the zoo) has it      same
+unknown site           error (with close matches); a site dropped     same
+                       by ``keep_largest_component`` says so
+model / family         error unless the catalog (the zoo) has it, and same
+                       unless some cluster serves the family
+load bounds            per source rate (after spatial weights) and    same
+                       expected queries of the run within
+                       testbed.config's bounds; traces read here
+run directory paths    every file of a run fits PATH_MAX              same
 service-time profile   error unless the catalog has one for the       same
                        model at the cluster's runtime
 =====================  =============================================  ===============================
@@ -46,6 +57,7 @@ from pathlib import Path
 import networkx as nx
 from pydantic import BaseModel, ConfigDict
 
+from testbed import config as cfg
 from testbed.catalog import Catalog, CatalogError, ModelInfo, ZooCatalog
 from testbed.config import Experiment
 from testbed.errors import InputError
@@ -56,6 +68,9 @@ from testbed.topology import RawTopology, TopologyError, great_circle_km, load_t
 from testbed.util import repo_path, write_json_atomic
 
 IFNAMSIZ = 16  # Linux include/uapi/linux/if.h; names hold at most IFNAMSIZ-1 = 15 bytes
+PATH_MAX = 4096  # Linux include/uapi/linux/limits.h, terminating NUL included
+#: Mininet's HTB shaper (mininet.link.TCIntf.bwParamMax) ignores rates above this (Mbit/s).
+HTB_MAX_MBPS = 1000.0
 MAX_DPID = 2**64 - 1
 NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9]*$")
 
@@ -258,11 +273,14 @@ class _Builder:
         self.links: list[Link] = []
         self.hosts: list[Host] = []
         self.cloud_switch: Switch | None = None
+        self.dropped: set[str] = set()  # ids and labels of nodes keep_largest_component dropped
+        self.undelayed: list[tuple[Switch, Switch]] = []  # links whose delay needs missing coordinates
 
     # -- step 1 --
     def build_nodes(self) -> None:
         """Ids, switch names and DPIDs (unique, in range)."""
         raw = self.raw
+        given = dict(self.exp.topology.coordinates)
         for i, n in enumerate(raw.nodes, start=1):
             if n.id in self.nodes:
                 raise PlanError(f"node id {n.id!r} appears twice in topology {raw.name!r}")
@@ -271,7 +289,15 @@ class _Builder:
             dpid = n.dpid if n.dpid is not None else i
             if not 1 <= dpid <= MAX_DPID:
                 raise PlanError(f"node {n.label!r}: DPID {dpid} out of range [1, 2^64-1] (0 is not a valid DPID)")
-            self.nodes[n.id] = Switch(name=name, dpid=dpid, node_id=n.id, label=n.label, lat=n.lat, lon=n.lon)
+            lat, lon = n.lat, n.lon
+            ll = given.pop(n.id, None) or given.pop(n.label, None)
+            if ll is not None:
+                lat, lon = ll
+            self.nodes[n.id] = Switch(name=name, dpid=dpid, node_id=n.id, label=n.label, lat=lat, lon=lon)
+        if given:
+            known = [n.id for n in raw.nodes] + [n.label for n in raw.nodes]
+            raise PlanError(f"topology.coordinates: no node {', '.join(map(repr, sorted(given)))} in topology "
+                            f"{raw.name!r}{_suggest(sorted(given)[0], known)}")
         seen_dpids: dict[int, str] = {}
         for s in self.nodes.values():
             if s.name in self.seen_names:
@@ -285,31 +311,78 @@ class _Builder:
         """The switch a topology reference (node id or unique label) names."""
         if ref in self.nodes:
             return self.nodes[ref]
+        if ref in self.dropped:
+            raise PlanError(f"{item}: node {ref!r} was dropped with its component (topology.keep_largest_component "
+                            f"keeps only the largest); connect it, or pick a site in the largest component")
         by_label = [s for s in self.nodes.values() if s.label == ref]
         if len(by_label) == 1:
             return by_label[0]
         if len(by_label) > 1:
             raise PlanError(f"{item}: label {ref!r} names {len(by_label)} nodes; use the node id instead")
         options = list(self.nodes) + [s.label for s in self.nodes.values()]
-        raise PlanError(f"{item}: unknown node {ref!r}{_suggest(ref, options)}")
+        why = " (topohub drops nodes that have no coordinates before loading)" if self.raw.origin == "topohub" else ""
+        raise PlanError(f"{item}: unknown node {ref!r}{_suggest(ref, options)}{why}")
 
     # -- step 2 --
-    def _link_delay(self, a: Switch, b: Switch, configured: float | None, item: str) -> tuple[float, str, float | None]:
+    def _link_delay(self, a: Switch, b: Switch, configured: float | None) -> tuple[float, str, float | None] | None:
+        """The link's one-way delay (ms), its source and km; None when an end lacks coordinates."""
         if configured is not None:
             return configured, "config", None
-        missing = [s.label for s in (a, b) if s.lat is None or s.lon is None]
-        if missing:
-            raise PlanError(
-                f"{item}: node {missing[0]!r} has no coordinates, so the link delay cannot be "
-                f"derived from geography; give the link an explicit delay (e.g. delay: 5ms)"
-            )
+        if any(s.lat is None or s.lon is None for s in (a, b)):
+            return None
         t = self.exp.topology
         km = great_circle_km(a.lat, a.lon, b.lat, b.lon)
         geo = km * t.ms_per_km * t.route_factor
         return (geo, "geo", km) if geo >= t.delay_floor_ms else (t.delay_floor_ms, "floor", km)
 
+    def _no_coordinates(self, missing: dict[str, list[str]]) -> PlanError:
+        """The error naming every node without coordinates (label -> its links), with advice that
+        works for the topology's origin."""
+        names = "; ".join(f"node {lbl!r} has no coordinates (links to {', '.join(map(repr, sorted(set(ends))))})"
+                          for lbl, ends in sorted(missing.items()))
+        fix = "set topology.coordinates: {NODE: [lat, lon], ...} in the experiment"
+        if self.raw.origin == "yaml":
+            advice = f"give these nodes lat/lon in the topology file, give their links an explicit delay " \
+                     f"(e.g. delay: 5ms), or {fix}"
+        elif self.raw.origin == "graphml":
+            advice = f"{fix} (nodes by label or id), or add Latitude/Longitude <data> to these nodes in the " \
+                     f"GraphML file"
+        else:
+            advice = fix
+        return PlanError(f"{len(missing)} node(s) lack coordinates, so the delay of their links cannot be derived "
+                         f"from geography: {names}. To fix: {advice}")
+
+    def _bandwidth(self, lk) -> tuple[float, str]:
+        """A link's capacity (Mbit/s) and where it comes from."""
+        default = self.exp.topology.bandwidth_mbps
+        if lk.bandwidth_mbps is None or (self.raw.origin == "graphml" and not self.exp.topology.dataset_link_speeds):
+            return default, "default"
+        return lk.bandwidth_mbps, lk.bandwidth_from or "config"
+
+    def _note_bandwidths(self, sources: list[tuple[str, str, str, float]]) -> None:
+        """Notes on where the links' capacities come from (datasets) and which exceed the shaper."""
+        if self.raw.origin == "graphml":
+            counts: dict[str, int] = {}
+            for _a, _b, src, _bw in sources:
+                key = src.split(" ")[0]
+                counts[key] = counts.get(key, 0) + 1
+            default = self.exp.topology.bandwidth_mbps
+            how = ", ".join(f"{n} from {k}" if k != "default" else f"{n} not given (topology.bandwidth, {default:g} "
+                            f"Mbit/s)" for k, n in sorted(counts.items()))
+            off = "" if self.exp.topology.dataset_link_speeds else " (topology.dataset_link_speeds: false)"
+            self.notes.append(f"GraphML link capacities{off}: {how}")
+            for a, b, src, bw in sources:
+                if "range" in src:
+                    self.notes.append(f"link {a!r} - {b!r}: {src} -> {bw:g} Mbit/s")
+        fast = [f"{a!r} - {b!r} ({bw:g})" for a, b, _src, bw in sources if bw > HTB_MAX_MBPS]
+        if fast:
+            self.notes.append(f"{len(fast)} link(s) above {HTB_MAX_MBPS:g} Mbit/s, which Mininet's HTB shaper does not "
+                              f"enforce (the emulation leaves them unshaped; the simulator uses the capacity): "
+                              + ", ".join(fast[:8]) + (", ..." if len(fast) > 8 else ""))
+
     def build_links(self) -> None:
         """Self-loops, parallel links and each link's delay and bandwidth."""
+        sources: list[tuple[str, str, str, float]] = []
         for j, lk in enumerate(self.raw.links):
             item = f"link #{j} ({lk.a} - {lk.b})"
             a, b = self.node_of(lk.a, item), self.node_of(lk.b, item)
@@ -318,8 +391,13 @@ class _Builder:
                     raise PlanError(f"{item}: self-loop on node {a.label!r}; remove it")
                 self.notes.append(f"self-loop on {a.label!r} dropped (carries no traffic)")
                 continue
-            delay, source, km = self._link_delay(a, b, lk.delay_ms, item)
-            bw = lk.bandwidth_mbps if lk.bandwidth_mbps is not None else self.exp.topology.bandwidth_mbps
+            derived = self._link_delay(a, b, lk.delay_ms)
+            if derived is None:  # an error unless keep_largest_component drops it (check_connectivity)
+                self.undelayed.append((a, b))
+                continue
+            delay, source, km = derived
+            bw, bw_from = self._bandwidth(lk)
+            sources.append((a.label, b.label, bw_from, bw))
             key = frozenset((a.node_id, b.node_id))
             if key in self.merged:
                 self._merge_parallel(key, a, b, delay, source, km, bw, item)
@@ -327,6 +405,7 @@ class _Builder:
             self.merged[key] = {"a": a, "b": b, "delay": delay, "source": source, "km": km, "bw": bw,
                                 "loss": lk.loss_pct}
             self.order.append(key)
+        self._note_bandwidths(sources)
 
     def _merge_parallel(self, key: frozenset, a: Switch, b: Switch, delay: float, source: str, km: float | None,
                         bw: float, item: str) -> None:
@@ -348,6 +427,7 @@ class _Builder:
         g = nx.Graph()
         g.add_nodes_from(nodes)
         g.add_edges_from(tuple(k) for k in self.order)
+        g.add_edges_from((a.node_id, b.node_id) for a, b in self.undelayed)
         comps = sorted(nx.connected_components(g), key=lambda c: (-len(c), sorted(c)))
         if len(comps) > 1:
             if not self.exp.topology.keep_largest_component:
@@ -370,6 +450,14 @@ class _Builder:
             self.order = [k for k in self.order if k <= set(nodes)]
         if not nodes:
             raise PlanError(f"topology {self.raw.name!r} has no nodes")
+        missing: dict[str, list[str]] = {}
+        for a, b in self.undelayed:
+            if a.node_id in nodes:
+                for s, other in ((a, b), (b, a)):
+                    if s.lat is None or s.lon is None:
+                        missing.setdefault(s.label, []).append(other.label)
+        if missing:
+            raise self._no_coordinates(missing)
         self.switches = list(nodes.values())
         self.links = [Link(index=i, a=self.merged[k]["a"].name, b=self.merged[k]["b"].name,
                            delay_ms=self.merged[k]["delay"], bandwidth_mbps=self.merged[k]["bw"],
@@ -399,8 +487,6 @@ class _Builder:
         if site == "cloud":
             assert self.cloud_switch is not None  # config validation guarantees a cloud section
             return self.cloud_switch
-        if site in getattr(self, "dropped", set()):
-            raise PlanError(f"{item}: site {site!r} was dropped with its component (keep_largest_component)")
         return self.node_of(site, item)
 
     def add_hosts(self) -> None:
@@ -526,13 +612,95 @@ class _Builder:
                     raise PlanError(f"cluster {c.name!r}: {exc}") from None
                 services[c.name][m] = service_figures(m, rt, c.cpu_cores, c.workers, threads, smp.samples_ms,
                                                       smp.batch_mean_ms, smp.source)
+        served = {info.family for info in models.values()}
+        for a in exp.applications:
+            if a.family not in served:
+                raise PlanError(f"application {a.name!r}: no cluster serves a model of its family {a.family!r} "
+                                f"(the clusters serve: {', '.join(sorted(served))}); add one to a cluster's models")
         return models, services
+
+    # -- step 11 --
+    def check_load(self, weights: list[dict[str, float]], duration_s: float, base_dir: Path) -> None:
+        """The load within what the engines execute (:mod:`testbed.config` bounds); traces read."""
+        check_load_bounds(self.exp, weights, duration_s, base_dir)
 
     def request_sizes(self, catalog: Catalog) -> dict[str, int]:
         """Request body bytes per application: ``simulation.request_bytes`` if set, else the mean
         size of the catalog's request bodies for the application's family."""
         fixed = self.exp.simulation.request_bytes
         return {a.name: int(fixed or catalog.request_bytes(a.family)) for a in self.exp.applications}
+
+
+def _peak_rate_qps(w) -> float:
+    """The highest rate (q/s, before spatial weights) a workload entry asks of one source."""
+    if w.process == "mmpp":
+        return max(w.rates_qps)
+    if w.process == "step":
+        return max(s.rate_qps for s in w.steps)
+    if w.process == "diurnal":
+        return w.rate_qps * (1 + w.amplitude)
+    return w.rate_qps or 0.0
+
+
+def check_load_bounds(exp: Experiment, weights: list[dict[str, float]], duration_s: float,
+                      base_dir: Path = Path(".")) -> int:
+    """Check a load of ``duration_s`` s against the bounds of :mod:`testbed.config` (also when a
+    command overrides the duration): each source's peak rate after its spatial weight, the
+    expected queries of the run, the report intervals, MMPP state changes. Trace files are read
+    (and so validated) here. Returns the expected number of queries.
+
+    Raises:
+        PlanError: a bound is exceeded or a trace cannot be read (names the workload entry).
+    """
+    from testbed.arrivals import ArrivalError, read_trace
+
+    if not 0 < duration_s <= cfg.MAX_DURATION_S:
+        raise PlanError(f"duration {duration_s:g} s: must be in (0, {cfg.MAX_DURATION_S:g}] s")
+    windows = duration_s / exp.report_interval_s
+    if windows > cfg.MAX_WINDOWS:
+        raise PlanError(f"duration {duration_s:g} s / report_interval {exp.report_interval_s:g} s = {windows:.0f} "
+                        f"report intervals, over the bound of {cfg.MAX_WINDOWS} (the simulator steps once per "
+                        f"interval); lengthen report_interval or shorten the duration")
+    expected = 0.0
+    for i, (w, ws) in enumerate(zip(exp.workload, weights, strict=True)):
+        item = f"workload.{i} ({w.application})"
+        if w.process == "trace":
+            try:
+                t = read_trace(repo_path(w.trace, Path(base_dir)))
+            except ArrivalError as exc:
+                raise PlanError(f"{item}: {exc}") from None
+            expected += float((t < duration_s).sum()) * len(ws)
+            continue
+        peak = _peak_rate_qps(w)
+        for src, weight in ws.items():
+            if peak * weight > cfg.MAX_RATE_QPS:
+                raise PlanError(f"{item}: source {src!r} would get {peak:g} q/s x spatial weight {weight:.3g} = "
+                                f"{peak * weight:g} q/s, over the bound of {cfg.MAX_RATE_QPS:g} q/s per source")
+        expected += peak * duration_s * len(ws)
+        if w.process == "mmpp" and duration_s / min(w.dwell_s) > cfg.MAX_STATE_CHANGES:
+            raise PlanError(f"{item}: mmpp dwell {min(w.dwell_s):g} s over {duration_s:g} s is about "
+                            f"{duration_s / min(w.dwell_s):.3g} state changes per source, over the bound of "
+                            f"{cfg.MAX_STATE_CHANGES:.0e}")
+    if expected > cfg.MAX_EXPECTED_QUERIES:
+        raise PlanError(f"the workload asks for about {expected:.3g} queries in {duration_s:g} s (peak rates x sources "
+                        f"x duration), over the bound of {cfg.MAX_EXPECTED_QUERIES:,} per run (the simulator holds "
+                        f"every query in memory, ~2.5 KB each); lower the rates or the duration")
+    return int(expected)
+
+
+def run_dir_limit_problem(runs_dir: Path, plan: Plan) -> str | None:
+    """Why a run of ``plan`` under ``runs_dir`` could not create its files (a path over PATH_MAX,
+    or a file name over NAME_MAX), or None. The longest names are the records and logs of the
+    longest host name and the link emulators' files, plus room for temporary suffixes."""
+    run_id = f"YYYYmmdd-HHMMSS-{plan.experiment.name}"
+    longest_host = max((h.name for h in plan.hosts), key=len, default="")
+    rel = max((f"sources/{longest_host}.records.csv", f"clusters/{longest_host}.server.json",
+               f"logs/source-{longest_host}.log", f"logs/linkemu-l{len(plan.links)}.log"), key=len)
+    path = f"{Path(runs_dir).resolve()}/{run_id}/.{rel}.{2**22}.tmp"
+    if len(path.encode()) > PATH_MAX - 1:
+        return (f"the run's files would have paths of {len(path.encode())} bytes under {runs_dir}, over the "
+                f"Linux limit of {PATH_MAX - 1}; choose a shorter runs_dir or experiment name")
+    return None
 
 
 def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path = Path("."),
@@ -565,13 +733,18 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
     paths = b.expected_paths()
     changes = b.resolve_events(Path(base_dir))
     weights = b.resolve_workload(Path(base_dir))
+    b.check_load(weights, exp.duration_s, Path(base_dir))
     catalog = catalog if catalog is not None else ZooCatalog(zoo_dir, profiles_dir)
     models, services = b.resolve_models(catalog)
     request_bytes = b.request_sizes(catalog)
-    return Plan(experiment=exp, topology_name=raw.name, switches=b.switches, links=b.links, hosts=b.hosts,
+    plan = Plan(experiment=exp, topology_name=raw.name, switches=b.switches, links=b.links, hosts=b.hosts,
                 paths=paths, notes=b.notes, models=models, services=services, changes=changes,
                 weights=weights, request_bytes=request_bytes, base_dir=str(Path(base_dir).resolve()),
                 zoo_dir=str(zoo_dir), profiles_dir=str(profiles_dir))
+    problem = run_dir_limit_problem(repo_path(exp.runs_dir), plan)
+    if problem:
+        raise PlanError(f"runs_dir: {problem}")
+    return plan
 
 
 def plan_experiment(path: str | Path, catalog: Catalog | None = None) -> Plan:
@@ -588,4 +761,4 @@ def plan_experiment(path: str | Path, catalog: Catalog | None = None) -> Plan:
 
 
 __all__ = ["Host", "Link", "PathInfo", "Plan", "PlanError", "Switch", "TopologyError", "build_plan",
-           "plan_experiment"]
+           "check_load_bounds", "plan_experiment", "run_dir_limit_problem"]

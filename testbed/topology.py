@@ -3,6 +3,18 @@
 Each loader returns a :class:`RawTopology`: nodes and links exactly as the source gives them
 (nothing merged or dropped yet). :mod:`testbed.plan` applies the validation rules.
 
+GraphML link capacities (Topology Zoo edge keys), first that applies, in Mbit/s (10^6 bit/s):
+
+1. ``LinkSpeedRaw``: a number of bit/s (> 0), divided by 10^6.
+2. ``LinkSpeed`` with ``LinkSpeedUnits`` (``K``, ``M``, ``G``, ``T``: 10^-3, 1, 10^3, 10^6 Mbit/s).
+3. ``LinkLabel`` when it reads as a rate: ``"2.5 Gbps"``, ``"45Mbit/s"``, ``"10G"``, ``"155 Mb/s"``.
+   A range (``"100-155 Mbit/s"``, ``"10-20Gbps"``, also in ``LinkSpeed``) gives its LOWER bound (our
+   choice: the capacity the operator states at least). Bytes (``"1 GB/s"``), bounds (``"< 10 Gbps"``)
+   and names (``"OC-3"``) are not guessed.
+4. Otherwise the experiment's ``topology.bandwidth``.
+
+:func:`testbed.plan.build_plan` reports which rule gave each link's capacity.
+
 Our YAML format (see ``topologies/triangle.yaml``)::
 
     name: triangle
@@ -15,6 +27,7 @@ Our YAML format (see ``topologies/triangle.yaml``)::
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from testbed.config import format_validation_error
 from testbed.errors import InputError
+from testbed.schema import DuplicateKeyError, load_yaml
 from testbed.schema import unit_pair as _unit_pair
 from testbed.units import parse_delay_ms, parse_rate_mbps
 
@@ -57,6 +71,7 @@ class RawLink:
     delay_ms: float | None = None
     bandwidth_mbps: float | None = None
     loss_pct: float = 0.0
+    bandwidth_from: str | None = None  # a dataset's rule that gave bandwidth_mbps (module docstring)
 
 
 @dataclass
@@ -130,7 +145,9 @@ def load_yaml_topology(path: Path) -> RawTopology:
         TopologyError: unreadable file, invalid YAML, or schema errors (each located, e.g. ``links.2.delay``).
     """
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
+    except DuplicateKeyError as exc:
+        raise TopologyError(f"{path}: {exc}") from None
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise TopologyError(f"cannot read topology {path}: {exc}") from None
     try:
@@ -176,6 +193,40 @@ def load_topohub(key: str) -> RawTopology:
 
 # --- Topology Zoo GraphML -------------------------------------------------------------------
 
+_PREFIX_MBPS = {"k": 1e-3, "m": 1.0, "g": 1e3, "t": 1e6}
+_RATE_RE = re.compile(r"\s*(?P<a>\d+(?:\.\d+)?)(?:\s*-\s*(?P<b>\d+(?:\.\d+)?))?\s*"
+                      r"(?P<prefix>[kKmMgGtT])(?P<bits>bps|bit/s|bits/s|b/s|bit|bits|b)?\s*")
+_NUMBER_RE = re.compile(r"\s*(?P<a>\d+(?:\.\d+)?)(?:\s*-\s*(?P<b>\d+(?:\.\d+)?))?\s*")
+
+
+def _positive(value: object) -> float | None:
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def graphml_link_speed(attrs: dict) -> tuple[float | None, str | None]:
+    """A GraphML edge's capacity in Mbit/s and the rule that gave it (module docstring), or
+    ``(None, None)`` when the edge states none that can be read without guessing."""
+    raw = _positive(attrs.get("LinkSpeedRaw"))
+    if raw is not None:
+        return raw / 1e6, "LinkSpeedRaw"
+    speed, units = attrs.get("LinkSpeed"), str(attrs.get("LinkSpeedUnits") or "").strip().lower()
+    if speed is not None and units in _PREFIX_MBPS:
+        m = _NUMBER_RE.fullmatch(str(speed))
+        if m and _positive(m["a"]):
+            rng = f" (range {speed} {units.upper()}, lower bound)" if m["b"] else ""
+            return float(m["a"]) * _PREFIX_MBPS[units], f"LinkSpeed{rng}"
+    label = attrs.get("LinkLabel")
+    if label is not None:
+        m = _RATE_RE.fullmatch(str(label))
+        if m and _positive(m["a"]):
+            rng = f" range {str(label).strip()!r}, lower bound" if m["b"] else f" {str(label).strip()!r}"
+            return float(m["a"]) * _PREFIX_MBPS[m["prefix"].lower()], f"LinkLabel{rng}"
+    return None, None
+
 def load_graphml(path: Path) -> RawTopology:
     """Load a Topology Zoo GraphML file (node keys ``Latitude``/``Longitude``/``label``).
 
@@ -201,7 +252,10 @@ def load_graphml(path: Path) -> RawTopology:
                 label = attrs.get("label", nid)
                 raise TopologyError(f"{path}: node {label!r}: {key} {value!r} is not a number") from None
         nodes.append(RawNode(id=str(nid), label=str(attrs.get("label", nid)), lat=coords[0], lon=coords[1]))
-    links = [RawLink(str(a), str(b)) for a, b, _k in g.edges(keys=True)]
+    links = []
+    for a, b, attrs in g.edges(data=True):
+        mbps, rule = graphml_link_speed(attrs)
+        links.append(RawLink(str(a), str(b), bandwidth_mbps=mbps, bandwidth_from=rule))
     return RawTopology(str(g.graph.get("label", g.graph.get("Network", path.stem))), "graphml", nodes, links)
 
 
