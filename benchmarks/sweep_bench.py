@@ -1,9 +1,10 @@
 """A sweep on Ray against the local process pool: wall time, and the same results.
 
-Run: ``nice -n 19 .venv/bin/python benchmarks/sweep_bench.py [--duration 300s] [--seeds 3] [--policies ...]``
+Run: ``nice -n 19 .venv/bin/python benchmarks/sweep_bench.py [--duration 120s] [--seeds 2] [--policies ...]``
 
 The same sweep (default: the six ``experiments/scenario-*.yaml`` x closest, least_loaded,
-min_latency, random x seeds 1..3, each run 300 simulated s) three ways, each into a fresh folder:
+min_latency, random x seeds 1..2, each run 120 simulated s: 48 cells) three ways, each into a
+fresh folder:
 
 1. ``process``: :func:`testbed.sweep.sweep` with the process pool, ``--jobs`` workers (default 2);
 2. ``ray embedded``: ``backend="ray"``, the embedded local Ray with ``--jobs`` CPUs (``ray.init()``);
@@ -33,8 +34,8 @@ def main() -> None:
     ap.add_argument("--experiments", nargs="+",
                     default=sorted(str(p) for p in (REPO / "experiments").glob("scenario-*.yaml")))
     ap.add_argument("--policies", default="closest,least_loaded,min_latency,random")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--duration", default="300s")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--duration", default="120s")
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
