@@ -1,16 +1,31 @@
 """``testbed run``: bring up the emulation, run the workload, measure, tear down.
 
-Steps, in order (each a function below): preflight (root, tools, OVS) -> the network
-(:func:`testbed.emulation.bringup.emulated_network`: lock, cleanup of leftovers, intent log,
-Mininet, link emulators, ryu-manager, switches, every link discovered) -> RTT self-check ->
-inference servers (CPU-limited, warmed up; :mod:`testbed.emulation.servers`) -> the load: every
-source starts at the same instant, scenario events apply at their times
-(:mod:`testbed.emulation.events`), link statistics are polled, progress is shown -> checks that
-every component lived and something was measured -> summary. Whatever happens (Ctrl-C, a crash, a
-failed check) the network's context manager stops everything we started and removes our
-namespaces, interfaces, bridges and cgroups; records written so far stay in the run directory.
+Steps, in order (each a function below):
 
-Exit codes: :mod:`testbed.errors`.
+1. checks before anything is built (:func:`check_before_bringup`): root, tools and OVS
+   (:func:`testbed.emulation.bringup.preflight`), events the emulation can apply, the load within
+   the engines' bounds (also for ``--duration``), the OpenFlow and REST ports free, the run
+   directory writable with room for the run (:class:`testbed.health.Storage`, stating its
+   estimate) and its paths within the Linux limits;
+2. the network (:func:`testbed.emulation.bringup.emulated_network`: lock, cleanup of leftovers,
+   intent log, Mininet, link emulators, ryu-manager, switches, every link discovered); from here
+   on the health watch (:mod:`testbed.health`) watches every component, the links and the disk;
+3. RTT self-check; 4. inference servers (CPU-limited, warmed up; :mod:`testbed.emulation.servers`);
+5. every source's path to every (cluster, model) warmed (:meth:`ClusterServers.warm_paths`);
+6. the load: every source starts at the same instant, scenario events apply at their times
+   (:mod:`testbed.emulation.events`), link statistics are polled, progress is shown;
+7. the summary (:mod:`testbed.summary`), from the records, whatever happened before.
+
+A component that dies during the run stops it at once with exit code 4, unless an event planned
+it (``cluster_down``): the health watch reports it on the console and in ``run.json`` and raises
+it in this thread. ryu-manager is not restarted (docs/trustworthy-runs.md says why). Whatever
+happens (Ctrl-C, a crash, a failed check) the network's context manager stops everything we
+started and removes our namespaces, interfaces, bridges and cgroups; records written so far stay
+in the run directory and are merged and summarised.
+
+Exit codes: :mod:`testbed.errors`. ``run.json`` holds what the run was and what happened to it
+(``health``, ``failure``, ``exit_code``); a run directory whose ``run.json`` has no ``exit_code``
+belongs to a run that was killed (SIGKILL) before it could finish.
 """
 
 from __future__ import annotations
@@ -21,7 +36,8 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -32,24 +48,43 @@ from testbed.emulation.bringup import Live, RunError, emulated_network, new_run_
 from testbed.emulation.events import EventRunner, unsupported
 from testbed.emulation.servers import ClusterServers
 from testbed.errors import (
+    EXIT_BRINGUP,
     EXIT_COMPONENT_DIED,
+    EXIT_INPUT,
     EXIT_INTERRUPTED,
     EXIT_NOTHING_MEASURED,
     EXIT_OK,
     RunFailure,
     TestbedError,
 )
+from testbed.health import (
+    LINK_UP_GRACE_S,
+    Component,
+    HealthWatch,
+    LinkCheck,
+    RunRecord,
+    Storage,
+    estimate_storage,
+    ovs_components,
+    tagged_processes,
+)
 from testbed.model.records import GRACE_MS
-from testbed.plan import Plan
+from testbed.plan import Plan, check_load_bounds, run_dir_limit_problem
 from testbed.summary import print_summary, summarize
-from testbed.util import REPO_ROOT, stop_processes, write_json_atomic
+from testbed.util import REPO_ROOT, repo_path, stop_processes, write_json_atomic
 
-__all__ = ["Live", "RunError", "emulated_network", "new_run_dir", "run_experiment"]
+__all__ = ["Live", "RunError", "check_before_bringup", "emulated_network", "new_run_dir", "run_experiment"]
+
+#: ryu-manager's death stops the run (not restarted): docs/trustworthy-runs.md, "ryu-manager".
+CONTROLLER_POLICY = ("stop the run: a restarted controller clears its flows and reinstalls them only after LLDP "
+                     "rediscovers every link, and it answers ARP and reroutes; without it the run no longer "
+                     "measures the planned network")
 
 
 class _LinkPoller(threading.Thread):
     """Polls the controller's per-link utilization into ``link_stats.csv`` every interval, and
-    publishes the latest as ``link_util.json`` (what the sources' ASET observes)."""
+    publishes the latest as ``link_util.json`` (what the sources' ASET observes). A write that
+    fails (disk full) is retried with the next poll: the rows stay buffered."""
 
     FIELDS = ["t", "a", "a_port", "b", "b_port", "kind", "capacity_mbps", "rate_mbps_ab", "rate_mbps_ba",
               "util_ab", "util_ba", "drops_ab", "drops_ba", "drops_total"]
@@ -79,8 +114,11 @@ class _LinkPoller(threading.Thread):
                     if row.get("kind") == "switch":
                         util[f"{row.get('a_name')}-{row.get('b_name')}"] = max(row.get("util_ab") or 0.0,
                                                                              row.get("util_ba") or 0.0)
-                f.flush()
-                write_json_atomic(self.path.with_name("link_util.json"), {"t": time.time(), "links": util})
+                try:
+                    f.flush()
+                    write_json_atomic(self.path.with_name("link_util.json"), {"t": time.time(), "links": util})
+                except OSError:
+                    continue  # disk full: the health watch reports it; the rows stay in the buffer
 
 
 class _RecordCounter:
@@ -110,6 +148,118 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+# ----------------------------------------------------------------------------- step 1: checks
+
+def _check_ports(plan: Plan) -> None:
+    """The OpenFlow and REST ports free on 127.0.0.1 (the servers' port lives in the hosts'
+    namespaces, always free). Skipped when another run is active or left processes behind: the
+    lock then says so, or the bring-up's cleanup frees the ports (ryu-manager checks them again).
+
+    Raises:
+        RunFailure: (exit code 3) a port is in use; names it.
+    """
+    from testbed.controller import _port_in_use
+    from testbed.emulation.cleanup import other_run_present
+
+    if other_run_present():
+        return
+    em = plan.experiment.emulation
+    for what, key, port in (("OpenFlow", "of_port", em.of_port), ("REST", "rest_port", em.rest_port)):
+        if _port_in_use(port):
+            raise RunFailure(f"emulation.{key}: the {what} port {port} on 127.0.0.1 is in use (another ryu-manager "
+                             f"or service? `ss -ltnp 'sport = :{port}'`); choose another port", EXIT_BRINGUP)
+
+
+def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None) -> tuple[str, Path, Storage]:
+    """Step 1 (module docstring); creates the run directory and takes its storage reserve.
+
+    Returns:
+        (run id, run directory, its :class:`Storage`).
+
+    Raises:
+        TestbedError: a check failed (exit code 2: input or tools; 3: a precondition), naming it.
+    """
+    preflight()
+    bad = unsupported(plan.changes)
+    if bad:
+        raise RunError(f"the emulation cannot apply {', '.join(bad)} yet; run the scenario with "
+                       f"`testbed simulate`, or remove the event", EXIT_INPUT)
+    expected = check_load_bounds(plan.experiment, plan.weights, duration_s, Path(plan.base_dir))
+    _check_ports(plan)
+    base = Path(runs_dir) if runs_dir else repo_path(plan.experiment.runs_dir)
+    problem = run_dir_limit_problem(base, plan)
+    if problem:
+        raise RunFailure(problem, EXIT_BRINGUP)
+    try:
+        run_id, run_dir = new_run_dir(plan, runs_dir)
+    except OSError as exc:
+        raise RunFailure(f"cannot create the run directory under {base}: {exc.strerror}; choose another "
+                         f"--runs-dir (or runs_dir in the experiment)", EXIT_BRINGUP) from None
+    storage = Storage(run_dir, estimate_storage(plan, duration_s, expected))
+    storage.check()
+    return run_id, run_dir, storage
+
+
+# ----------------------------------------------------------------------------- the health watch
+
+def _network_components(live: Live) -> list[Component]:
+    kinds = {"ryu-manager": ("SDN controller", live.run_dir / "logs" / "controller.log")}
+    out = []
+    for name, proc in live.components().items():
+        kind, log = kinds.get(name, ("link emulator" if name.startswith("linkemu-") else "network process",
+                                     live.run_dir / "logs" / f"{name}.log"))
+        out.append(Component(name, kind, proc, log if log.exists() else None))
+    return out
+
+
+def _server_components(servers: ClusterServers) -> list[Component]:
+    return [Component(f"server-{c}", "inference server", p, servers.log_path(c),
+                      planned=lambda c=c: servers.expected_dead(c)) for c, p in list(servers.procs.items())]
+
+
+def _planned_links(events: EventRunner | None) -> set[frozenset[str]]:
+    """Links a ``link_down`` event holds down now, or a ``link_up`` brought back less than
+    :data:`testbed.health.LINK_UP_GRACE_S` ago (LLDP rediscovery)."""
+    if events is None:
+        return set()
+    state: dict[frozenset[str], tuple[str, float]] = {}
+    for row in list(events.rows):
+        if row["kind"] in ("link_down", "link_up"):
+            state[frozenset(str(row["target"]).split("-"))] = (row["kind"], events.t0_s + float(row["applied_s"]))
+    now = time.time()
+    return {k for k, (kind, at) in state.items() if kind == "link_down" or now - at < LINK_UP_GRACE_S}
+
+
+def _start_watch(live: Live, record: RunRecord, storage: Storage, console: Console,
+                 events_ref: list) -> HealthWatch:
+    """The health watch of a running network; its first unplanned death is raised in this thread
+    (SIGUSR1, see :func:`_raising_failures`), wherever the run is (self-check, warm-up, load)."""
+    main = threading.main_thread().ident
+    links = LinkCheck(live.rest_url, live.plan, lambda: _planned_links(events_ref[0] if events_ref else None),
+                      live.plan.experiment.emulation.stats_interval_s)
+    watch = HealthWatch(record, console, [lambda: _network_components(live), ovs_components], storage, links,
+                        on_failure=lambda: signal.pthread_kill(main, signal.SIGUSR1))
+    watch.start()
+    return watch
+
+
+@contextmanager
+def _raising_failures(watch_ref: list) -> Iterator[None]:
+    """While inside: SIGUSR1 (sent by the health watch) raises the watch's failure in this thread."""
+    def raise_failure(signum, frame) -> None:
+        watch = watch_ref[0] if watch_ref else None
+        if watch is not None and watch.failure is not None and not watch.stopped:
+            raise watch.failure
+
+    prev = signal.signal(signal.SIGUSR1, raise_failure)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, prev)
+
+
+# ----------------------------------------------------------------------------- the load
+
 def _start_sources(live: Live, start_ns: int, duration_s: float, stack: ExitStack) -> dict[str, subprocess.Popen]:
     """One ``python -m testbed.workload`` per source with load, in its host; stopped on ``stack`` exit."""
     procs: dict[str, subprocess.Popen] = {}
@@ -125,36 +275,26 @@ def _start_sources(live: Live, start_ns: int, duration_s: float, stack: ExitStac
     return procs
 
 
-def _tail(path: Path, n: int = 5) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
+def _loaded_sources(plan: Plan) -> list[str]:
+    """The sources some workload entry selects (the others start no process)."""
+    return [s.name for s in plan.sources if any(s.name in w for w in plan.weights)]
 
 
-def _check_components(live: Live, sources: dict[str, subprocess.Popen], servers: ClusterServers) -> None:
-    """Every source exited 0 and every server is alive unless an event took it down.
+def _watch_capture(live: Live, watch: HealthWatch) -> None:
+    from testbed.health import PidProcess
 
-    Raises:
-        RunFailure: (exit code 4) naming the component, its exit code and its last log lines.
-    """
-    logs = live.run_dir / "logs"
-    for name, p in sources.items():
-        if p.returncode not in (0, None):
-            raise RunFailure(f"source {name} exited with code {p.returncode}; last lines of its log:\n"
-                             f"{_tail(logs / f'source-{name}.log')}", EXIT_COMPONENT_DIED)
-    for name, p in servers.procs.items():
-        if p.poll() is not None and not servers.expected_dead(name):
-            raise RunFailure(f"inference server {name} died (exit code {p.returncode}) during the run; last lines "
-                             f"of its log:\n{_tail(logs / f'server-{name}.log')}", EXIT_COMPONENT_DIED)
+    comps = [Component(f"tcpdump-{pid}", "packet capture", PidProcess(pid), None, known_code=False)
+             for pid in tagged_processes(live.run_id, "tcpdump")]
+    watch.add(lambda: comps)
 
 
-def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, servers: ClusterServers) -> None:
+def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, servers: ClusterServers,
+             watch: HealthWatch | None = None, events_ref: list | None = None) -> None:
     """Start every source at the same instant, apply the scenario events, show progress until the
     load ends and every source has its last answers.
 
     Raises:
-        RunFailure: an event could not be applied, or a component died (see :func:`_check_components`).
+        RunFailure: an event could not be applied, or a component died (the health watch).
     """
     exp, run_dir = live.plan.experiment, live.run_dir
     poller = _LinkPoller(live.rest_url, run_dir / "link_stats.csv", exp.emulation.stats_interval_s)
@@ -165,8 +305,16 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
         from testbed.capture.capture import start_capture
 
         start_capture(live, exp.capture, stack)
+        if watch is not None:
+            _watch_capture(live, watch)
     start_ns = time.time_ns() + 1_000_000_000
     sources = _start_sources(live, start_ns, duration_s, stack)
+    if watch is not None:
+        logs = run_dir / "logs"
+        comps = [Component(f"source-{n}", "query source", p, logs / f"source-{n}.log", normal_exit=frozenset({0}))
+                 for n, p in sources.items()]
+        watch.add(lambda: comps)
+        watch.load_started(start_ns / 1e9)
     events = None
     if live.plan.changes:
         def shown(row: dict) -> None:
@@ -175,12 +323,14 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
                           markup=False, highlight=False)
 
         events = EventRunner(live, servers, live.plan.changes, start_ns / 1e9, shown)
+        if events_ref is not None:
+            events_ref.append(events)
         events.start()
         stack.callback(events.join, 5)
         stack.callback(events.stop)
     counter = _RecordCounter([run_dir / "sources" / f"{s}.records.csv" for s in sources])
     with Progress(TextColumn("[bold]load[/bold]"), BarColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[info]}"), console=console) as prog:
+                  TextColumn("{task.fields[info]}", markup=False), console=console) as prog:
         task = prog.add_task("load", total=duration_s, info="")
         t_load = time.time()
         hard_stop = time.monotonic() + duration_s + 1 + GRACE_MS / 1e3 + 30
@@ -192,8 +342,34 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
             sr = counter.ok / counter.n if counter.n else 0.0
             prog.update(task, completed=min(duration_s, max(0.0, time.time() - t_load - 1)),
                         info=f"{counter.n} queries, success {sr:.3f}")
+    if watch is not None:
+        watch.check()  # a source that failed in the last instant, between two ticks
+        if watch.failure is not None:
+            raise watch.failure
     _check_components(live, sources, servers)
 
+
+def _check_components(live: Live, sources: dict[str, subprocess.Popen], servers: ClusterServers) -> None:
+    """Every source exited 0 and every server is alive unless an event took it down (the health
+    watch reports these at once; this is the last word when the load ends).
+
+    Raises:
+        RunFailure: (exit code 4) naming the component and its exit code.
+    """
+    for name, p in sources.items():
+        if p.returncode not in (0, None):
+            raise RunFailure(f"source {name} exited with code {p.returncode}; see "
+                             f"{live.run_dir / 'logs' / f'source-{name}.log'}", EXIT_COMPONENT_DIED)
+        if p.returncode is None:
+            raise RunFailure(f"source {name} did not finish within deadline + grace + 30 s after the load",
+                             EXIT_COMPONENT_DIED)
+    for name, p in servers.procs.items():
+        if p.poll() is not None and not servers.expected_dead(name):
+            raise RunFailure(f"inference server {name} died (exit code {p.returncode}) during the run; see "
+                             f"{servers.log_path(name)}", EXIT_COMPONENT_DIED)
+
+
+# ----------------------------------------------------------------------------- the run
 
 def _summarize(plan: Plan, run_dir: Path, duration_s: float, timings: dict, console: Console) -> dict | None:
     if not any((run_dir / "sources").glob("*.records.csv")):
@@ -210,24 +386,56 @@ def _summarize(plan: Plan, run_dir: Path, duration_s: float, timings: dict, cons
 
 
 def _emulate(plan: Plan, run_id: str, run_dir: Path, duration_s: float, link_emulator: str | None,
-             console: Console, timings: dict) -> None:
-    """Bring-up, self-check, servers and load, inside the network's context manager."""
+             console: Console, timings: dict, record: RunRecord, storage: Storage) -> None:
+    """Bring-up, self-check, servers, warm-up and load, inside the network's context manager;
+    the health watch from the moment the network is up until the run stops its components."""
     t0 = time.monotonic()
-    with emulated_network(plan, run_id, run_dir, link_emulator, console) as live, ExitStack() as stack:
-        timings["network_s"] = live.bringup_s
-        write_json_atomic(run_dir / "run.json", {
-            "mode": "emulation", "run_id": run_id, "link_emulator": live.link_emulator, "datapath": live.datapath,
-            "duration_s": duration_s, "seed": plan.experiment.seed,
-            "report_interval_s": plan.experiment.report_interval_s})
-        if plan.experiment.emulation.rtt_check:
-            rtt_self_check(live, console)
-        servers = ClusterServers(live, stack)
-        with console.status("starting inference servers (warm-up)..."):
-            servers.start_all()
-        timings["bringup_s"] = time.monotonic() - t0
-        console.print(f"{len(servers.procs)} inference servers ready; bring-up took {timings['bringup_s']:.1f} s")
-        run_load(live, duration_s, stack, console, servers)
-        timings["total_s"] = time.monotonic() - t0
+    watch_ref: list[HealthWatch] = []
+    try:
+        with _raising_failures(watch_ref), emulated_network(plan, run_id, run_dir, link_emulator, console) as live, \
+                ExitStack() as stack:
+            timings["network_s"] = live.bringup_s
+            record.update(link_emulator=live.link_emulator, datapath=live.datapath)
+            events_ref: list = []
+            watch = _start_watch(live, record, storage, console, events_ref)
+            watch_ref.append(watch)
+            try:
+                _bring_up_and_load(live, stack, watch, events_ref, duration_s, console, timings, record, t0)
+            finally:
+                watch.stop()
+                record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
+    finally:
+        if watch_ref:
+            watch_ref[0].write_epitaphs()  # every process has ended: say how in its log
+
+
+def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, events_ref: list, duration_s: float,
+                       console: Console, timings: dict, record: RunRecord, t0: float) -> None:
+    """Steps 3-6 (module docstring) on a running network."""
+    plan = live.plan
+    if plan.experiment.emulation.rtt_check:
+        rtt_self_check(live, console)
+    servers = ClusterServers(live, stack)
+    watch.add(lambda: _server_components(servers))
+    with console.status("starting inference servers (warm-up)..."):
+        servers.start_all()
+    with console.status("warming every source -> cluster path..."):
+        t_warm = time.monotonic()
+        warm = servers.warm_paths(_loaded_sources(plan))
+        timings["warm_paths_s"] = time.monotonic() - t_warm
+    record.update(warm_up=_warm_summary(warm))
+    timings["bringup_s"] = time.monotonic() - t0
+    watch.check()
+    record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
+    console.print(f"{len(servers.procs)} inference servers ready, every path warmed; bring-up took "
+                  f"{timings['bringup_s']:.1f} s; watching {len(watch.seen)} components")
+    run_load(live, duration_s, stack, console, servers, watch, events_ref)
+    timings["total_s"] = time.monotonic() - t0
+
+
+def _warm_summary(warm: dict[str, dict]) -> dict:
+    """Per source, the first (cold) and last warm-up request time (ms) to each cluster/model."""
+    return {s: {k: {"first_ms": v[0], "last_ms": v[-1]} for k, v in d.items() if v} for s, d in warm.items()}
 
 
 def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
@@ -236,34 +444,53 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
     """Run a planned experiment end to end; returns the exit code (:mod:`testbed.errors`). Results
     go to ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an interruption
     are kept and summarised. ``base_dir`` is unused (the plan carries the experiment's folder)."""
-    console = console or Console()
-    bad = unsupported(plan.changes)
-    try:
-        preflight()
-        if bad:
-            raise RunError(f"the emulation cannot apply {', '.join(bad)} yet; run the scenario with "
-                           f"`testbed simulate`, or remove the event", 2)
-    except RunError as exc:
-        console.print(f"error: {exc}", markup=False, highlight=False)
-        return exc.exit_code
+    console = console or Console(markup=False, highlight=False)
     duration_s = duration_s or plan.experiment.duration_s
-    run_id, run_dir = new_run_dir(plan, runs_dir)
-    prev = signal.signal(signal.SIGTERM, _raise_interrupt)
-    status, timings = EXIT_OK, {}
     try:
-        _emulate(plan, run_id, run_dir, duration_s, link_emulator, console, timings)
-    except KeyboardInterrupt:
-        console.print("interrupted: stopped and cleaned up; what was measured so far is kept", markup=False)
-        status = EXIT_INTERRUPTED
+        run_id, run_dir, storage = check_before_bringup(plan, duration_s, runs_dir)
     except TestbedError as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
-        status = exc.exit_code
+        return exc.exit_code
+    record = RunRecord(run_dir / "run.json", {
+        "mode": "emulation", "run_id": run_id, "status": "running", "duration_s": duration_s,
+        "seed": plan.experiment.seed, "report_interval_s": plan.experiment.report_interval_s,
+        "storage": {"estimate_bytes": storage.estimate.total, "reserve_bytes": storage.estimate.reserve,
+                    "free_bytes_at_start": storage.free_bytes()},
+        "health": {"controller_policy": CONTROLLER_POLICY}})
+    record.update()
+    prev = signal.signal(signal.SIGTERM, _raise_interrupt)
+    status, message, timings = EXIT_OK, "ok", {}
+    try:
+        _emulate(plan, run_id, run_dir, duration_s, link_emulator, console, timings, record, storage)
+    except KeyboardInterrupt:
+        console.print("interrupted: stopped and cleaned up; what was measured so far is kept", markup=False)
+        status, message = EXIT_INTERRUPTED, "interrupted"
+    except TestbedError as exc:
+        console.print(f"error: {exc}", markup=False, highlight=False)
+        status, message = exc.exit_code, str(exc)
     finally:
         signal.signal(signal.SIGTERM, prev)
-    s = _summarize(plan, run_dir, duration_s, timings, console)
+        storage.release()  # the end of the run (merge, summary) always has room
+    status, message = _finish(plan, run_dir, duration_s, timings, console, status, message)
+    record.update(status="ok" if status == EXIT_OK else "failed", exit_code=status, message=message)
+    console.print(f"run directory: {run_dir}", markup=False, highlight=False)
+    try:
+        write_json_atomic(run_dir / "exit.json", {"exit_code": status})
+    except OSError as exc:
+        console.print(f"warning: cannot write {run_dir / 'exit.json'}: {exc.strerror}", markup=False)
+    return status
+
+
+def _finish(plan: Plan, run_dir: Path, duration_s: float, timings: dict, console: Console, status: int,
+            message: str) -> tuple[int, str]:
+    """Merge and summarise what was measured; a run that measured nothing never exits 0."""
+    try:
+        s = _summarize(plan, run_dir, duration_s, timings, console)
+    except (OSError, TestbedError) as exc:
+        console.print(f"error: the summary could not be written: {exc}; the records are in "
+                      f"{run_dir / 'sources'}", markup=False, highlight=False)
+        return (status if status != EXIT_OK else EXIT_COMPONENT_DIED), f"summary failed: {exc}"
     if status == EXIT_OK and (s is None or not s.get("queries")):
         console.print("error: the run measured no query", markup=False)
-        status = EXIT_NOTHING_MEASURED
-    console.print(f"run directory: {run_dir}", markup=False, highlight=False)
-    write_json_atomic(run_dir / "exit.json", {"exit_code": status})
-    return status
+        return EXIT_NOTHING_MEASURED, "the run measured no query"
+    return status, message

@@ -3,20 +3,42 @@
 Files in a run directory (all written by :mod:`testbed.run`):
 ``records.csv`` / ``records.parquet`` (one row per query, columns of
 :data:`testbed.model.records.RECORD_FIELDS`), ``link_stats.csv`` (controller port stats per poll),
-``rtt_check.csv``, ``clusters/<name>.stats.json`` (server counters), ``summary.json``, ``summary.md``;
+``rtt_check.csv``, ``clusters/<name>.stats.json`` (server counters; ``<name>.stats.<n>.json``
+for the earlier lives of a restarted server), ``linkemu/<node>.json`` (each user-space link
+emulator's counters), ``run.json`` (what happened: ``health``), ``summary.json``, ``summary.md``;
 with packet capture also ``capture/queries.csv`` (``pkt_*`` columns, :mod:`testbed.capture.analysis`),
 joined into the records here. Every column is documented in docs/records-schema.md.
+
+Every count of queries in the summary (totals, per cause, per cluster, per application) comes
+from the records, so the tables agree with ``records.csv`` exactly. The servers' own counters
+are shown apart and labelled as such: they count what each server saw in its life, including
+answers that came after the source had given up, and none of the queries of a life whose last
+stats file a kill cut short.
+
+Cold start (the rule the summary states): before the load, every source's path to every
+(cluster, model) is warmed (:meth:`testbed.emulation.servers.ClusterServers.warm_paths`); those
+requests are not records. Records the source marks ``cold = 1`` (the query that opened a new
+connection) stay in every count and ratio but are left out of the latency percentiles.
 """
 
 from __future__ import annotations
 
-import io
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from testbed.errors import RunFailure
+from testbed.model.records import CAUSES
+from testbed.util import markdown_table
+
+COLD_RULE = ("every source -> cluster/model path was warmed before the load (warm-up requests are not records); "
+             "queries marked cold = 1 (they opened a new connection) count in every ratio but not in the latency "
+             "percentiles")
 
 
 def read_csv_exact(path: Path) -> pd.DataFrame:
@@ -29,11 +51,27 @@ def read_csv_exact(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, dtype={c: "Int64" for c in cols if c.endswith("_ns")})
 
 
+def _replace_atomic(path: Path, write) -> None:
+    """``write(tmp)`` then rename over ``path``: ``path`` is whole or untouched, never truncated."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def merge_records(run_dir: Path) -> pd.DataFrame:
     """Concatenate ``sources/*.records.csv`` into ``records.csv`` and ``records.parquet`` (by t0).
 
     When the packet analysis ran (``capture/queries.csv``), its ``pkt_*`` columns are joined by
-    ``query_id`` (left join: queries not seen on the wire keep empty ``pkt_*`` cells).
+    ``query_id`` (left join: queries not seen on the wire keep empty ``pkt_*`` cells). The sources'
+    files are never modified; each output is written to a temporary file and renamed, so a full
+    disk leaves the earlier file (or none), never a truncated one.
+
+    Raises:
+        RunFailure: the merged files cannot be written (names the error; the sources' files stay).
     """
     parts = [read_csv_exact(p) for p in sorted((run_dir / "sources").glob("*.records.csv")) if p.stat().st_size]
     parts = [p for p in parts if not p.empty]
@@ -45,9 +83,13 @@ def merge_records(run_dir: Path) -> pd.DataFrame:
             q = read_csv_exact(pkt)
             if not q.empty and "query_id" in q:
                 df = df.merge(q.drop_duplicates("query_id"), on="query_id", how="left", validate="one_to_one")
-    df.to_csv(run_dir / "records.csv", index=False)
-    if not df.empty:
-        df.to_parquet(run_dir / "records.parquet", index=False)
+    try:
+        _replace_atomic(run_dir / "records.csv", lambda p: df.to_csv(p, index=False))
+        if not df.empty:
+            _replace_atomic(run_dir / "records.parquet", lambda p: df.to_parquet(p, index=False))
+    except OSError as exc:
+        raise RunFailure(f"cannot write the merged records in {run_dir}: {exc.strerror or exc}; the records are "
+                         f"intact in {run_dir / 'sources'}") from None
     return df
 
 
@@ -72,49 +114,84 @@ def load_duration_s(t0_ns: pd.Series, duration_s: float) -> float:
     return min(float(duration_s), span_s * (len(t) + 1) / (len(t) - 1))
 
 
-def summarize(run_dir: Path, duration_s: float) -> dict:
-    """Compute the run summary and write ``summary.json``.
+# ----------------------------------------------------------------------------- parts of the summary
 
-    ``duration_s``: the configured load duration (s). Returns a dict with: ``queries``,
-    ``duration_s`` (configured), ``load_s`` (measured, :func:`load_duration_s`), ``success_ratio``,
-    ``throughput_qps`` (answered queries per s of measured load), ``failures`` (count per cause),
-    ``e2e_ms`` p50/p95/p99 (answered queries), ``breakdown_ms``
-    (mean network / queueing / inference of answered queries), ``per_application``, ``per_cluster``
-    (queries, success ratio, utilization from the server's busy time), ``links`` (mean and max
-    utilization per direction, drops, from the controller's port stats).
-    ``capture`` (with packet capture: queries matched, retransmissions, per-hop one-way delay).
-    """
-    df = merge_records(run_dir)
-    s: dict = {"queries": int(len(df)), "duration_s": duration_s,
-               "load_s": round(load_duration_s(df["t0_ns"], duration_s), 3) if "t0_ns" in df else duration_s}
-    if df.empty:
-        s.update(success_ratio=None, failures={}, e2e_ms={}, breakdown_ms={})
-    else:
-        ok = df["outcome"] == "success"
-        # numeric compare: a column with empty cells (unanswered queries) reads back as 200.0
-        answered = df[pd.to_numeric(df["http_status"], errors="coerce") == 200]
-        s["success_ratio"] = round(float(ok.mean()), 4)
-        s["throughput_qps"] = round(len(answered) / s["load_s"], 3) if s["load_s"] > 0 else None
-        s["failures"] = {k: int(v) for k, v in df.loc[~ok, "failure_cause"].value_counts().items()}
-        s["e2e_ms"] = {f"p{q}": _pct(answered["e2e_ms"], q / 100) for q in (50, 95, 99)}
-        s["breakdown_ms"] = {k: (None if answered[f"{k}_ms"].dropna().empty
-                                 else round(float(answered[f"{k}_ms"].mean()), 3))
-                             for k in ("network", "queueing", "inference")}
-        s["per_application"] = {
-            app: {"queries": int(len(g)), "success_ratio": round(float((g["outcome"] == "success").mean()), 4),
-                  "e2e_p95_ms": _pct(g["e2e_ms"], 0.95)}
-            for app, g in df.groupby("application")
-        }
-    clusters = {}
-    for f in sorted((run_dir / "clusters").glob("*.stats.json")):
-        name = f.name.removesuffix(".stats.json")
-        st = json.loads(f.read_text())
-        g = df[df["cluster"] == name] if not df.empty else df
-        clusters[name] = {"queries": int(len(g)),
-                          "success_ratio": None if g.empty else round(float((g["outcome"] == "success").mean()), 4),
-                          "utilization": st.get("utilization"), "served": st.get("served"),
-                          "dropped": st.get("dropped")}
-    s["per_cluster"] = clusters
+def _causes(g: pd.DataFrame) -> dict[str, int]:
+    """Failures of ``g`` per cause, every cause present (0 when none)."""
+    counts = g.loc[g["outcome"] != "success", "failure_cause"].astype("string").fillna("").value_counts()
+    out = {c: int(counts.get(c, 0)) for c in CAUSES}
+    for c, n in counts.items():  # a cause outside CAUSES would be a bug upstream: shown, not hidden
+        if c not in out:
+            out[str(c) or "unknown"] = int(n)
+    return out
+
+
+def _answered(df: pd.DataFrame) -> pd.DataFrame:
+    # numeric compare: a column with empty cells (unanswered queries) reads back as 200.0
+    return df[pd.to_numeric(df["http_status"], errors="coerce") == 200]
+
+
+def _latency_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Answered queries that count in latency percentiles: not cold (module docstring)."""
+    ans = _answered(df)
+    if "cold" in ans:
+        ans = ans[pd.to_numeric(ans["cold"], errors="coerce").fillna(0) != 1]
+    return ans
+
+
+def _per_group(df: pd.DataFrame, by: str) -> dict[str, dict]:
+    out = {}
+    for key, g in df.groupby(by):
+        ok = int((g["outcome"] == "success").sum())
+        out[str(key)] = {"queries": int(len(g)), "success": ok, "success_ratio": round(ok / len(g), 4),
+                         "answered": int(len(_answered(g))), "failures": _causes(g),
+                         "e2e_p95_ms": _pct(_latency_rows(g)["e2e_ms"], 0.95)}
+    return out
+
+
+def _server_counters(run_dir: Path) -> dict[str, dict]:
+    """Per cluster, the servers' own counters summed over the lives of the server."""
+    out: dict[str, dict] = {}
+    for f in sorted((run_dir / "clusters").glob("*.stats*.json")):
+        name = f.name.split(".stats")[0]
+        try:
+            st = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        c = out.setdefault(name, {"lives": 0, "served": 0, "dropped": 0, "dropped_queue_full": 0,
+                                  "dropped_admission": 0, "errors": 0, "utilization": None})
+        c["lives"] += 1
+        for k in ("served", "dropped", "dropped_queue_full", "dropped_admission", "errors"):
+            c[k] += int(st.get(k) or 0)
+        if f.name == f"{name}.stats.json":
+            c["utilization"] = st.get("utilization")
+    return out
+
+
+def _link_emulators(run_dir: Path) -> dict:
+    """Lateness (ms behind the due time) and drops of every user-space link emulator."""
+    rows = {}
+    for f in sorted((run_dir / "linkemu").glob("*.json")):
+        try:
+            st = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        frames = int(st.get("frames_ab", 0)) + int(st.get("frames_ba", 0))
+        rows[f.stem] = {"delay_ms": st.get("delay_ms"), "frames": frames,
+                        "max_late_ms": round(float(st.get("max_lateness_us", 0.0)) / 1e3, 3),
+                        "mean_late_ms": round(float(st.get("mean_lateness_us", 0.0)) / 1e3, 3),
+                        "lost": int(st.get("lost_ab", 0)) + int(st.get("lost_ba", 0)),
+                        "overflow": int(st.get("overflow_ab", 0)) + int(st.get("overflow_ba", 0)),
+                        "kernel_drops": int(st.get("kernel_drops_ab", 0)) + int(st.get("kernel_drops_ba", 0)),
+                        "send_errors": int(st.get("send_errors_ab", 0)) + int(st.get("send_errors_ba", 0))}
+    if not rows:
+        return {}
+    total = {k: sum(r[k] for r in rows.values()) for k in ("frames", "lost", "overflow", "kernel_drops", "send_errors")}
+    total["max_late_ms"] = max(r["max_late_ms"] for r in rows.values())
+    return {"per_emulator": rows, "total": total}
+
+
+def _links(run_dir: Path) -> dict:
     links_csv = run_dir / "link_stats.csv"
     links = {}
     if links_csv.exists() and links_csv.stat().st_size:
@@ -126,7 +203,77 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
                                  "util_ba_mean": round(float(g["util_ba"].mean()), 5),
                                  "util_ba_max": round(float(g["util_ba"].max()), 5),
                                  "drops": int(g["drops_total"].max() - g["drops_total"].min())}
-    s["links"] = links
+    return links
+
+
+def _records_check(run_dir: Path, df: pd.DataFrame) -> dict:
+    """Rows per source file, rows merged, and query ids missing from each source's 1..n sequence
+    (a lost record leaves a gap: ids are ``<source>-<n>``, n = 1, 2, ...)."""
+    per_file = {}
+    for p in sorted((run_dir / "sources").glob("*.records.csv")):
+        with open(p, "rb") as f:
+            per_file[p.name.removesuffix(".records.csv")] = max(0, sum(1 for _ in f) - 1)
+    gaps = {}
+    if not df.empty and "query_id" in df:
+        for src, g in df.groupby("source"):
+            n = pd.to_numeric(g["query_id"].astype(str).str.rsplit("-", n=1).str[-1], errors="coerce").dropna()
+            if len(n):
+                missing = int(n.max()) - len(set(n.astype(int)))
+                if missing:
+                    gaps[str(src)] = missing
+    return {"rows_per_source_file": per_file, "rows_merged": int(len(df)), "missing_query_ids": gaps}
+
+
+def summarize(run_dir: Path, duration_s: float) -> dict:
+    """Compute the run summary and write ``summary.json``.
+
+    ``duration_s``: the configured load duration (s). Returns a dict with: ``queries``,
+    ``duration_s`` (configured), ``load_s`` (measured, :func:`load_duration_s`), ``success_ratio``,
+    ``throughput_qps`` (answered queries per s of measured load), ``failures`` (count per cause,
+    causes with none left out), ``drop_reasons`` (of ``dropped``), ``e2e_ms`` p50/p95/p99 and
+    ``breakdown_ms`` (mean network / queueing / inference) of answered queries that are not cold,
+    ``cold_queries``, ``cold_rule``, ``per_application`` and ``per_cluster`` (queries, success,
+    answered, every cause: from the records; ``utilization`` and ``server``: the servers' own
+    counters, apart), ``link_emulators`` (lateness and drops), ``links`` (mean and max utilization
+    per direction, drops, from the controller's port stats), ``records_check`` (rows per source
+    file, merged, gaps), ``health`` (from ``run.json``). ``capture`` (with packet capture: queries
+    matched, retransmissions, per-hop one-way delay).
+    """
+    from testbed.health import read_health
+
+    df = merge_records(run_dir)
+    s: dict = {"queries": int(len(df)), "duration_s": duration_s,
+               "load_s": round(load_duration_s(df["t0_ns"], duration_s), 3) if "t0_ns" in df else duration_s,
+               "cold_rule": COLD_RULE}
+    if df.empty:
+        s.update(success_ratio=None, failures={}, e2e_ms={}, breakdown_ms={}, per_application={}, cold_queries=0)
+    else:
+        ok = df["outcome"] == "success"
+        answered, lat = _answered(df), _latency_rows(df)
+        s["success_ratio"] = round(float(ok.mean()), 4)
+        s["throughput_qps"] = round(len(answered) / s["load_s"], 3) if s["load_s"] > 0 else None
+        s["failures"] = {k: v for k, v in _causes(df).items() if v}
+        dropped = df[df["failure_cause"] == "dropped"]
+        s["drop_reasons"] = {str(k) or "unknown": int(v)
+                             for k, v in dropped["drop_reason"].astype("string").fillna("").value_counts().items()}
+        s["cold_queries"] = int(len(answered) - len(lat))
+        s["e2e_ms"] = {f"p{q}": _pct(lat["e2e_ms"], q / 100) for q in (50, 95, 99)}
+        s["breakdown_ms"] = {k: (None if lat[f"{k}_ms"].dropna().empty else round(float(lat[f"{k}_ms"].mean()), 3))
+                             for k in ("network", "queueing", "inference")}
+        s["per_application"] = _per_group(df, "application")
+    per_cluster = _per_group(df, "cluster") if not df.empty else {}
+    for name, counters in _server_counters(run_dir).items():
+        row = per_cluster.setdefault(name, {"queries": 0, "success": 0, "success_ratio": None, "answered": 0,
+                                            "failures": dict.fromkeys(CAUSES, 0), "e2e_p95_ms": None})
+        row["utilization"] = counters["utilization"]
+        row["server"] = counters
+    s["per_cluster"] = per_cluster
+    s["link_emulators"] = _link_emulators(run_dir)
+    s["links"] = _links(run_dir)
+    s["records_check"] = _records_check(run_dir, df)
+    health = read_health(run_dir)
+    if health:
+        s["health"] = health
     cap = run_dir / "capture" / "analysis.json"
     if cap.exists():
         a = json.loads(cap.read_text())
@@ -134,48 +281,109 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
                         "hops": {f"{h['from']}>{h['to']}": {k: h.get(k) for k in
                                                             ("packets", "median_ms", "p95_ms", "configured_ms")}
                                  for h in a.get("hop_delays", [])}}
-    (run_dir / "summary.json").write_text(json.dumps(s, indent=2))
+    _replace_atomic(run_dir / "summary.json", lambda p: p.write_text(json.dumps(s, indent=2)))
     return s
 
 
+# ----------------------------------------------------------------------------- printing
+
+def _tables(s: dict) -> list[tuple[str, list[str], list[list[object]]]]:
+    """The summary's tables: (title, columns, rows), the same on the console and in summary.md."""
+    out = []
+    causes = list(CAUSES)
+    rows = [[name, v["queries"], v["success"], "" if v["success_ratio"] is None else f"{v['success_ratio']:.3f}",
+             v["answered"], *[v["failures"].get(c, 0) for c in causes], v.get("e2e_p95_ms")]
+            for name, v in s.get("per_cluster", {}).items()]
+    if rows:
+        out.append(("Per cluster (from the records)",
+                    ["cluster", "queries", "success", "success ratio", "answered", *causes, "e2e p95 ms"], rows))
+    rows = [[name, v["queries"], v["success"], f"{v['success_ratio']:.3f}", v["answered"],
+             *[v["failures"].get(c, 0) for c in causes], v.get("e2e_p95_ms")]
+            for name, v in s.get("per_application", {}).items()]
+    if rows:
+        out.append(("Per application (from the records)",
+                    ["application", "queries", "success", "success ratio", "answered", *causes, "e2e p95 ms"], rows))
+    rows = [[name, v["server"]["lives"], v["server"]["served"], v["server"]["dropped_queue_full"],
+             v["server"]["dropped_admission"], v["server"]["errors"], v["server"]["utilization"]]
+            for name, v in s.get("per_cluster", {}).items() if "server" in v]
+    if rows:
+        out.append(("Server counters (each server's own view, summed over its lives: includes warm-up requests "
+                    "and answers the source had given up on; a killed life's last stats interval is missing)",
+                    ["cluster", "lives", "served", "dropped queue_full", "dropped admission", "errors",
+                     "utilization"], rows))
+    le = s.get("link_emulators") or {}
+    rows = [[name, v["delay_ms"], v["frames"], f"{v['max_late_ms']:.3f}", f"{v['mean_late_ms']:.3f}", v["lost"],
+             v["overflow"], v["kernel_drops"], v["send_errors"]] for name, v in le.get("per_emulator", {}).items()]
+    if rows:
+        out.append(("Link emulators (lateness = sent after the due time; drops: loss model, queue overflow, "
+                    "kernel receive buffer, send errors)",
+                    ["emulator", "delay ms", "frames", "max late ms", "mean late ms", "lost", "overflow",
+                     "kernel drops", "send errors"], rows))
+    top = sorted(s.get("links", {}).items(), key=lambda kv: -max(kv[1]["util_ab_max"], kv[1]["util_ba_max"]))
+    rows = [[name, f"{v['capacity_mbps']:g}", f"{v['util_ab_mean']:.4f}/{v['util_ab_max']:.4f}",
+             f"{v['util_ba_mean']:.4f}/{v['util_ba_max']:.4f}", v["drops"]] for name, v in top[:8]]
+    if rows:
+        out.append(("Busiest links (controller port stats)",
+                    ["link", "capacity Mbit/s", "util a>b mean/max", "util b>a mean/max", "drops"], rows))
+    cap = s.get("capture")
+    if cap:
+        rows = [[hop, v["packets"], f"{v['median_ms']:.3f}", f"{v['p95_ms']:.3f}",
+                 "-" if v["configured_ms"] is None else f"{v['configured_ms']:g}"] for hop, v in cap["hops"].items()]
+        out.append((f"Per-hop one-way delay, packet capture ({cap['queries_matched']} queries matched, "
+                    f"{cap['retransmissions']} retransmissions)",
+                    ["hop", "packets", "median ms", "p95 ms", "configured ms"], rows))
+    incidents = (s.get("health") or {}).get("incidents") or []
+    if incidents:
+        out.append(("Health: components that died or failed during the run (run.json)",
+                    ["component", "kind", "what", "s into the load", "exit code"],
+                    [[i["component"], i["kind"], i["how"], i.get("t_load_s"), i.get("exit_code")] for i in incidents]))
+    return out
+
+
+def _headline(s: dict) -> list[str]:
+    sr = s.get("success_ratio")
+    load = s.get("load_s", s["duration_s"])
+    span = f"{load:g} s" if load == s["duration_s"] else f"{load:g} s of load (configured {s['duration_s']:g} s)"
+    fails = ", ".join(f"{k} {v}" for k, v in (s.get("failures") or {}).items()) or "none"
+    drops = s.get("drop_reasons") or {}
+    if drops:
+        fails += " (dropped: " + ", ".join(f"{k} {v}" for k, v in drops.items()) + ")"
+    lines = [f"Summary: {s['queries']} queries in {span}, success ratio {'-' if sr is None else f'{sr:.3f}'}, "
+             f"answered {s.get('throughput_qps', 0)} q/s; failures {fails}"]
+    e, b = s.get("e2e_ms", {}), s.get("breakdown_ms", {})
+    if e:
+        lines.append(f"e2e ms: p50 {e.get('p50')}  p95 {e.get('p95')}  p99 {e.get('p99')};  mean breakdown ms: "
+                     f"network {b.get('network')}  queueing {b.get('queueing')}  inference {b.get('inference')}")
+    lines.append(f"Cold start: {s.get('cold_rule', COLD_RULE)} ({s.get('cold_queries', 0)} cold queries here).")
+    le = (s.get("link_emulators") or {}).get("total")
+    if le:
+        lines.append(f"Link emulators: at most {le['max_late_ms']:.3f} ms late; {le['lost']} lost, {le['overflow']} "
+                     f"overflow, {le['kernel_drops']} kernel drops, {le['send_errors']} send errors of "
+                     f"{le['frames']} frames.")
+    rc = s.get("records_check") or {}
+    if rc.get("missing_query_ids"):
+        lines.append(f"WARNING: query ids missing from the records (lost records): {rc['missing_query_ids']}")
+    h = s.get("health") or {}
+    if h.get("failure"):
+        lines.append(f"RUN FAILED: {h['failure']['kind']} {h['failure']['component']}; see the Health table and "
+                     f"run.json. Records after that point are not of the planned experiment.")
+    return lines
+
+
 def print_summary(s: dict, console: Console, run_dir: Path | None = None) -> None:
-    """Print the summary as tables (and save them as ``summary.md`` when ``run_dir`` is given)."""
-    rec = Console(record=True, width=110, file=io.StringIO())
-    for c in (console, rec):
-        sr = s.get("success_ratio")
-        load = s.get("load_s", s["duration_s"])
-        span = f"{load:g} s" if load == s["duration_s"] else f"{load:g} s of load (configured {s['duration_s']:g} s)"
-        c.print(f"[bold]Summary[/bold]: {s['queries']} queries in {span}, success ratio "
-                f"{'-' if sr is None else f'{sr:.3f}'}, answered {s.get('throughput_qps', 0)} q/s; "
-                f"failures {s.get('failures') or 'none'}")
-        e, b = s.get("e2e_ms", {}), s.get("breakdown_ms", {})
-        if e:
-            c.print(f"e2e ms: p50 {e.get('p50')}  p95 {e.get('p95')}  p99 {e.get('p99')};  mean breakdown ms: "
-                    f"network {b.get('network')}  queueing {b.get('queueing')}  inference {b.get('inference')}")
-        t = Table(title="Per cluster")
-        for col in ("cluster", "queries", "success ratio", "utilization", "served", "dropped"):
-            t.add_column(col)
-        for name, v in s.get("per_cluster", {}).items():
-            t.add_row(name, str(v["queries"]), str(v["success_ratio"]), str(v["utilization"]),
-                      str(v["served"]), str(v["dropped"]))
-        c.print(t)
-        t = Table(title="Busiest links (controller port stats)")
-        for col in ("link", "capacity Mbit/s", "util a>b mean/max", "util b>a mean/max", "drops"):
-            t.add_column(col)
-        top = sorted(s.get("links", {}).items(), key=lambda kv: -max(kv[1]["util_ab_max"], kv[1]["util_ba_max"]))
-        for name, v in top[:8]:
-            t.add_row(name, f"{v['capacity_mbps']:g}", f"{v['util_ab_mean']:.4f}/{v['util_ab_max']:.4f}",
-                      f"{v['util_ba_mean']:.4f}/{v['util_ba_max']:.4f}", str(v["drops"]))
-        c.print(t)
-        cap = s.get("capture")
-        if cap:
-            t = Table(title=f"Per-hop one-way delay, packet capture ({cap['queries_matched']} queries matched, "
-                            f"{cap['retransmissions']} retransmissions)")
-            for col in ("hop", "packets", "median ms", "p95 ms", "configured ms"):
-                t.add_column(col)
-            for hop, v in cap["hops"].items():
-                t.add_row(hop, str(v["packets"]), f"{v['median_ms']:.3f}", f"{v['p95_ms']:.3f}",
-                          "-" if v["configured_ms"] is None else f"{v['configured_ms']:g}")
-            c.print(t)
+    """Print the summary (plain text; headline and tables) and, when ``run_dir`` is given, save it
+    as ``summary.md``: the same lines and real Markdown tables."""
+    md: list[str] = []
+    for line in _headline(s):
+        console.print(Text(line))
+        md.append(line + "\n")
+    for title, cols, rows in _tables(s):
+        t = Table(title=Text(title))
+        for c in cols:
+            t.add_column(Text(c), overflow="fold")
+        for r in rows:
+            t.add_row(*(Text("" if v is None else str(v)) for v in r))
+        console.print(t)
+        md.append(f"\n### {title}\n\n" + markdown_table([dict(zip(cols, r, strict=True)) for r in rows], cols))
     if run_dir is not None:
-        (run_dir / "summary.md").write_text(rec.export_text())
+        _replace_atomic(Path(run_dir) / "summary.md", lambda p: p.write_text("\n".join(md)))

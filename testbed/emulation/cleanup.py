@@ -150,6 +150,25 @@ def cleanup(verbose: bool = False) -> int:
         os.close(fd)
 
 
+def other_run_present() -> bool:
+    """Whether another run holds the lock, or left an intent log behind: its processes may hold
+    ports that the bring-up's cleanup (or the lock's error) will deal with."""
+    if STATE_FILE.exists():
+        return True
+    try:
+        fd = os.open(LOCK_FILE, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def remove_leftovers(verbose: bool = False) -> int:
     """Like :func:`cleanup`, for a caller that already holds the lock."""
     state = _read_state()

@@ -1,0 +1,229 @@
+"""Fault injection on the real emulation (issue 14): kill a server, kill ryu-manager, take a link
+down, fill the run directory, SIGKILL the run during bring-up; and a planned outage that must not
+fail the run. Each test asserts what is reported (console and run.json), the exit code, that no
+record is lost (every source's query ids 1..n present, the merge holds every row) and that nothing
+of the run is left behind.
+
+Each runs ``testbed run`` as a command (the health watch raises in the main thread of the real
+process), on the triangle, and injects the fault once both sources have written some records.
+Root only; marked ``emulation``. About 30 s each here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from test_emulation import TRIANGLE, _assert_nothing_left
+
+from testbed.emulation.cleanup import STATE_FILE, _ovs_bridges, _pids_with_run_ids
+from testbed.plan import plan_experiment
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = [
+    pytest.mark.emulation,
+    pytest.mark.skipif(os.geteuid() != 0, reason="emulation needs root"),
+]
+
+
+def _cli(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "testbed.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, COLUMNS="200"))
+
+
+def _run_with_fault(runs: Path, fault: Callable[[Path], None] | None, duration: str = "20",
+                    experiment: Path = TRIANGLE, min_lines: int = 6) -> tuple[int, str, Path]:
+    """``testbed run`` under ``runs``; once every source file has ``min_lines`` lines, ``fault(run_dir)``.
+    Returns (exit code, console output, run directory)."""
+    proc = _cli(["run", str(experiment), "--runs-dir", str(runs), "--duration", duration])
+    injected = fault is None
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline:
+        recs = list(runs.glob("*/sources/*.records.csv"))
+        if not injected and len(recs) == 2 and all(r.read_bytes().count(b"\n") >= min_lines for r in recs):
+            fault(recs[0].parent.parent)
+            injected = True
+        time.sleep(0.05)
+    out, _ = proc.communicate(timeout=120)
+    assert injected, f"the fault was never injected:\n{out}"
+    return proc.returncode, out, next(p for p in runs.iterdir() if p.is_dir())
+
+
+def _incidents(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "run.json").read_text()).get("health", {}).get("incidents", [])
+
+
+def _assert_no_record_lost(run_dir: Path) -> pd.DataFrame:
+    df = pd.read_csv(run_dir / "records.csv")
+    per_file = sum(len(pd.read_csv(f)) for f in (run_dir / "sources").glob("*.records.csv"))
+    assert len(df) == per_file > 0
+    for src, g in df.groupby("source"):
+        n = sorted(int(q.rsplit("-", 1)[1]) for q in g["query_id"])
+        assert n == list(range(1, len(n) + 1)), f"query ids of {src} have gaps"
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["queries"] == len(df) and s["records_check"]["missing_query_ids"] == {}
+    for cl, g in df.groupby("cluster"):  # the per-cluster table is the records'
+        assert s["per_cluster"][cl]["queries"] == len(g)
+        assert s["per_cluster"][cl]["success"] == int((g["outcome"] == "success").sum())
+    return df
+
+
+def _run_id(run_dir: Path) -> str:
+    return json.loads((run_dir / "run.json").read_text())["run_id"]
+
+
+def test_killed_server_stops_the_run_with_exit_4(tmp_path):
+    killed_at = []
+
+    def kill_server(run_dir: Path) -> None:
+        pid = json.loads((run_dir / "clusters" / "edgeb.ready.json").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed_at.append(time.time())
+
+    code, out, run_dir = _run_with_fault(tmp_path, kill_server)
+    assert code == 4, out
+    assert "HEALTH: inference server server-edgeb died: killed by SIGKILL (exit code -9)" in out
+    (inc,) = _incidents(run_dir)
+    assert (inc["component"], inc["kind"], inc["exit_code"]) == ("server-edgeb", "inference server", -9)
+    assert inc["t_load_s"] > 0 and inc["last_lines"], inc
+    assert json.loads((run_dir / "run.json").read_text())["exit_code"] == 4
+    df = _assert_no_record_lost(run_dir)
+    # whatever was sent to edgeb after the kill is server_down, never the generic 'error'
+    after = df[(df["cluster"] == "edgeb") & (df["t0_ns"] > killed_at[0] * 1e9 + 50e6)]
+    assert set(after["failure_cause"].dropna()) <= {"server_down"}
+    assert "error" not in set(df["failure_cause"].dropna())
+    log = (run_dir / "logs" / "server-edgeb.log").read_text()
+    assert "died: killed by SIGKILL (exit code -9) during the run" in log.splitlines()[-1]
+    assert "RUN FAILED: inference server server-edgeb" in (run_dir / "summary.md").read_text()
+    _assert_nothing_left(_run_id(run_dir), plan_experiment(TRIANGLE))
+
+
+def test_killed_controller_stops_the_run_with_a_clear_message(tmp_path):
+    killed_at = []
+
+    def kill_ryu(run_dir: Path) -> None:
+        run_id = _run_id(run_dir)
+        (pid,) = [p for p in _pids_with_run_ids({run_id})
+                  if b"ryu_launcher" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        os.kill(pid, signal.SIGKILL)
+        killed_at.append(time.time())
+
+    code, out, run_dir = _run_with_fault(tmp_path, kill_ryu)
+    assert code == 4, out
+    assert "HEALTH: SDN controller ryu-manager died: killed by SIGKILL (exit code -9)" in out
+    assert "The run stops" in out
+    (inc,) = _incidents(run_dir)
+    assert inc["component"] == "ryu-manager" and inc["exit_code"] == -9
+    detected = pd.Timestamp(inc["wall_time"]).timestamp() - killed_at[0]
+    print(f"ryu-manager death detected after {detected:.3f} s")
+    assert json.loads((run_dir / "run.json").read_text())["health"]["controller_policy"].startswith("stop the run")
+    _assert_no_record_lost(run_dir)
+    _assert_nothing_left(_run_id(run_dir), plan_experiment(TRIANGLE))
+
+
+def test_a_link_taken_down_from_outside_stops_the_run(tmp_path):
+    # s1-eth1 is switch A's port on link #1 (A - B, link emulator l1); as if a cable were pulled
+    code, out, run_dir = _run_with_fault(tmp_path, lambda _d: subprocess.run(["ip", "link", "set", "s1-eth1", "down"],
+                                                                             check=True))
+    assert code == 4, out
+    assert "HEALTH: network link s1-s2 (l1) went down without a planned event" in out
+    (inc,) = _incidents(run_dir)
+    assert inc["component"] == "s1-s2 (l1)" and inc["kind"] == "network link"
+    _assert_no_record_lost(run_dir)
+    _assert_nothing_left(_run_id(run_dir), plan_experiment(TRIANGLE))
+
+
+def test_a_planned_outage_does_not_fail_the_run(tmp_path):
+    data = yaml.safe_load(TRIANGLE.read_text())
+    data["topology"]["source"] = str((TRIANGLE.parent / data["topology"]["source"]).resolve())
+    data["events"] = [{"at": "2s", "kind": "cluster_down", "cluster": "edgeb", "mode": "kill"},
+                      {"at": "4s", "kind": "cluster_up", "cluster": "edgeb"}]
+    exp = tmp_path / "outage.yaml"
+    exp.write_text(yaml.safe_dump(data))
+    runs = tmp_path / "runs"
+    code, out, run_dir = _run_with_fault(runs, None, duration="8", experiment=exp)
+    assert code == 0, out
+    assert "HEALTH" not in out
+    rj = json.loads((run_dir / "run.json").read_text())
+    assert rj["health"].get("incidents", []) == []
+    (planned,) = rj["health"]["planned"]
+    assert planned["component"] == "server-edgeb"
+    assert planned["how"].startswith("went down as planned: killed by SIGKILL")
+    df = _assert_no_record_lost(run_dir)
+    assert "error" not in set(df["failure_cause"].dropna())
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["per_cluster"]["edgeb"]["server"]["lives"] == 2  # both lives' counters kept
+    _assert_nothing_left(rj["run_id"], plan_experiment(exp))
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: str, options: str = ""):
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}{options}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_run_directory_that_fills_up_mid_run(tmp_path):
+    with _tmpfs(tmp_path / "small", "48m") as runs:
+        def fill(_run_dir: Path) -> None:
+            subprocess.run(["dd", "if=/dev/zero", f"of={runs / 'filler'}", "bs=1M"], capture_output=True)
+
+        code, out, run_dir = _run_with_fault(runs, fill)
+        run_id = _run_id(run_dir)
+        assert code == 4, out
+        assert "HEALTH: storage run directory failed: the file system of the run directory" in out
+        (inc,) = _incidents(run_dir)
+        assert inc["kind"] == "storage"
+        _assert_no_record_lost(run_dir)  # the reserve made room for the merge and the summary
+        assert (run_dir / "summary.md").stat().st_size > 0 and (run_dir / "records.parquet").exists()
+        assert "ended with exit code 0 when the run stopped it" in (run_dir / "logs" / "server-edgeb.log").read_text()
+        (runs / "filler").unlink()
+    _assert_nothing_left(run_id, plan_experiment(TRIANGLE))
+
+
+def test_unwritable_or_too_small_run_directory_is_refused_before_bringup(tmp_path):
+    with _tmpfs(tmp_path / "ro", "8m", ",ro") as runs:
+        r = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(TRIANGLE), "--runs-dir", str(runs)],
+                           cwd=REPO, capture_output=True, text=True)
+        assert r.returncode == 3 and "cannot create the run directory under" in r.stdout, r.stdout + r.stderr
+    with _tmpfs(tmp_path / "tiny", "2m") as runs:
+        r = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(TRIANGLE), "--runs-dir", str(runs)],
+                           cwd=REPO, capture_output=True, text=True)
+        assert r.returncode == 3 and "MiB free, and this run writes about" in r.stdout, r.stdout + r.stderr
+        assert "records" in r.stdout and "reserve" in r.stdout
+    assert not STATE_FILE.exists() and not any(tag for tag in _ovs_bridges().values())  # nothing was built
+
+
+def test_sigkill_during_bringup_then_the_next_run_removes_the_leftovers(tmp_path):
+    proc = _cli(["run", str(TRIANGLE), "--runs-dir", str(tmp_path / "killed"), "--duration", "30"])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (STATE_FILE.exists() and any(_ovs_bridges().values())):
+        time.sleep(0.05)
+    killed_id = json.loads(STATE_FILE.read_text())["run_id"]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    killed_dir = next((tmp_path / "killed").iterdir())
+    rj = json.loads((killed_dir / "run.json").read_text())
+    assert rj["status"] == "running" and "exit_code" not in rj  # says it never finished
+    assert not list((killed_dir / "sources").glob("*.records.csv"))  # no load had started: nothing to lose
+    code, out, run_dir = _run_with_fault(tmp_path / "next", None, duration="3")
+    assert code == 0, out
+    assert "leftover item(s) of an earlier run" in out
+    _assert_no_record_lost(run_dir)
+    plan = plan_experiment(TRIANGLE)
+    _assert_nothing_left(killed_id, plan)
+    _assert_nothing_left(_run_id(run_dir), plan)

@@ -1,0 +1,496 @@
+"""What `testbed plan` refuses before anything is built (issue 14), one test per rule, and the
+pieces of a trustworthy run that need no root: the health watch, storage, the summary's tables."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from testbed.config import ConfigError, Experiment, load_experiment
+from testbed.errors import EXIT_BRINGUP, EXIT_COMPONENT_DIED, RunFailure
+from testbed.health import Component, HealthWatch, LinkCheck, RunRecord, Storage, StorageEstimate, describe_exit
+from testbed.model.records import RECORD_FIELDS, make_record
+from testbed.plan import PlanError, build_plan, check_load_bounds, run_dir_limit_problem
+from testbed.schema import DuplicateKeyError, load_yaml
+from testbed.summary import merge_records, print_summary, summarize
+from testbed.topology import TopologyError, graphml_link_speed, load_graphml, load_yaml_topology, raw_from_dict
+
+REPO = Path(__file__).resolve().parent.parent
+
+BASE = {
+    "name": "t", "duration": "5s",
+    "topology": {"source": "unused.yaml"},
+    "clusters": [{"name": "edge", "site": "B", "tier": "far_edge", "cpu_cores": 0.5, "models": ["digits_small"]}],
+    "sources": [{"name": "src", "site": "A"}],
+    "applications": [{"name": "app", "deadline": "50ms", "min_accuracy": 0.5}],
+    "workload": [{"application": "app", "rate_qps": 1}],
+}
+NODES = [{"id": "A", "label": "A", "lat": 45.0, "lon": 7.0}, {"id": "B", "label": "B", "lat": 46.0, "lon": 7.0},
+         {"id": "C", "label": "C", "lat": 45.0, "lon": 8.0}]
+LINKS = [{"a": "A", "b": "B"}, {"a": "B", "b": "C"}, {"a": "A", "b": "C", "delay_ms": 20.0}]
+
+
+def exp(**changes) -> Experiment:
+    d = copy.deepcopy(BASE)
+    d.update(changes)
+    return Experiment.model_validate(d)
+
+
+def topo(origin="yaml", nodes=None, links=None):
+    return raw_from_dict({"name": "tri", "nodes": copy.deepcopy(nodes or NODES),
+                          "links": copy.deepcopy(links or LINKS)}, origin)
+
+
+def write(tmp_path: Path, text: str, name: str = "e.yaml") -> Path:
+    f = tmp_path / name
+    f.write_text(text)
+    return f
+
+
+# ------------------------------------------------------------------ duplicate keys, booleans
+
+def test_duplicate_yaml_key_names_the_key_and_both_lines(tmp_path):
+    f = write(tmp_path, "name: x\nduration: 5s\nseed: 1\nduration: 9s\n")
+    with pytest.raises(ConfigError, match=r"key 'duration' appears twice in the same mapping, at line 2 and at line 4"):
+        load_experiment(f)
+    nested = "clusters:\n  - {name: a, site: B, name: b}\n"
+    with pytest.raises(DuplicateKeyError, match="key 'name' appears twice.*line 2 and at line 2"):
+        load_yaml(nested)
+    assert load_yaml("base: &b {x: 1}\nc:\n  <<: *b\n  x: 2\n")["c"] == {"x": 2}  # a merge key may be overridden
+
+
+def test_duplicate_key_in_a_yaml_topology(tmp_path):
+    f = write(tmp_path, "name: t\nnodes:\n  - {id: A}\nlinks: []\nnodes:\n  - {id: B}\n", "t.yaml")
+    with pytest.raises(TopologyError, match="key 'nodes' appears twice.*line 2 and at line 5"):
+        load_yaml_topology(f)
+
+
+@pytest.mark.parametrize("where,value,fragment", [
+    (("clusters", 0, "workers"), True, "workers: got the boolean true where a number is expected"),
+    (("clusters", 0, "cpu_cores"), True, "boolean"),
+    (("workload", 0, "rate_qps"), False, "boolean"),
+    (("seed",), True, "seed: got the boolean true"),
+    (("seed",), "3", "seed: expected an integer, got the string '3'"),
+    (("emulation", "rtt_check"), 1, "rtt_check: expected true or false, got 1"),
+    (("topology", "keep_largest_component"), "yes", "expected true or false, got 'yes'"),
+])
+def test_booleans_numbers_and_integers_are_never_converted(where, value, fragment):
+    d = copy.deepcopy(BASE)
+    d.setdefault("emulation", {})
+    node = d
+    for k in where[:-1]:
+        node = node[k]
+    node[where[-1]] = value
+    with pytest.raises(ValueError, match=fragment):
+        Experiment.model_validate(d)
+
+
+# ------------------------------------------------------------------ bounds the engines can execute
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_seed_bounds(seed):
+    with pytest.raises(ValueError, match="seed"):
+        exp(seed=seed)
+    assert exp(seed=2**32 - 1).seed == 2**32 - 1 and exp(seed=0).seed == 0
+
+
+def test_huge_rate_is_refused_before_the_simulator_runs_out_of_memory():
+    with pytest.raises(ValueError, match="rate_qps"):
+        exp(workload=[{"application": "app", "rate_qps": 1e12}])
+    # within the per-stream bound, but a spatial weight concentrates it on one source
+    e = exp(sources=[{"name": "src", "site": "A"}, {"name": "srcb", "site": "B"}],
+            workload=[{"application": "app", "rate_qps": 6000, "weights": {"src": 1, "srcb": 0}}])
+    with pytest.raises(PlanError, match=r"source 'src' would get 6000 q/s x spatial weight 2 = 12000 q/s"):
+        build_plan(e, topo())
+
+
+def test_expected_queries_of_a_run_are_bounded():
+    e = exp(duration="400s", workload=[{"application": "app", "rate_qps": 5000}])
+    with pytest.raises(PlanError, match=r"about 2e\+06 queries in 400 s.*bound of 1,000,000"):
+        build_plan(e, topo())
+    plan = build_plan(exp(), topo())
+    assert check_load_bounds(plan.experiment, plan.weights, 5.0) == 5  # 1 q/s x 1 source x 5 s
+    with pytest.raises(PlanError, match="duration 2e\\+06 s"):
+        check_load_bounds(plan.experiment, plan.weights, 2e6)  # e.g. --duration on the command line
+
+
+def test_tiny_report_interval_and_too_many_windows():
+    with pytest.raises(ValueError, match="report_interval_s"):
+        exp(report_interval="1ms")
+    with pytest.raises(ValueError, match="200000 report intervals|report intervals, over the bound of 200000"):
+        exp(duration="100000s", report_interval="100ms")
+
+
+def test_interval_bounds_of_the_controller_and_aset():
+    with pytest.raises(ValueError, match="stats_interval_s"):
+        exp(emulation={"stats_interval": "10ms"})
+    with pytest.raises(ValueError, match="window_s"):
+        exp(aset={"window": "1ms"})
+
+
+def test_mmpp_dwell_bounds():
+    with pytest.raises(ValueError, match="dwell_s >= 0.001 s"):
+        exp(workload=[{"application": "app", "process": "mmpp", "rates_qps": [1, 2], "dwell_s": [1e-9, 1]}])
+    e = exp(duration="20000s", report_interval="1s",
+            workload=[{"application": "app", "process": "mmpp", "rates_qps": [0, 1], "dwell_s": [0.001, 1]}])
+    with pytest.raises(PlanError, match="state changes per source"):
+        build_plan(e, topo())
+
+
+def test_trace_is_read_at_plan_time(tmp_path):
+    e = exp(workload=[{"application": "app", "process": "trace", "trace": "missing.csv"}])
+    with pytest.raises(PlanError, match="workload.0 .*missing.csv"):
+        build_plan(e, topo(), base_dir=tmp_path)
+    (tmp_path / "t.csv").write_text("t_s\n0.5\n1.0\n9.0\n")
+    e = exp(workload=[{"application": "app", "process": "trace", "trace": "t.csv"}])
+    plan = build_plan(e, topo(), base_dir=tmp_path)
+    assert check_load_bounds(plan.experiment, plan.weights, 5.0, tmp_path) == 2  # 9.0 s is past the 5 s
+
+
+def test_ports_must_differ():
+    with pytest.raises(ValueError, match="of_port and rest_port are both 6653"):
+        exp(emulation={"of_port": 6653, "rest_port": 6653})
+    with pytest.raises(ValueError, match="rest_port and server_port are both 8501"):
+        exp(emulation={"rest_port": 8501})
+
+
+def test_name_and_path_limits():
+    with pytest.raises(ValueError, match="at most 100 characters"):
+        exp(name="x" * 101)
+    plan = build_plan(exp(), topo())
+    assert run_dir_limit_problem(Path("/tmp"), plan) is None
+    deep = Path("/tmp/" + "/".join(["d" * 200] * 21))
+    assert "over the Linux limit of 4095" in run_dir_limit_problem(deep, plan)
+    with pytest.raises(PlanError, match="runs_dir: the run's files would have paths of"):
+        build_plan(exp(runs_dir=str(deep)), topo())
+
+
+# ------------------------------------------------------------------ topology rules
+
+def test_every_node_without_coordinates_is_named():
+    nodes = copy.deepcopy(NODES) + [{"id": "D", "label": "Dee"}]
+    nodes[1].update(lat=None, lon=None)
+    links = LINKS + [{"a": "C", "b": "D"}]
+    with pytest.raises(PlanError) as ei:
+        build_plan(exp(), topo(nodes=nodes, links=links))
+    msg = str(ei.value)
+    assert "2 node(s) lack coordinates" in msg
+    assert "node 'B' has no coordinates (links to 'A', 'C')" in msg and "node 'Dee' has no coordinates" in msg
+    assert "lat/lon in the topology file" in msg
+
+
+def test_graphml_advice_and_coordinates_override():
+    nodes = copy.deepcopy(NODES)
+    nodes[1].update(lat=None, lon=None)
+    advice = r"set topology.coordinates: \{NODE: \[lat, lon\], \.\.\.\}.*Latitude/Longitude"
+    with pytest.raises(PlanError, match=advice):
+        build_plan(exp(), topo("graphml", nodes=nodes, links=LINKS[:2]))
+    e = exp(topology={"source": "unused.yaml", "coordinates": {"B": [46.0, 7.0]}})
+    plan = build_plan(e, topo("graphml", nodes=nodes, links=LINKS[:2]))
+    assert plan.switch("s2").lat == 46.0 and plan.links[0].delay_source == "geo"
+    with pytest.raises(PlanError, match="topology.coordinates: no node 'Zed'"):
+        build_plan(exp(topology={"source": "u.yaml", "coordinates": {"Zed": [1, 2]}}), topo())
+    with pytest.raises(ValueError, match="give \\[lat, lon\\] in degrees"):
+        exp(topology={"source": "u.yaml", "coordinates": {"B": [99, 0]}})
+
+
+def test_a_node_without_coordinates_in_a_dropped_component_does_not_block():
+    nodes = copy.deepcopy(NODES) + [{"id": "D", "label": "D"}, {"id": "E", "label": "E"}]
+    links = LINKS + [{"a": "D", "b": "E"}]
+    e = exp(topology={"source": "u.yaml", "keep_largest_component": True})
+    plan = build_plan(e, topo("graphml", nodes=nodes, links=links))
+    assert {s.label for s in plan.switches} == {"A", "B", "C"}
+
+
+def test_site_in_a_dropped_component_is_reported_as_dropped():
+    nodes = copy.deepcopy(NODES) + [{"id": "D", "label": "Dee", "lat": 40.0, "lon": 1.0},
+                                    {"id": "E", "label": "E", "lat": 41.0, "lon": 1.0}]
+    links = LINKS + [{"a": "D", "b": "E"}]
+    keep = {"source": "u.yaml", "keep_largest_component": True}
+    with pytest.raises(PlanError, match="source 'src': node 'Dee' was dropped with its component"):
+        build_plan(exp(topology=keep, sources=[{"name": "src", "site": "Dee"}]), topo("graphml", nodes, links))
+    with pytest.raises(PlanError, match="cloud.attach_to: node 'E' was dropped with its component"):
+        build_plan(exp(topology=keep, cloud={"attach_to": "E"}), topo("graphml", nodes, links))
+
+
+def test_unknown_site_on_topohub_says_topohub_drops_nodes_without_coordinates():
+    with pytest.raises(PlanError, match="topohub drops nodes that have no coordinates"):
+        build_plan(exp(sources=[{"name": "src", "site": "Nowhere"}]), topo("topohub"))
+
+
+def test_an_application_whose_family_no_cluster_serves():
+    with pytest.raises(PlanError, match="application 'app': no cluster serves a model of its family 'cancer'"):
+        build_plan(exp(applications=[{"name": "app", "deadline": "50ms", "min_accuracy": 0.5, "family": "cancer"}]),
+                   topo())
+
+
+@pytest.mark.parametrize("attrs,mbps,rule", [
+    ({"LinkSpeedRaw": "2500000000.0", "LinkSpeed": "2.5", "LinkSpeedUnits": "G"}, 2500.0, "LinkSpeedRaw"),
+    ({"LinkSpeed": "45", "LinkSpeedUnits": "M"}, 45.0, "LinkSpeed"),
+    ({"LinkSpeed": "100-155", "LinkSpeedUnits": "M"}, 100.0, "LinkSpeed (range 100-155 M, lower bound)"),
+    ({"LinkLabel": "100-155 Mbit/s"}, 100.0, "LinkLabel range '100-155 Mbit/s', lower bound"),
+    ({"LinkLabel": "10-20Gbps"}, 10000.0, "LinkLabel range '10-20Gbps', lower bound"),
+    ({"LinkLabel": "2.5 Gbps"}, 2500.0, "LinkLabel '2.5 Gbps'"),
+    ({"LinkLabel": "OC-3"}, None, None),
+    ({"LinkLabel": "1 GB/s"}, None, None),  # bytes: not guessed
+    ({"LinkLabel": "< 10 Gbps"}, None, None),
+    ({"LinkSpeedRaw": "0", "LinkSpeed": "10"}, None, None),  # no units: not guessed
+])
+def test_graphml_link_speed_rules(attrs, mbps, rule):
+    assert graphml_link_speed(attrs) == (mbps, rule)
+
+
+def test_graphml_capacities_are_read_and_reported(tmp_path):
+    g = tmp_path / "g.graphml"
+    data = ['<key attr.name="Latitude" attr.type="double" for="node" id="lat"/>',
+            '<key attr.name="Longitude" attr.type="double" for="node" id="lon"/>',
+            '<key attr.name="label" attr.type="string" for="node" id="lb"/>',
+            '<key attr.name="LinkSpeedRaw" attr.type="double" for="edge" id="raw"/>',
+            '<key attr.name="LinkLabel" attr.type="string" for="edge" id="ll"/>']
+    nodes = "".join(f'<node id="{i}"><data key="lat">{45 + i}</data><data key="lon">7</data>'
+                    f'<data key="lb">N{i}</data></node>' for i in range(3))
+    edges = ('<edge source="0" target="1"><data key="raw">45000000.0</data></edge>'
+             '<edge source="1" target="2"><data key="ll">100-155 Mbit/s</data></edge>'
+             '<edge source="0" target="2"><data key="raw">10000000000.0</data></edge>')
+    g.write_text('<?xml version="1.0"?><graphml xmlns="http://graphml.graphdrawing.org/xmlns">' + "".join(data)
+                 + f'<graph edgedefault="undirected">{nodes}{edges}</graph></graphml>')
+    raw = load_graphml(g)
+    assert sorted(lk.bandwidth_mbps for lk in raw.links) == [45.0, 100.0, 10000.0]
+    e = exp(clusters=[{"name": "edge", "site": "N1", "tier": "far_edge", "cpu_cores": 0.5, "models": ["digits_small"]}],
+            sources=[{"name": "src", "site": "N0"}])
+    plan = build_plan(e, raw)
+    assert sorted(lk.bandwidth_mbps for lk in plan.links) == [45.0, 100.0, 10000.0]
+    notes = " ".join(plan.notes)
+    assert "GraphML link capacities: 1 from LinkLabel, 2 from LinkSpeedRaw" in notes
+    assert "link 'N1' - 'N2': LinkLabel range '100-155 Mbit/s', lower bound -> 100 Mbit/s" in notes
+    assert "1 link(s) above 1000 Mbit/s, which Mininet's HTB shaper does not enforce" in notes
+    off = exp(topology={"source": "u", "bandwidth": "50Mbit/s", "dataset_link_speeds": False},
+              clusters=e.model_dump()["clusters"], sources=[{"name": "src", "site": "N0"}])
+    assert {lk.bandwidth_mbps for lk in build_plan(off, load_graphml(g)).links} == {50.0}
+
+
+# ------------------------------------------------------------------ untrusted text never formats the console
+
+MARKUP_TOPO = ('name: "[bold]topo[/bold]"\nnodes:\n  - {id: A, label: "Markup[/bold]", lat: 45.0, lon: 7.0}\n'
+               '  - {id: B, label: "B[/i]", lat: 46.0, lon: 7.0}\nlinks:\n  - {a: A, b: B}\n')
+
+
+def test_markup_in_labels_and_errors_is_printed_verbatim(tmp_path):
+    write(tmp_path, MARKUP_TOPO, "t.yaml")
+    d = copy.deepcopy(BASE)
+    d["topology"] = {"source": "t.yaml"}
+    d["sources"][0]["site"] = "Markup[/bold]"
+    d["clusters"][0]["site"] = "B[/i]"
+    f = write(tmp_path, json.dumps(d))
+    r = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", str(f)], capture_output=True, text=True,
+                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Markup[/bold]" in r.stdout and "B[/i]" in r.stdout and "'[bold]topo[/bold]'" in r.stdout
+    d["sources"][0]["site"] = "Nowhere[/i]"
+    f = write(tmp_path, json.dumps(d))
+    r = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", str(f)], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown node 'Nowhere[/i]'" in r.stdout and "Traceback" not in r.stderr
+
+
+def test_one_error_handler_with_the_error_s_exit_code(tmp_path):
+    f = write(tmp_path, "name: x\nname: y\n")
+    r = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", str(f)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout.startswith("error: ") and "key 'name' appears twice" in r.stdout
+
+
+# ------------------------------------------------------------------ the health watch (fake processes)
+
+class FakeProc:
+    def __init__(self, code=None):
+        self.returncode = code
+        self.pid = 12345
+
+    def poll(self):
+        return self.returncode
+
+
+def _watch(tmp_path, providers, **kw):
+    out = io.StringIO()
+    record = RunRecord(tmp_path / "run.json", {"run_id": "x"})
+    failed = []
+    w = HealthWatch(record, Console(file=out, markup=False, width=200), providers, on_failure=lambda: failed.append(1),
+                    **kw)
+    w.t_load0 = 0.0
+    return w, out, record, failed
+
+
+def test_an_unplanned_death_is_reported_at_once_and_fails_the_run(tmp_path):
+    log = tmp_path / "server-edge.log"
+    log.write_text("serving\nTraceback: boom\n")
+    server = FakeProc()
+    w, out, record, failed = _watch(tmp_path, [lambda: [Component("server-edge", "inference server", server, log)]])
+    w.check()
+    assert w.failure is None
+    server.returncode = -9
+    w.check()
+    assert isinstance(w.failure, RunFailure) and w.failure.exit_code == EXIT_COMPONENT_DIED and failed == [1]
+    assert "inference server server-edge died: killed by SIGKILL (exit code -9)" in out.getvalue()
+    inc = json.loads((tmp_path / "run.json").read_text())["health"]["incidents"][0]
+    assert inc["component"] == "server-edge" and inc["exit_code"] == -9 and inc["last_lines"][-1] == "Traceback: boom"
+    w.check()  # reported once
+    assert len(record.data["health"]["incidents"]) == 1 and failed == [1]
+    w.write_epitaphs()
+    assert log.read_text().splitlines()[-1].endswith("died: killed by SIGKILL (exit code -9) during the run "
+                                                    "(reported in run.json)")
+
+
+def test_a_planned_death_and_a_normal_end_do_not_fail_the_run(tmp_path):
+    down, source = {"edge": False}, FakeProc()
+    server = FakeProc()
+    comps = [Component("server-edge", "inference server", server, None, planned=lambda: down["edge"]),
+             Component("source-a", "query source", source, None, normal_exit=frozenset({0}))]
+    w, out, record, failed = _watch(tmp_path, [lambda: comps])
+    down["edge"] = True
+    server.returncode = -9
+    source.returncode = 0
+    w.check()
+    assert w.failure is None and failed == [] and out.getvalue() == ""
+    assert record.data["health"]["planned"][0]["how"] == "went down as planned: killed by SIGKILL (exit code -9)"
+    # the restarted server is a new process object: its own death is judged afresh
+    comps[0] = Component("server-edge", "inference server", FakeProc(1), None, planned=lambda: False)
+    w.check()
+    assert w.failure is not None and "exit code 1" in str(w.failure)
+
+
+def test_a_source_that_fails_fails_the_run(tmp_path):
+    comps = [Component("source-a", "query source", FakeProc(2), None, normal_exit=frozenset({0}))]
+    w, _out, _record, _failed = _watch(tmp_path, [lambda: comps])
+    w.check()
+    assert w.failure is not None and "query source source-a died: exit code 2" in str(w.failure)
+
+
+def test_unplanned_link_down_and_planned_link_down(tmp_path, monkeypatch):
+    plan = build_plan(exp(), topo())
+    import testbed.controller as ctl
+
+    monkeypatch.setattr(ctl, "get_status", lambda url, timeout_s=5.0: {"missing_links": [[1, 2]]})
+    planned: set = set()
+    links = LinkCheck("http://x", plan, lambda: planned, interval_s=0.0)
+    w, out, _record, _failed = _watch(tmp_path, [], links=links)
+    planned.add(frozenset(("s1", "s2")))
+    w.check()
+    assert w.failure is None
+    planned.clear()
+    w.check()
+    assert "network link s1-s2 (l1) went down without a planned event" in str(w.failure)
+
+
+def test_storage_full_frees_the_reserve_and_fails_the_run(tmp_path, monkeypatch):
+    st = Storage(tmp_path, StorageEstimate(1000, 0, 0, 0, 4096))
+    st.check()
+    assert st.reserve_path.stat().st_size == 4096
+    monkeypatch.setattr(st, "free_bytes", lambda: 10)
+    w, out, _record, _failed = _watch(tmp_path, [], storage=st)
+    w.check()
+    assert not st.reserve_path.exists() and "is full (0.00 MiB free" in str(w.failure)
+
+
+def test_storage_checks_before_bringup(tmp_path, monkeypatch):
+    st = Storage(tmp_path, StorageEstimate(50 * 2**20, 2**20, 2**20, 0, 8 * 2**20))
+    monkeypatch.setattr(st, "free_bytes", lambda: 10 * 2**20)
+    with pytest.raises(RunFailure, match=r"10.0 MiB free, and this run writes about 60.0 MiB \(records 50.0 MiB") as ei:
+        st.check()
+    assert ei.value.exit_code == EXIT_BRINGUP
+    with pytest.raises(RunFailure, match="is not writable"):
+        Storage(Path("/proc/1"), StorageEstimate(0, 0, 0, 0, 1)).check()
+
+
+def test_describe_exit():
+    assert describe_exit(-9) == "killed by SIGKILL (exit code -9)" and describe_exit(3) == "exit code 3"
+    assert describe_exit(None).startswith("exit code unknown")
+
+
+# ------------------------------------------------------------------ the summary agrees with the records
+
+def _records(tmp_path: Path) -> pd.DataFrame:
+    (tmp_path / "sources").mkdir()
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "linkemu").mkdir()
+    common = {"application": "app", "policy": "closest", "fallback": False, "deadline_ms": 50.0, "min_accuracy": 0.5,
+              "model_accuracy": 0.9, "expected_rtt_ms": 4.0, "model": "m"}
+    rows = []
+    t0 = 1_700_000_000_000_000_000
+    outcomes = [("c1", 200, 10), ("c1", 200, 10), ("c1", -1, 1), ("c1", 503, 2), ("c2", 200, 10), ("c2", None, None),
+                ("c2", 200, 80), ("c2", 0, 1)]
+    for i, (cl, st, e2e) in enumerate(outcomes, start=1):
+        t = t0 + i * 100_000_000
+        times = {"t1_ns": t + 2_000_000, "t2_ns": t + 3_000_000, "t3_ns": t + 4_000_000} if st == 200 else {}
+        rows.append(make_record(query_id=f"a-{i}", source="a", cluster=cl, t0_ns=t, status=st,
+                                t4_ns=None if e2e is None else t + e2e * 1_000_000, **times,
+                                drop_reason="queue_full" if st == 503 else "", cold=(i == 1), **common))
+    pd.DataFrame(rows, columns=RECORD_FIELDS).to_csv(tmp_path / "sources" / "a.records.csv", index=False)
+    # c1's server was restarted: its first life's stats kept apart; they disagree with the records on purpose
+    (tmp_path / "clusters" / "c1.stats.1.json").write_text(json.dumps({"served": 1, "dropped": 0}))
+    (tmp_path / "clusters" / "c1.stats.json").write_text(json.dumps({"served": 3, "dropped_queue_full": 2,
+                                                                      "dropped": 2, "utilization": 0.1}))
+    (tmp_path / "linkemu" / "l1.json").write_text(json.dumps({"frames_ab": 10, "frames_ba": 5, "lost_ab": 1,
+                                                              "max_lateness_us": 21000.0, "mean_lateness_us": 300.0,
+                                                              "overflow_ba": 2, "delay_ms": 2.0}))
+    return pd.DataFrame(rows)
+
+
+def test_per_cluster_and_per_cause_tables_agree_with_the_records(tmp_path):
+    rows = _records(tmp_path)
+    s = summarize(tmp_path, 1.0)
+    df = pd.read_csv(tmp_path / "records.csv")
+    assert len(df) == len(rows) == s["queries"]
+    for cl, g in df.groupby("cluster"):
+        row = s["per_cluster"][cl]
+        assert row["queries"] == len(g) and row["success"] == int((g["outcome"] == "success").sum())
+        assert row["failures"] == {c: int((g["failure_cause"] == c).sum()) for c in row["failures"]}
+    assert s["failures"] == {"deadline_miss": 2, "server_down": 1, "dropped": 1, "error": 1}
+    assert s["drop_reasons"] == {"queue_full": 1}
+    assert s["per_cluster"]["c1"]["server"] == {"lives": 2, "served": 4, "dropped": 2, "dropped_queue_full": 2,
+                                                "dropped_admission": 0, "errors": 0, "utilization": 0.1}
+    assert s["per_cluster"]["c1"]["success"] == 2  # the records, not the server's 4
+    assert s["link_emulators"]["total"] == {"frames": 15, "lost": 1, "overflow": 2, "kernel_drops": 0,
+                                            "send_errors": 0, "max_late_ms": 21.0}
+    assert s["cold_queries"] == 1 and s["e2e_ms"]["p50"] == 10.0  # the cold 10 ms query is left out
+    assert s["records_check"] == {"rows_per_source_file": {"a": 8}, "rows_merged": 8, "missing_query_ids": {}}
+
+
+def test_summary_md_holds_markdown_tables(tmp_path):
+    _records(tmp_path)
+    s = summarize(tmp_path, 1.0)
+    print_summary(s, Console(file=io.StringIO()), tmp_path)
+    md = (tmp_path / "summary.md").read_text()
+    assert "┃" not in md and "│" not in md
+    assert "| cluster   | queries   | success   |" in md.replace("  |", "  |")
+    assert "\n|:--" in md and "### Per cluster (from the records)" in md and "### Link emulators" in md
+    assert "Cold start: every source -> cluster/model path was warmed" in md
+
+
+def test_a_lost_record_shows_as_a_gap_in_the_query_ids(tmp_path):
+    _records(tmp_path)
+    f = tmp_path / "sources" / "a.records.csv"
+    lines = f.read_text().splitlines()
+    f.write_text("\n".join(lines[:3] + lines[4:]) + "\n")
+    assert summarize(tmp_path, 1.0)["records_check"]["missing_query_ids"] == {"a": 1}
+
+
+def test_the_merge_never_truncates_records(tmp_path, monkeypatch):
+    _records(tmp_path)
+    merge_records(tmp_path)
+    before = (tmp_path / "records.csv").read_bytes()
+
+    def full(self, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", full)
+    with pytest.raises(RunFailure, match="No space left on device; the records are intact in"):
+        merge_records(tmp_path)
+    assert (tmp_path / "records.csv").read_bytes() == before
+    assert not list(tmp_path.glob(".records.csv.*.tmp"))
