@@ -66,7 +66,7 @@ WINDOW_S = {"link_delay": 0.6, "link_bandwidth": 0.4, "link_loss": 1.2, "link_do
 #: Seconds of the baseline at bring-up, and its probe rate.
 BASELINE_S, BASELINE_HZ = 1.0, 200.0
 #: Packet trains last about this long at the link's rate (s), within these frame counts.
-TRAIN_S, TRAIN_MIN, TRAIN_MAX = 0.010, 32, 800
+TRAIN_S, TRAIN_MIN, TRAIN_MAX = 0.020, 48, 800
 TRAIN_PAYLOAD = 1458  # + 42 = 1500-byte frames
 #: Kinds whose measurement needs the source -> cluster path probes.
 PATH_KINDS = frozenset({"link_delay", "link_down", "link_up"})

@@ -4,9 +4,9 @@ and read back by measurement.
 The timeline and its meaning are the model's (:mod:`testbed.model.events`); this module applies
 each step to the running emulation and records it in ``events.csv`` (:data:`EVENTS_FIELDS`):
 planned time, the time the run fired it (``applied_s``, s since the load started; ``lag_ms`` the
-difference), ``effect_ms`` (from firing to the first measurement showing it), the value asked and
-the value measured (``unit``), the ``tolerance`` the measurement is judged with and whether it
-is within (``ok``), and a note with the details.
+difference; ``applied_unix_s`` the same instant on the records' clock), ``effect_ms`` (from firing
+to the first measurement showing it), the value asked and the value measured (``unit``), the
+``tolerance`` the measurement is judged with and whether it is within (``ok``), and a note.
 
 * Link events (every ``link_*`` kind) go through :class:`testbed.emulation.dynamics.Dynamics`:
   the emulator or ``tc`` changes the link, the controller is told or reacts, and probes across the
@@ -35,7 +35,7 @@ from testbed.model.events import CLUSTER_KINDS, LINK_KINDS, Change
 #: Kinds the emulation applies.
 APPLIED_KINDS = LINK_KINDS | CLUSTER_KINDS
 EVENTS_FIELDS = ["event", "step", "kind", "target", "planned_s", "applied_s", "lag_ms", "effect_ms", "value_asked",
-                 "value_measured", "unit", "tolerance", "ok", "note"]
+                 "value_measured", "unit", "tolerance", "ok", "note", "applied_unix_s"]
 #: A measurement window ends this long (s) before the next change fires (its preparation first).
 WINDOW_MARGIN_S = PREPARE_S + 0.02
 
@@ -151,7 +151,8 @@ class EventRunner(threading.Thread):
                 "planned_s": round(ch.t_s, 6), "applied_s": round(applied, 6),
                 "lag_ms": round((applied - ch.t_s) * 1e3, 3), "effect_ms": _num(effect_ms),
                 "value_asked": _num(ch.value, 6), "value_measured": _num(measured), "unit": unit,
-                "tolerance": _num(tol), "ok": "" if ok is None else int(bool(ok)), "note": note}
+                "tolerance": _num(tol), "ok": "" if ok is None else int(bool(ok)), "note": note,
+                "applied_unix_s": f"{t_fire:.6f}"}
 
     def _apply_cluster(self, ch: Change) -> dict:
         """Apply a cluster change now; its ``events.csv`` row."""

@@ -41,8 +41,9 @@ from testbed.errors import RunFailure
 from testbed.plan import Plan
 
 OFFLOAD_OFF = "rx off tx off sg off tso off gso off gro off"
-#: Links served by one link-emulator process (one epoll loop, one timer; issue 15).
-LINKS_PER_EMULATOR = 64
+#: Links served by one link-emulator process (one epoll loop, one timer; issue 15);
+#: ``$TESTBED_LINKS_PER_EMULATOR`` overrides it (benchmarks).
+LINKS_PER_EMULATOR = int(os.environ.get("TESTBED_LINKS_PER_EMULATOR", "64"))
 #: Frames of the FIFO behind every shaper (HTB leaf, netem limit, the emulator's shaper):
 #: a veth's txqueuelen, :data:`testbed.model.network.DEFAULT_QUEUE_PACKETS`.
 QUEUE_PACKETS = 1000

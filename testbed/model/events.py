@@ -33,6 +33,7 @@ delay change from the event itself (the run tells it), a failure from OpenFlow p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -149,6 +150,50 @@ class Change(BaseModel):
     mode: Literal["kill", "stop"] = "kill"
 
 
+def check_value(kind: str, value: float, item: str) -> None:
+    """A step's value is one the kind can take (the rule of both engines): delay >= 0 ms,
+    bandwidth > 0 Mbit/s (a link that carries nothing is ``link_down``), loss within 0..100 %,
+    background >= 0 Mbit/s; all finite.
+
+    Raises:
+        ValueError: naming ``item`` (e.g. ``events.2 step 4``), the value and the rule.
+    """
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{item} ({kind}): value {value!r} is not finite")
+    if kind == "link_delay" and v < 0:
+        raise ValueError(f"{item} (link_delay): delay {v:g} ms is negative")
+    if kind == "link_bandwidth" and v <= 0:
+        raise ValueError(f"{item} (link_bandwidth): bandwidth {v:g} Mbit/s must be > 0 (use link_down to cut a link)")
+    if kind == "link_loss" and not 0 <= v <= 100:
+        raise ValueError(f"{item} (link_loss): loss {v:g} % is outside 0..100")
+    if kind == "link_congestion" and v < 0:
+        raise ValueError(f"{item} (link_congestion): background {v:g} Mbit/s is negative")
+
+
+def check_up_down(changes: Sequence[Change]) -> None:
+    """Along the timeline, a link (or cluster) goes down only while up and comes up only while down.
+
+    Raises:
+        ValueError: naming the event, the link or cluster, the time and the earlier event.
+    """
+    down: dict[object, Change] = {}
+    for c in changes:
+        if c.kind not in ("link_down", "link_up", "cluster_down", "cluster_up"):
+            continue
+        key = frozenset(c.link) if c.link else c.cluster
+        what = f"link {'-'.join(c.link)}" if c.link else f"cluster {c.cluster}"
+        if c.kind.endswith("_down"):
+            if key in down:
+                raise ValueError(f"events.{c.event} ({c.kind}) at {c.t_s:g} s: {what} is already down "
+                                 f"(events.{down[key].event} at {down[key].t_s:g} s)")
+            down[key] = c
+        elif key not in down:
+            raise ValueError(f"events.{c.event} ({c.kind}) at {c.t_s:g} s: {what} is not down then")
+        else:
+            del down[key]
+
+
 def _ramp_steps(r: RampSpec, start_value: float, at_s: float) -> list[tuple[float, float]]:
     n = max(1, round(r.over_s / r.every_s))
     v0 = start_value if r.start is None else float(r.start)
@@ -170,8 +215,9 @@ def expand(events: Sequence[EventSpec], links: Mapping[int, tuple[str, str]],
         horizon_s: steps after this time (s) are dropped (None: keep all).
 
     Raises:
-        ValueError: a ramp or trace of more than :data:`MAX_STEPS_PER_EVENT` steps, or a trace with
-            no rows (the message names the event).
+        ValueError: a ramp or trace of more than :data:`MAX_STEPS_PER_EVENT` steps, a trace with
+            no rows, a step value the kind cannot take (:func:`check_value`), or a link or cluster
+            set down while down or up while up (:func:`check_up_down`); the message names the event.
     """
     current = {k: dict(v) for k, v in initial.items()}
     out: list[tuple[float, int, int, Change]] = []
@@ -195,6 +241,8 @@ def expand(events: Sequence[EventSpec], links: Mapping[int, tuple[str, str]],
         if len(steps) > MAX_STEPS_PER_EVENT:
             raise ValueError(f"events.{i}: {len(steps)} steps; at most {MAX_STEPS_PER_EVENT} per event")
         for k, (t, v) in enumerate(steps):
+            if v is not None:
+                check_value(ev.kind, v, f"events.{i}" + (f" step {k}" if len(steps) > 1 else ""))
             if horizon_s is not None and t > horizon_s:
                 continue
             out.append((t, i, k, Change(t_s=t, kind=ev.kind, event=i, step=k, link=link, cluster=ev.cluster,
@@ -202,8 +250,10 @@ def expand(events: Sequence[EventSpec], links: Mapping[int, tuple[str, str]],
             if link is not None and field is not None and v is not None:
                 current.setdefault(link, {})[field] = v
     out.sort(key=lambda x: (x[0], x[1], x[2]))
-    return [c for _, _, _, c in out]
+    timeline = [c for _, _, _, c in out]
+    check_up_down(timeline)
+    return timeline
 
 
 __all__ = ["CLUSTER_KINDS", "LINK_KINDS", "MAX_STEPS_PER_EVENT", "VALUE_FIELD", "Change", "EventKind", "EventSpec",
-           "RampSpec", "expand"]
+           "RampSpec", "check_up_down", "check_value", "expand", "parse_background_mbps"]

@@ -1,0 +1,241 @@
+"""Network dynamics (issue 11): plan-time rules of events, and every link change applied for real
+and read back by measurement on a triangle (real Mininet, OVS userspace, ryu-manager).
+
+The emulation tests share one triangle (A-B 2 ms, B-C 3 ms, A-C 10 ms; hosts at 2 Gbit/s) whose
+scenario changes A-B and B-C, so both links have probe hosts. Each test fires its own changes
+through :class:`testbed.emulation.events.EventRunner` and leaves the links as planned.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.config import Experiment
+from testbed.emulation.network import (
+    check_interface_names,
+    htb_commands,
+    probe_hosts,
+    switch_port_names,
+    tc_change_commands,
+)
+from testbed.model.events import Change
+from testbed.plan import PlanError, build_plan
+
+REPO = Path(__file__).resolve().parent.parent
+TRIANGLE = REPO / "experiments" / "triangle.yaml"
+EVENTS = [{"at": "1s", "kind": "link_delay", "link": ["A", "B"], "delay": "10ms"},
+          {"at": "2s", "kind": "link_down", "link": ["B", "C"]},
+          {"at": "3s", "kind": "link_up", "link": ["B", "C"]}]
+
+
+def _exp(events=EVENTS, **changes) -> Experiment:
+    data = copy.deepcopy(yaml.safe_load(TRIANGLE.read_text()))
+    data["events"] = events
+    data.update(changes)
+    return Experiment.model_validate(data)
+
+
+def _plan(events=EVENTS, **changes):
+    return build_plan(_exp(events, **changes), base_dir=TRIANGLE.parent)
+
+
+# ---------------------------------------------------------------------------------- plan time
+
+@pytest.mark.parametrize("event, message", [
+    ({"at": "1s", "kind": "link_delay", "link": ["A", "B"], "ramp": {"to": -5, "over": "2s"}}, "negative"),
+    ({"at": "1s", "kind": "link_loss", "link": ["A", "B"], "ramp": {"to": 120, "over": "2s"}}, "outside 0..100"),
+    ({"at": "1s", "kind": "link_bandwidth", "link": ["A", "B"], "ramp": {"from": 10, "to": 0, "over": "1s"}},
+     "must be > 0"),
+    ({"at": "1s", "kind": "link_up", "link": ["A", "B"]}, "is not down then"),
+    ({"at": "1s", "kind": "link_delay", "link": ["A", "Z"], "delay": "1ms"}, "Z"),
+])
+def test_plan_rejects_events_that_cannot_be_applied(event, message):
+    with pytest.raises(PlanError, match=message):
+        _plan([event])
+
+
+def test_plan_rejects_a_link_set_down_twice():
+    evs = [{"at": "1s", "kind": "link_down", "link": ["A", "B"]}, {"at": "2s", "kind": "link_down", "link": ["B", "A"]}]
+    with pytest.raises(PlanError, match=r"events.1 \(link_down\) at 2 s: link s2-s1 is already down \(events.0"):
+        _plan(evs)
+
+
+def test_background_zero_ends_congestion_and_bandwidth_zero_is_refused():
+    plan = _plan([{"at": "1s", "kind": "link_congestion", "link": ["A", "B"], "background": "50Mbit/s"},
+                  {"at": "2s", "kind": "link_congestion", "link": ["A", "B"], "background": "0Mbit/s"}])
+    assert [c.value for c in plan.changes] == [50.0, 0.0]
+    with pytest.raises(Exception, match="must be > 0"):
+        _plan([{"at": "1s", "kind": "link_bandwidth", "link": ["A", "B"], "bandwidth": "0Mbit/s"}])
+
+
+def test_probe_hosts_ports_and_names():
+    plan = _plan()
+    probes = probe_hosts(plan)
+    assert [p.name for p in probes] == ["P1a", "P1b", "P2a", "P2b"]  # links A-B (1) and B-C (2)
+    assert len({p.ip for p in probes}) == len({p.mac for p in probes}) == 4
+    assert {p.switch for p in probes if p.link == 1} == {"s1", "s2"}
+    ports = switch_port_names(plan)
+    # 3 links x 2 ends + 4 hosts + 4 probe hosts, each a switch port
+    assert len(ports) == len(set(ports)) == 14
+    check_interface_names(plan)
+
+
+def test_netem_changes_are_tc_change_commands():
+    state = {"delay_ms": 2.0, "rate_mbps": 100.0, "loss_pct": 0.0}
+    cmds = tc_change_commands("s1-eth1", state, {"delay_ms": 30.0})
+    assert cmds == [["tc", "qdisc", "change", "dev", "s1-eth1", "parent", "5:1", "handle", "10:", "netem",
+                     "delay", "30.000000ms", "loss", "0.000000%", "limit", "1000"]]
+    cmds = tc_change_commands("s1-eth1", state, {"rate_mbps": 2500.0})
+    assert cmds[0][:9] == ["tc", "class", "change", "dev", "s1-eth1", "parent", "5:", "classid", "5:1"]
+    assert "2500.000000mbit" in cmds[0]
+
+
+# ---------------------------------------------------------------------------------- emulation
+
+root = pytest.mark.skipif(os.geteuid() != 0, reason="emulation needs root")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """The triangle with probe hosts on A-B and B-C, hosts at 2 Gbit/s, up for the module."""
+    from testbed.emulation.bringup import emulated_network, new_run_dir
+
+    plan = _plan(topology={"source": "../topologies/triangle.yaml", "host_bandwidth": "2Gbit/s"})
+    run_id, run_dir = new_run_dir(plan, tmp_path_factory.mktemp("dyn"))
+    with emulated_network(plan, run_id, run_dir) as lv:
+        yield lv
+
+
+def _fire(live, steps: list[tuple[float, str, tuple[str, str], float | None]]) -> list[dict]:
+    """Fire ``(t_s, kind, link, value)`` changes now (+0.3 s) and return their events.csv rows."""
+    from testbed.emulation.events import EventRunner
+
+    changes = [Change(t_s=t, kind=k, event=i, link=link, value=v) for i, (t, k, link, v) in enumerate(steps)]
+    runner = EventRunner(live, None, changes, time.time() + 0.3)
+    runner.start()
+    runner.join(timeout=steps[-1][0] + 10)
+    assert runner.error is None, runner.error
+    return runner.rows
+
+
+@pytest.mark.emulation
+@root
+def test_delay_steps_are_measured_within_tolerance(live):
+    """10 -> 30 -> 0 ms (then back to the planned 2 ms), each read back by the link's probes."""
+    ab = ("s1", "s2")
+    rows = _fire(live, [(0.0, "link_delay", ab, 10.0), (1.0, "link_delay", ab, 30.0), (2.0, "link_delay", ab, 0.0),
+                        (3.0, "link_delay", ab, 2.0)])
+    for row, asked in zip(rows, (10, 30, 0, 2), strict=True):
+        assert row["kind"] == "link_delay" and float(row["value_asked"]) == asked
+        assert row["ok"] == 1, row
+        assert abs(float(row["value_measured"]) - asked) <= float(row["tolerance"]), row
+        assert row["effect_ms"] != ""
+    # the controller routes by the new delay: at 30 ms, A -> B goes A-C-B (13 ms)
+    down = next(e for e in _events(live) if e["kind"] == "link_change" and e["delay_ms"] == 30.0)
+    assert any(e["kind"] == "reroute" and e["seq"] > down["seq"] for e in _events(live))
+
+
+def _events(live) -> list[dict]:
+    from testbed.controller import get_events
+
+    return get_events(live.rest_url)
+
+
+@pytest.mark.emulation
+@root
+def test_bandwidth_change_is_measured_by_a_bulk_transfer(live):
+    if shutil.which("iperf3") is None:
+        pytest.skip("needs iperf3 (install.sh installs it)")
+    rows = _fire(live, [(0.0, "link_bandwidth", ("s1", "s2"), 20.0)])
+    assert rows[0]["ok"] == 1 and abs(float(rows[0]["value_measured"]) - 20) <= 2, rows[0]
+    try:
+        a, b = live.emu.node("P1a"), live.emu.node("P1b")  # pinned over A-B
+        srv = b.popen(["iperf3", "-s", "-1", "-p", "5399"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        out = a.cmd(f"iperf3 -c {live.emu.probes[1].ip} -p 5399 -t 2 -J")
+        srv.wait(timeout=10)
+        mbps = json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
+        # TCP goodput through a 20 Mbit/s FIFO shaper: 20 x 1448/1514 = 19.1 Mbit/s at most
+        assert 15.0 <= mbps <= 19.5, mbps
+    finally:
+        _fire(live, [(0.0, "link_bandwidth", ("s1", "s2"), 100.0)])
+
+
+@pytest.mark.emulation
+@root
+def test_link_down_reroutes_and_the_time_is_recorded(live):
+    srca, edgec = live.plan.host("srca"), live.plan.host("edgec")
+    assert live.path_of(srca.mac, edgec.mac)[0] == [1, 2, 3]
+    rows = _fire(live, [(0.0, "link_down", ("s2", "s3"), None)])
+    row = rows[0]
+    assert row["ok"] == 1, row
+    assert float(row["value_measured"]) > 0 and "srca>edgec" in row["note"], row
+    assert live.path_of(srca.mac, edgec.mac)[0] == [1, 3]  # rerouted over A-C
+    assert "0% packet loss" in live.emu.node("srca").cmd(f"ping -c 3 -i 0.05 -W 1 {edgec.ip}")
+    evs = _events(live)
+    assert any(e["kind"] == "port_status" and e["link_down"] for e in evs)
+    assert any(e["kind"] == "reroute_done" and "down" in e["reason"] for e in evs)
+    rows = _fire(live, [(0.0, "link_up", ("s2", "s3"), None)])
+    assert rows[0]["ok"] == 1, rows[0]
+    assert live.path_of(srca.mac, edgec.mac)[0] == [1, 2, 3]
+
+
+@pytest.mark.emulation
+@root
+def test_links_above_1gbits_are_shaped_not_clamped(live, tmp_path):
+    from testbed.emulation.network import read_htb_rate_mbps
+
+    table = live.emu.applied_table()
+    for h in table["hosts"]:  # both ends of every host link at 2000 Mbit/s (Mininet would drop bw > 1000)
+        assert h["applied_mbps_host_to_switch"] == h["applied_mbps_switch_to_host"] == 2000.0, h
+    host_if, sw_if = live.emu.host_intfs["srca"]
+    assert read_htb_rate_mbps(sw_if) == 2000.0
+    # The link emulator shapes any rate: set A-B to 2.5 Gbit/s and read it back.
+    got = live.emu.set_link(1, rate_mbps=2500.0)["params"]["rate_mbps"]
+    live.emu.set_link(1, rate_mbps=100.0)
+    assert got == 2500.0
+
+
+@pytest.mark.emulation
+@root
+def test_htb_above_1gbits_measured_on_a_veth_pair(tmp_path):
+    """The shaper used for host links above Mininet's limit, measured where this machine can carry
+    more than its rate (a bare veth pair, 2.8 Gbit/s unshaped here): a bulk transfer stays at or
+    below 1.5 Gbit/s and HTB reports throttling (overlimits)."""
+    if os.geteuid() != 0 or shutil.which("iperf3") is None:
+        pytest.skip("needs root and iperf3")
+    ns = ("tbdyn-a", "tbdyn-b")
+
+    def sh(cmd: str) -> str:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, check=True).stdout
+
+    try:
+        for n in ns:
+            sh(f"ip netns add {n}")
+        sh(f"ip link add va0 netns {ns[0]} type veth peer name vb0 netns {ns[1]}")
+        for n, d, ip in ((ns[0], "va0", "10.96.1.1"), (ns[1], "vb0", "10.96.1.2")):
+            sh(f"ip netns exec {n} ethtool -K {d} rx off tx off sg off tso off gso off gro off")
+            sh(f"ip -n {n} addr add {ip}/24 dev {d} && ip -n {n} link set {d} up")
+        for cmd in htb_commands("va0", 1500.0):
+            sh(f"ip netns exec {ns[0]} " + " ".join(cmd))
+        srv = subprocess.Popen(["ip", "netns", "exec", ns[1], "iperf3", "-s", "-1", "-p", "5398"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        out = json.loads(sh(f"ip netns exec {ns[0]} iperf3 -c 10.96.1.2 -p 5398 -t 2 -J"))
+        srv.wait(timeout=10)
+        mbps = out["end"]["sum_received"]["bits_per_second"] / 1e6
+        stats = sh(f"ip netns exec {ns[0]} tc -s class show dev va0")
+        assert 800 <= mbps <= 1500 * 1.02, mbps
+        assert int(stats.split("overlimits ")[1].split()[0]) > 0, stats
+    finally:
+        for n in ns:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
