@@ -217,28 +217,36 @@ def _server_components(servers: ClusterServers) -> list[Component]:
                       planned=lambda c=c: servers.expected_dead(c)) for c, p in list(servers.procs.items())]
 
 
-def _planned_links(events: EventRunner | None) -> set[frozenset[str]]:
-    """Links a ``link_down`` event holds down now, or a ``link_up`` brought back less than
-    :data:`testbed.health.LINK_UP_GRACE_S` ago (LLDP rediscovery)."""
-    if events is None:
+#: A planned ``link_down`` counts from this long (s) before its planned time (the event runner
+#: prepares each change ahead of it; testbed.emulation.dynamics.PREPARE_S).
+EVENT_LEAD_S = 1.0
+
+
+def _planned_links(plan: Plan, t0_s: float | None) -> set[frozenset[str]]:
+    """Links the plan's timeline holds down now (a ``link_down`` at or before now, not undone),
+    or brought back less than :data:`testbed.health.LINK_UP_GRACE_S` ago (LLDP rediscovery and the
+    event's own lag). From the plan, not from events.csv: a row is written only once its change
+    has been measured, seconds after the link went down."""
+    if t0_s is None:
         return set()
+    now = time.time() - t0_s
     state: dict[frozenset[str], tuple[str, float]] = {}
-    for row in list(events.rows):
-        if row["kind"] in ("link_down", "link_up"):
-            state[frozenset(str(row["target"]).split("-"))] = (row["kind"], events.t0_s + float(row["applied_s"]))
-    now = time.time()
-    return {k for k, (kind, at) in state.items() if kind == "link_down" or now - at < LINK_UP_GRACE_S}
+    for ch in plan.changes:
+        if ch.kind in ("link_down", "link_up") and ch.link and ch.t_s <= now + EVENT_LEAD_S:
+            state[frozenset(ch.link)] = (ch.kind, ch.t_s)
+    return {k for k, (kind, t) in state.items() if kind == "link_down" or now - t < LINK_UP_GRACE_S}
 
 
-def _start_watch(live: Live, record: RunRecord, storage: Storage, console: Console,
-                 events_ref: list) -> HealthWatch:
+def _start_watch(live: Live, record: RunRecord, storage: Storage, console: Console) -> HealthWatch:
     """The health watch of a running network; its first unplanned death is raised in this thread
     (SIGUSR1, see :func:`_raising_failures`), wherever the run is (self-check, warm-up, load)."""
     main = threading.main_thread().ident
-    links = LinkCheck(live.rest_url, live.plan, lambda: _planned_links(events_ref[0] if events_ref else None),
+    watch_ref: list[HealthWatch] = []
+    links = LinkCheck(live.rest_url, live.plan, lambda: _planned_links(live.plan, watch_ref[0].t_load0),
                       live.plan.experiment.emulation.stats_interval_s)
     watch = HealthWatch(record, console, [lambda: _network_components(live), ovs_components], storage, links,
                         on_failure=lambda: signal.pthread_kill(main, signal.SIGUSR1))
+    watch_ref.append(watch)
     watch.start()
     return watch
 
@@ -289,7 +297,7 @@ def _watch_capture(live: Live, watch: HealthWatch) -> None:
 
 
 def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, servers: ClusterServers,
-             watch: HealthWatch | None = None, events_ref: list | None = None) -> None:
+             watch: HealthWatch | None = None) -> None:
     """Start every source at the same instant, apply the scenario events, show progress until the
     load ends and every source has its last answers.
 
@@ -323,8 +331,6 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
                           markup=False, highlight=False)
 
         events = EventRunner(live, servers, live.plan.changes, start_ns / 1e9, shown)
-        if events_ref is not None:
-            events_ref.append(events)
         events.start()
         stack.callback(events.join, 5)
         stack.callback(events.stop)
@@ -396,11 +402,10 @@ def _emulate(plan: Plan, run_id: str, run_dir: Path, duration_s: float, link_emu
                 ExitStack() as stack:
             timings["network_s"] = live.bringup_s
             record.update(link_emulator=live.link_emulator, datapath=live.datapath)
-            events_ref: list = []
-            watch = _start_watch(live, record, storage, console, events_ref)
+            watch = _start_watch(live, record, storage, console)
             watch_ref.append(watch)
             try:
-                _bring_up_and_load(live, stack, watch, events_ref, duration_s, console, timings, record, t0)
+                _bring_up_and_load(live, stack, watch, duration_s, console, timings, record, t0)
             finally:
                 watch.stop()
                 record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
@@ -409,8 +414,8 @@ def _emulate(plan: Plan, run_id: str, run_dir: Path, duration_s: float, link_emu
             watch_ref[0].write_epitaphs()  # every process has ended: say how in its log
 
 
-def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, events_ref: list, duration_s: float,
-                       console: Console, timings: dict, record: RunRecord, t0: float) -> None:
+def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, duration_s: float, console: Console,
+                       timings: dict, record: RunRecord, t0: float) -> None:
     """Steps 3-6 (module docstring) on a running network."""
     plan = live.plan
     if plan.experiment.emulation.rtt_check:
@@ -429,7 +434,7 @@ def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, events_
     record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
     console.print(f"{len(servers.procs)} inference servers ready, every path warmed; bring-up took "
                   f"{timings['bringup_s']:.1f} s; watching {len(watch.seen)} components")
-    run_load(live, duration_s, stack, console, servers, watch, events_ref)
+    run_load(live, duration_s, stack, console, servers, watch)
     timings["total_s"] = time.monotonic() - t0
 
 

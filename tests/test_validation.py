@@ -494,3 +494,32 @@ def test_the_merge_never_truncates_records(tmp_path, monkeypatch):
         merge_records(tmp_path)
     assert (tmp_path / "records.csv").read_bytes() == before
     assert not list(tmp_path.glob(".records.csv.*.tmp"))
+
+
+def test_the_first_query_of_each_pair_is_marked_cold_in_an_emulated_run(tmp_path):
+    _records(tmp_path)
+    f = tmp_path / "sources" / "a.records.csv"
+    df = pd.read_csv(f)
+    df["cold"] = 0
+    df.to_csv(f, index=False)
+    (tmp_path / "run.json").write_text(json.dumps({"mode": "emulation"}))
+    s = summarize(tmp_path, 1.0)
+    merged = pd.read_csv(tmp_path / "records.csv")
+    assert merged.loc[merged["cold"] == 1, "query_id"].tolist() == ["a-1", "a-5"]  # first to c1, first to c2
+    assert s["cold_queries"] == 2 and "marked cold = 1" in s["cold_rule"]
+    assert pd.read_csv(f)["cold"].eq(0).all()  # the source's own file is left as it was
+
+
+def test_links_a_link_event_takes_down_are_planned_from_the_timeline(monkeypatch):
+    from testbed import run
+
+    e = exp(events=[{"at": "2s", "kind": "link_down", "link": ["A", "B"]}, {"at": "5s", "kind": "link_up",
+                                                                          "link": ["A", "B"]}])
+    plan = build_plan(e, topo())
+    ab = frozenset(("s1", "s2"))
+    monkeypatch.setattr(run.time, "time", lambda: 1000.0)
+    assert run._planned_links(plan, None) == set()  # before the load: nothing is planned down
+    assert run._planned_links(plan, 1000.0 - 0.5) == set()
+    assert run._planned_links(plan, 1000.0 - 1.5) == {ab}  # prepared ahead of its time
+    assert run._planned_links(plan, 1000.0 - 7.0) == {ab}  # up again, rediscovery grace
+    assert run._planned_links(plan, 1000.0 - 20.0) == set()
