@@ -222,28 +222,41 @@ def _server_components(servers: ClusterServers) -> list[Component]:
 EVENT_LEAD_S = 1.0
 
 
-def _planned_links(plan: Plan, t0_s: float | None) -> set[frozenset[str]]:
-    """Links the plan's timeline holds down now (a ``link_down`` at or before now, not undone),
-    or brought back less than :data:`testbed.health.LINK_UP_GRACE_S` ago (LLDP rediscovery and the
-    event's own lag). From the plan, not from events.csv: a row is written only once its change
-    has been measured, seconds after the link went down."""
+def _planned_links(plan: Plan, t0_s: float | None, rows: list[dict] | None = None) -> set[frozenset[str]]:
+    """Links the plan's timeline holds down now: its last ``link_down`` / ``link_up`` at or
+    before now is a ``link_down``, or a ``link_up`` the event runner has not yet reported
+    (``rows``: its events.csv rows, written only once a change is measured) or reported less than
+    :data:`testbed.health.LINK_UP_GRACE_S` ago (LLDP rediscovery). A change counts from
+    :data:`EVENT_LEAD_S` before its time (it is prepared ahead)."""
     if t0_s is None:
         return set()
-    now = time.time() - t0_s
-    state: dict[frozenset[str], tuple[str, float]] = {}
+    now = time.time()
+    applied = {(int(r["event"]), int(r["step"])): float(r.get("applied_unix_s") or t0_s + float(r["applied_s"]))
+               for r in (rows or []) if r.get("kind") == "link_up"}
+    last: dict[frozenset[str], object] = {}
     for ch in plan.changes:
-        if ch.kind in ("link_down", "link_up") and ch.link and ch.t_s <= now + EVENT_LEAD_S:
-            state[frozenset(ch.link)] = (ch.kind, ch.t_s)
-    return {k for k, (kind, t) in state.items() if kind == "link_down" or now - t < LINK_UP_GRACE_S}
+        if ch.kind in ("link_down", "link_up") and ch.link and ch.t_s <= now - t0_s + EVENT_LEAD_S:
+            last[frozenset(ch.link)] = ch
+    out = set()
+    for link, ch in last.items():
+        up_at = applied.get((ch.event, ch.step))
+        if ch.kind == "link_down" or up_at is None or now - up_at < LINK_UP_GRACE_S:
+            out.add(link)
+    return out
 
 
-def _start_watch(live: Live, record: RunRecord, storage: Storage, console: Console) -> HealthWatch:
+def _start_watch(live: Live, record: RunRecord, storage: Storage, console: Console,
+                 events_ref: list) -> HealthWatch:
     """The health watch of a running network; its first unplanned death is raised in this thread
-    (SIGUSR1, see :func:`_raising_failures`), wherever the run is (self-check, warm-up, load)."""
+    (SIGUSR1, see :func:`_raising_failures`), wherever the run is (self-check, warm-up, load).
+    ``events_ref`` gets the event runner once the load starts."""
     main = threading.main_thread().ident
     watch_ref: list[HealthWatch] = []
-    links = LinkCheck(live.rest_url, live.plan, lambda: _planned_links(live.plan, watch_ref[0].t_load0),
-                      live.plan.experiment.emulation.stats_interval_s)
+
+    def planned() -> set[frozenset[str]]:
+        return _planned_links(live.plan, watch_ref[0].t_load0, list(events_ref[0].rows) if events_ref else None)
+
+    links = LinkCheck(live.rest_url, live.plan, planned, live.plan.experiment.emulation.stats_interval_s)
     watch = HealthWatch(record, console, [lambda: _network_components(live), ovs_components], storage, links,
                         on_failure=lambda: signal.pthread_kill(main, signal.SIGUSR1))
     watch_ref.append(watch)
@@ -297,7 +310,7 @@ def _watch_capture(live: Live, watch: HealthWatch) -> None:
 
 
 def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, servers: ClusterServers,
-             watch: HealthWatch | None = None) -> None:
+             watch: HealthWatch | None = None, events_ref: list | None = None) -> None:
     """Start every source at the same instant, apply the scenario events, show progress until the
     load ends and every source has its last answers.
 
@@ -331,6 +344,8 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
                           markup=False, highlight=False)
 
         events = EventRunner(live, servers, live.plan.changes, start_ns / 1e9, shown)
+        if events_ref is not None:
+            events_ref.append(events)
         events.start()
         stack.callback(events.join, 5)
         stack.callback(events.stop)
@@ -402,10 +417,11 @@ def _emulate(plan: Plan, run_id: str, run_dir: Path, duration_s: float, link_emu
                 ExitStack() as stack:
             timings["network_s"] = live.bringup_s
             record.update(link_emulator=live.link_emulator, datapath=live.datapath)
-            watch = _start_watch(live, record, storage, console)
+            events_ref: list[EventRunner] = []
+            watch = _start_watch(live, record, storage, console, events_ref)
             watch_ref.append(watch)
             try:
-                _bring_up_and_load(live, stack, watch, duration_s, console, timings, record, t0)
+                _bring_up_and_load(live, stack, watch, events_ref, duration_s, console, timings, record, t0)
             finally:
                 watch.stop()
                 record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
@@ -414,8 +430,8 @@ def _emulate(plan: Plan, run_id: str, run_dir: Path, duration_s: float, link_emu
             watch_ref[0].write_epitaphs()  # every process has ended: say how in its log
 
 
-def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, duration_s: float, console: Console,
-                       timings: dict, record: RunRecord, t0: float) -> None:
+def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, events_ref: list, duration_s: float,
+                       console: Console, timings: dict, record: RunRecord, t0: float) -> None:
     """Steps 3-6 (module docstring) on a running network."""
     plan = live.plan
     if plan.experiment.emulation.rtt_check:
@@ -434,7 +450,7 @@ def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, duratio
     record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
     console.print(f"{len(servers.procs)} inference servers ready, every path warmed; bring-up took "
                   f"{timings['bringup_s']:.1f} s; watching {len(watch.seen)} components")
-    run_load(live, duration_s, stack, console, servers, watch)
+    run_load(live, duration_s, stack, console, servers, watch, events_ref)
     timings["total_s"] = time.monotonic() - t0
 
 

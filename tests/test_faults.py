@@ -144,15 +144,17 @@ def test_a_link_taken_down_from_outside_stops_the_run(tmp_path):
     _assert_nothing_left(_run_id(run_dir), plan_experiment(TRIANGLE))
 
 
-def test_a_planned_outage_does_not_fail_the_run(tmp_path):
+def test_planned_outages_of_a_server_and_a_link_do_not_fail_the_run(tmp_path):
     data = yaml.safe_load(TRIANGLE.read_text())
     data["topology"]["source"] = str((TRIANGLE.parent / data["topology"]["source"]).resolve())
     data["events"] = [{"at": "2s", "kind": "cluster_down", "cluster": "edgeb", "mode": "kill"},
-                      {"at": "4s", "kind": "cluster_up", "cluster": "edgeb"}]
+                      {"at": "2s", "kind": "link_down", "link": ["A", "C"]},
+                      {"at": "4s", "kind": "cluster_up", "cluster": "edgeb"},
+                      {"at": "4s", "kind": "link_up", "link": ["A", "C"]}]
     exp = tmp_path / "outage.yaml"
     exp.write_text(yaml.safe_dump(data))
     runs = tmp_path / "runs"
-    code, out, run_dir = _run_with_fault(runs, None, duration="8", experiment=exp)
+    code, out, run_dir = _run_with_fault(runs, None, duration="10", experiment=exp)
     assert code == 0, out
     assert "HEALTH" not in out
     rj = json.loads((run_dir / "run.json").read_text())
@@ -162,6 +164,8 @@ def test_a_planned_outage_does_not_fail_the_run(tmp_path):
     assert planned["how"].startswith("went down as planned: killed by SIGKILL")
     df = _assert_no_record_lost(run_dir)
     assert "error" not in set(df["failure_cause"].dropna())
+    ev = pd.read_csv(run_dir / "events.csv")
+    assert {"cluster_down", "cluster_up", "link_down", "link_up"} <= set(ev["kind"])
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["per_cluster"]["edgeb"]["server"]["lives"] == 2  # both lives' counters kept
     _assert_nothing_left(rj["run_id"], plan_experiment(exp))

@@ -521,5 +521,8 @@ def test_links_a_link_event_takes_down_are_planned_from_the_timeline(monkeypatch
     assert run._planned_links(plan, None) == set()  # before the load: nothing is planned down
     assert run._planned_links(plan, 1000.0 - 0.5) == set()
     assert run._planned_links(plan, 1000.0 - 1.5) == {ab}  # prepared ahead of its time
-    assert run._planned_links(plan, 1000.0 - 7.0) == {ab}  # up again, rediscovery grace
-    assert run._planned_links(plan, 1000.0 - 20.0) == set()
+    assert run._planned_links(plan, 1000.0 - 20.0) == {ab}  # link_up not applied (reported) yet
+    up = [{"event": 1, "step": 0, "kind": "link_up", "applied_s": 5.2, "applied_unix_s": 1000.0 - 14.8}]
+    assert run._planned_links(plan, 1000.0 - 20.0, up) == set()
+    up[0]["applied_unix_s"] = 1000.0 - 3.0  # applied late (the runner lagged): rediscovery grace from then
+    assert run._planned_links(plan, 1000.0 - 20.0, up) == {ab}
