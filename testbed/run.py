@@ -392,17 +392,20 @@ def _check_components(live: Live, sources: dict[str, subprocess.Popen], servers:
 
 # ----------------------------------------------------------------------------- the run
 
-def _summarize(plan: Plan, run_dir: Path, duration_s: float, timings: dict, console: Console) -> dict | None:
-    if not any((run_dir / "sources").glob("*.records.csv")):
-        return None
-    if plan.experiment.capture is not None and (run_dir / "pcap").is_dir():
+def _summarize(plan: Plan, run_dir: Path, duration_s: float, timings: dict, console: Console) -> dict:
+    """``summary.json`` and ``summary.md`` of whatever was measured (also of nothing: a run that
+    failed before its load says so there too); printed when there are records."""
+    import io
+
+    measured = any((run_dir / "sources").glob("*.records.csv"))
+    if measured and plan.experiment.capture is not None and (run_dir / "pcap").is_dir():
         from testbed.capture.analysis import analyze_run
 
         analyze_run(run_dir)
     s = summarize(run_dir, duration_s)
     s["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
     write_json_atomic(run_dir / "summary.json", s, indent=2)
-    print_summary(s, console, run_dir)
+    print_summary(s, console if measured else Console(file=io.StringIO()), run_dir)
     return s
 
 
@@ -511,7 +514,7 @@ def _finish(plan: Plan, run_dir: Path, duration_s: float, timings: dict, console
         console.print(f"error: the summary could not be written: {exc}; the records are in "
                       f"{run_dir / 'sources'}", markup=False, highlight=False)
         return (status if status != EXIT_OK else EXIT_COMPONENT_DIED), f"summary failed: {exc}"
-    if status == EXIT_OK and (s is None or not s.get("queries")):
+    if status == EXIT_OK and not s.get("queries"):
         console.print("error: the run measured no query", markup=False)
         return EXIT_NOTHING_MEASURED, "the run measured no query"
     return status, message
