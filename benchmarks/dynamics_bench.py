@@ -1,0 +1,238 @@
+"""Benchmarks of network dynamics (issue 11): events in the emulation against the simulator, and the
+link model against the link emulator.
+
+``events`` (root; emulations queue on ``/tmp/testbed-emulation.lock``): for each scenario and seed,
+``testbed run`` and ``testbed simulate`` on the same plan and seed; prints per run the success
+ratio and e2e p50/p95 of both engines and their gap, and per event (emulation) the lag, the time
+from the event to its effect, the value asked and the value measured::
+
+    sudo .venv/bin/python benchmarks/dynamics_bench.py events --scenarios degradation failure \\
+        --seeds 1 2 3 [--json out.json]
+
+``fifo`` (root): a burst of 6 full frames (an 8.5 kB request) through one link emulator's 20 Mbit/s
+FIFO shaper with Poisson UDP background at several loads, measured against the model
+(:mod:`testbed.model.network`)::
+
+    sudo .venv/bin/python benchmarks/dynamics_bench.py fifo
+
+Both take ``/tmp/testbed-emulation.lock`` themselves, per emulated run (do not wrap them in
+``flock``: that would deadlock), so other engineers' emulations can interleave. Each run records
+the load average before it (the machine is shared; figures taken under load say so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+LOCK = "/tmp/testbed-emulation.lock"
+
+
+# ------------------------------------------------------------------------------------- events
+
+def _summary_row(s: dict) -> dict:
+    e = s.get("e2e_ms") or {}
+    return {"success_ratio": s.get("success_ratio"), "p50": e.get("p50"), "p95": e.get("p95"),
+            "queries": s.get("queries")}
+
+
+def _emulate(plan, runs: Path) -> tuple[dict, list[dict]]:
+    """One emulated run under the emulation lock; (summary row, events.csv rows)."""
+    import csv
+    import fcntl
+
+    from rich.console import Console
+
+    from testbed.run import run_experiment
+
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        code = run_experiment(plan, console=Console(quiet=True), runs_dir=runs)
+    run_dir = max(runs.iterdir(), key=lambda p: p.stat().st_mtime)
+    s = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    ev = list(csv.DictReader(open(run_dir / "events.csv"))) if (run_dir / "events.csv").exists() else []
+    return {**_summary_row(s), "exit_code": code, "run_dir": str(run_dir)}, ev
+
+
+def cmd_events(args) -> dict:
+    from rich.console import Console
+    from rich.table import Table
+
+    from testbed.config import load_experiment
+    from testbed.plan import build_plan
+    from testbed.sim import simulate_experiment
+
+    out = {"runs": [], "events": []}
+    tmp = Path(tempfile.mkdtemp(prefix="dynbench-"))
+    for name in args.scenarios:
+        path = REPO / "experiments" / f"scenario-{name}.yaml"
+        exp = load_experiment(path)
+        for seed in args.seeds:
+            plan = build_plan(exp.model_copy(update={"seed": seed}), base_dir=path.parent)
+            load = os.getloadavg()[0]
+            emu, events = _emulate(plan, tmp / f"{name}-{seed}-emu")
+            _, sim = simulate_experiment(plan, path.parent, tmp / f"{name}-{seed}-sim", seed=seed, quiet=True)
+            out["runs"].append({"scenario": name, "seed": seed, "load_before": round(load, 2), "emulation": emu,
+                                "simulation": _summary_row(sim)})
+            out["events"] += [{"scenario": name, "seed": seed, **{k: e[k] for k in
+                               ("kind", "target", "planned_s", "lag_ms", "effect_ms", "value_asked",
+                                "value_measured", "unit", "ok")}} for e in events]
+    c = Console()
+    t = Table(title="Simulation vs emulation (same plan and seed)")
+    for col in ("scenario", "seed", "load", "SR emu", "SR sim", "gap", "p50 emu", "p50 sim", "p95 emu", "p95 sim"):
+        t.add_column(col)
+    for r in out["runs"]:
+        e, s = r["emulation"], r["simulation"]
+        both = e["success_ratio"] is not None and s["success_ratio"] is not None
+        gap = e["success_ratio"] - s["success_ratio"] if both else None
+        t.add_row(r["scenario"], str(r["seed"]), f"{r['load_before']:.1f}", str(e["success_ratio"]),
+                  str(s["success_ratio"]), "-" if gap is None else f"{gap:+.3f}", str(e["p50"]), str(s["p50"]),
+                  str(e["p95"]), str(s["p95"]))
+    c.print(t)
+    t = Table(title="Events in the emulation")
+    for col in ("scenario", "seed", "kind", "target", "planned s", "lag ms", "effect ms", "asked", "measured",
+                "unit", "ok"):
+        t.add_column(col)
+    for e in out["events"]:
+        t.add_row(e["scenario"], str(e["seed"]), e["kind"], e["target"], e["planned_s"], e["lag_ms"], e["effect_ms"],
+                  e["value_asked"] or "-", e["value_measured"] or "-", e["unit"], str(e["ok"]))
+    c.print(t)
+    return out
+
+
+# ------------------------------------------------------------------------------------- fifo
+
+_RX = r'''
+import json, socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, 35, 1)
+s.bind(("0.0.0.0", 47100)); s.settimeout(float(sys.argv[1])); out = {}
+try:
+    while True:
+        d, anc, _, _ = s.recvmsg(2048, 64)
+        sec, ns = struct.unpack("@ll", anc[0][2]); t = sec * 10**9 + ns
+        b, i, t0 = struct.unpack("!IIq", d[:16]); r = out.setdefault(b, [t0, 0, 0]); r[1] = max(r[1], t); r[2] += 1
+except socket.timeout:
+    pass
+print(json.dumps(out))
+'''
+_TX = ("import random, socket, struct, time\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+       "for b in range({n}):\n t0 = time.time_ns()\n for i in range(6): "
+       "s.sendto(struct.pack('!IIq', b, i, t0).ljust(1458, b'\\0'), ('10.95.0.2', 47100))\n"
+       " time.sleep(0.05 + random.random() * 0.02)\n")
+
+
+def _sh(cmd: str, check: bool = True) -> str:
+    res = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+    if check and res.returncode:
+        raise RuntimeError(f"{cmd}: {res.stderr}")
+    return res.stdout
+
+
+def cmd_fifo(args) -> dict:
+    import fcntl
+
+    from testbed.emulation.linkemu import disable_offloads
+    from testbed.emulation.probe import wait_ready
+    from testbed.model.network import LinkState
+
+    ns = ("tbfifo-a", "tbfifo-l", "tbfifo-b")
+    tmp = Path(tempfile.mkdtemp(prefix="fifo-"))
+    procs: list[subprocess.Popen] = []
+    rows = []
+    lock = open(LOCK, "w")  # noqa: SIM115 - held for the whole benchmark
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        for n in ns:
+            _sh(f"ip netns del {n}", check=False)
+            _sh(f"ip netns add {n} && ip netns exec {n} sysctl -qw net.ipv6.conf.all.disable_ipv6=1")
+        _sh(f"ip link add a0 netns {ns[0]} type veth peer name l0 netns {ns[1]}")
+        _sh(f"ip link add l1 netns {ns[1]} type veth peer name b0 netns {ns[2]}")
+        for n, d in ((ns[0], "a0"), (ns[1], "l0"), (ns[1], "l1"), (ns[2], "b0")):
+            disable_offloads(d, n)
+            _sh(f"ip -n {n} link set {d} up")
+        _sh(f"ip -n {ns[0]} addr add 10.95.0.1/24 dev a0 && ip -n {ns[2]} addr add 10.95.0.2/24 dev b0")
+        emu = subprocess.Popen(["ip", "netns", "exec", ns[1], sys.executable, "-m", "testbed.emulation.linkemu",
+                                "--if-a", "l0", "--if-b", "l1", "--delay-ms", "0", "--rate-mbps", str(args.rate),
+                                "--control", str(tmp / "emu.sock")], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        procs.append(emu)
+        emu.stdout.readline()
+        for side, n in (("a", ns[0]), ("b", ns[2])):
+            procs.append(subprocess.Popen(["ip", "netns", "exec", n, sys.executable, "-m", "testbed.emulation.probe",
+                                           "--control", str(tmp / f"{side}.sock")], cwd=REPO,
+                                          stdout=subprocess.DEVNULL))
+        a = wait_ready(tmp / "a.sock", proc=procs[1])
+        wait_ready(tmp / "b.sock", proc=procs[2])
+        _sh(f"ip netns exec {ns[0]} ping -c 2 -i 0.1 10.95.0.2")
+        for rho in args.rho:
+            r = rho * args.rate
+            load = os.getloadavg()[0]
+            a.request("blast", ip="10.95.0.2", rate_mbps=r, proto="udp")
+            time.sleep(1.0)
+            rx = subprocess.Popen(["ip", "netns", "exec", ns[2], sys.executable, "-c", _RX, "1.5"],
+                                  stdout=subprocess.PIPE, text=True)
+            time.sleep(0.3)
+            _sh(f"ip netns exec {ns[0]} {sys.executable} -c \"{_TX.format(n=args.bursts)}\"")
+            got = json.loads(rx.communicate(timeout=60)[0])
+            done = [(v[1] - v[0]) / 1e6 for v in got.values() if v[2] == 6]
+            lk = LinkState("a", "b", 0.0, args.rate)
+            lk.bg_ab = r
+            ps = 6 * 1514 * 8 / (max(args.rate - r, 0.01 * args.rate) * 1e3) + (
+                rho / (2 * (1 - rho)) * 1514 * 8 / (args.rate * 1e3) if rho < 1 else 0.0)
+            rows.append({"rho": rho, "background_mbps": r, "bursts": len(done), "load": round(load, 2),
+                         "measured_median_ms": round(statistics.median(done), 3),
+                         "measured_mean_ms": round(statistics.mean(done), 3),
+                         "model_ms": round(lk.one_way_ms(6 * 1448, True), 3), "processor_sharing_ms": round(ps, 3)})
+        a.request("blast", ip="10.95.0.2", rate_mbps=0, proto="udp")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
+        for n in ns:
+            _sh(f"ip netns del {n}", check=False)
+        lock.close()
+    print(f"6-frame burst (8.5 kB request) through a {args.rate:g} Mbit/s FIFO with Poisson UDP background")
+    print(f"{'rho':>5} {'bg Mbit/s':>9} {'median ms':>9} {'mean ms':>8} {'model ms':>8} {'PS ms':>7} {'load':>5}")
+    for r in rows:
+        print(f"{r['rho']:5.2f} {r['background_mbps']:9.1f} {r['measured_median_ms']:9.2f} "
+              f"{r['measured_mean_ms']:8.2f} {r['model_ms']:8.2f} {r['processor_sharing_ms']:7.2f} {r['load']:5.1f}")
+    return {"fifo": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("events", help="scenarios: emulation vs simulation, events measured")
+    e.add_argument("--scenarios", nargs="+", default=["degradation", "failure"])
+    e.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    f = sub.add_parser("fifo", help="the link model's FIFO against the link emulator")
+    f.add_argument("--rate", type=float, default=20.0, help="link rate, Mbit/s")
+    f.add_argument("--rho", nargs="+", type=float, default=[0.0, 0.5, 0.8, 0.9])
+    f.add_argument("--bursts", type=int, default=60)
+    for q in (e, f):
+        q.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("needs root (namespaces, Mininet)", file=sys.stderr)
+        return 2
+    out = cmd_events(args) if args.cmd == "events" else cmd_fifo(args)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
