@@ -14,12 +14,14 @@ edges, which contain every Gabriel edge). One unit = 1 km, one-way delay 0.005 m
 0.1 ms, 100 Mbit/s links (the topology is written as our YAML with explicit delays). ``--clusters``
 edge clusters (default 100: 0.5 core, 2 workers, digits_small + digits_large) on evenly spaced
 nodes plus the cloud (20 ms off node 0), ``--sources`` sources (default 50), two applications
-(60 ms / 0.9 and 150 ms / 0.97, Poisson 200 + 100 q/s per source), policy ``min_latency``,
-report interval 500 ms. The simulated time is chosen so that the expected number of queries is
+(60 ms / 0.9 and 150 ms / 0.97, Poisson 200 + 100 q/s per source), policy ``--policy``
+(default ``closest``; ``min_latency`` is load-aware: the dispatcher rebuilds its options after
+every query it sends), report interval 500 ms. The simulated time is chosen so that the expected number of queries is
 ``--queries``.
 
 Measured per size: setup (plan + Simulator construction), simulation wall time (``run_until``,
-queries created in [0, T) and then resolved), simulated q/s = queries / simulation wall time,
+queries created in [0, T) and then resolved) and CPU time of the process over it (less disturbed
+by other jobs on a shared machine), simulated q/s = queries / wall time (and / CPU time),
 peak RSS of the child (``resource.getrusage`` ``ru_maxrss``, KiB -> MiB) and RSS after setup.
 ``--queries`` with several sizes also fits wall = a + b x queries (least squares) and prints R^2,
 the per-query cost, and the per-query memory (peak RSS minus setup RSS, divided by queries).
@@ -93,11 +95,12 @@ def write_topology(path: Path, pos: np.ndarray, edges: list[tuple[int, int]]) ->
     return path
 
 
-def experiment(topo: Path, n_nodes: int, n_clusters: int, n_sources: int, duration_s: float) -> dict:
+def experiment(topo: Path, n_nodes: int, n_clusters: int, n_sources: int, duration_s: float,
+               policy: str = "closest") -> dict:
     """The experiment (as the dict an experiment file would hold)."""
     cl_step, src_step = n_nodes // n_clusters, n_nodes // n_sources
     return {
-        "name": f"scale{n_nodes}", "duration": f"{duration_s:.3f}s", "policy": "min_latency",
+        "name": f"scale{n_nodes}", "duration": f"{duration_s:.3f}s", "policy": policy,
         "report_interval": "500ms",
         "topology": {"source": str(topo), "bandwidth": "100Mbit/s"},
         "cloud": {"attach_to": "R0", "delay": "20ms"},
@@ -126,10 +129,11 @@ def one_size(args: argparse.Namespace, queries: int, topo: Path, profile: bool =
     from testbed.plan import build_plan
     from testbed.sim import Simulator
 
-    duration = queries / (args.sources * sum(RATES_QPS))
+    # whole ms, rounded down: the plan refuses an expected count over its bound of 10^6 queries per run
+    duration = math.floor(queries / (args.sources * sum(RATES_QPS)) * 1000) / 1000
     t = time.perf_counter()
-    plan = build_plan(Experiment.model_validate(experiment(topo, args.nodes, args.clusters, args.sources, duration)),
-                      base_dir=topo.parent)
+    exp = experiment(topo, args.nodes, args.clusters, args.sources, duration, args.policy)
+    plan = build_plan(Experiment.model_validate(exp), base_dir=topo.parent)
     sim = Simulator(plan, seed=1, track_resolved=args.mode == "resolved")
     setup_s, setup_rss = time.perf_counter() - t, rss_mib()
     end = duration + 0.15 + 0.2  # largest deadline + the grace: every query resolved
@@ -140,11 +144,11 @@ def one_size(args: argparse.Namespace, queries: int, topo: Path, profile: bool =
 
         prof = cProfile.Profile()
         prof.enable()
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     sim.run_until(end)
     if args.mode == "resolved":
         sim.drain_resolved()
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     if prof is not None:
         import pstats
 
@@ -152,21 +156,24 @@ def one_size(args: argparse.Namespace, queries: int, topo: Path, profile: bool =
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     n = sim.dispatched
     return {"queries": n, "simulated_s": round(duration, 3), "setup_s": round(setup_s, 2), "wall_s": round(wall, 3),
-            "sim_qps": round(n / wall), "setup_rss_mib": round(setup_rss, 1),
+            "cpu_s": round(cpu, 3), "sim_qps": round(n / wall), "sim_qps_cpu": round(n / cpu),
+            "setup_rss_mib": round(setup_rss, 1),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "served": sum(c.served for c in sim.clusters), "switches": len(plan.switches), "links": len(plan.links),
-            "clusters": len(plan.clusters), "sources": len(plan.sources), "mode": args.mode}
+            "clusters": len(plan.clusters), "sources": len(plan.sources), "mode": args.mode, "policy": args.policy}
 
 
 def fit(rows: list[dict]) -> str:
-    """wall = a + b x queries by least squares, with R^2; memory per query."""
+    """wall and CPU time = a + b x queries by least squares, with R^2; memory per query."""
     x = np.array([r["queries"] for r in rows], float)
-    y = np.array([r["wall_s"] for r in rows], float)
-    b, a = np.polyfit(x, y, 1)
-    r2 = 1 - np.sum((y - (a + b * x)) ** 2) / np.sum((y - y.mean()) ** 2)
+    out = []
+    for col in ("wall_s", "cpu_s"):
+        y = np.array([r[col] for r in rows], float)
+        b, a = np.polyfit(x, y, 1)
+        r2 = 1 - np.sum((y - (a + b * x)) ** 2) / np.sum((y - y.mean()) ** 2)
+        out.append(f"{col[:-2]} = {a:.3f} s + {b * 1e6:.2f} us x queries (R^2 = {r2:.4f})")
     mem = [(r["peak_rss_mib"] - r["setup_rss_mib"]) * 2**20 / r["queries"] for r in rows]
-    return (f"wall = {a:.3f} s + {b * 1e6:.2f} us x queries (R^2 = {r2:.4f}); "
-            f"per-query memory above setup: {', '.join(f'{m:.0f}' for m in mem)} B")
+    return "; ".join(out) + f"; per-query memory above setup: {', '.join(f'{m:.0f}' for m in mem)} B"
 
 
 def main() -> None:
@@ -176,6 +183,7 @@ def main() -> None:
     ap.add_argument("--sources", type=int, default=50)
     ap.add_argument("--queries", default="1000000", help="comma-separated expected query counts, one child each")
     ap.add_argument("--mode", choices=("counters", "resolved"), default="counters")
+    ap.add_argument("--policy", default="closest", help="every source's policy (min_latency: load-aware)")
     ap.add_argument("--graph-seed", type=int, default=0)
     ap.add_argument("--profile", type=int, default=0, help="cProfile one run of this many queries, in this process")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: topology path of a child run
@@ -194,8 +202,8 @@ def main() -> None:
         rows = []
         for q in [int(x) for x in a.queries.split(",")]:
             cmd = [sys.executable, __file__, "--child", str(topo), "--queries", str(q), "--nodes", str(a.nodes),
-                   "--clusters", str(a.clusters), "--sources", str(a.sources), "--mode", a.mode]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                   "--clusters", str(a.clusters), "--sources", str(a.sources), "--mode", a.mode, "--policy", a.policy]
+            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
         if len(rows) > 2:
