@@ -9,6 +9,13 @@ from the event to its effect, the value asked and the value measured::
     sudo .venv/bin/python benchmarks/dynamics_bench.py events --scenarios degradation failure \\
         --seeds 1 2 3 [--json out.json]
 
+``kinds`` (root): every kind of link event, ``--repeat`` times each, fired on the triangle
+(``experiments/triangle.yaml``, no servers, no load); per kind the lag, the time from the event to
+its effect, value asked vs measured, the share within tolerance, and for ``link_down`` the time
+until the rerouted paths answer again (the reroute time)::
+
+    sudo .venv/bin/python benchmarks/dynamics_bench.py kinds --repeat 5
+
 ``fifo`` (root): a burst of 6 full frames (an 8.5 kB request) through one link emulator's 20 Mbit/s
 FIFO shaper with Poisson UDP background at several loads, measured against the model
 (:mod:`testbed.model.network`)::
@@ -109,6 +116,79 @@ def cmd_events(args) -> dict:
                   e["value_asked"] or "-", e["value_measured"] or "-", e["unit"], str(e["ok"]))
     c.print(t)
     return out
+
+
+# ------------------------------------------------------------------------------------- kinds
+
+def _kind_steps(repeat: int) -> list[tuple[str, tuple[str, str], float | None]]:
+    """The triangle's links: s1-s2 (A-B, 2 ms), s2-s3 (B-C, 3 ms); each kind and its way back."""
+    ab, bc = ("s1", "s2"), ("s2", "s3")
+    one = [("link_delay", ab, 10.0), ("link_delay", ab, 30.0), ("link_delay", ab, 0.0), ("link_delay", ab, 2.0),
+           ("link_bandwidth", ab, 20.0), ("link_bandwidth", ab, 50.0), ("link_bandwidth", ab, 100.0),
+           ("link_loss", ab, 5.0), ("link_loss", ab, 0.0),
+           ("link_congestion", ab, 10.0), ("link_congestion", ab, 50.0), ("link_congestion", ab, 0.0),
+           ("link_down", bc, None), ("link_up", bc, None)]
+    return one * repeat
+
+
+def cmd_kinds(args) -> dict:
+    import fcntl
+
+    import yaml
+
+    from testbed.config import Experiment
+    from testbed.emulation.bringup import emulated_network, new_run_dir
+    from testbed.emulation.events import EventRunner
+    from testbed.model.events import Change
+    from testbed.plan import build_plan
+
+    tri = REPO / "experiments" / "triangle.yaml"
+    data = yaml.safe_load(tri.read_text())
+    data["events"] = [{"at": "1s", "kind": "link_delay", "link": ["A", "B"], "delay": "2ms"},
+                      {"at": "2s", "kind": "link_down", "link": ["B", "C"]}, {"at": "3s", "kind": "link_up",
+                                                                           "link": ["B", "C"]}]
+    plan = build_plan(Experiment.model_validate(data), base_dir=tri.parent)
+    steps = _kind_steps(args.repeat)
+    gap = {"link_delay": 1.0, "link_bandwidth": 0.8, "link_loss": 1.6, "link_congestion": 1.6, "link_down": 2.4,
+           "link_up": 3.4}
+    changes, t = [], 0.0
+    for i, (kind, link, value) in enumerate(steps):
+        changes.append(Change(t_s=t, kind=kind, event=i, link=link, value=value))
+        t += gap[kind]
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        load = os.getloadavg()[0]
+        run_id, run_dir = new_run_dir(plan, Path(tempfile.mkdtemp(prefix="kinds-")))
+        with emulated_network(plan, run_id, run_dir) as live:
+            runner = EventRunner(live, None, changes, time.time() + 0.5)
+            runner.start()
+            runner.join(timeout=t + 30)
+            if runner.error:
+                raise runner.error
+            rows = runner.rows
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["kind"], []).append(r)
+
+    def stat(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.2f} / {max(xs):.2f}" if xs else "-"
+
+    out = []
+    print(f"triangle, {args.repeat} x each change, load average {load:.1f} before; median / max")
+    print(f"{'kind':16} {'n':>3} {'lag ms':>13} {'effect ms':>15} {'|measured - asked|':>20} {'measured':>17} "
+          f"{'ok':>5}")
+    for kind, rs in by.items():
+        lag = [float(r["lag_ms"]) for r in rs]
+        eff = [float(r["effect_ms"]) for r in rs if r["effect_ms"] != ""]
+        err = [abs(float(r["value_measured"]) - float(r["value_asked"])) for r in rs
+               if r["value_measured"] != "" and r["value_asked"] != ""]
+        meas = [float(r["value_measured"]) for r in rs if r["value_measured"] != ""]
+        ok = sum(1 for r in rs if r["ok"] == 1)
+        out.append({"kind": kind, "n": len(rs), "lag_ms": lag, "effect_ms": eff, "abs_error": err, "measured": meas,
+                    "ok": ok, "unit": rs[0]["unit"]})
+        print(f"{kind:16} {len(rs):3d} {stat(lag):>13} {stat(eff):>15} {stat(err):>20} {stat(meas):>17} "
+              f"{ok:>2}/{len(rs):<2} ({rs[0]['unit']})")
+    return {"load_before": load, "kinds": out, "rows": rows}
 
 
 # ------------------------------------------------------------------------------------- fifo
@@ -218,17 +298,19 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("events", help="scenarios: emulation vs simulation, events measured")
     e.add_argument("--scenarios", nargs="+", default=["degradation", "failure"])
     e.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    k = sub.add_parser("kinds", help="every kind of link event on the triangle: effect, asked vs measured")
+    k.add_argument("--repeat", type=int, default=5)
     f = sub.add_parser("fifo", help="the link model's FIFO against the link emulator")
     f.add_argument("--rate", type=float, default=20.0, help="link rate, Mbit/s")
     f.add_argument("--rho", nargs="+", type=float, default=[0.0, 0.5, 0.8, 0.9])
     f.add_argument("--bursts", type=int, default=60)
-    for q in (e, f):
+    for q in (e, k, f):
         q.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("needs root (namespaces, Mininet)", file=sys.stderr)
         return 2
-    out = cmd_events(args) if args.cmd == "events" else cmd_fifo(args)
+    out = {"events": cmd_events, "kinds": cmd_kinds, "fifo": cmd_fifo}[args.cmd](args)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

@@ -221,7 +221,7 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
                     time.monotonic() - t_start, ctrl)
         console.print(f"controller ready: {len(plan.switches)} switches, {len(plan.links)} links discovered, "
                       f"flows installed ({live.bringup_s:.1f} s)")
-        _write_network_json(live)
+        _write_network_json(live, console=console)
         _start_dynamics(live, console)
         yield live
     finally:
@@ -257,12 +257,24 @@ def _start_dynamics(live: Live, console: Console) -> None:
                   + ("; source->cluster path probes on" if kinds & PATH_KINDS else ""), markup=False)
 
 
-def _write_network_json(live: Live, final: bool = False) -> None:
+def _write_network_json(live: Live, final: bool = False, console: Console | None = None) -> None:
     """``network.json``: what each link and host link applies (and, at the end, the emulators'
-    counters); the console notes links shaped above what one emulator forwards."""
+    counters); at bring-up the console says how links are shaped and notes links shaped above
+    what one emulator forwards."""
     from testbed.util import write_json_atomic
 
     table = live.emu.applied_table()
+    if console is not None:
+        rates = [r["bandwidth_mbps"] for r in table["links"]]
+        hrates = [h["applied_mbps_switch_to_host"] for h in table["hosts"]]
+        shaper = table["links"][0]["shaper"] if table["links"] else "-"
+        console.print(f"shaping: {len(rates)} switch link(s) by {shaper} ({min(rates, default=0):g}-"
+                      f"{max(rates, default=0):g} Mbit/s), {len(hrates)} host link(s) by tc htb on both ends "
+                      f"({min(hrates, default=0):g}-{max(hrates, default=0):g} Mbit/s); see network.json",
+                      markup=False, highlight=False)
+        for r in table["links"]:
+            if r.get("note"):
+                console.print(f"note: link {r['link']}: {r['note']}", markup=False, highlight=False)
     if final and live.emu.emulator_procs:
         try:
             table["emulator_stats"] = live.emu.emulator_stats()

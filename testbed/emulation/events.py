@@ -36,6 +36,9 @@ from testbed.model.events import CLUSTER_KINDS, LINK_KINDS, Change
 APPLIED_KINDS = LINK_KINDS | CLUSTER_KINDS
 EVENTS_FIELDS = ["event", "step", "kind", "target", "planned_s", "applied_s", "lag_ms", "effect_ms", "value_asked",
                  "value_measured", "unit", "tolerance", "ok", "note", "applied_unix_s"]
+#: Unit of each kind's measured value.
+UNITS = {"link_delay": "ms", "link_bandwidth": "Mbit/s", "link_loss": "%", "link_congestion": "Mbit/s",
+         "link_down": "ms", "link_up": "ms"}
 #: A measurement window ends this long (s) before the next change fires (its preparation first).
 WINDOW_MARGIN_S = PREPARE_S + 0.02
 
@@ -64,7 +67,9 @@ class EventRunner(threading.Thread):
         servers: the clusters' servers (:class:`testbed.emulation.servers.ClusterServers`).
         changes: the plan's timeline.
         t0_s: when the load starts (epoch s): change ``t_s`` is applied at ``t0_s + t_s``.
-        on_event: called with each ``events.csv`` row once measured (the console's progress).
+        on_event: called with each ``events.csv`` row as its change fires (``row["phase"]``
+            ``fired``: nothing measured yet) and again once measured (``measured``), for the
+            console's progress.
 
     A change that fails stops the runner and is kept in :attr:`error`; the run checks it.
     """
@@ -91,9 +96,17 @@ class EventRunner(threading.Thread):
     def run(self) -> None:
         groups = self._groups()
         with open(self.path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=EVENTS_FIELDS)
+            w = csv.DictWriter(f, fieldnames=EVENTS_FIELDS, extrasaction="ignore")
             w.writeheader()
             f.flush()
+
+            def done(row: dict) -> None:
+                row["phase"] = "measured"
+                w.writerow(row)
+                f.flush()
+                if self.on_event is not None:
+                    self.on_event(row)
+
             for gi, group in enumerate(groups):
                 fire = self.t0_s + group[0].t_s
                 nxt = self.t0_s + groups[gi + 1][0].t_s - WINDOW_MARGIN_S if gi + 1 < len(groups) else float("inf")
@@ -103,18 +116,12 @@ class EventRunner(threading.Thread):
                     prepared = self._prepare(group)
                     if self.stop_event.wait(max(0.0, fire - time.time())):
                         return
-                    rows = self._apply_group(group, prepared, nxt)
+                    self._apply_group(group, prepared, nxt, done)
                 except Exception as exc:  # noqa: BLE001 - reported by the run, which then stops
                     ch = group[0]
                     self.error = RunFailure(f"events.{ch.event} ({ch.kind} {target_of(ch)}) at {ch.t_s:g} s "
                                             f"failed: {exc}")
                     return
-                for row in rows:
-                    self.rows.append(row)
-                    w.writerow(row)
-                    f.flush()
-                    if self.on_event is not None:
-                        self.on_event(row)
 
     def _prepare(self, group: list[Change]) -> list:
         """Per change of the group: the link change's preparation (:meth:`Dynamics.prepare`), or None."""
@@ -123,27 +130,36 @@ class EventRunner(threading.Thread):
             raise RunFailure("the emulation has no probe hosts for link events (built without them)")
         return [dyn.prepare(ch) if ch.kind in LINK_KINDS else None for ch in group]
 
-    def _apply_group(self, group: list[Change], prepared: list, next_fire: float) -> list[dict]:
-        """Apply every change of one instant, wait for their windows, measure each."""
+    def _fired(self, row: dict) -> dict:
+        """A change was applied: its row joins :attr:`rows` at once (the health watch reads which
+        links are down by plan from there) and the console hears of it."""
+        row["phase"] = "fired"
+        self.rows.append(row)
+        if self.on_event is not None:
+            self.on_event(row)
+        return row
+
+    def _apply_group(self, group: list[Change], prepared: list, next_fire: float, done: Callable[[dict], None]) -> None:
+        """Apply every change of one instant (each row shown as it fires), wait for their windows,
+        measure each (``done`` writes the completed row)."""
         dyn = getattr(self.live, "dynamics", None)
         pending = []
         for ch, prep in zip(group, prepared, strict=True):
             if ch.kind in CLUSTER_KINDS:
-                pending.append((ch, self._apply_cluster(ch)))
-            else:
-                pending.append((ch, dyn.apply(ch, prep)))
-        link_aps = [ap for ch, ap in pending if ch.kind in LINK_KINDS]
-        if link_aps:
-            end = min(next_fire, max(ap.t_fire + dyn.window_s(ap.change) for ap in link_aps))
-            self.stop_event.wait(max(0.0, end - time.time()))
-        rows = []
-        for ch, ap in pending:
-            if ch.kind in CLUSTER_KINDS:
-                rows.append(ap)
+                done(self._fired(self._apply_cluster(ch)))
                 continue
+            ap = dyn.apply(ch, prep)
+            row = self._fired(self._row(ch, ap.t_fire, None, None, UNITS.get(ch.kind, "ms"), None, None,
+                                        "measuring"))
+            pending.append((ap, row))
+        if not pending:
+            return
+        end = min(next_fire, max(ap.t_fire + dyn.window_s(ap.change) for ap, _ in pending))
+        self.stop_event.wait(max(0.0, end - time.time()))
+        for ap, row in pending:
             m = dyn.measure(ap, min(time.time(), next_fire))
-            rows.append(self._row(ch, ap.t_fire, m.effect_ms, m.value, m.unit, m.tolerance, m.ok, m.note))
-        return rows
+            row.update(self._row(ap.change, ap.t_fire, m.effect_ms, m.value, m.unit, m.tolerance, m.ok, m.note))
+            done(row)
 
     def _row(self, ch: Change, t_fire: float, effect_ms, measured, unit, tol, ok, note) -> dict:
         applied = t_fire - self.t0_s
