@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from rich.console import Console
+from test_plan import BASE, TRIANGLE
 
 from testbed.config import ConfigError, Experiment, load_experiment
 from testbed.errors import EXIT_BRINGUP, EXIT_COMPONENT_DIED, RunFailure
@@ -25,17 +26,7 @@ from testbed.topology import TopologyError, graphml_link_speed, load_graphml, lo
 
 REPO = Path(__file__).resolve().parent.parent
 
-BASE = {
-    "name": "t", "duration": "5s",
-    "topology": {"source": "unused.yaml"},
-    "clusters": [{"name": "edge", "site": "B", "tier": "far_edge", "cpu_cores": 0.5, "models": ["digits_small"]}],
-    "sources": [{"name": "src", "site": "A"}],
-    "applications": [{"name": "app", "deadline": "50ms", "min_accuracy": 0.5}],
-    "workload": [{"application": "app", "rate_qps": 1}],
-}
-NODES = [{"id": "A", "label": "A", "lat": 45.0, "lon": 7.0}, {"id": "B", "label": "B", "lat": 46.0, "lon": 7.0},
-         {"id": "C", "label": "C", "lat": 45.0, "lon": 8.0}]
-LINKS = [{"a": "A", "b": "B"}, {"a": "B", "b": "C"}, {"a": "A", "b": "C", "delay_ms": 20.0}]
+NODES, LINKS = TRIANGLE["nodes"], TRIANGLE["links"]
 
 
 def exp(**changes) -> Experiment:
