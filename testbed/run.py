@@ -339,9 +339,9 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
     events = None
     if live.plan.changes:
         def shown(row: dict) -> None:
-            console.print(f"event {row['kind']} {row['target']} at {row['applied_s']:.2f} s "
-                          f"(asked {row['value_asked'] or '-'}, measured {row['value_measured'] or '-'})",
-                          markup=False, highlight=False)
+            console.print(f"event {row['kind']} {row['target']} {row.get('phase', 'applied')} at "
+                          f"{row['applied_s']:.2f} s (asked {row['value_asked'] or '-'}, measured "
+                          f"{row['value_measured'] or '-'})", markup=False, highlight=False)
 
         events = EventRunner(live, servers, live.plan.changes, start_ns / 1e9, shown)
         if events_ref is not None:
