@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 if [ "$(id -u)" != 0 ]; then echo "install.sh needs root: sudo ./install.sh" >&2; exit 1; fi
 
-APT_PKGS="mininet openvswitch-switch iproute2 ethtool iputils-ping tcpdump libpcap0.8 psmisc procps
+APT_PKGS="mininet openvswitch-switch iproute2 ethtool iputils-ping tcpdump libpcap0.8 psmisc procps iperf3
           net-tools python3 python3-venv python3-dev gcc"
 missing=""
 for p in $APT_PKGS; do

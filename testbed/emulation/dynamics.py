@@ -424,7 +424,8 @@ class Dynamics:
             return Measured(None, "Mbit/s", effect, tol, False, f"packet train not measured: {tr}")
         ok = abs(rate - ch.value) <= tol
         note = (f"packet train of {tr.get('frames_received')}/{tr.get('frames_sent')} frames, sent at "
-                f"{tr.get('send_rate_mbps', 0):.0f} Mbit/s; effect = time until the shaper confirmed")
+                f"{tr.get('send_rate_mbps', 0):.0f} Mbit/s, quarters {tr.get('part_rates_mbps')} Mbit/s (median "
+                f"taken); effect = time until the shaper confirmed")
         if not ok and ch.value > min(EMULATOR_CEILING_MBPS, tr.get("send_rate_mbps") or 0):
             note += (f"; asked rate above what the probe sender or this machine forwards "
                      f"(~{EMULATOR_CEILING_MBPS:g} Mbit/s per emulated link)")
