@@ -109,17 +109,20 @@ class Dispatcher:
             raise ValueError("a dispatcher needs at least one (cluster, model) option")
         self.specs = list(specs)
         self.clusters = list(dict.fromkeys(s.cluster for s in self.specs))
+        self._pos: dict[str, list[int]] = {c: [] for c in self.clusters}  # cluster -> its options
+        for i, s in enumerate(self.specs):
+            self._pos[s.cluster].append(i)
         self.heard: dict[str, Heard] = {}
         for s in self.specs:
             self.heard.setdefault(s.cluster, Heard(workers=s.workers))
         self.ctx = pol.Context(rng=rng)
-        self._policy = ""
-        self.policy = policy
         self.sent: dict[str, int] = dict.fromkeys(self.clusters, 0)  # own queries since the last report
         self._options: list[pol.Option] | None = None
-        self._stale = False  # the options' load is outdated (only decisions of load-aware policies care)
-        self._by_family: dict[str, list[pol.Option]] = {}
+        self._family: dict[str, list[int]] = {}  # family -> its options (fixed)
+        self._candidates: dict[tuple[str, float, float], list[int]] = {}  # feasible options, until a report
         self._cache: dict[tuple[str, float, float], pol.Decision] = {}
+        self._policy = ""
+        self.policy = policy
 
     @property
     def policy(self) -> str:
@@ -131,79 +134,88 @@ class Dispatcher:
             raise ValueError(f"unknown policy {name!r}; known: {', '.join(pol.CATALOGUE)}")
         if name != self._policy:
             self._policy = name
-            self._forget()
+            self._cache = {}
 
+    # -- what is heard and sent ------------------------------------------------------------
     def hear(self, cluster: str, heard: Heard) -> None:
         """A report from ``cluster`` (or its failure: ``Heard(up=False, ...)``); it covers what this
         dispatcher sent there before, so its in-flight count restarts at 0."""
-        self.heard[cluster] = heard
-        self.sent[cluster] = 0
-        self._forget()
-
-    def _forget(self) -> None:
-        self._options = None
-        self._stale = False
-        self._by_family = {}
-        self._cache = {}
+        self.hear_all([(cluster, heard)])
 
     def hear_all(self, reports: Iterable[tuple[str, Heard]]) -> None:
-        """Several reports at once (one rebuild of the options)."""
+        """Several reports at once."""
         for cluster, heard in reports:
             self.heard[cluster] = heard
             self.sent[cluster] = 0
-        self._forget()
-
-    def note_sent(self, cluster: str, n: int = 1) -> None:
-        """This dispatcher sent ``n`` queries to ``cluster`` (its own in-flight count grows)."""
-        self.sent[cluster] += n
-        if self._policy in LOAD_AWARE:
-            self._forget()
-        else:
-            self._stale = True
+        self._options = None
+        self._candidates = {}
+        self._cache = {}
 
     def lost(self, cluster: str, at_s: float | None = None) -> None:
         """The report from ``cluster`` failed: it is taken as down, its last load kept."""
         h = self.heard[cluster]
         self.hear(cluster, Heard(h.queue_len, h.busy, h.workers, h.utilization, False, at_s))
 
-    def _build(self) -> None:
-        out = []
-        for s in self.specs:
-            h = self.heard[s.cluster]
-            w = max(1, h.workers)
-            n = h.queue_len + h.busy + self.sent[s.cluster]
-            busy = min(n, w)
-            out.append(pol.Option(s.cluster, s.model, s.rtt_ms, s.service_ms, s.accuracy,
-                                  expected_wait_ms(n - busy, busy, w, s.mean_service_ms), n / w, s.tier, h.up))
-        self._options, self._stale, self._by_family = out, False, {}
+    def note_sent(self, cluster: str, n: int = 1) -> None:
+        """This dispatcher sent ``n`` queries to ``cluster``: its own in-flight count grows, and so
+        does the load it sees there (feasibility does not change: it ignores the load)."""
+        self.sent[cluster] += n
+        if self._options is not None:
+            for i in self._pos[cluster]:
+                self._options[i] = self._option(i)
+        if self._policy in LOAD_AWARE:
+            self._cache = {}
+
+    # -- options ---------------------------------------------------------------------------
+    def _option(self, i: int) -> pol.Option:
+        s = self.specs[i]
+        h = self.heard[s.cluster]
+        w = max(1, h.workers)
+        n = h.queue_len + h.busy + self.sent[s.cluster]
+        busy = min(n, w)
+        return pol.Option(s.cluster, s.model, s.rtt_ms, s.service_ms, s.accuracy,
+                          expected_wait_ms(n - busy, busy, w, s.mean_service_ms), n / w, s.tier, h.up)
 
     @property
     def options(self) -> list[pol.Option]:
         """The :class:`testbed.policies.Option` list as this dispatcher sees it now."""
-        if self._options is None or self._stale:
-            self._build()
+        if self._options is None:
+            self._options = [self._option(i) for i in range(len(self.specs))]
         return self._options
 
-    def options_for(self, family: str = "", load: bool = True) -> list[pol.Option]:
+    def _family_idx(self, family: str) -> list[int]:
+        idx = self._family.get(family)
+        if idx is None:
+            idx = [i for i, s in enumerate(self.specs) if not family or s.family in ("", family)]
+            if not idx:
+                raise ValueError(f"no (cluster, model) option serves family {family!r}")
+            self._family[family] = idx
+        return idx
+
+    def options_for(self, family: str = "") -> list[pol.Option]:
         """The options a query of ``family`` may use: the models of that family ("": all).
-        ``load=False``: the caller does not read the load (a policy outside :data:`LOAD_AWARE`),
-        so options outdated only by this dispatcher's own sends may be reused.
 
         Raises:
             ValueError: no option serves ``family`` (the plan refuses such an experiment).
         """
-        if self._options is None or (self._stale and load):
-            self._build()
-        if not family:
-            return self._options
-        opts = self._by_family.get(family)
-        if opts is None:
-            opts = [o for o, s in zip(self._options, self.specs, strict=True) if s.family in ("", family)]
-            if not opts:
-                raise ValueError(f"no (cluster, model) option serves family {family!r}")
-            self._by_family[family] = opts
-        return opts
+        opts = self.options
+        return [opts[i] for i in self._family_idx(family)]
 
+    def _for_policy(self, family: str, deadline_ms: float, min_accuracy: float) -> list[pol.Option]:
+        """What the policy is given: the family's feasible options when there are any (every
+        policy but ``cloud`` looks only at those, or at all of them to fall back), else all."""
+        opts = self.options
+        if self._policy == "cloud":
+            return [opts[i] for i in self._family_idx(family)]
+        key = (family, deadline_ms, min_accuracy)
+        cand = self._candidates.get(key)
+        if cand is None:
+            fam = self._family_idx(family)
+            ok = {id(o) for o in pol.feasible([opts[i] for i in fam], deadline_ms, min_accuracy)}
+            cand = self._candidates[key] = [i for i in fam if id(opts[i]) in ok] or fam
+        return [opts[i] for i in cand]
+
+    # -- decisions -------------------------------------------------------------------------
     def decide(self, deadline_ms: float, min_accuracy: float, family: str = "") -> pol.Decision:
         """The decision of the policy in force for a query of an application (D_a, A_a, its
         family), without sending it (see :meth:`dispatch`)."""
@@ -211,10 +223,11 @@ class Dispatcher:
             key = (family, deadline_ms, min_accuracy)
             d = self._cache.get(key)
             if d is None:
-                opts = self.options_for(family, self._policy in LOAD_AWARE)
+                opts = self._for_policy(family, deadline_ms, min_accuracy)
                 d = self._cache[key] = pol.decide(self._policy, opts, deadline_ms, min_accuracy, self.ctx)
             return d
-        return pol.decide(self._policy, self.options_for(family, False), deadline_ms, min_accuracy, self.ctx)
+        return pol.decide(self._policy, self._for_policy(family, deadline_ms, min_accuracy), deadline_ms,
+                          min_accuracy, self.ctx)
 
     def dispatch(self, deadline_ms: float, min_accuracy: float, family: str = "") -> pol.Decision:
         """Decide for one query and count it as sent (the dispatcher step of one query)."""
@@ -232,7 +245,8 @@ class Dispatcher:
             d = self.decide(deadline_ms, min_accuracy, family)
             self.note_sent(d.cluster, n)
             return [d] * n
-        out = pol.decide_many(self._policy, self.options_for(family, False), deadline_ms, min_accuracy, n, self.ctx)
+        out = pol.decide_many(self._policy, self._for_policy(family, deadline_ms, min_accuracy), deadline_ms,
+                              min_accuracy, n, self.ctx)
         counts: dict[str, int] = {}
         for d in out:
             counts[d.cluster] = counts.get(d.cluster, 0) + 1

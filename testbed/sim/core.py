@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy import sparse
 
 from testbed import policies as pol
 from testbed.arrivals import make_process
@@ -450,8 +451,10 @@ class Simulator:
         pairs = {(self.src_switch[si], self.cl_switch[ci]) for si in range(nS) for ci in range(nC)}
         routes = self.net.routes(pairs)
         lidx = {k: i for i, k in enumerate(self.link_keys)} | {(b, a): i for i, (a, b) in enumerate(self.link_keys)}
-        self.inc = np.zeros((nS, nC, nL))
-        self.dir_ab = np.zeros((nS, nC, nL))
+        rows: list[int] = []  # (source x nC + cluster) of each link traversal
+        cols: list[int] = []  # its link
+        ab: list[bool] = []  # traversed a -> b (else b -> a)
+        self.path_li: list[list[list[int]]] = [[[] for _ in range(nC)] for _ in range(nS)]
         self.paths: list[list[list[str] | None]] = [[None] * nC for _ in range(nS)]
         self.loss_pct = np.zeros((nS, nC))
         back = np.full((nS, nC), INF)
@@ -467,8 +470,10 @@ class Simulator:
                 hops = len(path) - 1
                 for a, b in zip(path, path[1:], strict=False):
                     li = lidx[(a, b)]
-                    self.inc[si, ci, li] = 1
-                    self.dir_ab[si, ci, li] = 1 if self.link_keys[li] == (a, b) else 0
+                    rows.append(si * nC + ci)
+                    cols.append(li)
+                    ab.append(self.link_keys[li] == (a, b))
+                    self.path_li[si][ci].append(li)
                 self.loss_pct[si, ci] = self.net.path_loss_pct(path)
                 extra = hops * self.per_hop_ms / 2
                 back[si, ci] = (self.net.path_ms(path[::-1], self.resp_bytes) + _host_ms(self.resp_bytes, hs, hc)
@@ -478,6 +483,10 @@ class Simulator:
                         + self.overhead_s
         self.back_s = back.tolist()
         self.fwd_app = [f.tolist() for f in fwd]
+        # (source, cluster) x link incidence per direction of traversal, sparse: a few hops per path
+        ab_arr, r, c = np.array(ab, dtype=bool), np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
+        self._inc_dir = tuple(sparse.csr_array((np.ones(int(m.sum())), (r[m], c[m])), shape=(nS * nC, nL))
+                              for m in (ab_arr, ~ab_arr))
 
     def _init_arrivals(self) -> None:
         self.streams: list[tuple[int, int, object]] = []  # (source, app, process)
@@ -557,7 +566,7 @@ class Simulator:
     def path_links(self, source: str, cluster: str) -> list[tuple[str, str]]:
         """The links (switch pairs, as in :meth:`link_utilization`) of the current source -> cluster route."""
         si, ci = self.src_index[source], self.cl_index[cluster]
-        return [self.link_keys[i] for i in np.flatnonzero(self.inc[si, ci])]
+        return [self.link_keys[i] for i in sorted(self.path_li[si][ci])]
 
     def path_rtt_ms(self, source: str, cluster: str) -> float:
         """The plan's RTT (ms) source -> cluster (what the dispatchers assume)."""
@@ -732,9 +741,9 @@ class Simulator:
     def _count_link_bytes(self, counts: np.ndarray, nbytes: int, direction: int) -> None:
         if not counts.any():
             return
-        fwd = self.dir_ab if direction == 0 else 1 - self.dir_ab
-        per_link = np.einsum("sc,scl->l", counts, self.inc * fwd)
-        per_link_rev = np.einsum("sc,scl->l", counts, self.inc * (1 - fwd))
+        c = counts.ravel()
+        along, against = (c @ m for m in self._inc_dir)  # per link, traversed a -> b / b -> a
+        per_link, per_link_rev = (along, against) if direction == 0 else (against, along)
         self._link_bits[:, 0] += per_link * nbytes * 8
         self._link_bits[:, 1] += per_link_rev * nbytes * 8
 
