@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from testbed.config import WorkloadSpec
+from testbed.errors import InputError
 
 
-class ArrivalError(ValueError):
+class ArrivalError(InputError):
     """An arrival process cannot be built (bad trace file, demand matrix); the message names it."""
 
 

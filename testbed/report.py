@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from testbed.errors import InputError
 from testbed.summary import read_csv_exact
 from testbed.util import markdown_table
 
@@ -34,7 +35,7 @@ MAX_POLICY_PANELS = 8
 MAX_HOP_ROWS = 40
 
 
-class ReportError(ValueError):
+class ReportError(InputError):
     """A run directory that cannot be reported on (named in the message)."""
 
 

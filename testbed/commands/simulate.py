@@ -34,16 +34,11 @@ def register(subparsers) -> None:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from testbed.arrivals import ArrivalError
     from testbed.cli import console
     from testbed.plan import plan_experiment
-    from testbed.sim import SimError, simulate_experiment
+    from testbed.sim import simulate_experiment
 
-    plan = plan_experiment(args.experiment)
-    try:
-        simulate_experiment(plan, Path(args.experiment).parent, Path(args.runs_dir) if args.runs_dir else None,
-                            args.duration, args.seed, args.policy, console=console)
-    except (SimError, ArrivalError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
+    plan = plan_experiment(args.experiment)  # bad input: an InputError, printed once by testbed.cli
+    simulate_experiment(plan, Path(args.experiment).parent, Path(args.runs_dir) if args.runs_dir else None,
+                        args.duration, args.seed, args.policy, console=console)
     return 0
