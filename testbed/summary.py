@@ -186,25 +186,33 @@ def _server_counters(run_dir: Path) -> dict[str, dict]:
     return out
 
 
+#: Link emulator counters (``linkemu/<node>.json``, both directions summed): summary key -> stats prefix.
+LINKEMU_COUNTERS = {"lost": "lost", "overflow": "overflow", "shaper_drops": "shaper_drops",
+                    "dropped_down": "dropped_down", "kernel_drops": "kernel_drops", "send_errors": "send_errors"}
+
+
 def _link_emulators(run_dir: Path) -> dict:
-    """Lateness (ms behind the due time) and drops of every user-space link emulator."""
+    """Lateness (ms behind the due time) and drops of every user-space link emulator: the loss
+    model (``lost``), its FIFO (``overflow``), the bandwidth shaper's queue (``shaper_drops``: the
+    emulated link's own queue, as congestion drops it), frames that met the link down
+    (``dropped_down``), the kernel receive buffer (``kernel_drops``: the emulator fell behind) and
+    send errors."""
     rows = {}
     for f in sorted((run_dir / "linkemu").glob("*.json")):
         try:
             st = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        frames = int(st.get("frames_ab", 0)) + int(st.get("frames_ba", 0))
-        rows[f.stem] = {"delay_ms": st.get("delay_ms"), "frames": frames,
-                        "max_late_ms": round(float(st.get("max_lateness_us", 0.0)) / 1e3, 3),
-                        "mean_late_ms": round(float(st.get("mean_lateness_us", 0.0)) / 1e3, 3),
-                        "lost": int(st.get("lost_ab", 0)) + int(st.get("lost_ba", 0)),
-                        "overflow": int(st.get("overflow_ab", 0)) + int(st.get("overflow_ba", 0)),
-                        "kernel_drops": int(st.get("kernel_drops_ab", 0)) + int(st.get("kernel_drops_ba", 0)),
-                        "send_errors": int(st.get("send_errors_ab", 0)) + int(st.get("send_errors_ba", 0))}
+        row = {"delay_ms": st.get("delay_ms"),
+               "frames": int(st.get("frames_ab", 0) or 0) + int(st.get("frames_ba", 0) or 0),
+               "max_late_ms": round(float(st.get("max_lateness_us", 0.0) or 0.0) / 1e3, 3),
+               "mean_late_ms": round(float(st.get("mean_lateness_us", 0.0) or 0.0) / 1e3, 3)}
+        for key, prefix in LINKEMU_COUNTERS.items():
+            row[key] = int(st.get(f"{prefix}_ab", 0) or 0) + int(st.get(f"{prefix}_ba", 0) or 0)
+        rows[f.stem] = row
     if not rows:
         return {}
-    total = {k: sum(r[k] for r in rows.values()) for k in ("frames", "lost", "overflow", "kernel_drops", "send_errors")}
+    total = {k: sum(r[k] for r in rows.values()) for k in ("frames", *LINKEMU_COUNTERS)}
     total["max_late_ms"] = max(r["max_late_ms"] for r in rows.values())
     return {"per_emulator": rows, "total": total}
 
@@ -330,13 +338,13 @@ def _tables(s: dict) -> list[tuple[str, list[str], list[list[object]]]]:
                     ["cluster", "lives", "served", "dropped queue_full", "dropped admission", "errors",
                      "utilization"], rows))
     le = s.get("link_emulators") or {}
-    rows = [[name, v["delay_ms"], v["frames"], f"{v['max_late_ms']:.3f}", f"{v['mean_late_ms']:.3f}", v["lost"],
-             v["overflow"], v["kernel_drops"], v["send_errors"]] for name, v in le.get("per_emulator", {}).items()]
+    rows = [[name, v["delay_ms"], v["frames"], f"{v['max_late_ms']:.3f}", f"{v['mean_late_ms']:.3f}",
+             *[v[k] for k in LINKEMU_COUNTERS]] for name, v in le.get("per_emulator", {}).items()]
     if rows:
-        out.append(("Link emulators (lateness = sent after the due time; drops: loss model, queue overflow, "
-                    "kernel receive buffer, send errors)",
+        out.append(("Link emulators (lateness = sent after the due time; drops: loss model, FIFO overflow, "
+                    "bandwidth shaper queue, link down, kernel receive buffer, send errors)",
                     ["emulator", "delay ms", "frames", "max late ms", "mean late ms", "lost", "overflow",
-                     "kernel drops", "send errors"], rows))
+                     "shaper drops", "dropped down", "kernel drops", "send errors"], rows))
     top = sorted(s.get("links", {}).items(), key=lambda kv: -max(kv[1]["util_ab_max"], kv[1]["util_ba_max"]))
     rows = [[name, f"{v['capacity_mbps']:g}", f"{v['util_ab_mean']:.4f}/{v['util_ab_max']:.4f}",
              f"{v['util_ba_mean']:.4f}/{v['util_ba_max']:.4f}", v["drops"]] for name, v in top[:8]]
@@ -375,9 +383,10 @@ def _headline(s: dict) -> list[str]:
     lines.append(f"Cold start: {s.get('cold_rule', COLD_RULE)} ({s.get('cold_queries', 0)} cold queries here).")
     le = (s.get("link_emulators") or {}).get("total")
     if le:
-        lines.append(f"Link emulators: at most {le['max_late_ms']:.3f} ms late; {le['lost']} lost, {le['overflow']} "
-                     f"overflow, {le['kernel_drops']} kernel drops, {le['send_errors']} send errors of "
-                     f"{le['frames']} frames.")
+        lines.append(f"Link emulators: at most {le['max_late_ms']:.3f} ms late; {le['frames']} frames delivered; "
+                     f"dropped: {le['lost']} by the loss model, {le['overflow']} FIFO overflow, {le['shaper_drops']} "
+                     f"by the bandwidth shaper, {le['dropped_down']} on a link down, {le['kernel_drops']} by the "
+                     f"kernel (the emulator fell behind), {le['send_errors']} send errors.")
     rc = s.get("records_check") or {}
     if rc.get("missing_query_ids"):
         lines.append(f"WARNING: query ids missing from the records (lost records): {rc['missing_query_ids']}")

@@ -429,7 +429,8 @@ def _records(tmp_path: Path) -> pd.DataFrame:
                                                                       "dropped": 2, "utilization": 0.1}))
     (tmp_path / "linkemu" / "l1.json").write_text(json.dumps({"frames_ab": 10, "frames_ba": 5, "lost_ab": 1,
                                                               "max_lateness_us": 21000.0, "mean_lateness_us": 300.0,
-                                                              "overflow_ba": 2, "delay_ms": 2.0}))
+                                                              "overflow_ba": 2, "shaper_drops_ab": 7,
+                                                              "delay_ms": 2.0}))
     return pd.DataFrame(rows)
 
 
@@ -447,8 +448,9 @@ def test_per_cluster_and_per_cause_tables_agree_with_the_records(tmp_path):
     assert s["per_cluster"]["c1"]["server"] == {"lives": 2, "served": 4, "dropped": 2, "dropped_queue_full": 2,
                                                 "dropped_admission": 0, "errors": 0, "utilization": 0.1}
     assert s["per_cluster"]["c1"]["success"] == 2  # the records, not the server's 4
-    assert s["link_emulators"]["total"] == {"frames": 15, "lost": 1, "overflow": 2, "kernel_drops": 0,
-                                            "send_errors": 0, "max_late_ms": 21.0}
+    assert s["link_emulators"]["total"] == {"frames": 15, "lost": 1, "overflow": 2, "shaper_drops": 7,
+                                            "dropped_down": 0, "kernel_drops": 0, "send_errors": 0,
+                                            "max_late_ms": 21.0}
     assert s["cold_queries"] == 1 and s["e2e_ms"]["p50"] == 10.0  # the cold 10 ms query is left out
     assert s["records_check"] == {"rows_per_source_file": {"a": 8}, "rows_merged": 8, "missing_query_ids": {}}
 
