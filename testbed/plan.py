@@ -17,7 +17,7 @@ node w/o coordinates   error naming every node a derived delay        same, with
                                                                       both
 link capacity          ``bandwidth`` of the link, else the default    GraphML: LinkSpeedRaw, LinkSpeed,
                                                                       LinkLabel (testbed.topology),
-                                                                      noted; above 1000 Mbit/s noted
+                                                                      noted
 disconnected graph     error listing the components, unless           same
                        ``keep_largest_component: true`` (then the
                        smaller components are dropped, noted)
@@ -69,8 +69,6 @@ from testbed.util import repo_path, write_json_atomic
 
 IFNAMSIZ = 16  # Linux include/uapi/linux/if.h; names hold at most IFNAMSIZ-1 = 15 bytes
 PATH_MAX = 4096  # Linux include/uapi/linux/limits.h, terminating NUL included
-#: Mininet's HTB shaper (mininet.link.TCIntf.bwParamMax) ignores rates above this (Mbit/s).
-HTB_MAX_MBPS = 1000.0
 MAX_DPID = 2**64 - 1
 NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9]*$")
 
@@ -360,7 +358,8 @@ class _Builder:
         return lk.bandwidth_mbps, lk.bandwidth_from or "config"
 
     def _note_bandwidths(self, sources: list[tuple[str, str, str, float]]) -> None:
-        """Notes on where the links' capacities come from (datasets) and which exceed the shaper."""
+        """Notes on where the links' capacities come from (GraphML datasets); how the emulation
+        shapes each one is the bring-up's report (``network.json``)."""
         if self.raw.origin == "graphml":
             counts: dict[str, int] = {}
             for _a, _b, src, _bw in sources:
@@ -374,11 +373,6 @@ class _Builder:
             for a, b, src, bw in sources:
                 if "range" in src:
                     self.notes.append(f"link {a!r} - {b!r}: {src} -> {bw:g} Mbit/s")
-        fast = [f"{a!r} - {b!r} ({bw:g})" for a, b, _src, bw in sources if bw > HTB_MAX_MBPS]
-        if fast:
-            self.notes.append(f"{len(fast)} link(s) above {HTB_MAX_MBPS:g} Mbit/s, which Mininet's HTB shaper does not "
-                              f"enforce (the emulation leaves them unshaped; the simulator uses the capacity): "
-                              + ", ".join(fast[:8]) + (", ..." if len(fast) > 8 else ""))
 
     def build_links(self) -> None:
         """Self-loops, parallel links and each link's delay and bandwidth."""

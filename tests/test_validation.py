@@ -262,7 +262,6 @@ def test_graphml_capacities_are_read_and_reported(tmp_path):
     notes = " ".join(plan.notes)
     assert "GraphML link capacities: 1 from LinkLabel, 2 from LinkSpeedRaw" in notes
     assert "link 'N1' - 'N2': LinkLabel range '100-155 Mbit/s', lower bound -> 100 Mbit/s" in notes
-    assert "1 link(s) above 1000 Mbit/s, which Mininet's HTB shaper does not enforce" in notes
     off = exp(topology={"source": "u", "bandwidth": "50Mbit/s", "dataset_link_speeds": False},
               clusters=e.model_dump()["clusters"], sources=[{"name": "src", "site": "N0"}])
     assert {lk.bandwidth_mbps for lk in build_plan(off, load_graphml(g)).links} == {50.0}
