@@ -99,7 +99,8 @@ def test_experiment_file_errors_name_the_item(tmp_path):
 
 def test_shell_metacharacters_in_names_rejected():
     with pytest.raises(Exception, match="pattern"):
-        exp(clusters=[{"name": "e;reboot", "site": "B", "tier": "far_edge", "cpu_cores": 1, "models": ["digits_small"]}])
+        exp(clusters=[{"name": "e;reboot", "site": "B", "tier": "far_edge", "cpu_cores": 1,
+                       "models": ["digits_small"]}])
     with pytest.raises(PlanError, match="lower-case letters and digits"):
         build_plan(exp(), topo(nodes=[dict(TRIANGLE["nodes"][0], name="s1$(id)")] + TRIANGLE["nodes"][1:]))
 
@@ -214,8 +215,8 @@ def test_parallel_links_merged_for_datasets(tmp_path):
 </graphml>""")
     raw = load_graphml(f)
     assert raw.origin == "graphml" and len(raw.links) == 2
-    e = exp(clusters=[{"name": "edge", "site": "Milano", "tier": "far_edge", "cpu_cores": 1, "models": ["digits_small"]}],
-            sources=[{"name": "src", "site": "Torino"}])
+    e = exp(clusters=[{"name": "edge", "site": "Milano", "tier": "far_edge", "cpu_cores": 1,
+                       "models": ["digits_small"]}], sources=[{"name": "src", "site": "Torino"}])
     plan = build_plan(e, raw)
     assert len(plan.links) == 1 and plan.links[0].bandwidth_mbps == 200.0
     assert any("merged into one" in n for n in plan.notes)
@@ -270,7 +271,8 @@ def test_unknown_topohub_key():
 
 
 def test_plan_cli_needs_no_root_and_reports_errors(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", str(REPO / "experiments" / "digits-abilene.yaml")],
+    abilene = REPO / "experiments" / "digits-abilene.yaml"
+    ok = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", str(abilene)],
                         capture_output=True, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert ok.returncode == 0, ok.stderr
     assert "Kansas City" in ok.stdout and "expected RTT ms" in ok.stdout
@@ -289,7 +291,8 @@ def test_switch_named_like_a_link_emulator_rejected():
 
 def test_infinite_values_and_cloud_source_without_cloud_rejected():
     with pytest.raises(Exception, match="finite"):
-        exp(clusters=[{"name": "edge", "site": "B", "tier": "far_edge", "cpu_cores": float("inf"), "models": ["digits_small"]}])
+        exp(clusters=[{"name": "edge", "site": "B", "tier": "far_edge", "cpu_cores": float("inf"),
+                       "models": ["digits_small"]}])
     with pytest.raises(Exception, match="source 'src' sits in the cloud"):
         exp(sources=[{"name": "src", "site": "cloud"}])
 
