@@ -322,14 +322,16 @@ class _Builder:
         raise PlanError(f"{item}: unknown node {ref!r}{_suggest(ref, options)}{why}")
 
     # -- step 2 --
-    def _link_delay(self, a: Switch, b: Switch, configured: float | None) -> tuple[float, str, float | None] | None:
-        """The link's one-way delay (ms), its source and km; None when an end lacks coordinates."""
+    def _link_delay(self, a: Switch, b: Switch, configured: float | None,
+                    km: float | None = None) -> tuple[float, str, float | None] | None:
+        """The link's one-way delay (ms), its source and km (``km``: the length a planar dataset
+        gives); None when an end lacks coordinates and no length is given."""
         if configured is not None:
             return configured, "config", None
-        if any(s.lat is None or s.lon is None for s in (a, b)):
+        if km is None and any(s.lat is None or s.lon is None for s in (a, b)):
             return None
         t = self.exp.topology
-        km = great_circle_km(a.lat, a.lon, b.lat, b.lon)
+        km = km if km is not None else great_circle_km(a.lat, a.lon, b.lat, b.lon)
         geo = km * t.ms_per_km * t.route_factor
         return (geo, "geo", km) if geo >= t.delay_floor_ms else (t.delay_floor_ms, "floor", km)
 
@@ -385,7 +387,7 @@ class _Builder:
                     raise PlanError(f"{item}: self-loop on node {a.label!r}; remove it")
                 self.notes.append(f"self-loop on {a.label!r} dropped (carries no traffic)")
                 continue
-            derived = self._link_delay(a, b, lk.delay_ms)
+            derived = self._link_delay(a, b, lk.delay_ms, lk.km)
             if derived is None:  # an error unless keep_largest_component drops it (check_connectivity)
                 self.undelayed.append((a, b))
                 continue

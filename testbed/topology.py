@@ -72,6 +72,7 @@ class RawLink:
     bandwidth_mbps: float | None = None
     loss_pct: float = 0.0
     bandwidth_from: str | None = None  # a dataset's rule that gave bandwidth_mbps (module docstring)
+    km: float | None = None  # the link's length as the dataset gives it (planar graphs), km
 
 
 @dataclass
@@ -181,13 +182,18 @@ def load_topohub(key: str) -> RawTopology:
         raise TopologyError(
             f"topohub has no topology {key!r} (examples: topozoo/Abilene, sndlib/polska, gabriel/25/0)"
         ) from None
+    planar = key.split("/", 1)[0] == "gabriel"  # synthetic graphs: positions on a plane, not lon/lat
     nodes = []
     for n in data["nodes"]:
         pos = n.get("pos")
-        lon, lat = (pos[0], pos[1]) if pos else (None, None)
+        lon, lat = (pos[0], pos[1]) if pos and not planar else (None, None)
         nodes.append(RawNode(id=str(n["id"]), label=str(n.get("name", n["id"])), lat=lat, lon=lon))
-    links = [RawLink(str(e["source"]), str(e["target"])) for e in data["edges"]]
+    links = [RawLink(str(e["source"]), str(e["target"]), km=_positive(e.get("dist")) if planar else None)
+             for e in data["edges"]]
     notes = [f"topohub {key}: nodes without coordinates are dropped by topohub itself, before loading"]
+    if planar:
+        notes.append(f"topohub {key}: a planar graph (positions are not lon/lat): link lengths are topohub's "
+                     f"edge 'dist' in km")
     return RawTopology(str(data["graph"].get("name", key)), "topohub", nodes, links, notes)
 
 

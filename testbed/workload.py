@@ -16,7 +16,14 @@ policy to apply. Each record carries the policy in force.
 
 Timestamps are ``time.time_ns()``: all emulated hosts share one kernel clock, so t0..t4 from
 different hosts are directly comparable. Records are appended (and flushed) as each query
-resolves, so a run stopped at any point keeps what was measured.
+resolves, so a run stopped at any point keeps what was measured; a write that fails (a full
+disk) keeps the row in memory, retried with the next row and at exit.
+
+Cold start: before the load starts the source opens a keep-alive connection to every cluster (a
+``GET /v1/stats``); a query that still had to open a new TCP connection (its answer paid one
+more RTT for the handshake, e.g. during a burst beyond the connections open) is marked
+``cold = 1`` (aiohttp's connection tracing), and the summary leaves cold queries out of the
+latency percentiles (docs/trustworthy-runs.md).
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ from testbed.model.dispatch import Dispatcher, Heard
 from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
 from testbed.policies import CATALOGUE
 
-#: Client-side errors that mean nothing listens at the server (it is down): connection refused or reset.
-REFUSED_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH})
+#: Client-side errors that mean nothing listens at the server (it is down): connection refused or
+#: reset. "No route to host" is a network failure, not a server that is down: it stays an ``error``.
+REFUSED_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET})
 
 
 def heard_from_stats(stats: dict[str, Any], workers: int, utilization: float, at_s: float) -> Heard:
@@ -91,6 +99,8 @@ class Source:
         self.writer = csv.DictWriter(self.out, fieldnames=RECORD_FIELDS)
         self.writer.writeheader()
         self.out.flush()
+        self.unwritten: list[dict] = []
+        self.write_error = ""
         self.seq = 0
         self.pending: set[asyncio.Task] = set()
         self.stopping = False
@@ -102,13 +112,23 @@ class Source:
         return self.dispatcher.policy
 
     def _write(self, row: dict) -> None:
-        self.writer.writerow(row)
-        self.out.flush()
+        self.unwritten.append(row)
+        try:
+            while self.unwritten:
+                self.writer.writerow(self.unwritten[0])
+                self.unwritten.pop(0)
+            self.out.flush()
+        except OSError as exc:  # e.g. the disk is full: keep the rows, the run's health watch reports it
+            if not self.write_error:
+                print(f"[source] cannot write records to {self.cfg.records}: {exc}; keeping them in memory",
+                      file=sys.stderr, flush=True)
+            self.write_error = str(exc)
 
-    async def _post(self, session, url: str, body: bytes, headers: dict, timeout) -> dict[str, Any]:
-        """One predict request; the times and status the record needs (module docstring)."""
+    async def _post(self, session, url: str, body: bytes, headers: dict, timeout, trace: dict) -> dict[str, Any]:
+        """One predict request; the times and status the record needs (module docstring).
+        ``trace["cold"]`` becomes True if it had to open a new connection."""
         out: dict[str, Any] = {"status": None}
-        async with session.post(url, data=body, timeout=timeout, headers=headers) as resp:
+        async with session.post(url, data=body, timeout=timeout, headers=headers, trace_request_ctx=trace) as resp:
             payload = await resp.read()
             out.update(t4_ns=time.time_ns(), status=resp.status, response_bytes=len(payload))
             h = resp.headers
@@ -146,8 +166,9 @@ class Source:
         timeout = aiohttp.ClientTimeout(total=(app.deadline_ms + self.cfg.grace_ms) / 1e3)
         got: dict[str, Any] = {"status": None}
         error = ""
+        trace = {"cold": False}
         try:
-            got = await self._post(session, url, body, headers, timeout)
+            got = await self._post(session, url, body, headers, timeout, trace)
         except TimeoutError:
             pass  # no answer within deadline + grace
         except (aiohttp.ClientError, OSError, ValueError, KeyError) as exc:
@@ -156,7 +177,7 @@ class Source:
         row = make_record(query_id=qid, source=self.name, application=app.name, cluster=d.cluster, model=d.model,
                           policy=policy, fallback=d.fallback, deadline_ms=app.deadline_ms,
                           min_accuracy=app.min_accuracy, model_accuracy=opt.accuracy, expected_rtt_ms=opt.rtt_ms,
-                          t0_ns=t0, request_bytes=len(body), label=label, error=error, **got)
+                          t0_ns=t0, request_bytes=len(body), label=label, error=error, cold=trace["cold"], **got)
         self.win_resolved.append((app.name, row["outcome"] == "success", (t0 - self.cfg.start_ns) / 1e9))
         self._write(row)
 
@@ -241,18 +262,47 @@ class Source:
                 task.add_done_callback(self.pending.discard)
             a += window
 
+    async def _open_connections(self, session) -> None:
+        """One keep-alive connection to every cluster before the load (a ``GET /v1/stats`` each;
+        a failure is only noted: the first report will say the cluster is down)."""
+        import aiohttp
+
+        async def one(cluster: str) -> None:
+            url = f"http://{self.ip[cluster]}:{self.cfg.server_port}/v1/stats"
+            try:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                    await resp.read()
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                print(f"[source] cannot reach cluster {cluster} before the load: {exc}", file=sys.stderr)
+
+        await asyncio.gather(*(one(c) for c in self.ip))
+
+    @staticmethod
+    def _tracing():
+        """aiohttp tracing that marks a request's context ``cold`` when it opens a connection."""
+        import aiohttp
+
+        async def created(session, ctx, params) -> None:
+            if isinstance(ctx.trace_request_ctx, dict):
+                ctx.trace_request_ctx["cold"] = True
+
+        tc = aiohttp.TraceConfig()
+        tc.on_connection_create_end.append(created)
+        return tc
+
     async def run(self) -> None:
         import aiohttp
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop)
-        await asyncio.sleep(max(0.0, self.cfg.start_ns / 1e9 - time.time()))
-        t_start = loop.time()
-        end = t_start + self.cfg.duration_s
-        conn = aiohttp.TCPConnector(limit=0, force_close=False)
+        conn = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=60)
         try:
-            async with aiohttp.ClientSession(connector=conn) as session:
+            async with aiohttp.ClientSession(connector=conn, trace_configs=[self._tracing()]) as session:
+                await self._open_connections(session)
+                await asyncio.sleep(max(0.0, self.cfg.start_ns / 1e9 - time.time()))
+                t_start = loop.time()
+                end = t_start + self.cfg.duration_s
                 side = [asyncio.create_task(self._poll_stats(session, end))]
                 if self.aset is not None:
                     side.append(asyncio.create_task(self._aset_loop(end)))
@@ -262,7 +312,17 @@ class Source:
                 if self.pending:
                     await asyncio.wait(set(self.pending))
         finally:
+            self._close()
+
+    def _close(self) -> None:
+        """Write what a failed write kept, then close the records file."""
+        try:
+            for row in self.unwritten:
+                self.writer.writerow(row)
+            self.unwritten = []
             self.out.close()
+        except OSError as exc:
+            print(f"[source] {len(self.unwritten)} record(s) could not be written: {exc}", file=sys.stderr)
 
     def _stop(self) -> None:
         self.stopping = True
