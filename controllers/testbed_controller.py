@@ -61,8 +61,18 @@ from ryu.lib import hub
 from ryu.lib.packet import arp, ether_types, ethernet, packet
 from ryu.ofproto import ofproto_v1_3
 from ryu.topology import event as topo_event
+from ryu.topology.switches import Switches
 
 import testbed.routing as routing
+
+#: LLDP pacing of ``ryu.topology``: Ryu sleeps ``LLDP_SEND_GUARD`` (50 ms) after each periodic LLDP
+#: frame, so at 186 links (372 ports) one round takes 18.6 s, and a link whose first LLDP was
+#: lost (its far switch not connected yet) waits that long to be discovered. 1 ms makes a round
+#: 0.4 s. Once every link is known the period becomes :data:`LLDP_PERIOD_RUNNING_S`: failures
+#: arrive as port status, a repaired port is probed at once (``ryu.topology`` moves it to the
+#: front), so frequent LLDP only loads the switches and the links.
+Switches.LLDP_SEND_GUARD = 0.001
+LLDP_PERIOD_RUNNING_S = float(os.environ.get("TESTBED_LLDP_PERIOD_S", "10"))
 
 CONFIG_ENV = "TESTBED_CONTROLLER_CONFIG"
 PINS_ENV = "TESTBED_CONTROLLER_PINS"
@@ -375,6 +385,7 @@ class TestbedController(app_manager.RyuApp):
         if not self.initial_done:
             self.logger.info("all %d switches and %d links present: installing %d flows (%s)",
                              len(self.switch_names), len(self.link_cfg), len(desired), reason)
+            Switches.LLDP_SEND_PERIOD_PER_PORT = LLDP_PERIOD_RUNNING_S
         elif touched:
             self.logger.info("routes recomputed (%s): %d switch(es), %d flow(s) updated", reason, len(touched),
                              changed)

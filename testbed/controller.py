@@ -112,15 +112,17 @@ def _port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def controller_command(of_port: int, rest_port: int, app: str | Path = CONTROLLER_APP) -> list[str]:
-    """The ``ryu-manager`` command line used by :func:`start_controller` (OpenFlow and REST on 127.0.0.1)."""
+def controller_command(of_port: int, rest_port: int, app: str | Path = CONTROLLER_APP,
+                       of_host: str = "127.0.0.1") -> list[str]:
+    """The ``ryu-manager`` command line used by :func:`start_controller` (OpenFlow on ``of_host``,
+    REST on 127.0.0.1)."""
     return [_python(), "-m", "testbed.ryu_launcher", "--observe-links",
-            "--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port", str(of_port),
+            "--ofp-listen-host", of_host, "--ofp-tcp-listen-port", str(of_port),
             "--wsapi-host", "127.0.0.1", "--wsapi-port", str(rest_port), str(app)]
 
 
 def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_path: str | Path,
-                     pins_path: str | Path | None = None) -> subprocess.Popen:
+                     pins_path: str | Path | None = None, of_host: str = "127.0.0.1") -> subprocess.Popen:
     """Start ``ryu-manager`` with the testbed app, in its own process group.
 
     Args:
@@ -130,6 +132,7 @@ def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_
         log_path: file receiving the controller's stdout and stderr (parents created).
         pins_path: JSON list of pinned probe pairs (``{"a_mac", "b_mac", "a", "b"}``: their traffic
             crosses exactly the link between DPIDs a and b), or None.
+        of_host: the address the switches connect to (127.0.0.1, or the OVS shards' control address).
 
     Returns:
         The running process (``start_new_session=True``: its pid is its process group id).
@@ -141,8 +144,8 @@ def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_
     config_path = Path(config_path).resolve()
     if not config_path.is_file():
         raise FileNotFoundError(f"controller config {config_path} does not exist (write it with write_config)")
-    for what, port in (("OpenFlow", of_port), ("REST", rest_port)):
-        if _port_in_use(port):
+    for what, port, host in (("OpenFlow", of_port, of_host), ("REST", rest_port, "127.0.0.1")):
+        if _port_in_use(port, host):
             raise ControllerError(f"{what} port {port} on 127.0.0.1 is already in use (another ryu-manager? "
                                   f"see `ss -ltnp 'sport = :{port}'`); choose another port")
     log_path = Path(log_path)
@@ -152,7 +155,8 @@ def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_
         env[PINS_ENV] = str(Path(pins_path).resolve())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(controller_command(of_port, rest_port), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(controller_command(of_port, rest_port, of_host=of_host), stdout=log,
+                                stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, cwd=str(REPO_ROOT), start_new_session=True)
     _STARTED[rest_port] = (proc, log_path, of_port)
     time.sleep(0.3)

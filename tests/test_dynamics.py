@@ -198,7 +198,8 @@ def test_links_above_1gbits_are_shaped_not_clamped(live, tmp_path):
     for h in table["hosts"]:  # both ends of every host link at 2000 Mbit/s (Mininet would drop bw > 1000)
         assert h["applied_mbps_host_to_switch"] == h["applied_mbps_switch_to_host"] == 2000.0, h
     host_if, sw_if = live.emu.host_intfs["srca"]
-    assert read_htb_rate_mbps(sw_if) == 2000.0
+    home = live.emu.port_node(sw_if)  # None: the root namespace (no OVS shards)
+    assert read_htb_rate_mbps(sw_if, live.emu.node(home) if home else None) == 2000.0
     # The link emulator shapes any rate: set A-B to 2.5 Gbit/s and read it back.
     got = live.emu.set_link(1, rate_mbps=2500.0)["params"]["rate_mbps"]
     live.emu.set_link(1, rate_mbps=100.0)

@@ -98,6 +98,7 @@ class Live:
             out["ryu-manager"] = self.controller
         for name, proc in getattr(self.emu, "emulator_procs", {}).items():
             out[f"linkemu-{name}"] = proc
+        out.update(self.emu.components() if hasattr(self.emu, "components") else {})
         if self.dynamics is not None:
             out.update(self.dynamics.components())
         return out
@@ -121,8 +122,8 @@ def new_run_dir(plan: Plan, runs_dir: Path | None = None) -> tuple[str, Path]:
     return run_id, run_dir
 
 
-def wait_listening(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
-    """Wait until ryu-manager accepts OpenFlow connections on 127.0.0.1:``port``, so the switches
+def wait_listening(port: int, proc: subprocess.Popen, timeout_s: float, host: str = "127.0.0.1") -> None:
+    """Wait until ryu-manager accepts OpenFlow connections on ``host``:``port``, so the switches
     find it at their first attempt.
 
     Raises:
@@ -131,14 +132,14 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
     def listening() -> bool:
         with socket.socket() as s:
             s.settimeout(0.2)
-            return s.connect_ex(("127.0.0.1", port)) == 0
+            return s.connect_ex((host, port)) == 0
 
-    poll_until(listening, timeout_s, f"ryu-manager listening on 127.0.0.1:{port}", proc=proc)
+    poll_until(listening, timeout_s, f"ryu-manager listening on {host}:{port}", proc=proc)
 
 
-def _intent_log(plan: Plan, run_id: str, link_emulator: str) -> None:
+def _intent_log(plan: Plan, run_id: str, link_emulator: str, datapath: str) -> None:
     write_state({"run_id": run_id, "pid": os.getpid(), "bridges": [s.name for s in plan.switches],
-                 "interfaces": planned_root_interfaces(plan, link_emulator),
+                 "interfaces": planned_root_interfaces(plan, link_emulator, datapath, run_id),
                  "cgroups": [str(cgroups.ROOT / sub / f"testbed-{run_id}-{c.name}")
                              for c in plan.clusters for sub in ("cpu", "memory", "")]})
 
@@ -169,8 +170,9 @@ def _start_controller(plan: Plan, emu: Emulation, run_id: str, run_dir: Path, co
     pins = run_dir / "controller-pins.json"
     pins.write_text(json.dumps(_pins(plan, emu), indent=1))
     with console.status("starting ryu-manager and the switches..."):
-        proc = ctl.start_controller(cfg_path, em.of_port, em.rest_port, run_dir / "logs" / "controller.log", pins)
-        wait_listening(em.of_port, proc, timeout_s=30)
+        proc = ctl.start_controller(cfg_path, em.of_port, em.rest_port, run_dir / "logs" / "controller.log", pins,
+                                    of_host=emu.controller_host)
+        wait_listening(em.of_port, proc, timeout_s=30, host=emu.controller_host)
         emu.start_switches(run_id)
         ctl.wait_ready(f"http://127.0.0.1:{em.rest_port}", timeout_s=60 + 2 * len(plan.links))
     return proc
@@ -210,7 +212,7 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
         if foreign:
             raise RunError(f"OVS bridge(s) {', '.join(foreign)} exist and are not ours; remove them or "
                            f"rename the switches (topology node 'name')")
-        _intent_log(plan, run_id, le)
+        _intent_log(plan, run_id, le, dp)
         plan.write_json(run_dir / "plan.json")
         with console.status("building the network (Mininet)..."):
             emu = Emulation(plan, le, dp, run_dir, run_id)

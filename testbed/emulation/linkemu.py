@@ -1114,6 +1114,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"SO_RCVBUF/SO_SNDBUF request, bytes (default {DEFAULT_SOCKBUF_BYTES})")
     p.add_argument("--nice", type=int, default=DEFAULT_NICE,
                    help=f"scheduling nice value to set (default {DEFAULT_NICE}; needs root if < 0)")
+    p.add_argument("--rt-priority", type=int, default=0,
+                   help="run under SCHED_FIFO at this priority (1-99; 0: not, use --nice)")
     p.add_argument("--queue-limit", type=int, default=DEFAULT_QUEUE_LIMIT,
                    help=f"frames held per direction in the delay line (default {DEFAULT_QUEUE_LIMIT})")
     return p
@@ -1153,8 +1155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     emu.install_signal_handlers()
     try:
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)
+        if args.rt_priority:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(args.rt_priority))
     except OSError as exc:
-        print(f"linkemu: warning: cannot set nice {args.nice}: {exc}", file=sys.stderr)
+        print(f"linkemu: warning: cannot set nice {args.nice} / SCHED_FIFO {args.rt_priority}: {exc}",
+              file=sys.stderr)
     if len(cfgs) == 1:
         c = cfgs[0]
         print(f"linkemu ready: {c.if_a}<->{c.if_b} delay={c.delay_ms}ms jitter={c.jitter_ms}ms "

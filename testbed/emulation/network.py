@@ -17,6 +17,16 @@ links at run time.
 * Probe hosts ``P<i>a`` / ``P<i>b`` (unshaped) at both ends of every link that scenario events
   change: they measure each change and carry congestion traffic (:mod:`testbed.emulation.dynamics`).
   Names with capitals cannot collide with a plan's names (``[a-z][a-z0-9]*``).
+* **OVS shards** (userspace datapath, more than :data:`SHARD_ABOVE_SWITCHES` switches): one
+  ``ovs-vswitchd`` forwards every packet of every bridge in its single main thread, and that thread
+  polls every port of every bridge at each wake-up, so the cost of a hop grows with the size of the
+  whole network (measured, ``benchmarks/scale_bench.py profile``: a 10-switch path costs 0.18 ms of
+  RTT per switch next to 0 other bridges, 0.96 ms next to 30, 2.4 ms next to 90). The switches are
+  therefore split, in breadth-first order, over shards of :data:`SWITCHES_PER_OVS`: each shard is a
+  private ``ovsdb-server`` and ``ovs-vswitchd`` (children of the run, tagged) whose vswitchd runs in
+  a namespace of its own (node ``O<k>``) that holds its switches' ports (two userspace datapaths
+  in one namespace collide on the ``ovs-netdev`` tap); it reaches ryu-manager over a veth to the
+  root namespace (:data:`CONTROLLER_IP`). Smaller networks use the system's Open vSwitch as before.
 * Offloads are switched off on every veth (needed by the userspace datapath and the link emulator,
   see environment.md) and IPv6 is disabled in every namespace (no stray solicitations).
 
@@ -49,6 +59,25 @@ LINKS_PER_EMULATOR = int(os.environ.get("TESTBED_LINKS_PER_EMULATOR", "64"))
 QUEUE_PACKETS = 1000
 #: HTB's class quantum, bytes: explicit, so that no rate triggers "quantum of class is big".
 HTB_QUANTUM = 60000
+#: Switches per OVS shard, and the network size from which shards are used (userspace datapath).
+#: Measured on Gabriel 100 under SCHED_FIFO, RTT self-check error median: 4.1 ms with 10 per shard,
+#: 3.1-3.5 with 5, 3.2-3.3 with 3 (and more processes). ``$TESTBED_SWITCHES_PER_OVS`` /
+#: ``$TESTBED_SHARD_ABOVE`` override them (benchmarks).
+SWITCHES_PER_OVS = int(os.environ.get("TESTBED_SWITCHES_PER_OVS", "5"))
+SHARD_ABOVE_SWITCHES = int(os.environ.get("TESTBED_SHARD_ABOVE", "16"))
+#: ryu-manager's OpenFlow address when shards are used (a /32 in the root namespace), and the
+#: /22 the shards' control veths are numbered from (root side .2k, shard side .2k+1).
+CONTROLLER_IP = "169.254.255.254"
+CONTROL_NET = "169.254.252.0"
+OVS_SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
+#: SCHED_FIFO priority of the forwarding processes (link emulators, shards' ovs-vswitchd); 0: nice -10
+#: only. netem works in softirq, ahead of every process; this is its user-space counterpart. Measured
+#: on Gabriel 100 (20 shards) while other jobs kept both cores busy (load 3): RTT self-check error
+#: median 6.3-11.0 ms at nice -10, 3.1-3.5 ms under SCHED_FIFO (the kernel's EEVDF scheduler does
+#: not preempt a busy task for a woken nice -10 one at once). The kernel's RT throttling
+#: (``sched_rt_runtime_us``, 95 %) keeps the rest of the machine alive should one spin.
+#: ``$TESTBED_RT_PRIORITY`` overrides it (benchmarks).
+RT_PRIORITY = int(os.environ.get("TESTBED_RT_PRIORITY", "10"))
 #: Where control sockets live (short paths: a Unix socket path holds at most 107 bytes).
 CONTROL_ROOT = Path(os.environ.get("TESTBED_STATE_DIR", "/run/aset-testbed"))
 #: Link emulators forward this much at most per link on the 2-core build machine (Mbit/s,
@@ -154,6 +183,38 @@ def emulator_groups(plan: Plan) -> dict[str, list[int]]:
     return {f"emu{k}": idx[i:i + LINKS_PER_EMULATOR] for k, i in enumerate(range(0, len(idx), LINKS_PER_EMULATOR))}
 
 
+def ovs_shards(plan: Plan, datapath: str) -> list[list[str]]:
+    """Switch names per OVS shard (module doc), breadth-first from the first switch so that
+    neighbours tend to share a shard; [] when the system's Open vSwitch serves them all."""
+    if datapath != "user" or len(plan.switches) <= SHARD_ABOVE_SWITCHES:
+        return []
+    adj: dict[str, list[str]] = {s.name: [] for s in plan.switches}
+    for lk in plan.links:
+        adj[lk.a].append(lk.b)
+        adj[lk.b].append(lk.a)
+    order: list[str] = []
+    seen: set[str] = set()
+    for start in adj:
+        if start in seen:
+            continue
+        seen.add(start)
+        queue = [start]
+        while queue:
+            u = queue.pop(0)
+            order.append(u)
+            for v in adj[u]:
+                if v not in seen:
+                    seen.add(v)
+                    queue.append(v)
+    k = SWITCHES_PER_OVS
+    return [order[i:i + k] for i in range(0, len(order), k)]
+
+
+def control_veth(run_id: str, k: int) -> str:
+    """Root-namespace name of shard ``k``'s control veth (unique per run, <= 15 bytes)."""
+    return f"tbc{hashlib.sha1(run_id.encode()).hexdigest()[:5]}{k}"
+
+
 def _port_order(plan: Plan) -> list[tuple[str, str]]:
     """(switch, what) for every switch port in the order the build creates them (Mininet numbers
     a switch's ports 1, 2, ... in that order)."""
@@ -175,8 +236,12 @@ def switch_port_names(plan: Plan) -> list[str]:
     return names
 
 
-def planned_root_interfaces(plan: Plan, link_emulator: str) -> list[str]:
-    """Names of the root-namespace interfaces the build will create (switch ports), for cleanup."""
+def planned_root_interfaces(plan: Plan, link_emulator: str, datapath: str = "kernel", run_id: str = "") -> list[str]:
+    """Names of the root-namespace interfaces the build will create, for cleanup: the switch ports,
+    or, with OVS shards (whose namespaces hold the ports), the shards' control veths."""
+    shards = ovs_shards(plan, datapath)
+    if shards:
+        return [control_veth(run_id, k) for k in range(len(shards))]
     return switch_port_names(plan)
 
 
@@ -266,6 +331,26 @@ _TC_RATE = re.compile(r"class htb 5:1 .*?\brate (\d+(?:\.\d+)?)([KMGT]?)bit")
 _SI = {"": 1e-6, "K": 1e-3, "M": 1.0, "G": 1e3, "T": 1e6}
 
 
+def _priority_prefix() -> list[str]:
+    """The command prefix that runs a forwarding daemon at :data:`RT_PRIORITY` (SCHED_FIFO) or nice -10."""
+    return ["chrt", "-f", str(RT_PRIORITY)] if RT_PRIORITY else ["nice", "-n", "-10"]
+
+
+def _wait_for(cond, timeout_s: float, what: str, proc=None) -> None:
+    """Poll ``cond`` every 20 ms until true.
+
+    Raises:
+        EmulationError: ``proc`` exited or ``timeout_s`` passed (``what`` names it).
+    """
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            raise EmulationError(f"{what} exited with code {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise EmulationError(f"{what} not ready after {timeout_s:g} s")
+        time.sleep(0.02)
+
+
 def read_htb_rate_mbps(dev: str, node=None) -> float | None:
     """The rate of HTB class 5:1 on ``dev`` as the kernel reports it (``tc class show``), Mbit/s;
     None if there is none."""
@@ -276,6 +361,47 @@ def read_htb_rate_mbps(dev: str, node=None) -> float | None:
 
 
 # --------------------------------------------------------------------------- the network
+
+@dataclass
+class OvsShard:
+    """A private Open vSwitch (module doc): ``ovsdb-server`` in the root namespace, ``ovs-vswitchd``
+    in Mininet node ``node`` (the namespace holding ``switches``' ports), files in ``dir``,
+    reaching ryu-manager over the veth ``veth`` (root side)."""
+
+    index: int
+    node: str
+    switches: list[str]
+    dir: Path
+    veth: str
+    procs: dict = field(default_factory=dict)  # "ovsdb-server" / "ovs-vswitchd" -> process
+
+    @property
+    def db(self) -> str:
+        return f"unix:{self.dir}/db.sock"
+
+    def vsctl(self, *args: str) -> list[str]:
+        return ["ovs-vsctl", f"--db={self.db}", "--timeout=60", *args]
+
+
+def _control_addresses(k: int) -> tuple[str, str]:
+    """(root side, shard side) addresses of shard ``k``'s control veth, a /31 each."""
+    import ipaddress
+
+    base = int(ipaddress.ip_address(CONTROL_NET)) + 2 * k
+    return str(ipaddress.ip_address(base)), str(ipaddress.ip_address(base + 1))
+
+
+def _sh(cmd: list[str], what: str) -> str:
+    """Run ``cmd`` in the root namespace; its stdout.
+
+    Raises:
+        EmulationError: it failed (``what`` and its stderr in the message).
+    """
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        raise EmulationError(f"{what}: '{' '.join(cmd)}' failed: {(res.stderr or res.stdout).strip()}")
+    return res.stdout
+
 
 @dataclass
 class Emulation:
@@ -294,11 +420,27 @@ class Emulation:
     applied: dict[int, dict] = field(default_factory=dict)  # link index -> parameters in force
     ports: dict[int, tuple[str, str]] = field(default_factory=dict)  # link index -> (a port, b port)
     host_intfs: dict[str, tuple[str, str]] = field(default_factory=dict)  # host -> (its interface, switch port)
+    shards: list[OvsShard] = field(default_factory=list)
+    port_home: dict[str, str] = field(default_factory=dict)  # switch port -> its shard node (sharded only)
     _controls: dict = field(default_factory=dict)  # emulator process name -> (LinkControl, process, socket path)
     _group_of: dict[int, str] = field(default_factory=dict)
 
+    @property
+    def controller_host(self) -> str:
+        """The address ryu-manager listens on for OpenFlow."""
+        return CONTROLLER_IP if self.shards else "127.0.0.1"
+
+    def port_node(self, ifname: str) -> str | None:
+        """The Mininet node whose namespace holds switch port ``ifname`` (None: the root namespace)."""
+        return self.port_home.get(ifname)
+
+    def _port_cmd(self, ifname: str):
+        """The Mininet node to run a command on ``ifname`` in (None: the root namespace)."""
+        home = self.port_home.get(ifname)
+        return None if home is None else self.net.get(home)
+
     def build(self) -> None:
-        """Create namespaces, switches and links (nothing is started yet).
+        """Create namespaces, switches (or OVS shard nodes) and links (nothing is started yet).
 
         Raises:
             EmulationError: Mininet failed to build, or a port name is too long.
@@ -306,8 +448,9 @@ class Emulation:
         mn_net, mn_node, mn_link = _import_mininet()
         check_interface_names(self.plan)
 
-        class LinkEmulatorNode(mn_node.Node):
-            """A namespace holding only a link's two emulator interfaces: no IP, interfaces up."""
+        class PortNode(mn_node.Node):
+            """A namespace holding only ports (a link's emulator interfaces, or an OVS shard's
+            switch ports): no IP, interfaces up."""
 
             def config(self, **params):
                 params.pop("ip", None)
@@ -328,21 +471,32 @@ class Emulation:
         net = mn_net.Mininet(topo=None, build=False, controller=None, autoSetMacs=False,
                              autoStaticArp=False, waitConnected=False)
         self.net = net
-        net.addController("c0", controller=Ryu, ip="127.0.0.1", port=exp.emulation.of_port)
-        for s in self.plan.switches:
-            net.addSwitch(s.name, cls=mn_node.OVSSwitch, dpid=f"{s.dpid:016x}", datapath=self.datapath,
-                          protocols="OpenFlow13", failMode="secure")
-        self._add_switch_links(net, LinkEmulatorNode)
+        home = self._add_switches(net, mn_node, PortNode, Ryu, exp.emulation.of_port)
+        names = iter(switch_port_names(self.plan))
+
+        def link(a, b, a_port: bool, b_port: bool = False) -> list[str]:
+            """A veth between ``a`` and ``b``; its switch end(s) get their planned port names."""
+            kw, out = {}, []
+            for is_port, key, node in ((a_port, "intfName1", a), (b_port, "intfName2", b)):
+                if is_port:
+                    kw[key] = port = next(names)
+                    out.append(port)
+                    if self.shards:
+                        self.port_home[port] = node.name
+            net.addLink(a, b, cls=mn_link.Link, **kw)
+            return out
+
+        self._add_switch_links(net, PortNode, home, link)
         for h in self.plan.hosts:
             host = net.addHost(h.name, ip=f"{h.ip}/8", mac=h.mac)
-            lnk = net.addLink(host, net.get(h.switch), cls=mn_link.Link)
-            self.host_ports[h.name] = net.get(h.switch).ports[lnk.intf2]
-            self.host_intfs[h.name] = (lnk.intf1.name, lnk.intf2.name)
+            (port,) = link(host, home[h.switch], False, True)
+            self.host_ports[h.name] = int(port.rsplit("-eth", 1)[1])
+            self.host_intfs[h.name] = (f"{h.name}-eth0", port)
         self.probes = probe_hosts(self.plan)
         for p in self.probes:
             host = net.addHost(p.name, ip=f"{p.ip}/8", mac=p.mac)
-            lnk = net.addLink(host, net.get(p.switch), cls=mn_link.Link)
-            self.host_ports[p.name] = net.get(p.switch).ports[lnk.intf2]
+            (port,) = link(host, home[p.switch], False, True)
+            self.host_ports[p.name] = int(port.rsplit("-eth", 1)[1])
         try:
             net.build()
         except Exception as exc:  # Mininet raises bare Exceptions
@@ -353,29 +507,46 @@ class Emulation:
         for lk in self.plan.links:
             self.applied[lk.index] = {"delay_ms": lk.delay_ms, "rate_mbps": lk.bandwidth_mbps, "loss_pct": lk.loss_pct,
                                       "up": True}
+        if self.shards:
+            self._control_network()
 
-    def _add_switch_links(self, net, emu_cls) -> None:
-        _, _, mn_link = _import_mininet()
+    def _add_switches(self, net, mn_node, port_node_cls, ryu_cls, of_port: int) -> dict:
+        """Mininet switches (system Open vSwitch) or one port node per OVS shard; switch -> the
+        Mininet node its ports go on."""
+        groups = ovs_shards(self.plan, self.datapath)
+        if not groups:
+            net.addController("c0", controller=ryu_cls, ip="127.0.0.1", port=of_port)
+            for s in self.plan.switches:
+                net.addSwitch(s.name, cls=mn_node.OVSSwitch, dpid=f"{s.dpid:016x}", datapath=self.datapath,
+                              protocols="OpenFlow13", failMode="secure")
+            return {s.name: net.get(s.name) for s in self.plan.switches}
+        home = {}
+        for k, members in enumerate(groups):
+            node = net.addHost(f"O{k}", cls=port_node_cls, ip=None)
+            self.shards.append(OvsShard(k, node.name, members, control_dir(self.run_id) / f"ovs{k}",
+                                        control_veth(self.run_id, k)))
+            home.update(dict.fromkeys(members, node))
+        return home
+
+    def _add_switch_links(self, net, emu_cls, home: dict, link) -> None:
         for group, idx in emulator_groups(self.plan).items():
             for i in idx:
                 self._group_of[i] = group
         for lk in self.plan.links:
-            a, b = net.get(lk.a), net.get(lk.b)
+            a, b = home[lk.a], home[lk.b]
             if self.link_emulator == "netem":
-                lnk = net.addLink(a, b, cls=mn_link.Link)
-                self.ports[lk.index] = (lnk.intf1.name, lnk.intf2.name)
+                pa, pb = link(a, b, True, True)
             else:
                 emu = net.addHost(lk.emu_name, cls=emu_cls, ip=None)
-                l1 = net.addLink(a, emu, cls=mn_link.Link)
-                l2 = net.addLink(emu, b, cls=mn_link.Link)
-                self.ports[lk.index] = (l1.intf1.name, l2.intf2.name)
+                (pa,) = link(a, emu, True)
+                (pb,) = link(emu, b, False, True)
+            self.ports[lk.index] = (pa, pb)
 
     def _configure_interfaces(self, net) -> None:
         for node in net.hosts:
-            node.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
-            for intf in node.intfNames():
-                if intf != "lo":
-                    node.cmd(f"ethtool -K {intf} {OFFLOAD_OFF}")
+            intfs = [i for i in node.intfNames() if i != "lo"]
+            node.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1; "
+                     + "; ".join(f"ethtool -K {i} {OFFLOAD_OFF}" for i in intfs))
         for sw in net.switches:
             for intf in sw.intfNames():
                 if intf != "lo":
@@ -383,21 +554,90 @@ class Emulation:
                                    f"sysctl -qw net.ipv6.conf.{intf}.disable_ipv6=1",
                                    shell=True, capture_output=True)
 
+    def _control_network(self) -> None:
+        """A veth per shard to the root namespace; ryu-manager's address on shard 0's root side,
+        reached by every shard through its own veth."""
+        for sh in self.shards:
+            node = self.net.get(sh.node)
+            root_ip, shard_ip = _control_addresses(sh.index)
+            _sh(["ip", "link", "add", sh.veth, "type", "veth", "peer", "name", "ctl0", "netns", str(node.pid)],
+                f"control veth of shard {sh.node}")
+            _sh(["ip", "addr", "add", f"{root_ip}/31", "dev", sh.veth], "control veth address")
+            if sh.index == 0:
+                _sh(["ip", "addr", "add", f"{CONTROLLER_IP}/32", "dev", sh.veth], "controller address")
+            _sh(["ip", "link", "set", sh.veth, "up"], "control veth up")
+            out = node.cmd(f"ip addr add {shard_ip}/31 dev ctl0 && ip link set ctl0 up && ip link set lo up && "
+                           f"ip route add {CONTROLLER_IP}/32 via {root_ip} && echo ok")
+            if "ok" not in out:
+                raise EmulationError(f"control network of shard {sh.node}: {out.strip()}")
+
+    def _start_shards(self, run_id: str) -> None:
+        """Per shard: its database, ovsdb-server, ovs-vswitchd (at nice -10, as the system's), and
+        its bridges with their ports, controller and tag in one transaction.
+
+        Raises:
+            EmulationError: a daemon did not come up or ovs-vsctl failed (its log is named).
+        """
+        logs = self.run_dir / "logs"
+        dpid = {s.name: s.dpid for s in self.plan.switches}
+        ports_of: dict[str, list[str]] = {}
+        for name in switch_port_names(self.plan):
+            ports_of.setdefault(name.rsplit("-eth", 1)[0], []).append(name)
+        of_port = self.plan.experiment.emulation.of_port
+        for sh in self.shards:
+            sh.dir.mkdir(parents=True, exist_ok=True)
+            _sh(["ovsdb-tool", "create", str(sh.dir / "conf.db"), str(OVS_SCHEMA)], f"database of shard {sh.node}")
+            sh.procs["ovsdb-server"] = subprocess.Popen(
+                ["ovsdb-server", str(sh.dir / "conf.db"), f"--remote=punix:{sh.dir}/db.sock",
+                 f"--unixctl={sh.dir}/ovsdb.ctl", f"--pidfile={sh.dir}/ovsdb.pid", "--no-chdir",
+                 f"--log-file={logs}/ovsdb-{sh.node}.log", "-vconsole:off"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for sh in self.shards:
+            _wait_for(lambda sh=sh: (sh.dir / "db.sock").exists(), 10, f"ovsdb-server of shard {sh.node}",
+                      sh.procs["ovsdb-server"])
+            _sh(sh.vsctl("--no-wait", "init"), f"database of shard {sh.node}")
+            sh.procs["ovs-vswitchd"] = self.net.get(sh.node).popen(
+                [*_priority_prefix(), "ovs-vswitchd", sh.db, f"--unixctl={sh.dir}/vswitchd.ctl",
+                 f"--pidfile={sh.dir}/vswitchd.pid", "--no-chdir", f"--log-file={logs}/ovs-vswitchd-{sh.node}.log",
+                 "-vconsole:off"], env=dict(os.environ, OVS_RUNDIR=str(sh.dir)),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for sh in self.shards:
+            args: list[str] = []
+            for sw in sh.switches:
+                args += ["--", "add-br", sw, "--", "set", "bridge", sw, "datapath_type=netdev", "fail_mode=secure",
+                         "protocols=OpenFlow13", f"other_config:datapath-id={dpid[sw]:016x}",
+                         "other_config:disable-in-band=true", f"external_ids:testbed_run={run_id}",
+                         "--", "set-controller", sw, f"tcp:{CONTROLLER_IP}:{of_port}",
+                         "--", "set", "controller", sw, "connection_mode=out-of-band", "max_backoff=1000"]
+                for port in ports_of.get(sw, []):
+                    args += ["--", "add-port", sw, port, "--", "set", "interface", port,
+                             f"ofport_request={port.rsplit('-eth', 1)[1]}"]
+            if sh.procs["ovs-vswitchd"].poll() is not None:
+                raise EmulationError(f"ovs-vswitchd of shard {sh.node} exited; see logs/ovs-vswitchd-{sh.node}.log")
+            _sh(sh.vsctl(*args), f"bridges of shard {sh.node} (see logs/ovs-vswitchd-{sh.node}.log)")
+
+    def components(self) -> dict[str, object]:
+        """The shards' daemons by name (``ovs-vswitchd-O<k>``, ``ovsdb-server-O<k>``)."""
+        return {f"{name}-{sh.node}": proc for sh in self.shards for name, proc in sh.procs.items()}
+
     def _shape_switch_ports(self) -> None:
         """HTB on the switch end of every host link and, with netem, HTB + netem on both ends of
         every switch link; read back from the kernel. Must run after OVS added the ports: adding a
         port to a userspace-datapath bridge deletes its root qdisc (measured: HTB set before
         ``add-port`` is gone after it, one set after it survives carrier flaps)."""
-        want = {sw_if: h.bandwidth_mbps for h in self.plan.hosts for sw_if in [self.host_intfs[h.name][1]]}
+        want = {}
         for h in self.plan.hosts:
-            _run_tc(htb_commands(self.host_intfs[h.name][1], h.bandwidth_mbps))
+            port = self.host_intfs[h.name][1]
+            _run_tc(htb_commands(port, h.bandwidth_mbps), self._port_cmd(port))
+            want[port] = h.bandwidth_mbps
         if self.link_emulator == "netem":
             for lk in self.plan.links:
                 for dev in self.ports[lk.index]:
-                    _run_tc(htb_commands(dev, lk.bandwidth_mbps, netem_leaf(lk.delay_ms, lk.loss_pct)))
+                    _run_tc(htb_commands(dev, lk.bandwidth_mbps, netem_leaf(lk.delay_ms, lk.loss_pct)),
+                            self._port_cmd(dev))
                     want[dev] = lk.bandwidth_mbps
         for dev, rate in want.items():
-            got = read_htb_rate_mbps(dev)
+            got = read_htb_rate_mbps(dev, self._port_cmd(dev))
             if got is None or abs(got - rate) > 0.01 * rate:
                 raise EmulationError(f"port {dev}: HTB rate {got} Mbit/s after shaping, asked {rate:g}")
 
@@ -431,7 +671,7 @@ class Emulation:
             links_file.write_text(json.dumps(rows, indent=1))
             ctl = ctl_dir / f"{group}.sock"
             cmd = [python, "-m", "testbed.emulation.linkemu", "--links", str(links_file), "--control", str(ctl),
-                   "--stats-dir", str(self.run_dir / "linkemu")]
+                   "--stats-dir", str(self.run_dir / "linkemu"), "--rt-priority", str(RT_PRIORITY)]
             log = open(logs / f"linkemu-{group}.log", "w")  # noqa: SIM115 - lives with the process
             proc = home.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             self.emulators.append(proc)
@@ -452,10 +692,14 @@ class Emulation:
                     time.sleep(0.05)
 
     def start_switches(self, run_id: str) -> None:
-        """Start the switches (they connect to the controller) and tag their bridges as ours."""
+        """Start the switches (they connect to the controller), tagged as ours, and shape their
+        host ports. With shards: each shard's daemons and bridges; else Mininet's switches."""
         self.net.start()
-        names = " ".join(f"-- set bridge {s.name} external_ids:testbed_run={run_id}" for s in self.plan.switches)
-        subprocess.run(f"ovs-vsctl --timeout=10 {names}", shell=True, capture_output=True)
+        if self.shards:
+            self._start_shards(run_id)
+        else:
+            names = " ".join(f"-- set bridge {s.name} external_ids:testbed_run={run_id}" for s in self.plan.switches)
+            subprocess.run(f"ovs-vsctl --timeout=10 {names}", shell=True, capture_output=True)
         self._shape_switch_ports()
 
     def node(self, name: str):
@@ -486,12 +730,10 @@ class Emulation:
         else:
             state = self.applied[index]
             for dev in self.ports[index]:
+                node = self._port_cmd(dev)
                 if "up" in change:
-                    res = subprocess.run(["ip", "link", "set", "dev", dev, "up" if change["up"] else "down"],
-                                         capture_output=True, text=True)
-                    if res.returncode:
-                        raise EmulationError(f"ip link set {dev}: {res.stderr.strip()}")
-                _run_tc(tc_change_commands(dev, state, {k: v for k, v in change.items() if k != "up"}))
+                    _run_tc([["ip", "link", "set", "dev", dev, "up" if change["up"] else "down"]], node)
+                _run_tc(tc_change_commands(dev, state, {k: v for k, v in change.items() if k != "up"}), node)
             t = time.time()
         self.applied[index] = {**self.applied[index], **change}
         return {"t_applied": t, "params": dict(self.applied[index])}
@@ -518,10 +760,13 @@ class Emulation:
             links.append(row)
         hosts = [{"host": h.name, "switch": h.switch, "bandwidth_mbps": h.bandwidth_mbps, "shaper": "tc htb",
                   "applied_mbps_host_to_switch": read_htb_rate_mbps(self.host_intfs[h.name][0], self.net.get(h.name)),
-                  "applied_mbps_switch_to_host": read_htb_rate_mbps(self.host_intfs[h.name][1])}
+                  "applied_mbps_switch_to_host": read_htb_rate_mbps(self.host_intfs[h.name][1],
+                                                                    self._port_cmd(self.host_intfs[h.name][1]))}
                  for h in self.plan.hosts]
         return {"link_emulator": self.link_emulator, "datapath": self.datapath, "links": links, "hosts": hosts,
-                "probe_hosts": [p.__dict__ for p in self.probes]}
+                "probe_hosts": [p.__dict__ for p in self.probes],
+                "ovs": ([{"shard": sh.node, "switches": sh.switches} for sh in self.shards] if self.shards
+                        else "the system's Open vSwitch")}
 
     def stop(self) -> None:
         """Stop link emulators and Mininet (removes bridges, namespaces and veths)."""
@@ -533,6 +778,15 @@ class Emulation:
         for p in self.emulators:
             try:
                 p.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        procs = [p for sh in self.shards for p in sh.procs.values()]  # they keep the shard namespaces alive
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 p.kill()
         if self.net is not None:
