@@ -122,7 +122,8 @@ def controller_command(of_port: int, rest_port: int, app: str | Path = CONTROLLE
 
 
 def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_path: str | Path,
-                     pins_path: str | Path | None = None, of_host: str = "127.0.0.1") -> subprocess.Popen:
+                     pins_path: str | Path | None = None, of_host: str = "127.0.0.1",
+                     check_s: float = 0.3) -> subprocess.Popen:
     """Start ``ryu-manager`` with the testbed app, in its own process group.
 
     Args:
@@ -133,6 +134,7 @@ def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_
         pins_path: JSON list of pinned probe pairs (``{"a_mac", "b_mac", "a", "b"}``: their traffic
             crosses exactly the link between DPIDs a and b), or None.
         of_host: the address the switches connect to (127.0.0.1, or the OVS shards' control address).
+        check_s: seconds to wait for an immediate exit (0: the caller watches the process itself).
 
     Returns:
         The running process (``start_new_session=True``: its pid is its process group id).
@@ -159,7 +161,7 @@ def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_
                                 stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, cwd=str(REPO_ROOT), start_new_session=True)
     _STARTED[rest_port] = (proc, log_path, of_port)
-    time.sleep(0.3)
+    time.sleep(check_s)
     if proc.poll() is not None:
         raise ControllerError(f"ryu-manager exited at once with code {proc.returncode}:\n{_tail(log_path)}")
     return proc

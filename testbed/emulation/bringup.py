@@ -162,20 +162,27 @@ def _pins(plan: Plan, emu: Emulation) -> list[dict]:
              "b": dpid[by[(i, "b")].switch]} for i, side in by if side == "a"]
 
 
-def _start_controller(plan: Plan, emu: Emulation, run_id: str, run_dir: Path, console: Console):
+def _launch_controller(plan: Plan, emu: Emulation, run_dir: Path):
+    """Write the controller's config and pins and start ryu-manager (not waiting for it)."""
     from testbed import controller as ctl
 
     em = plan.experiment.emulation
     cfg_path = ctl.write_config(run_dir / "controller.json", config=controller_config(plan, emu))
     pins = run_dir / "controller-pins.json"
     pins.write_text(json.dumps(_pins(plan, emu), indent=1))
-    with console.status("starting ryu-manager and the switches..."):
-        proc = ctl.start_controller(cfg_path, em.of_port, em.rest_port, run_dir / "logs" / "controller.log", pins,
-                                    of_host=emu.controller_host)
+    return ctl.start_controller(cfg_path, em.of_port, em.rest_port, run_dir / "logs" / "controller.log", pins,
+                                of_host=emu.controller_host, check_s=0.0)  # wait_listening watches it
+
+
+def _start_switches(plan: Plan, emu: Emulation, proc, run_id: str, console: Console) -> None:
+    """Once ryu-manager listens: the switches, then every switch, link and flow acknowledged."""
+    from testbed import controller as ctl
+
+    em = plan.experiment.emulation
+    with console.status("starting the switches (ryu-manager discovers the links)..."):
         wait_listening(em.of_port, proc, timeout_s=30, host=emu.controller_host)
         emu.start_switches(run_id)
         ctl.wait_ready(f"http://127.0.0.1:{em.rest_port}", timeout_s=60 + 2 * len(plan.links))
-    return proc
 
 
 @contextmanager
@@ -214,11 +221,15 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
                            f"rename the switches (topology node 'name')")
         _intent_log(plan, run_id, le, dp)
         plan.write_json(run_dir / "plan.json")
+        emu = Emulation(plan, le, dp, run_dir, run_id)
+        if not emu.sharded:  # ryu-manager imports (~1 s) while Mininet builds; shards' address comes with the build
+            ctrl = _launch_controller(plan, emu, run_dir)
         with console.status("building the network (Mininet)..."):
-            emu = Emulation(plan, le, dp, run_dir, run_id)
             emu.build()
             emu.start_link_emulators(sys.executable)
-        ctrl = _start_controller(plan, emu, run_id, run_dir, console)
+        if ctrl is None:
+            ctrl = _launch_controller(plan, emu, run_dir)
+        _start_switches(plan, emu, ctrl, run_id, console)
         live = Live(plan, emu, run_id, run_dir, f"http://127.0.0.1:{exp.emulation.rest_port}", le, dp,
                     time.monotonic() - t_start, ctrl)
         console.print(f"controller ready: {len(plan.switches)} switches, {len(plan.links)} links discovered, "

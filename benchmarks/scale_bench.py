@@ -1,0 +1,368 @@
+"""Scale benchmarks of the emulation (issue 15, part 1). Root; every emulation takes
+``/tmp/testbed-emulation.lock`` itself (do not wrap in ``flock``).
+
+``profile``: where a hop's time goes in Open vSwitch's userspace datapath. A chain of N bridges
+(``fail-mode standalone``, no controller, no link emulator), two hosts 10 bridges apart; ping RTT
+per switch on that fixed path as N grows, with every bridge in one ``ovs-vswitchd`` or split over
+K private ones (``NxK``; each vswitchd in its own namespace, as the testbed's OVS shards)::
+
+    sudo .venv/bin/python benchmarks/scale_bench.py profile 10x1 40x1 100x1 100x20
+
+``bringup``: per topology, plain Mininet (the same switches and links, userspace datapath, no
+delays, no controller: ``build()`` + ``start()``) against the testbed's network bring-up (Mininet,
+link emulators, OVS shards, ryu-manager, until every switch, link and flow is there), their ratio,
+the peak memory of the run's processes (RSS summed every 0.5 s: Mininet's shells, link emulators,
+OVS shards, ryu-manager, plus the growth of the system's ovs-vswitchd), and the RTT self-check
+(20 pings per source -> cluster pair; error median/max, pass) on 2 sources x 2 clusters chosen
+far apart::
+
+    sudo .venv/bin/python benchmarks/scale_bench.py bringup topohub:topozoo/Abilene \\
+        topohub:topozoo/Geant2012 topohub:gabriel/100/0 topohub:topozoo/TataNld [--runs 2] [--json F]
+
+``load``: the offered query rate at which the testbed's own processes become the bottleneck on an
+experiment (default ``experiments/scenario-failure.yaml`` without its events): for each total rate,
+a short run; the bottleneck is where the median network time exceeds the planned RTT by more than
+``--margin-ms`` (the queries' own transfer and the forwarding cost included) or success falls::
+
+    sudo .venv/bin/python benchmarks/scale_bench.py load --rates 100 200 500 800 [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+LOCK = "/tmp/testbed-emulation.lock"
+
+
+@contextlib.contextmanager
+def emulation_lock():
+    with open(LOCK, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _sh(cmd: str, check: bool = True) -> str:
+    res = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+    if check and res.returncode:
+        raise RuntimeError(f"{cmd}: {res.stderr[-400:]}")
+    return res.stdout
+
+
+# ------------------------------------------------------------------------------------- profile
+
+class _Shard:
+    """A private ovsdb-server + ovs-vswitchd (in namespace ``ns``), as the testbed's OVS shards."""
+
+    def __init__(self, k: int, base: Path):
+        self.ns, self.dir = f"tbprof{k}", base / f"ovs{k}"
+        self.dir.mkdir(parents=True)
+        _sh(f"ip netns add {self.ns} && ip -n {self.ns} link set lo up && ip netns exec {self.ns} sysctl -qw "
+            f"net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
+        _sh(f"ovsdb-tool create {self.dir}/conf.db /usr/share/openvswitch/vswitch.ovsschema")
+        self.db = f"unix:{self.dir}/db.sock"
+        self.procs = [subprocess.Popen(["ovsdb-server", f"{self.dir}/conf.db", f"--remote=punix:{self.dir}/db.sock",
+                                        f"--unixctl={self.dir}/ovsdb.ctl", "--no-chdir", "-vconsole:off"])]
+        while not (self.dir / "db.sock").exists():
+            time.sleep(0.02)
+        _sh(f"ovs-vsctl --db={self.db} --no-wait init")
+        self.procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, "chrt", "-f", "10", "ovs-vswitchd", self.db,
+             f"--unixctl={self.dir}/vswitchd.ctl", "--no-chdir", "-vconsole:off"],
+            env=dict(os.environ, OVS_RUNDIR=str(self.dir))))
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
+        _sh(f"ip netns del {self.ns}", check=False)
+
+
+def _chain(n: int, shards: list[_Shard], path_len: int = 10) -> None:
+    """Bridges pb1..pbN in a chain, bridge i in shard (i-1) * K // N; hosts pha at pb1, phb at pb10."""
+    of = [shards[(i - 1) * len(shards) // n] for i in range(1, n + 2)]
+    _sh("ip netns add pha && ip netns add phb")
+    cmds = [f"link add pl{i}a netns {of[i - 1].ns} type veth peer name pl{i}b netns {of[i].ns}" for i in range(1, n)]
+    cmds += [f"link add pha0 netns pha type veth peer name phaS netns {of[0].ns}",
+             f"link add phb0 netns phb type veth peer name phbS netns {of[path_len - 1].ns}"]
+    batch = Path(tempfile.mktemp())
+    batch.write_text("\n".join(cmds) + "\n")
+    _sh(f"ip -batch {batch}")
+    off = "rx off tx off sg off tso off gso off gro off"
+    for i in range(1, n):
+        for d, sd in ((f"pl{i}a", of[i - 1]), (f"pl{i}b", of[i])):
+            _sh(f"ip netns exec {sd.ns} ethtool -K {d} {off}; ip -n {sd.ns} link set {d} up")
+    for d, sd in (("phaS", of[0]), ("phbS", of[path_len - 1])):
+        _sh(f"ip netns exec {sd.ns} ethtool -K {d} {off}; ip -n {sd.ns} link set {d} up")
+    for ns, d, ip in (("pha", "pha0", "10.94.0.1"), ("phb", "phb0", "10.94.0.2")):
+        _sh(f"ip netns exec {ns} ethtool -K {d} {off}; ip -n {ns} addr add {ip}/24 dev {d}; ip -n {ns} link set {d} up;"
+            f" ip netns exec {ns} sysctl -qw net.ipv6.conf.all.disable_ipv6=1")
+    per: dict[_Shard, list[str]] = {}
+    for i in range(1, n + 1):
+        ports = ([f"pl{i - 1}b"] if i > 1 else []) + ([f"pl{i}a"] if i < n else []) + (["phaS"] if i == 1 else []) \
+            + (["phbS"] if i == path_len else [])
+        br = f"-- add-br pb{i} -- set bridge pb{i} datapath_type=netdev fail-mode=standalone "
+        per.setdefault(of[i - 1], []).append(br + " ".join(f"-- add-port pb{i} {p}" for p in ports))
+    for sd, parts in per.items():
+        _sh(f"ovs-vsctl --db={sd.db} --timeout=120 " + " ".join(parts))
+
+
+def cmd_profile(args) -> dict:
+    rows = []
+    for spec in args.sizes:
+        n, k = map(int, spec.split("x"))
+        with emulation_lock():
+            base = Path(tempfile.mkdtemp(prefix="ovsprof-"))
+            shards = [_Shard(j, base) for j in range(k)]
+            try:
+                _chain(n, shards)
+                _sh("ip netns exec pha ping -c 50 -i 0.02 -W 2 10.94.0.2", check=False)  # learning settles
+                time.sleep(3)
+                out = _sh("ip netns exec pha ping -n -c 200 -i 0.02 -W 2 10.94.0.2", check=False)
+                rtts = [float(x.split("time=")[1].split()[0]) for x in out.splitlines() if "time=" in x]
+                row = {"bridges": n, "ovs_vswitchd": k, "path_switches": 10, "replies": len(rtts),
+                       "rtt_median_ms": round(statistics.median(rtts), 3) if rtts else None,
+                       "rtt_per_switch_ms": round(statistics.median(rtts) / 10, 3) if rtts else None,
+                       "load": round(os.getloadavg()[0], 2)}
+            finally:
+                _sh("ip netns del pha; ip netns del phb", check=False)
+                for sd in shards:
+                    sd.stop()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"profile": rows}
+
+
+# ------------------------------------------------------------------------------------- bringup
+
+def scale_experiment(source: str, seed: int = 1, duration_s: float = 5.0):
+    """A plan on ``source``: 2 sources and 2 clusters on nodes far apart (breadth-first from the
+    first node: the first and 1/3 of the way as sources, 2/3 and the last as clusters), 100 Mbit/s
+    links, 4 q/s per source, a wide deadline."""
+    import networkx as nx
+
+    from testbed.config import Experiment
+    from testbed.plan import build_plan
+    from testbed.topology import load_topology
+
+    raw = load_topology(source, REPO)
+    g = nx.Graph()
+    g.add_edges_from((lk.a, lk.b) for lk in raw.links)
+    comp = max(nx.connected_components(g), key=len)
+    order = list(nx.bfs_tree(g, next(n.id for n in raw.nodes if n.id in comp)))
+    pick = [order[0], order[len(order) // 3], order[2 * len(order) // 3], order[-1]]
+    exp = Experiment.model_validate({
+        "name": f"scale-{raw.name}".replace(" ", "")[:40], "seed": seed, "duration": f"{duration_s}s",
+        "policy": "closest",
+        "topology": {"source": source, "bandwidth": "100Mbit/s", "host_bandwidth": "1Gbit/s",
+                     "keep_largest_component": True},
+        "clusters": [{"name": f"c{i}", "site": site, "tier": "far_edge", "cpu_cores": 0.5, "workers": 1,
+                      "queue_limit": 16, "models": ["digits_small"]} for i, site in enumerate(pick[2:])],
+        "sources": [{"name": f"src{i}", "site": site} for i, site in enumerate(pick[:2])],
+        "applications": [{"name": "digits", "deadline": "2s", "min_accuracy": 0.5}],
+        "workload": [{"application": "digits", "sources": "all", "rate_qps": 4}]})
+    return build_plan(exp, raw, REPO)
+
+
+class _MemSampler(threading.Thread):
+    """Peak of the summed RSS (MiB) of processes tagged with ``run_id`` (or, with None, of
+    Mininet's shells and the system's ovs-vswitchd) every 0.5 s."""
+
+    def __init__(self, run_id: str | None):
+        super().__init__(daemon=True)
+        self.run_id, self.peak_mib, self.stop = run_id, 0.0, threading.Event()
+        self.base = self._system_ovs()
+
+    @staticmethod
+    def _system_ovs() -> float:
+        import psutil
+
+        return sum(p.memory_info().rss for p in psutil.process_iter(["name", "cmdline"])
+                   if p.info["name"] == "ovs-vswitchd" and "/var/run/openvswitch" in " ".join(p.info["cmdline"] or [])
+                   ) / 2**20
+
+    def sample(self) -> float:
+        import psutil
+
+        total = 0
+        for p in psutil.process_iter(["name", "cmdline"]):
+            try:
+                env = p.environ() if self.run_id else {}
+                cmd = " ".join(p.info["cmdline"] or [])
+                if (self.run_id and env.get("TESTBED_RUN_ID") == self.run_id) or \
+                        (not self.run_id and ("mnexec" in cmd or cmd.startswith("bash --norc"))):
+                    total += p.memory_info().rss
+            except (psutil.Error, OSError):
+                continue
+        return total / 2**20 + max(0.0, self._system_ovs() - self.base)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            self.peak_mib = max(self.peak_mib, self.sample())
+
+
+def plain_mininet(plan) -> dict:
+    """Plain Mininet on the plan's switches and links (module doc); seconds and peak memory."""
+    from testbed.emulation.network import _import_mininet
+
+    mn_net, mn_node, mn_link = _import_mininet()
+    mem = _MemSampler(None)
+    mem.start()
+    t0 = time.monotonic()
+    net = mn_net.Mininet(topo=None, build=False, controller=None, autoSetMacs=False, autoStaticArp=False,
+                         waitConnected=False)
+    try:
+        for s in plan.switches:
+            net.addSwitch(s.name, cls=mn_node.OVSSwitch, dpid=f"{s.dpid:016x}", datapath="user",
+                          protocols="OpenFlow13", failMode="standalone")
+        for lk in plan.links:
+            net.addLink(net.get(lk.a), net.get(lk.b), cls=mn_link.Link)
+        for h in plan.hosts:
+            net.addLink(net.addHost(h.name, ip=f"{h.ip}/8"), net.get(h.switch), cls=mn_link.Link)
+        net.build()
+        net.start()
+        up = time.monotonic() - t0
+        mem.peak_mib = max(mem.peak_mib, mem.sample())
+    finally:
+        mem.stop.set()
+        net.stop()
+    return {"plain_up_s": round(up, 2), "plain_peak_mib": round(mem.peak_mib)}
+
+
+def testbed_bringup(plan, pings: int = 20) -> dict:
+    """The testbed's network bring-up and RTT self-check (module doc)."""
+    from testbed.emulation.bringup import emulated_network, new_run_dir
+    from testbed.emulation.selfcheck import check_rtts
+
+    run_id, run_dir = new_run_dir(plan, Path(tempfile.mkdtemp(prefix="scale-")))
+    mem = _MemSampler(run_id)
+    mem.start()
+    try:
+        with emulated_network(plan, run_id, run_dir) as live:
+            em = plan.experiment.emulation
+            res = check_rtts(live.emu, plan, live.path_of, pings, em.rtt_tolerance_ms, em.rtt_tolerance_pct,
+                             em.rtt_tolerance_per_switch_ms)
+            mem.peak_mib = max(mem.peak_mib, mem.sample())
+            shards = len(live.emu.shards)
+            errs = sorted(abs(r.error_ms) for r in res)
+            per_switch = [r.error_ms / len(r.dpids) for r in res]
+            out = {"testbed_up_s": round(live.bringup_s, 2), "testbed_peak_mib": round(mem.peak_mib),
+                   "ovs_shards": shards, "rtt_error_median_ms": round(statistics.median(errs), 3),
+                   "rtt_error_max_ms": round(errs[-1], 3), "rtt_error_per_switch_median_ms":
+                   round(statistics.median(per_switch), 3), "rtt_paths_ok": f"{sum(r.ok for r in res)}/{len(res)}",
+                   "rtt": [{"pair": f"{r.source}>{r.cluster}", "switches": len(r.dpids), "expected_ms":
+                            round(r.expected_ms, 3), "median_ms": round(r.median_ms, 3), "tolerance_ms":
+                            round(r.tolerance_ms, 3), "ok": r.ok} for r in res]}
+    finally:
+        mem.stop.set()
+    return out
+
+
+def cmd_bringup(args) -> dict:
+    from testbed.emulation.network import _import_mininet
+
+    _import_mininet()  # both sides are timed without Python's import of Mininet
+    rows = []
+    for source in args.topologies:
+        plan = scale_experiment(source)
+        for run in range(args.runs):
+            with emulation_lock():
+                load = os.getloadavg()[0]
+                plain = plain_mininet(plan)
+                tb = testbed_bringup(plan)
+            row = {"topology": source, "switches": len(plan.switches), "links": len(plan.links), "run": run,
+                   "load_before": round(load, 2), **plain, **tb,
+                   "ratio": round(tb["testbed_up_s"] / plain["plain_up_s"], 2)}
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "rtt"}), flush=True)
+    print(f"\n{'topology':28} {'sw':>4} {'links':>5} {'plain s':>8} {'testbed s':>9} {'ratio':>5} {'MiB':>6} "
+          f"{'shards':>6} {'err med/max ms':>15} {'ok':>5} {'load':>5}")
+    for r in rows:
+        print(f"{r['topology'][:28]:28} {r['switches']:4d} {r['links']:5d} {r['plain_up_s']:8.2f} "
+              f"{r['testbed_up_s']:9.2f} {r['ratio']:5.2f} {r['testbed_peak_mib']:6d} {r['ovs_shards']:6d} "
+              f"{r['rtt_error_median_ms']:7.2f}/{r['rtt_error_max_ms']:<7.2f} {r['rtt_paths_ok']:>5} "
+              f"{r['load_before']:5.1f}")
+    return {"bringup": rows}
+
+
+# ------------------------------------------------------------------------------------- load
+
+def cmd_load(args) -> dict:
+    """Runs at increasing total rates (module doc)."""
+    from rich.console import Console
+
+    from testbed.config import load_experiment
+    from testbed.plan import build_plan
+    from testbed.run import run_experiment
+
+    path = Path(args.experiment)
+    exp = load_experiment(path)
+    rows = []
+    for rate in args.rates:
+        per = rate / (len(exp.sources) * len(exp.workload))
+        wl = [w.model_copy(update={"rate_qps": per}) for w in exp.workload]
+        plan = build_plan(exp.model_copy(update={"events": [], "workload": wl}), base_dir=path.parent)
+        runs = Path(tempfile.mkdtemp(prefix="load-"))
+        with emulation_lock():
+            load = os.getloadavg()[0]
+            code = run_experiment(plan, console=Console(quiet=True), runs_dir=runs, duration_s=args.seconds)
+        run_dir = next(runs.iterdir())
+        s = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+        import pandas as pd
+
+        df = pd.read_csv(run_dir / "records.csv") if (run_dir / "records.csv").exists() else pd.DataFrame()
+        ok = df[df.get("network_ms").notna()] if len(df) else df
+        excess = (ok["network_ms"] - ok["expected_rtt_ms"]) if len(ok) else None
+        row = {"rate_qps": rate, "exit_code": code, "load_before": round(load, 2),
+               "answered_qps": s.get("answered_qps") or (round(len(ok) / args.seconds, 1) if len(ok) else 0),
+               "success_ratio": s.get("success_ratio"),
+               "network_excess_p50_ms": round(float(excess.median()), 2) if excess is not None else None,
+               "network_excess_p95_ms": round(float(excess.quantile(0.95)), 2) if excess is not None else None}
+        row["bottleneck"] = bool(row["network_excess_p50_ms"] is None or row["network_excess_p50_ms"] > args.margin_ms
+                                 or (row["success_ratio"] or 0) < 0.9)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"load": rows, "margin_ms": args.margin_ms}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("profile")
+    a.add_argument("sizes", nargs="+", help="NxK: N bridges over K ovs-vswitchd")
+    b = sub.add_parser("bringup")
+    b.add_argument("topologies", nargs="+")
+    b.add_argument("--runs", type=int, default=1)
+    c = sub.add_parser("load")
+    c.add_argument("--experiment", default=str(REPO / "experiments" / "scenario-failure.yaml"))
+    c.add_argument("--rates", nargs="+", type=float, default=[100, 200, 500])
+    c.add_argument("--seconds", type=float, default=10.0)
+    c.add_argument("--margin-ms", type=float, default=20.0)
+    for q in (a, b, c):
+        q.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("needs root", file=sys.stderr)
+        return 2
+    out = {"profile": cmd_profile, "bringup": cmd_bringup, "load": cmd_load}[args.cmd](args)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
