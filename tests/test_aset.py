@@ -104,13 +104,16 @@ SPEC = ObservationSpec(window_ms=100, history_windows=2, rate_scale_qps=10, queu
 
 
 def test_observation_layout_exact_values():
-    ctx = SourceContext("srca", ("appa", "appb"), ("c1", "c2"), (10.0, 200.0), ("closest", "cloud", "random"))
+    ctx = SourceContext("srca", ("appa", "appb"), ("c1", "c2"), (10.0, 200.0), ("closest", "cloud", "random"),
+                        (50.0, 100.0))
     obs = SourceObserver(ctx, SPEC)
-    assert obs.size == observation_size(2, 2, 3, 2) == 2 * 2 + 5 * 2 + 2 + 3
+    assert obs.size == observation_size(2, 2, 3, 2) == 2 * 2 + 8 * 2 + 2 + 3
     state = {"arrivals": {"appa": 3, "appb": 0, "other": 9},
              "clusters": {"c1": {"queue_len": 8, "busy": 2, "workers": 2, "utilization": 0.5, "up": True}},
              "path_util": {"c1": 0.25, "c2": 0.75},
-             "resolved": [("appa", True), ("appa", False, 0.5), ("appa", True), ("appa", True, 0.7)],
+             "resolved": [("appa", True), ("appa", False, 0.5), ("appa", True, 0.6, "c1", 25.0),
+                          ("appa", True, 0.7, "c1", 35.0), ("appb", False, 0.7, "c2", None)],
+             "in_flight": {"c1": 6}, "report_age_s": {"c1": 0.05, "c2": 0.2},
              "policy": "cloud"}
     v = obs.observe(state)
     expect = [0.0, 3.0,            # appa rate history (3 queries / 0.1 s / 10 q/s), oldest first
@@ -119,14 +122,18 @@ def test_observation_layout_exact_values():
               2.0, 0.0,            # queue per worker / queue_scale = 8 / 2 / 2
               0.2, 4.0,            # rtt / 50 ms
               1.0, 0.0,            # up
-              0.75, 1.0,           # success ratio per app (appb none resolved -> 1.0)
               0.25, 0.75,          # path util
+              0.6, 5.0,            # e2e / deadline: c1 (25 + 35) / 2 / 50; c2 no answer (100 + 2000) / 100, clipped
+              0.5, 2.0,            # report age / window (0.1 s)
+              1.5, 0.0,            # in flight / workers / queue_scale = 6 / 2 / 2 (c2: no entry)
+              0.75, 0.0,           # success ratio per app (appa 3/4, appb 0/1)
               0.0, 1.0, 0.0]       # policy one-hot
     assert v.dtype == np.float32
     np.testing.assert_allclose(v, expect, rtol=1e-6)
     v2 = obs.observe({"arrivals": {"appa": 100}, "policy": "closest"})
     assert v2[0] == pytest.approx(3.0) and v2[1] == 5.0  # history shifted; 100 q clipped to clip=5
-    assert v2[12] == pytest.approx(0.75)  # success ratio kept when nothing resolved
+    assert v2[14] == pytest.approx(0.6)  # measured latency kept when nothing resolved there
+    assert v2[20] == pytest.approx(0.75) and v2[16] == 0.0  # success kept; no report age given -> 0
 
 
 def test_config_errors_name_the_item(tmp_path):
@@ -149,7 +156,11 @@ def test_aset_config_files_validate():
     assert len(files) >= 2, "no experiments/aset-*.yaml ASET configs"
     for f in files:
         cfg, base = load_aset_config(f)
-        assert base == REPO and cfg.observation.window_ms == 100 and cfg.agent.hidden == [64, 64]
+        assert base == REPO and cfg.agent.hidden == [64, 64]
+        scenarios = [*(cfg.training.scenarios if cfg.training else []),
+                     *(cfg.evaluation.scenarios if cfg.evaluation else [])]
+        for sc in scenarios:  # issue 13: the decision window is at least the report interval
+            assert cfg.observation.window_ms >= plan_experiment(REPO / sc).experiment.report_interval_s * 1e3
 
 
 def test_check_env_passes_on_sim_env_with_fake(plan):
@@ -314,7 +325,7 @@ def test_live_env_spaces_and_control_channel(toy_training, plan, tmp_path):
 
     result, _ = toy_training
     sock = str(tmp_path / "aset.sock")
-    env = AsetLiveEnv(plan_contexts(plan, CATALOGUE), SPEC, sock, timeout_s=5.0, episode_windows=5)
+    env = AsetLiveEnv(plan_contexts(plan, CATALOGUE), SPEC, sock, timeout_s=5.0, episode_windows=20)
     sim_env = AsetSimEnv(plan, SPEC, 1.0, simulator_factory=FakeSim)
     assert env.observation_space == sim_env.observation_space and env.action_space == sim_env.action_space
     stop = threading.Event()
@@ -326,9 +337,12 @@ def test_live_env_spaces_and_control_channel(toy_training, plan, tmp_path):
         sel = LivePolicySelector(cfg.model_copy(update={"source": src}))
         sel.window_s = 0.5
         policy = "closest"
+        k = 0  # the k-th state closes window k - 1: its query was created then (t0 in that window)
         while not stop.is_set():
-            policy = sel.choose({"arrivals": {"digits": 2}, "resolved": [("digits", True)], "policy": policy})
+            policy = sel.choose({"arrivals": {"digits": 2}, "resolved": [("digits", True, (k - 0.5) * 0.1)],
+                                 "now_s": k * 0.1, "policy": policy})
             chosen[src].append(policy)
+            k += 1
 
     threads = [threading.Thread(target=dispatcher, args=(s,), daemon=True) for s in chosen]
     for t in threads:
@@ -337,9 +351,13 @@ def test_live_env_spaces_and_control_channel(toy_training, plan, tmp_path):
         check_env(env, skip_render_check=True)
         obs, _ = env.reset()
         assert obs.shape == (2, env.obs_size)
-        obs, r, term, trunc, info = env.step(np.array([1, 3]))
-        assert r == 1.0 and not term and info["reward_kind"] == "resolved_in_window"
-        obs, *_ = env.step(np.array([1, 3]))
+        rewards = []
+        for _ in range(env.settle_lag + 1):
+            obs, r, term, trunc, info = env.step(np.array([1, 3]))
+            rewards += [t[3] for t in info["transitions"]]
+            assert not term and info["reward_kind"] == "per_creation_window"
+        # each window's reward is settled once its deadline passed: 1.0 (every query succeeded)
+        assert rewards and set(rewards) == {1.0}
         # the dispatchers applied what the env sent: srca -> cloud, srcc -> min_latency
         assert chosen["srca"][-1] == "cloud" and chosen["srcc"][-1] == "min_latency"
         assert obs[0, -len(CATALOGUE) + 1] == 1.0  # srca's one-hot now says cloud
@@ -354,7 +372,6 @@ def test_committed_checkpoint_drives_the_live_experiment():
     """models/aset/aset fits experiments/aset-live.yaml: the source config as testbed.run writes it
     (applications, per (cluster, model) options, the experiment's aset section) is accepted."""
     from testbed.aset.live import LivePolicySelector
-
     from testbed.boundaries import SourceConfig
 
     plan = plan_experiment(REPO / "experiments" / "aset-live.yaml")

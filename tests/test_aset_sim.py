@@ -63,20 +63,28 @@ def test_real_env_deterministic_per_seed_and_counts_every_query(plan):
 
 
 def test_ci95_and_verdicts_exact():
-    from testbed.aset.evaluate import ci95, summarise
+    from testbed.aset.evaluate import summarise
+    from testbed.util import ci95
 
     m, h = ci95([1.0, 2.0, 3.0])
     assert m == 2.0 and h == pytest.approx(4.302652729911275 / np.sqrt(3), rel=1e-9)
-    runs = [{"scenario": "s", "policy": p, "seed": k, "success_ratio": v}
-            for p, vals in {"closest": [0.90, 0.92, 0.94], "cloud": [0.80, 0.80, 0.80],
-                            "aset": [0.95, 0.96, 0.99]}.items() for k, v in enumerate(vals, 1)]
-    (row,) = summarise(runs)
-    assert row["best_static"] == "closest"
+    table = {"closest": [0.90, 0.92, 0.94], "cloud": [0.80, 0.80, 0.80], "mix": [0.91, 0.93, 0.95],
+             "oracle": [0.97, 0.98, 0.99], "aset": [0.95, 0.96, 0.99]}
+    runs = [{"scenario": "s", "kind": "tuning", "policy": p, "seed": k, "success_ratio": v}
+            for p, vals in table.items() for k, v in enumerate(vals, 1)]
+    (row,) = summarise(runs, ["closest", "cloud"])
+    assert row["best_static"] == "closest" and row["kind"] == "tuning"
     assert row["diff"][0] == pytest.approx(0.0466666667)
-    assert row["within_1pt"] and row["above_beyond_ci"]  # paired diffs 0.05, 0.04, 0.05
+    assert row["headroom"][0] == pytest.approx(0.06) and row["captured"] == pytest.approx(0.0466666667 / 0.06)
+    assert row["within_1pt"] and row["above_beyond_ci"]  # paired diffs 0.05, 0.04, 0.05 (and 0.04, 0.03, 0.04)
     runs[-1]["success_ratio"] = 0.90  # paired diffs 0.05, 0.04, -0.04: CI crosses 0
-    (row,) = summarise(runs)
+    (row,) = summarise(runs, ["closest", "cloud"])
     assert row["within_1pt"] and not row["above_beyond_ci"]
+    # fresh seeds keep the best static policy chosen on the tuning seeds, even if another wins there
+    runs += [{"scenario": "s", "kind": "fresh", "policy": p, "seed": 100 + k, "success_ratio": v}
+             for p, vals in {"closest": [0.5, 0.5], "cloud": [0.6, 0.7]}.items() for k, v in enumerate(vals)]
+    tuning, fresh = summarise(runs, ["closest", "cloud"])
+    assert fresh["best_static"] == "closest" and fresh["winner"] == "cloud"
 
 
 def test_train_then_evaluate_end_to_end_on_triangle(tmp_path):
@@ -88,17 +96,21 @@ def test_train_then_evaluate_end_to_end_on_triangle(tmp_path):
     cfg, base = load_aset_config(REPO / "experiments" / "aset-tiny.yaml")
     cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"out_dir": str(tmp_path)})})
     res = train(cfg, base, steps=150, progress=False)
-    assert res.policy_path.with_suffix(".npz").is_file() and len(res.episodes) == 3
+    assert res.policy_path.with_suffix(".npz").is_file() and len(res.episodes) == 15
     assert {e["scenario"] for e in res.episodes} == {"triangle"}
     assert (res.out_dir / "checkpoints" / "ckpt-150.index").is_file()
     ev = cfg.evaluation.model_copy(update={"checkpoint": str(res.policy_path), "out_dir": str(tmp_path / "ev"),
                                            "duration_s": 3.0})
     out = evaluate(cfg.model_copy(update={"evaluation": ev}), base, seeds=2, workers=1, progress=False)
-    assert len(out.runs) == 2 * (len(CATALOGUE) + 1)
-    assert {r["policy"] for r in out.runs} == {*CATALOGUE, "aset"}
+    assert len(out.runs) == 2 * (len(CATALOGUE) + 3)  # every static, the mix, the oracle, ASET
+    assert {r["policy"] for r in out.runs} == {*CATALOGUE, "mix", "oracle", "aset"}
     (row,) = out.table
     assert row["scenario"] == "triangle" and row["aset"][2] == 2
-    for f in ("runs.csv", "results.csv", "results.md", "results.png"):
+    for f in ("runs.csv", "results.csv", "results.md", "results.png", "oracle.json", "agreement.md"):
         assert (out.out_dir / f).is_file()
-    # same seed -> same arrivals for every policy (common random numbers)
-    assert len({r["queries"] for r in out.runs if r["seed"] == 1}) == 1
+    # same seed -> same arrivals for every schedule (common random numbers)
+    assert len({r["n"] for r in out.runs if r["seed"] == 1}) == 1
+    # the oracle is never below the best static policy nor the mix, seed by seed
+    for k in (1, 2):
+        by = {r["policy"]: r["success_ratio"] for r in out.runs if r["seed"] == k}
+        assert by["oracle"] >= by["mix"] - 1e-12 and by["oracle"] >= by[row["best_static"]] - 1e-12

@@ -14,5 +14,22 @@ dispatcher created in the window, assigned once all of them are resolved. Module
 - :mod:`testbed.aset.train`, :mod:`testbed.aset.evaluate`: ``testbed train`` / ``testbed evaluate``.
 - :mod:`testbed.aset.bench`: decision time per window (``python -m testbed.aset.bench``).
 
-Importing this package does not import TensorFlow; :mod:`testbed.aset.agent` does.
+Importing this package does not import TensorFlow (:mod:`testbed.aset.agent` does); it registers
+the Gymnasium environment ``testbed/AsetSim-v0`` (:func:`testbed.aset.envs.make_sim_env`)::
+
+    import gymnasium, testbed.aset
+    env = gymnasium.make("testbed/AsetSim-v0", experiment="experiments/scenario-bursty.yaml")
 """
+
+ENV_ID = "testbed/AsetSim-v0"
+
+
+def register_envs() -> None:
+    """Register ``testbed/AsetSim-v0`` with Gymnasium (idempotent)."""
+    import gymnasium
+
+    if ENV_ID not in gymnasium.registry:
+        gymnasium.register(id=ENV_ID, entry_point="testbed.aset.envs:make_sim_env")
+
+
+register_envs()

@@ -2,21 +2,26 @@
 emulation (:class:`AsetLiveEnv`), with identical observation and action spaces.
 
 Multi-dispatcher design (our choice, system-model.md leaves it open): ONE environment step is ONE
-decision window dt for ALL dispatchers of the shared network.
+decision window for ALL dispatchers of the shared network. The window is a whole number of report
+intervals (500 ms in the scenarios; :func:`testbed.aset.episode.window_of`).
 
 - ``action_space = MultiDiscrete([n_policies] * n_sources)``: row i = the policy index (into the
-  catalogue) that source i applies per query during the next window.
+  action set) that source i applies per query during the next window.
 - ``observation_space = Box(0, clip, (n_sources, obs_size), float32)``: row i = the observation of
   source i (:mod:`testbed.aset.observation`; sources, applications, clusters sorted by name).
-- Reward of the window of source i = success ratio of the queries source i CREATED in that window,
-  known only once all of them are resolved (completed, dropped, or past their deadline: at most
-  max deadline + one report interval later). The env therefore returns each finished transition
-  in ``info["transitions"]`` as ``(source_index, obs, action, reward, next_obs)`` as soon as its
-  reward is settled (windows without queries give no transition); the scalar ``reward`` of
-  ``step`` is the mean reward of the transitions settled in that step (0.0 when none), for tools
-  that read it. Episodes end by truncation after ``episode_s`` (never ``terminated``); the last
-  step runs the simulator past the deadline so every window settles.
+- Reward of the window of source i = success ratio of the queries source i CREATED in that window
+  (optionally minus the same figure of a baseline run on the same seed, ``RewardSpec``), known
+  only once all of them are resolved (at most the largest deadline later). The env therefore
+  returns each finished transition in ``info["transitions"]`` as ``(source_index, obs, action,
+  reward, next_obs)`` as soon as its reward is settled (windows without queries give no
+  transition); the scalar ``reward`` of ``step`` is the mean reward of the transitions settled in
+  that step (0.0 when none), for tools that read it. With ``immediate_reward=True`` the env
+  instead settles each window at once on a copy of the simulator (exact, about 3x slower), so the
+  scalar reward of a step is the reward of that step's decisions: what single-step learners such
+  as Stable-Baselines3 need. Episodes end by truncation after ``episode_s`` (never
+  ``terminated``); the last step runs the simulator until every query is resolved.
 
+Every count comes from :class:`testbed.aset.episode.Episode`, the measure of ``testbed evaluate``.
 One shared Q-network serves all rows (the trainer batches them).
 """
 
@@ -24,13 +29,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from testbed.aset.config import ObservationSpec
+from testbed.aset.config import ObservationSpec, RewardSpec
+from testbed.aset.episode import Episode, run_static
 from testbed.aset.observation import SourceContext, SourceObserver, observation_size
 from testbed.plan import Plan
 
@@ -46,10 +52,12 @@ def _catalogue() -> tuple[str, ...]:
 
 def plan_contexts(plan: Plan, policies: tuple[str, ...]) -> list[SourceContext]:
     """One :class:`SourceContext` per source of the plan, sorted by source name; applications and
-    clusters sorted by name; RTT from ``plan.rtt_ms``."""
-    apps = tuple(sorted(a.name for a in plan.experiment.applications))
+    clusters sorted by name; RTT from ``plan.rtt_ms``; each application's deadline."""
+    apps = sorted(plan.experiment.applications, key=lambda a: a.name)
     clusters = tuple(sorted(c.name for c in plan.clusters))
-    return [SourceContext(s.name, apps, clusters, tuple(plan.rtt_ms(s.name, c) for c in clusters), policies)
+    return [SourceContext(s.name, tuple(a.name for a in apps), clusters,
+                          tuple(plan.rtt_ms(s.name, c) for c in clusters), policies,
+                          tuple(float(a.deadline_ms) for a in apps))
             for s in sorted(plan.sources, key=lambda h: h.name)]
 
 
@@ -59,41 +67,102 @@ def max_deadline_s(plan: Plan) -> float:
 
 
 class _Settler:
-    """Books the queries of each (source, window) and emits transitions once they are settled."""
+    """Holds each (window, source) decision until its queries are all resolved; then emits the
+    transition with the reward from the per-(window, source) counts."""
 
-    def __init__(self, n_sources: int):
-        self.counts: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])  # (w, i) -> [ok, n]
+    def __init__(self) -> None:
         self.decisions: dict[tuple[int, int], tuple[np.ndarray, int]] = {}
         self.next_obs: dict[tuple[int, int], np.ndarray] = {}
-        self.n = n_sources
 
-    def settle(self, upto_window: int) -> list[tuple]:
+    def settle(self, upto_window: int, ok: np.ndarray, n: np.ndarray, base_ok: np.ndarray | None) -> list[tuple]:
         """Transitions of every decided window < ``upto_window`` whose next observation is known."""
         out = []
         for key in sorted(k for k in self.decisions if k[0] < upto_window and k in self.next_obs):
             obs, action = self.decisions.pop(key)
             nxt = self.next_obs.pop(key)
-            ok, n = self.counts.pop(key, (0, 0))
-            if n:
-                out.append((key[1], obs, action, ok / n, nxt))
-        for key in [k for k in self.counts if k[0] < upto_window]:
-            del self.counts[key]
+            w, i = key
+            if w < len(n) and n[w, i]:
+                r = float(ok[w, i]) / n[w, i]
+                if base_ok is not None:
+                    r -= float(base_ok[w, i]) / n[w, i]
+                out.append((i, obs, action, r, nxt))
         return out
 
 
+class WindowView:
+    """Builds each source's raw window state (:mod:`testbed.aset.observation`) from an
+    :class:`Episode`: arrivals (``drain_created``), what the dispatcher last heard
+    (``cluster_state(source)``) and how old it is, path utilization, the queries resolved in the
+    window (with cluster and e2e), and the queries each source has in flight per cluster."""
+
+    def __init__(self, ep: Episode, contexts: list[SourceContext]):
+        self.ep, self.contexts = ep, contexts
+        self.index = {c.source: i for i, c in enumerate(contexts)}
+        self.arrivals: list[dict[str, int]] = [defaultdict(int) for _ in contexts]
+        self.resolved: list[list[tuple]] = [[] for _ in contexts]
+        self.in_flight: list[dict[str, int]] = [defaultdict(int) for _ in contexts]
+        self._q_seen = 0
+
+    def absorb(self, resolved: list) -> None:
+        """Take in one window: the queries created (and where they went) and those resolved."""
+        sim = self.ep.sim
+        self.arrivals = [defaultdict(int) for _ in self.contexts]
+        for src, app in sim.drain_created() if hasattr(sim, "drain_created") else ():
+            i = self.index.get(src)
+            if i is not None:
+                self.arrivals[i][app] += 1
+        q = getattr(sim, "q", None)
+        if q is not None:
+            names = [c.name for c in sim.clusters]
+            for qi in range(self._q_seen, len(q.t0)):
+                i = self.index.get(sim.sources[q.src[qi]])
+                if i is not None:
+                    self.in_flight[i][names[q.cl[qi]]] += 1
+            self._q_seen = len(q.t0)
+        self.resolved = [[] for _ in self.contexts]
+        for r in resolved:
+            i = self.index.get(r.source)
+            if i is None:
+                continue
+            cluster = getattr(r, "cluster", None)
+            if cluster is None:
+                self.resolved[i].append((r.application, bool(r.success), r.t0_s))
+                continue
+            self.resolved[i].append((r.application, bool(r.success), r.t0_s, cluster, r.e2e_ms))
+            if q is not None:
+                self.in_flight[i][cluster] -= 1
+
+    def state(self, i: int, policy: str) -> dict:
+        ctx, sim = self.contexts[i], self.ep.sim
+        heard = sim.cluster_state(ctx.source)
+        lu = sim.link_utilization()
+        path_util = {c: max((lu.get((a, b), lu.get((b, a), 0.0)) for a, b in sim.path_links(ctx.source, c)),
+                            default=0.0) for c in ctx.clusters}
+        age: dict[str, float] = {}
+        disp = getattr(sim, "dispatchers", None)
+        if disp is not None:
+            d = disp[sim.src_index[ctx.source]]
+            now = sim.now_s
+            age = {c: (now - h.at_s if h.at_s is not None else now) for c, h in d.heard.items()}
+        return {"arrivals": dict(self.arrivals[i]), "clusters": heard, "path_util": path_util,
+                "resolved": self.resolved[i], "in_flight": dict(self.in_flight[i]), "report_age_s": age,
+                "policy": policy}
+
+
 class AsetSimEnv(gym.Env):
-    """ASET over the discrete-event simulator (:class:`testbed.sim.Simulator`).
+    """ASET over the discrete-event simulator (:class:`testbed.sim.Simulator`, via :class:`Episode`).
 
     Args:
         plans: a :class:`Plan`, or a :data:`PlanSampler` drawing one per episode (randomised
             scenarios). Every plan must have the same sources, applications and clusters (names).
-        obs_spec: the observation settings (window dt, K, scales).
+        obs_spec: the observation settings (window, K, scales).
         episode_s: simulated seconds per episode (truncation).
         initial_policy: the policy every source applies before its first decision.
-        simulator_factory: ``(plan, seed, policies, **sim_kwargs) -> simulator``; default
-            ``testbed.sim.Simulator(plan, seed=seed, policies=policies, **sim_kwargs)``. Tests may
-            pass a fake.
-        sim_kwargs: extra simulator arguments, e.g. ``base_dir`` (for trace / demand-matrix paths).
+        simulator_factory: ``(plan, seed, policies) -> simulator``; default the real simulator.
+            Tests may pass a fake.
+        policies: the action set (policy names in action-index order; default the catalogue).
+        reward: :class:`testbed.aset.config.RewardSpec` (default: the plain success ratio).
+        immediate_reward: settle every window at once on a copy of the simulator (module docstring).
 
     Raises:
         ValueError: ``episode_s`` shorter than one window, or a sampled plan of another shape.
@@ -103,9 +172,9 @@ class AsetSimEnv(gym.Env):
 
     def __init__(self, plans: Plan | PlanSampler, obs_spec: ObservationSpec, episode_s: float,
                  initial_policy: str = "closest", simulator_factory: Callable | None = None,
-                 policies: tuple[str, ...] | None = None, sim_kwargs: dict | None = None):
+                 policies: tuple[str, ...] | None = None, reward: RewardSpec | None = None,
+                 immediate_reward: bool = False):
         super().__init__()
-        self._sim_kwargs = dict(sim_kwargs or {})
         self._sampler: PlanSampler = plans if callable(plans) else (lambda rng, p=plans: p)
         self.spec_obs = obs_spec
         self.dt = obs_spec.window_ms / 1e3
@@ -114,9 +183,11 @@ class AsetSimEnv(gym.Env):
         self.episode_s = float(episode_s)
         self.policies = tuple(policies or _catalogue())
         if initial_policy not in self.policies:
-            raise ValueError(f"initial_policy {initial_policy!r} is not in the catalogue {self.policies}")
+            initial_policy = self.policies[0]
         self.initial_policy = initial_policy
-        self._factory = simulator_factory or _default_simulator
+        self.reward_spec = reward or RewardSpec()
+        self.immediate = bool(immediate_reward)
+        self._factory = simulator_factory
         probe = self._sampler(np.random.default_rng(0))
         self.contexts = plan_contexts(probe, self.policies)
         self._shape = self._shape_of(self.contexts)
@@ -126,7 +197,7 @@ class AsetSimEnv(gym.Env):
         self.observation_space = gym.spaces.Box(0.0, float(obs_spec.clip), (len(self.contexts), self.obs_size),
                                                 np.float32)
         self.action_space = gym.spaces.MultiDiscrete([len(self.policies)] * len(self.contexts))
-        self.sim = None
+        self.ep: Episode | None = None
         self.plan: Plan | None = None
 
     @staticmethod
@@ -137,12 +208,17 @@ class AsetSimEnv(gym.Env):
     def source_names(self) -> list[str]:
         return [c.source for c in self.contexts]
 
+    @property
+    def sim(self):
+        """The simulator of the current episode."""
+        return self.ep.sim if self.ep is not None else None
+
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         """New episode: draw a plan, start a simulator seeded from the env's rng.
 
         ``options={"plan": Plan}`` forces the plan (evaluation), ``options={"sim_seed": int}``
         the simulator seed. Returns the observation (n_sources, obs_size) and info with the
-        scenario name.
+        scenario name and the simulator seed.
         """
         super().reset(seed=seed)
         options = options or {}
@@ -154,191 +230,139 @@ class AsetSimEnv(gym.Env):
         self.plan, self.contexts = plan, ctxs
         sim_seed = int(options.get("sim_seed", self.np_random.integers(2**31 - 1)))
         self.current = [self.initial_policy] * len(ctxs)
-        self.sim = self._factory(plan, sim_seed, {c.source: self.initial_policy for c in ctxs}, **self._sim_kwargs)
+        self.ep = Episode(plan, sim_seed, {c.source: self.initial_policy for c in ctxs}, self.dt, self.episode_s,
+                          simulator_factory=self._factory)
+        base = self.reward_spec.baseline
+        self.base_ok = None
+        self.base_ratio = math.nan
+        if base is not None:
+            ref = run_static(plan, sim_seed, [base] * len(ctxs), self.dt, self.episode_s) if self._factory is None \
+                else self._fake_static(plan, sim_seed, base)
+            self.base_ok, self.base_ratio = ref.ok, ref.success_ratio
+        self.view = WindowView(self.ep, ctxs)
         self.observers = [SourceObserver(c, self.spec_obs) for c in ctxs]
-        self._index = {c.source: i for i, c in enumerate(ctxs)}
-        self.window = 0
-        self.n_windows = max(1, int(round(self.episode_s / self.dt)))
-        self.settle_lag = int(math.ceil((max_deadline_s(plan) + self._report_s()) / self.dt)) + 1
-        self.settler = _Settler(len(ctxs))
-        self.stats = {"queries": 0, "success": 0}
+        self.settle_lag = int(math.ceil(max_deadline_s(plan) / self.dt)) + 1
+        self.settler = _Settler()
         self.policy_windows = np.zeros((len(ctxs), len(self.policies)), np.int64)
-        self._pending: list[list] = [[] for _ in ctxs]
-        self._arrivals: list[dict] = [defaultdict(int) for _ in ctxs]
-        obs = np.stack([o.observe(self._window_state(i)) for i, o in enumerate(self.observers)])
-        self._last_obs = obs
+        obs = self._observe()
         return obs, {"scenario": plan.experiment.name, "sim_seed": sim_seed}
 
-    def _report_s(self) -> float:
-        exp = self.plan.experiment
-        for attr in ("report_interval_s",):
-            v = getattr(exp, attr, None) or getattr(getattr(exp, "emulation", None), attr, None)
-            if v:
-                return float(v)
-        return 0.5
+    def _fake_static(self, plan: Plan, seed: int, policy: str) -> Episode:
+        ep = Episode(plan, seed, {c.source: policy for c in self.contexts}, self.dt, self.episode_s,
+                     simulator_factory=self._factory)
+        ep.finish()
+        return ep
 
-    def _window_state(self, i: int) -> dict:
-        """The raw window state of source i (module docstring of observation.py), from the sim."""
-        ctx = self.contexts[i]
-        sim = self.sim
-        try:
-            heard = sim.cluster_state(ctx.source)
-        except TypeError:
-            heard = sim.cluster_state()
-        lu = sim.link_utilization()
-        path_util = {}
-        for c in ctx.clusters:
-            links = sim.path_links(ctx.source, c)
-            path_util[c] = max((lu.get((a, b), lu.get((b, a), 0.0)) for a, b in links), default=0.0)
-        return {"arrivals": dict(self._arrivals[i]), "clusters": heard, "path_util": path_util,
-                "resolved": self._pending[i], "policy": self.current[i]}
-
-    def _collect(self) -> None:
-        """Drain the simulator's resolved queries into the settler and the per-window views."""
-        for q in self.sim.drain_resolved():
-            i = self._index.get(q.source)
-            if i is None:
-                continue
-            w = int(q.t0_s // self.dt)
-            self.settler.counts[(w, i)][0] += int(bool(q.success))
-            self.settler.counts[(w, i)][1] += 1
-            self._pending[i].append((q.application, bool(q.success)))
-            if q.t0_s < self.n_windows * self.dt:
-                self.stats["queries"] += 1
-                self.stats["success"] += int(bool(q.success))
-
-    def _count_arrivals(self) -> None:
-        created = created_since_last_call(self.sim)
-        for q in created:
-            i = self._index.get(q[0])
-            if i is not None:
-                self._arrivals[i][q[1]] += 1
+    def _observe(self) -> np.ndarray:
+        obs = np.stack([o.observe(self.view.state(i, self.current[i])) for i, o in enumerate(self.observers)])
+        self._last_obs = obs
+        return obs
 
     def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
         """Apply one policy per source for the next window, simulate it, observe.
 
         Args:
-            action: int array (n_sources,): index into the catalogue per source (sorted order).
+            action: int array (n_sources,): index into the action set per source (sorted order).
 
         Returns:
             (obs (n_sources, obs_size), reward, terminated=False, truncated, info) with
-            ``info["transitions"]`` (see the module docstring) and, at truncation,
-            ``info["success_ratio"]``: the episode's success ratio over all its queries.
+            ``info["transitions"]`` (module docstring) and, at truncation,
+            ``info["success_ratio"]`` / ``info["queries"]``: the episode's figures over all its
+            queries (and ``info["baseline_success_ratio"]`` with a reward baseline).
         """
         action = np.asarray(action, dtype=np.int64).reshape(-1)
         if action.shape != (len(self.contexts),) or action.min() < 0 or action.max() >= len(self.policies):
             raise ValueError(f"action {action.tolist()}: need {len(self.contexts)} indices in "
                              f"[0, {len(self.policies)})")
-        w = self.window
+        ep, w = self.ep, self.ep.w
         for i, a in enumerate(action):
-            name = self.policies[int(a)]
-            if name != self.current[i]:
-                self.sim.set_policy(self.contexts[i].source, name)
-                self.current[i] = name
+            self.current[i] = self.policies[int(a)]
             self.policy_windows[i, int(a)] += 1
             self.settler.decisions[(w, i)] = (self._last_obs[i], int(a))
-        self.sim.run_until((w + 1) * self.dt)
-        self._arrivals = [defaultdict(int) for _ in self.contexts]
-        self._count_arrivals()
-        self._pending = [[] for _ in self.contexts]
-        self._collect()
-        obs = np.stack([o.observe(self._window_state(i)) for i, o in enumerate(self.observers)])
-        self._last_obs = obs
-        self.window = w + 1
-        truncated = self.window >= self.n_windows
+        ep.set_policies(self.current)
+        resolved = ep.step()
+        self.view.absorb(resolved)
+        obs = self._observe()
         for i in range(len(self.contexts)):
             self.settler.next_obs[(w, i)] = obs[i]
-        if truncated:  # let every decided window settle: run past the last deadline
-            self.sim.run_until(self.window * self.dt + self.settle_lag * self.dt)
-            self._collect()
-            trans = self.settler.settle(self.window + 1)
-        else:
-            trans = self.settler.settle(w + 1 - self.settle_lag)
-        info: dict[str, Any] = {"transitions": trans, "window": self.window}
+        truncated = ep.w >= ep.n_windows
         if truncated:
-            n = self.stats["queries"]
-            info["success_ratio"] = self.stats["success"] / n if n else float("nan")
-            info["queries"] = n
+            ep.finish()
+            trans = self.settler.settle(ep.n_windows + 1, ep.ok, ep.n, self.base_ok)
+        elif self.immediate:
+            ok, n = ep.settled_counts()
+            trans = self.settler.settle(w + 1, ok, n, self.base_ok)
+        else:
+            trans = self.settler.settle(ep.w - self.settle_lag + 1, ep.ok, ep.n, self.base_ok)
+        info: dict[str, Any] = {"transitions": trans, "window": ep.w}
+        if truncated:
+            info["success_ratio"], info["queries"] = ep.success_ratio, ep.queries
+            if self.base_ok is not None:
+                info["baseline_success_ratio"] = self.base_ratio
         reward = float(np.mean([t[3] for t in trans])) if trans else 0.0
         return obs, reward, False, truncated, info
 
 
-def created_since_last_call(sim) -> list[tuple[str, str]]:
-    """(source, application) of every query the simulator created since the last call.
+def make_sim_env(experiment: str | list[str], config: str | None = None, episode_s: float | None = None,
+                 load_scale: tuple[float, float] = (1.0, 1.0), immediate_reward: bool = False,
+                 **overrides: Any) -> AsetSimEnv:
+    """The entry point of ``gymnasium.make("testbed/AsetSim-v0", experiment=...)``.
 
-    Uses the simulator's own counter when it has one (``drain_created``); the contract of
-    issue 4 does not require it, so without it the list is empty and the arrival-rate features
-    stay 0 (documented gap)."""
-    fn = getattr(sim, "drain_created", None)
-    if fn is None:
-        return []
-    return [(getattr(q, "source", None) or q[0], getattr(q, "application", None) or q[1]) for q in fn()]
+    Args:
+        experiment: a scenario file, or several (one drawn per episode).
+        config: an ASET config file for the observation, action set and reward (default: the
+            defaults of :class:`testbed.aset.config.AsetConfig`).
+        episode_s: episode length (default: the first experiment's duration).
+        load_scale: every arrival rate x U(low, high) per episode.
+        immediate_reward: settle each window at once (single-step learners; module docstring).
+        overrides: ``window_ms=...`` etc. for the observation spec.
+    """
+    from pathlib import Path
 
+    from testbed.aset.config import AsetConfig, RandomiseSpec, load_aset_config
+    from testbed.aset.train import scenario_sampler
 
-def _default_simulator(plan: Plan, seed: int, policies: Mapping[str, str], **kwargs):
-    """The real simulator; when it has no ``drain_created`` yet, a subclass that counts the
-    queries each source creates (one ``_decide`` call per created query)."""
-    from testbed.sim import Simulator
-
-    if hasattr(Simulator, "drain_created"):
-        return Simulator(plan, seed=seed, policies=dict(policies), **kwargs)
-    return _counting_simulator_class()(plan, seed=seed, policies=dict(policies), **kwargs)
-
-
-_COUNTING = None
-
-
-def _counting_simulator_class():
-    global _COUNTING
-    if _COUNTING is None:
-        from testbed.sim import Simulator
-
-        class CountingSimulator(Simulator):
-            """:class:`testbed.sim.Simulator` + ``drain_created()``: (source, application) of every
-            query created since the last call (the arrival-rate features of ASET)."""
-
-            def _decide(self, si, ai):
-                self.__dict__.setdefault("_aset_created", []).append((self.sources[si], self.apps[ai].name))
-                return super()._decide(si, ai)
-
-            def drain_created(self):
-                out = self.__dict__.get("_aset_created", [])
-                self._aset_created = []
-                return out
-
-        _COUNTING = CountingSimulator
-    return _COUNTING
+    cfg = load_aset_config(config)[0] if config else AsetConfig(name="gym")
+    paths = [Path(experiment)] if isinstance(experiment, str | Path) else [Path(p) for p in experiment]
+    sampler, plans = scenario_sampler(paths, RandomiseSpec(load_scale=load_scale))
+    spec = cfg.observation.model_copy(update=overrides) if overrides else cfg.observation
+    return AsetSimEnv(sampler, spec, episode_s or plans[0].experiment.duration_s, policies=cfg.policies,
+                      reward=cfg.reward, immediate_reward=immediate_reward)
 
 
 class AsetLiveEnv(gym.Env):
     """ASET over a running emulation, with the SAME spaces as :class:`AsetSimEnv`.
 
     Each source's dispatcher (``testbed.workload`` with ``policy: aset`` and
-    ``aset.control_socket`` set) sends its raw window state to this env over a Unix datagram
-    socket (the filesystem is shared across Mininet's network namespaces) and waits for the
-    policy name; :meth:`step` replies to every source and waits for the next window's states.
-    Rewards: the live window state carries ``(application, success[, t0_s])`` of the queries
-    resolved in the window; with ``t0_s`` the env settles per creation window exactly as the
-    simulator env, without it the reward is the success ratio of the queries resolved in the
-    window (an approximation, said in ``info["reward_kind"]``).
+    ``aset.options.control_socket`` set) sends its raw window state to this env over a Unix
+    datagram socket (the filesystem is shared across Mininet's network namespaces) and waits for
+    the policy name; :meth:`step` replies to every source and waits for the next window's states.
+    Rewards as in the simulator env: the live window state carries ``(application, success, t0_s,
+    ...)`` of the queries resolved in the window and ``now_s`` (the source's clock, s since its load
+    started); each query is counted in the window it was created in ((t0_s - the episode's
+    ``now_s`` at reset) / window; earlier queries are left out) and a window's transition is
+    settled once the largest deadline has passed (``info["transitions"]``;
+    ``info["reward_kind"] = "per_creation_window"``).
 
     Args:
         contexts: one :class:`SourceContext` per source (sorted by source), as in the sim env.
         obs_spec: the same observation settings as the checkpoint.
         socket_path: the Unix socket path to bind.
         timeout_s: how long to wait for every source's state per window.
+        episode_windows: windows per episode (truncation).
     """
 
     metadata = {"render_modes": []}
 
     def __init__(self, contexts: list[SourceContext], obs_spec: ObservationSpec, socket_path: str,
-                 timeout_s: float = 5.0, episode_windows: int = 600):
+                 timeout_s: float = 5.0, episode_windows: int = 600, max_deadline_ms: float | None = None):
         super().__init__()
         from testbed.aset.live import ControlServer
 
         self.contexts = contexts
         self.spec_obs = obs_spec
         self.policies = contexts[0].policies
+        self.dt = obs_spec.window_ms / 1e3
         ctx = contexts[0]
         self.obs_size = observation_size(len(ctx.applications), len(ctx.clusters), len(self.policies),
                                          obs_spec.history_windows)
@@ -348,31 +372,55 @@ class AsetLiveEnv(gym.Env):
         self.server = ControlServer(socket_path)
         self.timeout_s = timeout_s
         self.episode_windows = episode_windows
+        dl = max_deadline_ms if max_deadline_ms is not None else max(ctx.deadline_ms or (1000.0,))
+        self.settle_lag = int(math.ceil(dl / 1e3 / self.dt)) + 1
 
-    def _gather(self) -> tuple[np.ndarray, float]:
+    def _gather(self, first: bool = False) -> np.ndarray:
         states = self.server.receive_all([c.source for c in self.contexts], self.timeout_s)
-        obs, rewards = [], []
+        obs = []
         for i, c in enumerate(self.contexts):
             st = states[c.source]
             obs.append(self.observers[i].observe(st))
-            res = st.get("resolved") or []
-            if res:
-                rewards.append(sum(1 for r in res if r[1]) / len(res))
-        return np.stack(obs), float(np.mean(rewards)) if rewards else 0.0
+            if first:  # the episode's origin on this source's clock (s since its load started)
+                self.origin[i] = float(st.get("now_s") or 0.0)
+                continue
+            for r in st.get("resolved") or []:
+                if len(r) >= 3 and r[2] is not None:
+                    w = int((float(r[2]) - self.origin[i]) // self.dt)
+                    if 0 <= w < self.ok.shape[0]:
+                        self.n[w, i] += 1
+                        self.ok[w, i] += int(bool(r[1]))
+        return np.stack(obs)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         self.observers = [SourceObserver(c, self.spec_obs) for c in self.contexts]
         self.window = 0
-        obs, _ = self._gather()
-        return obs, {"reward_kind": "resolved_in_window"}
+        size = self.episode_windows + self.settle_lag + 2
+        self.ok = np.zeros((size, len(self.contexts)), np.int64)
+        self.n = np.zeros((size, len(self.contexts)), np.int64)
+        self.settler = _Settler()
+        self.policy_windows = np.zeros((len(self.contexts), len(self.policies)), np.int64)
+        self.origin = np.zeros(len(self.contexts))
+        self._last_obs = self._gather(first=True)
+        return self._last_obs, {"reward_kind": "per_creation_window"}
 
     def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
         action = np.asarray(action, dtype=np.int64).reshape(-1)
+        w = self.window
+        for i, a in enumerate(action):
+            self.settler.decisions[(w, i)] = (self._last_obs[i], int(a))
+            self.policy_windows[i, int(a)] += 1
         self.server.reply_all({c.source: self.policies[int(a)] for c, a in zip(self.contexts, action, strict=True)})
-        obs, reward = self._gather()
+        obs = self._gather()
+        self._last_obs = obs
+        for i in range(len(self.contexts)):
+            self.settler.next_obs[(w, i)] = obs[i]
         self.window += 1
-        return obs, reward, False, self.window >= self.episode_windows, {"reward_kind": "resolved_in_window"}
+        trans = self.settler.settle(self.window - self.settle_lag + 1, self.ok, self.n, None)
+        reward = float(np.mean([t[3] for t in trans])) if trans else 0.0
+        return obs, reward, False, self.window >= self.episode_windows, {"reward_kind": "per_creation_window",
+                                                                        "transitions": trans, "window": self.window}
 
     def close(self) -> None:
         srv = getattr(self, "server", None)

@@ -1,218 +1,463 @@
-"""``testbed evaluate CONFIG``: ASET against every static policy on the scenarios, several seeds.
+"""``testbed evaluate CONFIG``: headroom first (every static policy, the per-source static mix, the
+clairvoyant switching oracle), then ASET, per scenario, over seeds; fresh seeds confirm.
 
-For each scenario file of ``evaluation.scenarios`` and each seed 1..``evaluation.seeds``, the
-simulator runs the scenario once per static policy of the catalogue (every source applies it all
-the time) and once with ASET (the exported greedy policy ``evaluation.checkpoint`` choosing every
-source's policy every window), all through :class:`~testbed.aset.envs.AsetSimEnv`, so every run
-is measured the same way: success ratio = successful / all queries created during the run
-(system-model.md). The same seed gives every policy the same arrivals (common random numbers).
+For each scenario file of ``evaluation.scenarios`` (all on common random numbers: seed k gives
+every schedule the same arrivals; every figure is counted by :class:`testbed.aset.episode.Episode`:
+success ratio = successful / created queries):
 
-Statistics: mean and 95 % confidence interval with the t-distribution (``scipy.stats.t``, n - 1
-degrees of freedom) over the seeds; and the paired difference ASET - best static policy per seed
-(best = highest mean), with its 95 % CI: "ASET beats it beyond the CI" means the paired
-difference's lower CI bound is above 0.
+1. every static policy of the action set on seeds 1..N (tuning seeds); the best static policy is
+   the one with the highest mean;
+2. the per-source static mix, chosen on the tuning seeds (coordinate ascent,
+   :func:`testbed.aset.headroom.best_mix`);
+3. the oracle on every tuning seed (multiagent rollout over the better of the mix and the best
+   static policy on that seed, :func:`testbed.aset.headroom.rollout_oracle`); headroom = oracle -
+   best static, paired per seed;
+4. ASET (``evaluation.checkpoint``, greedy) on the same seeds, when the checkpoint exists;
+5. with ``fresh_seeds`` M > 0: steps 1 (all statics), 3 and 4 again on seeds fresh_from ..
+   fresh_from + M - 1 with the best static policy and the mix chosen in 1-2: the headroom and ASET's
+   figures confirmed on seeds nothing was chosen on.
 
-Outputs in ``evaluation.out_dir/<name>/``: ``runs.csv`` (one row per scenario x policy x seed),
-``results.csv`` and ``results.md`` (the table), ``results.png`` (bars with 95 % CI).
+Statistics: mean and 95 % CI half-width (Student's t, :func:`testbed.util.ci95`) over the seeds, and
+paired differences per seed with their CI. Verdicts (issue 13): within 1 pt = mean(ASET - best
+static) >= -1 pt; above = the paired difference's lower CI bound > 0, against the best static and
+against the mix; captured = mean(ASET - best static) / mean(headroom), required >= 0.5 where the
+headroom is >= 3 points.
+
+Also the decision agreement of every pair of actions (:func:`agreement`): two actions that decide
+the same in every state met are duplicates (issue 13: merge them or make them distinct).
+
+Outputs in ``evaluation.out_dir/<name>/``: ``runs.csv`` (one row per scenario x kind x policy x
+seed), ``results.csv`` / ``results.md`` (the tables), ``results.png`` (bars with 95 % CI),
+``oracle.json`` (the oracle's schedules), ``agreement.md``.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from testbed.aset.config import AsetConfig
-from testbed.aset.train import resolve
+from testbed.util import ci95, markdown_table, repo_path
 
 ASET = "aset"
+MIX = "mix"
+ORACLE = "oracle"
 
 
-def ci95(values: list[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95 % CI (t-distribution, n - 1 d.o.f.); half-width NaN for n < 2."""
-    from scipy.stats import t
-
-    x = np.asarray(values, dtype=float)
-    if x.size < 2:
-        return float(x.mean()) if x.size else math.nan, math.nan
-    return float(x.mean()), float(t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
-
-
-def run_scenario_seed(scenario: str, seed: int, checkpoint: str, duration_s: float | None,
-                      policies: list[str] | None = None) -> list[dict]:
-    """Every static policy and ASET on one scenario file and seed; one row per policy:
-    ``{scenario, policy, seed, success_ratio, queries, share}`` (share: ASET's policy usage)."""
-    from testbed.aset.envs import AsetSimEnv
-    from testbed.aset.npolicy import NumpyPolicy
+# ----------------------------------------------------------------------------- jobs (worker side)
+def _plan(scenario: str):
     from testbed.plan import plan_experiment
 
+    return plan_experiment(scenario)
+
+
+def static_job(scenario: str, seed: int, actions: Sequence[str], duration_s: float | None) -> dict:
+    """Every static policy on one seed: ``{policy: (ok, n)}``."""
+    from testbed.aset.headroom import static_ratio
+
+    plan = _plan(scenario)
+    n = len(plan.sources)
+    return {a: static_ratio(plan, seed, [a] * n, None, duration_s) for a in actions}
+
+
+def mix_job(scenario: str, seeds: Sequence[int], actions: Sequence[str], duration_s: float | None,
+            known: dict[str, float]) -> tuple[list[str], float]:
+    """The per-source mix of one scenario chosen on ``seeds`` (``known``: static means)."""
+    from testbed.aset.headroom import best_mix
+
+    plan = _plan(scenario)
+    n = len(plan.sources)
+    start = max(known, key=lambda p: (known[p], p))
+    mix, v, _ = best_mix(plan, seeds, actions, start, None, duration_s, {tuple([p] * n): m for p, m in known.items()})
+    return mix, v
+
+
+def assignment_job(scenario: str, seed: int, assignment: Sequence[str], duration_s: float | None) -> tuple[int, int]:
+    """One constant per-source assignment on one seed: (ok, n)."""
+    from testbed.aset.headroom import static_ratio
+
+    return static_ratio(_plan(scenario), seed, assignment, None, duration_s)
+
+
+def oracle_job(scenario: str, seed: int, base: Sequence[Sequence[str]], actions: Sequence[str],
+               duration_s: float | None, horizon: int | None) -> dict:
+    """The oracle on one seed (:func:`testbed.aset.headroom.rollout_oracle`)."""
+    from testbed.aset.headroom import rollout_oracle
+
+    r = rollout_oracle(_plan(scenario), seed, base, actions, None, duration_s, horizon)
+    return {"ok": r.ok, "n": r.n, "base_ok": r.base_ok, "fallback": r.fallback, "trials": r.trials,
+            "schedule": r.schedule}
+
+
+def aset_job(scenario: str, seed: int, checkpoint: str, duration_s: float | None) -> dict:
+    """ASET's greedy policy on one seed: (ok, n) and how often it chose each action."""
+    from testbed.aset.envs import AsetSimEnv
+    from testbed.aset.npolicy import NumpyPolicy
+
     pol = NumpyPolicy(checkpoint)
-    plan = plan_experiment(scenario)
-    dur = duration_s or plan.experiment.duration_s
-    env = AsetSimEnv(plan, pol.obs_spec, dur, policies=tuple(pol.meta["policies"]),
-                     sim_kwargs={"base_dir": str(Path(scenario).parent)})
-    if [c.clusters for c in env.contexts][0] != tuple(pol.meta["clusters"]):
+    plan = _plan(scenario)
+    env = AsetSimEnv(plan, pol.obs_spec, duration_s or plan.experiment.duration_s, policies=tuple(pol.meta["policies"]))
+    if env.contexts[0].clusters != tuple(pol.meta["clusters"]):
         raise ValueError(f"{scenario}: clusters {env.contexts[0].clusters} differ from the checkpoint's "
                          f"{pol.meta['clusters']}")
-    rows = []
-    name = plan.experiment.name
-    for p in [*(policies or env.policies), ASET]:
-        obs, _ = env.reset(seed=seed, options={"sim_seed": seed})
-        done, info = False, {}
-        while not done:
-            a = pol.act(obs) if p == ASET else np.full(len(env.contexts), env.policies.index(p))
-            obs, _, _, done, info = env.step(a)
-        share = env.policy_windows.sum(0) / max(1, env.policy_windows.sum())
-        rows.append({"scenario": name, "policy": p, "seed": seed, "success_ratio": info["success_ratio"],
-                     "queries": info["queries"],
-                     "share": {q: round(float(s), 4) for q, s in zip(env.policies, share, strict=True) if s > 0}})
-    return rows
+    obs, _ = env.reset(seed=seed, options={"sim_seed": seed})
+    done, info = False, {}
+    while not done:
+        obs, _, _, done, info = env.step(pol.act(obs))
+    share = env.policy_windows.sum(0) / max(1, env.policy_windows.sum())
+    return {"ok": int(env.ep.ok.sum()), "n": int(env.ep.n.sum()),
+            "share": {p: round(float(s), 4) for p, s in zip(env.policies, share, strict=True) if s > 0}}
 
 
+def agreement_job(scenario: str, seed: int, actions: Sequence[str], duration_s: float | None) -> dict:
+    """Pairwise decision agreement of the actions: under each static policy in turn, at every
+    window start, for every source and application, every action decides on the dispatcher's
+    current options (``random`` / ``round_robin`` on a copy of its state, so the run is unchanged).
+    Returns ``{"a|b": [same, total]}``."""
+    import copy
+
+    from testbed import policies as pol
+    from testbed.aset.episode import Episode
+
+    plan = _plan(scenario)
+    apps = list(plan.experiment.applications)
+    counts: dict[str, list[int]] = {f"{a}|{b}": [0, 0] for i, a in enumerate(actions) for b in actions[i + 1:]}
+    for run_policy in actions:
+        ep = Episode(plan, seed, {h.name: run_policy for h in plan.sources}, None, duration_s)
+        while ep.w < ep.n_windows:
+            for d in ep.sim.dispatchers:
+                for app in apps:
+                    opts = d.options_for(app.family)
+                    picks = {}
+                    for a in actions:
+                        dec = pol.decide(a, opts, app.deadline_ms, app.min_accuracy, copy.deepcopy(d.ctx))
+                        picks[a] = (dec.cluster, dec.model)
+                    for key, c in counts.items():
+                        a, b = key.split("|")
+                        c[0] += int(picks[a] == picks[b])
+                        c[1] += 1
+            ep.step()
+    return counts
+
+
+# ----------------------------------------------------------------------------- orchestration
 @dataclass
 class EvalResult:
     out_dir: Path
     runs: list[dict]
     table: list[dict]
+    mixes: dict[str, list[str]] = field(default_factory=dict)
+    agreement: dict[str, list[int]] = field(default_factory=dict)
 
 
-def summarise(runs: list[dict]) -> list[dict]:
-    """Per scenario and policy: mean, CI half-width, n; plus per scenario the best static policy,
-    ASET's paired difference to it (mean, CI) and the two verdicts of the issue's target."""
-    table = []
-    for sc in dict.fromkeys(r["scenario"] for r in runs):
-        rs = [r for r in runs if r["scenario"] == sc]
-        stats = {}
-        for p in dict.fromkeys(r["policy"] for r in rs):
-            vals = [r["success_ratio"] for r in sorted(rs, key=lambda r: r["seed"]) if r["policy"] == p]
-            stats[p] = (*ci95(vals), len(vals), vals)
-        statics = {p: s for p, s in stats.items() if p != ASET}
-        best = max(statics, key=lambda p: (statics[p][0], p))
-        row = {"scenario": sc, "best_static": best}
-        for p, (m, h, n, _) in stats.items():
-            row[p] = (m, h, n)
-        if ASET in stats:
-            diff = [a - b for a, b in zip(stats[ASET][3], statics[best][3], strict=True)]
-            dm, dh = ci95(diff)
-            row["diff"] = (dm, dh)
-            row["within_1pt"] = dm >= -0.01
-            row["above_beyond_ci"] = (dm - dh) > 0 if not math.isnan(dh) else False
-        table.append(row)
-    return table
+def _task_key(fn, task: tuple) -> str:
+    """A stable key of one job: the function, its arguments and, for a checkpoint argument, the
+    content of the checkpoint (so a retrained policy is never served from the cache)."""
+    import hashlib
+
+    h = hashlib.sha256(fn.__name__.encode())
+    for a in task:
+        h.update(json.dumps(a, sort_keys=True, default=str).encode())
+        if isinstance(a, str) and Path(a).with_suffix(".npz").is_file() and fn is aset_job:
+            h.update(Path(a).with_suffix(".npz").read_bytes())
+        if isinstance(a, str) and a.endswith(".yaml") and Path(a).is_file():
+            h.update(Path(a).read_bytes())
+    return h.hexdigest()[:24]
+
+
+def _parallel(fn, tasks: list[tuple], backend: str, jobs: int, ray_address: str | None, bar,
+              cache: Path | None = None) -> list:
+    """``fn(*task)`` for every task, in task order (parallel per :mod:`testbed.distributed`).
+    With ``cache`` (a folder), each result is kept as JSON under its :func:`_task_key` and reused
+    by a later evaluation (the headroom measured before training serves the one after it)."""
+    from testbed.distributed import imap_unordered
+
+    out: list = [None] * len(tasks)
+    todo = []
+    for i, t in enumerate(tasks):
+        f = cache / f"{_task_key(fn, t)}.json" if cache is not None else None
+        if f is not None and f.is_file():
+            out[i] = json.loads(f.read_text())
+            if bar is not None:
+                bar[0].advance(bar[1])
+        else:
+            todo.append(i)
+
+    def done(i: int, r) -> None:
+        out[i] = r
+        if cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+            (cache / f"{_task_key(fn, tasks[i])}.json").write_text(json.dumps(r))
+            out[i] = json.loads(json.dumps(r))  # the same types as a cached result
+        if bar is not None:
+            bar[0].advance(bar[1])
+
+    if jobs <= 1 and backend == "process":
+        for i in todo:
+            done(i, fn(*tasks[i]))
+        return out
+    for k, r in imap_unordered(fn, [tasks[i] for i in todo], backend=backend, jobs=jobs, ray_address=ray_address):
+        done(todo[k], r)
+    return out
+
+
+def _row(scenario: str, kind: str, policy: str, seed: int, ok: int, n: int, **extra) -> dict:
+    return {"scenario": scenario, "kind": kind, "policy": policy, "seed": seed, "ok": ok, "n": n,
+            "success_ratio": ok / n if n else math.nan, **extra}
+
+
+def _statics_and_mix(scenarios, names, seeds, actions, dur, run, kind) -> tuple[dict, dict]:
+    """Steps 1-2 on the tuning seeds: static runs, then the mix per scenario."""
+    runs: list[dict] = []
+    res = run(static_job, [(s, k, actions, dur) for s in scenarios for k in seeds])
+    it = iter(res)
+    for s in scenarios:
+        for k in seeds:
+            for p, (ok, n) in next(it).items():
+                runs.append(_row(names[s], kind, p, k, ok, n))
+    means = {s: {p: float(np.mean([r["success_ratio"] for r in runs if r["scenario"] == names[s] and r["policy"] == p]))
+                 for p in actions} for s in scenarios}
+    mixes = run(mix_job, [(s, seeds, actions, dur, means[s]) for s in scenarios])
+    return {"runs": runs, "means": means}, {s: m[0] for s, m in zip(scenarios, mixes, strict=True)}
 
 
 def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_s: float | None = None,
-             workers: int = 2, progress: bool = True, console=None) -> EvalResult:
-    """Run the evaluation (``cfg.evaluation`` required); writes and returns the results.
+             workers: int = 2, progress: bool = True, console=None, backend: str = "process",
+             ray_address: str | None = None, headroom_only: bool = False, fresh_seeds: int | None = None,
+             agreement_check: bool = True) -> EvalResult:
+    """Run the evaluation (``cfg.evaluation`` required; module docstring); writes and returns it.
+
+    ``headroom_only``: skip ASET (what ``testbed evaluate --headroom`` does before training).
 
     Raises:
-        ValueError: no ``evaluation:`` section. FileNotFoundError: the checkpoint is missing.
+        ValueError: no ``evaluation:`` section. FileNotFoundError: the checkpoint is missing
+            (without ``headroom_only``).
     """
     if cfg.evaluation is None:
         raise ValueError(f"ASET config {cfg.name!r}: an 'evaluation:' section is required for testbed evaluate")
     ev = cfg.evaluation
-    seeds = seeds or ev.seeds
-    ckpt = resolve(base, ev.checkpoint)
-    for suffix in (".npz", ".json"):
-        if not ckpt.with_suffix(suffix).is_file():
-            raise FileNotFoundError(f"checkpoint {ckpt.with_suffix(suffix)} is missing (run testbed train first)")
-    scenarios = [str(resolve(base, s)) for s in ev.scenarios]
-    jobs = [(s, k) for s in scenarios for k in range(1, seeds + 1)]
-    runs: list[dict] = []
+    n_seeds = seeds or ev.seeds
+    n_fresh = ev.fresh_seeds if fresh_seeds is None else fresh_seeds
+    ckpt = repo_path(ev.checkpoint, base)
+    with_aset = not headroom_only
+    if with_aset:
+        for suffix in (".npz", ".json"):
+            if not ckpt.with_suffix(suffix).is_file():
+                raise FileNotFoundError(f"checkpoint {ckpt.with_suffix(suffix)} is missing (run testbed train first, "
+                                        f"or testbed evaluate --headroom)")
+    scenarios = [str(repo_path(s, base)) for s in ev.scenarios]
+    names = {s: _plan(s).experiment.name for s in scenarios}
+    actions = list(cfg.policies)
     dur = duration_s or ev.duration_s
+    tune = list(range(1, n_seeds + 1))
+    fresh = list(range(ev.fresh_from, ev.fresh_from + n_fresh))
+    per_seed = 3 + int(with_aset)  # statics, mix, oracle (+ ASET) per scenario and seed
+    total = len(scenarios) * ((len(tune) + len(fresh)) * per_seed + 1 + int(agreement_check))
+    bar = _bar(console, total) if progress else None
 
-    bar = None
-    if progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    cache = repo_path(ev.out_dir, base) / "cache"
 
-        bar = Progress(TextColumn("[bold]evaluate[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       console=console)
-        task = bar.add_task("eval", total=len(jobs))
-        bar.start()
+    def run(fn, tasks):
+        return _parallel(fn, tasks, backend, workers, ray_address, bar, cache)
+
     try:
-        if workers > 1:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                futs = [pool.submit(run_scenario_seed, s, k, str(ckpt), dur) for s, k in jobs]
-                for f in futs:
-                    runs += f.result()
-                    if bar is not None:
-                        bar.advance(task)
-        else:
-            for s, k in jobs:
-                runs += run_scenario_seed(s, k, str(ckpt), dur)
-                if bar is not None:
-                    bar.advance(task)
+        st, mixes = _statics_and_mix(scenarios, names, tune, actions, dur, run, "tuning")
+        runs = st["runs"]
+        best = {s: max(st["means"][s], key=lambda p: (st["means"][s][p], p)) for s in scenarios}
+        schedules: dict[str, dict] = {}
+        for kind, ks in (("tuning", tune), ("fresh", fresh)):
+            if not ks:
+                continue
+            if kind == "fresh":
+                res = run(static_job, [(s, k, actions, dur) for s in scenarios for k in ks])
+                for (s, k), r in zip([(s, k) for s in scenarios for k in ks], res, strict=True):
+                    runs += [_row(names[s], kind, p, k, ok, n) for p, (ok, n) in r.items()]
+            pairs = [(s, k) for s in scenarios for k in ks]
+            mres = run(assignment_job, [(s, k, mixes[s], dur) for s, k in pairs])
+            runs += [_row(names[s], kind, MIX, k, ok, n, assignment=",".join(mixes[s]))
+                     for (s, k), (ok, n) in zip(pairs, mres, strict=True)]
+            ores = run(oracle_job, [(s, k, [mixes[s], [best[s]] * len(mixes[s])], actions, dur, ev.oracle_horizon)
+                                    for s, k in pairs])
+            for (s, k), o in zip(pairs, ores, strict=True):
+                runs.append(_row(names[s], kind, ORACLE, k, o["ok"], o["n"], fallback=o["fallback"]))
+                schedules.setdefault(names[s], {})[f"{kind}-{k}"] = o["schedule"]
+            if with_aset:
+                ares = run(aset_job, [(s, k, str(ckpt), dur) for s, k in pairs])
+                runs += [_row(names[s], kind, ASET, k, a["ok"], a["n"], share=a["share"])
+                         for (s, k), a in zip(pairs, ares, strict=True)]
+        agree: dict[str, list[int]] = {}
+        if agreement_check:
+            for counts in run(agreement_job, [(s, 1, actions, dur) for s in scenarios]):
+                for key, (same, tot) in counts.items():
+                    a = agree.setdefault(key, [0, 0])
+                    a[0] += same
+                    a[1] += tot
     finally:
         if bar is not None:
-            bar.stop()
-    out = resolve(base, ev.out_dir) / cfg.name
+            bar[0].stop()
+    table = summarise(runs, actions)
+    out = repo_path(ev.out_dir, base) / cfg.name
     out.mkdir(parents=True, exist_ok=True)
-    table = summarise(runs)
-    _write(out, runs, table)
-    return EvalResult(out, runs, table)
+    _write(out, runs, table, actions, {names[s]: m for s, m in mixes.items()}, schedules, agree)
+    return EvalResult(out, runs, table, {names[s]: m for s, m in mixes.items()}, agree)
 
 
-def _fmt(cell) -> str:
-    m, h, _n = cell
-    return f"{100 * m:.2f} ± {100 * h:.2f}" if not math.isnan(h) else f"{100 * m:.2f}"
+def _bar(console, total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("[bold]evaluate[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console)
+    task = bar.add_task("eval", total=total)
+    bar.start()
+    return bar, task
 
 
-def markdown_table(table: list[dict]) -> str:
-    """The results as a Markdown table: success ratio in % (mean ± 95 % CI half-width) per policy,
-    the best static policy, ASET - best (paired, points) and the verdicts."""
-    pols = [p for p in table[0] if p not in ("scenario", "best_static", "diff", "within_1pt", "above_beyond_ci")]
-    head = ["scenario", *pols, "best static", "ASET - best (pts)", "within 1 pt", "above beyond CI"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in table:
-        cells = [row["scenario"]] + [_fmt(row[p]) if p in row else "-" for p in pols] + [row["best_static"]]
-        if "diff" in row:
-            dm, dh = row["diff"]
-            cells += [f"{100 * dm:+.2f} ± {100 * dh:.2f}", "yes" if row["within_1pt"] else "NO",
-                      "yes" if row["above_beyond_ci"] else "no"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+# ----------------------------------------------------------------------------- statistics
+def _by_seed(runs: list[dict], scenario: str, kind: str, policy: str) -> dict[int, float]:
+    return {r["seed"]: r["success_ratio"] for r in runs
+            if r["scenario"] == scenario and r["kind"] == kind and r["policy"] == policy}
 
 
-def _write(out: Path, runs: list[dict], table: list[dict]) -> None:
+def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float]:
+    keys = sorted(set(a) & set(b))
+    return ci95([a[k] - b[k] for k in keys])
+
+
+def summarise(runs: list[dict], actions: Sequence[str] | None = None) -> list[dict]:
+    """One row per (scenario, kind): every policy's (mean, CI half-width, n); the best static
+    policy (chosen on the tuning seeds, kept on fresh seeds); headroom and ASET's paired
+    differences with their CIs; the verdicts of issue 13 (module docstring)."""
+    table = []
+    statics_of = actions
+    for sc in dict.fromkeys(r["scenario"] for r in runs):
+        best_tuning = None
+        for kind in ("tuning", "fresh"):
+            rs = [r for r in runs if r["scenario"] == sc and r["kind"] == kind]
+            if not rs:
+                continue
+            pols = list(dict.fromkeys(r["policy"] for r in rs))
+            statics = [p for p in pols if p not in (ASET, MIX, ORACLE) and (statics_of is None or p in statics_of)]
+            stats = {p: (*ci95(list(_by_seed(runs, sc, kind, p).values())), len(_by_seed(runs, sc, kind, p)))
+                     for p in pols}
+            if best_tuning is None:
+                best_tuning = max(statics, key=lambda p: (stats[p][0], p))
+            best = best_tuning
+            row: dict = {"scenario": sc, "kind": kind, "best_static": best,
+                         "winner": max(statics, key=lambda p: (stats[p][0], p)), **{p: stats[p] for p in pols}}
+            bs = _by_seed(runs, sc, kind, best)
+            if ORACLE in stats:
+                row["headroom"] = _paired(_by_seed(runs, sc, kind, ORACLE), bs)
+            if MIX in stats:
+                row["mix_gain"] = _paired(_by_seed(runs, sc, kind, MIX), bs)
+                row["assignment"] = next(r.get("assignment", "") for r in rs if r["policy"] == MIX)
+            if ASET in stats:
+                asr = _by_seed(runs, sc, kind, ASET)
+                row["diff"] = _paired(asr, bs)
+                row["diff_mix"] = _paired(asr, _by_seed(runs, sc, kind, MIX)) if MIX in stats else (math.nan, math.nan)
+                dm, dh = row["diff"]
+                mm, mh = row["diff_mix"]
+                row["within_1pt"] = dm >= -0.01
+                row["above_beyond_ci"] = (not math.isnan(dh)) and dm - dh > 0 and (math.isnan(mm) or mm - mh > 0)
+                hm = row.get("headroom", (math.nan, math.nan))[0]
+                row["captured"] = dm / hm if hm and hm > 0 else math.nan
+            table.append(row)
+    return table
+
+
+def _pct(cell, signed: bool = False) -> str:
+    m, h = cell[0], cell[1]
+    if math.isnan(m):
+        return "-"
+    s = f"{100 * m:+.2f}" if signed else f"{100 * m:.2f}"
+    return s + (f" ± {100 * h:.2f}" if not math.isnan(h) else "")
+
+
+def results_markdown(table: list[dict], actions: Sequence[str]) -> str:
+    """The results as Markdown tables: success ratio in % (mean ± 95 % CI half-width) of every static
+    policy, the mix, the oracle and ASET; best static, headroom, ASET's paired gaps, the verdicts."""
+    rows = []
+    for t in table:
+        r = {"scenario": t["scenario"], "seeds": t["kind"]}
+        for p in (*actions, MIX, ORACLE, ASET):
+            if p in t:
+                r[p] = _pct(t[p])
+        r["best static"] = t["best_static"] + ("" if t["winner"] == t["best_static"] else f" (here {t['winner']})")
+        r["headroom (pts)"] = _pct(t["headroom"], True) if "headroom" in t else "-"
+        if "diff" in t:
+            r["ASET - best (pts)"] = _pct(t["diff"], True)
+            r["ASET - mix (pts)"] = _pct(t["diff_mix"], True)
+            r["captured"] = "-" if math.isnan(t["captured"]) else f"{100 * t['captured']:.0f} %"
+            r["within 1 pt"] = "yes" if t["within_1pt"] else "NO"
+            r["above best & mix beyond CI"] = "yes" if t["above_beyond_ci"] else "no"
+        rows.append(r)
+    mixes = [{"scenario": t["scenario"], "per-source mix (sources sorted)": t.get("assignment", ""),
+              "mix - best (pts)": _pct(t["mix_gain"], True) if "mix_gain" in t else "-"}
+             for t in table if t["kind"] == "tuning"]
+    return markdown_table(rows) + "\n" + markdown_table(mixes)
+
+
+def agreement_markdown(agree: dict[str, list[int]]) -> str:
+    """Pairwise agreement of the actions' decisions (100 % = duplicates)."""
+    rows = [{"actions": k.replace("|", " / "), "same decision": f"{100 * s / t:.1f} %" if t else "-",
+             "states": t, "duplicate": "YES" if t and s == t else ""} for k, (s, t) in agree.items()]
+    return markdown_table(rows)
+
+
+def _write(out: Path, runs: list[dict], table: list[dict], actions: Sequence[str], mixes: dict,
+           schedules: dict, agree: dict) -> None:
     with open(out / "runs.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["scenario", "policy", "seed", "success_ratio", "queries", "aset_policy_share"])
+        w.writerow(["scenario", "kind", "policy", "seed", "ok", "n", "success_ratio", "extra"])
         for r in runs:
-            w.writerow([r["scenario"], r["policy"], r["seed"], f"{r['success_ratio']:.6f}", r["queries"],
-                        r["share"] if r["policy"] == ASET else ""])
+            extra = {k: v for k, v in r.items() if k not in ("scenario", "kind", "policy", "seed", "ok", "n",
+                                                             "success_ratio")}
+            w.writerow([r["scenario"], r["kind"], r["policy"], r["seed"], r["ok"], r["n"],
+                        f"{r['success_ratio']:.6f}", json.dumps(extra) if extra else ""])
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["scenario", "policy", "mean", "ci95", "n", "best_static"])
+        w.writerow(["scenario", "kind", "policy", "mean", "ci95", "n", "best_static"])
         for row in table:
             for p, v in row.items():
                 if isinstance(v, tuple) and len(v) == 3:
-                    w.writerow([row["scenario"], p, f"{v[0]:.6f}", f"{v[1]:.6f}", v[2], row["best_static"]])
-    (out / "results.md").write_text(markdown_table(table))
+                    w.writerow([row["scenario"], row["kind"], p, f"{v[0]:.6f}", f"{v[1]:.6f}", v[2],
+                                row["best_static"]])
+    (out / "results.md").write_text(results_markdown(table, actions))
+    (out / "oracle.json").write_text(json.dumps({"mixes": mixes, "schedules": schedules}))
+    if agree:
+        (out / "agreement.md").write_text(agreement_markdown(agree))
+    _plot(out / "results.png", [t for t in table if t["kind"] == "tuning"], actions)
+
+
+def _plot(path: Path, table: list[dict], actions: Sequence[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pols = [p for p in table[0] if isinstance(table[0][p], tuple) and len(table[0][p]) == 3]
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(table)), 4.5))
+    if not table:
+        return
+    pols = [p for p in (*actions, MIX, ORACLE, ASET) if p in table[0]]
+    fig, ax = plt.subplots(figsize=(max(8, 1.8 * len(table)), 4.5))
     width = 0.8 / len(pols)
     x = np.arange(len(table))
     for j, p in enumerate(pols):
-        m = [100 * row[p][0] for row in table]
-        h = [100 * (0 if math.isnan(row[p][1]) else row[p][1]) for row in table]
+        m = [100 * row[p][0] if p in row else np.nan for row in table]
+        h = [100 * (0 if p not in row or math.isnan(row[p][1]) else row[p][1]) for row in table]
         ax.bar(x + (j - (len(pols) - 1) / 2) * width, m, width, yerr=h, capsize=2, label=p,
-               color="black" if p == ASET else None)
+               color={ASET: "black", ORACLE: "0.6", MIX: "0.8"}.get(p))
     ax.set_xticks(x, [row["scenario"] for row in table], rotation=15)
-    lo = min(100 * row[p][0] for row in table for p in pols)
+    lo = min(100 * row[p][0] for row in table for p in pols if p in row and p != "cloud")
     ax.set_ylim(max(0, lo - 10), 100.5)
     ax.set_ylabel("success ratio (%), mean ± 95% CI")
-    ax.set_title("ASET vs static policies (simulator)")
-    ax.legend(ncol=4, fontsize=8)
+    ax.set_title("static policies, per-source mix, oracle and ASET (simulator)")
+    ax.legend(ncol=5, fontsize=7)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "results.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)

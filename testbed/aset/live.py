@@ -72,8 +72,12 @@ class LivePolicySelector:
         if unknown:
             raise ValueError(f"source {cfg.source!r}: applications {unknown} unknown to the checkpoint "
                              f"(trained on {meta['applications']})")
+        deadline = {a.name: float(a.deadline_ms) for a in cfg.applications}
+        deadline.update({a: d for a, d in zip(meta["applications"], meta.get("deadlines_ms") or [], strict=False)
+                         if a not in deadline})
         self.ctx = SourceContext(cfg.source, tuple(meta["applications"]), tuple(meta["clusters"]),
-                                 tuple(rtt[c] for c in meta["clusters"]), tuple(meta["policies"]))
+                                 tuple(rtt[c] for c in meta["clusters"]), tuple(meta["policies"]),
+                                 tuple(deadline.get(a, 0.0) for a in meta["applications"]))
         self.observer = SourceObserver(self.ctx, self.policy.obs_spec)
         if self.observer.size != self.policy.obs_size:
             raise ValueError(f"{ckpt}: network input {self.policy.obs_size} != observation size {self.observer.size}")
@@ -83,12 +87,15 @@ class LivePolicySelector:
         self.window_s = self.policy.obs_spec.window_ms / 1e3
         self.choices: dict[str, int] = {}
         self.report_path = Path(cfg.records).with_suffix(".aset.json") if cfg.records else None
+        self.tail = RecordsTail(cfg.records, cfg.start_ns) if cfg.records else None
+        self.start_ns = int(cfg.start_ns)
         if self.report_path is not None:
             atexit.register(self.write_report)
 
     def choose(self, state: Mapping) -> str:
         """The policy name for the next window (a name of the checkpoint's catalogue)."""
         t = time.perf_counter_ns()
+        state = self.complete(state)
         obs = self.observer.observe(state)
         name = self.ctx.policies[int(self.policy.act(obs)[0])]
         self.decision_ns.append(time.perf_counter_ns() - t)
@@ -98,6 +105,18 @@ class LivePolicySelector:
                 name = remote
         self.choices[name] = self.choices.get(name, 0) + 1
         return name
+
+    def complete(self, state: Mapping) -> Mapping:
+        """The window state with per-query cluster and e2e in ``resolved``: when the dispatcher's
+        state gives only (application, success, t0_s), the same queries are read from the end of
+        this source's records file (written as each query resolves), which has both."""
+        out = dict(state)
+        if "now_s" not in out:
+            out["now_s"] = (time.time_ns() - self.start_ns) / 1e9
+        res = state.get("resolved") or ()
+        if self.tail is not None and not all(len(r) >= 5 for r in res):
+            out["resolved"] = self.tail.read()
+        return out
 
     def write_report(self) -> None:
         """Write ``<records>.aset.json`` (at process exit): source, decision timing (ms) and how many
@@ -119,10 +138,52 @@ class LivePolicySelector:
                 "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max())}
 
 
+class RecordsTail:
+    """The rows a source appended to its records CSV since the last :meth:`read`, as resolved
+    tuples ``(application, success, t0_s, cluster, e2e_ms)`` (t0 in s since ``start_ns``)."""
+
+    def __init__(self, path: str, start_ns: int):
+        self.path, self.start_ns = path, int(start_ns)
+        self.offset = 0
+        self.header: list[str] | None = None
+        self._partial = ""
+
+    def read(self) -> list[tuple]:
+        import csv
+
+        try:
+            with open(self.path, newline="") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+                self.offset = f.tell()
+        except OSError:
+            return []
+        text = self._partial + chunk
+        lines = text.split("\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next read
+        out = []
+        for row in csv.reader(lines):
+            if not row:
+                continue
+            if self.header is None:
+                self.header = row
+                continue
+            rec = dict(zip(self.header, row, strict=False))
+            try:
+                e2e = float(rec["e2e_ms"]) if rec.get("e2e_ms") else None
+                t0 = (int(rec["t0_ns"]) - self.start_ns) / 1e9
+            except (KeyError, ValueError):
+                continue
+            out.append((rec.get("application", ""), rec.get("outcome") == "success", t0, rec.get("cluster", ""), e2e))
+        return out
+
+
 def _jsonable(state: Mapping) -> dict:
     return {"arrivals": dict(state.get("arrivals") or {}), "clusters": dict(state.get("clusters") or {}),
             "path_util": dict(state.get("path_util") or {}),
-            "resolved": [list(r) for r in state.get("resolved") or ()], "policy": state.get("policy")}
+            "resolved": [list(r) for r in state.get("resolved") or ()], "policy": state.get("policy"),
+            "now_s": state.get("now_s"),
+            "in_flight": dict(state.get("in_flight") or {}), "report_age_s": dict(state.get("report_age_s") or {})}
 
 
 class ControlClient:

@@ -16,23 +16,41 @@ import numpy as np
 
 from testbed.aset.config import ObservationSpec
 
+#: Format of the exported JSON; v2 = the observation of issue 13 (measured latency, report age,
+#: in-flight per cluster). A v1 file cannot drive this observation: retrain.
+FORMAT = "aset-policy-v2"
+
 
 def export_policy(weights: list[np.ndarray], path: str | Path, *, obs_spec: ObservationSpec,
-                  applications: list[str], clusters: list[str], policies: list[str], meta: dict | None = None) -> Path:
+                  applications: list[str], clusters: list[str], policies: list[str], meta: dict | None = None,
+                  deadlines_ms: list[float] | None = None) -> Path:
     """Write the deployable policy: ``PATH.npz`` (W0, b0, W1, b1, ...) and ``PATH.json``.
 
     The JSON carries everything :class:`NumpyPolicy` and the live selector need to rebuild the same
     observation: ``observation`` (the spec), ``applications`` and ``clusters`` (feature order),
-    ``policies`` (catalogue order), ``layers`` and free-form ``meta``. Returns the .npz path.
+    ``policies`` (action order), ``deadlines_ms`` (per application, for the measured-latency
+    feature), ``layers`` and free-form ``meta``. Returns the .npz path.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path.with_suffix(".npz"), **{f"w{i}": w for i, w in enumerate(weights)})
     path.with_suffix(".json").write_text(json.dumps({
-        "format": "aset-policy-v1", "observation": obs_spec.model_dump(), "applications": list(applications),
-        "clusters": list(clusters), "policies": list(policies), "layers": len(weights) // 2,
+        "format": FORMAT, "observation": obs_spec.model_dump(), "applications": list(applications),
+        "clusters": list(clusters), "policies": list(policies), "deadlines_ms": list(deadlines_ms or []),
+        "layers": len(weights) // 2,
         "meta": meta or {}}, indent=2))
     return path.with_suffix(".npz")
+
+
+def copy_policy(src: str | Path, dst: str | Path) -> Path:
+    """Copy an exported policy (``src.npz`` + ``src.json``) to ``dst``; returns the .npz path."""
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in (".npz", ".json"):
+        shutil.copyfile(src.with_suffix(suffix), dst.with_suffix(suffix))
+    return dst.with_suffix(".npz")
 
 
 class NumpyPolicy:
@@ -50,6 +68,9 @@ class NumpyPolicy:
             if not f.is_file():
                 raise FileNotFoundError(f"ASET checkpoint file {f} is missing")
         self.meta = json.loads(meta.read_text())
+        if self.meta.get("format") != FORMAT:
+            raise ValueError(f"{meta}: format {self.meta.get('format')!r}, this testbed reads {FORMAT!r} "
+                             f"(the observation changed; retrain with testbed train)")
         with np.load(npz) as data:
             ws = [data[f"w{i}"].astype(np.float32) for i in range(len(data.files))]
         if len(ws) != 2 * self.meta["layers"] or len(ws) < 2:
@@ -60,6 +81,17 @@ class NumpyPolicy:
                              f"{len(self.meta['policies'])} policies in {meta}")
         self.obs_spec = ObservationSpec.model_validate(self.meta["observation"])
         self.obs_size = self.layers[0][0].shape[0]
+
+    @classmethod
+    def from_weights(cls, weights: list[np.ndarray], obs_spec: ObservationSpec) -> NumpyPolicy:
+        """A policy from in-memory weights (W0, b0, W1, b1, ...), e.g. for rollout workers."""
+        self = cls.__new__(cls)
+        ws = [np.asarray(w, np.float32) for w in weights]
+        self.layers = list(zip(ws[0::2], ws[1::2], strict=True))
+        self.meta = {"layers": len(self.layers)}
+        self.obs_spec = obs_spec
+        self.obs_size = self.layers[0][0].shape[0]
+        return self
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Q-values, shape (batch, n_actions), for observations (batch, obs_size) or (obs_size,)."""

@@ -1,15 +1,27 @@
 """``testbed train CONFIG``: train the ASET double DQN in the simulator over randomised scenarios.
 
-Per episode a scenario is drawn from ``training.scenarios`` (the six ``experiments/scenario-*.yaml``
-carry bursts, hotspot moves, link delay changes and cluster failures) and its load scaled by a
-factor from ``training.randomise.load_scale``; the simulator is seeded from the training seed, so a
-run is reproducible on the same machine. Outputs in ``training.out_dir/<name>/``:
+Per episode a scenario is drawn from ``training.scenarios`` (bursts, hotspot moves, link changes,
+cluster failures...) and its load scaled by a factor from ``training.randomise.load_scale``; the
+simulator is seeded from the training seed, so a run is reproducible on the same machine. One run
+per seed of ``training.seeds`` (default: the config's seed). Outputs in
+``training.out_dir/<name>/seed-<k>/``:
 
 - ``tb/``: TensorBoard logs (``tf.summary``: loss, epsilon, mean reward, episode success ratio);
 - ``checkpoints/ckpt-<step>``: TensorFlow checkpoints (online + target network + optimizer);
-- ``policy.npz`` / ``policy.json``: the exported greedy policy (also copied to
-  ``training.export_to`` when set, e.g. ``models/aset/aset``);
-- ``episodes.csv`` and ``curve.png``: the training curve (episode success ratio vs step).
+- ``policy.npz`` / ``policy.json``: the exported greedy policy;
+- ``episodes.csv`` and ``curve.png``: the training curve (episode success ratio vs step);
+
+and in ``training.out_dir/<name>/``: ``curves.png`` (every seed's curve, smoothed) and the policy
+of ``export_seed`` copied to ``training.export_to`` when set (e.g. ``models/aset/aset``).
+
+Rollout workers (``training.rollout_workers`` N >= 1): episodes are simulated N at a time in
+worker processes (:func:`testbed.distributed.imap_unordered`, process pool or Ray) by the numpy
+copy of the current online network with the current epsilon; the learner then stores their
+transitions and runs the gradient steps those windows are due (``agent.train_every``). Our choice
+against RLlib: the agent is ~200 lines of TensorFlow whose transitions settle windows late (the
+reward of a window is known only once its queries resolved), which RLlib's DQN has no notion of;
+RLlib would also bring its own torch/TF stack. Ray is used as it is elsewhere in the testbed, as
+the backend that runs the workers.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from testbed.aset.envs import AsetSimEnv, PlanSampler
 from testbed.config import Experiment, load_experiment
 from testbed.plan import Plan, build_plan
 from testbed.topology import load_topology
+from testbed.util import repo_path
 
 
 def scale_rates(data, factor: float):
@@ -74,8 +87,10 @@ def scenario_sampler(paths: list[Path], randomise: RandomiseSpec) -> tuple[PlanS
 
     def sample(rng: np.random.Generator) -> Plan:
         k = int(rng.integers(len(loaded)))
-        exp, raw, base = loaded[k]
         factor = float(rng.uniform(lo, hi)) if hi > lo else lo
+        if factor == 1.0:
+            return plans[k]
+        exp, raw, base = loaded[k]
         return build_plan(scaled_experiment(exp, factor), raw=raw, base_dir=base)
 
     return sample, plans
@@ -88,9 +103,11 @@ class TrainResult:
 
     out_dir: Path
     policy_path: Path
+    seed: int = 0
     episodes: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
     steps: int = 0
+    agent: object = None
 
 
 def _scalar(tag: str, value: float, step: int) -> None:
@@ -106,134 +123,315 @@ def _scalar(tag: str, value: float, step: int) -> None:
 
 
 def resolve(base: Path, p: str) -> Path:
-    q = Path(p)
-    return q if q.is_absolute() else base / q
+    """``p`` relative to ``base`` unless absolute."""
+    return repo_path(p, base)
+
+
+class _Run:
+    """The state of one training run (one seed): env, agent, log writer, progress bar."""
+
+    def __init__(self, cfg: AsetConfig, base: Path, seed: int, out: Path, plans, simulator_factory):
+        import tensorflow as tf
+
+        from testbed.aset.agent import DQNAgent
+
+        try:  # 1 intra-op thread: the 2 cores are shared (docs/aset.md); only before TF's first op
+            tf.config.threading.set_intra_op_parallelism_threads(1)
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+        except RuntimeError:
+            pass
+        tr = cfg.training
+        self.cfg, self.seed, self.out = cfg, seed, out
+        if plans is None:
+            plans, _ = scenario_sampler([resolve(base, s) for s in tr.scenarios], tr.randomise)
+        self.plans = plans
+        self.env = AsetSimEnv(plans, cfg.observation, tr.episode_s, simulator_factory=simulator_factory,
+                              policies=cfg.policies, reward=cfg.reward)
+        self.agent = DQNAgent(self.env.obs_size, len(self.env.policies), cfg.agent, seed=seed)
+        (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        self.writer = tf.summary.create_file_writer(str(out / "tb"))
+        self.result = TrainResult(out, out / "policy", seed)
+        self.rewards: list[float] = []
+        self.loss: float | None = None
+
+
+def _log_episode(run: _Run, step: int, scenario: str, info: dict, share: np.ndarray) -> None:
+    """One row of ``episodes.csv`` and the TensorBoard episode scalars."""
+    row = {"step": step, "scenario": scenario, "success_ratio": info["success_ratio"], "queries": info["queries"],
+           "baseline_success_ratio": info.get("baseline_success_ratio", float("nan")),
+           "mean_reward": float(np.mean(run.rewards)) if run.rewards else 0.0, "epsilon": run.agent.epsilon(),
+           "policy_share": {p: int(n) for p, n in zip(run.env.policies, share, strict=True)}}
+    run.result.episodes.append(row)
+    with run.writer.as_default():
+        _scalar("episode/success_ratio", row["success_ratio"], step)
+        _scalar("episode/mean_reward", row["mean_reward"], step)
+    run.rewards = []
+
+
+def _log_step(run: _Run, step: int) -> None:
+    with run.writer.as_default():
+        _scalar("train/epsilon", run.agent.epsilon(), step)
+        if run.loss is not None:
+            _scalar("train/loss", run.loss, step)
+
+
+def _learn_in_process(run: _Run, steps: int, bar) -> None:
+    """The plain loop: act epsilon-greedy, step the env, store settled transitions, train."""
+    env, agent, tr = run.env, run.agent, run.cfg.training
+    obs, info = env.reset(seed=run.seed)
+    scenario = info["scenario"]
+    for step in range(1, steps + 1):
+        action = agent.act(obs, explore=True)
+        obs, _, _, truncated, info = env.step(action)
+        for _i, o, a, r, nxt in info["transitions"]:
+            agent.remember(o, a, r, nxt, False)
+            run.rewards.append(r)
+        run.loss = agent.maybe_train() or run.loss
+        if truncated:
+            _log_episode(run, step, scenario, info, env.policy_windows.sum(0))
+            obs, info = env.reset()
+            scenario = info["scenario"]
+        if step % 50 == 0:
+            _log_step(run, step)
+        if step % tr.checkpoint_every == 0 or step == steps:
+            agent.save(run.out / "checkpoints" / f"ckpt-{step}")
+        _progress(bar, run, step, steps)
+
+
+def rollout_episode(cfg_json: str, weights: list[np.ndarray], epsilon: float, seed: int, base: str) -> dict:
+    """One training episode in a worker process: the plan drawn from the config's scenarios, the
+    given network weights acting epsilon-greedy; returns its transitions and figures."""
+    from testbed.aset.npolicy import NumpyPolicy
+
+    cfg = AsetConfig.model_validate_json(cfg_json)
+    sampler = _worker_sampler(cfg, Path(base))
+    env = AsetSimEnv(sampler, cfg.observation, cfg.training.episode_s, policies=cfg.policies, reward=cfg.reward)
+    pol = NumpyPolicy.from_weights(weights, cfg.observation)
+    rng = np.random.default_rng(seed)
+    obs, info = env.reset(seed=seed)
+    trans: list[tuple] = []
+    done, steps = False, 0
+    while not done:
+        greedy = pol.act(obs)
+        explore = rng.random(len(greedy)) < epsilon
+        action = np.where(explore, rng.integers(0, len(env.policies), len(greedy)), greedy)
+        obs, _, _, done, out = env.step(action)
+        trans += out["transitions"]
+        steps += 1
+    return {"scenario": info["scenario"], "transitions": trans, "steps": steps, "info": out,
+            "share": env.policy_windows.sum(0)}
+
+
+_SAMPLERS: dict[str, PlanSampler] = {}
+
+
+def _worker_sampler(cfg: AsetConfig, base: Path) -> PlanSampler:
+    key = cfg.model_dump_json()
+    if key not in _SAMPLERS:
+        _SAMPLERS[key] = scenario_sampler([resolve(base, s) for s in cfg.training.scenarios], cfg.training.randomise)[0]
+    return _SAMPLERS[key]
+
+
+def _learn_with_workers(run: _Run, steps: int, bar, base: Path, backend: str, ray_address: str | None) -> None:
+    """Rollout workers (module docstring): N episodes at a time, then the learner's updates."""
+    from testbed.distributed import imap_unordered
+
+    agent, tr = run.agent, run.cfg.training
+    n = tr.rollout_workers
+    cfg_json = run.cfg.model_dump_json()
+    step, rng = 0, np.random.default_rng(run.seed)
+    next_ckpt = tr.checkpoint_every
+    while step < steps:
+        weights = agent.weights()
+        eps = agent.epsilon()
+        tasks = [(cfg_json, weights, eps, int(rng.integers(2**31 - 1)), str(base)) for _ in range(n)]
+        for _, ep in imap_unordered(rollout_episode, tasks, backend=backend, jobs=n, ray_address=ray_address):
+            for _i, o, a, r, nxt in ep["transitions"]:
+                agent.remember(o, a, r, nxt, False)
+                run.rewards.append(r)
+            for _ in range(ep["steps"]):
+                agent.decisions += len(run.env.contexts)
+                run.loss = agent.maybe_train() or run.loss
+            step += ep["steps"]
+            _log_episode(run, step, ep["scenario"], ep["info"], ep["share"])
+            _log_step(run, step)
+            _progress(bar, run, min(step, steps), steps)
+        if step >= next_ckpt or step >= steps:
+            agent.save(run.out / "checkpoints" / f"ckpt-{step}")
+            next_ckpt += tr.checkpoint_every
+
+
+def _progress(bar, run: _Run, step: int, steps: int) -> None:
+    if bar is None or not (step % 20 == 0 or step == steps):
+        return
+    last = run.result.episodes[-1] if run.result.episodes else None
+    loss = run.loss if run.loss is not None else float("nan")
+    status = (f"seed {run.seed}  eps {run.agent.epsilon():.2f}  loss {loss:.4f}  last episode {last['scenario']} "
+              f"success {last['success_ratio']:.3f}" if last else f"seed {run.seed}  eps {run.agent.epsilon():.2f}")
+    bar[0].update(bar[1], completed=step, status=status)
+
+
+def _progress_bar(console, steps: int):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn("[bold]train[/bold] {task.completed}/{task.total}"), BarColumn(),
+                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                   console=console, transient=False)
+    task = bar.add_task("train", total=steps, status="")
+    bar.start()
+    return bar, task
+
+
+def _export(run: _Run, path: Path, steps: int) -> None:
+    """The greedy policy as ``path.npz`` + ``path.json`` (no TensorFlow needed to run it)."""
+    from testbed.aset.npolicy import export_policy
+
+    ctx = run.env.contexts[0]
+    meta = {"config": run.cfg.name, "seed": run.seed, "steps": steps, "trained_on": list(run.cfg.training.scenarios),
+            "reward_baseline": run.cfg.reward.baseline}
+    export_policy(run.agent.weights(), path, obs_spec=run.cfg.observation, applications=list(ctx.applications),
+                  clusters=list(ctx.clusters), policies=list(run.env.policies), meta=meta,
+                  deadlines_ms=list(ctx.deadline_ms))
 
 
 def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bool = True,
-          simulator_factory=None, plans=None, console=None) -> TrainResult:
-    """Train per ``cfg`` (``cfg.training`` required) and export the policy.
+          simulator_factory=None, plans=None, console=None, seed: int | None = None,
+          out_dir: Path | None = None, backend: str = "process", ray_address: str | None = None) -> TrainResult:
+    """One training run (one seed) per ``cfg`` (``cfg.training`` required); exports its policy.
 
     Args:
         cfg: the ASET config. base: folder for relative paths (the repository).
         steps: override ``training.steps``. progress: show a rich progress bar.
         simulator_factory / plans: for tests (a fake simulator; a Plan or PlanSampler).
+        seed: the run's seed (default the config's). out_dir: the run's folder (default
+            ``training.out_dir/<name>``). backend / ray_address: where rollout workers run.
 
     Raises:
         ValueError: ``cfg.training`` is missing.
     """
-    import tensorflow as tf
-
-    from testbed.aset.agent import DQNAgent
-    from testbed.aset.npolicy import export_policy
-
     if cfg.training is None:
         raise ValueError(f"ASET config {cfg.name!r}: a 'training:' section is required for testbed train")
     tr = cfg.training
     steps = steps or tr.steps
-    if plans is None:
-        plans, _ = scenario_sampler([resolve(base, s) for s in tr.scenarios], tr.randomise)
-    env = AsetSimEnv(plans, cfg.observation, tr.episode_s, simulator_factory=simulator_factory)
-    agent = DQNAgent(env.obs_size, len(env.policies), cfg.agent, seed=cfg.seed)
-    out = resolve(base, tr.out_dir) / cfg.name
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    writer = tf.summary.create_file_writer(str(out / "tb"))
-    result = TrainResult(out, out / "policy")
+    seed = cfg.seed if seed is None else int(seed)
+    out = out_dir or resolve(base, tr.out_dir) / cfg.name
+    run = _Run(cfg, base, seed, out, plans, simulator_factory)
     t_start = time.perf_counter()
-    obs, info = env.reset(seed=cfg.seed)
-    scenario = info["scenario"]
-    rewards: list[float] = []
-    loss = None
-
-    bar = None
-    if progress:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        bar = Progress(TextColumn("[bold]train[/bold] {task.completed}/{task.total}"), BarColumn(),
-                       TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                       console=console, transient=False)
-        task = bar.add_task("train", total=steps, status="")
-        bar.start()
+    bar = _progress_bar(console, steps) if progress else None
     try:
-        for step in range(1, steps + 1):
-            action = agent.act(obs, explore=True)
-            obs, _, _, truncated, info = env.step(action)
-            for _i, o, a, r, nxt in info["transitions"]:
-                agent.remember(o, a, r, nxt, False)
-                rewards.append(r)
-            loss = agent.maybe_train()
-            if truncated:
-                row = {"step": step, "scenario": scenario, "success_ratio": info["success_ratio"],
-                       "queries": info["queries"], "mean_reward": float(np.mean(rewards)) if rewards else 0.0,
-                       "epsilon": agent.epsilon(),
-                       "policy_share": {p: int(n) for p, n in zip(env.policies, env.policy_windows.sum(0),
-                                                                  strict=True)}}
-                result.episodes.append(row)
-                with writer.as_default():
-                    _scalar("episode/success_ratio", row["success_ratio"], step)
-                    _scalar("episode/mean_reward", row["mean_reward"], step)
-                rewards = []
-                obs, info = env.reset()
-                scenario = info["scenario"]
-            if step % 50 == 0:
-                with writer.as_default():
-                    _scalar("train/epsilon", agent.epsilon(), step)
-                    if loss is not None:
-                        _scalar("train/loss", loss, step)
-            if step % tr.checkpoint_every == 0 or step == steps:
-                agent.save(out / "checkpoints" / f"ckpt-{step}")
-            if bar is not None and (step % 20 == 0 or step == steps):
-                last = result.episodes[-1] if result.episodes else None
-                status = (f"eps {agent.epsilon():.2f}  loss {loss if loss is not None else float('nan'):.4f}  "
-                          f"last episode {last['scenario']} success {last['success_ratio']:.3f}" if last
-                          else f"eps {agent.epsilon():.2f}")
-                bar.update(task, completed=step, status=status)
+        if tr.rollout_workers and simulator_factory is None:
+            _learn_with_workers(run, steps, bar, base, backend, ray_address)
+        else:
+            _learn_in_process(run, steps, bar)
     finally:
         if bar is not None:
-            bar.stop()
-        writer.close()
-    ctx = env.contexts[0]
-    meta = {"config": cfg.name, "seed": cfg.seed, "steps": steps, "trained_on": list(tr.scenarios)}
-    export_policy(agent.weights(), result.policy_path, obs_spec=cfg.observation, applications=list(ctx.applications),
-                  clusters=list(ctx.clusters), policies=list(env.policies), meta=meta)
+            bar[0].stop()
+        run.writer.close()
+    _export(run, run.result.policy_path, steps)
+    run.result.wall_s = time.perf_counter() - t_start
+    run.result.steps = steps
+    run.result.agent = run.agent
+    write_curve(out, run.result.episodes)
+    return run.result
+
+
+def _train_seed(cfg_json: str, base: str, seed: int, steps: int | None, out: str) -> dict:
+    """One seed's training run in a worker process; returns what the parent needs."""
+    cfg = AsetConfig.model_validate_json(cfg_json)
+    res = train(cfg, Path(base), steps=steps, progress=False, seed=seed, out_dir=Path(out))
+    return {"seed": seed, "episodes": res.episodes, "wall_s": res.wall_s, "steps": res.steps,
+            "policy_path": str(res.policy_path), "out_dir": str(res.out_dir)}
+
+
+def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: int = 1, backend: str = "process",
+                ray_address: str | None = None, console=None) -> list[TrainResult]:
+    """One run per seed of ``training.seeds`` (``seed-<k>/`` each; ``jobs`` at a time), the
+    combined ``curves.png``, and the policy of ``export_seed`` (default the first seed) copied to
+    ``training.export_to``."""
+    from testbed.distributed import imap_unordered
+
+    tr = cfg.training
+    if tr is None:
+        raise ValueError(f"ASET config {cfg.name!r}: a 'training:' section is required for testbed train")
+    seeds = tr.seeds or [cfg.seed]
+    root = resolve(base, tr.out_dir) / cfg.name
+    results: list[TrainResult] = []
+    if jobs <= 1 or len(seeds) == 1:
+        for s in seeds:
+            results.append(train(cfg, base, steps=steps, seed=s, out_dir=root / f"seed-{s}", console=console,
+                                 backend=backend, ray_address=ray_address))
+    else:
+        tasks = [(cfg.model_dump_json(), str(base), s, steps, str(root / f"seed-{s}")) for s in seeds]
+        for _, r in imap_unordered(_train_seed, tasks, backend=backend, jobs=jobs, ray_address=ray_address):
+            results.append(TrainResult(Path(r["out_dir"]), Path(r["policy_path"]), r["seed"], r["episodes"],
+                                       r["wall_s"], r["steps"]))
+            if console is not None:
+                console.print(f"seed {r['seed']}: {r['steps']} steps in {r['wall_s']:.0f} s")
+    results.sort(key=lambda r: seeds.index(r.seed))
+    write_curves(root, results)
+    chosen = tr.export_seed if tr.export_seed is not None else seeds[0]
     if tr.export_to:
-        export_policy(agent.weights(), resolve(base, tr.export_to), obs_spec=cfg.observation,
-                      applications=list(ctx.applications), clusters=list(ctx.clusters),
-                      policies=list(env.policies), meta=meta)
-    result.wall_s = time.perf_counter() - t_start
-    result.steps = steps
-    result.agent = agent  # for tests: the trained agent
-    _write_curve(out, result.episodes)
-    return result
+        from testbed.aset.npolicy import copy_policy
+
+        src = next(r for r in results if r.seed == chosen).policy_path
+        copy_policy(src, resolve(base, tr.export_to))
+    return results
 
 
-def _write_curve(out: Path, episodes: list[dict]) -> None:
+def write_curve(out: Path, episodes: list[dict]) -> None:
     """``episodes.csv`` and ``curve.png`` (episode success ratio vs step, with a moving mean)."""
     with open(out / "episodes.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["step", "scenario", "success_ratio", "queries", "mean_reward", "epsilon"])
+        w.writerow(["step", "scenario", "success_ratio", "baseline_success_ratio", "queries", "mean_reward",
+                    "epsilon"])
         for e in episodes:
-            w.writerow([e["step"], e["scenario"], f"{e['success_ratio']:.6f}", e["queries"],
+            w.writerow([e["step"], e["scenario"], f"{e['success_ratio']:.6f}",
+                        f"{e.get('baseline_success_ratio', float('nan')):.6f}", e["queries"],
                         f"{e['mean_reward']:.6f}", f"{e['epsilon']:.4f}"])
-    if not episodes:
-        return
+    if episodes:
+        _plot_curves(out / "curve.png", {"": episodes}, "ASET training curve")
+
+
+def write_curves(root: Path, results: list[TrainResult]) -> None:
+    """``curves.png``: every seed's learning curve (moving mean of the episode success ratio and,
+    with a reward baseline, of the success ratio above the baseline run)."""
+    root.mkdir(parents=True, exist_ok=True)
+    runs = {f"seed {r.seed}": r.episodes for r in results if r.episodes}
+    if runs:
+        _plot_curves(root / "curves.png", runs, f"ASET learning curves ({len(runs)} seeds)")
+
+
+def _plot_curves(path: Path, runs: dict[str, list[dict]], title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    x = np.array([e["step"] for e in episodes])
-    y = np.array([e["success_ratio"] for e in episodes])
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(x, y, ".", alpha=0.4, label="episode success ratio")
-    k = max(1, len(y) // 10)
-    if len(y) >= k:
-        ax.plot(x[k - 1:], np.convolve(y, np.ones(k) / k, mode="valid"), "-", label=f"moving mean ({k} episodes)")
-    ax.set_xlabel("training step (windows)")
-    ax.set_ylabel("success ratio")
-    ax.set_title("ASET training curve")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    has_base = any(not np.isnan(e.get("baseline_success_ratio", np.nan)) for eps in runs.values() for e in eps)
+    fig, axes = plt.subplots(1, 2 if has_base else 1, figsize=(12 if has_base else 7, 4), squeeze=False)
+    for label, eps in runs.items():
+        x = np.array([e["step"] for e in eps])
+        y = np.array([e["success_ratio"] for e in eps])
+        k = max(1, len(y) // 10)
+        if not label:
+            axes[0, 0].plot(x, y, ".", alpha=0.4, label="episode success ratio")
+        axes[0, 0].plot(x[k - 1:], np.convolve(y, np.ones(k) / k, mode="valid"), "-",
+                        label=f"{label + ': ' if label else ''}moving mean ({k} episodes)")
+        if has_base:
+            d = y - np.array([e.get("baseline_success_ratio", np.nan) for e in eps])
+            axes[0, 1].plot(x[k - 1:], 100 * np.convolve(d, np.ones(k) / k, mode="valid"), "-", label=label or None)
+    axes[0, 0].set_xlabel("training step (windows)")
+    axes[0, 0].set_ylabel("episode success ratio")
+    axes[0, 0].set_title(title)
+    if has_base:
+        axes[0, 1].axhline(0, color="k", lw=0.8)
+        axes[0, 1].set_xlabel("training step (windows)")
+        axes[0, 1].set_ylabel("success ratio - baseline run (points)")
+        axes[0, 1].set_title("above the baseline policy (same arrivals)")
+    for ax in axes.ravel():
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "curve.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)

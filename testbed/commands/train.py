@@ -1,6 +1,7 @@
 """``testbed train ASET_CONFIG.yaml``: train the ASET agent (double DQN) in the simulator over
-randomised scenarios; TensorBoard logs, checkpoints, training curve and the exported policy go to
-``training.out_dir/<name>/`` (see :mod:`testbed.aset.train`)."""
+randomised scenarios, one run per seed of ``training.seeds``; TensorBoard logs, checkpoints,
+learning curves and the exported policy go to ``training.out_dir/<name>/`` (see
+:mod:`testbed.aset.train`)."""
 
 from __future__ import annotations
 
@@ -18,28 +19,40 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train the ASET agent in the simulator (DQN)", description=__doc__)
     p.add_argument("config", help="ASET config YAML (e.g. experiments/aset-train.yaml)")
     p.add_argument("--steps", type=_positive_int, default=None, help="override training.steps (windows)")
-    p.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    p.add_argument("--seeds", default=None, help="override training.seeds, e.g. 1,2,3")
+    p.add_argument("--jobs", type=_positive_int, default=1, help="seeds trained at once (parallel processes)")
+    p.add_argument("--rollout-workers", type=int, default=None, help="override training.rollout_workers")
+    p.add_argument("--backend", choices=["process", "ray"], default="process", help="parallel backend")
+    p.add_argument("--ray-address", default=None, help="a Ray cluster (HOST:PORT or auto); default: local")
     p.set_defaults(func=_cmd)
 
 
 def _cmd(args: argparse.Namespace) -> int:
     from testbed.aset.config import load_aset_config
-    from testbed.aset.train import train
+    from testbed.aset.train import train_seeds
     from testbed.cli import console
 
     cfg, base = load_aset_config(args.config)
-    if args.seed is not None:
-        cfg = cfg.model_copy(update={"seed": args.seed})
     if cfg.training is None:
         console.print(f"[red]error:[/red] {args.config}: no 'training:' section")
         return 2
-    res = train(cfg, base, steps=args.steps, console=console)
-    last = res.episodes[-5:]
-    mean = sum(e["success_ratio"] for e in last) / len(last) if last else float("nan")
-    console.print(f"trained {res.steps} steps in {res.wall_s:.0f} s; {len(res.episodes)} episodes, "
-                  f"success ratio of the last {len(last)}: {mean:.3f}")
-    console.print(f"policy: {res.policy_path}.npz/.json; curve: {res.out_dir / 'curve.png'}; "
-                  f"TensorBoard: tensorboard --logdir {res.out_dir / 'tb'}")
+    upd = {}
+    if args.seeds:
+        upd["seeds"] = [int(s) for s in args.seeds.split(",")]
+    if args.rollout_workers is not None:
+        upd["rollout_workers"] = args.rollout_workers
+    if upd:
+        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update=upd)})
+    results = train_seeds(cfg, base, steps=args.steps, jobs=args.jobs, console=console,
+                          backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address)
+    for res in results:
+        last = res.episodes[-20:]
+        mean = sum(e["success_ratio"] for e in last) / len(last) if last else float("nan")
+        console.print(f"seed {res.seed}: {res.steps} steps in {res.wall_s:.0f} s; {len(res.episodes)} episodes, "
+                      f"success ratio of the last {len(last)}: {mean:.3f}; policy {res.policy_path}.npz/.json")
+    root = results[0].out_dir.parent if len(results) > 1 or results[0].out_dir.name.startswith("seed-") \
+        else results[0].out_dir
+    console.print(f"curves: {root / 'curves.png'}; TensorBoard: tensorboard --logdir {root}")
     if cfg.training.export_to:
         console.print(f"exported to {cfg.training.export_to}.npz/.json")
     return 0
