@@ -43,8 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-LOCK = "/tmp/testbed-emulation.lock"
-
+from benchmarks.scale_bench import emulation_lock, run_benchmark  # noqa: E402 - after the path
 
 # ------------------------------------------------------------------------------------- events
 
@@ -57,14 +56,12 @@ def _summary_row(s: dict) -> dict:
 def _emulate(plan, runs: Path) -> tuple[dict, list[dict]]:
     """One emulated run under the emulation lock; (summary row, events.csv rows)."""
     import csv
-    import fcntl
 
     from rich.console import Console
 
     from testbed.run import run_experiment
 
-    with open(LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with emulation_lock():
         code = run_experiment(plan, console=Console(quiet=True), runs_dir=runs)
     run_dir = max(runs.iterdir(), key=lambda p: p.stat().st_mtime)
     s = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
@@ -132,7 +129,6 @@ def _kind_steps(repeat: int) -> list[tuple[str, tuple[str, str], float | None]]:
 
 
 def cmd_kinds(args) -> dict:
-    import fcntl
 
     import yaml
 
@@ -155,8 +151,7 @@ def cmd_kinds(args) -> dict:
     for i, (kind, link, value) in enumerate(steps):
         changes.append(Change(t_s=t, kind=kind, event=i, link=link, value=value))
         t += gap[kind]
-    with open(LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with emulation_lock():
         load = os.getloadavg()[0]
         run_id, run_dir = new_run_dir(plan, Path(tempfile.mkdtemp(prefix="kinds-")))
         with emulated_network(plan, run_id, run_dir) as live:
@@ -220,7 +215,6 @@ def _sh(cmd: str, check: bool = True) -> str:
 
 
 def cmd_fifo(args) -> dict:
-    import fcntl
 
     from testbed.emulation.linkemu import disable_offloads
     from testbed.emulation.probe import wait_ready
@@ -230,8 +224,8 @@ def cmd_fifo(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="fifo-"))
     procs: list[subprocess.Popen] = []
     rows = []
-    lock = open(LOCK, "w")  # noqa: SIM115 - held for the whole benchmark
-    fcntl.flock(lock, fcntl.LOCK_EX)
+    stack = contextlib.ExitStack()
+    stack.enter_context(emulation_lock())
     try:
         for n in ns:
             _sh(f"ip netns del {n}", check=False)
@@ -283,7 +277,7 @@ def cmd_fifo(args) -> dict:
                 p.wait(5)
         for n in ns:
             _sh(f"ip netns del {n}", check=False)
-        lock.close()
+        stack.close()
     print(f"6-frame burst (8.5 kB request) through a {args.rate:g} Mbit/s FIFO with Poisson UDP background")
     print(f"{'rho':>5} {'bg Mbit/s':>9} {'median ms':>9} {'mean ms':>8} {'model ms':>8} {'PS ms':>7} {'load':>5}")
     for r in rows:
@@ -304,16 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--rate", type=float, default=20.0, help="link rate, Mbit/s")
     f.add_argument("--rho", nargs="+", type=float, default=[0.0, 0.5, 0.8, 0.9])
     f.add_argument("--bursts", type=int, default=60)
-    for q in (e, k, f):
-        q.add_argument("--json", type=Path, default=None)
-    args = p.parse_args(argv)
-    if os.geteuid() != 0:
-        print("needs root (namespaces, Mininet)", file=sys.stderr)
-        return 2
-    out = {"events": cmd_events, "kinds": cmd_kinds, "fifo": cmd_fifo}[args.cmd](args)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-    return 0
+    return run_benchmark(p, {"events": cmd_events, "kinds": cmd_kinds, "fifo": cmd_fifo}, argv)
 
 
 if __name__ == "__main__":

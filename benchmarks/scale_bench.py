@@ -352,13 +352,19 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--rates", nargs="+", type=float, default=[100, 200, 500])
     c.add_argument("--seconds", type=float, default=10.0)
     c.add_argument("--margin-ms", type=float, default=20.0)
-    for q in (a, b, c):
-        q.add_argument("--json", type=Path, default=None)
-    args = p.parse_args(argv)
+    return run_benchmark(p, {"profile": cmd_profile, "bringup": cmd_bringup, "load": cmd_load}, argv)
+
+
+def run_benchmark(parser: argparse.ArgumentParser, commands: dict, argv: list[str] | None) -> int:
+    """Parse ``argv`` (every subcommand gets ``--json FILE``), check root, run the subcommand and
+    write its result as JSON when asked. Shared by the emulation benchmarks."""
+    for sub in parser._subparsers._group_actions[0].choices.values():  # noqa: SLF001 - argparse has no API
+        sub.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args(argv)
     if os.geteuid() != 0:
-        print("needs root", file=sys.stderr)
+        print("needs root (namespaces, Mininet, Open vSwitch)", file=sys.stderr)
         return 2
-    out = {"profile": cmd_profile, "bringup": cmd_bringup, "load": cmd_load}[args.cmd](args)
+    out = commands[args.cmd](args)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

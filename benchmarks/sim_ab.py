@@ -5,7 +5,8 @@ Run: ``.venv/bin/python benchmarks/sim_ab.py [--baseline 286614e] [--rounds 5] [
 Prints each round's simulated q/s of both and the best of each (the least disturbed run on a shared
 machine); the ratio after / before is what to quote. ``--instructions`` also counts the CPU
 instructions per simulated query with valgrind's callgrind (the difference of a 2 s and an 8 s
-simulation, so start-up cancels out): a figure other jobs on the machine do not disturb. Both sides run this venv's Python, the same
+simulation, so start-up cancels out): a figure other jobs on the machine do not disturb. Both
+sides run this venv's Python, the same
 scenario (``sim_bench.bench_plan``: 100-node Gabriel graph, 20 sources, 11 clusters) and the same
 seed; the baseline uses its own simulator, plan and profiles code. The worktree borrows this tree's
 built model zoo (``models/zoo``, git-ignored) through a symlink.

@@ -2,12 +2,13 @@
 queries' network time on the path that crosses it, and not on the others.
 
 The triangle (A-B 2 ms, B-C 3 ms, A-C 10 ms); with ``closest`` srca's queries go to edgeb over
-A-B and srcc's stay on C. A-B is set to 20 Mbit/s at the start; from 3 s to 6 s, 24 Mbit/s of UDP
-crosses it from A to B: more than it carries, so its FIFO (1000 frames, 606 ms at 20 Mbit/s)
-fills. The deadline is wide (3 s) so that the delayed queries are still answered and their network
-time recorded. (At 100 Mbit/s the background's ~9000 frames/s cost the single-threaded OVS
-userspace datapath enough CPU to add ~3 ms to every path on this 2-core machine; at 20 Mbit/s the
-side effect is small.) Real Mininet, OVS, ryu-manager and TensorFlow servers; about 40 s.
+A-B and srcc's stay on C. A-B is set to 20 Mbit/s at the start; from 3 s to 6 s, 22 Mbit/s of UDP
+crosses it from A to B: more than it carries, so its FIFO fills by 0.1 s of queue per second
+(to 300 ms after 3 s, below the 606 ms that would make it drop). The deadline is wide (3 s) so
+that the delayed queries are still answered and their network time recorded. (At 100 Mbit/s the
+background's ~9000 frames/s cost the single-threaded OVS userspace datapath enough CPU to add
+~3 ms to every path on this 2-core machine; at 20 Mbit/s the side effect is small.) Real
+Mininet, OVS, ryu-manager and TensorFlow servers; about 40 s.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def test_congestion_raises_network_time_on_the_congested_path_only(tmp_path):
     data["applications"] = [{"name": "digits", "deadline": "3s", "min_accuracy": 0.5}]
     data["events"] = [
         {"at": "0s", "kind": "link_bandwidth", "link": ["A", "B"], "bandwidth": "20Mbit/s"},
-        {"at": "3s", "kind": "link_congestion", "link": ["A", "B"], "background": "24Mbit/s", "direction": "ab"},
+        {"at": "3s", "kind": "link_congestion", "link": ["A", "B"], "background": "22Mbit/s", "direction": "ab"},
         {"at": "6s", "kind": "link_congestion", "link": ["A", "B"], "background": "0Mbit/s", "direction": "ab"}]
     plan = build_plan(Experiment.model_validate(data), base_dir=TRIANGLE.parent)
     assert run_experiment(plan, runs_dir=tmp_path, duration_s=9) == 0
@@ -57,5 +58,5 @@ def test_congestion_raises_network_time_on_the_congested_path_only(tmp_path):
 
     congested = net("srca", "edgeb", during) - net("srca", "edgeb", outside)
     other = net("srcc", "edgec", during) - net("srcc", "edgec", outside)
-    assert congested > 100.0, congested  # the full FIFO alone adds ~600 ms one way
+    assert congested > 50.0, congested  # the filling FIFO adds 30 -> 300 ms one way over the window
     assert abs(other) < 3.0, other

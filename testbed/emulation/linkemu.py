@@ -99,6 +99,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testbed.emulation.control import ControlClient, ControlServer
+
 # --- Linux constants (linux/if_packet.h, asm-generic/socket.h, linux/timerfd.h, linux/sockios.h) --
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
@@ -153,8 +155,6 @@ DEFAULT_SHAPER_QUEUE = 1000
 MAX_TIMESTAMP_AGE_S = 1.0
 #: How often (seconds) the CLOCK_REALTIME -> CLOCK_MONOTONIC offset is re-measured.
 CLOCK_OFFSET_REFRESH_S = 0.5
-#: Largest control message, bytes.
-CONTROL_MSG_BYTES = 65536
 
 _AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
 _TIMESPEC = struct.Struct("@ll")  # struct timespec (the "old" layout SO_TIMESTAMPNS delivers)
@@ -642,10 +642,12 @@ class LinkEmulator:
         self._timer = _TimerFd()
         self._ep = select.epoll()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._control: socket.socket | None = None
-        self._clients: dict[int, socket.socket] = {}
+        self._control: ControlServer | None = None
         if control_path is not None:
-            self._control = _listen_control(Path(control_path))
+            try:
+                self._control = ControlServer(Path(control_path), self._ep, self.handle)
+            except OSError as exc:
+                raise LinkEmuError(str(exc)) from None
         self._stopping = False
         self._late_sum = 0.0
         self._late_n = 0
@@ -672,13 +674,8 @@ class LinkEmulator:
     def close(self) -> None:
         for lk in self.links.values():
             lk.close()
-        for c in self._clients.values():
-            c.close()
         if self._control is not None:
-            path = self._control.getsockname()
             self._control.close()
-            with contextlib.suppress(OSError):
-                os.unlink(path)
         self._timer.close()
         self._ep.close()
         os.close(self._wake_r)
@@ -712,34 +709,6 @@ class LinkEmulator:
             raise LinkEmuError(f"unknown op {op!r} (ping, get, set, stats)")
         except (LinkEmuError, OSError, TypeError, ValueError, AttributeError) as exc:
             return {"ok": False, "error": str(exc)}
-
-    def _serve(self, fd: int) -> None:
-        if self._control is not None and fd == self._control.fileno():
-            with contextlib.suppress(BlockingIOError):
-                conn, _ = self._control.accept()
-                conn.setblocking(False)
-                self._clients[conn.fileno()] = conn
-                self._ep.register(conn.fileno(), select.EPOLLIN)
-            return
-        conn = self._clients[fd]
-        try:
-            data = conn.recv(CONTROL_MSG_BYTES)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._ep.unregister(fd)
-            del self._clients[fd]
-            conn.close()
-            return
-        try:
-            msg = json.loads(data)
-            reply = self.handle(msg) if isinstance(msg, dict) else {"ok": False, "error": "not a JSON object"}
-        except ValueError as exc:
-            reply = {"ok": False, "error": f"bad JSON: {exc}"}
-        with contextlib.suppress(OSError):
-            conn.send(json.dumps(reply).encode())
 
     # -- receive --
     def _refresh_clock_offset(self, now: float) -> None:
@@ -916,8 +885,6 @@ class LinkEmulator:
             ep.register(fd, select.EPOLLIN)
         ep.register(timer.fd, select.EPOLLIN)
         ep.register(self._wake_r, select.EPOLLIN)
-        if self._control is not None:
-            ep.register(self._control.fileno(), select.EPOLLIN)
         by_rx, by_tx, tfd, wfd = self._by_rx, self._by_tx, timer.fd, self._wake_r
         readable = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
         armed: float | None = None
@@ -941,8 +908,8 @@ class LinkEmulator:
                 elif fd == wfd:
                     with contextlib.suppress(BlockingIOError):
                         os.read(wfd, 512)
-                else:
-                    self._serve(fd)
+                elif self._control is not None:
+                    self._control.serve(fd)
 
     def _collect_kernel_drops(self) -> None:
         """Add the kernel's receive-queue drops (socket buffer full) to the counters.
@@ -994,31 +961,8 @@ class LinkEmulator:
         return next(iter(self.stats_by_link().values()))
 
 
-def _listen_control(path: Path) -> socket.socket:
-    """A non-blocking ``SOCK_SEQPACKET`` Unix socket listening at ``path`` (an old one is replaced).
-
-    Raises:
-        LinkEmuError: the path is too long for a Unix socket (107 bytes) or cannot be bound.
-    """
-    if len(os.fsencode(path)) > 107:
-        raise LinkEmuError(f"control socket path {path} is longer than 107 bytes")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    try:
-        s.bind(str(path))
-        os.chmod(path, 0o600)
-        s.listen(8)
-    except OSError as exc:
-        s.close()
-        raise LinkEmuError(f"cannot listen on control socket {path}: {exc}") from None
-    s.setblocking(False)
-    return s
-
-
-class LinkControl:
-    """Client of an emulator's control socket (one JSON object per message, one reply each).
+class LinkControl(ControlClient):
+    """Client of an emulator's control socket (:mod:`testbed.emulation.control`).
 
     Messages: ``{"op": "set", "link": NAME, "delay_ms": .., "jitter_ms": .., "loss_pct": ..,
     "rate_mbps": .. (null: unshaped), "up": true|false}`` (any subset; ``link`` may be left out when
@@ -1026,47 +970,17 @@ class LinkControl:
     "params": {...}}``; ``{"op": "get", "link": NAME}`` -> ``{"ok", "t", "params"}``;
     ``{"op": "stats"}`` -> ``{"ok", "t", "stats": {name: LinkStats fields}}``; ``{"op": "ping"}``.
 
-    Args:
-        path: the emulator's ``--control`` path.
-        timeout_s: per request, seconds.
-
     Raises:
         LinkEmuError: (from :meth:`request`) the emulator cannot be reached, times out, or
             answers ``ok: false`` (its error message is quoted).
     """
 
     def __init__(self, path: str | Path, timeout_s: float = 5.0) -> None:
-        self.path, self.timeout_s = str(path), timeout_s
-        self._sock: socket.socket | None = None
-
-    def _connect(self) -> socket.socket:
-        if self._sock is None:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-            s.settimeout(self.timeout_s)
-            try:
-                s.connect(self.path)
-            except OSError as exc:
-                s.close()
-                raise LinkEmuError(f"link emulator control socket {self.path}: {exc}") from None
-            self._sock = s
-        return self._sock
+        super().__init__(path, timeout_s, LinkEmuError)
 
     def request(self, msg: dict) -> dict:
         """Send ``msg``, return the reply (``ok`` true)."""
-        s = self._connect()
-        try:
-            s.send(json.dumps(msg).encode())
-            data = s.recv(CONTROL_MSG_BYTES)
-        except OSError as exc:
-            self.close()
-            raise LinkEmuError(f"link emulator control socket {self.path}: {exc}") from None
-        if not data:
-            self.close()
-            raise LinkEmuError(f"link emulator at {self.path} closed the control connection")
-        reply = json.loads(data)
-        if not reply.get("ok"):
-            raise LinkEmuError(f"link emulator at {self.path} refused {msg}: {reply.get('error')}")
-        return reply
+        return self.call(msg)
 
     def set(self, link: str | None = None, **params) -> dict:
         """``op: set`` for ``link`` with ``params`` (see the class doc)."""
@@ -1074,11 +988,6 @@ class LinkControl:
         if link is not None:
             msg["link"] = link
         return self.request(msg)
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
 
 
 def write_stats(stats: LinkStats, path: Path | None) -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import select
@@ -49,6 +48,7 @@ from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 
+from testbed.emulation.control import ControlClient, ControlServer, recv_or_drop
 from testbed.emulation.linkemu import _TimerFd
 
 PROBE_PORT = 47001
@@ -69,7 +69,6 @@ FRAME_EXTRA_BYTES = 42
 SINK_BUCKET_NS = 10_000_000
 SO_TIMESTAMPNS = 35
 SO_MAX_PACING_RATE = 47
-CONTROL_MSG_BYTES = 4 * 1024 * 1024
 #: Samples kept per target in memory (older ones stay in the CSV only).
 MAX_SAMPLES = 200_000
 #: An unanswered probe older than this counts as lost in :meth:`ProbeDaemon.samples`.
@@ -176,10 +175,9 @@ class ProbeDaemon:
         self.sink_tcp.setblocking(False)
         self.udp_blast_tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.udp_blast_tx.setblocking(False)
-        self.control = self._listen(control_path)
-        self.clients: dict[int, socket.socket] = {}
+        self.control = ControlServer(control_path, self.ep, self.handle)
         self.tcp_conns: dict[int, socket.socket] = {}
-        for s in (self.udp, self.sink_udp, self.sink_tcp, self.control):
+        for s in (self.udp, self.sink_udp, self.sink_tcp):
             self.ep.register(s.fileno(), select.EPOLLIN)
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.ep.register(self.wake_r, select.EPOLLIN)
@@ -216,18 +214,6 @@ class ProbeDaemon:
         s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         s.bind(("0.0.0.0", port))
-        s.setblocking(False)
-        return s
-
-    @staticmethod
-    def _listen(path: Path) -> socket.socket:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        s.bind(str(path))
-        os.chmod(path, 0o600)
-        s.listen(8)
         s.setblocking(False)
         return s
 
@@ -301,17 +287,8 @@ class ProbeDaemon:
         sink[-1][1] += nbytes
 
     def _on_tcp_conn(self, fd: int) -> None:
-        conn = self.tcp_conns[fd]
-        try:
-            data = conn.recv(1 << 20)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
+        data = recv_or_drop(self.ep, self.tcp_conns, fd, 1 << 20)
         if not data:
-            self.ep.unregister(fd)
-            del self.tcp_conns[fd]
-            conn.close()
             return
         # TCP payload -> frame bytes: one 1448-byte segment per 1514-byte frame (MSS at MTU 1500)
         self._count(time.time_ns(), len(data) * 1514 // 1448)
@@ -479,32 +456,6 @@ class ProbeDaemon:
                                                             "sent_bytes": b.sent_bytes}
                                                        for ip, b in self.blasts.items()}}
 
-    def _serve(self, fd: int) -> None:
-        if fd == self.control.fileno():
-            with contextlib.suppress(BlockingIOError):
-                conn, _ = self.control.accept()
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CONTROL_MSG_BYTES)
-                self.clients[conn.fileno()] = conn
-                self.ep.register(conn.fileno(), select.EPOLLIN)
-            return
-        conn = self.clients[fd]
-        try:
-            data = conn.recv(CONTROL_MSG_BYTES)
-        except OSError:
-            data = b""
-        if not data:
-            self.ep.unregister(fd)
-            del self.clients[fd]
-            conn.close()
-            return
-        try:
-            msg = json.loads(data)
-            reply = self.handle(msg) if isinstance(msg, dict) else {"ok": False, "error": "not an object"}
-        except ValueError as exc:
-            reply = {"ok": False, "error": f"bad JSON: {exc}"}
-        with contextlib.suppress(OSError):
-            conn.send(json.dumps(reply).encode())
-
     # -- output --
     def _log(self, name: str, row: list[int]) -> None:
         if self._csv is not None:
@@ -554,23 +505,20 @@ class ProbeDaemon:
                 elif fd == self.wake_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self.wake_r, 64)
+                elif self.control.owns(fd):
+                    self.control.serve(fd)
                 elif ev & select.EPOLLOUT:
                     self._on_tcp_writable(fd)
-                else:
-                    self._serve(fd)
         self._flush(time.time_ns(), final=True)
-        path = self.control.getsockname()
         self.control.close()
-        with contextlib.suppress(OSError):
-            os.unlink(path)
 
 
 class ProbeError(RuntimeError):
     """The probe daemon cannot be reached or refused a request."""
 
 
-class ProbeClient:
-    """Client of a probe daemon's control socket.
+class ProbeClient(ControlClient):
+    """Client of a probe daemon's control socket (:mod:`testbed.emulation.control`).
 
     Messages (``op`` and its fields; every reply has ``ok`` and ``t`` (ns)):
     ``probe {targets: {name: ip}, hz}``, ``boost {hz, for_s}``, ``samples {target, since_ns,
@@ -582,38 +530,10 @@ class ProbeClient:
     """
 
     def __init__(self, path: str | Path, timeout_s: float = 5.0):
-        self.path, self.timeout_s = str(path), timeout_s
-        self._sock: socket.socket | None = None
+        super().__init__(path, timeout_s, ProbeError)
 
     def request(self, op: str, **fields) -> dict:
-        if self._sock is None:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-            s.settimeout(self.timeout_s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CONTROL_MSG_BYTES)
-            try:
-                s.connect(self.path)
-            except OSError as exc:
-                s.close()
-                raise ProbeError(f"probe daemon {self.path}: {exc}") from None
-            self._sock = s
-        try:
-            self._sock.send(json.dumps({"op": op, **fields}).encode())
-            data = self._sock.recv(CONTROL_MSG_BYTES)
-        except OSError as exc:
-            self.close()
-            raise ProbeError(f"probe daemon {self.path}: {exc}") from None
-        if not data:
-            self.close()
-            raise ProbeError(f"probe daemon {self.path} closed the connection")
-        reply = json.loads(data)
-        if not reply.get("ok"):
-            raise ProbeError(f"probe daemon {self.path} refused {op}: {reply.get('error')}")
-        return reply
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        return self.call({"op": op, **fields})
 
 
 def wait_ready(path: str | Path, timeout_s: float = 10.0, proc=None) -> ProbeClient:
