@@ -13,7 +13,10 @@ to the first measurement showing it), the value asked and the value measured (``
   link (and along the source -> cluster paths it carried) measure the result over a window after
   the change (cut short by the next change).
 * ``cluster_down`` / ``cluster_up``: ``kill``: SIGKILL, then a restart that waits until the server
-  is warm again (measured: the seconds until it answered); ``stop``: SIGSTOP / SIGCONT.
+  is warm again (measured: the seconds until it answered); ``stop``: SIGSTOP / SIGCONT. A restart
+  runs beside the timeline (it can take longer than the gap to the next change, which must still
+  fire on time); its row is written once the server answers, or when the runner stops with the
+  note that it was not ready by then.
 
 A change that cannot be applied, or whose measurement cannot be taken, stops the runner; the
 error is kept in :attr:`EventRunner.error` and the run stops with it. A measurement outside its
@@ -41,6 +44,8 @@ UNITS = {"link_delay": "ms", "link_bandwidth": "Mbit/s", "link_loss": "%", "link
          "link_down": "ms", "link_up": "ms"}
 #: A measurement window ends this long (s) before the next change fires (its preparation first).
 WINDOW_MARGIN_S = PREPARE_S + 0.02
+#: After the runner is stopped, a restart still running gets this long (s) before its row is closed.
+RESTART_JOIN_S = 1.0
 
 
 def unsupported(changes: Sequence[Change]) -> list[str]:
@@ -83,6 +88,8 @@ class EventRunner(threading.Thread):
         self.path: Path = live.run_dir / "events.csv"
         self.rows: list[dict] = []
         self.error: RunFailure | None = None
+        self._write_lock = threading.Lock()
+        self._restarts: list[tuple[threading.Thread, dict]] = []
 
     def _groups(self) -> list[list[Change]]:
         groups: list[list[Change]] = []
@@ -94,34 +101,56 @@ class EventRunner(threading.Thread):
         return groups
 
     def run(self) -> None:
-        groups = self._groups()
         with open(self.path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=EVENTS_FIELDS, extrasaction="ignore")
             w.writeheader()
             f.flush()
 
             def done(row: dict) -> None:
-                row["phase"] = "measured"
-                w.writerow(row)
-                f.flush()
+                with self._write_lock:
+                    if f.closed or row.get("phase") == "measured":  # a restart's row is written once
+                        return
+                    row["phase"] = "measured"
+                    w.writerow(row)
+                    f.flush()
                 if self.on_event is not None:
                     self.on_event(row)
 
-            for gi, group in enumerate(groups):
-                fire = self.t0_s + group[0].t_s
-                nxt = self.t0_s + groups[gi + 1][0].t_s - WINDOW_MARGIN_S if gi + 1 < len(groups) else float("inf")
-                try:
-                    if self.stop_event.wait(max(0.0, fire - PREPARE_S - time.time())):
-                        return
-                    prepared = self._prepare(group)
-                    if self.stop_event.wait(max(0.0, fire - time.time())):
-                        return
-                    self._apply_group(group, prepared, nxt, done)
-                except Exception as exc:  # noqa: BLE001 - reported by the run, which then stops
-                    ch = group[0]
-                    self.error = RunFailure(f"events.{ch.event} ({ch.kind} {target_of(ch)}) at {ch.t_s:g} s "
-                                            f"failed: {exc}")
+            try:
+                self._timeline(done)
+            finally:
+                self._finish_restarts(done)
+
+    def _timeline(self, done: Callable[[dict], None]) -> None:
+        """Fire every group of changes at its time (returns early when stopped or on an error)."""
+        groups = self._groups()
+        for gi, group in enumerate(groups):
+            fire = self.t0_s + group[0].t_s
+            nxt = self.t0_s + groups[gi + 1][0].t_s - WINDOW_MARGIN_S if gi + 1 < len(groups) else float("inf")
+            try:
+                if self.stop_event.wait(max(0.0, fire - PREPARE_S - time.time())):
                     return
+                prepared = self._prepare(group)
+                if self.stop_event.wait(max(0.0, fire - time.time())):
+                    return
+                self._apply_group(group, prepared, nxt, done)
+            except Exception as exc:  # noqa: BLE001 - reported by the run, which then stops
+                ch = group[0]
+                self.error = RunFailure(f"events.{ch.event} ({ch.kind} {target_of(ch)}) at {ch.t_s:g} s "
+                                        f"failed: {exc}")
+                return
+
+    def _finish_restarts(self, done: Callable[[dict], None]) -> None:
+        """Wait for the restarts still running until the runner is stopped; a restart that has not
+        finished by then gets its row with the note that the server was not ready."""
+        for th, row in self._restarts:
+            while th.is_alive() and not self.stop_event.wait(0.2):
+                pass
+            th.join(RESTART_JOIN_S)
+            if th.is_alive():
+                waited = time.time() - float(row["applied_unix_s"])
+                row.update(note=f"server not ready when the run ended ({waited:.1f} s after the restart)")
+                done(row)
 
     def _prepare(self, group: list[Change]) -> list:
         """Per change of the group: the link change's preparation (:meth:`Dynamics.prepare`), or None."""
@@ -146,7 +175,7 @@ class EventRunner(threading.Thread):
         pending = []
         for ch, prep in zip(group, prepared, strict=True):
             if ch.kind in CLUSTER_KINDS:
-                done(self._fired(self._apply_cluster(ch)))
+                self._apply_cluster(ch, done)
                 continue
             ap = dyn.apply(ch, prep)
             row = self._fired(self._row(ch, ap.t_fire, None, None, UNITS.get(ch.kind, "ms"), None, None,
@@ -170,16 +199,30 @@ class EventRunner(threading.Thread):
                 "tolerance": _num(tol), "ok": "" if ok is None else int(bool(ok)), "note": note,
                 "applied_unix_s": f"{t_fire:.6f}"}
 
-    def _apply_cluster(self, ch: Change) -> dict:
-        """Apply a cluster change now; its ``events.csv`` row."""
+    def _apply_cluster(self, ch: Change, done: Callable[[dict], None]) -> None:
+        """Apply a cluster change now. A restart (``cluster_up`` of a killed server) continues in
+        its own thread, which writes the row once the server answers."""
         t_fire = time.time()
         if ch.kind == "cluster_down":
             self.servers.down(ch.cluster, ch.mode)
             note = f"server {'stopped (SIGSTOP)' if ch.mode == 'stop' else 'killed (SIGKILL)'}"
-            return self._row(ch, t_fire, None, None, "", None, None, note)
-        ready_s = self.servers.up(ch.cluster)
-        return self._row(ch, t_fire, ready_s * 1e3, ready_s, "s", None, None,
-                         "seconds until the server answered again")
+            done(self._fired(self._row(ch, t_fire, None, None, "", None, None, note)))
+            return
+        row = self._fired(self._row(ch, t_fire, None, None, "s", None, None, "restarting"))
+
+        def restart() -> None:
+            try:
+                ready_s = self.servers.up(ch.cluster)
+            except Exception as exc:  # noqa: BLE001 - reported by the run, which then stops
+                self.error = RunFailure(f"events.{ch.event} (cluster_up {ch.cluster}) at {ch.t_s:g} s failed: {exc}")
+                return
+            row.update(self._row(ch, t_fire, ready_s * 1e3, ready_s, "s", None, None,
+                                 "seconds until the server answered again"))
+            done(row)
+
+        th = threading.Thread(target=restart, daemon=True, name=f"restart-{ch.cluster}")
+        self._restarts.append((th, row))
+        th.start()
 
     def stop(self) -> None:
         """Stop applying (the load ended or the run is interrupted)."""
