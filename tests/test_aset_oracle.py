@@ -77,3 +77,22 @@ def test_oracle_switches_when_the_best_policy_changes(plan):
         assert first[:6] == ["closest"] * 6  # before the degradation at 3 s (window 6)
         assert first[6] == "cloud"  # the window the degradation starts in
         assert first[6:].count("cloud") >= 4
+
+
+def test_summary_pairs_headroom_and_capture_on_the_oracle_seeds_only():
+    """With the oracle on seeds 1-2 of 4 (``evaluation.oracle_seeds``), the headroom is paired over
+    seeds 1-2 and the captured share uses ASET - best static on those same seeds."""
+    from testbed.aset.evaluate import summarise
+
+    def row(policy, seed, ok):
+        return {"scenario": "s", "kind": "tuning", "policy": policy, "seed": seed, "ok": ok, "n": 100,
+                "success_ratio": ok / 100}
+
+    runs = [row("closest", k, 80) for k in (1, 2, 3, 4)] + [row("cloud", k, 50) for k in (1, 2, 3, 4)]
+    runs += [row("mix", k, 80) for k in (1, 2, 3, 4)] + [row("oracle", 1, 90), row("oracle", 2, 88)]
+    runs += [row("aset", 1, 85), row("aset", 2, 84), row("aset", 3, 80), row("aset", 4, 80)]
+    (t,) = summarise(runs, ACTIONS)
+    assert t["best_static"] == "closest"
+    assert t["headroom"][0] == pytest.approx(0.09) and t["oracle"][2] == 2
+    assert t["diff"][0] == pytest.approx(0.0225)  # over all 4 seeds
+    assert t["captured"] == pytest.approx(0.045 / 0.09)  # (5 + 4) / 2 pts over (10 + 8) / 2 pts

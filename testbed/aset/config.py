@@ -131,7 +131,9 @@ class EvaluationSpec(StrictModel):
     CI), ``duration_s`` simulated seconds per run. The mix is chosen on those seeds and the
     headroom confirmed on ``fresh_seeds`` more (seeds ``fresh_from`` ...). ``oracle_horizon``:
     windows of look-ahead of the oracle (None: to the end of the episode; see
-    :mod:`testbed.aset.headroom`)."""
+    :mod:`testbed.aset.headroom`). ``oracle_seeds`` / ``oracle_fresh_seeds``: the oracle (by far
+    the costliest job, ~40 s per scenario and seed) on the first N tuning / fresh seeds only
+    (None: all); the headroom is then paired over those seeds."""
 
     scenarios: list[str] = Field(min_length=1)
     seeds: int = Field(5, ge=2)
@@ -139,6 +141,8 @@ class EvaluationSpec(StrictModel):
     fresh_from: int = Field(101, ge=1)
     duration_s: Num | None = Field(None, gt=0)
     oracle_horizon: int | None = Field(6, ge=1)
+    oracle_seeds: int | None = Field(None, ge=2)
+    oracle_fresh_seeds: int | None = Field(None, ge=0)
     checkpoint: str = "models/aset/aset"
     out_dir: str = "runs/aset-eval"
 

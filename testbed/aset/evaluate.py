@@ -11,7 +11,7 @@ success ratio = successful / created queries):
    :func:`testbed.aset.headroom.best_mix`);
 3. the oracle on every tuning seed (multiagent rollout over the better of the mix and the best
    static policy on that seed, :func:`testbed.aset.headroom.rollout_oracle`); headroom = oracle -
-   best static, paired per seed;
+   best static, paired per seed (``evaluation.oracle_seeds``: on the first N tuning seeds only);
 4. ASET (``evaluation.checkpoint``, greedy) on the same seeds, when the checkpoint exists;
 5. with ``fresh_seeds`` M > 0: steps 1 (all statics), 3 and 4 again on seeds fresh_from ..
    fresh_from + M - 1 with the best static policy and the mix chosen in 1-2: the headroom and ASET's
@@ -257,8 +257,10 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     dur = duration_s or ev.duration_s
     tune = list(range(1, n_seeds + 1))
     fresh = list(range(ev.fresh_from, ev.fresh_from + n_fresh))
-    per_seed = 3 + int(with_aset)  # statics, mix, oracle (+ ASET) per scenario and seed
-    total = len(scenarios) * ((len(tune) + len(fresh)) * per_seed + 1 + int(agreement_check))
+    n_or = (len(tune) if ev.oracle_seeds is None else min(len(tune), ev.oracle_seeds)) + \
+        (len(fresh) if ev.oracle_fresh_seeds is None else min(len(fresh), ev.oracle_fresh_seeds))
+    per_seed = 2 + int(with_aset)  # statics, mix (+ ASET) per scenario and seed; the oracle on n_or seeds
+    total = len(scenarios) * ((len(tune) + len(fresh)) * per_seed + n_or + 1 + int(agreement_check))
     bar = _bar(console, total) if progress else None
 
     cache = repo_path(ev.out_dir, base) / "cache"
@@ -282,9 +284,11 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
             mres = run(assignment_job, [(s, k, mixes[s], dur) for s, k in pairs])
             runs += [_row(names[s], kind, MIX, k, ok, n, assignment=",".join(mixes[s]))
                      for (s, k), (ok, n) in zip(pairs, mres, strict=True)]
+            n_oracle = ev.oracle_seeds if kind == "tuning" else ev.oracle_fresh_seeds
+            opairs = [(s, k) for s in scenarios for k in (ks if n_oracle is None else ks[:n_oracle])]
             ores = run(oracle_job, [(s, k, [mixes[s], [best[s]] * len(mixes[s])], actions, dur, ev.oracle_horizon)
-                                    for s, k in pairs])
-            for (s, k), o in zip(pairs, ores, strict=True):
+                                    for s, k in opairs])
+            for (s, k), o in zip(opairs, ores, strict=True):
                 runs.append(_row(names[s], kind, ORACLE, k, o["ok"], o["n"], fallback=o["fallback"]))
                 schedules.setdefault(names[s], {})[f"{kind}-{k}"] = o["schedule"]
             if with_aset:
@@ -365,7 +369,9 @@ def summarise(runs: list[dict], actions: Sequence[str] | None = None) -> list[di
                 row["within_1pt"] = dm >= -0.01
                 row["above_beyond_ci"] = (not math.isnan(dh)) and dm - dh > 0 and (math.isnan(mm) or mm - mh > 0)
                 hm = row.get("headroom", (math.nan, math.nan))[0]
-                row["captured"] = dm / hm if hm and hm > 0 else math.nan
+                orc = _by_seed(runs, sc, kind, ORACLE)
+                d_or = [asr[k] - bs[k] for k in orc if k in asr and k in bs]  # on the headroom's seeds
+                row["captured"] = float(np.mean(d_or)) / hm if d_or and hm and hm > 0 else math.nan
             table.append(row)
     return table
 

@@ -1,0 +1,142 @@
+"""Online fine-tuning of the exported ASET policy against a running emulation (issue 13, item 7).
+
+    .venv/bin/python -m testbed.aset.finetune experiments/aset-live.yaml \\
+        --checkpoint models/aset/aset --epsilon 0.1 --out runs/aset-finetune
+
+Steps: (1) bind an :class:`~testbed.aset.envs.AsetLiveEnv` on a Unix socket; (2) copy the
+experiment with ``policy: aset`` and ``aset.options.control_socket`` set and start ``testbed run``
+on it under ``flock /tmp/testbed-emulation.lock`` (it queues behind other emulations); (3) load
+the checkpoint's weights into a :class:`~testbed.aset.agent.DQNAgent` (online and target network)
+and, every window, act epsilon-greedy for every source, store the transitions the env settles and
+run the gradient steps they are due; (4) when the run ends (no window state for ``--idle`` s),
+export the fine-tuned policy to ``OUT/policy.{npz,json}`` and write ``OUT/finetune.json`` (windows,
+transitions, mean reward, losses, policy shares, the emulation run directory).
+
+The live reward is the plain window success ratio (the emulation has no baseline run on the same
+arrivals), so fine-tuning on it is a check that the loop runs end to end, not a training recipe.
+Root needed (the emulation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+LOCK = "/tmp/testbed-emulation.lock"
+
+
+def _live_experiment(experiment: Path, checkpoint: str, socket_path: str, window: str) -> Path:
+    """A copy of ``experiment`` next to it whose sources ask the live env every window."""
+    data = yaml.safe_load(experiment.read_text())
+    data.update(policy="aset", name=f"{data['name']}-finetune",
+                aset={"checkpoint": checkpoint, "window": window, "options": {"control_socket": socket_path}})
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=experiment.parent, prefix=".finetune-",
+                                     delete=False) as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+        return Path(f.name)
+
+
+def _agent_from_policy(policy, obs_size: int, n_actions: int, epsilon: float, seed: int):
+    """A DQN agent whose online and target networks hold the exported policy's weights; constant
+    epsilon; training from the first batch on (hyper-parameters of the checkpoint's training)."""
+    from testbed.aset.agent import DQNAgent
+    from testbed.aset.config import AgentSpec
+
+    w = [np.load(policy.with_suffix(".npz"))[f"w{i}"] for i in range(2 * json.loads(
+        policy.with_suffix(".json").read_text())["layers"])]
+    hidden = [int(w[i].shape[1]) for i in range(0, len(w) - 2, 2)]
+    spec = AgentSpec(hidden=hidden, learning_rate=1e-4, gamma=0.5, batch_size=32, replay_size=10_000,
+                     train_start=32, target_update_steps=100, epsilon_start=epsilon, epsilon_end=epsilon,
+                     epsilon_decay_steps=1)
+    agent = DQNAgent(obs_size, n_actions, spec, seed=seed)
+    agent.online.set_weights(w)
+    agent.target.set_weights(w)
+    return agent
+
+
+def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1, seed: int = 1,
+             start_timeout_s: float = 300.0, idle_s: float = 10.0) -> dict:
+    """Run the loop of the module docstring; returns (and writes) its summary."""
+    from testbed.aset.envs import AsetLiveEnv, plan_contexts
+    from testbed.aset.npolicy import NumpyPolicy, export_policy
+    from testbed.plan import plan_experiment
+
+    pol = NumpyPolicy(checkpoint)
+    plan = plan_experiment(experiment)
+    contexts = plan_contexts(plan, tuple(pol.meta["policies"]))
+    out.mkdir(parents=True, exist_ok=True)
+    sock = str(Path(tempfile.gettempdir()) / f"aset-finetune-{int(time.time())}.sock")
+    episode = int(plan.experiment.duration_s / (pol.obs_spec.window_ms / 1e3)) + 10
+    env = AsetLiveEnv(contexts, pol.obs_spec, sock, timeout_s=start_timeout_s, episode_windows=episode)
+    agent = _agent_from_policy(checkpoint, env.obs_size, len(env.policies), epsilon, seed)
+    tmp = _live_experiment(experiment, str(checkpoint), sock, f"{pol.obs_spec.window_ms:g}ms")
+    runs_dir = out / "runs"
+    proc = subprocess.Popen(["flock", LOCK, str(REPO / ".venv/bin/testbed"), "run", str(tmp),
+                             "--runs-dir", str(runs_dir)], stdout=open(out / "run.log", "w"), stderr=subprocess.STDOUT)
+    rewards, losses, windows = [], [], 0
+    shares = np.zeros(len(env.policies), np.int64)
+    t0 = time.monotonic()
+    try:
+        obs, _ = env.reset()  # waits for the bring-up (and for the lock)
+        t_first = time.monotonic() - t0
+        env.timeout_s = idle_s
+        while True:
+            action = agent.act(obs, explore=True)
+            try:
+                obs, _, _, trunc, info = env.step(action)
+            except TimeoutError:
+                break  # the load ended: no more window states
+            windows += 1
+            shares += np.bincount(action, minlength=len(env.policies))
+            for _i, o, a, r, nxt in info["transitions"]:
+                agent.remember(o, a, r, nxt, False)
+                rewards.append(r)
+                loss = agent.maybe_train()
+                if loss is not None:
+                    losses.append(loss)
+            if trunc:
+                break
+    finally:
+        env.close()
+        rc = proc.wait()
+        tmp.unlink(missing_ok=True)
+    export_policy(agent.weights(), out / "policy", obs_spec=pol.obs_spec, applications=list(pol.meta["applications"]),
+                  clusters=list(pol.meta["clusters"]), policies=list(pol.meta["policies"]),
+                  deadlines_ms=list(pol.meta.get("deadlines_ms") or []),
+                  meta={"finetuned_from": str(checkpoint), "experiment": str(experiment), "windows": windows})
+    runs = sorted(p for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []
+    summary = {"experiment": str(experiment), "checkpoint": str(checkpoint), "run_rc": rc,
+               "run": str(runs[-1]) if runs else None, "wait_for_first_window_s": round(t_first, 1),
+               "windows": windows, "transitions": len(rewards), "gradient_steps": len(losses),
+               "mean_reward": float(np.mean(rewards)) if rewards else None,
+               "loss_first_last": [losses[0], losses[-1]] if losses else None, "epsilon": epsilon,
+               "policy_windows": {p: int(n) for p, n in zip(env.policies, shares, strict=True)}}
+    (out / "finetune.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("experiment", type=Path, nargs="?", default=REPO / "experiments/aset-live.yaml")
+    ap.add_argument("--checkpoint", type=Path, default=REPO / "models/aset/aset")
+    ap.add_argument("--out", type=Path, default=REPO / "runs/aset-finetune")
+    ap.add_argument("--epsilon", type=float, default=0.1)
+    ap.add_argument("--idle", type=float, default=10.0, help="s without window states that end the loop")
+    args = ap.parse_args(argv)
+    summary = finetune(args.experiment.resolve(), args.checkpoint.resolve(), args.out.resolve(), args.epsilon,
+                       idle_s=args.idle)
+    print(json.dumps(summary, indent=1))
+    return 0 if summary["windows"] > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
