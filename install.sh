@@ -5,7 +5,8 @@
 #   3. a Python 3.11 venv in .venv with the pinned versions of requirements.lock (Ryu 4.34 included;
 #      it must be built with setuptools < 68, hence --no-build-isolation), and this package (editable)
 #   4. Debian's Mininet library made visible inside the venv
-#   5. the model zoo (models/build_zoo.py: trains on scikit-learn's bundled digits; nothing downloaded)
+#   5. the model zoo (models/build_zoo.py: MediaPipe .tflite files from the hash-pinned wheel, Keras
+#      architectures exported to SavedModel and LiteRT, the small digits models for quick checks)
 # Re-running it does only what is missing. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")"
