@@ -324,7 +324,8 @@ def cmd_load(args) -> dict:
         s = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
         import pandas as pd
 
-        df = pd.read_csv(run_dir / "records.csv") if (run_dir / "records.csv").exists() else pd.DataFrame()
+        rec = run_dir / "records.csv"
+        df = pd.read_csv(rec) if rec.exists() and rec.stat().st_size else pd.DataFrame()  # a failed run: none
         ok = df[df.get("network_ms").notna()] if len(df) else df
         excess = (ok["network_ms"] - ok["expected_rtt_ms"]) if len(ok) else None
         row = {"rate_qps": rate, "exit_code": code, "load_before": round(load, 2),
@@ -332,6 +333,9 @@ def cmd_load(args) -> dict:
                "success_ratio": s.get("success_ratio"),
                "network_excess_p50_ms": round(float(excess.median()), 2) if excess is not None else None,
                "network_excess_p95_ms": round(float(excess.quantile(0.95)), 2) if excess is not None else None}
+        if code != 0:  # e.g. the RTT self-check failed: say why (run.json), the rate measured nothing
+            rj = run_dir / "run.json"
+            row["message"] = json.loads(rj.read_text()).get("message") if rj.exists() else None
         row["bottleneck"] = bool(row["network_excess_p50_ms"] is None or row["network_excess_p50_ms"] > args.margin_ms
                                  or (row["success_ratio"] or 0) < 0.9)
         rows.append(row)

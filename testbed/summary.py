@@ -186,6 +186,55 @@ def _server_counters(run_dir: Path) -> dict[str, dict]:
     return out
 
 
+#: The service check (:func:`_service_check`): a model's median measured call time above this many
+#: times its profile's (the plan's unthrottled samples at the cluster's runtime and threads), at a
+#: cluster whose server was busy less than :data:`SLOW_SERVICE_MAX_UTILIZATION` of the time, means
+#: the machine did not give the cluster its CPU share (the quota is a ceiling, not a guarantee).
+#: Measured on a quiet machine, an isolated call at a quarter core takes 1.0-1.3x the unthrottled
+#: median (docs/models-and-servers.md, ``iso`` columns), so 1.75x is beyond the share's own effect.
+SLOW_SERVICE_FACTOR = 1.75
+SLOW_SERVICE_MAX_UTILIZATION = 0.5
+#: Fewest answered, warm queries of a (cluster, model) for the service check to judge it.
+SERVICE_CHECK_MIN_QUERIES = 10
+
+
+def _service_check(run_dir: Path, df: pd.DataFrame, per_cluster: dict) -> dict:
+    """Measured inference time per (cluster, model) against the plan's profile.
+
+    Returns ``{"per_model": {"<cluster>/<model>": {"queries", "measured_p50_ms", "profile_p50_ms",
+    "ratio"}}, "starved": [keys judged slow: ratio >= SLOW_SERVICE_FACTOR at a server busy <
+    SLOW_SERVICE_MAX_UTILIZATION]}``, and the 1-minute load average of the machine and its CPU
+    count when the summary was made (``loadavg_1min``, ``cpus``). Empty ``per_model`` when the
+    run has no plan.json (a simulated run compares with itself).
+    """
+    import numpy as np
+
+    out: dict = {"per_model": {}, "starved": [], "loadavg_1min": round(os.getloadavg()[0], 2),
+                 "cpus": os.cpu_count()}
+    plan_file = run_dir / "plan.json"
+    if df.empty or "inference_ms" not in df or not plan_file.exists():
+        return out
+    try:
+        services = json.loads(plan_file.read_text()).get("services") or {}
+    except (OSError, ValueError):
+        return out
+    lat = _latency_rows(df)
+    lat = lat[lat["inference_ms"].notna() & (lat["batch"].fillna(1) <= 1)] if "batch" in lat else lat
+    for (cluster, model), g in lat.groupby(["cluster", "model"]):
+        fig = (services.get(str(cluster)) or {}).get(str(model))
+        if not fig or len(g) < SERVICE_CHECK_MIN_QUERIES:
+            continue
+        prof = float(np.median(fig["samples_ms"]))
+        meas = float(g["inference_ms"].median())
+        key = f"{cluster}/{model}"
+        out["per_model"][key] = {"queries": int(len(g)), "measured_p50_ms": round(meas, 3),
+                                 "profile_p50_ms": round(prof, 3), "ratio": round(meas / prof, 2)}
+        util = (per_cluster.get(str(cluster)) or {}).get("utilization")
+        if meas >= SLOW_SERVICE_FACTOR * prof and util is not None and util < SLOW_SERVICE_MAX_UTILIZATION:
+            out["starved"].append(key)
+    return out
+
+
 #: Link emulator counters (``linkemu/<node>.json``, both directions summed): summary key -> stats prefix.
 LINKEMU_COUNTERS = {"lost": "lost", "overflow": "overflow", "shaper_drops": "shaper_drops",
                     "dropped_down": "dropped_down", "kernel_drops": "kernel_drops", "send_errors": "send_errors"}
@@ -294,6 +343,7 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
         row["utilization"] = counters["utilization"]
         row["server"] = counters
     s["per_cluster"] = per_cluster
+    s["service_check"] = _service_check(run_dir, df, per_cluster)
     s["link_emulators"] = _link_emulators(run_dir)
     s["links"] = _links(run_dir)
     s["records_check"] = _records_check(run_dir, df)
@@ -387,6 +437,15 @@ def _headline(s: dict) -> list[str]:
                      f"dropped: {le['lost']} by the loss model, {le['overflow']} FIFO overflow, {le['shaper_drops']} "
                      f"by the bandwidth shaper, {le['dropped_down']} on a link down, {le['kernel_drops']} by the "
                      f"kernel (the emulator fell behind), {le['send_errors']} send errors.")
+    sc = s.get("service_check") or {}
+    if sc.get("starved"):
+        worst = max(sc["starved"], key=lambda k: sc["per_model"][k]["ratio"])
+        w = sc["per_model"][worst]
+        lines.append(f"WARNING: inference ran slower than its profile at servers that were not busy "
+                     f"({', '.join(sc['starved'])}; e.g. {worst}: median {w['measured_p50_ms']} ms against "
+                     f"{w['profile_p50_ms']} ms, {w['ratio']}x): the machine did not give the clusters their CPU "
+                     f"share (load average {sc['loadavg_1min']} on {sc['cpus']} CPUs at the end). Latencies and "
+                     f"success are not those of the planned clusters; rerun on a quieter machine.")
     rc = s.get("records_check") or {}
     if rc.get("missing_query_ids"):
         lines.append(f"WARNING: query ids missing from the records (lost records): {rc['missing_query_ids']}")

@@ -76,6 +76,29 @@ def test_summary_from_known_records(tmp_path):
     assert "success ratio 0.800" in (tmp_path / "summary.md").read_text()
 
 
+
+@pytest.mark.parametrize(("inference_ms", "utilization", "starved"),
+                         [(2.1, 0.2, False),   # as profiled: nothing to say
+                          (4.0, 0.2, True),    # 2x the profile at an idle server: the machine starved it
+                          (4.0, 0.9, False)])  # 2x at a saturated server: its own queue and quota, not the machine
+def test_service_check_names_servers_slower_than_their_profile(tmp_path, inference_ms, utilization, starved):
+    (tmp_path / "sources").mkdir()
+    (tmp_path / "clusters").mkdir()
+    rows = [{"query_id": f"a-{i + 1}", "source": "a", "application": "app", "cluster": "c1", "model": "small",
+             "t0_ns": i * 100_000_000, "e2e_ms": 9.0, "network_ms": 5.0, "queueing_ms": 1.0,
+             "inference_ms": inference_ms, "batch": 1, "http_status": 200, "outcome": "success", "failure_cause": ""}
+            for i in range(12)]
+    pd.DataFrame(rows, columns=RECORD_FIELDS).to_csv(tmp_path / "sources" / "a.records.csv", index=False)
+    (tmp_path / "clusters" / "c1.stats.json").write_text(json.dumps({"utilization": utilization, "served": 12}))
+    (tmp_path / "plan.json").write_text(json.dumps({"services": {"c1": {"small": {"samples_ms": [1.9, 2.0, 2.1]}}}}))
+    s = summarize(tmp_path, duration_s=1.2)
+    sc = s["service_check"]
+    assert sc["per_model"]["c1/small"] == {"queries": 12, "measured_p50_ms": inference_ms, "profile_p50_ms": 2.0,
+                                           "ratio": round(inference_ms / 2.0, 2)}
+    assert sc["starved"] == (["c1/small"] if starved else [])
+    print_summary(s, Console(file=open(tmp_path / "out.txt", "w")), tmp_path)
+    assert ("WARNING: inference ran slower than its profile" in (tmp_path / "summary.md").read_text()) == starved
+
 def _source_cfg(tmp_path, policy="closest"):
     from pathlib import Path
 
