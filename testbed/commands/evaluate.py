@@ -35,18 +35,17 @@ def _cmd(args: argparse.Namespace) -> int:
     from testbed.aset.config import load_aset_config
     from testbed.aset.evaluate import agreement_markdown, evaluate, results_markdown
     from testbed.cli import console
+    from testbed.errors import InputError
 
     cfg, base = load_aset_config(args.config)
     if cfg.evaluation is None:
-        console.print(f"[red]error:[/red] {args.config}: no 'evaluation:' section")
-        return 2
+        raise InputError(f"{args.config}: no 'evaluation:' section")
     try:
         res = evaluate(cfg, base, seeds=args.seeds, duration_s=args.duration, workers=args.workers, console=console,
                        backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address,
                        headroom_only=args.headroom, fresh_seeds=args.fresh_seeds)
     except FileNotFoundError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
+        raise InputError(str(exc)) from None
     console.print(results_markdown(res.table, cfg.policies), markup=False, highlight=False)
     if res.agreement:
         console.print(agreement_markdown(res.agreement), markup=False, highlight=False)

@@ -31,11 +31,11 @@ def _cmd(args: argparse.Namespace) -> int:
     from testbed.aset.config import load_aset_config
     from testbed.aset.train import train_seeds
     from testbed.cli import console
+    from testbed.errors import InputError
 
     cfg, base = load_aset_config(args.config)
     if cfg.training is None:
-        console.print(f"[red]error:[/red] {args.config}: no 'training:' section")
-        return 2
+        raise InputError(f"{args.config}: no 'training:' section")
     upd = {}
     if args.seeds:
         upd["seeds"] = [int(s) for s in args.seeds.split(",")]
