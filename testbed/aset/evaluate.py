@@ -408,6 +408,28 @@ def results_markdown(table: list[dict], actions: Sequence[str]) -> str:
     return markdown_table(rows) + "\n" + markdown_table(mixes)
 
 
+def summary_markdown(table: list[dict]) -> str:
+    """The compact table of issue 13 (one row per scenario and seed set): the best static policy
+    (chosen on the tuning seeds) and the static winner on these seeds, success ratios in % (mean ±
+    95 % CI) of the best static, the mix, the oracle and ASET, the headroom and ASET's paired gaps
+    in points, the captured share and the verdicts (module docstring)."""
+    rows = []
+    for t in table:
+        b = t["best_static"]
+        r = {"scenario": t["scenario"], "seeds": f"{t['kind']} ({t[b][2]})", "best static": b,
+             "winner here": t["winner"], "best static %": _pct(t[b]), "mix %": _pct(t[MIX]) if MIX in t else "-",
+             "oracle %": f"{_pct(t[ORACLE])} ({t[ORACLE][2]})" if ORACLE in t else "-",
+             "headroom (pts)": _pct(t["headroom"], True) if "headroom" in t else "-"}
+        if ASET in t:
+            r.update({"ASET %": _pct(t[ASET]), "ASET - best": _pct(t["diff"], True),
+                      "ASET - mix": _pct(t["diff_mix"], True),
+                      "captured": "-" if math.isnan(t["captured"]) else f"{100 * t['captured']:.0f} %",
+                      "within 1 pt": "yes" if t["within_1pt"] else "NO",
+                      "above best & mix (CI)": "yes" if t["above_beyond_ci"] else "no"})
+        rows.append(r)
+    return markdown_table(rows)
+
+
 def agreement_markdown(agree: dict[str, list[int]]) -> str:
     """Pairwise agreement of the actions' decisions (100 % = duplicates)."""
     rows = [{"actions": k.replace("|", " / "), "same decision": f"{100 * s / t:.1f} %" if t else "-",
@@ -433,7 +455,7 @@ def _write(out: Path, runs: list[dict], table: list[dict], actions: Sequence[str
                 if isinstance(v, tuple) and len(v) == 3:
                     w.writerow([row["scenario"], row["kind"], p, f"{v[0]:.6f}", f"{v[1]:.6f}", v[2],
                                 row["best_static"]])
-    (out / "results.md").write_text(results_markdown(table, actions))
+    (out / "results.md").write_text(summary_markdown(table) + "\n" + results_markdown(table, actions))
     (out / "oracle.json").write_text(json.dumps({"mixes": mixes, "schedules": schedules}))
     if agree:
         (out / "agreement.md").write_text(agreement_markdown(agree))

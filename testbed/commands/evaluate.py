@@ -33,7 +33,7 @@ def register(subparsers) -> None:
 
 def _cmd(args: argparse.Namespace) -> int:
     from testbed.aset.config import load_aset_config
-    from testbed.aset.evaluate import agreement_markdown, evaluate, results_markdown
+    from testbed.aset.evaluate import agreement_markdown, evaluate, results_markdown, summary_markdown
     from testbed.cli import console
     from testbed.errors import InputError
 
@@ -46,6 +46,7 @@ def _cmd(args: argparse.Namespace) -> int:
                        headroom_only=args.headroom, fresh_seeds=args.fresh_seeds)
     except FileNotFoundError as exc:
         raise InputError(str(exc)) from None
+    console.print(summary_markdown(res.table), markup=False, highlight=False)
     console.print(results_markdown(res.table, cfg.policies), markup=False, highlight=False)
     if res.agreement:
         console.print(agreement_markdown(res.agreement), markup=False, highlight=False)
