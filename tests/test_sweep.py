@@ -55,3 +55,21 @@ def test_sweep_resumes_finished_cells(tmp_path):
     sweep(exp, ["closest"], [1, 2], tmp_path, jobs=1, duration_s=4.0)
     assert 0.123 not in pd.read_csv(tmp_path / "runs.csv")["success_ratio"].tolist()
     assert len(list((tmp_path / "cells").rglob("*.parquet"))) == 4
+
+
+def test_sweep_refuses_experiments_it_would_pool(tmp_path):
+    """Two files with one ``name`` (the tables key rows by it) or one file twice: an error naming
+    them, exit code 2, before any cell runs."""
+    import shutil
+    import subprocess
+    import sys
+
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    for f in (a, b):
+        shutil.copy(REPO / "experiments/scenario-low.yaml", f)
+    for args, said in (([a, b], "are both named 'scenario-low'"), ([a, a], "the same experiment file is given twice")):
+        res = subprocess.run([sys.executable, "-m", "testbed.cli", "sweep", *map(str, args), "--seeds", "1",
+                              "--duration", "2s", "--out", str(tmp_path / "out")], capture_output=True, text=True)
+        out = " ".join((res.stdout + res.stderr).split())  # the console wraps long lines
+        assert res.returncode == 2 and said in out, out
+        assert not (tmp_path / "out").exists()

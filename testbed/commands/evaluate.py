@@ -7,6 +7,18 @@ from __future__ import annotations
 
 import argparse
 
+#: Longest simulated run ``--duration`` allows (s): every figure holds one episode's queries in memory.
+MAX_EPISODE_S = 3600.0
+
+
+def _episode_s(text: str) -> float:
+    from testbed.commands.simulate import positive_duration_s
+
+    v = positive_duration_s(text)
+    if v > MAX_EPISODE_S:
+        raise argparse.ArgumentTypeError(f"--duration {text}: at most {MAX_EPISODE_S:g} s per run")
+    return v
+
 
 def _int_at_least(n: int):
     def parse(text: str) -> int:
@@ -23,7 +35,8 @@ def register(subparsers) -> None:
     p.add_argument("config", help="ASET config YAML with an 'evaluation:' section")
     p.add_argument("--seeds", type=_int_at_least(2), default=None, help="override evaluation.seeds (tuning seeds)")
     p.add_argument("--fresh-seeds", type=_int_at_least(0), default=None, help="override evaluation.fresh_seeds")
-    p.add_argument("--duration", type=float, default=None, help="override the simulated seconds per run")
+    p.add_argument("--duration", type=_episode_s, default=None,
+                   help="override the simulated time per run, e.g. 40s (at most 1 h)")
     p.add_argument("--headroom", action="store_true", help="headroom only (no checkpoint needed: before training)")
     p.add_argument("--workers", type=_int_at_least(1), default=2, help="parallel workers (default 2)")
     p.add_argument("--backend", choices=["process", "ray"], default="process", help="parallel backend")

@@ -8,19 +8,24 @@ import argparse
 from pathlib import Path
 
 
-def _positive_s(text: str) -> float:
+def positive_duration_s(text: str) -> float:
+    """argparse type of ``--duration``: a duration with its unit (``600s``, ``2min``), > 0, finite.
+    Shared by the commands that simulate (simulate, sweep, evaluate)."""
+    import math
+
     from testbed.units import UnitError, parse_duration_s
 
     try:
         v = parse_duration_s(text, item="--duration")
     except UnitError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError("--duration must be > 0")
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError("--duration must be > 0 and finite")
     return v
 
 
-def _seed(text: str) -> int:
+def seed_arg(text: str) -> int:
+    """argparse type of a seed: an integer 0 .. 2^32 - 1."""
     from testbed.config import MAX_SEED
 
     try:
@@ -38,8 +43,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("simulate", help="run an experiment in the simulator (fast, no root)",
                               description=__doc__)
     p.add_argument("experiment", help="experiment YAML file")
-    p.add_argument("--duration", type=_positive_s, default=None, help="override the duration, e.g. 600s")
-    p.add_argument("--seed", type=_seed, default=None, help="override the experiment's seed (0 .. 2^32 - 1)")
+    p.add_argument("--duration", type=positive_duration_s, default=None, help="override the duration, e.g. 600s")
+    p.add_argument("--seed", type=seed_arg, default=None, help="override the experiment's seed (0 .. 2^32 - 1)")
     p.add_argument("--policy", choices=CATALOGUE, default=None, help="override every source's policy")
     p.add_argument("--runs-dir", default=None, help="where run directories go (default: the experiment's runs_dir)")
     p.set_defaults(func=_cmd)
@@ -47,12 +52,24 @@ def register(subparsers) -> None:
 
 def _cmd(args: argparse.Namespace) -> int:
     from testbed.cli import console
+    from testbed.errors import EXIT_NOTHING_MEASURED, InputError
     from testbed.plan import check_load_bounds, plan_experiment
     from testbed.sim import simulate_experiment
 
     plan = plan_experiment(args.experiment)  # bad input: an InputError, printed once by testbed.cli
     if args.duration is not None:  # the same bounds the plan checked for the experiment's own duration
         check_load_bounds(plan.experiment, plan.weights, args.duration, Path(plan.base_dir))
-    simulate_experiment(plan, Path(args.experiment).parent, Path(args.runs_dir) if args.runs_dir else None,
-                        args.duration, args.seed, args.policy, console=console)
+    if args.runs_dir and Path(args.runs_dir).exists() and not Path(args.runs_dir).is_dir():
+        raise InputError(f"--runs-dir {args.runs_dir}: exists and is not a directory")
+    duration = args.duration or plan.experiment.duration_s
+    late = [c for c in plan.changes if c.t_s >= duration]
+    if late:
+        console.print(f"note: {len(late)} event step(s) at or after the end of the load ({duration:g} s) do not "
+                      f"happen in this run (first: events.{late[0].event} {late[0].kind} at {late[0].t_s:g} s)",
+                      markup=False, highlight=False)
+    _, s = simulate_experiment(plan, Path(args.experiment).parent, Path(args.runs_dir) if args.runs_dir else None,
+                               args.duration, args.seed, args.policy, console=console)
+    if not s["queries"]:
+        console.print("the run measured no query (exit code 5)", markup=False)
+        return EXIT_NOTHING_MEASURED
     return 0

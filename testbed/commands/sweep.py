@@ -34,38 +34,61 @@ def register(subparsers) -> None:
     p.set_defaults(func=_cmd)
 
 
-def _cmd(args: argparse.Namespace) -> int:
-    from testbed.cli import console
-    from testbed.distributed import DistributedError
-    from testbed.errors import RunFailure
+def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]:
+    """The policies and the duration override; every bad argument is an InputError naming it,
+    before anything runs: unknown or no policies, seeds/jobs < 1, a negative seed base, an output
+    path that is a file, the same experiment file twice, two experiments with one ``name`` (the
+    tables key their rows by it, so their runs would be pooled)."""
+    from testbed.config import MAX_SEED, load_experiment
+    from testbed.errors import InputError
     from testbed.policies import CATALOGUE
-    from testbed.sweep import sweep
     from testbed.units import UnitError, parse_duration_s
 
     pols = list(CATALOGUE) if args.policies == "all" else [x.strip() for x in args.policies.split(",") if x.strip()]
     bad = [p for p in pols if p not in CATALOGUE]
-    if bad:
-        console.print(f"error: --policies: unknown {', '.join(map(repr, bad))}; "
-                      f"known: {', '.join(CATALOGUE)}")
-        return 2
+    if bad or not pols:
+        raise InputError(f"--policies: {'unknown ' + ', '.join(map(repr, bad)) if bad else 'none given'}; "
+                         f"known: {', '.join(CATALOGUE)}")
     if args.seeds < 1 or (args.jobs is not None and args.jobs < 1):
-        console.print("error: --seeds and --jobs must be >= 1")
-        return 2
+        raise InputError("--seeds and --jobs must be >= 1")
+    if not 0 <= args.seed_base <= MAX_SEED - args.seeds:
+        raise InputError(f"--seed-base {args.seed_base}: seeds are 0 .. {MAX_SEED}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise InputError(f"--out {args.out}: exists and is not a directory")
+    files = [Path(e).resolve() for e in args.experiments]
+    twice = sorted({str(f) for f in files if files.count(f) > 1})
+    if twice:
+        raise InputError(f"the same experiment file is given twice: {', '.join(twice)}")
+    names: dict[str, str] = {}
+    for e in args.experiments:
+        name = load_experiment(e).name
+        if name in names:
+            raise InputError(f"{e} and {names[name]} are both named {name!r}: the sweep's tables key their rows by "
+                             f"the experiment's name, so give each its own")
+        names[name] = e
     duration = None
     if args.duration:
         try:
             duration = parse_duration_s(args.duration, item="--duration")
         except UnitError as exc:
-            console.print(f"error: {exc}")
-            return 2
+            raise InputError(str(exc)) from None
+    return pols, duration
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from testbed.cli import console
+    from testbed.distributed import DistributedError
+    from testbed.errors import InputError, RunFailure
+    from testbed.sweep import sweep
+
+    pols, duration = _check_arguments(args)
     out = Path(args.out)
     try:
         table = sweep(args.experiments, pols, list(range(args.seed_base, args.seed_base + args.seeds)), out,
                       args.jobs, duration, args.keep_runs, console, backend=args.backend,
                       ray_address=args.ray_address, emulate=args.emulate, link_emulator=args.link_emulator)
     except DistributedError as exc:
-        console.print(f"error: {exc}")
-        return 2
+        raise InputError(str(exc)) from None
     except RunFailure as exc:
         console.print(f"error: {exc}; the cells finished so far are kept: run again to resume")
         return exc.exit_code

@@ -790,7 +790,9 @@ class Simulator:
         deadline + grace counts as unanswered, as in the emulation."""
         q = self.q
         rows = []
-        for qi in self.queries_recorded:
+        seq = [0] * len(self.sources)  # ids <source>-1, -2, ... in creation order, as the emulated sources give
+        for qi in sorted(self.queries_recorded, key=lambda i: (q.t0[i], i)):
+            seq[q.src[qi]] += 1
             a = self.apps[q.app[qi]]
             ci = q.cl[qi]
 
@@ -799,7 +801,8 @@ class Simulator:
 
             st = q.status_of(qi)
             rows.append(make_record(
-                query_id=f"{self.sources[q.src[qi]]}-{qi + 1}", source=self.sources[q.src[qi]], application=a.name,
+                query_id=f"{self.sources[q.src[qi]]}-{seq[q.src[qi]]}", source=self.sources[q.src[qi]],
+                application=a.name,
                 cluster=self.clusters[ci].name, model=self.model_names[q.model[qi]],
                 policy=self.policy_names[q.pol[qi]], fallback=q.fb[qi], deadline_ms=a.deadline_ms,
                 min_accuracy=a.min_accuracy, model_accuracy=self.accuracy[q.model[qi]],
