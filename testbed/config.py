@@ -132,7 +132,9 @@ class ClusterSpec(_Model):
     name: str = Field(pattern=NAME_RE)
     site: str
     tier: Literal["far_edge", "near_edge", "cloud"]
-    cpu_cores: Num = Field(gt=0)
+    #: >= 0.01: the emulation's smallest CFS quota is 1 ms per 100 ms period (cgroups.py), and the
+    #: simulator must run the same share.
+    cpu_cores: Num = Field(ge=0.01)
     workers: int = Field(1, ge=1)
     memory_mib: int = Field(1024, ge=64)
     queue_limit: int = Field(64, ge=1)

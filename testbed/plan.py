@@ -740,6 +740,13 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
     problem = run_dir_limit_problem(repo_path(exp.runs_dir), plan)
     if problem:
         raise PlanError(f"runs_dir: {problem}")
+    from testbed.capture.capture import validate_capture  # imports the plan: not at module level
+
+    validate_capture(plan)  # a capture point that is not in the network: refused before anything is built
+    late = [c for c in changes if c.t_s >= exp.duration_s]
+    if late:
+        plan.notes.append(f"{len(late)} event step(s) at or after the end of the load ({exp.duration_s:g} s) do not "
+                          f"happen (first: events.{late[0].event} {late[0].kind} at {late[0].t_s:g} s)")
     return plan
 
 

@@ -518,3 +518,19 @@ def test_links_a_link_event_takes_down_are_planned_from_the_timeline(monkeypatch
     assert run._planned_links(plan, 1000.0 - 20.0, up) == set()
     up[0]["applied_unix_s"] = 1000.0 - 3.0  # applied late (the runner lagged): rediscovery grace from then
     assert run._planned_links(plan, 1000.0 - 20.0, up) == {ab}
+
+
+def test_capture_points_and_cpu_share_are_checked_at_plan_time():
+    """A capture interface the network does not have, and a CPU share below the emulation's
+    smallest quota (1 ms per 100 ms), are refused by the plan, naming them."""
+    with pytest.raises(PlanError, match="'srcx' is not a host"):
+        build_plan(exp(capture={"interfaces": ["srcx"]}), topo())
+    clusters = copy.deepcopy(BASE["clusters"])
+    clusters[0]["cpu_cores"] = 0.001
+    with pytest.raises(ValueError, match="cpu_cores"):
+        exp(clusters=clusters)
+
+
+def test_events_after_the_load_are_noted():
+    plan = build_plan(exp(events=[{"at": "10s", "kind": "cluster_down", "cluster": "edge"}]), topo())
+    assert any("do not happen" in n and "events.0 cluster_down at 10 s" in n for n in plan.notes), plan.notes
