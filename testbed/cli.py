@@ -139,13 +139,13 @@ def _command_modules() -> list:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="testbed", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="testbed", description=__doc__.split("\n\n")[0].replace("\n", " "))
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="print the resolved plan of an experiment; builds nothing, needs no root")
     p.add_argument("experiment", type=Path)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
-    p = sub.add_parser("run", help="emulate the experiment (root): Mininet + Ryu + TensorFlow servers")
+    p = sub.add_parser("run", help="emulate the experiment (root): Mininet + Ryu + inference servers")
     p.add_argument("experiment", type=Path)
     p.add_argument("--duration", type=_positive_s, help="override the load duration, in s (> 0)")
     p.add_argument("--link-emulator", choices=["auto", "netem", "userspace"], help="override emulation.link_emulator")
