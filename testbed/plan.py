@@ -51,6 +51,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import math
+import os
 import re
 from pathlib import Path
 
@@ -699,6 +700,11 @@ def run_dir_limit_problem(runs_dir: Path, plan: Plan) -> str | None:
     return None
 
 
+#: CPU an emulation needs beside the clusters' shares (cores): the default experiment's 1.5 cores of
+#: shares on the 2-core build machine leave this much, and ran as profiled on a quiet machine.
+CPU_HEADROOM_CORES = 0.5
+
+
 def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path = Path("."),
                catalog: Catalog | None = None) -> Plan:
     """Resolve and validate an experiment into a :class:`Plan`. Builds nothing; needs no root.
@@ -743,6 +749,11 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
     from testbed.capture.capture import validate_capture  # imports the plan: not at module level
 
     validate_capture(plan)  # a capture point that is not in the network: refused before anything is built
+    cores, cpus = sum(c.cpu_cores for c in exp.clusters), os.cpu_count() or 1
+    if cores > cpus - CPU_HEADROOM_CORES:
+        plan.notes.append(f"the clusters' CPU shares add up to {cores:g} cores on a machine with {cpus}: an emulation "
+                          f"needs about {CPU_HEADROOM_CORES:g} core for the sources, the network and the controller, "
+                          f"or the servers do not get their shares (the summary's service check says so)")
     late = [c for c in changes if c.t_s >= exp.duration_s]
     if late:
         plan.notes.append(f"{len(late)} event step(s) at or after the end of the load ({exp.duration_s:g} s) do not "
