@@ -453,6 +453,8 @@ def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, events_
     record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
     console.print(f"{len(servers.procs)} inference servers ready, every path warmed; bring-up took "
                   f"{timings['bringup_s']:.1f} s; watching {len(watch.seen)} components")
+    cpu_before = servers.cpu_stats()
+    stack.callback(servers.write_cpu_during_load, cpu_before)  # also after a failed or interrupted load
     run_load(live, duration_s, stack, console, servers, watch, events_ref)
     timings["total_s"] = time.monotonic() - t0
 

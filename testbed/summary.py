@@ -342,6 +342,13 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
                                             "failures": dict.fromkeys(CAUSES, 0), "e2e_p95_ms": None})
         row["utilization"] = counters["utilization"]
         row["server"] = counters
+    for f in sorted((run_dir / "clusters").glob("*.cpu.json")):
+        name = f.name.removesuffix(".cpu.json")
+        if name in per_cluster:
+            try:
+                per_cluster[name]["cpu"] = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
     s["per_cluster"] = per_cluster
     s["service_check"] = _service_check(run_dir, df, per_cluster)
     s["link_emulators"] = _link_emulators(run_dir)
@@ -380,13 +387,15 @@ def _tables(s: dict) -> list[tuple[str, list[str], list[list[object]]]]:
         out.append(("Per application (from the records)",
                     ["application", "queries", "success", "success ratio", "answered", *causes, "e2e p95 ms"], rows))
     rows = [[name, v["server"]["lives"], v["server"]["served"], v["server"]["dropped_queue_full"],
-             v["server"]["dropped_admission"], v["server"]["errors"], v["server"]["utilization"]]
+             v["server"]["dropped_admission"], v["server"]["errors"], v["server"]["utilization"],
+             "-" if "cpu" not in v else f"{v['cpu']['throttled_periods']}/{v['cpu']['periods']}"]
             for name, v in s.get("per_cluster", {}).items() if "server" in v]
     if rows:
         out.append(("Server counters (each server's own view, summed over its lives: includes warm-up requests "
-                    "and answers the source had given up on; a killed life's last stats interval is missing)",
+                    "and answers the source had given up on; a killed life's last stats interval is missing; "
+                    "throttled = CFS periods of the load in which the cluster's cgroup ran out of its quota)",
                     ["cluster", "lives", "served", "dropped queue_full", "dropped admission", "errors",
-                     "utilization"], rows))
+                     "utilization", "throttled / periods"], rows))
     le = s.get("link_emulators") or {}
     rows = [[name, v["delay_ms"], v["frames"], f"{v['max_late_ms']:.3f}", f"{v['mean_late_ms']:.3f}",
              *[v[k] for k in LINKEMU_COUNTERS]] for name, v in le.get("per_emulator", {}).items()]
@@ -416,6 +425,36 @@ def _tables(s: dict) -> list[tuple[str, list[str], list[list[object]]]]:
     return out
 
 
+#: A cluster whose cgroup ran out of quota in more than this share of the load's CFS periods was
+#: held back by its own quota, not by the machine (:func:`_service_warning`).
+THROTTLED_SHARE_NOTABLE = 0.05
+
+
+def _service_warning(s: dict, sc: dict) -> str:
+    """The summary's line about models that ran slower than their profile at servers that were not
+    busy: held back by their own CFS quota (the cgroup was throttled: the server's request
+    handling, HTTP and JPEG decoding, spends the same quota as the model calls, and neither the
+    profile nor the simulator's CPU model counts it), or by the machine (not throttled: other
+    processes had the CPU)."""
+    worst = max(sc["starved"], key=lambda k: sc["per_model"][k]["ratio"])
+    w = sc["per_model"][worst]
+    clusters = sorted({k.split("/")[0] for k in sc["starved"]})
+    cpu = {c: (s.get("per_cluster", {}).get(c) or {}).get("cpu") or {} for c in clusters}
+    throttled = {c: v.get("throttled_share", 0.0) for c, v in cpu.items() if v}
+    head = (f"WARNING: inference ran slower than its profile at servers that were not busy "
+            f"({', '.join(sc['starved'])}; e.g. {worst}: median {w['measured_p50_ms']} ms against "
+            f"{w['profile_p50_ms']} ms, {w['ratio']}x). ")
+    if throttled and max(throttled.values()) > THROTTLED_SHARE_NOTABLE:
+        shares = ", ".join(f"{c} {100 * v:.0f} %" for c, v in sorted(throttled.items()))
+        return head + (f"Their cgroups ran out of CPU quota in {shares} of the CFS periods: the server's other work "
+                       f"in its cgroup (HTTP, JPEG decoding) spends the same quota as the model calls, and the "
+                       f"profile and the simulator's CPU model count only the model calls, so the simulator is "
+                       f"optimistic here.")
+    return head + (f"The machine did not give the clusters their CPU share (load average {sc['loadavg_1min']} on "
+                   f"{sc['cpus']} CPUs at the end). Latencies and success are not those of the planned clusters; "
+                   f"rerun on a quieter machine.")
+
+
 def _headline(s: dict) -> list[str]:
     sr = s.get("success_ratio")
     load = s.get("load_s", s["duration_s"])
@@ -439,13 +478,7 @@ def _headline(s: dict) -> list[str]:
                      f"kernel (the emulator fell behind), {le['send_errors']} send errors.")
     sc = s.get("service_check") or {}
     if sc.get("starved"):
-        worst = max(sc["starved"], key=lambda k: sc["per_model"][k]["ratio"])
-        w = sc["per_model"][worst]
-        lines.append(f"WARNING: inference ran slower than its profile at servers that were not busy "
-                     f"({', '.join(sc['starved'])}; e.g. {worst}: median {w['measured_p50_ms']} ms against "
-                     f"{w['profile_p50_ms']} ms, {w['ratio']}x): the machine did not give the clusters their CPU "
-                     f"share (load average {sc['loadavg_1min']} on {sc['cpus']} CPUs at the end). Latencies and "
-                     f"success are not those of the planned clusters; rerun on a quieter machine.")
+        lines.append(_service_warning(s, sc))
     rc = s.get("records_check") or {}
     if rc.get("missing_query_ids"):
         lines.append(f"WARNING: query ids missing from the records (lost records): {rc['missing_query_ids']}")

@@ -73,6 +73,29 @@ def create_limited_group(name: str, cpu_cores: float, memory_mib: int) -> list[P
     return [group]
 
 
+def cpu_stat(dirs: list[Path]) -> dict[str, float]:
+    """CFS bandwidth counters of a group made by :func:`create_limited_group`: ``periods`` (CFS
+    periods in which the group ran), ``throttled_periods`` (of those, how many ran out of quota),
+    ``throttled_s`` (time its threads waited for the next period). From ``cpu.stat`` (v1:
+    ``throttled_time`` ns; v2: ``throttled_usec``; Linux Documentation/scheduler/sched-bwc.rst).
+    Empty when the file cannot be read (the group is gone)."""
+    for d in dirs:
+        f = d / "cpu.stat"
+        try:
+            kv = dict(line.split() for line in f.read_text().splitlines() if len(line.split()) == 2)
+        except OSError:
+            continue
+        if "nr_periods" not in kv:
+            continue
+        if "throttled_time" in kv:  # v1, ns
+            throttled = int(kv["throttled_time"]) / 1e9
+        else:  # v2, us
+            throttled = int(kv.get("throttled_usec", 0)) / 1e6
+        return {"periods": int(kv["nr_periods"]), "throttled_periods": int(kv.get("nr_throttled", 0)),
+                "throttled_s": throttled}
+    return {}
+
+
 def add_process(dirs: list[Path], pid: int) -> None:
     """Move process ``pid`` (all its threads) into the groups ``dirs``.
 

@@ -186,6 +186,21 @@ class ClusterServers:
         """Whether the server of ``cluster`` is down on purpose (a planned outage)."""
         return cluster in self.stopped or cluster in self.killed
 
+    def cpu_stats(self) -> dict[str, dict[str, float]]:
+        """Per cluster, its cgroup's CFS counters now (:func:`testbed.emulation.cgroups.cpu_stat`)."""
+        return {c: cgroups.cpu_stat(dirs) for c, dirs in self.groups.items()}
+
+    def write_cpu_during_load(self, before: dict[str, dict[str, float]]) -> None:
+        """``clusters/<cluster>.cpu.json``: the CFS counters' growth since ``before`` (taken when the
+        load started): periods, throttled periods and their share, seconds throttled."""
+        for c, now in self.cpu_stats().items():
+            b = before.get(c) or {}
+            if not now or not b:
+                continue
+            d = {k: now[k] - b.get(k, 0) for k in now}
+            d["throttled_share"] = round(d["throttled_periods"] / d["periods"], 4) if d["periods"] else 0.0
+            write_json_atomic(self.live.run_dir / "clusters" / f"{c}.cpu.json", d, indent=1)
+
     def _stop_all(self) -> None:
         for c in list(self.stopped):
             if self.procs[c].poll() is None:
