@@ -700,8 +700,9 @@ def run_dir_limit_problem(runs_dir: Path, plan: Plan) -> str | None:
     return None
 
 
-#: CPU an emulation needs beside the clusters' shares (cores): the default experiment's 1.5 cores of
-#: shares on the 2-core build machine leave this much, and ran as profiled on a quiet machine.
+#: CPU an emulation needs beside the clusters' shares (cores): what the default experiment's 1.5 cores
+#: of shares leave on the 2-core build machine (our choice of bound; its servers then ran with their
+#: whole quota, throttled by it, not starved by the machine: docs/trustworthy-runs.md).
 CPU_HEADROOM_CORES = 0.5
 
 
