@@ -382,3 +382,20 @@ def test_committed_checkpoint_drives_the_live_experiment():
         sel = LivePolicySelector(cfg)
         assert sel.choose({"arrivals": {}, "clusters": {}, "path_util": {}, "resolved": [], "policy": "closest"}) \
             in CATALOGUE
+
+
+@pytest.mark.emulation
+def test_live_env_fine_tunes_against_a_real_emulation(tmp_path):
+    """AsetLiveEnv against a real emulation (root, Mininet; testbed.aset.finetune): the sources
+    send their window states, apply the env's choices, and the agent learns from settled
+    transitions; the fine-tuned policy is exported and loads."""
+    from testbed.aset.finetune import finetune
+    from testbed.aset.npolicy import NumpyPolicy
+
+    s = finetune(REPO / "experiments" / "aset-live.yaml", REPO / "models" / "aset" / "aset", tmp_path,
+                 epsilon=0.1, duration_s=15.0)
+    assert s["run_rc"] == 0 and s["run"] is not None
+    assert s["windows"] >= 20  # 15 s of load at 500 ms
+    assert s["transitions"] > 0 and sum(s["policy_windows"].values()) == 4 * s["windows"]
+    assert 0.0 <= s["mean_reward"] <= 1.0
+    assert NumpyPolicy(tmp_path / "policy").meta["meta"]["windows"] == s["windows"]

@@ -64,8 +64,9 @@ def _agent_from_policy(policy, obs_size: int, n_actions: int, epsilon: float, se
 
 
 def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1, seed: int = 1,
-             start_timeout_s: float = 300.0, idle_s: float = 10.0) -> dict:
-    """Run the loop of the module docstring; returns (and writes) its summary."""
+             start_timeout_s: float = 300.0, idle_s: float = 10.0, duration_s: float | None = None) -> dict:
+    """Run the loop of the module docstring; returns (and writes) its summary. ``duration_s``:
+    override the experiment's load duration (``testbed run --duration``)."""
     from testbed.aset.envs import AsetLiveEnv, plan_contexts
     from testbed.aset.npolicy import NumpyPolicy, export_policy
     from testbed.plan import plan_experiment
@@ -75,13 +76,15 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
     contexts = plan_contexts(plan, tuple(pol.meta["policies"]))
     out.mkdir(parents=True, exist_ok=True)
     sock = str(Path(tempfile.gettempdir()) / f"aset-finetune-{int(time.time())}.sock")
-    episode = int(plan.experiment.duration_s / (pol.obs_spec.window_ms / 1e3)) + 10
+    episode = int((duration_s or plan.experiment.duration_s) / (pol.obs_spec.window_ms / 1e3)) + 10
     env = AsetLiveEnv(contexts, pol.obs_spec, sock, timeout_s=start_timeout_s, episode_windows=episode)
     agent = _agent_from_policy(checkpoint, env.obs_size, len(env.policies), epsilon, seed)
     tmp = _live_experiment(experiment, str(checkpoint), sock, f"{pol.obs_spec.window_ms:g}ms")
     runs_dir = out / "runs"
-    proc = subprocess.Popen(["flock", LOCK, str(REPO / ".venv/bin/testbed"), "run", str(tmp),
-                             "--runs-dir", str(runs_dir)], stdout=open(out / "run.log", "w"), stderr=subprocess.STDOUT)
+    cmd = ["flock", LOCK, str(REPO / ".venv/bin/testbed"), "run", str(tmp), "--runs-dir", str(runs_dir)]
+    if duration_s is not None:
+        cmd += ["--duration", f"{duration_s:g}"]
+    proc = subprocess.Popen(cmd, stdout=open(out / "run.log", "w"), stderr=subprocess.STDOUT)
     rewards, losses, windows = [], [], 0
     shares = np.zeros(len(env.policies), np.int64)
     t0 = time.monotonic()
