@@ -392,8 +392,10 @@ def test_live_env_fine_tunes_against_a_real_emulation(tmp_path):
     from testbed.aset.finetune import finetune
     from testbed.aset.npolicy import NumpyPolicy
 
+    # lock=False: emulation tests run under `flock /tmp/testbed-emulation.lock pytest -m emulation`;
+    # a nested flock on the same file would wait for ever (testbed run's own run lock still guards)
     s = finetune(REPO / "experiments" / "aset-live.yaml", REPO / "models" / "aset" / "aset", tmp_path,
-                 epsilon=0.1, duration_s=15.0)
+                 epsilon=0.1, duration_s=15.0, lock=False, start_timeout_s=180.0)
     assert s["run_rc"] == 0 and s["run"] is not None
     assert s["windows"] >= 20  # 15 s of load at 500 ms
     assert s["transitions"] > 0 and sum(s["policy_windows"].values()) == 4 * s["windows"]

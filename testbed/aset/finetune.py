@@ -63,10 +63,28 @@ def _agent_from_policy(policy, obs_size: int, n_actions: int, epsilon: float, se
     return agent
 
 
+def _finish(proc: subprocess.Popen, wait_s: float = 120.0) -> int:
+    """The run's exit code: wait up to ``wait_s`` for its teardown, then SIGTERM its process
+    group (our child, started in its own session) and wait 60 s more."""
+    import os
+    import signal
+
+    try:
+        return proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        return proc.wait(timeout=60)
+
+
 def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1, seed: int = 1,
-             start_timeout_s: float = 300.0, idle_s: float = 10.0, duration_s: float | None = None) -> dict:
+             start_timeout_s: float = 300.0, idle_s: float = 10.0, duration_s: float | None = None,
+             lock: bool = True) -> dict:
     """Run the loop of the module docstring; returns (and writes) its summary. ``duration_s``:
-    override the experiment's load duration (``testbed run --duration``)."""
+    override the experiment's load duration (``testbed run --duration``). ``lock=False``: run
+    ``testbed run`` without taking the emulation lock, for a caller that already holds it
+    (``flock LOCK pytest -m emulation``: a nested flock on the same file would wait forever).
+    If the emulation does not send a window state within ``start_timeout_s`` (or fails), the run
+    is stopped (SIGTERM to its process group) instead of being waited for."""
     from testbed.aset.envs import AsetLiveEnv, plan_contexts
     from testbed.aset.npolicy import NumpyPolicy, export_policy
     from testbed.plan import plan_experiment
@@ -81,10 +99,11 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
     agent = _agent_from_policy(checkpoint, env.obs_size, len(env.policies), epsilon, seed)
     tmp = _live_experiment(experiment, str(checkpoint), sock, f"{pol.obs_spec.window_ms:g}ms")
     runs_dir = out / "runs"
-    cmd = ["flock", LOCK, str(REPO / ".venv/bin/testbed"), "run", str(tmp), "--runs-dir", str(runs_dir)]
+    cmd = (["flock", LOCK] if lock else []) + [str(REPO / ".venv/bin/testbed"), "run", str(tmp),
+                                               "--runs-dir", str(runs_dir)]
     if duration_s is not None:
         cmd += ["--duration", f"{duration_s:g}"]
-    proc = subprocess.Popen(cmd, stdout=open(out / "run.log", "w"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=open(out / "run.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     rewards, losses, windows = [], [], 0
     shares = np.zeros(len(env.policies), np.int64)
     t0 = time.monotonic()
@@ -110,7 +129,7 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
                 break
     finally:
         env.close()
-        rc = proc.wait()
+        rc = _finish(proc)
         tmp.unlink(missing_ok=True)
     export_policy(agent.weights(), out / "policy", obs_spec=pol.obs_spec, applications=list(pol.meta["applications"]),
                   clusters=list(pol.meta["clusters"]), policies=list(pol.meta["policies"]),
@@ -134,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "runs/aset-finetune")
     ap.add_argument("--epsilon", type=float, default=0.1)
     ap.add_argument("--idle", type=float, default=10.0, help="s without window states that end the loop")
+    ap.add_argument("--no-lock", action="store_true", help="the caller already holds the emulation lock")
     args = ap.parse_args(argv)
     summary = finetune(args.experiment.resolve(), args.checkpoint.resolve(), args.out.resolve(), args.epsilon,
-                       idle_s=args.idle)
+                       idle_s=args.idle, lock=not args.no_lock)
     print(json.dumps(summary, indent=1))
     return 0 if summary["windows"] > 0 else 1
 
