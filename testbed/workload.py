@@ -105,7 +105,9 @@ class Source:
         self.pending: set[asyncio.Task] = set()
         self.stopping = False
         self.win_arrivals: dict[str, int] = {}
-        self.win_resolved: list[tuple[str, bool, float]] = []
+        # (application, success, t0_s, cluster, e2e_ms or None) of the queries resolved in the window
+        self.win_resolved: list[tuple[str, bool, float, str, float | None]] = []
+        self.in_flight: dict[str, int] = {}  # per cluster: this source's queries sent, not resolved yet
 
     @property
     def policy_name(self) -> str:
@@ -160,6 +162,7 @@ class Source:
         d = self.dispatcher.dispatch(app.deadline_ms, app.min_accuracy, app.family)
         opt = self.options[(d.cluster, d.model)]
         self.win_arrivals[app.name] = self.win_arrivals.get(app.name, 0) + 1
+        self.in_flight[d.cluster] = self.in_flight.get(d.cluster, 0) + 1
         url = f"http://{self.ip[d.cluster]}:{self.cfg.server_port}/v1/models/{d.model}:predict"
         headers = {"Content-Type": "application/json", "X-Testbed-Query-Id": qid,
                    "X-Testbed-Deadline-Ns": str(t0 + int(app.deadline_ms * 1e6))}
@@ -178,7 +181,9 @@ class Source:
                           policy=policy, fallback=d.fallback, deadline_ms=app.deadline_ms,
                           min_accuracy=app.min_accuracy, model_accuracy=opt.accuracy, expected_rtt_ms=opt.rtt_ms,
                           t0_ns=t0, request_bytes=len(body), label=label, error=error, cold=trace["cold"], **got)
-        self.win_resolved.append((app.name, row["outcome"] == "success", (t0 - self.cfg.start_ns) / 1e9))
+        self.in_flight[d.cluster] -= 1
+        self.win_resolved.append((app.name, row["outcome"] == "success", (t0 - self.cfg.start_ns) / 1e9, d.cluster,
+                                  row["e2e_ms"]))
         self._write(row)
 
     async def _poll_stats(self, session, end: float) -> None:
@@ -227,8 +232,11 @@ class Source:
 
     def _aset_state(self) -> dict:
         """The window's raw view handed to ``LivePolicySelector.choose`` (testbed.aset.observation)."""
+        # No ``report_age_s``: the simulator's windows start right after a report (age 0, the agent was
+        # trained on that), while here the stats poll and the window run on separate timers.
         return {"arrivals": dict(self.win_arrivals), "clusters": self.dispatcher.heard_state(),
-                "path_util": self._path_util(), "resolved": list(self.win_resolved), "policy": self.policy_name}
+                "path_util": self._path_util(), "resolved": list(self.win_resolved), "in_flight": dict(self.in_flight),
+                "policy": self.policy_name, "now_s": (time.time_ns() - self.cfg.start_ns) / 1e9}
 
     async def _aset_loop(self, end: float) -> None:
         loop = asyncio.get_running_loop()

@@ -160,7 +160,8 @@ def test_aset_selector_is_called_with_the_window_state(tmp_path, monkeypatch):
     src = Source(_source_cfg(tmp_path, "aset"))
     assert src.policy_name == "closest"
     src.win_arrivals = {"app": 3}
-    src.win_resolved = [("app", True, 0.1), ("app", False, 0.2)]
+    src.win_resolved = [("app", True, 0.1, "near", 12.5), ("app", False, 0.2, "far", None)]
+    src.in_flight = {"near": 2, "far": 0}
 
     async def one_window():
         loop = asyncio.get_running_loop()
@@ -169,7 +170,9 @@ def test_aset_selector_is_called_with_the_window_state(tmp_path, monkeypatch):
     asyncio.run(one_window())
     assert src.policy_name == "cloud"
     st = calls[0]
-    assert st["arrivals"] == {"app": 3} and st["resolved"] == [("app", True, 0.1), ("app", False, 0.2)]
+    assert st["arrivals"] == {"app": 3}
+    assert st["resolved"] == [("app", True, 0.1, "near", 12.5), ("app", False, 0.2, "far", None)]
+    assert st["in_flight"] == {"near": 2, "far": 0} and "report_age_s" not in st and st["now_s"] > 0
     assert st["path_util"] == {"near": 0.25, "far": 0.5} and st["policy"] == "closest"
     assert set(st["clusters"]["near"]) == {"queue_len", "busy", "workers", "utilization", "up"}
     src.out.close()
