@@ -174,6 +174,10 @@ def _cancel(ray, refs: list, grace_s: float = CANCEL_GRACE_S) -> None:
 
 
 def _process_imap(fn: Callable, tasks: Sequence[tuple], jobs: int | None) -> Iterator[tuple[int, Any]]:
+    if jobs == 1:  # one worker: in this process, in task order (no pool to start, tracebacks stay local)
+        for i, args in enumerate(tasks):
+            yield i, fn(*args)
+        return
     with ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         pending: dict[Future, int] = {pool.submit(fn, *args): i for i, args in enumerate(tasks)}
         try:

@@ -706,6 +706,16 @@ def run_dir_limit_problem(runs_dir: Path, plan: Plan) -> str | None:
 CPU_HEADROOM_CORES = 0.5
 
 
+def events_after_end(changes: list[Change], duration_s: float) -> str | None:
+    """A note on the event steps at or after the end of a ``duration_s`` load (they never happen),
+    or None when there are none."""
+    late = [c for c in changes if c.t_s >= duration_s]
+    if not late:
+        return None
+    return (f"{len(late)} event step(s) at or after the end of the load ({duration_s:g} s) do not happen "
+            f"(first: events.{late[0].event} {late[0].kind} at {late[0].t_s:g} s)")
+
+
 def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path = Path("."),
                catalog: Catalog | None = None) -> Plan:
     """Resolve and validate an experiment into a :class:`Plan`. Builds nothing; needs no root.
@@ -755,10 +765,9 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
         plan.notes.append(f"the clusters' CPU shares add up to {cores:g} cores on a machine with {cpus}: an emulation "
                           f"needs about {CPU_HEADROOM_CORES:g} core for the sources, the network and the controller, "
                           f"or the servers do not get their shares (the summary's service check says so)")
-    late = [c for c in changes if c.t_s >= exp.duration_s]
+    late = events_after_end(changes, exp.duration_s)
     if late:
-        plan.notes.append(f"{len(late)} event step(s) at or after the end of the load ({exp.duration_s:g} s) do not "
-                          f"happen (first: events.{late[0].event} {late[0].kind} at {late[0].t_s:g} s)")
+        plan.notes.append(late)
     return plan
 
 
@@ -776,4 +785,4 @@ def plan_experiment(path: str | Path, catalog: Catalog | None = None) -> Plan:
 
 
 __all__ = ["Host", "Link", "PathInfo", "Plan", "PlanError", "Switch", "TopologyError", "build_plan",
-           "check_load_bounds", "plan_experiment", "run_dir_limit_problem"]
+           "check_load_bounds", "events_after_end", "plan_experiment", "run_dir_limit_problem"]

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from testbed.aset.config import AsetConfig
-from testbed.util import ci95, markdown_table, repo_path
+from testbed.util import ci95, markdown_table, repo_path, write_json_atomic
 
 ASET = "aset"
 MIX = "mix"
@@ -179,31 +179,27 @@ def _parallel(fn, tasks: list[tuple], backend: str, jobs: int, ray_address: str 
     from testbed.distributed import imap_unordered
 
     out: list = [None] * len(tasks)
-    todo = []
-    for i, t in enumerate(tasks):
-        f = cache / f"{_task_key(fn, t)}.json" if cache is not None else None
+    keys = [cache / f"{_task_key(fn, t)}.json" if cache is not None else None for t in tasks]
+    uncached = []
+    for i, f in enumerate(keys):
         if f is not None and f.is_file():
             out[i] = json.loads(f.read_text())
             if bar is not None:
                 bar[0].advance(bar[1])
         else:
-            todo.append(i)
+            uncached.append(i)
 
     def done(i: int, r) -> None:
         out[i] = r
-        if cache is not None:
-            cache.mkdir(parents=True, exist_ok=True)
-            (cache / f"{_task_key(fn, tasks[i])}.json").write_text(json.dumps(r))
+        if keys[i] is not None:
+            keys[i].parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(keys[i], r, indent=None)
             out[i] = json.loads(json.dumps(r))  # the same types as a cached result
         if bar is not None:
             bar[0].advance(bar[1])
 
-    if jobs <= 1 and backend == "process":
-        for i in todo:
-            done(i, fn(*tasks[i]))
-        return out
-    for k, r in imap_unordered(fn, [tasks[i] for i in todo], backend=backend, jobs=jobs, ray_address=ray_address):
-        done(todo[k], r)
+    for k, r in imap_unordered(fn, [tasks[i] for i in uncached], backend=backend, jobs=jobs, ray_address=ray_address):
+        done(uncached[k], r)
     return out
 
 

@@ -53,7 +53,7 @@ def register(subparsers) -> None:
 def _cmd(args: argparse.Namespace) -> int:
     from testbed.cli import console
     from testbed.errors import EXIT_NOTHING_MEASURED, InputError
-    from testbed.plan import check_load_bounds, plan_experiment
+    from testbed.plan import check_load_bounds, events_after_end, plan_experiment
     from testbed.sim import simulate_experiment
 
     plan = plan_experiment(args.experiment)  # bad input: an InputError, printed once by testbed.cli
@@ -62,11 +62,9 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.runs_dir and Path(args.runs_dir).exists() and not Path(args.runs_dir).is_dir():
         raise InputError(f"--runs-dir {args.runs_dir}: exists and is not a directory")
     duration = args.duration or plan.experiment.duration_s
-    late = [c for c in plan.changes if c.t_s >= duration]
+    late = events_after_end(plan.changes, duration)
     if late:
-        console.print(f"note: {len(late)} event step(s) at or after the end of the load ({duration:g} s) do not "
-                      f"happen in this run (first: events.{late[0].event} {late[0].kind} at {late[0].t_s:g} s)",
-                      markup=False, highlight=False)
+        console.print(f"note: {late}", markup=False, highlight=False)
     _, s = simulate_experiment(plan, Path(args.experiment).parent, Path(args.runs_dir) if args.runs_dir else None,
                                args.duration, args.seed, args.policy, console=console)
     if not s["queries"]:
