@@ -16,7 +16,13 @@ import pytest
 
 from testbed.aset.config import AgentSpec, AsetConfig, ObservationSpec, TrainingSpec, load_aset_config
 from testbed.aset.envs import AsetSimEnv
-from testbed.aset.observation import SourceContext, SourceObserver, observation_size
+from testbed.aset.observation import (
+    SourceContext,
+    SourceObserver,
+    context_size,
+    observation_layout,
+    observation_size,
+)
 from testbed.config import ConfigError
 from testbed.plan import plan_experiment
 from testbed.policies import CATALOGUE
@@ -105,9 +111,9 @@ SPEC = ObservationSpec(window_ms=100, history_windows=2, rate_scale_qps=10, queu
 
 def test_observation_layout_exact_values():
     ctx = SourceContext("srca", ("appa", "appb"), ("c1", "c2"), (10.0, 200.0), ("closest", "cloud", "random"),
-                        (50.0, 100.0))
+                        (50.0, 100.0), sources=("srca", "srcb"))
     obs = SourceObserver(ctx, SPEC)
-    assert obs.size == observation_size(2, 2, 3, 2) == 2 * 2 + 8 * 2 + 2 + 3
+    assert obs.size == observation_size(2, 2, 3, 2, 2) == 2 * 2 + 8 * 2 + 2 + 3 + 2
     state = {"arrivals": {"appa": 3, "appb": 0, "other": 9},
              "clusters": {"c1": {"queue_len": 8, "busy": 2, "workers": 2, "utilization": 0.5, "up": True}},
              "path_util": {"c1": 0.25, "c2": 0.75},
@@ -127,13 +133,50 @@ def test_observation_layout_exact_values():
               0.5, 2.0,            # report age / window (0.1 s)
               1.5, 0.0,            # in flight / workers / queue_scale = 6 / 2 / 2 (c2: no entry)
               0.75, 0.0,           # success ratio per app (appa 3/4, appb 0/1)
-              0.0, 1.0, 0.0]       # policy one-hot
+              0.0, 1.0, 0.0,       # policy one-hot
+              1.0, 0.0]            # source identity one-hot: srca is source 0 of (srca, srcb)
     assert v.dtype == np.float32
     np.testing.assert_allclose(v, expect, rtol=1e-6)
     v2 = obs.observe({"arrivals": {"appa": 100}, "policy": "closest"})
     assert v2[0] == pytest.approx(3.0) and v2[1] == 5.0  # history shifted; 100 q clipped to clip=5
     assert v2[14] == pytest.approx(0.6)  # measured latency kept when nothing resolved there
     assert v2[20] == pytest.approx(0.75) and v2[16] == 0.0  # success kept; no report age given -> 0
+    layout = observation_layout(2, 2, 3, 2, 2)
+    assert (layout["policy"], layout["source_id"]) == (slice(22, 25), slice(25, 27))
+    with pytest.raises(ValueError, match="not once in the experiment's sources"):
+        SourceContext("srcz", ("appa",), ("c1",), (1.0,), ("closest",), sources=("srca", "srcb"))
+
+
+def _same_state_two_sources(ctx_a: SourceContext, ctx_b: SourceContext, spec: ObservationSpec, states: list) -> tuple:
+    oa, ob = SourceObserver(ctx_a, spec), SourceObserver(ctx_b, spec)
+    return np.stack([oa.observe(st) for st in states]), np.stack([ob.observe(st) for st in states])
+
+
+def test_observations_of_two_sources_differ_only_in_the_source_id(plan):
+    """Same window states, same RTTs: every feature equal but the identity one-hot, which is each
+    source's own index (the env's rows are the sources in sorted order)."""
+    from testbed.aset.envs import plan_contexts
+
+    ca, cc = plan_contexts(plan, CATALOGUE)
+    assert (ca.source, cc.source) == ("srca", "srcc") and ca.sources == cc.sources == ("srca", "srcc")
+    cc_same_rtt = SourceContext(cc.source, cc.applications, cc.clusters, ca.rtt_ms, cc.policies, cc.deadline_ms,
+                                sources=cc.sources)
+    sim = FakeSim(plan, 0)
+    states = [{"arrivals": {"digits": k}, "clusters": sim.cluster_state(), "path_util": {ca.clusters[0]: 0.1 * k},
+               "resolved": [("digits", k % 2 == 0, 0.1 * k, ca.clusters[0], 20.0 + k)],
+               "in_flight": {ca.clusters[-1]: k}, "policy": CATALOGUE[k % len(CATALOGUE)]} for k in range(6)]
+    va, vc = _same_state_two_sources(ca, cc_same_rtt, SPEC, states)
+    ids = observation_layout(1, len(ca.clusters), len(CATALOGUE), SPEC.history_windows, 2)["source_id"]
+    assert va.shape == vc.shape == (6, context_size(ca, SPEC)) and ids.stop == va.shape[1]
+    rest = np.ones(va.shape[1], bool)
+    rest[ids] = False
+    np.testing.assert_array_equal(va[:, rest], vc[:, rest])
+    np.testing.assert_array_equal(va[:, ids], np.tile([1.0, 0.0], (6, 1)))
+    np.testing.assert_array_equal(vc[:, ids], np.tile([0.0, 1.0], (6, 1)))
+    # in the env every row carries its own source's identity
+    env = AsetSimEnv(plan, SPEC, 1.0, simulator_factory=FakeSim)
+    obs, _ = env.reset(seed=1)
+    np.testing.assert_array_equal(obs[:, ids], np.eye(2, dtype=np.float32))
 
 
 def test_config_errors_name_the_item(tmp_path):
@@ -241,7 +284,7 @@ def test_agent_learns_toy_scenario_within_600_steps(toy_training, plan):
     assert len(result.episodes) == 600 // 50
 
 
-def test_checkpoint_save_load_and_export_give_identical_actions(toy_training, tmp_path):
+def test_checkpoint_save_load_and_export_give_identical_actions(toy_training, plan, tmp_path):
     from testbed.aset.agent import DQNAgent, NumpyPolicy
 
     result, cfg = toy_training
@@ -256,6 +299,88 @@ def test_checkpoint_save_load_and_export_give_identical_actions(toy_training, tm
     pol = NumpyPolicy(result.policy_path)
     np.testing.assert_allclose(pol.q_values(obs), agent.q_values(obs), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(pol.act(obs), agent.act(obs, explore=False))
+    # the observation size and the source-id order are part of the exported checkpoint
+    assert pol.obs_size == agent.obs_size == pol.meta["obs_size"] and pol.sources == ("srca", "srcc")
+    # and on the env's own observations (one row per source, each with its identity one-hot)
+    env = AsetSimEnv(plan, SPEC, 2.0, simulator_factory=FakeSim)
+    o, _ = env.reset(seed=4)
+    rows = [o]
+    for _ in range(19):
+        o, *_ = env.step(pol.act(o))
+        rows.append(o)
+    rows = np.concatenate(rows)
+    np.testing.assert_array_equal(other.act(rows, explore=False), agent.act(rows, explore=False))
+    np.testing.assert_array_equal(pol.act(rows), agent.act(rows, explore=False))
+
+
+def _write_v2_copy(src: Path, dst: Path) -> int:
+    """A copy of an exported policy as the previous format wrote it: no ``sources``, no
+    ``obs_size``, a network without the source-id inputs. Returns its input width."""
+    import json
+
+    meta = json.loads(src.with_suffix(".json").read_text())
+    n_src = len(meta.pop("sources"))
+    del meta["obs_size"]
+    meta["format"] = "aset-policy-v2"
+    with np.load(src.with_suffix(".npz")) as d:
+        ws = {k: d[k] for k in d.files}
+    ws["w0"] = ws["w0"][:-n_src]
+    np.savez(dst.with_suffix(".npz"), **ws)
+    dst.with_suffix(".json").write_text(json.dumps(meta))
+    return int(ws["w0"].shape[0])
+
+
+def test_checkpoint_of_another_observation_size_fails_naming_both_sizes(toy_training, plan, tmp_path):
+    """A policy (.npz + .json) or training checkpoint of another observation size is refused with
+    an error that names both sizes, by every user: the sim env's (evaluate), the live selector,
+    the agent's restore and the export."""
+    import json
+
+    from testbed.aset.agent import DQNAgent
+    from testbed.aset.envs import plan_contexts
+    from testbed.aset.live import LivePolicySelector
+    from testbed.aset.npolicy import NumpyPolicy, ObservationSizeError, export_policy
+
+    result, cfg = toy_training
+    size = result.agent.obs_size
+    assert size == context_size(plan_contexts(plan, CATALOGUE)[0], SPEC) == 1 * 2 + 8 * 2 + 1 + 7 + 2
+    old = tmp_path / "v2"
+    assert _write_v2_copy(result.policy_path, old) == size - 2
+    pol = NumpyPolicy(old)  # opens, so that the size check can say what changed
+    with pytest.raises(ObservationSizeError, match=rf"takes observations of {size - 2} features, format "
+                       rf"aset-policy-v2: no source identity; the simulator env of triangle builds {size}"):
+        pol.check_contexts(AsetSimEnv(plan, SPEC, 1.0, simulator_factory=FakeSim).contexts,
+                           "the simulator env of triangle")
+    with pytest.raises(ObservationSizeError, match=rf"{size - 2} features without the source identity.*"
+                       rf"\({size - 2} \+ n_sources"):
+        LivePolicySelector(_live_cfg(plan, {"checkpoint": str(old)}))
+    # a current-format JSON whose sizes do not match its weights
+    bad = tmp_path / "bad"
+    _write_v2_copy(result.policy_path, bad)
+    meta = json.loads(result.policy_path.with_suffix(".json").read_text())
+    bad.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(ObservationSizeError, match=rf"network input {size - 2} features.*observation of {size}"):
+        NumpyPolicy(bad)
+    with pytest.raises(ObservationSizeError, match=rf"network input {size} != observation size {size + 1}"):
+        export_policy(result.agent.weights(), tmp_path / "x", obs_spec=SPEC, applications=["digits"],
+                      clusters=list(meta["clusters"]), policies=list(CATALOGUE), sources=["srca", "srcb", "srcc"])
+    # a source the checkpoint was not trained with has no identity
+    with pytest.raises(ValueError, match=r"'srcz' is not one of the checkpoint's sources \['srca', 'srcc'\]"):
+        cfg_z = _live_cfg(plan, {"checkpoint": str(result.policy_path)}).model_copy(update={"source": "srcz"})
+        LivePolicySelector(cfg_z)
+    # the TensorFlow training checkpoint
+    result.agent.save(tmp_path / "ck")
+    other = DQNAgent(size - 2, len(CATALOGUE), cfg.agent, seed=1)
+    with pytest.raises(ObservationSizeError, match=rf"network of {size} observation features -> 7 actions; this agent "
+                       rf"has {size - 2} -> 7"):
+        other.load(tmp_path / "ck")
+    # one written before the sizes were saved with it: read from the target network's kernels
+    import tensorflow as tf
+
+    ag = result.agent
+    tf.train.Checkpoint(online=ag.online, target=ag.target, optimizer=ag.optimizer).write(str(tmp_path / "old"))
+    with pytest.raises(ObservationSizeError, match=rf"network of {size} observation features"):
+        other.load(tmp_path / "old")
 
 
 def _live_cfg(plan, aset, options=None, records=None):
@@ -360,12 +485,67 @@ def test_live_env_spaces_and_control_channel(toy_training, plan, tmp_path):
         assert rewards and set(rewards) == {1.0}
         # the dispatchers applied what the env sent: srca -> cloud, srcc -> min_latency
         assert chosen["srca"][-1] == "cloud" and chosen["srcc"][-1] == "min_latency"
-        assert obs[0, -len(CATALOGUE) + 1] == 1.0  # srca's one-hot now says cloud
+        layout = observation_layout(1, len(plan.clusters), len(CATALOGUE), SPEC.history_windows, 2)
+        assert obs[0, layout["policy"]].tolist() == [float(p == "cloud") for p in CATALOGUE]  # srca now on cloud
+        assert obs[:, layout["source_id"]].tolist() == [[1.0, 0.0], [0.0, 1.0]]
     finally:
         stop.set()
         env.close()
         for t in threads:
             t.join(timeout=5)
+
+
+LIVE = REPO / "experiments" / "aset-live.yaml"
+COMMITTED = REPO / "models" / "aset" / "aset"
+
+
+def _skip_unless_committed_checkpoint_is_current() -> None:
+    """The committed policy predates the source identity until it is retrained (docs/aset.md):
+    then it must be refused with the size error, and what needs it is skipped."""
+    from testbed.aset.live import LivePolicySelector
+    from testbed.aset.npolicy import FORMAT, NumpyPolicy, ObservationSizeError
+    from testbed.boundaries import SourceConfig
+
+    pol = NumpyPolicy(COMMITTED)
+    if pol.format == FORMAT:
+        return
+    plan = plan_experiment(LIVE)
+    cfg = SourceConfig.from_plan(plan, plan.sources[0].name, 0, 1.0, Path("/tmp"))
+    with pytest.raises(ObservationSizeError, match=f"{pol.obs_size} features without the source identity"):
+        LivePolicySelector(cfg)
+    pytest.skip(f"models/aset/aset is of format {pol.format} (no source identity): retrain it "
+                f"(testbed train experiments/aset-train.yaml, docs/aset.md)")
+
+
+def test_live_experiment_source_configs_drive_a_policy_of_its_plan(tmp_path):
+    """Every source config of experiments/aset-live.yaml, as testbed.run writes it, drives the live
+    selector of a policy exported for that plan (random weights: the fit of names, source ids and
+    sizes is what is tested, whatever models/aset/aset is)."""
+    from testbed.aset.envs import plan_contexts
+    from testbed.aset.live import LivePolicySelector
+    from testbed.aset.npolicy import export_policy
+    from testbed.boundaries import SourceConfig
+
+    plan = plan_experiment(LIVE)
+    ctxs = plan_contexts(plan, CATALOGUE)
+    spec = ObservationSpec()  # 500 ms, the experiment's aset.window
+    size = context_size(ctxs[0], spec)
+    rng = np.random.default_rng(0)
+    ws = [rng.normal(size=(size, 16)), np.zeros(16), rng.normal(size=(16, len(CATALOGUE))), np.zeros(len(CATALOGUE))]
+    ck = tmp_path / "policy"
+    c0 = ctxs[0]
+    export_policy(ws, ck, obs_spec=spec, applications=list(c0.applications), clusters=list(c0.clusters),
+                  policies=list(CATALOGUE), sources=list(c0.sources), deadlines_ms=list(c0.deadline_ms))
+    ids = observation_layout(len(c0.applications), len(c0.clusters), len(CATALOGUE), spec.history_windows,
+                             len(c0.sources))["source_id"]
+    state = {"arrivals": {}, "clusters": {}, "path_util": {}, "resolved": [], "policy": "closest"}
+    for s in plan.sources:
+        cfg = SourceConfig.from_plan(plan, s.name, 0, 1.0, tmp_path)
+        cfg = cfg.model_copy(update={"records": "", "aset": cfg.aset.model_copy(update={"checkpoint": str(ck)})})
+        sel = LivePolicySelector(cfg)
+        assert sel.observer.size == size and sel.ctx.source_id == c0.sources.index(s.name)
+        assert sel.observer.observe(state)[ids].tolist() == [float(x == s.name) for x in c0.sources]
+        assert sel.choose(state) in CATALOGUE
 
 
 def test_committed_checkpoint_drives_the_live_experiment():
@@ -374,7 +554,8 @@ def test_committed_checkpoint_drives_the_live_experiment():
     from testbed.aset.live import LivePolicySelector
     from testbed.boundaries import SourceConfig
 
-    plan = plan_experiment(REPO / "experiments" / "aset-live.yaml")
+    _skip_unless_committed_checkpoint_is_current()
+    plan = plan_experiment(LIVE)
     exp = plan.experiment
     assert exp.policy == "aset" and exp.aset.checkpoint == "models/aset/aset"
     for s in plan.sources:
@@ -392,6 +573,7 @@ def test_live_env_fine_tunes_against_a_real_emulation(tmp_path):
     from testbed.aset.finetune import finetune
     from testbed.aset.npolicy import NumpyPolicy
 
+    _skip_unless_committed_checkpoint_is_current()
     # lock=False: emulation tests run under `flock /tmp/testbed-emulation.lock pytest -m emulation`;
     # a nested flock on the same file would wait for ever (testbed run's own run lock still guards)
     s = finetune(REPO / "experiments" / "aset-live.yaml", REPO / "models" / "aset" / "aset", tmp_path,

@@ -23,9 +23,10 @@ import numpy as np
 import tensorflow as tf
 
 from testbed.aset.config import AgentSpec
-from testbed.aset.npolicy import NumpyPolicy, export_policy
+from testbed.aset.npolicy import NumpyPolicy, ObservationSizeError, export_policy
 
-__all__ = ["DQNAgent", "NumpyPolicy", "ReplayBuffer", "build_q_network", "export_policy"]
+__all__ = ["DQNAgent", "NumpyPolicy", "ObservationSizeError", "ReplayBuffer", "build_q_network",
+           "checkpoint_io_sizes", "export_policy"]
 
 
 class ReplayBuffer:
@@ -161,11 +162,42 @@ class DQNAgent:
         return [np.asarray(w) for w in self.online.get_weights()]
 
     def save(self, path: str | Path) -> None:
-        """Training checkpoint (``tf.train.Checkpoint``: online, target, optimizer) at ``path``."""
-        ckpt = tf.train.Checkpoint(online=self.online, target=self.target, optimizer=self.optimizer)
+        """Training checkpoint (``tf.train.Checkpoint``: online, target, optimizer, and ``io_sizes``
+        = [observation size, actions], checked by :meth:`load`) at ``path``."""
+        ckpt = tf.train.Checkpoint(online=self.online, target=self.target, optimizer=self.optimizer,
+                                   io_sizes=tf.Variable([self.obs_size, self.n_actions], dtype=tf.int64))
         ckpt.write(str(path))
 
     def load(self, path: str | Path) -> None:
-        """Restore a checkpoint written by :meth:`save`."""
+        """Restore a checkpoint written by :meth:`save`.
+
+        Raises:
+            ObservationSizeError: the checkpoint's network takes another observation size (or gives
+                another number of actions) than this agent's; the message names both.
+        """
+        n_in, n_out = checkpoint_io_sizes(path)
+        if n_in is not None and (n_in, n_out) != (self.obs_size, self.n_actions):
+            raise ObservationSizeError(f"training checkpoint {path}: network of {n_in} observation features -> "
+                                       f"{n_out} actions; this agent has {self.obs_size} -> {self.n_actions} "
+                                       f"(the observation changed? retrain with testbed train)")
         ckpt = tf.train.Checkpoint(online=self.online, target=self.target, optimizer=self.optimizer)
         ckpt.read(str(path)).expect_partial()
+
+
+def checkpoint_io_sizes(path: str | Path) -> tuple[int | None, int | None]:
+    """(observation size, actions) of the network in a :meth:`DQNAgent.save` checkpoint, without
+    building it: its ``io_sizes``, or for a checkpoint written before those were saved, the shapes
+    of the target network's first and last Dense kernels (the online network's variables may be
+    stored under the optimizer's path); (None, None) when neither is there."""
+    import re
+
+    names = dict(tf.train.list_variables(str(path)))
+    key = "io_sizes/.ATTRIBUTES/VARIABLE_VALUE"
+    if key in names:
+        n_in, n_out = (int(v) for v in tf.train.load_variable(str(path), key))
+        return n_in, n_out
+    kernels = sorted((int(m.group(1)), shape) for name, shape in names.items()
+                     if (m := re.match(r"target/_operations/(\d+)/_kernel/", name)) and len(shape) == 2)
+    if not kernels:
+        return None, None
+    return int(kernels[0][1][0]), int(kernels[-1][1][1])

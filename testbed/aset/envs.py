@@ -8,7 +8,8 @@ intervals (500 ms in the scenarios; :func:`testbed.aset.episode.window_of`).
 - ``action_space = MultiDiscrete([n_policies] * n_sources)``: row i = the policy index (into the
   action set) that source i applies per query during the next window.
 - ``observation_space = Box(0, clip, (n_sources, obs_size), float32)``: row i = the observation of
-  source i (:mod:`testbed.aset.observation`; sources, applications, clusters sorted by name).
+  source i (:mod:`testbed.aset.observation`; sources, applications, clusters sorted by name; row i
+  ends with source i's identity one-hot).
 - Reward of the window of source i = success ratio of the queries source i CREATED in that window
   (optionally minus the same figure of a baseline run on the same seed, ``RewardSpec``), known
   only once all of them are resolved (at most the largest deadline later). The env therefore
@@ -37,7 +38,7 @@ import numpy as np
 
 from testbed.aset.config import ObservationSpec, RewardSpec
 from testbed.aset.episode import Episode, run_static
-from testbed.aset.observation import SourceContext, SourceObserver, observation_size
+from testbed.aset.observation import SourceContext, SourceObserver, context_size
 from testbed.plan import Plan
 
 #: A function drawing the plan of the next episode (randomised scenario) from the env's rng.
@@ -51,14 +52,15 @@ def _catalogue() -> tuple[str, ...]:
 
 
 def plan_contexts(plan: Plan, policies: tuple[str, ...]) -> list[SourceContext]:
-    """One :class:`SourceContext` per source of the plan, sorted by source name; applications and
-    clusters sorted by name; RTT from ``plan.rtt_ms``; each application's deadline."""
+    """One :class:`SourceContext` per source of the plan, sorted by source name (the source-id
+    order of the observation); applications and clusters sorted by name; RTT from
+    ``plan.rtt_ms``; each application's deadline."""
     apps = sorted(plan.experiment.applications, key=lambda a: a.name)
     clusters = tuple(sorted(c.name for c in plan.clusters))
-    return [SourceContext(s.name, tuple(a.name for a in apps), clusters,
-                          tuple(plan.rtt_ms(s.name, c) for c in clusters), policies,
-                          tuple(float(a.deadline_ms) for a in apps))
-            for s in sorted(plan.sources, key=lambda h: h.name)]
+    sources = tuple(sorted(h.name for h in plan.sources))
+    return [SourceContext(s, tuple(a.name for a in apps), clusters, tuple(plan.rtt_ms(s, c) for c in clusters),
+                          policies, tuple(float(a.deadline_ms) for a in apps), sources=sources)
+            for s in sources]
 
 
 def max_deadline_s(plan: Plan) -> float:
@@ -191,9 +193,7 @@ class AsetSimEnv(gym.Env):
         probe = self._sampler(np.random.default_rng(0))
         self.contexts = plan_contexts(probe, self.policies)
         self._shape = self._shape_of(self.contexts)
-        ctx = self.contexts[0]
-        self.obs_size = observation_size(len(ctx.applications), len(ctx.clusters), len(self.policies),
-                                         obs_spec.history_windows)
+        self.obs_size = context_size(self.contexts[0], obs_spec)
         self.observation_space = gym.spaces.Box(0.0, float(obs_spec.clip), (len(self.contexts), self.obs_size),
                                                 np.float32)
         self.action_space = gym.spaces.MultiDiscrete([len(self.policies)] * len(self.contexts))
@@ -364,8 +364,7 @@ class AsetLiveEnv(gym.Env):
         self.policies = contexts[0].policies
         self.dt = obs_spec.window_ms / 1e3
         ctx = contexts[0]
-        self.obs_size = observation_size(len(ctx.applications), len(ctx.clusters), len(self.policies),
-                                         obs_spec.history_windows)
+        self.obs_size = context_size(ctx, obs_spec)
         self.observation_space = gym.spaces.Box(0.0, float(obs_spec.clip), (len(contexts), self.obs_size),
                                                 np.float32)
         self.action_space = gym.spaces.MultiDiscrete([len(self.policies)] * len(contexts))

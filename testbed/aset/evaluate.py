@@ -103,9 +103,7 @@ def aset_job(scenario: str, seed: int, checkpoint: str, duration_s: float | None
     pol = NumpyPolicy(checkpoint)
     plan = _plan(scenario)
     env = AsetSimEnv(plan, pol.obs_spec, duration_s or plan.experiment.duration_s, policies=tuple(pol.meta["policies"]))
-    if env.contexts[0].clusters != tuple(pol.meta["clusters"]):
-        raise ValueError(f"{scenario}: clusters {env.contexts[0].clusters} differ from the checkpoint's "
-                         f"{pol.meta['clusters']}")
+    pol.check_contexts(env.contexts, f"the simulator env of {scenario}")
     obs, _ = env.reset(seed=seed, options={"sim_seed": seed})
     done, info = False, {}
     while not done:
@@ -113,6 +111,16 @@ def aset_job(scenario: str, seed: int, checkpoint: str, duration_s: float | None
     share = env.policy_windows.sum(0) / max(1, env.policy_windows.sum())
     return {"ok": int(env.ep.ok.sum()), "n": int(env.ep.n.sum()),
             "share": {p: round(float(s), 4) for p, s in zip(env.policies, share, strict=True) if s > 0}}
+
+
+def _check_checkpoint(ckpt: Path, scenarios: Sequence[str]) -> None:
+    """Fail at once (not after the static runs) when the checkpoint cannot drive a scenario."""
+    from testbed.aset.envs import plan_contexts
+    from testbed.aset.npolicy import NumpyPolicy
+
+    pol = NumpyPolicy(ckpt)
+    for s in scenarios:
+        pol.check_contexts(plan_contexts(_plan(s), tuple(pol.meta["policies"])), f"the simulator env of {s}")
 
 
 def agreement_job(scenario: str, seed: int, actions: Sequence[str], duration_s: float | None) -> dict:
@@ -232,8 +240,10 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     ``headroom_only``: skip ASET (what ``testbed evaluate --headroom`` does before training).
 
     Raises:
-        ValueError: no ``evaluation:`` section. FileNotFoundError: the checkpoint is missing
-            (without ``headroom_only``).
+        ValueError: no ``evaluation:`` section, or (without ``headroom_only``) a checkpoint that
+            cannot drive the scenarios (other clusters or sources;
+            :class:`~testbed.aset.npolicy.ObservationSizeError` for another observation size),
+            before any run. FileNotFoundError: the checkpoint is missing (without ``headroom_only``).
     """
     if cfg.evaluation is None:
         raise ValueError(f"ASET config {cfg.name!r}: an 'evaluation:' section is required for testbed evaluate")
@@ -249,6 +259,8 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
                                         f"or testbed evaluate --headroom)")
     scenarios = [str(repo_path(s, base)) for s in ev.scenarios]
     names = {s: _plan(s).experiment.name for s in scenarios}
+    if with_aset:
+        _check_checkpoint(ckpt, scenarios)
     actions = list(cfg.policies)
     dur = duration_s or ev.duration_s
     tune = list(range(1, n_seeds + 1))

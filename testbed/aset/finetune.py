@@ -92,6 +92,7 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
     pol = NumpyPolicy(checkpoint)
     plan = plan_experiment(experiment)
     contexts = plan_contexts(plan, tuple(pol.meta["policies"]))
+    pol.check_contexts(contexts, f"the live env of {experiment}")
     out.mkdir(parents=True, exist_ok=True)
     sock = str(Path(tempfile.gettempdir()) / f"aset-finetune-{int(time.time())}.sock")
     episode = int((duration_s or plan.experiment.duration_s) / (pol.obs_spec.window_ms / 1e3)) + 10
@@ -133,7 +134,7 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
         tmp.unlink(missing_ok=True)
     export_policy(agent.weights(), out / "policy", obs_spec=pol.obs_spec, applications=list(pol.meta["applications"]),
                   clusters=list(pol.meta["clusters"]), policies=list(pol.meta["policies"]),
-                  deadlines_ms=list(pol.meta.get("deadlines_ms") or []),
+                  sources=list(pol.sources), deadlines_ms=list(pol.meta.get("deadlines_ms") or []),
                   meta={"finetuned_from": str(checkpoint), "experiment": str(experiment), "windows": windows})
     runs = sorted(p for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []
     summary = {"experiment": str(experiment), "checkpoint": str(checkpoint), "run_rc": rc,

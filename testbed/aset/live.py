@@ -17,7 +17,9 @@ must equal the checkpoint's window (the arrival-rate features are per window);
 ``options.control_socket`` (optional): a Unix socket of a running
 :class:`~testbed.aset.envs.AsetLiveEnv`; when set, the state goes to that env and its answer is
 used (the checkpoint's choice after one window without answer). A relative checkpoint path is
-resolved against ``cfg.repo_dir`` when given, else the repository this package lives in.
+resolved against ``cfg.repo_dir`` when given, else the repository this package lives in. The
+source-identity one-hot is placed by ``cfg.source``'s index in the checkpoint's ``sources`` (the
+experiment's sources sorted by name at training), not by ``cfg.source_index`` (the plan's order).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.aset.npolicy import NumpyPolicy
+from testbed.aset.npolicy import NumpyPolicy, ObservationSizeError
 from testbed.aset.observation import SourceContext, SourceObserver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,8 +46,11 @@ class LivePolicySelector:
     Raises:
         KeyError: ``cfg`` lacks ``aset.checkpoint``.
         FileNotFoundError: the checkpoint files are missing.
-        ValueError: the emulation's clusters or applications are not those the checkpoint was
-            trained on (the message names them).
+        ValueError: the emulation's clusters, applications or this source are not those the
+            checkpoint was trained on (the message names them);
+            :class:`~testbed.aset.npolicy.ObservationSizeError` when the checkpoint's network takes
+            another observation size than the one built here (e.g. a checkpoint of an older format,
+            without the source identity).
     """
 
     def __init__(self, cfg):
@@ -72,15 +77,15 @@ class LivePolicySelector:
         if unknown:
             raise ValueError(f"source {cfg.source!r}: applications {unknown} unknown to the checkpoint "
                              f"(trained on {meta['applications']})")
+        sources = self._sources(cfg.source, ckpt)
         deadline = {a.name: float(a.deadline_ms) for a in cfg.applications}
         deadline.update({a: d for a, d in zip(meta["applications"], meta.get("deadlines_ms") or [], strict=False)
                          if a not in deadline})
         self.ctx = SourceContext(cfg.source, tuple(meta["applications"]), tuple(meta["clusters"]),
                                  tuple(rtt[c] for c in meta["clusters"]), tuple(meta["policies"]),
-                                 tuple(deadline.get(a, 0.0) for a in meta["applications"]))
+                                 tuple(deadline.get(a, 0.0) for a in meta["applications"]), sources=sources)
         self.observer = SourceObserver(self.ctx, self.policy.obs_spec)
-        if self.observer.size != self.policy.obs_size:
-            raise ValueError(f"{ckpt}: network input {self.policy.obs_size} != observation size {self.observer.size}")
+        self.policy.check_size(self.observer.size, f"the live selector of source {cfg.source!r}")
         self.decision_ns: list[int] = []
         sock = (aset.options or {}).get("control_socket")
         self.control = ControlClient(sock, cfg.source) if sock else None
@@ -91,6 +96,20 @@ class LivePolicySelector:
         self.start_ns = int(cfg.start_ns)
         if self.report_path is not None:
             atexit.register(self.write_report)
+
+    def _sources(self, source: str, ckpt: Path) -> tuple[str, ...]:
+        """The source-id order of the checkpoint (its ``sources``), which must include ``source``."""
+        sources = self.policy.sources
+        if not sources:  # an older format: its observation has no source identity
+            n = self.policy.obs_size
+            raise ObservationSizeError(f"ASET checkpoint {ckpt}: format {self.policy.format} takes observations of "
+                                       f"{n} features without the source identity; this testbed's observation adds "
+                                       f"one feature per source of the experiment ({n} + n_sources, from the "
+                                       f"checkpoint's 'sources', which it lacks): retrain with testbed train")
+        if source not in sources:
+            raise ValueError(f"source {source!r} is not one of the checkpoint's sources {list(sources)} ({ckpt}): "
+                             f"its source identity is unknown")
+        return sources
 
     def choose(self, state: Mapping) -> str:
         """The policy name for the next window (a name of the checkpoint's catalogue)."""

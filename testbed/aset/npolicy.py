@@ -3,41 +3,65 @@
 No TensorFlow here: the emulation's source processes and ``testbed evaluate`` load the policy
 without the 3-4 s / ~500 MB TensorFlow import. :func:`export_policy` writes ``NAME.npz`` (the
 online Q-network's Dense weights W0, b0, W1, b1, ...) and ``NAME.json`` (the observation spec,
-applications, clusters and catalogue order); :class:`NumpyPolicy` computes the greedy action with
-one matmul + ReLU per layer (no ``model.predict``).
+applications, clusters, sources and catalogue order); :class:`NumpyPolicy` computes the greedy
+action with one matmul + ReLU per layer (no ``model.predict``).
+
+The observation size is part of the checkpoint (the first layer's input width, and ``obs_size`` in
+the JSON); every user checks it against the observation it builds
+(:meth:`NumpyPolicy.check_size`, :meth:`NumpyPolicy.check_contexts`) and fails with
+:class:`ObservationSizeError` naming both sizes, never with a numpy shape error.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from testbed.aset.config import ObservationSpec
+from testbed.aset.observation import SourceContext, context_size, observation_size
 
-#: Format of the exported JSON; v2 = the observation of issue 13 (measured latency, report age,
-#: in-flight per cluster). A v1 file cannot drive this observation: retrain.
-FORMAT = "aset-policy-v2"
+#: Format of the exported JSON; v3 = v2 + the source-identity one-hot (and ``sources``,
+#: ``obs_size`` in the JSON); v2 = the observation of issue 13 (measured latency, report age,
+#: in-flight per cluster). v1 files are refused; v2 files open, so that the size check can say
+#: what changed, but cannot drive this observation: retrain.
+FORMAT = "aset-policy-v3"
+#: Older formats :class:`NumpyPolicy` opens (for the size error), with what their observation lacks.
+OLDER_FORMATS = {"aset-policy-v2": "no source identity"}
+
+
+class ObservationSizeError(ValueError):
+    """A checkpoint's network input width differs from the observation built for it."""
 
 
 def export_policy(weights: list[np.ndarray], path: str | Path, *, obs_spec: ObservationSpec,
-                  applications: list[str], clusters: list[str], policies: list[str], meta: dict | None = None,
-                  deadlines_ms: list[float] | None = None) -> Path:
+                  applications: list[str], clusters: list[str], policies: list[str], sources: list[str],
+                  meta: dict | None = None, deadlines_ms: list[float] | None = None) -> Path:
     """Write the deployable policy: ``PATH.npz`` (W0, b0, W1, b1, ...) and ``PATH.json``.
 
     The JSON carries everything :class:`NumpyPolicy` and the live selector need to rebuild the same
     observation: ``observation`` (the spec), ``applications`` and ``clusters`` (feature order),
-    ``policies`` (action order), ``deadlines_ms`` (per application, for the measured-latency
-    feature), ``layers`` and free-form ``meta``. Returns the .npz path.
+    ``sources`` (source-id order), ``policies`` (action order), ``deadlines_ms`` (per application,
+    for the measured-latency feature), ``obs_size``, ``layers`` and free-form ``meta``. Returns the
+    .npz path.
+
+    Raises:
+        ObservationSizeError: the weights' input width is not the observation size of these names.
     """
+    size = observation_size(len(applications), len(clusters), len(policies), obs_spec.history_windows, len(sources))
+    if np.shape(weights[0])[0] != size:
+        raise ObservationSizeError(f"export {path}: network input {np.shape(weights[0])[0]} != observation size "
+                                   f"{size} of {len(sources)} sources, {len(applications)} applications, "
+                                   f"{len(clusters)} clusters, {len(policies)} policies")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path.with_suffix(".npz"), **{f"w{i}": w for i, w in enumerate(weights)})
     path.with_suffix(".json").write_text(json.dumps({
         "format": FORMAT, "observation": obs_spec.model_dump(), "applications": list(applications),
-        "clusters": list(clusters), "policies": list(policies), "deadlines_ms": list(deadlines_ms or []),
-        "layers": len(weights) // 2,
+        "clusters": list(clusters), "sources": list(sources), "policies": list(policies),
+        "deadlines_ms": list(deadlines_ms or []), "obs_size": size, "layers": len(weights) // 2,
         "meta": meta or {}}, indent=2))
     return path.with_suffix(".npz")
 
@@ -56,20 +80,26 @@ def copy_policy(src: str | Path, dst: str | Path) -> Path:
 class NumpyPolicy:
     """Greedy policy from exported weights: ReLU MLP forward pass in numpy (float32).
 
+    ``obs_size``: the network's input width; ``sources``: the source-id order (empty for an
+    older format, whose observation has no source identity: :meth:`check_size` then refuses it).
+
     Raises:
         FileNotFoundError: ``PATH.npz`` or ``PATH.json`` is missing.
-        ValueError: the files do not match (layer count or shapes).
+        ValueError: unknown format, or the files do not match (layer count or shapes);
+            :class:`ObservationSizeError` when the JSON's observation size is not the network's.
     """
 
     def __init__(self, path: str | Path):
         path = Path(path)
+        self.path = path
         npz, meta = path.with_suffix(".npz"), path.with_suffix(".json")
         for f in (npz, meta):
             if not f.is_file():
                 raise FileNotFoundError(f"ASET checkpoint file {f} is missing")
         self.meta = json.loads(meta.read_text())
-        if self.meta.get("format") != FORMAT:
-            raise ValueError(f"{meta}: format {self.meta.get('format')!r}, this testbed reads {FORMAT!r} "
+        self.format = self.meta.get("format")
+        if self.format != FORMAT and self.format not in OLDER_FORMATS:
+            raise ValueError(f"{meta}: format {self.format!r}, this testbed reads {FORMAT!r} "
                              f"(the observation changed; retrain with testbed train)")
         with np.load(npz) as data:
             ws = [data[f"w{i}"].astype(np.float32) for i in range(len(data.files))]
@@ -81,6 +111,14 @@ class NumpyPolicy:
                              f"{len(self.meta['policies'])} policies in {meta}")
         self.obs_spec = ObservationSpec.model_validate(self.meta["observation"])
         self.obs_size = self.layers[0][0].shape[0]
+        self.sources = tuple(self.meta.get("sources") or ())
+        if self.format == FORMAT:
+            m = self.meta
+            size = observation_size(len(m["applications"]), len(m["clusters"]), len(m["policies"]),
+                                    self.obs_spec.history_windows, len(self.sources))
+            if size != self.obs_size or m.get("obs_size", size) != size:
+                raise ObservationSizeError(f"{npz}: network input {self.obs_size} features, but {meta} describes "
+                                           f"an observation of {size} (obs_size {m.get('obs_size')})")
 
     @classmethod
     def from_weights(cls, weights: list[np.ndarray], obs_spec: ObservationSpec) -> NumpyPolicy:
@@ -89,9 +127,38 @@ class NumpyPolicy:
         ws = [np.asarray(w, np.float32) for w in weights]
         self.layers = list(zip(ws[0::2], ws[1::2], strict=True))
         self.meta = {"layers": len(self.layers)}
+        self.path, self.format, self.sources = Path("<weights>"), FORMAT, ()
         self.obs_spec = obs_spec
         self.obs_size = self.layers[0][0].shape[0]
         return self
+
+    def check_size(self, size: int, what: str) -> None:
+        """Refuse an observation of ``size`` features (built by ``what``) that is not the network's.
+
+        Raises:
+            ObservationSizeError: naming both sizes (and, for an older format, what it lacks).
+        """
+        if size != self.obs_size:
+            old = f", format {self.format}: {OLDER_FORMATS[self.format]}" if self.format in OLDER_FORMATS else ""
+            raise ObservationSizeError(f"ASET checkpoint {self.path}: its network takes observations of "
+                                       f"{self.obs_size} features{old}; {what} builds {size}: retrain with "
+                                       f"testbed train (docs/aset.md)")
+
+    def check_contexts(self, contexts: Sequence[SourceContext], what: str) -> None:
+        """Refuse contexts (one per source, e.g. an env's) that this policy cannot drive: other
+        clusters or sources (the source-id order) than the checkpoint's, or another observation size.
+
+        Raises:
+            ValueError: the names differ (the message names both lists); ObservationSizeError.
+        """
+        ctx = contexts[0]
+        if "clusters" in self.meta and list(ctx.clusters) != list(self.meta["clusters"]):
+            raise ValueError(f"{what}: clusters {list(ctx.clusters)} differ from the checkpoint's "
+                             f"{self.meta['clusters']} ({self.path})")
+        if self.sources and list(ctx.sources) != list(self.sources):
+            raise ValueError(f"{what}: sources {list(ctx.sources)} differ from the checkpoint's {list(self.sources)} "
+                             f"({self.path}; the source identity is a one-hot in this order)")
+        self.check_size(context_size(ctx, self.obs_spec), what)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Q-values, shape (batch, n_actions), for observations (batch, obs_size) or (obs_size,)."""

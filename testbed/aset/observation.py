@@ -12,8 +12,8 @@ Both Gymnasium environments and the live selector first reduce their world to th
      "policy":    current policy name}
 
 and then call :meth:`SourceObserver.observe`, which keeps the K-window history and returns the
-feature vector. Features (system-model.md, "ASET", plus the three of issue 13 marked *), in this
-order, every one clipped to [0, clip]:
+feature vector. Features (system-model.md, "ASET", plus those of issue 13 marked *), in this
+order (:func:`observation_layout`), every one clipped to [0, clip]:
 
 =========================================  ==============  =====================================================
 feature                                    length          normalisation
@@ -32,18 +32,30 @@ per cluster: in-flight queries *           n_clusters      in_flight / workers /
 per app: success ratio, last window        n_apps          resolved in the window; the previous value when none
                                                            resolved; 1.0 at the start
 current policy, one-hot                    n_policies      -
+source identity, one-hot *                 n_sources       1 at this source's index in ``SourceContext.sources``
 =========================================  ==============  =====================================================
 
 Measured latency is relative to each query's deadline so that one number per cluster covers
 applications of different deadlines (our choice); it is what tells a link degradation or a reroute
 apart, which the plan RTT (what the static policies use) does not show.
+
+The source identity (issue 13, after its results: the shared network was below the best per-source
+static mix everywhere, telling the sources apart only through their plan RTTs) is a one-hot over
+the experiment's sources in sorted-name order, the order of :func:`testbed.aset.envs.plan_contexts`
+and of the exported policy's ``sources``. With it the first layer has one weight column per
+source, so ONE shared network can learn a constant per-source assignment (the mix) as a per-source
+bias and still share everything else. Our choice against a feature-based identity (the source's
+site coordinates or its RTT vector, which the RTT features already are): it is exact for the few
+sources of an experiment (4), needs no scale, and the checkpoint is tied to the experiment's names
+anyway (its applications and clusters); what it gives up is generalising to a source not trained
+on, which no experiment of ours has.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,7 +72,9 @@ class SourceContext:
     """What is fixed for one dispatcher: names in feature order, its RTT to each cluster (ms) and
     each application's deadline (ms; for the measured-latency feature).
 
-    ``policies`` is the action space: the policy names, in action-index order.
+    ``policies`` is the action space: the policy names, in action-index order. ``sources``
+    (keyword): every source of the experiment in source-id order (sorted by name); ``source`` is
+    one of them and its index is the source-identity one-hot.
     """
 
     source: str
@@ -69,8 +83,12 @@ class SourceContext:
     rtt_ms: tuple[float, ...]
     policies: tuple[str, ...]
     deadline_ms: tuple[float, ...] = ()
+    sources: tuple[str, ...] = field(kw_only=True)
 
     def __post_init__(self) -> None:
+        if self.source not in self.sources or len(set(self.sources)) != len(self.sources):
+            raise ValueError(f"source {self.source!r}: not once in the experiment's sources {list(self.sources)} "
+                             f"(the source-identity one-hot)")
         if len(self.rtt_ms) != len(self.clusters):
             raise ValueError(f"source {self.source!r}: {len(self.rtt_ms)} RTTs for {len(self.clusters)} clusters")
         if not self.policies:
@@ -79,10 +97,34 @@ class SourceContext:
             raise ValueError(f"source {self.source!r}: {len(self.deadline_ms)} deadlines for "
                              f"{len(self.applications)} applications")
 
+    @property
+    def source_id(self) -> int:
+        """This source's index in ``sources`` (where its identity one-hot is 1)."""
+        return self.sources.index(self.source)
 
-def observation_size(n_apps: int, n_clusters: int, n_policies: int, history_windows: int) -> int:
+
+def observation_layout(n_apps: int, n_clusters: int, n_policies: int, history_windows: int,
+                       n_sources: int) -> dict[str, slice]:
+    """Where each block of the module table lies in the feature vector, in order: ``rates``, one
+    block per :data:`CLUSTER_FEATURES` name, ``success``, ``policy``, ``source_id``."""
+    widths = [("rates", n_apps * history_windows), *((f, n_clusters) for f in CLUSTER_FEATURES),
+              ("success", n_apps), ("policy", n_policies), ("source_id", n_sources)]
+    out, at = {}, 0
+    for name, width in widths:
+        out[name] = slice(at, at + width)
+        at += width
+    return out
+
+
+def observation_size(n_apps: int, n_clusters: int, n_policies: int, history_windows: int, n_sources: int) -> int:
     """Length of the feature vector (see the module table)."""
-    return n_apps * history_windows + len(CLUSTER_FEATURES) * n_clusters + n_apps + n_policies
+    return observation_layout(n_apps, n_clusters, n_policies, history_windows, n_sources)["source_id"].stop
+
+
+def context_size(ctx: SourceContext, spec: ObservationSpec) -> int:
+    """Length of the feature vector of the source ``ctx`` under ``spec``."""
+    return observation_size(len(ctx.applications), len(ctx.clusters), len(ctx.policies), spec.history_windows,
+                            len(ctx.sources))
 
 
 def _num(d: Mapping | None, key: str, default: float) -> float:
@@ -100,8 +142,8 @@ class SourceObserver:
     def __init__(self, ctx: SourceContext, spec: ObservationSpec):
         self.ctx = ctx
         self.spec = spec
-        self.size = observation_size(len(ctx.applications), len(ctx.clusters), len(ctx.policies),
-                                     spec.history_windows)
+        self.size = context_size(ctx, spec)
+        self._source_onehot = [1.0 if s == ctx.source else 0.0 for s in ctx.sources]
         self._deadline = dict(zip(ctx.applications, ctx.deadline_ms, strict=True)) if ctx.deadline_ms else {}
         self.reset()
 
@@ -171,8 +213,9 @@ class SourceObserver:
         feats = [x for a in ctx.applications for x in self.rates[a]]
         for f in CLUSTER_FEATURES:
             feats += cols[f]
-        feats += [self.success[a] for a in ctx.applications] + onehot
+        feats += [self.success[a] for a in ctx.applications] + onehot + self._source_onehot
         return np.clip(np.asarray(feats, dtype=np.float32), 0.0, spec.clip)
 
 
-__all__ = ["CLUSTER_FEATURES", "SourceContext", "SourceObserver", "observation_size"]
+__all__ = ["CLUSTER_FEATURES", "SourceContext", "SourceObserver", "context_size", "observation_layout",
+           "observation_size"]

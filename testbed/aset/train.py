@@ -290,8 +290,8 @@ def _export(run: _Run, path: Path, steps: int) -> None:
     meta = {"config": run.cfg.name, "seed": run.seed, "steps": steps, "trained_on": list(run.cfg.training.scenarios),
             "reward_baseline": run.cfg.reward.baseline}
     export_policy(run.agent.weights(), path, obs_spec=run.cfg.observation, applications=list(ctx.applications),
-                  clusters=list(ctx.clusters), policies=list(run.env.policies), meta=meta,
-                  deadlines_ms=list(ctx.deadline_ms))
+                  clusters=list(ctx.clusters), policies=list(run.env.policies), sources=list(ctx.sources),
+                  meta=meta, deadlines_ms=list(ctx.deadline_ms))
 
 
 def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bool = True,
