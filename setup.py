@@ -34,5 +34,8 @@ setup(
         "ai-edge-litert",
         "tensorflow-cpu",
     ],
+    # optional: the Stable-Baselines3 peer check of ASET (benchmarks/aset_sb3.py, docs/aset.md);
+    # torch 2.13.0 resolves to its CPU build here (2.13.0+cpu)
+    extras_require={"peer": ["stable-baselines3==2.9.2", "torch==2.13.0"]},
     entry_points={"console_scripts": ["testbed=testbed.cli:main"]},
 )
