@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Peer check of our double DQN: Stable-Baselines3's DQN trained on the same Gymnasium environment.
 
-    pip install torch==2.13.0 stable-baselines3==2.9.2      # optional extra (torch is large)
+    .venv/bin/pip install -e '.[peer]'      # the optional extra: stable-baselines3 2.9.2, torch 2.13.0 (CPU)
     nice -n 19 .venv/bin/python benchmarks/aset_sb3.py experiments/aset-train.yaml \\
         --scenarios experiments/scenario-capacity.yaml,experiments/scenario-hotspot.yaml --steps 16000
 
@@ -10,9 +10,12 @@ target-update period as our config) learns on :class:`testbed.aset.envs.AsetSimE
 ``immediate_reward=True`` (each window settled at once on a copy of the simulator, so every step's
 reward is that step's: SB3 has no delayed transitions), the sources as the sub-environments of
 one SB3 ``VecEnv`` over one shared simulator (:class:`SourcesVecEnv`: one network for every
-dispatcher, as ours). Then both greedy policies (SB3's and ``evaluation.checkpoint``) run on the
-evaluation seeds through :func:`testbed.aset.evaluate.aset_job`'s measure; prints mean success
-ratio and 95 % CI of each, and of min_latency, on the same seeds.
+dispatcher, as ours; each row's observation ends with its source's identity one-hot). Then both
+greedy policies (SB3's and ``evaluation.checkpoint``) run on the evaluation seeds through
+:func:`testbed.aset.evaluate.aset_job`'s measure; prints mean success ratio and 95 % CI of each,
+and of min_latency, on the same seeds. The checkpoint is checked against each scenario's
+observation before SB3 trains (a checkpoint of another observation size fails at once, naming
+both sizes, instead of after the training).
 """
 
 from __future__ import annotations
@@ -89,12 +92,14 @@ def run(cfg_path: str, scenarios: list[str], steps: int, seeds: int) -> int:
 
     from testbed.aset.config import load_aset_config
     from testbed.aset.envs import AsetSimEnv
-    from testbed.aset.evaluate import aset_job, static_job
+    from testbed.aset.evaluate import aset_job, check_checkpoint, static_job
     from testbed.plan import plan_experiment
     from testbed.util import ci95, repo_path
 
     cfg, base = load_aset_config(cfg_path)
     a = cfg.agent
+    ckpt = str(repo_path(cfg.evaluation.checkpoint, base))
+    check_checkpoint(Path(ckpt), [str(repo_path(sc, base)) for sc in scenarios])
     for sc in scenarios:
         plan = plan_experiment(repo_path(sc, base))
         env = AsetSimEnv(plan, cfg.observation, plan.experiment.duration_s, policies=cfg.policies, reward=cfg.reward,
@@ -109,7 +114,6 @@ def run(cfg_path: str, scenarios: list[str], steps: int, seeds: int) -> int:
                     policy_kwargs={"net_arch": list(a.hidden)}, seed=cfg.seed, verbose=0)
         model.learn(total_timesteps=steps * n)
         sb3, ours, minlat = [], [], []
-        ckpt = str(repo_path(cfg.evaluation.checkpoint, base))
         for k in range(1, seeds + 1):
             env_eval = AsetSimEnv(plan, cfg.observation, plan.experiment.duration_s, policies=cfg.policies)
             obs, _ = env_eval.reset(seed=k, options={"sim_seed": k})

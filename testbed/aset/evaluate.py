@@ -113,8 +113,12 @@ def aset_job(scenario: str, seed: int, checkpoint: str, duration_s: float | None
             "share": {p: round(float(s), 4) for p, s in zip(env.policies, share, strict=True) if s > 0}}
 
 
-def _check_checkpoint(ckpt: Path, scenarios: Sequence[str]) -> None:
-    """Fail at once (not after the static runs) when the checkpoint cannot drive a scenario."""
+def check_checkpoint(ckpt: Path, scenarios: Sequence[str]) -> None:
+    """Fail at once (not after hours of runs) when the checkpoint cannot drive a scenario.
+
+    Raises:
+        ValueError: other clusters or sources than the scenario's; ObservationSizeError.
+    """
     from testbed.aset.envs import plan_contexts
     from testbed.aset.npolicy import NumpyPolicy
 
@@ -260,7 +264,7 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     scenarios = [str(repo_path(s, base)) for s in ev.scenarios]
     names = {s: _plan(s).experiment.name for s in scenarios}
     if with_aset:
-        _check_checkpoint(ckpt, scenarios)
+        check_checkpoint(ckpt, scenarios)
     actions = list(cfg.policies)
     dur = duration_s or ev.duration_s
     tune = list(range(1, n_seeds + 1))
