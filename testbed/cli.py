@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except TestbedError as exc:
-        console.print(Text("error: ", style="red") + plain(exc))
+        console.print(Text("error: ", style="red") + plain(exc), soft_wrap=True)  # paths stay whole
         return exc.exit_code
     except KeyboardInterrupt:
         console.print(Text("interrupted", style="yellow"))

@@ -20,6 +20,8 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
+import shutil
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -28,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from testbed.errors import InputError
-from testbed.summary import read_csv_exact
+from testbed.summary import check_records, read_records
 from testbed.util import markdown_table
 
 MAX_POLICY_PANELS = 8
@@ -61,24 +63,38 @@ def load_run(run_dir: Path) -> RunData:
     """Load one run directory.
 
     Records: ``records.parquet``, else ``records.csv``, else the per-source CSVs merged
-    (:func:`testbed.summary.merge_records`). Raises :class:`ReportError` when ``run_dir`` is not a
-    directory or has no records at all.
+    (:func:`testbed.summary.merge_records`), each checked against the record schema
+    (:func:`testbed.summary.read_records`) and against the number of queries ``summary.json``
+    counted (a file cut at a line boundary has whole rows, but fewer).
+
+    Raises:
+        ReportError: ``run_dir`` is not a directory or has no records at all.
+        testbed.summary.RecordsError: the records are not whole (names the file and the problem).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: not a directory")
     if (run_dir / "records.parquet").exists():
-        df = pd.read_parquet(run_dir / "records.parquet")
+        what = run_dir / "records.parquet"
+        df = read_records(what)
     elif (run_dir / "records.csv").exists() and (run_dir / "records.csv").stat().st_size > 1:
-        df = read_csv_exact(run_dir / "records.csv")
+        what = run_dir / "records.csv"
+        df = read_records(what)
     elif any((run_dir / "sources").glob("*.records.csv")):
         from testbed.summary import merge_records
 
+        what = run_dir / "sources" / "*.records.csv"
         df = merge_records(run_dir)
+        if not df.empty:
+            check_records(df, str(what))
     else:
         raise ReportError(f"{run_dir}: no records (records.parquet, records.csv or sources/*.records.csv)")
     run = _json(run_dir / "run.json")
     summary = _json(run_dir / "summary.json")
+    counted = summary.get("queries")
+    if isinstance(counted, int) and counted != len(df):
+        raise ReportError(f"{what}: {len(df)} records, but summary.json counted {counted} queries of this run: the "
+                          f"records file was cut short or replaced (the sources' files are in {run_dir / 'sources'})")
     mode = run.get("mode") or summary.get("mode") or "emulation"
     ls = run_dir / "link_stats.csv"
     hd = run_dir / "capture" / "hop_delays.csv"
@@ -406,7 +422,14 @@ def build_report(run_dirs: list[Path], out_dir: Path | None = None) -> dict:
     """Write ``report.html``, ``report.md`` and ``figures/*.png`` for the given runs into ``out_dir``.
 
     Returns ``{"html": Path, "markdown": Path, "figures": {name: Path}, "skipped": {name: reason}}``.
-    Raises :class:`ReportError` for no runs, a missing directory or one without records (named).
+    Every run is read and checked before anything is written; ``out_dir`` is created (with its
+    parents) when missing.
+
+    Raises:
+        ReportError: no runs, a missing directory or one without records (named); ``out_dir`` is a
+            file or cannot be created or written; a write fails midway (what this report had
+            written is removed, and the folders it created).
+        testbed.summary.RecordsError: a run's records are not whole (names the file and the problem).
     """
     if not run_dirs:
         raise ReportError("no run directory given")
@@ -416,8 +439,58 @@ def build_report(run_dirs: list[Path], out_dir: Path | None = None) -> dict:
         if labels.count(r.label) > 1:
             r.label = f"{r.path.parent.name}/{r.label}#{i}"
     out = Path(out_dir) if out_dir else default_out_dir([r.path for r in runs])
+    created = _make_out_dir(out)
+    try:
+        return _write_report(runs, out)
+    except OSError as exc:  # e.g. the disk filled up: no half-written report is left
+        _remove_report(out, created)
+        name = exc.filename or out
+        raise ReportError(f"cannot write the report in {out} ({name}: {exc.strerror or exc}); nothing was "
+                          f"left there") from None
+
+
+def _make_out_dir(out: Path) -> Path | None:
+    """Create ``out/figures`` and check that files can be written there; returns the topmost
+    folder created here (None when ``out/figures`` existed).
+
+    Raises:
+        ReportError: ``out`` is a file, or cannot be created or written (named, with the reason).
+    """
     figdir = out / "figures"
-    figdir.mkdir(parents=True, exist_ok=True)
+    for p in (out, figdir):
+        if p.exists() and not p.is_dir():
+            raise ReportError(f"report folder {out}: {'it' if p == out else p} is a file; give a folder (it is "
+                              f"created if missing)")
+    top = next((p for p in reversed([figdir, *figdir.parents]) if not p.exists()), None)
+    probe = figdir / f".probe.{os.getpid()}"
+    try:
+        figdir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        _remove_report(out, top)
+        raise ReportError(f"report folder {out}: cannot create or write it ({exc.filename or out}: "
+                          f"{exc.strerror or exc})") from None
+    return top
+
+
+def _remove_report(out: Path, created: Path | None) -> None:
+    """Remove what a failed report wrote: its own files, and the folders created for it."""
+    try:
+        for name in ("report.html", "report.md"):
+            (out / name).unlink(missing_ok=True)
+        for p in (out / "figures").glob("*.png") if (out / "figures").is_dir() else ():
+            if p.stem in {n for n, _t, _f in FIGURES} or p.stem.startswith("link_util_"):
+                p.unlink(missing_ok=True)
+    except OSError:
+        pass
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
+
+
+def _write_report(runs: list[RunData], out: Path) -> dict:
+    """The figures, the comparison table, ``report.html`` and ``report.md`` (see :func:`build_report`)."""
+    figdir = out / "figures"
     figures: dict[str, Path] = {}
     titles: dict[str, str] = {}
     skipped: dict[str, str] = {}

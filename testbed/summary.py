@@ -27,6 +27,7 @@ the triangle (docs/trustworthy-runs.md): that first query took 1.23x the pair's 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -36,8 +37,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from testbed.errors import RunFailure
-from testbed.model.records import CAUSES
+from testbed.errors import InputError, RunFailure
+from testbed.model.records import CAUSES, COLUMNS, FAILURE, RECORD_FIELDS, SUCCESS
 from testbed.util import markdown_table
 
 COLD_RULE = ("every source -> cluster/model path was warmed before the load (warm-up requests are not records); "
@@ -53,6 +54,101 @@ def read_csv_exact(path: Path) -> pd.DataFrame:
     """
     cols = pd.read_csv(path, nrows=0).columns
     return pd.read_csv(path, dtype={c: "Int64" for c in cols if c.endswith("_ns")})
+
+
+class RecordsError(InputError):
+    """A records file that does not hold records of :data:`testbed.model.records.RECORD_FIELDS`
+    (the message names the file and the problem: truncated, a missing column, a bad value)."""
+
+
+#: Record columns whose values are numbers: those with a unit in the record schema, and
+#: ``http_status`` (an HTTP status, or the -1 / 0 codes of :func:`testbed.model.records.classify`).
+NUMERIC_RECORD_FIELDS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.unit != "-" or c.name == "http_status")
+
+
+def _csv_shape_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole CSV table (a header, then rows of as many fields), or None.
+
+    A file cut short (a crash, a full disk, a partial copy) ends inside a row: its last line does
+    not end with a newline, or has fewer fields than the header (pandas would fill them with empty
+    cells silently)."""
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header:
+            return "no header line"
+        dup = sorted({c for c in header if header.count(c) > 1})
+        if dup:
+            return f"column {dup[0]!r} appears twice in the header"
+        for row in reader:
+            if len(row) != len(header):
+                return (f"line {reader.line_num} has {len(row)} fields, the header {len(header)} "
+                        f"(the file is truncated or not a records file)")
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b"\n":
+            return "the last line does not end with a newline (the file is truncated)"
+    return None
+
+
+def check_records(df: pd.DataFrame, what: str) -> None:
+    """Refuse a frame that is not records (:data:`testbed.model.records.RECORD_FIELDS`): a
+    missing column, a non-numeric value in a numeric column (:data:`NUMERIC_RECORD_FIELDS`), an
+    ``outcome`` other than success/failure, or a ``failure_cause`` outside the causes. Columns
+    beyond the schema are allowed (``pkt_*`` of the packet analysis, docs/records-schema.md).
+
+    Raises:
+        RecordsError: naming ``what`` (the file), the column, and the first bad row (1 = the first
+            row after the header) with its value.
+    """
+    missing = [c for c in RECORD_FIELDS if c not in df.columns]
+    if missing:
+        raise RecordsError(f"{what}: not a records file: {len(missing)} column(s) of the record schema missing "
+                           f"({', '.join(missing[:6])}{', ...' if len(missing) > 6 else ''}); "
+                           f"see docs/records-schema.md")
+    for col in NUMERIC_RECORD_FIELDS:
+        given = df[col].notna() & (df[col].astype("string").str.strip() != "")
+        bad = given & pd.to_numeric(df[col], errors="coerce").isna()
+        if bad.any():
+            i = int(bad.to_numpy().argmax())
+            raise RecordsError(f"{what}: column {col!r}, row {i + 1}: {df[col].iloc[i]!r} is not a number")
+    checks = (("outcome", {SUCCESS, FAILURE}), ("failure_cause", {"", *CAUSES}))
+    for col, allowed in checks:
+        values = df[col].astype("string").fillna("")
+        bad = ~values.isin(allowed)
+        if bad.any():
+            i = int(bad.to_numpy().argmax())
+            raise RecordsError(f"{what}: column {col!r}, row {i + 1}: {values.iloc[i]!r} is not one of "
+                               f"{', '.join(repr(a) for a in sorted(allowed))}")
+
+
+def read_records(path: Path) -> pd.DataFrame:
+    """A records file (``records.csv`` or ``records.parquet``), checked whole before it is used:
+    the CSV's shape (:func:`_csv_shape_problem`) and the columns and values (:func:`check_records`).
+
+    Raises:
+        RecordsError: the file cannot be read or is not whole records (names the file and the problem).
+    """
+    path = Path(path)
+    try:
+        if path.suffix == ".parquet":
+            df = pd.read_parquet(path)
+        else:
+            problem = _csv_shape_problem(path)
+            if problem:
+                raise RecordsError(f"{path}: {problem}")
+            try:
+                df = read_csv_exact(path)
+            except ValueError:  # a *_ns cell that is no integer: name its column and row
+                check_records(pd.read_csv(path, dtype=str), str(path))
+                raise
+    except (OSError, ValueError) as exc:  # parser, decoding and pyarrow errors are ValueErrors
+        if isinstance(exc, RecordsError):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RecordsError(f"{path}: cannot read the records: {first}") from None
+    check_records(df, str(path))
+    return df
 
 
 def _replace_atomic(path: Path, write) -> None:

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from testbed.errors import InputError
 from testbed.model.records import RECORD_FIELDS
 from testbed.report import ReportError, build_report, comparison_table, link_utilization, load_run
 from testbed.summary import load_duration_s, summarize
@@ -136,3 +137,79 @@ def test_summary_uses_measured_load(tmp_path):
     s = json.loads((d / "summary.json").read_text())
     assert s["duration_s"] == 10.0 and s["load_s"] == 5.5
     assert s["throughput_qps"] == pytest.approx(round(17 / 5.5, 3))  # 21 queries, 4 unanswered
+
+
+# ------------------------------------------------------------------ bad --out, corrupt records
+
+def test_report_out_that_is_a_file_or_unwritable_is_an_input_error(tmp_path, monkeypatch):
+    a = make_run(tmp_path, "run-a", ["closest"])
+    f = tmp_path / "a-file"
+    f.write_text("keep me")
+    p = subprocess.run([sys.executable, "-m", "testbed.cli", "report", str(a), "--out", str(f)], capture_output=True,
+                       text=True, cwd=REPO)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stdout + p.stderr
+    assert f"report folder {f}: it is a file" in p.stdout and f.read_text() == "keep me"
+    with pytest.raises(ReportError, match=r"a-file/sub: cannot create or write it \(.*Not a directory\)"):
+        build_report([a], f / "sub")
+    real_write = Path.write_bytes
+
+    def no_write(self, data):  # as root no folder is unwritable: the probe file's write is refused instead
+        if self.name.startswith(".probe."):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_write(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", no_write)
+    with pytest.raises(ReportError, match=r"new/rep: cannot create or write it \(.*Permission denied\)"):
+        build_report([a], tmp_path / "new" / "rep")
+    assert not (tmp_path / "new").exists()  # nothing half-built is left behind
+
+
+def test_a_write_failing_midway_leaves_no_half_report(tmp_path, monkeypatch):
+    a = make_run(tmp_path, "run-a", ["closest"])
+    import testbed.report as report
+
+    def full_disk(path, *args, **kwargs):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(report, "_write_md", full_disk)
+    with pytest.raises(ReportError, match=r"rep \(.*report.md: No space left on device\); nothing was left there"):
+        build_report([a], tmp_path / "rep")
+    assert not (tmp_path / "rep").exists()
+
+
+def _corrupt(root: Path, name: str, edit) -> Path:
+    d = make_run(root, name, ["closest"])
+    (d / "records.parquet").unlink()  # the report reads the Parquet file first; here the CSV is on trial
+    f = d / "records.csv"
+    f.write_text(edit(f.read_text()))
+    return d
+
+
+@pytest.mark.parametrize("edit,problem", [
+    (lambda t: t[:-40], r"line 41 has \d+ fields, the header 32 \(the file is truncated"),
+    (lambda t: t[:-1], "the last line does not end with a newline"),
+    (lambda t: "\n".join(t.splitlines()[:21]) + "\n", "20 records, but summary.json counted 40 queries"),
+    (lambda t: t.replace("query_id,", "qid,", 1), r"column\(s\) of the record schema missing \(query_id\)"),
+    (lambda t: "a,b\n1,2\n", r"32 column\(s\) of the record schema missing"),
+    (lambda t: t.replace(",10.0,5.0,", ",ten,5.0,", 1), "column 'e2e_ms', row 1: 'ten' is not a number"),
+    (lambda t: t.replace(f",{T0 + S // 4},", ",soon,", 1), "column 't0_ns', row 2: 'soon' is not a number"),
+    (lambda t: t.replace(",success,", ",succes,", 1), "column 'outcome', row 1: 'succes' is not one of"),
+    (lambda t: t.replace("query_id,source,", "query_id,query_id,", 1), "column 'query_id' appears twice"),
+])
+def test_a_corrupt_records_csv_is_refused_naming_the_file(tmp_path, edit, problem):
+    d = _corrupt(tmp_path, "run-a", edit)
+    with pytest.raises(InputError, match=re.escape(str(d / "records.csv")) + ": .*" + problem):
+        build_report([d], tmp_path / "rep")
+    assert not (tmp_path / "rep").exists()  # refused before anything is written
+    p = subprocess.run([sys.executable, "-m", "testbed.cli", "report", str(d)], capture_output=True, text=True,
+                       cwd=REPO, env={"COLUMNS": "300", "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 2 and "Traceback" not in p.stderr and str(d / "records.csv") in p.stdout
+
+
+def test_a_corrupt_parquet_file_is_refused(tmp_path):
+    d = make_run(tmp_path, "run-a", ["closest"])
+    (d / "records.parquet").write_bytes((d / "records.parquet").read_bytes()[:300])
+    with pytest.raises(InputError, match=re.escape(str(d / "records.parquet")) + ": cannot read the records"):
+        load_run(d)
+    good = make_run(tmp_path, "run-b", ["closest"])
+    assert len(load_run(good).records) == 40 and list(load_run(good).records.columns) == RECORD_FIELDS
