@@ -1,6 +1,6 @@
 """Benchmark: ASET decision time per window per dispatcher (observation + numpy forward pass).
 
-    .venv/bin/python -m testbed.aset.bench [CHECKPOINT] [EXPERIMENT] [N]
+    .venv/bin/python -m testbed.aset.bench [CHECKPOINT] [EXPERIMENT] [N]   (--help: the arguments)
 
 defaults: ``models/aset/aset``, ``experiments/aset-live.yaml``, 20000 decisions. Builds the live
 selector exactly as the emulation's dispatcher does (the source config ``testbed.run`` writes,
@@ -12,6 +12,7 @@ counts). Prints n, mean, p50, p99, max in ms. Goal (issue 5): p99 < 2 ms. Timing
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -20,23 +21,65 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give at least 1 decision")
+    return n
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m testbed.aset.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("checkpoint", nargs="?", default=str(REPO / "models/aset/aset"),
+                    help="the exported policy, without .npz/.json (default: models/aset/aset)")
+    ap.add_argument("experiment", nargs="?", default=str(REPO / "experiments/aset-live.yaml"),
+                    help="the experiment whose first source's selector is timed (default: experiments/aset-live.yaml)")
+    ap.add_argument("n", nargs="?", type=_positive_int, default=20_000, help="decisions to time (default: 20000)")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Time ``n`` decisions (module docstring). Bad input (a missing file, a checkpoint that does
+    not fit the experiment) is a :class:`testbed.errors.InputError`, printed once as the
+    ``testbed`` command prints errors, with its exit code."""
+    from testbed.errors import TestbedError
+
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return _bench(Path(args.checkpoint).resolve(), Path(args.experiment).resolve(), args.n)
+    except TestbedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _selector(ckpt: Path, plan):
+    """The live selector of the plan's first source with the checkpoint, as the emulation builds it."""
     import tempfile
 
     from testbed.aset.live import LivePolicySelector
     from testbed.boundaries import SourceConfig
+    from testbed.errors import InputError
+
+    cfg = SourceConfig.from_plan(plan, plan.sources[0].name, 0, 1.0, Path(tempfile.gettempdir()))
+    cfg = cfg.model_copy(update={"policy": "aset", "records": "",
+                                 "aset": cfg.aset.model_copy(update={"checkpoint": str(ckpt)}) if cfg.aset else None})
+    try:
+        return LivePolicySelector(cfg)
+    except (KeyError, OSError, ValueError) as exc:  # missing files, a checkpoint of another experiment's shape
+        raise InputError(f"checkpoint {ckpt} with experiment {plan.experiment.name!r}: {exc}") from None
+
+
+def _bench(ckpt: Path, exp: Path, n: int) -> int:
+    from testbed.errors import InputError
     from testbed.plan import plan_experiment
 
-    argv = sys.argv[1:] if argv is None else argv
-    ckpt = argv[0] if argv else str(REPO / "models/aset/aset")
-    exp = argv[1] if len(argv) > 1 else str(REPO / "experiments/aset-live.yaml")
-    n = int(argv[2]) if len(argv) > 2 else 20_000
+    if not Path(f"{ckpt}.npz").is_file():  # before planning: the cheap check first
+        raise InputError(f"checkpoint {ckpt}: no file {ckpt}.npz (give the exported policy without .npz/.json)")
     plan = plan_experiment(exp)
-    src = plan.sources[0].name
-    cfg = SourceConfig.from_plan(plan, src, 0, 1.0, Path(tempfile.gettempdir()))
-    cfg = cfg.model_copy(update={"policy": "aset", "records": "",
-                                 "aset": cfg.aset.model_copy(update={"checkpoint": ckpt}) if cfg.aset else None})
-    sel = LivePolicySelector(cfg)
+    sel = _selector(ckpt, plan)
     apps = list(sel.ctx.applications)
     rng = np.random.default_rng(0)
     for _ in range(n):
