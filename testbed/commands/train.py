@@ -6,6 +6,8 @@ learning curves and the exported policy go to ``training.out_dir/<name>/`` (see
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
 
 
 def _int_at_least(n: int):
@@ -44,7 +46,7 @@ def register(subparsers) -> None:
 
 def _cmd(args: argparse.Namespace) -> int:
     from testbed.aset.config import load_aset_config
-    from testbed.aset.train import train_seeds
+    from testbed.aset.train import resolve, train_seeds
     from testbed.cli import console
     from testbed.errors import InputError
 
@@ -62,16 +64,66 @@ def _cmd(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise InputError(f"{args.config}: the command line's training overrides: {exc}") from None
         cfg = cfg.model_copy(update={"training": training})
+    root = resolve(base, cfg.training.out_dir) / cfg.name
+    before = _files(root)
     results = train_seeds(cfg, base, steps=args.steps, jobs=args.jobs, console=console,
                           backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address)
+    windows = math.ceil(cfg.training.episode_s / (cfg.observation.window_ms / 1e3) - 1e-9)
     for res in results:
-        last = res.episodes[-20:]
-        mean = sum(e["success_ratio"] for e in last) / len(last) if last else float("nan")
-        console.print(f"seed {res.seed}: {res.steps} steps in {res.wall_s:.0f} s; {len(res.episodes)} episodes, "
-                      f"success ratio of the last {len(last)}: {mean:.3f}; policy {res.policy_path}.npz/.json")
-    root = results[0].out_dir.parent if len(results) > 1 or results[0].out_dir.name.startswith("seed-") \
-        else results[0].out_dir
-    console.print(f"curves: {root / 'curves.png'}; TensorBoard: tensorboard --logdir {root}")
-    if cfg.training.export_to:
-        console.print(f"exported to {cfg.training.export_to}.npz/.json")
+        console.print(_seed_line(res, windows))
+    for line in _written(root, results, cfg.training.export_to, _changed(before, _files(root)), windows):
+        console.print(line)
     return 0
+
+
+def _seed_line(res, windows: int) -> str:
+    """One seed's result: steps, time and the success ratio of its last episodes (if any finished)."""
+    head = f"seed {res.seed}: {res.steps} steps in {res.wall_s:.0f} s; "
+    if not res.episodes:
+        return head + f"no episode finished (an episode is {windows} steps)"
+    last = res.episodes[-20:]
+    mean = sum(e["success_ratio"] for e in last) / len(last)
+    n = len(res.episodes)
+    return head + f"{n} episode{'' if n == 1 else 's'}, success ratio of the last {len(last)}: {mean:.3f}"
+
+
+def _files(root: Path) -> dict[Path, int]:
+    """Every file under ``root`` with its modification time (ns)."""
+    return {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} if root.is_dir() else {}
+
+
+def _changed(before: dict[Path, int], after: dict[Path, int]) -> set[Path]:
+    """The files that are new or were rewritten between the two listings."""
+    return {p for p, t in after.items() if before.get(p) != t}
+
+
+def _written(root: Path, results: list, export_to: str | None, changed: set[Path], windows: int) -> list[str]:
+    """What this training wrote (``changed``: the files under ``root`` it created or rewrote), and
+    what it did not write: the learning curves need one finished episode, and a file of that name
+    left by an earlier run is said to be that run's, never shown as this one's."""
+    lines = ["written:"]
+    for res in results:
+        out = res.out_dir
+        n = len(res.episodes)
+        files = [(Path(f"{res.policy_path}.npz"), f"{res.policy_path}.npz/.json (the exported policy)"),
+                 (max((c for c in changed if c.parent == out / "checkpoints" and c.suffix == ".index"),
+                      default=out / "checkpoints" / "-", key=lambda c: c.stat().st_mtime_ns), None),
+                 (next((t for t in changed if t.parent == out / "tb"), out / "tb" / "-"),
+                  f"{out / 'tb'}/ (TensorBoard logs)"),
+                 (out / "episodes.csv", f"{out / 'episodes.csv'} ({n} episode{'' if n == 1 else 's'})"),
+                 (out / "curve.png", f"{out / 'curve.png'} (this seed's learning curve)")]
+        for path, text in files:
+            if path in changed:
+                lines.append(f"  {text or f'{path.parent}/{path.stem} (the last checkpoint)'}")
+    curves = root / "curves.png"
+    if curves in changed:
+        lines.append(f"  {curves} (the learning curves)")
+    if export_to:
+        lines.append(f"  {export_to}.npz/.json (the policy, exported)")
+    if curves not in changed:
+        steps = max(r.steps for r in results)
+        stale = f"; the {curves} there is an earlier run's" if curves.exists() else ""
+        lines.append(f"not written: the learning curves: no episode finished in {steps} step{'' if steps == 1 else 's'}"
+                     f" (an episode is {windows} steps){stale}")
+    lines.append(f"TensorBoard: tensorboard --logdir {root}")
+    return lines
