@@ -16,6 +16,8 @@ what                           bound
 ``emulation.stats_interval``   >= 100 ms (port stats of every switch; the servers' stats files)
 ``aset.window``                >= 10 ms
 rates (``rate_qps``, ...)      <= 10,000 q/s per stream and source (after spatial weights)
+``clusters.workers``           1 .. 64 per cluster (each worker holds its own interpreter of every
+                               model the cluster serves)
 expected queries of a run      <= 1,000,000 (the simulator holds every query in memory,
                                ~2.5 KB each at peak; checked by the plan, which knows the weights)
 ``mmpp`` ``dwell``             >= 1 ms, at most 10^7 expected state changes per source
@@ -25,6 +27,12 @@ ports                          ``of_port``, ``rest_port`` and ``server_port`` al
 
 Booleans are never numbers (``workers: true`` is an error) and duplicate keys are errors
 (:mod:`testbed.schema`).
+
+Empty lists: a list that would make the run measure or do nothing is an error naming it
+(``clusters``, ``sources``, ``applications``, ``workload``, a cluster's ``models``, a workload
+entry's ``sources``: ``[]`` selects no source; ``capture.interfaces``). ``events: []`` is
+meaningful and the default: the run has no scenario events (the network and the clusters stay
+as planned).
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ MAX_WINDOWS = 200_000
 MIN_STATS_INTERVAL_S = 0.1
 MIN_ASET_WINDOW_S = 0.01
 MAX_RATE_QPS = 10_000.0
+MAX_WORKERS = 64
 MAX_EXPECTED_QUERIES = 1_000_000
 MIN_DWELL_S = 0.001
 MAX_STATE_CHANGES = 10**7
@@ -64,6 +73,15 @@ MAX_NAME_BYTES = 100
 
 class ConfigError(InputError):
     """The experiment file is invalid; the message names the offending item."""
+
+
+def _rate_within_bound(v: float | None) -> float | None:
+    """A rate (q/s) within :data:`MAX_RATE_QPS` (the message states the value and the bound; the
+    error's location names the item)."""
+    if v is not None and v > MAX_RATE_QPS:
+        raise ValueError(f"{v:g} q/s is over the bound of {MAX_RATE_QPS:,.0f} q/s per stream and source "
+                         f"(testbed.config.MAX_RATE_QPS; docs/trustworthy-runs.md)")
+    return v
 
 
 class TopologySpec(_Model):
@@ -135,11 +153,23 @@ class ClusterSpec(_Model):
     #: >= 0.01: the emulation's smallest CFS quota is 1 ms per 100 ms period (cgroups.py), and the
     #: simulator must run the same share.
     cpu_cores: Num = Field(ge=0.01)
+    #: <= MAX_WORKERS: every worker holds its own interpreter of each model the cluster serves,
+    #: built before the server is ready; beyond the cluster's cores more workers only split its
+    #: CPU quota (docs/trustworthy-runs.md has the measurement).
     workers: int = Field(1, ge=1)
     memory_mib: int = Field(1024, ge=64)
     queue_limit: int = Field(64, ge=1)
     models: list[str] = Field(min_length=1)
     server: ServerSpec = ServerSpec()
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_bound(cls, v: int) -> int:
+        if v > MAX_WORKERS:
+            raise ValueError(f"{v} workers is over the bound of {MAX_WORKERS} per cluster (testbed.config.MAX_WORKERS: "
+                             f"each worker holds its own interpreter of every model the cluster serves, e.g. 77 MiB "
+                             f"per worker for default.yaml's far-edge clusters; docs/trustworthy-runs.md)")
+        return v
 
 
 class ApplicationSpec(_Model):
@@ -169,7 +199,9 @@ class StepSpec(_Model):
     """One step of a ``step`` arrival process: from ``at_s`` on, ``rate_qps`` queries/s."""
 
     at_s: Num = Field(ge=0)
-    rate_qps: Num = Field(ge=0, le=MAX_RATE_QPS)
+    rate_qps: Num = Field(ge=0)
+
+    _rate_bound = field_validator("rate_qps")(_rate_within_bound)
 
     @model_validator(mode="before")
     @classmethod
@@ -203,7 +235,7 @@ class WorkloadSpec(_Model):
     application: str
     sources: list[str] | Literal["all"] = "all"
     process: Literal["poisson", "mmpp", "diurnal", "step", "trace"] = "poisson"
-    rate_qps: Num | None = Field(None, ge=0, le=MAX_RATE_QPS)
+    rate_qps: Num | None = Field(None, ge=0)
     rates_qps: list[Num] | None = None
     dwell_s: list[Num] | None = None
     amplitude: Num = Field(0.5, ge=0, le=1)
@@ -213,6 +245,16 @@ class WorkloadSpec(_Model):
     trace: str | None = None
     weights: dict[str, Num] | None = None
     demand_matrix: str | None = None
+
+    _rate_bound = field_validator("rate_qps")(_rate_within_bound)
+
+    @field_validator("sources")
+    @classmethod
+    def _some_source(cls, v: list[str] | str) -> list[str] | str:
+        if v == []:
+            raise ValueError("[] selects no source, so this entry would send no query; name the sources or "
+                             "write 'all'")
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -229,9 +271,16 @@ class WorkloadSpec(_Model):
             if not self.rates_qps or not self.dwell_s or len(self.rates_qps) != len(self.dwell_s) \
                     or len(self.rates_qps) < 2:
                 raise ValueError("process 'mmpp' needs rates_qps and dwell_s, lists of the same length >= 2")
-            if any(not 0 <= r <= MAX_RATE_QPS for r in self.rates_qps) or any(d < MIN_DWELL_S for d in self.dwell_s):
-                raise ValueError(f"mmpp: rates_qps must be in [0, {MAX_RATE_QPS:g}] q/s and dwell_s >= "
-                                 f"{MIN_DWELL_S:g} s")
+            for i, r in enumerate(self.rates_qps):
+                if r < 0:
+                    raise ValueError(f"mmpp: rates_qps.{i}: {r:g} q/s is negative")
+                try:
+                    _rate_within_bound(r)
+                except ValueError as exc:
+                    raise ValueError(f"mmpp: rates_qps.{i}: {exc}") from None
+            for i, d in enumerate(self.dwell_s):
+                if d < MIN_DWELL_S:
+                    raise ValueError(f"mmpp: dwell_s.{i}: {d:g} s is under the bound of {MIN_DWELL_S:g} s")
         if p == "step":
             if not self.steps:
                 raise ValueError("process 'step' needs steps: [{at: 0s, rate_qps: N}, ...]")
@@ -330,7 +379,8 @@ class EmulationSpec(_Model):
 
 
 class Experiment(_Model):
-    """One experiment file (see ``experiments/default.yaml``)."""
+    """One experiment file (see ``experiments/default.yaml``). ``events: []`` (the default): no
+    scenario events; every other list must name at least one item (module docstring)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_NAME_BYTES)
     seed: int = Field(1, ge=0, le=MAX_SEED)
@@ -409,6 +459,10 @@ class Experiment(_Model):
         return self
 
 
+#: pydantic error types of a number outside a Field bound (``ge``, ``gt``, ``le``, ``lt``).
+_BOUND_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+
+
 def format_validation_error(exc: ValidationError, path: str, what: str = "experiment") -> str:
     """One line per pydantic error: its location (e.g. ``links.2.delay``) and message."""
     lines = [f"{path}: invalid {what}"]
@@ -417,6 +471,8 @@ def format_validation_error(exc: ValidationError, path: str, what: str = "experi
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
+        elif err["type"] in _BOUND_ERRORS:  # pydantic states the bound; the value makes it an answer
+            msg += f" (got {err['input']!r})"
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 

@@ -8,7 +8,9 @@ never neither: :func:`unit_pair` turns the first form into the second.
 Nothing is guessed (README, "Experiment files"):
 
 * :func:`load_yaml` refuses a mapping that gives the same key twice (YAML itself would keep the
-  last one silently); the error names the key and both lines.
+  last one silently); the error names the key and both lines. It reads ``1e12`` as the number it
+  is (YAML 1.2; PyYAML's YAML 1.1 reads an exponent without a dot as text, which then failed as
+  "carries its unit already").
 * :class:`StrictModel` refuses a boolean where a number is expected (``workers: true`` is not 1)
   and anything but ``true``/``false`` where a boolean is expected (``rtt_check: 1`` or ``"yes"``
   is not true), and a string where an integer is expected (``workers: "2"``). Pydantic's lax mode
@@ -17,6 +19,7 @@ Nothing is guessed (README, "Experiment files"):
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from typing import Annotated, Any
@@ -57,6 +60,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                                  lambda loader, node: loader.construct_mapping(node))
+#: YAML 1.2's exponent floats without a dot (``1e12``, ``-2E-3``): YAML 1.1 (PyYAML) resolves them
+#: to strings. PyYAML's own float forms (``1.0e+12``, ``.5``) keep their resolver.
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                       re.compile(r"^[-+]?[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+$"),
+                                       list("-+0123456789"))
 
 
 def load_yaml(text: str) -> Any:
@@ -85,10 +93,16 @@ def unit_pair(data: Any, key: str, parse, suffix: str) -> Any:
 
 
 def number_only(v: Any) -> Any:
+    """A number as it is: refuses a boolean, and a string (the unit is in the key; a number given
+    as a quoted string is named as such)."""
     if isinstance(v, bool):
         raise ValueError(f"{v!r} is a boolean; give a number")
     if isinstance(v, str):
-        raise ValueError(f"{v!r}: this key carries its unit already; give a plain number")
+        try:
+            float(v)
+        except ValueError:
+            raise ValueError(f"{v!r}: this key carries its unit already; give a plain number") from None
+        raise ValueError(f"{v!r} is a string, not a number; write it without quotes")
     return v
 
 

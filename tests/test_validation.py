@@ -128,7 +128,7 @@ def test_interval_bounds_of_the_controller_and_aset():
 
 
 def test_mmpp_dwell_bounds():
-    with pytest.raises(ValueError, match="dwell_s >= 0.001 s"):
+    with pytest.raises(ValueError, match=r"mmpp: dwell_s.0: 1e-09 s is under the bound of 0.001 s"):
         exp(workload=[{"application": "app", "process": "mmpp", "rates_qps": [1, 2], "dwell_s": [1e-9, 1]}])
     e = exp(duration="20000s", report_interval="1s",
             workload=[{"application": "app", "process": "mmpp", "rates_qps": [0, 1], "dwell_s": [0.001, 1]}])
@@ -534,3 +534,147 @@ def test_capture_points_and_cpu_share_are_checked_at_plan_time():
 def test_events_after_the_load_are_noted():
     plan = build_plan(exp(events=[{"at": "10s", "kind": "cluster_down", "cluster": "edge"}]), topo())
     assert any("do not happen" in n and "events.0 cluster_down at 10 s" in n for n in plan.notes), plan.notes
+
+
+# ------------------------------------------------------------------ bounds and empty lists, named
+
+def _plan_cli(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+    write(tmp_path, yaml_dump({"name": "tri", "nodes": NODES, "links": LINKS}), "tri.yaml")
+    f = write(tmp_path, text)
+    return subprocess.run([sys.executable, "-m", "testbed.cli", "plan", str(f)], capture_output=True, text=True,
+                          cwd=REPO, env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"})
+
+
+def yaml_dump(d: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(d, sort_keys=False)
+
+
+EXP_YAML = """name: t
+duration: 5s
+topology: {source: tri.yaml}
+clusters: [{name: edge, site: B, tier: far_edge, cpu_cores: 0.5, WORKERS models: [digits_small]}]
+sources: [{name: src, site: A}]
+applications: [{name: app, deadline: 50ms, min_accuracy: 0.5}]
+workload: [{application: app, RATE}]
+"""
+
+
+def test_a_rate_in_exponent_form_states_the_value_the_bound_and_the_item(tmp_path):
+    r = _plan_cli(tmp_path, EXP_YAML.replace("WORKERS ", "").replace("RATE", "rate_qps: 1e12"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert ("workload.0.rate_qps: 1e+12 q/s is over the bound of 10,000 q/s per stream and source "
+            "(testbed.config.MAX_RATE_QPS") in r.stdout
+    assert load_yaml("a: 1e12\nb: -2E-3\nc: 1.5e3\nd: '1e12'\ne: 1e12ms\n") == \
+        {"a": 1e12, "b": -0.002, "c": 1500.0, "d": "1e12", "e": "1e12ms"}  # YAML 1.2 numbers; text stays text
+    r = _plan_cli(tmp_path, EXP_YAML.replace("WORKERS ", "").replace("RATE", "rate_qps: '2e3'"))
+    assert r.returncode == 2 and "workload.0.rate_qps: '2e3' is a string, not a number; write it without quotes" \
+        in r.stdout
+    assert exp(workload=[{"application": "app", "rate_qps": 1e4}]).workload[0].rate_qps == 1e4  # the bound itself
+    with pytest.raises(ValueError, match=r"steps.1.rate_qps\n.*20000 q/s is over the bound of 10,000 q/s"):
+        exp(workload=[{"application": "app", "process": "step", "steps": [{"at": "0s", "rate_qps": 1},
+                                                                         {"at": "1s", "rate_qps": 2e4}]}])
+    with pytest.raises(ValueError, match=r"mmpp: rates_qps.1: 20000 q/s is over the bound of 10,000 q/s"):
+        exp(workload=[{"application": "app", "process": "mmpp", "rates_qps": [1, 2e4], "dwell_s": [1, 1]}])
+
+
+def test_workers_are_bounded_per_cluster(tmp_path):
+    r = _plan_cli(tmp_path, EXP_YAML.replace("WORKERS", "workers: 100000,").replace("RATE", "rate_qps: 1"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "clusters.0.workers: 100000 workers is over the bound of 64 per cluster (testbed.config.MAX_WORKERS" \
+        in r.stdout
+    clusters = copy.deepcopy(BASE["clusters"])
+    clusters[0]["workers"] = 64
+    assert build_plan(exp(clusters=clusters), topo()).host("edge").workers == 64
+    clusters[0]["workers"] = 65
+    with pytest.raises(ValueError, match="65 workers is over the bound of 64 per cluster"):
+        exp(clusters=clusters)
+
+
+def test_empty_lists_that_would_measure_nothing_are_refused_by_name(tmp_path):
+    r = _plan_cli(tmp_path, EXP_YAML.replace("WORKERS ", "").replace("RATE", "rate_qps: 1, sources: []"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "workload.0.sources: [] selects no source, so this entry would send no query" in r.stdout
+    for key in ("clusters", "sources", "applications", "workload"):
+        with pytest.raises(ValueError, match=rf"{key}\n +List should have at least 1 item"):
+            exp(**{key: []})
+    clusters = copy.deepcopy(BASE["clusters"])
+    clusters[0]["models"] = []
+    with pytest.raises(ValueError, match=r"clusters.0.models\n +List should have at least 1 item"):
+        exp(clusters=clusters)
+    with pytest.raises(PlanError, match="capture.interfaces: the list is empty"):
+        build_plan(exp(capture={"interfaces": []}), topo())
+    # events: [] is meaningful (the default): a run without scenario events
+    plan = build_plan(exp(events=[]), topo())
+    assert plan.changes == [] and plan.experiment.events == []
+    assert build_plan(exp(workload=[{"application": "app", "rate_qps": 1, "sources": ["src"]}]), topo()).weights \
+        == [{"src": 1.0}]
+
+
+def test_bound_errors_of_pydantic_show_the_value(tmp_path):
+    f = write(tmp_path, json.dumps({**BASE, "seed": -1}))
+    with pytest.raises(ConfigError, match=r"seed: Input should be greater than or equal to 0 \(got -1\)"):
+        load_experiment(f)
+
+
+# ------------------------------------------------------------------ commands that must not pretend
+
+def test_aset_bench_help_is_help_and_a_missing_checkpoint_is_named(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "testbed.aset.bench", "--help"], capture_output=True, text=True,
+                       cwd=REPO)
+    assert r.returncode == 0 and r.stdout.startswith("usage: python -m testbed.aset.bench"), r.stdout + r.stderr
+    assert "checkpoint" in r.stdout and "decisions to time (default: 20000)" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "testbed.aset.bench", str(tmp_path / "none")], capture_output=True,
+                       text=True, cwd=REPO)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"error: checkpoint {tmp_path / 'none'}: no file {tmp_path / 'none'}.npz" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "testbed.aset.bench", "a", "b", "0"], capture_output=True, text=True,
+                       cwd=REPO)
+    assert r.returncode == 2 and "argument n: '0': give at least 1 decision" in r.stderr
+
+
+def _fake_training(root: Path, steps: int, episodes: int):
+    """What testbed.aset.train.train_seeds writes for one seed (files only, no TensorFlow)."""
+    from testbed.aset.train import TrainResult
+
+    def train_seeds(cfg, base, **kw):
+        out = root / "seed-1"
+        (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (out / "tb").mkdir(exist_ok=True)
+        for f in ("policy.npz", "policy.json", f"checkpoints/ckpt-{steps}.index", "tb/events.out.1", "episodes.csv"):
+            (out / f).write_text("x")
+        eps = [{"step": 10 * (i + 1), "success_ratio": 0.5} for i in range(episodes)]
+        if eps:
+            for f in (out / "curve.png", root / "curves.png"):
+                f.write_text("png")
+        return [TrainResult(out, out / "policy", 1, eps, 0.1, steps)]
+    return train_seeds
+
+
+def test_train_says_what_it_wrote_and_never_shows_curves_it_did_not_write(tmp_path, monkeypatch, capsys):
+    import testbed.aset.train as train_mod
+    from testbed.cli import main
+
+    cfg = tmp_path / "experiments" / "tiny.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text((REPO / "experiments" / "aset-tiny.yaml").read_text().replace(
+        "out_dir: runs/aset-train", f"out_dir: {tmp_path / 'train'}", 1))
+    root = tmp_path / "train" / "aset-tiny"
+    root.mkdir(parents=True)
+    (root / "curves.png").write_text("an earlier run's")
+    monkeypatch.setattr(train_mod, "train_seeds", _fake_training(root, 1, 0))
+    assert main(["train", str(cfg), "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 1: 1 steps in 0 s; no episode finished (an episode is 10 steps)" in out  # 5 s / 500 ms
+    assert f"not written: the learning curves: no episode finished in 1 step (an episode is 10 steps); the " \
+           f"{root / 'curves.png'} there is an earlier run's" in " ".join(out.split())
+    assert f"{root / 'seed-1' / 'policy'}.npz/.json (the exported policy)" in out
+    assert f"{root / 'seed-1' / 'episodes.csv'} (0 episodes)" in out
+    assert f"{root / 'seed-1' / 'checkpoints' / 'ckpt-1'} (the last checkpoint)" in out
+    assert "(the learning curves)" not in out and "curve.png (this seed" not in out
+    monkeypatch.setattr(train_mod, "train_seeds", _fake_training(root, 20, 2))
+    assert main(["train", str(cfg), "--steps", "20"]) == 0
+    out = capsys.readouterr().out
+    assert f"{root / 'curves.png'} (the learning curves)" in out and "not written" not in out
+    assert "2 episodes, success ratio of the last 2: 0.500" in out and f"{root / 'seed-1' / 'curve.png'}" in out
