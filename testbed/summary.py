@@ -107,6 +107,8 @@ def check_records(df: pd.DataFrame, what: str) -> None:
                            f"({', '.join(missing[:6])}{', ...' if len(missing) > 6 else ''}); "
                            f"see docs/records-schema.md")
     for col in NUMERIC_RECORD_FIELDS:
+        if pd.api.types.is_numeric_dtype(df[col]):  # parsed as numbers already: nothing to find
+            continue
         given = df[col].notna() & (df[col].astype("string").str.strip() != "")
         bad = given & pd.to_numeric(df[col], errors="coerce").isna()
         if bad.any():
