@@ -338,6 +338,7 @@ def test_checkpoint_of_another_observation_size_fails_naming_both_sizes(toy_trai
 
     from testbed.aset.agent import DQNAgent
     from testbed.aset.envs import plan_contexts
+    from testbed.aset.evaluate import check_checkpoint
     from testbed.aset.live import LivePolicySelector
     from testbed.aset.npolicy import NumpyPolicy, ObservationSizeError, export_policy
 
@@ -351,6 +352,8 @@ def test_checkpoint_of_another_observation_size_fails_naming_both_sizes(toy_trai
                        rf"aset-policy-v2: no source identity; the simulator env of triangle builds {size}"):
         pol.check_contexts(AsetSimEnv(plan, SPEC, 1.0, simulator_factory=FakeSim).contexts,
                            "the simulator env of triangle")
+    with pytest.raises(ObservationSizeError, match=rf"{size - 2} features.* builds {size}"):
+        check_checkpoint(old, [str(TRIANGLE)])  # testbed evaluate, before any run
     with pytest.raises(ObservationSizeError, match=rf"{size - 2} features without the source identity.*"
                        rf"\({size - 2} \+ n_sources"):
         LivePolicySelector(_live_cfg(plan, {"checkpoint": str(old)}))
