@@ -15,8 +15,10 @@ fitted per variant on the OTHER share's isolated row, so that each prediction is
 
 Part 2, the emulation (``--emulation RUN_DIR ...``): per (cluster, model), the inference time
 t3 - t2 of every answered query of an emulated run next to the same experiment simulated with the
-same seed (``plan.json`` of the run), split into queries that found the server idle
-(``queue_len_at_arrival`` = 0: low load) and the others (high load).
+same seed, split into queries that found the server idle (``queue_len_at_arrival`` = 0: low
+load) and the others (high load). Two simulations of the run's experiment, planned now: ``calls
+only`` (the profiles' bare model calls, as the simulator was before request handling was
+modelled) and ``full`` (request handling, the in-server call and cold calls; :func:`emulation_rows`).
 
 Prints Markdown tables; the machine's 1-minute load average is printed first (timings of the
 profiles are whatever the profiler measured; see each row's ``loadavg_1min``).
@@ -111,37 +113,87 @@ def _fmt(x: np.ndarray) -> str:
     return f"{x.mean():.1f} / {np.percentile(x, 50):.1f} / {np.percentile(x, 95):.1f}"
 
 
-def emulation_rows(run_dirs: list[Path]) -> list[dict]:
-    """Part 2: emulated vs simulated inference time t3 - t2 per (cluster, model, load)."""
+def _simulate(plan, seed: int, duration_s: float):
     import pandas as pd
 
-    from testbed.plan import Plan
     from testbed.sim import Simulator
 
-    rows = []
+    sim = Simulator(plan, seed=seed, record=True)
+    sim.run_until(duration_s + 3.0)
+    return pd.DataFrame(sim.records())
+
+
+def _times(df):
+    df = df.copy()
+    df["svc_ms"] = (df["t3_ns"] - df["t2_ns"]) / 1e6
+    df["wait_ms"] = (df["t2_ns"] - df["t1_ns"]) / 1e6
+    df["idle"] = df["queue_len_at_arrival"].fillna(0) == 0
+    return df
+
+
+class CallsOnly:
+    """A catalog as the plan was before request handling was modelled: the profiles' bare calls,
+    no handling, no cold calls (the ``calls only`` simulation)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def samples(self, name: str, runtime: str, threads: int):
+        from dataclasses import replace
+
+        s = self.inner.samples(name, runtime, threads)
+        f = s.server_factor
+        return replace(s, samples_ms=[x / f for x in s.samples_ms], batch_mean_ms={b: m / f for b, m in
+                                                                                   s.batch_mean_ms.items()},
+                       handling_ms=0.0, cold_factor=1.0, server_factor=1.0)
+
+
+def emulation_rows(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
+    """Part 2: per (cluster, model, load) the emulated inference time t3 - t2 and server wait
+    t2 - t1 next to two simulations of the run's experiment and seed: ``calls only``
+    (:class:`CallsOnly`) and ``full`` (request handling, the in-server call and cold calls,
+    :mod:`testbed.inference.handling`). Also one row per run of success ratios."""
+    import pandas as pd
+
+    from testbed.catalog import ZooCatalog
+    from testbed.config import Experiment
+    from testbed.plan import build_plan
+
+    rows, runs = [], []
     for run in run_dirs:
-        plan = Plan.model_validate_json((run / "plan.json").read_text())
+        doc = json.loads((run / "plan.json").read_text())
+        exp, base = Experiment.model_validate(doc["experiment"]), Path(doc["base_dir"])
+        zoo_cat = ZooCatalog(doc["zoo_dir"], doc["profiles_dir"])
+        new = build_plan(exp, base_dir=base, catalog=zoo_cat)
+        old = build_plan(exp, base_dir=base, catalog=CallsOnly(zoo_cat))
         emu = pd.read_parquet(run / "records.parquet") if (run / "records.parquet").is_file() \
             else pd.read_csv(run / "records.csv")
         info = json.loads((run / "run.json").read_text())
-        sim = Simulator(plan, seed=int(info.get("seed", plan.experiment.seed)), record=True)
-        sim.run_until(float(info.get("duration_s", plan.experiment.duration_s)) + 3.0)
-        simr = pd.DataFrame(sim.records())
-        for df in (emu, simr):
-            df["svc_ms"] = (df["t3_ns"] - df["t2_ns"]) / 1e6
-            df["idle"] = df["queue_len_at_arrival"].fillna(0) == 0
+        seed, dur = int(info.get("seed", old.experiment.seed)), float(info.get("duration_s", old.experiment.duration_s))
+        sims = {"calls only": _times(_simulate(old, seed, dur)), "full": _times(_simulate(new, seed, dur))}
+        emu = _times(emu)
+        runs.append({"run": run.name, "queries emu": len(emu),
+                     "success emulated": f"{(emu.outcome == 'success').mean():.3f}",
+                     **{f"success sim {k}": f"{(v.outcome == 'success').mean():.3f}" for k, v in sims.items()}})
         for (c, m), g in emu.dropna(subset=["svc_ms"]).groupby(["cluster", "model"]):
-            s = simr.dropna(subset=["svc_ms"])
-            s = s[(s.cluster == c) & (s.model == m)]
             for idle, label in ((True, "low (idle at arrival)"), (False, "high (queue at arrival)")):
-                ge, gs = g[g.idle == idle].svc_ms.to_numpy(), s[s.idle == idle].svc_ms.to_numpy()
-                if len(ge) < 5 or len(gs) < 5:
+                ge = g[g.idle == idle]
+                got = {k: v.dropna(subset=["svc_ms"]) for k, v in sims.items()}
+                got = {k: v[(v.cluster == c) & (v.model == m) & (v.idle == idle)] for k, v in got.items()}
+                if len(ge) < 5 or min(len(v) for v in got.values()) < 5:
                     continue
-                rows.append({"run": run.name, "cluster": c, "model": m, "load": label,
-                             "n emu/sim": f"{len(ge)}/{len(gs)}",
-                             "emulated mean/p50/p95": _fmt(ge), "simulated mean/p50/p95": _fmt(gs),
-                             "mean ratio": f"{ge.mean() / gs.mean():.2f}"})
-    return rows
+                row = {"run": run.name, "cluster": c, "model": m, "load": label,
+                       "n emu/sim": f"{len(ge)}/{len(got['full'])}", "t3-t2 emulated": _fmt(ge.svc_ms.to_numpy())}
+                for k, v in got.items():
+                    row[f"t3-t2 {k}"] = _fmt(v.svc_ms.to_numpy())
+                row["t2-t1 emulated / full"] = f"{ge.wait_ms.mean():.1f} / {got['full'].wait_ms.mean():.1f}"
+                row["mean ratio emu/full"] = f"{ge.svc_ms.mean() / got['full'].svc_ms.mean():.2f}"
+                row["mean ratio emu/calls only"] = f"{ge.svc_ms.mean() / got['calls only'].svc_ms.mean():.2f}"
+                rows.append(row)
+    return rows, runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,8 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     print("## Profiles: measured (validation rows) vs the CPU-share model, ms (mean / p50 / p95)\n")
     print(markdown_table(rows))
     if args.emulation:
-        print("## Emulation: inference time t3 - t2 per (cluster, model), emulated vs simulated (same plan, seed)\n")
-        print(markdown_table(emulation_rows(args.emulation)))
+        rows, runs = emulation_rows(args.emulation)
+        print("## Emulation: success ratio, emulated vs simulated (same experiment, seed)\n")
+        print(markdown_table(runs))
+        print("\n## Emulation: inference time t3 - t2 per (cluster, model), ms (mean / p50 / p95), "
+              "emulated vs simulated\n")
+        print(markdown_table(rows))
     return 0
 
 

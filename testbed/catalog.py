@@ -37,12 +37,19 @@ class ModelInfo(BaseModel):
 
 @dataclass(frozen=True)
 class Samples:
-    """Unthrottled per-call times (ms) of one model at batch 1, the measured batch sizes' means
-    (ms per call), and the file they come from."""
+    """Unthrottled per-call times (ms) of one model at batch 1 as the server makes the call, the
+    measured batch sizes' means (ms per call), the file(s) they come from, and the server's other
+    CPU costs (:mod:`testbed.model.cpu`): ``handling_ms`` of request handling per query (CPU ms,
+    one thread) and the ``cold_factor`` of a call after idleness (>= 1). ``server_factor``: the
+    in-server call over the profiler's bare call, already applied to ``samples_ms`` and
+    ``batch_mean_ms`` (1.0: none applied)."""
 
     samples_ms: Sequence[float]
     batch_mean_ms: Mapping[int, float]
     source: str
+    handling_ms: float = 0.0
+    cold_factor: float = 1.0
+    server_factor: float = 1.0
 
 
 class Catalog(Protocol):
@@ -94,8 +101,27 @@ class ZooCatalog:
         rows = [r for r in profiles.measurements(prof) if r.get("runtime", "tensorflow") == runtime
                 and float(r["cpu_cores"]) == ct.measured_cpu_cores]
         means = {int(r["batch"]): float(r["mean_ms"]) for r in rows}
-        return Samples([float(s) for s in ct.samples_ms], means,
-                       str(self.profiles_dir / f"{name}.json"))
+        handling, server, cold, note = self._server_costs(name, runtime)
+        return Samples([float(s) * server for s in ct.samples_ms], {b: m * server for b, m in means.items()},
+                       str(self.profiles_dir / f"{name}.json") + note, handling, cold, server)
+
+    def _server_costs(self, name: str, runtime: str) -> tuple[float, float, float, str]:
+        """(handling ms, in-server factor, cold factor, note) of ``name`` from ``handling.json``
+        (:mod:`testbed.inference.handling`). The two call factors were measured with one runtime
+        (LiteRT where the variant has it): with another, they are not applied, and the note says so."""
+        from testbed.inference import handling, profiles, zoo
+
+        try:
+            row = handling.measured_row(self.profiles_dir, name)
+            bare = profiles.cpu_time(self.profiles_dir, name, row["runtime"], 1, 1)
+            server, cold = handling.call_factors(self.profiles_dir, name, float(bare.samples_ms.mean()))
+        except (zoo.ZooError, ValueError) as exc:
+            raise CatalogError(f"model {name!r}: no request-handling figures to plan with: {exc}") from None
+        path = self.profiles_dir / handling.FILE
+        if row["runtime"] != runtime:
+            return row["handling_ms"], 1.0, 1.0, (f" + {path} (handling only: its call factors are of "
+                                                   f"{row['runtime']}, not {runtime})")
+        return row["handling_ms"], server, cold, f" + {path}"
 
     def request_bytes(self, family: str) -> int:
         """Mean size (bytes) of the zoo's request bodies for ``family`` (what the sources send)."""
@@ -111,12 +137,15 @@ class ZooCatalog:
 @dataclass
 class FixedCatalog:
     """Models held in memory: ``models`` name -> (family, accuracy, batch-1 samples in ms); the
-    same samples for every runtime and thread count; ``body_bytes`` per request (tests, synthetic
+    same samples for every runtime and thread count; ``body_bytes`` per request; the same
+    ``handling_ms`` and ``cold_factor`` for every model (default: none) (tests, synthetic
     benchmarks)."""
 
     models: Mapping[str, tuple[str, float, Sequence[float]]]
     batch_mean_ms: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
     body_bytes: int = 1000
+    handling_ms: float = 0.0
+    cold_factor: float = 1.0
 
     def families(self) -> list[str]:
         return sorted({f for f, _, _ in self.models.values()})
@@ -130,7 +159,8 @@ class FixedCatalog:
     def samples(self, name: str, runtime: str, threads: int) -> Samples:
         self.model(name)
         s = [float(x) for x in self.models[name][2]]
-        return Samples(s, self.batch_mean_ms.get(name) or {1: sum(s) / len(s)}, "fixed")
+        return Samples(s, self.batch_mean_ms.get(name) or {1: sum(s) / len(s)}, "fixed", self.handling_ms,
+                       self.cold_factor)
 
     def request_bytes(self, family: str) -> int:
         return self.body_bytes

@@ -608,7 +608,8 @@ class _Builder:
                 except CatalogError as exc:
                     raise PlanError(f"cluster {c.name!r}: {exc}") from None
                 services[c.name][m] = service_figures(m, rt, c.cpu_cores, c.workers, threads, smp.samples_ms,
-                                                      smp.batch_mean_ms, smp.source)
+                                                      smp.batch_mean_ms, smp.source, smp.handling_ms,
+                                                      smp.cold_factor)
         served = {info.family for info in models.values()}
         for a in exp.applications:
             if a.family not in served:

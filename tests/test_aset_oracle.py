@@ -2,7 +2,8 @@
 static policy or the per-source mix on the same seeds, and it switches when the best policy changes.
 
 The scenario: the triangle, one source at A, a fast edge at B (RTT 4 ms) and a small cloud behind C
-(RTT 12 ms, 0.12 core, so it queues: part of its answers miss the 28 ms deadline). At 3 s the link
+(RTT 12 ms, 0.15 core: with the request handling its quota also pays, it queues: part of its
+answers miss the 28 ms deadline). At 3 s the link
 A-B gets 40 ms of delay: the route to B goes round through C (RTT 26 ms + the path's queueing), too
 slow, while the cloud (RTT 22 ms) still makes it for most queries. The dispatcher keeps the planned
 RTTs, so ``closest`` is best before 3 s and ``cloud`` after.
@@ -30,7 +31,7 @@ def plan(tmp_path_factory):
          "cloud": {"attach_to": "C", "delay": "1ms", "bandwidth": "1Gbit/s"},
          "clusters": [{"name": "edgeb", "site": "B", "tier": "far_edge", "cpu_cores": 0.5, "workers": 1,
                        "queue_limit": 16, "models": ["digits_small"]},
-                      {"name": "cloudc", "site": "cloud", "tier": "cloud", "cpu_cores": 0.12, "workers": 1,
+                      {"name": "cloudc", "site": "cloud", "tier": "cloud", "cpu_cores": 0.15, "workers": 1,
                        "queue_limit": 64, "models": ["digits_large"]}],
          "sources": [{"name": "srca", "site": "A"}],
          "applications": [{"name": "digits", "deadline": "28ms", "min_accuracy": 0.5}],

@@ -21,12 +21,19 @@ Our choices, stated (each can be checked against the emulation, see benchmarks/c
   it uses, period by period, and a later call gets what is left (exact for one worker).
 * Other load on the host (the emulation's own processes) is not modelled.
 
-Cold calls (optional, ``cold_factor``; 1.0 = off, the default): a call that starts at least
-``cold_after_s`` after the cgroup's previous call ended runs ``cold_factor`` x its unthrottled
-time. Measured (benchmarks/cpu_model_bench.py): a call 100 ms after the previous one takes
-1.2-2.0 x the back-to-back unthrottled time on the 2-core build machine (caches and the idle
+Cold calls (optional, ``cold_factor``; 1.0 = off): a model call that starts at least
+``cold_after_s`` after the cgroup's previous model call ended runs ``cold_factor`` x its
+unthrottled time. Measured (benchmarks/cpu_model_bench.py): a call 100 ms after the previous one
+takes 1.2-2.0 x the back-to-back unthrottled time on the 2-core build machine (caches and the idle
 core cooled down), which the plain rule cannot give: it predicts the isolated time as the
-unthrottled one. The factor is per model and host (the profiles' isolated rows give it).
+unthrottled one. The factor is per model and host: the plan takes it from the profiles' isolated
+rows (:func:`testbed.catalog.cold_factor_of`).
+
+Request handling (:meth:`CfsQuota.handle`): the server's event loop parses each request (HTTP,
+base64, JPEG decoding) in the same cgroup, on one thread, before the query reaches the queue; that
+CPU time is charged to the same quota (``handling_ms`` per request, measured per model by
+:mod:`testbed.inference.handling`). It does not count as a model call for the cold rule: the
+profiler's isolated calls had no request handling before them either.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ class CfsQuota:
         period_s: the CFS period (s).
         cold_factor: a cold call's unthrottled time over a warm one's (>= 1; 1.0: no cold calls).
         cold_after_s: idle time of the cgroup after which a call is cold (s).
+        handling: whether requests are also handled in the cgroup (:meth:`handle`, one thread beside
+            the workers): then nothing is unlimited unless ``workers x threads + 1 <= cores``.
 
     Raises:
         ValueError: ``cores`` <= 0, ``threads`` or ``workers`` < 1, ``period_s`` <= 0, or
@@ -69,13 +78,13 @@ class CfsQuota:
                  "cold_factor", "cold_after", "_cold", "_last_end")
 
     def __init__(self, cores: float, threads: int = 1, workers: int = 1, period_s: float = PERIOD_S,
-                 cold_factor: float = 1.0, cold_after_s: float = COLD_AFTER_S):
+                 cold_factor: float = 1.0, cold_after_s: float = COLD_AFTER_S, handling: bool = False):
         if not cores > 0 or threads < 1 or workers < 1 or not period_s > 0 or not cold_factor >= 1.0:
             raise ValueError(f"cores must be > 0, threads and workers >= 1, period > 0, cold_factor >= 1 "
                              f"(got {cores}, {threads}, {workers}, {period_s}, {cold_factor})")
         self.cores, self.threads, self.period = float(cores), int(threads), float(period_s)
         self.quota = self.cores * self.period  # CPU-s per period
-        self.unlimited = workers * threads <= self.cores
+        self.unlimited = workers * threads + (1 if handling else 0) <= self.cores
         self._k, self._p1 = -1, -1.0  # the current period (the latest booking's start) and its end, s
         self._cur = self.quota  # CPU-s of quota the current period has left
         self._later: dict[int, float] = {}  # later period -> CPU-s left (absent: all of it)
@@ -95,24 +104,31 @@ class CfsQuota:
         if self._cold or cold_factor is not None:
             if start_s - self._last_end >= self.cold_after:
                 wall_s *= self.cold_factor if cold_factor is None else cold_factor
-            end = self._run(start_s, wall_s)
+            end = self._run(start_s, wall_s, self.threads)
             if end > self._last_end:
                 self._last_end = end
             return end
-        return self._run(start_s, wall_s)
+        return self._run(start_s, wall_s, self.threads)
 
-    def _run(self, start_s: float, wall_s: float) -> float:
+    def handle(self, start_s: float, cpu_s: float) -> float:
+        """Book ``cpu_s`` s of request handling (one thread) starting at ``start_s``; return its end
+        (s). Booked in start order with the calls (:meth:`run`); not a model call for the cold rule."""
+        if cpu_s <= 0:
+            return start_s
+        return self._run(start_s, cpu_s, 1)
+
+    def _run(self, start_s: float, wall_s: float, tau: int) -> float:
         if self.unlimited:
             return start_s + wall_s
         if start_s >= self._p1:  # a later period: no booking can reach back before it
             self._enter(start_s)
-        need = wall_s * self.threads
+        need = wall_s * tau
         end = start_s + wall_s
         left = self._cur
         if need <= left and end <= self._p1:  # fits in what this period has left
             self._cur = left - need
             return end
-        return self._book_across(start_s, need)
+        return self._book_across(start_s, need, tau)
 
     def _enter(self, t: float) -> None:
         k = int(t // self.period)
@@ -122,9 +138,9 @@ class CfsQuota:
         for old in [x for x in later if x < k]:
             del later[old]
 
-    def _book_across(self, t: float, need: float) -> float:
+    def _book_across(self, t: float, need: float, tau: int) -> float:
         """The slow path of :meth:`run`: the call is throttled or crosses period boundaries."""
-        tau, period, quota, later = self.threads, self.period, self.quota, self._later
+        period, quota, later = self.period, self.quota, self._later
         k, boundary, left = self._k, self._p1, self._cur
         first = True
         while True:
@@ -158,12 +174,13 @@ class CfsQuota:
         full = math.ceil(need / self.quota) - 1  # periods used up to the end of their quota
         return full * self.period + (need - full * self.quota) / self.threads
 
-    def saturated_s(self, wall_s: float, workers: int = 1) -> float:
+    def saturated_s(self, wall_s: float, workers: int = 1, handling_s: float = 0.0) -> float:
         """Mean time per call of each of ``workers`` workers all busy back to back (high load):
-        the quota is the bottleneck once ``workers x threads > cores``."""
+        the quota is the bottleneck once the CPU per query (``wall_s x threads`` plus
+        ``handling_s`` of request handling) of ``workers`` queries at once exceeds ``cores``."""
         if self.unlimited:
             return wall_s
-        return max(wall_s, wall_s * self.threads * workers / self.cores)
+        return max(wall_s, (wall_s * self.threads + handling_s) * workers / self.cores)
 
     def reset(self) -> None:
         """Forget the consumption (a server restarted)."""

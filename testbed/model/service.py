@@ -5,10 +5,18 @@ samples of the model's profile (:func:`testbed.inference.profiles.cpu_time`, at 
 runtime and threads), and what the CPU-share model (:mod:`testbed.model.cpu`) makes of them at
 the cluster's share and worker count:
 
-* ``expected_ms`` = t_m, the time a dispatcher expects a call to take (the feasibility test
-  RTT + t_m <= D_a): the p95 of an isolated call (low load: the quota refilled);
+* ``expected_ms`` = t_m, the time a dispatcher expects the server to take (the feasibility test
+  RTT + t_m <= D_a): the p95 of an isolated query (low load: the quota refilled), that is its
+  request handling (``handling_ms``) followed by a cold model call (``cold_factor``);
 * ``busy_mean_ms``: mean time per call when every worker is busy (high load; queue-wait
-  estimates and the server's admission use it).
+  estimates and the server's admission use it): the quota pays each query's model call and its
+  request handling.
+
+``handling_ms`` (CPU ms per request of the server's event loop: HTTP, base64 and JPEG decoding,
+measured per model by :mod:`testbed.inference.handling`) and ``cold_factor`` (a model call after
+idleness over a warm one, from the profile's isolated rows: :func:`testbed.inference.profiles.cold_factor`)
+are the two CPU costs beside the warm model call that the emulation's quota pays
+(benchmarks/cpu_model_bench.py compares the three with the emulation's measured times).
 
 The simulator draws service times from ``samples_ms`` (bootstrap) and runs them through the CFS
 model; the emulation measures them for real. Batches: the per-call time of ``b`` inputs scales
@@ -30,7 +38,9 @@ class ServiceFigures(BaseModel):
 
     ``samples_ms``: unthrottled per-call times of one input (batch 1). ``batch_mean_ms``: measured
     batch size -> mean unthrottled per-call time. ``cores``/``workers``/``threads``: the cluster's
-    share, W and threads per call. ``source``: the profile file the samples come from.
+    share, W and threads per call. ``handling_ms``: CPU time of the request handling per query
+    (one thread, charged to the same quota). ``cold_factor``: a cold call's unthrottled time over
+    a warm one's (>= 1). ``source``: the profile file the samples come from.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -46,11 +56,14 @@ class ServiceFigures(BaseModel):
     wall_p95_ms: float
     expected_ms: float
     busy_mean_ms: float
+    handling_ms: float = Field(default=0.0, ge=0)
+    cold_factor: float = Field(default=1.0, ge=1.0)
     source: str = ""
 
     def quota(self) -> CfsQuota:
-        """A fresh CFS quota of this cluster (one per cluster and run)."""
-        return CfsQuota(self.cores, self.threads, self.workers)
+        """A fresh CFS quota of this cluster (one per cluster and run) with this model's cold rule."""
+        return CfsQuota(self.cores, self.threads, self.workers, cold_factor=self.cold_factor,
+                        handling=self.handling_ms > 0)
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -83,25 +96,42 @@ def batch_scale(fig: ServiceFigures, batch: int) -> float:
     return mean_at_batch(fig.batch_mean_ms, batch) / mean_at_batch(fig.batch_mean_ms, 1)
 
 
+def isolated_query_s(cores: float, threads: int, workers: int, wall_s: float, handling_s: float = 0.0,
+                     cold_factor: float = 1.0) -> float:
+    """Time (s) from a request's arrival to its answer at an idle server whose quota is full (low
+    load; the arrival at a period boundary): its handling, then a cold model call of ``wall_s``
+    unthrottled, through :class:`CfsQuota`."""
+    q = CfsQuota(cores, threads, workers, cold_factor=cold_factor, handling=handling_s > 0)
+    return q.run(q.handle(0.0, handling_s), wall_s)
+
+
 def service_figures(model: str, runtime: str, cores: float, workers: int, threads: int, samples_ms: Sequence[float],
-                    batch_mean_ms: Mapping[int, float], source: str = "") -> ServiceFigures:
+                    batch_mean_ms: Mapping[int, float], source: str = "", handling_ms: float = 0.0,
+                    cold_factor: float = 1.0) -> ServiceFigures:
     """The :class:`ServiceFigures` of ``model`` at a cluster of ``cores`` cores and ``workers``
-    workers, from unthrottled batch-1 ``samples_ms`` (ms).
+    workers, from unthrottled batch-1 ``samples_ms`` (ms), ``handling_ms`` of request handling per
+    query and the model's ``cold_factor``.
 
     Raises:
-        ValueError: no samples, a non-positive sample, or bad cores/workers/threads.
+        ValueError: no samples, a non-positive sample, bad cores/workers/threads, a negative
+            ``handling_ms`` or a ``cold_factor`` below 1.
     """
     samples = [float(s) for s in samples_ms]
     if not samples or min(samples) <= 0:
         raise ValueError(f"model {model!r}: service-time samples must be > 0 ms (got {len(samples)} samples)")
-    quota = CfsQuota(cores, threads, workers)
+    if not handling_ms >= 0 or not cold_factor >= 1.0:
+        raise ValueError(f"model {model!r}: handling_ms must be >= 0 and cold_factor >= 1 "
+                         f"(got {handling_ms}, {cold_factor})")
+    quota = CfsQuota(cores, threads, workers, handling=handling_ms > 0)
     mean = sum(samples) / len(samples)
-    isolated = [quota.isolated_s(s / 1e3) * 1e3 for s in samples]
+    isolated = [isolated_query_s(cores, threads, workers, s / 1e3, handling_ms / 1e3, cold_factor) * 1e3
+                for s in samples]
     bm = {int(b): float(t) for b, t in batch_mean_ms.items()} or {1: mean}
     return ServiceFigures(model=model, runtime=runtime, cores=cores, workers=workers, threads=threads,
                           samples_ms=samples, batch_mean_ms=bm, wall_mean_ms=mean,
                           wall_p95_ms=_percentile(samples, 95), expected_ms=_percentile(isolated, 95),
-                          busy_mean_ms=quota.saturated_s(mean / 1e3, workers) * 1e3, source=source)
+                          busy_mean_ms=quota.saturated_s(mean / 1e3, workers, handling_ms / 1e3) * 1e3,
+                          handling_ms=float(handling_ms), cold_factor=float(cold_factor), source=source)
 
 
-__all__ = ["ServiceFigures", "batch_scale", "mean_at_batch", "service_figures"]
+__all__ = ["ServiceFigures", "batch_scale", "isolated_query_s", "mean_at_batch", "service_figures"]

@@ -23,6 +23,7 @@ import heapq
 import itertools
 import math
 import operator
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +151,17 @@ class _Cluster:
         self.queue = mq.ServerQueue(fig0.workers, spec.queue_limit, spec.server.discipline, spec.server.admission,
                                     spec.server.max_batch, spec.server.max_queue_delay_ms / 1e3,
                                     {m: f.busy_mean_ms / 1e3 for m, f in figures.items()})
-        self.quota = CfsQuota(fig0.cores, fig0.threads, fig0.workers)
+        #: request handling (s of CPU per request, per model) and cold-call factors: the model's
+        #: CPU rules (:mod:`testbed.model.cpu`); handling runs on one thread, in arrival order
+        self.handling_s = {m: f.handling_ms / 1e3 for m, f in figures.items()}
+        self.cold = {m: f.cold_factor for m, f in figures.items()}
+        self.handles = any(h > 0 for h in self.handling_s.values())
+        self.quota = CfsQuota(fig0.cores, fig0.threads, fig0.workers, handling=self.handles)
+        #: the request being handled (t1, query, model, deadline) and when its handling ends (INF:
+        #: none), and those waiting for the event loop behind it
+        self.h_cur: tuple[float, int, int, float] | None = None
+        self.h_end = INF
+        self.h_wait: deque[tuple[float, int, int, float]] = deque()
         #: arrivals (t1, query, model, deadline) sorted by t1, processed up to pi (what the loop
         #: needs of a query travels with it: fewer column lookups on the hot path)
         self.pending: list[tuple[float, int, int, float]] = []
@@ -207,13 +218,17 @@ class _Cluster:
         """Process every completion, batch start and arrival before ``until`` (s), in time order
         (at equal times: completions, then batch starts, then arrivals). The queue's rules are the
         model's (:class:`ServerQueue`); here only the clock and the bookkeeping: a started call's
-        end comes from the CPU quota (:class:`CfsQuota`) and a drawn unthrottled service time."""
+        end comes from the CPU quota (:class:`CfsQuota`) and a drawn unthrottled service time.
+        With request handling, an arrival first waits for the one event-loop thread, whose
+        handling the quota also pays (:meth:`CfsQuota.handle`), and reaches the queue when it
+        ends (at equal times: completions, batch starts, handling ends, arrivals)."""
         q, queue = self.sim.q, self.queue
         pend, comp, heap = self.pending, self.comp, queue.heap
         i, n = self.pi, len(pend)
         batching = queue.max_batch > 1
         arrive, complete, due, take = queue.arrive, queue.complete, queue.due, queue.take
         run, samplers, batch_sampler = self.quota.run, self.samplers, self.batch_sampler
+        handles, cold = self.handles, self.cold
         models, dls, qlens, t1s, t2s, t3s, batch, back = q.model, q.dl, q.qlen, q.t1, q.t2, q.t3, q.batch, q.back
         res, push, pop = self.sim.res_heap, heapq.heappush, heapq.heappop
         killed, started, waiting = self.state == KILLED, mq.STARTED, mq.WAITING
@@ -226,7 +241,8 @@ class _Cluster:
                 ta = floor
             tc = comp[0][0] if comp else INF
             tb = max(due(t_last), floor) if batching else INF
-            if tc <= ta and tc <= tb:  # a worker finishes; without batching it takes the next query
+            th = self.h_end
+            if tc <= ta and tc <= tb and tc <= th:  # a worker finishes; without batching it takes the next query
                 if tc >= until:
                     break
                 t = t_last = tc
@@ -235,35 +251,46 @@ class _Cluster:
                 if items is None:
                     continue
                 model = models[items[0]]
-            elif tb <= ta:  # a batch is due
+            elif tb <= ta and tb <= th:  # a batch is due
                 if tb >= until:
                     break
                 t = t_last = tb
                 _, items = take(tb)
                 model = models[items[0]]
-            else:  # an arrival
-                if ta >= until:
-                    break
-                _, qi, model, dl = pend[i]
-                i += 1
-                t = t_last = ta
-                if late:
-                    t1s[qi] = ta
-                if killed:
-                    self.lost += 1
-                    self._refuse(qi, CONNECTION_REFUSED, "", ta)
-                    continue
+            else:
+                if th <= ta:  # a request's handling ends: it reaches the queue
+                    if th >= until:
+                        break
+                    t = t_last = th
+                    _, qi, model, dl = self.h_cur
+                    self._next_handling(th)
+                else:  # an arrival
+                    if ta >= until:
+                        break
+                    item = pend[i]
+                    _, qi, model, dl = item
+                    i += 1
+                    t = t_last = ta
+                    if late:
+                        t1s[qi] = ta
+                    if killed:
+                        self.lost += 1
+                        self._refuse(qi, CONNECTION_REFUSED, "", ta)
+                        continue
+                    if handles:
+                        self._begin_handling(ta, item)
+                        continue
                 qlens[qi] = len(heap)
-                code = arrive(qi, model, ta, dl)
+                code = arrive(qi, model, t, dl)
                 if code != started:
                     if code != waiting:
                         self.dropped += 1
-                        self._refuse(qi, 503, mq.REASONS[code], ta)
+                        self._refuse(qi, 503, mq.REASONS[code], t)
                     continue
                 items = [qi]
             # a worker starts one model call for `items` at t
             k = len(items)
-            end = run(t, (samplers[model] if k == 1 else batch_sampler(model, k)).draw() / 1e3)
+            end = run(t, (samplers[model] if k == 1 else batch_sampler(model, k)).draw() / 1e3, cold[model])
             push(comp, (end, items[0], items, t))
             busy += end - t
             served += k
@@ -277,6 +304,22 @@ class _Cluster:
         self.pi, self.t_last = i, t_last
         self.busy_started += busy
         self.served += served
+
+    def _begin_handling(self, t: float, item: tuple[float, int, int, float]) -> None:
+        """``item`` arrives at ``t``: handled now if the event loop is free, else after those before it."""
+        if self.h_cur is None:
+            self.h_cur = item
+            self.h_end = self.quota.handle(t, self.handling_s[item[2]])
+        else:
+            self.h_wait.append(item)
+
+    def _next_handling(self, t: float) -> None:
+        """The current request's handling ended at ``t``: the loop takes the next one waiting."""
+        if self.h_wait:
+            self.h_cur = item = self.h_wait.popleft()
+            self.h_end = self.quota.handle(t, self.handling_s[item[2]])
+        else:
+            self.h_cur, self.h_end = None, INF
 
     # -- outages --
     def down(self, t: float, mode: str, resume_s: float) -> None:
@@ -301,8 +344,16 @@ class _Cluster:
                 moved.append((end, seq, items, start))
             self.comp = moved
             heapq.heapify(self.comp)
+            if self.h_cur is not None and self.h_end > t:
+                self.h_end += shift
             return
         self.state = KILLED
+        held = ([self.h_cur] if self.h_cur is not None else []) + list(self.h_wait)
+        self.h_cur, self.h_end = None, INF
+        self.h_wait.clear()
+        for _, qi, _, _ in held:
+            self.lost += 1
+            self._refuse(qi, CONNECTION_REFUSED, "", t)
         for qi in self.queue.clear():
             self.lost += 1
             self._refuse(qi, CONNECTION_REFUSED, "", t)

@@ -1,0 +1,276 @@
+"""Request handling: the CPU a server spends on each query beside the model call, per variant.
+
+    python -m testbed.inference.handling [--variants all|a,b] [-n 200] [--zoo models/zoo] [--profiles models/profiles]
+
+Why: a cluster's CFS quota pays for everything its server process does, and the server's event
+loop parses every request (HTTP, the JSON body, base64, JPEG decoding and resizing to the model's
+input) on one thread before the query reaches the queue. For the image families that costs about
+as much CPU as the model call itself (benchmarks/server_cpu_bench.py), so a CPU model that charges
+only the model calls (the profiles' ``cpu_time`` rows) underestimates throttling
+(:mod:`testbed.model.cpu`, :meth:`~testbed.model.cpu.CfsQuota.handle`).
+
+Method, per variant: one real inference server (``python -m testbed.inference.server``, 1 worker,
+1 thread, LiteRT where the variant has it, else TensorFlow; no CPU quota, on 127.0.0.1), queries
+one at a time with the family's real request bodies (:func:`testbed.inference.zoo.request_bodies`)
+after 20 warm-up ones: first ``n`` back to back (warm), then ``max(30, n / 4)`` each 100 ms after
+the previous answer (cold, as the profiler's isolated rows). Per pass, CPU time (user + system,
+from ``/proc/<pid>/task/<tid>/stat``) divided by the queries: ``handling_ms`` = the server's main
+thread, which runs the event loop and nothing else per query; ``call_cpu_ms`` = every other
+thread (the worker's model call and its hand-off). CPU time, not wall time, so that the machine's
+other load does not stretch the figures (the wall times of the model call, T3 - T2, are kept
+too). ``call_cpu_ms`` over the profiler's bare unthrottled call is the model call as the server
+makes it, after the event loop decoded a real request and handed it to a worker thread
+(:func:`call_factors`).
+
+Writes ``<profiles>/handling.json`` (schema 1)::
+
+    {"schema": 1, "method", "measured_at", "machine": {"cpu", "cores"},
+     "variants": {"<variant>": {"family", "runtime", "queries", "isolated_queries", "handling_ms",
+                                "call_cpu_ms", "handling_isolated_ms", "call_cpu_isolated_ms",
+                                "call_wall_ms", "call_wall_isolated_ms", "request_bytes_mean",
+                                "loadavg_1min"}}}
+
+and :func:`handling_ms` reads it (the plan's :class:`~testbed.model.service.ServiceFigures`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from testbed.inference import zoo
+
+FILE = "handling.json"
+SCHEMA = 1
+WARMUP = 20
+#: Idle time before each query of the isolated pass (s): the CFS period, as the profiler's isolated rows.
+ISOLATED_GAP_S = 0.1
+MIN_ISOLATED = 30
+#: Least CPU time (s) a pass must total for a factor to be taken from it (20 ticks of 10 ms: 5 %).
+RESOLUTION_S = 0.2
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(path: Path) -> float:
+    """User + system CPU (s) from a ``/proc/.../stat`` file."""
+    fields = path.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def start_server(zoo_dir: Path, variant: str, runtime: str, tmp: Path) -> tuple[subprocess.Popen, int]:
+    """One inference server for ``variant`` on 127.0.0.1 (1 worker, 1 thread, no CPU quota);
+    returns (process, port) once it is ready.
+
+    Raises:
+        RuntimeError: the server exited or was not ready within 180 s (with its log's tail).
+    """
+    from testbed.boundaries import ServerConfig
+    from testbed.errors import RunFailure
+    from testbed.inference.launch import server_command
+    from testbed.util import poll_until
+
+    ready = tmp / f"{variant}.ready.json"
+    cfg = ServerConfig(cluster="handling", host="127.0.0.1", port=0, zoo_dir=str(zoo_dir), models=[variant],
+                       runtimes={variant: runtime}, workers=1, threads=1, queue_limit=256, warmup_calls=30,
+                       cpu_cores=1.0, ready_file=str(ready))
+    cfg_path = tmp / f"{variant}.server.json"
+    cfg_path.write_text(cfg.model_dump_json())
+    log_path = tmp / f"{variant}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(server_command(cfg_path), stdout=log, stderr=subprocess.STDOUT)
+
+    try:
+        poll_until(ready.is_file, 180.0, f"the inference server for {variant!r}", 0.05, proc=proc)
+    except RunFailure as exc:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"{exc}; its log: {log_path.read_text()[-2000:]}") from None
+    return proc, int(json.loads(ready.read_text())["port"])
+
+def _pass(proc: subprocess.Popen, query: Callable[[int], float], n: int, gap_s: float) -> dict[str, float]:
+    """``n`` queries (``gap_s`` idle before each): CPU ms per query of the main thread and of the
+    other threads, and the mean wall time of the model call (ms)."""
+    main, whole = Path(f"/proc/{proc.pid}/task/{proc.pid}/stat"), Path(f"/proc/{proc.pid}/stat")
+    m0, p0 = _cpu_s(main), _cpu_s(whole)
+    walls = []
+    for i in range(n):
+        if gap_s:
+            time.sleep(gap_s)
+        walls.append(query(i))
+    m1, p1 = _cpu_s(main), _cpu_s(whole)
+    # the two clocks are read at slightly different instants: a difference below one tick is 0
+    return {"main_ms": (m1 - m0) / n * 1e3, "other_ms": max(0.0, (p1 - p0) - (m1 - m0)) / n * 1e3,
+            "wall_ms": float(np.mean(walls))}
+
+
+def measure_one(zoo_dir: Path, variant: str, n: int, tmp: Path) -> dict[str, Any]:
+    """The handling figures of ``variant`` (module doc), from ``n`` back-to-back queries and
+    ``max(30, n / 4)`` isolated ones.
+
+    Raises:
+        RuntimeError: the server did not start or answered a query with an error status.
+    """
+    from testbed.util import stop_processes
+
+    manifest = zoo.load_manifest(zoo_dir)
+    family = manifest["variants"][variant]["family"]
+    runtime = "litert" if "litert" in zoo.runtimes_of(manifest, variant) else "tensorflow"
+    bodies, _ = zoo.request_bodies(zoo_dir, family)
+    proc, port = start_server(zoo_dir, variant, runtime, tmp)
+    n_iso = max(MIN_ISOLATED, n // 4)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+        def query(i: int) -> float:
+            conn.request("POST", f"/v1/models/{variant}:predict", bodies[i % len(bodies)],
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"{variant}: HTTP {resp.status} from the server")
+            return (int(resp.getheader("X-Testbed-T3")) - int(resp.getheader("X-Testbed-T2"))) / 1e6
+
+        for i in range(WARMUP):
+            query(i)
+        time.sleep(0.3)
+        warm = _pass(proc, query, n, 0.0)
+        cold = _pass(proc, query, n_iso, ISOLATED_GAP_S)
+        conn.close()
+    finally:
+        stop_processes([proc])
+    return {"family": family, "runtime": runtime, "queries": n, "isolated_queries": n_iso,
+            "handling_ms": round(warm["main_ms"], 3), "call_cpu_ms": round(warm["other_ms"], 3),
+            "handling_isolated_ms": round(cold["main_ms"], 3), "call_cpu_isolated_ms": round(cold["other_ms"], 3),
+            "call_wall_ms": round(warm["wall_ms"], 3), "call_wall_isolated_ms": round(cold["wall_ms"], 3),
+            "request_bytes_mean": int(np.mean([len(b) for b in bodies]))}
+
+
+def run(zoo_dir: Path, profiles_dir: Path, variants: list[str] | None = None, n: int = 200,
+        log: Any = print) -> dict[str, Any]:
+    """Measure ``variants`` (default: all of the zoo's) and merge them into ``<profiles>/handling.json``.
+
+    Raises:
+        ValueError: an unknown variant, or ``n`` < 100 (the CPU clock ticks at 10 ms: fewer
+            queries leave the per-query figure coarse).
+        RuntimeError: a server failed (the variants measured before it are kept).
+    """
+    from testbed.util import write_json_atomic
+
+    known = zoo.load_manifest(zoo_dir)["variants"]
+    variants = list(variants or known)
+    bad = [v for v in variants if v not in known]
+    if bad:
+        raise ValueError(f"--variants: unknown variant(s) {', '.join(map(repr, bad))} (known: {', '.join(known)})")
+    if n < 100:
+        raise ValueError(f"-n: {n} queries is too few (>= 100; the CPU clock has 10 ms ticks)")
+    path = Path(profiles_dir) / FILE
+    doc = json.loads(path.read_text()) if path.is_file() else {"schema": SCHEMA, "variants": {}}
+    with tempfile.TemporaryDirectory(prefix="handling-") as tmp:
+        for v in variants:
+            row = measure_one(Path(zoo_dir), v, n, Path(tmp))
+            row["loadavg_1min"] = round(os.getloadavg()[0], 2)
+            doc["variants"][v] = row
+            doc.update(schema=SCHEMA, method=__doc__.split("Method, per variant: ")[1].split("\n\nWrites")[0],
+                       measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                       machine={"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()})
+            write_json_atomic(path, doc)  # a long run keeps what it measured
+            log(f"[handling] {v}: CPU per query: event loop {row['handling_ms']:.2f} ms, model call "
+                f"{row['call_cpu_ms']:.2f} ms warm / {row['call_cpu_isolated_ms']:.2f} ms cold "
+                f"(load average {row['loadavg_1min']})")
+    return doc
+
+
+def measured_row(profiles_dir: str | os.PathLike[str], variant: str) -> dict[str, Any]:
+    """The row of ``variant`` in ``handling.json`` with its figures checked (ms as floats).
+
+    Raises:
+        zoo.ZooFileMissing: no ``handling.json``, or no row for ``variant`` (with the command to measure it).
+        zoo.ZooError: the file is malformed, or a figure is out of range.
+    """
+    path = Path(profiles_dir) / FILE
+    hint = f"measure it: python -m testbed.inference.handling --variants {variant}"
+    if not path.is_file():
+        raise zoo.ZooFileMissing(f"{path} does not exist; {hint}")
+    try:
+        row = json.loads(path.read_text())["variants"].get(variant)
+        if row is None:
+            raise zoo.ZooFileMissing(f"{path} has no row for variant {variant!r}; {hint}")
+        got = {k: float(row[k]) for k in ("handling_ms", "call_cpu_ms", "call_cpu_isolated_ms")}
+        got["runtime"] = str(row["runtime"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise zoo.ZooError(f"{path}: malformed ({type(exc).__name__}: {exc}); {hint}") from None
+    if min(got["handling_ms"], got["call_cpu_ms"], got["call_cpu_isolated_ms"]) < 0:
+        raise zoo.ZooError(f"{path}: variant {variant!r} has {got} (CPU times >= 0 ms expected)")
+    got["queries"], got["isolated_queries"] = int(row["queries"]), int(row["isolated_queries"])
+    return got
+
+
+def handling_ms(profiles_dir: str | os.PathLike[str], variant: str) -> float:
+    """CPU ms per request of the server's request handling for ``variant`` (``handling.json``).
+
+    Raises:
+        zoo.ZooFileMissing: no ``handling.json``, or no row for ``variant`` (with the command to measure it).
+        zoo.ZooError: the file is malformed.
+    """
+    return measured_row(profiles_dir, variant)["handling_ms"]
+
+
+def call_factors(profiles_dir: str | os.PathLike[str], variant: str, bare_mean_ms: float) -> tuple[float, float]:
+    """(in-server factor, cold factor) of ``variant``'s model call, from ``handling.json``:
+
+    * in-server = the CPU of the server's warm model call (``call_cpu_ms``) / ``bare_mean_ms``,
+      the profiler's unthrottled back-to-back call at 1 thread (at least 1): the same call, made
+      after the event loop decoded a real request and handed it to a worker thread;
+    * cold = the CPU of its call after 100 ms of idleness / that of its warm call (at least 1).
+
+    A factor whose pass used less than :data:`RESOLUTION_S` of CPU in all is 1.0: the CPU clock's
+    10 ms ticks cannot resolve it (the small zoo's sub-millisecond models).
+
+    Raises:
+        zoo.ZooFileMissing / zoo.ZooError: as :func:`handling_ms`; ValueError: ``bare_mean_ms`` <= 0.
+    """
+    if not bare_mean_ms > 0:
+        raise ValueError(f"bare_mean_ms must be > 0 (got {bare_mean_ms})")
+    row = measured_row(profiles_dir, variant)
+    warm, cold = row["call_cpu_ms"], row["call_cpu_isolated_ms"]
+    if warm * row["queries"] / 1e3 < RESOLUTION_S:
+        return 1.0, 1.0
+    server = max(1.0, warm / bare_mean_ms)
+    if cold * row["isolated_queries"] / 1e3 < RESOLUTION_S:
+        return server, 1.0
+    return server, max(1.0, cold / warm)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line (module doc); exit 2 on a bad option."""
+    repo = Path(__file__).resolve().parents[2]
+    ap = argparse.ArgumentParser(prog="python -m testbed.inference.handling", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--zoo", default=str(repo / "models" / "zoo"))
+    ap.add_argument("--profiles", default=str(repo / "models" / "profiles"))
+    ap.add_argument("--variants", default="all", help="comma-separated variants, or all (default)")
+    ap.add_argument("-n", type=int, default=200, help="timed back-to-back queries per variant (>= 100)")
+    args = ap.parse_args(argv)
+    variants = None if args.variants == "all" else [v.strip() for v in args.variants.split(",") if v.strip()]
+    try:
+        run(Path(args.zoo), Path(args.profiles), variants, args.n)
+    except (ValueError, zoo.ZooError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

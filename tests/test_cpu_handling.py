@@ -1,0 +1,101 @@
+"""Request handling in the CPU-share model (testbed/model/cpu.py, issue 13 item 3): the server's
+event loop spends CPU of the same quota on every request before it reaches the queue. Exact values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from testbed.catalog import FixedCatalog
+from testbed.config import Experiment
+from testbed.model.cpu import CfsQuota
+from testbed.model.service import isolated_query_s, service_figures
+from testbed.plan import build_plan
+from testbed.sim import ServiceSampler, Simulator
+from testbed.util import REPO_ROOT
+
+
+def test_handling_spends_the_quota_of_the_call_after_it():
+    # 0.25 core = 25 ms of CPU per 100 ms period: 10 ms of handling leaves 15 ms for a 20 ms call,
+    # which runs 15 ms, is throttled until the next period (t = 100 ms) and ends 5 ms later
+    q = CfsQuota(0.25, handling=True)
+    e = q.handle(0.0, 0.010)
+    assert e == pytest.approx(0.010)
+    assert q.run(e, 0.020) == pytest.approx(0.105)
+    assert CfsQuota(0.25).run(0.010, 0.020) == pytest.approx(0.030)  # no handling: it fits
+
+
+def test_handling_is_one_more_thread_for_the_unlimited_test():
+    assert not CfsQuota(1.0, 1, 1, handling=True).unlimited  # worker + event loop can use 2 cores
+    assert CfsQuota(2.0, 1, 1, handling=True).unlimited
+    assert CfsQuota(1.0, 1, 1).unlimited
+
+
+def test_handling_is_not_a_model_call_for_the_cold_rule():
+    q = CfsQuota(2.0, cold_factor=1.5, handling=True)
+    assert q.run(0.0, 0.010) == pytest.approx(0.015)  # cold
+    e = q.handle(0.5, 0.004)  # handling after idleness ...
+    assert q.run(e, 0.010) == pytest.approx(e + 0.015)  # ... does not warm the model call up
+
+
+def test_service_figures_charge_handling_and_cold_calls():
+    f = service_figures("m", "litert", 0.25, 1, 1, [8.0] * 20, {1: 8.0}, handling_ms=2.0, cold_factor=1.25)
+    assert f.handling_ms == 2.0 and f.cold_factor == 1.25
+    assert f.expected_ms == pytest.approx(2.0 + 8.0 * 1.25)  # fits in the 25 ms quota: no throttling
+    assert f.busy_mean_ms == pytest.approx((8.0 + 2.0) / 0.25)  # the quota pays call + handling
+    assert isolated_query_s(0.25, 1, 1, 0.020, 0.010, 1.0) == pytest.approx(0.105)
+    with pytest.raises(ValueError, match="handling_ms"):
+        service_figures("m", "litert", 0.25, 1, 1, [8.0], {1: 8.0}, handling_ms=-1.0)
+
+
+def _plan(handling_ms: float, rate: float, cores: float = 1.0):
+    exp = Experiment.model_validate({
+        "name": "h", "duration": "20s", "policy": "closest",
+        "topology": {"source": str(REPO_ROOT / "topologies/triangle.yaml")},
+        "clusters": [{"name": "c", "site": "B", "tier": "far_edge", "cpu_cores": cores, "workers": 1,
+                      "queue_limit": 100000, "models": ["m"]}],
+        "sources": [{"name": "src", "site": "A"}],
+        "applications": [{"name": "app", "deadline": "100s", "min_accuracy": 0.5}],
+        "workload": [{"application": "app", "rate_qps": rate}]})
+    return build_plan(exp, catalog=FixedCatalog({"m": ("digits", 0.9, [10.0])}, handling_ms=handling_ms))
+
+
+def _run(plan, seed=1):
+    sim = Simulator(plan, seed=seed, record=True,
+                    service=lambda cl, m: ServiceSampler.deterministic(10.0, np.random.default_rng(0)))
+    sim.run_until(20.0)
+    q = sim.q
+    rows = [(t1, t2, t3) for t1, t2, t3 in zip(q.t1, q.t2, q.t3, strict=True) if t2 is not None]
+    return np.asarray(rows)
+
+
+def test_simulator_handles_each_request_before_it_queues():
+    rows = _run(_plan(4.0, rate=2.0))  # sparse: the event loop and the worker are idle at each arrival
+    assert len(rows) > 20
+    waits = (rows[:, 1] - rows[:, 0]) * 1e3
+    assert np.min(waits) == pytest.approx(4.0)  # t2 - t1: the handling, then the call starts
+    assert np.median(waits) == pytest.approx(4.0)
+    assert np.median((rows[:, 2] - rows[:, 1]) * 1e3) == pytest.approx(10.0)  # 1 core: 14 ms per 100 ms fit
+    none = _run(_plan(0.0, rate=2.0))
+    assert np.median((none[:, 1] - none[:, 0]) * 1e3) == pytest.approx(0.0)
+
+
+def test_simulator_handling_throttles_a_small_share_under_load():
+    # 0.25 core, 30 q/s of 10 ms calls: saturated. The event loop handles every arrival (4 ms of CPU
+    # each, also for queries that then wait or are refused), the worker serves what it can, and the
+    # two together spend the whole quota: 0.25 s of CPU per s. Without handling the worker alone
+    # serves 0.25 / 0.010 = 25 queries/s.
+    def run(handling_ms):
+        sim = Simulator(_plan(handling_ms, rate=30.0, cores=0.25), seed=1, record=True,
+                        service=lambda cl, m: ServiceSampler.deterministic(10.0, np.random.default_rng(0)))
+        sim.run_until(20.0)
+        served = sum(1 for t3 in sim.q.t3 if t3 is not None and t3 <= 20.0)
+        handled = served + len(sim.clusters[0].queue)
+        return served, handled
+
+    served, handled = run(4.0)
+    assert handled > served  # the event loop decodes ahead of the worker: the queue grows
+    assert (served * 10.0 + handled * 4.0) / 20e3 == pytest.approx(0.25, rel=0.02)
+    served0, _ = run(0.0)
+    assert served0 / 20.0 == pytest.approx(25.0, rel=0.02)
+    assert served < served0 * 0.75
