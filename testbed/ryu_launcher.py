@@ -6,6 +6,12 @@ time; the eventlet installed here (0.33.3) no longer defines that name, so the s
 uses the value as an opaque sentinel returned from WebSocket handlers, so any unique
 object works.
 
+The controller app validates its config with :class:`testbed.boundaries.ControllerConfig`, and
+``testbed.boundaries`` imports ``testbed.model.dispatch``, which imports numpy (0.26 s of CPU here,
+a quarter of the controller's start, which the network bring-up waits for). The controller never
+calls numpy, so :func:`_lazy_imports` makes ``import numpy`` in this process lazy: the module
+runs at its first attribute access, if ever.
+
 Usage (accepts exactly ``ryu-manager``'s arguments)::
 
     python -m testbed.ryu_launcher --observe-links --wsapi-host 127.0.0.1 ... APP.py
@@ -13,7 +19,41 @@ Usage (accepts exactly ``ryu-manager``'s arguments)::
 
 from __future__ import annotations
 
+import importlib.util
 import sys
+
+#: Modules this process imports through the controller's config validation but never uses.
+LAZY_MODULES = ("numpy",)
+
+
+def _lazy_imports(names: tuple[str, ...] = LAZY_MODULES) -> None:
+    """Make ``import NAME`` cheap for each of ``names`` (module doc): ``sys.modules`` gets a
+    stand-in module (PEP 562 ``__getattr__``) that imports the real one at its first attribute
+    access and takes on its contents, while ``sys.modules`` then holds the real one. (A
+    :class:`importlib.util.LazyLoader` module does not help: on Python 3.11 the ``import``
+    statement reads its ``__spec__``, which loads it.) A name already imported or not installed
+    is left alone."""
+    import types
+
+    for name in names:
+        if name in sys.modules:
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None:
+            continue
+        stub = types.ModuleType(name, f"stand-in for {name}, imported at first use (testbed.ryu_launcher)")
+        stub.__spec__ = spec
+
+        def load(attr: str, name: str = name, stub: types.ModuleType = stub):
+            if sys.modules.get(name) is stub:
+                del sys.modules[name]
+            real = importlib.import_module(name)
+            stub.__dict__.pop("__getattr__", None)
+            stub.__dict__.update(real.__dict__)  # the stand-in now reads as the real module
+            return getattr(real, attr)
+
+        stub.__getattr__ = load
+        sys.modules[name] = stub
 
 
 def _patch_eventlet() -> None:
@@ -25,7 +65,7 @@ def _patch_eventlet() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Patch eventlet, then run ``ryu.cmd.manager.main()``.
+    """Lazy numpy, patch eventlet, then run ``ryu.cmd.manager.main()``.
 
     Args:
         argv: ryu-manager arguments (without the program name); ``None`` means
@@ -34,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     Raises:
         SystemExit: as ``ryu-manager`` does (bad arguments, ``--version``, ...).
     """
+    _lazy_imports()
     _patch_eventlet()
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
