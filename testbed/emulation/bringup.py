@@ -134,7 +134,7 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout_s: float, host: st
             s.settimeout(0.2)
             return s.connect_ex((host, port)) == 0
 
-    poll_until(listening, timeout_s, f"ryu-manager listening on {host}:{port}", proc=proc)
+    poll_until(listening, timeout_s, f"ryu-manager listening on {host}:{port}", interval_s=0.01, proc=proc)
 
 
 def _intent_log(plan: Plan, run_id: str, link_emulator: str, datapath: str) -> None:
@@ -182,7 +182,8 @@ def _start_switches(plan: Plan, emu: Emulation, proc, run_id: str, console: Cons
     with console.status("starting the switches (ryu-manager discovers the links)..."):
         wait_listening(em.of_port, proc, timeout_s=30, host=emu.controller_host)
         emu.start_switches(run_id)
-        ctl.wait_ready(f"http://127.0.0.1:{em.rest_port}", timeout_s=60 + 2 * len(plan.links))
+        ctl.wait_ready(f"http://127.0.0.1:{em.rest_port}", timeout_s=60 + 2 * len(plan.links), poll_s=0.02,
+                       nudge=emu.nudge_switches)
 
 
 @contextmanager
@@ -225,7 +226,8 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
         if not emu.sharded:  # ryu-manager imports (~1 s) while Mininet builds; shards' address comes with the build
             ctrl = _launch_controller(plan, emu, run_dir)
         with console.status("building the network (Mininet)..."):
-            emu.build()
+            emu.build()  # also starts the link emulators
+            emu.create_bridges(run_id)  # without shards: bridges, ports, host-port HTB, while ryu starts
             emu.start_link_emulators(sys.executable)
         if ctrl is None:
             ctrl = _launch_controller(plan, emu, run_dir)

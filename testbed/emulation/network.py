@@ -37,6 +37,7 @@ What was applied per link (shaper, rate, delay, loss) is in :attr:`Emulation.app
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -327,6 +328,14 @@ def _run_tc(cmds: list[list[str]], node=None) -> None:
     """
     if not cmds:
         return
+    if node is None and all(c[0] == "tc" for c in cmds):  # one process: tc -batch, stops at the first failure
+        res = subprocess.run(["tc", "-batch", "-"], input="".join(" ".join(c[1:]) + "\n" for c in cmds),
+                             capture_output=True, text=True)
+        if res.returncode:
+            m = re.search(r"Command failed -:(\d+)", res.stderr)
+            cmd = " ".join(cmds[int(m.group(1)) - 1]) if m else f"tc -batch of {len(cmds)} commands"
+            raise EmulationError(f"'{cmd}' failed: {res.stderr.strip()}")
+        return
     if node is None:
         for cmd in cmds:
             res = subprocess.run(cmd, capture_output=True, text=True)
@@ -363,6 +372,19 @@ def _wait_for(cond, timeout_s: float, what: str, proc=None) -> None:
         time.sleep(0.02)
 
 
+def read_htb_rates_mbps(devs: list[str], node=None) -> dict[str, float | None]:
+    """:func:`read_htb_rate_mbps` for several devices of one namespace, in one shell."""
+    script = "; ".join(f"echo @@{d}; tc class show dev {d}" for d in devs)
+    out = subprocess.run(script, shell=True, capture_output=True, text=True).stdout if node is None \
+        else node.cmd(script)
+    parts = dict(zip(devs, re.split(r"^@@\S+\s*$", out or "", flags=re.M)[1:], strict=False))
+    rates = {}
+    for d in devs:
+        m = _TC_RATE.search(parts.get(d, ""))
+        rates[d] = float(m.group(1)) * _SI[m.group(2)] if m else None
+    return rates
+
+
 def read_htb_rate_mbps(dev: str, node=None) -> float | None:
     """The rate of HTB class 5:1 on ``dev`` as the kernel reports it (``tc class show``), Mbit/s;
     None if there is none."""
@@ -373,6 +395,62 @@ def read_htb_rate_mbps(dev: str, node=None) -> float | None:
 
 
 # --------------------------------------------------------------------------- the network
+
+@functools.cache
+def _bridge_class(mn_node):
+    """Mininet's OVS switch as the testbed uses it: a bridge of the system's Open vSwitch that
+    :meth:`Emulation.create_bridges` makes (all in one ``ovs-vsctl``), without Mininet's shell per
+    switch (a ``bash`` in the root namespace, ~10-20 ms each to start here): its few commands
+    (Mininet's teardown) run as plain processes."""
+
+    class Bridge(mn_node.OVSSwitch):
+        isSetup = True  # preflight checked ovs-vsctl; nothing here needs Mininet's OVS version probe
+
+        def startShell(self, mnopts=None):  # noqa: N802 - Mininet's name
+            self.pid = None
+
+        def start(self, controllers):  # the bridge is create_bridges' (Mininet's start is not called)
+            return None
+
+        def cmd(self, *args, **_kwargs):
+            res = subprocess.run(" ".join(str(a) for a in args), shell=True, capture_output=True, text=True)
+            return res.stdout + res.stderr
+
+        @classmethod
+        def batchShutdown(cls, switches, run=None):  # noqa: N802 - Mininet's name
+            if switches:
+                subprocess.run(["ovs-vsctl", "--timeout=10", *[x for s in switches
+                                                               for x in ("--", "--if-exists", "del-br", s.name)]],
+                               capture_output=True)
+            return switches
+
+    return Bridge
+
+
+@functools.cache
+def _port_node_class(mn_node):
+    """A namespace holding only ports (a link emulator's interfaces, or an OVS shard's switch
+    ports): no address; :meth:`Emulation._fast_veths` sets its interfaces and loopback up."""
+
+    class PortNode(mn_node.Node):
+        def config(self, **_params):
+            return {}
+
+    return PortNode
+
+
+@functools.cache
+def _host_class(mn_node):
+    """Mininet's host, configured by :meth:`Emulation._fast_veths` (MAC at creation, interfaces
+    and loopback up, IPv6 and offloads off) and :meth:`Emulation._configure_hosts` (address, HTB)
+    instead of Mininet's five ``ifconfig`` round trips per host."""
+
+    class Host(mn_node.Host):
+        def config(self, **_params):
+            return {}
+
+    return Host
+
 
 @dataclass
 class OvsShard:
@@ -437,7 +515,8 @@ class Emulation:
     _controls: dict = field(default_factory=dict)  # emulator process name -> (LinkControl, process, socket path)
     _group_of: dict[int, str] = field(default_factory=dict)
     _emu_node: dict[str, str] = field(default_factory=dict)  # lK -> the node E<g> holding its interfaces
-    _configured: set[str] = field(default_factory=set)  # interfaces already up with offloads off
+    python: str = sys.executable  # the interpreter of the link emulators
+    _bridges_made: bool = False
 
     def __post_init__(self) -> None:
         self.probes = probe_hosts(self.plan)
@@ -459,96 +538,63 @@ class Emulation:
         return None if home is None else self.net.get(home)
 
     def build(self) -> None:
-        """Create namespaces, switches (or OVS shard nodes) and links (nothing is started yet).
+        """Create namespaces, switches (or OVS shard nodes) and links, with every interface up,
+        its offloads and IPv6 off, and the hosts' addresses and HTB; start the link emulators
+        (:meth:`start_link_emulators` waits for them). No bridge exists yet.
 
         Raises:
-            EmulationError: Mininet failed to build, or a port name is too long.
+            EmulationError: Mininet failed to build, a port name is too long, or an interface
+                could not be set up.
         """
-        mn_net, mn_node, mn_link = _import_mininet()
+        mn_net, mn_node, _ = _import_mininet()
         check_interface_names(self.plan)
-
-        class PortNode(mn_node.Node):
-            """A namespace holding only ports (a link's emulator interfaces, or an OVS shard's
-            switch ports): no IP, interfaces up."""
-
-            def config(self, **params):
-                params.pop("ip", None)
-                params.pop("mac", None)
-                r = super().config(**params)
-                for intf in self.intfList():
-                    self.cmd(f"ip link set {intf} up")
-                return r
-
-        class Ryu(mn_node.RemoteController):
-            """ryu-manager, started by the bring-up; Mininet's probe at construction time would
-            only warn that it is not listening yet."""
-
-            def checkListening(self):
-                return None
-
-        exp = self.plan.experiment
         net = mn_net.Mininet(topo=None, build=False, controller=None, autoSetMacs=False,
                              autoStaticArp=False, waitConnected=False)
         self.net = net
-        home = self._add_switches(net, mn_node, PortNode, Ryu, exp.emulation.of_port)
+        home = self._add_switches(net, mn_node)
         names = iter(switch_port_names(self.plan))
-
-        def link(a, b, a_port: bool, b_port: bool = False) -> list[str]:
-            """A veth (Mininet's) between ``a`` and ``b``; its switch end(s) get their planned port names."""
-            kw, out = {}, []
-            for is_port, key, node in ((a_port, "intfName1", a), (b_port, "intfName2", b)):
-                if is_port:
-                    kw[key] = port = next(names)
-                    out.append(port)
-                    if self.shards:
-                        self.port_home[port] = node.name
-            net.addLink(a, b, cls=mn_link.Link, **kw)
-            return out
-
-        self._add_switch_links(net, PortNode, home, names)
-        for h in self.plan.hosts:
-            host = net.addHost(h.name, ip=f"{h.ip}/8", mac=h.mac)
-            (port,) = link(host, home[h.switch], False, True)
-            self.host_intfs[h.name] = (f"{h.name}-eth0", port)
-        for p in self.probes:
-            host = net.addHost(p.name, ip=f"{p.ip}/8", mac=p.mac)
-            link(host, home[p.switch], False, True)
+        pairs = self._switch_link_pairs(net, home, names)
+        hosts = self._add_hosts(net, mn_node, home, names, pairs)
+        self._fast_veths(pairs)
+        if self.link_emulator == "userspace":
+            self._launch_link_emulators()
         try:
-            net.build()
+            net.build()  # Mininet's bookkeeping only: the hosts' config is _configure_hosts'
         except Exception as exc:  # Mininet raises bare Exceptions
             raise EmulationError(f"Mininet could not build the network: {exc}") from exc
-        self._configure_interfaces(net)
-        for h in self.plan.hosts:  # the host's own end; switch ports are shaped once OVS has them
-            _run_tc(htb_commands(self.host_intfs[h.name][0], h.bandwidth_mbps), self.net.get(h.name))
+        self._configure_hosts(hosts)
         for lk in self.plan.links:
             self.applied[lk.index] = {"delay_ms": lk.delay_ms, "rate_mbps": lk.bandwidth_mbps, "loss_pct": lk.loss_pct,
                                       "up": True}
         if self.shards:
             self._control_network()
 
-    def _add_switches(self, net, mn_node, port_node_cls, ryu_cls, of_port: int) -> dict:
-        """Mininet switches (system Open vSwitch) or one port node per OVS shard; switch -> the
-        Mininet node its ports go on."""
+    def _add_switches(self, net, mn_node) -> dict:
+        """Mininet switches (system Open vSwitch; bridges made by :meth:`create_bridges`) or one
+        port node per OVS shard; switch -> the Mininet node its ports go on."""
         groups = ovs_shards(self.plan, self.datapath)
         if not groups:
-            net.addController("c0", controller=ryu_cls, ip="127.0.0.1", port=of_port)
+            bridge = _bridge_class(mn_node)
             for s in self.plan.switches:
-                net.addSwitch(s.name, cls=mn_node.OVSSwitch, dpid=f"{s.dpid:016x}", datapath=self.datapath,
+                net.addSwitch(s.name, cls=bridge, dpid=f"{s.dpid:016x}", datapath=self.datapath,
                               protocols="OpenFlow13", failMode="secure")
             return {s.name: net.get(s.name) for s in self.plan.switches}
         home = {}
+        port_node = _port_node_class(mn_node)
         for k, members in enumerate(groups):
-            node = net.addHost(f"O{k}", cls=port_node_cls, ip=None)
+            node = net.addHost(f"O{k}", cls=port_node, ip=None)
             self.shards.append(OvsShard(k, node.name, members, control_dir(self.run_id) / f"ovs{k}",
                                         control_veth(self.run_id, k)))
             home.update(dict.fromkeys(members, node))
         return home
 
-    def _add_switch_links(self, net, emu_cls, home: dict, names) -> None:
-        """Every switch link's veth(s), created in one batch (:meth:`_fast_veths`)."""
+    def _switch_link_pairs(self, net, home: dict, names) -> list[tuple]:
+        """The veths of every switch link (through its emulator node ``E<g>``, added here, in
+        userspace mode), as :meth:`_fast_veths` pairs."""
         if self.link_emulator == "userspace":
+            port_node = _port_node_class(_import_mininet()[1])
             for group, idx in emulator_groups(self.plan).items():
-                net.addHost(group, cls=emu_cls, ip=None)
+                net.addHost(group, cls=port_node, ip=None)
                 for i in idx:
                     self._group_of[i] = group
         pairs = []
@@ -556,21 +602,43 @@ class Emulation:
             a, b = home[lk.a], home[lk.b]
             pa, pb = next(names), next(names)
             if self.link_emulator == "netem":
-                pairs.append((a, pa, b, pb))
+                pairs.append((a, pa, b, pb, None))
             else:
                 emu = net.get(self._group_of[lk.index])
-                pairs += [(a, pa, emu, f"{lk.emu_name}-eth0"), (emu, f"{lk.emu_name}-eth1", b, pb)]
+                pairs += [(a, pa, emu, f"{lk.emu_name}-eth0", None), (emu, f"{lk.emu_name}-eth1", b, pb, None)]
                 self._emu_node[lk.emu_name] = emu.name
             if self.shards:
                 self.port_home[pa], self.port_home[pb] = a.name, b.name
             self.ports[lk.index] = (pa, pb)
-        self._fast_veths(pairs)
+        return pairs
+
+    def _add_hosts(self, net, mn_node, home: dict, names, pairs: list[tuple]) -> list[tuple]:
+        """The plan's hosts and the probe hosts, each with its veth to its switch appended to
+        ``pairs`` (the host end carrying the host's MAC); ``(node, interface, ip, rate or None)``."""
+        host_cls = _host_class(mn_node)
+        out = []
+        every = [(h.name, h.ip, h.mac, h.switch, h.bandwidth_mbps) for h in self.plan.hosts]
+        every += [(p.name, p.ip, p.mac, p.switch, None) for p in self.probes]
+        for name, ip, mac, switch, rate in every:
+            node = net.addHost(name, cls=host_cls, ip=f"{ip}/8", mac=mac)
+            port = next(names)
+            pairs.append((node, f"{name}-eth0", home[switch], port, mac))
+            if self.shards:
+                self.port_home[port] = home[switch].name
+            if rate is not None:
+                self.host_intfs[name] = (f"{name}-eth0", port)
+            out.append((node, f"{name}-eth0", ip, rate))
+        return out
 
     def _fast_veths(self, pairs: list[tuple]) -> None:
-        """Create veths ``(node_a, name_a, node_b, name_b)`` with one ``ip -batch`` (each end
-        created in its node's namespace), register them with Mininet without its per-interface
-        commands, and bring them up with offloads off in one shell per node. Mininet's own
-        ``addLink`` runs several commands per interface (0.48 s for Abilene's 32 veths here)."""
+        """Create veths ``(node_a, name_a, node_b, name_b, mac_a or None)`` with one ``ip -batch``
+        (each end created in its node's namespace), register them with Mininet without its
+        per-interface commands, and set every interface (and each namespace's loopback) up with
+        offloads and IPv6 off in-process (:mod:`testbed.emulation.netdev`). Mininet's own
+        ``addLink`` runs several commands per interface, and ``ethtool``/``sysctl``/``ip`` per
+        interface are ~90 processes on Abilene (0.3-0.4 s here)."""
+        from testbed.emulation import netdev
+
         _, _, mn_link = _import_mininet()
 
         class QuietIntf(mn_link.Intf):
@@ -578,41 +646,44 @@ class Emulation:
                 return {}
 
         lines = []
-        for na, ia, nb, ib in pairs:
+        for na, ia, nb, ib, mac in pairs:
             where_a = f" netns {na.pid}" if na.inNamespace else ""
             where_b = f" netns {nb.pid}" if nb.inNamespace else ""
-            lines.append(f"link add name {ia}{where_a} type veth peer name {ib}{where_b}")
+            addr = f" address {mac}" if mac else ""
+            lines.append(f"link add name {ia}{addr}{where_a} type veth peer name {ib}{where_b}")
         batch = self.run_dir / "logs" / "veths.batch"
         batch.write_text("\n".join(lines) + "\n")
-        _sh(["ip", "-batch", str(batch)], "creating the switch links' veths")
-        per_node: dict[object, list[str]] = {}
-        for na, ia, nb, ib in pairs:
-            for node, name in ((na, ia), (nb, ib)):
-                QuietIntf(name, node=node, moveIntfFn=lambda *_a: None)
-                per_node.setdefault(node, []).append(name)
-                self._configured.add(name)
-        root: list[str] = []
-        for node, intfs in per_node.items():
-            if node.inNamespace:  # ethtool calls in parallel: each is a few ms of syscalls
-                node.cmd("; ".join(f"ip link set {i} up" for i in intfs) + "; "
-                         + " ".join(f"ethtool -K {i} {OFFLOAD_OFF} &" for i in intfs) + " wait")
-            else:
-                root += intfs
-        if root:  # root-namespace switch ports: one shell for all
-            subprocess.run("; ".join(f"ip link set {i} up; sysctl -qw net.ipv6.conf.{i}.disable_ipv6=1" for i in root)
-                           + "; " + " ".join(f"ethtool -K {i} {OFFLOAD_OFF} &" for i in root) + " wait",
-                           shell=True, capture_output=True)
+        _sh(["ip", "-batch", str(batch)], "creating the veths")
+        per_ns: dict[int | None, list[str]] = {}
+        for na, ia, nb, ib, mac in pairs:
+            for node, name, m in ((na, ia, mac), (nb, ib, None)):
+                QuietIntf(name, node=node, mac=m, moveIntfFn=lambda *_a: None)
+                pid = node.pid if node.inNamespace else None
+                per_ns.setdefault(pid, []).append(name)
+        try:
+            for pid, intfs in per_ns.items():
+                netdev.configure(pid, intfs, namespace_ipv6_off=pid is not None)
+                if pid is not None:
+                    netdev.configure(pid, ["lo"], offloads_off=False, ipv6_off=False)
+        except netdev.NetdevError as exc:
+            raise EmulationError(f"setting up the veths: {exc}") from None
 
-    def _configure_interfaces(self, net) -> None:
-        """IPv6 off in every namespace, offloads off on every interface not done by :meth:`_fast_veths`."""
-        for node in net.hosts:
-            intfs = [i for i in node.intfNames() if i != "lo" and i not in self._configured]
-            node.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1; "
-                     + "; ".join(f"ethtool -K {i} {OFFLOAD_OFF}" for i in intfs))
-        ports = [i for sw in net.switches for i in sw.intfNames() if i != "lo" and i not in self._configured]
-        if ports:  # one shell for all root-namespace switch ports
-            subprocess.run("; ".join(f"ethtool -K {i} {OFFLOAD_OFF}; sysctl -qw net.ipv6.conf.{i}.disable_ipv6=1"
-                                     for i in ports), shell=True, capture_output=True)
+    def _configure_hosts(self, hosts: list[tuple]) -> None:
+        """Per host, in one shell round trip each and all hosts at once: its address and, for a
+        plan host, HTB on its own end (switch ports are shaped once OVS has them)."""
+        sent = []
+        for node, intf, ip, rate in hosts:
+            cmds = [["ip", "addr", "add", f"{ip}/8", "dev", intf]]
+            cmds += htb_commands(intf, rate) if rate is not None else []
+            script = " && ".join(f"{' '.join(c)} 2>&1" for c in cmds)
+            node.sendCmd(f"{script}; echo rc=$?")
+            sent.append((node, script))
+            i = node.intf(intf)
+            i.ip, i.prefixLen = ip, 8
+        for node, script in sent:
+            out = node.waitOutput()
+            if not out.rstrip().endswith("rc=0"):
+                raise EmulationError(f"'{script}' failed in {node.name}: {out.strip()}")
 
     def _control_network(self) -> None:
         """A veth per shard to the root namespace; ryu-manager's address on shard 0's root side,
@@ -685,33 +756,34 @@ class Emulation:
         every switch link; read back from the kernel. Must run after OVS added the ports: adding a
         port to a userspace-datapath bridge deletes its root qdisc (measured: HTB set before
         ``add-port`` is gone after it, one set after it survives carrier flaps)."""
-        want = {}
+        want: dict[str, float] = {}
+        cmds: dict[str | None, list[list[str]]] = {}  # home node (None: root namespace) -> tc commands
         for h in self.plan.hosts:
             port = self.host_intfs[h.name][1]
-            _run_tc(htb_commands(port, h.bandwidth_mbps), self._port_cmd(port))
+            cmds.setdefault(self.port_node(port), []).extend(htb_commands(port, h.bandwidth_mbps))
             want[port] = h.bandwidth_mbps
         if self.link_emulator == "netem":
             for lk in self.plan.links:
                 for dev in self.ports[lk.index]:
-                    _run_tc(htb_commands(dev, lk.bandwidth_mbps, netem_leaf(lk.delay_ms, lk.loss_pct)),
-                            self._port_cmd(dev))
+                    cmds.setdefault(self.port_node(dev), []).extend(
+                        htb_commands(dev, lk.bandwidth_mbps, netem_leaf(lk.delay_ms, lk.loss_pct)))
                     want[dev] = lk.bandwidth_mbps
-        for dev, rate in want.items():
-            got = read_htb_rate_mbps(dev, self._port_cmd(dev))
-            if got is None or abs(got - rate) > 0.01 * rate:
-                raise EmulationError(f"port {dev}: HTB rate {got} Mbit/s after shaping, asked {rate:g}")
+        for home, todo in cmds.items():  # one tc -batch (root) or one round trip (a node) per namespace
+            _run_tc(todo, None if home is None else self.net.get(home))
+        by_home: dict[str | None, list[str]] = {}
+        for dev in want:
+            by_home.setdefault(self.port_node(dev), []).append(dev)
+        for home, devs in by_home.items():
+            got = read_htb_rates_mbps(devs, None if home is None else self.net.get(home))
+            for dev in devs:
+                if got[dev] is None or abs(got[dev] - want[dev]) > 0.01 * want[dev]:
+                    raise EmulationError(f"port {dev}: HTB rate {got[dev]} Mbit/s after shaping, asked {want[dev]:g}")
 
-    def start_link_emulators(self, python: str) -> None:
+    def _launch_link_emulators(self) -> None:
         """Start one :mod:`testbed.emulation.linkemu` process per group of links, in the group's
-        node (userspace mode only), and connect to each one's control socket. Per-link stats go to
-        ``linkemu/lK.json``.
-
-        Raises:
-            EmulationError: an emulator did not come up (its log is quoted).
-        """
-        if self.link_emulator != "userspace":
-            return
-        from testbed.emulation.linkemu import LinkControl, LinkEmuError
+        node, not waiting for them (:meth:`start_link_emulators` does): their start (a Python
+        interpreter each) overlaps the rest of the build. Per-link stats go to ``linkemu/lK.json``."""
+        from testbed.emulation.linkemu import LinkControl
 
         logs = self.run_dir / "logs"
         ctl_dir = control_dir(self.run_id)
@@ -728,7 +800,7 @@ class Emulation:
             links_file = logs / f"linkemu-{group}.links.json"
             links_file.write_text(json.dumps(rows, indent=1))
             ctl = ctl_dir / f"{group}.sock"
-            cmd = [python, "-m", "testbed.emulation.linkemu", "--links", str(links_file), "--control", str(ctl),
+            cmd = [self.python, "-m", "testbed.emulation.linkemu", "--links", str(links_file), "--control", str(ctl),
                    "--stats-dir", str(self.run_dir / "linkemu"), "--rt-priority", str(RT_PRIORITY)]
             log = open(logs / f"linkemu-{group}.log", "w")  # noqa: SIM115 - lives with the process
             proc = home.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -736,6 +808,22 @@ class Emulation:
             for i in idx:
                 self.emulator_procs[by_index[i].emu_name] = proc
             self._controls[group] = (LinkControl(ctl), proc, ctl)
+
+    def start_link_emulators(self, python: str | None = None) -> None:
+        """Wait until every link emulator (userspace mode only; started by :meth:`build`, or here
+        with ``python`` when it was not) answers on its control socket (polled every 10 ms).
+
+        Raises:
+            EmulationError: an emulator exited or did not answer within 15 s (its log is quoted).
+        """
+        if self.link_emulator != "userspace":
+            return
+        from testbed.emulation.linkemu import LinkEmuError
+
+        if not self._controls:
+            self.python = python or self.python
+            self._launch_link_emulators()
+        logs = self.run_dir / "logs"
         for group, (client, proc, _ctl) in self._controls.items():
             deadline = time.monotonic() + 15
             while True:
@@ -747,18 +835,66 @@ class Emulation:
                         tail = (logs / f"linkemu-{group}.log").read_text(errors="replace")[-1500:]
                         raise EmulationError(f"link emulator {group} did not come up ({exc}); its log:\n"
                                              f"{tail}") from None
-                    time.sleep(0.05)
+                    time.sleep(0.01)
+
+    def create_bridges(self, run_id: str) -> None:
+        """Without shards: every bridge with its ports (OpenFlow numbers as planned), tagged as
+        ours, without a controller yet (``fail_mode=secure``: nothing forwards), in one
+        ``ovs-vsctl`` transaction that returns once ovs-vswitchd has them; then the switch end
+        of every host link is shaped (:meth:`_shape_switch_ports`). It needs no controller, so
+        the bring-up runs it while ryu-manager starts; :meth:`start_switches` connects them.
+        Mininet's own start runs one ``ovs-vsctl`` per switch, each waiting for ovs-vswitchd.
+
+        Raises:
+            EmulationError: ovs-vsctl failed, or a host port's HTB rate did not read back.
+        """
+        if self.shards or self._bridges_made:
+            return
+        dpid = {s.name: s.dpid for s in self.plan.switches}
+        ports_of: dict[str, list[str]] = {}
+        for name in switch_port_names(self.plan):
+            ports_of.setdefault(name.rsplit("-eth", 1)[0], []).append(name)
+        args: list[str] = []
+        for s in self.plan.switches:
+            sw = s.name
+            args += ["--", "--if-exists", "del-br", sw, "--", "add-br", sw, "--", "set", "bridge", sw,
+                     f"datapath_type={'netdev' if self.datapath == 'user' else 'system'}", "fail_mode=secure",
+                     "protocols=OpenFlow13", f"other_config:datapath-id={dpid[sw]:016x}",
+                     "other_config:disable-in-band=true", f"other_config:dp-desc={sw}",
+                     f"external_ids:testbed_run={run_id}"]
+            for port in ports_of.get(sw, []):
+                args += ["--", "add-port", sw, port, "--", "set", "interface", port,
+                         f"ofport_request={port.rsplit('-eth', 1)[1]}"]
+        _sh(["ovs-vsctl", "--timeout=60", *args], "creating the bridges")
+        self._bridges_made = True
+        self._shape_switch_ports()
 
     def start_switches(self, run_id: str) -> None:
-        """Start the switches (they connect to the controller), tagged as ours, and shape their
-        host ports. With shards: each shard's daemons and bridges; else Mininet's switches."""
-        self.net.start()
+        """Connect the switches to the controller (which must listen). With shards: each shard's
+        daemons and bridges, then their host ports shaped; else the bridges of
+        :meth:`create_bridges` (made now if they are not yet) get their controller, all in one
+        ``ovs-vsctl``."""
         if self.shards:
             self._start_shards(run_id)
-        else:
-            names = " ".join(f"-- set bridge {s.name} external_ids:testbed_run={run_id}" for s in self.plan.switches)
-            subprocess.run(f"ovs-vsctl --timeout=10 {names}", shell=True, capture_output=True)
-        self._shape_switch_ports()
+            self._shape_switch_ports()
+            return
+        self.create_bridges(run_id)
+        of_port = self.plan.experiment.emulation.of_port
+        args: list[str] = []
+        for s in self.plan.switches:
+            args += ["--", "set-controller", s.name, f"tcp:127.0.0.1:{of_port}",
+                     "--", "set", "controller", s.name, "connection_mode=out-of-band", "max_backoff=1000"]
+        _sh(["ovs-vsctl", "--timeout=30", *args], "connecting the switches to the controller")
+
+    def nudge_switches(self) -> None:
+        """Wake every ovs-vswitchd of the run once (a cheap ``ovs-appctl version``), so that a switch
+        whose controller has answered its OpenFlow HELLO completes the handshake now. While a
+        connection waits for the controller's HELLO, ovs-vswitchd (3.1) does not wake up for it:
+        measured with tcpdump on Abilene's bring-up, ryu's HELLO came 6 ms after the switches' and
+        they read it 0.25-0.5 s later, at the main loop's next timer, in about half the runs."""
+        targets = [f"{sh.dir}/vswitchd.ctl" for sh in self.shards] or ["ovs-vswitchd"]
+        for t in targets:
+            subprocess.run(["ovs-appctl", "--timeout=2", "-t", t, "version"], capture_output=True)
 
     def node(self, name: str):
         """The Mininet node called ``name``; for a link emulator name ``lK``, the node holding its
