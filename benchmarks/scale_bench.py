@@ -10,7 +10,8 @@ K private ones (``NxK``; each vswitchd in its own namespace, as the testbed's OV
 
 ``bringup``: per topology, plain Mininet (the same switches and links, userspace datapath, no
 delays, no controller: ``build()`` + ``start()``) against the testbed's network bring-up (Mininet,
-link emulators, OVS shards, ryu-manager, until every switch, link and flow is there), their ratio,
+link emulators, OVS shards, ryu-manager, until every switch, link and flow is there; with the
+time since its start at which each of its steps ended, ``testbed_phases_s``), their ratio,
 the peak memory of the run's processes (RSS summed every 0.5 s: Mininet's shells, link emulators,
 OVS shards, ryu-manager, plus the growth of the system's ovs-vswitchd), and the RTT self-check
 (20 pings per source -> cluster pair; error median/max, pass) on 2 sources x 2 clusters chosen
@@ -260,7 +261,8 @@ def testbed_bringup(plan, pings: int = 20) -> dict:
             shards = len(live.emu.shards)
             errs = sorted(abs(r.error_ms) for r in res)
             per_switch = [r.error_ms / len(r.dpids) for r in res]
-            out = {"testbed_up_s": round(live.bringup_s, 2), "testbed_peak_mib": round(mem.peak_mib),
+            out = {"testbed_up_s": round(live.bringup_s, 2), "testbed_phases_s": live.phases,
+                   "testbed_peak_mib": round(mem.peak_mib),
                    "ovs_shards": shards, "rtt_error_median_ms": round(statistics.median(errs), 3),
                    "rtt_error_max_ms": round(errs[-1], 3), "rtt_error_per_switch_median_ms":
                    round(statistics.median(per_switch), 3), "rtt_paths_ok": f"{sum(r.ok for r in res)}/{len(res)}",

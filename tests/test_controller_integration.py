@@ -197,3 +197,20 @@ def test_link_failure_reroutes_and_recovers(triangle):
     p = _wait_path(rest_url, _mac(1), _mac(3), [1, 2, 3], 15)
     assert p["dpids"] == [1, 2, 3]
     ctl.wait_ready(rest_url, timeout_s=15)
+
+
+def test_controller_process_imports_numpy_only_at_first_use():
+    """ryu-manager's process (testbed.ryu_launcher) loads the controller app and its config
+    validation without running numpy, networkx, dnspython or setuptools (the bring-up waits for
+    its start), and numpy still works when touched."""
+    import subprocess
+
+    code = ("import sys; import testbed.ryu_launcher as l; l._lazy_imports(); l._patch_eventlet(); "
+            "import ryu.app.wsgi, ryu.topology.switches, ryu.controller.ofp_handler; "
+            "sys.path.insert(0, 'controllers'); import testbed_controller, testbed.boundaries; "
+            "print(sorted(m for m in ('numpy._core', 'networkx', 'dns', 'setuptools', 'pkg_resources') "
+            "if m in sys.modules)); import testbed.model.dispatch as d; print(int(d.np.arange(4).sum()))")
+    env = dict(os.environ, **ctl.FAST_START_ENV)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=str(ctl.REPO_ROOT), check=True).stdout.split()
+    assert out == ["[]", "6"]

@@ -293,3 +293,41 @@ def test_netem_probe_cleans_up() -> None:
     assert isinstance(netem_available(), bool)
     left = [p.name for p in Path("/run/netns").glob(f"tbprobe-{os.getpid()}-*")] if Path("/run/netns").exists() else []
     assert left == []
+
+
+def test_netdev_configure_matches_ethtool_in_a_namespace() -> None:
+    """testbed.emulation.netdev (the bring-up's in-process set-up) leaves a veth end in another
+    namespace exactly as ``ethtool -K ... rx off tx off sg off tso off gso off gro off`` leaves
+    one in the root namespace, up, with IPv6 off there and the root namespace's defaults untouched."""
+    from testbed.emulation import netdev
+
+    if os.geteuid() != 0 or shutil.which("ethtool") is None:
+        pytest.skip("needs root and ethtool")
+    ns = "le-nd"
+    _sh(["ip", "netns", "del", ns], check=False)
+    _sh(["ip", "netns", "add", ns])
+    holder = subprocess.Popen(_in(ns, "sleep", "60"))
+    try:
+        _sh(["ip", "link", "add", "lend0", "type", "veth", "peer", "name", "lend1", "netns", ns])
+        _sh(["ip", "link", "add", "lend2", "type", "veth", "peer", "name", "lend3"])
+        _sh(["ethtool", "-K", "lend2", "rx", "off", "tx", "off", "sg", "off", "tso", "off", "gso", "off", "gro", "off"])
+        root_default = Path("/proc/sys/net/ipv6/conf/default/disable_ipv6").read_text()
+        netdev.configure(holder.pid, ["lend1"], namespace_ipv6_off=True)
+
+        def features(cmd: list[str]) -> list[str]:
+            return [ln.split(":")[1].split()[0] for ln in _sh(cmd).stdout.splitlines()[1:] if ":" in ln]
+
+        assert features(_in(ns, "ethtool", "-k", "lend1")) == features(["ethtool", "-k", "lend2"])
+        assert netdev.read_features(holder.pid, "lend1") == netdev.read_features(None, "lend2")
+        flags = _sh(_in(ns, "ip", "-o", "link", "show", "lend1")).stdout.split("<", 1)[1].split(">", 1)[0]
+        assert "UP" in flags.split(",")
+        for conf in ("lend1", "all", "default"):
+            assert _sh(_in(ns, "cat", f"/proc/sys/net/ipv6/conf/{conf}/disable_ipv6")).stdout.strip() == "1"
+        assert Path("/proc/sys/net/ipv6/conf/default/disable_ipv6").read_text() == root_default
+        with pytest.raises(netdev.NetdevError, match="nosuch"):
+            netdev.configure(holder.pid, ["nosuch"])
+    finally:
+        holder.kill()
+        holder.wait()
+        _sh(["ip", "link", "del", "lend2"], check=False)
+        _sh(["ip", "netns", "del", ns], check=False)

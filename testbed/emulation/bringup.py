@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -88,6 +88,7 @@ class Live:
     bringup_s: float
     controller: subprocess.Popen | None = None
     dynamics: object = None  # testbed.emulation.dynamics.Dynamics when the scenario changes links
+    phases: dict[str, float] = field(default_factory=dict)  # bring-up step -> s since its start, when it ended
 
     def components(self) -> dict[str, object]:
         """The long-running processes of the network, by component name (``ryu-manager``,
@@ -174,16 +175,19 @@ def _launch_controller(plan: Plan, emu: Emulation, run_dir: Path):
                                 of_host=emu.controller_host, check_s=0.0)  # wait_listening watches it
 
 
-def _start_switches(plan: Plan, emu: Emulation, proc, run_id: str, console: Console) -> None:
+def _start_switches(plan: Plan, emu: Emulation, proc, run_id: str, console: Console, mark) -> None:
     """Once ryu-manager listens: the switches, then every switch, link and flow acknowledged."""
     from testbed import controller as ctl
 
     em = plan.experiment.emulation
     with console.status("starting the switches (ryu-manager discovers the links)..."):
         wait_listening(em.of_port, proc, timeout_s=30, host=emu.controller_host)
+        mark("controller_listening")
         emu.start_switches(run_id)
+        mark("switches_started")
         ctl.wait_ready(f"http://127.0.0.1:{em.rest_port}", timeout_s=60 + 2 * len(plan.links), poll_s=0.02,
                        nudge=emu.nudge_switches)
+        mark("controller_ready")
 
 
 @contextmanager
@@ -209,6 +213,11 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
     ctrl = None
     live: Live | None = None
     t_start = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def mark(step: str) -> None:
+        phases[step] = round(time.monotonic() - t_start, 3)
+
     try:
         left = remove_leftovers() + remove_control_dirs()
         if left:
@@ -225,15 +234,19 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
         emu = Emulation(plan, le, dp, run_dir, run_id)
         if not emu.sharded:  # ryu-manager imports (~1 s) while Mininet builds; shards' address comes with the build
             ctrl = _launch_controller(plan, emu, run_dir)
+        mark("preparation")
         with console.status("building the network (Mininet)..."):
             emu.build()  # also starts the link emulators
+            mark("mininet_build")
             emu.create_bridges(run_id)  # without shards: bridges, ports, host-port HTB, while ryu starts
+            mark("bridges_and_shaping")
             emu.start_link_emulators(sys.executable)
+            mark("link_emulators_ready")
         if ctrl is None:
             ctrl = _launch_controller(plan, emu, run_dir)
-        _start_switches(plan, emu, ctrl, run_id, console)
+        _start_switches(plan, emu, ctrl, run_id, console, mark)
         live = Live(plan, emu, run_id, run_dir, f"http://127.0.0.1:{exp.emulation.rest_port}", le, dp,
-                    time.monotonic() - t_start, ctrl)
+                    time.monotonic() - t_start, ctrl, phases=phases)
         console.print(f"controller ready: {len(plan.switches)} switches, {len(plan.links)} links discovered, "
                       f"flows installed ({live.bringup_s:.1f} s)")
         _write_network_json(live, console=console)
