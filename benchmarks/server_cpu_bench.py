@@ -6,9 +6,9 @@
 The measurement is :func:`testbed.inference.handling.measure_one` (one real LiteRT server per
 variant, 1 worker, 1 thread, on 127.0.0.1, no CPU limit; queries one at a time with the family's
 real request bodies; CPU time per query of the event-loop thread and of the others), printed next
-to the profiler's bare call (``models/profiles``, unthrottled, back to back): the ratio
-(request handling + the call as the server makes it) / bare call is the factor the quota really
-pays against what a model charging only the profiled calls assumes. It does not write
+to the bare call measured just before (and the profile's, ``models/profiles``, unthrottled, back
+to back): the ratio (request handling + the call as the server makes it) / bare call is the
+factor the quota really pays against what a model charging only the profiled calls assumes. It does not write
 ``models/profiles/handling.json`` (``python -m testbed.inference.handling`` does). Root is not
 needed (no cgroup), only the built zoo.
 """
@@ -40,9 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="server-cpu-") as tmp:
         for v in [x.strip() for x in args.variants.split(",") if x.strip()]:
             r = handling.measure_one(ZOO, v, args.n, Path(tmp))
-            bare = float(profiles.cpu_time(PROFILES, v, r["runtime"], 1, 1).samples_ms.mean())
+            bare = r["bare_call_cpu_ms"]
+            prof = float(profiles.cpu_time(PROFILES, v, r["runtime"], 1, 1).samples_ms.mean())
             per_query = r["handling_ms"] + r["call_cpu_ms"]
-            rows.append({"variant": v, "bare call (profile) ms": f"{bare:.2f}",
+            rows.append({"variant": v, "profile's call (wall) ms": f"{prof:.2f}", "bare call CPU ms": f"{bare:.2f}",
                          "event loop CPU ms": f"{r['handling_ms']:.2f}", "call CPU ms": f"{r['call_cpu_ms']:.2f}",
                          "call wall ms": f"{r['call_wall_ms']:.2f}",
                          "CPU per query / bare call": f"{per_query / bare:.2f}",

@@ -109,12 +109,11 @@ class ZooCatalog:
         """(handling ms, in-server factor, cold factor, note) of ``name`` from ``handling.json``
         (:mod:`testbed.inference.handling`). The two call factors were measured with one runtime
         (LiteRT where the variant has it): with another, they are not applied, and the note says so."""
-        from testbed.inference import handling, profiles, zoo
+        from testbed.inference import handling, zoo
 
         try:
             row = handling.measured_row(self.profiles_dir, name)
-            bare = profiles.cpu_time(self.profiles_dir, name, row["runtime"], 1, 1)
-            server, cold = handling.call_factors(self.profiles_dir, name, float(bare.samples_ms.mean()))
+            server, cold = handling.call_factors(self.profiles_dir, name)
         except (zoo.ZooError, ValueError) as exc:
             raise CatalogError(f"model {name!r}: no request-handling figures to plan with: {exc}") from None
         path = self.profiles_dir / handling.FILE

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from testbed.boundaries import SourceConfig
 from testbed.emulation.bringup import Live, RunError, emulated_network, new_run_dir, preflight, rtt_self_check
@@ -453,10 +454,27 @@ def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, events_
     record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
     console.print(f"{len(servers.procs)} inference servers ready, every path warmed; bring-up took "
                   f"{timings['bringup_s']:.1f} s; watching {len(watch.seen)} components")
+    _check_host_speed(plan, live.run_dir, console, timings)
     cpu_before = servers.cpu_stats()
     stack.callback(servers.write_cpu_during_load, cpu_before)  # also after a failed or interrupted load
     run_load(live, duration_s, stack, console, servers, watch, events_ref)
     timings["total_s"] = time.monotonic() - t0
+
+
+def _check_host_speed(plan: Plan, run_dir: Path, console: Console, timings: dict) -> None:
+    """Time one model's bare call now against its profile (``host_speed.json``;
+    :func:`testbed.inference.handling.host_speed`): a machine slower than when the profiles were
+    measured makes every simulated figure of this plan optimistic, and the summary says so."""
+    from testbed.inference.handling import host_speed
+
+    models = {m: c.server.runtime_of(m) for c in plan.experiment.clusters for m in c.models}
+    t = time.monotonic()
+    got = host_speed(plan.zoo_dir, plan.profiles_dir, models)
+    timings["host_speed_s"] = time.monotonic() - t
+    write_json_atomic(run_dir / "host_speed.json", got)
+    if got:
+        console.print(Text(f"host speed: {got['model']} bare call {got['now_ms']} ms now against "
+                           f"{got['profile_ms']} ms profiled ({got['ratio']}x)"))
 
 
 def _warm_summary(warm: dict[str, dict]) -> dict:

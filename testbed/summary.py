@@ -409,8 +409,9 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
     answered, every cause: from the records; ``utilization`` and ``server``: the servers' own
     counters, apart), ``link_emulators`` (lateness and drops), ``links`` (mean and max utilization
     per direction, drops, from the controller's port stats), ``records_check`` (rows per source
-    file, merged, gaps), ``health`` (from ``run.json``). ``capture`` (with packet capture: queries
-    matched, retransmissions, per-hop one-way delay).
+    file, merged, gaps), ``health`` (from ``run.json``), ``host_speed`` (``host_speed.json``: a
+    bare model call now against its profile; ``{}`` if not measured). ``capture`` (with packet
+    capture: queries matched, retransmissions, per-hop one-way delay).
     """
     from testbed.health import read_health
 
@@ -452,6 +453,10 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
     s["link_emulators"] = _link_emulators(run_dir)
     s["links"] = _links(run_dir)
     s["records_check"] = _records_check(run_dir, df)
+    try:
+        s["host_speed"] = json.loads((run_dir / "host_speed.json").read_text())
+    except (OSError, ValueError):
+        s["host_speed"] = {}
     health = read_health(run_dir)
     if health:
         s["health"] = health
@@ -530,10 +535,9 @@ THROTTLED_SHARE_NOTABLE = 0.05
 
 def _service_warning(s: dict, sc: dict) -> str:
     """The summary's line about models that ran slower than their profile at servers that were not
-    busy: held back by their own CFS quota (the cgroup was throttled: the server's request
-    handling, HTTP and JPEG decoding, spends the same quota as the model calls, and neither the
-    profile nor the simulator's CPU model counts it), or by the machine (not throttled: other
-    processes had the CPU)."""
+    busy: held back by their own CFS quota (the cgroup was throttled: the CPU per query was more
+    than the plan's figures give, e.g. on a host slower than when profiled), or by the machine
+    (not throttled: other processes had the CPU)."""
     worst = max(sc["starved"], key=lambda k: sc["per_model"][k]["ratio"])
     w = sc["per_model"][worst]
     clusters = sorted({k.split("/")[0] for k in sc["starved"]})
@@ -544,10 +548,10 @@ def _service_warning(s: dict, sc: dict) -> str:
             f"{w['profile_p50_ms']} ms, {w['ratio']}x). ")
     if throttled and max(throttled.values()) > THROTTLED_SHARE_NOTABLE:
         shares = ", ".join(f"{c} {100 * v:.0f} %" for c, v in sorted(throttled.items()))
-        return head + (f"Their cgroups ran out of CPU quota in {shares} of the CFS periods: the server's other work "
-                       f"in its cgroup (HTTP, JPEG decoding) spends the same quota as the model calls, and the "
-                       f"profile and the simulator's CPU model count only the model calls, so the simulator is "
-                       f"optimistic here.")
+        return head + (f"Their cgroups ran out of CPU quota in {shares} of the CFS periods: the CPU per query "
+                       f"(model call and request handling, testbed/model/cpu.py) exceeded what the plan's figures "
+                       f"give; if the host-speed line says the machine is slower than when profiled, that is why, "
+                       f"and the simulator is optimistic here.")
     return head + (f"The machine did not give the clusters their CPU share (load average {sc['loadavg_1min']} on "
                    f"{sc['cpus']} CPUs at the end). Latencies and success are not those of the planned clusters; "
                    f"rerun on a quieter machine.")
@@ -574,6 +578,12 @@ def _headline(s: dict) -> list[str]:
                      f"dropped: {le['lost']} by the loss model, {le['overflow']} FIFO overflow, {le['shaper_drops']} "
                      f"by the bandwidth shaper, {le['dropped_down']} on a link down, {le['kernel_drops']} by the "
                      f"kernel (the emulator fell behind), {le['send_errors']} send errors.")
+    hs = s.get("host_speed") or {}
+    if hs.get("slow"):
+        lines.append(f"WARNING: this machine ran {hs['model']}'s bare model call {hs['ratio']}x slower than its "
+                     f"profile ({hs['now_ms']} against {hs['profile_ms']} ms): every simulated figure of this "
+                     f"plan is optimistic for this machine now; re-profile (testbed profile --shares 1,2) or "
+                     f"compare with a simulation only on the same machine state.")
     sc = s.get("service_check") or {}
     if sc.get("starved"):
         lines.append(_service_warning(s, sc))

@@ -99,3 +99,46 @@ def test_simulator_handling_throttles_a_small_share_under_load():
     served0, _ = run(0.0)
     assert served0 / 20.0 == pytest.approx(25.0, rel=0.02)
     assert served < served0 * 0.75
+
+
+def test_handling_figures_of_the_committed_zoo_are_read_and_checked(tmp_path):
+    from testbed.inference import handling, zoo
+
+    profiles = REPO_ROOT / "models" / "profiles"
+    assert handling.handling_ms(profiles, "hand_full") > 0.5  # JPEG frames: at least half a ms per request
+    server, cold = handling.call_factors(profiles, "hand_full")
+    assert server >= 1.0 and cold >= 1.0
+    assert handling.call_factors(profiles, "digits_small") == (1.0, 1.0)  # below the CPU clock's resolution
+    with pytest.raises(zoo.ZooFileMissing, match="python -m testbed.inference.handling --variants nope"):
+        handling.handling_ms(profiles, "nope")
+    (tmp_path / "handling.json").write_text('{"variants": {"m": {"handling_ms": "x"}}}')
+    with pytest.raises(zoo.ZooError, match="malformed"):
+        handling.handling_ms(tmp_path, "m")
+
+
+def test_plan_of_the_default_experiment_charges_handling():
+    from testbed.inference import handling
+    from testbed.plan import plan_experiment
+
+    plan = plan_experiment(REPO_ROOT / "experiments" / "default.yaml")
+    fig = plan.services["fesv"]["hand_full"]
+    assert fig.handling_ms == handling.handling_ms(REPO_ROOT / "models" / "profiles", "hand_full")
+    assert fig.busy_mean_ms == pytest.approx((fig.wall_mean_ms + fig.handling_ms) / 0.25)
+    assert fig.expected_ms > fig.handling_ms + fig.wall_p95_ms * 0.9
+
+
+def test_host_speed_times_the_cheapest_real_model_and_the_summary_warns():
+    from testbed.inference import handling
+    from testbed.summary import _headline
+
+    got = handling.host_speed(REPO_ROOT / "models" / "zoo", REPO_ROOT / "models" / "profiles",
+                              {"hand_lite": "litert", "resnet50": "litert", "digits_small": "litert"})
+    assert got["model"] == "hand_lite" and got["calls"] >= 30  # the cheapest of >= 1 ms; digits is too short
+    assert got["now_ms"] > 0.5 and got["ratio"] == pytest.approx(got["now_ms"] / got["profile_ms"], rel=0.01)
+    assert handling.host_speed(REPO_ROOT / "models" / "zoo", REPO_ROOT / "models" / "profiles",
+                               {"digits_small": "litert"}) == {}
+    s = {"queries": 1, "duration_s": 1.0, "host_speed": dict(got, ratio=1.6, slow=True)}
+    assert any(line.startswith("WARNING: this machine ran hand_lite's bare model call 1.6x slower")
+               for line in _headline(s))
+    s["host_speed"]["slow"] = False
+    assert not any("bare model call" in line for line in _headline(s))

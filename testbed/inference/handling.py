@@ -18,14 +18,15 @@ from ``/proc/<pid>/task/<tid>/stat``) divided by the queries: ``handling_ms`` = 
 thread, which runs the event loop and nothing else per query; ``call_cpu_ms`` = every other
 thread (the worker's model call and its hand-off). CPU time, not wall time, so that the machine's
 other load does not stretch the figures (the wall times of the model call, T3 - T2, are kept
-too). ``call_cpu_ms`` over the profiler's bare unthrottled call is the model call as the server
-makes it, after the event loop decoded a real request and handed it to a worker thread
-(:func:`call_factors`).
+too). Just before the server starts, ``bare_call_cpu_ms``: the same model's bare call in this
+process, as the profiler makes it (1 thread, back to back, ``n`` calls). ``call_cpu_ms`` over it
+is the model call as the server makes it, after the event loop decoded a real request and
+handed it to a worker thread (:func:`call_factors`).
 
 Writes ``<profiles>/handling.json`` (schema 1)::
 
     {"schema": 1, "method", "measured_at", "machine": {"cpu", "cores"},
-     "variants": {"<variant>": {"family", "runtime", "queries", "isolated_queries", "handling_ms",
+     "variants": {"<variant>": {"family", "runtime", "queries", "isolated_queries", "bare_call_cpu_ms", "handling_ms",
                                 "call_cpu_ms", "handling_isolated_ms", "call_cpu_isolated_ms",
                                 "call_wall_ms", "call_wall_isolated_ms", "request_bytes_mean",
                                 "loadavg_1min"}}}
@@ -116,6 +117,20 @@ def _pass(proc: subprocess.Popen, query: Callable[[int], float], n: int, gap_s: 
             "wall_ms": float(np.mean(walls))}
 
 
+def bare_call_cpu_ms(zoo_dir: Path, variant: str, runtime: str, manifest: dict[str, Any], n: int) -> float:
+    """CPU ms per call of ``variant``'s bare model call in this process (1 thread, back to back,
+    the family's decoded payloads, after 20 warm-up calls): the profiler's call, measured minutes
+    before the server's so that both see the same machine (on a shared host, CPU time per call
+    itself varies by 10-30 % over an hour)."""
+    model = zoo.load_model(zoo_dir, variant, runtime, manifest, threads=1)
+    x = zoo.load_payloads(zoo_dir, manifest["variants"][variant]["family"])[0]
+    model.warm_up(x, calls=WARMUP, batch=1)
+    t0 = time.thread_time()
+    for i in range(n):
+        model.predict(x[i % len(x)][None])
+    return (time.thread_time() - t0) / n * 1e3
+
+
 def measure_one(zoo_dir: Path, variant: str, n: int, tmp: Path) -> dict[str, Any]:
     """The handling figures of ``variant`` (module doc), from ``n`` back-to-back queries and
     ``max(30, n / 4)`` isolated ones.
@@ -129,6 +144,7 @@ def measure_one(zoo_dir: Path, variant: str, n: int, tmp: Path) -> dict[str, Any
     family = manifest["variants"][variant]["family"]
     runtime = "litert" if "litert" in zoo.runtimes_of(manifest, variant) else "tensorflow"
     bodies, _ = zoo.request_bodies(zoo_dir, family)
+    bare_ms = bare_call_cpu_ms(zoo_dir, variant, runtime, manifest, n)
     proc, port = start_server(zoo_dir, variant, runtime, tmp)
     n_iso = max(MIN_ISOLATED, n // 4)
     try:
@@ -152,6 +168,7 @@ def measure_one(zoo_dir: Path, variant: str, n: int, tmp: Path) -> dict[str, Any
     finally:
         stop_processes([proc])
     return {"family": family, "runtime": runtime, "queries": n, "isolated_queries": n_iso,
+            "bare_call_cpu_ms": round(bare_ms, 3),
             "handling_ms": round(warm["main_ms"], 3), "call_cpu_ms": round(warm["other_ms"], 3),
             "handling_isolated_ms": round(cold["main_ms"], 3), "call_cpu_isolated_ms": round(cold["other_ms"], 3),
             "call_wall_ms": round(warm["wall_ms"], 3), "call_wall_isolated_ms": round(cold["wall_ms"], 3),
@@ -208,11 +225,11 @@ def measured_row(profiles_dir: str | os.PathLike[str], variant: str) -> dict[str
         row = json.loads(path.read_text())["variants"].get(variant)
         if row is None:
             raise zoo.ZooFileMissing(f"{path} has no row for variant {variant!r}; {hint}")
-        got = {k: float(row[k]) for k in ("handling_ms", "call_cpu_ms", "call_cpu_isolated_ms")}
+        got = {k: float(row[k]) for k in ("handling_ms", "call_cpu_ms", "call_cpu_isolated_ms", "bare_call_cpu_ms")}
         got["runtime"] = str(row["runtime"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise zoo.ZooError(f"{path}: malformed ({type(exc).__name__}: {exc}); {hint}") from None
-    if min(got["handling_ms"], got["call_cpu_ms"], got["call_cpu_isolated_ms"]) < 0:
+    if min(v for k, v in got.items() if k != "runtime") < 0:
         raise zoo.ZooError(f"{path}: variant {variant!r} has {got} (CPU times >= 0 ms expected)")
     got["queries"], got["isolated_queries"] = int(row["queries"]), int(row["isolated_queries"])
     return got
@@ -228,30 +245,70 @@ def handling_ms(profiles_dir: str | os.PathLike[str], variant: str) -> float:
     return measured_row(profiles_dir, variant)["handling_ms"]
 
 
-def call_factors(profiles_dir: str | os.PathLike[str], variant: str, bare_mean_ms: float) -> tuple[float, float]:
+def call_factors(profiles_dir: str | os.PathLike[str], variant: str) -> tuple[float, float]:
     """(in-server factor, cold factor) of ``variant``'s model call, from ``handling.json``:
 
-    * in-server = the CPU of the server's warm model call (``call_cpu_ms``) / ``bare_mean_ms``,
-      the profiler's unthrottled back-to-back call at 1 thread (at least 1): the same call, made
-      after the event loop decoded a real request and handed it to a worker thread;
+    * in-server = the CPU of the server's warm model call (``call_cpu_ms``) / that of the bare
+      call measured just before it (``bare_call_cpu_ms``: the profiler's call, back to back, 1
+      thread), at least 1: the same call, made after the event loop decoded a real request and
+      handed it to a worker thread;
     * cold = the CPU of its call after 100 ms of idleness / that of its warm call (at least 1).
 
     A factor whose pass used less than :data:`RESOLUTION_S` of CPU in all is 1.0: the CPU clock's
     10 ms ticks cannot resolve it (the small zoo's sub-millisecond models).
 
     Raises:
-        zoo.ZooFileMissing / zoo.ZooError: as :func:`handling_ms`; ValueError: ``bare_mean_ms`` <= 0.
+        zoo.ZooFileMissing / zoo.ZooError: as :func:`handling_ms`.
     """
-    if not bare_mean_ms > 0:
-        raise ValueError(f"bare_mean_ms must be > 0 (got {bare_mean_ms})")
     row = measured_row(profiles_dir, variant)
-    warm, cold = row["call_cpu_ms"], row["call_cpu_isolated_ms"]
-    if warm * row["queries"] / 1e3 < RESOLUTION_S:
+    warm, cold, bare = row["call_cpu_ms"], row["call_cpu_isolated_ms"], row["bare_call_cpu_ms"]
+    if min(warm, bare) * row["queries"] / 1e3 < RESOLUTION_S:
         return 1.0, 1.0
-    server = max(1.0, warm / bare_mean_ms)
+    server = max(1.0, warm / bare)
     if cold * row["isolated_queries"] / 1e3 < RESOLUTION_S:
         return server, 1.0
     return server, max(1.0, cold / warm)
+
+
+#: The host-speed check (:func:`host_speed`): a bare call this many times slower than the profile
+#: means the machine is slower now than when it was profiled. Measured on the build machine: the
+#: same bare call ran 1.5-1.7x slower at 17:15 UTC than at 11:30 UTC on a shared host (hand_full
+#: 11.7 against 7.0 ms, face_dual 7.8 against 5.1 ms, docs/models-and-servers.md), while
+#: back-to-back repeats within minutes agree within about 10 %.
+HOST_SLOW_FACTOR = 1.25
+#: CPU time the host-speed check spends on calls (s).
+HOST_CHECK_S = 0.5
+
+
+def host_speed(zoo_dir: str | os.PathLike[str], profiles_dir: str | os.PathLike[str],
+               models: dict[str, str]) -> dict[str, Any]:
+    """How fast this machine runs a model now against its profile: the bare call (1 thread, back to
+    back, :func:`bare_call_cpu_ms`) of the cheapest of ``models`` (name -> runtime) whose profiled
+    unthrottled call takes at least 1 ms, for about :data:`HOST_CHECK_S` of CPU.
+
+    Returns ``{"model", "runtime", "calls", "now_ms", "profile_ms", "ratio", "slow"}`` (``slow``:
+    ratio >= :data:`HOST_SLOW_FACTOR`), or ``{}`` when no model qualifies (the small zoo's models
+    are too short to time this way).
+
+    Raises:
+        zoo.ZooError: a model's profile or file is missing.
+    """
+    from testbed.inference import profiles
+
+    manifest = zoo.load_manifest(zoo_dir)
+    cands = []
+    for name, runtime in sorted(models.items()):
+        ms = float(profiles.cpu_time(profiles_dir, name, runtime, 1, 1).samples_ms.mean())
+        if ms >= 1.0:
+            cands.append((ms, name, runtime))
+    if not cands:
+        return {}
+    prof_ms, name, runtime = min(cands)
+    n = max(30, int(HOST_CHECK_S * 1e3 / prof_ms))
+    now = bare_call_cpu_ms(Path(zoo_dir), name, runtime, manifest, n)
+    ratio = now / prof_ms
+    return {"model": name, "runtime": runtime, "calls": n, "now_ms": round(now, 3), "profile_ms": round(prof_ms, 3),
+            "ratio": round(ratio, 2), "slow": ratio >= HOST_SLOW_FACTOR}
 
 
 def main(argv: list[str] | None = None) -> int:
