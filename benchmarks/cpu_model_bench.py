@@ -18,7 +18,9 @@ t3 - t2 of every answered query of an emulated run next to the same experiment s
 same seed, split into queries that found the server idle (``queue_len_at_arrival`` = 0: low
 load) and the others (high load). Two simulations of the run's experiment, planned now: ``calls
 only`` (the profiles' bare model calls, as the simulator was before request handling was
-modelled) and ``full`` (request handling, the in-server call and cold calls; :func:`emulation_rows`).
+modelled), ``full`` (request handling, the in-server call and cold calls; :func:`emulation_rows`)
+and ``full x host`` (the same with every CPU time scaled by the run's own host-speed check,
+``host_speed.json``: the machine as it was during the run).
 
 Prints Markdown tables; the machine's 1-minute load average is printed first (timings of the
 profiles are whatever the profiler measured; see each row's ``loadavg_1min``).
@@ -151,6 +153,23 @@ class CallsOnly:
                        handling_ms=0.0, cold_factor=1.0, server_factor=1.0)
 
 
+class HostScaled(CallsOnly):
+    """The full model with every CPU time (calls and handling) x ``ratio``: the run's host-speed
+    check (``host_speed.json``) says how much slower the machine ran a bare call than its profile."""
+
+    def __init__(self, inner, ratio: float):
+        super().__init__(inner)
+        self.ratio = ratio
+
+    def samples(self, name: str, runtime: str, threads: int):
+        from dataclasses import replace
+
+        s, r = self.inner.samples(name, runtime, threads), self.ratio
+        return replace(s, samples_ms=[x * r for x in s.samples_ms], batch_mean_ms={b: m * r for b, m in
+                                                                                   s.batch_mean_ms.items()},
+                       handling_ms=s.handling_ms * r)
+
+
 def emulation_rows(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
     """Part 2: per (cluster, model, load) the emulated inference time t3 - t2 and server wait
     t2 - t1 next to two simulations of the run's experiment and seed: ``calls only``
@@ -169,13 +188,17 @@ def emulation_rows(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
         zoo_cat = ZooCatalog(doc["zoo_dir"], doc["profiles_dir"])
         new = build_plan(exp, base_dir=base, catalog=zoo_cat)
         old = build_plan(exp, base_dir=base, catalog=CallsOnly(zoo_cat))
+        hs = json.loads((run / "host_speed.json").read_text()) if (run / "host_speed.json").is_file() else {}
+        ratio = float(hs.get("ratio") or 1.0)
+        host = build_plan(exp, base_dir=base, catalog=HostScaled(zoo_cat, ratio))
         emu = pd.read_parquet(run / "records.parquet") if (run / "records.parquet").is_file() \
             else pd.read_csv(run / "records.csv")
         info = json.loads((run / "run.json").read_text())
         seed, dur = int(info.get("seed", old.experiment.seed)), float(info.get("duration_s", old.experiment.duration_s))
-        sims = {"calls only": _times(_simulate(old, seed, dur)), "full": _times(_simulate(new, seed, dur))}
+        sims = {"calls only": _times(_simulate(old, seed, dur)), "full": _times(_simulate(new, seed, dur)),
+                "full x host": _times(_simulate(host, seed, dur))}
         emu = _times(emu)
-        runs.append({"run": run.name, "queries emu": len(emu),
+        runs.append({"run": run.name, "queries emu": len(emu), "host speed ratio": f"{ratio:.2f}",
                      "success emulated": f"{(emu.outcome == 'success').mean():.3f}",
                      **{f"success sim {k}": f"{(v.outcome == 'success').mean():.3f}" for k, v in sims.items()}})
         for (c, m), g in emu.dropna(subset=["svc_ms"]).groupby(["cluster", "model"]):
@@ -191,6 +214,7 @@ def emulation_rows(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
                     row[f"t3-t2 {k}"] = _fmt(v.svc_ms.to_numpy())
                 row["t2-t1 emulated / full"] = f"{ge.wait_ms.mean():.1f} / {got['full'].wait_ms.mean():.1f}"
                 row["mean ratio emu/full"] = f"{ge.svc_ms.mean() / got['full'].svc_ms.mean():.2f}"
+                row["mean ratio emu/full x host"] = f"{ge.svc_ms.mean() / got['full x host'].svc_ms.mean():.2f}"
                 row["mean ratio emu/calls only"] = f"{ge.svc_ms.mean() / got['calls only'].svc_ms.mean():.2f}"
                 rows.append(row)
     return rows, runs

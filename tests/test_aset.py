@@ -189,6 +189,10 @@ def test_config_errors_name_the_item(tmp_path):
     bad.write_text("name: t\nagent: {hiden: [3]}\n")
     with pytest.raises(ConfigError, match="agent.hiden: unknown key"):
         load_aset_config(bad)
+    for actions, said in (("[]", "0 policies"), ("[closest]", "1 policy")):
+        bad.write_text(f"name: t\nactions: {actions}\n")
+        with pytest.raises(ConfigError, match=f"actions: {said}: ASET needs at least 2"):
+            load_aset_config(bad)
 
 
 def test_aset_config_files_validate():

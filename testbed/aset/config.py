@@ -167,6 +167,9 @@ class AsetConfig(StrictModel):
                 raise ValueError(f"{what}: unknown policy {bad[0]!r}; known: {', '.join(CATALOGUE)}")
         if self.actions is not None and len(set(self.actions)) != len(self.actions):
             raise ValueError("actions: a policy is listed twice")
+        if self.actions is not None and len(self.actions) < 2:
+            raise ValueError(f"actions: {len(self.actions)} polic{'y' if len(self.actions) == 1 else 'ies'}: ASET "
+                             f"needs at least 2 to choose from (leave actions out for the whole catalogue)")
         return self
 
     @property
