@@ -118,10 +118,12 @@ def _fmt(x: np.ndarray) -> str:
 def _simulate(plan, seed: int, duration_s: float):
     import pandas as pd
 
+    from testbed.model.records import GRACE_MS
     from testbed.sim import Simulator
 
     sim = Simulator(plan, seed=seed, record=True)
-    sim.run_until(duration_s + 3.0)
+    sim.arrivals_end = duration_s  # the run's query set: created during the load only, as testbed simulate
+    sim.run_until(duration_s + max(a.deadline_ms for a in plan.experiment.applications) / 1e3 + GRACE_MS / 1e3)
     return pd.DataFrame(sim.records())
 
 
@@ -183,22 +185,28 @@ def emulation_rows(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
 
     rows, runs = [], []
     for run in run_dirs:
+        if not (run / "plan.json").is_file() or not (run / "run.json").is_file():
+            raise SystemExit(f"--emulation {run}: not a run directory (no plan.json / run.json)")
+        if json.loads((run / "run.json").read_text()).get("mode") != "emulation":
+            raise SystemExit(f"--emulation {run}: not an emulated run (run.json mode is not 'emulation')")
         doc = json.loads((run / "plan.json").read_text())
         exp, base = Experiment.model_validate(doc["experiment"]), Path(doc["base_dir"])
         zoo_cat = ZooCatalog(doc["zoo_dir"], doc["profiles_dir"])
         new = build_plan(exp, base_dir=base, catalog=zoo_cat)
         old = build_plan(exp, base_dir=base, catalog=CallsOnly(zoo_cat))
         hs = json.loads((run / "host_speed.json").read_text()) if (run / "host_speed.json").is_file() else {}
-        ratio = float(hs.get("ratio") or 1.0)
-        host = build_plan(exp, base_dir=base, catalog=HostScaled(zoo_cat, ratio))
+        ratio = float(hs["ratio"]) if hs.get("ratio") else None  # None: not measured (older run, small zoo)
         emu = pd.read_parquet(run / "records.parquet") if (run / "records.parquet").is_file() \
             else pd.read_csv(run / "records.csv")
         info = json.loads((run / "run.json").read_text())
         seed, dur = int(info.get("seed", old.experiment.seed)), float(info.get("duration_s", old.experiment.duration_s))
-        sims = {"calls only": _times(_simulate(old, seed, dur)), "full": _times(_simulate(new, seed, dur)),
-                "full x host": _times(_simulate(host, seed, dur))}
+        sims = {"calls only": _times(_simulate(old, seed, dur)), "full": _times(_simulate(new, seed, dur))}
+        if ratio is not None:
+            host = build_plan(exp, base_dir=base, catalog=HostScaled(zoo_cat, ratio))
+            sims["full x host"] = _times(_simulate(host, seed, dur))
         emu = _times(emu)
-        runs.append({"run": run.name, "queries emu": len(emu), "host speed ratio": f"{ratio:.2f}",
+        runs.append({"run": run.name, "queries emu": len(emu), "queries sim": len(sims["full"]),
+                     "host speed ratio": "n/a" if ratio is None else f"{ratio:.2f}",
                      "success emulated": f"{(emu.outcome == 'success').mean():.3f}",
                      **{f"success sim {k}": f"{(v.outcome == 'success').mean():.3f}" for k, v in sims.items()}})
         for (c, m), g in emu.dropna(subset=["svc_ms"]).groupby(["cluster", "model"]):
@@ -214,7 +222,8 @@ def emulation_rows(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
                     row[f"t3-t2 {k}"] = _fmt(v.svc_ms.to_numpy())
                 row["t2-t1 emulated / full"] = f"{ge.wait_ms.mean():.1f} / {got['full'].wait_ms.mean():.1f}"
                 row["mean ratio emu/full"] = f"{ge.svc_ms.mean() / got['full'].svc_ms.mean():.2f}"
-                row["mean ratio emu/full x host"] = f"{ge.svc_ms.mean() / got['full x host'].svc_ms.mean():.2f}"
+                row["mean ratio emu/full x host"] = (f"{ge.svc_ms.mean() / got['full x host'].svc_ms.mean():.2f}"
+                                                     if "full x host" in got else "n/a")
                 row["mean ratio emu/calls only"] = f"{ge.svc_ms.mean() / got['calls only'].svc_ms.mean():.2f}"
                 rows.append(row)
     return rows, runs

@@ -582,8 +582,9 @@ def _headline(s: dict) -> list[str]:
     if hs.get("slow"):
         lines.append(f"WARNING: this machine ran {hs['model']}'s bare model call {hs['ratio']}x slower than its "
                      f"profile ({hs['now_ms']} against {hs['profile_ms']} ms): every simulated figure of this "
-                     f"plan is optimistic for this machine now; re-profile (testbed profile --shares 1,2) or "
-                     f"compare with a simulation only on the same machine state.")
+                     f"plan is optimistic for this machine now (the warning starts at 1.25x); re-measure the "
+                     f"profiles and the request handling on this machine state (testbed profile --shares 1,2; "
+                     f"python -m testbed.inference.handling) before comparing with a simulation.")
     sc = s.get("service_check") or {}
     if sc.get("starved"):
         lines.append(_service_warning(s, sc))

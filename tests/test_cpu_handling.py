@@ -111,9 +111,29 @@ def test_handling_figures_of_the_committed_zoo_are_read_and_checked(tmp_path):
     assert handling.call_factors(profiles, "digits_small") == (1.0, 1.0)  # below the CPU clock's resolution
     with pytest.raises(zoo.ZooFileMissing, match="python -m testbed.inference.handling --variants nope"):
         handling.handling_ms(profiles, "nope")
-    (tmp_path / "handling.json").write_text('{"variants": {"m": {"handling_ms": "x"}}}')
+    import json
+
+    good = json.loads((profiles / "handling.json").read_text())["variants"]["hand_full"]
+    f = tmp_path / "handling.json"
+    for key, value, said in (("handling_ms", "x", "handling_ms = 'x'"), ("handling_ms", True, "handling_ms = True"),
+                             ("handling_ms", float("inf"), "handling_ms = inf"), ("call_cpu_ms", 1e9, "call_cpu_ms"),
+                             ("handling_ms", -1.0, "handling_ms = -1.0"), ("queries", 0, "queries = 0"),
+                             ("queries", 2.7, "queries = 2.7"), ("runtime", "pytorch", "runtime = 'pytorch'")):
+        f.write_text(json.dumps({"variants": {"m": dict(good, **{key: value})}}))
+        with pytest.raises(zoo.ZooError, match=f"variant 'm': {said}"):
+            handling.handling_ms(tmp_path, "m")
+    f.write_text(json.dumps({"variants": {"m": {k: v for k, v in good.items() if k != "queries"}}}))
+    with pytest.raises(zoo.ZooError, match="queries = None"):
+        handling.handling_ms(tmp_path, "m")
+    f.write_text("[1, 2]")
     with pytest.raises(zoo.ZooError, match="malformed"):
         handling.handling_ms(tmp_path, "m")
+    with pytest.raises(ValueError, match="--variants: the list is empty"):
+        handling.run(REPO_ROOT / "models" / "zoo", tmp_path, [], 200)
+    with pytest.raises(ValueError, match="no 'variants' object"):  # refused before any server starts
+        handling.run(REPO_ROOT / "models" / "zoo", tmp_path, ["hand_full"], 200)
+    with pytest.raises(ValueError, match="is not a folder"):
+        handling.run(REPO_ROOT / "models" / "zoo", tmp_path / "nope", ["hand_full"], 200)
 
 
 def test_plan_of_the_default_experiment_charges_handling():

@@ -180,21 +180,33 @@ def run(zoo_dir: Path, profiles_dir: Path, variants: list[str] | None = None, n:
     """Measure ``variants`` (default: all of the zoo's) and merge them into ``<profiles>/handling.json``.
 
     Raises:
-        ValueError: an unknown variant, or ``n`` < 100 (the CPU clock ticks at 10 ms: fewer
-            queries leave the per-query figure coarse).
+        ValueError: an empty or unknown variant list, ``n`` < 100 (the CPU clock ticks at 10 ms:
+            fewer queries leave the per-query figure coarse), a ``profiles_dir`` that is not a
+            folder, or a ``handling.json`` there that is not one (all before measuring).
         RuntimeError: a server failed (the variants measured before it are kept).
     """
     from testbed.util import write_json_atomic
 
     known = zoo.load_manifest(zoo_dir)["variants"]
+    if variants is not None and not variants:
+        raise ValueError("--variants: the list is empty (give variant names, or all)")
     variants = list(variants or known)
     bad = [v for v in variants if v not in known]
     if bad:
         raise ValueError(f"--variants: unknown variant(s) {', '.join(map(repr, bad))} (known: {', '.join(known)})")
     if n < 100:
         raise ValueError(f"-n: {n} queries is too few (>= 100; the CPU clock has 10 ms ticks)")
+    if not Path(profiles_dir).is_dir():
+        raise ValueError(f"--profiles: {profiles_dir} is not a folder")
     path = Path(profiles_dir) / FILE
-    doc = json.loads(path.read_text()) if path.is_file() else {"schema": SCHEMA, "variants": {}}
+    doc = {"schema": SCHEMA, "variants": {}}
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text())
+        except ValueError as exc:
+            raise ValueError(f"{path}: not JSON ({exc}); fix or remove it before measuring into it") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("variants"), dict):
+            raise ValueError(f"{path}: no 'variants' object; fix or remove it before measuring into it")
     with tempfile.TemporaryDirectory(prefix="handling-") as tmp:
         for v in variants:
             row = measure_one(Path(zoo_dir), v, n, Path(tmp))
@@ -210,28 +222,59 @@ def run(zoo_dir: Path, profiles_dir: Path, variants: list[str] | None = None, n:
     return doc
 
 
+#: Bounds of the figures in ``handling.json`` (ms of CPU per query; queries per pass): a value
+#: outside is a corrupt file, not a measurement (resnet50's call, the zoo's longest, is ~100 ms).
+MAX_FIGURE_MS = 10_000.0
+MIN_QUERIES, MAX_QUERIES = MIN_ISOLATED, 1_000_000
+_MS_FIELDS = ("handling_ms", "call_cpu_ms", "call_cpu_isolated_ms", "bare_call_cpu_ms")
+
+
+def _field(row: dict, key: str, kind: type, lo: float, hi: float) -> float | int:
+    """``row[key]`` as a finite number of ``kind`` (JSON booleans and strings refused) in [lo, hi]."""
+    import math
+
+    v = row.get(key)
+    ok_type = isinstance(v, int) if kind is int else isinstance(v, (int, float))
+    if v is None or isinstance(v, bool) or not ok_type or not math.isfinite(v) or not lo <= v <= hi:
+        want = "an integer" if kind is int else "a number"
+        raise ValueError(f"{key} = {v!r} (expected {want} in [{lo:g}, {hi:g}])")
+    return kind(v)
+
+
 def measured_row(profiles_dir: str | os.PathLike[str], variant: str) -> dict[str, Any]:
-    """The row of ``variant`` in ``handling.json`` with its figures checked (ms as floats).
+    """The row of ``variant`` in ``handling.json`` with every figure checked: the four CPU times
+    finite numbers in [0, :data:`MAX_FIGURE_MS`] ms, the query counts integers in
+    [:data:`MIN_QUERIES`, :data:`MAX_QUERIES`], the runtime one of the zoo's.
 
     Raises:
         zoo.ZooFileMissing: no ``handling.json``, or no row for ``variant`` (with the command to measure it).
-        zoo.ZooError: the file is malformed, or a figure is out of range.
+        zoo.ZooError: the file is malformed, or a figure is out of range (naming the field and value).
     """
     path = Path(profiles_dir) / FILE
     hint = f"measure it: python -m testbed.inference.handling --variants {variant}"
     if not path.is_file():
         raise zoo.ZooFileMissing(f"{path} does not exist; {hint}")
     try:
-        row = json.loads(path.read_text())["variants"].get(variant)
-        if row is None:
-            raise zoo.ZooFileMissing(f"{path} has no row for variant {variant!r}; {hint}")
-        got = {k: float(row[k]) for k in ("handling_ms", "call_cpu_ms", "call_cpu_isolated_ms", "bare_call_cpu_ms")}
-        got["runtime"] = str(row["runtime"])
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise zoo.ZooError(f"{path}: malformed ({type(exc).__name__}: {exc}); {hint}") from None
-    if min(v for k, v in got.items() if k != "runtime") < 0:
-        raise zoo.ZooError(f"{path}: variant {variant!r} has {got} (CPU times >= 0 ms expected)")
-    got["queries"], got["isolated_queries"] = int(row["queries"]), int(row["isolated_queries"])
+        doc = json.loads(path.read_text())
+        rows = doc["variants"] if isinstance(doc, dict) else None
+        if not isinstance(rows, dict):
+            raise ValueError("no 'variants' object")
+        row = rows.get(variant)
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        raise zoo.ZooError(f"{path}: malformed ({exc}); {hint}") from None
+    if row is None:
+        raise zoo.ZooFileMissing(f"{path} has no row for variant {variant!r}; {hint}")
+    try:
+        if not isinstance(row, dict):
+            raise ValueError(f"the row is a {type(row).__name__}, not an object")
+        got: dict[str, Any] = {k: _field(row, k, float, 0.0, MAX_FIGURE_MS) for k in _MS_FIELDS}
+        for k in ("queries", "isolated_queries"):
+            got[k] = _field(row, k, int, MIN_QUERIES, MAX_QUERIES)
+        if row.get("runtime") not in zoo.RUNTIMES:
+            raise ValueError(f"runtime = {row.get('runtime')!r} (expected one of {', '.join(zoo.RUNTIMES)})")
+        got["runtime"] = row["runtime"]
+    except ValueError as exc:
+        raise zoo.ZooError(f"{path}: variant {variant!r}: {exc}; {hint}") from None
     return got
 
 
@@ -262,7 +305,7 @@ def call_factors(profiles_dir: str | os.PathLike[str], variant: str) -> tuple[fl
     """
     row = measured_row(profiles_dir, variant)
     warm, cold, bare = row["call_cpu_ms"], row["call_cpu_isolated_ms"], row["bare_call_cpu_ms"]
-    if min(warm, bare) * row["queries"] / 1e3 < RESOLUTION_S:
+    if min(warm, bare) * row["queries"] / 1e3 < RESOLUTION_S:  # includes a bare call of 0 ms
         return 1.0, 1.0
     server = max(1.0, warm / bare)
     if cold * row["isolated_queries"] / 1e3 < RESOLUTION_S:
@@ -272,9 +315,9 @@ def call_factors(profiles_dir: str | os.PathLike[str], variant: str) -> tuple[fl
 
 #: The host-speed check (:func:`host_speed`): a bare call this many times slower than the profile
 #: means the machine is slower now than when it was profiled. Measured on the build machine: the
-#: same bare call ran 1.5-1.7x slower at 17:15 UTC than at 11:30 UTC on a shared host (hand_full
-#: 11.7 against 7.0 ms, face_dual 7.8 against 5.1 ms, docs/models-and-servers.md), while
-#: back-to-back repeats within minutes agree within about 10 %.
+#: same bare call ran 1.3-1.7x slower at 17:15 UTC than at 11:30 UTC on a shared host (hand_full
+#: 10.7 against 7.0 ms, face_dual 7.8 against 5.1 ms, docs/models-and-servers.md), while
+#: repeats minutes apart differ by 10-30 %.
 HOST_SLOW_FACTOR = 1.25
 #: CPU time the host-speed check spends on calls (s).
 HOST_CHECK_S = 0.5
