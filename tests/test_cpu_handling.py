@@ -44,8 +44,9 @@ def test_service_figures_charge_handling_and_cold_calls():
     assert f.expected_ms == pytest.approx(2.0 + 8.0 * 1.25)  # fits in the 25 ms quota: no throttling
     assert f.busy_mean_ms == pytest.approx((8.0 + 2.0) / 0.25)  # the quota pays call + handling
     assert isolated_query_s(0.25, 1, 1, 0.020, 0.010, 1.0) == pytest.approx(0.105)
-    with pytest.raises(ValueError, match="handling_ms"):
-        service_figures("m", "litert", 0.25, 1, 1, [8.0], {1: 8.0}, handling_ms=-1.0)
+    for bad in (-1.0, float("inf"), float("nan")):  # an infinite handling used to hang CfsQuota
+        with pytest.raises(ValueError, match="handling_ms"):
+            service_figures("m", "litert", 0.25, 1, 1, [8.0], {1: 8.0}, handling_ms=bad)
 
 
 def _plan(handling_ms: float, rate: float, cores: float = 1.0):

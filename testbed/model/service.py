@@ -26,6 +26,7 @@ batch sizes (:func:`batch_scale`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -113,13 +114,14 @@ def service_figures(model: str, runtime: str, cores: float, workers: int, thread
     query and the model's ``cold_factor``.
 
     Raises:
-        ValueError: no samples, a non-positive sample, bad cores/workers/threads, a negative
-            ``handling_ms`` or a ``cold_factor`` below 1.
+        ValueError: no samples, a non-positive or non-finite sample, bad cores/workers/threads, a
+            negative or infinite ``handling_ms`` or a ``cold_factor`` below 1 or infinite.
     """
     samples = [float(s) for s in samples_ms]
-    if not samples or min(samples) <= 0:
-        raise ValueError(f"model {model!r}: service-time samples must be > 0 ms (got {len(samples)} samples)")
-    if not handling_ms >= 0 or not cold_factor >= 1.0:
+    if not samples or min(samples) <= 0 or not all(math.isfinite(x) for x in samples):
+        raise ValueError(f"model {model!r}: service-time samples must be finite and > 0 ms "
+                         f"(got {len(samples)} samples)")
+    if not 0 <= handling_ms < math.inf or not 1.0 <= cold_factor < math.inf:
         raise ValueError(f"model {model!r}: handling_ms must be >= 0 and cold_factor >= 1 "
                          f"(got {handling_ms}, {cold_factor})")
     quota = CfsQuota(cores, threads, workers, handling=handling_ms > 0)
