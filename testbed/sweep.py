@@ -200,20 +200,20 @@ def _plan_cells(experiments: Sequence[str], policies: Sequence[str], seeds: Sequ
     return cells
 
 
-def _run_cells(todo: list, duration_s: float | None, runs_dir: str | None, emulate: bool, link_emulator: str | None,
+def _run_cells(pending: list, duration_s: float | None, runs_dir: str | None, emulate: bool, link_emulator: str | None,
                jobs: int | None, backend: str, ray_address: str | None, prog, task) -> None:
     """Run the cells not done yet; write each as it finishes."""
     from testbed.distributed import imap_unordered
 
     if emulate:
-        tasks = [(plan, p, s, duration_s, runs_dir, link_emulator) for plan, p, s, _ in todo]
+        tasks = [(plan, p, s, duration_s, runs_dir, link_emulator) for plan, p, s, _ in pending]
         it = imap_unordered(run_one_emulated, tasks, backend=backend, ray_address=ray_address,
                             jobs=1 if backend == "process" else jobs, resources={EMULATION_RESOURCE: 1})
     else:
-        tasks = [(plan, p, s, duration_s, runs_dir) for plan, p, s, _ in todo]
+        tasks = [(plan, p, s, duration_s, runs_dir) for plan, p, s, _ in pending]
         it = imap_unordered(run_one, tasks, backend=backend, jobs=jobs, ray_address=ray_address)
     for i, row in it:
-        _write_cell(todo[i][3], row)
+        _write_cell(pending[i][3], row)
         prog.update(task, advance=1, info=f"{row['scenario']} {row['policy']} seed {row['seed']}: "
                                           f"{row['success_ratio']}")
 
@@ -247,15 +247,15 @@ def sweep(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[i
     cells = _plan_cells(experiments, policies, seeds, out, duration_s, emulate, link_emulator)
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = str(out / "runs") if keep_runs or emulate else None
-    todo = [c for c in cells if not c[3].exists()]
-    if len(todo) < len(cells):
-        console.print(f"sweep: {len(cells) - len(todo)} of {len(cells)} cells already done in {out / 'cells'}; "
-                      f"running the other {len(todo)}")
+    pending = [c for c in cells if not c[3].exists()]
+    if len(pending) < len(cells):
+        console.print(f"sweep: {len(cells) - len(pending)} of {len(cells)} cells already done in {out / 'cells'}; "
+                      f"running the other {len(pending)}")
     with Progress(TextColumn("[bold]sweep[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[info]}"), console=console) as prog:
-        task = prog.add_task("sweep", total=len(cells), completed=len(cells) - len(todo), info="")
-        if todo:
-            _run_cells(todo, duration_s, runs_dir, emulate, link_emulator, jobs, backend, ray_address, prog, task)
+        task = prog.add_task("sweep", total=len(cells), completed=len(cells) - len(pending), info="")
+        if pending:
+            _run_cells(pending, duration_s, runs_dir, emulate, link_emulator, jobs, backend, ray_address, prog, task)
     return write_results([c[3] for c in cells], policies, out)
 
 
