@@ -113,7 +113,7 @@ class ZooCatalog:
 
         try:
             row = handling.measured_row(self.profiles_dir, name)
-            server, cold = handling.call_factors(self.profiles_dir, name)
+            server, cold = handling.factors_of(row)
         except (zoo.ZooError, ValueError) as exc:
             raise CatalogError(f"model {name!r}: no request-handling figures to plan with: {exc}") from None
         path = self.profiles_dir / handling.FILE

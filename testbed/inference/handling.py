@@ -303,7 +303,11 @@ def call_factors(profiles_dir: str | os.PathLike[str], variant: str) -> tuple[fl
     Raises:
         zoo.ZooFileMissing / zoo.ZooError: as :func:`handling_ms`.
     """
-    row = measured_row(profiles_dir, variant)
+    return factors_of(measured_row(profiles_dir, variant))
+
+
+def factors_of(row: dict[str, Any]) -> tuple[float, float]:
+    """:func:`call_factors` of a row :func:`measured_row` returned (no second read of the file)."""
     warm, cold, bare = row["call_cpu_ms"], row["call_cpu_isolated_ms"], row["bare_call_cpu_ms"]
     if min(warm, bare) * row["queries"] / 1e3 < RESOLUTION_S:  # includes a bare call of 0 ms
         return 1.0, 1.0

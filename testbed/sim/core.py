@@ -154,7 +154,9 @@ class _Cluster:
         #: request handling (s of CPU per request, per model) and cold-call factors: the model's
         #: CPU rules (:mod:`testbed.model.cpu`); handling runs on one thread, in arrival order
         self.handling_s = {m: f.handling_ms / 1e3 for m, f in figures.items()}
-        self.cold = {m: f.cold_factor for m, f in figures.items()}
+        #: None when no model has cold calls: the quota then skips its idleness tracking per call
+        self.cold = {m: f.cold_factor for m, f in figures.items()} \
+            if any(f.cold_factor != 1.0 for f in figures.values()) else None
         self.handles = any(h > 0 for h in self.handling_s.values())
         self.quota = CfsQuota(fig0.cores, fig0.threads, fig0.workers, handling=self.handles)
         #: the request being handled (t1, query, model, deadline) and when its handling ends (INF:
@@ -290,7 +292,8 @@ class _Cluster:
                 items = [qi]
             # a worker starts one model call for `items` at t
             k = len(items)
-            end = run(t, (samplers[model] if k == 1 else batch_sampler(model, k)).draw() / 1e3, cold[model])
+            wall = (samplers[model] if k == 1 else batch_sampler(model, k)).draw() / 1e3
+            end = run(t, wall, cold[model]) if cold is not None else run(t, wall)
             push(comp, (end, items[0], items, t))
             busy += end - t
             served += k
