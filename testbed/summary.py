@@ -266,7 +266,11 @@ def _per_group(df: pd.DataFrame, by: str) -> dict[str, dict]:
 
 
 def _server_counters(run_dir: Path) -> dict[str, dict]:
-    """Per cluster, the servers' own counters summed over the lives of the server."""
+    """Per cluster, the servers' own counters summed over the lives of the server.
+
+    ``lives`` counts the lives started (``<cluster>.lives.json``, written by the run) and
+    ``lives_not_ready`` those that never became ready (killed or ended while loading: no counters);
+    without that file, every stats file is one life."""
     out: dict[str, dict] = {}
     for f in sorted((run_dir / "clusters").glob("*.stats*.json")):
         name = f.name.split(".stats")[0]
@@ -274,13 +278,19 @@ def _server_counters(run_dir: Path) -> dict[str, dict]:
             st = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        c = out.setdefault(name, {"lives": 0, "served": 0, "dropped": 0, "dropped_queue_full": 0,
-                                  "dropped_admission": 0, "errors": 0, "utilization": None})
+        c = out.setdefault(name, {"lives": 0, "lives_not_ready": 0, "served": 0, "dropped": 0,
+                                  "dropped_queue_full": 0, "dropped_admission": 0, "errors": 0, "utilization": None})
         c["lives"] += 1
         for k in ("served", "dropped", "dropped_queue_full", "dropped_admission", "errors"):
             c[k] += int(st.get(k) or 0)
         if f.name == f"{name}.stats.json":
             c["utilization"] = st.get("utilization")
+    for name, c in out.items():
+        try:
+            lives = json.loads((run_dir / "clusters" / f"{name}.lives.json").read_text())
+            c["lives"], c["lives_not_ready"] = int(lives["lives"]), int(lives["lives"]) - int(lives["ready"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
     return out
 
 
@@ -294,6 +304,12 @@ SLOW_SERVICE_FACTOR = 1.75
 SLOW_SERVICE_MAX_UTILIZATION = 0.5
 #: Fewest answered, warm queries of a (cluster, model) for the service check to judge it.
 SERVICE_CHECK_MIN_QUERIES = 10
+
+
+def _lives_cell(server: dict) -> str:
+    """``2``, or ``2 (1 never ready)``."""
+    n = server.get("lives_not_ready", 0)
+    return f"{server['lives']}" + (f" ({n} never ready)" if n else "")
 
 
 def _service_check(run_dir: Path, df: pd.DataFrame, per_cluster: dict) -> dict:
@@ -489,7 +505,7 @@ def _tables(s: dict) -> list[tuple[str, list[str], list[list[object]]]]:
     if rows:
         out.append(("Per application (from the records)",
                     ["application", "queries", "success", "success ratio", "answered", *causes, "e2e p95 ms"], rows))
-    rows = [[name, v["server"]["lives"], v["server"]["served"], v["server"]["dropped_queue_full"],
+    rows = [[name, _lives_cell(v["server"]), v["server"]["served"], v["server"]["dropped_queue_full"],
              v["server"]["dropped_admission"], v["server"]["errors"], v["server"]["utilization"],
              "-" if "cpu" not in v else f"{v['cpu']['throttled_periods']}/{v['cpu']['periods']}"]
             for name, v in s.get("per_cluster", {}).items() if "server" in v]

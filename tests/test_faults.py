@@ -167,7 +167,11 @@ def test_planned_outages_of_a_server_and_a_link_do_not_fail_the_run(tmp_path):
     ev = pd.read_csv(run_dir / "events.csv")
     assert {"cluster_down", "cluster_up", "link_down", "link_up"} <= set(ev["kind"])
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["per_cluster"]["edgeb"]["server"]["lives"] == 2  # both lives' counters kept
+    server = s["per_cluster"]["edgeb"]["server"]
+    assert server["lives"] == 2  # both lives counted, the second even if the run ended while it loaded
+    restart = ev[ev["kind"] == "cluster_up"].iloc[0]
+    not_ready = str(restart["note"]).startswith("server not ready when the run ended")
+    assert server["lives_not_ready"] == int(not_ready), restart["note"]
     _assert_nothing_left(rj["run_id"], plan_experiment(exp))
 
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from testbed.emulation.selfcheck import RttResult, check_rtts, parse_ping
+from testbed.emulation.selfcheck import RttResult, check_rtts, check_rtts_twice, parse_ping
 
 PING = """PING 10.0.0.5 (10.0.0.5) 56(84) bytes of data.
 64 bytes from 10.0.0.5: icmp_seq=1 ttl=64 time=11.6 ms
@@ -48,3 +48,34 @@ def test_tolerance_is_abs_plus_pct_plus_per_switch():
     assert r.expected_ms == 10.0
     assert r.tolerance_ms == pytest.approx(1.0 + 0.5 + 3 * 0.5)  # 3 switches on the path
     assert r.ok  # error 1.6 ms <= 3.0 ms
+
+
+def test_a_failed_path_is_measured_once_more_and_both_medians_are_kept():
+    src = SimpleNamespace(name="s", mac="m1", ip="10.0.0.1")
+    near = SimpleNamespace(name="near", mac="m2", ip="10.0.0.2")
+    far = SimpleNamespace(name="far", mac="m3", ip="10.0.0.3")
+    plan = SimpleNamespace(sources=[src], clusters=[near, far])
+    slow = PING.replace("time=1", "time=2")  # 21.6 / 20.9 / 22.0 ms: out of tolerance
+    answers = {"10.0.0.2": [PING, PING], "10.0.0.3": [slow, slow, slow, PING]}  # (warm-up, ping) per attempt
+    pinged: list[str] = []
+
+    def popen(cmd, **_k):
+        pinged.append(cmd[-1])
+        return _Proc(answers[cmd[-1]].pop(0))
+
+    emu = SimpleNamespace(node=lambda name: SimpleNamespace(popen=popen))
+    near_r, far_r = check_rtts_twice(emu, plan, lambda a, b: ([1, 2], 5.0), count=4, tol_ms=1.0, tol_pct=5.0,
+                                     per_switch_ms=0.5, pause_s=0.0)
+    assert (near_r.attempt, near_r.first_median_ms, near_r.ok) == (1, None, True)
+    assert (far_r.attempt, far_r.first_median_ms, far_r.median_ms, far_r.ok) == (2, 21.6, 11.6, True)
+    assert pinged.count("10.0.0.2") == 2 and pinged.count("10.0.0.3") == 4  # warm-up and ping, twice for far
+
+
+def test_a_path_that_fails_twice_stays_failed():
+    src = SimpleNamespace(name="s", mac="m1", ip="10.0.0.1")
+    clu = SimpleNamespace(name="c", mac="m2", ip="10.0.0.2")
+    plan = SimpleNamespace(sources=[src], clusters=[clu])
+    slow = PING.replace("time=1", "time=2")
+    emu = SimpleNamespace(node=lambda name: SimpleNamespace(popen=lambda *a, **k: _Proc(slow)))
+    [r] = check_rtts_twice(emu, plan, lambda a, b: ([1, 2], 5.0), count=4, tol_ms=1.0, tol_pct=5.0, pause_s=0.0)
+    assert (r.attempt, r.first_median_ms, r.median_ms, r.ok) == (2, 21.6, 21.6, False)

@@ -426,6 +426,7 @@ def _records(tmp_path: Path) -> pd.DataFrame:
     (tmp_path / "clusters" / "c1.stats.1.json").write_text(json.dumps({"served": 1, "dropped": 0}))
     (tmp_path / "clusters" / "c1.stats.json").write_text(json.dumps({"served": 3, "dropped_queue_full": 2,
                                                                       "dropped": 2, "utilization": 0.1}))
+    (tmp_path / "clusters" / "c1.lives.json").write_text(json.dumps({"lives": 3, "ready": 2}))
     (tmp_path / "linkemu" / "l1.json").write_text(json.dumps({"frames_ab": 10, "frames_ba": 5, "lost_ab": 1,
                                                               "max_lateness_us": 21000.0, "mean_lateness_us": 300.0,
                                                               "overflow_ba": 2, "shaper_drops_ab": 7,
@@ -444,8 +445,9 @@ def test_per_cluster_and_per_cause_tables_agree_with_the_records(tmp_path):
         assert row["failures"] == {c: int((g["failure_cause"] == c).sum()) for c in row["failures"]}
     assert s["failures"] == {"deadline_miss": 2, "server_down": 1, "dropped": 1, "error": 1}
     assert s["drop_reasons"] == {"queue_full": 1}
-    assert s["per_cluster"]["c1"]["server"] == {"lives": 2, "served": 4, "dropped": 2, "dropped_queue_full": 2,
-                                                "dropped_admission": 0, "errors": 0, "utilization": 0.1}
+    assert s["per_cluster"]["c1"]["server"] == {"lives": 3, "lives_not_ready": 1, "served": 4, "dropped": 2,
+                                                "dropped_queue_full": 2, "dropped_admission": 0, "errors": 0,
+                                                "utilization": 0.1}  # a third life killed while loading
     assert s["per_cluster"]["c1"]["success"] == 2  # the records, not the server's 4
     assert s["link_emulators"]["total"] == {"frames": 15, "lost": 1, "overflow": 2, "shaper_drops": 7,
                                             "dropped_down": 0, "kernel_drops": 0, "send_errors": 0,

@@ -54,6 +54,7 @@ class ClusterServers:
         self.killed: set[str] = set()
         self.started_at: dict[str, float] = {}
         self.lives: dict[str, int] = {}
+        self.ready_lives: dict[str, int] = {}
         stack.callback(self._stop_all)
 
     def _log(self, cluster: str):
@@ -72,6 +73,12 @@ class ClusterServers:
         if stats.exists():
             stats.replace(stats.with_name(f"{cluster}.stats.{self.lives[cluster]}.json"))
 
+    def _write_lives(self, cluster: str) -> None:
+        """``clusters/<cluster>.lives.json``: the lives started and how many became ready (a life
+        killed or ended while it still loaded wrote no stats file, but it was a life)."""
+        write_json_atomic(self.live.run_dir / "clusters" / f"{cluster}.lives.json",
+                          {"lives": self.lives[cluster], "ready": self.ready_lives.get(cluster, 0)})
+
     def start(self, cluster: str) -> subprocess.Popen:
         """Start (or restart) the server of ``cluster`` in its cgroup; returns at once."""
         live = self.live
@@ -84,6 +91,7 @@ class ClusterServers:
         if cluster in self.lives:
             self._keep_stats(cluster)
         self.lives[cluster] = self.lives.get(cluster, 0) + 1
+        self._write_lives(cluster)
         self._ready_file(cluster).unlink(missing_ok=True)
         cfg = write_server_config(plan, cluster, plan.experiment.emulation.server_port, run_dir)
         p = live.emu.node(cluster).popen(server_command(cfg), stdout=self._log(cluster), stderr=subprocess.STDOUT,
@@ -108,6 +116,9 @@ class ClusterServers:
 
         poll_until(check, timeout_s, f"inference servers {', '.join(clusters)} ready (see "
                                      f"{self.live.run_dir / 'logs'})", interval_s=0.2)
+        for n in clusters:
+            self.ready_lives[n] = self.ready_lives.get(n, 0) + 1
+            self._write_lives(n)
 
     def start_all(self, timeout_s: float = 180.0) -> None:
         """Start every cluster's server and wait until all are warmed up."""

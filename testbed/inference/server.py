@@ -300,6 +300,11 @@ def warm_up(cfg: ServerConfig, models: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+class _StopWhileLoading(BaseException):
+    """SIGTERM/SIGINT while the models load or warm up (a BaseException: library code that catches
+    ``Exception`` during an import must not swallow it)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the server; returns the exit code (0 after SIGTERM/SIGINT, 2 on a bad config or zoo)."""
     from testbed.boundaries import read_config
@@ -310,15 +315,25 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m testbed.inference.server CONFIG.json", file=sys.stderr)
         return 2
     early_stop: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):  # until the event loop takes over
-        signal.signal(sig, lambda signum, _frame: early_stop.append(signum))
+
+    def stop_loading(signum: int, _frame) -> None:
+        early_stop.append(signum)
+        raise _StopWhileLoading
+
+    for sig in (signal.SIGTERM, signal.SIGINT):  # while loading: stop at once, not after the warm-up
+        signal.signal(sig, stop_loading)
     try:
         cfg = read_config(argv[0], ServerConfig)
         models = load_models(cfg)
+        warmup = warm_up(cfg, models)
+        for sig in (signal.SIGTERM, signal.SIGINT):  # until the event loop takes over
+            signal.signal(sig, lambda signum, _frame: early_stop.append(signum))
+    except _StopWhileLoading:
+        print("[inference-server] stopped while loading its models (no stats: it never served)", file=sys.stderr)
+        return 0
     except (TestbedError, zoo.ZooError, ValueError) as exc:
         print(f"[inference-server] {exc}", file=sys.stderr)
         return 2
-    warmup = warm_up(cfg, models)
     # TensorFlow leaves a huge, long-lived object graph; each full (gen-2) collection walks it:
     # measured here ~600 ms wall at a 0.25-core CFS quota, stalling every query behind it.
     # Collect once, then freeze the survivors into the permanent generation (Python docs,
