@@ -15,7 +15,8 @@ time since its start at which each of its steps ended, ``testbed_phases_s``), th
 the peak memory of the run's processes (RSS summed every 0.5 s: Mininet's shells, link emulators,
 OVS shards, ryu-manager, plus the growth of the system's ovs-vswitchd), and the RTT self-check
 (20 pings per source -> cluster pair; error median/max, pass) on 2 sources x 2 clusters chosen
-far apart::
+far apart, after the datapath compensation a run applies (``calibrate_datapath``: the RTT per
+switch it measured, ``rtt_per_switch_before_ms``, and the offset per link, ``link_offset_ms``)::
 
     sudo .venv/bin/python benchmarks/scale_bench.py bringup topohub:topozoo/Abilene \\
         topohub:topozoo/Geant2012 topohub:gabriel/100/0 topohub:topozoo/TataNld [--runs 2] [--json F]
@@ -246,7 +247,9 @@ def plain_mininet(plan) -> dict:
 
 def testbed_bringup(plan, pings: int = 20) -> dict:
     """The testbed's network bring-up and RTT self-check (module doc)."""
-    from testbed.emulation.bringup import emulated_network, new_run_dir
+    from rich.console import Console
+
+    from testbed.emulation.bringup import calibrate_datapath, emulated_network, new_run_dir
     from testbed.emulation.selfcheck import check_rtts
 
     run_id, run_dir = new_run_dir(plan, Path(tempfile.mkdtemp(prefix="scale-")))
@@ -255,6 +258,9 @@ def testbed_bringup(plan, pings: int = 20) -> dict:
     try:
         with emulated_network(plan, run_id, run_dir) as live:
             em = plan.experiment.emulation
+            t_cal = time.monotonic()
+            cal = calibrate_datapath(live, Console(quiet=True)) or {}
+            t_cal = time.monotonic() - t_cal
             res = check_rtts(live.emu, plan, live.path_of, pings, em.rtt_tolerance_ms, em.rtt_tolerance_pct,
                              em.rtt_tolerance_per_switch_ms)
             mem.peak_mib = max(mem.peak_mib, mem.sample())
@@ -262,6 +268,9 @@ def testbed_bringup(plan, pings: int = 20) -> dict:
             errs = sorted(abs(r.error_ms) for r in res)
             per_switch = [r.error_ms / len(r.dpids) for r in res]
             out = {"testbed_up_s": round(live.bringup_s, 2), "testbed_phases_s": live.phases,
+                   "calibration_s": round(t_cal, 2), "rtt_per_switch_before_ms": cal.get("rtt_per_switch_ms"),
+                   "link_offset_ms": cal.get("link_offset_one_way_ms"),
+                   "links_at_zero": len(cal.get("links_at_zero", [])),
                    "testbed_peak_mib": round(mem.peak_mib),
                    "ovs_shards": shards, "rtt_error_median_ms": round(statistics.median(errs), 3),
                    "rtt_error_max_ms": round(errs[-1], 3), "rtt_error_per_switch_median_ms":

@@ -346,6 +346,10 @@ class EmulationSpec(_Model):
     switches being those on the controller's path. The per-switch term covers forwarding cost
     (both directions): measured here, OVS's userspace datapath adds ~0.2 ms per switch traversal
     and the user-space link emulator ~0.2 ms per link traversal, ~1 ms of RTT per hop in all.
+    ``compensate_datapath`` (user-space link emulator only; nothing to lower with netem): before the
+    self-check, every path is pinged, the datapath's own RTT per switch is taken as the median over
+    paths of (min RTT - expected) / switches, and half of it is taken off every link's emulated
+    one-way delay (:func:`testbed.emulation.bringup.calibrate_datapath`; ``datapath_calibration.json``).
     """
 
     link_emulator: Literal["auto", "netem", "userspace"] = "auto"
@@ -355,6 +359,7 @@ class EmulationSpec(_Model):
     rtt_tolerance_pct: Num = Field(5.0, ge=0)
     rtt_tolerance_per_switch_ms: Num = Field(1.0, ge=0)
     ping_count: int = Field(5, ge=1, le=100)
+    compensate_datapath: bool = True
     of_port: int = Field(6653, ge=1, le=65535)
     rest_port: int = Field(8080, ge=1, le=65535)
     server_port: int = Field(8501, ge=1, le=65535)

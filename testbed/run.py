@@ -45,7 +45,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from testbed.boundaries import SourceConfig
-from testbed.emulation.bringup import Live, RunError, emulated_network, new_run_dir, preflight, rtt_self_check
+from testbed.emulation.bringup import (
+    Live,
+    RunError,
+    calibrate_datapath,
+    emulated_network,
+    new_run_dir,
+    preflight,
+    rtt_self_check,
+)
 from testbed.emulation.events import EventRunner, unsupported
 from testbed.emulation.servers import ClusterServers
 from testbed.errors import (
@@ -438,6 +446,10 @@ def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, events_
                        console: Console, timings: dict, record: RunRecord, t0: float) -> None:
     """Steps 3-6 (module docstring) on a running network."""
     plan = live.plan
+    calibration = calibrate_datapath(live, console)
+    if calibration is not None:
+        record.update(datapath_compensation={k: calibration[k] for k in
+                                             ("rtt_per_switch_ms", "link_offset_one_way_ms", "links_at_zero")})
     if plan.experiment.emulation.rtt_check:
         rtt_self_check(live, console)
     servers = ClusterServers(live, stack)

@@ -1,10 +1,14 @@
-"""The RTT self-check's pure parts: ping parsing and the tolerance rule."""
+"""The RTT self-check's pure parts: ping parsing, the tolerance rule, the second attempt, and the datapath
+compensation's arithmetic (a fake emulator control: no network)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from testbed.emulation.selfcheck import RttResult, check_rtts, check_rtts_twice, parse_ping
+from testbed.emulation.selfcheck import RttResult, check_rtts, check_rtts_twice, excess_per_switch_ms, parse_ping
+
+REPO = Path(__file__).resolve().parent.parent
 
 PING = """PING 10.0.0.5 (10.0.0.5) 56(84) bytes of data.
 64 bytes from 10.0.0.5: icmp_seq=1 ttl=64 time=11.6 ms
@@ -79,3 +83,46 @@ def test_a_path_that_fails_twice_stays_failed():
     emu = SimpleNamespace(node=lambda name: SimpleNamespace(popen=lambda *a, **k: _Proc(slow)))
     [r] = check_rtts_twice(emu, plan, lambda a, b: ([1, 2], 5.0), count=4, tol_ms=1.0, tol_pct=5.0, pause_s=0.0)
     assert (r.attempt, r.first_median_ms, r.median_ms, r.ok) == (2, 21.6, 21.6, False)
+
+
+def test_excess_per_switch_is_the_median_of_each_paths_minimum_over_its_switches():
+    rs = [RttResult("s", "a", [1, 2], 10.0, [12.0, 11.0, 30.0], 5.0),  # min 11: +1.0 over 2 switches
+          RttResult("s", "b", [1, 2, 3, 4], 20.0, [23.0, 22.4], 5.0),  # +2.4 over 4
+          RttResult("s", "c", [1], 0.0, [0.3, 0.9], 5.0),  # +0.3 over 1
+          RttResult("s", "d", [1, 2], 5.0, [], 5.0)]  # no answer: left out
+    assert excess_per_switch_ms(rs) == pytest.approx(0.5)  # median of 0.5, 0.6, 0.3
+    assert excess_per_switch_ms([rs[-1]]) is None
+
+
+def test_compensation_lowers_what_the_emulator_holds_never_what_was_asked(tmp_path):
+    import yaml
+
+    from testbed.config import Experiment
+    from testbed.emulation.network import Emulation, EmulationError
+    from testbed.plan import build_plan
+
+    triangle = REPO / "experiments" / "triangle.yaml"
+    plan = build_plan(Experiment.model_validate(yaml.safe_load(triangle.read_text())), base_dir=triangle.parent)
+    sent: list[tuple[str, dict]] = []
+
+    class Control:
+        def set(self, link, **params):
+            sent.append((link, params))
+            return {"t_applied": 1.0}
+
+    emu = Emulation(plan, "userspace", "user", tmp_path)
+    emu._controls = {"E0": (Control(), None, None)}
+    emu._group_of = {lk.index: "E0" for lk in plan.links}
+    emu.applied = {lk.index: {"delay_ms": lk.delay_ms, "up": True} for lk in plan.links}
+    asked = {lk.emu_name: lk.delay_ms for lk in plan.links}
+    assert sorted(asked.values()) == [2.0, 3.0, 10.0]
+    floored = emu.compensate_delays(2.5)
+    assert {name: p["delay_ms"] for name, p in sent} == {n: max(0.0, d - 2.5) for n, d in asked.items()}
+    assert [lk.delay_ms for lk in plan.links if lk.index in floored] == [2.0]  # shorter than the offset
+    assert {i: a["delay_ms"] for i, a in emu.applied.items()} == {lk.index: lk.delay_ms for lk in plan.links}
+    ten = next(lk for lk in plan.links if lk.delay_ms == 10.0)
+    sent.clear()
+    emu.set_link(ten.index, delay_ms=20.0)  # a link_delay event later in the run: offset kept
+    assert sent == [(ten.emu_name, {"delay_ms": 17.5})] and emu.applied[ten.index]["delay_ms"] == 20.0
+    with pytest.raises(EmulationError, match="user-space link emulator"):
+        Emulation(plan, "netem", "user", tmp_path).compensate_delays(1.0)

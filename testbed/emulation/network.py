@@ -517,6 +517,9 @@ class Emulation:
     _emu_node: dict[str, str] = field(default_factory=dict)  # lK -> the node E<g> holding its interfaces
     python: str = sys.executable  # the interpreter of the link emulators
     _bridges_made: bool = False
+    #: link index -> ms taken off its emulated one-way delay for the datapath's own latency
+    #: (:meth:`compensate_delays`); the delay in ``applied`` stays the one asked for.
+    delay_offset_ms: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.probes = probe_hosts(self.plan)
@@ -917,8 +920,11 @@ class Emulation:
             from testbed.emulation.linkemu import LinkEmuError
 
             client = self._controls[self._group_of[index]][0]
+            sent = dict(change)
+            if "delay_ms" in sent:
+                sent["delay_ms"] = self.emulated_delay_ms(index, sent["delay_ms"])
             try:
-                reply = client.set(next(lk.emu_name for lk in self.plan.links if lk.index == index), **change)
+                reply = client.set(next(lk.emu_name for lk in self.plan.links if lk.index == index), **sent)
             except LinkEmuError as exc:
                 raise EmulationError(str(exc)) from None
             t = reply["t_applied"]
@@ -932,6 +938,35 @@ class Emulation:
             t = time.time()
         self.applied[index] = {**self.applied[index], **change}
         return {"t_applied": t, "params": dict(self.applied[index])}
+
+    def emulated_delay_ms(self, index: int, delay_ms: float) -> float:
+        """The one-way delay (ms) the link emulator holds link ``index``'s frames for, so that the
+        link with its datapath costs ``delay_ms``: ``max(0, delay_ms - offset)``."""
+        return max(0.0, float(delay_ms) - self.delay_offset_ms.get(index, 0.0))
+
+    def compensate_delays(self, offset_ms: float) -> list[int]:
+        """Take ``offset_ms`` (>= 0) off every switch link's emulated one-way delay from now on
+        (userspace link emulator only; :func:`testbed.emulation.bringup.calibrate_datapath`), the
+        delays asked for (``applied``) unchanged. Returns the indices of the links whose delay is
+        below the offset (emulated at 0 ms: they keep part of the datapath's latency).
+
+        Raises:
+            EmulationError: not the userspace link emulator, a negative offset, or an emulator
+                refused the change.
+        """
+        if self.link_emulator != "userspace":
+            raise EmulationError("datapath compensation lowers the user-space link emulator's delays; "
+                                 f"this network uses {self.link_emulator}")
+        if not offset_ms >= 0:
+            raise EmulationError(f"datapath compensation: offset {offset_ms!r} ms must be >= 0")
+        floored = []
+        for lk in self.plan.links:
+            asked = self.applied[lk.index]["delay_ms"]
+            self.delay_offset_ms[lk.index] = float(offset_ms)
+            if asked < offset_ms:
+                floored.append(lk.index)
+            self.set_link(lk.index, delay_ms=asked)
+        return floored
 
     def emulator_stats(self) -> dict[str, dict]:
         """Link emulator name (``lK``) -> its counters now (userspace mode; empty otherwise)."""
@@ -949,6 +984,9 @@ class Emulation:
             row = {"link": f"{lk.a}-{lk.b}", "index": lk.index, "delay_ms": a.get("delay_ms"),
                    "bandwidth_mbps": a.get("rate_mbps"), "loss_pct": a.get("loss_pct"), "up": a.get("up"),
                    "shaper": shaper, "ports": list(self.ports.get(lk.index, ()))}
+            if lk.index in self.delay_offset_ms and a.get("delay_ms") is not None:
+                row["datapath_compensation_ms"] = self.delay_offset_ms[lk.index]
+                row["emulator_delay_ms"] = round(self.emulated_delay_ms(lk.index, a["delay_ms"]), 6)
             if self.link_emulator == "userspace" and (a.get("rate_mbps") or 0) > EMULATOR_CEILING_MBPS:
                 row["note"] = (f"shaped at {a['rate_mbps']:g} Mbit/s, above the ~{EMULATOR_CEILING_MBPS:g} Mbit/s one "
                                f"link emulator forwards on a 2-core machine: the machine may limit this link first")

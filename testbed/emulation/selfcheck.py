@@ -111,3 +111,12 @@ def check_rtts_twice(emu, plan, path_of, count: int, tol_ms: float, tol_pct: flo
             again[r.source, r.cluster].attempt = 2
             again[r.source, r.cluster].first_median_ms = r.median_ms
     return [again.get((r.source, r.cluster), r) for r in first]
+
+
+def excess_per_switch_ms(results: list[RttResult]) -> float | None:
+    """The datapath's own RTT per switch (ms): the median over the paths that answered of
+    ``(min measured - expected) / switches on the path``. The minimum, not the median, of each
+    path's pings: a stall of the machine lengthens some RTTs, never shortens one, so the minimum
+    is the datapath's floor. None when no path answered."""
+    per = [(min(r.samples) - r.expected_ms) / len(r.dpids) for r in results if r.samples and r.dpids]
+    return statistics.median(per) if per else None
