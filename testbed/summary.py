@@ -481,7 +481,8 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
         a = json.loads(cap.read_text())
         s["capture"] = {"queries_matched": a.get("queries_matched"), "retransmissions": a.get("retransmissions"),
                         "hops": {f"{h['from']}>{h['to']}": {k: h.get(k) for k in
-                                                            ("packets", "median_ms", "p95_ms", "configured_ms")}
+                                                            ("packets", "median_ms", "p95_ms", "configured_ms",
+                                                             "emulated_ms")}
                                  for h in a.get("hop_delays", [])}}
     _replace_atomic(run_dir / "summary.json", lambda p: p.write_text(json.dumps(s, indent=2)))
     return s
@@ -532,10 +533,12 @@ def _tables(s: dict) -> list[tuple[str, list[str], list[list[object]]]]:
     cap = s.get("capture")
     if cap:
         rows = [[hop, v["packets"], f"{v['median_ms']:.3f}", f"{v['p95_ms']:.3f}",
-                 "-" if v["configured_ms"] is None else f"{v['configured_ms']:g}"] for hop, v in cap["hops"].items()]
+                 "-" if v["configured_ms"] is None else f"{v['configured_ms']:g}",
+                 "-" if v.get("emulated_ms") is None else f"{v['emulated_ms']:g}"] for hop, v in cap["hops"].items()]
         out.append((f"Per-hop one-way delay, packet capture ({cap['queries_matched']} queries matched, "
                     f"{cap['retransmissions']} retransmissions)",
-                    ["hop", "packets", "median ms", "p95 ms", "configured ms"], rows))
+                    ["hop", "packets", "median ms", "p95 ms", "configured ms",
+                     "emulated ms (configured - datapath compensation)"], rows))
     incidents = (s.get("health") or {}).get("incidents") or []
     if incidents:
         out.append(("Health: components that died or failed during the run (run.json)",

@@ -229,6 +229,19 @@ def expected_hop_delays(plan: dict, meta: dict) -> dict[tuple[str, str], float]:
     return out
 
 
+def _compensation_ms(run_dir: Path, meta: dict) -> float:
+    """The one-way delay (ms) the run took off every emulated link for the datapath's own latency
+    (``datapath_calibration.json``; 0 without one, or when the hops are not the emulator's)."""
+    try:
+        cal = json.loads((Path(run_dir) / "datapath_calibration.json").read_text())
+    except (OSError, ValueError):
+        return 0.0
+    if meta.get("link_emulator") != "userspace":
+        return 0.0
+    offset = cal.get("link_offset_one_way_ms") if isinstance(cal, dict) else None
+    return float(offset) if isinstance(offset, int | float) and offset >= 0 else 0.0
+
+
 def _message_table(pk: pd.DataFrame, server_port: int) -> pd.DataFrame:
     """Data segments with their message: columns of pk + conn, direction, rel_seq, msg (index in conn)."""
     d = pk[pk["paylen"] > 0].copy()
@@ -331,14 +344,18 @@ def analyze_packets(pk: pd.DataFrame, server_port: int,
     return q, hop_df
 
 
-def hop_delay_table(hops: pd.DataFrame, expected: dict[tuple[str, str], float]) -> pd.DataFrame:
+def hop_delay_table(hops: pd.DataFrame, expected: dict[tuple[str, str], float],
+                    compensation_ms: float = 0.0) -> pd.DataFrame:
     """Per hop (from, to) over every matched packet: packets, min/p5/median/mean/p95/max one-way delay
-    (ms), the configured link delay (ms, emulated links only) and median minus configured.
+    (ms), the configured link delay (ms, emulated links only), the delay the link element itself
+    holds frames for (``emulated_ms``: configured minus the datapath compensation of the run,
+    ``compensation_ms``, floored at 0; see :func:`testbed.emulation.bringup.calibrate_datapath`:
+    the switches' hops carry the rest) and median minus emulated.
 
     ``hops``: :func:`packet_hops`. Rows in path order (grouped by where the packets entered).
     """
     cols = ["from", "to", "packets", "min_ms", "p5_ms", "median_ms", "mean_ms", "p95_ms", "max_ms",
-            "configured_ms", "excess_median_ms"]
+            "configured_ms", "emulated_ms", "excess_median_ms"]
     if hops.empty:
         return pd.DataFrame(columns=cols)
     g = hops.assign(ms=hops["owd_ns"] / 1e6).groupby(["from", "to"])["ms"]
@@ -347,7 +364,8 @@ def hop_delay_table(hops: pd.DataFrame, expected: dict[tuple[str, str], float]) 
                       "max_ms": g.max()}).reset_index()
     t["configured_ms"] = [expected.get((a, b)) for a, b in zip(t["from"], t["to"], strict=True)]
     t["configured_ms"] = t["configured_ms"].astype("float64")
-    t["excess_median_ms"] = t["median_ms"] - t["configured_ms"]
+    t["emulated_ms"] = (t["configured_ms"] - float(compensation_ms)).clip(lower=0.0)
+    t["excess_median_ms"] = t["median_ms"] - t["emulated_ms"]
     # path order: by the most common origin of the hop's packets, then the hop's position
     gk = hops.groupby(["from", "to"])
     order = pd.DataFrame({"origin": gk["origin"].agg(lambda o: o.mode().iloc[0]), "pos": gk["hop"].median()})
@@ -379,7 +397,7 @@ def analyze_run(run_dir: Path) -> dict:
     if not q.empty:
         q.to_parquet(out / "queries.parquet", index=False)
     qh.to_csv(out / "hops.csv", index=False)
-    table = hop_delay_table(hops, expected_hop_delays(plan, meta))
+    table = hop_delay_table(hops, expected_hop_delays(plan, meta), _compensation_ms(run_dir, meta))
     table.to_csv(out / "hop_delays.csv", index=False)
     req = pk[pk["start"] & (pk["dport"] == port)] if not pk.empty else pk
     requests = int(len(req.drop_duplicates(["src", "sport", "seq"])))

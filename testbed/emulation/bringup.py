@@ -390,6 +390,8 @@ def calibrate_datapath(live: Live, console: Console) -> dict | None:
                              f"{live.run_dir / 'logs'}")
     offset = round(max(0.0, per_switch) / 2.0, 4)
     floored = live.emu.compensate_delays(offset) if offset > 0 else []
+    if offset > 0 and live.dynamics is not None:
+        live.dynamics.baseline()  # the probe paths are shorter by the offset now
     info = {"rtt_per_switch_ms": round(per_switch, 4), "link_offset_one_way_ms": offset,
             "links_at_zero": [f"{lk.a}-{lk.b}" for lk in live.plan.links if lk.index in set(floored)],
             "paths": [{"source": r.source, "cluster": r.cluster, "switches": len(r.dpids),

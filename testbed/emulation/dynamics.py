@@ -65,6 +65,12 @@ WINDOW_S = {"link_delay": 0.6, "link_bandwidth": 0.4, "link_loss": 1.2, "link_do
             "link_congestion": 1.2}
 #: Seconds of the baseline at bring-up, and its probe rate.
 BASELINE_S, BASELINE_HZ = 1.0, 200.0
+#: A baseline overhead above this (ms, one way, per direction) is suspect: the probe path is two
+#: OVS traversals, the emulator and two host links, 0.3-1.0 ms here at idle, and a stall of the
+#: shared machine during the baseline's second inflates it, which would make every later reading
+#: short by as much. The baseline is then taken again, up to :data:`BASELINE_ROUNDS` times in all,
+#: keeping the lowest median per direction (``probe_baseline.json`` lists every round).
+BASELINE_SUSPECT_MS, BASELINE_ROUNDS = 1.5, 3
 #: Packet trains last about this long at the link's rate (s), within these frame counts.
 TRAIN_S, TRAIN_MIN, TRAIN_MAX = 0.020, 48, 800
 TRAIN_PAYLOAD = 1458  # + 42 = 1500-byte frames
@@ -136,6 +142,7 @@ class Dynamics:
         self.links = {lk.index: lk for lk in plan.links}
         self.dpid = {s.name: s.dpid for s in plan.switches}
         self.overhead: dict[int, tuple[float, float]] = {}  # link -> (a>b, b>a) ms
+        self.baseline_rounds: list[dict[int, tuple[float, float]]] = []  # per round, link -> (a>b, b>a) ms
         self.path_probes = any(c.kind in PATH_KINDS for c in plan.changes)
         self.model = NetworkState([(lk.a, lk.b, lk.delay_ms, lk.bandwidth_mbps, lk.loss_pct) for lk in plan.links],
                                   [s.name for s in plan.switches])
@@ -171,10 +178,31 @@ class Dynamics:
             for s in self.plan.sources:
                 self.daemons[s.name].client.request("probe", targets={c.name: c.ip for c in self.plan.clusters},
                                                     hz=BASE_HZ)
-        self._baseline()
+        self.baseline()
 
-    def _baseline(self) -> None:
-        """Per probed link and direction: measured one-way delay minus configured (ms)."""
+    def baseline(self) -> None:
+        """Take the probe paths' baseline (module doc): per probed link and direction, the lowest
+        median over rounds of (measured one-way delay - configured), a round more while one is above
+        :data:`BASELINE_SUSPECT_MS` (at most :data:`BASELINE_ROUNDS`). Called at start, and again
+        after the link emulators' delays were compensated for the datapath
+        (:func:`testbed.emulation.bringup.calibrate_datapath`).
+
+        Raises:
+            EmulationError: a link's probes do not get through.
+        """
+        self.overhead, self.baseline_rounds = {}, []
+        for _ in range(BASELINE_ROUNDS):
+            got = self._baseline_round()
+            self.baseline_rounds.append(got)
+            for i, (ab, ba) in got.items():
+                old = self.overhead.get(i, (float("inf"), float("inf")))
+                self.overhead[i] = (min(old[0], ab), min(old[1], ba))
+            if all(max(o) <= BASELINE_SUSPECT_MS for o in self.overhead.values()):
+                break
+
+    def _baseline_round(self) -> dict[int, tuple[float, float]]:
+        """One baseline round: per probed link, the median (measured - configured) one way, a>b and b>a (ms)."""
+        out = {}
         t0 = time.time_ns()
         for a, _ in self.by_link.values():
             self.daemons[a.name].client.request("boost", hz=BASELINE_HZ, for_s=BASELINE_S)
@@ -185,7 +213,8 @@ class Dynamics:
                 raise EmulationError(f"probes from {a.name} to {b.name} over link {a.switch}-{b.switch} do not get "
                                      f"through (see logs/probe-{a.name}.log and the controller log)")
             d = self.links[i].delay_ms
-            self.overhead[i] = (statistics.median(ab) - d, statistics.median(ba) - d)
+            out[i] = (statistics.median(ab) - d, statistics.median(ba) - d)
+        return out
 
     def components(self) -> dict[str, object]:
         """The daemons' processes by name (``probe-<host>``)."""
@@ -562,9 +591,10 @@ class Dynamics:
     # ------------------------------------------------------------------ outputs
     def write_outputs(self) -> None:
         """``probe_baseline.json``: the probe paths' overhead per link (ms)."""
-        out = {f"{self.links[i].a}-{self.links[i].b}": {"overhead_ab_ms": round(o[0], 4),
-                                                        "overhead_ba_ms": round(o[1], 4)}
-               for i, o in self.overhead.items()}
+        out = {f"{self.links[i].a}-{self.links[i].b}": {
+            "overhead_ab_ms": round(o[0], 4), "overhead_ba_ms": round(o[1], 4),
+            "rounds_ms": [[round(x, 4) for x in r[i]] for r in self.baseline_rounds if i in r]}
+            for i, o in self.overhead.items()}
         (self.run_dir / "probe_baseline.json").write_text(json.dumps(out, indent=1))
 
 
