@@ -17,7 +17,10 @@ kind               applied by                                                 me
 link_delay         emulator control (or ``tc qdisc change``), then the        one-way delay a>b (ms)
                    controller is told the new delay (``POST /testbed/link``)  of the link's probes
 link_bandwidth     emulator shaper rate (or ``tc class change``); the         a packet train's rate
-                   controller is told (utilization)                           (Mbit/s of frames)
+                   controller is told (utilization)                           (Mbit/s of frames; a
+                                                                              second train when the
+                                                                              first is out of
+                                                                              tolerance)
 link_loss          emulator / netem loss                                      probe loss a>b (%)
 link_down          emulator sets both ends down (or ``ip link set down``):    time until every
                    OpenFlow port status -> the controller reroutes            rerouted source->cluster
@@ -312,6 +315,13 @@ class Dynamics:
         applied = Applied(ch, t_fire, t_applied, before, note, affected)
         if ch.kind == "link_bandwidth":
             applied.train = self._train(a, b, ch.value)
+            rate = applied.train.get("rate_mbps")
+            if rate is None or abs(rate - ch.value) > self.tolerance(ch):
+                # a stall of the machine bunches a train's frames (the emulator catches up back to
+                # back): one more train, the first one's rate kept in the note
+                first = applied.train
+                applied.train = {**self._train(a, b, ch.value), "first_rate_mbps": first.get("rate_mbps"),
+                                 "first_part_rates_mbps": first.get("part_rates_mbps")}
         return applied
 
     def _affected(self, ch: Change) -> list[tuple[str, str]]:
@@ -455,6 +465,9 @@ class Dynamics:
         note = (f"packet train of {tr.get('frames_received')}/{tr.get('frames_sent')} frames, sent at "
                 f"{tr.get('send_rate_mbps', 0):.0f} Mbit/s, quarters {tr.get('part_rates_mbps')} Mbit/s (median "
                 f"taken); effect = time until the shaper confirmed")
+        if "first_rate_mbps" in tr:
+            note = (f"second train (the first measured {tr['first_rate_mbps']} Mbit/s, quarters "
+                    f"{tr['first_part_rates_mbps']}); ") + note
         if not ok and ch.value > min(EMULATOR_CEILING_MBPS, tr.get("send_rate_mbps") or 0):
             note += (f"; asked rate above what the probe sender or this machine forwards "
                      f"(~{EMULATOR_CEILING_MBPS:g} Mbit/s per emulated link)")
