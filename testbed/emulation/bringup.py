@@ -362,9 +362,10 @@ def calibrate_datapath(live: Live, console: Console) -> dict | None:
     """Measure the datapath's own RTT per switch and take half of it off every switch link's
     emulated one-way delay (``emulation.compensate_datapath``, user-space link emulator only).
 
-    The user-space datapath (OVS userspace, the link emulator's packet sockets) costs about
-    0.9 ms of RTT per switch on a path here (issue 15's measurements; plain Mininet alone 0.6 ms at
-    11 bridges), so every emulated path was longer than configured by that much per switch. A link
+    The user-space datapath (OVS userspace, the link emulator's packet sockets) costs 0.5-0.9 ms
+    of RTT per switch on a path here (docs/scale-out.md, "Datapath compensation"; plain Mininet
+    alone 0.6 ms at 11 bridges, issue 15), so every emulated path was longer than configured by
+    that much per switch. A link
     joins two switches: lowering each link's one-way delay by half the per-switch RTT removes all
     but one switch's worth from every path (k switches, k - 1 links); links shorter than the offset
     go to 0 ms and keep the rest. The RTT self-check that follows (tolerance unchanged) reports the
