@@ -448,8 +448,13 @@ def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, events_
     plan = live.plan
     calibration = calibrate_datapath(live, console)
     if calibration is not None:
-        record.update(datapath_compensation={k: calibration[k] for k in
-                                             ("rtt_per_switch_ms", "link_offset_one_way_ms", "links_at_zero")})
+        record.update(datapath_compensation={"applied": True, **{k: calibration[k] for k in
+                                             ("rtt_per_switch_ms", "link_offset_one_way_ms", "links_at_zero")}})
+    else:
+        why = ("emulation.compensate_datapath is false" if not plan.experiment.emulation.compensate_datapath
+               else f"the link emulator is {live.link_emulator}, not userspace" if live.link_emulator != "userspace"
+               else "no switch links")
+        record.update(datapath_compensation={"applied": False, "why": why})
     if plan.experiment.emulation.rtt_check:
         rtt_self_check(live, console)
     servers = ClusterServers(live, stack)

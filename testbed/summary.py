@@ -517,12 +517,14 @@ def _tables(s: dict) -> list[tuple[str, list[str], list[list[object]]]]:
                     ["cluster", "lives", "served", "dropped queue_full", "dropped admission", "errors",
                      "utilization", "throttled / periods"], rows))
     le = s.get("link_emulators") or {}
-    rows = [[name, v["delay_ms"], v["frames"], f"{v['max_late_ms']:.3f}", f"{v['mean_late_ms']:.3f}",
+    rows = [[name, "-" if v["delay_ms"] is None else f"{v['delay_ms']:.3f}",
+             v["frames"], f"{v['max_late_ms']:.3f}", f"{v['mean_late_ms']:.3f}",
              *[v[k] for k in LINKEMU_COUNTERS]] for name, v in le.get("per_emulator", {}).items()]
     if rows:
         out.append(("Link emulators (lateness = sent after the due time; drops: loss model, FIFO overflow, "
                     "bandwidth shaper queue, link down, kernel receive buffer, send errors)",
-                    ["emulator", "delay ms", "frames", "max late ms", "mean late ms", "lost", "overflow",
+                    ["emulator", "delay ms held (after datapath compensation)", "frames", "max late ms",
+                     "mean late ms", "lost", "overflow",
                      "shaper drops", "dropped down", "kernel drops", "send errors"], rows))
     top = sorted(s.get("links", {}).items(), key=lambda kv: -max(kv[1]["util_ab_max"], kv[1]["util_ba_max"]))
     rows = [[name, f"{v['capacity_mbps']:g}", f"{v['util_ab_mean']:.4f}/{v['util_ab_max']:.4f}",

@@ -362,10 +362,11 @@ def calibrate_datapath(live: Live, console: Console) -> dict | None:
     """Measure the datapath's own RTT per switch and take half of it off every switch link's
     emulated one-way delay (``emulation.compensate_datapath``, user-space link emulator only).
 
-    The user-space datapath (OVS userspace, the link emulator's packet sockets) costs 0.5-0.9 ms
-    of RTT per switch on a path here (docs/scale-out.md, "Datapath compensation"; plain Mininet
-    alone 0.6 ms at 11 bridges, issue 15), so every emulated path was longer than configured by
-    that much per switch. A link
+    The user-space datapath (OVS userspace, the link emulator's packet sockets) costs 0.5-0.8 ms
+    of RTT per switch on a path here (the calibrations of docs/scale-out.md, "Datapath
+    compensation"; plain Mininet alone 0.6 ms at 11 bridges, issue 15), so every emulated path was
+    longer than configured by that much per switch. With ``rtt_check: false`` it still applies,
+    and nothing checks the result. A link
     joins two switches: lowering each link's one-way delay by half the per-switch RTT removes all
     but one switch's worth from every path (k switches, k - 1 links); links shorter than the offset
     go to 0 ms and keep the rest. The RTT self-check that follows (tolerance unchanged) reports the
@@ -393,6 +394,7 @@ def calibrate_datapath(live: Live, console: Console) -> dict | None:
     floored = live.emu.compensate_delays(offset) if offset > 0 else []
     if offset > 0 and live.dynamics is not None:
         live.dynamics.baseline()  # the probe paths are shorter by the offset now
+        live.dynamics.write_outputs()  # probe_baseline.json: the baseline the readbacks use
     info = {"rtt_per_switch_ms": round(per_switch, 4), "link_offset_one_way_ms": offset,
             "links_at_zero": [f"{lk.a}-{lk.b}" for lk in live.plan.links if lk.index in set(floored)],
             "paths": [{"source": r.source, "cluster": r.cluster, "switches": len(r.dpids),

@@ -319,9 +319,13 @@ class Dynamics:
             if rate is None or abs(rate - ch.value) > self.tolerance(ch):
                 # a stall of the machine bunches a train's frames (the emulator catches up back to
                 # back): one more train, the first one's rate kept in the note
-                first = applied.train
-                applied.train = {**self._train(a, b, ch.value), "first_rate_mbps": first.get("rate_mbps"),
-                                 "first_part_rates_mbps": first.get("part_rates_mbps")}
+                first, second = applied.train, self._train(a, b, ch.value)
+                if second.get("frames_received") == second.get("frames_sent"):  # else the first stands
+                    applied.train = {**second, "first_rate_mbps": first.get("rate_mbps"),
+                                     "first_part_rates_mbps": first.get("part_rates_mbps")}
+                else:
+                    applied.train = {**first, "second_train": f"{second.get('frames_received')}/"
+                                                              f"{second.get('frames_sent')} frames, not used"}
         return applied
 
     def _affected(self, ch: Change) -> list[tuple[str, str]]:
@@ -465,6 +469,8 @@ class Dynamics:
         note = (f"packet train of {tr.get('frames_received')}/{tr.get('frames_sent')} frames, sent at "
                 f"{tr.get('send_rate_mbps', 0):.0f} Mbit/s, quarters {tr.get('part_rates_mbps')} Mbit/s (median "
                 f"taken); effect = time until the shaper confirmed")
+        if "second_train" in tr:
+            note = f"a second train lost frames ({tr['second_train']}); " + note
         if "first_rate_mbps" in tr:
             note = (f"second train (the first measured {tr['first_rate_mbps']} Mbit/s, quarters "
                     f"{tr['first_part_rates_mbps']}); ") + note

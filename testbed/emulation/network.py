@@ -517,8 +517,8 @@ class Emulation:
     _emu_node: dict[str, str] = field(default_factory=dict)  # lK -> the node E<g> holding its interfaces
     python: str = sys.executable  # the interpreter of the link emulators
     _bridges_made: bool = False
-    #: link index -> ms taken off its emulated one-way delay for the datapath's own latency
-    #: (:meth:`compensate_delays`); the delay in ``applied`` stays the one asked for.
+    #: link index -> the offset (ms) for the datapath's own latency (:meth:`compensate_delays`):
+    #: ``min(delay, offset)`` is taken off its emulated one-way delay; ``applied`` keeps the delay asked.
     delay_offset_ms: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -985,8 +985,9 @@ class Emulation:
                    "bandwidth_mbps": a.get("rate_mbps"), "loss_pct": a.get("loss_pct"), "up": a.get("up"),
                    "shaper": shaper, "ports": list(self.ports.get(lk.index, ()))}
             if lk.index in self.delay_offset_ms and a.get("delay_ms") is not None:
-                row["datapath_compensation_ms"] = self.delay_offset_ms[lk.index]
-                row["emulator_delay_ms"] = round(self.emulated_delay_ms(lk.index, a["delay_ms"]), 6)
+                emulated = self.emulated_delay_ms(lk.index, a["delay_ms"])
+                row["datapath_compensation_ms"] = round(a["delay_ms"] - emulated, 6)  # less when the link is shorter
+                row["emulator_delay_ms"] = round(emulated, 6)
             if self.link_emulator == "userspace" and (a.get("rate_mbps") or 0) > EMULATOR_CEILING_MBPS:
                 row["note"] = (f"shaped at {a['rate_mbps']:g} Mbit/s, above the ~{EMULATOR_CEILING_MBPS:g} Mbit/s one "
                                f"link emulator forwards on a 2-core machine: the machine may limit this link first")
