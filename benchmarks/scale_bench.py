@@ -259,7 +259,7 @@ def testbed_bringup(plan, pings: int = 20) -> dict:
         with emulated_network(plan, run_id, run_dir) as live:
             em = plan.experiment.emulation
             t_cal = time.monotonic()
-            cal = calibrate_datapath(live, Console(quiet=True)) or {}
+            cal = calibrate_datapath(live, Console(quiet=True))
             t_cal = time.monotonic() - t_cal
             res = check_rtts(live.emu, plan, live.path_of, pings, em.rtt_tolerance_ms, em.rtt_tolerance_pct,
                              em.rtt_tolerance_per_switch_ms)

@@ -447,14 +447,7 @@ def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, events_
     """Steps 3-6 (module docstring) on a running network."""
     plan = live.plan
     calibration = calibrate_datapath(live, console)
-    if calibration is not None:
-        record.update(datapath_compensation={"applied": True, **{k: calibration[k] for k in
-                                             ("rtt_per_switch_ms", "link_offset_one_way_ms", "links_at_zero")}})
-    else:
-        why = ("emulation.compensate_datapath is false" if not plan.experiment.emulation.compensate_datapath
-               else f"the link emulator is {live.link_emulator}, not userspace" if live.link_emulator != "userspace"
-               else "no switch links")
-        record.update(datapath_compensation={"applied": False, "why": why})
+    record.update(datapath_compensation={k: v for k, v in calibration.items() if k != "paths"})
     if plan.experiment.emulation.rtt_check:
         rtt_self_check(live, console)
     servers = ClusterServers(live, stack)

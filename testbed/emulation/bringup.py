@@ -358,7 +358,7 @@ def _print_rtt(results, console: Console) -> None:
         console.print(f"RTT error |measured - expected|: median {errs[len(errs) // 2]:.3f} ms, max {errs[-1]:.3f} ms")
 
 
-def calibrate_datapath(live: Live, console: Console) -> dict | None:
+def calibrate_datapath(live: Live, console: Console) -> dict:
     """Measure the datapath's own RTT per switch and take half of it off every switch link's
     emulated one-way delay (``emulation.compensate_datapath``, user-space link emulator only).
 
@@ -374,15 +374,18 @@ def calibrate_datapath(live: Live, console: Console) -> dict | None:
     and the records measure that, as they measure everything else.
 
     Returns:
-        What ``datapath_calibration.json`` holds (per-path figures, the per-switch excess, the
-        offset, the links at 0 ms), or None when compensation is off or not applicable.
+        ``applied: True`` and what ``datapath_calibration.json`` holds (per-path figures, the
+        per-switch excess, the offset, the links at 0 ms), or ``applied: False`` and ``why``.
 
     Raises:
         EmulationError: no path answered a ping, or an emulator refused the change.
     """
     em = live.plan.experiment.emulation
-    if not em.compensate_datapath or live.link_emulator != "userspace" or not live.plan.links:
-        return None
+    why = ("emulation.compensate_datapath is false" if not em.compensate_datapath
+           else f"the link emulator is {live.link_emulator}, not userspace" if live.link_emulator != "userspace"
+           else "no switch links" if not live.plan.links else None)
+    if why:
+        return {"applied": False, "why": why}
     with console.status("measuring the datapath's own latency (ping every source -> cluster path)..."):
         results = check_rtts(live.emu, live.plan, live.path_of, em.ping_count, em.rtt_tolerance_ms,
                              em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms)
@@ -406,7 +409,7 @@ def calibrate_datapath(live: Live, console: Console) -> dict | None:
                   f"link's emulated one-way delay lowered by {offset:.3f} ms"
                   + (f" ({len(floored)} link(s) shorter, emulated at 0 ms)" if floored else "")
                   + "; see datapath_calibration.json", markup=False, highlight=False)
-    return info
+    return {"applied": True, **info}
 
 
 def rtt_self_check(live: Live, console: Console) -> None:

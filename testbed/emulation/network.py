@@ -517,9 +517,9 @@ class Emulation:
     _emu_node: dict[str, str] = field(default_factory=dict)  # lK -> the node E<g> holding its interfaces
     python: str = sys.executable  # the interpreter of the link emulators
     _bridges_made: bool = False
-    #: link index -> the offset (ms) for the datapath's own latency (:meth:`compensate_delays`):
-    #: ``min(delay, offset)`` is taken off its emulated one-way delay; ``applied`` keeps the delay asked.
-    delay_offset_ms: dict[int, float] = field(default_factory=dict)
+    #: The offset (ms) for the datapath's own latency (:meth:`compensate_delays`): ``min(delay,
+    #: offset)`` is taken off every link's emulated one-way delay; ``applied`` keeps the delay asked.
+    delay_offset_ms: float = 0.0
 
     def __post_init__(self) -> None:
         self.probes = probe_hosts(self.plan)
@@ -771,8 +771,8 @@ class Emulation:
                     cmds.setdefault(self.port_node(dev), []).extend(
                         htb_commands(dev, lk.bandwidth_mbps, netem_leaf(lk.delay_ms, lk.loss_pct)))
                     want[dev] = lk.bandwidth_mbps
-        for home, todo in cmds.items():  # one tc -batch (root) or one round trip (a node) per namespace
-            _run_tc(todo, None if home is None else self.net.get(home))
+        for home, batch in cmds.items():  # one tc -batch (root) or one round trip (a node) per namespace
+            _run_tc(batch, None if home is None else self.net.get(home))
         by_home: dict[str | None, list[str]] = {}
         for dev in want:
             by_home.setdefault(self.port_node(dev), []).append(dev)
@@ -942,7 +942,7 @@ class Emulation:
     def emulated_delay_ms(self, index: int, delay_ms: float) -> float:
         """The one-way delay (ms) the link emulator holds link ``index``'s frames for, so that the
         link with its datapath costs ``delay_ms``: ``max(0, delay_ms - offset)``."""
-        return max(0.0, float(delay_ms) - self.delay_offset_ms.get(index, 0.0))
+        return max(0.0, float(delay_ms) - self.delay_offset_ms)
 
     def compensate_delays(self, offset_ms: float) -> list[int]:
         """Take ``offset_ms`` (>= 0) off every switch link's emulated one-way delay from now on
@@ -959,14 +959,10 @@ class Emulation:
                                  f"this network uses {self.link_emulator}")
         if not offset_ms >= 0:
             raise EmulationError(f"datapath compensation: offset {offset_ms!r} ms must be >= 0")
-        floored = []
+        self.delay_offset_ms = float(offset_ms)
         for lk in self.plan.links:
-            asked = self.applied[lk.index]["delay_ms"]
-            self.delay_offset_ms[lk.index] = float(offset_ms)
-            if asked < offset_ms:
-                floored.append(lk.index)
-            self.set_link(lk.index, delay_ms=asked)
-        return floored
+            self.set_link(lk.index, delay_ms=self.applied[lk.index]["delay_ms"])
+        return [lk.index for lk in self.plan.links if self.applied[lk.index]["delay_ms"] < offset_ms]
 
     def emulator_stats(self) -> dict[str, dict]:
         """Link emulator name (``lK``) -> its counters now (userspace mode; empty otherwise)."""
@@ -984,7 +980,7 @@ class Emulation:
             row = {"link": f"{lk.a}-{lk.b}", "index": lk.index, "delay_ms": a.get("delay_ms"),
                    "bandwidth_mbps": a.get("rate_mbps"), "loss_pct": a.get("loss_pct"), "up": a.get("up"),
                    "shaper": shaper, "ports": list(self.ports.get(lk.index, ()))}
-            if lk.index in self.delay_offset_ms and a.get("delay_ms") is not None:
+            if self.delay_offset_ms and a.get("delay_ms") is not None:
                 emulated = self.emulated_delay_ms(lk.index, a["delay_ms"])
                 row["datapath_compensation_ms"] = round(a["delay_ms"] - emulated, 6)  # less when the link is shorter
                 row["emulator_delay_ms"] = round(emulated, 6)
