@@ -248,6 +248,31 @@ def test_env_is_deterministic_per_seed_and_settles_rewards(plan):
     assert info["success_ratio"] == pytest.approx(np.mean([r for _, _, r in ta]), abs=0.2)
 
 
+def test_team_weighted_reward_exact_values():
+    from testbed.aset.envs import _Settler
+
+    # window 0: source 0 gained 1 of 2 queries over the baseline, source 1 lost 1 of 4; window 1:
+    # source 0 created nothing (no transition), source 1 gained 2 of 2
+    ok = np.array([[2, 1], [0, 2]])
+    n = np.array([[2, 4], [0, 2]])
+    base = np.array([[1, 2], [0, 0]])
+    obs = np.zeros(3, np.float32)
+
+    def rewards(weight):
+        st = _Settler(weight)
+        for w in (0, 1):
+            for i in (0, 1):
+                st.decisions[(w, i)] = (obs, 0)
+                st.next_obs[(w, i)] = obs
+        return [(i, r) for i, _, _, r, _ in st.settle(2, ok, n, base)]
+
+    assert rewards(0.0) == [(0, 0.5), (1, -0.25), (1, 1.0)]
+    assert rewards(1.0) == [(0, 0.0), (1, 0.0), (1, 1.0)]  # team of window 0: (1 - 1) / 6
+    assert rewards(0.5) == [(0, 0.25), (1, -0.125), (1, 1.0)]
+    with pytest.raises(ValueError):
+        AsetConfig(name="x", reward={"team_weight": 1.5})
+
+
 def _tiny_cfg(tmp_path, steps):
     return AsetConfig(
         name="toy", seed=3, observation=SPEC,

@@ -78,9 +78,19 @@ class RewardSpec(StrictModel):
     arrivals). The baseline run does not depend on the agent's actions, so subtracting it leaves
     the optimal policy unchanged; it removes the part of the window's outcome due to the arrivals
     (a burst fails under every policy), which otherwise dominates the reward's variance.
+
+    ``team_weight`` (0..1, default 0): the share of the reward that is the TEAM's figure, i.e.
+    the same difference over the queries of every source created in that window (each
+    window's successes over its queries), the rest being the source's own figure:
+    ``r = (1 - team_weight) * own + team_weight * team``. Why (docs/aset.md, third round): the
+    sources share the clusters, so one source's choice changes the others' outcomes (two sources
+    leaving the edges to the cloud lift the other two); a reward of its own queries only cannot
+    see that gain. The evaluation's figure is the success ratio over all queries, which is the
+    team figure weighted by each window's queries.
     """
 
     baseline: str | None = None
+    team_weight: Num = Field(0.0, ge=0, le=1)
 
 
 class RandomiseSpec(StrictModel):

@@ -72,21 +72,28 @@ class _Settler:
     """Holds each (window, source) decision until its queries are all resolved; then emits the
     transition with the reward from the per-(window, source) counts."""
 
-    def __init__(self) -> None:
+    def __init__(self, team_weight: float = 0.0) -> None:
         self.decisions: dict[tuple[int, int], tuple[np.ndarray, int]] = {}
         self.next_obs: dict[tuple[int, int], np.ndarray] = {}
+        self.team_weight = float(team_weight)
 
     def settle(self, upto_window: int, ok: np.ndarray, n: np.ndarray, base_ok: np.ndarray | None) -> list[tuple]:
-        """Transitions of every decided window < ``upto_window`` whose next observation is known."""
+        """Transitions of every decided window < ``upto_window`` whose next observation is known.
+
+        Reward of (window w, source i): ``(1 - team_weight) * own + team_weight * team``, own =
+        (ok[w, i] - base_ok[w, i]) / n[w, i], team = the same over every source's queries of
+        window w (``RewardSpec``); windows where source i created nothing give no transition.
+        """
         out = []
         for key in sorted(k for k in self.decisions if k[0] < upto_window and k in self.next_obs):
             obs, action = self.decisions.pop(key)
             nxt = self.next_obs.pop(key)
             w, i = key
             if w < len(n) and n[w, i]:
-                r = float(ok[w, i]) / n[w, i]
-                if base_ok is not None:
-                    r -= float(base_ok[w, i]) / n[w, i]
+                gain = ok[w] - base_ok[w] if base_ok is not None else ok[w]
+                r = float(gain[i]) / n[w, i]
+                if self.team_weight:
+                    r += self.team_weight * (float(gain.sum()) / float(n[w].sum()) - r)
                 out.append((i, obs, action, r, nxt))
         return out
 
@@ -242,7 +249,7 @@ class AsetSimEnv(gym.Env):
         self.view = WindowView(self.ep, ctxs)
         self.observers = [SourceObserver(c, self.spec_obs) for c in ctxs]
         self.settle_lag = int(math.ceil(max_deadline_s(plan) / self.dt)) + 1
-        self.settler = _Settler()
+        self.settler = _Settler(self.reward_spec.team_weight)
         self.policy_windows = np.zeros((len(ctxs), len(self.policies)), np.int64)
         obs = self._observe()
         return obs, {"scenario": plan.experiment.name, "sim_seed": sim_seed}
