@@ -114,3 +114,40 @@ def test_train_then_evaluate_end_to_end_on_triangle(tmp_path):
     for k in (1, 2):
         by = {r["policy"]: r["success_ratio"] for r in out.runs if r["seed"] == k}
         assert by["oracle"] >= by["mix"] - 1e-12 and by["oracle"] >= by[row["best_static"]] - 1e-12
+
+
+def test_specialise_starts_from_the_general_network_and_evaluates_per_scenario(tmp_path):
+    """aset-tiny: the general run (1 seed, 100 steps), then --specialise (50 steps on the triangle
+    from its last checkpoint), then evaluate --specialised: ASET's rows use the specialised file."""
+    import json
+
+    from testbed.aset.config import load_aset_config
+    from testbed.aset.evaluate import evaluate
+    from testbed.aset.npolicy import NumpyPolicy
+    from testbed.aset.train import last_checkpoint, specialise, specialised_path, train_seeds
+
+    cfg, base = load_aset_config(REPO / "experiments" / "aset-tiny.yaml")
+    export = tmp_path / "aset"
+    tr = cfg.training.model_copy(update={"out_dir": str(tmp_path), "seeds": [1], "export_to": str(export)})
+    cfg = cfg.model_copy(update={"training": tr})
+    with pytest.raises(FileNotFoundError, match="no training checkpoint"):
+        specialise(cfg, base)
+    train_seeds(cfg, base, steps=100)
+    assert last_checkpoint(tmp_path / "aset-tiny" / "seed-1").name == "ckpt-100"
+    (res,) = specialise(cfg, base, steps=50)
+    spec = specialised_path(export, "triangle")
+    assert spec.name == "aset-triangle" and spec.with_suffix(".npz").is_file()
+    assert len(res.episodes) == 5 and res.out_dir == tmp_path / "aset-tiny" / "specialised" / "triangle"
+    # it started from the general network (epsilon from training.specialise, not from 1.0) and moved on
+    assert res.episodes[0]["epsilon"] <= cfg.training.specialise.epsilon_start
+    general, special = NumpyPolicy(export), NumpyPolicy(spec)
+    assert json.loads(spec.with_suffix(".json").read_text())["meta"]["steps"] == 50
+    assert any(not np.array_equal(a[0], b[0]) for a, b in zip(general.layers, special.layers, strict=True))
+    ev = cfg.evaluation.model_copy(update={"checkpoint": str(export), "out_dir": str(tmp_path / "ev"),
+                                           "duration_s": 3.0})
+    ecfg = cfg.model_copy(update={"evaluation": ev})
+    out = evaluate(ecfg, base, seeds=2, workers=1, progress=False, specialised=True, agreement_check=False)
+    assert out.out_dir.name == "aset-tiny-specialised" and out.table[0]["aset"][2] == 2
+    spec.with_suffix(".npz").unlink()
+    with pytest.raises(FileNotFoundError, match="testbed train --specialise"):
+        evaluate(ecfg, base, seeds=2, workers=1, progress=False, specialised=True)

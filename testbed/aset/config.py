@@ -108,6 +108,19 @@ class RandomiseSpec(StrictModel):
         return self
 
 
+class SpecialiseSpec(StrictModel):
+    """Per-scenario fine-tuning (``testbed train --specialise``; docs/aset.md, third round): for
+    each scenario of ``training.scenarios``, the export seed's final network trained ``steps``
+    more windows on that scenario alone, epsilon from ``epsilon_start`` down to the agent's
+    ``epsilon_end`` over ``epsilon_decay_steps`` decisions (4 per window on the suite), exported
+    to ``<training.export_to>-<scenario name>``. Why: the per-source static mix it is measured
+    against is chosen per scenario; one network over all scenarios must also tell them apart."""
+
+    steps: int = Field(8000, ge=1)
+    epsilon_start: Num = Field(0.2, ge=0, le=1)
+    epsilon_decay_steps: int = Field(16000, ge=1)
+
+
 class TrainingSpec(StrictModel):
     """``testbed train``: ``steps`` environment steps (windows; each gives one decision per
     dispatcher), episodes of ``episode_s`` simulated seconds, a checkpoint every
@@ -128,6 +141,7 @@ class TrainingSpec(StrictModel):
     out_dir: str = "runs/aset-train"
     export_to: str | None = None
     randomise: RandomiseSpec = RandomiseSpec()
+    specialise: SpecialiseSpec = SpecialiseSpec()
 
     @model_validator(mode="before")
     @classmethod

@@ -238,10 +238,13 @@ def _statics_and_mix(scenarios, names, seeds, actions, dur, run, kind) -> tuple[
 def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_s: float | None = None,
              workers: int = 2, progress: bool = True, console=None, backend: str = "process",
              ray_address: str | None = None, headroom_only: bool = False, fresh_seeds: int | None = None,
-             agreement_check: bool = True) -> EvalResult:
+             agreement_check: bool = True, specialised: bool = False) -> EvalResult:
     """Run the evaluation (``cfg.evaluation`` required; module docstring); writes and returns it.
 
     ``headroom_only``: skip ASET (what ``testbed evaluate --headroom`` does before training).
+    ``specialised``: ASET on each scenario is the checkpoint specialised to it
+    (:func:`testbed.aset.train.specialised_path`, ``testbed train --specialise``); results in
+    ``<out_dir>/<name>-specialised/``.
 
     Raises:
         ValueError: no ``evaluation:`` section, or (without ``headroom_only``) a checkpoint that
@@ -254,17 +257,22 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     ev = cfg.evaluation
     n_seeds = seeds or ev.seeds
     n_fresh = ev.fresh_seeds if fresh_seeds is None else fresh_seeds
+    from testbed.aset.train import specialised_path
+
     ckpt = repo_path(ev.checkpoint, base)
     with_aset = not headroom_only
-    if with_aset:
-        for suffix in (".npz", ".json"):
-            if not ckpt.with_suffix(suffix).is_file():
-                raise FileNotFoundError(f"checkpoint {ckpt.with_suffix(suffix)} is missing (run testbed train first, "
-                                        f"or testbed evaluate --headroom)")
     scenarios = [str(repo_path(s, base)) for s in ev.scenarios]
     names = {s: _plan(s).experiment.name for s in scenarios}
+    ckpts = {s: specialised_path(ckpt, names[s]) if specialised else ckpt for s in scenarios}
     if with_aset:
-        check_checkpoint(ckpt, scenarios)
+        for s in scenarios:
+            for suffix in (".npz", ".json"):
+                path = ckpts[s].with_suffix(suffix)
+                if not path.is_file():
+                    how = "testbed train --specialise" if specialised else "testbed train"
+                    raise FileNotFoundError(f"checkpoint {path} is missing (run {how} first, "
+                                            f"or testbed evaluate --headroom)")
+            check_checkpoint(ckpts[s], [s])
     actions = list(cfg.policies)
     dur = duration_s or ev.duration_s
     tune = list(range(1, n_seeds + 1))
@@ -304,7 +312,7 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
                 runs.append(_row(names[s], kind, ORACLE, k, o["ok"], o["n"], fallback=o["fallback"]))
                 schedules.setdefault(names[s], {})[f"{kind}-{k}"] = o["schedule"]
             if with_aset:
-                ares = run(aset_job, [(s, k, str(ckpt), dur) for s, k in pairs])
+                ares = run(aset_job, [(s, k, str(ckpts[s]), dur) for s, k in pairs])
                 runs += [_row(names[s], kind, ASET, k, a["ok"], a["n"], share=a["share"])
                          for (s, k), a in zip(pairs, ares, strict=True)]
         agree: dict[str, list[int]] = {}
@@ -318,7 +326,7 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
         if bar is not None:
             bar[0].stop()
     table = summarise(runs, actions)
-    out = repo_path(ev.out_dir, base) / cfg.name
+    out = repo_path(ev.out_dir, base) / (cfg.name + ("-specialised" if specialised else ""))
     out.mkdir(parents=True, exist_ok=True)
     _write(out, runs, table, actions, {names[s]: m for s, m in mixes.items()}, schedules, agree)
     return EvalResult(out, runs, table, {names[s]: m for s, m in mixes.items()}, agree)

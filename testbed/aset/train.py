@@ -296,7 +296,8 @@ def _export(run: _Run, path: Path, steps: int) -> None:
 
 def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bool = True,
           simulator_factory=None, plans=None, console=None, seed: int | None = None,
-          out_dir: Path | None = None, backend: str = "process", ray_address: str | None = None) -> TrainResult:
+          out_dir: Path | None = None, backend: str = "process", ray_address: str | None = None,
+          init_checkpoint: Path | None = None) -> TrainResult:
     """One training run (one seed) per ``cfg`` (``cfg.training`` required); exports its policy.
 
     Args:
@@ -305,6 +306,8 @@ def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bo
         simulator_factory / plans: for tests (a fake simulator; a Plan or PlanSampler).
         seed: the run's seed (default the config's). out_dir: the run's folder (default
             ``training.out_dir/<name>``). backend / ray_address: where rollout workers run.
+        init_checkpoint: start from this :meth:`DQNAgent.save` checkpoint (online and target
+            network, optimizer) instead of a fresh network (:func:`specialise`).
 
     Raises:
         ValueError: ``cfg.training`` is missing.
@@ -316,6 +319,8 @@ def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bo
     seed = cfg.seed if seed is None else int(seed)
     out = out_dir or resolve(base, tr.out_dir) / cfg.name
     run = _Run(cfg, base, seed, out, plans, simulator_factory)
+    if init_checkpoint is not None:
+        run.agent.load(init_checkpoint)
     t_start = time.perf_counter()
     bar = _progress_bar(console, steps) if progress else None
     try:
@@ -335,10 +340,11 @@ def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bo
     return run.result
 
 
-def _train_seed(cfg_json: str, base: str, seed: int, steps: int | None, out: str) -> dict:
+def _train_seed(cfg_json: str, base: str, seed: int, steps: int | None, out: str, init: str | None = None) -> dict:
     """One seed's training run in a worker process; returns what the parent needs."""
     cfg = AsetConfig.model_validate_json(cfg_json)
-    res = train(cfg, Path(base), steps=steps, progress=False, seed=seed, out_dir=Path(out))
+    res = train(cfg, Path(base), steps=steps, progress=False, seed=seed, out_dir=Path(out),
+                init_checkpoint=Path(init) if init else None)
     return {"seed": seed, "episodes": res.episodes, "wall_s": res.wall_s, "steps": res.steps,
             "policy_path": str(res.policy_path), "out_dir": str(res.out_dir)}
 
@@ -375,6 +381,77 @@ def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: 
 
         src = next(r for r in results if r.seed == chosen).policy_path
         copy_policy(src, resolve(base, tr.export_to))
+    return results
+
+
+def specialised_path(checkpoint: str | Path, scenario: str) -> Path:
+    """Where the checkpoint specialised to ``scenario`` (its experiment name) lives:
+    ``<checkpoint>-<scenario>`` (``.npz`` / ``.json``), a ``.`` of the name written ``_`` (the
+    policy files are named by suffix)."""
+    p = Path(checkpoint)
+    return p.with_name(f"{p.name}-{scenario.replace('.', '_')}")
+
+
+def last_checkpoint(seed_dir: Path) -> Path:
+    """The newest ``checkpoints/ckpt-<step>`` (highest step) of one seed's training run.
+
+    Raises:
+        FileNotFoundError: the run has no checkpoint (train first).
+    """
+    found = sorted((int(c.stem.split("-")[-1]), c.with_suffix(""))
+                   for c in (seed_dir / "checkpoints").glob("ckpt-*.index"))
+    if not found:
+        raise FileNotFoundError(f"{seed_dir / 'checkpoints'}: no training checkpoint (run testbed train first)")
+    return found[-1][1]
+
+
+def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "process",
+               ray_address: str | None = None, console=None, steps: int | None = None) -> list[TrainResult]:
+    """Per-scenario fine-tuning (:class:`testbed.aset.config.SpecialiseSpec`): for each scenario of
+    ``training.scenarios``, the export seed's last checkpoint trained on that scenario alone
+    (load randomised as in training), ``jobs`` scenarios at a time; output in
+    ``training.out_dir/<name>/specialised/<scenario>/``, the policy exported to
+    :func:`specialised_path` of ``training.export_to``.
+
+    Raises:
+        ValueError: no ``training:`` section or no ``export_to``. FileNotFoundError: the general
+            training has not run (no checkpoint of the export seed).
+    """
+    from testbed.distributed import imap_unordered
+    from testbed.plan import plan_experiment
+
+    tr = cfg.training
+    if tr is None or not tr.export_to:
+        raise ValueError(f"ASET config {cfg.name!r}: --specialise needs 'training:' with 'export_to'")
+    sp = tr.specialise
+    seed = tr.export_seed if tr.export_seed is not None else (tr.seeds or [cfg.seed])[0]
+    root = resolve(base, tr.out_dir) / cfg.name
+    init = last_checkpoint(root / f"seed-{seed}")
+    agent = cfg.agent.model_copy(update={"epsilon_start": sp.epsilon_start,
+                                         "epsilon_decay_steps": sp.epsilon_decay_steps})
+    tasks, names = [], []
+    for scenario in tr.scenarios:
+        name = plan_experiment(resolve(base, scenario)).experiment.name
+        sub = cfg.model_copy(update={"agent": agent, "training": tr.model_copy(update={
+            "scenarios": [scenario], "steps": steps or sp.steps, "seeds": [seed],
+            "export_to": str(specialised_path(tr.export_to, name))})})
+        names.append(name)
+        tasks.append((sub.model_dump_json(), str(base), seed, steps or sp.steps,
+                      str(root / "specialised" / name), str(init)))
+    results: list[TrainResult] = []
+    curves: dict[str, list[dict]] = {}
+    for i, r in imap_unordered(_train_seed, tasks, backend=backend, jobs=max(1, jobs), ray_address=ray_address):
+        from testbed.aset.npolicy import copy_policy
+
+        res = TrainResult(Path(r["out_dir"]), Path(r["policy_path"]), r["seed"], r["episodes"], r["wall_s"], r["steps"])
+        copy_policy(res.policy_path, resolve(base, str(specialised_path(tr.export_to, names[i]))))
+        results.append(res)
+        curves[names[i]] = r["episodes"]
+        if console is not None:
+            console.print(f"{names[i]}: {r['steps']} steps in {r['wall_s']:.0f} s from {init}")
+    if any(curves.values()):
+        _plot_curves(root / "specialised" / "curves.png", {n: e for n, e in curves.items() if e},
+                     f"ASET specialised per scenario (seed {seed})")
     return results
 
 

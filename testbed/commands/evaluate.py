@@ -38,6 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("--duration", type=_episode_s, default=None,
                    help="override the simulated time per run, e.g. 40s (at most 1 h)")
     p.add_argument("--headroom", action="store_true", help="headroom only (no checkpoint needed: before training)")
+    p.add_argument("--specialised", action="store_true",
+                   help="ASET = the checkpoint specialised to each scenario (testbed train --specialise)")
     p.add_argument("--workers", type=_int_at_least(1), default=2, help="parallel workers (default 2)")
     p.add_argument("--backend", choices=["process", "ray"], default="process", help="parallel backend")
     p.add_argument("--ray-address", default=None, help="a Ray cluster (HOST:PORT or auto); default: local")
@@ -56,7 +58,7 @@ def _cmd(args: argparse.Namespace) -> int:
     try:
         res = evaluate(cfg, base, seeds=args.seeds, duration_s=args.duration, workers=args.workers, console=console,
                        backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address,
-                       headroom_only=args.headroom, fresh_seeds=args.fresh_seeds)
+                       headroom_only=args.headroom, fresh_seeds=args.fresh_seeds, specialised=args.specialised)
     except FileNotFoundError as exc:
         raise InputError(str(exc)) from None
     console.print(summary_markdown(res.table), markup=False, highlight=False)

@@ -39,6 +39,9 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", type=_positive_int, default=1, help="seeds trained at once (parallel processes)")
     p.add_argument("--rollout-workers", type=_int_at_least(0), default=None,
                    help="override training.rollout_workers")
+    p.add_argument("--specialise", action="store_true",
+                   help="after the training: fine-tune the export seed's network per scenario "
+                        "(training.specialise; exported to <export_to>-<scenario>)")
     p.add_argument("--backend", choices=["process", "ray"], default="process", help="parallel backend")
     p.add_argument("--ray-address", default=None, help="a Ray cluster (HOST:PORT or auto); default: local")
     p.set_defaults(func=_cmd)
@@ -65,6 +68,8 @@ def _cmd(args: argparse.Namespace) -> int:
             raise InputError(f"{args.config}: the command line's training overrides: {exc}") from None
         cfg = cfg.model_copy(update={"training": training})
     root = resolve(base, cfg.training.out_dir) / cfg.name
+    if args.specialise:
+        return _specialise(cfg, base, args)
     before = _files(root)
     results = train_seeds(cfg, base, steps=args.steps, jobs=args.jobs, console=console,
                           backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address)
@@ -73,6 +78,25 @@ def _cmd(args: argparse.Namespace) -> int:
         console.print(_seed_line(res, windows))
     for line in _written(root, results, cfg.training.export_to, _changed(before, _files(root)), windows):
         console.print(line)
+    return 0
+
+
+def _specialise(cfg, base: Path, args: argparse.Namespace) -> int:
+    """``--specialise``: per-scenario fine-tuning from the general training's last checkpoint."""
+    from testbed.aset.train import specialise, specialised_path
+    from testbed.cli import console
+    from testbed.errors import InputError
+
+    try:
+        results = specialise(cfg, base, jobs=args.jobs, backend="ray" if args.ray_address else args.backend,
+                             ray_address=args.ray_address, console=console, steps=args.steps)
+    except (FileNotFoundError, ValueError) as exc:
+        raise InputError(str(exc)) from None
+    for res in results:
+        last = res.episodes[-10:]
+        mean = sum(e["success_ratio"] for e in last) / len(last) if last else float("nan")
+        console.print(f"{res.out_dir.name}: {res.steps} steps, success ratio of the last {len(last)} episodes "
+                      f"{mean:.3f}; exported to {specialised_path(cfg.training.export_to, res.out_dir.name)}.npz/.json")
     return 0
 
 
