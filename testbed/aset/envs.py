@@ -357,12 +357,15 @@ class AsetLiveEnv(gym.Env):
         socket_path: the Unix socket path to bind.
         timeout_s: how long to wait for every source's state per window.
         episode_windows: windows per episode (truncation).
+        team_weight: the team share of the reward, as :class:`testbed.aset.config.RewardSpec`
+            (the live reward has no baseline run).
     """
 
     metadata = {"render_modes": []}
 
     def __init__(self, contexts: list[SourceContext], obs_spec: ObservationSpec, socket_path: str,
-                 timeout_s: float = 5.0, episode_windows: int = 600, max_deadline_ms: float | None = None):
+                 timeout_s: float = 5.0, episode_windows: int = 600, max_deadline_ms: float | None = None,
+                 team_weight: float = 0.0):
         super().__init__()
         from testbed.aset.live import ControlServer
 
@@ -380,6 +383,7 @@ class AsetLiveEnv(gym.Env):
         self.episode_windows = episode_windows
         dl = max_deadline_ms if max_deadline_ms is not None else max(ctx.deadline_ms or (1000.0,))
         self.settle_lag = int(math.ceil(dl / 1e3 / self.dt)) + 1
+        self.team_weight = float(team_weight)
 
     def _gather(self, first: bool = False) -> np.ndarray:
         states = self.server.receive_all([c.source for c in self.contexts], self.timeout_s)
@@ -405,7 +409,7 @@ class AsetLiveEnv(gym.Env):
         size = self.episode_windows + self.settle_lag + 2
         self.ok = np.zeros((size, len(self.contexts)), np.int64)
         self.n = np.zeros((size, len(self.contexts)), np.int64)
-        self.settler = _Settler()
+        self.settler = _Settler(self.team_weight)
         self.policy_windows = np.zeros((len(self.contexts), len(self.policies)), np.int64)
         self.origin = np.zeros(len(self.contexts))
         self._last_obs = self._gather(first=True)

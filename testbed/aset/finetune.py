@@ -13,7 +13,8 @@ export the fine-tuned policy to ``OUT/policy.{npz,json}`` and write ``OUT/finetu
 transitions, mean reward, losses, policy shares, the emulation run directory).
 
 The live reward is the plain window success ratio (the emulation has no baseline run on the same
-arrivals), so fine-tuning on it is a check that the loop runs end to end, not a training recipe.
+arrivals), with the team share the checkpoint was trained with (``reward_team_weight`` of its
+meta), so fine-tuning on it is a check that the loop runs end to end, not a training recipe.
 Root needed (the emulation).
 """
 
@@ -96,7 +97,9 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
     out.mkdir(parents=True, exist_ok=True)
     sock = str(Path(tempfile.gettempdir()) / f"aset-finetune-{int(time.time())}.sock")
     episode = int((duration_s or plan.experiment.duration_s) / (pol.obs_spec.window_ms / 1e3)) + 10
-    env = AsetLiveEnv(contexts, pol.obs_spec, sock, timeout_s=start_timeout_s, episode_windows=episode)
+    team = float((pol.meta.get("meta") or {}).get("reward_team_weight") or 0.0)  # as the checkpoint was trained
+    env = AsetLiveEnv(contexts, pol.obs_spec, sock, timeout_s=start_timeout_s, episode_windows=episode,
+                      team_weight=team)
     agent = _agent_from_policy(checkpoint, env.obs_size, len(env.policies), epsilon, seed)
     tmp = _live_experiment(experiment, str(checkpoint), sock, f"{pol.obs_spec.window_ms:g}ms")
     runs_dir = out / "runs"
