@@ -417,8 +417,8 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
         ValueError: no ``training:`` section or no ``export_to``. FileNotFoundError: the general
             training has not run (no checkpoint of the export seed).
     """
+    from testbed.aset.npolicy import copy_policy
     from testbed.distributed import imap_unordered
-    from testbed.plan import plan_experiment
 
     tr = cfg.training
     if tr is None or not tr.export_to:
@@ -429,20 +429,17 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
     init = last_checkpoint(root / f"seed-{seed}")
     agent = cfg.agent.model_copy(update={"epsilon_start": sp.epsilon_start,
                                          "epsilon_decay_steps": sp.epsilon_decay_steps})
+    steps = steps or sp.steps
     tasks, names = [], []
     for scenario in tr.scenarios:
-        name = plan_experiment(resolve(base, scenario)).experiment.name
+        name = load_experiment(resolve(base, scenario)).name
         sub = cfg.model_copy(update={"agent": agent, "training": tr.model_copy(update={
-            "scenarios": [scenario], "steps": steps or sp.steps, "seeds": [seed],
-            "export_to": str(specialised_path(tr.export_to, name))})})
+            "scenarios": [scenario], "steps": steps, "seeds": [seed]})})
         names.append(name)
-        tasks.append((sub.model_dump_json(), str(base), seed, steps or sp.steps,
-                      str(root / "specialised" / name), str(init)))
+        tasks.append((sub.model_dump_json(), str(base), seed, steps, str(root / "specialised" / name), str(init)))
     results: list[TrainResult] = []
     curves: dict[str, list[dict]] = {}
     for i, r in imap_unordered(_train_seed, tasks, backend=backend, jobs=max(1, jobs), ray_address=ray_address):
-        from testbed.aset.npolicy import copy_policy
-
         res = TrainResult(Path(r["out_dir"]), Path(r["policy_path"]), r["seed"], r["episodes"], r["wall_s"], r["steps"])
         copy_policy(res.policy_path, resolve(base, str(specialised_path(tr.export_to, names[i]))))
         results.append(res)
