@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/server_bench.py [--variants digits_small,digits_large,...] [--families hands,faces]
         [--runtimes tensorflow,litert] [--group family|all] [--duration 3] [--latency-queries 300]
-        [--concurrency 4] [--no-cgroup] [--json out.json]
+        [--concurrency 4] [--no-cgroup] [--json out.json] [--decode]
 
 For each runtime (tensorflow, litert) and, with ``--group family`` (default), each application
 family, one server subprocess (``python -m testbed.inference.server CONFIG.json``, a
@@ -21,7 +21,11 @@ families); their mean size [bytes] is printed per family.
    server-side part before the model call (T2 - T1: JSON decoding + queue hand-off). The HTTP
    baseline is the p50 round trip of ``GET /v1/models/NAME`` on the same connection (client,
    TCP, aiohttp, no body, no model); "predict path adds" = overhead p50 - that baseline: what the
-   predict path itself (decode, queue hand-off, encode) costs over any HTTP request.
+   predict path itself (decode, queue hand-off, encode) costs over any HTTP request. The round
+   trip ends when the answer's bytes are read; the client's JSON parse is timed apart. The
+   overhead's stages (sent -> T1, T1 -> T2, T3 -> answer) are on the host's one clock.
+   ``--decode``: only the JPEG decode path, PIL against the server's (simplejpeg), caches warm
+   and cold, with a check that both give the same pixels.
 2. Max sustained q/s per core: a closed loop of ``--concurrency`` clients (aiohttp), each sending
    its next query when the previous answer arrives, for ``--duration`` s; q/s = answers (HTTP
    200) / duration. The server's one core is the bottleneck; the clients run outside its quota
@@ -109,36 +113,94 @@ def stop_server(proc: subprocess.Popen, dirs: list) -> None:
 
 
 def latency(port: int, variant: str, bodies: list[bytes], n: int) -> dict[str, float]:
-    """Sequential queries; p50/p95 of round trip, model call (T3 - T2) and overhead [ms]."""
+    """Sequential queries; p50/p95 of round trip, model call (T3 - T2) and overhead [ms], and the
+    overhead's stages on the host's one clock (``time.time_ns``, which the server stamps too):
+    request sent -> T1 (client send, server's HTTP read), T1 -> T2 (body decode, queue hand-off),
+    T3 -> answer received (hand-back, encode, HTTP write, client read). The round trip ends when
+    the answer's bytes are read; the client's JSON parse of it is timed apart (``client_parse``),
+    as it is the client's work, not the server's."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    rtt, model, pre = [], [], []
+    rtt, model, pre, send, post, parse = [], [], [], [], [], []
     for i in range(n + 20):
         body = bodies[i % len(bodies)]
-        t0 = time.perf_counter_ns()
+        t0, w0 = time.perf_counter_ns(), time.time_ns()
         conn.request("POST", f"/v1/models/{variant}:predict", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
-        json.loads(resp.read())
-        t4 = time.perf_counter_ns()
+        raw = resp.read()
+        t4, w4 = time.perf_counter_ns(), time.time_ns()
+        json.loads(raw)
+        t5 = time.perf_counter_ns()
         if resp.status != 200:
             raise SystemExit(f"{variant}: HTTP {resp.status}")
         if i >= 20:  # the first 20: connection and cache warm-up
+            t1, t2, t3 = (int(resp.getheader(f"X-Testbed-T{k}")) for k in (1, 2, 3))
             rtt.append((t4 - t0) / 1e6)
-            model.append((int(resp.getheader("X-Testbed-T3")) - int(resp.getheader("X-Testbed-T2"))) / 1e6)
-            pre.append((int(resp.getheader("X-Testbed-T2")) - int(resp.getheader("X-Testbed-T1"))) / 1e6)
+            model.append((t3 - t2) / 1e6)
+            pre.append((t2 - t1) / 1e6)
+            send.append((t1 - w0) / 1e6)
+            post.append((w4 - t3) / 1e6)
+            parse.append((t5 - t4) / 1e6)
     base = []
     for i in range(n // 2 + 10):  # the same client and HTTP stack, no body, no model: GET model status
         t0 = time.perf_counter_ns()
         conn.request("GET", f"/v1/models/{variant}")
         resp = conn.getresponse()
-        json.loads(resp.read())
+        resp.read()
         if i >= 10:
             base.append((time.perf_counter_ns() - t0) / 1e6)
     conn.close()
     over = np.asarray(rtt) - np.asarray(model)
     return {"rtt_p50_ms": float(np.median(rtt)), "model_p50_ms": float(np.median(model)),
             "overhead_p50_ms": float(np.median(over)), "overhead_p95_ms": float(np.percentile(over, 95)),
-            "decode_queue_p50_ms": float(np.median(pre)), "http_baseline_p50_ms": float(np.median(base)),
+            "overhead_p99_ms": float(np.percentile(over, 99)),
+            "send_to_t1_p50_ms": float(np.median(send)), "decode_queue_p50_ms": float(np.median(pre)),
+            "t3_to_answer_p50_ms": float(np.median(post)), "client_parse_p50_ms": float(np.median(parse)),
+            "http_baseline_p50_ms": float(np.median(base)),
             "server_added_p50_ms": float(np.median(over) - np.median(base))}
+
+
+def decode_bench(families: list[str], frames: int = 64, reps: int = 256) -> dict[str, Any]:
+    """Per family: median time [us] to turn one JPEG frame into the model's float32 input, through
+    PIL (decode, copy out, / 255) and through the server's path
+    (:func:`testbed.inference.payload.decode_frame`: simplejpeg), with caches warm and with them
+    cold (a 32 MB sweep before each frame, as a model call leaves them); and whether the two give
+    the same pixels on every frame."""
+    import io
+
+    from PIL import Image
+
+    from testbed.inference import payload
+
+    def pil(raw: bytes, shape: tuple[int, ...]) -> np.ndarray:
+        with Image.open(io.BytesIO(raw)) as img:
+            rgb = img.convert("RGB")
+            if rgb.size != (shape[1], shape[0]):
+                rgb = rgb.resize((shape[1], shape[0]), Image.BILINEAR)
+            return np.asarray(rgb, dtype=np.float32) / np.float32(255.0)
+
+    zoo.ensure_zoo(ZOO)
+    sweep = np.ones(8_000_000, np.float32)
+    out: dict[str, Any] = {}
+    for fam in families:
+        jpegs = zoo.load_jpegs(ZOO, fam)[:frames]
+        shape = tuple(zoo.load_payloads(ZOO, fam)[0].shape[1:])
+        row: dict[str, Any] = {"frames": len(jpegs), "shape": list(shape)}
+        for name, fn in (("pil", pil), ("server", payload.decode_frame)):
+            for cold in (False, True):
+                ts = []
+                for i in range(reps):
+                    if cold:
+                        sweep[::16] += 1.0
+                    t0 = time.perf_counter_ns()
+                    fn(jpegs[i % len(jpegs)], shape, *(("x",) if fn is payload.decode_frame else ()))
+                    ts.append(time.perf_counter_ns() - t0)
+                row[f"{name}_{'cold' if cold else 'warm'}_us"] = round(float(np.median(ts[20:])) / 1e3, 1)
+        row["same_pixels"] = all(np.array_equal(pil(j, shape), payload.decode_frame(j, shape, "x")) for j in jpegs)
+        out[fam] = row
+        print(f"decode {fam:<9} {shape}: PIL {row['pil_warm_us']:.0f} us warm / {row['pil_cold_us']:.0f} us cold; "
+              f"server (simplejpeg) {row['server_warm_us']:.0f} / {row['server_cold_us']:.0f} us; "
+              f"same pixels on {row['frames']} frames: {row['same_pixels']}", flush=True)
+    return out
 
 
 async def closed_loop(port: int, variant: str, bodies: list[bytes], concurrency: int, duration_s: float) -> float:
@@ -177,7 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--no-cgroup", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--decode", action="store_true",
+                    help="only time the JPEG decode path (PIL against the server's) per image family")
     args = ap.parse_args(argv)
+    if args.decode:
+        fams = [f for f in args.families.split(",") if f] or ["hands", "faces", "imagenet"]
+        res = decode_bench(fams)
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1))
+        return 0
     manifest = zoo.ensure_zoo(ZOO)
     variants = list(manifest["variants"]) if args.variants == "all" else args.variants.split(",")
     fams = [f for f in args.families.split(",") if f]
@@ -212,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                     r = res["variants"][v]
                     print(f"{rt:<10} {v:<14} overhead p50 {r['overhead_p50_ms']:.3f} ms p95 {r['overhead_p95_ms']:.3f}"
                           f" (HTTP GET baseline {r['http_baseline_p50_ms']:.3f}, predict path adds "
-                          f"{r['server_added_p50_ms']:.3f}; server T2-T1 {r['decode_queue_p50_ms']:.3f})"
+                          f"{r['server_added_p50_ms']:.3f}; stages: sent->T1 {r['send_to_t1_p50_ms']:.3f}, "
+                          f"T1->T2 {r['decode_queue_p50_ms']:.3f}, T3->answer {r['t3_to_answer_p50_ms']:.3f}; "
+                          f"client parse apart {r['client_parse_p50_ms']:.3f})"
                           f" | model call p50 {r['model_p50_ms']:.3f} (profile {bare:.3f}) | round trip p50 "
                           f"{r['rtt_p50_ms']:.3f} ms | max {r['max_qps_per_core']:.0f} q/s per core", flush=True)
                 res["rss_mib_after"] = round(rss_mib(proc.pid), 1)

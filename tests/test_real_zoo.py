@@ -175,6 +175,33 @@ def test_jpeg_requests_decode_resize_and_answer_in_tf_serving_shapes(manifest):
     assert set(sig["outputs"]) == {"score", "box", "keypoints"}
 
 
+@pytest.mark.parametrize("mode", ["RGB", "L", "CMYK"])
+def test_frame_decode_gives_pils_pixels_for_every_jpeg_colour_space(mode):
+    """The server decodes JPEGs with simplejpeg where it can (RGB/YCbCr, grey) and with PIL
+    otherwise (CMYK); either way the pixels are PIL's, resized or not."""
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    buf = io.BytesIO()
+    Image.fromarray((rng.random((60, 70, 3)) * 255).astype(np.uint8)).convert(mode).save(buf, format="JPEG")
+    raw = buf.getvalue()
+    assert (payload._jpeg_rgb(raw, "x") is None) == (mode == "CMYK")
+    for shape in [(60, 70, 3), (32, 40, 3)]:
+        with Image.open(io.BytesIO(raw)) as img:
+            ref = img.convert("RGB").resize((shape[1], shape[0]), Image.BILINEAR)
+        np.testing.assert_array_equal(payload.decode_frame(raw, shape, "x"),
+                                      np.asarray(ref, dtype=np.float32) / np.float32(255.0))
+
+
+def test_an_oversized_jpeg_is_refused_from_its_header():
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4097, 4096), (10, 20, 30)).save(buf, format="JPEG", quality=10)
+    with pytest.raises(payload.RequestError, match="image of 4097x4096 pixels; at most 16777216"):
+        payload.decode_frame(buf.getvalue(), (224, 224, 3), "instances[0]")
+
+
 def test_bytes_on_the_wire_per_application(manifest):
     """A query is one JPEG frame in b64 JSON: about 4/3 of the JPEG plus ~40 bytes of JSON."""
     for fam in APPS:

@@ -64,6 +64,7 @@ from testbed.boundaries import ServerConfig
 from testbed.inference import zoo
 from testbed.inference.payload import (
     RequestError,
+    encode_json,
     metadata_response,
     parse_predict_body,
     predict_response,
@@ -165,7 +166,8 @@ class InferenceServer:
         headers.update({"X-Testbed-T2": str(job.t2), "X-Testbed-T3": str(job.t3), "X-Testbed-Batch": str(job.batch)})
         if job.error is not None or job.result is None:
             return self._error(500, f"inference failed in model {name!r}: {job.error}", headers, count=False)
-        return web.json_response(predict_response(job.result, columnar), headers=headers)
+        return web.Response(body=encode_json(predict_response(job.result, columnar)), headers=headers,
+                            content_type="application/json")
 
     async def model_status(self, request: web.Request) -> web.Response:
         """``GET /v1/models/{name}``: TF Serving's model status shape."""
