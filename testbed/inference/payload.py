@@ -4,8 +4,8 @@ Pure functions (no HTTP, no model): :func:`parse_predict_body` turns a ``POST ..
 into a float32 batch of the model's input shape, or raises :class:`RequestError` naming the
 problem (the server answers it as HTTP 400). The accepted forms are documented in
 :mod:`testbed.inference.server`; in addition, a model whose input is an RGB frame [H, W, 3]
-accepts ``{"b64": <JPEG or PNG of any size>}``: decoded (PIL), converted to RGB, resized
-bilinearly to W x H if it differs, pixels / 255 -- the encoded camera frame a real edge app
+accepts ``{"b64": <JPEG or PNG of any size>}``: decoded (simplejpeg; PIL for PNG and CMYK JPEG),
+converted to RGB, resized bilinearly to W x H if it differs, pixels / 255 -- the encoded camera frame a real edge app
 sends (TF Serving's convention for binary inputs; the decode is the server's, as in a serving
 graph that starts with ``decode_jpeg``). :func:`predict_response` answers a multi-output model
 (:class:`testbed.inference.zoo.NamedOutputs`) in TF Serving's multi-output shapes.
