@@ -24,7 +24,9 @@ switch it measured, ``rtt_per_switch_before_ms``, and the offset per link, ``lin
 ``load``: the offered query rate at which the testbed's own processes become the bottleneck on an
 experiment (default ``experiments/scenario-failure.yaml`` without its events): for each total rate,
 a short run; the bottleneck is where the median network time exceeds the planned RTT by more than
-``--margin-ms`` (the queries' own transfer and the forwarding cost included) or success falls::
+``--margin-ms`` (the queries' own transfer and the forwarding cost included) or success falls.
+Each rate also reports the machine's CPU per process role while the sources sent (``cpu_cores_by_role``:
+link emulators, inference servers, sources, ryu, ovs-vswitchd, ..., ``other``; mean cores)::
 
     sudo .venv/bin/python benchmarks/scale_bench.py load --rates 100 200 500 800 [--seconds 10]
 """
@@ -217,6 +219,61 @@ class _MemSampler(threading.Thread):
             self.peak_mib = max(self.peak_mib, self.sample())
 
 
+#: Process roles of the CPU breakdown (``load``): the first whose pattern is in the command line.
+CPU_ROLES = (("linkemu", "testbed.emulation.linkemu"), ("servers", "testbed.inference.server"),
+             ("sources", "testbed.workload"), ("ryu", "ryu-manager"), ("ovs-vswitchd", "ovs-vswitchd"),
+             ("ovsdb-server", "ovsdb-server"), ("tcpdump", "tcpdump"))
+
+
+class _CpuSampler(threading.Thread):
+    """CPU time (user + system, s) of every process on the machine every second, summed per role
+    (:data:`CPU_ROLES`, the rest ``other``), so that the load window's share of each role can be
+    taken afterwards (:meth:`cores`)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self.stop = threading.Event()
+        self._roles: dict[int, str] = {}
+
+    def _role(self, pid: int) -> str:
+        if pid not in self._roles:
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                cmd = ""
+            self._roles[pid] = next((r for r, pat in CPU_ROLES if pat in cmd), "other")
+        return self._roles[pid]
+
+    def sample(self) -> dict[str, float]:
+        tck, acc = os.sysconf("SC_CLK_TCK"), {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                f = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            role = self._role(int(name))
+            acc[role] = acc.get(role, 0.0) + (int(f[11]) + int(f[12])) / tck
+        return acc
+
+    def run(self) -> None:
+        while True:
+            self.samples.append((time.time(), self.sample()))
+            if self.stop.wait(1.0):
+                return
+
+    def cores(self, t_from: float, t_to: float) -> dict[str, float]:
+        """Mean cores per role between the samples nearest inside [t_from, t_to] (epoch s); a role
+        whose processes ended inside the window counts what they used before their last sample."""
+        inside = [s for s in self.samples if t_from <= s[0] <= t_to]
+        if len(inside) < 2:
+            return {}
+        (ta, a), (tb, b) = inside[0], inside[-1]
+        return {r: round(max(0.0, b.get(r, 0.0) - a.get(r, 0.0)) / (tb - ta), 3) for r in sorted(set(a) | set(b))}
+
+
 def plain_mininet(plan) -> dict:
     """Plain Mininet on the plan's switches and links (module doc); seconds and peak memory."""
     from testbed.emulation.network import _import_mininet
@@ -328,9 +385,15 @@ def cmd_load(args) -> dict:
         wl = [w.model_copy(update={"rate_qps": per}) for w in exp.workload]
         plan = build_plan(exp.model_copy(update={"events": [], "workload": wl}), base_dir=path.parent)
         runs = Path(tempfile.mkdtemp(prefix="load-"))
+        cpu = _CpuSampler()
         with emulation_lock():
             load = os.getloadavg()[0]
-            code = run_experiment(plan, console=Console(quiet=True), runs_dir=runs, duration_s=args.seconds)
+            cpu.start()
+            try:
+                code = run_experiment(plan, console=Console(quiet=True), runs_dir=runs, duration_s=args.seconds)
+            finally:
+                cpu.stop.set()
+                cpu.join()
         run_dir = next(runs.iterdir())
         s = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
         import pandas as pd
@@ -344,6 +407,8 @@ def cmd_load(args) -> dict:
                "success_ratio": s.get("success_ratio"),
                "network_excess_p50_ms": round(float(excess.median()), 2) if excess is not None else None,
                "network_excess_p95_ms": round(float(excess.quantile(0.95)), 2) if excess is not None else None}
+        if len(df) and df["t0_ns"].notna().any():  # the CPU per role while the sources sent
+            row["cpu_cores_by_role"] = cpu.cores(df["t0_ns"].min() / 1e9, df["t0_ns"].max() / 1e9)
         if code != 0:  # e.g. the RTT self-check failed: say why (run.json), the rate measured nothing
             rj = run_dir / "run.json"
             row["message"] = json.loads(rj.read_text()).get("message") if rj.exists() else None
