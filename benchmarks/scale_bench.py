@@ -28,7 +28,8 @@ a short run; the bottleneck is where the median network time exceeds the planned
 Each rate also reports the machine's CPU per process role while the sources sent (``cpu_cores_by_role``:
 link emulators, inference servers, sources, ryu, ovs-vswitchd, ..., ``other``; mean cores)::
 
-    sudo .venv/bin/python benchmarks/scale_bench.py load --rates 100 200 500 800 [--seconds 10]
+    sudo .venv/bin/python benchmarks/scale_bench.py load --rates 100 200 500 800 [--seconds 10] \\
+        [--runtime litert]   # every cluster's models on LiteRT: the servers' own CPU out of the way
 """
 
 from __future__ import annotations
@@ -383,7 +384,11 @@ def cmd_load(args) -> dict:
     for rate in args.rates:
         per = rate / (len(exp.sources) * len(exp.workload))
         wl = [w.model_copy(update={"rate_qps": per}) for w in exp.workload]
-        plan = build_plan(exp.model_copy(update={"events": [], "workload": wl}), base_dir=path.parent)
+        clusters = exp.clusters if args.runtime is None else [  # every model on that runtime
+            c.model_copy(update={"server": c.server.model_copy(update={"runtime": args.runtime, "model_runtimes": {}})})
+            for c in exp.clusters]
+        plan = build_plan(exp.model_copy(update={"events": [], "workload": wl, "clusters": clusters}),
+                          base_dir=path.parent)
         runs = Path(tempfile.mkdtemp(prefix="load-"))
         cpu = _CpuSampler()
         with emulation_lock():
@@ -432,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--rates", nargs="+", type=float, default=[100, 200, 500])
     c.add_argument("--seconds", type=float, default=10.0)
     c.add_argument("--margin-ms", type=float, default=20.0)
+    c.add_argument("--runtime", choices=("tensorflow", "litert"), default=None,
+                   help="serve every model with this runtime (default: the experiment's)")
     return run_benchmark(p, {"profile": cmd_profile, "bringup": cmd_bringup, "load": cmd_load}, argv)
 
 
