@@ -188,7 +188,11 @@ def _tmpfs(path: Path, size: str, options: str = ""):
 def test_a_run_directory_that_fills_up_mid_run(tmp_path):
     with _tmpfs(tmp_path / "small", "48m") as runs:
         def fill(_run_dir: Path) -> None:
-            subprocess.run(["dd", "if=/dev/zero", f"of={runs / 'filler'}", "bs=1M"], capture_output=True)
+            # all but 0.5 MiB at once (fallocate): a dd that is still writing when the run frees
+            # its reserve would take the reserve too
+            st = os.statvfs(runs)
+            with open(runs / "filler", "wb") as f:
+                os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - 512 * 1024)
 
         code, out, run_dir = _run_with_fault(runs, fill)
         run_id = _run_id(run_dir)
