@@ -247,16 +247,18 @@ class _CpuSampler(threading.Thread):
         return self._roles[pid]
 
     def sample(self) -> dict[str, float]:
-        tck, acc = os.sysconf("SC_CLK_TCK"), {}
+        from testbed.inference.handling import proc_cpu_s
+
+        acc: dict[str, float] = {}
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
             try:
-                f = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+                cpu = proc_cpu_s(Path(f"/proc/{name}/stat"))
             except OSError:
                 continue
             role = self._role(int(name))
-            acc[role] = acc.get(role, 0.0) + (int(f[11]) + int(f[12])) / tck
+            acc[role] = acc.get(role, 0.0) + cpu
         return acc
 
     def run(self) -> None:

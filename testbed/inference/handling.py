@@ -65,8 +65,12 @@ RESOLUTION_S = 0.2
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_s(path: Path) -> float:
-    """User + system CPU (s) from a ``/proc/.../stat`` file."""
+def proc_cpu_s(path: Path) -> float:
+    """User + system CPU (s) from a ``/proc/<pid>[/task/<tid>]/stat`` file (proc(5): utime, stime).
+
+    Raises:
+        OSError: the process is gone.
+    """
     fields = path.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
@@ -105,13 +109,13 @@ def _pass(proc: subprocess.Popen, query: Callable[[int], float], n: int, gap_s: 
     """``n`` queries (``gap_s`` idle before each): CPU ms per query of the main thread and of the
     other threads, and the mean wall time of the model call (ms)."""
     main, whole = Path(f"/proc/{proc.pid}/task/{proc.pid}/stat"), Path(f"/proc/{proc.pid}/stat")
-    m0, p0 = _cpu_s(main), _cpu_s(whole)
+    m0, p0 = proc_cpu_s(main), proc_cpu_s(whole)
     walls = []
     for i in range(n):
         if gap_s:
             time.sleep(gap_s)
         walls.append(query(i))
-    m1, p1 = _cpu_s(main), _cpu_s(whole)
+    m1, p1 = proc_cpu_s(main), proc_cpu_s(whole)
     # the two clocks are read at slightly different instants: a difference below one tick is 0
     return {"main_ms": (m1 - m0) / n * 1e3, "other_ms": max(0.0, (p1 - p0) - (m1 - m0)) / n * 1e3,
             "wall_ms": float(np.mean(walls))}
