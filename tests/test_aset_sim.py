@@ -151,3 +151,44 @@ def test_specialise_starts_from_the_general_network_and_evaluates_per_scenario(t
     spec.with_suffix(".npz").unlink()
     with pytest.raises(FileNotFoundError, match="testbed train --specialise"):
         evaluate(ecfg, base, seeds=2, workers=1, progress=False, specialised=True)
+
+
+def test_a_mix_baseline_gives_zero_reward_to_the_agent_that_plays_the_mix():
+    """reward.baseline_mix: the baseline run applies the scenario's per-source assignment; an agent
+    applying that same assignment every window gets exactly 0 in every transition, and the same
+    episode figure as the baseline run; another assignment does not (capacity: the triangle
+    succeeds under every policy)."""
+    from testbed.aset.config import RewardSpec
+
+    plan = plan_experiment(REPO / "experiments" / "scenario-capacity.yaml")
+    srcs = sorted(h.name for h in plan.sources)
+    mix = ["min_latency", "closest", "max_accuracy", "least_loaded"][:len(srcs)]
+    env = AsetSimEnv(plan, SPEC, 4.0, reward=RewardSpec(baseline_mix={plan.experiment.name: mix}, team_weight=0.5))
+    same = np.array([[CATALOGUE.index(p) for p in mix]] * 40)
+    _, trans, info = _episode(env, 5, same)
+    assert trans and all(r == 0.0 for _, _, r in trans)
+    assert info["baseline_success_ratio"] == info["success_ratio"]
+    other = np.array([[CATALOGUE.index("closest")] * len(srcs)] * 40)
+    _, trans2, info2 = _episode(env, 5, other)
+    assert any(r != 0.0 for _, _, r in trans2)
+    assert info2["baseline_success_ratio"] == info["baseline_success_ratio"]
+
+
+def test_a_mix_baseline_that_does_not_fit_is_refused_naming_it(plan):
+    from testbed.aset.config import AsetConfig, RewardSpec
+    from testbed.aset.train import check_reward_baselines
+    from testbed.config import ConfigError
+
+    name, n = plan.experiment.name, len(plan.sources)
+    with pytest.raises(ValueError, match=r"reward.baseline_mix.x: unknown policy 'fastest'"):
+        AsetConfig.model_validate({"name": "t", "reward": {"baseline_mix": {"x": ["fastest"]}}})
+    with pytest.raises(ConfigError, match=r"reward.baseline_mix.nosuch: no training scenario"):
+        check_reward_baselines(RewardSpec(baseline_mix={"nosuch": ["cloud"] * n}), [plan])
+    with pytest.raises(ConfigError, match=rf"reward.baseline_mix.{name}: {n + 1} policies for {n} sources"):
+        check_reward_baselines(RewardSpec(baseline_mix={name: ["cloud"] * (n + 1)}), [plan])
+    other = plan.model_copy(update={"experiment": plan.experiment.model_copy(update={"name": "other"})})
+    with pytest.raises(ConfigError, match=r"no mix for training scenario 'other', and no reward.baseline"):
+        check_reward_baselines(RewardSpec(baseline_mix={name: ["cloud"] * n}), [plan, other])
+    check_reward_baselines(RewardSpec(baseline="min_latency", baseline_mix={name: ["cloud"] * n}), [plan, other])
+    assert RewardSpec(baseline="closest", baseline_mix={name: ["cloud"] * n}).baseline_for("other", n) == ["closest"] * n
+    assert RewardSpec().baseline_for(name, n) is None

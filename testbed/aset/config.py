@@ -87,10 +87,34 @@ class RewardSpec(StrictModel):
     leaving the edges to the cloud lift the other two); a reward of its own queries only cannot
     see that gain. The evaluation's figure is the success ratio over all queries, which is the
     team figure weighted by each window's queries.
+
+    ``baseline_mix`` (fifth round): per scenario (its experiment ``name``), a per-source
+    assignment (one policy per source, sources sorted by name: the order of ``oracle.json``'s
+    ``mixes``, written by ``testbed evaluate --headroom``). The baseline run of an episode of that
+    scenario then applies the assignment instead of ``baseline``. Why (docs/aset.md, fifth round):
+    the gap left is between ASET and the mix; a baseline run that is the mix's own run is the
+    closest to the agent's, so the difference keeps less of the arrivals' noise where the decision
+    matters. Scenarios not listed use ``baseline``; :func:`testbed.aset.train.check_reward_baselines`
+    refuses, before training, a training scenario that has neither, or a key naming none.
     """
 
     baseline: str | None = None
+    baseline_mix: dict[str, list[str]] | None = None
     team_weight: Num = Field(0.0, ge=0, le=1)
+
+    def baseline_for(self, scenario: str, n_sources: int) -> list[str] | None:
+        """The baseline run's per-source policies for an episode of ``scenario`` with
+        ``n_sources`` sources (sorted), or None (no baseline run).
+
+        Raises:
+            ValueError: the scenario's mix has another number of sources, naming both.
+        """
+        mix = (self.baseline_mix or {}).get(scenario)
+        if mix is None:
+            return None if self.baseline is None else [self.baseline] * n_sources
+        if len(mix) != n_sources:
+            raise ValueError(f"reward.baseline_mix.{scenario}: {len(mix)} policies for {n_sources} sources")
+        return list(mix)
 
 
 class RandomiseSpec(StrictModel):
@@ -184,8 +208,9 @@ class AsetConfig(StrictModel):
     def _known_policies(self) -> AsetConfig:
         from testbed.policies import CATALOGUE
 
+        mixes = [(f"reward.baseline_mix.{k}", v) for k, v in (self.reward.baseline_mix or {}).items()]
         for what, names in (("actions", self.actions or []),
-                            ("reward.baseline", [self.reward.baseline] if self.reward.baseline else [])):
+                            ("reward.baseline", [self.reward.baseline] if self.reward.baseline else []), *mixes):
             bad = [p for p in names if p not in CATALOGUE]
             if bad:
                 raise ValueError(f"{what}: unknown policy {bad[0]!r}; known: {', '.join(CATALOGUE)}")

@@ -239,11 +239,11 @@ class AsetSimEnv(gym.Env):
         self.current = [self.initial_policy] * len(ctxs)
         self.ep = Episode(plan, sim_seed, {c.source: self.initial_policy for c in ctxs}, self.dt, self.episode_s,
                           simulator_factory=self._factory)
-        base = self.reward_spec.baseline
+        base = self.reward_spec.baseline_for(plan.experiment.name, len(ctxs))
         self.base_ok = None
         self.base_ratio = math.nan
         if base is not None:
-            ref = run_static(plan, sim_seed, [base] * len(ctxs), self.dt, self.episode_s) if self._factory is None \
+            ref = run_static(plan, sim_seed, base, self.dt, self.episode_s) if self._factory is None \
                 else self._fake_static(plan, sim_seed, base)
             self.base_ok, self.base_ratio = ref.ok, ref.success_ratio
         self.view = WindowView(self.ep, ctxs)
@@ -254,8 +254,9 @@ class AsetSimEnv(gym.Env):
         obs = self._observe()
         return obs, {"scenario": plan.experiment.name, "sim_seed": sim_seed}
 
-    def _fake_static(self, plan: Plan, seed: int, policy: str) -> Episode:
-        ep = Episode(plan, seed, {c.source: policy for c in self.contexts}, self.dt, self.episode_s,
+    def _fake_static(self, plan: Plan, seed: int, policies: list[str]) -> Episode:
+        ep = Episode(plan, seed, {c.source: p for c, p in zip(self.contexts, policies, strict=True)}, self.dt,
+                     self.episode_s,
                      simulator_factory=self._factory)
         ep.finish()
         return ep

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.aset.config import AsetConfig, RandomiseSpec
+from testbed.aset.config import AsetConfig, RandomiseSpec, RewardSpec
 from testbed.aset.envs import AsetSimEnv, PlanSampler
-from testbed.config import Experiment, load_experiment
+from testbed.config import ConfigError, Experiment, load_experiment
 from testbed.plan import Plan, build_plan
 from testbed.topology import load_topology
 from testbed.util import repo_path
@@ -96,6 +96,34 @@ def scenario_sampler(paths: list[Path], randomise: RandomiseSpec) -> tuple[PlanS
     return sample, plans
 
 
+def check_reward_baselines(reward: RewardSpec, plans: list[Plan]) -> None:
+    """Refuse, before training, a ``reward.baseline_mix`` that does not fit the training scenarios.
+
+    Args:
+        reward: the reward settings. plans: the training scenarios' (unscaled) plans.
+
+    Raises:
+        ConfigError: a ``baseline_mix`` key that names no training scenario, a mix with another
+            number of policies than the scenario has sources, or (with ``baseline_mix`` and no
+            ``baseline``) a training scenario without a mix; each named.
+    """
+    if not reward.baseline_mix:
+        return
+    names = {p.experiment.name: p for p in plans}
+    for key in reward.baseline_mix:
+        if key not in names:
+            raise ConfigError(f"reward.baseline_mix.{key}: no training scenario has that name "
+                              f"(known: {', '.join(sorted(names))})")
+    for name, plan in names.items():
+        if name not in reward.baseline_mix and reward.baseline is None:
+            raise ConfigError(f"reward.baseline_mix: no mix for training scenario {name!r}, and no reward.baseline "
+                              f"to fall back on")
+        try:
+            reward.baseline_for(name, len(plan.sources))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
 @dataclass
 class TrainResult:
     """What a training run produced: output folder, exported policy path (no suffix), per-episode
@@ -143,7 +171,8 @@ class _Run:
         tr = cfg.training
         self.cfg, self.seed, self.out = cfg, seed, out
         if plans is None:
-            plans, _ = scenario_sampler([resolve(base, s) for s in tr.scenarios], tr.randomise)
+            plans, unscaled = scenario_sampler([resolve(base, s) for s in tr.scenarios], tr.randomise)
+            check_reward_baselines(cfg.reward, unscaled)
         self.plans = plans
         self.env = AsetSimEnv(plans, cfg.observation, tr.episode_s, simulator_factory=simulator_factory,
                               policies=cfg.policies, reward=cfg.reward)
@@ -361,6 +390,8 @@ def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: 
         raise ValueError(f"ASET config {cfg.name!r}: a 'training:' section is required for testbed train")
     seeds = tr.seeds or [cfg.seed]
     root = resolve(base, tr.out_dir) / cfg.name
+    if cfg.reward.baseline_mix:  # before any job starts (each job checks again)
+        check_reward_baselines(cfg.reward, scenario_sampler([resolve(base, s) for s in tr.scenarios], tr.randomise)[1])
     results: list[TrainResult] = []
     if jobs <= 1 or len(seeds) == 1:
         for s in seeds:
