@@ -13,6 +13,16 @@ scenario file is copied with ``seed`` and ``policy`` set and emulated with ``tes
 (static) or :func:`testbed.aset.evaluate.aset_job` (ASET). Prints one Markdown row per (scenario,
 policy): emulated mean and 95 % CI over the seeds, simulated, the gap, and the paired
 difference ASET - static in each. Writes ``runs/aset-emulation/results.md``. Root needed.
+
+Where the gap comes from: every static run is also simulated with records
+(:func:`testbed.sim.run.simulate_experiment`, into ``<runs-dir>/sim/``), and a second table gives,
+per scenario and application, the medians over the answered queries that were not cold, emulated
+against simulated: network time minus the planned RTT, queueing, inference, end to end, and the
+success ratio. A third table sets the simulator's ``simulation.overhead_ms`` (a calibration knob,
+not the model) to the measured excess of network time and says how much of the gap is left.
+``--load-scale F`` runs every scenario with its arrival rates x F in both engines
+(is the gap the 2-core host's load?). ``--tables-only`` rebuilds both tables from an earlier ``results.json`` (no
+emulation; no root).
 """
 
 from __future__ import annotations
@@ -31,6 +41,22 @@ sys.path.insert(0, str(REPO))
 from testbed.util import ci95, markdown_table  # noqa: E402
 
 LOCK = "/tmp/testbed-emulation.lock"
+
+
+def scaled_copy(scenario: Path, factor: float) -> Path:
+    """The scenario with every arrival rate x ``factor`` (:func:`testbed.aset.train.scale_rates`),
+    as ``.bench-<stem>-x<factor>.yaml`` beside it (its relative paths keep working; git ignores
+    it), named ``<name>-x<factor>`` inside, for both the emulation and the simulator; ``scenario`` itself at 1."""
+    from testbed.aset.train import scale_rates
+
+    if factor == 1.0:
+        return scenario
+    data = yaml.safe_load(scenario.read_text())
+    data["workload"] = scale_rates(data["workload"], factor)
+    data["name"] = f"{data['name']}-x{factor:g}"
+    path = scenario.parent / f".bench-{scenario.stem}-x{factor:g}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 def emulate(scenario: Path, seed: int, policy: str, checkpoint: str, runs_dir: Path) -> dict:
@@ -65,6 +91,155 @@ def simulate(scenario: Path, seed: int, policy: str, checkpoint: str) -> float:
     return ok / n
 
 
+def simulate_records(scenario: Path, seed: int, policy: str, out: Path) -> Path:
+    """The static run simulated with records, in the emulation's layout; returns its directory."""
+    from testbed.plan import plan_experiment
+    from testbed.sim.run import simulate_experiment
+
+    run_dir = out / f"{scenario.stem}-{policy.replace('_', '')}-s{seed}-sim"
+    if not (run_dir / "records.parquet").exists():
+        simulate_experiment(plan_experiment(scenario), seed=seed, policy=policy, run_dir=run_dir, quiet=True)
+    return run_dir
+
+
+#: The breakdown's columns: (label, records column or derived name), medians in ms.
+_PARTS = (("network - plan RTT", "net_excess_ms"), ("queueing", "queueing_ms"), ("inference", "inference_ms"),
+          ("e2e", "e2e_ms"))
+
+
+def _records(run_dir: Path):
+    import pandas as pd
+
+    r = pd.read_parquet(run_dir / "records.parquet")
+    ok = r["outcome"] == "success"
+    r = r.assign(success=ok.astype(float), net_excess_ms=r["network_ms"] - r["expected_rtt_ms"])
+    return r
+
+
+def breakdown_rows(pairs: list[tuple[str, Path, Path]]) -> list[dict]:
+    """Per (scenario, application): median ms of each part of :data:`_PARTS` over the answered,
+    not cold queries of all the scenario's static runs, emulated / simulated, and the success
+    ratio over every query. ``pairs``: (scenario, emulated run, simulated run)."""
+    import pandas as pd
+
+    emu: dict[str, list] = {}
+    sim: dict[str, list] = {}
+    for sc, e, s in pairs:
+        emu.setdefault(sc, []).append(_records(e))
+        sim.setdefault(sc, []).append(_records(s))
+    rows = []
+    for sc in emu:
+        ea, sa = pd.concat(emu[sc]), pd.concat(sim[sc])
+        for app in sorted(ea["application"].unique()):
+            ee, ss = ea[ea["application"] == app], sa[sa["application"] == app]
+            ew = ee[(ee["http_status"] == 200) & (ee["cold"] == 0)]
+            sw = ss[ss["http_status"] == 200]
+            row = {"scenario": sc, "application": app, "queries emu / sim": f"{len(ee)} / {len(ss)}"}
+            for label, col in _PARTS:
+                row[f"{label} ms"] = f"{ew[col].median():.1f} / {sw[col].median():.1f}"
+            row["success %"] = f"{100 * ee['success'].mean():.1f} / {100 * ss['success'].mean():.1f}"
+            rows.append(row)
+    return rows
+
+
+def measured_overhead_ms(pairs: list[tuple[str, Path, Path]]) -> float:
+    """Median network time minus planned RTT over the answered, not cold queries of the emulated
+    runs, minus the same over the simulated ones (all applications pooled): the per-query cost
+    outside the simulator's network model (the endpoints' software, the user-space datapath under
+    load), ms."""
+    import pandas as pd
+
+    e = pd.concat([_records(p[1]) for p in pairs])
+    s = pd.concat([_records(p[2]) for p in pairs])
+    e = e[(e["http_status"] == 200) & (e["cold"] == 0)]
+    s = s[s["http_status"] == 200]
+    return float(e["net_excess_ms"].median() - s["net_excess_ms"].median())
+
+
+def simulate_with_overhead(scenario: Path, seeds: list[int], policy: str, overhead_ms: float) -> list[float]:
+    """Success ratios of the static policy in the simulator with ``simulation.overhead_ms`` set
+    (:class:`testbed.config.SimulationSpec`, a calibration knob outside the system model)."""
+    from testbed.aset.episode import run_static
+    from testbed.config import load_experiment
+    from testbed.plan import build_plan
+
+    exp = load_experiment(scenario)
+    data = exp.model_dump()
+    data["simulation"]["overhead_ms"] = max(0.0, overhead_ms)
+    plan = build_plan(type(exp).model_validate(data), base_dir=scenario.parent)
+    srcs = len(plan.sources)
+    return [run_static(plan, k, [policy] * srcs, None, None).success_ratio for k in seeds]
+
+
+def calibration_rows(pairs: list[tuple[str, Path, Path]], raw: list[dict], static: str) -> list[dict]:
+    """Per scenario: the measured overhead, and the static policy emulated, simulated, and
+    simulated with that overhead (how much of the gap it explains)."""
+    rows = []
+    for sc in dict.fromkeys(p[0] for p in pairs):
+        mine = [p for p in pairs if p[0] == sc]
+        runs = [r for r in raw if r["scenario"] == sc and r["policy"] == static]
+        path = Path(runs[0].get("path") or REPO / "experiments" / f"{sc}.yaml")
+        ov = measured_overhead_ms(mine)
+        cal = ci95(simulate_with_overhead(path, [r["seed"] for r in runs], static, ov))
+        emu, sim = ci95([r["success_ratio"] for r in runs]), ci95([r["simulated"] for r in runs])
+        rows.append({"scenario": sc, "policy": static, "overhead ms": f"{ov:.1f}",
+                     "emulated %": f"{100 * emu[0]:.2f} ± {100 * emu[1]:.2f}",
+                     "simulated %": f"{100 * sim[0]:.2f} ± {100 * sim[1]:.2f}",
+                     "simulated + overhead %": f"{100 * cal[0]:.2f} ± {100 * cal[1]:.2f}",
+                     "gap left (pts)": f"{100 * (emu[0] - cal[0]):+.2f}"})
+    return rows
+
+
+def tables(raw: list[dict], static: str, runs_dir: Path) -> str:
+    """Both Markdown tables (success per policy; the static runs' breakdown) from the raw rows."""
+    rows, pairs = [], []
+    for sc in dict.fromkeys(r["scenario"] for r in raw):
+        mine = [r for r in raw if r["scenario"] == sc]
+        res: dict[str, dict[int, tuple]] = {}
+        for r in mine:
+            res.setdefault(r["policy"], {})[r["seed"]] = (r["success_ratio"], r["simulated"])
+            if r["policy"] == static and r.get("run"):
+                path = Path(r.get("path") or REPO / "experiments" / f"{sc}.yaml")
+                pairs.append((sc, Path(r["run"]), simulate_records(path, r["seed"], static, runs_dir / "sim")))
+        seeds = sorted(res.get("aset", {}))
+        for policy, by in res.items():
+            e = [v[0] for v in by.values() if v[0] is not None]
+            s = [v[1] for v in by.values()]
+            me, he = ci95(e)
+            ms, hs = ci95(s)
+            rows.append({"scenario": sc, "policy": policy, "emulated %": f"{100 * me:.2f} ± {100 * he:.2f}",
+                         "simulated %": f"{100 * ms:.2f} ± {100 * hs:.2f}", "gap (pts)": f"{100 * (me - ms):+.2f}"})
+        if "aset" in res and static in res:
+            d_emu = ci95([res["aset"][k][0] - res[static][k][0] for k in seeds
+                          if res["aset"][k][0] is not None and res[static].get(k, (None,))[0] is not None])
+            d_sim = ci95([res["aset"][k][1] - res[static][k][1] for k in seeds if k in res[static]])
+            rows.append({"scenario": sc, "policy": f"aset - {static}",
+                         "emulated %": f"{100 * d_emu[0]:+.2f} ± {100 * d_emu[1]:.2f}",
+                         "simulated %": f"{100 * d_sim[0]:+.2f} ± {100 * d_sim[1]:.2f}", "gap (pts)": ""})
+    text = markdown_table(rows)
+    if pairs:
+        text += (f"\n\nWhere the gap comes from ({static} runs, every seed; median ms over the answered queries "
+                 f"that were not cold, emulated / simulated):\n\n" + markdown_table(breakdown_rows(pairs)))
+        text += ("\n\nHow much of the gap the per-query overhead explains (overhead = the emulated median of "
+                 "network time - planned RTT minus the simulated one, every application; the simulator rerun "
+                 "with simulation.overhead_ms set to it):\n\n" + markdown_table(calibration_rows(pairs, raw, static)))
+    return text
+
+
+def run_all(args: argparse.Namespace) -> list[dict]:
+    """Every (scenario, policy, seed): emulated, then simulated; one raw row each."""
+    raw = []
+    for sc in args.scenarios.split(","):
+        path = scaled_copy((REPO / sc).resolve(), args.load_scale)
+        for policy in ("aset", args.static):
+            for k in [int(s) for s in args.seeds.split(",")]:
+                emu = emulate(path, k, policy, args.checkpoint, args.runs_dir)
+                sim = simulate(path, k, policy, args.checkpoint)
+                raw.append({"scenario": (REPO / sc).stem, "load_scale": args.load_scale, "path": str(path),
+                            "policy": policy, "seed": k, **emu, "simulated": sim})
+    return raw
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenarios", default="experiments/scenario-hotspot.yaml,experiments/scenario-failure.yaml")
@@ -72,35 +247,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--static", default="min_latency", help="the best static policy of these scenarios")
     ap.add_argument("--checkpoint", default="models/aset/aset")
     ap.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "aset-emulation")
+    ap.add_argument("--load-scale", type=float, default=1.0,
+                    help="every arrival rate x this, in the emulation and the simulator alike")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="rebuild the tables from <runs-dir>/results.json (no emulation)")
     args = ap.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    rows, raw = [], []
-    for sc in args.scenarios.split(","):
-        path = (REPO / sc).resolve()
-        res: dict[str, dict[int, tuple]] = {}
-        for policy in ("aset", args.static):
-            for k in seeds:
-                emu = emulate(path, k, policy, args.checkpoint, args.runs_dir)
-                sim = simulate(path, k, policy, args.checkpoint)
-                res.setdefault(policy, {})[k] = (emu["success_ratio"], sim)
-                raw.append({"scenario": path.stem, "policy": policy, "seed": k, **emu, "simulated": sim})
-        for policy, by in res.items():
-            e = [v[0] for v in by.values() if v[0] is not None]
-            s = [v[1] for v in by.values()]
-            me, he = ci95(e)
-            ms, hs = ci95(s)
-            rows.append({"scenario": path.stem, "policy": policy, "emulated %": f"{100 * me:.2f} ± {100 * he:.2f}",
-                         "simulated %": f"{100 * ms:.2f} ± {100 * hs:.2f}", "gap (pts)": f"{100 * (me - ms):+.2f}"})
-        d_emu = ci95([res["aset"][k][0] - res[args.static][k][0] for k in seeds
-                      if res["aset"][k][0] is not None and res[args.static][k][0] is not None])
-        d_sim = ci95([res["aset"][k][1] - res[args.static][k][1] for k in seeds])
-        rows.append({"scenario": path.stem, "policy": f"aset - {args.static}",
-                     "emulated %": f"{100 * d_emu[0]:+.2f} ± {100 * d_emu[1]:.2f}",
-                     "simulated %": f"{100 * d_sim[0]:+.2f} ± {100 * d_sim[1]:.2f}", "gap (pts)": ""})
-    text = markdown_table(rows)
+    if args.tables_only:
+        raw = json.loads((args.runs_dir / "results.json").read_text())
+    else:
+        raw = run_all(args)
+    text = tables(raw, args.static, args.runs_dir)
     print(text)
     args.runs_dir.mkdir(parents=True, exist_ok=True)
-    (args.runs_dir / "results.md").write_text(text)
+    (args.runs_dir / "results.md").write_text(text + "\n")
     (args.runs_dir / "results.json").write_text(json.dumps(raw, indent=1))
     return 0
 
