@@ -190,5 +190,44 @@ def test_a_mix_baseline_that_does_not_fit_is_refused_naming_it(plan):
     with pytest.raises(ConfigError, match=r"no mix for training scenario 'other', and no reward.baseline"):
         check_reward_baselines(RewardSpec(baseline_mix={name: ["cloud"] * n}), [plan, other])
     check_reward_baselines(RewardSpec(baseline="min_latency", baseline_mix={name: ["cloud"] * n}), [plan, other])
-    assert RewardSpec(baseline="closest", baseline_mix={name: ["cloud"] * n}).baseline_for("other", n) == ["closest"] * n
+    fallback = RewardSpec(baseline="closest", baseline_mix={name: ["cloud"] * n})
+    assert fallback.baseline_for("other", n) == ["closest"] * n
     assert RewardSpec().baseline_for(name, n) is None
+
+
+def test_the_evaluation_cache_key_follows_the_profiles_and_the_code(tmp_path, monkeypatch):
+    """A cached result must not outlive what produced it: re-measured profiles (e.g.
+    handling.json), a changed zoo manifest or changed package code give a new key; a file the
+    simulation does not read does not."""
+    import shutil
+
+    from testbed.aset import evaluate as ev
+
+    prof, zoo = tmp_path / "profiles", tmp_path / "zoo"
+    prof.mkdir()
+    zoo.mkdir()
+    (prof / "handling.json").write_text('{"a": 1}')
+    (zoo / "manifest.json").write_text("{}")
+    (zoo / "README").write_text("not read")
+    scen = tmp_path / "exp.yaml"
+
+    def key() -> str:
+        ev.code_fingerprint.cache_clear()
+        ev.inputs_fingerprint.cache_clear()
+        return ev._task_key(ev.static_job, (str(scen), 1, ["min_latency"], None))
+
+    shutil.copy(TRIANGLE, scen)
+    text = scen.read_text() + f"\nzoo_dir: {zoo}\nprofiles_dir: {prof}\n"
+    scen.write_text(text)
+    k0 = key()
+    assert key() == k0
+    (zoo / "README").write_text("still not read")
+    assert key() == k0
+    (prof / "handling.json").write_text('{"a": 2}')
+    k1 = key()
+    assert k1 != k0
+    (zoo / "manifest.json").write_text('{"v": 1}')
+    k2 = key()
+    assert k2 not in (k0, k1)
+    monkeypatch.setattr(ev, "code_fingerprint", lambda: "another tree")
+    assert ev._task_key(ev.static_job, (str(scen), 1, ["min_latency"], None)) != k2

@@ -34,6 +34,7 @@ seed), ``results.csv`` / ``results.md`` (the tables), ``results.png`` (bars with
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -168,18 +169,57 @@ class EvalResult:
     agreement: dict[str, list[int]] = field(default_factory=dict)
 
 
+def _hash_files(files: Sequence[Path], root: Path) -> str:
+    """sha256 over each file's path relative to ``root`` and its bytes, in sorted order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(str(f.relative_to(root)).encode() + b"\0")
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 of the ``testbed`` package's Python source: any change to the model, the simulator,
+    the policies or ASET gives every cached result a new key (conservative: a change of a docstring
+    does too)."""
+    pkg = Path(__file__).resolve().parents[1]
+    return _hash_files([f for f in pkg.rglob("*.py") if "__pycache__" not in f.parts], pkg)
+
+
+@functools.cache
+def inputs_fingerprint(scenario: str) -> str:
+    """sha256 of what a scenario's simulation reads besides its own file: every file of its
+    profiles folder (service times, ``handling.json``) and its zoo's ``manifest.json``
+    (``models.zoo_dir`` / ``models.profiles_dir``, resolved as :func:`testbed.plan.build_plan` does).
+    A missing folder hashes as empty; planning the scenario reports it."""
+    from testbed.config import load_experiment
+
+    exp = load_experiment(scenario)
+    profiles, zoo = repo_path(exp.profiles_dir), repo_path(exp.zoo_dir)
+    files = [f for f in profiles.rglob("*") if f.is_file()] if profiles.is_dir() else []
+    manifest = zoo / "manifest.json"
+    return _hash_files(files, profiles) + (_hash_files([manifest], zoo) if manifest.is_file() else "")
+
+
 def _task_key(fn, task: tuple) -> str:
-    """A stable key of one job: the function, its arguments and, for a checkpoint argument, the
-    content of the checkpoint (so a retrained policy is never served from the cache)."""
+    """A stable key of one job: the function, its arguments, the package's code
+    (:func:`code_fingerprint`) and, for a scenario argument, its content and its profiles and zoo
+    manifest (:func:`inputs_fingerprint`), for a checkpoint argument its content. So re-measured
+    profiles, a changed model or a retrained policy are never served from the cache."""
     import hashlib
 
     h = hashlib.sha256(fn.__name__.encode())
+    h.update(code_fingerprint().encode())
     for a in task:
         h.update(json.dumps(a, sort_keys=True, default=str).encode())
         if isinstance(a, str) and Path(a).with_suffix(".npz").is_file() and fn is aset_job:
             h.update(Path(a).with_suffix(".npz").read_bytes())
         if isinstance(a, str) and a.endswith(".yaml") and Path(a).is_file():
             h.update(Path(a).read_bytes())
+            h.update(inputs_fingerprint(str(Path(a).resolve())).encode())
     return h.hexdigest()[:24]
 
 
@@ -284,6 +324,8 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     bar = _bar(console, total) if progress else None
 
     cache = repo_path(ev.out_dir, base) / "cache"
+    code_fingerprint.cache_clear()  # read again by every evaluation: profiles re-measured in between count
+    inputs_fingerprint.cache_clear()
 
     def run(fn, tasks):
         return _parallel(fn, tasks, backend, workers, ray_address, bar, cache)
