@@ -252,8 +252,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables-only", action="store_true",
                     help="rebuild the tables from <runs-dir>/results.json (no emulation)")
     args = ap.parse_args(argv)
+    from testbed.policies import CATALOGUE
+
+    if args.static not in CATALOGUE:
+        ap.error(f"--static {args.static!r}: not a policy (known: {', '.join(CATALOGUE)})")
     if args.tables_only:
-        raw = json.loads((args.runs_dir / "results.json").read_text())
+        src = args.runs_dir / "results.json"
+        try:
+            raw = json.loads(src.read_text())
+        except (OSError, ValueError) as exc:
+            ap.error(f"--tables-only: cannot read {src}: {exc}")
+        if not isinstance(raw, list) or not any(isinstance(r, dict) and r.get("policy") == args.static for r in raw):
+            ap.error(f"--tables-only: {src} has no rows of --static {args.static!r}: nothing to tabulate")
     else:
         raw = run_all(args)
     text = tables(raw, args.static, args.runs_dir)

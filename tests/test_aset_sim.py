@@ -229,5 +229,10 @@ def test_the_evaluation_cache_key_follows_the_profiles_and_the_code(tmp_path, mo
     (zoo / "manifest.json").write_text('{"v": 1}')
     k2 = key()
     assert k2 not in (k0, k1)
+    (tmp_path / "topo.yaml").write_bytes((REPO / "topologies" / "triangle.yaml").read_bytes())
+    scen.write_text(text.replace("source: ../topologies/triangle.yaml", f"source: {tmp_path / 'topo.yaml'}"))
+    k3 = key()
+    (tmp_path / "topo.yaml").write_text((tmp_path / "topo.yaml").read_text() + "\n# a changed link\n")
+    assert key() != k3
     monkeypatch.setattr(ev, "code_fingerprint", lambda: "another tree")
-    assert ev._task_key(ev.static_job, (str(scen), 1, ["min_latency"], None)) != k2
+    assert ev._task_key(ev.static_job, (str(scen), 1, ["min_latency"], None)) not in (k2, k3)

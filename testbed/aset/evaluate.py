@@ -192,7 +192,8 @@ def code_fingerprint() -> str:
 @functools.cache
 def inputs_fingerprint(scenario: str) -> str:
     """sha256 of what a scenario's simulation reads besides its own file: every file of its
-    profiles folder (service times, ``handling.json``) and its zoo's ``manifest.json``
+    profiles folder (service times, ``handling.json``), its zoo's ``manifest.json`` and its
+    topology file (not a ``topohub:`` source: fixed by the pinned package)
     (``models.zoo_dir`` / ``models.profiles_dir``, resolved as :func:`testbed.plan.build_plan` does).
     A missing folder hashes as empty; planning the scenario reports it."""
     from testbed.config import load_experiment
@@ -201,7 +202,14 @@ def inputs_fingerprint(scenario: str) -> str:
     profiles, zoo = repo_path(exp.profiles_dir), repo_path(exp.zoo_dir)
     files = [f for f in profiles.rglob("*") if f.is_file()] if profiles.is_dir() else []
     manifest = zoo / "manifest.json"
-    return _hash_files(files, profiles) + (_hash_files([manifest], zoo) if manifest.is_file() else "")
+    out = _hash_files(files, profiles) + (_hash_files([manifest], zoo) if manifest.is_file() else "")
+    src = str(exp.topology.source)
+    if not src.startswith("topohub:"):  # a topology file: its links' delays and bandwidths
+        for cand in (Path(scenario).parent / src, repo_path("topologies") / src, Path(src)):
+            if cand.is_file():
+                out += _hash_files([cand.resolve()], cand.resolve().parent)
+                break
+    return out
 
 
 def _task_key(fn, task: tuple) -> str:
@@ -217,7 +225,7 @@ def _task_key(fn, task: tuple) -> str:
         h.update(json.dumps(a, sort_keys=True, default=str).encode())
         if isinstance(a, str) and Path(a).with_suffix(".npz").is_file() and fn is aset_job:
             h.update(Path(a).with_suffix(".npz").read_bytes())
-        if isinstance(a, str) and a.endswith(".yaml") and Path(a).is_file():
+        if isinstance(a, str) and a.endswith((".yaml", ".yml")) and Path(a).is_file():
             h.update(Path(a).read_bytes())
             h.update(inputs_fingerprint(str(Path(a).resolve())).encode())
     return h.hexdigest()[:24]

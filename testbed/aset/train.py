@@ -317,7 +317,8 @@ def _export(run: _Run, path: Path, steps: int) -> None:
 
     ctx = run.env.contexts[0]
     meta = {"config": run.cfg.name, "seed": run.seed, "steps": steps, "trained_on": list(run.cfg.training.scenarios),
-            "reward_baseline": run.cfg.reward.baseline, "reward_team_weight": run.cfg.reward.team_weight}
+            "reward_baseline": run.cfg.reward.baseline, "reward_baseline_mix": run.cfg.reward.baseline_mix,
+            "reward_team_weight": run.cfg.reward.team_weight}
     export_policy(run.agent.weights(), path, obs_spec=run.cfg.observation, applications=list(ctx.applications),
                   clusters=list(ctx.clusters), policies=list(run.env.policies), sources=list(ctx.sources),
                   meta=meta, deadlines_ms=list(ctx.deadline_ms))
