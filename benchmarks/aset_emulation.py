@@ -112,28 +112,24 @@ def _records(run_dir: Path):
 
     r = pd.read_parquet(run_dir / "records.parquet")
     ok = r["outcome"] == "success"
-    r = r.assign(success=ok.astype(float), net_excess_ms=r["network_ms"] - r["expected_rtt_ms"])
-    return r
+    return r.assign(success=ok.astype(float), net_excess_ms=r["network_ms"] - r["expected_rtt_ms"])
 
 
-def breakdown_rows(pairs: list[tuple[str, Path, Path]]) -> list[dict]:
+def _answered(r, emulated: bool):
+    """The answered queries (HTTP 200) that were not cold (the simulator has no cold queries)."""
+    keep = r["http_status"] == 200
+    return r[keep & (r["cold"] == 0)] if emulated else r[keep]
+
+
+def breakdown_rows(frames: dict[str, tuple]) -> list[dict]:
     """Per (scenario, application): median ms of each part of :data:`_PARTS` over the answered,
     not cold queries of all the scenario's static runs, emulated / simulated, and the success
-    ratio over every query. ``pairs``: (scenario, emulated run, simulated run)."""
-    import pandas as pd
-
-    emu: dict[str, list] = {}
-    sim: dict[str, list] = {}
-    for sc, e, s in pairs:
-        emu.setdefault(sc, []).append(_records(e))
-        sim.setdefault(sc, []).append(_records(s))
+    ratio over every query. ``frames``: scenario -> (emulated records, simulated records)."""
     rows = []
-    for sc in emu:
-        ea, sa = pd.concat(emu[sc]), pd.concat(sim[sc])
+    for sc, (ea, sa) in frames.items():
         for app in sorted(ea["application"].unique()):
             ee, ss = ea[ea["application"] == app], sa[sa["application"] == app]
-            ew = ee[(ee["http_status"] == 200) & (ee["cold"] == 0)]
-            sw = ss[ss["http_status"] == 200]
+            ew, sw = _answered(ee, True), _answered(ss, False)
             row = {"scenario": sc, "application": app, "queries emu / sim": f"{len(ee)} / {len(ss)}"}
             for label, col in _PARTS:
                 row[f"{label} ms"] = f"{ew[col].median():.1f} / {sw[col].median():.1f}"
@@ -142,18 +138,12 @@ def breakdown_rows(pairs: list[tuple[str, Path, Path]]) -> list[dict]:
     return rows
 
 
-def measured_overhead_ms(pairs: list[tuple[str, Path, Path]]) -> float:
+def measured_overhead_ms(emu, sim) -> float:
     """Median network time minus planned RTT over the answered, not cold queries of the emulated
-    runs, minus the same over the simulated ones (all applications pooled): the per-query cost
+    records, minus the same over the simulated ones (all applications pooled): the per-query cost
     outside the simulator's network model (the endpoints' software, the user-space datapath under
     load), ms."""
-    import pandas as pd
-
-    e = pd.concat([_records(p[1]) for p in pairs])
-    s = pd.concat([_records(p[2]) for p in pairs])
-    e = e[(e["http_status"] == 200) & (e["cold"] == 0)]
-    s = s[s["http_status"] == 200]
-    return float(e["net_excess_ms"].median() - s["net_excess_ms"].median())
+    return float(_answered(emu, True)["net_excess_ms"].median() - _answered(sim, False)["net_excess_ms"].median())
 
 
 def simulate_with_overhead(scenario: Path, seeds: list[int], policy: str, overhead_ms: float) -> list[float]:
@@ -171,15 +161,14 @@ def simulate_with_overhead(scenario: Path, seeds: list[int], policy: str, overhe
     return [run_static(plan, k, [policy] * srcs, None, None).success_ratio for k in seeds]
 
 
-def calibration_rows(pairs: list[tuple[str, Path, Path]], raw: list[dict], static: str) -> list[dict]:
+def calibration_rows(frames: dict[str, tuple], raw: list[dict], static: str) -> list[dict]:
     """Per scenario: the measured overhead, and the static policy emulated, simulated, and
     simulated with that overhead (how much of the gap it explains)."""
     rows = []
-    for sc in dict.fromkeys(p[0] for p in pairs):
-        mine = [p for p in pairs if p[0] == sc]
+    for sc, (e, s) in frames.items():
         runs = [r for r in raw if r["scenario"] == sc and r["policy"] == static]
         path = Path(runs[0].get("path") or REPO / "experiments" / f"{sc}.yaml")
-        ov = measured_overhead_ms(mine)
+        ov = measured_overhead_ms(e, s)
         cal = ci95(simulate_with_overhead(path, [r["seed"] for r in runs], static, ov))
         emu, sim = ci95([r["success_ratio"] for r in runs]), ci95([r["simulated"] for r in runs])
         rows.append({"scenario": sc, "policy": static, "overhead ms": f"{ov:.1f}",
@@ -218,11 +207,15 @@ def tables(raw: list[dict], static: str, runs_dir: Path) -> str:
                          "simulated %": f"{100 * d_sim[0]:+.2f} ± {100 * d_sim[1]:.2f}", "gap (pts)": ""})
     text = markdown_table(rows)
     if pairs:
+        import pandas as pd
+
+        frames = {sc: tuple(pd.concat([_records(p[i]) for p in pairs if p[0] == sc]) for i in (1, 2))
+                  for sc in dict.fromkeys(p[0] for p in pairs)}  # every records file read once
         text += (f"\n\nWhere the gap comes from ({static} runs, every seed; median ms over the answered queries "
-                 f"that were not cold, emulated / simulated):\n\n" + markdown_table(breakdown_rows(pairs)))
+                 f"that were not cold, emulated / simulated):\n\n" + markdown_table(breakdown_rows(frames)))
         text += ("\n\nHow much of the gap the per-query overhead explains (overhead = the emulated median of "
                  "network time - planned RTT minus the simulated one, every application; the simulator rerun "
-                 "with simulation.overhead_ms set to it):\n\n" + markdown_table(calibration_rows(pairs, raw, static)))
+                 "with simulation.overhead_ms set to it):\n\n" + markdown_table(calibration_rows(frames, raw, static)))
     return text
 
 

@@ -255,9 +255,8 @@ class AsetSimEnv(gym.Env):
         return obs, {"scenario": plan.experiment.name, "sim_seed": sim_seed}
 
     def _fake_static(self, plan: Plan, seed: int, policies: list[str]) -> Episode:
-        ep = Episode(plan, seed, {c.source: p for c, p in zip(self.contexts, policies, strict=True)}, self.dt,
-                     self.episode_s,
-                     simulator_factory=self._factory)
+        assignment = {c.source: p for c, p in zip(self.contexts, policies, strict=True)}
+        ep = Episode(plan, seed, assignment, self.dt, self.episode_s, simulator_factory=self._factory)
         ep.finish()
         return ep
 

@@ -391,7 +391,7 @@ def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: 
         raise ValueError(f"ASET config {cfg.name!r}: a 'training:' section is required for testbed train")
     seeds = tr.seeds or [cfg.seed]
     root = resolve(base, tr.out_dir) / cfg.name
-    if cfg.reward.baseline_mix:  # before any job starts (each job checks again)
+    if cfg.reward.baseline_mix and jobs > 1 and len(seeds) > 1:  # before the workers start (in-process: _Run checks)
         check_reward_baselines(cfg.reward, scenario_sampler([resolve(base, s) for s in tr.scenarios], tr.randomise)[1])
     results: list[TrainResult] = []
     if jobs <= 1 or len(seeds) == 1:
