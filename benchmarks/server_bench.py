@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/server_bench.py [--variants digits_small,digits_large,...] [--families hands,faces]
         [--runtimes tensorflow,litert] [--group family|all] [--duration 3] [--latency-queries 300]
-        [--concurrency 4] [--no-cgroup] [--json out.json] [--decode]
+        [--concurrency 4] [--no-cgroup] [--client raw|http.client] [--pin CPU] [--json out.json] [--decode]
 
 For each runtime (tensorflow, litert) and, with ``--group family`` (default), each application
 family, one server subprocess (``python -m testbed.inference.server CONFIG.json``, a
@@ -13,7 +13,9 @@ variants that have that runtime on 127.0.0.1, held to ONE core by a CFS quota
 Queries are the family's request bodies (``zoo.request_bodies``: JPEG frames in b64 for the image
 families); their mean size [bytes] is printed per family.
 
-1. Overhead at low load: one query at a time over a kept-alive HTTP connection (``http.client``),
+1. Overhead at low load: one query at a time over a kept-alive HTTP connection (``RawHTTP``, a
+   thin socket client, so that the figure is the server's and not a client library's;
+   ``--client http.client`` for the standard library's, as before Dec 2 2026),
    a single held-out input per query. Per query: client round trip (send -> answer parsed) and
    the server's model call (T3 - T2 response headers). Overhead = round trip - model call: HTTP
    on both sides, JSON encode/decode, queue hand-off. Reported as p50 / p95 [ms], with the model
@@ -24,7 +26,8 @@ families); their mean size [bytes] is printed per family.
    predict path itself (decode, queue hand-off, encode) costs over any HTTP request. The round
    trip ends when the answer's bytes are read; the client's JSON parse is timed apart. The
    overhead's stages (sent -> T1, T1 -> T2, T3 -> answer) are on the host's one clock.
-   ``--decode``: only the JPEG decode path, PIL against the server's (simplejpeg), caches warm
+   ``--pin CPU`` holds the server's threads to one CPU and the clients to the others (the
+   thread hand-offs then stay on one core). ``--decode``: only the JPEG decode path, PIL against the server's (simplejpeg), caches warm
    and cold, with a check that both give the same pixels.
 2. Max sustained q/s per core: a closed loop of ``--concurrency`` clients (aiohttp), each sending
    its next query when the previous answer arrives, for ``--duration`` s; q/s = answers (HTTP
@@ -69,8 +72,11 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def start_server(runtime: str, variants: list[str], tmp: Path, use_cgroup: bool) -> tuple[subprocess.Popen, int, list]:
-    """Start one server (1 worker, 1 thread) for ``variants`` with ``runtime``; return (proc, port, cgroup dirs)."""
+def start_server(runtime: str, variants: list[str], tmp: Path, use_cgroup: bool,
+                 pin: int | None = None) -> tuple[subprocess.Popen, int, list]:
+    """Start one server (1 worker, 1 thread) for ``variants`` with ``runtime``; return (proc, port, cgroup dirs).
+
+    ``pin``: the CPU the server's threads are held to (``sched_setaffinity``), None: any."""
     from testbed.boundaries import ServerConfig
 
     ready = tmp / f"{runtime}-{variants[0]}.ready.json"
@@ -81,7 +87,8 @@ def start_server(runtime: str, variants: list[str], tmp: Path, use_cgroup: bool)
     cfg_path.write_text(cfg.model_dump_json())
     cmd = [sys.executable, "-m", "testbed.inference.server", str(cfg_path)]
     log = open(tmp / f"{runtime}-{variants[0]}.log", "w")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    affinity = None if pin is None else (lambda: os.sched_setaffinity(0, {pin}))
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=affinity)  # noqa: PLW1509
     dirs: list = []
     if use_cgroup:
         from testbed.emulation import cgroups
@@ -112,28 +119,106 @@ def stop_server(proc: subprocess.Popen, dirs: list) -> None:
             pass
 
 
-def latency(port: int, variant: str, bodies: list[bytes], n: int) -> dict[str, float]:
+class RawHTTP:
+    """A thin HTTP/1.1 client on one kept-alive TCP socket (``TCP_NODELAY``): the request's bytes
+    are built once, the answer is read up to its ``Content-Length`` (aiohttp's ``web.Response``
+    always sends one) and its headers are split by hand. It times the server, not a client
+    library: ``http.client`` parses every answer's headers with the ``email`` package, which cost
+    0.35-0.4 ms per query here (``--client http.client`` keeps it, for comparison).
+
+    Raises:
+        ConnectionError: the server closed the connection; ValueError: an answer without
+        Content-Length.
+    """
+
+    def __init__(self, port: int, timeout_s: float = 30.0):
+        import socket
+
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    @staticmethod
+    def request_bytes(method: str, path: str, body: bytes = b"") -> bytes:
+        """The whole request, head and body, ready to send in one ``sendall``."""
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        if method == "POST":
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        return (head + "\r\n").encode() + body
+
+    def exchange(self, request: bytes) -> tuple[int, dict[str, str], bytes]:
+        """Send ``request``; (status, headers with lower-case names, body) of the answer."""
+        self.sock.sendall(request)
+        buf = b""
+        while (end := buf.find(b"\r\n\r\n")) < 0:
+            buf += self._recv()
+        lines = buf[:end].decode("latin-1").split("\r\n")
+        headers = dict((k.strip().lower(), v.strip()) for k, _, v in (ln.partition(":") for ln in lines[1:]))
+        if "content-length" not in headers:
+            raise ValueError(f"answer without Content-Length: {lines[0]!r}")
+        need = end + 4 + int(headers["content-length"])
+        while len(buf) < need:
+            buf += self._recv()
+        return int(lines[0].split()[1]), headers, buf[end + 4:need]
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(1 << 18)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        return chunk
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+
+class LibHTTP:
+    """The same interface through ``http.client`` (the client library's cost included)."""
+
+    def __init__(self, port: int, timeout_s: float = 30.0):
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+
+    @staticmethod
+    def request_bytes(method: str, path: str, body: bytes = b"") -> tuple[str, str, bytes]:
+        """(method, path, body): ``http.client`` builds the bytes itself."""
+        return method, path, body
+
+    def exchange(self, request: tuple[str, str, bytes]) -> tuple[int, dict[str, str], bytes]:
+        """Send ``request``; (status, headers with lower-case names, body) of the answer."""
+        method, path, body = request
+        self.conn.request(method, path, body or None, {"Content-Type": "application/json"} if body else {})
+        resp = self.conn.getresponse()
+        raw = resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, raw
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+
+CLIENTS = {"raw": RawHTTP, "http.client": LibHTTP}
+
+
+def latency(port: int, variant: str, bodies: list[bytes], n: int, client: str = "raw") -> dict[str, float]:
     """Sequential queries; p50/p95 of round trip, model call (T3 - T2) and overhead [ms], and the
     overhead's stages on the host's one clock (``time.time_ns``, which the server stamps too):
     request sent -> T1 (client send, server's HTTP read), T1 -> T2 (body decode, queue hand-off),
     T3 -> answer received (hand-back, encode, HTTP write, client read). The round trip ends when
     the answer's bytes are read; the client's JSON parse of it is timed apart (``client_parse``),
-    as it is the client's work, not the server's."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    as it is the client's work, not the server's. ``client``: a key of :data:`CLIENTS` (``raw``:
+    :class:`RawHTTP`, the default; ``http.client``: the standard library's client)."""
+    conn = CLIENTS[client](port)
     rtt, model, pre, send, post, parse = [], [], [], [], [], []
+    requests = [conn.request_bytes("POST", f"/v1/models/{variant}:predict", b) for b in bodies]
     for i in range(n + 20):
-        body = bodies[i % len(bodies)]
         t0, w0 = time.perf_counter_ns(), time.time_ns()
-        conn.request("POST", f"/v1/models/{variant}:predict", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        raw = resp.read()
+        status, headers, raw = conn.exchange(requests[i % len(requests)])
         t4, w4 = time.perf_counter_ns(), time.time_ns()
         json.loads(raw)
         t5 = time.perf_counter_ns()
-        if resp.status != 200:
-            raise SystemExit(f"{variant}: HTTP {resp.status}")
+        if status != 200:
+            raise SystemExit(f"{variant}: HTTP {status}: {raw[:200]!r}")
         if i >= 20:  # the first 20: connection and cache warm-up
-            t1, t2, t3 = (int(resp.getheader(f"X-Testbed-T{k}")) for k in (1, 2, 3))
+            t1, t2, t3 = (int(headers[f"x-testbed-t{k}"]) for k in (1, 2, 3))
             rtt.append((t4 - t0) / 1e6)
             model.append((t3 - t2) / 1e6)
             pre.append((t2 - t1) / 1e6)
@@ -141,11 +226,10 @@ def latency(port: int, variant: str, bodies: list[bytes], n: int) -> dict[str, f
             post.append((w4 - t3) / 1e6)
             parse.append((t5 - t4) / 1e6)
     base = []
+    status_request = conn.request_bytes("GET", f"/v1/models/{variant}")
     for i in range(n // 2 + 10):  # the same client and HTTP stack, no body, no model: GET model status
         t0 = time.perf_counter_ns()
-        conn.request("GET", f"/v1/models/{variant}")
-        resp = conn.getresponse()
-        resp.read()
+        conn.exchange(status_request)
         if i >= 10:
             base.append((time.perf_counter_ns() - t0) / 1e6)
     conn.close()
@@ -241,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-queries", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--no-cgroup", action="store_true")
+    ap.add_argument("--client", default="raw", choices=sorted(CLIENTS),
+                    help="the low-load client: a thin socket client (raw) or the standard library's http.client")
+    ap.add_argument("--pin", type=int, default=None, metavar="CPU",
+                    help="hold the server's threads to this CPU and the clients to the others")
     ap.add_argument("--json", default=None)
     ap.add_argument("--decode", action="store_true",
                     help="only time the JPEG decode path (PIL against the server's) per image family")
@@ -251,13 +339,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=1))
         return 0
+    if args.pin is not None:
+        others = set(range(os.cpu_count() or 1)) - {args.pin}
+        if args.pin not in os.sched_getaffinity(0) or not others:
+            raise SystemExit(f"--pin {args.pin}: not one of this machine's CPUs {sorted(os.sched_getaffinity(0))}, "
+                             "or no other CPU is left for the clients")
+        os.sched_setaffinity(0, others)
     manifest = zoo.ensure_zoo(ZOO)
     variants = list(manifest["variants"]) if args.variants == "all" else args.variants.split(",")
     fams = [f for f in args.families.split(",") if f]
     variants = [v for v in variants if not fams or manifest["variants"][v]["family"] in fams]
     bodies = {v: zoo.request_bodies(ZOO, manifest["variants"][v]["family"], 64)[0] for v in variants}
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load average {os.getloadavg()[0]:.2f}, "
-          f"{os.cpu_count()} cores, server quota {'none' if args.no_cgroup else '1 core'}")
+          f"{os.cpu_count()} cores, server quota {'none' if args.no_cgroup else '1 core'}, client {args.client}, "
+          f"server CPU {'any' if args.pin is None else args.pin}")
     for fam in dict.fromkeys(manifest["variants"][v]["family"] for v in variants):
         sizes = [len(b) for b in zoo.request_bodies(ZOO, fam, 64)[0]]
         print(f"# request body of {fam}: mean {np.mean(sizes):.0f} bytes (min {min(sizes)}, max {max(sizes)})")
@@ -270,11 +365,11 @@ def main(argv: list[str] | None = None) -> int:
                                  for rt in args.runtimes.split(",") for g, vs in groups.items()):
             if not names:
                 continue
-            proc, port, dirs = start_server(rt, names, Path(d), not args.no_cgroup)
+            proc, port, dirs = start_server(rt, names, Path(d), not args.no_cgroup, args.pin)
             try:
                 res: dict[str, Any] = {"rss_mib_ready": round(rss_mib(proc.pid), 1), "variants": {}}
                 for v in names:
-                    lat = latency(port, v, bodies[v], args.latency_queries)
+                    lat = latency(port, v, bodies[v], args.latency_queries, args.client)
                     qps = asyncio.run(closed_loop(port, v, bodies[v], args.concurrency, args.duration))
                     try:
                         bare = profiles.service_time(PROFILES, v, 1.0, 1, rt).p50_ms
