@@ -184,6 +184,26 @@ class SourceConfig(_Boundary):
                    records=str(run_dir / "sources" / f"{source}.records.csv"))
 
 
+class SourceTally(_Boundary):
+    """What a source says it did, written when it exits (:func:`tally_path` beside its records):
+    ``created`` queries (ids ``<source>-1`` .. ``<source>-<created>``), rows it ``written`` to its
+    records CSV, rows still ``unwritten`` (a full disk), and query tasks that ``failed`` (raised:
+    a bug). The run's records check compares it with the rows it finds, so records lost at the
+    end of a file are counted too; a source killed before it exits leaves none."""
+
+    source: str
+    created: int = Field(ge=0)
+    written: int = Field(ge=0)
+    unwritten: int = Field(ge=0)
+    failed: int = Field(ge=0)
+
+
+def tally_path(records: str | Path) -> Path:
+    """The :class:`SourceTally` file of a source's records CSV (``X.records.csv`` -> ``X.tally.json``)."""
+    records = Path(records)
+    return records.with_name(records.name.removesuffix(".records.csv") + ".tally.json")
+
+
 # --------------------------------------------------------------------------- SDN controller
 
 class SwitchEntry(_Boundary):
@@ -301,4 +321,4 @@ def read_config(path: str | Path, model: type[M]) -> M:
 
 
 __all__ = ["AppInfo", "ControllerConfig", "HostEntry", "LinkEntry", "ServerConfig", "SourceConfig", "SourceOption",
-           "StreamConfig", "SwitchEntry", "read_config"]
+           "SourceTally", "StreamConfig", "SwitchEntry", "read_config", "tally_path"]

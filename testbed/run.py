@@ -39,6 +39,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -152,9 +153,37 @@ class _RecordCounter:
                     self.ok += b",success," in line
 
 
-def _raise_interrupt(signum, frame) -> None:
-    """SIGTERM handler: unwind exactly like Ctrl-C, so the same teardown runs."""
-    raise KeyboardInterrupt
+class _Interrupts:
+    """SIGINT and SIGTERM while a run is under way (a context manager).
+
+    The first one unwinds like Ctrl-C (``KeyboardInterrupt``), so the same teardown runs. The
+    ones after it only say that the teardown is under way: a second, impatient Ctrl-C used to cut
+    the teardown short and leave bridges, link emulators, the controller and cgroups behind,
+    while the run said it had cleaned up. The previous handlers come back on exit.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.prev: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupts:
+        self.prev = {s: signal.signal(s, self._first) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.prev.items():
+            signal.signal(s, handler)
+
+    def _first(self, signum: int, frame: object) -> None:
+        for s in self.SIGNALS:
+            signal.signal(s, self._again)
+        raise KeyboardInterrupt
+
+    def _again(self, signum: int, frame: object) -> None:
+        self.console.print(f"{signal.Signals(signum).name} again: still stopping and cleaning up, please wait "
+                           "(kill -9 would leave the cleanup to the next run)", markup=False)
 
 
 # ----------------------------------------------------------------------------- step 1: checks
@@ -512,21 +541,20 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
                     "free_bytes_at_start": storage.free_bytes()},
         "health": {"controller_policy": CONTROLLER_POLICY}})
     record.update()
-    prev = signal.signal(signal.SIGTERM, _raise_interrupt)
     status, message, timings = EXIT_OK, "ok", {}
-    try:
-        _emulate(plan, run_id, run_dir, duration_s, link_emulator, console, timings, record, storage)
-    except KeyboardInterrupt:
-        console.print("interrupted: stopped and cleaned up; what was measured so far is kept", markup=False)
-        status, message = EXIT_INTERRUPTED, "interrupted"
-    except TestbedError as exc:
-        console.print(f"error: {exc}", markup=False, highlight=False)
-        status, message = exc.exit_code, str(exc)
-    finally:
-        signal.signal(signal.SIGTERM, prev)
-        storage.release()  # the end of the run (merge, summary) always has room
-    status, message = _finish(plan, run_dir, duration_s, timings, console, status, message)
-    record.update(status="ok" if status == EXIT_OK else "failed", exit_code=status, message=message)
+    with _Interrupts(console):  # until run.json has its outcome: a second Ctrl-C cannot cut the teardown
+        try:
+            _emulate(plan, run_id, run_dir, duration_s, link_emulator, console, timings, record, storage)
+        except KeyboardInterrupt:
+            console.print("interrupted: stopped and cleaned up; what was measured so far is kept", markup=False)
+            status, message = EXIT_INTERRUPTED, "interrupted"
+        except TestbedError as exc:
+            console.print(f"error: {exc}", markup=False, highlight=False)
+            status, message = exc.exit_code, str(exc)
+        finally:
+            storage.release()  # the end of the run (merge, summary) always has room
+        status, message = _finish(plan, run_dir, duration_s, timings, console, status, message)
+        record.update(status="ok" if status == EXIT_OK else "failed", exit_code=status, message=message)
     console.print(f"run directory: {run_dir}", markup=False, highlight=False)
     try:
         write_json_atomic(run_dir / "exit.json", {"exit_code": status})

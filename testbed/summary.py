@@ -396,21 +396,38 @@ def _links(run_dir: Path) -> dict:
 
 
 def _records_check(run_dir: Path, df: pd.DataFrame) -> dict:
-    """Rows per source file, rows merged, and query ids missing from each source's 1..n sequence
-    (a lost record leaves a gap: ids are ``<source>-<n>``, n = 1, 2, ...)."""
-    per_file = {}
+    """Rows per source file, rows merged, and per source the query ids missing from the records.
+
+    A source's ids are ``<source>-<n>``, n = 1 .. created. Its tally
+    (:class:`testbed.boundaries.SourceTally`, written when it exits) says how many it created,
+    so records lost at the end of a file count too; without a tally (a source killed before it
+    exited) only gaps inside 1 .. the largest id seen can be counted, and the source is listed in
+    ``sources_without_tally``.
+    """
+    from testbed.boundaries import SourceTally, read_config, tally_path
+    from testbed.errors import InputError
+
+    per_file, created, no_tally = {}, {}, []
     for p in sorted((run_dir / "sources").glob("*.records.csv")):
+        name = p.name.removesuffix(".records.csv")
         with open(p, "rb") as f:
-            per_file[p.name.removesuffix(".records.csv")] = max(0, sum(1 for _ in f) - 1)
-    gaps = {}
+            per_file[name] = max(0, sum(1 for _ in f) - 1)
+        try:
+            created[name] = read_config(tally_path(p), SourceTally).created
+        except InputError:
+            no_tally.append(name)
+    seen: dict[str, set[int]] = {name: set() for name in per_file}
     if not df.empty and "query_id" in df:
         for src, g in df.groupby("source"):
             n = pd.to_numeric(g["query_id"].astype(str).str.rsplit("-", n=1).str[-1], errors="coerce").dropna()
-            if len(n):
-                missing = int(n.max()) - len(set(n.astype(int)))
-                if missing:
-                    gaps[str(src)] = missing
-    return {"rows_per_source_file": per_file, "rows_merged": int(len(df)), "missing_query_ids": gaps}
+            seen[str(src)] = set(n.astype(int))
+    gaps = {}
+    for src, ids in seen.items():
+        missing = created[src] - len(ids) if src in created else (max(ids) - len(ids) if ids else 0)
+        if missing:
+            gaps[src] = missing
+    return {"rows_per_source_file": per_file, "rows_merged": int(len(df)), "missing_query_ids": gaps,
+            "queries_created": created, "sources_without_tally": no_tally}
 
 
 def summarize(run_dir: Path, duration_s: float) -> dict:
@@ -612,6 +629,9 @@ def _headline(s: dict) -> list[str]:
     rc = s.get("records_check") or {}
     if rc.get("missing_query_ids"):
         lines.append(f"WARNING: query ids missing from the records (lost records): {rc['missing_query_ids']}")
+    if rc.get("sources_without_tally"):
+        lines.append("WARNING: no tally from source(s) " + ", ".join(rc["sources_without_tally"])
+                     + " (killed before they exited?): records lost at the end of their files cannot be counted")
     h = s.get("health") or {}
     if h.get("failure"):
         lines.append(f"RUN FAILED: {h['failure']['kind']} {h['failure']['component']}; see the Health table and "

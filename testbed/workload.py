@@ -40,11 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from testbed.boundaries import AppInfo, SourceConfig, StreamConfig, read_config
+from testbed.boundaries import AppInfo, SourceConfig, SourceTally, StreamConfig, read_config, tally_path
 from testbed.inference.zoo import request_bodies
 from testbed.model.dispatch import Dispatcher, Heard
 from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
 from testbed.policies import CATALOGUE
+from testbed.util import write_json_atomic
 
 #: Client-side errors that mean nothing listens at the server (it is down): connection refused or
 #: reset. "No route to host" is a network failure, not a server that is down: it stays an ``error``.
@@ -102,7 +103,9 @@ class Source:
         self.unwritten: list[dict] = []
         self.write_error = ""
         self.seq = 0
+        self.written = 0  # rows handed to the CSV writer
         self.pending: set[asyncio.Task] = set()
+        self.failed_queries = 0  # query tasks that raised (a bug): the source then exits 3
         self.stopping = False
         self.win_arrivals: dict[str, int] = {}
         # (application, success, t0_s, cluster, e2e_ms or None) of the queries resolved in the window
@@ -119,6 +122,7 @@ class Source:
             while self.unwritten:
                 self.writer.writerow(self.unwritten[0])
                 self.unwritten.pop(0)
+                self.written += 1
             self.out.flush()
         except OSError as exc:  # e.g. the disk is full: keep the rows, the run's health watch reports it
             if not self.write_error:
@@ -181,10 +185,11 @@ class Source:
                           policy=policy, fallback=d.fallback, deadline_ms=app.deadline_ms,
                           min_accuracy=app.min_accuracy, model_accuracy=opt.accuracy, expected_rtt_ms=opt.rtt_ms,
                           t0_ns=t0, request_bytes=len(body), label=label, error=error, cold=trace["cold"], **got)
+        self._write(row)  # first: whatever follows, the query is on record
         self.in_flight[d.cluster] -= 1
+        # e2e_ms is absent for a query with no answer within deadline + grace (the simulator's None)
         self.win_resolved.append((app.name, row["outcome"] == "success", (t0 - self.cfg.start_ns) / 1e9, d.cluster,
-                                  row["e2e_ms"]))
-        self._write(row)
+                                  row.get("e2e_ms")))
 
     async def _poll_stats(self, session, end: float) -> None:
         """Every report interval: ``GET /v1/stats`` of each cluster; the dispatcher hears it."""
@@ -267,7 +272,7 @@ class Source:
                 await asyncio.sleep(max(0.0, t_start + t - loop.time()))
                 task = asyncio.create_task(self._query(session, app))
                 self.pending.add(task)
-                task.add_done_callback(self.pending.discard)
+                task.add_done_callback(self._query_done)
             a += window
 
     async def _open_connections(self, session) -> None:
@@ -323,22 +328,44 @@ class Source:
             self._close()
 
     def _close(self) -> None:
-        """Write what a failed write kept, then close the records file."""
+        """Write what a failed write kept, close the records file, then write the tally
+        (:class:`testbed.boundaries.SourceTally`)."""
         try:
-            for row in self.unwritten:
-                self.writer.writerow(row)
-            self.unwritten = []
+            while self.unwritten:
+                self.writer.writerow(self.unwritten[0])
+                self.unwritten.pop(0)
+                self.written += 1
             self.out.close()
         except OSError as exc:
             print(f"[source] {len(self.unwritten)} record(s) could not be written: {exc}", file=sys.stderr)
+        tally = SourceTally(source=self.name, created=self.seq, written=self.written,
+                            unwritten=len(self.unwritten), failed=self.failed_queries)
+        try:
+            write_json_atomic(tally_path(self.cfg.records), tally)
+        except OSError as exc:
+            print(f"[source] cannot write its tally ({tally.model_dump_json()}): {exc}", file=sys.stderr)
 
     def _stop(self) -> None:
         self.stopping = True
 
+    def _query_done(self, task: asyncio.Task) -> None:
+        """A query's task ended: a bug in it (an exception) is counted and told, never dropped."""
+        self.pending.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        self.failed_queries += 1
+        if self.failed_queries == 1:
+            import traceback
+
+            print("[source] a query failed inside the source (its record may be missing):\n"
+                  + "".join(traceback.format_exception(exc)), file=sys.stderr)
+
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m testbed.workload CONFIG.json``. Exit code 0, or 2 with the reason
-    on stderr when the config or the zoo is unusable."""
+    """Entry point: ``python -m testbed.workload CONFIG.json``. Exit code 0; 2 with the reason
+    on stderr when the config or the zoo is unusable; 3 when a query's task raised (its record
+    may be missing: the run fails rather than report a biased success ratio)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m testbed.workload CONFIG.json", file=sys.stderr)
@@ -349,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[source] cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     asyncio.run(source.run())
+    if source.failed_queries:
+        print(f"[source] {source.failed_queries} query task(s) failed inside the source (first traceback above); "
+              "the run's records are incomplete", file=sys.stderr)
+        return 3
     return 0
 
 

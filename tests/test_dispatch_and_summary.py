@@ -176,3 +176,78 @@ def test_aset_selector_is_called_with_the_window_state(tmp_path, monkeypatch):
     assert st["path_util"] == {"near": 0.25, "far": 0.5} and st["policy"] == "closest"
     assert set(st["clusters"]["near"]) == {"queue_len", "busy", "workers", "utilization", "up"}
     src.out.close()
+
+
+def _one_query(src, post) -> None:
+    """Run one ``Source._query`` as the source does (a task with its done callback), ``_post`` replaced."""
+    import asyncio
+
+    src._post = post
+    app = src.apps["app"]
+    src.bodies = {"app": ([b"{}"], [0])}
+
+    async def go():
+        task = asyncio.create_task(src._query(None, app))
+        src.pending.add(task)
+        task.add_done_callback(src._query_done)
+        await asyncio.wait({task})
+
+    asyncio.run(go())
+
+
+def test_a_query_with_no_answer_in_time_is_recorded_and_tallied(tmp_path):
+    import csv
+
+    from testbed.boundaries import SourceTally, read_config, tally_path
+    from testbed.workload import Source
+
+    async def no_answer(*_args):
+        raise TimeoutError
+
+    src = Source(_source_cfg(tmp_path, "closest"))
+    _one_query(src, no_answer)
+    assert src.failed_queries == 0
+    assert src.win_resolved == [("app", False, src.win_resolved[0][2], "near", None)]  # no e2e, as the simulator
+    src._close()
+    rows = list(csv.DictReader(open(tmp_path / "a.records.csv")))
+    assert [(r["query_id"], r["outcome"], r["failure_cause"], r["e2e_ms"]) for r in rows] == [
+        ("a-1", "failure", "deadline_miss", "")]
+    assert read_config(tally_path(tmp_path / "a.records.csv"), SourceTally) == SourceTally(
+        source="a", created=1, written=1, unwritten=0, failed=0)
+
+
+def test_a_query_that_raises_inside_the_source_is_counted_not_dropped(tmp_path, capsys):
+    from testbed.boundaries import SourceTally, read_config, tally_path
+    from testbed.workload import Source
+
+    async def broken(*_args):
+        raise RuntimeError("a bug in the source")
+
+    src = Source(_source_cfg(tmp_path, "closest"))
+    _one_query(src, broken)
+    assert src.failed_queries == 1 and not src.pending
+    assert "RuntimeError: a bug in the source" in capsys.readouterr().err
+    src._close()
+    assert read_config(tally_path(tmp_path / "a.records.csv"), SourceTally).failed == 1
+
+
+def test_only_the_first_interrupt_of_a_run_unwinds_it():
+    import io
+    import os
+    import signal
+
+    from rich.console import Console
+
+    from testbed.run import _Interrupts
+
+    before = signal.getsignal(signal.SIGINT)
+    out = io.StringIO()
+    with _Interrupts(Console(file=out)):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            raise AssertionError("the first SIGINT did not raise")
+        except KeyboardInterrupt:
+            os.kill(os.getpid(), signal.SIGTERM)  # during the teardown: told, not raised
+            os.kill(os.getpid(), signal.SIGINT)
+    assert "SIGTERM again: still stopping" in out.getvalue() and "SIGINT again" in out.getvalue()
+    assert signal.getsignal(signal.SIGINT) is before

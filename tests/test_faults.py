@@ -239,3 +239,28 @@ def test_sigkill_during_bringup_then_the_next_run_removes_the_leftovers(tmp_path
     plan = plan_experiment(TRIANGLE)
     _assert_nothing_left(killed_id, plan)
     _assert_nothing_left(_run_id(run_dir), plan)
+
+
+def test_repeated_ctrl_c_still_tears_everything_down(tmp_path):
+    """An impatient user: five SIGINTs 0.2 s apart during the load. The first stops the run; the
+    others must not cut its teardown short (they used to leave bridges, link emulators, the
+    controller and cgroups behind while the run said it had cleaned up)."""
+    proc = _cli(["run", str(TRIANGLE), "--runs-dir", str(tmp_path), "--duration", "20"])
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline:
+        recs = list(tmp_path.glob("*/sources/*.records.csv"))
+        if len(recs) == 2 and all(r.read_bytes().count(b"\n") >= 6 for r in recs):
+            break
+        time.sleep(0.05)
+    for _ in range(5):
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "interrupted: stopped and cleaned up" in out and "SIGINT again: still stopping" in out
+    run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    rec = json.loads((run_dir / "run.json").read_text())
+    assert (rec["status"], rec["exit_code"]) == ("failed", 130)
+    _assert_no_record_lost(run_dir)
+    _assert_nothing_left(_run_id(run_dir), plan_experiment(TRIANGLE))

@@ -453,7 +453,8 @@ def test_per_cluster_and_per_cause_tables_agree_with_the_records(tmp_path):
                                             "dropped_down": 0, "kernel_drops": 0, "send_errors": 0,
                                             "max_late_ms": 21.0}
     assert s["cold_queries"] == 1 and s["e2e_ms"]["p50"] == 10.0  # the cold 10 ms query is left out
-    assert s["records_check"] == {"rows_per_source_file": {"a": 8}, "rows_merged": 8, "missing_query_ids": {}}
+    assert s["records_check"] == {"rows_per_source_file": {"a": 8}, "rows_merged": 8, "missing_query_ids": {},
+                                  "queries_created": {}, "sources_without_tally": ["a"]}
 
 
 def test_summary_md_holds_markdown_tables(tmp_path):
@@ -473,6 +474,21 @@ def test_a_lost_record_shows_as_a_gap_in_the_query_ids(tmp_path):
     lines = f.read_text().splitlines()
     f.write_text("\n".join(lines[:3] + lines[4:]) + "\n")
     assert summarize(tmp_path, 1.0)["records_check"]["missing_query_ids"] == {"a": 1}
+
+
+def test_records_lost_at_the_end_of_a_file_are_counted_from_the_sources_tally(tmp_path):
+    from testbed.boundaries import SourceTally, tally_path
+    from testbed.util import write_json_atomic
+
+    _records(tmp_path)
+    f = tmp_path / "sources" / "a.records.csv"
+    lines = f.read_text().splitlines()
+    f.write_text("\n".join(lines[:-2]) + "\n")  # the last two records lost: no gap in the ids left
+    assert summarize(tmp_path, 1.0)["records_check"]["missing_query_ids"] == {}  # without a tally: unseen
+    write_json_atomic(tally_path(f), SourceTally(source="a", created=8, written=8, unwritten=0, failed=0))
+    rc = summarize(tmp_path, 1.0)["records_check"]
+    assert rc["missing_query_ids"] == {"a": 2} and rc["queries_created"] == {"a": 8}
+    assert rc["sources_without_tally"] == []
 
 
 def test_the_merge_never_truncates_records(tmp_path, monkeypatch):
