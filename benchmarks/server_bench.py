@@ -27,8 +27,9 @@ families); their mean size [bytes] is printed per family.
    trip ends when the answer's bytes are read; the client's JSON parse is timed apart. The
    overhead's stages (sent -> T1, T1 -> T2, T3 -> answer) are on the host's one clock.
    ``--pin CPU`` holds the server's threads to one CPU and the clients to the others (the
-   thread hand-offs then stay on one core). ``--decode``: only the JPEG decode path, PIL against the server's (simplejpeg), caches warm
-   and cold, with a check that both give the same pixels.
+   thread hand-offs then stay on one core). ``--decode``: only the JPEG decode path, PIL
+   against the server's (simplejpeg), caches warm and cold, with a check that both give the
+   same pixels.
 2. Max sustained q/s per core: a closed loop of ``--concurrency`` clients (aiohttp), each sending
    its next query when the previous answer arrives, for ``--duration`` s; q/s = answers (HTTP
    200) / duration. The server's one core is the bottleneck; the clients run outside its quota
