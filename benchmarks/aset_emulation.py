@@ -92,12 +92,20 @@ def simulate(scenario: Path, seed: int, policy: str, checkpoint: str) -> float:
 
 
 def simulate_records(scenario: Path, seed: int, policy: str, out: Path) -> Path:
-    """The static run simulated with records, in the emulation's layout; returns its directory."""
+    """The static run simulated with records, in the emulation's layout; returns its directory.
+
+    An earlier run's directory is reused only if the same inputs made it: its name ends with the
+    key of ``testbed evaluate``'s cache (:func:`testbed.aset.evaluate.task_key`: the scenario
+    file's content, its profiles, zoo manifest and topology, the package's code, seed and
+    policy), so records of another scenario, configuration or code are never reused (simulated
+    again, into their own directory), and only once complete (``summary.json``, written last)."""
+    from testbed.aset.evaluate import task_key
     from testbed.plan import plan_experiment
     from testbed.sim.run import simulate_experiment
 
-    run_dir = out / f"{scenario.stem}-{policy.replace('_', '')}-s{seed}-sim"
-    if not (run_dir / "records.parquet").exists():
+    key = task_key(simulate_records, (str(scenario.resolve()), seed, policy))[:12]
+    run_dir = out / f"{scenario.stem}-{policy.replace('_', '')}-s{seed}-sim-{key}"
+    if not (run_dir / "summary.json").is_file():
         simulate_experiment(plan_experiment(scenario), seed=seed, policy=policy, run_dir=run_dir, quiet=True)
     return run_dir
 
@@ -166,7 +174,7 @@ def calibration_rows(frames: dict[str, tuple], raw: list[dict], static: str) -> 
     simulated with that overhead (how much of the gap it explains)."""
     rows = []
     for sc, (e, s) in frames.items():
-        runs = [r for r in raw if r["scenario"] == sc and r["policy"] == static]
+        runs = [r for r in raw if r["scenario"] == sc and r["policy"] == static and _complete(r)]
         path = Path(runs[0].get("path") or REPO / "experiments" / f"{sc}.yaml")
         ov = measured_overhead_ms(e, s)
         cal = ci95(simulate_with_overhead(path, [r["seed"] for r in runs], static, ov))
@@ -179,30 +187,48 @@ def calibration_rows(frames: dict[str, tuple], raw: list[dict], static: str) -> 
     return rows
 
 
+def _complete(r: dict) -> bool:
+    """The raw row has both figures: the emulated run gave a success ratio (it may have failed
+    or measured nothing) and the simulator one."""
+    return r.get("success_ratio") is not None and r.get("simulated") is not None
+
+
+def _seeds_cell(kept: list[int], left_out: list[int]) -> str:
+    """The seeds a row is over, and those left out (a figure missing in one engine)."""
+    text = ", ".join(map(str, kept)) or "none"
+    if left_out:
+        text += f" (left out, a figure missing: {', '.join(map(str, left_out))})"
+    return text
+
+
 def tables(raw: list[dict], static: str, runs_dir: Path) -> str:
-    """Both Markdown tables (success per policy; the static runs' breakdown) from the raw rows."""
+    """Both Markdown tables (success per policy; the static runs' breakdown) from the raw rows.
+    Every row compares the engines over the same seeds: those with a figure in both (and, for
+    the paired difference, of both policies); the ``seeds`` column says which were left out."""
     rows, pairs = [], []
     for sc in dict.fromkeys(r["scenario"] for r in raw):
         mine = [r for r in raw if r["scenario"] == sc]
         res: dict[str, dict[int, tuple]] = {}
         for r in mine:
             res.setdefault(r["policy"], {})[r["seed"]] = (r["success_ratio"], r["simulated"])
-            if r["policy"] == static and r.get("run"):
+            if r["policy"] == static and r.get("run") and _complete(r):
                 path = Path(r.get("path") or REPO / "experiments" / f"{sc}.yaml")
                 pairs.append((sc, Path(r["run"]), simulate_records(path, r["seed"], static, runs_dir / "sim")))
-        seeds = sorted(res.get("aset", {}))
+        done = {p: sorted(k for k, v in by.items() if v[0] is not None and v[1] is not None) for p, by in res.items()}
         for policy, by in res.items():
-            e = [v[0] for v in by.values() if v[0] is not None]
-            s = [v[1] for v in by.values()]
-            me, he = ci95(e)
-            ms, hs = ci95(s)
-            rows.append({"scenario": sc, "policy": policy, "emulated %": f"{100 * me:.2f} ± {100 * he:.2f}",
+            kept = done[policy]
+            me, he = ci95([by[k][0] for k in kept])
+            ms, hs = ci95([by[k][1] for k in kept])
+            rows.append({"scenario": sc, "policy": policy, "seeds": _seeds_cell(kept, sorted(set(by) - set(kept))),
+                         "emulated %": f"{100 * me:.2f} ± {100 * he:.2f}",
                          "simulated %": f"{100 * ms:.2f} ± {100 * hs:.2f}", "gap (pts)": f"{100 * (me - ms):+.2f}"})
         if "aset" in res and static in res:
-            d_emu = ci95([res["aset"][k][0] - res[static][k][0] for k in seeds
-                          if res["aset"][k][0] is not None and res[static].get(k, (None,))[0] is not None])
-            d_sim = ci95([res["aset"][k][1] - res[static][k][1] for k in seeds if k in res[static]])
+            a, b = res["aset"], res[static]
+            kept = sorted(set(done["aset"]) & set(done[static]))
+            d_emu = ci95([a[k][0] - b[k][0] for k in kept])
+            d_sim = ci95([a[k][1] - b[k][1] for k in kept])
             rows.append({"scenario": sc, "policy": f"aset - {static}",
+                         "seeds": _seeds_cell(kept, sorted((set(a) | set(b)) - set(kept))),
                          "emulated %": f"{100 * d_emu[0]:+.2f} ± {100 * d_emu[1]:.2f}",
                          "simulated %": f"{100 * d_sim[0]:+.2f} ± {100 * d_sim[1]:.2f}", "gap (pts)": ""})
     text = markdown_table(rows)
@@ -211,8 +237,9 @@ def tables(raw: list[dict], static: str, runs_dir: Path) -> str:
 
         frames = {sc: tuple(pd.concat([_records(p[i]) for p in pairs if p[0] == sc]) for i in (1, 2))
                   for sc in dict.fromkeys(p[0] for p in pairs)}  # every records file read once
-        text += (f"\n\nWhere the gap comes from ({static} runs, every seed; median ms over the answered queries "
-                 f"that were not cold, emulated / simulated):\n\n" + markdown_table(breakdown_rows(frames)))
+        text += (f"\n\nWhere the gap comes from ({static} runs, every seed with both figures; median ms over "
+                 f"the answered queries that were not cold, emulated / simulated):\n\n"
+                 + markdown_table(breakdown_rows(frames)))
         text += ("\n\nHow much of the gap the per-query overhead explains (overhead = the emulated median of "
                  "network time - planned RTT minus the simulated one, every application; the simulator rerun "
                  "with simulation.overhead_ms set to it):\n\n" + markdown_table(calibration_rows(frames, raw, static)))

@@ -14,6 +14,7 @@ may hold ``[/bold]`` and the like) print verbatim; our own styling goes through 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -158,9 +159,40 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _value_options(ap: argparse.ArgumentParser) -> set[str]:
+    """The option strings (of ``ap`` and its subcommands) that take one value."""
+    out: set[str] = set()
+    stack = [ap]
+    while stack:
+        for action in stack.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend(action.choices.values())
+            elif isinstance(action, argparse._StoreAction) and action.option_strings and action.nargs is None:
+                out.update(action.option_strings)
+    return out
+
+
+def _attach_negative_values(argv: list[str], options: set[str]) -> list[str]:
+    """``--duration -1s`` as ``--duration=-1s``: argparse takes a value that starts with ``-`` and
+    is not a plain number for an option, and fails with "expected one argument"; attached, the
+    value reaches the option's own check, which says what is wrong with it."""
+    out: list[str] = []
+    it = iter(range(len(argv)))
+    for i in it:
+        tok = argv[i]
+        if tok in options and i + 1 < len(argv) and re.fullmatch(r"-\.?\d.*", argv[i + 1]):
+            out.append(f"{tok}={argv[i + 1]}")
+            next(it, None)
+        else:
+            out.append(tok)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``testbed`` console command: the one place errors are printed."""
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = ap.parse_args(_attach_negative_values(argv, _value_options(ap)))
     try:
         return args.func(args)
     except TestbedError as exc:

@@ -469,16 +469,17 @@ _BOUND_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "l
 
 
 def format_validation_error(exc: ValidationError, path: str, what: str = "experiment") -> str:
-    """One line per pydantic error: its location (e.g. ``links.2.delay``) and message."""
+    """One line per pydantic error: its location (e.g. ``links.2.delay``) and message; an error of
+    the whole file (a rule across its items, which names them itself) has no location."""
     lines = [f"{path}: invalid {what}"]
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         elif err["type"] in _BOUND_ERRORS:  # pydantic states the bound; the value makes it an answer
             msg += f" (got {err['input']!r})"
-        lines.append(f"  {loc}: {msg}")
+        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
     return "\n".join(lines)
 
 

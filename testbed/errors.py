@@ -52,5 +52,25 @@ class RunFailure(TestbedError, RuntimeError):
             self.exit_code = exit_code
 
 
+def counted(n: int, noun: str, nouns: str | None = None) -> str:
+    """``n`` with its noun in the right number: ``counted(1, "source")`` is "1 source",
+    ``counted(3, "policy", "policies")`` is "3 policies" (default plural: ``noun + "s"``)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def naming_file(exc: TestbedError, path: object) -> TestbedError:
+    """``exc`` (the same class and exit code) with its message led by ``path``, the file it came
+    from, unless the message names that file already: an error found while planning one of several
+    files (a sweep, the training scenarios) says which."""
+    import copy
+
+    text = str(exc)
+    if str(path) in text:
+        return exc
+    out = copy.copy(exc)
+    out.args = (f"{path}: {text}", *exc.args[1:])
+    return out
+
+
 __all__ = ["EXIT_BRINGUP", "EXIT_COMPONENT_DIED", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_NOTHING_MEASURED",
-           "EXIT_OK", "InputError", "RunFailure", "TestbedError"]
+           "EXIT_OK", "InputError", "RunFailure", "TestbedError", "counted", "naming_file"]

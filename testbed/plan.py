@@ -61,7 +61,7 @@ from pydantic import BaseModel, ConfigDict
 from testbed import config as cfg
 from testbed.catalog import Catalog, CatalogError, ModelInfo, ZooCatalog
 from testbed.config import Experiment
-from testbed.errors import InputError
+from testbed.errors import InputError, naming_file
 from testbed.model.cpu import threads_per_call
 from testbed.model.events import VALUE_FIELD, Change, expand
 from testbed.model.service import ServiceFigures, service_figures
@@ -701,6 +701,41 @@ def run_dir_limit_problem(runs_dir: Path, plan: Plan) -> str | None:
     return None
 
 
+def runs_dir_problem(runs_dir: Path) -> str | None:
+    """Why no run directory can be written under ``runs_dir``, or None: something that is not a
+    directory is in the way, a missing folder of it cannot be created, or it is not writable. Tried
+    for real (what is missing is created, a temporary file written in it), then what the check
+    created is removed again: a command that fails later leaves no empty folder behind."""
+    import tempfile
+
+    runs_dir = Path(runs_dir)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        return f"{runs_dir} exists and is not a directory"
+    missing = [d for d in (runs_dir, *runs_dir.parents) if not d.exists()]
+    created: list[Path] = []
+    try:
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                return f"cannot create {d}: {exc.strerror or exc}"
+            created.append(d)
+        try:
+            with tempfile.TemporaryFile(dir=runs_dir):
+                pass
+        except OSError as exc:
+            return f"{runs_dir} is not writable: {exc.strerror or exc}"
+    finally:
+        for d in reversed(created):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+    return None
+
+
 #: CPU an emulation needs beside the clusters' shares (cores): what the default experiment's 1.5 cores
 #: of shares leave on the 2-core build machine (our choice of bound; its servers then ran with their
 #: whole quota, throttled by it, not starved by the machine: docs/trustworthy-runs.md).
@@ -776,14 +811,19 @@ def plan_experiment(path: str | Path, catalog: Catalog | None = None) -> Plan:
     """Load an experiment file and plan it (see :func:`build_plan`).
 
     Raises:
-        ConfigError, PlanError, TopologyError, CatalogError: with a message naming the offending item.
+        ConfigError, PlanError, TopologyError, CatalogError: with a message naming the file and the
+            offending item.
     """
     from testbed.config import load_experiment
 
     path = Path(path)
     exp = load_experiment(path)
-    return build_plan(exp, base_dir=path.parent, catalog=catalog)
+    try:
+        return build_plan(exp, base_dir=path.parent, catalog=catalog)
+    except InputError as exc:
+        raise naming_file(exc, path) from None
 
 
 __all__ = ["Host", "Link", "PathInfo", "Plan", "PlanError", "Switch", "TopologyError", "build_plan",
-           "check_load_bounds", "events_after_end", "plan_experiment", "run_dir_limit_problem"]
+           "check_load_bounds", "events_after_end", "plan_experiment", "run_dir_limit_problem",
+           "runs_dir_problem"]

@@ -266,11 +266,20 @@ def load_graphml(path: Path) -> RawTopology:
 
 
 def resolve_topology_path(source: str, base_dir: Path) -> Path:
-    """Find a topology file named in an experiment: relative to the experiment, then ``topologies/``."""
+    """Find a topology file named in an experiment: relative to the experiment, then ``topologies/``.
+
+    Raises:
+        TopologyError: no candidate is a file: one that is a directory is named as such, else
+            "not found" with the folders looked in.
+    """
     p = Path(source)
-    for cand in ([p] if p.is_absolute() else [base_dir / p, TOPOLOGIES_DIR / p, p]):
+    cands = [p] if p.is_absolute() else [base_dir / p, TOPOLOGIES_DIR / p, p]
+    for cand in cands:
         if cand.is_file():
             return cand
+    folder = next((c for c in cands if c.is_dir()), None)
+    if folder is not None:
+        raise TopologyError(f"topology file {source!r}: {folder} is a directory, not a topology file")
     raise TopologyError(f"topology file {source!r} not found (looked in {base_dir} and {TOPOLOGIES_DIR})")
 
 

@@ -6,9 +6,9 @@ The rule (system-model.md: "configs always carry the unit in the key or the valu
   ``"5ms"``, ``"0.5ms"``, ``"250us"``, ``"1s"``; ``"100Mbit/s"``, ``"1Gbit/s"``, ``"10Mbps"``.
 * A bare number (``10``) is rejected for a key without a unit: write ``"10ms"``, or use a key
   that carries the unit (``delay_ms: 10``), which the schema accepts as a plain number.
-* ``"10 ms"`` (a space), ``"5msms"`` (a repeated unit), ``"5"`` (no unit), ``"-1ms"`` and
-  unknown units (``"5min"``) are rejected with :class:`UnitError` naming the value, the item and
-  the accepted forms. Nothing is guessed.
+* ``"10 ms"`` (a space), ``"5msms"`` (a repeated unit), ``"5"`` (no unit), ``"-1ms"`` (negative:
+  said so) and unknown units (``"5min"``) are rejected with :class:`UnitError` naming the value,
+  the item and the accepted forms. Nothing is guessed.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class UnitError(ValueError):
 
 def _parse(value: object, units: dict[str, float], what: str, item: str) -> float:
     accepted = ", ".join(f'"1{u}"' for u in units)
-    where = f" for {item}" if item else ""
+    where = f" for {item}" if item and item != what else ""
     if isinstance(value, bool) or value is None:
         raise UnitError(f"{what}{where}: got {value!r}; write a number with a unit, e.g. {accepted}")
     if isinstance(value, int | float):
@@ -44,6 +44,8 @@ def _parse(value: object, units: dict[str, float], what: str, item: str) -> floa
     if not isinstance(value, str):
         raise UnitError(f"{what}{where}: expected a string like {accepted}, got {type(value).__name__}")
     m = re.fullmatch(_NUMBER + r"(?P<unit>[A-Za-z/]+)", value)
+    if m is None and re.fullmatch(r"-" + _NUMBER + r"(?P<unit>[A-Za-z/]+)", value.strip()):
+        raise UnitError(f"{what}{where}: {value!r} is negative; a {what} must be positive")
     if m is None:
         hint = " (no spaces between number and unit)" if " " in value.strip() else ""
         raise UnitError(f"{what}{where}: cannot parse {value!r}{hint}; accepted forms: {accepted}")

@@ -214,7 +214,7 @@ def test_the_evaluation_cache_key_follows_the_profiles_and_the_code(tmp_path, mo
     def key() -> str:
         ev.code_fingerprint.cache_clear()
         ev.inputs_fingerprint.cache_clear()
-        return ev._task_key(ev.static_job, (str(scen), 1, ["min_latency"], None))
+        return ev.task_key(ev.static_job, (str(scen), 1, ["min_latency"], None))
 
     shutil.copy(TRIANGLE, scen)
     text = scen.read_text() + f"\nzoo_dir: {zoo}\nprofiles_dir: {prof}\n"
@@ -235,4 +235,4 @@ def test_the_evaluation_cache_key_follows_the_profiles_and_the_code(tmp_path, mo
     (tmp_path / "topo.yaml").write_text((tmp_path / "topo.yaml").read_text() + "\n# a changed link\n")
     assert key() != k3
     monkeypatch.setattr(ev, "code_fingerprint", lambda: "another tree")
-    assert ev._task_key(ev.static_job, (str(scen), 1, ["min_latency"], None)) not in (k2, k3)
+    assert ev.task_key(ev.static_job, (str(scen), 1, ["min_latency"], None)) not in (k2, k3)

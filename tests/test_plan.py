@@ -58,7 +58,7 @@ def test_delay_units_accepted(value, ms):
     (10, "bare number"),
     ("10", "cannot parse"),
     ("5min", "unknown unit"),
-    ("-1ms", "cannot parse"),
+    ("-1ms", "delay for link X-Y: .-1ms. is negative; a delay must be positive"),
 ])
 def test_delay_units_rejected(value, fragment):
     with pytest.raises(UnitError, match=fragment):

@@ -678,13 +678,15 @@ def test_train_says_what_it_wrote_and_never_shows_curves_it_did_not_write(tmp_pa
     cfg.parent.mkdir()
     cfg.write_text((REPO / "experiments" / "aset-tiny.yaml").read_text().replace(
         "out_dir: runs/aset-train", f"out_dir: {tmp_path / 'train'}", 1))
+    (cfg.parent / "triangle.yaml").write_text((REPO / "experiments" / "triangle.yaml").read_text().replace(
+        "../topologies/", f"{REPO / 'topologies'}/"))  # the command plans the training scenarios first
     root = tmp_path / "train" / "aset-tiny"
     root.mkdir(parents=True)
     (root / "curves.png").write_text("an earlier run's")
     monkeypatch.setattr(train_mod, "train_seeds", _fake_training(root, 1, 0))
     assert main(["train", str(cfg), "--steps", "1"]) == 0
     out = capsys.readouterr().out
-    assert "seed 1: 1 steps in 0 s; no episode finished (an episode is 10 steps)" in out  # 5 s / 500 ms
+    assert "seed 1: 1 step in 0 s; no episode finished (an episode is 10 steps)" in out  # 5 s / 500 ms
     assert f"not written: the learning curves: no episode finished in 1 step (an episode is 10 steps); the " \
            f"{root / 'curves.png'} there is an earlier run's" in " ".join(out.split())
     assert f"{root / 'seed-1' / 'policy'}.npz/.json (the exported policy)" in out

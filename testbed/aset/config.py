@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from testbed.config import ConfigError, format_validation_error
+from testbed.errors import counted
 from testbed.schema import Num, StrictModel, unit_pair
 from testbed.units import parse_delay_ms, parse_duration_s
 
@@ -95,7 +96,8 @@ class RewardSpec(StrictModel):
     the gap left is between ASET and the mix; a baseline run that is the mix's own run is the
     closest to the agent's, so the difference keeps less of the arrivals' noise where the decision
     matters. Scenarios not listed use ``baseline``; :func:`testbed.aset.train.check_reward_baselines`
-    refuses, before training, a training scenario that has neither, or a key naming none.
+    refuses, before training, a training scenario that has neither, or a key naming none; an
+    empty ``baseline_mix: {}`` (it would change nothing) is refused here.
     """
 
     baseline: str | None = None
@@ -113,8 +115,17 @@ class RewardSpec(StrictModel):
         if mix is None:
             return None if self.baseline is None else [self.baseline] * n_sources
         if len(mix) != n_sources:
-            raise ValueError(f"reward.baseline_mix.{scenario}: {len(mix)} policies for {n_sources} sources")
+            raise ValueError(f"reward.baseline_mix.{scenario}: {counted(len(mix), 'policy', 'policies')} for "
+                             f"{counted(n_sources, 'source')}")
         return list(mix)
+
+    @field_validator("baseline_mix")
+    @classmethod
+    def _some_mix(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        if v is not None and not v:
+            raise ValueError("{} names no scenario, so it would change nothing: give each training scenario's mix "
+                             "(its experiment name: one policy per source), or leave baseline_mix out")
+        return v
 
 
 class RandomiseSpec(StrictModel):
@@ -217,7 +228,7 @@ class AsetConfig(StrictModel):
         if self.actions is not None and len(set(self.actions)) != len(self.actions):
             raise ValueError("actions: a policy is listed twice")
         if self.actions is not None and len(self.actions) < 2:
-            raise ValueError(f"actions: {len(self.actions)} polic{'y' if len(self.actions) == 1 else 'ies'}: ASET "
+            raise ValueError(f"actions: {counted(len(self.actions), 'policy', 'policies')}: ASET "
                              f"needs at least 2 to choose from (leave actions out for the whole catalogue)")
         return self
 

@@ -63,6 +63,18 @@ def plan_contexts(plan: Plan, policies: tuple[str, ...]) -> list[SourceContext]:
             for s in sources]
 
 
+#: What :func:`space_shape` lists, in its order.
+SHAPE_PARTS = ("sources", "applications", "clusters")
+
+
+def space_shape(plan: Plan) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The names that fix the env's observation and action spaces (the rows, the features of each
+    row, the one-hots): the plan's sources, applications and clusters, each sorted (the order of
+    :func:`plan_contexts`). Every plan of one env has the same (:data:`SHAPE_PARTS`)."""
+    return (tuple(sorted(h.name for h in plan.sources)), tuple(sorted(a.name for a in plan.experiment.applications)),
+            tuple(sorted(c.name for c in plan.clusters)))
+
+
 def max_deadline_s(plan: Plan) -> float:
     """The largest application deadline of the plan, in s."""
     return max(a.deadline_ms for a in plan.experiment.applications) / 1e3
@@ -199,17 +211,13 @@ class AsetSimEnv(gym.Env):
         self._factory = simulator_factory
         probe = self._sampler(np.random.default_rng(0))
         self.contexts = plan_contexts(probe, self.policies)
-        self._shape = self._shape_of(self.contexts)
+        self._shape = space_shape(probe)
         self.obs_size = context_size(self.contexts[0], obs_spec)
         self.observation_space = gym.spaces.Box(0.0, float(obs_spec.clip), (len(self.contexts), self.obs_size),
                                                 np.float32)
         self.action_space = gym.spaces.MultiDiscrete([len(self.policies)] * len(self.contexts))
         self.ep: Episode | None = None
         self.plan: Plan | None = None
-
-    @staticmethod
-    def _shape_of(ctxs: list[SourceContext]) -> tuple:
-        return tuple(c.source for c in ctxs), ctxs[0].applications, ctxs[0].clusters
 
     @property
     def source_names(self) -> list[str]:
@@ -231,9 +239,9 @@ class AsetSimEnv(gym.Env):
         options = options or {}
         plan = options.get("plan") or self._sampler(self.np_random)
         ctxs = plan_contexts(plan, self.policies)
-        if self._shape_of(ctxs) != self._shape:
+        if space_shape(plan) != self._shape:
             raise ValueError(f"plan {plan.experiment.name!r}: sources/applications/clusters "
-                             f"{self._shape_of(ctxs)} differ from the env's {self._shape}")
+                             f"{space_shape(plan)} differ from the env's {self._shape}")
         self.plan, self.contexts = plan, ctxs
         sim_seed = int(options.get("sim_seed", self.np_random.integers(2**31 - 1)))
         self.current = [self.initial_policy] * len(ctxs)

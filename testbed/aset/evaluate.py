@@ -37,13 +37,15 @@ import csv
 import functools
 import json
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from testbed.aset.config import AsetConfig
+from testbed.errors import InputError
 from testbed.util import ci95, markdown_table, repo_path, write_json_atomic
 
 ASET = "aset"
@@ -212,7 +214,7 @@ def inputs_fingerprint(scenario: str) -> str:
     return out
 
 
-def _task_key(fn, task: tuple) -> str:
+def task_key(fn, task: tuple) -> str:
     """A stable key of one job: the function, its arguments, the package's code
     (:func:`code_fingerprint`) and, for a scenario argument, its content and its profiles and zoo
     manifest (:func:`inputs_fingerprint`), for a checkpoint argument its content. So re-measured
@@ -231,19 +233,39 @@ def _task_key(fn, task: tuple) -> str:
     return h.hexdigest()[:24]
 
 
+def _read_cached(f: Path, warn: Callable[[str], None]) -> tuple[bool, object]:
+    """``(True, result)`` of a cache file, or ``(False, None)``: no file, or one that cannot be read
+    or is not JSON (a run killed while writing, a full disk): then a cache miss, said by ``warn``,
+    whose result is computed again and overwrites the file."""
+    if not f.is_file():
+        return False, None
+    try:
+        return True, json.loads(f.read_text())
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        warn(f"evaluation cache file {f} is unreadable or corrupt ({type(exc).__name__}: {exc}); "
+             f"computing that result again")
+        return False, None
+
+
+def _warn(msg: str) -> None:
+    warnings.warn(msg, stacklevel=3)
+
+
 def _parallel(fn, tasks: list[tuple], backend: str, jobs: int, ray_address: str | None, bar,
-              cache: Path | None = None) -> list:
+              cache: Path | None = None, warn: Callable[[str], None] = _warn) -> list:
     """``fn(*task)`` for every task, in task order (parallel per :mod:`testbed.distributed`).
-    With ``cache`` (a folder), each result is kept as JSON under its :func:`_task_key` and reused
-    by a later evaluation (the headroom measured before training serves the one after it)."""
+    With ``cache`` (a folder), each result is kept as JSON under its :func:`task_key` and reused
+    by a later evaluation (the headroom measured before training serves the one after it); a
+    corrupt cache file is a miss (:func:`_read_cached`)."""
     from testbed.distributed import imap_unordered
 
     out: list = [None] * len(tasks)
-    keys = [cache / f"{_task_key(fn, t)}.json" if cache is not None else None for t in tasks]
+    keys = [cache / f"{task_key(fn, t)}.json" if cache is not None else None for t in tasks]
     uncached = []
     for i, f in enumerate(keys):
-        if f is not None and f.is_file():
-            out[i] = json.loads(f.read_text())
+        hit, value = _read_cached(f, warn) if f is not None else (False, None)
+        if hit:
+            out[i] = value
             if bar is not None:
                 bar[0].advance(bar[1])
         else:
@@ -295,10 +317,11 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     ``<out_dir>/<name>-specialised/``.
 
     Raises:
-        ValueError: no ``evaluation:`` section, or (without ``headroom_only``) a checkpoint that
-            cannot drive the scenarios (other clusters or sources;
-            :class:`~testbed.aset.npolicy.ObservationSizeError` for another observation size),
-            before any run. FileNotFoundError: the checkpoint is missing (without ``headroom_only``).
+        ValueError: no ``evaluation:`` section; InputError (a ValueError): (without
+            ``headroom_only``) a checkpoint that cannot drive the scenarios (other clusters or
+            sources, another observation size: the message of
+            :class:`~testbed.aset.npolicy.ObservationSizeError`), before any run.
+            FileNotFoundError: the checkpoint is missing (without ``headroom_only``).
     """
     if cfg.evaluation is None:
         raise ValueError(f"ASET config {cfg.name!r}: an 'evaluation:' section is required for testbed evaluate")
@@ -320,7 +343,10 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
                     how = "testbed train --specialise" if specialised else "testbed train"
                     raise FileNotFoundError(f"checkpoint {path} is missing (run {how} first, "
                                             f"or testbed evaluate --headroom)")
-            check_checkpoint(ckpts[s], [s])
+            try:
+                check_checkpoint(ckpts[s], [s])
+            except ValueError as exc:  # the checkpoint does not fit the scenario: bad input, no traceback
+                raise InputError(str(exc)) from None
     actions = list(cfg.policies)
     dur = duration_s or ev.duration_s
     tune = list(range(1, n_seeds + 1))
@@ -335,8 +361,14 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     code_fingerprint.cache_clear()  # read again by every evaluation: profiles re-measured in between count
     inputs_fingerprint.cache_clear()
 
+    def warn(msg: str) -> None:
+        if console is not None:
+            console.print(f"warning: {msg}", markup=False, highlight=False)
+        else:
+            _warn(msg)
+
     def run(fn, tasks):
-        return _parallel(fn, tasks, backend, workers, ray_address, bar, cache)
+        return _parallel(fn, tasks, backend, workers, ray_address, bar, cache, warn)
 
     try:
         st, mixes = _statics_and_mix(scenarios, names, tune, actions, dur, run, "tuning")

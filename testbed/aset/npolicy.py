@@ -22,6 +22,7 @@ import numpy as np
 
 from testbed.aset.config import ObservationSpec
 from testbed.aset.observation import SourceContext, context_size, observation_size
+from testbed.errors import counted
 
 #: Format of the exported JSON; v3 = v2 + the source-identity one-hot (and ``sources``,
 #: ``obs_size`` in the JSON); v2 = the observation of issue 13 (measured latency, report age,
@@ -53,8 +54,9 @@ def export_policy(weights: list[np.ndarray], path: str | Path, *, obs_spec: Obse
     size = observation_size(len(applications), len(clusters), len(policies), obs_spec.history_windows, len(sources))
     if np.shape(weights[0])[0] != size:
         raise ObservationSizeError(f"export {path}: network input {np.shape(weights[0])[0]} != observation size "
-                                   f"{size} of {len(sources)} sources, {len(applications)} applications, "
-                                   f"{len(clusters)} clusters, {len(policies)} policies")
+                                   f"{size} of {counted(len(sources), 'source')}, "
+                                   f"{counted(len(applications), 'application')}, {counted(len(clusters), 'cluster')}, "
+                                   f"{counted(len(policies), 'policy', 'policies')}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path.with_suffix(".npz"), **{f"w{i}": w for i, w in enumerate(weights)})
@@ -108,7 +110,7 @@ class NumpyPolicy:
         self.layers = list(zip(ws[0::2], ws[1::2], strict=True))
         if self.layers[-1][0].shape[1] != len(self.meta["policies"]):
             raise ValueError(f"{npz}: output width {self.layers[-1][0].shape[1]} != "
-                             f"{len(self.meta['policies'])} policies in {meta}")
+                             f"{counted(len(self.meta['policies']), 'policy', 'policies')} in {meta}")
         self.obs_spec = ObservationSpec.model_validate(self.meta["observation"])
         self.obs_size = self.layers[0][0].shape[0]
         self.sources = tuple(self.meta.get("sources") or ())

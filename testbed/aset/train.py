@@ -34,8 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from testbed.aset.config import AsetConfig, RandomiseSpec, RewardSpec
-from testbed.aset.envs import AsetSimEnv, PlanSampler
+from testbed.aset.envs import SHAPE_PARTS, AsetSimEnv, PlanSampler, space_shape
 from testbed.config import ConfigError, Experiment, load_experiment
+from testbed.errors import InputError, counted, naming_file
 from testbed.plan import Plan, build_plan
 from testbed.topology import load_topology
 from testbed.util import repo_path
@@ -72,17 +73,23 @@ def scaled_experiment(exp: Experiment, factor: float) -> Experiment:
 
 def scenario_sampler(paths: list[Path], randomise: RandomiseSpec) -> tuple[PlanSampler, list[Plan]]:
     """A :data:`PlanSampler` over the scenario files (uniform) with load scaling, and their
-    unscaled plans. Every file is loaded and planned here, so a bad one fails before training.
+    unscaled plans. Every file is loaded, planned and checked against the others here
+    (:func:`check_training_scenarios`), so a bad one fails before training.
 
     Raises:
-        ConfigError, PlanError, TopologyError: a scenario file is invalid (named in the message).
+        ConfigError, PlanError, TopologyError: a scenario file is invalid, or the files do not fit
+            together (each named in the message).
     """
-    loaded = []
+    loaded, plans = [], []
     for p in paths:
         exp = load_experiment(p)
-        raw = load_topology(exp.topology.source, p.parent)
+        try:
+            raw = load_topology(exp.topology.source, p.parent)
+            plans.append(build_plan(exp, raw=raw, base_dir=p.parent))
+        except InputError as exc:
+            raise naming_file(exc, p) from None
         loaded.append((exp, raw, p.parent))
-    plans = [build_plan(e, raw=r, base_dir=b) for e, r, b in loaded]
+    check_training_scenarios(paths, plans)
     lo, hi = randomise.load_scale
 
     def sample(rng: np.random.Generator) -> Plan:
@@ -96,32 +103,88 @@ def scenario_sampler(paths: list[Path], randomise: RandomiseSpec) -> tuple[PlanS
     return sample, plans
 
 
-def check_reward_baselines(reward: RewardSpec, plans: list[Plan]) -> None:
+def check_training_scenarios(paths: list[Path], plans: list[Plan]) -> None:
+    """Refuse scenario files one agent cannot train on together, before anything is built.
+
+    Each needs its own experiment ``name`` (``reward.baseline_mix``, the episode log and
+    ``--specialise``'s outputs are keyed by it: two files of one name would share them), and the
+    same sources, applications and clusters (names, :func:`testbed.aset.envs.space_shape`) as the
+    first: they fix the observation and action spaces of the one network.
+
+    Args:
+        paths: the scenario files. plans: their plans, in the same order.
+
+    Raises:
+        ConfigError: names both files of one name (or the file listed twice), or each file of
+            another shape with what differs from the first file.
+    """
+    seen: dict[str, Path] = {}
+    for path, plan in zip(paths, plans, strict=True):
+        name = plan.experiment.name
+        if name in seen:
+            if Path(seen[name]).resolve() == Path(path).resolve():
+                raise ConfigError(f"training.scenarios: {path} is listed twice")
+            raise ConfigError(f"training.scenarios: {seen[name]} and {path} are both named {name!r}: the reward's "
+                              f"baseline_mix, the episode log and --specialise key a scenario by its name, so the "
+                              f"two would be taken for one; give each its own name")
+        seen[name] = path
+    ref = space_shape(plans[0])
+    bad = []
+    for path, plan in zip(paths[1:], plans[1:], strict=True):
+        diffs = [f"{part} {', '.join(b) or '-'} (the first: {', '.join(a) or '-'})"
+                 for part, a, b in zip(SHAPE_PARTS, ref, space_shape(plan), strict=True) if a != b]
+        if diffs:
+            bad.append(f"{path} has {'; '.join(diffs)}")
+    if bad:
+        raise ConfigError(f"training.scenarios: every scenario must have the sources, applications and clusters "
+                          f"(by name) of the first, {paths[0]}: they fix the agent's observation and action "
+                          f"spaces; " + "; ".join(bad))
+
+
+def check_reward_baselines(reward: RewardSpec, plans: list[Plan], paths: list[Path] | None = None) -> None:
     """Refuse, before training, a ``reward.baseline_mix`` that does not fit the training scenarios.
 
     Args:
         reward: the reward settings. plans: the training scenarios' (unscaled) plans.
+        paths: their files (same order), named in the messages.
 
     Raises:
         ConfigError: a ``baseline_mix`` key that names no training scenario, a mix with another
             number of policies than the scenario has sources, or (with ``baseline_mix`` and no
-            ``baseline``) a training scenario without a mix; each named.
+            ``baseline``) a training scenario without a mix; each named, with its file.
     """
-    if not reward.baseline_mix:
+    if not reward.baseline_mix:  # None; an empty {} is refused by RewardSpec
         return
-    names = {p.experiment.name: p for p in plans}
+    files = [f" ({p})" if p is not None else "" for p in (paths or [None] * len(plans))]
+    names = {p.experiment.name for p in plans}
     for key in reward.baseline_mix:
         if key not in names:
-            raise ConfigError(f"reward.baseline_mix.{key}: no training scenario has that name "
-                              f"(known: {', '.join(sorted(names))})")
-    for name, plan in names.items():
+            known = ", ".join(sorted(f"{p.experiment.name}{f}" for p, f in zip(plans, files, strict=True)))
+            raise ConfigError(f"reward.baseline_mix.{key}: no training scenario has that name (known: {known})")
+    for plan, file in zip(plans, files, strict=True):
+        name = plan.experiment.name
         if name not in reward.baseline_mix and reward.baseline is None:
-            raise ConfigError(f"reward.baseline_mix: no mix for training scenario {name!r}, and no reward.baseline "
-                              f"to fall back on")
+            raise ConfigError(f"reward.baseline_mix: no mix for training scenario {name!r}{file}, and no "
+                              f"reward.baseline to fall back on")
         try:
             reward.baseline_for(name, len(plan.sources))
         except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+            srcs = ", ".join(sorted(h.name for h in plan.sources))
+            raise ConfigError(f"{exc} of training scenario {name!r}{file}: {srcs}") from None
+
+
+def training_scenarios(cfg: AsetConfig, base: Path) -> tuple[PlanSampler, list[Plan]]:
+    """The training scenarios of ``cfg`` (``training.scenarios`` relative to ``base``) planned and
+    checked, together and against ``reward`` (:func:`scenario_sampler`,
+    :func:`check_reward_baselines`): what :func:`train_seeds` does before it writes anything.
+
+    Raises:
+        ConfigError, PlanError, TopologyError: named (the scenario file, the item).
+    """
+    paths = [resolve(base, s) for s in cfg.training.scenarios]
+    sampler, plans = scenario_sampler(paths, cfg.training.randomise)
+    check_reward_baselines(cfg.reward, plans, paths)
+    return sampler, plans
 
 
 @dataclass
@@ -170,9 +233,8 @@ class _Run:
             pass
         tr = cfg.training
         self.cfg, self.seed, self.out = cfg, seed, out
-        if plans is None:
-            plans, unscaled = scenario_sampler([resolve(base, s) for s in tr.scenarios], tr.randomise)
-            check_reward_baselines(cfg.reward, unscaled)
+        if plans is None:  # every check before the run's folders (below)
+            plans = training_scenarios(cfg, base)[0]
         self.plans = plans
         self.env = AsetSimEnv(plans, cfg.observation, tr.episode_s, simulator_factory=simulator_factory,
                               policies=cfg.policies, reward=cfg.reward)
@@ -380,10 +442,12 @@ def _train_seed(cfg_json: str, base: str, seed: int, steps: int | None, out: str
 
 
 def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: int = 1, backend: str = "process",
-                ray_address: str | None = None, console=None) -> list[TrainResult]:
+                ray_address: str | None = None, console=None,
+                scenarios: tuple[PlanSampler, list[Plan]] | None = None) -> list[TrainResult]:
     """One run per seed of ``training.seeds`` (``seed-<k>/`` each; ``jobs`` at a time), the
     combined ``curves.png``, and the policy of ``export_seed`` (default the first seed) copied to
-    ``training.export_to``."""
+    ``training.export_to``. ``scenarios``: :func:`training_scenarios` of ``cfg`` when the caller
+    has them (else planned and checked here, before anything is written)."""
     from testbed.distributed import imap_unordered
 
     tr = cfg.training
@@ -391,20 +455,19 @@ def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: 
         raise ValueError(f"ASET config {cfg.name!r}: a 'training:' section is required for testbed train")
     seeds = tr.seeds or [cfg.seed]
     root = resolve(base, tr.out_dir) / cfg.name
-    if cfg.reward.baseline_mix and jobs > 1 and len(seeds) > 1:  # before the workers start (in-process: _Run checks)
-        check_reward_baselines(cfg.reward, scenario_sampler([resolve(base, s) for s in tr.scenarios], tr.randomise)[1])
+    sampler = (scenarios or training_scenarios(cfg, base))[0]  # bad scenarios fail here, before any output
     results: list[TrainResult] = []
     if jobs <= 1 or len(seeds) == 1:
         for s in seeds:
             results.append(train(cfg, base, steps=steps, seed=s, out_dir=root / f"seed-{s}", console=console,
-                                 backend=backend, ray_address=ray_address))
+                                 backend=backend, ray_address=ray_address, plans=sampler))
     else:
         tasks = [(cfg.model_dump_json(), str(base), s, steps, str(root / f"seed-{s}")) for s in seeds]
         for _, r in imap_unordered(_train_seed, tasks, backend=backend, jobs=jobs, ray_address=ray_address):
             results.append(TrainResult(Path(r["out_dir"]), Path(r["policy_path"]), r["seed"], r["episodes"],
                                        r["wall_s"], r["steps"]))
             if console is not None:
-                console.print(f"seed {r['seed']}: {r['steps']} steps in {r['wall_s']:.0f} s")
+                console.print(f"seed {r['seed']}: {counted(r['steps'], 'step')} in {r['wall_s']:.0f} s")
     results.sort(key=lambda r: seeds.index(r.seed))
     write_curves(root, results)
     chosen = tr.export_seed if tr.export_seed is not None else seeds[0]
@@ -438,16 +501,20 @@ def last_checkpoint(seed_dir: Path) -> Path:
 
 
 def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "process",
-               ray_address: str | None = None, console=None, steps: int | None = None) -> list[TrainResult]:
+               ray_address: str | None = None, console=None, steps: int | None = None,
+               scenarios: tuple[PlanSampler, list[Plan]] | None = None) -> list[TrainResult]:
     """Per-scenario fine-tuning (:class:`testbed.aset.config.SpecialiseSpec`): for each scenario of
     ``training.scenarios``, the export seed's last checkpoint trained on that scenario alone
     (load randomised as in training), ``jobs`` scenarios at a time; output in
     ``training.out_dir/<name>/specialised/<scenario>/``, the policy exported to
     :func:`specialised_path` of ``training.export_to``.
 
+    ``scenarios``: :func:`training_scenarios` of ``cfg`` when the caller has them.
+
     Raises:
-        ValueError: no ``training:`` section or no ``export_to``. FileNotFoundError: the general
-            training has not run (no checkpoint of the export seed).
+        ValueError: no ``training:`` section or no ``export_to``; ConfigError (a ValueError) and
+            the plan's errors: the scenarios as :func:`training_scenarios`. FileNotFoundError: the
+            general training has not run (no checkpoint of the export seed).
     """
     from testbed.aset.npolicy import copy_policy
     from testbed.distributed import imap_unordered
@@ -455,6 +522,7 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
     tr = cfg.training
     if tr is None or not tr.export_to:
         raise ValueError(f"ASET config {cfg.name!r}: --specialise needs 'training:' with 'export_to'")
+    plans = (scenarios or training_scenarios(cfg, base))[1]  # distinct names: each names its own folder
     sp = tr.specialise
     seed = tr.export_seed if tr.export_seed is not None else (tr.seeds or [cfg.seed])[0]
     root = resolve(base, tr.out_dir) / cfg.name
@@ -463,9 +531,11 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
                                          "epsilon_decay_steps": sp.epsilon_decay_steps})
     steps = steps or sp.steps
     tasks, names = [], []
-    for scenario in tr.scenarios:
-        name = load_experiment(resolve(base, scenario)).name
-        sub = cfg.model_copy(update={"agent": agent, "training": tr.model_copy(update={
+    for scenario, plan in zip(tr.scenarios, plans, strict=True):
+        name = plan.experiment.name
+        mix = (cfg.reward.baseline_mix or {}).get(name)  # this scenario's mix only: the run has no other
+        reward = cfg.reward.model_copy(update={"baseline_mix": {name: mix} if mix is not None else None})
+        sub = cfg.model_copy(update={"agent": agent, "reward": reward, "training": tr.model_copy(update={
             "scenarios": [scenario], "steps": steps, "seeds": [seed]})})
         names.append(name)
         tasks.append((sub.model_dump_json(), str(base), seed, steps, str(root / "specialised" / name), str(init)))
@@ -477,7 +547,7 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
         results.append(res)
         curves[names[i]] = r["episodes"]
         if console is not None:
-            console.print(f"{names[i]}: {r['steps']} steps in {r['wall_s']:.0f} s from {init}")
+            console.print(f"{names[i]}: {counted(r['steps'], 'step')} in {r['wall_s']:.0f} s from {init}")
     if any(curves.values()):
         _plot_curves(root / "specialised" / "curves.png", {n: e for n, e in curves.items() if e},
                      f"ASET specialised per scenario (seed {seed})")

@@ -52,15 +52,22 @@ def register(subparsers) -> None:
 
 def _cmd(args: argparse.Namespace) -> int:
     from testbed.cli import console
-    from testbed.errors import EXIT_NOTHING_MEASURED, InputError
-    from testbed.plan import check_load_bounds, events_after_end, plan_experiment
+    from testbed.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure
+    from testbed.plan import check_load_bounds, events_after_end, plan_experiment, runs_dir_problem
     from testbed.sim import simulate_experiment
+    from testbed.util import repo_path
 
     plan = plan_experiment(args.experiment)  # bad input: an InputError, printed once by testbed.cli
     if args.duration is not None:  # the same bounds the plan checked for the experiment's own duration
         check_load_bounds(plan.experiment, plan.weights, args.duration, Path(plan.base_dir))
     if args.runs_dir and Path(args.runs_dir).exists() and not Path(args.runs_dir).is_dir():
         raise InputError(f"--runs-dir {args.runs_dir}: exists and is not a directory")
+    runs_dir = Path(args.runs_dir) if args.runs_dir else repo_path(plan.experiment.runs_dir)
+    problem = runs_dir_problem(runs_dir)  # before simulating: the run directory is written at the end
+    if problem:  # the exit code of testbed run's same check
+        where = "--runs-dir" if args.runs_dir else f"runs_dir of {args.experiment}"
+        raise RunFailure(f"{where}: {problem}; choose another --runs-dir (or runs_dir in the experiment)",
+                         EXIT_BRINGUP)
     duration = args.duration or plan.experiment.duration_s
     late = events_after_end(plan.changes, duration)
     if late:

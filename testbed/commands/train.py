@@ -9,6 +9,8 @@ import argparse
 import math
 from pathlib import Path
 
+from testbed.errors import counted
+
 
 def _int_at_least(n: int):
     def parse(text: str) -> int:
@@ -49,9 +51,9 @@ def register(subparsers) -> None:
 
 def _cmd(args: argparse.Namespace) -> int:
     from testbed.aset.config import load_aset_config
-    from testbed.aset.train import resolve, train_seeds
+    from testbed.aset.train import resolve, train_seeds, training_scenarios
     from testbed.cli import console
-    from testbed.errors import InputError
+    from testbed.errors import InputError, naming_file
 
     cfg, base = load_aset_config(args.config)
     if cfg.training is None:
@@ -68,11 +70,16 @@ def _cmd(args: argparse.Namespace) -> int:
             raise InputError(f"{args.config}: the command line's training overrides: {exc}") from None
         cfg = cfg.model_copy(update={"training": training})
     root = resolve(base, cfg.training.out_dir) / cfg.name
+    try:  # every scenario planned and checked (together, against reward) before anything is written
+        scenarios = training_scenarios(cfg, base)
+    except InputError as exc:  # named after the config whose training section refers to them
+        raise naming_file(exc, args.config) from None
     if args.specialise:
-        return _specialise(cfg, base, args)
+        return _specialise(cfg, base, args, scenarios)
     before = _files(root)
     results = train_seeds(cfg, base, steps=args.steps, jobs=args.jobs, console=console,
-                          backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address)
+                          backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address,
+                          scenarios=scenarios)
     windows = math.ceil(cfg.training.episode_s / (cfg.observation.window_ms / 1e3) - 1e-9)
     for res in results:
         console.print(_seed_line(res, windows))
@@ -81,7 +88,7 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _specialise(cfg, base: Path, args: argparse.Namespace) -> int:
+def _specialise(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
     """``--specialise``: per-scenario fine-tuning from the general training's last checkpoint."""
     from testbed.aset.train import specialise, specialised_path
     from testbed.cli import console
@@ -89,26 +96,27 @@ def _specialise(cfg, base: Path, args: argparse.Namespace) -> int:
 
     try:
         results = specialise(cfg, base, jobs=args.jobs, backend="ray" if args.ray_address else args.backend,
-                             ray_address=args.ray_address, console=console, steps=args.steps)
+                             ray_address=args.ray_address, console=console, steps=args.steps, scenarios=scenarios)
     except (FileNotFoundError, ValueError) as exc:
         raise InputError(str(exc)) from None
     for res in results:
         last = res.episodes[-10:]
         mean = sum(e["success_ratio"] for e in last) / len(last) if last else float("nan")
-        console.print(f"{res.out_dir.name}: {res.steps} steps, success ratio of the last {len(last)} episodes "
+        console.print(f"{res.out_dir.name}: {counted(res.steps, 'step')}, success ratio of the last "
+                      f"{counted(len(last), 'episode')} "
                       f"{mean:.3f}; exported to {specialised_path(cfg.training.export_to, res.out_dir.name)}.npz/.json")
     return 0
 
 
 def _seed_line(res, windows: int) -> str:
     """One seed's result: steps, time and the success ratio of its last episodes (if any finished)."""
-    head = f"seed {res.seed}: {res.steps} steps in {res.wall_s:.0f} s; "
+    head = f"seed {res.seed}: {counted(res.steps, 'step')} in {res.wall_s:.0f} s; "
     if not res.episodes:
-        return head + f"no episode finished (an episode is {windows} steps)"
+        return head + f"no episode finished (an episode is {counted(windows, 'step')})"
     last = res.episodes[-20:]
     mean = sum(e["success_ratio"] for e in last) / len(last)
     n = len(res.episodes)
-    return head + f"{n} episode{'' if n == 1 else 's'}, success ratio of the last {len(last)}: {mean:.3f}"
+    return head + f"{counted(n, 'episode')}, success ratio of the last {len(last)}: {mean:.3f}"
 
 
 def _files(root: Path) -> dict[Path, int]:
@@ -134,7 +142,7 @@ def _written(root: Path, results: list, export_to: str | None, changed: set[Path
                       default=out / "checkpoints" / "-", key=lambda c: c.stat().st_mtime_ns), None),
                  (next((t for t in changed if t.parent == out / "tb"), out / "tb" / "-"),
                   f"{out / 'tb'}/ (TensorBoard logs)"),
-                 (out / "episodes.csv", f"{out / 'episodes.csv'} ({n} episode{'' if n == 1 else 's'})"),
+                 (out / "episodes.csv", f"{out / 'episodes.csv'} ({counted(n, 'episode')})"),
                  (out / "curve.png", f"{out / 'curve.png'} (this seed's learning curve)")]
         for path, text in files:
             if path in changed:
@@ -147,7 +155,7 @@ def _written(root: Path, results: list, export_to: str | None, changed: set[Path
     if curves not in changed:
         steps = max(r.steps for r in results)
         stale = f"; the {curves} there is an earlier run's" if curves.exists() else ""
-        lines.append(f"not written: the learning curves: no episode finished in {steps} step{'' if steps == 1 else 's'}"
-                     f" (an episode is {windows} steps){stale}")
+        lines.append(f"not written: the learning curves: no episode finished in {counted(steps, 'step')}"
+                     f" (an episode is {counted(windows, 'step')}){stale}")
     lines.append(f"TensorBoard: tensorboard --logdir {root}")
     return lines
