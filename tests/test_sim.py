@@ -124,12 +124,14 @@ def test_default_experiment_is_deterministic_per_seed_and_writes_emulation_layou
     pd.testing.assert_frame_equal(ra, rb)
     assert not ra["t0_ns"].equals(rc["t0_ns"]) if len(ra) == len(rc) else len(ra) != len(rc)
     assert sa["queries"] == len(ra) == sb["queries"] and sa["success_ratio"] == sb["success_ratio"]
-    assert sorted(p.name for p in (a / "sources").iterdir()) == ["atl.records.csv", "lax.records.csv",
-                                                                 "nyc.records.csv", "sea.records.csv"]
+    assert sorted(p.name for p in (a / "sources").iterdir()) == [
+        f"{s}.{kind}" for s in ("atl", "lax", "nyc", "sea") for kind in ("records.csv", "tally.json")]
     for src, g in ra.groupby("source"):  # ids <source>-1..n in creation order, as the emulated sources number them
         n = g.sort_values("t0_ns")["query_id"].str.rsplit("-", n=1).str[-1].astype(int).tolist()
         assert n == list(range(1, len(g) + 1)), src
     assert "missing_query_ids" in sa["records_check"] and sa["records_check"]["missing_query_ids"] == {}
+    assert sa["records_check"]["sources_without_tally"] == []  # the simulator tallies its sources too
+    assert sum(sa["records_check"]["queries_created"].values()) == sa["queries"]
     import json
 
     run = json.loads((a / "run.json").read_text())

@@ -900,10 +900,12 @@ class Simulator:
 
     def write_run(self, run_dir: Path, extra: dict | None = None) -> None:
         """Write the run directory in the emulation's layout: ``sources/<source>.records.csv``
-        (:data:`RECORD_FIELDS`), ``clusters/<name>.stats.json``, ``link_stats.csv``, ``plan.json``
+        (:data:`RECORD_FIELDS`) and its tally (:class:`testbed.boundaries.SourceTally`),
+        ``clusters/<name>.stats.json``, ``link_stats.csv``, ``plan.json``
         and ``run.json`` (``{"mode": "simulation", ...}``)."""
         import csv
 
+        from testbed.boundaries import SourceTally, tally_path
         from testbed.util import write_json_atomic
 
         run_dir = Path(run_dir)
@@ -912,11 +914,17 @@ class Simulator:
         by_src: dict[str, list[dict]] = {s: [] for s in self.sources}
         for r in self.records():
             by_src[r["source"]].append(r)
+        created = {s: 0 for s in self.sources}  # every recorded query the simulator created, per source
+        for qi in self.queries_recorded:
+            created[self.sources[self.q.src[qi]]] += 1
         for s, rs in by_src.items():
-            with open(run_dir / "sources" / f"{s}.records.csv", "w", newline="") as f:
+            path = run_dir / "sources" / f"{s}.records.csv"
+            with open(path, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=RECORD_FIELDS)
                 w.writeheader()
                 w.writerows(rs)
+            write_json_atomic(tally_path(path), SourceTally(source=s, created=created[s], written=len(rs),
+                                                            unwritten=0, failed=0))
         for name, st in self.cluster_stats().items():
             write_json_atomic(run_dir / "clusters" / f"{name}.stats.json", st)
         if self.link_rows:
