@@ -177,14 +177,12 @@ def _attach_negative_values(argv: list[str], options: set[str]) -> list[str]:
     is not a plain number for an option, and fails with "expected one argument"; attached, the
     value reaches the option's own check, which says what is wrong with it."""
     out: list[str] = []
-    it = iter(range(len(argv)))
-    for i in it:
-        tok = argv[i]
-        if tok in options and i + 1 < len(argv) and re.fullmatch(r"-\.?\d.*", argv[i + 1]):
-            out.append(f"{tok}={argv[i + 1]}")
-            next(it, None)
-        else:
-            out.append(tok)
+    i = 0
+    while i < len(argv):
+        tok, nxt = argv[i], argv[i + 1] if i + 1 < len(argv) else ""
+        attach = tok in options and re.fullmatch(r"-\.?\d.*", nxt) is not None
+        out.append(f"{tok}={nxt}" if attach else tok)
+        i += 2 if attach else 1
     return out
 
 

@@ -119,10 +119,7 @@ class Source:
     def _write(self, row: dict) -> None:
         self.unwritten.append(row)
         try:
-            while self.unwritten:
-                self.writer.writerow(self.unwritten[0])
-                self.unwritten.pop(0)
-                self.written += 1
+            self._drain()
             self.out.flush()
         except OSError as exc:  # e.g. the disk is full: keep the rows, the run's health watch reports it
             if not self.write_error:
@@ -327,14 +324,19 @@ class Source:
         finally:
             self._close()
 
+    def _drain(self) -> None:
+        """Hand every row kept in memory to the CSV writer, oldest first (raises OSError, a full
+        disk: the rows not written stay kept)."""
+        while self.unwritten:
+            self.writer.writerow(self.unwritten[0])
+            self.unwritten.pop(0)
+            self.written += 1
+
     def _close(self) -> None:
         """Write what a failed write kept, close the records file, then write the tally
         (:class:`testbed.boundaries.SourceTally`)."""
         try:
-            while self.unwritten:
-                self.writer.writerow(self.unwritten[0])
-                self.unwritten.pop(0)
-                self.written += 1
+            self._drain()
             self.out.close()
         except OSError as exc:
             print(f"[source] {len(self.unwritten)} record(s) could not be written: {exc}", file=sys.stderr)

@@ -914,16 +914,13 @@ class Simulator:
         by_src: dict[str, list[dict]] = {s: [] for s in self.sources}
         for r in self.records():
             by_src[r["source"]].append(r)
-        created = {s: 0 for s in self.sources}  # every recorded query the simulator created, per source
-        for qi in self.queries_recorded:
-            created[self.sources[self.q.src[qi]]] += 1
-        for s, rs in by_src.items():
+        for s, rs in by_src.items():  # every query the simulator created is a row: created = rows
             path = run_dir / "sources" / f"{s}.records.csv"
             with open(path, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=RECORD_FIELDS)
                 w.writeheader()
                 w.writerows(rs)
-            write_json_atomic(tally_path(path), SourceTally(source=s, created=created[s], written=len(rs),
+            write_json_atomic(tally_path(path), SourceTally(source=s, created=len(rs), written=len(rs),
                                                             unwritten=0, failed=0))
         for name, st in self.cluster_stats().items():
             write_json_atomic(run_dir / "clusters" / f"{name}.stats.json", st)
