@@ -131,7 +131,8 @@ class SourceConfig(_Boundary):
     answer is still waited for; ``report_interval_s``: how often each cluster's ``/v1/stats`` is
     polled; ``path_links``: per cluster, the (switch, switch) links of the planned path (for the
     path utilization ASET observes); ``link_util_file``: where the run publishes link
-    utilization; ``records``: the CSV this source appends one row per query to.
+    utilization; ``records``: the CSV this source appends one row per query to; ``experiment``:
+    the experiment's name (an ASET checkpoint with plans looks its planned policy up by it).
     """
 
     source: str
@@ -153,6 +154,7 @@ class SourceConfig(_Boundary):
     zoo_dir: str
     repo_dir: str
     records: str
+    experiment: str | None = None
 
     @classmethod
     def from_plan(cls, plan, source: str, start_ns: int, duration_s: float, run_dir: Path) -> SourceConfig | None:
@@ -181,7 +183,7 @@ class SourceConfig(_Boundary):
                    applications=apps, streams=streams, options=options, base_dir=plan.base_dir,
                    path_links=path_links, link_util_file=str(run_dir / "link_util.json"), aset=exp.aset,
                    zoo_dir=plan.zoo_dir, repo_dir=str(Path(__file__).resolve().parent.parent),
-                   records=str(run_dir / "sources" / f"{source}.records.csv"))
+                   records=str(run_dir / "sources" / f"{source}.records.csv"), experiment=exp.name)
 
 
 class SourceTally(_Boundary):

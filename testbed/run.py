@@ -208,6 +208,16 @@ def _check_ports(plan: Plan) -> None:
                              f"or service? `ss -ltnp 'sport = :{port}'`); choose another port", EXIT_BRINGUP)
 
 
+def _check_aset(plan: Plan) -> None:
+    """The ASET checkpoint loads and has a plan for this experiment, if any source uses it."""
+    from testbed.aset.live import check_experiment_checkpoint
+
+    try:
+        check_experiment_checkpoint(plan.experiment)
+    except (OSError, ValueError) as exc:
+        raise RunError(str(exc), EXIT_INPUT) from None
+
+
 def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None) -> tuple[str, Path, Storage]:
     """Step 1 (module docstring); creates the run directory and takes its storage reserve.
 
@@ -223,6 +233,7 @@ def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None) -
         raise RunError(f"the emulation cannot apply {', '.join(bad)} yet; run the scenario with "
                        f"`testbed simulate`, or remove the event", EXIT_INPUT)
     expected = check_load_bounds(plan.experiment, plan.weights, duration_s, Path(plan.base_dir))
+    _check_aset(plan)
     _check_ports(plan)
     base = Path(runs_dir) if runs_dir else repo_path(plan.experiment.runs_dir)
     problem = run_dir_limit_problem(base, plan)

@@ -615,3 +615,117 @@ def test_live_env_fine_tunes_against_a_real_emulation(tmp_path):
     assert s["transitions"] > 0 and sum(s["policy_windows"].values()) == 4 * s["windows"]
     assert 0.0 <= s["mean_reward"] <= 1.0
     assert NumpyPolicy(tmp_path / "policy").meta["meta"]["windows"] == s["windows"]
+
+
+# -- the planned policy and the plan margin (sixth round, docs/aset.md) --------------------------
+
+def _planned_spec(plans: dict[str, list[str]]) -> ObservationSpec:
+    return SPEC.model_copy(update={"plans": plans})
+
+
+def test_the_plan_block_is_a_one_hot_of_the_planned_policy_at_the_end(plan):
+    from testbed.aset.envs import plan_contexts
+
+    spec = _planned_spec({"triangle": ["closest", "least_loaded"]})
+    ca, cc = plan_contexts(plan, CATALOGUE, spec)
+    assert (ca.plan, cc.plan) == ("closest", "least_loaded")
+    layout = observation_layout(1, len(ca.clusters), len(CATALOGUE), SPEC.history_windows, 2, planned=True)
+    plain = observation_size(1, len(ca.clusters), len(CATALOGUE), SPEC.history_windows, 2)
+    assert layout["plan"] == slice(plain, plain + len(CATALOGUE)) == slice(context_size(ca, spec) - len(CATALOGUE),
+                                                                         context_size(ca, spec))
+    va = SourceObserver(ca, spec).observe({"policy": "cloud"})
+    vc = SourceObserver(cc, spec).observe({"policy": "cloud"})
+    np.testing.assert_array_equal(va[layout["plan"]], np.eye(len(CATALOGUE))[CATALOGUE.index("closest")])
+    np.testing.assert_array_equal(vc[layout["plan"]], np.eye(len(CATALOGUE))[CATALOGUE.index("least_loaded")])
+    np.testing.assert_array_equal(va[:plain], SourceObserver(plan_contexts(plan, CATALOGUE)[0], SPEC).observe(
+        {"policy": "cloud"}))  # everything before the block is the plain observation
+    with pytest.raises(ValueError, match="no planned policy"):
+        SourceObserver(plan_contexts(plan, CATALOGUE)[0], spec)
+
+
+def test_plans_that_do_not_fit_are_refused_naming_the_scenario(plan):
+    from testbed.aset.envs import plan_contexts
+
+    with pytest.raises(ValueError, match="no plan for scenario 'triangle'.*planned: other"):
+        plan_contexts(plan, CATALOGUE, _planned_spec({"other": ["closest", "closest"]}))
+    with pytest.raises(ValueError, match=r"plans.triangle: 1 policy for 2 sources \(srca, srcc\)"):
+        plan_contexts(plan, CATALOGUE, _planned_spec({"triangle": ["closest"]}))
+    with pytest.raises(ValueError, match="planned policy 'cloud' is not an action"):
+        plan_contexts(plan, ("closest", "random"), _planned_spec({"triangle": ["cloud", "closest"]}))
+    with pytest.raises(ValueError, match="observation.plans.triangle: unknown policy 'fastest'"):
+        AsetConfig(name="x", observation=_planned_spec({"triangle": ["fastest", "closest"]}))
+    with pytest.raises(ValueError, match="plan_margin 0.1.*observation.plans is not set"):
+        AsetConfig(name="x", agent=AgentSpec(plan_margin=0.1))
+    with pytest.raises(ValueError, match="names no scenario"):
+        ObservationSpec(plans={})
+
+
+def test_plan_scores_is_one_rule_for_numpy_and_tensorflow():
+    import tensorflow as tf
+
+    from testbed.aset.npolicy import plan_scores
+
+    q = np.array([[0.5, 0.7, 0.1], [0.2, 0.1, 0.0]], np.float32)
+    obs = np.array([[9.0, 1.0, 0.0, 0.0], [9.0, 0.0, 0.0, 1.0]], np.float32)  # plan one-hot = last 3
+    np.testing.assert_array_equal(np.argmax(plan_scores(q, obs, 0.0, 3), 1), [1, 0])
+    np.testing.assert_array_equal(np.argmax(plan_scores(q, obs, 0.1, 3), 1), [1, 0])  # 0.7 > 0.5 + 0.1
+    np.testing.assert_array_equal(np.argmax(plan_scores(q, obs, 0.3, 3), 1), [0, 2])  # the plan wins
+    np.testing.assert_allclose(plan_scores(tf.constant(q), tf.constant(obs), 0.3, 3).numpy(),
+                               plan_scores(q, obs, 0.3, 3))
+
+
+def test_the_plan_margin_keeps_the_plan_unless_learning_says_otherwise(plan, tmp_path):
+    """Toy (only least_loaded succeeds): with the plan on closest and a margin below the learnt
+    advantage the agent still learns least_loaded; the same network under a margin above every
+    Q-value difference keeps the plan everywhere; export and agent decide alike."""
+    import json
+
+    from testbed.aset.agent import NumpyPolicy
+    from testbed.aset.train import train
+
+    cfg = _tiny_cfg(tmp_path, 600)
+    cfg = cfg.model_copy(update={"observation": _planned_spec({"triangle": ["closest", "closest"]}),
+                                 "agent": cfg.agent.model_copy(update={"plan_margin": 0.3})})
+    result = train(cfg, REPO, progress=False, simulator_factory=FakeSim, plans=plan)
+    pol = NumpyPolicy(result.policy_path)
+    assert pol.plan_margin == 0.3 and pol.obs_spec.plans == {"triangle": ["closest", "closest"]}
+    env = AsetSimEnv(plan, pol.obs_spec, 5.0, simulator_factory=FakeSim)
+    obs, _ = env.reset(seed=123)
+    rows, done = [], False
+    while not done:
+        rows.append(obs)
+        obs, _, _, done, _ = env.step(pol.act(obs))
+    rows = np.concatenate(rows)
+    np.testing.assert_array_equal(pol.act(rows), result.agent.act(rows, explore=False))
+    assert np.mean(pol.act(rows) == CATALOGUE.index("least_loaded")) > 0.95
+    q = pol.q_values(rows)
+    assert np.max(q) - np.min(q) < 10.0
+    meta = json.loads(result.policy_path.with_suffix(".json").read_text())
+    meta["plan_margin"] = 10.0
+    result.policy_path.with_suffix(".json").write_text(json.dumps(meta))
+    np.testing.assert_array_equal(NumpyPolicy(result.policy_path).act(rows), CATALOGUE.index("closest"))
+
+
+def test_a_run_refuses_a_checkpoint_without_a_plan_for_its_experiment(plan, tmp_path):
+    from testbed.aset.envs import plan_contexts
+    from testbed.aset.live import check_experiment_checkpoint
+    from testbed.aset.npolicy import export_policy
+
+    spec = _planned_spec({"other": ["closest", "closest"]})
+    c0 = plan_contexts(plan, CATALOGUE)[0]
+    size = observation_size(1, len(c0.clusters), len(CATALOGUE), spec.history_windows, 2, planned=True)
+    rng = np.random.default_rng(0)
+    ws = [rng.normal(size=(size, 4)).astype(np.float32), np.zeros(4, np.float32),
+          rng.normal(size=(4, len(CATALOGUE))).astype(np.float32), np.zeros(len(CATALOGUE), np.float32)]
+    export_policy(ws, tmp_path / "ck", obs_spec=spec, applications=list(c0.applications), clusters=list(c0.clusters),
+                  policies=list(CATALOGUE), sources=list(c0.sources), plan_margin=0.1)
+    exp = plan.experiment.model_copy(update={"policy": "aset", "aset": plan.experiment.aset.model_copy(
+        update={"checkpoint": str(tmp_path / "ck")}) if plan.experiment.aset else None})
+    if exp.aset is None:
+        from testbed.config import AsetSpec
+
+        exp = exp.model_copy(update={"aset": AsetSpec(checkpoint=str(tmp_path / "ck"))})
+    with pytest.raises(ValueError, match=r"ck \(sources srca, srcc\): observation.plans: no plan for scenario "
+                                         r"'triangle'"):
+        check_experiment_checkpoint(exp)
+    check_experiment_checkpoint(exp.model_copy(update={"policy": "closest"}))  # no source applies aset

@@ -6,6 +6,10 @@ Reinforcement Learning with Double Q-learning", AAAI 2016)::
 
     y = r + gamma * (1 - done) * Q_target(s', argmax_a Q_online(s', a))
 
+where the argmax (here and when acting) is over :func:`~testbed.aset.npolicy.plan_scores`, i.e.
+Q + ``agent.plan_margin`` at the source's planned policy (0 by default: the plain rule). The
+target thus evaluates the policy that is actually followed, the margin-greedy one.
+
 Huber loss (delta ``agent.huber_delta``) on Q_online(s, a) - y, Adam; experience replay
 (uniform, ring buffer of ``agent.replay_size``); target network copied every
 ``agent.target_update_steps`` gradient steps; epsilon-greedy with a linear schedule. One network
@@ -23,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from testbed.aset.config import AgentSpec
-from testbed.aset.npolicy import NumpyPolicy, ObservationSizeError, export_policy
+from testbed.aset.npolicy import NumpyPolicy, ObservationSizeError, export_policy, plan_scores
 
 __all__ = ["DQNAgent", "NumpyPolicy", "ObservationSizeError", "ReplayBuffer", "build_q_network",
            "checkpoint_io_sizes", "export_policy"]
@@ -113,7 +117,7 @@ class DQNAgent:
         """Actions (int array, shape (batch,)) for a batch of observations (one row per dispatcher);
         epsilon-greedy when ``explore`` (each row explores independently), greedy otherwise."""
         obs = np.atleast_2d(obs)
-        greedy = np.argmax(self.q_values(obs), axis=1)
+        greedy = np.argmax(plan_scores(self.q_values(obs), obs, self.spec.plan_margin, self.n_actions), axis=1)
         if not explore:
             return greedy
         eps = self.epsilon()
@@ -124,7 +128,8 @@ class DQNAgent:
     # -- learning -----------------------------------------------------------------------------
     @tf.function
     def _train_step(self, obs, action, reward, next_obs, done):
-        next_online = self.online(next_obs, training=False)
+        next_online = plan_scores(self.online(next_obs, training=False), next_obs, self.spec.plan_margin,
+                                  self.n_actions)
         best = tf.argmax(next_online, axis=1, output_type=tf.int32)
         next_target = self.target(next_obs, training=False)
         next_q = tf.gather(next_target, best, axis=1, batch_dims=1)

@@ -30,6 +30,13 @@ class ObservationSpec(StrictModel):
     ``rate_scale_qps``: arrival rates are divided by this (queries/s). ``queue_scale``: queue
     length per worker is divided by this. ``rtt_scale_ms``: RTTs are divided by this (ms).
     ``clip``: every feature is clipped to [0, clip] so the Gymnasium Box is bounded.
+
+    ``plans`` (sixth round, docs/aset.md): per scenario (its experiment ``name``), the planned
+    policy of each source (sources sorted by name): the per-source static mix that
+    ``testbed evaluate --headroom`` finds in the simulator (``oracle.json``'s ``mixes``). When set,
+    the observation ends with a one-hot of the source's planned policy, and the agent's
+    ``plan_margin`` makes the plan its default decision. A scenario without a plan cannot be
+    observed (:meth:`planned` raises).
     """
 
     window_ms: Num = Field(500.0, gt=0)
@@ -38,12 +45,41 @@ class ObservationSpec(StrictModel):
     queue_scale: Num = Field(4.0, gt=0)
     rtt_scale_ms: Num = Field(100.0, gt=0)
     clip: Num = Field(5.0, gt=0)
+    plans: dict[str, list[str]] | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _units(cls, data: Any) -> Any:
         data = unit_pair(data, "window", parse_delay_ms, "ms")
         return unit_pair(data, "rtt_scale", parse_delay_ms, "ms")
+
+    @field_validator("plans")
+    @classmethod
+    def _some_plan(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        if v is not None and not v:
+            raise ValueError("{} names no scenario: give each scenario's planned per-source policies (its "
+                             "experiment name: one policy per source, sources sorted by name), or leave plans out")
+        return v
+
+    def planned(self, scenario: str, sources: list[str] | tuple[str, ...]) -> list[str] | None:
+        """The planned policy of each source (in the order of ``sources``, sorted by name) for an
+        episode of ``scenario``, or None when this spec has no ``plans`` (no plan block).
+
+        Raises:
+            ValueError: ``plans`` is set but has no entry for ``scenario``, or its entry has
+                another number of policies than ``sources``; the message names the scenario.
+        """
+        if self.plans is None:
+            return None
+        plan = self.plans.get(scenario)
+        if plan is None:
+            raise ValueError(f"observation.plans: no plan for scenario {scenario!r} (planned: "
+                             f"{', '.join(sorted(self.plans))}); the observation's plan block needs one: add the "
+                             f"scenario's per-source mix (oracle.json of testbed evaluate --headroom)")
+        if len(plan) != len(sources):
+            raise ValueError(f"observation.plans.{scenario}: {counted(len(plan), 'policy', 'policies')} for "
+                             f"{counted(len(sources), 'source')} ({', '.join(sources)})")
+        return list(plan)
 
 
 class AgentSpec(StrictModel):
@@ -54,6 +90,12 @@ class AgentSpec(StrictModel):
     agent decisions. Training starts after ``train_start`` transitions and runs one gradient step
     of ``batch_size`` every ``train_every`` decisions; the target network is copied every
     ``target_update_steps`` gradient steps. ``huber_delta``: the Huber loss threshold.
+
+    ``plan_margin`` (sixth round, docs/aset.md; needs ``observation.plans``): the greedy decision
+    is ``argmax_a Q(s, a) + plan_margin * [a is the source's planned policy]``, in acting, in the
+    double-DQN target's argmax and in the exported policy alike: the agent leaves its plan only
+    where it estimates another policy better by more than the margin (a reward unit: success
+    ratio, minus the baseline run's). 0 = the plain greedy rule.
     """
 
     hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1)
@@ -68,6 +110,7 @@ class AgentSpec(StrictModel):
     epsilon_end: Num = Field(0.05, ge=0, le=1)
     epsilon_decay_steps: int = Field(5_000, ge=1)
     huber_delta: Num = Field(1.0, gt=0)
+    plan_margin: Num = Field(0.0, ge=0)
 
 
 class RewardSpec(StrictModel):
@@ -220,6 +263,10 @@ class AsetConfig(StrictModel):
         from testbed.policies import CATALOGUE
 
         mixes = [(f"reward.baseline_mix.{k}", v) for k, v in (self.reward.baseline_mix or {}).items()]
+        mixes += [(f"observation.plans.{k}", v) for k, v in (self.observation.plans or {}).items()]
+        if self.agent.plan_margin and self.observation.plans is None:
+            raise ValueError(f"agent.plan_margin {self.agent.plan_margin:g}: the margin favours each source's planned "
+                             f"policy, but observation.plans is not set (no plan to favour)")
         for what, names in (("actions", self.actions or []),
                             ("reward.baseline", [self.reward.baseline] if self.reward.baseline else []), *mixes):
             bad = [p for p in names if p not in CATALOGUE]

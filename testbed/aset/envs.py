@@ -51,16 +51,24 @@ def _catalogue() -> tuple[str, ...]:
     return CATALOGUE
 
 
-def plan_contexts(plan: Plan, policies: tuple[str, ...]) -> list[SourceContext]:
+def plan_contexts(plan: Plan, policies: tuple[str, ...], obs_spec: ObservationSpec | None = None
+                  ) -> list[SourceContext]:
     """One :class:`SourceContext` per source of the plan, sorted by source name (the source-id
     order of the observation); applications and clusters sorted by name; RTT from
-    ``plan.rtt_ms``; each application's deadline."""
+    ``plan.rtt_ms``; each application's deadline; with ``obs_spec.plans``, each source's planned
+    policy for this scenario (:meth:`ObservationSpec.planned`).
+
+    Raises:
+        ValueError: ``obs_spec.plans`` has no plan of this scenario's size (the message names it).
+    """
     apps = sorted(plan.experiment.applications, key=lambda a: a.name)
     clusters = tuple(sorted(c.name for c in plan.clusters))
     sources = tuple(sorted(h.name for h in plan.sources))
+    planned = obs_spec.planned(plan.experiment.name, sources) if obs_spec is not None else None
     return [SourceContext(s, tuple(a.name for a in apps), clusters, tuple(plan.rtt_ms(s, c) for c in clusters),
-                          policies, tuple(float(a.deadline_ms) for a in apps), sources=sources)
-            for s in sources]
+                          policies, tuple(float(a.deadline_ms) for a in apps), sources=sources,
+                          plan=planned[i] if planned else None)
+            for i, s in enumerate(sources)]
 
 
 #: What :func:`space_shape` lists, in its order.
@@ -210,7 +218,7 @@ class AsetSimEnv(gym.Env):
         self.immediate = bool(immediate_reward)
         self._factory = simulator_factory
         probe = self._sampler(np.random.default_rng(0))
-        self.contexts = plan_contexts(probe, self.policies)
+        self.contexts = plan_contexts(probe, self.policies, obs_spec)
         self._shape = space_shape(probe)
         self.obs_size = context_size(self.contexts[0], obs_spec)
         self.observation_space = gym.spaces.Box(0.0, float(obs_spec.clip), (len(self.contexts), self.obs_size),
@@ -238,7 +246,7 @@ class AsetSimEnv(gym.Env):
         super().reset(seed=seed)
         options = options or {}
         plan = options.get("plan") or self._sampler(self.np_random)
-        ctxs = plan_contexts(plan, self.policies)
+        ctxs = plan_contexts(plan, self.policies, self.spec_obs)
         if space_shape(plan) != self._shape:
             raise ValueError(f"plan {plan.experiment.name!r}: sources/applications/clusters "
                              f"{space_shape(plan)} differ from the env's {self._shape}")

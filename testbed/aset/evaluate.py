@@ -127,7 +127,8 @@ def check_checkpoint(ckpt: Path, scenarios: Sequence[str]) -> None:
 
     pol = NumpyPolicy(ckpt)
     for s in scenarios:
-        pol.check_contexts(plan_contexts(_plan(s), tuple(pol.meta["policies"])), f"the simulator env of {s}")
+        pol.check_contexts(plan_contexts(_plan(s), tuple(pol.meta["policies"]), pol.obs_spec),
+                           f"the simulator env of {s}")
 
 
 def agreement_job(scenario: str, seed: int, actions: Sequence[str], duration_s: float | None) -> dict:

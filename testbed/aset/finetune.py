@@ -46,9 +46,10 @@ def _live_experiment(experiment: Path, checkpoint: str, socket_path: str, window
         return Path(f.name)
 
 
-def _agent_from_policy(policy, obs_size: int, n_actions: int, epsilon: float, seed: int):
+def _agent_from_policy(policy, obs_size: int, n_actions: int, epsilon: float, seed: int, plan_margin: float = 0.0):
     """A DQN agent whose online and target networks hold the exported policy's weights; constant
-    epsilon; training from the first batch on (hyper-parameters of the checkpoint's training)."""
+    epsilon; training from the first batch on (hyper-parameters of the checkpoint's training);
+    the checkpoint's decision rule (``plan_margin``)."""
     from testbed.aset.agent import DQNAgent
     from testbed.aset.config import AgentSpec
 
@@ -57,7 +58,7 @@ def _agent_from_policy(policy, obs_size: int, n_actions: int, epsilon: float, se
     hidden = [int(w[i].shape[1]) for i in range(0, len(w) - 2, 2)]
     spec = AgentSpec(hidden=hidden, learning_rate=1e-4, gamma=0.5, batch_size=32, replay_size=10_000,
                      train_start=32, target_update_steps=100, epsilon_start=epsilon, epsilon_end=epsilon,
-                     epsilon_decay_steps=1)
+                     epsilon_decay_steps=1, plan_margin=plan_margin)
     agent = DQNAgent(obs_size, n_actions, spec, seed=seed)
     agent.online.set_weights(w)
     agent.target.set_weights(w)
@@ -92,7 +93,7 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
 
     pol = NumpyPolicy(checkpoint)
     plan = plan_experiment(experiment)
-    contexts = plan_contexts(plan, tuple(pol.meta["policies"]))
+    contexts = plan_contexts(plan, tuple(pol.meta["policies"]), pol.obs_spec)
     pol.check_contexts(contexts, f"the live env of {experiment}")
     out.mkdir(parents=True, exist_ok=True)
     sock = str(Path(tempfile.gettempdir()) / f"aset-finetune-{int(time.time())}.sock")
@@ -100,7 +101,7 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
     team = float((pol.meta.get("meta") or {}).get("reward_team_weight") or 0.0)  # as the checkpoint was trained
     env = AsetLiveEnv(contexts, pol.obs_spec, sock, timeout_s=start_timeout_s, episode_windows=episode,
                       team_weight=team)
-    agent = _agent_from_policy(checkpoint, env.obs_size, len(env.policies), epsilon, seed)
+    agent = _agent_from_policy(checkpoint, env.obs_size, len(env.policies), epsilon, seed, pol.plan_margin)
     tmp = _live_experiment(experiment, str(checkpoint), sock, f"{pol.obs_spec.window_ms:g}ms")
     runs_dir = out / "runs"
     cmd = (["flock", LOCK] if lock else []) + [str(REPO / ".venv/bin/testbed"), "run", str(tmp),
@@ -138,6 +139,7 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
     export_policy(agent.weights(), out / "policy", obs_spec=pol.obs_spec, applications=list(pol.meta["applications"]),
                   clusters=list(pol.meta["clusters"]), policies=list(pol.meta["policies"]),
                   sources=list(pol.sources), deadlines_ms=list(pol.meta.get("deadlines_ms") or []),
+                  plan_margin=pol.plan_margin,
                   meta={"finetuned_from": str(checkpoint), "experiment": str(experiment), "windows": windows})
     runs = sorted(p for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []
     summary = {"experiment": str(experiment), "checkpoint": str(checkpoint), "run_rc": rc,

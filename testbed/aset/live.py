@@ -40,6 +40,28 @@ from testbed.aset.observation import SourceContext, SourceObserver
 REPO = Path(__file__).resolve().parents[2]
 
 
+def check_experiment_checkpoint(experiment, repo_dir: str | Path | None = None) -> None:
+    """Refuse, before a run is built, an ASET checkpoint its sources could not load: a missing or
+    malformed checkpoint file, or one with observation plans (``observation.plans``) and none for
+    this experiment (its ``name``). Does nothing when no source applies ``aset``.
+
+    Raises:
+        ValueError: naming the checkpoint and what is wrong (FileNotFoundError for a missing file).
+    """
+    uses = [s.name for s in experiment.sources if (s.policy or experiment.policy) == "aset"]
+    if not uses or experiment.aset is None or not experiment.aset.checkpoint:
+        return
+    ckpt = Path(experiment.aset.checkpoint)
+    if not ckpt.is_absolute():
+        ckpt = Path(repo_dir or REPO) / ckpt
+    pol = NumpyPolicy(ckpt)
+    if pol.obs_spec.plans is not None:
+        try:
+            pol.obs_spec.planned(experiment.name, pol.sources)
+        except ValueError as exc:
+            raise ValueError(f"ASET checkpoint {ckpt} (sources {', '.join(uses)}): {exc}") from None
+
+
 class LivePolicySelector:
     """Chooses the policy of one dispatcher for the next window from its live window state.
 
@@ -81,9 +103,11 @@ class LivePolicySelector:
         deadline = {a.name: float(a.deadline_ms) for a in cfg.applications}
         deadline.update({a: d for a, d in zip(meta["applications"], meta.get("deadlines_ms") or [], strict=False)
                          if a not in deadline})
+        planned = self.policy.obs_spec.planned(cfg.experiment or "", sources)
         self.ctx = SourceContext(cfg.source, tuple(meta["applications"]), tuple(meta["clusters"]),
                                  tuple(rtt[c] for c in meta["clusters"]), tuple(meta["policies"]),
-                                 tuple(deadline.get(a, 0.0) for a in meta["applications"]), sources=sources)
+                                 tuple(deadline.get(a, 0.0) for a in meta["applications"]), sources=sources,
+                                 plan=planned[sources.index(cfg.source)] if planned else None)
         self.observer = SourceObserver(self.ctx, self.policy.obs_spec)
         self.policy.check_size(self.observer.size, f"the live selector of source {cfg.source!r}")
         self.decision_ns: list[int] = []

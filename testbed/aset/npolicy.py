@@ -37,21 +37,36 @@ class ObservationSizeError(ValueError):
     """A checkpoint's network input width differs from the observation built for it."""
 
 
+def plan_scores(q, obs, margin: float, n_actions: int):
+    """The scores the greedy decision maximises: ``q + margin * plan``, ``plan`` being the
+    observation's last ``n_actions`` features (the planned-policy one-hot of
+    :mod:`testbed.aset.observation`); ``q`` itself when ``margin`` is 0 (no plan block needed).
+
+    ONE rule for the agent's acting and its double-DQN target (TensorFlow tensors) and for the
+    exported policy (numpy arrays): shapes (batch, n_actions) and (batch, obs_size).
+    """
+    if not margin:
+        return q
+    return q + margin * obs[:, -n_actions:]
+
+
 def export_policy(weights: list[np.ndarray], path: str | Path, *, obs_spec: ObservationSpec,
                   applications: list[str], clusters: list[str], policies: list[str], sources: list[str],
-                  meta: dict | None = None, deadlines_ms: list[float] | None = None) -> Path:
+                  meta: dict | None = None, deadlines_ms: list[float] | None = None,
+                  plan_margin: float = 0.0) -> Path:
     """Write the deployable policy: ``PATH.npz`` (W0, b0, W1, b1, ...) and ``PATH.json``.
 
     The JSON carries everything :class:`NumpyPolicy` and the live selector need to rebuild the same
     observation: ``observation`` (the spec), ``applications`` and ``clusters`` (feature order),
     ``sources`` (source-id order), ``policies`` (action order), ``deadlines_ms`` (per application,
-    for the measured-latency feature), ``obs_size``, ``layers`` and free-form ``meta``. Returns the
-    .npz path.
+    for the measured-latency feature), ``obs_size``, ``layers``, ``plan_margin`` (the decision
+    rule, :func:`plan_scores`) and free-form ``meta``. Returns the .npz path.
 
     Raises:
         ObservationSizeError: the weights' input width is not the observation size of these names.
     """
-    size = observation_size(len(applications), len(clusters), len(policies), obs_spec.history_windows, len(sources))
+    size = observation_size(len(applications), len(clusters), len(policies), obs_spec.history_windows, len(sources),
+                            obs_spec.plans is not None)
     if np.shape(weights[0])[0] != size:
         raise ObservationSizeError(f"export {path}: network input {np.shape(weights[0])[0]} != observation size "
                                    f"{size} of {counted(len(sources), 'source')}, "
@@ -64,7 +79,7 @@ def export_policy(weights: list[np.ndarray], path: str | Path, *, obs_spec: Obse
         "format": FORMAT, "observation": obs_spec.model_dump(), "applications": list(applications),
         "clusters": list(clusters), "sources": list(sources), "policies": list(policies),
         "deadlines_ms": list(deadlines_ms or []), "obs_size": size, "layers": len(weights) // 2,
-        "meta": meta or {}}, indent=2))
+        "plan_margin": float(plan_margin), "meta": meta or {}}, indent=2))
     return path.with_suffix(".npz")
 
 
@@ -114,17 +129,22 @@ class NumpyPolicy:
         self.obs_spec = ObservationSpec.model_validate(self.meta["observation"])
         self.obs_size = self.layers[0][0].shape[0]
         self.sources = tuple(self.meta.get("sources") or ())
+        self.plan_margin = float(self.meta.get("plan_margin") or 0.0)
+        if self.plan_margin and self.obs_spec.plans is None:
+            raise ValueError(f"{meta}: plan_margin {self.plan_margin:g} without observation plans")
         if self.format == FORMAT:
             m = self.meta
             size = observation_size(len(m["applications"]), len(m["clusters"]), len(m["policies"]),
-                                    self.obs_spec.history_windows, len(self.sources))
+                                    self.obs_spec.history_windows, len(self.sources), self.obs_spec.plans is not None)
             if size != self.obs_size or m.get("obs_size", size) != size:
                 raise ObservationSizeError(f"{npz}: network input {self.obs_size} features, but {meta} describes "
                                            f"an observation of {size} (obs_size {m.get('obs_size')})")
 
     @classmethod
-    def from_weights(cls, weights: list[np.ndarray], obs_spec: ObservationSpec) -> NumpyPolicy:
-        """A policy from in-memory weights (W0, b0, W1, b1, ...), e.g. for rollout workers."""
+    def from_weights(cls, weights: list[np.ndarray], obs_spec: ObservationSpec,
+                     plan_margin: float = 0.0) -> NumpyPolicy:
+        """A policy from in-memory weights (W0, b0, W1, b1, ...), e.g. for rollout workers;
+        ``plan_margin`` as the agent's (:func:`plan_scores`)."""
         self = cls.__new__(cls)
         ws = [np.asarray(w, np.float32) for w in weights]
         self.layers = list(zip(ws[0::2], ws[1::2], strict=True))
@@ -132,6 +152,7 @@ class NumpyPolicy:
         self.path, self.format, self.sources = Path("<weights>"), FORMAT, ()
         self.obs_spec = obs_spec
         self.obs_size = self.layers[0][0].shape[0]
+        self.plan_margin = float(plan_margin)
         return self
 
     def check_size(self, size: int, what: str) -> None:
@@ -172,5 +193,8 @@ class NumpyPolicy:
         return x
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """Greedy actions, shape (batch,)."""
-        return np.argmax(self.q_values(obs), axis=1)
+        """Greedy actions, shape (batch,): the argmax of :func:`plan_scores` (the plain Q-values
+        for a checkpoint without a plan margin)."""
+        x = np.atleast_2d(np.asarray(obs, np.float32))
+        q = self.q_values(x)
+        return np.argmax(plan_scores(q, x, self.plan_margin, q.shape[1]), axis=1)

@@ -33,6 +33,7 @@ per app: success ratio, last window        n_apps          resolved in the windo
                                                            resolved; 1.0 at the start
 current policy, one-hot                    n_policies      -
 source identity, one-hot *                 n_sources       1 at this source's index in ``SourceContext.sources``
+planned policy, one-hot (with ``plans``) * n_policies      1 at ``SourceContext.plan`` (sixth round)
 =========================================  ==============  =====================================================
 
 Measured latency is relative to each query's deadline so that one number per cluster covers
@@ -49,6 +50,11 @@ site coordinates or its RTT vector, which the RTT features already are): it is e
 sources of an experiment (4), needs no scale, and the checkpoint is tied to the experiment's names
 anyway (its applications and clusters); what it gives up is generalising to a source not trained
 on, which no experiment of ours has.
+
+The planned policy (sixth round, docs/aset.md; only when ``ObservationSpec.plans`` is set) is the
+source's policy in the scenario's per-source static mix, which the simulator finds before
+training (``testbed evaluate --headroom``). With ``AgentSpec.plan_margin`` it is the agent's
+default decision (:func:`testbed.aset.npolicy.plan_scores`).
 """
 
 from __future__ import annotations
@@ -84,6 +90,7 @@ class SourceContext:
     policies: tuple[str, ...]
     deadline_ms: tuple[float, ...] = ()
     sources: tuple[str, ...] = field(kw_only=True)
+    plan: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.source not in self.sources or len(set(self.sources)) != len(self.sources):
@@ -96,6 +103,9 @@ class SourceContext:
         if self.deadline_ms and len(self.deadline_ms) != len(self.applications):
             raise ValueError(f"source {self.source!r}: {len(self.deadline_ms)} deadlines for "
                              f"{len(self.applications)} applications")
+        if self.plan is not None and self.plan not in self.policies:
+            raise ValueError(f"source {self.source!r}: planned policy {self.plan!r} is not an action "
+                             f"({', '.join(self.policies)})")
 
     @property
     def source_id(self) -> int:
@@ -104,11 +114,14 @@ class SourceContext:
 
 
 def observation_layout(n_apps: int, n_clusters: int, n_policies: int, history_windows: int,
-                       n_sources: int) -> dict[str, slice]:
+                       n_sources: int, planned: bool = False) -> dict[str, slice]:
     """Where each block of the module table lies in the feature vector, in order: ``rates``, one
-    block per :data:`CLUSTER_FEATURES` name, ``success``, ``policy``, ``source_id``."""
+    block per :data:`CLUSTER_FEATURES` name, ``success``, ``policy``, ``source_id`` and, when
+    ``planned``, ``plan`` (the last ``n_policies`` features)."""
     widths = [("rates", n_apps * history_windows), *((f, n_clusters) for f in CLUSTER_FEATURES),
               ("success", n_apps), ("policy", n_policies), ("source_id", n_sources)]
+    if planned:
+        widths.append(("plan", n_policies))
     out, at = {}, 0
     for name, width in widths:
         out[name] = slice(at, at + width)
@@ -116,15 +129,17 @@ def observation_layout(n_apps: int, n_clusters: int, n_policies: int, history_wi
     return out
 
 
-def observation_size(n_apps: int, n_clusters: int, n_policies: int, history_windows: int, n_sources: int) -> int:
+def observation_size(n_apps: int, n_clusters: int, n_policies: int, history_windows: int, n_sources: int,
+                     planned: bool = False) -> int:
     """Length of the feature vector (see the module table)."""
-    return observation_layout(n_apps, n_clusters, n_policies, history_windows, n_sources)["source_id"].stop
+    layout = observation_layout(n_apps, n_clusters, n_policies, history_windows, n_sources, planned)
+    return max(s.stop for s in layout.values())
 
 
 def context_size(ctx: SourceContext, spec: ObservationSpec) -> int:
     """Length of the feature vector of the source ``ctx`` under ``spec``."""
     return observation_size(len(ctx.applications), len(ctx.clusters), len(ctx.policies), spec.history_windows,
-                            len(ctx.sources))
+                            len(ctx.sources), spec.plans is not None)
 
 
 def _num(d: Mapping | None, key: str, default: float) -> float:
@@ -144,6 +159,10 @@ class SourceObserver:
         self.spec = spec
         self.size = context_size(ctx, spec)
         self._source_onehot = [1.0 if s == ctx.source else 0.0 for s in ctx.sources]
+        if spec.plans is not None and ctx.plan is None:
+            raise ValueError(f"source {ctx.source!r}: the observation has a plan block (observation.plans) but "
+                             f"this source has no planned policy")
+        self._plan_onehot = [1.0 if p == ctx.plan else 0.0 for p in ctx.policies] if spec.plans is not None else []
         self._deadline = dict(zip(ctx.applications, ctx.deadline_ms, strict=True)) if ctx.deadline_ms else {}
         self.reset()
 
@@ -213,7 +232,7 @@ class SourceObserver:
         feats = [x for a in ctx.applications for x in self.rates[a]]
         for f in CLUSTER_FEATURES:
             feats += cols[f]
-        feats += [self.success[a] for a in ctx.applications] + onehot + self._source_onehot
+        feats += [self.success[a] for a in ctx.applications] + onehot + self._source_onehot + self._plan_onehot
         return np.clip(np.asarray(feats, dtype=np.float32), 0.0, spec.clip)
 
 

@@ -297,7 +297,7 @@ def rollout_episode(cfg_json: str, weights: list[np.ndarray], epsilon: float, se
     cfg = AsetConfig.model_validate_json(cfg_json)
     sampler = _worker_sampler(cfg, Path(base))
     env = AsetSimEnv(sampler, cfg.observation, cfg.training.episode_s, policies=cfg.policies, reward=cfg.reward)
-    pol = NumpyPolicy.from_weights(weights, cfg.observation)
+    pol = NumpyPolicy.from_weights(weights, cfg.observation, cfg.agent.plan_margin)
     rng = np.random.default_rng(seed)
     obs, info = env.reset(seed=seed)
     trans: list[tuple] = []
@@ -383,7 +383,7 @@ def _export(run: _Run, path: Path, steps: int) -> None:
             "reward_team_weight": run.cfg.reward.team_weight}
     export_policy(run.agent.weights(), path, obs_spec=run.cfg.observation, applications=list(ctx.applications),
                   clusters=list(ctx.clusters), policies=list(run.env.policies), sources=list(ctx.sources),
-                  meta=meta, deadlines_ms=list(ctx.deadline_ms))
+                  meta=meta, deadlines_ms=list(ctx.deadline_ms), plan_margin=run.cfg.agent.plan_margin)
 
 
 def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bool = True,
