@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from testbed.boundaries import ControllerConfig
 from testbed.errors import RunFailure
+from testbed.lifeline import tied_popen
 from testbed.util import REPO_ROOT, write_json_atomic
 
 CONTROLLER_APP = REPO_ROOT / "controllers" / "testbed_controller.py"
@@ -164,9 +165,9 @@ def start_controller(config_path: str | Path, of_port: int, rest_port: int, log_
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.update(FAST_START_ENV)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(controller_command(of_port, rest_port, of_host=of_host), stdout=log,
-                                stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=str(REPO_ROOT), start_new_session=True)
+        proc = tied_popen(subprocess.Popen, controller_command(of_port, rest_port, of_host=of_host), stdout=log,
+                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(REPO_ROOT),
+                          start_new_session=True)
     _STARTED[rest_port] = (proc, log_path, of_port)
     time.sleep(check_s)
     if proc.poll() is not None:

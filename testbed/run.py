@@ -78,6 +78,7 @@ from testbed.health import (
     ovs_components,
     tagged_processes,
 )
+from testbed.lifeline import tied_popen
 from testbed.model.records import GRACE_MS
 from testbed.plan import Plan, check_load_bounds, run_dir_limit_problem
 from testbed.summary import print_summary, summarize
@@ -340,8 +341,8 @@ def _start_sources(live: Live, start_ns: int, duration_s: float, stack: ExitStac
             continue
         path = write_json_atomic(live.run_dir / "sources" / f"{s.name}.json", cfg)
         log = stack.enter_context(open(live.run_dir / "logs" / f"source-{s.name}.log", "w"))
-        procs[s.name] = live.emu.node(s.name).popen([sys.executable, "-m", "testbed.workload", str(path)],
-                                                    stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+        procs[s.name] = tied_popen(live.emu.node(s.name).popen, [sys.executable, "-m", "testbed.workload", str(path)],
+                                   stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
     return procs
 
 

@@ -264,3 +264,62 @@ def test_repeated_ctrl_c_still_tears_everything_down(tmp_path):
     assert (rec["status"], rec["exit_code"]) == ("failed", 130)
     _assert_no_record_lost(run_dir)
     _assert_nothing_left(_run_id(run_dir), plan_experiment(TRIANGLE))
+
+
+def _processes_of(run_id: str) -> dict[int, str]:
+    """pid -> command line of every process tagged with ``run_id`` (still there, zombies aside)."""
+    out = {}
+    for pid in _pids_with_run_ids({run_id}):
+        with contextlib.suppress(OSError, IndexError):
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                continue
+            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return out
+
+
+#: What a run's children are, by their command lines (every one must be there when the run is killed).
+CHILD_ROLES = {"sources": "testbed.workload", "servers": "testbed.inference.server",
+               "link emulators": "testbed.emulation.linkemu", "ryu-manager": "testbed.ryu_launcher"}
+
+
+def test_sigkill_during_the_load_ends_every_child_of_the_run(tmp_path):
+    """``kill -9`` of ``testbed run`` mid-load: its sources, servers, link emulators and ryu-manager
+    end with it (they used to run on, the sources writing records into the dead run's directory,
+    until the next run's cleanup); the next run removes what is left (bridges, interfaces, cgroups)."""
+    runs = tmp_path / "runs"
+    proc = _cli(["run", str(TRIANGLE), "--runs-dir", str(runs), "--duration", "60"])
+    deadline = time.monotonic() + 180
+    recs: list[Path] = []
+    while proc.poll() is None and time.monotonic() < deadline:
+        recs = list(runs.glob("*/sources/*.records.csv"))
+        if len(recs) == 2 and all(r.read_bytes().count(b"\n") >= 6 for r in recs):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[0]
+    killed_dir = recs[0].parent.parent
+    killed_id = _run_id(killed_dir)
+    before = _processes_of(killed_id)
+    for role, module in CHILD_ROLES.items():
+        assert any(module in cmd for cmd in before.values()), f"no {role} running before the kill: {before}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    deadline = time.monotonic() + 60
+    while _processes_of(killed_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_of(killed_id), f"children of the killed run still run: {_processes_of(killed_id)}"
+    sizes = {r: r.stat().st_size for r in recs}
+    time.sleep(1.0)
+    assert {r: r.stat().st_size for r in recs} == sizes, "records still grow after the run died"
+    for r in recs:  # each source ended on its SIGTERM: it recorded what it had in flight and wrote its tally
+        assert r.with_name(r.name.replace(".records.csv", ".tally.json")).exists(), r
+    rj = json.loads((killed_dir / "run.json").read_text())
+    assert rj["status"] == "running" and "exit_code" not in rj
+    assert STATE_FILE.exists() and json.loads(STATE_FILE.read_text())["run_id"] == killed_id
+    # the next run's cleanup still removes what the killed one left in the system
+    code, out, run_dir = _run_with_fault(tmp_path / "next", None, duration="3")
+    assert code == 0, out
+    assert "leftover item(s) of an earlier run" in out
+    _assert_no_record_lost(run_dir)
+    plan = plan_experiment(TRIANGLE)
+    _assert_nothing_left(killed_id, plan)
+    _assert_nothing_left(_run_id(run_dir), plan)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.capture.spec import CaptureSpec
+from testbed.lifeline import tied_popen
 from testbed.plan import Plan, PlanError
 
 PCAP_FILE_HEADER_BYTES = 24
@@ -218,9 +219,9 @@ def start_capture(live: Any, spec: CaptureSpec, stack: ExitStack, ready_timeout_
         logs[p.name] = log_dir / f"tcpdump-{p.name}.log"
         with open(logs[p.name], "w") as log:
             if p.node is None:
-                procs[p.name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+                procs[p.name] = tied_popen(subprocess.Popen, cmd, stdout=log, stderr=subprocess.STDOUT)
             else:
-                procs[p.name] = live.emu.node(p.node).popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+                procs[p.name] = tied_popen(live.emu.node(p.node).popen, cmd, stdout=log, stderr=subprocess.STDOUT)
     if spec.start_delay_s > 0:
         return points
     deadline = time.monotonic() + ready_timeout_s

@@ -52,6 +52,7 @@ from pathlib import Path
 
 from testbed.emulation.network import EMULATOR_CEILING_MBPS, Emulation, EmulationError, ProbeHost, control_dir
 from testbed.emulation.probe import FRAME_EXTRA_BYTES, ProbeClient, ProbeError, wait_ready
+from testbed.lifeline import tied_popen
 from testbed.model.events import Change
 from testbed.model.network import NetworkState
 from testbed.plan import Plan
@@ -164,10 +165,9 @@ class Dynamics:
         started = []
         for i, (name, ip) in enumerate(hosts):
             log = open(self.run_dir / "logs" / f"probe-{name}.log", "w")  # noqa: SIM115 - lives with the process
-            proc = self.emu.node(name).popen(
-                [python, "-m", "testbed.emulation.probe", "--control", str(ctl / f"{name}.sock"),
-                 "--out", str(self.run_dir / "probes" / name), "--seed", str(self.plan.experiment.seed * 1000 + i)],
-                stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+            cmd = [python, "-m", "testbed.emulation.probe", "--control", str(ctl / f"{name}.sock"),
+                   "--out", str(self.run_dir / "probes" / name), "--seed", str(self.plan.experiment.seed * 1000 + i)]
+            proc = tied_popen(self.emu.node(name).popen, cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
             started.append((name, ip, proc))
         for name, ip, proc in started:
             try:

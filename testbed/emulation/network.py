@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.errors import RunFailure
+from testbed.lifeline import tied_popen
 from testbed.plan import Plan
 
 OFFLOAD_OFF = "rx off tx off sg off tso off gso off gro off"
@@ -721,8 +722,8 @@ class Emulation:
         for sh in self.shards:
             sh.dir.mkdir(parents=True, exist_ok=True)
             _sh(["ovsdb-tool", "create", str(sh.dir / "conf.db"), str(OVS_SCHEMA)], f"database of shard {sh.node}")
-            sh.procs["ovsdb-server"] = subprocess.Popen(
-                ["ovsdb-server", str(sh.dir / "conf.db"), f"--remote=punix:{sh.dir}/db.sock",
+            sh.procs["ovsdb-server"] = tied_popen(
+                subprocess.Popen, ["ovsdb-server", str(sh.dir / "conf.db"), f"--remote=punix:{sh.dir}/db.sock",
                  f"--unixctl={sh.dir}/ovsdb.ctl", f"--pidfile={sh.dir}/ovsdb.pid", "--no-chdir",
                  f"--log-file={logs}/ovsdb-{sh.node}.log", "-vconsole:off"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -730,7 +731,8 @@ class Emulation:
             _wait_for(lambda sh=sh: (sh.dir / "db.sock").exists(), 10, f"ovsdb-server of shard {sh.node}",
                       sh.procs["ovsdb-server"])
             _sh(sh.vsctl("--no-wait", "init"), f"database of shard {sh.node}")
-            sh.procs["ovs-vswitchd"] = self.net.get(sh.node).popen(
+            sh.procs["ovs-vswitchd"] = tied_popen(
+                self.net.get(sh.node).popen,
                 [*_priority_prefix(), "ovs-vswitchd", sh.db, f"--unixctl={sh.dir}/vswitchd.ctl",
                  f"--pidfile={sh.dir}/vswitchd.pid", "--no-chdir", f"--log-file={logs}/ovs-vswitchd-{sh.node}.log",
                  "-vconsole:off"], env=dict(os.environ, OVS_RUNDIR=str(sh.dir)),
@@ -806,7 +808,7 @@ class Emulation:
             cmd = [self.python, "-m", "testbed.emulation.linkemu", "--links", str(links_file), "--control", str(ctl),
                    "--stats-dir", str(self.run_dir / "linkemu"), "--rt-priority", str(RT_PRIORITY)]
             log = open(logs / f"linkemu-{group}.log", "w")  # noqa: SIM115 - lives with the process
-            proc = home.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            proc = tied_popen(home.popen, cmd, stdout=log, stderr=subprocess.STDOUT)
             self.emulators.append(proc)
             for i in idx:
                 self.emulator_procs[by_index[i].emu_name] = proc

@@ -33,6 +33,7 @@ from pathlib import Path
 from testbed.emulation import cgroups
 from testbed.errors import RunFailure
 from testbed.inference.launch import server_command, write_server_config
+from testbed.lifeline import tied_popen
 from testbed.util import REPO_ROOT, poll_until, stop_processes, write_json_atomic
 
 #: Predict requests per (source, cluster, model) before the load (the first is the cold one).
@@ -94,8 +95,8 @@ class ClusterServers:
         self._write_lives(cluster)
         self._ready_file(cluster).unlink(missing_ok=True)
         cfg = write_server_config(plan, cluster, plan.experiment.emulation.server_port, run_dir)
-        p = live.emu.node(cluster).popen(server_command(cfg), stdout=self._log(cluster), stderr=subprocess.STDOUT,
-                                         cwd=str(REPO_ROOT))
+        p = tied_popen(live.emu.node(cluster).popen, server_command(cfg), stdout=self._log(cluster),
+                       stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
         cgroups.add_process(self.groups[cluster], p.pid)
         self.procs[cluster] = p
         self.started_at[cluster] = time.monotonic()
@@ -146,9 +147,9 @@ class ClusterServers:
                                     for c in plan.clusters for m in plan.services[c.name]]}
                 path = write_json_atomic(run_dir / "sources" / f"{s}.warmup-spec.json", spec)
                 log = self.stack.enter_context(open(run_dir / "logs" / f"warmup-{s}.log", "w"))
-                procs[s] = self.live.emu.node(s).popen([sys.executable, "-m", "testbed.emulation.servers", "warm",
-                                                       str(path)], stdout=log, stderr=subprocess.STDOUT,
-                                                      cwd=str(REPO_ROOT))
+                procs[s] = tied_popen(self.live.emu.node(s).popen, [sys.executable, "-m", "testbed.emulation.servers",
+                                                                    "warm", str(path)],
+                                      stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
             poll_until(lambda: all(p.poll() is not None for p in procs.values()), timeout_s,
                        "warm-up of every source -> cluster path", interval_s=0.2)
         finally:
