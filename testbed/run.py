@@ -55,6 +55,7 @@ from testbed.emulation.bringup import (
     preflight,
     rtt_self_check,
 )
+from testbed.emulation.cleanup import process_identity
 from testbed.emulation.events import EventRunner, unsupported
 from testbed.emulation.servers import ClusterServers
 from testbed.errors import (
@@ -547,7 +548,8 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
         console.print(f"error: {exc}", markup=False, highlight=False)
         return exc.exit_code
     record = RunRecord(run_dir / "run.json", {
-        "mode": "emulation", "run_id": run_id, "status": "running", "duration_s": duration_s,
+        "mode": "emulation", "run_id": run_id, "status": "running", "process": process_identity(),
+        "duration_s": duration_s,
         "seed": plan.experiment.seed, "report_interval_s": plan.experiment.report_interval_s,
         "storage": {"estimate_bytes": storage.estimate.total, "reserve_bytes": storage.estimate.reserve,
                     "free_bytes_at_start": storage.free_bytes()},

@@ -45,19 +45,20 @@ def _cli(args: list[str]) -> subprocess.Popen:
 def _run_with_fault(runs: Path, fault: Callable[[Path], None] | None, duration: str = "20",
                     experiment: Path = TRIANGLE, min_lines: int = 6) -> tuple[int, str, Path]:
     """``testbed run`` under ``runs``; once every source file has ``min_lines`` lines, ``fault(run_dir)``.
-    Returns (exit code, console output, run directory)."""
+    Returns (exit code, console output, run directory: the one this run made under ``runs``)."""
+    earlier = set(runs.iterdir()) if runs.is_dir() else set()
     proc = _cli(["run", str(experiment), "--runs-dir", str(runs), "--duration", duration])
     injected = fault is None
     deadline = time.monotonic() + 180
     while proc.poll() is None and time.monotonic() < deadline:
-        recs = list(runs.glob("*/sources/*.records.csv"))
+        recs = [r for r in runs.glob("*/sources/*.records.csv") if r.parent.parent not in earlier]
         if not injected and len(recs) == 2 and all(r.read_bytes().count(b"\n") >= min_lines for r in recs):
             fault(recs[0].parent.parent)
             injected = True
         time.sleep(0.05)
     out, _ = proc.communicate(timeout=120)
     assert injected, f"the fault was never injected:\n{out}"
-    return proc.returncode, out, next(p for p in runs.iterdir() if p.is_dir())
+    return proc.returncode, out, next(p for p in runs.iterdir() if p.is_dir() and p not in earlier)
 
 
 def _incidents(run_dir: Path) -> list[dict]:
@@ -235,6 +236,10 @@ def test_sigkill_during_bringup_then_the_next_run_removes_the_leftovers(tmp_path
     code, out, run_dir = _run_with_fault(tmp_path / "next", None, duration="3")
     assert code == 0, out
     assert "leftover item(s) of an earlier run" in out
+    # in another runs directory, found through the intent log, which names it
+    assert f"earlier run {killed_id} was killed before it finished" in out
+    after = json.loads((killed_dir / "run.json").read_text())
+    assert after["status"] == "killed" and after["ended"]["found_by"] == f"run {_run_id(run_dir)}"
     _assert_no_record_lost(run_dir)
     plan = plan_experiment(TRIANGLE)
     _assert_nothing_left(killed_id, plan)
@@ -285,7 +290,8 @@ CHILD_ROLES = {"sources": "testbed.workload", "servers": "testbed.inference.serv
 def test_sigkill_during_the_load_ends_every_child_of_the_run(tmp_path):
     """``kill -9`` of ``testbed run`` mid-load: its sources, servers, link emulators and ryu-manager
     end with it (they used to run on, the sources writing records into the dead run's directory,
-    until the next run's cleanup); the next run removes what is left (bridges, interfaces, cgroups)."""
+    until the next run's cleanup); the next run removes what is left (bridges, interfaces, cgroups)
+    and marks the killed run's directory ``killed``, its records untouched."""
     runs = tmp_path / "runs"
     proc = _cli(["run", str(TRIANGLE), "--runs-dir", str(runs), "--duration", "60"])
     deadline = time.monotonic() + 180
@@ -315,10 +321,20 @@ def test_sigkill_during_the_load_ends_every_child_of_the_run(tmp_path):
     rj = json.loads((killed_dir / "run.json").read_text())
     assert rj["status"] == "running" and "exit_code" not in rj
     assert STATE_FILE.exists() and json.loads(STATE_FILE.read_text())["run_id"] == killed_id
-    # the next run's cleanup still removes what the killed one left in the system
-    code, out, run_dir = _run_with_fault(tmp_path / "next", None, duration="3")
+    records = {r: r.read_bytes() for r in recs}
+    # the next run, in the same runs directory: its cleanup still removes what the killed one left in
+    # the system, and it marks the killed run's directory
+    code, out, run_dir = _run_with_fault(runs, None, duration="3")
     assert code == 0, out
     assert "leftover item(s) of an earlier run" in out
+    assert f"earlier run {killed_id} was killed before it finished" in out
+    after = json.loads((killed_dir / "run.json").read_text())
+    assert after["status"] == "killed" and "exit_code" not in after
+    assert after["ended"]["found_by"] == f"run {_run_id(run_dir)}"
+    assert {k: v for k, v in after.items() if k not in ("status", "ended")} == \
+        {k: v for k, v in rj.items() if k != "status"}
+    assert {r: r.read_bytes() for r in recs} == records  # what it measured is as it was
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"  # the next run is not marked
     _assert_no_record_lost(run_dir)
     plan = plan_experiment(TRIANGLE)
     _assert_nothing_left(killed_id, plan)

@@ -1,7 +1,9 @@
 """Bringing the emulated network up and down: Mininet, link emulators, ryu-manager, self-check.
 
 :func:`emulated_network` is a context manager shared by ``testbed run`` and the emulation tests:
-it takes the single-run lock, removes leftovers of earlier runs, writes the intent log, builds
+it takes the single-run lock, removes leftovers of earlier runs and marks the run directories of
+killed ones (``"status": "killed"``, :func:`testbed.emulation.cleanup.mark_killed_runs`), writes the
+intent log (with the run directory and the run's process, for the next run to judge), builds
 Mininet, starts the link emulators, ryu-manager and the switches, waits until the controller has
 every switch and link, writes ``network.json`` (what every link and host link applies) and, when
 the scenario changes links, starts the probes that measure each change
@@ -30,7 +32,17 @@ from rich.table import Table
 
 from testbed.boundaries import ControllerConfig, HostEntry
 from testbed.emulation import cgroups
-from testbed.emulation.cleanup import RUN_ENV, acquire_lock, foreign_bridges, remove_leftovers, write_state
+from testbed.emulation.cleanup import (
+    RUN_ENV,
+    acquire_lock,
+    foreign_bridges,
+    killed_run_line,
+    mark_killed_runs,
+    process_identity,
+    read_state,
+    remove_leftovers,
+    write_state,
+)
 from testbed.emulation.network import (
     Emulation,
     EmulationError,
@@ -138,8 +150,9 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout_s: float, host: st
     poll_until(listening, timeout_s, f"ryu-manager listening on {host}:{port}", interval_s=0.01, proc=proc)
 
 
-def _intent_log(plan: Plan, run_id: str, link_emulator: str, datapath: str) -> None:
-    write_state({"run_id": run_id, "pid": os.getpid(), "bridges": [s.name for s in plan.switches],
+def _intent_log(plan: Plan, run_id: str, run_dir: Path, link_emulator: str, datapath: str) -> None:
+    write_state({"run_id": run_id, "pid": os.getpid(), "process": process_identity(),
+                 "run_dir": str(Path(run_dir).resolve()), "bridges": [s.name for s in plan.switches],
                  "interfaces": planned_root_interfaces(plan, link_emulator, datapath, run_id),
                  "cgroups": [str(cgroups.ROOT / sub / f"testbed-{run_id}-{c.name}")
                              for c in plan.clusters for sub in ("cpu", "memory", "")]})
@@ -190,6 +203,27 @@ def _start_switches(plan: Plan, emu: Emulation, proc, run_id: str, console: Cons
         mark("controller_ready")
 
 
+def _clean_up_earlier_runs(run_id: str, run_dir: Path, console: Console) -> None:
+    """With the lock held: remove what earlier runs left in the system, then mark the run
+    directories of runs that were killed (:func:`testbed.emulation.cleanup.mark_killed_runs`: the
+    one the intent log names and those beside ``run_dir``), one console line each.
+
+    Raises:
+        RunFailure: (exit code 3) a killed run's ``run.json`` cannot be rewritten.
+    """
+    state = read_state()
+    left = remove_leftovers() + remove_control_dirs()
+    if left:
+        console.print(f"removed {left} leftover item(s) of an earlier run")
+    try:
+        killed = mark_killed_runs(Path(run_dir).parent, f"run {run_id}", state)
+    except OSError as exc:
+        raise RunFailure(f"cannot mark a killed earlier run: {exc.filename}: {exc.strerror}; fix its permissions "
+                         f"or move it out of {Path(run_dir).parent}") from None
+    for d in killed:
+        console.print(killed_run_line(d), markup=False, highlight=False)
+
+
 @contextmanager
 def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str | None = None,
                      console: Console | None = None) -> Iterator[Live]:
@@ -219,9 +253,7 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
         phases[step] = round(time.monotonic() - t_start, 3)
 
     try:
-        left = remove_leftovers() + remove_control_dirs()
-        if left:
-            console.print(f"removed {left} leftover item(s) of an earlier run")
+        _clean_up_earlier_runs(run_id, run_dir, console)
         le = choose_link_emulator(link_emulator or exp.emulation.link_emulator)
         dp = choose_datapath(exp.emulation.datapath)
         console.print(f"run {run_id}: link delay by {le}, OVS datapath {dp}; results in {run_dir}", markup=False)
@@ -229,7 +261,7 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
         if foreign:
             raise RunError(f"OVS bridge(s) {', '.join(foreign)} exist and are not ours; remove them or "
                            f"rename the switches (topology node 'name')")
-        _intent_log(plan, run_id, le, dp)
+        _intent_log(plan, run_id, run_dir, le, dp)
         plan.write_json(run_dir / "plan.json")
         emu = Emulation(plan, le, dp, run_dir, run_id)
         if not emu.sharded:  # ryu-manager imports (~1 s) while Mininet builds; shards' address comes with the build

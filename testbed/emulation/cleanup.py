@@ -1,7 +1,8 @@
 """Removing what a run left behind: ours only.
 
 A run writes an intent log (``/run/aset-testbed/state.json``) *before* it builds anything: its run
-id, the OVS bridge names, root-namespace interface names and cgroups it is about to create. Every
+id, its run directory and process (:func:`process_identity`), the OVS bridge names, root-namespace
+interface names and cgroups it is about to create. Every
 process the run starts (Mininet node shells, servers, sources, link emulators, ryu-manager)
 inherits the environment variable ``TESTBED_RUN_ID=<id>``. :func:`cleanup` then removes exactly:
 
@@ -13,6 +14,15 @@ inherits the environment variable ``TESTBED_RUN_ID=<id>``. :func:`cleanup` then 
 * our cgroups (``testbed-<id>-*``).
 
 Nothing else is touched: no ``mn -c``. A lock (``flock``) keeps two runs from overlapping.
+
+A run killed before it could finish (SIGKILL, a crash, a power loss) also leaves its run directory
+saying ``"status": "running"``. :func:`mark_killed_runs` looks at the directory the intent log
+names and at the directories directly under the runs directory of the run that cleans up, never
+elsewhere; one is a killed run of ours when its ``run.json`` says ``"mode": "emulation"``, a
+``run_id`` equal to the directory's name, ``"status": "running"`` and no ``exit_code``, and the
+process it names (``process``: pid, start time, boot id, host) is gone. It is then marked
+``"status": "killed"`` with an ``ended`` note (who found it, when); nothing else in it changes.
+A run of another host, or one whose run.json names no process, is left alone.
 """
 
 from __future__ import annotations
@@ -22,8 +32,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 from testbed.errors import RunFailure
@@ -39,7 +51,8 @@ class RunLockedError(RunFailure):
     """Another testbed run holds the lock."""
 
 
-def _read_state() -> dict | None:
+def read_state() -> dict | None:
+    """The intent log of the last run that did not clean up after itself (None: there is none)."""
     try:
         return json.loads(STATE_FILE.read_text())
     except (OSError, ValueError):
@@ -145,7 +158,12 @@ def cleanup(verbose: bool = False) -> int:
     """
     fd = acquire_lock()
     try:
-        return remove_leftovers(verbose)
+        state = read_state()
+        removed = remove_leftovers(verbose)
+        for run_dir in mark_killed_runs(None, "testbed cleanup", state):
+            if verbose:
+                print(killed_run_line(run_dir))
+        return removed
     finally:
         os.close(fd)
 
@@ -171,7 +189,7 @@ def other_run_present() -> bool:
 
 def remove_leftovers(verbose: bool = False) -> int:
     """Like :func:`cleanup`, for a caller that already holds the lock."""
-    state = _read_state()
+    state = read_state()
     if state is None:
         return 0
     run_ids = {state["run_id"]}
@@ -199,3 +217,138 @@ def remove_leftovers(verbose: bool = False) -> int:
                 pass
     STATE_FILE.unlink(missing_ok=True)
     return removed
+
+
+# --------------------------------------------------------------------------------------- killed runs
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, field 22 of ``/proc/PID/stat``);
+    None when there is no such process, or it is a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def process_identity(pid: int | None = None) -> dict:
+    """What names a process uniquely on this machine: ``pid``, ``start_ticks`` (its start, clock
+    ticks since boot: a reused pid has another), ``boot_id`` (the kernel's, new at each boot) and
+    ``host``. ``pid`` None: this process.
+
+    Raises:
+        OSError: ``/proc`` cannot be read (not Linux).
+    """
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "start_ticks": _start_ticks(pid), "boot_id": BOOT_ID.read_text().strip(),
+            "host": socket.gethostname()}
+
+
+def process_gone(identity: dict) -> bool | None:
+    """Whether the process of ``identity`` (:func:`process_identity`) has ended: True, False, or
+    None when this machine cannot tell (another host, or no pid recorded)."""
+    pid = identity.get("pid")
+    if not isinstance(pid, int) or identity.get("host") not in (None, socket.gethostname()):
+        return None
+    try:
+        boot = BOOT_ID.read_text().strip()
+    except OSError:
+        return None
+    if identity.get("boot_id") not in (None, boot):
+        return True  # this machine rebooted since
+    now = _start_ticks(pid)
+    if now is None:
+        return True
+    want = identity.get("start_ticks")
+    return want is not None and now != want  # the pid was reused: another process
+
+
+def _unfinished(run_dir: Path, fallback: dict | None = None) -> dict | None:
+    """``run.json`` of ``run_dir`` when it is one of our emulated runs that says it is still running
+    and whose process is gone (``fallback``: the intent log's pid, for a run.json without one)."""
+    try:
+        data = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("mode") != "emulation" or data.get("run_id") != run_dir.name:
+        return None
+    if data.get("status") != "running" or "exit_code" in data:
+        return None
+    identity = data.get("process") if isinstance(data.get("process"), dict) else fallback
+    return data if identity is not None and process_gone(identity) is True else None
+
+
+def _candidates(runs_dir: Path | None, state: dict | None) -> list[tuple[Path, dict | None]]:
+    """The run directory the intent log names, then every directory directly under ``runs_dir``."""
+    out: list[tuple[Path, dict | None]] = []
+    if state and state.get("run_dir") and state.get("run_id"):
+        d = Path(state["run_dir"])
+        if d.name == state["run_id"]:
+            ident = state.get("process") if isinstance(state.get("process"), dict) else None
+            out.append((d, ident or ({"pid": state["pid"]} if isinstance(state.get("pid"), int) else None)))
+    if runs_dir is not None:
+        try:
+            out += [(d, None) for d in sorted(Path(runs_dir).iterdir()) if d.is_dir() and not d.is_symlink()]
+        except OSError:
+            pass
+    return out
+
+
+def mark_killed(run_dir: Path, data: dict, found_by: str, now: datetime | None = None) -> dict:
+    """Write ``run_dir``'s ``run.json`` as ``data`` with ``status: "killed"`` and an ``ended`` note
+    (``found_by``, ``found_at``, what it means); every other field is kept as it was.
+
+    Returns:
+        The ``run.json`` written.
+
+    Raises:
+        OSError: ``run.json`` cannot be written.
+    """
+    from testbed.util import write_json_atomic
+
+    when = (now or datetime.now()).isoformat(timespec="seconds")
+    pid = (data.get("process") or {}).get("pid")
+    out = dict(data, status="killed", ended={
+        "found_by": found_by, "found_at": when,
+        "note": (f"found unfinished by {found_by} at {when}: run.json still said running and the run's process"
+                 f"{f' (pid {pid})' if pid else ''} was gone, so it was killed (SIGKILL, a crash, a power loss) "
+                 "before it could finish; no summary or exit code; what it measured so far is as it was left "
+                 "(records in sources/, testbed report merges them)")})
+    write_json_atomic(run_dir / "run.json", out, indent=1)
+    return out
+
+
+def mark_killed_runs(runs_dir: Path | None, found_by: str, state: dict | None = None,
+                     now: datetime | None = None) -> list[Path]:
+    """Mark every killed run of ours (module docstring) ``"status": "killed"``: the one the intent
+    log ``state`` names (:func:`read_state`, read before the cleanup removes it) and those directly
+    under ``runs_dir`` (None: only the former). A run whose process cannot be judged from here
+    (another host, no pid recorded) is left alone.
+
+    Returns:
+        The run directories marked.
+
+    Raises:
+        OSError: a killed run's ``run.json`` cannot be rewritten.
+    """
+    marked: list[Path] = []
+    seen: set[Path] = set()
+    for d, fallback in _candidates(runs_dir, state):
+        key = d.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        data = _unfinished(d, fallback)
+        if data is not None:
+            mark_killed(d, data, found_by, now)
+            marked.append(d)
+    return marked
+
+
+def killed_run_line(run_dir: Path) -> str:
+    """The console line naming a run :func:`mark_killed_runs` marked."""
+    return (f"earlier run {run_dir.name} was killed before it finished (run.json said running, its process is "
+            f"gone): marked \"killed\" in {run_dir / 'run.json'}; what it measured is kept")
