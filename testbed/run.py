@@ -24,8 +24,11 @@ started and removes our namespaces, interfaces, bridges and cgroups; records wri
 in the run directory and are merged and summarised.
 
 Exit codes: :mod:`testbed.errors`. ``run.json`` holds what the run was and what happened to it
-(``health``, ``failure``, ``exit_code``); a run directory whose ``run.json`` has no ``exit_code``
-belongs to a run that was killed (SIGKILL) before it could finish.
+(``health``, ``failure``, ``exit_code``, and ``process``: who runs it); a run directory whose
+``run.json`` has no ``exit_code`` belongs to a run that was killed (SIGKILL) before it could
+finish, and the next run marks it ``"status": "killed"``
+(:func:`testbed.emulation.cleanup.mark_killed_runs`). Every child process gets SIGTERM from the
+kernel when the run dies (:mod:`testbed.lifeline`).
 """
 
 from __future__ import annotations
