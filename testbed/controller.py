@@ -184,6 +184,7 @@ def stop_controller(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGCONT)  # a stopped controller would hold the SIGTERM until the SIGKILL
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -23,10 +23,13 @@ storage             ``statvfs`` of the run directory            never
 ==================  ==========================================  =================================
 
 An unplanned death is reported at once: on the console, and in ``run.json`` (``health.incidents``:
-component, kind, time since the run and the load started, exit code and signal, the last lines
-of its log). The first one stops the run: :attr:`HealthWatch.failure` is set (a
+component, kind, fault, time since the run and the load started, exit code and signal, the last
+lines of its log). A process that is alive to ``poll()`` but stopped (state ``T`` or ``t`` in
+``/proc/PID/stat``: SIGSTOP, a debugger) for :data:`STOPPED_GRACE_S` is reported the same way,
+with fault ``stopped`` (planned when a ``cluster_down`` with ``mode: stop`` holds it). The first
+unplanned one stops the run: :attr:`HealthWatch.failure` is set (a
 :class:`testbed.errors.RunFailure` with exit code 4) and ``on_failure`` is called (the run
-raises it in its main thread). Planned deaths go to ``health.planned``. After the run, every
+raises it in its main thread). Planned deaths and stops go to ``health.planned``. After the run, every
 component's log gets a last line saying how it ended (:meth:`HealthWatch.write_epitaphs`), so a
 log is never silent about why its process exited (a SIGKILLed process cannot say it itself).
 
@@ -58,6 +61,14 @@ MIB = 1024 * 1024
 TAIL_LINES = 8
 #: After a planned ``link_up``, how long (s) the controller may take to rediscover the link by LLDP.
 LINK_UP_GRACE_S = 10.0
+#: How long (s) a component may stay stopped (``/proc/PID/stat`` state ``T``, or ``t``: traced)
+#: before the watch reports it. A tracer or profiler stops a process for milliseconds at a time
+#: (strace's syscall stops, py-spy's samples, gdb attaching and detaching) and one 0.25 s look can
+#: land on such a stop; a stop through 2 s of looks (8) is no sample. A process stopped that long
+#: answers nothing while ``poll()`` says it runs: a stopped server has answered no query for 2 s.
+STOPPED_GRACE_S = 2.0
+#: Process states (``/proc/PID/stat``, third field) of a stopped process, and what they mean.
+STOPPED_STATES = {"T": "stopped (SIGSTOP or SIGTSTP)", "t": "stopped by a tracer or debugger"}
 OVS_RUN_DIR = Path("/var/run/openvswitch")
 OVS_LOG_DIR = Path("/var/log/openvswitch")
 
@@ -73,6 +84,15 @@ def tail(path: Path | None, n: int = TAIL_LINES) -> list[str]:
             return f.read().decode(errors="replace").splitlines()[-n:]
     except OSError:
         return []
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``D``, ``T``, ``t``, ``Z``, ...; the third
+    field of ``/proc/PID/stat``), or None when there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def describe_exit(code: int | None) -> str:
@@ -104,10 +124,7 @@ class PidProcess:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            try:
-                state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                state = "gone"
+            state = process_state(self.pid) or "gone"
             if state in ("Z", "X", "gone") or self._start_time() != self._start:
                 self.returncode = -1
         return self.returncode
@@ -129,7 +146,9 @@ class Component:
 
 @dataclass
 class Incident:
-    """A component that died (or a link that went down, or the disk that filled up)."""
+    """A component that died or was stopped (or a link that went down, or the disk that filled up).
+    ``kind``: what the component is (``inference server``, ...); ``fault``: what happened to it
+    (``died``, ``stopped``, ``link_down``, ``storage``; ``ended`` for a normal end)."""
 
     component: str
     kind: str
@@ -141,6 +160,7 @@ class Incident:
     planned: bool
     log: str | None = None
     last_lines: list[str] = field(default_factory=list)
+    fault: str = "died"
 
     def message(self, with_log: bool = True) -> str:
         """One line (and, ``with_log``, the log's last lines) for the console and errors."""
@@ -391,6 +411,9 @@ class HealthWatch(threading.Thread):
         self.incidents: list[Incident] = []
         self.seen: dict[str, tuple[int, Component]] = {}  # name -> (id of its process object, component)
         self.ended: dict[str, Incident] = {}
+        # name -> monotonic s its process was first seen stopped (None: this stop is reported)
+        self.stopped_since: dict[str, float | None] = {}
+        self.stops: dict[str, list[Incident]] = {}  # name -> its stops reported, oldest first
         self.links_down: set[frozenset[str]] = set()
         self._halt = threading.Event()
         self.lock = threading.Lock()
@@ -442,9 +465,12 @@ class HealthWatch(threading.Thread):
             return
         code = c.proc.poll()
         if code is None:
+            self._check_stopped(c)
             return
+        self.stopped_since.pop(c.name, None)
         if code in c.normal_exit:
-            self.ended[c.name] = self._incident(c.name, c.kind, code, "ended normally", True, c.log, known=True)
+            self.ended[c.name] = self._incident(c.name, c.kind, code, "ended normally", True, c.log, known=True,
+                                                fault="ended")
             return
         planned = bool(c.planned and c.planned())
         inc = self._incident(c.name, c.kind, code if c.known_code else None,
@@ -452,6 +478,26 @@ class HealthWatch(threading.Thread):
                                                                                               else None),
                              planned, c.log, known=c.known_code)
         self.ended[c.name] = inc
+        self._report(inc)
+
+    def _check_stopped(self, c: Component) -> None:
+        """A process alive to ``poll()`` but stopped (:data:`STOPPED_STATES`) for
+        :data:`STOPPED_GRACE_S` is reported as a death is (fault ``stopped``), once per stop."""
+        pid = getattr(c.proc, "pid", None)
+        state = process_state(pid) if isinstance(pid, int) else None
+        if state not in STOPPED_STATES:
+            self.stopped_since.pop(c.name, None)  # running (again): a later stop is a new one
+            return
+        now = time.monotonic()
+        since = self.stopped_since.setdefault(c.name, now)
+        if since is None or now - since < STOPPED_GRACE_S:  # None: this stop is reported already
+            return
+        self.stopped_since[c.name] = None
+        planned = bool(c.planned and c.planned())
+        how = (f"{'was stopped as planned' if planned else 'stopped'}: process state {state}, "
+               f"{STOPPED_STATES[state]}, for {now - since:.1f} s (alive to poll(), answering nothing)")
+        inc = self._incident(c.name, c.kind, None, how, planned, c.log, fault="stopped")
+        self.stops.setdefault(c.name, []).append(inc)
         self._report(inc)
 
     def _check_links(self) -> None:
@@ -466,7 +512,7 @@ class HealthWatch(threading.Thread):
             inc = self._incident(f"{a}-{b}" + (f" ({emu})" if emu else ""), "network link", None,
                                  "went down without a planned event (the controller lost it: port down or LLDP "
                                  "timeout; traffic is rerouted, so the run no longer measures the planned network)",
-                                 False, None)
+                                 False, None, fault="link_down")
             self._report(inc)
         self.links_down &= set(down)
 
@@ -480,19 +526,20 @@ class HealthWatch(threading.Thread):
         inc = self._incident("run directory", "storage", None,
                              f"failed: {problem}; the run freed its {self.storage.estimate.reserve / MIB:.1f} MiB "
                              f"reserve so that the records, the merge and the summary still fit, and stops",
-                             False, None)
+                             False, None, fault="storage")
         self._report(inc)
 
     # -- reporting --
     def _incident(self, name: str, kind: str, code: int | None, how: str, planned: bool, log: Path | None,
-                  known: bool = True) -> Incident:
+                  known: bool = True, fault: str = "died") -> Incident:
         now = time.time()
         wall = datetime.fromtimestamp(now).isoformat(timespec="milliseconds")
         return Incident(component=name, kind=kind, wall_time=wall,
                         t_run_s=round(time.monotonic() - self.t_run0, 3),
                         t_load_s=None if self.t_load0 is None or now < self.t_load0 else round(now - self.t_load0, 3),
                         exit_code=code if known else None, how=how, planned=planned,
-                        log=None if log is None else str(log), last_lines=tail(log) if not planned else [])
+                        log=None if log is None else str(log), last_lines=tail(log) if not planned else [],
+                        fault=fault)
 
     def _report(self, inc: Incident) -> None:
         if self.stopped:
@@ -528,8 +575,12 @@ class HealthWatch(threading.Thread):
                 line = f"{c.kind} {name} was still running when the run ended"
             else:
                 line = f"{c.kind} {name} ended with {describe_exit(code)} when the run stopped it"
+            stamp = f"[testbed {datetime.now().isoformat(timespec='seconds')}]"
+            stops = [f"{stamp} {c.kind} {name} {s.how} at {s.wall_time}"
+                     + (" (a planned event)" if s.planned else " during the run (reported in run.json)")
+                     for s in self.stops.get(name, [])]
             with contextlib.suppress(OSError), open(c.log, "a") as f:
-                f.write(f"[testbed {datetime.now().isoformat(timespec='seconds')}] {line}\n")
+                f.write("".join(f"{text}\n" for text in [*stops, f"{stamp} {line}"]))
 
 
 def summary_of(record: RunRecord) -> dict:
@@ -553,6 +604,6 @@ def read_health(run_dir: Path) -> dict:
     return out
 
 
-__all__ = ["Component", "HealthWatch", "Incident", "LinkCheck", "PidProcess", "RunRecord", "Storage",
-           "StorageEstimate", "describe_exit", "estimate_storage", "ovs_components", "read_health", "tagged_processes",
-           "tail"]
+__all__ = ["STOPPED_GRACE_S", "Component", "HealthWatch", "Incident", "LinkCheck", "PidProcess", "RunRecord",
+           "Storage", "StorageEstimate", "describe_exit", "estimate_storage", "ovs_components", "process_state",
+           "read_health", "tagged_processes", "tail"]

@@ -82,13 +82,15 @@ def poll_until(check: Callable[[], T | None], timeout_s: float, what: str, inter
 
 
 def stop_processes(procs: Iterable[subprocess.Popen], sig: int = signal.SIGTERM, timeout_s: float = 5.0) -> None:
-    """Send ``sig`` to every process still running, wait up to ``timeout_s`` s in all, then SIGKILL
-    what is left and reap it. Safe on processes that already exited."""
+    """Send ``sig`` to every process still running, then SIGCONT (a stopped process would hold
+    ``sig`` until the SIGKILL), wait up to ``timeout_s`` s in all, then SIGKILL what is left and
+    reap it. Safe on processes that already exited."""
     procs = list(procs)
     for p in procs:
         if p.poll() is None:
             try:
                 p.send_signal(sig)
+                p.send_signal(signal.SIGCONT)
             except ProcessLookupError:
                 pass
     deadline = time.monotonic() + timeout_s

@@ -110,6 +110,40 @@ def test_killed_server_stops_the_run_with_exit_4(tmp_path):
     _assert_nothing_left(_run_id(run_dir), plan_experiment(TRIANGLE))
 
 
+def test_a_stopped_server_stops_the_run_with_exit_4(tmp_path):
+    """SIGSTOP of a server mid-load: alive to poll(), it answers nothing; the watch reports it once
+    it has been stopped for STOPPED_GRACE_S, and the run stops with exit code 4."""
+    stopped: list[int] = []
+
+    def stop_server(run_dir: Path) -> None:
+        pid = json.loads((run_dir / "clusters" / "edgeb.ready.json").read_text())["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
+
+    run_dir = None
+    try:
+        code, out, run_dir = _run_with_fault(tmp_path, stop_server)
+    finally:  # whatever happened, never leave a stopped server of ours behind
+        for pid in stopped:
+            if run_dir is None or pid in _processes_of(_run_id(run_dir)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGKILL)
+    assert code == 4, out
+    assert "HEALTH: inference server server-edgeb stopped: process state T, stopped (SIGSTOP or SIGTSTP)" in out
+    rj = json.loads((run_dir / "run.json").read_text())
+    (inc,) = rj["health"]["incidents"]
+    assert (inc["component"], inc["kind"], inc["fault"], inc["exit_code"]) == \
+        ("server-edgeb", "inference server", "stopped", None)
+    assert inc["t_load_s"] > 0 and rj["exit_code"] == 4 and rj["failure"]["component"] == "server-edgeb"
+    _assert_no_record_lost(run_dir)
+    log = (run_dir / "logs" / "server-edgeb.log").read_text().splitlines()
+    assert "server-edgeb stopped: process state T" in log[-2]
+    # the teardown continued it, so it ended on its SIGTERM rather than the SIGKILL after the timeout
+    assert log[-1].endswith("ended with exit code 0 when the run stopped it"), log[-1]
+    _assert_nothing_left(_run_id(run_dir), plan_experiment(TRIANGLE))
+
+
 def test_killed_controller_stops_the_run_with_a_clear_message(tmp_path):
     killed_at = []
 
@@ -173,6 +207,27 @@ def test_planned_outages_of_a_server_and_a_link_do_not_fail_the_run(tmp_path):
     restart = ev[ev["kind"] == "cluster_up"].iloc[0]
     not_ready = str(restart["note"]).startswith("server not ready when the run ended")
     assert server["lives_not_ready"] == int(not_ready), restart["note"]
+    _assert_nothing_left(rj["run_id"], plan_experiment(exp))
+
+
+def test_a_planned_stop_of_a_server_does_not_fail_the_run(tmp_path):
+    """``cluster_down`` with ``mode: stop`` for 3 s (longer than STOPPED_GRACE_S): the watch sees the
+    server stopped and calls it planned; the run ends 0."""
+    data = yaml.safe_load(TRIANGLE.read_text())
+    data["topology"]["source"] = str((TRIANGLE.parent / data["topology"]["source"]).resolve())
+    data["events"] = [{"at": "2s", "kind": "cluster_down", "cluster": "edgeb", "mode": "stop"},
+                      {"at": "5s", "kind": "cluster_up", "cluster": "edgeb"}]
+    exp = tmp_path / "stop.yaml"
+    exp.write_text(yaml.safe_dump(data))
+    code, out, run_dir = _run_with_fault(tmp_path / "runs", None, duration="8", experiment=exp)
+    assert code == 0, out
+    assert "HEALTH" not in out
+    rj = json.loads((run_dir / "run.json").read_text())
+    assert rj["health"].get("incidents", []) == []
+    (planned,) = rj["health"]["planned"]
+    assert (planned["component"], planned["fault"]) == ("server-edgeb", "stopped")
+    assert planned["how"].startswith("was stopped as planned: process state T")
+    _assert_no_record_lost(run_dir)
     _assert_nothing_left(rj["run_id"], plan_experiment(exp))
 
 

@@ -301,7 +301,7 @@ def test_one_error_handler_with_the_error_s_exit_code(tmp_path):
 class FakeProc:
     def __init__(self, code=None):
         self.returncode = code
-        self.pid = 12345
+        self.pid = 2**22 + 1  # above the largest pid Linux gives (pid_max <= 2^22): never a real process
 
     def poll(self):
         return self.returncode

@@ -184,8 +184,8 @@ class ClusterServers:
         t = time.monotonic()
         p = self.procs[cluster]
         if cluster in self.stopped:
+            p.send_signal(signal.SIGCONT)  # then unplanned: the health watch never sees it stopped and unplanned
             self.stopped.discard(cluster)
-            p.send_signal(signal.SIGCONT)
             return time.monotonic() - t
         if p.poll() is None:
             return 0.0
