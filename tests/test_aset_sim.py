@@ -236,3 +236,32 @@ def test_the_evaluation_cache_key_follows_the_profiles_and_the_code(tmp_path, mo
     assert key() != k3
     monkeypatch.setattr(ev, "code_fingerprint", lambda: "another tree")
     assert ev.task_key(ev.static_job, (str(scen), 1, ["min_latency"], None)) not in (k2, k3)
+
+
+def test_the_evaluation_cache_key_covers_the_checkpoints_json_and_dotted_names(tmp_path):
+    """The decision rule (plan_margin), the plans and the observation spec live in the policy's
+    JSON: a changed JSON with the same weights is another policy, so another key. A checkpoint
+    named with a dot (aset-v1.2) is the pair aset-v1.2.npz / .json, not aset-v1.npz."""
+    import json
+
+    import numpy as np
+
+    from testbed.aset import evaluate as ev
+    from testbed.aset.npolicy import policy_files
+
+    assert policy_files(tmp_path / "aset-v1.2") == (tmp_path / "aset-v1.2.npz", tmp_path / "aset-v1.2.json")
+    assert policy_files(tmp_path / "aset-v1.2.json") == policy_files(tmp_path / "aset-v1.2.npz")
+    npz, meta = policy_files(tmp_path / "aset-v1.2")
+    np.savez(npz, w0=np.zeros((2, 2)), w1=np.zeros(2))
+    meta.write_text(json.dumps({"plan_margin": 0.02}))
+
+    def key() -> str:
+        return ev.task_key(ev.aset_job, (str(TRIANGLE), 1, str(tmp_path / "aset-v1.2"), None))
+
+    k0 = key()
+    assert key() == k0
+    meta.write_text(json.dumps({"plan_margin": 0.05}))
+    k1 = key()
+    assert k1 != k0
+    np.savez(npz, w0=np.ones((2, 2)), w1=np.zeros(2))
+    assert key() not in (k0, k1)

@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from testbed.aset.config import AsetConfig
+from testbed.aset.npolicy import policy_files
 from testbed.errors import InputError
 from testbed.util import ci95, markdown_table, repo_path, write_json_atomic
 
@@ -226,8 +227,9 @@ def task_key(fn, task: tuple) -> str:
     h.update(code_fingerprint().encode())
     for a in task:
         h.update(json.dumps(a, sort_keys=True, default=str).encode())
-        if isinstance(a, str) and Path(a).with_suffix(".npz").is_file() and fn is aset_job:
-            h.update(Path(a).with_suffix(".npz").read_bytes())
+        if isinstance(a, str) and fn is aset_job and policy_files(a)[0].is_file():
+            for f in policy_files(a):  # the weights and the JSON (decision rule, plans, observation spec)
+                h.update(f.read_bytes() if f.is_file() else b"")
         if isinstance(a, str) and a.endswith((".yaml", ".yml")) and Path(a).is_file():
             h.update(Path(a).read_bytes())
             h.update(inputs_fingerprint(str(Path(a).resolve())).encode())
@@ -338,8 +340,7 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     ckpts = {s: specialised_path(ckpt, names[s]) if specialised else ckpt for s in scenarios}
     if with_aset:
         for s in scenarios:
-            for suffix in (".npz", ".json"):
-                path = ckpts[s].with_suffix(suffix)
+            for path in policy_files(ckpts[s]):
                 if not path.is_file():
                     how = "testbed train --specialise" if specialised else "testbed train"
                     raise FileNotFoundError(f"checkpoint {path} is missing (run {how} first, "

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from testbed.aset.npolicy import policy_files
+
 REPO = Path(__file__).resolve().parents[2]
 LOCK = "/tmp/testbed-emulation.lock"
 
@@ -53,8 +55,8 @@ def _agent_from_policy(policy, obs_size: int, n_actions: int, epsilon: float, se
     from testbed.aset.agent import DQNAgent
     from testbed.aset.config import AgentSpec
 
-    w = [np.load(policy.with_suffix(".npz"))[f"w{i}"] for i in range(2 * json.loads(
-        policy.with_suffix(".json").read_text())["layers"])]
+    npz, meta = policy_files(policy)
+    w = [np.load(npz)[f"w{i}"] for i in range(2 * json.loads(meta.read_text())["layers"])]
     hidden = [int(w[i].shape[1]) for i in range(0, len(w) - 2, 2)]
     spec = AgentSpec(hidden=hidden, learning_rate=1e-4, gamma=0.5, batch_size=32, replay_size=10_000,
                      train_start=32, target_update_steps=100, epsilon_start=epsilon, epsilon_end=epsilon,

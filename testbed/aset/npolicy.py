@@ -33,6 +33,16 @@ FORMAT = "aset-policy-v3"
 OLDER_FORMATS = {"aset-policy-v2": "no source identity"}
 
 
+def policy_files(path: str | Path) -> tuple[Path, Path]:
+    """The two files of an exported policy, ``(NAME.npz, NAME.json)``. A path given with either
+    suffix names the same pair; any other dot belongs to the name (``aset-v1.2`` ->
+    ``aset-v1.2.npz``, where ``Path.with_suffix`` would give ``aset-v1.npz``)."""
+    p = Path(path)
+    if p.suffix in (".npz", ".json"):
+        p = p.with_suffix("")
+    return p.with_name(p.name + ".npz"), p.with_name(p.name + ".json")
+
+
 class ObservationSizeError(ValueError):
     """A checkpoint's network input width differs from the observation built for it."""
 
@@ -74,13 +84,14 @@ def export_policy(weights: list[np.ndarray], path: str | Path, *, obs_spec: Obse
                                    f"{counted(len(policies), 'policy', 'policies')}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path.with_suffix(".npz"), **{f"w{i}": w for i, w in enumerate(weights)})
-    path.with_suffix(".json").write_text(json.dumps({
+    npz, meta_file = policy_files(path)
+    np.savez(npz, **{f"w{i}": w for i, w in enumerate(weights)})
+    meta_file.write_text(json.dumps({
         "format": FORMAT, "observation": obs_spec.model_dump(), "applications": list(applications),
         "clusters": list(clusters), "sources": list(sources), "policies": list(policies),
         "deadlines_ms": list(deadlines_ms or []), "obs_size": size, "layers": len(weights) // 2,
         "plan_margin": float(plan_margin), "meta": meta or {}}, indent=2))
-    return path.with_suffix(".npz")
+    return npz
 
 
 def copy_policy(src: str | Path, dst: str | Path) -> Path:
@@ -89,9 +100,9 @@ def copy_policy(src: str | Path, dst: str | Path) -> Path:
 
     src, dst = Path(src), Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    for suffix in (".npz", ".json"):
-        shutil.copyfile(src.with_suffix(suffix), dst.with_suffix(suffix))
-    return dst.with_suffix(".npz")
+    for a, b in zip(policy_files(src), policy_files(dst), strict=True):
+        shutil.copyfile(a, b)
+    return policy_files(dst)[0]
 
 
 class NumpyPolicy:
@@ -109,7 +120,7 @@ class NumpyPolicy:
     def __init__(self, path: str | Path):
         path = Path(path)
         self.path = path
-        npz, meta = path.with_suffix(".npz"), path.with_suffix(".json")
+        npz, meta = policy_files(path)
         for f in (npz, meta):
             if not f.is_file():
                 raise FileNotFoundError(f"ASET checkpoint file {f} is missing")
