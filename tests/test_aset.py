@@ -729,3 +729,29 @@ def test_a_run_refuses_a_checkpoint_without_a_plan_for_its_experiment(plan, tmp_
                                          r"'triangle'"):
         check_experiment_checkpoint(exp)
     check_experiment_checkpoint(exp.model_copy(update={"policy": "closest"}))  # no source applies aset
+
+
+def test_the_committed_plan_checkpoint_drives_every_source_of_the_suite_live(tmp_path):
+    """models/aset/aset-plan: each source's live selector on a suite scenario finds its planned
+    policy by the experiment's name (the plans of experiments/aset-plan.yaml) and decides."""
+    from testbed.aset.live import LivePolicySelector
+    from testbed.boundaries import SourceConfig
+    from testbed.config import AsetSpec
+
+    cfg_plan = load_aset_config(REPO / "experiments" / "aset-plan.yaml")[0]
+    plan = plan_experiment(REPO / "experiments" / "scenario-failure.yaml")
+    want = cfg_plan.observation.plans["scenario-failure"]
+    sources = sorted(h.name for h in plan.sources)
+    for i, s in enumerate(sources):
+        cfg = SourceConfig.from_plan(plan, s, 0, 1.0, tmp_path)
+        assert cfg.experiment == "scenario-failure"
+        cfg = cfg.model_copy(update={"aset": AsetSpec(checkpoint="models/aset/aset-plan", window="500ms"),
+                                     "records": ""})
+        sel = LivePolicySelector(cfg)
+        assert sel.ctx.plan == want[i] and sel.policy.plan_margin == cfg_plan.agent.plan_margin > 0
+        assert sel.choose({"policy": want[i]}) in CATALOGUE
+    cfg = SourceConfig.from_plan(plan, sources[0], 0, 1.0, tmp_path).model_copy(update={
+        "aset": AsetSpec(checkpoint="models/aset/aset-plan", window="500ms"), "records": "",
+        "experiment": "scenario-unplanned"})
+    with pytest.raises(ValueError, match="no plan for scenario 'scenario-unplanned'"):
+        LivePolicySelector(cfg)
