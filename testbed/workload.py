@@ -60,11 +60,18 @@ def heard_from_stats(stats: dict[str, Any], workers: int, utilization: float, at
 
 
 def _refused(exc: BaseException) -> bool:
-    """Whether a client error means the connection was refused or reset (the server is down)."""
+    """Whether a client error means the server is down: the connection was refused or reset, or
+    the server closed it without answering (``aiohttp.ServerDisconnectedError``: a killed server's
+    kernel closes its keep-alive connections, and a query sent on one then ends so). A live server
+    of ours never closes a connection with a request in it: its keep-alive timeout (aiohttp's
+    default, 3630 s) is longer than the sources' connector's (60 s), so an idle connection is
+    closed by the source first."""
+    from aiohttp import ServerDisconnectedError
+
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, (ConnectionRefusedError, ConnectionResetError)) or \
+        if isinstance(exc, (ConnectionRefusedError, ConnectionResetError, ServerDisconnectedError)) or \
                 getattr(exc, "errno", None) in REFUSED_ERRNOS:
             return True
         exc = getattr(exc, "os_error", None) or exc.__cause__ or exc.__context__

@@ -251,3 +251,23 @@ def test_only_the_first_interrupt_of_a_run_unwinds_it():
             os.kill(os.getpid(), signal.SIGINT)
     assert "SIGTERM again: still stopping" in out.getvalue() and "SIGINT again" in out.getvalue()
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_server_that_closed_the_connection_without_answering_counts_as_down():
+    """A killed server's kernel closes its keep-alive connections; a query on one ends with
+    ServerDisconnectedError, which is the server being down (server_down), like a refused or reset
+    connection; any other client error stays the generic error."""
+    import errno
+
+    import aiohttp
+
+    from testbed.workload import _refused
+
+    assert _refused(aiohttp.ServerDisconnectedError())
+    assert _refused(ConnectionResetError())
+    assert _refused(aiohttp.ClientOSError(errno.ECONNREFUSED, "refused"))
+    wrapped = aiohttp.ClientPayloadError("payload")
+    wrapped.__cause__ = aiohttp.ServerDisconnectedError()
+    assert _refused(wrapped)
+    assert not _refused(aiohttp.ClientPayloadError("payload"))
+    assert not _refused(ValueError("bad JSON"))
