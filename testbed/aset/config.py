@@ -23,6 +23,26 @@ from testbed.schema import Num, StrictModel, unit_pair
 from testbed.units import parse_delay_ms, parse_duration_s
 
 
+def _nonempty(v: dict[str, list[str]] | None, what: str, why: str) -> dict[str, list[str]] | None:
+    """Refuse an empty per-scenario assignment table (``{}``): it names no scenario."""
+    if v is not None and not v:
+        raise ValueError(f"{{}} names no scenario{why}: give each {what} (its experiment name: one policy per "
+                         f"source, sources sorted by name), or leave it out")
+    return v
+
+
+def _fits(assignment: list[str], where: str, n_sources: int, names: str = "") -> list[str]:
+    """``assignment`` (one policy per source) if it has ``n_sources`` entries.
+
+    Raises:
+        ValueError: another length, naming ``where`` and both counts.
+    """
+    if len(assignment) != n_sources:
+        raise ValueError(f"{where}: {counted(len(assignment), 'policy', 'policies')} for "
+                         f"{counted(n_sources, 'source')}{names}")
+    return list(assignment)
+
+
 class ObservationSpec(StrictModel):
     """How the per-window observation is built and normalised (see :mod:`testbed.aset.observation`).
 
@@ -56,10 +76,7 @@ class ObservationSpec(StrictModel):
     @field_validator("plans")
     @classmethod
     def _some_plan(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
-        if v is not None and not v:
-            raise ValueError("{} names no scenario: give each scenario's planned per-source policies (its "
-                             "experiment name: one policy per source, sources sorted by name), or leave plans out")
-        return v
+        return _nonempty(v, "scenario's planned per-source policies", "")
 
     def planned(self, scenario: str, sources: list[str] | tuple[str, ...]) -> list[str] | None:
         """The planned policy of each source (in the order of ``sources``, sorted by name) for an
@@ -76,10 +93,7 @@ class ObservationSpec(StrictModel):
             raise ValueError(f"observation.plans: no plan for scenario {scenario!r} (planned: "
                              f"{', '.join(sorted(self.plans))}); the observation's plan block needs one: add the "
                              f"scenario's per-source mix (oracle.json of testbed evaluate --headroom)")
-        if len(plan) != len(sources):
-            raise ValueError(f"observation.plans.{scenario}: {counted(len(plan), 'policy', 'policies')} for "
-                             f"{counted(len(sources), 'source')} ({', '.join(sources)})")
-        return list(plan)
+        return _fits(plan, f"observation.plans.{scenario}", len(sources), f" ({', '.join(sources)})")
 
 
 class AgentSpec(StrictModel):
@@ -157,18 +171,12 @@ class RewardSpec(StrictModel):
         mix = (self.baseline_mix or {}).get(scenario)
         if mix is None:
             return None if self.baseline is None else [self.baseline] * n_sources
-        if len(mix) != n_sources:
-            raise ValueError(f"reward.baseline_mix.{scenario}: {counted(len(mix), 'policy', 'policies')} for "
-                             f"{counted(n_sources, 'source')}")
-        return list(mix)
+        return _fits(mix, f"reward.baseline_mix.{scenario}", n_sources)
 
     @field_validator("baseline_mix")
     @classmethod
     def _some_mix(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
-        if v is not None and not v:
-            raise ValueError("{} names no scenario, so it would change nothing: give each training scenario's mix "
-                             "(its experiment name: one policy per source), or leave baseline_mix out")
-        return v
+        return _nonempty(v, "training scenario's mix", ", so it would change nothing")
 
 
 class RandomiseSpec(StrictModel):
