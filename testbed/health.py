@@ -574,7 +574,7 @@ class HealthWatch(threading.Thread):
             elif code is None:
                 line = f"{c.kind} {name} was still running when the run ended"
             else:
-                line = f"{c.kind} {name} ended with {describe_exit(code)} when the run stopped it"
+                line = f"{c.kind} {name} ended when the run stopped it: {describe_exit(code)}"
             stamp = f"[testbed {datetime.now().isoformat(timespec='seconds')}]"
             stops = [f"{stamp} {c.kind} {name} {s.how} at {s.wall_time}"
                      + (" (a planned event)" if s.planned else " during the run (reported in run.json)")

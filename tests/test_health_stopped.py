@@ -97,7 +97,7 @@ def test_a_stopped_server_is_reported_after_the_grace_and_fails_the_run(tmp_path
     lines = log.read_text().splitlines()
     assert "inference server server-edge stopped: process state T" in lines[-2]
     assert lines[-2].endswith("during the run (reported in run.json)")
-    assert lines[-1].endswith("ended with killed by SIGKILL (exit code -9) when the run stopped it")
+    assert lines[-1].endswith("ended when the run stopped it: killed by SIGKILL (exit code -9)")
 
 
 def test_a_planned_stop_is_not_a_failure_and_a_later_unplanned_one_is(tmp_path, clock, proc):
