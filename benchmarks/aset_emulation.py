@@ -53,6 +53,7 @@ def scaled_copy(scenario: Path, factor: float) -> Path:
         return scenario
     data = yaml.safe_load(scenario.read_text())
     data["workload"] = scale_rates(data["workload"], factor)
+    data["aset"] = {**(data.get("aset") or {}), "plan": data["name"]}  # a checkpoint's plan: the scenario's
     data["name"] = f"{data['name']}-x{factor:g}"
     path = scenario.parent / f".bench-{scenario.stem}-x{factor:g}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -62,9 +63,10 @@ def scaled_copy(scenario: Path, factor: float) -> Path:
 def emulate(scenario: Path, seed: int, policy: str, checkpoint: str, runs_dir: Path) -> dict:
     """One emulated run; returns its summary (success ratio, queries) and run directory."""
     data = yaml.safe_load(scenario.read_text())
+    key = (data.get("aset") or {}).get("plan") or data["name"]  # renamed below: the plan stays the scenario's
     data.update(seed=seed, policy=policy, name=f"{data['name']}-{policy.replace('_', '')}-s{seed}")
     if policy == "aset":
-        data["aset"] = {"checkpoint": checkpoint, "window": "500ms"}
+        data["aset"] = {"checkpoint": checkpoint, "window": "500ms", "plan": key}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=scenario.parent, delete=False) as f:
         yaml.safe_dump(data, f, sort_keys=False)
         tmp = Path(f.name)

@@ -298,11 +298,15 @@ class WorkloadSpec(_Model):
 
 class AsetSpec(_Model):
     """Settings of the ``aset`` policy (testbed.aset): ``checkpoint`` (path of the trained agent),
-    ``window`` (decision window, default 100 ms), ``options`` (free-form, read by testbed.aset)."""
+    ``window`` (decision window, default 100 ms), ``options`` (free-form, read by testbed.aset),
+    ``plan``: which scenario's plan a checkpoint with plans (``observation.plans``, docs/aset.md)
+    applies, by scenario name (default: this experiment's ``name``), e.g. for a renamed copy of a
+    scenario of the suite."""
 
     checkpoint: str | None = None
     window_s: Num = Field(0.1, ge=MIN_ASET_WINDOW_S)
     options: dict[str, Any] = {}
+    plan: str | None = None
 
     @model_validator(mode="before")
     @classmethod

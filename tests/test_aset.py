@@ -755,3 +755,17 @@ def test_the_committed_plan_checkpoint_drives_every_source_of_the_suite_live(tmp
         "experiment": "scenario-unplanned"})
     with pytest.raises(ValueError, match="no plan for scenario 'scenario-unplanned'"):
         LivePolicySelector(cfg)
+    renamed = cfg.model_copy(update={"aset": cfg.aset.model_copy(update={"plan": "scenario-failure"})})
+    assert LivePolicySelector(renamed).ctx.plan == want[0]  # a renamed copy names its plan (aset.plan)
+
+
+def test_training_refuses_a_scenario_without_a_plan_before_it_starts(tmp_path):
+    from testbed.aset.train import training_scenarios
+
+    cfg, base = load_aset_config(REPO / "experiments" / "aset-plan.yaml")
+    plans = dict(cfg.observation.plans)
+    del plans["scenario-hotspot"]
+    cfg = cfg.model_copy(update={"observation": cfg.observation.model_copy(update={"plans": plans}),
+                                 "reward": cfg.reward.model_copy(update={"baseline_mix": plans})})
+    with pytest.raises(ConfigError, match=r"no plan for scenario 'scenario-hotspot'.*scenario-hotspot.yaml\)"):
+        training_scenarios(cfg, base)

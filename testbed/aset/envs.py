@@ -36,7 +36,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from testbed.aset.config import ObservationSpec, RewardSpec
+from testbed.aset.config import ObservationSpec, RewardSpec, plan_key
 from testbed.aset.episode import Episode, run_static
 from testbed.aset.observation import SourceContext, SourceObserver, context_size
 from testbed.plan import Plan
@@ -64,7 +64,7 @@ def plan_contexts(plan: Plan, policies: tuple[str, ...], obs_spec: ObservationSp
     apps = sorted(plan.experiment.applications, key=lambda a: a.name)
     clusters = tuple(sorted(c.name for c in plan.clusters))
     sources = tuple(sorted(h.name for h in plan.sources))
-    planned = obs_spec.planned(plan.experiment.name, sources) if obs_spec is not None else None
+    planned = obs_spec.planned(plan_key(plan.experiment), sources) if obs_spec is not None else None
     return [SourceContext(s, tuple(a.name for a in apps), clusters, tuple(plan.rtt_ms(s, c) for c in clusters),
                           policies, tuple(float(a.deadline_ms) for a in apps), sources=sources,
                           plan=planned[i] if planned else None)
@@ -255,7 +255,7 @@ class AsetSimEnv(gym.Env):
         self.current = [self.initial_policy] * len(ctxs)
         self.ep = Episode(plan, sim_seed, {c.source: self.initial_policy for c in ctxs}, self.dt, self.episode_s,
                           simulator_factory=self._factory)
-        base = self.reward_spec.baseline_for(plan.experiment.name, len(ctxs))
+        base = self.reward_spec.baseline_for(plan_key(plan.experiment), len(ctxs))
         self.base_ok = None
         self.base_ratio = math.nan
         if base is not None:

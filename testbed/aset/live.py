@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from testbed.aset.config import plan_key
 from testbed.aset.npolicy import NumpyPolicy, ObservationSizeError
 from testbed.aset.observation import SourceContext, SourceObserver
 
@@ -57,7 +58,7 @@ def check_experiment_checkpoint(experiment, repo_dir: str | Path | None = None) 
     pol = NumpyPolicy(ckpt)
     if pol.obs_spec.plans is not None:
         try:
-            pol.obs_spec.planned(experiment.name, pol.sources)
+            pol.obs_spec.planned(plan_key(experiment), pol.sources)
         except ValueError as exc:
             raise ValueError(f"ASET checkpoint {ckpt} (sources {', '.join(uses)}): {exc}") from None
 
@@ -103,7 +104,8 @@ class LivePolicySelector:
         deadline = {a.name: float(a.deadline_ms) for a in cfg.applications}
         deadline.update({a: d for a, d in zip(meta["applications"], meta.get("deadlines_ms") or [], strict=False)
                          if a not in deadline})
-        planned = self.policy.obs_spec.planned(cfg.experiment or "", sources)
+        key = aset.plan or cfg.experiment or ""  # plan_key of the experiment, from its source config
+        planned = self.policy.obs_spec.planned(key, sources)
         self.ctx = SourceContext(cfg.source, tuple(meta["applications"]), tuple(meta["clusters"]),
                                  tuple(rtt[c] for c in meta["clusters"]), tuple(meta["policies"]),
                                  tuple(deadline.get(a, 0.0) for a in meta["applications"]), sources=sources,

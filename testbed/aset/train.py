@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.aset.config import AsetConfig, RandomiseSpec, RewardSpec
+from testbed.aset.config import AsetConfig, ObservationSpec, RandomiseSpec, RewardSpec, plan_key
 from testbed.aset.envs import SHAPE_PARTS, AsetSimEnv, PlanSampler, space_shape
 from testbed.config import ConfigError, Experiment, load_experiment
 from testbed.errors import InputError, counted, naming_file
@@ -156,13 +156,13 @@ def check_reward_baselines(reward: RewardSpec, plans: list[Plan], paths: list[Pa
     if not reward.baseline_mix:  # None; an empty {} is refused by RewardSpec
         return
     files = [f" ({p})" if p is not None else "" for p in (paths or [None] * len(plans))]
-    names = {p.experiment.name for p in plans}
+    names = {plan_key(p.experiment) for p in plans}
     for key in reward.baseline_mix:
         if key not in names:
-            known = ", ".join(sorted(f"{p.experiment.name}{f}" for p, f in zip(plans, files, strict=True)))
+            known = ", ".join(sorted(f"{plan_key(p.experiment)}{f}" for p, f in zip(plans, files, strict=True)))
             raise ConfigError(f"reward.baseline_mix.{key}: no training scenario has that name (known: {known})")
     for plan, file in zip(plans, files, strict=True):
-        name = plan.experiment.name
+        name = plan_key(plan.experiment)
         if name not in reward.baseline_mix and reward.baseline is None:
             raise ConfigError(f"reward.baseline_mix: no mix for training scenario {name!r}{file}, and no "
                               f"reward.baseline to fall back on")
@@ -184,7 +184,22 @@ def training_scenarios(cfg: AsetConfig, base: Path) -> tuple[PlanSampler, list[P
     paths = [resolve(base, s) for s in cfg.training.scenarios]
     sampler, plans = scenario_sampler(paths, cfg.training.randomise)
     check_reward_baselines(cfg.reward, plans, paths)
+    check_plans(cfg.observation, plans, paths)
     return sampler, plans
+
+
+def check_plans(obs: ObservationSpec, plans: list, paths: list[Path]) -> None:
+    """Refuse, before training, ``observation.plans`` without a plan of the right size for every
+    training scenario (it would fail when the episode that draws it starts).
+
+    Raises:
+        ConfigError: naming the scenario and its file.
+    """
+    for plan, path in zip(plans, paths, strict=True):
+        try:
+            obs.planned(plan_key(plan.experiment), sorted(h.name for h in plan.sources))
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (training scenario {path})") from None
 
 
 @dataclass
