@@ -164,7 +164,10 @@ class _Interrupts:
     The first one unwinds like Ctrl-C (``KeyboardInterrupt``), so the same teardown runs. The
     ones after it only say that the teardown is under way: a second, impatient Ctrl-C used to cut
     the teardown short and leave bridges, link emulators, the controller and cgroups behind,
-    while the run said it had cleaned up. The previous handlers come back on exit.
+    while the run said it had cleaned up. The previous handlers come back on exit, unless the run
+    was interrupted: then later signals are ignored until the process ends (the run has stopped;
+    a late Ctrl-C would otherwise kill the process before it reports its exit code, 130, and the
+    caller would see a death by SIGINT instead).
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -172,6 +175,7 @@ class _Interrupts:
     def __init__(self, console: Console):
         self.console = console
         self.prev: dict[int, Any] = {}
+        self.interrupted = False
 
     def __enter__(self) -> _Interrupts:
         self.prev = {s: signal.signal(s, self._first) for s in self.SIGNALS}
@@ -179,9 +183,10 @@ class _Interrupts:
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self.prev.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if self.interrupted else handler)
 
     def _first(self, signum: int, frame: object) -> None:
+        self.interrupted = True
         for s in self.SIGNALS:
             signal.signal(s, self._again)
         raise KeyboardInterrupt

@@ -250,6 +250,14 @@ def test_only_the_first_interrupt_of_a_run_unwinds_it():
             os.kill(os.getpid(), signal.SIGTERM)  # during the teardown: told, not raised
             os.kill(os.getpid(), signal.SIGINT)
     assert "SIGTERM again: still stopping" in out.getvalue() and "SIGINT again" in out.getvalue()
+    try:  # interrupted: a late Ctrl-C must not kill the process before it reports its exit code
+        assert signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with _Interrupts(Console(file=out)):  # not interrupted: the handlers come back
+        pass
     assert signal.getsignal(signal.SIGINT) is before
 
 
