@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import EXIT_BRINGUP, EXIT_COMPONENT_DIED, RunFailure
-from testbed.util import write_json_atomic
+from testbed.util import proc_stat, write_json_atomic
 
 MIB = 1024 * 1024
 #: How many lines of a component's log an incident quotes.
@@ -89,10 +89,8 @@ def tail(path: Path | None, n: int = TAIL_LINES) -> list[str]:
 def process_state(pid: int) -> str | None:
     """The state letter of process ``pid`` (``R``, ``S``, ``D``, ``T``, ``t``, ``Z``, ...; the third
     field of ``/proc/PID/stat``), or None when there is no such process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = proc_stat(pid)
+    return fields[0] if fields else None
 
 
 def describe_exit(code: int | None) -> str:
@@ -117,10 +115,8 @@ class PidProcess:
         self._start = self._start_time()
 
     def _start_time(self) -> str | None:
-        try:
-            return Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-        except (OSError, IndexError):
-            return None
+        fields = proc_stat(self.pid)
+        return fields[19] if fields else None
 
     def poll(self) -> int | None:
         if self.returncode is None:

@@ -81,6 +81,17 @@ def poll_until(check: Callable[[], T | None], timeout_s: float, what: str, inter
         time.sleep(interval_s)
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (proc(5): ``[0]`` the state letter,
+    ``[19]`` the start time in clock ticks since boot), or None when there is no such process.
+    The name is skipped up to its last ``)``, since it may hold spaces and parentheses."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > 19 else None
+
+
 def stop_processes(procs: Iterable[subprocess.Popen], sig: int = signal.SIGTERM, timeout_s: float = 5.0) -> None:
     """Send ``sig`` to every process still running, then SIGCONT (a stopped process would hold
     ``sig`` until the SIGKILL), wait up to ``timeout_s`` s in all, then SIGKILL what is left and

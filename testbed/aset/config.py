@@ -23,11 +23,13 @@ from testbed.schema import Num, StrictModel, unit_pair
 from testbed.units import parse_delay_ms, parse_duration_s
 
 
-def plan_key(experiment) -> str:
+def plan_key(experiment, name: str | None = None) -> str:
     """The scenario name an experiment's plans and baseline mixes are looked up by: its
-    ``aset.plan`` when set (a renamed copy of a suite scenario), else its ``name``."""
+    ``aset.plan`` when set (a renamed copy of a suite scenario), else its name (``name``, or
+    ``experiment.name``). ``experiment``: anything with ``aset`` (an ``Experiment``, or a source's
+    ``SourceConfig`` with ``name`` its ``experiment``)."""
     aset = getattr(experiment, "aset", None)
-    return aset.plan if aset is not None and aset.plan else experiment.name
+    return aset.plan if aset is not None and aset.plan else (experiment.name if name is None else name)
 
 
 def _nonempty(v: dict[str, list[str]] | None, what: str, why: str) -> dict[str, list[str]] | None:

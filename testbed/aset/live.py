@@ -41,6 +41,12 @@ from testbed.aset.observation import SourceContext, SourceObserver
 REPO = Path(__file__).resolve().parents[2]
 
 
+def checkpoint_path(checkpoint: str, repo_dir: str | Path | None = None) -> Path:
+    """An ``aset.checkpoint`` as a path: relative ones against ``repo_dir`` (default the repository)."""
+    ckpt = Path(checkpoint)
+    return ckpt if ckpt.is_absolute() else Path(repo_dir or REPO) / ckpt
+
+
 def check_experiment_checkpoint(experiment, repo_dir: str | Path | None = None) -> None:
     """Refuse, before a run is built, an ASET checkpoint its sources could not load: a missing or
     malformed checkpoint file, or one with observation plans (``observation.plans``) and none for
@@ -52,9 +58,7 @@ def check_experiment_checkpoint(experiment, repo_dir: str | Path | None = None) 
     uses = [s.name for s in experiment.sources if (s.policy or experiment.policy) == "aset"]
     if not uses or experiment.aset is None or not experiment.aset.checkpoint:
         return
-    ckpt = Path(experiment.aset.checkpoint)
-    if not ckpt.is_absolute():
-        ckpt = Path(repo_dir or REPO) / ckpt
+    ckpt = checkpoint_path(experiment.aset.checkpoint, repo_dir)
     pol = NumpyPolicy(ckpt)
     if pol.obs_spec.plans is not None:
         try:
@@ -80,9 +84,7 @@ class LivePolicySelector:
         aset = cfg.aset
         if aset is None or not aset.checkpoint:
             raise KeyError("source config: 'aset.checkpoint' is required with policy 'aset'")
-        ckpt = Path(aset.checkpoint)
-        if not ckpt.is_absolute():
-            ckpt = Path(cfg.repo_dir or REPO) / ckpt
+        ckpt = checkpoint_path(aset.checkpoint, cfg.repo_dir)
         self.policy = NumpyPolicy(ckpt)
         meta = self.policy.meta
         window_ms = self.policy.obs_spec.window_ms
@@ -104,8 +106,7 @@ class LivePolicySelector:
         deadline = {a.name: float(a.deadline_ms) for a in cfg.applications}
         deadline.update({a: d for a, d in zip(meta["applications"], meta.get("deadlines_ms") or [], strict=False)
                          if a not in deadline})
-        key = aset.plan or cfg.experiment or ""  # plan_key of the experiment, from its source config
-        planned = self.policy.obs_spec.planned(key, sources)
+        planned = self.policy.obs_spec.planned(plan_key(cfg, cfg.experiment or ""), sources)
         self.ctx = SourceContext(cfg.source, tuple(meta["applications"]), tuple(meta["clusters"]),
                                  tuple(rtt[c] for c in meta["clusters"]), tuple(meta["policies"]),
                                  tuple(deadline.get(a, 0.0) for a in meta["applications"]), sources=sources,

@@ -227,11 +227,10 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 def _start_ticks(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot, field 22 of ``/proc/PID/stat``);
     None when there is no such process, or it is a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    from testbed.util import proc_stat
+
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
 
 
 def process_identity(pid: int | None = None) -> dict:
