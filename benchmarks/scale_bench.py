@@ -389,8 +389,10 @@ def cmd_load(args) -> dict:
         clusters = exp.clusters if args.runtime is None else [  # every model on that runtime
             c.model_copy(update={"server": c.server.model_copy(update={"runtime": args.runtime, "model_runtimes": {}})})
             for c in exp.clusters]
-        plan = build_plan(exp.model_copy(update={"events": [], "workload": wl, "clusters": clusters}),
-                          base_dir=path.parent)
+        topo = exp.topology if args.mtu is None else \
+            type(exp.topology).model_validate(exp.topology.model_dump() | {"mtu": args.mtu})  # checked
+        plan = build_plan(exp.model_copy(update={"events": [], "workload": wl, "clusters": clusters,
+                                                 "topology": topo}), base_dir=path.parent)
         runs = Path(tempfile.mkdtemp(prefix="load-"))
         cpu = _CpuSampler()
         with emulation_lock():
@@ -409,7 +411,8 @@ def cmd_load(args) -> dict:
         df = pd.read_csv(rec) if rec.exists() and rec.stat().st_size else pd.DataFrame()  # a failed run: none
         ok = df[df.get("network_ms").notna()] if len(df) else df
         excess = (ok["network_ms"] - ok["expected_rtt_ms"]) if len(ok) else None
-        row = {"rate_qps": rate, "exit_code": code, "load_before": round(load, 2),
+        row = {"rate_qps": rate, "mtu": plan.experiment.topology.mtu, "exit_code": code,
+               "load_before": round(load, 2),
                "answered_qps": s.get("answered_qps") or (round(len(ok) / args.seconds, 1) if len(ok) else 0),
                "success_ratio": s.get("success_ratio"),
                "network_excess_p50_ms": round(float(excess.median()), 2) if excess is not None else None,
@@ -439,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--rates", nargs="+", type=float, default=[100, 200, 500])
     c.add_argument("--seconds", type=float, default=10.0)
     c.add_argument("--margin-ms", type=float, default=20.0)
+    c.add_argument("--mtu", type=int, default=None,
+                   help="the emulated network's MTU, bytes (topology.mtu; default: the experiment's)")
     c.add_argument("--runtime", choices=("tensorflow", "litert"), default=None,
                    help="serve every model with this runtime (default: the experiment's)")
     return run_benchmark(p, {"profile": cmd_profile, "bringup": cmd_bringup, "load": cmd_load}, argv)

@@ -98,6 +98,12 @@ class TopologySpec(_Model):
     coordinates replace the source's. ``dataset_link_speeds``: read the link capacities a
     GraphML file gives (``LinkSpeedRaw``, ``LinkSpeed``, ``LinkLabel``; rules in
     :mod:`testbed.topology`); false: every link gets ``bandwidth``.
+
+    ``mtu``: the IP MTU (bytes) of every interface of the emulated network, hosts' included; TCP
+    carries ``mtu - 52`` bytes per frame (:func:`testbed.model.network.mss_of`). 1500 (Ethernet,
+    RFC 894) by default; up to 9000 ("jumbo" frames, as many ISP cores and data centres run). The
+    user-space datapath's cost is per frame, so a larger MTU raises the query rate it carries
+    (docs/scale-out.md, "Load ceiling").
     """
 
     source: str
@@ -106,6 +112,7 @@ class TopologySpec(_Model):
     delay_floor_ms: Num = Field(0.1, ge=0)
     bandwidth_mbps: Num = Field(100.0, gt=0)
     host_bandwidth_mbps: Num = Field(1000.0, gt=0)
+    mtu: int = Field(1500, ge=576, le=9000)
     keep_largest_component: bool = False
     coordinates: dict[str, list[Num]] = {}
     dataset_link_speeds: bool = True

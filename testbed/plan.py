@@ -64,6 +64,7 @@ from testbed.config import Experiment
 from testbed.errors import InputError, naming_file
 from testbed.model.cpu import threads_per_call
 from testbed.model.events import VALUE_FIELD, Change, expand
+from testbed.model.network import NetworkState
 from testbed.model.service import ServiceFigures, service_figures
 from testbed.topology import RawTopology, TopologyError, great_circle_km, load_topology
 from testbed.util import repo_path, write_json_atomic
@@ -199,6 +200,11 @@ class Plan(_PlanModel):
             if p.source == source and p.cluster == cluster:
                 return p.rtt_ms
         raise KeyError((source, cluster))
+
+    def network_state(self) -> NetworkState:
+        """The model's state of the switch links as planned (delays, capacities, loss, the MTU)."""
+        return NetworkState([(lk.a, lk.b, lk.delay_ms, lk.bandwidth_mbps, lk.loss_pct) for lk in self.links],
+                            [s.name for s in self.switches], mtu=self.experiment.topology.mtu)
 
     def to_dict(self) -> dict:
         """A JSON-serialisable view (``plan.json``), with each link's ``emu_name`` and each

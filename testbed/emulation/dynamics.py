@@ -148,8 +148,7 @@ class Dynamics:
         self.overhead: dict[int, tuple[float, float]] = {}  # link -> (a>b, b>a) ms
         self.baseline_rounds: list[dict[int, tuple[float, float]]] = []  # per round, link -> (a>b, b>a) ms
         self.path_probes = any(c.kind in PATH_KINDS for c in plan.changes)
-        self.model = NetworkState([(lk.a, lk.b, lk.delay_ms, lk.bandwidth_mbps, lk.loss_pct) for lk in plan.links],
-                                  [s.name for s in plan.switches])
+        self.model = plan.network_state()
         em = plan.experiment.emulation
         self.tol = (em.rtt_tolerance_ms, em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms)
 
@@ -337,7 +336,7 @@ class Dynamics:
         out = []
         if ch.kind in ("link_up", "link_delay"):  # pairs the change moves onto the link
             after = NetworkState([(lk.a, lk.b, lk.delay_ms, lk.capacity_mbps, lk.loss_pct) for lk in self.model.links],
-                                 self.model.switches)
+                                 self.model.switches, mtu=self.model.mtu)
             for lk, lk2 in zip(self.model.links, after.links, strict=True):
                 lk2.up = lk.up
             after.apply(ch)

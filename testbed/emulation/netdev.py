@@ -41,6 +41,7 @@ T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
+SIOCGIFMTU = 0x8921
 SIOCETHTOOL = 0x8946
 IFF_UP = 0x1
 ETHTOOL_GSTRINGS = 0x1B
@@ -133,6 +134,12 @@ def _set_up(sock: socket.socket, name: str) -> None:
         fcntl.ioctl(sock.fileno(), SIOCSIFFLAGS, buf)
 
 
+def _mtu(sock: socket.socket, name: str) -> int:
+    buf = _ifreq(name, b"")
+    fcntl.ioctl(sock.fileno(), SIOCGIFMTU, buf)
+    return struct.unpack_from("i", buf, 16)[0]
+
+
 def in_netns(pid: int | None, fn: Callable[[], T]) -> T:
     """``fn()`` run in the network namespace of process ``pid`` (None: this process's own), on a
     thread of its own that enters the namespace and ends with ``fn``; its result or exception."""
@@ -162,10 +169,11 @@ def in_netns(pid: int | None, fn: Callable[[], T]) -> T:
 
 
 def configure(pid: int | None, interfaces: Iterable[str], up: bool = True, offloads_off: bool = True,
-              ipv6_off: bool = True, namespace_ipv6_off: bool = False) -> None:
+              ipv6_off: bool = True, namespace_ipv6_off: bool = False, mtu: int | None = None) -> None:
     """IPv6 off, offloads off (:data:`OFFLOADS_OFF`, checked), then up, for each of ``interfaces``
     in the namespace of ``pid`` (module doc); with ``namespace_ipv6_off`` first
     ``net.ipv6.conf.{all,default}.disable_ipv6`` there (never pass it for the root namespace).
+    With ``mtu`` (bytes), each interface's MTU is read back (``SIOCGIFMTU``) and must be that.
 
     Raises:
         NetdevError: a call failed (which interface, which call, the kernel's reason).
@@ -189,6 +197,9 @@ def configure(pid: int | None, interfaces: Iterable[str], up: bool = True, offlo
                     step = "up"
                     if up:
                         _set_up(sock, name)
+                    step = "MTU"
+                    if mtu is not None and (got := _mtu(sock, name)) != mtu:
+                        raise NetdevError(f"reads {got} bytes, not the {mtu} it was created with")
                 except OSError as exc:
                     raise NetdevError(exc.errno, f"interface {name} (namespace of pid {pid or 'self'}): {step}: "
                                                  f"{exc.strerror or exc}") from None

@@ -638,7 +638,8 @@ class Emulation:
         """Create veths ``(node_a, name_a, node_b, name_b, mac_a or None)`` with one ``ip -batch``
         (each end created in its node's namespace), register them with Mininet without its
         per-interface commands, and set every interface (and each namespace's loopback) up with
-        offloads and IPv6 off in-process (:mod:`testbed.emulation.netdev`). Mininet's own
+        offloads and IPv6 off in-process (:mod:`testbed.emulation.netdev`), both ends at the
+        topology's MTU (``topology.mtu``). Mininet's own
         ``addLink`` runs several commands per interface, and ``ethtool``/``sysctl``/``ip`` per
         interface are ~90 processes on Abilene (0.3-0.4 s here)."""
         from testbed.emulation import netdev
@@ -650,11 +651,12 @@ class Emulation:
                 return {}
 
         lines = []
+        mtu = f" mtu {int(self.plan.experiment.topology.mtu)}"  # both ends: the topology's MTU
         for na, ia, nb, ib, mac in pairs:
             where_a = f" netns {na.pid}" if na.inNamespace else ""
             where_b = f" netns {nb.pid}" if nb.inNamespace else ""
             addr = f" address {mac}" if mac else ""
-            lines.append(f"link add name {ia}{addr}{where_a} type veth peer name {ib}{where_b}")
+            lines.append(f"link add name {ia}{addr}{where_a}{mtu} type veth peer name {ib}{where_b}{mtu}")
         batch = self.run_dir / "logs" / "veths.batch"
         batch.write_text("\n".join(lines) + "\n")
         _sh(["ip", "-batch", str(batch)], "creating the veths")
@@ -666,7 +668,8 @@ class Emulation:
                 per_ns.setdefault(pid, []).append(name)
         try:
             for pid, intfs in per_ns.items():
-                netdev.configure(pid, intfs, namespace_ipv6_off=pid is not None)
+                netdev.configure(pid, intfs, namespace_ipv6_off=pid is not None,
+                                 mtu=int(self.plan.experiment.topology.mtu))
                 if pid is not None:
                     netdev.configure(pid, ["lo"], offloads_off=False, ipv6_off=False)
         except netdev.NetdevError as exc:

@@ -11,7 +11,8 @@ link emulator's shaper, or HTB with its pfifo, see :mod:`testbed.emulation.netwo
 
 * queueing behind background frames, M/D/1 with utilization rho = r / C (Pollaczek-Khinchine):
   ``rho / (2 (1 - rho)) x L / C`` with L one full frame, while rho < 1;
-* transfer: then its own frames (``ceil(n / MSS)`` frames of MSS + :data:`FRAME_OVERHEAD_BYTES`)
+* transfer: then its own frames (``ceil(n / MSS)`` frames of MSS + :data:`FRAME_OVERHEAD_BYTES`,
+  MSS from the network's MTU, :func:`mss_of`)
   back to back at the full capacity C: in a FIFO, background frames that arrive meanwhile wait
   behind the message, they do not share the link with it;
 * at rho >= 1 (the background alone fills the link) the shaper's FIFO is full: every frame waits
@@ -39,40 +40,51 @@ from testbed.model.events import Change
 #: Bytes per frame on the wire beyond the TCP payload (Ethernet 14 + IPv4 20 + TCP 32 with
 #: timestamps), and the TCP payload per frame at a 1500-byte MTU (1500 - 20 - 32).
 FRAME_OVERHEAD_BYTES, MSS_BYTES = 66, 1448
-#: A full frame on the wire, bytes (MSS + overhead).
+#: IPv4 + TCP header bytes inside the MTU (20 + 32 with the timestamp option, RFC 7323).
+IP_TCP_HEADER_BYTES = 52
+#: The default MTU, bytes (Ethernet, RFC 894).
+DEFAULT_MTU = 1500
+#: A full frame on the wire at the default MTU, bytes (MSS + overhead): the background traffic's
+#: frames, whatever the MTU (the background generator sends datagrams of at most 1500 bytes).
 FULL_FRAME_BYTES = MSS_BYTES + FRAME_OVERHEAD_BYTES
+
+
+def mss_of(mtu: int) -> int:
+    """TCP payload bytes per frame at an IP MTU of ``mtu`` bytes (``mtu - 52``; 1448 at 1500)."""
+    return mtu - IP_TCP_HEADER_BYTES
 #: Linux's minimum TCP retransmission timeout, ms (include/net/tcp.h: TCP_RTO_MIN = HZ / 5).
 TCP_RTO_MIN_MS = 200.0
 #: Frames the FIFO behind each link's shaper holds (the veth's default txqueuelen).
 DEFAULT_QUEUE_PACKETS = 1000
 
 
-def frames(nbytes: int) -> int:
-    """Frames a TCP message of ``nbytes`` payload bytes takes (at least one)."""
-    return max(1, math.ceil(nbytes / MSS_BYTES))
+def frames(nbytes: int, mss: int = MSS_BYTES) -> int:
+    """Frames a TCP message of ``nbytes`` payload bytes takes at ``mss`` bytes per frame (at least one)."""
+    return max(1, math.ceil(nbytes / mss))
 
 
-def wire_bytes(nbytes: int) -> int:
+def wire_bytes(nbytes: int, mss: int = MSS_BYTES) -> int:
     """Bytes on the wire for ``nbytes`` of payload: payload + one header per frame."""
-    return nbytes + frames(nbytes) * FRAME_OVERHEAD_BYTES
+    return nbytes + frames(nbytes, mss) * FRAME_OVERHEAD_BYTES
 
 
-def p_retransmit(loss_pct: float, nbytes: int) -> float:
+def p_retransmit(loss_pct: float, nbytes: int, mss: int = MSS_BYTES) -> float:
     """Probability that at least one of the message's frames is lost, at ``loss_pct`` % per frame."""
     if loss_pct <= 0:
         return 0.0
-    return 1.0 - (1.0 - min(1.0, loss_pct / 100.0)) ** frames(nbytes)
+    return 1.0 - (1.0 - min(1.0, loss_pct / 100.0)) ** frames(nbytes, mss)
 
 
 class LinkState:
     """One switch link (undirected). Delays ms, rates Mbit/s, loss %; background per direction
     (``bg_ab`` from ``a`` to ``b``)."""
 
-    __slots__ = ("a", "b", "delay_ms", "capacity_mbps", "loss_pct", "bg_ab", "bg_ba", "up", "queue_packets")
+    __slots__ = ("a", "b", "delay_ms", "capacity_mbps", "loss_pct", "bg_ab", "bg_ba", "up", "queue_packets", "mss")
 
     def __init__(self, a: str, b: str, delay_ms: float, capacity_mbps: float, loss_pct: float = 0.0,
-                 queue_packets: int = DEFAULT_QUEUE_PACKETS):
+                 queue_packets: int = DEFAULT_QUEUE_PACKETS, mss: int = MSS_BYTES):
         self.a, self.b = a, b
+        self.mss = mss
         self.delay_ms, self.capacity_mbps, self.loss_pct = float(delay_ms), float(capacity_mbps), float(loss_pct)
         self.bg_ab = self.bg_ba = 0.0
         self.up = True
@@ -96,7 +108,7 @@ class LinkState:
         """Time (ms) for a message of ``nbytes`` payload to cross the link one way (module doc)."""
         c = self.capacity_mbps
         rho = self.utilization(forward)
-        transfer = wire_bytes(nbytes) * 8 / (c * 1e3)
+        transfer = wire_bytes(nbytes, self.mss) * 8 / (c * 1e3)
         frame_ms = FULL_FRAME_BYTES * 8 / (c * 1e3)
         if rho >= 1.0:
             queue = self.queue_packets * frame_ms
@@ -111,13 +123,16 @@ class NetworkState:
     Args:
         links: ``(a, b, delay_ms, bandwidth_mbps, loss_pct)`` per link (the plan's switch names).
         switches: every switch name (nodes without links are kept in the graph).
+        mtu: the IP MTU of every link, bytes (sets :attr:`mss`).
 
     Raises:
         KeyError: a change names a link that is not here.
     """
 
-    def __init__(self, links: Iterable[tuple[str, str, float, float, float]], switches: Sequence[str] = ()):
-        self.links: list[LinkState] = [LinkState(a, b, d, bw, loss) for a, b, d, bw, loss in links]
+    def __init__(self, links: Iterable[tuple[str, str, float, float, float]], switches: Sequence[str] = (),
+                 mtu: int = DEFAULT_MTU):
+        self.mtu, self.mss = mtu, mss_of(mtu)
+        self.links: list[LinkState] = [LinkState(a, b, d, bw, loss, mss=self.mss) for a, b, d, bw, loss in links]
         self.index: dict[tuple[str, str], int] = {}
         for i, lk in enumerate(self.links):
             self.index[(lk.a, lk.b)] = self.index[(lk.b, lk.a)] = i
@@ -191,5 +206,6 @@ class NetworkState:
         return (1.0 - keep) * 100.0
 
 
-__all__ = ["DEFAULT_QUEUE_PACKETS", "FRAME_OVERHEAD_BYTES", "FULL_FRAME_BYTES", "MSS_BYTES", "TCP_RTO_MIN_MS",
-           "LinkState", "NetworkState", "frames", "p_retransmit", "wire_bytes"]
+__all__ = ["DEFAULT_MTU", "DEFAULT_QUEUE_PACKETS", "FRAME_OVERHEAD_BYTES", "FULL_FRAME_BYTES", "IP_TCP_HEADER_BYTES",
+           "MSS_BYTES", "TCP_RTO_MIN_MS", "LinkState", "NetworkState", "frames", "mss_of", "p_retransmit",
+           "wire_bytes"]

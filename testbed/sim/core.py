@@ -37,7 +37,7 @@ from testbed.errors import InputError
 from testbed.model import queue as mq
 from testbed.model.cpu import CfsQuota
 from testbed.model.dispatch import Dispatcher, Heard, OptionSpec
-from testbed.model.network import TCP_RTO_MIN_MS, NetworkState, p_retransmit, wire_bytes
+from testbed.model.network import TCP_RTO_MIN_MS, p_retransmit, wire_bytes
 from testbed.model.records import CONNECTION_REFUSED, RECORD_FIELDS, classify, make_record
 from testbed.model.service import ServiceFigures, batch_scale
 from testbed.plan import Plan
@@ -480,8 +480,7 @@ class Simulator:
 
     def _init_network(self) -> None:
         plan = self.plan
-        self.net = NetworkState([(lk.a, lk.b, lk.delay_ms, lk.bandwidth_mbps, lk.loss_pct) for lk in plan.links],
-                                [s.name for s in plan.switches])
+        self.net = plan.network_state()
         self.link_keys = [(lk.a, lk.b) for lk in plan.links]
         self.src_switch = [plan.host(s).switch for s in self.sources]
         self.cl_switch = [plan.host(c.name).switch for c in self.clusters]
@@ -530,10 +529,10 @@ class Simulator:
                     self.path_li[si][ci].append(li)
                 self.loss_pct[si, ci] = self.net.path_loss_pct(path)
                 extra = hops * self.per_hop_ms / 2
-                back[si, ci] = (self.net.path_ms(path[::-1], self.resp_bytes) + _host_ms(self.resp_bytes, hs, hc)
-                                + extra) / 1e3
+                back[si, ci] = (self.net.path_ms(path[::-1], self.resp_bytes)
+                                + _host_ms(self.resp_bytes, hs, hc, self.net.mss) + extra) / 1e3
                 for ai, nb in enumerate(self.req_bytes_app):
-                    fwd[ai][si, ci] = (self.net.path_ms(path, nb) + _host_ms(nb, hs, hc) + extra) / 1e3 \
+                    fwd[ai][si, ci] = (self.net.path_ms(path, nb) + _host_ms(nb, hs, hc, self.net.mss) + extra) / 1e3 \
                         + self.overhead_s
         self.back_s = back.tolist()
         self.fwd_app = [f.tolist() for f in fwd]
@@ -761,8 +760,8 @@ class Simulator:
         loss = self.loss_pct[si, ci]
         if loss > 0:  # one retransmission timeout per direction that loses a frame (model.network)
             rng, rto = self.loss_rng[si], TCP_RTO_MIN_MS / 1e3
-            t1 = (np.asarray(ts) + f + rto * (rng.random(k) < p_retransmit(loss, nbytes))).tolist()
-            back = (bk + rto * (rng.random(k) < p_retransmit(loss, self.resp_bytes))).tolist()
+            t1 = (np.asarray(ts) + f + rto * (rng.random(k) < p_retransmit(loss, nbytes, self.net.mss))).tolist()
+            back = (bk + rto * (rng.random(k) < p_retransmit(loss, self.resp_bytes, self.net.mss))).tolist()
         else:
             t1 = [t + f for t in ts]
             back = [bk] * k
@@ -806,7 +805,7 @@ class Simulator:
         reports = [(c.name, c.snapshot(t, self.R)) for c in self.clusters]
         for d in self.dispatchers:
             d.hear_all(reports)
-        self._count_link_bytes(self._resp, wire_bytes(self.resp_bytes), 1)
+        self._count_link_bytes(self._resp, wire_bytes(self.resp_bytes, self.net.mss), 1)
         self._resp[:] = 0
         self._link_report(t)
 
@@ -941,9 +940,9 @@ class Simulator:
 _first = operator.itemgetter(0)
 
 
-def _host_ms(nbytes: int, mbps_source: float, mbps_cluster: float) -> float:
-    """Transfer time (ms) of a message on the two host links (0 ms delay each)."""
-    wb = wire_bytes(nbytes) * 8
+def _host_ms(nbytes: int, mbps_source: float, mbps_cluster: float, mss: int) -> float:
+    """Transfer time (ms) of a message on the two host links (0 ms delay each), ``mss`` bytes per frame."""
+    wb = wire_bytes(nbytes, mss) * 8
     return wb / (mbps_source * 1e3) + wb / (mbps_cluster * 1e3)
 
 
