@@ -396,6 +396,8 @@ class _Direction:
     truncated: int = 0
     ts_fallbacks: int = 0
     kernel_drops: int = 0
+    late_sum: float = 0.0  # sum over delivered frames of (send time - due time), s
+    late_max: float = 0.0  # the largest of them, s
     blocked: bool = False  # tx returned EAGAIN: wait for EPOLLOUT
 
     def clear(self) -> int:
@@ -649,9 +651,6 @@ class LinkEmulator:
             except OSError as exc:
                 raise LinkEmuError(str(exc)) from None
         self._stopping = False
-        self._late_sum = 0.0
-        self._late_n = 0
-        self._late_max = 0.0
         self._warned: set[str] = set()
         self._started = time.monotonic()
         self._clock_offset = 0.0
@@ -821,7 +820,7 @@ class LinkEmulator:
         queue = d.queue
         send = d.tx.send
         late_sum = 0.0
-        late_max = self._late_max
+        late_max = d.late_max
         n = 0
         nbytes = 0
         while queue and queue[0][0] <= now:
@@ -849,9 +848,8 @@ class LinkEmulator:
             nbytes += len(frame)
         d.frames += n
         d.bytes += nbytes
-        self._late_sum += late_sum
-        self._late_n += n
-        self._late_max = late_max
+        d.late_sum += late_sum
+        d.late_max = late_max
 
     # -- loop --
     def _block(self, d: _Direction) -> None:
@@ -925,8 +923,8 @@ class LinkEmulator:
                 d.kernel_drops += _TPACKET_STATS.unpack(raw)[1]
 
     def stats_by_link(self) -> dict[str, LinkStats]:
-        """Counters so far per link name (lateness, over every link of the process = send time
-        minus due time, in microseconds).
+        """Counters so far per link name (lateness = send time minus due time, in microseconds,
+        over the frames the link delivered in both directions).
 
         ``frames_*``/``bytes_*`` count frames delivered; ``lost_*`` frames dropped by the loss
         model; ``shaper_drops_*`` frames that found the shaper's FIFO full; ``overflow_*`` frames
@@ -936,12 +934,13 @@ class LinkEmulator:
         kernel refused to send.
         """
         self._collect_kernel_drops()
-        late_max = round(self._late_max * 1e6, 1)
-        late_mean = round(self._late_sum / self._late_n * 1e6, 1) if self._late_n else 0.0
         out = {}
         for name, lk in self.links.items():
             ab, ba = lk.ab, lk.ba
             p = lk.params()
+            n = ab.frames + ba.frames
+            late_max = round(max(ab.late_max, ba.late_max) * 1e6, 1)
+            late_mean = round((ab.late_sum + ba.late_sum) / n * 1e6, 1) if n else 0.0
             out[name] = LinkStats(
                 frames_ab=ab.frames, frames_ba=ba.frames, bytes_ab=ab.bytes, bytes_ba=ba.bytes,
                 lost_ab=ab.lost, lost_ba=ba.lost, max_lateness_us=late_max, mean_lateness_us=late_mean,
