@@ -160,7 +160,9 @@ class Episode:
         """An independent copy that continues exactly as this one would (same random streams).
 
         The plan, the service-time figures, the option specs and the drawn blocks of service
-        times are immutable during a run and shared; everything else is copied. Dynamic batching
+        times are immutable during a run and shared; everything else is copied, the simulator's
+        query columns (one entry per query, every entry a number, None or a name) by a shallow
+        copy of each column (the clone's cost was mostly deepcopy visiting every past query). Dynamic batching
         is refused: the simulator's batch samplers live in closures a copy would share.
 
         Raises:
@@ -181,6 +183,10 @@ class Episode:
                 memo[id(s._buf)] = s._buf  # replaced, never mutated, when a block is used up
         for d in getattr(sim, "dispatchers", ()):
             memo[id(d.specs)] = d.specs
+        q = getattr(sim, "q", None)  # the query columns: flat lists of numbers, None and names, which a
+        for f in getattr(q, "__slots__", ()):  # shallow copy copies exactly, at a fraction of deepcopy's cost
+            col = getattr(q, f)
+            memo[id(col)] = copy.copy(col)
         return copy.deepcopy(self, memo)
 
 

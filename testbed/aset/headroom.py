@@ -106,9 +106,11 @@ class OracleResult:
         return self.ok / self.n if self.n else float("nan")
 
 
-def _continuation_ok(ep: Episode, w: int, horizon: int | None, base: Sequence[str], first: Sequence[str]) -> int:
+def continuation_ok(ep: Episode, w: int, horizon: int | None, base: Sequence[str], first: Sequence[str]) -> int:
     """Successes among the queries created in windows [w, w + horizon) of a clone that runs window
-    ``w`` with ``first`` and the following windows with ``base``."""
+    ``w`` with ``first`` and the following windows with ``base`` (``ep`` at the start of window
+    ``w`` and left there). One measure for the oracle's candidates and the rollout training
+    targets (:mod:`testbed.aset.rollout`)."""
     c = ep.clone()
     c.set_policies(first)
     c.run_to(w + 1)
@@ -140,7 +142,7 @@ def rollout_oracle(plan: Plan, seed: int, base: Sequence[str] | Sequence[Sequenc
     trials = 0
     for w in range(ep.n_windows):
         cur = list(base)
-        best_v = _continuation_ok(ep, w, horizon_windows, base, cur)  # the schedule in force
+        best_v = continuation_ok(ep, w, horizon_windows, base, cur)  # the schedule in force
         trials += 1
         for i in range(len(srcs)):
             best_a = cur[i]
@@ -148,7 +150,7 @@ def rollout_oracle(plan: Plan, seed: int, base: Sequence[str] | Sequence[Sequenc
                 if a == cur[i]:
                     continue
                 trial = cur[:i] + [a] + cur[i + 1:]
-                v = _continuation_ok(ep, w, horizon_windows, base, trial)
+                v = continuation_ok(ep, w, horizon_windows, base, trial)
                 trials += 1
                 if v > best_v:
                     best_a, best_v = a, v
@@ -168,4 +170,4 @@ def rollout_oracle(plan: Plan, seed: int, base: Sequence[str] | Sequence[Sequenc
     return OracleResult(ok, n, schedule, base_ok, fallback, trials, ep.ok.tolist())
 
 
-__all__ = ["OracleResult", "best_mix", "rollout_oracle", "static_ratio"]
+__all__ = ["OracleResult", "best_mix", "continuation_ok", "rollout_oracle", "static_ratio"]
