@@ -12,7 +12,7 @@ keep the features near [0, 1]); each is a config value. Quantities carry their u
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -216,6 +216,43 @@ class SpecialiseSpec(StrictModel):
     epsilon_decay_steps: int = Field(16000, ge=1)
 
 
+class RolloutSpec(StrictModel):
+    """``training.method: rollout`` (:mod:`testbed.aset.rollout`): the Q-network regressed on
+    counterfactual rollout targets instead of trained by double DQN.
+
+    Per training seed, ``episodes_per_scenario`` episodes of every scenario of
+    ``training.scenarios`` (load randomised by ``training.randomise``, simulator seeds drawn from
+    the training seed) run the base schedule (each source on its planned policy,
+    ``observation.plans``); at every window and for every source and action, a clone of the
+    simulator runs that window with the source on the action (the others on the base) and
+    ``horizon_windows`` - 1 more windows of the base. The target of (observation, action) is the
+    team's success-ratio gain over the base on the queries created in those windows.
+    ``behaviour_epsilon``: the share of (window, source) decisions where the episode itself leaves
+    the plan for an action drawn uniformly (the targets still measure one deviation followed by the
+    plan): without it, every observation's current-policy one-hot is the plan (window 0 excepted),
+    and the first-layer weights of the others keep their random initial values, which then decide
+    after every deviation the network makes.
+
+    ``epochs`` passes over the data in minibatches of ``batch_size`` (Huber loss of
+    ``agent.huber_delta``, Adam at ``agent.learning_rate``, network ``agent.hidden``); whole
+    episodes, a ``validation_fraction`` of each scenario's (at least one, hence
+    ``episodes_per_scenario`` >= 2), are held out and the weights of the epoch with the lowest
+    validation loss are exported. ``workers``: data episodes simulated at once
+    (:mod:`testbed.distributed`; ``testbed train --jobs`` overrides). ``cache_dir``: where each
+    episode's data set is kept (npz, keyed by everything it depends on; default
+    ``<training.out_dir>/rollout-cache``), so a rerun does not simulate it again.
+    """
+
+    horizon_windows: int = Field(2, ge=1, le=80)
+    behaviour_epsilon: Num = Field(0.0, ge=0, lt=1)
+    episodes_per_scenario: int = Field(8, ge=2, le=10_000)
+    epochs: int = Field(40, ge=1, le=10_000)
+    batch_size: int = Field(128, ge=1, le=1_000_000)
+    validation_fraction: Num = Field(0.15, gt=0, lt=1)
+    workers: int = Field(2, ge=1, le=64)
+    cache_dir: str | None = None
+
+
 class TrainingSpec(StrictModel):
     """``testbed train``: ``steps`` environment steps (windows; each gives one decision per
     dispatcher), episodes of ``episode_s`` simulated seconds, a checkpoint every
@@ -224,8 +261,15 @@ class TrainingSpec(StrictModel):
     the exported policy is the one of ``export_seed``, default the first). ``rollout_workers``:
     0 = episodes simulated in the learner's process; N >= 1 = N episodes at a time in parallel
     workers (:mod:`testbed.distributed`) with the current greedy weights and epsilon, their
-    transitions then replayed by the learner."""
+    transitions then replayed by the learner.
 
+    ``method``: ``dqn`` (default: the double DQN of :mod:`testbed.aset.train`) or ``rollout``
+    (regression on counterfactual rollout targets, :class:`RolloutSpec` in ``rollout``; needs
+    ``observation.plans``, the rollout's base). ``steps``, ``checkpoint_every``,
+    ``rollout_workers`` and ``specialise`` are the DQN's."""
+
+    method: Literal["dqn", "rollout"] = "dqn"
+    rollout: RolloutSpec = RolloutSpec()
     scenarios: list[str] = Field(min_length=1)
     seeds: list[int] | None = None
     export_seed: int | None = None
@@ -281,6 +325,9 @@ class AsetConfig(StrictModel):
 
         mixes = [(f"reward.baseline_mix.{k}", v) for k, v in (self.reward.baseline_mix or {}).items()]
         mixes += [(f"observation.plans.{k}", v) for k, v in (self.observation.plans or {}).items()]
+        if self.training is not None and self.training.method == "rollout" and self.observation.plans is None:
+            raise ValueError("training.method: rollout needs observation.plans: each source's planned policy is the "
+                             "base schedule the rollout targets are measured against")
         if self.agent.plan_margin and self.observation.plans is None:
             raise ValueError(f"agent.plan_margin {self.agent.plan_margin:g}: the margin favours each source's planned "
                              f"policy, but observation.plans is not set (no plan to favour)")

@@ -357,7 +357,7 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
         (len(fresh) if ev.oracle_fresh_seeds is None else min(len(fresh), ev.oracle_fresh_seeds))
     per_seed = 2 + int(with_aset)  # statics, mix (+ ASET) per scenario and seed; the oracle on n_or seeds
     total = len(scenarios) * ((len(tune) + len(fresh)) * per_seed + n_or + 1 + int(agreement_check))
-    bar = _bar(console, total) if progress else None
+    bar = progress_bar(console, total) if progress else None
 
     cache = repo_path(ev.out_dir, base) / "cache"
     code_fingerprint.cache_clear()  # read again by every evaluation: profiles re-measured in between count
@@ -416,10 +416,11 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     return EvalResult(out, runs, table, {names[s]: m for s, m in mixes.items()}, agree)
 
 
-def _bar(console, total: int):
+def progress_bar(console, total: int, label: str = "evaluate"):
+    """A started rich progress bar of ``total`` jobs and its task: ``(bar, task)``."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("[bold]evaluate[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    bar = Progress(TextColumn(f"[bold]{label}[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=console)
     task = bar.add_task("eval", total=total)
     bar.start()

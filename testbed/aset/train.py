@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.aset.config import AsetConfig, ObservationSpec, RandomiseSpec, RewardSpec, plan_key
+from testbed.aset.config import AsetConfig, ObservationSpec, RandomiseSpec, RewardSpec, TrainingSpec, plan_key
 from testbed.aset.envs import SHAPE_PARTS, AsetSimEnv, PlanSampler, space_shape
 from testbed.config import ConfigError, Experiment, load_experiment
 from testbed.errors import InputError, counted, naming_file
@@ -233,6 +233,18 @@ def resolve(base: Path, p: str) -> Path:
     return repo_path(p, base)
 
 
+def tf_one_thread() -> None:
+    """TensorFlow on 1 intra-op and 1 inter-op thread: the 2 cores are shared (docs/aset.md). Only
+    possible before TensorFlow's first op; later calls change nothing."""
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:
+        pass
+
+
 class _Run:
     """The state of one training run (one seed): env, agent, log writer, progress bar."""
 
@@ -241,11 +253,7 @@ class _Run:
 
         from testbed.aset.agent import DQNAgent
 
-        try:  # 1 intra-op thread: the 2 cores are shared (docs/aset.md); only before TF's first op
-            tf.config.threading.set_intra_op_parallelism_threads(1)
-            tf.config.threading.set_inter_op_parallelism_threads(1)
-        except RuntimeError:
-            pass
+        tf_one_thread()
         tr = cfg.training
         self.cfg, self.seed, self.out = cfg, seed, out
         if plans is None:  # every check before the run's folders (below)
@@ -390,15 +398,23 @@ def _progress_bar(console, steps: int):
 
 def _export(run: _Run, path: Path, steps: int) -> None:
     """The greedy policy as ``path.npz`` + ``path.json`` (no TensorFlow needed to run it)."""
+    meta = {"steps": steps, "reward_baseline": run.cfg.reward.baseline,
+            "reward_baseline_mix": run.cfg.reward.baseline_mix, "reward_team_weight": run.cfg.reward.team_weight}
+    export_weights(run.cfg, run.env, run.agent.weights(), path, run.seed, meta)
+
+
+def export_weights(cfg: AsetConfig, env: AsetSimEnv, weights: list[np.ndarray], path: Path, seed: int,
+                   meta: dict) -> None:
+    """Export a Q-network's weights trained on ``env``'s spaces as the deployable greedy policy
+    (:func:`testbed.aset.npolicy.export_policy`, the decision rule of ``cfg.agent.plan_margin``);
+    ``meta`` is stored with the config's name, the seed and the training scenarios."""
     from testbed.aset.npolicy import export_policy
 
-    ctx = run.env.contexts[0]
-    meta = {"config": run.cfg.name, "seed": run.seed, "steps": steps, "trained_on": list(run.cfg.training.scenarios),
-            "reward_baseline": run.cfg.reward.baseline, "reward_baseline_mix": run.cfg.reward.baseline_mix,
-            "reward_team_weight": run.cfg.reward.team_weight}
-    export_policy(run.agent.weights(), path, obs_spec=run.cfg.observation, applications=list(ctx.applications),
-                  clusters=list(ctx.clusters), policies=list(run.env.policies), sources=list(ctx.sources),
-                  meta=meta, deadlines_ms=list(ctx.deadline_ms), plan_margin=run.cfg.agent.plan_margin)
+    ctx = env.contexts[0]
+    meta = {"config": cfg.name, "seed": seed, "trained_on": list(cfg.training.scenarios), **meta}
+    export_policy(weights, path, obs_spec=cfg.observation, applications=list(ctx.applications),
+                  clusters=list(ctx.clusters), policies=list(env.policies), sources=list(ctx.sources),
+                  meta=meta, deadlines_ms=list(ctx.deadline_ms), plan_margin=cfg.agent.plan_margin)
 
 
 def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bool = True,
@@ -419,9 +435,7 @@ def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bo
     Raises:
         ValueError: ``cfg.training`` is missing.
     """
-    if cfg.training is None:
-        raise ValueError(f"ASET config {cfg.name!r}: a 'training:' section is required for testbed train")
-    tr = cfg.training
+    tr = _dqn_training(cfg)
     steps = steps or tr.steps
     seed = cfg.seed if seed is None else int(seed)
     out = out_dir or resolve(base, tr.out_dir) / cfg.name
@@ -447,6 +461,21 @@ def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bo
     return run.result
 
 
+def _dqn_training(cfg: AsetConfig) -> TrainingSpec:
+    """``cfg.training`` of a DQN training.
+
+    Raises:
+        ValueError: no ``training:`` section, or ``training.method: rollout``
+            (:func:`testbed.aset.rollout.train_rollout` trains that).
+    """
+    if cfg.training is None:
+        raise ValueError(f"ASET config {cfg.name!r}: a 'training:' section is required for testbed train")
+    if cfg.training.method != "dqn":
+        raise ValueError(f"ASET config {cfg.name!r}: training.method is {cfg.training.method}, not dqn: "
+                         f"testbed.aset.rollout.train_rollout trains it (testbed train does)")
+    return cfg.training
+
+
 def _train_seed(cfg_json: str, base: str, seed: int, steps: int | None, out: str, init: str | None = None) -> dict:
     """One seed's training run in a worker process; returns what the parent needs."""
     cfg = AsetConfig.model_validate_json(cfg_json)
@@ -465,9 +494,7 @@ def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: 
     has them (else planned and checked here, before anything is written)."""
     from testbed.distributed import imap_unordered
 
-    tr = cfg.training
-    if tr is None:
-        raise ValueError(f"ASET config {cfg.name!r}: a 'training:' section is required for testbed train")
+    tr = _dqn_training(cfg)
     seeds = tr.seeds or [cfg.seed]
     root = resolve(base, tr.out_dir) / cfg.name
     sampler = (scenarios or training_scenarios(cfg, base))[0]  # bad scenarios fail here, before any output

@@ -38,7 +38,9 @@ def register(subparsers) -> None:
     p.add_argument("config", help="ASET config YAML (e.g. experiments/aset-train.yaml)")
     p.add_argument("--steps", type=_positive_int, default=None, help="override training.steps (windows)")
     p.add_argument("--seeds", type=_seed_list, default=None, help="override training.seeds, e.g. 1,2,3")
-    p.add_argument("--jobs", type=_positive_int, default=1, help="seeds trained at once (parallel processes)")
+    p.add_argument("--jobs", type=_positive_int, default=None,
+                   help="seeds trained at once (parallel processes; default 1); with training.method: rollout, "
+                        "data episodes simulated at once (default training.rollout.workers)")
     p.add_argument("--rollout-workers", type=_int_at_least(0), default=None,
                    help="override training.rollout_workers")
     p.add_argument("--specialise", action="store_true",
@@ -74,10 +76,12 @@ def _cmd(args: argparse.Namespace) -> int:
         scenarios = training_scenarios(cfg, base)
     except InputError as exc:  # named after the config whose training section refers to them
         raise naming_file(exc, args.config) from None
+    if cfg.training.method == "rollout":
+        return _rollout(cfg, base, args, scenarios)
     if args.specialise:
         return _specialise(cfg, base, args, scenarios)
     before = _files(root)
-    results = train_seeds(cfg, base, steps=args.steps, jobs=args.jobs, console=console,
+    results = train_seeds(cfg, base, steps=args.steps, jobs=args.jobs or 1, console=console,
                           backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address,
                           scenarios=scenarios)
     windows = math.ceil(cfg.training.episode_s / (cfg.observation.window_ms / 1e3) - 1e-9)
@@ -85,6 +89,25 @@ def _cmd(args: argparse.Namespace) -> int:
         console.print(_seed_line(res, windows))
     for line in _written(root, results, cfg.training.export_to, _changed(before, _files(root)), windows):
         console.print(line)
+    return 0
+
+
+def _rollout(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
+    """``training.method: rollout`` (:mod:`testbed.aset.rollout`): the data, one regression per
+    seed, the exports. The DQN's options are refused, naming them."""
+    from testbed.aset.rollout import train_rollout, written_lines
+    from testbed.cli import console
+    from testbed.errors import InputError
+
+    dqn = [o for o, v in (("--steps", args.steps), ("--specialise", args.specialise or None),
+                          ("--rollout-workers", args.rollout_workers)) if v is not None]
+    if dqn:
+        raise InputError(f"{args.config}: {', '.join(dqn)}: the DQN's (training.method: dqn); this config trains "
+                         f"on rollout targets (training.rollout)")
+    results = train_rollout(cfg, base, workers=args.jobs, backend="ray" if args.ray_address else args.backend,
+                            ray_address=args.ray_address, console=console, scenarios=scenarios)
+    for line in written_lines(cfg, base, results):
+        console.print(line, markup=False, highlight=False)
     return 0
 
 

@@ -1,0 +1,522 @@
+"""ASET trained on counterfactual rollout targets (``training.method: rollout``): one step of
+approximate policy iteration (Bertsekas, "Rollout, Policy Iteration, and Distributed Reinforcement
+Learning", 2020) from the per-source static mix.
+
+Why (docs/aset.md, sixth round): the DQN's reward of one window (its success ratio minus a
+baseline run's) is too noisy for the network to tell a good deviation from the plan from noise.
+The simulator is deterministic per seed and :meth:`Episode.clone` continues exactly, so the value
+of a deviation can instead be MEASURED, paired on common random numbers, for every action at once.
+
+**Data** (:func:`episode_data`, one episode per task, in parallel through
+:mod:`testbed.distributed`): a scenario of ``training.scenarios`` with its load randomised
+(:func:`testbed.aset.train.scenario_sampler`, ``training.randomise``), a simulator seed drawn from
+the training seed; the base schedule is each source's planned policy (``observation.plans``, the
+scenario's per-source mix). An :class:`~testbed.aset.envs.AsetSimEnv` is driven with the base
+actions, so every observation is the env's own. At each window w, before it runs, and for each
+source i and action a: a clone of the episode runs window w with source i on a and every other
+source on its plan, then ``horizon_windows`` - 1 windows of the base, and is settled
+(:func:`testbed.aset.headroom.continuation_ok`, the oracle's measure). With ok_a the TEAM's
+successes among the queries created in windows [w, w + H) and ok_base the same with every source
+on its plan::
+
+    target(obs_i(w), a) = (ok_a - ok_base) / (queries created in [w, w + H) by every source)
+
+the team's success-ratio gain of deviating for one window (0 for the planned policy; when the
+episode follows the plan, ok_base is checked to be what the episode itself did). Windows where
+nothing was created in [w, w + H) give no sample. With ``behaviour_epsilon`` the episode itself
+leaves the plan now and then (an action drawn uniformly), so that observations after a deviation,
+whose current-policy one-hot is not the plan, are in the data; the targets are the same
+measure from the states so reached. Each episode's data set is kept in ``cache_dir`` as npz, keyed by
+:func:`testbed.aset.evaluate.task_key` (the code, the scenario file and its inputs, the
+observation, the actions, the horizon, the load randomisation, the seed), so a rerun does not
+simulate it again.
+
+**Learning** (:func:`fit`): the MLP of the DQN (``agent.hidden``, ReLU; Glorot init seeded by the
+training seed) regresses Q(obs, .) on all actions' targets at once (Huber loss of
+``agent.huber_delta``, Adam at ``agent.learning_rate``, minibatches, ``epochs`` passes). Whole
+episodes (``validation_fraction`` of each scenario's) are held out; the weights of the epoch with
+the lowest validation loss are exported. Q(obs, a) then estimates the expected gain of deviating
+to a over the plan given what the source observes: an average over the futures consistent with
+the observation, no clairvoyance at decision time (the oracle's ``max_a`` of the same targets
+has it).
+
+**Acting** is the sixth round's rule, :func:`testbed.aset.npolicy.plan_scores`: argmax of Q plus
+``agent.plan_margin`` at the planned policy. The export is the DQN's (``aset-policy-v3``), so
+``testbed evaluate``, the live selector and everything else load it unchanged.
+
+What it gives up: the targets value one deviation followed by the plan (one step of policy
+iteration), so deviating in consecutive windows is valued as if the plan followed each one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from testbed.aset.config import AsetConfig, ObservationSpec, RandomiseSpec
+from testbed.aset.envs import AsetSimEnv, PlanSampler
+from testbed.aset.headroom import continuation_ok
+from testbed.aset.npolicy import plan_scores
+from testbed.aset.train import TrainResult, export_weights, resolve, scenario_sampler, training_scenarios
+
+#: The arrays of one data set, one row per (window, source) sample (:class:`RolloutData`).
+FIELDS = ("obs", "targets", "queries", "window", "source", "plan", "episode", "scenario")
+
+
+# ----------------------------------------------------------------------------- data (worker side)
+def data_spec(cfg: AsetConfig) -> str:
+    """Everything an episode's data set depends on besides the code, the scenario file and the
+    seed, as JSON (a task argument, hence part of its cache key): the observation spec (with the
+    plans, the base), the actions, the horizon, the episode length and the load randomisation."""
+    tr = cfg.training
+    return json.dumps({"observation": cfg.observation.model_dump(), "policies": list(cfg.policies),
+                       "horizon_windows": tr.rollout.horizon_windows, "episode_s": float(tr.episode_s),
+                       "behaviour_epsilon": float(tr.rollout.behaviour_epsilon),
+                       "load_scale": [float(x) for x in tr.randomise.load_scale]}, sort_keys=True)
+
+
+def episode_seed(seed: int, scenario_index: int, episode: int) -> int:
+    """The env seed of data episode ``episode`` of scenario ``scenario_index`` of training seed
+    ``seed`` (it draws the load factor and the simulator seed): distinct and reproducible."""
+    return int(np.random.SeedSequence([int(seed), int(scenario_index), int(episode)]).generate_state(1)[0])
+
+
+_SAMPLERS: dict[tuple, PlanSampler] = {}
+
+
+def _sampler(scenario: str, load_scale: tuple[float, float]) -> PlanSampler:
+    """The training sampler of one scenario file (:func:`scenario_sampler`), kept per process."""
+    key = (scenario, load_scale)
+    if key not in _SAMPLERS:
+        _SAMPLERS[key] = scenario_sampler([Path(scenario)], RandomiseSpec(load_scale=load_scale))[0]
+    return _SAMPLERS[key]
+
+
+def episode_data(spec_json: str, scenario: str, seed: int) -> dict[str, np.ndarray]:
+    """The rollout data of one episode (module docstring) of ``scenario`` (a file), env seed
+    ``seed``; :data:`FIELDS` (``episode`` all 0) plus ``sim_seed`` and ``wall_s``."""
+    t0 = time.perf_counter()
+    spec = json.loads(spec_json)
+    sampler = _sampler(scenario, tuple(spec["load_scale"]))
+    env = AsetSimEnv(sampler, ObservationSpec.model_validate(spec["observation"]), spec["episode_s"],
+                     policies=tuple(spec["policies"]))
+    obs, info = env.reset(seed=seed)
+    behaviour = np.random.default_rng([seed, 1])  # not the env's generator: the env draws nothing more
+    out = window_targets(env, obs, int(spec["horizon_windows"]), float(spec.get("behaviour_epsilon", 0.0)),
+                         behaviour)
+    out["scenario"] = np.full(len(out["obs"]), info["scenario"])
+    out["sim_seed"] = np.int64(info["sim_seed"])
+    out["wall_s"] = np.float64(time.perf_counter() - t0)
+    return out
+
+
+def _trials(env: AsetSimEnv, base: list[str], horizon: int) -> np.ndarray:
+    """Successes (sources x actions) of the team's queries created in [w, w + horizon), w the
+    env's next window, when source i runs window w on action a and everything else is the base."""
+    ep, w = env.ep, env.ep.w
+    ok = np.empty((len(base), len(env.policies)), np.int64)
+    on_base = continuation_ok(ep, w, horizon, base, base)  # one trial: the same for every source
+    for i, planned in enumerate(base):
+        for a, name in enumerate(env.policies):
+            ok[i, a] = on_base if name == planned else continuation_ok(ep, w, horizon, base,
+                                                                      base[:i] + [name] + base[i + 1:])
+    return ok
+
+
+def window_targets(env: AsetSimEnv, obs: np.ndarray, horizon: int, epsilon: float = 0.0,
+                   rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    """Drive ``env`` (just reset; ``obs`` its first observation) to the end of the episode, each
+    source on its planned policy (or, with probability ``epsilon`` per window and source, on an
+    action drawn uniformly by ``rng``), measuring every (window, source, action)'s trial on the
+    way (:func:`_trials`); returns the samples of :data:`FIELDS` but ``scenario``.
+
+    Raises:
+        AssertionError: (``epsilon`` 0) a clone of the base did not continue as the base episode
+            did (its target would not be 0): the simulator is not deterministic per seed.
+    """
+    base = [c.plan for c in env.contexts]
+    planned = np.array([env.policies.index(p) for p in base])
+    rng = rng or np.random.default_rng(0)
+    seen, trials, done = [], [], False
+    while not done:
+        seen.append(obs)
+        trials.append(_trials(env, base, horizon))
+        off = rng.random(len(base)) < epsilon
+        obs, _, _, done, _ = env.step(np.where(off, rng.integers(0, len(env.policies), len(base)), planned))
+    ep = env.ep  # finished: every query resolved; the queries do not depend on the schedule
+    ends = [min(ep.n_windows, w + horizon) for w in range(len(trials))]
+    queries = np.array([ep.n[w:e].sum() for w, e in enumerate(ends)])
+    ok = np.stack(trials)  # (windows, sources, actions)
+    ref = ok[:, 0, planned[0]]  # the base's trial (every source on its plan)
+    if not epsilon:
+        _check_base(env, ref, [ep.ok[w:e].sum() for w, e in enumerate(ends)])
+    targets = (ok - ref[:, None, None]) / np.maximum(1, queries)[:, None, None]
+    n_w, n_s = ok.shape[:2]
+    keep = np.repeat(queries > 0, n_s)
+    return {"obs": np.stack(seen).reshape(n_w * n_s, -1)[keep],
+            "targets": targets.reshape(n_w * n_s, -1).astype(np.float32)[keep],
+            "queries": np.repeat(queries, n_s)[keep], "window": np.repeat(np.arange(n_w), n_s)[keep],
+            "source": np.tile(np.arange(n_s), n_w)[keep], "plan": np.tile(planned, n_w)[keep],
+            "episode": np.zeros(int(keep.sum()), np.int64)}
+
+
+def _check_base(env: AsetSimEnv, trial: np.ndarray, episode: list) -> None:
+    """Each window's trial of the base scored what the base episode itself did.
+
+    Raises:
+        AssertionError: naming the scenario and the first window where not.
+    """
+    bad = np.flatnonzero(trial != np.asarray(episode))
+    if len(bad):
+        w = int(bad[0])
+        raise AssertionError(f"{env.plan.experiment.name}: the base's clone from window {w} scored {int(trial[w])} "
+                             f"successes, the base episode {int(episode[w])}")
+
+
+# ----------------------------------------------------------------------------- data sets
+@dataclass
+class RolloutData:
+    """Samples of several episodes, one row per (episode, window, source): ``obs`` (n, obs_size),
+    ``targets`` (n, actions; success-ratio gain over the base), ``queries`` (the targets'
+    denominator), ``window``, ``source`` and ``plan`` (the planned action) indices, ``episode``
+    (index of the episode in this set) and ``scenario`` (its experiment name)."""
+
+    obs: np.ndarray
+    targets: np.ndarray
+    queries: np.ndarray
+    window: np.ndarray
+    source: np.ndarray
+    plan: np.ndarray
+    episode: np.ndarray
+    scenario: np.ndarray
+    wall_s: float = 0.0
+
+    @classmethod
+    def join(cls, episodes: list[dict[str, np.ndarray]]) -> RolloutData:
+        """One data set of the episodes' data (:func:`episode_data`), numbered in their order."""
+        cols = {f: np.concatenate([ep[f] for ep in episodes]) for f in FIELDS if f != "episode"}
+        cols["episode"] = np.concatenate([np.full(len(ep["obs"]), k) for k, ep in enumerate(episodes)])
+        return cls(**cols, wall_s=float(sum(float(ep["wall_s"]) for ep in episodes)))
+
+    def __len__(self) -> int:
+        return len(self.obs)
+
+    def split(self, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(train rows, validation rows): of each scenario's episodes, ``fraction`` (at least one,
+        at most all but one) held out whole, drawn with ``seed``. A scenario of one episode is
+        all training."""
+        rng = np.random.default_rng(seed)
+        held: list[int] = []
+        for name in sorted(set(self.scenario.tolist())):
+            eps = np.unique(self.episode[self.scenario == name])
+            if len(eps) >= 2:
+                k = min(len(eps) - 1, max(1, round(fraction * len(eps))))
+                held += rng.choice(eps, k, replace=False).tolist()
+        val = np.isin(self.episode, held)
+        return np.flatnonzero(~val), np.flatnonzero(val)
+
+
+def _cache_file(cache: Path, task: tuple) -> Path:
+    from testbed.aset.evaluate import task_key
+
+    return cache / f"{task_key(episode_data, task)}.npz"
+
+
+def _save(path: Path, data: dict[str, np.ndarray]) -> None:
+    """``data`` as ``path`` (npz), atomically (a temporary file, then ``os.replace``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _load(path: Path) -> dict[str, np.ndarray] | None:
+    """A cached episode, or None (none, or unreadable: computed again and overwritten)."""
+    try:
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def data_tasks(cfg: AsetConfig, base: Path, seed: int) -> list[tuple[str, str, int]]:
+    """The :func:`episode_data` tasks of one training seed: ``episodes_per_scenario`` per
+    scenario of ``training.scenarios``, in scenario order."""
+    spec = data_spec(cfg)
+    n = cfg.training.rollout.episodes_per_scenario
+    return [(spec, str(resolve(base, s).resolve()), episode_seed(seed, k, j))
+            for k, s in enumerate(cfg.training.scenarios) for j in range(n)]
+
+
+def collect(cfg: AsetConfig, base: Path, seeds: list[int], *, workers: int | None = None, backend: str = "process",
+            ray_address: str | None = None, cache_dir: Path | None = None, console=None,
+            progress: bool = True) -> dict[int, RolloutData]:
+    """The data set of every training seed (:func:`data_tasks`), each episode from ``cache_dir``
+    when there, else simulated (``workers`` at a time, default ``training.rollout.workers``) and
+    kept there; all seeds' episodes in one pool, so both cores stay busy."""
+    from testbed.aset.evaluate import code_fingerprint, inputs_fingerprint, progress_bar
+    from testbed.distributed import imap_unordered
+
+    code_fingerprint.cache_clear()  # the code as it is now (a long session may have changed it)
+    inputs_fingerprint.cache_clear()
+    ro = cfg.training.rollout
+    cache = cache_dir or resolve(base, ro.cache_dir or str(Path(cfg.training.out_dir) / "rollout-cache"))
+    tasks = [t for s in seeds for t in data_tasks(cfg, base, s)]
+    files = [_cache_file(cache, t) for t in tasks]
+    got: list[dict | None] = [_load(f) if f.is_file() else None for f in files]
+    todo = [i for i, g in enumerate(got) if g is None]
+    bar = progress_bar(console, len(tasks), "rollout data") if progress else None
+    try:
+        if bar is not None:
+            bar[0].advance(bar[1], len(tasks) - len(todo))
+        for k, r in imap_unordered(episode_data, [tasks[i] for i in todo], backend=backend,
+                                   jobs=workers or ro.workers, ray_address=ray_address):
+            _save(files[todo[k]], r)
+            got[todo[k]] = r
+            if bar is not None:
+                bar[0].advance(bar[1])
+    finally:
+        if bar is not None:
+            bar[0].stop()
+    per = len(tasks) // len(seeds)
+    return {s: RolloutData.join(got[j * per:(j + 1) * per]) for j, s in enumerate(seeds)}
+
+
+# ----------------------------------------------------------------------------- learning
+def decide(q: np.ndarray, obs: np.ndarray, margin: float) -> np.ndarray:
+    """The greedy actions of the plan rule (:func:`plan_scores`, the exported policy's)."""
+    return np.argmax(plan_scores(q, obs, margin, q.shape[1]), axis=1)
+
+
+def held_out(q: np.ndarray, data: RolloutData, rows: np.ndarray, margin: float) -> dict[str, float]:
+    """What the plan rule does on ``rows`` with the predictions ``q`` (one per row): ``deviate``
+    (share of samples where it leaves the plan), ``gain`` (mean target of its action: the team's
+    success-ratio gain of deviating one window where it does, in points), ``best`` (mean of the
+    largest target: the same with hindsight, in points), ``samples``."""
+    t = data.targets[rows]
+    chosen = decide(q, data.obs[rows], margin)
+    return {"samples": int(len(rows)), "deviate": float(np.mean(chosen != data.plan[rows])),
+            "gain": 100 * float(np.mean(t[np.arange(len(rows)), chosen])), "best": 100 * float(np.mean(t.max(1)))}
+
+
+@dataclass
+class FitResult:
+    """A fitted network: ``weights`` (the best validation epoch's), ``epochs`` (one row per
+    epoch: train and validation loss, validation deviate / gain), ``best_epoch`` (1-based),
+    ``validation`` (:func:`held_out` of the best weights, overall and per scenario), ``wall_s``."""
+
+    weights: list[np.ndarray]
+    epochs: list[dict] = field(default_factory=list)
+    best_epoch: int = 0
+    validation: dict[str, dict] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+def fit(data: RolloutData, cfg: AsetConfig, seed: int) -> FitResult:
+    """Regress the Q-network on the data's targets (module docstring); the network is
+    :func:`testbed.aset.agent.build_q_network` of ``agent.hidden`` seeded by ``seed``, which also
+    draws the validation episodes and the minibatches."""
+    import tensorflow as tf
+
+    from testbed.aset.agent import build_q_network
+    from testbed.aset.train import tf_one_thread
+
+    tf_one_thread()
+    t0 = time.perf_counter()
+    ro, ag = cfg.training.rollout, cfg.agent
+    train_rows, val_rows = data.split(ro.validation_fraction, seed)
+    tf.random.set_seed(seed)
+    model = build_q_network(data.obs.shape[1], data.targets.shape[1], ag.hidden, seed)
+    opt = tf.keras.optimizers.Adam(learning_rate=ag.learning_rate)
+    huber = tf.keras.losses.Huber(delta=ag.huber_delta)
+
+    @tf.function(reduce_retracing=True)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = huber(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    rng = np.random.default_rng(seed)
+    x_val, y_val = data.obs[val_rows], data.targets[val_rows]
+    best = FitResult(model.get_weights())
+    for epoch in range(1, ro.epochs + 1):
+        perm = rng.permutation(train_rows)
+        total = 0.0
+        for b in range(0, len(perm), ro.batch_size):
+            idx = perm[b:b + ro.batch_size]
+            total += float(step(data.obs[idx], data.targets[idx])) * len(idx)
+        q_val = model(x_val, training=False).numpy()
+        row = {"epoch": epoch, "train_loss": total / max(1, len(perm)), "val_loss": float(huber(y_val, q_val)),
+               **{f"val_{k}": v for k, v in held_out(q_val, data, val_rows, ag.plan_margin).items()
+                  if k != "samples"}}
+        best.epochs.append(row)
+        if not best.best_epoch or row["val_loss"] < best.epochs[best.best_epoch - 1]["val_loss"]:
+            best.best_epoch, best.weights = epoch, [np.array(w) for w in model.get_weights()]
+    model.set_weights(best.weights)
+    best.validation = _validation(model(x_val, training=False).numpy(), data, val_rows, ag.plan_margin)
+    best.wall_s = time.perf_counter() - t0
+    return best
+
+
+def _validation(q: np.ndarray, data: RolloutData, rows: np.ndarray, margin: float) -> dict[str, dict]:
+    """:func:`held_out` over all validation rows (``all``) and per scenario."""
+    out = {"all": held_out(q, data, rows, margin)}
+    names = data.scenario[rows]
+    for name in sorted(set(names.tolist())):
+        sel = names == name
+        out[name] = held_out(q[sel], data, rows[sel], margin)
+    return out
+
+
+# ----------------------------------------------------------------------------- the training run
+@dataclass
+class RolloutResult(TrainResult):
+    """One seed of a rollout training: the :class:`TrainResult` fields (``episodes`` empty,
+    ``steps`` 0), plus the data set's size, the fit (:class:`FitResult` without weights)."""
+
+    samples: int = 0
+    data_episodes: int = 0
+    data_cpu_s: float = 0.0
+    fit: FitResult | None = None
+
+
+def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, backend: str = "process",
+                  ray_address: str | None = None, console=None, progress: bool = True,
+                  cache_dir: Path | None = None,
+                  scenarios: tuple[PlanSampler, list] | None = None) -> list[RolloutResult]:
+    """``testbed train`` for ``training.method: rollout``: the data of every seed of
+    ``training.seeds`` (:func:`collect`), one network per seed (:func:`fit`) exported to
+    ``training.out_dir/<name>/seed-<k>/policy`` with its ``epochs.csv``, ``curve.png`` and
+    ``rollout.json``; ``curves.png`` of every seed; the policy of ``export_seed`` (default the
+    first seed) copied to ``training.export_to``. ``scenarios``:
+    :func:`~testbed.aset.train.training_scenarios` of ``cfg`` when the caller has them.
+
+    Raises:
+        ValueError: no ``training:`` section, or not ``method: rollout``; the scenarios' errors
+            (:func:`testbed.aset.train.training_scenarios`) before anything is simulated.
+    """
+    from testbed.aset.npolicy import copy_policy
+
+    tr = cfg.training
+    if tr is None or tr.method != "rollout":
+        raise ValueError(f"ASET config {cfg.name!r}: train_rollout needs training.method: rollout")
+    sampler = (scenarios or training_scenarios(cfg, base))[0]  # every scenario and plan checked first
+    env = AsetSimEnv(sampler, cfg.observation, tr.episode_s, policies=cfg.policies)  # the spaces, for the export
+    seeds = tr.seeds or [cfg.seed]
+    root = resolve(base, tr.out_dir) / cfg.name
+    t0 = time.perf_counter()
+    sets = collect(cfg, base, seeds, workers=workers, backend=backend, ray_address=ray_address,
+                   cache_dir=cache_dir, console=console, progress=progress)
+    data_wall = time.perf_counter() - t0
+    results = []
+    for s in seeds:
+        out = root / f"seed-{s}"
+        out.mkdir(parents=True, exist_ok=True)
+        fitted = fit(sets[s], cfg, s)
+        res = RolloutResult(out, out / "policy", s, wall_s=data_wall / len(seeds) + fitted.wall_s,
+                            samples=len(sets[s]), data_episodes=int(sets[s].episode.max()) + 1,
+                            data_cpu_s=sets[s].wall_s, fit=fitted)
+        export_weights(cfg, env, fitted.weights, res.policy_path, s, _meta(cfg, res))
+        _write_seed(out, res, cfg)
+        results.append(res)
+    write_loss_curves(root / "curves.png", {f"seed {r.seed}": r.fit.epochs for r in results},
+                      f"ASET rollout regression ({len(results)} seeds)")
+    chosen = tr.export_seed if tr.export_seed is not None else seeds[0]
+    if tr.export_to:
+        copy_policy(next(r for r in results if r.seed == chosen).policy_path, resolve(base, tr.export_to))
+    return results
+
+
+def _meta(cfg: AsetConfig, res: RolloutResult) -> dict:
+    """What the exported policy's JSON says of its training."""
+    ro = cfg.training.rollout
+    return {"method": "rollout", "horizon_windows": ro.horizon_windows,
+            "episodes_per_scenario": ro.episodes_per_scenario, "samples": res.samples,
+            "best_epoch": res.fit.best_epoch, "epochs": ro.epochs,
+            "val_loss": res.fit.epochs[res.fit.best_epoch - 1]["val_loss"]}
+
+
+def _write_seed(out: Path, res: RolloutResult, cfg: AsetConfig) -> None:
+    """``epochs.csv``, ``curve.png`` and ``rollout.json`` of one seed."""
+    rows = res.fit.epochs
+    with open(out / "epochs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    write_loss_curves(out / "curve.png", {f"seed {res.seed}": rows}, "ASET rollout regression")
+    summary = {"seed": res.seed, "samples": res.samples, "episodes": res.data_episodes,
+               "data_cpu_s": round(res.data_cpu_s, 1), "fit_s": round(res.fit.wall_s, 1),
+               "best_epoch": res.fit.best_epoch, "plan_margin": float(cfg.agent.plan_margin),
+               "rollout": cfg.training.rollout.model_dump(), "validation": res.fit.validation}
+    (out / "rollout.json").write_text(json.dumps(summary, indent=1))
+
+
+def write_loss_curves(path: Path, runs: dict[str, list[dict]], title: str) -> None:
+    """``path``: per run, the train (solid) and validation (dashed) loss per epoch, and the plan
+    rule's gain on the validation episodes (points) per epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for k, (label, rows) in enumerate(runs.items()):
+        x = [r["epoch"] for r in rows]
+        color = f"C{k}"
+        axes[0].plot(x, [r["train_loss"] for r in rows], "-", color=color, label=f"{label}: train")
+        axes[0].plot(x, [r["val_loss"] for r in rows], "--", color=color, label=f"{label}: validation")
+        axes[1].plot(x, [r["val_gain"] for r in rows], "-", color=color, label=label)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("Huber loss")
+    axes[0].set_title(title)
+    axes[1].axhline(0, color="k", lw=0.8)
+    axes[1].set_ylabel("team gain of the plan rule (points)")
+    axes[1].set_title("validation episodes: target of the chosen action")
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def written_lines(cfg: AsetConfig, base: Path, results: list[RolloutResult]) -> list[str]:
+    """``testbed train``'s report of a rollout training: one line per seed (the data, the fit,
+    what the plan rule does on the held-out episodes) and the files written."""
+    lines = []
+    for r in results:
+        v = r.fit.validation["all"]
+        e = r.fit.epochs[r.fit.best_epoch - 1]
+        lines.append(f"seed {r.seed}: {r.samples} samples of {r.data_episodes} episodes ({r.data_cpu_s:.0f} s of "
+                     f"simulation), fit {r.fit.wall_s:.0f} s, best epoch {r.fit.best_epoch}/{len(r.fit.epochs)}: "
+                     f"train loss {e['train_loss']:.3g}, validation loss {e['val_loss']:.3g}; on the held-out "
+                     f"episodes the plan rule deviates in {100 * v['deviate']:.1f} % of the decisions, gain "
+                     f"{v['gain']:+.3f} pts (with hindsight {v['best']:+.3f})")
+    lines.append("written:")
+    for r in results:
+        lines.append(f"  {r.policy_path}.npz/.json, {r.out_dir / 'epochs.csv'}, {r.out_dir / 'curve.png'}, "
+                     f"{r.out_dir / 'rollout.json'}")
+    lines.append(f"  {resolve(base, cfg.training.out_dir) / cfg.name / 'curves.png'} (the loss curves)")
+    if cfg.training.export_to:
+        lines.append(f"  {cfg.training.export_to}.npz/.json (the policy, exported)")
+    return lines
+
+
+__all__ = ["FitResult", "RolloutData", "RolloutResult", "collect", "data_spec", "data_tasks", "decide",
+           "episode_data", "episode_seed", "fit", "held_out", "train_rollout", "window_targets", "write_loss_curves",
+           "written_lines"]
