@@ -16,7 +16,8 @@ again instead of reusing stale cells.
 At the end, the results table has one row per run (``runs.csv``/``runs.parquet``) and one per
 (scenario, policy) (``table.csv``, ``table.md``): success ratio mean and 95% confidence interval
 over the seeds (:func:`testbed.util.ci95`), e2e latency percentiles (mean over seeds of each run's
-p50/p95/p99, answered queries), failures per cause (mean count per run). Plots:
+p50/p95/p99, answered queries), failures per cause (mean count per run; every cause of
+:data:`testbed.model.records.CAUSES`, so the causes add up to the failures). Plots:
 ``success_ratio.png`` (bars with the CI per scenario and policy) and ``e2e_p95.png``.
 Results do not depend on the backend: the same seeds give the same table.
 """
@@ -34,9 +35,9 @@ from pathlib import Path
 import pandas as pd
 
 from testbed.errors import EXIT_INPUT, RunFailure
+from testbed.model.records import CAUSES
 from testbed.util import ci95, markdown_table
 
-CAUSES = ("deadline_miss", "dropped", "accuracy", "error")
 #: The per-(scenario, policy) columns of ``table.md``, in order.
 TABLE_COLUMNS = ["scenario", "policy", "seeds", "success_mean", "success_ci95", "e2e_p50_ms", "e2e_p95_ms",
                  "e2e_p99_ms"] + [f"fail_{c}" for c in CAUSES]
@@ -167,9 +168,11 @@ def plot(table: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def fingerprint(plan, duration_s: float | None, emulate: bool, link_emulator: str | None) -> str:
-    """12 hex digits of SHA-256 over what decides a cell's result besides policy and seed."""
+    """12 hex digits of SHA-256 over what decides a cell's result besides policy and seed, and the
+    row's failure causes (:data:`CAUSES`: a cell written with other causes lacks a column, so it
+    runs again rather than leave that cause empty)."""
     h = hashlib.sha256(plan.model_dump_json().encode())
-    h.update(repr((duration_s, emulate, link_emulator if emulate else None)).encode())
+    h.update(repr((duration_s, emulate, link_emulator if emulate else None, CAUSES)).encode())
     return h.hexdigest()[:12]
 
 

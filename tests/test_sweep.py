@@ -73,3 +73,19 @@ def test_sweep_refuses_experiments_it_would_pool(tmp_path):
         out = " ".join((res.stdout + res.stderr).split())  # the console wraps long lines
         assert res.returncode == 2 and said in out, out
         assert not (tmp_path / "out").exists()
+
+
+def test_sweep_counts_every_failure_cause_so_they_add_up_to_the_failures(tmp_path):
+    """The sweep's causes are the model's (testbed.model.records.CAUSES): fedc is down 15-30 s in
+    scenario-failure, and the queries sent to it meanwhile are ``server_down``, which a sweep of its
+    own list of causes dropped (the causes then did not add up to the failures)."""
+    from testbed.model.records import CAUSES
+
+    sweep([str(REPO / "experiments/scenario-failure.yaml")], ["closest"], [1], tmp_path, jobs=1, duration_s=20.0)
+    (row,) = pd.read_csv(tmp_path / "runs.csv").to_dict("records")
+    assert [c for c in row if c.startswith("fail_")] == [f"fail_{c}" for c in CAUSES]
+    assert row["fail_server_down"] > 0
+    failures = round(row["queries"] * (1 - row["success_ratio"]))
+    assert sum(row[f"fail_{c}"] for c in CAUSES) == failures
+    table = pd.read_csv(tmp_path / "table.csv")
+    assert table.loc[0, "fail_server_down"] == row["fail_server_down"]
