@@ -13,6 +13,10 @@ into ``--out``: ``report.html`` (self-contained: every figure embedded as a base
   (lon/lat from ``plan.json``), links coloured by mean utilization;
 * ``hop_delays.png``: with packet capture: per-hop one-way delay against the configured link delay;
 * a comparison table across runs (queries, success ratio, q/s, e2e percentiles, breakdown).
+
+Latency figures are the summary's (:func:`testbed.summary.latency_figures`, the same answered
+queries, :data:`testbed.summary.LATENCY_RULE`, stated under the table): a run's row equals its
+``summary.md`` line; the table also counts the queries that opened a new connection (``cold``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from testbed.errors import InputError
-from testbed.summary import check_records, read_records
+from testbed.summary import COLD_RULE, LATENCY_RULE, answered, check_records, latency_figures, read_records
 from testbed.util import markdown_table
 
 MAX_POLICY_PANELS = 8
@@ -103,13 +107,6 @@ def load_run(run_dir: Path) -> RunData:
                    pd.read_csv(hd) if hd.exists() and hd.stat().st_size > 1 else pd.DataFrame())
 
 
-def _answered(df: pd.DataFrame) -> pd.DataFrame:
-    if df.empty or "http_status" not in df:
-        return df.iloc[0:0]
-    st = pd.to_numeric(df["http_status"], errors="coerce")
-    return df[(st == 200) & pd.to_numeric(df["e2e_ms"], errors="coerce").notna()]
-
-
 def _t_s(df: pd.DataFrame) -> pd.Series:
     t = df["t0_ns"].astype("Int64")
     return ((t - t.min()).astype("float64")) / 1e9
@@ -142,7 +139,7 @@ def fig_latency_cdf(runs: list[RunData], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     drawn = 0
     for label, _r, g in _groups(runs):
-        e = np.sort(pd.to_numeric(_answered(g)["e2e_ms"], errors="coerce").dropna().to_numpy())
+        e = np.sort(pd.to_numeric(answered(g)["e2e_ms"], errors="coerce").dropna().to_numpy())
         if len(e):
             ax.step(e, np.arange(1, len(e) + 1) / len(e), where="post", label=f"{label} (n={len(e)})")
             drawn += 1
@@ -166,7 +163,7 @@ def fig_breakdown(runs: list[RunData], path: Path) -> bool:
     plt = _plt()
     rows = []
     for label, _r, g in _groups(runs):
-        a = _answered(g)
+        a = answered(g)
         if len(a):
             rows.append((label, *(float(pd.to_numeric(a.get(f"{k}_ms"), errors="coerce").mean())
                                   for k in ("network", "queueing", "inference"))))
@@ -380,26 +377,31 @@ def fig_hop_delays(runs: list[RunData], path: Path) -> bool:
 # ------------------------------------------------------------------------------------------- tables
 
 def comparison_table(runs: list[RunData]) -> pd.DataFrame:
-    """One row per run and policy: queries, load (s), success ratio, answered q/s, e2e p50/p95/p99 (ms),
-    mean network/queueing/inference (ms) of answered queries, failures per cause."""
+    """One row per run and policy: queries, load (s), success ratio, answered q/s, e2e p50/p95/p99 (ms)
+    and mean network/queueing/inference (ms) as the summary takes them
+    (:func:`testbed.summary.latency_figures`), ``cold`` (queries that opened a new connection),
+    failures per cause."""
     from testbed.summary import load_duration_s
 
     rows = []
     for label, r, g in _groups(runs):
-        a = _answered(g)
-        e = pd.to_numeric(a["e2e_ms"], errors="coerce") if len(a) else pd.Series(dtype=float)
+        lat = latency_figures(g)
         dur = float(r.summary.get("duration_s") or 0) or (float(_t_s(r.records).max()) or 1.0)
         load = load_duration_s(g["t0_ns"], dur)
         fails = g.loc[g["outcome"] != "success", "failure_cause"].fillna("?").value_counts()
         rows.append({"run / policy": label, "mode": r.mode, "queries": len(g), "load_s": round(load, 2),
                      "success_ratio": round(float((g["outcome"] == "success").mean()), 4) if len(g) else None,
-                     "answered_qps": round(len(a) / load, 2) if load > 0 else None,
-                     **{f"e2e_p{q}_ms": (round(float(e.quantile(q / 100)), 2) if len(e) else None)
-                        for q in (50, 95, 99)},
-                     **{f"{k}_mean_ms": (round(float(pd.to_numeric(a[f"{k}_ms"], errors="coerce").mean()), 2)
-                                         if len(a) else None) for k in ("network", "queueing", "inference")},
+                     "answered_qps": round(lat["answered"] / load, 2) if load > 0 else None,
+                     **{f"e2e_{q}_ms": v for q, v in lat["e2e_ms"].items()},
+                     **{f"{k}_mean_ms": v for k, v in lat["breakdown_ms"].items()},
+                     "cold": lat["cold_queries"],
                      "failures": ", ".join(f"{k} {v}" for k, v in fails.items()) or "none"})
     return pd.DataFrame(rows)
+
+
+#: The note under the comparison table: which queries its latency figures are over, and what ``cold`` counts.
+TABLE_NOTE = (f"Latency percentiles, the mean breakdown, the latency CDF and the breakdown figure are {LATENCY_RULE} "
+              f"(the summary's rule, testbed.summary.latency_figures). cold: {COLD_RULE}.")
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -535,6 +537,7 @@ def _write_html(path: Path, runs, table: pd.DataFrame, figures, titles, skipped,
     parts += [f"<li>{html.escape(x)}</li>" for x in _runs_list(runs)]
     parts.append("</ul><h2>Comparison across runs</h2>")
     parts.append(table.to_html(index=False, na_rep="-", escape=True))
+    parts.append(f"<p>{html.escape(TABLE_NOTE)}</p>")
     for name, p in figures.items():
         b64 = base64.b64encode(p.read_bytes()).decode()
         parts.append(f"<h2>{html.escape(titles[name])}</h2><img alt='{name}' src='data:image/png;base64,{b64}'>")
@@ -551,7 +554,7 @@ def _write_html(path: Path, runs, table: pd.DataFrame, figures, titles, skipped,
 
 def _write_md(path: Path, runs, table: pd.DataFrame, figures, titles, skipped, hops) -> None:
     parts = ["# ASET testbed report", "", *[f"- {x}" for x in _runs_list(runs)], "", "## Comparison across runs",
-             "", markdown_table(table), ""]
+             "", markdown_table(table), "", TABLE_NOTE, ""]
     for name, p in figures.items():
         parts += [f"## {titles[name]}", "", f"![{name}]({p.relative_to(path.parent)})", ""]
     for label, h in hops:

@@ -15,14 +15,19 @@ are shown apart and labelled as such: they count what each server saw in its lif
 answers that came after the source had given up, and none of the queries of a life whose last
 stats file a kill cut short.
 
-Cold start (the rule the summary states, :data:`COLD_RULE`): before the load, every source's path
-to every (cluster, model) is warmed (:meth:`testbed.emulation.servers.ClusterServers.warm_paths`);
-those requests are not records. What the warm-up cannot warm is the source's own connection: in
-an emulated run whose source marks no query cold, the merge marks ``cold = 1`` on the first query
-of each (source, cluster) pair, the one that opened that connection. Cold queries stay in every
-count and ratio but are left out of the latency percentiles and the mean breakdown. Measured on
-the triangle (docs/trustworthy-runs.md): that first query took 1.23x the pair's median (range
-0.84-1.94x) with the warm-up, 1.33x (0.46-1.82x) without.
+Latency figures (:func:`latency_figures`, the one rule of the summary and of ``testbed report``,
+stated by :data:`LATENCY_RULE`): the e2e percentiles and the mean breakdown are taken over every
+answered query (:func:`answered`), nothing left out.
+
+New connections (:data:`COLD_RULE`): before the load, every source's path to every (cluster,
+model) is warmed (:meth:`testbed.emulation.servers.ClusterServers.warm_paths`; those requests
+are not records) and each source opens one keep-alive connection to every cluster
+(:mod:`testbed.workload`). ``cold = 1`` is set by the source on a query whose request opened a
+new TCP connection (aiohttp's connection tracing): no open connection to its cluster was idle,
+because its other queries to that cluster (or its stats poll) held each one, as in a burst, or
+the idle one had been closed. Such a query paid one more round trip for the handshake; it is
+the system's behaviour under bursts, counted in every figure, and the summary says how many
+there were (``cold_queries``; measured: docs/trustworthy-runs.md, "New connections").
 """
 
 from __future__ import annotations
@@ -41,9 +46,15 @@ from testbed.errors import InputError, RunFailure
 from testbed.model.records import CAUSES, COLUMNS, FAILURE, RECORD_FIELDS, SUCCESS
 from testbed.util import markdown_table
 
-COLD_RULE = ("every source -> cluster/model path was warmed before the load (warm-up requests are not records); "
-             "the first query of each (source, cluster) pair still opens the source's connection: it is marked "
-             "cold = 1 and counts in every count and ratio but not in the latency percentiles or the mean breakdown")
+#: What ``cold = 1`` marks (printed with the summary; docs/trustworthy-runs.md, "New connections").
+COLD_RULE = ("every source -> cluster/model path was warmed and each source opened one connection to every cluster "
+             "before the load (warm-up requests are not records); cold = 1 marks a query that opened a new TCP "
+             "connection because none to its cluster was idle (its other queries or its stats poll held them, "
+             "as in a burst, or the idle one had been closed): it paid one more round trip for the handshake "
+             "and counts in every figure, latency percentiles and mean breakdown included")
+#: Which queries the latency percentiles and the mean breakdown are taken over (:func:`latency_figures`;
+#: printed beside them in the summary and in ``testbed report``).
+LATENCY_RULE = "over every answered query (HTTP 200 with an e2e time), cold ones (new connections) included"
 
 
 def read_csv_exact(path: Path) -> pd.DataFrame:
@@ -180,7 +191,6 @@ def merge_records(run_dir: Path) -> pd.DataFrame:
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if not df.empty:
         df = df.sort_values("t0_ns", kind="stable").reset_index(drop=True)
-        _mark_cold(df, run_dir)
         pkt = run_dir / "capture" / "queries.csv"
         if pkt.exists() and pkt.stat().st_size > 1:
             q = read_csv_exact(pkt)
@@ -194,19 +204,6 @@ def merge_records(run_dir: Path) -> pd.DataFrame:
         raise RunFailure(f"cannot write the merged records in {run_dir}: {exc.strerror or exc}; the records are "
                          f"intact in {run_dir / 'sources'}") from None
     return df
-
-
-def _mark_cold(df: pd.DataFrame, run_dir: Path) -> None:
-    """In an emulated run whose sources marked nothing cold: ``cold = 1`` on the first query (by
-    t0) of each (source, cluster) pair (module docstring). ``df`` is sorted by t0; changed in place."""
-    try:
-        mode = json.loads((run_dir / "run.json").read_text()).get("mode")
-    except (OSError, ValueError):
-        return
-    if mode != "emulation" or "cold" not in df or (pd.to_numeric(df["cold"], errors="coerce").fillna(0) == 1).any():
-        return
-    first = ~df.duplicated(["source", "cluster"], keep="first")
-    df["cold"] = first.astype(int)
 
 
 def _pct(series: pd.Series, q: float) -> float | None:
@@ -242,17 +239,37 @@ def _causes(g: pd.DataFrame) -> dict[str, int]:
     return out
 
 
-def _answered(df: pd.DataFrame) -> pd.DataFrame:
+def answered(df: pd.DataFrame) -> pd.DataFrame:
+    """The answered queries of records ``df``: HTTP 200 with an e2e time (ms). The rows of every
+    latency figure (:func:`latency_figures`) and of the answered counts, in the summary and in
+    ``testbed report`` alike."""
+    if df.empty or "http_status" not in df or "e2e_ms" not in df:
+        return df.iloc[0:0]
     # numeric compare: a column with empty cells (unanswered queries) reads back as 200.0
-    return df[pd.to_numeric(df["http_status"], errors="coerce") == 200]
+    status = pd.to_numeric(df["http_status"], errors="coerce")
+    return df[(status == 200) & pd.to_numeric(df["e2e_ms"], errors="coerce").notna()]
 
 
-def _latency_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Answered queries that count in latency percentiles: not cold (module docstring)."""
-    ans = _answered(df)
-    if "cold" in ans:
-        ans = ans[pd.to_numeric(ans["cold"], errors="coerce").fillna(0) != 1]
-    return ans
+def cold_queries(df: pd.DataFrame) -> int:
+    """Queries of ``df`` that opened a new TCP connection (``cold = 1``, :data:`COLD_RULE`)."""
+    if df.empty or "cold" not in df:
+        return 0
+    return int((pd.to_numeric(df["cold"], errors="coerce").fillna(0) == 1).sum())
+
+
+def latency_figures(df: pd.DataFrame) -> dict:
+    """The latency figures of records ``df`` (:data:`LATENCY_RULE`): ``e2e_ms`` p50/p95/p99 and
+    ``breakdown_ms`` (mean network / queueing / inference), all in ms rounded to 3 decimals (None
+    without an answered query), over :func:`answered`; ``answered`` (queries) and
+    ``cold_queries`` (queries that opened a new connection, every outcome)."""
+    ans = answered(df)
+    breakdown = {}
+    for k in ("network", "queueing", "inference"):
+        col = pd.to_numeric(ans[f"{k}_ms"], errors="coerce").dropna() if f"{k}_ms" in ans else pd.Series(dtype=float)
+        breakdown[k] = None if col.empty else round(float(col.mean()), 3)
+    e2e = pd.to_numeric(ans["e2e_ms"], errors="coerce") if "e2e_ms" in ans else pd.Series(dtype=float)
+    return {"e2e_ms": {f"p{q}": _pct(e2e, q / 100) for q in (50, 95, 99)}, "breakdown_ms": breakdown,
+            "answered": int(len(ans)), "cold_queries": cold_queries(df)}
 
 
 def _per_group(df: pd.DataFrame, by: str) -> dict[str, dict]:
@@ -260,8 +277,8 @@ def _per_group(df: pd.DataFrame, by: str) -> dict[str, dict]:
     for key, g in df.groupby(by):
         ok = int((g["outcome"] == "success").sum())
         out[str(key)] = {"queries": int(len(g)), "success": ok, "success_ratio": round(ok / len(g), 4),
-                         "answered": int(len(_answered(g))), "failures": _causes(g),
-                         "e2e_p95_ms": _pct(_latency_rows(g)["e2e_ms"], 0.95)}
+                         "answered": int(len(answered(g))), "failures": _causes(g),
+                         "e2e_p95_ms": _pct(answered(g)["e2e_ms"], 0.95)}
     return out
 
 
@@ -302,7 +319,7 @@ def _server_counters(run_dir: Path) -> dict[str, dict]:
 #: median (docs/models-and-servers.md, ``iso`` columns), so 1.75x is beyond the share's own effect.
 SLOW_SERVICE_FACTOR = 1.75
 SLOW_SERVICE_MAX_UTILIZATION = 0.5
-#: Fewest answered, warm queries of a (cluster, model) for the service check to judge it.
+#: Fewest answered, unbatched queries of a (cluster, model) for the service check to judge it.
 SERVICE_CHECK_MIN_QUERIES = 10
 
 
@@ -332,7 +349,7 @@ def _service_check(run_dir: Path, df: pd.DataFrame, per_cluster: dict) -> dict:
         services = json.loads(plan_file.read_text()).get("services") or {}
     except (OSError, ValueError):
         return out
-    lat = _latency_rows(df)
+    lat = answered(df)
     lat = lat[lat["inference_ms"].notna() & (lat["batch"].fillna(1) <= 1)] if "batch" in lat else lat
     for (cluster, model), g in lat.groupby(["cluster", "model"]):
         fig = (services.get(str(cluster)) or {}).get(str(model))
@@ -437,8 +454,9 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
     ``duration_s`` (configured), ``load_s`` (measured, :func:`load_duration_s`), ``success_ratio``,
     ``throughput_qps`` (answered queries per s of measured load), ``failures`` (count per cause,
     causes with none left out), ``drop_reasons`` (of ``dropped``), ``e2e_ms`` p50/p95/p99 and
-    ``breakdown_ms`` (mean network / queueing / inference) of answered queries that are not cold,
-    ``cold_queries``, ``cold_rule``, ``per_application`` and ``per_cluster`` (queries, success,
+    ``breakdown_ms`` (mean network / queueing / inference, ms) of every answered query
+    (:func:`latency_figures`, ``latency_rule``), ``cold_queries`` (queries that opened a new
+    connection) and ``cold_rule`` (what that means), ``per_application`` and ``per_cluster`` (queries, success,
     answered, every cause: from the records; ``utilization`` and ``server``: the servers' own
     counters, apart), ``link_emulators`` (lateness and drops), ``links`` (mean and max utilization
     per direction, drops, from the controller's port stats), ``records_check`` (rows per source
@@ -451,22 +469,19 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
     df = merge_records(run_dir)
     s: dict = {"queries": int(len(df)), "duration_s": duration_s,
                "load_s": round(load_duration_s(df["t0_ns"], duration_s), 3) if "t0_ns" in df else duration_s,
-               "cold_rule": COLD_RULE}
+               "cold_rule": COLD_RULE, "latency_rule": LATENCY_RULE}
     if df.empty:
         s.update(success_ratio=None, failures={}, e2e_ms={}, breakdown_ms={}, per_application={}, cold_queries=0)
     else:
         ok = df["outcome"] == "success"
-        answered, lat = _answered(df), _latency_rows(df)
+        lat = latency_figures(df)
         s["success_ratio"] = round(float(ok.mean()), 4)
-        s["throughput_qps"] = round(len(answered) / s["load_s"], 3) if s["load_s"] > 0 else None
+        s["throughput_qps"] = round(lat["answered"] / s["load_s"], 3) if s["load_s"] > 0 else None
         s["failures"] = {k: v for k, v in _causes(df).items() if v}
         dropped = df[df["failure_cause"] == "dropped"]
         s["drop_reasons"] = {str(k) or "unknown": int(v)
                              for k, v in dropped["drop_reason"].astype("string").fillna("").value_counts().items()}
-        s["cold_queries"] = int(len(answered) - len(lat))
-        s["e2e_ms"] = {f"p{q}": _pct(lat["e2e_ms"], q / 100) for q in (50, 95, 99)}
-        s["breakdown_ms"] = {k: (None if lat[f"{k}_ms"].dropna().empty else round(float(lat[f"{k}_ms"].mean()), 3))
-                             for k in ("network", "queueing", "inference")}
+        s.update(cold_queries=lat["cold_queries"], e2e_ms=lat["e2e_ms"], breakdown_ms=lat["breakdown_ms"])
         s["per_application"] = _per_group(df, "application")
     per_cluster = _per_group(df, "cluster") if not df.empty else {}
     for name, counters in _server_counters(run_dir).items():
@@ -608,8 +623,10 @@ def _headline(s: dict) -> list[str]:
     e, b = s.get("e2e_ms", {}), s.get("breakdown_ms", {})
     if e:
         lines.append(f"e2e ms: p50 {e.get('p50')}  p95 {e.get('p95')}  p99 {e.get('p99')};  mean breakdown ms: "
-                     f"network {b.get('network')}  queueing {b.get('queueing')}  inference {b.get('inference')}")
-    lines.append(f"Cold start: {s.get('cold_rule', COLD_RULE)} ({s.get('cold_queries', 0)} cold queries here).")
+                     f"network {b.get('network')}  queueing {b.get('queueing')}  inference {b.get('inference')} "
+                     f"({s.get('latency_rule', LATENCY_RULE)})")
+    lines.append(f"New connections (cold = 1): {s.get('cold_queries', 0)} queries here; "
+                 f"{s.get('cold_rule', COLD_RULE)}.")
     le = (s.get("link_emulators") or {}).get("total")
     if le:
         lines.append(f"Link emulators: at most {le['max_late_ms']:.3f} ms late; {le['frames']} frames delivered; "

@@ -19,11 +19,13 @@ different hosts are directly comparable. Records are appended (and flushed) as e
 resolves, so a run stopped at any point keeps what was measured; a write that fails (a full
 disk) keeps the row in memory, retried with the next row and at exit.
 
-Cold start: before the load starts the source opens a keep-alive connection to every cluster (a
-``GET /v1/stats``); a query that still had to open a new TCP connection (its answer paid one
-more RTT for the handshake, e.g. during a burst beyond the connections open) is marked
-``cold = 1`` (aiohttp's connection tracing), and the summary leaves cold queries out of the
-latency percentiles (docs/trustworthy-runs.md).
+New connections: before the load starts the source opens a keep-alive connection to every
+cluster (a ``GET /v1/stats``), so its first query to a cluster normally reuses it. A query that
+still had to open a new TCP connection (no open one to its cluster was idle: its other queries or
+the stats poll held them, as in a burst, or the idle one had been closed after the connector's
+60 s) is marked ``cold = 1`` (aiohttp's connection tracing); its answer paid one more RTT for
+the handshake. Cold queries count in every figure of the summary, latency percentiles included
+(:data:`testbed.summary.COLD_RULE`, docs/trustworthy-runs.md).
 """
 
 from __future__ import annotations

@@ -77,6 +77,28 @@ def test_comparison_table_exact(tmp_path):
     assert rb["e2e_p50_ms"] == pytest.approx(pd.Series([10.0 + i for i in range(20) if i % 5 != 4]).median())
 
 
+def test_the_report_and_the_summary_give_one_set_of_latency_figures(tmp_path):
+    """One rule (testbed.summary.latency_figures) for summary.md and the report: a run's row has
+    the summary's percentiles and breakdown exactly, queries that opened a connection included
+    (the summary left them out and the report did not: 93.3 against 94.66 ms p95), and the note
+    under the table says so."""
+    d = make_run(tmp_path, "run-a", ["closest"])
+    f = d / "sources" / "srca.records.csv"
+    df = pd.read_csv(f)
+    df["cold"] = 0
+    df.loc[[0, 38], "cold"] = 1  # the first query and the slowest answered one (48 ms) opened a connection
+    df.loc[38, "network_ms"] = 9.0
+    df.to_csv(f, index=False)
+    s = summarize(d, 10.0)
+    (row,) = comparison_table([load_run(d)]).to_dict("records")
+    assert {q: row[f"e2e_{q}_ms"] for q in ("p50", "p95", "p99")} == s["e2e_ms"]
+    assert {k: row[f"{k}_mean_ms"] for k in ("network", "queueing", "inference")} == s["breakdown_ms"]
+    assert s["e2e_ms"]["p99"] == pytest.approx(47.0 + 0.69 * 1.0) and s["cold_queries"] == row["cold"] == 2
+    assert s["breakdown_ms"]["network"] == pytest.approx(round((31 * 5.0 + 9.0) / 32, 3))
+    out = build_report([d], tmp_path / "rep")
+    assert "cold ones (new connections) included" in out["markdown"].read_text()
+
+
 def test_build_report_mixed_runs(tmp_path):
     a = make_run(tmp_path, "run-a", ["closest"])
     b = make_run(tmp_path, "run-b", ["aset", "closest"], mode="simulation", link_stats=False)

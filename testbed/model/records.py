@@ -74,7 +74,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("http_status", "-", "HTTP status; -1 connection refused/reset; 0 other client error; empty: no answer"),
     Column("queue_len_at_arrival", "queries", "queries waiting at the server when the request arrived"),
     Column("drop_reason", "-", "queue_full or admission, for HTTP 503"),
-    Column("cold", "0/1", "1 for the first query of each (source, cluster) connection"),
+    Column("cold", "0/1", "1 when the query's request opened a new TCP connection to its cluster (none was idle)"),
     Column("label", "-", "true class / reference of the input sample"),
     Column("predicted", "-", "class predicted by the model (answered classification queries)"),
     Column("outcome", "-", "success or failure"),

@@ -45,7 +45,7 @@ def simulate_experiment(plan: Plan, base_dir: Path | None = None, runs_dir: Path
     sim.write_run(run_dir, {"simulated_s": duration_s, "wall_s": round(wall, 3), "queries": n})
     s = summarize(run_dir, duration_s)
     s["mode"] = "simulation"
-    s["cold_rule"] = "simulated: no connection is opened and nothing is warmed, so no query is cold"
+    s["cold_rule"] = "simulated: the simulator models no TCP connection, so no query opens one (cold = 0 for all)"
     s["timings_s"] = {"wall_s": round(wall, 3)}
     write_json_atomic(run_dir / "summary.json", s, indent=2)
     if not quiet:
