@@ -12,7 +12,12 @@ into ``--out``: ``report.html`` (self-contained: every figure embedded as a base
   (max of both directions, controller port stats) beside the topology drawn on its coordinates
   (lon/lat from ``plan.json``), links coloured by mean utilization;
 * ``hop_delays.png``: with packet capture: per-hop one-way delay against the configured link delay;
-* a comparison table across runs (queries, success ratio, q/s, e2e percentiles, breakdown).
+* a comparison table across runs (status, queries, success ratio, q/s, e2e percentiles, breakdown).
+
+Each run's status comes from its ``run.json`` (:func:`run_status`): ok, failed (what failed),
+interrupted, killed, or unfinished. A run that did not end ok is flagged (``NOT OK`` before its
+status in the table, ``[status]`` after its label in the figures, a warning above the table):
+its records stop early, or those after the failure are not of the planned experiment.
 
 Latency figures are the summary's (:func:`testbed.summary.latency_figures`, the same answered
 queries, :data:`testbed.summary.LATENCY_RULE`, stated under the table): a run's row equals its
@@ -33,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from testbed.errors import InputError
+from testbed.errors import EXIT_INTERRUPTED, InputError
 from testbed.summary import COLD_RULE, LATENCY_RULE, answered, check_records, latency_figures, read_records
 from testbed.util import markdown_table
 
@@ -57,6 +62,58 @@ class RunData:
     plan: dict = field(default_factory=dict)
     link_stats: pd.DataFrame = field(default_factory=pd.DataFrame)
     hop_delays: pd.DataFrame = field(default_factory=pd.DataFrame)
+    status: RunStatus = field(default_factory=lambda: RunStatus("ok", ""))
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """How a run ended, from its ``run.json`` (:func:`run_status`): ``short`` for the table (``ok``,
+    ``failed: <what>``, ``interrupted``, ``killed``, ``unfinished``, ``unknown``) and ``detail``
+    for the list of runs (the run's own message, or who found it killed)."""
+
+    short: str
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.short == "ok"
+
+    @property
+    def word(self) -> str:
+        """The first word of ``short`` (``failed``, ``killed``, ...), the flag of the figures' labels."""
+        return self.short.split(":")[0].split(" (")[0]
+
+
+def _first_sentence(text: str) -> str:
+    return str(text).split(". ")[0].rstrip(".")
+
+
+def run_status(run: dict) -> RunStatus:
+    """A run's status from its ``run.json`` (written by :mod:`testbed.run`; ``killed`` set by
+    :func:`testbed.emulation.cleanup.mark_killed_runs`). A component that failed is named
+    (``health.failure``, or the exit code and first sentence of ``message``); a simulated run's
+    ``run.json`` without a status is ok (the simulator writes its run directory only once it
+    finished); an emulated one without a status is ``unknown``."""
+    status, code = run.get("status"), run.get("exit_code")
+    failure = run.get("failure") or {}
+    message = _first_sentence(run.get("message") or "")
+    if status == "ok" or (status is None and run.get("mode") == "simulation"):
+        return RunStatus("ok", "")
+    if status == "killed":
+        ended = run.get("ended") or {}
+        return RunStatus("killed", f"before it finished, found by {ended.get('found_by', '?')} at "
+                                   f"{ended.get('found_at', '?')}: its records stop where it was killed")
+    if status == "running":
+        return RunStatus("unfinished", "run.json says running: under way, or killed and not yet found by a "
+                                       "later run or testbed cleanup")
+    if code == EXIT_INTERRUPTED:
+        return RunStatus("interrupted", "Ctrl-C or SIGTERM: its records stop there")
+    if status == "failed" and failure:
+        return RunStatus(f"failed: {failure.get('kind', '')} {failure.get('component', '')}".rstrip(),
+                         _first_sentence(failure.get("message") or message))
+    if status == "failed":
+        return RunStatus(f"failed (exit {code})", message)
+    return RunStatus("unknown", f"run.json has no status ({status!r})")
 
 
 def _json(path: Path) -> dict:
@@ -104,7 +161,8 @@ def load_run(run_dir: Path) -> RunData:
     hd = run_dir / "capture" / "hop_delays.csv"
     return RunData(run_dir, run_dir.name, mode, df, summary, _json(run_dir / "plan.json"),
                    pd.read_csv(ls) if ls.exists() and ls.stat().st_size else pd.DataFrame(),
-                   pd.read_csv(hd) if hd.exists() and hd.stat().st_size > 1 else pd.DataFrame())
+                   pd.read_csv(hd) if hd.exists() and hd.stat().st_size > 1 else pd.DataFrame(),
+                   run_status(run))
 
 
 def _t_s(df: pd.DataFrame) -> pd.Series:
@@ -113,12 +171,14 @@ def _t_s(df: pd.DataFrame) -> pd.Series:
 
 
 def _groups(runs: list[RunData]) -> list[tuple[str, RunData, pd.DataFrame]]:
-    """(label, run, records) per run and policy; the label names the run only when there are several."""
+    """(label, run, records) per run and policy; the label names the run only when there are several,
+    and ends with ``[failed]`` (the status's first word) when the run did not end ok."""
     out = []
     for r in runs:
         pols = r.records["policy"].fillna("?").astype(str) if "policy" in r.records else pd.Series("?", r.records.index)
+        flag = "" if r.status.ok else f" [{r.status.word}]"
         for pol, g in r.records.groupby(pols, sort=True):
-            out.append((pol if len(runs) == 1 else f"{r.label} / {pol}", r, g))
+            out.append(((pol if len(runs) == 1 else f"{r.label} / {pol}") + flag, r, g))
     return out
 
 
@@ -389,7 +449,8 @@ def comparison_table(runs: list[RunData]) -> pd.DataFrame:
         dur = float(r.summary.get("duration_s") or 0) or (float(_t_s(r.records).max()) or 1.0)
         load = load_duration_s(g["t0_ns"], dur)
         fails = g.loc[g["outcome"] != "success", "failure_cause"].fillna("?").value_counts()
-        rows.append({"run / policy": label, "mode": r.mode, "queries": len(g), "load_s": round(load, 2),
+        rows.append({"run / policy": label, "status": r.status.short if r.status.ok else f"NOT OK: {r.status.short}",
+                     "mode": r.mode, "queries": len(g), "load_s": round(load, 2),
                      "success_ratio": round(float((g["outcome"] == "success").mean()), 4) if len(g) else None,
                      "answered_qps": round(lat["answered"] / load, 2) if load > 0 else None,
                      **{f"e2e_{q}_ms": v for q, v in lat["e2e_ms"].items()},
@@ -423,7 +484,8 @@ def default_out_dir(run_dirs: list[Path]) -> Path:
 def build_report(run_dirs: list[Path], out_dir: Path | None = None) -> dict:
     """Write ``report.html``, ``report.md`` and ``figures/*.png`` for the given runs into ``out_dir``.
 
-    Returns ``{"html": Path, "markdown": Path, "figures": {name: Path}, "skipped": {name: reason}}``.
+    Returns ``{"html": Path, "markdown": Path, "figures": {name: Path}, "skipped": {name: reason},
+    "warning": the runs that did not end ok, or ""}``.
     Every run is read and checked before anything is written; ``out_dir`` is created (with its
     parents) when missing.
 
@@ -514,7 +576,8 @@ def _write_report(runs: list[RunData], out: Path) -> dict:
     hops = [(r.label, r.hop_delays) for r in runs if not r.hop_delays.empty]
     _write_html(out / "report.html", runs, table, figures, titles, skipped, hops)
     _write_md(out / "report.md", runs, table, figures, titles, skipped, hops)
-    return {"html": out / "report.html", "markdown": out / "report.md", "figures": figures, "skipped": skipped}
+    return {"html": out / "report.html", "markdown": out / "report.md", "figures": figures, "skipped": skipped,
+            "warning": _not_ok_warning(runs)}
 
 
 def _runs_list(runs: list[RunData]) -> list[str]:
@@ -522,8 +585,20 @@ def _runs_list(runs: list[RunData]) -> list[str]:
     for r in runs:
         s = r.summary
         out.append(f"{r.label} ({r.mode}; {len(r.records)} queries; {r.path})"
-                   + (f"; configured load {s['duration_s']:g} s" if s.get("duration_s") else ""))
+                   + (f"; configured load {s['duration_s']:g} s" if s.get("duration_s") else "")
+                   + ("" if r.status.ok else f"; NOT OK: {r.status.short} ({r.status.detail})"))
     return out
+
+
+def _not_ok_warning(runs: list[RunData]) -> str:
+    """The warning above the comparison table naming the runs that did not end ok ("" when all did)."""
+    bad = [r for r in runs if not r.status.ok]
+    if not bad:
+        return ""
+    return (f"WARNING: {len(bad)} of {len(runs)} runs did not end ok ("
+            + "; ".join(f"{r.label}: {r.status.short}" for r in bad)
+            + "): their records stop early, or those after the failure are not of the planned experiment; "
+              "compare them with care.")
 
 
 def _write_html(path: Path, runs, table: pd.DataFrame, figures, titles, skipped, hops) -> None:
@@ -536,6 +611,9 @@ def _write_html(path: Path, runs, table: pd.DataFrame, figures, titles, skipped,
              f"{len(runs)} run(s):</p><ul>"]
     parts += [f"<li>{html.escape(x)}</li>" for x in _runs_list(runs)]
     parts.append("</ul><h2>Comparison across runs</h2>")
+    warning = _not_ok_warning(runs)
+    if warning:
+        parts.append(f"<p style='color:#b00020;font-weight:bold'>{html.escape(warning)}</p>")
     parts.append(table.to_html(index=False, na_rep="-", escape=True))
     parts.append(f"<p>{html.escape(TABLE_NOTE)}</p>")
     for name, p in figures.items():
@@ -553,8 +631,9 @@ def _write_html(path: Path, runs, table: pd.DataFrame, figures, titles, skipped,
 
 
 def _write_md(path: Path, runs, table: pd.DataFrame, figures, titles, skipped, hops) -> None:
+    warning = _not_ok_warning(runs)
     parts = ["# ASET testbed report", "", *[f"- {x}" for x in _runs_list(runs)], "", "## Comparison across runs",
-             "", markdown_table(table), "", TABLE_NOTE, ""]
+             "", *([f"**{warning}**", ""] if warning else []), markdown_table(table), "", TABLE_NOTE, ""]
     for name, p in figures.items():
         parts += [f"## {titles[name]}", "", f"![{name}]({p.relative_to(path.parent)})", ""]
     for label, h in hops:

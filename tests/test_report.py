@@ -45,7 +45,8 @@ def make_run(root: Path, name: str, policies: list[str], n: int = 40, mode: str 
                                                                               "delay_ms": 20.0}],
             "hosts": [{"name": "srca", "switch": "s1"}, {"name": "edgec", "switch": "s2"}]}
     (d / "plan.json").write_text(json.dumps(plan))
-    (d / "run.json").write_text(json.dumps({"mode": mode} if mode else {"link_emulator": "userspace"}))
+    (d / "run.json").write_text(json.dumps({"mode": mode} if mode else {"link_emulator": "userspace", "status": "ok",
+                                                                        "exit_code": 0, "message": "ok"}))
     if link_stats:
         ls = [{"t": 100.0 + k, "a": a, "b": b, "kind": kind, "capacity_mbps": 100.0, "util_ab": 0.01 * k,
                "util_ba": 0.02, "drops_total": 0}
@@ -112,7 +113,45 @@ def test_build_report_mixed_runs(tmp_path):
     assert html.count("data:image/png;base64,") == 5 and "run-b / aset" in html
     md = out["markdown"].read_text()
     assert "![latency_cdf](figures/latency_cdf.png)" in md
-    assert re.search(r"^\| run-a / closest +\| emulation +\| 40 +\|", md, re.M)  # a Markdown table row
+    assert re.search(r"^\| run-a / closest +\| ok +\| emulation +\| 40 +\|", md, re.M)  # a Markdown table row
+    assert "WARNING" not in md and "NOT OK" not in html
+
+
+def _ended(d: Path, **run) -> Path:
+    """Give run ``d`` the outcome ``run`` in its run.json, as testbed run (or the cleanup) writes it."""
+    (d / "run.json").write_text(json.dumps({"mode": "emulation", "link_emulator": "userspace", **run}))
+    return d
+
+
+def test_the_report_flags_runs_that_did_not_end_ok(tmp_path):
+    """Status from run.json in the table, the list of runs, the figures' labels and a warning: an
+    exit-4 run (a link emulator died) sat beside the others as if it had succeeded."""
+    died = "link emulator linkemu-l1 died: killed by SIGKILL (exit code -9) at 2.20 s into the load. The run stops"
+    runs = [make_run(tmp_path, "ok-run", ["closest"]),
+            _ended(make_run(tmp_path, "died", ["closest"]), status="failed", exit_code=4, message=died,
+                   failure={"component": "linkemu-l1", "kind": "link emulator", "message": died}),
+            _ended(make_run(tmp_path, "ctrl-c", ["closest"]), status="failed", exit_code=130, message="interrupted"),
+            _ended(make_run(tmp_path, "k9", ["closest"]), status="killed",
+                   ended={"found_by": "testbed cleanup", "found_at": "2026-12-03T13:05:53"}),
+            _ended(make_run(tmp_path, "warm", ["closest"]), status="failed", exit_code=3,
+                   message="warm-up from source srca failed (exit code 1): TimeoutError. More")]
+    t = comparison_table([load_run(d) for d in runs]).set_index("run / policy")["status"]
+    assert t.to_dict() == {"ok-run / closest": "ok",
+                           "died / closest [failed]": "NOT OK: failed: link emulator linkemu-l1",
+                           "ctrl-c / closest [interrupted]": "NOT OK: interrupted",
+                           "k9 / closest [killed]": "NOT OK: killed",
+                           "warm / closest [failed]": "NOT OK: failed (exit 3)"}
+    out = build_report(runs, tmp_path / "rep")
+    assert out["warning"].startswith("WARNING: 4 of 5 runs did not end ok (died: failed: link emulator linkemu-l1; "
+                                     "ctrl-c: interrupted; k9: killed; warm: failed (exit 3))")
+    md = out["markdown"].read_text()
+    assert f"**{out['warning']}**" in md
+    assert ("NOT OK: failed: link emulator linkemu-l1 (link emulator linkemu-l1 died: killed by SIGKILL (exit code "
+            "-9) at 2.20 s into the load)") in md
+    assert "NOT OK: killed (before it finished, found by testbed cleanup at 2026-12-03T13:05:53: its records" in md
+    assert "NOT OK: interrupted (Ctrl-C or SIGTERM: its records stop there)" in md
+    assert "NOT OK: failed (exit 3) (warm-up from source srca failed (exit code 1): TimeoutError)" in md
+    assert "did not end ok" in out["html"].read_text()
 
 
 def test_link_utilization_names_switches(tmp_path):

@@ -34,6 +34,8 @@ def _run(args: argparse.Namespace) -> int:
             merge_records(d)
             console.print(f"{d}: packet analysis matched {res['queries_matched']} queries")
     out = build_report(args.run_dirs, args.out)  # a ReportError (InputError) is printed once by testbed.cli
+    if out["warning"]:
+        console.print(out["warning"])
     console.print(f"report: {out['html']} ({len(out['figures'])} figures; Markdown: {out['markdown']})")
     for k, v in out["skipped"].items():
         console.print(f"  not drawn: {k}: {v}")
