@@ -44,7 +44,7 @@ from rich.text import Text
 
 from testbed.errors import InputError, RunFailure
 from testbed.model.records import CAUSES, COLUMNS, FAILURE, RECORD_FIELDS, SUCCESS
-from testbed.util import markdown_table
+from testbed.util import markdown_table, replace_atomic
 
 #: What ``cold = 1`` marks (printed with the summary; docs/trustworthy-runs.md, "New connections").
 COLD_RULE = ("every source -> cluster/model path was warmed and each source opened one connection to every cluster "
@@ -164,17 +164,6 @@ def read_records(path: Path) -> pd.DataFrame:
     return df
 
 
-def _replace_atomic(path: Path, write) -> None:
-    """``write(tmp)`` then rename over ``path``: ``path`` is whole or untouched, never truncated."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def merge_records(run_dir: Path) -> pd.DataFrame:
     """Concatenate ``sources/*.records.csv`` into ``records.csv`` and ``records.parquet`` (by t0).
 
@@ -197,12 +186,12 @@ def merge_records(run_dir: Path) -> pd.DataFrame:
             if not q.empty and "query_id" in q:
                 df = df.merge(q.drop_duplicates("query_id"), on="query_id", how="left", validate="one_to_one")
     try:
-        _replace_atomic(run_dir / "records.csv", lambda p: df.to_csv(p, index=False))
+        replace_atomic(run_dir / "records.csv", lambda p: df.to_csv(p, index=False))
         if not df.empty:
-            _replace_atomic(run_dir / "records.parquet", lambda p: df.to_parquet(p, index=False))
+            replace_atomic(run_dir / "records.parquet", lambda p: df.to_parquet(p, index=False))
     except OSError as exc:
         raise RunFailure(f"cannot write the merged records in {run_dir}: {exc.strerror or exc}; the records are "
-                         f"intact in {run_dir / 'sources'}") from None
+                         f"intact in {run_dir / 'sources'}") from exc
     return df
 
 
@@ -528,7 +517,7 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
                                                             ("packets", "median_ms", "p95_ms", "configured_ms",
                                                              "emulated_ms")}
                                  for h in a.get("hop_delays", [])}}
-    _replace_atomic(run_dir / "summary.json", lambda p: p.write_text(json.dumps(s, indent=2)))
+    replace_atomic(run_dir / "summary.json", lambda p: p.write_text(json.dumps(s, indent=2)))
     return s
 
 
@@ -684,4 +673,4 @@ def print_summary(s: dict, console: Console, run_dir: Path | None = None) -> Non
         console.print(t)
         md.append(f"\n### {title}\n\n" + markdown_table([dict(zip(cols, r, strict=True)) for r in rows], cols))
     if run_dir is not None:
-        _replace_atomic(Path(run_dir) / "summary.md", lambda p: p.write_text("\n".join(md)))
+        replace_atomic(Path(run_dir) / "summary.md", lambda p: p.write_text("\n".join(md)))

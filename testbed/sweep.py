@@ -34,9 +34,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.errors import EXIT_INPUT, RunFailure
+from testbed.errors import EXIT_BRINGUP, EXIT_INPUT, RunFailure
 from testbed.model.records import CAUSES
-from testbed.util import ci95, markdown_table
+from testbed.util import ci95, markdown_table, replace_atomic
 
 #: The per-(scenario, policy) columns of ``table.md``, in order.
 TABLE_COLUMNS = ["scenario", "policy", "seeds", "success_mean", "success_ci95", "e2e_p50_ms", "e2e_p95_ms",
@@ -161,8 +161,10 @@ def plot(table: pd.DataFrame, out: Path) -> list[Path]:
         ax.set_ylabel(label)
         ax.legend(fontsize=7, ncol=min(4, len(pols)))
         fig.tight_layout()
-        fig.savefig(out / fname, dpi=120)
-        plt.close(fig)
+        try:
+            replace_atomic(out / fname, lambda p, fig=fig: fig.savefig(p, dpi=120, format="png"))
+        finally:
+            plt.close(fig)
         paths.append(out / fname)
     return paths
 
@@ -182,11 +184,9 @@ def cell_path(out: Path, name: str, fp: str, policy: str, seed: int) -> Path:
 
 
 def _write_cell(path: Path, row: dict) -> None:
-    """One finished cell, atomically (a temporary file in the same folder, then ``os.replace``)."""
+    """One finished cell, atomically (:func:`testbed.util.replace_atomic`: whole or absent)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pd.DataFrame([row]).to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    replace_atomic(path, lambda tmp: pd.DataFrame([row]).to_parquet(tmp, index=False))
 
 
 def _plan_cells(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[int], out: Path,
@@ -238,16 +238,36 @@ def sweep(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[i
         testbed.config.ConfigError, testbed.plan.PlanError: an experiment is invalid (checked
             before any run starts).
         testbed.distributed.DistributedError: Ray missing or unreachable, or no node for emulations.
-        testbed.errors.RunFailure: an emulated cell failed (the cells finished before it are kept).
+        testbed.errors.RunFailure: an emulated cell failed (the cells finished before it are kept);
+            ``out`` cannot be written, checked before any cell runs, or a write failed later (a
+            full disk: exit code 3, naming the file; every file is written whole or not at all).
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from testbed.plan import runs_dir_problem
 
     console = console or Console()
     backend = "ray" if ray_address else backend
     if emulate and ray_address is None and os.geteuid() != 0:
         raise RunFailure("sweep --emulate: the emulation needs root on this machine (sudo)", EXIT_INPUT)
     cells = _plan_cells(experiments, policies, seeds, out, duration_s, emulate, link_emulator)
+    problem = runs_dir_problem(out)
+    if problem:
+        raise RunFailure(f"--out {out}: {problem}; nothing was run", EXIT_BRINGUP)
+    try:
+        return _sweep_cells(cells, policies, out, jobs, duration_s, keep_runs, console, backend, ray_address,
+                            emulate, link_emulator)
+    except OSError as exc:
+        raise RunFailure(f"cannot write the sweep's results in {out} ({exc.filename or out}: {exc.strerror or exc})",
+                         EXIT_BRINGUP) from None
+
+
+def _sweep_cells(cells: list, policies: Sequence[str], out: Path, jobs: int | None, duration_s: float | None,
+                 keep_runs: bool, console, backend: str, ray_address: str | None, emulate: bool,
+                 link_emulator: str | None) -> pd.DataFrame:
+    """Run the cells not finished in ``out`` with a progress bar, then write the results (:func:`sweep`)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = str(out / "runs") if keep_runs or emulate else None
     pending = [c for c in cells if not c[3].exists()]
@@ -263,15 +283,19 @@ def sweep(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[i
 
 
 def write_results(cell_files: Sequence[Path], policies: Sequence[str], out: Path) -> pd.DataFrame:
-    """``runs.csv``/``.parquet``, ``table.csv``/``.md`` and the plots from the finished cells."""
+    """``runs.csv``/``.parquet``, ``table.csv``/``.md`` and the plots from the finished cells, each
+    written whole or not at all (:func:`testbed.util.replace_atomic`).
+
+    Raises:
+        OSError: a file cannot be written (the others are as they were, or whole)."""
     pol_rank = {p: i for i, p in enumerate(policies)}
     runs = pd.concat([pd.read_parquet(f) for f in cell_files], ignore_index=True)
     runs = runs.sort_values(["scenario", "policy", "seed"], key=lambda c: c.map(pol_rank) if c.name == "policy"
                             else c).reset_index(drop=True)
-    runs.to_csv(out / "runs.csv", index=False)
-    runs.to_parquet(out / "runs.parquet", index=False)
+    replace_atomic(out / "runs.csv", lambda p: runs.to_csv(p, index=False))
+    replace_atomic(out / "runs.parquet", lambda p: runs.to_parquet(p, index=False))
     table = aggregate(runs)
-    table.to_csv(out / "table.csv", index=False)
-    (out / "table.md").write_text(markdown_table(table, TABLE_COLUMNS))
+    replace_atomic(out / "table.csv", lambda p: table.to_csv(p, index=False))
+    replace_atomic(out / "table.md", lambda p: p.write_text(markdown_table(table, TABLE_COLUMNS)))
     plot(table, out)
     return table

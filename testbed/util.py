@@ -35,23 +35,34 @@ def repo_path(path: str | os.PathLike[str], base: Path = REPO_ROOT) -> Path:
     return p if p.is_absolute() else base / p
 
 
+def replace_atomic(path: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:
+    """``write(tmp)`` to a temporary file in ``path``'s folder, then ``os.replace`` it over
+    ``path``: ``path`` is whole, or as it was before, never truncated (a full disk, a crash).
+
+    Raises:
+        OSError: the folder is not writable or the disk is full (the temporary file is removed;
+            so it is on any other exception of ``write``).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def write_json_atomic(path: str | os.PathLike[str], data: Any, indent: int | None = 1) -> Path:
     """Write ``data`` (a JSON-serialisable object, or a pydantic model: ``model_dump_json``) to
-    ``path`` atomically: a temporary file in the same folder, then ``os.replace``.
+    ``path`` atomically (:func:`replace_atomic`).
 
     Raises:
         OSError: the folder is not writable or the disk is full (the temporary file is removed).
     """
-    path = Path(path)
     text = data.model_dump_json(indent=indent) if hasattr(data, "model_dump_json") else json.dumps(data, indent=indent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return replace_atomic(path, lambda tmp: tmp.write_text(text))
 
 
 def poll_until(check: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -24,10 +25,15 @@ def simulate_experiment(plan: Plan, base_dir: Path | None = None, runs_dir: Path
     resolved (deadline + grace), as the emulation's sources wait for their last answers.
     ``policy`` overrides the policy of every source. Returns (run directory, summary dict).
 
+    The run directory is written whole or not at all (:func:`_write_whole`): a full or unwritable
+    disk leaves nothing that looks like a finished run.
+
     Raises:
         testbed.sim.SimError, testbed.arrivals.ArrivalError: bad input, naming the item.
+        testbed.errors.RunFailure: the run directory cannot be written (exit code 3; names it and
+            the reason; nothing is left there).
     """
-    from testbed.summary import print_summary, summarize
+    from testbed.summary import print_summary
 
     exp = plan.experiment
     duration_s = duration_s or exp.duration_s
@@ -42,14 +48,70 @@ def simulate_experiment(plan: Plan, base_dir: Path | None = None, runs_dir: Path
         tag = f"-{policy}" if policy else ""
         run_dir = base / f"{datetime.now():%Y%m%d-%H%M%S}-{exp.name}{tag}-sim-s{sim.seed}"
     n = len(sim.queries_recorded)
-    sim.write_run(run_dir, {"simulated_s": duration_s, "wall_s": round(wall, 3), "queries": n})
-    s = summarize(run_dir, duration_s)
-    s["mode"] = "simulation"
-    s["cold_rule"] = "simulated: the simulator models no TCP connection, so no query opens one (cold = 0 for all)"
-    s["timings_s"] = {"wall_s": round(wall, 3)}
-    write_json_atomic(run_dir / "summary.json", s, indent=2)
+    s = _write_whole(sim, Path(run_dir), duration_s, wall)
     if not quiet:
         console = console or Console()
-        print_summary(s, console, run_dir)
+        print_summary(s, console)
         console.print(f"simulated {duration_s:g} s, {n} queries in {wall:.2f} s wall; run directory: {run_dir}")
     return run_dir, s
+
+
+def _write_whole(sim: Simulator, run_dir: Path, duration_s: float, wall_s: float) -> dict:
+    """Write the simulated run (records, ``run.json``, ``summary.json``, ``summary.md``) into a
+    hidden sibling of ``run_dir`` and rename it to ``run_dir`` once everything is written; an
+    earlier simulated run of the same name is replaced. Returns the summary.
+
+    Raises:
+        testbed.errors.RunFailure: a write failed (a full disk, no permission), or ``run_dir``
+            exists and is not a simulated run directory (exit code 3; the partial copy is removed).
+    """
+    import shutil
+
+    from testbed.errors import EXIT_BRINGUP, RunFailure
+    from testbed.summary import print_summary, summarize
+
+    _check_replaceable(run_dir)
+    tmp = run_dir.with_name(f".{run_dir.name}.partial-{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        sim.write_run(tmp, {"simulated_s": duration_s, "wall_s": round(wall_s, 3), "queries": len(sim.queries_recorded),
+                            "status": "ok"})
+        s = summarize(tmp, duration_s)
+        s["mode"] = "simulation"
+        s["cold_rule"] = "simulated: the simulator models no TCP connection, so no query opens one (cold = 0 for all)"
+        s["timings_s"] = {"wall_s": round(wall_s, 3)}
+        write_json_atomic(tmp / "summary.json", s, indent=2)
+        print_summary(s, Console(quiet=True), tmp)  # summary.md
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        os.rename(tmp, run_dir)
+    except (OSError, RunFailure) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause = exc if isinstance(exc, OSError) else exc.__cause__  # the merge's RunFailure wraps its OSError
+        why = getattr(cause, "strerror", None) or str(cause or exc)
+        raise RunFailure(f"cannot write the simulated run {run_dir}: {why}; nothing was left there (free space or "
+                         f"choose another --runs-dir)", EXIT_BRINGUP) from None
+    return s
+
+
+def _check_replaceable(run_dir: Path) -> None:
+    """A new simulated run may take ``run_dir``'s place: it does not exist, is an empty folder, or
+    is an earlier simulated run of the same name (its ``run.json`` says so; replaced as the
+    simulator always did).
+
+    Raises:
+        testbed.errors.RunFailure: ``run_dir`` exists and is not a simulated run directory (exit 3).
+    """
+    import json
+
+    from testbed.errors import EXIT_BRINGUP, RunFailure
+
+    if not run_dir.exists() or (run_dir.is_dir() and not any(run_dir.iterdir())):
+        return
+    try:
+        simulated = json.loads((run_dir / "run.json").read_text()).get("mode") == "simulation"
+    except (OSError, ValueError, AttributeError):
+        simulated = False
+    if not simulated:
+        raise RunFailure(f"{run_dir} exists and is not a simulated run directory; it is left as it is: choose "
+                         f"another --runs-dir", EXIT_BRINGUP)
