@@ -28,6 +28,8 @@ ports                          ``of_port``, ``rest_port`` and ``server_port`` al
 Booleans are never numbers (``workers: true`` is an error) and duplicate keys are errors
 (:mod:`testbed.schema`).
 
+A model listed twice in a cluster's ``models`` is an error naming it.
+
 Empty lists: a list that would make the run measure or do nothing is an error naming it
 (``clusters``, ``sources``, ``applications``, ``workload``, a cluster's ``models``, a workload
 entry's ``sources``: ``[]`` selects no source; ``capture.interfaces``). ``events: []`` is
@@ -168,6 +170,15 @@ class ClusterSpec(_Model):
     queue_limit: int = Field(64, ge=1)
     models: list[str] = Field(min_length=1)
     server: ServerSpec = ServerSpec()
+
+    @field_validator("models")
+    @classmethod
+    def _models_once(cls, v: list[str]) -> list[str]:
+        twice = sorted({m for m in v if v.count(m) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(map(repr, twice))} listed twice: a cluster serves each model once "
+                             f"(one interpreter per worker), so list it once")
+        return v
 
     @field_validator("workers")
     @classmethod

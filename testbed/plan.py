@@ -29,9 +29,16 @@ unknown site           error (with close matches); a site dropped     same
                        by ``keep_largest_component`` says so
 model / family         error unless the catalog (the zoo) has it, and same
                        unless some cluster serves the family
+min_accuracy           error unless a served model of the             same
+                       application's family reaches it
 load bounds            per source rate (after spatial weights) and    same
                        expected queries of the run within
-                       testbed.config's bounds; traces read here
+                       testbed.config's bounds; traces read here;
+                       error when the workload creates no query
+bandwidth              error when one request of an application       same
+                       takes longer than its deadline to cross a
+                       host link or a link of a path it may take
+                       (request bytes, the model's transfer time)
 run directory paths    every file of a run fits PATH_MAX              same
 service-time profile   error unless the catalog has one for the       same
                        model at the cluster's runtime
@@ -64,7 +71,7 @@ from testbed.config import Experiment
 from testbed.errors import InputError, naming_file
 from testbed.model.cpu import threads_per_call
 from testbed.model.events import VALUE_FIELD, Change, expand
-from testbed.model.network import NetworkState
+from testbed.model.network import NetworkState, transfer_ms
 from testbed.model.service import ServiceFigures, service_figures
 from testbed.topology import RawTopology, TopologyError, great_circle_km, load_topology
 from testbed.util import repo_path, write_json_atomic
@@ -621,12 +628,58 @@ class _Builder:
             if a.family not in served:
                 raise PlanError(f"application {a.name!r}: no cluster serves a model of its family {a.family!r} "
                                 f"(the clusters serve: {', '.join(sorted(served))}); add one to a cluster's models")
+            best = max((m for m in models.values() if m.family == a.family), key=lambda m: m.accuracy)
+            if best.accuracy < a.min_accuracy:
+                raise PlanError(f"application {a.name!r}: min_accuracy {a.min_accuracy:g} is above every model of its "
+                                f"family {a.family!r} the clusters serve (the best: {best.name} {best.accuracy:g}), so "
+                                f"every query would fail 'accuracy'; lower min_accuracy or serve a better model")
         return models, services
 
     # -- step 11 --
     def check_load(self, weights: list[dict[str, float]], duration_s: float, base_dir: Path) -> None:
         """The load within what the engines execute (:mod:`testbed.config` bounds); traces read."""
         check_load_bounds(self.exp, weights, duration_s, base_dir)
+
+    # -- step 12 --
+    def check_transfers(self, paths: list[PathInfo], models: dict[str, ModelInfo],
+                        request_bytes: dict[str, int]) -> None:
+        """One request of each application must cross every link it may take within its deadline:
+        the host links of the sources that send it and of the clusters that serve its family, and
+        the links of the expected paths between them. Time per link: the model's
+        :func:`testbed.model.network.transfer_ms` of the plan's request bytes at the link's
+        planned capacity and the network's MSS (events may lower a capacity later: that is a
+        scenario, not checked here).
+
+        Raises:
+            PlanError: naming the application, the link (``topology.host_bandwidth`` for a host
+                link) and the times.
+        """
+        exp = self.exp
+        mss = NetworkState([], mtu=exp.topology.mtu).mss
+        by_pair = {frozenset((lk.a, lk.b)): lk for lk in self.links}
+        labels = {s.name: s.label for s in self.switches}
+        for a in exp.applications:
+            sources = {s.name for w in exp.workload if w.application == a.name for s in exp.sources
+                       if w.sources == "all" or s.name in w.sources}
+            clusters = {c.name for c in exp.clusters if any(models[m].family == a.family for m in c.models)}
+            crossed: dict[str, float] = {}  # item -> capacity (Mbit/s)
+            for h in self.hosts:
+                if h.name in sources or h.name in clusters:
+                    crossed[f"topology.host_bandwidth (the host link of {h.role} {h.name!r})"] = h.bandwidth_mbps
+            for p in paths:
+                if p.source in sources and p.cluster in clusters:
+                    for x, y in zip(p.switches, p.switches[1:], strict=False):
+                        lk = by_pair[frozenset((x, y))]
+                        crossed[f"link {labels[lk.a]!r} - {labels[lk.b]!r} ({lk.emu_name}, on the path "
+                                f"{p.source} -> {p.cluster})"] = lk.bandwidth_mbps
+            nbytes = request_bytes[a.name]
+            for item, mbps in crossed.items():
+                t = transfer_ms(nbytes, mbps, mss)
+                if t > a.deadline_ms:
+                    took = f"{t / 1e3:.4g} s" if t >= 1e3 else f"{t:.4g} ms"
+                    raise PlanError(f"{item}: {mbps:g} Mbit/s: one request of application {a.name!r} "
+                                    f"({nbytes:,} bytes) takes {took} to cross it, over its deadline of "
+                                    f"{a.deadline_ms:g} ms, so no such query could succeed; raise the bandwidth")
 
     def request_sizes(self, catalog: Catalog) -> dict[str, int]:
         """Request body bytes per application: ``simulation.request_bytes`` if set, else the mean
@@ -654,7 +707,10 @@ def check_load_bounds(exp: Experiment, weights: list[dict[str, float]], duration
     (and so validated) here. Returns the expected number of queries.
 
     Raises:
-        PlanError: a bound is exceeded or a trace cannot be read (names the workload entry).
+        PlanError: a bound is exceeded or a trace cannot be read (names the workload entry); the
+            workload creates no query at all in ``duration_s`` (every entry's rates are 0, or its
+            trace has no arrival before the end: the run would measure nothing, exit 5, after the
+            emulation was built; names every entry).
     """
     from testbed.arrivals import ArrivalError, read_trace
 
@@ -666,6 +722,7 @@ def check_load_bounds(exp: Experiment, weights: list[dict[str, float]], duration
                         f"report intervals, over the bound of {cfg.MAX_WINDOWS} (the simulator steps once per "
                         f"interval); lengthen report_interval or shorten the duration")
     expected = 0.0
+    silent: list[str] = []  # the entries that create no query
     for i, (w, ws) in enumerate(zip(exp.workload, weights, strict=True)):
         item = f"workload.{i} ({w.application})"
         if w.process == "trace":
@@ -674,8 +731,13 @@ def check_load_bounds(exp: Experiment, weights: list[dict[str, float]], duration
             except ArrivalError as exc:
                 raise PlanError(f"{item}: {exc}") from None
             expected += float((t < duration_s).sum()) * len(ws)
+            if not (t < duration_s).any():
+                silent.append(f"{item}: its trace has no arrival before {duration_s:g} s")
             continue
         peak = _peak_rate_qps(w)
+        if peak * sum(ws.values()) <= 0:
+            silent.append(f"{item}: its {w.process} rates are 0 q/s" if peak <= 0 else
+                          f"{item}: its sources' spatial weights are all 0")
         for src, weight in ws.items():
             if peak * weight > cfg.MAX_RATE_QPS:
                 raise PlanError(f"{item}: source {src!r} would get {peak:g} q/s x spatial weight {weight:.3g} = "
@@ -685,6 +747,9 @@ def check_load_bounds(exp: Experiment, weights: list[dict[str, float]], duration
             raise PlanError(f"{item}: mmpp dwell {min(w.dwell_s):g} s over {duration_s:g} s is about "
                             f"{duration_s / min(w.dwell_s):.3g} state changes per source, over the bound of "
                             f"{cfg.MAX_STATE_CHANGES:.0e}")
+    if len(silent) == len(exp.workload):
+        raise PlanError(f"the workload creates no query in {duration_s:g} s ({'; '.join(silent)}): the run would "
+                        f"measure nothing; give some entry a rate above 0")
     if expected > cfg.MAX_EXPECTED_QUERIES:
         raise PlanError(f"the workload asks for about {expected:.3g} queries in {duration_s:g} s (peak rates x sources "
                         f"x duration), over the bound of {cfg.MAX_EXPECTED_QUERIES:,} per run (the simulator holds "
@@ -792,6 +857,7 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
     catalog = catalog if catalog is not None else ZooCatalog(zoo_dir, profiles_dir)
     models, services = b.resolve_models(catalog)
     request_bytes = b.request_sizes(catalog)
+    b.check_transfers(paths, models, request_bytes)
     plan = Plan(experiment=exp, topology_name=raw.name, switches=b.switches, links=b.links, hosts=b.hosts,
                 paths=paths, notes=b.notes, models=models, services=services, changes=changes,
                 weights=weights, request_bytes=request_bytes, base_dir=str(Path(base_dir).resolve()),

@@ -68,6 +68,13 @@ def wire_bytes(nbytes: int, mss: int = MSS_BYTES) -> int:
     return nbytes + frames(nbytes, mss) * FRAME_OVERHEAD_BYTES
 
 
+def transfer_ms(nbytes: int, capacity_mbps: float, mss: int = MSS_BYTES) -> float:
+    """Time (ms) to put a message of ``nbytes`` payload bytes on a link of ``capacity_mbps``
+    Mbit/s: its frames (:func:`wire_bytes`, ``mss`` bytes each) back to back at the full capacity
+    (module doc), without the link's delay or any queueing."""
+    return wire_bytes(nbytes, mss) * 8 / (capacity_mbps * 1e3)
+
+
 def p_retransmit(loss_pct: float, nbytes: int, mss: int = MSS_BYTES) -> float:
     """Probability that at least one of the message's frames is lost, at ``loss_pct`` % per frame."""
     if loss_pct <= 0:
@@ -108,7 +115,7 @@ class LinkState:
         """Time (ms) for a message of ``nbytes`` payload to cross the link one way (module doc)."""
         c = self.capacity_mbps
         rho = self.utilization(forward)
-        transfer = wire_bytes(nbytes, self.mss) * 8 / (c * 1e3)
+        transfer = transfer_ms(nbytes, c, self.mss)
         frame_ms = FULL_FRAME_BYTES * 8 / (c * 1e3)
         if rho >= 1.0:
             queue = self.queue_packets * frame_ms
@@ -208,4 +215,4 @@ class NetworkState:
 
 __all__ = ["DEFAULT_MTU", "DEFAULT_QUEUE_PACKETS", "FRAME_OVERHEAD_BYTES", "FULL_FRAME_BYTES", "IP_TCP_HEADER_BYTES",
            "MSS_BYTES", "TCP_RTO_MIN_MS", "LinkState", "NetworkState", "frames", "mss_of", "p_retransmit",
-           "wire_bytes"]
+           "transfer_ms", "wire_bytes"]

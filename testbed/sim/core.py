@@ -37,7 +37,7 @@ from testbed.errors import InputError
 from testbed.model import queue as mq
 from testbed.model.cpu import CfsQuota
 from testbed.model.dispatch import Dispatcher, Heard, OptionSpec
-from testbed.model.network import TCP_RTO_MIN_MS, p_retransmit, wire_bytes
+from testbed.model.network import TCP_RTO_MIN_MS, p_retransmit, transfer_ms, wire_bytes
 from testbed.model.records import CONNECTION_REFUSED, RECORD_FIELDS, classify, make_record
 from testbed.model.service import ServiceFigures, batch_scale
 from testbed.plan import Plan
@@ -942,8 +942,7 @@ _first = operator.itemgetter(0)
 
 def _host_ms(nbytes: int, mbps_source: float, mbps_cluster: float, mss: int) -> float:
     """Transfer time (ms) of a message on the two host links (0 ms delay each), ``mss`` bytes per frame."""
-    wb = wire_bytes(nbytes, mss) * 8
-    return wb / (mbps_source * 1e3) + wb / (mbps_cluster * 1e3)
+    return transfer_ms(nbytes, mbps_source, mss) + transfer_ms(nbytes, mbps_cluster, mss)
 
 
 __all__ = ["Resolved", "ServiceSampler", "SimError", "Simulator"]

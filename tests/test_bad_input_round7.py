@@ -1,0 +1,95 @@
+"""Bad input, seventh round (the newcomer review of Dec 3): what ``testbed plan`` refuses with exit
+code 2 and a message naming the item, before anything is built. Fast: no emulation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+TRIANGLE = REPO / "experiments" / "triangle.yaml"
+
+
+def _triangle(tmp_path: Path, name: str = "e.yaml", **replace: str) -> Path:
+    """experiments/triangle.yaml in ``tmp_path`` (its topology by absolute path), ``old=new`` texts
+    replaced (each must be there)."""
+    text = TRIANGLE.read_text().replace("../topologies/triangle.yaml", str(REPO / "topologies" / "triangle.yaml"))
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _plan(capsys, path: Path) -> tuple[int, str]:
+    """``testbed plan PATH``: exit code and output (one line per message: the console may wrap)."""
+    code = main(["plan", str(path)])
+    out = capsys.readouterr()
+    return code, " ".join((out.out + out.err).split())
+
+
+# ------------------------------------------------------------------------------------------ D9
+
+def test_a_workload_that_creates_no_query_is_refused(tmp_path, capsys):
+    code, out = _plan(capsys, _triangle(tmp_path, **{"rate_qps: 4": "rate_qps: 0"}))
+    assert code == 2
+    assert ("the workload creates no query in 8 s (workload.0 (digits): its poisson rates are 0 q/s): the run would "
+            "measure nothing; give some entry a rate above 0") in out
+    # an entry at 0 beside one that sends is a choice, not an error
+    ok = _triangle(tmp_path, "ok.yaml", **{"rate_qps: 4}": "rate_qps: 4}\n  - {application: digits, rate_qps: 0}"})
+    assert _plan(capsys, ok)[0] == 0
+
+
+def test_a_min_accuracy_no_served_model_reaches_is_refused(tmp_path, capsys):
+    code, out = _plan(capsys, _triangle(tmp_path, **{"min_accuracy: 0.5": "min_accuracy: 0.9999"}))
+    assert code == 2
+    assert ("application 'digits': min_accuracy 0.9999 is above every model of its family 'digits' the clusters "
+            "serve (the best: digits_large 0.9833), so every query would fail 'accuracy'") in out
+    assert _plan(capsys, _triangle(tmp_path, "ok.yaml", **{"min_accuracy: 0.5": "min_accuracy: 0.9833"}))[0] == 0
+
+
+def test_a_model_listed_twice_in_a_cluster_is_refused(tmp_path, capsys):
+    twice = {"models: [digits_small]}": "models: [digits_small, digits_small]}"}
+    code, out = _plan(capsys, _triangle(tmp_path, **twice))
+    assert code == 2
+    assert "clusters.0.models: 'digits_small' listed twice: a cluster serves each model once" in out
+
+
+def test_a_host_link_one_request_cannot_cross_within_its_deadline_is_refused(tmp_path, capsys):
+    """19,335 request bytes are 14 frames at MTU 1500: (19,335 + 14 x 66) x 8 bits at 1 kbit/s =
+    162.1 s (testbed.model.network.transfer_ms), against a deadline of 100 ms. The run built
+    everything and failed the warm-up after 34 s with an empty TimeoutError."""
+    code, out = _plan(capsys, _triangle(tmp_path, **{"host_bandwidth: 1Gbit/s": "host_bandwidth: 1kbit/s"}))
+    assert code == 2
+    assert ("topology.host_bandwidth (the host link of source 'srca'): 0.001 Mbit/s: one request of application "
+            "'digits' (19,335 bytes) takes 162.1 s to cross it, over its deadline of 100 ms, so no such query could "
+            "succeed; raise the bandwidth") in out
+    # 2 Mbit/s: 81.0 ms, within the deadline
+    two = {"host_bandwidth: 1Gbit/s": "host_bandwidth: 2Mbit/s"}
+    assert _plan(capsys, _triangle(tmp_path, "ok.yaml", **two))[0] == 0
+
+
+def test_a_backbone_link_on_a_path_too_slow_for_one_request_is_refused(tmp_path, capsys):
+    topo = (REPO / "topologies" / "triangle.yaml").read_text().replace(
+        "{a: A, b: B, delay: 2ms, bandwidth: 100Mbit/s}", "{a: A, b: B, delay: 2ms, bandwidth: 1Mbit/s}")
+    (tmp_path / "tri.yaml").write_text(topo)
+    exp = _triangle(tmp_path, **{str(REPO / "topologies" / "triangle.yaml"): str(tmp_path / "tri.yaml")})
+    code, out = _plan(capsys, exp)
+    assert code == 2
+    assert ("link 'A' - 'B' (l1, on the path srca -> edgeb): 1 Mbit/s: one request of application 'digits' "
+            "(19,335 bytes) takes 162.1 ms to cross it, over its deadline of 100 ms") in out
+
+
+@pytest.mark.parametrize("mutant", ["rate_zero", "minacc_unserv", "models_dup", "tl_bw1k", "hostbw_bps"])
+def test_the_reviews_mutants_are_refused(mutant, tmp_path, capsys):
+    """The review's own files (/tmp/rev/mut), rebuilt here from the triangle: each one passed `plan`."""
+    changes = {"rate_zero": {"rate_qps: 4": "rate_qps: 0"},
+               "minacc_unserv": {"min_accuracy: 0.5": "min_accuracy: 0.9999"},
+               "models_dup": {"models: [digits_small]}": "models: [digits_small, digits_small]}"},
+               "tl_bw1k": {"host_bandwidth: 1Gbit/s": "host_bandwidth: 1kbit/s"},
+               "hostbw_bps": {"host_bandwidth: 1Gbit/s": "host_bandwidth: 1bit/s"}}[mutant]
+    assert _plan(capsys, _triangle(tmp_path, **changes))[0] == 2
