@@ -11,7 +11,9 @@ Bounds the engines can execute (each a module constant below; docs/trustworthy-r
 what                           bound
 =============================  ==================================================================
 ``seed``                       0 .. 2^32 - 1 (numpy's SeedSequence takes no negative entropy)
-``duration``                   (0, 1e6 s]; and at most ``MAX_WINDOWS`` report intervals
+``duration``                   (0, 1e6 s]; and at most ``MAX_WINDOWS`` report intervals, the drain
+                               after the load included (:func:`report_windows`)
+``deadline``                   (0, 600 s] (``MAX_DEADLINE_S``: it sets how long a run drains)
 ``report_interval``            >= 10 ms (every source polls every cluster once per interval)
 ``emulation.stats_interval``   >= 100 ms (port stats of every switch; the servers' stats files)
 ``aset.window``                >= 10 ms
@@ -49,6 +51,7 @@ from testbed.capture.spec import CaptureSpec
 from testbed.errors import InputError
 from testbed.inference.spec import ServerSpec
 from testbed.model.events import EventSpec
+from testbed.model.records import GRACE_MS
 from testbed.schema import NAME_RE, DuplicateKeyError, Num, load_yaml
 from testbed.schema import StrictModel as _Model
 from testbed.schema import unit_pair as _unit_pair
@@ -71,10 +74,40 @@ MAX_EXPECTED_QUERIES = 1_000_000
 MIN_DWELL_S = 0.001
 MAX_STATE_CHANGES = 10**7
 MAX_NAME_BYTES = 100
+#: Longest application deadline (s). Why: after the load a run waits for its last answers up to the
+#: longest deadline plus the grace (:data:`testbed.model.records.GRACE_MS`): the emulation's sources
+#: keep those queries open, and the simulator steps through that drain once per report interval
+#: (``deadline: 1e12s`` passed the plan and the simulator never ended; 1e5 s took 16 s of wall time
+#: for 51 queries, 1e7 s over a minute). 600 s is far beyond any interactive inference deadline
+#: (the experiments' are 33-370 ms) and keeps a run's end within ten minutes of its load.
+MAX_DEADLINE_S = 600.0
 
 
 class ConfigError(InputError):
     """The experiment file is invalid; the message names the offending item."""
+
+
+def drain_s(deadlines_ms: list[float]) -> float:
+    """How long (s) a run goes on after its load for the last answers: the longest deadline plus
+    the grace (:data:`testbed.model.records.GRACE_MS`); the simulator's end is the load's plus this."""
+    return (max(deadlines_ms, default=0.0) + GRACE_MS) / 1e3
+
+
+def report_windows(duration_s: float, report_interval_s: float, deadlines_ms: list[float]) -> float:
+    """Report intervals the simulator steps through for a load of ``duration_s`` (s): the load and
+    the drain after it (:func:`drain_s`)."""
+    return (duration_s + drain_s(deadlines_ms)) / report_interval_s
+
+
+def windows_problem(duration_s: float, report_interval_s: float, deadlines_ms: list[float]) -> str | None:
+    """Why a load of ``duration_s`` s is over :data:`MAX_WINDOWS` report intervals, or None."""
+    windows = report_windows(duration_s, report_interval_s, deadlines_ms)
+    if windows <= MAX_WINDOWS:
+        return None
+    return (f"duration {duration_s:g} s + the drain after it ({drain_s(deadlines_ms):g} s: the longest deadline "
+            f"+ {GRACE_MS / 1e3:g} s grace) / report_interval {report_interval_s:g} s = {windows:.0f} report "
+            f"intervals, over the bound of {MAX_WINDOWS} (the simulator steps once per interval); lengthen "
+            f"report_interval or shorten the duration")
 
 
 def _rate_within_bound(v: float | None) -> float | None:
@@ -202,6 +235,16 @@ class ApplicationSpec(_Model):
     @classmethod
     def _units(cls, data: Any) -> Any:
         return _unit_pair(data, "deadline", parse_delay_ms, "ms")
+
+    @field_validator("deadline_ms")
+    @classmethod
+    def _deadline_bound(cls, v: float) -> float:
+        if v > MAX_DEADLINE_S * 1e3:
+            raise ValueError(f"{v / 1e3:g} s is over the bound of {MAX_DEADLINE_S:g} s "
+                             f"(testbed.config.MAX_DEADLINE_S): after the load a run waits up to the longest "
+                             f"deadline + {GRACE_MS / 1e3:g} s for the last answers, and the simulator steps "
+                             f"through that wait")
+        return v
 
 
 class SourceSpec(_Model):
@@ -437,11 +480,9 @@ class Experiment(_Model):
 
     @model_validator(mode="after")
     def _windows(self) -> Experiment:
-        windows = self.duration_s / self.report_interval_s
-        if windows > MAX_WINDOWS:
-            raise ValueError(f"duration {self.duration_s:g} s / report_interval {self.report_interval_s:g} s = "
-                             f"{windows:.0f} report intervals, over the bound of {MAX_WINDOWS} (the simulator "
-                             f"steps once per interval); lengthen report_interval or shorten the duration")
+        problem = windows_problem(self.duration_s, self.report_interval_s, [a.deadline_ms for a in self.applications])
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

@@ -716,11 +716,9 @@ def check_load_bounds(exp: Experiment, weights: list[dict[str, float]], duration
 
     if not 0 < duration_s <= cfg.MAX_DURATION_S:
         raise PlanError(f"duration {duration_s:g} s: must be in (0, {cfg.MAX_DURATION_S:g}] s")
-    windows = duration_s / exp.report_interval_s
-    if windows > cfg.MAX_WINDOWS:
-        raise PlanError(f"duration {duration_s:g} s / report_interval {exp.report_interval_s:g} s = {windows:.0f} "
-                        f"report intervals, over the bound of {cfg.MAX_WINDOWS} (the simulator steps once per "
-                        f"interval); lengthen report_interval or shorten the duration")
+    problem = cfg.windows_problem(duration_s, exp.report_interval_s, [a.deadline_ms for a in exp.applications])
+    if problem:
+        raise PlanError(problem)
     expected = 0.0
     silent: list[str] = []  # the entries that create no query
     for i, (w, ws) in enumerate(zip(exp.workload, weights, strict=True)):

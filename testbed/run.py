@@ -49,6 +49,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from testbed.boundaries import SourceConfig
+from testbed.config import drain_s
 from testbed.emulation.bringup import (
     Live,
     RunError,
@@ -83,7 +84,6 @@ from testbed.health import (
     tagged_processes,
 )
 from testbed.lifeline import tied_popen
-from testbed.model.records import GRACE_MS
 from testbed.plan import Plan, check_load_bounds, run_dir_limit_problem
 from testbed.summary import print_summary, summarize
 from testbed.util import REPO_ROOT, repo_path, stop_processes, write_json_atomic
@@ -413,7 +413,8 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
                   TextColumn("{task.fields[info]}", markup=False), console=console) as prog:
         task = prog.add_task("load", total=duration_s, info="")
         t_load = time.time()
-        hard_stop = time.monotonic() + duration_s + 1 + GRACE_MS / 1e3 + 30
+        # the load starts 1 s from now; its queries may wait their deadline + grace; 30 s to write and exit
+        hard_stop = time.monotonic() + duration_s + 1 + drain_s([a.deadline_ms for a in exp.applications]) + 30
         while any(p.poll() is None for p in sources.values()) and time.monotonic() < hard_stop:
             time.sleep(0.5)
             if events is not None and events.error is not None:

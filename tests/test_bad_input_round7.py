@@ -93,3 +93,40 @@ def test_the_reviews_mutants_are_refused(mutant, tmp_path, capsys):
                "tl_bw1k": {"host_bandwidth: 1Gbit/s": "host_bandwidth: 1kbit/s"},
                "hostbw_bps": {"host_bandwidth: 1Gbit/s": "host_bandwidth: 1bit/s"}}[mutant]
     assert _plan(capsys, _triangle(tmp_path, **changes))[0] == 2
+
+
+# ------------------------------------------------------------------------------------------ D7
+
+def test_a_deadline_beyond_the_bound_is_refused_naming_why(tmp_path, capsys):
+    """``deadline: 1e12s`` passed the plan, and the simulator, stepping through the drain after the
+    load (the longest deadline + 2 s grace) once per report interval, never ended."""
+    code, out = _plan(capsys, _triangle(tmp_path, **{"deadline: 100ms": "deadline: 1e12s"}))
+    assert code == 2
+    assert ("applications.0.deadline_ms: 1e+12 s is over the bound of 600 s (testbed.config.MAX_DEADLINE_S): after "
+            "the load a run waits up to the longest deadline + 2 s for the last answers") in out
+
+
+def test_the_longest_deadline_drains_in_bounded_time(tmp_path):
+    """At the bound (600 s) the simulator ends at the load + 600 s + 2 s grace, in seconds of wall time."""
+    import json
+    import time
+
+    from testbed.plan import plan_experiment
+    from testbed.sim import simulate_experiment
+
+    plan = plan_experiment(_triangle(tmp_path, **{"deadline: 100ms": "deadline: 600s"}))
+    t = time.perf_counter()
+    run_dir, s = simulate_experiment(plan, run_dir=tmp_path / "run", quiet=True)
+    assert time.perf_counter() - t < 30 and s["queries"] > 0
+    assert json.loads((run_dir / "run.json").read_text())["duration_s"] == pytest.approx(8 + 600 + 2)
+
+
+def test_the_report_interval_bound_counts_the_drain(tmp_path, capsys):
+    """(99,999 s of load + 602 s of drain) / 0.5 s = 201,202 intervals: over 200,000, though the
+    load alone (199,998) is not."""
+    code, out = _plan(capsys, _triangle(tmp_path, **{"deadline: 100ms": "deadline: 600s",
+                                                     "duration: 8s": "duration: 99999s\nreport_interval: 500ms",
+                                                     "rate_qps: 4": "rate_qps: 0.001"}))
+    assert code == 2
+    assert ("duration 99999 s + the drain after it (602 s: the longest deadline + 2 s grace) / report_interval 0.5 s "
+            "= 201202 report intervals, over the bound of 200000") in out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from testbed.model.records import GRACE_MS
+from testbed.config import drain_s
 from testbed.plan import Plan
 from testbed.sim.core import Simulator
 from testbed.util import repo_path, write_json_atomic
@@ -41,7 +41,7 @@ def simulate_experiment(plan: Plan, base_dir: Path | None = None, runs_dir: Path
     t_wall = time.perf_counter()
     sim = Simulator(plan, seed=seed, policies=pols, record=True, base_dir=base_dir)
     sim.arrivals_end = duration_s
-    sim.run_until(duration_s + max(a.deadline_ms for a in exp.applications) / 1e3 + GRACE_MS / 1e3)
+    sim.run_until(duration_s + drain_s([a.deadline_ms for a in exp.applications]))
     wall = time.perf_counter() - t_wall
     if run_dir is None:
         base = Path(runs_dir) if runs_dir else repo_path(exp.runs_dir)
