@@ -52,7 +52,7 @@ from testbed.errors import InputError
 from testbed.inference.spec import ServerSpec
 from testbed.model.events import EventSpec
 from testbed.model.records import GRACE_MS
-from testbed.schema import NAME_RE, DuplicateKeyError, Num, load_yaml
+from testbed.schema import NAME_RE, Num, YamlValueError, load_yaml
 from testbed.schema import StrictModel as _Model
 from testbed.schema import unit_pair as _unit_pair
 from testbed.units import parse_delay_ms, parse_duration_s, parse_rate_mbps
@@ -562,7 +562,7 @@ def load_experiment(path: str | Path) -> Experiment:
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
     try:
         data = load_yaml(text)
-    except DuplicateKeyError as exc:
+    except YamlValueError as exc:  # a key twice, an integer too long to read
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None

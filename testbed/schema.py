@@ -10,7 +10,9 @@ Nothing is guessed (README, "Experiment files"):
 * :func:`load_yaml` refuses a mapping that gives the same key twice (YAML itself would keep the
   last one silently); the error names the key and both lines. It reads ``1e12`` as the number it
   is (YAML 1.2; PyYAML's YAML 1.1 reads an exponent without a dot as text, which then failed as
-  "carries its unit already").
+  "carries its unit already"). An integer too long for Python to read (over
+  ``sys.get_int_max_str_digits()``, 4300 digits) is a :class:`YamlValueError` naming its line
+  (it was a PyYAML traceback).
 * :class:`StrictModel` refuses a boolean where a number is expected (``workers: true`` is not 1)
   and anything but ``true``/``false`` where a boolean is expected (``rtt_check: 1`` or ``"yes"``
   is not true), and a string where an integer is expected (``workers: "2"``). Pydantic's lax mode
@@ -20,6 +22,7 @@ Nothing is guessed (README, "Experiment files"):
 from __future__ import annotations
 
 import re
+import sys
 import types
 import typing
 from typing import Annotated, Any
@@ -32,8 +35,16 @@ from testbed.units import UnitError
 NAME_RE = r"^[a-z][a-z0-9]*$"
 
 
-class DuplicateKeyError(ValueError):
+class YamlValueError(ValueError):
+    """YAML text that parses but holds something the testbed does not read (names the line)."""
+
+
+class DuplicateKeyError(YamlValueError):
     """A YAML mapping gives the same key twice; the message names the key and both lines."""
+
+
+class NumberTooLongError(YamlValueError):
+    """An integer with more digits than Python reads (``sys.get_int_max_str_digits()``)."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -60,6 +71,21 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                                  lambda loader, node: loader.construct_mapping(node))
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """PyYAML's integer, or :class:`NumberTooLongError` for one Python refuses to read (its
+    ``int()`` raises ValueError past ``sys.get_int_max_str_digits()`` digits)."""
+    try:
+        return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
+    except ValueError:
+        digits = sum(ch.isdigit() for ch in str(node.value))
+        raise NumberTooLongError(f"line {node.start_mark.line + 1}: an integer of {digits} digits, over the "
+                                 f"{sys.get_int_max_str_digits()} digits Python reads, and far over every bound of "
+                                 f"the testbed; write a smaller number") from None
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 #: YAML 1.2's exponent floats without a dot (``1e12``, ``-2E-3``): YAML 1.1 (PyYAML) resolves them
 #: to strings. PyYAML's own float forms (``1.0e+12``, ``.5``) keep their resolver.
 _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float",
@@ -72,6 +98,7 @@ def load_yaml(text: str) -> Any:
 
     Raises:
         DuplicateKeyError: a mapping repeats a key (names it and both lines).
+        NumberTooLongError: an integer too long to read (names its line).
         yaml.YAMLError: the text is not YAML.
     """
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
@@ -160,4 +187,5 @@ class StrictModel(BaseModel):
         return data
 
 
-__all__ = ["NAME_RE", "DuplicateKeyError", "Num", "StrictModel", "load_yaml", "number_only", "unit_pair"]
+__all__ = ["NAME_RE", "DuplicateKeyError", "Num", "NumberTooLongError", "StrictModel", "YamlValueError", "load_yaml",
+           "number_only", "unit_pair"]

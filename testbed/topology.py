@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from testbed.config import format_validation_error
 from testbed.errors import InputError
-from testbed.schema import DuplicateKeyError, load_yaml
+from testbed.schema import YamlValueError, load_yaml
 from testbed.schema import unit_pair as _unit_pair
 from testbed.units import parse_delay_ms, parse_rate_mbps
 
@@ -147,7 +147,7 @@ def load_yaml_topology(path: Path) -> RawTopology:
     """
     try:
         data = load_yaml(path.read_text())
-    except DuplicateKeyError as exc:
+    except YamlValueError as exc:  # a key twice, an integer too long to read
         raise TopologyError(f"{path}: {exc}") from None
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise TopologyError(f"cannot read topology {path}: {exc}") from None

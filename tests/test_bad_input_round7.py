@@ -130,3 +130,23 @@ def test_the_report_interval_bound_counts_the_drain(tmp_path, capsys):
     assert code == 2
     assert ("duration 99999 s + the drain after it (602 s: the longest deadline + 2 s grace) / report_interval 0.5 s "
             "= 201202 report intervals, over the bound of 200000") in out
+
+
+# ----------------------------------------------------------------------------------------- D12
+
+def test_an_integer_too_long_to_read_is_an_input_error_naming_its_line(tmp_path, capsys):
+    """5001 digits: PyYAML's int() raised ValueError past Python's 4300-digit limit, a traceback
+    and exit 1."""
+    code, out = _plan(capsys, _triangle(tmp_path, **{"rate_qps: 4": "rate_qps: 1" + "0" * 5000}))
+    assert code == 2 and "Traceback" not in out
+    assert ("e.yaml: line 24: an integer of 5001 digits, over the 4300 digits Python reads, and far over every bound "
+            "of the testbed; write a smaller number") in out
+
+
+def test_an_integer_too_long_in_a_yaml_topology_names_the_file_and_line(tmp_path):
+    from testbed.topology import TopologyError, load_yaml_topology
+
+    f = tmp_path / "t.yaml"
+    f.write_text("name: t\nnodes:\n  - {id: A, dpid: " + "9" * 4400 + "}\nlinks: []\n")
+    with pytest.raises(TopologyError, match=r"t\.yaml: line 3: an integer of 4400 digits, over the 4300 digits"):
+        load_yaml_topology(f)
