@@ -170,8 +170,13 @@ def test_train_command_exports_a_policy_that_acts_by_the_plan_rule_and_reuses_it
     q = pol.q_values(z["obs"])
     assert (pol.act(z["obs"]) == decide(q, z["obs"], 0.02)).all()
     assert (decide(q, z["obs"], 100.0) == z["plan"]).all()  # a huge margin: always the plan
-    for f in ("curves.png", "seed-1/curve.png", "seed-2/epochs.csv", "seed-2/rollout.json", "seed-1/policy.npz"):
+    for f in ("curves.png", "seed-1/curve.png", "seed-2/epochs.csv", "seed-2/rollout.json", "seed-1/policy.npz",
+              "seed-2/data.npz"):
         assert (tmp_path / "runs" / "ro" / f).is_file(), f
+    from testbed.aset.rollout import RolloutData
+
+    kept = RolloutData.load(tmp_path / "runs" / "ro" / "seed-1" / "data.npz")
+    assert len(kept) == 36 and kept.targets.shape == (36, 3) and kept.wall_s > 0
     mtimes = [f.stat().st_mtime_ns for f in cache]
     assert main(["train", str(path)]) == 0  # the same data, from the cache
     assert [f.stat().st_mtime_ns for f in cache] == mtimes

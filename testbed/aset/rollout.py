@@ -207,6 +207,18 @@ class RolloutData:
     def __len__(self) -> int:
         return len(self.obs)
 
+    def save(self, path: Path) -> None:
+        """The data set as one npz (:meth:`load` reads it back): the episode cache's keys cover the
+        whole package's code, so a change anywhere in it (another engineer's commit) makes the cache
+        miss; this copy keeps what a seed was trained on."""
+        _save(path, {**{f: getattr(self, f) for f in FIELDS}, "wall_s": np.float64(self.wall_s)})
+
+    @classmethod
+    def load(cls, path: Path) -> RolloutData:
+        """A data set written by :meth:`save`."""
+        with np.load(path) as z:
+            return cls(**{f: z[f] for f in FIELDS}, wall_s=float(z["wall_s"]))
+
     def split(self, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
         """(train rows, validation rows): of each scenario's episodes, ``fraction`` (at least one,
         at most all but one) held out whole, drawn with ``seed``. A scenario of one episode is
@@ -399,10 +411,11 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
                   scenarios: tuple[PlanSampler, list] | None = None) -> list[RolloutResult]:
     """``testbed train`` for ``training.method: rollout``: the data of every seed of
     ``training.seeds`` (:func:`collect`), one network per seed (:func:`fit`) exported to
-    ``training.out_dir/<name>/seed-<k>/policy`` with its ``epochs.csv``, ``curve.png`` and
-    ``rollout.json``; ``curves.png`` of every seed; the policy of ``export_seed`` (default the
-    first seed) copied to ``training.export_to``. ``scenarios``:
-    :func:`~testbed.aset.train.training_scenarios` of ``cfg`` when the caller has them.
+    ``training.out_dir/<name>/seed-<k>/policy`` with its ``epochs.csv``, ``curve.png``,
+    ``rollout.json`` and data set (``data.npz``, :meth:`RolloutData.save`); ``curves.png`` of
+    every seed; the policy of ``export_seed`` (default the first seed) copied to
+    ``training.export_to``. ``scenarios``: :func:`~testbed.aset.train.training_scenarios` of
+    ``cfg`` when the caller has them.
 
     Raises:
         ValueError: no ``training:`` section, or not ``method: rollout``; the scenarios' errors
@@ -425,6 +438,7 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
     for s in seeds:
         out = root / f"seed-{s}"
         out.mkdir(parents=True, exist_ok=True)
+        sets[s].save(out / "data.npz")
         fitted = fit(sets[s], cfg, s)
         res = RolloutResult(out, out / "policy", s, wall_s=data_wall / len(seeds) + fitted.wall_s,
                             samples=len(sets[s]), data_episodes=int(sets[s].episode.max()) + 1,
