@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from testbed.commands import DURATION_HELP, duration_arg
 from testbed.errors import EXIT_INTERRUPTED, InputError, TestbedError
 from testbed.plan import Plan, plan_experiment
 
@@ -114,18 +115,6 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_s(text: str) -> float:
-    from testbed.config import MAX_DURATION_S
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give the duration in s, a number") from None
-    if not 0 < value <= MAX_DURATION_S:
-        raise argparse.ArgumentTypeError(f"{text!r}: the duration must be in (0, {MAX_DURATION_S:g}] s")
-    return value
-
-
 def _command_modules() -> list:
     """The further subcommands: each module of :mod:`testbed.commands` has ``register(subparsers)``,
     which adds its parser with ``func(args) -> exit code`` as default. Modules import cheaply
@@ -148,7 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plan)
     p = sub.add_parser("run", help="emulate the experiment (root): Mininet + Ryu + inference servers")
     p.add_argument("experiment", type=Path)
-    p.add_argument("--duration", type=_positive_s, help="override the load duration, in s (> 0)")
+    p.add_argument("--duration", type=duration_arg, help=DURATION_HELP)
     p.add_argument("--link-emulator", choices=["auto", "netem", "userspace"], help="override emulation.link_emulator")
     p.add_argument("--runs-dir", type=Path, help="where run directories go (default: the experiment's runs_dir)")
     p.set_defaults(func=_cmd_run)

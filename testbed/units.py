@@ -9,6 +9,10 @@ The rule (system-model.md: "configs always carry the unit in the key or the valu
 * ``"10 ms"`` (a space), ``"5msms"`` (a repeated unit), ``"5"`` (no unit), ``"-1ms"`` (negative:
   said so) and unknown units (``"5min"``) are rejected with :class:`UnitError` naming the value,
   the item and the accepted forms. Nothing is guessed.
+
+On the command line (``--duration`` of every command, :func:`parse_duration_arg_s`) a bare number
+is seconds (``30``), as the flag's help says; a number with a unit is read as in experiment files
+(``30s``, ``500ms``).
 """
 
 from __future__ import annotations
@@ -89,3 +93,21 @@ def parse_rate_mbps(value: object, item: str = "") -> float:
 def parse_duration_s(value: object, item: str = "") -> float:
     """Parse a duration such as ``"30s"`` or ``"500ms"`` into seconds."""
     return _parse(value, TIME_UNITS_MS, "duration", item) / 1e3
+
+
+def parse_duration_arg_s(text: str, item: str = "--duration") -> float:
+    """A duration given on the command line, in seconds: a bare number is seconds (``30``,
+    ``0.5``), or a number with its unit as in experiment files (``30s``, ``500ms``, ``250us``).
+
+    Raises:
+        UnitError: malformed, negative, an unknown unit, or not finite (names ``item``).
+    """
+    t = str(text).strip()
+    if re.fullmatch(_NUMBER, t):
+        value = float(t)
+        if not math.isfinite(value):
+            raise UnitError(f"duration for {item}: {text!r} is not finite")
+        return value
+    if re.fullmatch("-" + _NUMBER, t):
+        raise UnitError(f"duration for {item}: {text!r} is negative; a duration must be positive")
+    return parse_duration_s(t, item)

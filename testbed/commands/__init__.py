@@ -4,4 +4,29 @@ A module here defines ``register(subparsers) -> None``, which adds its parser an
 ``func(args: argparse.Namespace) -> int`` (the exit code) as its default. :mod:`testbed.cli` finds
 the modules itself and handles ``ConfigError``/``PlanError``/``TopologyError`` (exit 2) and
 Ctrl-C (exit 130); print with :data:`testbed.cli.console`.
+
+:func:`duration_arg` is the one ``--duration`` of every command (run, simulate, sweep, evaluate).
 """
+
+from __future__ import annotations
+
+import argparse
+
+#: The help text of every ``--duration``.
+DURATION_HELP = "override the load duration: seconds (30) or a number with its unit (30s, 500ms)"
+
+
+def duration_arg(text: str) -> float:
+    """argparse type of ``--duration`` in every command: seconds as a bare number or a number with
+    its unit (:func:`testbed.units.parse_duration_arg_s`), in (0, ``testbed.config.MAX_DURATION_S``]
+    s. Returns seconds."""
+    from testbed.config import MAX_DURATION_S
+    from testbed.units import UnitError, parse_duration_arg_s
+
+    try:
+        value = parse_duration_arg_s(text, item="--duration")
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not 0 < value <= MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: the duration must be in (0, {MAX_DURATION_S:g}] s")
+    return value

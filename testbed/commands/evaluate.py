@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import argparse
 
+from testbed.commands import duration_arg
+
 #: Longest simulated run ``--duration`` allows (s): every figure holds one episode's queries in memory.
 MAX_EPISODE_S = 3600.0
 
 
 def _episode_s(text: str) -> float:
-    from testbed.commands.simulate import positive_duration_s
-
-    v = positive_duration_s(text)
+    """``--duration`` (:func:`testbed.commands.duration_arg`), at most :data:`MAX_EPISODE_S`."""
+    v = duration_arg(text)
     if v > MAX_EPISODE_S:
         raise argparse.ArgumentTypeError(f"--duration {text}: at most {MAX_EPISODE_S:g} s per run")
     return v
@@ -36,7 +37,7 @@ def register(subparsers) -> None:
     p.add_argument("--seeds", type=_int_at_least(2), default=None, help="override evaluation.seeds (tuning seeds)")
     p.add_argument("--fresh-seeds", type=_int_at_least(0), default=None, help="override evaluation.fresh_seeds")
     p.add_argument("--duration", type=_episode_s, default=None,
-                   help="override the simulated time per run, e.g. 40s (at most 1 h)")
+                   help="override the simulated time per run: seconds (40) or with its unit (40s); at most 1 h")
     p.add_argument("--headroom", action="store_true", help="headroom only (no checkpoint needed: before training)")
     p.add_argument("--specialised", action="store_true",
                    help="ASET = the checkpoint specialised to each scenario (testbed train --specialise)")

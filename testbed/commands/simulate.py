@@ -7,21 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def positive_duration_s(text: str) -> float:
-    """argparse type of ``--duration``: a duration with its unit (``600s``, ``2min``), > 0, finite.
-    Shared by the commands that simulate (simulate, sweep, evaluate)."""
-    import math
-
-    from testbed.units import UnitError, parse_duration_s
-
-    try:
-        v = parse_duration_s(text, item="--duration")
-    except UnitError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError("--duration must be > 0 and finite")
-    return v
+from testbed.commands import DURATION_HELP, duration_arg
 
 
 def seed_arg(text: str) -> int:
@@ -43,7 +29,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("simulate", help="run an experiment in the simulator (fast, no root)",
                               description=__doc__)
     p.add_argument("experiment", help="experiment YAML file")
-    p.add_argument("--duration", type=positive_duration_s, default=None, help="override the duration, e.g. 600s")
+    p.add_argument("--duration", type=duration_arg, default=None, help=DURATION_HELP)
     p.add_argument("--seed", type=seed_arg, default=None, help="override the experiment's seed (0 .. 2^32 - 1)")
     p.add_argument("--policy", choices=CATALOGUE, default=None, help="override every source's policy")
     p.add_argument("--runs-dir", default=None, help="where run directories go (default: the experiment's runs_dir)")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from testbed.commands import DURATION_HELP, duration_arg
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="policies x scenarios x seeds in the simulator, with tables and plots",
@@ -28,7 +30,7 @@ def register(subparsers) -> None:
                    help="run every cell as an emulation (root; one per machine: Ray resource mininet=1)")
     p.add_argument("--link-emulator", choices=("auto", "netem", "userspace"), default=None,
                    help="with --emulate: as for testbed run")
-    p.add_argument("--duration", default=None, help="override every experiment's duration, e.g. 120s")
+    p.add_argument("--duration", type=duration_arg, default=None, help=DURATION_HELP)
     p.add_argument("--keep-runs", action="store_true", help="keep every run directory under OUT/runs")
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=_cmd)
@@ -42,7 +44,6 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
     from testbed.config import MAX_SEED, load_experiment
     from testbed.errors import InputError
     from testbed.policies import CATALOGUE
-    from testbed.units import UnitError, parse_duration_s
 
     pols = list(CATALOGUE) if args.policies == "all" else [x.strip() for x in args.policies.split(",") if x.strip()]
     bad = [p for p in pols if p not in CATALOGUE]
@@ -66,13 +67,7 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
             raise InputError(f"{e} and {names[name]} are both named {name!r}: the sweep's tables key their rows by "
                              f"the experiment's name, so give each its own")
         names[name] = e
-    duration = None
-    if args.duration:
-        try:
-            duration = parse_duration_s(args.duration, item="--duration")
-        except UnitError as exc:
-            raise InputError(str(exc)) from None
-    return pols, duration
+    return pols, args.duration
 
 
 def _cmd(args: argparse.Namespace) -> int:
