@@ -129,7 +129,8 @@ class PidProcess:
 @dataclass
 class Component:
     """A long-running process of the run. ``planned()``: whether its death now is planned;
-    ``normal_exit``: exit codes that are a normal end rather than a death (sources: 0)."""
+    ``normal_exit``: exit codes that are a normal end rather than a death (sources: 0);
+    ``serves``: what else goes with the process (a link emulator's links), named in its incidents."""
 
     name: str
     kind: str
@@ -138,13 +139,15 @@ class Component:
     planned: Callable[[], bool] | None = None
     normal_exit: frozenset[int] = frozenset()
     known_code: bool = True  # False: not our child, the exit code cannot be known
+    serves: tuple[str, ...] = ()
 
 
 @dataclass
 class Incident:
     """A component that died or was stopped (or a link that went down, or the disk that filled up).
     ``kind``: what the component is (``inference server``, ...); ``fault``: what happened to it
-    (``died``, ``stopped``, ``link_down``, ``storage``; ``ended`` for a normal end)."""
+    (``died``, ``stopped``, ``link_down``, ``storage``; ``ended`` for a normal end); ``pid``: its
+    process; ``serves``: what went with it (a link emulator process: every link it forwarded)."""
 
     component: str
     kind: str
@@ -157,12 +160,18 @@ class Incident:
     log: str | None = None
     last_lines: list[str] = field(default_factory=list)
     fault: str = "died"
+    pid: int | None = None
+    serves: list[str] = field(default_factory=list)
 
     def message(self, with_log: bool = True) -> str:
         """One line (and, ``with_log``, the log's last lines) for the console and errors."""
         when = f"{self.t_load_s:.2f} s into the load" if self.t_load_s is not None else \
             f"{self.t_run_s:.1f} s into the run, before the load"
-        text = f"{self.kind} {self.component} {self.how} at {when}"
+        proc = ""  # a process serving several things (a link emulator's links) is named with all of them
+        if self.serves:
+            pid = f"pid {self.pid}; " if self.pid is not None else ""
+            proc = f" ({pid}serving {len(self.serves)} link(s): {', '.join(self.serves)})"
+        text = f"{self.kind} {self.component}{proc} {self.how} at {when}"
         if not with_log:
             return text + (f" (its log: {self.log})" if self.log else "")
         if self.last_lines:
@@ -170,6 +179,12 @@ class Incident:
         elif self.log:
             text += f" ({self.log} is empty)"
         return text
+
+
+def _pid_of(c: Component | None) -> int | None:
+    """The pid of a component's process (None: no component, or a process object without one)."""
+    pid = getattr(c.proc, "pid", None) if c is not None else None
+    return pid if isinstance(pid, int) else None
 
 
 class RunRecord:
@@ -466,13 +481,13 @@ class HealthWatch(threading.Thread):
         self.stopped_since.pop(c.name, None)
         if code in c.normal_exit:
             self.ended[c.name] = self._incident(c.name, c.kind, code, "ended normally", True, c.log, known=True,
-                                                fault="ended")
+                                                fault="ended", of=c)
             return
         planned = bool(c.planned and c.planned())
         inc = self._incident(c.name, c.kind, code if c.known_code else None,
                              ("went down as planned: " if planned else "died: ") + describe_exit(code if c.known_code
                                                                                               else None),
-                             planned, c.log, known=c.known_code)
+                             planned, c.log, known=c.known_code, of=c)
         self.ended[c.name] = inc
         self._report(inc)
 
@@ -492,7 +507,7 @@ class HealthWatch(threading.Thread):
         planned = bool(c.planned and c.planned())
         how = (f"{'was stopped as planned' if planned else 'stopped'}: process state {state}, "
                f"{STOPPED_STATES[state]}, for {now - since:.1f} s (alive to poll(), answering nothing)")
-        inc = self._incident(c.name, c.kind, None, how, planned, c.log, fault="stopped")
+        inc = self._incident(c.name, c.kind, None, how, planned, c.log, fault="stopped", of=c)
         self.stops.setdefault(c.name, []).append(inc)
         self._report(inc)
 
@@ -527,7 +542,8 @@ class HealthWatch(threading.Thread):
 
     # -- reporting --
     def _incident(self, name: str, kind: str, code: int | None, how: str, planned: bool, log: Path | None,
-                  known: bool = True, fault: str = "died") -> Incident:
+                  known: bool = True, fault: str = "died", of: Component | None = None) -> Incident:
+        """An incident of ``name`` now; ``of``: its component (its pid and what it serves)."""
         now = time.time()
         wall = datetime.fromtimestamp(now).isoformat(timespec="milliseconds")
         return Incident(component=name, kind=kind, wall_time=wall,
@@ -535,7 +551,7 @@ class HealthWatch(threading.Thread):
                         t_load_s=None if self.t_load0 is None or now < self.t_load0 else round(now - self.t_load0, 3),
                         exit_code=code if known else None, how=how, planned=planned,
                         log=None if log is None else str(log), last_lines=tail(log) if not planned else [],
-                        fault=fault)
+                        fault=fault, pid=_pid_of(of), serves=list(of.serves) if of is not None else [])
 
     def _report(self, inc: Incident) -> None:
         if self.stopped:

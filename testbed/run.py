@@ -262,12 +262,15 @@ def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None) -
 # ----------------------------------------------------------------------------- the health watch
 
 def _network_components(live: Live) -> list[Component]:
+    """The network's processes for the health watch; a link emulator process with the links it
+    serves (:meth:`Live.served`), so that its death names every one."""
     kinds = {"ryu-manager": ("SDN controller", live.run_dir / "logs" / "controller.log")}
+    served = live.served()
     out = []
     for name, proc in live.components().items():
         kind, log = kinds.get(name, ("link emulator" if name.startswith("linkemu-") else "network process",
                                      live.run_dir / "logs" / f"{name}.log"))
-        out.append(Component(name, kind, proc, log if log.exists() else None))
+        out.append(Component(name, kind, proc, log if log.exists() else None, serves=tuple(served.get(name, ()))))
     return out
 
 

@@ -577,9 +577,18 @@ def _tables(s: dict) -> list[tuple[str, list[str], list[list[object]]]]:
     incidents = (s.get("health") or {}).get("incidents") or []
     if incidents:
         out.append(("Health: components that died or failed during the run (run.json)",
-                    ["component", "kind", "what", "s into the load", "exit code"],
-                    [[i["component"], i["kind"], i["how"], i.get("t_load_s"), i.get("exit_code")] for i in incidents]))
+                    ["component", "kind", "what", "s into the load", "exit code", "pid, serving"],
+                    [[i["component"], i["kind"], i["how"], i.get("t_load_s"), i.get("exit_code"), _serving(i)]
+                     for i in incidents]))
     return out
+
+
+def _serving(incident: dict) -> str:
+    """``pid 123: l1 (A-B), l2 (B-C)`` for an incident of a process that served several links, else ""."""
+    serves = incident.get("serves") or []
+    if not serves:
+        return ""
+    return (f"pid {incident['pid']}: " if incident.get("pid") is not None else "") + ", ".join(serves)
 
 
 #: A cluster whose cgroup ran out of quota in more than this share of the load's CFS periods was

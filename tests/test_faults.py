@@ -114,6 +114,31 @@ def test_killed_server_stops_the_run_with_exit_4(tmp_path):
     _assert_nothing_left(_run_id(run_dir), plan_experiment(TRIANGLE))
 
 
+def test_a_killed_link_emulator_is_named_with_its_pid_and_every_link_it_served(tmp_path):
+    """One process (E0) forwards the triangle's three links: its death was reported as linkemu-l1
+    and linkemu-l2 (l3 missing, no pid, no log); now as one incident naming the process, its pid
+    and every link."""
+    killed: list[int] = []
+
+    def kill_linkemu(run_dir: Path) -> None:
+        (pid,) = [p for p, cmd in _processes_of(_run_id(run_dir)).items() if "-m testbed.emulation.linkemu" in cmd]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    code, out, run_dir = _run_with_fault(tmp_path, kill_linkemu)
+    assert code == 4, out
+    said = (f"HEALTH: link emulator linkemu-E0 (pid {killed[0]}; serving 3 link(s): l1 (A-B), l2 (B-C), l3 (A-C)) "
+            f"died: killed by SIGKILL (exit code -9)")
+    assert said in out, out
+    inc = _incidents(run_dir)[0]
+    assert (inc["component"], inc["pid"], inc["serves"]) == ("linkemu-E0", killed[0],
+                                                             ["l1 (A-B)", "l2 (B-C)", "l3 (A-C)"])
+    assert inc["log"].endswith("logs/linkemu-E0.log")
+    assert not [i for i in _incidents(run_dir) if i["component"].startswith("linkemu-l")]
+    _assert_no_record_lost(run_dir)
+    _assert_nothing_left(_run_id(run_dir), plan_experiment(TRIANGLE))
+
+
 def test_a_stopped_server_stops_the_run_with_exit_4(tmp_path):
     """SIGSTOP of a server mid-load: alive to poll(), it answers nothing; the watch reports it once
     it has been stopped for STOPPED_GRACE_S, and the run stops with exit code 4."""

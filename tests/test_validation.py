@@ -718,3 +718,39 @@ def test_train_says_what_it_wrote_and_never_shows_curves_it_did_not_write(tmp_pa
     out = capsys.readouterr().out
     assert f"{root / 'curves.png'} (the learning curves)" in out and "not written" not in out
     assert "2 episodes, success ratio of the last 2: 0.500" in out and f"{root / 'seed-1' / 'curve.png'}" in out
+
+
+def test_a_dead_link_emulator_process_is_named_with_its_pid_and_every_link_it_served(tmp_path):
+    """One link emulator process (E0) serves l1, l2 and l3 of the triangle: its death is one
+    incident naming the process, its pid and every link (it was reported as linkemu-l1 and
+    linkemu-l2, l3 missing, no pid, no log)."""
+    from testbed.emulation.bringup import Live
+    from testbed.emulation.network import Emulation
+    from testbed.plan import plan_experiment
+    from testbed.run import _network_components
+
+    plan = plan_experiment(REPO / "experiments" / "triangle.yaml")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "linkemu-E0.log").write_text("forwarding 3 links\n")
+    emu = Emulation(plan=plan, link_emulator="userspace", datapath="user", run_dir=tmp_path)
+    proc = FakeProc()
+    emu._controls = {"E0": (None, proc, None)}
+    emu.emulator_procs = {lk.emu_name: proc for lk in plan.links}
+    live = Live(plan=plan, emu=emu, run_id="x", run_dir=tmp_path, rest_url="", link_emulator="userspace",
+                datapath="user", bringup_s=0.0)
+    w, out, record, failed = _watch(tmp_path, [lambda: _network_components(live)])
+    w.check()
+    assert sorted(w.seen) == ["linkemu-E0"]
+    proc.returncode = -9
+    w.check()
+    said = ("HEALTH: link emulator linkemu-E0 (pid 4194305; serving 3 link(s): l1 (A-B), l2 (B-C), l3 (A-C)) died: "
+            "killed by SIGKILL (exit code -9) at")
+    assert said in " ".join(out.getvalue().split()) and failed == [1]
+    (inc,) = json.loads((tmp_path / "run.json").read_text())["health"]["incidents"]
+    assert inc["pid"] == 4194305 and inc["serves"] == ["l1 (A-B)", "l2 (B-C)", "l3 (A-C)"]
+    assert inc["last_lines"] == ["forwarding 3 links"] and inc["log"] == str(tmp_path / "logs" / "linkemu-E0.log")
+    assert "serving 3 link(s): l1 (A-B), l2 (B-C), l3 (A-C)" in str(w.failure)
+    from testbed.summary import _tables
+
+    (health,) = [t for t in _tables({"health": {"incidents": [inc]}}) if t[0].startswith("Health")]
+    assert health[2][0][-1] == "pid 4194305: l1 (A-B), l2 (B-C), l3 (A-C)"

@@ -104,17 +104,30 @@ class Live:
 
     def components(self) -> dict[str, object]:
         """The long-running processes of the network, by component name (``ryu-manager``,
-        ``linkemu-<node>``, ``probe-<host>``, ...), each a ``subprocess.Popen``-like object with
-        ``poll()`` and ``returncode``, for the run's health watch."""
+        ``linkemu-<node>``: one per link emulator process, ``E<g>``; ``probe-<host>``, ...), each a
+        ``subprocess.Popen``-like object with ``poll()`` and ``returncode``, for the run's health
+        watch."""
         out: dict[str, object] = {}
         if self.controller is not None:
             out["ryu-manager"] = self.controller
-        for name, proc in getattr(self.emu, "emulator_procs", {}).items():
-            out[f"linkemu-{name}"] = proc
+        for node, (proc, _links) in self._emulator_processes().items():
+            out[f"linkemu-{node}"] = proc
         out.update(self.emu.components() if hasattr(self.emu, "components") else {})
         if self.dynamics is not None:
             out.update(self.dynamics.components())
         return out
+
+    def _emulator_processes(self) -> dict[str, tuple[object, list[str]]]:
+        emu = getattr(self.emu, "emulator_processes", None)
+        return emu() if emu is not None else {}
+
+    def served(self) -> dict[str, list[str]]:
+        """Per component that serves several links (``linkemu-<node>``), the links it forwards, as
+        ``lK (A-B)`` with the switches' labels: an incident of one process names every one."""
+        label = {s.name: s.label for s in self.plan.switches}
+        ends = {lk.emu_name: f"{label[lk.a]}-{label[lk.b]}" for lk in self.plan.links}
+        return {f"linkemu-{node}": [f"{name} ({ends.get(name, '?')})" for name in links]
+                for node, (_proc, links) in self._emulator_processes().items()}
 
     def path_of(self, src_mac: str, dst_mac: str) -> tuple[list[int], float]:
         """The controller's installed path (DPIDs) and its one-way delay in ms."""

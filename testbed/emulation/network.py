@@ -817,6 +817,12 @@ class Emulation:
                 self.emulator_procs[by_index[i].emu_name] = proc
             self._controls[group] = (LinkControl(ctl), proc, ctl)
 
+    def emulator_processes(self) -> dict[str, tuple[object, list[str]]]:
+        """Each link emulator process by its node name (``E<g>``): the process and the link
+        emulators (``lK``) it serves, in link order (userspace mode; {} with netem)."""
+        return {group: (proc, [name for name, p in self.emulator_procs.items() if p is proc])
+                for group, (_client, proc, _ctl) in self._controls.items()}
+
     def start_link_emulators(self, python: str | None = None) -> None:
         """Wait until every link emulator (userspace mode only; started by :meth:`build`, or here
         with ``python`` when it was not) answers on its control socket (polled every 10 ms).
