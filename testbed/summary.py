@@ -44,7 +44,7 @@ from rich.text import Text
 
 from testbed.errors import InputError, RunFailure
 from testbed.model.records import CAUSES, COLUMNS, FAILURE, RECORD_FIELDS, SUCCESS
-from testbed.util import markdown_table, replace_atomic
+from testbed.util import markdown_table, natural_key, replace_atomic
 
 #: What ``cold = 1`` marks (printed with the summary; docs/trustworthy-runs.md, "New connections").
 COLD_RULE = ("every source -> cluster/model path was warmed and each source opened one connection to every cluster "
@@ -379,7 +379,7 @@ def _link_emulators(run_dir: Path) -> dict:
     (``dropped_down``), the kernel receive buffer (``kernel_drops``: the emulator fell behind) and
     send errors."""
     rows = {}
-    for f in sorted((run_dir / "linkemu").glob("*.json")):
+    for f in sorted((run_dir / "linkemu").glob("*.json"), key=lambda p: natural_key(p.stem)):  # l1, l2, .., l10
         try:
             st = json.loads(f.read_text())
         except (OSError, ValueError):
@@ -523,64 +523,105 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
 
 # ----------------------------------------------------------------------------- printing
 
-def _tables(s: dict) -> list[tuple[str, list[str], list[list[object]]]]:
+SummaryTable = tuple[str, list[str], list[list[object]]]
+#: The failure-cause columns of the per-cluster and per-application tables: counts of failed
+#: queries by cause (``fail accuracy``, not ``accuracy``: the column is no accuracy figure).
+CAUSE_COLUMNS = [f"fail {c}" for c in CAUSES]
+
+
+def _tables(s: dict) -> list[SummaryTable]:
     """The summary's tables: (title, columns, rows), the same on the console and in summary.md."""
+    return [t for step in (_record_tables, _server_table, _link_emulator_table, _links_table, _capture_table,
+                           _health_table) for t in step(s)]
+
+
+def _cell(v: float | None, fmt: str = "") -> str:
+    """A number for a table cell or the headline: formatted (``fmt``; as it is by default), or
+    ``n/a`` when not measured (no answered query: not ``None``)."""
+    return "n/a" if v is None else format(v, fmt)
+
+
+def _record_tables(s: dict) -> list[SummaryTable]:
+    """Per cluster and per application, from the records: queries, success, answered, failures
+    by cause (:data:`CAUSE_COLUMNS`), e2e p95 (ms)."""
     out = []
-    causes = list(CAUSES)
-    rows = [[name, v["queries"], v["success"], "" if v["success_ratio"] is None else f"{v['success_ratio']:.3f}",
-             v["answered"], *[v["failures"].get(c, 0) for c in causes], v.get("e2e_p95_ms")]
-            for name, v in s.get("per_cluster", {}).items()]
-    if rows:
-        out.append(("Per cluster (from the records)",
-                    ["cluster", "queries", "success", "success ratio", "answered", *causes, "e2e p95 ms"], rows))
-    rows = [[name, v["queries"], v["success"], f"{v['success_ratio']:.3f}", v["answered"],
-             *[v["failures"].get(c, 0) for c in causes], v.get("e2e_p95_ms")]
-            for name, v in s.get("per_application", {}).items()]
-    if rows:
-        out.append(("Per application (from the records)",
-                    ["application", "queries", "success", "success ratio", "answered", *causes, "e2e p95 ms"], rows))
+    for key, what in (("per_cluster", "cluster"), ("per_application", "application")):
+        rows = [[name, v["queries"], v["success"], _cell(v["success_ratio"], ".3f"), v["answered"],
+                 *[v["failures"].get(c, 0) for c in CAUSES], _cell(v.get("e2e_p95_ms"))]
+                for name, v in s.get(key, {}).items()]
+        if rows:
+            out.append((f"Per {what} (from the records; fail <cause>: failed queries by cause)",
+                        [what, "queries", "success", "success ratio", "answered", *CAUSE_COLUMNS, "e2e p95 ms"], rows))
+    return out
+
+
+def _server_table(s: dict) -> list[SummaryTable]:
+    """The servers' own counters (utilization 0-1, 3 decimals)."""
     rows = [[name, _lives_cell(v["server"]), v["server"]["served"], v["server"]["dropped_queue_full"],
-             v["server"]["dropped_admission"], v["server"]["errors"], v["server"]["utilization"],
+             v["server"]["dropped_admission"], v["server"]["errors"], _cell(v["server"]["utilization"], ".3f"),
              "-" if "cpu" not in v else f"{v['cpu']['throttled_periods']}/{v['cpu']['periods']}"]
             for name, v in s.get("per_cluster", {}).items() if "server" in v]
-    if rows:
-        out.append(("Server counters (each server's own view, summed over its lives: includes warm-up requests "
-                    "and answers the source had given up on; a killed life's last stats interval is missing; "
-                    "throttled = CFS periods of the load in which the cluster's cgroup ran out of its quota)",
-                    ["cluster", "lives", "served", "dropped queue_full", "dropped admission", "errors",
-                     "utilization", "throttled / periods"], rows))
+    if not rows:
+        return []
+    return [("Server counters (each server's own view, summed over its lives: includes warm-up requests "
+             "and answers the source had given up on; a killed life's last stats interval is missing; "
+             "throttled = CFS periods of the load in which the cluster's cgroup ran out of its quota)",
+             ["cluster", "lives", "served", "dropped queue_full", "dropped admission", "errors",
+              "utilization", "throttled / periods"], rows)]
+
+
+def _link_emulator_table(s: dict) -> list[SummaryTable]:
+    """Per link emulator (lK, in link order): delay held, frames, lateness (ms), drops."""
     le = s.get("link_emulators") or {}
     rows = [[name, "-" if v["delay_ms"] is None else f"{v['delay_ms']:.3f}",
              v["frames"], f"{v['max_late_ms']:.3f}", f"{v['mean_late_ms']:.3f}",
-             *[v[k] for k in LINKEMU_COUNTERS]] for name, v in le.get("per_emulator", {}).items()]
-    if rows:
-        out.append(("Link emulators (lateness = sent after the due time; drops: loss model, FIFO overflow, "
-                    "bandwidth shaper queue, link down, kernel receive buffer, send errors)",
-                    ["emulator", "delay ms held (after datapath compensation)", "frames", "max late ms",
-                     "mean late ms", "lost", "overflow",
-                     "shaper drops", "dropped down", "kernel drops", "send errors"], rows))
+             *[v[k] for k in LINKEMU_COUNTERS]]
+            for name, v in le.get("per_emulator", {}).items()]
+    if not rows:
+        return []
+    return [("Link emulators (lateness = sent after the due time; drops: loss model, FIFO overflow, "
+             "bandwidth shaper queue, link down, kernel receive buffer, send errors)",
+             ["emulator", "delay ms held (after datapath compensation)", "frames", "max late ms",
+              "mean late ms", "lost", "overflow",
+              "shaper drops", "dropped down", "kernel drops", "send errors"], rows)]
+
+
+def _links_table(s: dict) -> list[SummaryTable]:
+    """The 8 busiest links: the controller's port stats in an emulation, the simulator's link load
+    in a simulation (``s["mode"]``)."""
     top = sorted(s.get("links", {}).items(), key=lambda kv: -max(kv[1]["util_ab_max"], kv[1]["util_ba_max"]))
     rows = [[name, f"{v['capacity_mbps']:g}", f"{v['util_ab_mean']:.4f}/{v['util_ab_max']:.4f}",
              f"{v['util_ba_mean']:.4f}/{v['util_ba_max']:.4f}", v["drops"]] for name, v in top[:8]]
-    if rows:
-        out.append(("Busiest links (controller port stats)",
-                    ["link", "capacity Mbit/s", "util a>b mean/max", "util b>a mean/max", "drops"], rows))
+    if not rows:
+        return []
+    source = "the simulator's link load" if s.get("mode") == "simulation" else "controller port stats"
+    return [(f"Busiest links ({source})",
+             ["link", "capacity Mbit/s", "util a>b mean/max", "util b>a mean/max", "drops"], rows)]
+
+
+def _capture_table(s: dict) -> list[SummaryTable]:
+    """Per-hop one-way delay (ms) from the packet capture."""
     cap = s.get("capture")
-    if cap:
-        rows = [[hop, v["packets"], f"{v['median_ms']:.3f}", f"{v['p95_ms']:.3f}",
-                 "-" if v["configured_ms"] is None else f"{v['configured_ms']:g}",
-                 "-" if v.get("emulated_ms") is None else f"{v['emulated_ms']:g}"] for hop, v in cap["hops"].items()]
-        out.append((f"Per-hop one-way delay, packet capture ({cap['queries_matched']} queries matched, "
-                    f"{cap['retransmissions']} retransmissions)",
-                    ["hop", "packets", "median ms", "p95 ms", "configured ms",
-                     "emulated ms (configured - datapath compensation)"], rows))
+    if not cap:
+        return []
+    rows = [[hop, v["packets"], f"{v['median_ms']:.3f}", f"{v['p95_ms']:.3f}",
+             "-" if v["configured_ms"] is None else f"{v['configured_ms']:g}",
+             "-" if v.get("emulated_ms") is None else f"{v['emulated_ms']:g}"] for hop, v in cap["hops"].items()]
+    return [(f"Per-hop one-way delay, packet capture ({cap['queries_matched']} queries matched, "
+             f"{cap['retransmissions']} retransmissions)",
+             ["hop", "packets", "median ms", "p95 ms", "configured ms",
+              "emulated ms (configured - datapath compensation)"], rows)]
+
+
+def _health_table(s: dict) -> list[SummaryTable]:
+    """The incidents of ``run.json``."""
     incidents = (s.get("health") or {}).get("incidents") or []
-    if incidents:
-        out.append(("Health: components that died or failed during the run (run.json)",
-                    ["component", "kind", "what", "s into the load", "exit code", "pid, serving"],
-                    [[i["component"], i["kind"], i["how"], i.get("t_load_s"), i.get("exit_code"), _serving(i)]
-                     for i in incidents]))
-    return out
+    if not incidents:
+        return []
+    return [("Health: components that died or failed during the run (run.json)",
+             ["component", "kind", "what", "s into the load", "exit code", "pid, serving"],
+             [[i["component"], i["kind"], i["how"], i.get("t_load_s"), i.get("exit_code"), _serving(i)]
+              for i in incidents])]
 
 
 def _serving(incident: dict) -> str:
@@ -632,8 +673,9 @@ def _headline(s: dict) -> list[str]:
              f"answered {s.get('throughput_qps', 0)} q/s; failures {fails}"]
     e, b = s.get("e2e_ms", {}), s.get("breakdown_ms", {})
     if e:
-        lines.append(f"e2e ms: p50 {e.get('p50')}  p95 {e.get('p95')}  p99 {e.get('p99')};  mean breakdown ms: "
-                     f"network {b.get('network')}  queueing {b.get('queueing')}  inference {b.get('inference')} "
+        lines.append(f"e2e ms: p50 {_cell(e.get('p50'))}  p95 {_cell(e.get('p95'))}  p99 {_cell(e.get('p99'))};  "
+                     f"mean breakdown ms: network {_cell(b.get('network'))}  queueing {_cell(b.get('queueing'))}  "
+                     f"inference {_cell(b.get('inference'))} "
                      f"({s.get('latency_rule', LATENCY_RULE)})")
     lines.append(f"New connections (cold = 1): {s.get('cold_queries', 0)} queries here; "
                  f"{s.get('cold_rule', COLD_RULE)}.")

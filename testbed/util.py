@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import time
@@ -122,6 +123,12 @@ def stop_processes(procs: Iterable[subprocess.Popen], sig: int = signal.SIGTERM,
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key that orders the numbers inside names by value: ``l2`` before ``l10`` (a plain
+    string sort gives l1, l10, l11, ..., l2)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name))
 
 
 def ci95(values: Sequence[float | None]) -> tuple[float, float]:

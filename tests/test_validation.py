@@ -21,7 +21,7 @@ from testbed.health import Component, HealthWatch, LinkCheck, RunRecord, Storage
 from testbed.model.records import RECORD_FIELDS, make_record
 from testbed.plan import PlanError, build_plan, check_load_bounds, run_dir_limit_problem
 from testbed.schema import DuplicateKeyError, load_yaml
-from testbed.summary import merge_records, print_summary, summarize
+from testbed.summary import _headline, _tables, merge_records, print_summary, summarize
 from testbed.topology import TopologyError, graphml_link_speed, load_graphml, load_yaml_topology, raw_from_dict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -464,7 +464,8 @@ def test_summary_md_holds_markdown_tables(tmp_path):
     md = (tmp_path / "summary.md").read_text()
     assert "┃" not in md and "│" not in md
     assert "| cluster   | queries   | success   |" in md.replace("  |", "  |")
-    assert "\n|:--" in md and "### Per cluster (from the records)" in md and "### Link emulators" in md
+    assert "\n|:--" in md and "### Per cluster (from the records; fail <cause>: failed queries by cause)" in md
+    assert "### Link emulators" in md
     assert "New connections (cold = 1): 1 queries here; every source -> cluster/model path was warmed" in md
     assert "(over every answered query (HTTP 200 with an e2e time), cold ones (new connections) included)" in md
 
@@ -754,3 +755,34 @@ def test_a_dead_link_emulator_process_is_named_with_its_pid_and_every_link_it_se
 
     (health,) = [t for t in _tables({"health": {"incidents": [inc]}}) if t[0].startswith("Health")]
     assert health[2][0][-1] == "pid 4194305: l1 (A-B), l2 (B-C), l3 (A-C)"
+
+
+def test_summary_tables_read_as_what_they_are(tmp_path):
+    """Review nits: link emulators in link order (l2 before l10), the cause columns labelled as the
+    failure counts they are ('fail accuracy', not 'accuracy 0'), utilization rounded, 'n/a' for a
+    latency not measured (not 'p50 None'), and a simulated run's link table not titled after a
+    controller it does not have."""
+    _records(tmp_path)
+    for k in (10, 2):
+        (tmp_path / "linkemu" / f"l{k}.json").write_text(json.dumps({"frames_ab": k, "delay_ms": 1.0}))
+    (tmp_path / "clusters" / "c1.stats.json").write_text(json.dumps({"served": 3, "utilization": 0.144836}))
+    s = summarize(tmp_path, 1.0)
+    assert list(s["link_emulators"]["per_emulator"]) == ["l1", "l2", "l10"]
+    tables = {t[0].split(" (")[0]: t for t in _tables(s)}
+    cols = tables["Per cluster"][1]
+    assert cols[5:10] == ["fail deadline_miss", "fail server_down", "fail dropped", "fail error", "fail accuracy"]
+    server = tables["Server counters"]
+    assert server[2][0][server[1].index("utilization")] == "0.145"
+    nothing = {"queries": 3, "duration_s": 1.0, "e2e_ms": {"p50": None, "p95": None, "p99": None},
+               "breakdown_ms": {"network": None, "queueing": None, "inference": None},
+               "per_cluster": {"c": {"queries": 3, "success": 0, "success_ratio": 0.0, "answered": 0,
+                                     "failures": {"deadline_miss": 3}, "e2e_p95_ms": None}}}
+    headline = _headline(nothing)
+    assert "e2e ms: p50 n/a  p95 n/a  p99 n/a;  mean breakdown ms: network n/a  queueing n/a  inference n/a" \
+        in headline[1] and "None" not in " ".join(headline)
+    assert _tables(nothing)[0][2][0][-1] == "n/a"
+    link = {"s1-s2": {"capacity_mbps": 100.0, "util_ab_mean": 0.1, "util_ab_max": 0.2, "util_ba_mean": 0.0,
+                      "util_ba_max": 0.0, "drops": 0}}
+    simulated = _tables({"links": link, "mode": "simulation"})
+    assert [t[0] for t in simulated] == ["Busiest links (the simulator's link load)"]
+    assert [t[0] for t in _tables({"links": link})] == ["Busiest links (controller port stats)"]
