@@ -188,3 +188,15 @@ def test_a_bad_duration_is_refused_alike_in_every_command(command, given, said, 
         ap.parse_args(_attach_negative_values([*_COMMANDS[command], "--duration", given], _value_options(ap)))
     err = " ".join(capsys.readouterr().err.split())
     assert exc.value.code == 2 and f"argument --duration: {said}" in err
+
+
+# ----------------------------------------------------------------------------------------- nits
+
+def test_evaluate_given_an_experiment_file_names_an_aset_config(capsys):
+    """It printed one 'unknown key' line per key of the experiment."""
+    code = main(["evaluate", str(REPO / "experiments" / "default.yaml")])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 2 and "unknown key" not in out
+    assert (f"{REPO / 'experiments' / 'default.yaml'} is an experiment file (it has topology, clusters, workload); "
+            f"testbed evaluate takes an ASET config with an 'evaluation:' section, such as "
+            f"experiments/aset-train.yaml") in out

@@ -47,12 +47,43 @@ def register(subparsers) -> None:
     p.set_defaults(func=_cmd)
 
 
+#: An ASET config to name when given an experiment file (it has an ``evaluation:`` section).
+EXAMPLE_CONFIG = "experiments/aset-train.yaml"
+#: Top-level keys only an experiment file has (testbed.config.Experiment), never an ASET config.
+EXPERIMENT_KEYS = ("topology", "clusters", "workload")
+
+
+def _refuse_an_experiment_file(path: str) -> None:
+    """An experiment file given where an ASET config belongs is named as such, with a config to
+    use instead (it printed one 'unknown key' line per key of the experiment).
+
+    Raises:
+        testbed.errors.InputError: ``path`` is an experiment file.
+    """
+    from pathlib import Path
+
+    import yaml
+
+    from testbed.errors import InputError
+    from testbed.schema import load_yaml
+
+    try:
+        data = load_yaml(Path(path).read_text())
+    except (OSError, ValueError, yaml.YAMLError):  # unreadable or not YAML: the config loader says so
+        return
+    if isinstance(data, dict) and all(k in data for k in EXPERIMENT_KEYS):
+        raise InputError(f"{path} is an experiment file (it has {', '.join(EXPERIMENT_KEYS)}); testbed evaluate takes "
+                         f"an ASET config with an 'evaluation:' section, such as {EXAMPLE_CONFIG}, whose "
+                         f"training.scenarios name the experiments it runs")
+
+
 def _cmd(args: argparse.Namespace) -> int:
     from testbed.aset.config import load_aset_config
     from testbed.aset.evaluate import agreement_markdown, evaluate, results_markdown, summary_markdown
     from testbed.cli import console
     from testbed.errors import InputError
 
+    _refuse_an_experiment_file(args.config)
     cfg, base = load_aset_config(args.config)
     if cfg.evaluation is None:
         raise InputError(f"{args.config}: no 'evaluation:' section")
