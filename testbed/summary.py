@@ -661,6 +661,11 @@ def _service_warning(s: dict, sc: dict) -> str:
                    f"rerun on a quieter machine.")
 
 
+#: Where the host-speed warning suggests re-measuring profiles (a copy: models/profiles/ is tracked,
+#: and every simulation reads it).
+PROFILES_COPY = "runs/profiles-here"
+
+
 def _headline(s: dict) -> list[str]:
     sr = s.get("success_ratio")
     load = s.get("load_s", s["duration_s"])
@@ -690,8 +695,12 @@ def _headline(s: dict) -> list[str]:
         lines.append(f"WARNING: this machine ran {hs['model']}'s bare model call {hs['ratio']}x slower than its "
                      f"profile ({hs['now_ms']} against {hs['profile_ms']} ms): every simulated figure of this "
                      f"plan is optimistic for this machine now (the warning starts at 1.25x); re-measure the "
-                     f"profiles and the request handling on this machine state (testbed profile --shares 1,2; "
-                     f"python -m testbed.inference.handling) before comparing with a simulation.")
+                     f"profiles and the request handling on this machine state before comparing with a "
+                     f"simulation, into a copy of your own: both commands overwrite --profiles, by default the "
+                     f"tracked models/profiles/ that every later simulation reads (cp -r models/profiles "
+                     f"{PROFILES_COPY}; testbed profile --shares 1,2 --profiles {PROFILES_COPY}; python -m "
+                     f"testbed.inference.handling --profiles {PROFILES_COPY}; then profiles_dir: {PROFILES_COPY} "
+                     f"in the experiment).")
     sc = s.get("service_check") or {}
     if sc.get("starved"):
         lines.append(_service_warning(s, sc))

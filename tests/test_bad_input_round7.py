@@ -200,3 +200,18 @@ def test_evaluate_given_an_experiment_file_names_an_aset_config(capsys):
     assert (f"{REPO / 'experiments' / 'default.yaml'} is an experiment file (it has topology, clusters, workload); "
             f"testbed evaluate takes an ASET config with an 'evaluation:' section, such as "
             f"experiments/aset-train.yaml") in out
+
+
+def test_the_host_speed_warning_says_the_profilers_overwrite_the_tracked_profiles():
+    """It told the reader to run testbed profile and the handling measurement, both of which write
+    into the tracked models/profiles/ by default (every later simulation then differs from the
+    published figures) without saying so."""
+    from testbed.summary import _headline
+
+    s = {"queries": 1, "duration_s": 1.0, "host_speed": {"model": "hand_lite", "ratio": 1.6, "now_ms": 8.0,
+                                                         "profile_ms": 5.0, "slow": True}}
+    (line,) = [x for x in _headline(s) if x.startswith("WARNING: this machine ran")]
+    assert ("into a copy of your own: both commands overwrite --profiles, by default the tracked models/profiles/ "
+            "that every later simulation reads (cp -r models/profiles runs/profiles-here; testbed profile --shares "
+            "1,2 --profiles runs/profiles-here; python -m testbed.inference.handling --profiles runs/profiles-here; "
+            "then profiles_dir: runs/profiles-here in the experiment)") in line
