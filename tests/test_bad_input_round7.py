@@ -215,3 +215,21 @@ def test_the_host_speed_warning_says_the_profilers_overwrite_the_tracked_profile
             "that every later simulation reads (cp -r models/profiles runs/profiles-here; testbed profile --shares "
             "1,2 --profiles runs/profiles-here; python -m testbed.inference.handling --profiles runs/profiles-here; "
             "then profiles_dir: runs/profiles-here in the experiment)") in line
+
+
+def test_cleanup_removes_a_killed_runs_control_folder(tmp_path):
+    """A killed run leaves /run/aset-testbed/ctl-<id>/ (its link emulators' control sockets): the
+    next run's bring-up removed it, testbed cleanup did not."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "ctl-0123456789").mkdir()
+    (tmp_path / "ctl-0123456789" / "E0.sock").write_text("")
+    (tmp_path / "keep").mkdir()
+    res = subprocess.run([sys.executable, "-m", "testbed.cli", "cleanup"], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, TESTBED_STATE_DIR=str(tmp_path)))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"removed control folder {tmp_path / 'ctl-0123456789'}" in res.stdout
+    assert "removed 1 leftover item(s)" in res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "lock"]

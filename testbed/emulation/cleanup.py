@@ -11,7 +11,9 @@ inherits the environment variable ``TESTBED_RUN_ID=<id>``. :func:`cleanup` then 
 * OVS bridges named in the state file *and* tagged ``external_ids:testbed_run=<id>``, or untagged
   ones the state file names (a crash between ``add-br`` and tagging);
 * root-namespace interfaces named in the state file that still exist;
-* our cgroups (``testbed-<id>-*``).
+* our cgroups (``testbed-<id>-*``);
+* the runs' link-emulator control folders (``/run/aset-testbed/ctl-*``, with the lock held: no run
+  is under way), as the next run's bring-up does.
 
 Nothing else is touched: no ``mn -c``. A lock (``flock``) keeps two runs from overlapping.
 
@@ -156,10 +158,12 @@ def cleanup(verbose: bool = False) -> int:
     Raises:
         RunLockedError: a run is active right now.
     """
+    from testbed.emulation.network import remove_control_dirs  # the network's folders, named there
+
     fd = acquire_lock()
     try:
         state = read_state()
-        removed = remove_leftovers(verbose)
+        removed = remove_leftovers(verbose) + remove_control_dirs(verbose)
         for run_dir in mark_killed_runs(None, "testbed cleanup", state):
             if verbose:
                 print(killed_run_line(run_dir))

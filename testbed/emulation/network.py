@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.emulation.cleanup import STATE_DIR
 from testbed.errors import RunFailure
 from testbed.lifeline import tied_popen
 from testbed.plan import Plan
@@ -82,7 +83,7 @@ OVS_SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 #: ``$TESTBED_RT_PRIORITY`` overrides it (benchmarks).
 RT_PRIORITY = int(os.environ.get("TESTBED_RT_PRIORITY", "10"))
 #: Where control sockets live (short paths: a Unix socket path holds at most 107 bytes).
-CONTROL_ROOT = Path(os.environ.get("TESTBED_STATE_DIR", "/run/aset-testbed"))
+CONTROL_ROOT = STATE_DIR  # the runs' state folder (testbed.emulation.cleanup)
 #: Link emulators forward this much at most per link on the 2-core build machine (Mbit/s,
 #: benchmarks/linkemu_bench.py: 407-670 Mbit/s of one TCP flow); above it the machine, not the
 #: shaper, limits a link. Only used to say so.
@@ -272,13 +273,15 @@ def control_dir(run_id: str) -> Path:
     return CONTROL_ROOT / f"ctl-{hashlib.sha1(run_id.encode()).hexdigest()[:10]}"
 
 
-def remove_control_dirs() -> int:
+def remove_control_dirs(verbose: bool = False) -> int:
     """Remove every control-socket folder of earlier runs (call with the run lock held: the one run
-    that may exist is ours). Returns how many were removed."""
+    that may exist is ours). Returns how many were removed; ``verbose`` prints each."""
     n = 0
     for d in CONTROL_ROOT.glob("ctl-*"):
         shutil.rmtree(d, ignore_errors=True)
         n += 1
+        if verbose:
+            print(f"removed control folder {d}")
     return n
 
 
