@@ -563,6 +563,7 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
         "mode": "emulation", "run_id": run_id, "status": "running", "process": process_identity(),
         "duration_s": duration_s,
         "seed": plan.experiment.seed, "report_interval_s": plan.experiment.report_interval_s,
+        "mtu_bytes": plan.experiment.topology.mtu,
         "storage": {"estimate_bytes": storage.estimate.total, "reserve_bytes": storage.estimate.reserve,
                     "free_bytes_at_start": storage.free_bytes()},
         "health": {"controller_policy": CONTROLLER_POLICY}})

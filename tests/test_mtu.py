@@ -92,6 +92,12 @@ def test_jumbo_frames_cross_the_emulated_links(tmp_path):
     run_dir = next(runs.iterdir())
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["experiment"]["topology"]["mtu"] == 9000
+    # the MTU is recorded where a reader of the run looks, and said at bring-up
+    assert json.loads((run_dir / "run.json").read_text())["mtu_bytes"] == 9000
+    network = json.loads((run_dir / "network.json").read_text())
+    assert (network["mtu_bytes"], network["mss_bytes"]) == (9000, 8948)
+    assert ("MTU: 9000 bytes on every interface (topology.mtu, read back at creation): 8948 bytes of TCP payload "
+            "per frame") in " ".join(res.stdout.split())
     hops = {(p["source"], p["cluster"]): len(p["switches"]) - 1 for p in plan["paths"]}
     df = pd.read_csv(run_dir / "records.csv")
     traversals = sum(hops[(r.source, r.cluster)] for r in df.itertuples())

@@ -344,6 +344,8 @@ def _write_network_json(live: Live, final: bool = False, console: Console | None
                       f"{max(rates, default=0):g} Mbit/s), {len(hrates)} host link(s) by tc htb on both ends "
                       f"({min(hrates, default=0):g}-{max(hrates, default=0):g} Mbit/s); see network.json",
                       markup=False, highlight=False)
+        console.print(f"MTU: {table['mtu_bytes']} bytes on every interface (topology.mtu, read back at creation): "
+                      f"{table['mss_bytes']} bytes of TCP payload per frame", markup=False, highlight=False)
         for r in table["links"]:
             if r.get("note"):
                 console.print(f"note: link {r['link']}: {r['note']}", markup=False, highlight=False)

@@ -52,6 +52,7 @@ from pathlib import Path
 from testbed.emulation.cleanup import STATE_DIR
 from testbed.errors import RunFailure
 from testbed.lifeline import tied_popen
+from testbed.model.network import mss_of
 from testbed.plan import Plan
 
 OFFLOAD_OFF = "rx off tx off sg off tso off gso off gro off"
@@ -1007,7 +1008,10 @@ class Emulation:
                   "applied_mbps_switch_to_host": read_htb_rate_mbps(self.host_intfs[h.name][1],
                                                                     self._port_cmd(self.host_intfs[h.name][1]))}
                  for h in self.plan.hosts]
-        return {"link_emulator": self.link_emulator, "datapath": self.datapath, "links": links, "hosts": hosts,
+        mtu = int(self.plan.experiment.topology.mtu)
+        return {"link_emulator": self.link_emulator, "datapath": self.datapath,
+                # topology.mtu: every veth end was created with it and read back (_fast_veths)
+                "mtu_bytes": mtu, "mss_bytes": mss_of(mtu), "links": links, "hosts": hosts,
                 "probe_hosts": [p.__dict__ for p in self.probes],
                 "ovs": ([{"shard": sh.node, "switches": sh.switches} for sh in self.shards] if self.shards
                         else "the system's Open vSwitch")}
