@@ -233,3 +233,15 @@ def test_cleanup_removes_a_killed_runs_control_folder(tmp_path):
     assert f"removed control folder {tmp_path / 'ctl-0123456789'}" in res.stdout
     assert "removed 1 leftover item(s)" in res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "lock"]
+
+
+@pytest.mark.parametrize("text, said", [("name: a\nname: b\n", "key 'name' appears twice"),
+                                        ("name: a\nseed: 1" + "0" * 5000 + "\n", "digits")])
+def test_an_aset_config_is_read_like_an_experiment(tmp_path, capsys, text, said):
+    """ASET configs go through the experiments' YAML reader: a repeated key or an integer too long
+    to read is exit 2 naming the line, not a silent overwrite or a traceback."""
+    cfg = tmp_path / "aset.yaml"
+    cfg.write_text(text)
+    assert main(["train", str(cfg)]) == 2
+    said_out = capsys.readouterr()
+    assert said in said_out.out + said_out.err and "Traceback" not in said_out.out + said_out.err

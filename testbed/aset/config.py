@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from testbed.config import ConfigError, format_validation_error
 from testbed.errors import counted
-from testbed.schema import Num, StrictModel, unit_pair
+from testbed.schema import Num, StrictModel, YamlValueError, load_yaml, unit_pair
 from testbed.units import parse_delay_ms, parse_duration_s
 
 
@@ -365,14 +365,17 @@ def load_aset_config(path: str | Path) -> tuple[AsetConfig, Path]:
     (the repository root: the parent of the config file's folder).
 
     Raises:
-        ConfigError: missing file, bad YAML, or a validation error naming the item
+        ConfigError: missing file, bad YAML (a duplicate key, an integer too long to read), or a
+            validation error naming the item
             (e.g. ``agent.gamma: Input should be less than 1``).
     """
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read ASET config {path}: {exc.strerror}") from None
+    except YamlValueError as exc:  # a key given twice, an integer too long to read
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
