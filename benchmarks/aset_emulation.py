@@ -16,7 +16,7 @@ difference ASET - static in each. Writes ``runs/aset-emulation/results.md``. Roo
 
 Where the gap comes from: every static run is also simulated with records
 (:func:`testbed.sim.run.simulate_experiment`, into ``<runs-dir>/sim/``), and a second table gives,
-per scenario and application, the medians over the answered queries that were not cold, emulated
+per scenario and application, the medians over the answered queries (new connections included), emulated
 against simulated: network time minus the planned RTT, queueing, inference, end to end, and the
 success ratio. A third table sets the simulator's ``simulation.overhead_ms`` (a calibration knob,
 not the model) to the measured excess of network time and says how much of the gap is left.
@@ -125,21 +125,23 @@ def _records(run_dir: Path):
     return r.assign(success=ok.astype(float), net_excess_ms=r["network_ms"] - r["expected_rtt_ms"])
 
 
-def _answered(r, emulated: bool):
-    """The answered queries (HTTP 200) that were not cold (the simulator has no cold queries)."""
-    keep = r["http_status"] == 200
-    return r[keep & (r["cold"] == 0)] if emulated else r[keep]
+def _answered(r):
+    """The answered queries (HTTP 200 with an e2e time), the rows of every latency figure of the
+    summary and the report (:func:`testbed.summary.answered`: queries that opened a connection included)."""
+    from testbed.summary import answered
+
+    return answered(r)
 
 
 def breakdown_rows(frames: dict[str, tuple]) -> list[dict]:
-    """Per (scenario, application): median ms of each part of :data:`_PARTS` over the answered,
-    not cold queries of all the scenario's static runs, emulated / simulated, and the success
+    """Per (scenario, application): median ms of each part of :data:`_PARTS` over the answered
+    queries of all the scenario's static runs, emulated / simulated, and the success
     ratio over every query. ``frames``: scenario -> (emulated records, simulated records)."""
     rows = []
     for sc, (ea, sa) in frames.items():
         for app in sorted(ea["application"].unique()):
             ee, ss = ea[ea["application"] == app], sa[sa["application"] == app]
-            ew, sw = _answered(ee, True), _answered(ss, False)
+            ew, sw = _answered(ee), _answered(ss)
             row = {"scenario": sc, "application": app, "queries emu / sim": f"{len(ee)} / {len(ss)}"}
             for label, col in _PARTS:
                 row[f"{label} ms"] = f"{ew[col].median():.1f} / {sw[col].median():.1f}"
@@ -149,11 +151,11 @@ def breakdown_rows(frames: dict[str, tuple]) -> list[dict]:
 
 
 def measured_overhead_ms(emu, sim) -> float:
-    """Median network time minus planned RTT over the answered, not cold queries of the emulated
+    """Median network time minus planned RTT over the answered queries of the emulated
     records, minus the same over the simulated ones (all applications pooled): the per-query cost
     outside the simulator's network model (the endpoints' software, the user-space datapath under
     load), ms."""
-    return float(_answered(emu, True)["net_excess_ms"].median() - _answered(sim, False)["net_excess_ms"].median())
+    return float(_answered(emu)["net_excess_ms"].median() - _answered(sim)["net_excess_ms"].median())
 
 
 def simulate_with_overhead(scenario: Path, seeds: list[int], policy: str, overhead_ms: float) -> list[float]:
@@ -240,7 +242,7 @@ def tables(raw: list[dict], static: str, runs_dir: Path) -> str:
         frames = {sc: tuple(pd.concat([_records(p[i]) for p in pairs if p[0] == sc]) for i in (1, 2))
                   for sc in dict.fromkeys(p[0] for p in pairs)}  # every records file read once
         text += (f"\n\nWhere the gap comes from ({static} runs, every seed with both figures; median ms over "
-                 f"the answered queries that were not cold, emulated / simulated):\n\n"
+                 f"the answered queries, emulated / simulated):\n\n"
                  + markdown_table(breakdown_rows(frames)))
         text += ("\n\nHow much of the gap the per-query overhead explains (overhead = the emulated median of "
                  "network time - planned RTT minus the simulated one, every application; the simulator rerun "
