@@ -353,7 +353,7 @@ def fit(data: RolloutData, cfg: AsetConfig, seed: int) -> FitResult:
     opt = tf.keras.optimizers.Adam(learning_rate=ag.learning_rate)
     huber = tf.keras.losses.Huber(delta=ag.huber_delta)
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)  # no Python control flow to convert
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = huber(y, model(x, training=True))
