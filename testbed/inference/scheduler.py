@@ -190,15 +190,19 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
             error = f"{type(exc).__name__}: {exc}"
         t3 = self.clock_ns()
+        # The bookkeeping (counters, the queue's completion at T3) before the answers: a client
+        # that reads /v1/stats after its answer, or a query that arrives right after it, sees the
+        # queue as the model has it at T3 (answering first was within noise, and raced both).
+        nxt = self._finished(batch, (t3 - t2) / 1e9, error)
         i = 0
-        for j in batch:  # answers first: the counting below is not on the queries' path
+        for j in batch:
             j.t2, j.t3, j.batch, j.error = t2, t3, int(x.shape[0]), error
             if result is not None:
                 j.result = _slice(result, i, j.size)
             i += j.size
             if j.done is not None:
                 j.done(j)
-        return self._finished(batch, (t3 - t2) / 1e9, error)
+        return nxt
 
     def _worker(self) -> None:
         while (batch := self.next_batch()) is not None:
