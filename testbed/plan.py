@@ -71,7 +71,7 @@ from testbed.config import Experiment
 from testbed.errors import InputError, naming_file
 from testbed.model.cpu import threads_per_call
 from testbed.model.events import VALUE_FIELD, Change, expand
-from testbed.model.network import NetworkState, transfer_ms
+from testbed.model.network import NetworkState, mss_of, transfer_ms
 from testbed.model.service import ServiceFigures, service_figures
 from testbed.topology import RawTopology, TopologyError, great_circle_km, load_topology
 from testbed.util import repo_path, write_json_atomic
@@ -655,7 +655,7 @@ class _Builder:
                 link) and the times.
         """
         exp = self.exp
-        mss = NetworkState([], mtu=exp.topology.mtu).mss
+        mss = mss_of(exp.topology.mtu)
         by_pair = {frozenset((lk.a, lk.b)): lk for lk in self.links}
         labels = {s.name: s.label for s in self.switches}
         for a in exp.applications:

@@ -153,6 +153,26 @@ def test_specialise_starts_from_the_general_network_and_evaluates_per_scenario(t
         evaluate(ecfg, base, seeds=2, workers=1, progress=False, specialised=True)
 
 
+def test_specialise_from_the_command_line_without_jobs(tmp_path):
+    """``testbed train CONFIG --specialise`` with ``--jobs`` left out (it used to crash on
+    ``max(1, None)``): one worker, exit 0, the specialised file exported."""
+    import yaml
+
+    from testbed.aset.train import specialised_path
+    from testbed.cli import main
+
+    d = yaml.safe_load((REPO / "experiments" / "aset-tiny.yaml").read_text())
+    d["training"].update({"scenarios": [str(TRIANGLE)], "seeds": [1], "steps": 100, "out_dir": str(tmp_path / "runs"),
+                          "export_to": str(tmp_path / "aset")})
+    d["evaluation"].update({"scenarios": [str(TRIANGLE)], "checkpoint": str(tmp_path / "aset"),
+                            "out_dir": str(tmp_path / "ev")})
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(d))
+    assert main(["train", str(path)]) == 0
+    assert main(["train", str(path), "--specialise", "--steps", "50"]) == 0
+    assert specialised_path(tmp_path / "aset", "triangle").with_suffix(".npz").is_file()
+
+
 def test_a_mix_baseline_gives_zero_reward_to_the_agent_that_plays_the_mix():
     """reward.baseline_mix: the baseline run applies the scenario's per-source assignment; an agent
     applying that same assignment every window gets exactly 0 in every transition, and the same

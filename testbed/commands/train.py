@@ -118,7 +118,7 @@ def _specialise(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
     from testbed.errors import InputError
 
     try:
-        results = specialise(cfg, base, jobs=args.jobs, backend="ray" if args.ray_address else args.backend,
+        results = specialise(cfg, base, jobs=args.jobs or 1, backend="ray" if args.ray_address else args.backend,
                              ray_address=args.ray_address, console=console, steps=args.steps, scenarios=scenarios)
     except (FileNotFoundError, ValueError) as exc:
         raise InputError(str(exc)) from None
