@@ -24,6 +24,7 @@ Results do not depend on the backend: the same seeds give the same table.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -59,13 +60,21 @@ def _row(name: str, policy: str, seed: int, s: dict) -> dict:
 
 def run_one(plan, policy: str, seed: int, duration_s: float | None, runs_dir: str | None) -> dict:
     """One simulated run (in a worker); returns its row of the results table. ``runs_dir`` None:
-    the run directory is temporary."""
+    the run directory is temporary.
+
+    Raises:
+        RunFailure: the temporary folder cannot be made, or the run cannot be written (exit 3,
+            naming the folder)."""
     from testbed.sim import simulate_experiment
 
     name = plan.experiment.name
     tmp = None
     if runs_dir is None:
-        tmp = tempfile.mkdtemp(prefix="sweep-")
+        try:
+            tmp = tempfile.mkdtemp(prefix="sweep-")
+        except OSError as exc:
+            raise RunFailure(f"sweep cell {name} / {policy} / seed {seed}: cannot make its temporary run folder in "
+                             f"{tempfile.gettempdir()} ({exc.strerror or exc})", EXIT_BRINGUP) from None
         run_dir = Path(tmp) / "run"
     else:
         run_dir = Path(runs_dir) / f"{name}-{policy}-s{seed}"
@@ -183,6 +192,18 @@ def cell_path(out: Path, name: str, fp: str, policy: str, seed: int) -> Path:
     return out / "cells" / f"{name}-{fp}" / f"{policy}-s{seed}.parquet"
 
 
+@contextlib.contextmanager
+def _writing_results(out: Path):
+    """Turn an OSError of a write of the sweep's own files in ``out`` (a cell's row, the tables,
+    the plots) into :class:`RunFailure` (exit 3) naming the file; a cell's own failures (its run,
+    a worker) pass unchanged, so the message never blames ``out`` for them."""
+    try:
+        yield
+    except OSError as exc:
+        raise RunFailure(f"cannot write the sweep's results in {out} ({exc.filename or out}: {exc.strerror or exc})",
+                         EXIT_BRINGUP) from None
+
+
 def _write_cell(path: Path, row: dict) -> None:
     """One finished cell, atomically (:func:`testbed.util.replace_atomic`: whole or absent)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,7 +237,8 @@ def _run_cells(pending: list, duration_s: float | None, runs_dir: str | None, em
         tasks = [(plan, p, s, duration_s, runs_dir) for plan, p, s, _ in pending]
         it = imap_unordered(run_one, tasks, backend=backend, jobs=jobs, ray_address=ray_address)
     for i, row in it:
-        _write_cell(pending[i][3], row)
+        with _writing_results(pending[i][3].parents[2]):  # out/cells/<scenario>/<cell>
+            _write_cell(pending[i][3], row)
         prog.update(task, advance=1, info=f"{row['scenario']} {row['policy']} seed {row['seed']}: "
                                           f"{row['success_ratio']}")
 
@@ -254,12 +276,8 @@ def sweep(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[i
     problem = runs_dir_problem(out)
     if problem:
         raise RunFailure(f"--out {out}: {problem}; nothing was run", EXIT_BRINGUP)
-    try:
-        return _sweep_cells(cells, policies, out, jobs, duration_s, keep_runs, console, backend, ray_address,
-                            emulate, link_emulator)
-    except OSError as exc:
-        raise RunFailure(f"cannot write the sweep's results in {out} ({exc.filename or out}: {exc.strerror or exc})",
-                         EXIT_BRINGUP) from None
+    return _sweep_cells(cells, policies, out, jobs, duration_s, keep_runs, console, backend, ray_address,
+                        emulate, link_emulator)
 
 
 def _sweep_cells(cells: list, policies: Sequence[str], out: Path, jobs: int | None, duration_s: float | None,
@@ -268,7 +286,8 @@ def _sweep_cells(cells: list, policies: Sequence[str], out: Path, jobs: int | No
     """Run the cells not finished in ``out`` with a progress bar, then write the results (:func:`sweep`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    out.mkdir(parents=True, exist_ok=True)
+    with _writing_results(out):
+        out.mkdir(parents=True, exist_ok=True)
     runs_dir = str(out / "runs") if keep_runs or emulate else None
     pending = [c for c in cells if not c[3].exists()]
     if len(pending) < len(cells):
@@ -279,7 +298,8 @@ def _sweep_cells(cells: list, policies: Sequence[str], out: Path, jobs: int | No
         task = prog.add_task("sweep", total=len(cells), completed=len(cells) - len(pending), info="")
         if pending:
             _run_cells(pending, duration_s, runs_dir, emulate, link_emulator, jobs, backend, ray_address, prog, task)
-    return write_results([c[3] for c in cells], policies, out)
+    with _writing_results(out):
+        return write_results([c[3] for c in cells], policies, out)
 
 
 def write_results(cell_files: Sequence[Path], policies: Sequence[str], out: Path) -> pd.DataFrame:

@@ -89,3 +89,23 @@ def test_sweep_counts_every_failure_cause_so_they_add_up_to_the_failures(tmp_pat
     assert sum(row[f"fail_{c}"] for c in CAUSES) == failures
     table = pd.read_csv(tmp_path / "table.csv")
     assert table.loc[0, "fail_server_down"] == row["fail_server_down"]
+
+
+def test_a_cells_own_os_error_is_not_blamed_on_the_output_folder(tmp_path, monkeypatch):
+    """A cell that cannot make its temporary run folder fails naming that (exit 3), not with
+    "cannot write the sweep's results in OUT", which is kept for the sweep's own writes."""
+    import errno
+    import os
+
+    import testbed.sweep as sw
+    from testbed.errors import RunFailure
+
+    def no_space(*_a, **_k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/tmp/sweep-x")
+
+    monkeypatch.setattr(sw.tempfile, "mkdtemp", no_space)
+    with pytest.raises(RunFailure) as err:
+        sweep([str(REPO / "experiments/triangle.yaml")], ["closest"], [1], tmp_path / "out", jobs=1, duration_s=2.0)
+    msg = str(err.value)
+    assert err.value.exit_code == 3 and "cannot make its temporary run folder" in msg and "No space left" in msg
+    assert "cannot write the sweep's results" not in msg and "triangle / closest / seed 1" in msg
