@@ -138,6 +138,51 @@ def test_with_a_behaviour_epsilon_the_episode_leaves_the_plan_and_targets_stay_p
     assert (current[2:] != d["plan"][2:]).any()
 
 
+def test_the_determinism_check_covers_the_windows_the_episode_followed_its_plan_through():
+    """With a behaviour epsilon the check still runs, at each window from which the episode kept
+    its plan until the window's queries were resolved (horizon 2, settle 1 window here)."""
+    from testbed.aset.rollout import _checkable
+
+    left = np.array([False, False, True, False, False, False])
+    ends = [min(6, w + 2) for w in range(6)]
+    assert _checkable(left, ends, 1).tolist() == [3, 4, 5]
+    assert _checkable(np.zeros(6, bool), ends, 1).tolist() == list(range(6))  # epsilon 0: every window
+
+
+def test_a_clone_that_does_not_continue_as_the_episode_is_caught_with_a_behaviour_epsilon(setup, monkeypatch):
+    import testbed.aset.rollout as ro_mod
+    from testbed.aset.rollout import data_spec, episode_data
+
+    cfg, _, _, task = setup
+    ro = cfg.training.rollout.model_copy(update={"behaviour_epsilon": 0.1})
+    spec = data_spec(cfg.model_copy(update={"training": cfg.training.model_copy(update={"rollout": ro})}))
+    episode_data(spec, task[1], task[2])  # the real clones pass
+    real = ro_mod.continuation_ok
+
+    def off_by_one(ep, w, horizon, base, first):  # a base clone that scores one success too many
+        return real(ep, w, horizon, base, first) + (list(first) == list(base))
+
+    monkeypatch.setattr(ro_mod, "continuation_ok", off_by_one)
+    with pytest.raises(AssertionError, match="the base's clone from window"):
+        episode_data(spec, task[1], task[2])
+
+
+def test_a_damaged_cache_file_is_a_miss_and_one_episode_per_scenario_cannot_be_fitted(setup, tmp_path):
+    from testbed.aset.rollout import RolloutData, _load, _save, fit
+
+    cfg, _, d, _ = setup
+    good = tmp_path / "good.npz"
+    _save(good, d)
+    assert _load(good) is not None and not list(tmp_path.glob(".*.tmp"))
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "cut.npz").write_bytes(good.read_bytes()[:200])
+    _save(tmp_path / "old.npz", {k: v for k, v in d.items() if k != "targets"})
+    for name in ("empty", "cut", "old"):
+        assert _load(tmp_path / f"{name}.npz") is None, name
+    with pytest.raises(ValueError, match="nothing can be held out"):
+        fit(RolloutData.join([d]), cfg, 1)
+
+
 def test_fitting_lowers_the_loss_and_holds_out_whole_episodes(setup):
     from testbed.aset.rollout import RolloutData, collect, fit
 

@@ -52,33 +52,52 @@ from __future__ import annotations
 
 import csv
 import json
-import os
+import math
 import time
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pydantic import Field
 
 from testbed.aset.config import AsetConfig, ObservationSpec, RandomiseSpec
 from testbed.aset.envs import AsetSimEnv, PlanSampler
+from testbed.aset.episode import settle_s
 from testbed.aset.headroom import continuation_ok
 from testbed.aset.npolicy import plan_scores
 from testbed.aset.train import TrainResult, export_weights, resolve, scenario_sampler, training_scenarios
+from testbed.schema import StrictModel
+from testbed.util import replace_atomic
 
 #: The arrays of one data set, one row per (window, source) sample (:class:`RolloutData`).
 FIELDS = ("obs", "targets", "queries", "window", "source", "plan", "episode", "scenario")
 
 
 # ----------------------------------------------------------------------------- data (worker side)
-def data_spec(cfg: AsetConfig) -> str:
+class RolloutTaskSpec(StrictModel):
     """Everything an episode's data set depends on besides the code, the scenario file and the
-    seed, as JSON (a task argument, hence part of its cache key): the observation spec (with the
-    plans, the base), the actions, the horizon, the episode length and the load randomisation."""
+    seed: the observation spec (with the plans, the base), the actions (``policies``), the
+    horizon (windows), the episode length (s), the behaviour epsilon and the load randomisation
+    (factor range). It crosses to the worker as JSON (:func:`data_spec`), a task argument, hence
+    part of the task's cache key."""
+
+    observation: ObservationSpec
+    policies: tuple[str, ...] = Field(min_length=1)
+    horizon_windows: int = Field(ge=1)
+    episode_s: float = Field(gt=0)
+    behaviour_epsilon: float = Field(ge=0, lt=1)
+    load_scale: tuple[float, float]
+
+
+def data_spec(cfg: AsetConfig) -> str:
+    """The :class:`RolloutTaskSpec` of ``cfg``'s data episodes, as JSON."""
     tr = cfg.training
-    return json.dumps({"observation": cfg.observation.model_dump(), "policies": list(cfg.policies),
-                       "horizon_windows": tr.rollout.horizon_windows, "episode_s": float(tr.episode_s),
-                       "behaviour_epsilon": float(tr.rollout.behaviour_epsilon),
-                       "load_scale": [float(x) for x in tr.randomise.load_scale]}, sort_keys=True)
+    return RolloutTaskSpec(observation=cfg.observation, policies=tuple(cfg.policies),
+                           horizon_windows=tr.rollout.horizon_windows, episode_s=float(tr.episode_s),
+                           behaviour_epsilon=float(tr.rollout.behaviour_epsilon),
+                           load_scale=tuple(float(x) for x in tr.randomise.load_scale)).model_dump_json()
 
 
 def episode_seed(seed: int, scenario_index: int, episode: int) -> int:
@@ -102,14 +121,12 @@ def episode_data(spec_json: str, scenario: str, seed: int) -> dict[str, np.ndarr
     """The rollout data of one episode (module docstring) of ``scenario`` (a file), env seed
     ``seed``; :data:`FIELDS` (``episode`` all 0) plus ``sim_seed`` and ``wall_s``."""
     t0 = time.perf_counter()
-    spec = json.loads(spec_json)
-    sampler = _sampler(scenario, tuple(spec["load_scale"]))
-    env = AsetSimEnv(sampler, ObservationSpec.model_validate(spec["observation"]), spec["episode_s"],
-                     policies=tuple(spec["policies"]))
+    spec = RolloutTaskSpec.model_validate_json(spec_json)
+    sampler = _sampler(scenario, spec.load_scale)
+    env = AsetSimEnv(sampler, spec.observation, spec.episode_s, policies=spec.policies)
     obs, info = env.reset(seed=seed)
     behaviour = np.random.default_rng([seed, 1])  # not the env's generator: the env draws nothing more
-    out = window_targets(env, obs, int(spec["horizon_windows"]), float(spec.get("behaviour_epsilon", 0.0)),
-                         behaviour)
+    out = window_targets(env, obs, spec.horizon_windows, spec.behaviour_epsilon, behaviour)
     out["scenario"] = np.full(len(out["obs"]), info["scenario"])
     out["sim_seed"] = np.int64(info["sim_seed"])
     out["wall_s"] = np.float64(time.perf_counter() - t0)
@@ -137,25 +154,29 @@ def window_targets(env: AsetSimEnv, obs: np.ndarray, horizon: int, epsilon: floa
     way (:func:`_trials`); returns the samples of :data:`FIELDS` but ``scenario``.
 
     Raises:
-        AssertionError: (``epsilon`` 0) a clone of the base did not continue as the base episode
-            did (its target would not be 0): the simulator is not deterministic per seed.
+        AssertionError: a clone of the base did not continue as the base episode did (its target
+            would not be 0): the simulator is not deterministic per seed. Checked at every window
+            w from which the episode itself followed the plan until the queries created in
+            [w, w + horizon) were all resolved (:func:`_checkable`): all windows with ``epsilon`` 0.
     """
     base = [c.plan for c in env.contexts]
     planned = np.array([env.policies.index(p) for p in base])
     rng = rng or np.random.default_rng(0)
-    seen, trials, done = [], [], False
+    seen, trials, left, done = [], [], [], False
     while not done:
         seen.append(obs)
         trials.append(_trials(env, base, horizon))
         off = rng.random(len(base)) < epsilon
-        obs, _, _, done, _ = env.step(np.where(off, rng.integers(0, len(env.policies), len(base)), planned))
+        actions = np.where(off, rng.integers(0, len(env.policies), len(base)), planned)
+        left.append(bool((actions != planned).any()))
+        obs, _, _, done, _ = env.step(actions)
     ep = env.ep  # finished: every query resolved; the queries do not depend on the schedule
     ends = [min(ep.n_windows, w + horizon) for w in range(len(trials))]
     queries = np.array([ep.n[w:e].sum() for w, e in enumerate(ends)])
     ok = np.stack(trials)  # (windows, sources, actions)
     ref = ok[:, 0, planned[0]]  # the base's trial (every source on its plan)
-    if not epsilon:
-        _check_base(env, ref, [ep.ok[w:e].sum() for w, e in enumerate(ends)])
+    checked = _checkable(np.array(left), ends, math.ceil(settle_s(env.plan) / ep.window_s))
+    _check_base(env, checked, ref, [ep.ok[w:e].sum() for w, e in enumerate(ends)])
     targets = (ok - ref[:, None, None]) / np.maximum(1, queries)[:, None, None]
     n_w, n_s = ok.shape[:2]
     keep = np.repeat(queries > 0, n_s)
@@ -166,15 +187,24 @@ def window_targets(env: AsetSimEnv, obs: np.ndarray, horizon: int, epsilon: floa
             "episode": np.zeros(int(keep.sum()), np.int64)}
 
 
-def _check_base(env: AsetSimEnv, trial: np.ndarray, episode: list) -> None:
-    """Each window's trial of the base scored what the base episode itself did.
+def _checkable(left: np.ndarray, ends: list[int], settle_windows: int) -> np.ndarray:
+    """The windows w whose base trial must equal the episode's own count: the episode left its
+    plan (``left``, one bool per window) in none of the windows [w, ends[w] + settle_windows),
+    the windows whose decisions can still touch the queries created in [w, ends[w]) (batching,
+    queues) until they are resolved."""
+    n = len(left)
+    return np.array([w for w, e in enumerate(ends) if not left[w:min(n, e + settle_windows)].any()], dtype=np.int64)
+
+
+def _check_base(env: AsetSimEnv, windows: np.ndarray, trial: np.ndarray, episode: list) -> None:
+    """The trial of the base scored what the episode itself did, at each of ``windows``.
 
     Raises:
         AssertionError: naming the scenario and the first window where not.
     """
-    bad = np.flatnonzero(trial != np.asarray(episode))
-    if len(bad):
-        w = int(bad[0])
+    bad = [int(w) for w in windows if trial[w] != episode[w]]
+    if bad:
+        w = bad[0]
         raise AssertionError(f"{env.plan.experiment.name}: the base's clone from window {w} scored {int(trial[w])} "
                              f"successes, the base episode {int(episode[w])}")
 
@@ -241,25 +271,28 @@ def _cache_file(cache: Path, task: tuple) -> Path:
 
 
 def _save(path: Path, data: dict[str, np.ndarray]) -> None:
-    """``data`` as ``path`` (npz), atomically (a temporary file, then ``os.replace``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
+    """``data`` as ``path`` (npz), atomically (:func:`testbed.util.replace_atomic`).
+
+    Raises:
+        OSError: the folder cannot be written (no temporary file is left)."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a bare path
             np.savez(f, **data)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_atomic(path, write)
 
 
 def _load(path: Path) -> dict[str, np.ndarray] | None:
-    """A cached episode, or None (none, or unreadable: computed again and overwritten)."""
+    """A cached episode, or None (none, unreadable, truncated, or without a field of
+    :data:`FIELDS` but ``episode``, or ``wall_s``: computed again and overwritten)."""
     try:
         with np.load(path) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError):
+            data = {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
         return None
+    need = {f for f in FIELDS if f != "episode"} | {"wall_s"}
+    return data if need <= data.keys() else None
 
 
 def data_tasks(cfg: AsetConfig, base: Path, seed: int) -> list[tuple[str, str, int]]:
@@ -326,7 +359,8 @@ def held_out(q: np.ndarray, data: RolloutData, rows: np.ndarray, margin: float) 
 class FitResult:
     """A fitted network: ``weights`` (the best validation epoch's), ``epochs`` (one row per
     epoch: train and validation loss, validation deviate / gain), ``best_epoch`` (1-based),
-    ``validation`` (:func:`held_out` of the best weights, overall and per scenario), ``wall_s``."""
+    ``validation`` (:func:`held_out` of the best weights, overall and per scenario, on the
+    held-out episodes, which also chose the epoch: an optimistic figure), ``wall_s``."""
 
     weights: list[np.ndarray]
     epochs: list[dict] = field(default_factory=list)
@@ -338,7 +372,10 @@ class FitResult:
 def fit(data: RolloutData, cfg: AsetConfig, seed: int) -> FitResult:
     """Regress the Q-network on the data's targets (module docstring); the network is
     :func:`testbed.aset.agent.build_q_network` of ``agent.hidden`` seeded by ``seed``, which also
-    draws the validation episodes and the minibatches."""
+    draws the validation episodes and the minibatches.
+
+    Raises:
+        ValueError: nothing to hold out, or nothing left to train on (:meth:`RolloutData.split`)."""
     import tensorflow as tf
 
     from testbed.aset.agent import build_q_network
@@ -348,6 +385,10 @@ def fit(data: RolloutData, cfg: AsetConfig, seed: int) -> FitResult:
     t0 = time.perf_counter()
     ro, ag = cfg.training.rollout, cfg.agent
     train_rows, val_rows = data.split(ro.validation_fraction, seed)
+    if not len(val_rows) or not len(train_rows):
+        raise ValueError(f"rollout data of seed {seed}: no scenario has two episodes with samples, so nothing can "
+                         f"be held out to choose the epoch ({len(train_rows)} training rows, {len(val_rows)} held "
+                         "out); raise training.rollout.episodes_per_scenario or the episode length")
     tf.random.set_seed(seed)
     model = build_q_network(data.obs.shape[1], data.targets.shape[1], ag.hidden, seed)
     opt = tf.keras.optimizers.Adam(learning_rate=ag.learning_rate)
