@@ -38,6 +38,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from testbed.summary import answered  # noqa: E402
 from testbed.util import ci95, markdown_table  # noqa: E402
 
 LOCK = "/tmp/testbed-emulation.lock"
@@ -125,14 +126,6 @@ def _records(run_dir: Path):
     return r.assign(success=ok.astype(float), net_excess_ms=r["network_ms"] - r["expected_rtt_ms"])
 
 
-def _answered(r):
-    """The answered queries (HTTP 200 with an e2e time), the rows of every latency figure of the
-    summary and the report (:func:`testbed.summary.answered`: queries that opened a connection included)."""
-    from testbed.summary import answered
-
-    return answered(r)
-
-
 def breakdown_rows(frames: dict[str, tuple]) -> list[dict]:
     """Per (scenario, application): median ms of each part of :data:`_PARTS` over the answered
     queries of all the scenario's static runs, emulated / simulated, and the success
@@ -141,7 +134,7 @@ def breakdown_rows(frames: dict[str, tuple]) -> list[dict]:
     for sc, (ea, sa) in frames.items():
         for app in sorted(ea["application"].unique()):
             ee, ss = ea[ea["application"] == app], sa[sa["application"] == app]
-            ew, sw = _answered(ee), _answered(ss)
+            ew, sw = answered(ee), answered(ss)  # the rows of the summary's latency figures
             row = {"scenario": sc, "application": app, "queries emu / sim": f"{len(ee)} / {len(ss)}"}
             for label, col in _PARTS:
                 row[f"{label} ms"] = f"{ew[col].median():.1f} / {sw[col].median():.1f}"
@@ -155,7 +148,7 @@ def measured_overhead_ms(emu, sim) -> float:
     records, minus the same over the simulated ones (all applications pooled): the per-query cost
     outside the simulator's network model (the endpoints' software, the user-space datapath under
     load), ms."""
-    return float(_answered(emu)["net_excess_ms"].median() - _answered(sim)["net_excess_ms"].median())
+    return float(answered(emu)["net_excess_ms"].median() - answered(sim)["net_excess_ms"].median())
 
 
 def simulate_with_overhead(scenario: Path, seeds: list[int], policy: str, overhead_ms: float) -> list[float]:

@@ -26,7 +26,8 @@ experiment (default ``experiments/scenario-failure.yaml`` without its events): f
 a short run; the testbed is the bottleneck (``network_bottleneck``) where the median network time
 exceeds the planned RTT by more than ``--margin-ms`` (the queries' own transfer and the forwarding
 cost included); ``bottleneck`` also flags a success ratio below 0.9, which a saturated cluster
-gives before the testbed is (``--policy round_robin`` spreads the load over every cluster).
+gives before the testbed is (``--policy round_robin`` spreads the load over every cluster: every
+source's policy). Both are null for a rate whose run failed or answered nothing (``message`` says why).
 Each rate also reports the machine's CPU per process role while the sources sent (``cpu_cores_by_role``:
 link emulators, inference servers, sources, ryu, ovs-vswitchd, ..., ``other``; mean cores)::
 
@@ -394,8 +395,9 @@ def cmd_load(args) -> dict:
         topo = exp.topology if args.mtu is None else \
             type(exp.topology).model_validate(exp.topology.model_dump() | {"mtu": args.mtu})  # checked
         update = {"events": [], "workload": wl, "clusters": clusters, "topology": topo}
-        if args.policy is not None:
+        if args.policy is not None:  # every source's: a source's own policy would win over the experiment's
             update["policy"] = args.policy
+            update["sources"] = [s.model_copy(update={"policy": None}) for s in exp.sources]
         plan = build_plan(exp.model_copy(update=update), base_dir=path.parent)
         runs = Path(tempfile.mkdtemp(prefix="load-"))
         cpu = _CpuSampler()
@@ -426,9 +428,10 @@ def cmd_load(args) -> dict:
         if code != 0:  # e.g. the RTT self-check failed: say why (run.json), the rate measured nothing
             rj = run_dir / "run.json"
             row["message"] = json.loads(rj.read_text()).get("message") if rj.exists() else None
-        row["network_bottleneck"] = bool(row["network_excess_p50_ms"] is None
-                                         or row["network_excess_p50_ms"] > args.margin_ms)
-        row["bottleneck"] = bool(row["network_bottleneck"] or (row["success_ratio"] or 0) < 0.9)
+        # None: the run failed or answered nothing, so it measured no ceiling (see "message")
+        measured = code == 0 and row["network_excess_p50_ms"] is not None
+        row["network_bottleneck"] = row["network_excess_p50_ms"] > args.margin_ms if measured else None
+        row["bottleneck"] = bool(row["network_bottleneck"] or (row["success_ratio"] or 0) < 0.9) if measured else None
         rows.append(row)
         print(json.dumps(row), flush=True)
     return {"load": rows, "margin_ms": args.margin_ms}
