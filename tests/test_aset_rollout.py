@@ -260,3 +260,16 @@ def test_a_rollout_config_needs_plans_and_is_not_trained_by_the_dqn(tmp_path):
     path.write_text(yaml.safe_dump(d))
     with pytest.raises(ConfigError, match="training.method: rollout needs observation.plans"):
         load_aset_config(path)
+
+
+@pytest.mark.parametrize(("method", "key", "value"), [
+    ("rollout", "steps", 32000), ("rollout", "checkpoint_every", 8000), ("rollout", "rollout_workers", 2),
+    ("rollout", "specialise", {"steps": 6000}), ("dqn", "rollout", {"horizon_windows": 3}),
+])
+def test_a_training_key_of_the_other_method_is_refused_naming_it(tmp_path, method, key, value):
+    path = _config(tmp_path)
+    d = yaml.safe_load(path.read_text())
+    d["training"].update({"method": method, key: value})
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError, match=f"{key}: not used by training.method {method}"):
+        load_aset_config(path)

@@ -266,7 +266,8 @@ class TrainingSpec(StrictModel):
     ``method``: ``dqn`` (default: the double DQN of :mod:`testbed.aset.train`) or ``rollout``
     (regression on counterfactual rollout targets, :class:`RolloutSpec` in ``rollout``; needs
     ``observation.plans``, the rollout's base). ``steps``, ``checkpoint_every``,
-    ``rollout_workers`` and ``specialise`` are the DQN's."""
+    ``rollout_workers`` and ``specialise`` are the DQN's, ``rollout`` the rollout's: a key of the
+    other method set to anything but its default is refused, naming it (it would be ignored)."""
 
     method: Literal["dqn", "rollout"] = "dqn"
     rollout: RolloutSpec = RolloutSpec()
@@ -286,6 +287,18 @@ class TrainingSpec(StrictModel):
     @classmethod
     def _units(cls, data: Any) -> Any:
         return unit_pair(data, "episode", parse_duration_s, "s")
+
+    @model_validator(mode="after")
+    def _one_method(self) -> TrainingSpec:
+        other = (("steps", "checkpoint_every", "rollout_workers", "specialise") if self.method == "rollout"
+                 else ("rollout",))
+        # set to something else than its default (a model_dump_json round trip sets every key)
+        defaults = type(self).model_fields
+        given = [k for k in other if k in self.model_fields_set and getattr(self, k) != defaults[k].default]
+        if given:
+            raise ValueError(f"{', '.join(given)}: not used by training.method {self.method} (would be ignored); "
+                             "remove it, or set the method it belongs to")
+        return self
 
 
 class EvaluationSpec(StrictModel):
