@@ -101,6 +101,7 @@ class Live:
     controller: subprocess.Popen | None = None
     dynamics: object = None  # testbed.emulation.dynamics.Dynamics when the scenario changes links
     phases: dict[str, float] = field(default_factory=dict)  # bring-up step -> s since its start, when it ended
+    _served: dict[str, list[str]] | None = field(default=None, repr=False)  # served(), fixed once built
 
     def components(self) -> dict[str, object]:
         """The long-running processes of the network, by component name (``ryu-manager``,
@@ -123,11 +124,14 @@ class Live:
 
     def served(self) -> dict[str, list[str]]:
         """Per component that serves several links (``linkemu-<node>``), the links it forwards, as
-        ``lK (A-B)`` with the switches' labels: an incident of one process names every one."""
-        label = {s.name: s.label for s in self.plan.switches}
-        ends = {lk.emu_name: f"{label[lk.a]}-{label[lk.b]}" for lk in self.plan.links}
-        return {f"linkemu-{node}": [f"{name} ({ends.get(name, '?')})" for name in links]
-                for node, (_proc, links) in self._emulator_processes().items()}
+        ``lK (A-B)`` with the switches' labels: an incident of one process names every one. Built
+        once (the health watch asks every tick; the processes' links do not change)."""
+        if self._served is None:
+            label = {s.name: s.label for s in self.plan.switches}
+            ends = {lk.emu_name: f"{label[lk.a]}-{label[lk.b]}" for lk in self.plan.links}
+            self._served = {f"linkemu-{node}": [f"{name} ({ends.get(name, '?')})" for name in links]
+                            for node, (_proc, links) in self._emulator_processes().items()}
+        return self._served
 
     def path_of(self, src_mac: str, dst_mac: str) -> tuple[list[int], float]:
         """The controller's installed path (DPIDs) and its one-way delay in ms."""

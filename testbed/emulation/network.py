@@ -276,10 +276,17 @@ def control_dir(run_id: str) -> Path:
 
 def remove_control_dirs(verbose: bool = False) -> int:
     """Remove every control-socket folder of earlier runs (call with the run lock held: the one run
-    that may exist is ours). Returns how many were removed; ``verbose`` prints each."""
+    that may exist is ours). Returns how many were removed; ``verbose`` prints each, and each one
+    that could not be removed (with why): it is not counted."""
     n = 0
     for d in CONTROL_ROOT.glob("ctl-*"):
-        shutil.rmtree(d, ignore_errors=True)
+        try:
+            shutil.rmtree(d)
+        except OSError as exc:
+            if d.exists():
+                if verbose:
+                    print(f"could not remove control folder {d}: {exc.strerror or exc}")
+                continue
         n += 1
         if verbose:
             print(f"removed control folder {d}")
