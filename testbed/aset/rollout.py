@@ -320,15 +320,15 @@ def collect(cfg: AsetConfig, base: Path, seeds: list[int], *, workers: int | Non
     tasks = [t for s in seeds for t in data_tasks(cfg, base, s)]
     files = [_cache_file(cache, t) for t in tasks]
     got: list[dict | None] = [_load(f) if f.is_file() else None for f in files]
-    todo = [i for i, g in enumerate(got) if g is None]
+    missing = [i for i, g in enumerate(got) if g is None]
     bar = progress_bar(console, len(tasks), "rollout data") if progress else None
     try:
         if bar is not None:
-            bar[0].advance(bar[1], len(tasks) - len(todo))
-        for k, r in imap_unordered(episode_data, [tasks[i] for i in todo], backend=backend,
+            bar[0].advance(bar[1], len(tasks) - len(missing))
+        for k, r in imap_unordered(episode_data, [tasks[i] for i in missing], backend=backend,
                                    jobs=workers or ro.workers, ray_address=ray_address):
-            _save(files[todo[k]], r)
-            got[todo[k]] = r
+            _save(files[missing[k]], r)
+            got[missing[k]] = r
             if bar is not None:
                 bar[0].advance(bar[1])
     finally:
