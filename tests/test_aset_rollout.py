@@ -273,3 +273,28 @@ def test_a_training_key_of_the_other_method_is_refused_naming_it(tmp_path, metho
     path.write_text(yaml.safe_dump(d))
     with pytest.raises(ConfigError, match=f"{key}: not used by training.method {method}"):
         load_aset_config(path)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"export_seed": 5}, "training.export_seed: 5 is not among the training seeds [1, 2]"),
+    ({"seeds": [1, 1]}, "training.seeds: seed 1 given twice"),
+    ({"episode": "1ms"}, "training.episode: 0.001 s is shorter than one decision window"),
+])
+def test_an_unrunnable_training_section_is_refused_on_load(tmp_path, change, message):
+    path = _config(tmp_path)
+    d = yaml.safe_load(path.read_text())
+    d["training"].update(change)
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_aset_config(path)
+
+
+def test_train_options_are_checked_before_anything_runs(tmp_path, capsys):
+    from testbed.cli import main
+
+    path = _config(tmp_path)
+    assert main(["train", str(path), "--rollout-workers", "2"]) == 2
+    assert main(["train", str(path), "--seeds", "3,3"]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--rollout-workers: the DQN's" in out and "training.seeds: seed 3 given twice" in out
+    assert "pydantic" not in out and not (tmp_path / "runs").exists()

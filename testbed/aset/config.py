@@ -354,7 +354,29 @@ class AsetConfig(StrictModel):
         if self.actions is not None and len(self.actions) < 2:
             raise ValueError(f"actions: {counted(len(self.actions), 'policy', 'policies')}: ASET "
                              f"needs at least 2 to choose from (leave actions out for the whole catalogue)")
+        training_problem = self.training_problem()
+        if training_problem:
+            raise ValueError(training_problem)
         return self
+
+    def training_problem(self) -> str | None:
+        """What makes the training section unrunnable, named (None: nothing): a seed given twice
+        (two runs would write one folder), ``export_seed`` not among the seeds (``training.seeds``,
+        default ``[seed]``), an episode shorter than one decision window. Checked on load and again
+        after the command line's overrides (``testbed train --seeds``)."""
+        tr = self.training
+        if tr is None:
+            return None
+        seeds = tr.seeds or [self.seed]
+        twice = sorted({s for s in seeds if seeds.count(s) > 1})
+        if twice:
+            return f"training.seeds: seed {twice[0]} given twice (each seed is one training run and folder)"
+        if tr.export_seed is not None and tr.export_seed not in seeds:
+            return f"training.export_seed: {tr.export_seed} is not among the training seeds {seeds}"
+        if tr.episode_s * 1e3 < self.observation.window_ms:
+            return (f"training.episode: {tr.episode_s:g} s is shorter than one decision window "
+                    f"(observation.window, {self.observation.window_ms:g} ms)")
+        return None
 
     @property
     def policies(self) -> tuple[str, ...]:

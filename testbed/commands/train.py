@@ -1,7 +1,8 @@
-"""``testbed train ASET_CONFIG.yaml``: train the ASET agent (double DQN) in the simulator over
-randomised scenarios, one run per seed of ``training.seeds``; TensorBoard logs, checkpoints,
-learning curves and the exported policy go to ``training.out_dir/<name>/`` (see
-:mod:`testbed.aset.train`)."""
+"""``testbed train ASET_CONFIG.yaml``: train the ASET agent in the simulator over randomised
+scenarios, one run per seed of ``training.seeds``. ``training.method: dqn`` (double DQN,
+:mod:`testbed.aset.train`): TensorBoard logs, checkpoints, learning curves and the exported policy
+go to ``training.out_dir/<name>/``. ``training.method: rollout`` (:mod:`testbed.aset.rollout`):
+the rollout data set, loss curves and the exported policy, same folder."""
 
 from __future__ import annotations
 
@@ -34,32 +35,40 @@ def _seed_list(text: str) -> list[int]:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train the ASET agent in the simulator (DQN)", description=__doc__)
+    p = subparsers.add_parser("train", help="train the ASET agent in the simulator (DQN, or rollout regression)",
+                              description=__doc__)
     p.add_argument("config", help="ASET config YAML (e.g. experiments/aset-train.yaml)")
-    p.add_argument("--steps", type=_positive_int, default=None, help="override training.steps (windows)")
+    p.add_argument("--steps", type=_positive_int, default=None,
+                   help="override training.steps (windows; with --specialise: training.specialise.steps); DQN only")
     p.add_argument("--seeds", type=_seed_list, default=None, help="override training.seeds, e.g. 1,2,3")
     p.add_argument("--jobs", type=_positive_int, default=None,
                    help="seeds trained at once (parallel processes; default 1); with training.method: rollout, "
                         "data episodes simulated at once (default training.rollout.workers)")
     p.add_argument("--rollout-workers", type=_int_at_least(0), default=None,
-                   help="override training.rollout_workers")
+                   help="override training.rollout_workers (DQN only)")
     p.add_argument("--specialise", action="store_true",
-                   help="after the training: fine-tune the export seed's network per scenario "
-                        "(training.specialise; exported to <export_to>-<scenario>)")
+                   help="instead of training: fine-tune the export seed's last checkpoint of an earlier "
+                        "`testbed train` per scenario (training.specialise; exported to "
+                        "<export_to>-<scenario>); DQN only")
     p.add_argument("--backend", choices=["process", "ray"], default="process", help="parallel backend")
     p.add_argument("--ray-address", default=None, help="a Ray cluster (HOST:PORT or auto); default: local")
     p.set_defaults(func=_cmd)
 
 
 def _cmd(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from testbed.aset.config import load_aset_config
     from testbed.aset.train import resolve, train_seeds, training_scenarios
     from testbed.cli import console
+    from testbed.config import format_validation_error
     from testbed.errors import InputError, naming_file
 
     cfg, base = load_aset_config(args.config)
     if cfg.training is None:
         raise InputError(f"{args.config}: no 'training:' section")
+    if cfg.training.method == "rollout":
+        _refuse_dqn_options(args)
     upd = {}
     if args.seeds:
         upd["seeds"] = args.seeds
@@ -68,9 +77,13 @@ def _cmd(args: argparse.Namespace) -> int:
     if upd:  # validated as if the file said so (the config's own bounds)
         try:
             training = type(cfg.training).model_validate({**cfg.training.model_dump(by_alias=True), **upd})
-        except ValueError as exc:
-            raise InputError(f"{args.config}: the command line's training overrides: {exc}") from None
+        except ValidationError as exc:
+            raise InputError(format_validation_error(exc, f"{args.config} with the command line's training "
+                                                          "overrides", what="ASET config")) from None
         cfg = cfg.model_copy(update={"training": training})
+        problem = cfg.training_problem()
+        if problem:
+            raise InputError(f"{args.config} with the command line's training overrides: {problem}")
     root = resolve(base, cfg.training.out_dir) / cfg.name
     try:  # every scenario planned and checked (together, against reward) before anything is written
         scenarios = training_scenarios(cfg, base)
@@ -92,11 +105,11 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rollout(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
-    """``training.method: rollout`` (:mod:`testbed.aset.rollout`): the data, one regression per
-    seed, the exports. The DQN's options are refused, naming them."""
-    from testbed.aset.rollout import train_rollout, written_lines
-    from testbed.cli import console
+def _refuse_dqn_options(args: argparse.Namespace) -> None:
+    """A rollout config (``training.method: rollout``): the DQN's options are refused, naming them.
+
+    Raises:
+        InputError: one of them was given."""
     from testbed.errors import InputError
 
     dqn = [o for o, v in (("--steps", args.steps), ("--specialise", args.specialise or None),
@@ -104,6 +117,14 @@ def _rollout(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
     if dqn:
         raise InputError(f"{args.config}: {', '.join(dqn)}: the DQN's (training.method: dqn); this config trains "
                          f"on rollout targets (training.rollout)")
+
+
+def _rollout(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
+    """``training.method: rollout`` (:mod:`testbed.aset.rollout`): the data, one regression per
+    seed, the exports. The DQN's options are refused, naming them."""
+    from testbed.aset.rollout import train_rollout, written_lines
+    from testbed.cli import console
+
     results = train_rollout(cfg, base, workers=args.jobs, backend="ray" if args.ray_address else args.backend,
                             ray_address=args.ray_address, console=console, scenarios=scenarios)
     for line in written_lines(cfg, base, results):
