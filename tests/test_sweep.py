@@ -109,3 +109,24 @@ def test_a_cells_own_os_error_is_not_blamed_on_the_output_folder(tmp_path, monke
     msg = str(err.value)
     assert err.value.exit_code == 3 and "cannot make its temporary run folder" in msg and "No space left" in msg
     assert "cannot write the sweep's results" not in msg and "triangle / closest / seed 1" in msg
+
+
+def test_a_sweep_whose_cells_measured_nothing_exits_5_naming_them(tmp_path, capsys):
+    from testbed.cli import main
+
+    code = main(["sweep", str(REPO / "experiments/triangle.yaml"), "--seeds", "1", "--duration", "500us",
+                 "--policies", "closest", "--jobs", "1", "--out", str(tmp_path / "s")])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 5 and "1 of 1 cells measured no query (triangle / closest / seed 1)" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--policies", "closest,closest", "--out", "x"], "--policies: 'closest' is given twice"),
+    (["--policies", "closest", "--out", ""], "--out: an empty path"),
+])
+def test_sweep_refuses_a_policy_twice_and_an_empty_out(tmp_path, capsys, args, message):
+    from testbed.cli import main
+
+    assert main(["sweep", str(REPO / "experiments/triangle.yaml"), *args]) == 2
+    assert message in capsys.readouterr().out
+    assert not (Path.cwd() / "x").exists()

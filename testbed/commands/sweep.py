@@ -50,6 +50,11 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
     if bad or not pols:
         raise InputError(f"--policies: {'unknown ' + ', '.join(map(repr, bad)) if bad else 'none given'}; "
                          f"known: {', '.join(CATALOGUE)}")
+    twice_p = sorted({p for p in pols if pols.count(p) > 1})
+    if twice_p:  # its seeds would count twice in the table's mean and CI
+        raise InputError(f"--policies: {twice_p[0]!r} is given twice")
+    if not args.out.strip():
+        raise InputError("--out: an empty path (name the output folder)")
     if args.seeds < 1 or (args.jobs is not None and args.jobs < 1):
         raise InputError("--seeds and --jobs must be >= 1")
     if not 0 <= args.seed_base <= MAX_SEED - args.seeds:
@@ -87,6 +92,25 @@ def _cmd(args: argparse.Namespace) -> int:
     except RunFailure as exc:
         console.print(f"error: {exc}; the cells finished so far are kept: run again to resume")
         return exc.exit_code
-    console.print((out / "table.md").read_text())
-    console.print(f"{len(table)} rows; results in {out}")
-    return 0
+    console.print((out / "table.md").read_text(), markup=False, highlight=False)
+    console.print(f"{len(table)} rows; results in {out}", markup=False, highlight=False)
+    return _nothing_measured(out, console)
+
+
+def _nothing_measured(out: Path, console) -> int:
+    """Exit code 5 (:data:`testbed.errors.EXIT_NOTHING_MEASURED`), naming them, when a cell of the
+    sweep measured no query (its row's figures are empty, as ``testbed simulate`` would exit 5 on
+    that run); else 0."""
+    import pandas as pd
+
+    from testbed.errors import EXIT_NOTHING_MEASURED
+
+    runs = pd.read_parquet(out / "runs.parquet")
+    empty = runs[runs["queries"] == 0]
+    if empty.empty:
+        return 0
+    cells = ", ".join(f"{r.scenario} / {r.policy} / seed {r.seed}" for r in empty.head(5).itertuples())
+    more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+    console.print(f"error: {len(empty)} of {len(runs)} cells measured no query ({cells}{more}): their rows are "
+                  f"empty; lengthen --duration or raise the rate", markup=False, highlight=False)
+    return EXIT_NOTHING_MEASURED
