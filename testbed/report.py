@@ -117,7 +117,19 @@ def run_status(run: dict) -> RunStatus:
 
 
 def _json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() and path.stat().st_size else {}
+    """A run's JSON file as a dict ({} when absent or empty).
+
+    Raises:
+        ReportError: it is not valid JSON (cut short?) or not an object, naming the file."""
+    if not (path.exists() and path.stat().st_size):
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: not valid JSON ({exc}): the file was cut short or replaced") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
 
 
 def load_run(run_dir: Path) -> RunData:

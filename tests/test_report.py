@@ -274,3 +274,16 @@ def test_a_corrupt_parquet_file_is_refused(tmp_path):
         load_run(d)
     good = make_run(tmp_path, "run-b", ["closest"])
     assert len(load_run(good).records) == 40 and list(load_run(good).records.columns) == RECORD_FIELDS
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("run.json", '{"mode": "simul', "run.json: not valid JSON"),
+    ("run.json", "[1, 2]", "run.json: expected a JSON object, found list"),
+    ("summary.json", '{"queries": 4', "summary.json: not valid JSON"),
+    ("plan.json", '{"switches": [', "plan.json: not valid JSON"),
+])
+def test_a_half_written_json_file_of_a_run_is_named_not_a_traceback(tmp_path, name, text, message):
+    d = make_run(tmp_path, "r", ["closest"])
+    (d / name).write_text(text)
+    with pytest.raises(ReportError, match=re.escape(message)):
+        load_run(d)
