@@ -14,6 +14,8 @@ what                           bound
 ``duration``                   (0, 1e6 s]; and at most ``MAX_WINDOWS`` report intervals, the drain
                                after the load included (:func:`report_windows`)
 ``deadline``                   (0, 600 s] (``MAX_DEADLINE_S``: it sets how long a run drains)
+link delays                    [0, 600 s] one-way (``testbed.units.MAX_DELAY_MS``): topology links,
+                               ``cloud.delay``, ``link_delay`` events
 ``report_interval``            >= 10 ms (every source polls every cluster once per interval)
 ``emulation.stats_interval``   >= 100 ms (port stats of every switch; the servers' stats files)
 ``aset.window``                >= 10 ms
@@ -55,7 +57,7 @@ from testbed.model.records import GRACE_MS
 from testbed.schema import NAME_RE, Num, YamlValueError, load_yaml
 from testbed.schema import StrictModel as _Model
 from testbed.schema import unit_pair as _unit_pair
-from testbed.units import parse_delay_ms, parse_duration_s, parse_rate_mbps
+from testbed.units import MAX_DELAY_MS, parse_delay_ms, parse_duration_s, parse_rate_mbps
 
 #: A static policy of testbed.policies.CATALOGUE, or ``aset`` (testbed.aset picks one per window).
 PolicyName = Literal["closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random", "round_robin",
@@ -173,7 +175,7 @@ class CloudSpec(_Model):
     """The cloud: an extra site hanging off ``attach_to`` over a long link (our choice: 20 ms)."""
 
     attach_to: str
-    delay_ms: Num = Field(20.0, ge=0)
+    delay_ms: Num = Field(20.0, ge=0, le=MAX_DELAY_MS)
     bandwidth_mbps: Num = Field(1000.0, gt=0)
 
     @model_validator(mode="before")

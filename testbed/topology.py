@@ -39,7 +39,7 @@ from testbed.config import format_validation_error
 from testbed.errors import InputError
 from testbed.schema import YamlValueError, load_yaml
 from testbed.schema import unit_pair as _unit_pair
-from testbed.units import parse_delay_ms, parse_rate_mbps
+from testbed.units import MAX_DELAY_MS, parse_delay_ms, parse_rate_mbps
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES_DIR = REPO_ROOT / "topologies"
@@ -110,7 +110,7 @@ class _YLink(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     a: str | int
     b: str | int
-    delay_ms: float | None = Field(None, ge=0)
+    delay_ms: float | None = Field(None, ge=0, le=MAX_DELAY_MS)
     bandwidth_mbps: float | None = Field(None, gt=0)
     loss_pct: float = Field(0.0, ge=0, le=100)
 

@@ -62,6 +62,12 @@ def _parse(value: object, units: dict[str, float], what: str, item: str) -> floa
     return number * units[unit]
 
 
+#: The largest one-way link delay we accept anywhere (topology links, the cloud link, link_delay
+#: events), ms: 600 s, as the largest deadline (``testbed.config.MAX_DEADLINE_S``). Beyond it a
+#: path's RTT is meaningless to both engines (1e308 ms summed to an infinite RTT).
+MAX_DELAY_MS = 600_000.0
+
+
 def parse_delay_ms(value: object, item: str = "") -> float:
     """Parse a delay such as ``"5ms"``, ``"250us"`` or ``"0.02s"`` into milliseconds.
 

@@ -245,3 +245,22 @@ def test_an_aset_config_is_read_like_an_experiment(tmp_path, capsys, text, said)
     assert main(["train", str(cfg)]) == 2
     said_out = capsys.readouterr()
     assert said in said_out.out + said_out.err and "Traceback" not in said_out.out + said_out.err
+
+
+# --------------------------------------------------------------- link delays are bounded (600 s)
+def test_link_delays_above_600_s_are_refused_naming_them(tmp_path, capsys):
+    """A cloud, topology or event delay of 1e308 ms summed to an infinite RTT, and ``testbed plan
+    --json`` wrote ``Infinity`` (not JSON); each is now refused, naming it."""
+    cloud = _triangle(tmp_path, "c.yaml",
+                      **{"policy: closest": "policy: closest\ncloud: {attach_to: C, delay: 1e308ms}"})
+    code, out = _plan(capsys, cloud)
+    assert code == 2 and "cloud.delay_ms: Input should be less than or equal to 600000" in out
+    topo = (REPO / "topologies" / "triangle.yaml").read_text().replace("delay: 10ms", "delay: 1e12ms")
+    (tmp_path / "t.yaml").write_text(topo)
+    code, out = _plan(capsys, _triangle(tmp_path, "e.yaml", **{str(REPO / "topologies" / "triangle.yaml"):
+                                                               str(tmp_path / "t.yaml")}))
+    assert code == 2 and "links.2.delay_ms: Input should be less than or equal to 600000" in out
+    event = _triangle(tmp_path, "v.yaml", **{"policy: closest": "policy: closest\nevents:\n"
+                                            "  - {at: 1s, kind: link_delay, link: [A, B], delay: 1e15ms}"})
+    code, out = _plan(capsys, event)
+    assert code == 2 and "events.0.delay_ms: Input should be less than or equal to 600000" in out

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from testbed.schema import Num, StrictModel, unit_pair
-from testbed.units import RATE_UNITS_MBPS, _parse, parse_delay_ms, parse_duration_s, parse_rate_mbps
+from testbed.units import MAX_DELAY_MS, RATE_UNITS_MBPS, _parse, parse_delay_ms, parse_duration_s, parse_rate_mbps
 
 EventKind = Literal["link_delay", "link_bandwidth", "link_loss", "link_down", "link_up", "link_congestion",
                     "cluster_down", "cluster_up"]
@@ -86,7 +86,7 @@ class EventSpec(StrictModel):
     kind: EventKind
     link: list[str] | None = Field(None, min_length=2, max_length=2)
     cluster: str | None = None
-    delay_ms: Num | None = Field(None, ge=0)
+    delay_ms: Num | None = Field(None, ge=0, le=MAX_DELAY_MS)
     bandwidth_mbps: Num | None = Field(None, gt=0)
     loss_pct: Num | None = Field(None, ge=0, le=100)
     background_mbps: Num | None = Field(None, ge=0)
@@ -163,6 +163,8 @@ def check_value(kind: str, value: float, item: str) -> None:
         raise ValueError(f"{item} ({kind}): value {value!r} is not finite")
     if kind == "link_delay" and v < 0:
         raise ValueError(f"{item} (link_delay): delay {v:g} ms is negative")
+    if kind == "link_delay" and v > MAX_DELAY_MS:
+        raise ValueError(f"{item} (link_delay): delay {v:g} ms is above {MAX_DELAY_MS:g} ms (600 s)")
     if kind == "link_bandwidth" and v <= 0:
         raise ValueError(f"{item} (link_bandwidth): bandwidth {v:g} Mbit/s must be > 0 (use link_down to cut a link)")
     if kind == "link_loss" and not 0 <= v <= 100:
