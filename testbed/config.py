@@ -58,6 +58,7 @@ from testbed.schema import NAME_RE, Num, YamlValueError, load_yaml
 from testbed.schema import StrictModel as _Model
 from testbed.schema import unit_pair as _unit_pair
 from testbed.units import MAX_DELAY_MS, parse_delay_ms, parse_duration_s, parse_rate_mbps
+from testbed.util import repeated
 
 #: A static policy of testbed.policies.CATALOGUE, or ``aset`` (testbed.aset picks one per window).
 PolicyName = Literal["closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random", "round_robin",
@@ -209,7 +210,7 @@ class ClusterSpec(_Model):
     @field_validator("models")
     @classmethod
     def _models_once(cls, v: list[str]) -> list[str]:
-        twice = sorted({m for m in v if v.count(m) > 1})
+        twice = repeated(v)
         if twice:
             raise ValueError(f"{', '.join(map(repr, twice))} listed twice: a cluster serves each model once "
                              f"(one interpreter per worker), so list it once")

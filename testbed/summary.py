@@ -44,7 +44,7 @@ from rich.text import Text
 
 from testbed.errors import InputError, RunFailure
 from testbed.model.records import CAUSES, COLUMNS, FAILURE, RECORD_FIELDS, SUCCESS
-from testbed.util import markdown_table, natural_key, replace_atomic
+from testbed.util import markdown_table, natural_key, repeated, replace_atomic
 
 #: What ``cold = 1`` marks (printed with the summary; docs/trustworthy-runs.md, "New connections").
 COLD_RULE = ("every source -> cluster/model path was warmed and each source opened one connection to every cluster "
@@ -88,7 +88,7 @@ def _csv_shape_problem(path: Path) -> str | None:
         header = next(reader, None)
         if not header:
             return "no header line"
-        dup = sorted({c for c in header if header.count(c) > 1})
+        dup = repeated(header)
         if dup:
             return f"column {dup[0]!r} appears twice in the header"
         for row in reader:

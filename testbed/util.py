@@ -131,6 +131,12 @@ def natural_key(name: str) -> tuple:
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name))
 
 
+def repeated(items: Sequence[T]) -> list[T]:
+    """The items of ``items`` that occur more than once, each once, sorted (for the errors that
+    name what was given twice: a model, a seed, a policy, a column)."""
+    return sorted({x for x in items if items.count(x) > 1})
+
+
 def ci95(values: Sequence[float | None]) -> tuple[float, float]:
     """Mean and half-width of the 95 % confidence interval of the mean, Student's t with n - 1
     degrees of freedom: mean +- t_{0.975, n-1} x s / sqrt(n) (``scipy.stats.t``). None and NaN

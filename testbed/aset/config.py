@@ -21,6 +21,7 @@ from testbed.config import ConfigError, format_validation_error
 from testbed.errors import counted
 from testbed.schema import Num, StrictModel, YamlValueError, load_yaml, unit_pair
 from testbed.units import parse_delay_ms, parse_duration_s
+from testbed.util import repeated
 
 
 def plan_key(experiment, name: str | None = None) -> str:
@@ -368,7 +369,7 @@ class AsetConfig(StrictModel):
         if tr is None:
             return None
         seeds = tr.seeds or [self.seed]
-        twice = sorted({s for s in seeds if seeds.count(s) > 1})
+        twice = repeated(seeds)
         if twice:
             return f"training.seeds: seed {twice[0]} given twice (each seed is one training run and folder)"
         if tr.export_seed is not None and tr.export_seed not in seeds:

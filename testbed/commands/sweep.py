@@ -44,13 +44,14 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
     from testbed.config import MAX_SEED, load_experiment
     from testbed.errors import InputError
     from testbed.policies import CATALOGUE
+    from testbed.util import repeated
 
     pols = list(CATALOGUE) if args.policies == "all" else [x.strip() for x in args.policies.split(",") if x.strip()]
     bad = [p for p in pols if p not in CATALOGUE]
     if bad or not pols:
         raise InputError(f"--policies: {'unknown ' + ', '.join(map(repr, bad)) if bad else 'none given'}; "
                          f"known: {', '.join(CATALOGUE)}")
-    twice_p = sorted({p for p in pols if pols.count(p) > 1})
+    twice_p = repeated(pols)
     if twice_p:  # its seeds would count twice in the table's mean and CI
         raise InputError(f"--policies: {twice_p[0]!r} is given twice")
     if not args.out.strip():
@@ -62,7 +63,7 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise InputError(f"--out {args.out}: exists and is not a directory")
     files = [Path(e).resolve() for e in args.experiments]
-    twice = sorted({str(f) for f in files if files.count(f) > 1})
+    twice = [str(f) for f in repeated(files)]
     if twice:
         raise InputError(f"the same experiment file is given twice: {', '.join(twice)}")
     names: dict[str, str] = {}
