@@ -172,9 +172,33 @@ def load_run(run_dir: Path) -> RunData:
     ls = run_dir / "link_stats.csv"
     hd = run_dir / "capture" / "hop_delays.csv"
     return RunData(run_dir, run_dir.name, mode, df, summary, _json(run_dir / "plan.json"),
-                   pd.read_csv(ls) if ls.exists() and ls.stat().st_size else pd.DataFrame(),
+                   _link_stats(ls),
                    pd.read_csv(hd) if hd.exists() and hd.stat().st_size > 1 else pd.DataFrame(),
                    run_status(run))
+
+
+LINK_STATS_COLUMNS = ("t", "a", "b", "kind", "util_ab", "util_ba")
+
+
+def _link_stats(path: Path) -> pd.DataFrame:
+    """``link_stats.csv``'s complete rows (empty when the file is absent or empty). A row cut short
+    (the last line of an interrupted run) is left out.
+
+    Raises:
+        ReportError: the header lacks a column the report reads, or the file is not CSV, naming the file.
+    """
+    if not (path.exists() and path.stat().st_size):
+        return pd.DataFrame()
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise ReportError(f"{path}: not a link statistics CSV ({exc})") from None
+    missing = [c for c in LINK_STATS_COLUMNS if c not in df.columns]
+    if missing:
+        raise ReportError(f"{path}: no column {', '.join(missing)} (the file was cut short or replaced)")
+    for c in ("t", "util_ab", "util_ba"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df.dropna(subset=list(LINK_STATS_COLUMNS)).reset_index(drop=True)
 
 
 def _t_s(df: pd.DataFrame) -> pd.Series:
@@ -583,7 +607,8 @@ def _write_report(runs: list[RunData], out: Path) -> dict:
         if fig_link_utilization(r, p):
             figures[name], titles[name] = p, f"Link utilization over time and on the topology: {r.label}"
         else:
-            skipped[name] = f"{r.label}: no link_stats.csv" + (" (simulated run)" if r.mode == "simulation" else "")
+            what = "no complete row in link_stats.csv" if (r.path / "link_stats.csv").exists() else "no link_stats.csv"
+            skipped[name] = f"{r.label}: {what}" + (" (simulated run)" if r.mode == "simulation" else "")
     table = comparison_table(runs)
     hops = [(r.label, r.hop_delays) for r in runs if not r.hop_delays.empty]
     _write_html(out / "report.html", runs, table, figures, titles, skipped, hops)

@@ -166,6 +166,23 @@ def test_link_utilization_names_switches(tmp_path):
     assert sorted(link_utilization(load_run(r.path))["link"].unique()) == ["A-B", "B-cloud", "srca-A"]
 
 
+def test_link_stats_cut_short_keeps_its_complete_rows_or_is_named(tmp_path):
+    """An interrupted run's last line may be cut: its complete rows are drawn; a file with only a
+    partial row is said not drawn; a cut header is refused naming the file (was a numpy traceback)."""
+    d = make_run(tmp_path, "run-a", ["closest"])
+    text = (d / "link_stats.csv").read_text()
+    whole = len(load_run(d).link_stats)
+    (d / "link_stats.csv").write_text(text[:-20])
+    assert len(load_run(d).link_stats) == whole - 1 and whole > 2
+    lines = text.splitlines()
+    (d / "link_stats.csv").write_text(lines[0] + "\n" + lines[1][:12] + "\n")
+    out = build_report([d])
+    assert out["skipped"]["link_util_1"] == "run-a: no complete row in link_stats.csv"
+    (d / "link_stats.csv").write_text(text[:10])
+    with pytest.raises(ReportError, match=r"link_stats.csv: no column .*util_ab.*cut short"):
+        load_run(d)
+
+
 def test_report_errors_name_the_directory(tmp_path):
     with pytest.raises(ReportError, match="nowhere: not a directory"):
         build_report([tmp_path / "nowhere"])
