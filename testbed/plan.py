@@ -874,7 +874,33 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
     late = events_after_end(changes, exp.duration_s)
     if late:
         plan.notes.append(late)
+    plan.notes += deadlines_below_rtt(plan)
     return plan
+
+
+def deadlines_below_rtt(plan: Plan) -> list[str]:
+    """A note per application whose deadline is below the planned RTT from a source that sends it
+    to every cluster that serves its family: those queries miss their deadline before any service
+    time (a valid scenario, e.g. a test of deadline misses, so a note, not an error)."""
+    exp, out = plan.experiment, []
+    for a in exp.applications:
+        serving = [c.name for c in exp.clusters if any(plan.models[m].family == a.family for m in c.models)]
+        senders = sorted({s.name for w in exp.workload if w.application == a.name for s in exp.sources
+                          if w.sources == "all" or s.name in w.sources})
+        late = {}
+        for src in senders:
+            rtts = [(plan.rtt_ms(src, c), c) for c in serving]
+            best = min(rtts) if rtts else None
+            if best is not None and best[0] > a.deadline_ms:
+                late[src] = best
+        if late:
+            who = "every source that sends it" if len(late) == len(senders) else "source(s) " + ", ".join(late)
+            src, (rtt, cl) = min(late.items(), key=lambda kv: kv[1][0])
+            plan_notes = (f"application {a.name!r}: its deadline of {a.deadline_ms:g} ms is below the planned RTT "
+                          f"from {who} to every cluster that serves it (the shortest: {rtt:.3g} ms, {src} -> {cl}): "
+                          f"those queries will all miss their deadline")
+            out.append(plan_notes)
+    return out
 
 
 def plan_experiment(path: str | Path, catalog: Catalog | None = None) -> Plan:

@@ -319,3 +319,17 @@ def test_error_text_with_brackets_is_printed_verbatim(tmp_path):
     f.write_text(yaml.safe_dump(d))
     r = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", str(f)], capture_output=True, text=True)
     assert r.returncode == 2 and "^[a-z][a-z0-9]*$" in r.stdout
+
+
+def test_a_deadline_below_every_rtt_is_noted_with_the_shortest_path():
+    """Deadline 5 ms, under the RTT from A to the edge at B (A-B 5 ms one-way): a note naming the application and the shortest
+    RTT (a valid scenario: every query misses, which a test may want); 50 ms: no such note."""
+    plan = build_plan(exp(applications=[{"name": "app", "deadline": "5ms", "min_accuracy": 0.5}]),
+                      topo(links=[{"a": "A", "b": "B", "delay_ms": 5.0}, *TRIANGLE["links"][1:]]))
+    rtt = plan.rtt_ms("src", "edge")
+    assert rtt >= 10
+    notes = [n for n in plan.notes if "below the planned RTT" in n]
+    assert notes == [f"application 'app': its deadline of 5 ms is below the planned RTT from every source that "
+                     f"sends it to every cluster that serves it (the shortest: {rtt:.3g} ms, src -> edge): those "
+                     f"queries will all miss their deadline"]
+    assert not [n for n in build_plan(exp(), topo()).notes if "below the planned RTT" in n]
