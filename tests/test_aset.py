@@ -406,6 +406,12 @@ def test_checkpoint_of_another_observation_size_fails_naming_both_sizes(toy_trai
     with pytest.raises(ObservationSizeError, match=rf"network of {size} observation features -> 7 actions; this agent "
                        rf"has {size - 2} -> 7"):
         other.load(tmp_path / "ck")
+    # the same sizes in and out, other hidden layers (agent.hidden changed): named, not TensorFlow's restore error
+    narrow = DQNAgent(size, len(CATALOGUE), cfg.agent.model_copy(update={"hidden": [16]}), seed=1)
+    with pytest.raises(ObservationSizeError, match=r"layers of widths \[\d+, \d+, 7\]; this agent's are \[16, 7\] "
+                       r"\(agent.hidden changed\? retrain"):
+        narrow.load(tmp_path / "ck")
+    DQNAgent(size, len(CATALOGUE), cfg.agent, seed=2).load(tmp_path / "ck")  # the same network loads
     # one written before the sizes were saved with it: read from the target network's kernels
     import tensorflow as tf
 

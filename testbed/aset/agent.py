@@ -185,8 +185,27 @@ class DQNAgent:
             raise ObservationSizeError(f"training checkpoint {path}: network of {n_in} observation features -> "
                                        f"{n_out} actions; this agent has {self.obs_size} -> {self.n_actions} "
                                        f"(the observation changed? retrain with testbed train)")
+        theirs = checkpoint_layer_widths(path)
+        ours = [int(w.shape[1]) for w in self.target.get_weights() if w.ndim == 2]
+        if theirs and theirs != ours:
+            raise ObservationSizeError(f"training checkpoint {path}: network layers of widths {theirs}; this agent's "
+                                       f"are {ours} (agent.hidden changed? retrain with testbed train)")
         ckpt = tf.train.Checkpoint(online=self.online, target=self.target, optimizer=self.optimizer)
         ckpt.read(str(path)).expect_partial()
+
+
+def _target_kernels(path: str | Path) -> list[tuple[int, list[int]]]:
+    """(layer index, shape) of the target network's Dense kernels in a checkpoint, in layer order."""
+    import re
+
+    return sorted((int(m.group(1)), shape) for name, shape in tf.train.list_variables(str(path))
+                  if (m := re.match(r"target/_operations/(\d+)/_kernel/", name)) and len(shape) == 2)
+
+
+def checkpoint_layer_widths(path: str | Path) -> list[int]:
+    """The output width of each Dense layer of a :meth:`DQNAgent.save` checkpoint's network (hidden
+    layers then the actions; [] when its kernels are not found), read without building it."""
+    return [int(shape[1]) for _, shape in _target_kernels(path)]
 
 
 def checkpoint_io_sizes(path: str | Path) -> tuple[int | None, int | None]:
@@ -194,15 +213,12 @@ def checkpoint_io_sizes(path: str | Path) -> tuple[int | None, int | None]:
     building it: its ``io_sizes``, or for a checkpoint written before those were saved, the shapes
     of the target network's first and last Dense kernels (the online network's variables may be
     stored under the optimizer's path); (None, None) when neither is there."""
-    import re
-
     names = dict(tf.train.list_variables(str(path)))
     key = "io_sizes/.ATTRIBUTES/VARIABLE_VALUE"
     if key in names:
         n_in, n_out = (int(v) for v in tf.train.load_variable(str(path), key))
         return n_in, n_out
-    kernels = sorted((int(m.group(1)), shape) for name, shape in names.items()
-                     if (m := re.match(r"target/_operations/(\d+)/_kernel/", name)) and len(shape) == 2)
+    kernels = _target_kernels(path)
     if not kernels:
         return None, None
     return int(kernels[0][1][0]), int(kernels[-1][1][1])
