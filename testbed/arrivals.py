@@ -46,6 +46,12 @@ class ArrivalProcess:
     def times(self, start_s: float, end_s: float) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def reseed(self, rng: np.random.Generator, now_s: float) -> None:
+        """Draw everything after ``now_s`` (s) from ``rng`` from now on: a future that the process's
+        past does not fix (the causal planner of :mod:`testbed.aset.headroom`). A process that drew
+        ahead (MMPP's next state change) redraws that too."""
+        self.rng = rng
+
     def _uniform(self, rate: float, a: float, b: float) -> np.ndarray:
         if rate <= 0 or b <= a:
             return np.empty(0)
@@ -130,6 +136,13 @@ class MMPP(ArrivalProcess):
                 self.state = others[int(self.rng.integers(len(others)))]
                 self.until += float(self.rng.exponential(self.dwell[self.state]))
         return np.concatenate(parts) if parts else np.empty(0)
+
+    def reseed(self, rng: np.random.Generator, now_s: float) -> None:
+        """As :meth:`ArrivalProcess.reseed`; the time left in the current state is redrawn, which
+        keeps its law: the dwell is exponential, hence memoryless."""
+        super().reseed(rng, now_s)
+        if self.until > now_s:
+            self.until = now_s + float(rng.exponential(self.dwell[self.state]))
 
 
 class Trace(ArrivalProcess):

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from testbed.aset.episode import Episode, run_static
-from testbed.aset.headroom import best_mix, rollout_oracle, static_ratio
+from testbed.aset.headroom import best_mix, causal_planner, continuation_ok, rollout_oracle, static_ratio
 from testbed.plan import plan_experiment
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,6 +80,65 @@ def test_oracle_switches_when_the_best_policy_changes(plan):
         assert first[6:].count("cloud") >= 4
 
 
+def test_causal_planner_scores_on_sampled_futures_not_the_seeds_own(plan):
+    """The causal planner's score of a candidate depends on the present only: two copies of one
+    episode that share the present (window 4) but not the future (one copy's streams reseeded)
+    score every candidate alike once the future is sampled, and differently with their own."""
+    ep = Episode(plan, 2, {"srca": "closest"})
+    ep.run_to(4)
+    other = ep.clone()
+    other.sim.reseed((99,))  # the same present, another future
+    own, sampled = [], []
+    for cand in (["closest"], ["cloud"]):
+        own.append((continuation_ok(ep, 4, 3, ["closest"], cand), continuation_ok(other, 4, 3, ["closest"], cand)))
+        sampled.append((continuation_ok(ep, 4, 3, ["closest"], cand, resample=(4, 0)),
+                        continuation_ok(other, 4, 3, ["closest"], cand, resample=(4, 0))))
+    assert all(a == b for a, b in sampled)
+    assert any(a != b for a, b in own)  # the reseeded copy's own future does differ
+    assert sampled[0] != sampled[1] or sampled[0][0] > 0
+
+
+def test_reseed_is_refused_between_report_boundaries(plan):
+    from testbed.sim.core import SimError
+
+    ep = Episode(plan, 1, {"srca": "closest"})
+    ep.sim.run_until(0.25)  # arrivals are drawn to the next report, at 0.5 s
+    with pytest.raises(SimError, match="report boundary"):
+        ep.sim.reseed((0,))
+
+
+def test_mmpp_reseed_redraws_the_pending_state_change():
+    import numpy as np
+
+    from testbed.arrivals import MMPP
+
+    p = MMPP(np.random.default_rng(1), [10.0, 100.0], [1.0, 1.0])
+    p.times(0.0, 0.5)
+    ahead = p.until
+    p.reseed(np.random.default_rng(7), 0.5)
+    assert p.until > 0.5 and p.until != ahead and p.state in (0, 1)
+
+
+def test_causal_planner_switches_after_the_change_and_beats_both_statics(plan):
+    """Without the seed's future, with 4 sampled futures per candidate, the planner still finds
+    the scheduled degradation at 3 s (window 6): it is in the scenario, which it knows."""
+    for seed in (1, 2):
+        r = causal_planner(plan, seed, ["closest"], ACTIONS, samples=4)
+        first = [row[0] for row in r.schedule]
+        assert first[:5].count("closest") >= 4 and first[7:].count("cloud") >= 4
+        assert not r.fallback and r.trials == 4 * 2 * len(r.schedule)  # 2 candidates per window, 4 futures each
+        for a in ACTIONS:
+            ok, n = static_ratio(plan, seed, [a])
+            assert r.n == n and r.ok > ok
+    # a t threshold no gain with spread reaches: it keeps the base, whose run it then is
+    keep = causal_planner(plan, 1, ["closest"], ACTIONS, samples=4, min_t=1e9)
+    assert keep.ok == keep.base_ok and all(row == ["closest"] for row in keep.schedule)
+    with pytest.raises(ValueError, match="samples"):
+        causal_planner(plan, 1, ["closest"], ACTIONS, samples=0)
+    with pytest.raises(ValueError, match="one policy per source"):
+        causal_planner(plan, 1, ["closest", "cloud"], ACTIONS, samples=1)
+
+
 def test_summary_pairs_headroom_and_capture_on_the_oracle_seeds_only():
     """With the oracle on seeds 1-2 of 4 (``evaluation.oracle_seeds``), the headroom is paired over
     seeds 1-2 and the captured share uses ASET - best static on those same seeds."""
@@ -97,3 +156,15 @@ def test_summary_pairs_headroom_and_capture_on_the_oracle_seeds_only():
     assert t["headroom"][0] == pytest.approx(0.09) and t["oracle"][2] == 2
     assert t["diff"][0] == pytest.approx(0.0225)  # over all 4 seeds
     assert t["captured"] == pytest.approx(0.045 / 0.09)  # (5 + 4) / 2 pts over (10 + 8) / 2 pts
+
+
+def test_paired_gain_t():
+    import math
+
+    import numpy as np
+
+    from testbed.aset.headroom import paired_gain_t
+
+    assert paired_gain_t(np.array([1.0, 3.0])) == pytest.approx(2.0)  # mean 2, sd sqrt(2), se 1
+    assert paired_gain_t(np.array([2.0, 2.0])) == math.inf and paired_gain_t(np.array([0.0, 0.0])) == -math.inf
+    assert paired_gain_t(np.array([-1.0, -3.0])) == pytest.approx(-2.0)

@@ -322,8 +322,9 @@ def test_error_text_with_brackets_is_printed_verbatim(tmp_path):
 
 
 def test_a_deadline_below_every_rtt_is_noted_with_the_shortest_path():
-    """Deadline 5 ms, under the RTT from A to the edge at B (A-B 5 ms one-way): a note naming the application and the shortest
-    RTT (a valid scenario: every query misses, which a test may want); 50 ms: no such note."""
+    """Deadline 5 ms, under the RTT from A to the edge at B (A-B 5 ms one-way): a note naming the
+    application and the shortest RTT (a valid scenario: every query misses, which a test may want);
+    50 ms: no such note."""
     plan = build_plan(exp(applications=[{"name": "app", "deadline": "5ms", "min_accuracy": 0.5}]),
                       topo(links=[{"a": "A", "b": "B", "delay_ms": 5.0}, *TRIANGLE["links"][1:]]))
     rtt = plan.rtt_ms("src", "edge")

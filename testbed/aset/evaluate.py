@@ -99,6 +99,17 @@ def oracle_job(scenario: str, seed: int, base: Sequence[Sequence[str]], actions:
             "schedule": r.schedule}
 
 
+def causal_job(scenario: str, seed: int, base: Sequence[str], actions: Sequence[str], samples: int,
+               duration_s: float | None, horizon: int | None, min_t: float = 0.0) -> dict:
+    """The causal planner on one seed (:func:`testbed.aset.headroom.causal_planner`; base: the mix)."""
+    from testbed.aset.headroom import causal_planner
+
+    r = causal_planner(_plan(scenario), seed, base, actions, samples, None, duration_s, horizon, min_t)
+    moved = sum(a != b for row in r.schedule for a, b in zip(row, base, strict=True))
+    return {"ok": r.ok, "n": r.n, "base_ok": r.base_ok, "trials": r.trials, "schedule": r.schedule,
+            "deviations": moved / max(1, len(r.schedule) * len(base))}
+
+
 def aset_job(scenario: str, seed: int, checkpoint: str, duration_s: float | None) -> dict:
     """ASET's greedy policy on one seed: (ok, n) and how often it chose each action."""
     from testbed.aset.envs import AsetSimEnv

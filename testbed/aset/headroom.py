@@ -27,18 +27,28 @@ every schedule the same arrivals; :class:`~testbed.aset.episode.Episode` counts 
   report (oracle - best static) is therefore a conservative estimate of the gain switching could
   bring.
 
+* **causal planner** (:func:`causal_planner`, issue 13's "what we found"): the same rollout, but
+  every candidate scored on futures sampled afresh at the window's start instead of the seed's
+  own: what a selector that sees the whole present, and not the future's draws, can reach.
+  ``oracle - causal planner`` is the share of the headroom that is clairvoyance.
+
 ``headroom = oracle - best static`` (points of success ratio), per seed and as mean and 95 % CI.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 from testbed.aset.episode import Episode, run_static, settle_s
 from testbed.plan import Plan
+
+V = TypeVar("V")
 
 
 def static_ratio(plan: Plan, seed: int, assignment: Sequence[str], window_s: float | None = None,
@@ -106,12 +116,16 @@ class OracleResult:
         return self.ok / self.n if self.n else float("nan")
 
 
-def continuation_ok(ep: Episode, w: int, horizon: int | None, base: Sequence[str], first: Sequence[str]) -> int:
+def continuation_ok(ep: Episode, w: int, horizon: int | None, base: Sequence[str], first: Sequence[str],
+                    resample: Sequence[int] | None = None) -> int:
     """Successes among the queries created in windows [w, w + horizon) of a clone that runs window
     ``w`` with ``first`` and the following windows with ``base`` (``ep`` at the start of window
     ``w`` and left there). One measure for the oracle's candidates and the rollout training
-    targets (:mod:`testbed.aset.rollout`)."""
+    targets (:mod:`testbed.aset.rollout`). ``resample``: the clone's future is drawn afresh
+    (``Simulator.reseed(resample)``: the causal planner's sampled futures), else it is the seed's own."""
     c = ep.clone()
+    if resample is not None:
+        c.sim.reseed(resample)
     c.set_policies(first)
     c.run_to(w + 1)
     c.set_policies(base)
@@ -123,6 +137,53 @@ def continuation_ok(ep: Episode, w: int, horizon: int | None, base: Sequence[str
         c.sim.run_until(end * c.window_s + settle_s(c.plan))
         c._collect()
     return int(c.ok[w:end].sum())
+
+
+def _rollout_schedule(ep: Episode, base: Sequence[str], actions: Sequence[str], value: Callable[[int, list[str]], V],
+                      better: Callable[[V, V], bool] = operator.gt) -> tuple[list[list[str]], int]:
+    """Multiagent rollout over ``base``, window by window, on ``ep`` (run to its end): at window w,
+    for each source in turn, every action is tried with the sources decided before keeping theirs
+    and the others the base's; ``value(w, assignment)`` scores a candidate, and a candidate replaces
+    the best so far when ``better(its value, the best's)`` (default: more successes; so ties go to
+    the one in force). Returns (the schedule, windows x sources; the number of candidates scored)."""
+    schedule: list[list[str]] = []
+    trials = 0
+    for w in range(ep.n_windows):
+        cur = list(base)
+        best_v = value(w, cur)  # the schedule in force
+        trials += 1
+        for i in range(len(cur)):
+            best_a = cur[i]
+            for a in actions:
+                if a == cur[i]:
+                    continue
+                v = value(w, cur[:i] + [a] + cur[i + 1:])
+                trials += 1
+                if better(v, best_v):
+                    best_a, best_v = a, v
+            cur[i] = best_a
+        ep.set_policies(cur)
+        ep.step()
+        schedule.append(cur)
+    ep.finish()
+    return schedule, trials
+
+
+def paired_gain_t(d: np.ndarray) -> float:
+    """The one-sided paired t statistic of gains ``d`` (mean / (sd / sqrt(n)), sd with n - 1 degrees
+    of freedom): +inf for positive gains with no spread, -inf for none or a non-positive mean with
+    none, NaN-free."""
+    m = float(d.mean()) if d.size else 0.0
+    sd = float(d.std(ddof=1)) if d.size > 1 else 0.0
+    if sd == 0.0:
+        return math.inf if m > 0 else -math.inf
+    return m / (sd / math.sqrt(d.size))
+
+
+def _check_same_queries(plan: Plan, seed: int, ep: Episode, ref: Episode, who: str) -> None:
+    if int(ep.n.sum()) != int(ref.n.sum()):
+        raise AssertionError(f"{plan.experiment.name} seed {seed}: the {who} saw {int(ep.n.sum())} queries, the base "
+                             f"{int(ref.n.sum())} (arrivals must not depend on the schedule)")
 
 
 def rollout_oracle(plan: Plan, seed: int, base: Sequence[str] | Sequence[Sequence[str]], actions: Sequence[str],
@@ -138,36 +199,64 @@ def rollout_oracle(plan: Plan, seed: int, base: Sequence[str] | Sequence[Sequenc
     k = max(range(len(cands)), key=lambda i: (int(refs[i].ok.sum()), -i))
     base, ref = cands[k], refs[k]
     ep = Episode(plan, seed, dict(zip(srcs, base, strict=True)), window_s, duration_s)
-    schedule: list[list[str]] = []
-    trials = 0
-    for w in range(ep.n_windows):
-        cur = list(base)
-        best_v = continuation_ok(ep, w, horizon_windows, base, cur)  # the schedule in force
-        trials += 1
-        for i in range(len(srcs)):
-            best_a = cur[i]
-            for a in actions:
-                if a == cur[i]:
-                    continue
-                trial = cur[:i] + [a] + cur[i + 1:]
-                v = continuation_ok(ep, w, horizon_windows, base, trial)
-                trials += 1
-                if v > best_v:
-                    best_a, best_v = a, v
-            cur[i] = best_a
-        ep.set_policies(cur)
-        ep.step()
-        schedule.append(cur)
-    ep.finish()
+    schedule, trials = _rollout_schedule(
+        ep, base, actions, lambda w, cand: continuation_ok(ep, w, horizon_windows, base, cand))
+    _check_same_queries(plan, seed, ep, ref, "oracle")
     ok, n = int(ep.ok.sum()), int(ep.n.sum())
     base_ok = int(ref.ok.sum())
-    if n != int(ref.n.sum()):
-        raise AssertionError(f"{plan.experiment.name} seed {seed}: the oracle saw {n} queries, the base "
-                             f"{int(ref.n.sum())} (arrivals must not depend on the schedule)")
     fallback = ok < base_ok
     if fallback:
         ok, schedule = base_ok, [list(base) for _ in schedule]
     return OracleResult(ok, n, schedule, base_ok, fallback, trials, ep.ok.tolist())
 
 
-__all__ = ["OracleResult", "best_mix", "continuation_ok", "rollout_oracle", "static_ratio"]
+def causal_planner(plan: Plan, seed: int, base: Sequence[str], actions: Sequence[str], samples: int,
+                   window_s: float | None = None, duration_s: float | None = None,
+                   horizon_windows: int | None = 2, min_t: float = 0.0) -> OracleResult:
+    """The causal counterpart of :func:`rollout_oracle`: the same multiagent rollout over ``base``
+    (one policy per source, sorted order, fixed in advance: no choice with hindsight), but each
+    candidate is scored on ``samples`` futures drawn afresh at the window's start
+    (:meth:`testbed.sim.Simulator.reseed`, salt ``(window, k)``, the same for every candidate:
+    common random numbers), not on the seed's own future. It knows the model and the whole present
+    state (every queue, every query in flight, the scenario's scheduled events) but none of the
+    future's draws (arrivals, service times, losses). A candidate replaces the best so far when its
+    mean gain over the samples is positive and, with ``min_t`` > 0, at least ``min_t`` standard
+    errors of the paired gains (a one-sided paired t statistic: with few samples, the largest of
+    several noisy estimates is biased up, and a plain argmax deviates on noise). Its schedule is
+    then run on the seed itself, and that run's successes are its figure: never replaced by the
+    base's (no ``fallback``: the choice would need hindsight).
+
+    So ``oracle - causal planner`` estimates the part of the clairvoyant headroom that knowing the
+    future's draws buys, which no selector deciding from the present can have; ``causal planner -
+    best static`` estimates what a selector with a perfect view of the present (ASET sees less:
+    reports one interval old, counts per window) could gain with the same look-ahead. A planner
+    with finite samples and horizon is not optimal: its figure is an achievable lower bound of the
+    best causal schedule, as the clairvoyant oracle's is of the best schedule with hindsight.
+
+    Raises:
+        ValueError: ``samples`` < 1, or ``base`` not one policy per source.
+    """
+    if samples < 1:
+        raise ValueError(f"causal_planner: samples must be >= 1, not {samples}")
+    srcs = sorted(h.name for h in plan.sources)
+    if not base or not isinstance(base[0], str) or len(base) != len(srcs):
+        raise ValueError(f"causal_planner: base must be one policy per source ({len(srcs)}), not {base!r}")
+    base = list(base)
+    ref = run_static(plan, seed, base, window_s, duration_s)
+    ep = Episode(plan, seed, dict(zip(srcs, base, strict=True)), window_s, duration_s)
+
+    def value(w: int, cand: list[str]) -> np.ndarray:
+        return np.array([continuation_ok(ep, w, horizon_windows, base, cand, resample=(w, k)) for k in range(samples)],
+                        dtype=float)
+
+    def better(v: np.ndarray, best: np.ndarray) -> bool:
+        return paired_gain_t(v - best) >= min_t if min_t > 0 else float((v - best).mean()) > 0
+
+    schedule, trials = _rollout_schedule(ep, base, actions, value, better)
+    _check_same_queries(plan, seed, ep, ref, "causal planner")
+    return OracleResult(int(ep.ok.sum()), int(ep.n.sum()), schedule, int(ref.ok.sum()), False, trials * samples,
+                        ep.ok.tolist())
+
+
+__all__ = ["OracleResult", "best_mix", "causal_planner", "continuation_ok", "paired_gain_t", "rollout_oracle",
+           "static_ratio"]

@@ -24,7 +24,7 @@ import itertools
 import math
 import operator
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -596,6 +596,34 @@ class Simulator:
             raise SimError(f"unknown source {source!r}; known: {', '.join(self.sources)}")
         self._check_policy(policy)
         self.dispatchers[self.src_index[source]].policy = policy
+
+    def reseed(self, salt: Sequence[int]) -> None:
+        """Draw the future from fresh random streams: arrivals after now, service times not yet
+        drawn, the ``random`` policy's picks and the loss draws, each from a generator seeded by
+        ``(seed, 9, *salt, stream)``. The present is kept (queues, queries in flight, reports, an
+        MMPP's state); what it did not yet fix is redrawn. Used at a window's start (a whole
+        report interval, so no arrival after now was drawn yet) by the causal planner of
+        :mod:`testbed.aset.headroom`, on a clone: the same salt gives every candidate the same
+        sampled future (common random numbers).
+
+        Raises:
+            NotImplementedError: a cluster batches (its batch samplers live in a closure).
+            SimError: arrivals were already drawn beyond now (not at a report boundary).
+        """
+        if self._window_end > self.now_s + 1e-12:
+            raise SimError(f"reseed at {self.now_s:.6f} s: arrivals are drawn up to {self._window_end:.6f} s "
+                           "(reseed at a report boundary)")
+        base = [self.seed, 9, *(int(x) for x in salt)]
+        for k, (_, _, proc) in enumerate(self.streams):
+            proc.reseed(np.random.default_rng([*base, 1, k]), self.now_s)
+        for c in self.clusters:
+            if getattr(c.queue, "max_batch", 1) > 1:
+                raise NotImplementedError(f"cluster {c.name}: a batching cluster cannot be reseeded")
+            for m, smp in c.samplers.items():
+                smp._rng, smp._buf, smp._i = np.random.default_rng([*base, 2, c.idx, m]), [], 0
+        for si, d in enumerate(self.dispatchers):
+            d.ctx.rng = np.random.default_rng([*base, 3, si])
+        self.loss_rng = [np.random.default_rng([*base, 5, i]) for i in range(len(self.sources))]
 
     def cluster_state(self, source: str | None = None) -> dict[str, dict]:
         """Per cluster ``{queue_len, busy, workers, utilization, up}``: now (``source`` None) or as
