@@ -134,7 +134,9 @@ def natural_key(name: str) -> tuple:
 def repeated(items: Sequence[T]) -> list[T]:
     """The items of ``items`` that occur more than once, each once, sorted (for the errors that
     name what was given twice: a model, a seed, a policy, a column)."""
-    return sorted({x for x in items if items.count(x) > 1})
+    from collections import Counter
+
+    return sorted(x for x, k in Counter(items).items() if k > 1)
 
 
 def ci95(values: Sequence[float | None]) -> tuple[float, float]:
