@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from testbed.aset.config import load_aset_config  # noqa: E402
-from testbed.aset.evaluate import causal_job  # noqa: E402
+from testbed.aset.evaluate import causal_job, summarise  # noqa: E402
 from testbed.distributed import imap_unordered  # noqa: E402
 from testbed.plan import plan_experiment  # noqa: E402
 from testbed.util import ci95, markdown_table, repo_path  # noqa: E402
@@ -69,14 +69,12 @@ def read_evaluation(results: Path) -> tuple[dict[str, list[str]], dict[tuple[str
     return mixes, per
 
 
-def best_static(per: dict, scenario: str, statics: list[str]) -> str:
-    """The static policy with the best mean success ratio over the evaluation's tuning seeds."""
-    means = {}
-    for p in statics:
-        v = [c[p][0] / c[p][1] for (s, _), c in per.items() if s == scenario and p in c and c[p][1]]
-        if v:
-            means[p] = sum(v) / len(v)
-    return max(means, key=lambda p: (means[p], p))
+def best_static(results: Path, actions: list[str]) -> dict[str, str]:
+    """The evaluation's best static policy per scenario (chosen on its tuning seeds):
+    :func:`testbed.aset.evaluate.summarise` of its ``runs.csv``."""
+    with open(results / "runs.csv", newline="") as f:
+        runs = [{**r, "seed": int(r["seed"]), "success_ratio": float(r["success_ratio"])} for r in csv.DictReader(f)]
+    return {t["scenario"]: t["best_static"] for t in summarise(runs, actions) if t["kind"] == "tuning"}
 
 
 def table(rows: list[dict]) -> list[dict]:
@@ -146,13 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         res[i] = r
         print(f"  {names[i // len(seeds)]} seed {seeds[i % len(seeds)]}: {r['ok']}/{r['n']} "
               f"({time.monotonic() - t0:.0f} s)", flush=True)
-    rows = []
+    rows, best = [], best_static(results, actions)
     for (n, k), r in zip([(n, k) for n in names for k in seeds], res, strict=True):
         c = per[(n, k)]
         if c.get("mix") != (r["base_ok"], r["n"]):
             raise SystemExit(f"{n} seed {k}: the mix gives {r['base_ok']}/{r['n']} here and {c.get('mix')} in "
                              f"{results}/runs.csv: the simulator changed since that evaluation; run it again")
-        b = best_static(per, n, [p for p in actions if p in c])
+        b = best[n]
         ratio = {p: c[p][0] / c[p][1] if p in c else math.nan for p in (b, "mix", "oracle", "aset")}
         rows.append({"scenario": n, "seed": k, "best_static": b, "best": ratio[b], "mix": ratio["mix"],
                      "oracle": ratio["oracle"], "causal": r["ok"] / r["n"], "aset": ratio["aset"],
