@@ -28,7 +28,9 @@ from testbed.plan import Plan, plan_experiment
 
 #: The console every subcommand prints to. ``markup=False``: ``[...]`` in a string is printed as
 #: it is, never as console markup (untrusted text: labels, names, file contents, error messages).
-console = Console(width=None if sys.stdout.isatty() else 160, markup=False, highlight=False)
+#: ``soft_wrap=True``: a line is never broken by the console (a long path in a message stays whole,
+#: and a message stays one line to grep); tables still fit the width.
+console = Console(width=None if sys.stdout.isatty() else 160, markup=False, highlight=False, soft_wrap=True)
 
 
 def plain(text: object) -> Text:

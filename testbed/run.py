@@ -552,7 +552,7 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
     """Run a planned experiment end to end; returns the exit code (:mod:`testbed.errors`). Results
     go to ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an interruption
     are kept and summarised. ``base_dir`` is unused (the plan carries the experiment's folder)."""
-    console = console or Console(markup=False, highlight=False)
+    console = console or Console(markup=False, highlight=False, soft_wrap=True)
     duration_s = duration_s or plan.experiment.duration_s
     try:
         run_id, run_dir, storage = check_before_bringup(plan, duration_s, runs_dir)
