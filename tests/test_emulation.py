@@ -21,7 +21,7 @@ import yaml
 
 from testbed.config import Experiment
 from testbed.emulation.cleanup import RUN_ENV, STATE_FILE, _ovs_bridges, _pids_with_run_ids, cleanup
-from testbed.emulation.selfcheck import check_rtts
+from testbed.emulation.selfcheck import check_rtts_twice
 from testbed.plan import build_plan, plan_experiment
 from testbed.run import emulated_network, new_run_dir, run_experiment
 
@@ -68,16 +68,19 @@ def test_triangle_reachability_rtt_and_controller_links(tmp_path):
         dpids, one_way = live.path_of(srca.mac, edgec.mac)
         assert dpids == [1, 2, 3] and one_way == pytest.approx(5.0)
 
+        # The product's check: a path that fails is measured once more after a pause, because a
+        # stall of the shared machine lengthens every ping of a batch (a CI run saw srca->edgeb at
+        # 7.21 ms against 4 + 3.2 ms). The floor below stays strict whatever the attempt.
         em = plan.experiment.emulation
-        results = check_rtts(live.emu, plan, live.path_of, 10, em.rtt_tolerance_ms, em.rtt_tolerance_pct,
-                             em.rtt_tolerance_per_switch_ms)
+        results = check_rtts_twice(live.emu, plan, live.path_of, 10, em.rtt_tolerance_ms, em.rtt_tolerance_pct,
+                                   em.rtt_tolerance_per_switch_ms)
         assert len(results) == 4
         for r in results:
             assert r.ok, f"{r.source}->{r.cluster}: {r.median_ms:.2f} ms vs {r.expected_ms:.2f} ms"
             assert len(r.samples) == 10
+            assert min(r.samples) >= r.expected_ms  # no packet beats the configured propagation delay
         a_c = next(r for r in results if (r.source, r.cluster) == ("srca", "edgec"))
         assert a_c.expected_ms == pytest.approx(10.0)
-        assert min(a_c.samples) >= 10.0  # a packet cannot beat the configured propagation delay
     _assert_nothing_left(run_id, plan)
 
 
