@@ -25,7 +25,7 @@ ACTIONS = ["closest", "cloud"]
 
 
 @pytest.fixture(scope="module")
-def plan(tmp_path_factory):
+def switch_path(tmp_path_factory) -> Path:
     d = {"name": "switch", "seed": 1, "duration": "6s", "policy": "closest", "report_interval": "500ms",
          "topology": {"source": str(REPO / "topologies" / "triangle.yaml"), "host_bandwidth": "1Gbit/s"},
          "cloud": {"attach_to": "C", "delay": "1ms", "bandwidth": "1Gbit/s"},
@@ -39,7 +39,12 @@ def plan(tmp_path_factory):
          "events": [{"at": "3s", "kind": "link_delay", "link": ["A", "B"], "delay": "40ms"}]}
     path = tmp_path_factory.mktemp("oracle") / "switch.yaml"
     path.write_text(yaml.safe_dump(d))
-    return plan_experiment(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def plan(switch_path):
+    return plan_experiment(switch_path)
 
 
 def test_stepping_window_by_window_equals_one_run_and_clones_continue_exactly(plan):
@@ -168,3 +173,67 @@ def test_paired_gain_t():
     assert paired_gain_t(np.array([1.0, 3.0])) == pytest.approx(2.0)  # mean 2, sd sqrt(2), se 1
     assert paired_gain_t(np.array([2.0, 2.0])) == math.inf and paired_gain_t(np.array([0.0, 0.0])) == -math.inf
     assert paired_gain_t(np.array([-1.0, -3.0])) == pytest.approx(-2.0)
+
+
+def _eval_config(scenario: Path, out: Path, causal: int):
+    from testbed.aset.config import load_aset_config
+
+    cfg, base = load_aset_config(REPO / "experiments" / "aset-tiny.yaml")
+    ev = cfg.evaluation.model_copy(update={"scenarios": [str(scenario)], "out_dir": str(out), "duration_s": 6.0,
+                                           "oracle_horizon": 2, "causal_samples": causal})
+    return cfg.model_copy(update={"evaluation": ev, "actions": ACTIONS}), base
+
+
+def test_evaluate_with_the_causal_planner_adds_its_rows_paired_on_the_oracle_seeds(switch_path, tmp_path):
+    """``testbed evaluate --causal K`` (evaluation.causal_samples): the planner runs over the mix on
+    the oracle's seeds, on the same queries, and beats the mix there (the scheduled change at 3 s);
+    it is not a static policy, and its schedules are saved."""
+    import json
+
+    from testbed.aset.evaluate import CAUSAL, evaluate
+
+    cfg, base = _eval_config(switch_path, tmp_path, causal=4)
+    res = evaluate(cfg, base, headroom_only=True, workers=1, progress=False, agreement_check=False)
+    rows = {(r["policy"], r["seed"]): r for r in res.runs}
+    for k in (1, 2):
+        c = rows[CAUSAL, k]
+        assert c["n"] == rows["mix", k]["n"] == rows["closest", k]["n"]  # common random numbers
+        assert c["ok"] > rows["mix", k]["ok"] and 0 < c["deviations"] < 1
+    (t,) = res.table
+    assert t["best_static"] == "closest" and CAUSAL not in (t["best_static"], t["winner"])
+    assert t["causal_gain"][0] > 0 and 0 < t["causal_share"] <= 1.5
+    saved = json.loads((res.out_dir / "oracle.json").read_text())["causal"]["switch"]
+    assert set(saved) == {"tuning-1", "tuning-2"} and all(len(s[0]) == 1 for s in saved.values())
+    assert "causal - mix (pts)" in (res.out_dir / "results.md").read_text()
+
+
+def test_evaluate_refuses_the_causal_planner_on_a_batching_cluster_before_any_run(tmp_path):
+    from testbed.aset.evaluate import evaluate
+    from testbed.errors import InputError
+
+    d = yaml.safe_load((REPO / "experiments" / "triangle.yaml").read_text())
+    d["clusters"][0]["server"] = {"max_batch": 4, "max_queue_delay": "5ms"}
+    d["topology"]["source"] = str(REPO / "topologies" / "triangle.yaml")
+    scen = tmp_path / "batching.yaml"
+    scen.write_text(yaml.safe_dump(d))
+    cfg, base = _eval_config(scen, tmp_path / "ev", causal=2)
+    with pytest.raises(InputError, match=rf"{d['clusters'][0]['name']}.*batch"):
+        evaluate(cfg, base, headroom_only=True, workers=1, progress=False)
+    assert not (tmp_path / "ev").exists()  # nothing ran, nothing written
+
+
+def test_summary_of_the_causal_planner_pairs_it_with_the_mix_the_oracle_and_aset():
+    from testbed.aset.evaluate import summarise
+
+    def row(policy, seed, ok):
+        return {"scenario": "s", "kind": "tuning", "policy": policy, "seed": seed, "ok": ok, "n": 100,
+                "success_ratio": ok / 100}
+
+    runs = [row(p, k, ok) for p, ok in (("closest", 80), ("cloud", 50), ("mix", 80)) for k in (1, 2, 3)]
+    runs += [row("oracle", 1, 90), row("oracle", 2, 88), row("causal", 1, 86), row("causal", 2, 84)]
+    runs += [row("aset", 1, 85), row("aset", 2, 84), row("aset", 3, 80)]
+    (t,) = summarise(runs, ACTIONS)
+    assert t["best_static"] == "closest" and t["causal"][2] == 2
+    assert t["causal_gain"][0] == pytest.approx(0.05)  # (6 + 4) / 2 pts over the mix
+    assert t["causal_share"] == pytest.approx(0.05 / 0.09)  # of the oracle's (10 + 8) / 2 pts over the mix
+    assert t["aset_vs_causal"][0] == pytest.approx(-0.005)  # (-1 + 0) / 2 pts, on the planner's seeds

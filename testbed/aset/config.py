@@ -310,7 +310,12 @@ class EvaluationSpec(StrictModel):
     windows of look-ahead of the oracle (None: to the end of the episode; see
     :mod:`testbed.aset.headroom`). ``oracle_seeds`` / ``oracle_fresh_seeds``: the oracle (by far
     the costliest job, ~40 s per scenario and seed) on the first N tuning / fresh seeds only
-    (None: all); the headroom is then paired over those seeds."""
+    (None: all); the headroom is then paired over those seeds. ``causal_samples`` K > 0: the causal
+    planner too (:func:`testbed.aset.headroom.causal_planner`: the oracle's rollout over the mix,
+    each candidate scored on K futures drawn afresh, with ``oracle_horizon`` windows of look-ahead,
+    leaving the mix only when the paired one-sided t statistic is >= ``causal_min_t``; 1.64 is the
+    one-sided 5 % point of the normal law), on the oracle's seeds; about 5 min per scenario and
+    seed at K = 8. 0 (default): not run."""
 
     scenarios: list[str] = Field(min_length=1)
     seeds: int = Field(5, ge=2)
@@ -320,6 +325,8 @@ class EvaluationSpec(StrictModel):
     oracle_horizon: int | None = Field(6, ge=1)
     oracle_seeds: int | None = Field(None, ge=2)
     oracle_fresh_seeds: int | None = Field(None, ge=0)
+    causal_samples: int = Field(0, ge=0)
+    causal_min_t: float = Field(1.64, ge=0)
     checkpoint: str = "models/aset/aset"
     out_dir: str = "runs/aset-eval"
 

@@ -12,8 +12,11 @@ success ratio = successful / created queries):
 3. the oracle on every tuning seed (multiagent rollout over the better of the mix and the best
    static policy on that seed, :func:`testbed.aset.headroom.rollout_oracle`); headroom = oracle -
    best static, paired per seed (``evaluation.oracle_seeds``: on the first N tuning seeds only);
+   with ``evaluation.causal_samples`` K > 0 (``--causal K``), the causal planner on the oracle's
+   seeds too (:func:`testbed.aset.headroom.causal_planner` over the mix: what a selector that sees
+   the whole present but none of the future's draws gains with the same look-ahead);
 4. ASET (``evaluation.checkpoint``, greedy) on the same seeds, when the checkpoint exists;
-5. with ``fresh_seeds`` M > 0: steps 1 (all statics), 3 and 4 again on seeds fresh_from ..
+5. with ``fresh_seeds`` M > 0: steps 1 (all statics), 3 (and the planner) and 4 again on seeds fresh_from ..
    fresh_from + M - 1 with the best static policy and the mix chosen in 1-2: the headroom and ASET's
    figures confirmed on seeds nothing was chosen on.
 
@@ -28,7 +31,7 @@ the same in every state met are duplicates (issue 13: merge them or make them di
 
 Outputs in ``evaluation.out_dir/<name>/``: ``runs.csv`` (one row per scenario x kind x policy x
 seed), ``results.csv`` / ``results.md`` (the tables), ``results.png`` (bars with 95 % CI),
-``oracle.json`` (the oracle's schedules), ``agreement.md``.
+``oracle.json`` (the oracle's schedules, and the planner's under ``causal``), ``agreement.md``.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ from testbed.util import ci95, markdown_table, repo_path, write_json_atomic
 ASET = "aset"
 MIX = "mix"
 ORACLE = "oracle"
+CAUSAL = "causal"
+#: Rows of runs.csv that are not static policies.
+NOT_STATIC = (ASET, MIX, ORACLE, CAUSAL)
 
 
 # ----------------------------------------------------------------------------- jobs (worker side)
@@ -322,19 +328,23 @@ def _statics_and_mix(scenarios, names, seeds, actions, dur, run, kind) -> tuple[
 def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_s: float | None = None,
              workers: int = 2, progress: bool = True, console=None, backend: str = "process",
              ray_address: str | None = None, headroom_only: bool = False, fresh_seeds: int | None = None,
-             agreement_check: bool = True, specialised: bool = False) -> EvalResult:
+             agreement_check: bool = True, specialised: bool = False,
+             causal_samples: int | None = None) -> EvalResult:
     """Run the evaluation (``cfg.evaluation`` required; module docstring); writes and returns it.
 
     ``headroom_only``: skip ASET (what ``testbed evaluate --headroom`` does before training).
     ``specialised``: ASET on each scenario is the checkpoint specialised to it
     (:func:`testbed.aset.train.specialised_path`, ``testbed train --specialise``); results in
-    ``<out_dir>/<name>-specialised/``.
+    ``<out_dir>/<name>-specialised/``. ``causal_samples``: overrides ``evaluation.causal_samples``
+    (0: no causal planner).
 
     Raises:
         ValueError: no ``evaluation:`` section; InputError (a ValueError): (without
             ``headroom_only``) a checkpoint that cannot drive the scenarios (other clusters or
             sources, another observation size: the message of
-            :class:`~testbed.aset.npolicy.ObservationSizeError`), before any run.
+            :class:`~testbed.aset.npolicy.ObservationSizeError`), before any run; with the causal
+            planner, a scenario whose clusters batch (the simulator cannot redraw a batching
+            cluster's future), before any run.
             FileNotFoundError: the checkpoint is missing (without ``headroom_only``).
     """
     if cfg.evaluation is None:
@@ -348,6 +358,9 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     with_aset = not headroom_only
     scenarios = [str(repo_path(s, base)) for s in ev.scenarios]
     names = {s: _plan(s).experiment.name for s in scenarios}
+    causal = ev.causal_samples if causal_samples is None else causal_samples
+    if causal:
+        _check_causal(scenarios)
     ckpts = {s: specialised_path(ckpt, names[s]) if specialised else ckpt for s in scenarios}
     if with_aset:
         for s in scenarios:
@@ -367,7 +380,8 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     n_or = (len(tune) if ev.oracle_seeds is None else min(len(tune), ev.oracle_seeds)) + \
         (len(fresh) if ev.oracle_fresh_seeds is None else min(len(fresh), ev.oracle_fresh_seeds))
     per_seed = 2 + int(with_aset)  # statics, mix (+ ASET) per scenario and seed; the oracle on n_or seeds
-    total = len(scenarios) * ((len(tune) + len(fresh)) * per_seed + n_or + 1 + int(agreement_check))
+    total = len(scenarios) * ((len(tune) + len(fresh)) * per_seed + n_or * (1 + int(causal > 0)) + 1
+                              + int(agreement_check))
     bar = progress_bar(console, total) if progress else None
 
     cache = repo_path(ev.out_dir, base) / "cache"
@@ -388,6 +402,7 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
         runs = st["runs"]
         best = {s: max(st["means"][s], key=lambda p: (st["means"][s][p], p)) for s in scenarios}
         schedules: dict[str, dict] = {}
+        causal_schedules: dict[str, dict] = {}
         for kind, ks in (("tuning", tune), ("fresh", fresh)):
             if not ks:
                 continue
@@ -406,6 +421,12 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
             for (s, k), o in zip(opairs, ores, strict=True):
                 runs.append(_row(names[s], kind, ORACLE, k, o["ok"], o["n"], fallback=o["fallback"]))
                 schedules.setdefault(names[s], {})[f"{kind}-{k}"] = o["schedule"]
+            if causal:
+                cres = run(causal_job, [(s, k, mixes[s], actions, causal, dur, ev.oracle_horizon, ev.causal_min_t)
+                                        for s, k in opairs])
+                for (s, k), c in zip(opairs, cres, strict=True):
+                    runs.append(_row(names[s], kind, CAUSAL, k, c["ok"], c["n"], deviations=c["deviations"]))
+                    causal_schedules.setdefault(names[s], {})[f"{kind}-{k}"] = c["schedule"]
             if with_aset:
                 ares = run(aset_job, [(s, k, str(ckpts[s]), dur) for s, k in pairs])
                 runs += [_row(names[s], kind, ASET, k, a["ok"], a["n"], share=a["share"])
@@ -423,8 +444,23 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     table = summarise(runs, actions)
     out = repo_path(ev.out_dir, base) / (cfg.name + ("-specialised" if specialised else ""))
     out.mkdir(parents=True, exist_ok=True)
-    _write(out, runs, table, actions, {names[s]: m for s, m in mixes.items()}, schedules, agree)
+    _write(out, runs, table, actions, {names[s]: m for s, m in mixes.items()}, schedules, agree, causal_schedules)
     return EvalResult(out, runs, table, {names[s]: m for s, m in mixes.items()}, agree)
+
+
+def _check_causal(scenarios: Sequence[str]) -> None:
+    """Refuse, before any run, a scenario the causal planner cannot run.
+
+    Raises:
+        InputError: a cluster of a scenario batches (``server.max_batch`` > 1), naming both.
+    """
+    for s in scenarios:
+        exp = _plan(s).experiment
+        batching = [c.name for c in exp.clusters if c.server.max_batch > 1]
+        if batching:
+            raise InputError(f"{s}: cluster(s) {', '.join(batching)} batch (server.max_batch > 1); the causal "
+                             f"planner cannot redraw a batching cluster's future: run without --causal "
+                             f"(evaluation.causal_samples: 0)")
 
 
 def progress_bar(console, total: int, label: str = "evaluate"):
@@ -452,7 +488,10 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float]:
 def summarise(runs: list[dict], actions: Sequence[str] | None = None) -> list[dict]:
     """One row per (scenario, kind): every policy's (mean, CI half-width, n); the best static
     policy (chosen on the tuning seeds, kept on fresh seeds); headroom and ASET's paired
-    differences with their CIs; the verdicts of issue 13 (module docstring)."""
+    differences with their CIs; the verdicts of issue 13 (module docstring). With causal planner
+    rows: ``causal_gain`` = planner - mix (paired, with CI), ``causal_share`` = mean(planner - mix) /
+    mean(oracle - mix) on the seeds both ran (NaN unless the oracle gains over the mix), and
+    ``aset_vs_causal`` = ASET - planner (paired)."""
     table = []
     statics_of = actions
     for sc in dict.fromkeys(r["scenario"] for r in runs):
@@ -462,7 +501,7 @@ def summarise(runs: list[dict], actions: Sequence[str] | None = None) -> list[di
             if not rs:
                 continue
             pols = list(dict.fromkeys(r["policy"] for r in rs))
-            statics = [p for p in pols if p not in (ASET, MIX, ORACLE) and (statics_of is None or p in statics_of)]
+            statics = [p for p in pols if p not in NOT_STATIC and (statics_of is None or p in statics_of)]
             stats = {p: (*ci95(list(_by_seed(runs, sc, kind, p).values())), len(_by_seed(runs, sc, kind, p)))
                      for p in pols}
             if best_tuning is None:
@@ -488,8 +527,23 @@ def summarise(runs: list[dict], actions: Sequence[str] | None = None) -> list[di
                 orc = _by_seed(runs, sc, kind, ORACLE)
                 d_or = [asr[k] - bs[k] for k in orc if k in asr and k in bs]  # on the headroom's seeds
                 row["captured"] = float(np.mean(d_or)) / hm if d_or and hm and hm > 0 else math.nan
+            if CAUSAL in stats:
+                row.update(_causal_figures(runs, sc, kind))
             table.append(row)
     return table
+
+
+def _causal_figures(runs: list[dict], sc: str, kind: str) -> dict:
+    """The causal planner's paired figures of one scenario and seed set (:func:`summarise`)."""
+    cp, mix = _by_seed(runs, sc, kind, CAUSAL), _by_seed(runs, sc, kind, MIX)
+    orc, asr = _by_seed(runs, sc, kind, ORACLE), _by_seed(runs, sc, kind, ASET)
+    both = [k for k in cp if k in mix and k in orc]
+    gain_or = float(np.mean([orc[k] - mix[k] for k in both])) if both else math.nan
+    share = float(np.mean([cp[k] - mix[k] for k in both])) / gain_or if both and gain_or > 0 else math.nan
+    out = {"causal_gain": _paired(cp, mix), "causal_share": share}
+    if asr:
+        out["aset_vs_causal"] = _paired(asr, cp)
+    return out
 
 
 def _pct(cell, signed: bool = False) -> str:
@@ -500,13 +554,17 @@ def _pct(cell, signed: bool = False) -> str:
     return s + (f" ± {100 * h:.2f}" if not math.isnan(h) else "")
 
 
+def _share(x: float) -> str:
+    return "-" if math.isnan(x) else f"{100 * x:.0f} %"
+
+
 def results_markdown(table: list[dict], actions: Sequence[str]) -> str:
     """The results as Markdown tables: success ratio in % (mean ± 95 % CI half-width) of every static
     policy, the mix, the oracle and ASET; best static, headroom, ASET's paired gaps, the verdicts."""
     rows = []
     for t in table:
         r = {"scenario": t["scenario"], "seeds": t["kind"]}
-        for p in (*actions, MIX, ORACLE, ASET):
+        for p in (*actions, MIX, ORACLE, CAUSAL, ASET):
             if p in t:
                 r[p] = _pct(t[p])
         r["best static"] = t["best_static"] + ("" if t["winner"] == t["best_static"] else f" (here {t['winner']})")
@@ -514,9 +572,12 @@ def results_markdown(table: list[dict], actions: Sequence[str]) -> str:
         if "diff" in t:
             r["ASET - best (pts)"] = _pct(t["diff"], True)
             r["ASET - mix (pts)"] = _pct(t["diff_mix"], True)
-            r["captured"] = "-" if math.isnan(t["captured"]) else f"{100 * t['captured']:.0f} %"
+            r["captured"] = _share(t["captured"])
             r["within 1 pt"] = "yes" if t["within_1pt"] else "NO"
             r["above best & mix beyond CI"] = "yes" if t["above_beyond_ci"] else "no"
+        if "causal_gain" in t:
+            r["causal - mix (pts)"] = _pct(t["causal_gain"], True)
+            r["causal share of oracle - mix"] = _share(t["causal_share"])
         rows.append(r)
     mixes = [{"scenario": t["scenario"], "per-source mix (sources sorted)": t.get("assignment", ""),
               "mix - best (pts)": _pct(t["mix_gain"], True) if "mix_gain" in t else "-"}
@@ -539,9 +600,13 @@ def summary_markdown(table: list[dict]) -> str:
         if ASET in t:
             r.update({"ASET %": _pct(t[ASET]), "ASET - best": _pct(t["diff"], True),
                       "ASET - mix": _pct(t["diff_mix"], True),
-                      "captured": "-" if math.isnan(t["captured"]) else f"{100 * t['captured']:.0f} %",
+                      "captured": _share(t["captured"]),
                       "within 1 pt": "yes" if t["within_1pt"] else "NO",
                       "above best & mix (CI)": "yes" if t["above_beyond_ci"] else "no"})
+        if CAUSAL in t:
+            r["causal %"] = f"{_pct(t[CAUSAL])} ({t[CAUSAL][2]})"
+            if "aset_vs_causal" in t:
+                r["ASET - causal"] = _pct(t["aset_vs_causal"], True)
         rows.append(r)
     return markdown_table(rows)
 
@@ -554,7 +619,7 @@ def agreement_markdown(agree: dict[str, list[int]]) -> str:
 
 
 def _write(out: Path, runs: list[dict], table: list[dict], actions: Sequence[str], mixes: dict,
-           schedules: dict, agree: dict) -> None:
+           schedules: dict, agree: dict, causal_schedules: dict | None = None) -> None:
     with open(out / "runs.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["scenario", "kind", "policy", "seed", "ok", "n", "success_ratio", "extra"])
@@ -572,7 +637,8 @@ def _write(out: Path, runs: list[dict], table: list[dict], actions: Sequence[str
                     w.writerow([row["scenario"], row["kind"], p, f"{v[0]:.6f}", f"{v[1]:.6f}", v[2],
                                 row["best_static"]])
     (out / "results.md").write_text(summary_markdown(table) + "\n" + results_markdown(table, actions))
-    (out / "oracle.json").write_text(json.dumps({"mixes": mixes, "schedules": schedules}))
+    (out / "oracle.json").write_text(json.dumps({"mixes": mixes, "schedules": schedules,
+                                                 **({"causal": causal_schedules} if causal_schedules else {})}))
     if agree:
         (out / "agreement.md").write_text(agreement_markdown(agree))
     _plot(out / "results.png", [t for t in table if t["kind"] == "tuning"], actions)
@@ -586,7 +652,7 @@ def _plot(path: Path, table: list[dict], actions: Sequence[str]) -> None:
 
     if not table:
         return
-    pols = [p for p in (*actions, MIX, ORACLE, ASET) if p in table[0]]
+    pols = [p for p in (*actions, MIX, ORACLE, CAUSAL, ASET) if p in table[0]]
     fig, ax = plt.subplots(figsize=(max(8, 1.8 * len(table)), 4.5))
     width = 0.8 / len(pols)
     x = np.arange(len(table))
@@ -594,12 +660,13 @@ def _plot(path: Path, table: list[dict], actions: Sequence[str]) -> None:
         m = [100 * row[p][0] if p in row else np.nan for row in table]
         h = [100 * (0 if p not in row or math.isnan(row[p][1]) else row[p][1]) for row in table]
         ax.bar(x + (j - (len(pols) - 1) / 2) * width, m, width, yerr=h, capsize=2, label=p,
-               color={ASET: "black", ORACLE: "0.6", MIX: "0.8"}.get(p))
+               color={ASET: "black", ORACLE: "0.6", CAUSAL: "0.45", MIX: "0.8"}.get(p))
     ax.set_xticks(x, [row["scenario"] for row in table], rotation=15)
     lo = min(100 * row[p][0] for row in table for p in pols if p in row and p != "cloud")
     ax.set_ylim(max(0, lo - 10), 100.5)
     ax.set_ylabel("success ratio (%), mean ± 95% CI")
-    ax.set_title("static policies, per-source mix, oracle and ASET (simulator)")
+    ax.set_title("static policies, per-source mix, oracle" + (", causal planner" if CAUSAL in pols else "")
+                 + " and ASET (simulator)")
     ax.legend(ncol=5, fontsize=7)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

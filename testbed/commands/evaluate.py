@@ -1,7 +1,7 @@
 """``testbed evaluate ASET_CONFIG.yaml``: the headroom of every scenario (every static policy, the
-per-source static mix, the clairvoyant switching oracle) and ASET against them, over seeds in the
-simulator, confirmed on fresh seeds; tables of success ratio (mean ± 95 % CI, t-distribution), the
-paired differences and a plot (see :mod:`testbed.aset.evaluate`)."""
+per-source static mix, the clairvoyant switching oracle; with --causal K the causal planner) and ASET
+against them, over seeds in the simulator, confirmed on fresh seeds; tables of success ratio (mean ±
+95 % CI, t-distribution), the paired differences and a plot (see :mod:`testbed.aset.evaluate`)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--headroom", action="store_true", help="headroom only (no checkpoint needed: before training)")
     p.add_argument("--specialised", action="store_true",
                    help="ASET = the checkpoint specialised to each scenario (testbed train --specialise)")
+    p.add_argument("--causal", type=_int_at_least(0), default=None, metavar="K",
+                   help="also the causal planner, K sampled futures per decision, on the oracle's seeds "
+                        "(override evaluation.causal_samples; 0: off; ~5 min per scenario and seed at K=8)")
     p.add_argument("--workers", type=_int_at_least(1), default=2, help="parallel workers (default 2)")
     p.add_argument("--backend", choices=["process", "ray"], default="process", help="parallel backend")
     p.add_argument("--ray-address", default=None, help="a Ray cluster (HOST:PORT or auto); default: local")
@@ -90,7 +93,8 @@ def _cmd(args: argparse.Namespace) -> int:
     try:
         res = evaluate(cfg, base, seeds=args.seeds, duration_s=args.duration, workers=args.workers, console=console,
                        backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address,
-                       headroom_only=args.headroom, fresh_seeds=args.fresh_seeds, specialised=args.specialised)
+                       headroom_only=args.headroom, fresh_seeds=args.fresh_seeds, specialised=args.specialised,
+                       causal_samples=args.causal)
     except FileNotFoundError as exc:
         raise InputError(str(exc)) from None
     console.print(summary_markdown(res.table), markup=False, highlight=False)
