@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.aset.config import AsetConfig
+from testbed.aset.config import AsetConfig, EvaluationSpec
 from testbed.aset.npolicy import policy_files
 from testbed.errors import InputError
 from testbed.util import ci95, markdown_table, repo_path, write_json_atomic
@@ -363,16 +363,7 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
         _check_causal(scenarios)
     ckpts = {s: specialised_path(ckpt, names[s]) if specialised else ckpt for s in scenarios}
     if with_aset:
-        for s in scenarios:
-            for path in policy_files(ckpts[s]):
-                if not path.is_file():
-                    how = "testbed train --specialise" if specialised else "testbed train"
-                    raise FileNotFoundError(f"checkpoint {path} is missing (run {how} first, "
-                                            f"or testbed evaluate --headroom)")
-            try:
-                check_checkpoint(ckpts[s], [s])
-            except ValueError as exc:  # the checkpoint does not fit the scenario: bad input, no traceback
-                raise InputError(str(exc)) from None
+        _check_checkpoints(ckpts, specialised)
     actions = list(cfg.policies)
     dur = duration_s or ev.duration_s
     tune = list(range(1, n_seeds + 1))
@@ -399,53 +390,104 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
 
     try:
         st, mixes = _statics_and_mix(scenarios, names, tune, actions, dur, run, "tuning")
-        runs = st["runs"]
         best = {s: max(st["means"][s], key=lambda p: (st["means"][s][p], p)) for s in scenarios}
-        schedules: dict[str, dict] = {}
-        causal_schedules: dict[str, dict] = {}
+        sets = _SeedSets(ev, scenarios, names, actions, dur, run, mixes, best, causal, ckpts if with_aset else None,
+                         runs=st["runs"])
         for kind, ks in (("tuning", tune), ("fresh", fresh)):
-            if not ks:
-                continue
-            if kind == "fresh":
-                res = run(static_job, [(s, k, actions, dur) for s in scenarios for k in ks])
-                for (s, k), r in zip([(s, k) for s in scenarios for k in ks], res, strict=True):
-                    runs += [_row(names[s], kind, p, k, ok, n) for p, (ok, n) in r.items()]
-            pairs = [(s, k) for s in scenarios for k in ks]
-            mres = run(assignment_job, [(s, k, mixes[s], dur) for s, k in pairs])
-            runs += [_row(names[s], kind, MIX, k, ok, n, assignment=",".join(mixes[s]))
-                     for (s, k), (ok, n) in zip(pairs, mres, strict=True)]
-            n_oracle = ev.oracle_seeds if kind == "tuning" else ev.oracle_fresh_seeds
-            opairs = [(s, k) for s in scenarios for k in (ks if n_oracle is None else ks[:n_oracle])]
-            ores = run(oracle_job, [(s, k, [mixes[s], [best[s]] * len(mixes[s])], actions, dur, ev.oracle_horizon)
-                                    for s, k in opairs])
-            for (s, k), o in zip(opairs, ores, strict=True):
-                runs.append(_row(names[s], kind, ORACLE, k, o["ok"], o["n"], fallback=o["fallback"]))
-                schedules.setdefault(names[s], {})[f"{kind}-{k}"] = o["schedule"]
-            if causal:
-                cres = run(causal_job, [(s, k, mixes[s], actions, causal, dur, ev.oracle_horizon, ev.causal_min_t)
-                                        for s, k in opairs])
-                for (s, k), c in zip(opairs, cres, strict=True):
-                    runs.append(_row(names[s], kind, CAUSAL, k, c["ok"], c["n"], deviations=c["deviations"]))
-                    causal_schedules.setdefault(names[s], {})[f"{kind}-{k}"] = c["schedule"]
-            if with_aset:
-                ares = run(aset_job, [(s, k, str(ckpts[s]), dur) for s, k in pairs])
-                runs += [_row(names[s], kind, ASET, k, a["ok"], a["n"], share=a["share"])
-                         for (s, k), a in zip(pairs, ares, strict=True)]
-        agree: dict[str, list[int]] = {}
-        if agreement_check:
-            for counts in run(agreement_job, [(s, 1, actions, dur) for s in scenarios]):
-                for key, (same, tot) in counts.items():
-                    a = agree.setdefault(key, [0, 0])
-                    a[0] += same
-                    a[1] += tot
+            if ks:
+                sets.evaluate(kind, ks)
+        agree = _agreement(run, scenarios, actions, dur) if agreement_check else {}
     finally:
         if bar is not None:
             bar[0].stop()
-    table = summarise(runs, actions)
+    table = summarise(sets.runs, actions)
     out = repo_path(ev.out_dir, base) / (cfg.name + ("-specialised" if specialised else ""))
     out.mkdir(parents=True, exist_ok=True)
-    _write(out, runs, table, actions, {names[s]: m for s, m in mixes.items()}, schedules, agree, causal_schedules)
-    return EvalResult(out, runs, table, {names[s]: m for s, m in mixes.items()}, agree)
+    named_mixes = {names[s]: m for s, m in mixes.items()}
+    _write(out, sets.runs, table, actions, named_mixes, sets.schedules, agree, sets.causal_schedules)
+    return EvalResult(out, sets.runs, table, named_mixes, agree)
+
+
+def _check_checkpoints(ckpts: dict[str, Path], specialised: bool) -> None:
+    """Every scenario's checkpoint exists and can drive it (:func:`evaluate`'s Raises)."""
+    for s, ckpt in ckpts.items():
+        for path in policy_files(ckpt):
+            if not path.is_file():
+                how = "testbed train --specialise" if specialised else "testbed train"
+                raise FileNotFoundError(f"checkpoint {path} is missing (run {how} first, "
+                                        f"or testbed evaluate --headroom)")
+        try:
+            check_checkpoint(ckpt, [s])
+        except ValueError as exc:  # the checkpoint does not fit the scenario: bad input, no traceback
+            raise InputError(str(exc)) from None
+
+
+@dataclass
+class _SeedSets:
+    """Steps 3-5 of the module docstring on one seed set at a time, with the mix and the best
+    static policy chosen on the tuning seeds; rows go to ``runs``, schedules to ``schedules`` /
+    ``causal_schedules`` (scenario name -> ``"<kind>-<seed>"`` -> schedule). ``ckpts`` None: no ASET."""
+
+    ev: EvaluationSpec
+    scenarios: list[str]
+    names: dict[str, str]
+    actions: list[str]
+    dur: float | None
+    run: Callable
+    mixes: dict[str, list[str]]
+    best: dict[str, str]
+    causal: int
+    ckpts: dict[str, Path] | None
+    runs: list[dict] = field(default_factory=list)
+    schedules: dict[str, dict] = field(default_factory=dict)
+    causal_schedules: dict[str, dict] = field(default_factory=dict)
+
+    def evaluate(self, kind: str, ks: list[int]) -> None:
+        scenarios, names, dur = self.scenarios, self.names, self.dur
+        if kind == "fresh":  # the tuning seeds' statics ran with the choice of the mix
+            res = self.run(static_job, [(s, k, self.actions, dur) for s in scenarios for k in ks])
+            for (s, k), r in zip([(s, k) for s in scenarios for k in ks], res, strict=True):
+                self.runs += [_row(names[s], kind, p, k, ok, n) for p, (ok, n) in r.items()]
+        pairs = [(s, k) for s in scenarios for k in ks]
+        mres = self.run(assignment_job, [(s, k, self.mixes[s], dur) for s, k in pairs])
+        self.runs += [_row(names[s], kind, MIX, k, ok, n, assignment=",".join(self.mixes[s]))
+                      for (s, k), (ok, n) in zip(pairs, mres, strict=True)]
+        n_oracle = self.ev.oracle_seeds if kind == "tuning" else self.ev.oracle_fresh_seeds
+        opairs = [(s, k) for s in scenarios for k in (ks if n_oracle is None else ks[:n_oracle])]
+        self._oracle(kind, opairs)
+        if self.causal:
+            self._causal(kind, opairs)
+        if self.ckpts is not None:
+            ares = self.run(aset_job, [(s, k, str(self.ckpts[s]), dur) for s, k in pairs])
+            self.runs += [_row(names[s], kind, ASET, k, a["ok"], a["n"], share=a["share"])
+                          for (s, k), a in zip(pairs, ares, strict=True)]
+
+    def _oracle(self, kind: str, opairs: list[tuple[str, int]]) -> None:
+        ores = self.run(oracle_job, [(s, k, [self.mixes[s], [self.best[s]] * len(self.mixes[s])], self.actions,
+                                      self.dur, self.ev.oracle_horizon) for s, k in opairs])
+        for (s, k), o in zip(opairs, ores, strict=True):
+            self.runs.append(_row(self.names[s], kind, ORACLE, k, o["ok"], o["n"], fallback=o["fallback"]))
+            self.schedules.setdefault(self.names[s], {})[f"{kind}-{k}"] = o["schedule"]
+
+    def _causal(self, kind: str, opairs: list[tuple[str, int]]) -> None:
+        cres = self.run(causal_job, [(s, k, self.mixes[s], self.actions, self.causal, self.dur,
+                                      self.ev.oracle_horizon, self.ev.causal_min_t) for s, k in opairs])
+        for (s, k), c in zip(opairs, cres, strict=True):
+            self.runs.append(_row(self.names[s], kind, CAUSAL, k, c["ok"], c["n"], deviations=c["deviations"]))
+            self.causal_schedules.setdefault(self.names[s], {})[f"{kind}-{k}"] = c["schedule"]
+
+
+def _agreement(run: Callable, scenarios: Sequence[str], actions: Sequence[str],
+               dur: float | None) -> dict[str, list[int]]:
+    """The actions' pairwise decision agreement summed over the scenarios (seed 1):
+    ``{"a|b": [same, states]}`` (:func:`agreement_job`)."""
+    agree: dict[str, list[int]] = {}
+    for counts in run(agreement_job, [(s, 1, actions, dur) for s in scenarios]):
+        for key, (same, tot) in counts.items():
+            a = agree.setdefault(key, [0, 0])
+            a[0] += same
+            a[1] += tot
+    return agree
 
 
 def _check_causal(scenarios: Sequence[str]) -> None:
