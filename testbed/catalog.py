@@ -112,7 +112,7 @@ class ZooCatalog:
         from testbed.inference import handling, zoo
 
         try:
-            row = handling.measured_row(self.profiles_dir, name)
+            row = handling.measured_row(self.profiles_dir, name, runtime)
             server, cold = handling.factors_of(row)
         except (zoo.ZooError, ValueError) as exc:
             raise CatalogError(f"model {name!r}: no request-handling figures to plan with: {exc}") from None

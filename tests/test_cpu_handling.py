@@ -137,6 +137,38 @@ def test_handling_figures_of_the_committed_zoo_are_read_and_checked(tmp_path):
         handling.run(REPO_ROOT / "models" / "zoo", tmp_path / "nope", ["hand_full"], 200)
 
 
+def test_a_variant_has_a_row_per_runtime_and_the_plan_takes_its_runtimes(tmp_path):
+    """digits_small's LiteRT call is below the CPU clock's resolution; its TensorFlow call is not,
+    and TensorFlow's cold call costs ~2x its warm one (models/profiles/handling.json): the
+    triangle's plan (TensorFlow) carries that cold factor, not LiteRT's 1.0."""
+    import json
+
+    from testbed.inference import handling, zoo
+    from testbed.plan import plan_experiment
+
+    profiles = REPO_ROOT / "models" / "profiles"
+    lite, tf = handling.measured_row(profiles, "digits_small"), handling.measured_row(profiles, "digits_small",
+                                                                                     "tensorflow")
+    assert lite["runtime"] == "litert" and tf["runtime"] == "tensorflow"
+    assert handling.measured_row(profiles, "hand_full", "tensorflow")["runtime"] == "litert"  # none: the default's
+    cold = handling.factors_of(tf)[1]
+    assert cold > 1.5
+    fig = plan_experiment(REPO_ROOT / "experiments" / "triangle.yaml").services["edgeb"]["digits_small"]
+    assert fig.runtime == "tensorflow" and fig.cold_factor == pytest.approx(cold)
+    assert "handling only" not in fig.source
+    with pytest.raises(ValueError, match="have no tensorflow model"):  # refused before any server starts
+        handling.run(REPO_ROOT / "models" / "zoo", profiles, ["hand_full"], 200, runtime="tensorflow")
+    with pytest.raises(ValueError, match="not a runtime"):
+        handling.run(REPO_ROOT / "models" / "zoo", profiles, ["hand_full"], 200, runtime="onnx")
+    doc = json.loads((profiles / "handling.json").read_text())
+    for others, said in (([1], "'other_runtimes' is not an object"),
+                         ({"digits_small": {"tensorflow": dict(tf, runtime="litert")}},
+                          "other_runtimes: the tensorflow row says runtime = 'litert'")):
+        (tmp_path / "handling.json").write_text(json.dumps(dict(doc, other_runtimes=others)))
+        with pytest.raises(zoo.ZooError, match=said):
+            handling.measured_row(tmp_path, "digits_small", "tensorflow")
+
+
 def test_plan_of_the_default_experiment_charges_handling():
     from testbed.inference import handling
     from testbed.plan import plan_experiment

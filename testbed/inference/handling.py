@@ -10,7 +10,8 @@ only the model calls (the profiles' ``cpu_time`` rows) underestimates throttling
 (:mod:`testbed.model.cpu`, :meth:`~testbed.model.cpu.CfsQuota.handle`).
 
 Method, per variant: one real inference server (``python -m testbed.inference.server``, 1 worker,
-1 thread, LiteRT where the variant has it, else TensorFlow; no CPU quota, on 127.0.0.1), queries
+1 thread, LiteRT where the variant has it, else TensorFlow, or the runtime given; no CPU quota, on
+127.0.0.1), queries
 one at a time with the family's real request bodies (:func:`testbed.inference.zoo.request_bodies`)
 after 20 warm-up ones: first ``n`` back to back (warm), then ``max(30, n / 4)`` each 100 ms after
 the previous answer (cold, as the profiler's isolated rows). Per pass, CPU time (user + system,
@@ -19,7 +20,8 @@ thread, which runs the event loop and nothing else per query; ``call_cpu_ms`` = 
 thread (the worker's model call and its hand-off). CPU time, not wall time, so that the machine's
 other load does not stretch the figures (the wall times of the model call, T3 - T2, are kept
 too). Just before the server starts, ``bare_call_cpu_ms``: the same model's bare call in this
-process, as the profiler makes it (1 thread, back to back, ``n`` calls). ``call_cpu_ms`` over it
+process, as the profiler makes it (1 thread, back to back, ``n`` calls; for TensorFlow the
+process's CPU time, as its executor runs a graph's ops on its own pool threads). ``call_cpu_ms`` over it
 is the model call as the server makes it, after the event loop decoded a real request and
 handed it to a worker thread (:func:`call_factors`).
 
@@ -29,9 +31,14 @@ Writes ``<profiles>/handling.json`` (schema 1)::
      "variants": {"<variant>": {"family", "runtime", "queries", "isolated_queries", "bare_call_cpu_ms", "handling_ms",
                                 "call_cpu_ms", "handling_isolated_ms", "call_cpu_isolated_ms",
                                 "call_wall_ms", "call_wall_isolated_ms", "request_bytes_mean",
-                                "loadavg_1min"}}}
+                                "loadavg_1min"}},
+     "other_runtimes": {"<variant>": {"<runtime>": {the same fields}}}}
 
-and :func:`handling_ms` reads it (the plan's :class:`~testbed.model.service.ServiceFigures`).
+``variants`` holds each variant's row in its default runtime (LiteRT where it has it);
+``--runtime tensorflow`` measures a variant that has LiteRT too into ``other_runtimes`` (the
+call factors differ by runtime: TensorFlow's graph executor pays more per call, and after
+idleness, than LiteRT's interpreter). :func:`measured_row` reads the row of a runtime (the
+plan's :class:`~testbed.model.service.ServiceFigures`).
 """
 
 from __future__ import annotations
@@ -121,23 +128,32 @@ def _pass(proc: subprocess.Popen, query: Callable[[int], float], n: int, gap_s: 
             "wall_ms": float(np.mean(walls))}
 
 
-def bare_call_cpu_ms(zoo_dir: Path, variant: str, runtime: str, manifest: dict[str, Any], n: int) -> float:
+def bare_call_cpu_ms(zoo_dir: Path, variant: str, runtime: str, manifest: dict[str, Any], n: int,
+                     all_threads: bool = False) -> float:
     """CPU ms per call of ``variant``'s bare model call in this process (1 thread, back to back,
     the family's decoded payloads, after 20 warm-up calls): the profiler's call, measured minutes
     before the server's so that both see the same machine (on a shared host, CPU time per call
-    itself varies by 10-30 % over an hour)."""
+    itself varies by 10-30 % over an hour). The calling thread's CPU time, or with
+    ``all_threads`` the process's: TensorFlow's executor runs a graph's ops on its own pool
+    threads, which the server's figure (every thread but the event loop's) counts too."""
     model = zoo.load_model(zoo_dir, variant, runtime, manifest, threads=1)
     x = zoo.load_payloads(zoo_dir, manifest["variants"][variant]["family"])[0]
     model.warm_up(x, calls=WARMUP, batch=1)
-    t0 = time.thread_time()
+    clock = time.process_time if all_threads else time.thread_time
+    t0 = clock()
     for i in range(n):
         model.predict(x[i % len(x)][None])
-    return (time.thread_time() - t0) / n * 1e3
+    return (clock() - t0) / n * 1e3
 
 
-def measure_one(zoo_dir: Path, variant: str, n: int, tmp: Path) -> dict[str, Any]:
-    """The handling figures of ``variant`` (module doc), from ``n`` back-to-back queries and
-    ``max(30, n / 4)`` isolated ones.
+def default_runtime(manifest: dict[str, Any], variant: str) -> str:
+    """The runtime a variant's row in ``variants`` is measured with: LiteRT where it has it."""
+    return "litert" if "litert" in zoo.runtimes_of(manifest, variant) else "tensorflow"
+
+
+def measure_one(zoo_dir: Path, variant: str, n: int, tmp: Path, runtime: str | None = None) -> dict[str, Any]:
+    """The handling figures of ``variant`` (module doc) in ``runtime`` (None:
+    :func:`default_runtime`), from ``n`` back-to-back queries and ``max(30, n / 4)`` isolated ones.
 
     Raises:
         RuntimeError: the server did not start or answered a query with an error status.
@@ -146,9 +162,9 @@ def measure_one(zoo_dir: Path, variant: str, n: int, tmp: Path) -> dict[str, Any
 
     manifest = zoo.load_manifest(zoo_dir)
     family = manifest["variants"][variant]["family"]
-    runtime = "litert" if "litert" in zoo.runtimes_of(manifest, variant) else "tensorflow"
+    runtime = runtime or default_runtime(manifest, variant)
     bodies, _ = zoo.request_bodies(zoo_dir, family)
-    bare_ms = bare_call_cpu_ms(zoo_dir, variant, runtime, manifest, n)
+    bare_ms = bare_call_cpu_ms(zoo_dir, variant, runtime, manifest, n, all_threads=runtime == "tensorflow")
     proc, port = start_server(zoo_dir, variant, runtime, tmp)
     n_iso = max(MIN_ISOLATED, n // 4)
     try:
@@ -180,24 +196,34 @@ def measure_one(zoo_dir: Path, variant: str, n: int, tmp: Path) -> dict[str, Any
 
 
 def run(zoo_dir: Path, profiles_dir: Path, variants: list[str] | None = None, n: int = 200,
-        log: Any = print) -> dict[str, Any]:
-    """Measure ``variants`` (default: all of the zoo's) and merge them into ``<profiles>/handling.json``.
+        log: Any = print, runtime: str | None = None) -> dict[str, Any]:
+    """Measure ``variants`` (default: all of the zoo's) and merge them into ``<profiles>/handling.json``,
+    in ``runtime`` (None: each variant's :func:`default_runtime`; a row in another runtime than the
+    default goes to ``other_runtimes``).
 
     Raises:
-        ValueError: an empty or unknown variant list, ``n`` < 100 (the CPU clock ticks at 10 ms:
+        ValueError: an empty or unknown variant list, a runtime the zoo does not know or a variant
+            does not have, ``n`` < 100 (the CPU clock ticks at 10 ms:
             fewer queries leave the per-query figure coarse), a ``profiles_dir`` that is not a
             folder, or a ``handling.json`` there that is not one (all before measuring).
         RuntimeError: a server failed (the variants measured before it are kept).
     """
     from testbed.util import write_json_atomic
 
-    known = zoo.load_manifest(zoo_dir)["variants"]
+    manifest = zoo.load_manifest(zoo_dir)
+    known = manifest["variants"]
     if variants is not None and not variants:
         raise ValueError("--variants: the list is empty (give variant names, or all)")
     variants = list(variants or known)
     bad = [v for v in variants if v not in known]
     if bad:
         raise ValueError(f"--variants: unknown variant(s) {', '.join(map(repr, bad))} (known: {', '.join(known)})")
+    if runtime is not None:
+        if runtime not in zoo.RUNTIMES:
+            raise ValueError(f"--runtime: {runtime!r} is not a runtime (one of {', '.join(zoo.RUNTIMES)})")
+        lacking = [v for v in variants if runtime not in zoo.runtimes_of(manifest, v)]
+        if lacking:
+            raise ValueError(f"--runtime {runtime}: variant(s) {', '.join(lacking)} have no {runtime} model")
     if n < 100:
         raise ValueError(f"-n: {n} queries is too few (>= 100; the CPU clock has 10 ms ticks)")
     if not Path(profiles_dir).is_dir():
@@ -213,14 +239,17 @@ def run(zoo_dir: Path, profiles_dir: Path, variants: list[str] | None = None, n:
             raise ValueError(f"{path}: no 'variants' object; fix or remove it before measuring into it")
     with tempfile.TemporaryDirectory(prefix="handling-") as tmp:
         for v in variants:
-            row = measure_one(Path(zoo_dir), v, n, Path(tmp))
+            row = measure_one(Path(zoo_dir), v, n, Path(tmp), runtime)
             row["loadavg_1min"] = round(os.getloadavg()[0], 2)
-            doc["variants"][v] = row
+            if row["runtime"] == default_runtime(manifest, v):
+                doc["variants"][v] = row
+            else:
+                doc.setdefault("other_runtimes", {}).setdefault(v, {})[row["runtime"]] = row
             doc.update(schema=SCHEMA, method=__doc__.split("Method, per variant: ")[1].split("\n\nWrites")[0],
                        measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
                        machine={"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()})
             write_json_atomic(path, doc)  # a long run keeps what it measured
-            log(f"[handling] {v}: CPU per query: event loop {row['handling_ms']:.2f} ms, model call "
+            log(f"[handling] {v} ({row['runtime']}): CPU per query: event loop {row['handling_ms']:.2f} ms, model call "
                 f"{row['call_cpu_ms']:.2f} ms warm / {row['call_cpu_isolated_ms']:.2f} ms cold "
                 f"(load average {row['loadavg_1min']})")
     return doc
@@ -245,10 +274,12 @@ def _field(row: dict, key: str, kind: type, lo: float, hi: float) -> float | int
     return kind(v)
 
 
-def measured_row(profiles_dir: str | os.PathLike[str], variant: str) -> dict[str, Any]:
+def measured_row(profiles_dir: str | os.PathLike[str], variant: str, runtime: str | None = None) -> dict[str, Any]:
     """The row of ``variant`` in ``handling.json`` with every figure checked: the four CPU times
     finite numbers in [0, :data:`MAX_FIGURE_MS`] ms, the query counts integers in
-    [:data:`MIN_QUERIES`, :data:`MAX_QUERIES`], the runtime one of the zoo's.
+    [:data:`MIN_QUERIES`, :data:`MAX_QUERIES`], the runtime one of the zoo's. With ``runtime``: its
+    row in ``other_runtimes`` when there is one, else the row in ``variants`` (whose ``runtime``
+    then says which it is).
 
     Raises:
         zoo.ZooFileMissing: no ``handling.json``, or no row for ``variant`` (with the command to measure it).
@@ -264,6 +295,14 @@ def measured_row(profiles_dir: str | os.PathLike[str], variant: str) -> dict[str
         if not isinstance(rows, dict):
             raise ValueError("no 'variants' object")
         row = rows.get(variant)
+        others = doc.get("other_runtimes", {})
+        if not isinstance(others, dict) or not isinstance(others.get(variant, {}), dict):
+            raise ValueError("'other_runtimes' is not an object of objects")
+        other = others.get(variant, {}).get(runtime) if runtime is not None else None
+        if other is not None and not (isinstance(row, dict) and row.get("runtime") == runtime):
+            row = other
+        else:
+            other = None
     except (ValueError, KeyError, TypeError, OSError) as exc:
         raise zoo.ZooError(f"{path}: malformed ({exc}); {hint}") from None
     if row is None:
@@ -276,6 +315,8 @@ def measured_row(profiles_dir: str | os.PathLike[str], variant: str) -> dict[str
             got[k] = _field(row, k, int, MIN_QUERIES, MAX_QUERIES)
         if row.get("runtime") not in zoo.RUNTIMES:
             raise ValueError(f"runtime = {row.get('runtime')!r} (expected one of {', '.join(zoo.RUNTIMES)})")
+        if other is not None and row["runtime"] != runtime:
+            raise ValueError(f"other_runtimes: the {runtime} row says runtime = {row['runtime']!r}")
         got["runtime"] = row["runtime"]
     except ValueError as exc:
         raise zoo.ZooError(f"{path}: variant {variant!r}: {exc}; {hint}") from None
@@ -370,10 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", default=str(repo / "models" / "profiles"))
     ap.add_argument("--variants", default="all", help="comma-separated variants, or all (default)")
     ap.add_argument("-n", type=int, default=200, help="timed back-to-back queries per variant (>= 100)")
+    ap.add_argument("--runtime", default=None,
+                    help="measure in this runtime (default: LiteRT where the variant has it, else TensorFlow)")
     args = ap.parse_args(argv)
     variants = None if args.variants == "all" else [v.strip() for v in args.variants.split(",") if v.strip()]
     try:
-        run(Path(args.zoo), Path(args.profiles), variants, args.n)
+        run(Path(args.zoo), Path(args.profiles), variants, args.n, runtime=args.runtime)
     except (ValueError, zoo.ZooError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
