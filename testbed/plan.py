@@ -294,6 +294,9 @@ class _Builder:
         raw = self.raw
         given = dict(self.exp.topology.coordinates)
         for i, n in enumerate(raw.nodes, start=1):
+            if not n.id.strip():
+                raise PlanError(f"node {i} of topology {raw.name!r} has an empty id (ids name the sites that "
+                                f"clusters, sources and links refer to)")
             if n.id in self.nodes:
                 raise PlanError(f"node id {n.id!r} appears twice in topology {raw.name!r}")
             name = n.name or f"s{i}"
@@ -708,7 +711,7 @@ def check_load_bounds(exp: Experiment, weights: list[dict[str, float]], duration
         PlanError: a bound is exceeded or a trace cannot be read (names the workload entry); the
             workload creates no query at all in ``duration_s`` (every entry's rates are 0, or its
             trace has no arrival before the end: the run would measure nothing, exit 5, after the
-            emulation was built; names every entry).
+            emulation was built; names every entry), or fewer than 1 query expected in all.
     """
     from testbed.arrivals import ArrivalError, read_trace
 
@@ -746,6 +749,10 @@ def check_load_bounds(exp: Experiment, weights: list[dict[str, float]], duration
     if len(silent) == len(exp.workload):
         raise PlanError(f"the workload creates no query in {duration_s:g} s ({'; '.join(silent)}): the run would "
                         f"measure nothing; give some entry a rate above 0")
+    if expected < 1:
+        raise PlanError(f"the workload expects {expected:.3g} queries in {duration_s:g} s (peak rates x sources x "
+                        f"duration, fewer than 1): the run would most likely measure nothing; lengthen the "
+                        f"duration or raise a rate")
     if expected > cfg.MAX_EXPECTED_QUERIES:
         raise PlanError(f"the workload asks for about {expected:.3g} queries in {duration_s:g} s (peak rates x sources "
                         f"x duration), over the bound of {cfg.MAX_EXPECTED_QUERIES:,} per run (the simulator holds "

@@ -269,8 +269,9 @@ def resolve_topology_path(source: str, base_dir: Path) -> Path:
     """Find a topology file named in an experiment: relative to the experiment, then ``topologies/``.
 
     Raises:
-        TopologyError: no candidate is a file: one that is a directory is named as such, else
-            "not found" with the folders looked in.
+        TopologyError: no candidate is a regular file: one that is a directory, or another kind of
+            file (a device such as /dev/null, a FIFO), is named as such, else "not found" with the
+            folders looked in.
     """
     p = Path(source)
     cands = [p] if p.is_absolute() else [base_dir / p, TOPOLOGIES_DIR / p, p]
@@ -280,6 +281,9 @@ def resolve_topology_path(source: str, base_dir: Path) -> Path:
     folder = next((c for c in cands if c.is_dir()), None)
     if folder is not None:
         raise TopologyError(f"topology file {source!r}: {folder} is a directory, not a topology file")
+    special = next((c for c in cands if c.exists()), None)
+    if special is not None:  # a device, a FIFO or a socket: reading it could block or never end
+        raise TopologyError(f"topology file {source!r}: {special} is not a regular file")
     raise TopologyError(f"topology file {source!r} not found (looked in {base_dir} and {TOPOLOGIES_DIR})")
 
 

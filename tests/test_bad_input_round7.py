@@ -44,6 +44,30 @@ def test_a_workload_that_creates_no_query_is_refused(tmp_path, capsys):
     assert _plan(capsys, ok)[0] == 0
 
 
+def test_a_load_too_short_for_one_query_is_refused_before_anything_is_built(tmp_path, capsys):
+    """The newcomer review: ``--duration=0.0001ms`` built the emulation for 20 s, then exit 5."""
+    path = _triangle(tmp_path)
+    code = main(["run", str(path), "--duration=0.0001ms", "--runs-dir", str(tmp_path / "runs")])
+    got = capsys.readouterr()
+    out = " ".join((got.out + got.err).split())
+    assert code == 2 and "fewer than 1" in out and not (tmp_path / "runs").exists()
+    # 2 sources x 4 q/s x 0.2 s = 1.6 queries: a short run, but not an empty one
+    assert main(["plan", str(_triangle(tmp_path, "short.yaml", **{"duration: 8s": "duration: 200ms"}))]) == 0
+
+
+@pytest.mark.parametrize(("seeds", "base", "code"), [(2, 2**32 - 2, 0), (1, 2**32 - 1, 0), (2, 2**32 - 1, 2)])
+def test_sweep_seed_base_reaches_the_last_seed(tmp_path, capsys, seeds, base, code):
+    """The newcomer review: --seeds 2 --seed-base 4294967294 (seeds ..94, ..95) was refused."""
+    out = tmp_path / "sw"
+    args = ["sweep", str(_triangle(tmp_path)), "--seeds", str(seeds), "--seed-base", str(base), "--policies",
+            "closest", "--duration", "1s", "--out", str(out), "--jobs", "1"]
+    assert main(args) == code
+    got = capsys.readouterr()
+    said = " ".join((got.out + got.err).split())
+    if code:
+        assert f"seeds {base} .. {base + seeds - 1} are not all in 0 .. 4294967295" in said
+
+
 def test_a_min_accuracy_no_served_model_reaches_is_refused(tmp_path, capsys):
     code, out = _plan(capsys, _triangle(tmp_path, **{"min_accuracy: 0.5": "min_accuracy: 0.9999"}))
     assert code == 2
@@ -264,3 +288,25 @@ def test_link_delays_above_600_s_are_refused_naming_them(tmp_path, capsys):
                                             "  - {at: 1s, kind: link_delay, link: [A, B], delay: 1e15ms}"})
     code, out = _plan(capsys, event)
     assert code == 2 and "events.0.delay_ms: Input should be less than or equal to 600000" in out
+
+
+def test_an_empty_node_id_is_refused_naming_the_node(tmp_path, capsys):
+    topo = tmp_path / "t.yaml"
+    topo.write_text((REPO / "topologies" / "triangle.yaml").read_text().replace("{id: C,", "{id: '',")
+                    .replace("{a: B, b: C,", "{a: B, b: '',").replace("{a: A, b: C,", "{a: A, b: '',"))
+    path = _triangle(tmp_path, **{str(REPO / "topologies" / "triangle.yaml"): str(topo)})
+    code, out = _plan(capsys, path)
+    assert code == 2 and "node 3 of topology 'triangle' has an empty id" in out
+
+
+def test_a_topology_that_is_not_a_regular_file_is_named_as_such(tmp_path, capsys):
+    path = _triangle(tmp_path, **{str(REPO / "topologies" / "triangle.yaml"): "/dev/null"})
+    code, out = _plan(capsys, path)
+    assert code == 2 and "/dev/null is not a regular file" in out and "not found" not in out
+
+
+def test_report_refuses_a_run_folder_given_twice(tmp_path, capsys):
+    d = tmp_path / "run"
+    d.mkdir()
+    assert main(["report", str(d), str(tmp_path / "." / "run")]) == 2
+    assert f"run folder(s) given more than once: {d}" in " ".join(capsys.readouterr().out.split())

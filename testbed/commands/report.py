@@ -23,8 +23,13 @@ def register(subparsers) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from testbed.cli import console
+    from testbed.errors import InputError
     from testbed.report import build_report
+    from testbed.util import repeated
 
+    twice = repeated([str(d.resolve()) for d in args.run_dirs])
+    if twice:  # it would be reported as two runs with the same figures
+        raise InputError(f"run folder(s) given more than once: {', '.join(twice)}")
     for d in args.run_dirs:
         if args.analyze and (d / "pcap" / "capture.json").exists():
             from testbed.capture.analysis import analyze_run

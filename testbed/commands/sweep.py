@@ -58,8 +58,9 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
         raise InputError("--out: an empty path (name the output folder)")
     if args.seeds < 1 or (args.jobs is not None and args.jobs < 1):
         raise InputError("--seeds and --jobs must be >= 1")
-    if not 0 <= args.seed_base <= MAX_SEED - args.seeds:
-        raise InputError(f"--seed-base {args.seed_base}: seeds are 0 .. {MAX_SEED}")
+    if not 0 <= args.seed_base <= MAX_SEED - args.seeds + 1:  # the last seed, base + seeds - 1, <= MAX_SEED
+        raise InputError(f"--seed-base {args.seed_base}: seeds {args.seed_base} .. {args.seed_base + args.seeds - 1} "
+                         f"are not all in 0 .. {MAX_SEED}")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise InputError(f"--out {args.out}: exists and is not a directory")
     files = [Path(e).resolve() for e in args.experiments]
