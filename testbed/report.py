@@ -39,7 +39,16 @@ import numpy as np
 import pandas as pd
 
 from testbed.errors import EXIT_INTERRUPTED, InputError
-from testbed.summary import COLD_RULE, LATENCY_RULE, answered, check_records, latency_figures, read_records
+from testbed.summary import (
+    COLD_RULE,
+    LATENCY_RULE,
+    answered,
+    check_records,
+    latency_figures,
+    node_names,
+    read_records,
+    switch_of,
+)
 from testbed.util import markdown_table
 
 MAX_POLICY_PANELS = 8
@@ -337,25 +346,12 @@ def fig_policy_over_time(runs: list[RunData], path: Path) -> bool:
     return True
 
 
-def _switch_of(plan: dict) -> dict[str, str]:
-    """link_stats.csv ``a``/``b`` value -> switch name: the emulation writes DPIDs, the simulator names."""
-    out = {str(s["dpid"]): s["name"] for s in plan.get("switches", [])}
-    out.update({s["name"]: s["name"] for s in plan.get("switches", [])})
-    return out
-
-
-def _node_names(plan: dict) -> dict[str, str]:
-    """link_stats.csv ``a``/``b`` value (DPID or switch name) -> switch label; hosts keep their name."""
-    label = {s["name"]: s.get("label") or s["name"] for s in plan.get("switches", [])}
-    return {k: label[v] for k, v in _switch_of(plan).items()}
-
-
 def link_utilization(r: RunData) -> pd.DataFrame:
     """Per poll and link: t_s (s since the first poll), link (label), util (max of both directions, 0..1)."""
     ls = r.link_stats
     if ls.empty:
         return pd.DataFrame(columns=["t_s", "link", "util", "a", "b", "kind"])
-    names = _node_names(r.plan)
+    names = node_names(r.plan)
     a = ls["a"].astype(str).map(lambda x: names.get(x, x))
     b = ls["b"].astype(str).map(lambda x: names.get(x, x))
     return pd.DataFrame({"t_s": ls["t"] - ls["t"].min(), "link": a + "-" + b,
@@ -393,7 +389,7 @@ def fig_link_utilization(r: RunData, path: Path) -> bool:
         lon0, lat1, spread = 0.0, 0.0, 1.0
     for i, s in enumerate(x for x in sw if x["name"] not in pos):  # no coordinates (e.g. the cloud)
         pos[s["name"]] = (lon0 + 0.15 * spread * i, lat1 + 0.15 * spread)
-    to_sw = _switch_of(r.plan)
+    to_sw = switch_of(r.plan)
     us = u[u["kind"] == "switch"]
     mean_util = us.groupby([us["a"].map(lambda x: to_sw.get(x, x)), us["b"].map(lambda x: to_sw.get(x, x))])[
         "util"].mean()

@@ -425,12 +425,35 @@ def _link_emulators(run_dir: Path) -> dict:
     return {"per_emulator": rows, "total": total}
 
 
+def switch_of(plan: dict) -> dict[str, str]:
+    """link_stats.csv ``a``/``b`` value -> switch name: the emulation writes DPIDs, the simulator names.
+    ``plan``: plan.json's object."""
+    out = {str(s["dpid"]): s["name"] for s in plan.get("switches", [])}
+    out.update({s["name"]: s["name"] for s in plan.get("switches", [])})
+    return out
+
+
+def node_names(plan: dict) -> dict[str, str]:
+    """link_stats.csv ``a``/``b`` value (DPID or switch name) -> switch label (the topology's place
+    name); hosts keep their name. ``plan``: plan.json's object."""
+    label = {s["name"]: s.get("label") or s["name"] for s in plan.get("switches", [])}
+    return {k: label[v] for k, v in switch_of(plan).items()}
+
+
 def _links(run_dir: Path) -> dict:
+    """Per link of link_stats.csv, named by its ends' place names (:func:`node_names`; DPIDs or
+    switch names when the run has no readable plan.json), as the report names them: utilization
+    mean and max per direction, drops over the run."""
     links_csv = run_dir / "link_stats.csv"
     links = {}
     if links_csv.exists() and links_csv.stat().st_size:
+        try:
+            names = node_names(json.loads((run_dir / "plan.json").read_text()))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            names = {}
         ls = pd.read_csv(links_csv)
         for (a, b, kind), g in ls.groupby(["a", "b", "kind"]):
+            a, b = names.get(str(a), str(a)), names.get(str(b), str(b))
             links[f"{a}-{b}"] = {"kind": kind, "capacity_mbps": float(g["capacity_mbps"].iloc[0]),
                                  "util_ab_mean": round(float(g["util_ab"].mean()), 5),
                                  "util_ab_max": round(float(g["util_ab"].max()), 5),
