@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from testbed.commands import DURATION_HELP, duration_arg
+from testbed.commands import DURATION_HELP, RUNS_DIR_HELP, duration_arg
 from testbed.errors import EXIT_INTERRUPTED, InputError, TestbedError
 from testbed.plan import Plan, plan_experiment
 
@@ -141,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("experiment", type=Path)
     p.add_argument("--duration", type=duration_arg, help=DURATION_HELP)
     p.add_argument("--link-emulator", choices=["auto", "netem", "userspace"], help="override emulation.link_emulator")
-    p.add_argument("--runs-dir", type=Path, help="where run directories go (default: the experiment's runs_dir)")
+    p.add_argument("--runs-dir", type=Path, help=RUNS_DIR_HELP)
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("cleanup", help="remove what an interrupted or crashed run left behind (ours only)")
     p.set_defaults(func=_cmd_cleanup)

@@ -14,6 +14,9 @@ import argparse
 
 #: The help text of every ``--duration``.
 DURATION_HELP = "override the load duration: seconds (30) or a number with its unit (30s, 500ms)"
+#: The help text of every ``--runs-dir`` (run, simulate).
+RUNS_DIR_HELP = ("where run directories go (default: the experiment's runs_dir, 'runs' unless set; a relative "
+                 "runs_dir is under the repository, not next to the experiment file)")
 
 
 def duration_arg(text: str) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from testbed.commands import DURATION_HELP, duration_arg
+from testbed.commands import DURATION_HELP, RUNS_DIR_HELP, duration_arg
 
 
 def seed_arg(text: str) -> int:
@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("--duration", type=duration_arg, default=None, help=DURATION_HELP)
     p.add_argument("--seed", type=seed_arg, default=None, help="override the experiment's seed (0 .. 2^32 - 1)")
     p.add_argument("--policy", choices=CATALOGUE, default=None, help="override every source's policy")
-    p.add_argument("--runs-dir", default=None, help="where run directories go (default: the experiment's runs_dir)")
+    p.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
     p.set_defaults(func=_cmd)
 
 
