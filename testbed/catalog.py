@@ -74,6 +74,8 @@ class ZooCatalog:
         from testbed.inference import zoo
 
         self.zoo_dir, self.profiles_dir = Path(zoo_dir), Path(profiles_dir)
+        #: what the plan should say about figures taken from another runtime (plan notes)
+        self.notes: list[str] = []
         try:
             self.manifest = zoo.load_manifest(self.zoo_dir)
         except zoo.ZooError as exc:
@@ -118,6 +120,11 @@ class ZooCatalog:
             raise CatalogError(f"model {name!r}: no request-handling figures to plan with: {exc}") from None
         path = self.profiles_dir / handling.FILE
         if row["runtime"] != runtime:
+            note = (f"model {name!r} runs on {runtime}, but {path} has only {row['runtime']}'s row for it: its "
+                    f"request handling is taken, its call factors are not (in-server and cold calls charged at "
+                    f"1.0); measure them: python -m testbed.inference.handling --runtime {runtime} "
+                    f"--variants {name} -n 1000")
+            self.notes.append(note)
             return row["handling_ms"], 1.0, 1.0, (f" + {path} (handling only: its call factors are of "
                                                    f"{row['runtime']}, not {runtime})")
         return row["handling_ms"], server, cold, f" + {path}"

@@ -858,7 +858,9 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
     weights = b.resolve_workload(Path(base_dir))
     b.check_load(weights, exp.duration_s, Path(base_dir))
     catalog = catalog if catalog is not None else ZooCatalog(zoo_dir, profiles_dir)
+    said = len(getattr(catalog, "notes", []))
     models, services = b.resolve_models(catalog)
+    b.notes += dict.fromkeys(getattr(catalog, "notes", [])[said:])  # figures of another runtime (ZooCatalog)
     request_bytes = b.request_sizes(catalog)
     b.check_transfers(paths, models, request_bytes)
     plan = Plan(experiment=exp, topology_name=raw.name, switches=b.switches, links=b.links, hosts=b.hosts,

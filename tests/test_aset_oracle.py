@@ -202,9 +202,12 @@ def test_evaluate_with_the_causal_planner_adds_its_rows_paired_on_the_oracle_see
     (t,) = res.table
     assert t["best_static"] == "closest" and CAUSAL not in (t["best_static"], t["winner"])
     assert t["causal_gain"][0] > 0 and 0 < t["causal_share"] <= 1.5
-    saved = json.loads((res.out_dir / "oracle.json").read_text())["causal"]["switch"]
+    doc = json.loads((res.out_dir / "oracle.json").read_text())
+    saved = doc["causal"]["switch"]
     assert set(saved) == {"tuning-1", "tuning-2"} and all(len(s[0]) == 1 for s in saved.values())
-    assert "causal - mix (pts)" in (res.out_dir / "results.md").read_text()
+    assert doc["causal_settings"] == {"samples": 4, "min_t": 1.64, "horizon_windows": 2}
+    md = (res.out_dir / "results.md").read_text()
+    assert "causal - mix (pts)" in md and "causal planner: 4 sampled futures per decision" in md
 
 
 def test_evaluate_refuses_the_causal_planner_on_a_batching_cluster_before_any_run(tmp_path):
@@ -220,6 +223,23 @@ def test_evaluate_refuses_the_causal_planner_on_a_batching_cluster_before_any_ru
     with pytest.raises(InputError, match=rf"{d['clusters'][0]['name']}.*batch"):
         evaluate(cfg, base, headroom_only=True, workers=1, progress=False)
     assert not (tmp_path / "ev").exists()  # nothing ran, nothing written
+
+
+def test_one_sampled_future_with_a_t_rule_and_too_many_are_refused_before_any_run(switch_path, tmp_path):
+    """A breaker's review: at K = 1 the t rule passed any positive gain (no spread); K had no bound."""
+    from testbed.aset.evaluate import evaluate
+    from testbed.cli import main
+    from testbed.errors import InputError
+
+    cfg, base = _eval_config(switch_path, tmp_path / "ev", causal=1)
+    with pytest.raises(InputError, match="needs at least 2 sampled futures"):
+        evaluate(cfg, base, headroom_only=True, workers=1, progress=False)
+    assert not (tmp_path / "ev").exists()
+    with pytest.raises(ValueError, match="needs samples >= 2"):
+        causal_planner(plan_experiment(switch_path), 1, ["closest"], ACTIONS, samples=1, min_t=1.64)
+    with pytest.raises(SystemExit) as exc:
+        main(["evaluate", str(REPO / "experiments" / "aset-tiny.yaml"), "--headroom", "--causal", "65"])
+    assert exc.value.code == 2
 
 
 def test_summary_of_the_causal_planner_pairs_it_with_the_mix_the_oracle_and_aset():

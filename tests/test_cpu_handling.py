@@ -161,12 +161,56 @@ def test_a_variant_has_a_row_per_runtime_and_the_plan_takes_its_runtimes(tmp_pat
     with pytest.raises(ValueError, match="not a runtime"):
         handling.run(REPO_ROOT / "models" / "zoo", profiles, ["hand_full"], 200, runtime="onnx")
     doc = json.loads((profiles / "handling.json").read_text())
+    (tmp_path / "handling.json").write_text(json.dumps(dict(doc, other_runtimes=[1])))
+    with pytest.raises(ValueError, match="'other_runtimes' is not an object of objects"):  # before measuring
+        handling.run(REPO_ROOT / "models" / "zoo", tmp_path, ["digits_small"], 200, runtime="tensorflow")
     for others, said in (([1], "'other_runtimes' is not an object"),
                          ({"digits_small": {"tensorflow": dict(tf, runtime="litert")}},
                           "other_runtimes: the tensorflow row says runtime = 'litert'")):
         (tmp_path / "handling.json").write_text(json.dumps(dict(doc, other_runtimes=others)))
-        with pytest.raises(zoo.ZooError, match=said):
+        with pytest.raises(zoo.ZooError, match=said + ".*--variants digits_small --runtime tensorflow"):
             handling.measured_row(tmp_path, "digits_small", "tensorflow")
+
+
+def test_a_row_below_the_clocks_resolution_does_not_replace_one_above_it():
+    """A breaker's review: -n 100 of TensorFlow's digits_small (0.8 ms x 100 = 0.08 s of CPU, under
+    the 0.2 s the 10 ms ticks resolve) replaced the -n 1000 row, and its cold factor read 1.0."""
+    from testbed.inference import handling, zoo
+
+    manifest = zoo.load_manifest(REPO_ROOT / "models" / "zoo")
+    good = handling.measured_row(REPO_ROOT / "models" / "profiles", "digits_small", "tensorflow")
+    coarse = dict(good, queries=100, isolated_queries=30, call_cpu_ms=0.8, call_cpu_isolated_ms=1.0)
+    assert handling.resolved(good) and not handling.resolved(coarse)
+    # warm: 0.2 s / min(0.8, bare 0.55) ms = 362 queries; cold: n / 4 x 1.0 ms >= 0.2 s, n = 800
+    assert handling.queries_to_resolve(coarse) == 800
+    said: list[str] = []
+    doc = {"variants": {}, "other_runtimes": {"digits_small": {"tensorflow": good}}}
+    assert not handling._place_row(doc, manifest, "digits_small", coarse, said.append)
+    assert doc["other_runtimes"]["digits_small"]["tensorflow"] is good and "NOT written" in said[0]
+    doc = {"variants": {}}
+    assert handling._place_row(doc, manifest, "digits_small", coarse, said.append)  # nothing better: kept, said
+    assert doc["other_runtimes"]["digits_small"]["tensorflow"] is coarse and "WARNING" in said[1]
+
+
+def test_a_runtime_without_its_own_row_is_a_note_of_the_plan(tmp_path):
+    import json
+    import shutil
+
+    from testbed.plan import plan_experiment
+
+    prof = tmp_path / "profiles"
+    shutil.copytree(REPO_ROOT / "models" / "profiles", prof)
+    doc = json.loads((prof / "handling.json").read_text())
+    del doc["other_runtimes"]["digits_small"]
+    (prof / "handling.json").write_text(json.dumps(doc))
+    text = (REPO_ROOT / "experiments" / "triangle.yaml").read_text().replace(
+        "../topologies/triangle.yaml", str(REPO_ROOT / "topologies" / "triangle.yaml"))
+    exp = tmp_path / "e.yaml"
+    exp.write_text(text + f"\nprofiles_dir: {prof}\n")
+    notes = [n for n in plan_experiment(exp).notes if "has only litert's row" in n]
+    assert len(notes) == 1 and "--runtime tensorflow --variants digits_small -n 1000" in notes[0]
+    exp.write_text(text)
+    assert not [n for n in plan_experiment(exp).notes if "has only" in n]
 
 
 def test_plan_of_the_default_experiment_charges_handling():

@@ -302,6 +302,11 @@ class TrainingSpec(StrictModel):
         return self
 
 
+#: Most sampled futures per decision of the causal planner (our bound: 8 take about 5 min per
+#: scenario and seed on one core, and the cost grows linearly).
+MAX_CAUSAL_SAMPLES = 64
+
+
 class EvaluationSpec(StrictModel):
     """``testbed evaluate``: every static policy, the per-source static mix, the clairvoyant
     oracle and ASET (``checkpoint``) on ``scenarios``, seeds 1..``seeds`` each (>= 5 for the 95 %
@@ -314,8 +319,9 @@ class EvaluationSpec(StrictModel):
     planner too (:func:`testbed.aset.headroom.causal_planner`: the oracle's rollout over the mix,
     each candidate scored on K futures drawn afresh, with ``oracle_horizon`` windows of look-ahead,
     leaving the mix only when the paired one-sided t statistic is >= ``causal_min_t``; 1.64 is the
-    one-sided 5 % point of the normal law), on the oracle's seeds; about 5 min per scenario and
-    seed at K = 8. 0 (default): not run."""
+    one-sided 5 % point of the normal law; a t statistic needs K >= 2), on the oracle's seeds;
+    about 5 min per scenario and seed at K = 8, at most :data:`MAX_CAUSAL_SAMPLES`. 0 (default):
+    not run."""
 
     scenarios: list[str] = Field(min_length=1)
     seeds: int = Field(5, ge=2)
@@ -325,7 +331,7 @@ class EvaluationSpec(StrictModel):
     oracle_horizon: int | None = Field(6, ge=1)
     oracle_seeds: int | None = Field(None, ge=2)
     oracle_fresh_seeds: int | None = Field(None, ge=0)
-    causal_samples: int = Field(0, ge=0)
+    causal_samples: int = Field(0, ge=0, le=MAX_CAUSAL_SAMPLES)
     causal_min_t: float = Field(1.64, ge=0)
     checkpoint: str = "models/aset/aset"
     out_dir: str = "runs/aset-eval"

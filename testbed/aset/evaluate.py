@@ -360,7 +360,7 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     names = {s: _plan(s).experiment.name for s in scenarios}
     causal = ev.causal_samples if causal_samples is None else causal_samples
     if causal:
-        _check_causal(scenarios)
+        _check_causal(scenarios, causal, ev.causal_min_t)
     ckpts = {s: specialised_path(ckpt, names[s]) if specialised else ckpt for s in scenarios}
     if with_aset:
         _check_checkpoints(ckpts, specialised)
@@ -404,7 +404,8 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     out = repo_path(ev.out_dir, base) / (cfg.name + ("-specialised" if specialised else ""))
     out.mkdir(parents=True, exist_ok=True)
     named_mixes = {names[s]: m for s, m in mixes.items()}
-    _write(out, sets.runs, table, actions, named_mixes, sets.schedules, agree, sets.causal_schedules)
+    settings = {"samples": causal, "min_t": ev.causal_min_t, "horizon_windows": ev.oracle_horizon} if causal else None
+    _write(out, sets.runs, table, actions, named_mixes, sets.schedules, agree, sets.causal_schedules, settings)
     return EvalResult(out, sets.runs, table, named_mixes, agree)
 
 
@@ -490,12 +491,17 @@ def _agreement(run: Callable, scenarios: Sequence[str], actions: Sequence[str],
     return agree
 
 
-def _check_causal(scenarios: Sequence[str]) -> None:
-    """Refuse, before any run, a scenario the causal planner cannot run.
+def _check_causal(scenarios: Sequence[str], samples: int, min_t: float) -> None:
+    """Refuse, before any run, a planner setting or a scenario the causal planner cannot run.
 
     Raises:
-        InputError: a cluster of a scenario batches (``server.max_batch`` > 1), naming both.
+        InputError: one sampled future with a t rule (``min_t`` > 0); a cluster of a scenario
+            batches (``server.max_batch`` > 1), naming both.
     """
+    if samples < 2 and min_t > 0:
+        raise InputError(f"--causal {samples} (evaluation.causal_samples) with evaluation.causal_min_t {min_t:g}: a "
+                         f"t statistic needs at least 2 sampled futures (one has no spread: any gain would pass); "
+                         f"use --causal 2 or more, or causal_min_t: 0")
     for s in scenarios:
         exp = _plan(s).experiment
         batching = [c.name for c in exp.clusters if c.server.max_batch > 1]
@@ -661,7 +667,8 @@ def agreement_markdown(agree: dict[str, list[int]]) -> str:
 
 
 def _write(out: Path, runs: list[dict], table: list[dict], actions: Sequence[str], mixes: dict,
-           schedules: dict, agree: dict, causal_schedules: dict | None = None) -> None:
+           schedules: dict, agree: dict, causal_schedules: dict | None = None,
+           causal_settings: dict | None = None) -> None:
     with open(out / "runs.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["scenario", "kind", "policy", "seed", "ok", "n", "success_ratio", "extra"])
@@ -678,9 +685,15 @@ def _write(out: Path, runs: list[dict], table: list[dict], actions: Sequence[str
                 if isinstance(v, tuple) and len(v) == 3:
                     w.writerow([row["scenario"], row["kind"], p, f"{v[0]:.6f}", f"{v[1]:.6f}", v[2],
                                 row["best_static"]])
-    (out / "results.md").write_text(summary_markdown(table) + "\n" + results_markdown(table, actions))
+    text = summary_markdown(table) + "\n" + results_markdown(table, actions)
+    if causal_settings:
+        c = causal_settings
+        text += (f"\ncausal planner: {c['samples']} sampled futures per decision, leaves the mix on a paired t >= "
+                 f"{c['min_t']:g}, {c['horizon_windows'] or 'all'} windows of look-ahead\n")
+    (out / "results.md").write_text(text)
     (out / "oracle.json").write_text(json.dumps({"mixes": mixes, "schedules": schedules,
-                                                 **({"causal": causal_schedules} if causal_schedules else {})}))
+                                                 **({"causal": causal_schedules, "causal_settings": causal_settings}
+                                                    if causal_schedules else {})}))
     if agree:
         (out / "agreement.md").write_text(agreement_markdown(agree))
     _plot(out / "results.png", [t for t in table if t["kind"] == "tuning"], actions)

@@ -234,10 +234,13 @@ def causal_planner(plan: Plan, seed: int, base: Sequence[str], actions: Sequence
     best causal schedule, as the clairvoyant oracle's is of the best schedule with hindsight.
 
     Raises:
-        ValueError: ``samples`` < 1, or ``base`` not one policy per source.
+        ValueError: ``samples`` < 1, or < 2 with ``min_t`` > 0, or ``base`` not one policy per source.
     """
     if samples < 1:
         raise ValueError(f"causal_planner: samples must be >= 1, not {samples}")
+    if samples < 2 and min_t > 0:
+        raise ValueError(f"causal_planner: min_t {min_t:g} needs samples >= 2 (a t statistic of one sample has "
+                         f"no spread: any positive gain would pass)")
     srcs = sorted(h.name for h in plan.sources)
     if not base or not isinstance(base[0], str) or len(base) != len(srcs):
         raise ValueError(f"causal_planner: base must be one policy per source ({len(srcs)}), not {base!r}")

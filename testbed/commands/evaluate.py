@@ -30,6 +30,17 @@ def _int_at_least(n: int):
     return parse
 
 
+def _causal_samples(text: str) -> int:
+    """``--causal K``: an integer in [0, MAX_CAUSAL_SAMPLES]."""
+    from testbed.aset.config import MAX_CAUSAL_SAMPLES
+
+    v = _int_at_least(0)(text)
+    if v > MAX_CAUSAL_SAMPLES:
+        raise argparse.ArgumentTypeError(f"{text!r}: at most {MAX_CAUSAL_SAMPLES} sampled futures (8 take about "
+                                         f"5 min per scenario and seed)")
+    return v
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("evaluate", help="headroom (statics, mix, oracle) and ASET on the scenarios (simulator)",
                               description=__doc__)
@@ -41,7 +52,7 @@ def register(subparsers) -> None:
     p.add_argument("--headroom", action="store_true", help="headroom only (no checkpoint needed: before training)")
     p.add_argument("--specialised", action="store_true",
                    help="ASET = the checkpoint specialised to each scenario (testbed train --specialise)")
-    p.add_argument("--causal", type=_int_at_least(0), default=None, metavar="K",
+    p.add_argument("--causal", type=_causal_samples, default=None, metavar="K",
                    help="also the causal planner, K sampled futures per decision, on the oracle's seeds "
                         "(override evaluation.causal_samples; 0: off; ~5 min per scenario and seed at K=8)")
     p.add_argument("--workers", type=_int_at_least(1), default=2, help="parallel workers (default 2)")

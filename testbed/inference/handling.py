@@ -67,6 +67,8 @@ WARMUP = 20
 #: Idle time before each query of the isolated pass (s): the CFS period, as the profiler's isolated rows.
 ISOLATED_GAP_S = 0.1
 MIN_ISOLATED = 30
+#: Fewest back-to-back queries per variant (``-n``).
+MIN_N = 100
 #: Least CPU time (s) a pass must total for a factor to be taken from it (20 ticks of 10 ms: 5 %).
 RESOLUTION_S = 0.2
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -224,7 +226,7 @@ def run(zoo_dir: Path, profiles_dir: Path, variants: list[str] | None = None, n:
         lacking = [v for v in variants if runtime not in zoo.runtimes_of(manifest, v)]
         if lacking:
             raise ValueError(f"--runtime {runtime}: variant(s) {', '.join(lacking)} have no {runtime} model")
-    if n < 100:
+    if n < MIN_N:
         raise ValueError(f"-n: {n} queries is too few (>= 100; the CPU clock has 10 ms ticks)")
     if not Path(profiles_dir).is_dir():
         raise ValueError(f"--profiles: {profiles_dir} is not a folder")
@@ -237,14 +239,16 @@ def run(zoo_dir: Path, profiles_dir: Path, variants: list[str] | None = None, n:
             raise ValueError(f"{path}: not JSON ({exc}); fix or remove it before measuring into it") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("variants"), dict):
             raise ValueError(f"{path}: no 'variants' object; fix or remove it before measuring into it")
+        others = doc.get("other_runtimes", {})
+        if not isinstance(others, dict) or not all(isinstance(r, dict) for r in others.values()):
+            raise ValueError(f"{path}: 'other_runtimes' is not an object of objects; fix or remove it before "
+                             f"measuring into it")
     with tempfile.TemporaryDirectory(prefix="handling-") as tmp:
         for v in variants:
             row = measure_one(Path(zoo_dir), v, n, Path(tmp), runtime)
             row["loadavg_1min"] = round(os.getloadavg()[0], 2)
-            if row["runtime"] == default_runtime(manifest, v):
-                doc["variants"][v] = row
-            else:
-                doc.setdefault("other_runtimes", {}).setdefault(v, {})[row["runtime"]] = row
+            if not _place_row(doc, manifest, v, row, log):
+                continue
             doc.update(schema=SCHEMA, method=__doc__.split("Method, per variant: ")[1].split("\n\nWrites")[0],
                        measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
                        machine={"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()})
@@ -253,6 +257,30 @@ def run(zoo_dir: Path, profiles_dir: Path, variants: list[str] | None = None, n:
                 f"{row['call_cpu_ms']:.2f} ms warm / {row['call_cpu_isolated_ms']:.2f} ms cold "
                 f"(load average {row['loadavg_1min']})")
     return doc
+
+
+def _place_row(doc: dict[str, Any], manifest: dict[str, Any], variant: str, row: dict[str, Any],
+               log: Any) -> bool:
+    """Put a measured row in ``doc`` (``variants`` for the variant's default runtime, else
+    ``other_runtimes``), unless its passes were below the CPU clock's resolution and the row it
+    would replace was not: then keep that one and say so. Returns whether it was placed."""
+    here = f"[handling] {variant} ({row['runtime']})"
+    if row["runtime"] == default_runtime(manifest, variant):
+        rows, key = doc["variants"], variant
+    else:
+        rows, key = doc.setdefault("other_runtimes", {}).setdefault(variant, {}), row["runtime"]
+    if not resolved(row):
+        need = queries_to_resolve(row)
+        more = f"use -n {need} or more" if need else "no -n resolves a call of 0 ms"
+        old = rows.get(key)
+        if isinstance(old, dict) and resolved(old):
+            log(f"{here}: NOT written: at -n {row['queries']} a pass used less CPU than the clock resolves "
+                f"({RESOLUTION_S:g} s), and the row there (-n {old.get('queries')}) does; to replace it, {more}")
+            return False
+        log(f"{here}: WARNING: at -n {row['queries']} a pass used less CPU than the clock resolves "
+            f"({RESOLUTION_S:g} s): its call factors read as 1.0; {more}")
+    rows[key] = row
+    return True
 
 
 #: Bounds of the figures in ``handling.json`` (ms of CPU per query; queries per pass): a value
@@ -286,7 +314,8 @@ def measured_row(profiles_dir: str | os.PathLike[str], variant: str, runtime: st
         zoo.ZooError: the file is malformed, or a figure is out of range (naming the field and value).
     """
     path = Path(profiles_dir) / FILE
-    hint = f"measure it: python -m testbed.inference.handling --variants {variant}"
+    hint = (f"measure it: python -m testbed.inference.handling --variants {variant}"
+            + (f" --runtime {runtime}" if runtime is not None else ""))
     if not path.is_file():
         raise zoo.ZooFileMissing(f"{path} does not exist; {hint}")
     try:
@@ -349,6 +378,28 @@ def call_factors(profiles_dir: str | os.PathLike[str], variant: str) -> tuple[fl
         zoo.ZooFileMissing / zoo.ZooError: as :func:`handling_ms`.
     """
     return factors_of(measured_row(profiles_dir, variant))
+
+
+def resolved(row: dict[str, Any]) -> bool:
+    """Whether both passes of ``row`` used at least :data:`RESOLUTION_S` of CPU, so that
+    :func:`factors_of` reads its factors (below, it gives 1.0). False for a row it cannot read."""
+    try:
+        warm = min(row["call_cpu_ms"], row["bare_call_cpu_ms"]) * row["queries"] / 1e3
+        return warm >= RESOLUTION_S and row["call_cpu_isolated_ms"] * row["isolated_queries"] / 1e3 >= RESOLUTION_S
+    except (KeyError, TypeError):
+        return False
+
+
+def queries_to_resolve(row: dict[str, Any]) -> int | None:
+    """The least ``-n`` (rounded up to 100s) at which both passes of a row with these per-query
+    figures would be :func:`resolved` (the isolated pass has ``n / 4`` queries); None when a figure
+    is 0 ms (no ``-n`` resolves it)."""
+    import math
+
+    warm, cold = min(row["call_cpu_ms"], row["bare_call_cpu_ms"]), row["call_cpu_isolated_ms"]
+    if warm <= 0 or cold <= 0:
+        return None
+    return max(MIN_N, math.ceil(max(RESOLUTION_S * 1e3 / warm, 4 * RESOLUTION_S * 1e3 / cold) / 100) * 100)
 
 
 def factors_of(row: dict[str, Any]) -> tuple[float, float]:
