@@ -42,7 +42,8 @@ class Samples:
     CPU costs (:mod:`testbed.model.cpu`): ``handling_ms`` of request handling per query (CPU ms,
     one thread) and the ``cold_factor`` of a call after idleness (>= 1). ``server_factor``: the
     in-server call over the profiler's bare call, already applied to ``samples_ms`` and
-    ``batch_mean_ms`` (1.0: none applied)."""
+    ``batch_mean_ms`` (1.0: none applied). ``note``: what the plan should say about these figures
+    (e.g. call factors of another runtime than the one asked for; "" when nothing)."""
 
     samples_ms: Sequence[float]
     batch_mean_ms: Mapping[int, float]
@@ -50,6 +51,7 @@ class Samples:
     handling_ms: float = 0.0
     cold_factor: float = 1.0
     server_factor: float = 1.0
+    note: str = ""
 
 
 class Catalog(Protocol):
@@ -74,8 +76,6 @@ class ZooCatalog:
         from testbed.inference import zoo
 
         self.zoo_dir, self.profiles_dir = Path(zoo_dir), Path(profiles_dir)
-        #: what the plan should say about figures taken from another runtime (plan notes)
-        self.notes: list[str] = []
         try:
             self.manifest = zoo.load_manifest(self.zoo_dir)
         except zoo.ZooError as exc:
@@ -103,14 +103,14 @@ class ZooCatalog:
         rows = [r for r in profiles.measurements(prof) if r.get("runtime", "tensorflow") == runtime
                 and float(r["cpu_cores"]) == ct.measured_cpu_cores]
         means = {int(r["batch"]): float(r["mean_ms"]) for r in rows}
-        handling, server, cold, note = self._server_costs(name, runtime)
+        handling, server, cold, source, note = self._server_costs(name, runtime)
         return Samples([float(s) * server for s in ct.samples_ms], {b: m * server for b, m in means.items()},
-                       str(self.profiles_dir / f"{name}.json") + note, handling, cold, server)
+                       str(self.profiles_dir / f"{name}.json") + source, handling, cold, server, note)
 
-    def _server_costs(self, name: str, runtime: str) -> tuple[float, float, float, str]:
-        """(handling ms, in-server factor, cold factor, note) of ``name`` from ``handling.json``
-        (:mod:`testbed.inference.handling`). The two call factors were measured with one runtime
-        (LiteRT where the variant has it): with another, they are not applied, and the note says so."""
+    def _server_costs(self, name: str, runtime: str) -> tuple[float, float, float, str, str]:
+        """(handling ms, in-server factor, cold factor, source suffix, plan note) of ``name`` from
+        ``handling.json`` (:mod:`testbed.inference.handling`). Without a row of ``runtime``, the
+        call factors of the row there are not applied, and the note says so."""
         from testbed.inference import handling, zoo
 
         try:
@@ -124,10 +124,9 @@ class ZooCatalog:
                     f"request handling is taken, its call factors are not (in-server and cold calls charged at "
                     f"1.0); measure them: python -m testbed.inference.handling --runtime {runtime} "
                     f"--variants {name} -n 1000")
-            self.notes.append(note)
             return row["handling_ms"], 1.0, 1.0, (f" + {path} (handling only: its call factors are of "
-                                                   f"{row['runtime']}, not {runtime})")
-        return row["handling_ms"], server, cold, f" + {path}"
+                                                   f"{row['runtime']}, not {runtime})"), note
+        return row["handling_ms"], server, cold, f" + {path}", ""
 
     def request_bytes(self, family: str) -> int:
         """Mean size (bytes) of the zoo's request bodies for ``family`` (what the sources send)."""

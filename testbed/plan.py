@@ -623,6 +623,8 @@ class _Builder:
                     smp = catalog.samples(m, rt, threads)
                 except CatalogError as exc:
                     raise PlanError(f"cluster {c.name!r}: {exc}") from None
+                if smp.note and smp.note not in self.notes:  # said once, however many clusters serve it
+                    self.notes.append(smp.note)
                 services[c.name][m] = service_figures(m, rt, c.cpu_cores, c.workers, threads, smp.samples_ms,
                                                       smp.batch_mean_ms, smp.source, smp.handling_ms,
                                                       smp.cold_factor)
@@ -858,9 +860,7 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
     weights = b.resolve_workload(Path(base_dir))
     b.check_load(weights, exp.duration_s, Path(base_dir))
     catalog = catalog if catalog is not None else ZooCatalog(zoo_dir, profiles_dir)
-    said = len(getattr(catalog, "notes", []))
     models, services = b.resolve_models(catalog)
-    b.notes += dict.fromkeys(getattr(catalog, "notes", [])[said:])  # figures of another runtime (ZooCatalog)
     request_bytes = b.request_sizes(catalog)
     b.check_transfers(paths, models, request_bytes)
     plan = Plan(experiment=exp, topology_name=raw.name, switches=b.switches, links=b.links, hosts=b.hosts,
