@@ -344,7 +344,17 @@ def cold_calls(df: pd.DataFrame) -> pd.Series:
     return cold.reindex(df.index, fill_value=False)
 
 
-def _service_check(run_dir: Path, df: pd.DataFrame, per_cluster: dict) -> dict:
+def _plan_doc(run_dir: Path) -> dict | None:
+    """The run's plan.json as an object, or None when it is missing or unreadable (a run made
+    before plans were saved, or a file cut short)."""
+    try:
+        doc = json.loads((run_dir / "plan.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _service_check(df: pd.DataFrame, per_cluster: dict, plan: dict | None) -> dict:
     """Measured inference time per (cluster, model) against the plan's profile.
 
     The expected call is the plan's profile median (the in-server call), times the model's cold
@@ -364,13 +374,9 @@ def _service_check(run_dir: Path, df: pd.DataFrame, per_cluster: dict) -> dict:
 
     out: dict = {"per_model": {}, "starved": [], "loadavg_1min": round(os.getloadavg()[0], 2),
                  "cpus": os.cpu_count()}
-    plan_file = run_dir / "plan.json"
-    if df.empty or "inference_ms" not in df or not plan_file.exists():
+    if df.empty or "inference_ms" not in df or plan is None:
         return out
-    try:
-        services = json.loads(plan_file.read_text()).get("services") or {}
-    except (OSError, ValueError):
-        return out
+    services = plan.get("services") or {}
     lat = answered(df)
     cold = cold_calls(lat) if {"t2_ns", "t3_ns"} <= set(lat.columns) else pd.Series(False, index=lat.index)
     lat = lat[lat["inference_ms"].notna() & (lat["batch"].fillna(1) <= 1)] if "batch" in lat else lat
@@ -440,7 +446,7 @@ def node_names(plan: dict) -> dict[str, str]:
     return {k: label[v] for k, v in switch_of(plan).items()}
 
 
-def _links(run_dir: Path) -> dict:
+def _links(run_dir: Path, plan: dict | None) -> dict:
     """Per link of link_stats.csv, named by its ends' place names (:func:`node_names`; DPIDs or
     switch names when the run has no readable plan.json), as the report names them: utilization
     mean and max per direction, drops over the run."""
@@ -448,8 +454,8 @@ def _links(run_dir: Path) -> dict:
     links = {}
     if links_csv.exists() and links_csv.stat().st_size:
         try:
-            names = node_names(json.loads((run_dir / "plan.json").read_text()))
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            names = node_names(plan or {})
+        except (TypeError, KeyError, AttributeError):  # a plan.json of another shape: name them as written
             names = {}
         ls = pd.read_csv(links_csv)
         for (a, b, kind), g in ls.groupby(["a", "b", "kind"]):
@@ -548,9 +554,10 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
             except (OSError, ValueError):
                 continue
     s["per_cluster"] = per_cluster
-    s["service_check"] = _service_check(run_dir, df, per_cluster)
+    plan = _plan_doc(run_dir)
+    s["service_check"] = _service_check(df, per_cluster, plan)
     s["link_emulators"] = _link_emulators(run_dir)
-    s["links"] = _links(run_dir)
+    s["links"] = _links(run_dir, plan)
     s["records_check"] = _records_check(run_dir, df)
     try:
         s["host_speed"] = json.loads((run_dir / "host_speed.json").read_text())

@@ -331,13 +331,13 @@ def test_a_server_that_closed_the_connection_without_answering_counts_as_down():
 def test_summary_names_links_by_place_as_the_report_does(tmp_path):
     """The newcomer review: the emulated summary named links by DPID (4-5), the simulated one by
     switch name (s1-s3) and the report by place. All by place now; no plan.json: as written."""
-    from testbed.summary import _links
+    from testbed.summary import _links, _plan_doc
 
     rows = [{"t": 1, "a": a, "b": b, "kind": "switch", "capacity_mbps": 100, "util_ab": 0.1, "util_ba": 0.0,
              "drops_total": 0} for a, b in (("1", "2"), ("s2", "s3"))]
     pd.DataFrame(rows).to_csv(tmp_path / "link_stats.csv", index=False)
-    assert set(_links(tmp_path)) == {"1-2", "s2-s3"}
+    assert set(_links(tmp_path, _plan_doc(tmp_path))) == {"1-2", "s2-s3"}
     (tmp_path / "plan.json").write_text(json.dumps({"switches": [
         {"dpid": 1, "name": "s1", "label": "Turin"}, {"dpid": 2, "name": "s2", "label": "Milan"},
         {"dpid": 3, "name": "s3", "label": "Genoa [red]x[/red]"}]}))
-    assert set(_links(tmp_path)) == {"Turin-Milan", "Milan-Genoa [red]x[/red]"}
+    assert set(_links(tmp_path, _plan_doc(tmp_path))) == {"Turin-Milan", "Milan-Genoa [red]x[/red]"}

@@ -49,6 +49,7 @@ import numpy as np
 
 from testbed.aset.config import AsetConfig, EvaluationSpec
 from testbed.aset.npolicy import policy_files
+from testbed.config import Experiment
 from testbed.errors import InputError
 from testbed.util import ci95, markdown_table, repo_path, write_json_atomic
 
@@ -357,10 +358,11 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     ckpt = repo_path(ev.checkpoint, base)
     with_aset = not headroom_only
     scenarios = [str(repo_path(s, base)) for s in ev.scenarios]
-    names = {s: _plan(s).experiment.name for s in scenarios}
+    exps = {s: _plan(s).experiment for s in scenarios}
+    names = {s: e.name for s, e in exps.items()}
     causal = ev.causal_samples if causal_samples is None else causal_samples
     if causal:
-        _check_causal(scenarios, causal, ev.causal_min_t)
+        _check_causal(exps, causal, ev.causal_min_t)
     ckpts = {s: specialised_path(ckpt, names[s]) if specialised else ckpt for s in scenarios}
     if with_aset:
         _check_checkpoints(ckpts, specialised)
@@ -491,7 +493,7 @@ def _agreement(run: Callable, scenarios: Sequence[str], actions: Sequence[str],
     return agree
 
 
-def _check_causal(scenarios: Sequence[str], samples: int, min_t: float) -> None:
+def _check_causal(exps: dict[str, Experiment], samples: int, min_t: float) -> None:
     """Refuse, before any run, a planner setting or a scenario the causal planner cannot run.
 
     Raises:
@@ -502,8 +504,7 @@ def _check_causal(scenarios: Sequence[str], samples: int, min_t: float) -> None:
         raise InputError(f"--causal {samples} (evaluation.causal_samples) with evaluation.causal_min_t {min_t:g}: a "
                          f"t statistic needs at least 2 sampled futures (one has no spread: any gain would pass); "
                          f"use --causal 2 or more, or causal_min_t: 0")
-    for s in scenarios:
-        exp = _plan(s).experiment
+    for s, exp in exps.items():
         batching = [c.name for c in exp.clusters if c.server.max_batch > 1]
         if batching:
             raise InputError(f"{s}: cluster(s) {', '.join(batching)} batch (server.max_batch > 1); the causal "

@@ -380,12 +380,21 @@ def call_factors(profiles_dir: str | os.PathLike[str], variant: str) -> tuple[fl
     return factors_of(measured_row(profiles_dir, variant))
 
 
+def _warm_resolved(row: dict[str, Any]) -> bool:
+    """The back-to-back pass (and the bare call) used at least :data:`RESOLUTION_S` of CPU."""
+    return min(row["call_cpu_ms"], row["bare_call_cpu_ms"]) * row["queries"] / 1e3 >= RESOLUTION_S
+
+
+def _cold_resolved(row: dict[str, Any]) -> bool:
+    """The isolated pass used at least :data:`RESOLUTION_S` of CPU."""
+    return row["call_cpu_isolated_ms"] * row["isolated_queries"] / 1e3 >= RESOLUTION_S
+
+
 def resolved(row: dict[str, Any]) -> bool:
     """Whether both passes of ``row`` used at least :data:`RESOLUTION_S` of CPU, so that
     :func:`factors_of` reads its factors (below, it gives 1.0). False for a row it cannot read."""
     try:
-        warm = min(row["call_cpu_ms"], row["bare_call_cpu_ms"]) * row["queries"] / 1e3
-        return warm >= RESOLUTION_S and row["call_cpu_isolated_ms"] * row["isolated_queries"] / 1e3 >= RESOLUTION_S
+        return _warm_resolved(row) and _cold_resolved(row)
     except (KeyError, TypeError):
         return False
 
@@ -405,10 +414,10 @@ def queries_to_resolve(row: dict[str, Any]) -> int | None:
 def factors_of(row: dict[str, Any]) -> tuple[float, float]:
     """:func:`call_factors` of a row :func:`measured_row` returned (no second read of the file)."""
     warm, cold, bare = row["call_cpu_ms"], row["call_cpu_isolated_ms"], row["bare_call_cpu_ms"]
-    if min(warm, bare) * row["queries"] / 1e3 < RESOLUTION_S:  # includes a bare call of 0 ms
+    if not _warm_resolved(row):  # includes a bare call of 0 ms
         return 1.0, 1.0
     server = max(1.0, warm / bare)
-    if cold * row["isolated_queries"] / 1e3 < RESOLUTION_S:
+    if not _cold_resolved(row):
         return server, 1.0
     return server, max(1.0, cold / warm)
 
