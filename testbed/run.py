@@ -86,7 +86,7 @@ from testbed.health import (
 from testbed.lifeline import tied_popen
 from testbed.plan import Plan, check_load_bounds, run_dir_limit_problem
 from testbed.summary import print_summary, summarize
-from testbed.util import REPO_ROOT, repo_path, stop_processes, write_json_atomic
+from testbed.util import REPO_ROOT, native_stderr_to, repo_path, stop_processes, write_json_atomic
 
 __all__ = ["Live", "RunError", "check_before_bringup", "emulated_network", "new_run_dir", "run_experiment"]
 
@@ -533,7 +533,8 @@ def _check_host_speed(plan: Plan, run_dir: Path, console: Console, timings: dict
 
     models = {m: c.server.runtime_of(m) for c in plan.experiment.clusters for m in c.models}
     t = time.monotonic()
-    got = host_speed(plan.zoo_dir, plan.profiles_dir, models)
+    with native_stderr_to(run_dir / "logs" / "host_speed.log"):  # LiteRT's "INFO: Created ... delegate"
+        got = host_speed(plan.zoo_dir, plan.profiles_dir, models)
     timings["host_speed_s"] = time.monotonic() - t
     write_json_atomic(run_dir / "host_speed.json", got)
     if got:

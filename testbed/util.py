@@ -7,6 +7,8 @@
 * :func:`stop_processes`: signal, wait, then kill.
 * :func:`ci95`: mean and 95 % confidence half-width (Student's t, ``scipy.stats.t``).
 * :func:`markdown_table`: a real Markdown table (``pandas.DataFrame.to_markdown``, tabulate).
+* :func:`native_stderr_to`: what native libraries write to file descriptor 2 (TensorFlow's and
+  LiteRT's C++ log lines) goes to a log file instead of the console, for the time of a block.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -175,3 +179,30 @@ def markdown_table(rows: Any, columns: Sequence[str] | None = None) -> str:
 
 
 __all__ = ["REPO_ROOT", "ci95", "markdown_table", "poll_until", "repo_path", "stop_processes", "write_json_atomic"]
+
+
+@contextmanager
+def native_stderr_to(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Send file descriptor 2 to ``path`` (appended, created with its folder) for the time of the
+    block, then restore it. Native libraries log there behind Python's back: LiteRT's "INFO:
+    Created TensorFlow Lite XNNPACK delegate for CPU." and TensorFlow's oneDNN / absl lines are
+    written by their C++ loggers straight to fd 2, which ``sys.stderr`` redirection cannot catch.
+    Python's own ``sys.stderr`` is flushed first, so nothing of ours is reordered or lost.
+
+    Raises:
+        OSError: ``path`` cannot be opened for appending.
+    """
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(out, "ab") as f:
+            os.dup2(f.fileno(), 2)
+            try:
+                yield out
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)

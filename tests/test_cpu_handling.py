@@ -239,3 +239,22 @@ def test_host_speed_times_the_cheapest_real_model_and_the_summary_warns():
                for line in _headline(s))
     s["host_speed"]["slow"] = False
     assert not any("bare model call" in line for line in _headline(s))
+
+
+def test_host_speeds_native_log_line_goes_to_the_log_not_the_console(tmp_path):
+    """LiteRT's C++ logger writes "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." straight
+    to fd 2; during the run's host-speed check it goes to logs/host_speed.log (it used to land in the
+    middle of the run's console output)."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "logs" / "host_speed.log"
+    code = ("import sys; from testbed.util import native_stderr_to; from testbed.inference import handling\n"
+            f"with native_stderr_to({str(log)!r}):\n"
+            f"    got = handling.host_speed({str(REPO_ROOT / 'models' / 'zoo')!r}, "
+            f"{str(REPO_ROOT / 'models' / 'profiles')!r}, {{'hand_lite': 'litert'}})\n"
+            "print('after', got['model'], file=sys.stderr)\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "XNNPACK delegate" in log.read_text()
+    assert "XNNPACK" not in res.stderr and res.stderr.strip() == "after hand_lite"  # fd 2 restored after the block
