@@ -275,6 +275,28 @@ def test_a_training_key_of_the_other_method_is_refused_naming_it(tmp_path, metho
         load_aset_config(path)
 
 
+@pytest.mark.parametrize(("key", "value"), [("gamma", 0.5), ("replay_size", 100_000), ("epsilon_decay_steps", 72_000),
+                                          ("target_update_steps", 500)])
+def test_a_dqn_only_agent_key_is_refused_by_the_rollout_method(tmp_path, key, value):
+    """The rollout fit reads agent.hidden, learning_rate, huber_delta and plan_margin only: a DQN key
+    set away from its default would be ignored (aset-rollout.yaml used to carry eight of them)."""
+    path = _config(tmp_path)
+    d = yaml.safe_load(path.read_text())
+    d["agent"][key] = value
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError, match=f"agent.{key}: not used by training.method rollout"):
+        load_aset_config(path)
+    d["training"] = {k: v for k, v in d["training"].items() if k not in ("method", "rollout")}
+    d["agent"].pop("plan_margin")
+    path.write_text(yaml.safe_dump(d))
+    assert getattr(load_aset_config(path)[0].agent, key) == value  # the DQN's own key
+
+
+def test_the_shipped_rollout_config_loads():
+    cfg, _ = load_aset_config(Path(__file__).resolve().parent.parent / "experiments" / "aset-rollout.yaml")
+    assert cfg.training.method == "rollout" and cfg.agent.plan_margin == 0.02
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"export_seed": 5}, "training.export_seed: 5 is not among the training seeds [1, 2]"),
     ({"seeds": [1, 1]}, "training.seeds: seed 1 given twice"),

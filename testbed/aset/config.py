@@ -41,6 +41,13 @@ def _nonempty(v: dict[str, list[str]] | None, what: str, why: str) -> dict[str, 
     return v
 
 
+def _set_away_from_default(model: StrictModel, keys: tuple[str, ...]) -> list[str]:
+    """Those of ``keys`` that ``model``'s input set to something else than the field's default
+    (a ``model_dump_json`` round trip sets every key, to its value: not counted)."""
+    defaults = type(model).model_fields
+    return [k for k in keys if k in model.model_fields_set and getattr(model, k) != defaults[k].default]
+
+
 def _fits(assignment: list[str], where: str, n_sources: int, names: str = "") -> list[str]:
     """``assignment`` (one policy per source) if it has ``n_sources`` entries.
 
@@ -104,6 +111,12 @@ class ObservationSpec(StrictModel):
                              f"{', '.join(sorted(self.plans))}); the observation's plan block needs one: add the "
                              f"scenario's per-source mix (oracle.json of testbed evaluate --headroom)")
         return _fits(plan, f"observation.plans.{scenario}", len(sources), f" ({', '.join(sources)})")
+
+
+#: The agent keys only the double DQN reads (:mod:`testbed.aset.train`); ``training.method:
+#: rollout`` refuses them set away from their defaults.
+DQN_ONLY_AGENT_KEYS = ("gamma", "batch_size", "replay_size", "train_start", "train_every", "target_update_steps",
+                       "epsilon_start", "epsilon_end", "epsilon_decay_steps")
 
 
 class AgentSpec(StrictModel):
@@ -293,9 +306,7 @@ class TrainingSpec(StrictModel):
     def _one_method(self) -> TrainingSpec:
         other = (("steps", "checkpoint_every", "rollout_workers", "specialise") if self.method == "rollout"
                  else ("rollout",))
-        # set to something else than its default (a model_dump_json round trip sets every key)
-        defaults = type(self).model_fields
-        given = [k for k in other if k in self.model_fields_set and getattr(self, k) != defaults[k].default]
+        given = _set_away_from_default(self, other)
         if given:
             raise ValueError(f"{', '.join(given)}: not used by training.method {self.method} (would be ignored); "
                              "remove it, or set the method it belongs to")
@@ -355,6 +366,12 @@ class AsetConfig(StrictModel):
         if self.training is not None and self.training.method == "rollout" and self.observation.plans is None:
             raise ValueError("training.method: rollout needs observation.plans: each source's planned policy is the "
                              "base schedule the rollout targets are measured against")
+        if self.training is not None and self.training.method == "rollout":
+            dqn_only = _set_away_from_default(self.agent, DQN_ONLY_AGENT_KEYS)
+            if dqn_only:
+                raise ValueError(f"agent.{', agent.'.join(dqn_only)}: not used by training.method rollout (would be "
+                                 f"ignored: the rollout fit uses agent.hidden, learning_rate, huber_delta and "
+                                 f"plan_margin, and training.rollout's batch_size); remove it, or use method dqn")
         if self.agent.plan_margin and self.observation.plans is None:
             raise ValueError(f"agent.plan_margin {self.agent.plan_margin:g}: the margin favours each source's planned "
                              f"policy, but observation.plans is not set (no plan to favour)")
