@@ -28,8 +28,9 @@ exceeds the planned RTT by more than ``--margin-ms`` (the queries' own transfer 
 cost included); ``bottleneck`` also flags a success ratio below 0.9, which a saturated cluster
 gives before the testbed is (``--policy round_robin`` spreads the load over every cluster: every
 source's policy). Both are null for a rate whose run failed or answered nothing (``message`` says why).
-Each rate also reports the machine's CPU per process role while the sources sent (``cpu_cores_by_role``:
-link emulators, inference servers, sources, ryu, ovs-vswitchd, ..., ``other``; mean cores)::
+Each rate also reports the machine's CPU over the load, per process role (``cpu_cores_by_role``: link
+emulators, inference servers, sources, controller, ovs-vswitchd, ..., ``other``; mean cores) and in all
+(``cpu_busy_cores``), from the run's ``machine_cpu.json`` (:mod:`testbed.emulation.machine`)::
 
     sudo .venv/bin/python benchmarks/scale_bench.py load --rates 100 200 500 800 [--seconds 10] \\
         [--runtime litert]   # every cluster's models on LiteRT: the servers' own CPU out of the way
@@ -224,62 +225,6 @@ class _MemSampler(threading.Thread):
 
 
 #: Process roles of the CPU breakdown (``load``): the first whose pattern is in the command line.
-CPU_ROLES = (("linkemu", "testbed.emulation.linkemu"), ("servers", "testbed.inference.server"),
-             ("sources", "testbed.workload"), ("ryu", "ryu-manager"), ("ovs-vswitchd", "ovs-vswitchd"),
-             ("ovsdb-server", "ovsdb-server"), ("tcpdump", "tcpdump"))
-
-
-class _CpuSampler(threading.Thread):
-    """CPU time (user + system, s) of every process on the machine every second, summed per role
-    (:data:`CPU_ROLES`, the rest ``other``), so that the load window's share of each role can be
-    taken afterwards (:meth:`cores`)."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.samples: list[tuple[float, dict[str, float]]] = []
-        self.stop = threading.Event()
-        self._roles: dict[int, str] = {}
-
-    def _role(self, pid: int) -> str:
-        if pid not in self._roles:
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                cmd = ""
-            self._roles[pid] = next((r for r, pat in CPU_ROLES if pat in cmd), "other")
-        return self._roles[pid]
-
-    def sample(self) -> dict[str, float]:
-        from testbed.inference.handling import proc_cpu_s
-
-        acc: dict[str, float] = {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                cpu = proc_cpu_s(Path(f"/proc/{name}/stat"))
-            except OSError:
-                continue
-            role = self._role(int(name))
-            acc[role] = acc.get(role, 0.0) + cpu
-        return acc
-
-    def run(self) -> None:
-        while True:
-            self.samples.append((time.time(), self.sample()))
-            if self.stop.wait(1.0):
-                return
-
-    def cores(self, t_from: float, t_to: float) -> dict[str, float]:
-        """Mean cores per role between the samples nearest inside [t_from, t_to] (epoch s); a role
-        whose processes ended inside the window counts what they used before their last sample."""
-        inside = [s for s in self.samples if t_from <= s[0] <= t_to]
-        if len(inside) < 2:
-            return {}
-        (ta, a), (tb, b) = inside[0], inside[-1]
-        return {r: round(max(0.0, b.get(r, 0.0) - a.get(r, 0.0)) / (tb - ta), 3) for r in sorted(set(a) | set(b))}
-
-
 def plain_mininet(plan) -> dict:
     """Plain Mininet on the plan's switches and links (module doc); seconds and peak memory."""
     from testbed.emulation.network import _import_mininet
@@ -400,15 +345,9 @@ def cmd_load(args) -> dict:
             update["sources"] = [s.model_copy(update={"policy": None}) for s in exp.sources]
         plan = build_plan(exp.model_copy(update=update), base_dir=path.parent)
         runs = Path(tempfile.mkdtemp(prefix="load-"))
-        cpu = _CpuSampler()
         with emulation_lock():
             load = os.getloadavg()[0]
-            cpu.start()
-            try:
-                code = run_experiment(plan, console=Console(quiet=True), runs_dir=runs, duration_s=args.seconds)
-            finally:
-                cpu.stop.set()
-                cpu.join()
+            code = run_experiment(plan, console=Console(quiet=True), runs_dir=runs, duration_s=args.seconds)
         run_dir = next(runs.iterdir())
         s = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
         import pandas as pd
@@ -423,8 +362,9 @@ def cmd_load(args) -> dict:
                "success_ratio": s.get("success_ratio"),
                "network_excess_p50_ms": round(float(excess.median()), 2) if excess is not None else None,
                "network_excess_p95_ms": round(float(excess.quantile(0.95)), 2) if excess is not None else None}
-        if len(df) and df["t0_ns"].notna().any():  # the CPU per role while the sources sent
-            row["cpu_cores_by_role"] = cpu.cores(df["t0_ns"].min() / 1e9, df["t0_ns"].max() / 1e9)
+        if (run_dir / "machine_cpu.json").exists():  # the CPU per role over the load (testbed.emulation.machine)
+            m = json.loads((run_dir / "machine_cpu.json").read_text())
+            row.update(cpu_cores_by_role=m["by_role"], cpu_busy_cores=m["busy_cores"])
         if code != 0:  # e.g. the RTT self-check failed: say why (run.json), the rate measured nothing
             rj = run_dir / "run.json"
             row["message"] = json.loads(rj.read_text()).get("message") if rj.exists() else None

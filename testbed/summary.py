@@ -249,16 +249,25 @@ def cold_queries(df: pd.DataFrame) -> int:
 def latency_figures(df: pd.DataFrame) -> dict:
     """The latency figures of records ``df`` (:data:`LATENCY_RULE`): ``e2e_ms`` p50/p95/p99 and
     ``breakdown_ms`` (mean network / queueing / inference), all in ms rounded to 3 decimals (None
-    without an answered query), over :func:`answered`; ``answered`` (queries) and
-    ``cold_queries`` (queries that opened a new connection, every outcome)."""
+    without an answered query), over :func:`answered`; ``network_excess_ms`` p50/p95: network
+    time minus the planned RTT of the query's path (``network_ms - expected_rtt_ms``: the transfer
+    of request and answer, the links' queues, and in an emulation the forwarding cost of its own
+    processes); ``answered`` (queries) and ``cold_queries`` (queries that opened a new connection,
+    every outcome)."""
     ans = answered(df)
     breakdown = {}
     for k in ("network", "queueing", "inference"):
-        col = pd.to_numeric(ans[f"{k}_ms"], errors="coerce").dropna() if f"{k}_ms" in ans else pd.Series(dtype=float)
+        col = _numeric(ans, f"{k}_ms").dropna()
         breakdown[k] = None if col.empty else round(float(col.mean()), 3)
-    e2e = pd.to_numeric(ans["e2e_ms"], errors="coerce") if "e2e_ms" in ans else pd.Series(dtype=float)
-    return {"e2e_ms": {f"p{q}": _pct(e2e, q / 100) for q in (50, 95, 99)}, "breakdown_ms": breakdown,
+    excess = (_numeric(ans, "network_ms") - _numeric(ans, "expected_rtt_ms")).dropna()
+    return {"e2e_ms": {f"p{q}": _pct(_numeric(ans, "e2e_ms"), q / 100) for q in (50, 95, 99)},
+            "breakdown_ms": breakdown, "network_excess_ms": {f"p{q}": _pct(excess, q / 100) for q in (50, 95)},
             "answered": int(len(ans)), "cold_queries": cold_queries(df)}
+
+
+def _numeric(df: pd.DataFrame, col: str) -> pd.Series:
+    """Column ``col`` of ``df`` as numbers (empty cells and text: NaN; an absent column: empty)."""
+    return pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(dtype=float)
 
 
 def _per_group(df: pd.DataFrame, by: str) -> dict[str, dict]:
@@ -538,7 +547,8 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
         dropped = df[df["failure_cause"] == "dropped"]
         s["drop_reasons"] = {str(k) or "unknown": int(v)
                              for k, v in dropped["drop_reason"].astype("string").fillna("").value_counts().items()}
-        s.update(cold_queries=lat["cold_queries"], e2e_ms=lat["e2e_ms"], breakdown_ms=lat["breakdown_ms"])
+        s.update(cold_queries=lat["cold_queries"], e2e_ms=lat["e2e_ms"], breakdown_ms=lat["breakdown_ms"],
+                 network_excess_ms=lat["network_excess_ms"])
         s["per_application"] = _per_group(df, "application")
     per_cluster = _per_group(df, "cluster") if not df.empty else {}
     for name, counters in _server_counters(run_dir).items():
@@ -563,6 +573,10 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
         s["host_speed"] = json.loads((run_dir / "host_speed.json").read_text())
     except (OSError, ValueError):
         s["host_speed"] = {}
+    try:  # an emulation's (testbed.emulation.machine); a simulation has none
+        s["machine_cpu"] = json.loads((run_dir / "machine_cpu.json").read_text())
+    except (OSError, ValueError):
+        s["machine_cpu"] = {}
     health = read_health(run_dir)
     if health:
         s["health"] = health
@@ -723,6 +737,31 @@ def _service_warning(s: dict, sc: dict) -> str:
 PROFILES_COPY = "runs/profiles-here"
 
 
+def _machine_lines(m: dict) -> list[str]:
+    """The machine's CPU during an emulation's load (``machine_cpu.json``,
+    :mod:`testbed.emulation.machine`), and a warning when it was saturated."""
+    from testbed.emulation.machine import OTHER_NOTABLE_CORES, SATURATED_SHARE, MachineCpu
+
+    if not m:
+        return []
+    mc = MachineCpu.model_validate(m)
+    roles = ", ".join(f"{r} {v:.2f}" for r, v in sorted(mc.by_role.items(), key=lambda kv: -kv[1]))
+    lines = [f"Machine CPU during the load: {mc.busy_cores:.2f} of {mc.cpus} CPUs busy ({100 * mc.busy_share:.0f} %), "
+             f"stolen by the hypervisor {mc.steal_cores:.2f}; cores by process: {roles}; the testbed's own "
+             f"processes (link emulators, Open vSwitch, sources, controller, this run) {mc.testbed_cores:.2f}."]
+    if mc.busy_share >= SATURATED_SHARE:
+        other = mc.by_role.get("other", 0.0)
+        lines.append(f"WARNING: the machine's CPUs were {100 * mc.busy_share:.0f} % busy during the load: queries "
+                     f"waited for a CPU in the link emulators, Open vSwitch, the sources and the servers' event "
+                     f"loops, which shows up as network and queueing time that the simulator does not have (it "
+                     f"models the clusters' CPU shares, not the testbed's own processes, "
+                     f"{mc.testbed_cores:.2f} cores here"
+                     + (f", nor the {other:.2f} cores of other processes on the machine" if other
+                        >= OTHER_NOTABLE_CORES else "")
+                     + "). Compare with a simulation only at a lower load or on a larger machine.")
+    return lines
+
+
 def _headline(s: dict) -> list[str]:
     sr = s.get("success_ratio")
     load = s.get("load_s", s["duration_s"])
@@ -739,6 +778,12 @@ def _headline(s: dict) -> list[str]:
                      f"mean breakdown ms: network {_cell(b.get('network'))}  queueing {_cell(b.get('queueing'))}  "
                      f"inference {_cell(b.get('inference'))} "
                      f"({s.get('latency_rule', LATENCY_RULE)})")
+    ex = s.get("network_excess_ms") or {}
+    if ex.get("p50") is not None:
+        lines.append(f"Network time above the planned RTT: p50 {ex['p50']:+.3f} ms, p95 {ex['p95']:+.3f} ms "
+                     f"(network_ms - expected_rtt_ms: the transfer of request and answer, the links' queues, "
+                     f"and in an emulation the forwarding cost of its own processes).")
+    lines.extend(_machine_lines(s.get("machine_cpu") or {}))
     lines.append(f"New connections (cold = 1): {s.get('cold_queries', 0)} queries here; "
                  f"{s.get('cold_rule', COLD_RULE)}.")
     le = (s.get("link_emulators") or {}).get("total")

@@ -107,6 +107,15 @@ def test_short_run_records_and_success(tmp_path):
     assert any(v["util_ab_max"] > 0 or v["util_ba_max"] > 0 for v in summary["links"].values())
     rtt = pd.read_csv(run_dir / "rtt_check.csv")
     assert len(rtt) == 4 and rtt["ok"].all()
+    # the network time above the planned RTT, and the machine's CPU over the load, per process role
+    excess = (ok["network_ms"] - ok["expected_rtt_ms"]).median()
+    assert summary["network_excess_ms"]["p50"] == pytest.approx(excess, abs=0.002)
+    m = summary["machine_cpu"]
+    assert m == json.loads((run_dir / "machine_cpu.json").read_text())
+    assert 5.5 <= m["window_s"] <= 6.5 and 0 < m["busy_cores"] <= m["cpus"]
+    for role in ("inference servers", "sources", "ovs-vswitchd"):  # every query crossed them
+        assert m["by_role"].get(role, 0) > 0, role
+    assert m["testbed_cores"] >= m["by_role"]["sources"] + m["by_role"]["ovs-vswitchd"] - 0.002
 
 
 def test_impossible_deadline_gives_deadline_misses(tmp_path):

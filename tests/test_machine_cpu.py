@@ -1,0 +1,88 @@
+"""The machine's CPU over an emulation's load (testbed/emulation/machine.py) and the summary lines
+it gives. The sampler is exercised on real processes; the headline on given figures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from testbed.emulation.machine import CpuSampler, machine_ticks, role_of
+from testbed.summary import _headline, latency_figures
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+
+
+def test_roles_follow_the_command_line():
+    assert role_of("/x/python -m testbed.emulation.linkemu --links l.json") == "link emulators"
+    assert role_of("python -m testbed.inference.server clusters/a.server.json") == "inference servers"
+    assert role_of("python -m testbed.workload sources/sea.json") == "sources"
+    assert role_of("python -m testbed.ryu_launcher --observe-links") == "controller"
+    assert role_of("ovs-vswitchd unix:/run/x/db.sock") == "ovs-vswitchd"
+    assert role_of("stress-ng --cpu 2") == "other"
+
+
+def test_machine_ticks_read_proc_stat(tmp_path):
+    busy, steal = machine_ticks()
+    assert busy > 0 and steal >= 0
+    f = tmp_path / "stat"
+    f.write_text("cpu  100 20 30 900 5 1 2 7 0 0\ncpu0 1 2 3 4\n")
+    from testbed.emulation.machine import CLK_TCK
+
+    assert machine_ticks(f) == pytest.approx(((100 + 20 + 30 + 1 + 2) / CLK_TCK, 7 / CLK_TCK))
+    f.write_text("intr 1 2\n")
+    with pytest.raises(ValueError, match="no 'cpu' line"):
+        machine_ticks(f)
+
+
+def test_a_process_that_exits_inside_the_window_keeps_its_cpu():
+    """A child that burns 0.6 s of CPU under a source's command line and exits mid-window: the
+    role keeps what it used until the last sample before its exit (at most one interval lost)."""
+    t0 = time.time() + 0.2
+    s = CpuSampler(t0, t0 + 30, interval_s=0.1)
+    s.start()
+    time.sleep(0.3)
+    subprocess.run([sys.executable, "-c", BURN.format(s=0.6), "testbed.workload"], check=True, timeout=30)
+    time.sleep(0.3)
+    s.stop()
+    m = s.result()
+    used = m.by_role["sources"] * m.window_s
+    assert 0.45 <= used <= 0.75, m  # 0.6 s, less what it ran after its last sample (< 0.1 s of it)
+    assert m.testbed_cores >= m.by_role["sources"] and 0 < m.busy_cores <= m.cpus
+    assert m.window_s < 5  # stopped early: the window ends at stop()
+
+
+def test_a_sampler_stopped_before_its_window_measured_nothing():
+    s = CpuSampler(time.time() + 60, time.time() + 70)
+    s.start()
+    s.stop()
+    assert s.result() is None and not s.is_alive()
+
+
+def _summary(busy: float, other: float = 0.0) -> dict:
+    roles = {"inference servers": 0.5, "link emulators": 0.4, "sources": 0.3, "other": other}
+    return {"queries": 10, "duration_s": 10.0, "machine_cpu": {
+        "window_s": 10.0, "cpus": 2, "busy_cores": busy, "steal_cores": 0.0, "by_role": roles,
+        "testbed_cores": 0.7}}
+
+
+def test_the_summary_warns_when_the_machine_was_saturated():
+    lines = _headline(_summary(1.95, other=0.6))
+    assert any(x.startswith("Machine CPU during the load: 1.95 of 2 CPUs busy (98 %)") for x in lines)
+    warn = [x for x in lines if x.startswith("WARNING: the machine's CPUs were 98 % busy")]
+    assert len(warn) == 1 and "0.60 cores of other processes" in warn[0]
+    lines = _headline(_summary(1.2))
+    assert any(x.startswith("Machine CPU during the load: 1.20 of 2 CPUs busy (60 %)") for x in lines)
+    assert not any("busy during the load" in x for x in lines)
+    assert not any(x.startswith("Machine CPU") for x in _headline({"queries": 1, "duration_s": 1.0}))
+
+
+def test_network_excess_is_network_time_above_the_planned_rtt():
+    df = pd.DataFrame({"http_status": [200, 200, 200, 503], "e2e_ms": [10.0, 12.0, 30.0, 5.0],
+                       "network_ms": [6.0, 7.0, 20.0, None], "expected_rtt_ms": [4.0, 4.0, 4.0, 4.0]})
+    got = latency_figures(df)["network_excess_ms"]
+    assert got["p50"] == 3.0 and got["p95"] == pytest.approx(14.7)  # excesses 2, 3, 16: linear quantile
+    assert latency_figures(df.drop(columns="expected_rtt_ms"))["network_excess_ms"] == {"p50": None, "p95": None}
