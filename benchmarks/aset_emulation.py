@@ -11,8 +11,10 @@ scenario file is copied with ``seed`` and ``policy`` set and emulated with ``tes
 ``summary.json`` gives the emulated success ratio. The simulator runs the same plan and seed
 (same arrival streams, :mod:`testbed.arrivals`) through :class:`testbed.aset.episode.Episode`
 (static) or :func:`testbed.aset.evaluate.aset_job` (ASET). Prints one Markdown row per (scenario,
-policy): emulated mean and 95 % CI over the seeds, simulated, the gap, and the paired
-difference ASET - static in each. Writes ``runs/aset-emulation/results.md``. Root needed.
+policy): emulated mean and 95 % CI over the seeds, simulated, the gap, the paired
+difference ASET - static in each, and how busy the machine's CPUs were during the emulated loads
+(range over the seeds; ``machine_cpu`` of the summary, :mod:`testbed.emulation.machine`).
+Writes ``runs/aset-emulation/results.md``. Root needed.
 
 Where the gap comes from: every static run is also simulated with records
 (:func:`testbed.sim.run.simulate_experiment`, into ``<runs-dir>/sim/``), and a second table gives,
@@ -81,7 +83,10 @@ def emulate(scenario: Path, seed: int, policy: str, checkpoint: str, runs_dir: P
     if not new:
         return {"success_ratio": None, "run": None}
     summ = json.loads((new[-1] / "summary.json").read_text())
-    return {"success_ratio": summ.get("success_ratio"), "queries": summ.get("queries"), "run": str(new[-1])}
+    m = summ.get("machine_cpu") or {}  # testbed.emulation.machine: the CPUs over the load
+    return {"success_ratio": summ.get("success_ratio"), "queries": summ.get("queries"), "run": str(new[-1]),
+            "machine_busy": round(m["busy_cores"] / m["cpus"], 3) if m else None,
+            "testbed_cores": m.get("testbed_cores")}
 
 
 def simulate(scenario: Path, seed: int, policy: str, checkpoint: str) -> float:
@@ -216,9 +221,11 @@ def tables(raw: list[dict], static: str, runs_dir: Path) -> str:
             kept = done[policy]
             me, he = ci95([by[k][0] for k in kept])
             ms, hs = ci95([by[k][1] for k in kept])
+            busy = [r["machine_busy"] for r in mine if r["policy"] == policy and r.get("machine_busy") is not None]
             rows.append({"scenario": sc, "policy": policy, "seeds": _seeds_cell(kept, sorted(set(by) - set(kept))),
                          "emulated %": f"{100 * me:.2f} ± {100 * he:.2f}",
-                         "simulated %": f"{100 * ms:.2f} ± {100 * hs:.2f}", "gap (pts)": f"{100 * (me - ms):+.2f}"})
+                         "simulated %": f"{100 * ms:.2f} ± {100 * hs:.2f}", "gap (pts)": f"{100 * (me - ms):+.2f}",
+                         "CPUs busy % (emulation)": f"{100 * min(busy):.0f}-{100 * max(busy):.0f}" if busy else "-"})
         if "aset" in res and static in res:
             a, b = res["aset"], res[static]
             kept = sorted(set(done["aset"]) & set(done[static]))
@@ -227,7 +234,8 @@ def tables(raw: list[dict], static: str, runs_dir: Path) -> str:
             rows.append({"scenario": sc, "policy": f"aset - {static}",
                          "seeds": _seeds_cell(kept, sorted((set(a) | set(b)) - set(kept))),
                          "emulated %": f"{100 * d_emu[0]:+.2f} ± {100 * d_emu[1]:.2f}",
-                         "simulated %": f"{100 * d_sim[0]:+.2f} ± {100 * d_sim[1]:.2f}", "gap (pts)": ""})
+                         "simulated %": f"{100 * d_sim[0]:+.2f} ± {100 * d_sim[1]:.2f}", "gap (pts)": "",
+                         "CPUs busy % (emulation)": ""})
     text = markdown_table(rows)
     if pairs:
         import pandas as pd

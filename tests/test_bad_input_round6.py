@@ -109,11 +109,13 @@ def bench(monkeypatch):
 
 def test_the_gap_table_compares_the_engines_over_the_same_seeds_and_says_which_were_left_out(bench, tmp_path):
     raw = [{"scenario": "sc", "policy": p, "seed": k, "run": None,
-            "success_ratio": None if (p, k) == ("aset", 2) else 0.5 + 0.1 * k, "simulated": 0.9 if k == 2 else 0.6}
+            "success_ratio": None if (p, k) == ("aset", 2) else 0.5 + 0.1 * k, "simulated": 0.9 if k == 2 else 0.6,
+            "machine_busy": 0.6 + 0.1 * k if p == "min_latency" else None}
            for p in ("aset", "min_latency") for k in (1, 2, 3)]
     rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[3:-1]]
             for line in bench.tables(raw, "min_latency", tmp_path).splitlines()[2:]}
-    assert rows["aset"] == ["1, 3 (left out, a figure missing: 2)", "70.00 ± 127.06", "60.00 ± 0.00", "+10.00"]
+    assert rows["aset"] == ["1, 3 (left out, a figure missing: 2)", "70.00 ± 127.06", "60.00 ± 0.00", "+10.00", "-"]
+    assert rows["min_latency"][4] == "70-90"  # the machine's CPUs busy over the emulated loads, by seed
     assert rows["min_latency"][0] == "1, 2, 3"
     assert rows["aset - min_latency"][:3] == ["1, 3 (left out, a figure missing: 2)", "+0.00 ± 0.00", "+0.00 ± 0.00"]
 
