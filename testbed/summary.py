@@ -740,25 +740,26 @@ PROFILES_COPY = "runs/profiles-here"
 def _machine_lines(m: dict) -> list[str]:
     """The machine's CPU during an emulation's load (``machine_cpu.json``,
     :mod:`testbed.emulation.machine`), and a warning when it was saturated."""
-    from testbed.emulation.machine import OTHER_NOTABLE_CORES, SATURATED_SHARE, MachineCpu
+    from testbed.emulation.machine import OTHER_NOTABLE_CORES, SATURATED_SHARE, STEAL_NOTABLE_CORES, MachineCpu
 
     if not m:
         return []
     mc = MachineCpu.model_validate(m)
     roles = ", ".join(f"{r} {v:.2f}" for r, v in sorted(mc.by_role.items(), key=lambda kv: -kv[1]))
-    lines = [f"Machine CPU during the load: {mc.busy_cores:.2f} of {mc.cpus} CPUs busy ({100 * mc.busy_share:.0f} %), "
-             f"stolen by the hypervisor {mc.steal_cores:.2f}; cores by process: {roles}; the testbed's own "
+    lines = [f"Machine CPU during the load: {mc.busy_cores:.2f} of {mc.cpus} CPUs busy, {mc.steal_cores:.2f} stolen "
+             f"by the hypervisor ({100 * mc.busy_share:.0f} % in all); cores by process: {roles}; the testbed's own "
              f"processes (link emulators, Open vSwitch, sources, controller, this run) {mc.testbed_cores:.2f}."]
     if mc.busy_share >= SATURATED_SHARE:
         other = mc.by_role.get("other", 0.0)
-        lines.append(f"WARNING: the machine's CPUs were {100 * mc.busy_share:.0f} % busy during the load: queries "
-                     f"waited for a CPU in the link emulators, Open vSwitch, the sources and the servers' event "
-                     f"loops, which shows up as network and queueing time that the simulator does not have (it "
-                     f"models the clusters' CPU shares, not the testbed's own processes, "
-                     f"{mc.testbed_cores:.2f} cores here"
-                     + (f", nor the {other:.2f} cores of other processes on the machine" if other
-                        >= OTHER_NOTABLE_CORES else "")
-                     + "). Compare with a simulation only at a lower load or on a larger machine.")
+        beside = [f"the {other:.2f} cores of other processes on the machine"] if other >= OTHER_NOTABLE_CORES else []
+        if mc.steal_cores >= STEAL_NOTABLE_CORES:
+            beside.append(f"the {mc.steal_cores:.2f} cores the hypervisor gave to other machines")
+        lines.append(f"WARNING: the machine's CPUs were {100 * mc.busy_share:.0f} % busy or stolen during the load: "
+                     f"queries waited for a CPU in the link emulators, Open vSwitch, the sources and the servers' "
+                     f"event loops, which shows up as network and queueing time that the simulator does not have "
+                     f"(it models the clusters' CPU shares, not the testbed's own processes, "
+                     f"{mc.testbed_cores:.2f} cores here" + "".join(f", nor {b}" for b in beside)
+                     + "). Compare with a simulation only at a lower load or on a larger, quieter machine.")
     return lines
 
 

@@ -62,22 +62,29 @@ def test_a_sampler_stopped_before_its_window_measured_nothing():
     assert s.result() is None and not s.is_alive()
 
 
-def _summary(busy: float, other: float = 0.0) -> dict:
+def _summary(busy: float, other: float = 0.0, steal: float = 0.0) -> dict:
     roles = {"inference servers": 0.5, "link emulators": 0.4, "sources": 0.3, "other": other}
     return {"queries": 10, "duration_s": 10.0, "machine_cpu": {
-        "window_s": 10.0, "cpus": 2, "busy_cores": busy, "steal_cores": 0.0, "by_role": roles,
+        "window_s": 10.0, "cpus": 2, "busy_cores": busy, "steal_cores": steal, "by_role": roles,
         "testbed_cores": 0.7}}
 
 
 def test_the_summary_warns_when_the_machine_was_saturated():
     lines = _headline(_summary(1.95, other=0.6))
-    assert any(x.startswith("Machine CPU during the load: 1.95 of 2 CPUs busy (98 %)") for x in lines)
-    warn = [x for x in lines if x.startswith("WARNING: the machine's CPUs were 98 % busy")]
-    assert len(warn) == 1 and "0.60 cores of other processes" in warn[0]
+    assert any(x.startswith("Machine CPU during the load: 1.95 of 2 CPUs busy, 0.00 stolen by the hypervisor "
+                            "(98 % in all)") for x in lines)
+    warn = [x for x in lines if x.startswith("WARNING: the machine's CPUs were 98 % busy or stolen")]
+    assert len(warn) == 1 and "nor the 0.60 cores of other processes" in warn[0] and "hypervisor" not in warn[0]
     lines = _headline(_summary(1.2))
-    assert any(x.startswith("Machine CPU during the load: 1.20 of 2 CPUs busy (60 %)") for x in lines)
-    assert not any("busy during the load" in x for x in lines)
+    assert any(x.startswith("Machine CPU during the load: 1.20 of 2 CPUs busy") for x in lines)
+    assert not any(x.startswith("WARNING: the machine") for x in lines)
     assert not any(x.startswith("Machine CPU") for x in _headline({"queries": 1, "duration_s": 1.0}))
+
+
+def test_the_hypervisors_steal_counts_toward_saturation():
+    """A VM whose host gives its vCPUs to others: 1.6 busy + 0.3 stolen of 2 CPUs is 95 %."""
+    warn = [x for x in _headline(_summary(1.6, steal=0.3)) if x.startswith("WARNING: the machine's CPUs were 95 %")]
+    assert len(warn) == 1 and "nor the 0.30 cores the hypervisor gave to other machines" in warn[0]
 
 
 def test_network_excess_is_network_time_above_the_planned_rtt():

@@ -41,10 +41,12 @@ CPU_ROLES: tuple[tuple[str, str], ...] = (
 #: The roles that are the testbed's own machinery (not the clusters' inference, not other jobs).
 TESTBED_ROLES = ("link emulators", "sources", "controller", "ovs-vswitchd", "ovsdb-server", "packet capture",
                  "run process")
-#: The summary warns when the machine's CPUs were busy at least this share of the load window.
+#: The summary warns when the machine's CPUs were busy (or stolen by the hypervisor) at least this
+#: share of the load window (:attr:`MachineCpu.busy_share`).
 SATURATED_SHARE = 0.9
-#: ... and names other jobs' CPU use from this many cores on.
+#: ... and names other jobs' CPU use, and the hypervisor's steal, from this many cores on.
 OTHER_NOTABLE_CORES = 0.25
+STEAL_NOTABLE_CORES = 0.1
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -64,8 +66,9 @@ class MachineCpu(BaseModel):
 
     @property
     def busy_share(self) -> float:
-        """``busy_cores / cpus`` (0 to 1)."""
-        return self.busy_cores / self.cpus if self.cpus else 0.0
+        """``(busy_cores + steal_cores) / cpus`` (0 to 1): the share of the CPUs' time this VM
+        could not give to an idle process (used here, or taken by the hypervisor for others)."""
+        return min(1.0, (self.busy_cores + self.steal_cores) / self.cpus) if self.cpus else 0.0
 
 
 def machine_ticks(stat: Path = Path("/proc/stat")) -> tuple[float, float]:
