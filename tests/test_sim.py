@@ -248,3 +248,20 @@ def test_cli_simulate_and_sweep(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((REPO / "experiments/triangle.yaml").read_text().replace("rate_qps: 4", "rate_qps: -4"))
     assert main(["simulate", str(bad)]) == 2
+
+
+def test_simulate_refuses_the_aset_policy_it_cannot_run(tmp_path):
+    """A plain simulation has no ASET agent: a source on policy aset used to run on closest while
+    the run said nothing of it (exit 0). Refused, naming the sources; --policy still simulates."""
+    from testbed.cli import main
+
+    exp = tmp_path / "live.yaml"
+    exp.write_text((REPO / "experiments/triangle.yaml").read_text().replace(
+        "policy: closest", "policy: aset\naset: {checkpoint: models/aset/nope, window: 500ms}"))
+    plan = plan_experiment(exp)
+    with pytest.raises(SimError, match=r"policy aset \(srca, srcc\): a simulation runs static policies only"):
+        simulate_experiment(plan, runs_dir=tmp_path / "runs", duration_s=2)
+    assert not (tmp_path / "runs").exists()
+    assert main(["simulate", str(exp), "--duration", "2s", "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert main(["simulate", str(exp), "--duration", "2s", "--policy", "closest", "--runs-dir",
+                 str(tmp_path / "runs")]) == 0

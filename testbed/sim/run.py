@@ -11,8 +11,29 @@ from rich.console import Console
 
 from testbed.config import drain_s
 from testbed.plan import Plan
-from testbed.sim.core import Simulator
+from testbed.sim.core import SimError, Simulator
 from testbed.util import repo_path, write_json_atomic
+
+
+def check_static_policies(plan: Plan, policy: str | None = None) -> None:
+    """Every source of ``plan`` runs a static policy (``policy``, the override, or its own).
+
+    ``policy: aset`` is the live selector of an emulation (:mod:`testbed.aset.live`); a plain
+    simulation has no agent to pick a policy per window, and used to run such sources on
+    ``closest`` while the run said nothing of it.
+
+    Raises:
+        SimError: sources on ``aset``, named, with the commands that do simulate ASET.
+    """
+    if policy is not None:
+        return
+    exp = plan.experiment
+    aset = [s.name for s in exp.sources if (s.policy or exp.policy) == "aset"]
+    if aset:
+        raise SimError(f"policy aset ({', '.join(aset)}): a simulation runs static policies only, the ASET selector "
+                       f"runs in an emulation (testbed run); to simulate ASET's checkpoint on this scenario, use "
+                       f"testbed evaluate with an ASET config that lists it, or give --policy to simulate a static "
+                       f"policy")
 
 
 def simulate_experiment(plan: Plan, base_dir: Path | None = None, runs_dir: Path | None = None,
@@ -29,7 +50,8 @@ def simulate_experiment(plan: Plan, base_dir: Path | None = None, runs_dir: Path
     disk leaves nothing that looks like a finished run.
 
     Raises:
-        testbed.sim.SimError, testbed.arrivals.ArrivalError: bad input, naming the item.
+        testbed.sim.SimError, testbed.arrivals.ArrivalError: bad input, naming the item (a source
+            on policy ``aset`` without a ``policy`` override: :func:`check_static_policies`).
         testbed.errors.RunFailure: the run directory cannot be written (exit code 3; names it and
             the reason; nothing is left there).
     """
@@ -38,6 +60,7 @@ def simulate_experiment(plan: Plan, base_dir: Path | None = None, runs_dir: Path
     exp = plan.experiment
     duration_s = duration_s or exp.duration_s
     pols = {s.name: policy for s in plan.sources} if policy else None
+    check_static_policies(plan, policy)
     t_wall = time.perf_counter()
     sim = Simulator(plan, seed=seed, policies=pols, record=True, base_dir=base_dir)
     sim.arrivals_end = duration_s
