@@ -8,10 +8,17 @@ or ``"ray"``, with ``ray_address`` for a cluster). The plan is sent to the worke
 nodes need the repository (the package and its model zoo) but not the experiment files.
 
 Every finished cell is written at once to ``OUT/cells/<scenario>-<fingerprint>/<policy>-s<seed>.parquet``
-(one row, atomically); a sweep started again with the same ``OUT`` skips the cells found there.
+(one row, atomically); a sweep started again with the same ``OUT`` skips the cells found there
+that read back whole (a cell file that does not, cut short, is run again, and said so).
 The fingerprint is a hash of what decides a cell's result besides policy and seed (the plan as
-JSON, the duration, simulation or emulation, the link emulator), so a changed experiment runs
-again instead of reusing stale cells.
+JSON, the duration, simulation or emulation, the link emulator).
+
+``OUT`` is the sweep's own: before any cell runs, the sweep writes ``OUT/sweep.json`` (its inputs:
+policies, seeds, duration, mode, each experiment by name and fingerprint). A sweep writes only
+into a new or empty folder, or resumes one whose ``sweep.json`` has the same inputs; any other
+folder (another tool's, e.g. an evaluation's ``runs.csv``, or a sweep of other inputs, whose
+tables would be replaced) is refused before anything runs, naming it and why. A sweep that fails
+before it measured anything (Ray unreachable) removes what it created.
 
 At the end, the results table has one row per run (``runs.csv``/``runs.parquet``) and one per
 (scenario, policy) (``table.csv``, ``table.md``): success ratio mean and 95% confidence interval
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -35,9 +43,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.errors import EXIT_BRINGUP, EXIT_INPUT, RunFailure
+from testbed.errors import EXIT_BRINGUP, EXIT_INPUT, InputError, RunFailure
 from testbed.model.records import CAUSES
-from testbed.util import ci95, markdown_table, replace_atomic
+from testbed.util import ci95, markdown_table, replace_atomic, write_json_atomic
 
 #: The per-(scenario, policy) columns of ``table.md``, in order.
 TABLE_COLUMNS = ["scenario", "policy", "seeds", "success_mean", "success_ci95", "e2e_p50_ms", "e2e_p95_ms",
@@ -45,6 +53,11 @@ TABLE_COLUMNS = ["scenario", "policy", "seeds", "success_mean", "success_ci95", 
 EMULATION_LOCK = Path("/tmp/testbed-emulation.lock")
 #: The Ray resource an emulation cell needs: one unit per machine that can hold an emulation.
 EMULATION_RESOURCE = "mininet"
+#: The sweep's record in its output folder: what it was made with (:func:`sweep_inputs`).
+SWEEP_RECORD = "sweep.json"
+#: The columns every cell's row has (:func:`_row`); a cell file without them is not a finished cell.
+CELL_COLUMNS = ["scenario", "policy", "seed", "queries", "success_ratio", "e2e_p50_ms", "e2e_p95_ms",
+                "e2e_p99_ms"] + [f"fail_{c}" for c in CAUSES]
 
 
 def _row(name: str, policy: str, seed: int, s: dict) -> dict:
@@ -210,6 +223,99 @@ def _write_cell(path: Path, row: dict) -> None:
     replace_atomic(path, lambda tmp: pd.DataFrame([row]).to_parquet(tmp, index=False))
 
 
+def read_cell(path: Path, name: str | None = None, policy: str | None = None,
+              seed: int | None = None) -> pd.DataFrame:
+    """A finished cell's row, read back whole: one row with every :data:`CELL_COLUMNS`, and (when
+    given) the cell's scenario ``name``, ``policy`` and ``seed``.
+
+    Raises:
+        ValueError: the file cannot be read (cut short, not Parquet: pyarrow's message) or is not
+            that cell's row (which part differs)."""
+    import pyarrow as pa
+
+    try:
+        df = pd.read_parquet(path)
+    except (OSError, ValueError, pa.ArrowException) as exc:  # cut short: pyarrow's ArrowInvalid
+        raise ValueError(f"cannot be read back ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+                         ) from None
+    missing = [c for c in CELL_COLUMNS if c not in df.columns]
+    if len(df) != 1 or missing:
+        raise ValueError(f"is not one row of the results table ({len(df)} rows"
+                         + (f"; no column {', '.join(missing[:4])}" if missing else "") + ")")
+    got = (df["scenario"].iloc[0], df["policy"].iloc[0], int(df["seed"].iloc[0]))
+    want = (name, policy, seed)
+    if any(w is not None and g != w for g, w in zip(got, want, strict=True)):
+        raise ValueError(f"holds the row of {got[0]} / {got[1]} / seed {got[2]}, not of this cell")
+    return df
+
+
+def _pending_cells(cells: list, console) -> list:
+    """The cells not finished: no file, or a file that does not read back as the cell's row
+    (:func:`read_cell`: a write cut short); each of those is named, as it runs again."""
+    pending = []
+    for c in cells:
+        plan, policy, seed, path = c
+        if path.exists():
+            try:
+                read_cell(path, plan.experiment.name, policy, seed)
+                continue
+            except ValueError as exc:
+                console.print(f"sweep: cell file {path} {exc}: running that cell again", markup=False,
+                              highlight=False)
+        pending.append(c)
+    return pending
+
+
+def sweep_inputs(cells: list, policies: Sequence[str], seeds: Sequence[int], duration_s: float | None,
+                 emulate: bool, link_emulator: str | None) -> dict:
+    """What decides a sweep's cells and tables (kept in ``OUT/sweep.json``): the policies, the
+    seeds, the duration, the mode, and each experiment as ``<name>-<fingerprint>`` (the folder of
+    its cells: the fingerprint changes with its plan)."""
+    return {"policies": list(policies), "seeds": [int(x) for x in seeds], "duration_s": duration_s,
+            "emulate": bool(emulate), "link_emulator": link_emulator if emulate else None,
+            "experiments": list(dict.fromkeys(c[3].parent.name for c in cells))}
+
+
+def _differences(made: dict, inputs: dict) -> list[str]:
+    """The inputs of ``inputs`` that ``made`` (a ``sweep.json``'s) has otherwise, as ``key: there, here``
+    (the order of policies and experiments does not count: it only orders the tables)."""
+    def norm(k, v):
+        return sorted(v) if k in ("policies", "experiments") and isinstance(v, list) else v
+
+    return [f"{k}{' (name-fingerprint of the plan, duration and mode)' if k == 'experiments' else ''}: "
+            f"{made.get(k)!r} there, {inputs[k]!r} here" for k in inputs
+            if norm(k, made.get(k)) != norm(k, inputs[k])]
+
+
+def check_out(out: Path, inputs: dict) -> None:
+    """Refuse an ``--out`` the sweep must not write in, before anything runs: a path under a file,
+    a folder that is not empty and that no sweep made (no ``sweep.json``: another tool's results,
+    e.g. an evaluation's ``runs.csv``, would be replaced), or a sweep's folder of other inputs.
+
+    Raises:
+        InputError: naming the folder and why (nothing was run or written)."""
+    blocker = next((p for p in (out, *out.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise InputError(f"--out {out}: {blocker} is a file, not a folder; nothing was run")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    record = out / SWEEP_RECORD
+    if not record.is_file():
+        names = sorted(p.name for p in out.iterdir())
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        raise InputError(f"--out {out}: the folder holds {shown} but no {SWEEP_RECORD}: testbed sweep did not make "
+                         f"it, and would replace its files; give a new or empty folder; nothing was run")
+    try:
+        made = json.loads(record.read_text())["inputs"]
+        diff = _differences(made, inputs)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"--out {out}: {record} cannot be read as a sweep's record ({type(exc).__name__}: {exc}); "
+                         f"nothing was run") from None
+    if diff:
+        raise InputError(f"--out {out} holds a sweep of other inputs ({'; '.join(diff)}): its tables would be "
+                         f"replaced; resume it with its own inputs, or give another --out; nothing was run")
+
+
 def _plan_cells(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[int], out: Path,
                 duration_s: float | None, emulate: bool, link_emulator: str | None):
     """Plan every experiment (bad input fails here, before anything runs); the cells as
@@ -259,7 +365,10 @@ def sweep(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[i
     Raises:
         testbed.config.ConfigError, testbed.plan.PlanError: an experiment is invalid (checked
             before any run starts).
-        testbed.distributed.DistributedError: Ray missing or unreachable, or no node for emulations.
+        testbed.errors.InputError: ``out`` is under a file, or is a folder that is not empty and
+            not this sweep's (:func:`check_out`), checked before any run starts.
+        testbed.distributed.DistributedError: Ray missing or unreachable, or no node for emulations
+            (what this call created in ``out`` is removed: nothing was measured).
         testbed.errors.RunFailure: an emulated cell failed (the cells finished before it are kept);
             ``out`` cannot be written, checked before any cell runs, or a write failed later (a
             full disk: exit code 3, naming the file; every file is written whole or not at all).
@@ -273,33 +382,68 @@ def sweep(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[i
     if emulate and ray_address is None and os.geteuid() != 0:
         raise RunFailure("sweep --emulate: the emulation needs root on this machine (sudo)", EXIT_INPUT)
     cells = _plan_cells(experiments, policies, seeds, out, duration_s, emulate, link_emulator)
+    inputs = sweep_inputs(cells, policies, seeds, duration_s, emulate, link_emulator)
+    check_out(out, inputs)
     problem = runs_dir_problem(out)
     if problem:
         raise RunFailure(f"--out {out}: {problem}; nothing was run", EXIT_BRINGUP)
-    return _sweep_cells(cells, policies, out, jobs, duration_s, keep_runs, console, backend, ray_address,
+    record = {"made_by": "testbed sweep", "inputs": inputs, "experiment_files": [str(e) for e in experiments]}
+    return _sweep_cells(cells, record, out, jobs, duration_s, keep_runs, console, backend, ray_address,
                         emulate, link_emulator)
 
 
-def _sweep_cells(cells: list, policies: Sequence[str], out: Path, jobs: int | None, duration_s: float | None,
+def _sweep_cells(cells: list, record: dict, out: Path, jobs: int | None, duration_s: float | None,
                  keep_runs: bool, console, backend: str, ray_address: str | None, emulate: bool,
                  link_emulator: str | None) -> pd.DataFrame:
-    """Run the cells not finished in ``out`` with a progress bar, then write the results (:func:`sweep`)."""
+    """Write ``record`` (``sweep.json``) unless there, run the cells not finished in ``out`` with a
+    progress bar, then write the results (:func:`sweep`). On any failure before a cell finished,
+    what this call created is removed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    created = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)
+    wrote_record = False
+    try:
+        with _writing_results(out):
+            out.mkdir(parents=True, exist_ok=True)
+            if not (out / SWEEP_RECORD).exists():
+                write_json_atomic(out / SWEEP_RECORD, record)
+                wrote_record = True
+        runs_dir = str(out / "runs") if keep_runs or emulate else None
+        pending = _pending_cells(cells, console)
+        if len(pending) < len(cells):
+            console.print(f"sweep: {len(cells) - len(pending)} of {len(cells)} cells already done in "
+                          f"{out / 'cells'}; running the other {len(pending)}", markup=False, highlight=False)
+        with Progress(TextColumn("[bold]sweep[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[info]}"), console=console) as prog:
+            task = prog.add_task("sweep", total=len(cells), completed=len(cells) - len(pending), info="")
+            if pending:
+                _run_cells(pending, duration_s, runs_dir, emulate, link_emulator, jobs, backend, ray_address,
+                           prog, task)
+    except BaseException:
+        _undo_if_nothing_measured(out, created, wrote_record)
+        raise
     with _writing_results(out):
-        out.mkdir(parents=True, exist_ok=True)
-    runs_dir = str(out / "runs") if keep_runs or emulate else None
-    pending = [c for c in cells if not c[3].exists()]
-    if len(pending) < len(cells):
-        console.print(f"sweep: {len(cells) - len(pending)} of {len(cells)} cells already done in {out / 'cells'}; "
-                      f"running the other {len(pending)}")
-    with Progress(TextColumn("[bold]sweep[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[info]}"), console=console) as prog:
-        task = prog.add_task("sweep", total=len(cells), completed=len(cells) - len(pending), info="")
-        if pending:
-            _run_cells(pending, duration_s, runs_dir, emulate, link_emulator, jobs, backend, ray_address, prog, task)
-    with _writing_results(out):
-        return write_results([c[3] for c in cells], policies, out)
+        return write_results([c[3] for c in cells], record["inputs"]["policies"], out)
+
+
+def _undo_if_nothing_measured(out: Path, created: Path | None, wrote_record: bool) -> None:
+    """After a failed sweep: when the only file this call left is its ``sweep.json`` (no cell, no
+    kept run), remove what it created (``created``, the topmost folder it made, or the record and
+    the empty folders in an ``out`` that was empty); anything measured is kept."""
+    top = created or out
+    if not top.is_dir():
+        return
+    ours = {out / SWEEP_RECORD} if wrote_record else set()
+    if any(p not in ours for p in top.rglob("*") if not p.is_dir()):
+        return
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
+    elif wrote_record:  # ``out`` was empty: it is again
+        for p in list(out.iterdir()):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
 
 def write_results(cell_files: Sequence[Path], policies: Sequence[str], out: Path) -> pd.DataFrame:
@@ -307,9 +451,17 @@ def write_results(cell_files: Sequence[Path], policies: Sequence[str], out: Path
     written whole or not at all (:func:`testbed.util.replace_atomic`).
 
     Raises:
+        RunFailure: a cell file does not read back (:func:`read_cell`; named: run the sweep again
+            to run that cell again); nothing is written then.
         OSError: a file cannot be written (the others are as they were, or whole)."""
     pol_rank = {p: i for i, p in enumerate(policies)}
-    runs = pd.concat([pd.read_parquet(f) for f in cell_files], ignore_index=True)
+    rows = []
+    for f in cell_files:
+        try:
+            rows.append(read_cell(f))
+        except ValueError as exc:
+            raise RunFailure(f"cell file {f} {exc}; no table was written", EXIT_BRINGUP) from None
+    runs = pd.concat(rows, ignore_index=True)
     runs = runs.sort_values(["scenario", "policy", "seed"], key=lambda c: c.map(pol_rank) if c.name == "policy"
                             else c).reset_index(drop=True)
     replace_atomic(out / "runs.csv", lambda p: runs.to_csv(p, index=False))

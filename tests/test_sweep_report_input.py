@@ -1,0 +1,129 @@
+"""``testbed sweep --out`` and ``testbed report`` on folders that are not theirs to write.
+
+A sweep writes only into a new or empty folder, or resumes one it made with the same inputs
+(``sweep.json``); it refuses another tool's folder (an evaluation's ``runs.csv`` and
+``results.md``), a sweep of other inputs, and a path under a file, before anything runs. A cell
+file cut short is run again, not a traceback at the end. A sweep whose backend never came up
+leaves no folder behind. ``testbed report`` only reads the runs it reports on: an unfinished
+run's sources are merged in memory, never into the run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from testbed.cli import main
+from testbed.errors import InputError
+from testbed.sweep import sweep
+
+REPO = Path(__file__).resolve().parent.parent
+TRIANGLE = str(REPO / "experiments/triangle.yaml")
+
+
+def _said(capsys) -> str:
+    got = capsys.readouterr()
+    return " ".join((got.out + got.err).split())  # the console wraps long lines
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _sweep_args(out: Path, *more: str) -> list[str]:
+    return ["sweep", TRIANGLE, "--policies", "closest", "--seeds", "1", "--duration", "2s", "--jobs", "1",
+            "--out", str(out), *more]
+
+
+# ------------------------------------------------------------------------------------------- sweep
+
+
+def test_sweep_refuses_a_folder_another_tool_made(tmp_path, capsys):
+    """The review: --out at a copy of an ASET evaluation folder replaced its runs.csv, so its
+    results.md no longer matched it."""
+    ev = tmp_path / "aset-tiny"
+    ev.mkdir()
+    (ev / "runs.csv").write_text("scenario,policy,seed,success_ratio\naset-tiny,aset,1,0.9\n")
+    (ev / "results.md").write_text("| policy | success |\n| aset | 0.9 |\n")
+    before = _files(ev)
+    assert main(_sweep_args(ev)) == 2
+    said = _said(capsys)
+    assert f"--out {ev}: the folder holds results.md, runs.csv but no sweep.json" in said, said
+    assert "Traceback" not in said and "nothing was run" in said
+    assert _files(ev) == before and sorted(p.name for p in ev.iterdir()) == ["results.md", "runs.csv"]
+
+
+def test_sweep_resumes_its_own_folder_and_refuses_other_inputs(tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert main(_sweep_args(out)) == 0
+    record = json.loads((out / "sweep.json").read_text())
+    assert record["inputs"]["policies"] == ["closest"] and record["inputs"]["seeds"] == [1]
+    assert record["inputs"]["duration_s"] == 2.0
+    capsys.readouterr()
+    assert main(_sweep_args(out)) == 0  # the same inputs: resumed, nothing runs again
+    assert "1 of 1 cells already done" in _said(capsys)
+    before = _files(out)
+    for other, what in ((["--duration", "3s"], "duration_s: 2.0 there, 3.0 here"),
+                        (["--seeds", "2"], "seeds: [1] there, [1, 2] here"),
+                        (["--policies", "cloud"], "policies: ['closest'] there, ['cloud'] here")):
+        args = _sweep_args(out)
+        for flag, value in zip(other[::2], other[1::2], strict=True):
+            args[args.index(flag) + 1] = value
+        assert main(args) == 2, other
+        said = _said(capsys)
+        assert f"--out {out} holds a sweep of other inputs" in said and what in said, said
+        assert _files(out) == before  # its runs.csv and tables as they were
+
+
+def test_a_cell_file_cut_short_runs_again(tmp_path, capsys):
+    """The review: a truncated cells/.../closest-s1.parquet counted as done, then the end of the
+    sweep died in pyarrow (ArrowInvalid: magic bytes not found)."""
+    out = tmp_path / "sw"
+    assert main(_sweep_args(out)) == 0
+    (cell,) = (out / "cells").rglob("closest-s1.parquet")
+    whole = pd.read_parquet(cell)
+    cell.write_bytes(cell.read_bytes()[:100])
+    capsys.readouterr()
+    assert main(_sweep_args(out)) == 0
+    said = _said(capsys)
+    assert f"cell file {cell} cannot be read back" in said and "running that cell again" in said, said
+    assert "Traceback" not in said and "0 of 1" not in said
+    pd.testing.assert_frame_equal(pd.read_parquet(cell).drop(columns="wall_s"), whole.drop(columns="wall_s"))
+    assert len(pd.read_csv(out / "runs.csv")) == 1
+
+
+def test_another_cells_row_in_a_cell_file_runs_again(tmp_path):
+    out = tmp_path / "sw"
+    sweep([TRIANGLE], ["closest"], [1, 2], out, jobs=1, duration_s=2.0)
+    s1, s2 = sorted((out / "cells").rglob("*.parquet"))
+    shutil.copyfile(s1, s2)  # seed 1's row under seed 2's name
+    sweep([TRIANGLE], ["closest"], [1, 2], out, jobs=1, duration_s=2.0)
+    assert pd.read_csv(out / "runs.csv")["seed"].tolist() == [1, 2]
+
+
+def test_sweep_out_under_a_file_is_refused_by_name(tmp_path, capsys):
+    """The review: --out <file>/sub said 'nothing was run; the cells finished so far are kept: run
+    again to resume'."""
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert main(_sweep_args(f / "sub")) == 2
+    said = _said(capsys)
+    assert f"--out {f / 'sub'}: {f} is a file, not a folder; nothing was run" in said, said
+    assert "resume" not in said and f.read_text() == "x"
+
+
+def test_an_unreachable_ray_leaves_no_output_folder(tmp_path):
+    """The review: an unreachable --ray-address left an empty out folder behind."""
+    new = tmp_path / "new" / "sw"
+    with pytest.raises(InputError, match="127.0.0.1:1"):
+        sweep([TRIANGLE], ["closest"], [1], new, duration_s=2.0, ray_address="127.0.0.1:1")
+    assert not (tmp_path / "new").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError):
+        sweep([TRIANGLE], ["closest"], [1], empty, duration_s=2.0, ray_address="127.0.0.1:1")
+    assert list(empty.iterdir()) == []  # as it was: empty
