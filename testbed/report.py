@@ -141,13 +141,30 @@ def _json(path: Path) -> dict:
     return data
 
 
-def load_run(run_dir: Path) -> RunData:
-    """Load one run directory.
+#: ``run.json`` statuses of a run whose teardown did not merge its records: a ``records.csv`` or
+#: ``records.parquet`` in it is not the run's own (an older ``testbed report`` wrote one), so the
+#: report merges the sources instead.
+UNMERGED_STATUSES = ("running", "killed")
 
-    Records: ``records.parquet``, else ``records.csv``, else the per-source CSVs merged
-    (:func:`testbed.summary.merge_records`), each checked against the record schema
-    (:func:`testbed.summary.read_records`) and against the number of queries ``summary.json``
-    counted (a file cut at a line boundary has whole rows, but fewer).
+
+def merged_by_its_run(run_dir: Path) -> bool:
+    """Whether ``run_dir``'s ``records.csv``/``records.parquet`` is its own run's merge: present, and
+    ``run.json`` does not say the run stopped before its teardown (:data:`UNMERGED_STATUSES`).
+
+    Raises:
+        ReportError: ``run.json`` is not valid JSON (named)."""
+    run_dir = Path(run_dir)
+    present = (run_dir / "records.parquet").exists() or (run_dir / "records.csv").exists()
+    return present and _json(run_dir / "run.json").get("status") not in UNMERGED_STATUSES
+
+
+def load_run(run_dir: Path) -> RunData:
+    """Load one run directory; nothing in it is written (the report only reads its runs).
+
+    Records (:func:`_load_records`): ``records.parquet``, else ``records.csv``, else the per-source
+    CSVs merged in memory (:func:`testbed.summary.merge_records` with ``write=False``), each checked
+    against the record schema (:func:`testbed.summary.read_records`) and against the number of
+    queries ``summary.json`` counted (a file cut at a line boundary has whole rows, but fewer).
 
     Raises:
         ReportError: ``run_dir`` is not a directory or has no records at all.
@@ -156,22 +173,8 @@ def load_run(run_dir: Path) -> RunData:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: not a directory")
-    if (run_dir / "records.parquet").exists():
-        what = run_dir / "records.parquet"
-        df = read_records(what)
-    elif (run_dir / "records.csv").exists() and (run_dir / "records.csv").stat().st_size > 1:
-        what = run_dir / "records.csv"
-        df = read_records(what)
-    elif any((run_dir / "sources").glob("*.records.csv")):
-        from testbed.summary import merge_records
-
-        what = run_dir / "sources" / "*.records.csv"
-        df = merge_records(run_dir)
-        if not df.empty:
-            check_records(df, str(what))
-    else:
-        raise ReportError(f"{run_dir}: no records (records.parquet, records.csv or sources/*.records.csv)")
     run = _json(run_dir / "run.json")
+    df, what = _load_records(run_dir, run)
     summary = _json(run_dir / "summary.json")
     counted = summary.get("queries")
     if isinstance(counted, int) and counted != len(df):
@@ -184,6 +187,39 @@ def load_run(run_dir: Path) -> RunData:
                    _link_stats(ls),
                    pd.read_csv(hd) if hd.exists() and hd.stat().st_size > 1 else pd.DataFrame(),
                    run_status(run))
+
+
+def _load_records(run_dir: Path, run: dict) -> tuple[pd.DataFrame, Path]:
+    """A run's records and the file(s) they came from (:func:`load_run`). A run whose ``run.json``
+    says it did not reach its teardown (:data:`UNMERGED_STATUSES`) is read from its sources when it
+    has them. Nothing is written in ``run_dir``.
+
+    Raises:
+        ReportError: no records at all; testbed.summary.RecordsError: records not whole (named)."""
+    from testbed.summary import merge_records
+
+    sources = run_dir / "sources" / "*.records.csv"
+    has_sources = any((run_dir / "sources").glob("*.records.csv"))
+    if has_sources and run.get("status") in UNMERGED_STATUSES:
+        merged = None
+    elif (run_dir / "records.parquet").exists():
+        merged = run_dir / "records.parquet"
+    elif (run_dir / "records.csv").exists() and (run_dir / "records.csv").stat().st_size > 1:
+        merged = run_dir / "records.csv"
+    elif has_sources:
+        merged = None
+    else:
+        raise ReportError(f"{run_dir}: no records (records.parquet, records.csv or sources/*.records.csv)")
+    if merged is not None:
+        return read_records(merged), merged
+    try:
+        df = merge_records(run_dir, write=False)
+    except (OSError, ValueError) as exc:  # a source file cut inside a row, not CSV
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ReportError(f"{sources}: cannot merge the sources' records: {first}") from None
+    if not df.empty:
+        check_records(df, str(sources))
+    return df, sources
 
 
 LINK_STATS_COLUMNS = ("t", "a", "b", "kind", "util_ab", "util_ba")

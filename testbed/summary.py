@@ -164,8 +164,10 @@ def read_records(path: Path) -> pd.DataFrame:
     return df
 
 
-def merge_records(run_dir: Path) -> pd.DataFrame:
+def merge_records(run_dir: Path, *, write: bool = True) -> pd.DataFrame:
     """Concatenate ``sources/*.records.csv`` into ``records.csv`` and ``records.parquet`` (by t0).
+    ``write=False``: only return the merged frame, nothing is written in ``run_dir`` (a reader's
+    merge, ``testbed report``: the run's own merge is its teardown's).
 
     When the packet analysis ran (``capture/queries.csv``), its ``pkt_*`` columns are joined by
     ``query_id`` (left join: queries not seen on the wire keep empty ``pkt_*`` cells). The sources'
@@ -185,6 +187,8 @@ def merge_records(run_dir: Path) -> pd.DataFrame:
             q = read_csv_exact(pkt)
             if not q.empty and "query_id" in q:
                 df = df.merge(q.drop_duplicates("query_id"), on="query_id", how="left", validate="one_to_one")
+    if not write:
+        return df
     try:
         replace_atomic(run_dir / "records.csv", lambda p: df.to_csv(p, index=False))
         if not df.empty:

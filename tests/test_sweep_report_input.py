@@ -127,3 +127,58 @@ def test_an_unreachable_ray_leaves_no_output_folder(tmp_path):
     with pytest.raises(InputError):
         sweep([TRIANGLE], ["closest"], [1], empty, duration_s=2.0, ray_address="127.0.0.1:1")
     assert list(empty.iterdir()) == []  # as it was: empty
+
+
+# ------------------------------------------------------------------------------------------- report
+
+
+@pytest.fixture
+def unfinished_run(tmp_path) -> Path:
+    """A tiny simulated run made to look like an emulation killed before its teardown: only its
+    sources' records, ``run.json`` saying running."""
+    assert main(["simulate", TRIANGLE, "--duration", "2s", "--runs-dir", str(tmp_path / "runs")]) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    for name in ("records.csv", "records.parquet", "summary.json"):
+        (run / name).unlink()
+    info = json.loads((run / "run.json").read_text())
+    info.update(status="running", mode="emulation")
+    (run / "run.json").write_text(json.dumps(info))
+    return run
+
+
+def _sources_rows(run: Path) -> int:
+    return sum(len(pd.read_csv(p)) for p in (run / "sources").glob("*.records.csv"))
+
+
+def test_report_does_not_write_into_the_run_it_reads(unfinished_run, tmp_path, capsys):
+    """The review: a report of a run with only sources/*.records.csv wrote records.csv and
+    records.parquet into it (merge_records), which later reports then preferred."""
+    from testbed.report import build_report
+
+    before = _files(unfinished_run)
+    assert main(["report", str(unfinished_run), "--out", str(tmp_path / "rep")]) == 0
+    assert _files(unfinished_run) == before
+    out = build_report([unfinished_run], tmp_path / "rep2")
+    assert _files(unfinished_run) == before and out["html"].exists()
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert f"{_sources_rows(unfinished_run)} queries" in md and "unfinished" in md
+
+
+def test_report_of_an_unfinished_run_reads_its_sources_not_an_older_snapshot(unfinished_run):
+    """A records.csv that an older ``testbed report`` left in an unfinished run is not the run's own
+    merge: the sources (which went on growing) are read."""
+    from testbed.report import load_run
+
+    merged = pd.concat([pd.read_csv(p) for p in sorted((unfinished_run / "sources").glob("*.records.csv"))])
+    merged = merged.sort_values("t0_ns")
+    merged.head(2).to_csv(unfinished_run / "records.csv", index=False)
+    merged.head(2).to_parquet(unfinished_run / "records.parquet", index=False)
+    assert len(load_run(unfinished_run).records) == _sources_rows(unfinished_run) > 2
+
+
+def test_the_runs_own_merge_still_writes_the_merged_records(unfinished_run):
+    from testbed.summary import merge_records
+
+    df = merge_records(unfinished_run)
+    assert len(pd.read_csv(unfinished_run / "records.csv")) == len(df) == _sources_rows(unfinished_run)
+    assert (unfinished_run / "records.parquet").exists()

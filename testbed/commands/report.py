@@ -17,7 +17,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: RUN_DIR/report for one run, <parent>/report-<time> for several)")
     p.add_argument("--analyze", action="store_true",
-                   help="(re)run the packet analysis of runs that have a pcap/ folder before reporting")
+                   help="(re)run the packet analysis of runs that have a pcap/ folder before reporting: it "
+                        "writes RUN_DIR/capture/, and refreshes the merged records a finished run has; "
+                        "without it the report only reads the runs")
     p.set_defaults(func=_run)
 
 
@@ -33,10 +35,12 @@ def _run(args: argparse.Namespace) -> int:
     for d in args.run_dirs:
         if args.analyze and (d / "pcap" / "capture.json").exists():
             from testbed.capture.analysis import analyze_run
+            from testbed.report import merged_by_its_run
             from testbed.summary import merge_records
 
             res = analyze_run(d)
-            merge_records(d)
+            if merged_by_its_run(d):  # its pkt_* columns anew; a run without its own merge is merged in memory
+                merge_records(d)
             console.print(f"{d}: packet analysis matched {res['queries_matched']} queries")
     out = build_report(args.run_dirs, args.out)  # a ReportError (InputError) is printed once by testbed.cli
     if out["warning"]:
