@@ -11,13 +11,14 @@ keep the features near [0, 1]); each is a config value. Quantities carry their u
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from testbed.config import ConfigError, format_validation_error
+from testbed.config import MAX_SEED, ConfigError, format_validation_error
 from testbed.errors import counted
 from testbed.schema import Num, StrictModel, YamlValueError, load_yaml, unit_pair
 from testbed.units import parse_delay_ms, parse_duration_s
@@ -39,6 +40,28 @@ def _nonempty(v: dict[str, list[str]] | None, what: str, why: str) -> dict[str, 
         raise ValueError(f"{{}} names no scenario{why}: give each {what} (its experiment name: one policy per "
                          f"source, sources sorted by name), or leave it out")
     return v
+
+
+#: A seed of the ASET config: the range ``testbed ... --seeds`` accepts (numpy's and TensorFlow's seeds).
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+
+
+def check_scenario_keys(item: str, table: Mapping[str, Any] | None, known: Mapping[str, str]) -> None:
+    """Refuse a key of a per-scenario table (``reward.baseline_mix``, ``observation.plans``) that
+    names no training scenario: ONE rule for every such table (:meth:`AsetConfig.check_scenario_keys`).
+
+    Args:
+        item: the table's key in the config (``observation.plans``). table: the table (None: not set).
+        known: each training scenario's name (:func:`plan_key`) -> how the message shows it (e.g.
+            with its file).
+
+    Raises:
+        ConfigError: ``<item>.<key>: no training scenario has that name (known: ...)``.
+    """
+    for key in table or {}:
+        if key not in known:
+            raise ConfigError(f"{item}.{key}: no training scenario has that name "
+                              f"(known: {', '.join(sorted(known.values()))})")
 
 
 def _set_away_from_default(model: StrictModel, keys: tuple[str, ...]) -> list[str]:
@@ -94,6 +117,18 @@ class ObservationSpec(StrictModel):
     @classmethod
     def _some_plan(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
         return _nonempty(v, "scenario's planned per-source policies", "")
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> ObservationSpec:
+        """This spec with ``overrides`` applied and the whole validated again, a quantity in either
+        form (``window="1s"`` replaces ``window_ms``, as in the config file).
+
+        Raises:
+            pydantic.ValidationError: an unknown key (``extra_forbidden``) or a bad value, each
+                located by its key.
+        """
+        base = {k: v for k, v in self.model_dump().items()
+                if k not in overrides and k.rsplit("_", 1)[0] not in overrides}
+        return ObservationSpec.model_validate({**base, **overrides})
 
     def planned(self, scenario: str, sources: list[str] | tuple[str, ...]) -> list[str] | None:
         """The planned policy of each source (in the order of ``sources``, sorted by name) for an
@@ -272,7 +307,8 @@ class TrainingSpec(StrictModel):
     dispatcher), episodes of ``episode_s`` simulated seconds, a checkpoint every
     ``checkpoint_every`` steps, output in ``out_dir`` (relative to the config file's folder's
     parent, i.e. the repository). ``seeds``: one training run per seed (learning curves of each;
-    the exported policy is the one of ``export_seed``, default the first). ``rollout_workers``:
+    the exported policy is the one of ``export_seed``, default the first); at least one, each in
+    0 .. :data:`testbed.config.MAX_SEED` like ``seed`` (left out: ``[seed]``). ``rollout_workers``:
     0 = episodes simulated in the learner's process; N >= 1 = N episodes at a time in parallel
     workers (:mod:`testbed.distributed`) with the current greedy weights and epsilon, their
     transitions then replayed by the learner.
@@ -286,8 +322,8 @@ class TrainingSpec(StrictModel):
     method: Literal["dqn", "rollout"] = "dqn"
     rollout: RolloutSpec = RolloutSpec()
     scenarios: list[str] = Field(min_length=1)
-    seeds: list[int] | None = None
-    export_seed: int | None = None
+    seeds: list[Seed] | None = Field(None, min_length=1)
+    export_seed: Seed | None = None
     rollout_workers: int = Field(0, ge=0, le=64)
     steps: int = Field(20_000, ge=1)
     episode_s: Num = Field(30.0, gt=0)
@@ -409,6 +445,17 @@ class AsetConfig(StrictModel):
                     f"(observation.window, {self.observation.window_ms:g} ms)")
         return None
 
+    def check_scenario_keys(self, known: Mapping[str, str]) -> None:
+        """Refuse a key of ``reward.baseline_mix`` or ``observation.plans`` that names no training
+        scenario (:func:`check_scenario_keys`); ``known``: each training scenario's name
+        (:func:`plan_key`) -> how the message shows it (e.g. with its file).
+
+        Raises:
+            ConfigError: naming the item (``observation.plans.nosuch``) and the known scenarios.
+        """
+        check_scenario_keys("reward.baseline_mix", self.reward.baseline_mix, known)
+        check_scenario_keys("observation.plans", self.observation.plans, known)
+
     @property
     def policies(self) -> tuple[str, ...]:
         """The action set (``actions`` or the whole catalogue)."""
@@ -417,7 +464,7 @@ class AsetConfig(StrictModel):
         return tuple(self.actions or CATALOGUE)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    seed: int = 1
+    seed: Seed = 1
     actions: list[str] | None = None
     observation: ObservationSpec = ObservationSpec()
     agent: AgentSpec = AgentSpec()
