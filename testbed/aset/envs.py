@@ -31,15 +31,18 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from pydantic import Field
 
 from testbed.aset.config import ObservationSpec, RewardSpec, plan_key
 from testbed.aset.episode import Episode, run_static
 from testbed.aset.observation import SourceContext, SourceObserver, context_size
 from testbed.plan import Plan
+from testbed.schema import Num, StrictModel
 
 #: A function drawing the plan of the next episode (randomised scenario) from the env's rng.
 PlanSampler = Callable[[np.random.Generator], Plan]
@@ -326,10 +329,49 @@ class AsetSimEnv(gym.Env):
         return obs, reward, False, truncated, info
 
 
+class SimEnvOptions(StrictModel):
+    """The keywords of :func:`make_sim_env` besides the observation overrides, typed: scenario
+    files (at least one), an ASET config file, the episode length (s, > 0), the load scale
+    (validated as ``training.randomise.load_scale``) and ``immediate_reward`` (true or false)."""
+
+    experiment: list[str] = Field(min_length=1)
+    config: str | None = None
+    episode_s: Num | None = Field(None, gt=0)
+    load_scale: tuple[Num, Num] = (1.0, 1.0)
+    immediate_reward: bool = False
+
+
+def _validated(build: Callable[[], Any], what: str) -> Any:
+    """What ``build`` (a pydantic validation) returns.
+
+    Raises:
+        ConfigError: each offending item located (``format_validation_error``), under ``what``.
+    """
+    from pydantic import ValidationError
+
+    from testbed.config import ConfigError, format_validation_error
+
+    try:
+        return build()
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "make_sim_env", what=what)) from None
+
+
+def _as_names(value: Any) -> Any:
+    """Paths as strings (a path or a list of them), anything else as it is (the model refuses it)."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [str(v) if isinstance(v, Path) else v for v in value]
+    return value
+
+
 def make_sim_env(experiment: str | list[str], config: str | None = None, episode_s: float | None = None,
                  load_scale: tuple[float, float] = (1.0, 1.0), immediate_reward: bool = False,
                  **overrides: Any) -> AsetSimEnv:
     """The entry point of ``gymnasium.make("testbed/AsetSim-v0", experiment=...)``.
+
+    Every keyword is validated before any scenario is planned.
 
     Args:
         experiment: a scenario file, or several (one drawn per episode).
@@ -338,19 +380,41 @@ def make_sim_env(experiment: str | list[str], config: str | None = None, episode
         episode_s: episode length (default: the first experiment's duration).
         load_scale: every arrival rate x U(low, high) per episode.
         immediate_reward: settle each window at once (single-step learners; module docstring).
-        overrides: ``window_ms=...`` etc. for the observation spec.
+        overrides: keys of the observation spec (:class:`ObservationSpec`), a quantity in either
+            form, as in the config file (``window="1s"`` or ``window_ms=1000``).
+
+    Raises:
+        ConfigError: a keyword of another type or out of range, an unknown keyword, an invalid
+            config or scenario file, or a window that is not a whole multiple of a scenario's
+            report interval; each named. PlanError, TopologyError: a scenario cannot be planned.
+        ValueError: ``episode_s`` shorter than one window.
     """
-    from pathlib import Path
-
     from testbed.aset.config import AsetConfig, RandomiseSpec, load_aset_config
+    from testbed.aset.episode import window_of
     from testbed.aset.train import scenario_sampler
+    from testbed.config import ConfigError
 
-    cfg = load_aset_config(config)[0] if config else AsetConfig(name="gym")
-    paths = [Path(experiment)] if isinstance(experiment, str | Path) else [Path(p) for p in experiment]
-    sampler, plans = scenario_sampler(paths, RandomiseSpec(load_scale=load_scale))
-    spec = cfg.observation.model_copy(update=overrides) if overrides else cfg.observation
-    return AsetSimEnv(sampler, spec, episode_s or plans[0].experiment.duration_s, policies=cfg.policies,
-                      reward=cfg.reward, immediate_reward=immediate_reward)
+    exps = [experiment] if isinstance(experiment, str | Path) else experiment
+    opts = _validated(lambda: SimEnvOptions.model_validate({
+        "experiment": _as_names(exps), "config": _as_names(config), "episode_s": episode_s,
+        "load_scale": _as_names(load_scale), "immediate_reward": immediate_reward}), "keyword")
+    cfg = load_aset_config(opts.config)[0] if opts.config else AsetConfig(name="gym")
+    fields = list(ObservationSpec.model_fields)
+    observed = [*fields, *(k.removesuffix("_ms") for k in fields if k.endswith("_ms"))]  # window: 1s
+    what = "observation override" if set(overrides) <= set(observed) else (
+        f"keyword: make_sim_env takes {', '.join(SimEnvOptions.model_fields)} and the observation's "
+        f"{', '.join(observed)}")
+    spec = _validated(lambda: cfg.observation.with_overrides(overrides), what)
+    randomise = _validated(lambda: RandomiseSpec(load_scale=opts.load_scale), "load_scale")
+    paths = [Path(p) for p in opts.experiment]
+    sampler, plans = scenario_sampler(paths, randomise)
+    for path, plan in zip(paths, plans, strict=True):
+        try:
+            window_of(plan, spec.window_ms / 1e3)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: {exc} (the observation window, window_ms)") from None
+    return AsetSimEnv(sampler, spec, opts.episode_s or plans[0].experiment.duration_s, policies=cfg.policies,
+                      reward=cfg.reward, immediate_reward=opts.immediate_reward)
 
 
 class AsetLiveEnv(gym.Env):
