@@ -220,11 +220,18 @@ def _check_ports(plan: Plan) -> None:
 
 
 def _check_aset(plan: Plan) -> None:
-    """The ASET checkpoint loads and has a plan for this experiment, if any source uses it."""
+    """The ASET checkpoint fits every source that applies ``aset``: it loads, and passes each check
+    its live selector applies in the source process (window, clusters, applications, source,
+    plan, observation size: :func:`testbed.aset.live.check_experiment_checkpoint` on the plan).
+
+    Raises:
+        RunError: (exit code 2) naming the checkpoint, the source and what is wrong; a missing,
+            unreadable or corrupt file included.
+    """
     from testbed.aset.live import check_experiment_checkpoint
 
     try:
-        check_experiment_checkpoint(plan.experiment)
+        check_experiment_checkpoint(plan)
     except (OSError, ValueError) as exc:
         raise RunError(str(exc), EXIT_INPUT) from None
 

@@ -29,14 +29,17 @@ import json
 import os
 import socket
 import time
+import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 
 from testbed.aset.config import plan_key
 from testbed.aset.npolicy import NumpyPolicy, ObservationSizeError
-from testbed.aset.observation import SourceContext, SourceObserver
+from testbed.aset.observation import SourceContext, SourceObserver, context_size
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,24 +50,134 @@ def checkpoint_path(checkpoint: str, repo_dir: str | Path | None = None) -> Path
     return ckpt if ckpt.is_absolute() else Path(repo_dir or REPO) / ckpt
 
 
-def check_experiment_checkpoint(experiment, repo_dir: str | Path | None = None) -> None:
-    """Refuse, before a run is built, an ASET checkpoint its sources could not load: a missing or
-    malformed checkpoint file, or one with observation plans (``observation.plans``) and none for
-    this experiment (its ``name``). Does nothing when no source applies ``aset``.
+class CheckpointFileError(ValueError):
+    """An ASET checkpoint's files exist but cannot be read (a truncated ``.npz``, a JSON that is not
+    the export's); the message names the file."""
+
+
+def load_checkpoint(ckpt: Path) -> NumpyPolicy:
+    """The exported policy at ``ckpt`` (:class:`NumpyPolicy`), a corrupt file refused by name.
 
     Raises:
-        ValueError: naming the checkpoint and what is wrong (FileNotFoundError for a missing file).
+        FileNotFoundError: a file of the pair is missing.
+        CheckpointFileError: a file cannot be read (e.g. ``zipfile.BadZipFile`` of a truncated
+            ``.npz``, a JSON without a key of the export), naming the checkpoint.
+        ValueError: the files do not match (:class:`NumpyPolicy`; ObservationSizeError).
     """
+    try:
+        return NumpyPolicy(ckpt)
+    except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, TypeError, json.JSONDecodeError,
+            UnicodeDecodeError, ValidationError) as exc:
+        what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointFileError(f"ASET checkpoint {ckpt}: cannot read it ({type(exc).__name__}: {what}); "
+                                  f"export it again (testbed train)") from None
+
+
+def _check_window(policy: NumpyPolicy, window_s: float | None, ckpt: Path) -> None:
+    """Refuse an ``aset.window`` that is not the checkpoint's (the arrival-rate features are per window).
+
+    Raises:
+        ValueError: naming both windows.
+    """
+    window_ms = policy.obs_spec.window_ms
+    if window_s is not None and abs(float(window_s) * 1e3 - window_ms) > 1e-6:
+        raise ValueError(f"aset.window {float(window_s) * 1e3:g} ms differs from the checkpoint's "
+                         f"window {window_ms:g} ms ({ckpt}); set aset.window to {window_ms:g}ms")
+
+
+def _checkpoint_sources(policy: NumpyPolicy, source: str, ckpt: Path) -> tuple[str, ...]:
+    """The source-id order of the checkpoint (its ``sources``), which must include ``source``.
+
+    Raises:
+        ObservationSizeError: an older format without sources. ValueError: ``source`` is not one.
+    """
+    sources = policy.sources
+    if not sources:  # an older format: its observation has no source identity
+        n = policy.obs_size
+        raise ObservationSizeError(f"ASET checkpoint {ckpt}: format {policy.format} takes observations of "
+                                   f"{n} features without the source identity; this testbed's observation adds "
+                                   f"one feature per source of the experiment ({n} + n_sources, from the "
+                                   f"checkpoint's 'sources', which it lacks): retrain with testbed train")
+    if source not in sources:
+        raise ValueError(f"source {source!r} is not one of the checkpoint's sources {list(sources)} ({ckpt}): "
+                         f"its source identity is unknown")
+    return sources
+
+
+def source_context(policy: NumpyPolicy, cfg, ckpt: Path) -> SourceContext:
+    """The observation context of the source of ``cfg`` (a :class:`testbed.boundaries.SourceConfig`)
+    under ``policy``, after EVERY check that the checkpoint fits it: the ONE check of the live
+    selector and of the run's pre-check (:func:`check_experiment_checkpoint`).
+
+    Raises:
+        ValueError: ``aset.window`` is not the checkpoint's window; the source's clusters are not
+            the checkpoint's, or an application is unknown to it; the source is not one of its
+            sources; it has plans and none (or one of another size) for this experiment; each
+            named. ObservationSizeError: an older format, or another observation size.
+    """
+    meta = policy.meta
+    _check_window(policy, cfg.aset.window_s if cfg.aset is not None else None, ckpt)
+    rtt: dict[str, float] = {}
+    for o in cfg.options:
+        c = o.option.cluster
+        rtt[c] = min(rtt.get(c, float("inf")), float(o.option.rtt_ms))
+    if set(rtt) != set(meta["clusters"]):
+        raise ValueError(f"source {cfg.source!r}: clusters {sorted(rtt)} differ from the checkpoint's "
+                         f"{meta['clusters']} ({ckpt})")
+    unknown = sorted({a.name for a in cfg.applications} - set(meta["applications"]))
+    if unknown:
+        raise ValueError(f"source {cfg.source!r}: applications {unknown} unknown to the checkpoint "
+                         f"(trained on {meta['applications']})")
+    sources = _checkpoint_sources(policy, cfg.source, ckpt)
+    deadline = {a.name: float(a.deadline_ms) for a in cfg.applications}
+    deadline.update({a: d for a, d in zip(meta["applications"], meta.get("deadlines_ms") or [], strict=False)
+                     if a not in deadline})
+    planned = policy.obs_spec.planned(plan_key(cfg, cfg.experiment or ""), sources)
+    ctx = SourceContext(cfg.source, tuple(meta["applications"]), tuple(meta["clusters"]),
+                        tuple(rtt[c] for c in meta["clusters"]), tuple(meta["policies"]),
+                        tuple(deadline.get(a, 0.0) for a in meta["applications"]), sources=sources,
+                        plan=planned[sources.index(cfg.source)] if planned else None)
+    policy.check_size(context_size(ctx, policy.obs_spec), f"the live selector of source {cfg.source!r}")
+    return ctx
+
+
+def check_experiment_checkpoint(run, repo_dir: str | Path | None = None) -> None:
+    """Refuse, before a run is built, an ASET checkpoint its sources could not load.
+
+    ``run``: the run's :class:`testbed.plan.Plan`: every check of the live selector
+    (:func:`source_context`) on the config each ``aset`` source will get; or an ``Experiment``
+    alone: the checks that need no network (the file, ``aset.window``, a plan for this experiment
+    when the checkpoint has ``observation.plans``). Does nothing when no source applies ``aset``.
+
+    Raises:
+        ValueError: naming the checkpoint, the source(s) and what is wrong
+            (FileNotFoundError for a missing file; :class:`CheckpointFileError` for a corrupt one).
+    """
+    plan = run if hasattr(run, "experiment") else None
+    experiment = run.experiment if plan is not None else run
     uses = [s.name for s in experiment.sources if (s.policy or experiment.policy) == "aset"]
     if not uses or experiment.aset is None or not experiment.aset.checkpoint:
         return
     ckpt = checkpoint_path(experiment.aset.checkpoint, repo_dir)
-    pol = NumpyPolicy(ckpt)
-    if pol.obs_spec.plans is not None:
+    policy = load_checkpoint(ckpt)
+    if plan is None:
         try:
-            pol.obs_spec.planned(plan_key(experiment), pol.sources)
+            _check_window(policy, experiment.aset.window_s, ckpt)
+            if policy.obs_spec.plans is not None:
+                policy.obs_spec.planned(plan_key(experiment), policy.sources)
         except ValueError as exc:
             raise ValueError(f"ASET checkpoint {ckpt} (sources {', '.join(uses)}): {exc}") from None
+        return
+    from testbed.boundaries import SourceConfig
+
+    for name in uses:
+        cfg = SourceConfig.from_plan(plan, name, 0, experiment.duration_s, Path(plan.base_dir))
+        if cfg is None:  # no workload entry selects it: no source process, no selector
+            continue
+        try:
+            source_context(policy, cfg, ckpt)
+        except ValueError as exc:
+            raise ValueError(f"ASET checkpoint {ckpt} (source {name}): {exc}") from None
 
 
 class LivePolicySelector:
@@ -72,12 +185,12 @@ class LivePolicySelector:
 
     Raises:
         KeyError: ``cfg`` lacks ``aset.checkpoint``.
-        FileNotFoundError: the checkpoint files are missing.
-        ValueError: the emulation's clusters, applications or this source are not those the
-            checkpoint was trained on (the message names them);
-            :class:`~testbed.aset.npolicy.ObservationSizeError` when the checkpoint's network takes
-            another observation size than the one built here (e.g. a checkpoint of an older format,
-            without the source identity).
+        FileNotFoundError: the checkpoint files are missing; :class:`CheckpointFileError`: corrupt.
+        ValueError: the checkpoint does not fit this source (:func:`source_context`: the window,
+            the emulation's clusters, applications, this source, the plan; the message names
+            them); :class:`~testbed.aset.npolicy.ObservationSizeError` when the checkpoint's
+            network takes another observation size than the one built here (e.g. a checkpoint of
+            an older format, without the source identity).
     """
 
     def __init__(self, cfg):
@@ -85,34 +198,9 @@ class LivePolicySelector:
         if aset is None or not aset.checkpoint:
             raise KeyError("source config: 'aset.checkpoint' is required with policy 'aset'")
         ckpt = checkpoint_path(aset.checkpoint, cfg.repo_dir)
-        self.policy = NumpyPolicy(ckpt)
-        meta = self.policy.meta
-        window_ms = self.policy.obs_spec.window_ms
-        if aset.window_s is not None and abs(float(aset.window_s) * 1e3 - window_ms) > 1e-6:
-            raise ValueError(f"aset.window {float(aset.window_s) * 1e3:g} ms differs from the checkpoint's "
-                             f"window {window_ms:g} ms ({ckpt}); set aset.window to {window_ms:g}ms")
-        rtt: dict[str, float] = {}
-        for o in cfg.options:
-            c = o.option.cluster
-            rtt[c] = min(rtt.get(c, float("inf")), float(o.option.rtt_ms))
-        if set(rtt) != set(meta["clusters"]):
-            raise ValueError(f"source {cfg.source!r}: clusters {sorted(rtt)} differ from the checkpoint's "
-                             f"{meta['clusters']} ({ckpt})")
-        unknown = sorted({a.name for a in cfg.applications} - set(meta["applications"]))
-        if unknown:
-            raise ValueError(f"source {cfg.source!r}: applications {unknown} unknown to the checkpoint "
-                             f"(trained on {meta['applications']})")
-        sources = self._sources(cfg.source, ckpt)
-        deadline = {a.name: float(a.deadline_ms) for a in cfg.applications}
-        deadline.update({a: d for a, d in zip(meta["applications"], meta.get("deadlines_ms") or [], strict=False)
-                         if a not in deadline})
-        planned = self.policy.obs_spec.planned(plan_key(cfg, cfg.experiment or ""), sources)
-        self.ctx = SourceContext(cfg.source, tuple(meta["applications"]), tuple(meta["clusters"]),
-                                 tuple(rtt[c] for c in meta["clusters"]), tuple(meta["policies"]),
-                                 tuple(deadline.get(a, 0.0) for a in meta["applications"]), sources=sources,
-                                 plan=planned[sources.index(cfg.source)] if planned else None)
+        self.policy = load_checkpoint(ckpt)
+        self.ctx = source_context(self.policy, cfg, ckpt)
         self.observer = SourceObserver(self.ctx, self.policy.obs_spec)
-        self.policy.check_size(self.observer.size, f"the live selector of source {cfg.source!r}")
         self.decision_ns: list[int] = []
         sock = (aset.options or {}).get("control_socket")
         self.control = ControlClient(sock, cfg.source) if sock else None
@@ -123,20 +211,6 @@ class LivePolicySelector:
         self.start_ns = int(cfg.start_ns)
         if self.report_path is not None:
             atexit.register(self.write_report)
-
-    def _sources(self, source: str, ckpt: Path) -> tuple[str, ...]:
-        """The source-id order of the checkpoint (its ``sources``), which must include ``source``."""
-        sources = self.policy.sources
-        if not sources:  # an older format: its observation has no source identity
-            n = self.policy.obs_size
-            raise ObservationSizeError(f"ASET checkpoint {ckpt}: format {self.policy.format} takes observations of "
-                                       f"{n} features without the source identity; this testbed's observation adds "
-                                       f"one feature per source of the experiment ({n} + n_sources, from the "
-                                       f"checkpoint's 'sources', which it lacks): retrain with testbed train")
-        if source not in sources:
-            raise ValueError(f"source {source!r} is not one of the checkpoint's sources {list(sources)} ({ckpt}): "
-                             f"its source identity is unknown")
-        return sources
 
     def choose(self, state: Mapping) -> str:
         """The policy name for the next window (a name of the checkpoint's catalogue)."""
