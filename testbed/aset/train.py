@@ -32,12 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 
 from testbed.aset.config import AsetConfig, ObservationSpec, RandomiseSpec, RewardSpec, TrainingSpec, plan_key
 from testbed.aset.envs import SHAPE_PARTS, AsetSimEnv, PlanSampler, space_shape
-from testbed.config import ConfigError, Experiment, load_experiment
+from testbed.aset.episode import window_of
+from testbed.config import ConfigError, Experiment, format_validation_error, load_experiment
 from testbed.errors import InputError, counted, naming_file
-from testbed.plan import Plan, build_plan
+from testbed.plan import Plan, PlanError, build_plan, check_load_bounds
 from testbed.topology import load_topology
 from testbed.util import repo_path
 
@@ -185,7 +187,51 @@ def training_scenarios(cfg: AsetConfig, base: Path) -> tuple[PlanSampler, list[P
     sampler, plans = scenario_sampler(paths, cfg.training.randomise)
     check_reward_baselines(cfg.reward, plans, paths)
     check_plans(cfg.observation, plans, paths)
+    check_episode_loads(cfg, plans, paths)
     return sampler, plans
+
+
+def episode_windows(window_s: float, episode_s: float) -> int:
+    """The decision windows of one training episode of ``episode_s`` s: the number
+    :class:`testbed.aset.episode.Episode` runs (``episode_s`` rounded to whole windows, at least one)."""
+    return max(1, int(round(episode_s / window_s)))
+
+
+def check_episode_loads(cfg: AsetConfig, plans: list[Plan], paths: list[Path]) -> None:
+    """Refuse, before training, a scenario the training episodes cannot run: ``observation.window``
+    not a whole multiple of its report interval (:func:`window_of`), or a load out of the bounds of
+    :func:`testbed.plan.check_load_bounds` (e.g. fewer than 1 query expected) at the lowest or the
+    highest factor of ``training.randomise.load_scale``, over the EFFECTIVE episode (``training.episode``
+    in whole windows) and over the scenario's own duration (each episode's scaled plan is built at it).
+
+    Raises:
+        ConfigError: naming the scenario file, the item (``observation.window``, the load scale, the
+            episode) and the bound.
+    """
+    tr = cfg.training
+    for plan, path in zip(plans, paths, strict=True):
+        try:
+            window = window_of(plan, cfg.observation.window_ms / 1e3)
+        except ValueError as exc:
+            raise ConfigError(f"observation.window: {exc} (training scenario {path})") from None
+        episode = episode_windows(window, tr.episode_s) * window
+        for factor in sorted(set(tr.randomise.load_scale)):
+            try:
+                exp = scaled_experiment(plan.experiment, float(factor))
+            except ValidationError as exc:
+                raise ConfigError(format_validation_error(exc, f"{path} at load scale {factor:g} "
+                                                               f"(training.randomise.load_scale)")) from None
+            for what, duration in ((f"a training episode (training.episode {tr.episode_s:g} s in whole "
+                                    f"{window * 1e3:g} ms windows)", episode),
+                                   ("its own duration (each episode's scaled plan is built at it)",
+                                    float(plan.experiment.duration_s))):
+                if factor == 1 and duration == plan.experiment.duration_s:
+                    continue  # planned so already
+                try:
+                    check_load_bounds(exp, plan.weights, duration, Path(plan.base_dir))
+                except PlanError as exc:
+                    raise ConfigError(f"{path}: at load scale {factor:g} (training.randomise.load_scale) over "
+                                      f"{what}, {duration:g} s: {exc}") from None
 
 
 def check_plans(obs: ObservationSpec, plans: list, paths: list[Path]) -> None:

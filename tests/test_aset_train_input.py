@@ -1,0 +1,85 @@
+"""``testbed train``'s input checks (review of the ASET trainer): a new run starts from an emptied
+seed folder, a run that cannot train is refused up front and one that trained nothing exports
+nothing (exit 5), every output path, ``observation.window`` and the scenarios' load over the
+effective episode are checked before any folder is made, and ``training.seeds: []`` is refused.
+Simulator only; the runs that train are aset-tiny sized (seconds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+TRIANGLE = REPO / "experiments" / "triangle.yaml"
+
+
+def _scenario(folder: Path, name: str, rate: float) -> Path:
+    """The triangle experiment renamed ``name`` with ``rate`` q/s per source, in ``folder``."""
+    text = TRIANGLE.read_text().replace("../topologies/triangle.yaml", str(REPO / "topologies" / "triangle.yaml"))
+    text = text.replace("name: triangle", f"name: {name}", 1).replace("rate_qps: 4", f"rate_qps: {rate}")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def _config(tmp_path: Path, rollout: bool = False, observation: dict | None = None, **training) -> Path:
+    """aset-tiny with its scenario by absolute path, ``out_dir`` in ``tmp_path`` and ``training``
+    keys replaced (``rollout``: ``training.method: rollout`` with a small data set)."""
+    d = yaml.safe_load((REPO / "experiments" / "aset-tiny.yaml").read_text())
+    d["training"].update({"scenarios": [str(TRIANGLE)], "out_dir": str(tmp_path / "runs")})
+    d["observation"].update(observation or {})
+    if rollout:
+        d["agent"] = {"hidden": [8]}
+        d["observation"].setdefault("plans", {"triangle": ["closest", "closest"]})
+        d["training"] = {"method": "rollout", "scenarios": d["training"]["scenarios"], "episode": "2s",
+                         "out_dir": d["training"]["out_dir"], "rollout": {"episodes_per_scenario": 2, "epochs": 1}}
+    d["training"].update(training)
+    d.pop("evaluation")
+    path = tmp_path / "experiments" / "tiny.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def _error(capsys) -> str:
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Traceback" not in out
+    return out
+
+
+# ------------------------------------------------------------------ 4: the window
+def test_a_window_not_a_multiple_of_the_report_interval_is_refused_before_any_folder(tmp_path, capsys):
+    cfg = _config(tmp_path, observation={"window": "300ms"})
+    assert main(["train", str(cfg)]) == 2
+    out = _error(capsys)
+    assert out.startswith(f"error: {cfg}: observation.window: triangle: the decision window 300 ms must be a whole "
+                          f"multiple") and str(TRIANGLE) in out
+    assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------ 5: the load over the effective episode
+@pytest.mark.parametrize("rollout", [False, True])
+def test_a_scenario_expecting_under_one_query_per_episode_is_refused_naming_its_file(tmp_path, capsys, rollout):
+    low = _scenario(tmp_path / "scen", "trilow", 0.07)  # 0.07 x 2 sources x 8 s = 1.1 queries: plans
+    cfg = _config(tmp_path, rollout=rollout, observation={"plans": {"trilow": ["closest", "closest"]}} if rollout
+                  else None, scenarios=[str(low)], episode="1s")
+    assert main(["train", str(cfg)]) == 2
+    out = _error(capsys)
+    assert f"{low}: at load scale 0.6 (training.randomise.load_scale) over a training episode" in out
+    assert "expects 0.084 queries in 1 s" in out and "in 8 s" not in out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_lowest_load_scale_is_checked_over_the_scenarios_own_duration_too(tmp_path, capsys):
+    """Each episode's scaled plan is built at the scenario's own 8 s: at 0.6 x 0.07 q/s it expects
+    0.67 queries, refused there (it used to fail mid-training, when such a factor was drawn)."""
+    low = _scenario(tmp_path / "scen", "trilow", 0.07)
+    assert main(["train", str(_config(tmp_path, scenarios=[str(low)], episode="30s"))]) == 2
+    out = _error(capsys)
+    assert f"{low}: at load scale 0.6" in out and "its own duration" in out and "in 8 s" in out
+    assert not (tmp_path / "runs").exists()
