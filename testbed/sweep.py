@@ -15,9 +15,9 @@ JSON, the duration, simulation or emulation, the link emulator).
 
 ``OUT`` is the sweep's own: before any cell runs, the sweep writes ``OUT/sweep.json`` (its inputs:
 policies, seeds, duration, mode, each experiment by name and fingerprint). A sweep writes only
-into a new or empty folder, or resumes one whose ``sweep.json`` has the same inputs; any other
-folder (another tool's, e.g. an evaluation's ``runs.csv``, or a sweep of other inputs, whose
-tables would be replaced) is refused before anything runs, naming it and why. A sweep that fails
+into a new or empty folder, or into one a sweep made (``sweep.json``; with other inputs, e.g. more
+seeds, it says so and rewrites the tables for this call's); any other folder (another tool's, e.g.
+an evaluation's ``runs.csv``, which would be replaced) is refused before anything runs, naming it. A sweep that fails
 before it measured anything (Ray unreachable) removes what it created.
 
 At the end, the results table has one row per run (``runs.csv``/``runs.parquet``) and one per
@@ -287,10 +287,13 @@ def _differences(made: dict, inputs: dict) -> list[str]:
             if norm(k, made.get(k)) != norm(k, inputs[k])]
 
 
-def check_out(out: Path, inputs: dict) -> None:
+def check_out(out: Path, inputs: dict) -> list[str]:
     """Refuse an ``--out`` the sweep must not write in, before anything runs: a path under a file,
-    a folder that is not empty and that no sweep made (no ``sweep.json``: another tool's results,
-    e.g. an evaluation's ``runs.csv``, would be replaced), or a sweep's folder of other inputs.
+    or a folder that is not empty and that no sweep made (no ``sweep.json``: another tool's results,
+    e.g. an evaluation's ``runs.csv``, would be replaced). A sweep's own folder made with other
+    inputs (more seeds or policies, another duration: the usual way to extend a sweep) is taken,
+    and its differences are returned (``key: there, here``) for the caller to say: its cells are
+    kept, keyed by their inputs, and its tables are rewritten for these inputs.
 
     Raises:
         InputError: naming the folder and why (nothing was run or written)."""
@@ -298,8 +301,10 @@ def check_out(out: Path, inputs: dict) -> None:
     if blocker is not None and not blocker.is_dir():
         raise InputError(f"--out {out}: {blocker} is a file, not a folder; nothing was run")
     if not out.is_dir() or not any(out.iterdir()):
-        return
+        return []
     record = out / SWEEP_RECORD
+    if not record.is_file() and (out / "cells").is_dir():
+        return [f"{SWEEP_RECORD}: none there (a sweep made before sweeps recorded their inputs)"]
     if not record.is_file():
         names = sorted(p.name for p in out.iterdir())
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
@@ -311,9 +316,7 @@ def check_out(out: Path, inputs: dict) -> None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"--out {out}: {record} cannot be read as a sweep's record ({type(exc).__name__}: {exc}); "
                          f"nothing was run") from None
-    if diff:
-        raise InputError(f"--out {out} holds a sweep of other inputs ({'; '.join(diff)}): its tables would be "
-                         f"replaced; resume it with its own inputs, or give another --out; nothing was run")
+    return diff
 
 
 def _plan_cells(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[int], out: Path,
@@ -383,7 +386,11 @@ def sweep(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[i
         raise RunFailure("sweep --emulate: the emulation needs root on this machine (sudo)", EXIT_INPUT)
     cells = _plan_cells(experiments, policies, seeds, out, duration_s, emulate, link_emulator)
     inputs = sweep_inputs(cells, policies, seeds, duration_s, emulate, link_emulator)
-    check_out(out, inputs)
+    diff = check_out(out, inputs)
+    if diff:
+        console.print(f"sweep: {out} was made by a sweep of other inputs ({'; '.join(diff)}): its cells are kept "
+                      f"(each keyed by its inputs), and its tables and {SWEEP_RECORD} are rewritten for these",
+                      markup=False, highlight=False)
     problem = runs_dir_problem(out)
     if problem:
         raise RunFailure(f"--out {out}: {problem}; nothing was run", EXIT_BRINGUP)
@@ -406,8 +413,8 @@ def _sweep_cells(cells: list, record: dict, out: Path, jobs: int | None, duratio
         with _writing_results(out):
             out.mkdir(parents=True, exist_ok=True)
             if not (out / SWEEP_RECORD).exists():
-                write_json_atomic(out / SWEEP_RECORD, record)
                 wrote_record = True
+            write_json_atomic(out / SWEEP_RECORD, record)  # this call's inputs (check_out said any change)
         runs_dir = str(out / "runs") if keep_runs or emulate else None
         pending = _pending_cells(cells, console)
         if len(pending) < len(cells):
