@@ -52,6 +52,24 @@ def _error(capsys) -> str:
     return out
 
 
+# ------------------------------------------------------------------ 1: a new run, an emptied folder
+def test_a_new_run_of_a_seed_starts_from_an_emptied_folder_so_specialise_takes_its_checkpoint(tmp_path):
+    from testbed.aset.train import last_checkpoint
+
+    cfg = _config(tmp_path, steps=100)
+    seed = tmp_path / "runs" / "aset-tiny" / "seed-1"
+    (seed / "checkpoints").mkdir(parents=True)
+    (seed / "tb").mkdir()
+    for old in ("checkpoints/ckpt-300.index", "checkpoints/ckpt-300.data-00000-of-00001", "tb/events.out.old",
+                "policy.npz", "notes.txt"):
+        (seed / old).write_text("an earlier run's")
+    assert main(["train", str(cfg)]) == 0
+    assert last_checkpoint(seed).name == "ckpt-100"  # the earlier run's ckpt-300 would win on its number
+    assert not (seed / "checkpoints" / "ckpt-300.index").exists() and not (seed / "tb" / "events.out.old").exists()
+    assert (seed / "policy.npz").read_bytes() != b"an earlier run's"
+    assert (seed / "notes.txt").read_text() == "an earlier run's"  # not training's: kept
+
+
 # ------------------------------------------------------------------ 4: the window
 def test_a_window_not_a_multiple_of_the_report_interval_is_refused_before_any_folder(tmp_path, capsys):
     cfg = _config(tmp_path, observation={"window": "300ms"})

@@ -67,7 +67,14 @@ from testbed.aset.envs import AsetSimEnv, PlanSampler
 from testbed.aset.episode import settle_s
 from testbed.aset.headroom import continuation_ok
 from testbed.aset.npolicy import plan_scores
-from testbed.aset.train import TrainResult, export_weights, resolve, scenario_sampler, training_scenarios
+from testbed.aset.train import (
+    TrainResult,
+    clear_run_dir,
+    export_weights,
+    resolve,
+    scenario_sampler,
+    training_scenarios,
+)
 from testbed.schema import StrictModel
 from testbed.util import replace_atomic
 
@@ -456,7 +463,8 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
     ``rollout.json`` and data set (``data.npz``, :meth:`RolloutData.save`); ``curves.png`` of
     every seed; the policy of ``export_seed`` (default the first seed) copied to
     ``training.export_to``. ``scenarios``: :func:`~testbed.aset.train.training_scenarios` of
-    ``cfg`` when the caller has them.
+    ``cfg`` when the caller has them. Each seed's folder is emptied of an earlier run's outputs
+    (:func:`testbed.aset.train.clear_run_dir`) before its own are written.
 
     Raises:
         ValueError: no ``training:`` section, or not ``method: rollout``; the scenarios' errors
@@ -479,6 +487,7 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
     for s in seeds:
         out = root / f"seed-{s}"
         out.mkdir(parents=True, exist_ok=True)
+        clear_run_dir(out)
         sets[s].save(out / "data.npz")
         fitted = fit(sets[s], cfg, s)
         res = RolloutResult(out, out / "policy", s, wall_s=data_wall / len(seeds) + fitted.wall_s,

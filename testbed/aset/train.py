@@ -27,6 +27,7 @@ the backend that runs the workers.
 from __future__ import annotations
 
 import csv
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,6 +249,24 @@ def check_plans(obs: ObservationSpec, plans: list, paths: list[Path]) -> None:
             raise ConfigError(f"{exc} (training scenario {path})") from None
 
 
+#: What a training run writes in its folder (``seed-<k>``, ``specialised/<scenario>``), either method:
+#: removed when a run starts there (:func:`clear_run_dir`).
+RUN_OUTPUTS = ("checkpoints", "tb", "episodes.csv", "curve.png", "policy.npz", "policy.json", "data.npz",
+               "epochs.csv", "rollout.json")
+
+
+def clear_run_dir(out: Path) -> None:
+    """Remove what an earlier training run wrote in ``out`` (:data:`RUN_OUTPUTS`; nothing else), so
+    the new run starts from an empty folder: its ``checkpoints/`` hold its own steps only
+    (:func:`last_checkpoint`, hence ``--specialise``, takes this run's) and ``tb/`` its own events."""
+    for name in RUN_OUTPUTS:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
 @dataclass
 class TrainResult:
     """What a training run produced: output folder, exported policy path (no suffix), per-episode
@@ -308,6 +327,7 @@ class _Run:
         self.env = AsetSimEnv(plans, cfg.observation, tr.episode_s, simulator_factory=simulator_factory,
                               policies=cfg.policies, reward=cfg.reward)
         self.agent = DQNAgent(self.env.obs_size, len(self.env.policies), cfg.agent, seed=seed)
+        clear_run_dir(out)  # an earlier run's checkpoints and events would pass for this one's
         (out / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.writer = tf.summary.create_file_writer(str(out / "tb"))
         self.result = TrainResult(out, out / "policy", seed)
@@ -467,7 +487,8 @@ def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bo
           simulator_factory=None, plans=None, console=None, seed: int | None = None,
           out_dir: Path | None = None, backend: str = "process", ray_address: str | None = None,
           init_checkpoint: Path | None = None) -> TrainResult:
-    """One training run (one seed) per ``cfg`` (``cfg.training`` required); exports its policy.
+    """One training run (one seed) per ``cfg`` (``cfg.training`` required) in ``out_dir``, emptied
+    first of what an earlier run wrote there (:func:`clear_run_dir`); exports its policy.
 
     Args:
         cfg: the ASET config. base: folder for relative paths (the repository).
@@ -534,7 +555,8 @@ def _train_seed(cfg_json: str, base: str, seed: int, steps: int | None, out: str
 def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: int = 1, backend: str = "process",
                 ray_address: str | None = None, console=None,
                 scenarios: tuple[PlanSampler, list[Plan]] | None = None) -> list[TrainResult]:
-    """One run per seed of ``training.seeds`` (``seed-<k>/`` each; ``jobs`` at a time), the
+    """One run per seed of ``training.seeds`` (``seed-<k>/`` each, emptied first of an earlier
+    run's outputs; ``jobs`` at a time), the
     combined ``curves.png``, and the policy of ``export_seed`` (default the first seed) copied to
     ``training.export_to``. ``scenarios``: :func:`training_scenarios` of ``cfg`` when the caller
     has them (else planned and checked here, before anything is written)."""
@@ -576,7 +598,8 @@ def specialised_path(checkpoint: str | Path, scenario: str) -> Path:
 
 
 def last_checkpoint(seed_dir: Path) -> Path:
-    """The newest ``checkpoints/ckpt-<step>`` (highest step) of one seed's training run.
+    """The newest ``checkpoints/ckpt-<step>`` (highest step) of one seed's training run: that of
+    the latest run, as each run starts from an emptied folder (:func:`clear_run_dir`).
 
     Raises:
         FileNotFoundError: the run has no checkpoint (train first).
