@@ -70,6 +70,36 @@ def test_a_new_run_of_a_seed_starts_from_an_emptied_folder_so_specialise_takes_i
     assert (seed / "notes.txt").read_text() == "an earlier run's"  # not training's: kept
 
 
+# ------------------------------------------------------------------ 2: a run that cannot train
+def test_steps_too_few_to_reach_train_start_are_refused_before_anything_is_written(tmp_path, capsys):
+    export = tmp_path / "models" / "aset"
+    export.parent.mkdir()
+    for f in ("aset.npz", "aset.json"):
+        (export.parent / f).write_text("the committed model")
+    cfg = _config(tmp_path, export_to=str(export))
+    assert main(["train", str(cfg), "--steps", "5"]) == 2
+    out = _error(capsys)
+    assert out.startswith(f"error: {cfg}: --steps 5 x 2 dispatchers") and "agent.train_start 64" in out
+    assert not (tmp_path / "runs").exists()
+    assert main(["train", str(_config(tmp_path, steps=20, export_to=str(export)))]) == 2
+    assert "training.steps 20 x 2 dispatchers" in _error(capsys)
+    assert (export.parent / "aset.npz").read_text() == "the committed model"
+
+
+def test_a_run_whose_network_took_no_gradient_step_exports_nothing_and_exits_5(tmp_path, capsys):
+    """32 steps x 2 sources could fill train_start 64, but the transitions settle windows late:
+    no gradient step; the committed model at export_to is left as it was."""
+    export = tmp_path / "models" / "aset"
+    export.parent.mkdir()
+    for f in ("aset.npz", "aset.json"):
+        (export.parent / f).write_text("the committed model")
+    assert main(["train", str(_config(tmp_path, export_to=str(export))), "--steps", "32"]) == 5
+    out = _error(capsys)
+    assert "error: seed 1: 32 steps" in out and "no gradient step" in out and "nothing exported" in out
+    assert not (tmp_path / "runs" / "aset-tiny" / "seed-1" / "policy.npz").exists()
+    assert (export.parent / "aset.npz").read_text() == "the committed model"
+
+
 # ------------------------------------------------------------------ 4: the window
 def test_a_window_not_a_multiple_of_the_report_interval_is_refused_before_any_folder(tmp_path, capsys):
     cfg = _config(tmp_path, observation={"window": "300ms"})

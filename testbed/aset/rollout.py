@@ -75,6 +75,7 @@ from testbed.aset.train import (
     scenario_sampler,
     training_scenarios,
 )
+from testbed.errors import EXIT_NOTHING_MEASURED, RunFailure
 from testbed.schema import StrictModel
 from testbed.util import replace_atomic
 
@@ -469,6 +470,7 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
     Raises:
         ValueError: no ``training:`` section, or not ``method: rollout``; the scenarios' errors
             (:func:`testbed.aset.train.training_scenarios`) before anything is simulated.
+            RunFailure: a seed's data leaves nothing to fit (:func:`fit`'s ValueError; nothing copied).
     """
     from testbed.aset.npolicy import copy_policy
 
@@ -476,8 +478,8 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
     if tr is None or tr.method != "rollout":
         raise ValueError(f"ASET config {cfg.name!r}: train_rollout needs training.method: rollout")
     sampler = (scenarios or training_scenarios(cfg, base))[0]  # every scenario and plan checked first
-    env = AsetSimEnv(sampler, cfg.observation, tr.episode_s, policies=cfg.policies)  # the spaces, for the export
     seeds = tr.seeds or [cfg.seed]
+    env = AsetSimEnv(sampler, cfg.observation, tr.episode_s, policies=cfg.policies)  # the spaces, for the export
     root = resolve(base, tr.out_dir) / cfg.name
     t0 = time.perf_counter()
     sets = collect(cfg, base, seeds, workers=workers, backend=backend, ray_address=ray_address,
@@ -489,7 +491,10 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
         out.mkdir(parents=True, exist_ok=True)
         clear_run_dir(out)
         sets[s].save(out / "data.npz")
-        fitted = fit(sets[s], cfg, s)
+        try:
+            fitted = fit(sets[s], cfg, s)
+        except ValueError as exc:  # the data held nothing to fit (after the checks: chance)
+            raise RunFailure(f"{exc}: nothing exported, no policy copied", EXIT_NOTHING_MEASURED) from None
         res = RolloutResult(out, out / "policy", s, wall_s=data_wall / len(seeds) + fitted.wall_s,
                             samples=len(sets[s]), data_episodes=int(sets[s].episode.max()) + 1,
                             data_cpu_s=sets[s].wall_s, fit=fitted)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from testbed.aset.config import AsetConfig, ObservationSpec, RandomiseSpec, Rewa
 from testbed.aset.envs import SHAPE_PARTS, AsetSimEnv, PlanSampler, space_shape
 from testbed.aset.episode import window_of
 from testbed.config import ConfigError, Experiment, format_validation_error, load_experiment
-from testbed.errors import InputError, counted, naming_file
+from testbed.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure, counted, naming_file
 from testbed.plan import Plan, PlanError, build_plan, check_load_bounds
 from testbed.topology import load_topology
 from testbed.util import repo_path
@@ -249,6 +250,28 @@ def check_plans(obs: ObservationSpec, plans: list, paths: list[Path]) -> None:
             raise ConfigError(f"{exc} (training scenario {path})") from None
 
 
+def check_can_train(cfg: AsetConfig, plans: list[Plan], steps: int, item: str) -> None:
+    """Refuse a run whose network could take no gradient step: each step (window) gives at most one
+    transition per dispatcher (source), and the first gradient step needs ``agent.train_start`` (and
+    ``agent.batch_size``) of them in the replay buffer.
+
+    Args:
+        plans: the training scenarios' plans (all of one set of sources). steps: the run's steps;
+            item: where they come from, for the message (``training.steps``, ``--steps``).
+
+    Raises:
+        InputError: naming the steps, the dispatchers and ``agent.train_start`` / ``batch_size``.
+    """
+    ag, n = cfg.agent, len(plans[0].sources)
+    need = max(ag.train_start, ag.batch_size)
+    if steps * n < need:
+        which = "agent.train_start" if ag.train_start >= ag.batch_size else "agent.batch_size"
+        raise InputError(f"{item} {steps} x {counted(n, 'dispatcher')} (the sources of the training scenarios) = at "
+                         f"most {counted(steps * n, 'transition')}, fewer than {which} {need}: the network would take "
+                         f"no gradient step and an untrained policy would be exported; raise the steps to at least "
+                         f"{-(-need // n)} or lower {which}")
+
+
 #: What a training run writes in its folder (``seed-<k>``, ``specialised/<scenario>``), either method:
 #: removed when a run starts there (:func:`clear_run_dir`).
 RUN_OUTPUTS = ("checkpoints", "tb", "episodes.csv", "curve.png", "policy.npz", "policy.json", "data.npz",
@@ -270,7 +293,8 @@ def clear_run_dir(out: Path) -> None:
 @dataclass
 class TrainResult:
     """What a training run produced: output folder, exported policy path (no suffix), per-episode
-    log rows (step, scenario, success_ratio, mean_reward, epsilon), wall time in s."""
+    log rows (step, scenario, success_ratio, mean_reward, epsilon), wall time in s, ``updates``:
+    the gradient steps the network took (0: nothing was exported, :func:`train`)."""
 
     out_dir: Path
     policy_path: Path
@@ -279,6 +303,7 @@ class TrainResult:
     wall_s: float = 0.0
     steps: int = 0
     agent: object = None
+    updates: int = 0
 
 
 def _scalar(tag: str, value: float, step: int) -> None:
@@ -488,7 +513,8 @@ def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bo
           out_dir: Path | None = None, backend: str = "process", ray_address: str | None = None,
           init_checkpoint: Path | None = None) -> TrainResult:
     """One training run (one seed) per ``cfg`` (``cfg.training`` required) in ``out_dir``, emptied
-    first of what an earlier run wrote there (:func:`clear_run_dir`); exports its policy.
+    first of what an earlier run wrote there (:func:`clear_run_dir`); exports its policy unless the
+    network took no gradient step (``updates`` 0 in the result: nothing exported, the caller says so).
 
     Args:
         cfg: the ASET config. base: folder for relative paths (the repository).
@@ -520,10 +546,12 @@ def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bo
         if bar is not None:
             bar[0].stop()
         run.writer.close()
-    _export(run, run.result.policy_path, steps)
+    if run.agent.updates:  # an untrained network is no policy
+        _export(run, run.result.policy_path, steps)
     run.result.wall_s = time.perf_counter() - t_start
     run.result.steps = steps
     run.result.agent = run.agent
+    run.result.updates = run.agent.updates
     write_curve(out, run.result.episodes)
     return run.result
 
@@ -549,23 +577,53 @@ def _train_seed(cfg_json: str, base: str, seed: int, steps: int | None, out: str
     res = train(cfg, Path(base), steps=steps, progress=False, seed=seed, out_dir=Path(out),
                 init_checkpoint=Path(init) if init else None)
     return {"seed": seed, "episodes": res.episodes, "wall_s": res.wall_s, "steps": res.steps,
-            "policy_path": str(res.policy_path), "out_dir": str(res.out_dir)}
+            "policy_path": str(res.policy_path), "out_dir": str(res.out_dir), "updates": res.updates}
+
+
+def _from_worker(r: dict) -> TrainResult:
+    """The :class:`TrainResult` of a :func:`_train_seed` answer."""
+    return TrainResult(Path(r["out_dir"]), Path(r["policy_path"]), r["seed"], r["episodes"], r["wall_s"], r["steps"],
+                       updates=r["updates"])
+
+
+def refuse_untrained(results: list[TrainResult], what: Callable[[TrainResult], str]) -> None:
+    """A run whose network took no gradient step exported nothing: say so, and that nothing was
+    copied (``training.export_to``), with a non-zero exit.
+
+    Raises:
+        RunFailure: exit code 5 (:data:`testbed.errors.EXIT_NOTHING_MEASURED`), naming the runs.
+    """
+    bad = [r for r in results if not r.updates]
+    if bad:
+        runs = "; ".join(f"{what(r)}: {counted(r.steps, 'step')}, {counted(len(r.episodes), 'episode')} finished"
+                         for r in bad)
+        raise RunFailure(f"{runs}: the network took no gradient step (fewer transitions settled than "
+                         f"agent.train_start asks before the first): nothing exported, no policy copied; raise "
+                         f"the steps", EXIT_NOTHING_MEASURED)
 
 
 def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: int = 1, backend: str = "process",
                 ray_address: str | None = None, console=None,
                 scenarios: tuple[PlanSampler, list[Plan]] | None = None) -> list[TrainResult]:
     """One run per seed of ``training.seeds`` (``seed-<k>/`` each, emptied first of an earlier
-    run's outputs; ``jobs`` at a time), the
-    combined ``curves.png``, and the policy of ``export_seed`` (default the first seed) copied to
-    ``training.export_to``. ``scenarios``: :func:`training_scenarios` of ``cfg`` when the caller
-    has them (else planned and checked here, before anything is written)."""
+    run's outputs; ``jobs`` at a time), the combined ``curves.png``, and the policy of
+    ``export_seed`` (default the first seed) copied to ``training.export_to``. ``scenarios``:
+    :func:`training_scenarios` of ``cfg`` when the caller has them (else planned and checked here).
+    Everything is checked before anything is written.
+
+    Raises:
+        ValueError: no ``training:`` section, or not ``method: dqn``. InputError (ConfigError,
+            PlanError...): the scenarios (:func:`training_scenarios`), steps too few to train
+            (:func:`check_can_train`). RunFailure: a seed's network took
+            no gradient step (:func:`refuse_untrained`; nothing copied to ``export_to``).
+    """
     from testbed.distributed import imap_unordered
 
     tr = _dqn_training(cfg)
     seeds = tr.seeds or [cfg.seed]
     root = resolve(base, tr.out_dir) / cfg.name
-    sampler = (scenarios or training_scenarios(cfg, base))[0]  # bad scenarios fail here, before any output
+    sampler, plans = scenarios or training_scenarios(cfg, base)  # bad scenarios fail here, before any output
+    check_can_train(cfg, plans, steps or tr.steps, "--steps" if steps else "training.steps")
     results: list[TrainResult] = []
     if jobs <= 1 or len(seeds) == 1:
         for s in seeds:
@@ -574,12 +632,12 @@ def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: 
     else:
         tasks = [(cfg.model_dump_json(), str(base), s, steps, str(root / f"seed-{s}")) for s in seeds]
         for _, r in imap_unordered(_train_seed, tasks, backend=backend, jobs=jobs, ray_address=ray_address):
-            results.append(TrainResult(Path(r["out_dir"]), Path(r["policy_path"]), r["seed"], r["episodes"],
-                                       r["wall_s"], r["steps"]))
+            results.append(_from_worker(r))
             if console is not None:
                 console.print(f"seed {r['seed']}: {counted(r['steps'], 'step')} in {r['wall_s']:.0f} s")
     results.sort(key=lambda r: seeds.index(r.seed))
     write_curves(root, results)
+    refuse_untrained(results, lambda r: f"seed {r.seed}")
     chosen = tr.export_seed if tr.export_seed is not None else seeds[0]
     if tr.export_to:
         from testbed.aset.npolicy import copy_policy
@@ -620,12 +678,15 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
     ``training.out_dir/<name>/specialised/<scenario>/``, the policy exported to
     :func:`specialised_path` of ``training.export_to``.
 
-    ``scenarios``: :func:`training_scenarios` of ``cfg`` when the caller has them.
+    ``scenarios``: :func:`training_scenarios` of ``cfg`` when the caller has them. Each
+    scenario's folder is emptied first of an earlier run's outputs.
 
     Raises:
         ValueError: no ``training:`` section or no ``export_to``; ConfigError (a ValueError) and
             the plan's errors: the scenarios as :func:`training_scenarios`. FileNotFoundError: the
-            general training has not run (no checkpoint of the export seed).
+            general training has not run (no checkpoint of the export seed). InputError: steps too
+            few to train (:func:`check_can_train`). RunFailure: a scenario's network took no gradient step
+            (nothing exported for any scenario, :func:`refuse_untrained`).
     """
     from testbed.aset.npolicy import copy_policy
     from testbed.distributed import imap_unordered
@@ -638,30 +699,32 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
     seed = tr.export_seed if tr.export_seed is not None else (tr.seeds or [cfg.seed])[0]
     root = resolve(base, tr.out_dir) / cfg.name
     init = last_checkpoint(root / f"seed-{seed}")
+    check_can_train(cfg, plans, steps or sp.steps, "--steps" if steps else "training.specialise.steps")
+    names = [p.experiment.name for p in plans]
     agent = cfg.agent.model_copy(update={"epsilon_start": sp.epsilon_start,
                                          "epsilon_decay_steps": sp.epsilon_decay_steps})
     steps = steps or sp.steps
-    tasks, names = [], []
-    for scenario, plan in zip(tr.scenarios, plans, strict=True):
-        name = plan.experiment.name
+    tasks = []
+    for scenario, name in zip(tr.scenarios, names, strict=True):
         mix = (cfg.reward.baseline_mix or {}).get(name)  # this scenario's mix only: the run has no other
         reward = cfg.reward.model_copy(update={"baseline_mix": {name: mix} if mix is not None else None})
         sub = cfg.model_copy(update={"agent": agent, "reward": reward, "training": tr.model_copy(update={
             "scenarios": [scenario], "steps": steps, "seeds": [seed]})})
-        names.append(name)
         tasks.append((sub.model_dump_json(), str(base), seed, steps, str(root / "specialised" / name), str(init)))
     results: list[TrainResult] = []
     curves: dict[str, list[dict]] = {}
     for i, r in imap_unordered(_train_seed, tasks, backend=backend, jobs=max(1, jobs), ray_address=ray_address):
-        res = TrainResult(Path(r["out_dir"]), Path(r["policy_path"]), r["seed"], r["episodes"], r["wall_s"], r["steps"])
-        copy_policy(res.policy_path, resolve(base, str(specialised_path(tr.export_to, names[i]))))
-        results.append(res)
+        results.append(_from_worker(r))
         curves[names[i]] = r["episodes"]
         if console is not None:
             console.print(f"{names[i]}: {counted(r['steps'], 'step')} in {r['wall_s']:.0f} s from {init}")
     if any(curves.values()):
         _plot_curves(root / "specialised" / "curves.png", {n: e for n, e in curves.items() if e},
                      f"ASET specialised per scenario (seed {seed})")
+    refuse_untrained(results, lambda r: f"specialised {r.out_dir.name}")
+    results.sort(key=lambda r: names.index(r.out_dir.name))
+    for res in results:
+        copy_policy(res.policy_path, resolve(base, str(specialised_path(tr.export_to, res.out_dir.name))))
     return results
 
 

@@ -7,10 +7,9 @@ the rollout data set, loss curves and the exported policy, same folder."""
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
-from testbed.errors import counted
+from testbed.errors import InputError, counted, naming_file
 
 
 def _int_at_least(n: int):
@@ -59,10 +58,9 @@ def _cmd(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from testbed.aset.config import load_aset_config
-    from testbed.aset.train import resolve, train_seeds, training_scenarios
+    from testbed.aset.train import episode_windows, resolve, train_seeds, training_scenarios
     from testbed.cli import console
     from testbed.config import format_validation_error
-    from testbed.errors import InputError, naming_file
 
     cfg, base = load_aset_config(args.config)
     if cfg.training is None:
@@ -94,10 +92,13 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.specialise:
         return _specialise(cfg, base, args, scenarios)
     before = _files(root)
-    results = train_seeds(cfg, base, steps=args.steps, jobs=args.jobs or 1, console=console,
-                          backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address,
-                          scenarios=scenarios)
-    windows = math.ceil(cfg.training.episode_s / (cfg.observation.window_ms / 1e3) - 1e-9)
+    try:  # the steps, the seeds and every output path are checked before any work
+        results = train_seeds(cfg, base, steps=args.steps, jobs=args.jobs or 1, console=console,
+                              backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address,
+                              scenarios=scenarios)
+    except InputError as exc:
+        raise naming_file(exc, args.config) from None
+    windows = episode_windows(cfg.observation.window_ms / 1e3, cfg.training.episode_s)
     for res in results:
         console.print(_seed_line(res, windows))
     for line in _written(root, results, cfg.training.export_to, _changed(before, _files(root)), windows):
@@ -110,8 +111,6 @@ def _refuse_dqn_options(args: argparse.Namespace) -> None:
 
     Raises:
         InputError: one of them was given."""
-    from testbed.errors import InputError
-
     dqn = [o for o, v in (("--steps", args.steps), ("--specialise", args.specialise or None),
                           ("--rollout-workers", args.rollout_workers)) if v is not None]
     if dqn:
@@ -121,26 +120,38 @@ def _refuse_dqn_options(args: argparse.Namespace) -> None:
 
 def _rollout(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
     """``training.method: rollout`` (:mod:`testbed.aset.rollout`): the data, one regression per
-    seed, the exports. The DQN's options are refused, naming them."""
+    seed, the exports.
+
+    Raises:
+        InputError: named after the config (the seeds, an output path: before any work).
+        RunFailure: the data left nothing to fit (nothing exported)."""
     from testbed.aset.rollout import train_rollout, written_lines
     from testbed.cli import console
 
-    results = train_rollout(cfg, base, workers=args.jobs, backend="ray" if args.ray_address else args.backend,
-                            ray_address=args.ray_address, console=console, scenarios=scenarios)
+    try:
+        results = train_rollout(cfg, base, workers=args.jobs, backend="ray" if args.ray_address else args.backend,
+                                ray_address=args.ray_address, console=console, scenarios=scenarios)
+    except InputError as exc:
+        raise naming_file(exc, args.config) from None
     for line in written_lines(cfg, base, results):
         console.print(line, markup=False, highlight=False)
     return 0
 
 
 def _specialise(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
-    """``--specialise``: per-scenario fine-tuning from the general training's last checkpoint."""
+    """``--specialise``: per-scenario fine-tuning from the general training's last checkpoint.
+
+    Raises:
+        InputError: no checkpoint, too few steps, an output path (named after the config).
+        RunFailure: a scenario's network took no gradient step (nothing exported)."""
     from testbed.aset.train import specialise, specialised_path
     from testbed.cli import console
-    from testbed.errors import InputError
 
     try:
         results = specialise(cfg, base, jobs=args.jobs or 1, backend="ray" if args.ray_address else args.backend,
                              ray_address=args.ray_address, console=console, steps=args.steps, scenarios=scenarios)
+    except InputError as exc:
+        raise naming_file(exc, args.config) from None
     except (FileNotFoundError, ValueError) as exc:
         raise InputError(str(exc)) from None
     for res in results:
