@@ -100,6 +100,39 @@ def test_a_run_whose_network_took_no_gradient_step_exports_nothing_and_exits_5(t
     assert (export.parent / "aset.npz").read_text() == "the committed model"
 
 
+# ------------------------------------------------------------------ 3: output paths
+@pytest.mark.parametrize("case", ["export under a file", "out_dir a file", "export_to a folder", "export_to dir/"])
+def test_unwritable_output_paths_are_refused_before_training(tmp_path, capsys, case):
+    afile = tmp_path / "afile"
+    afile.write_text("a file")
+    (tmp_path / "adir").mkdir()
+    keys, item = {
+        "export under a file": ({"export_to": str(afile / "x")},
+                                f"training.export_to {afile / 'x'}: {afile} exists and is not a directory"),
+        "out_dir a file": ({"out_dir": str(afile)}, f"training.out_dir {afile}: cannot create {afile / 'aset-tiny'}"),
+        "export_to a folder": ({"export_to": str(tmp_path / "adir")}, f"{tmp_path / 'adir'} is a folder"),
+        "export_to dir/": ({"export_to": "runs/exportdir/"}, "training.export_to runs/exportdir/: 'runs/exportdir/' "
+                                                             "names a folder"),
+    }[case]
+    cfg = _config(tmp_path, **keys)
+    assert main(["train", str(cfg)]) == 2
+    out = _error(capsys)
+    assert out.startswith(f"error: {cfg}: ") and item in out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_rollout_cache_dir_that_is_a_file_is_refused_before_any_episode(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("a file")
+    cfg = _config(tmp_path, rollout=True)
+    d = yaml.safe_load(cfg.read_text())
+    d["training"]["rollout"]["cache_dir"] = str(afile)
+    cfg.write_text(yaml.safe_dump(d))
+    assert main(["train", str(cfg)]) == 2
+    assert f"training.rollout.cache_dir {afile}: {afile} exists and is not a directory" in _error(capsys)
+    assert not (tmp_path / "runs").exists()
+
+
 # ------------------------------------------------------------------ 4: the window
 def test_a_window_not_a_multiple_of_the_report_interval_is_refused_before_any_folder(tmp_path, capsys):
     cfg = _config(tmp_path, observation={"window": "300ms"})
@@ -130,4 +163,19 @@ def test_the_lowest_load_scale_is_checked_over_the_scenarios_own_duration_too(tm
     assert main(["train", str(_config(tmp_path, scenarios=[str(low)], episode="30s"))]) == 2
     out = _error(capsys)
     assert f"{low}: at load scale 0.6" in out and "its own duration" in out and "in 8 s" in out
+    assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------ 6: no seed
+def test_an_empty_seed_list_is_refused(tmp_path, capsys):
+    from testbed.aset.config import load_aset_config
+    from testbed.aset.train import train_seeds
+    from testbed.config import ConfigError
+
+    assert main(["train", str(_config(tmp_path, seeds=[]))]) == 2
+    assert "training.seeds" in _error(capsys)
+    cfg, base = load_aset_config(_config(tmp_path))  # model_copy skips validation: the trainer checks too
+    cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"seeds": []})})
+    with pytest.raises(ConfigError, match=r"^training\.seeds: an empty list trains nothing"):
+        train_seeds(cfg, base)
     assert not (tmp_path / "runs").exists()

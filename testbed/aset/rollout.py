@@ -69,11 +69,13 @@ from testbed.aset.headroom import continuation_ok
 from testbed.aset.npolicy import plan_scores
 from testbed.aset.train import (
     TrainResult,
+    check_outputs,
     clear_run_dir,
     export_weights,
     resolve,
     scenario_sampler,
     training_scenarios,
+    training_seeds,
 )
 from testbed.errors import EXIT_NOTHING_MEASURED, RunFailure
 from testbed.schema import StrictModel
@@ -312,6 +314,11 @@ def data_tasks(cfg: AsetConfig, base: Path, seed: int) -> list[tuple[str, str, i
             for k, s in enumerate(cfg.training.scenarios) for j in range(n)]
 
 
+def rollout_cache(cfg: AsetConfig, base: Path) -> Path:
+    """The episode cache folder: ``training.rollout.cache_dir``, default ``<training.out_dir>/rollout-cache``."""
+    return resolve(base, cfg.training.rollout.cache_dir or str(Path(cfg.training.out_dir) / "rollout-cache"))
+
+
 def collect(cfg: AsetConfig, base: Path, seeds: list[int], *, workers: int | None = None, backend: str = "process",
             ray_address: str | None = None, cache_dir: Path | None = None, console=None,
             progress: bool = True) -> dict[int, RolloutData]:
@@ -324,7 +331,7 @@ def collect(cfg: AsetConfig, base: Path, seeds: list[int], *, workers: int | Non
     code_fingerprint.cache_clear()  # the code as it is now (a long session may have changed it)
     inputs_fingerprint.cache_clear()
     ro = cfg.training.rollout
-    cache = cache_dir or resolve(base, ro.cache_dir or str(Path(cfg.training.out_dir) / "rollout-cache"))
+    cache = cache_dir or rollout_cache(cfg, base)
     tasks = [t for s in seeds for t in data_tasks(cfg, base, s)]
     files = [_cache_file(cache, t) for t in tasks]
     got: list[dict | None] = [_load(f) if f.is_file() else None for f in files]
@@ -468,9 +475,11 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
     (:func:`testbed.aset.train.clear_run_dir`) before its own are written.
 
     Raises:
-        ValueError: no ``training:`` section, or not ``method: rollout``; the scenarios' errors
-            (:func:`testbed.aset.train.training_scenarios`) before anything is simulated.
-            RunFailure: a seed's data leaves nothing to fit (:func:`fit`'s ValueError; nothing copied).
+        ValueError: no ``training:`` section, or not ``method: rollout``. Before anything is
+            simulated: the scenarios' errors (:func:`testbed.aset.train.training_scenarios`),
+            ``training.seeds`` and an output path that cannot be written (the cache, ``out_dir``,
+            ``export_to``: InputError, :func:`testbed.aset.train.check_outputs`). RunFailure: a
+            seed's data leaves nothing to fit (:func:`fit`'s ValueError; nothing copied).
     """
     from testbed.aset.npolicy import copy_policy
 
@@ -478,12 +487,15 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
     if tr is None or tr.method != "rollout":
         raise ValueError(f"ASET config {cfg.name!r}: train_rollout needs training.method: rollout")
     sampler = (scenarios or training_scenarios(cfg, base))[0]  # every scenario and plan checked first
-    seeds = tr.seeds or [cfg.seed]
+    seeds = training_seeds(cfg)
+    cache = cache_dir or rollout_cache(cfg, base)
+    item = "training.rollout.cache_dir" + (f" {tr.rollout.cache_dir}" if tr.rollout.cache_dir else " (default)")
+    check_outputs(cfg, base, seeds, folders=((item, cache),))
     env = AsetSimEnv(sampler, cfg.observation, tr.episode_s, policies=cfg.policies)  # the spaces, for the export
     root = resolve(base, tr.out_dir) / cfg.name
     t0 = time.perf_counter()
     sets = collect(cfg, base, seeds, workers=workers, backend=backend, ray_address=ray_address,
-                   cache_dir=cache_dir, console=console, progress=progress)
+                   cache_dir=cache, console=console, progress=progress)
     data_wall = time.perf_counter() - t0
     results = []
     for s in seeds:
@@ -582,7 +594,10 @@ def written_lines(cfg: AsetConfig, base: Path, results: list[RolloutResult]) -> 
                      f"{r.out_dir / 'rollout.json'}")
     lines.append(f"  {resolve(base, cfg.training.out_dir) / cfg.name / 'curves.png'} (the loss curves)")
     if cfg.training.export_to:
-        lines.append(f"  {cfg.training.export_to}.npz/.json (the policy, exported)")
+        from testbed.aset.npolicy import policy_files
+
+        stem = str(policy_files(cfg.training.export_to)[0]).removesuffix(".npz")
+        lines.append(f"  {stem}.npz/.json (the policy, exported)")
     return lines
 
 

@@ -27,6 +27,7 @@ the backend that runs the workers.
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from testbed.aset.envs import SHAPE_PARTS, AsetSimEnv, PlanSampler, space_shape
 from testbed.aset.episode import window_of
 from testbed.config import ConfigError, Experiment, format_validation_error, load_experiment
 from testbed.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure, counted, naming_file
-from testbed.plan import Plan, PlanError, build_plan, check_load_bounds
+from testbed.plan import Plan, PlanError, build_plan, check_load_bounds, runs_dir_problem
 from testbed.topology import load_topology
 from testbed.util import repo_path
 
@@ -250,6 +251,20 @@ def check_plans(obs: ObservationSpec, plans: list, paths: list[Path]) -> None:
             raise ConfigError(f"{exc} (training scenario {path})") from None
 
 
+def training_seeds(cfg: AsetConfig) -> list[int]:
+    """The seeds of ``cfg``'s training runs: ``training.seeds``, or ``[seed]`` when left out.
+
+    Raises:
+        ConfigError: ``training.seeds`` is an empty list (it would train nothing; a config built
+            with ``model_copy``, which skips validation, can carry one).
+    """
+    seeds = cfg.training.seeds
+    if seeds is not None and not seeds:
+        raise ConfigError(f"training.seeds: an empty list trains nothing; list at least one seed, or leave it out "
+                          f"for the config's seed ({cfg.seed})")
+    return list(seeds) if seeds is not None else [cfg.seed]
+
+
 def check_can_train(cfg: AsetConfig, plans: list[Plan], steps: int, item: str) -> None:
     """Refuse a run whose network could take no gradient step: each step (window) gives at most one
     transition per dispatcher (source), and the first gradient step needs ``agent.train_start`` (and
@@ -270,6 +285,54 @@ def check_can_train(cfg: AsetConfig, plans: list[Plan], steps: int, item: str) -
                          f"most {counted(steps * n, 'transition')}, fewer than {which} {need}: the network would take "
                          f"no gradient step and an untrained policy would be exported; raise the steps to at least "
                          f"{-(-need // n)} or lower {which}")
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why a file cannot be written at ``path``, or None (its folder: :func:`runs_dir_problem`)."""
+    if path.is_dir():
+        return f"{path} is a folder"
+    return runs_dir_problem(path.parent)
+
+
+def export_problem(export_to: str, base: Path) -> str | None:
+    """Why a policy cannot be exported to ``export_to`` (its ``.npz`` and ``.json``), or None: a
+    name that looks like a folder (a trailing ``/``, ``.``, ``..``, an existing folder: the files
+    would be written beside it as ``<folder>.npz``), or a path that cannot be written."""
+    from testbed.aset.npolicy import policy_files
+
+    if export_to.endswith(("/", os.sep)) or Path(export_to).name in ("", ".", ".."):
+        return (f"{export_to!r} names a folder; give the policy's file name without suffix (e.g. models/aset/aset, "
+                f"written as aset.npz and aset.json)")
+    dst = resolve(base, export_to)
+    if dst.is_dir():
+        return (f"{dst} is a folder; give the policy's file name without suffix (e.g. {export_to.rstrip('/')}/aset, "
+                f"written as .npz and .json)")
+    return next((problem for f in policy_files(dst) if (problem := _file_problem(f))), None)
+
+
+def check_outputs(cfg: AsetConfig, base: Path, seeds: list[int], folders: tuple[tuple[str, Path], ...] = (),
+                  exports: tuple[str, ...] = ()) -> None:
+    """Refuse, before any work, output paths training could not write (folders tried for real and
+    left as they were, :func:`testbed.plan.runs_dir_problem`): ``training.out_dir/<name>``, each
+    seed's folder (``seed-<k>``) and ``curves.png`` there, ``training.export_to``, and the caller's
+    ``folders`` ((item, folder): e.g. the rollout cache) and ``exports`` (e.g. the
+    specialised policies).
+
+    Raises:
+        InputError: naming the item (``training.out_dir``, ``training.export_to``) and the path.
+    """
+    tr = cfg.training
+    root = resolve(base, tr.out_dir) / cfg.name
+    out = f"training.out_dir {tr.out_dir}"
+    checks = [(out, runs_dir_problem(p)) for p in (root, *(root / f"seed-{s}" for s in seeds))]
+    checks += [(out, _file_problem(root / "curves.png"))]
+    checks += [(item, runs_dir_problem(p)) for item, p in folders]
+    checks += [(f"training.export_to {e}", export_problem(e, base))
+               for e in ([tr.export_to] if tr.export_to else []) + list(exports)]
+    for item, problem in checks:
+        if problem:
+            raise InputError(f"{item}: {problem}; choose another path (checked before training, which would "
+                             f"fail to write there after its work)")
 
 
 #: What a training run writes in its folder (``seed-<k>``, ``specialised/<scenario>``), either method:
@@ -613,17 +676,19 @@ def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: 
 
     Raises:
         ValueError: no ``training:`` section, or not ``method: dqn``. InputError (ConfigError,
-            PlanError...): the scenarios (:func:`training_scenarios`), steps too few to train
-            (:func:`check_can_train`). RunFailure: a seed's network took
+            PlanError...): the scenarios (:func:`training_scenarios`), ``training.seeds``
+            (:func:`training_seeds`), steps too few to train (:func:`check_can_train`), an output
+            path that cannot be written (:func:`check_outputs`). RunFailure: a seed's network took
             no gradient step (:func:`refuse_untrained`; nothing copied to ``export_to``).
     """
     from testbed.distributed import imap_unordered
 
     tr = _dqn_training(cfg)
-    seeds = tr.seeds or [cfg.seed]
+    seeds = training_seeds(cfg)
     root = resolve(base, tr.out_dir) / cfg.name
     sampler, plans = scenarios or training_scenarios(cfg, base)  # bad scenarios fail here, before any output
     check_can_train(cfg, plans, steps or tr.steps, "--steps" if steps else "training.steps")
+    check_outputs(cfg, base, seeds)
     results: list[TrainResult] = []
     if jobs <= 1 or len(seeds) == 1:
         for s in seeds:
@@ -685,7 +750,8 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
         ValueError: no ``training:`` section or no ``export_to``; ConfigError (a ValueError) and
             the plan's errors: the scenarios as :func:`training_scenarios`. FileNotFoundError: the
             general training has not run (no checkpoint of the export seed). InputError: steps too
-            few to train (:func:`check_can_train`). RunFailure: a scenario's network took no gradient step
+            few to train (:func:`check_can_train`), an output path that cannot be written
+            (:func:`check_outputs`). RunFailure: a scenario's network took no gradient step
             (nothing exported for any scenario, :func:`refuse_untrained`).
     """
     from testbed.aset.npolicy import copy_policy
@@ -696,11 +762,14 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
         raise ValueError(f"ASET config {cfg.name!r}: --specialise needs 'training:' with 'export_to'")
     plans = (scenarios or training_scenarios(cfg, base))[1]  # distinct names: each names its own folder
     sp = tr.specialise
-    seed = tr.export_seed if tr.export_seed is not None else (tr.seeds or [cfg.seed])[0]
+    seed = tr.export_seed if tr.export_seed is not None else training_seeds(cfg)[0]
     root = resolve(base, tr.out_dir) / cfg.name
     init = last_checkpoint(root / f"seed-{seed}")
     check_can_train(cfg, plans, steps or sp.steps, "--steps" if steps else "training.specialise.steps")
     names = [p.experiment.name for p in plans]
+    check_outputs(cfg, base, [], folders=tuple((f"training.out_dir {tr.out_dir}", root / "specialised" / n)
+                                               for n in names),
+                  exports=tuple(str(specialised_path(tr.export_to, n)) for n in names))
     agent = cfg.agent.model_copy(update={"epsilon_start": sp.epsilon_start,
                                          "epsilon_decay_steps": sp.epsilon_decay_steps})
     steps = steps or sp.steps

@@ -206,7 +206,9 @@ def _written(root: Path, results: list, export_to: str | None, changed: set[Path
     if curves in changed:
         lines.append(f"  {curves} (the learning curves)")
     if export_to:
-        lines.append(f"  {export_to}.npz/.json (the policy, exported)")
+        from testbed.aset.npolicy import policy_files
+
+        lines.append(f"  {str(policy_files(export_to)[0]).removesuffix('.npz')}.npz/.json (the policy, exported)")
     if curves not in changed:
         steps = max(r.steps for r in results)
         stale = f"; the {curves} there is an earlier run's" if curves.exists() else ""
