@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from testbed.aset.config import AsetConfig, load_aset_config
+from testbed.aset.config import load_aset_config
 from testbed.config import MAX_SEED, AsetSpec, ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -226,24 +226,24 @@ def test_the_selector_and_the_pre_check_share_the_window_rule(live_plan, tmp_pat
 
 # ------------------------------------------------------------------------------ 4. per-scenario tables
 
-def test_a_plan_for_no_training_scenario_is_refused_like_a_mix_for_none():
-    plans = {"triangle": ["closest", "cloud"], "nosuch": ["cloud", "cloud"]}
+def test_a_mix_for_no_training_scenario_is_refused_by_the_one_rule():
+    from testbed.aset.config import check_scenario_keys
+
+    table = {"triangle": ["closest", "cloud"], "nosuch": ["cloud", "cloud"]}
     known = {"triangle": f"triangle ({TRIANGLE})"}
-    cfg = AsetConfig.model_validate({"name": "t", "observation": {"plans": plans}})
-    with pytest.raises(ConfigError, match=rf"observation.plans.nosuch: no training scenario has that name "
+    with pytest.raises(ConfigError, match=rf"reward.baseline_mix.nosuch: no training scenario has that name "
                                           rf"\(known: triangle \({TRIANGLE}\)\)"):
-        cfg.check_scenario_keys(known)
-    mix = AsetConfig.model_validate({"name": "t", "reward": {"baseline_mix": plans}})
-    with pytest.raises(ConfigError, match=r"reward.baseline_mix.nosuch: no training scenario has that name"):
-        mix.check_scenario_keys(known)
-    AsetConfig.model_validate({"name": "t", "observation": {"plans": {"triangle": ["closest", "cloud"]}}}
-                              ).check_scenario_keys(known)
-    AsetConfig(name="t").check_scenario_keys(known)  # no table: nothing to check
+        check_scenario_keys("reward.baseline_mix", table, known)
+    check_scenario_keys("reward.baseline_mix", {"triangle": ["closest", "cloud"]}, known)
+    check_scenario_keys("reward.baseline_mix", None, known)  # no table: nothing to check
 
 
 def test_the_shipped_plan_config_names_only_its_training_scenarios():
     from testbed.config import load_experiment
 
     cfg, base = load_aset_config(REPO / "experiments" / "aset-plan.yaml")
+    from testbed.aset.config import check_scenario_keys
+
     names = {load_experiment(base / s).name: s for s in cfg.training.scenarios}
-    cfg.check_scenario_keys(names)
+    check_scenario_keys("reward.baseline_mix", cfg.reward.baseline_mix, names)
+    check_scenario_keys("observation.plans", cfg.observation.plans, names)

@@ -48,7 +48,9 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 def check_scenario_keys(item: str, table: Mapping[str, Any] | None, known: Mapping[str, str]) -> None:
     """Refuse a key of a per-scenario table (``reward.baseline_mix``, ``observation.plans``) that
-    names no training scenario: ONE rule for every such table (:meth:`AsetConfig.check_scenario_keys`).
+    names no training scenario: ONE rule for every such table (``testbed.aset.train.check_reward_baselines``
+    applies it to ``reward.baseline_mix``; ``observation.plans`` may also plan evaluation-only
+    scenarios, so training does not apply it there).
 
     Args:
         item: the table's key in the config (``observation.plans``). table: the table (None: not set).
@@ -444,17 +446,6 @@ class AsetConfig(StrictModel):
             return (f"training.episode: {tr.episode_s:g} s is shorter than one decision window "
                     f"(observation.window, {self.observation.window_ms:g} ms)")
         return None
-
-    def check_scenario_keys(self, known: Mapping[str, str]) -> None:
-        """Refuse a key of ``reward.baseline_mix`` or ``observation.plans`` that names no training
-        scenario (:func:`check_scenario_keys`); ``known``: each training scenario's name
-        (:func:`plan_key`) -> how the message shows it (e.g. with its file).
-
-        Raises:
-            ConfigError: naming the item (``observation.plans.nosuch``) and the known scenarios.
-        """
-        check_scenario_keys("reward.baseline_mix", self.reward.baseline_mix, known)
-        check_scenario_keys("observation.plans", self.observation.plans, known)
 
     @property
     def policies(self) -> tuple[str, ...]:

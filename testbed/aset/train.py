@@ -37,7 +37,15 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from testbed.aset.config import AsetConfig, ObservationSpec, RandomiseSpec, RewardSpec, TrainingSpec, plan_key
+from testbed.aset.config import (
+    AsetConfig,
+    ObservationSpec,
+    RandomiseSpec,
+    RewardSpec,
+    TrainingSpec,
+    check_scenario_keys,
+    plan_key,
+)
 from testbed.aset.envs import SHAPE_PARTS, AsetSimEnv, PlanSampler, space_shape
 from testbed.aset.episode import window_of
 from testbed.config import ConfigError, Experiment, format_validation_error, load_experiment
@@ -161,11 +169,8 @@ def check_reward_baselines(reward: RewardSpec, plans: list[Plan], paths: list[Pa
     if not reward.baseline_mix:  # None; an empty {} is refused by RewardSpec
         return
     files = [f" ({p})" if p is not None else "" for p in (paths or [None] * len(plans))]
-    names = {plan_key(p.experiment) for p in plans}
-    for key in reward.baseline_mix:
-        if key not in names:
-            known = ", ".join(sorted(f"{plan_key(p.experiment)}{f}" for p, f in zip(plans, files, strict=True)))
-            raise ConfigError(f"reward.baseline_mix.{key}: no training scenario has that name (known: {known})")
+    known = {plan_key(p.experiment): f"{plan_key(p.experiment)}{f}" for p, f in zip(plans, files, strict=True)}
+    check_scenario_keys("reward.baseline_mix", reward.baseline_mix, known)
     for plan, file in zip(plans, files, strict=True):
         name = plan_key(plan.experiment)
         if name not in reward.baseline_mix and reward.baseline is None:
