@@ -43,6 +43,54 @@ def policy_files(path: str | Path) -> tuple[Path, Path]:
     return p.with_name(p.name + ".npz"), p.with_name(p.name + ".json")
 
 
+#: What :class:`NumpyPolicy` reads from a policy's JSON besides ``format``.
+META_KEYS = ("layers", "policies", "observation")
+
+
+def _read_meta(path: Path) -> dict:
+    """The policy JSON as a dict.
+
+    Raises:
+        ValueError: unreadable, not JSON (a cut file) or not an object, naming ``path`` and what is wrong.
+    """
+    try:
+        meta = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"ASET checkpoint file {path} is unreadable or not JSON (cut short? export the policy "
+                         f"again): {exc}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"ASET checkpoint file {path}: a JSON {type(meta).__name__}, not an object")
+    return meta
+
+
+def _read_weights(path: Path) -> list[np.ndarray]:
+    """The arrays ``w0, w1, ...`` of a policy's ``.npz``, as float32.
+
+    Raises:
+        ValueError: not a readable numpy archive (a cut or corrupt file), or its arrays are not
+            named ``w0`` .. ``w<n-1>``, naming ``path`` and what is wrong.
+    """
+    import zipfile
+    import zlib
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            names = sorted(data.files)
+            expected = sorted(f"w{i}" for i in range(len(names)))
+            if names != expected:
+                raise ValueError(f"ASET checkpoint file {path}: arrays {', '.join(names) or 'none'}, expected "
+                                 f"{', '.join(expected) or 'w0, w1, ...'}")
+            return [data[f"w{i}"].astype(np.float32) for i in range(len(names))]
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise ValueError(f"ASET checkpoint file {path} is not a readable numpy archive (cut short? export the "
+                         f"policy again): {type(exc).__name__}: {exc}") from None
+    except ValueError as exc:
+        if str(path) in str(exc):
+            raise
+        raise ValueError(f"ASET checkpoint file {path} is not a readable numpy archive (export the policy "
+                         f"again): {exc}") from None
+
+
 class ObservationSizeError(ValueError):
     """A checkpoint's network input width differs from the observation built for it."""
 
@@ -113,7 +161,8 @@ class NumpyPolicy:
 
     Raises:
         FileNotFoundError: ``PATH.npz`` or ``PATH.json`` is missing.
-        ValueError: unknown format, or the files do not match (layer count or shapes);
+        ValueError: a file that cannot be read (a cut ``.npz`` or ``.json``, a JSON without
+            :data:`META_KEYS`), naming it; unknown format, or the files do not match (layer count or shapes);
             :class:`ObservationSizeError` when the JSON's observation size is not the network's.
     """
 
@@ -124,13 +173,15 @@ class NumpyPolicy:
         for f in (npz, meta):
             if not f.is_file():
                 raise FileNotFoundError(f"ASET checkpoint file {f} is missing")
-        self.meta = json.loads(meta.read_text())
+        self.meta = _read_meta(meta)
         self.format = self.meta.get("format")
         if self.format != FORMAT and self.format not in OLDER_FORMATS:
             raise ValueError(f"{meta}: format {self.format!r}, this testbed reads {FORMAT!r} "
                              f"(the observation changed; retrain with testbed train)")
-        with np.load(npz) as data:
-            ws = [data[f"w{i}"].astype(np.float32) for i in range(len(data.files))]
+        missing = [k for k in META_KEYS if k not in self.meta]
+        if missing:
+            raise ValueError(f"{meta}: no {', '.join(missing)} (an incomplete export: export the policy again)")
+        ws = _read_weights(npz)
         if len(ws) != 2 * self.meta["layers"] or len(ws) < 2:
             raise ValueError(f"{npz}: {len(ws)} arrays for {self.meta['layers']} layers")
         self.layers = list(zip(ws[0::2], ws[1::2], strict=True))
