@@ -113,3 +113,17 @@ def test_evaluate_and_the_bench_name_a_cut_checkpoint_without_a_traceback(tmp_pa
     assert str(npz) in capsys.readouterr().err
 
 
+# ----------------------------------------------------------------------------- 3. no query met
+def test_best_mix_leaves_out_a_seed_without_query_and_says_when_every_seed_has_none(monkeypatch):
+    from testbed.aset import headroom
+    from testbed.plan import plan_experiment
+
+    plan = plan_experiment(TRIANGLE)
+    counts = {1: (3, 4), 2: (0, 0)}
+    monkeypatch.setattr(headroom, "static_ratio", lambda _p, seed, *_a: counts[seed])
+    mix, value, _ = headroom.best_mix(plan, [1, 2], ["closest", "cloud"], "closest")
+    assert value == 0.75 and mix == ["closest", "closest"]
+    counts[1] = (0, 0)
+    with pytest.raises(ValueError, match=r"triangle, seeds \[1, 2\]: no query .* undefined"):
+        headroom.best_mix(plan, [1, 2], ["closest", "cloud"], "closest")
+

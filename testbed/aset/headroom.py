@@ -58,6 +58,20 @@ def static_ratio(plan: Plan, seed: int, assignment: Sequence[str], window_s: flo
     return int(ep.ok.sum()), int(ep.n.sum())
 
 
+def mean_ratio(counts: Sequence[tuple[int, int]], what: str) -> float:
+    """The mean success ratio ``ok / n`` over the ``(ok, n)`` of several seeds, the seeds without
+    a query (n = 0: no ratio) left out.
+
+    Raises:
+        ValueError: no seed has a query (``what`` names the runs): the mean is undefined.
+    """
+    ratios = [ok / n for ok, n in counts if n > 0]
+    if not ratios:
+        raise ValueError(f"{what}: no query was created on any seed, so the success ratio (0 of 0) is undefined; "
+                         f"lengthen the duration or raise a rate")
+    return float(np.mean(ratios))
+
+
 def best_mix(plan: Plan, seeds: Sequence[int], actions: Sequence[str], start: str | Sequence[str],
              window_s: float | None = None, duration_s: float | None = None,
              known: dict[tuple[str, ...], float] | None = None) -> tuple[list[str], float, dict]:
@@ -69,6 +83,11 @@ def best_mix(plan: Plan, seeds: Sequence[int], actions: Sequence[str], start: st
 
     Returns:
         (assignment, its mean success ratio over ``seeds``, every assignment evaluated -> mean).
+        A seed on which no query is created (the same for every assignment: common random
+        numbers) has no success ratio and is left out of the means.
+
+    Raises:
+        ValueError: no query is created on any of ``seeds``: every mean is undefined (0 of 0).
     """
     srcs = sorted(h.name for h in plan.sources)
     cur = [start] * len(srcs) if isinstance(start, str) else list(start)
@@ -77,8 +96,8 @@ def best_mix(plan: Plan, seeds: Sequence[int], actions: Sequence[str], start: st
     def value(assign: list[str]) -> float:
         key = tuple(assign)
         if key not in seen:
-            runs = [static_ratio(plan, s, assign, window_s, duration_s) for s in seeds]
-            seen[key] = float(np.mean([ok / n for ok, n in runs]))
+            seen[key] = mean_ratio([static_ratio(plan, s, assign, window_s, duration_s) for s in seeds],
+                                   f"{plan.experiment.name}, seeds {list(seeds)}")
         return seen[key]
 
     best = value(cur)
@@ -261,5 +280,5 @@ def causal_planner(plan: Plan, seed: int, base: Sequence[str], actions: Sequence
                         ep.ok.tolist())
 
 
-__all__ = ["OracleResult", "best_mix", "causal_planner", "continuation_ok", "paired_gain_t", "rollout_oracle",
-           "static_ratio"]
+__all__ = ["OracleResult", "best_mix", "causal_planner", "continuation_ok", "mean_ratio", "paired_gain_t",
+           "rollout_oracle", "static_ratio"]
