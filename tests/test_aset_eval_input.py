@@ -9,6 +9,7 @@ a function that fails the test if a job is started.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import yaml
 from testbed.aset import evaluate as ev_mod
 from testbed.aset.config import load_aset_config
 from testbed.cli import main
-from testbed.errors import EXIT_INPUT
+from testbed.errors import EXIT_BRINGUP, EXIT_INPUT, EXIT_NOTHING_MEASURED, InputError, RunFailure
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
@@ -68,6 +69,99 @@ def _headroom(cfg, base, **kw):
     return ev_mod.evaluate(cfg, base, headroom_only=True, workers=1, progress=False, **kw)
 
 
+# ----------------------------------------------------------------------------- 1. one name, one file
+def test_two_scenarios_of_one_name_are_refused_naming_both_files(tmp_path, no_jobs):
+    a = _scenario(tmp_path)
+    b = _scenario(tmp_path, "copy.yaml", rate_qps=6, deadline="80ms")  # also named 'triangle'
+    cfg, base = _config(tmp_path, [str(a), str(b)])
+    with pytest.raises(InputError, match=rf"{a}.*{b}.*both named 'triangle'"):
+        _headroom(cfg, base)
+    assert not (tmp_path / "ev").exists()
+
+
+def test_one_file_listed_twice_is_refused_even_spelled_otherwise(tmp_path, no_jobs):
+    a = _scenario(tmp_path)
+    cfg, base = _config(tmp_path, [str(a), str(tmp_path / "." / a.name)])
+    with pytest.raises(InputError, match=rf"{a} is listed twice"):
+        _headroom(cfg, base)
+    assert not (tmp_path / "ev").exists()
+
+
+# ----------------------------------------------------------------------------- 2. results folders
+@pytest.mark.parametrize("in_the_way", ["ev", "ev/aset-tiny", "ev/cache"])
+def test_a_file_in_the_way_of_the_results_is_refused_before_any_run(tmp_path, no_jobs, in_the_way):
+    a = _scenario(tmp_path)
+    blocker = tmp_path / in_the_way
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a folder")
+    cfg, base = _config(tmp_path, [str(a)])
+    with pytest.raises(RunFailure, match=rf"evaluation.out_dir .*{blocker} exists and is not a directory") as exc:
+        _headroom(cfg, base)
+    assert exc.value.exit_code == EXIT_BRINGUP
+    assert blocker.read_text() == "not a folder"  # nothing else written
+    if in_the_way != "ev":
+        assert [p.name for p in (tmp_path / "ev").iterdir()] == [blocker.name]
+
+
+def test_the_command_says_the_results_folder_is_a_file_without_a_traceback(tmp_path, capsys, no_jobs):
+    (tmp_path / "ev").write_text("")
+    path = _config_file(tmp_path, [str(_scenario(tmp_path))])
+    assert main(["evaluate", str(path), "--headroom"]) == EXIT_BRINGUP
+    out = capsys.readouterr().out
+    assert "error: evaluation.out_dir" in out and "Traceback" not in out
+
+
+# ----------------------------------------------------------------------------- 3. no query expected / met
+def test_a_duration_the_workload_expects_no_query_in_is_refused_naming_file_and_duration(tmp_path, no_jobs):
+    low = _scenario(tmp_path, rate_qps=0.07)
+    cfg, base = _config(tmp_path, [str(low)])
+    with pytest.raises(InputError, match=rf"{low} with --duration 0.5 s: the workload expects 0.07 queries"):
+        _headroom(cfg, base, duration_s=0.5)
+    with pytest.raises(InputError, match=rf"{low} with evaluation.duration 0.5 s"):
+        _headroom(*_config(tmp_path, [str(low)], duration_s=0.5))
+
+
+def test_best_mix_leaves_out_a_seed_without_query_and_says_when_every_seed_has_none(monkeypatch):
+    from testbed.aset import headroom
+    from testbed.plan import plan_experiment
+
+    plan = plan_experiment(TRIANGLE)
+    counts = {1: (3, 4), 2: (0, 0)}
+    monkeypatch.setattr(headroom, "static_ratio", lambda _p, seed, *_a: counts[seed])
+    mix, value, _ = headroom.best_mix(plan, [1, 2], ["closest", "cloud"], "closest")
+    assert value == 0.75 and mix == ["closest", "closest"]
+    counts[1] = (0, 0)
+    with pytest.raises(ValueError, match=r"triangle, seeds \[1, 2\]: no query .* undefined"):
+        headroom.best_mix(plan, [1, 2], ["closest", "cloud"], "closest")
+
+
+def test_a_scenario_without_any_query_on_the_tuning_seeds_stops_with_exit_5():
+    def run(fn, tasks):
+        assert fn is ev_mod.static_job, "the mix must not be chosen on no query"
+        return [{"closest": (0, 0), "cloud": (0, 0)} for _ in tasks]
+
+    with pytest.raises(RunFailure, match=r"low.yaml: no query was created on any of the tuning seeds 1..2 in 0.5 s") \
+            as exc:
+        ev_mod._statics_and_mix(["low.yaml"], {"low.yaml": "low"}, [1, 2], ["closest", "cloud"], 0.5, run, "tuning")
+    assert exc.value.exit_code == EXIT_NOTHING_MEASURED
+
+
+def test_a_seed_without_query_counts_in_no_mean_and_no_seed_count():
+    """Seed 2 created no query (success ratio NaN): the best static is chosen on seed 1, and the
+    tables say 1 seed, not 2."""
+    def run(fn, tasks):
+        if fn is ev_mod.static_job:
+            return [{"closest": (1, 2), "cloud": (2, 2)} if k == 1 else {"closest": (0, 0), "cloud": (0, 0)}
+                    for _s, k, *_ in tasks]
+        return [(["cloud"], 1.0) for _ in tasks]
+
+    st, _ = ev_mod._statics_and_mix(["s.yaml"], {"s.yaml": "s"}, [1, 2], ["closest", "cloud"], 1.0, run, "tuning")
+    assert st["means"]["s.yaml"] == {"closest": 0.5, "cloud": 1.0}
+    (row,) = ev_mod.summarise(st["runs"], ["closest", "cloud"])
+    assert row["best_static"] == "cloud" and row["cloud"][0] == 1.0 and row["cloud"][2] == 1
+    assert math.isnan(row["cloud"][1])
+
+
 # ----------------------------------------------------------------------------- 4. a checkpoint cut short
 def _export(path: Path) -> Path:
     from testbed.aset.config import ObservationSpec
@@ -113,17 +207,43 @@ def test_evaluate_and_the_bench_name_a_cut_checkpoint_without_a_traceback(tmp_pa
     assert str(npz) in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------- 3. no query met
-def test_best_mix_leaves_out_a_seed_without_query_and_says_when_every_seed_has_none(monkeypatch):
-    from testbed.aset import headroom
+# ----------------------------------------------------------------------------- 5. --headroom --specialised
+def test_headroom_with_specialised_is_refused(tmp_path, capsys, no_jobs):
+    cfg, base = _config(tmp_path, [str(_scenario(tmp_path))])
+    with pytest.raises(InputError, match="--specialised with --headroom"):
+        _headroom(cfg, base, specialised=True)
+    path = _config_file(tmp_path, [str(_scenario(tmp_path))])
+    assert main(["evaluate", str(path), "--headroom", "--specialised"]) == EXIT_INPUT
+    assert not (tmp_path / "ev").exists()
+
+
+# ----------------------------------------------------------------------------- 6. --duration
+def test_duration_help_and_check_say_the_same_range(capsys):
+    from testbed.commands.evaluate import DURATION_HELP, MAX_EPISODE_S
+
+    assert f"({MAX_EPISODE_S:g} s)" in DURATION_HELP
+    for bad in ("0", "0ms", "3601", "3600.5s"):
+        with pytest.raises(SystemExit) as exc:
+            main(["evaluate", str(REPO / "experiments" / "aset-tiny.yaml"), "--duration", bad])
+        assert exc.value.code == EXIT_INPUT
+        assert f"the duration must be in (0, {MAX_EPISODE_S:g}] s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("duration", "says"), [(0.1, r"--duration 0.1 s is shorter than one decision window"),
+                                                (0.7, r"--duration 0.7 s is not a whole number of decision windows")])
+def test_a_duration_that_is_not_whole_decision_windows_is_refused_naming_both(tmp_path, no_jobs, duration, says):
+    a = _scenario(tmp_path)
+    cfg, base = _config(tmp_path, [str(a)])
+    with pytest.raises(InputError, match=rf"{says} \(the report_interval of {a}: 500 ms\)"):
+        _headroom(cfg, base, duration_s=duration)
+    assert not (tmp_path / "ev").exists()
+
+
+def test_aset_decision_window_is_checked_too(tmp_path):
     from testbed.plan import plan_experiment
 
-    plan = plan_experiment(TRIANGLE)
-    counts = {1: (3, 4), 2: (0, 0)}
-    monkeypatch.setattr(headroom, "static_ratio", lambda _p, seed, *_a: counts[seed])
-    mix, value, _ = headroom.best_mix(plan, [1, 2], ["closest", "cloud"], "closest")
-    assert value == 0.75 and mix == ["closest", "closest"]
-    counts[1] = (0, 0)
-    with pytest.raises(ValueError, match=r"triangle, seeds \[1, 2\]: no query .* undefined"):
-        headroom.best_mix(plan, [1, 2], ["closest", "cloud"], "closest")
-
+    a = _scenario(tmp_path)
+    plans = {str(a): plan_experiment(a)}
+    ev_mod.check_durations(plans, 3.0, "--duration", {str(a): 1.0})
+    with pytest.raises(InputError, match=r"--duration 2.5 s is not a whole number .*observation.window.*1000 ms"):
+        ev_mod.check_durations(plans, 2.5, "--duration", {str(a): 1.0})

@@ -29,6 +29,11 @@ headroom is >= 3 points.
 Also the decision agreement of every pair of actions (:func:`agreement`): two actions that decide
 the same in every state met are duplicates (issue 13: merge them or make them distinct).
 
+Before any run, the input is checked (:func:`evaluate`'s Raises): each scenario file once and of its
+own name, a duration of whole decision windows that expects queries, readable checkpoints that fit
+the scenarios, writable results folders. A seed on which no query was created has no success ratio:
+it is left out of every mean and seed count.
+
 Outputs in ``evaluation.out_dir/<name>/``: ``runs.csv`` (one row per scenario x kind x policy x
 seed), ``results.csv`` / ``results.md`` (the tables), ``results.png`` (bars with 95 % CI),
 ``oracle.json`` (the oracle's schedules, and the planner's under ``causal``), ``agreement.md``.
@@ -48,10 +53,11 @@ from pathlib import Path
 import numpy as np
 
 from testbed.aset.config import AsetConfig, EvaluationSpec
-from testbed.aset.npolicy import policy_files
+from testbed.aset.npolicy import NumpyPolicy, policy_files
 from testbed.config import Experiment
-from testbed.errors import InputError
-from testbed.util import ci95, markdown_table, repo_path, write_json_atomic
+from testbed.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure, naming_file
+from testbed.plan import Plan
+from testbed.util import ci95, markdown_table, repeated, repo_path, write_json_atomic
 
 ASET = "aset"
 MIX = "mix"
@@ -135,19 +141,21 @@ def aset_job(scenario: str, seed: int, checkpoint: str, duration_s: float | None
             "share": {p: round(float(s), 4) for p, s in zip(env.policies, share, strict=True) if s > 0}}
 
 
-def check_checkpoint(ckpt: Path, scenarios: Sequence[str]) -> None:
-    """Fail at once (not after hours of runs) when the checkpoint cannot drive a scenario.
+def check_checkpoint(ckpt: Path, scenarios: Sequence[str]) -> NumpyPolicy:
+    """Fail at once (not after hours of runs) when the checkpoint cannot drive a scenario; returns
+    the checkpoint's policy.
 
     Raises:
-        ValueError: other clusters or sources than the scenario's; ObservationSizeError.
+        ValueError: a checkpoint file that cannot be read (cut short, corrupt), naming it; other
+            clusters or sources than the scenario's; ObservationSizeError.
     """
     from testbed.aset.envs import plan_contexts
-    from testbed.aset.npolicy import NumpyPolicy
 
     pol = NumpyPolicy(ckpt)
     for s in scenarios:
         pol.check_contexts(plan_contexts(_plan(s), tuple(pol.meta["policies"]), pol.obs_spec),
                            f"the simulator env of {s}")
+    return pol
 
 
 def agreement_job(scenario: str, seed: int, actions: Sequence[str], duration_s: float | None) -> dict:
@@ -312,7 +320,13 @@ def _row(scenario: str, kind: str, policy: str, seed: int, ok: int, n: int, **ex
 
 
 def _statics_and_mix(scenarios, names, seeds, actions, dur, run, kind) -> tuple[dict, dict]:
-    """Steps 1-2 on the tuning seeds: static runs, then the mix per scenario."""
+    """Steps 1-2 on the tuning seeds: static runs, then the mix per scenario. A seed on which no
+    query was created has no success ratio (NaN): the means leave it out, as :func:`summarise` does.
+
+    Raises:
+        RunFailure: (exit code 5) a scenario created no query on any tuning seed: every success
+            ratio is undefined, so there is no best static policy nor mix to choose.
+    """
     runs: list[dict] = []
     res = run(static_job, [(s, k, actions, dur) for s in scenarios for k in seeds])
     it = iter(res)
@@ -320,10 +334,151 @@ def _statics_and_mix(scenarios, names, seeds, actions, dur, run, kind) -> tuple[
         for k in seeds:
             for p, (ok, n) in next(it).items():
                 runs.append(_row(names[s], kind, p, k, ok, n))
-    means = {s: {p: float(np.mean([r["success_ratio"] for r in runs if r["scenario"] == names[s] and r["policy"] == p]))
+    for s in scenarios:
+        if not any(r["n"] for r in runs if r["scenario"] == names[s]):
+            raise RunFailure(f"{s}: no query was created on any of the tuning seeds {seeds[0]}..{seeds[-1]} in "
+                             f"{_duration_text(dur)}: every success ratio is undefined (0 of 0); lengthen the "
+                             f"duration (--duration, evaluation.duration) or give it more seeds", EXIT_NOTHING_MEASURED)
+    means = {s: {p: ci95([r["success_ratio"] for r in runs if r["scenario"] == names[s] and r["policy"] == p])[0]
                  for p in actions} for s in scenarios}
     mixes = run(mix_job, [(s, seeds, actions, dur, means[s]) for s in scenarios])
     return {"runs": runs, "means": means}, {s: m[0] for s, m in zip(scenarios, mixes, strict=True)}
+
+
+def _duration_text(dur: float | None) -> str:
+    return f"{dur:g} s" if dur else "the experiment's duration"
+
+
+@dataclass
+class _Setup:
+    """What :func:`evaluate` checked before any run: the scenario files (resolved, each once),
+    their experiment names, the simulated duration (None: each experiment's own), the
+    checkpoint of each scenario (None: headroom only), the causal planner's samples, the
+    results folder and the cache folder."""
+
+    scenarios: list[str]
+    names: dict[str, str]
+    dur: float | None
+    ckpts: dict[str, Path] | None
+    causal: int
+    out: Path
+    cache: Path
+
+
+def _prepare(cfg: AsetConfig, base: Path, duration_s: float | None, headroom_only: bool, specialised: bool,
+             causal_samples: int | None) -> _Setup:
+    """Every check of :func:`evaluate` that needs no run, in order (its Raises)."""
+    from testbed.aset.train import specialised_path
+
+    ev = cfg.evaluation
+    if headroom_only and specialised:
+        raise InputError("--specialised with --headroom: the headroom runs no checkpoint, so --specialised would "
+                         "only change the results folder (<name>-specialised); give one of the two")
+    scenarios = scenario_files(ev.scenarios, base)
+    plans = {s: _plan(s) for s in scenarios}
+    exps = {s: p.experiment for s, p in plans.items()}
+    names = {s: e.name for s, e in exps.items()}
+    check_scenario_names(scenarios, names)
+    causal = ev.causal_samples if causal_samples is None else causal_samples
+    if causal:
+        _check_causal(exps, causal, ev.causal_min_t)
+    ckpt = repo_path(ev.checkpoint, base)
+    ckpts = None if headroom_only else {s: specialised_path(ckpt, names[s]) if specialised else ckpt
+                                        for s in scenarios}
+    windows = _check_checkpoints(ckpts, specialised) if ckpts is not None else {}
+    dur = duration_s or ev.duration_s
+    check_durations(plans, dur, "--duration" if duration_s else "evaluation.duration", windows)
+    root = repo_path(ev.out_dir, base)
+    out = root / (cfg.name + ("-specialised" if specialised else ""))
+    check_out_dirs(root, [root, out, root / "cache"])
+    return _Setup(scenarios, names, dur, ckpts, causal, out, root / "cache")
+
+
+def scenario_files(entries: Sequence[str], base: Path) -> list[str]:
+    """``evaluation.scenarios`` resolved against ``base``.
+
+    Raises:
+        InputError: a file listed twice (two spellings of one path too), naming it: its runs
+            would be counted twice.
+    """
+    scenarios = [str(repo_path(s, base)) for s in entries]
+    twice = repeated([str(Path(s).resolve()) for s in scenarios])
+    if twice:
+        given = [e for e, s in zip(entries, scenarios, strict=True) if str(Path(s).resolve()) == twice[0]]
+        raise InputError(f"evaluation.scenarios: {twice[0]} is listed twice (as {' and '.join(given)}): its runs "
+                         f"would be counted twice")
+    return scenarios
+
+
+def check_scenario_names(scenarios: Sequence[str], names: dict[str, str]) -> None:
+    """Refuse two scenario files of one experiment ``name`` (the rule of
+    :func:`testbed.aset.train.check_training_scenarios`, for ``evaluation.scenarios``).
+
+    Raises:
+        InputError: naming both files and the name: runs.csv, the tables, oracle.json and the
+            specialised checkpoints key a scenario by its name, so the two would be merged.
+    """
+    twice = repeated([names[s] for s in scenarios])
+    if twice:
+        files = [s for s in scenarios if names[s] == twice[0]]
+        raise InputError(f"evaluation.scenarios: {' and '.join(files)} are both named {twice[0]!r}: runs.csv, the "
+                         f"tables, oracle.json and --specialised key a scenario by its name, so the two would be "
+                         f"taken for one; give each its own name")
+
+
+def check_durations(plans: dict[str, Plan], dur: float | None, where: str, aset_windows: dict[str, float]) -> None:
+    """Refuse, before any run, a simulated duration a scenario cannot be evaluated on: shorter
+    than one decision window or not a whole number of them (the episode would be rounded to whole
+    windows: the figures would count another duration, and ASET's runs another than the
+    statics'), or, for an override ``dur`` of the experiment's duration, a workload outside the
+    plan's bounds for it (:func:`testbed.plan.check_load_bounds`: fewer than 1 query expected, ...).
+
+    Args:
+        plans: scenario file -> plan. dur: the override (None: each experiment's own duration),
+            named ``where`` (``--duration`` or ``evaluation.duration``).
+        aset_windows: scenario file -> ASET's decision window (s; the checkpoint's observation.window).
+
+    Raises:
+        InputError: naming the scenario file, the duration and the window or the bound.
+    """
+    from testbed.aset.episode import window_of
+    from testbed.plan import check_load_bounds
+
+    for s, plan in plans.items():
+        eff = dur or float(plan.experiment.duration_s)
+        what = f"{where} {eff:g} s" if dur else f"the duration of {s}, {eff:g} s,"
+        windows = {f"the report_interval of {s}": window_of(plan, None)}
+        if s in aset_windows:
+            windows[f"ASET's, the checkpoint's observation.window for {s}"] = aset_windows[s]
+        for name, w in windows.items():
+            k = eff / w
+            if k < 1 - 1e-9:
+                raise InputError(f"{what} is shorter than one decision window ({name}: {w * 1e3:g} ms)")
+            if abs(k - round(k)) > 1e-6:
+                raise InputError(f"{what} is not a whole number of decision windows ({name}: {w * 1e3:g} ms): the "
+                                 f"runs would last {round(k) * w:g} s; give a multiple of {w * 1e3:g} ms")
+        if dur is not None:
+            try:
+                check_load_bounds(plan.experiment, plan.weights, eff, Path(plan.base_dir))
+            except InputError as exc:
+                raise naming_file(exc, f"{s} with {what}") from None
+
+
+def check_out_dirs(root: Path, dirs: Sequence[Path]) -> None:
+    """Refuse, before any run, results folders that cannot be written (tried for real and left as
+    they were: :func:`testbed.plan.runs_dir_problem`).
+
+    Raises:
+        RunFailure: (exit code 3, as testbed run's, simulate's and sweep's same check) naming
+            ``evaluation.out_dir`` and what is in the way (a file, a folder that cannot be created
+            or written).
+    """
+    from testbed.plan import runs_dir_problem
+
+    for d in dirs:
+        problem = runs_dir_problem(d)
+        if problem:
+            raise RunFailure(f"evaluation.out_dir {root}: {problem}; nothing was run", EXIT_BRINGUP)
 
 
 def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_s: float | None = None,
@@ -337,47 +492,29 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     ``specialised``: ASET on each scenario is the checkpoint specialised to it
     (:func:`testbed.aset.train.specialised_path`, ``testbed train --specialise``); results in
     ``<out_dir>/<name>-specialised/``. ``causal_samples``: overrides ``evaluation.causal_samples``
-    (0: no causal planner).
+    (0: no causal planner). ``duration_s``: overrides ``evaluation.duration``.
 
     Raises:
-        ValueError: no ``evaluation:`` section; InputError (a ValueError): (without
-            ``headroom_only``) a checkpoint that cannot drive the scenarios (other clusters or
-            sources, another observation size: the message of
-            :class:`~testbed.aset.npolicy.ObservationSizeError`), before any run; with the causal
-            planner, a scenario whose clusters batch (the simulator cannot redraw a batching
-            cluster's future), before any run.
-            FileNotFoundError: the checkpoint is missing (without ``headroom_only``).
+        ValueError: no ``evaluation:`` section.
+        InputError (a ValueError), before any run: ``specialised`` with ``headroom_only``; a
+            scenario file listed twice or two of one name (:func:`check_scenario_names`); a
+            duration that is not whole decision windows or expects < 1 query
+            (:func:`check_durations`); a checkpoint that cannot be read or drive the scenarios
+            (:class:`~testbed.aset.npolicy.ObservationSizeError`'s message, ...); with the causal
+            planner, a scenario whose clusters batch.
+        RunFailure: before any run, ``evaluation.out_dir`` cannot be written (exit code 3,
+            :func:`check_out_dirs`); after the static runs, no query on any tuning seed (exit 5).
+        FileNotFoundError: the checkpoint is missing (without ``headroom_only``), before any run.
     """
     if cfg.evaluation is None:
         raise ValueError(f"ASET config {cfg.name!r}: an 'evaluation:' section is required for testbed evaluate")
     ev = cfg.evaluation
-    n_seeds = seeds or ev.seeds
-    n_fresh = ev.fresh_seeds if fresh_seeds is None else fresh_seeds
-    from testbed.aset.train import specialised_path
-
-    ckpt = repo_path(ev.checkpoint, base)
-    with_aset = not headroom_only
-    scenarios = [str(repo_path(s, base)) for s in ev.scenarios]
-    exps = {s: _plan(s).experiment for s in scenarios}
-    names = {s: e.name for s, e in exps.items()}
-    causal = ev.causal_samples if causal_samples is None else causal_samples
-    if causal:
-        _check_causal(exps, causal, ev.causal_min_t)
-    ckpts = {s: specialised_path(ckpt, names[s]) if specialised else ckpt for s in scenarios}
-    if with_aset:
-        _check_checkpoints(ckpts, specialised)
+    su = _prepare(cfg, base, duration_s, headroom_only, specialised, causal_samples)
+    scenarios, names, dur, causal = su.scenarios, su.names, su.dur, su.causal
     actions = list(cfg.policies)
-    dur = duration_s or ev.duration_s
-    tune = list(range(1, n_seeds + 1))
-    fresh = list(range(ev.fresh_from, ev.fresh_from + n_fresh))
-    n_or = (len(tune) if ev.oracle_seeds is None else min(len(tune), ev.oracle_seeds)) + \
-        (len(fresh) if ev.oracle_fresh_seeds is None else min(len(fresh), ev.oracle_fresh_seeds))
-    per_seed = 2 + int(with_aset)  # statics, mix (+ ASET) per scenario and seed; the oracle on n_or seeds
-    total = len(scenarios) * ((len(tune) + len(fresh)) * per_seed + n_or * (1 + int(causal > 0)) + 1
-                              + int(agreement_check))
-    bar = progress_bar(console, total) if progress else None
-
-    cache = repo_path(ev.out_dir, base) / "cache"
+    tune = list(range(1, (seeds or ev.seeds) + 1))
+    fresh = list(range(ev.fresh_from, ev.fresh_from + (ev.fresh_seeds if fresh_seeds is None else fresh_seeds)))
+    bar = progress_bar(console, _n_jobs(ev, su, len(tune), len(fresh), agreement_check)) if progress else None
     code_fingerprint.cache_clear()  # read again by every evaluation: profiles re-measured in between count
     inputs_fingerprint.cache_clear()
 
@@ -388,13 +525,12 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
             _warn(msg)
 
     def run(fn, tasks):
-        return _parallel(fn, tasks, backend, workers, ray_address, bar, cache, warn)
+        return _parallel(fn, tasks, backend, workers, ray_address, bar, su.cache, warn)
 
     try:
         st, mixes = _statics_and_mix(scenarios, names, tune, actions, dur, run, "tuning")
         best = {s: max(st["means"][s], key=lambda p: (st["means"][s][p], p)) for s in scenarios}
-        sets = _SeedSets(ev, scenarios, names, actions, dur, run, mixes, best, causal, ckpts if with_aset else None,
-                         runs=st["runs"])
+        sets = _SeedSets(ev, scenarios, names, actions, dur, run, mixes, best, causal, su.ckpts, runs=st["runs"])
         for kind, ks in (("tuning", tune), ("fresh", fresh)):
             if ks:
                 sets.evaluate(kind, ks)
@@ -403,16 +539,28 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
         if bar is not None:
             bar[0].stop()
     table = summarise(sets.runs, actions)
-    out = repo_path(ev.out_dir, base) / (cfg.name + ("-specialised" if specialised else ""))
-    out.mkdir(parents=True, exist_ok=True)
+    su.out.mkdir(parents=True, exist_ok=True)
     named_mixes = {names[s]: m for s, m in mixes.items()}
     settings = {"samples": causal, "min_t": ev.causal_min_t, "horizon_windows": ev.oracle_horizon} if causal else None
-    _write(out, sets.runs, table, actions, named_mixes, sets.schedules, agree, sets.causal_schedules, settings)
-    return EvalResult(out, sets.runs, table, named_mixes, agree)
+    _write(su.out, sets.runs, table, actions, named_mixes, sets.schedules, agree, sets.causal_schedules, settings)
+    return EvalResult(su.out, sets.runs, table, named_mixes, agree)
 
 
-def _check_checkpoints(ckpts: dict[str, Path], specialised: bool) -> None:
-    """Every scenario's checkpoint exists and can drive it (:func:`evaluate`'s Raises)."""
+def _n_jobs(ev: EvaluationSpec, su: _Setup, n_tune: int, n_fresh: int, agreement_check: bool) -> int:
+    """The jobs of an evaluation, for its progress bar: per scenario and seed the statics, the mix
+    (and ASET); the oracle (and the causal planner) on the oracle's seeds; the mix's choice and the
+    agreement once per scenario."""
+    n_or = (n_tune if ev.oracle_seeds is None else min(n_tune, ev.oracle_seeds)) + \
+        (n_fresh if ev.oracle_fresh_seeds is None else min(n_fresh, ev.oracle_fresh_seeds))
+    per_seed = 2 + int(su.ckpts is not None)
+    return len(su.scenarios) * ((n_tune + n_fresh) * per_seed + n_or * (1 + int(su.causal > 0)) + 1
+                                + int(agreement_check))
+
+
+def _check_checkpoints(ckpts: dict[str, Path], specialised: bool) -> dict[str, float]:
+    """Every scenario's checkpoint exists and can drive it (:func:`evaluate`'s Raises). Returns
+    each scenario's ASET decision window (s: the checkpoint's ``observation.window``)."""
+    windows = {}
     for s, ckpt in ckpts.items():
         for path in policy_files(ckpt):
             if not path.is_file():
@@ -420,9 +568,10 @@ def _check_checkpoints(ckpts: dict[str, Path], specialised: bool) -> None:
                 raise FileNotFoundError(f"checkpoint {path} is missing (run {how} first, "
                                         f"or testbed evaluate --headroom)")
         try:
-            check_checkpoint(ckpt, [s])
+            windows[s] = check_checkpoint(ckpt, [s]).obs_spec.window_ms / 1e3
         except ValueError as exc:  # the checkpoint does not fit the scenario: bad input, no traceback
             raise InputError(str(exc)) from None
+    return windows
 
 
 @dataclass
@@ -534,6 +683,12 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float]:
     return ci95([a[k] - b[k] for k in keys])
 
 
+def _stats(ratios: list[float]) -> tuple[float, float, int]:
+    """Mean, 95 % CI half-width and number of the seeds with a success ratio (a seed on which no
+    query was created has none, NaN: left out of all three)."""
+    return (*ci95(ratios), sum(not math.isnan(r) for r in ratios))
+
+
 def summarise(runs: list[dict], actions: Sequence[str] | None = None) -> list[dict]:
     """One row per (scenario, kind): every policy's (mean, CI half-width, n); the best static
     policy (chosen on the tuning seeds, kept on fresh seeds); headroom and ASET's paired
@@ -551,8 +706,7 @@ def summarise(runs: list[dict], actions: Sequence[str] | None = None) -> list[di
                 continue
             pols = list(dict.fromkeys(r["policy"] for r in rs))
             statics = [p for p in pols if p not in NOT_STATIC and (statics_of is None or p in statics_of)]
-            stats = {p: (*ci95(list(_by_seed(runs, sc, kind, p).values())), len(_by_seed(runs, sc, kind, p)))
-                     for p in pols}
+            stats = {p: _stats(list(_by_seed(runs, sc, kind, p).values())) for p in pols}
             if best_tuning is None:
                 best_tuning = max(statics, key=lambda p: (stats[p][0], p))
             best = best_tuning

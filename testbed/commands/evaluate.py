@@ -7,17 +7,32 @@ from __future__ import annotations
 
 import argparse
 
-from testbed.commands import duration_arg
-
 #: Longest simulated run ``--duration`` allows (s): every figure holds one episode's queries in memory.
 MAX_EPISODE_S = 3600.0
 
+#: ``--duration``'s help: the range :func:`_episode_s` accepts (and the window rule evaluate checks).
+DURATION_HELP = (f"override the simulated time per run: seconds (40) or with its unit (40s); more than 0 and at most "
+                 f"1 h ({MAX_EPISODE_S:g} s), a whole number of decision windows (at least one)")
+
 
 def _episode_s(text: str) -> float:
-    """``--duration`` (:func:`testbed.commands.duration_arg`), at most :data:`MAX_EPISODE_S`."""
-    v = duration_arg(text)
-    if v > MAX_EPISODE_S:
-        raise argparse.ArgumentTypeError(f"--duration {text}: at most {MAX_EPISODE_S:g} s per run")
+    """``--duration``: seconds or with a unit (:func:`testbed.units.parse_duration_arg_s`, as
+    :func:`testbed.commands.duration_arg`), in (0, :data:`MAX_EPISODE_S`] s: the range
+    :data:`DURATION_HELP` and the message say (the decision windows are checked by
+    :func:`testbed.aset.evaluate.check_durations`, which knows them).
+
+    Raises:
+        argparse.ArgumentTypeError: not a duration, or outside the range (naming it).
+    """
+    from testbed.units import UnitError, parse_duration_arg_s
+
+    try:
+        v = parse_duration_arg_s(text, item="--duration")
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not 0 < v <= MAX_EPISODE_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: the duration must be in (0, {MAX_EPISODE_S:g}] s (at most 1 h: "
+                                         f"every figure holds one run's queries in memory)")
     return v
 
 
@@ -47,11 +62,11 @@ def register(subparsers) -> None:
     p.add_argument("config", help="ASET config YAML with an 'evaluation:' section")
     p.add_argument("--seeds", type=_int_at_least(2), default=None, help="override evaluation.seeds (tuning seeds)")
     p.add_argument("--fresh-seeds", type=_int_at_least(0), default=None, help="override evaluation.fresh_seeds")
-    p.add_argument("--duration", type=_episode_s, default=None,
-                   help="override the simulated time per run: seconds (40) or with its unit (40s); at most 1 h")
+    p.add_argument("--duration", type=_episode_s, default=None, help=DURATION_HELP)
     p.add_argument("--headroom", action="store_true", help="headroom only (no checkpoint needed: before training)")
     p.add_argument("--specialised", action="store_true",
-                   help="ASET = the checkpoint specialised to each scenario (testbed train --specialise)")
+                   help="ASET = the checkpoint specialised to each scenario (testbed train --specialise); "
+                        "not with --headroom, which runs no checkpoint")
     p.add_argument("--causal", type=_causal_samples, default=None, metavar="K",
                    help="also the causal planner, K sampled futures per decision, on the oracle's seeds "
                         "(override evaluation.causal_samples; 0: off; ~5 min per scenario and seed at K=8)")
