@@ -7,6 +7,7 @@
 * :func:`stop_processes`: signal, wait, then kill.
 * :func:`ci95`: mean and 95 % confidence half-width (Student's t, ``scipy.stats.t``).
 * :func:`markdown_table`: a real Markdown table (``pandas.DataFrame.to_markdown``, tabulate).
+* :func:`scenarios_problem`: the same scenario file twice, or two of one experiment name.
 * :func:`native_stderr_to`: what native libraries write to file descriptor 2 (TensorFlow's and
   LiteRT's C++ log lines) goes to a log file instead of the console, for the time of a block.
 """
@@ -141,6 +142,27 @@ def repeated(items: Sequence[T]) -> list[T]:
     from collections import Counter
 
     return sorted(x for x, k in Counter(items).items() if k > 1)
+
+
+def scenarios_problem(item: str, files: Sequence[str | os.PathLike[str]], names: Sequence[str],
+                      keyed_by: str) -> str | None:
+    """What makes a list of scenario files unusable as one set, or None: a file listed twice (two
+    spellings of one path too: its runs would count twice), or two files of one experiment
+    ``name`` (whatever is keyed by the name, ``keyed_by``, would take them for one). ``item``
+    names the list (``training.scenarios``). The one rule of ``testbed train``, ``testbed
+    evaluate`` and ``testbed sweep``; each caller raises its own error type with the message."""
+    resolved = [str(Path(f).resolve()) for f in files]
+    twice = repeated(resolved)
+    if twice:
+        given = [str(f) for f, r in zip(files, resolved, strict=True) if r == twice[0]]
+        spellings = f" (as {' and '.join(given)})" if len(set(given)) > 1 else ""
+        return f"{item}: {given[0]} is listed twice{spellings}: its runs would count twice"
+    same = repeated(list(names))
+    if same:
+        both = [str(f) for f, n in zip(files, names, strict=True) if n == same[0]]
+        return (f"{item}: {' and '.join(both)} are both named {same[0]!r}: {keyed_by} key a scenario by its name, "
+                f"so the two would be taken for one; give each its own name")
+    return None
 
 
 def ci95(values: Sequence[float | None]) -> tuple[float, float]:

@@ -247,3 +247,12 @@ def test_the_shipped_plan_config_names_only_its_training_scenarios():
     names = {load_experiment(base / s).name: s for s in cfg.training.scenarios}
     check_scenario_keys("reward.baseline_mix", cfg.reward.baseline_mix, names)
     check_scenario_keys("observation.plans", cfg.observation.plans, names)
+
+
+def test_evaluation_duration_has_the_bound_of_the_command_line():
+    """evaluation.duration: 10 h got past the 1 h bound that --duration enforces."""
+    from testbed.aset.config import MAX_EPISODE_S, AsetConfig
+
+    with pytest.raises(ValueError, match=r"evaluation.duration_s\n  Input should be less than or equal to 3600"):
+        AsetConfig.model_validate({"name": "t", "evaluation": {"scenarios": ["x"], "duration": "36000s"}})
+    assert AsetConfig.model_validate({"name": "t", "evaluation": {"scenarios": ["x"], "duration": f"{MAX_EPISODE_S}s"}})

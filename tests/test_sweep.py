@@ -67,7 +67,7 @@ def test_sweep_refuses_experiments_it_would_pool(tmp_path):
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     for f in (a, b):
         shutil.copy(REPO / "experiments/scenario-low.yaml", f)
-    for args, said in (([a, b], "are both named 'scenario-low'"), ([a, a], "the same experiment file is given twice")):
+    for args, said in (([a, b], "are both named 'scenario-low'"), ([a, a], "is listed twice")):
         res = subprocess.run([sys.executable, "-m", "testbed.cli", "sweep", *map(str, args), "--seeds", "1",
                               "--duration", "2s", "--out", str(tmp_path / "out")], capture_output=True, text=True)
         out = " ".join((res.stdout + res.stderr).split())  # the console wraps long lines

@@ -351,6 +351,10 @@ class TrainingSpec(StrictModel):
         return self
 
 
+#: Longest simulated episode of an evaluation (s): ``evaluation.duration`` and ``testbed evaluate
+#: --duration`` (the simulator holds every query of an episode in memory).
+MAX_EPISODE_S = 3600.0
+
 #: Most sampled futures per decision of the causal planner (our bound: 8 take about 5 min per
 #: scenario and seed on one core, and the cost grows linearly).
 MAX_CAUSAL_SAMPLES = 64
@@ -376,7 +380,7 @@ class EvaluationSpec(StrictModel):
     seeds: int = Field(5, ge=2)
     fresh_seeds: int = Field(0, ge=0)
     fresh_from: int = Field(101, ge=1)
-    duration_s: Num | None = Field(None, gt=0)
+    duration_s: Num | None = Field(None, gt=0, le=MAX_EPISODE_S)
     oracle_horizon: int | None = Field(6, ge=1)
     oracle_seeds: int | None = Field(None, ge=2)
     oracle_fresh_seeds: int | None = Field(None, ge=0)

@@ -57,7 +57,7 @@ from testbed.aset.npolicy import NumpyPolicy, policy_files
 from testbed.config import Experiment
 from testbed.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure, naming_file
 from testbed.plan import Plan
-from testbed.util import ci95, markdown_table, repeated, repo_path, write_json_atomic
+from testbed.util import ci95, markdown_table, repo_path, scenarios_problem, write_json_atomic
 
 ASET = "aset"
 MIX = "mix"
@@ -402,11 +402,9 @@ def scenario_files(entries: Sequence[str], base: Path) -> list[str]:
             would be counted twice.
     """
     scenarios = [str(repo_path(s, base)) for s in entries]
-    twice = repeated([str(Path(s).resolve()) for s in scenarios])
-    if twice:
-        given = [e for e, s in zip(entries, scenarios, strict=True) if str(Path(s).resolve()) == twice[0]]
-        raise InputError(f"evaluation.scenarios: {twice[0]} is listed twice (as {' and '.join(given)}): its runs "
-                         f"would be counted twice")
+    problem = scenarios_problem("evaluation.scenarios", scenarios, [str(Path(s).resolve()) for s in scenarios], "")
+    if problem:  # names are checked once planned (check_scenario_names); here only a file given twice
+        raise InputError(problem)
     return scenarios
 
 
@@ -418,12 +416,10 @@ def check_scenario_names(scenarios: Sequence[str], names: dict[str, str]) -> Non
         InputError: naming both files and the name: runs.csv, the tables, oracle.json and the
             specialised checkpoints key a scenario by its name, so the two would be merged.
     """
-    twice = repeated([names[s] for s in scenarios])
-    if twice:
-        files = [s for s in scenarios if names[s] == twice[0]]
-        raise InputError(f"evaluation.scenarios: {' and '.join(files)} are both named {twice[0]!r}: runs.csv, the "
-                         f"tables, oracle.json and --specialised key a scenario by its name, so the two would be "
-                         f"taken for one; give each its own name")
+    problem = scenarios_problem("evaluation.scenarios", scenarios, [names[s] for s in scenarios],
+                                "runs.csv, the tables, oracle.json and --specialised")
+    if problem:
+        raise InputError(problem)
 
 
 def check_durations(plans: dict[str, Plan], dur: float | None, where: str, aset_windows: dict[str, float]) -> None:

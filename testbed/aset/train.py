@@ -52,7 +52,7 @@ from testbed.config import ConfigError, Experiment, format_validation_error, loa
 from testbed.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure, counted, naming_file
 from testbed.plan import Plan, PlanError, build_plan, check_load_bounds, runs_dir_problem
 from testbed.topology import load_topology
-from testbed.util import repo_path
+from testbed.util import repo_path, scenarios_problem
 
 
 def scale_rates(data, factor: float):
@@ -131,16 +131,10 @@ def check_training_scenarios(paths: list[Path], plans: list[Plan]) -> None:
         ConfigError: names both files of one name (or the file listed twice), or each file of
             another shape with what differs from the first file.
     """
-    seen: dict[str, Path] = {}
-    for path, plan in zip(paths, plans, strict=True):
-        name = plan.experiment.name
-        if name in seen:
-            if Path(seen[name]).resolve() == Path(path).resolve():
-                raise ConfigError(f"training.scenarios: {path} is listed twice")
-            raise ConfigError(f"training.scenarios: {seen[name]} and {path} are both named {name!r}: the reward's "
-                              f"baseline_mix, the episode log and --specialise key a scenario by its name, so the "
-                              f"two would be taken for one; give each its own name")
-        seen[name] = path
+    problem = scenarios_problem("training.scenarios", paths, [p.experiment.name for p in plans],
+                                "the reward's baseline_mix, the episode log and --specialise")
+    if problem:
+        raise ConfigError(problem)
     ref = space_shape(plans[0])
     bad = []
     for path, plan in zip(paths[1:], plans[1:], strict=True):

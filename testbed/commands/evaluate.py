@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-#: Longest simulated run ``--duration`` allows (s): every figure holds one episode's queries in memory.
-MAX_EPISODE_S = 3600.0
+from testbed.aset.config import MAX_EPISODE_S  # one bound for evaluation.duration and --duration
 
 #: ``--duration``'s help: the range :func:`_episode_s` accepts (and the window rule evaluate checks).
 DURATION_HELP = (f"override the simulated time per run: seconds (40) or with its unit (40s); more than 0 and at most "

@@ -44,7 +44,7 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
     from testbed.config import MAX_SEED, load_experiment
     from testbed.errors import InputError
     from testbed.policies import CATALOGUE
-    from testbed.util import repeated
+    from testbed.util import repeated, scenarios_problem
 
     pols = list(CATALOGUE) if args.policies == "all" else [x.strip() for x in args.policies.split(",") if x.strip()]
     bad = [p for p in pols if p not in CATALOGUE]
@@ -63,17 +63,10 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
                          f"are not all in 0 .. {MAX_SEED}")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise InputError(f"--out {args.out}: exists and is not a directory")
-    files = [Path(e).resolve() for e in args.experiments]
-    twice = [str(f) for f in repeated(files)]
-    if twice:
-        raise InputError(f"the same experiment file is given twice: {', '.join(twice)}")
-    names: dict[str, str] = {}
-    for e in args.experiments:
-        name = load_experiment(e).name
-        if name in names:
-            raise InputError(f"{e} and {names[name]} are both named {name!r}: the sweep's tables key their rows by "
-                             f"the experiment's name, so give each its own")
-        names[name] = e
+    names = [load_experiment(e).name for e in args.experiments]
+    problem = scenarios_problem("experiments", args.experiments, names, "the sweep's tables")
+    if problem:
+        raise InputError(problem)
     return pols, args.duration
 
 
