@@ -12,7 +12,7 @@ scenario file is copied with ``seed`` and ``policy`` set and emulated with ``tes
 (same arrival streams, :mod:`testbed.arrivals`) through :class:`testbed.aset.episode.Episode`
 (static) or :func:`testbed.aset.evaluate.aset_job` (ASET). Prints one Markdown row per (scenario,
 policy): emulated mean and 95 % CI over the seeds, simulated, the gap, the paired
-difference ASET - static in each, and how busy the machine's CPUs were during the emulated loads
+difference ASET - static in each, and how busy (or stolen) the machine's CPUs were during the emulated loads
 (range over the seeds; ``machine_cpu`` of the summary, :mod:`testbed.emulation.machine`).
 Writes ``runs/aset-emulation/results.md``. Root needed.
 
@@ -85,7 +85,7 @@ def emulate(scenario: Path, seed: int, policy: str, checkpoint: str, runs_dir: P
     summ = json.loads((new[-1] / "summary.json").read_text())
     m = summ.get("machine_cpu") or {}  # testbed.emulation.machine: the CPUs over the load
     return {"success_ratio": summ.get("success_ratio"), "queries": summ.get("queries"), "run": str(new[-1]),
-            "machine_busy": round(m["busy_cores"] / m["cpus"], 3) if m else None,
+            "machine_busy": round(min(1.0, (m["busy_cores"] + m["steal_cores"]) / m["cpus"]), 3) if m else None,
             "testbed_cores": m.get("testbed_cores")}
 
 

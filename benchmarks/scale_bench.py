@@ -30,7 +30,7 @@ gives before the testbed is (``--policy round_robin`` spreads the load over ever
 source's policy). Both are null for a rate whose run failed or answered nothing (``message`` says why).
 Each rate also reports the machine's CPU over the load, per process role (``cpu_cores_by_role``: link
 emulators, inference servers, sources, controller, ovs-vswitchd, ..., ``other``; mean cores) and in all
-(``cpu_busy_cores``), from the run's ``machine_cpu.json`` (:mod:`testbed.emulation.machine`)::
+(``cpu_busy_cores``), from the run's ``summary.json`` ``machine_cpu`` (:mod:`testbed.emulation.machine`)::
 
     sudo .venv/bin/python benchmarks/scale_bench.py load --rates 100 200 500 800 [--seconds 10] \\
         [--runtime litert]   # every cluster's models on LiteRT: the servers' own CPU out of the way
@@ -362,8 +362,8 @@ def cmd_load(args) -> dict:
                "success_ratio": s.get("success_ratio"),
                "network_excess_p50_ms": round(float(excess.median()), 2) if excess is not None else None,
                "network_excess_p95_ms": round(float(excess.quantile(0.95)), 2) if excess is not None else None}
-        if (run_dir / "machine_cpu.json").exists():  # the CPU per role over the load (testbed.emulation.machine)
-            m = json.loads((run_dir / "machine_cpu.json").read_text())
+        m = s.get("machine_cpu") or {}  # the CPU per role over the load (testbed.emulation.machine)
+        if m:
             row.update(cpu_cores_by_role=m["by_role"], cpu_busy_cores=m["busy_cores"])
         if code != 0:  # e.g. the RTT self-check failed: say why (run.json), the rate measured nothing
             rj = run_dir / "run.json"

@@ -61,7 +61,7 @@ from testbed.emulation.bringup import (
 )
 from testbed.emulation.cleanup import process_identity
 from testbed.emulation.events import EventRunner, unsupported
-from testbed.emulation.machine import CpuSampler, write_load_window
+from testbed.emulation.machine import SAMPLES_FILE, CpuSampler, write_samples
 from testbed.emulation.servers import ClusterServers
 from testbed.errors import (
     EXIT_BRINGUP,
@@ -399,9 +399,9 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
         if watch is not None:
             _watch_capture(live, watch)
     start_ns = time.time_ns() + 1_000_000_000
-    machine = CpuSampler(start_ns / 1e9, start_ns / 1e9 + duration_s)  # machine_cpu.json, in the summary
+    machine = CpuSampler()  # the machine's CPU per role (machine_cpu_samples.json; the summary takes the load's window)
     machine.start()
-    stack.callback(write_load_window, machine, run_dir / "machine_cpu.json")
+    stack.callback(write_samples, machine, run_dir / SAMPLES_FILE)
     sources = _start_sources(live, start_ns, duration_s, stack)
     if watch is not None:
         logs = run_dir / "logs"

@@ -577,10 +577,7 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
         s["host_speed"] = json.loads((run_dir / "host_speed.json").read_text())
     except (OSError, ValueError):
         s["host_speed"] = {}
-    try:  # an emulation's (testbed.emulation.machine); a simulation has none
-        s["machine_cpu"] = json.loads((run_dir / "machine_cpu.json").read_text())
-    except (OSError, ValueError):
-        s["machine_cpu"] = {}
+    s["machine_cpu"], s["machine_cpu_note"] = _machine_cpu(run_dir, df)
     health = read_health(run_dir)
     if health:
         s["health"] = health
@@ -741,18 +738,47 @@ def _service_warning(s: dict, sc: dict) -> str:
 PROFILES_COPY = "runs/profiles-here"
 
 
-def _machine_lines(m: dict) -> list[str]:
-    """The machine's CPU during an emulation's load (``machine_cpu.json``,
-    :mod:`testbed.emulation.machine`), and a warning when it was saturated."""
+def _machine_cpu(run_dir: Path, df: pd.DataFrame) -> tuple[dict, str]:
+    """The machine's CPU over the load the records show (the first to the last query's t0: not
+    the sources' start-up before, nor the teardown after), from an emulation's samples
+    (:func:`testbed.emulation.machine.machine_cpu_of_run`): ``({}, "")`` for a simulation, ``({},
+    why)`` when the samples are unreadable or too few."""
+    from testbed.emulation.machine import machine_cpu_of_run
+
+    t0 = pd.to_numeric(df["t0_ns"], errors="coerce").dropna() if "t0_ns" in df else pd.Series(dtype=float)
+    if t0.empty:
+        return {}, ""
+    got, note = machine_cpu_of_run(run_dir, float(t0.min()) / 1e9, float(t0.max()) / 1e9)
+    return (got.model_dump() if got else {}), note
+
+
+def _machine_lines(m: dict, note: str = "") -> list[str]:
+    """The machine's CPU during an emulation's load (``summary.json`` ``machine_cpu``,
+    :mod:`testbed.emulation.machine`), and a warning when it was saturated on the whole or for a
+    stretch; ``note``: why it is not known."""
+    from pydantic import ValidationError
+
     from testbed.emulation.machine import OTHER_NOTABLE_CORES, SATURATED_SHARE, STEAL_NOTABLE_CORES, MachineCpu
 
+    if note:
+        return [f"Machine CPU during the load: not known: {note}."]
     if not m:
         return []
-    mc = MachineCpu.model_validate(m)
+    try:
+        mc = MachineCpu.model_validate(m)
+    except ValidationError as exc:
+        return [f"Machine CPU during the load: not known: summary.json's machine_cpu is malformed "
+                f"({exc.error_count()} errors)."]
     roles = ", ".join(f"{r} {v:.2f}" for r, v in sorted(mc.by_role.items(), key=lambda kv: -kv[1]))
-    lines = [f"Machine CPU during the load: {mc.busy_cores:.2f} of {mc.cpus} CPUs busy, {mc.steal_cores:.2f} stolen "
-             f"by the hypervisor ({100 * mc.busy_share:.0f} % in all); cores by process: {roles}; the testbed's own "
-             f"processes (link emulators, Open vSwitch, sources, controller, this run) {mc.testbed_cores:.2f}."]
+    lines = [f"Machine CPU during the load ({mc.window_s:g} s, first to last query): {mc.busy_cores:.2f} of "
+             f"{mc.cpus} CPUs busy, {mc.steal_cores:.2f} stolen by the hypervisor ({100 * mc.busy_share:.0f} % in "
+             f"all; at least {100 * SATURATED_SHARE:.0f} % for {mc.saturated_s:g} s of it, peak "
+             f"{100 * mc.peak_share:.0f} % over one sample); cores by process: {roles}; the testbed's own processes "
+             f"(link emulators, Open vSwitch, sources, controller, this run) {mc.testbed_cores:.2f}."]
+    if mc.busy_share < SATURATED_SHARE and mc.saturated_s >= 0.1 * mc.window_s:
+        lines.append(f"WARNING: the machine's CPUs were at least {100 * SATURATED_SHARE:.0f} % busy or stolen for "
+                     f"{mc.saturated_s:g} s of the {mc.window_s:g} s load: queries of those seconds waited for a CPU "
+                     f"in the testbed's own processes, which the simulator does not model.")
     if mc.busy_share >= SATURATED_SHARE:
         other = mc.by_role.get("other", 0.0)
         beside = [f"the {other:.2f} cores of other processes on the machine"] if other >= OTHER_NOTABLE_CORES else []
@@ -786,9 +812,11 @@ def _headline(s: dict) -> list[str]:
     ex = s.get("network_excess_ms") or {}
     if ex.get("p50") is not None:
         lines.append(f"Network time above the planned RTT: p50 {ex['p50']:+.3f} ms, p95 {ex['p95']:+.3f} ms "
-                     f"(network_ms - expected_rtt_ms: the transfer of request and answer, the links' queues, "
-                     f"and in an emulation the forwarding cost of its own processes).")
-    lines.extend(_machine_lines(s.get("machine_cpu") or {}))
+                     f"(network_ms - expected_rtt_ms, network_ms = t1 - t0 + t4 - t3: the transfer of request and "
+                     f"answer, the links' queues, the source's dispatch decision, the server's reading of the "
+                     f"request and writing of the answer, a cold query's TCP handshake, and in an emulation the "
+                     f"forwarding cost of its own processes).")
+    lines.extend(_machine_lines(s.get("machine_cpu") or {}, s.get("machine_cpu_note") or ""))
     lines.append(f"New connections (cold = 1): {s.get('cold_queries', 0)} queries here; "
                  f"{s.get('cold_rule', COLD_RULE)}.")
     le = (s.get("link_emulators") or {}).get("total")

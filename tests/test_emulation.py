@@ -110,9 +110,10 @@ def test_short_run_records_and_success(tmp_path):
     # the network time above the planned RTT, and the machine's CPU over the load, per process role
     excess = (ok["network_ms"] - ok["expected_rtt_ms"]).median()
     assert summary["network_excess_ms"]["p50"] == pytest.approx(excess, abs=0.002)
-    m = summary["machine_cpu"]
-    assert m == json.loads((run_dir / "machine_cpu.json").read_text())
-    assert 5.5 <= m["window_s"] <= 6.5 and 0 < m["busy_cores"] <= m["cpus"]
+    m = summary["machine_cpu"]  # over the load the records show, from the run's samples
+    span_s = (df["t0_ns"].max() - df["t0_ns"].min()) / 1e9
+    assert (run_dir / "machine_cpu_samples.json").is_file() and summary["machine_cpu_note"] == ""
+    assert span_s <= m["window_s"] <= span_s + 2.5 and 0 < m["busy_cores"] <= m["cpus"]
     for role in ("inference servers", "sources", "ovs-vswitchd"):  # every query crossed them
         assert m["by_role"].get(role, 0) > 0, role
     assert m["testbed_cores"] >= m["by_role"]["sources"] + m["by_role"]["ovs-vswitchd"] - 0.002

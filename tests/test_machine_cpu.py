@@ -10,7 +10,7 @@ import time
 import pandas as pd
 import pytest
 
-from testbed.emulation.machine import CpuSampler, machine_ticks, role_of
+from testbed.emulation.machine import CpuSampler, Sample, cores_between, machine_ticks, role_of
 from testbed.summary import _headline, latency_figures
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
@@ -41,8 +41,7 @@ def test_machine_ticks_read_proc_stat(tmp_path):
 def test_a_process_that_exits_inside_the_window_keeps_its_cpu():
     """A child that burns 0.6 s of CPU under a source's command line and exits mid-window: the
     role keeps what it used until the last sample before its exit (at most one interval lost)."""
-    t0 = time.time() + 0.2
-    s = CpuSampler(t0, t0 + 30, interval_s=0.1)
+    s = CpuSampler(interval_s=0.1)
     s.start()
     time.sleep(0.3)
     subprocess.run([sys.executable, "-c", BURN.format(s=0.6), "testbed.workload"], check=True, timeout=30)
@@ -52,33 +51,72 @@ def test_a_process_that_exits_inside_the_window_keeps_its_cpu():
     used = m.by_role["sources"] * m.window_s
     assert 0.45 <= used <= 0.75, m  # 0.6 s, less what it ran after its last sample (< 0.1 s of it)
     assert m.testbed_cores >= m.by_role["sources"] and 0 < m.busy_cores <= m.cpus
-    assert m.window_s < 5  # stopped early: the window ends at stop()
 
 
-def test_a_sampler_stopped_before_its_window_measured_nothing():
-    s = CpuSampler(time.time() + 60, time.time() + 70)
-    s.start()
-    s.stop()
-    assert s.result() is None and not s.is_alive()
+def _samples(busy: list[float], t0: float = 100.0) -> list[Sample]:
+    """Cumulative samples 1 s apart whose machine busy seconds grow by ``busy[i]`` in step i."""
+    out, acc = [Sample(t=t0, busy_s=0.0, steal_s=0.0, by_role={"sources": 0.0})], 0.0
+    for i, b in enumerate(busy, 1):
+        acc += b
+        out.append(Sample(t=t0 + i, busy_s=acc, steal_s=0.0, by_role={"sources": 0.5 * i}))
+    return out
 
 
-def _summary(busy: float, other: float = 0.0, steal: float = 0.0) -> dict:
+def test_the_window_is_the_loads_and_a_saturated_stretch_is_counted():
+    """The window is widened to the samples around [t_from, t_to], the start-up before it is not
+    counted, and seconds at >= 90 % are counted even when the mean is below."""
+    samples = _samples([2.0, 2.0, 0.4, 0.4, 0.4, 0.4])  # a 2 s start-up burst, then 20 %
+    m = cores_between(samples, 102.0, 106.0, cpus=2)
+    assert m.window_s == 4 and m.busy_cores == pytest.approx(0.4) and m.saturated_s == 0
+    m = cores_between(samples, None, None, cpus=2)
+    assert m.window_s == 6 and m.saturated_s == 2 and m.peak_share == 1.0
+    assert m.busy_cores == pytest.approx(5.6 / 6, abs=0.001) and m.by_role == {"sources": 0.5}
+    assert cores_between(samples, 102.2, 102.8, cpus=2).window_s == 1  # inside one interval: its two samples
+    assert cores_between(samples[:1], None, None) is None
+
+
+def test_the_run_reads_its_samples_or_says_why_not(tmp_path):
+    from testbed.emulation.machine import SAMPLES_FILE, CpuSamples, machine_cpu_of_run
+
+    assert machine_cpu_of_run(tmp_path, 0, 1) == (None, "")  # a simulation: nothing to say
+    whole = CpuSamples(cpus=2, interval_s=1.0, samples=_samples([1.0] * 4)).model_dump_json()
+    (tmp_path / SAMPLES_FILE).write_text(whole[:40])
+    got, why = machine_cpu_of_run(tmp_path, 100, 104)
+    assert got is None and why.startswith(f"{SAMPLES_FILE} cannot be read (ValidationError)")
+    (tmp_path / SAMPLES_FILE).write_text(whole)
+    got, why = machine_cpu_of_run(tmp_path, 100, 104)
+    assert why == "" and got.busy_cores == pytest.approx(1.0) and got.cpus == 2  # 1 s busy per second
+    (tmp_path / SAMPLES_FILE).write_text(CpuSamples(cpus=2, interval_s=1.0, samples=_samples([])).model_dump_json())
+    got, why = machine_cpu_of_run(tmp_path, 100, 100.5)
+    assert got is None and "fewer than two samples cover the load" in why
+    assert f"Machine CPU during the load: not known: {why}." in _headline(
+        {"queries": 1, "duration_s": 1.0, "machine_cpu": {}, "machine_cpu_note": why})
+
+
+def _summary(busy: float, other: float = 0.0, steal: float = 0.0, saturated: float = 0.0) -> dict:
     roles = {"inference servers": 0.5, "link emulators": 0.4, "sources": 0.3, "other": other}
     return {"queries": 10, "duration_s": 10.0, "machine_cpu": {
         "window_s": 10.0, "cpus": 2, "busy_cores": busy, "steal_cores": steal, "by_role": roles,
-        "testbed_cores": 0.7}}
+        "testbed_cores": 0.7, "saturated_s": saturated, "peak_share": 1.0 if saturated else 0.7}}
 
 
 def test_the_summary_warns_when_the_machine_was_saturated():
-    lines = _headline(_summary(1.95, other=0.6))
-    assert any(x.startswith("Machine CPU during the load: 1.95 of 2 CPUs busy, 0.00 stolen by the hypervisor "
-                            "(98 % in all)") for x in lines)
+    lines = _headline(_summary(1.95, other=0.6, saturated=9.0))
+    assert any(x.startswith("Machine CPU during the load (10 s, first to last query): 1.95 of 2 CPUs busy, 0.00 "
+                            "stolen by the hypervisor (98 % in all; at least 90 % for 9 s of it") for x in lines)
     warn = [x for x in lines if x.startswith("WARNING: the machine's CPUs were 98 % busy or stolen")]
     assert len(warn) == 1 and "nor the 0.60 cores of other processes" in warn[0] and "hypervisor" not in warn[0]
     lines = _headline(_summary(1.2))
-    assert any(x.startswith("Machine CPU during the load: 1.20 of 2 CPUs busy") for x in lines)
+    assert any(x.startswith("Machine CPU during the load (10 s, first to last query): 1.20 of 2") for x in lines)
     assert not any(x.startswith("WARNING: the machine") for x in lines)
+    stretch = [x for x in _headline(_summary(1.2, saturated=3.0)) if x.startswith("WARNING: the machine")]
+    assert stretch == ["WARNING: the machine's CPUs were at least 90 % busy or stolen for 3 s of the 10 s load: "
+                       "queries of those seconds waited for a CPU in the testbed's own processes, which the "
+                       "simulator does not model."]
     assert not any(x.startswith("Machine CPU") for x in _headline({"queries": 1, "duration_s": 1.0}))
+    bad = _headline({"queries": 1, "duration_s": 1.0, "machine_cpu": {"cpus": 0}})
+    assert any(x.startswith("Machine CPU during the load: not known: summary.json's machine_cpu is malformed")
+               for x in bad)
 
 
 def test_the_hypervisors_steal_counts_toward_saturation():

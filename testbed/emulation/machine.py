@@ -9,7 +9,8 @@ path, and that waiting shows up as network and queueing time that the simulator,
 clusters' CPU shares but not the testbed's own processes, does not have. The summary states the
 machine's load during the run and warns when it was saturated (:data:`SATURATED_SHARE`).
 
-:class:`CpuSampler` reads, every ``interval_s``:
+:class:`CpuSampler` reads, every ``interval_s`` from the moment the sources are started until the
+load's teardown:
 
 * ``/proc/stat`` (proc(5), the ``cpu`` line): the machine's busy time (user + nice + system +
   irq + softirq) and the time stolen by the hypervisor (steal), in clock ticks
@@ -18,9 +19,14 @@ machine's load during the run and warns when it was saturated (:data:`SATURATED_
   matched on the command line; the sampling process itself is ``run process``, anything else
   ``other``: other jobs on the machine).
 
-:meth:`CpuSampler.result` gives mean cores (CPU seconds per second) per role over the window. A
-process that exits inside the window keeps the CPU it used until its last sample; what it used
-after that is lost (at most ``interval_s`` of it).
+Each sample is cumulative: the machine's busy and steal seconds, and per role the CPU seconds of
+every process seen so far (a process that exited keeps what it used until its last sample; what
+it used after that, at most ``interval_s`` of it, is lost). The samples are written to
+``machine_cpu_samples.json`` (:class:`CpuSamples`), and the summary takes the window the load
+really ran, from the records (the first and the last query's t0: the sources start after their
+own start-up, which must not count, and the teardown after the last query must not either), with
+:func:`cores_between`: mean cores per role over the window, and how many of its seconds were
+saturated (a mean can hide a saturated stretch).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 #: Roles of the processes (label, substring of the command line), first match wins.
 CPU_ROLES: tuple[tuple[str, str], ...] = (
@@ -49,20 +55,26 @@ OTHER_NOTABLE_CORES = 0.25
 STEAL_NOTABLE_CORES = 0.1
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: The samples of a run (:class:`CpuSamples`), in its folder.
+SAMPLES_FILE = "machine_cpu_samples.json"
 
 
 class MachineCpu(BaseModel):
-    """The machine's CPU over a load window (``machine_cpu.json``): ``window_s`` (s), ``cpus``
-    (online CPUs), ``busy_cores`` and ``steal_cores`` (mean CPUs busy / stolen by the hypervisor,
-    from ``/proc/stat``), ``by_role`` (mean cores per role, :data:`CPU_ROLES`, ``run process`` and
-    ``other``), ``testbed_cores`` (the sum over :data:`TESTBED_ROLES`)."""
+    """The machine's CPU over a load window (``summary.json`` ``machine_cpu``): ``window_s`` (s),
+    ``cpus`` (online CPUs), ``busy_cores`` and ``steal_cores`` (mean CPUs busy / stolen by the
+    hypervisor, from ``/proc/stat``), ``by_role`` (mean cores per role, :data:`CPU_ROLES`, ``run
+    process`` and ``other``), ``testbed_cores`` (the sum over :data:`TESTBED_ROLES`),
+    ``saturated_s`` (seconds of the window between two samples in which the CPUs were at least
+    :data:`SATURATED_SHARE` busy or stolen) and ``peak_share`` (the highest such share)."""
 
-    window_s: float
-    cpus: int
-    busy_cores: float
-    steal_cores: float
+    window_s: float = Field(gt=0)
+    cpus: int = Field(ge=1)
+    busy_cores: float = Field(ge=0)
+    steal_cores: float = Field(ge=0)
     by_role: dict[str, float]
-    testbed_cores: float
+    testbed_cores: float = Field(ge=0)
+    saturated_s: float = Field(0.0, ge=0)
+    peak_share: float = Field(0.0, ge=0)
 
     @property
     def busy_share(self) -> float:
@@ -102,23 +114,35 @@ def _proc_cpu_s(pid: str) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-class CpuSampler(threading.Thread):
-    """Samples the machine's CPU every ``interval_s`` over the window [``t_from``, ``t_to``] (epoch
-    s; module docstring): the first sample at ``t_from`` (the thread waits for it), the last at
-    ``t_to`` or at :meth:`stop`, whichever comes first. Per process, the CPU it used between the
-    first and the last sample that saw it counts (from 0 for a process started after ``t_from``),
-    so a process that exits inside the window keeps what it used until the last sample before its
-    exit."""
+class Sample(BaseModel):
+    """One cumulative sample: ``t`` (epoch s), ``busy_s`` / ``steal_s`` (machine CPU seconds since
+    boot), ``by_role`` (CPU seconds of every process of the role seen so far)."""
 
-    def __init__(self, t_from: float, t_to: float, interval_s: float = 1.0) -> None:
+    t: float
+    busy_s: float
+    steal_s: float
+    by_role: dict[str, float]
+
+
+class CpuSamples(BaseModel):
+    """``machine_cpu_samples.json``: the sampler's ``interval_s`` and its samples, oldest first."""
+
+    cpus: int = Field(ge=1)
+    interval_s: float = Field(gt=0)
+    samples: list[Sample]
+
+
+class CpuSampler(threading.Thread):
+    """Samples the machine's CPU every ``interval_s`` (module docstring) until :meth:`stop`."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
         super().__init__(daemon=True, name="machine-cpu")
-        self.t_from, self.t_to, self.interval_s = t_from, t_to, interval_s
+        self.interval_s = interval_s
+        self.samples: list[Sample] = []
         self._done = threading.Event()
         self._roles: dict[int, str] = {}
         self._me = os.getpid()
-        self._first: dict[int, float] = {}  # pid -> CPU s at the window's first sample
-        self._last: dict[int, float] = {}   # pid -> CPU s at the last sample that saw it
-        self._machine: list[tuple[float, float, float]] = []  # (epoch s, busy s, steal s): the first, the last
+        self._last: dict[int, float] = {}  # pid -> CPU s at the last sample that saw it (kept after its exit)
 
     def _role(self, pid: int) -> str:
         if pid not in self._roles:
@@ -133,7 +157,6 @@ class CpuSampler(threading.Thread):
         return self._roles[pid]
 
     def _sample(self) -> None:
-        first = not self._machine
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
@@ -143,59 +166,88 @@ class CpuSampler(threading.Thread):
                 continue
             pid = int(name)
             self._role(pid)
-            if first:
-                self._first[pid] = cpu
             self._last[pid] = cpu
+        by_role: dict[str, float] = {}
+        for pid, cpu in self._last.items():
+            by_role[self._roles[pid]] = by_role.get(self._roles[pid], 0.0) + cpu
         busy, steal = machine_ticks()
-        self._machine = [*self._machine[:1], (time.time(), busy, steal)]  # keep the first and this one
+        self.samples.append(Sample(t=time.time(), busy_s=busy, steal_s=steal, by_role=by_role))
 
     def run(self) -> None:
-        if self._done.wait(max(0.0, self.t_from - time.time())):
-            return  # stopped before the window began: nothing measured
-        self._sample()
-        while not self._done.wait(max(0.0, min(self.interval_s, self.t_to - time.time()))):
+        while True:
             self._sample()
-            if time.time() >= self.t_to:
+            if self._done.wait(self.interval_s):
+                self._sample()
                 return
-        self._sample()
 
     def stop(self) -> None:
-        """End the window now (a last sample) if it has not ended; waits for the thread."""
+        """Take a last sample and end the thread (waits for it)."""
         self._done.set()
         if self.is_alive():
             self.join(5.0)
 
-    def result(self) -> MachineCpu | None:
-        """Mean cores over the window sampled (call after :meth:`stop`); None with fewer than two
-        samples (stopped before, or within, the window's first instant)."""
-        if len(self._machine) < 2:
-            return None
-        (ta, busy_a, steal_a), (tb, busy_b, steal_b) = self._machine
-        dt = tb - ta
-        if dt <= 0:
-            return None
-        used: dict[str, float] = {}
-        for pid, last in self._last.items():
-            role = self._roles.get(pid, "other")
-            used[role] = used.get(role, 0.0) + max(0.0, last - self._first.get(pid, 0.0))
-        roles = {r: round(v / dt, 3) for r, v in sorted(used.items()) if v > 0}
-        return MachineCpu(window_s=round(dt, 3), cpus=os.cpu_count() or 1,
-                          busy_cores=round(max(0.0, busy_b - busy_a) / dt, 3),
-                          steal_cores=round(max(0.0, steal_b - steal_a) / dt, 3), by_role=roles,
-                          testbed_cores=round(sum(roles.get(r, 0.0) for r in TESTBED_ROLES), 3))
+    def result(self, t_from: float | None = None, t_to: float | None = None) -> MachineCpu | None:
+        """:func:`cores_between` over the samples (between ``t_from`` and ``t_to``, epoch s, when given)."""
+        return cores_between(self.samples, t_from, t_to)
 
 
-def write_load_window(sampler: CpuSampler, path: Path) -> MachineCpu | None:
-    """Stop ``sampler`` and write its :class:`MachineCpu` to ``path`` (JSON); nothing is written for
-    a window with fewer than two samples (a load interrupted before it began). A write error (a
-    full disk at teardown) is reported on stderr, not raised: the run already fails with its
-    storage incident."""
+def cores_between(samples: list[Sample], t_from: float | None = None, t_to: float | None = None,
+                  cpus: int | None = None) -> MachineCpu | None:
+    """:class:`MachineCpu` over the samples inside [``t_from``, ``t_to``] (epoch s; None: open),
+    widened by the sample just before ``t_from`` and the one just after ``t_to`` so that the whole
+    window is covered (at most one ``interval_s`` more on each side); None with fewer than two.
+    ``cpus``: the machine's CPUs (default: this machine's)."""
+    if t_from is not None:
+        before = [i for i, s in enumerate(samples) if s.t <= t_from]
+        samples = samples[before[-1] if before else 0:]
+    if t_to is not None:
+        after = [i for i, s in enumerate(samples) if s.t >= t_to]
+        samples = samples[:after[0] + 1] if after else samples
+    if len(samples) < 2 or samples[-1].t <= samples[0].t:
+        return None
+    a, b = samples[0], samples[-1]
+    dt = b.t - a.t
+    n = cpus or os.cpu_count() or 1
+    roles = {r: round(max(0.0, b.by_role.get(r, 0.0) - a.by_role.get(r, 0.0)) / dt, 3)
+             for r in sorted(set(a.by_role) | set(b.by_role))}
+    steps = [(y.t - x.t, min(1.0, ((y.busy_s - x.busy_s) + (y.steal_s - x.steal_s)) / ((y.t - x.t) * n)))
+             for x, y in zip(samples[:-1], samples[1:], strict=True) if y.t > x.t]  # (s, busy+stolen share)
+    saturated = sum(d for d, share in steps if share >= SATURATED_SHARE)
+    shares = [share for _, share in steps]
+    return MachineCpu(window_s=round(dt, 3), cpus=n, busy_cores=round(max(0.0, b.busy_s - a.busy_s) / dt, 3),
+                      steal_cores=round(max(0.0, b.steal_s - a.steal_s) / dt, 3),
+                      by_role={r: v for r, v in roles.items() if v > 0},
+                      testbed_cores=round(sum(roles.get(r, 0.0) for r in TESTBED_ROLES), 3),
+                      saturated_s=round(saturated, 1), peak_share=round(max(shares, default=0.0), 3))
+
+
+def write_samples(sampler: CpuSampler, path: Path) -> None:
+    """Stop ``sampler`` and write its samples (:class:`CpuSamples`, atomically) to ``path``. A
+    write error (a full disk at teardown) is reported on stderr, not raised: the run already fails
+    with its storage incident."""
+    from testbed.util import write_json_atomic
+
     sampler.stop()
-    got = sampler.result()
-    if got is not None:
-        try:
-            path.write_text(got.model_dump_json(indent=1))
-        except OSError as exc:
-            print(f"[testbed] cannot write {path}: {exc}; the machine's CPU during the load is not kept",
-                  file=sys.stderr)
-    return got
+    try:
+        write_json_atomic(path, CpuSamples(cpus=os.cpu_count() or 1, interval_s=sampler.interval_s,
+                                           samples=sampler.samples))
+    except OSError as exc:
+        print(f"[testbed] cannot write {path}: {exc}; the machine's CPU during the load is not kept", file=sys.stderr)
+
+
+def machine_cpu_of_run(run_dir: Path, t_from: float | None, t_to: float | None) -> tuple[MachineCpu | None, str]:
+    """The machine's CPU over [``t_from``, ``t_to``] (epoch s) from ``run_dir/machine_cpu_samples.json``,
+    and what went wrong when there is none: "" (no file: a simulation, or a run stopped before its
+    load), or a sentence naming the file (unreadable, or too few samples in the window)."""
+    path = run_dir / SAMPLES_FILE
+    if not path.exists():
+        return None, ""
+    try:
+        data = CpuSamples.model_validate_json(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        return None, f"{path.name} cannot be read ({type(exc).__name__}): the machine's CPU is not known"
+    got = cores_between(data.samples, t_from, t_to, data.cpus)
+    if got is None:
+        return None, (f"{path.name}: fewer than two samples cover the load (it lasted less than one sampling "
+                      f"interval, {data.interval_s:g} s): the machine's CPU is not known")
+    return got, ""
