@@ -287,6 +287,17 @@ def _differences(made: dict, inputs: dict) -> list[str]:
             if norm(k, made.get(k)) != norm(k, inputs[k])]
 
 
+#: What a sweep writes in its folder (besides ``sweep.json``): a folder holding only these, with at
+#: least one cell, is a sweep's made before sweeps recorded their inputs.
+SWEEP_OUTPUTS = frozenset({"cells", "runs", "runs.csv", "runs.parquet", "table.csv", "table.md"})
+
+
+def _old_sweep(out: Path) -> bool:
+    """``out`` holds only a sweep's outputs (:data:`SWEEP_OUTPUTS`) and at least one cell file."""
+    names = {p.name for p in out.iterdir()}
+    return names <= SWEEP_OUTPUTS and (out / "cells").is_dir() and any((out / "cells").rglob("*.parquet"))
+
+
 def check_out(out: Path, inputs: dict) -> list[str]:
     """Refuse an ``--out`` the sweep must not write in, before anything runs: a path under a file,
     or a folder that is not empty and that no sweep made (no ``sweep.json``: another tool's results,
@@ -303,7 +314,7 @@ def check_out(out: Path, inputs: dict) -> list[str]:
     if not out.is_dir() or not any(out.iterdir()):
         return []
     record = out / SWEEP_RECORD
-    if not record.is_file() and (out / "cells").is_dir():
+    if not record.is_file() and _old_sweep(out):
         return [f"{SWEEP_RECORD}: none there (a sweep made before sweeps recorded their inputs)"]
     if not record.is_file():
         names = sorted(p.name for p in out.iterdir())
@@ -412,9 +423,9 @@ def _sweep_cells(cells: list, record: dict, out: Path, jobs: int | None, duratio
     try:
         with _writing_results(out):
             out.mkdir(parents=True, exist_ok=True)
-            if not (out / SWEEP_RECORD).exists():
+            if not (out / SWEEP_RECORD).exists():  # a new folder is marked as the sweep's before any cell
+                write_json_atomic(out / SWEEP_RECORD, record)
                 wrote_record = True
-            write_json_atomic(out / SWEEP_RECORD, record)  # this call's inputs (check_out said any change)
         runs_dir = str(out / "runs") if keep_runs or emulate else None
         pending = _pending_cells(cells, console)
         if len(pending) < len(cells):
@@ -430,7 +441,9 @@ def _sweep_cells(cells: list, record: dict, out: Path, jobs: int | None, duratio
         _undo_if_nothing_measured(out, created, wrote_record)
         raise
     with _writing_results(out):
-        return write_results([c[3] for c in cells], record["inputs"]["policies"], out)
+        df = write_results([c[3] for c in cells], record["inputs"]["policies"], out)
+        write_json_atomic(out / SWEEP_RECORD, record)  # the inputs of the tables now there (extended or not)
+        return df
 
 
 def _undo_if_nothing_measured(out: Path, created: Path | None, wrote_record: bool) -> None:

@@ -181,3 +181,25 @@ def test_the_runs_own_merge_still_writes_the_merged_records(unfinished_run):
     df = merge_records(unfinished_run)
     assert len(pd.read_csv(unfinished_run / "records.csv")) == len(df) == _sources_rows(unfinished_run)
     assert (unfinished_run / "records.parquet").exists()
+
+
+def test_a_failed_extension_keeps_the_record_of_the_tables_there(tmp_path, capsys):
+    """sweep.json describes the tables in the folder: an extension that fails before its tables
+    are written leaves the old record (it used to say the new seeds at once)."""
+    out = tmp_path / "sw"
+    assert main(_sweep_args(out)) == 0
+    record = (out / "sweep.json").read_bytes()
+    args = _sweep_args(out)
+    args[args.index("--seeds") + 1] = "2"
+    args += ["--backend", "ray", "--ray-address", "127.0.0.1:1"]  # nothing listens there: fails before a cell
+    assert main(args) != 0
+    assert (out / "sweep.json").read_bytes() == record
+
+
+def test_an_empty_cells_folder_does_not_make_a_foreign_folder_a_sweeps(tmp_path, capsys):
+    out = tmp_path / "sw"
+    (out / "cells").mkdir(parents=True)
+    (out / "runs.csv").write_text("theirs\n")
+    (out / "results.md").write_text("theirs\n")
+    assert main(_sweep_args(out)) == 2
+    assert "but no sweep.json" in _said(capsys) and (out / "runs.csv").read_text() == "theirs\n"
