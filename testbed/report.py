@@ -507,8 +507,9 @@ def fig_hop_delays(runs: list[RunData], path: Path) -> bool:
 def comparison_table(runs: list[RunData]) -> pd.DataFrame:
     """One row per run and policy: queries, load (s), success ratio, answered q/s, e2e p50/p95/p99 (ms)
     and mean network/queueing/inference (ms) as the summary takes them
-    (:func:`testbed.summary.latency_figures`), ``cold`` (queries that opened a new connection),
-    failures per cause."""
+    (:func:`testbed.summary.latency_figures`), the median network time above the planned RTT
+    (ms), how busy (or stolen) the machine's CPUs were over an emulated run's load (%; None for a
+    simulation), ``cold`` (queries that opened a new connection), failures per cause."""
     from testbed.summary import load_duration_s
 
     rows = []
@@ -523,6 +524,8 @@ def comparison_table(runs: list[RunData]) -> pd.DataFrame:
                      "answered_qps": round(lat["answered"] / load, 2) if load > 0 else None,
                      **{f"e2e_{q}_ms": v for q, v in lat["e2e_ms"].items()},
                      **{f"{k}_mean_ms": v for k, v in lat["breakdown_ms"].items()},
+                     "network_excess_p50_ms": lat["network_excess_ms"]["p50"],
+                     "cpus_busy_pct": _busy_pct(r.summary.get("machine_cpu") or {}),
                      "cold": lat["cold_queries"],
                      "failures": ", ".join(f"{k} {v}" for k, v in fails.items()) or "none"})
     return pd.DataFrame(rows)
@@ -649,13 +652,35 @@ def _write_report(runs: list[RunData], out: Path) -> dict:
             "warning": _not_ok_warning(runs)}
 
 
+#: The summary's warnings that say a run's figures are not those of the planned clusters (a
+#: saturated machine, a slow host, starved clusters), carried into the report's list of runs.
+COMPARABILITY_WARNINGS = ("WARNING: the machine", "WARNING: this machine", "WARNING: inference ran slower")
+
+
+def _busy_pct(machine_cpu: dict) -> float | None:
+    """Busy + stolen share of the CPUs over an emulated run's load, % (summary ``machine_cpu``)."""
+    try:
+        return round(100 * min(1.0, (machine_cpu["busy_cores"] + machine_cpu["steal_cores"]) / machine_cpu["cpus"]), 1)
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
 def _runs_list(runs: list[RunData]) -> list[str]:
+    """One entry per run, with its summary's warnings of :data:`COMPARABILITY_WARNINGS`: the
+    report compares runs, and those say when not to."""
+    from testbed.summary import _headline
+
     out = []
     for r in runs:
         s = r.summary
+        try:
+            warnings = [x for x in _headline(s) if x.startswith(COMPARABILITY_WARNINGS)] if "queries" in s else []
+        except (KeyError, TypeError, ValueError):  # an older or partial summary: its warnings are not known
+            warnings = []
         out.append(f"{r.label} ({r.mode}; {len(r.records)} queries; {r.path})"
                    + (f"; configured load {s['duration_s']:g} s" if s.get("duration_s") else "")
-                   + ("" if r.status.ok else f"; NOT OK: {r.status.short} ({r.status.detail})"))
+                   + ("" if r.status.ok else f"; NOT OK: {r.status.short} ({r.status.detail})")
+                   + "".join(f" {w}" for w in warnings))
     return out
 
 

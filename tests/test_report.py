@@ -304,3 +304,17 @@ def test_a_half_written_json_file_of_a_run_is_named_not_a_traceback(tmp_path, na
     (d / name).write_text(text)
     with pytest.raises(ReportError, match=re.escape(message)):
         load_run(d)
+
+
+def test_the_report_carries_a_saturated_machines_warning_and_busy_cpus(tmp_path):
+    """A run whose summary warned that the machine was saturated was compared in the report without
+    a word (a reviewer's find): the warning is in its entry, and the table has the CPUs' busy %."""
+    a = make_run(tmp_path, "hot", ["closest"])
+    s = json.loads((a / "summary.json").read_text())
+    s["machine_cpu"] = {"window_s": 40.0, "cpus": 2, "busy_cores": 1.9, "steal_cores": 0.06, "by_role": {},
+                        "testbed_cores": 0.9, "saturated_s": 38.0, "peak_share": 1.0}
+    (a / "summary.json").write_text(json.dumps(s))
+    b = make_run(tmp_path, "sim", ["closest"], mode="simulation", link_stats=False)
+    md = build_report([a, b], tmp_path / "rep")["markdown"].read_text()
+    assert "WARNING: the machine's CPUs were 98 % busy or stolen during the load" in md
+    assert re.search(r"^\| hot / closest .*\| 98.0 +\| 0 +\|", md, re.M) and md.count("busy or stolen during") == 1
