@@ -133,6 +133,10 @@ class SourceConfig(_Boundary):
     path utilization ASET observes); ``link_util_file``: where the run publishes link
     utilization; ``records``: the CSV this source appends one row per query to; ``experiment``:
     the experiment's name (an ASET checkpoint with plans looks its planned policy up by it).
+    ``ready_file`` / ``go_file`` (the run's start barrier): when set, the source creates
+    ``ready_file`` once it can send (imports done, request bodies built, a connection open to every
+    cluster) and waits for ``go_file``, a JSON ``{"start_ns": N}`` the run writes once every
+    source is ready; ``start_ns`` is then replaced by N (the value here is only a fallback).
     """
 
     source: str
@@ -155,6 +159,8 @@ class SourceConfig(_Boundary):
     repo_dir: str
     records: str
     experiment: str | None = None
+    ready_file: str | None = None
+    go_file: str | None = None
 
     @classmethod
     def from_plan(cls, plan, source: str, start_ns: int, duration_s: float, run_dir: Path) -> SourceConfig | None:

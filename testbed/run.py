@@ -351,19 +351,65 @@ def _raising_failures(watch_ref: list) -> Iterator[None]:
 
 # ----------------------------------------------------------------------------- the load
 
-def _start_sources(live: Live, start_ns: int, duration_s: float, stack: ExitStack) -> dict[str, subprocess.Popen]:
-    """One ``python -m testbed.workload`` per source with load, in its host; stopped on ``stack`` exit."""
+#: How long the sources may take to be ready (imports, request bodies, a connection to every
+#: cluster) before the run gives up (s); and how far after the last one is ready the load starts (s).
+SOURCES_READY_TIMEOUT_S = 120.0
+START_LEAD_S = 0.3
+#: The load's common start time, in the run folder (``{"start_ns": N}``; not under ``sources/``,
+#: whose files are named after the sources).
+LOAD_START_FILE = "load_start.json"
+
+
+def _start_sources(live: Live, duration_s: float, stack: ExitStack) -> dict[str, subprocess.Popen]:
+    """One ``python -m testbed.workload`` per source with load, in its host, held at the start
+    barrier (``sources/<name>.ready``, :data:`LOAD_START_FILE`: :func:`_release_sources`); stopped on
+    ``stack`` exit."""
     procs: dict[str, subprocess.Popen] = {}
     stack.callback(stop_processes, procs.values(), signal.SIGINT)
+    fallback_ns = time.time_ns() + int(SOURCES_READY_TIMEOUT_S * 1e9)  # replaced by LOAD_START_FILE's start_ns
     for s in live.plan.sources:
-        cfg = SourceConfig.from_plan(live.plan, s.name, start_ns, duration_s, live.run_dir)
+        cfg = SourceConfig.from_plan(live.plan, s.name, fallback_ns, duration_s, live.run_dir)
         if cfg is None:
             continue
+        cfg = cfg.model_copy(update={"ready_file": str(live.run_dir / "sources" / f"{s.name}.ready"),
+                                     "go_file": str(live.run_dir / LOAD_START_FILE)})
         path = write_json_atomic(live.run_dir / "sources" / f"{s.name}.json", cfg)
         log = stack.enter_context(open(live.run_dir / "logs" / f"source-{s.name}.log", "w"))
         procs[s.name] = tied_popen(live.emu.node(s.name).popen, [sys.executable, "-m", "testbed.workload", str(path)],
                                    stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
     return procs
+
+
+def _release_sources(live: Live, procs: dict[str, subprocess.Popen], watch: HealthWatch | None) -> int:
+    """Wait until every source is ready to send, then give them one start time (:data:`LOAD_START_FILE`,
+    :data:`START_LEAD_S` from now); returns it (epoch ns). Sources import and build their request
+    bodies after they are started: with a fixed start 1 s ahead, they began 0.5-2.4 s late on a
+    busy machine, each at its own time, and the scenario's events, timed from the planned start,
+    fell elsewhere in their load (a reviewer's find, Dec 4 2026).
+
+    Raises:
+        RunFailure: a source exited before it was ready (the health watch names it), or not every
+            source was ready within :data:`SOURCES_READY_TIMEOUT_S`.
+    """
+    sources = live.run_dir / "sources"
+    deadline = time.monotonic() + SOURCES_READY_TIMEOUT_S
+    while not all((sources / f"{n}.ready").exists() for n in procs):
+        if watch is not None:
+            watch.check()
+            if watch.failure is not None:
+                raise watch.failure
+        dead = [n for n, p in procs.items() if p.poll() is not None]
+        if dead:
+            raise RunFailure(f"source(s) {', '.join(dead)} exited before the load began; see "
+                             f"logs/source-<name>.log", EXIT_COMPONENT_DIED)
+        if time.monotonic() > deadline:
+            late = [n for n in procs if not (sources / f"{n}.ready").exists()]
+            raise RunFailure(f"source(s) {', '.join(late)} not ready to send after {SOURCES_READY_TIMEOUT_S:g} s",
+                             EXIT_COMPONENT_DIED)
+        time.sleep(0.02)
+    start_ns = time.time_ns() + int(START_LEAD_S * 1e9)
+    write_json_atomic(live.run_dir / LOAD_START_FILE, {"start_ns": start_ns})
+    return start_ns
 
 
 def _loaded_sources(plan: Plan) -> list[str]:
@@ -398,16 +444,18 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
         start_capture(live, exp.capture, stack)
         if watch is not None:
             _watch_capture(live, watch)
-    start_ns = time.time_ns() + 1_000_000_000
     machine = CpuSampler()  # the machine's CPU per role (machine_cpu_samples.json; the summary takes the load's window)
     machine.start()
     stack.callback(write_samples, machine, run_dir / SAMPLES_FILE)
-    sources = _start_sources(live, start_ns, duration_s, stack)
+    sources = _start_sources(live, duration_s, stack)
     if watch is not None:
         logs = run_dir / "logs"
         comps = [Component(f"source-{n}", "query source", p, logs / f"source-{n}.log", normal_exit=frozenset({0}))
                  for n, p in sources.items()]
         watch.add(lambda: comps)
+    with console.status("starting the sources..."):
+        start_ns = _release_sources(live, sources, watch)
+    if watch is not None:
         watch.load_started(start_ns / 1e9)
     events = None
     if live.plan.changes:

@@ -80,6 +80,11 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
+#: How often a source looks for the run's go (s), and how long it waits for it at most (s).
+GO_POLL_S = 0.005
+GO_TIMEOUT_S = 300.0
+
+
 class Source:
     """Generates, dispatches and records the queries of one source host."""
 
@@ -296,6 +301,28 @@ class Source:
 
         await asyncio.gather(*(one(c) for c in self.ip))
 
+    async def _wait_for_go(self) -> None:
+        """The run's start barrier (:class:`SourceConfig` ``ready_file`` / ``go_file``): say ready,
+        then wait for the common start time and take it (this source's ``start_ns`` and its ASET
+        selector's). Without a barrier, the configured ``start_ns`` stands.
+
+        Raises:
+            TimeoutError: no go within :data:`GO_TIMEOUT_S` (the run stops the source before that).
+        """
+        if not self.cfg.go_file:
+            return
+        if self.cfg.ready_file:
+            Path(self.cfg.ready_file).touch()
+        go, deadline = Path(self.cfg.go_file), time.monotonic() + GO_TIMEOUT_S
+        while not go.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no start from the run ({go}) within {GO_TIMEOUT_S:g} s")
+            await asyncio.sleep(GO_POLL_S)
+        start_ns = int(json.loads(go.read_text())["start_ns"])
+        self.cfg = self.cfg.model_copy(update={"start_ns": start_ns})
+        if self.aset is not None:
+            self.aset.restart_at(start_ns)
+
     @staticmethod
     def _tracing():
         """aiohttp tracing that marks a request's context ``cold`` when it opens a connection."""
@@ -319,6 +346,7 @@ class Source:
         try:
             async with aiohttp.ClientSession(connector=conn, trace_configs=[self._tracing()]) as session:
                 await self._open_connections(session)
+                await self._wait_for_go()
                 await asyncio.sleep(max(0.0, self.cfg.start_ns / 1e9 - time.time()))
                 t_start = loop.time()
                 end = t_start + self.cfg.duration_s

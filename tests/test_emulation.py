@@ -110,6 +110,11 @@ def test_short_run_records_and_success(tmp_path):
     # the network time above the planned RTT, and the machine's CPU over the load, per process role
     excess = (ok["network_ms"] - ok["expected_rtt_ms"]).median()
     assert summary["network_excess_ms"]["p50"] == pytest.approx(excess, abs=0.002)
+    # one start for every source, once all were ready (the run's start barrier): no query before it,
+    # none after its end (they began 0.5-2.4 s late when started 1 s ahead)
+    start_ns = json.loads((run_dir / "load_start.json").read_text())["start_ns"]
+    assert start_ns <= df["t0_ns"].min() and df["t0_ns"].max() <= start_ns + 6.05e9
+    assert {p.name for p in (run_dir / "sources").glob("*.ready")} == {"srca.ready", "srcc.ready"}
     m = summary["machine_cpu"]  # over the load the records show, from the run's samples
     span_s = (df["t0_ns"].max() - df["t0_ns"].min()) / 1e9
     assert (run_dir / "machine_cpu_samples.json").is_file() and summary["machine_cpu_note"] == ""

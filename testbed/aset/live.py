@@ -209,6 +209,13 @@ class LivePolicySelector:
         self.report_path = Path(cfg.records).with_suffix(".aset.json") if cfg.records else None
         self.tail = RecordsTail(cfg.records, cfg.start_ns) if cfg.records else None
         self.start_ns = int(cfg.start_ns)
+
+    def restart_at(self, start_ns: int) -> None:
+        """The load's start time once the run's start barrier released the source (epoch ns):
+        window times and resolved queries' t0 count from it."""
+        self.start_ns = int(start_ns)
+        if self.tail is not None:
+            self.tail.start_ns = int(start_ns)
         if self.report_path is not None:
             atexit.register(self.write_report)
 
