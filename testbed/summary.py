@@ -774,7 +774,7 @@ def _machine_lines(m: dict, note: str = "") -> list[str]:
              f"{mc.cpus} CPUs busy, {mc.steal_cores:.2f} stolen by the hypervisor ({100 * mc.busy_share:.0f} % in "
              f"all; at least {100 * SATURATED_SHARE:.0f} % for {mc.saturated_s:g} s of it, peak "
              f"{100 * mc.peak_share:.0f} % over one sample); cores by process: {roles}; the testbed's own processes "
-             f"(link emulators, Open vSwitch, sources, controller, this run) {mc.testbed_cores:.2f}."]
+             f"(link emulators, Open vSwitch, sources, controller, link probes, this run) {mc.testbed_cores:.2f}."]
     if mc.busy_share < SATURATED_SHARE and mc.saturated_s >= 0.1 * mc.window_s:
         lines.append(f"WARNING: the machine's CPUs were at least {100 * SATURATED_SHARE:.0f} % busy or stolen for "
                      f"{mc.saturated_s:g} s of the {mc.window_s:g} s load: queries of those seconds waited for a CPU "

@@ -22,6 +22,7 @@ def test_roles_follow_the_command_line():
     assert role_of("python -m testbed.workload sources/sea.json") == "sources"
     assert role_of("python -m testbed.ryu_launcher --observe-links") == "controller"
     assert role_of("ovs-vswitchd unix:/run/x/db.sock") == "ovs-vswitchd"
+    assert role_of("python -m testbed.emulation.probe --control c.sock") == "link probes"  # a scenario's probes
     assert role_of("stress-ng --cpu 2") == "other"
 
 

@@ -43,10 +43,11 @@ from pydantic import BaseModel, Field
 CPU_ROLES: tuple[tuple[str, str], ...] = (
     ("link emulators", "testbed.emulation.linkemu"), ("inference servers", "testbed.inference.server"),
     ("sources", "testbed.workload"), ("controller", "testbed.ryu_launcher"), ("controller", "ryu-manager"),
-    ("ovs-vswitchd", "ovs-vswitchd"), ("ovsdb-server", "ovsdb-server"), ("packet capture", "tcpdump"))
+    ("ovs-vswitchd", "ovs-vswitchd"), ("ovsdb-server", "ovsdb-server"), ("packet capture", "tcpdump"),
+    ("link probes", "testbed.emulation.probe"))
 #: The roles that are the testbed's own machinery (not the clusters' inference, not other jobs).
 TESTBED_ROLES = ("link emulators", "sources", "controller", "ovs-vswitchd", "ovsdb-server", "packet capture",
-                 "run process")
+                 "link probes", "run process")
 #: The summary warns when the machine's CPUs were busy (or stolen by the hypervisor) at least this
 #: share of the load window (:attr:`MachineCpu.busy_share`).
 SATURATED_SHARE = 0.9
