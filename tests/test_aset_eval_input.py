@@ -247,3 +247,18 @@ def test_aset_decision_window_is_checked_too(tmp_path):
     ev_mod.check_durations(plans, 3.0, "--duration", {str(a): 1.0})
     with pytest.raises(InputError, match=r"--duration 2.5 s is not a whole number .*observation.window.*1000 ms"):
         ev_mod.check_durations(plans, 2.5, "--duration", {str(a): 1.0})
+
+
+def test_a_checkpoint_trained_with_another_observation_is_refused(tmp_path, no_jobs):
+    """evaluate runs the checkpoint's own observation: a config saying otherwise (another window,
+    history or scale) was evaluated silently as what it is not (a reviewer's find)."""
+    from testbed.aset.config import ObservationSpec
+
+    _export(tmp_path / "policy")  # trained with ObservationSpec(): aset-tiny's observation
+    cfg, base = _config(tmp_path, [str(_scenario(tmp_path))], checkpoint=str(tmp_path / "policy"))
+    other = cfg.model_copy(update={"observation": ObservationSpec(history_windows=3, clip=4.0)})
+    with pytest.raises(InputError, match=r"was trained with another observation than the config's "
+                                         r"\(history_windows 4 there, 3 in the config; clip 5.0 there, 4.0"):
+        ev_mod.evaluate(other, base, workers=1, progress=False)
+    with pytest.raises(AssertionError, match="a job was started"):  # the same observation: on to the runs
+        ev_mod.evaluate(cfg, base, workers=1, progress=False)

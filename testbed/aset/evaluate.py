@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.aset.config import AsetConfig, EvaluationSpec
+from testbed.aset.config import AsetConfig, EvaluationSpec, ObservationSpec
 from testbed.aset.npolicy import NumpyPolicy, policy_files
 from testbed.config import Experiment
 from testbed.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure, naming_file
@@ -385,7 +385,7 @@ def _prepare(cfg: AsetConfig, base: Path, duration_s: float | None, headroom_onl
     ckpt = repo_path(ev.checkpoint, base)
     ckpts = None if headroom_only else {s: specialised_path(ckpt, names[s]) if specialised else ckpt
                                         for s in scenarios}
-    windows = _check_checkpoints(ckpts, specialised) if ckpts is not None else {}
+    windows = _check_checkpoints(ckpts, specialised, cfg.observation) if ckpts is not None else {}
     dur = duration_s or ev.duration_s
     check_durations(plans, dur, "--duration" if duration_s else "evaluation.duration", windows)
     root = repo_path(ev.out_dir, base)
@@ -553,9 +553,11 @@ def _n_jobs(ev: EvaluationSpec, su: _Setup, n_tune: int, n_fresh: int, agreement
                                 + int(agreement_check))
 
 
-def _check_checkpoints(ckpts: dict[str, Path], specialised: bool) -> dict[str, float]:
-    """Every scenario's checkpoint exists and can drive it (:func:`evaluate`'s Raises). Returns
-    each scenario's ASET decision window (s: the checkpoint's ``observation.window``)."""
+def _check_checkpoints(ckpts: dict[str, Path], specialised: bool, observation: ObservationSpec) -> dict[str, float]:
+    """Every scenario's checkpoint exists, can drive it, and was trained with the config's
+    ``observation`` (:func:`evaluate`'s Raises; the checkpoint's own is what runs, so a config that
+    says otherwise would be evaluated as something it is not). Returns each scenario's ASET decision
+    window (s: the checkpoint's ``observation.window``)."""
     windows = {}
     for s, ckpt in ckpts.items():
         for path in policy_files(ckpt):
@@ -564,9 +566,16 @@ def _check_checkpoints(ckpts: dict[str, Path], specialised: bool) -> dict[str, f
                 raise FileNotFoundError(f"checkpoint {path} is missing (run {how} first, "
                                         f"or testbed evaluate --headroom)")
         try:
-            windows[s] = check_checkpoint(ckpt, [s]).obs_spec.window_ms / 1e3
+            spec = check_checkpoint(ckpt, [s]).obs_spec
         except ValueError as exc:  # the checkpoint does not fit the scenario: bad input, no traceback
             raise InputError(str(exc)) from None
+        mine, theirs = observation.model_dump(), spec.model_dump()
+        differ = [f"{k} {theirs.get(k)!r} there, {v!r} in the config" for k, v in mine.items() if theirs.get(k) != v]
+        if differ:
+            raise InputError(f"checkpoint {ckpt} was trained with another observation than the config's "
+                             f"({'; '.join(differ)}): the checkpoint's would run; set the config's observation to "
+                             f"it, or evaluate the checkpoint with the config it was trained with")
+        windows[s] = spec.window_ms / 1e3
     return windows
 
 
