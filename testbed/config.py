@@ -362,13 +362,14 @@ class WorkloadSpec(_Model):
 
 class AsetSpec(_Model):
     """Settings of the ``aset`` policy (testbed.aset): ``checkpoint`` (path of the trained agent),
-    ``window`` (decision window, default 100 ms), ``options`` (free-form, read by testbed.aset),
+    ``window`` (decision window; default: the checkpoint's own, which a set window must equal: the
+    agent's arrival-rate features are per window), ``options`` (free-form, read by testbed.aset),
     ``plan``: which scenario's plan a checkpoint with plans (``observation.plans``, docs/aset.md)
     applies, by scenario name (default: this experiment's ``name``), e.g. for a renamed copy of a
     scenario of the suite."""
 
     checkpoint: str | None = None
-    window_s: Num = Field(0.1, ge=MIN_ASET_WINDOW_S)
+    window_s: Num | None = Field(None, ge=MIN_ASET_WINDOW_S)
     options: dict[str, Any] = {}
     plan: str | None = None
 

@@ -11,8 +11,8 @@ last heard); each query is the real request body sent as TensorFlow Serving REST
 Stale state, as in the simulator: every ``report_interval_s`` the source polls each cluster's
 ``GET /v1/stats`` over the emulated network and the dispatcher hears it (a failed poll: the
 cluster is taken as down). With ``policy: aset`` the source asks
-``testbed.aset.live.LivePolicySelector(cfg).choose(state)`` every ``aset.window_s`` which static
-policy to apply. Each record carries the policy in force.
+``testbed.aset.live.LivePolicySelector(cfg).choose(state)`` every ``aset.window_s`` (default: the
+checkpoint's window) which static policy to apply. Each record carries the policy in force.
 
 Timestamps are ``time.time_ns()``: all emulated hosts share one kernel clock, so t0..t4 from
 different hosts are directly comparable. Records are appended (and flushed) as each query
@@ -256,7 +256,7 @@ class Source:
 
     async def _aset_loop(self, end: float) -> None:
         loop = asyncio.get_running_loop()
-        window = self.cfg.aset.window_s if self.cfg.aset else 0.1
+        window = (self.cfg.aset.window_s if self.cfg.aset else None) or self.aset.window_s  # default: the checkpoint's
         while not self.stopping and loop.time() < end:
             await asyncio.sleep(window)
             state = self._aset_state()

@@ -155,11 +155,21 @@ def test_the_shipped_live_experiment_passes_the_check(live_plan):
     _check_aset(live_plan)
 
 
-@pytest.mark.parametrize(("aset", "given"), [({"window": "300ms"}, 300), ({"window": "1s"}, 1000), ({}, 100)])
+@pytest.mark.parametrize(("aset", "given"), [({"window": "300ms"}, 300), ({"window": "1s"}, 1000)])
 def test_a_window_other_than_the_checkpoint_s_fails_before_bring_up(live_plan, aset, given):
     msg = _check_aset(_with_aset(live_plan, checkpoint="models/aset/aset", **aset))
     assert f"aset.window {given} ms differs from the checkpoint's window 500 ms" in msg
     assert "set aset.window to 500ms" in msg
+
+
+def test_no_window_takes_the_checkpoints(live_plan):
+    """aset.window defaulted to 100 ms, a window no shipped checkpoint has, so leaving it out
+    failed the check; it now means the checkpoint's own."""
+    from testbed.run import _check_aset
+
+    plan = _with_aset(live_plan, checkpoint="models/aset/aset")
+    assert plan.experiment.aset.window_s is None
+    assert _check_aset(plan) is None
 
 
 def test_a_truncated_checkpoint_fails_before_bring_up_naming_it(live_plan, tmp_path):
