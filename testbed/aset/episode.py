@@ -51,6 +51,12 @@ def settle_s(plan: Plan) -> float:
     return max(a.deadline_ms for a in plan.experiment.applications) / 1e3 + float(plan.experiment.report_interval_s)
 
 
+def episode_windows(window_s: float, episode_s: float) -> int:
+    """The decision windows an :class:`Episode` of ``episode_s`` s runs: ``episode_s`` rounded to
+    whole windows of ``window_s`` s, at least one (the rule ``testbed train`` checks loads over)."""
+    return max(1, int(round(episode_s / window_s)))
+
+
 class Episode:
     """The simulator of one (plan, seed), advanced window by window, counting per (window, source).
 
@@ -73,7 +79,7 @@ class Episode:
         self.seed = int(seed)
         self.window_s = window_of(plan, window_s) if simulator_factory is None else float(window_s or 0.5)
         self.duration_s = float(duration_s or plan.experiment.duration_s)
-        self.n_windows = max(1, int(round(self.duration_s / self.window_s)))
+        self.n_windows = episode_windows(self.window_s, self.duration_s)
         self.duration_s = self.n_windows * self.window_s
         self.sources = sorted(h.name for h in plan.sources)
         self._index = {s: i for i, s in enumerate(self.sources)}

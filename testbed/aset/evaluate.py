@@ -395,26 +395,19 @@ def _prepare(cfg: AsetConfig, base: Path, duration_s: float | None, headroom_onl
 
 
 def scenario_files(entries: Sequence[str], base: Path) -> list[str]:
-    """``evaluation.scenarios`` resolved against ``base``.
-
-    Raises:
-        InputError: a file listed twice (two spellings of one path too), naming it: its runs
-            would be counted twice.
-    """
-    scenarios = [str(repo_path(s, base)) for s in entries]
-    problem = scenarios_problem("evaluation.scenarios", scenarios, [str(Path(s).resolve()) for s in scenarios], "")
-    if problem:  # names are checked once planned (check_scenario_names); here only a file given twice
-        raise InputError(problem)
-    return scenarios
+    """``evaluation.scenarios`` resolved against ``base`` (a file listed twice, or two of one name,
+    is refused once they are planned: :func:`check_scenario_names`)."""
+    return [str(repo_path(s, base)) for s in entries]
 
 
 def check_scenario_names(scenarios: Sequence[str], names: dict[str, str]) -> None:
-    """Refuse two scenario files of one experiment ``name`` (the rule of
-    :func:`testbed.aset.train.check_training_scenarios`, for ``evaluation.scenarios``).
+    """Refuse a scenario file listed twice (two spellings of one path too: its runs would count
+    twice) or two files of one experiment ``name`` (:func:`testbed.util.scenarios_problem`, the
+    rule training and sweeps apply too).
 
     Raises:
-        InputError: naming both files and the name: runs.csv, the tables, oracle.json and the
-            specialised checkpoints key a scenario by its name, so the two would be merged.
+        InputError: naming the file, or both files and the name: runs.csv, the tables, oracle.json
+            and the specialised checkpoints key a scenario by its name, so the two would be merged.
     """
     problem = scenarios_problem("evaluation.scenarios", scenarios, [names[s] for s in scenarios],
                                 "runs.csv, the tables, oracle.json and --specialised")

@@ -47,7 +47,7 @@ from testbed.aset.config import (
     plan_key,
 )
 from testbed.aset.envs import SHAPE_PARTS, AsetSimEnv, PlanSampler, space_shape
-from testbed.aset.episode import window_of
+from testbed.aset.episode import episode_windows, window_of
 from testbed.config import ConfigError, Experiment, format_validation_error, load_experiment
 from testbed.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure, counted, naming_file
 from testbed.plan import Plan, PlanError, build_plan, check_load_bounds, runs_dir_problem
@@ -191,12 +191,6 @@ def training_scenarios(cfg: AsetConfig, base: Path) -> tuple[PlanSampler, list[P
     check_plans(cfg.observation, plans, paths)
     check_episode_loads(cfg, plans, paths)
     return sampler, plans
-
-
-def episode_windows(window_s: float, episode_s: float) -> int:
-    """The decision windows of one training episode of ``episode_s`` s: the number
-    :class:`testbed.aset.episode.Episode` runs (``episode_s`` rounded to whole windows, at least one)."""
-    return max(1, int(round(episode_s / window_s)))
 
 
 def check_episode_loads(cfg: AsetConfig, plans: list[Plan], paths: list[Path]) -> None:

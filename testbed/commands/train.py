@@ -58,7 +58,8 @@ def _cmd(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from testbed.aset.config import load_aset_config
-    from testbed.aset.train import episode_windows, resolve, train_seeds, training_scenarios
+    from testbed.aset.episode import episode_windows
+    from testbed.aset.train import resolve, train_seeds, training_scenarios
     from testbed.cli import console
     from testbed.config import format_validation_error
 

@@ -39,6 +39,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from testbed.inference.handling import CLK_TCK, proc_cpu_s  # written once there (proc(5))
+
 #: Roles of the processes (label, substring of the command line), first match wins.
 CPU_ROLES: tuple[tuple[str, str], ...] = (
     ("link emulators", "testbed.emulation.linkemu"), ("inference servers", "testbed.inference.server"),
@@ -55,7 +57,6 @@ SATURATED_SHARE = 0.9
 OTHER_NOTABLE_CORES = 0.25
 STEAL_NOTABLE_CORES = 0.1
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: The samples of a run (:class:`CpuSamples`), in its folder.
 SAMPLES_FILE = "machine_cpu_samples.json"
 
@@ -105,16 +106,6 @@ def role_of(cmdline: str) -> str:
     return next((role for role, pattern in CPU_ROLES if pattern in cmdline), "other")
 
 
-def _proc_cpu_s(pid: str) -> float:
-    """User + system CPU (s) of a process (proc(5), ``/proc/<pid>/stat`` fields 14-15).
-
-    Raises:
-        OSError: the process is gone. (ValueError, IndexError: a malformed line.)
-    """
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
 class Sample(BaseModel):
     """One cumulative sample: ``t`` (epoch s), ``busy_s`` / ``steal_s`` (machine CPU seconds since
     boot), ``by_role`` (CPU seconds of every process of the role seen so far)."""
@@ -162,7 +153,7 @@ class CpuSampler(threading.Thread):
             if not name.isdigit():
                 continue
             try:
-                cpu = _proc_cpu_s(name)
+                cpu = proc_cpu_s(Path(f"/proc/{name}/stat"))
             except (OSError, ValueError, IndexError):
                 continue
             pid = int(name)
