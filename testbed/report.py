@@ -654,7 +654,8 @@ def _write_report(runs: list[RunData], out: Path) -> dict:
 
 #: The summary's warnings that say a run's figures are not those of the planned clusters (a
 #: saturated machine, a slow host, starved clusters), carried into the report's list of runs.
-COMPARABILITY_WARNINGS = ("WARNING: the machine", "WARNING: this machine", "WARNING: inference ran slower")
+COMPARABILITY_WARNINGS = ("WARNING: the machine", "WARNING: this machine", "WARNING: inference ran slower",
+                          "WARNING: a single thread")
 
 
 def _busy_pct(machine_cpu: dict) -> float | None:

@@ -779,6 +779,12 @@ def _machine_lines(m: dict, note: str = "") -> list[str]:
         lines.append(f"WARNING: the machine's CPUs were at least {100 * SATURATED_SHARE:.0f} % busy or stolen for "
                      f"{mc.saturated_s:g} s of the {mc.window_s:g} s load: queries of those seconds waited for a CPU "
                      f"in the testbed's own processes, which the simulator does not model.")
+    hot = [f"{label} for {secs:g} s" for label, secs in mc.hot_threads.items() if secs >= 0.1 * mc.window_s]
+    if hot:
+        lines.append(f"WARNING: a single thread of the testbed's own processes was at least "
+                     f"{100 * SATURATED_SHARE:.0f} % of one CPU busy for a tenth or more of the {mc.window_s:g} s "
+                     f"load: {'; '.join(hot)}. What it forwards or sends waited behind it even where the machine "
+                     f"had idle CPUs, which shows up as network time that the simulator does not have.")
     if mc.busy_share >= SATURATED_SHARE:
         other = mc.by_role.get("other", 0.0)
         beside = [f"the {other:.2f} cores of other processes on the machine"] if other >= OTHER_NOTABLE_CORES else []

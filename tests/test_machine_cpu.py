@@ -132,3 +132,31 @@ def test_network_excess_is_network_time_above_the_planned_rtt():
     got = latency_figures(df)["network_excess_ms"]
     assert got["p50"] == 3.0 and got["p95"] == pytest.approx(14.7)  # excesses 2, 3, 16: linear quantile
     assert latency_figures(df.drop(columns="expected_rtt_ms"))["network_excess_ms"] == {"p50": None, "p95": None}
+
+
+def test_a_busy_thread_of_the_testbeds_own_processes_is_kept_and_warned():
+    """A source-like child whose one thread burns a CPU for 1.5 s is kept as a hot thread (its
+    own, sampled from /proc/<pid>/task), and the summary warns of it; a quiet thread is not kept.
+    (At least one whole 0.25 s step at >= 90 %, at most the burn and one step: on a shared machine
+    another process can take part of the CPU in some steps.)"""
+    s = CpuSampler(interval_s=0.25)
+    s.start()
+    time.sleep(0.3)
+    subprocess.run([sys.executable, "-c", BURN.format(s=1.5), "testbed.workload"], check=True, timeout=30)
+    time.sleep(0.3)
+    s.stop()
+    m = s.result()
+    hot = {k: v for k, v in m.hot_threads.items() if k.startswith("sources: ")}
+    assert len(hot) == 1, m.hot_threads
+    (label, secs), = hot.items()
+    assert "(pid " in label and ", thread " in label and 0.25 <= secs <= 1.75, m.hot_threads
+    assert not any(k.startswith("run process: ") for k in m.hot_threads)  # the sampler's own process sleeps
+    summ = _summary(1.2)
+    summ["machine_cpu"]["hot_threads"] = {"ovs-vswitchd: 'ovs-vswitchd' (pid 7, thread 7)": 3.0,
+                                          "sources: 'python' (pid 9, thread 9)": 0.5}
+    warn = [x for x in _headline(summ) if x.startswith("WARNING: a single thread")]
+    assert warn == ["WARNING: a single thread of the testbed's own processes was at least 90 % of one CPU busy for a "
+                    "tenth or more of the 10 s load: ovs-vswitchd: 'ovs-vswitchd' (pid 7, thread 7) for 3 s. What it "
+                    "forwards or sends waited behind it even where the machine had idle CPUs, which shows up as "
+                    "network time that the simulator does not have."]
+    assert not any(x.startswith("WARNING: a single thread") for x in _headline(_summary(1.2)))

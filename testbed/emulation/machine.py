@@ -27,6 +27,14 @@ really ran, from the records (the first and the last query's t0: the sources sta
 own start-up, which must not count, and the teardown after the last query must not either), with
 :func:`cores_between`: mean cores per role over the window, and how many of its seconds were
 saturated (a mean can hide a saturated stretch).
+
+A single thread can be the bottleneck while the machine still has idle CPU: Open vSwitch's
+user-space datapath forwards every packet in its main thread, the link emulator and each source are
+one Python thread. The sampler also reads ``/proc/<pid>/task/<tid>/stat`` of the testbed's own
+processes (:data:`TESTBED_ROLES`) and keeps, per sample, the threads that used at least
+:data:`HOT_THREAD_RECORD` of a CPU since the previous one (:attr:`Sample.hot_threads`); the summary
+counts, per thread, the seconds of the load it was at least :data:`SATURATED_SHARE` busy
+(:attr:`MachineCpu.hot_threads`), and warns when that is at least a tenth of the load.
 """
 
 from __future__ import annotations
@@ -57,6 +65,10 @@ SATURATED_SHARE = 0.9
 OTHER_NOTABLE_CORES = 0.25
 STEAL_NOTABLE_CORES = 0.1
 
+#: A thread of the testbed's own processes that used at least this share of one CPU between two
+#: samples is kept in the later one (:attr:`Sample.hot_threads`); below it, it is not.
+HOT_THREAD_RECORD = 0.5
+
 #: The samples of a run (:class:`CpuSamples`), in its folder.
 SAMPLES_FILE = "machine_cpu_samples.json"
 
@@ -67,7 +79,10 @@ class MachineCpu(BaseModel):
     hypervisor, from ``/proc/stat``), ``by_role`` (mean cores per role, :data:`CPU_ROLES`, ``run
     process`` and ``other``), ``testbed_cores`` (the sum over :data:`TESTBED_ROLES`),
     ``saturated_s`` (seconds of the window between two samples in which the CPUs were at least
-    :data:`SATURATED_SHARE` busy or stolen) and ``peak_share`` (the highest such share)."""
+    :data:`SATURATED_SHARE` busy or stolen), ``peak_share`` (the highest such share) and
+    ``hot_threads`` (per thread of the testbed's own processes, ``"<role>: <thread name> (pid P,
+    thread T)"``, the seconds of the window in which it was at least :data:`SATURATED_SHARE` of one
+    CPU busy; threads that never were are left out)."""
 
     window_s: float = Field(gt=0)
     cpus: int = Field(ge=1)
@@ -77,6 +92,7 @@ class MachineCpu(BaseModel):
     testbed_cores: float = Field(ge=0)
     saturated_s: float = Field(0.0, ge=0)
     peak_share: float = Field(0.0, ge=0)
+    hot_threads: dict[str, float] = Field(default_factory=dict)
 
     @property
     def busy_share(self) -> float:
@@ -108,12 +124,16 @@ def role_of(cmdline: str) -> str:
 
 class Sample(BaseModel):
     """One cumulative sample: ``t`` (epoch s), ``busy_s`` / ``steal_s`` (machine CPU seconds since
-    boot), ``by_role`` (CPU seconds of every process of the role seen so far)."""
+    boot), ``by_role`` (CPU seconds of every process of the role seen so far); and, not cumulative,
+    ``hot_threads``: the threads of the testbed's own processes that used at least
+    :data:`HOT_THREAD_RECORD` of one CPU since the previous sample (label -> share of one CPU,
+    0 to 1)."""
 
     t: float
     busy_s: float
     steal_s: float
     by_role: dict[str, float]
+    hot_threads: dict[str, float] = Field(default_factory=dict)
 
 
 class CpuSamples(BaseModel):
@@ -135,6 +155,8 @@ class CpuSampler(threading.Thread):
         self._roles: dict[int, str] = {}
         self._me = os.getpid()
         self._last: dict[int, float] = {}  # pid -> CPU s at the last sample that saw it (kept after its exit)
+        self._threads: dict[tuple[int, int], float] = {}  # (pid, tid) -> CPU s at the previous sample
+        self._t_prev: float | None = None
 
     def _role(self, pid: int) -> str:
         if pid not in self._roles:
@@ -163,7 +185,42 @@ class CpuSampler(threading.Thread):
         for pid, cpu in self._last.items():
             by_role[self._roles[pid]] = by_role.get(self._roles[pid], 0.0) + cpu
         busy, steal = machine_ticks()
-        self.samples.append(Sample(t=time.time(), busy_s=busy, steal_s=steal, by_role=by_role))
+        now = time.time()
+        hot = self._hot_threads(now)
+        self.samples.append(Sample(t=now, busy_s=busy, steal_s=steal, by_role=by_role, hot_threads=hot))
+
+    def _hot_threads(self, now: float) -> dict[str, float]:
+        """The threads of the testbed's running processes that used at least :data:`HOT_THREAD_RECORD`
+        of one CPU since the previous sample (label -> share); remembers every thread's CPU for the next."""
+        dt = now - self._t_prev if self._t_prev is not None else 0.0
+        self._t_prev = now
+        seen: dict[tuple[int, int], float] = {}
+        hot: dict[str, float] = {}
+        for pid, role in self._roles.items():
+            if role not in TESTBED_ROLES or pid not in self._last:
+                continue
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                task = Path(f"/proc/{pid}/task/{tid}")
+                try:
+                    cpu = proc_cpu_s(task / "stat")
+                except (OSError, ValueError, IndexError):
+                    continue
+                key = (pid, int(tid))
+                seen[key] = cpu
+                prev = self._threads.get(key)
+                if prev is None or dt <= 0 or (share := (cpu - prev) / dt) < HOT_THREAD_RECORD:
+                    continue
+                try:
+                    name = (task / "comm").read_text().strip()
+                except OSError:
+                    name = "?"
+                hot[f"{role}: {name!r} (pid {pid}, thread {tid})"] = round(min(1.0, share), 3)
+        self._threads = seen
+        return hot
 
     def run(self) -> None:
         while True:
@@ -206,11 +263,17 @@ def cores_between(samples: list[Sample], t_from: float | None = None, t_to: floa
              for x, y in zip(samples[:-1], samples[1:], strict=True) if y.t > x.t]  # (s, busy+stolen share)
     saturated = sum(d for d, share in steps if share >= SATURATED_SHARE)
     shares = [share for _, share in steps]
+    hot: dict[str, float] = {}
+    for x, y in zip(samples[:-1], samples[1:], strict=True):  # a sample's hot threads are of the step ending there
+        for label, share in y.hot_threads.items():
+            if share >= SATURATED_SHARE and y.t > x.t:
+                hot[label] = round(hot.get(label, 0.0) + (y.t - x.t), 1)
     return MachineCpu(window_s=round(dt, 3), cpus=n, busy_cores=round(max(0.0, b.busy_s - a.busy_s) / dt, 3),
                       steal_cores=round(max(0.0, b.steal_s - a.steal_s) / dt, 3),
                       by_role={r: v for r, v in roles.items() if v > 0},
                       testbed_cores=round(sum(roles.get(r, 0.0) for r in TESTBED_ROLES), 3),
-                      saturated_s=round(saturated, 1), peak_share=round(max(shares, default=0.0), 3))
+                      saturated_s=round(saturated, 1), peak_share=round(max(shares, default=0.0), 3),
+                      hot_threads=dict(sorted(hot.items(), key=lambda kv: -kv[1])))
 
 
 def write_samples(sampler: CpuSampler, path: Path) -> None:
