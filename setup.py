@@ -39,6 +39,7 @@ setup(
     ],
     # optional: the Stable-Baselines3 peer check of ASET (benchmarks/aset_sb3.py, docs/aset.md);
     # torch 2.13.0 resolves to its CPU build here (2.13.0+cpu)
-    extras_require={"peer": ["stable-baselines3==2.9.2", "torch==2.13.0"]},
+    # optional: the peer check's DQN (docs/aset.md, "A peer check"), and the TensorBoard viewer
+    extras_require={"peer": ["stable-baselines3==2.9.2", "torch==2.13.0"], "tensorboard": ["tensorboard==2.21.0"]},
     entry_points={"console_scripts": ["testbed=testbed.cli:main"]},
 )
