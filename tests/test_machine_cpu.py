@@ -39,16 +39,22 @@ def test_machine_ticks_read_proc_stat(tmp_path):
         machine_ticks(f)
 
 
+def _sampled_around_a_burning_source(burn_s: float, interval_s: float):
+    """The sampler's result over a child that burns ``burn_s`` of CPU in one thread under a
+    source's command line, with 0.3 s of sampling before and after it."""
+    s = CpuSampler(interval_s=interval_s)
+    s.start()
+    time.sleep(0.3)
+    subprocess.run([sys.executable, "-c", BURN.format(s=burn_s), "testbed.workload"], check=True, timeout=30)
+    time.sleep(0.3)
+    s.stop()
+    return s.result()
+
+
 def test_a_process_that_exits_inside_the_window_keeps_its_cpu():
     """A child that burns 0.6 s of CPU under a source's command line and exits mid-window: the
     role keeps what it used until the last sample before its exit (at most one interval lost)."""
-    s = CpuSampler(interval_s=0.1)
-    s.start()
-    time.sleep(0.3)
-    subprocess.run([sys.executable, "-c", BURN.format(s=0.6), "testbed.workload"], check=True, timeout=30)
-    time.sleep(0.3)
-    s.stop()
-    m = s.result()
+    m = _sampled_around_a_burning_source(burn_s=0.6, interval_s=0.1)
     used = m.by_role["sources"] * m.window_s
     assert 0.45 <= used <= 0.75, m  # 0.6 s, less what it ran after its last sample (< 0.1 s of it)
     assert m.testbed_cores >= m.by_role["sources"] and 0 < m.busy_cores <= m.cpus
@@ -139,13 +145,7 @@ def test_a_busy_thread_of_the_testbeds_own_processes_is_kept_and_warned():
     own, sampled from /proc/<pid>/task), and the summary warns of it; a quiet thread is not kept.
     (At least one whole 0.25 s step at >= 90 %, at most the burn and one step: on a shared machine
     another process can take part of the CPU in some steps.)"""
-    s = CpuSampler(interval_s=0.25)
-    s.start()
-    time.sleep(0.3)
-    subprocess.run([sys.executable, "-c", BURN.format(s=1.5), "testbed.workload"], check=True, timeout=30)
-    time.sleep(0.3)
-    s.stop()
-    m = s.result()
+    m = _sampled_around_a_burning_source(burn_s=1.5, interval_s=0.25)
     hot = {k: v for k, v in m.hot_threads.items() if k.startswith("sources: ")}
     assert len(hot) == 1, m.hot_threads
     (label, secs), = hot.items()
