@@ -23,6 +23,7 @@ Spatial weights (:func:`source_weights`) scale the rates per source.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -159,6 +160,28 @@ class Trace(ArrivalProcess):
         return self.t[i:j]
 
 
+def _csv_rows(path: Path, what: str) -> list[dict[str, str]]:
+    """The rows of a CSV input file with a header (``csv.DictReader``).
+
+    Raises:
+        ArrivalError: ``<what> <path>: ...``: the file cannot be read as text
+            (:func:`testbed.util.read_input_text`), or a line is not CSV (e.g. a field longer than
+            the csv module's limit), with its line number.
+    """
+    from testbed.util import InputFileError, read_input_text
+
+    try:
+        text = read_input_text(path)
+    except InputFileError as exc:
+        raise ArrivalError(f"{what} {exc}") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        return list(reader)
+    except csv.Error as exc:
+        # line_num counts the lines read before the one that failed
+        raise ArrivalError(f"{what} {path}: line {reader.line_num + 1}: not CSV ({exc})") from None
+
+
 def read_trace(path: str | Path) -> np.ndarray:
     """Timestamps (s) from a CSV file with a header and a column ``t_s``.
 
@@ -166,11 +189,7 @@ def read_trace(path: str | Path) -> np.ndarray:
         ArrivalError: missing file, no ``t_s`` column, a value that is not a finite number >= 0.
     """
     path = Path(path)
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as exc:
-        raise ArrivalError(f"trace {path}: {exc.strerror}") from None
+    rows = _csv_rows(path, "trace")
     if not rows or "t_s" not in rows[0]:
         raise ArrivalError(f"trace {path}: needs a header with a column 't_s' (seconds since the load starts)")
     out = []
@@ -212,11 +231,7 @@ def read_demand_matrix(path: str | Path) -> dict[str, float]:
             out[str(names.get(src, src))] = total
         return out
     path = Path(path)
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as exc:
-        raise ArrivalError(f"demand matrix {path}: {exc.strerror}") from None
+    rows = _csv_rows(path, "demand matrix")
     if not rows or not {"source_site", "demand"} <= set(rows[0]):
         raise ArrivalError(f"demand matrix {path}: needs columns source_site,target_site,demand")
     out: dict[str, float] = {}

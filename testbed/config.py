@@ -557,13 +557,13 @@ def load_experiment(path: str | Path) -> Experiment:
         ConfigError: the file is missing, is not YAML, or fails validation; the message lists each
             offending item by its location (e.g. ``applications.0.deadline``).
     """
+    from testbed.util import InputFileError, read_input_text
+
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read experiment file {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+        text = read_input_text(path)
+    except InputFileError as exc:
+        raise ConfigError(f"experiment file {exc}") from None
     try:
         data = load_yaml(text)
     except YamlValueError as exc:  # a key twice, an integer too long to read

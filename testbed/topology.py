@@ -145,11 +145,15 @@ def load_yaml_topology(path: Path) -> RawTopology:
     Raises:
         TopologyError: unreadable file, invalid YAML, or schema errors (each located, e.g. ``links.2.delay``).
     """
+    from testbed.util import InputFileError, read_input_text
+
     try:
-        data = load_yaml(path.read_text())
+        data = load_yaml(read_input_text(path))
+    except InputFileError as exc:
+        raise TopologyError(f"topology file {exc}") from None
     except YamlValueError as exc:  # a key twice, an integer too long to read
         raise TopologyError(f"{path}: {exc}") from None
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+    except yaml.YAMLError as exc:
         raise TopologyError(f"cannot read topology {path}: {exc}") from None
     try:
         topo = _YTopo.model_validate(data)

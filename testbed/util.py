@@ -8,6 +8,8 @@
 * :func:`ci95`: mean and 95 % confidence half-width (Student's t, ``scipy.stats.t``).
 * :func:`markdown_table`: a real Markdown table (``pandas.DataFrame.to_markdown``, tabulate).
 * :func:`scenarios_problem`: the same scenario file twice, or two of one experiment name.
+* :func:`read_input_text`: a user's input file (experiment, topology, trace, demand matrix) as
+  text, refused clearly when it is not a regular file, too large or not UTF-8.
 * :func:`native_stderr_to`: what native libraries write to file descriptor 2 (TensorFlow's and
   LiteRT's C++ log lines) goes to a log file instead of the console, for the time of a block.
 """
@@ -19,6 +21,7 @@ import math
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -33,6 +36,45 @@ from testbed.errors import RunFailure
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 T = TypeVar("T")
+
+#: The largest input file read (experiment, topology, trace, demand matrix), bytes: far above any
+#: real one (a 10^6-arrival trace is ~10 MB), below what would exhaust the memory.
+MAX_INPUT_BYTES = 256 * 1024 * 1024
+
+
+class InputFileError(ValueError):
+    """An input file that cannot be read as text; ``str(exc)`` names the file and why."""
+
+
+def read_input_text(path: str | os.PathLike[str], max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The whole of a user's input file as UTF-8 text.
+
+    A directory, a device (``/dev/zero``), a FIFO or a socket is refused before it is opened:
+    reading one could block or never end.
+
+    Raises:
+        InputFileError: missing or unreadable (the OS's reason), not a regular file, larger than
+            ``max_bytes``, or not UTF-8 (with the offset of the first bad byte).
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise InputFileError(f"{p}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputFileError(f"{p} is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputFileError(f"{p} is not a regular file (a device, a FIFO or a socket)")
+    if st.st_size > max_bytes:
+        raise InputFileError(f"{p}: {st.st_size} bytes, more than the {max_bytes} read")
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise InputFileError(f"{p}: {exc.strerror}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"{p}: not UTF-8 text (byte {exc.start})") from None
 
 
 def repo_path(path: str | os.PathLike[str], base: Path = REPO_ROOT) -> Path:

@@ -300,8 +300,12 @@ def test_infinite_values_and_cloud_source_without_cloud_rejected():
 def test_non_utf8_experiment_and_bad_graphml_coordinates(tmp_path):
     f = tmp_path / "e.yaml"
     f.write_bytes(b"\xff\xfe\x00name: x\x80")
-    with pytest.raises(ConfigError, match="not a UTF-8 text file"):
+    with pytest.raises(ConfigError, match=r"e.yaml: not UTF-8 text \(byte 0\)"):
         load_experiment(f)
+    with pytest.raises(ConfigError, match="/dev/zero is not a regular file"):  # it used to read forever
+        load_experiment("/dev/zero")
+    with pytest.raises(ConfigError, match="is a directory, not a file"):
+        load_experiment(tmp_path)
     g = tmp_path / "g.graphml"
     g.write_text('<?xml version="1.0"?><graphml xmlns="http://graphml.graphdrawing.org/xmlns">'
                  '<key attr.name="Latitude" attr.type="string" for="node" id="d1"/>'

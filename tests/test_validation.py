@@ -146,6 +146,32 @@ def test_trace_is_read_at_plan_time(tmp_path):
     assert check_load_bounds(plan.experiment, plan.weights, 5.0, tmp_path) == 2  # 9.0 s is past the 5 s
 
 
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe\x00t_s\n", r"not UTF-8 text \(byte 0\)"),
+    (b"t_s\n" + b"1" * 200_000 + b"\n", r"line 2: not CSV \(field larger than field limit"),
+    ("fifo", "is not a regular file"), ("/dev/zero", "is not a regular file")])
+def test_a_trace_or_demand_matrix_that_is_not_csv_text_is_named_not_a_traceback_or_a_hang(tmp_path, content, message):
+    """Found by a reviewer (Dec 4): a non-UTF-8 or over-long field gave a traceback, /dev/zero or a
+    FIFO made `testbed plan` read forever."""
+    import os
+
+    f = tmp_path / "t.csv"
+    if content == "fifo":
+        os.mkfifo(f)
+    elif content == "/dev/zero":
+        f = Path("/dev/zero")
+    else:
+        f.write_bytes(content)
+    e = exp(workload=[{"application": "app", "process": "trace", "trace": str(f)}])
+    with pytest.raises(PlanError, match=f"workload.0 .*trace {f}.*{message}"):
+        build_plan(e, topo(), base_dir=tmp_path)
+    from testbed.arrivals import read_demand_matrix
+    from testbed.errors import InputError
+
+    with pytest.raises(InputError, match=f"demand matrix {f}.*{message}"):
+        read_demand_matrix(f)
+
+
 def test_ports_must_differ():
     with pytest.raises(ValueError, match="of_port and rest_port are both 6653"):
         exp(emulation={"of_port": 6653, "rest_port": 6653})
