@@ -481,6 +481,8 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
             time.sleep(0.5)
             if events is not None and events.error is not None:
                 raise events.error
+            if events is not None:
+                events.check_on_time(time.time(), duration_s)
             counter.update()
             sr = counter.ok / counter.n if counter.n else 0.0
             prog.update(task, completed=min(duration_s, max(0.0, time.time() - t_load - 1)),
@@ -489,6 +491,10 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
         watch.check()  # a source that failed in the last instant, between two ticks
         if watch.failure is not None:
             raise watch.failure
+    if events is not None:  # the last word: every change of the load fired, on time
+        if events.error is not None:
+            raise events.error
+        events.check_on_time(time.time(), duration_s)
     _check_components(live, sources, servers)
 
 

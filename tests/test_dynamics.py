@@ -78,6 +78,44 @@ def test_background_zero_ends_congestion_and_bandwidth_zero_is_refused():
         _plan([{"at": "1s", "kind": "link_bandwidth", "link": ["A", "B"], "bandwidth": "0Mbit/s"}])
 
 
+def test_a_change_that_fires_late_or_not_at_all_stops_the_run(tmp_path):
+    """Found by a reviewer (Dec 4): a packet train at 1 kbit/s held the event runner for 576 s and
+    the later changes never fired, in a run that ended 'ok'. Now a change 1 s late stops it."""
+    from types import SimpleNamespace
+
+    from testbed.emulation.events import EventRunner
+    from testbed.errors import RunFailure
+
+    changes = [Change(t_s=1.0, kind="link_bandwidth", event=0, link=("s1", "s3"), value=0.001),
+               Change(t_s=3.0, kind="cluster_down", event=1, cluster="edgeb"),
+               Change(t_s=20.0, kind="cluster_up", event=2, cluster="edgeb")]
+    r = EventRunner(SimpleNamespace(run_dir=tmp_path), None, changes, t0_s=100.0)
+    r.rows.append(r._row(changes[0], 101.01, None, None, "Mbit/s", None, None, "measuring"))
+    r.busy = "measuring the changes of 1 s"
+    r.check_on_time(103.9, duration_s=12.0)  # events.1 is 0.9 s past its time: not yet late
+    with pytest.raises(RunFailure, match=r"events.1 \(cluster_down edgeb\) planned at 3 s has not fired 1.5 s after "
+                                         r"its time \(more than 1 s\); the event runner was busy with measuring the "
+                                         r"changes of 1 s: the run would measure another scenario") as exc:
+        r.check_on_time(104.5, duration_s=12.0)
+    assert exc.value.exit_code == 4
+    r.rows.append(r._row(changes[1], 104.2, None, None, "", None, None, "server killed"))
+    with pytest.raises(RunFailure, match=r"events.1 \(cluster_down edgeb\) planned at 3 s fired 1.2 s after"):
+        r.check_on_time(104.5, duration_s=12.0)
+    r.rows[-1] = r._row(changes[1], 103.02, None, None, "", None, None, "server killed")
+    r.check_on_time(130.0, duration_s=12.0)  # events.2 (20 s) is after the 12 s load: it never counts
+
+
+def test_a_packet_train_never_outlasts_its_bound():
+    """Below ~0.1 Mbit/s no train of 8 full frames fits in 1 s: the rate is applied, not measured
+    (returned before any probe is asked: no emulation needed)."""
+    from testbed.emulation.dynamics import Dynamics
+
+    got = Dynamics._train(None, None, None, 0.001)
+    assert got == {"not_measured": "a packet train of 8 frames of 1500 bytes would take 96.0 s at 0.001 Mbit/s, "
+                                   "more than the 1 s a train may hold up the next events: the rate is applied (the "
+                                   "shaper confirmed it), not measured"}
+
+
 def test_probe_hosts_ports_and_names():
     plan = _plan()
     probes = probe_hosts(plan)
@@ -176,6 +214,23 @@ def test_bandwidth_change_is_measured_by_a_bulk_transfer(live):
         assert 15.0 <= mbps <= 19.5, mbps
     finally:
         _fire(live, [(0.0, "link_bandwidth", ("s1", "s2"), 100.0)])
+
+
+@pytest.mark.emulation
+@root
+def test_a_bandwidth_too_low_to_measure_is_applied_and_the_next_change_fires_on_time(live):
+    """1 kbit/s on A-B: the shaper takes it, the row says it was not measured, and the delay change
+    1 s later fires on time (it waited 576 s behind the packet train before)."""
+    ab = ("s1", "s2")
+    try:
+        rows = _fire(live, [(0.0, "link_bandwidth", ab, 0.001), (1.0, "link_delay", ab, 5.0)])
+        assert rows[0]["value_measured"] == "" and rows[0]["ok"] == 0, rows[0]
+        assert "would take 96.0 s at 0.001 Mbit/s" in rows[0]["note"] and "not measured" in rows[0]["note"], rows[0]
+        assert live.emu.applied[live.dynamics.link_index(Change(t_s=0, kind="link_bandwidth", event=0, link=ab))][
+            "rate_mbps"] == 0.001
+        assert rows[1]["kind"] == "link_delay" and abs(float(rows[1]["lag_ms"])) < 500, rows[1]
+    finally:
+        _fire(live, [(0.0, "link_bandwidth", ab, 100.0), (0.5, "link_delay", ab, 2.0)])
 
 
 @pytest.mark.emulation

@@ -77,6 +77,10 @@ BASELINE_S, BASELINE_HZ = 1.0, 200.0
 BASELINE_SUSPECT_MS, BASELINE_ROUNDS = 1.5, 3
 #: Packet trains last about this long at the link's rate (s), within these frame counts.
 TRAIN_S, TRAIN_MIN, TRAIN_MAX = 0.020, 48, 800
+#: ... but never longer than this (s): a train holds up the scenario's next events (48 frames at
+#: 1 kbit/s would take 576 s). Fewer than :data:`TRAIN_FEWEST` frames in that time (below about
+#: 0.1 Mbit/s): the rate is applied but not measured, and the row says so.
+TRAIN_MAX_S, TRAIN_FEWEST = 1.0, 8
 TRAIN_PAYLOAD = 1458  # + 42 = 1500-byte frames
 #: Kinds whose measurement needs the source -> cluster path probes.
 PATH_KINDS = frozenset({"link_delay", "link_down", "link_up"})
@@ -315,7 +319,7 @@ class Dynamics:
         if ch.kind == "link_bandwidth":
             applied.train = self._train(a, b, ch.value)
             rate = applied.train.get("rate_mbps")
-            if rate is None or abs(rate - ch.value) > self.tolerance(ch):
+            if "not_measured" not in applied.train and (rate is None or abs(rate - ch.value) > self.tolerance(ch)):
                 # a stall of the machine bunches a train's frames (the emulator catches up back to
                 # back): one more train, the first one's rate kept in the note
                 first, second = applied.train, self._train(a, b, ch.value)
@@ -377,8 +381,17 @@ class Dynamics:
         return t
 
     def _train(self, a: ProbeHost, b: ProbeHost, rate_mbps: float) -> dict:
+        """A packet train a>b sized to last about :data:`TRAIN_S` at ``rate_mbps`` (at most
+        :data:`TRAIN_MAX_S`); ``{"not_measured": why}`` when fewer than :data:`TRAIN_FEWEST` frames
+        fit in that time."""
         frame_bits = (TRAIN_PAYLOAD + FRAME_EXTRA_BYTES) * 8
-        frames = int(min(TRAIN_MAX, max(TRAIN_MIN, rate_mbps * 1e6 * TRAIN_S / frame_bits)))
+        fit = rate_mbps * 1e6 * TRAIN_MAX_S / frame_bits
+        if fit < TRAIN_FEWEST:
+            return {"not_measured": f"a packet train of {TRAIN_FEWEST} frames of {TRAIN_PAYLOAD + FRAME_EXTRA_BYTES} "
+                                    f"bytes would take {TRAIN_FEWEST * frame_bits / (rate_mbps * 1e6):.1f} s at "
+                                    f"{rate_mbps:g} Mbit/s, more than the {TRAIN_MAX_S:g} s a train may hold up the "
+                                    f"next events: the rate is applied (the shaper confirmed it), not measured"}
+        frames = int(min(TRAIN_MAX, fit, max(TRAIN_MIN, rate_mbps * 1e6 * TRAIN_S / frame_bits)))
         c = self.daemons[a.name].client
         try:
             tid = c.request("train", ip=b.ip, frames=frames, size=TRAIN_PAYLOAD)["id"]
@@ -463,7 +476,8 @@ class Dynamics:
         tol = self.tolerance(ch)
         effect = round((ap.t_applied - ap.t_fire) * 1e3, 3)
         if rate is None:
-            return Measured(None, "Mbit/s", effect, tol, False, f"packet train not measured: {tr}")
+            why = tr.get("not_measured") or f"packet train not measured: {tr}"
+            return Measured(None, "Mbit/s", effect, tol, False, "; ".join(x for x in (why, ap.note) if x))
         ok = abs(rate - ch.value) <= tol
         note = (f"packet train of {tr.get('frames_received')}/{tr.get('frames_sent')} frames, sent at "
                 f"{tr.get('send_rate_mbps', 0):.0f} Mbit/s, quarters {tr.get('part_rates_mbps')} Mbit/s (median "

@@ -19,8 +19,9 @@ to the first measurement showing it), the value asked and the value measured (``
   note that it was not ready by then.
 
 A change that cannot be applied, or whose measurement cannot be taken, stops the runner; the
-error is kept in :attr:`EventRunner.error` and the run stops with it. A measurement outside its
-tolerance is recorded (``ok`` 0) and shown, not fatal.
+error is kept in :attr:`EventRunner.error` and the run stops with it. So does a change that is
+:data:`EVENT_LATE_S` late (:meth:`EventRunner.check_on_time`, which the run calls as the load goes
+and once it ends). A measurement outside its tolerance is recorded (``ok`` 0) and shown, not fatal.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from testbed.emulation.dynamics import PREPARE_S
-from testbed.errors import RunFailure
+from testbed.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.model.events import CLUSTER_KINDS, LINK_KINDS, Change
 
 #: Kinds the emulation applies.
@@ -46,6 +47,10 @@ UNITS = {"link_delay": "ms", "link_bandwidth": "Mbit/s", "link_loss": "%", "link
 WINDOW_MARGIN_S = PREPARE_S + 0.02
 #: After the runner is stopped, a restart still running gets this long (s) before its row is closed.
 RESTART_JOIN_S = 1.0
+#: A change that fires this long (s) after its planned time, or has not fired by then, stops the run
+#: (:meth:`EventRunner.check_on_time`): the run would measure another scenario than the one planned.
+#: Changes fire 0-22 ms late here (events.csv ``lag_ms`` of the Dec 3-4 runs).
+EVENT_LATE_S = 1.0
 
 
 def unsupported(changes: Sequence[Change]) -> list[str]:
@@ -90,6 +95,7 @@ class EventRunner(threading.Thread):
         self.error: RunFailure | None = None
         self._write_lock = threading.Lock()
         self._restarts: list[tuple[threading.Thread, dict]] = []
+        self.busy = ""  # what the runner is doing now, for a message when a change is late
 
     def _groups(self) -> list[list[Change]]:
         groups: list[list[Change]] = []
@@ -168,12 +174,34 @@ class EventRunner(threading.Thread):
             self.on_event(row)
         return row
 
+    def check_on_time(self, now: float, duration_s: float) -> None:
+        """Raise when a change planned inside the ``duration_s`` load fired more than
+        :data:`EVENT_LATE_S` after its time, or has not fired that long after it (``now``, epoch s).
+
+        Raises:
+            RunFailure: (exit code 4) naming the change, how late it is and what the runner was
+                doing (e.g. a long measurement of the change before it).
+        """
+        fired = {(r["event"], r["step"]): r for r in list(self.rows)}
+        for ch in self.changes:
+            if ch.t_s >= duration_s:
+                continue
+            row = fired.get((ch.event, ch.step))
+            late = float(row["lag_ms"]) / 1e3 if row is not None else now - self.t0_s - ch.t_s
+            if late > EVENT_LATE_S:
+                what = "fired" if row is not None else "has not fired"
+                doing = f"; the event runner was busy with {self.busy}" if self.busy else ""
+                raise RunFailure(f"events.{ch.event} ({ch.kind} {target_of(ch)}) planned at {ch.t_s:g} s {what} "
+                                 f"{late:.1f} s after its time (more than {EVENT_LATE_S:g} s){doing}: the run would "
+                                 f"measure another scenario than the one planned", EXIT_COMPONENT_DIED)
+
     def _apply_group(self, group: list[Change], prepared: list, next_fire: float, done: Callable[[dict], None]) -> None:
         """Apply every change of one instant (each row shown as it fires), wait for their windows,
         measure each (``done`` writes the completed row)."""
         dyn = getattr(self.live, "dynamics", None)
         pending = []
         for ch, prep in zip(group, prepared, strict=True):
+            self.busy = f"applying events.{ch.event} ({ch.kind} {target_of(ch)}, planned at {ch.t_s:g} s)"
             if ch.kind in CLUSTER_KINDS:
                 self._apply_cluster(ch, done)
                 continue
@@ -184,11 +212,13 @@ class EventRunner(threading.Thread):
         if not pending:
             return
         end = min(next_fire, max(ap.t_fire + dyn.window_s(ap.change) for ap, _ in pending))
+        self.busy = f"measuring the changes of {group[0].t_s:g} s"
         self.stop_event.wait(max(0.0, end - time.time()))
         for ap, row in pending:
             m = dyn.measure(ap, min(time.time(), next_fire))
             row.update(self._row(ap.change, ap.t_fire, m.effect_ms, m.value, m.unit, m.tolerance, m.ok, m.note))
             done(row)
+        self.busy = ""
 
     def _row(self, ch: Change, t_fire: float, effect_ms, measured, unit, tol, ok, note) -> dict:
         applied = t_fire - self.t0_s
