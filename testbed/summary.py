@@ -33,6 +33,7 @@ there were (``cold_queries``; measured: docs/trustworthy-runs.md, "New connectio
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from pathlib import Path
@@ -57,14 +58,16 @@ COLD_RULE = ("every source -> cluster/model path was warmed and each source open
 LATENCY_RULE = "over every answered query (HTTP 200 with an e2e time), cold ones (new connections) included"
 
 
-def read_csv_exact(path: Path) -> pd.DataFrame:
-    """``pd.read_csv`` keeping ``*_ns`` columns as nullable 64-bit integers.
+def read_csv_exact(path: Path | bytes) -> pd.DataFrame:
+    """``pd.read_csv`` keeping ``*_ns`` columns as nullable 64-bit integers (``path``: a file, or
+    its bytes).
 
     ns since the epoch (~1.8e18) do not fit a float64 exactly (53-bit mantissa: ~256 ns steps), which
     is what a column with empty cells would otherwise become.
     """
-    cols = pd.read_csv(path, nrows=0).columns
-    return pd.read_csv(path, dtype={c: "Int64" for c in cols if c.endswith("_ns")})
+    src = (lambda: io.BytesIO(path)) if isinstance(path, bytes) else (lambda: path)
+    cols = pd.read_csv(src(), nrows=0).columns
+    return pd.read_csv(src(), dtype={c: "Int64" for c in cols if c.endswith("_ns")})
 
 
 class RecordsError(InputError):
@@ -77,29 +80,51 @@ class RecordsError(InputError):
 NUMERIC_RECORD_FIELDS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.unit != "-" or c.name == "http_status")
 
 
-def _csv_shape_problem(path: Path) -> str | None:
-    """Why ``path`` is not a whole CSV table (a header, then rows of as many fields), or None.
+def _csv_shape_problem(path: Path | bytes) -> str | None:
+    """Why ``path`` (a file, or its bytes) is not a whole CSV table (a header, then rows of as many
+    fields), or None.
 
     A file cut short (a crash, a full disk, a partial copy) ends inside a row: its last line does
     not end with a newline, or has fewer fields than the header (pandas would fill them with empty
     cells silently)."""
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if not header:
-            return "no header line"
-        dup = repeated(header)
-        if dup:
-            return f"column {dup[0]!r} appears twice in the header"
-        for row in reader:
-            if len(row) != len(header):
-                return (f"line {reader.line_num} has {len(row)} fields, the header {len(header)} "
-                        f"(the file is truncated or not a records file)")
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        if f.read(1) != b"\n":
-            return "the last line does not end with a newline (the file is truncated)"
+    data = path if isinstance(path, bytes) else Path(path).read_bytes()
+    reader = csv.reader(io.StringIO(data.decode("utf-8", errors="replace"), newline=""))
+    header = next(reader, None)
+    if not header:
+        return "no header line"
+    dup = repeated(header)
+    if dup:
+        return f"column {dup[0]!r} appears twice in the header"
+    for row in reader:
+        if len(row) != len(header):
+            return (f"line {reader.line_num} has {len(row)} fields, the header {len(header)} "
+                    f"(the file is truncated or not a records file)")
+    if not data.endswith(b"\n"):
+        return "the last line does not end with a newline (the file is truncated)"
     return None
+
+
+def whole_source_rows(path: Path) -> tuple[bytes, str]:
+    """A source's records file (``sources/<name>.records.csv``) without a last line cut short, and
+    what was left out ("" when nothing). A source writes and flushes one row at a time, so a kill
+    or a full disk in the middle of a write cuts at most its last line: the rows before it are
+    whole, and an interrupted run keeps them.
+
+    Raises:
+        RecordsError: naming the file: it cannot be read, or a line before the last is not whole.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RecordsError(f"{path}: cannot read the records: {exc.strerror}") from None
+    problem = _csv_shape_problem(data)
+    if problem is None or problem == "no header line":
+        return data, ""
+    body = data.rstrip(b"\n")
+    trimmed = body[:body.rfind(b"\n") + 1] if b"\n" in body else b""
+    if not trimmed or _csv_shape_problem(trimmed) is not None:
+        raise RecordsError(f"{path}: {problem}")
+    return trimmed, f"its last line is cut short and left out ({problem})"
 
 
 def check_records(df: pd.DataFrame, what: str) -> None:
@@ -177,7 +202,17 @@ def merge_records(run_dir: Path, *, write: bool = True) -> pd.DataFrame:
     Raises:
         RunFailure: the merged files cannot be written (names the error; the sources' files stay).
     """
-    parts = [read_csv_exact(p) for p in sorted((run_dir / "sources").glob("*.records.csv")) if p.stat().st_size]
+    parts = []
+    for path in sorted((run_dir / "sources").glob("*.records.csv")):
+        data, _ = whole_source_rows(path)  # a last line cut by a kill or a full disk is left out
+        if data.strip():
+            try:
+                part = read_csv_exact(data)
+            except ValueError:  # a *_ns cell that is no integer: name the file, its column and row
+                check_records(pd.read_csv(io.BytesIO(data), dtype=str), str(path))
+                raise
+            check_records(part, str(path))
+            parts.append(part)
     parts = [p for p in parts if not p.empty]
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if not df.empty:
@@ -494,11 +529,13 @@ def _records_check(run_dir: Path, df: pd.DataFrame) -> dict:
     from testbed.boundaries import SourceTally, read_config, tally_path
     from testbed.errors import InputError
 
-    per_file, created, no_tally = {}, {}, []
+    per_file, created, no_tally, cut = {}, {}, [], {}
     for p in sorted((run_dir / "sources").glob("*.records.csv")):
         name = p.name.removesuffix(".records.csv")
-        with open(p, "rb") as f:
-            per_file[name] = max(0, sum(1 for _ in f) - 1)
+        data, note = whole_source_rows(p)
+        per_file[name] = max(0, data.count(b"\n") - 1)
+        if note:
+            cut[name] = note
         try:
             created[name] = read_config(tally_path(p), SourceTally).created
         except InputError:
@@ -514,7 +551,7 @@ def _records_check(run_dir: Path, df: pd.DataFrame) -> dict:
         if missing:
             gaps[src] = missing
     return {"rows_per_source_file": per_file, "rows_merged": int(len(df)), "missing_query_ids": gaps,
-            "queries_created": created, "sources_without_tally": no_tally}
+            "queries_created": created, "sources_without_tally": no_tally, "cut_last_line": cut}
 
 
 def summarize(run_dir: Path, duration_s: float) -> dict:
@@ -846,6 +883,8 @@ def _headline(s: dict) -> list[str]:
     if sc.get("starved"):
         lines.append(_service_warning(s, sc))
     rc = s.get("records_check") or {}
+    for name, note in (rc.get("cut_last_line") or {}).items():
+        lines.append(f"WARNING: sources/{name}.records.csv: {note}; its whole rows are kept.")
     if rc.get("missing_query_ids"):
         lines.append(f"WARNING: query ids missing from the records (lost records): {rc['missing_query_ids']}")
     if rc.get("sources_without_tally"):

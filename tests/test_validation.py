@@ -480,7 +480,7 @@ def test_per_cluster_and_per_cause_tables_agree_with_the_records(tmp_path):
                                             "max_late_ms": 21.0}
     assert s["cold_queries"] == 1 and s["e2e_ms"]["p50"] == 10.0
     assert s["records_check"] == {"rows_per_source_file": {"a": 8}, "rows_merged": 8, "missing_query_ids": {},
-                                  "queries_created": {}, "sources_without_tally": ["a"]}
+                                  "queries_created": {}, "sources_without_tally": ["a"], "cut_last_line": {}}
 
 
 def test_summary_md_holds_markdown_tables(tmp_path):
@@ -517,6 +517,29 @@ def test_records_lost_at_the_end_of_a_file_are_counted_from_the_sources_tally(tm
     rc = summarize(tmp_path, 1.0)["records_check"]
     assert rc["missing_query_ids"] == {"a": 2} and rc["queries_created"] == {"a": 8}
     assert rc["sources_without_tally"] == []
+
+
+def test_a_source_file_whose_last_line_is_cut_keeps_its_whole_rows_and_says_so(tmp_path):
+    """Found by a reviewer (Dec 4): `testbed report` of a killed run whose source file ended in a
+    cut line was refused, naming a glob and a row of the merged frame. The whole rows are kept, the
+    cut line is said; a bad line before the last is refused naming the file."""
+    from testbed.summary import RecordsError, _headline
+
+    _records(tmp_path)
+    f = tmp_path / "sources" / "a.records.csv"
+    whole = f.read_bytes()
+    f.write_bytes(whole[:-30])  # the last row cut inside
+    df = merge_records(tmp_path, write=False)
+    assert len(df) == whole.count(b"\n") - 2 == 7  # 8 records, the header, the cut one left out
+    s = summarize(tmp_path, 1.0)
+    note = "its last line is cut short and left out (line 9 has 19 fields, the header 32 (the file is truncated " \
+           "or not a records file))"
+    assert s["records_check"]["cut_last_line"] == {"a": note}
+    assert f"WARNING: sources/a.records.csv: {note}; its whole rows are kept." in _headline(s)
+    lines = whole.decode().splitlines(keepends=True)
+    f.write_text("".join(lines[:2] + [lines[2][:20] + "\n"] + lines[3:]))  # a cut line in the middle
+    with pytest.raises(RecordsError, match=r"a.records.csv: line 3 has \d+ fields, the header \d+"):
+        merge_records(tmp_path, write=False)
 
 
 def test_the_merge_never_truncates_records(tmp_path, monkeypatch):
