@@ -666,6 +666,19 @@ def _busy_pct(machine_cpu: dict) -> float | None:
         return None
 
 
+def _capture_errors(run_dir: Path) -> list[str]:
+    """The warnings of the run's packet analysis as it stands (``capture/analysis.json`` ``errors``,
+    also after ``testbed report --analyze`` ran it again): capture files left out or read in part."""
+    from testbed.summary import capture_warnings
+
+    try:
+        a = json.loads((Path(run_dir) / "capture" / "analysis.json").read_text())
+    except (OSError, ValueError):
+        return []
+    errors = a.get("errors") if isinstance(a, dict) else None
+    return capture_warnings([str(e) for e in errors]) if isinstance(errors, list) else []
+
+
 def _runs_list(runs: list[RunData]) -> list[str]:
     """One entry per run, with its summary's warnings of :data:`COMPARABILITY_WARNINGS`: the
     report compares runs, and those say when not to."""
@@ -678,6 +691,7 @@ def _runs_list(runs: list[RunData]) -> list[str]:
             warnings = [x for x in _headline(s) if x.startswith(COMPARABILITY_WARNINGS)] if "queries" in s else []
         except (KeyError, TypeError, ValueError):  # an older or partial summary: its warnings are not known
             warnings = []
+        warnings += _capture_errors(r.path)
         out.append(f"{r.label} ({r.mode}; {len(r.records)} queries; {r.path})"
                    + (f"; configured load {s['duration_s']:g} s" if s.get("duration_s") else "")
                    + ("" if r.status.ok else f"; NOT OK: {r.status.short} ({r.status.detail})")

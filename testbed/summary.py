@@ -625,7 +625,8 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
                         "hops": {f"{h['from']}>{h['to']}": {k: h.get(k) for k in
                                                             ("packets", "median_ms", "p95_ms", "configured_ms",
                                                              "emulated_ms")}
-                                 for h in a.get("hop_delays", [])}}
+                                 for h in a.get("hop_delays", [])},
+                        "errors": list(a.get("errors") or [])}
     replace_atomic(run_dir / "summary.json", lambda p: p.write_text(json.dumps(s, indent=2)))
     return s
 
@@ -706,6 +707,14 @@ def _links_table(s: dict) -> list[SummaryTable]:
     source = "the simulator's link load" if s.get("mode") == "simulation" else "controller port stats"
     return [(f"Busiest links ({source})",
              ["link", "capacity Mbit/s", "util a>b mean/max", "util b>a mean/max", "drops"], rows)]
+
+
+def capture_warnings(errors: list[str]) -> list[str]:
+    """One warning per capture file the packet analysis left out or read in part (``analysis.json``
+    ``errors``, :func:`testbed.capture.analysis.analyze_run`): without it, the hops on either side
+    of an unread capture point are merged into one, with no word of it."""
+    return [f"WARNING: packet capture: {e}; the per-hop delays skip that capture point (the hops on either "
+            f"side of it show as one)" for e in errors]
 
 
 def _capture_table(s: dict) -> list[SummaryTable]:
@@ -883,6 +892,7 @@ def _headline(s: dict) -> list[str]:
     if sc.get("starved"):
         lines.append(_service_warning(s, sc))
     rc = s.get("records_check") or {}
+    lines.extend(capture_warnings((s.get("capture") or {}).get("errors") or []))
     for name, note in (rc.get("cut_last_line") or {}).items():
         lines.append(f"WARNING: sources/{name}.records.csv: {note}; its whole rows are kept.")
     if rc.get("missing_query_ids"):

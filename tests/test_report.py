@@ -318,3 +318,21 @@ def test_the_report_carries_a_saturated_machines_warning_and_busy_cpus(tmp_path)
     md = build_report([a, b], tmp_path / "rep")["markdown"].read_text()
     assert "WARNING: the machine's CPUs were 98 % busy or stolen during the load" in md
     assert re.search(r"^\| hot / closest .*\| 98.0 +\| 0 +\|", md, re.M) and md.count("busy or stolen during") == 1
+
+
+def test_a_capture_file_the_analysis_could_not_read_is_said_in_the_summary_and_the_report(tmp_path):
+    """Found by a reviewer (Dec 4): a capture point whose file was unreadable was dropped in
+    silence (its two hops merged into one, exit 0); analysis.json's errors are now warnings."""
+    from testbed.summary import _headline
+
+    a = make_run(tmp_path, "cap", ["closest"])
+    (a / "capture").mkdir()
+    err = f"{a}/pcap/l2-eth0.pcap: not a pcap or pcapng file (Not a supported capture file)"
+    (a / "capture" / "analysis.json").write_text(json.dumps({"queries_matched": 3, "retransmissions": 0,
+                                                            "hop_delays": [], "errors": [err]}))
+    want = (f"WARNING: packet capture: {err}; the per-hop delays skip that capture point (the hops on either side "
+            f"of it show as one)")
+    s = summarize(a, 1.0)
+    assert s["capture"]["errors"] == [err] and want in _headline(s)
+    md = build_report([a], tmp_path / "rep")["markdown"].read_text()
+    assert want in md

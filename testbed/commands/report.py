@@ -36,12 +36,15 @@ def _run(args: argparse.Namespace) -> int:
         if args.analyze and (d / "pcap" / "capture.json").exists():
             from testbed.capture.analysis import analyze_run
             from testbed.report import merged_by_its_run
-            from testbed.summary import merge_records
+            from testbed.summary import capture_warnings, merge_records
 
             res = analyze_run(d)
             if merged_by_its_run(d):  # its pkt_* columns anew; a run without its own merge is merged in memory
                 merge_records(d)
-            console.print(f"{d}: packet analysis matched {res['queries_matched']} queries")
+            console.print(f"{d}: packet analysis matched {res['queries_matched']} queries", markup=False,
+                          highlight=False)
+            for line in capture_warnings(res.get("errors") or []):
+                console.print(f"{d}: {line}", markup=False, highlight=False)
     out = build_report(args.run_dirs, args.out)  # a ReportError (InputError) is printed once by testbed.cli
     if out["warning"]:
         console.print(out["warning"])
