@@ -3,6 +3,7 @@ code 2 and a message naming the item, before anything is built. Fast: no emulati
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,19 @@ def test_sweep_seed_base_reaches_the_last_seed(tmp_path, capsys, seeds, base, co
     said = " ".join((got.out + got.err).split())
     if code:
         assert f"seeds {base} .. {base + seeds - 1} are not all in 0 .. 4294967295" in said
+
+
+def test_a_sweep_of_more_cells_than_it_runs_is_refused_before_it_plans_them(tmp_path, capsys):
+    """A reviewer's find (Dec 4): --seeds 100000000 planned every cell in memory and the OOM killer
+    took the process (24 GiB) after a minute, with nothing said."""
+    out = tmp_path / "sw"
+    t = time.monotonic()
+    code = main(["sweep", str(_triangle(tmp_path)), "--seeds", "100000000", "--policies", "closest,round_robin",
+                 "--duration", "1s", "--out", str(out)])
+    said = " ".join(capsys.readouterr().out.split())
+    assert code == 2 and time.monotonic() - t < 30 and not out.exists()
+    assert ("--seeds 100000000: 1 experiment(s) x 2 policies x 100000000 seeds = 200000000 cells, more than the "
+            "100000 a sweep runs; lower --seeds") in said
 
 
 def test_a_min_accuracy_no_served_model_reaches_is_refused(tmp_path, capsys):

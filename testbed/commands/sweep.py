@@ -36,9 +36,16 @@ def register(subparsers) -> None:
     p.set_defaults(func=_cmd)
 
 
+#: The most cells (experiments x policies x seeds) one sweep runs: every cell is planned in memory
+#: before the first runs (10^8 seeds took the VM's 24 GiB, a reviewer's find), and 10^5 simulated
+#: cells are already days of CPU at seconds each.
+MAX_SWEEP_CELLS = 100_000
+
+
 def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]:
     """The policies and the duration override; every bad argument is an InputError naming it,
-    before anything runs: unknown or no policies, seeds/jobs < 1, a negative seed base, an output
+    before anything runs: unknown or no policies, seeds/jobs < 1, more than :data:`MAX_SWEEP_CELLS`
+    cells, a negative seed base, an output
     path that is a file, the same experiment file twice, two experiments with one ``name`` (the
     tables key their rows by it, so their runs would be pooled)."""
     from testbed.config import MAX_SEED, load_experiment
@@ -58,6 +65,11 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
         raise InputError("--out: an empty path (name the output folder)")
     if args.seeds < 1 or (args.jobs is not None and args.jobs < 1):
         raise InputError("--seeds and --jobs must be >= 1")
+    cells = len(args.experiments) * len(pols) * args.seeds
+    if cells > MAX_SWEEP_CELLS:  # every cell is planned in memory before the first runs
+        raise InputError(f"--seeds {args.seeds}: {len(args.experiments)} experiment(s) x {len(pols)} policies x "
+                         f"{args.seeds} seeds = {cells} cells, more than the {MAX_SWEEP_CELLS} a sweep runs; lower "
+                         f"--seeds (a sweep's folder can be extended with more seeds later)")
     if not 0 <= args.seed_base <= MAX_SEED - args.seeds + 1:  # the last seed, base + seeds - 1, <= MAX_SEED
         raise InputError(f"--seed-base {args.seed_base}: seeds {args.seed_base} .. {args.seed_base + args.seeds - 1} "
                          f"are not all in 0 .. {MAX_SEED}")
