@@ -83,7 +83,10 @@ def print_plan(plan: Plan, out: Console | None = None) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from testbed.aset.live import refuse_unfit_checkpoint
+
     plan = plan_experiment(args.experiment)
+    refuse_unfit_checkpoint(plan)  # what testbed run checks before bring-up
     if args.json:
         import json
 

@@ -48,6 +48,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from testbed.aset.live import refuse_unfit_checkpoint
 from testbed.boundaries import SourceConfig
 from testbed.config import drain_s
 from testbed.emulation.bringup import (
@@ -219,23 +220,6 @@ def _check_ports(plan: Plan) -> None:
                              f"or service? `ss -ltnp 'sport = :{port}'`); choose another port", EXIT_BRINGUP)
 
 
-def _check_aset(plan: Plan) -> None:
-    """The ASET checkpoint fits every source that applies ``aset``: it loads, and passes each check
-    its live selector applies in the source process (window, clusters, applications, source,
-    plan, observation size: :func:`testbed.aset.live.check_experiment_checkpoint` on the plan).
-
-    Raises:
-        RunError: (exit code 2) naming the checkpoint, the source and what is wrong; a missing,
-            unreadable or corrupt file included.
-    """
-    from testbed.aset.live import check_experiment_checkpoint
-
-    try:
-        check_experiment_checkpoint(plan)
-    except (OSError, ValueError) as exc:
-        raise RunError(str(exc), EXIT_INPUT) from None
-
-
 def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None) -> tuple[str, Path, Storage]:
     """Step 1 (module docstring); creates the run directory and takes its storage reserve.
 
@@ -251,7 +235,7 @@ def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None) -
         raise RunError(f"the emulation cannot apply {', '.join(bad)} yet; run the scenario with "
                        f"`testbed simulate`, or remove the event", EXIT_INPUT)
     expected = check_load_bounds(plan.experiment, plan.weights, duration_s, Path(plan.base_dir))
-    _check_aset(plan)
+    refuse_unfit_checkpoint(plan)  # the ASET checkpoint fits every source that applies aset (as testbed plan)
     _check_ports(plan)
     base = Path(runs_dir) if runs_dir else repo_path(plan.experiment.runs_dir)
     problem = run_dir_limit_problem(base, plan)

@@ -137,22 +137,22 @@ def _with_aset(plan, **aset):
 
 
 def _check_aset(plan) -> str:
-    """The message of ``testbed run``'s pre-bring-up ASET check (a RunError, exit code 2)."""
-    from testbed.errors import EXIT_INPUT
-    from testbed.run import RunError, _check_aset
+    """The message of the ASET pre-check of ``testbed plan`` and of ``testbed run`` before
+    bring-up (an InputError, exit code 2)."""
+    from testbed.aset.live import refuse_unfit_checkpoint
+    from testbed.errors import EXIT_INPUT, InputError
 
-    with pytest.raises(RunError) as err:
-        _check_aset(plan)
+    with pytest.raises(InputError) as err:
+        refuse_unfit_checkpoint(plan)
     assert err.value.exit_code == EXIT_INPUT
     return str(err.value)
 
 
 def test_the_shipped_live_experiment_passes_the_check(live_plan):
-    from testbed.aset.live import check_experiment_checkpoint
-    from testbed.run import _check_aset
+    from testbed.aset.live import check_experiment_checkpoint, refuse_unfit_checkpoint
 
     check_experiment_checkpoint(live_plan)
-    _check_aset(live_plan)
+    refuse_unfit_checkpoint(live_plan)
 
 
 @pytest.mark.parametrize(("aset", "given"), [({"window": "300ms"}, 300), ({"window": "1s"}, 1000)])
@@ -165,11 +165,30 @@ def test_a_window_other_than_the_checkpoint_s_fails_before_bring_up(live_plan, a
 def test_no_window_takes_the_checkpoints(live_plan):
     """aset.window defaulted to 100 ms, a window no shipped checkpoint has, so leaving it out
     failed the check; it now means the checkpoint's own."""
-    from testbed.run import _check_aset
+    from testbed.aset.live import refuse_unfit_checkpoint
 
     plan = _with_aset(live_plan, checkpoint="models/aset/aset")
     assert plan.experiment.aset.window_s is None
-    assert _check_aset(plan) is None
+    assert refuse_unfit_checkpoint(plan) is None
+
+
+def test_testbed_plan_refuses_a_checkpoint_that_testbed_run_would(tmp_path, capsys):
+    """A reviewer's find (Dec 4): `testbed plan` passed an experiment whose ASET checkpoint did not
+    exist; only `testbed run` refused it."""
+    import yaml
+
+    from testbed.cli import main
+
+    data = yaml.safe_load((REPO / "experiments" / "aset-live.yaml").read_text())
+    data["aset"] = {**data.get("aset", {}), "checkpoint": str(tmp_path / "nope")}
+    data["topology"]["source"] = str((REPO / "experiments" / data["topology"]["source"]).resolve()) \
+        if not str(data["topology"]["source"]).startswith("topohub:") else data["topology"]["source"]
+    f = tmp_path / "ck.yaml"
+    f.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(f)]) == 2
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"{tmp_path / 'nope'}.npz" in said and "missing" in said
+    assert main(["plan", str(REPO / "experiments" / "aset-live.yaml")]) == 0
 
 
 def test_a_truncated_checkpoint_fails_before_bring_up_naming_it(live_plan, tmp_path):

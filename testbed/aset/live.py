@@ -141,6 +141,22 @@ def source_context(policy: NumpyPolicy, cfg, ckpt: Path) -> SourceContext:
     return ctx
 
 
+def refuse_unfit_checkpoint(plan) -> None:
+    """:func:`check_experiment_checkpoint` on a run's plan, as an input error: the one pre-check of
+    ``testbed plan`` and of ``testbed run`` before bring-up.
+
+    Raises:
+        testbed.errors.InputError: (exit code 2) naming the checkpoint, the source and what is
+            wrong; a missing, unreadable or corrupt file included.
+    """
+    from testbed.errors import InputError
+
+    try:
+        check_experiment_checkpoint(plan)
+    except (OSError, ValueError) as exc:
+        raise InputError(str(exc)) from None
+
+
 def check_experiment_checkpoint(run, repo_dir: str | Path | None = None) -> None:
     """Refuse, before a run is built, an ASET checkpoint its sources could not load.
 
