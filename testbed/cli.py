@@ -106,7 +106,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.link_emulator is not None:
         overrides["link_emulator"] = args.link_emulator
     return run_experiment(plan, console=console, runs_dir=args.runs_dir,
-                          base_dir=args.experiment.parent, **overrides)
+                          base_dir=args.experiment.parent, process_ends=True, **overrides)
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:

@@ -169,15 +169,18 @@ class _Interrupts:
     while the run said it had cleaned up. The previous handlers come back on exit, unless the run
     was interrupted: then later signals are ignored until the process ends (the run has stopped;
     a late Ctrl-C would otherwise kill the process before it reports its exit code, 130, and the
-    caller would see a death by SIGINT instead).
+    caller would see a death by SIGINT instead). ``ignore_after``: ignore them after the run in any
+    case (``testbed run``, whose process ends with the recorded exit code: a SIGTERM just after the
+    run recorded 0 killed it with 143, a reviewer's find).
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, ignore_after: bool = False):
         self.console = console
         self.prev: dict[int, Any] = {}
         self.interrupted = False
+        self.ignore_after = ignore_after  # the caller ends the process next: a late signal is ignored too
 
     def __enter__(self) -> _Interrupts:
         self.prev = {s: signal.signal(s, self._first) for s in self.SIGNALS}
@@ -185,7 +188,7 @@ class _Interrupts:
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self.prev.items():
-            signal.signal(s, signal.SIG_IGN if self.interrupted else handler)
+            signal.signal(s, signal.SIG_IGN if self.interrupted or self.ignore_after else handler)
 
     def _first(self, signum: int, frame: object) -> None:
         self.interrupted = True
@@ -598,10 +601,13 @@ def _warm_summary(warm: dict[str, dict]) -> dict:
 
 def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
                    duration_s: float | None = None, link_emulator: str | None = None,
-                   base_dir: Path | None = None) -> int:
+                   base_dir: Path | None = None, process_ends: bool = False) -> int:
     """Run a planned experiment end to end; returns the exit code (:mod:`testbed.errors`). Results
     go to ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an interruption
-    are kept and summarised. ``base_dir`` is unused (the plan carries the experiment's folder)."""
+    are kept and summarised. ``base_dir`` is unused (the plan carries the experiment's folder).
+    ``process_ends``: the caller exits with the returned code right after (the CLI): SIGINT and
+    SIGTERM stay ignored once the outcome is recorded, so the process's exit status is the
+    recorded one."""
     console = console or Console(markup=False, highlight=False, soft_wrap=True)
     duration_s = duration_s or plan.experiment.duration_s
     try:
@@ -619,7 +625,7 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
         "health": {"controller_policy": CONTROLLER_POLICY}})
     record.update()
     status, message, timings = EXIT_OK, "ok", {}
-    with _Interrupts(console):  # until run.json has its outcome: a second Ctrl-C cannot cut the teardown
+    with _Interrupts(console, process_ends):  # until run.json has its outcome: a second Ctrl-C cannot cut the teardown
         try:
             _emulate(plan, run_id, run_dir, duration_s, link_emulator, console, timings, record, storage)
         except KeyboardInterrupt:

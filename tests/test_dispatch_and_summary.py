@@ -306,6 +306,13 @@ def test_only_the_first_interrupt_of_a_run_unwinds_it():
     with _Interrupts(Console(file=out)):  # not interrupted: the handlers come back
         pass
     assert signal.getsignal(signal.SIGINT) is before
+    with _Interrupts(Console(file=out), ignore_after=True):  # testbed run: its process ends with the recorded code
+        pass
+    try:
+        assert signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def test_a_server_that_closed_the_connection_without_answering_counts_as_down():
