@@ -353,7 +353,10 @@ def cmd_load(args) -> dict:
         import pandas as pd
 
         rec = run_dir / "records.csv"
-        df = pd.read_csv(rec) if rec.exists() and rec.stat().st_size else pd.DataFrame()  # a failed run: none
+        try:
+            df = pd.read_csv(rec) if rec.exists() else pd.DataFrame()
+        except pd.errors.EmptyDataError:  # a run that failed before its load: an empty records.csv
+            df = pd.DataFrame()
         ok = df[df.get("network_ms").notna()] if len(df) else df
         excess = (ok["network_ms"] - ok["expected_rtt_ms"]) if len(ok) else None
         row = {"rate_qps": rate, "mtu": plan.experiment.topology.mtu, "exit_code": code,
