@@ -188,6 +188,15 @@ def test_testbed_plan_refuses_a_checkpoint_that_testbed_run_would(tmp_path, caps
     assert main(["plan", str(f)]) == 2
     said = " ".join(capsys.readouterr().out.split())
     assert f"{tmp_path / 'nope'}.npz" in said and "missing" in said
+    import os
+
+    os.mkfifo(tmp_path / "fifo.npz")
+    (tmp_path / "fifo.json").write_text("{}")
+    data["aset"]["checkpoint"] = str(tmp_path / "fifo")
+    f.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(f)]) == 2
+    assert f"ASET checkpoint file {tmp_path / 'fifo.npz'} is not a regular file" in " ".join(
+        capsys.readouterr().out.split())
     assert main(["plan", str(REPO / "experiments" / "aset-live.yaml")]) == 0
 
 

@@ -160,7 +160,7 @@ class NumpyPolicy:
     older format, whose observation has no source identity: :meth:`check_size` then refuses it).
 
     Raises:
-        FileNotFoundError: ``PATH.npz`` or ``PATH.json`` is missing.
+        FileNotFoundError: ``PATH.npz`` or ``PATH.json`` is missing, or is not a regular file.
         ValueError: a file that cannot be read (a cut ``.npz`` or ``.json``, a JSON without
             :data:`META_KEYS`), naming it; unknown format, or the files do not match (layer count or shapes);
             :class:`ObservationSizeError` when the JSON's observation size is not the network's.
@@ -171,6 +171,8 @@ class NumpyPolicy:
         self.path = path
         npz, meta = policy_files(path)
         for f in (npz, meta):
+            if f.exists() and not f.is_file():  # a folder, a device, a FIFO (reading one could block)
+                raise FileNotFoundError(f"ASET checkpoint file {f} is not a regular file")
             if not f.is_file():
                 raise FileNotFoundError(f"ASET checkpoint file {f} is missing")
         self.meta = _read_meta(meta)
