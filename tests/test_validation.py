@@ -835,3 +835,26 @@ def test_summary_tables_read_as_what_they_are(tmp_path):
     simulated = _tables({"links": link, "mode": "simulation"})
     assert [t[0] for t in simulated] == ["Busiest links (the simulator's link load)"]
     assert [t[0] for t in _tables({"links": link})] == ["Busiest links (controller port stats)"]
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="preflight checks root first")
+def test_preflight_names_a_dead_ovs_vswitchd_before_anything_is_built(monkeypatch):
+    """A reviewer's find (Dec 4): with ovs-vswitchd killed (its monitor does not restart it after a
+    SIGKILL), `ovs-vsctl show` still answered from the database, and the run failed 60 s later
+    creating the bridges. Each daemon is asked now (the OVS answers faked: a pure-logic test)."""
+    import testbed.emulation.bringup as bringup
+
+    real = subprocess.run
+
+    def fake(cmd, *a, **k):
+        if cmd[:1] == ["ovs-appctl"]:
+            return subprocess.CompletedProcess(cmd, 1, "", "failed to connect to /var/run/openvswitch/ovs-vswitchd")
+        if cmd[:1] == ["ovs-vsctl"]:
+            return subprocess.CompletedProcess(cmd, 0, "", "")
+        return real(cmd, *a, **k)
+
+    monkeypatch.setattr(bringup.subprocess, "run", fake)
+    with pytest.raises(RunFailure, match=r"Open vSwitch is not running \(ovs-vswitchd does not answer `ovs-appctl "
+                                         r"--timeout=5 -t ovs-vswitchd version`\): start it with") as exc:
+        bringup.preflight()
+    assert exc.value.exit_code == 2

@@ -56,7 +56,7 @@ from testbed.errors import InputError, RunFailure
 from testbed.plan import Plan
 from testbed.util import poll_until, repo_path, write_json_atomic
 
-REQUIRED_TOOLS = ("ovs-vsctl", "mnexec", "ethtool", "ping", "tc", "ip")
+REQUIRED_TOOLS = ("ovs-vsctl", "ovs-appctl", "mnexec", "ethtool", "ping", "tc", "ip")
 #: Capacity the controller reports for a probe host's (unshaped) link, Mbit/s.
 PROBE_LINK_MBPS = 10000.0
 RUN_SUBDIRS = ("logs", "linkemu", "clusters", "sources")
@@ -80,10 +80,15 @@ def preflight() -> None:
     missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
     if missing:
         raise RunError(f"missing tools: {', '.join(missing)}; run ./install.sh", InputError.exit_code)
-    ovs = subprocess.run(["ovs-vsctl", "--timeout=5", "show"], capture_output=True, text=True)
-    if ovs.returncode != 0:
-        raise RunError("Open vSwitch is not running (ovs-vsctl show failed): start it with "
-                       "`/usr/share/openvswitch/scripts/ovs-ctl start` (./install.sh does this)", InputError.exit_code)
+    for what, cmd in (("ovsdb-server", ["ovs-vsctl", "--timeout=5", "show"]),
+                      ("ovs-vswitchd", ["ovs-appctl", "--timeout=5", "-t", "ovs-vswitchd", "version"])):
+        # ovs-vsctl only talks to the database: a dead ovs-vswitchd (a SIGKILL is not restarted by
+        # its monitor) made the bridges' creation wait 60 s and fail after the run began
+        ovs = subprocess.run(cmd, capture_output=True, text=True)
+        if ovs.returncode != 0:
+            raise RunError(f"Open vSwitch is not running ({what} does not answer `{' '.join(cmd)}`): start it "
+                           f"with `/usr/share/openvswitch/scripts/ovs-ctl start` (./install.sh does this)",
+                           InputError.exit_code)
 
 
 @dataclass
