@@ -524,18 +524,25 @@ def _records_check(run_dir: Path, df: pd.DataFrame) -> dict:
     (:class:`testbed.boundaries.SourceTally`, written when it exits) says how many it created,
     so records lost at the end of a file count too; without a tally (a source killed before it
     exited) only gaps inside 1 .. the largest id seen can be counted, and the source is listed in
-    ``sources_without_tally``.
+    ``sources_without_tally``. A source whose tally is there but whose records file is not (deleted
+    during the run) is in ``records_file_missing``, and all its created queries are missing.
     """
     from testbed.boundaries import SourceTally, read_config, tally_path
     from testbed.errors import InputError
 
-    per_file, created, no_tally, cut = {}, {}, [], {}
-    for p in sorted((run_dir / "sources").glob("*.records.csv")):
-        name = p.name.removesuffix(".records.csv")
-        data, note = whole_source_rows(p)
-        per_file[name] = max(0, data.count(b"\n") - 1)
-        if note:
-            cut[name] = note
+    per_file, created, no_tally, cut, gone = {}, {}, [], {}, []
+    files = {p.name.removesuffix(".records.csv"): p for p in (run_dir / "sources").glob("*.records.csv")}
+    for t in (run_dir / "sources").glob("*.tally.json"):  # a source whose records file is gone: all lost
+        files.setdefault(t.name.removesuffix(".tally.json"), t.with_name(t.name.replace(".tally.json", ".records.csv")))
+    for name, p in sorted(files.items()):
+        if p.exists():
+            data, note = whole_source_rows(p)
+            per_file[name] = max(0, data.count(b"\n") - 1)
+            if note:
+                cut[name] = note
+        else:
+            per_file[name] = 0
+            gone.append(name)
         try:
             created[name] = read_config(tally_path(p), SourceTally).created
         except InputError:
@@ -551,7 +558,8 @@ def _records_check(run_dir: Path, df: pd.DataFrame) -> dict:
         if missing:
             gaps[src] = missing
     return {"rows_per_source_file": per_file, "rows_merged": int(len(df)), "missing_query_ids": gaps,
-            "queries_created": created, "sources_without_tally": no_tally, "cut_last_line": cut}
+            "queries_created": created, "sources_without_tally": no_tally, "cut_last_line": cut,
+            "records_file_missing": gone}
 
 
 def summarize(run_dir: Path, duration_s: float) -> dict:
@@ -893,6 +901,9 @@ def _headline(s: dict) -> list[str]:
         lines.append(_service_warning(s, sc))
     rc = s.get("records_check") or {}
     lines.extend(capture_warnings((s.get("capture") or {}).get("errors") or []))
+    for name in rc.get("records_file_missing") or []:
+        lines.append(f"WARNING: sources/{name}.records.csv is missing while the source's tally says it wrote "
+                     f"{rc.get('queries_created', {}).get(name, '?')} records: none of its queries is in this summary.")
     for name, note in (rc.get("cut_last_line") or {}).items():
         lines.append(f"WARNING: sources/{name}.records.csv: {note}; its whole rows are kept.")
     if rc.get("missing_query_ids"):

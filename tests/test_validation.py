@@ -480,7 +480,8 @@ def test_per_cluster_and_per_cause_tables_agree_with_the_records(tmp_path):
                                             "max_late_ms": 21.0}
     assert s["cold_queries"] == 1 and s["e2e_ms"]["p50"] == 10.0
     assert s["records_check"] == {"rows_per_source_file": {"a": 8}, "rows_merged": 8, "missing_query_ids": {},
-                                  "queries_created": {}, "sources_without_tally": ["a"], "cut_last_line": {}}
+                                  "queries_created": {}, "sources_without_tally": ["a"], "cut_last_line": {},
+                                  "records_file_missing": []}
 
 
 def test_summary_md_holds_markdown_tables(tmp_path):
@@ -540,6 +541,24 @@ def test_a_source_file_whose_last_line_is_cut_keeps_its_whole_rows_and_says_so(t
     f.write_text("".join(lines[:2] + [lines[2][:20] + "\n"] + lines[3:]))  # a cut line in the middle
     with pytest.raises(RecordsError, match=r"a.records.csv: line 3 has \d+ fields, the header \d+"):
         merge_records(tmp_path, write=False)
+
+
+def test_a_source_whose_records_file_is_gone_is_counted_from_its_tally(tmp_path):
+    """A reviewer's find (Dec 4): a records file deleted during the run left its source out of the
+    summary and of the records check, while its tally said 19 records were written."""
+    from testbed.boundaries import SourceTally, tally_path
+    from testbed.summary import _headline
+    from testbed.util import write_json_atomic
+
+    _records(tmp_path)
+    f = tmp_path / "sources" / "b.records.csv"
+    write_json_atomic(tally_path(f), SourceTally(source="b", created=19, written=19, unwritten=0, failed=0))
+    s = summarize(tmp_path, 1.0)
+    rc = s["records_check"]
+    assert rc["records_file_missing"] == ["b"] and rc["missing_query_ids"] == {"b": 19}
+    assert rc["rows_per_source_file"] == {"a": 8, "b": 0}
+    assert ("WARNING: sources/b.records.csv is missing while the source's tally says it wrote 19 records: none of "
+            "its queries is in this summary.") in _headline(s)
 
 
 def test_the_merge_never_truncates_records(tmp_path, monkeypatch):
