@@ -140,6 +140,7 @@ class Component:
     normal_exit: frozenset[int] = frozenset()
     known_code: bool = True  # False: not our child, the exit code cannot be known
     serves: tuple[str, ...] = ()
+    why: Callable[[], str] | None = None  # more on a death, e.g. its cgroup's memory limit ("" when nothing)
 
 
 @dataclass
@@ -486,7 +487,8 @@ class HealthWatch(threading.Thread):
         planned = bool(c.planned and c.planned())
         inc = self._incident(c.name, c.kind, code if c.known_code else None,
                              ("went down as planned: " if planned else "died: ") + describe_exit(code if c.known_code
-                                                                                              else None),
+                                                                                              else None)
+                             + (c.why() if c.why is not None and not planned else ""),
                              planned, c.log, known=c.known_code, of=c)
         self.ended[c.name] = inc
         self._report(inc)
@@ -585,8 +587,8 @@ class HealthWatch(threading.Thread):
                 line = f"{c.kind} {name} {inc.how} (a planned event)"
             elif code is None:
                 line = f"{c.kind} {name} was still running when the run ended"
-            else:
-                line = f"{c.kind} {name} ended when the run stopped it: {describe_exit(code)}"
+            else:  # stopped by the run's teardown, or dead before the watch saw it (a warm-up check said so)
+                line = f"{c.kind} {name} exited: {describe_exit(code)}" + (c.why() if c.why is not None else "")
             stamp = f"[testbed {datetime.now().isoformat(timespec='seconds')}]"
             stops = [f"{stamp} {c.kind} {name} {s.how} at {s.wall_time}"
                      + (" (a planned event)" if s.planned else " during the run (reported in run.json)")

@@ -271,7 +271,8 @@ def _network_components(live: Live) -> list[Component]:
 
 def _server_components(servers: ClusterServers) -> list[Component]:
     return [Component(f"server-{c}", "inference server", p, servers.log_path(c),
-                      planned=lambda c=c: servers.expected_dead(c)) for c, p in list(servers.procs.items())]
+                      planned=lambda c=c: servers.expected_dead(c), why=lambda c=c: servers.oom_note(c))
+            for c, p in list(servers.procs.items())]
 
 
 #: A planned ``link_down`` counts from this long (s) before its planned time (the event runner

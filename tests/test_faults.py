@@ -169,7 +169,7 @@ def test_a_stopped_server_stops_the_run_with_exit_4(tmp_path):
     log = (run_dir / "logs" / "server-edgeb.log").read_text().splitlines()
     assert "server-edgeb stopped: process state T" in log[-2]
     # the teardown continued it, so it ended on its SIGTERM rather than the SIGKILL after the timeout
-    assert log[-1].endswith("ended when the run stopped it: exit code 0"), log[-1]
+    assert log[-1].endswith("exited: exit code 0"), log[-1]
     _assert_nothing_left(_run_id(run_dir), plan_experiment(TRIANGLE))
 
 
@@ -287,7 +287,7 @@ def test_a_run_directory_that_fills_up_mid_run(tmp_path):
         assert inc["kind"] == "storage"
         _assert_no_record_lost(run_dir)  # the reserve made room for the merge and the summary
         assert (run_dir / "summary.md").stat().st_size > 0 and (run_dir / "records.parquet").exists()
-        assert "ended when the run stopped it: exit code 0" in (run_dir / "logs" / "server-edgeb.log").read_text()
+        assert "exited: exit code 0" in (run_dir / "logs" / "server-edgeb.log").read_text()
         (runs / "filler").unlink()
     _assert_nothing_left(run_id, plan_experiment(TRIANGLE))
 

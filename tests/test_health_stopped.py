@@ -97,7 +97,7 @@ def test_a_stopped_server_is_reported_after_the_grace_and_fails_the_run(tmp_path
     lines = log.read_text().splitlines()
     assert "inference server server-edge stopped: process state T" in lines[-2]
     assert lines[-2].endswith("during the run (reported in run.json)")
-    assert lines[-1].endswith("ended when the run stopped it: killed by SIGKILL (exit code -9)")
+    assert lines[-1].endswith("exited: killed by SIGKILL (exit code -9)")
 
 
 def test_a_planned_stop_is_not_a_failure_and_a_later_unplanned_one_is(tmp_path, clock, proc):
@@ -132,3 +132,33 @@ def test_short_stops_are_not_added_up_and_a_running_process_is_never_reported(tm
         clock.t += STOPPED_GRACE_S * 0.75
     w.check()
     assert w.failure is None and not failed and "HEALTH" not in out.getvalue()
+
+
+def test_a_server_killed_by_its_memory_limit_says_so(tmp_path, clock, proc):
+    """A reviewer's find (Dec 4): a server OOM-killed by its cgroup's memory limit was logged as
+    'ended when the run stopped it', and nothing named memory_mib. The component's ``why`` (the
+    servers' oom_note, read from the memory cgroup) goes into the incident and the epitaph."""
+    log = tmp_path / "server-edge.log"
+    log.write_text("loading\n")
+    why = "; its cgroup's memory limit (clusters.edge.memory_mib: 64 MiB) killed it (1 OOM kill(s) in the group)"
+    w, out, failed = _watch(tmp_path, [Component("server-edge", "inference server", proc, log, why=lambda: why)])
+    w.check()
+    proc.kill()
+    proc.wait()
+    w.check()
+    assert f"died: killed by SIGKILL (exit code -9){why}" in out.getvalue() and failed == [1]
+    w.write_epitaphs()
+    assert log.read_text().splitlines()[-1].endswith(f"died: killed by SIGKILL (exit code -9){why} during the run "
+                                                     f"(reported in run.json)")
+
+
+def test_oom_kills_read_from_cgroup_v1_and_v2_files(tmp_path):
+    from testbed.emulation.cgroups import oom_kills
+
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    v1.mkdir()
+    v2.mkdir()
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n")
+    assert oom_kills([tmp_path / "cpu-only", v1]) == 2 and oom_kills([v2]) == 1
+    assert oom_kills([tmp_path / "gone"]) is None

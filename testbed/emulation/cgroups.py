@@ -96,6 +96,21 @@ def cpu_stat(dirs: list[Path]) -> dict[str, float]:
     return {}
 
 
+def oom_kills(dirs: list[Path]) -> int | None:
+    """How many processes the memory limit of a group made by :func:`create_limited_group` has
+    killed: ``oom_kill`` of ``memory.oom_control`` (v1) or ``memory.events`` (v2) (Linux
+    Documentation/admin-guide/cgroup-v1/memory.rst, cgroup-v2.rst). None when it cannot be read."""
+    for d in dirs:
+        for name in ("memory.oom_control", "memory.events"):
+            try:
+                kv = dict(line.split() for line in (d / name).read_text().splitlines() if len(line.split()) == 2)
+            except OSError:
+                continue
+            if "oom_kill" in kv:
+                return int(kv["oom_kill"])
+    return None
+
+
 def add_process(dirs: list[Path], pid: int) -> None:
     """Move process ``pid`` (all its threads) into the groups ``dirs``.
 

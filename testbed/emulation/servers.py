@@ -102,6 +102,17 @@ class ClusterServers:
         self.started_at[cluster] = time.monotonic()
         return p
 
+    def oom_note(self, cluster: str) -> str:
+        """``"; its cgroup's memory limit ... killed it ..."`` when the cluster's memory cgroup has
+        OOM-killed a process (:func:`testbed.emulation.cgroups.oom_kills`), else ``""``: a SIGKILL
+        by the memory limit names ``memory_mib`` instead of passing for any other death."""
+        kills = cgroups.oom_kills(self.groups.get(cluster, []))
+        if not kills:
+            return ""
+        mib = next((c.memory_mib for c in self.live.plan.experiment.clusters if c.name == cluster), None)
+        return (f"; its cgroup's memory limit (clusters.{cluster}.memory_mib: {mib} MiB) killed it ({kills} OOM "
+                f"kill(s) in the group): raise memory_mib")
+
     def wait_ready(self, clusters: list[str], timeout_s: float = 180.0) -> None:
         """Wait until each server of ``clusters`` wrote its ready file (models warm, port open).
 
@@ -112,7 +123,8 @@ class ClusterServers:
             for n in clusters:
                 p = self.procs[n]
                 if p.poll() is not None:
-                    raise RunFailure(f"inference server {n} exited (code {p.returncode}); see {self.log_path(n)}")
+                    raise RunFailure(f"inference server {n} exited (code {p.returncode}){self.oom_note(n)}; see "
+                                     f"{self.log_path(n)}")
             return all(self._ready_file(n).exists() for n in clusters)
 
         poll_until(check, timeout_s, f"inference servers {', '.join(clusters)} ready (see "
