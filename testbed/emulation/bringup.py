@@ -307,7 +307,10 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
         _start_dynamics(live, console)
         yield live
     finally:
-        _teardown_outputs(live, console)
+        try:
+            _teardown_outputs(live, console)
+        except Exception as exc:  # noqa: BLE001 - the network must come down whatever the outputs did
+            console.print(f"warning: the run's last outputs were not all written: {exc}", markup=False)
         if emu is not None:
             try:
                 emu.stop()
@@ -375,7 +378,7 @@ def _teardown_outputs(live: Live | None, console: Console) -> None:
 
     try:
         write_controller_events(live.rest_url, live.run_dir / "controller_events.csv")
-    except ControllerError as exc:
+    except (ControllerError, OSError) as exc:  # OSError: the run folder moved or removed, a full disk
         console.print(f"warning: controller events not saved: {exc}", markup=False)
     try:
         _write_network_json(live, final=True)
