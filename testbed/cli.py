@@ -82,9 +82,37 @@ def print_plan(plan: Plan, out: Console | None = None) -> None:
             out.print(plain(f"  - {n}"))
 
 
+#: Top-level keys of an ASET config (testbed.aset.config.AsetConfig) that no experiment has.
+ASET_CONFIG_KEYS = frozenset({"agent", "training", "evaluation", "observation", "reward", "actions"})
+
+
+def _plan_aset_config(path: Path) -> int:
+    """``testbed plan`` on an ASET config (``experiments/aset-*.yaml``): the config validated, and
+    its training scenarios planned and checked together (as ``testbed train`` does before it
+    trains) and its evaluation scenarios planned; a line saying so."""
+    from testbed.aset.config import load_aset_config
+    from testbed.aset.train import resolve, training_scenarios
+
+    cfg, base = load_aset_config(path)
+    n_train = len(training_scenarios(cfg, base)[1]) if cfg.training is not None else 0
+    evaluation = [plan_experiment(resolve(base, s)) for s in cfg.evaluation.scenarios] if cfg.evaluation else []
+    console.print(f"{path}: an ASET config ({cfg.name}), valid: {n_train} training scenario(s) planned and checked "
+                  f"together, {len(evaluation)} evaluation scenario(s) planned; `testbed train` and `testbed "
+                  f"evaluate` run it", markup=False, highlight=False)
+    return 0
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from testbed.aset.live import refuse_unfit_checkpoint
+    from testbed.schema import load_yaml
+    from testbed.util import read_input_text
 
+    try:
+        top = load_yaml(read_input_text(args.experiment))
+    except Exception:  # noqa: BLE001 - not YAML, not readable: load_experiment names the problem
+        top = None
+    if isinstance(top, dict) and ASET_CONFIG_KEYS & set(top) and "topology" not in top:
+        return _plan_aset_config(args.experiment)
     plan = plan_experiment(args.experiment)
     refuse_unfit_checkpoint(plan)  # what testbed run checks before bring-up
     if args.json:
