@@ -193,3 +193,13 @@ def test_http_503_carries_the_reason_and_stats_count_it():
     assert (s3, b3["reason"]) == (503, "queue_full")
     assert s0 == s2 == 200 and np.argmax(b0["predictions"][0]) == 0 and np.argmax(b2["predictions"][0]) == 2
     assert (stats["served"], stats["dropped"], stats["dropped_admission"], stats["dropped_queue_full"]) == (2, 2, 1, 1)
+
+
+def test_the_server_command_has_a_help_and_a_usage_error(capsys):
+    """docs/models-and-servers.md gives `python -m testbed.inference.server --help`; it read
+    '--help' as the config file's path (a docs reviewer's find, Dec 4)."""
+    from testbed.inference.server import main
+
+    assert main(["--help"]) == 0
+    assert "CONFIG.json" in capsys.readouterr().out
+    assert main([]) == 2 and "the following arguments are required: CONFIG.json" in capsys.readouterr().err

@@ -309,13 +309,21 @@ class _StopWhileLoading(BaseException):
 
 def main(argv: list[str] | None = None) -> int:
     """Run the server; returns the exit code (0 after SIGTERM/SIGINT, 2 on a bad config or zoo)."""
+    import argparse
+
     from testbed.boundaries import read_config
     from testbed.errors import TestbedError
 
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m testbed.inference.server CONFIG.json", file=sys.stderr)
-        return 2
+    ap = argparse.ArgumentParser(
+        prog="python -m testbed.inference.server",
+        description="The inference server of one cluster (TensorFlow Serving's REST API). Every setting is in "
+                    "CONFIG.json, a testbed.boundaries.ServerConfig; the emulation writes it from the cluster's "
+                    "spec (clusters/<name>.server.json, testbed.inference.launch.write_server_config).")
+    ap.add_argument("config", metavar="CONFIG.json", help="the server's ServerConfig (JSON)")
+    try:
+        argv = [ap.parse_args(sys.argv[1:] if argv is None else argv).config]
+    except SystemExit as exc:  # --help (0) or a usage error (2)
+        return int(exc.code or 0)
     early_stop: list[int] = []
 
     def stop_loading(signum: int, _frame) -> None:
