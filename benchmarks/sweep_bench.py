@@ -2,9 +2,11 @@
 
 Run: ``nice -n 19 .venv/bin/python benchmarks/sweep_bench.py [--duration 120s] [--seeds 2] [--policies ...]``
 
-The same sweep (default: the six ``experiments/scenario-*.yaml`` x closest, least_loaded,
-min_latency, random x seeds 1..2, each run 120 simulated s: 48 cells) three ways, each into a
-fresh folder:
+The same sweep (default: every ``experiments/scenario-*.yaml`` -- nine since Dec 2; the figures of
+docs/scale-out.md were taken with the first six, ``--experiments
+experiments/scenario-{low,capacity,bursty,hotspot,degradation,failure}.yaml`` -- x closest,
+least_loaded, min_latency, random x seeds 1..2, each run 120 simulated s: 48 cells with six) three
+ways, each into a fresh folder:
 
 1. ``process``: :func:`testbed.sweep.sweep` with the process pool, ``--jobs`` workers (default 2);
 2. ``ray embedded``: ``backend="ray"``, the embedded local Ray with ``--jobs`` CPUs (``ray.init()``);
