@@ -1,6 +1,7 @@
 """Sweeps: the CI formula, and a small real sweep in two processes."""
 
 import re
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -130,3 +131,49 @@ def test_sweep_refuses_a_policy_twice_and_an_empty_out(tmp_path, capsys, args, m
     assert main(["sweep", str(REPO / "experiments/triangle.yaml"), *args]) == 2
     assert message in capsys.readouterr().out
     assert not (Path.cwd() / "x").exists()
+
+
+def _sleep_then(i: int, s: float) -> int:
+    import time as _t
+
+    _t.sleep(s)
+    return i
+
+
+def test_an_abandoned_process_pool_stops_its_workers_at_once():
+    """A reviewer's find (Dec 4): an interrupted sweep waited for its running cells (80 s), and a
+    SIGTERM to the command left the pool's workers running as orphans. Closing the iterator (what
+    an interrupt or a failed task does) now stops them."""
+    import multiprocessing
+    import time as _t
+
+    from testbed.distributed import imap_unordered
+
+    before = set(multiprocessing.active_children())
+    it = imap_unordered(_sleep_then, [(0, 0.0), (1, 60.0), (2, 60.0), (3, 60.0)], jobs=2)
+    assert next(it) == (0, 0)
+    _t.sleep(0.5)  # the two workers are in their 60 s cells
+    assert len(set(multiprocessing.active_children()) - before) == 2
+    t = _t.monotonic()
+    it.close()
+    assert _t.monotonic() - t < 10 and set(multiprocessing.active_children()) - before == set()
+
+
+def test_sigterm_to_a_sweep_exits_130_and_leaves_no_worker(tmp_path):
+    """README: 130 for Ctrl-C or SIGTERM, every command; a sweep died with 143 and left its workers."""
+    import signal
+    import subprocess as sp
+    import time as _t
+
+    out = tmp_path / "sw"
+    cmd = [sys.executable, "-m", "testbed.cli", "sweep", str(REPO / "experiments" / "default.yaml"), "--policies",
+           "closest", "--seeds", "2", "--duration", "30000s", "--jobs", "2", "--out", str(out)]
+    p = sp.Popen(cmd, stdout=sp.PIPE, stderr=sp.STDOUT, text=True, cwd=REPO, start_new_session=True)
+    _t.sleep(8)
+    kids = sp.run(["pgrep", "-s", str(p.pid)], capture_output=True, text=True).stdout.split()
+    assert len(kids) >= 3, kids  # the command and its two workers, in its own session
+    p.send_signal(signal.SIGTERM)
+    said, _ = p.communicate(timeout=60)
+    assert p.returncode == 130 and "interrupted" in said, said
+    _t.sleep(0.5)
+    assert sp.run(["pgrep", "-s", str(p.pid)], capture_output=True, text=True).stdout.split() == []
