@@ -139,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=16000, help="windows of training (x the sources: SB3 steps)")
     ap.add_argument("--seeds", type=int, default=10)
     args = ap.parse_args(argv)
+    try:
+        import stable_baselines3  # noqa: F401 - the optional extra
+    except ImportError:
+        print("error: this benchmark needs the optional extra 'peer' (Stable-Baselines3 and torch): "
+              ".venv/bin/pip install -e '.[peer]'", file=sys.stderr)
+        return 2
     return run(args.config, args.scenarios.split(","), args.steps, args.seeds)
 
 

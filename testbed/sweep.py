@@ -396,6 +396,13 @@ def sweep(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[i
     if emulate and ray_address is None and os.geteuid() != 0:
         raise RunFailure("sweep --emulate: the emulation needs root on this machine (sudo)", EXIT_INPUT)
     cells = _plan_cells(experiments, policies, seeds, out, duration_s, emulate, link_emulator)
+    if duration_s is not None:  # what testbed simulate says of a --duration before the scenario's events
+        from testbed.plan import events_after_end
+
+        for plan in {id(c[0]): c[0] for c in cells}.values():  # each experiment's plan once
+            late = events_after_end(plan.changes, duration_s)
+            if late:
+                console.print(f"note: {plan.experiment.name}: {late}", markup=False, highlight=False)
     inputs = sweep_inputs(cells, policies, seeds, duration_s, emulate, link_emulator)
     diff = check_out(out, inputs)
     if diff:

@@ -177,3 +177,17 @@ def test_sigterm_to_a_sweep_exits_130_and_leaves_no_worker(tmp_path):
     assert p.returncode == 130 and "interrupted" in said, said
     _t.sleep(0.5)
     assert sp.run(["pgrep", "-s", str(p.pid)], capture_output=True, text=True).stdout.split() == []
+
+
+def test_a_sweep_shorter_than_its_scenarios_events_says_they_do_not_happen(tmp_path):
+    """As testbed simulate does (a docs reviewer's find, Dec 4: the sweep's scenario-failure rows
+    came from runs in which nothing failed, without a word)."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    sweep([str(REPO / "experiments" / "scenario-failure.yaml")], ["closest"], [1], tmp_path / "sw", jobs=1,
+          duration_s=5.0, console=Console(file=buf, width=300))
+    assert ("note: scenario-failure: 2 event step(s) at or after the end of the load (5 s) do not happen (first: "
+            "events.0 cluster_down at 15 s)") in buf.getvalue()
