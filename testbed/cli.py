@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from testbed.commands import DURATION_HELP, RUNS_DIR_HELP, duration_arg
+from testbed.commands import DURATION_HELP, RUNS_DIR_HELP, duration_arg, plain_help
 from testbed.errors import EXIT_INTERRUPTED, InputError, TestbedError
 from testbed.plan import Plan, plan_experiment
 
@@ -163,7 +163,7 @@ def _command_modules() -> list:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="testbed", description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap = argparse.ArgumentParser(prog="testbed", description=plain_help(__doc__.split("\n\n")[0].replace("\n", " ")))
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="print the resolved plan of an experiment; builds nothing, needs no root")
     p.add_argument("experiment", type=Path)

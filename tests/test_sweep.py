@@ -191,3 +191,17 @@ def test_a_sweep_shorter_than_its_scenarios_events_says_they_do_not_happen(tmp_p
           duration_s=5.0, console=Console(file=buf, width=300))
     assert ("note: scenario-failure: 2 event step(s) at or after the end of the load (5 s) do not happen (first: "
             "events.0 cluster_down at 15 s)") in buf.getvalue()
+
+
+def test_help_texts_carry_no_rest_markup(capsys):
+    """`testbed --help` showed ``literals`` and :mod:`roles` from the docstrings (a docs reviewer's find)."""
+    from testbed.cli import main
+    from testbed.commands import plain_help
+
+    assert plain_help("The ``testbed`` command (:mod:`testbed.commands`, :func:`~x.y`)") == \
+        "The testbed command (testbed.commands, x.y)"
+    for cmd in ([], ["sweep"], ["simulate"], ["evaluate"], ["train"], ["profile"]):
+        with pytest.raises(SystemExit):
+            main([*cmd, "--help"])
+        out = capsys.readouterr().out
+        assert "usage: testbed" in out and "``" not in out and ":mod:" not in out and ":func:" not in out, cmd

@@ -5,18 +5,27 @@ A module here defines ``register(subparsers) -> None``, which adds its parser an
 the modules itself and handles ``ConfigError``/``PlanError``/``TopologyError`` (exit 2) and
 Ctrl-C (exit 130); print with :data:`testbed.cli.console`.
 
-:func:`duration_arg` is the one ``--duration`` of every command (run, simulate, sweep, evaluate).
+:func:`duration_arg` is the one ``--duration`` of every command (run, simulate, sweep, evaluate);
+:func:`plain_help` a docstring without its reST markup, for ``--help``.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 
 #: The help text of every ``--duration``.
 DURATION_HELP = "override the load duration: seconds (30) or a number with its unit (30s, 500ms)"
 #: The help text of every ``--runs-dir`` (run, simulate).
 RUNS_DIR_HELP = ("where run directories go (default: the experiment's runs_dir, 'runs' unless set; a relative "
                  "runs_dir is under the repository, not next to the experiment file)")
+
+
+def plain_help(doc: str | None) -> str:
+    """A docstring as ``--help`` prints it: reST roles (``:mod:`x```) and inline literals
+    (````x````) as plain text, so the console does not show the markup."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc or "")
+    return re.sub(r"``([^`]+)``", r"\1", text)
 
 
 def duration_arg(text: str) -> float:

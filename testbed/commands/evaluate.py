@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from testbed.aset.config import MAX_EPISODE_S  # one bound for evaluation.duration and --duration
+from testbed.commands import plain_help
 
 #: ``--duration``'s help: the range :func:`_episode_s` accepts (and the window rule evaluate checks).
 DURATION_HELP = (f"override the simulated time per run: seconds (40) or with its unit (40s); more than 0 and at most "
@@ -57,7 +58,7 @@ def _causal_samples(text: str) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("evaluate", help="headroom (statics, mix, oracle) and ASET on the scenarios (simulator)",
-                              description=__doc__)
+                              description=plain_help(__doc__))
     p.add_argument("config", help="ASET config YAML with an 'evaluation:' section")
     p.add_argument("--seeds", type=_int_at_least(2), default=None, help="override evaluation.seeds (tuning seeds)")
     p.add_argument("--fresh-seeds", type=_int_at_least(0), default=None, help="override evaluation.fresh_seeds")

@@ -18,9 +18,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``profile`` subcommand."""
+    from testbed.commands import plain_help
     from testbed.inference import profiler
 
     p = subparsers.add_parser("profile", help="measure model service times per CPU share, batch size and runtime",
-                              description=profiler.__doc__.split("\n\n")[0])
+                              description=plain_help(profiler.__doc__.split("\n\n")[0]))
     profiler.add_arguments(p)
     p.set_defaults(func=_run)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from testbed.commands import DURATION_HELP, RUNS_DIR_HELP, duration_arg
+from testbed.commands import DURATION_HELP, RUNS_DIR_HELP, duration_arg, plain_help
 
 
 def seed_arg(text: str) -> int:
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     from testbed.policies import CATALOGUE
 
     p = subparsers.add_parser("simulate", help="run an experiment in the simulator (fast, no root)",
-                              description=__doc__)
+                              description=plain_help(__doc__))
     p.add_argument("experiment", help="experiment YAML file")
     p.add_argument("--duration", type=duration_arg, default=None, help=DURATION_HELP)
     p.add_argument("--seed", type=seed_arg, default=None, help="override the experiment's seed (0 .. 2^32 - 1)")

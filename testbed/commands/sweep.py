@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from testbed.commands import DURATION_HELP, duration_arg
+from testbed.commands import DURATION_HELP, duration_arg, plain_help
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="policies x scenarios x seeds in the simulator, with tables and plots",
-                              description=__doc__)
+                              description=plain_help(__doc__))
     p.add_argument("experiments", nargs="+", help="experiment YAML files (e.g. experiments/scenario-*.yaml)")
     p.add_argument("--policies", default="all", help="comma-separated policy names, or 'all' (the catalogue)")
     p.add_argument("--seeds", type=int, default=5, help="number of seeds (1..N), default 5")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from testbed.commands import plain_help
 from testbed.errors import InputError, counted, naming_file
 
 
@@ -35,7 +36,7 @@ def _seed_list(text: str) -> list[int]:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train the ASET agent in the simulator (DQN, or rollout regression)",
-                              description=__doc__)
+                              description=plain_help(__doc__))
     p.add_argument("config", help="ASET config YAML (e.g. experiments/aset-train.yaml)")
     p.add_argument("--steps", type=_positive_int, default=None,
                    help="override training.steps (windows; with --specialise: training.specialise.steps); DQN only")
