@@ -251,12 +251,32 @@ def _t_s(df: pd.DataFrame) -> pd.Series:
     return ((t - t.min()).astype("float64")) / 1e9
 
 
+def aset_sources(plan: dict) -> set[str]:
+    """The sources of a run's ``plan.json`` whose dispatcher ASET drives (policy ``aset``, their own
+    or the experiment's): their records' ``policy`` column holds the policy ASET chose per window."""
+    exp = (plan or {}).get("experiment") or {}
+    return {str(s.get("name")) for s in exp.get("sources") or []
+            if (s.get("policy") or exp.get("policy")) == "aset"}
+
+
+def _policy_keys(r: RunData) -> pd.Series:
+    """Per record, the policy its run applied: ``aset`` for a source ASET drives (one group over the
+    whole run: the static policy it chose window by window is not a run of that policy, and a rate
+    over its scattered windows is no rate; a reviewer's find, Dec 4), else the record's policy."""
+    pols = r.records["policy"].fillna("?").astype(str) if "policy" in r.records else pd.Series("?", r.records.index)
+    driven = aset_sources(r.plan)
+    if driven and "source" in r.records:
+        pols = pols.where(~r.records["source"].astype(str).isin(driven), "aset")
+    return pols
+
+
 def _groups(runs: list[RunData]) -> list[tuple[str, RunData, pd.DataFrame]]:
-    """(label, run, records) per run and policy; the label names the run only when there are several,
-    and ends with ``[failed]`` (the status's first word) when the run did not end ok."""
+    """(label, run, records) per run and policy (``aset`` for the sources ASET drives:
+    :func:`_policy_keys`); the label names the run only when there are several, and ends with
+    ``[failed]`` (the status's first word) when the run did not end ok."""
     out = []
     for r in runs:
-        pols = r.records["policy"].fillna("?").astype(str) if "policy" in r.records else pd.Series("?", r.records.index)
+        pols = _policy_keys(r)
         flag = "" if r.status.ok else f" [{r.status.word}]"
         for pol, g in r.records.groupby(pols, sort=True):
             out.append(((pol if len(runs) == 1 else f"{r.label} / {pol}") + flag, r, g))

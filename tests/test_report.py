@@ -336,3 +336,17 @@ def test_a_capture_file_the_analysis_could_not_read_is_said_in_the_summary_and_t
     assert s["capture"]["errors"] == [err] and want in _headline(s)
     md = build_report([a], tmp_path / "rep")["markdown"].read_text()
     assert want in md
+
+
+def test_an_aset_run_is_one_row_not_a_row_per_policy_it_chose(tmp_path):
+    """A reviewer's find (Dec 4): the report of aset-live had a row per static policy ASET chose,
+    each with a rate over its scattered windows (27.58 q/s over '1.05 s'), and none for the run."""
+    a = make_run(tmp_path, "live", ["closest", "min_latency", "round_robin"])
+    plan = json.loads((a / "plan.json").read_text())
+    plan["experiment"] = {"policy": "aset", "sources": [{"name": "srca", "policy": None}]}
+    (a / "plan.json").write_text(json.dumps(plan))
+    md = build_report([a], tmp_path / "rep")["markdown"].read_text()
+    rows = [x for x in md.splitlines() if x.startswith("| ") and " ok " in x]
+    assert len(rows) == 1 and rows[0].startswith("| aset "), rows
+    s = json.loads((a / "summary.json").read_text())
+    assert f"| {s['queries']} " in rows[0]
