@@ -88,7 +88,7 @@ from testbed.health import (
 from testbed.lifeline import tied_popen
 from testbed.plan import Plan, check_load_bounds, run_dir_limit_problem
 from testbed.summary import print_summary, summarize
-from testbed.util import REPO_ROOT, native_stderr_to, repo_path, stop_processes, write_json_atomic
+from testbed.util import REPO_ROOT, native_stderr_to, provenance, repo_path, stop_processes, write_json_atomic
 
 __all__ = ["Live", "RunError", "check_before_bringup", "emulated_network", "new_run_dir", "run_experiment"]
 
@@ -618,6 +618,7 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
         return exc.exit_code
     record = RunRecord(run_dir / "run.json", {
         "mode": "emulation", "run_id": run_id, "status": "running", "process": process_identity(),
+        "provenance": provenance(),
         "duration_s": duration_s,
         "seed": plan.experiment.seed, "report_interval_s": plan.experiment.report_interval_s,
         "mtu_bytes": plan.experiment.topology.mtu,

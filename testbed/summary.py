@@ -626,6 +626,12 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
     health = read_health(run_dir)
     if health:
         s["health"] = health
+    try:  # the command and the code the run came from (testbed.util.provenance)
+        prov = json.loads((run_dir / "run.json").read_text()).get("provenance")
+    except (OSError, ValueError, AttributeError):
+        prov = None
+    if isinstance(prov, dict) and prov.get("command"):
+        s["provenance"] = prov
     cap = run_dir / "capture" / "analysis.json"
     if cap.exists():
         a = json.loads(cap.read_text())
@@ -911,6 +917,11 @@ def _headline(s: dict) -> list[str]:
     if rc.get("sources_without_tally"):
         lines.append("WARNING: no tally from source(s) " + ", ".join(rc["sources_without_tally"])
                      + " (killed before they exited?): records lost at the end of their files cannot be counted")
+    prov = s.get("provenance") or {}
+    if prov.get("command"):
+        code = (f"git {prov['git_commit'][:12]}" + (" with local changes" if prov.get("git_dirty") else "")
+                if prov.get("git_commit") else "code version not known (no git)")
+        lines.append(f"Reproduce: {prov['command']} ({code}).")
     h = s.get("health") or {}
     if h.get("failure"):
         lines.append(f"RUN FAILED: {h['failure']['kind']} {h['failure']['component']}; see the Health table and "

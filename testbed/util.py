@@ -10,12 +10,14 @@
 * :func:`scenarios_problem`: the same scenario file twice, or two of one experiment name.
 * :func:`read_input_text`: a user's input file (experiment, topology, trace, demand matrix) as
   text, refused clearly when it is not a regular file, too large or not UTF-8.
+* :func:`provenance`: the command line and the code (git commit) a run came from, for its run.json.
 * :func:`native_stderr_to`: what native libraries write to file descriptor 2 (TensorFlow's and
   LiteRT's C++ log lines) goes to a log file instead of the console, for the time of a block.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -44,6 +46,36 @@ MAX_INPUT_BYTES = 256 * 1024 * 1024
 
 class InputFileError(ValueError):
     """An input file that cannot be read as text; ``str(exc)`` names the file and why."""
+
+
+def provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Where a run came from, for its ``run.json``: ``command`` (the process's command line,
+    shell-quoted, the program by its name), ``git_commit`` and ``git_dirty`` (the repository's
+    HEAD and whether tracked files differ from it; None when git cannot tell). A figure is then
+    reproduced by running that command on that commit."""
+    import shlex
+
+    args = list(sys.argv if argv is None else argv)
+    if args:
+        args[0] = Path(args[0]).name  # testbed, or a benchmark's script: not this machine's path
+    commit, dirty = _git_state()
+    return {"command": shlex.join(args), "git_commit": commit, "git_dirty": dirty}
+
+
+@functools.lru_cache(maxsize=1)
+def _git_state() -> tuple[str | None, bool | None]:
+    """(HEAD, whether tracked files differ from it) of the repository, once per process (a sweep
+    writes a run per cell); (None, None) when git cannot tell."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None
+    if head.returncode != 0 or dirty.returncode != 0:
+        return None, None
+    return head.stdout.strip(), bool(dirty.stdout.strip())
 
 
 def read_input_text(path: str | os.PathLike[str], max_bytes: int = MAX_INPUT_BYTES) -> str:

@@ -877,3 +877,20 @@ def test_preflight_names_a_dead_ovs_vswitchd_before_anything_is_built(monkeypatc
                                          r"--timeout=5 -t ovs-vswitchd version`\): start it with") as exc:
         bringup.preflight()
     assert exc.value.exit_code == 2
+
+
+def test_a_run_records_the_command_and_the_code_that_reproduce_it():
+    """A reviewer's find (Dec 4): no output named the command line or the code version of its
+    run; run.json now has them (testbed.util.provenance) and the summary says them."""
+    import re as _re
+
+    from testbed.summary import _headline
+    from testbed.util import provenance
+
+    got = provenance(["/work/x/.venv/bin/testbed", "run", "my exp.yaml", "--duration", "5s"])
+    assert got["command"] == "testbed run 'my exp.yaml' --duration 5s"
+    assert got["git_commit"] is None or _re.fullmatch(r"[0-9a-f]{40}", got["git_commit"])
+    s = {"queries": 1, "duration_s": 1.0, "provenance": {"command": got["command"], "git_commit": "ab" * 20,
+                                                          "git_dirty": True}}
+    assert (f"Reproduce: testbed run 'my exp.yaml' --duration 5s (git {'ab' * 6} with local changes)."
+            in _headline(s))

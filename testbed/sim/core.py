@@ -933,7 +933,7 @@ class Simulator:
         import csv
 
         from testbed.boundaries import SourceTally, tally_path
-        from testbed.util import write_json_atomic
+        from testbed.util import provenance, write_json_atomic
 
         run_dir = Path(run_dir)
         for sub in ("sources", "clusters"):
@@ -961,7 +961,8 @@ class Simulator:
                 "report_interval_s": self.R, "policies": dict(zip(self.sources, self.src_policy, strict=True)),
                 "request_bytes": dict(zip([a.name for a in self.apps], self.req_bytes_app, strict=True)),
                 "response_bytes": self.resp_bytes,
-                "warmup_s": self.warmup_s, "epoch": "t_ns = 0 when the load starts (virtual)"}
+                "warmup_s": self.warmup_s, "epoch": "t_ns = 0 when the load starts (virtual)",
+                "provenance": provenance()}
         write_json_atomic(run_dir / "run.json", info | (extra or {}))
 
 
