@@ -251,19 +251,13 @@ def _t_s(df: pd.DataFrame) -> pd.Series:
     return ((t - t.min()).astype("float64")) / 1e9
 
 
-def aset_sources(plan: dict) -> set[str]:
-    """The sources of a run's ``plan.json`` whose dispatcher ASET drives (policy ``aset``, their own
-    or the experiment's): their records' ``policy`` column holds the policy ASET chose per window."""
-    exp = (plan or {}).get("experiment") or {}
-    return {str(s.get("name")) for s in exp.get("sources") or []
-            if (s.get("policy") or exp.get("policy")) == "aset"}
-
-
 def _policy_keys(r: RunData) -> pd.Series:
     """Per record, the policy its run applied: ``aset`` for a source ASET drives (one group over the
     whole run: the static policy it chose window by window is not a run of that policy, and a rate
     over its scattered windows is no rate; a reviewer's find, Dec 4), else the record's policy."""
     pols = r.records["policy"].fillna("?").astype(str) if "policy" in r.records else pd.Series("?", r.records.index)
+    from testbed.summary import aset_sources
+
     driven = aset_sources(r.plan)
     if driven and "source" in r.records:
         pols = pols.where(~r.records["source"].astype(str).isin(driven), "aset")

@@ -517,6 +517,28 @@ def _links(run_dir: Path, plan: dict | None) -> dict:
     return links
 
 
+def aset_sources(plan: dict) -> set[str]:
+    """The sources of a run's ``plan.json`` whose dispatcher ASET drives (policy ``aset``, their own
+    or the experiment's): their records' ``policy`` column holds the policy ASET chose per window."""
+    exp = (plan or {}).get("experiment") or {}
+    return {str(s.get("name")) for s in exp.get("sources") or []
+            if (s.get("policy") or exp.get("policy")) == "aset"}
+
+
+def _aset_choices(run_dir: Path, df: pd.DataFrame) -> dict[str, float]:
+    """Share (0-1) of the ASET-driven sources' queries sent under each policy ASET chose ({} when no
+    source applies aset): what the agent did, which the run's figures are the outcome of."""
+    try:
+        plan = json.loads((run_dir / "plan.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    driven = aset_sources(plan)
+    if not driven or df.empty or "source" not in df or "policy" not in df:
+        return {}
+    pols = df.loc[df["source"].astype(str).isin(driven), "policy"].astype(str)
+    return {k: round(float(v), 4) for k, v in pols.value_counts(normalize=True).items()} if len(pols) else {}
+
+
 def _records_check(run_dir: Path, df: pd.DataFrame) -> dict:
     """Rows per source file, rows merged, and per source the query ids missing from the records.
 
@@ -626,6 +648,9 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
     health = read_health(run_dir)
     if health:
         s["health"] = health
+    choices = _aset_choices(run_dir, df)
+    if choices:
+        s["aset_choices"] = choices
     try:  # the command and the code the run came from (testbed.util.provenance)
         prov = json.loads((run_dir / "run.json").read_text()).get("provenance")
     except (OSError, ValueError, AttributeError):
@@ -917,6 +942,10 @@ def _headline(s: dict) -> list[str]:
     if rc.get("sources_without_tally"):
         lines.append("WARNING: no tally from source(s) " + ", ".join(rc["sources_without_tally"])
                      + " (killed before they exited?): records lost at the end of their files cannot be counted")
+    if s.get("aset_choices"):
+        lines.append("ASET chose, window by window (share of its sources' queries): " + ", ".join(
+            f"{k} {100 * v:.1f} %" for k, v in s["aset_choices"].items())
+            + " (per source and window: the records' policy column; counts: sources/<name>.records.aset.json).")
     prov = s.get("provenance") or {}
     if prov.get("command"):
         code = (f"git {prov['git_commit'][:12]}" + (" with local changes" if prov.get("git_dirty") else "")

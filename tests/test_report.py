@@ -350,3 +350,9 @@ def test_an_aset_run_is_one_row_not_a_row_per_policy_it_chose(tmp_path):
     assert len(rows) == 1 and rows[0].startswith("| aset "), rows
     s = json.loads((a / "summary.json").read_text())
     assert f"| {s['queries']} " in rows[0]
+    from testbed.summary import _headline
+
+    s = summarize(a, 1.0)  # the summary says what ASET chose
+    assert set(s["aset_choices"]) == {"closest", "min_latency", "round_robin"}
+    assert sum(s["aset_choices"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert any(x.startswith("ASET chose, window by window (share of its sources' queries): ") for x in _headline(s))
