@@ -227,11 +227,51 @@ def merge_records(run_dir: Path, *, write: bool = True) -> pd.DataFrame:
     try:
         replace_atomic(run_dir / "records.csv", lambda p: df.to_csv(p, index=False))
         if not df.empty:
-            replace_atomic(run_dir / "records.parquet", lambda p: df.to_parquet(p, index=False))
+            typed = _text_as_str(df)
+            replace_atomic(run_dir / "records.parquet", lambda p: typed.to_parquet(p, index=False,
+                                                                                  schema=records_arrow_schema(typed)))
     except OSError as exc:
         raise RunFailure(f"cannot write the merged records in {run_dir}: {exc.strerror or exc}; the records are "
                          f"intact in {run_dir / 'sources'}") from exc
     return df
+
+
+def _text_as_str(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy whose text record columns hold str or None (a name CSV-read as a number, or a column
+    with no value read as NaN, would not convert to the schema's string)."""
+    from testbed.model.records import TEXT_FIELDS
+
+    out = df.copy()
+    for c in TEXT_FIELDS & set(out.columns):
+        out[c] = out[c].astype(object).where(out[c].notna(), None).map(lambda v: v if v is None else str(v))
+    return out
+
+
+def records_arrow_schema(df: pd.DataFrame):
+    """The Parquet schema of a records frame: every record column with its one type (text: string;
+    :data:`testbed.model.records.INTEGER_FIELDS`: int64; the rest: double; nulls allowed), whatever
+    values the run happened to have, so that emulated and simulated files concatenate (pandas
+    guessed each run's: a column with no value became double, ``label`` int64 here and double
+    there; a reviewer's find, Dec 4); other columns (``pkt_*``) as pyarrow infers them.
+
+    Returns:
+        pyarrow.Schema, in ``df``'s column order.
+    """
+    import pyarrow as pa
+
+    from testbed.model.records import INTEGER_FIELDS, RECORD_FIELDS, TEXT_FIELDS
+
+    inferred = pa.Schema.from_pandas(df, preserve_index=False)
+    fields = []
+    for f in inferred:
+        if f.name in TEXT_FIELDS:
+            f = pa.field(f.name, pa.string())
+        elif f.name in INTEGER_FIELDS:
+            f = pa.field(f.name, pa.int64())
+        elif f.name in RECORD_FIELDS:
+            f = pa.field(f.name, pa.float64())
+        fields.append(f)
+    return pa.schema(fields)
 
 
 def _pct(series: pd.Series, q: float) -> float | None:

@@ -894,3 +894,28 @@ def test_a_run_records_the_command_and_the_code_that_reproduce_it():
                                                           "git_dirty": True}}
     assert (f"Reproduce: testbed run 'my exp.yaml' --duration 5s (git {'ab' * 6} with local changes)."
             in _headline(s))
+
+
+def test_records_parquet_has_one_schema_whatever_values_a_run_had(tmp_path):
+    """A reviewer's find (Dec 4): pandas guessed each run's Parquet types (failure_cause double in a
+    run without failures, label int64 in one and double in another), so an emulated and a simulated
+    file did not concatenate. The record columns now have their one type."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    _records(a)
+    _records(b)
+    f = b / "sources" / "a.records.csv"
+    df = pd.read_csv(f)
+    df = df[df["outcome"] == "success"]  # no failure: failure_cause, drop_reason, error all empty
+    df["label"] = float("nan")
+    df.to_csv(f, index=False)
+    merge_records(a)
+    merge_records(b)
+    ta, tb = pq.read_table(a / "records.parquet"), pq.read_table(b / "records.parquet")
+    assert ta.schema.equals(tb.schema), (ta.schema, tb.schema)
+    assert ta.schema.field("failure_cause").type == pa.string() and ta.schema.field("label").type == pa.int64()
+    assert pa.concat_tables([ta, tb]).num_rows == ta.num_rows + tb.num_rows

@@ -83,6 +83,13 @@ COLUMNS: tuple[Column, ...] = (
 )
 #: Column names in order (the CSV header of every records file).
 RECORD_FIELDS: list[str] = [c.name for c in COLUMNS]
+#: Columns whose values are text (the rest are numbers; see :data:`INTEGER_FIELDS`).
+TEXT_FIELDS: frozenset[str] = frozenset({"query_id", "source", "application", "cluster", "model", "policy",
+                                         "drop_reason", "outcome", "failure_cause", "error"})
+#: Numeric columns whose values are integers (counts, codes, ns, 0/1 flags, class indices).
+INTEGER_FIELDS: frozenset[str] = frozenset({"fallback", "t0_ns", "t1_ns", "t2_ns", "t3_ns", "t4_ns", "batch",
+                                            "request_bytes", "response_bytes", "http_status",
+                                            "queue_len_at_arrival", "cold", "label", "predicted"})
 
 
 def answered_in_time(status: int | None, e2e_ms: float | None, deadline_ms: float) -> int | None:
