@@ -198,6 +198,8 @@ def remove_leftovers(verbose: bool = False) -> int:
         return 0
     run_ids = {state["run_id"]}
     removed = kill_run_processes(run_ids)
+    if verbose and removed:  # every item counted is named (the count said 8 where 6 were listed)
+        print(f"stopped {removed} process(es) of run {state['run_id']}")
     bridges = _ovs_bridges()
     for name in state.get("bridges", []):
         if name in bridges and bridges[name] in run_ids | {""}:
@@ -217,6 +219,8 @@ def remove_leftovers(verbose: bool = False) -> int:
             try:
                 p.rmdir()
                 removed += 1
+                if verbose:
+                    print(f"removed cgroup {p}")
             except OSError:
                 pass
     STATE_FILE.unlink(missing_ok=True)
