@@ -369,7 +369,8 @@ def fig_success_over_time(runs: list[RunData], path: Path) -> bool:
 
 
 def fig_policy_over_time(runs: list[RunData], path: Path) -> bool:
-    """The policy in force per query (``policy`` column) over time, one panel per run (at most 8)."""
+    """The policy in force per query (``policy`` column) over time, one panel per run (at most 8);
+    every source's queries in one panel (an ASET run: the policy each source's agent chose)."""
     plt = _plt()
     shown = [r for r in runs if not r.records.empty][:MAX_POLICY_PANELS]
     if not shown:
@@ -381,8 +382,10 @@ def fig_policy_over_time(runs: list[RunData], path: Path) -> bool:
         y = pol.map({c: i for i, c in enumerate(cats)})
         t = _t_s(r.records)
         ok = r.records.get("outcome", pd.Series("success", r.records.index)) == "success"
-        ax.scatter(t[ok], y[ok], s=6, color="#55a868", label="success")
-        ax.scatter(t[~ok], y[~ok], s=10, color="#c44e52", marker="x", label="failure")
+        # successes just below their policy's line and failures just above, each counted: drawn on
+        # one line, the failures hid the successes (a run at 41 % success looked all red)
+        ax.scatter(t[ok], y[ok] - 0.15, s=6, color="#55a868", label=f"success ({int(ok.sum())})")
+        ax.scatter(t[~ok], y[~ok] + 0.15, s=10, color="#c44e52", marker="x", label=f"failure ({int((~ok).sum())})")
         ax.set_yticks(range(len(cats)), cats, fontsize=8)
         ax.set_ylim(-0.6, len(cats) - 0.4)
         ax.set_title(r.label, fontsize=9)
