@@ -202,9 +202,10 @@ def merge_records(run_dir: Path, *, write: bool = True) -> pd.DataFrame:
     Raises:
         RunFailure: the merged files cannot be written (names the error; the sources' files stay).
     """
-    parts = []
+    parts, files = [], {}
     for path in sorted((run_dir / "sources").glob("*.records.csv")):
-        data, _ = whole_source_rows(path)  # a last line cut by a kill or a full disk is left out
+        data, note = whole_source_rows(path)  # a last line cut by a kill or a full disk is left out
+        files[path.name.removesuffix(".records.csv")] = (max(0, data.count(b"\n") - 1), note)
         if data.strip():
             try:
                 part = read_csv_exact(data)
@@ -222,6 +223,7 @@ def merge_records(run_dir: Path, *, write: bool = True) -> pd.DataFrame:
             q = read_csv_exact(pkt)
             if not q.empty and "query_id" in q:
                 df = df.merge(q.drop_duplicates("query_id"), on="query_id", how="left", validate="one_to_one")
+    df.attrs["source_files"] = files  # per source: (whole rows, the cut-line note); the records check reads it
     if not write:
         return df
     try:
@@ -565,14 +567,11 @@ def aset_sources(plan: dict) -> set[str]:
             if (s.get("policy") or exp.get("policy")) == "aset"}
 
 
-def _aset_choices(run_dir: Path, df: pd.DataFrame) -> dict[str, float]:
+def _aset_choices(plan: dict | None, df: pd.DataFrame) -> dict[str, float]:
     """Share (0-1) of the ASET-driven sources' queries sent under each policy ASET chose ({} when no
-    source applies aset): what the agent did, which the run's figures are the outcome of."""
-    try:
-        plan = json.loads((run_dir / "plan.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    driven = aset_sources(plan)
+    source applies aset; ``plan``: plan.json's object): what the agent did, which the run's figures
+    are the outcome of."""
+    driven = aset_sources(plan or {})
     if not driven or df.empty or "source" not in df or "policy" not in df:
         return {}
     pols = df.loc[df["source"].astype(str).isin(driven), "policy"].astype(str)
@@ -581,6 +580,8 @@ def _aset_choices(run_dir: Path, df: pd.DataFrame) -> dict[str, float]:
 
 def _records_check(run_dir: Path, df: pd.DataFrame) -> dict:
     """Rows per source file, rows merged, and per source the query ids missing from the records.
+    ``df``: :func:`merge_records`'s frame, whose ``attrs["source_files"]`` has each file's whole rows
+    and cut-line note (a file it lacks is read here).
 
     A source's ids are ``<source>-<n>``, n = 1 .. created. Its tally
     (:class:`testbed.boundaries.SourceTally`, written when it exits) says how many it created,
@@ -596,10 +597,13 @@ def _records_check(run_dir: Path, df: pd.DataFrame) -> dict:
     files = {p.name.removesuffix(".records.csv"): p for p in (run_dir / "sources").glob("*.records.csv")}
     for t in (run_dir / "sources").glob("*.tally.json"):  # a source whose records file is gone: all lost
         files.setdefault(t.name.removesuffix(".tally.json"), t.with_name(t.name.replace(".tally.json", ".records.csv")))
+    read = dict(df.attrs.get("source_files", {}))  # merge_records read each file once already
     for name, p in sorted(files.items()):
         if p.exists():
-            data, note = whole_source_rows(p)
-            per_file[name] = max(0, data.count(b"\n") - 1)
+            if name not in read:
+                data, note = whole_source_rows(p)
+                read[name] = (max(0, data.count(b"\n") - 1), note)
+            per_file[name], note = read[name]
             if note:
                 cut[name] = note
         else:
@@ -688,7 +692,7 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
     health = read_health(run_dir)
     if health:
         s["health"] = health
-    choices = _aset_choices(run_dir, df)
+    choices = _aset_choices(plan, df)
     if choices:
         s["aset_choices"] = choices
     try:  # the command and the code the run came from (testbed.util.provenance)
