@@ -80,12 +80,8 @@ def cpu_stat(dirs: list[Path]) -> dict[str, float]:
     ``throttled_time`` ns; v2: ``throttled_usec``; Linux Documentation/scheduler/sched-bwc.rst).
     Empty when the file cannot be read (the group is gone)."""
     for d in dirs:
-        f = d / "cpu.stat"
-        try:
-            kv = dict(line.split() for line in f.read_text().splitlines() if len(line.split()) == 2)
-        except OSError:
-            continue
-        if "nr_periods" not in kv:
+        kv = _flat_keyed(d / "cpu.stat")
+        if kv is None or "nr_periods" not in kv:
             continue
         if "throttled_time" in kv:  # v1, ns
             throttled = int(kv["throttled_time"]) / 1e9
@@ -102,13 +98,19 @@ def oom_kills(dirs: list[Path]) -> int | None:
     Documentation/admin-guide/cgroup-v1/memory.rst, cgroup-v2.rst). None when it cannot be read."""
     for d in dirs:
         for name in ("memory.oom_control", "memory.events"):
-            try:
-                kv = dict(line.split() for line in (d / name).read_text().splitlines() if len(line.split()) == 2)
-            except OSError:
-                continue
-            if "oom_kill" in kv:
+            kv = _flat_keyed(d / name)
+            if kv is not None and "oom_kill" in kv:
                 return int(kv["oom_kill"])
     return None
+
+
+def _flat_keyed(path: Path) -> dict[str, str] | None:
+    """A cgroup file of ``key value`` lines (cgroup-v2.rst, "flat keyed") as a dict; None when it
+    cannot be read (the group is gone, or the controller has no such file)."""
+    try:
+        return dict(line.split() for line in path.read_text().splitlines() if len(line.split()) == 2)
+    except OSError:
+        return None
 
 
 def add_process(dirs: list[Path], pid: int) -> None:
