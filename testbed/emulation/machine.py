@@ -259,21 +259,25 @@ def cores_between(samples: list[Sample], t_from: float | None = None, t_to: floa
     n = cpus or os.cpu_count() or 1
     roles = {r: round(max(0.0, b.by_role.get(r, 0.0) - a.by_role.get(r, 0.0)) / dt, 3)
              for r in sorted(set(a.by_role) | set(b.by_role))}
-    steps = [(y.t - x.t, min(1.0, ((y.busy_s - x.busy_s) + (y.steal_s - x.steal_s)) / ((y.t - x.t) * n)))
-             for x, y in zip(samples[:-1], samples[1:], strict=True) if y.t > x.t]  # (s, busy+stolen share)
-    saturated = sum(d for d, share in steps if share >= SATURATED_SHARE)
-    shares = [share for _, share in steps]
-    hot: dict[str, float] = {}
-    for x, y in zip(samples[:-1], samples[1:], strict=True):  # a sample's hot threads are of the step ending there
-        for label, share in y.hot_threads.items():
-            if share >= SATURATED_SHARE and y.t > x.t:
-                hot[label] = round(hot.get(label, 0.0) + (y.t - x.t), 1)
+    shares: list[float] = []  # per step between two samples: the CPUs' busy + stolen share
+    saturated = 0.0
+    hot: dict[str, float] = {}  # thread -> seconds at >= SATURATED_SHARE (a sample's: of the step ending there)
+    for x, y in zip(samples[:-1], samples[1:], strict=True):
+        d = y.t - x.t
+        if d <= 0:
+            continue
+        share = min(1.0, ((y.busy_s - x.busy_s) + (y.steal_s - x.steal_s)) / (d * n))
+        shares.append(share)
+        saturated += d if share >= SATURATED_SHARE else 0.0
+        for label, thread_share in y.hot_threads.items():
+            if thread_share >= SATURATED_SHARE:
+                hot[label] = hot.get(label, 0.0) + d
     return MachineCpu(window_s=round(dt, 3), cpus=n, busy_cores=round(max(0.0, b.busy_s - a.busy_s) / dt, 3),
                       steal_cores=round(max(0.0, b.steal_s - a.steal_s) / dt, 3),
                       by_role={r: v for r, v in roles.items() if v > 0},
                       testbed_cores=round(sum(roles.get(r, 0.0) for r in TESTBED_ROLES), 3),
                       saturated_s=round(saturated, 1), peak_share=round(max(shares, default=0.0), 3),
-                      hot_threads=dict(sorted(hot.items(), key=lambda kv: -kv[1])))
+                      hot_threads={k: round(v, 1) for k, v in sorted(hot.items(), key=lambda kv: -kv[1])})
 
 
 def write_samples(sampler: CpuSampler, path: Path) -> None:
