@@ -41,5 +41,5 @@ setup(
     # torch 2.13.0 resolves to its CPU build here (2.13.0+cpu)
     # optional: the peer check's DQN (docs/aset.md, "A peer check"), and the TensorBoard viewer
     extras_require={"peer": ["stable-baselines3==2.9.2", "torch==2.13.0"], "tensorboard": ["tensorboard==2.21.0"]},
-    entry_points={"console_scripts": ["testbed=testbed.cli:main"]},
+    entry_points={"console_scripts": ["testbed=testbed.cli.main:main"]},
 )

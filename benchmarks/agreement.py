@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.emulation.cleanup import RunLockedError
-from testbed.plan import build_plan
-from testbed.policies import CATALOGUE
-from testbed.units import parse_delay_ms, parse_duration_s
+from testbed.emu.cleanup import RunLockedError
+from testbed.model.policies import CATALOGUE
+from testbed.plan.build import build_plan
+from testbed.spec.units import parse_delay_ms, parse_duration_s
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,9 +38,9 @@ def _row(mode: str, policy: str, run_dir: Path, s: dict) -> dict:
 def main() -> int:
     from rich.console import Console
 
-    from testbed.config import load_experiment
-    from testbed.run import run_experiment
+    from testbed.emu.run import run_experiment
     from testbed.sim import simulate_experiment
+    from testbed.spec.experiment import load_experiment
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiment", nargs="?", default=str(REPO / "experiments/default.yaml"))

@@ -9,11 +9,11 @@ For every scenario, seed and policy (``aset`` with the checkpoint, and the stati
 scenario file is copied with ``seed`` and ``policy`` set and emulated with ``testbed run`` under
 ``flock /tmp/testbed-emulation.lock`` (runs queue behind other engineers' emulations); its
 ``summary.json`` gives the emulated success ratio. The simulator runs the same plan and seed
-(same arrival streams, :mod:`testbed.arrivals`) through :class:`testbed.aset.episode.Episode`
+(same arrival streams, :mod:`testbed.model.arrivals`) through :class:`testbed.aset.episode.Episode`
 (static) or :func:`testbed.aset.evaluate.aset_job` (ASET). Prints one Markdown row per (scenario,
 policy): emulated mean and 95 % CI over the seeds, simulated, the gap, the paired
 difference ASET - static in each, and how busy (or stolen) the machine's CPUs were during the emulated loads
-(range over the seeds; ``machine_cpu`` of the summary, :mod:`testbed.emulation.machine`).
+(range over the seeds; ``machine_cpu`` of the summary, :mod:`testbed.emu.machine`).
 Writes ``runs/aset-emulation/results.md``. Root needed.
 
 Where the gap comes from: every static run is also simulated with records
@@ -40,8 +40,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from testbed.summary import answered  # noqa: E402
-from testbed.util import ci95, markdown_table  # noqa: E402
+from testbed.core.util import ci95, markdown_table  # noqa: E402
+from testbed.results.summary import answered  # noqa: E402
 
 LOCK = "/tmp/testbed-emulation.lock"
 
@@ -83,7 +83,7 @@ def emulate(scenario: Path, seed: int, policy: str, checkpoint: str, runs_dir: P
     if not new:
         return {"success_ratio": None, "run": None}
     summ = json.loads((new[-1] / "summary.json").read_text())
-    m = summ.get("machine_cpu") or {}  # testbed.emulation.machine: the CPUs over the load
+    m = summ.get("machine_cpu") or {}  # testbed.emu.machine: the CPUs over the load
     return {"success_ratio": summ.get("success_ratio"), "queries": summ.get("queries"), "run": str(new[-1]),
             "machine_busy": round(min(1.0, (m["busy_cores"] + m["steal_cores"]) / m["cpus"]), 3) if m else None,
             "testbed_cores": m.get("testbed_cores")}
@@ -108,7 +108,7 @@ def simulate_records(scenario: Path, seed: int, policy: str, out: Path) -> Path:
     policy), so records of another scenario, configuration or code are never reused (simulated
     again, into their own directory), and only once complete (``summary.json``, written last)."""
     from testbed.aset.evaluate import task_key
-    from testbed.plan import plan_experiment
+    from testbed.plan.build import plan_experiment
     from testbed.sim.run import simulate_experiment
 
     key = task_key(simulate_records, (str(scenario.resolve()), seed, policy))[:12]
@@ -158,10 +158,10 @@ def measured_overhead_ms(emu, sim) -> float:
 
 def simulate_with_overhead(scenario: Path, seeds: list[int], policy: str, overhead_ms: float) -> list[float]:
     """Success ratios of the static policy in the simulator with ``simulation.overhead_ms`` set
-    (:class:`testbed.config.SimulationSpec`, a calibration knob outside the system model)."""
+    (:class:`testbed.spec.experiment.SimulationSpec`, a calibration knob outside the system model)."""
     from testbed.aset.episode import run_static
-    from testbed.config import load_experiment
-    from testbed.plan import build_plan
+    from testbed.plan.build import build_plan
+    from testbed.spec.experiment import load_experiment
 
     exp = load_experiment(scenario)
     data = exp.model_dump()
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables-only", action="store_true",
                     help="rebuild the tables from <runs-dir>/results.json (no emulation)")
     args = ap.parse_args(argv)
-    from testbed.policies import CATALOGUE
+    from testbed.model.policies import CATALOGUE
 
     if args.static not in CATALOGUE:
         ap.error(f"--static {args.static!r}: not a policy (known: {', '.join(CATALOGUE)})")

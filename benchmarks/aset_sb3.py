@@ -90,11 +90,11 @@ def sources_vec_env(env):
 def run(cfg_path: str, scenarios: list[str], steps: int, seeds: int) -> int:
     from stable_baselines3 import DQN
 
-    from testbed.aset.config import load_aset_config
     from testbed.aset.envs import AsetSimEnv
     from testbed.aset.evaluate import aset_job, check_checkpoint, static_job
-    from testbed.plan import plan_experiment
-    from testbed.util import ci95, repo_path
+    from testbed.core.util import ci95, repo_path
+    from testbed.plan.build import plan_experiment
+    from testbed.spec.aset import load_aset_config
 
     cfg, base = load_aset_config(cfg_path)
     a = cfg.agent

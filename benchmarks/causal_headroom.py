@@ -41,11 +41,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from testbed.aset.config import load_aset_config  # noqa: E402
 from testbed.aset.evaluate import causal_job, summarise  # noqa: E402
-from testbed.distributed import imap_unordered  # noqa: E402
-from testbed.plan import plan_experiment  # noqa: E402
-from testbed.util import ci95, markdown_table, repo_path  # noqa: E402
+from testbed.core.distributed import imap_unordered  # noqa: E402
+from testbed.core.util import ci95, markdown_table, repo_path  # noqa: E402
+from testbed.plan.build import plan_experiment  # noqa: E402
+from testbed.spec.aset import load_aset_config  # noqa: E402
 
 FIGURES = ("best", "mix", "oracle", "causal", "aset")
 

@@ -38,9 +38,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from testbed.inference import profiles  # noqa: E402
+from testbed.core.util import markdown_table  # noqa: E402
 from testbed.model.cpu import COLD_AFTER_S, CfsQuota  # noqa: E402
-from testbed.util import markdown_table  # noqa: E402
+from testbed.serve import profiles  # noqa: E402
 
 PROFILES = REPO / "models" / "profiles"
 VARIANTS = ("face_short", "face_full", "face_dual", "hand_lite", "hand_full", "hand_palm", "mobilenet_v2_100",
@@ -176,12 +176,12 @@ def emulation_rows(run_dirs: list[Path]) -> tuple[list[dict], list[dict]]:
     """Part 2: per (cluster, model, load) the emulated inference time t3 - t2 and server wait
     t2 - t1 next to two simulations of the run's experiment and seed: ``calls only``
     (:class:`CallsOnly`) and ``full`` (request handling, the in-server call and cold calls,
-    :mod:`testbed.inference.handling`). Also one row per run of success ratios."""
+    :mod:`testbed.serve.handling`). Also one row per run of success ratios."""
     import pandas as pd
 
-    from testbed.catalog import ZooCatalog
-    from testbed.config import Experiment
-    from testbed.plan import build_plan
+    from testbed.plan.build import build_plan
+    from testbed.plan.catalog import ZooCatalog
+    from testbed.spec.experiment import Experiment
 
     rows, runs = [], []
     for run in run_dirs:

@@ -59,7 +59,7 @@ def _emulate(plan, runs: Path) -> tuple[dict, list[dict]]:
 
     from rich.console import Console
 
-    from testbed.run import run_experiment
+    from testbed.emu.run import run_experiment
 
     with emulation_lock():
         code = run_experiment(plan, console=Console(quiet=True), runs_dir=runs)
@@ -73,9 +73,9 @@ def cmd_events(args) -> dict:
     from rich.console import Console
     from rich.table import Table
 
-    from testbed.config import load_experiment
-    from testbed.plan import build_plan
+    from testbed.plan.build import build_plan
     from testbed.sim import simulate_experiment
+    from testbed.spec.experiment import load_experiment
 
     out = {"runs": [], "events": []}
     tmp = Path(tempfile.mkdtemp(prefix="dynbench-"))
@@ -132,11 +132,11 @@ def cmd_kinds(args) -> dict:
 
     import yaml
 
-    from testbed.config import Experiment
-    from testbed.emulation.bringup import emulated_network, new_run_dir
-    from testbed.emulation.events import EventRunner
+    from testbed.emu.bringup import emulated_network, new_run_dir
+    from testbed.emu.events import EventRunner
     from testbed.model.events import Change
-    from testbed.plan import build_plan
+    from testbed.plan.build import build_plan
+    from testbed.spec.experiment import Experiment
 
     tri = REPO / "experiments" / "triangle.yaml"
     data = yaml.safe_load(tri.read_text())
@@ -216,8 +216,8 @@ def _sh(cmd: str, check: bool = True) -> str:
 
 def cmd_fifo(args) -> dict:
 
-    from testbed.emulation.linkemu import disable_offloads
-    from testbed.emulation.probe import wait_ready
+    from testbed.emu.linkemu import disable_offloads
+    from testbed.emu.probe import wait_ready
     from testbed.model.network import LinkState
 
     ns = ("tbfifo-a", "tbfifo-l", "tbfifo-b")
@@ -236,13 +236,13 @@ def cmd_fifo(args) -> dict:
             disable_offloads(d, n)
             _sh(f"ip -n {n} link set {d} up")
         _sh(f"ip -n {ns[0]} addr add 10.95.0.1/24 dev a0 && ip -n {ns[2]} addr add 10.95.0.2/24 dev b0")
-        emu = subprocess.Popen(["ip", "netns", "exec", ns[1], sys.executable, "-m", "testbed.emulation.linkemu",
+        emu = subprocess.Popen(["ip", "netns", "exec", ns[1], sys.executable, "-m", "testbed.emu.linkemu",
                                 "--if-a", "l0", "--if-b", "l1", "--delay-ms", "0", "--rate-mbps", str(args.rate),
                                 "--control", str(tmp / "emu.sock")], cwd=REPO, stdout=subprocess.PIPE, text=True)
         procs.append(emu)
         emu.stdout.readline()
         for side, n in (("a", ns[0]), ("b", ns[2])):
-            procs.append(subprocess.Popen(["ip", "netns", "exec", n, sys.executable, "-m", "testbed.emulation.probe",
+            procs.append(subprocess.Popen(["ip", "netns", "exec", n, sys.executable, "-m", "testbed.emu.probe",
                                            "--control", str(tmp / f"{side}.sock")], cwd=REPO,
                                           stdout=subprocess.DEVNULL))
         a = wait_ready(tmp / "a.sock", proc=procs[1])

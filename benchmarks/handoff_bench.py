@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/handoff_bench.py [--work-ms 0 2 10] [--queries 300] [--cpu N]
 
-The server (``testbed/inference/server.py`` and ``scheduler.py``) reads a request on its asyncio
+The server (``testbed/serve/server.py`` and ``scheduler.py``) reads a request on its asyncio
 event loop, hands the job to a worker thread through a ``threading.Condition`` and waits on a
 future; the worker runs the model call (which releases the GIL) and hands the answer back with
 ``loop.call_soon_threadsafe``. This benchmark does exactly that with a stand-in for the model

@@ -1,4 +1,4 @@
-"""Benchmark of the user-space link emulator (:mod:`testbed.emulation.linkemu`).
+"""Benchmark of the user-space link emulator (:mod:`testbed.emu.linkemu`).
 
 Builds three namespaces ``le-bench-a``, ``le-bench-l`` and ``le-bench-b``::
 
@@ -108,7 +108,7 @@ class Emu:
 
     def __init__(self, delay_ms: float, stats: Path) -> None:
         self.stats_path = stats
-        cmd = nsx(NS_L, f"{sys.executable} -m testbed.emulation.linkemu --if-a l0 --if-b l1 "
+        cmd = nsx(NS_L, f"{sys.executable} -m testbed.emu.linkemu --if-a l0 --if-b l1 "
                         f"--delay-ms {delay_ms} --stats-file {stats}")
         self.proc = subprocess.Popen(shlex.split(cmd), cwd=REPO, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)

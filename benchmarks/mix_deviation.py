@@ -41,8 +41,8 @@ def per_source(plan, assignment: list[str], seeds: list[int]) -> tuple[np.ndarra
 
 
 def main() -> int:
-    from testbed.plan import plan_experiment
-    from testbed.policies import CATALOGUE
+    from testbed.model.policies import CATALOGUE
+    from testbed.plan.build import plan_experiment
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario")

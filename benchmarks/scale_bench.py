@@ -30,7 +30,7 @@ gives before the testbed is (``--policy round_robin`` spreads the load over ever
 source's policy). Both are null for a rate whose run failed or answered nothing (``message`` says why).
 Each rate also reports the machine's CPU over the load, per process role (``cpu_cores_by_role``: link
 emulators, inference servers, sources, controller, ovs-vswitchd, ..., ``other``; mean cores) and in all
-(``cpu_busy_cores``), from the run's ``summary.json`` ``machine_cpu`` (:mod:`testbed.emulation.machine`)::
+(``cpu_busy_cores``), from the run's ``summary.json`` ``machine_cpu`` (:mod:`testbed.emu.machine`)::
 
     sudo .venv/bin/python benchmarks/scale_bench.py load --rates 100 200 500 800 [--seconds 10] \\
         [--runtime litert]   # every cluster's models on LiteRT: the servers' own CPU out of the way
@@ -164,9 +164,9 @@ def scale_experiment(source: str, seed: int = 1, duration_s: float = 5.0):
     links, 4 q/s per source, a wide deadline."""
     import networkx as nx
 
-    from testbed.config import Experiment
-    from testbed.plan import build_plan
-    from testbed.topology import load_topology
+    from testbed.plan.build import build_plan
+    from testbed.spec.experiment import Experiment
+    from testbed.spec.topology import load_topology
 
     raw = load_topology(source, REPO)
     g = nx.Graph()
@@ -227,7 +227,7 @@ class _MemSampler(threading.Thread):
 #: Process roles of the CPU breakdown (``load``): the first whose pattern is in the command line.
 def plain_mininet(plan) -> dict:
     """Plain Mininet on the plan's switches and links (module doc); seconds and peak memory."""
-    from testbed.emulation.network import _import_mininet
+    from testbed.emu.network import _import_mininet
 
     mn_net, mn_node, mn_link = _import_mininet()
     mem = _MemSampler(None)
@@ -257,8 +257,8 @@ def testbed_bringup(plan, pings: int = 20) -> dict:
     """The testbed's network bring-up and RTT self-check (module doc)."""
     from rich.console import Console
 
-    from testbed.emulation.bringup import calibrate_datapath, emulated_network, new_run_dir
-    from testbed.emulation.selfcheck import check_rtts
+    from testbed.emu.bringup import calibrate_datapath, emulated_network, new_run_dir
+    from testbed.emu.selfcheck import check_rtts
 
     run_id, run_dir = new_run_dir(plan, Path(tempfile.mkdtemp(prefix="scale-")))
     mem = _MemSampler(run_id)
@@ -292,7 +292,7 @@ def testbed_bringup(plan, pings: int = 20) -> dict:
 
 
 def cmd_bringup(args) -> dict:
-    from testbed.emulation.network import _import_mininet
+    from testbed.emu.network import _import_mininet
 
     _import_mininet()  # both sides are timed without Python's import of Mininet
     rows = []
@@ -324,9 +324,9 @@ def cmd_load(args) -> dict:
     """Runs at increasing total rates (module doc)."""
     from rich.console import Console
 
-    from testbed.config import load_experiment
-    from testbed.plan import build_plan
-    from testbed.run import run_experiment
+    from testbed.emu.run import run_experiment
+    from testbed.plan.build import build_plan
+    from testbed.spec.experiment import load_experiment
 
     path = Path(args.experiment)
     exp = load_experiment(path)
@@ -365,7 +365,7 @@ def cmd_load(args) -> dict:
                "success_ratio": s.get("success_ratio"),
                "network_excess_p50_ms": round(float(excess.median()), 2) if excess is not None else None,
                "network_excess_p95_ms": round(float(excess.quantile(0.95)), 2) if excess is not None else None}
-        m = s.get("machine_cpu") or {}  # the CPU per role over the load (testbed.emulation.machine)
+        m = s.get("machine_cpu") or {}  # the CPU per role over the load (testbed.emu.machine)
         if m:
             row.update(cpu_cores_by_role=m["by_role"], cpu_busy_cores=m["busy_cores"])
         if code != 0:  # e.g. the RTT self-check failed: say why (run.json), the rate measured nothing
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the emulated network's MTU, bytes (topology.mtu; default: the experiment's)")
     c.add_argument("--runtime", choices=("tensorflow", "litert"), default=None,
                    help="serve every model with this runtime (default: the experiment's)")
-    from testbed.policies import CATALOGUE
+    from testbed.model.policies import CATALOGUE
 
     c.add_argument("--policy", default=None, choices=CATALOGUE,
                    help="every source's policy (default: the experiment's); e.g. round_robin spreads the load "

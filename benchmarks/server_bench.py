@@ -6,10 +6,10 @@
         [--concurrency 4] [--no-cgroup] [--client raw|http.client] [--pin CPU] [--json out.json] [--decode]
 
 For each runtime (tensorflow, litert) and, with ``--group family`` (default), each application
-family, one server subprocess (``python -m testbed.inference.server CONFIG.json``, a
-``testbed.boundaries.ServerConfig``: 1 worker, 1 thread, 30 warm-up calls) serves the selected
+family, one server subprocess (``python -m testbed.serve.server CONFIG.json``, a
+``testbed.plan.boundaries.ServerConfig``: 1 worker, 1 thread, 30 warm-up calls) serves the selected
 variants that have that runtime on 127.0.0.1, held to ONE core by a CFS quota
-(``testbed.emulation.cgroups``, period 100 ms; ``--no-cgroup``: unlimited).
+(``testbed.core.cgroups``, period 100 ms; ``--no-cgroup``: unlimited).
 Queries are the family's request bodies (``zoo.request_bodies``: JPEG frames in b64 for the image
 families); their mean size [bytes] is printed per family.
 
@@ -59,7 +59,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from testbed.inference import profiles, zoo  # noqa: E402
+from testbed.serve import profiles, zoo  # noqa: E402
 
 ZOO = REPO / "models" / "zoo"
 PROFILES = REPO / "models" / "profiles"
@@ -78,7 +78,7 @@ def start_server(runtime: str, variants: list[str], tmp: Path, use_cgroup: bool,
     """Start one server (1 worker, 1 thread) for ``variants`` with ``runtime``; return (proc, port, cgroup dirs).
 
     ``pin``: the CPU the server's threads are held to (``sched_setaffinity``), None: any."""
-    from testbed.boundaries import ServerConfig
+    from testbed.plan.boundaries import ServerConfig
 
     ready = tmp / f"{runtime}-{variants[0]}.ready.json"
     cfg = ServerConfig(cluster="bench", host="127.0.0.1", port=0, zoo_dir=str(ZOO), models=variants,
@@ -86,13 +86,13 @@ def start_server(runtime: str, variants: list[str], tmp: Path, use_cgroup: bool,
                        warmup_calls=30, cpu_cores=1.0, ready_file=str(ready))
     cfg_path = tmp / f"{runtime}-{variants[0]}.server.json"
     cfg_path.write_text(cfg.model_dump_json())
-    cmd = [sys.executable, "-m", "testbed.inference.server", str(cfg_path)]
+    cmd = [sys.executable, "-m", "testbed.serve.server", str(cfg_path)]
     log = open(tmp / f"{runtime}-{variants[0]}.log", "w")  # noqa: SIM115 - lives as long as the server
     affinity = None if pin is None else (lambda: os.sched_setaffinity(0, {pin}))
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=affinity)  # noqa: PLW1509
     dirs: list = []
     if use_cgroup:
-        from testbed.emulation import cgroups
+        from testbed.core import cgroups
 
         dirs = cgroups.create_limited_group(f"aset-bench-{os.getpid()}-{runtime}-{variants[0]}", 1.0, 4096)
         cgroups.add_process(dirs, proc.pid)
@@ -247,14 +247,14 @@ def latency(port: int, variant: str, bodies: list[bytes], n: int, client: str = 
 def decode_bench(families: list[str], frames: int = 64, reps: int = 256) -> dict[str, Any]:
     """Per family: median time [us] to turn one JPEG frame into the model's float32 input, through
     PIL (decode, copy out, / 255) and through the server's path
-    (:func:`testbed.inference.payload.decode_frame`: simplejpeg), with caches warm and with them
+    (:func:`testbed.serve.payload.decode_frame`: simplejpeg), with caches warm and with them
     cold (a 32 MB sweep before each frame, as a model call leaves them); and whether the two give
     the same pixels on every frame."""
     import io
 
     from PIL import Image
 
-    from testbed.inference import payload
+    from testbed.serve import payload
 
     def pil(raw: bytes, shape: tuple[int, ...]) -> np.ndarray:
         with Image.open(io.BytesIO(raw)) as img:

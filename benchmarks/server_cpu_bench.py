@@ -3,13 +3,13 @@
 
     .venv/bin/python benchmarks/server_cpu_bench.py [--variants hand_full,face_dual,mobilenet_v2_100] [-n 300]
 
-The measurement is :func:`testbed.inference.handling.measure_one` (one real LiteRT server per
+The measurement is :func:`testbed.serve.handling.measure_one` (one real LiteRT server per
 variant, 1 worker, 1 thread, on 127.0.0.1, no CPU limit; queries one at a time with the family's
 real request bodies; CPU time per query of the event-loop thread and of the others), printed next
 to the bare call measured just before (and the profile's, ``models/profiles``, unthrottled, back
 to back): the ratio (request handling + the call as the server makes it) / bare call is the
 factor the quota really pays against what a model charging only the profiled calls assumes. It does not write
-``models/profiles/handling.json`` (``python -m testbed.inference.handling`` does). Root is not
+``models/profiles/handling.json`` (``python -m testbed.serve.handling`` does). Root is not
 needed (no cgroup), only the built zoo.
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from testbed.inference import handling, profiles  # noqa: E402
-from testbed.util import markdown_table  # noqa: E402
+from testbed.core.util import markdown_table  # noqa: E402
+from testbed.serve import handling, profiles  # noqa: E402
 
 ZOO, PROFILES = REPO / "models" / "zoo", REPO / "models" / "profiles"
 

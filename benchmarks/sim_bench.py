@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.config import Experiment
-from testbed.plan import build_plan
+from testbed.plan.build import build_plan
+from testbed.spec.experiment import Experiment
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,7 +59,7 @@ def run_ours(plan, sim_s: float) -> tuple[int, float, float]:
 def run_simpy(plan, sim_s: float) -> tuple[int, float]:
     import simpy
 
-    from testbed import policies as pol
+    from testbed.model import policies as pol
     from testbed.model.dispatch import Heard
     from testbed.sim import Simulator
 

@@ -125,9 +125,9 @@ def rss_mib() -> float:
 
 def one_size(args: argparse.Namespace, queries: int, topo: Path, profile: bool = False) -> dict:
     """Build and run one simulation of ``queries`` expected queries in this process; its figures."""
-    from testbed.config import Experiment
-    from testbed.plan import build_plan
+    from testbed.plan.build import build_plan
     from testbed.sim import Simulator
+    from testbed.spec.experiment import Experiment
 
     # whole ms, rounded down: the plan refuses an expected count over its bound of 10^6 queries per run
     duration = math.floor(queries / (args.sources * sum(RATES_QPS)) * 1000) / 1000

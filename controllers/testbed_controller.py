@@ -1,21 +1,21 @@
 """Ryu application (OpenFlow 1.3) of the testbed: least-delay destination trees, proxy ARP,
 port statistics per link, and a small JSON REST API.
 
-Run it through ``testbed.controller.start_controller`` or by hand::
+Run it through ``testbed.sdn.client.start_controller`` or by hand::
 
     TESTBED_CONTROLLER_CONFIG=controller.json \\
-    .venv/bin/python -m testbed.ryu_launcher --observe-links \\
+    .venv/bin/python -m testbed.sdn.launcher --observe-links \\
         --ofp-listen-host 127.0.0.1 --ofp-tcp-listen-port 6653 \\
         --wsapi-host 127.0.0.1 --wsapi-port 8080 controllers/testbed_controller.py
 
-(``testbed.ryu_launcher`` is ``ryu-manager`` plus a shim for the installed eventlet.)
+(``testbed.sdn.launcher`` is ``ryu-manager`` plus a shim for the installed eventlet.)
 
 Behaviour
 ---------
 * Switch ports of the configured links are found by LLDP (``ryu.topology``, ``--observe-links``).
   Once every configured switch is connected and every configured link has been seen in both
   directions, every switch gets, per known host, ``eth_dst=MAC -> output(port toward the next
-  hop)`` from the least-delay tree rooted at the host's switch (:mod:`testbed.routing`); on the
+  hop)`` from the least-delay tree rooted at the host's switch (:mod:`testbed.model.routing`); on the
   host's own switch the port is the host port. Link changes (LinkAdd/LinkDelete, switch leave)
   recompute the trees over the links that are up and only the changed flows are rewritten.
 * Table-miss drops (no flooding, ever); IPv6 multicast is dropped by an explicit rule.
@@ -63,7 +63,7 @@ from ryu.ofproto import ofproto_v1_3
 from ryu.topology import event as topo_event
 from ryu.topology.switches import Switches
 
-import testbed.routing as routing
+import testbed.model.routing as routing
 
 #: LLDP pacing of ``ryu.topology``: Ryu sleeps ``LLDP_SEND_GUARD`` (50 ms) after each periodic LLDP
 #: frame, so at 186 links (372 ports) one round takes 18.6 s, and a link whose first LLDP was
@@ -136,13 +136,13 @@ def _norm_mac(mac: str) -> str:
 
 
 def load_config(path: str) -> dict:
-    """Read the controller config (a :class:`testbed.boundaries.ControllerConfig`, validated there).
+    """Read the controller config (a :class:`testbed.plan.boundaries.ControllerConfig`, validated there).
 
     Raises:
         RuntimeError: missing file or an invalid entry (the message names it).
     """
-    from testbed.boundaries import ControllerConfig, read_config
-    from testbed.errors import InputError
+    from testbed.core.errors import InputError
+    from testbed.plan.boundaries import ControllerConfig, read_config
 
     try:
         cfg = read_config(path, ControllerConfig)

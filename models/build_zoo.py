@@ -55,7 +55,7 @@ Outputs (``models/zoo`` is git-ignored; ``models/profiles`` is kept, it is measu
   and its source, LiteRT accuracy and top-1 agreement with TensorFlow, params, architecture.
 * ``<out>/payloads.npz`` (digits), ``<out>/payloads/<family>.npz``: held-out ``x`` / ``y``.
 * ``<profiles>/<variant>.json``: ONLY for a variant that has no profile yet, a minimal one (1 core,
-  batch 1, both runtimes) from ``testbed.inference.profiler``; the full grid is ``testbed profile``.
+  batch 1, both runtimes) from ``testbed.serve.profiler``; the full grid is ``testbed profile``.
   Existing (tracked) profiles are never overwritten here.
 
 Idempotent: if ``<out>/manifest.json`` has this ``RECIPE_VERSION``, the same ``PARTS`` versions and
@@ -90,7 +90,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo_sources as src  # noqa: E402
 
-from testbed.inference import zoo  # noqa: E402
+from testbed.serve import zoo  # noqa: E402
 
 #: Bump when data preparation, split, architectures or training change.
 RECIPE_VERSION = 5
@@ -672,7 +672,7 @@ def profile_missing(out: Path, profiles: Path) -> None:
     if not missing:
         return
     log(f"no profile yet for {', '.join(missing)}: measuring a minimal one (full grid: testbed profile)")
-    cmd = [sys.executable, "-m", "testbed.inference.profiler", "--zoo", str(out), "--profiles", str(profiles),
+    cmd = [sys.executable, "-m", "testbed.serve.profiler", "--zoo", str(out), "--profiles", str(profiles),
            "--variants", ",".join(missing), "--shares", "1", "--batches", "1", "--samples", "200",
            "--no-cgroup", "--no-plot"]
     rc = subprocess.run(cmd, check=False, cwd=str(Path(__file__).resolve().parents[1])).returncode

@@ -3,8 +3,18 @@
 import numpy as np
 import pytest
 
-from testbed.arrivals import MMPP, ArrivalError, Diurnal, Poisson, Step, Trace, make_process, read_trace, source_weights
-from testbed.config import WorkloadSpec
+from testbed.model.arrivals import (
+    MMPP,
+    ArrivalError,
+    Diurnal,
+    Poisson,
+    Step,
+    Trace,
+    make_process,
+    read_trace,
+    source_weights,
+)
+from testbed.spec.experiment import WorkloadSpec
 
 
 def collect(proc, end, window=0.5):

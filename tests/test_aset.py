@@ -14,18 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.aset.config import AgentSpec, AsetConfig, ObservationSpec, TrainingSpec, load_aset_config
-from testbed.aset.envs import AsetSimEnv
-from testbed.aset.observation import (
+from testbed.agent.observation import (
     SourceContext,
     SourceObserver,
     context_size,
     observation_layout,
     observation_size,
 )
-from testbed.config import ConfigError
-from testbed.plan import plan_experiment
-from testbed.policies import CATALOGUE
+from testbed.aset.envs import AsetSimEnv
+from testbed.model.policies import CATALOGUE
+from testbed.plan.build import plan_experiment
+from testbed.spec.aset import AgentSpec, AsetConfig, ObservationSpec, TrainingSpec, load_aset_config
+from testbed.spec.experiment import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
@@ -365,11 +365,11 @@ def test_checkpoint_of_another_observation_size_fails_naming_both_sizes(toy_trai
     the agent's restore and the export."""
     import json
 
+    from testbed.agent.live import LivePolicySelector
+    from testbed.agent.npolicy import NumpyPolicy, ObservationSizeError, export_policy
     from testbed.aset.agent import DQNAgent
     from testbed.aset.envs import plan_contexts
     from testbed.aset.evaluate import check_checkpoint
-    from testbed.aset.live import LivePolicySelector
-    from testbed.aset.npolicy import NumpyPolicy, ObservationSizeError, export_policy
 
     result, cfg = toy_training
     size = result.agent.obs_size
@@ -422,8 +422,8 @@ def test_checkpoint_of_another_observation_size_fails_naming_both_sizes(toy_trai
 
 
 def _live_cfg(plan, aset, options=None, records=None):
-    """A source's config as testbed.run writes it (testbed.boundaries.SourceConfig)."""
-    from testbed.boundaries import SourceConfig
+    """A source's config as testbed.emu.run writes it (testbed.plan.boundaries.SourceConfig)."""
+    from testbed.plan.boundaries import SourceConfig
 
     opts = options or [(h.name, plan.rtt_ms("srca", h.name)) for h in plan.clusters]
     return SourceConfig.model_validate({
@@ -438,7 +438,7 @@ def _live_cfg(plan, aset, options=None, records=None):
 
 
 def test_live_selector_uses_checkpoint_and_times_decisions(toy_training, plan, tmp_path):
-    from testbed.aset.live import LivePolicySelector
+    from testbed.agent.live import LivePolicySelector
 
     result, _ = toy_training
     aset = {"checkpoint": str(result.policy_path)}
@@ -483,8 +483,8 @@ def test_live_env_spaces_and_control_channel(toy_training, plan, tmp_path):
 
     from gymnasium.utils.env_checker import check_env
 
+    from testbed.agent.live import LivePolicySelector
     from testbed.aset.envs import AsetLiveEnv, plan_contexts
-    from testbed.aset.live import LivePolicySelector
 
     result, _ = toy_training
     sock = str(tmp_path / "aset.sock")
@@ -540,9 +540,9 @@ COMMITTED = REPO / "models" / "aset" / "aset"
 def _skip_unless_committed_checkpoint_is_current() -> None:
     """The committed policy predates the source identity until it is retrained (docs/aset.md):
     then it must be refused with the size error, and what needs it is skipped."""
-    from testbed.aset.live import LivePolicySelector
-    from testbed.aset.npolicy import FORMAT, NumpyPolicy, ObservationSizeError
-    from testbed.boundaries import SourceConfig
+    from testbed.agent.live import LivePolicySelector
+    from testbed.agent.npolicy import FORMAT, NumpyPolicy, ObservationSizeError
+    from testbed.plan.boundaries import SourceConfig
 
     pol = NumpyPolicy(COMMITTED)
     if pol.format == FORMAT:
@@ -556,13 +556,13 @@ def _skip_unless_committed_checkpoint_is_current() -> None:
 
 
 def test_live_experiment_source_configs_drive_a_policy_of_its_plan(tmp_path):
-    """Every source config of experiments/aset-live.yaml, as testbed.run writes it, drives the live
+    """Every source config of experiments/aset-live.yaml, as testbed.emu.run writes it, drives the live
     selector of a policy exported for that plan (random weights: the fit of names, source ids and
     sizes is what is tested, whatever models/aset/aset is)."""
+    from testbed.agent.live import LivePolicySelector
+    from testbed.agent.npolicy import export_policy
     from testbed.aset.envs import plan_contexts
-    from testbed.aset.live import LivePolicySelector
-    from testbed.aset.npolicy import export_policy
-    from testbed.boundaries import SourceConfig
+    from testbed.plan.boundaries import SourceConfig
 
     plan = plan_experiment(LIVE)
     ctxs = plan_contexts(plan, CATALOGUE)
@@ -587,10 +587,10 @@ def test_live_experiment_source_configs_drive_a_policy_of_its_plan(tmp_path):
 
 
 def test_committed_checkpoint_drives_the_live_experiment():
-    """models/aset/aset fits experiments/aset-live.yaml: the source config as testbed.run writes it
+    """models/aset/aset fits experiments/aset-live.yaml: the source config as testbed.emu.run writes it
     (applications, per (cluster, model) options, the experiment's aset section) is accepted."""
-    from testbed.aset.live import LivePolicySelector
-    from testbed.boundaries import SourceConfig
+    from testbed.agent.live import LivePolicySelector
+    from testbed.plan.boundaries import SourceConfig
 
     _skip_unless_committed_checkpoint_is_current()
     plan = plan_experiment(LIVE)
@@ -608,8 +608,8 @@ def test_live_env_fine_tunes_against_a_real_emulation(tmp_path):
     """AsetLiveEnv against a real emulation (root, Mininet; testbed.aset.finetune): the sources
     send their window states, apply the env's choices, and the agent learns from settled
     transitions; the fine-tuned policy is exported and loads."""
+    from testbed.agent.npolicy import NumpyPolicy
     from testbed.aset.finetune import finetune
-    from testbed.aset.npolicy import NumpyPolicy
 
     _skip_unless_committed_checkpoint_is_current()
     # lock=False: emulation tests run under `flock /tmp/testbed-emulation.lock pytest -m emulation`;
@@ -669,7 +669,7 @@ def test_plans_that_do_not_fit_are_refused_naming_the_scenario(plan):
 def test_plan_scores_is_one_rule_for_numpy_and_tensorflow():
     import tensorflow as tf
 
-    from testbed.aset.npolicy import plan_scores
+    from testbed.agent.npolicy import plan_scores
 
     q = np.array([[0.5, 0.7, 0.1], [0.2, 0.1, 0.0]], np.float32)
     obs = np.array([[9.0, 1.0, 0.0, 0.0], [9.0, 0.0, 0.0, 1.0]], np.float32)  # plan one-hot = last 3
@@ -713,9 +713,9 @@ def test_the_plan_margin_keeps_the_plan_unless_learning_says_otherwise(plan, tmp
 
 
 def test_a_run_refuses_a_checkpoint_without_a_plan_for_its_experiment(plan, tmp_path):
+    from testbed.agent.live import check_experiment_checkpoint
+    from testbed.agent.npolicy import export_policy
     from testbed.aset.envs import plan_contexts
-    from testbed.aset.live import check_experiment_checkpoint
-    from testbed.aset.npolicy import export_policy
 
     spec = _planned_spec({"other": ["closest", "closest"]})
     c0 = plan_contexts(plan, CATALOGUE)[0]
@@ -728,7 +728,7 @@ def test_a_run_refuses_a_checkpoint_without_a_plan_for_its_experiment(plan, tmp_
     exp = plan.experiment.model_copy(update={"policy": "aset", "aset": plan.experiment.aset.model_copy(
         update={"checkpoint": str(tmp_path / "ck")}) if plan.experiment.aset else None})
     if exp.aset is None:
-        from testbed.config import AsetSpec
+        from testbed.spec.experiment import AsetSpec
 
         exp = exp.model_copy(update={"aset": AsetSpec(checkpoint=str(tmp_path / "ck"))})
     with pytest.raises(ValueError, match=r"ck \(sources srca, srcc\): observation.plans: no plan for scenario "
@@ -740,9 +740,9 @@ def test_a_run_refuses_a_checkpoint_without_a_plan_for_its_experiment(plan, tmp_
 def test_the_committed_plan_checkpoint_drives_every_source_of_the_suite_live(tmp_path):
     """models/aset/aset-plan: each source's live selector on a suite scenario finds its planned
     policy by the experiment's name (the plans of experiments/aset-plan.yaml) and decides."""
-    from testbed.aset.live import LivePolicySelector
-    from testbed.boundaries import SourceConfig
-    from testbed.config import AsetSpec
+    from testbed.agent.live import LivePolicySelector
+    from testbed.plan.boundaries import SourceConfig
+    from testbed.spec.experiment import AsetSpec
 
     cfg_plan = load_aset_config(REPO / "experiments" / "aset-plan.yaml")[0]
     plan = plan_experiment(REPO / "experiments" / "scenario-failure.yaml")

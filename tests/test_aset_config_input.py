@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from testbed.aset.config import load_aset_config
-from testbed.config import MAX_SEED, AsetSpec, ConfigError
+from testbed.spec.aset import load_aset_config
+from testbed.spec.experiment import MAX_SEED, AsetSpec, ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "experiments" / "aset-tiny.yaml"
@@ -126,7 +126,7 @@ def test_a_window_off_the_report_interval_fails_in_make_sim_env_not_at_reset(win
 
 @pytest.fixture(scope="module")
 def live_plan():
-    from testbed.plan import plan_experiment
+    from testbed.plan.build import plan_experiment
 
     return plan_experiment(LIVE)
 
@@ -139,8 +139,8 @@ def _with_aset(plan, **aset):
 def _check_aset(plan) -> str:
     """The message of the ASET pre-check of ``testbed plan`` and of ``testbed run`` before
     bring-up (an InputError, exit code 2)."""
-    from testbed.aset.live import refuse_unfit_checkpoint
-    from testbed.errors import EXIT_INPUT, InputError
+    from testbed.agent.live import refuse_unfit_checkpoint
+    from testbed.core.errors import EXIT_INPUT, InputError
 
     with pytest.raises(InputError) as err:
         refuse_unfit_checkpoint(plan)
@@ -149,7 +149,7 @@ def _check_aset(plan) -> str:
 
 
 def test_the_shipped_live_experiment_passes_the_check(live_plan):
-    from testbed.aset.live import check_experiment_checkpoint, refuse_unfit_checkpoint
+    from testbed.agent.live import check_experiment_checkpoint, refuse_unfit_checkpoint
 
     check_experiment_checkpoint(live_plan)
     refuse_unfit_checkpoint(live_plan)
@@ -165,7 +165,7 @@ def test_a_window_other_than_the_checkpoint_s_fails_before_bring_up(live_plan, a
 def test_no_window_takes_the_checkpoints(live_plan):
     """aset.window defaulted to 100 ms, a window no shipped checkpoint has, so leaving it out
     failed the check; it now means the checkpoint's own."""
-    from testbed.aset.live import refuse_unfit_checkpoint
+    from testbed.agent.live import refuse_unfit_checkpoint
 
     plan = _with_aset(live_plan, checkpoint="models/aset/aset")
     assert plan.experiment.aset.window_s is None
@@ -177,7 +177,7 @@ def test_testbed_plan_refuses_a_checkpoint_that_testbed_run_would(tmp_path, caps
     exist; only `testbed run` refused it."""
     import yaml
 
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     data = yaml.safe_load((REPO / "experiments" / "aset-live.yaml").read_text())
     data["aset"] = {**data.get("aset", {}), "checkpoint": str(tmp_path / "nope")}
@@ -220,12 +220,12 @@ def test_a_checkpoint_with_a_bad_observation_spec_is_named(live_plan, tmp_path):
 
 def _triangle_checkpoint(path: Path) -> Path:
     """A checkpoint of the triangle's sources, applications and clusters (random weights)."""
-    from testbed.aset.config import ObservationSpec
+    from testbed.agent.npolicy import export_policy
+    from testbed.agent.observation import context_size
     from testbed.aset.envs import plan_contexts
-    from testbed.aset.npolicy import export_policy
-    from testbed.aset.observation import context_size
-    from testbed.plan import plan_experiment
-    from testbed.policies import CATALOGUE
+    from testbed.model.policies import CATALOGUE
+    from testbed.plan.build import plan_experiment
+    from testbed.spec.aset import ObservationSpec
 
     spec = ObservationSpec()
     ctx = plan_contexts(plan_experiment(TRIANGLE), CATALOGUE, spec)[0]
@@ -238,8 +238,8 @@ def _triangle_checkpoint(path: Path) -> Path:
 
 
 def test_a_checkpoint_of_another_topology_fails_before_bring_up_as_in_the_source(live_plan, tmp_path):
-    from testbed.aset.live import LivePolicySelector
-    from testbed.boundaries import SourceConfig
+    from testbed.agent.live import LivePolicySelector
+    from testbed.plan.boundaries import SourceConfig
 
     _triangle_checkpoint(tmp_path / "tri")
     plan = _with_aset(live_plan, checkpoint=str(tmp_path / "tri"), window="500ms")
@@ -252,8 +252,8 @@ def test_a_checkpoint_of_another_topology_fails_before_bring_up_as_in_the_source
 
 
 def test_the_selector_and_the_pre_check_share_the_window_rule(live_plan, tmp_path):
-    from testbed.aset.live import LivePolicySelector
-    from testbed.boundaries import SourceConfig
+    from testbed.agent.live import LivePolicySelector
+    from testbed.plan.boundaries import SourceConfig
 
     plan = _with_aset(live_plan, checkpoint="models/aset/aset", window="1s")
     cfg = SourceConfig.from_plan(plan, "atl", 0, 1.0, tmp_path)
@@ -265,7 +265,7 @@ def test_the_selector_and_the_pre_check_share_the_window_rule(live_plan, tmp_pat
 # ------------------------------------------------------------------------------ 4. per-scenario tables
 
 def test_a_mix_for_no_training_scenario_is_refused_by_the_one_rule():
-    from testbed.aset.config import check_scenario_keys
+    from testbed.spec.aset import check_scenario_keys
 
     table = {"triangle": ["closest", "cloud"], "nosuch": ["cloud", "cloud"]}
     known = {"triangle": f"triangle ({TRIANGLE})"}
@@ -277,10 +277,10 @@ def test_a_mix_for_no_training_scenario_is_refused_by_the_one_rule():
 
 
 def test_the_shipped_plan_config_names_only_its_training_scenarios():
-    from testbed.config import load_experiment
+    from testbed.spec.experiment import load_experiment
 
     cfg, base = load_aset_config(REPO / "experiments" / "aset-plan.yaml")
-    from testbed.aset.config import check_scenario_keys
+    from testbed.spec.aset import check_scenario_keys
 
     names = {load_experiment(base / s).name: s for s in cfg.training.scenarios}
     check_scenario_keys("reward.baseline_mix", cfg.reward.baseline_mix, names)
@@ -289,7 +289,7 @@ def test_the_shipped_plan_config_names_only_its_training_scenarios():
 
 def test_evaluation_duration_has_the_bound_of_the_command_line():
     """evaluation.duration: 10 h got past the 1 h bound that --duration enforces."""
-    from testbed.aset.config import MAX_EPISODE_S, AsetConfig
+    from testbed.spec.aset import MAX_EPISODE_S, AsetConfig
 
     with pytest.raises(ValueError, match=r"evaluation.duration_s\n  Input should be less than or equal to 3600"):
         AsetConfig.model_validate({"name": "t", "evaluation": {"scenarios": ["x"], "duration": "36000s"}})
@@ -300,7 +300,7 @@ def test_testbed_plan_checks_every_file_of_experiments_aset_configs_included(tmp
     """A docs reviewer's find (Dec 4): `testbed plan` "validates everything" but refused the four
     ASET configs in experiments/ with six 'Field required' errors. It now validates them as
     `testbed train` does before training, and still names a bad item."""
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     for f in sorted((REPO / "experiments").glob("*.yaml")):
         assert main(["plan", str(f)]) == 0, f

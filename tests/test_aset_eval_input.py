@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from testbed.aset import evaluate as ev_mod
-from testbed.aset.config import load_aset_config
-from testbed.cli import main
-from testbed.errors import EXIT_BRINGUP, EXIT_INPUT, EXIT_NOTHING_MEASURED, InputError, RunFailure
+from testbed.cli.main import main
+from testbed.core.errors import EXIT_BRINGUP, EXIT_INPUT, EXIT_NOTHING_MEASURED, InputError, RunFailure
+from testbed.spec.aset import load_aset_config
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
@@ -123,7 +123,7 @@ def test_a_duration_the_workload_expects_no_query_in_is_refused_naming_file_and_
 
 def test_best_mix_leaves_out_a_seed_without_query_and_says_when_every_seed_has_none(monkeypatch):
     from testbed.aset import headroom
-    from testbed.plan import plan_experiment
+    from testbed.plan.build import plan_experiment
 
     plan = plan_experiment(TRIANGLE)
     counts = {1: (3, 4), 2: (0, 0)}
@@ -164,9 +164,9 @@ def test_a_seed_without_query_counts_in_no_mean_and_no_seed_count():
 
 # ----------------------------------------------------------------------------- 4. a checkpoint cut short
 def _export(path: Path) -> Path:
-    from testbed.aset.config import ObservationSpec
-    from testbed.aset.npolicy import export_policy
-    from testbed.aset.observation import observation_size
+    from testbed.agent.npolicy import export_policy
+    from testbed.agent.observation import observation_size
+    from testbed.spec.aset import ObservationSpec
 
     size = observation_size(1, 2, 2, 4, 2)
     rng = np.random.default_rng(0)
@@ -176,7 +176,7 @@ def _export(path: Path) -> Path:
 
 
 def test_a_cut_npz_or_json_is_a_value_error_naming_the_file(tmp_path):
-    from testbed.aset.npolicy import NumpyPolicy
+    from testbed.agent.npolicy import NumpyPolicy
 
     npz = _export(tmp_path / "policy")
     NumpyPolicy(tmp_path / "policy")  # whole: it opens
@@ -219,7 +219,7 @@ def test_headroom_with_specialised_is_refused(tmp_path, capsys, no_jobs):
 
 # ----------------------------------------------------------------------------- 6. --duration
 def test_duration_help_and_check_say_the_same_range(capsys):
-    from testbed.commands.evaluate import DURATION_HELP, MAX_EPISODE_S
+    from testbed.cli.evaluate import DURATION_HELP, MAX_EPISODE_S
 
     assert f"({MAX_EPISODE_S:g} s)" in DURATION_HELP
     for bad in ("0", "0ms", "3601", "3600.5s"):
@@ -240,7 +240,7 @@ def test_a_duration_that_is_not_whole_decision_windows_is_refused_naming_both(tm
 
 
 def test_aset_decision_window_is_checked_too(tmp_path):
-    from testbed.plan import plan_experiment
+    from testbed.plan.build import plan_experiment
 
     a = _scenario(tmp_path)
     plans = {str(a): plan_experiment(a)}
@@ -252,7 +252,7 @@ def test_aset_decision_window_is_checked_too(tmp_path):
 def test_a_checkpoint_trained_with_another_observation_is_refused(tmp_path, no_jobs):
     """evaluate runs the checkpoint's own observation: a config saying otherwise (another window,
     history or scale) was evaluated silently as what it is not (a reviewer's find)."""
-    from testbed.aset.config import ObservationSpec
+    from testbed.spec.aset import ObservationSpec
 
     _export(tmp_path / "policy")  # trained with ObservationSpec(): aset-tiny's observation
     cfg, base = _config(tmp_path, [str(_scenario(tmp_path))], checkpoint=str(tmp_path / "policy"))

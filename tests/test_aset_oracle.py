@@ -18,7 +18,7 @@ import yaml
 
 from testbed.aset.episode import Episode, run_static
 from testbed.aset.headroom import best_mix, causal_planner, continuation_ok, rollout_oracle, static_ratio
-from testbed.plan import plan_experiment
+from testbed.plan.build import plan_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 ACTIONS = ["closest", "cloud"]
@@ -115,7 +115,7 @@ def test_reseed_is_refused_between_report_boundaries(plan):
 def test_mmpp_reseed_redraws_the_pending_state_change():
     import numpy as np
 
-    from testbed.arrivals import MMPP
+    from testbed.model.arrivals import MMPP
 
     p = MMPP(np.random.default_rng(1), [10.0, 100.0], [1.0, 1.0])
     p.times(0.0, 0.5)
@@ -176,7 +176,7 @@ def test_paired_gain_t():
 
 
 def _eval_config(scenario: Path, out: Path, causal: int):
-    from testbed.aset.config import load_aset_config
+    from testbed.spec.aset import load_aset_config
 
     cfg, base = load_aset_config(REPO / "experiments" / "aset-tiny.yaml")
     ev = cfg.evaluation.model_copy(update={"scenarios": [str(scenario)], "out_dir": str(out), "duration_s": 6.0,
@@ -212,7 +212,7 @@ def test_evaluate_with_the_causal_planner_adds_its_rows_paired_on_the_oracle_see
 
 def test_evaluate_refuses_the_causal_planner_on_a_batching_cluster_before_any_run(tmp_path):
     from testbed.aset.evaluate import evaluate
-    from testbed.errors import InputError
+    from testbed.core.errors import InputError
 
     d = yaml.safe_load((REPO / "experiments" / "triangle.yaml").read_text())
     d["clusters"][0]["server"] = {"max_batch": 4, "max_queue_delay": "5ms"}
@@ -228,8 +228,8 @@ def test_evaluate_refuses_the_causal_planner_on_a_batching_cluster_before_any_ru
 def test_one_sampled_future_with_a_t_rule_and_too_many_are_refused_before_any_run(switch_path, tmp_path):
     """A breaker's review: at K = 1 the t rule passed any positive gain (no spread); K had no bound."""
     from testbed.aset.evaluate import evaluate
-    from testbed.cli import main
-    from testbed.errors import InputError
+    from testbed.cli.main import main
+    from testbed.core.errors import InputError
 
     cfg, base = _eval_config(switch_path, tmp_path / "ev", causal=1)
     with pytest.raises(InputError, match="needs at least 2 sampled futures"):

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import yaml
 
-from testbed.aset.config import load_aset_config
 from testbed.aset.episode import Episode
-from testbed.config import ConfigError
+from testbed.spec.aset import load_aset_config
+from testbed.spec.experiment import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 ACTIONS = ["closest", "cloud", "least_loaded"]
@@ -199,9 +199,9 @@ def test_fitting_lowers_the_loss_and_holds_out_whole_episodes(setup):
 
 
 def test_train_command_exports_a_policy_that_acts_by_the_plan_rule_and_reuses_its_data(tmp_path, capsys):
-    from testbed.aset.npolicy import NumpyPolicy
+    from testbed.agent.npolicy import NumpyPolicy
     from testbed.aset.rollout import decide
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     path = _config(tmp_path)
     assert main(["train", str(path)]) == 0
@@ -312,7 +312,7 @@ def test_an_unrunnable_training_section_is_refused_on_load(tmp_path, change, mes
 
 
 def test_train_options_are_checked_before_anything_runs(tmp_path, capsys):
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     path = _config(tmp_path)
     assert main(["train", str(path), "--rollout-workers", "2"]) == 2

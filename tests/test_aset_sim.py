@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.aset.config import ObservationSpec
 from testbed.aset.envs import AsetSimEnv
-from testbed.plan import plan_experiment
-from testbed.policies import CATALOGUE
+from testbed.model.policies import CATALOGUE
+from testbed.plan.build import plan_experiment
+from testbed.spec.aset import ObservationSpec
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
@@ -64,7 +64,7 @@ def test_real_env_deterministic_per_seed_and_counts_every_query(plan):
 
 def test_ci95_and_verdicts_exact():
     from testbed.aset.evaluate import summarise
-    from testbed.util import ci95
+    from testbed.core.util import ci95
 
     m, h = ci95([1.0, 2.0, 3.0])
     assert m == 2.0 and h == pytest.approx(4.302652729911275 / np.sqrt(3), rel=1e-9)
@@ -89,9 +89,9 @@ def test_ci95_and_verdicts_exact():
 
 def test_train_then_evaluate_end_to_end_on_triangle(tmp_path):
     """aset-tiny (150 steps) on the real simulator, then evaluate: 2 seeds x (7 static + ASET)."""
-    from testbed.aset.config import load_aset_config
     from testbed.aset.evaluate import evaluate
     from testbed.aset.train import train
+    from testbed.spec.aset import load_aset_config
 
     cfg, base = load_aset_config(REPO / "experiments" / "aset-tiny.yaml")
     cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"out_dir": str(tmp_path)})})
@@ -121,10 +121,10 @@ def test_specialise_starts_from_the_general_network_and_evaluates_per_scenario(t
     from its last checkpoint), then evaluate --specialised: ASET's rows use the specialised file."""
     import json
 
-    from testbed.aset.config import load_aset_config
+    from testbed.agent.npolicy import NumpyPolicy
     from testbed.aset.evaluate import evaluate
-    from testbed.aset.npolicy import NumpyPolicy
     from testbed.aset.train import last_checkpoint, specialise, specialised_path, train_seeds
+    from testbed.spec.aset import load_aset_config
 
     cfg, base = load_aset_config(REPO / "experiments" / "aset-tiny.yaml")
     export = tmp_path / "aset"
@@ -159,7 +159,7 @@ def test_specialise_from_the_command_line_without_jobs(tmp_path):
     import yaml
 
     from testbed.aset.train import specialised_path
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     d = yaml.safe_load((REPO / "experiments" / "aset-tiny.yaml").read_text())
     d["training"].update({"scenarios": [str(TRIANGLE)], "seeds": [1], "steps": 100, "out_dir": str(tmp_path / "runs"),
@@ -178,7 +178,7 @@ def test_a_mix_baseline_gives_zero_reward_to_the_agent_that_plays_the_mix():
     applying that same assignment every window gets exactly 0 in every transition, and the same
     episode figure as the baseline run; another assignment does not (capacity: the triangle
     succeeds under every policy)."""
-    from testbed.aset.config import RewardSpec
+    from testbed.spec.aset import RewardSpec
 
     plan = plan_experiment(REPO / "experiments" / "scenario-capacity.yaml")
     srcs = sorted(h.name for h in plan.sources)
@@ -195,9 +195,9 @@ def test_a_mix_baseline_gives_zero_reward_to_the_agent_that_plays_the_mix():
 
 
 def test_a_mix_baseline_that_does_not_fit_is_refused_naming_it(plan):
-    from testbed.aset.config import AsetConfig, RewardSpec
     from testbed.aset.train import check_reward_baselines
-    from testbed.config import ConfigError
+    from testbed.spec.aset import AsetConfig, RewardSpec
+    from testbed.spec.experiment import ConfigError
 
     name, n = plan.experiment.name, len(plan.sources)
     with pytest.raises(ValueError, match=r"reward.baseline_mix.x: unknown policy 'fastest'"):
@@ -266,8 +266,8 @@ def test_the_evaluation_cache_key_covers_the_checkpoints_json_and_dotted_names(t
 
     import numpy as np
 
+    from testbed.agent.npolicy import policy_files
     from testbed.aset import evaluate as ev
-    from testbed.aset.npolicy import policy_files
 
     assert policy_files(tmp_path / "aset-v1.2") == (tmp_path / "aset-v1.2.npz", tmp_path / "aset-v1.2.json")
     assert policy_files(tmp_path / "aset-v1.2.json") == policy_files(tmp_path / "aset-v1.2.npz")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.cli import main
+from testbed.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
@@ -168,9 +168,9 @@ def test_the_lowest_load_scale_is_checked_over_the_scenarios_own_duration_too(tm
 
 # ------------------------------------------------------------------ 6: no seed
 def test_an_empty_seed_list_is_refused(tmp_path, capsys):
-    from testbed.aset.config import load_aset_config
     from testbed.aset.train import train_seeds
-    from testbed.config import ConfigError
+    from testbed.spec.aset import load_aset_config
+    from testbed.spec.experiment import ConfigError
 
     assert main(["train", str(_config(tmp_path, seeds=[]))]) == 2
     assert "training.seeds" in _error(capsys)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.config import ConfigError
+from testbed.spec.experiment import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
@@ -31,7 +31,7 @@ def _scenario(folder: Path, stem: str, name: str = "triangle", extra_source: boo
 
 
 def _aset_cfg(tmp_path: Path, scenarios: list[Path], **reward):
-    from testbed.aset.config import AsetConfig
+    from testbed.spec.aset import AsetConfig
 
     return AsetConfig.model_validate({"name": "t", "reward": reward, "training": {
         "scenarios": [str(s) for s in scenarios], "steps": 1, "episode": "2s", "out_dir": str(tmp_path / "out")}})
@@ -69,9 +69,9 @@ def test_two_training_scenarios_of_one_name_are_refused_naming_both_files(tmp_pa
 
 
 def test_a_mix_that_does_not_fit_names_the_scenario_file_it_does_not_fit():
-    from testbed.aset.config import RewardSpec
     from testbed.aset.train import check_reward_baselines
-    from testbed.plan import plan_experiment
+    from testbed.plan.build import plan_experiment
+    from testbed.spec.aset import RewardSpec
 
     plan = plan_experiment(TRIANGLE)
     other = plan.model_copy(update={"experiment": plan.experiment.model_copy(update={"name": "other"})})
@@ -86,7 +86,7 @@ def test_a_mix_that_does_not_fit_names_the_scenario_file_it_does_not_fit():
 # --------------------------------------------------------------------------------------- F10
 
 def test_an_empty_baseline_mix_is_refused_naming_the_config_file(tmp_path):
-    from testbed.aset.config import load_aset_config
+    from testbed.spec.aset import load_aset_config
 
     cfg = tmp_path / "experiments" / "aset.yaml"
     cfg.parent.mkdir()
@@ -148,9 +148,9 @@ def test_simulated_records_are_reused_only_when_made_from_the_same_inputs(bench,
 # --------------------------------------------------------------------------------------- F11/F13
 
 def test_a_plan_error_names_the_experiment_file(tmp_path):
-    from testbed.aset.config import RandomiseSpec
     from testbed.aset.train import scenario_sampler
-    from testbed.plan import PlanError, plan_experiment
+    from testbed.plan.build import PlanError, plan_experiment
+    from testbed.spec.aset import RandomiseSpec
 
     bad = _scenario(tmp_path, "bad", **{"min_accuracy: 0.5}": "min_accuracy: 0.5, family: nosuch}"})
     with pytest.raises(PlanError, match=rf"^{bad}: application 'digits': family 'nosuch'"):
@@ -160,7 +160,7 @@ def test_a_plan_error_names_the_experiment_file(tmp_path):
 
 
 def test_the_train_command_names_the_config_its_scenarios_came_from(tmp_path, capsys):
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     a = _scenario(tmp_path / "exp", "a")
     b = _scenario(tmp_path / "exp", "b", name="tri3", extra_source=True)
@@ -174,8 +174,8 @@ def test_the_train_command_names_the_config_its_scenarios_came_from(tmp_path, ca
 
 
 def test_counts_in_messages_agree_in_number():
-    from testbed.aset.config import RewardSpec
-    from testbed.errors import counted
+    from testbed.core.errors import counted
+    from testbed.spec.aset import RewardSpec
 
     assert (counted(1, "policy", "policies"), counted(2, "source"), counted(0, "step")) == \
         ("1 policy", "2 sources", "0 steps")
@@ -184,7 +184,7 @@ def test_counts_in_messages_agree_in_number():
 
 
 def test_an_error_of_the_whole_file_has_no_location_prefix(tmp_path):
-    from testbed.config import load_experiment
+    from testbed.spec.experiment import load_experiment
 
     f = _scenario(tmp_path, "twice", **{"  - {name: srcc, site: C}\n": "  - {name: srcc, site: C}\n"
                                                                        "  - {name: srcc, site: B}\n"})
@@ -194,7 +194,7 @@ def test_an_error_of_the_whole_file_has_no_location_prefix(tmp_path):
 
 
 def test_a_negative_duration_is_said_to_be_negative(tmp_path):
-    from testbed.config import load_experiment
+    from testbed.spec.experiment import load_experiment
 
     f = _scenario(tmp_path, "neg", **{"duration: 8s": "duration: -1s"})
     with pytest.raises(ConfigError, match=r"\n  duration: '-1s' is negative; a duration must be positive$"):
@@ -202,7 +202,7 @@ def test_a_negative_duration_is_said_to_be_negative(tmp_path):
 
 
 def test_a_negative_duration_on_the_command_line_reaches_its_check(capsys):
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     with pytest.raises(SystemExit) as exc:
         main(["simulate", str(TRIANGLE), "--duration", "-1s"])
@@ -212,8 +212,8 @@ def test_a_negative_duration_on_the_command_line_reaches_its_check(capsys):
 
 
 def test_a_directory_given_as_the_topology_file_is_said_to_be_one(tmp_path):
-    from testbed.plan import plan_experiment
-    from testbed.topology import TopologyError
+    from testbed.plan.build import plan_experiment
+    from testbed.spec.topology import TopologyError
 
     (tmp_path / "topo.yaml").mkdir()
     f = _scenario(tmp_path, "tdir", **{str(REPO / "topologies" / "triangle.yaml"): "topo.yaml"})
@@ -244,7 +244,7 @@ def test_a_corrupt_evaluation_cache_file_is_a_miss_with_a_warning(tmp_path):
 
 def test_simulate_refuses_an_unwritable_runs_dir_before_simulating(tmp_path, monkeypatch, capsys):
     import testbed.sim as sim
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     def never(*a, **kw):
         raise AssertionError("simulated before the runs dir was checked")
@@ -258,7 +258,7 @@ def test_simulate_refuses_an_unwritable_runs_dir_before_simulating(tmp_path, mon
 
 
 def test_the_runs_dir_check_leaves_nothing_behind(tmp_path):
-    from testbed.plan import runs_dir_problem
+    from testbed.plan.build import runs_dir_problem
 
     assert runs_dir_problem(tmp_path / "a" / "b") is None
     assert list(tmp_path.iterdir()) == []

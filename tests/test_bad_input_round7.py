@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cli import main
+from testbed.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
@@ -140,8 +140,9 @@ def test_a_deadline_beyond_the_bound_is_refused_naming_why(tmp_path, capsys):
     load (the longest deadline + 2 s grace) once per report interval, never ended."""
     code, out = _plan(capsys, _triangle(tmp_path, **{"deadline: 100ms": "deadline: 1e12s"}))
     assert code == 2
-    assert ("applications.0.deadline_ms: 1e+12 s is over the bound of 600 s (testbed.config.MAX_DEADLINE_S): after "
-            "the load a run waits up to the longest deadline + 2 s for the last answers") in out
+    assert ("applications.0.deadline_ms: 1e+12 s is over the bound of 600 s "
+            "(testbed.spec.experiment.MAX_DEADLINE_S): after the load a run waits up to the longest deadline + 2 s "
+            "for the last answers") in out
 
 
 def test_the_longest_deadline_drains_in_bounded_time(tmp_path):
@@ -149,7 +150,7 @@ def test_the_longest_deadline_drains_in_bounded_time(tmp_path):
     import json
     import time
 
-    from testbed.plan import plan_experiment
+    from testbed.plan.build import plan_experiment
     from testbed.sim import simulate_experiment
 
     plan = plan_experiment(_triangle(tmp_path, **{"deadline: 100ms": "deadline: 600s"}))
@@ -182,7 +183,7 @@ def test_an_integer_too_long_to_read_is_an_input_error_naming_its_line(tmp_path,
 
 
 def test_an_integer_too_long_in_a_yaml_topology_names_the_file_and_line(tmp_path):
-    from testbed.topology import TopologyError, load_yaml_topology
+    from testbed.spec.topology import TopologyError, load_yaml_topology
 
     f = tmp_path / "t.yaml"
     f.write_text("name: t\nnodes:\n  - {id: A, dpid: " + "9" * 4400 + "}\nlinks: []\n")
@@ -200,9 +201,9 @@ _COMMANDS = {"run": ["run", "e.yaml"], "simulate": ["simulate", "e.yaml"],
 @pytest.mark.parametrize(("given", "seconds"), [("10", 10.0), ("10s", 10.0), ("0.5", 0.5), ("500ms", 0.5),
                                                 ("1e2", 100.0), ("2500us", 0.0025)])
 def test_duration_takes_the_same_forms_in_every_command(command, given, seconds):
-    """One parser (testbed.commands.duration_arg): ``run`` took only bare seconds ('10s' was
+    """One parser (testbed.cli.common.duration_arg): ``run`` took only bare seconds ('10s' was
     refused), simulate, sweep and evaluate only a unit ('10' was refused)."""
-    from testbed.cli import _parser
+    from testbed.cli.main import _parser
 
     args = _parser().parse_args([*_COMMANDS[command], "--duration", given])
     assert args.duration == pytest.approx(seconds)
@@ -219,7 +220,7 @@ def test_duration_takes_the_same_forms_in_every_command(command, given, seconds)
     ("ten", "duration for --duration: cannot parse 'ten'"),
 ])
 def test_a_bad_duration_is_refused_alike_in_every_command(command, given, said, capsys):
-    from testbed.cli import _attach_negative_values, _parser, _value_options
+    from testbed.cli.main import _attach_negative_values, _parser, _value_options
 
     ap = _parser()
     with pytest.raises(SystemExit) as exc:
@@ -246,14 +247,14 @@ def test_the_host_speed_warning_says_the_profilers_overwrite_the_tracked_profile
     """It told the reader to run testbed profile and the handling measurement, both of which write
     into the tracked models/profiles/ by default (every later simulation then differs from the
     published figures) without saying so."""
-    from testbed.summary import _headline
+    from testbed.results.summary import _headline
 
     s = {"queries": 1, "duration_s": 1.0, "host_speed": {"model": "hand_lite", "ratio": 1.6, "now_ms": 8.0,
                                                          "profile_ms": 5.0, "slow": True}}
     (line,) = [x for x in _headline(s) if x.startswith("WARNING: this machine ran")]
     assert ("into a copy of your own: both commands overwrite --profiles, by default the tracked models/profiles/ "
             "that every later simulation reads (cp -r models/profiles runs/profiles-here; testbed profile --shares "
-            "1,2 --profiles runs/profiles-here; python -m testbed.inference.handling --profiles runs/profiles-here; "
+            "1,2 --profiles runs/profiles-here; python -m testbed.serve.handling --profiles runs/profiles-here; "
             "then profiles_dir: runs/profiles-here in the experiment)") in line
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed.capture.analysis import IPV6, PcapError, analyze_run, load_packets, parse_tcp, read_pcap
-from testbed.capture.capture import capture_points, packet_bound, tcpdump_command, validate_capture
-from testbed.capture.spec import CaptureSpec
+from testbed.emu.capture import capture_points, packet_bound, tcpdump_command, validate_capture
 from testbed.model.records import RECORD_FIELDS
-from testbed.plan import PlanError, plan_experiment
-from testbed.summary import merge_records
+from testbed.plan.build import PlanError, plan_experiment
+from testbed.results.capture import IPV6, PcapError, analyze_run, load_packets, parse_tcp, read_pcap
+from testbed.results.summary import merge_records
+from testbed.spec.capture import CaptureSpec
 
 REPO = Path(__file__).resolve().parents[1]
 MS = 1_000_000

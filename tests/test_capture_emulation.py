@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed.plan import plan_experiment
-from testbed.report import build_report
-from testbed.run import run_experiment
+from testbed.emu.run import run_experiment
+from testbed.plan.build import plan_experiment
+from testbed.results.report import build_report
 
 REPO = Path(__file__).resolve().parents[1]
 # The user-space link emulator adds ~0.2 ms per traversal at idle (benchmarks/linkemu_bench.py);

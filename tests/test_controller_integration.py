@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from testbed import controller as ctl
+from testbed.sdn import client as ctl
 
 pytestmark = [
     pytest.mark.emulation,
@@ -200,14 +200,14 @@ def test_link_failure_reroutes_and_recovers(triangle):
 
 
 def test_controller_process_imports_numpy_only_at_first_use():
-    """ryu-manager's process (testbed.ryu_launcher) loads the controller app and its config
+    """ryu-manager's process (testbed.sdn.launcher) loads the controller app and its config
     validation without running numpy, networkx, dnspython or setuptools (the bring-up waits for
     its start), and numpy still works when touched."""
     import subprocess
 
-    code = ("import sys; import testbed.ryu_launcher as l; l._lazy_imports(); l._patch_eventlet(); "
+    code = ("import sys; import testbed.sdn.launcher as l; l._lazy_imports(); l._patch_eventlet(); "
             "import ryu.app.wsgi, ryu.topology.switches, ryu.controller.ofp_handler; "
-            "sys.path.insert(0, 'controllers'); import testbed_controller, testbed.boundaries; "
+            "sys.path.insert(0, 'controllers'); import testbed_controller, testbed.plan.boundaries; "
             "print(sorted(m for m in ('numpy._core', 'networkx', 'dns', 'setuptools', 'pkg_resources') "
             "if m in sys.modules)); import testbed.model.dispatch as d; print(int(d.np.arange(4).sum()))")
     env = dict(os.environ, **ctl.FAST_START_ENV)

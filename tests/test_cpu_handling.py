@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from testbed.catalog import FixedCatalog
-from testbed.config import Experiment
+from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import CfsQuota
 from testbed.model.service import isolated_query_s, service_figures
-from testbed.plan import build_plan
+from testbed.plan.build import build_plan
+from testbed.plan.catalog import FixedCatalog
 from testbed.sim import ServiceSampler, Simulator
-from testbed.util import REPO_ROOT
+from testbed.spec.experiment import Experiment
 
 
 def test_handling_spends_the_quota_of_the_call_after_it():
@@ -103,14 +103,13 @@ def test_simulator_handling_throttles_a_small_share_under_load():
 
 
 def test_handling_figures_of_the_committed_zoo_are_read_and_checked(tmp_path):
-    from testbed.inference import handling, zoo
-
+    from testbed.serve import handling, zoo
     profiles = REPO_ROOT / "models" / "profiles"
     assert handling.handling_ms(profiles, "hand_full") > 0.5  # JPEG frames: at least half a ms per request
     server, cold = handling.call_factors(profiles, "hand_full")
     assert server >= 1.0 and cold >= 1.0
     assert handling.call_factors(profiles, "digits_small") == (1.0, 1.0)  # below the CPU clock's resolution
-    with pytest.raises(zoo.ZooFileMissing, match="python -m testbed.inference.handling --variants nope"):
+    with pytest.raises(zoo.ZooFileMissing, match="python -m testbed.serve.handling --variants nope"):
         handling.handling_ms(profiles, "nope")
     import json
 
@@ -143,8 +142,8 @@ def test_a_variant_has_a_row_per_runtime_and_the_plan_takes_its_runtimes(tmp_pat
     triangle's plan (TensorFlow) carries that cold factor, not LiteRT's 1.0."""
     import json
 
-    from testbed.inference import handling, zoo
-    from testbed.plan import plan_experiment
+    from testbed.plan.build import plan_experiment
+    from testbed.serve import handling, zoo
 
     profiles = REPO_ROOT / "models" / "profiles"
     lite, tf = handling.measured_row(profiles, "digits_small"), handling.measured_row(profiles, "digits_small",
@@ -175,8 +174,7 @@ def test_a_variant_has_a_row_per_runtime_and_the_plan_takes_its_runtimes(tmp_pat
 def test_a_row_below_the_clocks_resolution_does_not_replace_one_above_it():
     """A breaker's review: -n 100 of TensorFlow's digits_small (0.8 ms x 100 = 0.08 s of CPU, under
     the 0.2 s the 10 ms ticks resolve) replaced the -n 1000 row, and its cold factor read 1.0."""
-    from testbed.inference import handling, zoo
-
+    from testbed.serve import handling, zoo
     manifest = zoo.load_manifest(REPO_ROOT / "models" / "zoo")
     good = handling.measured_row(REPO_ROOT / "models" / "profiles", "digits_small", "tensorflow")
     coarse = dict(good, queries=100, isolated_queries=30, call_cpu_ms=0.8, call_cpu_isolated_ms=1.0)
@@ -196,7 +194,7 @@ def test_a_runtime_without_its_own_row_is_a_note_of_the_plan(tmp_path):
     import json
     import shutil
 
-    from testbed.plan import plan_experiment
+    from testbed.plan.build import plan_experiment
 
     prof = tmp_path / "profiles"
     shutil.copytree(REPO_ROOT / "models" / "profiles", prof)
@@ -214,8 +212,8 @@ def test_a_runtime_without_its_own_row_is_a_note_of_the_plan(tmp_path):
 
 
 def test_plan_of_the_default_experiment_charges_handling():
-    from testbed.inference import handling
-    from testbed.plan import plan_experiment
+    from testbed.plan.build import plan_experiment
+    from testbed.serve import handling
 
     plan = plan_experiment(REPO_ROOT / "experiments" / "default.yaml")
     fig = plan.services["fesv"]["hand_full"]
@@ -225,8 +223,8 @@ def test_plan_of_the_default_experiment_charges_handling():
 
 
 def test_host_speed_times_the_cheapest_real_model_and_the_summary_warns():
-    from testbed.inference import handling
-    from testbed.summary import _headline
+    from testbed.results.summary import _headline
+    from testbed.serve import handling
 
     got = handling.host_speed(REPO_ROOT / "models" / "zoo", REPO_ROOT / "models" / "profiles",
                               {"hand_lite": "litert", "resnet50": "litert", "digits_small": "litert"})
@@ -245,7 +243,7 @@ def test_host_speed_of_a_tensorflow_model_counts_its_pool_threads():
     """TensorFlow runs a graph's ops on its own pool threads: the calling thread's CPU alone read
     0.40 ms for digits_large against 2.59 ms profiled ("0.15x" on the triangle runs, Dec 4). With
     the process's CPU the ratio is of the host's speed again (within what a shared host varies)."""
-    from testbed.inference import handling
+    from testbed.serve import handling
 
     got = handling.host_speed(REPO_ROOT / "models" / "zoo", REPO_ROOT / "models" / "profiles",
                               {"digits_large": "tensorflow"})
@@ -260,7 +258,7 @@ def test_host_speeds_native_log_line_goes_to_the_log_not_the_console(tmp_path):
     import sys
 
     log = tmp_path / "logs" / "host_speed.log"
-    code = ("import sys; from testbed.util import native_stderr_to; from testbed.inference import handling\n"
+    code = ("import sys; from testbed.core.util import native_stderr_to; from testbed.serve import handling\n"
             f"with native_stderr_to({str(log)!r}):\n"
             f"    got = handling.host_speed({str(REPO_ROOT / 'models' / 'zoo')!r}, "
             f"{str(REPO_ROOT / 'models' / 'profiles')!r}, {{'hand_lite': 'litert'}})\n"

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from testbed.model.policies import Option, closest
 from testbed.model.records import RECORD_FIELDS, classify
-from testbed.policies import Option, closest
-from testbed.summary import print_summary, summarize
+from testbed.results.summary import print_summary, summarize
 
 OPTS = [
     Option("near", "small", rtt_ms=4.0, service_ms=1.0, accuracy=0.93),
@@ -112,7 +112,7 @@ def test_service_check_names_servers_slower_than_their_profile(tmp_path, inferen
     assert ("WARNING: inference ran slower than its profile" in (tmp_path / "summary.md").read_text()) == starved
 
 def test_cold_calls_follow_the_cpu_models_rule():
-    from testbed.summary import cold_calls
+    from testbed.results.summary import cold_calls
 
     ms = 1_000_000
     df = pd.DataFrame({"cluster": ["a", "a", "a", "b", "a", "a"],
@@ -149,7 +149,7 @@ def test_service_check_expects_the_cold_factor_on_cold_calls(tmp_path, cold_fact
 def _source_cfg(tmp_path, policy="closest"):
     from pathlib import Path
 
-    from testbed.boundaries import SourceConfig
+    from testbed.plan.boundaries import SourceConfig
 
     repo = Path(__file__).resolve().parent.parent
     opt = {"ip": "10.0.0.9", "option": {"accuracy": 0.93, "service_ms": 2.0, "mean_service_ms": 1.0, "workers": 2}}
@@ -166,8 +166,8 @@ def _source_cfg(tmp_path, policy="closest"):
 
 
 def test_dispatcher_decides_on_the_state_it_last_heard(tmp_path):
+    from testbed.emu.source import Source, heard_from_stats
     from testbed.model.dispatch import Heard
-    from testbed.workload import Source, heard_from_stats
 
     src = Source(_source_cfg(tmp_path, "least_loaded"))
     d = src.dispatcher
@@ -190,7 +190,7 @@ def test_aset_selector_is_called_with_the_window_state(tmp_path, monkeypatch):
 
     calls = []
 
-    class FakeSelector:  # stands in for testbed.aset.live (helper D's module): pure logic under test
+    class FakeSelector:  # stands in for testbed.agent.live (helper D's module): pure logic under test
         def __init__(self, cfg):
             self.cfg = cfg
 
@@ -198,11 +198,11 @@ def test_aset_selector_is_called_with_the_window_state(tmp_path, monkeypatch):
             calls.append(state)
             return "cloud"
 
-    mod = types.ModuleType("testbed.aset.live")
+    mod = types.ModuleType("testbed.agent.live")
     mod.LivePolicySelector = FakeSelector
-    monkeypatch.setitem(sys.modules, "testbed.aset.live", mod)
+    monkeypatch.setitem(sys.modules, "testbed.agent.live", mod)
     (tmp_path / "link_util.json").write_text(json.dumps({"t": 0, "links": {"s1-s2": 0.25, "s3-s2": 0.5}}))
-    from testbed.workload import Source
+    from testbed.emu.source import Source
 
     src = Source(_source_cfg(tmp_path, "aset"))
     assert src.policy_name == "closest"
@@ -245,8 +245,8 @@ def _one_query(src, post) -> None:
 def test_a_query_with_no_answer_in_time_is_recorded_and_tallied(tmp_path):
     import csv
 
-    from testbed.boundaries import SourceTally, read_config, tally_path
-    from testbed.workload import Source
+    from testbed.emu.source import Source
+    from testbed.plan.boundaries import SourceTally, read_config, tally_path
 
     async def no_answer(*_args):
         raise TimeoutError
@@ -264,8 +264,8 @@ def test_a_query_with_no_answer_in_time_is_recorded_and_tallied(tmp_path):
 
 
 def test_a_query_that_raises_inside_the_source_is_counted_not_dropped(tmp_path, capsys):
-    from testbed.boundaries import SourceTally, read_config, tally_path
-    from testbed.workload import Source
+    from testbed.emu.source import Source
+    from testbed.plan.boundaries import SourceTally, read_config, tally_path
 
     async def broken(*_args):
         raise RuntimeError("a bug in the source")
@@ -285,7 +285,7 @@ def test_only_the_first_interrupt_of_a_run_unwinds_it():
 
     from rich.console import Console
 
-    from testbed.run import _Interrupts
+    from testbed.emu.run import _Interrupts
 
     before = signal.getsignal(signal.SIGINT)
     out = io.StringIO()
@@ -323,7 +323,7 @@ def test_a_server_that_closed_the_connection_without_answering_counts_as_down():
 
     import aiohttp
 
-    from testbed.workload import _refused
+    from testbed.emu.source import _refused
 
     assert _refused(aiohttp.ServerDisconnectedError())
     assert _refused(ConnectionResetError())
@@ -338,7 +338,7 @@ def test_a_server_that_closed_the_connection_without_answering_counts_as_down():
 def test_summary_names_links_by_place_as_the_report_does(tmp_path):
     """The newcomer review: the emulated summary named links by DPID (4-5), the simulated one by
     switch name (s1-s3) and the report by place. All by place now; no plan.json: as written."""
-    from testbed.summary import _links, _plan_doc
+    from testbed.results.summary import _links, _plan_doc
 
     rows = [{"t": 1, "a": a, "b": b, "kind": "switch", "capacity_mbps": 100, "util_ab": 0.1, "util_ba": 0.0,
              "drops_total": 0} for a, b in (("1", "2"), ("s2", "s3"))]

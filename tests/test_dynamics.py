@@ -3,7 +3,7 @@ and read back by measurement on a triangle (real Mininet, OVS userspace, ryu-man
 
 The emulation tests share one triangle (A-B 2 ms, B-C 3 ms, A-C 10 ms; hosts at 2 Gbit/s) whose
 scenario changes A-B and B-C, so both links have probe hosts. Each test fires its own changes
-through :class:`testbed.emulation.events.EventRunner` and leaves the links as planned.
+through :class:`testbed.emu.events.EventRunner` and leaves the links as planned.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.config import Experiment
-from testbed.emulation.network import (
+from testbed.emu.network import (
     check_interface_names,
     htb_commands,
     probe_hosts,
@@ -29,7 +28,8 @@ from testbed.emulation.network import (
     tc_change_commands,
 )
 from testbed.model.events import Change
-from testbed.plan import PlanError, build_plan
+from testbed.plan.build import PlanError, build_plan
+from testbed.spec.experiment import Experiment
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
@@ -83,8 +83,8 @@ def test_a_change_that_fires_late_or_not_at_all_stops_the_run(tmp_path):
     the later changes never fired, in a run that ended 'ok'. Now a change 1 s late stops it."""
     from types import SimpleNamespace
 
-    from testbed.emulation.events import EventRunner
-    from testbed.errors import RunFailure
+    from testbed.core.errors import RunFailure
+    from testbed.emu.events import EventRunner
 
     changes = [Change(t_s=1.0, kind="link_bandwidth", event=0, link=("s1", "s3"), value=0.001),
                Change(t_s=3.0, kind="cluster_down", event=1, cluster="edgeb"),
@@ -108,7 +108,7 @@ def test_a_change_that_fires_late_or_not_at_all_stops_the_run(tmp_path):
 def test_a_packet_train_never_outlasts_its_bound():
     """Below ~0.1 Mbit/s no train of 8 full frames fits in 1 s: the rate is applied, not measured
     (returned before any probe is asked: no emulation needed)."""
-    from testbed.emulation.dynamics import Dynamics
+    from testbed.emu.dynamics import Dynamics
 
     got = Dynamics._train(None, None, None, 0.001)
     assert got == {"not_measured": "a packet train of 8 frames of 1500 bytes would take 96.0 s at 0.001 Mbit/s, "
@@ -146,7 +146,7 @@ root = pytest.mark.skipif(os.geteuid() != 0, reason="emulation needs root")
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """The triangle with probe hosts on A-B and B-C, hosts at 2 Gbit/s, up for the module."""
-    from testbed.emulation.bringup import emulated_network, new_run_dir
+    from testbed.emu.bringup import emulated_network, new_run_dir
 
     plan = _plan(topology={"source": "../topologies/triangle.yaml", "host_bandwidth": "2Gbit/s"})
     run_id, run_dir = new_run_dir(plan, tmp_path_factory.mktemp("dyn"))
@@ -156,7 +156,7 @@ def live(tmp_path_factory):
 
 def _fire(live, steps: list[tuple[float, str, tuple[str, str], float | None]]) -> list[dict]:
     """Fire ``(t_s, kind, link, value)`` changes now (+0.3 s) and return their events.csv rows."""
-    from testbed.emulation.events import EventRunner
+    from testbed.emu.events import EventRunner
 
     changes = [Change(t_s=t, kind=k, event=i, link=link, value=v) for i, (t, k, link, v) in enumerate(steps)]
     runner = EventRunner(live, None, changes, time.time() + 0.3)
@@ -191,7 +191,7 @@ def test_delay_steps_are_measured_within_tolerance(live):
 
 
 def _events(live) -> list[dict]:
-    from testbed.controller import get_events
+    from testbed.sdn.client import get_events
 
     return get_events(live.rest_url)
 
@@ -238,7 +238,7 @@ def test_link_down_reroutes_and_the_time_is_recorded(live):
 @pytest.mark.emulation
 @root
 def test_links_above_1gbits_are_shaped_not_clamped(live, tmp_path):
-    from testbed.emulation.network import read_htb_rate_mbps
+    from testbed.emu.network import read_htb_rate_mbps
 
     table = live.emu.applied_table()
     for h in table["hosts"]:  # both ends of every host link at 2000 Mbit/s (Mininet would drop bw > 1000)

@@ -21,9 +21,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from testbed.config import Experiment
-from testbed.plan import build_plan
-from testbed.run import run_experiment
+from testbed.emu.run import run_experiment
+from testbed.plan.build import build_plan
+from testbed.spec.experiment import Experiment
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"

@@ -19,11 +19,11 @@ import pytest
 import requests
 import yaml
 
-from testbed.config import Experiment
-from testbed.emulation.cleanup import RUN_ENV, STATE_FILE, _ovs_bridges, _pids_with_run_ids, cleanup
-from testbed.emulation.selfcheck import check_rtts_twice
-from testbed.plan import build_plan, plan_experiment
-from testbed.run import emulated_network, new_run_dir, run_experiment
+from testbed.emu.cleanup import RUN_ENV, STATE_FILE, _ovs_bridges, _pids_with_run_ids, cleanup
+from testbed.emu.run import emulated_network, new_run_dir, run_experiment
+from testbed.emu.selfcheck import check_rtts_twice
+from testbed.plan.build import build_plan, plan_experiment
+from testbed.spec.experiment import Experiment
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"

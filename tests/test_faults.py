@@ -26,8 +26,8 @@ import pytest
 import yaml
 from test_emulation import _assert_nothing_left
 
-from testbed.emulation.cleanup import STATE_FILE, _ovs_bridges, _pids_with_run_ids
-from testbed.plan import plan_experiment
+from testbed.emu.cleanup import STATE_FILE, _ovs_bridges, _pids_with_run_ids
+from testbed.plan.build import plan_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -121,7 +121,7 @@ def test_a_killed_link_emulator_is_named_with_its_pid_and_every_link_it_served(t
     killed: list[int] = []
 
     def kill_linkemu(run_dir: Path) -> None:
-        (pid,) = [p for p, cmd in _processes_of(_run_id(run_dir)).items() if "-m testbed.emulation.linkemu" in cmd]
+        (pid,) = [p for p, cmd in _processes_of(_run_id(run_dir)).items() if "-m testbed.emu.linkemu" in cmd]
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
 
@@ -367,8 +367,8 @@ def _processes_of(run_id: str) -> dict[int, str]:
 
 
 #: What a run's children are, by their command lines (every one must be there when the run is killed).
-CHILD_ROLES = {"sources": "testbed.workload", "servers": "testbed.inference.server",
-               "link emulators": "testbed.emulation.linkemu", "ryu-manager": "testbed.ryu_launcher"}
+CHILD_ROLES = {"sources": "testbed.emu.source", "servers": "testbed.serve.server",
+               "link emulators": "testbed.emu.linkemu", "ryu-manager": "testbed.sdn.launcher"}
 
 
 def test_sigkill_during_the_load_ends_every_child_of_the_run(tmp_path):

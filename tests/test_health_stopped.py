@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from testbed import health
-from testbed.errors import EXIT_COMPONENT_DIED, RunFailure
-from testbed.health import STOPPED_GRACE_S, Component, HealthWatch, RunRecord, process_state
+from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
+from testbed.emu import health
+from testbed.emu.health import STOPPED_GRACE_S, Component, HealthWatch, RunRecord, process_state
 
 
 class Clock:
@@ -153,7 +153,7 @@ def test_a_server_killed_by_its_memory_limit_says_so(tmp_path, clock, proc):
 
 
 def test_oom_kills_read_from_cgroup_v1_and_v2_files(tmp_path):
-    from testbed.emulation.cgroups import oom_kills
+    from testbed.core.cgroups import oom_kills
 
     v1, v2 = tmp_path / "v1", tmp_path / "v2"
     v1.mkdir()

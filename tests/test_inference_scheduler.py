@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from testbed.inference.scheduler import ADMISSION, QUEUE_FULL, Job, Scheduler
+from testbed.serve.scheduler import ADMISSION, QUEUE_FULL, Job, Scheduler
 
 
 class GateModel:
@@ -153,7 +153,7 @@ def test_http_503_carries_the_reason_and_stats_count_it():
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from testbed.inference.server import InferenceServer
+    from testbed.serve.server import InferenceServer
 
     model = GateModel()
     model.input_shape, model.classes, model.runtime, model.info = (3,), 4, "fake", {"family": "f"}
@@ -196,9 +196,9 @@ def test_http_503_carries_the_reason_and_stats_count_it():
 
 
 def test_the_server_command_has_a_help_and_a_usage_error(capsys):
-    """docs/models-and-servers.md gives `python -m testbed.inference.server --help`; it read
+    """docs/models-and-servers.md gives `python -m testbed.serve.server --help`; it read
     '--help' as the config file's path (a docs reviewer's find, Dec 4)."""
-    from testbed.inference.server import main
+    from testbed.serve.server import main
 
     assert main(["--help"]) == 0
     assert "CONFIG.json" in capsys.readouterr().out

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from testbed.inference import zoo
+from testbed.serve import zoo
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"
@@ -49,14 +49,14 @@ class Server:
 
 def _launch(tmp: Path, name: str, models: list[str], runtimes: dict[str, str] | None = None,
             **settings: Any) -> tuple[subprocess.Popen, Path, Path, Path]:
-    from testbed.boundaries import ServerConfig
+    from testbed.plan.boundaries import ServerConfig
 
     ready, stats, log = tmp / f"{name}.ready.json", tmp / f"{name}.stats.json", tmp / f"{name}.log"
     cfg = ServerConfig(cluster=name, host="127.0.0.1", port=0, zoo_dir=str(ZOO), models=models,
                        runtimes={m: (runtimes or {}).get(m, "tensorflow") for m in models}, workers=1, threads=1,
                        cpu_cores=1.0, stats_file=str(stats), ready_file=str(ready), **settings)
     (tmp / f"{name}.server.json").write_text(cfg.model_dump_json())
-    cmd = [sys.executable, "-m", "testbed.inference.server", str(tmp / f"{name}.server.json")]
+    cmd = [sys.executable, "-m", "testbed.serve.server", str(tmp / f"{name}.server.json")]
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
     return proc, ready, stats, log
@@ -137,7 +137,7 @@ def test_server_refuses_unknown_variant_at_start(payloads, tmp_path):
     assert proc.wait(timeout=60) == 2
     assert "'nope'" in (tmp_path / "bad.log").read_text()
     (tmp_path / "broken.json").write_text('{"cluster": "x", "port": "eighty"}')
-    out = subprocess.run([sys.executable, "-m", "testbed.inference.server", str(tmp_path / "broken.json")],
+    out = subprocess.run([sys.executable, "-m", "testbed.serve.server", str(tmp_path / "broken.json")],
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 2 and "broken.json: invalid ServerConfig" in out.stderr and "port" in out.stderr
 
@@ -397,10 +397,10 @@ def test_sigterm_exits_0_with_final_stats(servers, payloads):
 
 
 def test_server_config_carries_every_server_setting(tmp_path):
-    from testbed.boundaries import ServerConfig
-    from testbed.config import Experiment
-    from testbed.inference.launch import server_command, write_server_config
-    from testbed.plan import build_plan
+    from testbed.plan.boundaries import ServerConfig
+    from testbed.plan.build import build_plan
+    from testbed.serve.launch import server_command, write_server_config
+    from testbed.spec.experiment import Experiment
 
     exp = Experiment.model_validate({
         "name": "cfg", "duration": "5s", "topology": {"source": str(REPO / "topologies/triangle.yaml")},
@@ -423,4 +423,4 @@ def test_server_config_carries_every_server_setting(tmp_path):
     svc = plan.services["edge1"]
     assert cfg.mean_service_ms == {m: svc[m].busy_mean_ms for m in ("digits_small", "digits_large")}
     assert cfg.stats_file == str(tmp_path / "clusters" / "edge1.stats.json")
-    assert server_command(path)[1:] == ["-m", "testbed.inference.server", str(path)]
+    assert server_command(path)[1:] == ["-m", "testbed.serve.server", str(path)]

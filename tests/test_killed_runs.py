@@ -1,4 +1,4 @@
-"""Marking the run directories of killed runs (testbed.emulation.cleanup.mark_killed_runs) on fake
+"""Marking the run directories of killed runs (testbed.emu.cleanup.mark_killed_runs) on fake
 run directories: which are marked, what the mark says, what is left alone. No root."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.emulation.cleanup import killed_run_line, mark_killed_runs, process_gone, process_identity
+from testbed.emu.cleanup import killed_run_line, mark_killed_runs, process_gone, process_identity
 
 NOW = datetime(2026, 12, 2, 18, 0, 0)
 
@@ -104,16 +104,16 @@ def test_the_run_the_intent_log_names_is_marked_wherever_its_runs_dir_is(tmp_pat
 def test_a_run_json_that_cannot_be_rewritten_is_an_error(tmp_path, dead, monkeypatch):
     import errno
 
-    import testbed.util
-    from testbed.emulation import bringup
-    from testbed.errors import RunFailure
+    import testbed.core.util
+    from testbed.core.errors import RunFailure
+    from testbed.emu import bringup
 
     d = _run(tmp_path, "full", dead)
 
     def full(path, data, indent=1):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(testbed.util, "write_json_atomic", full)
+    monkeypatch.setattr(testbed.core.util, "write_json_atomic", full)
     with pytest.raises(OSError):
         mark_killed_runs(tmp_path, "run z", now=NOW)
     monkeypatch.setattr(bringup, "remove_leftovers", lambda: 0)

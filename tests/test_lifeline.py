@@ -1,4 +1,4 @@
-"""testbed.lifeline: a child started with tied_popen gets SIGTERM when its parent process dies,
+"""testbed.core.lifeline: a child started with tied_popen gets SIGTERM when its parent process dies,
 not when the thread that asked for it ends. Plain processes, no root."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from testbed.lifeline import EXIT_PARENT_GONE, tie_to_parent
+from testbed.core.lifeline import EXIT_PARENT_GONE, tie_to_parent
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: kernel has removed that thread, checks the child still answers, prints its pid, then waits.
 PARENT = textwrap.dedent("""
     import os, subprocess, sys, threading, time
-    from testbed.lifeline import tied_popen
+    from testbed.core.lifeline import tied_popen
     got, tid = [], []
     def spawn():
         tid.append(threading.get_native_id())

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.emulation.linkemu import LinkConfig, LinkEmuError, disable_offloads, netem_available
+from testbed.emu.linkemu import LinkConfig, LinkEmuError, disable_offloads, netem_available
 
 pytestmark = pytest.mark.emulation
 
@@ -107,9 +107,9 @@ class Emu:
 
 @contextmanager
 def emulator(tmp_path: Path, delay_ms: float, *extra: str) -> Iterator[Emu]:
-    """Run ``python -m testbed.emulation.linkemu`` in le-l; SIGTERM it on exit and read its stats."""
+    """Run ``python -m testbed.emu.linkemu`` in le-l; SIGTERM it on exit and read its stats."""
     stats_file = tmp_path / "sub" / "stats.json"  # parent does not exist yet: the emulator creates it
-    cmd = _in(NS_L, sys.executable, "-m", "testbed.emulation.linkemu", "--if-a", "l0", "--if-b", "l1",
+    cmd = _in(NS_L, sys.executable, "-m", "testbed.emu.linkemu", "--if-a", "l0", "--if-b", "l1",
               "--delay-ms", str(delay_ms), "--stats-file", str(stats_file), *extra)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -270,7 +270,7 @@ def test_vlan_tag_survives(net: None, tmp_path: Path) -> None:
 
 def test_cli_rejects_missing_interface(net: None) -> None:
     """A wrong interface name is a clear error with exit code 2, not a traceback."""
-    res = _sh(_in(NS_L, sys.executable, "-m", "testbed.emulation.linkemu", "--if-a", "nope0", "--if-b", "l1",
+    res = _sh(_in(NS_L, sys.executable, "-m", "testbed.emu.linkemu", "--if-a", "nope0", "--if-b", "l1",
                   "--delay-ms", "1"), check=False)
     assert res.returncode == 2
     assert "no interface named 'nope0'" in res.stderr
@@ -296,10 +296,10 @@ def test_netem_probe_cleans_up() -> None:
 
 
 def test_netdev_configure_matches_ethtool_in_a_namespace() -> None:
-    """testbed.emulation.netdev (the bring-up's in-process set-up) leaves a veth end in another
+    """testbed.emu.netdev (the bring-up's in-process set-up) leaves a veth end in another
     namespace exactly as ``ethtool -K ... rx off tx off sg off tso off gso off gro off`` leaves
     one in the root namespace, up, with IPv6 off there and the root namespace's defaults untouched."""
-    from testbed.emulation import netdev
+    from testbed.emu import netdev
 
     if os.geteuid() != 0 or shutil.which("ethtool") is None:
         pytest.skip("needs root and ethtool")

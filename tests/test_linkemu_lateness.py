@@ -7,7 +7,7 @@ import random
 import socket
 from collections import deque
 
-from testbed.emulation import linkemu
+from testbed.emu import linkemu
 
 
 def _direction(name: str, due_s: list[float]) -> tuple[linkemu._Direction, socket.socket]:

@@ -1,4 +1,4 @@
-"""The machine's CPU over an emulation's load (testbed/emulation/machine.py) and the summary lines
+"""The machine's CPU over an emulation's load (testbed/emu/machine.py) and the summary lines
 it gives. The sampler is exercised on real processes; the headline on given figures."""
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ import time
 import pandas as pd
 import pytest
 
-from testbed.emulation.machine import CpuSampler, Sample, cores_between, machine_ticks, role_of
-from testbed.summary import _headline, latency_figures
+from testbed.emu.machine import CpuSampler, Sample, cores_between, machine_ticks, role_of
+from testbed.results.summary import _headline, latency_figures
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
 
 
 def test_roles_follow_the_command_line():
-    assert role_of("/x/python -m testbed.emulation.linkemu --links l.json") == "link emulators"
-    assert role_of("python -m testbed.inference.server clusters/a.server.json") == "inference servers"
-    assert role_of("python -m testbed.workload sources/sea.json") == "sources"
-    assert role_of("python -m testbed.ryu_launcher --observe-links") == "controller"
+    assert role_of("/x/python -m testbed.emu.linkemu --links l.json") == "link emulators"
+    assert role_of("python -m testbed.serve.server clusters/a.server.json") == "inference servers"
+    assert role_of("python -m testbed.emu.source sources/sea.json") == "sources"
+    assert role_of("python -m testbed.sdn.launcher --observe-links") == "controller"
     assert role_of("ovs-vswitchd unix:/run/x/db.sock") == "ovs-vswitchd"
-    assert role_of("python -m testbed.emulation.probe --control c.sock") == "link probes"  # a scenario's probes
+    assert role_of("python -m testbed.emu.probe --control c.sock") == "link probes"  # a scenario's probes
     assert role_of("stress-ng --cpu 2") == "other"
 
 
@@ -31,7 +31,7 @@ def test_machine_ticks_read_proc_stat(tmp_path):
     assert busy > 0 and steal >= 0
     f = tmp_path / "stat"
     f.write_text("cpu  100 20 30 900 5 1 2 7 0 0\ncpu0 1 2 3 4\n")
-    from testbed.emulation.machine import CLK_TCK
+    from testbed.emu.machine import CLK_TCK
 
     assert machine_ticks(f) == pytest.approx(((100 + 20 + 30 + 1 + 2) / CLK_TCK, 7 / CLK_TCK))
     f.write_text("intr 1 2\n")
@@ -45,7 +45,7 @@ def _sampled_around_a_burning_source(burn_s: float, interval_s: float):
     s = CpuSampler(interval_s=interval_s)
     s.start()
     time.sleep(0.3)
-    subprocess.run([sys.executable, "-c", BURN.format(s=burn_s), "testbed.workload"], check=True, timeout=30)
+    subprocess.run([sys.executable, "-c", BURN.format(s=burn_s), "testbed.emu.source"], check=True, timeout=30)
     time.sleep(0.3)
     s.stop()
     return s.result()
@@ -83,7 +83,7 @@ def test_the_window_is_the_loads_and_a_saturated_stretch_is_counted():
 
 
 def test_the_run_reads_its_samples_or_says_why_not(tmp_path):
-    from testbed.emulation.machine import SAMPLES_FILE, CpuSamples, machine_cpu_of_run
+    from testbed.emu.machine import SAMPLES_FILE, CpuSamples, machine_cpu_of_run
 
     assert machine_cpu_of_run(tmp_path, 0, 1) == (None, "")  # a simulation: nothing to say
     whole = CpuSamples(cpus=2, interval_s=1.0, samples=_samples([1.0] * 4)).model_dump_json()

@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from testbed.catalog import FixedCatalog
-from testbed.config import ConfigError, Experiment, load_experiment
 from testbed.model.network import FRAME_OVERHEAD_BYTES, LinkState, NetworkState, frames, mss_of, wire_bytes
-from testbed.plan import build_plan
+from testbed.plan.build import build_plan
+from testbed.plan.catalog import FixedCatalog
 from testbed.sim import Simulator
+from testbed.spec.experiment import ConfigError, Experiment, load_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle-litert.yaml"

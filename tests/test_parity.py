@@ -5,7 +5,7 @@ call) goes through both adapters of :class:`testbed.model.queue.ServerQueue`:
 
 * the simulator (:class:`testbed.sim.Simulator`, virtual clock), on a plan whose only source sits
   at its only cluster's switch, the arrivals given as trace workloads;
-* the inference server's :class:`testbed.inference.scheduler.Scheduler` with its real worker
+* the inference server's :class:`testbed.serve.scheduler.Scheduler` with its real worker
   threads, driven on a scripted clock by a harness that releases each model call at its scripted
   end (the fake model blocks until then), one event at a time.
 
@@ -27,12 +27,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.catalog import FixedCatalog
-from testbed.config import Experiment
-from testbed.inference.scheduler import Job, Scheduler
 from testbed.model.records import make_record
-from testbed.plan import build_plan
+from testbed.plan.build import build_plan
+from testbed.plan.catalog import FixedCatalog
+from testbed.serve.scheduler import Job, Scheduler
 from testbed.sim import ServiceSampler, Simulator
+from testbed.spec.experiment import Experiment
 
 REPO = Path(__file__).resolve().parent.parent
 #: Two models: "fast" (accuracy 0.9, 4 ms planned) and "good" (0.96, 7 ms planned).
@@ -238,9 +238,9 @@ def test_simulator_and_server_decide_the_same(server, tmp_path):
 def test_reported_state_gives_the_same_decisions(tmp_path):
     """The simulator's report of a cluster and the server's /v1/stats of the same queue state give
     a dispatcher the same view, hence the same decision, for every policy."""
+    from testbed.emu.source import heard_from_stats
     from testbed.model.dispatch import Dispatcher, OptionSpec
-    from testbed.policies import CATALOGUE, DETERMINISTIC
-    from testbed.workload import heard_from_stats
+    from testbed.model.policies import CATALOGUE, DETERMINISTIC
 
     plan = _plan(tmp_path, {"discipline": "fifo"})
     gate = _Gate()

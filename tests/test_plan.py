@@ -1,4 +1,4 @@
-"""Planning and validation: one test per rule of testbed.plan / testbed.units (no root needed)."""
+"""Planning and validation: one test per rule of testbed.plan.build / testbed.spec.units (no root needed)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.config import ConfigError, Experiment, load_experiment
-from testbed.plan import PlanError, build_plan, plan_experiment
-from testbed.topology import TopologyError, great_circle_km, load_graphml, raw_from_dict
-from testbed.units import UnitError, parse_delay_ms, parse_rate_mbps
+from testbed.plan.build import PlanError, build_plan, plan_experiment
+from testbed.spec.experiment import ConfigError, Experiment, load_experiment
+from testbed.spec.topology import TopologyError, great_circle_km, load_graphml, raw_from_dict
+from testbed.spec.units import UnitError, parse_delay_ms, parse_rate_mbps
 
 REPO = Path(__file__).resolve().parent.parent
 

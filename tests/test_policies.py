@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from testbed import policies as pol
+from testbed.model import policies as pol
 from testbed.model.dispatch import expected_wait_ms
-from testbed.policies import CATALOGUE, Context, Option, decide
+from testbed.model.policies import CATALOGUE, Context, Option, decide
 
 # near: 4 ms RTT, loaded; mid: 10 ms, idle; cloud: 40 ms. small: 0.93, large: 0.98.
 OPTS = [

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from testbed.inference import profiler, profiles, zoo
+from testbed.serve import profiler, profiles, zoo
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"
 
 
 def _cgroups_usable() -> bool:
-    from testbed.emulation import cgroups
+    from testbed.core import cgroups
 
     try:
         cgroups.cgroup_version()

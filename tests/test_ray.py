@@ -10,15 +10,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-# before Ray is imported: no usage statistics, and services on loopback (testbed.distributed)
+# before Ray is imported: no usage statistics, and services on loopback (testbed.core.distributed)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from testbed.distributed import DistributedError, imap_unordered  # noqa: E402
-from testbed.sweep import sweep  # noqa: E402
+from testbed.core.distributed import DistributedError, imap_unordered  # noqa: E402
+from testbed.results.sweep import sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -20,14 +20,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.inference import graphs, payload, zoo
+from testbed.serve import graphs, payload, zoo
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"
 sys.path.insert(0, str(REPO / "models"))
 import zoo_sources as src  # noqa: E402
 
-#: Documented output shapes per input (testbed/inference/graphs.py, docs/models-and-servers.md).
+#: Documented output shapes per input (testbed/serve/graphs.py, docs/models-and-servers.md).
 SHAPES = {
     "hands": {"landmarks": (21, 3), "presence": (), "handedness": (), "world_landmarks": (21, 3), "palm_score": ()},
     "faces": {"score": (), "box": (4,), "keypoints": (6, 2)},

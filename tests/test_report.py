@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from testbed.errors import InputError
+from testbed.core.errors import InputError
 from testbed.model.records import RECORD_FIELDS
-from testbed.report import ReportError, build_report, comparison_table, link_utilization, load_run
-from testbed.summary import load_duration_s, summarize
+from testbed.results.report import ReportError, build_report, comparison_table, link_utilization, load_run
+from testbed.results.summary import load_duration_s, summarize
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
@@ -79,7 +79,7 @@ def test_comparison_table_exact(tmp_path):
 
 
 def test_the_report_and_the_summary_give_one_set_of_latency_figures(tmp_path):
-    """One rule (testbed.summary.latency_figures) for summary.md and the report: a run's row has
+    """One rule (testbed.results.summary.latency_figures) for summary.md and the report: a run's row has
     the summary's percentiles and breakdown exactly, queries that opened a connection included
     (the summary left them out and the report did not: 93.3 against 94.66 ms p95), and the note
     under the table says so."""
@@ -244,7 +244,7 @@ def test_report_out_that_is_a_file_or_unwritable_is_an_input_error(tmp_path, mon
 
 def test_a_write_failing_midway_leaves_no_half_report(tmp_path, monkeypatch):
     a = make_run(tmp_path, "run-a", ["closest"])
-    import testbed.report as report
+    import testbed.results.report as report
 
     def full_disk(path, *args, **kwargs):
         raise OSError(28, "No space left on device", str(path))
@@ -323,7 +323,7 @@ def test_the_report_carries_a_saturated_machines_warning_and_busy_cpus(tmp_path)
 def test_a_capture_file_the_analysis_could_not_read_is_said_in_the_summary_and_the_report(tmp_path):
     """Found by a reviewer (Dec 4): a capture point whose file was unreadable was dropped in
     silence (its two hops merged into one, exit 0); analysis.json's errors are now warnings."""
-    from testbed.summary import _headline
+    from testbed.results.summary import _headline
 
     a = make_run(tmp_path, "cap", ["closest"])
     (a / "capture").mkdir()
@@ -350,7 +350,7 @@ def test_an_aset_run_is_one_row_not_a_row_per_policy_it_chose(tmp_path):
     assert len(rows) == 1 and rows[0].startswith("| aset "), rows
     s = json.loads((a / "summary.json").read_text())
     assert f"| {s['queries']} " in rows[0]
-    from testbed.summary import _headline
+    from testbed.results.summary import _headline
 
     s = summarize(a, 1.0)  # the summary says what ASET chose
     assert set(s["aset_choices"]) == {"closest", "min_latency", "round_robin"}

@@ -1,4 +1,4 @@
-"""Unit tests of testbed.routing: destination trees, paths, counters and rates (no network)."""
+"""Unit tests of testbed.model.routing: destination trees, paths, counters and rates (no network)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import networkx as nx
 import pytest
 
-from testbed import routing as r
+from testbed.model import routing as r
 
 # Triangle: 1 -(2)- 2 -(3)- 3 and a slow direct 1 -(10)- 3.
 TRIANGLE = [(1, 2, 2.0), (2, 3, 3.0), (1, 3, 10.0)]

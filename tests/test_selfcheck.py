@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from testbed.emulation.selfcheck import RttResult, check_rtts, check_rtts_twice, excess_per_switch_ms, parse_ping
+from testbed.emu.selfcheck import RttResult, check_rtts, check_rtts_twice, excess_per_switch_ms, parse_ping
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -97,9 +97,9 @@ def test_excess_per_switch_is_the_median_of_each_paths_minimum_over_its_switches
 def test_compensation_lowers_what_the_emulator_holds_never_what_was_asked(tmp_path):
     import yaml
 
-    from testbed.config import Experiment
-    from testbed.emulation.network import Emulation, EmulationError
-    from testbed.plan import build_plan
+    from testbed.emu.network import Emulation, EmulationError
+    from testbed.plan.build import build_plan
+    from testbed.spec.experiment import Experiment
 
     triangle = REPO / "experiments" / "triangle.yaml"
     plan = build_plan(Experiment.model_validate(yaml.safe_load(triangle.read_text())), base_dir=triangle.parent)

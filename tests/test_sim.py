@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from testbed.catalog import FixedCatalog
-from testbed.config import ConfigError, Experiment, load_experiment
 from testbed.model.records import RECORD_FIELDS
-from testbed.plan import PlanError, build_plan, plan_experiment
+from testbed.plan.build import PlanError, build_plan, plan_experiment
+from testbed.plan.catalog import FixedCatalog
 from testbed.sim import ServiceSampler, SimError, Simulator, simulate_experiment
+from testbed.spec.experiment import ConfigError, Experiment, load_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -236,7 +236,7 @@ def test_aset_policy_needs_a_checkpoint(tmp_path):
 
 
 def test_cli_simulate_and_sweep(tmp_path):
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     assert main(["simulate", str(REPO / "experiments/triangle.yaml"), "--duration", "5s", "--policy", "random",
                  "--runs-dir", str(tmp_path)]) == 0
@@ -253,7 +253,7 @@ def test_cli_simulate_and_sweep(tmp_path):
 def test_simulate_refuses_the_aset_policy_it_cannot_run(tmp_path):
     """A plain simulation has no ASET agent: a source on policy aset used to run on closest while
     the run said nothing of it (exit 0). Refused, naming the sources; --policy still simulates."""
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     exp = tmp_path / "live.yaml"
     exp.write_text((REPO / "experiments/triangle.yaml").read_text().replace(

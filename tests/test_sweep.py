@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed.sweep import sweep
-from testbed.util import ci95
+from testbed.core.util import ci95
+from testbed.results.sweep import sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,8 +98,8 @@ def test_a_cells_own_os_error_is_not_blamed_on_the_output_folder(tmp_path, monke
     import errno
     import os
 
-    import testbed.sweep as sw
-    from testbed.errors import RunFailure
+    import testbed.results.sweep as sw
+    from testbed.core.errors import RunFailure
 
     def no_space(*_a, **_k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/tmp/sweep-x")
@@ -113,7 +113,7 @@ def test_a_cells_own_os_error_is_not_blamed_on_the_output_folder(tmp_path, monke
 
 
 def test_a_sweep_whose_cells_measured_nothing_exits_5_naming_them(tmp_path, capsys):
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     code = main(["sweep", str(REPO / "experiments/triangle.yaml"), "--seeds", "1", "--duration", "500us",
                  "--policies", "closest", "--jobs", "1", "--out", str(tmp_path / "s")])
@@ -126,7 +126,7 @@ def test_a_sweep_whose_cells_measured_nothing_exits_5_naming_them(tmp_path, caps
     (["--policies", "closest", "--out", ""], "--out: an empty path"),
 ])
 def test_sweep_refuses_a_policy_twice_and_an_empty_out(tmp_path, capsys, args, message):
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     assert main(["sweep", str(REPO / "experiments/triangle.yaml"), *args]) == 2
     assert message in capsys.readouterr().out
@@ -147,7 +147,7 @@ def test_an_abandoned_process_pool_stops_its_workers_at_once():
     import multiprocessing
     import time as _t
 
-    from testbed.distributed import imap_unordered
+    from testbed.core.distributed import imap_unordered
 
     before = set(multiprocessing.active_children())
     it = imap_unordered(_sleep_then, [(0, 0.0), (1, 60.0), (2, 60.0), (3, 60.0)], jobs=2)
@@ -195,11 +195,11 @@ def test_a_sweep_shorter_than_its_scenarios_events_says_they_do_not_happen(tmp_p
 
 def test_help_texts_carry_no_rest_markup(capsys):
     """`testbed --help` showed ``literals`` and :mod:`roles` from the docstrings (a docs reviewer's find)."""
-    from testbed.cli import main
-    from testbed.commands import plain_help
+    from testbed.cli.common import plain_help
+    from testbed.cli.main import main
 
-    assert plain_help("The ``testbed`` command (:mod:`testbed.commands`, :func:`~x.y`)") == \
-        "The testbed command (testbed.commands, x.y)"
+    assert plain_help("The ``testbed`` command (:mod:`testbed.cli.common`, :func:`~x.y`)") == \
+        "The testbed command (testbed.cli.common, x.y)"
     for cmd in ([], ["sweep"], ["simulate"], ["evaluate"], ["train"], ["profile"]):
         with pytest.raises(SystemExit):
             main([*cmd, "--help"])

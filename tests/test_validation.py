@@ -15,14 +15,14 @@ import pytest
 from rich.console import Console
 from test_plan import BASE, TRIANGLE
 
-from testbed.config import ConfigError, Experiment, load_experiment
-from testbed.errors import EXIT_BRINGUP, EXIT_COMPONENT_DIED, RunFailure
-from testbed.health import Component, HealthWatch, LinkCheck, RunRecord, Storage, StorageEstimate, describe_exit
+from testbed.core.errors import EXIT_BRINGUP, EXIT_COMPONENT_DIED, RunFailure
+from testbed.emu.health import Component, HealthWatch, LinkCheck, RunRecord, Storage, StorageEstimate, describe_exit
 from testbed.model.records import RECORD_FIELDS, make_record
-from testbed.plan import PlanError, build_plan, check_load_bounds, run_dir_limit_problem
-from testbed.schema import DuplicateKeyError, load_yaml
-from testbed.summary import _headline, _tables, merge_records, print_summary, summarize
-from testbed.topology import TopologyError, graphml_link_speed, load_graphml, load_yaml_topology, raw_from_dict
+from testbed.plan.build import PlanError, build_plan, check_load_bounds, run_dir_limit_problem
+from testbed.results.summary import _headline, _tables, merge_records, print_summary, summarize
+from testbed.spec.experiment import ConfigError, Experiment, load_experiment
+from testbed.spec.schema import DuplicateKeyError, load_yaml
+from testbed.spec.topology import TopologyError, graphml_link_speed, load_graphml, load_yaml_topology, raw_from_dict
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -165,8 +165,8 @@ def test_a_trace_or_demand_matrix_that_is_not_csv_text_is_named_not_a_traceback_
     e = exp(workload=[{"application": "app", "process": "trace", "trace": str(f)}])
     with pytest.raises(PlanError, match=f"workload.0 .*trace {f}.*{message}"):
         build_plan(e, topo(), base_dir=tmp_path)
-    from testbed.arrivals import read_demand_matrix
-    from testbed.errors import InputError
+    from testbed.core.errors import InputError
+    from testbed.model.arrivals import read_demand_matrix
 
     with pytest.raises(InputError, match=f"demand matrix {f}.*{message}"):
         read_demand_matrix(f)
@@ -390,7 +390,7 @@ def test_a_source_that_fails_fails_the_run(tmp_path):
 
 def test_unplanned_link_down_and_planned_link_down(tmp_path, monkeypatch):
     plan = build_plan(exp(), topo())
-    import testbed.controller as ctl
+    import testbed.sdn.client as ctl
 
     monkeypatch.setattr(ctl, "get_status", lambda url, timeout_s=5.0: {"missing_links": [[1, 2]]})
     planned: set = set()
@@ -506,8 +506,8 @@ def test_a_lost_record_shows_as_a_gap_in_the_query_ids(tmp_path):
 
 
 def test_records_lost_at_the_end_of_a_file_are_counted_from_the_sources_tally(tmp_path):
-    from testbed.boundaries import SourceTally, tally_path
-    from testbed.util import write_json_atomic
+    from testbed.core.util import write_json_atomic
+    from testbed.plan.boundaries import SourceTally, tally_path
 
     _records(tmp_path)
     f = tmp_path / "sources" / "a.records.csv"
@@ -524,7 +524,7 @@ def test_a_source_file_whose_last_line_is_cut_keeps_its_whole_rows_and_says_so(t
     """Found by a reviewer (Dec 4): `testbed report` of a killed run whose source file ended in a
     cut line was refused, naming a glob and a row of the merged frame. The whole rows are kept, the
     cut line is said; a bad line before the last is refused naming the file."""
-    from testbed.summary import RecordsError, _headline
+    from testbed.results.summary import RecordsError, _headline
 
     _records(tmp_path)
     f = tmp_path / "sources" / "a.records.csv"
@@ -546,9 +546,9 @@ def test_a_source_file_whose_last_line_is_cut_keeps_its_whole_rows_and_says_so(t
 def test_a_source_whose_records_file_is_gone_is_counted_from_its_tally(tmp_path):
     """A reviewer's find (Dec 4): a records file deleted during the run left its source out of the
     summary and of the records check, while its tally said 19 records were written."""
-    from testbed.boundaries import SourceTally, tally_path
-    from testbed.summary import _headline
-    from testbed.util import write_json_atomic
+    from testbed.core.util import write_json_atomic
+    from testbed.plan.boundaries import SourceTally, tally_path
+    from testbed.results.summary import _headline
 
     _records(tmp_path)
     f = tmp_path / "sources" / "b.records.csv"
@@ -610,7 +610,7 @@ def test_queries_that_opened_a_connection_count_in_the_latency_figures(tmp_path)
 
 
 def test_links_a_link_event_takes_down_are_planned_from_the_timeline(monkeypatch):
-    from testbed import run
+    from testbed.emu import run
 
     e = exp(events=[{"at": "2s", "kind": "link_down", "link": ["A", "B"]}, {"at": "5s", "kind": "link_up",
                                                                           "link": ["A", "B"]}])
@@ -672,7 +672,7 @@ def test_a_rate_in_exponent_form_states_the_value_the_bound_and_the_item(tmp_pat
     r = _plan_cli(tmp_path, EXP_YAML.replace("WORKERS ", "").replace("RATE", "rate_qps: 1e12"))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert ("workload.0.rate_qps: 1e+12 q/s is over the bound of 10,000 q/s per stream and source "
-            "(testbed.config.MAX_RATE_QPS") in r.stdout
+            "(testbed.spec.experiment.MAX_RATE_QPS") in r.stdout
     assert load_yaml("a: 1e12\nb: -2E-3\nc: 1.5e3\nd: '1e12'\ne: 1e12ms\n") == \
         {"a": 1e12, "b": -0.002, "c": 1500.0, "d": "1e12", "e": "1e12ms"}  # YAML 1.2 numbers; text stays text
     r = _plan_cli(tmp_path, EXP_YAML.replace("WORKERS ", "").replace("RATE", "rate_qps: '2e3'"))
@@ -689,8 +689,8 @@ def test_a_rate_in_exponent_form_states_the_value_the_bound_and_the_item(tmp_pat
 def test_workers_are_bounded_per_cluster(tmp_path):
     r = _plan_cli(tmp_path, EXP_YAML.replace("WORKERS", "workers: 100000,").replace("RATE", "rate_qps: 1"))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
-    assert "clusters.0.workers: 100000 workers is over the bound of 64 per cluster (testbed.config.MAX_WORKERS" \
-        in r.stdout
+    assert ("clusters.0.workers: 100000 workers is over the bound of 64 per cluster "
+            "(testbed.spec.experiment.MAX_WORKERS") in r.stdout
     clusters = copy.deepcopy(BASE["clusters"])
     clusters[0]["workers"] = 64
     assert build_plan(exp(clusters=clusters), topo()).host("edge").workers == 64
@@ -761,7 +761,7 @@ def _fake_training(root: Path, steps: int, episodes: int):
 
 def test_train_says_what_it_wrote_and_never_shows_curves_it_did_not_write(tmp_path, monkeypatch, capsys):
     import testbed.aset.train as train_mod
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     cfg = tmp_path / "experiments" / "tiny.yaml"
     cfg.parent.mkdir()
@@ -793,10 +793,10 @@ def test_a_dead_link_emulator_process_is_named_with_its_pid_and_every_link_it_se
     """One link emulator process (E0) serves l1, l2 and l3 of the triangle: its death is one
     incident naming the process, its pid and every link (it was reported as linkemu-l1 and
     linkemu-l2, l3 missing, no pid, no log)."""
-    from testbed.emulation.bringup import Live
-    from testbed.emulation.network import Emulation
-    from testbed.plan import plan_experiment
-    from testbed.run import _network_components
+    from testbed.emu.bringup import Live
+    from testbed.emu.network import Emulation
+    from testbed.emu.run import _network_components
+    from testbed.plan.build import plan_experiment
 
     plan = plan_experiment(REPO / "experiments" / "triangle.yaml")
     (tmp_path / "logs").mkdir()
@@ -819,7 +819,7 @@ def test_a_dead_link_emulator_process_is_named_with_its_pid_and_every_link_it_se
     assert inc["pid"] == 4194305 and inc["serves"] == ["l1 (A-B)", "l2 (B-C)", "l3 (A-C)"]
     assert inc["last_lines"] == ["forwarding 3 links"] and inc["log"] == str(tmp_path / "logs" / "linkemu-E0.log")
     assert "serving 3 link(s): l1 (A-B), l2 (B-C), l3 (A-C)" in str(w.failure)
-    from testbed.summary import _tables
+    from testbed.results.summary import _tables
 
     (health,) = [t for t in _tables({"health": {"incidents": [inc]}}) if t[0].startswith("Health")]
     assert health[2][0][-1] == "pid 4194305: l1 (A-B), l2 (B-C), l3 (A-C)"
@@ -861,7 +861,7 @@ def test_preflight_names_a_dead_ovs_vswitchd_before_anything_is_built(monkeypatc
     """A reviewer's find (Dec 4): with ovs-vswitchd killed (its monitor does not restart it after a
     SIGKILL), `ovs-vsctl show` still answered from the database, and the run failed 60 s later
     creating the bridges. Each daemon is asked now (the OVS answers faked: a pure-logic test)."""
-    import testbed.emulation.bringup as bringup
+    import testbed.emu.bringup as bringup
 
     real = subprocess.run
 
@@ -881,11 +881,11 @@ def test_preflight_names_a_dead_ovs_vswitchd_before_anything_is_built(monkeypatc
 
 def test_a_run_records_the_command_and_the_code_that_reproduce_it():
     """A reviewer's find (Dec 4): no output named the command line or the code version of its
-    run; run.json now has them (testbed.util.provenance) and the summary says them."""
+    run; run.json now has them (testbed.core.util.provenance) and the summary says them."""
     import re as _re
 
-    from testbed.summary import _headline
-    from testbed.util import provenance
+    from testbed.core.util import provenance
+    from testbed.results.summary import _headline
 
     got = provenance(["/work/x/.venv/bin/testbed", "run", "my exp.yaml", "--duration", "5s"])
     assert got["command"] == "testbed run 'my exp.yaml' --duration 5s"
@@ -924,7 +924,7 @@ def test_records_parquet_has_one_schema_whatever_values_a_run_had(tmp_path):
 def test_simulate_says_a_capture_section_is_not_simulated(tmp_path, capsys):
     """A reviewer's find (Dec 4): `testbed simulate` of experiments/capture.yaml ignored its
     capture: section in silence, and the report then gave a wrong reason for the missing hops."""
-    from testbed.cli import main
+    from testbed.cli.main import main
 
     exp = REPO / "experiments" / "capture.yaml"
     assert main(["simulate", str(exp), "--duration", "2s", "--runs-dir", str(tmp_path)]) == 0

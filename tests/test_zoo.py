@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.inference import profiles, zoo
+from testbed.serve import profiles, zoo
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"
@@ -82,7 +82,7 @@ def test_tensorflow_and_litert_give_the_same_top1(manifest):
 
 def test_every_variant_has_a_profile(manifest):
     """Every variant, every runtime it has: a 1-core batch-1 profile (unthrottled: the CPU-share model's input)."""
-    from testbed.inference.profiler import MIN_SAMPLES
+    from testbed.serve.profiler import MIN_SAMPLES
 
     for name in manifest["variants"]:
         for rt in zoo.runtimes_of(manifest, name):

@@ -4,13 +4,13 @@ system-model.md, section "ASET": one agent decision per dispatcher (source) and 
 the action indexes the static policy catalogue; the reward is the success ratio of the queries the
 dispatcher created in the window, assigned once all of them are resolved. Modules:
 
-- :mod:`testbed.aset.config`: the ``experiments/aset-*.yaml`` schema (every constant).
-- :mod:`testbed.aset.observation`: the ONE feature construction, used by the simulator env, the
+- :mod:`testbed.spec.aset`: the ``experiments/aset-*.yaml`` schema (every constant).
+- :mod:`testbed.agent.observation`: the ONE feature construction, used by the simulator env, the
   live env and the live selector.
 - :mod:`testbed.aset.envs`: Gymnasium environments ``AsetSimEnv`` and ``AsetLiveEnv``.
 - :mod:`testbed.aset.agent`: double DQN (TensorFlow/Keras).
-- :mod:`testbed.aset.npolicy`: exported weights (.npz + .json) and their numpy forward pass.
-- :mod:`testbed.aset.live`: ``LivePolicySelector`` called by the emulation's dispatcher.
+- :mod:`testbed.agent.npolicy`: exported weights (.npz + .json) and their numpy forward pass.
+- :mod:`testbed.agent.live`: ``LivePolicySelector`` called by the emulation's dispatcher.
 - :mod:`testbed.aset.train`, :mod:`testbed.aset.evaluate`: ``testbed train`` / ``testbed evaluate``.
 - :mod:`testbed.aset.bench`: decision time per window (``python -m testbed.aset.bench``).
 

@@ -6,7 +6,7 @@ Reinforcement Learning with Double Q-learning", AAAI 2016)::
 
     y = r + gamma * (1 - done) * Q_target(s', argmax_a Q_online(s', a))
 
-where the argmax (here and when acting) is over :func:`~testbed.aset.npolicy.plan_scores`, i.e.
+where the argmax (here and when acting) is over :func:`~testbed.agent.npolicy.plan_scores`, i.e.
 Q + ``agent.plan_margin`` at the source's planned policy (0 by default: the plain rule). The
 target thus evaluates the policy that is actually followed, the margin-greedy one.
 
@@ -15,8 +15,8 @@ Huber loss (delta ``agent.huber_delta``) on Q_online(s, a) - y, Adam; experience
 ``agent.target_update_steps`` gradient steps; epsilon-greedy with a linear schedule. One network
 is shared by all dispatchers: every dispatcher's transition goes into the same replay buffer.
 
-Deployment: :func:`~testbed.aset.npolicy.export_policy` writes the weights as ``NAME.npz`` plus
-``NAME.json``; :class:`~testbed.aset.npolicy.NumpyPolicy` (no TensorFlow import) runs them.
+Deployment: :func:`~testbed.agent.npolicy.export_policy` writes the weights as ``NAME.npz`` plus
+``NAME.json``; :class:`~testbed.agent.npolicy.NumpyPolicy` (no TensorFlow import) runs them.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from testbed.aset.config import AgentSpec
-from testbed.aset.npolicy import NumpyPolicy, ObservationSizeError, export_policy, plan_scores
+from testbed.agent.npolicy import NumpyPolicy, ObservationSizeError, export_policy, plan_scores
+from testbed.spec.aset import AgentSpec
 
 __all__ = ["DQNAgent", "NumpyPolicy", "ObservationSizeError", "ReplayBuffer", "build_q_network",
            "checkpoint_io_sizes", "export_policy"]
@@ -77,9 +77,9 @@ class DQNAgent:
     """Double DQN agent shared by all dispatchers.
 
     Args:
-        obs_size: length of the observation (see :func:`testbed.aset.observation.observation_size`).
+        obs_size: length of the observation (see :func:`testbed.agent.observation.observation_size`).
         n_actions: size of the policy catalogue.
-        spec: hyper-parameters (:class:`testbed.aset.config.AgentSpec`).
+        spec: hyper-parameters (:class:`testbed.spec.aset.AgentSpec`).
         seed: seeds the network init, the replay sampling and epsilon-greedy.
     """
 

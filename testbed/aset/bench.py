@@ -3,8 +3,8 @@
     .venv/bin/python -m testbed.aset.bench [CHECKPOINT] [EXPERIMENT] [N]   (--help: the arguments)
 
 defaults: ``models/aset/aset``, ``experiments/aset-live.yaml``, 20000 decisions. Builds the live
-selector exactly as the emulation's dispatcher does (the source config ``testbed.run`` writes,
-:meth:`testbed.boundaries.SourceConfig.from_plan`) and feeds it window states drawn at random
+selector exactly as the emulation's dispatcher does (the source config ``testbed.emu.run`` writes,
+:meth:`testbed.plan.boundaries.SourceConfig.from_plan`) and feeds it window states drawn at random
 (arrivals, stale cluster stats, path utilization, resolved queries with cluster and e2e, in-flight
 counts). Prints n, mean, p50, p99, max in ms. Goal (issue 5): p99 < 2 ms. Timings on the shared
 2-core machine are noisy.
@@ -43,9 +43,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Time ``n`` decisions (module docstring). Bad input (a missing file, a checkpoint that does
-    not fit the experiment) is a :class:`testbed.errors.InputError`, printed once as the
+    not fit the experiment) is a :class:`testbed.core.errors.InputError`, printed once as the
     ``testbed`` command prints errors, with its exit code."""
-    from testbed.errors import TestbedError
+    from testbed.core.errors import TestbedError
 
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -59,9 +59,9 @@ def _selector(ckpt: Path, plan):
     """The live selector of the plan's first source with the checkpoint, as the emulation builds it."""
     import tempfile
 
-    from testbed.aset.live import LivePolicySelector
-    from testbed.boundaries import SourceConfig
-    from testbed.errors import InputError
+    from testbed.agent.live import LivePolicySelector
+    from testbed.core.errors import InputError
+    from testbed.plan.boundaries import SourceConfig
 
     cfg = SourceConfig.from_plan(plan, plan.sources[0].name, 0, 1.0, Path(tempfile.gettempdir()))
     cfg = cfg.model_copy(update={"policy": "aset", "records": "",
@@ -73,8 +73,8 @@ def _selector(ckpt: Path, plan):
 
 
 def _bench(ckpt: Path, exp: Path, n: int) -> int:
-    from testbed.errors import InputError
-    from testbed.plan import plan_experiment
+    from testbed.core.errors import InputError
+    from testbed.plan.build import plan_experiment
 
     if not Path(f"{ckpt}.npz").is_file():  # before planning: the cheap check first
         raise InputError(f"checkpoint {ckpt}: no file {ckpt}.npz (give the exported policy without .npz/.json)")

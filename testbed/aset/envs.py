@@ -8,7 +8,7 @@ intervals (500 ms in the scenarios; :func:`testbed.aset.episode.window_of`).
 - ``action_space = MultiDiscrete([n_policies] * n_sources)``: row i = the policy index (into the
   action set) that source i applies per query during the next window.
 - ``observation_space = Box(0, clip, (n_sources, obs_size), float32)``: row i = the observation of
-  source i (:mod:`testbed.aset.observation`; sources, applications, clusters sorted by name; row i
+  source i (:mod:`testbed.agent.observation`; sources, applications, clusters sorted by name; row i
   ends with source i's identity one-hot).
 - Reward of the window of source i = success ratio of the queries source i CREATED in that window
   (optionally minus the same figure of a baseline run on the same seed, ``RewardSpec``), known
@@ -38,18 +38,18 @@ import gymnasium as gym
 import numpy as np
 from pydantic import Field
 
-from testbed.aset.config import ObservationSpec, RewardSpec, plan_key
+from testbed.agent.observation import SourceContext, SourceObserver, context_size
 from testbed.aset.episode import Episode, run_static
-from testbed.aset.observation import SourceContext, SourceObserver, context_size
-from testbed.plan import Plan
-from testbed.schema import Num, StrictModel
+from testbed.plan.build import Plan
+from testbed.spec.aset import ObservationSpec, RewardSpec, plan_key
+from testbed.spec.schema import Num, StrictModel
 
 #: A function drawing the plan of the next episode (randomised scenario) from the env's rng.
 PlanSampler = Callable[[np.random.Generator], Plan]
 
 
 def _catalogue() -> tuple[str, ...]:
-    from testbed.policies import CATALOGUE
+    from testbed.model.policies import CATALOGUE
 
     return CATALOGUE
 
@@ -122,7 +122,7 @@ class _Settler:
 
 
 class WindowView:
-    """Builds each source's raw window state (:mod:`testbed.aset.observation`) from an
+    """Builds each source's raw window state (:mod:`testbed.agent.observation`) from an
     :class:`Episode`: arrivals (``drain_created``), what the dispatcher last heard
     (``cluster_state(source)``) and how old it is, path utilization, the queries resolved in the
     window (with cluster and e2e), and the queries each source has in flight per cluster."""
@@ -193,7 +193,7 @@ class AsetSimEnv(gym.Env):
         simulator_factory: ``(plan, seed, policies) -> simulator``; default the real simulator.
             Tests may pass a fake.
         policies: the action set (policy names in action-index order; default the catalogue).
-        reward: :class:`testbed.aset.config.RewardSpec` (default: the plain success ratio).
+        reward: :class:`testbed.spec.aset.RewardSpec` (default: the plain success ratio).
         immediate_reward: settle every window at once on a copy of the simulator (module docstring).
 
     Raises:
@@ -349,7 +349,7 @@ def _validated(build: Callable[[], Any], what: str) -> Any:
     """
     from pydantic import ValidationError
 
-    from testbed.config import ConfigError, format_validation_error
+    from testbed.spec.experiment import ConfigError, format_validation_error
 
     try:
         return build()
@@ -376,7 +376,7 @@ def make_sim_env(experiment: str | list[str], config: str | None = None, episode
     Args:
         experiment: a scenario file, or several (one drawn per episode).
         config: an ASET config file for the observation, action set and reward (default: the
-            defaults of :class:`testbed.aset.config.AsetConfig`).
+            defaults of :class:`testbed.spec.aset.AsetConfig`).
         episode_s: episode length (default: the first experiment's duration).
         load_scale: every arrival rate x U(low, high) per episode.
         immediate_reward: settle each window at once (single-step learners; module docstring).
@@ -389,10 +389,10 @@ def make_sim_env(experiment: str | list[str], config: str | None = None, episode
             report interval; each named. PlanError, TopologyError: a scenario cannot be planned.
         ValueError: ``episode_s`` shorter than one window.
     """
-    from testbed.aset.config import AsetConfig, RandomiseSpec, load_aset_config
     from testbed.aset.episode import window_of
     from testbed.aset.train import scenario_sampler
-    from testbed.config import ConfigError
+    from testbed.spec.aset import AsetConfig, RandomiseSpec, load_aset_config
+    from testbed.spec.experiment import ConfigError
 
     exps = [experiment] if isinstance(experiment, str | Path) else experiment
     opts = _validated(lambda: SimEnvOptions.model_validate({
@@ -420,7 +420,7 @@ def make_sim_env(experiment: str | list[str], config: str | None = None, episode
 class AsetLiveEnv(gym.Env):
     """ASET over a running emulation, with the SAME spaces as :class:`AsetSimEnv`.
 
-    Each source's dispatcher (``testbed.workload`` with ``policy: aset`` and
+    Each source's dispatcher (``testbed.emu.source`` with ``policy: aset`` and
     ``aset.options.control_socket`` set) sends its raw window state to this env over a Unix
     datagram socket (the filesystem is shared across Mininet's network namespaces) and waits for
     the policy name; :meth:`step` replies to every source and waits for the next window's states.
@@ -437,7 +437,7 @@ class AsetLiveEnv(gym.Env):
         socket_path: the Unix socket path to bind.
         timeout_s: how long to wait for every source's state per window.
         episode_windows: windows per episode (truncation).
-        team_weight: the team share of the reward, as :class:`testbed.aset.config.RewardSpec`
+        team_weight: the team share of the reward, as :class:`testbed.spec.aset.RewardSpec`
             (the live reward has no baseline run).
     """
 
@@ -447,7 +447,7 @@ class AsetLiveEnv(gym.Env):
                  timeout_s: float = 5.0, episode_windows: int = 600, max_deadline_ms: float | None = None,
                  team_weight: float = 0.0):
         super().__init__()
-        from testbed.aset.live import ControlServer
+        from testbed.agent.live import ControlServer
 
         self.contexts = contexts
         self.spec_obs = obs_spec

@@ -6,7 +6,7 @@ comparable by construction:
 
 * the episode lasts ``duration_s``; queries are created in ``[0, duration_s)`` only
   (``Simulator.arrivals_end``), by the plan's arrival processes seeded from ``seed`` (common random
-  numbers: the same seed gives every schedule the same arrivals, :mod:`testbed.arrivals`);
+  numbers: the same seed gives every schedule the same arrivals, :mod:`testbed.model.arrivals`);
 * a decision window is ``window_s`` long and must be a whole number of report intervals (so a
   window starts right after a report: what a dispatcher knows at a window's start is the same
   whatever the schedule; system-model.md's ASET section, window >= report interval);
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from testbed.plan import Plan
+from testbed.plan.build import Plan
 
 
 def window_of(plan: Plan, window_s: float | None) -> float:

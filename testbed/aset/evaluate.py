@@ -20,7 +20,7 @@ success ratio = successful / created queries):
    fresh_from + M - 1 with the best static policy and the mix chosen in 1-2: the headroom and ASET's
    figures confirmed on seeds nothing was chosen on.
 
-Statistics: mean and 95 % CI half-width (Student's t, :func:`testbed.util.ci95`) over the seeds, and
+Statistics: mean and 95 % CI half-width (Student's t, :func:`testbed.core.util.ci95`) over the seeds, and
 paired differences per seed with their CI. Verdicts (issue 13): within 1 pt = mean(ASET - best
 static) >= -1 pt; above = the paired difference's lower CI bound > 0, against the best static and
 against the mix; captured = mean(ASET - best static) / mean(headroom), required >= 0.5 where the
@@ -52,12 +52,12 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.aset.config import AsetConfig, EvaluationSpec, ObservationSpec
-from testbed.aset.npolicy import NumpyPolicy, policy_files
-from testbed.config import Experiment
-from testbed.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure, naming_file
-from testbed.plan import Plan
-from testbed.util import ci95, markdown_table, repo_path, scenarios_problem, write_json_atomic
+from testbed.agent.npolicy import NumpyPolicy, policy_files
+from testbed.core.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure, naming_file
+from testbed.core.util import ci95, markdown_table, repo_path, scenarios_problem, write_json_atomic
+from testbed.plan.build import Plan
+from testbed.spec.aset import AsetConfig, EvaluationSpec, ObservationSpec
+from testbed.spec.experiment import Experiment
 
 ASET = "aset"
 MIX = "mix"
@@ -69,7 +69,7 @@ NOT_STATIC = (ASET, MIX, ORACLE, CAUSAL)
 
 # ----------------------------------------------------------------------------- jobs (worker side)
 def _plan(scenario: str):
-    from testbed.plan import plan_experiment
+    from testbed.plan.build import plan_experiment
 
     return plan_experiment(scenario)
 
@@ -125,8 +125,8 @@ def causal_job(scenario: str, seed: int, base: Sequence[str], actions: Sequence[
 
 def aset_job(scenario: str, seed: int, checkpoint: str, duration_s: float | None) -> dict:
     """ASET's greedy policy on one seed: (ok, n) and how often it chose each action."""
+    from testbed.agent.npolicy import NumpyPolicy
     from testbed.aset.envs import AsetSimEnv
-    from testbed.aset.npolicy import NumpyPolicy
 
     pol = NumpyPolicy(checkpoint)
     plan = _plan(scenario)
@@ -165,8 +165,8 @@ def agreement_job(scenario: str, seed: int, actions: Sequence[str], duration_s: 
     Returns ``{"a|b": [same, total]}``."""
     import copy
 
-    from testbed import policies as pol
     from testbed.aset.episode import Episode
+    from testbed.model import policies as pol
 
     plan = _plan(scenario)
     apps = list(plan.experiment.applications)
@@ -224,9 +224,9 @@ def inputs_fingerprint(scenario: str) -> str:
     """sha256 of what a scenario's simulation reads besides its own file: every file of its
     profiles folder (service times, ``handling.json``), its zoo's ``manifest.json`` and its
     topology file (not a ``topohub:`` source: fixed by the pinned package)
-    (``models.zoo_dir`` / ``models.profiles_dir``, resolved as :func:`testbed.plan.build_plan` does).
+    (``models.zoo_dir`` / ``models.profiles_dir``, resolved as :func:`testbed.plan.build.build_plan` does).
     A missing folder hashes as empty; planning the scenario reports it."""
-    from testbed.config import load_experiment
+    from testbed.spec.experiment import load_experiment
 
     exp = load_experiment(scenario)
     profiles, zoo = repo_path(exp.profiles_dir), repo_path(exp.zoo_dir)
@@ -282,11 +282,11 @@ def _warn(msg: str) -> None:
 
 def _parallel(fn, tasks: list[tuple], backend: str, jobs: int, ray_address: str | None, bar,
               cache: Path | None = None, warn: Callable[[str], None] = _warn) -> list:
-    """``fn(*task)`` for every task, in task order (parallel per :mod:`testbed.distributed`).
+    """``fn(*task)`` for every task, in task order (parallel per :mod:`testbed.core.distributed`).
     With ``cache`` (a folder), each result is kept as JSON under its :func:`task_key` and reused
     by a later evaluation (the headroom measured before training serves the one after it); a
     corrupt cache file is a miss (:func:`_read_cached`)."""
-    from testbed.distributed import imap_unordered
+    from testbed.core.distributed import imap_unordered
 
     out: list = [None] * len(tasks)
     keys = [cache / f"{task_key(fn, t)}.json" if cache is not None else None for t in tasks]
@@ -402,7 +402,7 @@ def scenario_files(entries: Sequence[str], base: Path) -> list[str]:
 
 def check_scenario_names(scenarios: Sequence[str], names: dict[str, str]) -> None:
     """Refuse a scenario file listed twice (two spellings of one path too: its runs would count
-    twice) or two files of one experiment ``name`` (:func:`testbed.util.scenarios_problem`, the
+    twice) or two files of one experiment ``name`` (:func:`testbed.core.util.scenarios_problem`, the
     rule training and sweeps apply too).
 
     Raises:
@@ -420,7 +420,7 @@ def check_durations(plans: dict[str, Plan], dur: float | None, where: str, aset_
     than one decision window or not a whole number of them (the episode would be rounded to whole
     windows: the figures would count another duration, and ASET's runs another than the
     statics'), or, for an override ``dur`` of the experiment's duration, a workload outside the
-    plan's bounds for it (:func:`testbed.plan.check_load_bounds`: fewer than 1 query expected, ...).
+    plan's bounds for it (:func:`testbed.plan.build.check_load_bounds`: fewer than 1 query expected, ...).
 
     Args:
         plans: scenario file -> plan. dur: the override (None: each experiment's own duration),
@@ -431,7 +431,7 @@ def check_durations(plans: dict[str, Plan], dur: float | None, where: str, aset_
         InputError: naming the scenario file, the duration and the window or the bound.
     """
     from testbed.aset.episode import window_of
-    from testbed.plan import check_load_bounds
+    from testbed.plan.build import check_load_bounds
 
     for s, plan in plans.items():
         eff = dur or float(plan.experiment.duration_s)
@@ -455,14 +455,14 @@ def check_durations(plans: dict[str, Plan], dur: float | None, where: str, aset_
 
 def check_out_dirs(root: Path, dirs: Sequence[Path]) -> None:
     """Refuse, before any run, results folders that cannot be written (tried for real and left as
-    they were: :func:`testbed.plan.runs_dir_problem`).
+    they were: :func:`testbed.plan.build.runs_dir_problem`).
 
     Raises:
         RunFailure: (exit code 3, as testbed run's, simulate's and sweep's same check) naming
             ``evaluation.out_dir`` and what is in the way (a file, a folder that cannot be created
             or written).
     """
-    from testbed.plan import runs_dir_problem
+    from testbed.plan.build import runs_dir_problem
 
     for d in dirs:
         problem = runs_dir_problem(d)
@@ -489,7 +489,7 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
             scenario file listed twice or two of one name (:func:`check_scenario_names`); a
             duration that is not whole decision windows or expects < 1 query
             (:func:`check_durations`); a checkpoint that cannot be read or drive the scenarios
-            (:class:`~testbed.aset.npolicy.ObservationSizeError`'s message, ...); with the causal
+            (:class:`~testbed.agent.npolicy.ObservationSizeError`'s message, ...); with the causal
             planner, a scenario whose clusters batch.
         RunFailure: before any run, ``evaluation.out_dir`` cannot be written (exit code 3,
             :func:`check_out_dirs`); after the static runs, no query on any tuning seed (exit 5).

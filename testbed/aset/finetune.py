@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from testbed.aset.npolicy import policy_files
+from testbed.agent.npolicy import policy_files
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = "/tmp/testbed-emulation.lock"
@@ -53,7 +53,7 @@ def _agent_from_policy(policy, obs_size: int, n_actions: int, epsilon: float, se
     epsilon; training from the first batch on (hyper-parameters of the checkpoint's training);
     the checkpoint's decision rule (``plan_margin``)."""
     from testbed.aset.agent import DQNAgent
-    from testbed.aset.config import AgentSpec
+    from testbed.spec.aset import AgentSpec
 
     npz, meta = policy_files(policy)
     w = [np.load(npz)[f"w{i}"] for i in range(2 * json.loads(meta.read_text())["layers"])]
@@ -89,9 +89,9 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
     (``flock LOCK pytest -m emulation``: a nested flock on the same file would wait forever).
     If the emulation does not send a window state within ``start_timeout_s`` (or fails), the run
     is stopped (SIGTERM to its process group) instead of being waited for."""
+    from testbed.agent.npolicy import NumpyPolicy, export_policy
     from testbed.aset.envs import AsetLiveEnv, plan_contexts
-    from testbed.aset.npolicy import NumpyPolicy, export_policy
-    from testbed.plan import plan_experiment
+    from testbed.plan.build import plan_experiment
 
     pol = NumpyPolicy(checkpoint)
     plan = plan_experiment(experiment)

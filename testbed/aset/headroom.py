@@ -46,7 +46,7 @@ from typing import TypeVar
 import numpy as np
 
 from testbed.aset.episode import Episode, run_static, settle_s
-from testbed.plan import Plan
+from testbed.plan.build import Plan
 
 V = TypeVar("V")
 

@@ -8,7 +8,7 @@ The simulator is deterministic per seed and :meth:`Episode.clone` continues exac
 of a deviation can instead be MEASURED, paired on common random numbers, for every action at once.
 
 **Data** (:func:`episode_data`, one episode per task, in parallel through
-:mod:`testbed.distributed`): a scenario of ``training.scenarios`` with its load randomised
+:mod:`testbed.core.distributed`): a scenario of ``training.scenarios`` with its load randomised
 (:func:`testbed.aset.train.scenario_sampler`, ``training.randomise``), a simulator seed drawn from
 the training seed; the base schedule is each source's planned policy (``observation.plans``, the
 scenario's per-source mix). An :class:`~testbed.aset.envs.AsetSimEnv` is driven with the base
@@ -40,7 +40,7 @@ to a over the plan given what the source observes: an average over the futures c
 the observation, no clairvoyance at decision time (the oracle's ``max_a`` of the same targets
 has it).
 
-**Acting** is the sixth round's rule, :func:`testbed.aset.npolicy.plan_scores`: argmax of Q plus
+**Acting** is the sixth round's rule, :func:`testbed.agent.npolicy.plan_scores`: argmax of Q plus
 ``agent.plan_margin`` at the planned policy. The export is the DQN's (``aset-policy-v3``), so
 ``testbed evaluate``, the live selector and everything else load it unchanged.
 
@@ -62,11 +62,10 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from testbed.aset.config import AsetConfig, ObservationSpec, RandomiseSpec
+from testbed.agent.npolicy import plan_scores
 from testbed.aset.envs import AsetSimEnv, PlanSampler
 from testbed.aset.episode import settle_s
 from testbed.aset.headroom import continuation_ok
-from testbed.aset.npolicy import plan_scores
 from testbed.aset.train import (
     TrainResult,
     check_outputs,
@@ -77,9 +76,10 @@ from testbed.aset.train import (
     training_scenarios,
     training_seeds,
 )
-from testbed.errors import EXIT_NOTHING_MEASURED, RunFailure
-from testbed.schema import StrictModel
-from testbed.util import replace_atomic
+from testbed.core.errors import EXIT_NOTHING_MEASURED, RunFailure
+from testbed.core.util import replace_atomic
+from testbed.spec.aset import AsetConfig, ObservationSpec, RandomiseSpec
+from testbed.spec.schema import StrictModel
 
 #: The arrays of one data set, one row per (window, source) sample (:class:`RolloutData`).
 FIELDS = ("obs", "targets", "queries", "window", "source", "plan", "episode", "scenario")
@@ -281,7 +281,7 @@ def _cache_file(cache: Path, task: tuple) -> Path:
 
 
 def _save(path: Path, data: dict[str, np.ndarray]) -> None:
-    """``data`` as ``path`` (npz), atomically (:func:`testbed.util.replace_atomic`).
+    """``data`` as ``path`` (npz), atomically (:func:`testbed.core.util.replace_atomic`).
 
     Raises:
         OSError: the folder cannot be written (no temporary file is left)."""
@@ -326,7 +326,7 @@ def collect(cfg: AsetConfig, base: Path, seeds: list[int], *, workers: int | Non
     when there, else simulated (``workers`` at a time, default ``training.rollout.workers``) and
     kept there; all seeds' episodes in one pool, so both cores stay busy."""
     from testbed.aset.evaluate import code_fingerprint, inputs_fingerprint, progress_bar
-    from testbed.distributed import imap_unordered
+    from testbed.core.distributed import imap_unordered
 
     code_fingerprint.cache_clear()  # the code as it is now (a long session may have changed it)
     inputs_fingerprint.cache_clear()
@@ -481,7 +481,7 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
             ``export_to``: InputError, :func:`testbed.aset.train.check_outputs`). RunFailure: a
             seed's data leaves nothing to fit (:func:`fit`'s ValueError; nothing copied).
     """
-    from testbed.aset.npolicy import copy_policy
+    from testbed.agent.npolicy import copy_policy
 
     tr = cfg.training
     if tr is None or tr.method != "rollout":
@@ -594,7 +594,7 @@ def written_lines(cfg: AsetConfig, base: Path, results: list[RolloutResult]) -> 
                      f"{r.out_dir / 'rollout.json'}")
     lines.append(f"  {resolve(base, cfg.training.out_dir) / cfg.name / 'curves.png'} (the loss curves)")
     if cfg.training.export_to:
-        from testbed.aset.npolicy import policy_files
+        from testbed.agent.npolicy import policy_files
 
         stem = str(policy_files(cfg.training.export_to)[0]).removesuffix(".npz")
         lines.append(f"  {stem}.npz/.json (the policy, exported)")

@@ -15,7 +15,7 @@ and in ``training.out_dir/<name>/``: ``curves.png`` (every seed's curve, smoothe
 of ``export_seed`` copied to ``training.export_to`` when set (e.g. ``models/aset/aset``).
 
 Rollout workers (``training.rollout_workers`` N >= 1): episodes are simulated N at a time in
-worker processes (:func:`testbed.distributed.imap_unordered`, process pool or Ray) by the numpy
+worker processes (:func:`testbed.core.distributed.imap_unordered`, process pool or Ray) by the numpy
 copy of the current online network with the current epsilon; the learner then stores their
 transitions and runs the gradient steps those windows are due (``agent.train_every``). Our choice
 against RLlib: the agent is ~200 lines of TensorFlow whose transitions settle windows late (the
@@ -37,7 +37,12 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from testbed.aset.config import (
+from testbed.aset.envs import SHAPE_PARTS, AsetSimEnv, PlanSampler, space_shape
+from testbed.aset.episode import episode_windows, window_of
+from testbed.core.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure, counted, naming_file
+from testbed.core.util import repo_path, scenarios_problem
+from testbed.plan.build import Plan, PlanError, build_plan, check_load_bounds, runs_dir_problem
+from testbed.spec.aset import (
     AsetConfig,
     ObservationSpec,
     RandomiseSpec,
@@ -46,13 +51,8 @@ from testbed.aset.config import (
     check_scenario_keys,
     plan_key,
 )
-from testbed.aset.envs import SHAPE_PARTS, AsetSimEnv, PlanSampler, space_shape
-from testbed.aset.episode import episode_windows, window_of
-from testbed.config import ConfigError, Experiment, format_validation_error, load_experiment
-from testbed.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure, counted, naming_file
-from testbed.plan import Plan, PlanError, build_plan, check_load_bounds, runs_dir_problem
-from testbed.topology import load_topology
-from testbed.util import repo_path, scenarios_problem
+from testbed.spec.experiment import ConfigError, Experiment, format_validation_error, load_experiment
+from testbed.spec.topology import load_topology
 
 
 def scale_rates(data, factor: float):
@@ -196,7 +196,7 @@ def training_scenarios(cfg: AsetConfig, base: Path) -> tuple[PlanSampler, list[P
 def check_episode_loads(cfg: AsetConfig, plans: list[Plan], paths: list[Path]) -> None:
     """Refuse, before training, a scenario the training episodes cannot run: ``observation.window``
     not a whole multiple of its report interval (:func:`window_of`), or a load out of the bounds of
-    :func:`testbed.plan.check_load_bounds` (e.g. fewer than 1 query expected) at the lowest or the
+    :func:`testbed.plan.build.check_load_bounds` (e.g. fewer than 1 query expected) at the lowest or the
     highest factor of ``training.randomise.load_scale``, over the EFFECTIVE episode (``training.episode``
     in whole windows) and over the scenario's own duration (each episode's scaled plan is built at it).
 
@@ -291,7 +291,7 @@ def export_problem(export_to: str, base: Path) -> str | None:
     """Why a policy cannot be exported to ``export_to`` (its ``.npz`` and ``.json``), or None: a
     name that looks like a folder (a trailing ``/``, ``.``, ``..``, an existing folder: the files
     would be written beside it as ``<folder>.npz``), or a path that cannot be written."""
-    from testbed.aset.npolicy import policy_files
+    from testbed.agent.npolicy import policy_files
 
     if export_to.endswith(("/", os.sep)) or Path(export_to).name in ("", ".", ".."):
         return (f"{export_to!r} names a folder; give the policy's file name without suffix (e.g. models/aset/aset, "
@@ -306,7 +306,7 @@ def export_problem(export_to: str, base: Path) -> str | None:
 def check_outputs(cfg: AsetConfig, base: Path, seeds: list[int], folders: tuple[tuple[str, Path], ...] = (),
                   exports: tuple[str, ...] = ()) -> None:
     """Refuse, before any work, output paths training could not write (folders tried for real and
-    left as they were, :func:`testbed.plan.runs_dir_problem`): ``training.out_dir/<name>``, each
+    left as they were, :func:`testbed.plan.build.runs_dir_problem`): ``training.out_dir/<name>``, each
     seed's folder (``seed-<k>``) and ``curves.png`` there, ``training.export_to``, and the caller's
     ``folders`` ((item, folder): e.g. the rollout cache) and ``exports`` (e.g. the
     specialised policies).
@@ -462,7 +462,7 @@ def _learn_in_process(run: _Run, steps: int, bar) -> None:
 def rollout_episode(cfg_json: str, weights: list[np.ndarray], epsilon: float, seed: int, base: str) -> dict:
     """One training episode in a worker process: the plan drawn from the config's scenarios, the
     given network weights acting epsilon-greedy; returns its transitions and figures."""
-    from testbed.aset.npolicy import NumpyPolicy
+    from testbed.agent.npolicy import NumpyPolicy
 
     cfg = AsetConfig.model_validate_json(cfg_json)
     sampler = _worker_sampler(cfg, Path(base))
@@ -495,7 +495,7 @@ def _worker_sampler(cfg: AsetConfig, base: Path) -> PlanSampler:
 
 def _learn_with_workers(run: _Run, steps: int, bar, base: Path, backend: str, ray_address: str | None) -> None:
     """Rollout workers (module docstring): N episodes at a time, then the learner's updates."""
-    from testbed.distributed import imap_unordered
+    from testbed.core.distributed import imap_unordered
 
     agent, tr = run.agent, run.cfg.training
     n = tr.rollout_workers
@@ -553,9 +553,9 @@ def _export(run: _Run, path: Path, steps: int) -> None:
 def export_weights(cfg: AsetConfig, env: AsetSimEnv, weights: list[np.ndarray], path: Path, seed: int,
                    meta: dict) -> None:
     """Export a Q-network's weights trained on ``env``'s spaces as the deployable greedy policy
-    (:func:`testbed.aset.npolicy.export_policy`, the decision rule of ``cfg.agent.plan_margin``);
+    (:func:`testbed.agent.npolicy.export_policy`, the decision rule of ``cfg.agent.plan_margin``);
     ``meta`` is stored with the config's name, the seed and the training scenarios."""
-    from testbed.aset.npolicy import export_policy
+    from testbed.agent.npolicy import export_policy
 
     ctx = env.contexts[0]
     meta = {"config": cfg.name, "seed": seed, "trained_on": list(cfg.training.scenarios), **meta}
@@ -647,7 +647,7 @@ def refuse_untrained(results: list[TrainResult], what: Callable[[TrainResult], s
     copied (``training.export_to``), with a non-zero exit.
 
     Raises:
-        RunFailure: exit code 5 (:data:`testbed.errors.EXIT_NOTHING_MEASURED`), naming the runs.
+        RunFailure: exit code 5 (:data:`testbed.core.errors.EXIT_NOTHING_MEASURED`), naming the runs.
     """
     bad = [r for r in results if not r.updates]
     if bad:
@@ -674,7 +674,7 @@ def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: 
             path that cannot be written (:func:`check_outputs`). RunFailure: a seed's network took
             no gradient step (:func:`refuse_untrained`; nothing copied to ``export_to``).
     """
-    from testbed.distributed import imap_unordered
+    from testbed.core.distributed import imap_unordered
 
     tr = _dqn_training(cfg)
     seeds = training_seeds(cfg)
@@ -698,7 +698,7 @@ def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: 
     refuse_untrained(results, lambda r: f"seed {r.seed}")
     chosen = tr.export_seed if tr.export_seed is not None else seeds[0]
     if tr.export_to:
-        from testbed.aset.npolicy import copy_policy
+        from testbed.agent.npolicy import copy_policy
 
         src = next(r for r in results if r.seed == chosen).policy_path
         copy_policy(src, resolve(base, tr.export_to))
@@ -730,7 +730,7 @@ def last_checkpoint(seed_dir: Path) -> Path:
 def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "process",
                ray_address: str | None = None, console=None, steps: int | None = None,
                scenarios: tuple[PlanSampler, list[Plan]] | None = None) -> list[TrainResult]:
-    """Per-scenario fine-tuning (:class:`testbed.aset.config.SpecialiseSpec`): for each scenario of
+    """Per-scenario fine-tuning (:class:`testbed.spec.aset.SpecialiseSpec`): for each scenario of
     ``training.scenarios``, the export seed's last checkpoint trained on that scenario alone
     (load randomised as in training), ``jobs`` scenarios at a time; output in
     ``training.out_dir/<name>/specialised/<scenario>/``, the policy exported to
@@ -747,8 +747,8 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
             (:func:`check_outputs`). RunFailure: a scenario's network took no gradient step
             (nothing exported for any scenario, :func:`refuse_untrained`).
     """
-    from testbed.aset.npolicy import copy_policy
-    from testbed.distributed import imap_unordered
+    from testbed.agent.npolicy import copy_policy
+    from testbed.core.distributed import imap_unordered
 
     tr = cfg.training
     if tr is None or not tr.export_to:

@@ -1,11 +1,11 @@
 """Service time under a fractional CPU share: the CFS bandwidth-control model.
 
 A cluster's share ``cores`` is a CFS quota of ``cores x P`` of CPU time per period ``P`` = 100 ms
-(``testbed.emulation.cgroups``). The kernel's rule (Documentation/scheduler/sched-bwc.rst): within
+(``testbed.core.cgroups``). The kernel's rule (Documentation/scheduler/sched-bwc.rst): within
 each period the group's threads run at full speed until the group has consumed its quota; then
 they are throttled and do not run again until the next period, when the quota is refilled.
 
-So a call needing ``wall`` ms of unthrottled time (the profile's :func:`~testbed.inference.profiles.cpu_time`,
+So a call needing ``wall`` ms of unthrottled time (the profile's :func:`~testbed.serve.profiles.cpu_time`,
 measured with ``threads`` threads) takes ``wall`` when the quota left covers it, which is the
 case at low load (the quota refills while the server idles), and stretches by whole throttled
 periods at high load: the mean over many back-to-back calls tends to ``wall x threads / cores``.
@@ -27,12 +27,12 @@ unthrottled time. Measured (benchmarks/cpu_model_bench.py): a call 100 ms after 
 takes 1.2-2.0 x the back-to-back unthrottled time on the 2-core build machine (caches and the idle
 core cooled down), which the plain rule cannot give: it predicts the isolated time as the
 unthrottled one. The factor is per model and host: the plan takes it from the profiles' isolated
-rows (:func:`testbed.catalog.cold_factor_of`).
+rows (:func:`testbed.plan.catalog.cold_factor_of`).
 
 Request handling (:meth:`CfsQuota.handle`): the server's event loop parses each request (HTTP,
 base64, JPEG decoding) in the same cgroup, on one thread, before the query reaches the queue; that
 CPU time is charged to the same quota (``handling_ms`` per request, measured per model by
-:mod:`testbed.inference.handling`). It does not count as a model call for the cold rule: the
+:mod:`testbed.serve.handling`). It does not count as a model call for the cold rule: the
 profiler's isolated calls had no request handling before them either.
 """
 

@@ -4,7 +4,7 @@ A source's dispatcher knows, per (cluster, model) pair, what the plan fixes (:cl
 RTT, expected service time, accuracy, tier) and, per cluster, the load it last *heard*
 (:class:`Heard`, stale by the report interval: the emulation polls each server's ``/v1/stats``,
 the simulator takes a snapshot; a failed poll marks the cluster down). From these it builds the
-:class:`testbed.policies.Option` list and applies the policy in force (:func:`testbed.policies.decide`).
+:class:`testbed.model.policies.Option` list and applies the policy in force (:func:`testbed.model.policies.decide`).
 A query is only ever sent to a model of its application's family (the models of another family
 answer another question): the options a policy sees are those of that family.
 Both engines go through :class:`Dispatcher`; neither builds options of its own.
@@ -21,7 +21,7 @@ cluster estimated with ``queue`` waiting and ``busy`` of ``workers`` busy waits
 ``(queue + 1) / workers x mean service`` when every worker is busy, else 0
 (:func:`expected_wait_ms`). Queries per worker, ``n / workers``, is the load.
 
-Decisions of the policies in :data:`testbed.policies.DETERMINISTIC` depend only on the options;
+Decisions of the policies in :data:`testbed.model.policies.DETERMINISTIC` depend only on the options;
 the dispatcher caches them per application until something is heard, or, for the load-aware
 ones (:data:`LOAD_AWARE`), until it sends a query.
 """
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from testbed import policies as pol
+from testbed.model import policies as pol
 
 #: Policies whose decision depends on the load estimate (so on the dispatcher's own sends).
 LOAD_AWARE: frozenset[str] = frozenset({"least_loaded", "min_latency", "max_accuracy"})
@@ -96,7 +96,7 @@ class Dispatcher:
 
     Args:
         specs: one :class:`OptionSpec` per (cluster, model) pair the source may use.
-        policy: the policy in force (a name of :data:`testbed.policies.CATALOGUE`); ``policy`` may
+        policy: the policy in force (a name of :data:`testbed.model.policies.CATALOGUE`); ``policy`` may
             be reassigned at any time (ASET does, per window).
         rng: the source's generator for ``random`` (seeded by the caller).
 
@@ -178,7 +178,7 @@ class Dispatcher:
 
     @property
     def options(self) -> list[pol.Option]:
-        """The :class:`testbed.policies.Option` list as this dispatcher sees it now."""
+        """The :class:`testbed.model.policies.Option` list as this dispatcher sees it now."""
         if self._options is None:
             self._options = [self._option(i) for i in range(len(self.specs))]
         return self._options
@@ -238,7 +238,7 @@ class Dispatcher:
     def dispatch_many(self, deadline_ms: float, min_accuracy: float, n: int, family: str = "") -> list[pol.Decision]:
         """``n`` successive queries of one application with no report in between: the same
         decisions as ``n`` calls of :meth:`dispatch` (``random`` draws its ``n`` indices at once,
-        :func:`testbed.policies.decide_many`)."""
+        :func:`testbed.model.policies.decide_many`)."""
         if self._policy in LOAD_AWARE:
             return [self.dispatch(deadline_ms, min_accuracy, family) for _ in range(n)]
         if self._policy in pol.DETERMINISTIC:

@@ -25,7 +25,7 @@ Time-varying forms for the value kinds: a step (the value, at ``at``), a ramp
 columns ``t_s`` and the value in the kind's unit, ``delay_ms`` / ``bandwidth_mbps`` / ``loss_pct`` /
 ``background_mbps``, ``t_s`` relative to ``at``). :func:`expand` turns events into one sorted
 timeline of :class:`Change` (each a step), which both engines apply with the same meaning: the
-emulation for real (:mod:`testbed.emulation.events`), the simulator in virtual time.
+emulation for real (:mod:`testbed.emu.events`), the simulator in virtual time.
 
 Routing (both engines): least one-way delay over the links that are up; the controller learns a
 delay change from the event itself (the run tells it), a failure from OpenFlow port status.
@@ -39,8 +39,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from testbed.schema import Num, StrictModel, unit_pair
-from testbed.units import MAX_DELAY_MS, RATE_UNITS_MBPS, _parse, parse_delay_ms, parse_duration_s, parse_rate_mbps
+from testbed.spec.schema import Num, StrictModel, unit_pair
+from testbed.spec.units import MAX_DELAY_MS, RATE_UNITS_MBPS, _parse, parse_delay_ms, parse_duration_s, parse_rate_mbps
 
 EventKind = Literal["link_delay", "link_bandwidth", "link_loss", "link_down", "link_up", "link_congestion",
                     "cluster_down", "cluster_up"]
@@ -55,7 +55,7 @@ MAX_STEPS_PER_EVENT = 1000
 
 def parse_background_mbps(value: object, item: str = "") -> float:
     """A background rate such as ``"80Mbit/s"``, where ``"0Mbit/s"`` (the end of a congestion) is
-    valid too (:func:`testbed.units.parse_rate_mbps` refuses 0); negative values fail validation."""
+    valid too (:func:`testbed.spec.units.parse_rate_mbps` refuses 0); negative values fail validation."""
     return _parse(value, RATE_UNITS_MBPS, "background rate", item)
 
 

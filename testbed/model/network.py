@@ -3,11 +3,11 @@
 :class:`NetworkState` holds every switch link's current one-way delay (ms), capacity (Mbit/s),
 loss (%), background traffic (Mbit/s, per direction) and whether it is up; :meth:`apply` takes a
 :class:`~testbed.model.events.Change`. Routes are least one-way delay over the links that are up
-(the Ryu controller's rule, :mod:`testbed.routing`); ties are broken by the graph's order.
+(the Ryu controller's rule, :mod:`testbed.model.routing`); ties are broken by the graph's order.
 
 A message of ``n`` bytes crossing a link direction of capacity C with background traffic r
 (our link model, stated; each direction is one FIFO of ``queue_packets`` frames served at C: the
-link emulator's shaper, or HTB with its pfifo, see :mod:`testbed.emulation.network`):
+link emulator's shaper, or HTB with its pfifo, see :mod:`testbed.emu.network`):
 
 * queueing behind background frames, M/D/1 with utilization rho = r / C (Pollaczek-Khinchine):
   ``rho / (2 (1 - rho)) x L / C`` with L one full frame, while rho < 1;

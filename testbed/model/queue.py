@@ -2,9 +2,9 @@
 
 Pure logic with no clock of its own: every call takes ``now`` (seconds on the caller's clock: the
 wall clock in the inference server, the virtual clock in the simulator). The server
-(:mod:`testbed.inference.scheduler`) and the simulator (:mod:`testbed.sim`) are adapters over
+(:mod:`testbed.serve.scheduler`) and the simulator (:mod:`testbed.sim`) are adapters over
 :class:`ServerQueue`; neither states a queue rule of its own. Rules (``ServerSpec`` in
-:mod:`testbed.inference.spec` is the user-facing description):
+:mod:`testbed.spec.serving` is the user-facing description):
 
 * **Order.** Waiting queries are kept by a key: FIFO serves in arrival order; EDF serves the
   earliest absolute deadline first (no deadline = +infinity; ties: arrival order). That key is

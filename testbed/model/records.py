@@ -1,6 +1,6 @@
 """The per-query record: its schema with units, the grace period, the outcome rule and the builder.
 
-One row per query, the same columns in the emulation (:mod:`testbed.workload`) and the simulator
+One row per query, the same columns in the emulation (:mod:`testbed.emu.source`) and the simulator
 (:mod:`testbed.sim`), both built by :func:`make_record` (docs/records-schema.md is the reference
 for users). Times ``*_ns`` are integers, ns on the clock every emulated host shares (epoch ns in
 the emulation, virtual ns since the load started in the simulator); ``*_ms`` are milliseconds.

@@ -1,7 +1,7 @@
 """A cluster's service times, computed once at plan time from one profiles folder.
 
 For each (cluster, model) the plan keeps a :class:`ServiceFigures`: the unthrottled per-call
-samples of the model's profile (:func:`testbed.inference.profiles.cpu_time`, at the cluster's
+samples of the model's profile (:func:`testbed.serve.profiles.cpu_time`, at the cluster's
 runtime and threads), and what the CPU-share model (:mod:`testbed.model.cpu`) makes of them at
 the cluster's share and worker count:
 
@@ -13,8 +13,8 @@ the cluster's share and worker count:
   request handling.
 
 ``handling_ms`` (CPU ms per request of the server's event loop: HTTP, base64 and JPEG decoding,
-measured per model by :mod:`testbed.inference.handling`) and ``cold_factor`` (a model call after
-idleness over a warm one, from the profile's isolated rows: :func:`testbed.inference.profiles.cold_factor`)
+measured per model by :mod:`testbed.serve.handling`) and ``cold_factor`` (a model call after
+idleness over a warm one, from the profile's isolated rows: :func:`testbed.serve.profiles.cold_factor`)
 are the two CPU costs beside the warm model call that the emulation's quota pays
 (benchmarks/cpu_model_bench.py compares the three with the emulation's measured times).
 

@@ -3,10 +3,10 @@
 Every rule comes from :mod:`testbed.model`, the same code the emulation runs on the wall clock:
 the server queue (:class:`~testbed.model.queue.ServerQueue`), the CPU share
 (:class:`~testbed.model.cpu.CfsQuota`), the dispatcher step (:class:`~testbed.model.dispatch.Dispatcher`
-with :mod:`testbed.policies`), the network (:class:`~testbed.model.network.NetworkState`), the
+with :mod:`testbed.model.policies`), the network (:class:`~testbed.model.network.NetworkState`), the
 events' timeline (``plan.changes``) and the record with its outcome rule
 (:func:`~testbed.model.records.make_record`). What the simulator adds is only the clock and the
-bookkeeping: arrivals from :mod:`testbed.arrivals` (the same seeds as the emulation's sources),
+bookkeeping: arrivals from :mod:`testbed.model.arrivals` (the same seeds as the emulation's sources),
 service times drawn from the plan's unthrottled samples, and messages that take the time the
 network model says.
 
@@ -31,16 +31,16 @@ from pathlib import Path
 import numpy as np
 from scipy import sparse
 
-from testbed import policies as pol
-from testbed.arrivals import make_process
-from testbed.errors import InputError
+from testbed.core.errors import InputError
+from testbed.model import policies as pol
 from testbed.model import queue as mq
+from testbed.model.arrivals import make_process
 from testbed.model.cpu import CfsQuota
 from testbed.model.dispatch import Dispatcher, Heard, OptionSpec
 from testbed.model.network import TCP_RTO_MIN_MS, p_retransmit, transfer_ms, wire_bytes
 from testbed.model.records import CONNECTION_REFUSED, RECORD_FIELDS, classify, make_record
 from testbed.model.service import ServiceFigures, batch_scale
-from testbed.plan import Plan
+from testbed.plan.build import Plan
 
 INF = math.inf
 
@@ -393,11 +393,11 @@ class Simulator:
         sim.path_links(source, cluster) # [(switch a, switch b), ...] of the current route
         sim.drain_resolved()            # [Resolved, ...] since the last call, by resolution time
         sim.drain_created()             # [(source, application), ...] created since the last call
-        sim.policy_names                # testbed.policies.CATALOGUE (ASET's action space)
+        sim.policy_names                # testbed.model.policies.CATALOGUE (ASET's action space)
         sim.write_run(run_dir)          # records + run.json in the emulation's layout (record=True)
 
     Args:
-        plan: from :func:`testbed.plan.build_plan` / :func:`testbed.plan.plan_experiment` (models,
+        plan: from :func:`testbed.plan.build.build_plan` / :func:`testbed.plan.build.plan_experiment` (models,
             service times, weights, events and request sizes all come from it).
         seed: every random stream (arrivals per (source, application), service per (cluster, model),
             the random policy per source, loss per source) derives from it: the same seed, the same run.
@@ -927,13 +927,13 @@ class Simulator:
 
     def write_run(self, run_dir: Path, extra: dict | None = None) -> None:
         """Write the run directory in the emulation's layout: ``sources/<source>.records.csv``
-        (:data:`RECORD_FIELDS`) and its tally (:class:`testbed.boundaries.SourceTally`),
+        (:data:`RECORD_FIELDS`) and its tally (:class:`testbed.plan.boundaries.SourceTally`),
         ``clusters/<name>.stats.json``, ``link_stats.csv``, ``plan.json``
         and ``run.json`` (``{"mode": "simulation", ...}``)."""
         import csv
 
-        from testbed.boundaries import SourceTally, tally_path
-        from testbed.util import provenance, write_json_atomic
+        from testbed.core.util import provenance, write_json_atomic
+        from testbed.plan.boundaries import SourceTally, tally_path
 
         run_dir = Path(run_dir)
         for sub in ("sources", "clusters"):

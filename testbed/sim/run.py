@@ -9,16 +9,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from testbed.config import drain_s
-from testbed.plan import Plan
+from testbed.core.util import repo_path, write_json_atomic
+from testbed.plan.build import Plan
 from testbed.sim.core import SimError, Simulator
-from testbed.util import repo_path, write_json_atomic
+from testbed.spec.experiment import drain_s
 
 
 def check_static_policies(plan: Plan, policy: str | None = None) -> None:
     """Every source of ``plan`` runs a static policy (``policy``, the override, or its own).
 
-    ``policy: aset`` is the live selector of an emulation (:mod:`testbed.aset.live`); a plain
+    ``policy: aset`` is the live selector of an emulation (:mod:`testbed.agent.live`); a plain
     simulation has no agent to pick a policy per window, and used to run such sources on
     ``closest`` while the run said nothing of it.
 
@@ -50,12 +50,12 @@ def simulate_experiment(plan: Plan, base_dir: Path | None = None, runs_dir: Path
     disk leaves nothing that looks like a finished run.
 
     Raises:
-        testbed.sim.SimError, testbed.arrivals.ArrivalError: bad input, naming the item (a source
+        testbed.sim.SimError, testbed.model.arrivals.ArrivalError: bad input, naming the item (a source
             on policy ``aset`` without a ``policy`` override: :func:`check_static_policies`).
-        testbed.errors.RunFailure: the run directory cannot be written (exit code 3; names it and
+        testbed.core.errors.RunFailure: the run directory cannot be written (exit code 3; names it and
             the reason; nothing is left there).
     """
-    from testbed.summary import print_summary
+    from testbed.results.summary import print_summary
 
     exp = plan.experiment
     duration_s = duration_s or exp.duration_s
@@ -85,13 +85,13 @@ def _write_whole(sim: Simulator, run_dir: Path, duration_s: float, wall_s: float
     earlier simulated run of the same name is replaced. Returns the summary.
 
     Raises:
-        testbed.errors.RunFailure: a write failed (a full disk, no permission), or ``run_dir``
+        testbed.core.errors.RunFailure: a write failed (a full disk, no permission), or ``run_dir``
             exists and is not a simulated run directory (exit code 3; the partial copy is removed).
     """
     import shutil
 
-    from testbed.errors import EXIT_BRINGUP, RunFailure
-    from testbed.summary import print_summary, summarize
+    from testbed.core.errors import EXIT_BRINGUP, RunFailure
+    from testbed.results.summary import print_summary, summarize
 
     _check_replaceable(run_dir)
     tmp = run_dir.with_name(f".{run_dir.name}.partial-{os.getpid()}")
@@ -123,11 +123,11 @@ def _check_replaceable(run_dir: Path) -> None:
     simulator always did).
 
     Raises:
-        testbed.errors.RunFailure: ``run_dir`` exists and is not a simulated run directory (exit 3).
+        testbed.core.errors.RunFailure: ``run_dir`` exists and is not a simulated run directory (exit 3).
     """
     import json
 
-    from testbed.errors import EXIT_BRINGUP, RunFailure
+    from testbed.core.errors import EXIT_BRINGUP, RunFailure
 
     if not run_dir.exists() or (run_dir.is_dir() and not any(run_dir.iterdir())):
         return

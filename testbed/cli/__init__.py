@@ -1,0 +1,2 @@
+"""The ``testbed`` command and its subcommands.
+"""

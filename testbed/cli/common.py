@@ -1,0 +1,50 @@
+"""Subcommands of ``testbed`` beyond plan/run/cleanup, one module each.
+
+A module here defines ``register(subparsers) -> None``, which adds its parser and sets
+``func(args: argparse.Namespace) -> int`` (the exit code) as its default. :mod:`testbed.cli.main` finds
+the modules itself and handles ``ConfigError``/``PlanError``/``TopologyError`` (exit 2) and
+Ctrl-C (exit 130); print with :data:`testbed.cli.main.console`.
+
+:func:`duration_arg` is the one ``--duration`` of every command (run, simulate, sweep, evaluate);
+:func:`plain_help` a docstring without its reST markup, for ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from rich.console import Console
+
+#: The console of every command: no markup (text from files is data), no wrapping when piped.
+console = Console(width=None if sys.stdout.isatty() else 160, markup=False, highlight=False, soft_wrap=True)
+
+#: The help text of every ``--duration``.
+DURATION_HELP = "override the load duration: seconds (30) or a number with its unit (30s, 500ms)"
+#: The help text of every ``--runs-dir`` (run, simulate).
+RUNS_DIR_HELP = ("where run directories go (default: the experiment's runs_dir, 'runs' unless set; a relative "
+                 "runs_dir is under the repository, not next to the experiment file)")
+
+
+def plain_help(doc: str | None) -> str:
+    """A docstring as ``--help`` prints it: reST roles (``:mod:`x```) and inline literals
+    (````x````) as plain text, so the console does not show the markup."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc or "")
+    return re.sub(r"``([^`]+)``", r"\1", text)
+
+
+def duration_arg(text: str) -> float:
+    """argparse type of ``--duration`` in every command: seconds as a bare number or a number with
+    its unit (:func:`testbed.spec.units.parse_duration_arg_s`), in (0, ``testbed.spec.experiment.MAX_DURATION_S``]
+    s. Returns seconds."""
+    from testbed.spec.experiment import MAX_DURATION_S
+    from testbed.spec.units import UnitError, parse_duration_arg_s
+
+    try:
+        value = parse_duration_arg_s(text, item="--duration")
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not 0 < value <= MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: the duration must be in (0, {MAX_DURATION_S:g}] s")
+    return value

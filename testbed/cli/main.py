@@ -1,0 +1,232 @@
+"""The ``testbed`` command: ``plan``, ``run`` and ``cleanup`` (and the subcommands of
+:mod:`testbed.cli.common`).
+
+Exit codes (:mod:`testbed.core.errors`): 0 success; 2 invalid input (nothing was built); 3 a
+precondition or self-check failed, or a component did not come up; 4 a component died during the
+run; 5 the run measured nothing; 130 interrupted (Ctrl-C).
+
+Errors are handled in one place, :func:`main`: every :class:`testbed.core.errors.TestbedError` is
+printed once, as plain text, and its exit code returned. Console output never interprets text
+as markup: the shared :data:`console` has markup off, so labels, names and file contents (which
+may hold ``[/bold]`` and the like) print verbatim; our own styling goes through ``style=``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from testbed.cli import evaluate, profile, report, simulate, sweep, train
+from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
+from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
+from testbed.plan.build import Plan, plan_experiment
+
+#: The console every subcommand prints to. ``markup=False``: ``[...]`` in a string is printed as
+#: it is, never as console markup (untrusted text: labels, names, file contents, error messages).
+#: ``soft_wrap=True``: a line is never broken by the console (a long path in a message stays whole,
+#: and a message stays one line to grep); tables still fit the width.
+
+
+def plain(text: object) -> Text:
+    """``text`` as a rich Text that is printed verbatim whatever the console's settings."""
+    return Text(str(text))
+
+
+def _table(title: str, columns: list[str], rows: list[list[object]], right: set[str] = frozenset()) -> Table:
+    t = Table(title=plain(title))
+    for col in columns:
+        t.add_column(plain(col), justify="right" if col in right else "left", overflow="fold")
+    for row in rows:
+        t.add_row(*(plain(c) for c in row))
+    return t
+
+
+def print_plan(plan: Plan, out: Console | None = None) -> None:
+    """Print the resolved plan as tables: switches, links, hosts, expected paths, notes. Every
+    cell is plain text (dataset labels may contain anything)."""
+    out = out or console
+    exp = plan.experiment
+    head = Text("Experiment", style="bold")
+    head.append(f" {exp.name}: topology {plan.topology_name!r}, {len(plan.switches)} switches, {len(plan.links)} "
+                f"links, {len(plan.hosts)} hosts, policy {exp.policy}, duration {exp.duration_s:g} s, seed {exp.seed}",
+                style="")
+    out.print(head)
+    out.print(_table("Switches", ["name", "DPID", "label", "lat", "lon"],
+                     [[s.name, f"{s.dpid:016x}", s.label, "-" if s.lat is None else f"{s.lat:.2f}",
+                       "-" if s.lon is None else f"{s.lon:.2f}"] for s in plan.switches]))
+    label = {s.name: s.label for s in plan.switches}
+    out.print(_table("Links (one-way delay)",
+                     ["#", "a", "b", "km", "delay ms", "delay from", "bandwidth Mbit/s", "loss %"],
+                     [[lk.index, f"{lk.a} ({label[lk.a]})", f"{lk.b} ({label[lk.b]})",
+                       "-" if lk.km is None else f"{lk.km:.0f}", f"{lk.delay_ms:.3f}", lk.delay_source,
+                       f"{lk.bandwidth_mbps:g}", f"{lk.loss_pct:g}"] for lk in plan.links],
+                     right={"#", "km", "delay ms", "bandwidth Mbit/s", "loss %"}))
+    out.print(_table("Hosts", ["name", "role", "tier", "site", "switch", "IP", "MAC", "CPU cores", "models"],
+                     [[h.name, h.role, h.tier or "-", h.site, h.switch, h.ip, h.mac,
+                       "-" if h.cpu_cores is None else f"{h.cpu_cores:g}", ", ".join(h.models) or "-"]
+                      for h in plan.hosts]))
+    out.print(_table("Paths source -> cluster (least one-way delay)",
+                     ["source", "cluster", "hops", "switches", "one-way ms", "expected RTT ms"],
+                     [[p.source, p.cluster, len(p.switches) - 1, " > ".join(p.switches), f"{p.one_way_ms:.3f}",
+                       f"{p.rtt_ms:.3f}"] for p in plan.paths],
+                     right={"hops", "one-way ms", "expected RTT ms"}))
+    if plan.notes:
+        out.print(Text("Notes", style="bold"))
+        for n in plan.notes:
+            out.print(plain(f"  - {n}"))
+
+
+#: Top-level keys of an ASET config (testbed.spec.aset.AsetConfig) that no experiment has.
+ASET_CONFIG_KEYS = frozenset({"agent", "training", "evaluation", "observation", "reward", "actions"})
+
+
+def _plan_aset_config(path: Path) -> int:
+    """``testbed plan`` on an ASET config (``experiments/aset-*.yaml``): the config validated, and
+    its training scenarios planned and checked together (as ``testbed train`` does before it
+    trains) and its evaluation scenarios planned; a line saying so."""
+    from testbed.aset.train import resolve, training_scenarios
+    from testbed.spec.aset import load_aset_config
+
+    cfg, base = load_aset_config(path)
+    n_train = len(training_scenarios(cfg, base)[1]) if cfg.training is not None else 0
+    evaluation = [plan_experiment(resolve(base, s)) for s in cfg.evaluation.scenarios] if cfg.evaluation else []
+    console.print(f"{path}: an ASET config ({cfg.name}), valid: {n_train} training scenario(s) planned and checked "
+                  f"together, {len(evaluation)} evaluation scenario(s) planned; `testbed train` and `testbed "
+                  f"evaluate` run it", markup=False, highlight=False)
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from testbed.agent.live import refuse_unfit_checkpoint
+    from testbed.core.util import read_input_text
+    from testbed.spec.schema import load_yaml
+
+    try:
+        top = load_yaml(read_input_text(args.experiment))
+    except Exception:  # noqa: BLE001 - not YAML, not readable: load_experiment names the problem
+        top = None
+    if isinstance(top, dict) and ASET_CONFIG_KEYS & set(top) and "topology" not in top:
+        return _plan_aset_config(args.experiment)
+    plan = plan_experiment(args.experiment)
+    refuse_unfit_checkpoint(plan)  # what testbed run checks before bring-up
+    if args.json:
+        import json
+
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print_plan(plan)
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from testbed.emu.run import run_experiment
+
+    plan = plan_experiment(args.experiment)
+    overrides = {}
+    if args.duration is not None:
+        overrides["duration_s"] = args.duration
+    if args.link_emulator is not None:
+        overrides["link_emulator"] = args.link_emulator
+    return run_experiment(plan, console=console, runs_dir=args.runs_dir,
+                          base_dir=args.experiment.parent, process_ends=True, **overrides)
+
+
+def _cmd_cleanup(args: argparse.Namespace) -> int:
+    from testbed.emu.cleanup import cleanup
+
+    try:
+        removed = cleanup(verbose=True)
+    except PermissionError as exc:
+        raise InputError(f"{exc} (testbed cleanup needs root)") from None
+    console.print(f"cleanup: removed {removed} leftover item(s) of earlier runs")
+    return 0
+
+
+#: The further subcommands: each module has ``register(subparsers)``, which adds its parser with
+#: ``func(args) -> exit code`` as default. Modules import cheaply (no TensorFlow at import).
+COMMAND_MODULES = (evaluate, profile, report, simulate, sweep, train)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="testbed", description=plain_help(__doc__.split("\n\n")[0].replace("\n", " ")))
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plan", help="print the resolved plan of an experiment; builds nothing, needs no root")
+    p.add_argument("experiment", type=Path)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=_cmd_plan)
+    p = sub.add_parser("run", help="emulate the experiment (root): Mininet + Ryu + inference servers")
+    p.add_argument("experiment", type=Path)
+    p.add_argument("--duration", type=duration_arg, help=DURATION_HELP)
+    p.add_argument("--link-emulator", choices=["auto", "netem", "userspace"], help="override emulation.link_emulator")
+    p.add_argument("--runs-dir", type=Path, help=RUNS_DIR_HELP)
+    p.set_defaults(func=_cmd_run)
+    p = sub.add_parser("cleanup", help="remove what an interrupted or crashed run left behind (ours only)")
+    p.set_defaults(func=_cmd_cleanup)
+    for mod in COMMAND_MODULES:
+        mod.register(sub)
+    return ap
+
+
+def _value_options(ap: argparse.ArgumentParser) -> set[str]:
+    """The option strings (of ``ap`` and its subcommands) that take one value."""
+    out: set[str] = set()
+    stack = [ap]
+    while stack:
+        for action in stack.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend(action.choices.values())
+            elif isinstance(action, argparse._StoreAction) and action.option_strings and action.nargs is None:
+                out.update(action.option_strings)
+    return out
+
+
+def _attach_negative_values(argv: list[str], options: set[str]) -> list[str]:
+    """``--duration -1s`` as ``--duration=-1s``: argparse takes a value that starts with ``-`` and
+    is not a plain number for an option, and fails with "expected one argument"; attached, the
+    value reaches the option's own check, which says what is wrong with it."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok, nxt = argv[i], argv[i + 1] if i + 1 < len(argv) else ""
+        attach = tok in options and re.fullmatch(r"-\.?\d.*", nxt) is not None
+        out.append(f"{tok}={nxt}" if attach else tok)
+        i += 2 if attach else 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``testbed`` console command: the one place errors are printed."""
+    ap = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = ap.parse_args(_attach_negative_values(argv, _value_options(ap)))
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # `testbed run` has its own during the run
+    try:
+        return args.func(args)
+    except TestbedError as exc:
+        console.print(Text("error: ", style="red") + plain(exc), soft_wrap=True)  # paths stay whole
+        return exc.exit_code
+    except KeyboardInterrupt:
+        console.print(Text("interrupted", style="yellow"))
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM unwinds as Ctrl-C does (exit 130, what was measured kept, pool workers stopped): the
+    README's exit codes promise it for every command; only `testbed run` had a handler, and a
+    sweep or an evaluation died with 143 and left its workers running (a reviewer's find, Dec 4)."""
+    raise KeyboardInterrupt
+
+
+__all__ = ["console", "main", "plain", "print_plan"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""Scenario events in the emulation: each step of ``plan.changes`` applied for real, at its time,
+and read back by measurement.
+
+The timeline and its meaning are the model's (:mod:`testbed.model.events`); this module applies
+each step to the running emulation and records it in ``events.csv`` (:data:`EVENTS_FIELDS`):
+planned time, the time the run fired it (``applied_s``, s since the load started; ``lag_ms`` the
+difference; ``applied_unix_s`` the same instant on the records' clock), ``effect_ms`` (from firing
+to the first measurement showing it), the value asked and the value measured (``unit``), the
+``tolerance`` the measurement is judged with and whether it is within (``ok``), and a note.
+
+* Link events (every ``link_*`` kind) go through :class:`testbed.emu.dynamics.Dynamics`:
+  the emulator or ``tc`` changes the link, the controller is told or reacts, and probes across the
+  link (and along the source -> cluster paths it carried) measure the result over a window after
+  the change (cut short by the next change).
+* ``cluster_down`` / ``cluster_up``: ``kill``: SIGKILL, then a restart that waits until the server
+  is warm again (measured: the seconds until it answered); ``stop``: SIGSTOP / SIGCONT. A restart
+  runs beside the timeline (it can take longer than the gap to the next change, which must still
+  fire on time); its row is written once the server answers, or when the runner stops with the
+  note that it was not ready by then.
+
+A change that cannot be applied, or whose measurement cannot be taken, stops the runner; the
+error is kept in :attr:`EventRunner.error` and the run stops with it. So does a change that is
+:data:`EVENT_LATE_S` late (:meth:`EventRunner.check_on_time`, which the run calls as the load goes
+and once it ends). A measurement outside its tolerance is recorded (``ok`` 0) and shown, not fatal.
+"""
+
+from __future__ import annotations
+
+import csv
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
+from testbed.emu.dynamics import PREPARE_S
+from testbed.model.events import CLUSTER_KINDS, LINK_KINDS, Change
+
+#: Kinds the emulation applies.
+APPLIED_KINDS = LINK_KINDS | CLUSTER_KINDS
+EVENTS_FIELDS = ["event", "step", "kind", "target", "planned_s", "applied_s", "lag_ms", "effect_ms", "value_asked",
+                 "value_measured", "unit", "tolerance", "ok", "note", "applied_unix_s"]
+#: Unit of each kind's measured value.
+UNITS = {"link_delay": "ms", "link_bandwidth": "Mbit/s", "link_loss": "%", "link_congestion": "Mbit/s",
+         "link_down": "ms", "link_up": "ms"}
+#: A measurement window ends this long (s) before the next change fires (its preparation first).
+WINDOW_MARGIN_S = PREPARE_S + 0.02
+#: After the runner is stopped, a restart still running gets this long (s) before its row is closed.
+RESTART_JOIN_S = 1.0
+#: A change that fires this long (s) after its planned time, or has not fired by then, stops the run
+#: (:meth:`EventRunner.check_on_time`): the run would measure another scenario than the one planned.
+#: Changes fire 0-22 ms late here (events.csv ``lag_ms`` of the Dec 3-4 runs).
+EVENT_LATE_S = 1.0
+
+
+def unsupported(changes: Sequence[Change]) -> list[str]:
+    """Descriptions of the changes the emulation cannot apply (empty: all can be)."""
+    return [f"events.{c.event} ({c.kind})" for c in changes if c.kind not in APPLIED_KINDS]
+
+
+def target_of(ch: Change) -> str:
+    """The cluster or the link (``a-b`` switch names) a change targets."""
+    return ch.cluster if ch.cluster else "-".join(ch.link) if ch.link else ""
+
+
+def _num(v: float | None, digits: int = 3) -> str:
+    """A value for the CSV ('' for none; a string, so that 0 still shows)."""
+    return "" if v is None else f"{round(v, digits):g}"
+
+
+class EventRunner(threading.Thread):
+    """Applies ``changes`` during the load (started before it, stopped with :meth:`stop`).
+
+    Args:
+        live: the running emulation (:class:`testbed.emu.bringup.Live`); its ``dynamics``
+            applies link changes.
+        servers: the clusters' servers (:class:`testbed.emu.servers.ClusterServers`).
+        changes: the plan's timeline.
+        t0_s: when the load starts (epoch s): change ``t_s`` is applied at ``t0_s + t_s``.
+        on_event: called with each ``events.csv`` row as its change fires (``row["phase"]``
+            ``fired``: nothing measured yet) and again once measured (``measured``), for the
+            console's progress.
+
+    A change that fails stops the runner and is kept in :attr:`error`; the run checks it.
+    """
+
+    def __init__(self, live, servers, changes: Sequence[Change], t0_s: float,
+                 on_event: Callable[[dict], None] | None = None):
+        super().__init__(daemon=True, name="events")
+        self.live, self.servers, self.changes, self.t0_s = live, servers, list(changes), t0_s
+        self.on_event = on_event
+        self.stop_event = threading.Event()
+        self.path: Path = live.run_dir / "events.csv"
+        self.rows: list[dict] = []
+        self.error: RunFailure | None = None
+        self._write_lock = threading.Lock()
+        self._restarts: list[tuple[threading.Thread, dict]] = []
+        self.busy = ""  # what the runner is doing now, for a message when a change is late
+
+    def _groups(self) -> list[list[Change]]:
+        groups: list[list[Change]] = []
+        for ch in self.changes:
+            if groups and groups[-1][0].t_s == ch.t_s:
+                groups[-1].append(ch)
+            else:
+                groups.append([ch])
+        return groups
+
+    def run(self) -> None:
+        with open(self.path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=EVENTS_FIELDS, extrasaction="ignore")
+            w.writeheader()
+            f.flush()
+
+            def done(row: dict) -> None:
+                with self._write_lock:
+                    if f.closed or row.get("phase") == "measured":  # a restart's row is written once
+                        return
+                    row["phase"] = "measured"
+                    w.writerow(row)
+                    f.flush()
+                if self.on_event is not None:
+                    self.on_event(row)
+
+            try:
+                self._timeline(done)
+            finally:
+                self._finish_restarts(done)
+
+    def _timeline(self, done: Callable[[dict], None]) -> None:
+        """Fire every group of changes at its time (returns early when stopped or on an error)."""
+        groups = self._groups()
+        for gi, group in enumerate(groups):
+            fire = self.t0_s + group[0].t_s
+            nxt = self.t0_s + groups[gi + 1][0].t_s - WINDOW_MARGIN_S if gi + 1 < len(groups) else float("inf")
+            try:
+                if self.stop_event.wait(max(0.0, fire - PREPARE_S - time.time())):
+                    return
+                prepared = self._prepare(group)
+                if self.stop_event.wait(max(0.0, fire - time.time())):
+                    return
+                self._apply_group(group, prepared, nxt, done)
+            except Exception as exc:  # noqa: BLE001 - reported by the run, which then stops
+                ch = group[0]
+                self.error = RunFailure(f"events.{ch.event} ({ch.kind} {target_of(ch)}) at {ch.t_s:g} s "
+                                        f"failed: {exc}")
+                return
+
+    def _finish_restarts(self, done: Callable[[dict], None]) -> None:
+        """Wait for the restarts still running until the runner is stopped; a restart that has not
+        finished by then gets its row with the note that the server was not ready."""
+        for th, row in self._restarts:
+            while th.is_alive() and not self.stop_event.wait(0.2):
+                pass
+            th.join(RESTART_JOIN_S)
+            if th.is_alive():
+                waited = time.time() - float(row["applied_unix_s"])
+                row.update(note=f"server not ready when the run ended ({waited:.1f} s after the restart)")
+                done(row)
+
+    def _prepare(self, group: list[Change]) -> list:
+        """Per change of the group: the link change's preparation (:meth:`Dynamics.prepare`), or None."""
+        dyn = getattr(self.live, "dynamics", None)
+        if dyn is None and any(ch.kind in LINK_KINDS for ch in group):
+            raise RunFailure("the emulation has no probe hosts for link events (built without them)")
+        return [dyn.prepare(ch) if ch.kind in LINK_KINDS else None for ch in group]
+
+    def _fired(self, row: dict) -> dict:
+        """A change was applied: its row joins :attr:`rows` at once (the health watch reads which
+        links are down by plan from there) and the console hears of it."""
+        row["phase"] = "fired"
+        self.rows.append(row)
+        if self.on_event is not None:
+            self.on_event(row)
+        return row
+
+    def check_on_time(self, now: float, duration_s: float) -> None:
+        """Raise when a change planned inside the ``duration_s`` load fired more than
+        :data:`EVENT_LATE_S` after its time, or has not fired that long after it (``now``, epoch s).
+
+        Raises:
+            RunFailure: (exit code 4) naming the change, how late it is and what the runner was
+                doing (e.g. a long measurement of the change before it).
+        """
+        fired = {(r["event"], r["step"]): r for r in list(self.rows)}
+        for ch in self.changes:
+            if ch.t_s >= duration_s:
+                continue
+            row = fired.get((ch.event, ch.step))
+            late = float(row["lag_ms"]) / 1e3 if row is not None else now - self.t0_s - ch.t_s
+            if late > EVENT_LATE_S:
+                what = "fired" if row is not None else "has not fired"
+                doing = f"; the event runner was busy with {self.busy}" if self.busy else ""
+                raise RunFailure(f"events.{ch.event} ({ch.kind} {target_of(ch)}) planned at {ch.t_s:g} s {what} "
+                                 f"{late:.1f} s after its time (more than {EVENT_LATE_S:g} s){doing}: the run would "
+                                 f"measure another scenario than the one planned", EXIT_COMPONENT_DIED)
+
+    def _apply_group(self, group: list[Change], prepared: list, next_fire: float, done: Callable[[dict], None]) -> None:
+        """Apply every change of one instant (each row shown as it fires), wait for their windows,
+        measure each (``done`` writes the completed row)."""
+        dyn = getattr(self.live, "dynamics", None)
+        pending = []
+        for ch, prep in zip(group, prepared, strict=True):
+            self.busy = f"applying events.{ch.event} ({ch.kind} {target_of(ch)}, planned at {ch.t_s:g} s)"
+            if ch.kind in CLUSTER_KINDS:
+                self._apply_cluster(ch, done)
+                continue
+            ap = dyn.apply(ch, prep)
+            row = self._fired(self._row(ch, ap.t_fire, None, None, UNITS.get(ch.kind, "ms"), None, None,
+                                        "measuring"))
+            pending.append((ap, row))
+        if not pending:
+            return
+        end = min(next_fire, max(ap.t_fire + dyn.window_s(ap.change) for ap, _ in pending))
+        self.busy = f"measuring the changes of {group[0].t_s:g} s"
+        self.stop_event.wait(max(0.0, end - time.time()))
+        for ap, row in pending:
+            m = dyn.measure(ap, min(time.time(), next_fire))
+            row.update(self._row(ap.change, ap.t_fire, m.effect_ms, m.value, m.unit, m.tolerance, m.ok, m.note))
+            done(row)
+        self.busy = ""
+
+    def _row(self, ch: Change, t_fire: float, effect_ms, measured, unit, tol, ok, note) -> dict:
+        applied = t_fire - self.t0_s
+        return {"event": ch.event, "step": ch.step, "kind": ch.kind, "target": target_of(ch),
+                "planned_s": round(ch.t_s, 6), "applied_s": round(applied, 6),
+                "lag_ms": round((applied - ch.t_s) * 1e3, 3), "effect_ms": _num(effect_ms),
+                "value_asked": _num(ch.value, 6), "value_measured": _num(measured), "unit": unit,
+                "tolerance": _num(tol), "ok": "" if ok is None else int(bool(ok)), "note": note,
+                "applied_unix_s": f"{t_fire:.6f}"}
+
+    def _apply_cluster(self, ch: Change, done: Callable[[dict], None]) -> None:
+        """Apply a cluster change now. A restart (``cluster_up`` of a killed server) continues in
+        its own thread, which writes the row once the server answers."""
+        t_fire = time.time()
+        if ch.kind == "cluster_down":
+            self.servers.down(ch.cluster, ch.mode)
+            note = f"server {'stopped (SIGSTOP)' if ch.mode == 'stop' else 'killed (SIGKILL)'}"
+            done(self._fired(self._row(ch, t_fire, None, None, "", None, None, note)))
+            return
+        row = self._fired(self._row(ch, t_fire, None, None, "s", None, None, "restarting"))
+
+        def restart() -> None:
+            try:
+                ready_s = self.servers.up(ch.cluster)
+            except Exception as exc:  # noqa: BLE001 - reported by the run, which then stops
+                self.error = RunFailure(f"events.{ch.event} (cluster_up {ch.cluster}) at {ch.t_s:g} s failed: {exc}")
+                return
+            row.update(self._row(ch, t_fire, ready_s * 1e3, ready_s, "s", None, None,
+                                 "seconds until the server answered again"))
+            done(row)
+
+        th = threading.Thread(target=restart, daemon=True, name=f"restart-{ch.cluster}")
+        self._restarts.append((th, row))
+        th.start()
+
+    def stop(self) -> None:
+        """Stop applying (the load ended or the run is interrupted)."""
+        self.stop_event.set()
+
+
+__all__ = ["APPLIED_KINDS", "EVENTS_FIELDS", "EventRunner", "unsupported"]

@@ -1,0 +1,663 @@
+"""``testbed run``: bring up the emulation, run the workload, measure, tear down.
+
+Steps, in order (each a function below):
+
+1. checks before anything is built (:func:`check_before_bringup`): root, tools and OVS
+   (:func:`testbed.emu.bringup.preflight`), events the emulation can apply, the load within
+   the engines' bounds (also for ``--duration``), the OpenFlow and REST ports free, the run
+   directory writable with room for the run (:class:`testbed.emu.health.Storage`, stating its
+   estimate) and its paths within the Linux limits;
+2. the network (:func:`testbed.emu.bringup.emulated_network`: lock, cleanup of leftovers,
+   intent log, Mininet, link emulators, ryu-manager, switches, every link discovered); from here
+   on the health watch (:mod:`testbed.emu.health`) watches every component, the links and the disk;
+3. RTT self-check; 4. inference servers (CPU-limited, warmed up; :mod:`testbed.emu.servers`);
+5. every source's path to every (cluster, model) warmed (:meth:`ClusterServers.warm_paths`);
+6. the load: every source starts at the same instant, scenario events apply at their times
+   (:mod:`testbed.emu.events`), link statistics are polled, progress is shown;
+7. the summary (:mod:`testbed.results.summary`), from the records, whatever happened before.
+
+A component that dies during the run stops it at once with exit code 4, unless an event planned
+it (``cluster_down``): the health watch reports it on the console and in ``run.json`` and raises
+it in this thread. ryu-manager is not restarted (docs/trustworthy-runs.md says why). Whatever
+happens (Ctrl-C, a crash, a failed check) the network's context manager stops everything we
+started and removes our namespaces, interfaces, bridges and cgroups; records written so far stay
+in the run directory and are merged and summarised.
+
+Exit codes: :mod:`testbed.core.errors`. ``run.json`` holds what the run was and what happened to it
+(``health``, ``failure``, ``exit_code``, and ``process``: who runs it); a run directory whose
+``run.json`` has no ``exit_code`` belongs to a run that was killed (SIGKILL) before it could
+finish, and the next run marks it ``"status": "killed"``
+(:func:`testbed.emu.cleanup.mark_killed_runs`). Every child process gets SIGTERM from the
+kernel when the run dies (:mod:`testbed.core.lifeline`).
+"""
+
+from __future__ import annotations
+
+import csv
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from testbed.agent.live import refuse_unfit_checkpoint
+from testbed.core.errors import (
+    EXIT_BRINGUP,
+    EXIT_COMPONENT_DIED,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_NOTHING_MEASURED,
+    EXIT_OK,
+    RunFailure,
+    TestbedError,
+)
+from testbed.core.lifeline import tied_popen
+from testbed.core.util import REPO_ROOT, native_stderr_to, provenance, repo_path, stop_processes, write_json_atomic
+from testbed.emu.bringup import (
+    Live,
+    RunError,
+    calibrate_datapath,
+    emulated_network,
+    new_run_dir,
+    preflight,
+    rtt_self_check,
+)
+from testbed.emu.cleanup import process_identity
+from testbed.emu.events import EventRunner, unsupported
+from testbed.emu.health import (
+    LINK_UP_GRACE_S,
+    Component,
+    HealthWatch,
+    LinkCheck,
+    RunRecord,
+    Storage,
+    estimate_storage,
+    ovs_components,
+    tagged_processes,
+)
+from testbed.emu.machine import SAMPLES_FILE, CpuSampler, write_samples
+from testbed.emu.servers import ClusterServers
+from testbed.plan.boundaries import SourceConfig
+from testbed.plan.build import Plan, check_load_bounds, run_dir_limit_problem
+from testbed.results.summary import print_summary, summarize
+from testbed.spec.experiment import drain_s
+
+__all__ = ["Live", "RunError", "check_before_bringup", "emulated_network", "new_run_dir", "run_experiment"]
+
+#: ryu-manager's death stops the run (not restarted): docs/trustworthy-runs.md, "ryu-manager".
+CONTROLLER_POLICY = ("stop the run: a restarted controller clears its flows and reinstalls them only after LLDP "
+                     "rediscovers every link, and it answers ARP and reroutes; without it the run no longer "
+                     "measures the planned network")
+
+
+class _LinkPoller(threading.Thread):
+    """Polls the controller's per-link utilization into ``link_stats.csv`` every interval, and
+    publishes the latest as ``link_util.json`` (what the sources' ASET observes). A write that
+    fails (disk full) is retried with the next poll: the rows stay buffered."""
+
+    FIELDS = ["t", "a", "a_port", "b", "b_port", "kind", "capacity_mbps", "rate_mbps_ab", "rate_mbps_ba",
+              "util_ab", "util_ba", "drops_ab", "drops_ba", "drops_total"]
+
+    def __init__(self, rest_url: str, path: Path, interval_s: float):
+        super().__init__(daemon=True)
+        self.rest_url, self.path, self.interval_s = rest_url, path, interval_s
+        self.stop_event = threading.Event()
+        self.failures = 0  # consecutive failed polls
+
+    def run(self) -> None:
+        from testbed.sdn.client import ControllerError, get_links
+
+        with open(self.path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.FIELDS, extrasaction="ignore")
+            w.writeheader()
+            while not self.stop_event.wait(self.interval_s):
+                try:
+                    rows = get_links(self.rest_url)
+                except ControllerError:
+                    self.failures += 1
+                    continue
+                self.failures = 0
+                util = {}
+                for row in rows:
+                    w.writerow(row)
+                    if row.get("kind") == "switch":
+                        util[f"{row.get('a_name')}-{row.get('b_name')}"] = max(row.get("util_ab") or 0.0,
+                                                                             row.get("util_ba") or 0.0)
+                try:
+                    f.flush()
+                    write_json_atomic(self.path.with_name("link_util.json"), {"t": time.time(), "links": util})
+                except OSError:
+                    continue  # disk full: the health watch reports it; the rows stay in the buffer
+
+
+class _RecordCounter:
+    """Counts the complete record lines the sources appended since the last call (progress)."""
+
+    def __init__(self, files: list[Path]):
+        self.files, self.offsets = files, dict.fromkeys(files, 0)
+        self.n = self.ok = 0
+
+    def update(self) -> None:
+        for f in self.files:
+            if not f.exists():
+                continue
+            with open(f, "rb") as fh:
+                fh.seek(self.offsets[f])
+                chunk = fh.read()
+            cut = chunk.rfind(b"\n") + 1
+            self.offsets[f] += cut
+            for line in chunk[:cut].splitlines():
+                if line and not line.startswith(b"query_id"):
+                    self.n += 1
+                    self.ok += b",success," in line
+
+
+class _Interrupts:
+    """SIGINT and SIGTERM while a run is under way (a context manager).
+
+    The first one unwinds like Ctrl-C (``KeyboardInterrupt``), so the same teardown runs. The
+    ones after it only say that the teardown is under way: a second, impatient Ctrl-C used to cut
+    the teardown short and leave bridges, link emulators, the controller and cgroups behind,
+    while the run said it had cleaned up. The previous handlers come back on exit, unless the run
+    was interrupted: then later signals are ignored until the process ends (the run has stopped;
+    a late Ctrl-C would otherwise kill the process before it reports its exit code, 130, and the
+    caller would see a death by SIGINT instead). ``ignore_after``: ignore them after the run in any
+    case (``testbed run``, whose process ends with the recorded exit code: a SIGTERM just after the
+    run recorded 0 killed it with 143, a reviewer's find).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, console: Console, ignore_after: bool = False):
+        self.console = console
+        self.prev: dict[int, Any] = {}
+        self.interrupted = False
+        self.ignore_after = ignore_after  # the caller ends the process next: a late signal is ignored too
+
+    def __enter__(self) -> _Interrupts:
+        self.prev = {s: signal.signal(s, self._first) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.prev.items():
+            signal.signal(s, signal.SIG_IGN if self.interrupted or self.ignore_after else handler)
+
+    def _first(self, signum: int, frame: object) -> None:
+        self.interrupted = True
+        for s in self.SIGNALS:
+            signal.signal(s, self._again)
+        raise KeyboardInterrupt
+
+    def _again(self, signum: int, frame: object) -> None:
+        self.console.print(f"{signal.Signals(signum).name} again: still stopping and cleaning up, please wait "
+                           "(kill -9 would leave the cleanup to the next run)", markup=False)
+
+
+# ----------------------------------------------------------------------------- step 1: checks
+
+def _check_ports(plan: Plan) -> None:
+    """The OpenFlow and REST ports free on 127.0.0.1 (the servers' port lives in the hosts'
+    namespaces, always free). Skipped when another run is active or left processes behind: the
+    lock then says so, or the bring-up's cleanup frees the ports (ryu-manager checks them again).
+
+    Raises:
+        RunFailure: (exit code 3) a port is in use; names it.
+    """
+    from testbed.emu.cleanup import other_run_present
+    from testbed.sdn.client import _port_in_use
+
+    if other_run_present():
+        return
+    em = plan.experiment.emulation
+    for what, key, port in (("OpenFlow", "of_port", em.of_port), ("REST", "rest_port", em.rest_port)):
+        if _port_in_use(port):
+            raise RunFailure(f"emulation.{key}: the {what} port {port} on 127.0.0.1 is in use (another ryu-manager "
+                             f"or service? `ss -ltnp 'sport = :{port}'`); choose another port", EXIT_BRINGUP)
+
+
+def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None) -> tuple[str, Path, Storage]:
+    """Step 1 (module docstring); creates the run directory and takes its storage reserve.
+
+    Returns:
+        (run id, run directory, its :class:`Storage`).
+
+    Raises:
+        TestbedError: a check failed (exit code 2: input or tools; 3: a precondition), naming it.
+    """
+    preflight()
+    bad = unsupported(plan.changes)
+    if bad:
+        raise RunError(f"the emulation cannot apply {', '.join(bad)} yet; run the scenario with "
+                       f"`testbed simulate`, or remove the event", EXIT_INPUT)
+    expected = check_load_bounds(plan.experiment, plan.weights, duration_s, Path(plan.base_dir))
+    refuse_unfit_checkpoint(plan)  # the ASET checkpoint fits every source that applies aset (as testbed plan)
+    _check_ports(plan)
+    base = Path(runs_dir) if runs_dir else repo_path(plan.experiment.runs_dir)
+    problem = run_dir_limit_problem(base, plan)
+    if problem:
+        raise RunFailure(problem, EXIT_BRINGUP)
+    try:
+        run_id, run_dir = new_run_dir(plan, runs_dir)
+    except OSError as exc:
+        raise RunFailure(f"cannot create the run directory under {base}: {exc.strerror}; choose another "
+                         f"--runs-dir (or runs_dir in the experiment)", EXIT_BRINGUP) from None
+    storage = Storage(run_dir, estimate_storage(plan, duration_s, expected))
+    storage.check()
+    return run_id, run_dir, storage
+
+
+# ----------------------------------------------------------------------------- the health watch
+
+def _network_components(live: Live) -> list[Component]:
+    """The network's processes for the health watch; a link emulator process with the links it
+    serves (:meth:`Live.served`), so that its death names every one."""
+    kinds = {"ryu-manager": ("SDN controller", live.run_dir / "logs" / "controller.log")}
+    served = live.served()
+    out = []
+    for name, proc in live.components().items():
+        kind, log = kinds.get(name, ("link emulator" if name.startswith("linkemu-") else "network process",
+                                     live.run_dir / "logs" / f"{name}.log"))
+        out.append(Component(name, kind, proc, log if log.exists() else None, serves=tuple(served.get(name, ()))))
+    return out
+
+
+def _server_components(servers: ClusterServers) -> list[Component]:
+    return [Component(f"server-{c}", "inference server", p, servers.log_path(c),
+                      planned=lambda c=c: servers.expected_dead(c), why=lambda c=c: servers.oom_note(c))
+            for c, p in list(servers.procs.items())]
+
+
+#: A planned ``link_down`` counts from this long (s) before its planned time (the event runner
+#: prepares each change ahead of it; testbed.emu.dynamics.PREPARE_S).
+EVENT_LEAD_S = 1.0
+
+
+def _planned_links(plan: Plan, t0_s: float | None, rows: list[dict] | None = None) -> set[frozenset[str]]:
+    """Links the plan's timeline holds down now: its last ``link_down`` / ``link_up`` at or
+    before now is a ``link_down``, or a ``link_up`` the event runner has not yet reported
+    (``rows``: its events.csv rows, written only once a change is measured) or reported less than
+    :data:`testbed.emu.health.LINK_UP_GRACE_S` ago (LLDP rediscovery). A change counts from
+    :data:`EVENT_LEAD_S` before its time (it is prepared ahead)."""
+    if t0_s is None:
+        return set()
+    now = time.time()
+    applied = {(int(r["event"]), int(r["step"])): float(r.get("applied_unix_s") or t0_s + float(r["applied_s"]))
+               for r in (rows or []) if r.get("kind") == "link_up"}
+    last: dict[frozenset[str], object] = {}
+    for ch in plan.changes:
+        if ch.kind in ("link_down", "link_up") and ch.link and ch.t_s <= now - t0_s + EVENT_LEAD_S:
+            last[frozenset(ch.link)] = ch
+    out = set()
+    for link, ch in last.items():
+        up_at = applied.get((ch.event, ch.step))
+        if ch.kind == "link_down" or up_at is None or now - up_at < LINK_UP_GRACE_S:
+            out.add(link)
+    return out
+
+
+def _start_watch(live: Live, record: RunRecord, storage: Storage, console: Console,
+                 events_ref: list) -> HealthWatch:
+    """The health watch of a running network; its first unplanned death is raised in this thread
+    (SIGUSR1, see :func:`_raising_failures`), wherever the run is (self-check, warm-up, load).
+    ``events_ref`` gets the event runner once the load starts."""
+    main = threading.main_thread().ident
+    watch_ref: list[HealthWatch] = []
+
+    def planned() -> set[frozenset[str]]:
+        return _planned_links(live.plan, watch_ref[0].t_load0, list(events_ref[0].rows) if events_ref else None)
+
+    links = LinkCheck(live.rest_url, live.plan, planned, live.plan.experiment.emulation.stats_interval_s)
+    watch = HealthWatch(record, console, [lambda: _network_components(live), ovs_components], storage, links,
+                        on_failure=lambda: signal.pthread_kill(main, signal.SIGUSR1))
+    watch_ref.append(watch)
+    watch.start()
+    return watch
+
+
+@contextmanager
+def _raising_failures(watch_ref: list) -> Iterator[None]:
+    """While inside: SIGUSR1 (sent by the health watch) raises the watch's failure in this thread."""
+    def raise_failure(signum, frame) -> None:
+        watch = watch_ref[0] if watch_ref else None
+        if watch is not None and watch.failure is not None and not watch.stopped:
+            raise watch.failure
+
+    prev = signal.signal(signal.SIGUSR1, raise_failure)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, prev)
+
+
+# ----------------------------------------------------------------------------- the load
+
+#: How long the sources may take to be ready (imports, request bodies, a connection to every
+#: cluster) before the run gives up (s); and how far after the last one is ready the load starts (s).
+SOURCES_READY_TIMEOUT_S = 120.0
+START_LEAD_S = 0.3
+#: The load's common start time, in the run folder (``{"start_ns": N}``; not under ``sources/``,
+#: whose files are named after the sources).
+LOAD_START_FILE = "load_start.json"
+
+
+def _start_sources(live: Live, duration_s: float, stack: ExitStack) -> dict[str, subprocess.Popen]:
+    """One ``python -m testbed.emu.source`` per source with load, in its host, held at the start
+    barrier (``sources/<name>.ready``, :data:`LOAD_START_FILE`: :func:`_release_sources`); stopped on
+    ``stack`` exit."""
+    procs: dict[str, subprocess.Popen] = {}
+    stack.callback(stop_processes, procs.values(), signal.SIGINT)
+    fallback_ns = time.time_ns() + int(SOURCES_READY_TIMEOUT_S * 1e9)  # replaced by LOAD_START_FILE's start_ns
+    for s in live.plan.sources:
+        cfg = SourceConfig.from_plan(live.plan, s.name, fallback_ns, duration_s, live.run_dir)
+        if cfg is None:
+            continue
+        cfg = cfg.model_copy(update={"ready_file": str(live.run_dir / "sources" / f"{s.name}.ready"),
+                                     "go_file": str(live.run_dir / LOAD_START_FILE)})
+        path = write_json_atomic(live.run_dir / "sources" / f"{s.name}.json", cfg)
+        log = stack.enter_context(open(live.run_dir / "logs" / f"source-{s.name}.log", "w"))
+        procs[s.name] = tied_popen(live.emu.node(s.name).popen, [sys.executable, "-m", "testbed.emu.source", str(path)],
+                                   stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+    return procs
+
+
+def _release_sources(live: Live, procs: dict[str, subprocess.Popen], watch: HealthWatch | None) -> int:
+    """Wait until every source is ready to send, then give them one start time (:data:`LOAD_START_FILE`,
+    :data:`START_LEAD_S` from now); returns it (epoch ns). Sources import and build their request
+    bodies after they are started: with a fixed start 1 s ahead, they began 0.5-2.4 s late on a
+    busy machine, each at its own time, and the scenario's events, timed from the planned start,
+    fell elsewhere in their load (a reviewer's find, Dec 4 2026).
+
+    Raises:
+        RunFailure: a source exited before it was ready (the health watch names it), or not every
+            source was ready within :data:`SOURCES_READY_TIMEOUT_S`.
+    """
+    sources = live.run_dir / "sources"
+    deadline = time.monotonic() + SOURCES_READY_TIMEOUT_S
+    while not all((sources / f"{n}.ready").exists() for n in procs):
+        if watch is not None:
+            watch.check()
+            if watch.failure is not None:
+                raise watch.failure
+        dead = [n for n, p in procs.items() if p.poll() is not None]
+        if dead:
+            raise RunFailure(f"source(s) {', '.join(dead)} exited before the load began; see "
+                             f"logs/source-<name>.log", EXIT_COMPONENT_DIED)
+        if time.monotonic() > deadline:
+            late = [n for n in procs if not (sources / f"{n}.ready").exists()]
+            raise RunFailure(f"source(s) {', '.join(late)} not ready to send after {SOURCES_READY_TIMEOUT_S:g} s",
+                             EXIT_COMPONENT_DIED)
+        time.sleep(0.02)
+    start_ns = time.time_ns() + int(START_LEAD_S * 1e9)
+    write_json_atomic(live.run_dir / LOAD_START_FILE, {"start_ns": start_ns})
+    return start_ns
+
+
+def _loaded_sources(plan: Plan) -> list[str]:
+    """The sources some workload entry selects (the others start no process)."""
+    return [s.name for s in plan.sources if any(s.name in w for w in plan.weights)]
+
+
+def _watch_capture(live: Live, watch: HealthWatch) -> None:
+    from testbed.emu.health import PidProcess
+
+    comps = [Component(f"tcpdump-{pid}", "packet capture", PidProcess(pid), None, known_code=False)
+             for pid in tagged_processes(live.run_id, "tcpdump")]
+    watch.add(lambda: comps)
+
+
+def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, servers: ClusterServers,
+             watch: HealthWatch | None = None, events_ref: list | None = None) -> None:
+    """Start every source at the same instant, apply the scenario events, show progress until the
+    load ends and every source has its last answers.
+
+    Raises:
+        RunFailure: an event could not be applied, or a component died (the health watch).
+    """
+    exp, run_dir = live.plan.experiment, live.run_dir
+    poller = _LinkPoller(live.rest_url, run_dir / "link_stats.csv", exp.emulation.stats_interval_s)
+    poller.start()
+    stack.callback(poller.join, 3)
+    stack.callback(poller.stop_event.set)
+    if exp.capture is not None:
+        from testbed.emu.capture import start_capture
+
+        start_capture(live, exp.capture, stack)
+        if watch is not None:
+            _watch_capture(live, watch)
+    machine = CpuSampler()  # the machine's CPU per role (machine_cpu_samples.json; the summary takes the load's window)
+    machine.start()
+    stack.callback(write_samples, machine, run_dir / SAMPLES_FILE)
+    sources = _start_sources(live, duration_s, stack)
+    if watch is not None:
+        logs = run_dir / "logs"
+        comps = [Component(f"source-{n}", "query source", p, logs / f"source-{n}.log", normal_exit=frozenset({0}))
+                 for n, p in sources.items()]
+        watch.add(lambda: comps)
+    with console.status("starting the sources..."):
+        start_ns = _release_sources(live, sources, watch)
+    if watch is not None:
+        watch.load_started(start_ns / 1e9)
+    events = None
+    if live.plan.changes:
+        def shown(row: dict) -> None:
+            console.print(f"event {row['kind']} {row['target']} {row.get('phase', 'applied')} at "
+                          f"{row['applied_s']:.2f} s (asked {row['value_asked'] or '-'}, measured "
+                          f"{row['value_measured'] or '-'})", markup=False, highlight=False)
+
+        events = EventRunner(live, servers, live.plan.changes, start_ns / 1e9, shown)
+        if events_ref is not None:
+            events_ref.append(events)
+        events.start()
+        stack.callback(events.join, 5)
+        stack.callback(events.stop)
+    counter = _RecordCounter([run_dir / "sources" / f"{s}.records.csv" for s in sources])
+    with Progress(TextColumn("[bold]load[/bold]"), BarColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[info]}", markup=False), console=console) as prog:
+        task = prog.add_task("load", total=duration_s, info="")
+        t_load = time.time()
+        # the load starts 1 s from now; its queries may wait their deadline + grace; 30 s to write and exit
+        hard_stop = time.monotonic() + duration_s + 1 + drain_s([a.deadline_ms for a in exp.applications]) + 30
+        while any(p.poll() is None for p in sources.values()) and time.monotonic() < hard_stop:
+            time.sleep(0.5)
+            if events is not None and events.error is not None:
+                raise events.error
+            if events is not None:
+                events.check_on_time(time.time(), duration_s)
+            counter.update()
+            sr = counter.ok / counter.n if counter.n else 0.0
+            prog.update(task, completed=min(duration_s, max(0.0, time.time() - t_load - 1)),
+                        info=f"{counter.n} queries, success {sr:.3f}")
+    if watch is not None:
+        watch.check()  # a source that failed in the last instant, between two ticks
+        if watch.failure is not None:
+            raise watch.failure
+    if events is not None:  # the last word: every change of the load fired, on time
+        if events.error is not None:
+            raise events.error
+        events.check_on_time(time.time(), duration_s)
+    _check_components(live, sources, servers)
+
+
+def _check_components(live: Live, sources: dict[str, subprocess.Popen], servers: ClusterServers) -> None:
+    """Every source exited 0 and every server is alive unless an event took it down (the health
+    watch reports these at once; this is the last word when the load ends).
+
+    Raises:
+        RunFailure: (exit code 4) naming the component and its exit code.
+    """
+    for name, p in sources.items():
+        if p.returncode not in (0, None):
+            raise RunFailure(f"source {name} exited with code {p.returncode}; see "
+                             f"{live.run_dir / 'logs' / f'source-{name}.log'}", EXIT_COMPONENT_DIED)
+        if p.returncode is None:
+            raise RunFailure(f"source {name} did not finish within deadline + grace + 30 s after the load",
+                             EXIT_COMPONENT_DIED)
+    for name, p in servers.procs.items():
+        if p.poll() is not None and not servers.expected_dead(name):
+            raise RunFailure(f"inference server {name} died (exit code {p.returncode}) during the run; see "
+                             f"{servers.log_path(name)}", EXIT_COMPONENT_DIED)
+
+
+# ----------------------------------------------------------------------------- the run
+
+def _summarize(plan: Plan, run_dir: Path, duration_s: float, timings: dict, console: Console) -> dict:
+    """``summary.json`` and ``summary.md`` of whatever was measured (also of nothing: a run that
+    failed before its load says so there too); printed when there are records."""
+    import io
+
+    measured = any((run_dir / "sources").glob("*.records.csv"))
+    if measured and plan.experiment.capture is not None and (run_dir / "pcap").is_dir():
+        from testbed.results.capture import analyze_run
+
+        analyze_run(run_dir)
+    s = summarize(run_dir, duration_s)
+    s["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
+    write_json_atomic(run_dir / "summary.json", s, indent=2)
+    print_summary(s, console if measured else Console(file=io.StringIO()), run_dir)
+    return s
+
+
+def _emulate(plan: Plan, run_id: str, run_dir: Path, duration_s: float, link_emulator: str | None,
+             console: Console, timings: dict, record: RunRecord, storage: Storage) -> None:
+    """Bring-up, self-check, servers, warm-up and load, inside the network's context manager;
+    the health watch from the moment the network is up until the run stops its components."""
+    t0 = time.monotonic()
+    watch_ref: list[HealthWatch] = []
+    try:
+        with _raising_failures(watch_ref), emulated_network(plan, run_id, run_dir, link_emulator, console) as live, \
+                ExitStack() as stack:
+            timings["network_s"] = live.bringup_s
+            record.update(link_emulator=live.link_emulator, datapath=live.datapath)
+            events_ref: list[EventRunner] = []
+            watch = _start_watch(live, record, storage, console, events_ref)
+            watch_ref.append(watch)
+            try:
+                _bring_up_and_load(live, stack, watch, events_ref, duration_s, console, timings, record, t0)
+            finally:
+                watch.stop()
+                record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
+    finally:
+        if watch_ref:
+            watch_ref[0].write_epitaphs()  # every process has ended: say how in its log
+
+
+def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, events_ref: list, duration_s: float,
+                       console: Console, timings: dict, record: RunRecord, t0: float) -> None:
+    """Steps 3-6 (module docstring) on a running network."""
+    plan = live.plan
+    calibration = calibrate_datapath(live, console)
+    record.update(datapath_compensation={k: v for k, v in calibration.items() if k != "paths"})
+    if plan.experiment.emulation.rtt_check:
+        rtt_self_check(live, console)
+    servers = ClusterServers(live, stack)
+    watch.add(lambda: _server_components(servers))
+    with console.status("starting inference servers (warm-up)..."):
+        servers.start_all()
+    with console.status("warming every source -> cluster path..."):
+        t_warm = time.monotonic()
+        warm = servers.warm_paths(_loaded_sources(plan))
+        timings["warm_paths_s"] = time.monotonic() - t_warm
+    record.update(warm_up=_warm_summary(warm))
+    timings["bringup_s"] = time.monotonic() - t0
+    watch.check()
+    record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
+    console.print(f"{len(servers.procs)} inference servers ready, every path warmed; bring-up took "
+                  f"{timings['bringup_s']:.1f} s; watching {len(watch.seen)} components")
+    _check_host_speed(plan, live.run_dir, console, timings)
+    cpu_before = servers.cpu_stats()
+    stack.callback(servers.write_cpu_during_load, cpu_before)  # also after a failed or interrupted load
+    run_load(live, duration_s, stack, console, servers, watch, events_ref)
+    timings["total_s"] = time.monotonic() - t0
+
+
+def _check_host_speed(plan: Plan, run_dir: Path, console: Console, timings: dict) -> None:
+    """Time one model's bare call now against its profile (``host_speed.json``;
+    :func:`testbed.serve.handling.host_speed`): a machine slower than when the profiles were
+    measured makes every simulated figure of this plan optimistic, and the summary says so."""
+    from testbed.serve.handling import host_speed
+
+    models = {m: c.server.runtime_of(m) for c in plan.experiment.clusters for m in c.models}
+    t = time.monotonic()
+    with native_stderr_to(run_dir / "logs" / "host_speed.log"):  # LiteRT's "INFO: Created ... delegate"
+        got = host_speed(plan.zoo_dir, plan.profiles_dir, models)
+    timings["host_speed_s"] = time.monotonic() - t
+    write_json_atomic(run_dir / "host_speed.json", got)
+    if got:
+        console.print(Text(f"host speed: {got['model']} bare call {got['now_ms']} ms now against "
+                           f"{got['profile_ms']} ms profiled ({got['ratio']}x)"))
+
+
+def _warm_summary(warm: dict[str, dict]) -> dict:
+    """Per source, the first (cold) and last warm-up request time (ms) to each cluster/model."""
+    return {s: {k: {"first_ms": v[0], "last_ms": v[-1]} for k, v in d.items() if v} for s, d in warm.items()}
+
+
+def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
+                   duration_s: float | None = None, link_emulator: str | None = None,
+                   base_dir: Path | None = None, process_ends: bool = False) -> int:
+    """Run a planned experiment end to end; returns the exit code (:mod:`testbed.core.errors`). Results
+    go to ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an interruption
+    are kept and summarised. ``base_dir`` is unused (the plan carries the experiment's folder).
+    ``process_ends``: the caller exits with the returned code right after (the CLI): SIGINT and
+    SIGTERM stay ignored once the outcome is recorded, so the process's exit status is the
+    recorded one."""
+    console = console or Console(markup=False, highlight=False, soft_wrap=True)
+    duration_s = duration_s or plan.experiment.duration_s
+    try:
+        run_id, run_dir, storage = check_before_bringup(plan, duration_s, runs_dir)
+    except TestbedError as exc:
+        console.print(f"error: {exc}", markup=False, highlight=False)
+        return exc.exit_code
+    record = RunRecord(run_dir / "run.json", {
+        "mode": "emulation", "run_id": run_id, "status": "running", "process": process_identity(),
+        "provenance": provenance(),
+        "duration_s": duration_s,
+        "seed": plan.experiment.seed, "report_interval_s": plan.experiment.report_interval_s,
+        "mtu_bytes": plan.experiment.topology.mtu,
+        "storage": {"estimate_bytes": storage.estimate.total, "reserve_bytes": storage.estimate.reserve,
+                    "free_bytes_at_start": storage.free_bytes()},
+        "health": {"controller_policy": CONTROLLER_POLICY}})
+    record.update()
+    status, message, timings = EXIT_OK, "ok", {}
+    with _Interrupts(console, process_ends):  # until run.json has its outcome: a second Ctrl-C cannot cut the teardown
+        try:
+            _emulate(plan, run_id, run_dir, duration_s, link_emulator, console, timings, record, storage)
+        except KeyboardInterrupt:
+            console.print("interrupted: stopped and cleaned up; what was measured so far is kept", markup=False)
+            status, message = EXIT_INTERRUPTED, "interrupted"
+        except TestbedError as exc:
+            console.print(f"error: {exc}", markup=False, highlight=False)
+            status, message = exc.exit_code, str(exc)
+        finally:
+            storage.release()  # the end of the run (merge, summary) always has room
+        status, message = _finish(plan, run_dir, duration_s, timings, console, status, message)
+        record.update(status="ok" if status == EXIT_OK else "failed", exit_code=status, message=message)
+    console.print(f"run directory: {run_dir}", markup=False, highlight=False)
+    try:
+        write_json_atomic(run_dir / "exit.json", {"exit_code": status})
+    except OSError as exc:
+        console.print(f"warning: cannot write {run_dir / 'exit.json'}: {exc.strerror}", markup=False)
+    return status
+
+
+def _finish(plan: Plan, run_dir: Path, duration_s: float, timings: dict, console: Console, status: int,
+            message: str) -> tuple[int, str]:
+    """Merge and summarise what was measured; a run that measured nothing never exits 0."""
+    try:
+        s = _summarize(plan, run_dir, duration_s, timings, console)
+    except (OSError, TestbedError) as exc:
+        console.print(f"error: the summary could not be written: {exc}; the records are in "
+                      f"{run_dir / 'sources'}", markup=False, highlight=False)
+        return (status if status != EXIT_OK else EXIT_COMPONENT_DIED), f"summary failed: {exc}"
+    if status == EXIT_OK and not s.get("queries"):
+        console.print("error: the run measured no query", markup=False)
+        return EXIT_NOTHING_MEASURED, "the run measured no query"
+    return status, message

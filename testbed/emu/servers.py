@@ -1,0 +1,298 @@
+"""The clusters' inference servers in the emulation: started CPU-limited, watched, killed, restarted,
+and every source's path to them warmed before the load.
+
+Each cluster host runs one ``python -m testbed.serve.server`` process (config:
+:class:`testbed.plan.boundaries.ServerConfig`, from the plan) inside a cgroup holding the cluster's CPU
+share (CFS quota, :mod:`testbed.core.cgroups`) and memory limit. :class:`ClusterServers`
+starts them all and waits until every one is warmed up, and applies outages: ``kill`` (SIGKILL,
+connections refused until a restart) and ``stop`` (SIGSTOP / SIGCONT). A restarted server starts
+its counters from zero; the stats file of its earlier life is kept as
+``clusters/<cluster>.stats.<n>.json`` (n = 1, 2, ...), so no counter is lost.
+
+The cold start (:meth:`ClusterServers.warm_paths`): a query's first trip over a path pays for
+ARP (answered by the controller), the server's HTTP and request-decoding code running for the
+first time, and the model's first calls at the server's thread count. Before the load, each
+source host runs ``python -m testbed.emu.servers warm SPEC.json``: ``WARMUP_REQUESTS``
+real predict requests (the application's own request bodies) to every (cluster, model) it may
+use, one after the other. Their times go to ``sources/<source>.warmup.json`` (the first against
+the last shows what was warmed away); they are not records. What a warm-up process cannot warm
+is the source's own TCP connection: each source opens it with its first query to a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from testbed.core import cgroups
+from testbed.core.errors import RunFailure
+from testbed.core.lifeline import tied_popen
+from testbed.core.util import REPO_ROOT, poll_until, stop_processes, write_json_atomic
+from testbed.serve.launch import server_command, write_server_config
+
+#: Predict requests per (source, cluster, model) before the load (the first is the cold one).
+WARMUP_REQUESTS = 2
+#: Seconds one warm-up request may take (a cold model at a small CPU share included).
+WARMUP_REQUEST_TIMEOUT_S = 20.0
+
+
+class ClusterServers:
+    """The inference server of every cluster of a running emulation (``live``: a
+    :class:`testbed.emu.bringup.Live`). Stopped (SIGTERM, then SIGKILL) on ``stack`` exit."""
+
+    def __init__(self, live, stack: ExitStack):
+        self.live = live
+        self.stack = stack
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.groups: dict[str, list[Path]] = {}
+        self.stopped: set[str] = set()
+        self.killed: set[str] = set()
+        self.started_at: dict[str, float] = {}
+        self.lives: dict[str, int] = {}
+        self.ready_lives: dict[str, int] = {}
+        stack.callback(self._stop_all)
+
+    def _log(self, cluster: str):
+        return self.stack.enter_context(open(self.log_path(cluster), "a"))
+
+    def log_path(self, cluster: str) -> Path:
+        """The log of ``cluster``'s server (every life appends to it)."""
+        return self.live.run_dir / "logs" / f"server-{cluster}.log"
+
+    def _ready_file(self, cluster: str) -> Path:
+        return self.live.run_dir / "clusters" / f"{cluster}.ready.json"
+
+    def _keep_stats(self, cluster: str) -> None:
+        """Before a restart: keep the stats file of the life that ended (``<cluster>.stats.<n>.json``)."""
+        stats = self.live.run_dir / "clusters" / f"{cluster}.stats.json"
+        if stats.exists():
+            stats.replace(stats.with_name(f"{cluster}.stats.{self.lives[cluster]}.json"))
+
+    def _write_lives(self, cluster: str) -> None:
+        """``clusters/<cluster>.lives.json``: the lives started and how many became ready (a life
+        killed or ended while it still loaded wrote no stats file, but it was a life)."""
+        write_json_atomic(self.live.run_dir / "clusters" / f"{cluster}.lives.json",
+                          {"lives": self.lives[cluster], "ready": self.ready_lives.get(cluster, 0)})
+
+    def start(self, cluster: str) -> subprocess.Popen:
+        """Start (or restart) the server of ``cluster`` in its cgroup; returns at once."""
+        live = self.live
+        plan, run_dir = live.plan, live.run_dir
+        host = plan.host(cluster)
+        if cluster not in self.groups:
+            spec = next(c for c in plan.experiment.clusters if c.name == cluster)
+            self.groups[cluster] = cgroups.create_limited_group(f"testbed-{live.run_id}-{cluster}", host.cpu_cores,
+                                                                spec.memory_mib)
+        if cluster in self.lives:
+            self._keep_stats(cluster)
+        self.lives[cluster] = self.lives.get(cluster, 0) + 1
+        self._write_lives(cluster)
+        self._ready_file(cluster).unlink(missing_ok=True)
+        cfg = write_server_config(plan, cluster, plan.experiment.emulation.server_port, run_dir)
+        p = tied_popen(live.emu.node(cluster).popen, server_command(cfg), stdout=self._log(cluster),
+                       stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+        cgroups.add_process(self.groups[cluster], p.pid)
+        self.procs[cluster] = p
+        self.started_at[cluster] = time.monotonic()
+        return p
+
+    def oom_note(self, cluster: str) -> str:
+        """``"; its cgroup's memory limit ... killed it ..."`` when the cluster's memory cgroup has
+        OOM-killed a process (:func:`testbed.core.cgroups.oom_kills`), else ``""``: a SIGKILL
+        by the memory limit names ``memory_mib`` instead of passing for any other death."""
+        kills = cgroups.oom_kills(self.groups.get(cluster, []))
+        if not kills:
+            return ""
+        mib = next((c.memory_mib for c in self.live.plan.experiment.clusters if c.name == cluster), None)
+        return (f"; its cgroup's memory limit (clusters.{cluster}.memory_mib: {mib} MiB) killed it ({kills} OOM "
+                f"kill(s) in the group): raise memory_mib")
+
+    def wait_ready(self, clusters: list[str], timeout_s: float = 180.0) -> None:
+        """Wait until each server of ``clusters`` wrote its ready file (models warm, port open).
+
+        Raises:
+            RunFailure: a server exited, or was not ready within ``timeout_s`` (names it and its log).
+        """
+        def check() -> bool:
+            for n in clusters:
+                p = self.procs[n]
+                if p.poll() is not None:
+                    raise RunFailure(f"inference server {n} exited (code {p.returncode}){self.oom_note(n)}; see "
+                                     f"{self.log_path(n)}")
+            return all(self._ready_file(n).exists() for n in clusters)
+
+        poll_until(check, timeout_s, f"inference servers {', '.join(clusters)} ready (see "
+                                     f"{self.live.run_dir / 'logs'})", interval_s=0.2)
+        for n in clusters:
+            self.ready_lives[n] = self.ready_lives.get(n, 0) + 1
+            self._write_lives(n)
+
+    def start_all(self, timeout_s: float = 180.0) -> None:
+        """Start every cluster's server and wait until all are warmed up."""
+        for c in self.live.plan.clusters:
+            self.start(c.name)
+        self.wait_ready([c.name for c in self.live.plan.clusters], timeout_s)
+
+    def warm_paths(self, sources: list[str], timeout_s: float = 180.0) -> dict[str, dict]:
+        """Warm every source's path to every (cluster, model) (module docstring); returns, per
+        source, ``{"cluster/model": [ms of each request]}``.
+
+        Raises:
+            RunFailure: a warm-up request failed or timed out (the path or the server is broken:
+                names the source, the cluster and the model).
+        """
+        plan, run_dir = self.live.plan, self.live.run_dir
+        port = plan.experiment.emulation.server_port
+        procs: dict[str, subprocess.Popen] = {}
+        try:
+            for s in sources:
+                spec = {"source": s, "zoo_dir": plan.zoo_dir, "requests": WARMUP_REQUESTS,
+                        "timeout_s": WARMUP_REQUEST_TIMEOUT_S, "out": str(run_dir / "sources" / f"{s}.warmup.json"),
+                        "targets": [{"cluster": c.name, "url": f"http://{c.ip}:{port}/v1/models/{m}:predict",
+                                     "model": m, "family": plan.models[m].family}
+                                    for c in plan.clusters for m in plan.services[c.name]]}
+                path = write_json_atomic(run_dir / "sources" / f"{s}.warmup-spec.json", spec)
+                log = self.stack.enter_context(open(run_dir / "logs" / f"warmup-{s}.log", "w"))
+                procs[s] = tied_popen(self.live.emu.node(s).popen, [sys.executable, "-m", "testbed.emu.servers",
+                                                                    "warm", str(path)],
+                                      stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+            poll_until(lambda: all(p.poll() is not None for p in procs.values()), timeout_s,
+                       "warm-up of every source -> cluster path", interval_s=0.2)
+        finally:
+            stop_processes(procs.values(), signal.SIGTERM, timeout_s=2)
+        out = {}
+        for s, p in procs.items():
+            try:
+                out[s] = json.loads((run_dir / "sources" / f"{s}.warmup.json").read_text())
+            except (OSError, ValueError):
+                out[s] = {}
+            if p.returncode != 0:
+                log = (run_dir / "logs" / f"warmup-{s}.log").read_text(errors="replace").strip().splitlines()[-3:]
+                raise RunFailure(f"warm-up from source {s} failed (exit code {p.returncode}): {' / '.join(log)}")
+        return out
+
+    def down(self, cluster: str, mode: str) -> None:
+        """``kill``: SIGKILL (what it held is lost; connections refused); ``stop``: SIGSTOP."""
+        p = self.procs[cluster]
+        if p.poll() is not None:
+            return
+        if mode == "stop":
+            self.stopped.add(cluster)
+            p.send_signal(signal.SIGSTOP)
+        else:
+            self.killed.add(cluster)
+            p.kill()
+            p.wait()
+
+    def up(self, cluster: str, timeout_s: float = 180.0) -> float:
+        """Resume a stopped server, or restart a killed one and wait until it is ready; returns
+        the seconds it took to be ready again."""
+        t = time.monotonic()
+        p = self.procs[cluster]
+        if cluster in self.stopped:
+            p.send_signal(signal.SIGCONT)  # then unplanned: the health watch never sees it stopped and unplanned
+            self.stopped.discard(cluster)
+            return time.monotonic() - t
+        if p.poll() is None:
+            return 0.0
+        self.start(cluster)  # the new process replaces the dead one first: the health watch sees a new life
+        self.killed.discard(cluster)
+        self.wait_ready([cluster], timeout_s)
+        return time.monotonic() - t
+
+    def expected_dead(self, cluster: str) -> bool:
+        """Whether the server of ``cluster`` is down on purpose (a planned outage)."""
+        return cluster in self.stopped or cluster in self.killed
+
+    def cpu_stats(self) -> dict[str, dict[str, float]]:
+        """Per cluster, its cgroup's CFS counters now (:func:`testbed.core.cgroups.cpu_stat`)."""
+        return {c: cgroups.cpu_stat(dirs) for c, dirs in self.groups.items()}
+
+    def write_cpu_during_load(self, before: dict[str, dict[str, float]]) -> None:
+        """``clusters/<cluster>.cpu.json``: the CFS counters' growth since ``before`` (taken when the
+        load started): periods, throttled periods and their share, seconds throttled."""
+        for c, now in self.cpu_stats().items():
+            b = before.get(c) or {}
+            if not now or not b:
+                continue
+            d = {k: now[k] - b.get(k, 0) for k in now}
+            d["throttled_share"] = round(d["throttled_periods"] / d["periods"], 4) if d["periods"] else 0.0
+            path = self.live.run_dir / "clusters" / f"{c}.cpu.json"
+            try:
+                write_json_atomic(path, d, indent=1)
+            except OSError as exc:  # a full disk at teardown: the run already fails with the storage incident
+                print(f"[testbed] cannot write {path}: {exc}; cluster {c}'s CFS counters are not kept",
+                      file=sys.stderr)
+
+    def _stop_all(self) -> None:
+        for c in list(self.stopped):
+            if self.procs[c].poll() is None:
+                self.procs[c].send_signal(signal.SIGCONT)
+        stop_processes(self.procs.values(), signal.SIGTERM)
+
+
+# ----------------------------------------------------------------------------- warm-up client
+
+async def _warm(spec: dict) -> dict[str, list[float]]:
+    """Send the warm-up requests of ``spec`` one after the other; ms of each, per cluster/model.
+
+    Raises:
+        RuntimeError: a request failed or did not answer 200 (names the target).
+    """
+    import aiohttp
+
+    from testbed.serve.zoo import request_bodies
+
+    bodies: dict[str, list[bytes]] = {}
+    out: dict[str, list[float]] = {}
+    timeout = aiohttp.ClientTimeout(total=float(spec["timeout_s"]))
+    async with aiohttp.ClientSession() as session:
+        for t in spec["targets"]:
+            fam = t["family"]
+            if fam not in bodies:
+                bodies[fam] = request_bodies(spec["zoo_dir"], fam, n=spec["requests"])[0]
+            times = []
+            for k in range(int(spec["requests"])):
+                t0 = time.perf_counter()
+                headers = {"Content-Type": "application/json", "X-Testbed-Query-Id": f"warmup-{spec['source']}-{k}"}
+                try:
+                    async with session.post(t["url"], data=bodies[fam][k % len(bodies[fam])], headers=headers,
+                                            timeout=timeout) as resp:
+                        await resp.read()
+                        status = resp.status
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    raise RuntimeError(f"{t['cluster']} / {t['model']}: {type(exc).__name__}: {exc}") from None
+                if status != 200:
+                    raise RuntimeError(f"{t['cluster']} / {t['model']}: HTTP {status}")
+                times.append(round((time.perf_counter() - t0) * 1e3, 3))
+            out[f"{t['cluster']}/{t['model']}"] = times
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m testbed.emu.servers warm SPEC.json`` (run in a source host): 0 when every
+    warm-up request was answered, 1 (with the reason on stderr) otherwise."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "warm":
+        print("usage: python -m testbed.emu.servers warm SPEC.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[1]).read_text())
+    try:
+        out = asyncio.run(_warm(spec))
+    except RuntimeError as exc:
+        print(f"warm-up from {spec['source']}: {exc}", file=sys.stderr)
+        return 1
+    write_json_atomic(spec["out"], out)
+    return 0
+
+
+__all__ = ["WARMUP_REQUESTS", "ClusterServers", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,426 @@
+"""A query source: workload generator + dispatcher, run inside a source host's namespace.
+
+``python -m testbed.emu.source CONFIG.json`` (a :class:`testbed.plan.boundaries.SourceConfig` written by
+:mod:`testbed.emu.run`). For each workload entry it draws arrivals from the same :mod:`testbed.model.arrivals`
+process (and the same seeds) as the simulator, window by window (the report interval); the
+dispatcher step is the model's (:class:`testbed.model.dispatch.Dispatcher`, deciding on the state
+last heard); each query is the real request body sent as TensorFlow Serving REST
+(``POST /v1/models/NAME:predict``) to the chosen cluster; each row is built by
+:func:`testbed.model.records.make_record`, the simulator's builder too.
+
+Stale state, as in the simulator: every ``report_interval_s`` the source polls each cluster's
+``GET /v1/stats`` over the emulated network and the dispatcher hears it (a failed poll: the
+cluster is taken as down). With ``policy: aset`` the source asks
+``testbed.agent.live.LivePolicySelector(cfg).choose(state)`` every ``aset.window_s`` (default: the
+checkpoint's window) which static policy to apply. Each record carries the policy in force.
+
+Timestamps are ``time.time_ns()``: all emulated hosts share one kernel clock, so t0..t4 from
+different hosts are directly comparable. Records are appended (and flushed) as each query
+resolves, so a run stopped at any point keeps what was measured; a write that fails (a full
+disk) keeps the row in memory, retried with the next row and at exit.
+
+New connections: before the load starts the source opens a keep-alive connection to every
+cluster (a ``GET /v1/stats``), so its first query to a cluster normally reuses it. A query that
+still had to open a new TCP connection (no open one to its cluster was idle: its other queries or
+the stats poll held them, as in a burst, or the idle one had been closed after the connector's
+60 s) is marked ``cold = 1`` (aiohttp's connection tracing); its answer paid one more RTT for
+the handshake. Cold queries count in every figure of the summary, latency percentiles included
+(:data:`testbed.results.summary.COLD_RULE`, docs/trustworthy-runs.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import errno
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from testbed.core.util import write_json_atomic
+from testbed.model.dispatch import Dispatcher, Heard
+from testbed.model.policies import CATALOGUE
+from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
+from testbed.plan.boundaries import AppInfo, SourceConfig, SourceTally, StreamConfig, read_config, tally_path
+from testbed.serve.zoo import request_bodies
+
+#: Client-side errors that mean nothing listens at the server (it is down): connection refused or
+#: reset. "No route to host" is a network failure, not a server that is down: it stays an ``error``.
+REFUSED_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET})
+
+
+def heard_from_stats(stats: dict[str, Any], workers: int, utilization: float, at_s: float) -> Heard:
+    """What a dispatcher hears from a server's ``GET /v1/stats`` answer (queue length, busy
+    workers); ``utilization`` measured by the caller from ``busy_s`` differences."""
+    return Heard(int(stats.get("queue_len") or 0), int(stats.get("busy_workers", stats.get("busy", 0)) or 0),
+                 int(stats.get("workers") or workers), max(0.0, min(1.0, float(utilization))), True, at_s)
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a client error means the server is down: the connection was refused or reset, or
+    the server closed it without answering (``aiohttp.ServerDisconnectedError``: a killed server's
+    kernel closes its keep-alive connections, and a query sent on one then ends so). A live server
+    of ours never closes a connection with a request in it: its keep-alive timeout (aiohttp's
+    default, 3630 s) is longer than the sources' connector's (60 s), so an idle connection is
+    closed by the source first."""
+    from aiohttp import ServerDisconnectedError
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (ConnectionRefusedError, ConnectionResetError, ServerDisconnectedError)) or \
+                getattr(exc, "errno", None) in REFUSED_ERRNOS:
+            return True
+        exc = getattr(exc, "os_error", None) or exc.__cause__ or exc.__context__
+    return False
+
+
+#: How often a source looks for the run's go (s), and how long it waits for it at most (s).
+GO_POLL_S = 0.005
+GO_TIMEOUT_S = 300.0
+
+
+class Source:
+    """Generates, dispatches and records the queries of one source host."""
+
+    def __init__(self, cfg: SourceConfig):
+        self.cfg = cfg
+        self.name = cfg.source
+        self.aset = None
+        policy = cfg.policy
+        if policy == "aset":
+            from testbed.agent.live import LivePolicySelector  # only when asked
+
+            self.aset = LivePolicySelector(cfg)
+            policy = (cfg.aset.options or {}).get("initial_policy", "closest") if cfg.aset else "closest"
+        if policy not in CATALOGUE:
+            raise ValueError(f"source {self.name}: unknown policy {policy!r}; known: {', '.join(CATALOGUE)}, aset")
+        self.dispatcher = Dispatcher([o.option for o in cfg.options], policy,
+                                     np.random.default_rng([cfg.seed, 3, cfg.source_index]))
+        self.ip = {o.option.cluster: o.ip for o in cfg.options}
+        self.options = {(o.option.cluster, o.option.model): o.option for o in cfg.options}
+        self.workers = {o.option.cluster: o.option.workers for o in cfg.options}
+        self.apps = {a.name: a for a in cfg.applications}
+        self._busy_s: dict[str, tuple[float, float]] = {}
+        # Request bodies made once per application: building them per query would cost the source.
+        self.bodies = {a.name: request_bodies(cfg.zoo_dir, a.family) for a in cfg.applications}
+        self.rng = np.random.default_rng([cfg.seed, cfg.source_index])
+        self.out = open(cfg.records, "w", newline="")  # noqa: SIM115 - closed in run()
+        self.writer = csv.DictWriter(self.out, fieldnames=RECORD_FIELDS)
+        self.writer.writeheader()
+        self.out.flush()
+        self.unwritten: list[dict] = []
+        self.write_error = ""
+        self.seq = 0
+        self.written = 0  # rows handed to the CSV writer
+        self.pending: set[asyncio.Task] = set()
+        self.failed_queries = 0  # query tasks that raised (a bug): the source then exits 3
+        self.stopping = False
+        self.win_arrivals: dict[str, int] = {}
+        # (application, success, t0_s, cluster, e2e_ms or None) of the queries resolved in the window
+        self.win_resolved: list[tuple[str, bool, float, str, float | None]] = []
+        self.in_flight: dict[str, int] = {}  # per cluster: this source's queries sent, not resolved yet
+
+    @property
+    def policy_name(self) -> str:
+        return self.dispatcher.policy
+
+    def _write(self, row: dict) -> None:
+        self.unwritten.append(row)
+        try:
+            self._drain()
+            self.out.flush()
+        except OSError as exc:  # e.g. the disk is full: keep the rows, the run's health watch reports it
+            if not self.write_error:
+                print(f"[source] cannot write records to {self.cfg.records}: {exc}; keeping them in memory",
+                      file=sys.stderr, flush=True)
+            self.write_error = str(exc)
+
+    async def _post(self, session, url: str, body: bytes, headers: dict, timeout, trace: dict) -> dict[str, Any]:
+        """One predict request; the times and status the record needs (module docstring).
+        ``trace["cold"]`` becomes True if it had to open a new connection."""
+        out: dict[str, Any] = {"status": None}
+        async with session.post(url, data=body, timeout=timeout, headers=headers, trace_request_ctx=trace) as resp:
+            payload = await resp.read()
+            out.update(t4_ns=time.time_ns(), status=resp.status, response_bytes=len(payload))
+            h = resp.headers
+            if "X-Testbed-T1" in h:
+                out.update(t1_ns=int(h["X-Testbed-T1"]), queue_len_at_arrival=int(h.get("X-Testbed-Queue-Len", 0)))
+            if resp.status == 200 and "X-Testbed-T2" in h:
+                out.update(t2_ns=int(h["X-Testbed-T2"]), t3_ns=int(h["X-Testbed-T3"]),
+                           batch=int(h.get("X-Testbed-Batch", 1)))
+                preds = json.loads(payload).get("predictions")
+                if isinstance(preds, list) and preds and isinstance(preds[0], list):
+                    out["predicted"] = int(np.argmax(preds[0]))
+            elif resp.status == 503:
+                try:
+                    out["drop_reason"] = str(json.loads(payload).get("reason", ""))
+                except ValueError:
+                    pass
+        return out
+
+    async def _query(self, session, app: AppInfo) -> None:
+        import aiohttp
+
+        self.seq += 1
+        qid = f"{self.name}-{self.seq}"
+        bodies, labels = self.bodies[app.name]
+        k = int(self.rng.integers(len(bodies)))
+        body, label = bodies[k], labels[k]
+        t0 = time.time_ns()
+        policy = self.dispatcher.policy
+        d = self.dispatcher.dispatch(app.deadline_ms, app.min_accuracy, app.family)
+        opt = self.options[(d.cluster, d.model)]
+        self.win_arrivals[app.name] = self.win_arrivals.get(app.name, 0) + 1
+        self.in_flight[d.cluster] = self.in_flight.get(d.cluster, 0) + 1
+        url = f"http://{self.ip[d.cluster]}:{self.cfg.server_port}/v1/models/{d.model}:predict"
+        headers = {"Content-Type": "application/json", "X-Testbed-Query-Id": qid,
+                   "X-Testbed-Deadline-Ns": str(t0 + int(app.deadline_ms * 1e6))}
+        timeout = aiohttp.ClientTimeout(total=(app.deadline_ms + self.cfg.grace_ms) / 1e3)
+        got: dict[str, Any] = {"status": None}
+        error = ""
+        trace = {"cold": False}
+        try:
+            got = await self._post(session, url, body, headers, timeout, trace)
+        except TimeoutError:
+            pass  # no answer within deadline + grace
+        except (aiohttp.ClientError, OSError, ValueError, KeyError) as exc:
+            error = type(exc).__name__
+            got = {"status": CONNECTION_REFUSED if _refused(exc) else CLIENT_ERROR, "t4_ns": time.time_ns()}
+        row = make_record(query_id=qid, source=self.name, application=app.name, cluster=d.cluster, model=d.model,
+                          policy=policy, fallback=d.fallback, deadline_ms=app.deadline_ms,
+                          min_accuracy=app.min_accuracy, model_accuracy=opt.accuracy, expected_rtt_ms=opt.rtt_ms,
+                          t0_ns=t0, request_bytes=len(body), label=label, error=error, cold=trace["cold"], **got)
+        self._write(row)  # first: whatever follows, the query is on record
+        self.in_flight[d.cluster] -= 1
+        # e2e_ms is absent for a query with no answer within deadline + grace (the simulator's None)
+        self.win_resolved.append((app.name, row["outcome"] == "success", (t0 - self.cfg.start_ns) / 1e9, d.cluster,
+                                  row.get("e2e_ms")))
+
+    async def _poll_stats(self, session, end: float) -> None:
+        """Every report interval: ``GET /v1/stats`` of each cluster; the dispatcher hears it."""
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        interval = self.cfg.report_interval_s
+        timeout = aiohttp.ClientTimeout(total=interval)
+
+        async def one(cluster: str) -> tuple[str, Heard | None]:
+            url = f"http://{self.ip[cluster]}:{self.cfg.server_port}/v1/stats"
+            try:
+                async with session.get(url, timeout=timeout) as resp:
+                    st = await resp.json()
+            except (aiohttp.ClientError, OSError, ValueError, TimeoutError):
+                return cluster, None
+            workers = int(st.get("workers") or self.workers[cluster])
+            busy_s, now = float(st.get("busy_s") or 0.0), time.monotonic()
+            prev = self._busy_s.get(cluster)
+            self._busy_s[cluster] = (busy_s, now)
+            util = st.get("utilization") or 0.0
+            if prev and now > prev[1]:
+                util = (busy_s - prev[0]) / ((now - prev[1]) * workers)
+            return cluster, heard_from_stats(st, workers, util, time.time())
+
+        while not self.stopping and loop.time() < end:
+            for cluster, heard in await asyncio.gather(*(one(c) for c in self.ip)):
+                if heard is None:
+                    self.dispatcher.lost(cluster, time.time())
+                else:
+                    self.dispatcher.hear(cluster, heard)
+            await asyncio.sleep(interval)
+
+    def _path_util(self) -> dict[str, float]:
+        """Max link utilization on the path to each cluster, from the run's ``link_util.json``
+        (written by testbed.emu.run from the controller's port stats); 0 when unknown."""
+        links: dict = {}
+        if self.cfg.link_util_file:
+            try:
+                links = json.loads(Path(self.cfg.link_util_file).read_text()).get("links", {})
+            except (OSError, ValueError):
+                links = {}
+        return {c: max((float(links.get(f"{a}-{b}", links.get(f"{b}-{a}", 0.0))) for a, b in pl), default=0.0)
+                for c, pl in self.cfg.path_links.items()}
+
+    def _aset_state(self) -> dict:
+        """The window's raw view handed to ``LivePolicySelector.choose`` (testbed.agent.observation)."""
+        # No ``report_age_s``: the simulator's windows start right after a report (age 0, the agent was
+        # trained on that), while here the stats poll and the window run on separate timers.
+        return {"arrivals": dict(self.win_arrivals), "clusters": self.dispatcher.heard_state(),
+                "path_util": self._path_util(), "resolved": list(self.win_resolved), "in_flight": dict(self.in_flight),
+                "policy": self.policy_name, "now_s": (time.time_ns() - self.cfg.start_ns) / 1e9}
+
+    async def _aset_loop(self, end: float) -> None:
+        loop = asyncio.get_running_loop()
+        window = (self.cfg.aset.window_s if self.cfg.aset else None) or self.aset.window_s  # default: the checkpoint's
+        while not self.stopping and loop.time() < end:
+            await asyncio.sleep(window)
+            state = self._aset_state()
+            self.win_arrivals, self.win_resolved = {}, []
+            choice = self.aset.choose(state)
+            if choice in CATALOGUE:
+                self.dispatcher.policy = choice
+
+    async def _arrivals(self, session, stream: StreamConfig, t_start: float, end: float) -> None:
+        """Queries of one workload entry, times from :mod:`testbed.model.arrivals` (same seeds as the simulator)."""
+        from testbed.model.arrivals import make_process
+
+        loop = asyncio.get_running_loop()
+        rng = np.random.default_rng([self.cfg.seed, 1, stream.index, self.cfg.source_index])
+        proc = make_process(stream.spec, rng, stream.weight, Path(self.cfg.base_dir))
+        app = self.apps[stream.spec.application]
+        window = self.cfg.report_interval_s
+        a = 0.0
+        duration = end - t_start
+        while not self.stopping and a < duration:
+            for t in proc.times(a, a + window).tolist():
+                if t >= duration or self.stopping:
+                    return
+                await asyncio.sleep(max(0.0, t_start + t - loop.time()))
+                task = asyncio.create_task(self._query(session, app))
+                self.pending.add(task)
+                task.add_done_callback(self._query_done)
+            a += window
+
+    async def _open_connections(self, session) -> None:
+        """One keep-alive connection to every cluster before the load (a ``GET /v1/stats`` each;
+        a failure is only noted: the first report will say the cluster is down)."""
+        import aiohttp
+
+        async def one(cluster: str) -> None:
+            url = f"http://{self.ip[cluster]}:{self.cfg.server_port}/v1/stats"
+            try:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                    await resp.read()
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                print(f"[source] cannot reach cluster {cluster} before the load: {exc}", file=sys.stderr)
+
+        await asyncio.gather(*(one(c) for c in self.ip))
+
+    async def _wait_for_go(self) -> None:
+        """The run's start barrier (:class:`SourceConfig` ``ready_file`` / ``go_file``): say ready,
+        then wait for the common start time and take it (this source's ``start_ns`` and its ASET
+        selector's). Without a barrier, the configured ``start_ns`` stands.
+
+        Raises:
+            TimeoutError: no go within :data:`GO_TIMEOUT_S` (the run stops the source before that).
+        """
+        if not self.cfg.go_file:
+            return
+        if self.cfg.ready_file:
+            Path(self.cfg.ready_file).touch()
+        go, deadline = Path(self.cfg.go_file), time.monotonic() + GO_TIMEOUT_S
+        while not go.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no start from the run ({go}) within {GO_TIMEOUT_S:g} s")
+            await asyncio.sleep(GO_POLL_S)
+        start_ns = int(json.loads(go.read_text())["start_ns"])
+        self.cfg = self.cfg.model_copy(update={"start_ns": start_ns})
+        if self.aset is not None:
+            self.aset.restart_at(start_ns)
+
+    @staticmethod
+    def _tracing():
+        """aiohttp tracing that marks a request's context ``cold`` when it opens a connection."""
+        import aiohttp
+
+        async def created(session, ctx, params) -> None:
+            if isinstance(ctx.trace_request_ctx, dict):
+                ctx.trace_request_ctx["cold"] = True
+
+        tc = aiohttp.TraceConfig()
+        tc.on_connection_create_end.append(created)
+        return tc
+
+    async def run(self) -> None:
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop)
+        conn = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=60)
+        try:
+            async with aiohttp.ClientSession(connector=conn, trace_configs=[self._tracing()]) as session:
+                await self._open_connections(session)
+                await self._wait_for_go()
+                await asyncio.sleep(max(0.0, self.cfg.start_ns / 1e9 - time.time()))
+                t_start = loop.time()
+                end = t_start + self.cfg.duration_s
+                side = [asyncio.create_task(self._poll_stats(session, end))]
+                if self.aset is not None:
+                    side.append(asyncio.create_task(self._aset_loop(end)))
+                await asyncio.gather(*(self._arrivals(session, st, t_start, end) for st in self.cfg.streams))
+                for t in side:
+                    t.cancel()
+                if self.pending:
+                    await asyncio.wait(set(self.pending))
+        finally:
+            self._close()
+
+    def _drain(self) -> None:
+        """Hand every row kept in memory to the CSV writer, oldest first (raises OSError, a full
+        disk: the rows not written stay kept)."""
+        while self.unwritten:
+            self.writer.writerow(self.unwritten[0])
+            self.unwritten.pop(0)
+            self.written += 1
+
+    def _close(self) -> None:
+        """Write what a failed write kept, close the records file, then write the tally
+        (:class:`testbed.plan.boundaries.SourceTally`)."""
+        try:
+            self._drain()
+            self.out.close()
+        except OSError as exc:
+            print(f"[source] {len(self.unwritten)} record(s) could not be written: {exc}", file=sys.stderr)
+        tally = SourceTally(source=self.name, created=self.seq, written=self.written,
+                            unwritten=len(self.unwritten), failed=self.failed_queries)
+        try:
+            write_json_atomic(tally_path(self.cfg.records), tally)
+        except OSError as exc:
+            print(f"[source] cannot write its tally ({tally.model_dump_json()}): {exc}", file=sys.stderr)
+
+    def _stop(self) -> None:
+        self.stopping = True
+
+    def _query_done(self, task: asyncio.Task) -> None:
+        """A query's task ended: a bug in it (an exception) is counted and told, never dropped."""
+        self.pending.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        self.failed_queries += 1
+        if self.failed_queries == 1:
+            import traceback
+
+            print("[source] a query failed inside the source (its record may be missing):\n"
+                  + "".join(traceback.format_exception(exc)), file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m testbed.emu.source CONFIG.json``. Exit code 0; 2 with the reason
+    on stderr when the config or the zoo is unusable; 3 when a query's task raised (its record
+    may be missing: the run fails rather than report a biased success ratio)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m testbed.emu.source CONFIG.json", file=sys.stderr)
+        return 2
+    try:
+        source = Source(read_config(argv[0], SourceConfig))
+    except Exception as exc:  # noqa: BLE001 - any reason not to start is reported, with exit code 2
+        print(f"[source] cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(source.run())
+    if source.failed_queries:
+        print(f"[source] {source.failed_queries} query task(s) failed inside the source (first traceback above); "
+              "the run's records are incomplete", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

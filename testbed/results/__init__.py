@@ -1,0 +1,2 @@
+"""What a run leaves: records, summaries, reports, packet-capture analysis, and sweeps over runs.
+"""

@@ -1,0 +1,769 @@
+"""Experiment reports: ``testbed report RUN_DIR [RUN_DIR ...] [--out DIR]``.
+
+Reads run directories (emulated or simulated: same record schema, docs/records-schema.md) and writes
+into ``--out``: ``report.html`` (self-contained: every figure embedded as a base64 PNG),
+``report.md`` (same content, linking the PNGs) and ``figures/*.png``. Figures (docs/reports.md):
+
+* ``latency_cdf.png``: CDF of end-to-end latency (ms) of answered queries, per run and policy;
+* ``breakdown.png``: mean network / queueing / inference time (ms) of answered queries;
+* ``success_over_time.png``: success ratio per time bin (s since the run's first query);
+* ``policy_over_time.png``: the policy in force for each query (``policy`` column) over time;
+* ``link_util_<k>.png``: per run with ``link_stats.csv``: link utilization over time as a heatmap
+  (max of both directions, controller port stats) beside the topology drawn on its coordinates
+  (lon/lat from ``plan.json``), links coloured by mean utilization;
+* ``hop_delays.png``: with packet capture: per-hop one-way delay against the configured link delay;
+* a comparison table across runs (status, queries, success ratio, q/s, e2e percentiles, breakdown).
+
+Each run's status comes from its ``run.json`` (:func:`run_status`): ok, failed (what failed),
+interrupted, killed, or unfinished. A run that did not end ok is flagged (``NOT OK`` before its
+status in the table, ``[status]`` after its label in the figures, a warning above the table):
+its records stop early, or those after the failure are not of the planned experiment.
+
+Latency figures are the summary's (:func:`testbed.results.summary.latency_figures`, the same answered
+queries, :data:`testbed.results.summary.LATENCY_RULE`, stated under the table): a run's row equals its
+``summary.md`` line; the table also counts the queries that opened a new connection (``cold``).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from testbed.core.errors import EXIT_INTERRUPTED, InputError
+from testbed.core.util import markdown_table
+from testbed.results.summary import (
+    COLD_RULE,
+    LATENCY_RULE,
+    answered,
+    check_records,
+    latency_figures,
+    node_names,
+    read_records,
+    switch_of,
+)
+
+MAX_POLICY_PANELS = 8
+MAX_HOP_ROWS = 40
+
+
+class ReportError(InputError):
+    """A run directory that cannot be reported on (named in the message)."""
+
+
+@dataclass
+class RunData:
+    """What the report needs from one run directory (missing files give empty frames / dicts)."""
+
+    path: Path
+    label: str
+    mode: str
+    records: pd.DataFrame
+    summary: dict = field(default_factory=dict)
+    plan: dict = field(default_factory=dict)
+    link_stats: pd.DataFrame = field(default_factory=pd.DataFrame)
+    hop_delays: pd.DataFrame = field(default_factory=pd.DataFrame)
+    status: RunStatus = field(default_factory=lambda: RunStatus("ok", ""))
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """How a run ended, from its ``run.json`` (:func:`run_status`): ``short`` for the table (``ok``,
+    ``failed: <what>``, ``interrupted``, ``killed``, ``unfinished``, ``unknown``) and ``detail``
+    for the list of runs (the run's own message, or who found it killed)."""
+
+    short: str
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.short == "ok"
+
+    @property
+    def word(self) -> str:
+        """The first word of ``short`` (``failed``, ``killed``, ...), the flag of the figures' labels."""
+        return self.short.split(":")[0].split(" (")[0]
+
+
+def _first_sentence(text: str) -> str:
+    return str(text).split(". ")[0].rstrip(".")
+
+
+def run_status(run: dict) -> RunStatus:
+    """A run's status from its ``run.json`` (written by :mod:`testbed.emu.run`; ``killed`` set by
+    :func:`testbed.emu.cleanup.mark_killed_runs`). A component that failed is named
+    (``health.failure``, or the exit code and first sentence of ``message``); a simulated run's
+    ``run.json`` without a status is ok (the simulator writes its run directory only once it
+    finished); an emulated one without a status is ``unknown``."""
+    status, code = run.get("status"), run.get("exit_code")
+    failure = run.get("failure") or {}
+    message = _first_sentence(run.get("message") or "")
+    if status == "ok" or (status is None and run.get("mode") == "simulation"):
+        return RunStatus("ok", "")
+    if status == "killed":
+        ended = run.get("ended") or {}
+        return RunStatus("killed", f"before it finished, found by {ended.get('found_by', '?')} at "
+                                   f"{ended.get('found_at', '?')}: its records stop where it was killed")
+    if status == "running":
+        return RunStatus("unfinished", "run.json says running: under way, or killed and not yet found by a "
+                                       "later run or testbed cleanup")
+    if code == EXIT_INTERRUPTED:
+        return RunStatus("interrupted", "Ctrl-C or SIGTERM: its records stop there")
+    if status == "failed" and failure:
+        return RunStatus(f"failed: {failure.get('kind', '')} {failure.get('component', '')}".rstrip(),
+                         _first_sentence(failure.get("message") or message))
+    if status == "failed":
+        return RunStatus(f"failed (exit {code})", message)
+    return RunStatus("unknown", f"run.json has no status ({status!r})")
+
+
+def _json(path: Path) -> dict:
+    """A run's JSON file as a dict ({} when absent or empty).
+
+    Raises:
+        ReportError: it is not valid JSON (cut short?) or not an object, naming the file."""
+    if not (path.exists() and path.stat().st_size):
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: not valid JSON ({exc}): the file was cut short or replaced") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+#: ``run.json`` statuses of a run whose teardown did not merge its records: a ``records.csv`` or
+#: ``records.parquet`` in it is not the run's own (an older ``testbed report`` wrote one), so the
+#: report merges the sources instead.
+UNMERGED_STATUSES = ("running", "killed")
+
+
+def merged_by_its_run(run_dir: Path) -> bool:
+    """Whether ``run_dir``'s ``records.csv``/``records.parquet`` is its own run's merge: present, and
+    ``run.json`` does not say the run stopped before its teardown (:data:`UNMERGED_STATUSES`).
+
+    Raises:
+        ReportError: ``run.json`` is not valid JSON (named)."""
+    run_dir = Path(run_dir)
+    present = (run_dir / "records.parquet").exists() or (run_dir / "records.csv").exists()
+    return present and _json(run_dir / "run.json").get("status") not in UNMERGED_STATUSES
+
+
+def load_run(run_dir: Path) -> RunData:
+    """Load one run directory; nothing in it is written (the report only reads its runs).
+
+    Records (:func:`_load_records`): ``records.parquet``, else ``records.csv``, else the per-source
+    CSVs merged in memory (:func:`testbed.results.summary.merge_records` with ``write=False``), each checked
+    against the record schema (:func:`testbed.results.summary.read_records`) and against the number of
+    queries ``summary.json`` counted (a file cut at a line boundary has whole rows, but fewer).
+
+    Raises:
+        ReportError: ``run_dir`` is not a directory or has no records at all.
+        testbed.results.summary.RecordsError: the records are not whole (names the file and the problem).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: not a directory")
+    run = _json(run_dir / "run.json")
+    df, what = _load_records(run_dir, run)
+    summary = _json(run_dir / "summary.json")
+    counted = summary.get("queries")
+    if isinstance(counted, int) and counted != len(df):
+        raise ReportError(f"{what}: {len(df)} records, but summary.json counted {counted} queries of this run: the "
+                          f"records file was cut short or replaced (the sources' files are in {run_dir / 'sources'})")
+    mode = run.get("mode") or summary.get("mode") or "emulation"
+    ls = run_dir / "link_stats.csv"
+    hd = run_dir / "capture" / "hop_delays.csv"
+    return RunData(run_dir, run_dir.name, mode, df, summary, _json(run_dir / "plan.json"),
+                   _link_stats(ls),
+                   pd.read_csv(hd) if hd.exists() and hd.stat().st_size > 1 else pd.DataFrame(),
+                   run_status(run))
+
+
+def _load_records(run_dir: Path, run: dict) -> tuple[pd.DataFrame, Path]:
+    """A run's records and the file(s) they came from (:func:`load_run`). A run whose ``run.json``
+    says it did not reach its teardown (:data:`UNMERGED_STATUSES`) is read from its sources when it
+    has them. Nothing is written in ``run_dir``.
+
+    Raises:
+        ReportError: no records at all; testbed.results.summary.RecordsError: records not whole (named)."""
+    from testbed.results.summary import merge_records
+
+    sources = run_dir / "sources" / "*.records.csv"
+    has_sources = any((run_dir / "sources").glob("*.records.csv"))
+    if has_sources and run.get("status") in UNMERGED_STATUSES:
+        merged = None
+    elif (run_dir / "records.parquet").exists():
+        merged = run_dir / "records.parquet"
+    elif (run_dir / "records.csv").exists() and (run_dir / "records.csv").stat().st_size > 1:
+        merged = run_dir / "records.csv"
+    elif has_sources:
+        merged = None
+    else:
+        raise ReportError(f"{run_dir}: no records (records.parquet, records.csv or sources/*.records.csv)")
+    if merged is not None:
+        return read_records(merged), merged
+    try:
+        df = merge_records(run_dir, write=False)
+    except (OSError, ValueError) as exc:  # a source file cut inside a row, not CSV
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ReportError(f"{sources}: cannot merge the sources' records: {first}") from None
+    if not df.empty:
+        check_records(df, str(sources))
+    return df, sources
+
+
+LINK_STATS_COLUMNS = ("t", "a", "b", "kind", "util_ab", "util_ba")
+
+
+def _link_stats(path: Path) -> pd.DataFrame:
+    """``link_stats.csv``'s complete rows (empty when the file is absent or empty). A row cut short
+    (the last line of an interrupted run) is left out.
+
+    Raises:
+        ReportError: the header lacks a column the report reads, or the file is not CSV, naming the file.
+    """
+    if not (path.exists() and path.stat().st_size):
+        return pd.DataFrame()
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise ReportError(f"{path}: not a link statistics CSV ({exc})") from None
+    missing = [c for c in LINK_STATS_COLUMNS if c not in df.columns]
+    if missing:
+        raise ReportError(f"{path}: no column {', '.join(missing)} (the file was cut short or replaced)")
+    for c in ("t", "util_ab", "util_ba"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df.dropna(subset=list(LINK_STATS_COLUMNS)).reset_index(drop=True)
+
+
+def _t_s(df: pd.DataFrame) -> pd.Series:
+    t = df["t0_ns"].astype("Int64")
+    return ((t - t.min()).astype("float64")) / 1e9
+
+
+def _policy_keys(r: RunData) -> pd.Series:
+    """Per record, the policy its run applied: ``aset`` for a source ASET drives (one group over the
+    whole run: the static policy it chose window by window is not a run of that policy, and a rate
+    over its scattered windows is no rate; a reviewer's find, Dec 4), else the record's policy."""
+    pols = r.records["policy"].fillna("?").astype(str) if "policy" in r.records else pd.Series("?", r.records.index)
+    from testbed.results.summary import aset_sources
+
+    driven = aset_sources(r.plan)
+    if driven and "source" in r.records:
+        pols = pols.where(~r.records["source"].astype(str).isin(driven), "aset")
+    return pols
+
+
+def _groups(runs: list[RunData]) -> list[tuple[str, RunData, pd.DataFrame]]:
+    """(label, run, records) per run and policy (``aset`` for the sources ASET drives:
+    :func:`_policy_keys`); the label names the run only when there are several, and ends with
+    ``[failed]`` (the status's first word) when the run did not end ok."""
+    out = []
+    for r in runs:
+        pols = _policy_keys(r)
+        flag = "" if r.status.ok else f" [{r.status.word}]"
+        for pol, g in r.records.groupby(pols, sort=True):
+            out.append(((pol if len(runs) == 1 else f"{r.label} / {pol}") + flag, r, g))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- figures
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def fig_latency_cdf(runs: list[RunData], path: Path) -> bool:
+    """CDF of e2e latency (ms) of answered queries per run and policy; False when nothing to draw."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    drawn = 0
+    for label, _r, g in _groups(runs):
+        e = np.sort(pd.to_numeric(answered(g)["e2e_ms"], errors="coerce").dropna().to_numpy())
+        if len(e):
+            ax.step(e, np.arange(1, len(e) + 1) / len(e), where="post", label=f"{label} (n={len(e)})")
+            drawn += 1
+    deadlines = sorted({float(x) for r in runs for x in pd.to_numeric(r.records.get("deadline_ms", pd.Series()),
+                                                                      errors="coerce").dropna().unique()})
+    for d in deadlines[:4]:
+        ax.axvline(d, color="grey", ls=":", lw=1)
+    ax.set(xlabel="end-to-end latency (ms)", ylabel="fraction of answered queries", ylim=(0, 1.02),
+           title="Latency CDF per policy" + (" (dotted: deadlines)" if deadlines else ""))
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn > 0
+
+
+def fig_breakdown(runs: list[RunData], path: Path) -> bool:
+    """Stacked bars: mean network / queueing / inference (ms) of answered queries per run and policy."""
+    plt = _plt()
+    rows = []
+    for label, _r, g in _groups(runs):
+        a = answered(g)
+        if len(a):
+            rows.append((label, *(float(pd.to_numeric(a.get(f"{k}_ms"), errors="coerce").mean())
+                                  for k in ("network", "queueing", "inference"))))
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.45 * max(len(rows), 3)))
+    left = np.zeros(len(rows))
+    for i, (name, color) in enumerate((("network", "#4c72b0"), ("queueing", "#dd8452"), ("inference", "#55a868"))):
+        vals = np.nan_to_num(np.array([r[i + 1] for r in rows], dtype=float))
+        ax.barh([r[0] for r in rows], vals, left=left, color=color, label=name)
+        left += vals
+    ax.set(xlabel="mean time per answered query (ms)", title="Where the time goes: network / queueing / inference")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return bool(rows)
+
+
+def _bin_s(runs: list[RunData]) -> float:
+    span = max((float(_t_s(r.records).max()) for r in runs if not r.records.empty), default=1.0)
+    return max(1.0, round(span / 30.0))
+
+
+def fig_success_over_time(runs: list[RunData], path: Path) -> bool:
+    """Success ratio per time bin (bin = max(1 s, span / 30)) per run and policy."""
+    plt = _plt()
+    width = _bin_s(runs)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    drawn = 0
+    for label, r, g in _groups(runs):
+        if g.empty:
+            continue
+        t = _t_s(r.records).loc[g.index]
+        ok = (g["outcome"] == "success").astype(float)
+        b = (t // width) * width
+        s = ok.groupby(b).mean()
+        ax.plot(s.index + width / 2, s.to_numpy(), marker="o", ms=3, label=label)
+        drawn += 1
+    ax.set(xlabel=f"time since the first query (s), {width:g} s bins", ylabel="success ratio", ylim=(-0.02, 1.05),
+           title="Success ratio over time")
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn > 0
+
+
+def fig_policy_over_time(runs: list[RunData], path: Path) -> bool:
+    """The policy in force per query (``policy`` column) over time, one panel per run (at most 8);
+    every source's queries in one panel (an ASET run: the policy each source's agent chose)."""
+    plt = _plt()
+    shown = [r for r in runs if not r.records.empty][:MAX_POLICY_PANELS]
+    if not shown:
+        return False
+    fig, axes = plt.subplots(len(shown), 1, figsize=(7, 1.4 + 1.3 * len(shown)), squeeze=False, sharex=True)
+    for ax, r in zip(axes[:, 0], shown, strict=True):
+        pol = r.records["policy"].fillna("?").astype(str) if "policy" in r.records else pd.Series("?", r.records.index)
+        cats = sorted(pol.unique())
+        y = pol.map({c: i for i, c in enumerate(cats)})
+        t = _t_s(r.records)
+        ok = r.records.get("outcome", pd.Series("success", r.records.index)) == "success"
+        # successes just below their policy's line and failures just above, each counted: drawn on
+        # one line, the failures hid the successes (a run at 41 % success looked all red)
+        ax.scatter(t[ok], y[ok] - 0.15, s=6, color="#55a868", label=f"success ({int(ok.sum())})")
+        ax.scatter(t[~ok], y[~ok] + 0.15, s=10, color="#c44e52", marker="x", label=f"failure ({int((~ok).sum())})")
+        ax.set_yticks(range(len(cats)), cats, fontsize=8)
+        ax.set_ylim(-0.6, len(cats) - 0.4)
+        ax.set_title(r.label, fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
+    axes[0, 0].legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("time since the first query (s)")
+    fig.suptitle("Policy in force per query over time", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def link_utilization(r: RunData) -> pd.DataFrame:
+    """Per poll and link: t_s (s since the first poll), link (label), util (max of both directions, 0..1)."""
+    ls = r.link_stats
+    if ls.empty:
+        return pd.DataFrame(columns=["t_s", "link", "util", "a", "b", "kind"])
+    names = node_names(r.plan)
+    a = ls["a"].astype(str).map(lambda x: names.get(x, x))
+    b = ls["b"].astype(str).map(lambda x: names.get(x, x))
+    return pd.DataFrame({"t_s": ls["t"] - ls["t"].min(), "link": a + "-" + b,
+                         "util": np.maximum(ls["util_ab"].to_numpy(float), ls["util_ba"].to_numpy(float)),
+                         "a": ls["a"].astype(str), "b": ls["b"].astype(str), "kind": ls["kind"]})
+
+
+def fig_link_utilization(r: RunData, path: Path) -> bool:
+    """Heatmap (links x time) of utilization beside the topology on its lon/lat, for one run."""
+    plt = _plt()
+    u = link_utilization(r)
+    if u.empty:
+        return False
+    m = u.pivot_table(index="link", columns="t_s", values="util", aggfunc="max").fillna(0.0)
+    m = m.loc[m.max(axis=1).sort_values(ascending=False).index]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 0.8 + max(3.5, 0.28 * len(m))),
+                                  gridspec_kw={"width_ratios": [1.6, 1]})
+    vmax = max(float(m.to_numpy().max()), 1e-6)
+    im = ax.imshow(m.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=vmax, interpolation="nearest",
+                   extent=(float(m.columns.min()), float(m.columns.max()) or 1.0, len(m) - 0.5, -0.5))
+    ax.set_yticks(range(len(m)), list(m.index), fontsize=7)
+    ax.set(xlabel="time since the first poll (s)", title="Link utilization (max of both directions)")
+    fig.colorbar(im, ax=ax, label="utilization (0-1)")
+    # topology on its coordinates
+    sw = r.plan.get("switches", [])
+    pos = {}
+    have = [s for s in sw if s.get("lat") is not None and s.get("lon") is not None]
+    for s in have:
+        pos[s["name"]] = (float(s["lon"]), float(s["lat"]))
+    if have:
+        lon0 = min(p[0] for p in pos.values())
+        lat1 = max(p[1] for p in pos.values())
+        spread = max(1.0, max(p[0] for p in pos.values()) - lon0)
+    else:
+        lon0, lat1, spread = 0.0, 0.0, 1.0
+    for i, s in enumerate(x for x in sw if x["name"] not in pos):  # no coordinates (e.g. the cloud)
+        pos[s["name"]] = (lon0 + 0.15 * spread * i, lat1 + 0.15 * spread)
+    to_sw = switch_of(r.plan)
+    us = u[u["kind"] == "switch"]
+    mean_util = us.groupby([us["a"].map(lambda x: to_sw.get(x, x)), us["b"].map(lambda x: to_sw.get(x, x))])[
+        "util"].mean()
+    cmap = plt.get_cmap("viridis")
+    for lk in r.plan.get("links", []):
+        if lk["a"] in pos and lk["b"] in pos:
+            val = mean_util.get((lk["a"], lk["b"]), mean_util.get((lk["b"], lk["a"]), 0.0))
+            (x1, y1), (x2, y2) = pos[lk["a"]], pos[lk["b"]]
+            ax2.plot([x1, x2], [y1, y2], color=cmap(min(val / vmax, 1.0)), lw=1.5 + 4 * min(val / vmax, 1.0),
+                     zorder=1)
+            ax2.text((x1 + x2) / 2, (y1 + y2) / 2, f"{lk['delay_ms']:.3g} ms", fontsize=6, color="grey")
+    hosts: dict[str, list[str]] = {}
+    for h in r.plan.get("hosts", []):
+        hosts.setdefault(h["switch"], []).append(h["name"])
+    for s in sw:
+        x, y = pos[s["name"]]
+        ax2.scatter([x], [y], s=40, color="#333333", zorder=2)
+        label = s.get("label") or s["name"]
+        if s["name"] in hosts:
+            label += "\n" + ",".join(hosts[s["name"]])
+        ax2.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax2.set(xlabel="longitude", ylabel="latitude", title="Topology, links coloured by mean utilization")
+    ax2.grid(alpha=0.2)
+    fig.suptitle(r.label, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _link_dir(plan: dict, a: str, b: str) -> str:
+    """`` (A>B)`` with switch labels when the hop ``a > b`` is link emulator lK's eth0 > eth1 or back."""
+    label = {s["name"]: s.get("label") or s["name"] for s in plan.get("switches", [])}
+    for lk in plan.get("links", []):
+        e = lk.get("emu_name") or f"l{lk['index']}"
+        ends = (label.get(lk["a"], lk["a"]), label.get(lk["b"], lk["b"]))
+        if (a, b) == (f"{e}-eth0", f"{e}-eth1"):
+            return f" ({ends[0]}>{ends[1]})"
+        if (a, b) == (f"{e}-eth1", f"{e}-eth0"):
+            return f" ({ends[1]}>{ends[0]})"
+    return ""
+
+
+def fig_hop_delays(runs: list[RunData], path: Path) -> bool:
+    """Per-hop median one-way delay (p5-p95 whiskers) against the configured link delay (captured runs).
+
+    More than MAX_HOP_ROWS hops: only the hops that are one emulated link are drawn.
+    """
+    plt = _plt()
+    rows = [(f"{h['from']}>{h['to']}{_link_dir(r.plan, h['from'], h['to'])}"
+             + ("" if len(runs) == 1 else f" [{r.label[-12:]}]"), h)
+            for r in runs if not r.hop_delays.empty for _, h in r.hop_delays.iterrows()]
+    if not rows:
+        return False
+    title = "Per-hop one-way delay (packet capture)"
+    if len(rows) > MAX_HOP_ROWS:  # large topologies: the emulated links only (every hop is in the table)
+        rows = [x for x in rows if not pd.isna(x[1]["configured_ms"])][:MAX_HOP_ROWS] or rows[:MAX_HOP_ROWS]
+        title = f"One-way delay of the {len(rows)} emulated-link hops (capture)"
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.22 * len(rows)))
+    y = np.arange(len(rows))
+    med = np.array([h["median_ms"] for _, h in rows], dtype=float)
+    lo = med - np.array([h["p5_ms"] for _, h in rows], dtype=float)
+    hi = np.array([h["p95_ms"] for _, h in rows], dtype=float) - med
+    ax.barh(y, med, xerr=[lo, hi], color="#4c72b0", alpha=0.8, label="measured median (p5-p95)")
+    conf = np.array([np.nan if pd.isna(h["configured_ms"]) else h["configured_ms"] for _, h in rows], dtype=float)
+    ax.scatter(conf, y, marker="|", s=200, color="#c44e52", label="configured link delay", zorder=3)
+    ax.set_yticks(y, [n for n, _ in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="one-way delay (ms)", title=title)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ------------------------------------------------------------------------------------------- tables
+
+def comparison_table(runs: list[RunData]) -> pd.DataFrame:
+    """One row per run and policy: queries, load (s), success ratio, answered q/s, e2e p50/p95/p99 (ms)
+    and mean network/queueing/inference (ms) as the summary takes them
+    (:func:`testbed.results.summary.latency_figures`), the median network time above the planned RTT
+    (ms), how busy (or stolen) the machine's CPUs were over an emulated run's load (%; None for a
+    simulation), ``cold`` (queries that opened a new connection), failures per cause."""
+    from testbed.results.summary import load_duration_s
+
+    rows = []
+    for label, r, g in _groups(runs):
+        lat = latency_figures(g)
+        dur = float(r.summary.get("duration_s") or 0) or (float(_t_s(r.records).max()) or 1.0)
+        load = load_duration_s(g["t0_ns"], dur)
+        fails = g.loc[g["outcome"] != "success", "failure_cause"].fillna("?").value_counts()
+        rows.append({"run / policy": label, "status": r.status.short if r.status.ok else f"NOT OK: {r.status.short}",
+                     "mode": r.mode, "queries": len(g), "load_s": round(load, 2),
+                     "success_ratio": round(float((g["outcome"] == "success").mean()), 4) if len(g) else None,
+                     "answered_qps": round(lat["answered"] / load, 2) if load > 0 else None,
+                     **{f"e2e_{q}_ms": v for q, v in lat["e2e_ms"].items()},
+                     **{f"{k}_mean_ms": v for k, v in lat["breakdown_ms"].items()},
+                     "network_excess_p50_ms": lat["network_excess_ms"]["p50"],
+                     "cpus_busy_pct": _busy_pct(r.summary.get("machine_cpu") or {}),
+                     "cold": lat["cold_queries"],
+                     "failures": ", ".join(f"{k} {v}" for k, v in fails.items()) or "none"})
+    return pd.DataFrame(rows)
+
+
+#: The note under the comparison table: which queries its latency figures are over, and what ``cold`` counts.
+TABLE_NOTE = (f"Latency percentiles, the mean breakdown, the latency CDF and the breakdown figure are {LATENCY_RULE} "
+              f"(the summary's rule, testbed.results.summary.latency_figures). cold: {COLD_RULE}.")
+
+
+# ------------------------------------------------------------------------------------------- report
+
+FIGURES = [("latency_cdf", "Latency CDF per policy", fig_latency_cdf),
+           ("breakdown", "Network / queueing / inference breakdown", fig_breakdown),
+           ("success_over_time", "Success ratio over time", fig_success_over_time),
+           ("policy_over_time", "Policy in force over time", fig_policy_over_time),
+           ("hop_delays", "Per-hop one-way delay (packet capture)", fig_hop_delays)]
+
+
+def default_out_dir(run_dirs: list[Path]) -> Path:
+    """``RUN_DIR/report`` for one run; ``<parent of the first>/report-<timestamp>`` for several."""
+    if len(run_dirs) == 1:
+        return Path(run_dirs[0]) / "report"
+    return Path(run_dirs[0]).resolve().parent / f"report-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def build_report(run_dirs: list[Path], out_dir: Path | None = None) -> dict:
+    """Write ``report.html``, ``report.md`` and ``figures/*.png`` for the given runs into ``out_dir``.
+
+    Returns ``{"html": Path, "markdown": Path, "figures": {name: Path}, "skipped": {name: reason},
+    "warning": the runs that did not end ok, or ""}``.
+    Every run is read and checked before anything is written; ``out_dir`` is created (with its
+    parents) when missing.
+
+    Raises:
+        ReportError: no runs, a missing directory or one without records (named); ``out_dir`` is a
+            file or cannot be created or written; a write fails midway (what this report had
+            written is removed, and the folders it created).
+        testbed.results.summary.RecordsError: a run's records are not whole (names the file and the problem).
+    """
+    if not run_dirs:
+        raise ReportError("no run directory given")
+    runs = [load_run(Path(d)) for d in run_dirs]
+    labels = [r.label for r in runs]
+    for i, r in enumerate(runs):  # same directory name twice (runs from different parents): disambiguate
+        if labels.count(r.label) > 1:
+            r.label = f"{r.path.parent.name}/{r.label}#{i}"
+    out = Path(out_dir) if out_dir else default_out_dir([r.path for r in runs])
+    created = _make_out_dir(out)
+    try:
+        return _write_report(runs, out)
+    except OSError as exc:  # e.g. the disk filled up: no half-written report is left
+        _remove_report(out, created)
+        name = exc.filename or out
+        raise ReportError(f"cannot write the report in {out} ({name}: {exc.strerror or exc}); nothing was "
+                          f"left there") from None
+
+
+def _make_out_dir(out: Path) -> Path | None:
+    """Create ``out/figures`` and check that files can be written there; returns the topmost
+    folder created here (None when ``out/figures`` existed).
+
+    Raises:
+        ReportError: ``out`` is a file, or cannot be created or written (named, with the reason).
+    """
+    figdir = out / "figures"
+    for p in (out, figdir):
+        if p.exists() and not p.is_dir():
+            raise ReportError(f"report folder {out}: {'it' if p == out else p} is a file; give a folder (it is "
+                              f"created if missing)")
+    top = next((p for p in reversed([figdir, *figdir.parents]) if not p.exists()), None)
+    probe = figdir / f".probe.{os.getpid()}"
+    try:
+        figdir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        _remove_report(out, top)
+        raise ReportError(f"report folder {out}: cannot create or write it ({exc.filename or out}: "
+                          f"{exc.strerror or exc})") from None
+    return top
+
+
+def _remove_report(out: Path, created: Path | None) -> None:
+    """Remove what a failed report wrote: its own files, and the folders created for it."""
+    try:
+        for name in ("report.html", "report.md"):
+            (out / name).unlink(missing_ok=True)
+        for p in (out / "figures").glob("*.png") if (out / "figures").is_dir() else ():
+            if p.stem in {n for n, _t, _f in FIGURES} or p.stem.startswith("link_util_"):
+                p.unlink(missing_ok=True)
+    except OSError:
+        pass
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
+
+
+def _write_report(runs: list[RunData], out: Path) -> dict:
+    """The figures, the comparison table, ``report.html`` and ``report.md`` (see :func:`build_report`)."""
+    figdir = out / "figures"
+    figures: dict[str, Path] = {}
+    titles: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    for name, title, fn in FIGURES:
+        p = figdir / f"{name}.png"
+        if fn(runs, p):
+            figures[name], titles[name] = p, title
+        else:
+            p.unlink(missing_ok=True)
+            skipped[name] = "no data (no answered queries" + (" / no packet capture)" if name == "hop_delays" else ")")
+    for k, r in enumerate(runs, start=1):
+        name = f"link_util_{k}"
+        p = figdir / f"{name}.png"
+        if fig_link_utilization(r, p):
+            figures[name], titles[name] = p, f"Link utilization over time and on the topology: {r.label}"
+        else:
+            what = "no complete row in link_stats.csv" if (r.path / "link_stats.csv").exists() else "no link_stats.csv"
+            skipped[name] = f"{r.label}: {what}" + (" (simulated run)" if r.mode == "simulation" else "")
+    table = comparison_table(runs)
+    hops = [(r.label, r.hop_delays) for r in runs if not r.hop_delays.empty]
+    _write_html(out / "report.html", runs, table, figures, titles, skipped, hops)
+    _write_md(out / "report.md", runs, table, figures, titles, skipped, hops)
+    return {"html": out / "report.html", "markdown": out / "report.md", "figures": figures, "skipped": skipped,
+            "warning": _not_ok_warning(runs)}
+
+
+#: The summary's warnings that say a run's figures are not those of the planned clusters (a
+#: saturated machine, a slow host, starved clusters), carried into the report's list of runs.
+COMPARABILITY_WARNINGS = ("WARNING: the machine", "WARNING: this machine", "WARNING: inference ran slower",
+                          "WARNING: a single thread")
+
+
+def _busy_pct(machine_cpu: dict) -> float | None:
+    """Busy + stolen share of the CPUs over an emulated run's load, % (summary ``machine_cpu``)."""
+    try:
+        return round(100 * min(1.0, (machine_cpu["busy_cores"] + machine_cpu["steal_cores"]) / machine_cpu["cpus"]), 1)
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def _capture_errors(run_dir: Path) -> list[str]:
+    """The warnings of the run's packet analysis as it stands (``capture/analysis.json`` ``errors``,
+    also after ``testbed report --analyze`` ran it again): capture files left out or read in part."""
+    from testbed.results.summary import capture_warnings
+
+    try:
+        a = json.loads((Path(run_dir) / "capture" / "analysis.json").read_text())
+    except (OSError, ValueError):
+        return []
+    errors = a.get("errors") if isinstance(a, dict) else None
+    return capture_warnings([str(e) for e in errors]) if isinstance(errors, list) else []
+
+
+def _runs_list(runs: list[RunData]) -> list[str]:
+    """One entry per run, with its summary's warnings of :data:`COMPARABILITY_WARNINGS`: the
+    report compares runs, and those say when not to."""
+    from testbed.results.summary import _headline
+
+    out = []
+    for r in runs:
+        s = r.summary
+        try:
+            warnings = [x for x in _headline(s) if x.startswith(COMPARABILITY_WARNINGS)] if "queries" in s else []
+        except (KeyError, TypeError, ValueError):  # an older or partial summary: its warnings are not known
+            warnings = []
+        warnings += _capture_errors(r.path)
+        out.append(f"{r.label} ({r.mode}; {len(r.records)} queries; {r.path})"
+                   + (f"; configured load {s['duration_s']:g} s" if s.get("duration_s") else "")
+                   + ("" if r.status.ok else f"; NOT OK: {r.status.short} ({r.status.detail})")
+                   + "".join(f" {w}" for w in warnings))
+    return out
+
+
+def _not_ok_warning(runs: list[RunData]) -> str:
+    """The warning above the comparison table naming the runs that did not end ok ("" when all did)."""
+    bad = [r for r in runs if not r.status.ok]
+    if not bad:
+        return ""
+    return (f"WARNING: {len(bad)} of {len(runs)} runs did not end ok ("
+            + "; ".join(f"{r.label}: {r.status.short}" for r in bad)
+            + "): their records stop early, or those after the failure are not of the planned experiment; "
+              "compare them with care.")
+
+
+def _write_html(path: Path, runs, table: pd.DataFrame, figures, titles, skipped, hops) -> None:
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>ASET testbed report</title><style>",
+             "body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;"
+             "text-align:right}th{background:#f2f2f2}img{max-width:100%;border:1px solid #eee}"
+             "</style></head><body>",
+             f"<h1>ASET testbed report</h1><p>Generated {datetime.now():%Y-%m-%d %H:%M:%S} from "
+             f"{len(runs)} run(s):</p><ul>"]
+    parts += [f"<li>{html.escape(x)}</li>" for x in _runs_list(runs)]
+    parts.append("</ul><h2>Comparison across runs</h2>")
+    warning = _not_ok_warning(runs)
+    if warning:
+        parts.append(f"<p style='color:#b00020;font-weight:bold'>{html.escape(warning)}</p>")
+    parts.append(table.to_html(index=False, na_rep="-", escape=True))
+    parts.append(f"<p>{html.escape(TABLE_NOTE)}</p>")
+    for name, p in figures.items():
+        b64 = base64.b64encode(p.read_bytes()).decode()
+        parts.append(f"<h2>{html.escape(titles[name])}</h2><img alt='{name}' src='data:image/png;base64,{b64}'>")
+    for label, h in hops:
+        parts.append(f"<h3>Per-hop one-way delay: {html.escape(label)}</h3>")
+        parts.append(h.to_html(index=False, na_rep="-", escape=True))
+    if skipped:
+        parts.append("<h2>Not drawn</h2><ul>")
+        parts += [f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in skipped.items()]
+        parts.append("</ul>")
+    parts.append("<p>Columns and units: docs/records-schema.md; figures: docs/reports.md.</p></body></html>")
+    path.write_text("\n".join(parts))
+
+
+def _write_md(path: Path, runs, table: pd.DataFrame, figures, titles, skipped, hops) -> None:
+    warning = _not_ok_warning(runs)
+    parts = ["# ASET testbed report", "", *[f"- {x}" for x in _runs_list(runs)], "", "## Comparison across runs",
+             "", *([f"**{warning}**", ""] if warning else []), markdown_table(table), "", TABLE_NOTE, ""]
+    for name, p in figures.items():
+        parts += [f"## {titles[name]}", "", f"![{name}]({p.relative_to(path.parent)})", ""]
+    for label, h in hops:
+        parts += [f"### Per-hop one-way delay: {label}", "", markdown_table(h), ""]
+    if skipped:
+        parts += ["## Not drawn", "", *[f"- {k}: {v}" for k, v in skipped.items()], ""]
+    path.write_text("\n".join(parts))

@@ -1,0 +1,373 @@
+"""Inference server: zoo models (TensorFlow or LiteRT) behind TensorFlow Serving's REST API (aiohttp).
+
+    python -m testbed.serve.server CONFIG.json      # a testbed.plan.boundaries.ServerConfig
+
+Start-up: TensorFlow's intra-op pool gets ``workers x threads`` threads (inter-op 1); each
+worker's LiteRT interpreter ``threads`` threads (``ServerConfig.threads``, from
+:func:`testbed.model.cpu.threads_per_call`). It loads the listed variants with their runtime,
+warms each up (``warmup_calls`` calls at batch 1, and as many at ``max_batch`` when batching),
+binds the socket, starts ``workers`` inference threads, then writes ``ready_file`` (JSON {"pid",
+"port", "host", "models", "runtimes", "mean_service_ms", "warmup_ms", ...}; ``port`` 0 picks a
+free port, reported there). Queue, discipline, admission and batching: the model's
+(:mod:`testbed.model.queue`, through :mod:`testbed.serve.scheduler`); admission's mean service
+time per model is the plan's (``ServerConfig.mean_service_ms``).
+
+Endpoints (TensorFlow Serving REST API, https://www.tensorflow.org/tfx/serving/api_rest):
+
+* ``POST /v1/models/{name}[/versions/1]:predict``. Row form ``{"instances": [in, ...]}`` (an
+  instance may also be ``{"x": in}``), columnar form ``{"inputs": [in, ...]}`` or
+  ``{"inputs": {"x": [in, ...]}}``; optional ``"signature_name": "serving_default"``. ``in`` is a
+  nested list of numbers of the model family's input shape (digits [32][32][1], parity [16][16][1],
+  cancer [30]) or a binary ``{"b64": "<base64>"}`` holding either the input as raw little-endian
+  float32, row-major (exactly prod(shape) x 4 bytes), or, for image families, an 8-bit greyscale
+  PNG of the input's height x width (pixels / 255). At most 256 inputs per request. Answer
+  ``{"predictions": [[p_0..p_k], ...]}`` (row) or ``{"outputs": [[...], ...]}`` (columnar),
+  softmax probabilities. One request is one query; request header ``X-Testbed-Deadline-Ns``
+  (absolute deadline, epoch ns) feeds EDF and admission. Refused at arrival: HTTP 503
+  ``{"error": message, "reason": "queue_full" | "admission"}``. Bad JSON, wrong shape, bad base64,
+  non-numbers, a bad deadline header: 400 naming the problem; unknown model or version: 404; too
+  large a body: 413; an inference failure: 500; all ``{"error": message}``. No input crashes it.
+  Response headers (epoch ns, ``time.time_ns()``, the clock all emulated hosts share):
+  ``X-Testbed-T1`` body received, ``X-Testbed-T2`` inference start, ``X-Testbed-T3`` inference
+  end, ``X-Testbed-Queue-Len`` queries waiting when it arrived, ``X-Testbed-Batch`` inputs in the
+  model call that served it, ``X-Testbed-Model``, ``X-Testbed-Runtime``. A 503 carries T1 and the
+  queue length too. T2 - T1 includes decoding the JSON body in the event loop.
+* ``GET /v1/models/{name}[/versions/1]``: model status (version "1", state AVAILABLE); 404 if unknown.
+* ``GET /v1/models/{name}[/versions/1]/metadata``: signature_def (input ``x`` DT_FLOAT [-1, *shape],
+  output ``probabilities`` DT_FLOAT [-1, classes]) in TF Serving's JSON shape.
+* ``GET /v1/models``: the served variants with family, runtime, accuracy, params.
+* ``GET /v1/stats``: ``queue_len``, ``busy_workers``, ``workers``, ``served``, ``dropped``
+  (``dropped_queue_full`` + ``dropped_admission``), ``errors`` (failed inferences and refused
+  requests), ``batches``, ``mean_batch``, ``busy_s`` (sum of model-call time), ``uptime_s``,
+  ``utilization`` = busy_s / (uptime_s x workers), ``per_model``.
+
+The same stats JSON goes to ``stats_file`` every ``stats_interval_s`` s (atomic) and once more
+on SIGTERM / SIGINT, after which the server finishes in-flight queries (up to 5 s), stops and
+exits with code 0. Exit code 2: a bad config, a missing zoo / variant / runtime, or the port in use;
+the reason is the last line of stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from testbed.core.util import write_json_atomic
+from testbed.plan.boundaries import ServerConfig
+from testbed.serve import zoo
+from testbed.serve.payload import (
+    RequestError,
+    encode_json,
+    metadata_response,
+    parse_predict_body,
+    predict_response,
+)
+from testbed.serve.scheduler import Job, Scheduler
+
+#: Largest request body [bytes] (one 32x32 image as JSON is ~5-10 kB).
+MAX_BODY_BYTES = 32 * 1024 * 1024
+#: Seconds the server waits for in-flight queries on shutdown.
+SHUTDOWN_GRACE_S = 5.0
+
+
+class InferenceServer:
+    """The aiohttp handlers around a :class:`Scheduler` of loaded variants."""
+
+    def __init__(self, models: dict[str, Any], workers: int = 1, queue_limit: int = 64, discipline: str = "fifo",
+                 admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
+                 service_ms: dict[str, float] | None = None):
+        """``models``: name -> loaded variant (``predict``, ``input_shape``, ``classes``, ``info``, ``runtime``).
+
+        Raises:
+            ValueError: a bad scheduler setting.
+        """
+        self.models = models
+        self.scheduler = Scheduler(models, workers=workers, queue_limit=queue_limit, discipline=discipline,
+                                   admission=admission, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
+                                   service_ms=service_ms)
+        self.refused = 0  # 4xx / 5xx answers other than 503 (bad requests, unknown models, failures)
+
+    def start_workers(self) -> None:
+        """Start the inference threads (uptime counts from here)."""
+        self.scheduler.start()
+
+    def stop_workers(self, timeout_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Serve what is queued, then stop the workers."""
+        self.scheduler.stop(timeout_s)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The stats dict (see the module doc)."""
+        snap = self.scheduler.snapshot()
+        snap["errors"] += self.refused
+        snap.update(pid=os.getpid(), time_ns=time.time_ns())
+        return snap
+
+    def _error(self, status: int, message: str, headers: dict[str, str] | None = None, count: bool = True,
+               **extra: Any) -> web.Response:
+        if count:
+            self.refused += 1
+        return web.json_response({"error": message, **extra}, status=status, headers=headers)
+
+    def _model(self, request: web.Request) -> tuple[str, Any] | web.Response:
+        name = request.match_info["name"]
+        version = request.match_info.get("version")
+        if name not in self.models:
+            return self._error(404, f"model {name!r} not found (serving: {', '.join(sorted(self.models))})")
+        if version is not None and version != "1":
+            return self._error(404, f"model {name!r} has no version {version!r} (only '1')")
+        return name, self.models[name]
+
+    async def predict(self, request: web.Request) -> web.Response:
+        """``POST /v1/models/{name}:predict`` (see the module doc)."""
+        found = self._model(request)
+        if isinstance(found, web.Response):
+            return found
+        name, model = found
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._error(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+        t1 = time.time_ns()
+        deadline = request.headers.get("X-Testbed-Deadline-Ns")
+        try:
+            if deadline is not None:
+                try:
+                    deadline = int(deadline)
+                except ValueError:
+                    raise RequestError(400, f"X-Testbed-Deadline-Ns {deadline[:40]!r} is not an integer "
+                                            "(absolute deadline, ns since the epoch)") from None
+            x, columnar = parse_predict_body(body, model.input_shape)
+        except RequestError as exc:
+            return self._error(exc.status, str(exc))
+        headers = {"X-Testbed-T1": str(t1), "X-Testbed-Queue-Len": str(self.scheduler.queue_len()),
+                   "X-Testbed-Model": name, "X-Testbed-Runtime": model.runtime}
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def done(j: Job) -> None:
+            try:
+                loop.call_soon_threadsafe(_resolve, future)
+            except RuntimeError:
+                pass  # the event loop is closed: shutting down, nobody waits for this answer
+
+        job = Job(model=name, x=x, deadline_ns=deadline, done=done, t1=t1)
+        refused = self.scheduler.submit(job)
+        if refused is not None:
+            return self._error(503, refused[1], headers, count=False, reason=refused[0])
+        await future
+        headers.update({"X-Testbed-T2": str(job.t2), "X-Testbed-T3": str(job.t3), "X-Testbed-Batch": str(job.batch)})
+        if job.error is not None or job.result is None:
+            return self._error(500, f"inference failed in model {name!r}: {job.error}", headers, count=False)
+        return web.Response(body=encode_json(predict_response(job.result, columnar)), headers=headers,
+                            content_type="application/json")
+
+    async def model_status(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{name}``: TF Serving's model status shape."""
+        found = self._model(request)
+        if isinstance(found, web.Response):
+            return found
+        return web.json_response({"model_version_status": [
+            {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{name}/metadata``: TF Serving's metadata shape (signature_def)."""
+        found = self._model(request)
+        if isinstance(found, web.Response):
+            return found
+        return web.json_response(metadata_response(*found))
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        """``GET /v1/models``: served variants with family, runtime, accuracy and parameter count."""
+        return web.json_response({"models": {n: {"family": m.info.get("family"), "runtime": m.runtime,
+                                                 "accuracy": m.info.get("accuracy"), "params": m.info.get("params")}
+                                             for n, m in self.models.items()}})
+
+    async def stats_handler(self, request: web.Request) -> web.Response:
+        """``GET /v1/stats``."""
+        return web.json_response(self.snapshot())
+
+    def make_app(self) -> web.Application:
+        """The aiohttp application with the routes above and JSON error pages."""
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._json_errors])
+        name, ver = r"{name:[^/:]+}", r"{version:[^/:]+}"
+        app.router.add_post(f"/v1/models/{name}:predict", self.predict)
+        app.router.add_post(f"/v1/models/{name}/versions/{ver}:predict", self.predict)
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get(f"/v1/models/{name}", self.model_status)
+        app.router.add_get(f"/v1/models/{name}/versions/{ver}", self.model_status)
+        app.router.add_get(f"/v1/models/{name}/metadata", self.model_metadata)
+        app.router.add_get(f"/v1/models/{name}/versions/{ver}/metadata", self.model_metadata)
+        app.router.add_get("/v1/stats", self.stats_handler)
+        return app
+
+    @web.middleware
+    async def _json_errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return self._error(exc.status, f"{exc.reason}: {request.method} {request.path}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - never crash on a request
+            return self._error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():  # the client may have gone away (handler cancelled)
+        future.set_result(None)
+
+
+async def serve(server: InferenceServer, host: str, port: int, stats_file: str | None, ready_file: str | None,
+                ready_info: dict[str, Any], stats_interval_s: float = 1.0,
+                stop_requested: list[int] | None = None) -> None:
+    """Bind, start the workers, write the ready file, serve until SIGTERM/SIGINT, then shut down.
+
+    ``stop_requested``: signals received before the event loop took over (non-empty: stop at once).
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if stop_requested:
+        stop.set()
+    runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False,
+                           shutdown_timeout=SHUTDOWN_GRACE_S)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024, shutdown_timeout=SHUTDOWN_GRACE_S)
+    await site.start()
+    bound = runner.addresses[0][1] if runner.addresses else port
+    server.start_workers()
+    if ready_file:
+        write_json_atomic(ready_file, {"pid": os.getpid(), "port": bound, "host": host, **ready_info})
+    print(f"[inference-server] pid {os.getpid()} serving {', '.join(server.models)} on {host}:{bound}",
+          flush=True)
+
+    async def write_stats() -> None:
+        while True:
+            if stats_file:
+                try:
+                    write_json_atomic(stats_file, server.snapshot())
+                except OSError as exc:
+                    print(f"[inference-server] cannot write stats file {stats_file}: {exc}", file=sys.stderr)
+            await asyncio.sleep(stats_interval_s)
+
+    writer = asyncio.create_task(write_stats())
+    await stop.wait()
+    writer.cancel()
+    await runner.cleanup()  # stops accepting, waits for in-flight queries (<= SHUTDOWN_GRACE_S)
+    await asyncio.to_thread(server.stop_workers)
+    if stats_file:
+        write_json_atomic(stats_file, server.snapshot())
+
+
+def load_models(cfg: ServerConfig) -> dict[str, Any]:
+    """The served variants, loaded with their runtimes and thread counts.
+
+    Raises:
+        zoo.ZooError: a variant or runtime file is missing (checked before TensorFlow is imported).
+    """
+    manifest = zoo.load_manifest(cfg.zoo_dir)
+    for n in cfg.models:  # fail fast, before paying for TensorFlow's import
+        (zoo.tflite_path if cfg.runtimes[n] == "litert" else zoo.variant_dir)(cfg.zoo_dir, n, manifest)
+    if "tensorflow" in cfg.runtimes.values():
+        zoo.configure_tf_threads(intra_op=cfg.workers * cfg.threads, inter_op=1)
+    return {n: zoo.load_model(cfg.zoo_dir, n, cfg.runtimes[n], manifest, threads=cfg.threads, pool=cfg.workers)
+            for n in cfg.models}
+
+
+def warm_up(cfg: ServerConfig, models: dict[str, Any]) -> dict[str, float]:
+    """``warmup_calls`` calls per model (and as many at ``max_batch``); ms per model."""
+    out = {}
+    for n, m in models.items():
+        try:
+            x = zoo.load_payloads(cfg.zoo_dir, m.info["family"])[0]
+        except zoo.ZooError:
+            x = np.random.default_rng(0).random((8, *m.input_shape), dtype=np.float32)
+        ms = m.warm_up(x, cfg.warmup_calls, 1)
+        if cfg.max_batch > 1:
+            ms += m.warm_up(x, cfg.warmup_calls, cfg.max_batch)
+        out[n] = round(ms, 3)
+    return out
+
+
+class _StopWhileLoading(BaseException):
+    """SIGTERM/SIGINT while the models load or warm up (a BaseException: library code that catches
+    ``Exception`` during an import must not swallow it)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the server; returns the exit code (0 after SIGTERM/SIGINT, 2 on a bad config or zoo)."""
+    import argparse
+
+    from testbed.core.errors import TestbedError
+    from testbed.plan.boundaries import read_config
+
+    ap = argparse.ArgumentParser(
+        prog="python -m testbed.serve.server",
+        description="The inference server of one cluster (TensorFlow Serving's REST API). Every setting is in "
+                    "CONFIG.json, a testbed.plan.boundaries.ServerConfig; the emulation writes it from the cluster's "
+                    "spec (clusters/<name>.server.json, testbed.serve.launch.write_server_config).")
+    ap.add_argument("config", metavar="CONFIG.json", help="the server's ServerConfig (JSON)")
+    try:
+        argv = [ap.parse_args(sys.argv[1:] if argv is None else argv).config]
+    except SystemExit as exc:  # --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    early_stop: list[int] = []
+
+    def stop_loading(signum: int, _frame) -> None:
+        early_stop.append(signum)
+        raise _StopWhileLoading
+
+    for sig in (signal.SIGTERM, signal.SIGINT):  # while loading: stop at once, not after the warm-up
+        signal.signal(sig, stop_loading)
+    try:
+        cfg = read_config(argv[0], ServerConfig)
+        models = load_models(cfg)
+        warmup = warm_up(cfg, models)
+        for sig in (signal.SIGTERM, signal.SIGINT):  # until the event loop takes over
+            signal.signal(sig, lambda signum, _frame: early_stop.append(signum))
+    except _StopWhileLoading:
+        print("[inference-server] stopped while loading its models (no stats: it never served)", file=sys.stderr)
+        return 0
+    except (TestbedError, zoo.ZooError, ValueError) as exc:
+        print(f"[inference-server] {exc}", file=sys.stderr)
+        return 2
+    # TensorFlow leaves a huge, long-lived object graph; each full (gen-2) collection walks it:
+    # measured here ~600 ms wall at a 0.25-core CFS quota, stalling every query behind it.
+    # Collect once, then freeze the survivors into the permanent generation (Python docs,
+    # gc.freeze: "Freeze all the objects tracked by gc ... ignore them for all future collections").
+    gc.collect()
+    gc.freeze()
+    server = InferenceServer(models, workers=cfg.workers, queue_limit=cfg.queue_limit, discipline=cfg.discipline,
+                             admission=cfg.admission, max_batch=cfg.max_batch,
+                             max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms)
+    if early_stop:
+        if cfg.stats_file:
+            write_json_atomic(cfg.stats_file, server.snapshot())
+        return 0
+    ready_info = {"models": cfg.models, "runtimes": cfg.runtimes, "mean_service_ms": cfg.mean_service_ms,
+                  "warmup_ms": round(sum(warmup.values()), 3), "warmup_ms_per_model": warmup,
+                  "config": cfg.model_dump(mode="json")}
+    try:
+        asyncio.run(serve(server, cfg.host, cfg.port, cfg.stats_file, cfg.ready_file, ready_info,
+                          cfg.stats_interval_s, early_stop))
+    except OSError as exc:
+        print(f"[inference-server] cannot serve on {cfg.host}:{cfg.port}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,495 @@
+"""The ASET configuration (``experiments/aset-*.yaml``): every constant of the agent in one file.
+
+system-model.md fixes the defaults: K = 4 windows of arrival history, an MLP 2 x 64 ReLU trained by
+double DQN with a target network, experience replay, epsilon-greedy and the Huber loss, Adam. The
+decision window is 500 ms, one report interval (issue 13: the window is at least the report
+interval; system-model.md's 100 ms is below the scenarios' 500 ms reports, so a decision could
+only see the same stale report several times). The normalisation scales are our choice (they only
+keep the features near [0, 1]); each is a config value. Quantities carry their unit (``window: 100ms`` or
+``window_ms: 100``), as everywhere in the testbed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from testbed.core.errors import counted
+from testbed.core.util import repeated
+from testbed.spec.experiment import MAX_SEED, ConfigError, format_validation_error
+from testbed.spec.schema import Num, StrictModel, YamlValueError, load_yaml, unit_pair
+from testbed.spec.units import parse_delay_ms, parse_duration_s
+
+
+def plan_key(experiment, name: str | None = None) -> str:
+    """The scenario name an experiment's plans and baseline mixes are looked up by: its
+    ``aset.plan`` when set (a renamed copy of a suite scenario), else its name (``name``, or
+    ``experiment.name``). ``experiment``: anything with ``aset`` (an ``Experiment``, or a source's
+    ``SourceConfig`` with ``name`` its ``experiment``)."""
+    aset = getattr(experiment, "aset", None)
+    return aset.plan if aset is not None and aset.plan else (experiment.name if name is None else name)
+
+
+def _nonempty(v: dict[str, list[str]] | None, what: str, why: str) -> dict[str, list[str]] | None:
+    """Refuse an empty per-scenario assignment table (``{}``): it names no scenario."""
+    if v is not None and not v:
+        raise ValueError(f"{{}} names no scenario{why}: give each {what} (its experiment name: one policy per "
+                         f"source, sources sorted by name), or leave it out")
+    return v
+
+
+#: A seed of the ASET config: the range ``testbed ... --seeds`` accepts (numpy's and TensorFlow's seeds).
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+
+
+def check_scenario_keys(item: str, table: Mapping[str, Any] | None, known: Mapping[str, str]) -> None:
+    """Refuse a key of a per-scenario table (``reward.baseline_mix``, ``observation.plans``) that
+    names no training scenario: ONE rule for every such table (``testbed.aset.train.check_reward_baselines``
+    applies it to ``reward.baseline_mix``; ``observation.plans`` may also plan evaluation-only
+    scenarios, so training does not apply it there).
+
+    Args:
+        item: the table's key in the config (``observation.plans``). table: the table (None: not set).
+        known: each training scenario's name (:func:`plan_key`) -> how the message shows it (e.g.
+            with its file).
+
+    Raises:
+        ConfigError: ``<item>.<key>: no training scenario has that name (known: ...)``.
+    """
+    for key in table or {}:
+        if key not in known:
+            raise ConfigError(f"{item}.{key}: no training scenario has that name "
+                              f"(known: {', '.join(sorted(known.values()))})")
+
+
+def _set_away_from_default(model: StrictModel, keys: tuple[str, ...]) -> list[str]:
+    """Those of ``keys`` that ``model``'s input set to something else than the field's default
+    (a ``model_dump_json`` round trip sets every key, to its value: not counted)."""
+    defaults = type(model).model_fields
+    return [k for k in keys if k in model.model_fields_set and getattr(model, k) != defaults[k].default]
+
+
+def _fits(assignment: list[str], where: str, n_sources: int, names: str = "") -> list[str]:
+    """``assignment`` (one policy per source) if it has ``n_sources`` entries.
+
+    Raises:
+        ValueError: another length, naming ``where`` and both counts.
+    """
+    if len(assignment) != n_sources:
+        raise ValueError(f"{where}: {counted(len(assignment), 'policy', 'policies')} for "
+                         f"{counted(n_sources, 'source')}{names}")
+    return list(assignment)
+
+
+class ObservationSpec(StrictModel):
+    """How the per-window observation is built and normalised (see :mod:`testbed.agent.observation`).
+
+    ``history_windows``: K, windows of per-application arrival rate (system-model.md: K = 4).
+    ``rate_scale_qps``: arrival rates are divided by this (queries/s). ``queue_scale``: queue
+    length per worker is divided by this. ``rtt_scale_ms``: RTTs are divided by this (ms).
+    ``clip``: every feature is clipped to [0, clip] so the Gymnasium Box is bounded.
+
+    ``plans`` (sixth round, docs/aset.md): per scenario (its experiment ``name``), the planned
+    policy of each source (sources sorted by name): the per-source static mix that
+    ``testbed evaluate --headroom`` finds in the simulator (``oracle.json``'s ``mixes``). When set,
+    the observation ends with a one-hot of the source's planned policy, and the agent's
+    ``plan_margin`` makes the plan its default decision. A scenario without a plan cannot be
+    observed (:meth:`planned` raises).
+    """
+
+    window_ms: Num = Field(500.0, gt=0)
+    history_windows: int = Field(4, ge=1, le=64)
+    rate_scale_qps: Num = Field(20.0, gt=0)
+    queue_scale: Num = Field(4.0, gt=0)
+    rtt_scale_ms: Num = Field(100.0, gt=0)
+    clip: Num = Field(5.0, gt=0)
+    plans: dict[str, list[str]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = unit_pair(data, "window", parse_delay_ms, "ms")
+        return unit_pair(data, "rtt_scale", parse_delay_ms, "ms")
+
+    @field_validator("plans")
+    @classmethod
+    def _some_plan(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        return _nonempty(v, "scenario's planned per-source policies", "")
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> ObservationSpec:
+        """This spec with ``overrides`` applied and the whole validated again, a quantity in either
+        form (``window="1s"`` replaces ``window_ms``, as in the config file).
+
+        Raises:
+            pydantic.ValidationError: an unknown key (``extra_forbidden``) or a bad value, each
+                located by its key.
+        """
+        base = {k: v for k, v in self.model_dump().items()
+                if k not in overrides and k.rsplit("_", 1)[0] not in overrides}
+        return ObservationSpec.model_validate({**base, **overrides})
+
+    def planned(self, scenario: str, sources: list[str] | tuple[str, ...]) -> list[str] | None:
+        """The planned policy of each source (in the order of ``sources``, sorted by name) for an
+        episode of ``scenario``, or None when this spec has no ``plans`` (no plan block).
+
+        Raises:
+            ValueError: ``plans`` is set but has no entry for ``scenario``, or its entry has
+                another number of policies than ``sources``; the message names the scenario.
+        """
+        if self.plans is None:
+            return None
+        plan = self.plans.get(scenario)
+        if plan is None:
+            raise ValueError(f"observation.plans: no plan for scenario {scenario!r} (planned: "
+                             f"{', '.join(sorted(self.plans))}); the observation's plan block needs one: add the "
+                             f"scenario's per-source mix (oracle.json of testbed evaluate --headroom)")
+        return _fits(plan, f"observation.plans.{scenario}", len(sources), f" ({', '.join(sources)})")
+
+
+#: The agent keys only the double DQN reads (:mod:`testbed.aset.train`); ``training.method:
+#: rollout`` refuses them set away from their defaults.
+DQN_ONLY_AGENT_KEYS = ("gamma", "batch_size", "replay_size", "train_start", "train_every", "target_update_steps",
+                       "epsilon_start", "epsilon_end", "epsilon_decay_steps")
+
+
+class AgentSpec(StrictModel):
+    """Double DQN hyper-parameters (van Hasselt et al. 2016; Mnih et al. 2015 for the rest).
+
+    ``hidden``: MLP layer widths (system-model.md: [64, 64], ReLU). ``gamma``: discount per window.
+    Epsilon decays linearly from ``epsilon_start`` to ``epsilon_end`` over ``epsilon_decay_steps``
+    agent decisions. Training starts after ``train_start`` transitions and runs one gradient step
+    of ``batch_size`` every ``train_every`` decisions; the target network is copied every
+    ``target_update_steps`` gradient steps. ``huber_delta``: the Huber loss threshold.
+
+    ``plan_margin`` (sixth round, docs/aset.md; needs ``observation.plans``): the greedy decision
+    is ``argmax_a Q(s, a) + plan_margin * [a is the source's planned policy]``, in acting, in the
+    double-DQN target's argmax and in the exported policy alike: the agent leaves its plan only
+    where it estimates another policy better by more than the margin (a reward unit: success
+    ratio, minus the baseline run's). 0 = the plain greedy rule.
+    """
+
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1)
+    learning_rate: Num = Field(1e-3, gt=0)
+    gamma: Num = Field(0.9, ge=0, lt=1)
+    batch_size: int = Field(64, ge=1)
+    replay_size: int = Field(50_000, ge=1)
+    train_start: int = Field(500, ge=1)
+    train_every: int = Field(1, ge=1)
+    target_update_steps: int = Field(250, ge=1)
+    epsilon_start: Num = Field(1.0, ge=0, le=1)
+    epsilon_end: Num = Field(0.05, ge=0, le=1)
+    epsilon_decay_steps: int = Field(5_000, ge=1)
+    huber_delta: Num = Field(1.0, gt=0)
+    plan_margin: Num = Field(0.0, ge=0)
+
+
+class RewardSpec(StrictModel):
+    """The reward of one (source, window) decision (docs/aset.md, "Reward").
+
+    ``baseline``: None, or a static policy name: the reward is then the window's success ratio
+    minus the success ratio the same source had in the same window of a run where every source
+    applies ``baseline`` all the time, on the same seed (common random numbers: the same
+    arrivals). The baseline run does not depend on the agent's actions, so subtracting it leaves
+    the optimal policy unchanged; it removes the part of the window's outcome due to the arrivals
+    (a burst fails under every policy), which otherwise dominates the reward's variance.
+
+    ``team_weight`` (0..1, default 0): the share of the reward that is the TEAM's figure, i.e.
+    the same difference over the queries of every source created in that window (each
+    window's successes over its queries), the rest being the source's own figure:
+    ``r = (1 - team_weight) * own + team_weight * team``. Why (docs/aset.md, third round): the
+    sources share the clusters, so one source's choice changes the others' outcomes (two sources
+    leaving the edges to the cloud lift the other two); a reward of its own queries only cannot
+    see that gain. The evaluation's figure is the success ratio over all queries, which is the
+    team figure weighted by each window's queries.
+
+    ``baseline_mix`` (fifth round): per scenario (its experiment ``name``), a per-source
+    assignment (one policy per source, sources sorted by name: the order of ``oracle.json``'s
+    ``mixes``, written by ``testbed evaluate --headroom``). The baseline run of an episode of that
+    scenario then applies the assignment instead of ``baseline``. Why (docs/aset.md, fifth round):
+    the gap left is between ASET and the mix; a baseline run that is the mix's own run is the
+    closest to the agent's, so the difference keeps less of the arrivals' noise where the decision
+    matters. Scenarios not listed use ``baseline``; :func:`testbed.aset.train.check_reward_baselines`
+    refuses, before training, a training scenario that has neither, or a key naming none; an
+    empty ``baseline_mix: {}`` (it would change nothing) is refused here.
+    """
+
+    baseline: str | None = None
+    baseline_mix: dict[str, list[str]] | None = None
+    team_weight: Num = Field(0.0, ge=0, le=1)
+
+    def baseline_for(self, scenario: str, n_sources: int) -> list[str] | None:
+        """The baseline run's per-source policies for an episode of ``scenario`` with
+        ``n_sources`` sources (sorted), or None (no baseline run).
+
+        Raises:
+            ValueError: the scenario's mix has another number of sources, naming both.
+        """
+        mix = (self.baseline_mix or {}).get(scenario)
+        if mix is None:
+            return None if self.baseline is None else [self.baseline] * n_sources
+        return _fits(mix, f"reward.baseline_mix.{scenario}", n_sources)
+
+    @field_validator("baseline_mix")
+    @classmethod
+    def _some_mix(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        return _nonempty(v, "training scenario's mix", ", so it would change nothing")
+
+
+class RandomiseSpec(StrictModel):
+    """Per training episode: a scenario drawn uniformly from ``scenarios`` and its arrival rates
+    (every ``rate_qps`` in its workload) scaled by a factor drawn uniformly from ``load_scale``.
+    The scenario files carry the bursts (MMPP), hotspot moves, link delay changes and failures."""
+
+    load_scale: tuple[Num, Num] = (0.6, 1.4)
+
+    @model_validator(mode="after")
+    def _order(self) -> RandomiseSpec:
+        lo, hi = self.load_scale
+        if not 0 < lo <= hi:
+            raise ValueError(f"load_scale: need 0 < low <= high, got {list(self.load_scale)}")
+        return self
+
+
+class SpecialiseSpec(StrictModel):
+    """Per-scenario fine-tuning (``testbed train --specialise``; docs/aset.md, third round): for
+    each scenario of ``training.scenarios``, the export seed's final network trained ``steps``
+    more windows on that scenario alone, epsilon from ``epsilon_start`` down to the agent's
+    ``epsilon_end`` over ``epsilon_decay_steps`` decisions (4 per window on the suite), exported
+    to ``<training.export_to>-<scenario name>``. Why: the per-source static mix it is measured
+    against is chosen per scenario; one network over all scenarios must also tell them apart."""
+
+    steps: int = Field(8000, ge=1)
+    epsilon_start: Num = Field(0.2, ge=0, le=1)
+    epsilon_decay_steps: int = Field(16000, ge=1)
+
+
+class RolloutSpec(StrictModel):
+    """``training.method: rollout`` (:mod:`testbed.aset.rollout`): the Q-network regressed on
+    counterfactual rollout targets instead of trained by double DQN.
+
+    Per training seed, ``episodes_per_scenario`` episodes of every scenario of
+    ``training.scenarios`` (load randomised by ``training.randomise``, simulator seeds drawn from
+    the training seed) run the base schedule (each source on its planned policy,
+    ``observation.plans``); at every window and for every source and action, a clone of the
+    simulator runs that window with the source on the action (the others on the base) and
+    ``horizon_windows`` - 1 more windows of the base. The target of (observation, action) is the
+    team's success-ratio gain over the base on the queries created in those windows.
+    ``behaviour_epsilon``: the share of (window, source) decisions where the episode itself leaves
+    the plan for an action drawn uniformly (the targets still measure one deviation followed by the
+    plan): without it, every observation's current-policy one-hot is the plan (window 0 excepted),
+    and the first-layer weights of the others keep their random initial values, which then decide
+    after every deviation the network makes.
+
+    ``epochs`` passes over the data in minibatches of ``batch_size`` (Huber loss of
+    ``agent.huber_delta``, Adam at ``agent.learning_rate``, network ``agent.hidden``); whole
+    episodes, a ``validation_fraction`` of each scenario's (at least one, hence
+    ``episodes_per_scenario`` >= 2), are held out and the weights of the epoch with the lowest
+    validation loss are exported. ``workers``: data episodes simulated at once
+    (:mod:`testbed.core.distributed`; ``testbed train --jobs`` overrides). ``cache_dir``: where each
+    episode's data set is kept (npz, keyed by everything it depends on; default
+    ``<training.out_dir>/rollout-cache``), so a rerun does not simulate it again.
+    """
+
+    horizon_windows: int = Field(2, ge=1, le=80)
+    behaviour_epsilon: Num = Field(0.0, ge=0, lt=1)
+    episodes_per_scenario: int = Field(8, ge=2, le=10_000)
+    epochs: int = Field(40, ge=1, le=10_000)
+    batch_size: int = Field(128, ge=1, le=1_000_000)
+    validation_fraction: Num = Field(0.15, gt=0, lt=1)
+    workers: int = Field(2, ge=1, le=64)
+    cache_dir: str | None = None
+
+
+class TrainingSpec(StrictModel):
+    """``testbed train``: ``steps`` environment steps (windows; each gives one decision per
+    dispatcher), episodes of ``episode_s`` simulated seconds, a checkpoint every
+    ``checkpoint_every`` steps, output in ``out_dir`` (relative to the config file's folder's
+    parent, i.e. the repository). ``seeds``: one training run per seed (learning curves of each;
+    the exported policy is the one of ``export_seed``, default the first); at least one, each in
+    0 .. :data:`testbed.spec.experiment.MAX_SEED` like ``seed`` (left out: ``[seed]``). ``rollout_workers``:
+    0 = episodes simulated in the learner's process; N >= 1 = N episodes at a time in parallel
+    workers (:mod:`testbed.core.distributed`) with the current greedy weights and epsilon, their
+    transitions then replayed by the learner.
+
+    ``method``: ``dqn`` (default: the double DQN of :mod:`testbed.aset.train`) or ``rollout``
+    (regression on counterfactual rollout targets, :class:`RolloutSpec` in ``rollout``; needs
+    ``observation.plans``, the rollout's base). ``steps``, ``checkpoint_every``,
+    ``rollout_workers`` and ``specialise`` are the DQN's, ``rollout`` the rollout's: a key of the
+    other method set to anything but its default is refused, naming it (it would be ignored)."""
+
+    method: Literal["dqn", "rollout"] = "dqn"
+    rollout: RolloutSpec = RolloutSpec()
+    scenarios: list[str] = Field(min_length=1)
+    seeds: list[Seed] | None = Field(None, min_length=1)
+    export_seed: Seed | None = None
+    rollout_workers: int = Field(0, ge=0, le=64)
+    steps: int = Field(20_000, ge=1)
+    episode_s: Num = Field(30.0, gt=0)
+    checkpoint_every: int = Field(5_000, ge=1)
+    out_dir: str = "runs/aset-train"
+    export_to: str | None = None
+    randomise: RandomiseSpec = RandomiseSpec()
+    specialise: SpecialiseSpec = SpecialiseSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        return unit_pair(data, "episode", parse_duration_s, "s")
+
+    @model_validator(mode="after")
+    def _one_method(self) -> TrainingSpec:
+        other = (("steps", "checkpoint_every", "rollout_workers", "specialise") if self.method == "rollout"
+                 else ("rollout",))
+        given = _set_away_from_default(self, other)
+        if given:
+            raise ValueError(f"{', '.join(given)}: not used by training.method {self.method} (would be ignored); "
+                             "remove it, or set the method it belongs to")
+        return self
+
+
+#: Longest simulated episode of an evaluation (s): ``evaluation.duration`` and ``testbed evaluate
+#: --duration`` (the simulator holds every query of an episode in memory).
+MAX_EPISODE_S = 3600.0
+
+#: Most sampled futures per decision of the causal planner (our bound: 8 take about 5 min per
+#: scenario and seed on one core, and the cost grows linearly).
+MAX_CAUSAL_SAMPLES = 64
+
+
+class EvaluationSpec(StrictModel):
+    """``testbed evaluate``: every static policy, the per-source static mix, the clairvoyant
+    oracle and ASET (``checkpoint``) on ``scenarios``, seeds 1..``seeds`` each (>= 5 for the 95 %
+    CI), ``duration_s`` simulated seconds per run. The mix is chosen on those seeds and the
+    headroom confirmed on ``fresh_seeds`` more (seeds ``fresh_from`` ...). ``oracle_horizon``:
+    windows of look-ahead of the oracle (None: to the end of the episode; see
+    :mod:`testbed.aset.headroom`). ``oracle_seeds`` / ``oracle_fresh_seeds``: the oracle (by far
+    the costliest job, ~40 s per scenario and seed) on the first N tuning / fresh seeds only
+    (None: all); the headroom is then paired over those seeds. ``causal_samples`` K > 0: the causal
+    planner too (:func:`testbed.aset.headroom.causal_planner`: the oracle's rollout over the mix,
+    each candidate scored on K futures drawn afresh, with ``oracle_horizon`` windows of look-ahead,
+    leaving the mix only when the paired one-sided t statistic is >= ``causal_min_t``; 1.64 is the
+    one-sided 5 % point of the normal law; a t statistic needs K >= 2), on the oracle's seeds;
+    about 5 min per scenario and seed at K = 8, at most :data:`MAX_CAUSAL_SAMPLES`. 0 (default):
+    not run."""
+
+    scenarios: list[str] = Field(min_length=1)
+    seeds: int = Field(5, ge=2)
+    fresh_seeds: int = Field(0, ge=0)
+    fresh_from: int = Field(101, ge=1)
+    duration_s: Num | None = Field(None, gt=0, le=MAX_EPISODE_S)
+    oracle_horizon: int | None = Field(6, ge=1)
+    oracle_seeds: int | None = Field(None, ge=2)
+    oracle_fresh_seeds: int | None = Field(None, ge=0)
+    causal_samples: int = Field(0, ge=0, le=MAX_CAUSAL_SAMPLES)
+    causal_min_t: float = Field(1.64, ge=0)
+    checkpoint: str = "models/aset/aset"
+    out_dir: str = "runs/aset-eval"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        return unit_pair(data, "duration", parse_duration_s, "s")
+
+
+class AsetConfig(StrictModel):
+    """One ``experiments/aset-*.yaml`` file. ``actions``: the policy names ASET chooses from, in
+    action-index order (default: :data:`testbed.model.policies.CATALOGUE`)."""
+
+    @model_validator(mode="after")
+    def _known_policies(self) -> AsetConfig:
+        from testbed.model.policies import CATALOGUE
+
+        mixes = [(f"reward.baseline_mix.{k}", v) for k, v in (self.reward.baseline_mix or {}).items()]
+        mixes += [(f"observation.plans.{k}", v) for k, v in (self.observation.plans or {}).items()]
+        if self.training is not None and self.training.method == "rollout" and self.observation.plans is None:
+            raise ValueError("training.method: rollout needs observation.plans: each source's planned policy is the "
+                             "base schedule the rollout targets are measured against")
+        if self.training is not None and self.training.method == "rollout":
+            dqn_only = _set_away_from_default(self.agent, DQN_ONLY_AGENT_KEYS)
+            if dqn_only:
+                raise ValueError(f"agent.{', agent.'.join(dqn_only)}: not used by training.method rollout (would be "
+                                 f"ignored: the rollout fit uses agent.hidden, learning_rate, huber_delta and "
+                                 f"plan_margin, and training.rollout's batch_size); remove it, or use method dqn")
+        if self.agent.plan_margin and self.observation.plans is None:
+            raise ValueError(f"agent.plan_margin {self.agent.plan_margin:g}: the margin favours each source's planned "
+                             f"policy, but observation.plans is not set (no plan to favour)")
+        for what, names in (("actions", self.actions or []),
+                            ("reward.baseline", [self.reward.baseline] if self.reward.baseline else []), *mixes):
+            bad = [p for p in names if p not in CATALOGUE]
+            if bad:
+                raise ValueError(f"{what}: unknown policy {bad[0]!r}; known: {', '.join(CATALOGUE)}")
+        if self.actions is not None and len(set(self.actions)) != len(self.actions):
+            raise ValueError("actions: a policy is listed twice")
+        if self.actions is not None and len(self.actions) < 2:
+            raise ValueError(f"actions: {counted(len(self.actions), 'policy', 'policies')}: ASET "
+                             f"needs at least 2 to choose from (leave actions out for the whole catalogue)")
+        training_problem = self.training_problem()
+        if training_problem:
+            raise ValueError(training_problem)
+        return self
+
+    def training_problem(self) -> str | None:
+        """What makes the training section unrunnable, named (None: nothing): a seed given twice
+        (two runs would write one folder), ``export_seed`` not among the seeds (``training.seeds``,
+        default ``[seed]``), an episode shorter than one decision window. Checked on load and again
+        after the command line's overrides (``testbed train --seeds``)."""
+        tr = self.training
+        if tr is None:
+            return None
+        seeds = tr.seeds or [self.seed]
+        twice = repeated(seeds)
+        if twice:
+            return f"training.seeds: seed {twice[0]} given twice (each seed is one training run and folder)"
+        if tr.export_seed is not None and tr.export_seed not in seeds:
+            return f"training.export_seed: {tr.export_seed} is not among the training seeds {seeds}"
+        if tr.episode_s * 1e3 < self.observation.window_ms:
+            return (f"training.episode: {tr.episode_s:g} s is shorter than one decision window "
+                    f"(observation.window, {self.observation.window_ms:g} ms)")
+        return None
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        """The action set (``actions`` or the whole catalogue)."""
+        from testbed.model.policies import CATALOGUE
+
+        return tuple(self.actions or CATALOGUE)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    seed: Seed = 1
+    actions: list[str] | None = None
+    observation: ObservationSpec = ObservationSpec()
+    agent: AgentSpec = AgentSpec()
+    reward: RewardSpec = RewardSpec()
+    training: TrainingSpec | None = None
+    evaluation: EvaluationSpec | None = None
+
+
+def load_aset_config(path: str | Path) -> tuple[AsetConfig, Path]:
+    """Read and validate an ASET config; returns it and the base folder for its relative paths
+    (the repository root: the parent of the config file's folder).
+
+    Raises:
+        ConfigError: missing file, bad YAML (a duplicate key, an integer too long to read), or a
+            validation error naming the item
+            (e.g. ``agent.gamma: Input should be less than 1``).
+    """
+    path = Path(path)
+    try:
+        data = load_yaml(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read ASET config {path}: {exc.strerror}") from None
+    except YamlValueError as exc:  # a key given twice, an integer too long to read
+        raise ConfigError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        cfg = AsetConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(path), what="ASET config")) from None
+    return cfg, path.resolve().parent.parent

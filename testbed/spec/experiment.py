@@ -1,0 +1,579 @@
+"""Experiment files: the YAML schema, validated with pydantic before anything is built.
+
+Every quantity carries its unit in the value (``deadline: 80ms``) or in the key
+(``deadline_ms: 80``); see :mod:`testbed.spec.units` for the exact rule. Unknown keys are errors.
+Names that become Mininet node names (clusters, sources) are restricted to ``[a-z][a-z0-9]*``
+so that nothing a stranger writes reaches a shell command unchecked.
+
+Bounds the engines can execute (each a module constant below; docs/trustworthy-runs.md says why):
+
+=============================  ==================================================================
+what                           bound
+=============================  ==================================================================
+``seed``                       0 .. 2^32 - 1 (numpy's SeedSequence takes no negative entropy)
+``duration``                   (0, 1e6 s]; and at most ``MAX_WINDOWS`` report intervals, the drain
+                               after the load included (:func:`report_windows`)
+``deadline``                   (0, 600 s] (``MAX_DEADLINE_S``: it sets how long a run drains)
+link delays                    [0, 600 s] one-way (``testbed.spec.units.MAX_DELAY_MS``): topology links,
+                               ``cloud.delay``, ``link_delay`` events
+``report_interval``            >= 10 ms (every source polls every cluster once per interval)
+``emulation.stats_interval``   >= 100 ms (port stats of every switch; the servers' stats files)
+``aset.window``                >= 10 ms
+rates (``rate_qps``, ...)      <= 10,000 q/s per stream and source (after spatial weights)
+``clusters.workers``           1 .. 64 per cluster (each worker holds its own interpreter of every
+                               model the cluster serves)
+expected queries of a run      <= 1,000,000 (the simulator holds every query in memory,
+                               ~2.5 KB each at peak; checked by the plan, which knows the weights)
+``mmpp`` ``dwell``             >= 1 ms, at most 10^7 expected state changes per source
+ports                          ``of_port``, ``rest_port`` and ``server_port`` all different
+``name``                       at most 100 bytes (it names the run directory and the cgroups)
+=============================  ==================================================================
+
+Booleans are never numbers (``workers: true`` is an error) and duplicate keys are errors
+(:mod:`testbed.spec.schema`).
+
+A model listed twice in a cluster's ``models`` is an error naming it.
+
+Empty lists: a list that would make the run measure or do nothing is an error naming it
+(``clusters``, ``sources``, ``applications``, ``workload``, a cluster's ``models``, a workload
+entry's ``sources``: ``[]`` selects no source; ``capture.interfaces``). ``events: []`` is
+meaningful and the default: the run has no scenario events (the network and the clusters stay
+as planned).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from testbed.core.errors import InputError
+from testbed.core.util import repeated
+from testbed.model.events import EventSpec
+from testbed.model.records import GRACE_MS
+from testbed.spec.capture import CaptureSpec
+from testbed.spec.schema import NAME_RE, Num, YamlValueError, load_yaml
+from testbed.spec.schema import StrictModel as _Model
+from testbed.spec.schema import unit_pair as _unit_pair
+from testbed.spec.serving import ServerSpec
+from testbed.spec.units import MAX_DELAY_MS, parse_delay_ms, parse_duration_s, parse_rate_mbps
+
+#: A static policy of testbed.model.policies.CATALOGUE, or ``aset`` (testbed.aset picks one per window).
+PolicyName = Literal["closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random", "round_robin",
+                     "aset"]
+
+
+MAX_SEED = 2**32 - 1
+MAX_DURATION_S = 1e6
+MIN_REPORT_INTERVAL_S = 0.01
+MAX_WINDOWS = 200_000
+MIN_STATS_INTERVAL_S = 0.1
+MIN_ASET_WINDOW_S = 0.01
+MAX_RATE_QPS = 10_000.0
+MAX_WORKERS = 64
+MAX_EXPECTED_QUERIES = 1_000_000
+MIN_DWELL_S = 0.001
+MAX_STATE_CHANGES = 10**7
+MAX_NAME_BYTES = 100
+#: Longest application deadline (s). Why: after the load a run waits for its last answers up to the
+#: longest deadline plus the grace (:data:`testbed.model.records.GRACE_MS`): the emulation's sources
+#: keep those queries open, and the simulator steps through that drain once per report interval
+#: (``deadline: 1e12s`` passed the plan and the simulator never ended; 1e5 s took 16 s of wall time
+#: for 51 queries, 1e7 s over a minute). 600 s is far beyond any interactive inference deadline
+#: (the experiments' are 33-370 ms) and keeps a run's end within ten minutes of its load.
+MAX_DEADLINE_S = 600.0
+
+
+class ConfigError(InputError):
+    """The experiment file is invalid; the message names the offending item."""
+
+
+def drain_s(deadlines_ms: list[float]) -> float:
+    """How long (s) a run goes on after its load for the last answers: the longest deadline plus
+    the grace (:data:`testbed.model.records.GRACE_MS`); the simulator's end is the load's plus this."""
+    return (max(deadlines_ms, default=0.0) + GRACE_MS) / 1e3
+
+
+def report_windows(duration_s: float, report_interval_s: float, deadlines_ms: list[float]) -> float:
+    """Report intervals the simulator steps through for a load of ``duration_s`` (s): the load and
+    the drain after it (:func:`drain_s`)."""
+    return (duration_s + drain_s(deadlines_ms)) / report_interval_s
+
+
+def windows_problem(duration_s: float, report_interval_s: float, deadlines_ms: list[float]) -> str | None:
+    """Why a load of ``duration_s`` s is over :data:`MAX_WINDOWS` report intervals, or None."""
+    windows = report_windows(duration_s, report_interval_s, deadlines_ms)
+    if windows <= MAX_WINDOWS:
+        return None
+    return (f"duration {duration_s:g} s + the drain after it ({drain_s(deadlines_ms):g} s: the longest deadline "
+            f"+ {GRACE_MS / 1e3:g} s grace) / report_interval {report_interval_s:g} s = {windows:.0f} report "
+            f"intervals, over the bound of {MAX_WINDOWS} (the simulator steps once per interval); lengthen "
+            f"report_interval or shorten the duration")
+
+
+def _rate_within_bound(v: float | None) -> float | None:
+    """A rate (q/s) within :data:`MAX_RATE_QPS` (the message states the value and the bound; the
+    error's location names the item)."""
+    if v is not None and v > MAX_RATE_QPS:
+        raise ValueError(f"{v:g} q/s is over the bound of {MAX_RATE_QPS:,.0f} q/s per stream and source "
+                         f"(testbed.spec.experiment.MAX_RATE_QPS; docs/trustworthy-runs.md)")
+    return v
+
+
+class TopologySpec(_Model):
+    """Where the topology comes from and how link parameters are derived.
+
+    ``source``: ``topohub:GROUP/NAME`` (e.g. ``topohub:topozoo/Abilene``), a path to a Topology Zoo
+    ``.graphml`` file, or a path to one of our ``.yaml`` topology files (relative paths are
+    resolved against the experiment file's folder, then the repository's ``topologies/``).
+    Delay from geography: great-circle km x ``ms_per_km`` x ``route_factor``, never below
+    ``delay_floor_ms`` (system-model.md).
+
+    ``coordinates``: ``{node: [lat, lon]}`` (degrees) for nodes the source gives no coordinates
+    (Topology Zoo GraphML often lacks them); a node is named by its id or label; given
+    coordinates replace the source's. ``dataset_link_speeds``: read the link capacities a
+    GraphML file gives (``LinkSpeedRaw``, ``LinkSpeed``, ``LinkLabel``; rules in
+    :mod:`testbed.spec.topology`); false: every link gets ``bandwidth``.
+
+    ``mtu``: the IP MTU (bytes) of every interface of the emulated network, hosts' included; TCP
+    carries ``mtu - 52`` bytes per frame (:func:`testbed.model.network.mss_of`). 1500 (Ethernet,
+    RFC 894) by default; up to 9000 ("jumbo" frames, as many ISP cores and data centres run). The
+    user-space datapath's cost is per frame, so a larger MTU raises the query rate it carries
+    (docs/scale-out.md, "Load ceiling").
+    """
+
+    source: str
+    route_factor: Num = Field(1.0, ge=1.0)
+    ms_per_km: Num = Field(0.005, gt=0)
+    delay_floor_ms: Num = Field(0.1, ge=0)
+    bandwidth_mbps: Num = Field(100.0, gt=0)
+    host_bandwidth_mbps: Num = Field(1000.0, gt=0)
+    mtu: int = Field(1500, ge=576, le=9000)
+    keep_largest_component: bool = False
+    coordinates: dict[str, list[Num]] = {}
+    dataset_link_speeds: bool = True
+
+    @field_validator("coordinates")
+    @classmethod
+    def _lat_lon(cls, v: dict[str, list[float]]) -> dict[str, list[float]]:
+        for node, ll in v.items():
+            if len(ll) != 2 or not (-90 <= ll[0] <= 90 and -180 <= ll[1] <= 180):
+                raise ValueError(f"coordinates of {node!r}: give [lat, lon] in degrees, lat in [-90, 90] and "
+                                 f"lon in [-180, 180], got {ll}")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = _unit_pair(data, "delay_floor", parse_delay_ms, "ms")
+        data = _unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
+        return _unit_pair(data, "host_bandwidth", parse_rate_mbps, "mbps")
+
+
+class CloudSpec(_Model):
+    """The cloud: an extra site hanging off ``attach_to`` over a long link (our choice: 20 ms)."""
+
+    attach_to: str
+    delay_ms: Num = Field(20.0, ge=0, le=MAX_DELAY_MS)
+    bandwidth_mbps: Num = Field(1000.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = _unit_pair(data, "delay", parse_delay_ms, "ms")
+        return _unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
+
+
+class ClusterSpec(_Model):
+    """An edge cluster (or the cloud): a CPU-limited host running one inference server.
+
+    ``site`` is a topology node (its label or id), or ``cloud``.
+    """
+
+    name: str = Field(pattern=NAME_RE)
+    site: str
+    tier: Literal["far_edge", "near_edge", "cloud"]
+    #: >= 0.01: the emulation's smallest CFS quota is 1 ms per 100 ms period (cgroups.py), and the
+    #: simulator must run the same share.
+    cpu_cores: Num = Field(ge=0.01)
+    #: <= MAX_WORKERS: every worker holds its own interpreter of each model the cluster serves,
+    #: built before the server is ready; beyond the cluster's cores more workers only split its
+    #: CPU quota (docs/trustworthy-runs.md has the measurement).
+    workers: int = Field(1, ge=1)
+    memory_mib: int = Field(1024, ge=64)
+    queue_limit: int = Field(64, ge=1)
+    models: list[str] = Field(min_length=1)
+    server: ServerSpec = ServerSpec()
+
+    @field_validator("models")
+    @classmethod
+    def _models_once(cls, v: list[str]) -> list[str]:
+        twice = repeated(v)
+        if twice:
+            raise ValueError(f"{', '.join(map(repr, twice))} listed twice: a cluster serves each model once "
+                             f"(one interpreter per worker), so list it once")
+        return v
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_bound(cls, v: int) -> int:
+        if v > MAX_WORKERS:
+            raise ValueError(f"{v} workers is over the bound of {MAX_WORKERS} per cluster "
+                             f"(testbed.spec.experiment.MAX_WORKERS: "
+                             f"each worker holds its own interpreter of every model the cluster serves, e.g. 77 MiB "
+                             f"per worker for default.yaml's far-edge clusters; docs/trustworthy-runs.md)")
+        return v
+
+
+class ApplicationSpec(_Model):
+    """An application: its deadline D_a, minimum accuracy A_a and model family."""
+
+    name: str = Field(pattern=NAME_RE)
+    deadline_ms: Num = Field(gt=0)
+    min_accuracy: Num = Field(ge=0, le=1)
+    family: str = "digits"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        return _unit_pair(data, "deadline", parse_delay_ms, "ms")
+
+    @field_validator("deadline_ms")
+    @classmethod
+    def _deadline_bound(cls, v: float) -> float:
+        if v > MAX_DEADLINE_S * 1e3:
+            raise ValueError(f"{v / 1e3:g} s is over the bound of {MAX_DEADLINE_S:g} s "
+                             f"(testbed.spec.experiment.MAX_DEADLINE_S): after the load a run waits up to the longest "
+                             f"deadline + {GRACE_MS / 1e3:g} s for the last answers, and the simulator steps "
+                             f"through that wait")
+        return v
+
+
+class SourceSpec(_Model):
+    """A query source (workload generator + dispatcher) attached at an access site; ``policy``
+    overrides the experiment's policy for this source."""
+
+    name: str = Field(pattern=NAME_RE)
+    site: str
+    policy: PolicyName | None = None
+
+
+class StepSpec(_Model):
+    """One step of a ``step`` arrival process: from ``at_s`` on, ``rate_qps`` queries/s."""
+
+    at_s: Num = Field(ge=0)
+    rate_qps: Num = Field(ge=0)
+
+    _rate_bound = field_validator("rate_qps")(_rate_within_bound)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        return _unit_pair(data, "at", parse_duration_s, "s")
+
+
+class WorkloadSpec(_Model):
+    """Arrivals of one application at some sources (see :mod:`testbed.model.arrivals` for the formulas).
+
+    ``process`` and its keys (rates are per source, before spatial weights):
+
+    - ``poisson``: ``rate_qps``.
+    - ``mmpp``: Markov-modulated Poisson (bursts): ``rates_qps`` (one per state, >= 2 states) and
+      ``dwell_s`` (mean exponential time in each state, s); the chain leaves a state for one of
+      the others uniformly; it starts in state 0.
+    - ``diurnal``: ``rate_qps`` x (1 + ``amplitude`` x sin(2 pi (t + ``phase_s``) / ``period_s``)).
+    - ``step``: ``steps``: ``[{at: 0s, rate_qps: 2}, {at: 20s, rate_qps: 8}]`` (piecewise constant;
+      0 before the first step).
+    - ``trace``: ``trace``: a CSV file with a column ``t_s`` (seconds since the load starts), replayed
+      at every selected source (relative paths: against the experiment file's folder); ``rate_qps``
+      is ignored.
+
+    Spatial weights (optional, one of): ``weights`` ``{source: w}`` or ``demand_matrix``: a CSV
+    ``source_site,target_site,demand``, or ``topohub:sndlib/NAME`` (SNDlib's demand matrix, for an
+    experiment on that SNDlib topology); a source's weight is the demand originating at its site.
+    Weights are normalised to mean 1 over the selected sources, so the total rate stays
+    ``rate_qps`` x number of sources.
+    """
+
+    application: str
+    sources: list[str] | Literal["all"] = "all"
+    process: Literal["poisson", "mmpp", "diurnal", "step", "trace"] = "poisson"
+    rate_qps: Num | None = Field(None, ge=0)
+    rates_qps: list[Num] | None = None
+    dwell_s: list[Num] | None = None
+    amplitude: Num = Field(0.5, ge=0, le=1)
+    period_s: Num = Field(60.0, gt=0)
+    phase_s: Num = 0.0
+    steps: list[StepSpec] | None = None
+    trace: str | None = None
+    weights: dict[str, Num] | None = None
+    demand_matrix: str | None = None
+
+    _rate_bound = field_validator("rate_qps")(_rate_within_bound)
+
+    @field_validator("sources")
+    @classmethod
+    def _some_source(cls, v: list[str] | str) -> list[str] | str:
+        if v == []:
+            raise ValueError("[] selects no source, so this entry would send no query; name the sources or "
+                             "write 'all'")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = _unit_pair(data, "period", parse_duration_s, "s")
+        return _unit_pair(data, "phase", parse_duration_s, "s")
+
+    @model_validator(mode="after")
+    def _process_keys(self) -> WorkloadSpec:
+        p = self.process
+        if p in ("poisson", "diurnal") and self.rate_qps is None:
+            raise ValueError(f"process {p!r} needs rate_qps")
+        if p == "mmpp":
+            if not self.rates_qps or not self.dwell_s or len(self.rates_qps) != len(self.dwell_s) \
+                    or len(self.rates_qps) < 2:
+                raise ValueError("process 'mmpp' needs rates_qps and dwell_s, lists of the same length >= 2")
+            for i, r in enumerate(self.rates_qps):
+                if r < 0:
+                    raise ValueError(f"mmpp: rates_qps.{i}: {r:g} q/s is negative")
+                try:
+                    _rate_within_bound(r)
+                except ValueError as exc:
+                    raise ValueError(f"mmpp: rates_qps.{i}: {exc}") from None
+            for i, d in enumerate(self.dwell_s):
+                if d < MIN_DWELL_S:
+                    raise ValueError(f"mmpp: dwell_s.{i}: {d:g} s is under the bound of {MIN_DWELL_S:g} s")
+        if p == "step":
+            if not self.steps:
+                raise ValueError("process 'step' needs steps: [{at: 0s, rate_qps: N}, ...]")
+            ats = [s.at_s for s in self.steps]
+            if ats != sorted(ats):
+                raise ValueError("step: steps must be in increasing 'at' order")
+        if p == "trace" and not self.trace:
+            raise ValueError("process 'trace' needs trace: PATH.csv (column t_s)")
+        if self.weights is not None and self.demand_matrix is not None:
+            raise ValueError("give either weights or demand_matrix, not both")
+        if self.weights is not None and any(w < 0 for w in self.weights.values()):
+            raise ValueError("weights must be >= 0")
+        return self
+
+
+class AsetSpec(_Model):
+    """Settings of the ``aset`` policy (testbed.aset): ``checkpoint`` (path of the trained agent),
+    ``window`` (decision window; default: the checkpoint's own, which a set window must equal: the
+    agent's arrival-rate features are per window), ``options`` (free-form, read by testbed.aset),
+    ``plan``: which scenario's plan a checkpoint with plans (``observation.plans``, docs/aset.md)
+    applies, by scenario name (default: this experiment's ``name``), e.g. for a renamed copy of a
+    scenario of the suite."""
+
+    checkpoint: str | None = None
+    window_s: Num | None = Field(None, ge=MIN_ASET_WINDOW_S)
+    options: dict[str, Any] = {}
+    plan: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        return _unit_pair(data, "window", parse_duration_s, "s")
+
+
+class SimulationSpec(_Model):
+    """Simulator-only settings (``testbed simulate``).
+
+    ``request_bytes`` / ``response_bytes``: bytes on the wire per query (request: the JSON image,
+    default: the mean size of the zoo's request bodies; response: the JSON probabilities, default
+    400). ``overhead_ms``: fixed per-query cost outside the network and the model (HTTP/JSON
+    handling in the emulation; 0 by default). ``per_hop_ms``: forwarding cost per link of the path
+    and round trip (software switches and link emulators; 0 by default). Both are calibration knobs
+    for comparing with an emulation host (see docs/policies-and-simulator.md), not part of the
+    system model. ``warmup``: queries created before this time are simulated but not recorded.
+    """
+
+    request_bytes: int | None = Field(None, ge=1)
+    response_bytes: int = Field(400, ge=1)
+    overhead_ms: Num = Field(0.0, ge=0)
+    per_hop_ms: Num = Field(0.0, ge=0)
+    warmup_s: Num = Field(0.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = _unit_pair(data, "overhead", parse_delay_ms, "ms")
+        data = _unit_pair(data, "per_hop", parse_delay_ms, "ms")
+        return _unit_pair(data, "warmup", parse_duration_s, "s")
+
+
+class EmulationSpec(_Model):
+    """How the network is emulated.
+
+    ``link_emulator``: ``netem`` (kernel qdisc), ``userspace`` (our AF_PACKET forwarder) or
+    ``auto`` (netem if the kernel has it). ``datapath``: OVS ``kernel``, ``user`` or ``auto``.
+    RTT self-check: each (source, cluster) path passes when ``|median measured - expected| <=
+    rtt_tolerance_ms + rtt_tolerance_pct/100 x expected + rtt_tolerance_per_switch_ms x switches``,
+    switches being those on the controller's path. The per-switch term covers forwarding cost
+    (both directions): measured here, OVS's userspace datapath adds ~0.2 ms per switch traversal
+    and the user-space link emulator ~0.2 ms per link traversal, ~1 ms of RTT per hop in all.
+    ``compensate_datapath`` (user-space link emulator only; nothing to lower with netem): before the
+    self-check, every path is pinged, the datapath's own RTT per switch is taken as the median over
+    paths of (min RTT - expected) / switches, and half of it is taken off every link's emulated
+    one-way delay (:func:`testbed.emu.bringup.calibrate_datapath`; ``datapath_calibration.json``).
+    """
+
+    link_emulator: Literal["auto", "netem", "userspace"] = "auto"
+    datapath: Literal["auto", "kernel", "user"] = "auto"
+    rtt_check: bool = True
+    rtt_tolerance_ms: Num = Field(1.0, ge=0)
+    rtt_tolerance_pct: Num = Field(5.0, ge=0)
+    rtt_tolerance_per_switch_ms: Num = Field(1.0, ge=0)
+    ping_count: int = Field(5, ge=1, le=100)
+    compensate_datapath: bool = True
+    of_port: int = Field(6653, ge=1, le=65535)
+    rest_port: int = Field(8080, ge=1, le=65535)
+    server_port: int = Field(8501, ge=1, le=65535)
+    stats_interval_s: Num = Field(1.0, ge=MIN_STATS_INTERVAL_S)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = _unit_pair(data, "rtt_tolerance", parse_delay_ms, "ms")
+        return _unit_pair(data, "stats_interval", parse_duration_s, "s")
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> EmulationSpec:
+        ports = {"of_port": self.of_port, "rest_port": self.rest_port, "server_port": self.server_port}
+        seen: dict[int, str] = {}
+        for key, port in ports.items():
+            if port in seen:
+                raise ValueError(f"{seen[port]} and {key} are both {port}: the OpenFlow, REST and inference "
+                                 f"server ports must all differ (one process would answer the other's protocol)")
+            seen[port] = key
+        return self
+
+
+class Experiment(_Model):
+    """One experiment file (see ``experiments/default.yaml``). ``events: []`` (the default): no
+    scenario events; every other list must name at least one item (module docstring)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_NAME_BYTES)
+    seed: int = Field(1, ge=0, le=MAX_SEED)
+    duration_s: Num = Field(gt=0, le=MAX_DURATION_S)
+    policy: PolicyName = "closest"
+    report_interval_s: Num = Field(0.5, ge=MIN_REPORT_INTERVAL_S)
+    aset: AsetSpec | None = None
+    events: list[EventSpec] = []
+    simulation: SimulationSpec = SimulationSpec()
+    topology: TopologySpec
+    cloud: CloudSpec | None = None
+    clusters: list[ClusterSpec] = Field(min_length=1)
+    sources: list[SourceSpec] = Field(min_length=1)
+    applications: list[ApplicationSpec] = Field(min_length=1)
+    workload: list[WorkloadSpec] = Field(min_length=1)
+    emulation: EmulationSpec = EmulationSpec()
+    capture: CaptureSpec | None = None
+    zoo_dir: str = "models/zoo"
+    profiles_dir: str = "models/profiles"
+    runs_dir: str = "runs"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        data = _unit_pair(data, "duration", parse_duration_s, "s")
+        return _unit_pair(data, "report_interval", parse_duration_s, "s")
+
+    @model_validator(mode="after")
+    def _windows(self) -> Experiment:
+        problem = windows_problem(self.duration_s, self.report_interval_s, [a.deadline_ms for a in self.applications])
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _references(self) -> Experiment:
+        names: dict[str, str] = {}
+        for kind, items in (("cluster", self.clusters), ("source", self.sources),
+                            ("application", self.applications)):
+            for it in items:
+                key = it.name if kind != "application" else f"app:{it.name}"
+                if key in names:
+                    raise ValueError(f"{kind} name {it.name!r} is used twice")
+                names[key] = kind
+        apps = {a.name for a in self.applications}
+        srcs = {s.name for s in self.sources}
+        for i, w in enumerate(self.workload):
+            if w.application not in apps:
+                raise ValueError(f"workload[{i}]: unknown application {w.application!r}; known: {sorted(apps)}")
+            if w.sources != "all":
+                for s in w.sources:
+                    if s not in srcs:
+                        raise ValueError(f"workload[{i}]: unknown source {s!r}; known: {sorted(srcs)}")
+            if w.weights is not None:
+                for s in w.weights:
+                    if s not in srcs:
+                        raise ValueError(f"workload[{i}].weights: unknown source {s!r}; known: {sorted(srcs)}")
+        uses_aset = self.policy == "aset" or any(s.policy == "aset" for s in self.sources)
+        if uses_aset and (self.aset is None or not self.aset.checkpoint):
+            raise ValueError("policy 'aset' needs an 'aset:' section with a checkpoint (aset: {checkpoint: PATH})")
+        clusters = {c.name for c in self.clusters}
+        for i, ev in enumerate(self.events):
+            if ev.cluster is not None and ev.cluster not in clusters:
+                raise ValueError(f"events[{i}]: unknown cluster {ev.cluster!r}; known: {sorted(clusters)}")
+        if self.cloud is None:
+            for s in self.sources:
+                if s.site == "cloud":
+                    raise ValueError(f"source {s.name!r} sits in the cloud but the experiment has no 'cloud:' section")
+        for c in self.clusters:
+            if (c.site == "cloud") != (c.tier == "cloud"):
+                raise ValueError(f"cluster {c.name!r}: tier 'cloud' goes with site 'cloud' and only there")
+            if c.site == "cloud" and self.cloud is None:
+                raise ValueError(f"cluster {c.name!r} sits in the cloud but the experiment has no 'cloud:' section")
+        return self
+
+
+#: pydantic error types of a number outside a Field bound (``ge``, ``gt``, ``le``, ``lt``).
+_BOUND_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+
+
+def format_validation_error(exc: ValidationError, path: str, what: str = "experiment") -> str:
+    """One line per pydantic error: its location (e.g. ``links.2.delay``) and message; an error of
+    the whole file (a rule across its items, which names them itself) has no location."""
+    lines = [f"{path}: invalid {what}"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] in _BOUND_ERRORS:  # pydantic states the bound; the value makes it an answer
+            msg += f" (got {err['input']!r})"
+        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
+    return "\n".join(lines)
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read and validate an experiment YAML file.
+
+    Raises:
+        ConfigError: the file is missing, is not YAML, or fails validation; the message lists each
+            offending item by its location (e.g. ``applications.0.deadline``).
+    """
+    from testbed.core.util import InputFileError, read_input_text
+
+    path = Path(path)
+    try:
+        text = read_input_text(path)
+    except InputFileError as exc:
+        raise ConfigError(f"experiment file {exc}") from None
+    try:
+        data = load_yaml(text)
+    except YamlValueError as exc:  # a key twice, an integer too long to read
+        raise ConfigError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        return Experiment.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(path))) from None
