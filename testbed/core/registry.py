@@ -1,0 +1,220 @@
+"""A registry of named items: name -> entry, in registration order, with one error for an unknown name.
+
+The testbed's extension points (policies, event kinds) are each one :class:`Registry`: an item is
+added once, where it is defined, and every list, set and name check is derived from the registry
+instead of being written out by hand. A registry is a read-only :class:`~collections.abc.Mapping`
+(name -> entry, iterated in registration order); it is changed only through :meth:`Registry.add`,
+:meth:`Registry.remove` and :meth:`Registry.temporarily` (for tests).
+
+Views that stay current when an item is added or removed:
+
+- :meth:`Registry.names_view`: the names in registration order, a :class:`NamesView` (a sequence that
+  compares equal to the tuple of the same names);
+- :meth:`Registry.subset`: the names whose entry satisfies a predicate, a :class:`SubsetView` (a set).
+
+Example::
+
+    KINDS: Registry[Kind] = Registry("event kind")
+    KINDS.add("link_down", Kind(...))
+    KINDS.resolve("link_dwn", where="events[0].kind")
+    # UnknownNameError: events[0].kind: unknown event kind 'link_dwn'; known: link_down (did you mean 'link_down'?)
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
+from contextlib import contextmanager
+from typing import Generic, TypeVar, overload
+
+T = TypeVar("T")
+
+
+class UnknownNameError(ValueError):
+    """A name that is not in a registry. ``name`` is the name asked for, ``known`` the registered names
+    (in order), ``where`` the item that named it ("" when not given). The message reads
+    ``[where: ]unknown <kind> 'name'; known: a, b[ (did you mean 'x'?)]``."""
+
+    def __init__(self, message: str, name: str, known: tuple[str, ...], where: str = ""):
+        super().__init__(message)
+        self.name = name
+        self.known = known
+        self.where = where
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """Named entries of one kind (``kind``: the noun errors use, e.g. ``"policy"``), in registration
+    order.
+
+    Args:
+        kind: what an entry is, for the messages ("policy", "event kind").
+    """
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    # -- Mapping ---------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> T:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}: {', '.join(self._items)})"
+
+    # -- changes ---------------------------------------------------------------------------
+    def add(self, name: str, entry: T) -> T:
+        """Register ``entry`` under ``name`` (appended to the order); returns ``entry``.
+
+        Raises:
+            ValueError: ``name`` is empty or already registered.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a {self.kind} needs a non-empty name, got {name!r}")
+        if name in self._items:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        self._items[name] = entry
+        return entry
+
+    def remove(self, name: str) -> T:
+        """Unregister ``name``; returns its entry.
+
+        Raises:
+            UnknownNameError: ``name`` is not registered.
+        """
+        self.resolve(name)
+        return self._items.pop(name)
+
+    @contextmanager
+    def temporarily(self, name: str, entry: T) -> Iterator[T]:
+        """``with registry.temporarily(name, entry):`` the entry is registered inside the block
+        and removed after it (also on an error). For tests.
+
+        Raises:
+            ValueError: ``name`` is already registered.
+        """
+        self.add(name, entry)
+        try:
+            yield entry
+        finally:
+            self._items.pop(name, None)
+
+    # -- look-ups --------------------------------------------------------------------------
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The registered names now, in registration order (a snapshot)."""
+        return tuple(self._items)
+
+    def unknown(self, name: object, where: str = "", extra: Sequence[str] = ()) -> UnknownNameError:
+        """The error for ``name`` not being registered: names ``where`` (the item, e.g.
+        ``sources.atl.policy``), the known names (plus ``extra`` ones the caller also accepts) and
+        a close match when there is one."""
+        known = (*self._items, *extra)
+        text = f"unknown {self.kind} {name!r}; known: {', '.join(known) or '(none)'}"
+        close = difflib.get_close_matches(str(name), known, n=1) if isinstance(name, str) else []
+        if close:
+            text += f" (did you mean {close[0]!r}?)"
+        return UnknownNameError(f"{where}: {text}" if where else text, str(name), tuple(known), where)
+
+    def resolve(self, name: object, where: str = "") -> T:
+        """The entry registered as ``name``.
+
+        Raises:
+            UnknownNameError: ``name`` is not registered (the message as :meth:`unknown`).
+        """
+        try:
+            return self._items[name]  # type: ignore[index]
+        except (KeyError, TypeError):
+            raise self.unknown(name, where) from None
+
+    def names_view(self) -> NamesView:
+        """The names in registration order, kept current (see :class:`NamesView`)."""
+        return NamesView(self)
+
+    def subset(self, keep: Callable[[T], bool]) -> SubsetView:
+        """The names whose entry satisfies ``keep``, kept current (see :class:`SubsetView`)."""
+        return SubsetView(self, keep)
+
+
+class NamesView(Sequence[str]):
+    """A registry's names in registration order, read when used (an item added or removed later
+    shows). Compares equal to a tuple, list or view of the same names; pickles as a tuple."""
+
+    def __init__(self, registry: Registry):
+        self._registry = registry
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[str, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> str | tuple[str, ...]:
+        return self._registry.names[i]
+
+    def __len__(self) -> int:
+        return len(self._registry)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._registry.names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._registry
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (tuple, list, NamesView)):
+            return self._registry.names == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._registry.names)
+
+    def __repr__(self) -> str:
+        return repr(self._registry.names)
+
+    def __reduce__(self) -> tuple:
+        return tuple, (self._registry.names,)
+
+
+class SubsetView(Set[str]):
+    """The names of a registry whose entry satisfies a predicate, read when used. Compares equal to
+    a set or frozenset of the same names; pickles as a frozenset."""
+
+    def __init__(self, registry: Registry, keep: Callable):
+        self._registry = registry
+        self._keep = keep
+
+    def _now(self) -> tuple[str, ...]:
+        return tuple(n for n, e in self._registry.items() if self._keep(e))
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            return name in self._registry and bool(self._keep(self._registry[name]))  # type: ignore[index]
+        except TypeError:  # an unhashable name
+            return False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now())
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+    def __hash__(self) -> int:
+        return self._hash()
+
+    def __repr__(self) -> str:
+        return f"{{{', '.join(map(repr, self._now()))}}}"
+
+    def __reduce__(self) -> tuple:
+        return frozenset, (self._now(),)
+
+
+__all__ = ["NamesView", "Registry", "SubsetView", "UnknownNameError"]
