@@ -11,7 +11,7 @@ from rich.console import Console
 
 from testbed.core.util import repo_path, write_json_atomic
 from testbed.plan.build import Plan
-from testbed.sim.core import SimError, Simulator
+from testbed.sim.engine import SimError, Simulator
 from testbed.spec.experiment import drain_s
 
 

@@ -1,0 +1,311 @@
+"""A cluster's server on the virtual clock: the model's queue and CPU quota, its workers'
+completions, outages, and the unthrottled service-time draws (:class:`ServiceSampler`).
+
+A cluster is advanced on its own between two load reports (:meth:`Cluster.advance`): a merge of
+its arrivals with its workers' completions, no global event heap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import operator
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from testbed.model import queue as mq
+from testbed.model.cpu import CfsQuota
+from testbed.model.dispatch import Heard
+from testbed.model.records import CONNECTION_REFUSED
+from testbed.model.service import ServiceFigures
+from testbed.sim.columns import Queries
+
+INF = math.inf
+
+
+class ServiceSampler:
+    """Unthrottled service times (ms) of one model at one cluster: ``mean_ms``, ``p95_ms``,
+    ``draw() -> ms``. Built from the plan's samples (bootstrap); tests inject :meth:`exponential`
+    or :meth:`deterministic` ones."""
+
+    def __init__(self, mean_ms: float, p95_ms: float, sampler: Callable, rng: np.random.Generator, block: int = 4096):
+        self.mean_ms, self.p95_ms = float(mean_ms), float(p95_ms)
+        self._sampler, self._rng, self._block = sampler, rng, block
+        self._buf: list[float] = []
+        self._i = 0
+
+    def draw(self) -> float:
+        """One service time, ms."""
+        if self._i >= len(self._buf):
+            self._buf = np.asarray(self._sampler(self._rng, self._block), dtype=float).tolist()
+            self._i = 0
+        v = self._buf[self._i]
+        self._i += 1
+        return v
+
+    @classmethod
+    def bootstrap(cls, fig: ServiceFigures, rng: np.random.Generator, scale: float = 1.0) -> ServiceSampler:
+        """Draws from ``fig.samples_ms`` x ``scale`` (uniform with replacement)."""
+        arr = np.asarray(fig.samples_ms, dtype=float) * scale
+        return cls(float(arr.mean()), float(np.percentile(arr, 95)), lambda r, n: r.choice(arr, size=n), rng)
+
+    @classmethod
+    def exponential(cls, mean_ms: float, rng: np.random.Generator) -> ServiceSampler:
+        """Exponential service of mean ``mean_ms`` (M/M/c checks)."""
+        return cls(mean_ms, mean_ms * math.log(20), lambda r, n: r.exponential(mean_ms, n), rng)
+
+    @classmethod
+    def deterministic(cls, ms: float, rng: np.random.Generator) -> ServiceSampler:
+        """Constant service ``ms`` (M/D/1 checks)."""
+        return cls(ms, ms, lambda r, n: np.full(n, ms), rng)
+
+
+UP, KILLED, STOPPED = 0, 1, 2
+
+
+class Cluster:
+    """A cluster's server on the virtual clock: the model's queue and CPU quota, its workers'
+    completions, and what an outage does (``kill``: refused; ``stop``: frozen until resumed)."""
+
+    def __init__(self, q: Queries, res: list[tuple[float, int]] | None, idx: int, name: str, tier: str, spec,
+                 figures: dict[int, ServiceFigures],
+                 samplers: dict[int, ServiceSampler], batch_sampler: Callable[[int, int], ServiceSampler]):
+        self.q, self.res, self.idx, self.name, self.tier = q, res, idx, name, tier
+        self.figures, self.samplers, self.batch_sampler = figures, samplers, batch_sampler
+        fig0 = next(iter(figures.values()))
+        self.workers = fig0.workers
+        self.queue = mq.ServerQueue(fig0.workers, spec.queue_limit, spec.server.discipline, spec.server.admission,
+                                    spec.server.max_batch, spec.server.max_queue_delay_ms / 1e3,
+                                    {m: f.busy_mean_ms / 1e3 for m, f in figures.items()})
+        #: request handling (s of CPU per request, per model) and cold-call factors: the model's
+        #: CPU rules (:mod:`testbed.model.cpu`); handling runs on one thread, in arrival order
+        self.handling_s = {m: f.handling_ms / 1e3 for m, f in figures.items()}
+        #: None when no model has cold calls: the quota then skips its idleness tracking per call
+        self.cold = {m: f.cold_factor for m, f in figures.items()} \
+            if any(f.cold_factor != 1.0 for f in figures.values()) else None
+        self.handles = any(h > 0 for h in self.handling_s.values())
+        self.quota = CfsQuota(fig0.cores, fig0.threads, fig0.workers, handling=self.handles)
+        #: the request being handled (t1, query, model, deadline) and when its handling ends (INF:
+        #: none), and those waiting for the event loop behind it
+        self.h_cur: tuple[float, int, int, float] | None = None
+        self.h_end = INF
+        self.h_wait: deque[tuple[float, int, int, float]] = deque()
+        #: arrivals (t1, query, model, deadline) sorted by t1, processed up to pi (what the loop
+        #: needs of a query travels with it: fewer column lookups on the hot path)
+        self.pending: list[tuple[float, int, int, float]] = []
+        self.pi = 0
+        #: model calls in progress: (end, first query, queries, start); a query starts at most once,
+        #: so its number breaks ties between equal ends
+        self.comp: list[tuple[float, int, list[int], float]] = []
+        self.state = UP
+        self.floor_s = 0.0  # nothing happens before this time (a stopped server resumes then)
+        self.t_last = 0.0
+        self.busy_started = 0.0  # total duration of started model calls, s
+        self.served = self.dropped = self.lost = 0
+        self._busy_mark = 0.0
+
+    # -- state --
+    def cum_busy(self, t: float) -> float:
+        """Worker-seconds of model calls done up to ``t`` (started minus the unserved remainder)."""
+        return self.busy_started - sum(e - max(t, s) for e, _, _, s in self.comp if e > t)
+
+    def mean_wait_s(self) -> float:
+        """Mean t2 - t1 (s) of the queries this cluster started (queueing-theory checks)."""
+        q = self.q
+        waits = [t2 - t1 for c, t1, t2 in zip(q.cl, q.t1, q.t2, strict=True) if c == self.idx and t2 is not None]
+        return sum(waits) / len(waits) if waits else 0.0
+
+    def snapshot(self, t: float, interval_s: float) -> Heard:
+        """The report a dispatcher hears (stale until the next report); down while not UP."""
+        cb = self.cum_busy(t)
+        util = (cb - self._busy_mark) / (interval_s * self.workers) if interval_s > 0 else 0.0
+        self._busy_mark = cb
+        return Heard(len(self.queue), self.queue.busy, self.workers, min(1.0, max(0.0, util)), self.state == UP, t)
+
+    def add(self, items: list[tuple[float, int, int, float]]) -> None:
+        """New arrivals (t1, query, model, deadline), any order."""
+        if self.pi:
+            del self.pending[: self.pi]
+            self.pi = 0
+        self.pending.extend(items)
+        self.pending.sort(key=_first)
+
+    # -- service --
+    def _refuse(self, qi: int, status: int, reason: str, t: float) -> None:
+        """``qi`` is answered at once without service: 503 (``reason``) or refused (server down)."""
+        q = self.q
+        q.status[qi] = status
+        if reason:
+            q.reason[qi] = reason
+        q.t4[qi] = t4 = t + q.back[qi]
+        res = self.res
+        if res is not None and t4 < q.dl[qi]:
+            heapq.heappush(res, (t4, qi))
+
+    def advance(self, until: float) -> None:
+        """Process every completion, batch start and arrival before ``until`` (s), in time order
+        (at equal times: completions, then batch starts, then arrivals). The queue's rules are the
+        model's (:class:`ServerQueue`); here only the clock and the bookkeeping: a started call's
+        end comes from the CPU quota (:class:`CfsQuota`) and a drawn unthrottled service time.
+        With request handling, an arrival first waits for the one event-loop thread, whose
+        handling the quota also pays (:meth:`CfsQuota.handle`), and reaches the queue when it
+        ends (at equal times: completions, batch starts, handling ends, arrivals)."""
+        q, queue = self.q, self.queue
+        pend, comp, heap = self.pending, self.comp, queue.heap
+        i, n = self.pi, len(pend)
+        batching = queue.max_batch > 1
+        arrive, complete, due, take = queue.arrive, queue.complete, queue.due, queue.take
+        run, samplers, batch_sampler = self.quota.run, self.samplers, self.batch_sampler
+        handles, cold = self.handles, self.cold
+        models, dls, qlens, t1s, t2s, t3s, batch, back = q.model, q.dl, q.qlen, q.t1, q.t2, q.t3, q.batch, q.back
+        res, push, pop = self.res, heapq.heappush, heapq.heappop
+        killed, started, waiting = self.state == KILLED, mq.STARTED, mq.WAITING
+        t_last, floor = self.t_last, self.floor_s
+        busy, served = 0.0, 0
+        while True:
+            ta = pend[i][0] if i < n else INF
+            late = ta < floor  # came while the server was stopped: read when it resumes
+            if late:
+                ta = floor
+            tc = comp[0][0] if comp else INF
+            tb = max(due(t_last), floor) if batching else INF
+            th = self.h_end
+            if tc <= ta and tc <= tb and tc <= th:  # a worker finishes; without batching it takes the next query
+                if tc >= until:
+                    break
+                t = t_last = tc
+                pop(comp)
+                items = complete(tc)
+                if items is None:
+                    continue
+                model = models[items[0]]
+            elif tb <= ta and tb <= th:  # a batch is due
+                if tb >= until:
+                    break
+                t = t_last = tb
+                _, items = take(tb)
+                model = models[items[0]]
+            else:
+                if th <= ta:  # a request's handling ends: it reaches the queue
+                    if th >= until:
+                        break
+                    t = t_last = th
+                    _, qi, model, dl = self.h_cur
+                    self._next_handling(th)
+                else:  # an arrival
+                    if ta >= until:
+                        break
+                    item = pend[i]
+                    _, qi, model, dl = item
+                    i += 1
+                    t = t_last = ta
+                    if late:
+                        t1s[qi] = ta
+                    if killed:
+                        self.lost += 1
+                        self._refuse(qi, CONNECTION_REFUSED, "", ta)
+                        continue
+                    if handles:
+                        self._begin_handling(ta, item)
+                        continue
+                qlens[qi] = len(heap)
+                code = arrive(qi, model, t, dl)
+                if code != started:
+                    if code != waiting:
+                        self.dropped += 1
+                        self._refuse(qi, 503, mq.REASONS[code], t)
+                    continue
+                items = [qi]
+            # a worker starts one model call for `items` at t
+            k = len(items)
+            wall = (samplers[model] if k == 1 else batch_sampler(model, k)).draw() / 1e3
+            end = run(t, wall, cold[model]) if cold is not None else run(t, wall)
+            push(comp, (end, items[0], items, t))
+            busy += end - t
+            served += k
+            for qi in items:
+                t2s[qi] = t
+                t3s[qi] = end
+                if k > 1:
+                    batch[qi] = k
+                if res is not None and end + back[qi] < dls[qi]:
+                    push(res, (end + back[qi], qi))
+        self.pi, self.t_last = i, t_last
+        self.busy_started += busy
+        self.served += served
+
+    def _begin_handling(self, t: float, item: tuple[float, int, int, float]) -> None:
+        """``item`` arrives at ``t``: handled now if the event loop is free, else after those before it."""
+        if self.h_cur is None:
+            self.h_cur = item
+            self.h_end = self.quota.handle(t, self.handling_s[item[2]])
+        else:
+            self.h_wait.append(item)
+
+    def _next_handling(self, t: float) -> None:
+        """The current request's handling ended at ``t``: the loop takes the next one waiting."""
+        if self.h_wait:
+            self.h_cur = item = self.h_wait.popleft()
+            self.h_end = self.quota.handle(t, self.handling_s[item[2]])
+        else:
+            self.h_cur, self.h_end = None, INF
+
+    # -- outages --
+    def down(self, t: float, mode: str, resume_s: float) -> None:
+        """The server goes down at ``t``: ``kill`` (what it holds gets connection resets, arrivals
+        are refused) or ``stop`` (frozen until ``resume_s``; model calls in progress end that much
+        later)."""
+        if self.state != UP:
+            return
+        q = self.q
+        if mode == "stop":
+            self.state, self.floor_s = STOPPED, resume_s
+            shift = resume_s - t
+            moved = []
+            for end, seq, items, start in self.comp:
+                if end > t:
+                    end += shift
+                    for qi in items:
+                        q.t3[qi] = end
+                        a4 = end + q.back[qi]
+                        if self.res is not None and a4 < q.dl[qi]:
+                            heapq.heappush(self.res, (a4, qi))
+                moved.append((end, seq, items, start))
+            self.comp = moved
+            heapq.heapify(self.comp)
+            if self.h_cur is not None and self.h_end > t:
+                self.h_end += shift
+            return
+        self.state = KILLED
+        held = ([self.h_cur] if self.h_cur is not None else []) + list(self.h_wait)
+        self.h_cur, self.h_end = None, INF
+        self.h_wait.clear()
+        for _, qi, _, _ in held:
+            self.lost += 1
+            self._refuse(qi, CONNECTION_REFUSED, "", t)
+        for qi in self.queue.clear():
+            self.lost += 1
+            self._refuse(qi, CONNECTION_REFUSED, "", t)
+        for end, _, items, start in self.comp:
+            if end > t:
+                self.busy_started -= end - max(t, start)
+                self.served -= len(items)
+                for qi in items:
+                    q.t2[qi] = q.t3[qi] = None
+                    self.lost += 1
+                    self._refuse(qi, CONNECTION_REFUSED, "", t)
+        self.comp = []  # calls that ended by t have answered already; the rest were lost above
+        self.quota.reset()
+
+    def up(self, t: float) -> None:
+        """The server is back at ``t`` (restarted after a kill, or resumed after a stop)."""
+        if self.state == STOPPED:
+            self.floor_s = max(self.t_last, t)
+        self.state = UP
+
+
+_first = operator.itemgetter(0)
+
+__all__ = ["KILLED", "STOPPED", "UP", "Cluster", "ServiceSampler"]

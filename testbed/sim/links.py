@@ -1,0 +1,128 @@
+"""The network on the simulator's virtual clock: routes, one-way message times, link bytes and
+utilization (the model's :class:`~testbed.model.network.NetworkState`; routes recomputed after
+every network event)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import sparse
+
+from testbed.model.network import transfer_ms
+
+INF = math.inf
+
+
+class Links:
+    """The :class:`~testbed.sim.engine.Simulator`'s network part: ``fwd_app[a][s][c]`` request
+    and ``back_s[s][c]`` response one-way times (s), loss per path, link bytes and utilization."""
+
+    def _init_network(self) -> None:
+        plan = self.plan
+        self.net = plan.network_state()
+        self.link_keys = [(lk.a, lk.b) for lk in plan.links]
+        self.src_switch = [plan.host(s).switch for s in self.sources]
+        self.cl_switch = [plan.host(c.name).switch for c in self.clusters]
+        self.host_bw = {h.name: h.bandwidth_mbps for h in plan.hosts}
+        self.req_bytes_app = [plan.request_bytes[a.name] for a in self.apps]
+        self.resp_bytes = self.exp.simulation.response_bytes
+        self.overhead_s = self.exp.simulation.overhead_ms / 1e3
+        self.per_hop_ms = self.exp.simulation.per_hop_ms
+        self.warmup_s = self.exp.simulation.warmup_s
+        self.rtt_plan = np.array([[plan.rtt_ms(s, c.name) for c in self.clusters] for s in self.sources])
+        self._link_bits = np.zeros((len(self.link_keys), 2))
+        self._resp = np.zeros((len(self.sources), len(plan.clusters)))  # responses per (source, cluster)
+        self.link_util: dict[tuple[str, str], float] = dict.fromkeys(self.link_keys, 0.0)
+        self.loss_rng = [np.random.default_rng([self.seed, 5, i]) for i in range(len(self.sources))]
+        self._route()
+
+    def _route(self) -> None:
+        """Routes (least delay over links that are up) and the one-way times along them, after
+        any network change: ``fwd_app[a][s][c]`` request time (s), ``back_s[s][c]`` response time."""
+        nS, nC, nL = len(self.sources), len(self.clusters), len(self.link_keys)
+        pairs = {(self.src_switch[si], self.cl_switch[ci]) for si in range(nS) for ci in range(nC)}
+        routes = self.net.routes(pairs)
+        lidx = {k: i for i, k in enumerate(self.link_keys)} | {(b, a): i for i, (a, b) in enumerate(self.link_keys)}
+        rows: list[int] = []  # (source x nC + cluster) of each link traversal
+        cols: list[int] = []  # its link
+        ab: list[bool] = []  # traversed a -> b (else b -> a)
+        self.path_li: list[list[list[int]]] = [[[] for _ in range(nC)] for _ in range(nS)]
+        self.paths: list[list[list[str] | None]] = [[None] * nC for _ in range(nS)]
+        self.loss_pct = np.zeros((nS, nC))
+        back = np.full((nS, nC), INF)
+        fwd = [np.full((nS, nC), INF) for _ in self.apps]
+        for si in range(nS):
+            hs = self.host_bw[self.sources[si]]
+            for ci in range(nC):
+                path = routes[(self.src_switch[si], self.cl_switch[ci])]
+                self.paths[si][ci] = path
+                if path is None:
+                    continue
+                hc = self.host_bw[self.clusters[ci].name]
+                hops = len(path) - 1
+                for a, b in zip(path, path[1:], strict=False):
+                    li = lidx[(a, b)]
+                    rows.append(si * nC + ci)
+                    cols.append(li)
+                    ab.append(self.link_keys[li] == (a, b))
+                    self.path_li[si][ci].append(li)
+                self.loss_pct[si, ci] = self.net.path_loss_pct(path)
+                extra = hops * self.per_hop_ms / 2
+                back[si, ci] = (self.net.path_ms(path[::-1], self.resp_bytes)
+                                + _host_ms(self.resp_bytes, hs, hc, self.net.mss) + extra) / 1e3
+                for ai, nb in enumerate(self.req_bytes_app):
+                    fwd[ai][si, ci] = (self.net.path_ms(path, nb) + _host_ms(nb, hs, hc, self.net.mss) + extra) / 1e3 \
+                        + self.overhead_s
+        self.back_s = back.tolist()
+        self.fwd_app = [f.tolist() for f in fwd]
+        # (source, cluster) x link incidence per direction of traversal, sparse: a few hops per path
+        ab_arr, r, c = np.array(ab, dtype=bool), np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
+        self._inc_dir = tuple(sparse.csr_array((np.ones(int(m.sum())), (r[m], c[m])), shape=(nS * nC, nL))
+                              for m in (ab_arr, ~ab_arr))
+
+    def _count_link_bytes(self, counts: np.ndarray, nbytes: int, direction: int) -> None:
+        if not counts.any():
+            return
+        c = counts.ravel()
+        along, against = (c @ m for m in self._inc_dir)  # per link, traversed a -> b / b -> a
+        per_link, per_link_rev = (along, against) if direction == 0 else (against, along)
+        self._link_bits[:, 0] += per_link * nbytes * 8
+        self._link_bits[:, 1] += per_link_rev * nbytes * 8
+
+    def _link_report(self, t: float) -> None:
+        links = self.net.links
+        cap = np.array([lk.capacity_mbps for lk in links]) * 1e6 * self.R
+        bg = np.array([[lk.bg_ab, lk.bg_ba] for lk in links]) * 1e6 * self.R
+        bits = self._link_bits + bg
+        util = np.minimum(1.0, bits / cap[:, None])
+        self.link_util = {k: float(max(u)) for k, u in zip(self.link_keys, util, strict=True)}
+        if self.record:
+            for (a, b), lk, u, bt in zip(self.link_keys, links, util, bits, strict=True):
+                self.link_rows.append({"t": round(t, 6), "a": a, "b": b, "kind": "switch",
+                                       "capacity_mbps": lk.capacity_mbps, "rate_mbps_ab": bt[0] / self.R / 1e6,
+                                       "rate_mbps_ba": bt[1] / self.R / 1e6, "util_ab": float(u[0]),
+                                       "util_ba": float(u[1]), "drops_ab": 0, "drops_ba": 0, "drops_total": 0})
+        self._link_bits[:] = 0
+
+    def link_utilization(self) -> dict[tuple[str, str], float]:
+        """Per link (switch a, switch b): utilization 0..1 over the last report interval (the busier
+        direction; query bytes + background traffic)."""
+        return dict(self.link_util)
+
+    def path_links(self, source: str, cluster: str) -> list[tuple[str, str]]:
+        """The links (switch pairs, as in :meth:`link_utilization`) of the current source -> cluster route."""
+        si, ci = self.src_index[source], self.cl_index[cluster]
+        return [self.link_keys[i] for i in sorted(self.path_li[si][ci])]
+
+    def path_rtt_ms(self, source: str, cluster: str) -> float:
+        """The plan's RTT (ms) source -> cluster (what the dispatchers assume)."""
+        return float(self.rtt_plan[self.src_index[source], self.cl_index[cluster]])
+
+
+def _host_ms(nbytes: int, mbps_source: float, mbps_cluster: float, mss: int) -> float:
+    """Transfer time (ms) of a message on the two host links (0 ms delay each), ``mss`` bytes per frame."""
+    return transfer_ms(nbytes, mbps_source, mss) + transfer_ms(nbytes, mbps_cluster, mss)
+
+
+__all__ = ["Links"]
