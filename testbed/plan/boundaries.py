@@ -26,7 +26,8 @@ from testbed.core.errors import InputError
 from testbed.model.cpu import threads_per_call
 from testbed.model.dispatch import OptionSpec
 from testbed.model.records import GRACE_MS
-from testbed.spec.experiment import AsetSpec, WorkloadSpec
+from testbed.plan.build import Plan
+from testbed.spec.experiment import AsetSpec, WorkloadSpec, format_validation_error
 from testbed.spec.serving import Runtime
 
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
@@ -79,20 +80,19 @@ class ServerConfig(_Boundary):
         return self
 
     @classmethod
-    def from_plan(cls, plan, cluster: str, port: int, run_dir: Path | None = None) -> ServerConfig:
+    def from_plan(cls, plan: Plan, cluster: str, port: int, run_dir: Path | None = None) -> ServerConfig:
         """The server of ``cluster`` as the plan has it (files in ``run_dir/clusters/``)."""
         spec = next(c for c in plan.experiment.clusters if c.name == cluster)
-        srv = spec.server
-        figs = plan.services[cluster]
+        q = plan.queue(cluster)
         files = {} if run_dir is None else {
             "stats_file": str(Path(run_dir) / "clusters" / f"{cluster}.stats.json"),
             "ready_file": str(Path(run_dir) / "clusters" / f"{cluster}.ready.json")}
         return cls(cluster=cluster, port=port, zoo_dir=plan.zoo_dir, models=list(spec.models),
-                   runtimes={m: srv.runtime_of(m) for m in spec.models}, workers=spec.workers,
-                   threads=threads_per_call(spec.cpu_cores, spec.workers), queue_limit=spec.queue_limit,
-                   discipline=srv.discipline, admission=srv.admission, max_batch=srv.max_batch,
-                   max_queue_delay_ms=srv.max_queue_delay_ms, warmup_calls=srv.warmup_calls,
-                   cpu_cores=spec.cpu_cores, mean_service_ms={m: f.busy_mean_ms for m, f in figs.items()},
+                   runtimes={m: spec.server.runtime_of(m) for m in spec.models}, workers=q.workers,
+                   threads=threads_per_call(spec.cpu_cores, spec.workers), queue_limit=q.queue_limit,
+                   discipline=q.discipline, admission=q.admission, max_batch=q.max_batch,
+                   max_queue_delay_ms=q.max_queue_delay_ms, warmup_calls=spec.server.warmup_calls,
+                   cpu_cores=spec.cpu_cores, mean_service_ms=dict(q.mean_service_ms),
                    stats_interval_s=plan.experiment.emulation.stats_interval_s, **files)
 
 
@@ -163,10 +163,9 @@ class SourceConfig(_Boundary):
     go_file: str | None = None
 
     @classmethod
-    def from_plan(cls, plan, source: str, start_ns: int, duration_s: float, run_dir: Path) -> SourceConfig | None:
+    def from_plan(cls, plan: Plan, source: str, start_ns: int, duration_s: float, run_dir: Path) -> SourceConfig | None:
         """The config of ``source`` (None when no workload entry selects it)."""
         exp = plan.experiment
-        hosts = {h.name: h for h in plan.hosts}
         streams = [StreamConfig(index=wi, spec=w, weight=plan.weights[wi][source])
                    for wi, w in enumerate(exp.workload) if source in plan.weights[wi]]
         if not streams:
@@ -174,12 +173,7 @@ class SourceConfig(_Boundary):
         names = {st.spec.application for st in streams}
         apps = [AppInfo(name=a.name, family=a.family, deadline_ms=a.deadline_ms, min_accuracy=a.min_accuracy)
                 for a in exp.applications if a.name in names]
-        options = []
-        for c in plan.clusters:
-            for m, f in plan.services[c.name].items():
-                options.append(SourceOption(ip=hosts[c.name].ip, option=OptionSpec(
-                    c.name, m, plan.rtt_ms(source, c.name), f.expected_ms, f.busy_mean_ms,
-                    plan.models[m].accuracy, c.tier or "", f.workers, plan.models[m].family)))
+        options = [SourceOption(option=o, ip=plan.host(o.cluster).ip) for o in plan.options(source)]
         path_links = {p.cluster: list(zip(p.switches, p.switches[1:], strict=False))
                       for p in plan.paths if p.source == source}
         spec_s = next(x for x in exp.sources if x.name == source)
@@ -295,7 +289,7 @@ class ControllerConfig(_Boundary):
         return self
 
     @classmethod
-    def from_plan(cls, plan, host_ports: dict[str, int]) -> ControllerConfig:
+    def from_plan(cls, plan: Plan, host_ports: dict[str, int]) -> ControllerConfig:
         """The controller's view of the plan; ``host_ports``: host -> its switch's port number."""
         dpid = {s.name: s.dpid for s in plan.switches}
         return cls(switches=[SwitchEntry(name=s.name, dpid=s.dpid) for s in plan.switches],
@@ -315,8 +309,6 @@ def read_config(path: str | Path, model: type[M]) -> M:
         InputError: the file is missing or unreadable, or does not validate (the message names
             the file and each offending field).
     """
-    from testbed.spec.experiment import format_validation_error
-
     path = Path(path)
     try:
         text = path.read_text()

@@ -60,6 +60,8 @@ import ipaddress
 import math
 import os
 import re
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import networkx as nx
@@ -68,8 +70,10 @@ from pydantic import BaseModel, ConfigDict
 from testbed.core.errors import InputError, naming_file
 from testbed.core.util import repo_path, write_json_atomic
 from testbed.model.cpu import threads_per_call
+from testbed.model.dispatch import OptionSpec
 from testbed.model.events import VALUE_FIELD, Change, expand
 from testbed.model.network import NetworkState, mss_of, transfer_ms
+from testbed.model.queue import ServerQueue
 from testbed.model.service import ServiceFigures, service_figures
 from testbed.plan.catalog import Catalog, CatalogError, ModelInfo, ZooCatalog
 from testbed.spec import experiment as cfg
@@ -151,6 +155,35 @@ class PathInfo(_PlanModel):
         return 2.0 * self.one_way_ms
 
 
+@dataclass(frozen=True)
+class QueueSettings:
+    """One cluster's server queue as the plan fixes it (the arguments of
+    :class:`testbed.model.queue.ServerQueue`): ``workers`` W, ``queue_limit`` (most waiting
+    queries), ``discipline`` fifo | edf, ``admission``, ``max_batch`` (inputs per call),
+    ``max_queue_delay_ms`` (longest a batch waits to fill, ms) and ``mean_service_ms``: model ->
+    its mean call time when the cluster is busy (ms; admission's estimate, the plan's
+    ``busy_mean_ms``)."""
+
+    workers: int
+    queue_limit: int
+    discipline: str
+    admission: bool
+    max_batch: int
+    max_queue_delay_ms: float
+    mean_service_ms: dict[str, float]
+
+    def server_queue(self, key: Mapping[str, Hashable] | None = None) -> ServerQueue:
+        """A fresh :class:`~testbed.model.queue.ServerQueue` with these settings; ``key`` renames
+        the models (model name -> the caller's handle, e.g. the simulator's model index).
+
+        Raises:
+            ValueError: a setting out of range (from the queue).
+        """
+        mean_s = {(key[m] if key is not None else m): ms / 1e3 for m, ms in self.mean_service_ms.items()}
+        return ServerQueue(self.workers, self.queue_limit, self.discipline, self.admission, self.max_batch,
+                           self.max_queue_delay_ms / 1e3, mean_s)
+
+
 class Plan(_PlanModel):
     """Everything ``testbed run`` and ``testbed simulate`` execute, resolved and validated.
 
@@ -207,6 +240,27 @@ class Plan(_PlanModel):
             if p.source == source and p.cluster == cluster:
                 return p.rtt_ms
         raise KeyError((source, cluster))
+
+    def options(self, source: str) -> list[OptionSpec]:
+        """The (cluster, model) options of ``source``'s dispatcher, clusters in plan order and each
+        cluster's models in its order: the planned RTT, the service times there, the model's
+        accuracy and family, the cluster's tier and W (KeyError for an unknown source)."""
+        rtt = {p.cluster: p.rtt_ms for p in self.paths if p.source == source}
+        if not rtt:
+            raise KeyError(source)
+        return [OptionSpec(c.name, m, rtt[c.name], f.expected_ms, f.busy_mean_ms, self.models[m].accuracy,
+                           c.tier or "", f.workers, self.models[m].family)
+                for c in self.clusters for m, f in self.services[c.name].items()]
+
+    def queue(self, cluster: str) -> QueueSettings:
+        """The server queue of ``cluster`` (its spec's settings, the plan's busy means; KeyError if none)."""
+        spec = next((c for c in self.experiment.clusters if c.name == cluster), None)
+        if spec is None:
+            raise KeyError(cluster)
+        srv = spec.server
+        return QueueSettings(spec.workers, spec.queue_limit, srv.discipline, srv.admission, srv.max_batch,
+                             srv.max_queue_delay_ms,
+                             {m: f.busy_mean_ms for m, f in self.services[cluster].items()})
 
     def network_state(self) -> NetworkState:
         """The model's state of the switch links as planned (delays, capacities, loss, the MTU)."""
@@ -932,6 +986,6 @@ def plan_experiment(path: str | Path, catalog: Catalog | None = None) -> Plan:
         raise naming_file(exc, path) from None
 
 
-__all__ = ["Host", "Link", "PathInfo", "Plan", "PlanError", "Switch", "TopologyError", "build_plan",
+__all__ = ["Host", "Link", "PathInfo", "Plan", "PlanError", "QueueSettings", "Switch", "TopologyError", "build_plan",
            "check_load_bounds", "events_after_end", "plan_experiment", "run_dir_limit_problem",
            "runs_dir_problem"]

@@ -69,16 +69,15 @@ class Cluster:
     """A cluster's server on the virtual clock: the model's queue and CPU quota, its workers'
     completions, and what an outage does (``kill``: refused; ``stop``: frozen until resumed)."""
 
-    def __init__(self, q: Queries, res: list[tuple[float, int]] | None, idx: int, name: str, tier: str, spec,
+    def __init__(self, q: Queries, res: list[tuple[float, int]] | None, idx: int, name: str, tier: str,
+                 queue: mq.ServerQueue,
                  figures: dict[int, ServiceFigures],
                  samplers: dict[int, ServiceSampler], batch_sampler: Callable[[int, int], ServiceSampler]):
         self.q, self.res, self.idx, self.name, self.tier = q, res, idx, name, tier
         self.figures, self.samplers, self.batch_sampler = figures, samplers, batch_sampler
         fig0 = next(iter(figures.values()))
         self.workers = fig0.workers
-        self.queue = mq.ServerQueue(fig0.workers, spec.queue_limit, spec.server.discipline, spec.server.admission,
-                                    spec.server.max_batch, spec.server.max_queue_delay_ms / 1e3,
-                                    {m: f.busy_mean_ms / 1e3 for m, f in figures.items()})
+        self.queue = queue  # the plan's settings (testbed.plan.build.Plan.queue), models by index
         #: request handling (s of CPU per request, per model) and cold-call factors: the model's
         #: CPU rules (:mod:`testbed.model.cpu`); handling runs on one thread, in arrival order
         self.handling_s = {m: f.handling_ms / 1e3 for m, f in figures.items()}

@@ -30,7 +30,7 @@ import numpy as np
 from testbed.core.errors import InputError
 from testbed.model import policies as pol
 from testbed.model.arrivals import make_process
-from testbed.model.dispatch import Dispatcher, OptionSpec
+from testbed.model.dispatch import Dispatcher
 from testbed.model.network import TCP_RTO_MIN_MS, p_retransmit, wire_bytes
 from testbed.model.service import ServiceFigures, batch_scale
 from testbed.plan.build import Plan
@@ -117,7 +117,6 @@ class Simulator(Links, RunColumns):
 
     def _init_clusters(self, service: Callable[[str, str], ServiceSampler] | None) -> None:
         plan, mi = self.plan, self.model_index
-        specs = {c.name: c for c in self.exp.clusters}
         self.clusters: list[Cluster] = []
         for ci, h in enumerate(plan.clusters):
             figs = {mi[m]: f for m, f in plan.services[h.name].items()}
@@ -125,8 +124,9 @@ class Simulator(Links, RunColumns):
             for m, f in figs.items():
                 rng = np.random.default_rng([self.seed, 2, ci, m])
                 samplers[m] = service(h.name, self.model_names[m]) if service else ServiceSampler.bootstrap(f, rng)
-            self.clusters.append(Cluster(self.q, self.res_heap, ci, h.name, h.tier or "", specs[h.name], figs, samplers,
-                                          self._batch_sampler_fn(ci, figs, samplers, service is not None)))
+            queue = plan.queue(h.name).server_queue(mi)
+            self.clusters.append(Cluster(self.q, self.res_heap, ci, h.name, h.tier or "", queue, figs, samplers,
+                                         self._batch_sampler_fn(ci, figs, samplers, service is not None)))
         self.cl_index = {c.name: c.idx for c in self.clusters}
 
     def _batch_sampler_fn(self, ci: int, figs: dict[int, ServiceFigures], samplers: dict[int, ServiceSampler],
@@ -164,11 +164,7 @@ class Simulator(Links, RunColumns):
             if p == "aset":
                 p = "closest"  # the live agent replaces it per window; a plain simulation starts with closest
             self._check_policy(p)
-            opts = [OptionSpec(c.name, self.model_names[m], float(self.rtt_plan[si, c.idx]), f.expected_ms,
-                               f.busy_mean_ms, self.accuracy[m], c.tier, f.workers,
-                               self.plan.models[self.model_names[m]].family)
-                    for c in self.clusters for m, f in c.figures.items()]
-            self.dispatchers.append(Dispatcher(opts, p, np.random.default_rng([self.seed, 3, si])))
+            self.dispatchers.append(Dispatcher(self.plan.options(s), p, np.random.default_rng([self.seed, 3, si])))
 
     def _init_events(self) -> None:
         self.changes = list(self.plan.changes)
