@@ -9,17 +9,17 @@ A query is only ever sent to a model of its application's family (the models of 
 answer another question): the options a policy sees are those of that family.
 Both engines go through :class:`Dispatcher`; neither builds options of its own.
 
-A dispatcher also knows its own in-flight queries (system-model.md, 2026-12-01): the queries it
-sent to each cluster since it last heard from that cluster, which the report cannot contain yet
-(our definition: the same in both engines, reset by each report). Its estimate of a cluster is
-the report plus them: ``n = queue_len + busy + sent``, of which ``min(n, workers)`` busy and the
-rest waiting. Without it, every dispatcher of a load-aware policy sends everything to the
-cluster that looked idlest at the last report (herding).
+A dispatcher also knows its own in-flight queries (``docs/system-model.md``, "The dispatcher and
+what it knows"): the queries it sent to each cluster since it last heard from that cluster, which
+the report cannot contain yet (our definition: the same in both engines, reset by each report).
+Its estimate of a cluster is the report plus them: ``n = queue_len + busy + sent``, of which
+``min(n, workers)`` busy and the rest waiting. Without it, every dispatcher of a load-aware
+policy sends everything to the cluster that looked idlest at the last report (herding).
 
-Expected queueing delay (our choice, system-model.md leaves it open): a query arriving at a
-cluster estimated with ``queue`` waiting and ``busy`` of ``workers`` busy waits
-``(queue + 1) / workers x mean service`` when every worker is busy, else 0
-(:func:`expected_wait_ms`). Queries per worker, ``n / workers``, is the load.
+Expected queueing delay (our choice, ``docs/system-model.md``, "The dispatcher and what it
+knows"): a query arriving at a cluster estimated with ``queue`` waiting and ``busy`` of
+``workers`` busy waits ``(queue + 1) / workers x mean service`` when every worker is busy, else
+0 (:func:`expected_wait_ms`). Queries per worker, ``n / workers``, is the load.
 
 Decisions of the policies in :data:`testbed.model.policies.DETERMINISTIC` depend only on the options;
 the dispatcher caches them per application until something is heard, or, for the load-aware

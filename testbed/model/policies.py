@@ -1,6 +1,6 @@
 """Scheduling policies: a pure decision from (query, the state the dispatcher last heard).
 
-The catalogue of static policies of ``shared/design/system-model.md``, in the fixed order of
+The catalogue of static policies of ``docs/system-model.md`` ("The policies"), in the fixed order of
 :data:`CATALOGUE` (ASET's action space). Both the emulation's dispatcher
 (:mod:`testbed.emu.source`) and the simulator (:mod:`testbed.sim`) call :func:`decide`.
 
@@ -16,7 +16,7 @@ Every policy has the signature ``policy(options, deadline_ms, min_accuracy, ctx=
 
 A feasible pair is (cluster, model) with accuracy >= A_a and RTT(source, cluster) + t_m <= D_a
 on a cluster last heard up. With no feasible pair a policy falls back to ``min_latency`` over the
-pairs meeting A_a (our choice, system-model.md) and says so (``fallback=True``); with no pair
+pairs meeting A_a (our choice, ``docs/system-model.md``) and says so (``fallback=True``); with no pair
 meeting A_a it takes the most accurate one (the query will fail with cause ``accuracy``).
 Clusters last heard down are avoided while any cluster is up.
 

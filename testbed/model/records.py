@@ -5,8 +5,9 @@ One row per query, the same columns in the emulation (:mod:`testbed.emu.source`)
 for users). Times ``*_ns`` are integers, ns on the clock every emulated host shares (epoch ns in
 the emulation, virtual ns since the load started in the simulator); ``*_ms`` are milliseconds.
 
-Outcome (system-model.md): a query SUCCEEDS iff it was answered (HTTP 200), e2e = t4 - t0 <= D_a,
-and alpha_m >= A_a. Failures by cause, in this order of precedence (:func:`classify`):
+Outcome (``docs/system-model.md``, "The record and the outcome rule"): a query SUCCEEDS iff it
+was answered (HTTP 200), e2e = t4 - t0 <= D_a, and alpha_m >= A_a. Failures by cause, in this
+order of precedence (:func:`classify`):
 
 ==================  =============================================================================
 ``deadline_miss``   no answer within the deadline plus :data:`GRACE_MS` (the source gave up)

@@ -1,12 +1,12 @@
 """The ASET configuration (``experiments/aset-*.yaml``): every constant of the agent in one file.
 
-system-model.md fixes the defaults: K = 4 windows of arrival history, an MLP 2 x 64 ReLU trained by
-double DQN with a target network, experience replay, epsilon-greedy and the Huber loss, Adam. The
-decision window is 500 ms, one report interval (issue 13: the window is at least the report
-interval; system-model.md's 100 ms is below the scenarios' 500 ms reports, so a decision could
-only see the same stale report several times). The normalisation scales are our choice (they only
-keep the features near [0, 1]); each is a config value. Quantities carry their unit (``window: 100ms`` or
-``window_ms: 100``), as everywhere in the testbed.
+The defaults (``docs/system-model.md``, "ASET"): K = 4 windows of arrival history, an MLP 2 x 64
+ReLU trained by double DQN with a target network, experience replay, epsilon-greedy and the Huber
+loss, Adam. The decision window is 500 ms, one report interval: a window is a whole number of
+report intervals, since a shorter one would only see the same stale report several times. The
+normalisation scales are our choice (they only keep the features near [0, 1]); each is a config
+value. Quantities carry their unit (``window: 100ms`` or ``window_ms: 100``), as everywhere in the
+testbed.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _fits(assignment: list[str], where: str, n_sources: int, names: str = "") ->
 class ObservationSpec(StrictModel):
     """How the per-window observation is built and normalised (see :mod:`testbed.agent.observation`).
 
-    ``history_windows``: K, windows of per-application arrival rate (system-model.md: K = 4).
+    ``history_windows``: K, windows of per-application arrival rate (``docs/system-model.md``: K = 4).
     ``rate_scale_qps``: arrival rates are divided by this (queries/s). ``queue_scale``: queue
     length per worker is divided by this. ``rtt_scale_ms``: RTTs are divided by this (ms).
     ``clip``: every feature is clipped to [0, clip] so the Gymnasium Box is bounded.
@@ -159,7 +159,7 @@ DQN_ONLY_AGENT_KEYS = ("gamma", "batch_size", "replay_size", "train_start", "tra
 class AgentSpec(StrictModel):
     """Double DQN hyper-parameters (van Hasselt et al. 2016; Mnih et al. 2015 for the rest).
 
-    ``hidden``: MLP layer widths (system-model.md: [64, 64], ReLU). ``gamma``: discount per window.
+    ``hidden``: MLP layer widths (``docs/system-model.md``: [64, 64], ReLU). ``gamma``: discount per window.
     Epsilon decays linearly from ``epsilon_start`` to ``epsilon_end`` over ``epsilon_decay_steps``
     agent decisions. Training starts after ``train_start`` transitions and runs one gradient step
     of ``batch_size`` every ``train_every`` decisions; the target network is copied every

@@ -129,7 +129,7 @@ class TopologySpec(_Model):
     ``.graphml`` file, or a path to one of our ``.yaml`` topology files (relative paths are
     resolved against the experiment file's folder, then the repository's ``topologies/``).
     Delay from geography: great-circle km x ``ms_per_km`` x ``route_factor``, never below
-    ``delay_floor_ms`` (system-model.md).
+    ``delay_floor_ms`` (``docs/system-model.md``, "The system").
 
     ``coordinates``: ``{node: [lat, lon]}`` (degrees) for nodes the source gives no coordinates
     (Topology Zoo GraphML often lacks them); a node is named by its id or label; given

@@ -1,6 +1,7 @@
 """Strict parsing of quantities with units.
 
-The rule (system-model.md: "configs always carry the unit in the key or the value"):
+The rule (``docs/system-model.md``: every quantity of a configuration carries its unit, in the
+value or in the key):
 
 * A value must be a string of a number immediately followed by a unit, with no space:
   ``"5ms"``, ``"0.5ms"``, ``"250us"``, ``"1s"``; ``"100Mbit/s"``, ``"1Gbit/s"``, ``"10Mbps"``.
