@@ -12,8 +12,8 @@ Both Gymnasium environments and the live selector first reduce their world to th
      "policy":    current policy name}
 
 and then call :meth:`SourceObserver.observe`, which keeps the K-window history and returns the
-feature vector. Features (system-model.md, "ASET", plus those of issue 13 marked *), in this
-order (:func:`observation_layout`), every one clipped to [0, clip]:
+feature vector. Features (``docs/system-model.md``, "ASET"; those marked * go beyond the design
+note the project started from), in this order (:func:`observation_layout`), every one clipped to [0, clip]:
 
 =========================================  ==============  =====================================================
 feature                                    length          normalisation
@@ -40,8 +40,8 @@ Measured latency is relative to each query's deadline so that one number per clu
 applications of different deadlines (our choice); it is what tells a link degradation or a reroute
 apart, which the plan RTT (what the static policies use) does not show.
 
-The source identity (issue 13, after its results: the shared network was below the best per-source
-static mix everywhere, telling the sources apart only through their plan RTTs) is a one-hot over
+The source identity (without it the shared network, telling the sources apart only through their
+plan RTTs, stayed below the best per-source static mix everywhere: docs/aset.md) is a one-hot over
 the experiment's sources in sorted-name order, the order of :func:`testbed.aset.envs.plan_contexts`
 and of the exported policy's ``sources``. With it the first layer has one weight column per
 source, so ONE shared network can learn a constant per-source assignment (the mix) as a per-source

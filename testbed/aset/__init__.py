@@ -1,6 +1,6 @@
 """ASET: a deep Q-learning agent that picks the scheduling policy of each dispatcher per window.
 
-system-model.md, section "ASET": one agent decision per dispatcher (source) and window ``dt``;
+``docs/system-model.md``, section "ASET": one agent decision per dispatcher (source) and window ``dt``;
 the action indexes the static policy catalogue; the reward is the success ratio of the queries the
 dispatcher created in the window, assigned once all of them are resolved. Modules:
 

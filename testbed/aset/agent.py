@@ -1,6 +1,6 @@
 """The ASET agent: double DQN in TensorFlow/Keras, and a numpy policy for deployment.
 
-Learning (system-model.md, "ASET"): Q-network = MLP (``agent.hidden``, default 2 x 64, ReLU) ->
+Learning (``docs/system-model.md``, "ASET"): Q-network = MLP (``agent.hidden``, default 2 x 64, ReLU) ->
 one Q-value per policy of the catalogue; double DQN target (van Hasselt, Guez, Silver, "Deep
 Reinforcement Learning with Double Q-learning", AAAI 2016)::
 

@@ -1,7 +1,7 @@
 """Gymnasium environments of ASET: over the simulator (:class:`AsetSimEnv`) and over a live
 emulation (:class:`AsetLiveEnv`), with identical observation and action spaces.
 
-Multi-dispatcher design (our choice, system-model.md leaves it open): ONE environment step is ONE
+Multi-dispatcher design (our choice, ``docs/system-model.md``, "ASET"): ONE environment step is ONE
 decision window for ALL dispatchers of the shared network. The window is a whole number of report
 intervals (500 ms in the scenarios; :func:`testbed.aset.episode.window_of`).
 

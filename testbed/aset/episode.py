@@ -9,11 +9,11 @@ comparable by construction:
   numbers: the same seed gives every schedule the same arrivals, :mod:`testbed.model.arrivals`);
 * a decision window is ``window_s`` long and must be a whole number of report intervals (so a
   window starts right after a report: what a dispatcher knows at a window's start is the same
-  whatever the schedule; system-model.md's ASET section, window >= report interval);
+  whatever the schedule; ``docs/system-model.md``, "ASET");
 * each query is counted in the window and source it was created in, once it is resolved
   (answered, refused, or past its deadline: ``Simulator.drain_resolved``); after the last window
   the simulator runs on until every query is resolved (:meth:`Episode.finish`);
-* success ratio = successful / created queries (system-model.md: the primary metric).
+* success ratio = successful / created queries (``docs/system-model.md``: the primary metric).
 
 Sources are in sorted name order (as in :func:`testbed.aset.envs.plan_contexts`); a schedule is one
 policy name per source and window.

@@ -7,7 +7,7 @@ see :class:`ProbeClient`) and does, in one ``epoll`` loop:
 
 * **reflect**: a UDP probe arriving on :data:`PROBE_PORT` is echoed at once with its kernel receive
   time (``SO_TIMESTAMPNS``), the echo's send time and the number of probes received so far from
-  that sender. All emulated hosts share one kernel clock (system-model.md), so the one-way delay
+  that sender. All emulated hosts share one kernel clock (``docs/system-model.md``), so the one-way delay
   of each direction is ``t_rx_remote - t_tx`` and ``t_back - t_echo``, and the loss of each
   direction follows from the counts (``a -> b``: probes sent vs. received by the reflector).
 * **probe**: sends probes to its targets at ``hz`` per target (continuously, raised for a while

@@ -1,7 +1,7 @@
 """Post-bring-up self-check: measured RTT of every source -> cluster path against the configured one.
 
 Expected RTT = 2 x the sum of one-way delays along the path the controller actually installed
-(system-model.md), host links included. A path passes when
+(``docs/system-model.md``), host links included. A path passes when
 ``|median measured - expected| <= tol_ms + tol_pct/100 x expected + per_switch_ms x switches on the path``.
 A path that fails is measured once more (:func:`check_rtts_twice`).
 """

@@ -45,7 +45,7 @@ service-time profile   error unless the catalog has one for the       same
 =====================  =============================================  ===============================
 
 Link delay: the configured one if given, else great-circle km x ms_per_km x route_factor, never
-below delay_floor_ms (system-model.md). RTT of a path = 2 x the sum of its one-way delays.
+below delay_floor_ms (``docs/system-model.md``, "The system"). RTT of a path = 2 x the sum of its one-way delays.
 
 The plan also fixes, once, every model's accuracy and each cluster's service times
 (:class:`testbed.model.service.ServiceFigures`, from one profiles folder): the emulation's servers
@@ -151,7 +151,7 @@ class PathInfo(_PlanModel):
 
     @property
     def rtt_ms(self) -> float:
-        """Expected RTT in ms: 2 x the sum of one-way delays (system-model.md)."""
+        """Expected RTT in ms: 2 x the sum of one-way delays (``docs/system-model.md``)."""
         return 2.0 * self.one_way_ms
 
 
