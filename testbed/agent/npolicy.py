@@ -25,8 +25,8 @@ from testbed.core.errors import counted
 from testbed.spec.aset import ObservationSpec
 
 #: Format of the exported JSON; v3 = v2 + the source-identity one-hot (and ``sources``,
-#: ``obs_size`` in the JSON); v2 = the observation of issue 13 (measured latency, report age,
-#: in-flight per cluster). v1 files are refused; v2 files open, so that the size check can say
+#: ``obs_size`` in the JSON); v2 = the observation with measured latency, report age and
+#: in-flight queries per cluster. v1 files are refused; v2 files open, so that the size check can say
 #: what changed, but cannot drive this observation: retrain.
 FORMAT = "aset-policy-v3"
 #: Older formats :class:`NumpyPolicy` opens (for the size error), with what their observation lacks.

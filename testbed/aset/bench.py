@@ -6,7 +6,7 @@ defaults: ``models/aset/aset``, ``experiments/aset-live.yaml``, 20000 decisions.
 selector exactly as the emulation's dispatcher does (the source config ``testbed.emu.run`` writes,
 :meth:`testbed.plan.boundaries.SourceConfig.from_plan`) and feeds it window states drawn at random
 (arrivals, stale cluster stats, path utilization, resolved queries with cluster and e2e, in-flight
-counts). Prints n, mean, p50, p99, max in ms. Goal (issue 5): p99 < 2 ms. Timings on the shared
+counts). Prints n, mean, p50, p99, max in ms. Goal: p99 < 2 ms. Timings on the shared
 2-core machine are noisy.
 """
 

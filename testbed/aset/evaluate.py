@@ -21,13 +21,13 @@ success ratio = successful / created queries):
    figures confirmed on seeds nothing was chosen on.
 
 Statistics: mean and 95 % CI half-width (Student's t, :func:`testbed.core.util.ci95`) over the seeds, and
-paired differences per seed with their CI. Verdicts (issue 13): within 1 pt = mean(ASET - best
+paired differences per seed with their CI. Verdicts (the targets of docs/aset.md): within 1 pt = mean(ASET - best
 static) >= -1 pt; above = the paired difference's lower CI bound > 0, against the best static and
 against the mix; captured = mean(ASET - best static) / mean(headroom), required >= 0.5 where the
 headroom is >= 3 points.
 
 Also the decision agreement of every pair of actions (:func:`agreement`): two actions that decide
-the same in every state met are duplicates (issue 13: merge them or make them distinct).
+the same in every state met are duplicates (to be merged or made distinct).
 
 Before any run, the input is checked (:func:`evaluate`'s Raises): each scenario file once and of its
 own name, a duration of whole decision windows that expects queries, readable checkpoints that fit
@@ -690,7 +690,7 @@ def _stats(ratios: list[float]) -> tuple[float, float, int]:
 def summarise(runs: list[dict], actions: Sequence[str] | None = None) -> list[dict]:
     """One row per (scenario, kind): every policy's (mean, CI half-width, n); the best static
     policy (chosen on the tuning seeds, kept on fresh seeds); headroom and ASET's paired
-    differences with their CIs; the verdicts of issue 13 (module docstring). With causal planner
+    differences with their CIs; the verdicts (module docstring). With causal planner
     rows: ``causal_gain`` = planner - mix (paired, with CI), ``causal_share`` = mean(planner - mix) /
     mean(oracle - mix) on the seeds both ran (NaN unless the oracle gains over the mix), and
     ``aset_vs_causal`` = ASET - planner (paired)."""
@@ -787,7 +787,7 @@ def results_markdown(table: list[dict], actions: Sequence[str]) -> str:
 
 
 def summary_markdown(table: list[dict]) -> str:
-    """The compact table of issue 13 (one row per scenario and seed set): the best static policy
+    """The compact table of the verdicts (one row per scenario and seed set): the best static policy
     (chosen on the tuning seeds) and the static winner on these seeds, success ratios in % (mean ±
     95 % CI) of the best static, the mix, the oracle and ASET, the headroom and ASET's paired gaps
     in points, the captured share and the verdicts (module docstring)."""

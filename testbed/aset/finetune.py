@@ -1,4 +1,4 @@
-"""Online fine-tuning of the exported ASET policy against a running emulation (issue 13, item 7).
+"""Online fine-tuning of the exported ASET policy against a running emulation.
 
     .venv/bin/python -m testbed.aset.finetune experiments/aset-live.yaml \\
         --checkpoint models/aset/aset --epsilon 0.1 --out runs/aset-finetune

@@ -27,7 +27,7 @@ every schedule the same arrivals; :class:`~testbed.aset.episode.Episode` counts 
   report (oracle - best static) is therefore a conservative estimate of the gain switching could
   bring.
 
-* **causal planner** (:func:`causal_planner`, issue 13's "what we found"): the same rollout, but
+* **causal planner** (:func:`causal_planner`): the same rollout, but
   every candidate scored on futures sampled afresh at the window's start instead of the seed's
   own: what a selector that sees the whole present, and not the future's draws, can reach.
   ``oracle - causal planner`` is the share of the headroom that is clairvoyance.

@@ -221,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _sigterm_as_interrupt(signum: int, frame: object) -> None:
     """SIGTERM unwinds as Ctrl-C does (exit 130, what was measured kept, pool workers stopped): the
-    README's exit codes promise it for every command; only `testbed run` had a handler, and a
-    sweep or an evaluation died with 143 and left its workers running (a reviewer's find, Dec 4)."""
+    README's exit codes promise it for every command (without it a sweep or an evaluation would die
+    with 143 and leave its workers running)."""
     raise KeyboardInterrupt
 
 

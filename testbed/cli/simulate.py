@@ -58,7 +58,7 @@ def _cmd(args: argparse.Namespace) -> int:
     late = events_after_end(plan.changes, duration)
     if late:
         console.print(f"note: {late}", markup=False, highlight=False)
-    if plan.experiment.capture is not None:  # said, not skipped in silence (a reviewer's find)
+    if plan.experiment.capture is not None:  # said, not skipped in silence
         console.print("note: the experiment's capture: section applies to an emulation only (the simulator has "
                       "no packets); no packet capture in this run", markup=False, highlight=False)
     _, s = simulate_experiment(plan, Path(args.experiment).parent, Path(args.runs_dir) if args.runs_dir else None,

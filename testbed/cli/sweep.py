@@ -37,7 +37,7 @@ def register(subparsers) -> None:
 
 
 #: The most cells (experiments x policies x seeds) one sweep runs: every cell is planned in memory
-#: before the first runs (10^8 seeds took the VM's 24 GiB, a reviewer's find), and 10^5 simulated
+#: before the first runs (10^8 seeds took the build VM's 24 GiB), and 10^5 simulated
 #: cells are already days of CPU at seconds each.
 MAX_SWEEP_CELLS = 100_000
 

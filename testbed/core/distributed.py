@@ -186,8 +186,8 @@ def _stop_workers(procs: list, grace_s: float = CANCEL_GRACE_S) -> None:
     """Stop a pool's worker processes (``multiprocessing.Process``) when its results will not be
     collected (an interrupted command, a failed task): SIGTERM every 2 s while they live (an
     emulation cell tears down; a worker that took one more queued cell stops it too), SIGKILL those
-    left after ``grace_s``. Waiting for the running cells instead took minutes, and a SIGTERM to the
-    command alone left the workers running as orphans (a reviewer's find, Dec 4)."""
+    left after ``grace_s``. Waiting for the running cells instead would take minutes, and a SIGTERM to
+    the command alone would leave the workers running as orphans."""
     deadline = time.monotonic() + grace_s
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
         for p in procs:

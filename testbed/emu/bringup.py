@@ -423,8 +423,8 @@ def calibrate_datapath(live: Live, console: Console) -> dict:
 
     The user-space datapath (OVS userspace, the link emulator's packet sockets) costs 0.5-0.8 ms
     of RTT per switch on a path here (the calibrations of docs/scale-out.md, "Datapath
-    compensation"; plain Mininet alone 0.6 ms at 11 bridges, issue 15), so every emulated path was
-    longer than configured by that much per switch. With ``rtt_check: false`` it still applies,
+    compensation"; plain Mininet alone 0.6 ms at 11 bridges), so, uncompensated, every emulated path
+    is longer than configured by that much per switch. With ``rtt_check: false`` it still applies,
     and nothing checks the result. A link
     joins two switches: lowering each link's one-way delay by half the per-switch RTT removes all
     but one switch's worth from every path (k switches, k - 1 links); links shorter than the offset

@@ -49,7 +49,7 @@ WINDOW_MARGIN_S = PREPARE_S + 0.02
 RESTART_JOIN_S = 1.0
 #: A change that fires this long (s) after its planned time, or has not fired by then, stops the run
 #: (:meth:`EventRunner.check_on_time`): the run would measure another scenario than the one planned.
-#: Changes fire 0-22 ms late here (events.csv ``lag_ms`` of the Dec 3-4 runs).
+#: Changes fire well within it here (events.csv ``lag_ms``; docs/network-dynamics.md).
 EVENT_LATE_S = 1.0
 
 

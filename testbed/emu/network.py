@@ -56,7 +56,7 @@ from testbed.model.network import mss_of
 from testbed.plan.build import Plan
 
 OFFLOAD_OFF = "rx off tx off sg off tso off gso off gro off"
-#: Links served by one link-emulator process (one epoll loop, one timer; issue 15);
+#: Links served by one link-emulator process (one epoll loop, one timer);
 #: ``$TESTBED_LINKS_PER_EMULATOR`` overrides it (benchmarks).
 LINKS_PER_EMULATOR = int(os.environ.get("TESTBED_LINKS_PER_EMULATOR", "64"))
 #: Frames of the FIFO behind every shaper (HTB leaf, netem limit, the emulator's shaper):
@@ -87,7 +87,7 @@ RT_PRIORITY = int(os.environ.get("TESTBED_RT_PRIORITY", "10"))
 CONTROL_ROOT = STATE_DIR  # the runs' state folder (testbed.emu.cleanup)
 #: Link emulators forward this much at most per link on the 2-core build machine (Mbit/s,
 #: benchmarks/linkemu_bench.py: 407-670 Mbit/s of one TCP flow); above it the machine, not the
-#: shaper, limits a link. Only used to say so.
+#: shaper, limits a link. Used only to say so.
 EMULATOR_CEILING_MBPS = 400.0
 
 

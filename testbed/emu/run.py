@@ -170,8 +170,8 @@ class _Interrupts:
     was interrupted: then later signals are ignored until the process ends (the run has stopped;
     a late Ctrl-C would otherwise kill the process before it reports its exit code, 130, and the
     caller would see a death by SIGINT instead). ``ignore_after``: ignore them after the run in any
-    case (``testbed run``, whose process ends with the recorded exit code: a SIGTERM just after the
-    run recorded 0 killed it with 143, a reviewer's find).
+    case (``testbed run``, whose process ends with the recorded exit code: otherwise a SIGTERM just after
+    the run recorded 0 would kill it with 143).
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -371,9 +371,9 @@ def _start_sources(live: Live, duration_s: float, stack: ExitStack) -> dict[str,
 def _release_sources(live: Live, procs: dict[str, subprocess.Popen], watch: HealthWatch | None) -> int:
     """Wait until every source is ready to send, then give them one start time (:data:`LOAD_START_FILE`,
     :data:`START_LEAD_S` from now); returns it (epoch ns). Sources import and build their request
-    bodies after they are started: with a fixed start 1 s ahead, they began 0.5-2.4 s late on a
+    bodies after they are started: with a fixed start 1 s ahead they can begin 0.5-2.4 s late on a
     busy machine, each at its own time, and the scenario's events, timed from the planned start,
-    fell elsewhere in their load (a reviewer's find, Dec 4 2026).
+    would fall elsewhere in their load.
 
     Raises:
         RunFailure: a source exited before it was ready (the health watch names it), or not every

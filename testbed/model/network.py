@@ -18,10 +18,9 @@ link emulator's shaper, or HTB with its pfifo, see :mod:`testbed.emu.network`):
 * at rho >= 1 (the background alone fills the link) the shaper's FIFO is full: every frame waits
   ``queue_packets x L / C`` and the share ``1 - C / r`` of frames is dropped (:meth:`loss`).
 
-Measured (2026-12-01, ``benchmarks/dynamics_bench.py fifo``, machine loaded): a 6-frame burst through
-the link emulator's 20 Mbit/s FIFO with Poisson UDP background at rho 0 / 0.5 / 0.8 / 0.9 took a
-median 3.74 / 3.93 / 4.62 / 6.58 ms; this model gives 3.60 / 3.90 / 4.81 / 6.33 ms. The earlier
-processor-sharing transfer (at ``C - r``) gave 3.63 / 7.57 / 19.4 / 39.1 ms.
+Checked against the link emulator's FIFO with Poisson UDP background by
+``benchmarks/dynamics_bench.py fifo`` (figures: docs/network-dynamics.md, "The model, checked
+against the emulator").
 
 Loss, from ``link_loss`` or an overloaded link, costs a TCP query one retransmission timeout,
 :data:`TCP_RTO_MIN_MS` (Linux ``TCP_RTO_MIN``, 200 ms), with probability

@@ -254,7 +254,7 @@ def _t_s(df: pd.DataFrame) -> pd.Series:
 def _policy_keys(r: RunData) -> pd.Series:
     """Per record, the policy its run applied: ``aset`` for a source ASET drives (one group over the
     whole run: the static policy it chose window by window is not a run of that policy, and a rate
-    over its scattered windows is no rate; a reviewer's find, Dec 4), else the record's policy."""
+    over its scattered windows is no rate), else the record's policy."""
     pols = r.records["policy"].fillna("?").astype(str) if "policy" in r.records else pd.Series("?", r.records.index)
     from testbed.results.summary import aset_sources
 
