@@ -23,11 +23,12 @@ Our choices, stated (each can be checked against the emulation, see benchmarks/c
 
 Cold calls (optional, ``cold_factor``; 1.0 = off): a model call that starts at least
 ``cold_after_s`` after the cgroup's previous model call ended runs ``cold_factor`` x its
-unthrottled time. Measured (benchmarks/cpu_model_bench.py): a call 100 ms after the previous one
-takes 1.2-2.0 x the back-to-back unthrottled time on the 2-core build machine (caches and the idle
-core cooled down), which the plain rule cannot give: it predicts the isolated time as the
-unthrottled one. The factor is per model and host: the plan takes it from the profiles' isolated
-rows (:func:`testbed.plan.catalog.cold_factor_of`).
+unthrottled time. A call after idleness is slower than a back-to-back one (caches and the idle
+core cooled down; benchmarks/cpu_model_bench.py, figures in docs/models-and-servers.md, "The CPU a
+query costs"), which the plain rule cannot give: it predicts the isolated time as the unthrottled
+one. The factor is per model, runtime and host: measured by :mod:`testbed.serve.handling`
+(:func:`~testbed.serve.handling.call_factors`) into ``handling.json``, which the plan reads
+(:class:`testbed.plan.catalog.ZooCatalog`).
 
 Request handling (:meth:`CfsQuota.handle`): the server's event loop parses each request (HTTP,
 base64, JPEG decoding) in the same cgroup, on one thread, before the query reaches the queue; that
