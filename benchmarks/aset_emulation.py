@@ -17,7 +17,7 @@ difference ASET - static in each, and how busy (or stolen) the machine's CPUs we
 Writes ``runs/aset-emulation/results.md``. Root needed.
 
 Where the gap comes from: every static run is also simulated with records
-(:func:`testbed.sim.run.simulate_experiment`, into ``<runs-dir>/sim/``), and a second table gives,
+(:func:`testbed.results.runs.run_simulation`, into ``<runs-dir>/sim/``), and a second table gives,
 per scenario and application, the medians over the answered queries (new connections included), emulated
 against simulated: network time minus the planned RTT, queueing, inference, end to end, and the
 success ratio. A third table sets the simulator's ``simulation.overhead_ms`` (a calibration knob,
@@ -109,12 +109,12 @@ def simulate_records(scenario: Path, seed: int, policy: str, out: Path) -> Path:
     again, into their own directory), and only once complete (``summary.json``, written last)."""
     from testbed.aset.evaluate import task_key
     from testbed.plan.build import plan_experiment
-    from testbed.sim.run import simulate_experiment
+    from testbed.results.runs import run_simulation
 
     key = task_key(simulate_records, (str(scenario.resolve()), seed, policy))[:12]
     run_dir = out / f"{scenario.stem}-{policy.replace('_', '')}-s{seed}-sim-{key}"
     if not (run_dir / "summary.json").is_file():
-        simulate_experiment(plan_experiment(scenario), seed=seed, policy=policy, run_dir=run_dir, quiet=True)
+        run_simulation(plan_experiment(scenario), seed=seed, policy=policy, run_dir=run_dir, quiet=True)
     return run_dir
 
 

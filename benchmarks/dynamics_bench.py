@@ -59,10 +59,10 @@ def _emulate(plan, runs: Path) -> tuple[dict, list[dict]]:
 
     from rich.console import Console
 
-    from testbed.emu.run import run_experiment
+    from testbed.results.runs import run_emulation
 
     with emulation_lock():
-        code = run_experiment(plan, console=Console(quiet=True), runs_dir=runs)
+        code = run_emulation(plan, console=Console(quiet=True), runs_dir=runs)
     run_dir = max(runs.iterdir(), key=lambda p: p.stat().st_mtime)
     s = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     ev = list(csv.DictReader(open(run_dir / "events.csv"))) if (run_dir / "events.csv").exists() else []
@@ -74,7 +74,7 @@ def cmd_events(args) -> dict:
     from rich.table import Table
 
     from testbed.plan.build import build_plan
-    from testbed.sim import simulate_experiment
+    from testbed.results.runs import run_simulation
     from testbed.spec.experiment import load_experiment
 
     out = {"runs": [], "events": []}
@@ -86,7 +86,7 @@ def cmd_events(args) -> dict:
             plan = build_plan(exp.model_copy(update={"seed": seed}), base_dir=path.parent)
             load = os.getloadavg()[0]
             emu, events = _emulate(plan, tmp / f"{name}-{seed}-emu")
-            _, sim = simulate_experiment(plan, path.parent, tmp / f"{name}-{seed}-sim", seed=seed, quiet=True)
+            _, sim = run_simulation(plan, path.parent, tmp / f"{name}-{seed}-sim", seed=seed, quiet=True)
             out["runs"].append({"scenario": name, "seed": seed, "load_before": round(load, 2), "emulation": emu,
                                 "simulation": _summary_row(sim)})
             out["events"] += [{"scenario": name, "seed": seed, **{k: e[k] for k in

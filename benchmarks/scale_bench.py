@@ -324,8 +324,8 @@ def cmd_load(args) -> dict:
     """Runs at increasing total rates (module doc)."""
     from rich.console import Console
 
-    from testbed.emu.run import run_experiment
     from testbed.plan.build import build_plan
+    from testbed.results.runs import run_emulation
     from testbed.spec.experiment import load_experiment
 
     path = Path(args.experiment)
@@ -347,7 +347,7 @@ def cmd_load(args) -> dict:
         runs = Path(tempfile.mkdtemp(prefix="load-"))
         with emulation_lock():
             load = os.getloadavg()[0]
-            code = run_experiment(plan, console=Console(quiet=True), runs_dir=runs, duration_s=args.seconds)
+            code = run_emulation(plan, console=Console(quiet=True), runs_dir=runs, duration_s=args.seconds)
         run_dir = next(runs.iterdir())
         s = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
         import pandas as pd

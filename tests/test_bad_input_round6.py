@@ -121,7 +121,7 @@ def test_the_gap_table_compares_the_engines_over_the_same_seeds_and_says_which_w
 
 
 def test_simulated_records_are_reused_only_when_made_from_the_same_inputs(bench, tmp_path, monkeypatch):
-    import testbed.sim.run as sim_run
+    import testbed.results.runs as runs
 
     calls = []
 
@@ -131,7 +131,7 @@ def test_simulated_records_are_reused_only_when_made_from_the_same_inputs(bench,
         (run_dir / "summary.json").write_text("{}")
         return run_dir, {}
 
-    monkeypatch.setattr(sim_run, "simulate_experiment", fake)
+    monkeypatch.setattr(runs, "run_simulation", fake)
     scen = _scenario(tmp_path / "exp", "sc")
     stale = tmp_path / "sim" / "sc-minlatency-s1-sim"  # a record of the old naming: another scenario's
     stale.mkdir(parents=True)
@@ -243,13 +243,13 @@ def test_a_corrupt_evaluation_cache_file_is_a_miss_with_a_warning(tmp_path):
 # --------------------------------------------------------------------------------------- F12
 
 def test_simulate_refuses_an_unwritable_runs_dir_before_simulating(tmp_path, monkeypatch, capsys):
-    import testbed.sim as sim
+    import testbed.results.runs as runs
     from testbed.cli.main import main
 
     def never(*a, **kw):
         raise AssertionError("simulated before the runs dir was checked")
 
-    monkeypatch.setattr(sim, "simulate_experiment", never)
+    monkeypatch.setattr(runs, "run_simulation", never)
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert main(["simulate", str(TRIANGLE), "--runs-dir", str(blocker / "runs")]) == 3

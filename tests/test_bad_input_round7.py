@@ -151,11 +151,11 @@ def test_the_longest_deadline_drains_in_bounded_time(tmp_path):
     import time
 
     from testbed.plan.build import plan_experiment
-    from testbed.sim import simulate_experiment
+    from testbed.results.runs import run_simulation
 
     plan = plan_experiment(_triangle(tmp_path, **{"deadline: 100ms": "deadline: 600s"}))
     t = time.perf_counter()
-    run_dir, s = simulate_experiment(plan, run_dir=tmp_path / "run", quiet=True)
+    run_dir, s = run_simulation(plan, run_dir=tmp_path / "run", quiet=True)
     assert time.perf_counter() - t < 30 and s["queries"] > 0
     assert json.loads((run_dir / "run.json").read_text())["duration_s"] == pytest.approx(8 + 600 + 2)
 

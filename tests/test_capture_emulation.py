@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed.emu.run import run_experiment
 from testbed.plan.build import plan_experiment
 from testbed.results.report import build_report
+from testbed.results.runs import run_emulation
 
 REPO = Path(__file__).resolve().parents[1]
 # The user-space link emulator adds ~0.2 ms per traversal at idle (benchmarks/linkemu_bench.py);
@@ -34,7 +34,7 @@ pytestmark = [
 def run_dir(tmp_path_factory) -> Path:
     plan = plan_experiment(REPO / "experiments" / "capture.yaml")
     runs = tmp_path_factory.mktemp("runs")
-    assert run_experiment(plan, runs_dir=runs, duration_s=5) == 0
+    assert run_emulation(plan, runs_dir=runs, duration_s=5) == 0
     (d,) = list(runs.iterdir())
     return d
 

@@ -21,8 +21,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from testbed.emu.run import run_experiment
 from testbed.plan.build import build_plan
+from testbed.results.runs import run_emulation
 from testbed.spec.experiment import Experiment
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +39,7 @@ def test_congestion_raises_network_time_on_the_congested_path_only(tmp_path):
         {"at": "3s", "kind": "link_congestion", "link": ["A", "B"], "background": "22Mbit/s", "direction": "ab"},
         {"at": "6s", "kind": "link_congestion", "link": ["A", "B"], "background": "0Mbit/s", "direction": "ab"}]
     plan = build_plan(Experiment.model_validate(data), base_dir=TRIANGLE.parent)
-    assert run_experiment(plan, runs_dir=tmp_path, duration_s=9) == 0
+    assert run_emulation(plan, runs_dir=tmp_path, duration_s=9) == 0
     run_dir = next(tmp_path.iterdir())
     ev = pd.read_csv(run_dir / "events.csv")
     assert list(ev["kind"]) == ["link_bandwidth"] + ["link_congestion"] * 2, ev.to_dict("records")

@@ -10,7 +10,8 @@ import pytest
 from testbed.model.records import RECORD_FIELDS
 from testbed.plan.build import PlanError, build_plan, plan_experiment
 from testbed.plan.catalog import FixedCatalog
-from testbed.sim import ServiceSampler, SimError, Simulator, simulate_experiment
+from testbed.results.runs import run_simulation
+from testbed.sim import ServiceSampler, SimError, Simulator
 from testbed.spec.experiment import ConfigError, Experiment, load_experiment
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,9 +117,9 @@ def test_batching_takes_up_to_max_batch():
 
 def test_default_experiment_is_deterministic_per_seed_and_writes_emulation_layout(tmp_path):
     plan = plan_experiment(REPO / "experiments/digits-abilene.yaml")
-    a, sa = simulate_experiment(plan, REPO / "experiments", run_dir=tmp_path / "a", duration_s=20, quiet=True)
-    b, sb = simulate_experiment(plan, REPO / "experiments", run_dir=tmp_path / "b", duration_s=20, quiet=True)
-    c, sc = simulate_experiment(plan, REPO / "experiments", run_dir=tmp_path / "c", duration_s=20, seed=99, quiet=True)
+    a, sa = run_simulation(plan, REPO / "experiments", run_dir=tmp_path / "a", duration_s=20, quiet=True)
+    b, sb = run_simulation(plan, REPO / "experiments", run_dir=tmp_path / "b", duration_s=20, quiet=True)
+    c, sc = run_simulation(plan, REPO / "experiments", run_dir=tmp_path / "c", duration_s=20, seed=99, quiet=True)
     ra, rb, rc = (pd.read_csv(d / "records.csv") for d in (a, b, c))
     assert list(ra.columns) == RECORD_FIELDS
     pd.testing.assert_frame_equal(ra, rb)
@@ -260,7 +261,7 @@ def test_simulate_refuses_the_aset_policy_it_cannot_run(tmp_path):
         "policy: closest", "policy: aset\naset: {checkpoint: models/aset/nope, window: 500ms}"))
     plan = plan_experiment(exp)
     with pytest.raises(SimError, match=r"policy aset \(srca, srcc\): a simulation runs static policies only"):
-        simulate_experiment(plan, runs_dir=tmp_path / "runs", duration_s=2)
+        run_simulation(plan, runs_dir=tmp_path / "runs", duration_s=2)
     assert not (tmp_path / "runs").exists()
     assert main(["simulate", str(exp), "--duration", "2s", "--runs-dir", str(tmp_path / "runs")]) == 2
     assert main(["simulate", str(exp), "--duration", "2s", "--policy", "closest", "--runs-dir",

@@ -27,6 +27,7 @@ from testbed.cli import evaluate, profile, report, simulate, sweep, train
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
 from testbed.plan.build import Plan, plan_experiment
+from testbed.results.runs import run_emulation
 
 #: The console every subcommand prints to. ``markup=False``: ``[...]`` in a string is printed as
 #: it is, never as console markup (untrusted text: labels, names, file contents, error messages).
@@ -92,9 +93,9 @@ def _plan_aset_config(path: Path) -> int:
     its training scenarios planned and checked together (as ``testbed train`` does before it
     trains) and its evaluation scenarios planned; a line saying so."""
     from testbed.aset.train import resolve, training_scenarios
-    from testbed.spec.aset import load_aset_config
+    from testbed.plan.policies import load_aset
 
-    cfg, base = load_aset_config(path)
+    cfg, base = load_aset(path)
     n_train = len(training_scenarios(cfg, base)[1]) if cfg.training is not None else 0
     evaluation = [plan_experiment(resolve(base, s)) for s in cfg.evaluation.scenarios] if cfg.evaluation else []
     console.print(f"{path}: an ASET config ({cfg.name}), valid: {n_train} training scenario(s) planned and checked "
@@ -126,15 +127,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from testbed.emu.run import run_experiment
-
     plan = plan_experiment(args.experiment)
     overrides = {}
     if args.duration is not None:
         overrides["duration_s"] = args.duration
     if args.link_emulator is not None:
         overrides["link_emulator"] = args.link_emulator
-    return run_experiment(plan, console=console, runs_dir=args.runs_dir,
+    return run_emulation(plan, console=console, runs_dir=args.runs_dir,
                           base_dir=args.experiment.parent, process_ends=True, **overrides)
 
 

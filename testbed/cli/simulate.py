@@ -41,7 +41,7 @@ def _cmd(args: argparse.Namespace) -> int:
     from testbed.core.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure
     from testbed.core.util import repo_path
     from testbed.plan.build import check_load_bounds, events_after_end, plan_experiment, runs_dir_problem
-    from testbed.sim import simulate_experiment
+    from testbed.results import runs
 
     plan = plan_experiment(args.experiment)  # bad input: an InputError, printed once by testbed.cli.main
     if args.duration is not None:  # the same bounds the plan checked for the experiment's own duration
@@ -61,7 +61,7 @@ def _cmd(args: argparse.Namespace) -> int:
     if plan.experiment.capture is not None:  # said, not skipped in silence
         console.print("note: the experiment's capture: section applies to an emulation only (the simulator has "
                       "no packets); no packet capture in this run", markup=False, highlight=False)
-    _, s = simulate_experiment(plan, Path(args.experiment).parent, Path(args.runs_dir) if args.runs_dir else None,
+    _, s = runs.run_simulation(plan, Path(args.experiment).parent, Path(args.runs_dir) if args.runs_dir else None,
                                args.duration, args.seed, args.policy, console=console)
     if not s["queries"]:
         console.print("the run measured no query (exit code 5)", markup=False)

@@ -13,8 +13,12 @@ Steps, in order (each a function below):
 3. RTT self-check; 4. inference servers (CPU-limited, warmed up; :mod:`testbed.emu.servers`);
 5. every source's path to every (cluster, model) warmed (:meth:`ClusterServers.warm_paths`);
 6. the load: every source starts at the same instant, scenario events apply at their times
-   (:mod:`testbed.emu.events`), link statistics are polled, progress is shown;
-7. the summary (:mod:`testbed.results.summary`), from the records, whatever happened before.
+   (:mod:`testbed.emu.events`), link statistics are polled, progress is shown.
+
+The steps hand one :class:`RunContext` on; :func:`emulate` runs them and yields what they
+measured (:class:`EmulationOutcome`). The summary, from the records whatever happened before, is
+the results layer's (:func:`testbed.results.runs.run_emulation`: engine, then merge, summary and
+exit code), above this engine.
 
 A component that dies during the run stops it at once with exit code 4, unless an event planned
 it (``cluster_down``): the health watch reports it on the console and in ``run.json`` and raises
@@ -41,6 +45,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +59,6 @@ from testbed.core.errors import (
     EXIT_COMPONENT_DIED,
     EXIT_INPUT,
     EXIT_INTERRUPTED,
-    EXIT_NOTHING_MEASURED,
     EXIT_OK,
     RunFailure,
     TestbedError,
@@ -70,13 +74,15 @@ from testbed.emu.bringup import (
     preflight,
     rtt_self_check,
 )
-from testbed.emu.cleanup import process_identity
+from testbed.emu.capture import start_capture
+from testbed.emu.cleanup import other_run_present, process_identity
 from testbed.emu.events import EventRunner, unsupported
 from testbed.emu.health import (
     LINK_UP_GRACE_S,
     Component,
     HealthWatch,
     LinkCheck,
+    PidProcess,
     RunRecord,
     Storage,
     estimate_storage,
@@ -87,10 +93,12 @@ from testbed.emu.machine import SAMPLES_FILE, CpuSampler, write_samples
 from testbed.emu.servers import ClusterServers
 from testbed.plan.boundaries import SourceConfig
 from testbed.plan.build import Plan, check_load_bounds, run_dir_limit_problem
-from testbed.results.summary import print_summary, summarize
+from testbed.sdn.client import ControllerError, _port_in_use, get_links
+from testbed.serve.handling import host_speed
 from testbed.spec.experiment import drain_s
 
-__all__ = ["Live", "RunError", "check_before_bringup", "emulated_network", "new_run_dir", "run_experiment"]
+__all__ = ["EmulationOutcome", "Live", "RunContext", "RunError", "check_before_bringup", "emulate", "emulated_network",
+           "new_run_dir"]
 
 #: ryu-manager's death stops the run (not restarted): docs/trustworthy-runs.md, "ryu-manager".
 CONTROLLER_POLICY = ("stop the run: a restarted controller clears its flows and reinstalls them only after LLDP "
@@ -113,8 +121,6 @@ class _LinkPoller(threading.Thread):
         self.failures = 0  # consecutive failed polls
 
     def run(self) -> None:
-        from testbed.sdn.client import ControllerError, get_links
-
         with open(self.path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=self.FIELDS, extrasaction="ignore")
             w.writeheader()
@@ -211,9 +217,6 @@ def _check_ports(plan: Plan) -> None:
     Raises:
         RunFailure: (exit code 3) a port is in use; names it.
     """
-    from testbed.emu.cleanup import other_run_present
-    from testbed.sdn.client import _port_in_use
-
     if other_run_present():
         return
     em = plan.experiment.emulation
@@ -406,64 +409,60 @@ def _loaded_sources(plan: Plan) -> list[str]:
 
 
 def _watch_capture(live: Live, watch: HealthWatch) -> None:
-    from testbed.emu.health import PidProcess
-
     comps = [Component(f"tcpdump-{pid}", "packet capture", PidProcess(pid), None, known_code=False)
              for pid in tagged_processes(live.run_id, "tcpdump")]
     watch.add(lambda: comps)
 
 
-def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, servers: ClusterServers,
-             watch: HealthWatch | None = None, events_ref: list | None = None) -> None:
-    """Start every source at the same instant, apply the scenario events, show progress until the
-    load ends and every source has its last answers.
-
-    Raises:
-        RunFailure: an event could not be applied, or a component died (the health watch).
-    """
-    exp, run_dir = live.plan.experiment, live.run_dir
-    poller = _LinkPoller(live.rest_url, run_dir / "link_stats.csv", exp.emulation.stats_interval_s)
+def _start_recorders(ctx: RunContext) -> None:
+    """What records the load beside the sources, stopped on ``ctx.stack`` exit: the link poller
+    (``link_stats.csv``), the packet capture when the experiment asks for it, and the machine's
+    CPU sampler (``machine_cpu_samples.json``; the summary takes the load's window)."""
+    live, stack, exp = ctx.live, ctx.stack, ctx.plan.experiment
+    poller = _LinkPoller(live.rest_url, ctx.run_dir / "link_stats.csv", exp.emulation.stats_interval_s)
     poller.start()
     stack.callback(poller.join, 3)
     stack.callback(poller.stop_event.set)
     if exp.capture is not None:
-        from testbed.emu.capture import start_capture
-
         start_capture(live, exp.capture, stack)
-        if watch is not None:
-            _watch_capture(live, watch)
-    machine = CpuSampler()  # the machine's CPU per role (machine_cpu_samples.json; the summary takes the load's window)
+        _watch_capture(live, ctx.watch)
+    machine = CpuSampler()
     machine.start()
-    stack.callback(write_samples, machine, run_dir / SAMPLES_FILE)
-    sources = _start_sources(live, duration_s, stack)
-    if watch is not None:
-        logs = run_dir / "logs"
-        comps = [Component(f"source-{n}", "query source", p, logs / f"source-{n}.log", normal_exit=frozenset({0}))
-                 for n, p in sources.items()]
-        watch.add(lambda: comps)
-    with console.status("starting the sources..."):
-        start_ns = _release_sources(live, sources, watch)
-    if watch is not None:
-        watch.load_started(start_ns / 1e9)
-    events = None
-    if live.plan.changes:
-        def shown(row: dict) -> None:
-            console.print(f"event {row['kind']} {row['target']} {row.get('phase', 'applied')} at "
+    stack.callback(write_samples, machine, ctx.run_dir / SAMPLES_FILE)
+
+
+def _start_events(ctx: RunContext, start_ns: int) -> EventRunner | None:
+    """The scenario's event runner from the load's start (``start_ns``, epoch ns), each change
+    shown on the console; None when the plan has no events. Stopped on ``ctx.stack`` exit."""
+    if not ctx.plan.changes:
+        return None
+
+    def shown(row: dict) -> None:
+        ctx.console.print(f"event {row['kind']} {row['target']} {row.get('phase', 'applied')} at "
                           f"{row['applied_s']:.2f} s (asked {row['value_asked'] or '-'}, measured "
                           f"{row['value_measured'] or '-'})", markup=False, highlight=False)
 
-        events = EventRunner(live, servers, live.plan.changes, start_ns / 1e9, shown)
-        if events_ref is not None:
-            events_ref.append(events)
-        events.start()
-        stack.callback(events.join, 5)
-        stack.callback(events.stop)
-    counter = _RecordCounter([run_dir / "sources" / f"{s}.records.csv" for s in sources])
+    events = EventRunner(ctx.live, ctx.servers, ctx.plan.changes, start_ns / 1e9, shown)
+    ctx.events.append(events)
+    events.start()
+    ctx.stack.callback(events.join, 5)
+    ctx.stack.callback(events.stop)
+    return events
+
+
+def _follow_load(ctx: RunContext, sources: dict[str, subprocess.Popen], events: EventRunner | None) -> None:
+    """Show progress until every source has exited (or the hard stop: the load, its last queries'
+    deadline + grace, and 30 s to write and exit).
+
+    Raises:
+        RunFailure: an event could not be applied, or not on time.
+    """
+    exp, duration_s = ctx.plan.experiment, ctx.duration_s
+    counter = _RecordCounter([ctx.run_dir / "sources" / f"{s}.records.csv" for s in sources])
     with Progress(TextColumn("[bold]load[/bold]"), BarColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[info]}", markup=False), console=console) as prog:
+                  TextColumn("{task.fields[info]}", markup=False), console=ctx.console) as prog:
         task = prog.add_task("load", total=duration_s, info="")
         t_load = time.time()
-        # the load starts 1 s from now; its queries may wait their deadline + grace; 30 s to write and exit
         hard_stop = time.monotonic() + duration_s + 1 + drain_s([a.deadline_ms for a in exp.applications]) + 30
         while any(p.poll() is None for p in sources.values()) and time.monotonic() < hard_stop:
             time.sleep(0.5)
@@ -475,15 +474,34 @@ def run_load(live: Live, duration_s: float, stack: ExitStack, console: Console, 
             sr = counter.ok / counter.n if counter.n else 0.0
             prog.update(task, completed=min(duration_s, max(0.0, time.time() - t_load - 1)),
                         info=f"{counter.n} queries, success {sr:.3f}")
-    if watch is not None:
-        watch.check()  # a source that failed in the last instant, between two ticks
-        if watch.failure is not None:
-            raise watch.failure
+
+
+def run_load(ctx: RunContext) -> None:
+    """Start every source at the same instant, apply the scenario events, show progress until the
+    load ends and every source has its last answers (``ctx``: a running network, servers and watch).
+
+    Raises:
+        RunFailure: an event could not be applied, or a component died (the health watch).
+    """
+    _start_recorders(ctx)
+    sources = _start_sources(ctx.live, ctx.duration_s, ctx.stack)
+    logs = ctx.run_dir / "logs"
+    comps = [Component(f"source-{n}", "query source", p, logs / f"source-{n}.log", normal_exit=frozenset({0}))
+             for n, p in sources.items()]
+    ctx.watch.add(lambda: comps)
+    with ctx.console.status("starting the sources..."):
+        start_ns = _release_sources(ctx.live, sources, ctx.watch)
+    ctx.watch.load_started(start_ns / 1e9)
+    events = _start_events(ctx, start_ns)
+    _follow_load(ctx, sources, events)
+    ctx.watch.check()  # a source that failed in the last instant, between two ticks
+    if ctx.watch.failure is not None:
+        raise ctx.watch.failure
     if events is not None:  # the last word: every change of the load fired, on time
         if events.error is not None:
             raise events.error
-        events.check_on_time(time.time(), duration_s)
-    _check_components(live, sources, servers)
+        events.check_on_time(time.time(), ctx.duration_s)
+    _check_components(ctx.live, sources, ctx.servers)
 
 
 def _check_components(live: Live, sources: dict[str, subprocess.Popen], servers: ClusterServers) -> None:
@@ -508,82 +526,118 @@ def _check_components(live: Live, sources: dict[str, subprocess.Popen], servers:
 
 # ----------------------------------------------------------------------------- the run
 
-def _summarize(plan: Plan, run_dir: Path, duration_s: float, timings: dict, console: Console) -> dict:
-    """``summary.json`` and ``summary.md`` of whatever was measured (also of nothing: a run that
-    failed before its load says so there too); printed when there are records."""
-    import io
+@dataclass
+class RunContext:
+    """One emulation run, as its steps hand it on: what was asked (``plan``, ``duration_s`` in s,
+    ``link_emulator``), where it goes (``run_id``, ``run_dir``, ``console``), what it records
+    (``record``: ``run.json``; ``storage``: the disk reserve; ``timings``: seconds per step), and
+    what is up once the steps bring it up (``live``: the network; ``stack``: what stops with it;
+    ``watch``: the health watch; ``servers``; ``events``: the event runner once the load starts).
+    ``t0``: ``time.monotonic()`` when the bring-up began."""
 
-    measured = any((run_dir / "sources").glob("*.records.csv"))
-    if measured and plan.experiment.capture is not None and (run_dir / "pcap").is_dir():
-        from testbed.results.capture import analyze_run
+    plan: Plan
+    run_id: str
+    run_dir: Path
+    duration_s: float
+    link_emulator: str | None
+    console: Console
+    record: RunRecord
+    storage: Storage
+    timings: dict[str, float] = field(default_factory=dict)
+    t0: float = 0.0
+    live: Live | None = None
+    stack: ExitStack | None = None
+    watch: HealthWatch | None = None
+    servers: ClusterServers | None = None
+    events: list[EventRunner] = field(default_factory=list)
 
-        analyze_run(run_dir)
-    s = summarize(run_dir, duration_s)
-    s["timings_s"] = {k: round(v, 2) for k, v in timings.items()}
-    write_json_atomic(run_dir / "summary.json", s, indent=2)
-    print_summary(s, console if measured else Console(file=io.StringIO()), run_dir)
-    return s
+
+@dataclass
+class EmulationOutcome:
+    """What an emulation measured and how it ended: ``status`` (exit code, :mod:`testbed.core.errors`)
+    and ``message`` (``"ok"``, or what stopped it), ``run_dir`` (None when a check before the
+    bring-up refused the run: nothing was made), ``duration_s`` (the configured load, s),
+    ``timings`` (s per step), ``capture`` (the experiment captured packets). The caller that
+    summarises the run may change ``status`` and ``message`` before the outcome is recorded."""
+
+    status: int
+    message: str
+    run_dir: Path | None = None
+    duration_s: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    capture: bool = False
 
 
-def _emulate(plan: Plan, run_id: str, run_dir: Path, duration_s: float, link_emulator: str | None,
-             console: Console, timings: dict, record: RunRecord, storage: Storage) -> None:
+def _emulate(ctx: RunContext) -> None:
     """Bring-up, self-check, servers, warm-up and load, inside the network's context manager;
     the health watch from the moment the network is up until the run stops its components."""
-    t0 = time.monotonic()
+    ctx.t0 = time.monotonic()
     watch_ref: list[HealthWatch] = []
     try:
-        with _raising_failures(watch_ref), emulated_network(plan, run_id, run_dir, link_emulator, console) as live, \
+        with _raising_failures(watch_ref), \
+                emulated_network(ctx.plan, ctx.run_id, ctx.run_dir, ctx.link_emulator, ctx.console) as live, \
                 ExitStack() as stack:
-            timings["network_s"] = live.bringup_s
-            record.update(link_emulator=live.link_emulator, datapath=live.datapath)
-            events_ref: list[EventRunner] = []
-            watch = _start_watch(live, record, storage, console, events_ref)
-            watch_ref.append(watch)
+            ctx.live, ctx.stack = live, stack
+            ctx.timings["network_s"] = live.bringup_s
+            ctx.record.update(link_emulator=live.link_emulator, datapath=live.datapath)
+            ctx.watch = _start_watch(live, ctx.record, ctx.storage, ctx.console, ctx.events)
+            watch_ref.append(ctx.watch)
             try:
-                _bring_up_and_load(live, stack, watch, events_ref, duration_s, console, timings, record, t0)
+                _bring_up_and_load(ctx)
             finally:
-                watch.stop()
-                record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
+                ctx.watch.stop()
+                _record_watched(ctx)
     finally:
         if watch_ref:
             watch_ref[0].write_epitaphs()  # every process has ended: say how in its log
 
 
-def _bring_up_and_load(live: Live, stack: ExitStack, watch: HealthWatch, events_ref: list, duration_s: float,
-                       console: Console, timings: dict, record: RunRecord, t0: float) -> None:
+def _record_watched(ctx: RunContext) -> None:
+    """The components the health watch has seen, into ``run.json``'s ``health``."""
+    ctx.record.update(health=dict(ctx.record.data.get("health", {}), watched=sorted(ctx.watch.seen)))
+
+
+def _bring_up_and_load(ctx: RunContext) -> None:
     """Steps 3-6 (module docstring) on a running network."""
-    plan = live.plan
-    calibration = calibrate_datapath(live, console)
-    record.update(datapath_compensation={k: v for k, v in calibration.items() if k != "paths"})
-    if plan.experiment.emulation.rtt_check:
-        rtt_self_check(live, console)
-    servers = ClusterServers(live, stack)
-    watch.add(lambda: _server_components(servers))
-    with console.status("starting inference servers (warm-up)..."):
+    _calibrate_and_check(ctx)
+    _start_servers_and_warm(ctx)
+    ctx.watch.check()
+    _record_watched(ctx)
+    ctx.console.print(f"{len(ctx.servers.procs)} inference servers ready, every path warmed; bring-up took "
+                      f"{ctx.timings['bringup_s']:.1f} s; watching {len(ctx.watch.seen)} components")
+    _check_host_speed(ctx.plan, ctx.run_dir, ctx.console, ctx.timings)
+    cpu_before = ctx.servers.cpu_stats()
+    ctx.stack.callback(ctx.servers.write_cpu_during_load, cpu_before)  # also after a failed or interrupted load
+    run_load(ctx)
+    ctx.timings["total_s"] = time.monotonic() - ctx.t0
+
+
+def _calibrate_and_check(ctx: RunContext) -> None:
+    """The datapath's own delay measured and compensated, then the RTT self-check (step 3)."""
+    calibration = calibrate_datapath(ctx.live, ctx.console)
+    ctx.record.update(datapath_compensation={k: v for k, v in calibration.items() if k != "paths"})
+    if ctx.plan.experiment.emulation.rtt_check:
+        rtt_self_check(ctx.live, ctx.console)
+
+
+def _start_servers_and_warm(ctx: RunContext) -> None:
+    """The inference servers up and watched, every source's path warmed (steps 4-5)."""
+    ctx.servers = servers = ClusterServers(ctx.live, ctx.stack)
+    ctx.watch.add(lambda: _server_components(servers))
+    with ctx.console.status("starting inference servers (warm-up)..."):
         servers.start_all()
-    with console.status("warming every source -> cluster path..."):
+    with ctx.console.status("warming every source -> cluster path..."):
         t_warm = time.monotonic()
-        warm = servers.warm_paths(_loaded_sources(plan))
-        timings["warm_paths_s"] = time.monotonic() - t_warm
-    record.update(warm_up=_warm_summary(warm))
-    timings["bringup_s"] = time.monotonic() - t0
-    watch.check()
-    record.update(health=dict(record.data.get("health", {}), watched=sorted(watch.seen)))
-    console.print(f"{len(servers.procs)} inference servers ready, every path warmed; bring-up took "
-                  f"{timings['bringup_s']:.1f} s; watching {len(watch.seen)} components")
-    _check_host_speed(plan, live.run_dir, console, timings)
-    cpu_before = servers.cpu_stats()
-    stack.callback(servers.write_cpu_during_load, cpu_before)  # also after a failed or interrupted load
-    run_load(live, duration_s, stack, console, servers, watch, events_ref)
-    timings["total_s"] = time.monotonic() - t0
+        warm = servers.warm_paths(_loaded_sources(ctx.plan))
+        ctx.timings["warm_paths_s"] = time.monotonic() - t_warm
+    ctx.record.update(warm_up=_warm_summary(warm))
+    ctx.timings["bringup_s"] = time.monotonic() - ctx.t0
 
 
 def _check_host_speed(plan: Plan, run_dir: Path, console: Console, timings: dict) -> None:
     """Time one model's bare call now against its profile (``host_speed.json``;
     :func:`testbed.serve.handling.host_speed`): a machine slower than when the profiles were
     measured makes every simulated figure of this plan optimistic, and the summary says so."""
-    from testbed.serve.handling import host_speed
-
     models = {m: c.server.runtime_of(m) for c in plan.experiment.clusters for m in c.models}
     t = time.monotonic()
     with native_stderr_to(run_dir / "logs" / "host_speed.log"):  # LiteRT's "INFO: Created ... delegate"
@@ -600,22 +654,9 @@ def _warm_summary(warm: dict[str, dict]) -> dict:
     return {s: {k: {"first_ms": v[0], "last_ms": v[-1]} for k, v in d.items() if v} for s, d in warm.items()}
 
 
-def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
-                   duration_s: float | None = None, link_emulator: str | None = None,
-                   base_dir: Path | None = None, process_ends: bool = False) -> int:
-    """Run a planned experiment end to end; returns the exit code (:mod:`testbed.core.errors`). Results
-    go to ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an interruption
-    are kept and summarised. ``base_dir`` is unused (the plan carries the experiment's folder).
-    ``process_ends``: the caller exits with the returned code right after (the CLI): SIGINT and
-    SIGTERM stay ignored once the outcome is recorded, so the process's exit status is the
-    recorded one."""
-    console = console or Console(markup=False, highlight=False, soft_wrap=True)
-    duration_s = duration_s or plan.experiment.duration_s
-    try:
-        run_id, run_dir, storage = check_before_bringup(plan, duration_s, runs_dir)
-    except TestbedError as exc:
-        console.print(f"error: {exc}", markup=False, highlight=False)
-        return exc.exit_code
+def _start_record(plan: Plan, run_id: str, run_dir: Path, duration_s: float, storage: Storage) -> RunRecord:
+    """``run.json`` as the run begins: what it is, who runs it, its storage estimate, its
+    controller policy (``status: running`` until the outcome is recorded)."""
     record = RunRecord(run_dir / "run.json", {
         "mode": "emulation", "run_id": run_id, "status": "running", "process": process_identity(),
         "provenance": provenance(),
@@ -626,38 +667,61 @@ def run_experiment(plan: Plan, console: Console | None = None, runs_dir: Path | 
                     "free_bytes_at_start": storage.free_bytes()},
         "health": {"controller_policy": CONTROLLER_POLICY}})
     record.update()
-    status, message, timings = EXIT_OK, "ok", {}
+    return record
+
+
+def _run_steps(ctx: RunContext) -> tuple[int, str]:
+    """Steps 2-6, whatever stops them: (exit code, message). The storage reserve is released at
+    the end, so the merge and the summary after it always have room."""
+    try:
+        _emulate(ctx)
+    except KeyboardInterrupt:
+        ctx.console.print("interrupted: stopped and cleaned up; what was measured so far is kept", markup=False)
+        return EXIT_INTERRUPTED, "interrupted"
+    except TestbedError as exc:
+        ctx.console.print(f"error: {exc}", markup=False, highlight=False)
+        return exc.exit_code, str(exc)
+    finally:
+        ctx.storage.release()
+    return EXIT_OK, "ok"
+
+
+@contextmanager
+def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
+            duration_s: float | None = None, link_emulator: str | None = None,
+            process_ends: bool = False) -> Iterator[EmulationOutcome]:
+    """Emulate a planned experiment (steps 1-6 of the module docstring) and yield its
+    :class:`EmulationOutcome`. Results go to ``runs_dir/<timestamp>-<name>/``; records measured
+    before a failure or an interruption are kept there.
+
+    Inside the ``with`` the caller summarises the run (:func:`testbed.results.runs.run_emulation`)
+    and may change the outcome's ``status`` and ``message``; on leaving it the outcome goes into
+    ``run.json`` (``status``, ``exit_code``, ``message``), the run directory is printed, and
+    ``exit.json`` written. SIGINT and SIGTERM unwind the run once and are then held off until the
+    outcome is recorded (:class:`_Interrupts`); ``process_ends``: the caller exits with the
+    status right after (the CLI), so they stay ignored after it. A check before the bring-up that
+    refuses the run yields an outcome without ``run_dir``, its exit code and message, and does
+    nothing more.
+    """
+    console = console or Console(markup=False, highlight=False, soft_wrap=True)
+    duration_s = duration_s or plan.experiment.duration_s
+    try:
+        run_id, run_dir, storage = check_before_bringup(plan, duration_s, runs_dir)
+    except TestbedError as exc:
+        console.print(f"error: {exc}", markup=False, highlight=False)
+        yield EmulationOutcome(exc.exit_code, str(exc), duration_s=duration_s)
+        return
+    record = _start_record(plan, run_id, run_dir, duration_s, storage)
+    ctx = RunContext(plan, run_id, run_dir, duration_s, link_emulator, console, record, storage)
     with _Interrupts(console, process_ends):  # until run.json has its outcome: a second Ctrl-C cannot cut the teardown
-        try:
-            _emulate(plan, run_id, run_dir, duration_s, link_emulator, console, timings, record, storage)
-        except KeyboardInterrupt:
-            console.print("interrupted: stopped and cleaned up; what was measured so far is kept", markup=False)
-            status, message = EXIT_INTERRUPTED, "interrupted"
-        except TestbedError as exc:
-            console.print(f"error: {exc}", markup=False, highlight=False)
-            status, message = exc.exit_code, str(exc)
-        finally:
-            storage.release()  # the end of the run (merge, summary) always has room
-        status, message = _finish(plan, run_dir, duration_s, timings, console, status, message)
-        record.update(status="ok" if status == EXIT_OK else "failed", exit_code=status, message=message)
+        status, message = _run_steps(ctx)
+        outcome = EmulationOutcome(status, message, run_dir, duration_s, ctx.timings,
+                                   capture=plan.experiment.capture is not None)
+        yield outcome
+        record.update(status="ok" if outcome.status == EXIT_OK else "failed", exit_code=outcome.status,
+                      message=outcome.message)
     console.print(f"run directory: {run_dir}", markup=False, highlight=False)
     try:
-        write_json_atomic(run_dir / "exit.json", {"exit_code": status})
+        write_json_atomic(run_dir / "exit.json", {"exit_code": outcome.status})
     except OSError as exc:
         console.print(f"warning: cannot write {run_dir / 'exit.json'}: {exc.strerror}", markup=False)
-    return status
-
-
-def _finish(plan: Plan, run_dir: Path, duration_s: float, timings: dict, console: Console, status: int,
-            message: str) -> tuple[int, str]:
-    """Merge and summarise what was measured; a run that measured nothing never exits 0."""
-    try:
-        s = _summarize(plan, run_dir, duration_s, timings, console)
-    except (OSError, TestbedError) as exc:
-        console.print(f"error: the summary could not be written: {exc}; the records are in "
-                      f"{run_dir / 'sources'}", markup=False, highlight=False)
-        return (status if status != EXIT_OK else EXIT_COMPONENT_DIED), f"summary failed: {exc}"
-    if status == EXIT_OK and not s.get("queries"):
-        console.print("error: the run measured no query", markup=False)
-        return EXIT_NOTHING_MEASURED, "the run measured no query"
-    return status, message

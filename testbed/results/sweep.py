@@ -1,7 +1,7 @@
 """Sweeps: policies x scenarios x seeds, in local processes or on Ray; resumable; streamed to Parquet.
 
-Each cell (scenario, policy, seed) is one run: :func:`testbed.sim.simulate_experiment` (default), or
-with ``emulate=True`` one emulation, :func:`testbed.emu.run.run_experiment` (root; one per machine:
+Each cell (scenario, policy, seed) is one run: :func:`testbed.results.runs.run_simulation` (default), or
+with ``emulate=True`` one emulation, :func:`testbed.results.runs.run_emulation` (root; one per machine:
 the Ray task needs the custom resource ``mininet: 1``, and takes ``/tmp/testbed-emulation.lock``
 on its node). Cells run through :func:`testbed.core.distributed.imap_unordered` (``backend="process"``
 or ``"ray"``, with ``ray_address`` for a cluster). The plan is sent to the workers, so a cluster's
@@ -46,6 +46,7 @@ import pandas as pd
 from testbed.core.errors import EXIT_BRINGUP, EXIT_INPUT, InputError, RunFailure
 from testbed.core.util import ci95, markdown_table, replace_atomic, write_json_atomic
 from testbed.model.records import CAUSES
+from testbed.results.runs import run_emulation, run_simulation
 
 #: The per-(scenario, policy) columns of ``table.md``, in order.
 TABLE_COLUMNS = ["scenario", "policy", "seeds", "success_mean", "success_ci95", "e2e_p50_ms", "e2e_p95_ms",
@@ -78,8 +79,6 @@ def run_one(plan, policy: str, seed: int, duration_s: float | None, runs_dir: st
     Raises:
         RunFailure: the temporary folder cannot be made, or the run cannot be written (exit 3,
             naming the folder)."""
-    from testbed.sim import simulate_experiment
-
     name = plan.experiment.name
     tmp = None
     if runs_dir is None:
@@ -92,7 +91,7 @@ def run_one(plan, policy: str, seed: int, duration_s: float | None, runs_dir: st
     else:
         run_dir = Path(runs_dir) / f"{name}-{policy}-s{seed}"
     try:
-        _, s = simulate_experiment(plan, duration_s=duration_s, seed=seed, policy=policy, run_dir=run_dir, quiet=True)
+        _, s = run_simulation(plan, duration_s=duration_s, seed=seed, policy=policy, run_dir=run_dir, quiet=True)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -123,8 +122,6 @@ def run_one_emulated(plan, policy: str, seed: int, duration_s: float | None, run
 
     from rich.console import Console
 
-    from testbed.emu.run import run_experiment
-
     name = plan.experiment.name
     cell_dir = Path(runs_dir) / f"{name}-{policy}-s{seed}"
     cell_dir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +129,7 @@ def run_one_emulated(plan, policy: str, seed: int, duration_s: float | None, run
     with open(EMULATION_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one emulation per machine, queued behind any other
         before = set(cell_dir.iterdir())
-        code = run_experiment(cell_plan, console=Console(quiet=True), runs_dir=cell_dir, duration_s=duration_s,
+        code = run_emulation(cell_plan, console=Console(quiet=True), runs_dir=cell_dir, duration_s=duration_s,
                               link_emulator=link_emulator)
     (run_dir,) = set(cell_dir.iterdir()) - before
     if code != 0:

@@ -1,0 +1,186 @@
+"""Running one experiment end to end: an engine, then the merge, the summary and the exit code.
+
+The engines measure (:func:`testbed.emu.run.emulate`, :func:`testbed.sim.run.simulate`) and say
+what they measured; this module, above them, turns that into a run folder with its summary and
+the command's exit code (:mod:`testbed.core.errors`):
+
+- :func:`run_emulation` (``testbed run``, the emulated sweep): records merged and summarised
+  whatever happened before (``summary.json``, ``summary.md``; with packet capture, the packet
+  analysis first); a run that measured nothing never exits 0 (5), and a summary that cannot be
+  written turns a successful run into a failed one (4), the records staying in ``sources/``;
+- :func:`run_simulation` (``testbed simulate``, the sweep): the simulated run folder written whole
+  or not at all (a full or unwritable disk leaves nothing that looks like a finished run: exit 3).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from datetime import datetime
+from pathlib import Path
+
+from rich.console import Console
+
+from testbed.core.errors import (
+    EXIT_BRINGUP,
+    EXIT_COMPONENT_DIED,
+    EXIT_NOTHING_MEASURED,
+    EXIT_OK,
+    RunFailure,
+    TestbedError,
+)
+from testbed.core.util import repo_path, write_json_atomic
+from testbed.emu.run import EmulationOutcome, emulate
+from testbed.plan.build import Plan
+from testbed.results.capture import analyze_run
+from testbed.results.summary import print_summary, summarize
+from testbed.sim.engine import Simulator
+from testbed.sim.run import simulate
+
+__all__ = ["run_emulation", "run_simulation"]
+
+
+# ----------------------------------------------------------------------------- emulation
+
+def run_emulation(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
+                  duration_s: float | None = None, link_emulator: str | None = None,
+                  base_dir: Path | None = None, process_ends: bool = False) -> int:
+    """Emulate a planned experiment end to end (:func:`testbed.emu.run.emulate`), then merge and
+    summarise what was measured; returns the exit code (:mod:`testbed.core.errors`). Results go to
+    ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an interruption are
+    kept and summarised. ``base_dir`` is unused (the plan carries the experiment's folder).
+    ``process_ends``: the caller exits with the returned code right after (the CLI): SIGINT and
+    SIGTERM stay ignored once the outcome is recorded, so the process's exit status is the
+    recorded one."""
+    console = console or Console(markup=False, highlight=False, soft_wrap=True)
+    with emulate(plan, console, runs_dir, duration_s, link_emulator, process_ends) as outcome:
+        if outcome.run_dir is not None:
+            outcome.status, outcome.message = finish_emulation(outcome, console)
+    return outcome.status
+
+
+def finish_emulation(outcome: EmulationOutcome, console: Console) -> tuple[int, str]:
+    """Merge and summarise what an emulation measured: (exit code, message). A run that measured
+    nothing never exits 0 (:data:`~testbed.core.errors.EXIT_NOTHING_MEASURED`); a summary that
+    cannot be written fails the run (:data:`~testbed.core.errors.EXIT_COMPONENT_DIED` unless it
+    had failed already), naming where the records are."""
+    status, message = outcome.status, outcome.message
+    try:
+        s = summarize_emulation(outcome, console)
+    except (OSError, TestbedError) as exc:
+        console.print(f"error: the summary could not be written: {exc}; the records are in "
+                      f"{outcome.run_dir / 'sources'}", markup=False, highlight=False)
+        return (status if status != EXIT_OK else EXIT_COMPONENT_DIED), f"summary failed: {exc}"
+    if status == EXIT_OK and not s.get("queries"):
+        console.print("error: the run measured no query", markup=False)
+        return EXIT_NOTHING_MEASURED, "the run measured no query"
+    return status, message
+
+
+def summarize_emulation(outcome: EmulationOutcome, console: Console) -> dict:
+    """``summary.json`` and ``summary.md`` of whatever was measured (also of nothing: a run that
+    failed before its load says so there too), with the run's ``timings_s``; the packet analysis
+    first when the run captured packets; printed when there are records.
+
+    Raises:
+        OSError, TestbedError: the records cannot be merged or the summary written.
+    """
+    run_dir = outcome.run_dir
+    measured = any((run_dir / "sources").glob("*.records.csv"))
+    if measured and outcome.capture and (run_dir / "pcap").is_dir():
+        analyze_run(run_dir)
+    s = summarize(run_dir, outcome.duration_s)
+    s["timings_s"] = {k: round(v, 2) for k, v in outcome.timings.items()}
+    write_json_atomic(run_dir / "summary.json", s, indent=2)
+    print_summary(s, console if measured else Console(file=io.StringIO()), run_dir)
+    return s
+
+
+# ----------------------------------------------------------------------------- simulation
+
+def run_simulation(plan: Plan, base_dir: Path | None = None, runs_dir: Path | None = None,
+                   duration_s: float | None = None, seed: int | None = None, policy: str | None = None,
+                   run_dir: Path | None = None, console: Console | None = None,
+                   quiet: bool = False) -> tuple[Path, dict]:
+    """Simulate ``plan`` for ``duration_s`` (default: the experiment's; :func:`testbed.sim.run.simulate`)
+    and write its run directory with its summary. ``policy`` overrides the policy of every source.
+    Returns (run directory, summary dict). ``run_dir`` default: ``runs_dir`` (default the
+    experiment's) ``/<timestamp>-<name>[-<policy>]-sim-s<seed>``.
+
+    The run directory is written whole or not at all (:func:`_write_whole`): a full or unwritable
+    disk leaves nothing that looks like a finished run.
+
+    Raises:
+        testbed.sim.SimError, testbed.model.arrivals.ArrivalError: bad input, naming the item (a source
+            on policy ``aset`` without a ``policy`` override: :func:`testbed.sim.run.check_static_policies`).
+        testbed.core.errors.RunFailure: the run directory cannot be written (exit code 3; names it and
+            the reason; nothing is left there).
+    """
+    exp = plan.experiment
+    out = simulate(plan, base_dir=base_dir, duration_s=duration_s, seed=seed, policy=policy)
+    if run_dir is None:
+        base = Path(runs_dir) if runs_dir else repo_path(exp.runs_dir)
+        tag = f"-{policy}" if policy else ""
+        run_dir = base / f"{datetime.now():%Y%m%d-%H%M%S}-{exp.name}{tag}-sim-s{out.sim.seed}"
+    n = len(out.sim.queries_recorded)
+    s = _write_whole(out.sim, Path(run_dir), out.duration_s, out.wall_s)
+    if not quiet:
+        console = console or Console()
+        print_summary(s, console)
+        console.print(f"simulated {out.duration_s:g} s, {n} queries in {out.wall_s:.2f} s wall; run directory: "
+                      f"{run_dir}")
+    return run_dir, s
+
+
+def _write_whole(sim: Simulator, run_dir: Path, duration_s: float, wall_s: float) -> dict:
+    """Write the simulated run (records, ``run.json``, ``summary.json``, ``summary.md``) into a
+    hidden sibling of ``run_dir`` and rename it to ``run_dir`` once everything is written; an
+    earlier simulated run of the same name is replaced. Returns the summary.
+
+    Raises:
+        testbed.core.errors.RunFailure: a write failed (a full disk, no permission), or ``run_dir``
+            exists and is not a simulated run directory (exit code 3; the partial copy is removed).
+    """
+    _check_replaceable(run_dir)
+    tmp = run_dir.with_name(f".{run_dir.name}.partial-{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        sim.write_run(tmp, {"simulated_s": duration_s, "wall_s": round(wall_s, 3), "queries": len(sim.queries_recorded),
+                            "status": "ok"})
+        s = summarize(tmp, duration_s)
+        s["mode"] = "simulation"
+        s["cold_rule"] = "simulated: the simulator models no TCP connection, so no query opens one (cold = 0 for all)"
+        s["timings_s"] = {"wall_s": round(wall_s, 3)}
+        write_json_atomic(tmp / "summary.json", s, indent=2)
+        print_summary(s, Console(quiet=True), tmp)  # summary.md
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        os.rename(tmp, run_dir)
+    except (OSError, RunFailure) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause = exc if isinstance(exc, OSError) else exc.__cause__  # the merge's RunFailure wraps its OSError
+        why = getattr(cause, "strerror", None) or str(cause or exc)
+        raise RunFailure(f"cannot write the simulated run {run_dir}: {why}; nothing was left there (free space or "
+                         f"choose another --runs-dir)", EXIT_BRINGUP) from None
+    return s
+
+
+def _check_replaceable(run_dir: Path) -> None:
+    """A new simulated run may take ``run_dir``'s place: it does not exist, is an empty folder, or
+    is an earlier simulated run of the same name (its ``run.json`` says so; replaced as the
+    simulator always did).
+
+    Raises:
+        testbed.core.errors.RunFailure: ``run_dir`` exists and is not a simulated run directory (exit 3).
+    """
+    if not run_dir.exists() or (run_dir.is_dir() and not any(run_dir.iterdir())):
+        return
+    try:
+        simulated = json.loads((run_dir / "run.json").read_text()).get("mode") == "simulation"
+    except (OSError, ValueError, AttributeError):
+        simulated = False
+    if not simulated:
+        raise RunFailure(f"{run_dir} exists and is not a simulated run directory; it is left as it is: choose "
+                         f"another --runs-dir", EXIT_BRINGUP)
