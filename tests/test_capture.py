@@ -13,9 +13,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed.emu.capture import capture_points, packet_bound, tcpdump_command, validate_capture
+from testbed.emu.capture import packet_bound, tcpdump_command
 from testbed.model.records import RECORD_FIELDS
 from testbed.plan.build import PlanError, plan_experiment
+from testbed.plan.capture import capture_points, validate_capture
 from testbed.results.capture import IPV6, PcapError, analyze_run, load_packets, parse_tcp, read_pcap
 from testbed.results.summary import merge_records
 from testbed.spec.capture import CaptureSpec

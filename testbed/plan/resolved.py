@@ -1,0 +1,224 @@
+"""The resolved plan of an experiment: switches, links, hosts, expected paths, models, service
+times, events and weights, as a pydantic model (what ``plan.json`` holds, ``Plan.model_dump_json``,
+and what every process of a run reads back). :func:`testbed.plan.build.build_plan` makes one.
+
+The plan also gives, built once, what both engines assemble from it: a source's dispatcher
+options (:meth:`Plan.options`) and a cluster's server queue (:meth:`Plan.queue`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from testbed.core.errors import InputError
+from testbed.core.util import write_json_atomic
+from testbed.model.dispatch import OptionSpec
+from testbed.model.events import Change
+from testbed.model.network import NetworkState
+from testbed.model.queue import ServerQueue
+from testbed.model.service import ServiceFigures
+from testbed.plan.catalog import ModelInfo
+from testbed.spec.experiment import Experiment
+
+
+class PlanError(InputError):
+    """The experiment cannot be planned; the message names the offending item."""
+
+
+class _PlanModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Switch(_PlanModel):
+    """An OpenFlow switch standing for one topology node. ``lat``/``lon`` in degrees."""
+
+    name: str
+    dpid: int
+    node_id: str
+    label: str
+    lat: float | None
+    lon: float | None
+
+
+class Link(_PlanModel):
+    """An undirected switch-switch link. ``delay_ms`` is one-way (ms), ``bandwidth_mbps`` Mbit/s,
+    ``loss_pct`` percent; ``delay_source`` is one of ``config``, ``geo``, ``floor`` (geo below the
+    floor), ``cloud``; ``km`` the great-circle length (None when not derived)."""
+
+    index: int
+    a: str
+    b: str
+    delay_ms: float
+    bandwidth_mbps: float
+    loss_pct: float
+    delay_source: str
+    km: float | None
+
+    @property
+    def emu_name(self) -> str:
+        """Name of the namespace node holding the user-space link emulator for this link."""
+        return f"l{self.index}"
+
+
+class Host(_PlanModel):
+    """A source or cluster host, attached to ``switch`` by a link of ``bandwidth_mbps`` and 0 ms."""
+
+    name: str
+    role: str  # "source" | "cluster"
+    switch: str
+    site: str
+    ip: str = ""
+    mac: str = ""
+    bandwidth_mbps: float
+    tier: str | None = None
+    cpu_cores: float | None = None
+    workers: int | None = None
+    models: list[str] = []
+
+
+class PathInfo(_PlanModel):
+    """Expected path from a source host to a cluster host by least one-way delay (ms)."""
+
+    source: str
+    cluster: str
+    switches: list[str]
+    one_way_ms: float
+
+    @property
+    def rtt_ms(self) -> float:
+        """Expected RTT in ms: 2 x the sum of one-way delays (system-model.md)."""
+        return 2.0 * self.one_way_ms
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """One cluster's server queue as the plan fixes it (the arguments of
+    :class:`testbed.model.queue.ServerQueue`): ``workers`` W, ``queue_limit`` (most waiting
+    queries), ``discipline`` fifo | edf, ``admission``, ``max_batch`` (inputs per call),
+    ``max_queue_delay_ms`` (longest a batch waits to fill, ms) and ``mean_service_ms``: model ->
+    its mean call time when the cluster is busy (ms; admission's estimate, the plan's
+    ``busy_mean_ms``)."""
+
+    workers: int
+    queue_limit: int
+    discipline: str
+    admission: bool
+    max_batch: int
+    max_queue_delay_ms: float
+    mean_service_ms: dict[str, float]
+
+    def server_queue(self, key: Mapping[str, Hashable] | None = None) -> ServerQueue:
+        """A fresh :class:`~testbed.model.queue.ServerQueue` with these settings; ``key`` renames
+        the models (model name -> the caller's handle, e.g. the simulator's model index).
+
+        Raises:
+            ValueError: a setting out of range (from the queue).
+        """
+        mean_s = {(key[m] if key is not None else m): ms / 1e3 for m, ms in self.mean_service_ms.items()}
+        return ServerQueue(self.workers, self.queue_limit, self.discipline, self.admission, self.max_batch,
+                           self.max_queue_delay_ms / 1e3, mean_s)
+
+
+class Plan(_PlanModel):
+    """Everything ``testbed run`` and ``testbed simulate`` execute, resolved and validated.
+
+    ``models``: every model variant a cluster serves. ``services``: cluster -> model -> its
+    service times there. ``changes``: the events' timeline (:func:`testbed.model.events.expand`),
+    links named by the plan's switch names. ``weights``: per workload entry, the spatial weight
+    of each source it selects (:func:`testbed.model.arrivals.source_weights`). ``request_bytes``: per
+    application, the request body size (bytes) its queries put on the wire. ``base_dir``: the
+    experiment file's folder (trace and demand-matrix
+    paths are relative to it); ``zoo_dir`` / ``profiles_dir``: resolved folders.
+    """
+
+    experiment: Experiment
+    topology_name: str
+    switches: list[Switch]
+    links: list[Link]
+    hosts: list[Host]
+    paths: list[PathInfo]
+    notes: list[str]
+    models: dict[str, ModelInfo] = {}
+    services: dict[str, dict[str, ServiceFigures]] = {}
+    changes: list[Change] = []
+    weights: list[dict[str, float]] = []
+    request_bytes: dict[str, int] = {}
+    base_dir: str = "."
+    zoo_dir: str = ""
+    profiles_dir: str = ""
+
+    def switch(self, name: str) -> Switch:
+        """The switch called ``name`` (KeyError if none)."""
+        for s in self.switches:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def host(self, name: str) -> Host:
+        """The host called ``name`` (KeyError if none)."""
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    @property
+    def sources(self) -> list[Host]:
+        return [h for h in self.hosts if h.role == "source"]
+
+    @property
+    def clusters(self) -> list[Host]:
+        return [h for h in self.hosts if h.role == "cluster"]
+
+    def rtt_ms(self, source: str, cluster: str) -> float:
+        """Expected RTT in ms between a source and a cluster host."""
+        for p in self.paths:
+            if p.source == source and p.cluster == cluster:
+                return p.rtt_ms
+        raise KeyError((source, cluster))
+
+    def options(self, source: str) -> list[OptionSpec]:
+        """The (cluster, model) options of ``source``'s dispatcher, clusters in plan order and each
+        cluster's models in its order: the planned RTT, the service times there, the model's
+        accuracy and family, the cluster's tier and W (KeyError for an unknown source)."""
+        rtt = {p.cluster: p.rtt_ms for p in self.paths if p.source == source}
+        if not rtt:
+            raise KeyError(source)
+        return [OptionSpec(c.name, m, rtt[c.name], f.expected_ms, f.busy_mean_ms, self.models[m].accuracy,
+                           c.tier or "", f.workers, self.models[m].family)
+                for c in self.clusters for m, f in self.services[c.name].items()]
+
+    def queue(self, cluster: str) -> QueueSettings:
+        """The server queue of ``cluster`` (its spec's settings, the plan's busy means; KeyError if none)."""
+        spec = next((c for c in self.experiment.clusters if c.name == cluster), None)
+        if spec is None:
+            raise KeyError(cluster)
+        srv = spec.server
+        return QueueSettings(spec.workers, spec.queue_limit, srv.discipline, srv.admission, srv.max_batch,
+                             srv.max_queue_delay_ms,
+                             {m: f.busy_mean_ms for m, f in self.services[cluster].items()})
+
+    def network_state(self) -> NetworkState:
+        """The model's state of the switch links as planned (delays, capacities, loss, the MTU)."""
+        return NetworkState([(lk.a, lk.b, lk.delay_ms, lk.bandwidth_mbps, lk.loss_pct) for lk in self.links],
+                            [s.name for s in self.switches], mtu=self.experiment.topology.mtu)
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable view (``plan.json``), with each link's ``emu_name`` and each
+        path's ``rtt_ms`` added for readers of the file."""
+        d = self.model_dump(mode="json")
+        for lk, row in zip(self.links, d["links"], strict=True):
+            row["emu_name"] = lk.emu_name
+        for p, row in zip(self.paths, d["paths"], strict=True):
+            row["rtt_ms"] = p.rtt_ms
+        return d
+
+    def write_json(self, path: Path) -> None:
+        """Write :meth:`to_dict` to ``path`` (atomically)."""
+        write_json_atomic(path, self.to_dict(), indent=1)
+
+
+__all__ = ["Host", "Link", "PathInfo", "Plan", "PlanError", "QueueSettings", "Switch"]
