@@ -1,10 +1,10 @@
 """Interface set-up in-process, without a process per interface: link up, offloads off, IPv6 off,
 in any network namespace (named by the pid of a process in it, e.g. a Mininet node's shell).
 
-The bring-up used to run ``ip link set X up``, ``sysctl`` and ``ethtool -K X ...`` for every
-interface: on Abilene (28 switch-link veths through the link emulator's namespace, 4 host links)
-that is about 90 processes and 0.3-0.4 s on the 2-core machine. The same kernel calls made here
-take a few milliseconds: per namespace, one thread enters it (``setns(2)`` changes the calling
+Running ``ip link set X up``, ``sysctl`` and ``ethtool -K X ...`` for every interface would take,
+on Abilene (28 switch-link veths through the link emulator's namespace, 4 host links), about 90
+processes and 0.3-0.4 s on the 2-core machine. The same kernel calls made here take a few
+milliseconds: per namespace, one thread enters it (``setns(2)`` changes the calling
 thread's network namespace only), opens a socket there, and makes the ioctls that ``ip`` and
 ``ethtool`` make:
 

@@ -170,9 +170,9 @@ class _Interrupts:
     """SIGINT and SIGTERM while a run is under way (a context manager).
 
     The first one unwinds like Ctrl-C (``KeyboardInterrupt``), so the same teardown runs. The
-    ones after it only say that the teardown is under way: a second, impatient Ctrl-C used to cut
-    the teardown short and leave bridges, link emulators, the controller and cgroups behind,
-    while the run said it had cleaned up. The previous handlers come back on exit, unless the run
+    ones after it only say that the teardown is under way: a second, impatient Ctrl-C would
+    otherwise cut the teardown short and leave bridges, link emulators, the controller and
+    cgroups behind, while the run said it had cleaned up. The previous handlers come back on exit, unless the run
     was interrupted: then later signals are ignored until the process ends (the run has stopped;
     a late Ctrl-C would otherwise kill the process before it reports its exit code, 130, and the
     caller would see a death by SIGINT instead). ``ignore_after``: ignore them after the run in any

@@ -18,8 +18,8 @@ _TIME = re.compile(r"time=([\d.]+) ms")
 
 #: A path out of tolerance is pinged once more after this pause (s), and the run goes on only if
 #: the second median passes: five pings take 1 s, so one stall of the shared machine (a neighbour's
-#: burst, a process starting) can fail a path that is right. Stalls of several seconds were seen in
-#: the suite (a full run at 22:14 UTC: pings of 18-32 ms on a 10 ms path for ~5 s), hence 3 s.
+#: burst, a process starting) can fail a path that is right. Stalls of several seconds happen on the
+#: shared machine (docs/scale-out.md, "Datapath compensation"), hence 3 s.
 #: A path that fails twice stops the run; ``rtt_check.csv`` keeps both medians. The tolerance itself is unchanged.
 RECHECK_PAUSE_S = 3.0
 

@@ -423,10 +423,9 @@ def factors_of(row: dict[str, Any]) -> tuple[float, float]:
 
 
 #: The host-speed check (:func:`host_speed`): a bare call this many times slower than the profile
-#: means the machine is slower now than when it was profiled. Measured on the build machine: the
-#: same bare call ran 1.3-1.7x slower at 17:15 UTC than at 11:30 UTC on a shared host (hand_full
-#: 10.7 against 7.0 ms, face_dual 7.8 against 5.1 ms, docs/models-and-servers.md), while
-#: repeats minutes apart differ by 10-30 %.
+#: means the machine is slower now than when it was profiled: on a shared host the same bare call
+#: drifts by more than that over a day, while repeats minutes apart differ by 10-30 %
+#: (docs/models-and-servers.md, "The host's speed drifts").
 HOST_SLOW_FACTOR = 1.25
 #: CPU time the host-speed check spends on calls (s).
 HOST_CHECK_S = 0.5
