@@ -160,11 +160,11 @@ SLOW_SERVICE_MAX_UTILIZATION = 0.5
 #: bare call has not (the hand-off to the worker and the time stamps): an unloaded server measures
 #: digits_small's 0.007 ms LiteRT call at 0.034 ms (``benchmarks/server_bench.py --variants
 #: digits_small --runtimes litert``), and on a loaded machine at 0.073 ms, 9.86x, which the ratio
-#: alone reported as starvation on every triangle-litert run. TensorFlow's is larger: its cold
-#: call of digits_small in a 0.5-core cgroup took 1.27-1.41 ms (triangle runs at load 0.3-0.5, Dec
-#: 3 2026) against 0.64 ms expected with its cold factor (profile 0.31 ms x 2.07,
-#: ``models/profiles/handling.json``), 0.7 ms over, which a floor of 0.5 ms reported as starvation on
-#: every triangle run. 1.0 ms is above that; every model of the real-DNN experiments has a profile of
+#: alone would report as starvation on every triangle-litert run. TensorFlow's is larger: its cold
+#: call of digits_small in a 0.5-core cgroup took 1.27-1.41 ms (triangle runs at load 0.3-0.5,
+#: docs/trustworthy-runs.md) against 0.64 ms expected with its cold factor (profile 0.31 ms x 2.07,
+#: ``models/profiles/handling.json``), 0.7 ms over, which a floor of 0.5 ms would report as starvation
+#: on every triangle run. 1.0 ms is above that; every model of the real-DNN experiments has a profile of
 #: 2 ms or more, where 1.75x is an excess of 1.5 ms or more, so the floor hides no starvation of theirs.
 SLOW_SERVICE_MIN_EXCESS_MS = 1.0
 #: Fewest answered, unbatched queries of a (cluster, model) for the service check to judge it.
