@@ -90,7 +90,7 @@ class PathInfo(_PlanModel):
 
     @property
     def rtt_ms(self) -> float:
-        """Expected RTT in ms: 2 x the sum of one-way delays (system-model.md)."""
+        """Expected RTT in ms: 2 x the sum of one-way delays (``docs/system-model.md``)."""
         return 2.0 * self.one_way_ms
 
 
