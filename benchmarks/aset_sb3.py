@@ -94,16 +94,16 @@ def run(cfg_path: str, scenarios: list[str], steps: int, seeds: int) -> int:
     from testbed.aset.evaluate import aset_job, check_checkpoint, static_job
     from testbed.core.util import ci95, repo_path
     from testbed.plan.build import plan_experiment
-    from testbed.spec.aset import load_aset_config
+    from testbed.plan.policies import aset_actions, load_aset
 
-    cfg, base = load_aset_config(cfg_path)
+    cfg, base = load_aset(cfg_path)
     a = cfg.agent
     ckpt = str(repo_path(cfg.evaluation.checkpoint, base))
     check_checkpoint(Path(ckpt), [str(repo_path(sc, base)) for sc in scenarios])
     for sc in scenarios:
         plan = plan_experiment(repo_path(sc, base))
-        env = AsetSimEnv(plan, cfg.observation, plan.experiment.duration_s, policies=cfg.policies, reward=cfg.reward,
-                         immediate_reward=True)
+        env = AsetSimEnv(plan, cfg.observation, plan.experiment.duration_s, policies=aset_actions(cfg),
+                         reward=cfg.reward, immediate_reward=True)
         vec = sources_vec_env(env)
         n = vec.num_envs
         model = DQN("MlpPolicy", vec, learning_rate=a.learning_rate, buffer_size=a.replay_size,
@@ -115,7 +115,7 @@ def run(cfg_path: str, scenarios: list[str], steps: int, seeds: int) -> int:
         model.learn(total_timesteps=steps * n)
         sb3, ours, minlat = [], [], []
         for k in range(1, seeds + 1):
-            env_eval = AsetSimEnv(plan, cfg.observation, plan.experiment.duration_s, policies=cfg.policies)
+            env_eval = AsetSimEnv(plan, cfg.observation, plan.experiment.duration_s, policies=aset_actions(cfg))
             obs, _ = env_eval.reset(seed=k, options={"sim_seed": k})
             done = False
             while not done:

@@ -45,7 +45,7 @@ from testbed.aset.evaluate import causal_job, summarise  # noqa: E402
 from testbed.core.distributed import imap_unordered  # noqa: E402
 from testbed.core.util import ci95, markdown_table, repo_path  # noqa: E402
 from testbed.plan.build import plan_experiment  # noqa: E402
-from testbed.spec.aset import load_aset_config  # noqa: E402
+from testbed.plan.policies import aset_actions, load_aset  # noqa: E402
 
 FIGURES = ("best", "mix", "oracle", "causal", "aset")
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.samples < 1:
         ap.error(f"--samples must be >= 1, not {a.samples}")
-    cfg, base = load_aset_config(a.config)
+    cfg, base = load_aset(a.config)
     ev = cfg.evaluation
     if ev is None:
         ap.error(f"{a.config}: no evaluation section")
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             if (n, k) not in per:
                 ap.error(f"{results}: no tuning run of {n} on seed {k}")
     horizon = a.horizon if a.horizon is not None else ev.oracle_horizon
-    actions = list(cfg.policies)
+    actions = list(aset_actions(cfg))
     tasks = [(paths[n], k, mixes[n], actions, a.samples, ev.duration_s, horizon, a.min_t) for n in names for k in seeds]
     print(f"causal planner: {len(names)} scenarios x seeds {seeds}, {a.samples} sampled futures, t >= {a.min_t:g}, "
           f"horizon {horizon} "

@@ -24,6 +24,7 @@ from testbed.agent.observation import (
 from testbed.aset.envs import AsetSimEnv
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import plan_experiment
+from testbed.plan.policies import check_aset_policies
 from testbed.spec.aset import AgentSpec, AsetConfig, ObservationSpec, TrainingSpec, load_aset_config
 from testbed.spec.experiment import ConfigError
 
@@ -659,7 +660,7 @@ def test_plans_that_do_not_fit_are_refused_naming_the_scenario(plan):
     with pytest.raises(ValueError, match="planned policy 'cloud' is not an action"):
         plan_contexts(plan, ("closest", "random"), _planned_spec({"triangle": ["cloud", "closest"]}))
     with pytest.raises(ValueError, match="observation.plans.triangle: unknown policy 'fastest'"):
-        AsetConfig(name="x", observation=_planned_spec({"triangle": ["fastest", "closest"]}))
+        check_aset_policies(AsetConfig(name="x", observation=_planned_spec({"triangle": ["fastest", "closest"]})))
     with pytest.raises(ValueError, match="plan_margin 0.1.*observation.plans is not set"):
         AsetConfig(name="x", agent=AgentSpec(plan_margin=0.1))
     with pytest.raises(ValueError, match="names no scenario"):

@@ -196,12 +196,13 @@ def test_a_mix_baseline_gives_zero_reward_to_the_agent_that_plays_the_mix():
 
 def test_a_mix_baseline_that_does_not_fit_is_refused_naming_it(plan):
     from testbed.aset.train import check_reward_baselines
+    from testbed.plan.policies import check_aset_policies
     from testbed.spec.aset import AsetConfig, RewardSpec
     from testbed.spec.experiment import ConfigError
 
     name, n = plan.experiment.name, len(plan.sources)
     with pytest.raises(ValueError, match=r"reward.baseline_mix.x: unknown policy 'fastest'"):
-        AsetConfig.model_validate({"name": "t", "reward": {"baseline_mix": {"x": ["fastest"]}}})
+        check_aset_policies(AsetConfig.model_validate({"name": "t", "reward": {"baseline_mix": {"x": ["fastest"]}}}))
     with pytest.raises(ConfigError, match=r"reward.baseline_mix.nosuch: no training scenario"):
         check_reward_baselines(RewardSpec(baseline_mix={"nosuch": ["cloud"] * n}), [plan])
     with pytest.raises(ConfigError, match=rf"reward.baseline_mix.{name}: {n + 1} policies for {n} sources"):

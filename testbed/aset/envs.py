@@ -41,6 +41,7 @@ from pydantic import Field
 from testbed.agent.observation import SourceContext, SourceObserver, context_size
 from testbed.aset.episode import Episode, run_static
 from testbed.plan.build import Plan
+from testbed.plan.policies import aset_actions, load_aset
 from testbed.spec.aset import ObservationSpec, RewardSpec, plan_key
 from testbed.spec.schema import Num, StrictModel
 
@@ -391,14 +392,14 @@ def make_sim_env(experiment: str | list[str], config: str | None = None, episode
     """
     from testbed.aset.episode import window_of
     from testbed.aset.train import scenario_sampler
-    from testbed.spec.aset import AsetConfig, RandomiseSpec, load_aset_config
+    from testbed.spec.aset import AsetConfig, RandomiseSpec
     from testbed.spec.experiment import ConfigError
 
     exps = [experiment] if isinstance(experiment, str | Path) else experiment
     opts = _validated(lambda: SimEnvOptions.model_validate({
         "experiment": _as_names(exps), "config": _as_names(config), "episode_s": episode_s,
         "load_scale": _as_names(load_scale), "immediate_reward": immediate_reward}), "keyword")
-    cfg = load_aset_config(opts.config)[0] if opts.config else AsetConfig(name="gym")
+    cfg = load_aset(opts.config)[0] if opts.config else AsetConfig(name="gym")
     fields = list(ObservationSpec.model_fields)
     observed = [*fields, *(k.removesuffix("_ms") for k in fields if k.endswith("_ms"))]  # window: 1s
     what = "observation override" if set(overrides) <= set(observed) else (
@@ -413,7 +414,7 @@ def make_sim_env(experiment: str | list[str], config: str | None = None, episode
             window_of(plan, spec.window_ms / 1e3)
         except ValueError as exc:
             raise ConfigError(f"{path}: {exc} (the observation window, window_ms)") from None
-    return AsetSimEnv(sampler, spec, opts.episode_s or plans[0].experiment.duration_s, policies=cfg.policies,
+    return AsetSimEnv(sampler, spec, opts.episode_s or plans[0].experiment.duration_s, policies=aset_actions(cfg),
                       reward=cfg.reward, immediate_reward=opts.immediate_reward)
 
 

@@ -56,6 +56,7 @@ from testbed.agent.npolicy import NumpyPolicy, policy_files
 from testbed.core.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure, naming_file
 from testbed.core.util import ci95, markdown_table, repo_path, scenarios_problem, write_json_atomic
 from testbed.plan.build import Plan
+from testbed.plan.policies import aset_actions
 from testbed.spec.aset import AsetConfig, EvaluationSpec, ObservationSpec
 from testbed.spec.experiment import Experiment
 
@@ -500,7 +501,7 @@ def evaluate(cfg: AsetConfig, base: Path, *, seeds: int | None = None, duration_
     ev = cfg.evaluation
     su = _prepare(cfg, base, duration_s, headroom_only, specialised, causal_samples)
     scenarios, names, dur, causal = su.scenarios, su.names, su.dur, su.causal
-    actions = list(cfg.policies)
+    actions = list(aset_actions(cfg))
     tune = list(range(1, (seeds or ev.seeds) + 1))
     fresh = list(range(ev.fresh_from, ev.fresh_from + (ev.fresh_seeds if fresh_seeds is None else fresh_seeds)))
     bar = progress_bar(console, _n_jobs(ev, su, len(tune), len(fresh), agreement_check)) if progress else None

@@ -78,6 +78,7 @@ from testbed.aset.train import (
 )
 from testbed.core.errors import EXIT_NOTHING_MEASURED, RunFailure
 from testbed.core.util import replace_atomic
+from testbed.plan.policies import aset_actions
 from testbed.spec.aset import AsetConfig, ObservationSpec, RandomiseSpec
 from testbed.spec.schema import StrictModel
 
@@ -104,7 +105,7 @@ class RolloutTaskSpec(StrictModel):
 def data_spec(cfg: AsetConfig) -> str:
     """The :class:`RolloutTaskSpec` of ``cfg``'s data episodes, as JSON."""
     tr = cfg.training
-    return RolloutTaskSpec(observation=cfg.observation, policies=tuple(cfg.policies),
+    return RolloutTaskSpec(observation=cfg.observation, policies=aset_actions(cfg),
                            horizon_windows=tr.rollout.horizon_windows, episode_s=float(tr.episode_s),
                            behaviour_epsilon=float(tr.rollout.behaviour_epsilon),
                            load_scale=tuple(float(x) for x in tr.randomise.load_scale)).model_dump_json()
@@ -491,7 +492,7 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
     cache = cache_dir or rollout_cache(cfg, base)
     item = "training.rollout.cache_dir" + (f" {tr.rollout.cache_dir}" if tr.rollout.cache_dir else " (default)")
     check_outputs(cfg, base, seeds, folders=((item, cache),))
-    env = AsetSimEnv(sampler, cfg.observation, tr.episode_s, policies=cfg.policies)  # the spaces, for the export
+    env = AsetSimEnv(sampler, cfg.observation, tr.episode_s, policies=aset_actions(cfg))  # the spaces, for the export
     root = resolve(base, tr.out_dir) / cfg.name
     t0 = time.perf_counter()
     sets = collect(cfg, base, seeds, workers=workers, backend=backend, ray_address=ray_address,

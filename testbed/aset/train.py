@@ -42,6 +42,7 @@ from testbed.aset.episode import episode_windows, window_of
 from testbed.core.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure, counted, naming_file
 from testbed.core.util import repo_path, scenarios_problem
 from testbed.plan.build import Plan, PlanError, build_plan, check_load_bounds, runs_dir_problem
+from testbed.plan.policies import aset_actions
 from testbed.spec.aset import (
     AsetConfig,
     ObservationSpec,
@@ -406,7 +407,7 @@ class _Run:
             plans = training_scenarios(cfg, base)[0]
         self.plans = plans
         self.env = AsetSimEnv(plans, cfg.observation, tr.episode_s, simulator_factory=simulator_factory,
-                              policies=cfg.policies, reward=cfg.reward)
+                              policies=aset_actions(cfg), reward=cfg.reward)
         self.agent = DQNAgent(self.env.obs_size, len(self.env.policies), cfg.agent, seed=seed)
         clear_run_dir(out)  # an earlier run's checkpoints and events would pass for this one's
         (out / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -466,7 +467,7 @@ def rollout_episode(cfg_json: str, weights: list[np.ndarray], epsilon: float, se
 
     cfg = AsetConfig.model_validate_json(cfg_json)
     sampler = _worker_sampler(cfg, Path(base))
-    env = AsetSimEnv(sampler, cfg.observation, cfg.training.episode_s, policies=cfg.policies, reward=cfg.reward)
+    env = AsetSimEnv(sampler, cfg.observation, cfg.training.episode_s, policies=aset_actions(cfg), reward=cfg.reward)
     pol = NumpyPolicy.from_weights(weights, cfg.observation, cfg.agent.plan_margin)
     rng = np.random.default_rng(seed)
     obs, info = env.reset(seed=seed)

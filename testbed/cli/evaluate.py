@@ -110,10 +110,10 @@ def _cmd(args: argparse.Namespace) -> int:
     from testbed.aset.evaluate import agreement_markdown, evaluate, results_markdown, summary_markdown
     from testbed.cli.common import console
     from testbed.core.errors import InputError
-    from testbed.spec.aset import load_aset_config
+    from testbed.plan.policies import aset_actions, load_aset
 
     _refuse_an_experiment_file(args.config)
-    cfg, base = load_aset_config(args.config)
+    cfg, base = load_aset(args.config)
     if cfg.evaluation is None:
         raise InputError(f"{args.config}: no 'evaluation:' section")
     try:
@@ -124,7 +124,7 @@ def _cmd(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         raise InputError(str(exc)) from None
     console.print(summary_markdown(res.table), markup=False, highlight=False)
-    console.print(results_markdown(res.table, cfg.policies), markup=False, highlight=False)
+    console.print(results_markdown(res.table, aset_actions(cfg)), markup=False, highlight=False)
     if res.agreement:
         console.print(agreement_markdown(res.agreement), markup=False, highlight=False)
     console.print(f"results: {res.out_dir / 'results.md'}, {res.out_dir / 'results.png'}")

@@ -61,10 +61,10 @@ def _cmd(args: argparse.Namespace) -> int:
     from testbed.aset.episode import episode_windows
     from testbed.aset.train import resolve, train_seeds, training_scenarios
     from testbed.cli.common import console
-    from testbed.spec.aset import load_aset_config
+    from testbed.plan.policies import load_aset
     from testbed.spec.experiment import format_validation_error
 
-    cfg, base = load_aset_config(args.config)
+    cfg, base = load_aset(args.config)
     if cfg.training is None:
         raise InputError(f"{args.config}: no 'training:' section")
     if cfg.training.method == "rollout":

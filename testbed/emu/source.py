@@ -44,10 +44,11 @@ import numpy as np
 
 from testbed.core.util import write_json_atomic
 from testbed.model.dispatch import Dispatcher, Heard
-from testbed.model.policies import CATALOGUE
+from testbed.model.policies import CATALOGUE, REGISTRY
 from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
 from testbed.plan.boundaries import AppInfo, SourceConfig, SourceTally, StreamConfig, read_config, tally_path
 from testbed.serve.zoo import request_bodies
+from testbed.spec.experiment import ASET_POLICY
 
 #: Client-side errors that mean nothing listens at the server (it is down): connection refused or
 #: reset. "No route to host" is a network failure, not a server that is down: it stays an ``error``.
@@ -93,13 +94,13 @@ class Source:
         self.name = cfg.source
         self.aset = None
         policy = cfg.policy
-        if policy == "aset":
+        if policy == ASET_POLICY:
             from testbed.agent.live import LivePolicySelector  # only when asked
 
             self.aset = LivePolicySelector(cfg)
             policy = (cfg.aset.options or {}).get("initial_policy", "closest") if cfg.aset else "closest"
         if policy not in CATALOGUE:
-            raise ValueError(f"source {self.name}: unknown policy {policy!r}; known: {', '.join(CATALOGUE)}, aset")
+            raise REGISTRY.unknown(policy, f"source {self.name}", extra=(ASET_POLICY,))
         self.dispatcher = Dispatcher([o.option for o in cfg.options], policy,
                                      np.random.default_rng([cfg.seed, 3, cfg.source_index]))
         self.ip = {o.option.cluster: o.ip for o in cfg.options}

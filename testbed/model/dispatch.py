@@ -21,9 +21,11 @@ knows"): a query arriving at a cluster estimated with ``queue`` waiting and ``bu
 ``workers`` busy waits ``(queue + 1) / workers x mean service`` when every worker is busy, else
 0 (:func:`expected_wait_ms`). Queries per worker, ``n / workers``, is the load.
 
-Decisions of the policies in :data:`testbed.model.policies.DETERMINISTIC` depend only on the options;
-the dispatcher caches them per application until something is heard, or, for the load-aware
-ones (:data:`LOAD_AWARE`), until it sends a query.
+Decisions of the deterministic policies (``deterministic`` of :class:`testbed.model.policies.Policy`,
+:data:`testbed.model.policies.DETERMINISTIC`) depend only on the options; the dispatcher caches them
+per application until something is heard, or, for the load-aware ones (``load_aware``,
+:data:`LOAD_AWARE`), until it sends a query. What the dispatcher does with a policy follows from
+its registry entry's flags alone: no policy is named here.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ import numpy as np
 
 from testbed.model import policies as pol
 
-#: Policies whose decision depends on the load estimate (so on the dispatcher's own sends).
-LOAD_AWARE: frozenset[str] = frozenset({"least_loaded", "min_latency", "max_accuracy"})
+#: Policies whose decision depends on the load estimate (so on the dispatcher's own sends): from the
+#: policy registry (:data:`testbed.model.policies.LOAD_AWARE`).
+LOAD_AWARE = pol.LOAD_AWARE
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,8 @@ class Dispatcher:
         rng: the source's generator for ``random`` (seeded by the caller).
 
     Raises:
-        ValueError: no options, or an unknown policy.
+        ValueError: no options, or an unknown policy
+            (:class:`testbed.core.registry.UnknownNameError`).
     """
 
     def __init__(self, specs: Sequence[OptionSpec], policy: str, rng: np.random.Generator):
@@ -122,6 +126,7 @@ class Dispatcher:
         self._candidates: dict[tuple[str, float, float], list[int]] = {}  # feasible options, until a report
         self._cache: dict[tuple[str, float, float], pol.Decision] = {}
         self._policy = ""
+        self._entry: pol.Policy | None = None
         self.policy = policy
 
     @property
@@ -130,10 +135,9 @@ class Dispatcher:
 
     @policy.setter
     def policy(self, name: str) -> None:
-        if name not in pol.POLICIES:
-            raise ValueError(f"unknown policy {name!r}; known: {', '.join(pol.CATALOGUE)}")
+        entry = pol.REGISTRY.resolve(name)
         if name != self._policy:
-            self._policy = name
+            self._policy, self._entry = name, entry
             self._cache = {}
 
     # -- what is heard and sent ------------------------------------------------------------
@@ -163,7 +167,7 @@ class Dispatcher:
         if self._options is not None:
             for i in self._pos[cluster]:
                 self._options[i] = self._option(i)
-        if self._policy in LOAD_AWARE:
+        if self._entry.load_aware:
             self._cache = {}
 
     # -- options ---------------------------------------------------------------------------
@@ -202,10 +206,11 @@ class Dispatcher:
         return [opts[i] for i in self._family_idx(family)]
 
     def _for_policy(self, family: str, deadline_ms: float, min_accuracy: float) -> list[pol.Option]:
-        """What the policy is given: the family's feasible options when there are any (every
-        policy but ``cloud`` looks only at those, or at all of them to fall back), else all."""
+        """What the policy is given: the family's feasible options when there are any (a policy
+        looks only at those, or at all of them to fall back), else all; every option of the family
+        for a policy registered with ``all_options`` (``cloud``)."""
         opts = self.options
-        if self._policy == "cloud":
+        if self._entry.all_options:
             return [opts[i] for i in self._family_idx(family)]
         key = (family, deadline_ms, min_accuracy)
         cand = self._candidates.get(key)
@@ -219,7 +224,7 @@ class Dispatcher:
     def decide(self, deadline_ms: float, min_accuracy: float, family: str = "") -> pol.Decision:
         """The decision of the policy in force for a query of an application (D_a, A_a, its
         family), without sending it (see :meth:`dispatch`)."""
-        if self._policy in pol.DETERMINISTIC:
+        if self._entry.deterministic:
             key = (family, deadline_ms, min_accuracy)
             d = self._cache.get(key)
             if d is None:
@@ -239,9 +244,9 @@ class Dispatcher:
         """``n`` successive queries of one application with no report in between: the same
         decisions as ``n`` calls of :meth:`dispatch` (``random`` draws its ``n`` indices at once,
         :func:`testbed.model.policies.decide_many`)."""
-        if self._policy in LOAD_AWARE:
+        if self._entry.load_aware:
             return [self.dispatch(deadline_ms, min_accuracy, family) for _ in range(n)]
-        if self._policy in pol.DETERMINISTIC:
+        if self._entry.deterministic:
             d = self.decide(deadline_ms, min_accuracy, family)
             self.note_sent(d.cluster, n)
             return [d] * n

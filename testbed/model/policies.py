@@ -1,8 +1,13 @@
 """Scheduling policies: a pure decision from (query, the state the dispatcher last heard).
 
-The catalogue of static policies of ``docs/system-model.md`` ("The policies"), in the fixed order of
-:data:`CATALOGUE` (ASET's action space). Both the emulation's dispatcher
-(:mod:`testbed.emu.source`) and the simulator (:mod:`testbed.sim`) call :func:`decide`.
+The catalogue of static policies of ``docs/system-model.md`` ("The policies"). A policy is one
+decision function registered with :func:`register_policy` in this file; everything else is derived
+from :data:`REGISTRY`: :data:`CATALOGUE` (the names in registration order: ASET's action space, so
+a new policy is appended after the others, never inserted: a trained checkpoint's action i is the
+i-th name), :data:`DETERMINISTIC`, :data:`LOAD_AWARE`, and every policy-name check (the plan's,
+the simulator's, a source's, the command line's). Both the emulation's dispatcher
+(:mod:`testbed.emu.source`) and the simulator (:mod:`testbed.sim`) call :func:`decide`, through
+:class:`testbed.model.dispatch.Dispatcher`. ``docs/extending.md`` ("Adding a policy") shows the steps.
 
 Every policy has the signature ``policy(options, deadline_ms, min_accuracy, ctx=None) -> Decision``:
 
@@ -25,17 +30,12 @@ Ties are broken by (cluster name, model name), so every pick is reproducible.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-#: The policy catalogue in a fixed order: index = ASET's action.
-CATALOGUE: tuple[str, ...] = ("closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random",
-                              "round_robin")
-#: Policies whose decision depends only on (options, deadline, accuracy): constant between two
-#: load reports, so a dispatcher (or the simulator) may cache them per application.
-DETERMINISTIC: frozenset[str] = frozenset({"closest", "cloud", "least_loaded", "min_latency", "max_accuracy"})
+from testbed.core.registry import NamesView, Registry, SubsetView
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,101 @@ class Context:
     rr: dict = field(default_factory=dict)
 
 
+#: A decision function: ``(options, deadline_ms, min_accuracy, ctx) -> Decision``.
+PolicyFn = Callable[[list[Option], float, float, "Context | None"], Decision]
+#: What :func:`decide_many` gives for a stateful policy: ``(feasible options, deadline_ms,
+#: min_accuracy, n, ctx) -> n decisions`` in one call (the feasible list is never empty).
+ManyFn = Callable[[list[Option], float, float, int, Context], list[Decision]]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One registered policy (see :func:`register_policy`); calling it applies ``fn``.
+
+    ``deterministic``: the decision depends only on (options, deadline, accuracy), so it is constant
+    between two load reports and a dispatcher caches it per application. ``load_aware``: the
+    decision reads the load estimate (``queue_wait_ms`` / ``load``), which the dispatcher's own sends
+    change, so its cache is dropped at every send. ``stateful``: the decision reads or changes the
+    dispatcher's :class:`Context` (its seeded ``rng``, its ``rr`` counters): never cached, and
+    :func:`decide` refuses a missing ``ctx``. ``all_options``: the policy is given every option of
+    the query's family (``cloud`` ignores the deadline), not only the feasible ones. ``many``: a
+    batched form for :func:`decide_many` (``ManyFn``; None: ``n`` calls of ``fn``).
+    """
+
+    name: str
+    fn: PolicyFn
+    deterministic: bool = False
+    load_aware: bool = False
+    stateful: bool = False
+    all_options: bool = False
+    many: ManyFn | None = None
+
+    def __call__(self, options: list[Option], deadline_ms: float, min_accuracy: float,
+                 ctx: Context | None = None) -> Decision:
+        return self.fn(options, deadline_ms, min_accuracy, ctx)
+
+    def __deepcopy__(self, memo: dict) -> Policy:
+        return self  # a registry entry: immutable, shared by every copy of a dispatcher
+
+
+#: name -> :class:`Policy`, in registration order: the order of the ``@register_policy`` functions
+#: in this file. The order is ASET's action index (a trained checkpoint stores action numbers):
+#: a new policy goes after the others.
+REGISTRY: Registry[Policy] = Registry("policy")
+#: The policy names in registration order: index = ASET's action (a live view of :data:`REGISTRY`).
+CATALOGUE: NamesView = REGISTRY.names_view()
+#: Policies whose decision depends only on (options, deadline, accuracy): constant between two
+#: load reports, so a dispatcher (or the simulator) may cache them per application.
+DETERMINISTIC: SubsetView = REGISTRY.subset(lambda p: p.deterministic)
+#: Policies whose decision depends on the load estimate (so on the dispatcher's own sends).
+LOAD_AWARE: SubsetView = REGISTRY.subset(lambda p: p.load_aware)
+#: name -> :class:`Policy` (callable as its decision function), for every name of :data:`CATALOGUE`.
+POLICIES: Mapping[str, Policy] = REGISTRY
+
+
+def register_policy(name: str, *, deterministic: bool = False, load_aware: bool = False, stateful: bool = False,
+                    all_options: bool = False, many: ManyFn | None = None) -> Callable[[PolicyFn], PolicyFn]:
+    """Decorator: register the decision function below it as policy ``name`` (flags as
+    :class:`Policy`), appended to :data:`CATALOGUE`; returns the function unchanged.
+
+    Example::
+
+        @register_policy("fastest_model", deterministic=True)
+        def fastest_model(options, deadline_ms, min_accuracy, ctx=None) -> Decision: ...
+
+    Raises:
+        ValueError: ``name`` is empty or already registered; ``deterministic`` with ``stateful``
+            (a decision that reads the context cannot be cached).
+    """
+    if deterministic and stateful:
+        raise ValueError(f"policy {name!r}: a stateful policy is not deterministic (its decisions are not cached)")
+
+    def add(fn: PolicyFn) -> PolicyFn:
+        REGISTRY.add(name, Policy(name, fn, deterministic, load_aware, stateful, all_options, many))
+        return fn
+
+    return add
+
+
+def unregister_policy(name: str) -> Policy:
+    """Remove policy ``name`` from :data:`REGISTRY` (for tests; ``REGISTRY.temporarily`` does both).
+
+    Raises:
+        testbed.core.registry.UnknownNameError: ``name`` is not registered.
+    """
+    return REGISTRY.remove(name)
+
+
+def policy(name: str, where: str = "") -> Policy:
+    """The registered policy ``name``.
+
+    Raises:
+        testbed.core.registry.UnknownNameError: not registered; the message names ``where`` (the item
+            that named it), the known policies and a close match.
+    """
+    return REGISTRY.resolve(name, where)
+
+
 def _usable(options: list[Option]) -> list[Option]:
     up = [o for o in options if o.up]
     return up or list(options)
@@ -112,6 +207,7 @@ def _fastest_at(ok: list[Option], cluster: str) -> Option:
     return min((o for o in ok if o.cluster == cluster), key=lambda o: (o.service_ms, o.model))
 
 
+@register_policy("closest", deterministic=True)
 def closest(options: list[Option], deadline_ms: float, min_accuracy: float, ctx: Context | None = None) -> Decision:
     """``closest``: the feasible cluster with the smallest RTT; there, the fastest feasible model.
 
@@ -126,6 +222,7 @@ def closest(options: list[Option], deadline_ms: float, min_accuracy: float, ctx:
     return Decision(pick.cluster, pick.model, False)
 
 
+@register_policy("cloud", deterministic=True, all_options=True)
 def cloud(options: list[Option], deadline_ms: float, min_accuracy: float, ctx: Context | None = None) -> Decision:
     """``cloud``: the cloud cluster (tier ``cloud``), its fastest model meeting A_a, whatever the
     deadline. No cloud cluster up or no cloud model accurate enough: the fallback.
@@ -140,6 +237,7 @@ def cloud(options: list[Option], deadline_ms: float, min_accuracy: float, ctx: C
     return Decision(pick.cluster, pick.model, False)
 
 
+@register_policy("least_loaded", deterministic=True, load_aware=True)
 def least_loaded(options: list[Option], deadline_ms: float, min_accuracy: float,
                  ctx: Context | None = None) -> Decision:
     """``least_loaded``: the feasible cluster with the lowest queue length per worker (last heard;
@@ -156,6 +254,7 @@ def least_loaded(options: list[Option], deadline_ms: float, min_accuracy: float,
     return Decision(pick.cluster, pick.model, False)
 
 
+@register_policy("min_latency", deterministic=True, load_aware=True)
 def min_latency(options: list[Option], deadline_ms: float, min_accuracy: float,
                 ctx: Context | None = None) -> Decision:
     """``min_latency``: the feasible pair minimising RTT + expected queue wait + t_m.
@@ -170,6 +269,7 @@ def min_latency(options: list[Option], deadline_ms: float, min_accuracy: float,
     return Decision(pick.cluster, pick.model, False)
 
 
+@register_policy("max_accuracy", deterministic=True, load_aware=True)
 def max_accuracy(options: list[Option], deadline_ms: float, min_accuracy: float,
                  ctx: Context | None = None) -> Decision:
     """``max_accuracy``: the most accurate feasible pair whose expected completion (RTT + expected
@@ -185,6 +285,22 @@ def max_accuracy(options: list[Option], deadline_ms: float, min_accuracy: float,
     return Decision(pick.cluster, pick.model, False)
 
 
+def _random_many(ok: list[Option], deadline_ms: float, min_accuracy: float, n: int, ctx: Context) -> list[Decision]:
+    picks = [Decision(o.cluster, o.model, False) for o in ok]
+    return [picks[i] for i in ctx.rng.integers(len(ok), size=n).tolist()]
+
+
+def _round_robin_many(ok: list[Option], deadline_ms: float, min_accuracy: float, n: int,
+                      ctx: Context) -> list[Decision]:
+    clusters = sorted({o.cluster for o in ok})
+    best = [Decision(c, _fastest_at(ok, c).model, False) for c in clusters]
+    key = (deadline_ms, min_accuracy)
+    i = ctx.rr.get(key, 0)
+    ctx.rr[key] = i + n
+    return [best[(i + k) % len(best)] for k in range(n)]
+
+
+@register_policy("random", stateful=True, many=_random_many)
 def random(options: list[Option], deadline_ms: float, min_accuracy: float, ctx: Context | None = None) -> Decision:
     """``random``: uniform over the feasible pairs, drawn from ``ctx.rng`` (seeded per dispatcher).
 
@@ -200,6 +316,7 @@ def random(options: list[Option], deadline_ms: float, min_accuracy: float, ctx: 
     return Decision(pick.cluster, pick.model, False)
 
 
+@register_policy("round_robin", stateful=True, many=_round_robin_many)
 def round_robin(options: list[Option], deadline_ms: float, min_accuracy: float,
                 ctx: Context | None = None) -> Decision:
     """``round_robin``: cycles over the feasible clusters (sorted by name; one counter per
@@ -221,43 +338,27 @@ def round_robin(options: list[Option], deadline_ms: float, min_accuracy: float,
     return Decision(pick.cluster, pick.model, False)
 
 
-PolicyFn = Callable[[list[Option], float, float, "Context | None"], Decision]
-
-#: name -> decision function, for every name of :data:`CATALOGUE`.
-POLICIES: dict[str, PolicyFn] = {
-    "closest": closest, "cloud": cloud, "least_loaded": least_loaded, "min_latency": min_latency,
-    "max_accuracy": max_accuracy, "random": random, "round_robin": round_robin,
-}
-assert tuple(POLICIES) == CATALOGUE
-
-
 def decide_many(policy: str, options: list[Option], deadline_ms: float, min_accuracy: float, n: int,
                 ctx: Context | None = None) -> list[Decision]:
     """``n`` successive decisions of ``policy`` for the same application on the same state, as ``n``
-    calls of :func:`decide` would give them (same distribution; ``random`` draws its ``n`` indices
-    in one call, so its stream differs from n single draws). For the simulator's hot path.
+    calls of :func:`decide` would give them (same distribution; a policy's batched form, ``many``
+    of :class:`Policy`, may draw differently: ``random`` draws its ``n`` indices in one call, so its
+    stream differs from n single draws). For the simulator's hot path.
 
     Raises:
         ValueError: as :func:`decide`.
     """
-    if policy in DETERMINISTIC or n <= 0:
+    p = REGISTRY.resolve(policy)
+    if p.deterministic or n <= 0:
         return [decide(policy, options, deadline_ms, min_accuracy, ctx)] * max(n, 0)
     if ctx is None:
         raise ValueError(f"policy {policy!r} needs a Context")
+    if p.many is None:
+        return [p(options, deadline_ms, min_accuracy, ctx) for _ in range(n)]
     ok = feasible(options, deadline_ms, min_accuracy)
     if not ok:
         return [_fallback(options, min_accuracy)] * n
-    if policy == "random":
-        picks = [Decision(o.cluster, o.model, False) for o in ok]
-        return [picks[i] for i in ctx.rng.integers(len(ok), size=n).tolist()]
-    if policy == "round_robin":
-        clusters = sorted({o.cluster for o in ok})
-        best = [Decision(c, _fastest_at(ok, c).model, False) for c in clusters]
-        key = (deadline_ms, min_accuracy)
-        i = ctx.rr.get(key, 0)
-        ctx.rr[key] = i + n
-        return [best[(i + k) % len(best)] for k in range(n)]
-    return [decide(policy, options, deadline_ms, min_accuracy, ctx) for _ in range(n)]
+    return p.many(ok, deadline_ms, min_accuracy, n, ctx)
 
 
 def decide(policy: str, options: list[Option], deadline_ms: float, min_accuracy: float,
@@ -265,14 +366,16 @@ def decide(policy: str, options: list[Option], deadline_ms: float, min_accuracy:
     """Apply the policy called ``policy`` (a name of :data:`CATALOGUE`).
 
     Raises:
-        ValueError: unknown policy name (the message lists the catalogue), or empty ``options``.
+        ValueError: unknown policy name (:class:`testbed.core.registry.UnknownNameError`, the message
+            lists the catalogue), empty ``options``, or no ``ctx`` for a stateful policy.
     """
-    fn = POLICIES.get(policy)
-    if fn is None:
-        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(CATALOGUE)}")
-    return fn(options, deadline_ms, min_accuracy, ctx)
+    p = REGISTRY.resolve(policy)
+    if ctx is None and p.stateful:
+        raise ValueError(f"policy {policy!r} needs a Context")
+    return p.fn(options, deadline_ms, min_accuracy, ctx)
 
 
-__all__ = ["CATALOGUE", "DETERMINISTIC", "POLICIES", "Context", "Decision", "Option", "closest", "cloud",
-           "decide", "decide_many", "feasible", "least_loaded", "max_accuracy", "min_latency",
-           "random", "round_robin"]
+__all__ = ["CATALOGUE", "DETERMINISTIC", "LOAD_AWARE", "POLICIES", "REGISTRY", "Context", "Decision", "ManyFn",
+           "Option", "Policy", "PolicyFn", "closest", "cloud", "decide", "decide_many", "feasible", "least_loaded",
+           "max_accuracy", "min_latency", "policy", "random", "register_policy", "round_robin",
+           "unregister_policy"]

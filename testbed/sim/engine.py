@@ -181,8 +181,8 @@ class Simulator(Links, RunColumns):
         return len(self.q)
 
     def _check_policy(self, p: str) -> None:
-        if p not in pol.POLICIES:
-            raise SimError(f"unknown policy {p!r}; known: {', '.join(pol.CATALOGUE)}")
+        if p not in pol.REGISTRY:
+            raise SimError(str(pol.REGISTRY.unknown(p)))
 
     def set_policy(self, source: str, policy: str) -> None:
         """Apply ``policy`` to the queries ``source`` creates from now on.

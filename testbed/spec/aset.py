@@ -397,14 +397,14 @@ class EvaluationSpec(StrictModel):
 
 class AsetConfig(StrictModel):
     """One ``experiments/aset-*.yaml`` file. ``actions``: the policy names ASET chooses from, in
-    action-index order (default: :data:`testbed.model.policies.CATALOGUE`)."""
+    action-index order (default: every registered policy, :data:`testbed.model.policies.CATALOGUE`).
+    A policy is a name here; the names (``actions``, the reward's baselines, the observation's
+    plans) are checked against the policy registry where the config is loaded for use
+    (:func:`testbed.plan.policies.load_aset`), and the action set is
+    :func:`testbed.plan.policies.aset_actions`."""
 
     @model_validator(mode="after")
-    def _known_policies(self) -> AsetConfig:
-        from testbed.model.policies import CATALOGUE
-
-        mixes = [(f"reward.baseline_mix.{k}", v) for k, v in (self.reward.baseline_mix or {}).items()]
-        mixes += [(f"observation.plans.{k}", v) for k, v in (self.observation.plans or {}).items()]
+    def _consistent(self) -> AsetConfig:
         if self.training is not None and self.training.method == "rollout" and self.observation.plans is None:
             raise ValueError("training.method: rollout needs observation.plans: each source's planned policy is the "
                              "base schedule the rollout targets are measured against")
@@ -417,11 +417,6 @@ class AsetConfig(StrictModel):
         if self.agent.plan_margin and self.observation.plans is None:
             raise ValueError(f"agent.plan_margin {self.agent.plan_margin:g}: the margin favours each source's planned "
                              f"policy, but observation.plans is not set (no plan to favour)")
-        for what, names in (("actions", self.actions or []),
-                            ("reward.baseline", [self.reward.baseline] if self.reward.baseline else []), *mixes):
-            bad = [p for p in names if p not in CATALOGUE]
-            if bad:
-                raise ValueError(f"{what}: unknown policy {bad[0]!r}; known: {', '.join(CATALOGUE)}")
         if self.actions is not None and len(set(self.actions)) != len(self.actions):
             raise ValueError("actions: a policy is listed twice")
         if self.actions is not None and len(self.actions) < 2:
@@ -450,13 +445,6 @@ class AsetConfig(StrictModel):
             return (f"training.episode: {tr.episode_s:g} s is shorter than one decision window "
                     f"(observation.window, {self.observation.window_ms:g} ms)")
         return None
-
-    @property
-    def policies(self) -> tuple[str, ...]:
-        """The action set (``actions`` or the whole catalogue)."""
-        from testbed.model.policies import CATALOGUE
-
-        return tuple(self.actions or CATALOGUE)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     seed: Seed = 1

@@ -60,9 +60,12 @@ from testbed.spec.schema import unit_pair as _unit_pair
 from testbed.spec.serving import ServerSpec
 from testbed.spec.units import MAX_DELAY_MS, parse_delay_ms, parse_duration_s, parse_rate_mbps
 
-#: A static policy of testbed.model.policies.CATALOGUE, or ``aset`` (testbed.aset picks one per window).
-PolicyName = Literal["closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random", "round_robin",
-                     "aset"]
+#: The policy a source starts with that is not a static one: ASET picks a static policy per window.
+ASET_POLICY = "aset"
+#: A policy's name: a static policy of the policy registry (testbed.model.policies; the experiment
+#: knows no list of them: the plan checks the name, testbed.plan.policies.check_policy), or
+#: :data:`ASET_POLICY`.
+PolicyName = str
 
 
 MAX_SEED = 2**32 - 1
@@ -513,7 +516,7 @@ class Experiment(_Model):
                 for s in w.weights:
                     if s not in srcs:
                         raise ValueError(f"workload[{i}].weights: unknown source {s!r}; known: {sorted(srcs)}")
-        uses_aset = self.policy == "aset" or any(s.policy == "aset" for s in self.sources)
+        uses_aset = self.policy == ASET_POLICY or any(s.policy == ASET_POLICY for s in self.sources)
         if uses_aset and (self.aset is None or not self.aset.checkpoint):
             raise ValueError("policy 'aset' needs an 'aset:' section with a checkpoint (aset: {checkpoint: PATH})")
         clusters = {c.name for c in self.clusters}

@@ -1,0 +1,109 @@
+"""Policy names, checked against the policy registry when an experiment or an ASET config is used.
+
+The experiment and ASET files (:mod:`testbed.spec`) hold a policy as a name string and know no
+list of policies: the list is the registry of :mod:`testbed.model.policies` (one
+``@register_policy`` entry per policy), which the spec layer cannot import. The names are resolved
+here, once, with an error that names the item (``sources.atl.policy``, ``actions``,
+``reward.baseline_mix.triangle``), the known policies and a close match:
+
+- :func:`check_policy`: one name (the experiment's ``aset`` is accepted where a source's policy may be it);
+- :func:`check_experiment_policies`: the experiment's ``policy`` and every source's (called by
+  :func:`testbed.plan.build.build_plan`);
+- :func:`check_aset_policies`: every policy name of an ASET config (``actions``, the reward's
+  baselines, the observation's plans); :func:`load_aset` loads a config for use and checks them;
+- :func:`aset_actions`: the action set of an ASET config (its ``actions``, or the whole catalogue).
+
+Every error is an :class:`testbed.core.errors.InputError` (exit code 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.core.errors import naming_file
+from testbed.model.policies import CATALOGUE, REGISTRY
+from testbed.plan.resolved import PlanError
+from testbed.spec.aset import AsetConfig, load_aset_config
+from testbed.spec.experiment import ASET_POLICY, ConfigError, Experiment
+
+
+def check_policy(name: str, item: str, *, aset: bool = False) -> str:
+    """``name`` when it is a registered policy (or :data:`~testbed.spec.experiment.ASET_POLICY`
+    with ``aset``).
+
+    Args:
+        name: the policy name as written.
+        item: where it was written, for the message (e.g. ``sources.atl.policy``).
+        aset: ``aset`` is accepted too (a source's policy may be ASET's).
+
+    Raises:
+        PlanError: not a policy: ``<item>: unknown policy 'x'; known: closest, ... (did you mean 'y'?)``.
+    """
+    if name in REGISTRY or (aset and name == ASET_POLICY):
+        return name
+    raise PlanError(str(REGISTRY.unknown(name, item, extra=(ASET_POLICY,) if aset else ())))
+
+
+def check_experiment_policies(exp: Experiment) -> None:
+    """The experiment's ``policy`` and each source's ``policy`` (``sources.<name>.policy``) name a
+    registered policy or ``aset``.
+
+    Raises:
+        PlanError: as :func:`check_policy`, naming the first unknown one.
+    """
+    check_policy(exp.policy, "policy", aset=True)
+    for s in exp.sources:
+        if s.policy is not None:
+            check_policy(s.policy, f"sources.{s.name}.policy", aset=True)
+
+
+def _aset_names(cfg: AsetConfig) -> list[tuple[str, list[str]]]:
+    """(item, the policy names it lists) for every place of an ASET config that names policies."""
+    named = [("actions", list(cfg.actions or [])),
+             ("reward.baseline", [cfg.reward.baseline] if cfg.reward.baseline else [])]
+    named += [(f"reward.baseline_mix.{k}", list(v)) for k, v in (cfg.reward.baseline_mix or {}).items()]
+    named += [(f"observation.plans.{k}", list(v)) for k, v in (cfg.observation.plans or {}).items()]
+    return named
+
+
+def check_aset_policies(cfg: AsetConfig) -> AsetConfig:
+    """Every policy an ASET config names (``actions``, ``reward.baseline``,
+    ``reward.baseline_mix.<scenario>``, ``observation.plans.<scenario>``) is registered; returns ``cfg``.
+
+    Raises:
+        ConfigError: ``<item>: unknown policy 'x'; known: ...`` for the first unknown name.
+    """
+    for item, names in _aset_names(cfg):
+        for name in names:
+            if name not in REGISTRY:
+                raise ConfigError(str(REGISTRY.unknown(name, item)))
+    return cfg
+
+
+def aset_actions(cfg: AsetConfig) -> tuple[str, ...]:
+    """ASET's action set, in action-index order: the config's ``actions``, or every registered
+    policy (:data:`testbed.model.policies.CATALOGUE`, registration order).
+
+    Raises:
+        ConfigError: an action is not a registered policy.
+    """
+    check_aset_policies(cfg)
+    return tuple(cfg.actions or CATALOGUE)
+
+
+def load_aset(path: str | Path) -> tuple[AsetConfig, Path]:
+    """:func:`testbed.spec.aset.load_aset_config` (the config and its base folder) with its policy
+    names checked (:func:`check_aset_policies`): an ASET config loaded for use.
+
+    Raises:
+        ConfigError: as ``load_aset_config``, or an unknown policy (the message led by ``path``).
+    """
+    cfg, base = load_aset_config(path)
+    try:
+        check_aset_policies(cfg)
+    except ConfigError as exc:
+        raise naming_file(exc, path) from None
+    return cfg, base
+
+
+__all__ = ["aset_actions", "check_aset_policies", "check_experiment_policies", "check_policy", "load_aset"]
