@@ -119,3 +119,66 @@ def test_dispatcher_counts_its_own_sends_until_the_next_report():
     assert d.sent == {"a": 0, "b": 2} and d.dispatch(60, 0.5).cluster == "a"
     closest = Dispatcher(specs, "closest", np.random.default_rng(0))
     assert [x.cluster for x in closest.dispatch_many(60, 0.5, 5)] == ["a"] * 5 and closest.sent["a"] == 5
+
+
+def _nearest_any(options, deadline_ms, min_accuracy, ctx=None):
+    """A throwaway policy: the smallest RTT, whatever the deadline and accuracy."""
+    o = min(options, key=lambda o: (o.rtt_ms, o.cluster, o.model))
+    return pol.Decision(o.cluster, o.model, False)
+
+
+def test_a_policy_is_one_registry_entry_seen_by_the_catalogue_the_plan_and_the_simulator(tmp_path):
+    from pathlib import Path
+
+    from testbed.model.dispatch import Dispatcher, OptionSpec
+    from testbed.plan.build import PlanError, plan_experiment
+    from testbed.sim import Simulator
+
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "topologies").symlink_to(repo / "topologies")  # the experiment names ../topologies/triangle.yaml
+    exp = tmp_path / "experiments" / "triangle-nearest.yaml"
+    exp.parent.mkdir()
+    text = (repo / "experiments" / "triangle.yaml").read_text()
+    assert "policy: closest" in text
+    exp.write_text(text.replace("policy: closest", "policy: nearest_any"))
+    before = tuple(CATALOGUE)
+    with pytest.raises(PlanError, match=r"policy: unknown policy 'nearest_any'; known: closest, .*, aset"):
+        plan_experiment(exp)
+    pol.register_policy("nearest_any", deterministic=True)(_nearest_any)
+    try:
+        assert tuple(CATALOGUE) == (*before, "nearest_any")  # appended: ASET's earlier actions keep their index
+        assert "nearest_any" in pol.DETERMINISTIC and "nearest_any" not in pol.LOAD_AWARE
+        assert pick("nearest_any") == ("near", "small", False)
+        d = Dispatcher([OptionSpec("a", "m", 5.0, 1.0, 1.0, 0.9, "far_edge", 1)], "nearest_any",
+                       np.random.default_rng(0))
+        assert d.dispatch(100.0, 0.5).cluster == "a"
+        plan = plan_experiment(exp)  # the plan accepts it
+        sim = Simulator(plan, seed=1)
+        assert sim.policy_names[-1] == "nearest_any"
+        sim.run_until(3.0)
+        done = sim.drain_resolved()
+        assert done and {r.policy for r in done} == {"nearest_any"}
+        with pytest.raises(ValueError, match="'nearest_any' is already registered"):
+            pol.register_policy("nearest_any", deterministic=True)(_nearest_any)
+    finally:
+        pol.unregister_policy("nearest_any")
+    assert tuple(CATALOGUE) == before and "nearest_any" not in pol.DETERMINISTIC
+    with pytest.raises(PlanError, match="unknown policy 'nearest_any'"):
+        plan_experiment(exp)
+    with pol.REGISTRY.temporarily("nearest_any", pol.Policy("nearest_any", _nearest_any, deterministic=True)):
+        assert CATALOGUE[-1] == "nearest_any"
+    assert "nearest_any" not in CATALOGUE
+
+
+def test_unknown_policy_names_the_item_and_a_close_match():
+    from testbed.core.errors import InputError
+    from testbed.plan.policies import check_policy
+
+    with pytest.raises(InputError, match=r"^sources\.atl\.policy: unknown policy 'closet'; known: closest, "
+                                         r".*round_robin, aset \(did you mean 'closest'\?\)$"):
+        check_policy("closet", "sources.atl.policy", aset=True)
+    assert check_policy("aset", "policy", aset=True) == "aset"
+    with pytest.raises(InputError, match="^actions: unknown policy 'aset'"):
+        check_policy("aset", "actions")
+    with pytest.raises(ValueError, match="stateful policy is not deterministic"):
+        pol.register_policy("x", deterministic=True, stateful=True)
