@@ -9,7 +9,11 @@ the forwarding overhead of the probe path (measured one-way delay minus the conf
 OVS traversals, the emulator, two host links), which is subtracted from every later reading.
 
 :meth:`Dynamics.apply` applies one :class:`~testbed.model.events.Change` and
-:meth:`Dynamics.measure` reads it back over a window after it:
+:meth:`Dynamics.measure` reads it back over a window after it. What each kind does is its
+registry entry's (:mod:`testbed.model.event_kinds`): it changes the link through :class:`EmuLink`
+(this module's :class:`~testbed.model.events.LinkControl`) and is read back through
+:class:`Readback` (the :class:`~testbed.model.events.Probe`); its window, probe rate and tolerance
+are the entry's too. The built-in kinds:
 
 =================  =========================================================  =====================
 kind               applied by                                                 measured (unit)
@@ -42,11 +46,11 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,19 +58,16 @@ from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT
 from testbed.emu.network import EMULATOR_CEILING_MBPS, Emulation, EmulationError, ProbeHost, control_dir
 from testbed.emu.probe import FRAME_EXTRA_BYTES, ProbeClient, ProbeError, wait_ready
-from testbed.model.events import Change
+from testbed.model.events import EVENT_KINDS, Change, Measured, Tolerance
 from testbed.model.network import NetworkState
 from testbed.plan.build import Plan
+from testbed.sdn.client import ControllerError, get_events, get_path, post_link
 
-#: Probes per second per target, continuously (a 64-byte UDP datagram each way).
+#: Probes per second per target, continuously (a 64-byte UDP datagram each way). While a change is
+#: measured, the link's probes run at its kind's ``boost_hz`` for the kind's window (``window_s``).
 BASE_HZ = 20.0
-#: Probe rate per target while a change is being measured.
-BOOST_HZ = {"link_delay": 500.0, "link_loss": 1000.0, "link_down": 200.0, "link_up": 200.0,
-            "link_congestion": 200.0, "link_bandwidth": 100.0}
+#: Probe rate per source -> cluster path while a change that moves paths is measured.
 PATH_BOOST_HZ = 100.0
-#: Measurement window per kind, seconds (cut short by the next change).
-WINDOW_S = {"link_delay": 0.6, "link_bandwidth": 0.4, "link_loss": 1.2, "link_down": 2.0, "link_up": 3.0,
-            "link_congestion": 1.2}
 #: Seconds of the baseline at bring-up, and its probe rate.
 BASELINE_S, BASELINE_HZ = 1.0, 200.0
 #: A baseline overhead above this (ms, one way, per direction) is suspect: the probe path is two
@@ -82,8 +83,8 @@ TRAIN_S, TRAIN_MIN, TRAIN_MAX = 0.020, 48, 800
 #: 0.1 Mbit/s): the rate is applied but not measured, and the row says so.
 TRAIN_MAX_S, TRAIN_FEWEST = 1.0, 8
 TRAIN_PAYLOAD = 1458  # + 42 = 1500-byte frames
-#: Kinds whose measurement needs the source -> cluster path probes.
-PATH_KINDS = frozenset({"link_delay", "link_down", "link_up"})
+#: Kinds whose measurement needs the source -> cluster path probes (kept current with the registry).
+PATH_KINDS = EVENT_KINDS.subset(lambda k: bool(getattr(k, "paths", ())))
 #: Probes sent later than this before the end of a window are not judged lost yet (s).
 SETTLE_S = 0.2
 #: The probes are raised and the affected paths looked up this long before a change fires (s).
@@ -102,19 +103,6 @@ class Applied:
     note: str = ""
     affected: list[tuple[str, str]] = field(default_factory=list)  # (source, cluster) pairs over the link
     train: dict | None = None
-
-
-@dataclass
-class Measured:
-    """What a change's measurement found: ``value`` in ``unit`` (None: nothing measurable),
-    ``effect_ms`` (see the module doc), the ``tolerance`` it is judged with, ``ok``, a ``note``."""
-
-    value: float | None
-    unit: str
-    effect_ms: float | None
-    tolerance: float | None
-    ok: bool | None
-    note: str
 
 
 class _Daemon:
@@ -154,7 +142,7 @@ class Dynamics:
         self.path_probes = any(c.kind in PATH_KINDS for c in plan.changes)
         self.model = plan.network_state()
         em = plan.experiment.emulation
-        self.tol = (em.rtt_tolerance_ms, em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms)
+        self.tol = Tolerance(em.rtt_tolerance_ms, em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms)
 
     # ------------------------------------------------------------------ start / stop
     def start(self, python: str = sys.executable) -> None:
@@ -255,12 +243,8 @@ class Dynamics:
 
     # ------------------------------------------------------------------ apply
     def window_s(self, ch: Change) -> float:
-        """How long to measure ``ch`` after applying it (s)."""
-        w = WINDOW_S.get(ch.kind, 0.0)
-        if ch.kind == "link_delay" and ch.link is not None:
-            old = self.model.link(*ch.link).delay_ms
-            w += 2 * max(old, ch.value or 0.0) / 1e3  # a lowered delay waits for the frames in flight
-        return w
+        """How long to measure ``ch`` after applying it (s): its kind's window given the model's link now."""
+        return ch.entry.window(ch, self.model.control(*ch.link))
 
     def link_index(self, ch: Change) -> int:
         return self.index[frozenset(ch.link)]
@@ -275,9 +259,9 @@ class Dynamics:
         i = self.link_index(ch)
         a, _ = self.by_link[i]
         for_s = PREPARE_S + self.window_s(ch) + SETTLE_S
-        affected = self._affected(ch) if ch.kind in PATH_KINDS and self.path_probes else []
+        affected = self._affected(ch) if ch.entry.paths and self.path_probes else []
         try:
-            self.daemons[a.name].client.request("boost", hz=BOOST_HZ.get(ch.kind, BASE_HZ), for_s=for_s)
+            self.daemons[a.name].client.request("boost", hz=ch.entry.boost_hz, for_s=for_s)
             for s in {s for s, _ in affected}:
                 self.daemons[s].client.request("boost", hz=PATH_BOOST_HZ, for_s=for_s)
         except ProbeError as exc:
@@ -285,60 +269,50 @@ class Dynamics:
         return affected
 
     def apply(self, ch: Change, affected: list[tuple[str, str]] | None = None) -> Applied:
-        """Apply one link change now (module table); ``affected`` from :meth:`prepare` (looked up
-        now when None).
+        """Apply one link change now: its kind changes the link through :class:`EmuLink`, the model
+        follows, then the kind may start its measurement (:meth:`EventKind.after_apply`, e.g. a
+        packet train). ``affected`` from :meth:`prepare` (looked up now when None).
 
         Raises:
             EmulationError: the emulator, ``tc`` or a probe daemon refused it.
             testbed.sdn.client.ControllerError: the controller refused the new delay.
         """
-        from testbed.sdn.client import post_link
-
         i = self.link_index(ch)
-        a, b = self.by_link[i]
         if affected is None:
             affected = self.prepare(ch)
         before = dict(self.emu.applied.get(i, {}))
         t_fire = time.time()
-        note = ""
-        if ch.kind == "link_congestion":
-            t_applied = self._congest(ch, a, b)
-        else:
-            change = {"link_delay": {"delay_ms": ch.value}, "link_bandwidth": {"rate_mbps": ch.value},
-                      "link_loss": {"loss_pct": ch.value}, "link_down": {"up": False},
-                      "link_up": {"up": True}}[ch.kind]
-            t_applied = self.emu.set_link(i, **change)["t_applied"]
-        if ch.kind in ("link_delay", "link_bandwidth"):
-            key = "delay_ms" if ch.kind == "link_delay" else "bandwidth_mbps"
-            res = post_link(self.rest_url, self.dpid[ch.link[0]], self.dpid[ch.link[1]], **{key: ch.value})
-            rr = res.get("reroute")
-            if rr:
-                note = f"controller rerouted {rr['flows']} flow(s) on {len(rr['switches'])} switch(es)"
+        link = EmuLink(self, i, ch.link)
+        ch.entry.apply(ch, link)
         self.model.apply(ch)
-        applied = Applied(ch, t_fire, t_applied, before, note, affected)
-        if ch.kind == "link_bandwidth":
-            applied.train = self._train(a, b, ch.value)
-            rate = applied.train.get("rate_mbps")
-            if "not_measured" not in applied.train and (rate is None or abs(rate - ch.value) > self.tolerance(ch)):
-                # a stall of the machine bunches a train's frames (the emulator catches up back to
-                # back): one more train, the first one's rate kept in the note
-                first, second = applied.train, self._train(a, b, ch.value)
-                if second.get("frames_received") == second.get("frames_sent"):  # else the first stands
-                    applied.train = {**second, "first_rate_mbps": first.get("rate_mbps"),
-                                     "first_part_rates_mbps": first.get("part_rates_mbps")}
-                else:
-                    applied.train = {**first, "second_train": f"{second.get('frames_received')}/"
-                                                              f"{second.get('frames_sent')} frames, not used"}
+        applied = Applied(ch, t_fire, link.t_applied if link.t_applied is not None else t_fire, before, link.note,
+                          affected)
+        ch.entry.after_apply(ch, Readback(self, applied), self.tol)
         return applied
 
-    def _affected(self, ch: Change) -> list[tuple[str, str]]:
-        """(source, cluster) pairs whose installed path crosses ``ch.link`` now (down/delay), or,
-        for link_up, pairs whose least-delay path will (per the model after the change)."""
-        from testbed.sdn.client import ControllerError, get_path
+    def _bandwidth_train(self, ap: Applied, rate_mbps: float, tolerance_mbps: float) -> None:
+        """A packet train a>b at the new rate (:meth:`_train`) into ``ap.train``; one more when it is
+        out of tolerance (a stall of the machine bunches a train's frames: the emulator catches up back
+        to back), the first one's rate kept in the note."""
+        a, b = self.by_link[self.link_index(ap.change)]
+        ap.train = self._train(a, b, rate_mbps)
+        rate = ap.train.get("rate_mbps")
+        if "not_measured" not in ap.train and (rate is None or abs(rate - rate_mbps) > tolerance_mbps):
+            first, second = ap.train, self._train(a, b, rate_mbps)
+            if second.get("frames_received") == second.get("frames_sent"):  # else the first stands
+                ap.train = {**second, "first_rate_mbps": first.get("rate_mbps"),
+                            "first_part_rates_mbps": first.get("part_rates_mbps")}
+            else:
+                ap.train = {**first, "second_train": f"{second.get('frames_received')}/"
+                                                     f"{second.get('frames_sent')} frames, not used"}
 
+    def _affected(self, ch: Change) -> list[tuple[str, str]]:
+        """(source, cluster) pairs whose paths the change moves, as its kind's ``paths`` says:
+        ``after``: pairs whose least-delay path will cross ``ch.link`` (per the model after the
+        change); ``now``: pairs whose installed path crosses it now."""
         da, db = self.dpid[ch.link[0]], self.dpid[ch.link[1]]
         out = []
-        if ch.kind in ("link_up", "link_delay"):  # pairs the change moves onto the link
+        if "after" in ch.entry.paths:  # pairs the change moves onto the link
             after = NetworkState([(lk.a, lk.b, lk.delay_ms, lk.capacity_mbps, lk.loss_pct) for lk in self.model.links],
                                  self.model.switches, mtu=self.model.mtu)
             for lk, lk2 in zip(self.model.links, after.links, strict=True):
@@ -350,7 +324,7 @@ class Dynamics:
                     path = routes.get((s.switch, c.switch)) or []
                     if any({x, y} == set(ch.link) for x, y in zip(path, path[1:], strict=False)):
                         out.append((s.name, c.name))
-        if ch.kind == "link_up":
+        if "now" not in ch.entry.paths:
             return out
         for s in self.plan.sources:  # pairs whose installed path crosses the link now
             for c in self.plan.clusters:
@@ -363,18 +337,20 @@ class Dynamics:
                     out.append((s.name, c.name))
         return out
 
-    def _congest(self, ch: Change, a: ProbeHost, b: ProbeHost) -> float:
-        """Background traffic over the link: a>b from ``a``'s daemon, b>a from ``b``'s."""
-        forward = tuple(ch.link) == (self.links[a.link].a, self.links[a.link].b)
-        ab = ch.direction in ("both", "ab" if forward else "ba")
-        ba = ch.direction in ("both", "ba" if forward else "ab")
+    def _congest(self, i: int, link: tuple[str, str], rate_mbps: float, direction: str, traffic: str) -> float:
+        """Background traffic over link ``i`` (``direction`` as ``link`` names it): a>b from the
+        link's ``a`` probe daemon, b>a from ``b``'s. Returns when the last sender confirmed (unix s)."""
+        a, b = self.by_link[i]
+        forward = tuple(link) == (self.links[i].a, self.links[i].b)
+        ab = direction in ("both", "ab" if forward else "ba")
+        ba = direction in ("both", "ba" if forward else "ab")
         t = time.time()
         try:
             for on, src, dst in ((ab, a, b), (ba, b, a)):
                 if on:
                     # TCP is paced in IP bytes; the rate asked is of frames (1514 per 1500 IP bytes)
-                    rate = ch.value * (1500 / 1514 if ch.traffic == "tcp" else 1.0)
-                    r = self.daemons[src.name].client.request("blast", ip=dst.ip, rate_mbps=rate, proto=ch.traffic)
+                    rate = rate_mbps * (1500 / 1514 if traffic == "tcp" else 1.0)
+                    r = self.daemons[src.name].client.request("blast", ip=dst.ip, rate_mbps=rate, proto=traffic)
                     t = r["t_applied_ns"] / 1e9
         except ProbeError as exc:
             raise EmulationError(f"background traffic over {a.switch}-{b.switch}: {exc}") from None
@@ -407,49 +383,38 @@ class Dynamics:
 
     # ------------------------------------------------------------------ measure
     def tolerance(self, ch: Change, n: int = 0) -> float | None:
-        """The tolerance a measurement of ``ch`` is judged with, in its unit.
-
-        * delay (one way): half the RTT self-check's absolute term, its relative term of the value,
-          and its per-switch term for the two switches of the probe path (the baseline overhead
-          is subtracted, so this is generous): ``tol_ms / 2 + tol_pct % x value + per_switch_ms``;
-        * bandwidth, congestion: 10 % of the value (1 Mbit/s at least);
-        * loss: three binomial standard deviations over ``n`` probes, plus 0.5 point;
-        * down / up: none (the measured time is the outcome).
-        """
-        tol_ms, tol_pct, per_switch = self.tol
-        v = ch.value or 0.0
-        if ch.kind == "link_delay":
-            return tol_ms / 2 + tol_pct / 100 * v + per_switch
-        if ch.kind in ("link_bandwidth", "link_congestion"):
-            return max(1.0, 0.1 * v)
-        if ch.kind == "link_loss":
-            p = v / 100
-            return 300 * math.sqrt(max(p * (1 - p), 1e-4) / max(n, 1)) + 0.5
-        return None
+        """The tolerance a measurement of ``ch`` is judged with, in its unit (its kind's
+        :meth:`~testbed.model.events.EventKind.tolerance` with this run's RTT tolerance; ``n``
+        probes counted)."""
+        return ch.entry.tolerance(ch, self.tol, n)
 
     def measure(self, ap: Applied, until: float) -> Measured:
-        """Read ``ap``'s change back from the probes sent in ``[t_fire, until]`` (unix s)."""
-        fn = {"link_delay": self._m_delay, "link_bandwidth": self._m_bandwidth, "link_loss": self._m_loss,
-              "link_down": self._m_down, "link_up": self._m_up, "link_congestion": self._m_congestion}[ap.change.kind]
-        try:
-            return fn(ap, int(ap.t_fire * 1e9), int(until * 1e9))
-        except ProbeError as exc:
-            raise EmulationError(f"measuring {ap.change.kind}: {exc}") from None
+        """Read ``ap``'s change back from the probes sent in ``[t_fire, until]`` (unix s): its kind's
+        :meth:`~testbed.model.events.EventKind.measure` through :class:`Readback`.
 
-    def _m_delay(self, ap: Applied, t0: int, t1: int) -> Measured:
+        Raises:
+            EmulationError: a probe daemon or the controller failed to answer.
+        """
+        ch = ap.change
+        try:
+            return ch.entry.measure(ch, Readback(self, ap, until), self.model.control(*ch.link), self.tol)
+        except ProbeError as exc:
+            raise EmulationError(f"measuring {ch.kind}: {exc}") from None
+
+    def _m_delay(self, ap: Applied, t0: int, t1: int, expect: float, tol: float) -> Measured:
+        """The link's probes' one-way delay after the change, against ``expect`` (ms) within ``tol``."""
         ch = ap.change
         i = self.link_index(ch)
         forward = tuple(ch.link) == (self.links[i].a, self.links[i].b)
         ab, ba, rows = self._one_way(i, t0, t1, raw=False)
         fwd, rev = (ab, ba) if forward else (ba, ab)
-        tol = self.tolerance(ch)
-        k = next((j for j, x in enumerate(fwd) if abs(x - ch.value) <= tol), None)
+        k = next((j for j, x in enumerate(fwd) if abs(x - expect) <= tol), None)
         if k is None:
             return Measured(_median(fwd), "ms", None, tol, False,
                             f"no probe carried the new delay within tolerance ({len(fwd)} probes)")
         effect = (rows[k][1] - t0) / 1e6
         med, med_rev = statistics.median(fwd[k:]), statistics.median(rev[k:])
-        ok = abs(med - ch.value) <= tol and abs(med_rev - ch.value) <= tol
+        ok = abs(med - expect) <= tol and abs(med_rev - expect) <= tol
         note = (f"{len(fwd) - k} probes; reverse direction {med_rev:.3f} ms; probe-path overhead "
                 f"{self.overhead[i][0]:.3f}/{self.overhead[i][1]:.3f} ms subtracted")
         note = "; ".join(x for x in (note, ap.note, self._paths_note(ap, t0 + int(effect * 1e6), t1)) if x)
@@ -470,15 +435,15 @@ class Dynamics:
                          if got is not None and want is not None else f"{s}>{c} unanswered")
         return "paths that crossed the link, one way: " + ", ".join(parts)
 
-    def _m_bandwidth(self, ap: Applied, t0: int, t1: int) -> Measured:
-        ch, tr = ap.change, ap.train or {}
+    def _m_bandwidth(self, ap: Applied, expect: float, tol: float) -> Measured:
+        """The packet train's rate (:meth:`_bandwidth_train`) against ``expect`` (Mbit/s) within ``tol``."""
+        tr = ap.train or {}
         rate = tr.get("rate_mbps")
-        tol = self.tolerance(ch)
         effect = round((ap.t_applied - ap.t_fire) * 1e3, 3)
         if rate is None:
             why = tr.get("not_measured") or f"packet train not measured: {tr}"
             return Measured(None, "Mbit/s", effect, tol, False, "; ".join(x for x in (why, ap.note) if x))
-        ok = abs(rate - ch.value) <= tol
+        ok = abs(rate - expect) <= tol
         note = (f"packet train of {tr.get('frames_received')}/{tr.get('frames_sent')} frames, sent at "
                 f"{tr.get('send_rate_mbps', 0):.0f} Mbit/s, quarters {tr.get('part_rates_mbps')} Mbit/s (median "
                 f"taken); effect = time until the shaper confirmed")
@@ -487,12 +452,13 @@ class Dynamics:
         if "first_rate_mbps" in tr:
             note = (f"second train (the first measured {tr['first_rate_mbps']} Mbit/s, quarters "
                     f"{tr['first_part_rates_mbps']}); ") + note
-        if not ok and ch.value > min(EMULATOR_CEILING_MBPS, tr.get("send_rate_mbps") or 0):
+        if not ok and expect > min(EMULATOR_CEILING_MBPS, tr.get("send_rate_mbps") or 0):
             note += (f"; asked rate above what the probe sender or this machine forwards "
                      f"(~{EMULATOR_CEILING_MBPS:g} Mbit/s per emulated link)")
         return Measured(round(rate, 3), "Mbit/s", effect, tol, ok, "; ".join(x for x in (note, ap.note) if x))
 
-    def _m_loss(self, ap: Applied, t0: int, t1: int) -> Measured:
+    def _m_loss(self, ap: Applied, t0: int, t1: int, expect: float, tolerance: Callable[[int], float]) -> Measured:
+        """The link's probe loss a>b against ``expect`` (%) within ``tolerance(probes sent)``."""
         ch = ap.change
         i = self.link_index(ch)
         a, b = self.by_link[i]
@@ -506,8 +472,8 @@ class Dynamics:
         recv = ans[-1][5] - ans[0][5]
         loss_ab = 100 * (1 - recv / sent) if sent else 0.0
         loss_ba = 100 * (1 - (len(ans) - 1) / recv) if recv else 100.0
-        tol = self.tolerance(ch, sent)
-        ok = abs(loss_ab - ch.value) <= tol
+        tol = tolerance(sent)
+        ok = abs(loss_ab - expect) <= tol
         note = f"{sent} probes a>b; b>a loss {loss_ba:.2f} %; effect = time until the change was confirmed"
         return Measured(round(loss_ab, 3), "%", effect, round(tol, 3), ok, note)
 
@@ -550,8 +516,6 @@ class Dynamics:
 
     def _controller_note(self, t_fire: float) -> str:
         """Port status / link delete / reroute timing from the controller's event log since ``t_fire``."""
-        from testbed.sdn.client import ControllerError, get_events
-
         try:
             evs = [e for e in get_events(self.rest_url) if e["t"] >= t_fire - 0.01]
         except ControllerError as exc:
@@ -564,8 +528,6 @@ class Dynamics:
         return "controller: " + (", ".join(parts) if parts else "no event")
 
     def _m_up(self, ap: Applied, t0: int, t1: int) -> Measured:
-        from testbed.sdn.client import ControllerError, get_events
-
         i = self.link_index(ap.change)
         a, b = self.by_link[i]
         rows = self._samples(a.name, b.name, t0, t1)
@@ -587,7 +549,9 @@ class Dynamics:
                 f"{', '.join(f'{s}>{c}' for s, c in ap.affected) or 'none'}")
         return Measured(value, "ms", effect, None, effect is not None and done is not None, note)
 
-    def _m_congestion(self, ap: Applied, t0: int, t1: int) -> Measured:
+    def _m_congestion(self, ap: Applied, t0: int, t1: int, rate_mbps: float, tol: float) -> Measured:
+        """The background rate carried at the far probe host, against ``rate_mbps`` (at most the
+        link's capacity) within ``tol``."""
         ch = ap.change
         i = self.link_index(ch)
         a, b = self.by_link[i]
@@ -598,8 +562,7 @@ class Dynamics:
         buckets = self.daemons[sink.name].client.request("sink", since_ns=t0)["buckets"]
         bucket_ns = 10_000_000
         busy = [t for t, n in buckets if n > 0 and t < t1]
-        tol = self.tolerance(ch)
-        if ch.value > 0:
+        if rate_mbps > 0:
             if not busy:
                 return Measured(0.0, "Mbit/s", None, tol, False, "no background traffic arrived")
             effect = max(0.0, (busy[0] - t0) / 1e6)
@@ -611,7 +574,7 @@ class Dynamics:
         total = sum(n for t, n in buckets if start <= t < end)
         rate = total * 8 / max(1e-9, (end - start) / 1e9) / 1e6 if end > start else None
         cap = self.model.link(*ch.link).capacity_mbps
-        expect = min(ch.value, cap)
+        expect = min(rate_mbps, cap)
         ok = rate is not None and abs(rate - expect) <= max(tol, 0.1 * expect)
         ab, ba, _ = self._one_way(i, start, t1, raw=False)
         q = _median(ab if a_to_b else ba)
@@ -630,14 +593,90 @@ class Dynamics:
         (self.run_dir / "probe_baseline.json").write_text(json.dumps(out, indent=1))
 
 
+class EmuLink:
+    """One emulated link as an event changes it, oriented as the change names ``link`` (the
+    emulation's :class:`~testbed.model.events.LinkControl`): the link emulator (or ``tc``) applies
+    the change; the controller is told a new delay or capacity (``POST /testbed/link``); background
+    traffic comes from the link's probe daemons. ``t_applied``: when the emulator (or the
+    background's sender) confirmed the last change (unix s; None before one); ``note``: what the
+    controller did."""
+
+    def __init__(self, dyn: Dynamics, index: int, link: tuple[str, str]):
+        self.dyn, self.index, self.link = dyn, index, link
+        self.t_applied: float | None = None
+        self.note = ""
+
+    @property
+    def delay_ms(self) -> float:
+        return self.dyn.model.link(*self.link).delay_ms
+
+    @property
+    def capacity_mbps(self) -> float:
+        return self.dyn.model.link(*self.link).capacity_mbps
+
+    def _set(self, **change: float | bool) -> None:
+        self.t_applied = self.dyn.emu.set_link(self.index, **change)["t_applied"]
+
+    def _tell(self, **value: float) -> None:
+        res = post_link(self.dyn.rest_url, self.dyn.dpid[self.link[0]], self.dyn.dpid[self.link[1]], **value)
+        rr = res.get("reroute")
+        if rr:
+            self.note = f"controller rerouted {rr['flows']} flow(s) on {len(rr['switches'])} switch(es)"
+
+    def set_delay(self, delay_ms: float) -> None:
+        self._set(delay_ms=delay_ms)
+        self._tell(delay_ms=delay_ms)
+
+    def set_rate(self, rate_mbps: float) -> None:
+        self._set(rate_mbps=rate_mbps)
+        self._tell(bandwidth_mbps=rate_mbps)
+
+    def set_loss(self, loss_pct: float) -> None:
+        self._set(loss_pct=loss_pct)
+
+    def set_up(self, up: bool) -> None:
+        self._set(up=up)
+
+    def set_background(self, rate_mbps: float, direction: str, traffic: str) -> None:
+        self.t_applied = self.dyn._congest(self.index, self.link, rate_mbps, direction, traffic)
+
+
+class Readback:
+    """The emulation's :class:`~testbed.model.events.Probe` for one applied change ``ap``: each
+    reading is of the probes sent from its firing to ``until`` (unix s; the end of its window)."""
+
+    def __init__(self, dyn: Dynamics, ap: Applied, until: float | None = None):
+        self.dyn, self.ap = dyn, ap
+        self.t0, self.t1 = int(ap.t_fire * 1e9), int((until if until is not None else time.time()) * 1e9)
+
+    def delay(self, expect_ms: float, tolerance_ms: float) -> Measured:
+        return self.dyn._m_delay(self.ap, self.t0, self.t1, expect_ms, tolerance_ms)
+
+    def train(self, rate_mbps: float, tolerance_mbps: float) -> None:
+        self.dyn._bandwidth_train(self.ap, rate_mbps, tolerance_mbps)
+
+    def rate(self, expect_mbps: float, tolerance_mbps: float) -> Measured:
+        return self.dyn._m_bandwidth(self.ap, expect_mbps, tolerance_mbps)
+
+    def loss(self, expect_pct: float, tolerance: Callable[[int], float]) -> Measured:
+        return self.dyn._m_loss(self.ap, self.t0, self.t1, expect_pct, tolerance)
+
+    def reroute(self) -> Measured:
+        return self.dyn._m_down(self.ap, self.t0, self.t1)
+
+    def rediscovery(self) -> Measured:
+        return self.dyn._m_up(self.ap, self.t0, self.t1)
+
+    def carried(self, expect_mbps: float, tolerance_mbps: float) -> Measured:
+        return self.dyn._m_congestion(self.ap, self.t0, self.t1, expect_mbps, tolerance_mbps)
+
+
 def write_controller_events(rest_url: str, path: Path) -> int:
     """Write the controller's event log to ``path`` (CSV: seq, t, kind, detail JSON); how many rows.
 
     Raises:
         testbed.sdn.client.ControllerError: the controller is unreachable.
     """
-    from testbed.sdn.client import get_events
-
     evs = get_events(rest_url)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)

@@ -1,8 +1,9 @@
 """Scenario events in the emulation: each step of ``plan.changes`` applied for real, at its time,
 and read back by measurement.
 
-The timeline and its meaning are the model's (:mod:`testbed.model.events`); this module applies
-each step to the running emulation and records it in ``events.csv`` (:data:`EVENTS_FIELDS`):
+The timeline and its meaning are the model's (:mod:`testbed.model.events`: each step's kind, a
+registry entry, says how it is applied and measured); this module applies each step to the
+running emulation and records it in ``events.csv`` (:data:`EVENTS_FIELDS`):
 planned time, the time the run fired it (``applied_s``, s since the load started; ``lag_ms`` the
 difference; ``applied_unix_s`` the same instant on the records' clock), ``effect_ms`` (from firing
 to the first measurement showing it), the value asked and the value measured (``unit``), the
@@ -12,8 +13,10 @@ to the first measurement showing it), the value asked and the value measured (``
   the emulator or ``tc`` changes the link, the controller is told or reacts, and probes across the
   link (and along the source -> cluster paths it carried) measure the result over a window after
   the change (cut short by the next change).
-* ``cluster_down`` / ``cluster_up``: ``kill``: SIGKILL, then a restart that waits until the server
-  is warm again (measured: the seconds until it answered); ``stop``: SIGSTOP / SIGCONT. A restart
+* Cluster events (``cluster_down`` / ``cluster_up``) go to the clusters' servers (:class:`_Server`,
+  the emulation's :class:`~testbed.model.events.ClusterControl`): ``kill``: SIGKILL, then a restart
+  that waits until the server is warm again (measured: the seconds until it answered); ``stop``:
+  SIGSTOP / SIGCONT. A restart
   runs beside the timeline (it can take longer than the gap to the next change, which must still
   fire on time); its row is written once the server answers, or when the runner stops with the
   note that it was not ready by then.
@@ -34,15 +37,12 @@ from pathlib import Path
 
 from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.emu.dynamics import PREPARE_S
-from testbed.model.events import CLUSTER_KINDS, LINK_KINDS, Change
+from testbed.model.events import CLUSTER_KINDS, EVENT_KINDS, LINK_KINDS, Change
 
-#: Kinds the emulation applies.
-APPLIED_KINDS = LINK_KINDS | CLUSTER_KINDS
+#: Kinds the emulation applies: every registered kind (kept current with the registry).
+APPLIED_KINDS = EVENT_KINDS.names_view()
 EVENTS_FIELDS = ["event", "step", "kind", "target", "planned_s", "applied_s", "lag_ms", "effect_ms", "value_asked",
                  "value_measured", "unit", "tolerance", "ok", "note", "applied_unix_s"]
-#: Unit of each kind's measured value.
-UNITS = {"link_delay": "ms", "link_bandwidth": "Mbit/s", "link_loss": "%", "link_congestion": "Mbit/s",
-         "link_down": "ms", "link_up": "ms"}
 #: A measurement window ends this long (s) before the next change fires (its preparation first).
 WINDOW_MARGIN_S = PREPARE_S + 0.02
 #: After the runner is stopped, a restart still running gets this long (s) before its row is closed.
@@ -206,8 +206,7 @@ class EventRunner(threading.Thread):
                 self._apply_cluster(ch, done)
                 continue
             ap = dyn.apply(ch, prep)
-            row = self._fired(self._row(ch, ap.t_fire, None, None, UNITS.get(ch.kind, "ms"), None, None,
-                                        "measuring"))
+            row = self._fired(self._row(ch, ap.t_fire, None, None, ch.entry.shown_unit, None, None, "measuring"))
             pending.append((ap, row))
         if not pending:
             return
@@ -230,22 +229,24 @@ class EventRunner(threading.Thread):
                 "applied_unix_s": f"{t_fire:.6f}"}
 
     def _apply_cluster(self, ch: Change, done: Callable[[dict], None]) -> None:
-        """Apply a cluster change now. A restart (``cluster_up`` of a killed server) continues in
+        """Apply a cluster change now, through its kind on the cluster's server (:class:`_Server`).
+        A change that brings the server back up (a restart waits until it answers) continues in
         its own thread, which writes the row once the server answers."""
         t_fire = time.time()
-        if ch.kind == "cluster_down":
-            self.servers.down(ch.cluster, ch.mode)
-            note = f"server {'stopped (SIGSTOP)' if ch.mode == 'stop' else 'killed (SIGKILL)'}"
-            done(self._fired(self._row(ch, t_fire, None, None, "", None, None, note)))
+        server = _Server(self.servers, ch.cluster)
+        if not ch.entry.sets_up:
+            ch.entry.apply(ch, server)
+            done(self._fired(self._row(ch, t_fire, None, None, "", None, None, server.note)))
             return
         row = self._fired(self._row(ch, t_fire, None, None, "s", None, None, "restarting"))
 
         def restart() -> None:
             try:
-                ready_s = self.servers.up(ch.cluster)
+                ch.entry.apply(ch, server)
             except Exception as exc:  # noqa: BLE001 - reported by the run, which then stops
-                self.error = RunFailure(f"events.{ch.event} (cluster_up {ch.cluster}) at {ch.t_s:g} s failed: {exc}")
+                self.error = RunFailure(f"events.{ch.event} ({ch.kind} {ch.cluster}) at {ch.t_s:g} s failed: {exc}")
                 return
+            ready_s = server.ready_s or 0.0
             row.update(self._row(ch, t_fire, ready_s * 1e3, ready_s, "s", None, None,
                                  "seconds until the server answered again"))
             done(row)
@@ -257,6 +258,24 @@ class EventRunner(threading.Thread):
     def stop(self) -> None:
         """Stop applying (the load ended or the run is interrupted)."""
         self.stop_event.set()
+
+
+class _Server:
+    """One cluster's server as an event changes it (the emulation's
+    :class:`~testbed.model.events.ClusterControl`, over :class:`testbed.emu.servers.ClusterServers`).
+    ``note``: what a change down did; ``ready_s``: seconds a change up took until the server answered."""
+
+    def __init__(self, servers, cluster: str):
+        self.servers, self.cluster = servers, cluster
+        self.note = ""
+        self.ready_s: float | None = None
+
+    def set_up(self, up: bool, mode: str) -> None:
+        if up:
+            self.ready_s = self.servers.up(self.cluster)
+            return
+        self.servers.down(self.cluster, mode)
+        self.note = f"server {'stopped (SIGSTOP)' if mode == 'stop' else 'killed (SIGKILL)'}"
 
 
 __all__ = ["APPLIED_KINDS", "EVENTS_FIELDS", "EventRunner", "unsupported"]

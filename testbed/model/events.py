@@ -1,191 +1,306 @@
-"""Scenario events: what an experiment file may ask to change mid-run, and the timeline of changes.
+"""Scenario events in the model: the kinds' behaviour, and the timeline of changes.
 
-An event (:class:`EventSpec`, the ``events:`` list of an experiment) changes one link or one
-cluster from time ``at`` (s since the load starts). Kinds and their value:
+An event (:class:`~testbed.spec.events.EventSpec`, the YAML form) changes one link or one cluster
+from time ``at``. Each kind is ONE entry of the registry :data:`EVENT_KINDS`: an :class:`EventKind`
+subclass registered with :func:`register` (the built-in ones are in :mod:`testbed.model.event_kinds`,
+which lists them with their values and effects). An entry holds
 
-=================  ==========================  =====================================================
-kind               value                       effect
-=================  ==========================  =====================================================
-``link_delay``     ``delay`` (one-way, >= 0)   the link's propagation delay, both directions
-``link_bandwidth`` ``bandwidth`` (> 0)         the link's capacity (the shaper's rate), both ways
-``link_loss``      ``loss_pct`` (0..100)       independent frame loss per direction
-``link_down``      -                           the link carries nothing; routes avoid it
-``link_up``        -                           the link is back; routes may use it again
-``link_congestion````background`` (>= 0)       background traffic of that rate through the link
-                   ``traffic``: udp|tcp        (0 ends it); ``direction``: both, ab or ba
-``cluster_down``   ``mode``: kill|stop         kill: the server dies (connections refused, what
-                                               it held is lost); stop: it freezes (SIGSTOP:
-                                               nothing is answered until it resumes)
-``cluster_up``     -                           kill: the server restarts; stop: it resumes
-=================  ==========================  =====================================================
+* its YAML form (:class:`~testbed.spec.events.EventForm`): name, target, value field and unit, the
+  values it accepts;
+* how it is applied, :meth:`EventKind.apply`, to a :class:`LinkControl` or a :class:`ClusterControl`:
+  both engines implement these, the simulator's model state
+  (:class:`testbed.model.network.NetworkState`, :mod:`testbed.sim.core`) and the emulation
+  (:mod:`testbed.emu.dynamics`, :mod:`testbed.emu.events`), so the kind never names an engine;
+* how the emulation measures it: the measurement window, probe rate and tolerance, and
+  :meth:`EventKind.measure`, which reads the change back through a :class:`Probe`.
 
-Time-varying forms for the value kinds: a step (the value, at ``at``), a ramp
-(``ramp: {to: VALUE, over: DURATION, every: DURATION}``: linear from the value in force at ``at``
--- or ``from`` -- to ``to``, one step every ``every``), or a trace (``trace: FILE.csv`` with
-columns ``t_s`` and the value in the kind's unit, ``delay_ms`` / ``bandwidth_mbps`` / ``loss_pct`` /
-``background_mbps``, ``t_s`` relative to ``at``). :func:`expand` turns events into one sorted
-timeline of :class:`Change` (each a step), which both engines apply with the same meaning: the
-emulation for real (:mod:`testbed.emu.events`), the simulator in virtual time.
-
-Routing (both engines): least one-way delay over the links that are up; the controller learns a
-delay change from the event itself (the run tells it), a failure from OpenFlow port status.
+:func:`expand` turns events into one sorted timeline of :class:`Change` (each a step), which both
+engines apply with the same meaning. Routing (both engines): least one-way delay over the links
+that are up; the controller learns a delay change from the event itself (the run tells it), a
+failure from OpenFlow port status.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal, NamedTuple, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 
-from testbed.spec.schema import Num, StrictModel, unit_pair
-from testbed.spec.units import MAX_DELAY_MS, RATE_UNITS_MBPS, _parse, parse_delay_ms, parse_duration_s, parse_rate_mbps
+from testbed.spec.events import EVENT_KINDS, EventForm, EventSpec, RampSpec, event_form, parse_background_mbps
 
-EventKind = Literal["link_delay", "link_bandwidth", "link_loss", "link_down", "link_up", "link_congestion",
-                    "cluster_down", "cluster_up"]
-#: The value field of each kind that carries one, and its unit (the trace CSV's column).
-VALUE_FIELD: dict[str, str] = {"link_delay": "delay_ms", "link_bandwidth": "bandwidth_mbps", "link_loss": "loss_pct",
-                               "link_congestion": "background_mbps"}
-LINK_KINDS = frozenset({"link_delay", "link_bandwidth", "link_loss", "link_down", "link_up", "link_congestion"})
-CLUSTER_KINDS = frozenset({"cluster_down", "cluster_up"})
 #: The most steps one ramp or trace may expand to (each step is applied and measured for real).
 MAX_STEPS_PER_EVENT = 1000
 
-
-def parse_background_mbps(value: object, item: str = "") -> float:
-    """A background rate such as ``"80Mbit/s"``, where ``"0Mbit/s"`` (the end of a congestion) is
-    valid too (:func:`testbed.spec.units.parse_rate_mbps` refuses 0); negative values fail validation."""
-    return _parse(value, RATE_UNITS_MBPS, "background rate", item)
+Direction = Literal["both", "ab", "ba"]
 
 
-class RampSpec(StrictModel):
-    """A linear ramp: from ``from`` (default: the value in force when it starts) to ``to`` over
-    ``over_s`` seconds, one step every ``every_s`` seconds (the last step reaches ``to``)."""
+class LinkControl(Protocol):
+    """One link as an event changes it, oriented as the change names it (``ab``: from the change's
+    ``link[0]`` to ``link[1]``). Delays ms, rates Mbit/s, loss %. Implemented by the model's link
+    state (simulator) and by the emulation's link (emulator, ``tc``, the controller told)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
+    @property
+    def delay_ms(self) -> float:
+        """The one-way delay in force (ms)."""
+        ...
 
-    start: Num | None = Field(None, alias="from")
-    to: Num
-    over_s: Num = Field(gt=0)
-    every_s: Num = Field(1.0, gt=0)
+    @property
+    def capacity_mbps(self) -> float:
+        """The capacity in force (Mbit/s)."""
+        ...
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = unit_pair(data, "over", parse_duration_s, "s")
-        return unit_pair(data, "every", parse_duration_s, "s")
+    def set_delay(self, delay_ms: float) -> None:
+        """The propagation delay, both directions (ms)."""
+
+    def set_rate(self, rate_mbps: float) -> None:
+        """The capacity (the shaper's rate), both directions (Mbit/s, > 0)."""
+
+    def set_loss(self, loss_pct: float) -> None:
+        """Independent frame loss per direction (%)."""
+
+    def set_up(self, up: bool) -> None:
+        """Carry traffic (True) or nothing (False; routes avoid the link)."""
+
+    def set_background(self, rate_mbps: float, direction: Direction, traffic: Literal["udp", "tcp"]) -> None:
+        """Background traffic of ``rate_mbps`` through the link in ``direction`` (0 ends it)."""
 
 
-class EventSpec(StrictModel):
-    """One scenario event (module table). Values carry their unit (``delay: 30ms``,
-    ``bandwidth: 20Mbit/s``, ``background: 80Mbit/s``) or use the unit key (``delay_ms: 30``);
-    a ramp's ``to``/``from`` are in the kind's unit key (ms, Mbit/s, %)."""
+class ClusterControl(Protocol):
+    """One cluster's server as an event changes it. Implemented by the simulator's cluster and the
+    emulation's servers."""
 
-    at_s: Num = Field(ge=0)
-    kind: EventKind
-    link: list[str] | None = Field(None, min_length=2, max_length=2)
-    cluster: str | None = None
-    delay_ms: Num | None = Field(None, ge=0, le=MAX_DELAY_MS)
-    bandwidth_mbps: Num | None = Field(None, gt=0)
-    loss_pct: Num | None = Field(None, ge=0, le=100)
-    background_mbps: Num | None = Field(None, ge=0)
-    traffic: Literal["udp", "tcp"] = "udp"
-    direction: Literal["both", "ab", "ba"] = "both"
-    mode: Literal["kill", "stop"] = "kill"
-    ramp: RampSpec | None = None
-    trace: str | None = None
+    def set_up(self, up: bool, mode: Literal["kill", "stop"]) -> None:
+        """Down (``kill``: the server dies, what it held is lost; ``stop``: it freezes) or back up
+        (``kill``: it restarts; ``stop``: it resumes)."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = unit_pair(data, "at", parse_duration_s, "s")
-        data = unit_pair(data, "delay", parse_delay_ms, "ms")
-        data = unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
-        return unit_pair(data, "background", parse_background_mbps, "mbps")
 
-    @model_validator(mode="after")
-    def _fields(self) -> EventSpec:
-        k = self.kind
-        if k in LINK_KINDS and self.link is None:
-            raise ValueError(f"event {k!r} needs 'link' ([A, B])")
-        if k in CLUSTER_KINDS and self.cluster is None:
-            raise ValueError(f"event {k!r} needs 'cluster'")
-        if k in LINK_KINDS and self.cluster is not None or k in CLUSTER_KINDS and self.link is not None:
-            raise ValueError(f"event {k!r} takes {'link' if k in LINK_KINDS else 'cluster'} only")
-        field = VALUE_FIELD.get(k)
-        given = [f for f in VALUE_FIELD.values() if getattr(self, f) is not None]
-        if field is None:
-            if given or self.ramp or self.trace:
-                raise ValueError(f"event {k!r} takes no value ({', '.join(given) or 'ramp/trace'} given)")
-            return self
-        if any(f != field for f in given):
-            raise ValueError(f"event {k!r} takes {field.removesuffix('_ms').removesuffix('_mbps')!r}, "
-                             f"not {[f for f in given if f != field]}")
-        forms = sum((getattr(self, field) is not None and self.ramp is None, self.ramp is not None,
-                     self.trace is not None))
-        if forms != 1:
-            raise ValueError(f"event {k!r} needs exactly one of a value "
-                             f"({field.removesuffix('_ms').removesuffix('_mbps')!r}), 'ramp' or 'trace'")
-        return self
+@dataclass
+class Measured:
+    """What a change's measurement found: ``value`` in ``unit`` (None: nothing measurable),
+    ``effect_ms`` (from firing to the first measurement showing it), the ``tolerance`` it is
+    judged with, ``ok``, a ``note``."""
+
+    value: float | None
+    unit: str
+    effect_ms: float | None
+    tolerance: float | None
+    ok: bool | None
+    note: str
+
+
+class Probe(Protocol):
+    """The emulation's readback of one applied link change over its measurement window (each method
+    reads what the probes across the link, or along the paths it carried, saw)."""
+
+    def delay(self, expect_ms: float, tolerance_ms: float) -> Measured:
+        """One-way delay of the link's probes, judged against ``expect_ms``."""
+        ...
+
+    def train(self, rate_mbps: float, tolerance_mbps: float) -> None:
+        """Send a packet train at the new rate now, right after the change (read by :meth:`rate`)."""
+
+    def rate(self, expect_mbps: float, tolerance_mbps: float) -> Measured:
+        """The packet train's rate."""
+        ...
+
+    def loss(self, expect_pct: float, tolerance: Callable[[int], float]) -> Measured:
+        """Probe loss a>b; ``tolerance(n)`` for ``n`` probes sent."""
+        ...
+
+    def reroute(self) -> Measured:
+        """Time until every source -> cluster path the link carried answers again (ms)."""
+        ...
+
+    def rediscovery(self) -> Measured:
+        """Time until the routes use the link again (ms)."""
+        ...
+
+    def carried(self, expect_mbps: float, tolerance_mbps: float) -> Measured:
+        """Background rate carried at the far end of the link."""
+        ...
+
+
+class Tolerance(NamedTuple):
+    """The run's RTT self-check tolerance (``experiment.emulation``), which delay readbacks reuse:
+    an absolute term (ms), a relative one (% of the value) and one per switch on the path (ms)."""
+
+    abs_ms: float
+    pct: float
+    per_switch_ms: float
+
+
+class EventKind(EventForm):
+    """One event kind: its YAML form (:class:`~testbed.spec.events.EventForm`: ``name``, ``target``,
+    ``value_field``, ``unit``, :meth:`rule`), how it is applied and how it is measured. Subclass
+    :class:`LinkKind` or :class:`ClusterKind` and decorate with :func:`register`.
+
+    Class attributes beside the form's:
+
+    * ``sets_up``: True for a kind that brings its link or cluster back up, False for one that
+      takes it down, None otherwise (the timeline checks that downs and ups alternate);
+    * ``measured_unit``: the unit of the emulation's measured value (default: ``unit``, else ms);
+    * ``window_s``: how long the emulation measures after applying it (s, cut short by the next
+      change); ``boost_hz``: the link probes' rate meanwhile (per second);
+    * ``paths``: which source -> cluster paths its measurement probes: ``"now"`` (paths that cross
+      the link before the change), ``"after"`` (paths that will cross it after), both, or none.
+    """
+
+    sets_up: ClassVar[bool | None] = None
+    measured_unit: ClassVar[str] = ""
+    window_s: ClassVar[float] = 0.0
+    boost_hz: ClassVar[float] = 20.0
+    paths: ClassVar[frozenset[str]] = frozenset()
+
+    def apply(self, ch: Change, target: LinkControl | ClusterControl) -> None:
+        """Apply one step ``ch`` of this kind to ``target`` (a :class:`LinkControl` for a link kind,
+        oriented as ``ch.link``; a :class:`ClusterControl` for a cluster kind)."""
+        raise NotImplementedError(f"event kind {self.name!r} has no apply")
+
+    def window(self, ch: Change, link: LinkControl) -> float:
+        """The emulation's measurement window for ``ch`` (s), given the link before it (default :attr:`window_s`)."""
+        return self.window_s
+
+    def tolerance(self, ch: Change, tol: Tolerance, n: int = 0) -> float | None:
+        """The tolerance a measurement of ``ch`` is judged with, in :attr:`measured_unit` (None: none;
+        ``n``: probes counted, for the kinds whose tolerance depends on it)."""
+        return None
+
+    def after_apply(self, ch: Change, probe: Probe, tol: Tolerance) -> None:
+        """Called by the emulation right after applying ``ch``, before its window (default: nothing)."""
+
+    def measure(self, ch: Change, probe: Probe, link: LinkControl, tol: Tolerance) -> Measured:
+        """Read ``ch`` back at the end of its window through ``probe``; ``link`` is the model's link
+        after the change (what the emulation should now show)."""
+        raise NotImplementedError(f"event kind {self.name!r} is not measured")
+
+    @property
+    def shown_unit(self) -> str:
+        """The unit of the measured value (``measured_unit``, else ``unit``, else ms)."""
+        return self.measured_unit or self.unit or "ms"
+
+
+class LinkKind(EventKind):
+    """A kind that changes one link (``link: [A, B]``)."""
+
+    target: ClassVar[Literal["link", "cluster"]] = "link"
+
+
+class ClusterKind(EventKind):
+    """A kind that changes one cluster (``cluster: NAME``)."""
+
+    target: ClassVar[Literal["link", "cluster"]] = "cluster"
+
+
+K = TypeVar("K", bound=type[EventKind])
+
+
+def register(cls: K) -> K:
+    """Class decorator: register one instance of ``cls`` in :data:`EVENT_KINDS` under ``cls.name``.
+
+    Raises:
+        ValueError: the name is already registered.
+    """
+    EVENT_KINDS.add(cls.name, cls())
+    return cls
+
+
+def kind_of(name: str, where: str = "") -> EventKind:
+    """The registered kind named ``name``.
+
+    Raises:
+        testbed.core.registry.UnknownNameError: (a ValueError) naming ``where``, the kind and the known ones.
+    """
+    kind = event_form(name, where)
+    if not isinstance(kind, EventKind):
+        raise TypeError(f"event kind {name!r} is registered as a {type(kind).__name__}, not an EventKind")
+    return kind
+
+
+#: The kinds that change a link, and those that change a cluster (kept current with the registry).
+LINK_KINDS = EVENT_KINDS.subset(lambda k: k.target == "link")
+CLUSTER_KINDS = EVENT_KINDS.subset(lambda k: k.target == "cluster")
+
+
+class _ValueFields(Mapping[str, str]):
+    """Kind name -> its value field (the trace CSV's column), for the kinds that take a value; read
+    from the registry when used."""
+
+    def _now(self) -> dict[str, str]:
+        return {n: k.value_field for n, k in EVENT_KINDS.items() if k.value_field is not None}
+
+    def __getitem__(self, name: str) -> str:
+        return self._now()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now())
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+
+#: The value field of each kind that carries one, and its unit (the trace CSV's column).
+VALUE_FIELD: Mapping[str, str] = _ValueFields()
 
 
 class Change(BaseModel):
-    """One step of the timeline: at ``t_s`` (s since the load starts), ``kind`` applies to
-    ``link`` (the plan's switch names, as in ``Plan.links``) or ``cluster`` with ``value`` (the
-    kind's unit: ms, Mbit/s, %; None for kinds without a value). ``event``: index into
+    """One step of the timeline: at ``t_s`` (s since the load starts), ``kind`` (a registered kind)
+    applies to ``link`` (the plan's switch names, as in ``Plan.links``) or ``cluster`` with ``value``
+    (the kind's unit: ms, Mbit/s, %; None for kinds without a value). ``event``: index into
     ``experiment.events``; ``step``: the step's number within its event (0 for a plain step)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     t_s: float
-    kind: EventKind
+    kind: str
     event: int
     step: int = 0
     link: tuple[str, str] | None = None
     cluster: str | None = None
     value: float | None = None
     traffic: Literal["udp", "tcp"] = "udp"
-    direction: Literal["both", "ab", "ba"] = "both"
+    direction: Direction = "both"
     mode: Literal["kill", "stop"] = "kill"
+
+    @field_validator("kind")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        kind_of(v)
+        return v
+
+    @property
+    def entry(self) -> EventKind:
+        """The registered kind of this change."""
+        return kind_of(self.kind)
 
 
 def check_value(kind: str, value: float, item: str) -> None:
-    """A step's value is one the kind can take (the rule of both engines): delay >= 0 ms,
-    bandwidth > 0 Mbit/s (a link that carries nothing is ``link_down``), loss within 0..100 %,
-    background >= 0 Mbit/s; all finite.
+    """A step's value is one the kind can take (the rule of both engines: finite, and
+    :meth:`~testbed.spec.events.EventForm.rule` of the kind: e.g. delay >= 0 ms, bandwidth > 0
+    Mbit/s, loss within 0..100 %, background >= 0 Mbit/s).
 
     Raises:
         ValueError: naming ``item`` (e.g. ``events.2 step 4``), the value and the rule.
     """
-    v = float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"{item} ({kind}): value {value!r} is not finite")
-    if kind == "link_delay" and v < 0:
-        raise ValueError(f"{item} (link_delay): delay {v:g} ms is negative")
-    if kind == "link_delay" and v > MAX_DELAY_MS:
-        raise ValueError(f"{item} (link_delay): delay {v:g} ms is above {MAX_DELAY_MS:g} ms (600 s)")
-    if kind == "link_bandwidth" and v <= 0:
-        raise ValueError(f"{item} (link_bandwidth): bandwidth {v:g} Mbit/s must be > 0 (use link_down to cut a link)")
-    if kind == "link_loss" and not 0 <= v <= 100:
-        raise ValueError(f"{item} (link_loss): loss {v:g} % is outside 0..100")
-    if kind == "link_congestion" and v < 0:
-        raise ValueError(f"{item} (link_congestion): background {v:g} Mbit/s is negative")
+    kind_of(kind).check(value, item)
 
 
 def check_up_down(changes: Sequence[Change]) -> None:
-    """Along the timeline, a link (or cluster) goes down only while up and comes up only while down.
+    """Along the timeline, a link (or cluster) goes down only while up and comes up only while down
+    (the kinds with :attr:`EventKind.sets_up` False / True).
 
     Raises:
         ValueError: naming the event, the link or cluster, the time and the earlier event.
     """
     down: dict[object, Change] = {}
     for c in changes:
-        if c.kind not in ("link_down", "link_up", "cluster_down", "cluster_up"):
+        sets_up = c.entry.sets_up
+        if sets_up is None:
             continue
         key = frozenset(c.link) if c.link else c.cluster
         what = f"link {'-'.join(c.link)}" if c.link else f"cluster {c.cluster}"
-        if c.kind.endswith("_down"):
+        if not sets_up:
             if key in down:
                 raise ValueError(f"events.{c.event} ({c.kind}) at {c.t_s:g} s: {what} is already down "
                                  f"(events.{down[key].event} at {down[key].t_s:g} s)")
@@ -220,13 +335,15 @@ def expand(events: Sequence[EventSpec], links: Mapping[int, tuple[str, str]],
         ValueError: a ramp or trace of more than :data:`MAX_STEPS_PER_EVENT` steps, a trace with
             no rows, a step value the kind cannot take (:func:`check_value`), or a link or cluster
             set down while down or up while up (:func:`check_up_down`); the message names the event.
+        testbed.core.registry.UnknownNameError: an event of a kind that is not registered.
     """
     current = {k: dict(v) for k, v in initial.items()}
     out: list[tuple[float, int, int, Change]] = []
     timed = sorted(range(len(events)), key=lambda i: (events[i].at_s, i))
     for i in timed:
         ev = events[i]
-        field = VALUE_FIELD.get(ev.kind)
+        kind = kind_of(ev.kind, f"events.{i}.kind")
+        field = kind.value_field
         link = links.get(i)
         if field is None:
             steps: list[tuple[float, float | None]] = [(ev.at_s, None)]
@@ -244,7 +361,7 @@ def expand(events: Sequence[EventSpec], links: Mapping[int, tuple[str, str]],
             raise ValueError(f"events.{i}: {len(steps)} steps; at most {MAX_STEPS_PER_EVENT} per event")
         for k, (t, v) in enumerate(steps):
             if v is not None:
-                check_value(ev.kind, v, f"events.{i}" + (f" step {k}" if len(steps) > 1 else ""))
+                kind.check(v, f"events.{i}" + (f" step {k}" if len(steps) > 1 else ""))
             if horizon_s is not None and t > horizon_s:
                 continue
             out.append((t, i, k, Change(t_s=t, kind=ev.kind, event=i, step=k, link=link, cluster=ev.cluster,
@@ -257,5 +374,7 @@ def expand(events: Sequence[EventSpec], links: Mapping[int, tuple[str, str]],
     return timeline
 
 
-__all__ = ["CLUSTER_KINDS", "LINK_KINDS", "MAX_STEPS_PER_EVENT", "VALUE_FIELD", "Change", "EventKind", "EventSpec",
-           "RampSpec", "check_up_down", "check_value", "expand", "parse_background_mbps"]
+__all__ = ["CLUSTER_KINDS", "EVENT_KINDS", "LINK_KINDS", "MAX_STEPS_PER_EVENT", "Change", "ClusterControl",
+           "ClusterKind", "EventKind", "EventSpec", "LinkControl", "LinkKind", "Measured", "Probe", "RampSpec",
+           "Tolerance", "VALUE_FIELD", "check_up_down", "check_value", "expand", "kind_of", "parse_background_mbps",
+           "register"]

@@ -2,8 +2,9 @@
 
 :class:`NetworkState` holds every switch link's current one-way delay (ms), capacity (Mbit/s),
 loss (%), background traffic (Mbit/s, per direction) and whether it is up; :meth:`apply` takes a
-:class:`~testbed.model.events.Change`. Routes are least one-way delay over the links that are up
-(the Ryu controller's rule, :mod:`testbed.model.routing`); ties are broken by the graph's order.
+:class:`~testbed.model.events.Change`, whose kind changes the link through a :class:`LinkView`.
+Routes are least one-way delay over the links that are up (the Ryu controller's rule,
+:mod:`testbed.model.routing`); ties are broken by the graph's order.
 
 A message of ``n`` bytes crossing a link direction of capacity C with background traffic r
 (our link model, stated; each direction is one FIFO of ``queue_packets`` frames served at C: the
@@ -123,6 +124,44 @@ class LinkState:
         return self.delay_ms + transfer + queue
 
 
+class LinkView:
+    """One link oriented as a change names it (``ab``: from its first switch to its second): the
+    model's :class:`~testbed.model.events.LinkControl`, which event kinds change."""
+
+    __slots__ = ("lk", "forward")
+
+    def __init__(self, lk: LinkState, forward: bool):
+        self.lk, self.forward = lk, forward
+
+    @property
+    def delay_ms(self) -> float:
+        return self.lk.delay_ms
+
+    @property
+    def capacity_mbps(self) -> float:
+        return self.lk.capacity_mbps
+
+    def set_delay(self, delay_ms: float) -> None:
+        self.lk.delay_ms = float(delay_ms)
+
+    def set_rate(self, rate_mbps: float) -> None:
+        self.lk.capacity_mbps = float(rate_mbps)
+
+    def set_loss(self, loss_pct: float) -> None:
+        self.lk.loss_pct = float(loss_pct)
+
+    def set_up(self, up: bool) -> None:
+        self.lk.up = bool(up)
+
+    def set_background(self, rate_mbps: float, direction: str, traffic: str) -> None:
+        """Background in ``direction`` (both, ab or ba, as oriented); the model ignores ``traffic``."""
+        v = float(rate_mbps)
+        if direction in ("both", "ab" if self.forward else "ba"):
+            self.lk.bg_ab = v
+        if direction in ("both", "ba" if self.forward else "ab"):
+            self.lk.bg_ba = v
+
+
 class NetworkState:
     """The switch links of a plan and their state; routes by least one-way delay.
 
@@ -149,28 +188,17 @@ class NetworkState:
         """The link between switches ``a`` and ``b`` (either order)."""
         return self.links[self.index[(a, b)]]
 
+    def control(self, a: str, b: str) -> LinkView:
+        """The link between switches ``a`` and ``b`` as an event changes it, oriented ``a`` -> ``b``."""
+        lk = self.link(a, b)
+        return LinkView(lk, (lk.a, lk.b) == (a, b))
+
     def apply(self, ch: Change) -> None:
-        """Apply one step of the timeline (cluster changes are not the network's and are ignored)."""
+        """Apply one step of the timeline: its kind's :meth:`~testbed.model.events.EventKind.apply`
+        on the link (cluster changes are not the network's and are ignored)."""
         if ch.link is None:
             return
-        lk = self.link(*ch.link)
-        forward_first = (lk.a, lk.b) == tuple(ch.link)
-        if ch.kind == "link_delay":
-            lk.delay_ms = float(ch.value)
-        elif ch.kind == "link_bandwidth":
-            lk.capacity_mbps = float(ch.value)
-        elif ch.kind == "link_loss":
-            lk.loss_pct = float(ch.value)
-        elif ch.kind == "link_down":
-            lk.up = False
-        elif ch.kind == "link_up":
-            lk.up = True
-        elif ch.kind == "link_congestion":
-            v = float(ch.value)
-            ab = ch.direction in ("both", "ab" if forward_first else "ba")
-            ba = ch.direction in ("both", "ba" if forward_first else "ab")
-            lk.bg_ab = v if ab else lk.bg_ab
-            lk.bg_ba = v if ba else lk.bg_ba
+        ch.entry.apply(ch, self.control(*ch.link))
         self.version += 1
 
     def graph(self) -> nx.Graph:
@@ -213,5 +241,5 @@ class NetworkState:
 
 
 __all__ = ["DEFAULT_MTU", "DEFAULT_QUEUE_PACKETS", "FRAME_OVERHEAD_BYTES", "FULL_FRAME_BYTES", "IP_TCP_HEADER_BYTES",
-           "MSS_BYTES", "TCP_RTO_MIN_MS", "LinkState", "NetworkState", "frames", "mss_of", "p_retransmit",
-           "transfer_ms", "wire_bytes"]
+           "MSS_BYTES", "TCP_RTO_MIN_MS", "LinkState", "LinkView", "NetworkState", "frames", "mss_of",
+           "p_retransmit", "transfer_ms", "wire_bytes"]
