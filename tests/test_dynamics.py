@@ -27,8 +27,18 @@ from testbed.emu.network import (
     switch_port_names,
     tc_change_commands,
 )
-from testbed.model.events import Change
+from testbed.model.events import (
+    CLUSTER_KINDS,
+    EVENT_KINDS,
+    LINK_KINDS,
+    VALUE_FIELD,
+    Change,
+    LinkControl,
+    LinkKind,
+    kind_of,
+)
 from testbed.plan.build import PlanError, build_plan
+from testbed.sim import Simulator
 from testbed.spec.experiment import Experiment
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,6 +86,49 @@ def test_background_zero_ends_congestion_and_bandwidth_zero_is_refused():
     assert [c.value for c in plan.changes] == [50.0, 0.0]
     with pytest.raises(Exception, match="must be > 0"):
         _plan([{"at": "1s", "kind": "link_bandwidth", "link": ["A", "B"], "bandwidth": "0Mbit/s"}])
+
+
+class _DoubleDelay(LinkKind):
+    """A throwaway kind, registered by the test only: doubles the link's one-way delay."""
+
+    name = "link_delay_double"
+    effect = "the link's delay, doubled"
+
+    def apply(self, ch: Change, target: LinkControl) -> None:
+        target.set_delay(2 * target.delay_ms)
+
+
+def _simulate(events) -> tuple[list[dict], float]:
+    """Records of the triangle simulated with ``events``, and A-B's delay at the end (ms)."""
+    sim = Simulator(_plan(events), record=True)
+    sim.run_until(sim.exp.duration_s)
+    return sim.records(), sim.net.link("s1", "s2").delay_ms
+
+
+def test_an_event_kind_is_one_registry_entry_and_the_simulator_applies_it():
+    """A kind registered in one place (the test) is validated, expanded, and applied by the
+    simulator exactly as the equivalent built-in step (A-B 2 ms -> 4 ms); unregistered, it is refused."""
+    doubled = [{"at": "2s", "kind": "link_delay_double", "link": ["A", "B"]}]
+    with EVENT_KINDS.temporarily(_DoubleDelay.name, _DoubleDelay()):
+        assert "link_delay_double" in LINK_KINDS and "link_delay_double" not in VALUE_FIELD
+        with pytest.raises(Exception, match="event 'link_delay_double' takes no value"):
+            _exp([{**doubled[0], "delay": "3ms"}])
+        got, delay = _simulate(doubled)
+    want, want_delay = _simulate([{"at": "2s", "kind": "link_delay", "link": ["A", "B"], "delay": "4ms"}])
+    assert delay == want_delay == 4.0
+    assert len(got) > 20 and got == want
+    assert "link_delay_double" not in EVENT_KINDS
+    with pytest.raises(Exception, match=r"unknown event kind 'link_delay_double'; known: link_delay, link_bandwidth"):
+        _exp(doubled)
+
+
+def test_every_builtin_kind_is_registered_with_its_form():
+    assert list(EVENT_KINDS) == ["link_delay", "link_bandwidth", "link_loss", "link_down", "link_up",
+                                 "link_congestion", "cluster_down", "cluster_up"]
+    assert dict(VALUE_FIELD) == {"link_delay": "delay_ms", "link_bandwidth": "bandwidth_mbps",
+                                 "link_loss": "loss_pct", "link_congestion": "background_mbps"}
+    assert set(CLUSTER_KINDS) == {"cluster_down", "cluster_up"}
+    assert [kind_of(k).shown_unit for k in LINK_KINDS] == ["ms", "Mbit/s", "%", "ms", "ms", "Mbit/s"]
 
 
 def test_a_change_that_fires_late_or_not_at_all_stops_the_run(tmp_path):
