@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from testbed.agent.observation import SourceContext, context_size, observation_size
-from testbed.core.errors import counted
+from testbed.core.errors import InputError, counted
 from testbed.spec.aset import ObservationSpec
 
 #: Format of the exported JSON; v3 = v2 + the source-identity one-hot (and ``sources``,
@@ -91,7 +91,7 @@ def _read_weights(path: Path) -> list[np.ndarray]:
                          f"again): {exc}") from None
 
 
-class ObservationSizeError(ValueError):
+class ObservationSizeError(InputError):
     """A checkpoint's network input width differs from the observation built for it."""
 
 

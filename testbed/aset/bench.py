@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+from testbed.core.util import REPO_ROOT
+
+REPO = REPO_ROOT
 
 
 def _positive_int(text: str) -> int:

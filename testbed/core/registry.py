@@ -27,10 +27,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from contextlib import contextmanager
 from typing import Generic, TypeVar, overload
 
+from testbed.core.errors import InputError
+
 T = TypeVar("T")
 
 
-class UnknownNameError(ValueError):
+class UnknownNameError(InputError):
     """A name that is not in a registry. ``name`` is the name asked for, ``known`` the registered names
     (in order), ``where`` the item that named it ("" when not given). The message reads
     ``[where: ]unknown <kind> 'name'; known: a, b[ (did you mean 'x'?)]``."""

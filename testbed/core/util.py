@@ -1,7 +1,7 @@
 """The chores every part of the testbed needs, written once.
 
-* :data:`REPO_ROOT` and :func:`repo_path`: where the repository is, and a configured folder
-  resolved against it.
+* :data:`REPO_ROOT` and :func:`repo_path`: where the repository checkout is (the experiments,
+  topologies, model zoo and runs), and a configured folder resolved against it.
 * :func:`write_json_atomic`: a JSON file (or a pydantic model) written atomically.
 * :func:`poll_until`: wait for a condition with a timeout, watching a process.
 * :func:`stop_processes`: signal, wait, then kill.
@@ -32,10 +32,37 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from testbed.core.errors import RunFailure
+from testbed.core.errors import InputError, RunFailure
 
-#: The repository this package lives in (``testbed/`` is directly below it).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+
+def _is_checkout(folder: Path) -> bool:
+    """Whether ``folder`` is a checkout of this repository (it holds ``experiments/`` and ``models/``)."""
+    return (folder / "experiments").is_dir() and (folder / "models").is_dir()
+
+
+def _find_checkout() -> tuple[Path | None, Path]:
+    """(the checkout this package's code lives in, or None for an installed copy; the checkout the
+    command works in). A source tree or an editable install reads its own checkout; an installed
+    copy (a wheel in site-packages) reads the current folder's checkout, or that of the nearest
+    folder above it, as a researcher runs ``testbed`` from a checkout; without one, the current
+    folder (and :func:`repo_path` then refuses a path relative to the checkout)."""
+    here = Path(__file__).resolve().parents[2]
+    if _is_checkout(here) and (here / "testbed").is_dir():
+        return here, here
+    try:
+        cwd = Path.cwd()
+    except OSError:  # the current folder was removed
+        return None, Path("/")
+    return None, next((d for d in (cwd, *cwd.parents) if _is_checkout(d)), cwd)
+
+
+#: ``SOURCE_CHECKOUT``: the checkout that holds this package's code (a source tree or an editable
+#: install), None when the package is an installed copy (a wheel in site-packages).
+#: ``REPO_ROOT``: the checkout the testbed works in (experiments, topologies, ``models/``: the zoo and
+#: its profiles, ``controllers/``, ``runs/``): the package's own; for an installed copy, the current
+#: folder's checkout or the nearest one above it (``testbed`` is run from a checkout), else the
+#: current folder.
+SOURCE_CHECKOUT, REPO_ROOT = _find_checkout()
 
 T = TypeVar("T")
 
@@ -44,7 +71,7 @@ T = TypeVar("T")
 MAX_INPUT_BYTES = 256 * 1024 * 1024
 
 
-class InputFileError(ValueError):
+class InputFileError(InputError):
     """An input file that cannot be read as text; ``str(exc)`` names the file and why."""
 
 
@@ -109,10 +136,24 @@ def read_input_text(path: str | os.PathLike[str], max_bytes: int = MAX_INPUT_BYT
         raise InputFileError(f"{p}: not UTF-8 text (byte {exc.start})") from None
 
 
-def repo_path(path: str | os.PathLike[str], base: Path = REPO_ROOT) -> Path:
-    """``path`` as given when absolute, else relative to ``base`` (default: the repository)."""
+def repo_path(path: str | os.PathLike[str], base: Path | None = None) -> Path:
+    """``path`` as given when absolute, else relative to ``base`` (default: :data:`REPO_ROOT`).
+
+    Raises:
+        InputError: ``path`` is relative, ``base`` is not given, and there is no checkout to resolve
+            it against (an installed copy run outside a checkout).
+    """
     p = Path(path)
-    return p if p.is_absolute() else base / p
+    if p.is_absolute():
+        return p
+    if base is None:
+        if SOURCE_CHECKOUT is None and not _is_checkout(REPO_ROOT):
+            raise InputError(f"{p} is a folder of the repository checkout, and there is none here: testbed is "
+                             f"installed ({Path(__file__).resolve().parents[1]}) and neither {REPO_ROOT} nor a "
+                             f"folder above it holds experiments/ and models/; run testbed from a checkout of "
+                             f"the repository, or give an absolute path")
+        base = REPO_ROOT
+    return base / p
 
 
 def replace_atomic(path: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:
@@ -274,7 +315,8 @@ def markdown_table(rows: Any, columns: Sequence[str] | None = None) -> str:
     return text.to_markdown(index=False, disable_numparse=True) + "\n"
 
 
-__all__ = ["REPO_ROOT", "ci95", "markdown_table", "poll_until", "repo_path", "stop_processes", "write_json_atomic"]
+__all__ = ["REPO_ROOT", "SOURCE_CHECKOUT", "ci95", "markdown_table", "poll_until", "repo_path", "stop_processes",
+           "write_json_atomic"]
 
 
 @contextmanager

@@ -99,6 +99,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testbed.core.errors import RunFailure
 from testbed.emu.control import ControlClient, ControlServer
 
 # --- Linux constants (linux/if_packet.h, asm-generic/socket.h, linux/timerfd.h, linux/sockios.h) --
@@ -165,7 +166,7 @@ _IFREQ_FLAGS = struct.Struct("16sH14x")  # struct ifreq with ifr_flags
 _IFREQ_INDEX = struct.Struct("16si20x")  # struct ifreq with ifr_ifindex
 
 
-class LinkEmuError(RuntimeError):
+class LinkEmuError(RunFailure):
     """The link emulator (or one of its helpers) cannot run: bad interface, missing tool, no root."""
 
 

@@ -36,6 +36,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
+from testbed.core.errors import TestbedError
+
 T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000
@@ -60,7 +62,7 @@ _IFREQ = 40  # sizeof(struct ifreq) on 64-bit Linux
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class NetdevError(OSError):
+class NetdevError(TestbedError, OSError):
     """An interface call failed (the message names the interface, namespace and call)."""
 
 

@@ -48,6 +48,7 @@ from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 
+from testbed.core.errors import RunFailure
 from testbed.emu.control import ControlClient, ControlServer, recv_or_drop
 from testbed.emu.linkemu import _TimerFd
 
@@ -513,7 +514,7 @@ class ProbeDaemon:
         self.control.close()
 
 
-class ProbeError(RuntimeError):
+class ProbeError(RunFailure):
     """The probe daemon cannot be reached or refused a request."""
 
 

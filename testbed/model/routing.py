@@ -26,6 +26,8 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from testbed.core.errors import RunFailure
+
 #: OpenFlow reports an unsupported 64-bit counter as all ones.
 COUNTER_UNSUPPORTED = 2**64 - 1
 
@@ -34,7 +36,7 @@ COUNTER_UNSUPPORTED = 2**64 - 1
 DELAY_DECIMALS = 9
 
 
-class NoRouteError(LookupError):
+class NoRouteError(RunFailure, LookupError):
     """No path between two switches in the current tree (disconnected or unknown DPID)."""
 
 

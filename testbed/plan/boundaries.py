@@ -23,6 +23,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from testbed.core.errors import InputError
+from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import threads_per_call
 from testbed.model.dispatch import OptionSpec
 from testbed.model.records import GRACE_MS
@@ -182,7 +183,7 @@ class SourceConfig(_Boundary):
                    report_interval_s=exp.report_interval_s, server_port=exp.emulation.server_port,
                    applications=apps, streams=streams, options=options, base_dir=plan.base_dir,
                    path_links=path_links, link_util_file=str(run_dir / "link_util.json"), aset=exp.aset,
-                   zoo_dir=plan.zoo_dir, repo_dir=str(Path(__file__).resolve().parents[2]),
+                   zoo_dir=plan.zoo_dir, repo_dir=str(REPO_ROOT),
                    records=str(run_dir / "sources" / f"{source}.records.csv"), experiment=exp.name)
 
 

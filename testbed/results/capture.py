@@ -41,6 +41,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from testbed.core.errors import InputError
+
 LINKTYPE_ETHERNET = 1
 PCAP_EXTENSIONS = (".pcap", ".pcapng")
 QUERY_ID_RE = re.compile(rb"X-Testbed-Query-Id: *([A-Za-z0-9_.-]+)")
@@ -54,7 +56,7 @@ KEY = ["src", "dst", "sport", "dport", "ipid", "seq", "ack", "flags", "paylen"]
 IPV6 = "ipv6"
 
 
-class PcapError(ValueError):
+class PcapError(InputError):
     """A capture file that cannot be analysed: not pcap/pcapng, not Ethernet, or several interfaces."""
 
 

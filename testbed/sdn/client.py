@@ -34,7 +34,10 @@ from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT, write_json_atomic
 from testbed.plan.boundaries import ControllerConfig
 
-CONTROLLER_APP = REPO_ROOT / "controllers" / "testbed_controller.py"
+#: The Ryu app: the copy an installed package ships (setup.py copies ``controllers/testbed_controller.py``,
+#: its source, into ``testbed/sdn/ryu_app/``), else the checkout's.
+_SHIPPED_APP = Path(__file__).resolve().parent / "ryu_app" / "testbed_controller.py"
+CONTROLLER_APP = _SHIPPED_APP if _SHIPPED_APP.is_file() else REPO_ROOT / "controllers" / "testbed_controller.py"
 CONFIG_ENV = "TESTBED_CONTROLLER_CONFIG"
 PINS_ENV = "TESTBED_CONTROLLER_PINS"
 

@@ -34,11 +34,13 @@ from typing import Any
 
 import numpy as np
 
+from testbed.core.errors import InputError
+
 #: Which decoder each variant's ``graph`` names, and the models it runs in order.
 GRAPH_KINDS = ("blazeface", "blazeface_dual", "hand_landmark", "palm_hand")
 
 
-class GraphError(RuntimeError):
+class GraphError(InputError, RuntimeError):
     """A MediaPipe model file is missing, has the wrong hash, or does not match its decoder."""
 
 

@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.core.util import REPO_ROOT
 from testbed.serve import zoo
 
 FILE = "handling.json"
@@ -466,7 +467,7 @@ def host_speed(zoo_dir: str | os.PathLike[str], profiles_dir: str | os.PathLike[
 
 def main(argv: list[str] | None = None) -> int:
     """Command line (module doc); exit 2 on a bad option."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = REPO_ROOT
     ap = argparse.ArgumentParser(prog="python -m testbed.serve.handling", description=__doc__.split("\n\n")[0])
     ap.add_argument("--zoo", default=str(repo / "models" / "zoo"))
     ap.add_argument("--profiles", default=str(repo / "models" / "profiles"))

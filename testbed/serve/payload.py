@@ -38,6 +38,7 @@ OUTPUT_DECIMALS = 6
 
 
 
+# Not a TestbedError: an HTTP refusal, raised here and answered in serve/server.py; it never reaches the CLI.
 class RequestError(Exception):
     """A request the server refuses; ``status`` is the HTTP status, ``str(exc)`` the reason."""
 

@@ -52,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from testbed.core.errors import RunFailure
+from testbed.core.util import REPO_ROOT
 from testbed.serve import zoo
 
 DEFAULT_SHARES = (0.1, 0.25, 0.5, 1.0, 2.0)
@@ -70,7 +72,7 @@ SCHEMA = 3
 PLOT = "service_times.png"
 
 
-class ProfileError(RuntimeError):
+class ProfileError(RunFailure):
     """Bad options (the message names the option) or a failed measurement child."""
 
 
@@ -350,7 +352,7 @@ def run(zoo_dir: Path, profiles_dir: Path, variants: list[str] | None = None, fa
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The profiler's options (shared by ``python -m testbed.serve.profiler`` and ``testbed profile``)."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = REPO_ROOT
     ap.add_argument("--zoo", default=str(repo / "models" / "zoo"), help="zoo directory (default: models/zoo)")
     ap.add_argument("--profiles", default=str(repo / "models" / "profiles"), help="profiles directory")
     ap.add_argument("--variants", default="all", help="comma-separated variants, or all (default)")

@@ -302,6 +302,7 @@ def warm_up(cfg: ServerConfig, models: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+# Not a TestbedError: internal control flow of main() below (a signal during loading); never leaves this module.
 class _StopWhileLoading(BaseException):
     """SIGTERM/SIGINT while the models load or warm up (a BaseException: library code that catches
     ``Exception`` during an import must not swallow it)."""

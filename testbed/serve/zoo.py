@@ -41,6 +41,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from testbed.core.errors import InputError
+
 #: Input of the default family "digits": one grey-scale 32x32 image, float32 in [0, 1] (H, W, C).
 INPUT_SHAPE: tuple[int, ...] = (32, 32, 1)
 #: Classes of the default family "digits" (0-9).
@@ -59,7 +61,7 @@ PAYLOADS_DIR = "payloads"
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "models" / "build_zoo.py"
 
 
-class ZooError(RuntimeError):
+class ZooError(InputError, RuntimeError):
     """The zoo is missing, incomplete or malformed; the message names the file or variant."""
 
 

@@ -30,12 +30,13 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
+from testbed.core.errors import InputError
 from testbed.spec.units import UnitError
 
 NAME_RE = r"^[a-z][a-z0-9]*$"
 
 
-class YamlValueError(ValueError):
+class YamlValueError(InputError):
     """YAML text that parses but holds something the testbed does not read (names the line)."""
 
 

@@ -36,12 +36,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from testbed.core.errors import InputError
+from testbed.core.util import REPO_ROOT
 from testbed.spec.experiment import format_validation_error
 from testbed.spec.schema import YamlValueError, load_yaml
 from testbed.spec.schema import unit_pair as _unit_pair
 from testbed.spec.units import MAX_DELAY_MS, parse_delay_ms, parse_rate_mbps
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGIES_DIR = REPO_ROOT / "topologies"
 EARTH_RADIUS_KM = 6371.0088  # IUGG mean Earth radius
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 import re
 
+from testbed.core.errors import InputError
+
 _NUMBER = r"(?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"
 
 #: Time units -> factor to milliseconds.
@@ -32,7 +34,7 @@ RATE_UNITS_MBPS: dict[str, float] = {
 }
 
 
-class UnitError(ValueError):
+class UnitError(InputError):
     """A quantity is missing its unit, has an unknown unit, or is malformed."""
 
 
