@@ -9,7 +9,8 @@ from the event to its effect, the value asked and the value measured::
     sudo .venv/bin/python benchmarks/dynamics_bench.py events --scenarios degradation failure \\
         --seeds 1 2 3 [--json out.json]
 
-``kinds`` (root): every kind of link event, ``--repeat`` times each, fired on the triangle
+``kinds`` (root): every registered kind of link event (:data:`testbed.model.events.LINK_KINDS`:
+the values of its ``examples``, then back), ``--repeat`` times each, fired on the triangle
 (``experiments/triangle.yaml``, no servers, no load); per kind the lag, the time from the event to
 its effect, value asked vs measured, the share within tolerance, and for ``link_down`` the time
 until the rerouted paths answer again (the reroute time)::
@@ -44,6 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.scale_bench import emulation_lock, run_benchmark  # noqa: E402 - after the path
+from testbed.model.events import LINK_KINDS, kind_of  # noqa: E402 - after the path
 
 # ------------------------------------------------------------------------------------- events
 
@@ -117,14 +119,21 @@ def cmd_events(args) -> dict:
 
 # ------------------------------------------------------------------------------------- kinds
 
-def _kind_steps(repeat: int) -> list[tuple[str, tuple[str, str], float | None]]:
-    """The triangle's links: s1-s2 (A-B, 2 ms), s2-s3 (B-C, 3 ms); each kind and its way back."""
+#: Seconds between two changes beyond the change's measurement window (its kind's ``window_s``).
+GAP_BEYOND_WINDOW_S = 0.4
+
+
+def _kind_steps(plan, repeat: int) -> list[tuple[str, tuple[str, str], float | None]]:
+    """Every registered link kind in turn on the triangle's links, s1-s2 (A-B, 2 ms) and s2-s3 (B-C,
+    3 ms): a kind with a value fires its ``examples`` on A-B, then the link's planned value (the way
+    back); the kinds that take a link down or up (in registration order: down, then up) go on B-C."""
     ab, bc = ("s1", "s2"), ("s2", "s3")
-    one = [("link_delay", ab, 10.0), ("link_delay", ab, 30.0), ("link_delay", ab, 0.0), ("link_delay", ab, 2.0),
-           ("link_bandwidth", ab, 20.0), ("link_bandwidth", ab, 50.0), ("link_bandwidth", ab, 100.0),
-           ("link_loss", ab, 5.0), ("link_loss", ab, 0.0),
-           ("link_congestion", ab, 10.0), ("link_congestion", ab, 50.0), ("link_congestion", ab, 0.0),
-           ("link_down", bc, None), ("link_up", bc, None)]
+    lk = next(x for x in plan.links if {x.a, x.b} == set(ab))
+    planned = {"delay_ms": lk.delay_ms, "bandwidth_mbps": lk.bandwidth_mbps, "loss_pct": lk.loss_pct,
+               "background_mbps": 0.0}
+    kinds = [kind_of(k) for k in LINK_KINDS]
+    one = [(k.name, ab, v) for k in kinds if k.value_field for v in (*k.examples, planned[k.value_field])]
+    one += [(k.name, bc, None) for k in kinds if k.value_field is None and k.sets_up is not None]
     return one * repeat
 
 
@@ -144,13 +153,10 @@ def cmd_kinds(args) -> dict:
                       {"at": "2s", "kind": "link_down", "link": ["B", "C"]}, {"at": "3s", "kind": "link_up",
                                                                            "link": ["B", "C"]}]
     plan = build_plan(Experiment.model_validate(data), base_dir=tri.parent)
-    steps = _kind_steps(args.repeat)
-    gap = {"link_delay": 1.0, "link_bandwidth": 0.8, "link_loss": 1.6, "link_congestion": 1.6, "link_down": 2.4,
-           "link_up": 3.4}
     changes, t = [], 0.0
-    for i, (kind, link, value) in enumerate(steps):
+    for i, (kind, link, value) in enumerate(_kind_steps(plan, args.repeat)):
         changes.append(Change(t_s=t, kind=kind, event=i, link=link, value=value))
-        t += gap[kind]
+        t += changes[-1].entry.window_s + GAP_BEYOND_WINDOW_S
     with emulation_lock():
         load = os.getloadavg()[0]
         run_id, run_dir = new_run_dir(plan, Path(tempfile.mkdtemp(prefix="kinds-")))

@@ -55,6 +55,7 @@ class LinkDelay(LinkKind):
     value_field, unit = "delay_ms", "ms"
     effect = "the link's propagation delay, both directions"
     window_s, boost_hz = 0.6, 500.0
+    examples = (10.0, 30.0, 0.0)
     paths: ClassVar[frozenset[str]] = frozenset({"now", "after"})
 
     def rule(self, value: float) -> str | None:
@@ -87,6 +88,7 @@ class LinkBandwidth(LinkKind):
     value_field, unit = "bandwidth_mbps", "Mbit/s"
     effect = "the link's capacity (the shaper's rate), both directions"
     window_s, boost_hz = 0.4, 100.0
+    examples = (20.0, 50.0)
 
     def rule(self, value: float) -> str | None:
         return f"bandwidth {value:g} Mbit/s must be > 0 (use link_down to cut a link)" if value <= 0 else None
@@ -111,6 +113,7 @@ class LinkLoss(LinkKind):
     value_field, unit = "loss_pct", "%"
     effect = "independent frame loss per direction"
     window_s, boost_hz = 1.2, 1000.0
+    examples = (5.0,)
 
     def rule(self, value: float) -> str | None:
         return f"loss {value:g} % is outside 0..100" if not 0 <= value <= 100 else None
@@ -163,6 +166,7 @@ class LinkCongestion(LinkKind):
     value_field, unit = "background_mbps", "Mbit/s"
     effect = "background traffic of that rate through the link (0 ends it); traffic udp|tcp, direction both|ab|ba"
     window_s, boost_hz = 1.2, 200.0
+    examples = (10.0, 50.0)
 
     def rule(self, value: float) -> str | None:
         return f"background {value:g} Mbit/s is negative" if value < 0 else None

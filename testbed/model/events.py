@@ -144,7 +144,9 @@ class EventKind(EventForm):
     * ``window_s``: how long the emulation measures after applying it (s, cut short by the next
       change); ``boost_hz``: the link probes' rate meanwhile (per second);
     * ``paths``: which source -> cluster paths its measurement probes: ``"now"`` (paths that cross
-      the link before the change), ``"after"`` (paths that will cross it after), both, or none.
+      the link before the change), ``"after"`` (paths that will cross it after), both, or none;
+    * ``examples``: values ``benchmarks/dynamics_bench.py kinds`` fires in turn (then the link's
+      planned value, to leave it as planned), in the kind's unit.
     """
 
     sets_up: ClassVar[bool | None] = None
@@ -152,6 +154,7 @@ class EventKind(EventForm):
     window_s: ClassVar[float] = 0.0
     boost_hz: ClassVar[float] = 20.0
     paths: ClassVar[frozenset[str]] = frozenset()
+    examples: ClassVar[tuple[float, ...]] = ()
 
     def apply(self, ch: Change, target: LinkControl | ClusterControl) -> None:
         """Apply one step ``ch`` of this kind to ``target`` (a :class:`LinkControl` for a link kind,
