@@ -14,7 +14,8 @@ from PIL import Image
 
 from testbed.core.errors import InputError
 from testbed.model.records import RECORD_FIELDS
-from testbed.results.report import ReportError, build_report, comparison_table, link_utilization, load_run
+from testbed.results.plots import link_utilization
+from testbed.results.report import ReportError, build_report, comparison_table, load_run
 from testbed.results.summary import load_duration_s, summarize
 
 S = 1_000_000_000

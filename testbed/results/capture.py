@@ -81,7 +81,7 @@ def read_pcap(path: Path) -> Iterator[tuple[int, bytes]]:
         PcapError: not a pcap/pcapng file, a link type other than Ethernet (1), or a pcapng file
             holding more than one interface (a file is one capture point here).
     """
-    from scapy.error import Scapy_Exception
+    from scapy.error import Scapy_Exception  # deferred: scapy is heavy to import
     from scapy.utils import RawPcapReader
 
     if Path(path).stat().st_size == 0:
@@ -115,7 +115,7 @@ def parse_tcp(frame: bytes) -> tuple | str | None:
     ``payload_head`` the captured payload bytes (at most HEAD_BYTES). A fragment (no TCP header of
     its own) is None.
     """
-    import dpkt
+    import dpkt  # deferred: only the packet analysis needs it
 
     try:
         ip = dpkt.ethernet.Ethernet(frame).data

@@ -32,6 +32,7 @@ Results do not depend on the backend: the same seeds give the same table.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -41,11 +42,16 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from testbed.core.distributed import imap_unordered
 from testbed.core.errors import EXIT_BRINGUP, EXIT_INPUT, InputError, RunFailure
 from testbed.core.util import ci95, markdown_table, replace_atomic, write_json_atomic
 from testbed.model.records import CAUSES
+from testbed.plan.build import build_plan, events_after_end, plan_experiment, runs_dir_problem
 from testbed.results.runs import run_emulation, run_simulation
 
 #: The per-(scenario, policy) columns of ``table.md``, in order.
@@ -101,8 +107,6 @@ def run_one(plan, policy: str, seed: int, duration_s: float | None, runs_dir: st
 def with_policy_and_seed(plan, policy: str, seed: int):
     """``plan`` planned again with every source on ``policy`` and the experiment's seed ``seed``
     (what the emulation reads; the simulator takes both as arguments instead)."""
-    from testbed.plan.build import build_plan
-
     exp = plan.experiment
     exp = exp.model_copy(update={"seed": seed, "policy": policy,
                                  "sources": [s.model_copy(update={"policy": None}) for s in exp.sources]})
@@ -117,11 +121,6 @@ def run_one_emulated(plan, policy: str, seed: int, duration_s: float | None, run
     Raises:
         RunFailure: the run exited non-zero (its run directory is named).
     """
-    import fcntl
-    import json
-
-    from rich.console import Console
-
     name = plan.experiment.name
     cell_dir = Path(runs_dir) / f"{name}-{policy}-s{seed}"
     cell_dir.mkdir(parents=True, exist_ok=True)
@@ -157,11 +156,10 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
 
 def plot(table: pd.DataFrame, out: Path) -> list[Path]:
     """Grouped bars per scenario and policy: success ratio (with the 95% CI) and e2e p95."""
-    import matplotlib
+    import matplotlib  # deferred: heavy, and only a plot needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     paths = []
     scen = list(dict.fromkeys(table["scenario"]))
@@ -228,7 +226,7 @@ def read_cell(path: Path, name: str | None = None, policy: str | None = None,
     Raises:
         ValueError: the file cannot be read (cut short, not Parquet: pyarrow's message) or is not
             that cell's row (which part differs)."""
-    import pyarrow as pa
+    import pyarrow as pa  # deferred: heavy, and only a cell file's reader needs it
 
     try:
         df = pd.read_parquet(path)
@@ -331,8 +329,6 @@ def _plan_cells(experiments: Sequence[str], policies: Sequence[str], seeds: Sequ
                 duration_s: float | None, emulate: bool, link_emulator: str | None):
     """Plan every experiment (bad input fails here, before anything runs); the cells as
     (plan, policy, seed, path of its result)."""
-    from testbed.plan.build import plan_experiment
-
     cells = []
     for e in experiments:
         plan = plan_experiment(e)
@@ -344,8 +340,6 @@ def _plan_cells(experiments: Sequence[str], policies: Sequence[str], seeds: Sequ
 def _run_cells(pending: list, duration_s: float | None, runs_dir: str | None, emulate: bool, link_emulator: str | None,
                jobs: int | None, backend: str, ray_address: str | None, prog, task) -> None:
     """Run the cells not done yet; write each as it finishes."""
-    from testbed.core.distributed import imap_unordered
-
     if emulate:
         tasks = [(plan, p, s, duration_s, runs_dir, link_emulator) for plan, p, s, _ in pending]
         it = imap_unordered(run_one_emulated, tasks, backend=backend, ray_address=ray_address,
@@ -384,18 +378,12 @@ def sweep(experiments: Sequence[str], policies: Sequence[str], seeds: Sequence[i
             ``out`` cannot be written, checked before any cell runs, or a write failed later (a
             full disk: exit code 3, naming the file; every file is written whole or not at all).
     """
-    from rich.console import Console
-
-    from testbed.plan.build import runs_dir_problem
-
     console = console or Console()
     backend = "ray" if ray_address else backend
     if emulate and ray_address is None and os.geteuid() != 0:
         raise RunFailure("sweep --emulate: the emulation needs root on this machine (sudo)", EXIT_INPUT)
     cells = _plan_cells(experiments, policies, seeds, out, duration_s, emulate, link_emulator)
     if duration_s is not None:  # what testbed simulate says of a --duration before the scenario's events
-        from testbed.plan.build import events_after_end
-
         for plan in {id(c[0]): c[0] for c in cells}.values():  # each experiment's plan once
             late = events_after_end(plan.changes, duration_s)
             if late:
@@ -420,8 +408,6 @@ def _sweep_cells(cells: list, record: dict, out: Path, jobs: int | None, duratio
     """Write ``record`` (``sweep.json``) unless there, run the cells not finished in ``out`` with a
     progress bar, then write the results (:func:`sweep`). On any failure before a cell finished,
     what this call created is removed."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     created = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)
     wrote_record = False
     try:
