@@ -91,6 +91,7 @@ from testbed.emu.health import (
 )
 from testbed.emu.machine import SAMPLES_FILE, CpuSampler, write_samples
 from testbed.emu.servers import ClusterServers
+from testbed.model.events import LINK_KINDS, kind_of
 from testbed.plan.boundaries import SourceConfig
 from testbed.plan.build import Plan, check_load_bounds, run_dir_limit_problem
 from testbed.sdn.client import ControllerError, _port_in_use, get_links
@@ -284,8 +285,9 @@ EVENT_LEAD_S = 1.0
 
 
 def _planned_links(plan: Plan, t0_s: float | None, rows: list[dict] | None = None) -> set[frozenset[str]]:
-    """Links the plan's timeline holds down now: its last ``link_down`` / ``link_up`` at or
-    before now is a ``link_down``, or a ``link_up`` the event runner has not yet reported
+    """Links the plan's timeline holds down now: its last change that takes the link down or up
+    (a kind with ``sets_up``: ``link_down`` / ``link_up``) at or before now takes it down, or
+    brings it up but the event runner has not yet reported it
     (``rows``: its events.csv rows, written only once a change is measured) or reported less than
     :data:`testbed.emu.health.LINK_UP_GRACE_S` ago (LLDP rediscovery). A change counts from
     :data:`EVENT_LEAD_S` before its time (it is prepared ahead)."""
@@ -293,15 +295,15 @@ def _planned_links(plan: Plan, t0_s: float | None, rows: list[dict] | None = Non
         return set()
     now = time.time()
     applied = {(int(r["event"]), int(r["step"])): float(r.get("applied_unix_s") or t0_s + float(r["applied_s"]))
-               for r in (rows or []) if r.get("kind") == "link_up"}
+               for r in (rows or []) if r.get("kind") in LINK_KINDS and kind_of(r["kind"]).sets_up}
     last: dict[frozenset[str], object] = {}
     for ch in plan.changes:
-        if ch.kind in ("link_down", "link_up") and ch.link and ch.t_s <= now - t0_s + EVENT_LEAD_S:
+        if ch.link and ch.entry.sets_up is not None and ch.t_s <= now - t0_s + EVENT_LEAD_S:
             last[frozenset(ch.link)] = ch
     out = set()
     for link, ch in last.items():
         up_at = applied.get((ch.event, ch.step))
-        if ch.kind == "link_down" or up_at is None or now - up_at < LINK_UP_GRACE_S:
+        if not ch.entry.sets_up or up_at is None or now - up_at < LINK_UP_GRACE_S:
             out.add(link)
     return out
 
