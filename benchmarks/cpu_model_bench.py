@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from testbed.core.util import markdown_table  # noqa: E402
 from testbed.model.cpu import COLD_AFTER_S, CfsQuota  # noqa: E402
-from testbed.serve import profiles  # noqa: E402
+from testbed.plan import profiles  # noqa: E402
 
 PROFILES = REPO / "models" / "profiles"
 VARIANTS = ("face_short", "face_full", "face_dual", "hand_lite", "hand_full", "hand_palm", "mobilenet_v2_100",

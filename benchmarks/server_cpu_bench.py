@@ -25,7 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from testbed.core.util import markdown_table  # noqa: E402
-from testbed.serve import handling, profiles  # noqa: E402
+from testbed.plan import profiles  # noqa: E402
+from testbed.serve import handling  # noqa: E402
 
 ZOO, PROFILES = REPO / "models" / "zoo", REPO / "models" / "profiles"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from testbed.serve import profiles, zoo  # noqa: E402
+from testbed.plan import profiles, zoo  # noqa: E402
 
 ZOO = REPO / "models" / "zoo"
 PROFILES = REPO / "models" / "profiles"

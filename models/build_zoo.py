@@ -90,7 +90,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo_sources as src  # noqa: E402
 
-from testbed.serve import zoo  # noqa: E402
+from testbed.plan import zoo  # noqa: E402
+from testbed.serve import zoo as loaders  # noqa: E402
 
 #: Bump when data preparation, split, architectures or training change.
 RECIPE_VERSION = 5
@@ -380,8 +381,8 @@ def train_variant(tmp: Path, name: str, data: dict[str, Any], manifest: dict[str
     manifest["variants"][name] = {"family": fam, "path": name, "tflite": f"{name}.tflite",
                                   "accuracy": 0.0, "accuracy_source": "", "params": 0}
     # Accuracy of the artifacts the server loads, through the same calls.
-    tf_top1 = _predict_all(zoo.ZooModel(tmp, name, manifest), x_te).argmax(axis=1)
-    lite_top1 = _predict_all(zoo.LiteRTModel(tmp, name, manifest), x_te).argmax(axis=1)
+    tf_top1 = _predict_all(loaders.ZooModel(tmp, name, manifest), x_te).argmax(axis=1)
+    lite_top1 = _predict_all(loaders.LiteRTModel(tmp, name, manifest), x_te).argmax(axis=1)
     correct, correct_lite = int((tf_top1 == y_te).sum()), int((lite_top1 == y_te).sum())
     if (tf_top1 == lite_top1).mean() < 0.99:
         raise SystemExit(f"{name}: LiteRT and TensorFlow disagree on top-1 for "
@@ -496,7 +497,7 @@ def measure_faces(tmp: Path, manifest: dict[str, Any]) -> None:
     for name, spec in src.MEDIAPIPE_VARIANTS.items():
         if spec["family"] != "faces":
             continue
-        model = zoo.load_model(tmp, name, "litert", manifest)
+        model = loaders.load_model(tmp, name, "litert", manifest)
         out = [model.predict(x[i:i + 20]) for i in range(0, len(x), 20)]
         hit = np.concatenate([o["score"] for o in out]) >= FACE_SCORE
         found = hit & (iou(np.concatenate([o["box"] for o in out]), truth) >= FACE_IOU)
@@ -598,8 +599,8 @@ def build_keras(tmp: Path, manifest: dict[str, Any], old: dict[str, Any] | None,
             continue
         entry = build_keras_variant(tmp, name, x)
         manifest["variants"][name] = entry
-        tf_p = _predict_all(zoo.ZooModel(tmp, name, manifest), x)
-        lite_p = _predict_all(zoo.LiteRTModel(tmp, name, manifest), x)
+        tf_p = _predict_all(loaders.ZooModel(tmp, name, manifest), x)
+        lite_p = _predict_all(loaders.LiteRTModel(tmp, name, manifest), x)
         if not (np.isfinite(tf_p).all() and np.isfinite(lite_p).all()):
             raise SystemExit(f"{name}: non-finite outputs (TensorFlow or LiteRT): the export is broken")
         entry.update(top1_agreement_litert=round(float((tf_p.argmax(1) == lite_p.argmax(1)).mean()), 4),
@@ -627,7 +628,7 @@ def build(out: Path, cache: Path = CACHE, reuse: bool = True) -> dict[str, Any]:
         mp_dir, images = fetch_sources(cache)
     except src.SourceError as exc:
         raise SystemExit(f"zoo sources: {exc}") from exc
-    zoo.configure_tf_threads(intra_op=min(2, os.cpu_count() or 1), inter_op=1)  # imports TensorFlow
+    loaders.configure_tf_threads(intra_op=min(2, os.cpu_count() or 1), inter_op=1)  # imports TensorFlow
     import tensorflow as tf
 
     log(f"sources ready, tensorflow {tf.__version__} imported in {time.perf_counter() - t0:.1f} s")

@@ -9,6 +9,8 @@ import pytest
 from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import CfsQuota
 from testbed.model.service import isolated_query_s, service_figures
+from testbed.plan import handling as figures
+from testbed.plan import zoo
 from testbed.plan.build import build_plan
 from testbed.plan.catalog import FixedCatalog
 from testbed.sim import ServiceSampler, Simulator
@@ -103,14 +105,14 @@ def test_simulator_handling_throttles_a_small_share_under_load():
 
 
 def test_handling_figures_of_the_committed_zoo_are_read_and_checked(tmp_path):
-    from testbed.serve import handling, zoo
+    from testbed.serve import handling
     profiles = REPO_ROOT / "models" / "profiles"
-    assert handling.handling_ms(profiles, "hand_full") > 0.5  # JPEG frames: at least half a ms per request
-    server, cold = handling.call_factors(profiles, "hand_full")
+    assert figures.handling_ms(profiles, "hand_full") > 0.5  # JPEG frames: at least half a ms per request
+    server, cold = figures.call_factors(profiles, "hand_full")
     assert server >= 1.0 and cold >= 1.0
-    assert handling.call_factors(profiles, "digits_small") == (1.0, 1.0)  # below the CPU clock's resolution
+    assert figures.call_factors(profiles, "digits_small") == (1.0, 1.0)  # below the CPU clock's resolution
     with pytest.raises(zoo.ZooFileMissing, match="python -m testbed.serve.handling --variants nope"):
-        handling.handling_ms(profiles, "nope")
+        figures.handling_ms(profiles, "nope")
     import json
 
     good = json.loads((profiles / "handling.json").read_text())["variants"]["hand_full"]
@@ -121,13 +123,13 @@ def test_handling_figures_of_the_committed_zoo_are_read_and_checked(tmp_path):
                              ("queries", 2.7, "queries = 2.7"), ("runtime", "pytorch", "runtime = 'pytorch'")):
         f.write_text(json.dumps({"variants": {"m": dict(good, **{key: value})}}))
         with pytest.raises(zoo.ZooError, match=f"variant 'm': {said}"):
-            handling.handling_ms(tmp_path, "m")
+            figures.handling_ms(tmp_path, "m")
     f.write_text(json.dumps({"variants": {"m": {k: v for k, v in good.items() if k != "queries"}}}))
     with pytest.raises(zoo.ZooError, match="queries = None"):
-        handling.handling_ms(tmp_path, "m")
+        figures.handling_ms(tmp_path, "m")
     f.write_text("[1, 2]")
     with pytest.raises(zoo.ZooError, match="malformed"):
-        handling.handling_ms(tmp_path, "m")
+        figures.handling_ms(tmp_path, "m")
     with pytest.raises(ValueError, match="--variants: the list is empty"):
         handling.run(REPO_ROOT / "models" / "zoo", tmp_path, [], 200)
     with pytest.raises(ValueError, match="no 'variants' object"):  # refused before any server starts
@@ -143,14 +145,14 @@ def test_a_variant_has_a_row_per_runtime_and_the_plan_takes_its_runtimes(tmp_pat
     import json
 
     from testbed.plan.build import plan_experiment
-    from testbed.serve import handling, zoo
+    from testbed.serve import handling
 
     profiles = REPO_ROOT / "models" / "profiles"
-    lite, tf = handling.measured_row(profiles, "digits_small"), handling.measured_row(profiles, "digits_small",
+    lite, tf = figures.measured_row(profiles, "digits_small"), figures.measured_row(profiles, "digits_small",
                                                                                      "tensorflow")
     assert lite["runtime"] == "litert" and tf["runtime"] == "tensorflow"
-    assert handling.measured_row(profiles, "hand_full", "tensorflow")["runtime"] == "litert"  # none: the default's
-    cold = handling.factors_of(tf)[1]
+    assert figures.measured_row(profiles, "hand_full", "tensorflow")["runtime"] == "litert"  # none: the default's
+    cold = figures.factors_of(tf)[1]
     assert cold > 1.5
     fig = plan_experiment(REPO_ROOT / "experiments" / "triangle.yaml").services["edgeb"]["digits_small"]
     assert fig.runtime == "tensorflow" and fig.cold_factor == pytest.approx(cold)
@@ -168,19 +170,19 @@ def test_a_variant_has_a_row_per_runtime_and_the_plan_takes_its_runtimes(tmp_pat
                           "other_runtimes: the tensorflow row says runtime = 'litert'")):
         (tmp_path / "handling.json").write_text(json.dumps(dict(doc, other_runtimes=others)))
         with pytest.raises(zoo.ZooError, match=said + ".*--variants digits_small --runtime tensorflow"):
-            handling.measured_row(tmp_path, "digits_small", "tensorflow")
+            figures.measured_row(tmp_path, "digits_small", "tensorflow")
 
 
 def test_a_row_below_the_clocks_resolution_does_not_replace_one_above_it():
     """A breaker's review: -n 100 of TensorFlow's digits_small (0.8 ms x 100 = 0.08 s of CPU, under
     the 0.2 s the 10 ms ticks resolve) replaced the -n 1000 row, and its cold factor read 1.0."""
-    from testbed.serve import handling, zoo
+    from testbed.serve import handling
     manifest = zoo.load_manifest(REPO_ROOT / "models" / "zoo")
-    good = handling.measured_row(REPO_ROOT / "models" / "profiles", "digits_small", "tensorflow")
+    good = figures.measured_row(REPO_ROOT / "models" / "profiles", "digits_small", "tensorflow")
     coarse = dict(good, queries=100, isolated_queries=30, call_cpu_ms=0.8, call_cpu_isolated_ms=1.0)
-    assert handling.resolved(good) and not handling.resolved(coarse)
+    assert figures.resolved(good) and not figures.resolved(coarse)
     # warm: 0.2 s / min(0.8, bare 0.55) ms = 362 queries; cold: n / 4 x 1.0 ms >= 0.2 s, n = 800
-    assert handling.queries_to_resolve(coarse) == 800
+    assert figures.queries_to_resolve(coarse) == 800
     said: list[str] = []
     doc = {"variants": {}, "other_runtimes": {"digits_small": {"tensorflow": good}}}
     assert not handling._place_row(doc, manifest, "digits_small", coarse, said.append)
@@ -213,11 +215,10 @@ def test_a_runtime_without_its_own_row_is_a_note_of_the_plan(tmp_path):
 
 def test_plan_of_the_default_experiment_charges_handling():
     from testbed.plan.build import plan_experiment
-    from testbed.serve import handling
 
     plan = plan_experiment(REPO_ROOT / "experiments" / "default.yaml")
     fig = plan.services["fesv"]["hand_full"]
-    assert fig.handling_ms == handling.handling_ms(REPO_ROOT / "models" / "profiles", "hand_full")
+    assert fig.handling_ms == figures.handling_ms(REPO_ROOT / "models" / "profiles", "hand_full")
     assert fig.busy_mean_ms == pytest.approx((fig.wall_mean_ms + fig.handling_ms) / 0.25)
     assert fig.expected_ms > fig.handling_ms + fig.wall_p95_ms * 0.9
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from testbed.serve import zoo
+from testbed.plan import zoo
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"

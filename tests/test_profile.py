@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.serve import profiler, profiles, zoo
+from testbed.plan import profiles, zoo
+from testbed.serve import profiler
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"

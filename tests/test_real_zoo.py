@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.serve import graphs, payload, zoo
+from testbed.plan import zoo
+from testbed.serve import calls, graphs, payload
+from testbed.serve import zoo as loaders
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"
@@ -67,13 +69,13 @@ def test_every_variant_answers_a_real_frame_with_documented_shapes(manifest, fam
     assert x.std() > 0.05 and len(np.unique(x[:8].reshape(8, -1), axis=0)) == 8  # real, distinct frames
     for name in APPS[fam]:
         for rt in zoo.runtimes_of(manifest, name):
-            model = zoo.load_model(ZOO, name, rt, manifest)
+            model = loaders.load_model(ZOO, name, rt, manifest)
             assert model.input_shape == shape
             out = model.predict(x[:3])
             if fam == "imagenet":
                 assert out.shape == (3, 1000) and np.allclose(out.sum(axis=1), 1.0, atol=1e-4), (name, rt)
                 continue
-            assert isinstance(out, zoo.NamedOutputs) and set(out) == set(SHAPES[fam]), name
+            assert isinstance(out, calls.NamedOutputs) and set(out) == set(SHAPES[fam]), name
             for k, dims in SHAPES[fam].items():
                 assert out[k].shape == (3, *dims) and np.isfinite(out[k]).all(), (name, k)
             part = out[1:3]  # the scheduler splits a batch this way
@@ -84,8 +86,8 @@ def test_tensorflow_and_litert_agree_on_every_keras_variant(manifest):
     x, _ = zoo.load_payloads(ZOO, "imagenet")
     x = x[:16]
     for name in APPS["imagenet"]:
-        tf_p = zoo.load_model(ZOO, name, "tensorflow", manifest).predict(x)
-        lite_p = np.concatenate([zoo.load_model(ZOO, name, "litert", manifest).predict(x[i:i + 1])
+        tf_p = loaders.load_model(ZOO, name, "tensorflow", manifest).predict(x)
+        lite_p = np.concatenate([loaders.load_model(ZOO, name, "litert", manifest).predict(x[i:i + 1])
                                  for i in range(len(x))])
         assert np.std(tf_p, axis=0).max() > 1e-6, f"{name}: the same answer for every frame"
         np.testing.assert_allclose(lite_p, tf_p, atol=1e-5, err_msg=name)
@@ -102,7 +104,7 @@ def test_faces_accuracy_is_measured_on_the_stored_frames(manifest):
         truth = data["boxes"]
     assert truth.shape == (200, 4) and (truth[:, 2] > truth[:, 0]).all()
     for name in APPS["faces"]:
-        out = zoo.load_model(ZOO, name, "litert", manifest).predict(x)
+        out = loaders.load_model(ZOO, name, "litert", manifest).predict(x)
         hit = out["score"] >= 0.5
         right = np.where(y == 1, hit & (build_zoo.iou(out["box"], truth) >= 0.5), ~hit)
         assert int(right.sum()) == manifest["variants"][name]["correct"], name
@@ -119,9 +121,9 @@ def test_a_corrupt_model_file_is_an_error_naming_it(manifest, tmp_path):
     bad.write_bytes(bytes(data))
     (tmp_path / zoo.MANIFEST).write_text(json.dumps({**manifest, "variants": {"hand_palm": v}}))
     with pytest.raises(zoo.ZooError, match=r"palm_detection_full\.tflite: sha256 [0-9a-f]{64} != pinned"):
-        zoo.load_model(tmp_path, "hand_palm", "litert")
+        loaders.load_model(tmp_path, "hand_palm", "litert")
     with pytest.raises(zoo.ZooError, match="no TensorFlow SavedModel.*runtime litert"):
-        zoo.load_model(tmp_path, "hand_palm", "tensorflow")
+        loaders.load_model(tmp_path, "hand_palm", "tensorflow")
     member = v["tflite_files"]["palm"]["wheel_member"]
     wheel = REPO / "models" / ".cache" / "wheels" / src.MEDIAPIPE_WHEEL[2]
     with pytest.raises(src.SourceError, match=r"palm_detection_full\.tflite: sha256"):
@@ -165,12 +167,12 @@ def test_jpeg_requests_decode_resize_and_answer_in_tf_serving_shapes(manifest):
     with pytest.raises(payload.RequestError, match="cannot decode image"):
         payload.parse_predict_body(json.dumps({"instances": [{"b64": base64.b64encode(
             payload.JPEG_MAGIC + b"junk").decode()}]}).encode(), (192, 192, 3))
-    out = zoo.load_model(ZOO, "face_short", "litert", manifest).predict(np.concatenate([x, x2]))
+    out = loaders.load_model(ZOO, "face_short", "litert", manifest).predict(np.concatenate([x, x2]))
     rows = payload.predict_response(out, columnar=False)["predictions"]
     assert len(rows) == 2 and set(rows[0]) == {"score", "box", "keypoints"} and len(rows[0]["keypoints"]) == 6
     cols = payload.predict_response(out, columnar=True)["outputs"]
     assert np.asarray(cols["box"]).shape == (2, 4)
-    meta = payload.metadata_response("face_short", zoo.load_model(ZOO, "face_short", "litert", manifest))
+    meta = payload.metadata_response("face_short", loaders.load_model(ZOO, "face_short", "litert", manifest))
     sig = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
     assert set(sig["outputs"]) == {"score", "box", "keypoints"}
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.serve import profiles, zoo
+from testbed.plan import profiles, zoo
+from testbed.serve import zoo as loaders
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"
@@ -70,9 +71,9 @@ def test_tensorflow_and_litert_give_the_same_top1(manifest):
         if v["family"] not in TRAINED:
             continue
         x, _ = zoo.load_payloads(ZOO, v["family"])
-        tf_p = np.concatenate([zoo.load_model(ZOO, name, "tensorflow", manifest).predict(x[i:i + 128])
+        tf_p = np.concatenate([loaders.load_model(ZOO, name, "tensorflow", manifest).predict(x[i:i + 128])
                                for i in range(0, len(x), 128)])
-        lite = zoo.load_model(ZOO, name, "litert", manifest)
+        lite = loaders.load_model(ZOO, name, "litert", manifest)
         lite_p = np.concatenate([lite.predict(x[i:i + 128]) for i in range(0, len(x), 128)])
         single = np.concatenate([lite.predict(x[i:i + 1]) for i in range(10)])  # batch-size changes
         assert (tf_p.argmax(axis=1) == lite_p.argmax(axis=1)).all(), name
@@ -100,7 +101,7 @@ def test_zoo_errors_name_what_is_missing(tmp_path):
     with pytest.raises(zoo.ZooError, match="digits_huge"):
         zoo.variant_dir(ZOO, "digits_huge")
     with pytest.raises(zoo.ZooError, match="unknown runtime 'onnx'"):
-        zoo.load_model(ZOO, "digits_small", "onnx")
+        loaders.load_model(ZOO, "digits_small", "onnx")
 
 
 def test_recipe1_manifest_is_read_as_one_family(tmp_path):

@@ -34,6 +34,7 @@ from testbed.core import cgroups
 from testbed.core.errors import RunFailure
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT, poll_until, stop_processes, write_json_atomic
+from testbed.plan.zoo import request_bodies
 from testbed.serve.launch import server_command, write_server_config
 
 #: Predict requests per (source, cluster, model) before the load (the first is the cold one).
@@ -246,8 +247,6 @@ async def _warm(spec: dict) -> dict[str, list[float]]:
         RuntimeError: a request failed or did not answer 200 (names the target).
     """
     import aiohttp
-
-    from testbed.serve.zoo import request_bodies
 
     bodies: dict[str, list[bytes]] = {}
     out: dict[str, list[float]] = {}

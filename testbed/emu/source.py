@@ -47,7 +47,7 @@ from testbed.model.dispatch import Dispatcher, Heard
 from testbed.model.policies import CATALOGUE, REGISTRY
 from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
 from testbed.plan.boundaries import AppInfo, SourceConfig, SourceTally, StreamConfig, read_config, tally_path
-from testbed.serve.zoo import request_bodies
+from testbed.plan.zoo import request_bodies
 from testbed.spec.experiment import ASET_POLICY
 
 #: Client-side errors that mean nothing listens at the server (it is down): connection refused or

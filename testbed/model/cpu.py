@@ -5,7 +5,7 @@ A cluster's share ``cores`` is a CFS quota of ``cores x P`` of CPU time per peri
 each period the group's threads run at full speed until the group has consumed its quota; then
 they are throttled and do not run again until the next period, when the quota is refilled.
 
-So a call needing ``wall`` ms of unthrottled time (the profile's :func:`~testbed.serve.profiles.cpu_time`,
+So a call needing ``wall`` ms of unthrottled time (the profile's :func:`~testbed.plan.profiles.cpu_time`,
 measured with ``threads`` threads) takes ``wall`` when the quota left covers it, which is the
 case at low load (the quota refills while the server idles), and stretches by whole throttled
 periods at high load: the mean over many back-to-back calls tends to ``wall x threads / cores``.

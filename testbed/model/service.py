@@ -1,7 +1,7 @@
 """A cluster's service times, computed once at plan time from one profiles folder.
 
 For each (cluster, model) the plan keeps a :class:`ServiceFigures`: the unthrottled per-call
-samples of the model's profile (:func:`testbed.serve.profiles.cpu_time`, at the cluster's
+samples of the model's profile (:func:`testbed.plan.profiles.cpu_time`, at the cluster's
 runtime and threads), and what the CPU-share model (:mod:`testbed.model.cpu`) makes of them at
 the cluster's share and worker count:
 

@@ -17,6 +17,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from testbed.core.errors import InputError
+from testbed.plan import handling, profiles, zoo
 
 
 class CatalogError(InputError):
@@ -73,8 +74,6 @@ class ZooCatalog:
     """
 
     def __init__(self, zoo_dir: str | os.PathLike[str], profiles_dir: str | os.PathLike[str]):
-        from testbed.serve import zoo
-
         self.zoo_dir, self.profiles_dir = Path(zoo_dir), Path(profiles_dir)
         try:
             self.manifest = zoo.load_manifest(self.zoo_dir)
@@ -93,7 +92,6 @@ class ZooCatalog:
                          accuracy_source=str(v.get("accuracy_source", "")))
 
     def samples(self, name: str, runtime: str, threads: int) -> Samples:
-        from testbed.serve import profiles, zoo
         try:
             ct = profiles.cpu_time(self.profiles_dir, name, runtime, 1, threads)
             prof = zoo.load_profile(self.profiles_dir, name)
@@ -108,9 +106,8 @@ class ZooCatalog:
 
     def _server_costs(self, name: str, runtime: str) -> tuple[float, float, float, str, str]:
         """(handling ms, in-server factor, cold factor, source suffix, plan note) of ``name`` from
-        ``handling.json`` (:mod:`testbed.serve.handling`). Without a row of ``runtime``, the
+        ``handling.json`` (:mod:`testbed.plan.handling`). Without a row of ``runtime``, the
         call factors of the row there are not applied, and the note says so."""
-        from testbed.serve import handling, zoo
         try:
             row = handling.measured_row(self.profiles_dir, name, runtime)
             server, cold = handling.factors_of(row)
@@ -128,8 +125,6 @@ class ZooCatalog:
 
     def request_bytes(self, family: str) -> int:
         """Mean size (bytes) of the zoo's request bodies for ``family`` (what the sources send)."""
-        from testbed.serve import zoo
-
         try:
             bodies, _ = zoo.request_bodies(self.zoo_dir, family, n=16)
         except zoo.ZooError as exc:

@@ -5,7 +5,7 @@ module does the pre- and post-processing its calculator graphs do around each mo
 options in the graph files of MediaPipe v0.10.21 (cited per constant below, paths under
 ``mediapipe/modules/``). Every variant takes a camera frame float32 [N, H, W, 3], RGB in [0, 1]
 (the family's frame size), resizes it to its model's input (bilinear), runs the model(s) and
-decodes the raw tensors into small named outputs (:class:`testbed.serve.zoo.NamedOutputs`):
+decodes the raw tensors into small named outputs (:class:`testbed.serve.calls.NamedOutputs`):
 
 * ``blazeface`` (``face_detection_short_range``, 128x128, or ``face_detection_full_range_sparse``,
   192x192; pixels scaled to [-1, 1]) and ``blazeface_dual`` (both, the higher-scoring detection
@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from testbed.core.errors import InputError
+from testbed.serve.calls import NamedOutputs, warm_up
 
 #: Which decoder each variant's ``graph`` names, and the models it runs in order.
 GRAPH_KINDS = ("blazeface", "blazeface_dual", "hand_landmark", "palm_hand")
@@ -138,7 +139,7 @@ class _Pool:
     """``slots`` LiteRT interpreters of one model file (an interpreter is not thread-safe)."""
 
     def __init__(self, model: bytes, threads: int, slots: int, name: str):
-        from ai_edge_litert.interpreter import Interpreter
+        from ai_edge_litert.interpreter import Interpreter  # LiteRT: loaded only when a model runs on it
 
         self._q: queue.SimpleQueue[tuple[Any, dict[str, Any], list[dict[str, Any]]]] = queue.SimpleQueue()
         for _ in range(max(1, slots)):
@@ -215,8 +216,6 @@ class MediaPipeModel:
 
     def predict(self, x: np.ndarray) -> Any:
         """Named outputs (module doc) for frames ``x`` float32 [N, *input_shape] RGB in [0, 1]."""
-        from testbed.serve.zoo import NamedOutputs
-
         rows = [self._one(np.asarray(f, dtype=np.float32)) for f in x]
         return NamedOutputs({k: np.stack([r[k] for r in rows]) for k in rows[0]})
 
@@ -253,6 +252,4 @@ class MediaPipeModel:
 
     def warm_up(self, x: np.ndarray, calls: int = 20, batch: int = 1) -> float:
         """Run ``calls`` predictions of ``batch`` frames from ``x``; return their total wall time [ms]."""
-        from testbed.serve.zoo import _warm_up
-
-        return _warm_up(self, x, calls, batch)
+        return warm_up(self, x, calls, batch)

@@ -12,7 +12,7 @@ only the model calls (the profiles' ``cpu_time`` rows) underestimates throttling
 Method, per variant: one real inference server (``python -m testbed.serve.server``, 1 worker,
 1 thread, LiteRT where the variant has it, else TensorFlow, or the runtime given; no CPU quota, on
 127.0.0.1), queries
-one at a time with the family's real request bodies (:func:`testbed.serve.zoo.request_bodies`)
+one at a time with the family's real request bodies (:func:`testbed.plan.zoo.request_bodies`)
 after 20 warm-up ones: first ``n`` back to back (warm), then ``max(30, n / 4)`` each 100 ms after
 the previous answer (cold, as the profiler's isolated rows). Per pass, CPU time (user + system,
 from ``/proc/<pid>/task/<tid>/stat``) divided by the queries: ``handling_ms`` = the server's main
@@ -23,7 +23,7 @@ too). Just before the server starts, ``bare_call_cpu_ms``: the same model's bare
 process, as the profiler makes it (1 thread, back to back, ``n`` calls; for TensorFlow the
 process's CPU time, as its executor runs a graph's ops on its own pool threads). ``call_cpu_ms`` over it
 is the model call as the server makes it, after the event loop decoded a real request and
-handed it to a worker thread (:func:`call_factors`).
+handed it to a worker thread (:func:`testbed.plan.handling.call_factors`).
 
 Writes ``<profiles>/handling.json`` (schema 1)::
 
@@ -37,8 +37,8 @@ Writes ``<profiles>/handling.json`` (schema 1)::
 ``variants`` holds each variant's row in its default runtime (LiteRT where it has it);
 ``--runtime tensorflow`` measures a variant that has LiteRT too into ``other_runtimes`` (the
 call factors differ by runtime: TensorFlow's graph executor pays more per call, and after
-idleness, than LiteRT's interpreter). :func:`measured_row` reads the row of a runtime (the
-plan's :class:`~testbed.model.service.ServiceFigures`).
+idleness, than LiteRT's interpreter). :func:`testbed.plan.handling.measured_row` reads the row
+of a runtime (the plan's :class:`~testbed.model.service.ServiceFigures`).
 """
 
 from __future__ import annotations
@@ -59,19 +59,18 @@ from typing import Any
 
 import numpy as np
 
-from testbed.core.util import REPO_ROOT
-from testbed.serve import zoo
+from testbed.core.errors import RunFailure
+from testbed.core.util import REPO_ROOT, poll_until, stop_processes, write_json_atomic
+from testbed.plan import zoo
+from testbed.plan.boundaries import ServerConfig
+from testbed.plan.handling import FILE, MIN_ISOLATED, MIN_N, RESOLUTION_S, SCHEMA, queries_to_resolve, resolved
+from testbed.plan.profiles import cpu_time
+from testbed.serve.launch import server_command
+from testbed.serve.zoo import load_model
 
-FILE = "handling.json"
-SCHEMA = 1
 WARMUP = 20
 #: Idle time before each query of the isolated pass (s): the CFS period, as the profiler's isolated rows.
 ISOLATED_GAP_S = 0.1
-MIN_ISOLATED = 30
-#: Fewest back-to-back queries per variant (``-n``).
-MIN_N = 100
-#: Least CPU time (s) a pass must total for a factor to be taken from it (20 ticks of 10 ms: 5 %).
-RESOLUTION_S = 0.2
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -92,11 +91,6 @@ def start_server(zoo_dir: Path, variant: str, runtime: str, tmp: Path) -> tuple[
     Raises:
         RuntimeError: the server exited or was not ready within 180 s (with its log's tail).
     """
-    from testbed.core.errors import RunFailure
-    from testbed.core.util import poll_until
-    from testbed.plan.boundaries import ServerConfig
-    from testbed.serve.launch import server_command
-
     ready = tmp / f"{variant}.ready.json"
     cfg = ServerConfig(cluster="handling", host="127.0.0.1", port=0, zoo_dir=str(zoo_dir), models=[variant],
                        runtimes={variant: runtime}, workers=1, threads=1, queue_limit=256, warmup_calls=30,
@@ -139,7 +133,7 @@ def bare_call_cpu_ms(zoo_dir: Path, variant: str, runtime: str, manifest: dict[s
     itself varies by 10-30 % over an hour). The calling thread's CPU time, or with
     ``all_threads`` the process's: TensorFlow's executor runs a graph's ops on its own pool
     threads, which the server's figure (every thread but the event loop's) counts too."""
-    model = zoo.load_model(zoo_dir, variant, runtime, manifest, threads=1)
+    model = load_model(zoo_dir, variant, runtime, manifest, threads=1)
     x = zoo.load_payloads(zoo_dir, manifest["variants"][variant]["family"])[0]
     model.warm_up(x, calls=WARMUP, batch=1)
     clock = time.process_time if all_threads else time.thread_time
@@ -161,8 +155,6 @@ def measure_one(zoo_dir: Path, variant: str, n: int, tmp: Path, runtime: str | N
     Raises:
         RuntimeError: the server did not start or answered a query with an error status.
     """
-    from testbed.core.util import stop_processes
-
     manifest = zoo.load_manifest(zoo_dir)
     family = manifest["variants"][variant]["family"]
     runtime = runtime or default_runtime(manifest, variant)
@@ -211,8 +203,6 @@ def run(zoo_dir: Path, profiles_dir: Path, variants: list[str] | None = None, n:
             folder, or a ``handling.json`` there that is not one (all before measuring).
         RuntimeError: a server failed (the variants measured before it are kept).
     """
-    from testbed.core.util import write_json_atomic
-
     manifest = zoo.load_manifest(zoo_dir)
     known = manifest["variants"]
     if variants is not None and not variants:
@@ -284,145 +274,6 @@ def _place_row(doc: dict[str, Any], manifest: dict[str, Any], variant: str, row:
     return True
 
 
-#: Bounds of the figures in ``handling.json`` (ms of CPU per query; queries per pass): a value
-#: outside is a corrupt file, not a measurement (resnet50's call, the zoo's longest, is ~100 ms).
-MAX_FIGURE_MS = 10_000.0
-MIN_QUERIES, MAX_QUERIES = MIN_ISOLATED, 1_000_000
-_MS_FIELDS = ("handling_ms", "call_cpu_ms", "call_cpu_isolated_ms", "bare_call_cpu_ms")
-
-
-def _field(row: dict, key: str, kind: type, lo: float, hi: float) -> float | int:
-    """``row[key]`` as a finite number of ``kind`` (JSON booleans and strings refused) in [lo, hi]."""
-    import math
-
-    v = row.get(key)
-    ok_type = isinstance(v, int) if kind is int else isinstance(v, (int, float))
-    if v is None or isinstance(v, bool) or not ok_type or not math.isfinite(v) or not lo <= v <= hi:
-        want = "an integer" if kind is int else "a number"
-        raise ValueError(f"{key} = {v!r} (expected {want} in [{lo:g}, {hi:g}])")
-    return kind(v)
-
-
-def measured_row(profiles_dir: str | os.PathLike[str], variant: str, runtime: str | None = None) -> dict[str, Any]:
-    """The row of ``variant`` in ``handling.json`` with every figure checked: the four CPU times
-    finite numbers in [0, :data:`MAX_FIGURE_MS`] ms, the query counts integers in
-    [:data:`MIN_QUERIES`, :data:`MAX_QUERIES`], the runtime one of the zoo's. With ``runtime``: its
-    row in ``other_runtimes`` when there is one, else the row in ``variants`` (whose ``runtime``
-    then says which it is).
-
-    Raises:
-        zoo.ZooFileMissing: no ``handling.json``, or no row for ``variant`` (with the command to measure it).
-        zoo.ZooError: the file is malformed, or a figure is out of range (naming the field and value).
-    """
-    path = Path(profiles_dir) / FILE
-    hint = (f"measure it: python -m testbed.serve.handling --variants {variant}"
-            + (f" --runtime {runtime}" if runtime is not None else ""))
-    if not path.is_file():
-        raise zoo.ZooFileMissing(f"{path} does not exist; {hint}")
-    try:
-        doc = json.loads(path.read_text())
-        rows = doc["variants"] if isinstance(doc, dict) else None
-        if not isinstance(rows, dict):
-            raise ValueError("no 'variants' object")
-        row = rows.get(variant)
-        others = doc.get("other_runtimes", {})
-        if not isinstance(others, dict) or not isinstance(others.get(variant, {}), dict):
-            raise ValueError("'other_runtimes' is not an object of objects")
-        other = others.get(variant, {}).get(runtime) if runtime is not None else None
-        if other is not None and not (isinstance(row, dict) and row.get("runtime") == runtime):
-            row = other
-        else:
-            other = None
-    except (ValueError, KeyError, TypeError, OSError) as exc:
-        raise zoo.ZooError(f"{path}: malformed ({exc}); {hint}") from None
-    if row is None:
-        raise zoo.ZooFileMissing(f"{path} has no row for variant {variant!r}; {hint}")
-    try:
-        if not isinstance(row, dict):
-            raise ValueError(f"the row is a {type(row).__name__}, not an object")
-        got: dict[str, Any] = {k: _field(row, k, float, 0.0, MAX_FIGURE_MS) for k in _MS_FIELDS}
-        for k in ("queries", "isolated_queries"):
-            got[k] = _field(row, k, int, MIN_QUERIES, MAX_QUERIES)
-        if row.get("runtime") not in zoo.RUNTIMES:
-            raise ValueError(f"runtime = {row.get('runtime')!r} (expected one of {', '.join(zoo.RUNTIMES)})")
-        if other is not None and row["runtime"] != runtime:
-            raise ValueError(f"other_runtimes: the {runtime} row says runtime = {row['runtime']!r}")
-        got["runtime"] = row["runtime"]
-    except ValueError as exc:
-        raise zoo.ZooError(f"{path}: variant {variant!r}: {exc}; {hint}") from None
-    return got
-
-
-def handling_ms(profiles_dir: str | os.PathLike[str], variant: str) -> float:
-    """CPU ms per request of the server's request handling for ``variant`` (``handling.json``).
-
-    Raises:
-        zoo.ZooFileMissing: no ``handling.json``, or no row for ``variant`` (with the command to measure it).
-        zoo.ZooError: the file is malformed.
-    """
-    return measured_row(profiles_dir, variant)["handling_ms"]
-
-
-def call_factors(profiles_dir: str | os.PathLike[str], variant: str) -> tuple[float, float]:
-    """(in-server factor, cold factor) of ``variant``'s model call, from ``handling.json``:
-
-    * in-server = the CPU of the server's warm model call (``call_cpu_ms``) / that of the bare
-      call measured just before it (``bare_call_cpu_ms``: the profiler's call, back to back, 1
-      thread), at least 1: the same call, made after the event loop decoded a real request and
-      handed it to a worker thread;
-    * cold = the CPU of its call after 100 ms of idleness / that of its warm call (at least 1).
-
-    A factor whose pass used less than :data:`RESOLUTION_S` of CPU in all is 1.0: the CPU clock's
-    10 ms ticks cannot resolve it (the small zoo's sub-millisecond models).
-
-    Raises:
-        zoo.ZooFileMissing / zoo.ZooError: as :func:`handling_ms`.
-    """
-    return factors_of(measured_row(profiles_dir, variant))
-
-
-def _warm_resolved(row: dict[str, Any]) -> bool:
-    """The back-to-back pass (and the bare call) used at least :data:`RESOLUTION_S` of CPU."""
-    return min(row["call_cpu_ms"], row["bare_call_cpu_ms"]) * row["queries"] / 1e3 >= RESOLUTION_S
-
-
-def _cold_resolved(row: dict[str, Any]) -> bool:
-    """The isolated pass used at least :data:`RESOLUTION_S` of CPU."""
-    return row["call_cpu_isolated_ms"] * row["isolated_queries"] / 1e3 >= RESOLUTION_S
-
-
-def resolved(row: dict[str, Any]) -> bool:
-    """Whether both passes of ``row`` used at least :data:`RESOLUTION_S` of CPU, so that
-    :func:`factors_of` reads its factors (below, it gives 1.0). False for a row it cannot read."""
-    try:
-        return _warm_resolved(row) and _cold_resolved(row)
-    except (KeyError, TypeError):
-        return False
-
-
-def queries_to_resolve(row: dict[str, Any]) -> int | None:
-    """The least ``-n`` (rounded up to 100s) at which both passes of a row with these per-query
-    figures would be :func:`resolved` (the isolated pass has ``n / 4`` queries); None when a figure
-    is 0 ms (no ``-n`` resolves it)."""
-    import math
-
-    warm, cold = min(row["call_cpu_ms"], row["bare_call_cpu_ms"]), row["call_cpu_isolated_ms"]
-    if warm <= 0 or cold <= 0:
-        return None
-    return max(MIN_N, math.ceil(max(RESOLUTION_S * 1e3 / warm, 4 * RESOLUTION_S * 1e3 / cold) / 100) * 100)
-
-
-def factors_of(row: dict[str, Any]) -> tuple[float, float]:
-    """:func:`call_factors` of a row :func:`measured_row` returned (no second read of the file)."""
-    warm, cold, bare = row["call_cpu_ms"], row["call_cpu_isolated_ms"], row["bare_call_cpu_ms"]
-    if not _warm_resolved(row):  # includes a bare call of 0 ms
-        return 1.0, 1.0
-    server = max(1.0, warm / bare)
-    if not _cold_resolved(row):
-        return server, 1.0
-    return server, max(1.0, cold / warm)
-
-
 #: The host-speed check (:func:`host_speed`): a bare call this many times slower than the profile
 #: means the machine is slower now than when it was profiled: on a shared host the same bare call
 #: drifts by more than that over a day, while repeats minutes apart differ by 10-30 %
@@ -445,12 +296,10 @@ def host_speed(zoo_dir: str | os.PathLike[str], profiles_dir: str | os.PathLike[
     Raises:
         zoo.ZooError: a model's profile or file is missing.
     """
-    from testbed.serve import profiles
-
     manifest = zoo.load_manifest(zoo_dir)
     cands = []
     for name, runtime in sorted(models.items()):
-        ms = float(profiles.cpu_time(profiles_dir, name, runtime, 1, 1).samples_ms.mean())
+        ms = float(cpu_time(profiles_dir, name, runtime, 1, 1).samples_ms.mean())
         if ms >= 1.0:
             cands.append((ms, name, runtime))
     if not cands:

@@ -8,7 +8,7 @@ accepts ``{"b64": <JPEG or PNG of any size>}``: decoded (simplejpeg; PIL for PNG
 converted to RGB, resized bilinearly to W x H if it differs, pixels / 255 -- the encoded camera frame a real edge app
 sends (TF Serving's convention for binary inputs; the decode is the server's, as in a serving
 graph that starts with ``decode_jpeg``). :func:`predict_response` answers a multi-output model
-(:class:`testbed.serve.zoo.NamedOutputs`) in TF Serving's multi-output shapes.
+(:class:`testbed.serve.calls.NamedOutputs`) in TF Serving's multi-output shapes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from testbed.serve import zoo
+from testbed.plan import zoo
 
 #: Most inputs accepted in one request (a bigger batch is a 400).
 MAX_INSTANCES = 256
@@ -252,7 +252,7 @@ def predict_response(result: np.ndarray | Mapping[str, np.ndarray], columnar: bo
     """The JSON answer of a predict call (TF Serving REST API); ``result`` [N, ...] or named arrays [N, ...].
 
     One output: ``{"predictions": rows}`` (row form) / ``{"outputs": rows}`` (columnar). Several
-    (a mapping such as :class:`~testbed.serve.zoo.NamedOutputs`): ``{"predictions": [{name: value, ...} per
+    (a mapping such as :class:`~testbed.serve.calls.NamedOutputs`): ``{"predictions": [{name: value, ...} per
     input]}`` / ``{"outputs": {name: [values]}}``, values rounded to OUTPUT_DECIMALS.
     """
     if not isinstance(result, Mapping):  # NamedOutputs, or the plain dict a batch slice may give

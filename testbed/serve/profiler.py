@@ -19,7 +19,7 @@ Two loads per CPU share (field ``load`` of each measurement):
 
 * ``back_to_back``: ``--samples`` calls one after the other (high load). At a share >= threads
   (``role: "cpu_time"``) no call is ever throttled: this is the per-call CPU demand the CPU-share
-  model of the simulator takes (:func:`testbed.serve.profiles.cpu_time`).
+  model of the simulator takes (:func:`testbed.plan.profiles.cpu_time`).
 * ``isolated`` (only at a share < threads): ``--isolated-samples`` calls, each one
   ``ISOLATED_GAP_MS`` (the CFS period) after the previous one ended, so every call starts with a
   refilled quota (low load). Fractional-share measurements of both loads are ``role:
@@ -31,7 +31,7 @@ p50 / p95 / p99 and the 1-minute load average of the machine before and after it
 ``--no-cgroup`` (no root, or no cgroups) measures at the machine's full speed and records only
 share 1 -- say so when quoting such figures.
 
-Results are merged into ``<profiles>/<variant>.json`` (schema: :mod:`testbed.serve.profiles`;
+Results are merged into ``<profiles>/<variant>.json`` (schema: :mod:`testbed.plan.profiles`;
 a measurement replaces the one with the same runtime, share and batch) together with the machine
 (CPU model, cores, kernel, library versions), and plotted to ``<profiles>/service_times.png``.
 Timings on a shared machine are noisy: other processes steal CPU from the quota.
@@ -52,9 +52,13 @@ from typing import Any
 
 import numpy as np
 
+from testbed.core import cgroups
 from testbed.core.errors import RunFailure
 from testbed.core.util import REPO_ROOT
-from testbed.serve import zoo
+from testbed.plan import zoo
+from testbed.plan.profiles import measurements
+from testbed.serve.calls import Model
+from testbed.serve.zoo import configure_tf_threads, load_model, machine_info
 
 DEFAULT_SHARES = (0.1, 0.25, 0.5, 1.0, 2.0)
 DEFAULT_BATCHES = (1, 8)
@@ -100,7 +104,7 @@ def summarize(ms: np.ndarray) -> dict[str, Any]:
             "p99_ms": round(float(np.percentile(ms, 99)), 4), "samples_ms": [round(float(v), 4) for v in ms]}
 
 
-def measure(model: zoo.Model, x: np.ndarray, batch: int, samples: int, warmup: int, gap_ms: float = 0.0,
+def measure(model: Model, x: np.ndarray, batch: int, samples: int, warmup: int, gap_ms: float = 0.0,
             max_seconds: float = math.inf) -> dict[str, Any]:
     """Time up to ``samples`` calls of ``model.predict`` on ``batch`` inputs from ``x`` after ``warmup`` calls.
 
@@ -134,8 +138,8 @@ def child_main(args: argparse.Namespace) -> int:
     manifest = zoo.load_manifest(args.zoo)
     names = args.variants.split(",")
     if args.runtime == "tensorflow":
-        zoo.configure_tf_threads(intra_op=threads, inter_op=1)
-    models = {n: zoo.load_model(args.zoo, n, args.runtime, manifest, threads=threads) for n in names}
+        configure_tf_threads(intra_op=threads, inter_op=1)
+    models = {n: load_model(args.zoo, n, args.runtime, manifest, threads=threads) for n in names}
     payloads = {f: zoo.load_payloads(args.zoo, f)[0] for f in {manifest["variants"][n]["family"] for n in names}}
     for m in models.values():  # first calls (graph / kernel / tensor allocation) outside the quota
         for b in _ints(args.batches, "batches"):
@@ -168,8 +172,6 @@ def run_child(zoo_dir: Path, variants: list[str], runtime: str, share: float, ba
         ProfileError: the child failed or timed out (its output is in the message).
         testbed.core.cgroups.CgroupError: the quota cannot be applied.
     """
-    from testbed.core import cgroups
-
     cmd = [sys.executable, "-m", "testbed.serve.profiler", "--child", "--zoo", str(zoo_dir), "--variants",
            ",".join(variants), "--runtime", runtime, "--share", repr(share), "--batches", ",".join(map(str, batches)),
            "--samples", str(samples), "--warmup", str(warmup), "--isolated-samples", str(isolated_samples),
@@ -242,7 +244,7 @@ def merge_profile(profiles_dir: Path, variant: str, family: str, rows: list[dict
                       "unthrottled (share >= threads), validation = throttled share; see "
                       "testbed/serve/profiler.py",
             "weights": variant_info.get("weights", ""), "random_weights": bool(variant_info.get("random_weights")),
-            "machine": {**zoo.machine_info(), "loadavg_at_merge": [round(v, 2) for v in os.getloadavg()]},
+            "machine": {**machine_info(), "loadavg_at_merge": [round(v, 2) for v in os.getloadavg()]},
             "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "measurements": merged}
     profiles_dir.mkdir(parents=True, exist_ok=True)
@@ -254,13 +256,12 @@ def merge_profile(profiles_dir: Path, variant: str, family: str, rows: list[dict
 
 def plot(profiles_dir: Path, variants: list[str], out: Path | None = None) -> Path:
     """Plot p50 (line) and p95 (dashed) per-call time vs CPU share, per runtime and batch; one panel per variant."""
-    import matplotlib
+    import matplotlib  # heavy (~1 s): only when a plot is asked for
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from testbed.serve.profiles import measurements
 
     out = out or profiles_dir / PLOT
     cols = 3

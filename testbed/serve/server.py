@@ -61,8 +61,8 @@ import numpy as np
 from aiohttp import web
 
 from testbed.core.util import write_json_atomic
+from testbed.plan import zoo
 from testbed.plan.boundaries import ServerConfig
-from testbed.serve import zoo
 from testbed.serve.payload import (
     RequestError,
     encode_json,
@@ -71,6 +71,7 @@ from testbed.serve.payload import (
     predict_response,
 )
 from testbed.serve.scheduler import Job, Scheduler
+from testbed.serve.zoo import configure_tf_threads, load_model
 
 #: Largest request body [bytes] (one 32x32 image as JSON is ~5-10 kB).
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -282,8 +283,8 @@ def load_models(cfg: ServerConfig) -> dict[str, Any]:
     for n in cfg.models:  # fail fast, before paying for TensorFlow's import
         (zoo.tflite_path if cfg.runtimes[n] == "litert" else zoo.variant_dir)(cfg.zoo_dir, n, manifest)
     if "tensorflow" in cfg.runtimes.values():
-        zoo.configure_tf_threads(intra_op=cfg.workers * cfg.threads, inter_op=1)
-    return {n: zoo.load_model(cfg.zoo_dir, n, cfg.runtimes[n], manifest, threads=cfg.threads, pool=cfg.workers)
+        configure_tf_threads(intra_op=cfg.workers * cfg.threads, inter_op=1)
+    return {n: load_model(cfg.zoo_dir, n, cfg.runtimes[n], manifest, threads=cfg.threads, pool=cfg.workers)
             for n in cfg.models}
 
 

@@ -1,8 +1,8 @@
 """Service-time profiles: what the dispatcher expects and what the simulator draws.
 
 Profiles are measured by ``testbed profile`` (:mod:`testbed.serve.profiler`) and stored in
-``models/profiles/<variant>.json``; this module is the one reader the policies, the emulation's
-dispatcher and the simulator share. Format (schema 3)::
+``models/profiles/<variant>.json``; this module is the one reader (the plan's catalog, the profiler's
+plots, the host-speed check and the benchmarks share it). Format (schema 3)::
 
     {"schema": 3, "variant", "family", "weights", "random_weights", "machine": {..., "loadavg_at_merge"},
      "method", "measured_at",
@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from testbed.serve import zoo
+from testbed.model.service import mean_at_batch
+from testbed.plan import zoo
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,6 @@ def measurements(prof: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _mean_at_batch(rows: list[dict[str, Any]], batch: int) -> float:
     """Mean per-call time at ``batch`` from the rows of one share (:func:`testbed.model.service.mean_at_batch`)."""
-    from testbed.model.service import mean_at_batch
-
     return mean_at_batch({int(r["batch"]): float(r["mean_ms"]) for r in rows}, batch)
 
 
@@ -98,8 +97,8 @@ def service_time(profiles_dir: str | os.PathLike[str], variant: str, cpu_cores: 
     batch by the ratio of mean per-call times interpolated linearly in the batch size.
 
     Raises:
-        testbed.serve.zoo.ZooFileMissing: no profile for ``variant``.
-        testbed.serve.zoo.ZooError: the profile is malformed or has no ``runtime`` measurement.
+        testbed.plan.zoo.ZooFileMissing: no profile for ``variant``.
+        testbed.plan.zoo.ZooError: the profile is malformed or has no ``runtime`` measurement.
         ValueError: ``cpu_cores`` <= 0 or ``batch`` < 1.
     """
     if cpu_cores <= 0 or batch < 1:
@@ -156,8 +155,8 @@ def cpu_time(profiles_dir: str | os.PathLike[str], variant: str, runtime: str = 
     nearest measured batch by the ratio of mean per-call times, linear in the batch size.
 
     Raises:
-        testbed.serve.zoo.ZooFileMissing: no profile for ``variant``.
-        testbed.serve.zoo.ZooError: no measurement of ``runtime`` at >= ``threads`` cores.
+        testbed.plan.zoo.ZooFileMissing: no profile for ``variant``.
+        testbed.plan.zoo.ZooError: no measurement of ``runtime`` at >= ``threads`` cores.
         ValueError: ``batch`` < 1 or ``threads`` < 1.
     """
     if batch < 1 or threads < 1:
@@ -177,3 +176,6 @@ def cpu_time(profiles_dir: str | os.PathLike[str], variant: str, runtime: str = 
     samples = np.asarray(row.get("samples_ms") or [row["p50_ms"], row["p95_ms"], row["p99_ms"]], dtype=float)
     return CpuTime(variant, runtime, batch, threads, float(row["mean_ms"]) * scale, float(row["p50_ms"]) * scale,
                    float(row["p95_ms"]) * scale, samples * scale, share, int(row["batch"]), scale)
+
+
+__all__ = ["CpuTime", "ServiceTime", "cpu_time", "measurements", "service_time"]
