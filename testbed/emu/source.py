@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from testbed.core.util import write_json_atomic
+from testbed.model import seeds
 from testbed.model.dispatch import Dispatcher, Heard
 from testbed.model.policies import CATALOGUE, REGISTRY
 from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
@@ -102,7 +103,7 @@ class Source:
         if policy not in CATALOGUE:
             raise REGISTRY.unknown(policy, f"source {self.name}", extra=(ASET_POLICY,))
         self.dispatcher = Dispatcher([o.option for o in cfg.options], policy,
-                                     np.random.default_rng([cfg.seed, 3, cfg.source_index]))
+                                     seeds.dispatcher(seeds.run_key(cfg.seed), cfg.source_index))
         self.ip = {o.option.cluster: o.ip for o in cfg.options}
         self.options = {(o.option.cluster, o.option.model): o.option for o in cfg.options}
         self.workers = {o.option.cluster: o.option.workers for o in cfg.options}
@@ -110,7 +111,7 @@ class Source:
         self._busy_s: dict[str, tuple[float, float]] = {}
         # Request bodies made once per application: building them per query would cost the source.
         self.bodies = {a.name: request_bodies(cfg.zoo_dir, a.family) for a in cfg.applications}
-        self.rng = np.random.default_rng([cfg.seed, cfg.source_index])
+        self.rng = seeds.payloads(cfg.seed, cfg.source_index)
         self.out = open(cfg.records, "w", newline="")  # noqa: SIM115 - closed in run()
         self.writer = csv.DictWriter(self.out, fieldnames=RECORD_FIELDS)
         self.writer.writeheader()
@@ -271,7 +272,7 @@ class Source:
         from testbed.model.arrivals import make_process
 
         loop = asyncio.get_running_loop()
-        rng = np.random.default_rng([self.cfg.seed, 1, stream.index, self.cfg.source_index])
+        rng = seeds.arrivals(seeds.run_key(self.cfg.seed), stream.index, self.cfg.source_index)
         proc = make_process(stream.spec, rng, stream.weight, Path(self.cfg.base_dir))
         app = self.apps[stream.spec.application]
         window = self.cfg.report_interval_s

@@ -9,6 +9,7 @@ import math
 import numpy as np
 from scipy import sparse
 
+from testbed.model import seeds
 from testbed.model.network import transfer_ms
 
 INF = math.inf
@@ -34,7 +35,7 @@ class Links:
         self._link_bits = np.zeros((len(self.link_keys), 2))
         self._resp = np.zeros((len(self.sources), len(plan.clusters)))  # responses per (source, cluster)
         self.link_util: dict[tuple[str, str], float] = dict.fromkeys(self.link_keys, 0.0)
-        self.loss_rng = [np.random.default_rng([self.seed, 5, i]) for i in range(len(self.sources))]
+        self.loss_rng = [seeds.loss(seeds.run_key(self.seed), i) for i in range(len(self.sources))]
         self._route()
 
     def _route(self) -> None:
