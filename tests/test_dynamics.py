@@ -128,6 +128,8 @@ def test_every_builtin_kind_is_registered_with_its_form():
     assert dict(VALUE_FIELD) == {"link_delay": "delay_ms", "link_bandwidth": "bandwidth_mbps",
                                  "link_loss": "loss_pct", "link_congestion": "background_mbps"}
     assert set(CLUSTER_KINDS) == {"cluster_down", "cluster_up"}
+    assert {"link_up", "cluster_up"} & LINK_KINDS == {"link_up"}  # as the emulation's bring-up asks
+    assert len(LINK_KINDS | CLUSTER_KINDS) == 8
     assert [kind_of(k).shown_unit for k in LINK_KINDS] == ["ms", "Mbit/s", "%", "ms", "ms", "Mbit/s"]
 
 

@@ -194,6 +194,11 @@ class SubsetView(Set[str]):
         self._registry = registry
         self._keep = keep
 
+    @classmethod
+    def _from_iterable(cls, it) -> frozenset[str]:
+        """The result of a set operation (``&``, ``|``, ``-``, ``^``) with a view: a frozenset."""
+        return frozenset(it)
+
     def _now(self) -> tuple[str, ...]:
         return tuple(n for n, e in self._registry.items() if self._keep(e))
 

@@ -270,8 +270,9 @@ class Dynamics:
 
     def apply(self, ch: Change, affected: list[tuple[str, str]] | None = None) -> Applied:
         """Apply one link change now: its kind changes the link through :class:`EmuLink`, the model
-        follows, then the kind may start its measurement (:meth:`EventKind.after_apply`, e.g. a
-        packet train). ``affected`` from :meth:`prepare` (looked up now when None).
+        follows, then the kind may start its measurement
+        (:meth:`~testbed.model.events.EventKind.after_apply`: a bandwidth change's packet train).
+        ``affected`` from :meth:`prepare` (looked up now when None).
 
         Raises:
             EmulationError: the emulator, ``tc`` or a probe daemon refused it.
@@ -314,7 +315,7 @@ class Dynamics:
         out = []
         if "after" in ch.entry.paths:  # pairs the change moves onto the link
             after = NetworkState([(lk.a, lk.b, lk.delay_ms, lk.capacity_mbps, lk.loss_pct) for lk in self.model.links],
-                                 self.model.switches, mtu=self.model.mtu)
+                                 self.model.switches, mtu=self.model.mtu, dpids=self.model.dpids)
             for lk, lk2 in zip(self.model.links, after.links, strict=True):
                 lk2.up = lk.up
             after.apply(ch)
