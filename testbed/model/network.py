@@ -4,7 +4,8 @@
 loss (%), background traffic (Mbit/s, per direction) and whether it is up; :meth:`apply` takes a
 :class:`~testbed.model.events.Change`, whose kind changes the link through a :class:`LinkView`.
 Routes are least one-way delay over the links that are up (the Ryu controller's rule,
-:mod:`testbed.model.routing`); ties are broken by the graph's order.
+:func:`testbed.model.routing.least_delay_paths`): the paths the controller installs, ties included
+(least delay, then fewer hops, then the lower DPID).
 
 A message of ``n`` bytes crossing a link direction of capacity C with background traffic r
 (our link model, stated; each direction is one FIFO of ``queue_packets`` frames served at C: the
@@ -31,11 +32,10 @@ Loss, from ``link_loss`` or an overloaded link, costs a TCP query one retransmis
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-
-import networkx as nx
+from collections.abc import Iterable, Mapping, Sequence
 
 from testbed.model.events import Change
+from testbed.model.routing import least_delay_paths
 
 #: Bytes per frame on the wire beyond the TCP payload (Ethernet 14 + IPv4 20 + TCP 32 with
 #: timestamps), and the TCP payload per frame at a 1500-byte MTU (1500 - 20 - 32).
@@ -168,6 +168,9 @@ class NetworkState:
     Args:
         links: ``(a, b, delay_ms, bandwidth_mbps, loss_pct)`` per link (the plan's switch names).
         switches: every switch name (nodes without links are kept in the graph).
+        dpids: each switch's DPID, the routes' tie-break (:mod:`testbed.model.routing`); default:
+            1, 2, ... in the order of ``switches``. The plan passes its switches' DPIDs
+            (:meth:`testbed.plan.resolved.Plan.network_state`).
         mtu: the IP MTU of every link, bytes (sets :attr:`mss`).
 
     Raises:
@@ -175,13 +178,15 @@ class NetworkState:
     """
 
     def __init__(self, links: Iterable[tuple[str, str, float, float, float]], switches: Sequence[str] = (),
-                 mtu: int = DEFAULT_MTU):
+                 mtu: int = DEFAULT_MTU, dpids: Mapping[str, int] | None = None):
         self.mtu, self.mss = mtu, mss_of(mtu)
         self.links: list[LinkState] = [LinkState(a, b, d, bw, loss, mss=self.mss) for a, b, d, bw, loss in links]
         self.index: dict[tuple[str, str], int] = {}
         for i, lk in enumerate(self.links):
             self.index[(lk.a, lk.b)] = self.index[(lk.b, lk.a)] = i
         self.switches = list(switches) or list(dict.fromkeys(n for lk in self.links for n in (lk.a, lk.b)))
+        self.dpids: dict[str, int] = dict(dpids) if dpids is not None else \
+            {n: i for i, n in enumerate(self.switches, start=1)}
         self.version = 0  # bumped by every change that can move a route or a delay
 
     def link(self, a: str, b: str) -> LinkState:
@@ -201,27 +206,11 @@ class NetworkState:
         ch.entry.apply(ch, self.control(*ch.link))
         self.version += 1
 
-    def graph(self) -> nx.Graph:
-        """The links that are up, weighted by one-way delay (ms)."""
-        g = nx.Graph()
-        g.add_nodes_from(self.switches)
-        for lk in self.links:
-            if lk.up:
-                g.add_edge(lk.a, lk.b, delay=lk.delay_ms)
-        return g
-
     def routes(self, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[str] | None]:
-        """Least-delay switch path for every (from switch, to switch) pair; None without a route."""
-        g = self.graph()
-        out: dict[tuple[str, str], list[str] | None] = {}
-        by_src: dict[str, list[str]] = {}
-        for s, d in pairs:
-            by_src.setdefault(s, []).append(d)
-        for s, ds in by_src.items():
-            _, paths = nx.single_source_dijkstra(g, s, weight="delay")
-            for d in ds:
-                out[(s, d)] = paths.get(d)
-        return out
+        """Least-delay switch path for every (from switch, to switch) pair over the links that are
+        up; None without a route. The one rule, :func:`testbed.model.routing.least_delay_paths`
+        (the controller's trees; ties: fewer hops, then the lower DPID of :attr:`dpids`)."""
+        return least_delay_paths(((lk.a, lk.b, lk.delay_ms) for lk in self.links if lk.up), pairs, self.dpids)
 
     def path_ms(self, path: Sequence[str], nbytes: int) -> float:
         """One-way time (ms) of a message of ``nbytes`` along ``path`` (switch names, in order)."""

@@ -1,4 +1,20 @@
-"""Pure routing and counter logic for the testbed's Ryu controller (no Ryu imports).
+"""The one least-delay routing rule, and the counter logic of the testbed's Ryu controller (no Ryu imports).
+
+Routing: a message from switch s to switch d follows the tree rooted at d
+(:func:`shortest_path_tree`): the Ryu controller installs exactly these trees
+(``eth_dst = host MAC -> port toward the next hop``), and :func:`least_delay_paths` reads the
+same trees for the plan's expected paths (:func:`testbed.plan.topology.expected_paths`) and the
+model's routes (:meth:`testbed.model.network.NetworkState.routes`, which the simulator and the
+emulation's event checks use). So the planned, simulated and installed paths agree by construction,
+ties included.
+
+The tie-break: least one-way delay (ms, compared after rounding to :data:`DELAY_DECIMALS`), then
+fewer hops, then the parent with the lower DPID. Why: a DPID is the one name of a switch that the
+controller, the plan and the model all share, and it does not depend on the order in which a graph
+was built (a graph's insertion order, which networkx's Dijkstra falls back to, differs between the
+controller, which learns links as LLDP finds them, and the plan, which reads them from the
+topology file); the hop count keeps trees loop-free with zero-delay links; the rounding keeps 2.0 +
+3.0 and 5.0 (or 0.1 + 0.2 and 0.3) equal so that the tie-break, not float noise, decides.
 
 Everything here is deterministic and testable without a network:
 
@@ -11,6 +27,8 @@ Everything here is deterministic and testable without a network:
   construction, so installing ``eth_dst=MAC -> port toward next hop`` on every switch gives
   loop-free forwarding on any mesh.
 * :func:`tree_path` / :func:`path_delay_ms` reconstruct the switch sequence and its one-way delay.
+* :func:`least_delay_paths`: the path of every (from, to) pair of switches named any way (names,
+  DPIDs) given each switch's DPID: the trees above, followed from ``from``.
 * :func:`counter_delta`, :func:`port_delta`, :func:`rate_mbps`, :func:`utilization` turn two
   OpenFlow port-stats samples into Mbit/s, utilization and drop counts, surviving counter resets
   (a switch or port that restarted) and counters the switch does not support (all ones).
@@ -23,10 +41,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from testbed.core.errors import RunFailure
+
+N = TypeVar("N", bound=Hashable)
 
 #: OpenFlow reports an unsupported 64-bit counter as all ones.
 COUNTER_UNSUPPORTED = 2**64 - 1
@@ -178,6 +199,44 @@ def tree_path(tree: Mapping[int, int], src: int, dst: int) -> list[int]:
         seen.add(u)
         path.append(u)
     return path
+
+
+def least_delay_paths(links: Iterable[tuple[N, N, float]], pairs: Iterable[tuple[N, N]],
+                      dpid: Mapping[N, int]) -> dict[tuple[N, N], list[N] | None]:
+    """The least-delay switch path of every ``(from, to)`` pair: the path the controller installs.
+
+    Each path follows the tree rooted at ``to`` (:func:`shortest_path_tree`: least delay, then
+    fewer hops, then the lower-DPID parent), so it is the controller's forwarding path toward
+    ``to``'s hosts, whatever the order ``links`` come in.
+
+    Args:
+        links: ``(a, b, delay_ms)`` per undirected link that is up (switch names or DPIDs; delay in
+            ms, >= 0; a pair at most once).
+        pairs: ``(from, to)`` switch pairs.
+        dpid: each switch's DPID (the tie-break); every switch of ``links`` and ``pairs`` needs one.
+
+    Returns:
+        ``{(from, to): [from, ..., to]}``; ``[to]`` when ``from == to``; None when ``to`` cannot be
+        reached from ``from``.
+
+    Raises:
+        KeyError: a switch without a DPID.
+        ValueError: a bad link (as :func:`build_graph`) or two switches with one DPID.
+    """
+    name = {d: n for n, d in dpid.items()}
+    if len(name) != len(dpid):
+        raise ValueError("two switches have the same DPID")
+    pairs = list(pairs)
+    graph = build_graph(((dpid[a], dpid[b], delay) for a, b, delay in links),
+                        nodes=[dpid[n] for pair in pairs for n in pair])
+    trees = all_trees(graph, sorted({dpid[d] for _, d in pairs}))
+    out: dict[tuple[N, N], list[N] | None] = {}
+    for s, d in pairs:
+        try:
+            out[(s, d)] = [name[x] for x in tree_path(trees[dpid[d]], dpid[s], dpid[d])]
+        except NoRouteError:
+            out[(s, d)] = None
+    return out
 
 
 def is_loop_free(tree: Mapping[int, int], root: int) -> bool:

@@ -204,7 +204,8 @@ class Plan(_PlanModel):
     def network_state(self) -> NetworkState:
         """The model's state of the switch links as planned (delays, capacities, loss, the MTU)."""
         return NetworkState([(lk.a, lk.b, lk.delay_ms, lk.bandwidth_mbps, lk.loss_pct) for lk in self.links],
-                            [s.name for s in self.switches], mtu=self.experiment.topology.mtu)
+                            [s.name for s in self.switches], mtu=self.experiment.topology.mtu,
+                            dpids={s.name: s.dpid for s in self.switches})
 
     def to_dict(self) -> dict:
         """A JSON-serialisable view (``plan.json``), with each link's ``emu_name`` and each

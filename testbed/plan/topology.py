@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from testbed.model.routing import least_delay_paths
 from testbed.plan.resolved import Host, Link, PathInfo, PlanError, Switch
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import RawLink, RawTopology, great_circle_km
@@ -337,16 +338,25 @@ def add_hosts(net: Network) -> None:
 
 
 def expected_paths(net: Network) -> list[PathInfo]:
-    """Least one-way delay path of every (source, cluster) pair (ties: the graph's order)."""
-    sg = nx.Graph()
-    sg.add_nodes_from(s.name for s in net.switches)
-    for lk in net.links:
-        sg.add_edge(lk.a, lk.b, delay=lk.delay_ms)
+    """Least one-way delay path of every (source, cluster) pair: the controller's path, by the one
+    rule :func:`testbed.model.routing.least_delay_paths` (ties: fewer hops, then the lower DPID);
+    ``one_way_ms`` the sum of its links' delays from the source."""
+    sources = [h for h in net.hosts if h.role == "source"]
+    clusters = [h for h in net.hosts if h.role == "cluster"]
+    delay = {frozenset((lk.a, lk.b)): lk.delay_ms for lk in net.links}
+    routes = least_delay_paths(((lk.a, lk.b, lk.delay_ms) for lk in net.links),
+                               [(s.switch, c.switch) for s in sources for c in clusters],
+                               {sw.name: sw.dpid for sw in net.switches})
     paths = []
-    for s in (h for h in net.hosts if h.role == "source"):
-        dist, route = nx.single_source_dijkstra(sg, s.switch, weight="delay")
-        for c in (h for h in net.hosts if h.role == "cluster"):
-            paths.append(PathInfo(source=s.name, cluster=c.name, switches=route[c.switch], one_way_ms=dist[c.switch]))
+    for s in sources:
+        for c in clusters:
+            route = routes[(s.switch, c.switch)]
+            if route is None:  # keep_connected leaves one component: not expected
+                raise PlanError(f"no path from source {s.name!r} to cluster {c.name!r}")
+            one_way = 0.0
+            for a, b in zip(route, route[1:], strict=False):
+                one_way += delay[frozenset((a, b))]
+            paths.append(PathInfo(source=s.name, cluster=c.name, switches=route, one_way_ms=one_way))
     return paths
 
 
