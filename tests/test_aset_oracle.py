@@ -104,7 +104,7 @@ def test_causal_planner_scores_on_sampled_futures_not_the_seeds_own(plan):
 
 
 def test_reseed_is_refused_between_report_boundaries(plan):
-    from testbed.sim.core import SimError
+    from testbed.sim import SimError
 
     ep = Episode(plan, 1, {"srca": "closest"})
     ep.sim.run_until(0.25)  # arrivals are drawn to the next report, at 0.5 s

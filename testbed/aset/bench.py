@@ -18,9 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.core.util import REPO_ROOT
+from testbed.agent.live import LivePolicySelector
+from testbed.core.errors import InputError, TestbedError
+from testbed.plan.boundaries import SourceConfig
+from testbed.plan.build import plan_experiment
 
-REPO = REPO_ROOT
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _positive_int(text: str) -> int:
@@ -47,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     """Time ``n`` decisions (module docstring). Bad input (a missing file, a checkpoint that does
     not fit the experiment) is a :class:`testbed.core.errors.InputError`, printed once as the
     ``testbed`` command prints errors, with its exit code."""
-    from testbed.core.errors import TestbedError
 
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -61,9 +63,6 @@ def _selector(ckpt: Path, plan):
     """The live selector of the plan's first source with the checkpoint, as the emulation builds it."""
     import tempfile
 
-    from testbed.agent.live import LivePolicySelector
-    from testbed.core.errors import InputError
-    from testbed.plan.boundaries import SourceConfig
 
     cfg = SourceConfig.from_plan(plan, plan.sources[0].name, 0, 1.0, Path(tempfile.gettempdir()))
     cfg = cfg.model_copy(update={"policy": "aset", "records": "",
@@ -75,8 +74,6 @@ def _selector(ckpt: Path, plan):
 
 
 def _bench(ckpt: Path, exp: Path, n: int) -> int:
-    from testbed.core.errors import InputError
-    from testbed.plan.build import plan_experiment
 
     if not Path(f"{ckpt}.npz").is_file():  # before planning: the cheap check first
         raise InputError(f"checkpoint {ckpt}: no file {ckpt}.npz (give the exported policy without .npz/.json)")

@@ -38,19 +38,19 @@ import gymnasium as gym
 import numpy as np
 from pydantic import Field
 
+from testbed.agent.live import ControlServer
 from testbed.agent.observation import SourceContext, SourceObserver, context_size
-from testbed.aset.episode import Episode, run_static
+from testbed.aset.episode import Episode, run_static, window_of
+from testbed.aset.scenarios import SHAPE_PARTS, PlanSampler, scenario_sampler, space_shape  # noqa: F401
+from testbed.model.policies import CATALOGUE
 from testbed.plan.build import Plan
 from testbed.plan.policies import aset_actions, load_aset
-from testbed.spec.aset import ObservationSpec, RewardSpec, plan_key
+from testbed.spec.aset import AsetConfig, ObservationSpec, RandomiseSpec, RewardSpec, plan_key
+from testbed.spec.experiment import ConfigError, format_validation_error
 from testbed.spec.schema import Num, StrictModel
-
-#: A function drawing the plan of the next episode (randomised scenario) from the env's rng.
-PlanSampler = Callable[[np.random.Generator], Plan]
 
 
 def _catalogue() -> tuple[str, ...]:
-    from testbed.model.policies import CATALOGUE
 
     return CATALOGUE
 
@@ -73,18 +73,6 @@ def plan_contexts(plan: Plan, policies: tuple[str, ...], obs_spec: ObservationSp
                           policies, tuple(float(a.deadline_ms) for a in apps), sources=sources,
                           plan=planned[i] if planned else None)
             for i, s in enumerate(sources)]
-
-
-#: What :func:`space_shape` lists, in its order.
-SHAPE_PARTS = ("sources", "applications", "clusters")
-
-
-def space_shape(plan: Plan) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """The names that fix the env's observation and action spaces (the rows, the features of each
-    row, the one-hots): the plan's sources, applications and clusters, each sorted (the order of
-    :func:`plan_contexts`). Every plan of one env has the same (:data:`SHAPE_PARTS`)."""
-    return (tuple(sorted(h.name for h in plan.sources)), tuple(sorted(a.name for a in plan.experiment.applications)),
-            tuple(sorted(c.name for c in plan.clusters)))
 
 
 def max_deadline_s(plan: Plan) -> float:
@@ -126,7 +114,9 @@ class WindowView:
     """Builds each source's raw window state (:mod:`testbed.agent.observation`) from an
     :class:`Episode`: arrivals (``drain_created``), what the dispatcher last heard
     (``cluster_state(source)``) and how old it is, path utilization, the queries resolved in the
-    window (with cluster and e2e), and the queries each source has in flight per cluster."""
+    window (with cluster and e2e), and the queries each source has in flight per cluster (sent,
+    from ``Simulator.source_view``, minus resolved). A simulator without ``source_view`` (a test's
+    fake) gives no report ages and no in-flight counts."""
 
     def __init__(self, ep: Episode, contexts: list[SourceContext]):
         self.ep, self.contexts = ep, contexts
@@ -134,7 +124,8 @@ class WindowView:
         self.arrivals: list[dict[str, int]] = [defaultdict(int) for _ in contexts]
         self.resolved: list[list[tuple]] = [[] for _ in contexts]
         self.in_flight: list[dict[str, int]] = [defaultdict(int) for _ in contexts]
-        self._q_seen = 0
+        self._sent_seen: list[dict[str, int]] = [{} for _ in contexts]
+        self.views = [ep.sim.source_view(c.source) for c in contexts] if hasattr(ep.sim, "source_view") else None
 
     def absorb(self, resolved: list) -> None:
         """Take in one window: the queries created (and where they went) and those resolved."""
@@ -144,14 +135,13 @@ class WindowView:
             i = self.index.get(src)
             if i is not None:
                 self.arrivals[i][app] += 1
-        q = getattr(sim, "q", None)
-        if q is not None:
-            names = [c.name for c in sim.clusters]
-            for qi in range(self._q_seen, len(q.t0)):
-                i = self.index.get(sim.sources[q.src[qi]])
-                if i is not None:
-                    self.in_flight[i][names[q.cl[qi]]] += 1
-            self._q_seen = len(q.t0)
+        if self.views is not None:
+            for i, view in enumerate(self.views):
+                sent, seen = view.sent(), self._sent_seen[i]
+                for c, n in sent.items():
+                    if n > seen.get(c, 0):
+                        self.in_flight[i][c] += n - seen.get(c, 0)
+                self._sent_seen[i] = sent
         self.resolved = [[] for _ in self.contexts]
         for r in resolved:
             i = self.index.get(r.source)
@@ -162,7 +152,7 @@ class WindowView:
                 self.resolved[i].append((r.application, bool(r.success), r.t0_s))
                 continue
             self.resolved[i].append((r.application, bool(r.success), r.t0_s, cluster, r.e2e_ms))
-            if q is not None:
+            if self.views is not None:
                 self.in_flight[i][cluster] -= 1
 
     def state(self, i: int, policy: str) -> dict:
@@ -171,12 +161,7 @@ class WindowView:
         lu = sim.link_utilization()
         path_util = {c: max((lu.get((a, b), lu.get((b, a), 0.0)) for a, b in sim.path_links(ctx.source, c)),
                             default=0.0) for c in ctx.clusters}
-        age: dict[str, float] = {}
-        disp = getattr(sim, "dispatchers", None)
-        if disp is not None:
-            d = disp[sim.src_index[ctx.source]]
-            now = sim.now_s
-            age = {c: (now - h.at_s if h.at_s is not None else now) for c, h in d.heard.items()}
+        age = self.views[i].report_age_s() if self.views is not None else {}
         return {"arrivals": dict(self.arrivals[i]), "clusters": heard, "path_util": path_util,
                 "resolved": self.resolved[i], "in_flight": dict(self.in_flight[i]), "report_age_s": age,
                 "policy": policy}
@@ -350,7 +335,6 @@ def _validated(build: Callable[[], Any], what: str) -> Any:
     """
     from pydantic import ValidationError
 
-    from testbed.spec.experiment import ConfigError, format_validation_error
 
     try:
         return build()
@@ -390,10 +374,6 @@ def make_sim_env(experiment: str | list[str], config: str | None = None, episode
             report interval; each named. PlanError, TopologyError: a scenario cannot be planned.
         ValueError: ``episode_s`` shorter than one window.
     """
-    from testbed.aset.episode import window_of
-    from testbed.aset.train import scenario_sampler
-    from testbed.spec.aset import AsetConfig, RandomiseSpec
-    from testbed.spec.experiment import ConfigError
 
     exps = [experiment] if isinstance(experiment, str | Path) else experiment
     opts = _validated(lambda: SimEnvOptions.model_validate({
@@ -448,7 +428,6 @@ class AsetLiveEnv(gym.Env):
                  timeout_s: float = 5.0, episode_windows: int = 600, max_deadline_ms: float | None = None,
                  team_weight: float = 0.0):
         super().__init__()
-        from testbed.agent.live import ControlServer
 
         self.contexts = contexts
         self.spec_obs = obs_spec

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from testbed.plan.build import Plan
+from testbed.sim import Simulator
 
 
 def window_of(plan: Plan, window_s: float | None) -> float:
@@ -84,8 +85,6 @@ class Episode:
         self.sources = sorted(h.name for h in plan.sources)
         self._index = {s: i for i, s in enumerate(self.sources)}
         if simulator_factory is None:
-            from testbed.sim import Simulator
-
             self.sim = Simulator(plan, seed=self.seed, policies=dict(policies or {}), track_resolved=True)
         else:
             self.sim = simulator_factory(plan, self.seed, dict(policies or {}))
@@ -104,7 +103,7 @@ class Episode:
     @property
     def policies(self) -> list[str]:
         """The policy in force per source (sorted order)."""
-        return [self.sim.dispatchers[self.sim.src_index[s]].policy for s in self.sources]
+        return [self.sim.source_view(s).policy for s in self.sources]
 
     # -- time ---------------------------------------------------------------------------------------
     def step(self) -> list:
@@ -113,7 +112,7 @@ class Episode:
             raise RuntimeError("the episode has no window left; call finish()")
         self.w += 1
         self.sim.run_until(self.w * self.window_s)
-        return self._collect()
+        return self.collect()
 
     def run_to(self, window: int) -> None:
         """Simulate up to the start of ``window`` (<= n_windows) without changing policies."""
@@ -121,7 +120,7 @@ class Episode:
         if window > self.w:
             self.w = window
             self.sim.run_until(window * self.window_s)
-            self._collect()
+            self.collect()
 
     def finish(self) -> list:
         """Run every remaining window with the policies in force, then until every query is resolved."""
@@ -129,17 +128,24 @@ class Episode:
         if not self.finished:
             self.sim.run_until(self.duration_s + settle_s(self.plan))
             self.finished = True
-        return self._collect()
+        return self.collect()
 
     def settled_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """(ok, n) with every query created so far resolved, found on a copy run on until the
         largest deadline has passed (this episode is left where it is)."""
         c = self.clone()
-        c.sim.run_until(self.w * self.window_s + settle_s(self.plan))
-        c._collect()
+        c.settle_to(self.w)
         return c.ok, c.n
 
-    def _collect(self) -> list:
+    def settle_to(self, window: int) -> None:
+        """Run the simulator on, with the policies in force, until every query created before
+        ``window`` is resolved (its start plus :func:`settle_s`), and count them."""
+        self.sim.run_until(window * self.window_s + settle_s(self.plan))
+        self.collect()
+
+    def collect(self) -> list:
+        """Count the queries the simulator resolved since the last call (each in the window and
+        source it was created in); returns them (``Simulator.Resolved``)."""
         out = self.sim.drain_resolved()
         dt, nw = self.window_s, self.n_windows
         for q in out:
@@ -163,37 +169,13 @@ class Episode:
         return int(self.n.sum())
 
     def clone(self) -> Episode:
-        """An independent copy that continues exactly as this one would (same random streams).
-
-        The plan, the service-time figures, the option specs and the drawn blocks of service
-        times are immutable during a run and shared; everything else is copied, the simulator's
-        query columns (one entry per query, every entry a number, None or a name) by a shallow
-        copy of each column (the clone's cost was mostly deepcopy visiting every past query). Dynamic batching
-        is refused: the simulator's batch samplers live in closures a copy would share.
-
-        Raises:
-            NotImplementedError: a cluster batches (``max_batch`` > 1).
-        """
-        sim = self.sim
-        memo: dict[int, object] = {id(self.plan): self.plan}
-        for attr in ("plan", "exp", "apps"):
-            if hasattr(sim, attr):
-                v = getattr(sim, attr)
-                memo[id(v)] = v
-        for c in getattr(sim, "clusters", ()):
-            if getattr(getattr(c, "queue", None), "max_batch", 1) > 1:
-                raise NotImplementedError(f"cluster {c.name}: an episode with dynamic batching cannot be cloned")
-            for f in c.figures.values():
-                memo[id(f)] = f
-            for s in c.samplers.values():
-                memo[id(s._buf)] = s._buf  # replaced, never mutated, when a block is used up
-        for d in getattr(sim, "dispatchers", ()):
-            memo[id(d.specs)] = d.specs
-        q = getattr(sim, "q", None)  # the query columns: flat lists of numbers, None and names, which a
-        for f in getattr(q, "__slots__", ()):  # shallow copy copies exactly, at a fraction of deepcopy's cost
-            col = getattr(q, f)
-            memo[id(col)] = copy.copy(col)
-        return copy.deepcopy(self, memo)
+        """An independent copy that continues exactly as this one would (same random streams):
+        the simulator's :meth:`~testbed.sim.Simulator.clone` and copies of the counts; the plan
+        and the names are shared."""
+        c = copy.copy(self)
+        c.sim = self.sim.clone()
+        c.ok, c.n = self.ok.copy(), self.n.copy()
+        return c
 
 
 def run_static(plan: Plan, seed: int, policies: Sequence[str], window_s: float | None = None,

@@ -53,12 +53,17 @@ from pathlib import Path
 import numpy as np
 
 from testbed.agent.npolicy import NumpyPolicy, policy_files
+from testbed.aset.envs import AsetSimEnv, plan_contexts
+from testbed.aset.episode import Episode, window_of
+from testbed.aset.headroom import best_mix, causal_planner, rollout_oracle, static_ratio
+from testbed.aset.train import specialised_path
+from testbed.core.distributed import imap_unordered
 from testbed.core.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure, naming_file
 from testbed.core.util import ci95, markdown_table, repo_path, scenarios_problem, write_json_atomic
-from testbed.plan.build import Plan
+from testbed.plan.build import Plan, check_load_bounds, plan_experiment, runs_dir_problem
 from testbed.plan.policies import aset_actions
 from testbed.spec.aset import AsetConfig, EvaluationSpec, ObservationSpec
-from testbed.spec.experiment import Experiment
+from testbed.spec.experiment import Experiment, load_experiment
 
 ASET = "aset"
 MIX = "mix"
@@ -70,14 +75,12 @@ NOT_STATIC = (ASET, MIX, ORACLE, CAUSAL)
 
 # ----------------------------------------------------------------------------- jobs (worker side)
 def _plan(scenario: str):
-    from testbed.plan.build import plan_experiment
 
     return plan_experiment(scenario)
 
 
 def static_job(scenario: str, seed: int, actions: Sequence[str], duration_s: float | None) -> dict:
     """Every static policy on one seed: ``{policy: (ok, n)}``."""
-    from testbed.aset.headroom import static_ratio
 
     plan = _plan(scenario)
     n = len(plan.sources)
@@ -87,7 +90,6 @@ def static_job(scenario: str, seed: int, actions: Sequence[str], duration_s: flo
 def mix_job(scenario: str, seeds: Sequence[int], actions: Sequence[str], duration_s: float | None,
             known: dict[str, float]) -> tuple[list[str], float]:
     """The per-source mix of one scenario chosen on ``seeds`` (``known``: static means)."""
-    from testbed.aset.headroom import best_mix
 
     plan = _plan(scenario)
     n = len(plan.sources)
@@ -98,7 +100,6 @@ def mix_job(scenario: str, seeds: Sequence[int], actions: Sequence[str], duratio
 
 def assignment_job(scenario: str, seed: int, assignment: Sequence[str], duration_s: float | None) -> tuple[int, int]:
     """One constant per-source assignment on one seed: (ok, n)."""
-    from testbed.aset.headroom import static_ratio
 
     return static_ratio(_plan(scenario), seed, assignment, None, duration_s)
 
@@ -106,7 +107,6 @@ def assignment_job(scenario: str, seed: int, assignment: Sequence[str], duration
 def oracle_job(scenario: str, seed: int, base: Sequence[Sequence[str]], actions: Sequence[str],
                duration_s: float | None, horizon: int | None) -> dict:
     """The oracle on one seed (:func:`testbed.aset.headroom.rollout_oracle`)."""
-    from testbed.aset.headroom import rollout_oracle
 
     r = rollout_oracle(_plan(scenario), seed, base, actions, None, duration_s, horizon)
     return {"ok": r.ok, "n": r.n, "base_ok": r.base_ok, "fallback": r.fallback, "trials": r.trials,
@@ -116,7 +116,6 @@ def oracle_job(scenario: str, seed: int, base: Sequence[Sequence[str]], actions:
 def causal_job(scenario: str, seed: int, base: Sequence[str], actions: Sequence[str], samples: int,
                duration_s: float | None, horizon: int | None, min_t: float = 0.0) -> dict:
     """The causal planner on one seed (:func:`testbed.aset.headroom.causal_planner`; base: the mix)."""
-    from testbed.aset.headroom import causal_planner
 
     r = causal_planner(_plan(scenario), seed, base, actions, samples, None, duration_s, horizon, min_t)
     moved = sum(a != b for row in r.schedule for a, b in zip(row, base, strict=True))
@@ -126,8 +125,6 @@ def causal_job(scenario: str, seed: int, base: Sequence[str], actions: Sequence[
 
 def aset_job(scenario: str, seed: int, checkpoint: str, duration_s: float | None) -> dict:
     """ASET's greedy policy on one seed: (ok, n) and how often it chose each action."""
-    from testbed.agent.npolicy import NumpyPolicy
-    from testbed.aset.envs import AsetSimEnv
 
     pol = NumpyPolicy(checkpoint)
     plan = _plan(scenario)
@@ -150,7 +147,6 @@ def check_checkpoint(ckpt: Path, scenarios: Sequence[str]) -> NumpyPolicy:
         ValueError: a checkpoint file that cannot be read (cut short, corrupt), naming it; other
             clusters or sources than the scenario's; ObservationSizeError.
     """
-    from testbed.aset.envs import plan_contexts
 
     pol = NumpyPolicy(ckpt)
     for s in scenarios:
@@ -164,24 +160,15 @@ def agreement_job(scenario: str, seed: int, actions: Sequence[str], duration_s: 
     window start, for every source and application, every action decides on the dispatcher's
     current options (``random`` / ``round_robin`` on a copy of its state, so the run is unchanged).
     Returns ``{"a|b": [same, total]}``."""
-    import copy
-
-    from testbed.aset.episode import Episode
-    from testbed.model import policies as pol
-
     plan = _plan(scenario)
     apps = list(plan.experiment.applications)
     counts: dict[str, list[int]] = {f"{a}|{b}": [0, 0] for i, a in enumerate(actions) for b in actions[i + 1:]}
     for run_policy in actions:
         ep = Episode(plan, seed, {h.name: run_policy for h in plan.sources}, None, duration_s)
         while ep.w < ep.n_windows:
-            for d in ep.sim.dispatchers:
+            for view in (ep.sim.source_view(s) for s in ep.sources):
                 for app in apps:
-                    opts = d.options_for(app.family)
-                    picks = {}
-                    for a in actions:
-                        dec = pol.decide(a, opts, app.deadline_ms, app.min_accuracy, copy.deepcopy(d.ctx))
-                        picks[a] = (dec.cluster, dec.model)
+                    picks = {a: view.would_pick(a, app.deadline_ms, app.min_accuracy, app.family) for a in actions}
                     for key, c in counts.items():
                         a, b = key.split("|")
                         c[0] += int(picks[a] == picks[b])
@@ -227,7 +214,6 @@ def inputs_fingerprint(scenario: str) -> str:
     topology file (not a ``topohub:`` source: fixed by the pinned package)
     (``models.zoo_dir`` / ``models.profiles_dir``, resolved as :func:`testbed.plan.build.build_plan` does).
     A missing folder hashes as empty; planning the scenario reports it."""
-    from testbed.spec.experiment import load_experiment
 
     exp = load_experiment(scenario)
     profiles, zoo = repo_path(exp.profiles_dir), repo_path(exp.zoo_dir)
@@ -287,7 +273,6 @@ def _parallel(fn, tasks: list[tuple], backend: str, jobs: int, ray_address: str 
     With ``cache`` (a folder), each result is kept as JSON under its :func:`task_key` and reused
     by a later evaluation (the headroom measured before training serves the one after it); a
     corrupt cache file is a miss (:func:`_read_cached`)."""
-    from testbed.core.distributed import imap_unordered
 
     out: list = [None] * len(tasks)
     keys = [cache / f"{task_key(fn, t)}.json" if cache is not None else None for t in tasks]
@@ -369,7 +354,6 @@ class _Setup:
 def _prepare(cfg: AsetConfig, base: Path, duration_s: float | None, headroom_only: bool, specialised: bool,
              causal_samples: int | None) -> _Setup:
     """Every check of :func:`evaluate` that needs no run, in order (its Raises)."""
-    from testbed.aset.train import specialised_path
 
     ev = cfg.evaluation
     if headroom_only and specialised:
@@ -431,8 +415,6 @@ def check_durations(plans: dict[str, Plan], dur: float | None, where: str, aset_
     Raises:
         InputError: naming the scenario file, the duration and the window or the bound.
     """
-    from testbed.aset.episode import window_of
-    from testbed.plan.build import check_load_bounds
 
     for s, plan in plans.items():
         eff = dur or float(plan.experiment.duration_s)
@@ -463,7 +445,6 @@ def check_out_dirs(root: Path, dirs: Sequence[Path]) -> None:
             ``evaluation.out_dir`` and what is in the way (a file, a folder that cannot be created
             or written).
     """
-    from testbed.plan.build import runs_dir_problem
 
     for d in dirs:
         problem = runs_dir_problem(d)

@@ -31,10 +31,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from testbed.agent.npolicy import policy_files
-from testbed.core.util import REPO_ROOT
+from testbed.agent.npolicy import NumpyPolicy, export_policy, policy_files
+from testbed.aset.envs import AsetLiveEnv, plan_contexts
+from testbed.plan.build import plan_experiment
+from testbed.spec.aset import AgentSpec
 
-REPO = REPO_ROOT
+REPO = Path(__file__).resolve().parents[2]
 LOCK = "/tmp/testbed-emulation.lock"
 
 
@@ -54,7 +56,6 @@ def _agent_from_policy(policy, obs_size: int, n_actions: int, epsilon: float, se
     epsilon; training from the first batch on (hyper-parameters of the checkpoint's training);
     the checkpoint's decision rule (``plan_margin``)."""
     from testbed.aset.agent import DQNAgent
-    from testbed.spec.aset import AgentSpec
 
     npz, meta = policy_files(policy)
     w = [np.load(npz)[f"w{i}"] for i in range(2 * json.loads(meta.read_text())["layers"])]
@@ -90,9 +91,6 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
     (``flock LOCK pytest -m emulation``: a nested flock on the same file would wait forever).
     If the emulation does not send a window state within ``start_timeout_s`` (or fails), the run
     is stopped (SIGTERM to its process group) instead of being waited for."""
-    from testbed.agent.npolicy import NumpyPolicy, export_policy
-    from testbed.aset.envs import AsetLiveEnv, plan_contexts
-    from testbed.plan.build import plan_experiment
 
     pol = NumpyPolicy(checkpoint)
     plan = plan_experiment(experiment)
@@ -107,7 +105,7 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
     agent = _agent_from_policy(checkpoint, env.obs_size, len(env.policies), epsilon, seed, pol.plan_margin)
     tmp = _live_experiment(experiment, str(checkpoint), sock, f"{pol.obs_spec.window_ms:g}ms")
     runs_dir = out / "runs"
-    cmd = (["flock", LOCK] if lock else []) + [str(Path(sys.executable).with_name("testbed")), "run", str(tmp),
+    cmd = (["flock", LOCK] if lock else []) + [str(REPO / ".venv/bin/testbed"), "run", str(tmp),
                                                "--runs-dir", str(runs_dir)]
     if duration_s is not None:
         cmd += ["--duration", f"{duration_s:g}"]

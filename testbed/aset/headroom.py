@@ -45,7 +45,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from testbed.aset.episode import Episode, run_static, settle_s
+from testbed.aset.episode import Episode, run_static
 from testbed.plan.build import Plan
 
 V = TypeVar("V")
@@ -153,8 +153,7 @@ def continuation_ok(ep: Episode, w: int, horizon: int | None, base: Sequence[str
     if end >= c.n_windows:
         c.finish()
     else:
-        c.sim.run_until(end * c.window_s + settle_s(c.plan))
-        c._collect()
+        c.settle_to(end)
     return int(c.ok[w:end].sum())
 
 

@@ -62,9 +62,10 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from testbed.agent.npolicy import plan_scores
+from testbed.agent.npolicy import copy_policy, plan_scores, policy_files
 from testbed.aset.envs import AsetSimEnv, PlanSampler
 from testbed.aset.episode import settle_s
+from testbed.aset.evaluate import code_fingerprint, inputs_fingerprint, progress_bar, task_key
 from testbed.aset.headroom import continuation_ok
 from testbed.aset.train import (
     TrainResult,
@@ -73,9 +74,11 @@ from testbed.aset.train import (
     export_weights,
     resolve,
     scenario_sampler,
+    tf_one_thread,
     training_scenarios,
     training_seeds,
 )
+from testbed.core.distributed import imap_unordered
 from testbed.core.errors import EXIT_NOTHING_MEASURED, RunFailure
 from testbed.core.util import replace_atomic
 from testbed.plan.policies import aset_actions
@@ -276,7 +279,6 @@ class RolloutData:
 
 
 def _cache_file(cache: Path, task: tuple) -> Path:
-    from testbed.aset.evaluate import task_key
 
     return cache / f"{task_key(episode_data, task)}.npz"
 
@@ -326,8 +328,6 @@ def collect(cfg: AsetConfig, base: Path, seeds: list[int], *, workers: int | Non
     """The data set of every training seed (:func:`data_tasks`), each episode from ``cache_dir``
     when there, else simulated (``workers`` at a time, default ``training.rollout.workers``) and
     kept there; all seeds' episodes in one pool, so both cores stay busy."""
-    from testbed.aset.evaluate import code_fingerprint, inputs_fingerprint, progress_bar
-    from testbed.core.distributed import imap_unordered
 
     code_fingerprint.cache_clear()  # the code as it is now (a long session may have changed it)
     inputs_fingerprint.cache_clear()
@@ -395,7 +395,6 @@ def fit(data: RolloutData, cfg: AsetConfig, seed: int) -> FitResult:
     import tensorflow as tf
 
     from testbed.aset.agent import build_q_network
-    from testbed.aset.train import tf_one_thread
 
     tf_one_thread()
     t0 = time.perf_counter()
@@ -482,7 +481,6 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
             ``export_to``: InputError, :func:`testbed.aset.train.check_outputs`). RunFailure: a
             seed's data leaves nothing to fit (:func:`fit`'s ValueError; nothing copied).
     """
-    from testbed.agent.npolicy import copy_policy
 
     tr = cfg.training
     if tr is None or tr.method != "rollout":
@@ -595,7 +593,6 @@ def written_lines(cfg: AsetConfig, base: Path, results: list[RolloutResult]) -> 
                      f"{r.out_dir / 'rollout.json'}")
     lines.append(f"  {resolve(base, cfg.training.out_dir) / cfg.name / 'curves.png'} (the loss curves)")
     if cfg.training.export_to:
-        from testbed.agent.npolicy import policy_files
 
         stem = str(policy_files(cfg.training.export_to)[0]).removesuffix(".npz")
         lines.append(f"  {stem}.npz/.json (the policy, exported)")

@@ -7,6 +7,7 @@ its arrivals with its workers' completions, no global event heap.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 import operator
@@ -19,7 +20,7 @@ from testbed.model import queue as mq
 from testbed.model.cpu import CfsQuota
 from testbed.model.dispatch import Heard
 from testbed.model.records import CONNECTION_REFUSED
-from testbed.model.service import ServiceFigures
+from testbed.model.service import ServiceFigures, batch_scale
 from testbed.sim.columns import Queries
 
 INF = math.inf
@@ -45,6 +46,17 @@ class ServiceSampler:
         self._i += 1
         return v
 
+    def reseed(self, rng: np.random.Generator) -> None:
+        """Draw the times not yet drawn from ``rng`` (the block drawn so far is dropped)."""
+        self._rng, self._buf, self._i = rng, [], 0
+
+    def __deepcopy__(self, memo: dict) -> ServiceSampler:
+        """A copy with its own generator; the drawn block is shared (replaced, never mutated)."""
+        new = copy.copy(self)
+        new._rng = copy.deepcopy(self._rng, memo)
+        memo[id(self)] = new
+        return new
+
     @classmethod
     def bootstrap(cls, fig: ServiceFigures, rng: np.random.Generator, scale: float = 1.0) -> ServiceSampler:
         """Draws from ``fig.samples_ms`` x ``scale`` (uniform with replacement)."""
@@ -60,6 +72,31 @@ class ServiceSampler:
     def deterministic(cls, ms: float, rng: np.random.Generator) -> ServiceSampler:
         """Constant service ``ms`` (M/D/1 checks)."""
         return cls(ms, ms, lambda r, n: np.full(n, ms), rng)
+
+
+class BatchSamplers:
+    """``(model, batch) -> ServiceSampler`` of one cluster's model calls of ``batch`` inputs: the
+    unthrottled samples x :func:`~testbed.model.service.batch_scale`, each from its own generator
+    seeded ``(*prefix, model, batch)``, made on first use. ``hooked``: the test hook's samplers,
+    one per model whatever the batch."""
+
+    def __init__(self, prefix: list[int], figures: dict[int, ServiceFigures],
+                 hooked: dict[int, ServiceSampler] | None = None):
+        self.prefix, self.figures, self.hooked = list(prefix), figures, hooked
+        self.cache: dict[tuple[int, int], ServiceSampler] = {}
+
+    def __call__(self, model: int, b: int) -> ServiceSampler:
+        key = (model, b)
+        smp = self.cache.get(key)
+        if smp is None:
+            if self.hooked is not None:
+                smp = self.hooked[model]
+            else:
+                fig = self.figures[model]
+                smp = ServiceSampler.bootstrap(fig, np.random.default_rng([*self.prefix, model, b]),
+                                               batch_scale(fig, b))
+            self.cache[key] = smp
+        return smp
 
 
 UP, KILLED, STOPPED = 0, 1, 2
@@ -307,4 +344,4 @@ class Cluster:
 
 _first = operator.itemgetter(0)
 
-__all__ = ["KILLED", "STOPPED", "UP", "Cluster", "ServiceSampler"]
+__all__ = ["KILLED", "STOPPED", "UP", "BatchSamplers", "Cluster", "ServiceSampler"]

@@ -8,6 +8,7 @@ emulation's layout.
 
 from __future__ import annotations
 
+import copy
 import csv
 import heapq
 from dataclasses import dataclass
@@ -56,6 +57,15 @@ class Queries:
 
     def __len__(self) -> int:
         return len(self.t0)
+
+    def __deepcopy__(self, memo: dict) -> Queries:
+        """A copy of every column: each holds numbers, None or names only, so a shallow copy per
+        column is exact (and far cheaper than visiting every past query)."""
+        new = Queries.__new__(Queries)
+        for f in self.__slots__:
+            setattr(new, f, copy.copy(getattr(self, f)))
+        memo[id(self)] = new
+        return new
 
     def status_of(self, qi: int) -> int | None:
         """HTTP status as the source sees it (None: no answer yet)."""

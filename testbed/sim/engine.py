@@ -15,10 +15,19 @@ objects; between two load reports the dispatchers' view is constant, so determin
 decide once per (source, application) and report (the dispatcher caches it); arrivals come in
 vectorised blocks per report interval; clusters are independent between two reports, so each is
 advanced on its own (a merge of its arrivals with its workers' completions, no global event heap).
+
+The parts: this module holds the event loop (:meth:`Simulator.run_until`: dispatch, advance the
+clusters, reports, events) and the public API; :mod:`testbed.sim.clusters` the servers
+(:class:`~testbed.sim.clusters.Cluster`, :class:`~testbed.sim.clusters.ServiceSampler`);
+:mod:`testbed.sim.links` the network part (:class:`~testbed.sim.links.Links`); and
+:mod:`testbed.sim.columns` the query columns and what is read out of them (resolved queries,
+records, the run directory: :class:`~testbed.sim.columns.RunColumns`). ASET reads the simulator
+through :meth:`Simulator.source_view`, :meth:`Simulator.clone` and :meth:`Simulator.reseed` only.
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 import math
@@ -29,13 +38,12 @@ import numpy as np
 
 from testbed.core.errors import InputError
 from testbed.model import policies as pol
-from testbed.model import seeds
 from testbed.model.arrivals import make_process
 from testbed.model.dispatch import Dispatcher
 from testbed.model.network import TCP_RTO_MIN_MS, p_retransmit, wire_bytes
-from testbed.model.service import ServiceFigures, batch_scale
+from testbed.model.service import ServiceFigures
 from testbed.plan.build import Plan
-from testbed.sim.clusters import UP, Cluster, ServiceSampler
+from testbed.sim.clusters import UP, BatchSamplers, Cluster, ServiceSampler
 from testbed.sim.columns import Queries, Resolved, RunColumns
 from testbed.sim.links import Links
 
@@ -54,6 +62,7 @@ class Simulator(Links, RunColumns):
         sim = Simulator(plan, seed, policies=None, record=False)
         sim.now_s                       # simulated time, s (0 = the load starts)
         sim.run_until(t_s)              # process every event up to t_s
+        sim.arrivals_end = t_s          # no query is created at or after t_s (an episode's end)
         sim.set_policy(source, policy)  # for the queries created from now on
         sim.cluster_state(source=None)  # {cluster: {queue_len, busy, workers, utilization 0..1, up}};
                                         # with a source: as that dispatcher last heard it (stale)
@@ -62,6 +71,9 @@ class Simulator(Links, RunColumns):
         sim.drain_resolved()            # [Resolved, ...] since the last call, by resolution time
         sim.drain_created()             # [(source, application), ...] created since the last call
         sim.policy_names                # testbed.model.policies.CATALOGUE (ASET's action space)
+        sim.source_view(source)         # SourceView: what that source's dispatcher knows (read-only)
+        sim.clone()                     # an independent copy that continues exactly as this one would
+        sim.reseed(salt)                # the future from fresh random streams (common random numbers)
         sim.write_run(run_dir)          # records + run.json in the emulation's layout (record=True)
 
     Args:
@@ -107,6 +119,7 @@ class Simulator(Links, RunColumns):
         self.queries_recorded: list[int] = []
         self.link_rows: list[dict] = []
         self._created: dict[tuple[int, int], int] = {}
+        self._sent = [[0] * len(self.clusters) for _ in self.sources]  # queries per (source, cluster)
         self.next_report = self.R
         self._window_end = 0.0
         self.arrivals_end = INF  # no query is created at or after this time (s)
@@ -123,7 +136,7 @@ class Simulator(Links, RunColumns):
             figs = {mi[m]: f for m, f in plan.services[h.name].items()}
             samplers: dict[int, ServiceSampler] = {}
             for m, f in figs.items():
-                rng = seeds.service(seeds.run_key(self.seed), ci, m)
+                rng = np.random.default_rng([self.seed, 2, ci, m])
                 samplers[m] = service(h.name, self.model_names[m]) if service else ServiceSampler.bootstrap(f, rng)
             queue = plan.queue(h.name).server_queue(mi)
             self.clusters.append(Cluster(self.q, self.res_heap, ci, h.name, h.tier or "", queue, figs, samplers,
@@ -131,25 +144,15 @@ class Simulator(Links, RunColumns):
         self.cl_index = {c.name: c.idx for c in self.clusters}
 
     def _batch_sampler_fn(self, ci: int, figs: dict[int, ServiceFigures], samplers: dict[int, ServiceSampler],
-                          hooked: bool) -> Callable[[int, int], ServiceSampler]:
-        cache: dict[tuple[int, int], ServiceSampler] = {}
-
-        def get(model: int, b: int) -> ServiceSampler:
-            key = (model, b)
-            if key not in cache:
-                if hooked:  # the test hook gives one sampler whatever the batch
-                    cache[key] = samplers[model]
-                else:
-                    rng = seeds.batch_service(seeds.batch_service_prefix(seeds.run_key(self.seed), ci), model, b)
-                    cache[key] = ServiceSampler.bootstrap(figs[model], rng, batch_scale(figs[model], b))
-            return cache[key]
-        return get
+                          hooked: bool) -> BatchSamplers:
+        """The samplers of cluster ``ci``'s batched calls (the test hook's, one per model, when ``hooked``)."""
+        return BatchSamplers([self.seed, 4, ci], figs, samplers if hooked else None)
 
     def _init_arrivals(self) -> None:
         self.streams: list[tuple[int, int, object]] = []  # (source, app, process)
         for wi, w in enumerate(self.exp.workload):
             for s, weight in self.plan.weights[wi].items():
-                rng = seeds.arrivals(seeds.run_key(self.seed), wi, self.src_index[s])
+                rng = np.random.default_rng([self.seed, 1, wi, self.src_index[s]])
                 self.streams.append((self.src_index[s], self.app_index[w.application],
                                      make_process(w, rng, weight, self.base_dir)))
         self._buf: list[list[tuple[np.ndarray, int]]] = [[] for _ in self.sources]
@@ -165,7 +168,7 @@ class Simulator(Links, RunColumns):
             if p == "aset":
                 p = "closest"  # the live agent replaces it per window; a plain simulation starts with closest
             self._check_policy(p)
-            self.dispatchers.append(Dispatcher(self.plan.options(s), p, seeds.dispatcher(seeds.run_key(self.seed), si)))
+            self.dispatchers.append(Dispatcher(self.plan.options(s), p, np.random.default_rng([self.seed, 3, si])))
 
     def _init_events(self) -> None:
         self.changes = list(self.plan.changes)
@@ -206,23 +209,47 @@ class Simulator(Links, RunColumns):
         sampled future (common random numbers).
 
         Raises:
-            NotImplementedError: a cluster batches (its batch samplers live in a closure).
+            NotImplementedError: a cluster batches (the causal planner does not redraw batched calls).
             SimError: arrivals were already drawn beyond now (not at a report boundary).
         """
         if self._window_end > self.now_s + 1e-12:
             raise SimError(f"reseed at {self.now_s:.6f} s: arrivals are drawn up to {self._window_end:.6f} s "
                            "(reseed at a report boundary)")
-        base = seeds.reseed_key(self.seed, salt)
+        base = [self.seed, 9, *(int(x) for x in salt)]
         for k, (_, _, proc) in enumerate(self.streams):
-            proc.reseed(seeds.reseeded_arrivals(base, k), self.now_s)
+            proc.reseed(np.random.default_rng([*base, 1, k]), self.now_s)
         for c in self.clusters:
-            if getattr(c.queue, "max_batch", 1) > 1:
+            if c.queue.max_batch > 1:
                 raise NotImplementedError(f"cluster {c.name}: a batching cluster cannot be reseeded")
             for m, smp in c.samplers.items():
-                smp._rng, smp._buf, smp._i = seeds.service(base, c.idx, m), [], 0
+                smp.reseed(np.random.default_rng([*base, 2, c.idx, m]))
         for si, d in enumerate(self.dispatchers):
-            d.ctx.rng = seeds.dispatcher(base, si)
-        self.loss_rng = [seeds.loss(base, i) for i in range(len(self.sources))]
+            d.ctx.rng = np.random.default_rng([*base, 3, si])
+        self.loss_rng = [np.random.default_rng([*base, 5, i]) for i in range(len(self.sources))]
+
+    def clone(self) -> Simulator:
+        """An independent copy of the whole state (queues, queries, reports, random streams) that
+        continues exactly as this one would: run both to the same time with the same policies and
+        they give the same queries (common random numbers; :meth:`reseed` gives a copy another
+        future). What a run never changes (the plan, the service figures, the dispatchers' option
+        specs) is shared; the query columns are copied column by column (:class:`Queries`)."""
+        memo: dict[int, object] = {id(v): v for v in (self.plan, self.exp, self.apps)}
+        for c in self.clusters:
+            for f in c.figures.values():
+                memo[id(f)] = f
+        for d in self.dispatchers:
+            memo[id(d.specs)] = d.specs
+        return copy.deepcopy(self, memo)
+
+    def source_view(self, source: str) -> SourceView:
+        """What ``source``'s dispatcher knows (:class:`SourceView`, read-only, live).
+
+        Raises:
+            SimError: unknown source.
+        """
+        if source not in self.src_index:
+            raise SimError(f"unknown source {source!r}; known: {', '.join(self.sources)}")
+        return SourceView(self, self.src_index[source])
 
     def cluster_state(self, source: str | None = None) -> dict[str, dict]:
         """Per cluster ``{queue_len, busy, workers, utilization, up}``: now (``source`` None) or as
@@ -354,6 +381,7 @@ class Simulator(Links, RunColumns):
             new[ci].extend(zip(t1, idx, itertools.repeat(m), dls))  # noqa: B905 - same lengths by construction
         sent[0][si, ci] += k * nbytes
         sent[1][si, ci] += k
+        self._sent[si][ci] += k
         if self.res_heap is not None:
             push, res = heapq.heappush, self.res_heap
             for t, qi in zip(dls, idx, strict=True):
@@ -372,31 +400,58 @@ class Simulator(Links, RunColumns):
         self._link_report(t)
 
     def _apply(self, ch, t: float) -> None:
-        """One step of the events' timeline: its kind (:mod:`testbed.model.events`) applied to the
-        cluster (:class:`_ClusterAt`), or to the network's link, which then reroutes."""
-        if ch.entry.target == "cluster":
-            ch.entry.apply(ch, _ClusterAt(self, ch, t))
+        """One step of the events' timeline (:mod:`testbed.model.events`)."""
+        if ch.kind == "cluster_down":
+            resume = next((c.t_s for c in self.changes[self._ev_i + 1:]
+                           if c.kind == "cluster_up" and c.cluster == ch.cluster), INF)
+            self.clusters[self.cl_index[ch.cluster]].down(t, ch.mode, resume)
+        elif ch.kind == "cluster_up":
+            self.clusters[self.cl_index[ch.cluster]].up(t)
         else:
             self.net.apply(ch)
             self._route()
 
 
-class _ClusterAt:
-    """A cluster as an event changes it at virtual time ``t`` (the simulator's
-    :class:`testbed.model.events.ClusterControl`): down until the next change of the timeline that
-    brings it back up (a ``stop`` resumes then), or up."""
+class SourceView:
+    """What one source's dispatcher knows, read-only: :meth:`Simulator.source_view`. A live view:
+    each read is of the simulator now."""
 
-    def __init__(self, sim: Simulator, ch, t: float):
-        self._sim, self._ch, self._t = sim, ch, t
+    def __init__(self, sim: Simulator, si: int):
+        self._sim, self._si = sim, si
 
-    def set_up(self, up: bool, mode: str) -> None:
-        sim, name = self._sim, self._ch.cluster
-        cluster = sim.clusters[sim.cl_index[name]]
-        if up:
-            cluster.up(self._t)
-            return
-        resume = next((c.t_s for c in sim.changes[sim._ev_i + 1:] if c.cluster == name and c.entry.sets_up), INF)
-        cluster.down(self._t, mode, resume)
+    @property
+    def name(self) -> str:
+        return self._sim.sources[self._si]
+
+    @property
+    def policy(self) -> str:
+        """The policy in force for the queries this source creates now."""
+        return self._sim.dispatchers[self._si].policy
+
+    def heard(self) -> dict[str, dict]:
+        """Per cluster ``{queue_len, busy, workers, utilization, up}`` as last heard (the last report)."""
+        return self._sim.dispatchers[self._si].heard_state()
+
+    def report_age_s(self) -> dict[str, float]:
+        """Per cluster: s since its last report was heard (now, when none was)."""
+        now = self._sim.now_s
+        return {c: (now - h.at_s if h.at_s is not None else now)
+                for c, h in self._sim.dispatchers[self._si].heard.items()}
+
+    def sent(self) -> dict[str, int]:
+        """Per cluster: queries this source has sent to it since the start (clusters with none left out)."""
+        return {c.name: n for c, n in zip(self._sim.clusters, self._sim._sent[self._si], strict=True) if n}
+
+    def options_for(self, family: str = "") -> list[pol.Option]:
+        """The (cluster, model) options of an application of model ``family``, on what was last heard."""
+        return self._sim.dispatchers[self._si].options_for(family)
+
+    def would_pick(self, policy: str, deadline_ms: float, min_accuracy: float, family: str = "") -> tuple[str, str]:
+        """(cluster, model) ``policy`` would pick now for one query of that application, decided on
+        a copy of the dispatcher's context (its random stream and round-robin state are left as they are)."""
+        d = self._sim.dispatchers[self._si]
+        dec = pol.decide(policy, d.options_for(family), deadline_ms, min_accuracy, copy.deepcopy(d.ctx))
+        return dec.cluster, dec.model
 
 
-__all__ = ["Resolved", "ServiceSampler", "SimError", "Simulator"]
+__all__ = ["Resolved", "ServiceSampler", "SimError", "Simulator", "SourceView"]
