@@ -104,7 +104,7 @@ def test_the_run_the_intent_log_names_is_marked_wherever_its_runs_dir_is(tmp_pat
 def test_a_run_json_that_cannot_be_rewritten_is_an_error(tmp_path, dead, monkeypatch):
     import errno
 
-    import testbed.core.util
+    import testbed.emu.cleanup
     from testbed.core.errors import RunFailure
     from testbed.emu import bringup
 
@@ -113,7 +113,7 @@ def test_a_run_json_that_cannot_be_rewritten_is_an_error(tmp_path, dead, monkeyp
     def full(path, data, indent=1):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(testbed.core.util, "write_json_atomic", full)
+    monkeypatch.setattr(testbed.emu.cleanup, "write_json_atomic", full)
     with pytest.raises(OSError):
         mark_killed_runs(tmp_path, "run z", now=NOW)
     monkeypatch.setattr(bringup, "remove_leftovers", lambda: 0)

@@ -41,20 +41,24 @@ from testbed.emu.cleanup import (
     mark_killed_runs,
     process_identity,
     read_state,
+    remove_control_dirs,
     remove_leftovers,
     write_state,
 )
+from testbed.emu.dynamics import PATH_KINDS, Dynamics, write_controller_events
 from testbed.emu.network import (
     Emulation,
     EmulationError,
     choose_datapath,
     choose_link_emulator,
     planned_root_interfaces,
-    remove_control_dirs,
 )
 from testbed.emu.selfcheck import check_rtts, check_rtts_twice, excess_per_switch_ms
+from testbed.model.events import LINK_KINDS
 from testbed.plan.boundaries import ControllerConfig, HostEntry
 from testbed.plan.build import Plan
+from testbed.sdn import client as ctl
+from testbed.sdn.client import ControllerError, get_path
 
 REQUIRED_TOOLS = ("ovs-vsctl", "ovs-appctl", "mnexec", "ethtool", "ping", "tc", "ip")
 #: Capacity the controller reports for a probe host's (unshaped) link, Mbit/s.
@@ -140,8 +144,6 @@ class Live:
 
     def path_of(self, src_mac: str, dst_mac: str) -> tuple[list[int], float]:
         """The controller's installed path (DPIDs) and its one-way delay in ms."""
-        from testbed.sdn.client import get_path
-
         p = get_path(self.rest_url, src_mac, dst_mac)
         return p["dpids"], p["delay_ms"]
 
@@ -200,8 +202,6 @@ def _pins(plan: Plan, emu: Emulation) -> list[dict]:
 
 def _launch_controller(plan: Plan, emu: Emulation, run_dir: Path):
     """Write the controller's config and pins and start ryu-manager (not waiting for it)."""
-    from testbed.sdn import client as ctl
-
     em = plan.experiment.emulation
     cfg_path = ctl.write_config(run_dir / "controller.json", config=controller_config(plan, emu))
     pins = run_dir / "controller-pins.json"
@@ -212,8 +212,6 @@ def _launch_controller(plan: Plan, emu: Emulation, run_dir: Path):
 
 def _start_switches(plan: Plan, emu: Emulation, proc, run_id: str, console: Console, mark) -> None:
     """Once ryu-manager listens: the switches, then every switch, link and flow acknowledged."""
-    from testbed.sdn import client as ctl
-
     em = plan.experiment.emulation
     with console.status("starting the switches (ryu-manager discovers the links)..."):
         wait_listening(em.of_port, proc, timeout_s=30, host=emu.controller_host)
@@ -258,8 +256,6 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
         testbed.sdn.client.ControllerError: ryu-manager failed, or switches or links are missing
             after the timeout.
     """
-    from testbed.sdn import client as ctl
-
     console = console or Console(quiet=True)
     exp = plan.experiment
     preflight()
@@ -325,9 +321,6 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
 
 def _start_dynamics(live: Live, console: Console) -> None:
     """Probe daemons and their baseline, when the scenario changes links (module doc)."""
-    from testbed.emu.dynamics import PATH_KINDS, Dynamics
-    from testbed.model.events import LINK_KINDS
-
     kinds = {c.kind for c in live.plan.changes}
     if not kinds & LINK_KINDS:
         return
@@ -373,9 +366,6 @@ def _teardown_outputs(live: Live | None, console: Console) -> None:
     """Before anything stops: the controller's event log, the final network table, the probes."""
     if live is None:
         return
-    from testbed.emu.dynamics import write_controller_events
-    from testbed.sdn.client import ControllerError
-
     try:
         write_controller_events(live.rest_url, live.run_dir / "controller_events.csv")
     except (ControllerError, OSError) as exc:  # OSError: the run folder moved or removed, a full disk

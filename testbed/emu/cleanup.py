@@ -30,6 +30,7 @@ A run of another host, or one whose run.json names no process, is left alone.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -41,8 +42,11 @@ from datetime import datetime
 from pathlib import Path
 
 from testbed.core.errors import RunFailure
+from testbed.core.util import proc_stat, write_json_atomic
 
 STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/aset-testbed"))
+#: Where the runs' control sockets live (short paths: a Unix socket path holds at most 107 bytes).
+CONTROL_ROOT = STATE_DIR
 STATE_FILE = STATE_DIR / "state.json"
 LOCK_FILE = STATE_DIR / "lock"
 RUN_ENV = "TESTBED_RUN_ID"
@@ -150,6 +154,30 @@ def foreign_bridges(names: list[str], run_ids: set[str]) -> list[str]:
     return [n for n in names if n in existing and existing[n] not in run_ids | {""}]
 
 
+def control_dir(run_id: str) -> Path:
+    """The run's folder of control sockets (short, under the state folder)."""
+    return CONTROL_ROOT / f"ctl-{hashlib.sha1(run_id.encode()).hexdigest()[:10]}"
+
+
+def remove_control_dirs(verbose: bool = False) -> int:
+    """Remove every control-socket folder of earlier runs (call with the run lock held: the one run
+    that may exist is ours). Returns how many were removed; ``verbose`` prints each, and each one
+    that could not be removed (with why): it is not counted."""
+    n = 0
+    for d in CONTROL_ROOT.glob("ctl-*"):
+        try:
+            shutil.rmtree(d)
+        except OSError as exc:
+            if d.exists():
+                if verbose:
+                    print(f"could not remove control folder {d}: {exc.strerror or exc}")
+                continue
+        n += 1
+        if verbose:
+            print(f"removed control folder {d}")
+    return n
+
+
 def cleanup(verbose: bool = False) -> int:
     """Remove leftovers of earlier runs named in the state file. Returns how many items were removed.
 
@@ -158,8 +186,6 @@ def cleanup(verbose: bool = False) -> int:
     Raises:
         RunLockedError: a run is active right now.
     """
-    from testbed.emu.network import remove_control_dirs  # the network's folders, named there
-
     fd = acquire_lock()
     try:
         state = read_state()
@@ -235,8 +261,6 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 def _start_ticks(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot, field 22 of ``/proc/PID/stat``);
     None when there is no such process, or it is a zombie."""
-    from testbed.core.util import proc_stat
-
     fields = proc_stat(pid)
     return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
 
@@ -314,8 +338,6 @@ def mark_killed(run_dir: Path, data: dict, found_by: str, now: datetime | None =
     Raises:
         OSError: ``run.json`` cannot be written.
     """
-    from testbed.core.util import write_json_atomic
-
     when = (now or datetime.now()).isoformat(timespec="seconds")
     pid = (data.get("process") or {}).get("pid")
     out = dict(data, status="killed", ended={

@@ -55,6 +55,8 @@ from typing import Any
 
 from testbed.core.errors import EXIT_BRINGUP, EXIT_COMPONENT_DIED, RunFailure
 from testbed.core.util import proc_stat, write_json_atomic
+from testbed.emu.cleanup import RUN_ENV
+from testbed.sdn import client as ctl  # its functions looked up at call time (tests replace them)
 
 MIB = 1024 * 1024
 #: How many lines of a component's log an incident quotes.
@@ -344,15 +346,13 @@ class LinkCheck:
     def down(self) -> list[tuple[str, str]]:
         """Unplanned missing links now ([] when none, or the controller cannot be asked: the
         controller's own death is a component death)."""
-        from testbed.sdn.client import ControllerError, get_status
-
         now = time.monotonic()
         if now < self.next_at:
             return []
         self.next_at = now + self.interval_s
         try:
-            st = get_status(self.rest_url, timeout_s=2.0)
-        except ControllerError:
+            st = ctl.get_status(self.rest_url, timeout_s=2.0)
+        except ctl.ControllerError:
             return []
         planned = self.planned_down()
         out = []
@@ -380,8 +380,6 @@ def ovs_components() -> list[Component]:
 
 def tagged_processes(run_id: str, comm: str) -> list[int]:
     """Pids of processes called ``comm`` whose environment carries ``TESTBED_RUN_ID=run_id``."""
-    from testbed.emu.cleanup import RUN_ENV
-
     tag = f"{RUN_ENV}={run_id}".encode()
     out = []
     for d in Path("/proc").iterdir():

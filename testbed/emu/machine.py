@@ -47,6 +47,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from testbed.core.util import write_json_atomic
 from testbed.serve.handling import CLK_TCK, proc_cpu_s  # written once there (proc(5))
 
 #: Roles of the processes (label, substring of the command line), first match wins.
@@ -284,8 +285,6 @@ def write_samples(sampler: CpuSampler, path: Path) -> None:
     """Stop ``sampler`` and write its samples (:class:`CpuSamples`, atomically) to ``path``. A
     write error (a full disk at teardown) is reported on stderr, not raised: the run already fails
     with its storage incident."""
-    from testbed.core.util import write_json_atomic
-
     sampler.stop()
     try:
         write_json_atomic(path, CpuSamples(cpus=os.cpu_count() or 1, interval_s=sampler.interval_s,

@@ -51,7 +51,9 @@ from pathlib import Path
 
 from testbed.core.errors import RunFailure
 from testbed.core.lifeline import tied_popen
-from testbed.emu.cleanup import STATE_DIR
+from testbed.emu import netdev
+from testbed.emu.cleanup import control_dir
+from testbed.emu.linkemu import LinkControl, LinkEmuError, netem_available
 from testbed.model.network import mss_of
 from testbed.plan.build import Plan
 
@@ -83,8 +85,6 @@ OVS_SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 #: (``sched_rt_runtime_us``, 95 %) keeps the rest of the machine alive should one spin.
 #: ``$TESTBED_RT_PRIORITY`` overrides it (benchmarks).
 RT_PRIORITY = int(os.environ.get("TESTBED_RT_PRIORITY", "10"))
-#: Where control sockets live (short paths: a Unix socket path holds at most 107 bytes).
-CONTROL_ROOT = STATE_DIR  # the runs' state folder (testbed.emu.cleanup)
 #: Link emulators forward this much at most per link on the 2-core build machine (Mbit/s,
 #: benchmarks/linkemu_bench.py: 407-670 Mbit/s of one TCP flow); above it the machine, not the
 #: shaper, limits a link. Used only to say so.
@@ -134,8 +134,6 @@ def choose_link_emulator(requested: str) -> str:
     Raises:
         EmulationError: ``netem`` requested but the kernel lacks the netem qdisc.
     """
-    from testbed.emu.linkemu import netem_available
-
     have = netem_available()
     if requested == "netem" and not have:
         raise EmulationError("emulation.link_emulator=netem, but this kernel has no netem qdisc "
@@ -267,30 +265,6 @@ def check_interface_names(plan: Plan) -> None:
         if len(name.encode()) > 15:
             raise EmulationError(f"switch port {name!r} is {len(name.encode())} bytes, over Linux's 15 (the "
                                  f"probe hosts of the scenario's link events add ports): use a shorter switch name")
-
-
-def control_dir(run_id: str) -> Path:
-    """The run's folder of control sockets (short, under the state folder)."""
-    return CONTROL_ROOT / f"ctl-{hashlib.sha1(run_id.encode()).hexdigest()[:10]}"
-
-
-def remove_control_dirs(verbose: bool = False) -> int:
-    """Remove every control-socket folder of earlier runs (call with the run lock held: the one run
-    that may exist is ours). Returns how many were removed; ``verbose`` prints each, and each one
-    that could not be removed (with why): it is not counted."""
-    n = 0
-    for d in CONTROL_ROOT.glob("ctl-*"):
-        try:
-            shutil.rmtree(d)
-        except OSError as exc:
-            if d.exists():
-                if verbose:
-                    print(f"could not remove control folder {d}: {exc.strerror or exc}")
-                continue
-        n += 1
-        if verbose:
-            print(f"removed control folder {d}")
-    return n
 
 
 # --------------------------------------------------------------------------- tc commands
@@ -653,8 +627,6 @@ class Emulation:
         topology's MTU (``topology.mtu``). Mininet's own
         ``addLink`` runs several commands per interface, and ``ethtool``/``sysctl``/``ip`` per
         interface are ~90 processes on Abilene (0.3-0.4 s here)."""
-        from testbed.emu import netdev
-
         _, _, mn_link = _import_mininet()
 
         class QuietIntf(mn_link.Intf):
@@ -802,8 +774,6 @@ class Emulation:
         """Start one :mod:`testbed.emu.linkemu` process per group of links, in the group's
         node, not waiting for them (:meth:`start_link_emulators` does): their start (a Python
         interpreter each) overlaps the rest of the build. Per-link stats go to ``linkemu/lK.json``."""
-        from testbed.emu.linkemu import LinkControl
-
         logs = self.run_dir / "logs"
         ctl_dir = control_dir(self.run_id)
         ctl_dir.mkdir(parents=True, exist_ok=True)
@@ -843,8 +813,6 @@ class Emulation:
         """
         if self.link_emulator != "userspace":
             return
-        from testbed.emu.linkemu import LinkEmuError
-
         if not self._controls:
             self.python = python or self.python
             self._launch_link_emulators()
@@ -939,8 +907,6 @@ class Emulation:
                 by the emulator; a failing ``tc`` names the command).
         """
         if self.link_emulator == "userspace":
-            from testbed.emu.linkemu import LinkEmuError
-
             client = self._controls[self._group_of[index]][0]
             sent = dict(change)
             if "delay_ms" in sent:

@@ -42,8 +42,10 @@ from typing import Any
 
 import numpy as np
 
+from testbed.agent.live import LivePolicySelector
 from testbed.core.util import write_json_atomic
 from testbed.model import seeds
+from testbed.model.arrivals import make_process
 from testbed.model.dispatch import Dispatcher, Heard
 from testbed.model.policies import CATALOGUE, REGISTRY
 from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
@@ -96,8 +98,6 @@ class Source:
         self.aset = None
         policy = cfg.policy
         if policy == ASET_POLICY:
-            from testbed.agent.live import LivePolicySelector  # only when asked
-
             self.aset = LivePolicySelector(cfg)
             policy = (cfg.aset.options or {}).get("initial_policy", "closest") if cfg.aset else "closest"
         if policy not in CATALOGUE:
@@ -269,8 +269,6 @@ class Source:
 
     async def _arrivals(self, session, stream: StreamConfig, t_start: float, end: float) -> None:
         """Queries of one workload entry, times from :mod:`testbed.model.arrivals` (same seeds as the simulator)."""
-        from testbed.model.arrivals import make_process
-
         loop = asyncio.get_running_loop()
         rng = seeds.arrivals(seeds.run_key(self.cfg.seed), stream.index, self.cfg.source_index)
         proc = make_process(stream.spec, rng, stream.weight, Path(self.cfg.base_dir))
