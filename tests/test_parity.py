@@ -289,3 +289,70 @@ def test_reported_state_gives_the_same_decisions(tmp_path):
         assert da == db, policy
         if policy in DETERMINISTIC:
             assert len(set(da)) == 1
+
+
+# --------------------------------------------------------------------------- one plan, one model, both engines
+
+@pytest.fixture(scope="module", params=["triangle", "default"])
+def shipped(request):
+    from testbed.plan.build import plan_experiment
+
+    return plan_experiment(REPO / "experiments" / f"{request.param}.yaml")
+
+
+def test_a_source_gets_the_same_options_and_random_streams_in_both_engines(shipped, tmp_path):
+    """The emulated source (its SourceConfig, as the run writes it, and the Source it builds) and the
+    simulator's dispatcher of the same source: the same option list and the same generators (the
+    streams of testbed.model.seeds, keyed alike)."""
+    from testbed.emu.source import Source
+    from testbed.model import seeds
+    from testbed.model.arrivals import make_process
+    from testbed.plan.boundaries import SourceConfig
+
+    plan = shipped
+    sim = Simulator(plan)
+    for si, host in enumerate(plan.sources):
+        cfg = SourceConfig.from_plan(plan, host.name, start_ns=0, duration_s=plan.experiment.duration_s,
+                                     run_dir=tmp_path)
+        if cfg is None:
+            continue
+        (tmp_path / "sources").mkdir(exist_ok=True)
+        d = sim.dispatchers[sim.src_index[host.name]]
+        assert cfg.source_index == si and cfg.seed == sim.seed
+        assert [o.option for o in cfg.options] == d.specs == plan.options(host.name)
+        src = Source(cfg)
+        try:
+            assert src.dispatcher.specs == d.specs and src.dispatcher.policy == d.policy
+            assert src.dispatcher.ctx.rng.bit_generator.state == d.ctx.rng.bit_generator.state
+        finally:
+            src.out.close()
+        fresh = Simulator(plan)  # its arrival streams not yet drawn: one per (workload entry, source), in order
+        keys = [(wi, s) for wi in range(len(plan.experiment.workload)) for s in plan.weights[wi]]
+        procs = dict(zip(keys, (proc for _, _, proc in fresh.streams), strict=True))
+        for st in cfg.streams:  # the emulated source's arrival process, built as its _arrivals does
+            mine = make_process(st.spec, seeds.arrivals(seeds.run_key(cfg.seed), st.index, cfg.source_index),
+                                st.weight, Path(cfg.base_dir))
+            np.testing.assert_array_equal(mine.times(0.0, 3.0), procs[(st.index, host.name)].times(0.0, 3.0))
+
+
+def test_the_plan_the_model_and_the_controller_route_alike(shipped):
+    """Every (source, cluster) path: the plan's expected path, the model's route (the simulator's),
+    and the path the controller's trees give (built from the ControllerConfig the run hands the Ryu
+    app, as the app does: testbed.model.routing on DPIDs)."""
+    from testbed.model import routing
+    from testbed.plan.boundaries import ControllerConfig
+
+    plan = shipped
+    cfg = ControllerConfig.from_plan(plan, {h.name: k for k, h in enumerate(plan.hosts, start=1)})
+    graph = routing.build_graph([(lk.a, lk.b, lk.delay_ms) for lk in cfg.links], nodes=[s.dpid for s in cfg.switches])
+    trees = routing.all_trees(graph, sorted({h.dpid for h in cfg.hosts}))
+    name = {s.dpid: s.name for s in cfg.switches}
+    switch_dpid = {s.name: s.dpid for s in cfg.switches}
+    dpid = {h.name: h.dpid for h in cfg.hosts}
+    model = plan.network_state().routes({(p.switches[0], p.switches[-1]) for p in plan.paths})
+    sim = Simulator(plan)
+    for p in plan.paths:
+        installed = [name[d] for d in routing.tree_path(trees[dpid[p.cluster]], dpid[p.source], dpid[p.cluster])]
+        assert p.switches == model[(p.switches[0], p.switches[-1])] == installed, (p.source, p.cluster)
+        assert sim.paths[sim.src_index[p.source]][sim.cl_index[p.cluster]] == p.switches
+        assert p.one_way_ms == pytest.approx(routing.path_delay_ms(graph, [switch_dpid[x] for x in p.switches]))

@@ -160,3 +160,20 @@ def test_every_pair_path_in_square_matches_networkx():
         path = r.tree_path(trees[t], s, t)
         assert path[0] == s and path[-1] == t
         assert r.path_delay_ms(g, path) == pytest.approx(nx.dijkstra_path_length(_nx(g), s, t, weight="delay_ms"))
+
+
+def test_least_delay_paths_are_the_trees_whatever_the_names_and_the_link_order():
+    """The one rule on named switches: the path toward d is the tree rooted at d's, ties to the lower
+    DPID, whichever order the links come in (networkx's Dijkstra would follow the insertion order)."""
+    dpid = {"a": 1, "b": 2, "c": 3, "d": 4, "z": 9}
+    square = [("a", "b", 1.0), ("b", "c", 1.0), ("c", "d", 1.0), ("d", "a", 1.0)]
+    pairs = [("d", "b"), ("b", "d"), ("a", "a"), ("a", "z")]
+    want = {("d", "b"): ["d", "a", "b"], ("b", "d"): ["b", "a", "d"], ("a", "a"): ["a"], ("a", "z"): None}
+    for links in itertools.permutations(square):
+        assert r.least_delay_paths(links, pairs, dpid) == want
+    renumbered = {**dpid, "a": 5}  # now c (3) is the lower DPID of the two middle switches
+    assert r.least_delay_paths(square, [("d", "b")], renumbered) == {("d", "b"): ["d", "c", "b"]}
+    g = r.build_graph([(dpid[a], dpid[b], w) for a, b, w in square])
+    assert r.tree_path(r.shortest_path_tree(g, 2), 4, 2) == [4, 1, 2]  # the controller's tree, on DPIDs
+    with pytest.raises(ValueError, match="same DPID"):
+        r.least_delay_paths(square, [("a", "b")], {**dpid, "b": 1})
