@@ -55,7 +55,7 @@ def _agent_from_policy(policy, obs_size: int, n_actions: int, epsilon: float, se
     """A DQN agent whose online and target networks hold the exported policy's weights; constant
     epsilon; training from the first batch on (hyper-parameters of the checkpoint's training);
     the checkpoint's decision rule (``plan_margin``)."""
-    from testbed.aset.agent import DQNAgent
+    from testbed.aset.agent import DQNAgent  # imports TensorFlow: only when fine-tuning
 
     npz, meta = policy_files(policy)
     w = [np.load(npz)[f"w{i}"] for i in range(2 * json.loads(meta.read_text())["layers"])]

@@ -392,9 +392,9 @@ def fit(data: RolloutData, cfg: AsetConfig, seed: int) -> FitResult:
 
     Raises:
         ValueError: nothing to hold out, or nothing left to train on (:meth:`RolloutData.split`)."""
-    import tensorflow as tf
+    import tensorflow as tf  # heavy: only when fitting
 
-    from testbed.aset.agent import build_q_network
+    from testbed.aset.agent import build_q_network  # imports TensorFlow
 
     tf_one_thread()
     t0 = time.perf_counter()

@@ -203,9 +203,9 @@ class _Run:
     """The state of one training run (one seed): env, agent, log writer, progress bar."""
 
     def __init__(self, cfg: AsetConfig, base: Path, seed: int, out: Path, plans, simulator_factory):
-        import tensorflow as tf
+        import tensorflow as tf  # heavy: only when training
 
-        from testbed.aset.agent import DQNAgent
+        from testbed.aset.agent import DQNAgent  # imports TensorFlow
 
         tf_one_thread()
         tr = cfg.training
