@@ -167,6 +167,38 @@ def test_api_for_the_aset_environment():
         sim.set_policy("xyz", "cloud")
 
 
+def test_clone_continues_exactly_and_source_view_reads_one_dispatcher():
+    """The interface ASET reads the simulator through: clone() is independent of the original and
+    continues as it would (a batching cluster too); source_view(source) is what that dispatcher knows."""
+    plan = plan_experiment(REPO / "experiments/digits-abilene.yaml")
+    sim = Simulator(plan, seed=3)
+    sim.run_until(2.0)
+    sim.drain_resolved()
+    twin, other = sim.clone(), sim.clone()
+    before = sim.source_view("sea").policy
+    other.set_policy("sea", "cloud")
+    for s in (sim, twin, other):
+        s.run_until(4.0)
+    assert sim.drain_resolved() == twin.drain_resolved() != []
+    assert sim.source_view("sea").policy == before and other.source_view("sea").policy == "cloud"
+    view = sim.source_view("sea")
+    assert view.name == "sea" and view.heard() == sim.cluster_state("sea")
+    assert set(view.report_age_s()) == set(view.heard()) and all(0 <= a <= sim.R for a in view.report_age_s().values())
+    table = sim.query_table()
+    assert view.sent() == table[table.source == "sea"].groupby("cluster").size().to_dict()
+    app = plan.experiment.applications[0]
+    assert view.would_pick("cloud", app.deadline_ms, app.min_accuracy, app.family)[0] == "cloud"
+    with pytest.raises(SimError, match="unknown source 'xyz'"):
+        sim.source_view("xyz")
+    batching = Simulator(one_queue(1, 300.0, server={"max_batch": 4, "max_queue_delay": "5ms"}), seed=5)
+    batching.run_until(1.0)
+    copy = batching.clone()
+    batching.run_until(2.0)
+    copy.run_until(2.0)
+    pd.testing.assert_frame_equal(batching.query_table(), copy.query_table())
+    assert batching.query_table().batch.max() > 1
+
+
 def test_events_cluster_failure_and_link_delay():
     """kill (default): queries sent to the dead server are refused (server_down); stop: frozen
     queries are answered after it resumes, too late; a link delay step moves every later RTT."""
