@@ -6,42 +6,46 @@ links at run time.
   (``datapath_type=netdev``).
 * Switch links, ``userspace`` link emulator (kernels without netem): each link ``a - b`` becomes
   ``a-ethX <-> lK-eth0 | lK-eth1 <-> b-ethY`` (``lK`` the plan's ``emu_name``); the ``lK``
-  interfaces of up to :data:`LINKS_PER_EMULATOR` links live in one namespace, node ``E<g>``
+  interfaces of up to :data:`~testbed.emu.netplan.LINKS_PER_EMULATOR` links live in one namespace, node ``E<g>``
   (``node("lK")`` is that node), where one :mod:`testbed.emu.linkemu` process serves them:
   delay, loss and the bandwidth (its FIFO shaper, any rate) of each, changed at run time over its
   control socket.
 * Switch links, ``netem``: a veth ``a-ethX <-> b-ethY`` with, on both ends, HTB at the bandwidth and
-  netem (delay, loss, ``limit`` :data:`QUEUE_PACKETS`) as its leaf; run-time changes are
-  ``tc class change`` / ``tc qdisc change`` (:func:`tc_change_commands`).
+  netem (delay, loss, ``limit`` :data:`~testbed.emu.tc.QUEUE_PACKETS`) as its leaf; run-time changes are
+  ``tc class change`` / ``tc qdisc change`` (:func:`testbed.emu.tc.tc_change_commands`).
 * Host links: a veth host <-> switch, HTB at the host's bandwidth on both ends (``tc`` directly,
-  so rates above Mininet's 1000 Mbit/s limit are shaped too), a pfifo of :data:`QUEUE_PACKETS`.
+  so rates above Mininet's 1000 Mbit/s limit are shaped too), a pfifo of :data:`~testbed.emu.tc.QUEUE_PACKETS`.
 * Probe hosts ``P<i>a`` / ``P<i>b`` (unshaped) at both ends of every link that scenario events
   change: they measure each change and carry congestion traffic (:mod:`testbed.emu.dynamics`).
   Names with capitals cannot collide with a plan's names (``[a-z][a-z0-9]*``).
-* **OVS shards** (userspace datapath, more than :data:`SHARD_ABOVE_SWITCHES` switches): one
+* **OVS shards** (userspace datapath, more than :data:`~testbed.emu.netplan.SHARD_ABOVE_SWITCHES` switches): one
   ``ovs-vswitchd`` forwards every packet of every bridge in its single main thread, and that thread
   polls every port of every bridge at each wake-up, so the cost of a hop grows with the size of the
   whole network (measured, ``benchmarks/scale_bench.py profile``: a 10-switch path costs 0.18 ms of
   RTT per switch next to 0 other bridges, 0.96 ms next to 30, 2.4 ms next to 90). The switches are
-  therefore split, in breadth-first order, over shards of :data:`SWITCHES_PER_OVS`: each shard is a
+  therefore split, in breadth-first order, over shards of :data:`~testbed.emu.netplan.SWITCHES_PER_OVS`: each shard is a
   private ``ovsdb-server`` and ``ovs-vswitchd`` (children of the run, tagged) whose vswitchd runs in
   a namespace of its own (node ``O<k>``) that holds its switches' ports (two userspace datapaths
   in one namespace collide on the ``ovs-netdev`` tap); it reaches ryu-manager over a veth to the
-  root namespace (:data:`CONTROLLER_IP`). Smaller networks use the system's Open vSwitch as before.
+  root namespace (:data:`~testbed.emu.netplan.CONTROLLER_IP`). Smaller networks use the system's Open vSwitch as before.
 * Offloads are switched off on every veth (needed by the userspace datapath and the link emulator,
   see environment.md) and IPv6 is disabled in every namespace (no stray solicitations).
 
 What was applied per link (shaper, rate, delay, loss) is in :attr:`Emulation.applied`, written to
 ``network.json`` by the bring-up; nothing is left unshaped in silence.
+
+The names, addresses and shards come from :mod:`testbed.emu.netplan` (pure, from the plan), the
+``tc`` commands from :mod:`testbed.emu.tc`. What remains here is one object, :class:`Emulation`:
+its build (Mininet, shards, veths, shaping, link emulators, bridges), its run-time changes and its
+teardown share the Mininet handles and the per-link state it keeps (:attr:`Emulation.applied`),
+so they stay together rather than spread over modules that would hand that state around.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -49,33 +53,28 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.core.errors import RunFailure
 from testbed.core.lifeline import tied_popen
 from testbed.emu import netdev
 from testbed.emu.cleanup import control_dir
 from testbed.emu.linkemu import LinkControl, LinkEmuError, netem_available
+from testbed.emu.netplan import (
+    CONTROLLER_IP,
+    EmulationError,
+    ProbeHost,
+    check_interface_names,
+    control_addresses,
+    control_veth,
+    emulator_groups,
+    host_port_numbers,
+    ovs_shards,
+    probe_hosts,
+    switch_port_names,
+)
+from testbed.emu.tc import htb_commands, netem_leaf, read_htb_rate_mbps, read_htb_rates_mbps, run_tc, tc_change_commands
 from testbed.model.network import mss_of
 from testbed.plan.build import Plan
 
 OFFLOAD_OFF = "rx off tx off sg off tso off gso off gro off"
-#: Links served by one link-emulator process (one epoll loop, one timer);
-#: ``$TESTBED_LINKS_PER_EMULATOR`` overrides it (benchmarks).
-LINKS_PER_EMULATOR = int(os.environ.get("TESTBED_LINKS_PER_EMULATOR", "64"))
-#: Frames of the FIFO behind every shaper (HTB leaf, netem limit, the emulator's shaper):
-#: a veth's txqueuelen, :data:`testbed.model.network.DEFAULT_QUEUE_PACKETS`.
-QUEUE_PACKETS = 1000
-#: HTB's class quantum, bytes: explicit, so that no rate triggers "quantum of class is big".
-HTB_QUANTUM = 60000
-#: Switches per OVS shard, and the network size from which shards are used (userspace datapath).
-#: Measured on Gabriel 100 under SCHED_FIFO, RTT self-check error median: 4.1 ms with 10 per shard,
-#: 3.1-3.5 with 5, 3.2-3.3 with 3 (and more processes). ``$TESTBED_SWITCHES_PER_OVS`` /
-#: ``$TESTBED_SHARD_ABOVE`` override them (benchmarks).
-SWITCHES_PER_OVS = int(os.environ.get("TESTBED_SWITCHES_PER_OVS", "5"))
-SHARD_ABOVE_SWITCHES = int(os.environ.get("TESTBED_SHARD_ABOVE", "16"))
-#: ryu-manager's OpenFlow address when shards are used (a /32 in the root namespace), and the
-#: /22 the shards' control veths are numbered from (root side .2k, shard side .2k+1).
-CONTROLLER_IP = "169.254.255.254"
-CONTROL_NET = "169.254.252.0"
 OVS_SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 #: SCHED_FIFO priority of the forwarding processes (link emulators, shards' ovs-vswitchd); 0: nice -10
 #: only. netem works in softirq, ahead of every process; this is its user-space counterpart. Measured
@@ -100,10 +99,6 @@ def _import_mininet():
 
     log.setLogLevel(os.environ.get("TESTBED_MININET_LOG", "warning"))
     return net, node, link
-
-
-class EmulationError(RunFailure):
-    """The emulated network could not be built, a change could not be applied, or a self-check failed."""
 
 
 def ovs_kernel_datapath_available() -> bool:
@@ -143,201 +138,6 @@ def choose_link_emulator(requested: str) -> str:
     return requested
 
 
-# --------------------------------------------------------------------------- names and addresses
-
-def probed_links(plan: Plan) -> list[int]:
-    """Indices (``Link.index``) of the links that scenario events change, sorted."""
-    pairs = {frozenset(c.link) for c in plan.changes if c.link is not None}
-    return sorted(lk.index for lk in plan.links if frozenset((lk.a, lk.b)) in pairs)
-
-
-@dataclass(frozen=True)
-class ProbeHost:
-    """A probe host at one end (``side`` a or b) of link ``link`` (its ``Link.index``), attached to
-    ``switch``; ``peer`` is the probe host at the other end."""
-
-    name: str
-    link: int
-    side: str
-    switch: str
-    ip: str
-    mac: str
-    peer: str
-
-
-def probe_hosts(plan: Plan) -> list[ProbeHost]:
-    """The probe hosts of the plan (two per probed link), in build order."""
-    out = []
-    by_index = {lk.index: lk for lk in plan.links}
-    for i in probed_links(plan):
-        lk = by_index[i]
-        for side, sw, other in (("a", lk.a, "b"), ("b", lk.b, "a")):
-            k = 250 if side == "a" else 251
-            out.append(ProbeHost(name=f"P{i}{side}", link=i, side=side, switch=sw,
-                                 ip=f"10.{k}.{(i + 1) >> 8 & 255}.{(i + 1) & 255}",
-                                 mac=f"02:7e:{k - 250:02x}:{(i + 1) >> 16 & 255:02x}:{(i + 1) >> 8 & 255:02x}:"
-                                     f"{(i + 1) & 255:02x}", peer=f"P{i}{other}"))
-    return out
-
-
-def emulator_groups(plan: Plan) -> dict[str, list[int]]:
-    """Emulator node (and process) name ``E<g>`` -> the link indices it serves (userspace mode)."""
-    idx = [lk.index for lk in plan.links]
-    return {f"E{k}": idx[i:i + LINKS_PER_EMULATOR] for k, i in enumerate(range(0, len(idx), LINKS_PER_EMULATOR))}
-
-
-def ovs_shards(plan: Plan, datapath: str) -> list[list[str]]:
-    """Switch names per OVS shard (module doc), breadth-first from the first switch so that
-    neighbours tend to share a shard; [] when the system's Open vSwitch serves them all."""
-    if datapath != "user" or len(plan.switches) <= SHARD_ABOVE_SWITCHES:
-        return []
-    adj: dict[str, list[str]] = {s.name: [] for s in plan.switches}
-    for lk in plan.links:
-        adj[lk.a].append(lk.b)
-        adj[lk.b].append(lk.a)
-    order: list[str] = []
-    seen: set[str] = set()
-    for start in adj:
-        if start in seen:
-            continue
-        seen.add(start)
-        queue = [start]
-        while queue:
-            u = queue.pop(0)
-            order.append(u)
-            for v in adj[u]:
-                if v not in seen:
-                    seen.add(v)
-                    queue.append(v)
-    k = SWITCHES_PER_OVS
-    return [order[i:i + k] for i in range(0, len(order), k)]
-
-
-def control_veth(run_id: str, k: int) -> str:
-    """Root-namespace name of shard ``k``'s control veth (unique per run, <= 15 bytes)."""
-    return f"tbc{hashlib.sha1(run_id.encode()).hexdigest()[:5]}{k}"
-
-
-def _port_order(plan: Plan) -> list[tuple[str, str]]:
-    """(switch, what) for every switch port in the order the build creates them (Mininet numbers
-    a switch's ports 1, 2, ... in that order)."""
-    order = []
-    for lk in plan.links:
-        order += [(lk.a, f"link{lk.index}"), (lk.b, f"link{lk.index}")]
-    order += [(h.switch, h.name) for h in plan.hosts]
-    order += [(p.switch, p.name) for p in probe_hosts(plan)]
-    return order
-
-
-def switch_port_names(plan: Plan) -> list[str]:
-    """Root-namespace interface names of every switch port, in build order."""
-    count = {s.name: 0 for s in plan.switches}
-    names = []
-    for sw, _ in _port_order(plan):
-        count[sw] += 1
-        names.append(f"{sw}-eth{count[sw]}")
-    return names
-
-
-def host_port_numbers(plan: Plan) -> dict[str, int]:
-    """Host (and probe host) -> its switch's OpenFlow port number (known before the build)."""
-    hosts = {h.name for h in plan.hosts} | {p.name for p in probe_hosts(plan)}
-    return {what: int(name.rsplit("-eth", 1)[1]) for (_, what), name in zip(_port_order(plan), switch_port_names(plan),
-                                                                           strict=True) if what in hosts}
-
-
-def planned_root_interfaces(plan: Plan, link_emulator: str, datapath: str = "kernel", run_id: str = "") -> list[str]:
-    """Names of the root-namespace interfaces the build will create, for cleanup: the switch ports,
-    or, with OVS shards (whose namespaces hold the ports), the shards' control veths."""
-    shards = ovs_shards(plan, datapath)
-    if shards:
-        return [control_veth(run_id, k) for k in range(len(shards))]
-    return switch_port_names(plan)
-
-
-def check_interface_names(plan: Plan) -> None:
-    """Every switch port name fits Linux's 15 bytes once probe hosts are added.
-
-    Raises:
-        EmulationError: naming the switch and the name.
-    """
-    for name in switch_port_names(plan):
-        if len(name.encode()) > 15:
-            raise EmulationError(f"switch port {name!r} is {len(name.encode())} bytes, over Linux's 15 (the "
-                                 f"probe hosts of the scenario's link events add ports): use a shorter switch name")
-
-
-# --------------------------------------------------------------------------- tc commands
-
-def _htb_class(rate_mbps: float) -> list[str]:
-    """HTB class parameters: the rate, an explicit quantum, and a burst of at least 15 kB (Mininet's)
-    or 1 ms at the rate, so that high rates are reachable between two qdisc wake-ups."""
-    burst = max(15000, int(rate_mbps * 1e6 / 8 * 0.001))
-    return ["rate", f"{rate_mbps:.6f}mbit", "burst", str(burst), "cburst", str(burst), "quantum", str(HTB_QUANTUM)]
-
-
-def htb_commands(dev: str, rate_mbps: float, leaf: list[str] | None = None) -> list[list[str]]:
-    """``tc`` argv lists that shape ``dev``'s egress at ``rate_mbps`` (HTB, one class), with ``leaf``
-    (default ``pfifo limit QUEUE_PACKETS``) as the class's qdisc, on a device without a root qdisc
-    of its own (a new veth)."""
-    leaf = leaf or ["pfifo", "limit", str(QUEUE_PACKETS)]
-    return [["tc", "qdisc", "add", "dev", dev, "root", "handle", "5:", "htb", "default", "1"],
-            ["tc", "class", "add", "dev", dev, "parent", "5:", "classid", "5:1", "htb", *_htb_class(rate_mbps)],
-            ["tc", "qdisc", "add", "dev", dev, "parent", "5:1", "handle", "10:", *leaf]]
-
-
-def netem_leaf(delay_ms: float, loss_pct: float) -> list[str]:
-    """netem's arguments for a one-way delay (ms) and loss (%)."""
-    return ["netem", "delay", f"{delay_ms:.6f}ms", "loss", f"{loss_pct:.6f}%", "limit", str(QUEUE_PACKETS)]
-
-
-def tc_change_commands(dev: str, state: dict, change: dict) -> list[list[str]]:
-    """``tc`` argv lists applying ``change`` (any of ``rate_mbps``, ``delay_ms``, ``loss_pct``) to a
-    netem-mode port whose current parameters are ``state`` (same keys)."""
-    new = {**state, **change}
-    cmds = []
-    if "rate_mbps" in change:
-        cmds.append(["tc", "class", "change", "dev", dev, "parent", "5:", "classid", "5:1", "htb",
-                     *_htb_class(new["rate_mbps"])])
-    if "delay_ms" in change or "loss_pct" in change:
-        cmds.append(["tc", "qdisc", "change", "dev", dev, "parent", "5:1", "handle", "10:",
-                     *netem_leaf(new["delay_ms"], new["loss_pct"])])
-    return cmds
-
-
-def _run_tc(cmds: list[list[str]], node=None) -> None:
-    """Run ``tc`` (or ``ip``) commands, in order, in the root namespace (``node`` None) or in a
-    Mininet node (one shell round trip for all of them).
-
-    Raises:
-        EmulationError: a command failed (the first failing one and its stderr are quoted).
-    """
-    if not cmds:
-        return
-    if node is None and all(c[0] == "tc" for c in cmds):  # one process: tc -batch, stops at the first failure
-        res = subprocess.run(["tc", "-batch", "-"], input="".join(" ".join(c[1:]) + "\n" for c in cmds),
-                             capture_output=True, text=True)
-        if res.returncode:
-            m = re.search(r"Command failed -:(\d+)", res.stderr)
-            cmd = " ".join(cmds[int(m.group(1)) - 1]) if m else f"tc -batch of {len(cmds)} commands"
-            raise EmulationError(f"'{cmd}' failed: {res.stderr.strip()}")
-        return
-    if node is None:
-        for cmd in cmds:
-            res = subprocess.run(cmd, capture_output=True, text=True)
-            if res.returncode:
-                raise EmulationError(f"'{' '.join(cmd)}' failed: {res.stderr.strip()}")
-        return
-    script = " && ".join(f"{' '.join(cmd)} 2>&1" for cmd in cmds)
-    out = node.cmd(f"{script}; echo rc=$?")
-    if not out.rstrip().endswith("rc=0"):
-        raise EmulationError(f"'{script}' failed in {node.name}: {out.strip()}")
-
-
-_TC_RATE = re.compile(r"class htb 5:1 .*?\brate (\d+(?:\.\d+)?)([KMGT]?)bit")
-_SI = {"": 1e-6, "K": 1e-3, "M": 1.0, "G": 1e3, "T": 1e6}
-
-
 def _priority_prefix() -> list[str]:
     """The command prefix that runs a forwarding daemon at :data:`RT_PRIORITY` (SCHED_FIFO) or nice -10."""
     return ["chrt", "-f", str(RT_PRIORITY)] if RT_PRIORITY else ["nice", "-n", "-10"]
@@ -356,28 +156,6 @@ def _wait_for(cond, timeout_s: float, what: str, proc=None) -> None:
         if time.monotonic() > deadline:
             raise EmulationError(f"{what} not ready after {timeout_s:g} s")
         time.sleep(0.02)
-
-
-def read_htb_rates_mbps(devs: list[str], node=None) -> dict[str, float | None]:
-    """:func:`read_htb_rate_mbps` for several devices of one namespace, in one shell."""
-    script = "; ".join(f"echo @@{d}; tc class show dev {d}" for d in devs)
-    out = subprocess.run(script, shell=True, capture_output=True, text=True).stdout if node is None \
-        else node.cmd(script)
-    parts = dict(zip(devs, re.split(r"^@@\S+\s*$", out or "", flags=re.M)[1:], strict=False))
-    rates = {}
-    for d in devs:
-        m = _TC_RATE.search(parts.get(d, ""))
-        rates[d] = float(m.group(1)) * _SI[m.group(2)] if m else None
-    return rates
-
-
-def read_htb_rate_mbps(dev: str, node=None) -> float | None:
-    """The rate of HTB class 5:1 on ``dev`` as the kernel reports it (``tc class show``), Mbit/s;
-    None if there is none."""
-    cmd = ["tc", "class", "show", "dev", dev]
-    out = subprocess.run(cmd, capture_output=True, text=True).stdout if node is None else node.cmd(" ".join(cmd))
-    m = _TC_RATE.search(out or "")
-    return float(m.group(1)) * _SI[m.group(2)] if m else None
 
 
 # --------------------------------------------------------------------------- the network
@@ -457,14 +235,6 @@ class OvsShard:
 
     def vsctl(self, *args: str) -> list[str]:
         return ["ovs-vsctl", f"--db={self.db}", "--timeout=60", *args]
-
-
-def _control_addresses(k: int) -> tuple[str, str]:
-    """(root side, shard side) addresses of shard ``k``'s control veth, a /31 each."""
-    import ipaddress
-
-    base = int(ipaddress.ip_address(CONTROL_NET)) + 2 * k
-    return str(ipaddress.ip_address(base)), str(ipaddress.ip_address(base + 1))
 
 
 def _sh(cmd: list[str], what: str) -> str:
@@ -680,7 +450,7 @@ class Emulation:
         reached by every shard through its own veth."""
         for sh in self.shards:
             node = self.net.get(sh.node)
-            root_ip, shard_ip = _control_addresses(sh.index)
+            root_ip, shard_ip = control_addresses(sh.index)
             _sh(["ip", "link", "add", sh.veth, "type", "veth", "peer", "name", "ctl0", "netns", str(node.pid)],
                 f"control veth of shard {sh.node}")
             _sh(["ip", "addr", "add", f"{root_ip}/31", "dev", sh.veth], "control veth address")
@@ -760,7 +530,7 @@ class Emulation:
                         htb_commands(dev, lk.bandwidth_mbps, netem_leaf(lk.delay_ms, lk.loss_pct)))
                     want[dev] = lk.bandwidth_mbps
         for home, batch in cmds.items():  # one tc -batch (root) or one round trip (a node) per namespace
-            _run_tc(batch, None if home is None else self.net.get(home))
+            run_tc(batch, None if home is None else self.net.get(home))
         by_home: dict[str | None, list[str]] = {}
         for dev in want:
             by_home.setdefault(self.port_node(dev), []).append(dev)
@@ -921,8 +691,8 @@ class Emulation:
             for dev in self.ports[index]:
                 node = self._port_cmd(dev)
                 if "up" in change:
-                    _run_tc([["ip", "link", "set", "dev", dev, "up" if change["up"] else "down"]], node)
-                _run_tc(tc_change_commands(dev, state, {k: v for k, v in change.items() if k != "up"}), node)
+                    run_tc([["ip", "link", "set", "dev", dev, "up" if change["up"] else "down"]], node)
+                run_tc(tc_change_commands(dev, state, {k: v for k, v in change.items() if k != "up"}), node)
             t = time.time()
         self.applied[index] = {**self.applied[index], **change}
         return {"t_applied": t, "params": dict(self.applied[index])}
