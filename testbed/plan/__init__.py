@@ -1,3 +1,9 @@
-"""From an experiment to the one :class:`~testbed.plan.build.Plan` both engines read: topology, zoo
-catalogue, service times, events, weights, and the per-process boundary files.
+"""From an experiment to the one :class:`~testbed.plan.resolved.Plan` both engines read.
+
+:mod:`~testbed.plan.build` (``build_plan``: the list of steps), :mod:`~testbed.plan.resolved` (the
+plan), :mod:`~testbed.plan.topology`, :mod:`~testbed.plan.events`, :mod:`~testbed.plan.workload`,
+:mod:`~testbed.plan.clusters`, :mod:`~testbed.plan.checks`, :mod:`~testbed.plan.capture`; the zoo's
+inventory, profiles and handling figures (:mod:`~testbed.plan.zoo`, :mod:`~testbed.plan.profiles`,
+:mod:`~testbed.plan.handling`) read by the :mod:`~testbed.plan.catalog`; and the per-process boundary
+files (:mod:`~testbed.plan.boundaries`).
 """
