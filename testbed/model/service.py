@@ -14,7 +14,7 @@ the cluster's share and worker count:
 
 ``handling_ms`` (CPU ms per request of the server's event loop: HTTP, base64 and JPEG decoding,
 measured per model by :mod:`testbed.serve.handling`) and ``cold_factor`` (a model call after
-idleness over a warm one in the server, :func:`testbed.serve.handling.call_factors`) are the two
+idleness over a warm one in the server, :func:`testbed.plan.handling.call_factors`) are the two
 CPU costs beside the warm model call that the emulation's quota pays
 (benchmarks/cpu_model_bench.py compares the three with the emulation's measured times).
 
