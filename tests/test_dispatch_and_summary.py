@@ -185,8 +185,6 @@ def test_dispatcher_decides_on_the_state_it_last_heard(tmp_path):
 
 def test_aset_selector_is_called_with_the_window_state(tmp_path, monkeypatch):
     import asyncio
-    import sys
-    import types
 
     calls = []
 
@@ -198,11 +196,11 @@ def test_aset_selector_is_called_with_the_window_state(tmp_path, monkeypatch):
             calls.append(state)
             return "cloud"
 
-    mod = types.ModuleType("testbed.agent.live")
-    mod.LivePolicySelector = FakeSelector
-    monkeypatch.setitem(sys.modules, "testbed.agent.live", mod)
-    (tmp_path / "link_util.json").write_text(json.dumps({"t": 0, "links": {"s1-s2": 0.25, "s3-s2": 0.5}}))
+    import testbed.emu.source
     from testbed.emu.source import Source
+
+    monkeypatch.setattr(testbed.emu.source, "LivePolicySelector", FakeSelector)
+    (tmp_path / "link_util.json").write_text(json.dumps({"t": 0, "links": {"s1-s2": 0.25, "s3-s2": 0.5}}))
 
     src = Source(_source_cfg(tmp_path, "aset"))
     assert src.policy_name == "closest"
