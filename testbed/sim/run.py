@@ -35,8 +35,8 @@ def check_static_policies(plan: Plan, policy: str | None = None) -> None:
 
 @dataclass
 class SimOutcome:
-    """What a simulation measured: the :class:`~testbed.sim.core.Simulator` after its run (its
-    records, ``seed``, :meth:`~testbed.sim.core.Simulator.write_run`), ``duration_s`` (the load,
+    """What a simulation measured: the :class:`~testbed.sim.engine.Simulator` after its run (its
+    records, ``seed``, :meth:`~testbed.sim.columns.RunColumns.write_run`), ``duration_s`` (the load,
     simulated s) and ``wall_s`` (the wall-clock time it took, s)."""
 
     sim: Simulator
