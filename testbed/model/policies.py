@@ -14,7 +14,7 @@ Every policy has the signature ``policy(options, deadline_ms, min_accuracy, ctx=
 - ``options``: one :class:`Option` per (cluster, model) pair, carrying what the dispatcher knows:
   the expected RTT, the expected service time t_m, the accuracy, and the load it last heard
   (stale by the report interval): ``queue_wait_ms`` (expected queueing delay) and ``load``
-  (queue length per worker), ``up`` (the cluster answered its last report).
+  (queries at the cluster per worker), ``up`` (the cluster answered its last report).
 - ``ctx``: the dispatcher's own state for the two stateful policies: a seeded
   ``numpy.random.Generator`` (``random``) and round-robin counters (``round_robin``), one
   :class:`Context` per dispatcher. Deterministic given options, ctx and seed.
@@ -44,8 +44,9 @@ class Option:
 
     ``rtt_ms``: expected RTT source->cluster (ms). ``service_ms``: expected inference time t_m at
     the cluster's CPU share (ms). ``accuracy``: alpha_m in [0, 1]. ``queue_wait_ms``: expected
-    queueing delay from the last load report (ms; 0 when unknown). ``load``: queue length per
-    worker from the last report (0 when unknown). ``tier``: ``far_edge``, ``near_edge`` or
+    queueing delay from the last load report (ms; 0 when unknown). ``load``: queries at the
+    cluster per worker, waiting or in service, as last reported plus the dispatcher's own sends
+    since (:mod:`testbed.model.dispatch`; 0 when unknown). ``tier``: ``far_edge``, ``near_edge`` or
     ``cloud``. ``up``: False when the cluster did not answer its last report.
     """
 
@@ -240,8 +241,8 @@ def cloud(options: list[Option], deadline_ms: float, min_accuracy: float, ctx: C
 @register_policy("least_loaded", deterministic=True, load_aware=True)
 def least_loaded(options: list[Option], deadline_ms: float, min_accuracy: float,
                  ctx: Context | None = None) -> Decision:
-    """``least_loaded``: the feasible cluster with the lowest queue length per worker (last heard;
-    ties: smaller RTT), there the fastest feasible model.
+    """``least_loaded``: the feasible cluster with the lowest load, queries per worker (last heard
+    plus the dispatcher's own sends; ties: smaller RTT), there the fastest feasible model.
 
     Raises:
         ValueError: ``options`` is empty.
