@@ -71,6 +71,13 @@ to a median of 16.5-19.7 ms; shaped below that rate, the queue is the shaper's.
 
 On SIGTERM/SIGINT the process writes its statistics as JSON (:class:`LinkStats`) to ``--stats-file``
 (one link) or to ``--stats-dir/<name>.json`` per link, prints them, and exits 0.
+
+Why one module: this is one real-time process (``python -m testbed.emu.linkemu``, under SCHED_FIFO)
+whose hot loop (receive, shape, delay, send; the timer and the control socket in the same epoll
+loop) must stay in one place, read top to bottom: its per-frame path is the code the figures above
+measure, and the run starts one interpreter per emulator process, so every module it imports is
+paid at every bring-up. Its parts that other modules use (the control
+client :class:`LinkControl`, :func:`netem_available`) are small and live beside the loop they talk to.
 """
 
 from __future__ import annotations
