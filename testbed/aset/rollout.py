@@ -63,6 +63,7 @@ import numpy as np
 from pydantic import Field
 
 from testbed.agent.npolicy import copy_policy, plan_scores, policy_files
+from testbed.aset.curves import write_loss_curves
 from testbed.aset.envs import AsetSimEnv, PlanSampler
 from testbed.aset.episode import settle_s
 from testbed.aset.evaluate import code_fingerprint, inputs_fingerprint, progress_bar, task_key
@@ -542,37 +543,6 @@ def _write_seed(out: Path, res: RolloutResult, cfg: AsetConfig) -> None:
                "best_epoch": res.fit.best_epoch, "plan_margin": float(cfg.agent.plan_margin),
                "rollout": cfg.training.rollout.model_dump(), "validation": res.fit.validation}
     (out / "rollout.json").write_text(json.dumps(summary, indent=1))
-
-
-def write_loss_curves(path: Path, runs: dict[str, list[dict]], title: str) -> None:
-    """``path``: per run, the train (solid) and validation (dashed) loss per epoch, and the plan
-    rule's gain on the validation episodes (points) per epoch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for k, (label, rows) in enumerate(runs.items()):
-        x = [r["epoch"] for r in rows]
-        color = f"C{k}"
-        axes[0].plot(x, [r["train_loss"] for r in rows], "-", color=color, label=f"{label}: train")
-        axes[0].plot(x, [r["val_loss"] for r in rows], "--", color=color, label=f"{label}: validation")
-        axes[1].plot(x, [r["val_gain"] for r in rows], "-", color=color, label=label)
-    axes[0].set_yscale("log")
-    axes[0].set_ylabel("Huber loss")
-    axes[0].set_title(title)
-    axes[1].axhline(0, color="k", lw=0.8)
-    axes[1].set_ylabel("team gain of the plan rule (points)")
-    axes[1].set_title("validation episodes: target of the chosen action")
-    for ax in axes:
-        ax.set_xlabel("epoch")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def written_lines(cfg: AsetConfig, base: Path, results: list[RolloutResult]) -> list[str]:

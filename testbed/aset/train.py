@@ -26,7 +26,6 @@ the backend that runs the workers.
 
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from testbed.agent.npolicy import NumpyPolicy, copy_policy, export_policy, policy_files
+from testbed.aset.curves import plot_curves, write_curve  # noqa: F401 - write_curve importable from here too
 from testbed.aset.envs import AsetSimEnv
 from testbed.aset.scenarios import (  # noqa: F401 - importable from here too (cli, tests)
     PlanSampler,
@@ -582,7 +582,7 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
         if console is not None:
             console.print(f"{names[i]}: {counted(r['steps'], 'step')} in {r['wall_s']:.0f} s from {init}")
     if any(curves.values()):
-        _plot_curves(root / "specialised" / "curves.png", {n: e for n, e in curves.items() if e},
+        plot_curves(root / "specialised" / "curves.png", {n: e for n, e in curves.items() if e},
                      f"ASET specialised per scenario (seed {seed})")
     refuse_untrained(results, lambda r: f"specialised {r.out_dir.name}")
     results.sort(key=lambda r: names.index(r.out_dir.name))
@@ -591,60 +591,10 @@ def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "pr
     return results
 
 
-def write_curve(out: Path, episodes: list[dict]) -> None:
-    """``episodes.csv`` and ``curve.png`` (episode success ratio vs step, with a moving mean)."""
-    with open(out / "episodes.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["step", "scenario", "success_ratio", "baseline_success_ratio", "queries", "mean_reward",
-                    "epsilon"])
-        for e in episodes:
-            w.writerow([e["step"], e["scenario"], f"{e['success_ratio']:.6f}",
-                        f"{e.get('baseline_success_ratio', float('nan')):.6f}", e["queries"],
-                        f"{e['mean_reward']:.6f}", f"{e['epsilon']:.4f}"])
-    if episodes:
-        _plot_curves(out / "curve.png", {"": episodes}, "ASET training curve")
-
-
 def write_curves(root: Path, results: list[TrainResult]) -> None:
     """``curves.png``: every seed's learning curve (moving mean of the episode success ratio and,
     with a reward baseline, of the success ratio above the baseline run)."""
     root.mkdir(parents=True, exist_ok=True)
     runs = {f"seed {r.seed}": r.episodes for r in results if r.episodes}
     if runs:
-        _plot_curves(root / "curves.png", runs, f"ASET learning curves ({len(runs)} seeds)")
-
-
-def _plot_curves(path: Path, runs: dict[str, list[dict]], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    has_base = any(not np.isnan(e.get("baseline_success_ratio", np.nan)) for eps in runs.values() for e in eps)
-    fig, axes = plt.subplots(1, 2 if has_base else 1, figsize=(12 if has_base else 7, 4), squeeze=False)
-    for label, eps in runs.items():
-        x = np.array([e["step"] for e in eps])
-        y = np.array([e["success_ratio"] for e in eps])
-        k = max(1, len(y) // 10)
-        if not label:
-            axes[0, 0].plot(x, y, ".", alpha=0.4, label="episode success ratio")
-        axes[0, 0].plot(x[k - 1:], np.convolve(y, np.ones(k) / k, mode="valid"), "-",
-                        label=f"{label + ': ' if label else ''}moving mean ({k} episodes)")
-        if has_base:
-            d = y - np.array([e.get("baseline_success_ratio", np.nan) for e in eps])
-            axes[0, 1].plot(x[k - 1:], 100 * np.convolve(d, np.ones(k) / k, mode="valid"), "-", label=label or None)
-    axes[0, 0].set_xlabel("training step (windows)")
-    axes[0, 0].set_ylabel("episode success ratio")
-    axes[0, 0].set_title(title)
-    if has_base:
-        axes[0, 1].axhline(0, color="k", lw=0.8)
-        axes[0, 1].set_xlabel("training step (windows)")
-        axes[0, 1].set_ylabel("success ratio - baseline run (points)")
-        axes[0, 1].set_title("above the baseline policy (same arrivals)")
-    for ax in axes.ravel():
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        plot_curves(root / "curves.png", runs, f"ASET learning curves ({len(runs)} seeds)")
