@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from testbed.model import queue as mq
+from testbed.model import seeds
 from testbed.model.cpu import CfsQuota
 from testbed.model.dispatch import Heard
 from testbed.model.records import CONNECTION_REFUSED
@@ -93,7 +94,7 @@ class BatchSamplers:
                 smp = self.hooked[model]
             else:
                 fig = self.figures[model]
-                smp = ServiceSampler.bootstrap(fig, np.random.default_rng([*self.prefix, model, b]),
+                smp = ServiceSampler.bootstrap(fig, seeds.batch_service(self.prefix, model, b),
                                                batch_scale(fig, b))
             self.cache[key] = smp
         return smp

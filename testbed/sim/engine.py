@@ -38,6 +38,7 @@ import numpy as np
 
 from testbed.core.errors import InputError
 from testbed.model import policies as pol
+from testbed.model import seeds
 from testbed.model.arrivals import make_process
 from testbed.model.dispatch import Dispatcher
 from testbed.model.network import TCP_RTO_MIN_MS, p_retransmit, wire_bytes
@@ -136,7 +137,7 @@ class Simulator(Links, RunColumns):
             figs = {mi[m]: f for m, f in plan.services[h.name].items()}
             samplers: dict[int, ServiceSampler] = {}
             for m, f in figs.items():
-                rng = np.random.default_rng([self.seed, 2, ci, m])
+                rng = seeds.service(seeds.run_key(self.seed), ci, m)
                 samplers[m] = service(h.name, self.model_names[m]) if service else ServiceSampler.bootstrap(f, rng)
             queue = plan.queue(h.name).server_queue(mi)
             self.clusters.append(Cluster(self.q, self.res_heap, ci, h.name, h.tier or "", queue, figs, samplers,
@@ -146,13 +147,14 @@ class Simulator(Links, RunColumns):
     def _batch_sampler_fn(self, ci: int, figs: dict[int, ServiceFigures], samplers: dict[int, ServiceSampler],
                           hooked: bool) -> BatchSamplers:
         """The samplers of cluster ``ci``'s batched calls (the test hook's, one per model, when ``hooked``)."""
-        return BatchSamplers([self.seed, 4, ci], figs, samplers if hooked else None)
+        prefix = seeds.batch_service_prefix(seeds.run_key(self.seed), ci)
+        return BatchSamplers(prefix, figs, samplers if hooked else None)
 
     def _init_arrivals(self) -> None:
         self.streams: list[tuple[int, int, object]] = []  # (source, app, process)
         for wi, w in enumerate(self.exp.workload):
             for s, weight in self.plan.weights[wi].items():
-                rng = np.random.default_rng([self.seed, 1, wi, self.src_index[s]])
+                rng = seeds.arrivals(seeds.run_key(self.seed), wi, self.src_index[s])
                 self.streams.append((self.src_index[s], self.app_index[w.application],
                                      make_process(w, rng, weight, self.base_dir)))
         self._buf: list[list[tuple[np.ndarray, int]]] = [[] for _ in self.sources]
@@ -168,7 +170,7 @@ class Simulator(Links, RunColumns):
             if p == "aset":
                 p = "closest"  # the live agent replaces it per window; a plain simulation starts with closest
             self._check_policy(p)
-            self.dispatchers.append(Dispatcher(self.plan.options(s), p, np.random.default_rng([self.seed, 3, si])))
+            self.dispatchers.append(Dispatcher(self.plan.options(s), p, seeds.dispatcher(seeds.run_key(self.seed), si)))
 
     def _init_events(self) -> None:
         self.changes = list(self.plan.changes)
@@ -215,17 +217,17 @@ class Simulator(Links, RunColumns):
         if self._window_end > self.now_s + 1e-12:
             raise SimError(f"reseed at {self.now_s:.6f} s: arrivals are drawn up to {self._window_end:.6f} s "
                            "(reseed at a report boundary)")
-        base = [self.seed, 9, *(int(x) for x in salt)]
+        base = seeds.reseed_key(self.seed, salt)
         for k, (_, _, proc) in enumerate(self.streams):
-            proc.reseed(np.random.default_rng([*base, 1, k]), self.now_s)
+            proc.reseed(seeds.reseeded_arrivals(base, k), self.now_s)
         for c in self.clusters:
             if c.queue.max_batch > 1:
                 raise NotImplementedError(f"cluster {c.name}: a batching cluster cannot be reseeded")
             for m, smp in c.samplers.items():
-                smp.reseed(np.random.default_rng([*base, 2, c.idx, m]))
+                smp.reseed(seeds.service(base, c.idx, m))
         for si, d in enumerate(self.dispatchers):
-            d.ctx.rng = np.random.default_rng([*base, 3, si])
-        self.loss_rng = [np.random.default_rng([*base, 5, i]) for i in range(len(self.sources))]
+            d.ctx.rng = seeds.dispatcher(base, si)
+        self.loss_rng = [seeds.loss(base, i) for i in range(len(self.sources))]
 
     def clone(self) -> Simulator:
         """An independent copy of the whole state (queues, queries, reports, random streams) that
