@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from testbed.core.errors import InputError
+from testbed.core.util import REPO_ROOT
 
 #: Input of the default family "digits": one grey-scale 32x32 image, float32 in [0, 1] (H, W, C).
 INPUT_SHAPE: tuple[int, ...] = (32, 32, 1)
@@ -54,8 +55,8 @@ RUNTIMES = ("tensorflow", "litert")
 MANIFEST = "manifest.json"
 PAYLOADS = "payloads.npz"
 PAYLOADS_DIR = "payloads"
-#: The build script, relative to the repository root (this file is testbed/plan/zoo.py).
-BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "models" / "build_zoo.py"
+#: The build script, in the repository checkout (an installed package has none of its own).
+BUILD_SCRIPT = REPO_ROOT / "models" / "build_zoo.py"
 
 
 class ZooError(InputError, RuntimeError):
