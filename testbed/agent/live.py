@@ -17,9 +17,10 @@ must equal the checkpoint's window (the arrival-rate features are per window);
 ``options.control_socket`` (optional): a Unix socket of a running
 :class:`~testbed.aset.envs.AsetLiveEnv`; when set, the state goes to that env and its answer is
 used (the checkpoint's choice after one window without answer). A relative checkpoint path is
-resolved against ``cfg.repo_dir`` when given, else the repository this package lives in. The
-source-identity one-hot is placed by ``cfg.source``'s index in the checkpoint's ``sources`` (the
-experiment's sources sorted by name at training), not by ``cfg.source_index`` (the plan's order).
+resolved against ``cfg.repo_dir`` when given, else the repository checkout
+(:data:`testbed.core.util.REPO_ROOT`). The source-identity one-hot is placed by ``cfg.source``'s
+index in the checkpoint's ``sources`` (the experiment's sources sorted by name at training), not by
+``cfg.source_index`` (the plan's order).
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ from pydantic import ValidationError
 from testbed.agent.npolicy import NumpyPolicy, ObservationSizeError
 from testbed.agent.observation import SourceContext, SourceObserver, context_size
 from testbed.core.errors import InputError
+from testbed.core.util import REPO_ROOT
 from testbed.plan.boundaries import SourceConfig
 from testbed.spec.aset import plan_key
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = REPO_ROOT
 
 
 def checkpoint_path(checkpoint: str, repo_dir: str | Path | None = None) -> Path:
@@ -52,7 +54,7 @@ def checkpoint_path(checkpoint: str, repo_dir: str | Path | None = None) -> Path
     return ckpt if ckpt.is_absolute() else Path(repo_dir or REPO) / ckpt
 
 
-class CheckpointFileError(ValueError):
+class CheckpointFileError(InputError):
     """An ASET checkpoint's files exist but cannot be read (a truncated ``.npz``, a JSON that is not
     the export's); the message names the file."""
 

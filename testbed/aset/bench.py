@@ -20,10 +20,11 @@ import numpy as np
 
 from testbed.agent.live import LivePolicySelector
 from testbed.core.errors import InputError, TestbedError
+from testbed.core.util import REPO_ROOT
 from testbed.plan.boundaries import SourceConfig
 from testbed.plan.build import plan_experiment
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = REPO_ROOT
 
 
 def _positive_int(text: str) -> int:

@@ -33,10 +33,11 @@ import yaml
 
 from testbed.agent.npolicy import NumpyPolicy, export_policy, policy_files
 from testbed.aset.envs import AsetLiveEnv, plan_contexts
+from testbed.core.util import REPO_ROOT
 from testbed.plan.build import plan_experiment
 from testbed.spec.aset import AgentSpec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = REPO_ROOT
 LOCK = "/tmp/testbed-emulation.lock"
 
 
@@ -105,7 +106,7 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
     agent = _agent_from_policy(checkpoint, env.obs_size, len(env.policies), epsilon, seed, pol.plan_margin)
     tmp = _live_experiment(experiment, str(checkpoint), sock, f"{pol.obs_spec.window_ms:g}ms")
     runs_dir = out / "runs"
-    cmd = (["flock", LOCK] if lock else []) + [str(REPO / ".venv/bin/testbed"), "run", str(tmp),
+    cmd = (["flock", LOCK] if lock else []) + [str(Path(sys.executable).with_name("testbed")), "run", str(tmp),
                                                "--runs-dir", str(runs_dir)]
     if duration_s is not None:
         cmd += ["--duration", f"{duration_s:g}"]

@@ -402,16 +402,31 @@ class Simulator(Links, RunColumns):
         self._link_report(t)
 
     def _apply(self, ch, t: float) -> None:
-        """One step of the events' timeline (:mod:`testbed.model.events`)."""
-        if ch.kind == "cluster_down":
-            resume = next((c.t_s for c in self.changes[self._ev_i + 1:]
-                           if c.kind == "cluster_up" and c.cluster == ch.cluster), INF)
-            self.clusters[self.cl_index[ch.cluster]].down(t, ch.mode, resume)
-        elif ch.kind == "cluster_up":
-            self.clusters[self.cl_index[ch.cluster]].up(t)
+        """One step of the events' timeline: its kind (:mod:`testbed.model.events`) applied to the
+        cluster (:class:`_ClusterAt`), or to the network's link, which then reroutes."""
+        if ch.entry.target == "cluster":
+            ch.entry.apply(ch, _ClusterAt(self, ch, t))
         else:
             self.net.apply(ch)
             self._route()
+
+
+class _ClusterAt:
+    """A cluster as an event changes it at virtual time ``t`` (the simulator's
+    :class:`testbed.model.events.ClusterControl`): down until the next change of the timeline that
+    brings it back up (a ``stop`` resumes then), or up."""
+
+    def __init__(self, sim: Simulator, ch, t: float):
+        self._sim, self._ch, self._t = sim, ch, t
+
+    def set_up(self, up: bool, mode: str) -> None:
+        sim, name = self._sim, self._ch.cluster
+        cluster = sim.clusters[sim.cl_index[name]]
+        if up:
+            cluster.up(self._t)
+            return
+        resume = next((c.t_s for c in sim.changes[sim._ev_i + 1:] if c.cluster == name and c.entry.sets_up), INF)
+        cluster.down(self._t, mode, resume)
 
 
 class SourceView:
