@@ -8,6 +8,7 @@ the real simulator are in ``tests/test_aset_sim.py``.
 from __future__ import annotations
 
 import heapq
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -608,7 +609,14 @@ def test_committed_checkpoint_drives_the_live_experiment():
 def test_live_env_fine_tunes_against_a_real_emulation(tmp_path):
     """AsetLiveEnv against a real emulation (root, Mininet; testbed.aset.finetune): the sources
     send their window states, apply the env's choices, and the agent learns from settled
-    transitions; the fine-tuned policy is exported and loads."""
+    transitions; the fine-tuned policy is exported and loads.
+
+    Each env window takes one fresh state from every source (and the reset one more), so it has at
+    most one window fewer than the source that decided fewest. It keeps pace with the sources (at
+    least 20 of the 30 windows of 15 s at 500 ms) when its process finds a CPU: a window in which
+    the CPUs were saturated may be missed (the source then decides alone and waits its window out),
+    so that is checked only when the run measured at most 5 s of its load at >= 90 % busy (the
+    10 windows of slack), and skipped with the run's figures otherwise."""
     from testbed.agent.npolicy import NumpyPolicy
     from testbed.aset.finetune import finetune
 
@@ -618,10 +626,18 @@ def test_live_env_fine_tunes_against_a_real_emulation(tmp_path):
     s = finetune(REPO / "experiments" / "aset-live.yaml", REPO / "models" / "aset" / "aset", tmp_path,
                  epsilon=0.1, duration_s=15.0, lock=False, start_timeout_s=180.0)
     assert s["run_rc"] == 0 and s["run"] is not None
-    assert s["windows"] >= 20  # 15 s of load at 500 ms
+    run = Path(s["run"])
+    decided = [sum(json.loads(f.read_text())["choices"].values()) for f in sorted(run.glob("sources/*.aset.json"))]
+    assert len(decided) == 4 and 1 <= s["windows"] <= min(decided) - 1, (s["windows"], decided)
     assert s["transitions"] > 0 and sum(s["policy_windows"].values()) == 4 * s["windows"]
     assert 0.0 <= s["mean_reward"] <= 1.0
     assert NumpyPolicy(tmp_path / "policy").meta["meta"]["windows"] == s["windows"]
+    cpu = json.loads((run / "summary.json").read_text()).get("machine_cpu") or {}
+    if cpu.get("saturated_s", 0.0) > 5.0:
+        pytest.skip(f"the CPUs were at least 90 % busy for {cpu['saturated_s']:g} s of the "
+                    f"{cpu.get('window_s', 0):g} s load (the run's machine_cpu): the env kept pace in {s['windows']} "
+                    f"windows (the sources decided {decided}); 20 of the 30 are expected only with CPU to spare")
+    assert s["windows"] >= 20  # 15 s of load at 500 ms
 
 
 # -- the planned policy and the plan margin (sixth round, docs/aset.md) --------------------------
