@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,56 @@ def _finish(proc: subprocess.Popen, wait_s: float = 120.0) -> int:
         return proc.wait(timeout=60)
 
 
+def _start_run(experiment: Path, runs_dir: Path, log: Path, duration_s: float | None, lock: bool) -> subprocess.Popen:
+    """``testbed run experiment`` (under the emulation lock unless ``lock`` is False) in a session
+    of its own, its output in ``log``."""
+    cmd = (["flock", LOCK] if lock else []) + [str(Path(sys.executable).with_name("testbed")), "run", str(experiment),
+                                               "--runs-dir", str(runs_dir)]
+    if duration_s is not None:
+        cmd += ["--duration", f"{duration_s:g}"]
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@dataclass
+class _Learned:
+    """What the live loop did: rewards of the settled transitions, the losses of the gradient
+    steps, windows stepped, windows per policy, s until the first window state came."""
+
+    rewards: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    windows: int = 0
+    shares: np.ndarray | None = None
+    t_first: float = 0.0
+
+
+def _learn_live(env: AsetLiveEnv, agent, idle_s: float) -> _Learned:
+    """Act (epsilon-greedy) on every window state the emulation sends, store each settled
+    transition and train as the agent's schedule says, until no state comes for ``idle_s`` (the
+    load ended) or the episode is truncated."""
+    learned = _Learned(shares=np.zeros(len(env.policies), np.int64))
+    t0 = time.monotonic()
+    obs, _ = env.reset()  # waits for the bring-up (and for the lock)
+    learned.t_first = time.monotonic() - t0
+    env.timeout_s = idle_s
+    while True:
+        action = agent.act(obs, explore=True)
+        try:
+            obs, _, _, trunc, info = env.step(action)
+        except TimeoutError:
+            break  # the load ended: no more window states
+        learned.windows += 1
+        learned.shares += np.bincount(action, minlength=len(env.policies))
+        for _i, o, a, r, nxt in info["transitions"]:
+            agent.remember(o, a, r, nxt, False)
+            learned.rewards.append(r)
+            loss = agent.maybe_train()
+            if loss is not None:
+                learned.losses.append(loss)
+        if trunc:
+            break
+    return learned
+
+
 def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1, seed: int = 1,
              start_timeout_s: float = 300.0, idle_s: float = 10.0, duration_s: float | None = None,
              lock: bool = True) -> dict:
@@ -106,34 +157,9 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
     agent = _agent_from_policy(checkpoint, env.obs_size, len(env.policies), epsilon, seed, pol.plan_margin)
     tmp = _live_experiment(experiment, str(checkpoint), sock, f"{pol.obs_spec.window_ms:g}ms")
     runs_dir = out / "runs"
-    cmd = (["flock", LOCK] if lock else []) + [str(Path(sys.executable).with_name("testbed")), "run", str(tmp),
-                                               "--runs-dir", str(runs_dir)]
-    if duration_s is not None:
-        cmd += ["--duration", f"{duration_s:g}"]
-    proc = subprocess.Popen(cmd, stdout=open(out / "run.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    rewards, losses, windows = [], [], 0
-    shares = np.zeros(len(env.policies), np.int64)
-    t0 = time.monotonic()
+    proc = _start_run(tmp, runs_dir, out / "run.log", duration_s, lock)
     try:
-        obs, _ = env.reset()  # waits for the bring-up (and for the lock)
-        t_first = time.monotonic() - t0
-        env.timeout_s = idle_s
-        while True:
-            action = agent.act(obs, explore=True)
-            try:
-                obs, _, _, trunc, info = env.step(action)
-            except TimeoutError:
-                break  # the load ended: no more window states
-            windows += 1
-            shares += np.bincount(action, minlength=len(env.policies))
-            for _i, o, a, r, nxt in info["transitions"]:
-                agent.remember(o, a, r, nxt, False)
-                rewards.append(r)
-                loss = agent.maybe_train()
-                if loss is not None:
-                    losses.append(loss)
-            if trunc:
-                break
+        learned = _learn_live(env, agent, idle_s)
     finally:
         env.close()
         rc = _finish(proc)
@@ -142,14 +168,15 @@ def finetune(experiment: Path, checkpoint: Path, out: Path, epsilon: float = 0.1
                   clusters=list(pol.meta["clusters"]), policies=list(pol.meta["policies"]),
                   sources=list(pol.sources), deadlines_ms=list(pol.meta.get("deadlines_ms") or []),
                   plan_margin=pol.plan_margin,
-                  meta={"finetuned_from": str(checkpoint), "experiment": str(experiment), "windows": windows})
+                  meta={"finetuned_from": str(checkpoint), "experiment": str(experiment), "windows": learned.windows})
     runs = sorted(p for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []
+    rewards, losses = learned.rewards, learned.losses
     summary = {"experiment": str(experiment), "checkpoint": str(checkpoint), "run_rc": rc,
-               "run": str(runs[-1]) if runs else None, "wait_for_first_window_s": round(t_first, 1),
-               "windows": windows, "transitions": len(rewards), "gradient_steps": len(losses),
+               "run": str(runs[-1]) if runs else None, "wait_for_first_window_s": round(learned.t_first, 1),
+               "windows": learned.windows, "transitions": len(rewards), "gradient_steps": len(losses),
                "mean_reward": float(np.mean(rewards)) if rewards else None,
                "loss_first_last": [losses[0], losses[-1]] if losses else None, "epsilon": epsilon,
-               "policy_windows": {p: int(n) for p, n in zip(env.policies, shares, strict=True)}}
+               "policy_windows": {p: int(n) for p, n in zip(env.policies, learned.shares, strict=True)}}
     (out / "finetune.json").write_text(json.dumps(summary, indent=1))
     return summary
 
