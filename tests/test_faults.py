@@ -179,7 +179,7 @@ def test_killed_controller_stops_the_run_with_a_clear_message(tmp_path):
     def kill_ryu(run_dir: Path) -> None:
         run_id = _run_id(run_dir)
         (pid,) = [p for p in _pids_with_run_ids({run_id})
-                  if b"ryu_launcher" in Path(f"/proc/{p}/cmdline").read_bytes()]
+                  if b"testbed.sdn.launcher" in Path(f"/proc/{p}/cmdline").read_bytes()]
         os.kill(pid, signal.SIGKILL)
         killed_at.append(time.time())
 
