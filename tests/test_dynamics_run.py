@@ -44,7 +44,12 @@ def test_congestion_raises_network_time_on_the_congested_path_only(tmp_path):
     ev = pd.read_csv(run_dir / "events.csv")
     assert list(ev["kind"]) == ["link_bandwidth"] + ["link_congestion"] * 2, ev.to_dict("records")
     assert (ev["ok"] == 1).all(), ev.to_dict("records")
-    assert 18 <= ev["value_measured"][1] <= 21  # the link carries its capacity, no more
+    # the link carries its capacity (20 Mbit/s under 22 of background), no more: at most 1 Mbit/s
+    # over it, and at least its capacity less the tolerance the run judges the event by (10 % of the
+    # background asked; the run's ok above says it was met): the background's sender, a probe daemon,
+    # falls short by up to that on a machine whose CPUs are all busy
+    carried, tol = ev["value_measured"][1], ev["tolerance"][1]
+    assert tol == pytest.approx(2.2) and 20.0 - tol <= carried <= 21.0, (carried, tol)
     t_on, t_off = ev["applied_unix_s"][1:] * 1e9
     df = pd.read_csv(run_dir / "records.csv")
     df = df[df["t4_ns"].notna()]
