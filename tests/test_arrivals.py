@@ -11,9 +11,8 @@ from testbed.model.arrivals import (
     Step,
     Trace,
     make_process,
-    read_trace,
-    source_weights,
 )
+from testbed.plan.traces import read_trace, source_weights
 from testbed.spec.experiment import WorkloadSpec
 
 

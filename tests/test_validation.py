@@ -166,7 +166,7 @@ def test_a_trace_or_demand_matrix_that_is_not_csv_text_is_named_not_a_traceback_
     with pytest.raises(PlanError, match=f"workload.0 .*trace {f}.*{message}"):
         build_plan(e, topo(), base_dir=tmp_path)
     from testbed.core.errors import InputError
-    from testbed.model.arrivals import read_demand_matrix
+    from testbed.plan.traces import read_demand_matrix
 
     with pytest.raises(InputError, match=f"demand matrix {f}.*{message}"):
         read_demand_matrix(f)

@@ -45,11 +45,11 @@ import numpy as np
 from testbed.agent.live import LivePolicySelector
 from testbed.core.util import write_json_atomic
 from testbed.model import seeds
-from testbed.model.arrivals import make_process
 from testbed.model.dispatch import Dispatcher, Heard
 from testbed.model.policies import CATALOGUE, REGISTRY
 from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
 from testbed.plan.boundaries import AppInfo, SourceConfig, SourceTally, StreamConfig, read_config, tally_path
+from testbed.plan.traces import arrival_process
 from testbed.plan.zoo import request_bodies
 from testbed.spec.experiment import ASET_POLICY
 
@@ -271,7 +271,7 @@ class Source:
         """Queries of one workload entry, times from :mod:`testbed.model.arrivals` (same seeds as the simulator)."""
         loop = asyncio.get_running_loop()
         rng = seeds.arrivals(seeds.run_key(self.cfg.seed), stream.index, self.cfg.source_index)
-        proc = make_process(stream.spec, rng, stream.weight, Path(self.cfg.base_dir))
+        proc = arrival_process(stream.spec, rng, stream.weight, Path(self.cfg.base_dir))
         app = self.apps[stream.spec.application]
         window = self.cfg.report_interval_s
         a = 0.0

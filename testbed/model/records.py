@@ -23,9 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: How long (ms) a source waits past a query's deadline before it calls the query unanswered (our
-#: choice: long enough to see how late late answers are, short enough to end a run promptly).
-GRACE_MS = 2000.0
+from testbed.spec.experiment import GRACE_MS  # the grace is part of what an experiment's deadline means
 
 #: ``status`` values of :func:`classify` beyond HTTP codes.
 NO_ANSWER: int | None = None  # nothing came back within the deadline + grace

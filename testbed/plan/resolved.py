@@ -129,7 +129,7 @@ class Plan(_PlanModel):
     ``models``: every model variant a cluster serves. ``services``: cluster -> model -> its
     service times there. ``changes``: the events' timeline (:func:`testbed.model.events.expand`),
     links named by the plan's switch names. ``weights``: per workload entry, the spatial weight
-    of each source it selects (:func:`testbed.model.arrivals.source_weights`). ``request_bytes``: per
+    of each source it selects (:func:`testbed.plan.traces.source_weights`). ``request_bytes``: per
     application, the request body size (bytes) its queries put on the wire. ``base_dir``: the
     experiment file's folder (trace and demand-matrix
     paths are relative to it); ``zoo_dir`` / ``profiles_dir``: resolved folders.

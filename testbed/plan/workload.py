@@ -6,16 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from testbed.core.util import repo_path
-from testbed.model.arrivals import ArrivalError, read_trace, source_weights
+from testbed.model.arrivals import ArrivalError
 from testbed.plan.resolved import PlanError
 from testbed.plan.topology import Network
+from testbed.plan.traces import read_trace, source_weights
 from testbed.spec import experiment as cfg
 from testbed.spec.experiment import Experiment, WorkloadSpec
 
 
 def resolve_weights(net: Network, base_dir: Path) -> list[dict[str, float]]:
     """Per workload entry, the spatial weight of every source it selects
-    (:func:`testbed.model.arrivals.source_weights`; demand matrices read relative to ``base_dir``).
+    (:func:`testbed.plan.traces.source_weights`; demand matrices read relative to ``base_dir``).
 
     Raises:
         PlanError: a weight cannot be resolved (names the workload entry).

@@ -39,11 +39,11 @@ import numpy as np
 from testbed.core.errors import InputError
 from testbed.model import policies as pol
 from testbed.model import seeds
-from testbed.model.arrivals import make_process
 from testbed.model.dispatch import Dispatcher
 from testbed.model.network import TCP_RTO_MIN_MS, p_retransmit, wire_bytes
 from testbed.model.service import ServiceFigures
 from testbed.plan.build import Plan
+from testbed.plan.traces import arrival_process
 from testbed.sim.clusters import UP, BatchSamplers, Cluster, ServiceSampler
 from testbed.sim.columns import Queries, Resolved, RunColumns
 from testbed.sim.links import Links
@@ -156,7 +156,7 @@ class Simulator(Links, RunColumns):
             for s, weight in self.plan.weights[wi].items():
                 rng = seeds.arrivals(seeds.run_key(self.seed), wi, self.src_index[s])
                 self.streams.append((self.src_index[s], self.app_index[w.application],
-                                     make_process(w, rng, weight, self.base_dir)))
+                                     arrival_process(w, rng, weight, self.base_dir)))
         self._buf: list[list[tuple[np.ndarray, int]]] = [[] for _ in self.sources]
 
     def _init_dispatchers(self, policies: dict[str, str]) -> None:

@@ -50,10 +50,9 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from testbed.core.errors import InputError
-from testbed.core.util import repeated
-from testbed.model.events import EventSpec
-from testbed.model.records import GRACE_MS
+from testbed.core.util import InputFileError, read_input_text, repeated
 from testbed.spec.capture import CaptureSpec
+from testbed.spec.events import EventSpec
 from testbed.spec.schema import NAME_RE, Num, YamlValueError, load_yaml
 from testbed.spec.schema import StrictModel as _Model
 from testbed.spec.schema import unit_pair as _unit_pair
@@ -80,6 +79,10 @@ MAX_EXPECTED_QUERIES = 1_000_000
 MIN_DWELL_S = 0.001
 MAX_STATE_CHANGES = 10**7
 MAX_NAME_BYTES = 100
+#: How long (ms) a source waits past a query's deadline before it calls the query unanswered (our
+#: choice: long enough to see how late late answers are, short enough to end a run promptly). The
+#: outcome rule (:func:`testbed.model.records.classify`) and the run's drain (:func:`drain_s`) use it.
+GRACE_MS = 2000.0
 #: Longest application deadline (s). Why: after the load a run waits for its last answers up to the
 #: longest deadline plus the grace (:data:`testbed.model.records.GRACE_MS`): the emulation's sources
 #: keep those queries open, and the simulator steps through that drain once per report interval
@@ -561,8 +564,6 @@ def load_experiment(path: str | Path) -> Experiment:
         ConfigError: the file is missing, is not YAML, or fails validation; the message lists each
             offending item by its location (e.g. ``applications.0.deadline``).
     """
-    from testbed.core.util import InputFileError, read_input_text
-
     path = Path(path)
     try:
         text = read_input_text(path)

@@ -36,7 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from testbed.core.errors import InputError
-from testbed.core.util import REPO_ROOT
+from testbed.core.util import REPO_ROOT, InputFileError, read_input_text
 from testbed.spec.experiment import format_validation_error
 from testbed.spec.schema import YamlValueError, load_yaml
 from testbed.spec.schema import unit_pair as _unit_pair
@@ -145,8 +145,6 @@ def load_yaml_topology(path: Path) -> RawTopology:
     Raises:
         TopologyError: unreadable file, invalid YAML, or schema errors (each located, e.g. ``links.2.delay``).
     """
-    from testbed.core.util import InputFileError, read_input_text
-
     try:
         data = load_yaml(read_input_text(path))
     except InputFileError as exc:
