@@ -615,8 +615,8 @@ def test_live_env_fine_tunes_against_a_real_emulation(tmp_path):
     most one window fewer than the source that decided fewest. It keeps pace with the sources (at
     least 20 of the 30 windows of 15 s at 500 ms) when its process finds a CPU: a window in which
     the CPUs were saturated may be missed (the source then decides alone and waits its window out),
-    so that is checked only when the run measured at most 5 s of its load at >= 90 % busy (the
-    10 windows of slack), and skipped with the run's figures otherwise."""
+    so a shortfall is a failure only when the run measured at most 5 s of its load at >= 90 % busy
+    (the 10 windows of slack), and skips the check with the run's figures otherwise."""
     from testbed.agent.npolicy import NumpyPolicy
     from testbed.aset.finetune import finetune
 
@@ -633,7 +633,7 @@ def test_live_env_fine_tunes_against_a_real_emulation(tmp_path):
     assert 0.0 <= s["mean_reward"] <= 1.0
     assert NumpyPolicy(tmp_path / "policy").meta["meta"]["windows"] == s["windows"]
     cpu = json.loads((run / "summary.json").read_text()).get("machine_cpu") or {}
-    if cpu.get("saturated_s", 0.0) > 5.0:
+    if s["windows"] < 20 and cpu.get("saturated_s", 0.0) > 5.0:
         pytest.skip(f"the CPUs were at least 90 % busy for {cpu['saturated_s']:g} s of the "
                     f"{cpu.get('window_s', 0):g} s load (the run's machine_cpu): the env kept pace in {s['windows']} "
                     f"windows (the sources decided {decided}); 20 of the 30 are expected only with CPU to spare")
