@@ -17,6 +17,9 @@ import sys
 
 from rich.console import Console
 
+from testbed.spec.experiment import MAX_DURATION_S
+from testbed.spec.units import UnitError, parse_duration_arg_s
+
 #: The console of every command: no markup (text from files is data), no wrapping when piped.
 console = Console(width=None if sys.stdout.isatty() else 160, markup=False, highlight=False, soft_wrap=True)
 
@@ -38,8 +41,6 @@ def duration_arg(text: str) -> float:
     """argparse type of ``--duration`` in every command: seconds as a bare number or a number with
     its unit (:func:`testbed.spec.units.parse_duration_arg_s`), in (0, ``testbed.spec.experiment.MAX_DURATION_S``]
     s. Returns seconds."""
-    from testbed.spec.experiment import MAX_DURATION_S
-    from testbed.spec.units import UnitError, parse_duration_arg_s
 
     try:
         value = parse_duration_arg_s(text, item="--duration")

@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import argparse
 
-from testbed.cli.common import plain_help
-from testbed.spec.aset import MAX_EPISODE_S  # one bound for evaluation.duration and --duration
+from testbed.aset.evaluate import agreement_markdown, evaluate, results_markdown, summary_markdown
+from testbed.cli.common import console, plain_help
+from testbed.core.errors import InputError
+from testbed.plan.policies import aset_actions, load_aset
+from testbed.spec.aset import (
+    MAX_CAUSAL_SAMPLES,
+    MAX_EPISODE_S,  # one bound for evaluation.duration and --duration
+)
+from testbed.spec.schema import load_yaml
+from testbed.spec.units import UnitError, parse_duration_arg_s
 
 #: ``--duration``'s help: the range :func:`_episode_s` accepts (and the window rule evaluate checks).
 DURATION_HELP = (f"override the simulated time per run: seconds (40) or with its unit (40s); more than 0 and at most "
@@ -24,7 +32,6 @@ def _episode_s(text: str) -> float:
     Raises:
         argparse.ArgumentTypeError: not a duration, or outside the range (naming it).
     """
-    from testbed.spec.units import UnitError, parse_duration_arg_s
 
     try:
         v = parse_duration_arg_s(text, item="--duration")
@@ -47,7 +54,6 @@ def _int_at_least(n: int):
 
 def _causal_samples(text: str) -> int:
     """``--causal K``: an integer in [0, MAX_CAUSAL_SAMPLES]."""
-    from testbed.spec.aset import MAX_CAUSAL_SAMPLES
 
     v = _int_at_least(0)(text)
     if v > MAX_CAUSAL_SAMPLES:
@@ -93,8 +99,6 @@ def _refuse_an_experiment_file(path: str) -> None:
 
     import yaml
 
-    from testbed.core.errors import InputError
-    from testbed.spec.schema import load_yaml
 
     try:
         data = load_yaml(Path(path).read_text())
@@ -107,10 +111,6 @@ def _refuse_an_experiment_file(path: str) -> None:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from testbed.aset.evaluate import agreement_markdown, evaluate, results_markdown, summary_markdown
-    from testbed.cli.common import console
-    from testbed.core.errors import InputError
-    from testbed.plan.policies import aset_actions, load_aset
 
     _refuse_an_experiment_file(args.config)
     cfg, base = load_aset(args.config)

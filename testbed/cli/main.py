@@ -23,11 +23,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from testbed.agent.live import refuse_unfit_checkpoint
+from testbed.aset.train import resolve, training_scenarios
 from testbed.cli import evaluate, profile, report, simulate, sweep, train
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
+from testbed.core.util import read_input_text
+from testbed.emu.cleanup import cleanup
 from testbed.plan.build import Plan, plan_experiment
+from testbed.plan.policies import load_aset
 from testbed.results.runs import run_emulation
+from testbed.spec.schema import load_yaml
 
 #: The console every subcommand prints to. ``markup=False``: ``[...]`` in a string is printed as
 #: it is, never as console markup (untrusted text: labels, names, file contents, error messages).
@@ -92,8 +98,6 @@ def _plan_aset_config(path: Path) -> int:
     """``testbed plan`` on an ASET config (``experiments/aset-*.yaml``): the config validated, and
     its training scenarios planned and checked together (as ``testbed train`` does before it
     trains) and its evaluation scenarios planned; a line saying so."""
-    from testbed.aset.train import resolve, training_scenarios
-    from testbed.plan.policies import load_aset
 
     cfg, base = load_aset(path)
     n_train = len(training_scenarios(cfg, base)[1]) if cfg.training is not None else 0
@@ -105,9 +109,6 @@ def _plan_aset_config(path: Path) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from testbed.agent.live import refuse_unfit_checkpoint
-    from testbed.core.util import read_input_text
-    from testbed.spec.schema import load_yaml
 
     try:
         top = load_yaml(read_input_text(args.experiment))
@@ -138,7 +139,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
-    from testbed.emu.cleanup import cleanup
 
     try:
         removed = cleanup(verbose=True)

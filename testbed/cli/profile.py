@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import argparse
 
+from testbed.cli.common import console, plain_help
+from testbed.serve import profiler
+
 
 def _run(args: argparse.Namespace) -> int:
-    from testbed.cli.common import console
-    from testbed.serve import profiler
 
     return profiler.main_args(args, log=lambda msg: console.print(msg, highlight=False, markup=False))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``profile`` subcommand."""
-    from testbed.cli.common import plain_help
-    from testbed.serve import profiler
 
     p = subparsers.add_parser("profile", help="measure model service times per CPU share, batch size and runtime",
                               description=plain_help(profiler.__doc__.split("\n\n")[0]))

@@ -5,6 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from testbed.cli.common import console
+from testbed.core.errors import InputError
+from testbed.core.util import repeated
+from testbed.results.capture import analyze_run
+from testbed.results.report import build_report, merged_by_its_run
+from testbed.results.summary import capture_warnings, merge_records
+
 
 def register(subparsers) -> None:
     """Add the ``report`` subcommand (see :mod:`testbed.results.report`)."""
@@ -24,19 +31,12 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from testbed.cli.common import console
-    from testbed.core.errors import InputError
-    from testbed.core.util import repeated
-    from testbed.results.report import build_report
 
     twice = repeated([str(d.resolve()) for d in args.run_dirs])
     if twice:  # it would be reported as two runs with the same figures
         raise InputError(f"run folder(s) given more than once: {', '.join(twice)}")
     for d in args.run_dirs:
         if args.analyze and (d / "pcap" / "capture.json").exists():
-            from testbed.results.capture import analyze_run
-            from testbed.results.report import merged_by_its_run
-            from testbed.results.summary import capture_warnings, merge_records
 
             res = analyze_run(d)
             if merged_by_its_run(d):  # its pkt_* columns anew; a run without its own merge is merged in memory

@@ -7,12 +7,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, duration_arg, plain_help
+from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
+from testbed.core.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure
+from testbed.core.util import repo_path
+from testbed.model.policies import CATALOGUE
+from testbed.plan.build import check_load_bounds, events_after_end, plan_experiment, runs_dir_problem
+from testbed.results import runs
+from testbed.spec.experiment import MAX_SEED
 
 
 def seed_arg(text: str) -> int:
     """argparse type of a seed: an integer 0 .. 2^32 - 1."""
-    from testbed.spec.experiment import MAX_SEED
 
     try:
         v = int(text)
@@ -24,7 +29,6 @@ def seed_arg(text: str) -> int:
 
 
 def register(subparsers) -> None:
-    from testbed.model.policies import CATALOGUE
 
     p = subparsers.add_parser("simulate", help="run an experiment in the simulator (fast, no root)",
                               description=plain_help(__doc__))
@@ -37,11 +41,6 @@ def register(subparsers) -> None:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from testbed.cli.common import console
-    from testbed.core.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure
-    from testbed.core.util import repo_path
-    from testbed.plan.build import check_load_bounds, events_after_end, plan_experiment, runs_dir_problem
-    from testbed.results import runs
 
     plan = plan_experiment(args.experiment)  # bad input: an InputError, printed once by testbed.cli.main
     if args.duration is not None:  # the same bounds the plan checked for the experiment's own duration

@@ -10,7 +10,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from testbed.cli.common import DURATION_HELP, duration_arg, plain_help
+from testbed.cli.common import DURATION_HELP, console, duration_arg, plain_help
+from testbed.core.distributed import DistributedError
+from testbed.core.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure
+from testbed.core.util import repeated, scenarios_problem
+from testbed.model.policies import CATALOGUE
+from testbed.results.sweep import sweep
+from testbed.spec.experiment import MAX_SEED, load_experiment
 
 
 def register(subparsers) -> None:
@@ -48,10 +54,6 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
     cells, a negative seed base, an output
     path that is a file, the same experiment file twice, two experiments with one ``name`` (the
     tables key their rows by it, so their runs would be pooled)."""
-    from testbed.core.errors import InputError
-    from testbed.core.util import repeated, scenarios_problem
-    from testbed.model.policies import CATALOGUE
-    from testbed.spec.experiment import MAX_SEED, load_experiment
 
     pols = list(CATALOGUE) if args.policies == "all" else [x.strip() for x in args.policies.split(",") if x.strip()]
     bad = [p for p in pols if p not in CATALOGUE]
@@ -83,10 +85,6 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from testbed.cli.common import console
-    from testbed.core.distributed import DistributedError
-    from testbed.core.errors import InputError, RunFailure
-    from testbed.results.sweep import sweep
 
     pols, duration = _check_arguments(args)
     out = Path(args.out)
@@ -110,7 +108,6 @@ def _nothing_measured(out: Path, console) -> int:
     that run); else 0."""
     import pandas as pd
 
-    from testbed.core.errors import EXIT_NOTHING_MEASURED
 
     runs = pd.read_parquet(out / "runs.parquet")
     empty = runs[runs["queries"] == 0]

@@ -9,8 +9,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from testbed.cli.common import plain_help
+from testbed.agent.npolicy import policy_files
+from testbed.aset import train as aset_train  # through the module: tests stand in for its functions
+from testbed.aset.episode import episode_windows
+from testbed.aset.rollout import train_rollout, written_lines
+from testbed.cli.common import console, plain_help
+from testbed.cli.simulate import seed_arg
 from testbed.core.errors import InputError, counted, naming_file
+from testbed.plan.policies import load_aset
+from testbed.spec.experiment import format_validation_error
 
 
 def _int_at_least(n: int):
@@ -29,7 +36,6 @@ _positive_int = _int_at_least(1)
 
 
 def _seed_list(text: str) -> list[int]:
-    from testbed.cli.simulate import seed_arg
 
     return [seed_arg(x.strip()) for x in text.split(",") if x.strip()] or [seed_arg(text)]
 
@@ -58,11 +64,6 @@ def register(subparsers) -> None:
 def _cmd(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from testbed.aset.episode import episode_windows
-    from testbed.aset.train import resolve, train_seeds, training_scenarios
-    from testbed.cli.common import console
-    from testbed.plan.policies import load_aset
-    from testbed.spec.experiment import format_validation_error
 
     cfg, base = load_aset(args.config)
     if cfg.training is None:
@@ -84,9 +85,9 @@ def _cmd(args: argparse.Namespace) -> int:
         problem = cfg.training_problem()
         if problem:
             raise InputError(f"{args.config} with the command line's training overrides: {problem}")
-    root = resolve(base, cfg.training.out_dir) / cfg.name
+    root = aset_train.resolve(base, cfg.training.out_dir) / cfg.name
     try:  # every scenario planned and checked (together, against reward) before anything is written
-        scenarios = training_scenarios(cfg, base)
+        scenarios = aset_train.training_scenarios(cfg, base)
     except InputError as exc:  # named after the config whose training section refers to them
         raise naming_file(exc, args.config) from None
     if cfg.training.method == "rollout":
@@ -95,7 +96,7 @@ def _cmd(args: argparse.Namespace) -> int:
         return _specialise(cfg, base, args, scenarios)
     before = _files(root)
     try:  # the steps, the seeds and every output path are checked before any work
-        results = train_seeds(cfg, base, steps=args.steps, jobs=args.jobs or 1, console=console,
+        results = aset_train.train_seeds(cfg, base, steps=args.steps, jobs=args.jobs or 1, console=console,
                               backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address,
                               scenarios=scenarios)
     except InputError as exc:
@@ -127,8 +128,6 @@ def _rollout(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
     Raises:
         InputError: named after the config (the seeds, an output path: before any work).
         RunFailure: the data left nothing to fit (nothing exported)."""
-    from testbed.aset.rollout import train_rollout, written_lines
-    from testbed.cli.common import console
 
     try:
         results = train_rollout(cfg, base, workers=args.jobs, backend="ray" if args.ray_address else args.backend,
@@ -146,12 +145,11 @@ def _specialise(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
     Raises:
         InputError: no checkpoint, too few steps, an output path (named after the config).
         RunFailure: a scenario's network took no gradient step (nothing exported)."""
-    from testbed.aset.train import specialise, specialised_path
-    from testbed.cli.common import console
 
     try:
-        results = specialise(cfg, base, jobs=args.jobs or 1, backend="ray" if args.ray_address else args.backend,
-                             ray_address=args.ray_address, console=console, steps=args.steps, scenarios=scenarios)
+        backend = "ray" if args.ray_address else args.backend
+        results = aset_train.specialise(cfg, base, jobs=args.jobs or 1, backend=backend, ray_address=args.ray_address,
+                                        console=console, steps=args.steps, scenarios=scenarios)
     except InputError as exc:
         raise naming_file(exc, args.config) from None
     except (FileNotFoundError, ValueError) as exc:
@@ -159,9 +157,9 @@ def _specialise(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
     for res in results:
         last = res.episodes[-10:]
         mean = sum(e["success_ratio"] for e in last) / len(last) if last else float("nan")
+        exported = aset_train.specialised_path(cfg.training.export_to, res.out_dir.name)
         console.print(f"{res.out_dir.name}: {counted(res.steps, 'step')}, success ratio of the last "
-                      f"{counted(len(last), 'episode')} "
-                      f"{mean:.3f}; exported to {specialised_path(cfg.training.export_to, res.out_dir.name)}.npz/.json")
+                      f"{counted(len(last), 'episode')} {mean:.3f}; exported to {exported}.npz/.json")
     return 0
 
 
@@ -208,7 +206,6 @@ def _written(root: Path, results: list, export_to: str | None, changed: set[Path
     if curves in changed:
         lines.append(f"  {curves} (the learning curves)")
     if export_to:
-        from testbed.agent.npolicy import policy_files
 
         lines.append(f"  {str(policy_files(export_to)[0]).removesuffix('.npz')}.npz/.json (the policy, exported)")
     if curves not in changed:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.core.lifeline import tied_popen
+from testbed.emu.network import EmulationError
 from testbed.plan.capture import CapturePoint, capture_points
 from testbed.plan.resolved import Plan
 from testbed.spec.capture import CaptureSpec
@@ -96,7 +97,6 @@ def start_capture(live: Any, spec: CaptureSpec, stack: ExitStack, ready_timeout_
     :class:`testbed.emu.network.EmulationError` when a tcpdump exits at once or does not
     start listening (its log is named); what was started is stopped by ``stack``.
     """
-    from testbed.emu.network import EmulationError
 
     plan: Plan = live.plan
     mode = getattr(live.emu, "link_emulator", "userspace")

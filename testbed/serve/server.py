@@ -60,9 +60,10 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from testbed.core.errors import TestbedError
 from testbed.core.util import write_json_atomic
 from testbed.plan import zoo
-from testbed.plan.boundaries import ServerConfig
+from testbed.plan.boundaries import ServerConfig, read_config
 from testbed.serve.payload import (
     RequestError,
     encode_json,
@@ -313,8 +314,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run the server; returns the exit code (0 after SIGTERM/SIGINT, 2 on a bad config or zoo)."""
     import argparse
 
-    from testbed.core.errors import TestbedError
-    from testbed.plan.boundaries import read_config
 
     ap = argparse.ArgumentParser(
         prog="python -m testbed.serve.server",
