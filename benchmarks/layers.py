@@ -119,7 +119,7 @@ def measure(rev: str | None) -> dict:
     known = {module_name(p) for p in files}
     graph = nx.DiGraph()
     graph.add_nodes_from(known)
-    against, local, long_modules = [], 0, []
+    against, local, long_modules = [], [], []
     reverse = {module_name(k): module_name(v) for k, v in moved.items()}
     for path, text in files.items():
         mod = module_name(path)
@@ -128,14 +128,15 @@ def measure(rev: str | None) -> dict:
         now = layer_index(module_name(moved.get(path, path)), layers)
         for target, in_function in _imports(ast.parse(text), mod, path.endswith("__init__.py"), known):
             graph.add_edge(mod, target)
-            local += in_function
+            if in_function:
+                local.append(f"{mod} -> {target}")
             there = layer_index(reverse.get(target, target), layers)
             if now and there and (there[0] > now[0] or (there[0] == now[0] and there[1] != now[1])):
                 against.append(f"{mod} -> {target}")
     cycles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
     top = [p for p in files if p.count("/") == 1 and not p.endswith("__init__.py")]
     return {"revision": rev or "work tree", "modules": len(files), "top-level modules": len(top),
-            "against the layers": sorted(set(against)), "cycles": cycles, "in functions": local,
+            "against the layers": sorted(set(against)), "cycles": cycles, "in functions": sorted(local),
             f"over {LONG_LINES} lines": sorted(long_modules)}
 
 
@@ -155,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  cycles: {len(m['cycles'])}")
     for c in m["cycles"]:
         print(f"    {' <-> '.join(c)}")
-    print(f"  imports of {PACKAGE} inside functions: {m['in functions']}")
+    print(f"  imports of {PACKAGE} inside functions: {len(m['in functions'])}")
+    if len(m["in functions"]) <= 20:
+        for a in m["in functions"]:
+            print(f"    {a}")
     print(f"  modules over {LONG_LINES} lines: {len(m[f'over {LONG_LINES} lines'])}: "
           f"{', '.join(m[f'over {LONG_LINES} lines'])}")
     return 0
