@@ -16,7 +16,8 @@ from rich.console import Console
 from test_plan import BASE, TRIANGLE
 
 from testbed.core.errors import EXIT_BRINGUP, EXIT_COMPONENT_DIED, RunFailure
-from testbed.emu.health import Component, HealthWatch, LinkCheck, RunRecord, Storage, StorageEstimate, describe_exit
+from testbed.emu.health import Component, HealthWatch, LinkCheck, RunRecord, describe_exit
+from testbed.emu.storage import Storage, StorageEstimate
 from testbed.model.records import RECORD_FIELDS, make_record
 from testbed.plan.build import PlanError, build_plan, check_load_bounds, run_dir_limit_problem
 from testbed.results.summary import _headline, _tables, merge_records, print_summary, summarize

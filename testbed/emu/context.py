@@ -12,8 +12,9 @@ from rich.console import Console
 
 from testbed.emu.bringup import Live
 from testbed.emu.events import EventRunner
-from testbed.emu.health import HealthWatch, RunRecord, Storage
+from testbed.emu.health import HealthWatch, RunRecord
 from testbed.emu.servers import ClusterServers
+from testbed.emu.storage import Storage
 from testbed.plan.build import Plan
 
 

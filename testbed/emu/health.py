@@ -1,4 +1,4 @@
-"""The run's health: every component watched while the run lasts, storage checked and kept.
+"""The run's health: every component, the links and the storage watched while the run lasts.
 
 :class:`HealthWatch` is a thread started once the network is up. Every ``interval_s`` (0.25 s) it
 looks at every component the run has, whatever started it:
@@ -33,10 +33,10 @@ raises it in its main thread). Planned deaths and stops go to ``health.planned``
 component's log gets a last line saying how it ended (:meth:`HealthWatch.write_epitaphs`), so a
 log is never silent about why its process exited (a SIGKILLed process cannot say it itself).
 
-:class:`Storage` checks the run directory before anything is built (writable, enough free space
-for an estimate it states) and holds a reserve file during the run: when the file system fills up
-the watch frees the reserve at once, so the sources' buffered records, the merge and the summary
-still fit, and stops the run.
+The run directory's storage (:class:`testbed.emu.storage.Storage`: checked before bring-up, a
+reserve file held during the run) is watched here too: when the file system fills up the watch
+frees the reserve at once, so the sources' buffered records, the merge and the summary still fit,
+and stops the run.
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from testbed.core.errors import EXIT_BRINGUP, EXIT_COMPONENT_DIED, RunFailure
+from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.core.util import proc_stat, write_json_atomic
 from testbed.emu.cleanup import RUN_ENV
+from testbed.emu.storage import MIB, Storage
 from testbed.sdn import client as ctl  # its functions looked up at call time (tests replace them)
 
-MIB = 1024 * 1024
 #: How many lines of a component's log an incident quotes.
 TAIL_LINES = 8
 #: After a planned ``link_up``, how long (s) the controller may take to rediscover the link by LLDP.
@@ -213,119 +213,6 @@ class RunRecord:
     def _write(self) -> None:
         with contextlib.suppress(OSError):
             write_json_atomic(self.path, self.data, indent=1)
-
-
-# --------------------------------------------------------------------------------------- storage
-
-@dataclass
-class StorageEstimate:
-    """Bytes a run writes, by part (README's run directory layout)."""
-
-    records: int
-    link_stats: int
-    logs: int
-    capture: int
-    reserve: int
-
-    @property
-    def total(self) -> int:
-        return self.records + self.link_stats + self.logs + self.capture + self.reserve
-
-    def describe(self) -> str:
-        parts = ", ".join(f"{k} {v / MIB:.1f} MiB" for k, v in asdict(self).items() if v)
-        return f"about {self.total / MIB:.1f} MiB ({parts})"
-
-
-#: Bytes per query on disk: the source's CSV row (~190 B), the merged CSV row (~190 B) and its
-#: Parquet row (~45 B), measured on a 200,000-query simulated run; x 1.5 for longer names and values.
-BYTES_PER_QUERY = 640
-#: Bytes per row of link_stats.csv (~130 B measured) x 1.5.
-BYTES_PER_LINK_ROW = 200
-#: Packets per query on one capture point (request, response, handshake and ACKs of a JPEG query) x 2.
-PACKETS_PER_QUERY = 40
-#: Logs, configs, plan.json, per component (measured: < 20 KB each on a 40 s run) x 3.
-BYTES_PER_COMPONENT = 64 * 1024
-
-
-def estimate_storage(plan, duration_s: float, expected_queries: int) -> StorageEstimate:
-    """What a run of ``plan`` for ``duration_s`` s writes, from the expected number of queries
-    (:func:`testbed.plan.build.check_load_bounds`); the reserve is what the end of the run writes
-    (merged records, summary), held free during the run."""
-    exp = plan.experiment
-    records = expected_queries * BYTES_PER_QUERY
-    rows = (len(plan.links) + len(plan.hosts)) * (duration_s / exp.emulation.stats_interval_s + 2)
-    components = len(plan.hosts) + len(plan.links) + 4
-    capture = 0
-    if exp.capture is not None:
-        spec = exp.capture
-        points = len(spec.interfaces) if isinstance(spec.interfaces, list) else \
-            len(plan.hosts) + (2 * len(plan.links) if spec.interfaces == "all" else 0)
-        per_point = min(spec.max_mib * MIB, expected_queries * PACKETS_PER_QUERY * (spec.snaplen_bytes + 16))
-        capture = int(points * per_point)
-    reserve = max(8 * MIB, expected_queries * (BYTES_PER_QUERY // 2) + 2 * MIB)
-    return StorageEstimate(int(records), int(rows * BYTES_PER_LINK_ROW), components * BYTES_PER_COMPONENT,
-                           capture, int(reserve))
-
-
-class Storage:
-    """The run directory's file system: checked before bring-up, watched during the run, with a
-    reserve file (``.reserve``) freed when it fills up (module docstring)."""
-
-    def __init__(self, run_dir: Path, estimate: StorageEstimate):
-        self.run_dir, self.estimate = Path(run_dir), estimate
-        self.reserve_path = self.run_dir / ".reserve"
-        self.released = False
-        self.low_water = max(2 * MIB, estimate.reserve // 8)
-
-    def free_bytes(self) -> int:
-        st = os.statvfs(self.run_dir)
-        return st.f_bavail * st.f_frsize
-
-    def check(self) -> None:
-        """Writable, enough free space for the estimate; then take the reserve.
-
-        Raises:
-            RunFailure: (exit code 3) not writable, or too little space (states the estimate).
-        """
-        probe = self.run_dir / ".write-probe"
-        try:
-            with open(probe, "wb") as f:
-                f.write(b"x" * 4096)
-                f.flush()
-                os.fsync(f.fileno())
-            probe.unlink()
-        except OSError as exc:
-            probe.unlink(missing_ok=True)
-            raise RunFailure(f"run directory {self.run_dir} is not writable: {exc.strerror}; choose another "
-                             f"--runs-dir (or runs_dir in the experiment)", EXIT_BRINGUP) from None
-        free = self.free_bytes()
-        if free < self.estimate.total:
-            raise RunFailure(f"run directory {self.run_dir}: {free / MIB:.1f} MiB free, and this run writes "
-                             f"{self.estimate.describe()}; free some space or choose another --runs-dir",
-                             EXIT_BRINGUP)
-        try:
-            with open(self.reserve_path, "wb") as f:
-                os.posix_fallocate(f.fileno(), 0, self.estimate.reserve)
-        except OSError as exc:
-            self.reserve_path.unlink(missing_ok=True)
-            raise RunFailure(f"run directory {self.run_dir}: cannot reserve {self.estimate.reserve / MIB:.1f} MiB "
-                             f"for the end of the run: {exc.strerror}", EXIT_BRINGUP) from None
-
-    def release(self) -> None:
-        """Free the reserve (the file system filled up, or the run is ending)."""
-        self.released = True
-        self.reserve_path.unlink(missing_ok=True)
-
-    def problem(self) -> str | None:
-        """What is wrong with the run directory now (free space below the low-water mark), or None."""
-        try:
-            free = self.free_bytes()
-        except OSError as exc:
-            return f"the run directory {self.run_dir} cannot be read: {exc.strerror}"
-        if free < self.low_water:
-            return (f"the file system of the run directory {self.run_dir} is full ({free / MIB:.2f} MiB free, "
-                    f"below {self.low_water / MIB:.0f} MiB)")
-        return None
 
 
 # --------------------------------------------------------------------------------------- links
@@ -617,5 +504,4 @@ def read_health(run_dir: Path) -> dict:
 
 
 __all__ = ["STOPPED_GRACE_S", "Component", "HealthWatch", "Incident", "LinkCheck", "PidProcess", "RunRecord",
-           "Storage", "StorageEstimate", "describe_exit", "estimate_storage", "ovs_components", "process_state",
-           "read_health", "tagged_processes", "tail"]
+           "describe_exit", "ovs_components", "process_state", "read_health", "tagged_processes", "tail"]

@@ -5,7 +5,7 @@ Steps, in order (each a function below):
 1. checks before anything is built (:func:`check_before_bringup`): root, tools and OVS
    (:func:`testbed.emu.bringup.preflight`), events the emulation can apply, the load within
    the engines' bounds (also for ``--duration``), the OpenFlow and REST ports free, the run
-   directory writable with room for the run (:class:`testbed.emu.health.Storage`, stating its
+   directory writable with room for the run (:class:`testbed.emu.storage.Storage`, stating its
    estimate) and its paths within the Linux limits;
 2. the network (:func:`testbed.emu.bringup.emulated_network`: lock, cleanup of leftovers,
    intent log, Mininet, link emulators, ryu-manager, switches, every link discovered); from here
@@ -77,12 +77,11 @@ from testbed.emu.health import (
     HealthWatch,
     LinkCheck,
     RunRecord,
-    Storage,
-    estimate_storage,
     ovs_components,
 )
 from testbed.emu.load import loaded_sources, run_load
 from testbed.emu.servers import ClusterServers
+from testbed.emu.storage import Storage, estimate_storage
 from testbed.model.events import LINK_KINDS, kind_of
 from testbed.plan.build import Plan, check_load_bounds, run_dir_limit_problem
 from testbed.sdn.client import _port_in_use
