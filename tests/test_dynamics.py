@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from testbed.emu.linkctl import Readback
 from testbed.emu.network import (
     check_interface_names,
     htb_commands,
@@ -163,9 +164,7 @@ def test_a_change_that_fires_late_or_not_at_all_stops_the_run(tmp_path):
 def test_a_packet_train_never_outlasts_its_bound():
     """Below ~0.1 Mbit/s no train of 8 full frames fits in 1 s: the rate is applied, not measured
     (returned before any probe is asked: no emulation needed)."""
-    from testbed.emu.dynamics import Dynamics
-
-    got = Dynamics._train(None, None, None, 0.001)
+    got = Readback._one_train(None, None, None, 0.001)
     assert got == {"not_measured": "a packet train of 8 frames of 1500 bytes would take 96.0 s at 0.001 Mbit/s, "
                                    "more than the 1 s a train may hold up the next events: the rate is applied (the "
                                    "shaper confirmed it), not measured"}
