@@ -1,5 +1,6 @@
-"""The ``testbed`` command: ``plan``, ``run`` and ``cleanup`` (and the subcommands of
-:mod:`testbed.cli.common`).
+"""The ``testbed`` command: ``plan``, ``run`` and ``cleanup``, and the subcommands of
+:data:`COMMAND_MODULES` (evaluate, profile, report, simulate, sweep, train: one module each in
+:mod:`testbed.cli`).
 
 Exit codes (:mod:`testbed.core.errors`): 0 success; 2 invalid input (nothing was built); 3 a
 precondition or self-check failed, or a component did not come up; 4 a component died during the
