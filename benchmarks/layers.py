@@ -5,8 +5,8 @@ Run: ``.venv/bin/python benchmarks/layers.py [--rev REV] [--json]``.
 
 The layers are the ones of the import-linter contract in ``.importlinter`` (``lint-imports`` holds
 CI to them; this script only counts). A module of an older revision is placed in the layer of the
-file it became, by git's rename detection between that revision and the work tree
-(``git diff -M --name-status REV``); a module that no longer exists is left unplaced.
+file it became, by git's rename detection followed commit by commit from that revision to the work
+tree (``git diff -M --name-status``); a module that never moved into a layer is left unplaced.
 
 Counted, for the modules of ``testbed/``:
 
@@ -60,15 +60,23 @@ def sources(rev: str | None) -> dict[str, str]:
 
 
 def renamed_to(rev: str | None) -> dict[str, str]:
-    """{path at rev: path now} for files git sees as renamed since ``rev`` (identity for the rest)."""
+    """{path at rev: its latest name} for files git sees renamed on the way from ``rev`` to the work
+    tree, followed commit by commit (first parents), so that a file moved and later split or
+    renamed again keeps the folder it moved to (its layer)."""
     if rev is None:
         return {}
-    out = {}
-    for line in _git("diff", "-M", "--name-status", rev, "--", PACKAGE).splitlines():
-        parts = line.split("\t")
-        if parts[0].startswith("R") and len(parts) == 3:
-            out[parts[1]] = parts[2]
-    return out
+    commits = _git("rev-list", "--reverse", "--first-parent", f"{rev}..HEAD").split()
+    latest: dict[str, str] = {}
+    for older, newer in zip([rev, *commits], [*commits, None], strict=True):
+        args = ["diff", "-M", "--name-status", older] + ([newer] if newer else []) + ["--", PACKAGE]
+        step = {}
+        for line in _git(*args).splitlines():
+            parts = line.split("\t")
+            if parts[0].startswith("R") and len(parts) == 3:
+                step[parts[1]] = parts[2]
+        latest = {k: step.get(v, v) for k, v in latest.items()}
+        latest.update({k: v for k, v in step.items() if k not in latest.values() and k not in latest})
+    return latest
 
 
 def module_name(path: str) -> str:
