@@ -92,6 +92,13 @@ def _plt():
     return plt
 
 
+def _save(fig, path: Path) -> None:
+    """Lay out, write (PNG, 110 dpi) and close one figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+
+
 def fig_latency_cdf(runs: list[RunData], path: Path) -> bool:
     """CDF of e2e latency (ms) of answered queries per run and policy; False when nothing to draw."""
     plt = _plt()
@@ -111,9 +118,7 @@ def fig_latency_cdf(runs: list[RunData], path: Path) -> bool:
     ax.grid(alpha=0.3)
     if drawn:
         ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return drawn > 0
 
 
@@ -135,9 +140,7 @@ def fig_breakdown(runs: list[RunData], path: Path) -> bool:
     ax.set(xlabel="mean time per answered query (ms)", title="Where the time goes: network / queueing / inference")
     ax.legend(fontsize=8, loc="lower right")
     ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return bool(rows)
 
 
@@ -166,9 +169,7 @@ def fig_success_over_time(runs: list[RunData], path: Path) -> bool:
     ax.grid(alpha=0.3)
     if drawn:
         ax.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return drawn > 0
 
 
@@ -197,9 +198,7 @@ def fig_policy_over_time(runs: list[RunData], path: Path) -> bool:
     axes[0, 0].legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("time since the first query (s)")
     fig.suptitle("Policy in force per query over time", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -271,9 +270,7 @@ def fig_link_utilization(r: RunData, path: Path) -> bool:
     ax2.set(xlabel="longitude", ylabel="latitude", title="Topology, links coloured by mean utilization")
     ax2.grid(alpha=0.2)
     fig.suptitle(r.label, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -317,7 +314,5 @@ def fig_hop_delays(runs: list[RunData], path: Path) -> bool:
     ax.invert_yaxis()
     ax.set(xlabel="one-way delay (ms)", title=title)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return True
