@@ -174,10 +174,12 @@ def test_wait_ready_names_a_switch_that_never_connects(tmp_path):
 
 
 def _wait_path(rest_url: str, src: str, dst: str, want: list[int], timeout_s: float) -> dict:
+    """The path once it is ``want`` and every switch acknowledged its flows (a barrier): the REST
+    path changes when the flows are sent, before Open vSwitch has applied them."""
     deadline = time.monotonic() + timeout_s
     while True:
         p = ctl.get_path(rest_url, src, dst)
-        if p["dpids"] == want or time.monotonic() > deadline:
+        if (p["dpids"] == want and ctl.get_status(rest_url)["flows_installed"]) or time.monotonic() > deadline:
             return p
         time.sleep(0.2)
 
