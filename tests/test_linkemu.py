@@ -16,7 +16,6 @@ import os
 import select
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -150,16 +149,17 @@ def ping(count: int, interval: float, quiet_loss: bool = False) -> tuple[int, in
 
 
 def test_delay_10ms_rtt_and_stats(net: None, tmp_path: Path) -> None:
-    """2 x 10 ms: RTT median within [20, 22] ms, never below 20 ms; stats count every frame."""
+    """2 x 10 ms: no RTT below 20 ms and the fastest within [20, 22] ms; stats count every frame.
+
+    The fastest of 20 pings, not the median: on a busy machine the emulator and ping wake late
+    (the emulator counts its own lateness in ``max_lateness_us``), which only ever adds time."""
     _static_arp(False)
     with emulator(tmp_path, 10.0) as emu:
         sent_w, recv_w, _, _ = ping(2, 0.05)  # warm-up (includes ARP through the emulator)
         sent, received, rtts, seqs = ping(20, 0.05)
     assert emu.returncode == 0, emu.output
     assert len(rtts) == 20 and seqs == sorted(seqs)
-    med = statistics.median(rtts)
-    assert 20.0 <= med <= 22.0, rtts
-    assert min(rtts) >= 20.0, rtts
+    assert 20.0 <= min(rtts) <= 22.0, rtts
     st = emu.stats
     assert set(st) >= {"frames_ab", "frames_ba", "bytes_ab", "bytes_ba", "lost_ab", "lost_ba",
                        "max_lateness_us", "mean_lateness_us"}
@@ -172,23 +172,25 @@ def test_delay_10ms_rtt_and_stats(net: None, tmp_path: Path) -> None:
 
 
 def test_delay_half_ms(net: None, tmp_path: Path) -> None:
-    """2 x 0.5 ms: RTT median within [1.0, 2.5] ms (sub-millisecond sleeps are precise)."""
+    """2 x 0.5 ms: no RTT below 1.0 ms and the fastest within [1.0, 2.5] ms (sub-millisecond
+    sleeps are precise)."""
     with emulator(tmp_path, 0.5) as emu:
         ping(2, 0.05)
         _, _, rtts, _ = ping(20, 0.05)
     assert emu.returncode == 0, emu.output
-    assert 1.0 <= statistics.median(rtts) <= 2.5, rtts
-    assert min(rtts) >= 1.0, rtts
+    assert 1.0 <= min(rtts) <= 2.5, rtts
 
 
 def test_jitter_keeps_order(net: None, tmp_path: Path) -> None:
-    """With jitter larger than the ping interval, replies still arrive in sequence order."""
+    """With jitter larger than the ping interval, replies still arrive in sequence order, and the
+    delay varies both ways around 2 x 5 ms (never below 2 x (5 - 4) ms; some below 10 ms). No upper
+    bound: a busy machine only ever adds time."""
     with emulator(tmp_path, 5.0, "--jitter-ms", "4", "--seed", "3") as emu:
         ping(2, 0.05)
         _, _, rtts, seqs = ping(60, 0.002)
     assert emu.returncode == 0, emu.output
     assert seqs == sorted(seqs)
-    assert min(rtts) >= 2.0 and max(rtts) <= 40.0, rtts
+    assert 2.0 <= min(rtts) < 10.0, rtts
     assert len(set(rtts)) > 5  # the delay does vary
 
 

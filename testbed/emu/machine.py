@@ -273,7 +273,9 @@ def cores_between(samples: list[Sample], t_from: float | None = None, t_to: floa
         for label, thread_share in y.hot_threads.items():
             if thread_share >= SATURATED_SHARE:
                 hot[label] = hot.get(label, 0.0) + d
-    return MachineCpu(window_s=round(dt, 3), cpus=n, busy_cores=round(max(0.0, b.busy_s - a.busy_s) / dt, 3),
+    # /proc/stat and the clock are read a moment apart: on a busy machine busy / dt can pass n
+    busy = min(float(n), max(0.0, b.busy_s - a.busy_s) / dt)
+    return MachineCpu(window_s=round(dt, 3), cpus=n, busy_cores=round(busy, 3),
                       steal_cores=round(max(0.0, b.steal_s - a.steal_s) / dt, 3),
                       by_role={r: v for r, v in roles.items() if v > 0},
                       testbed_cores=round(sum(roles.get(r, 0.0) for r in TESTBED_ROLES), 3),
