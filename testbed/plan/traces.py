@@ -48,16 +48,22 @@ def read_trace(path: str | Path) -> np.ndarray:
     rows = _csv_rows(path, "trace")
     if not rows or "t_s" not in rows[0]:
         raise ArrivalError(f"trace {path}: needs a header with a column 't_s' (seconds since the load starts)")
-    out = []
-    for k, r in enumerate(rows, start=2):
-        try:
-            v = float(r["t_s"])
-        except (TypeError, ValueError):
-            raise ArrivalError(f"trace {path}: line {k}: t_s {r['t_s']!r} is not a number") from None
-        if not math.isfinite(v) or v < 0:
-            raise ArrivalError(f"trace {path}: line {k}: t_s must be a finite number >= 0, got {v}")
-        out.append(v)
-    return np.asarray(out)
+    return np.asarray([_cell(f"trace {path}", k, "t_s", r["t_s"]) for k, r in enumerate(rows, start=2)])
+
+
+def _cell(what: str, line: int, column: str, text: str | None) -> float:
+    """``text`` (a CSV cell) as a finite number >= 0.
+
+    Raises:
+        ArrivalError: naming ``what``, the line and the column, when it is not one.
+    """
+    try:
+        v = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ArrivalError(f"{what}: line {line}: {column} {text!r} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise ArrivalError(f"{what}: line {line}: {column} must be a finite number >= 0, got {v}")
+    return v
 
 
 def read_demand_matrix(path: str | Path) -> dict[str, float]:
@@ -92,12 +98,7 @@ def read_demand_matrix(path: str | Path) -> dict[str, float]:
         raise ArrivalError(f"demand matrix {path}: needs columns source_site,target_site,demand")
     out: dict[str, float] = {}
     for k, r in enumerate(rows, start=2):
-        try:
-            d = float(r["demand"])
-        except (TypeError, ValueError):
-            raise ArrivalError(f"demand matrix {path}: line {k}: demand {r['demand']!r} is not a number") from None
-        if not math.isfinite(d) or d < 0:
-            raise ArrivalError(f"demand matrix {path}: line {k}: demand must be >= 0")
+        d = _cell(f"demand matrix {path}", k, "demand", r["demand"])
         out[r["source_site"]] = out.get(r["source_site"], 0.0) + d
     return out
 
