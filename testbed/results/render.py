@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from testbed.core.errors import EXIT_ALL_FAILED
 from testbed.core.util import markdown_table, replace_atomic
 from testbed.emu.machine import OTHER_NOTABLE_CORES, SATURATED_SHARE, STEAL_NOTABLE_CORES, MachineCpu
 from testbed.model.records import CAUSES
@@ -229,6 +230,8 @@ def _headline(s: dict) -> list[str]:
         fails += " (dropped: " + ", ".join(f"{k} {v}" for k, v in drops.items()) + ")"
     lines = [f"Summary: {s['queries']} queries in {span}, success ratio {'-' if sr is None else f'{sr:.3f}'}, "
              f"answered {s.get('throughput_qps', 0)} q/s; failures {fails}"]
+    if s.get("all_failed"):
+        lines.insert(0, f"ALL QUERIES FAILED (exit code {EXIT_ALL_FAILED}): {s['all_failed']}")
     e, b = s.get("e2e_ms", {}), s.get("breakdown_ms", {})
     if e:
         lines.append(f"e2e ms: p50 {_cell(e.get('p50'))}  p95 {_cell(e.get('p95'))}  p99 {_cell(e.get('p99'))};  "
