@@ -91,7 +91,8 @@ def _links_table(s: dict) -> list[SummaryTable]:
              f"{v['util_ba_mean']:.4f}/{v['util_ba_max']:.4f}", v["drops"]] for name, v in top[:8]]
     if not rows:
         return []
-    source = "the simulator's link load" if s.get("mode") == "simulation" else "controller port stats"
+    source = ("the simulator's link load" if s.get("mode") == "simulation" else
+              "controller port stats: the bytes each link delivered at its far end, after its shaper")
     return [(f"Busiest links ({source})",
              ["link", "capacity Mbit/s", "util a>b mean/max", "util b>a mean/max", "drops"], rows)]
 
