@@ -10,10 +10,11 @@ was answered (HTTP 200), e2e = t4 - t0 <= D_a, and alpha_m >= A_a. Failures by c
 order of precedence (:func:`classify`):
 
 ==================  =============================================================================
-``unreachable``     no answer (or a client-side error) while the network had no route between the
-                    source and the cluster at some instant of the query's life, from its creation to
-                    its deadline plus :data:`GRACE_MS`: a link cut by an event, or none at all
-                    (``cut``, :func:`testbed.model.network.path_cut` over the plan's timeline)
+``unreachable``     no answer in time (none, a client-side error, or an answer after the deadline)
+                    while the network had no route between the source and the cluster at some
+                    instant of the query's life, from its creation to its deadline plus
+                    :data:`GRACE_MS`: a link cut by an event, or none at all (``cut``,
+                    :func:`testbed.model.network.path_cut` over the plan's timeline)
 ``deadline_miss``   no answer within the deadline plus :data:`GRACE_MS` (the source gave up)
 ``server_down``     the connection was refused or reset: nothing listens (the server is down)
 ``dropped``         HTTP 503: refused by the server's queue bound or admission (``drop_reason``)
@@ -122,7 +123,7 @@ def classify(status: int | None, e2e_ms: float | None, deadline_ms: float, accur
         ``("success", "")`` or ``("failure", cause)`` with cause in :data:`CAUSES`.
     """
     status = answered_in_time(status, e2e_ms, deadline_ms)
-    if cut and status in (NO_ANSWER, CLIENT_ERROR):
+    if cut and (status in (NO_ANSWER, CLIENT_ERROR) or (status == 200 and (e2e_ms is None or e2e_ms > deadline_ms))):
         return FAILURE, "unreachable"
     if status is None or (status == 200 and e2e_ms is None):
         return FAILURE, "deadline_miss"
