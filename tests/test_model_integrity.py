@@ -9,6 +9,7 @@ Each test works on a copy of the digits family's small variant in a temporary zo
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -26,19 +27,21 @@ ZOO = REPO / "models" / "zoo"
 VARIANT = "digits_small"
 
 
-def _tiny_zoo(tmp_path: Path) -> Path:
-    """``tmp_path/zoo``: the digits family with ``digits_small`` alone (SavedModel, ``.tflite``,
+def _tiny_zoo(tmp_path: Path, variants: tuple[str, ...] = (VARIANT,)) -> Path:
+    """``tmp_path/zoo``: the digits family with ``variants`` alone (SavedModel, ``.tflite``,
     payloads), copied from the shared zoo, its hashes recorded as the build records them."""
     src = zoo.load_manifest(ZOO)
     out = tmp_path / "zoo"
     out.mkdir()
     manifest = {k: v for k, v in src.items() if k not in ("families", "variants")}
     manifest["families"] = {"digits": src["families"]["digits"]}
-    manifest["variants"] = {VARIANT: dict(src["variants"][VARIANT])}
-    manifest["variants"][VARIANT].pop(zoo.FILES_SHA256, None)
+    manifest["variants"] = {}
     shutil.copy(ZOO / src["families"]["digits"]["payloads"], out / src["families"]["digits"]["payloads"])
-    shutil.copy(ZOO / f"{VARIANT}.tflite", out / f"{VARIANT}.tflite")
-    shutil.copytree(ZOO / VARIANT, out / VARIANT)
+    for name in variants:
+        manifest["variants"][name] = dict(src["variants"][name])
+        manifest["variants"][name].pop(zoo.FILES_SHA256, None)
+        shutil.copy(ZOO / f"{name}.tflite", out / f"{name}.tflite")
+        shutil.copytree(ZOO / name, out / name)
     assert zoo.record_hashes(out, manifest) >= 3
     (out / zoo.MANIFEST).write_text(json.dumps(manifest, indent=2))
     return out
@@ -182,3 +185,31 @@ def test_an_intact_model_passes_its_start_up_sample_and_serves(tmp_path):
     full = zoo.load_manifest(ZOO)
     if "mobilenet_v3_small" in full["variants"]:
         assert check_answers(ZOO, "mobilenet_v3_small", model, full) is None
+
+
+@pytest.mark.emulation
+@pytest.mark.skipif(os.geteuid() != 0, reason="emulation needs root")
+def test_testbed_run_on_a_corrupted_model_exits_7_naming_the_file(tmp_path, capsys):
+    """The whole run: the triangle on a copy of the zoo whose digits_small SavedModel weights were
+    corrupted. Its servers refuse to serve; the run stops with 7 and the file's name."""
+    import yaml
+
+    from testbed.cli.main import main
+
+    out = _tiny_zoo(tmp_path, (VARIANT, "digits_large"))
+    var = next(p for p in (out / VARIANT / "variables").iterdir() if p.name.startswith("variables.data"))
+    raw = bytearray(var.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    var.write_bytes(bytes(raw))
+    data = yaml.safe_load((REPO / "experiments" / "triangle.yaml").read_text())
+    data.update(zoo_dir=str(out), profiles_dir=str(REPO / "models" / "profiles"), runs_dir=str(tmp_path / "runs"))
+    data["topology"]["source"] = str(REPO / "topologies" / "triangle.yaml")
+    exp = tmp_path / "e.yaml"
+    exp.write_text(yaml.safe_dump(data, sort_keys=False))
+    code = main(["run", str(exp), "--duration", "2"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert code == 7, said
+    assert f"model file {var} (variant '{VARIANT}'): SHA-256" in said and "refused to serve" in said
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rec = json.loads((run_dir / "run.json").read_text())
+    assert rec["exit_code"] == 7 and str(var) in rec["message"]
