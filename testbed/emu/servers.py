@@ -33,7 +33,7 @@ from pathlib import Path
 from testbed.core import cgroups
 from testbed.core.errors import EXIT_INTEGRITY, RunFailure
 from testbed.core.lifeline import tied_popen
-from testbed.core.util import REPO_ROOT, poll_until, stop_processes, write_json_atomic
+from testbed.core.util import REPO_ROOT, poll_until, stop_processes, stopped, write_json_atomic
 from testbed.plan.zoo import request_bodies
 from testbed.serve.launch import server_command, write_server_config
 
@@ -140,6 +140,8 @@ class ClusterServers:
                 if p.poll() is not None:
                     raise RunFailure(f"inference server {n} exited (code {p.returncode}){self.oom_note(n)}; see "
                                      f"{self.log_path(n)}")
+                if stopped(p.pid) and not self._ready_file(n).exists():
+                    raise RunFailure(f"inference server {n} is not ready and cannot become so: {stopped(p.pid)}")
             return all(self._ready_file(n).exists() for n in clusters)
 
         poll_until(check, timeout_s, f"inference servers {', '.join(clusters)} ready (see "
