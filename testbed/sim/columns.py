@@ -94,8 +94,10 @@ class RunColumns:
         a = self.apps[q.app[qi]]
         t4 = q.t4_of(qi)
         e2e = None if t4 is None else (t4 - q.t0[qi]) * 1e3
-        outcome, cause = classify(q.status_of(qi), e2e, a.deadline_ms, self.accuracy[q.model[qi]], a.min_accuracy,
-                                  self._cut(qi))
+        outcome, cause = classify(q.status_of(qi), e2e, a.deadline_ms, self.accuracy[q.model[qi]], a.min_accuracy)
+        if cause in ("deadline_miss", "error") and self._cut(qi):  # the only causes a cut path can turn
+            outcome, cause = classify(q.status_of(qi), e2e, a.deadline_ms, self.accuracy[q.model[qi]],
+                                      a.min_accuracy, True)
         return outcome, cause, e2e
 
     def drain_resolved(self) -> list[Resolved]:
