@@ -555,18 +555,13 @@ class TestbedController(app_manager.RyuApp):
                 "unexpected_links": sorted([a, b] for a, b in self.unexpected)}
 
     def _dir(self, tx_key, rx_key):
-        """(rate Mbit/s, drops in the last interval, t) for traffic leaving tx_key into rx_key."""
-        rate, drops, t = 0.0, 0, None
-        dt = self.port_delta.get(tx_key) if tx_key else None
-        dr = self.port_delta.get(rx_key) if rx_key else None
-        if dt is not None:
-            rate, drops, t = dt.tx_mbps, dt.tx_drops, dt.t
-        elif dr is not None:
-            rate, t = dr.rx_mbps, dr.t
-        if dr is not None:
-            drops += dr.rx_drops
-            t = max(t or 0.0, dr.t)
-        return rate, drops, t
+        """(rate Mbit/s, drops in the last interval, t) for traffic leaving tx_key into rx_key. The
+        rate is what the link carried: the bytes received at rx_key's port, after the link's shaper
+        and emulator; the bytes tx_key's port sent into the link (the offered load, before the
+        shaper: above the capacity when the link is overloaded) only while rx_key's port is not
+        known yet."""
+        return routing.carried(self.port_delta.get(tx_key) if tx_key else None,
+                               self.port_delta.get(rx_key) if rx_key else None)
 
     def _total_drops(self, *keys) -> int:
         return sum(sum(self.port_drops_total.get(k, [0, 0])) for k in keys if k is not None)
@@ -574,10 +569,10 @@ class TestbedController(app_manager.RyuApp):
     def links(self) -> list[dict]:
         """``/testbed/links``: one row per configured switch link (a, b = DPIDs in config order,
         a_port/b_port from LLDP or None) and per host link (a = host name, a_port None, b = DPID,
-        b_port = host port; ab = host -> switch). Rates in Mbit/s over the last stats interval,
-        util = rate / capacity_mbps (None without capacity), drops_ab/ba = dropped + error packets
-        in the last interval, drops_total since start, t = unix s of the newest sample (None
-        before two samples)."""
+        b_port = host port; ab = host -> switch). Rates in Mbit/s over the last stats interval, what
+        each link carried (received at its far end, after its shaper: ``_dir``), util = rate /
+        capacity_mbps (None without capacity), drops_ab/ba = dropped + error packets in the last
+        interval, drops_total since start, t = unix s of the newest sample (None before two samples)."""
         out = []
         for lk in self.link_cfg.values():
             ap, bp = self.dir_links.get((lk.a, lk.b), (None, None))

@@ -52,7 +52,10 @@ Outputs (``models/zoo`` is git-ignored; ``models/profiles`` is kept, it is measu
 * ``<out>/<variant>.tflite``: the same model for LiteRT (float32, ``tf.lite.TFLiteConverter``).
 * ``<out>/manifest.json``: recipe version, families (input shape, classes, payloads, dataset),
   per variant: family, paths, accuracy (top-1 on the held-out split through the saved signature)
-  and its source, LiteRT accuracy and top-1 agreement with TensorFlow, params, architecture.
+  and its source, LiteRT accuracy and top-1 agreement with TensorFlow, params, architecture, and
+  ``files_sha256``: the SHA-256 of each of its model files, which every load checks
+  (:func:`testbed.plan.zoo.verify_model_files`). On an up-to-date zoo that lacks them (built before
+  they were recorded) the script records them for the files there now, without a rebuild.
 * ``<out>/payloads.npz`` (digits), ``<out>/payloads/<family>.npz``: held-out ``x`` / ``y``.
 * ``<profiles>/<variant>.json``: ONLY for a variant that has no profile yet, a minimal one (1 core,
   batch 1, both runtimes) from ``testbed.serve.profiler``; the full grid is ``testbed profile``.
@@ -654,6 +657,8 @@ def build(out: Path, cache: Path = CACHE, reuse: bool = True) -> dict[str, Any]:
         build_keras(tmp, manifest, old, out)
         manifest["tensorflow"] = tf.__version__
         manifest["built_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        n = zoo.record_hashes(tmp, manifest)  # what every load checks its files against
+        log(f"recorded the SHA-256 of {n} model files")
         write_json(tmp / zoo.MANIFEST, manifest)
         if out.exists():
             shutil.rmtree(out)
@@ -661,6 +666,19 @@ def build(out: Path, cache: Path = CACHE, reuse: bool = True) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def record_missing_hashes(out: Path) -> None:
+    """Record the SHA-256 of the model files of a zoo built before the build recorded them
+    (:func:`testbed.plan.zoo.record_hashes`), as the files are now: no rebuild. A zoo that records
+    them already is left as it is."""
+    manifest = zoo.load_manifest(out)
+    if not zoo.missing_hashes(manifest):
+        return
+    n = zoo.record_hashes(out, manifest)
+    write_json(out / zoo.MANIFEST, manifest)
+    log(f"recorded the SHA-256 of {n} model files of {out} as they are now (the zoo predates the record); "
+        f"every model load checks them")
 
 
 def profile_missing(out: Path, profiles: Path) -> None:
@@ -712,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
     with build_lock(out):
         if not args.force and up_to_date(out):
             log(f"zoo {out} is up to date (recipe {RECIPE_VERSION}); nothing to build (--force rebuilds)")
+            record_missing_hashes(out)
         else:
             build(out, Path(args.cache), reuse=not args.force)
         if not args.no_profile:

@@ -120,8 +120,10 @@ def test_a_corrupt_model_file_is_an_error_naming_it(manifest, tmp_path):
     data[len(data) // 2] ^= 0xFF
     bad.write_bytes(bytes(data))
     (tmp_path / zoo.MANIFEST).write_text(json.dumps({**manifest, "variants": {"hand_palm": v}}))
-    with pytest.raises(zoo.ZooError, match=r"palm_detection_full\.tflite: sha256 [0-9a-f]{64} != pinned"):
+    with pytest.raises(zoo.ZooIntegrityError, match=r"palm_detection_full\.tflite \(variant 'hand_palm'\): SHA-256 "
+                                                    r"[0-9a-f]{64} differs from the [0-9a-f]{64} recorded") as got:
         loaders.load_model(tmp_path, "hand_palm", "litert")
+    assert got.value.exit_code == 7  # the one code of every integrity failure
     with pytest.raises(zoo.ZooError, match="no TensorFlow SavedModel.*runtime litert"):
         loaders.load_model(tmp_path, "hand_palm", "tensorflow")
     member = v["tflite_files"]["palm"]["wheel_member"]

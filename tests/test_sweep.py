@@ -179,6 +179,44 @@ def test_sigterm_to_a_sweep_exits_130_and_leaves_no_worker(tmp_path):
     assert sp.run(["pgrep", "-s", str(p.pid)], capture_output=True, text=True).stdout.split() == []
 
 
+def test_sigkill_to_a_sweep_ends_its_workers(tmp_path):
+    """An adversarial user's find: after ``kill -9`` of ``testbed sweep --jobs 2`` the two workers
+    (170 MB each) kept running. They now get the lifeline's death signal."""
+    import os
+    import signal
+    import subprocess as sp
+    import time as _t
+
+    cmd = [sys.executable, "-m", "testbed.cli", "sweep", str(REPO / "experiments" / "default.yaml"), "--policies",
+           "closest", "--seeds", "2", "--duration", "30000s", "--jobs", "2", "--out", str(tmp_path / "sw")]
+    p = sp.Popen(cmd, stdout=sp.DEVNULL, stderr=sp.DEVNULL, cwd=REPO, start_new_session=True)
+
+    def workers() -> list[int]:
+        return [int(k) for k in sp.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()]
+
+    try:
+        for _ in range(120):  # the workers start once the cells are planned
+            if len(workers()) == 2:
+                break
+            _t.sleep(0.5)
+        kids = workers()
+        assert len(kids) == 2, kids
+        _t.sleep(1.0)  # into their cells
+        p.kill()
+        p.wait(timeout=30)
+        left = kids
+        for _ in range(60):
+            left = [k for k in kids if Path(f"/proc/{k}").exists() and
+                    Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+            if not left:
+                break
+            _t.sleep(0.5)
+        assert left == [], f"workers {left} outlived the killed sweep"
+    finally:
+        for k in sp.run(["pgrep", "-s", str(p.pid)], capture_output=True, text=True).stdout.split():
+            os.kill(int(k), signal.SIGKILL)  # what the test started: the sweep's session
+
+
 def test_a_sweep_shorter_than_its_scenarios_events_says_they_do_not_happen(tmp_path):
     """As testbed simulate does (a docs reviewer's find, Dec 4: the sweep's scenario-failure rows
     came from runs in which nothing failed, without a word)."""

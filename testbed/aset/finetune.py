@@ -37,6 +37,7 @@ from testbed.aset.envs import AsetLiveEnv, plan_contexts
 from testbed.core.util import REPO_ROOT
 from testbed.plan.build import plan_experiment
 from testbed.spec.aset import AgentSpec
+from testbed.spec.schema import load_yaml_file
 
 REPO = REPO_ROOT
 LOCK = "/tmp/testbed-emulation.lock"
@@ -44,7 +45,7 @@ LOCK = "/tmp/testbed-emulation.lock"
 
 def _live_experiment(experiment: Path, checkpoint: str, socket_path: str, window: str) -> Path:
     """A copy of ``experiment`` next to it whose sources ask the live env every window."""
-    data = yaml.safe_load(experiment.read_text())
+    data = load_yaml_file(experiment)
     data.update(policy="aset", name=f"{data['name']}-finetune",
                 aset={"checkpoint": checkpoint, "window": window, "options": {"control_socket": socket_path}})
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=experiment.parent, prefix=".finetune-",

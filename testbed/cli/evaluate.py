@@ -15,7 +15,7 @@ from testbed.spec.aset import (
     MAX_CAUSAL_SAMPLES,
     MAX_EPISODE_S,  # one bound for evaluation.duration and --duration
 )
-from testbed.spec.schema import load_yaml
+from testbed.spec.schema import load_yaml_file
 from testbed.spec.units import UnitError, parse_duration_arg_s
 
 #: ``--duration``'s help: the range :func:`_episode_s` accepts (and the window rule evaluate checks).
@@ -95,13 +95,12 @@ def _refuse_an_experiment_file(path: str) -> None:
     Raises:
         testbed.core.errors.InputError: ``path`` is an experiment file.
     """
-    from pathlib import Path
 
     import yaml
 
 
     try:
-        data = load_yaml(Path(path).read_text())
+        data = load_yaml_file(path)
     except (OSError, ValueError, yaml.YAMLError):  # unreadable or not YAML: the config loader says so
         return
     if isinstance(data, dict) and all(k in data for k in EXPERIMENT_KEYS):

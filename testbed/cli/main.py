@@ -29,12 +29,11 @@ from testbed.aset.train import resolve, training_scenarios
 from testbed.cli import evaluate, profile, report, simulate, sweep, train
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
-from testbed.core.util import read_input_text
 from testbed.emu.cleanup import cleanup
 from testbed.plan.build import Plan, plan_experiment
 from testbed.plan.policies import load_aset
 from testbed.results.runs import run_emulation
-from testbed.spec.schema import load_yaml
+from testbed.spec.schema import load_yaml_file
 
 #: The console every subcommand prints to. ``markup=False``: ``[...]`` in a string is printed as
 #: it is, never as console markup (untrusted text: labels, names, file contents, error messages).
@@ -112,7 +111,7 @@ def _plan_aset_config(path: Path) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
 
     try:
-        top = load_yaml(read_input_text(args.experiment))
+        top = load_yaml_file(args.experiment)
     except Exception:  # noqa: BLE001 - not YAML, not readable: load_experiment names the problem
         top = None
     if isinstance(top, dict) and ASET_CONFIG_KEYS & set(top) and "topology" not in top:

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
-from testbed.core.errors import EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure
+from testbed.core.errors import EXIT_ALL_FAILED, EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure
 from testbed.core.util import repo_path
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import check_load_bounds, events_after_end, plan_experiment, runs_dir_problem
@@ -65,4 +65,7 @@ def _cmd(args: argparse.Namespace) -> int:
     if not s["queries"]:
         console.print("the run measured no query (exit code 5)", markup=False)
         return EXIT_NOTHING_MEASURED
+    if s.get("all_failed"):
+        console.print(f"error: {s['all_failed']} (exit code {EXIT_ALL_FAILED})", markup=False, highlight=False)
+        return EXIT_ALL_FAILED
     return 0

@@ -10,7 +10,9 @@ and the rollout workers of ``testbed train``::
 Backends:
 
 * ``process`` (default): ``concurrent.futures.ProcessPoolExecutor`` with ``jobs`` workers
-  (default: the CPU count).
+  (default: the CPU count). The workers end with the command however it ends: an interrupt or a
+  failed task stops them (``_stop_workers``), and the kernel sends each SIGTERM when the command
+  dies, SIGKILL included (the parent-death signal of :mod:`testbed.core.lifeline`).
 * ``ray``: every task is a Ray task (``num_cpus`` per task, default 1, plus ``resources``, e.g.
   ``{"mininet": 1}`` so that a node runs one emulation at a time). Without ``ray_address``, Ray
   is embedded: ``ray.init()`` starts a private local instance with ``jobs`` CPUs (default: the CPU
@@ -36,6 +38,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from typing import Any, Literal
 
 from testbed.core.errors import InputError
+from testbed.core.lifeline import tie_to_parent
 
 Backend = Literal["process", "ray"]
 BACKENDS: tuple[str, ...] = ("process", "ray")
@@ -175,11 +178,15 @@ def _cancel(ray, refs: list, grace_s: float = CANCEL_GRACE_S) -> None:
     ray.wait(refs, num_returns=len(refs), timeout=grace_s)
 
 
-def _worker_signals() -> None:
+def _worker_signals(parent_pid: int) -> None:
     """A pool worker ends at once on SIGTERM (the default action), whatever handler it inherited
     from the command: a simulator cell has nothing to tear down, and an emulation cell's run
-    installs its own handler for the time of the run (it tears down as on Ctrl-C)."""
+    installs its own handler for the time of the run (it tears down as on Ctrl-C). The worker gets
+    that SIGTERM when the command dies, however it dies (SIGKILL included): the lifeline's death
+    signal (:func:`testbed.core.lifeline.tie_to_parent`; a worker whose command died before the
+    signal was set exits at once)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    tie_to_parent(parent_pid)()
 
 
 def _stop_workers(procs: list, grace_s: float = CANCEL_GRACE_S) -> None:
@@ -207,7 +214,10 @@ def _process_imap(fn: Callable, tasks: Sequence[tuple], jobs: int | None) -> Ite
         for i, args in enumerate(tasks):
             yield i, fn(*args)
         return
-    pool = ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1, initializer=_worker_signals)
+    # the workers are forked by this thread, which lives while it consumes this generator: their
+    # death signal (set by _worker_signals) fires when the command dies
+    pool = ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1, initializer=_worker_signals,
+                               initargs=(os.getpid(),))
     pending: dict[Future, int] = {}
     try:
         pending = {pool.submit(fn, *args): i for i, args in enumerate(tasks)}

@@ -14,6 +14,10 @@ code meaning
 3    a precondition or a self-check failed, or a component did not come up (bring-up)
 4    a component died during the run (source, server, link emulator, ryu-manager, OVS, ...)
 5    the run measured nothing (no query was recorded)
+6    every query of the run failed, whatever the cause; the summary's headline says why
+7    a model failed its integrity check: a file's SHA-256 differs from the zoo's record (or the zoo
+     records none), or a server's labelled start-up sample answered far below the model's
+     accuracy; the message names the file (the one code of every integrity failure)
 130  interrupted (Ctrl-C / SIGTERM); what was measured so far is kept
 ==== ===============================================================================
 """
@@ -25,6 +29,8 @@ EXIT_INPUT = 2
 EXIT_BRINGUP = 3
 EXIT_COMPONENT_DIED = 4
 EXIT_NOTHING_MEASURED = 5
+EXIT_ALL_FAILED = 6
+EXIT_INTEGRITY = 7
 EXIT_INTERRUPTED = 130
 
 
@@ -72,5 +78,5 @@ def naming_file(exc: TestbedError, path: object) -> TestbedError:
     return out
 
 
-__all__ = ["EXIT_BRINGUP", "EXIT_COMPONENT_DIED", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_NOTHING_MEASURED",
-           "EXIT_OK", "InputError", "RunFailure", "TestbedError", "counted", "naming_file"]
+__all__ = ["EXIT_ALL_FAILED", "EXIT_BRINGUP", "EXIT_COMPONENT_DIED", "EXIT_INPUT", "EXIT_INTEGRITY", "EXIT_INTERRUPTED",
+           "EXIT_NOTHING_MEASURED", "EXIT_OK", "InputError", "RunFailure", "TestbedError", "counted", "naming_file"]

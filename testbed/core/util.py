@@ -195,11 +195,13 @@ def poll_until(check: Callable[[], T | None], timeout_s: float, what: str, inter
         check: the condition (may return a value, e.g. a status dict).
         timeout_s: give up after this many seconds.
         what: what is awaited, for the error message (e.g. ``"ryu-manager listening on :6653"``).
-        proc: a process whose exit ends the wait at once (it was supposed to make ``check`` true).
+        proc: a process whose exit, or stop (:func:`stopped`), ends the wait at once (it was
+            supposed to make ``check`` true).
         exit_code: the exit code of the :class:`RunFailure` raised (default: bring-up failure).
 
     Raises:
-        RunFailure: ``proc`` exited, or ``timeout_s`` passed; the message says which and names ``what``.
+        RunFailure: ``proc`` exited or is stopped, or ``timeout_s`` passed; the message says which
+            and names ``what``.
     """
     deadline = time.monotonic() + timeout_s
     while True:
@@ -208,6 +210,8 @@ def poll_until(check: Callable[[], T | None], timeout_s: float, what: str, inter
             return got
         if proc is not None and proc.poll() is not None:
             raise RunFailure(f"{what}: the process exited with code {proc.returncode} first", exit_code)
+        if proc is not None and stopped(proc.pid):
+            raise RunFailure(f"{what}: {stopped(proc.pid)}", exit_code)
         if time.monotonic() >= deadline:
             raise RunFailure(f"{what}: not within {timeout_s:g} s", exit_code)
         time.sleep(interval_s)
@@ -222,6 +226,17 @@ def proc_stat(pid: int) -> list[str] | None:
     except (OSError, IndexError):
         return None
     return fields if len(fields) > 19 else None
+
+
+def stopped(pid: int) -> str:
+    """Why process ``pid`` cannot make progress when it is stopped (state ``T`` in
+    ``/proc/PID/stat``: it got SIGSTOP, SIGTSTP, SIGTTIN or SIGTTOU), naming it; ``""`` otherwise
+    (running, sleeping, gone)."""
+    fields = proc_stat(pid)
+    if not fields or fields[0] != "T":
+        return ""
+    return (f"the process (pid {pid}) is stopped (process state 'T': it got SIGSTOP or SIGTSTP) and does nothing "
+            f"until it is continued (kill -CONT {pid})")
 
 
 def stop_processes(procs: Iterable[subprocess.Popen], sig: int = signal.SIGTERM, timeout_s: float = 5.0) -> None:
@@ -316,7 +331,7 @@ def markdown_table(rows: Any, columns: Sequence[str] | None = None) -> str:
 
 
 __all__ = ["REPO_ROOT", "SOURCE_CHECKOUT", "ci95", "markdown_table", "poll_until", "repo_path", "stop_processes",
-           "write_json_atomic"]
+           "stopped", "write_json_atomic"]
 
 
 @contextmanager

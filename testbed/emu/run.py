@@ -183,8 +183,31 @@ def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None) -
         raise RunFailure(f"cannot create the run directory under {base}: {exc.strerror}; choose another "
                          f"--runs-dir (or runs_dir in the experiment)", EXIT_BRINGUP) from None
     storage = Storage(run_dir, estimate_storage(plan, duration_s, expected))
-    storage.check()
+    try:
+        storage.check()
+    except RunFailure as exc:
+        raise _record_refusal(run_id, run_dir, duration_s, storage, exc) from None
     return run_id, run_dir, storage
+
+
+def _record_refusal(run_id: str, run_dir: Path, duration_s: float, storage: Storage, exc: RunFailure) -> RunFailure:
+    """``run.json`` of a run its storage check refused (too little space, or not writable), as
+    docs/trustworthy-runs.md states for exit code 3: status, exit code, message and the storage
+    estimate. Returns ``exc``, or a copy whose message adds that ``run.json`` could not be written
+    (the directory is not writable) and why."""
+    try:
+        free: int | None = storage.free_bytes()
+    except OSError:
+        free = None
+    try:
+        write_json_atomic(run_dir / "run.json", {
+            "mode": "emulation", "run_id": run_id, "status": "failed", "exit_code": exc.exit_code,
+            "message": str(exc), "provenance": provenance(), "duration_s": duration_s,
+            "storage": {"estimate_bytes": storage.estimate.total, "reserve_bytes": storage.estimate.reserve,
+                        "free_bytes_at_start": free}}, indent=1)
+    except OSError as err:
+        return RunFailure(f"{exc}; its run.json could not be written either: {err.strerror}", exc.exit_code)
+    return exc
 
 
 # ----------------------------------------------------------------------------- the health watch

@@ -31,9 +31,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from testbed.core import cgroups
-from testbed.core.errors import RunFailure
+from testbed.core.errors import EXIT_INTEGRITY, RunFailure
 from testbed.core.lifeline import tied_popen
-from testbed.core.util import REPO_ROOT, poll_until, stop_processes, write_json_atomic
+from testbed.core.util import REPO_ROOT, poll_until, stop_processes, stopped, write_json_atomic
 from testbed.plan.zoo import request_bodies
 from testbed.serve.launch import server_command, write_server_config
 
@@ -65,6 +65,15 @@ class ClusterServers:
     def log_path(self, cluster: str) -> Path:
         """The log of ``cluster``'s server (every life appends to it)."""
         return self.live.run_dir / "logs" / f"server-{cluster}.log"
+
+    def _last_line(self, cluster: str) -> str:
+        """The last line the server of ``cluster`` logged from our code (``[inference-server] ...``)."""
+        try:
+            lines = self.log_path(cluster).read_text(errors="replace").splitlines()
+        except OSError:
+            return "(its log cannot be read)"
+        ours = [ln.removeprefix("[inference-server] ") for ln in lines if ln.startswith("[inference-server]")]
+        return ours[-1] if ours else (lines[-1] if lines else "(its log is empty)")
 
     def _ready_file(self, cluster: str) -> Path:
         return self.live.run_dir / "clusters" / f"{cluster}.ready.json"
@@ -118,14 +127,21 @@ class ClusterServers:
         """Wait until each server of ``clusters`` wrote its ready file (models warm, port open).
 
         Raises:
-            RunFailure: a server exited, or was not ready within ``timeout_s`` (names it and its log).
+            RunFailure: a server exited, or was not ready within ``timeout_s`` (names it and its log);
+                exit code 7 (:data:`~testbed.core.errors.EXIT_INTEGRITY`) with the server's own
+                message, which names the file, when a model failed its integrity check.
         """
         def check() -> bool:
             for n in clusters:
                 p = self.procs[n]
+                if p.poll() == EXIT_INTEGRITY:
+                    raise RunFailure(f"inference server {n} refused to serve: {self._last_line(n)} (see "
+                                     f"{self.log_path(n)})", EXIT_INTEGRITY)
                 if p.poll() is not None:
                     raise RunFailure(f"inference server {n} exited (code {p.returncode}){self.oom_note(n)}; see "
                                      f"{self.log_path(n)}")
+                if stopped(p.pid) and not self._ready_file(n).exists():
+                    raise RunFailure(f"inference server {n} is not ready and cannot become so: {stopped(p.pid)}")
             return all(self._ready_file(n).exists() for n in clusters)
 
         poll_until(check, timeout_s, f"inference servers {', '.join(clusters)} ready (see "

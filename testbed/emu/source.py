@@ -46,6 +46,7 @@ from testbed.agent.live import LivePolicySelector
 from testbed.core.util import write_json_atomic
 from testbed.model import seeds
 from testbed.model.dispatch import Dispatcher, Heard
+from testbed.model.network import path_cut
 from testbed.model.policies import CATALOGUE, REGISTRY
 from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
 from testbed.plan.boundaries import AppInfo, SourceConfig, SourceTally, StreamConfig, read_config, tally_path
@@ -194,10 +195,13 @@ class Source:
         except (aiohttp.ClientError, OSError, ValueError, KeyError) as exc:
             error = type(exc).__name__
             got = {"status": CONNECTION_REFUSED if _refused(exc) else CLIENT_ERROR, "t4_ns": time.time_ns()}
+        t0_s = (t0 - self.cfg.start_ns) / 1e9
+        cut = path_cut(self.cfg.no_route.get(d.cluster, ()), t0_s, t0_s + (app.deadline_ms + self.cfg.grace_ms) / 1e3)
         row = make_record(query_id=qid, source=self.name, application=app.name, cluster=d.cluster, model=d.model,
                           policy=policy, fallback=d.fallback, deadline_ms=app.deadline_ms,
                           min_accuracy=app.min_accuracy, model_accuracy=opt.accuracy, expected_rtt_ms=opt.rtt_ms,
-                          t0_ns=t0, request_bytes=len(body), label=label, error=error, cold=trace["cold"], **got)
+                          t0_ns=t0, request_bytes=len(body), label=label, error=error, cold=trace["cold"], cut=cut,
+                          **got)
         self._write(row)  # first: whatever follows, the query is on record
         self.in_flight[d.cluster] -= 1
         # e2e_ms is absent for a query with no answer within deadline + grace (the simulator's None)

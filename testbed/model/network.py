@@ -229,6 +229,54 @@ class NetworkState:
         return (1.0 - keep) * 100.0
 
 
+#: A span of a run without a route, (from_s, to_s), s since the load started; to_s may be inf.
+Span = tuple[float, float]
+
+
+def no_route_spans(net: NetworkState, changes: Sequence[Change],
+                   pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[Span]]:
+    """When the network has no route between each pair of switches, over a run's timeline: the
+    routes of ``net`` (changed in place: pass a fresh one) at the start and after each
+    ``link_down`` / ``link_up`` step of ``changes`` (the ones that can remove or restore a route).
+
+    Args:
+        net: the planned network (:meth:`testbed.plan.resolved.Plan.network_state`).
+        changes: the events' timeline (:func:`testbed.model.events.expand`), sorted by ``t_s``.
+        pairs: (from switch, to switch) pairs.
+
+    Returns:
+        Per pair, its spans without a route in time order, s since the load started (the last
+        one ends at ``inf`` when no later step restores it); pairs always connected map to ``[]``.
+    """
+    pairs = list(dict.fromkeys(pairs))
+    spans: dict[tuple[str, str], list[Span]] = {p: [] for p in pairs}
+    since: dict[tuple[str, str], float] = {}
+
+    def look(t: float) -> None:
+        routes = net.routes(pairs)
+        for p in pairs:
+            if routes[p] is None and p not in since:
+                since[p] = t
+            elif routes[p] is not None and p in since:
+                spans[p].append((since.pop(p), t))
+
+    look(0.0)
+    steps = [ch for ch in changes if ch.link is not None and ch.entry.sets_up is not None]
+    for i, ch in enumerate(steps):
+        net.apply(ch)
+        if i + 1 == len(steps) or steps[i + 1].t_s != ch.t_s:  # steps at the same instant: one look
+            look(ch.t_s)
+    for p, t in since.items():
+        spans[p].append((t, math.inf))
+    return spans
+
+
+def path_cut(spans: Sequence[Span], t_from_s: float, t_to_s: float) -> bool:
+    """Whether the life of a query, [``t_from_s``, ``t_to_s``] (s since the load started: its
+    creation to its deadline plus the grace), meets a span without a route (:func:`no_route_spans`)."""
+    return any(a <= t_to_s and b > t_from_s for a, b in spans)
+
+
 __all__ = ["DEFAULT_MTU", "DEFAULT_QUEUE_PACKETS", "FRAME_OVERHEAD_BYTES", "FULL_FRAME_BYTES", "IP_TCP_HEADER_BYTES",
-           "MSS_BYTES", "TCP_RTO_MIN_MS", "LinkState", "LinkView", "NetworkState", "frames", "mss_of",
-           "p_retransmit", "transfer_ms", "wire_bytes"]
+           "MSS_BYTES", "TCP_RTO_MIN_MS", "LinkState", "LinkView", "NetworkState", "Span", "frames", "mss_of",
+           "no_route_spans", "p_retransmit", "path_cut", "transfer_ms", "wire_bytes"]

@@ -10,6 +10,11 @@ was answered (HTTP 200), e2e = t4 - t0 <= D_a, and alpha_m >= A_a. Failures by c
 order of precedence (:func:`classify`):
 
 ==================  =============================================================================
+``unreachable``     no answer in time (none, a client-side error, or an answer after the deadline)
+                    while the network had no route between the source and the cluster at some
+                    instant of the query's life, from its creation to its deadline plus
+                    :data:`GRACE_MS`: a link cut by an event, or none at all (``cut``,
+                    :func:`testbed.model.network.path_cut` over the plan's timeline)
 ``deadline_miss``   no answer within the deadline plus :data:`GRACE_MS` (the source gave up)
 ``server_down``     the connection was refused or reset: nothing listens (the server is down)
 ``dropped``         HTTP 503: refused by the server's queue bound or admission (``drop_reason``)
@@ -32,8 +37,10 @@ CLIENT_ERROR = 0  # any other failure on the client side (e.g. a malformed answe
 
 SUCCESS = "success"
 FAILURE = "failure"
-#: Failure causes, in the order of the table above (``""`` on success).
-CAUSES: tuple[str, ...] = ("deadline_miss", "server_down", "dropped", "error", "accuracy")
+#: Failure causes (``""`` on success); the precedence is the table's above.
+CAUSES: tuple[str, ...] = ("deadline_miss", "server_down", "dropped", "error", "accuracy", "unreachable")
+#: The causes that are the network's (the summary's headline names them when every query failed).
+NETWORK_CAUSES: frozenset[str] = frozenset({"unreachable"})
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ def answered_in_time(status: int | None, e2e_ms: float | None, deadline_ms: floa
 
 
 def classify(status: int | None, e2e_ms: float | None, deadline_ms: float, accuracy: float,
-             min_accuracy: float) -> tuple[str, str]:
+             min_accuracy: float, cut: bool = False) -> tuple[str, str]:
     """Outcome and failure cause of one query (the module table).
 
     Args:
@@ -109,11 +116,15 @@ def classify(status: int | None, e2e_ms: float | None, deadline_ms: float, accur
             :data:`NO_ANSWER` (None).
         e2e_ms: t4 - t0 in ms (None without an answer).
         deadline_ms, accuracy, min_accuracy: D_a, alpha_m, A_a.
+        cut: the network had no route between the query's source and cluster at some instant of
+            its life (:func:`testbed.model.network.path_cut`).
 
     Returns:
         ``("success", "")`` or ``("failure", cause)`` with cause in :data:`CAUSES`.
     """
     status = answered_in_time(status, e2e_ms, deadline_ms)
+    if cut and (status in (NO_ANSWER, CLIENT_ERROR) or (status == 200 and (e2e_ms is None or e2e_ms > deadline_ms))):
+        return FAILURE, "unreachable"
     if status is None or (status == 200 and e2e_ms is None):
         return FAILURE, "deadline_miss"
     if status == CONNECTION_REFUSED:
@@ -139,8 +150,9 @@ def make_record(*, query_id: str, source: str, application: str, cluster: str, m
                 t2_ns: int | None = None, t3_ns: int | None = None, t4_ns: int | None = None,
                 batch: int | None = None, request_bytes: int | None = None, response_bytes: int | None = None,
                 queue_len_at_arrival: int | None = None, drop_reason: str = "", cold: bool = False,
-                label: object = "", predicted: object = "", error: str = "") -> dict[str, object]:
-    """One record row (keys :data:`RECORD_FIELDS`), with the derived durations, outcome and cause.
+                label: object = "", predicted: object = "", error: str = "", cut: bool = False) -> dict[str, object]:
+    """One record row (keys :data:`RECORD_FIELDS`), with the derived durations, outcome and cause
+    (``cut``: as :func:`classify`).
 
     Durations are derived from the times given: ``e2e_ms`` from t0/t4, ``network_ms`` etc. only
     when t1..t3 are known (an answered query). ``status`` as :func:`classify`; a late answer (after
@@ -148,7 +160,7 @@ def make_record(*, query_id: str, source: str, application: str, cluster: str, m
     """
     e2e = _ms(t0_ns, t4_ns)
     status = answered_in_time(status, e2e, deadline_ms)
-    outcome, cause = classify(status, e2e, deadline_ms, model_accuracy, min_accuracy)
+    outcome, cause = classify(status, e2e, deadline_ms, model_accuracy, min_accuracy, cut)
     row: dict[str, object] = {
         "query_id": query_id, "source": source, "application": application, "cluster": cluster, "model": model,
         "policy": policy, "fallback": int(bool(fallback)), "deadline_ms": deadline_ms, "min_accuracy": min_accuracy,
@@ -167,5 +179,5 @@ def make_record(*, query_id: str, source: str, application: str, cluster: str, m
     return row
 
 
-__all__ = ["CAUSES", "CLIENT_ERROR", "COLUMNS", "CONNECTION_REFUSED", "FAILURE", "GRACE_MS", "NO_ANSWER",
-           "RECORD_FIELDS", "SUCCESS", "Column", "answered_in_time", "classify", "make_record"]
+__all__ = ["CAUSES", "CLIENT_ERROR", "COLUMNS", "CONNECTION_REFUSED", "FAILURE", "GRACE_MS", "NETWORK_CAUSES",
+           "NO_ANSWER", "RECORD_FIELDS", "SUCCESS", "Column", "answered_in_time", "classify", "make_record"]

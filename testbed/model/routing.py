@@ -357,3 +357,21 @@ def port_delta(prev: PortSample, cur: PortSample) -> PortDelta:
         rx_drops=counter_delta(prev.rx_dropped, cur.rx_dropped) + counter_delta(prev.rx_errors, cur.rx_errors),
         reset=reset,
     )
+
+
+def carried(sent: PortDelta | None, received: PortDelta | None) -> tuple[float, int, float | None]:
+    """What one direction of a link carried over the last stats interval: ``(rate Mbit/s, drops,
+    t)``. The rate is the bytes received at the far end's port (``received``), after the link's
+    shaper and emulator; the bytes the near end's port sent into the link (``sent``: the offered
+    load, before the shaper, above the capacity when the link is overloaded) only while the far
+    end's port is not known yet. Drops: packets dropped or in error at either port; t: the newer
+    sample (unix s), None without one."""
+    if received is not None:
+        rate = received.rx_mbps
+    elif sent is not None:
+        rate = sent.tx_mbps
+    else:
+        rate = 0.0
+    drops = (sent.tx_drops if sent is not None else 0) + (received.rx_drops if received is not None else 0)
+    ts = [d.t for d in (sent, received) if d is not None]
+    return rate, drops, (max(ts) if ts else None)

@@ -124,6 +124,10 @@ class SourceOption(_Boundary):
     ip: str
 
 
+#: The end of a span without a route that nothing restores, s: a finite "never" for the JSON file.
+NO_ROUTE_END_S = 1e12
+
+
 class SourceConfig(_Boundary):
     """One query source (workload generator + dispatcher, :mod:`testbed.emu.source`).
 
@@ -138,6 +142,9 @@ class SourceConfig(_Boundary):
     ``ready_file`` once it can send (imports done, request bodies built, a connection open to every
     cluster) and waits for ``go_file``, a JSON ``{"start_ns": N}`` the run writes once every
     source is ready; ``start_ns`` is then replaced by N (the value here is only a fallback).
+    ``no_route``: per cluster, the spans of the run (s since the load started) in which the planned
+    network has no route to it (:meth:`testbed.plan.resolved.Plan.no_route_spans`; an open span
+    ends at :data:`NO_ROUTE_END_S`): a query that got no answer in one is ``unreachable``.
     """
 
     source: str
@@ -162,6 +169,7 @@ class SourceConfig(_Boundary):
     experiment: str | None = None
     ready_file: str | None = None
     go_file: str | None = None
+    no_route: dict[str, list[tuple[float, float]]] = {}
 
     @classmethod
     def from_plan(cls, plan: Plan, source: str, start_ns: int, duration_s: float, run_dir: Path) -> SourceConfig | None:
@@ -178,13 +186,16 @@ class SourceConfig(_Boundary):
         path_links = {p.cluster: list(zip(p.switches, p.switches[1:], strict=False))
                       for p in plan.paths if p.source == source}
         spec_s = next(x for x in exp.sources if x.name == source)
+        no_route = {c: [(a, min(b, NO_ROUTE_END_S)) for a, b in spans]
+                    for (s, c), spans in plan.no_route_spans().items() if s == source and spans}
         return cls(source=source, source_index=[h.name for h in plan.sources].index(source), seed=exp.seed,
                    policy=spec_s.policy or exp.policy, start_ns=start_ns, duration_s=duration_s,
                    report_interval_s=exp.report_interval_s, server_port=exp.emulation.server_port,
                    applications=apps, streams=streams, options=options, base_dir=plan.base_dir,
                    path_links=path_links, link_util_file=str(run_dir / "link_util.json"), aset=exp.aset,
                    zoo_dir=plan.zoo_dir, repo_dir=str(REPO_ROOT),
-                   records=str(run_dir / "sources" / f"{source}.records.csv"), experiment=exp.name)
+                   records=str(run_dir / "sources" / f"{source}.records.csv"), experiment=exp.name,
+                   no_route=no_route)
 
 
 class SourceTally(_Boundary):

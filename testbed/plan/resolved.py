@@ -18,7 +18,7 @@ from testbed.core.errors import InputError
 from testbed.core.util import write_json_atomic
 from testbed.model.dispatch import OptionSpec
 from testbed.model.events import Change
-from testbed.model.network import NetworkState
+from testbed.model.network import NetworkState, no_route_spans
 from testbed.model.queue import ServerQueue
 from testbed.model.service import ServiceFigures
 from testbed.plan.catalog import ModelInfo
@@ -206,6 +206,16 @@ class Plan(_PlanModel):
         return NetworkState([(lk.a, lk.b, lk.delay_ms, lk.bandwidth_mbps, lk.loss_pct) for lk in self.links],
                             [s.name for s in self.switches], mtu=self.experiment.topology.mtu,
                             dpids={s.name: s.dpid for s in self.switches})
+
+    def no_route_spans(self) -> dict[tuple[str, str], list[tuple[float, float]]]:
+        """Per (source, cluster): the spans of the run (s since the load started) in which the
+        planned network, with the events' timeline, has no route between them
+        (:func:`testbed.model.network.no_route_spans`); both engines classify a query that got no
+        answer in such a span as ``unreachable`` (:func:`testbed.model.records.classify`)."""
+        sw = {h.name: h.switch for h in self.hosts}
+        pairs = {(s.name, c.name): (sw[s.name], sw[c.name]) for s in self.sources for c in self.clusters}
+        spans = no_route_spans(self.network_state(), self.changes, pairs.values())
+        return {k: spans[p] for k, p in pairs.items()}
 
     def to_dict(self) -> dict:
         """A JSON-serialisable view (``plan.json``), with each link's ``emu_name`` and each

@@ -24,11 +24,23 @@ them as float32 RGB in [0, 1] and :func:`request_bodies` as ``{"instances": [{"b
 
 Errors: every missing or malformed file raises :class:`ZooError` (``ZooFileMissing`` for a missing
 file, a ``FileNotFoundError`` too) whose message names the variant / family and the path.
+
+Integrity: the build records the SHA-256 of every model file of every variant (SavedModel files,
+``.tflite``, MediaPipe files) in the manifest, ``variants.<name>.files_sha256`` ({path relative to
+the zoo: hex digest}; :func:`record_hashes`); a MediaPipe file's is also pinned from its wheel
+(``tflite_files``). Every load of a model (:func:`testbed.serve.zoo.load_model`: the inference
+server, the profiler, the host-speed check) first checks the files it reads against them
+(:func:`verify_model_files`); a mismatch, or a zoo whose manifest records none, is a
+:class:`ZooIntegrityError` naming the file, exit code 7
+(:data:`testbed.core.errors.EXIT_INTEGRITY`), the one code of every integrity failure. A zoo built
+before the hashes were recorded gets them, for the files it holds then, from
+``python models/build_zoo.py --out ZOO`` (no rebuild; ``install.sh`` runs it).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -38,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.core.errors import InputError
+from testbed.core.errors import EXIT_INTEGRITY, InputError
 from testbed.core.util import REPO_ROOT
 
 #: Input of the default family "digits": one grey-scale 32x32 image, float32 in [0, 1] (H, W, C).
@@ -65,6 +77,96 @@ class ZooError(InputError, RuntimeError):
 
 class ZooFileMissing(ZooError, FileNotFoundError):
     """A file or directory of the zoo (or of the profiles) does not exist."""
+
+
+class ZooIntegrityError(ZooError):
+    """A model file whose SHA-256 differs from the zoo's record, a zoo that records none, or a model
+    that answers its labelled start-up sample far below its accuracy (the message names the file);
+    exit code :data:`~testbed.core.errors.EXIT_INTEGRITY` (7), the one code of every integrity failure."""
+
+    exit_code = EXIT_INTEGRITY
+
+
+#: The manifest key of a variant's recorded file hashes: {path relative to the zoo: SHA-256 hex}.
+FILES_SHA256 = "files_sha256"
+
+
+def sha256_of(path: Path) -> str:
+    """Hex SHA-256 of the file at ``path``, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def model_files(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any],
+                runtime: str | None = None) -> list[str]:
+    """The files (relative to ``zoo_dir``, sorted) a load of variant ``name`` reads: its SavedModel's
+    files (``tensorflow``), its ``.tflite`` or MediaPipe files (``litert``), or both (``None``)."""
+    v = manifest["variants"][name]
+    out: set[str] = set()
+    if runtime in (None, "tensorflow") and v.get("path"):
+        root = Path(zoo_dir) / v["path"]
+        out |= {p.relative_to(zoo_dir).as_posix() for p in root.rglob("*") if p.is_file()}
+    if runtime in (None, "litert"):
+        if v.get("tflite"):
+            out.add(v["tflite"])
+        out |= {f["path"] for f in (v.get("tflite_files") or {}).values()}
+    return sorted(out)
+
+
+def recorded_hashes(v: dict[str, Any]) -> dict[str, str]:
+    """A variant entry's recorded hashes: ``files_sha256``, with the wheel-pinned hashes of its
+    MediaPipe files (``tflite_files``) for the files it does not list."""
+    pinned = {f["path"]: f["sha256"] for f in (v.get("tflite_files") or {}).values() if f.get("sha256")}
+    return {**pinned, **(v.get(FILES_SHA256) or {})}
+
+
+def record_hashes(zoo_dir: str | os.PathLike[str], manifest: dict[str, Any]) -> int:
+    """Record in ``manifest`` (in place; the caller writes it) the SHA-256 of every model file of
+    every variant as it is in ``zoo_dir`` now; returns the number of files hashed."""
+    n = 0
+    for name, v in manifest["variants"].items():
+        files = model_files(zoo_dir, name, manifest)
+        v[FILES_SHA256] = {rel: sha256_of(Path(zoo_dir) / rel) for rel in files}
+        n += len(files)
+    return n
+
+
+def missing_hashes(manifest: dict[str, Any]) -> list[str]:
+    """The variants of ``manifest`` that record no ``files_sha256``."""
+    return [n for n, v in manifest["variants"].items() if not v.get(FILES_SHA256)]
+
+
+def verify_model_files(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any], runtime: str) -> None:
+    """Check every file a ``runtime`` load of variant ``name`` reads against the zoo's record.
+
+    Raises:
+        ZooIntegrityError: the manifest records no hash of a file (a zoo built before they were
+            recorded: the message says how to record them), or a file's SHA-256 differs (names the
+            file, both digests and how to rebuild).
+        ZooFileMissing: a file is missing.
+    """
+    v = manifest["variants"][name]
+    known = recorded_hashes(v)
+    for rel in model_files(zoo_dir, name, manifest, runtime):
+        path = Path(zoo_dir) / rel
+        if rel not in known:
+            raise ZooIntegrityError(
+                f"model file {path} (variant {name!r}): the zoo's manifest records no SHA-256 of it (a zoo built "
+                f"before the hashes were recorded, or a file added since); record them for the files there now "
+                f"with: python models/build_zoo.py --out {zoo_dir} (no rebuild; ./install.sh runs it), or rebuild "
+                f"with --force")
+        if not path.is_file():
+            raise ZooFileMissing(f"model file {path} (variant {name!r}) does not exist (rebuild: python "
+                                 f"models/build_zoo.py --out {zoo_dir} --force)")
+        got = sha256_of(path)
+        if got != known[rel]:
+            raise ZooIntegrityError(
+                f"model file {path} (variant {name!r}): SHA-256 {got} differs from the {known[rel]} recorded when "
+                f"the zoo was built: the file is corrupt or was replaced; rebuild the zoo: python "
+                f"models/build_zoo.py --out {zoo_dir} --force")
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -352,7 +454,9 @@ def ensure_zoo(zoo_dir: str | os.PathLike[str] = "models/zoo", profiles_dir: str
     return load_manifest(zoo_dir)
 
 
-__all__ = ["BUILD_SCRIPT", "DEFAULT_FAMILY", "INPUT_NAME", "INPUT_SHAPE", "MANIFEST", "NUM_CLASSES", "OUTPUT_NAME",
-           "PAYLOADS", "PAYLOADS_DIR", "RUNTIMES", "SIGNATURE_KEY", "ZooError", "ZooFileMissing", "ensure_zoo",
-           "families", "family_info", "input_shape", "known_variant", "load_jpegs", "load_manifest", "load_payloads",
-           "load_profile", "request_bodies", "runtimes_of", "tflite_path", "variant_dir", "zoo_complete"]
+__all__ = ["BUILD_SCRIPT", "DEFAULT_FAMILY", "FILES_SHA256", "INPUT_NAME", "INPUT_SHAPE", "MANIFEST", "NUM_CLASSES",
+           "OUTPUT_NAME", "PAYLOADS", "PAYLOADS_DIR", "RUNTIMES", "SIGNATURE_KEY", "ZooError", "ZooFileMissing",
+           "ZooIntegrityError", "ensure_zoo", "families", "family_info", "input_shape", "known_variant", "load_jpegs",
+           "load_manifest", "load_payloads", "load_profile", "missing_hashes", "model_files", "record_hashes",
+           "recorded_hashes", "request_bodies", "runtimes_of", "sha256_of", "tflite_path", "variant_dir",
+           "verify_model_files", "zoo_complete"]

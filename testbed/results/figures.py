@@ -66,6 +66,25 @@ def _causes(g: pd.DataFrame) -> dict[str, int]:
     return out
 
 
+#: What each failure cause means, for the headline of a run in which every query failed.
+CAUSE_MEANING: dict[str, str] = {
+    "unreachable": "no route from the source to its cluster: a link cut by an event (events.csv), or none at all",
+    "deadline_miss": "no answer within the deadline",
+    "server_down": "nothing listened at the cluster (connection refused or reset)",
+    "dropped": "refused by the server's queue bound or admission",
+    "error": "an HTTP error or a client-side error",
+    "accuracy": "every model chosen is less accurate than the application asks",
+}
+
+
+def all_failed_reason(queries: int, failures: dict[str, int]) -> str:
+    """Why a run in which every one of its ``queries`` failed did so: its causes, most frequent
+    first, each with its count and meaning (:data:`CAUSE_MEANING`)."""
+    parts = [f"{c} {n} ({CAUSE_MEANING.get(c, 'unknown cause')})"
+             for c, n in sorted(failures.items(), key=lambda kv: (-kv[1], kv[0])) if n]
+    return f"every one of the {queries} queries failed: " + "; ".join(parts)
+
+
 def answered(df: pd.DataFrame) -> pd.DataFrame:
     """The answered queries of records ``df``: HTTP 200 with an e2e time (ms). The rows of every
     latency figure (:func:`latency_figures`) and of the answered counts, in the summary and in
@@ -345,7 +364,8 @@ def query_figures(df: pd.DataFrame, duration_s: float) -> dict:
     ``latency_rule``, ``success_ratio`` (0-1, None without records), ``throughput_qps`` (answered
     per s of load), ``failures`` (per cause, causes with none left out), ``drop_reasons``,
     ``cold_queries``, ``e2e_ms``, ``breakdown_ms``, ``network_excess_ms`` (:func:`latency_figures`)
-    and ``per_application`` (:func:`_per_group`)."""
+    and ``per_application`` (:func:`_per_group`); ``all_failed`` (:func:`all_failed_reason`) when
+    no query succeeded."""
     s: dict = {"queries": int(len(df)), "duration_s": duration_s,
                "load_s": round(load_duration_s(df["t0_ns"], duration_s), 3) if "t0_ns" in df else duration_s,
                "cold_rule": COLD_RULE, "latency_rule": LATENCY_RULE}
@@ -363,6 +383,8 @@ def query_figures(df: pd.DataFrame, duration_s: float) -> dict:
     s.update(cold_queries=lat["cold_queries"], e2e_ms=lat["e2e_ms"], breakdown_ms=lat["breakdown_ms"],
              network_excess_ms=lat["network_excess_ms"])
     s["per_application"] = _per_group(df, "application")
+    if not ok.any():
+        s["all_failed"] = all_failed_reason(s["queries"], s["failures"])
     return s
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from testbed.core.errors import EXIT_ALL_FAILED
 from testbed.core.util import markdown_table, replace_atomic
 from testbed.emu.machine import OTHER_NOTABLE_CORES, SATURATED_SHARE, STEAL_NOTABLE_CORES, MachineCpu
 from testbed.model.records import CAUSES
@@ -90,7 +91,8 @@ def _links_table(s: dict) -> list[SummaryTable]:
              f"{v['util_ba_mean']:.4f}/{v['util_ba_max']:.4f}", v["drops"]] for name, v in top[:8]]
     if not rows:
         return []
-    source = "the simulator's link load" if s.get("mode") == "simulation" else "controller port stats"
+    source = ("the simulator's link load" if s.get("mode") == "simulation" else
+              "controller port stats: the bytes each link delivered at its far end, after its shaper")
     return [(f"Busiest links ({source})",
              ["link", "capacity Mbit/s", "util a>b mean/max", "util b>a mean/max", "drops"], rows)]
 
@@ -229,6 +231,8 @@ def _headline(s: dict) -> list[str]:
         fails += " (dropped: " + ", ".join(f"{k} {v}" for k, v in drops.items()) + ")"
     lines = [f"Summary: {s['queries']} queries in {span}, success ratio {'-' if sr is None else f'{sr:.3f}'}, "
              f"answered {s.get('throughput_qps', 0)} q/s; failures {fails}"]
+    if s.get("all_failed"):
+        lines.insert(0, f"ALL QUERIES FAILED (exit code {EXIT_ALL_FAILED}): {s['all_failed']}")
     e, b = s.get("e2e_ms", {}), s.get("breakdown_ms", {})
     if e:
         lines.append(f"e2e ms: p50 {_cell(e.get('p50'))}  p95 {_cell(e.get('p95'))}  p99 {_cell(e.get('p99'))};  "

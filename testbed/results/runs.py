@@ -6,7 +6,8 @@ the command's exit code (:mod:`testbed.core.errors`):
 
 - :func:`run_emulation` (``testbed run``, the emulated sweep): records merged and summarised
   whatever happened before (``summary.json``, ``summary.md``; with packet capture, the packet
-  analysis first); a run that measured nothing never exits 0 (5), and a summary that cannot be
+  analysis first); a run that measured nothing never exits 0 (5), nor one in which every query
+  failed (6), and a summary that cannot be
   written turns a successful run into a failed one (4), the records staying in ``sources/``;
 - :func:`run_simulation` (``testbed simulate``, the sweep): the simulated run folder written whole
   or not at all (a full or unwritable disk leaves nothing that looks like a finished run: exit 3).
@@ -24,6 +25,7 @@ from pathlib import Path
 from rich.console import Console
 
 from testbed.core.errors import (
+    EXIT_ALL_FAILED,
     EXIT_BRINGUP,
     EXIT_COMPONENT_DIED,
     EXIT_NOTHING_MEASURED,
@@ -63,7 +65,8 @@ def run_emulation(plan: Plan, console: Console | None = None, runs_dir: Path | N
 
 def finish_emulation(outcome: EmulationOutcome, console: Console) -> tuple[int, str]:
     """Merge and summarise what an emulation measured: (exit code, message). A run that measured
-    nothing never exits 0 (:data:`~testbed.core.errors.EXIT_NOTHING_MEASURED`); a summary that
+    nothing never exits 0 (:data:`~testbed.core.errors.EXIT_NOTHING_MEASURED`), nor one in which
+    every query failed (:data:`~testbed.core.errors.EXIT_ALL_FAILED`); a summary that
     cannot be written fails the run (:data:`~testbed.core.errors.EXIT_COMPONENT_DIED` unless it
     had failed already), naming where the records are."""
     status, message = outcome.status, outcome.message
@@ -76,6 +79,9 @@ def finish_emulation(outcome: EmulationOutcome, console: Console) -> tuple[int, 
     if status == EXIT_OK and not s.get("queries"):
         console.print("error: the run measured no query", markup=False)
         return EXIT_NOTHING_MEASURED, "the run measured no query"
+    if status == EXIT_OK and s.get("all_failed"):
+        console.print(f"error: {s['all_failed']} (exit code {EXIT_ALL_FAILED})", markup=False, highlight=False)
+        return EXIT_ALL_FAILED, s["all_failed"]
     return status, message
 
 

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from testbed.core.errors import RunFailure
 from testbed.core.lifeline import tied_popen
-from testbed.core.util import REPO_ROOT, write_json_atomic
+from testbed.core.util import REPO_ROOT, stopped, write_json_atomic
 from testbed.plan.boundaries import ControllerConfig
 
 #: The Ryu app: the copy an installed package ships (setup.py copies ``controllers/testbed_controller.py``,
@@ -352,7 +352,8 @@ def wait_ready(rest_url: str, timeout_s: float = 60.0, poll_s: float = 0.25,
         The final status dict.
 
     Raises:
-        ControllerNotReady: timeout, or the controller process exited; the message names each
+        ControllerNotReady: timeout, or the controller process exited or is stopped (process
+            state 'T', named as such); the message names each
             missing switch (name and DPID) and link and says what to check, or quotes the log when
             the REST API never answered or the process died.
     """
@@ -368,6 +369,8 @@ def wait_ready(rest_url: str, timeout_s: float = 60.0, poll_s: float = 0.25,
         if proc is not None and proc.poll() is not None:
             tail = _tail(log_path) if log_path else "(log unknown)"
             raise ControllerNotReady(f"ryu-manager exited with code {proc.returncode} before becoming ready:\n{tail}")
+        if proc is not None and stopped(proc.pid):
+            raise ControllerNotReady(f"ryu-manager is not ready and cannot become so: {stopped(proc.pid)}")
         try:
             status = get_status(rest_url, timeout_s=min(5.0, max(0.5, timeout_s)))
             if status.get("ready"):

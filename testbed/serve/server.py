@@ -4,7 +4,10 @@
 
 Start-up: TensorFlow's intra-op pool gets ``workers x threads`` threads (inter-op 1); each
 worker's LiteRT interpreter ``threads`` threads (``ServerConfig.threads``, from
-:func:`testbed.model.cpu.threads_per_call`). It loads the listed variants with their runtime,
+:func:`testbed.model.cpu.threads_per_call`). It loads the listed variants with their runtime
+(each file checked against the SHA-256 the zoo recorded), answers each one's labelled start-up
+sample (:func:`testbed.serve.zoo.check_answers`; it exits 7 without serving, naming the file, on a
+hash mismatch or an accuracy far below the model's: :data:`testbed.core.errors.EXIT_INTEGRITY`),
 warms each up (``warmup_calls`` calls at batch 1, and as many at ``max_batch`` when batching),
 binds the socket, starts ``workers`` inference threads, then writes ``ready_file`` (JSON {"pid",
 "port", "host", "models", "runtimes", "mean_service_ms", "warmup_ms", ...}; ``port`` 0 picks a
@@ -60,7 +63,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from testbed.core.errors import TestbedError
+from testbed.core.errors import EXIT_INTEGRITY, TestbedError
 from testbed.core.util import write_json_atomic
 from testbed.plan import zoo
 from testbed.plan.boundaries import ServerConfig, read_config
@@ -72,7 +75,7 @@ from testbed.serve.payload import (
     predict_response,
 )
 from testbed.serve.scheduler import Job, Scheduler
-from testbed.serve.zoo import configure_tf_threads, load_model
+from testbed.serve.zoo import check_answers, configure_tf_threads, load_model
 
 #: Largest request body [bytes] (one 32x32 image as JSON is ~5-10 kB).
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -311,7 +314,8 @@ class _StopWhileLoading(BaseException):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the server; returns the exit code (0 after SIGTERM/SIGINT, 2 on a bad config or zoo)."""
+    """Run the server; returns the exit code (0 after SIGTERM/SIGINT, 2 on a bad config or zoo, 7 when
+    a model fails its integrity check: nothing is served then)."""
     import argparse
 
 
@@ -336,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = read_config(argv[0], ServerConfig)
         models = load_models(cfg)
+        answers = {n: check_answers(cfg.zoo_dir, n, m, zoo.load_manifest(cfg.zoo_dir)) for n, m in models.items()}
         warmup = warm_up(cfg, models)
         for sig in (signal.SIGTERM, signal.SIGINT):  # until the event loop takes over
             signal.signal(sig, lambda signum, _frame: early_stop.append(signum))
@@ -344,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (TestbedError, zoo.ZooError, ValueError) as exc:
         print(f"[inference-server] {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INTEGRITY if isinstance(exc, zoo.ZooIntegrityError) else 2
     # TensorFlow leaves a huge, long-lived object graph; each full (gen-2) collection walks it:
     # measured here ~600 ms wall at a 0.25-core CFS quota, stalling every query behind it.
     # Collect once, then freeze the survivors into the permanent generation (Python docs,
@@ -360,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ready_info = {"models": cfg.models, "runtimes": cfg.runtimes, "mean_service_ms": cfg.mean_service_ms,
                   "warmup_ms": round(sum(warmup.values()), 3), "warmup_ms_per_model": warmup,
+                  "answer_check": answers,
                   "config": cfg.model_dump(mode="json")}
     try:
         asyncio.run(serve(server, cfg.host, cfg.port, cfg.stats_file, cfg.ready_file, ready_info,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.core.util import provenance, write_json_atomic
-from testbed.model.records import RECORD_FIELDS, classify, make_record
+from testbed.model.network import path_cut
+from testbed.model.records import GRACE_MS, RECORD_FIELDS, classify, make_record
 from testbed.plan.boundaries import SourceTally, tally_path
 
 
@@ -81,12 +82,22 @@ class RunColumns:
     """The :class:`~testbed.sim.engine.Simulator`'s reading of its query columns (``self.q``):
     resolved and created queries, records, server counters and the run directory."""
 
+    def _cut(self, qi: int) -> bool:
+        """Whether query ``qi``'s life (creation to deadline + grace) meets a span in which the
+        network has no route from its source to its cluster (:func:`testbed.model.network.path_cut`)."""
+        q = self.q
+        spans = self.no_route[q.src[qi]][q.cl[qi]]
+        return bool(spans) and path_cut(spans, q.t0[qi], q.t0[qi] + (self.apps[q.app[qi]].deadline_ms + GRACE_MS) / 1e3)
+
     def _outcome(self, qi: int) -> tuple[str, str, float | None]:
         q = self.q
         a = self.apps[q.app[qi]]
         t4 = q.t4_of(qi)
         e2e = None if t4 is None else (t4 - q.t0[qi]) * 1e3
         outcome, cause = classify(q.status_of(qi), e2e, a.deadline_ms, self.accuracy[q.model[qi]], a.min_accuracy)
+        if cause in ("deadline_miss", "error") and self._cut(qi):  # the only causes a cut path can turn
+            outcome, cause = classify(q.status_of(qi), e2e, a.deadline_ms, self.accuracy[q.model[qi]],
+                                      a.min_accuracy, True)
         return outcome, cause, e2e
 
     def drain_resolved(self) -> list[Resolved]:
@@ -148,7 +159,7 @@ class RunColumns:
                 t1_ns=ns(q.t1[qi]) if st == 200 else None, t2_ns=ns(q.t2[qi]), t3_ns=ns(q.t3[qi]),
                 t4_ns=ns(q.t4_of(qi)), batch=q.batch[qi] or 1, request_bytes=self.req_bytes_app[q.app[qi]],
                 response_bytes=self.resp_bytes if st == 200 else 0, queue_len_at_arrival=q.qlen[qi],
-                drop_reason=q.reason.get(qi, "")))
+                drop_reason=q.reason.get(qi, ""), cut=self._cut(qi)))
         return rows
 
     def query_table(self):

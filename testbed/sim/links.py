@@ -36,6 +36,8 @@ class Links:
         self._resp = np.zeros((len(self.sources), len(plan.clusters)))  # responses per (source, cluster)
         self.link_util: dict[tuple[str, str], float] = dict.fromkeys(self.link_keys, 0.0)
         self.loss_rng = [seeds.loss(seeds.run_key(self.seed), i) for i in range(len(self.sources))]
+        spans = plan.no_route_spans()  # the model's rule for an unanswered query's cause (unreachable)
+        self.no_route = [[spans[(s, c.name)] for c in self.clusters] for s in self.sources]
         self._route()
 
     def _route(self) -> None:

@@ -19,9 +19,9 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from testbed.core.errors import counted
-from testbed.core.util import repeated
+from testbed.core.util import InputFileError, repeated
 from testbed.spec.experiment import MAX_SEED, ConfigError, format_validation_error
-from testbed.spec.schema import Num, StrictModel, YamlValueError, load_yaml, unit_pair
+from testbed.spec.schema import Num, StrictModel, YamlValueError, load_yaml_file, unit_pair
 from testbed.spec.units import parse_delay_ms, parse_duration_s
 
 
@@ -467,9 +467,9 @@ def load_aset_config(path: str | Path) -> tuple[AsetConfig, Path]:
     """
     path = Path(path)
     try:
-        data = load_yaml(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read ASET config {path}: {exc.strerror}") from None
+        data = load_yaml_file(path)
+    except InputFileError as exc:
+        raise ConfigError(f"ASET config {exc}") from None
     except YamlValueError as exc:  # a key given twice, an integer too long to read
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:

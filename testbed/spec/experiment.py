@@ -50,14 +50,14 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from testbed.core.errors import InputError
-from testbed.core.util import InputFileError, read_input_text, repeated
+from testbed.core.util import InputFileError, repeated
 from testbed.spec.capture import CaptureSpec
 from testbed.spec.events import EventSpec
-from testbed.spec.schema import NAME_RE, Num, YamlValueError, load_yaml
+from testbed.spec.schema import NAME_RE, Num, YamlValueError, load_yaml_file
 from testbed.spec.schema import StrictModel as _Model
 from testbed.spec.schema import unit_pair as _unit_pair
 from testbed.spec.serving import ServerSpec
-from testbed.spec.units import MAX_DELAY_MS, parse_delay_ms, parse_duration_s, parse_rate_mbps
+from testbed.spec.units import MAX_DELAY_MS, MAX_RATE_MBPS, parse_delay_ms, parse_duration_s, parse_rate_mbps
 
 #: The policy a source starts with that is not a static one: ASET picks a static policy per window.
 ASET_POLICY = "aset"
@@ -75,6 +75,9 @@ MIN_STATS_INTERVAL_S = 0.1
 MIN_ASET_WINDOW_S = 0.01
 MAX_RATE_QPS = 10_000.0
 MAX_WORKERS = 64
+#: The largest memory limit of a cluster, MiB: 1 TiB, beyond the RAM of any machine the testbed runs
+#: on (a limit past the machine's RAM limits nothing).
+MAX_MEMORY_MIB = 1_048_576
 MAX_EXPECTED_QUERIES = 1_000_000
 MIN_DWELL_S = 0.001
 MAX_STATE_CHANGES = 10**7
@@ -154,8 +157,8 @@ class TopologySpec(_Model):
     route_factor: Num = Field(1.0, ge=1.0)
     ms_per_km: Num = Field(0.005, gt=0)
     delay_floor_ms: Num = Field(0.1, ge=0)
-    bandwidth_mbps: Num = Field(100.0, gt=0)
-    host_bandwidth_mbps: Num = Field(1000.0, gt=0)
+    bandwidth_mbps: Num = Field(100.0, gt=0, le=MAX_RATE_MBPS)
+    host_bandwidth_mbps: Num = Field(1000.0, gt=0, le=MAX_RATE_MBPS)
     mtu: int = Field(1500, ge=576, le=9000)
     keep_largest_component: bool = False
     coordinates: dict[str, list[Num]] = {}
@@ -183,7 +186,7 @@ class CloudSpec(_Model):
 
     attach_to: str
     delay_ms: Num = Field(20.0, ge=0, le=MAX_DELAY_MS)
-    bandwidth_mbps: Num = Field(1000.0, gt=0)
+    bandwidth_mbps: Num = Field(1000.0, gt=0, le=MAX_RATE_MBPS)
 
     @model_validator(mode="before")
     @classmethod
@@ -208,7 +211,8 @@ class ClusterSpec(_Model):
     #: built before the server is ready; beyond the cluster's cores more workers only split its
     #: CPU quota (docs/trustworthy-runs.md has the measurement).
     workers: int = Field(1, ge=1)
-    memory_mib: int = Field(1024, ge=64)
+    #: 64 MiB to MAX_MEMORY_MIB: the cgroup memory limit of the cluster's host.
+    memory_mib: int = Field(1024, ge=64, le=MAX_MEMORY_MIB)
     queue_limit: int = Field(64, ge=1)
     models: list[str] = Field(min_length=1)
     server: ServerSpec = ServerSpec()
@@ -431,9 +435,12 @@ class EmulationSpec(_Model):
     link_emulator: Literal["auto", "netem", "userspace"] = "auto"
     datapath: Literal["auto", "kernel", "user"] = "auto"
     rtt_check: bool = True
-    rtt_tolerance_ms: Num = Field(1.0, ge=0)
-    rtt_tolerance_pct: Num = Field(5.0, ge=0)
-    rtt_tolerance_per_switch_ms: Num = Field(1.0, ge=0)
+    #: Bounds (our choice): a tolerance past them accepts any RTT the network could give (the
+    #: self-check would pass a path twice or a second off), so it is a check turned off in
+    #: disguise; ``rtt_check: false`` says that plainly.
+    rtt_tolerance_ms: Num = Field(1.0, ge=0, le=1000)
+    rtt_tolerance_pct: Num = Field(5.0, ge=0, le=100)
+    rtt_tolerance_per_switch_ms: Num = Field(1.0, ge=0, le=100)
     ping_count: int = Field(5, ge=1, le=100)
     compensate_datapath: bool = True
     of_port: int = Field(6653, ge=1, le=65535)
@@ -566,11 +573,9 @@ def load_experiment(path: str | Path) -> Experiment:
     """
     path = Path(path)
     try:
-        text = read_input_text(path)
+        data = load_yaml_file(path)
     except InputFileError as exc:
         raise ConfigError(f"experiment file {exc}") from None
-    try:
-        data = load_yaml(text)
     except YamlValueError as exc:  # a key twice, an integer too long to read
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:

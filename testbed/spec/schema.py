@@ -13,6 +13,15 @@ Nothing is guessed (README, "Experiment files"):
   "carries its unit already"). An integer too long for Python to read (over
   ``sys.get_int_max_str_digits()``, 4300 digits) is a :class:`YamlValueError` naming its line
   (it was a PyYAML traceback).
+* :func:`load_yaml` reads nothing it cannot read safely: text over :data:`MAX_YAML_BYTES`, a
+  document of more than :data:`MAX_YAML_NODES` nodes once its aliases are expanded, nesting deeper
+  than :data:`MAX_YAML_DEPTH` and an alias inside its own anchor (a loop) are each a
+  :class:`YamlLimitError`, found before the document is built (a loop used to end in a
+  ``RecursionError`` of the validation, a 50 MB file took minutes). YAML 1.1's boolean words
+  ``yes``, ``no``, ``on``, ``off`` (any case) are a :class:`YamlValueError` naming the word and its
+  line: YAML 1.2 reads them as strings, so a node ``NO`` became ``false`` and then node 0; write
+  ``true`` / ``false`` for a boolean, or quote the word for a name. :func:`load_yaml_file` is the
+  one reader of a YAML input file (experiments, topologies, ASET configs).
 * :class:`StrictModel` refuses a boolean where a number is expected (``workers: true`` is not 1)
   and anything but ``true``/``false`` where a boolean is expected (``rtt_check: 1`` or ``"yes"``
   is not true), and a string where an integer is expected (``workers: "2"``). Pydantic's lax mode
@@ -25,12 +34,14 @@ import re
 import sys
 import types
 import typing
+from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
 from testbed.core.errors import InputError
+from testbed.core.util import read_input_text
 from testbed.spec.units import UnitError
 
 NAME_RE = r"^[a-z][a-z0-9]*$"
@@ -48,9 +59,50 @@ class NumberTooLongError(YamlValueError):
     """An integer with more digits than Python reads (``sys.get_int_max_str_digits()``)."""
 
 
+class YamlLimitError(YamlValueError):
+    """A YAML text or document past a stated bound (size, nodes, depth) or an alias loop."""
+
+
+#: The largest YAML input read, bytes (UTF-8): an experiment, topology or ASET config is a few kB
+#: (a 200-node topology in our format is about 40 kB); the pure-Python parser reads about
+#: 0.15-0.3 MB/s on the 2-core test machine, so the bound keeps a read under about 10 s.
+MAX_YAML_BYTES = 2 * 1024 * 1024
+#: The most nodes (scalars, sequences, mappings) a document may hold with its aliases expanded:
+#: what validation walks. A 2 MiB file of short items holds about 500 000.
+MAX_YAML_NODES = 500_000
+#: The deepest nesting read (our schemas nest 5 levels); past it PyYAML's recursive composer and
+#: the validation would end in a ``RecursionError``.
+MAX_YAML_DEPTH = 64
+#: YAML 1.1's boolean words that YAML 1.2 reads as strings (``true`` / ``false`` are booleans in both).
+YAML11_BOOL_WORDS = frozenset({"yes", "no", "on", "off"})
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses duplicate keys in a mapping (merge keys ``<<`` excepted:
-    overriding a merged key is what they are for)."""
+    overriding a merged key is what they are for) and YAML 1.1's boolean words; it keeps the names
+    of the anchors of the document it composed (``anchor_names``: node id -> name) for the errors
+    of :func:`_check_graph`."""
+
+    def compose_document(self):
+        self.get_event()  # DocumentStartEvent
+        node = self.compose_node(None, None)
+        self.get_event()  # DocumentEndEvent
+        self.anchor_names = {id(n): name for name, n in self.anchors.items()}
+        self.anchors = {}
+        return node
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        if self.depth >= MAX_YAML_DEPTH:
+            mark = self.peek_event().start_mark
+            raise YamlLimitError(f"line {mark.line + 1}: nested more than {MAX_YAML_DEPTH} levels deep, past what "
+                                 f"the testbed reads")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -94,15 +146,92 @@ _UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float",
                                        list("-+0123456789"))
 
 
-def load_yaml(text: str) -> Any:
-    """Parse YAML like ``yaml.safe_load``, refusing duplicate keys.
+def _construct_bool(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> bool:
+    """``true`` / ``false`` (any case), or :class:`YamlValueError` for YAML 1.1's other words
+    (:data:`YAML11_BOOL_WORDS`), naming the word and its line."""
+    if str(node.value).lower() in YAML11_BOOL_WORDS:
+        raise YamlValueError(f"line {node.start_mark.line + 1}: {node.value!r} is a boolean in YAML 1.1 and a "
+                             f"string in YAML 1.2, so the testbed refuses it unquoted: write true or false for a "
+                             f"boolean, or quote it (\"{node.value}\") for a name or an id")
+    return yaml.constructor.SafeConstructor.construct_yaml_bool(loader, node)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:bool", _construct_bool)
+
+
+def _check_graph(root: yaml.Node, anchors: dict[int, str]) -> None:
+    """Refuse a composed document whose aliases loop or which expands past :data:`MAX_YAML_NODES`
+    nodes. Each distinct node is visited once (its expanded size memoised), so the check is linear
+    in the text, however many times its aliases repeat it.
 
     Raises:
+        YamlLimitError: an alias inside its own anchor (names the anchor and line), or too many nodes.
+    """
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+
+    def count(node: yaml.Node) -> int:
+        key = id(node)
+        if key in size:
+            return size[key]
+        if key in on_path:
+            name = anchors.get(key, "?")
+            raise YamlLimitError(f"line {node.start_mark.line + 1}: the anchor &{name} contains an alias to itself "
+                                 f"(*{name}), a loop: a document cannot hold itself")
+        on_path.add(key)
+        n = 1
+        if isinstance(node, yaml.SequenceNode):
+            n += sum(count(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            n += sum(count(k) + count(v) for k, v in node.value)
+        on_path.discard(key)
+        if n > MAX_YAML_NODES:
+            raise YamlLimitError(f"line {node.start_mark.line + 1}: the document holds more than {MAX_YAML_NODES} "
+                                 f"nodes once its aliases are expanded, past what the testbed reads")
+        size[key] = n
+        return n
+
+    count(root)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML like ``yaml.safe_load``, refusing what it cannot read safely (module docstring).
+
+    Raises:
+        YamlLimitError: over :data:`MAX_YAML_BYTES`, :data:`MAX_YAML_NODES` nodes (aliases
+            expanded) or :data:`MAX_YAML_DEPTH` levels, or an alias loop; found before the
+            document is built.
         DuplicateKeyError: a mapping repeats a key (names it and both lines).
         NumberTooLongError: an integer too long to read (names its line).
+        YamlValueError: a YAML 1.1 boolean word (``yes``, ``no``, ``on``, ``off``) unquoted.
         yaml.YAMLError: the text is not YAML.
     """
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_YAML_BYTES:
+        raise YamlLimitError(f"{size} bytes of YAML, more than the {MAX_YAML_BYTES} bytes the testbed reads "
+                             f"(an experiment, topology or ASET config is a few kB)")
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_graph(node, loader.anchor_names)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def load_yaml_file(path: str | Path) -> Any:
+    """The YAML document of a user's input file: :func:`testbed.core.util.read_input_text` with
+    :data:`MAX_YAML_BYTES` as its bound (refused before the file is read), then :func:`load_yaml`.
+
+    Raises:
+        InputFileError: missing, unreadable, not a regular file, over :data:`MAX_YAML_BYTES`, not
+            UTF-8 (names the file).
+        YamlValueError: as :func:`load_yaml` (without the file's name: the caller adds it).
+        yaml.YAMLError: the text is not YAML.
+    """
+    return load_yaml(read_input_text(path, max_bytes=MAX_YAML_BYTES))
 
 
 def unit_pair(data: Any, key: str, parse, suffix: str) -> Any:
@@ -158,6 +287,9 @@ def _kind_error(key: str, value: Any, admits: set[Any]) -> str | None:
     if Any in admits or object in admits:
         return None
     if isinstance(value, bool):
+        if bool not in admits and str in admits:
+            return (f"{key}: got the boolean {str(value).lower()} where a name, an id or a number is expected; "
+                    f"quote it if it is a name")
         if bool not in admits and admits & {int, float}:
             return f"{key}: got the boolean {str(value).lower()} where a number is expected"
         return None
@@ -188,5 +320,6 @@ class StrictModel(BaseModel):
         return data
 
 
-__all__ = ["NAME_RE", "DuplicateKeyError", "Num", "NumberTooLongError", "StrictModel", "YamlValueError", "load_yaml",
+__all__ = ["MAX_YAML_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_NODES", "NAME_RE", "DuplicateKeyError", "Num",
+           "NumberTooLongError", "StrictModel", "YamlLimitError", "YamlValueError", "load_yaml", "load_yaml_file",
            "number_only", "unit_pair"]

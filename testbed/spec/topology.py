@@ -33,14 +33,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from testbed.core.errors import InputError
-from testbed.core.util import REPO_ROOT, InputFileError, read_input_text
+from testbed.core.util import REPO_ROOT, InputFileError
 from testbed.spec.experiment import format_validation_error
-from testbed.spec.schema import YamlValueError, load_yaml
+from testbed.spec.schema import StrictModel, YamlValueError, load_yaml_file
 from testbed.spec.schema import unit_pair as _unit_pair
-from testbed.spec.units import MAX_DELAY_MS, parse_delay_ms, parse_rate_mbps
+from testbed.spec.units import MAX_DELAY_MS, MAX_RATE_MBPS, parse_delay_ms, parse_rate_mbps
 
 TOPOLOGIES_DIR = REPO_ROOT / "topologies"
 EARTH_RADIUS_KM = 6371.0088  # IUGG mean Earth radius
@@ -96,8 +96,7 @@ def great_circle_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float
 
 # --- our YAML -------------------------------------------------------------------------------
 
-class _YNode(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class _YNode(StrictModel):
     id: str | int
     label: str | None = None
     lat: float | None = Field(None, ge=-90, le=90)
@@ -106,12 +105,11 @@ class _YNode(BaseModel):
     dpid: int | str | None = None
 
 
-class _YLink(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class _YLink(StrictModel):
     a: str | int
     b: str | int
     delay_ms: float | None = Field(None, ge=0, le=MAX_DELAY_MS)
-    bandwidth_mbps: float | None = Field(None, gt=0)
+    bandwidth_mbps: float | None = Field(None, gt=0, le=MAX_RATE_MBPS)
     loss_pct: float = Field(0.0, ge=0, le=100)
 
     @model_validator(mode="before")
@@ -121,8 +119,7 @@ class _YLink(BaseModel):
         return _unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
 
 
-class _YTopo(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class _YTopo(StrictModel):
     name: str
     nodes: list[_YNode] = Field(min_length=1)
     links: list[_YLink]
@@ -131,6 +128,8 @@ class _YTopo(BaseModel):
 def _parse_dpid(value: int | str | None, item: str) -> int | None:
     if value is None:
         return None
+    if isinstance(value, bool):
+        raise TopologyError(f"{item}: dpid {value!r} is a boolean; give an integer or a hex string")
     if isinstance(value, int):
         return value
     try:
@@ -146,7 +145,7 @@ def load_yaml_topology(path: Path) -> RawTopology:
         TopologyError: unreadable file, invalid YAML, or schema errors (each located, e.g. ``links.2.delay``).
     """
     try:
-        data = load_yaml(read_input_text(path))
+        data = load_yaml_file(path)
     except InputFileError as exc:
         raise TopologyError(f"topology file {exc}") from None
     except YamlValueError as exc:  # a key twice, an integer too long to read

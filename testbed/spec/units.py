@@ -87,15 +87,25 @@ def parse_delay_ms(value: object, item: str = "") -> float:
     return _parse(value, TIME_UNITS_MS, "delay", item)
 
 
+#: The largest link rate we accept anywhere (topology links, host and cloud links, bandwidth and
+#: congestion events), Mbit/s: 1 Tbit/s, above the fastest Ethernet IEEE 802.3 defines (800 Gbit/s)
+#: and far above what a veth pair of the emulation carries (a few Gbit/s).
+MAX_RATE_MBPS = 1_000_000.0
+
+
 def parse_rate_mbps(value: object, item: str = "") -> float:
     """Parse a bandwidth such as ``"100Mbit/s"`` or ``"1Gbps"`` into Mbit/s (10^6 bit/s).
 
     Raises:
-        UnitError: as :func:`parse_delay_ms`; also for zero bandwidth.
+        UnitError: as :func:`parse_delay_ms`; also for zero bandwidth, or one over
+            :data:`MAX_RATE_MBPS`.
     """
     mbps = _parse(value, RATE_UNITS_MBPS, "bandwidth", item)
     if mbps <= 0:
         raise UnitError(f"bandwidth for {item}: must be > 0, got {value!r}")
+    if mbps > MAX_RATE_MBPS:
+        raise UnitError(f"bandwidth for {item}: {value!r} is over the bound of {MAX_RATE_MBPS:g} Mbit/s (1 Tbit/s, "
+                        f"testbed.spec.units.MAX_RATE_MBPS: above the fastest Ethernet, 800 Gbit/s)")
     return mbps
 
 
