@@ -280,7 +280,7 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
             raise RunError(f"OVS bridge(s) {', '.join(foreign)} exist and are not ours; remove them or "
                            f"rename the switches (topology node 'name')")
         _intent_log(plan, run_id, run_dir, le, dp)
-        plan.write_json(run_dir / "plan.json")
+        plan.emulated.write_json(run_dir / "plan.json")  # in emulated time, as the records
         emu = Emulation(plan, le, dp, run_dir, run_id)
         if not emu.sharded:  # ryu-manager imports (~1 s) while Mininet builds; shards' address comes with the build
             ctrl = _launch_controller(plan, emu, run_dir)

@@ -27,6 +27,7 @@ from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import threads_per_call
 from testbed.model.dispatch import OptionSpec
 from testbed.model.records import GRACE_MS
+from testbed.plan.dilation import wall_factor
 from testbed.plan.resolved import Plan
 from testbed.spec.experiment import AsetSpec, WorkloadSpec, format_validation_error
 from testbed.spec.serving import Runtime
@@ -82,7 +83,12 @@ class ServerConfig(_Boundary):
 
     @classmethod
     def from_plan(cls, plan: Plan, cluster: str, port: int, run_dir: Path | None = None) -> ServerConfig:
-        """The server of ``cluster`` as the plan has it (files in ``run_dir/clusters/``)."""
+        """The server of ``cluster`` as the plan has it (files in ``run_dir/clusters/``).
+
+        Raises:
+            PlanError: a dilated experiment's plan not yet on the wall clock.
+        """
+        wall_factor(plan)
         spec = next(c for c in plan.experiment.clusters if c.name == cluster)
         q = plan.queue(cluster)
         files = {} if run_dir is None else {
@@ -138,6 +144,10 @@ class SourceConfig(_Boundary):
     ``ready_file`` once it can send (imports done, request bodies built, a connection open to every
     cluster) and waits for ``go_file``, a JSON ``{"start_ns": N}`` the run writes once every
     source is ready; ``start_ns`` is then replaced by N (the value here is only a fallback).
+    ``time_dilation`` k: every time constant here is already on the wall clock (x k:
+    :func:`testbed.plan.dilation.dilate`), except the streams' arrival processes, which the source
+    draws in emulated time and stretches by k (:class:`testbed.plan.dilation.Stretched`); the
+    source writes its records in emulated time (:func:`testbed.plan.dilation.emulated_times`).
     """
 
     source: str
@@ -162,10 +172,18 @@ class SourceConfig(_Boundary):
     experiment: str | None = None
     ready_file: str | None = None
     go_file: str | None = None
+    time_dilation: float = Field(1.0, ge=1.0)
 
     @classmethod
     def from_plan(cls, plan: Plan, source: str, start_ns: int, duration_s: float, run_dir: Path) -> SourceConfig | None:
-        """The config of ``source`` (None when no workload entry selects it)."""
+        """The config of ``source`` (None when no workload entry selects it); ``duration_s`` on the
+        plan's clock.
+
+        Raises:
+            PlanError: a dilated experiment's plan not yet on the wall clock
+                (:func:`testbed.plan.dilation.wall_factor`).
+        """
+        k = wall_factor(plan)
         exp = plan.experiment
         streams = [StreamConfig(index=wi, spec=w, weight=plan.weights[wi][source])
                    for wi, w in enumerate(exp.workload) if source in plan.weights[wi]]
@@ -184,7 +202,8 @@ class SourceConfig(_Boundary):
                    applications=apps, streams=streams, options=options, base_dir=plan.base_dir,
                    path_links=path_links, link_util_file=str(run_dir / "link_util.json"), aset=exp.aset,
                    zoo_dir=plan.zoo_dir, repo_dir=str(REPO_ROOT),
-                   records=str(run_dir / "sources" / f"{source}.records.csv"), experiment=exp.name)
+                   records=str(run_dir / "sources" / f"{source}.records.csv"), experiment=exp.name,
+                   grace_ms=GRACE_MS * k, time_dilation=k)
 
 
 class SourceTally(_Boundary):
@@ -291,7 +310,12 @@ class ControllerConfig(_Boundary):
 
     @classmethod
     def from_plan(cls, plan: Plan, host_ports: dict[str, int]) -> ControllerConfig:
-        """The controller's view of the plan; ``host_ports``: host -> its switch's port number."""
+        """The controller's view of the plan; ``host_ports``: host -> its switch's port number.
+
+        Raises:
+            PlanError: a dilated experiment's plan not yet on the wall clock.
+        """
+        wall_factor(plan)
         dpid = {s.name: s.dpid for s in plan.switches}
         return cls(switches=[SwitchEntry(name=s.name, dpid=s.dpid) for s in plan.switches],
                    links=[LinkEntry(a=dpid[lk.a], b=dpid[lk.b], delay_ms=lk.delay_ms,
