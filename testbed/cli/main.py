@@ -32,7 +32,9 @@ from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
 from testbed.core.util import read_input_text
 from testbed.emu.cleanup import cleanup
 from testbed.plan.build import Plan, plan_experiment
+from testbed.plan.dilation import check_dilation, with_time_dilation
 from testbed.plan.policies import load_aset
+from testbed.plan.resolved import PlanError
 from testbed.results.runs import run_emulation
 from testbed.spec.schema import load_yaml
 
@@ -130,6 +132,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     plan = plan_experiment(args.experiment)
+    if args.time_dilation == "auto":
+        from testbed.emu.autodilate import choose
+
+        plan = with_time_dilation(plan, choose(plan, console).k)
+    elif args.time_dilation is not None:
+        plan = with_time_dilation(plan, args.time_dilation)
     overrides = {}
     if args.duration is not None:
         overrides["duration_s"] = args.duration
@@ -137,6 +145,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         overrides["link_emulator"] = args.link_emulator
     return run_emulation(plan, console=console, runs_dir=args.runs_dir,
                           base_dir=args.experiment.parent, process_ends=True, **overrides)
+
+
+def _dilation_arg(text: str) -> float | str:
+    """``--time-dilation``: ``auto`` or a number within 1 .. MAX_TIME_DILATION."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        k = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor 'auto'") from None
+    try:
+        return check_dilation(k)
+    except PlanError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
@@ -166,6 +188,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=duration_arg, help=DURATION_HELP)
     p.add_argument("--link-emulator", choices=["auto", "netem", "userspace"], help="override emulation.link_emulator")
     p.add_argument("--runs-dir", type=Path, help=RUNS_DIR_HELP)
+    p.add_argument("--time-dilation", type=_dilation_arg, metavar="K|auto",
+                   help="override emulation.time_dilation: run the emulated system K (1-10) times slower than the "
+                        "wall clock, or 'auto': the smallest K this machine carries the load at (docs/dilation.md)")
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("cleanup", help="remove what an interrupted or crashed run left behind (ours only)")
     p.set_defaults(func=_cmd_cleanup)
