@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import re
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +18,16 @@ from testbed.model.arrivals import make_process
 from testbed.model.events import kind_of
 from testbed.plan.boundaries import ControllerConfig, ServerConfig, SourceConfig
 from testbed.plan.build import build_plan
-from testbed.plan.dilation import Stretched, dilate, emulated_times, rto_min_ms, with_time_dilation
+from testbed.plan.dilation import (
+    Stretched,
+    dilate,
+    emulated_times,
+    nested_cpu,
+    rto_min_ms,
+    with_time_dilation,
+)
 from testbed.plan.resolved import PlanError
+from testbed.serve.scheduler import Job, Scheduler
 from testbed.spec.experiment import ConfigError, Experiment, WorkloadSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,6 +90,10 @@ def _compare(one: dict, three: dict, changes=None) -> set[str]:
     for path, x in a.items():
         y = b[path]
         m = re.fullmatch(CHANGE_VALUE, path)
+        if path == "cpu_pad":  # k - 1 for a cluster below one core (testbed.plan.dilation.nested_cpu)
+            assert (x, y) == (0.0, K - 1.0), (x, y)
+            scaled.add(path)
+            continue
         if m and x is not None:
             factor = {"time": K, "rate": 1 / K, "none": 1.0}[
                 {"ms": "time", "s": "time", "Mbit/s": "rate", "%": "none"}[kind_of(changes[int(m[1])]["kind"]).unit]]
@@ -158,6 +172,7 @@ def test_every_time_constant_of_the_boundary_files_is_scaled_once(plans, tmp_pat
                  "server:stats_interval_s", "server:mean_service_ms.digits_small", "controller:links.0.delay_ms",
                  "controller:links.0.bandwidth_mbps", "controller:hosts.0.bandwidth_mbps"):
         assert must in scaled, must
+    assert "server:cpu_pad" in scaled  # edgec has 0.5 cores: padded, not nested
     assert three["source"]["time_dilation"] == K and one["source"]["time_dilation"] == 1.0
     assert three["source"]["streams"] == one["source"]["streams"]  # emulated; the source stretches them
 
@@ -219,3 +234,44 @@ def test_measured_instants_go_back_to_emulated_time():
     assert got == {"t1_ns": start + 1_000_000, "t4_ns": start + 3_000_000, "t2_ns": None}
     assert emulated_times(wall, start, 1.0) == wall
     assert math.isclose((got["t4_ns"] - got["t1_ns"]) * K, wall["t4_ns"] - wall["t1_ns"], abs_tol=K)
+
+
+def test_a_cluster_below_one_core_is_padded_and_must_serve_litert():
+    plan = build_plan(_experiment(), base_dir=TRIANGLE.parent)
+    assert not nested_cpu(0.5) and nested_cpu(1.0)
+    exp = plan.experiment
+    assert exp.clusters[0].server.runtime_of("digits_small") == "tensorflow" and exp.clusters[0].workers == 1
+    dilate(with_time_dilation(plan, 2.0))  # one worker: the process's CPU clock is the call's
+    tf = exp.model_copy(update={"clusters": [exp.clusters[0].model_copy(update={"workers": 2}), exp.clusters[1]]})
+    tf_plan = plan.model_copy(update={"experiment": tf})
+    dilate(with_time_dilation(tf_plan, 1.0))  # undilated: nothing to pad
+    with pytest.raises(PlanError, match="clusters.edgeb: .*runtime litert, use workers: 1"):
+        dilate(with_time_dilation(tf_plan, 2.0))
+
+
+class _Burn:
+    """A model whose call burns ``ms`` of CPU on the calling thread."""
+
+    def __init__(self, ms: float):
+        self.ms = ms
+
+    def predict(self, x):
+        t = time.thread_time()
+        while time.thread_time() - t < self.ms / 1e3:
+            pass
+        return np.zeros((len(x), 2), dtype=np.float32)
+
+
+def test_a_padded_call_takes_at_least_k_times_its_cpu_time():
+    done = threading.Event()
+    sched = Scheduler({"m": _Burn(20.0)}, cpu_pad=K - 1)
+    sched.start()
+    try:
+        job = Job(model="m", x=np.zeros((1, 2), dtype=np.float32), done=lambda j: done.set())
+        assert sched.submit(job) is None
+        assert done.wait(30)
+    finally:
+        sched.stop()
+    assert job.error is None
+    # the call burnt >= 20 ms of CPU, then slept (k - 1) x that: t3 - t2 >= k x 20 ms
+    assert (job.t3 - job.t2) / 1e6 >= K * 20.0

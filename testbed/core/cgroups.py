@@ -16,7 +16,9 @@ nested limits give that (cgroup v1 ``cpu``):
   would let a burst within it run at full speed, k times too fast in emulated time.
 
 The kernel takes quotas and periods of at least 1 ms and periods of at most 1 s (sched-bwc.rst),
-hence ``THREAD_QUOTA_US`` = 1 ms and k <= 10.
+hence ``THREAD_QUOTA_US`` = 1 ms and k <= 10. Cgroup v1 also refuses a child whose quota/period
+exceeds its parent's, so the per-thread caps need a cluster of at least one core (below, the
+server pads its work instead: :func:`testbed.plan.dilation.nested_cpu`).
 """
 
 from __future__ import annotations
@@ -184,7 +186,13 @@ def cap_threads(dirs: list[Path], pid: int, time_dilation: float) -> int:
             continue
         child.mkdir()
         _write(child / "cpu.cfs_period_us", period)
-        _write(child / "cpu.cfs_quota_us", str(THREAD_QUOTA_US))
+        try:
+            (child / "cpu.cfs_quota_us").write_text(str(THREAD_QUOTA_US))
+        except OSError as exc:
+            child.rmdir()
+            raise CgroupError(f"cannot cap thread {tid} of {cpu.name} at 1/{time_dilation:g} core: {exc.strerror} "
+                              f"(cgroup v1 refuses a child whose quota/period exceeds its parent's: the group has "
+                              f"less than one core)") from None
         try:
             (child / "tasks").write_text(str(tid))
         except OSError:  # the thread ended meanwhile (ESRCH)

@@ -3,9 +3,10 @@ and every source's path to them warmed before the load.
 
 Each cluster host runs one ``python -m testbed.serve.server`` process (config:
 :class:`testbed.plan.boundaries.ServerConfig`, from the plan) inside a cgroup holding the cluster's CPU
-share (CFS quota, :mod:`testbed.core.cgroups`; under time dilation k, nested: each of its threads
-capped at 1 / k core once it is ready) and memory limit. :class:`ClusterServers`
-starts them all and waits until every one is warmed up, and applies outages: ``kill`` (SIGKILL,
+share (CFS quota, :mod:`testbed.core.cgroups`; under time dilation k, the same quota per k x the
+period, and at one core or more each of its threads capped at 1 / k core once it is ready, below
+one core its calls padded by the server: :func:`testbed.plan.dilation.nested_cpu`) and memory limit.
+:class:`ClusterServers` starts them all and waits until every one is warmed up, and applies outages: ``kill`` (SIGKILL,
 connections refused until a restart) and ``stop`` (SIGSTOP / SIGCONT). A restarted server starts
 its counters from zero; the stats file of its earlier life is kept as
 ``clusters/<cluster>.stats.<n>.json`` (n = 1, 2, ...), so no counter is lost.
@@ -36,6 +37,7 @@ from testbed.core import cgroups
 from testbed.core.errors import RunFailure
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT, poll_until, stop_processes, write_json_atomic
+from testbed.plan.dilation import nested_cpu
 from testbed.plan.zoo import request_bodies
 from testbed.serve.launch import server_command, write_server_config
 
@@ -142,10 +144,16 @@ class ClusterServers:
         for n in clusters:
             self.ready_lives[n] = self.ready_lives.get(n, 0) + 1
             self._write_lives(n)
-            cgroups.cap_threads(self.groups[n], self.procs[n].pid, self.k)  # raises: the dilation not applied
+            if self._nested(n):
+                cgroups.cap_threads(self.groups[n], self.procs[n].pid, self.k)  # raises: the dilation not applied
         if self.k != 1.0 and not self._capping.is_set():
             self._capping.set()
             threading.Thread(target=self._cap_new_threads, name="thread-caps", daemon=True).start()
+
+    def _nested(self, cluster: str) -> bool:
+        """Whether ``cluster``'s threads get their own caps (:func:`testbed.plan.dilation.nested_cpu`;
+        below one core its server pads its calls instead)."""
+        return self.k != 1.0 and nested_cpu(self.live.plan.host(cluster).cpu_cores)
 
     def _cap_new_threads(self) -> None:
         """Under time dilation: every :data:`CAP_POLL_S`, cap the threads the ready servers started
@@ -153,7 +161,7 @@ class ClusterServers:
         fails the run when the load ends (:meth:`write_cpu_during_load`)."""
         while self._capping.is_set():
             for c, p in list(self.procs.items()):
-                if p.poll() is None and self._ready_file(c).exists():
+                if self._nested(c) and p.poll() is None and self._ready_file(c).exists():
                     try:
                         cgroups.cap_threads(self.groups[c], p.pid, self.k)
                     except cgroups.CgroupError as exc:

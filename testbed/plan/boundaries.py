@@ -27,7 +27,7 @@ from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import threads_per_call
 from testbed.model.dispatch import OptionSpec
 from testbed.model.records import GRACE_MS
-from testbed.plan.dilation import wall_factor
+from testbed.plan.dilation import cpu_pad, wall_factor
 from testbed.plan.resolved import Plan
 from testbed.spec.experiment import AsetSpec, WorkloadSpec, format_validation_error
 from testbed.spec.serving import Runtime
@@ -50,6 +50,9 @@ class ServerConfig(_Boundary):
     time when busy at this share (admission's estimate; the plan's ``busy_mean_ms``).
     ``warmup_calls``: calls per model at batch 1 (and at ``max_batch`` when batching) before ready.
     Files: ``stats_file`` rewritten every ``stats_interval_s`` s, ``ready_file`` written once warm.
+    ``cpu_pad``: under time dilation k of a cluster below one core, k - 1: each model call and each
+    request's handling is followed by a sleep of ``cpu_pad`` x its CPU time
+    (:func:`testbed.plan.dilation.nested_cpu` says why); 0 otherwise.
     """
 
     cluster: str
@@ -71,6 +74,7 @@ class ServerConfig(_Boundary):
     stats_file: str | None = None
     ready_file: str | None = None
     stats_interval_s: float = Field(1.0, gt=0)
+    cpu_pad: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> ServerConfig:
@@ -100,7 +104,8 @@ class ServerConfig(_Boundary):
                    discipline=q.discipline, admission=q.admission, max_batch=q.max_batch,
                    max_queue_delay_ms=q.max_queue_delay_ms, warmup_calls=spec.server.warmup_calls,
                    cpu_cores=spec.cpu_cores, mean_service_ms=dict(q.mean_service_ms),
-                   stats_interval_s=plan.experiment.emulation.stats_interval_s, **files)
+                   stats_interval_s=plan.experiment.emulation.stats_interval_s,
+                   cpu_pad=cpu_pad(plan, spec.cpu_cores), **files)
 
 
 # --------------------------------------------------------------------------- query source

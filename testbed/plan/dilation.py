@@ -27,11 +27,14 @@ events' ``t_s``; values in ms           x k      when, and delays set by ``link_
 events' values in Mbit/s                / k      ``link_bandwidth``, ``link_congestion``
 ======================================  =======  =================================================
 
+The clusters' CPU: at one core or more, nested cgroups (:func:`nested_cpu`); below, the server pads
+each call and each request's handling by (k - 1) x its CPU time (:func:`cpu_pad`).
+
 Not scaled, on purpose: the workload's arrival processes (the sources draw them in emulated time,
 from the same seeds as the simulator, and stretch the times by k: :class:`Stretched`); the RTT
 self-check's tolerances (it judges emulated values: :func:`testbed.emu.selfcheck.check_rtts`
 divides what it measures by k); loss, sizes, counts, CPU shares (the cluster's CPU is slowed by
-nested cgroups, :func:`testbed.core.cgroups.create_limited_group`); the simulator's settings.
+cgroups or padding, :func:`nested_cpu`); the simulator's settings.
 TCP's minimum retransmission timeout is :func:`rto_min_ms`.
 
 Measured times go back to emulated time in one place per kind of measurement: a source's records
@@ -124,6 +127,46 @@ def _experiment(plan: Plan, k: float):
     return exp.model_copy(update=update)
 
 
+def nested_cpu(cores: float) -> bool:
+    """Whether a cluster of ``cores`` is slowed by nested cgroups (each thread capped at 1 / k core
+    under the cluster's quota, :func:`testbed.core.cgroups.cap_threads`): at one core or more. Below
+    one core cgroup v1 refuses a child whose quota/period exceeds its parent's (c / k < 1 / k:
+    ``tg_cfs_schedulable_down`` in kernel/sched/core.c returns EINVAL), so there the server pads
+    each model call and each request's handling with a sleep of (k - 1) x its CPU time instead
+    (``ServerConfig.cpu_pad``): on the wall clock the work takes k x its CPU time, inside the same
+    cluster quota."""
+    return cores >= 1.0
+
+
+def cpu_pad(plan: Plan, cores: float) -> float:
+    """``ServerConfig.cpu_pad`` of a cluster of ``cores`` in a wall-clock plan: k - 1 when it is
+    dilated by padding (:func:`nested_cpu`), else 0."""
+    k = plan.time_dilation if plan.clock == "wall" else 1.0
+    return 0.0 if k == 1.0 or nested_cpu(cores) else k - 1.0
+
+
+def _check_padded_runtimes(plan: Plan, k: float) -> None:
+    """A padded cluster times each call by its worker thread's CPU clock, which a TensorFlow call
+    (run on TensorFlow's own pool threads) does not reach: the server reads the process's CPU
+    clock for those, which is the call's alone only with one worker.
+
+    Raises:
+        PlanError: naming the cluster and the model.
+    """
+    if k == 1.0:
+        return
+    for c in plan.experiment.clusters:
+        if nested_cpu(c.cpu_cores) or c.workers == 1:
+            continue
+        for m in c.models:
+            if c.server.runtime_of(m) != "litert":
+                raise PlanError(f"clusters.{c.name}: time dilation {k:g} of a cluster under one core pads each "
+                                f"model call by its CPU time; a {c.server.runtime_of(m)} call of {m!r} runs on "
+                                f"TensorFlow's own threads, whose CPU is the call's alone only with one worker "
+                                f"(this cluster has {c.workers}): serve it with runtime litert, use workers: 1, or "
+                                f"give the cluster cpu_cores >= 1")
+
+
 def dilate(plan: Plan) -> Plan:
     """The plan the emulation runs on the wall clock at k = ``plan.time_dilation`` (module table):
     ``clock`` ``wall``, its :attr:`~testbed.plan.resolved.Plan.emulated` the plan given. At k = 1
@@ -135,6 +178,7 @@ def dilate(plan: Plan) -> Plan:
     if plan.clock != "emulated":
         raise PlanError("the plan is already dilated (clock: wall); dilating it again would scale every constant twice")
     k = check_dilation(plan.time_dilation)
+    _check_padded_runtimes(plan, k)
     wall = plan.model_copy(update={
         "experiment": _experiment(plan, k),
         "links": [lk.model_copy(update={"delay_ms": lk.delay_ms * k, "bandwidth_mbps": lk.bandwidth_mbps / k})
@@ -197,4 +241,4 @@ class Stretched(ArrivalProcess):
 
 
 __all__ = ["UNIT_SCALE", "Stretched", "check_dilation", "dilate", "emulated_times", "rto_min_ms", "scale_of",
-           "to_emulated", "wall_factor", "with_time_dilation"]
+           "to_emulated", "wall_factor", "with_time_dilation", "nested_cpu", "cpu_pad"]
