@@ -8,9 +8,9 @@ Run from the repository root (root; every emulation under the shared lock: ``flo
     ``cores`` under dilation k, through the server's scheduler (nested caps at one core or more,
     the server's padding below: :func:`testbed.plan.dilation.nested_cpu`): p50, p95, mean, and the
     two-sample Kolmogorov-Smirnov statistic against k = 1 (no emulation, no lock).
-``python -m benchmarks.dilation validate [EXPERIMENT ...] [--k auto|K] [--duration 20s]``
+``python -m benchmarks.dilation validate [EXPERIMENT ...] [--k auto|K[,K...]] [--duration 20s]``
     each experiment (default: ``experiments/default.yaml`` and the 9 ``scenario-*.yaml``) emulated
-    at k (``auto``: :func:`testbed.emu.autodilate.choose`) and simulated on the same seed: success
+    at each k (``auto``: :func:`testbed.emu.autodilate.choose`) and simulated on the same seed: success
     ratio, e2e p50 and network excess p50 of each, and the emulation's wall time.
 ``python -m benchmarks.dilation light [--ks 1,4] [--duration 20s]``
     a light experiment (the triangle, 4 q/s per source) at each k: success ratio with its 95 %
@@ -72,7 +72,7 @@ def _save(out: Path, name: str, rows: list[dict]) -> pd.DataFrame:
 #: through the server's own :class:`testbed.serve.scheduler.Scheduler` (``cpu_pad`` as the plan
 #: gives a cluster), after READY / GO; prints each call's t3 - t2 (ms, wall clock).
 SERVICE_CHILD = """
-import json, sys, threading
+import json, sys, threading, time
 from pathlib import Path
 from testbed.plan import zoo
 from testbed.serve.scheduler import Job, Scheduler
@@ -83,7 +83,16 @@ manifest = zoo.load_manifest(zoo_dir)
 model = load_model(Path(zoo_dir), name, runtime, manifest, threads=threads)
 x = zoo.load_payloads(zoo_dir, manifest["variants"][name]["family"])[0]
 model.warm_up(x, calls=20, batch=1)
-sched = Scheduler({name: model}, cpu_pad=pad)
+cpu = []
+class Timed:  # the model, its calls' CPU time (worker thread) noted
+    runtime = model.runtime
+    def predict(self, xb):
+        t = time.thread_time()
+        try:
+            return model.predict(xb)
+        finally:
+            cpu.append((time.thread_time() - t) * 1e3)
+sched = Scheduler({name: Timed()}, cpu_pad=pad)
 sched.start()  # its worker thread exists before READY: the caps find it
 print("READY", flush=True)
 sys.stdin.readline()
@@ -95,13 +104,13 @@ for i in range(n):
     done.wait()
     out.append((job.t3 - job.t2) / 1e6)
 sched.stop()
-print("RESULT " + json.dumps(out), flush=True)
+print("RESULT " + json.dumps({"wall_ms": out, "cpu_ms": cpu}), flush=True)
 """
 
 
-def _service_samples(model: str, cores: float, k: float, samples: int) -> list[float]:
-    """Per-call times (ms, emulated: wall / k) of ``model`` back to back at ``cores`` under
-    dilation k: nested per-thread caps at one core or more, the server's padding below
+def _service_samples(model: str, cores: float, k: float, samples: int) -> tuple[list[float], list[float]]:
+    """Per-call times (ms, emulated: wall / k) and CPU times (ms) of ``model`` back to back at
+    ``cores`` under dilation k: nested per-thread caps at one core or more, the server's padding below
     (:func:`testbed.plan.dilation.nested_cpu`), inside the cluster's quota per k x its period."""
     from testbed.core import cgroups
     from testbed.model.cpu import threads_per_call
@@ -134,18 +143,19 @@ def _service_samples(model: str, cores: float, k: float, samples: int) -> list[f
         for d in dirs:
             d.rmdir()
     got = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
-    return [v / k for v in got]
+    return [v / k for v in got["wall_ms"]], got["cpu_ms"]
 
 
 def cmd_service(a: argparse.Namespace) -> int:
     from scipy.stats import ks_2samp
 
     ks = [float(x) for x in a.ks.split(",")]
-    got = {}
+    got, cpus = {}, {}
     t_all = time.monotonic()
     for k in ks:
         t = time.monotonic()
-        got[k] = np.asarray(_service_samples(a.model, a.cores, k, a.samples))
+        wall, cpu = _service_samples(a.model, a.cores, k, a.samples)
+        got[k], cpus[k] = np.asarray(wall), np.asarray(cpu)
         print(f"k = {k:g}: {len(got[k])} calls in {time.monotonic() - t:.1f} s", flush=True)
     ref = got[ks[0]]
     rows = []
@@ -154,7 +164,9 @@ def cmd_service(a: argparse.Namespace) -> int:
         ks_stat = ks_2samp(ref, x)
         rows.append({"model": a.model, "cores": a.cores, "k": k, "calls": len(x),
                      "p50_ms": float(np.percentile(x, 50)), "p95_ms": float(np.percentile(x, 95)),
-                     "mean_ms": float(x.mean()), "p50_vs_k1": float(np.percentile(x, 50) / np.percentile(ref, 50)),
+                     "mean_ms": float(x.mean()), "cpu_p50_ms": float(np.percentile(cpus[k], 50)),
+                     "cpu_mean_ms": float(cpus[k].mean()),
+                     "p50_vs_k1": float(np.percentile(x, 50) / np.percentile(ref, 50)),
                      "mean_vs_k1": float(x.mean() / ref.mean()), "ks_stat": float(ks_stat.statistic),
                      "ks_p": float(ks_stat.pvalue)})
     _save(Path(a.out), "service", rows)
@@ -220,9 +232,9 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
     duration = parse_duration_s(a.duration, item="--duration")
     rows = []
-    for path in a.experiments or [DEFAULT, *SCENARIOS]:
+    for path, k_text in ((p, k) for p in a.experiments or [DEFAULT, *SCENARIOS] for k in a.k.split(",")):
         plan = _plan(path, None)
-        k = _k_of(a.k, plan)
+        k = _k_of(k_text, plan)
         plan = _plan(path, k)
         s_emu, wall, run_dir = _emulate(plan, Path(a.out) / "validate-emu", duration)
         s_sim = _simulate(plan, Path(a.out) / "validate-sim", duration)

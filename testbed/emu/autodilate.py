@@ -47,6 +47,8 @@ from testbed.spec.experiment import MAX_TIME_DILATION
 
 #: The busy fraction k keeps the machine's idle cores (and Open vSwitch's one thread) under.
 MAX_BUSY_FRACTION = 0.5
+#: Fewer idle cores than this (other jobs' load) and ``auto`` refuses to choose.
+MIN_IDLE_CORES = 0.1
 #: k is chosen in steps of this.
 K_STEP = 0.5
 #: How long (s) the machine's idle cores are sampled.
@@ -126,12 +128,14 @@ def _reference(runs_dir: Path, name: str) -> tuple[str, dict[str, float], float 
     return ref, per, call
 
 
-def choose(plan: Plan, console=None) -> AutoDilation:
+def choose(plan: Plan, console=None, idle: float | None = None) -> AutoDilation:
     """Measure the machine and choose k for ``plan`` (module docstring); prints the choice and why
-    on ``console`` when given.
+    on ``console`` when given. ``idle``: the idle cores to assume instead of measuring them (e.g.
+    the machine's cores: the k for this machine idle).
 
     Raises:
-        InputError: no k up to the largest keeps the machine within the bound (names the figures).
+        InputError: other jobs leave less than :data:`MIN_IDLE_CORES` idle, or no k up to the
+            largest keeps the machine within the bound (names the figures).
     """
     rate = emulated_rate_qps(plan)
     ref = _reference(repo_path(plan.experiment.runs_dir), plan.experiment.name)
@@ -140,12 +144,17 @@ def choose(plan: Plan, console=None) -> AutoDilation:
     speed = host_speed(plan.zoo_dir, plan.profiles_dir, models) if ref_call else {}
     call_speed = speed["now_ms"] / ref_call if speed and ref_call else 1.0
     per = {r: ms * (call_speed if r in SERVER_ROLES else 1.0) for r, ms in per.items()}
-    cpus, idle = idle_cores()
+    cpus, measured = idle_cores()
+    idle = measured if idle is None else float(idle)
+    if idle < MIN_IDLE_CORES:
+        raise InputError(f"time dilation auto: other jobs keep this machine's {cpus} cores busy ({idle:.2f} idle "
+                         f"over {IDLE_SAMPLE_S:g} s, at least {MIN_IDLE_CORES:g} needed): no k can keep the "
+                         f"emulation within {MAX_BUSY_FRACTION:.0%} of nothing; give --time-dilation K")
     cluster_cores = sum(c.cpu_cores for c in plan.experiment.clusters)
     servers = min(cluster_cores, rate * sum(ms for r, ms in per.items() if r in SERVER_ROLES) / 1e3)
     needed = rate * sum(ms for r, ms in per.items() if r not in SERVER_ROLES) / 1e3 + servers
     ovs = rate * per.get("ovs-vswitchd", 0.0) / 1e3
-    k_raw = max(1.0, needed / (MAX_BUSY_FRACTION * idle) if idle > 0 else math.inf, ovs / MAX_BUSY_FRACTION)
+    k_raw = max(1.0, needed / (MAX_BUSY_FRACTION * idle), ovs / MAX_BUSY_FRACTION)
     k = math.ceil(k_raw / K_STEP - 1e-9) * K_STEP
     why = [f"emulated load {rate:.1f} q/s; CPU per query from {reference}: "
            + ", ".join(f"{r} {ms:.1f} ms" for r, ms in sorted(per.items()) if ms >= 0.05)
