@@ -6,8 +6,9 @@ Run from the repository root (root; every emulation under the shared lock: ``flo
 ``python -m benchmarks.dilation service [--model mobilenet_v2_035] [--cores 0.5] [--ks 1,2,4]``
     the service-time distribution in emulated time (wall / k) of a model's calls back to back at
     ``cores`` under dilation k, through the server's scheduler (nested caps at one core or more,
-    the server's padding below: :func:`testbed.plan.dilation.nested_cpu`): p50, p95, mean, and the
-    two-sample Kolmogorov-Smirnov statistic against k = 1 (no emulation, no lock).
+    the server's padding below: :func:`testbed.plan.dilation.nested_cpu`): p50, p95, mean, the
+    two-sample Kolmogorov-Smirnov statistic against k = 1 and against the model's profile at
+    ``cores`` (``models/profiles``: the undilated reference) (no emulation, no lock).
 ``python -m benchmarks.dilation validate [EXPERIMENT ...] [--k auto|K[,K...]] [--duration 20s]``
     each experiment (default: ``experiments/default.yaml`` and the 9 ``scenario-*.yaml``) emulated
     at each k (``auto``: :func:`testbed.emu.autodilate.choose`) and simulated on the same seed: success
@@ -146,6 +147,18 @@ def _service_samples(model: str, cores: float, k: float, samples: int) -> tuple[
     return [v / k for v in got["wall_ms"]], got["cpu_ms"]
 
 
+def _profile_row(model: str, cores: float) -> dict:
+    """The model's profiled back-to-back batch-1 row at ``cores`` (``models/profiles/<model>.json``:
+    the undilated reference, measured by ``testbed profile``), or {}."""
+    try:
+        doc = json.loads((REPO / "models" / "profiles" / f"{model}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return next((r for r in doc.get("measurements", []) if float(r.get("cpu_cores", -1)) == cores
+                 and r.get("load") == "back_to_back" and int(r.get("batch", r.get("batch_size", 1))) == 1
+                 and r.get("runtime", doc.get("runtime")) in (None, "litert")), {})
+
+
 def cmd_service(a: argparse.Namespace) -> int:
     from scipy.stats import ks_2samp
 
@@ -158,6 +171,7 @@ def cmd_service(a: argparse.Namespace) -> int:
         got[k], cpus[k] = np.asarray(wall), np.asarray(cpu)
         print(f"k = {k:g}: {len(got[k])} calls in {time.monotonic() - t:.1f} s", flush=True)
     ref = got[ks[0]]
+    prof = _profile_row(a.model, a.cores)
     rows = []
     for k in ks:
         x = got[k]
@@ -168,7 +182,10 @@ def cmd_service(a: argparse.Namespace) -> int:
                      "cpu_mean_ms": float(cpus[k].mean()),
                      "p50_vs_k1": float(np.percentile(x, 50) / np.percentile(ref, 50)),
                      "mean_vs_k1": float(x.mean() / ref.mean()), "ks_stat": float(ks_stat.statistic),
-                     "ks_p": float(ks_stat.pvalue)})
+                     "ks_p": float(ks_stat.pvalue),
+                     "ks_vs_profile": float(ks_2samp(prof["samples_ms"], x).statistic) if prof else None,
+                     "profile_p50_ms": prof.get("p50_ms"),
+                     "profile_p95_ms": prof.get("p95_ms"), "profile_mean_ms": prof.get("mean_ms")})
     _save(Path(a.out), "service", rows)
     print(f"wall {time.monotonic() - t_all:.1f} s")
     return 0

@@ -30,6 +30,7 @@ from testbed.cli import evaluate, profile, report, simulate, sweep, train
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
 from testbed.core.util import read_input_text
+from testbed.emu.autodilate import choose
 from testbed.emu.cleanup import cleanup
 from testbed.plan.build import Plan, plan_experiment
 from testbed.plan.dilation import check_dilation, with_time_dilation
@@ -133,8 +134,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     plan = plan_experiment(args.experiment)
     if args.time_dilation == "auto":
-        from testbed.emu.autodilate import choose
-
         plan = with_time_dilation(plan, choose(plan, console).k)
     elif args.time_dilation is not None:
         plan = with_time_dilation(plan, args.time_dilation)
