@@ -66,8 +66,9 @@ def print_plan(plan: Plan, out: Console | None = None) -> None:
     exp = plan.experiment
     head = Text("Experiment", style="bold")
     head.append(f" {exp.name}: topology {plan.topology_name!r}, {len(plan.switches)} switches, {len(plan.links)} "
-                f"links, {len(plan.hosts)} hosts, policy {exp.policy}, duration {exp.duration_s:g} s, seed {exp.seed}",
-                style="")
+                f"links, {len(plan.hosts)} hosts, policy {exp.policy}, duration {exp.duration_s:g} s, seed {exp.seed}"
+                + (f", time dilation {plan.time_dilation:g} (run {plan.time_dilation:g} x slower than the wall clock)"
+                   if plan.time_dilation != 1.0 else ""), style="")
     out.print(head)
     out.print(_table("Switches", ["name", "DPID", "label", "lat", "lon"],
                      [[s.name, f"{s.dpid:016x}", s.label, "-" if s.lat is None else f"{s.lat:.2f}",
