@@ -18,8 +18,9 @@ Run from the repository root (root; every emulation under the shared lock: ``flo
     Wilson interval and e2e p50 with its 95 % order-statistic interval.
 ``python -m benchmarks.dilation ceiling [--ks 1,2,4,auto] [--rates 50,100,200,400,800,1200]``
     the triangle's load ceiling in emulated q/s at MTU 1500 (both sources, ``rate_qps`` per source
-    = rate / 2, ``duration`` 10 s emulated): the highest rate whose network excess p50 stays under
-    2 ms with no query lost to a full queue; and the wall time each run took.
+    = rate / 2, ``duration`` 10 s emulated, clusters of 2 cores and 2 workers: ``CEILING_CLUSTERS``):
+    the highest rate whose network excess p50 stays under 2 ms with no query dropped; and the
+    wall time each run took.
 
 Every subcommand appends its rows to ``--out`` (default ``runs/dilation``) as ``<subcommand>.csv``
 and prints a Markdown table. Emulated figures depend on this machine's load (2 shared cores): each
@@ -44,6 +45,13 @@ REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted(str(p) for p in (REPO / "experiments").glob("scenario-*.yaml"))
 DEFAULT = str(REPO / "experiments" / "default.yaml")
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
+#: The ceiling's clusters: the triangle's, with 2 cores and 2 workers each (the network, not the
+#: clusters' CPU, is what the ceiling measures).
+CEILING_CLUSTERS = [
+    {"name": "edgeb", "site": "B", "tier": "far_edge", "cpu_cores": 2.0, "workers": 2, "queue_limit": 64,
+     "models": ["digits_small"]},
+    {"name": "edgec", "site": "C", "tier": "near_edge", "cpu_cores": 2.0, "workers": 2, "queue_limit": 64,
+     "models": ["digits_small", "digits_large"]}]
 #: The network excess p50 (ms) under which a load counts as carried (the issue's bound).
 CEILING_EXCESS_MS = 2.0
 
@@ -321,7 +329,7 @@ def cmd_ceiling(a: argparse.Namespace) -> int:
     for k_text in a.ks.split(","):
         for rate in (float(r) for r in a.rates.split(",")):
             over = {"workload": [{"application": "digits", "sources": "all", "rate_qps": rate / 2}],
-                    "duration_s": a.duration_s}
+                    "duration_s": a.duration_s, "clusters": CEILING_CLUSTERS}
             plan = _plan(TRIANGLE, None, over)
             k = _k_of(k_text, plan)
             s, wall, run_dir = _emulate(_plan(TRIANGLE, k, over), Path(a.out) / "ceiling", a.duration_s)
