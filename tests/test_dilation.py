@@ -9,13 +9,16 @@ import re
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import yaml
 
+from testbed.emu.events import EventRunner
+from testbed.emu.selfcheck import check_rtts
 from testbed.model.arrivals import make_process
-from testbed.model.events import kind_of
+from testbed.model.events import Change, kind_of
 from testbed.plan.boundaries import ControllerConfig, ServerConfig, SourceConfig
 from testbed.plan.build import build_plan
 from testbed.plan.dilation import (
@@ -28,7 +31,7 @@ from testbed.plan.dilation import (
 )
 from testbed.plan.resolved import PlanError
 from testbed.serve.scheduler import Job, Scheduler
-from testbed.spec.experiment import ConfigError, Experiment, WorkloadSpec
+from testbed.spec.experiment import ConfigError, Experiment, WorkloadSpec, load_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
@@ -196,8 +199,6 @@ def test_the_spec_refuses_a_dilation_outside_its_bounds(value):
     data["emulation"]["time_dilation"] = value
     with pytest.raises(Exception, match="time_dilation"):
         Experiment.model_validate(data)
-    from testbed.spec.experiment import load_experiment
-
     path = Path("/tmp") / f"dilation-{value}.yaml"
     path.write_text(yaml.safe_dump(data))
     try:
@@ -275,3 +276,31 @@ def test_a_padded_call_takes_at_least_k_times_its_cpu_time():
     assert job.error is None
     # the call burnt >= 20 ms of CPU, then slept (k - 1) x that: t3 - t2 >= k x 20 ms
     assert (job.t3 - job.t2) / 1e6 >= K * 20.0
+
+
+def test_the_self_check_judges_emulated_rtts_with_the_experiments_tolerance():
+    ping = "".join(f"64 bytes from 10.0.0.2: icmp_seq={i} ttl=64 time={t} ms\n"
+                   for i, t in enumerate((31.2, 30.6, 33.0), 1))  # wall clock, k = 3: 10.4 / 10.2 / 11.0 ms
+    proc = SimpleNamespace(wait=lambda: 0, communicate=lambda: (ping, None))
+    plan = SimpleNamespace(sources=[SimpleNamespace(name="s", mac="m1", ip="10.0.0.1")],
+                           clusters=[SimpleNamespace(name="c", mac="m2", ip="10.0.0.2")])
+    emu = SimpleNamespace(node=lambda name: SimpleNamespace(popen=lambda *a, **k: proc))
+    # the controller holds the dilated path: 15 ms one way on the wall clock, 5 ms emulated
+    [r] = check_rtts(emu, plan, lambda a, b: ([1, 2], 15.0), count=3, tol_ms=1.0, tol_pct=0.0, per_switch_ms=0.0,
+                     time_dilation=K)
+    assert r.expected_ms == pytest.approx(10.0) and r.samples == pytest.approx([10.4, 10.2, 11.0])
+    assert r.tolerance_ms == 1.0 and r.ok  # 0.4 ms off in emulated time, within the experiment's 1 ms
+
+
+def test_events_csv_rows_are_in_emulated_time_and_units():
+    runner = EventRunner.__new__(EventRunner)  # only its row builder: no network
+    runner.k, runner.t0_s = K, 1000.0
+    delay = Change(t_s=6.0, kind="link_delay", event=0, link=("s1", "s2"), value=21.0)  # the dilated timeline
+    row = runner._row(delay, 1000.0 + 6.3, 30.0, 21.6, "ms", 3.0, True, "")
+    assert (row["planned_s"], row["applied_s"], row["lag_ms"]) == (2.0, 2.1, pytest.approx(100.0))
+    got = [float(row[c]) for c in ("value_asked", "value_measured", "tolerance", "effect_ms")]
+    assert got == pytest.approx([7.0, 7.2, 1.0, 10.0])
+    assert row["applied_unix_s"] == "1006.300000"  # the wall-clock instant stays
+    bw = Change(t_s=3.0, kind="link_bandwidth", event=1, link=("s1", "s2"), value=10.0)
+    row = runner._row(bw, 1003.0, None, 9.8, "Mbit/s", None, None, "")
+    assert [float(row["value_asked"]), float(row["value_measured"])] == pytest.approx([30.0, 29.4])
