@@ -194,18 +194,13 @@ def test_a_plan_is_dilated_once_and_processes_get_only_a_wall_plan(plans, tmp_pa
 
 
 @pytest.mark.parametrize("value", [0.5, 11, "fast"])
-def test_the_spec_refuses_a_dilation_outside_its_bounds(value):
+def test_the_spec_refuses_a_dilation_outside_its_bounds(value, tmp_path):
     data = yaml.safe_load(TRIANGLE.read_text())
     data["emulation"]["time_dilation"] = value
-    with pytest.raises(Exception, match="time_dilation"):
-        Experiment.model_validate(data)
-    path = Path("/tmp") / f"dilation-{value}.yaml"
+    path = tmp_path / "e.yaml"
     path.write_text(yaml.safe_dump(data))
-    try:
-        with pytest.raises(ConfigError, match="emulation.time_dilation"):
-            load_experiment(path)
-    finally:
-        path.unlink()
+    with pytest.raises(ConfigError, match="emulation.time_dilation"):
+        load_experiment(path)
 
 
 SPECS = [{"application": "a", "rate_qps": 40},
