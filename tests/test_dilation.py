@@ -40,12 +40,12 @@ K = 3.0
 # Every leaf of the plan and of the boundary files is one of these (regex on its dotted path).
 #: x k: times of the emulated system.
 TIME = [r"experiment\.duration_s", r"experiment\.report_interval_s", r"experiment\.applications\.\d+\.deadline_ms",
-        r"experiment\.aset\.window_s", r"experiment\.emulation\.stats_interval_s",
+        r"experiment\.emulation\.stats_interval_s",
         r"experiment\.clusters\.\d+\.server\.max_queue_delay_ms", r"links\.\d+\.delay_ms", r"paths\.\d+\.one_way_ms",
         r"paths\.\d+\.rtt_ms", r"services\.\w+\.\w+\.(samples_ms\.\d+|batch_mean_ms\.\d+|wall_mean_ms|wall_p95_ms|"
         r"expected_ms|busy_mean_ms|handling_ms)", r"changes\.\d+\.t_s",
         # boundary files
-        r"duration_s", r"report_interval_s", r"grace_ms", r"applications\.\d+\.deadline_ms", r"aset\.window_s",
+        r"duration_s", r"report_interval_s", r"grace_ms", r"applications\.\d+\.deadline_ms",
         r"options\.\d+\.option\.(rtt_ms|service_ms|mean_service_ms)", r"mean_service_ms\.\w+", r"max_queue_delay_ms",
         r"stats_interval_s", r"links\.\d+\.delay_ms", r"hosts\.\d+\.delay_ms"]
 #: / k: rates.
@@ -56,6 +56,7 @@ K_ITSELF = [r"experiment\.emulation\.time_dilation", r"time_dilation"]
 CHANGE_VALUE = r"changes\.(\d+)\.value"
 #: Not scaled, on purpose (testbed.plan.dilation's module docstring says why for each).
 EXEMPT = [r"experiment\.workload\..*", r"streams\..*",  # drawn in emulated time, stretched by the source
+          r"(experiment\.)?aset\.window_s",  # checked against the checkpoint's; the source waits k x it
           r"experiment\.emulation\.rtt_tolerance_(ms|pct|per_switch_ms)",  # the self-check judges emulated values
           r"experiment\.simulation\..*",  # the simulator's, unused by the emulation
           r"experiment\.events\..*",  # the emulation runs plan.changes, dilated
@@ -149,7 +150,7 @@ def test_every_time_constant_of_the_plan_is_scaled_once(plans):
     # not vacuous: each kind of constant was there and scaled
     for must in (r"experiment\.duration_s", r"links\.0\.delay_ms", r"links\.0\.bandwidth_mbps",
                  r"hosts\.0\.bandwidth_mbps", r"paths\.0\.one_way_ms", r"changes\.0\.t_s", r"changes\.0\.value",
-                 r"services\.edgeb\.digits_small\.busy_mean_ms", r"experiment\.aset\.window_s",
+                 r"services\.edgeb\.digits_small\.busy_mean_ms",
                  r"experiment\.clusters\.1\.server\.max_queue_delay_ms", r"experiment\.applications\.0\.deadline_ms"):
         assert any(re.fullmatch(must, p) for p in scaled), must
     # the wall plan's RTT is k x the emulated one, and the emulated plan stays as it was
@@ -171,13 +172,14 @@ def test_every_time_constant_of_the_boundary_files_is_scaled_once(plans, tmp_pat
         scaled |= {f"{name}:{p}" for p in _compare(one[name], three[name])}
     for must in ("source:grace_ms", "source:report_interval_s", "source:duration_s",
                  "source:applications.0.deadline_ms", "source:options.0.option.rtt_ms",
-                 "source:options.0.option.mean_service_ms", "source:aset.window_s", "server:max_queue_delay_ms",
+                 "source:options.0.option.mean_service_ms", "server:max_queue_delay_ms",
                  "server:stats_interval_s", "server:mean_service_ms.digits_small", "controller:links.0.delay_ms",
                  "controller:links.0.bandwidth_mbps", "controller:hosts.0.bandwidth_mbps"):
         assert must in scaled, must
     assert "server:cpu_pad" in scaled  # edgec has 0.5 cores: padded, not nested
     assert three["source"]["time_dilation"] == K and one["source"]["time_dilation"] == 1.0
     assert three["source"]["streams"] == one["source"]["streams"]  # emulated; the source stretches them
+    assert three["source"]["aset"]["window_s"] == one["source"]["aset"]["window_s"] == 1.0  # the same
 
 
 def test_a_plan_is_dilated_once_and_processes_get_only_a_wall_plan(plans, tmp_path):

@@ -269,8 +269,8 @@ class Source:
 
     async def _aset_loop(self, end: float) -> None:
         loop = asyncio.get_running_loop()
-        # default: the checkpoint's window, in emulated time (a configured one is on the wall clock already)
-        window = (self.cfg.aset.window_s if self.cfg.aset else None) or self.aset.window_s * self.cfg.time_dilation
+        # the configured window (default: the checkpoint's), in emulated time: k x it on the wall clock
+        window = ((self.cfg.aset.window_s if self.cfg.aset else None) or self.aset.window_s) * self.cfg.time_dilation
         while not self.stopping and loop.time() < end:
             await asyncio.sleep(window)
             state = self._aset_state()

@@ -151,7 +151,8 @@ class SourceConfig(_Boundary):
     source is ready; ``start_ns`` is then replaced by N (the value here is only a fallback).
     ``time_dilation`` k: every time constant here is already on the wall clock (x k:
     :func:`testbed.plan.dilation.dilate`), except the streams' arrival processes, which the source
-    draws in emulated time and stretches by k (:class:`testbed.plan.dilation.Stretched`); the
+    draws in emulated time and stretches by k (:class:`testbed.plan.dilation.Stretched`), and
+    ``aset.window_s``, which it waits k x (the agent checks it against its checkpoint's); the
     source writes its records in emulated time (:func:`testbed.plan.dilation.emulated_times`).
     """
 

@@ -31,7 +31,8 @@ The clusters' CPU: at one core or more, nested cgroups (:func:`nested_cpu`); bel
 each call and each request's handling by (k - 1) x its CPU time (:func:`cpu_pad`).
 
 Not scaled, on purpose: the workload's arrival processes (the sources draw them in emulated time,
-from the same seeds as the simulator, and stretch the times by k: :class:`Stretched`); the RTT
+from the same seeds as the simulator, and stretch the times by k: :class:`Stretched`); the ASET
+window (the agent checks it against its checkpoint's; the source waits k x it); the RTT
 self-check's tolerances (it judges emulated values: :func:`testbed.emu.selfcheck.check_rtts`
 divides what it measures by k); loss, sizes, counts, CPU shares (the cluster's CPU is slowed by
 cgroups or padding, :func:`nested_cpu`); the simulator's settings.
@@ -120,8 +121,6 @@ def _experiment(plan: Plan, k: float):
     update = {"duration_s": exp.duration_s * k, "report_interval_s": exp.report_interval_s * k,
               "applications": apps, "clusters": clusters,
               "emulation": exp.emulation.model_copy(update={"stats_interval_s": exp.emulation.stats_interval_s * k})}
-    if exp.aset is not None and exp.aset.window_s is not None:
-        update["aset"] = exp.aset.model_copy(update={"window_s": exp.aset.window_s * k})
     if exp.capture is not None:
         update["capture"] = exp.capture.model_copy(update={"start_delay_s": exp.capture.start_delay_s * k})
     return exp.model_copy(update=update)
