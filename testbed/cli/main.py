@@ -29,9 +29,12 @@ from testbed.aset.train import resolve, training_scenarios
 from testbed.cli import evaluate, profile, report, simulate, sweep, train
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
+from testbed.emu.autodilate import choose
 from testbed.emu.cleanup import cleanup
 from testbed.plan.build import Plan, plan_experiment
+from testbed.plan.dilation import check_dilation, with_time_dilation
 from testbed.plan.policies import load_aset
+from testbed.plan.resolved import PlanError
 from testbed.results.runs import run_emulation
 from testbed.spec.schema import load_yaml_file
 
@@ -62,8 +65,9 @@ def print_plan(plan: Plan, out: Console | None = None) -> None:
     exp = plan.experiment
     head = Text("Experiment", style="bold")
     head.append(f" {exp.name}: topology {plan.topology_name!r}, {len(plan.switches)} switches, {len(plan.links)} "
-                f"links, {len(plan.hosts)} hosts, policy {exp.policy}, duration {exp.duration_s:g} s, seed {exp.seed}",
-                style="")
+                f"links, {len(plan.hosts)} hosts, policy {exp.policy}, duration {exp.duration_s:g} s, seed {exp.seed}"
+                + (f", time dilation {plan.time_dilation:g} (run {plan.time_dilation:g} x slower than the wall clock)"
+                   if plan.time_dilation != 1.0 else ""), style="")
     out.print(head)
     out.print(_table("Switches", ["name", "DPID", "label", "lat", "lon"],
                      [[s.name, f"{s.dpid:016x}", s.label, "-" if s.lat is None else f"{s.lat:.2f}",
@@ -129,6 +133,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     plan = plan_experiment(args.experiment)
+    if args.time_dilation == "auto":
+        plan = with_time_dilation(plan, choose(plan, console).k)
+    elif args.time_dilation is not None:
+        plan = with_time_dilation(plan, args.time_dilation)
     overrides = {}
     if args.duration is not None:
         overrides["duration_s"] = args.duration
@@ -136,6 +144,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         overrides["link_emulator"] = args.link_emulator
     return run_emulation(plan, console=console, runs_dir=args.runs_dir,
                           base_dir=args.experiment.parent, process_ends=True, **overrides)
+
+
+def _dilation_arg(text: str) -> float | str:
+    """``--time-dilation``: ``auto`` or a number within 1 .. MAX_TIME_DILATION."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        k = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor 'auto'") from None
+    try:
+        return check_dilation(k)
+    except PlanError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
@@ -165,6 +187,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=duration_arg, help=DURATION_HELP)
     p.add_argument("--link-emulator", choices=["auto", "netem", "userspace"], help="override emulation.link_emulator")
     p.add_argument("--runs-dir", type=Path, help=RUNS_DIR_HELP)
+    p.add_argument("--time-dilation", type=_dilation_arg, metavar="K|auto",
+                   help="override emulation.time_dilation: run the emulated system K (1-10) times slower than the "
+                        "wall clock, or 'auto': the smallest K this machine carries the load at (docs/dilation.md)")
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("cleanup", help="remove what an interrupted or crashed run left behind (ours only)")
     p.set_defaults(func=_cmd_cleanup)

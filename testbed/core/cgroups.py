@@ -4,16 +4,37 @@ CPU share ``cores`` becomes a CFS bandwidth quota of ``cores x period`` per ``pe
 cgroup v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, cgroup v2 ``cpu.max`` (Linux
 Documentation/scheduler/sched-bwc.rst). Memory: v1 ``memory.limit_in_bytes``, v2 ``memory.max``.
 Group names start with ``testbed-<run id>-`` so that cleanup removes only ours.
+
+Time dilation k (``emulation.time_dilation``, :mod:`testbed.plan.dilation`): a cluster of c cores
+must run in emulated time as it does undilated, i.e. at 1/k of its speed on the wall clock. Two
+nested limits give that (cgroup v1 ``cpu``):
+
+- the cluster's group: the same quota per period in emulated time, ``c x 100 ms`` of CPU per
+  period of ``k x 100 ms`` (c / k cores);
+- inside it, one child group per thread of the server (:func:`cap_threads`), each capped at 1 / k
+  core over a short period (``THREAD_QUOTA_US`` per ``k x THREAD_QUOTA_US``): the quota alone
+  would let a burst within it run at full speed, k times too fast in emulated time.
+
+The kernel takes quotas and periods of at least 1 ms and periods of at most 1 s (sched-bwc.rst),
+hence ``THREAD_QUOTA_US`` = 1 ms and k <= 10. Cgroup v1 also refuses a child whose quota/period
+exceeds its parent's, so the per-thread caps need a cluster of at least one core (below, the
+server pads its work instead: :func:`testbed.plan.dilation.nested_cpu`).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from testbed.core.errors import RunFailure
 
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
+#: A dilated cluster's per-thread cap: this much CPU (us, the kernel's smallest quota) per
+#: ``k x THREAD_QUOTA_US``. A call runs at 1 / k speed to within one such period.
+THREAD_QUOTA_US = 1_000
+#: The kernel's longest CFS period (us).
+MAX_PERIOD_US = 1_000_000
 
 
 class CgroupError(RunFailure):
@@ -40,20 +61,37 @@ def _write(path: Path, value: str) -> None:
         raise CgroupError(f"cannot write {value!r} to {path}: {exc.strerror}") from None
 
 
-def create_limited_group(name: str, cpu_cores: float, memory_mib: int) -> list[Path]:
-    """Create cgroup(s) called ``name`` limited to ``cpu_cores`` cores and ``memory_mib`` MiB.
+def dilated_period_us(time_dilation: float) -> int:
+    """The CFS period (us) of a cluster's group at dilation k: k x :data:`PERIOD_US`.
+
+    Raises:
+        CgroupError: the period would exceed the kernel's 1 s (k > 10).
+    """
+    period = int(round(time_dilation * PERIOD_US))
+    if period > MAX_PERIOD_US:
+        raise CgroupError(f"time dilation {time_dilation:g}: the cluster's CFS period would be {period} us, above "
+                          f"the kernel's {MAX_PERIOD_US} us")
+    return period
+
+
+def create_limited_group(name: str, cpu_cores: float, memory_mib: int, time_dilation: float = 1.0) -> list[Path]:
+    """Create cgroup(s) called ``name`` limited to ``cpu_cores`` cores and ``memory_mib`` MiB; under
+    ``time_dilation`` k > 1 the same quota (``cpu_cores x 100 ms``) per period of k x 100 ms (the
+    threads' own caps follow with :func:`cap_threads`).
 
     Returns the created directories (to record for cleanup and to pass to :func:`add_process`).
 
     Raises:
-        CgroupError: cgroups unavailable or a limit cannot be written.
+        CgroupError: cgroups unavailable, a limit cannot be written, or k > 1 on cgroup v2 (its
+            per-thread groups would need a threaded subtree, which this module does not build).
     """
     quota = max(1000, int(round(cpu_cores * PERIOD_US)))
+    period = dilated_period_us(time_dilation)
     limit = str(memory_mib * 1024 * 1024)
     if cgroup_version() == 1:
         cpu, mem = ROOT / "cpu" / name, ROOT / "memory" / name
         cpu.mkdir(exist_ok=True)
-        _write(cpu / "cpu.cfs_period_us", str(PERIOD_US))
+        _write(cpu / "cpu.cfs_period_us", str(period))
         _write(cpu / "cpu.cfs_quota_us", str(quota))
         dirs = [cpu]
         if (ROOT / "memory").is_dir():
@@ -61,6 +99,9 @@ def create_limited_group(name: str, cpu_cores: float, memory_mib: int) -> list[P
             _write(mem / "memory.limit_in_bytes", limit)
             dirs.append(mem)
         return dirs
+    if time_dilation != 1.0:
+        raise CgroupError(f"time dilation {time_dilation:g} needs cgroup v1's cpu controller (per-thread groups); "
+                          f"this machine has cgroup v2 only")
     subtree = ROOT / "cgroup.subtree_control"
     enabled = subtree.read_text().split()
     for ctl in ("cpu", "memory"):
@@ -111,6 +152,63 @@ def _flat_keyed(path: Path) -> dict[str, str] | None:
         return dict(line.split() for line in path.read_text().splitlines() if len(line.split()) == 2)
     except OSError:
         return None
+
+
+def thread_groups(dirs: list[Path]) -> list[Path]:
+    """The per-thread child groups :func:`cap_threads` made under the v1 cpu group of ``dirs``."""
+    return [c for d in dirs if d.parent == ROOT / "cpu" for c in sorted(d.glob("t[0-9]*")) if c.is_dir()]
+
+
+def cap_threads(dirs: list[Path], pid: int, time_dilation: float) -> int:
+    """Put every thread of process ``pid`` not yet capped into a child group of its own under the
+    v1 cpu group of ``dirs``, capped at 1 / k core (:data:`THREAD_QUOTA_US` per k x that). Call it
+    again to catch threads started since (a thread starts in its creator's group, so until then it
+    shares that cap: slower, never faster). Returns how many threads it placed; 0 at k = 1.
+
+    Raises:
+        CgroupError: a group cannot be made or written (a thread that has exited meanwhile is
+            skipped).
+    """
+    if time_dilation == 1.0:
+        return 0
+    cpu = next((d for d in dirs if d.parent == ROOT / "cpu"), None)
+    if cpu is None:
+        raise CgroupError(f"time dilation {time_dilation:g}: no cgroup v1 cpu group among {[str(d) for d in dirs]}")
+    period = str(max(THREAD_QUOTA_US, int(round(time_dilation * THREAD_QUOTA_US))))
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return 0  # the process has exited
+    placed = 0
+    for tid in tids:
+        child = cpu / f"t{tid}"
+        if child.is_dir():
+            continue
+        child.mkdir()
+        _write(child / "cpu.cfs_period_us", period)
+        try:
+            (child / "cpu.cfs_quota_us").write_text(str(THREAD_QUOTA_US))
+        except OSError as exc:
+            child.rmdir()
+            raise CgroupError(f"cannot cap thread {tid} of {cpu.name} at 1/{time_dilation:g} core: {exc.strerror} "
+                              f"(cgroup v1 refuses a child whose quota/period exceeds its parent's: the group has "
+                              f"less than one core)") from None
+        try:
+            (child / "tasks").write_text(str(tid))
+        except OSError:  # the thread ended meanwhile (ESRCH)
+            child.rmdir()
+            continue
+        placed += 1
+    return placed
+
+
+def remove_thread_groups(dirs: list[Path]) -> None:
+    """Remove the per-thread child groups (empty once the process ended; a busy one is left)."""
+    for child in thread_groups(dirs):
+        try:
+            child.rmdir()
+        except OSError:
+            pass
 
 
 def add_process(dirs: list[Path], pid: int) -> None:

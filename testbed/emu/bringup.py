@@ -280,7 +280,7 @@ def emulated_network(plan: Plan, run_id: str, run_dir: Path, link_emulator: str 
             raise RunError(f"OVS bridge(s) {', '.join(foreign)} exist and are not ours; remove them or "
                            f"rename the switches (topology node 'name')")
         _intent_log(plan, run_id, run_dir, le, dp)
-        plan.write_json(run_dir / "plan.json")
+        plan.emulated.write_json(run_dir / "plan.json")  # in emulated time, as the records
         emu = Emulation(plan, le, dp, run_dir, run_id)
         if not emu.sharded:  # ryu-manager imports (~1 s) while Mininet builds; shards' address comes with the build
             ctrl = _launch_controller(plan, emu, run_dir)
@@ -447,7 +447,9 @@ def calibrate_datapath(live: Live, console: Console) -> dict:
     if offset > 0 and live.dynamics is not None:
         live.dynamics.baseline()  # the probe paths are shorter by the offset now
         live.dynamics.write_outputs()  # probe_baseline.json: the baseline the readbacks use
-    info = {"rtt_per_switch_ms": round(per_switch, 4), "link_offset_one_way_ms": offset,
+    # on the wall clock, as the emulators' delays it lowers (under time dilation k: k x the emulated ms)
+    info = {"time_dilation": live.plan.time_dilation, "clock": "wall",
+            "rtt_per_switch_ms": round(per_switch, 4), "link_offset_one_way_ms": offset,
             "links_at_zero": [f"{lk.a}-{lk.b}" for lk in live.plan.links if lk.index in set(floored)],
             "paths": [{"source": r.source, "cluster": r.cluster, "switches": len(r.dpids),
                        "expected_rtt_ms": round(r.expected_ms, 3),
@@ -471,7 +473,8 @@ def rtt_self_check(live: Live, console: Console) -> None:
     em = live.plan.experiment.emulation
     with console.status("RTT self-check (ping every source -> cluster path)..."):
         results = check_rtts_twice(live.emu, live.plan, live.path_of, em.ping_count, em.rtt_tolerance_ms,
-                                   em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms)
+                                   em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms,
+                                   time_dilation=live.plan.time_dilation)  # judged in emulated ms
     _write_rtt_csv(results, live.run_dir)
     _print_rtt(results, console)
     bad = [r for r in results if not r.ok]

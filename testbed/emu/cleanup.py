@@ -243,6 +243,8 @@ def remove_leftovers(verbose: bool = False) -> int:
         p = Path(cg)
         if p.is_dir() and p.name.startswith("testbed-"):
             try:
+                for child in p.glob("t[0-9]*"):  # per-thread groups of a dilated cluster (testbed.core.cgroups)
+                    child.rmdir()
                 p.rmdir()
                 removed += 1
                 if verbose:

@@ -88,7 +88,8 @@ class Dynamics:
         self.path_probes = any(c.kind in PATH_KINDS for c in plan.changes)
         self.model = plan.network_state()
         em = plan.experiment.emulation
-        self.tol = Tolerance(em.rtt_tolerance_ms, em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms)
+        k = plan.time_dilation  # the read-backs measure on the wall clock: the emulated tolerance in wall ms
+        self.tol = Tolerance(em.rtt_tolerance_ms * k, em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms * k)
 
     # ------------------------------------------------------------------ start / stop
     def start(self, python: str = sys.executable) -> None:

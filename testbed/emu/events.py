@@ -3,11 +3,11 @@ and read back by measurement.
 
 The timeline and its meaning are the model's (:mod:`testbed.model.events`: each step's kind, a
 registry entry, says how it is applied and measured); this module applies each step to the
-running emulation and records it in ``events.csv`` (:data:`EVENTS_FIELDS`):
-planned time, the time the run fired it (``applied_s``, s since the load started; ``lag_ms`` the
-difference; ``applied_unix_s`` the same instant on the records' clock), ``effect_ms`` (from firing
-to the first measurement showing it), the value asked and the value measured (``unit``), the
-``tolerance`` the measurement is judged with and whether it is within (``ok``), and a note.
+running emulation and records it in ``events.csv`` (:data:`EVENTS_FIELDS`; in emulated time and
+units under time dilation): planned time, the time the run fired it (``applied_s``, s since the
+load started; ``lag_ms`` the difference; ``applied_unix_s`` the same instant, epoch s, wall clock),
+``effect_ms`` (from firing to the first measurement showing it), the value asked and the value
+measured (``unit``), the ``tolerance`` the measurement is judged with and whether it is within (``ok``), and a note.
 
 * Link events (every ``link_*`` kind) go through :class:`testbed.emu.dynamics.Dynamics`:
   the emulator or ``tc`` changes the link, the controller is told or reacts, and probes across the
@@ -38,6 +38,7 @@ from pathlib import Path
 from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.emu.dynamics import PREPARE_S
 from testbed.model.events import CLUSTER_KINDS, EVENT_KINDS, LINK_KINDS, Change
+from testbed.plan.dilation import to_emulated
 
 #: Kinds the emulation applies: every registered kind (kept current with the registry).
 APPLIED_KINDS = EVENT_KINDS.names_view()
@@ -88,6 +89,7 @@ class EventRunner(threading.Thread):
                  on_event: Callable[[dict], None] | None = None):
         super().__init__(daemon=True, name="events")
         self.live, self.servers, self.changes, self.t0_s = live, servers, list(changes), t0_s
+        self.k = live.plan.time_dilation  # the changes are on the wall clock; events.csv is in emulated time
         self.on_event = on_event
         self.stop_event = threading.Event()
         self.path: Path = live.run_dir / "events.csv"
@@ -187,7 +189,8 @@ class EventRunner(threading.Thread):
             if ch.t_s >= duration_s:
                 continue
             row = fired.get((ch.event, ch.step))
-            late = float(row["lag_ms"]) / 1e3 if row is not None else now - self.t0_s - ch.t_s
+            fired_at = float(row["applied_unix_s"]) if row is not None else now  # wall clock, as ch.t_s
+            late = fired_at - self.t0_s - ch.t_s
             if late > EVENT_LATE_S:
                 what = "fired" if row is not None else "has not fired"
                 doing = f"; the event runner was busy with {self.busy}" if self.busy else ""
@@ -220,13 +223,19 @@ class EventRunner(threading.Thread):
         self.busy = ""
 
     def _row(self, ch: Change, t_fire: float, effect_ms, measured, unit, tol, ok, note) -> dict:
-        applied = t_fire - self.t0_s
+        """One events.csv row, in emulated time and units (times, and values by their unit, back
+        from the wall clock: :func:`testbed.plan.dilation.to_emulated`); ``applied_unix_s`` stays
+        the wall-clock instant."""
+        k = self.k
+        applied = (t_fire - self.t0_s) / k
+        planned = ch.t_s / k
+        asked = to_emulated(ch.value, ch.entry.unit or "", k)
         return {"event": ch.event, "step": ch.step, "kind": ch.kind, "target": target_of(ch),
-                "planned_s": round(ch.t_s, 6), "applied_s": round(applied, 6),
-                "lag_ms": round((applied - ch.t_s) * 1e3, 3), "effect_ms": _num(effect_ms),
-                "value_asked": _num(ch.value, 6), "value_measured": _num(measured), "unit": unit,
-                "tolerance": _num(tol), "ok": "" if ok is None else int(bool(ok)), "note": note,
-                "applied_unix_s": f"{t_fire:.6f}"}
+                "planned_s": round(planned, 6), "applied_s": round(applied, 6),
+                "lag_ms": round((applied - planned) * 1e3, 3), "effect_ms": _num(to_emulated(effect_ms, "ms", k)),
+                "value_asked": _num(asked, 6), "value_measured": _num(to_emulated(measured, unit or "", k)),
+                "unit": unit, "tolerance": _num(to_emulated(tol, unit or "", k)),
+                "ok": "" if ok is None else int(bool(ok)), "note": note, "applied_unix_s": f"{t_fire:.6f}"}
 
     def _apply_cluster(self, ch: Change, done: Callable[[dict], None]) -> None:
         """Apply a cluster change now, through its kind on the cluster's server (:class:`_Server`).

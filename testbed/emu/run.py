@@ -84,6 +84,7 @@ from testbed.emu.servers import ClusterServers
 from testbed.emu.storage import Storage, estimate_storage
 from testbed.model.events import LINK_KINDS, kind_of
 from testbed.plan.build import Plan, check_load_bounds, run_dir_limit_problem
+from testbed.plan.dilation import dilate
 from testbed.sdn.client import _port_in_use
 from testbed.serve.handling import host_speed
 
@@ -389,6 +390,7 @@ def _start_record(plan: Plan, run_id: str, run_dir: Path, duration_s: float, sto
         "mode": "emulation", "run_id": run_id, "status": "running", "process": process_identity(),
         "provenance": provenance(),
         "duration_s": duration_s,
+        "time_dilation": plan.time_dilation, "wall_duration_s": duration_s * plan.time_dilation,
         "seed": plan.experiment.seed, "report_interval_s": plan.experiment.report_interval_s,
         "mtu_bytes": plan.experiment.topology.mtu,
         "storage": {"estimate_bytes": storage.estimate.total, "reserve_bytes": storage.estimate.reserve,
@@ -419,8 +421,10 @@ def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = 
             duration_s: float | None = None, link_emulator: str | None = None,
             process_ends: bool = False) -> Iterator[EmulationOutcome]:
     """Emulate a planned experiment (steps 1-6 of the module docstring) and yield its
-    :class:`EmulationOutcome`. Results go to ``runs_dir/<timestamp>-<name>/``; records measured
-    before a failure or an interruption are kept there.
+    :class:`EmulationOutcome`. ``plan`` is in emulated time (``duration_s`` too); under time
+    dilation k the steps run :func:`testbed.plan.dilation.dilate`'s wall-clock plan, k x longer.
+    Results go to ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an
+    interruption are kept there.
 
     Inside the ``with`` the caller summarises the run (:func:`testbed.results.runs.run_emulation`)
     and may change the outcome's ``status`` and ``message``; on leaving it the outcome goes into
@@ -440,7 +444,13 @@ def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = 
         yield EmulationOutcome(exc.exit_code, str(exc), duration_s=duration_s)
         return
     record = _start_record(plan, run_id, run_dir, duration_s, storage)
-    ctx = RunContext(plan, run_id, run_dir, duration_s, link_emulator, console, record, storage)
+    wall = dilate(plan)  # the constants on the wall clock: every process and the network run these
+    if wall.time_dilation != 1.0:
+        console.print(f"time dilation k = {wall.time_dilation:g}: the emulated system runs {wall.time_dilation:g} "
+                      f"times slower than the wall clock ({duration_s:g} s emulated take "
+                      f"{duration_s * wall.time_dilation:g} s); records are in emulated time", markup=False)
+    ctx = RunContext(wall, run_id, run_dir, duration_s * wall.time_dilation, link_emulator, console, record,
+                     storage)
     with _Interrupts(console, process_ends):  # until run.json has its outcome: a second Ctrl-C cannot cut the teardown
         status, message = _run_steps(ctx)
         outcome = EmulationOutcome(status, message, run_dir, duration_s, ctx.timings,

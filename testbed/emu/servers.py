@@ -3,8 +3,10 @@ and every source's path to them warmed before the load.
 
 Each cluster host runs one ``python -m testbed.serve.server`` process (config:
 :class:`testbed.plan.boundaries.ServerConfig`, from the plan) inside a cgroup holding the cluster's CPU
-share (CFS quota, :mod:`testbed.core.cgroups`) and memory limit. :class:`ClusterServers`
-starts them all and waits until every one is warmed up, and applies outages: ``kill`` (SIGKILL,
+share (CFS quota, :mod:`testbed.core.cgroups`; under time dilation k, the same quota per k x the
+period, and at one core or more each of its threads capped at 1 / k core once it is ready, below
+one core its calls padded by the server: :func:`testbed.plan.dilation.nested_cpu`) and memory limit.
+:class:`ClusterServers` starts them all and waits until every one is warmed up, and applies outages: ``kill`` (SIGKILL,
 connections refused until a restart) and ``stop`` (SIGSTOP / SIGCONT). A restarted server starts
 its counters from zero; the stats file of its earlier life is kept as
 ``clusters/<cluster>.stats.<n>.json`` (n = 1, 2, ...), so no counter is lost.
@@ -26,6 +28,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -34,13 +37,17 @@ from testbed.core import cgroups
 from testbed.core.errors import EXIT_INTEGRITY, RunFailure
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT, poll_until, stop_processes, stopped, write_json_atomic
+from testbed.plan.dilation import nested_cpu
 from testbed.plan.zoo import request_bodies
 from testbed.serve.launch import server_command, write_server_config
 
 #: Predict requests per (source, cluster, model) before the load (the first is the cold one).
 WARMUP_REQUESTS = 2
-#: Seconds one warm-up request may take (a cold model at a small CPU share included).
+#: Seconds one warm-up request may take (a cold model at a small CPU share included), x k under
+#: time dilation.
 WARMUP_REQUEST_TIMEOUT_S = 20.0
+#: How often (s) the threads a ready server started are capped under time dilation.
+CAP_POLL_S = 0.2
 
 
 class ClusterServers:
@@ -57,6 +64,9 @@ class ClusterServers:
         self.started_at: dict[str, float] = {}
         self.lives: dict[str, int] = {}
         self.ready_lives: dict[str, int] = {}
+        self.k = live.plan.time_dilation
+        self.cap_error: str = ""
+        self._capping = threading.Event()
         stack.callback(self._stop_all)
 
     def _log(self, cluster: str):
@@ -98,9 +108,10 @@ class ClusterServers:
         if cluster not in self.groups:
             spec = next(c for c in plan.experiment.clusters if c.name == cluster)
             self.groups[cluster] = cgroups.create_limited_group(f"testbed-{live.run_id}-{cluster}", host.cpu_cores,
-                                                                spec.memory_mib)
+                                                                spec.memory_mib, time_dilation=self.k)
         if cluster in self.lives:
             self._keep_stats(cluster)
+            cgroups.remove_thread_groups(self.groups[cluster])  # the ended life's (a reused tid gets a fresh cap)
         self.lives[cluster] = self.lives.get(cluster, 0) + 1
         self._write_lives(cluster)
         self._ready_file(cluster).unlink(missing_ok=True)
@@ -149,6 +160,29 @@ class ClusterServers:
         for n in clusters:
             self.ready_lives[n] = self.ready_lives.get(n, 0) + 1
             self._write_lives(n)
+            if self._nested(n):
+                cgroups.cap_threads(self.groups[n], self.procs[n].pid, self.k)  # raises: the dilation not applied
+        if self.k != 1.0 and not self._capping.is_set():
+            self._capping.set()
+            threading.Thread(target=self._cap_new_threads, name="thread-caps", daemon=True).start()
+
+    def _nested(self, cluster: str) -> bool:
+        """Whether ``cluster``'s threads get their own caps (:func:`testbed.plan.dilation.nested_cpu`;
+        below one core its server pads its calls instead)."""
+        return self.k != 1.0 and nested_cpu(self.live.plan.host(cluster).cpu_cores)
+
+    def _cap_new_threads(self) -> None:
+        """Under time dilation: every :data:`CAP_POLL_S`, cap the threads the ready servers started
+        since (:func:`testbed.core.cgroups.cap_threads`); a failure is kept in ``cap_error``, which
+        fails the run when the load ends (:meth:`write_cpu_during_load`)."""
+        while self._capping.is_set():
+            for c, p in list(self.procs.items()):
+                if self._nested(c) and p.poll() is None and self._ready_file(c).exists():
+                    try:
+                        cgroups.cap_threads(self.groups[c], p.pid, self.k)
+                    except cgroups.CgroupError as exc:
+                        self.cap_error = self.cap_error or f"cluster {c}: {exc}"
+            time.sleep(CAP_POLL_S)
 
     def start_all(self, timeout_s: float = 180.0) -> None:
         """Start every cluster's server and wait until all are warmed up."""
@@ -170,7 +204,8 @@ class ClusterServers:
         try:
             for s in sources:
                 spec = {"source": s, "zoo_dir": plan.zoo_dir, "requests": WARMUP_REQUESTS,
-                        "timeout_s": WARMUP_REQUEST_TIMEOUT_S, "out": str(run_dir / "sources" / f"{s}.warmup.json"),
+                        "timeout_s": WARMUP_REQUEST_TIMEOUT_S * self.k,
+                        "out": str(run_dir / "sources" / f"{s}.warmup.json"),
                         "targets": [{"cluster": c.name, "url": f"http://{c.ip}:{port}/v1/models/{m}:predict",
                                      "model": m, "family": plan.models[m].family}
                                     for c in plan.clusters for m in plan.services[c.name]]}
@@ -233,7 +268,12 @@ class ClusterServers:
 
     def write_cpu_during_load(self, before: dict[str, dict[str, float]]) -> None:
         """``clusters/<cluster>.cpu.json``: the CFS counters' growth since ``before`` (taken when the
-        load started): periods, throttled periods and their share, seconds throttled."""
+        load started): periods, throttled periods and their share, seconds throttled.
+
+        Raises:
+            RunFailure: under time dilation, a thread could not be capped during the load (the
+                clusters' CPU was not dilated as planned).
+        """
         for c, now in self.cpu_stats().items():
             b = before.get(c) or {}
             if not now or not b:
@@ -246,12 +286,18 @@ class ClusterServers:
             except OSError as exc:  # a full disk at teardown: the run already fails with the storage incident
                 print(f"[testbed] cannot write {path}: {exc}; cluster {c}'s CFS counters are not kept",
                       file=sys.stderr)
+        if self.cap_error:
+            raise RunFailure(f"time dilation: a server thread could not be capped at 1/{self.k:g} core during the "
+                             f"load ({self.cap_error}); its CPU ran faster than the emulated system's")
 
     def _stop_all(self) -> None:
+        self._capping.clear()
         for c in list(self.stopped):
             if self.procs[c].poll() is None:
                 self.procs[c].send_signal(signal.SIGCONT)
         stop_processes(self.procs.values(), signal.SIGTERM)
+        for dirs in self.groups.values():
+            cgroups.remove_thread_groups(dirs)
 
 
 # ----------------------------------------------------------------------------- warm-up client

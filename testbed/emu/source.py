@@ -15,7 +15,10 @@ cluster is taken as down). With ``policy: aset`` the source asks
 checkpoint's window) which static policy to apply. Each record carries the policy in force.
 
 Timestamps are ``time.time_ns()``: all emulated hosts share one kernel clock, so t0..t4 from
-different hosts are directly comparable. Records are appended (and flushed) as each query
+different hosts are directly comparable. Under time dilation k (``SourceConfig.time_dilation``)
+the arrivals are drawn in emulated time and played k times slower, and each record is written in
+emulated time: instants ``start + (t - start) / k``, the deadline and the planned RTT / k.
+Records are appended (and flushed) as each query
 resolves, so a run stopped at any point keeps what was measured; a write that fails (a full
 disk) keeps the row in memory, retried with the next row and at exit.
 
@@ -50,6 +53,7 @@ from testbed.model.network import path_cut
 from testbed.model.policies import CATALOGUE, REGISTRY
 from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
 from testbed.plan.boundaries import AppInfo, SourceConfig, SourceTally, StreamConfig, read_config, tally_path
+from testbed.plan.dilation import Stretched, emulated_times
 from testbed.plan.traces import arrival_process
 from testbed.plan.zoo import request_bodies
 from testbed.spec.experiment import ASET_POLICY
@@ -84,6 +88,9 @@ def _refused(exc: BaseException) -> bool:
         exc = getattr(exc, "os_error", None) or exc.__cause__ or exc.__context__
     return False
 
+
+#: The instants a query's answer carries (t0 is taken before it is sent).
+_INSTANTS = ("t1_ns", "t2_ns", "t3_ns", "t4_ns")
 
 #: How often a source looks for the run's go (s), and how long it waits for it at most (s).
 GO_POLL_S = 0.005
@@ -197,16 +204,18 @@ class Source:
             got = {"status": CONNECTION_REFUSED if _refused(exc) else CLIENT_ERROR, "t4_ns": time.time_ns()}
         t0_s = (t0 - self.cfg.start_ns) / 1e9
         cut = path_cut(self.cfg.no_route.get(d.cluster, ()), t0_s, t0_s + (app.deadline_ms + self.cfg.grace_ms) / 1e3)
+        k = self.cfg.time_dilation  # the record in emulated time: instants from the load's start / k, durations / k
+        got.update(emulated_times({name: got.get(name) for name in _INSTANTS if name in got}, self.cfg.start_ns, k))
         row = make_record(query_id=qid, source=self.name, application=app.name, cluster=d.cluster, model=d.model,
-                          policy=policy, fallback=d.fallback, deadline_ms=app.deadline_ms,
-                          min_accuracy=app.min_accuracy, model_accuracy=opt.accuracy, expected_rtt_ms=opt.rtt_ms,
-                          t0_ns=t0, request_bytes=len(body), label=label, error=error, cold=trace["cold"], cut=cut,
-                          **got)
+                          policy=policy, fallback=d.fallback, deadline_ms=app.deadline_ms / k,
+                          min_accuracy=app.min_accuracy, model_accuracy=opt.accuracy, expected_rtt_ms=opt.rtt_ms / k,
+                          t0_ns=emulated_times({"t0": t0}, self.cfg.start_ns, k)["t0"], request_bytes=len(body),
+                          label=label, error=error, cold=trace["cold"], cut=cut, **got)
         self._write(row)  # first: whatever follows, the query is on record
         self.in_flight[d.cluster] -= 1
         # e2e_ms is absent for a query with no answer within deadline + grace (the simulator's None)
-        self.win_resolved.append((app.name, row["outcome"] == "success", (t0 - self.cfg.start_ns) / 1e9, d.cluster,
-                                  row.get("e2e_ms")))
+        self.win_resolved.append((app.name, row["outcome"] == "success", (row["t0_ns"] - self.cfg.start_ns) / 1e9,
+                                  d.cluster, row.get("e2e_ms")))
 
     async def _poll_stats(self, session, end: float) -> None:
         """Every report interval: ``GET /v1/stats`` of each cluster; the dispatcher hears it."""
@@ -258,11 +267,13 @@ class Source:
         # trained on that), while here the stats poll and the window run on separate timers.
         return {"arrivals": dict(self.win_arrivals), "clusters": self.dispatcher.heard_state(),
                 "path_util": self._path_util(), "resolved": list(self.win_resolved), "in_flight": dict(self.in_flight),
-                "policy": self.policy_name, "now_s": (time.time_ns() - self.cfg.start_ns) / 1e9}
+                "policy": self.policy_name,
+                "now_s": (time.time_ns() - self.cfg.start_ns) / 1e9 / self.cfg.time_dilation}
 
     async def _aset_loop(self, end: float) -> None:
         loop = asyncio.get_running_loop()
-        window = (self.cfg.aset.window_s if self.cfg.aset else None) or self.aset.window_s  # default: the checkpoint's
+        # the configured window (default: the checkpoint's), in emulated time: k x it on the wall clock
+        window = ((self.cfg.aset.window_s if self.cfg.aset else None) or self.aset.window_s) * self.cfg.time_dilation
         while not self.stopping and loop.time() < end:
             await asyncio.sleep(window)
             state = self._aset_state()
@@ -276,6 +287,8 @@ class Source:
         loop = asyncio.get_running_loop()
         rng = seeds.arrivals(seeds.run_key(self.cfg.seed), stream.index, self.cfg.source_index)
         proc = arrival_process(stream.spec, rng, stream.weight, Path(self.cfg.base_dir))
+        if self.cfg.time_dilation != 1.0:
+            proc = Stretched(proc, self.cfg.time_dilation)  # drawn in emulated time, played k x slower
         app = self.apps[stream.spec.application]
         window = self.cfg.report_interval_s
         a = 0.0

@@ -27,6 +27,7 @@ from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import threads_per_call
 from testbed.model.dispatch import OptionSpec
 from testbed.model.records import GRACE_MS
+from testbed.plan.dilation import cpu_pad, wall_factor
 from testbed.plan.resolved import Plan
 from testbed.spec.experiment import AsetSpec, WorkloadSpec, format_validation_error
 from testbed.spec.serving import Runtime
@@ -49,6 +50,9 @@ class ServerConfig(_Boundary):
     time when busy at this share (admission's estimate; the plan's ``busy_mean_ms``).
     ``warmup_calls``: calls per model at batch 1 (and at ``max_batch`` when batching) before ready.
     Files: ``stats_file`` rewritten every ``stats_interval_s`` s, ``ready_file`` written once warm.
+    ``cpu_pad``: under time dilation k of a cluster below one core, k - 1: each model call and each
+    request's handling is followed by a sleep of ``cpu_pad`` x its CPU time
+    (:func:`testbed.plan.dilation.nested_cpu` says why); 0 otherwise.
     """
 
     cluster: str
@@ -70,6 +74,7 @@ class ServerConfig(_Boundary):
     stats_file: str | None = None
     ready_file: str | None = None
     stats_interval_s: float = Field(1.0, gt=0)
+    cpu_pad: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> ServerConfig:
@@ -82,7 +87,12 @@ class ServerConfig(_Boundary):
 
     @classmethod
     def from_plan(cls, plan: Plan, cluster: str, port: int, run_dir: Path | None = None) -> ServerConfig:
-        """The server of ``cluster`` as the plan has it (files in ``run_dir/clusters/``)."""
+        """The server of ``cluster`` as the plan has it (files in ``run_dir/clusters/``).
+
+        Raises:
+            PlanError: a dilated experiment's plan not yet on the wall clock.
+        """
+        wall_factor(plan)
         spec = next(c for c in plan.experiment.clusters if c.name == cluster)
         q = plan.queue(cluster)
         files = {} if run_dir is None else {
@@ -94,7 +104,8 @@ class ServerConfig(_Boundary):
                    discipline=q.discipline, admission=q.admission, max_batch=q.max_batch,
                    max_queue_delay_ms=q.max_queue_delay_ms, warmup_calls=spec.server.warmup_calls,
                    cpu_cores=spec.cpu_cores, mean_service_ms=dict(q.mean_service_ms),
-                   stats_interval_s=plan.experiment.emulation.stats_interval_s, **files)
+                   stats_interval_s=plan.experiment.emulation.stats_interval_s,
+                   cpu_pad=cpu_pad(plan, spec.cpu_cores), **files)
 
 
 # --------------------------------------------------------------------------- query source
@@ -142,9 +153,14 @@ class SourceConfig(_Boundary):
     ``ready_file`` once it can send (imports done, request bodies built, a connection open to every
     cluster) and waits for ``go_file``, a JSON ``{"start_ns": N}`` the run writes once every
     source is ready; ``start_ns`` is then replaced by N (the value here is only a fallback).
-    ``no_route``: per cluster, the spans of the run (s since the load started) in which the planned
-    network has no route to it (:meth:`testbed.plan.resolved.Plan.no_route_spans`; an open span
-    ends at :data:`NO_ROUTE_END_S`): a query that got no answer in one is ``unreachable``.
+    ``no_route``: per cluster, the spans of the run (s since the load started, on the wall clock) in
+    which the planned network has no route to it (:meth:`testbed.plan.resolved.Plan.no_route_spans`;
+    an open span ends at :data:`NO_ROUTE_END_S`): a query that got no answer in one is ``unreachable``.
+    ``time_dilation`` k: every time constant here is already on the wall clock (x k:
+    :func:`testbed.plan.dilation.dilate`), except the streams' arrival processes, which the source
+    draws in emulated time and stretches by k (:class:`testbed.plan.dilation.Stretched`), and
+    ``aset.window_s``, which it waits k x (the agent checks it against its checkpoint's); the
+    source writes its records in emulated time (:func:`testbed.plan.dilation.emulated_times`).
     """
 
     source: str
@@ -170,10 +186,18 @@ class SourceConfig(_Boundary):
     ready_file: str | None = None
     go_file: str | None = None
     no_route: dict[str, list[tuple[float, float]]] = {}
+    time_dilation: float = Field(1.0, ge=1.0)
 
     @classmethod
     def from_plan(cls, plan: Plan, source: str, start_ns: int, duration_s: float, run_dir: Path) -> SourceConfig | None:
-        """The config of ``source`` (None when no workload entry selects it)."""
+        """The config of ``source`` (None when no workload entry selects it); ``duration_s`` on the
+        plan's clock.
+
+        Raises:
+            PlanError: a dilated experiment's plan not yet on the wall clock
+                (:func:`testbed.plan.dilation.wall_factor`).
+        """
+        k = wall_factor(plan)
         exp = plan.experiment
         streams = [StreamConfig(index=wi, spec=w, weight=plan.weights[wi][source])
                    for wi, w in enumerate(exp.workload) if source in plan.weights[wi]]
@@ -195,7 +219,7 @@ class SourceConfig(_Boundary):
                    path_links=path_links, link_util_file=str(run_dir / "link_util.json"), aset=exp.aset,
                    zoo_dir=plan.zoo_dir, repo_dir=str(REPO_ROOT),
                    records=str(run_dir / "sources" / f"{source}.records.csv"), experiment=exp.name,
-                   no_route=no_route)
+                   no_route=no_route, grace_ms=GRACE_MS * k, time_dilation=k)
 
 
 class SourceTally(_Boundary):
@@ -302,7 +326,12 @@ class ControllerConfig(_Boundary):
 
     @classmethod
     def from_plan(cls, plan: Plan, host_ports: dict[str, int]) -> ControllerConfig:
-        """The controller's view of the plan; ``host_ports``: host -> its switch's port number."""
+        """The controller's view of the plan; ``host_ports``: host -> its switch's port number.
+
+        Raises:
+            PlanError: a dilated experiment's plan not yet on the wall clock.
+        """
+        wall_factor(plan)
         dpid = {s.name: s.dpid for s in plan.switches}
         return cls(switches=[SwitchEntry(name=s.name, dpid=s.dpid) for s in plan.switches],
                    links=[LinkEntry(a=dpid[lk.a], b=dpid[lk.b], delay_ms=lk.delay_ms,

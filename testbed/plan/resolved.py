@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from testbed.core.errors import InputError
 from testbed.core.util import write_json_atomic
@@ -132,7 +133,10 @@ class Plan(_PlanModel):
     of each source it selects (:func:`testbed.plan.traces.source_weights`). ``request_bytes``: per
     application, the request body size (bytes) its queries put on the wire. ``base_dir``: the
     experiment file's folder (trace and demand-matrix
-    paths are relative to it); ``zoo_dir`` / ``profiles_dir``: resolved folders.
+    paths are relative to it); ``zoo_dir`` / ``profiles_dir``: resolved folders. ``clock``:
+    ``emulated`` (every figure in the emulated system's time: what ``build_plan`` makes, what both
+    engines read) or ``wall`` (the copy the emulation runs on the wall clock under time dilation,
+    :func:`testbed.plan.dilation.dilate`; its :attr:`emulated` is the plan it came from).
     """
 
     experiment: Experiment
@@ -150,6 +154,18 @@ class Plan(_PlanModel):
     base_dir: str = "."
     zoo_dir: str = ""
     profiles_dir: str = ""
+    clock: Literal["emulated", "wall"] = "emulated"
+    _emulated: Plan | None = PrivateAttr(default=None)
+
+    @property
+    def time_dilation(self) -> float:
+        """k, the emulation's time dilation (``emulation.time_dilation``, >= 1)."""
+        return float(self.experiment.emulation.time_dilation)
+
+    @property
+    def emulated(self) -> Plan:
+        """The plan in emulated time: this one, or for a ``wall`` plan the one it was dilated from."""
+        return self._emulated if self._emulated is not None else self
 
     def switch(self, name: str) -> Switch:
         """The switch called ``name`` (KeyError if none)."""

@@ -344,15 +344,24 @@ def _aset_choices(plan: dict | None, df: pd.DataFrame) -> dict[str, float]:
     return {k: round(float(v), 4) for k, v in pols.value_counts(normalize=True).items()} if len(pols) else {}
 
 
-def _machine_cpu(run_dir: Path, df: pd.DataFrame) -> tuple[dict, str]:
+def _machine_cpu(run_dir: Path, df: pd.DataFrame, plan: dict | None = None) -> tuple[dict, str]:
     """The machine's CPU over the load the records show (the first to the last query's t0: not
-    the sources' start-up before, nor the teardown after), from an emulation's samples
+    the sources' start-up before, nor the teardown after; under time dilation k, the records'
+    emulated instants taken back to the wall clock), from an emulation's samples
     (:func:`testbed.emu.machine.machine_cpu_of_run`): ``({}, "")`` for a simulation, ``({},
     why)`` when the samples are unreadable or too few."""
     t0 = pd.to_numeric(df["t0_ns"], errors="coerce").dropna() if "t0_ns" in df else pd.Series(dtype=float)
     if t0.empty:
         return {}, ""
-    got, note = machine_cpu_of_run(run_dir, float(t0.min()) / 1e9, float(t0.max()) / 1e9)
+    lo, hi = float(t0.min()) / 1e9, float(t0.max()) / 1e9
+    k = float(((plan or {}).get("experiment") or {}).get("emulation", {}).get("time_dilation", 1.0))
+    if k != 1.0:  # the records are in emulated time, the samples on the wall clock: t = start + (t' - start) x k
+        try:
+            start = int(json.loads((run_dir / "load_start.json").read_text())["start_ns"]) / 1e9
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}, "the load's start (load_start.json) is unreadable: no wall-clock window for the CPU samples"
+        lo, hi = start + (lo - start) * k, start + (hi - start) * k
+    got, note = machine_cpu_of_run(run_dir, lo, hi)
     return (got.model_dump() if got else {}), note
 
 
@@ -418,7 +427,7 @@ def run_facts(run_dir: Path, df: pd.DataFrame, plan: dict | None) -> dict:
         out["host_speed"] = json.loads((run_dir / "host_speed.json").read_text())
     except (OSError, ValueError):
         out["host_speed"] = {}
-    out["machine_cpu"], out["machine_cpu_note"] = _machine_cpu(run_dir, df)
+    out["machine_cpu"], out["machine_cpu_note"] = _machine_cpu(run_dir, df, plan)
     health = read_health(run_dir)
     if health:
         out["health"] = health

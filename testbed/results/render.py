@@ -231,6 +231,11 @@ def _headline(s: dict) -> list[str]:
         fails += " (dropped: " + ", ".join(f"{k} {v}" for k, v in drops.items()) + ")"
     lines = [f"Summary: {s['queries']} queries in {span}, success ratio {'-' if sr is None else f'{sr:.3f}'}, "
              f"answered {s.get('throughput_qps', 0)} q/s; failures {fails}"]
+    k = s.get("time_dilation", 1.0)
+    if k != 1.0:
+        lines.append(f"Time dilation k = {k:g}: the run took {k:g} x its emulated time on the wall clock; every figure "
+                     f"from the records is in emulated time (the link emulators' lateness and the links' rates are "
+                     f"on the wall clock).")
     if s.get("all_failed"):
         lines.insert(0, f"ALL QUERIES FAILED (exit code {EXIT_ALL_FAILED}): {s['all_failed']}")
     e, b = s.get("e2e_ms", {}), s.get("breakdown_ms", {})

@@ -157,6 +157,7 @@ def _write_whole(sim: Simulator, run_dir: Path, duration_s: float, wall_s: float
                             "status": "ok"})
         s = summarize(tmp, duration_s)
         s["mode"] = "simulation"
+        s["time_dilation"] = 1.0  # the simulator's clock is virtual: emulation.time_dilation does not apply
         s["cold_rule"] = "simulated: the simulator models no TCP connection, so no query opens one (cold = 0 for all)"
         s["timings_s"] = {"wall_s": round(wall_s, 3)}
         write_json_atomic(tmp / "summary.json", s, indent=2)

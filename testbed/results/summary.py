@@ -95,7 +95,9 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
     per direction, drops, from the controller's port stats), ``records_check`` (rows per source
     file, merged, gaps), ``health`` (from ``run.json``), ``host_speed`` (``host_speed.json``: a
     bare model call now against its profile; ``{}`` if not measured). ``capture`` (with packet
-    capture: queries matched, retransmissions, per-hop one-way delay).
+    capture: queries matched, retransmissions, per-hop one-way delay). ``time_dilation``: the run's
+    k (plan.json; 1 when undilated): the records and every figure from them are in emulated time,
+    the link emulators' lateness and the links' rates on the wall clock.
 
     Raises:
         RecordsError: a source's records are not whole (names the file and the problem).
@@ -111,6 +113,8 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
     s["links"] = _links(run_dir, plan)
     s["records_check"] = records_check(run_dir, df)
     s.update(run_facts(run_dir, df, plan))
+    # k: the records are in emulated time; the link emulators' lateness and the links' rates are on the wall clock
+    s["time_dilation"] = float(((plan or {}).get("experiment") or {}).get("emulation", {}).get("time_dilation", 1.0))
     cap = capture_figures(run_dir)
     if cap is not None:
         s["capture"] = cap

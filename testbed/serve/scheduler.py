@@ -87,6 +87,11 @@ class Scheduler:
             when ``admission`` is on (the plan's ``ServiceFigures.busy_mean_ms``).
         clock_ns: the wall clock, ns since the epoch (``time.time_ns``; the parity test passes a
             scripted one). The queue's rules get it in s.
+        cpu_pad: after each model call the worker sleeps ``cpu_pad`` x the call's CPU time before
+            the call counts as ended: a time-dilated cluster below one core (``ServerConfig.cpu_pad``);
+            0: no pad. The CPU time is the worker thread's (``time.thread_time``), or for a
+            TensorFlow model (``runtime`` ``tensorflow``: its ops run on TensorFlow's pool threads)
+            the process's (``time.process_time``; exact with one worker, which the plan requires).
 
     Raises:
         ValueError: a bad setting (names it).
@@ -95,7 +100,7 @@ class Scheduler:
     def __init__(self, models: dict[str, Any], workers: int = 1, queue_limit: int = 64, discipline: str = "fifo",
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
                  service_ms: dict[str, float] | None = None,
-                 clock_ns: Callable[[], int] = time.time_ns):
+                 clock_ns: Callable[[], int] = time.time_ns, cpu_pad: float = 0.0):
         service_ms = dict(service_ms or {})
         if admission:
             missing = [m for m in models if not service_ms.get(m, 0) > 0]
@@ -109,6 +114,7 @@ class Scheduler:
         self.admission, self.max_batch = admission, max_batch
         self.counters = Counters(per_model={m: {"served": 0, "busy_s": 0.0} for m in models})
         self.clock_ns = clock_ns
+        self.cpu_pad = cpu_pad
         self.cond = threading.Condition()
         self.idle = 0  # workers waiting for work (the parity test watches it)
         self._ready: deque[list[Job]] = deque()  # batches the queue started, for an idle worker
@@ -184,11 +190,16 @@ class Scheduler:
         model = batch[0].model
         x = _concat([j.x for j in batch])
         t2 = self.clock_ns()
+        tf = getattr(self.models[model], "runtime", "") == "tensorflow"
+        cpu_clock = time.process_time if tf else time.thread_time
+        cpu0 = cpu_clock()
         result, error = None, None
         try:
             result = self.models[model].predict(x)
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
             error = f"{type(exc).__name__}: {exc}"
+        if self.cpu_pad:
+            time.sleep(self.cpu_pad * (cpu_clock() - cpu0))
         t3 = self.clock_ns()
         # The bookkeeping (counters, the queue's completion at T3) before the answers: a client
         # that reads /v1/stats after its answer, or a query that arrives right after it, sees the

@@ -88,8 +88,10 @@ class InferenceServer:
 
     def __init__(self, models: dict[str, Any], workers: int = 1, queue_limit: int = 64, discipline: str = "fifo",
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
-                 service_ms: dict[str, float] | None = None):
+                 service_ms: dict[str, float] | None = None, cpu_pad: float = 0.0):
         """``models``: name -> loaded variant (``predict``, ``input_shape``, ``classes``, ``info``, ``runtime``).
+        ``cpu_pad``: each request's handling (and each model call, :class:`Scheduler`) is followed
+        by a sleep of ``cpu_pad`` x its CPU time (a time-dilated cluster below one core).
 
         Raises:
             ValueError: a bad scheduler setting.
@@ -97,7 +99,8 @@ class InferenceServer:
         self.models = models
         self.scheduler = Scheduler(models, workers=workers, queue_limit=queue_limit, discipline=discipline,
                                    admission=admission, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
-                                   service_ms=service_ms)
+                                   service_ms=service_ms, cpu_pad=cpu_pad)
+        self.cpu_pad = cpu_pad
         self.refused = 0  # 4xx / 5xx answers other than 503 (bad requests, unknown models, failures)
 
     def start_workers(self) -> None:
@@ -149,9 +152,12 @@ class InferenceServer:
                 except ValueError:
                     raise RequestError(400, f"X-Testbed-Deadline-Ns {deadline[:40]!r} is not an integer "
                                             "(absolute deadline, ns since the epoch)") from None
+            cpu0 = time.thread_time()
             x, columnar = parse_predict_body(body, model.input_shape)
         except RequestError as exc:
             return self._error(exc.status, str(exc))
+        if self.cpu_pad:  # the handling at 1 / k speed (a time-dilated cluster below one core)
+            await asyncio.sleep(self.cpu_pad * (time.thread_time() - cpu0))
         headers = {"X-Testbed-T1": str(t1), "X-Testbed-Queue-Len": str(self.scheduler.queue_len()),
                    "X-Testbed-Model": name, "X-Testbed-Runtime": model.runtime}
         loop = asyncio.get_running_loop()
@@ -358,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     server = InferenceServer(models, workers=cfg.workers, queue_limit=cfg.queue_limit, discipline=cfg.discipline,
                              admission=cfg.admission, max_batch=cfg.max_batch,
-                             max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms)
+                             max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms,
+                             cpu_pad=cfg.cpu_pad)
     if early_stop:
         if cfg.stats_file:
             write_json_atomic(cfg.stats_file, server.snapshot())

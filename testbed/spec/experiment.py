@@ -27,6 +27,8 @@ expected queries of a run      <= 1,000,000 (the simulator holds every query in 
 ``mmpp`` ``dwell``             >= 1 ms, at most 10^7 expected state changes per source
 ports                          ``of_port``, ``rest_port`` and ``server_port`` all different
 ``name``                       at most 100 bytes (it names the run directory and the cgroups)
+``emulation.time_dilation``    1 .. 10 (``MAX_TIME_DILATION``: the cluster's CFS period, k x 100 ms,
+                               stays within the kernel's 1 s bound)
 =============================  ==================================================================
 
 Booleans are never numbers (``workers: true`` is an error) and duplicate keys are errors
@@ -82,6 +84,10 @@ MAX_EXPECTED_QUERIES = 1_000_000
 MIN_DWELL_S = 0.001
 MAX_STATE_CHANGES = 10**7
 MAX_NAME_BYTES = 100
+#: Largest ``emulation.time_dilation`` k. Why: a dilated cluster's CFS period is k x 100 ms
+#: (:mod:`testbed.core.cgroups`), and the kernel takes at most 1 s (``cpu.cfs_period_us`` <=
+#: 1,000,000; Linux Documentation/scheduler/sched-bwc.rst).
+MAX_TIME_DILATION = 10.0
 #: How long (ms) a source waits past a query's deadline before it calls the query unanswered (our
 #: choice: long enough to see how late late answers are, short enough to end a run promptly). The
 #: outcome rule (:func:`testbed.model.records.classify`) and the run's drain (:func:`drain_s`) use it.
@@ -430,6 +436,10 @@ class EmulationSpec(_Model):
     self-check, every path is pinged, the datapath's own RTT per switch is taken as the median over
     paths of (min RTT - expected) / switches, and half of it is taken off every link's emulated
     one-way delay (:func:`testbed.emu.bringup.calibrate_datapath`; ``datapath_calibration.json``).
+    ``time_dilation`` k (1 .. :data:`MAX_TIME_DILATION`, default 1): the emulated system runs k
+    times slower than the wall clock (its delays x k, bandwidths and rates / k, CPU at 1/k speed);
+    measured times are divided by k, so records and summaries are in emulated time
+    (:mod:`testbed.plan.dilation`, docs/dilation.md). ``testbed run --time-dilation`` overrides it.
     """
 
     link_emulator: Literal["auto", "netem", "userspace"] = "auto"
@@ -447,6 +457,7 @@ class EmulationSpec(_Model):
     rest_port: int = Field(8080, ge=1, le=65535)
     server_port: int = Field(8501, ge=1, le=65535)
     stats_interval_s: Num = Field(1.0, ge=MIN_STATS_INTERVAL_S)
+    time_dilation: Num = Field(1.0, ge=1.0, le=MAX_TIME_DILATION)
 
     @model_validator(mode="before")
     @classmethod

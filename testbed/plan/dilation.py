@@ -1,0 +1,243 @@
+"""Time dilation: the emulated system run k times slower than the wall clock, and its
+measurements brought back to emulated time.
+
+With ``emulation.time_dilation`` k (>= 1), the emulation runs the plan :func:`dilate` returns: every
+time constant of the emulated system is multiplied by k and every rate divided by k, so that the
+emulator's own costs (datapath, link emulators, Python processes) shrink by k in the emulated
+system's time (Gupta et al., "To Infinity and Beyond: Time-Warped Network Emulation", NSDI 2006;
+DieCast, NSDI 2008). :func:`dilate` is the one place the constants are scaled; the boundary files
+(:mod:`testbed.plan.boundaries`), the network (links, HTB, netem), the controller and the event
+runner are all built from its result, so each constant is scaled exactly once.
+
+What :func:`dilate` scales (x k: times; / k: rates; the rest unchanged):
+
+======================================  =======  =================================================
+field                                   scale    why
+======================================  =======  =================================================
+``duration_s``, ``report_interval_s``   x k      load length, stats polling of the sources
+applications' ``deadline_ms``           x k      the source's timeout, the dispatcher's test
+``aset.window_s``                       x k      the agent's decision window
+``emulation.stats_interval_s``          x k      controller port stats, servers' stats files
+servers' ``max_queue_delay_ms``         x k      batching wait
+``capture.start_delay_s``               x k      when the capture starts
+links' and paths' delays (ms)           x k      propagation delays (link emulator, netem)
+links' and hosts' ``bandwidth_mbps``    / k      the shapers' rates (link emulator, HTB)
+service figures (every ``*_ms``)        x k      model calls run at 1/k core speed (cgroups)
+events' ``t_s``; values in ms           x k      when, and delays set by ``link_delay``
+events' values in Mbit/s                / k      ``link_bandwidth``, ``link_congestion``
+======================================  =======  =================================================
+
+The clusters' CPU: at one core or more, nested cgroups (:func:`nested_cpu`); below, the server pads
+each call and each request's handling by (k - 1) x its CPU time (:func:`cpu_pad`).
+
+Not scaled, on purpose: the workload's arrival processes (the sources draw them in emulated time,
+from the same seeds as the simulator, and stretch the times by k: :class:`Stretched`); the ASET
+window (the agent checks it against its checkpoint's; the source waits k x it); the RTT
+self-check's tolerances (it judges emulated values: :func:`testbed.emu.selfcheck.check_rtts`
+divides what it measures by k); loss, sizes, counts, CPU shares (the cluster's CPU is slowed by
+cgroups or padding, :func:`nested_cpu`); the simulator's settings.
+TCP's minimum retransmission timeout is :func:`rto_min_ms`.
+
+Measured times go back to emulated time in one place per kind of measurement: a source's records
+(:func:`emulated_times`, applied by :mod:`testbed.emu.source` before it builds each record), the
+RTT self-check, and the events' read-back (:func:`to_emulated`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from testbed.model.arrivals import ArrivalProcess
+from testbed.model.events import Change, kind_of
+from testbed.model.network import TCP_RTO_MIN_MS
+from testbed.model.service import ServiceFigures
+from testbed.plan.resolved import Plan, PlanError
+from testbed.spec.experiment import MAX_TIME_DILATION
+
+#: How an event value of each unit scales: ``time`` (x k), ``rate`` (/ k) or ``none``.
+UNIT_SCALE: dict[str, str] = {"ms": "time", "s": "time", "Mbit/s": "rate", "%": "none", "": "none"}
+
+
+def scale_of(unit: str, k: float) -> float:
+    """The factor a value in ``unit`` is multiplied by under dilation k (k, 1/k or 1).
+
+    Raises:
+        KeyError: a unit with no rule (a new event kind must say how its value dilates).
+    """
+    rule = UNIT_SCALE[unit]
+    return k if rule == "time" else 1.0 / k if rule == "rate" else 1.0
+
+
+def to_emulated(value: float | None, unit: str, k: float) -> float | None:
+    """A measured ``value`` in ``unit`` on the wall clock, in emulated terms (the inverse of the
+    dilation's scale: ms / k, Mbit/s x k); None stays None."""
+    return None if value is None else value / scale_of(unit, k)
+
+
+def check_dilation(k: float) -> float:
+    """``k`` as a float when it is a valid time dilation (1 .. MAX_TIME_DILATION).
+
+    Raises:
+        PlanError: naming the value and the bound.
+    """
+    k = float(k)
+    if not 1.0 <= k <= MAX_TIME_DILATION:
+        raise PlanError(f"time dilation {k:g} is outside 1 .. {MAX_TIME_DILATION:g} (the cluster's CFS period, "
+                        f"k x 100 ms, must stay within the kernel's 1 s)")
+    return k
+
+
+def with_time_dilation(plan: Plan, k: float) -> Plan:
+    """``plan`` with ``emulation.time_dilation`` = k (``testbed run --time-dilation``).
+
+    Raises:
+        PlanError: k out of range, or ``plan`` is already a wall-clock plan.
+    """
+    if plan.clock != "emulated":
+        raise PlanError("the time dilation is set on the emulated plan, before it is dilated")
+    k = check_dilation(k)
+    exp = plan.experiment
+    emulation = exp.emulation.model_copy(update={"time_dilation": k})
+    return plan.model_copy(update={"experiment": exp.model_copy(update={"emulation": emulation})})
+
+
+def _service(f: ServiceFigures, k: float) -> ServiceFigures:
+    return f.model_copy(update={
+        "samples_ms": [x * k for x in f.samples_ms], "batch_mean_ms": {b: x * k for b, x in f.batch_mean_ms.items()},
+        "wall_mean_ms": f.wall_mean_ms * k, "wall_p95_ms": f.wall_p95_ms * k, "expected_ms": f.expected_ms * k,
+        "busy_mean_ms": f.busy_mean_ms * k, "handling_ms": f.handling_ms * k})
+
+
+def _change(ch: Change, k: float) -> Change:
+    value = None if ch.value is None else ch.value * scale_of(kind_of(ch.kind).unit or "", k)
+    return ch.model_copy(update={"t_s": ch.t_s * k, "value": value})
+
+
+def _experiment(plan: Plan, k: float):
+    exp = plan.experiment
+    apps = [a.model_copy(update={"deadline_ms": a.deadline_ms * k}) for a in exp.applications]
+    clusters = [c.model_copy(update={"server": c.server.model_copy(
+        update={"max_queue_delay_ms": c.server.max_queue_delay_ms * k})}) for c in exp.clusters]
+    update = {"duration_s": exp.duration_s * k, "report_interval_s": exp.report_interval_s * k,
+              "applications": apps, "clusters": clusters,
+              "emulation": exp.emulation.model_copy(update={"stats_interval_s": exp.emulation.stats_interval_s * k})}
+    if exp.capture is not None:
+        update["capture"] = exp.capture.model_copy(update={"start_delay_s": exp.capture.start_delay_s * k})
+    return exp.model_copy(update=update)
+
+
+def nested_cpu(cores: float) -> bool:
+    """Whether a cluster of ``cores`` is slowed by nested cgroups (each thread capped at 1 / k core
+    under the cluster's quota, :func:`testbed.core.cgroups.cap_threads`): at one core or more. Below
+    one core cgroup v1 refuses a child whose quota/period exceeds its parent's (c / k < 1 / k:
+    ``tg_cfs_schedulable_down`` in kernel/sched/core.c returns EINVAL), so there the server pads
+    each model call and each request's handling with a sleep of (k - 1) x its CPU time instead
+    (``ServerConfig.cpu_pad``): on the wall clock the work takes k x its CPU time, inside the same
+    cluster quota."""
+    return cores >= 1.0
+
+
+def cpu_pad(plan: Plan, cores: float) -> float:
+    """``ServerConfig.cpu_pad`` of a cluster of ``cores`` in a wall-clock plan: k - 1 when it is
+    dilated by padding (:func:`nested_cpu`), else 0."""
+    k = plan.time_dilation if plan.clock == "wall" else 1.0
+    return 0.0 if k == 1.0 or nested_cpu(cores) else k - 1.0
+
+
+def _check_padded_runtimes(plan: Plan, k: float) -> None:
+    """A padded cluster times each call by its worker thread's CPU clock, which a TensorFlow call
+    (run on TensorFlow's own pool threads) does not reach: the server reads the process's CPU
+    clock for those, which is the call's alone only with one worker.
+
+    Raises:
+        PlanError: naming the cluster and the model.
+    """
+    if k == 1.0:
+        return
+    for c in plan.experiment.clusters:
+        if nested_cpu(c.cpu_cores) or c.workers == 1:
+            continue
+        for m in c.models:
+            if c.server.runtime_of(m) != "litert":
+                raise PlanError(f"clusters.{c.name}: time dilation {k:g} of a cluster under one core pads each "
+                                f"model call by its CPU time; a {c.server.runtime_of(m)} call of {m!r} runs on "
+                                f"TensorFlow's own threads, whose CPU is the call's alone only with one worker "
+                                f"(this cluster has {c.workers}): serve it with runtime litert, use workers: 1, or "
+                                f"give the cluster cpu_cores >= 1")
+
+
+def dilate(plan: Plan) -> Plan:
+    """The plan the emulation runs on the wall clock at k = ``plan.time_dilation`` (module table):
+    ``clock`` ``wall``, its :attr:`~testbed.plan.resolved.Plan.emulated` the plan given. At k = 1
+    the figures are the plan's own.
+
+    Raises:
+        PlanError: ``plan`` is already a wall-clock plan (a constant would be scaled twice).
+    """
+    if plan.clock != "emulated":
+        raise PlanError("the plan is already dilated (clock: wall); dilating it again would scale every constant twice")
+    k = check_dilation(plan.time_dilation)
+    _check_padded_runtimes(plan, k)
+    wall = plan.model_copy(update={
+        "experiment": _experiment(plan, k),
+        "links": [lk.model_copy(update={"delay_ms": lk.delay_ms * k, "bandwidth_mbps": lk.bandwidth_mbps / k})
+                  for lk in plan.links],
+        "hosts": [h.model_copy(update={"bandwidth_mbps": h.bandwidth_mbps / k}) for h in plan.hosts],
+        "paths": [p.model_copy(update={"one_way_ms": p.one_way_ms * k}) for p in plan.paths],
+        "services": {c: {m: _service(f, k) for m, f in by.items()} for c, by in plan.services.items()},
+        "changes": [_change(ch, k) for ch in plan.changes],
+        "clock": "wall"})
+    wall._emulated = plan
+    return wall
+
+
+def wall_factor(plan: Plan) -> float:
+    """k for a wall-clock plan (what its boundary files are built from), 1 for an undilated one.
+
+    Raises:
+        PlanError: an emulated plan with k != 1: its constants are not dilated yet (build the
+            boundary files from :func:`dilate`'s result).
+    """
+    if plan.clock == "wall":
+        return plan.time_dilation
+    if plan.time_dilation != 1.0:
+        raise PlanError(f"the plan has time dilation {plan.time_dilation:g} but is in emulated time: the "
+                        f"emulation's processes get testbed.plan.dilation.dilate(plan)")
+    return 1.0
+
+
+def rto_min_ms(k: float) -> float:
+    """TCP's minimum retransmission timeout on the wall clock (ms): Linux's 200 ms
+    (:data:`testbed.model.network.TCP_RTO_MIN_MS`) x k, so that loss recovery keeps its emulated
+    timing (set per route, ``ip route ... rto_min``)."""
+    return TCP_RTO_MIN_MS * k
+
+
+def emulated_times(times_ns: dict[str, int | None], origin_ns: int, k: float) -> dict[str, int | None]:
+    """Wall-clock instants (ns, epoch) as emulated instants: ``origin + (t - origin) / k``, rounded
+    to the ns; ``origin_ns`` is the instant both clocks share (the load's start). None stays None.
+    Durations computed from the results (e2e, network, ...) are then in emulated time."""
+    if k == 1.0:
+        return dict(times_ns)
+    return {name: None if t is None else origin_ns + round((t - origin_ns) / k) for name, t in times_ns.items()}
+
+
+class Stretched(ArrivalProcess):
+    """An arrival process in emulated time played on the wall clock at dilation k:
+    ``times(a, b) = k x inner.times(a / k, b / k)`` (s). The inner process draws exactly what it
+    draws undilated (same seeds, same windows: the simulator's arrivals), only later."""
+
+    def __init__(self, inner: ArrivalProcess, k: float):
+        super().__init__(inner.rng)
+        self.inner, self.k = inner, float(k)
+        self.mean_rate_qps = inner.mean_rate_qps / self.k
+
+    def times(self, start_s: float, end_s: float) -> np.ndarray:
+        return self.inner.times(start_s / self.k, end_s / self.k) * self.k
+
+    def reseed(self, rng: np.random.Generator, now_s: float) -> None:
+        self.inner.reseed(rng, now_s / self.k)
+
+
+__all__ = ["UNIT_SCALE", "Stretched", "check_dilation", "dilate", "emulated_times", "rto_min_ms", "scale_of",
+           "to_emulated", "wall_factor", "with_time_dilation", "nested_cpu", "cpu_pad"]

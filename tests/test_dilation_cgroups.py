@@ -1,0 +1,136 @@
+"""The clusters' CPU under time dilation: nested cgroups (testbed.core.cgroups). A CPU-bound call
+under c cores and dilation k uses about its undilated CPU time, but at most 1 ms of it per k ms of
+wall clock, so it takes at least k times as long. Read from the kernel's counters (cpu.stat of the
+thread's group, the thread's own CPU clock), not from a wall-clock timing. Root and cgroup v1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from testbed.core import cgroups
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root"),
+              pytest.mark.skipif(not (cgroups.ROOT / "cpu" / "cpu.cfs_quota_us").exists(),
+                                 reason="needs cgroup v1's cpu controller")]
+
+#: A fixed CPU-bound call in each of W worker threads; each prints "<tid> <its CPU ns>".
+CHILD = textwrap.dedent("""
+    import sys, threading, time
+    W, N = int(sys.argv[1]), int(sys.argv[2])
+    go = threading.Event()
+    out = []
+    def work():
+        go.wait()
+        s = 0
+        for i in range(N):
+            s += i * i
+        out.append((threading.get_native_id(), time.thread_time_ns()))
+    ts = [threading.Thread(target=work) for _ in range(W)]
+    for t in ts:
+        t.start()
+    print("READY", flush=True)
+    sys.stdin.readline()
+    go.set()
+    for t in ts:
+        t.join()
+    for tid, ns in out:
+        print(tid, ns, flush=True)
+""")
+WORK = 3_000_000  # ~0.2-0.4 s of CPU per thread on this machine
+
+
+def _run_call(k: float, cores: float, workers: int, name: str) -> tuple[list[Path], dict[int, int]]:
+    """Run the call in a fresh group at dilation k; returns (the group's dirs, tid -> CPU ns)."""
+    dirs = cgroups.create_limited_group(name, cores, 256, time_dilation=k)
+    p = subprocess.Popen([sys.executable, "-c", CHILD, str(workers), str(WORK)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "READY"
+        cgroups.add_process(dirs, p.pid)
+        placed = cgroups.cap_threads(dirs, p.pid, k)
+        assert placed == (0 if k == 1 else workers + 1)  # the main thread and every worker
+        out, _ = p.communicate("go\n", timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return dirs, {int(tid): int(ns) for tid, ns in (line.split() for line in out.split("\n") if line.strip())}
+
+
+def _remove(dirs: list[Path]) -> None:
+    cgroups.remove_thread_groups(dirs)
+    for d in dirs:
+        d.rmdir()
+
+
+def _stat(group: Path) -> dict[str, int]:
+    return {k: int(v) for k, v in (line.split() for line in (group / "cpu.stat").read_text().splitlines())}
+
+
+@pytest.mark.parametrize("k", [2.0, 4.0])
+def test_a_call_under_k_uses_its_cpu_time_at_one_kth_of_a_core(k):
+    tag = f"testbed-dilationtest-{os.getpid()}"
+    base_dirs, base = _run_call(1.0, 1.0, 2, f"{tag}-k1")
+    _remove(base_dirs)
+    dirs, got = _run_call(k, 1.0, 2, f"{tag}-k{k:g}")
+    try:
+        cpu = next(d for d in dirs if d.parent == cgroups.ROOT / "cpu")
+        # the cluster's group: the same quota (c x 100 ms) per period of k x 100 ms
+        assert int((cpu / "cpu.cfs_period_us").read_text()) == int(k * cgroups.PERIOD_US)
+        assert int((cpu / "cpu.cfs_quota_us").read_text()) == cgroups.PERIOD_US
+        for tid, ns in got.items():
+            group = cpu / f"t{tid}"
+            assert int((group / "cpu.cfs_quota_us").read_text()) == cgroups.THREAD_QUOTA_US
+            assert int((group / "cpu.cfs_period_us").read_text()) == int(k * cgroups.THREAD_QUOTA_US)
+            st = _stat(group)
+            quota_ns = cgroups.THREAD_QUOTA_US * 1000
+            # never more than its quota per period: the call's wall time is at least
+            # periods x k ms >= k x its CPU time (minus one period at each end)
+            assert ns <= (st["nr_periods"] + 1) * quota_ns, (tid, ns, st)
+            assert st["nr_periods"] * k * quota_ns >= k * ns - 2 * k * quota_ns
+            # and the cap did bind: a CPU-bound thread runs out of its quota
+            assert st["nr_throttled"] >= 1 and st["throttled_time"] > 0, st
+        # the call's CPU time is the undilated one (the cap slows it, it does not make it cost more)
+        mean_k = sum(got.values()) / len(got)
+        mean_1 = sum(base.values()) / len(base)
+        assert 0.6 < mean_k / mean_1 < 1.6, (mean_k, mean_1)
+    finally:
+        _remove(dirs)
+
+
+def test_threads_started_later_get_their_own_cap():
+    dirs = cgroups.create_limited_group(f"testbed-dilationtest-{os.getpid()}-late", 1.0, 256, time_dilation=2.0)
+    code = ("import sys, threading\nprint('A', flush=True)\nsys.stdin.readline()\n"
+            "ts = [threading.Thread(target=sys.stdin.readline) for _ in range(3)]\n"
+            "[t.start() for t in ts]\nprint('B', flush=True)\n[t.join() for t in ts]\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "A"
+        cgroups.add_process(dirs, p.pid)
+        assert cgroups.cap_threads(dirs, p.pid, 2.0) == 1
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "B"
+        assert cgroups.cap_threads(dirs, p.pid, 2.0) == 3  # started in the main thread's group, moved to their own
+        assert cgroups.cap_threads(dirs, p.pid, 2.0) == 0
+        tids = {int(t) for t in os.listdir(f"/proc/{p.pid}/task")}
+        for tid in tids:
+            assert str(tid) in (dirs[0] / f"t{tid}" / "tasks").read_text().split()
+        p.communicate("a\nb\nc\n", timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        _remove(dirs)
+
+
+def test_a_dilation_the_kernel_cannot_take_is_refused():
+    with pytest.raises(cgroups.CgroupError, match="above the kernel's"):
+        cgroups.dilated_period_us(10.5)
+    assert cgroups.cap_threads([], os.getpid(), 1.0) == 0
