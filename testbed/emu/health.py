@@ -28,7 +28,8 @@ lines of its log). A process that is alive to ``poll()`` but stopped (state ``T`
 ``/proc/PID/stat``: SIGSTOP, a debugger) for :data:`STOPPED_GRACE_S` is reported the same way,
 with fault ``stopped`` (planned when a ``cluster_down`` with ``mode: stop`` holds it). The first
 unplanned one stops the run: :attr:`HealthWatch.failure` is set (a
-:class:`testbed.core.errors.RunFailure` with exit code 4) and ``on_failure`` is called (the run
+:class:`testbed.core.errors.RunFailure` with exit code 4, or 7 when the process itself exited 7, a
+model failing its integrity check: :data:`testbed.core.errors.EXIT_INTEGRITY`) and ``on_failure`` is called (the run
 raises it in its main thread). Planned deaths and stops go to ``health.planned``. After the run, every
 component's log gets a last line saying how it ended (:meth:`HealthWatch.write_epitaphs`), so a
 log is never silent about why its process exited (a SIGKILLed process cannot say it itself).
@@ -53,7 +54,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
+from testbed.core.errors import EXIT_COMPONENT_DIED, EXIT_INTEGRITY, RunFailure
 from testbed.core.util import proc_stat, write_json_atomic
 from testbed.emu.cleanup import RUN_ENV
 from testbed.emu.storage import MIB, Storage
@@ -449,9 +450,11 @@ class HealthWatch(threading.Thread):
             return
         self.console.print(f"HEALTH: {inc.message()}", markup=False, highlight=False)
         if self.failure is None:
-            self.failure = RunFailure(f"{inc.message(with_log=False)}. The run stops: its measurements after this "
-                                      f"point would not be of the planned experiment (run.json: health).",
-                                      EXIT_COMPONENT_DIED)
+            integrity = inc.fault == "died" and inc.exit_code == EXIT_INTEGRITY  # the server's own refusal
+            said = f" ({inc.last_lines[-1]})" if integrity and inc.last_lines else ""
+            self.failure = RunFailure(f"{inc.message(with_log=False)}{said}. The run stops: its measurements after "
+                                      f"this point would not be of the planned experiment (run.json: health).",
+                                      EXIT_INTEGRITY if integrity else EXIT_COMPONENT_DIED)
             self.record.update(failure={"component": inc.component, "kind": inc.kind, "message": str(self.failure)})
             if self.on_failure is not None:
                 self.on_failure()
