@@ -187,7 +187,7 @@ step_boot() {  # wait for ssh (start_qemu has launched the guest)
 
 step_copy() {
   # shellcheck disable=SC2016  # $(...) runs in the guest
-  git -C "$REPO" archive --format=tar HEAD \
+  git -C "$REPO" archive --format=tar "$COMMIT" \
     | gssh 'mkdir -p /root/testbed && tar -x -m -C /root/testbed && echo "copied $(find /root/testbed -type f -not -path "*/.venv/*" | wc -l) files"'
   gssh "echo $COMMIT > /root/testbed/.commit"
 }
