@@ -6,7 +6,9 @@
 #      it must be built with setuptools < 68, hence --no-build-isolation), and this package (editable)
 #   4. Debian's Mininet library made visible inside the venv
 #   5. the model zoo (models/build_zoo.py: MediaPipe .tflite files from the hash-pinned wheel, Keras
-#      architectures exported to SavedModel and LiteRT, the small digits models for quick checks)
+#      architectures exported to SavedModel and LiteRT, the small digits models for quick checks);
+#      TESTBED_ZOO_FAMILIES=digits (or digits,parity,cancer) builds only those small trained families
+#      (build_zoo.py --families: no download, minutes instead of an hour on a slow machine or guest)
 # Re-running it does only what is missing. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -56,5 +58,9 @@ site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purel
 .venv/bin/python -c 'import mininet.net, ryu, tensorflow' 2>/dev/null || {
   echo "venv check failed: cannot import mininet, ryu or tensorflow" >&2; exit 1; }
 
-.venv/bin/python models/build_zoo.py
+if [ -n "${TESTBED_ZOO_FAMILIES:-}" ]; then
+  .venv/bin/python models/build_zoo.py --families "$TESTBED_ZOO_FAMILIES"
+else
+  .venv/bin/python models/build_zoo.py
+fi
 echo "== install.sh: done"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the model zoo: real edge DNNs (three image applications) and three small trained families.
 
-    python models/build_zoo.py [--out models/zoo] [--profiles models/profiles] [--force]
+    python models/build_zoo.py [--out models/zoo] [--profiles models/profiles] [--force] [--families digits,...]
 
 Real networks, for the applications of the paper's class (sources and pins: ``models/zoo_sources.py``):
 
@@ -60,6 +60,13 @@ Outputs (``models/zoo`` is git-ignored; ``models/profiles`` is kept, it is measu
 * ``<profiles>/<variant>.json``: ONLY for a variant that has no profile yet, a minimal one (1 core,
   batch 1, both runtimes) from ``testbed.serve.profiler``; the full grid is ``testbed profile``.
   Existing (tracked) profiles are never overwritten here.
+
+A reduced zoo: ``--families digits`` (any of ``digits``, ``parity``, ``cancer``, comma-separated)
+builds only those trained families: no wheel is downloaded and no MediaPipe / Keras model is built
+(minutes instead of an hour on a slow machine, e.g. a guest under QEMU's software emulation;
+``install.sh`` passes ``$TESTBED_ZOO_FAMILIES``). Its manifest lists those families and variants
+only, so experiments that name other models fail at validation. A later build without the option
+builds the rest.
 
 Idempotent: if ``<out>/manifest.json`` has this ``RECIPE_VERSION``, the same ``PARTS`` versions and
 every file is there, it does nothing; otherwise each part whose version (and, for Keras, weights
@@ -303,14 +310,37 @@ def build_lock(out: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def up_to_date(out: Path) -> bool:
-    """True iff ``out`` holds a complete zoo built with this RECIPE_VERSION and these variants."""
+def up_to_date(out: Path, families: list[str] | None = None) -> bool:
+    """True iff ``out`` holds a complete zoo built with this RECIPE_VERSION and these variants
+    (``families``: the reduced zoo of those trained families, :func:`trained_only`)."""
     if not zoo.zoo_complete(out):
         return False
     manifest = zoo.load_manifest(out)
+    if families is not None:
+        return (manifest["recipe_version"] == RECIPE_VERSION and manifest.get("parts") == {"trained": PARTS["trained"]}
+                and set(manifest["variants"]) == set(trained_variants(families)))
     return (manifest["recipe_version"] == RECIPE_VERSION and manifest.get("parts") == PARTS
             and set(manifest["variants"]) == set(ALL_VARIANTS)
             and all(_keras_reusable(manifest, n) for n in src.KERAS_VARIANTS))
+
+
+def trained_variants(families: list[str]) -> list[str]:
+    """The trained variants of ``families`` (names of :data:`FAMILIES`), in :data:`VARIANTS` order."""
+    return [n for n, r in VARIANTS.items() if r["family"] in families]
+
+
+def trained_only(spec: str) -> list[str]:
+    """Parse ``--families`` (``digits,parity``) into trained family names.
+
+    Raises:
+        SystemExit: a name that is not a trained family (the image families need the full build).
+    """
+    names = [f.strip() for f in spec.split(",") if f.strip()]
+    bad = [f for f in names if f not in FAMILIES]
+    if not names or bad:
+        raise SystemExit(f"--families {spec!r}: {', '.join(bad) or 'empty'} not a trained family; "
+                         f"choose from {', '.join(FAMILIES)} (the image families need the full build)")
+    return names
 
 
 def _predict_all(model: Any, x: np.ndarray) -> np.ndarray:
@@ -349,10 +379,16 @@ def _copy_variant(old_dir: Path, tmp: Path, entry: dict[str, Any]) -> None:
         shutil.copy2(old_dir / entry["tflite"], tmp / entry["tflite"])
 
 
-def build_trained(tmp: Path, manifest: dict[str, Any], old: dict[str, Any] | None, old_dir: Path) -> None:
-    """The digits / parity / cancer families: trained here, or copied from an old zoo of the same recipe."""
+def build_trained(tmp: Path, manifest: dict[str, Any], old: dict[str, Any] | None, old_dir: Path,
+                  families: list[str] | None = None) -> None:
+    """The digits / parity / cancer families (``families``: only those): trained here, or copied
+    from an old zoo of the same recipe."""
     data = load_data()
+    families = families or list(FAMILIES)
+    names = trained_variants(families)
     for fam, f in FAMILIES.items():
+        if fam not in families:
+            continue
         x_tr, y_tr, x_te, y_te = data[fam]
         (tmp / f["payloads"]).parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(tmp / f["payloads"], x=x_te.astype(np.float32), y=y_te.astype(np.int64))
@@ -363,13 +399,13 @@ def build_trained(tmp: Path, manifest: dict[str, Any], old: dict[str, Any] | Non
             "binary_input": "b64 of raw little-endian float32, row-major, one input "
                             f"{f['input_shape']}" + (" (or an 8-bit greyscale PNG, pixel/255)"
                                                      if len(f["input_shape"]) == 3 else "")}
-    if _part_reusable(old, "trained") and all(n in old["variants"] for n in VARIANTS):
-        for name in VARIANTS:
+    if _part_reusable(old, "trained") and all(n in old["variants"] for n in names):
+        for name in names:
             _copy_variant(old_dir, tmp, old["variants"][name])
             manifest["variants"][name] = old["variants"][name]
         log(f"trained families: reused from {old_dir} (recipe {PARTS['trained']})")
         return
-    for name in VARIANTS:
+    for name in names:
         manifest["variants"][name] = train_variant(tmp, name, data, manifest)
 
 
@@ -612,8 +648,9 @@ def build_keras(tmp: Path, manifest: dict[str, Any], old: dict[str, Any] | None,
         entry["savedmodel_bytes"] = sum(p.stat().st_size for p in (tmp / name).rglob("*") if p.is_file())
 
 
-def build(out: Path, cache: Path = CACHE, reuse: bool = True) -> dict[str, Any]:
+def build(out: Path, cache: Path = CACHE, reuse: bool = True, families: list[str] | None = None) -> dict[str, Any]:
     """Build every part into a temp dir (``reuse``: copy unchanged parts of ``out``), then swap it in as ``out``.
+    ``families``: the reduced zoo, only those trained families (no download, no image part).
 
     Returns the manifest. Raises ``SystemExit`` if ``out`` exists but is not a zoo (never deletes
     a foreign directory), or if a source cannot be fetched or fails its hash check.
@@ -628,7 +665,7 @@ def build(out: Path, cache: Path = CACHE, reuse: bool = True) -> dict[str, Any]:
             old = None
     t0 = time.perf_counter()
     try:
-        mp_dir, images = fetch_sources(cache)
+        mp_dir, images = fetch_sources(cache) if families is None else (cache, cache)
     except src.SourceError as exc:
         raise SystemExit(f"zoo sources: {exc}") from exc
     loaders.configure_tf_threads(intra_op=min(2, os.cpu_count() or 1), inter_op=1)  # imports TensorFlow
@@ -649,12 +686,16 @@ def build(out: Path, cache: Path = CACHE, reuse: bool = True) -> dict[str, Any]:
                                                     strict=True)),
                         "skimage_wheel": dict(zip(("dist", "version", "file", "sha256"), src.SKIMAGE_WHEEL,
                                                   strict=True))}}
-        build_trained(tmp, manifest, old, out)
-        build_image_families(tmp, manifest, images)
-        build_mediapipe(tmp, manifest, mp_dir)
-        write_json(tmp / zoo.MANIFEST, manifest)  # provisional: the measurements read the zoo like a server
-        measure_faces(tmp, manifest)
-        build_keras(tmp, manifest, old, out)
+        build_trained(tmp, manifest, old, out, families)
+        if families is None:
+            build_image_families(tmp, manifest, images)
+            build_mediapipe(tmp, manifest, mp_dir)
+            write_json(tmp / zoo.MANIFEST, manifest)  # provisional: the measurements read the zoo like a server
+            measure_faces(tmp, manifest)
+            build_keras(tmp, manifest, old, out)
+        else:
+            manifest["parts"] = {"trained": PARTS["trained"]}
+            del manifest["sources"]
         manifest["tensorflow"] = tf.__version__
         manifest["built_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         n = zoo.record_hashes(tmp, manifest)  # what every load checks its files against
@@ -722,17 +763,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="rebuild even if the zoo is up to date")
     ap.add_argument("--no-profile", action="store_true", help="do not measure profiles of unprofiled variants")
     ap.add_argument("--cache", default=str(CACHE), help="wheel download / extraction cache (default: models/.cache)")
+    ap.add_argument("--families", default=None,
+                    help="a reduced zoo: only these trained families, comma-separated (digits, parity, cancer)")
     args = ap.parse_args(argv)
+    families = trained_only(args.families) if args.families else None
     out = Path(args.out).resolve()
     profiles = Path(args.profiles).resolve() if args.profiles else out.parent / "profiles"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     t0 = time.perf_counter()
     with build_lock(out):
-        if not args.force and up_to_date(out):
+        if not args.force and up_to_date(out, families):
             log(f"zoo {out} is up to date (recipe {RECIPE_VERSION}); nothing to build (--force rebuilds)")
             record_missing_hashes(out)
         else:
-            build(out, Path(args.cache), reuse=not args.force)
+            build(out, Path(args.cache), reuse=not args.force, families=families)
         if not args.no_profile:
             profile_missing(out, profiles)
     log(f"done in {time.perf_counter() - t0:.1f} s")
