@@ -38,7 +38,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from testbed.agent.npolicy import NumpyPolicy, ObservationSizeError
+from testbed.agent.features import PolicyFeaturizer
+from testbed.agent.general import GeneralPolicy, config_feature_context, is_general
+from testbed.agent.npolicy import NumpyPolicy, ObservationSizeError, application_names_problem
 from testbed.agent.observation import SourceContext, SourceObserver, context_size
 from testbed.core.errors import InputError
 from testbed.core.util import REPO_ROOT
@@ -59,8 +61,10 @@ class CheckpointFileError(InputError):
     the export's); the message names the file."""
 
 
-def load_checkpoint(ckpt: Path) -> NumpyPolicy:
-    """The exported policy at ``ckpt`` (:class:`NumpyPolicy`), a corrupt file refused by name.
+def load_checkpoint(ckpt: Path) -> NumpyPolicy | GeneralPolicy:
+    """The exported policy at ``ckpt``: a :class:`GeneralPolicy` for a general checkpoint
+    (:func:`testbed.agent.general.is_general`), else the plan-based :class:`NumpyPolicy`; a corrupt
+    file refused by name.
 
     Raises:
         FileNotFoundError: a file of the pair is missing.
@@ -69,7 +73,7 @@ def load_checkpoint(ckpt: Path) -> NumpyPolicy:
         ValueError: the files do not match (:class:`NumpyPolicy`; ObservationSizeError).
     """
     try:
-        return NumpyPolicy(ckpt)
+        return GeneralPolicy(ckpt) if is_general(ckpt) else NumpyPolicy(ckpt)
     except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, TypeError, json.JSONDecodeError,
             UnicodeDecodeError, ValidationError) as exc:
         what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -128,10 +132,10 @@ def source_context(policy: NumpyPolicy, cfg, ckpt: Path) -> SourceContext:
     if set(rtt) != set(meta["clusters"]):
         raise ValueError(f"source {cfg.source!r}: clusters {sorted(rtt)} differ from the checkpoint's "
                          f"{meta['clusters']} ({ckpt})")
-    unknown = sorted({a.name for a in cfg.applications} - set(meta["applications"]))
-    if unknown:
-        raise ValueError(f"source {cfg.source!r}: applications {unknown} unknown to the checkpoint "
-                         f"(trained on {meta['applications']})")
+    problem = application_names_problem(f"source {cfg.source!r}", [a.name for a in cfg.applications],
+                                        meta["applications"])
+    if problem:
+        raise ValueError(problem)
     sources = _checkpoint_sources(policy, cfg.source, ckpt)
     deadline = {a.name: float(a.deadline_ms) for a in cfg.applications}
     deadline.update({a: d for a, d in zip(meta["applications"], meta.get("deadlines_ms") or [], strict=False)
@@ -179,6 +183,9 @@ def check_experiment_checkpoint(run, repo_dir: str | Path | None = None) -> None
         return
     ckpt = checkpoint_path(experiment.aset.checkpoint, repo_dir)
     policy = load_checkpoint(ckpt)
+    if isinstance(policy, GeneralPolicy):
+        _check_general(policy, plan, experiment, uses, ckpt)
+        return
     if plan is None:
         try:
             _check_window(policy, experiment.aset.window_s, ckpt)
@@ -194,6 +201,29 @@ def check_experiment_checkpoint(run, repo_dir: str | Path | None = None) -> None
             continue
         try:
             source_context(policy, cfg, ckpt)
+        except ValueError as exc:
+            raise ValueError(f"ASET checkpoint {ckpt} (source {name}): {exc}") from None
+
+
+def _check_general(policy: GeneralPolicy, plan, experiment, uses: list[str], ckpt: Path) -> None:
+    """The checks of a general checkpoint: the window, and (with a plan) every ``aset`` source's
+    features within the bounds (:func:`testbed.agent.general.config_feature_context`).
+
+    Raises:
+        ValueError: naming the checkpoint, the source and what is wrong.
+    """
+    try:
+        _check_window(policy, experiment.aset.window_s, ckpt)
+    except ValueError as exc:
+        raise ValueError(f"ASET checkpoint {ckpt} (sources {', '.join(uses)}): {exc}") from None
+    if plan is None:
+        return
+    for name in uses:
+        cfg = SourceConfig.from_plan(plan, name, 0, experiment.duration_s, Path(plan.base_dir))
+        if cfg is None:
+            continue
+        try:
+            config_feature_context(cfg, policy.policies)
         except ValueError as exc:
             raise ValueError(f"ASET checkpoint {ckpt} (source {name}): {exc}") from None
 
@@ -217,8 +247,16 @@ class LivePolicySelector:
             raise KeyError("source config: 'aset.checkpoint' is required with policy 'aset'")
         ckpt = checkpoint_path(aset.checkpoint, cfg.repo_dir)
         self.policy = load_checkpoint(ckpt)
-        self.ctx = source_context(self.policy, cfg, ckpt)
-        self.observer = SourceObserver(self.ctx, self.policy.obs_spec)
+        self.source = cfg.source
+        if isinstance(self.policy, GeneralPolicy):  # features of what each policy would do: no names
+            _check_window(self.policy, aset.window_s, ckpt)
+            self.policies = self.policy.policies
+            self.featurizer = PolicyFeaturizer(config_feature_context(cfg, self.policies), self.policy.obs_spec)
+            self.observer = None
+        else:
+            self.ctx = source_context(self.policy, cfg, ckpt)
+            self.policies = self.ctx.policies
+            self.observer = SourceObserver(self.ctx, self.policy.obs_spec)
         self.decision_ns: list[int] = []
         sock = (aset.options or {}).get("control_socket")
         self.control = ControlClient(sock, cfg.source) if sock else None
@@ -241,12 +279,14 @@ class LivePolicySelector:
         """The policy name for the next window (a name of the checkpoint's catalogue)."""
         t = time.perf_counter_ns()
         state = self.complete(state)
-        obs = self.observer.observe(state)
-        name = self.ctx.policies[int(self.policy.act(obs)[0])]
+        if self.observer is None:
+            name = self.policies[self.policy.act(*self.featurizer.observe(state))]
+        else:
+            name = self.policies[int(self.policy.act(self.observer.observe(state))[0])]
         self.decision_ns.append(time.perf_counter_ns() - t)
         if self.control is not None:
             remote = self.control.ask(state, self.window_s)
-            if remote in self.ctx.policies:
+            if remote in self.policies:
                 name = remote
         self.choices[name] = self.choices.get(name, 0) + 1
         return name
@@ -269,7 +309,7 @@ class LivePolicySelector:
         if self.report_path is None:
             return
         try:
-            self.report_path.write_text(json.dumps({"source": self.ctx.source, "timing": self.timing(),
+            self.report_path.write_text(json.dumps({"source": self.source, "timing": self.timing(),
                                                     "choices": self.choices}, indent=1))
         except OSError:
             pass
