@@ -56,8 +56,11 @@ def forward(layers: Sequence[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> n
 
 
 def export_general(weights: Sequence[np.ndarray], path: str | Path, *, policies: Sequence[str],
-                   obs_spec: ObservationSpec, meta: dict | None = None) -> Path:
-    """Write ``PATH.npz`` and ``PATH.json`` (module docstring); returns the .npz path.
+                   obs_spec: ObservationSpec, meta: dict | None = None, default_policy: str | None = None,
+                   margin: float = 0.0) -> Path:
+    """Write ``PATH.npz`` and ``PATH.json`` (module docstring); returns the .npz path. The decision
+    rule (:meth:`GeneralPolicy.act`) is stored with it: ``default_policy`` (one of ``policies``, or
+    None) and ``margin`` (points).
 
     Raises:
         ValueError: the weights do not take :data:`~testbed.agent.features.INPUT_SIZE` inputs or give
@@ -69,6 +72,8 @@ def export_general(weights: Sequence[np.ndarray], path: str | Path, *, policies:
                          f"{INPUT_SIZE} -> 1")
     if obs_spec.plans is not None:
         raise ValueError(f"export {path}: observation.plans is set; the general observation has no plan")
+    if default_policy is not None and default_policy not in policies:
+        raise ValueError(f"export {path}: default policy {default_policy!r} is not one of {list(policies)}")
     npz, meta_file = policy_files(path)
     npz.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(npz, **{f"w{i}": w for i, w in enumerate(ws)})
@@ -76,7 +81,8 @@ def export_general(weights: Sequence[np.ndarray], path: str | Path, *, policies:
         "format": FORMAT, "policies": list(policies), "local_features": list(LOCAL_FEATURES),
         "policy_features": list(POLICY_FEATURES), "observation": obs_spec.model_dump(), "layers": len(ws) // 2,
         "bounds": {"clusters": MAX_CLUSTERS, "applications": MAX_APPLICATIONS, "policies": MAX_POLICIES,
-                   "probe_queries": PROBE_QUERIES}, "meta": meta or {}}, indent=1))
+                   "probe_queries": PROBE_QUERIES}, "default_policy": default_policy, "margin": float(margin),
+        "meta": meta or {}}, indent=1))
     return npz
 
 
@@ -113,25 +119,36 @@ class GeneralPolicy:
         self.meta = meta
         self.policies: tuple[str, ...] = tuple(meta["policies"])
         self.obs_spec = ObservationSpec.model_validate(meta["observation"])
+        self._set_rule(meta.get("default_policy"), float(meta.get("margin") or 0.0))
 
     @classmethod
-    def from_weights(cls, weights: Sequence[np.ndarray], policies: Sequence[str],
-                     obs_spec: ObservationSpec) -> GeneralPolicy:
+    def from_weights(cls, weights: Sequence[np.ndarray], policies: Sequence[str], obs_spec: ObservationSpec,
+                     default_policy: str | None = None, margin: float = 0.0) -> GeneralPolicy:
         """A policy from in-memory weights (training, tests)."""
         self = cls.__new__(cls)
         ws = [np.asarray(w, np.float32) for w in weights]
         self.layers = list(zip(ws[0::2], ws[1::2], strict=True))
         self.path, self.meta = Path("<weights>"), {}
         self.policies, self.obs_spec = tuple(policies), obs_spec
+        self._set_rule(default_policy, margin)
         return self
+
+    def _set_rule(self, default_policy: str | None, margin: float) -> None:
+        if default_policy is not None and default_policy not in self.policies:
+            raise ValueError(f"{self.path}: default policy {default_policy!r} is not one of {list(self.policies)}")
+        self.default_policy, self.margin = default_policy, float(margin)
+        self._bonus = np.array([self.margin if p == default_policy else 0.0 for p in self.policies], np.float32)
 
     def scores(self, local: np.ndarray, per_policy: np.ndarray) -> np.ndarray:
         """Q(s, p) for every policy: (P,) for one state, (B, P) for a batch."""
         return forward(self.layers, scorer_input(local, per_policy))
 
     def act(self, local: np.ndarray, per_policy: np.ndarray) -> int:
-        """The index (into :attr:`policies`) of the highest score (the first on a tie)."""
-        return int(np.argmax(self.scores(local, per_policy)))
+        """The index (into :attr:`policies`) of the highest of score + ``margin`` at the default
+        policy (the first on a tie): the checkpoint leaves its default policy (the one of the highest
+        mean value in its training data, :mod:`testbed.aset.general_train`) only where it estimates
+        another better by more than the margin (points; chosen on held-out training episodes)."""
+        return int(np.argmax(self.scores(local, per_policy) + self._bonus))
 
 
 

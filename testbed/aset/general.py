@@ -28,8 +28,10 @@ followed by the base), as the rollout agent of :mod:`testbed.aset.rollout`.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -230,4 +232,31 @@ def fit(train: dict, valid: dict, *, hidden: list[int], seed: int, epochs: int =
     return {"weights": best_ws, "curve": curve, "best_valid": best}
 
 
-__all__ = ["GeneralRun", "decision_gain", "episode_data", "fit", "init_weights", "run_general"]
+#: The code an episode's figures depend on (folders and files under ``testbed/``): the model, the
+#: simulator, the plan, the specs, the episodes, the references' rollouts, the generator and the
+#: general features. Not the trainer's or the evaluation's orchestration, nor the command line.
+SIM_CODE = ("core", "model", "sim", "plan", "spec", "aset/episode.py", "aset/headroom.py", "aset/generator.py",
+            "aset/general.py", "aset/envs.py", "aset/scenarios.py", "aset/jobs.py", "agent")
+
+
+@functools.cache
+def sim_fingerprint() -> str:
+    """sha256 of :data:`SIM_CODE`'s Python files (paths and bytes): the key of the cached episodes of
+    :mod:`testbed.aset.general_train` and :mod:`testbed.aset.general_eval`, so a change of the
+    orchestration, the docs or the command line does not re-simulate them."""
+    import hashlib
+
+    pkg = Path(__file__).resolve().parents[1]
+    files = []
+    for part in SIM_CODE:
+        p = pkg / part
+        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    h = hashlib.sha256()
+    for f in files:
+        if "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+__all__ = ["SIM_CODE", "GeneralRun", "decision_gain", "episode_data", "fit", "init_weights", "run_general",
+           "sim_fingerprint"]

@@ -5,9 +5,12 @@ arrivals).
 Per scenario:
 
 - **every static policy** (all sources on it); **best static** = the highest mean over the seeds;
-- **fresh-state reference**: every static policy again with the dispatchers hearing the clusters'
+- **fresh-state reference**: the static policies again with the dispatchers hearing the clusters'
   true state every 10 ms (:class:`testbed.sim.Simulator` ``view="fresh"``: the same dispatch rule,
-  only what it hears differs); the reference is the best of them (highest mean);
+  only what it hears differs); the reference is the best of them (highest mean). Only the
+  load-aware policies (registry flag ``load_aware``) are run again: the others' decisions read no
+  load, so their stale figure stands for their fresh one (it misses only a cluster failure heard
+  up to one report interval sooner: the reference is then a lower bound);
 - **per-source static mix** (``mix_seeds`` > 0): coordinate ascent from the best static policy
   (:func:`testbed.aset.headroom.best_mix`) on the first ``mix_seeds`` seeds: offline, with
   hindsight, a reference and not a competitor;
@@ -34,14 +37,16 @@ from pathlib import Path
 import numpy as np
 
 from testbed.agent.general import GeneralPolicy, is_general, plan_feature_context
+from testbed.agent.npolicy import policy_files
 from testbed.aset.episode import run_static
-from testbed.aset.general import run_general
+from testbed.aset.evaluate import inputs_fingerprint
+from testbed.aset.general import run_general, sim_fingerprint
 from testbed.aset.headroom import best_mix, causal_planner, rollout_oracle, static_ratio
 from testbed.aset.jobs import aset_job, check_checkpoint, plan_of
 from testbed.core.distributed import imap_unordered
 from testbed.core.errors import InputError
-from testbed.core.util import ci95, markdown_table
-from testbed.model.policies import CATALOGUE
+from testbed.core.util import ci95, markdown_table, write_json_atomic
+from testbed.model.policies import CATALOGUE, REGISTRY
 
 #: Fewest seeds of an evaluation on experiment files (the 95 % CIs and paired differences).
 MIN_SEEDS = 10
@@ -104,6 +109,24 @@ def check_checkpoint_fits(ckpt: Path, paths: Sequence[str]) -> bool:
         raise InputError(f"ASET checkpoint {ckpt}: {exc}") from None
 
 
+def _key(fn, task: tuple) -> str:
+    """The cache key of one job: the function, the simulation's code
+    (:func:`testbed.aset.general.sim_fingerprint`), the arguments, an experiment file's content and
+    inputs (:func:`testbed.aset.evaluate.inputs_fingerprint`) and, for an ASET job, the checkpoint's files."""
+    import hashlib
+
+    h = hashlib.sha256(f"{fn.__name__}\0{sim_fingerprint()}".encode())
+    for a in task:
+        h.update(json.dumps(a, sort_keys=True, default=str).encode())
+        if isinstance(a, str) and a.endswith((".yaml", ".yml")) and Path(a).is_file():
+            h.update(Path(a).read_bytes())
+            h.update(inputs_fingerprint(str(Path(a).resolve())).encode())
+    if fn in (aset_general_job, aset_plan_job):
+        for f in policy_files(task[2]):
+            h.update(f.read_bytes() if f.is_file() else b"")
+    return h.hexdigest()[:24]
+
+
 def _ratio(c: tuple[int, int]) -> float:
     return c[0] / c[1] if c[1] else math.nan
 
@@ -129,15 +152,30 @@ def evaluate_experiments(paths: Sequence[str], *, checkpoint: Path, seeds: int =
     ks = list(range(1, seeds + 1))
     pols = list(CATALOGUE)
 
+    cache = (out or Path("runs/aset-eval/files")) / "cache"
+
     def run(fn, tasks: list[tuple]) -> list:
+        """``fn`` over ``tasks`` in parallel, each result kept in ``cache`` under :func:`_key`."""
+        keys = [_key(fn, t) for t in tasks]
         res: list = [None] * len(tasks)
-        for i, r in imap_unordered(fn, tasks, backend=backend, jobs=workers, ray_address=ray_address):
-            res[i] = r
+        todo = []
+        for i, k in enumerate(keys):
+            f = cache / f"{k}.json"
+            try:
+                res[i] = json.loads(f.read_text())
+            except (OSError, ValueError):
+                todo.append(i)
+        for j, r in imap_unordered(fn, [tasks[i] for i in todo], backend=backend, jobs=workers,
+                                   ray_address=ray_address):
+            res[todo[j]] = r
+            cache.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(cache / f"{keys[todo[j]]}.json", r)
         return res
 
     say = progress or (lambda _m: None)
-    stat_tasks = [(p, k, pol, view, duration_s) for p in paths for view in ("reports", "fresh") for pol in pols
-                  for k in ks]
+    fresh_pols = [x for x in pols if REGISTRY[x].load_aware]
+    stat_tasks = [(p, k, pol, view, duration_s) for p in paths
+                  for view, names in (("reports", pols), ("fresh", fresh_pols)) for pol in names for k in ks]
     say(f"{len(stat_tasks)} static runs (stale and fresh views)")
     counts = dict(zip(((t[0], t[3], t[2], t[1]) for t in stat_tasks), run(static_job, stat_tasks), strict=True))
     aset_fn = aset_general_job if general else aset_plan_job
@@ -148,7 +186,8 @@ def evaluate_experiments(paths: Sequence[str], *, checkpoint: Path, seeds: int =
     for p in paths:
         n_src = len(plan_of(p).sources)
         stale = {pol: [_ratio(counts[(p, "reports", pol, k)]) for k in ks] for pol in pols}
-        fresh = {pol: [_ratio(counts[(p, "fresh", pol, k)]) for k in ks] for pol in pols}
+        fresh = {pol: [_ratio(counts[(p, "fresh" if pol in fresh_pols else "reports", pol, k)]) for k in ks]
+                 for pol in pols}
         best = max(pols, key=lambda x: np.nanmean(stale[x]))
         best_f = max(pols, key=lambda x: np.nanmean(fresh[x]))
         row = {"scenario": p, "sources": n_src, "statics": {x: ci95(stale[x]) for x in pols},

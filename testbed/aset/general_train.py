@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.agent.general import export_general
-from testbed.aset.evaluate import code_fingerprint
-from testbed.aset.general import episode_data, fit
+from testbed.agent.general import export_general, forward
+from testbed.aset.general import episode_data, fit, sim_fingerprint
 from testbed.aset.generator import draw_scenario, plan_document
 from testbed.core.distributed import imap_unordered
 from testbed.core.util import write_json_atomic
@@ -44,7 +43,7 @@ def episode_tasks(cfg: AsetConfig, seed: int) -> list[tuple[int, int]]:
 
 def _key(cfg: AsetConfig, policies: tuple[str, ...], gen_seed: int, sim_seed: int) -> str:
     g = cfg.general
-    blob = json.dumps({"code": code_fingerprint(), "obs": cfg.observation.model_dump(), "policies": policies,
+    blob = json.dumps({"code": sim_fingerprint(), "obs": cfg.observation.model_dump(), "policies": policies,
                        "data": {k: getattr(g, k) for k in DATA_KEYS}, "gen": gen_seed, "sim": sim_seed},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
@@ -128,16 +127,20 @@ def train_general(cfg: AsetConfig, base: Path, *, jobs: int | None = None, backe
             w.writerows([[e, f"{a:.6f}", f"{b:.6f}", f"{c:.4f}"] for e, a, b, c in res["curve"]])
         curves[seed] = res["curve"]
         best = min(res["curve"], key=lambda r: r[2])
+        default, margin, gains = decision_rule(res["weights"], train, valid, policies)
         meta = {"seed": seed, "episodes": len(eps), "train_samples": int(len(train["x"])),
                 "valid_samples": int(len(valid["x"])), "best_epoch": best[0], "valid_loss": best[2],
-                "valid_gain_points": best[3], "fit_s": round(fit_s, 1), "config": cfg.name}
-        export_general(res["weights"], out / "general", policies=policies, obs_spec=cfg.observation, meta=meta)
+                "valid_gain_points": best[3], "fit_s": round(fit_s, 1), "config": cfg.name,
+                "valid_gain_by_margin": gains}
+        rule = {"default_policy": default, "margin": margin}
+        export_general(res["weights"], out / "general", policies=policies, obs_spec=cfg.observation, meta=meta, **rule)
         lines.append(f"seed {seed}: {len(eps)} episodes, {meta['train_samples']} + {meta['valid_samples']} samples, "
-                     f"best epoch {best[0]}: validation loss {best[2]:.4f}, decision gain {best[3]:+.3f} points "
-                     f"per probed decision; fit {fit_s:.0f} s -> {out / 'general'}")
+                     f"best epoch {best[0]}: validation loss {best[2]:.4f}; default {default}, margin {margin:g}: "
+                     f"validation gain {gains[str(margin)]:+.3f} points per probed decision (default alone "
+                     f"{gains['default']:+.3f}, margin 0 {gains['0.0']:+.3f}); fit {fit_s:.0f} s -> {out / 'general'}")
         if seed == export_seed:
             dst = base / g.export_to
-            export_general(res["weights"], dst, policies=policies, obs_spec=cfg.observation, meta=meta)
+            export_general(res["weights"], dst, policies=policies, obs_spec=cfg.observation, meta=meta, **rule)
             lines.append(f"exported seed {seed} -> {dst}.{{npz,json}}")
     write_json_atomic(root / "data.json", {"episodes": len(tasks), "wall_s": round(wall, 1),
                                            "simulation_cpu_s": round(sim_s, 1),
@@ -146,6 +149,34 @@ def train_general(cfg: AsetConfig, base: Path, *, jobs: int | None = None, backe
     lines.append(f"data: {len(tasks)} episodes, {wall:.0f} s wall ({sim_s:.0f} s of simulation in the workers, "
                  f"cached episodes excluded) -> {root}")
     return lines
+
+
+#: The margins (points) the decision rule is chosen from, on the validation episodes.
+MARGINS = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0)
+
+
+def decision_rule(weights: list[np.ndarray], train: dict, valid: dict,
+                  policies: tuple[str, ...]) -> tuple[str, float, dict[str, float]]:
+    """The acting rule of :meth:`testbed.agent.general.GeneralPolicy.act`: the default policy = the
+    one of the highest mean target in ``train`` (the policy that, deviated to for one window, gains
+    the most on average over the training distribution), and the margin of :data:`MARGINS` with the
+    highest mean target of the picks on ``valid`` (ties: the larger margin). Returns (default,
+    margin, validation gain per margin and of the default alone, points per probed decision)."""
+    default = policies[int(np.argmax(train["y"].mean(axis=0)))]
+    d = policies.index(default)
+    layers = list(zip(weights[0::2], weights[1::2], strict=True))
+    q = forward(layers, valid["x"]) if len(valid["x"]) else np.zeros((0, len(policies)))
+    rows = np.arange(len(q))
+    gains = {"default": float(valid["y"][:, d].mean()) if len(q) else float("nan")}
+    best_m, best_g = MARGINS[-1], -np.inf
+    for m in MARGINS:
+        qq = q.copy()
+        qq[:, d] += m
+        g = float(valid["y"][rows, qq.argmax(axis=1)].mean()) if len(q) else float("nan")
+        gains[str(m)] = g
+        if g >= best_g:
+            best_m, best_g = m, g
+    return default, best_m, gains
 
 
 def _plot(path: Path, curves: dict[int, list]) -> None:

@@ -145,8 +145,11 @@ class ObservationSpec(StrictModel):
         plan = self.plans.get(scenario)
         if plan is None:
             raise ValueError(f"observation.plans: no plan for scenario {scenario!r} (planned: "
-                             f"{', '.join(sorted(self.plans))}); the observation's plan block needs one: add the "
-                             f"scenario's per-source mix (oracle.json of testbed evaluate --headroom)")
+                             f"{', '.join(sorted(self.plans))}); this plan-based checkpoint needs one: add the "
+                             f"scenario's per-source mix to observation.plans and train again (testbed evaluate "
+                             f"--headroom writes it to oracle.json's mixes), or set aset.plan to a planned scenario "
+                             f"of the same sources, or use the general agent (policy: aset with no checkpoint: "
+                             f"models/aset/general), which needs no plan")
         return _fits(plan, f"observation.plans.{scenario}", len(sources), f" ({', '.join(sources)})")
 
 
