@@ -225,3 +225,46 @@ def test_evaluate_refuses_an_application_name_mismatch_like_the_live_selector(tm
     cfg = SourceConfig.from_plan(plan, "atl", 0, 5.0, tmp_path)
     with pytest.raises(ValueError, match=want):
         LivePolicySelector(cfg)
+
+
+def test_policy_aset_without_a_checkpoint_drives_a_held_out_scenario_live():
+    """The shipped general checkpoint is what ``policy: aset`` runs with no ``aset:`` section; the
+    run's pre-check accepts it on a held-out scenario and the live selector picks a policy."""
+    from testbed.agent.live import LivePolicySelector, check_experiment_checkpoint
+
+    doc = yaml.safe_load((REPO / "experiments/generated/held-out/gen-heldout-7.yaml").read_text())
+    doc["policy"] = "aset"
+    exp = Experiment.model_validate(doc)
+    assert exp.aset.checkpoint == "models/aset/general"
+    plan = build_plan(exp)
+    check_experiment_checkpoint(plan)
+    shipped = GeneralPolicy(REPO / "models/aset/general")
+    assert shipped.policies == POLICIES and shipped.default_policy in POLICIES
+    src = sorted(h.name for h in plan.sources)[0]
+    sel = LivePolicySelector(SourceConfig.from_plan(plan, src, 0, 5.0, Path("/tmp")))
+    state = {"arrivals": {a.name: 3 for a in exp.applications}, "policy": "closest", "resolved": [],
+             "clusters": {c.name: {"queue_len": 1, "busy": 1, "workers": 1, "utilization": 0.5, "up": True}
+                          for c in exp.clusters}}
+    assert all(sel.choose(state) in POLICIES for _ in range(3))
+
+
+def test_decision_rule_default_and_margin():
+    """The default policy is the one of the highest mean target in the training data; the margin is
+    the one whose picks gain most on the validation data (ties: the larger)."""
+    from testbed.aset.general_train import MARGINS, decision_rule
+
+    rng = np.random.default_rng(0)
+    ws = init_weights([8], 3)
+    x = rng.random((50, len(POLICIES), INPUT_SIZE)).astype(np.float32)
+    y = np.zeros((50, len(POLICIES)), np.float32)
+    y[:, POLICIES.index("min_latency")] = 1.0  # min_latency is worth 1 point more than anything else
+    train = {"x": x, "y": y, "ref": np.zeros(50, np.int64)}
+    default, margin, gains = decision_rule(ws, train, train, POLICIES)
+    assert default == "min_latency" and gains["default"] == 1.0
+    assert gains[str(margin)] == 1.0 and margin == max(m for m in MARGINS if gains[str(m)] == 1.0)
+    loc = np.zeros(len(LOCAL_FEATURES), np.float32)
+    rows = rng.random((len(POLICIES), len(POLICY_FEATURES))).astype(np.float32)
+    plain = GeneralPolicy.from_weights(ws, POLICIES, SPEC)
+    sure = GeneralPolicy.from_weights(ws, POLICIES, SPEC, "min_latency", 1e6)
+    assert plain.act(loc, rows) == int(np.argmax(plain.scores(loc, rows)))
+    assert sure.act(loc, rows) == POLICIES.index("min_latency")
