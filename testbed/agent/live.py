@@ -2,9 +2,14 @@
 
 ``testbed.emu.source`` (a source host, experiment ``policy: aset``) builds
 ``LivePolicySelector(cfg)`` once and calls ``choose(state)`` every window with the raw window
-state of :mod:`testbed.agent.observation`. The selector rebuilds the observation with the SAME code
-as the simulator env (:class:`~testbed.agent.observation.SourceObserver`) and runs the exported
-Q-network in numpy (:class:`~testbed.aset.agent.NumpyPolicy`; no TensorFlow import: the source
+state of :mod:`testbed.agent.observation`. With a general checkpoint (the default,
+``models/aset/general``; :func:`testbed.agent.general.is_general`) the selector builds the general
+features from the source's options and applications (:func:`~testbed.agent.general.config_feature_context`,
+:class:`~testbed.agent.features.PolicyFeaturizer`, the SAME code as the simulator's
+:class:`testbed.aset.general.GeneralRun`) and acts by :meth:`~testbed.agent.general.GeneralPolicy.act`;
+with a plan-based one it rebuilds that observation with the SAME code as the simulator env
+(:class:`~testbed.agent.observation.SourceObserver`) and runs the exported Q-network
+(:class:`~testbed.agent.npolicy.NumpyPolicy`). Both in numpy (no TensorFlow import: the source
 process stays light). Every decision is timed (``time.perf_counter_ns``) and
 :meth:`LivePolicySelector.timing` summarises it; with ``cfg.records`` set, the summary and the
 per-policy window counts go to ``<records without .csv>.aset.json`` when the process exits.
@@ -12,15 +17,15 @@ per-policy window counts go to ``<records without .csv>.aset.json`` when the pro
 Source config keys used (``cfg`` is the source's JSON config written by ``testbed.emu.run``):
 ``source``, ``applications`` [{name, ...}], ``options`` [{cluster, rtt_ms, ...}], and
 ``aset`` (the experiment's ``aset:`` section, :class:`testbed.spec.experiment.AsetSpec`):
-``checkpoint``: path of the exported policy without suffix (``models/aset/aset``); ``window_s``:
+``checkpoint``: path of the exported policy without suffix (default ``models/aset/general``); ``window_s``:
 must equal the checkpoint's window (the arrival-rate features are per window);
 ``options.control_socket`` (optional): a Unix socket of a running
 :class:`~testbed.aset.envs.AsetLiveEnv`; when set, the state goes to that env and its answer is
 used (the checkpoint's choice after one window without answer). A relative checkpoint path is
 resolved against ``cfg.repo_dir`` when given, else the repository checkout
-(:data:`testbed.core.util.REPO_ROOT`). The source-identity one-hot is placed by ``cfg.source``'s
-index in the checkpoint's ``sources`` (the experiment's sources sorted by name at training), not by
-``cfg.source_index`` (the plan's order).
+(:data:`testbed.core.util.REPO_ROOT`). For a plan-based checkpoint, the source-identity one-hot is
+placed by ``cfg.source``'s index in the checkpoint's ``sources`` (the experiment's sources sorted by
+name at training), not by ``cfg.source_index`` (the plan's order); a general checkpoint reads no name.
 """
 
 from __future__ import annotations
