@@ -233,14 +233,16 @@ def test_a_bad_duration_is_refused_alike_in_every_command(command, given, said, 
 
 # ----------------------------------------------------------------------------------------- nits
 
-def test_evaluate_given_an_experiment_file_names_an_aset_config(capsys):
-    """It printed one 'unknown key' line per key of the experiment."""
-    code = main(["evaluate", str(REPO / "experiments" / "default.yaml")])
+def test_evaluate_given_an_experiment_file_refuses_the_config_options(capsys):
+    """An experiment file is evaluated as such (docs/aset.md, "The general agent"): an option of an
+    ASET config's evaluation, or fewer than 10 seeds, is refused by name before any run."""
+    code = main(["evaluate", str(REPO / "experiments" / "default.yaml"), "--headroom"])
     out = " ".join(capsys.readouterr().out.split())
     assert code == 2 and "unknown key" not in out
-    assert (f"{REPO / 'experiments' / 'default.yaml'} is an experiment file (it has topology, clusters, workload); "
-            f"testbed evaluate takes an ASET config with an 'evaluation:' section, such as "
-            f"experiments/aset-train.yaml") in out
+    assert "--headroom: options of an ASET config's evaluation, not of experiment files" in out
+    code = main(["evaluate", str(REPO / "experiments" / "default.yaml"), "--seeds", "5"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 2 and "--seeds 5: at least 10" in out
 
 
 def test_the_host_speed_warning_says_the_profilers_overwrite_the_tracked_profiles():

@@ -258,12 +258,15 @@ def test_bad_input_errors(tmp_path):
         plan_experiment(bad)
 
 
-def test_aset_policy_needs_a_checkpoint(tmp_path):
+def test_aset_policy_without_a_checkpoint_uses_the_general_one(tmp_path):
+    from testbed.spec.experiment import DEFAULT_ASET_CHECKPOINT
+
     text = (REPO / "experiments/triangle.yaml").read_text()
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("policy: closest", "policy: aset"))
-    with pytest.raises(ConfigError, match="policy 'aset' needs an 'aset:' section with a checkpoint"):
-        load_experiment(bad)
+    assert load_experiment(bad).aset.checkpoint == DEFAULT_ASET_CHECKPOINT == "models/aset/general"
+    bad.write_text(text.replace("policy: closest", "policy: aset\naset: {window: 500ms}"))
+    assert load_experiment(bad).aset.checkpoint == DEFAULT_ASET_CHECKPOINT
     bad.write_text(text.replace("policy: closest", "policy: aset\naset: {checkpoint: models/aset/aset, window: 100ms}"))
     exp = load_experiment(bad)
     assert exp.aset.window_s == pytest.approx(0.1) and exp.aset.checkpoint == "models/aset/aset"

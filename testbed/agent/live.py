@@ -2,9 +2,14 @@
 
 ``testbed.emu.source`` (a source host, experiment ``policy: aset``) builds
 ``LivePolicySelector(cfg)`` once and calls ``choose(state)`` every window with the raw window
-state of :mod:`testbed.agent.observation`. The selector rebuilds the observation with the SAME code
-as the simulator env (:class:`~testbed.agent.observation.SourceObserver`) and runs the exported
-Q-network in numpy (:class:`~testbed.aset.agent.NumpyPolicy`; no TensorFlow import: the source
+state of :mod:`testbed.agent.observation`. With a general checkpoint (the default,
+``models/aset/general``; :func:`testbed.agent.general.is_general`) the selector builds the general
+features from the source's options and applications (:func:`~testbed.agent.general.config_feature_context`,
+:class:`~testbed.agent.features.PolicyFeaturizer`, the SAME code as the simulator's
+:class:`testbed.aset.general.GeneralRun`) and acts by :meth:`~testbed.agent.general.GeneralPolicy.act`;
+with a plan-based one it rebuilds that observation with the SAME code as the simulator env
+(:class:`~testbed.agent.observation.SourceObserver`) and runs the exported Q-network
+(:class:`~testbed.agent.npolicy.NumpyPolicy`). Both in numpy (no TensorFlow import: the source
 process stays light). Every decision is timed (``time.perf_counter_ns``) and
 :meth:`LivePolicySelector.timing` summarises it; with ``cfg.records`` set, the summary and the
 per-policy window counts go to ``<records without .csv>.aset.json`` when the process exits.
@@ -12,15 +17,15 @@ per-policy window counts go to ``<records without .csv>.aset.json`` when the pro
 Source config keys used (``cfg`` is the source's JSON config written by ``testbed.emu.run``):
 ``source``, ``applications`` [{name, ...}], ``options`` [{cluster, rtt_ms, ...}], and
 ``aset`` (the experiment's ``aset:`` section, :class:`testbed.spec.experiment.AsetSpec`):
-``checkpoint``: path of the exported policy without suffix (``models/aset/aset``); ``window_s``:
+``checkpoint``: path of the exported policy without suffix (default ``models/aset/general``); ``window_s``:
 must equal the checkpoint's window (the arrival-rate features are per window);
 ``options.control_socket`` (optional): a Unix socket of a running
 :class:`~testbed.aset.envs.AsetLiveEnv`; when set, the state goes to that env and its answer is
 used (the checkpoint's choice after one window without answer). A relative checkpoint path is
 resolved against ``cfg.repo_dir`` when given, else the repository checkout
-(:data:`testbed.core.util.REPO_ROOT`). The source-identity one-hot is placed by ``cfg.source``'s
-index in the checkpoint's ``sources`` (the experiment's sources sorted by name at training), not by
-``cfg.source_index`` (the plan's order).
+(:data:`testbed.core.util.REPO_ROOT`). For a plan-based checkpoint, the source-identity one-hot is
+placed by ``cfg.source``'s index in the checkpoint's ``sources`` (the experiment's sources sorted by
+name at training), not by ``cfg.source_index`` (the plan's order); a general checkpoint reads no name.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from testbed.agent.npolicy import NumpyPolicy, ObservationSizeError
+from testbed.agent.features import PolicyFeaturizer
+from testbed.agent.general import GeneralPolicy, config_feature_context, is_general
+from testbed.agent.npolicy import NumpyPolicy, ObservationSizeError, application_names_problem
 from testbed.agent.observation import SourceContext, SourceObserver, context_size
 from testbed.core.errors import InputError
 from testbed.core.util import REPO_ROOT
@@ -59,8 +66,10 @@ class CheckpointFileError(InputError):
     the export's); the message names the file."""
 
 
-def load_checkpoint(ckpt: Path) -> NumpyPolicy:
-    """The exported policy at ``ckpt`` (:class:`NumpyPolicy`), a corrupt file refused by name.
+def load_checkpoint(ckpt: Path) -> NumpyPolicy | GeneralPolicy:
+    """The exported policy at ``ckpt``: a :class:`GeneralPolicy` for a general checkpoint
+    (:func:`testbed.agent.general.is_general`), else the plan-based :class:`NumpyPolicy`; a corrupt
+    file refused by name.
 
     Raises:
         FileNotFoundError: a file of the pair is missing.
@@ -69,7 +78,7 @@ def load_checkpoint(ckpt: Path) -> NumpyPolicy:
         ValueError: the files do not match (:class:`NumpyPolicy`; ObservationSizeError).
     """
     try:
-        return NumpyPolicy(ckpt)
+        return GeneralPolicy(ckpt) if is_general(ckpt) else NumpyPolicy(ckpt)
     except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, TypeError, json.JSONDecodeError,
             UnicodeDecodeError, ValidationError) as exc:
         what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -128,10 +137,10 @@ def source_context(policy: NumpyPolicy, cfg, ckpt: Path) -> SourceContext:
     if set(rtt) != set(meta["clusters"]):
         raise ValueError(f"source {cfg.source!r}: clusters {sorted(rtt)} differ from the checkpoint's "
                          f"{meta['clusters']} ({ckpt})")
-    unknown = sorted({a.name for a in cfg.applications} - set(meta["applications"]))
-    if unknown:
-        raise ValueError(f"source {cfg.source!r}: applications {unknown} unknown to the checkpoint "
-                         f"(trained on {meta['applications']})")
+    problem = application_names_problem(f"source {cfg.source!r}", [a.name for a in cfg.applications],
+                                        meta["applications"])
+    if problem:
+        raise ValueError(problem)
     sources = _checkpoint_sources(policy, cfg.source, ckpt)
     deadline = {a.name: float(a.deadline_ms) for a in cfg.applications}
     deadline.update({a: d for a, d in zip(meta["applications"], meta.get("deadlines_ms") or [], strict=False)
@@ -179,6 +188,9 @@ def check_experiment_checkpoint(run, repo_dir: str | Path | None = None) -> None
         return
     ckpt = checkpoint_path(experiment.aset.checkpoint, repo_dir)
     policy = load_checkpoint(ckpt)
+    if isinstance(policy, GeneralPolicy):
+        _check_general(policy, plan, experiment, uses, ckpt)
+        return
     if plan is None:
         try:
             _check_window(policy, experiment.aset.window_s, ckpt)
@@ -194,6 +206,29 @@ def check_experiment_checkpoint(run, repo_dir: str | Path | None = None) -> None
             continue
         try:
             source_context(policy, cfg, ckpt)
+        except ValueError as exc:
+            raise ValueError(f"ASET checkpoint {ckpt} (source {name}): {exc}") from None
+
+
+def _check_general(policy: GeneralPolicy, plan, experiment, uses: list[str], ckpt: Path) -> None:
+    """The checks of a general checkpoint: the window, and (with a plan) every ``aset`` source's
+    features within the bounds (:func:`testbed.agent.general.config_feature_context`).
+
+    Raises:
+        ValueError: naming the checkpoint, the source and what is wrong.
+    """
+    try:
+        _check_window(policy, experiment.aset.window_s, ckpt)
+    except ValueError as exc:
+        raise ValueError(f"ASET checkpoint {ckpt} (sources {', '.join(uses)}): {exc}") from None
+    if plan is None:
+        return
+    for name in uses:
+        cfg = SourceConfig.from_plan(plan, name, 0, experiment.duration_s, Path(plan.base_dir))
+        if cfg is None:
+            continue
+        try:
+            config_feature_context(cfg, policy.policies)
         except ValueError as exc:
             raise ValueError(f"ASET checkpoint {ckpt} (source {name}): {exc}") from None
 
@@ -217,8 +252,16 @@ class LivePolicySelector:
             raise KeyError("source config: 'aset.checkpoint' is required with policy 'aset'")
         ckpt = checkpoint_path(aset.checkpoint, cfg.repo_dir)
         self.policy = load_checkpoint(ckpt)
-        self.ctx = source_context(self.policy, cfg, ckpt)
-        self.observer = SourceObserver(self.ctx, self.policy.obs_spec)
+        self.source = cfg.source
+        if isinstance(self.policy, GeneralPolicy):  # features of what each policy would do: no names
+            _check_window(self.policy, aset.window_s, ckpt)
+            self.policies = self.policy.policies
+            self.featurizer = PolicyFeaturizer(config_feature_context(cfg, self.policies), self.policy.obs_spec)
+            self.observer = None
+        else:
+            self.ctx = source_context(self.policy, cfg, ckpt)
+            self.policies = self.ctx.policies
+            self.observer = SourceObserver(self.ctx, self.policy.obs_spec)
         self.decision_ns: list[int] = []
         sock = (aset.options or {}).get("control_socket")
         self.control = ControlClient(sock, cfg.source) if sock else None
@@ -241,12 +284,14 @@ class LivePolicySelector:
         """The policy name for the next window (a name of the checkpoint's catalogue)."""
         t = time.perf_counter_ns()
         state = self.complete(state)
-        obs = self.observer.observe(state)
-        name = self.ctx.policies[int(self.policy.act(obs)[0])]
+        if self.observer is None:
+            name = self.policies[self.policy.act(*self.featurizer.observe(state))]
+        else:
+            name = self.policies[int(self.policy.act(self.observer.observe(state))[0])]
         self.decision_ns.append(time.perf_counter_ns() - t)
         if self.control is not None:
             remote = self.control.ask(state, self.window_s)
-            if remote in self.ctx.policies:
+            if remote in self.policies:
                 name = remote
         self.choices[name] = self.choices.get(name, 0) + 1
         return name
@@ -269,7 +314,7 @@ class LivePolicySelector:
         if self.report_path is None:
             return
         try:
-            self.report_path.write_text(json.dumps({"source": self.ctx.source, "timing": self.timing(),
+            self.report_path.write_text(json.dumps({"source": self.source, "timing": self.timing(),
                                                     "choices": self.choices}, indent=1))
         except OSError:
             pass

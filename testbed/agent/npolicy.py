@@ -91,6 +91,17 @@ def _read_weights(path: Path) -> list[np.ndarray]:
                          f"again): {exc}") from None
 
 
+def application_names_problem(where: str, applications, trained) -> str | None:
+    """What keeps a plan-based checkpoint trained on the applications ``trained`` (feature order)
+    from observing ``applications``, or None: ONE message for the live selector (a source's
+    applications must all be known to it) and for ``testbed evaluate`` (an experiment's must be
+    exactly them: its observation places each application's features by position)."""
+    unknown = sorted(set(applications) - set(trained))
+    if unknown:
+        return f"{where}: applications {unknown} unknown to the checkpoint (trained on {list(trained)})"
+    return None
+
+
 class ObservationSizeError(InputError):
     """A checkpoint's network input width differs from the observation built for it."""
 
@@ -233,12 +244,21 @@ class NumpyPolicy:
 
     def check_contexts(self, contexts: Sequence[SourceContext], what: str) -> None:
         """Refuse contexts (one per source, e.g. an env's) that this policy cannot drive: other
+        applications (named as the live selector names them, :func:`application_names_problem`),
         clusters or sources (the source-id order) than the checkpoint's, or another observation size.
 
         Raises:
             ValueError: the names differ (the message names both lists); ObservationSizeError.
         """
         ctx = contexts[0]
+        if "applications" in self.meta:
+            trained = list(self.meta["applications"])
+            problem = application_names_problem(what, ctx.applications, trained)
+            if problem is None and list(ctx.applications) != trained:
+                problem = (f"{what}: applications {list(ctx.applications)} are not the checkpoint's {trained} (its "
+                           f"observation places them by position)")
+            if problem:
+                raise ValueError(f"{problem} ({self.path})")
         if "clusters" in self.meta and list(ctx.clusters) != list(self.meta["clusters"]):
             raise ValueError(f"{what}: clusters {list(ctx.clusters)} differ from the checkpoint's "
                              f"{self.meta['clusters']} ({self.path})")

@@ -68,6 +68,8 @@ class Episode:
         window_s: decision window (s; default the report interval; :func:`window_of`).
         duration_s: episode length (s; default the experiment's duration).
         simulator_factory: ``(plan, seed, policies) -> simulator`` (tests inject a fake).
+        view: what the dispatchers know (:class:`testbed.sim.Simulator`'s ``view``: ``"reports"``,
+            the system model; ``"fresh"``, the fresh-state reference).
 
     Attributes:
         ok, n: int arrays (windows, sources): successes and queries created in each window by each source.
@@ -75,7 +77,7 @@ class Episode:
     """
 
     def __init__(self, plan: Plan, seed: int, policies: Mapping[str, str] | None = None, window_s: float | None = None,
-                 duration_s: float | None = None, simulator_factory: Callable | None = None):
+                 duration_s: float | None = None, simulator_factory: Callable | None = None, view: str = "reports"):
         self.plan = plan
         self.seed = int(seed)
         self.window_s = window_of(plan, window_s) if simulator_factory is None else float(window_s or 0.5)
@@ -85,7 +87,7 @@ class Episode:
         self.sources = sorted(h.name for h in plan.sources)
         self._index = {s: i for i, s in enumerate(self.sources)}
         if simulator_factory is None:
-            self.sim = Simulator(plan, seed=self.seed, policies=dict(policies or {}), track_resolved=True)
+            self.sim = Simulator(plan, seed=self.seed, policies=dict(policies or {}), track_resolved=True, view=view)
         else:
             self.sim = simulator_factory(plan, self.seed, dict(policies or {}))
         self.sim.arrivals_end = self.duration_s
@@ -179,10 +181,11 @@ class Episode:
 
 
 def run_static(plan: Plan, seed: int, policies: Sequence[str], window_s: float | None = None,
-               duration_s: float | None = None) -> Episode:
-    """A whole episode with a constant policy per source (sorted order); returns it finished."""
+               duration_s: float | None = None, view: str = "reports") -> Episode:
+    """A whole episode with a constant policy per source (sorted order), the dispatchers' ``view``
+    of :class:`testbed.sim.Simulator`; returns it finished."""
     srcs = sorted(h.name for h in plan.sources)
-    ep = Episode(plan, seed, dict(zip(srcs, policies, strict=True)), window_s, duration_s)
+    ep = Episode(plan, seed, dict(zip(srcs, policies, strict=True)), window_s, duration_s, view=view)
     ep.finish()
     return ep
 

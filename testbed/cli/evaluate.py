@@ -1,4 +1,8 @@
-"""``testbed evaluate ASET_CONFIG.yaml``: the headroom of every scenario (every static policy, the
+"""``testbed evaluate EXPERIMENT.yaml [EXPERIMENT.yaml ...]``: ASET (default the general checkpoint)
+against every static policy, the fresh-state reference, and optionally the per-source mix, the
+causal planner and the oracle, on any experiment files (:mod:`testbed.aset.general_eval`).
+
+``testbed evaluate ASET_CONFIG.yaml``: the headroom of every scenario (every static policy, the
 per-source static mix, the clairvoyant switching oracle; with --causal K the causal planner) and ASET
 against them, over seeds in the simulator, confirmed on fresh seeds; tables of success ratio (mean ±
 95 % CI, t-distribution), the paired differences and a plot (see :mod:`testbed.aset.evaluate`)."""
@@ -65,7 +69,16 @@ def _causal_samples(text: str) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("evaluate", help="headroom (statics, mix, oracle) and ASET on the scenarios (simulator)",
                               description=plain_help(__doc__))
-    p.add_argument("config", help="ASET config YAML with an 'evaluation:' section")
+    p.add_argument("config", help="ASET config YAML with an 'evaluation:' section, or experiment files")
+    p.add_argument("more", nargs="*", help="further experiment files (with experiment files only)")
+    p.add_argument("--checkpoint", default=None,
+                   help="with experiment files: the ASET checkpoint (default models/aset/general)")
+    p.add_argument("--mix", type=_int_at_least(0), default=0, metavar="N",
+                   help="with experiment files: also the per-source static mix, chosen on seeds 1..N (0: off)")
+    p.add_argument("--oracle", type=_int_at_least(0), default=0, metavar="N",
+                   help="with experiment files: the clairvoyant oracle (and with --causal K the causal planner) "
+                        "on seeds 1..N (0: off)")
+    p.add_argument("--out", default=None, help="with experiment files: results folder (default runs/aset-eval/files)")
     p.add_argument("--seeds", type=_int_at_least(2), default=None, help="override evaluation.seeds (tuning seeds)")
     p.add_argument("--fresh-seeds", type=_int_at_least(0), default=None, help="override evaluation.fresh_seeds")
     p.add_argument("--duration", type=_episode_s, default=None, help=DURATION_HELP)
@@ -109,8 +122,50 @@ def _refuse_an_experiment_file(path: str) -> None:
                          f"training.scenarios name the experiments it runs")
 
 
-def _cmd(args: argparse.Namespace) -> int:
+def _is_experiment(path: str) -> bool:
+    try:
+        _refuse_an_experiment_file(path)
+    except InputError:
+        return True
+    return False
 
+
+def _experiments(args: argparse.Namespace) -> int:
+    """``testbed evaluate`` on experiment files (:func:`testbed.aset.general_eval.evaluate_experiments`).
+
+    Raises:
+        InputError: a file that is not an experiment, or an option of the config form."""
+    from pathlib import Path
+
+    from testbed.aset.general_eval import MIN_SEEDS, evaluate_experiments, results_markdown
+    from testbed.core.util import REPO_ROOT
+    from testbed.spec.experiment import DEFAULT_ASET_CHECKPOINT
+
+    files = [args.config, *args.more]
+    bad = [f for f in files if not _is_experiment(f)]
+    if bad:
+        raise InputError(f"{', '.join(bad)}: not experiment files (give experiment files only, or one ASET config)")
+    other = [o for o, v in (("--fresh-seeds", args.fresh_seeds), ("--headroom", args.headroom or None),
+                            ("--specialised", args.specialised or None)) if v is not None]
+    if other:
+        raise InputError(f"{', '.join(other)}: options of an ASET config's evaluation, not of experiment files")
+    ckpt = Path(args.checkpoint or DEFAULT_ASET_CHECKPOINT)
+    ckpt = ckpt if ckpt.is_absolute() else REPO_ROOT / ckpt
+    rows = evaluate_experiments(files, checkpoint=ckpt, seeds=args.seeds or MIN_SEEDS, duration_s=args.duration,
+                                mix_seeds=args.mix, oracle_seeds=args.oracle, causal_samples=args.causal or 0,
+                                workers=args.workers, backend="ray" if args.ray_address else args.backend,
+                                ray_address=args.ray_address, out=Path(args.out or "runs/aset-eval/files"),
+                                progress=lambda m: console.print(m, markup=False, highlight=False))
+    console.print(results_markdown(rows), markup=False, highlight=False)
+    return 0
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    if _is_experiment(args.config):
+        return _experiments(args)
+    if args.more or args.checkpoint or args.mix or args.oracle or args.out:
+        raise InputError(f"{args.config}: an ASET config takes no further files, --checkpoint, --mix, --oracle or "
+                         f"--out (its evaluation: section says what runs)")
     _refuse_an_experiment_file(args.config)
     cfg, base = load_aset(args.config)
     if cfg.evaluation is None:

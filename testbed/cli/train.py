@@ -66,6 +66,8 @@ def _cmd(args: argparse.Namespace) -> int:
 
 
     cfg, base = load_aset(args.config)
+    if cfg.general is not None:
+        return _general(cfg, base, args)
     if cfg.training is None:
         raise InputError(f"{args.config}: no 'training:' section")
     if cfg.training.method == "rollout":
@@ -106,6 +108,32 @@ def _cmd(args: argparse.Namespace) -> int:
         console.print(_seed_line(res, windows))
     for line in _written(root, results, cfg.training.export_to, _changed(before, _files(root)), windows):
         console.print(line)
+    return 0
+
+
+def _general(cfg, base: Path, args: argparse.Namespace) -> int:
+    """A ``general:`` config (:mod:`testbed.aset.general_train`): the DQN's options are refused;
+    ``--seeds`` and ``--jobs`` apply.
+
+    Raises:
+        InputError: a DQN option, or seeds the section refuses, named after the config."""
+    from pydantic import ValidationError
+
+    from testbed.aset.general_train import train_general
+
+    dqn = [o for o, v in (("--steps", args.steps), ("--specialise", args.specialise or None),
+                          ("--rollout-workers", args.rollout_workers)) if v is not None]
+    if dqn:
+        raise InputError(f"{args.config}: {', '.join(dqn)}: not used by the general agent's training (general:)")
+    if args.seeds:
+        try:
+            cfg = cfg.model_copy(update={"general": type(cfg.general).model_validate(
+                {**cfg.general.model_dump(), "seeds": args.seeds, "export_seed": None})})
+        except ValidationError as exc:
+            raise InputError(format_validation_error(exc, f"{args.config} with --seeds", what="ASET config")) from None
+    for line in train_general(cfg, base, jobs=args.jobs, backend="ray" if args.ray_address else args.backend,
+                              ray_address=args.ray_address, console=console):
+        console.print(line, markup=False, highlight=False)
     return 0
 
 

@@ -161,6 +161,14 @@ class Cluster:
         self._busy_mark = cb
         return Heard(len(self.queue), self.queue.busy, self.workers, min(1.0, max(0.0, util)), self.state == UP, t)
 
+    def fresh(self, t: float, utilization: float) -> Heard:
+        """The cluster's true state at ``t``, as a dispatcher with fresh information hears it (the
+        simulator's ``view="fresh"``): waiting = queued + in request handling + dispatched and not
+        yet arrived (on the wire: what the queue will hold once they arrive); busy workers now;
+        ``utilization`` as last reported (a rate over an interval, not a state)."""
+        waiting = len(self.queue) + (len(self.pending) - self.pi) + len(self.h_wait) + (self.h_cur is not None)
+        return Heard(waiting, self.queue.busy, self.workers, utilization, self.state == UP, t)
+
     def add(self, items: list[tuple[float, int, int, float]]) -> None:
         """New arrivals (t1, query, model, deadline), any order."""
         if self.pi:

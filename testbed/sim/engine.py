@@ -55,6 +55,13 @@ class SimError(InputError):
     """The experiment cannot be simulated (unknown policy or source, bad event); names the item."""
 
 
+#: What the dispatchers may know of the clusters (:class:`Simulator`'s ``view``).
+VIEWS = ("reports", "fresh")
+#: How often dispatchers hear the clusters' true state with ``view="fresh"`` (s; our choice: 10 ms,
+#: a fraction of the smallest service times, 4-20 ms, so the state is practically current).
+FRESH_STEP_S = 0.01
+
+
 class Simulator(Links, RunColumns):
     """Discrete-event simulator of one planned experiment.
 
@@ -88,6 +95,13 @@ class Simulator(Links, RunColumns):
             the plan's samples.
         track_resolved: keep the resolution queue behind :meth:`drain_resolved` (off: faster, and
             drain_resolved returns nothing).
+        view: what the dispatchers know of the clusters. ``"reports"`` (the system model): the
+            report heard every report interval, stale until the next. ``"fresh"`` (a reference, not
+            something a deployment has): in addition, every :data:`FRESH_STEP_S` every dispatcher
+            hears every cluster's true state (:meth:`testbed.sim.clusters.Cluster.fresh`: queued,
+            in handling and on the wire toward it), so no decision is older than that step. The
+            dispatch rule is the same in both (:class:`testbed.model.dispatch.Dispatcher`); only what it
+            hears differs (Mitzenmacher, "How useful is old information?", IEEE TPDS 2000).
 
     Raises:
         SimError: an unknown policy or source.
@@ -95,7 +109,11 @@ class Simulator(Links, RunColumns):
 
     def __init__(self, plan: Plan, seed: int | None = None, policies: dict[str, str] | None = None,
                  record: bool = False, service: Callable[[str, str], ServiceSampler] | None = None,
-                 track_resolved: bool = True, base_dir: str | Path | None = None):
+                 track_resolved: bool = True, base_dir: str | Path | None = None, view: str = "reports"):
+        if view not in VIEWS:
+            raise SimError(f"view {view!r}: one of {', '.join(VIEWS)}")
+        self.view = view
+        self._view_k = 1
         self.plan = plan
         exp = self.exp = plan.experiment
         self.seed = exp.seed if seed is None else int(seed)
@@ -269,8 +287,11 @@ class Simulator(Links, RunColumns):
 
     def run_until(self, t_s: float) -> None:
         """Advance simulated time to ``t_s`` (s), processing every arrival, report and event before it."""
+        fresh = self.view == "fresh"
         while self.now_s < t_s:
             stop = min(t_s, self.next_report)
+            if fresh:
+                stop = min(stop, self._view_k * FRESH_STEP_S)
             if self._ev_i < len(self.changes):
                 stop = min(stop, max(self.now_s, self.changes[self._ev_i].t_s))
             self._step(self.now_s, stop)
@@ -281,6 +302,10 @@ class Simulator(Links, RunColumns):
             if stop >= self.next_report:
                 self._report(stop)
                 self.next_report += self.R
+            if fresh and stop >= self._view_k * FRESH_STEP_S - 1e-12:
+                self._hear_fresh(stop)
+                while self._view_k * FRESH_STEP_S <= stop + 1e-12:
+                    self._view_k += 1
             if stop == t_s:
                 break
 
@@ -400,6 +425,12 @@ class Simulator(Links, RunColumns):
         self._count_link_bytes(self._resp, wire_bytes(self.resp_bytes, self.net.mss), 1)
         self._resp[:] = 0
         self._link_report(t)
+
+    def _hear_fresh(self, t: float) -> None:
+        """``view="fresh"``: every dispatcher hears every cluster's true state now."""
+        for d in self.dispatchers:
+            d.hear_all([(c.name, c.fresh(t, d.heard[c.name].utilization if c.name in d.heard else 0.0))
+                        for c in self.clusters])
 
     def _apply(self, ch, t: float) -> None:
         """One step of the events' timeline: its kind (:mod:`testbed.model.events`) applied to the

@@ -145,8 +145,11 @@ class ObservationSpec(StrictModel):
         plan = self.plans.get(scenario)
         if plan is None:
             raise ValueError(f"observation.plans: no plan for scenario {scenario!r} (planned: "
-                             f"{', '.join(sorted(self.plans))}); the observation's plan block needs one: add the "
-                             f"scenario's per-source mix (oracle.json of testbed evaluate --headroom)")
+                             f"{', '.join(sorted(self.plans))}); this plan-based checkpoint needs one: add the "
+                             f"scenario's per-source mix to observation.plans and train again (testbed evaluate "
+                             f"--headroom writes it to oracle.json's mixes), or set aset.plan to a planned scenario "
+                             f"of the same sources, or use the general agent (policy: aset with no checkpoint: "
+                             f"models/aset/general), which needs no plan")
         return _fits(plan, f"observation.plans.{scenario}", len(sources), f" ({', '.join(sources)})")
 
 
@@ -351,6 +354,54 @@ class TrainingSpec(StrictModel):
         return self
 
 
+class GeneralTrainingSpec(StrictModel):
+    """The general agent's training (:mod:`testbed.aset.general_train`; docs/aset.md, "The general
+    agent"). Per training seed (``seeds``; the export is ``export_seed``'s, default the first),
+    ``episodes`` data episodes, each a scenario of the generator's ``train`` split (a generator seed
+    drawn from ``scenario_seeds``, inclusive) on a simulator seed drawn from the training seed,
+    ``episode_s`` long. In each, a base static policy is drawn and every ``probe_every``-th window one
+    source is probed: every policy for that window, then ``horizon_windows`` - 1 windows of the
+    base (:func:`testbed.aset.general.episode_data`); the episode leaves the base for a random policy
+    with probability ``behaviour_epsilon`` per (window, source). The scorer (``hidden`` widths, ReLU)
+    is fitted ``epochs`` passes of ``batch_size`` (Adam at ``learning_rate``, Huber ``huber_delta``),
+    whole episodes (``validation_fraction``) held out; the epoch of the lowest validation loss is
+    exported. ``workers``: data episodes simulated at once (``testbed train --jobs`` overrides)."""
+
+    seeds: list[Seed] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
+    export_seed: Seed | None = None
+    scenario_seeds: tuple[int, int] = (1, 500)
+    episodes: int = Field(60, ge=2, le=100_000)
+    episode_s: Num = Field(20.0, gt=0, le=600)
+    horizon_windows: int = Field(2, ge=1, le=80)
+    probe_every: int = Field(2, ge=1, le=1000)
+    behaviour_epsilon: Num = Field(0.15, ge=0, lt=1)
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1)
+    learning_rate: Num = Field(1e-3, gt=0)
+    huber_delta: Num = Field(1.0, gt=0)
+    epochs: int = Field(60, ge=1, le=10_000)
+    batch_size: int = Field(128, ge=1)
+    validation_fraction: Num = Field(0.2, gt=0, lt=1)
+    workers: int = Field(2, ge=1, le=64)
+    out_dir: str = "runs/aset-train"
+    export_to: str = "models/aset/general"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        return unit_pair(data, "episode", parse_duration_s, "s")
+
+    @model_validator(mode="after")
+    def _check(self) -> GeneralTrainingSpec:
+        lo, hi = self.scenario_seeds
+        if not 0 <= lo <= hi:
+            raise ValueError(f"scenario_seeds: need 0 <= first <= last, got {list(self.scenario_seeds)}")
+        if self.export_seed is not None and self.export_seed not in self.seeds:
+            raise ValueError(f"export_seed: {self.export_seed} is not among the seeds {self.seeds}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds: a seed is given twice")
+        return self
+
+
 #: Longest simulated episode of an evaluation (s): ``evaluation.duration`` and ``testbed evaluate
 #: --duration`` (the simulator holds every query of an episode in memory).
 MAX_EPISODE_S = 3600.0
@@ -405,6 +456,9 @@ class AsetConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> AsetConfig:
+        if self.general is not None and (self.training is not None or self.observation.plans is not None):
+            raise ValueError("general: the general agent's training; it goes without training: (the plan-based "
+                             "agents') and without observation.plans (its observation has no plan)")
         if self.training is not None and self.training.method == "rollout" and self.observation.plans is None:
             raise ValueError("training.method: rollout needs observation.plans: each source's planned policy is the "
                              "base schedule the rollout targets are measured against")
@@ -453,6 +507,7 @@ class AsetConfig(StrictModel):
     agent: AgentSpec = AgentSpec()
     reward: RewardSpec = RewardSpec()
     training: TrainingSpec | None = None
+    general: GeneralTrainingSpec | None = None
     evaluation: EvaluationSpec | None = None
 
 

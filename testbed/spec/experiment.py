@@ -63,6 +63,9 @@ from testbed.spec.units import MAX_DELAY_MS, MAX_RATE_MBPS, parse_delay_ms, pars
 
 #: The policy a source starts with that is not a static one: ASET picks a static policy per window.
 ASET_POLICY = "aset"
+#: The checkpoint ``policy: aset`` uses when the experiment names none (no ``aset:`` section, or one
+#: without ``checkpoint``): the general agent (docs/aset.md), which fits any experiment within its bounds.
+DEFAULT_ASET_CHECKPOINT = "models/aset/general"
 #: A policy's name: a static policy of the policy registry (testbed.model.policies; the experiment
 #: knows no list of them: the plan checks the name, testbed.plan.policies.check_policy), or
 #: :data:`ASET_POLICY`.
@@ -506,6 +509,22 @@ class Experiment(_Model):
     def _units(cls, data: Any) -> Any:
         data = _unit_pair(data, "duration", parse_duration_s, "s")
         return _unit_pair(data, "report_interval", parse_duration_s, "s")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_checkpoint(cls, data: Any) -> Any:
+        """``policy: aset`` without a checkpoint gets :data:`DEFAULT_ASET_CHECKPOINT`."""
+        if not isinstance(data, dict):
+            return data
+        srcs = data.get("sources") if isinstance(data.get("sources"), list) else []
+        uses = data.get("policy") == ASET_POLICY or any(isinstance(s, dict) and s.get("policy") == ASET_POLICY
+                                                       for s in srcs)
+        aset = data.get("aset")
+        if uses and aset is None:
+            return {**data, "aset": {"checkpoint": DEFAULT_ASET_CHECKPOINT}}
+        if uses and isinstance(aset, dict) and not aset.get("checkpoint"):
+            return {**data, "aset": {**aset, "checkpoint": DEFAULT_ASET_CHECKPOINT}}
+        return data
 
     @model_validator(mode="after")
     def _windows(self) -> Experiment:
