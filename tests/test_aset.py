@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from emu_checks import expect_run_ok
 
 from testbed.agent.observation import (
     SourceContext,
@@ -625,7 +626,8 @@ def test_live_env_fine_tunes_against_a_real_emulation(tmp_path):
     # a nested flock on the same file would wait for ever (testbed run's own run lock still guards)
     s = finetune(REPO / "experiments" / "aset-live.yaml", REPO / "models" / "aset" / "aset", tmp_path,
                  epsilon=0.1, duration_s=15.0, lock=False, start_timeout_s=180.0)
-    assert s["run_rc"] == 0 and s["run"] is not None
+    expect_run_ok(s["run_rc"], run_dir=Path(s["run"]) if s["run"] else None)
+    assert s["run"] is not None
     run = Path(s["run"])
     decided = [sum(json.loads(f.read_text())["choices"].values()) for f in sorted(run.glob("sources/*.aset.json"))]
     assert len(decided) == 4 and 1 <= s["windows"] <= min(decided) - 1, (s["windows"], decided)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from emu_checks import expect_run_ok
 
 from testbed.plan.build import plan_experiment
 from testbed.results.report import build_report
@@ -34,7 +35,7 @@ pytestmark = [
 def run_dir(tmp_path_factory) -> Path:
     plan = plan_experiment(REPO / "experiments" / "capture.yaml")
     runs = tmp_path_factory.mktemp("runs")
-    assert run_emulation(plan, runs_dir=runs, duration_s=5) == 0
+    expect_run_ok(run_emulation(plan, runs_dir=runs, duration_s=5), runs)
     (d,) = list(runs.iterdir())
     return d
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from emu_checks import expect_run_ok
 
 from testbed.emu.run import emulated_network, new_run_dir
 from testbed.emu.selfcheck import check_rtts_twice
@@ -56,7 +57,7 @@ def test_dilated_network_delays_rto_and_self_check(tmp_path):
 def test_dilated_run_records_are_in_emulated_time(tmp_path):
     duration = 4.0
     plan = with_time_dilation(plan_experiment(TRIANGLE), K)
-    assert run_emulation(plan, runs_dir=tmp_path / "emu", duration_s=duration) == 0
+    expect_run_ok(run_emulation(plan, runs_dir=tmp_path / "emu", duration_s=duration), tmp_path / "emu")
     run_dir = next((tmp_path / "emu").iterdir())
     run = json.loads((run_dir / "run.json").read_text())
     assert run["time_dilation"] == K and run["duration_s"] == duration and run["wall_duration_s"] == K * duration

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from emu_checks import expect_run_ok
 
 from testbed.plan.build import build_plan
 from testbed.results.runs import run_emulation
@@ -40,7 +41,7 @@ def test_congestion_raises_network_time_on_the_congested_path_only(tmp_path):
         {"at": "3s", "kind": "link_congestion", "link": ["A", "B"], "background": "22Mbit/s", "direction": "ab"},
         {"at": "6s", "kind": "link_congestion", "link": ["A", "B"], "background": "0Mbit/s", "direction": "ab"}]
     plan = build_plan(Experiment.model_validate(data), base_dir=TRIANGLE.parent)
-    assert run_emulation(plan, runs_dir=tmp_path, duration_s=9) == 0
+    expect_run_ok(run_emulation(plan, runs_dir=tmp_path, duration_s=9), tmp_path)
     run_dir = next(tmp_path.iterdir())
     ev = pd.read_csv(run_dir / "events.csv")
     assert list(ev["kind"]) == ["link_bandwidth"] + ["link_congestion"] * 2, ev.to_dict("records")

@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import requests
 import yaml
+from emu_checks import expect_run_ok
 
 from testbed.emu.cleanup import RUN_ENV, STATE_FILE, _ovs_bridges, _pids_with_run_ids, cleanup
 from testbed.emu.run import emulated_network, new_run_dir
@@ -87,7 +88,7 @@ def test_triangle_reachability_rtt_and_controller_links(tmp_path):
 
 def test_short_run_records_and_success(tmp_path):
     plan = plan_experiment(TRIANGLE)
-    assert run_emulation(plan, runs_dir=tmp_path, duration_s=6) == 0
+    expect_run_ok(run_emulation(plan, runs_dir=tmp_path, duration_s=6), tmp_path)
     run_dir = next(tmp_path.iterdir())
     df = pd.read_csv(run_dir / "records.csv")
     assert len(df) >= 20  # 2 sources x 4 q/s x 6 s = 48 expected
@@ -140,7 +141,7 @@ def test_impossible_deadline_gives_deadline_misses(tmp_path):
                    sources=[{"name": "srca", "site": "A"}],
                    emulation={"of_port": 6663, "rest_port": 8088, "rtt_check": False})
     plan = build_plan(exp, base_dir=TRIANGLE.parent)
-    assert run_emulation(plan, runs_dir=tmp_path, duration_s=4) == 0
+    expect_run_ok(run_emulation(plan, runs_dir=tmp_path, duration_s=4), tmp_path)
     df = pd.read_csv(next(tmp_path.iterdir()) / "records.csv")
     assert len(df) > 5
     assert (df["outcome"] == "failure").all()

@@ -1,6 +1,7 @@
 """The RTT self-check's pure parts: ping parsing, the tolerance rule, the second attempt, and the datapath
 compensation's arithmetic (a fake emulator control: no network)."""
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -126,3 +127,35 @@ def test_compensation_lowers_what_the_emulator_holds_never_what_was_asked(tmp_pa
     assert sent == [(ten.emu_name, {"delay_ms": 17.5})] and emu.applied[ten.index]["delay_ms"] == 20.0
     with pytest.raises(EmulationError, match="user-space link emulator"):
         Emulation(plan, "netem", "user", tmp_path).compensate_delays(1.0)
+
+
+
+def _refused_run(d: Path, rows: list[tuple[float, float, int]], code: int = 3,
+                 message: str = "RTT self-check failed on 1 path(s), twice each") -> Path:
+    """A run directory with ``run.json`` and ``rtt_check.csv`` rows (expected ms, median ms, ok)."""
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"exit_code": code, "message": message}))
+    lines = ["source,cluster,dpids,expected_rtt_ms,median_rtt_ms,error_ms,tolerance_ms,samples_ms,ok,attempt,"
+             "first_median_ms"]
+    lines += [f"a,c{i},1 2,{e},{m},{m - e},1.0,,{ok},2,{m}" for i, (e, m, ok) in enumerate(rows)]
+    (d / "rtt_check.csv").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def test_emulation_tests_skip_only_a_refusal_measured_slower_than_planned(tmp_path):
+    """The emulation tests' shared check (tests/emu_checks.py): a run the RTT self-check refused
+    with every failing path slower than planned skips with its figures; a path faster than planned,
+    another exit code or another refusal fails."""
+    from emu_checks import expect_run_ok, host_too_slow
+
+    slow = _refused_run(tmp_path / "slow", [(6.0, 9.58, 0), (4.0, 4.2, 1)])
+    assert "9.58 ms vs 6.00 ms expected" in host_too_slow(slow)
+    with pytest.raises(pytest.skip.Exception):
+        expect_run_ok(3, run_dir=slow)
+    fast = _refused_run(tmp_path / "fast", [(6.0, 2.0, 0)])
+    other = _refused_run(tmp_path / "other", [(6.0, 9.0, 0)], code=4, message="inference server died")
+    for d in (fast, other):
+        assert host_too_slow(d) == ""
+        with pytest.raises(AssertionError):
+            expect_run_ok(3, run_dir=d)
+    expect_run_ok(0, run_dir=other)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from emu_checks import expect_run_ok
 
 from testbed.cli.main import main
 from testbed.core.errors import EXIT_ALL_FAILED
@@ -129,7 +130,7 @@ def test_an_emulated_source_whose_links_go_down_records_unreachable(tmp_path):
     path = _experiment(tmp_path, [_down("2s", "A", "B"), _down("2s", "A", "C"), _up("5s", "A", "B"),
                                   _up("5s", "A", "C")], duration="7s")
     plan = build_plan(Experiment.model_validate(yaml.safe_load(path.read_text())), base_dir=path.parent)
-    assert run_emulation(plan, runs_dir=tmp_path / "runs", duration_s=7) == 0
+    expect_run_ok(run_emulation(plan, runs_dir=tmp_path / "runs", duration_s=7), tmp_path / "runs")
     run_dir = next((tmp_path / "runs").iterdir())
     df = pd.read_csv(run_dir / "records.csv")
     ev = pd.read_csv(run_dir / "events.csv")
