@@ -16,7 +16,11 @@
 #             forwarded on 127.0.0.1:$KP_SSH_PORT, no host bridge, no address on the host.
 #             Not stamped: done on every invocation that has steps left.
 #   copy      `git archive HEAD` of the checkout this script is in, to /root/testbed in the guest.
-#   install   ./install.sh in the guest with TESTBED_ZOO_FAMILIES=digits (the digits zoo only).
+#   zoo       the reduced zoo (KP_ZOO_FAMILIES, models/build_zoo.py --families) built on the host
+#             (seconds; under TCG its training took over 85 min) and copied into the guest's
+#             models/zoo: the files are the same on both (pinned TensorFlow), and every load checks
+#             their SHA-256 against the manifest.
+#   install   ./install.sh in the guest with TESTBED_ZOO_FAMILIES=digits (finds that zoo up to date).
 #   run       testbed run experiments/kernel-path.yaml (kernel datapath + netem forced, three link
 #             events) in the guest.
 #   fetch     the run folder back to $KP_OUT/<run id> on the host.
@@ -42,7 +46,7 @@ DISK_GB=${KP_DISK_GB:-16}
 OUT=${KP_OUT:-$REPO/runs/kernel-path-guest}
 EXPERIMENT=${KP_EXPERIMENT:-experiments/kernel-path.yaml}
 ZOO_FAMILIES=${KP_ZOO_FAMILIES:-digits}
-STEPS=${KP_STEPS:-image overlay boot copy install run fetch check shutdown}
+STEPS=${KP_STEPS:-image overlay boot copy zoo install run fetch check shutdown}
 SUITE=bookworm
 BASE=$CACHE/base
 WORK=$CACHE/work
@@ -192,6 +196,15 @@ step_copy() {
   gssh "echo $COMMIT > /root/testbed/.commit"
 }
 
+step_zoo() {
+  local zoo=$WORK/zoo-${ZOO_FAMILIES//,/-}
+  [ -x "$REPO/.venv/bin/python" ] || die "no $REPO/.venv on the host: run ./install.sh there first (the zoo step builds with it)"
+  "$REPO/.venv/bin/python" "$REPO/models/build_zoo.py" --families "$ZOO_FAMILIES" --out "$zoo" \
+    --profiles "$REPO/models/profiles" --no-profile  # the profiles are the committed ones
+  gssh 'rm -rf /root/testbed/models/zoo && mkdir -p /root/testbed/models/zoo'
+  tar -C "$zoo" -c . | gssh 'tar -x -C /root/testbed/models/zoo && ls /root/testbed/models/zoo | wc -l'
+}
+
 step_install() {
   gssh "cd /root/testbed && TESTBED_ZOO_FAMILIES='$ZOO_FAMILIES' PIP_PROGRESS_BAR=off ./install.sh" 2>&1 \
     | tee -a "$WORK/install.log"
@@ -281,7 +294,7 @@ trap 'exit 130' INT TERM
 log "repo $REPO at $SHORT; cache $CACHE; steps: $STEPS"
 for s in $STEPS; do
   case $s in
-    image|overlay|boot|copy|install|run|fetch|check|shutdown) ;;
+    image|overlay|boot|copy|zoo|install|run|fetch|check|shutdown) ;;
     *) die "unknown step $s" ;;
   esac
 done
@@ -294,7 +307,7 @@ for s in $STEPS; do
 done
 for s in $STEPS; do
   # The guest is booted only when a later step needs it.
-  if { [ "$s" = boot ] || [ "$s" = shutdown ]; } && ! grep -qE 'copy|install|run|fetch' <<< "$pending"; then
+  if { [ "$s" = boot ] || [ "$s" = shutdown ]; } && ! grep -qE 'copy|zoo|install|run|fetch' <<< "$pending"; then
     continue
   fi
   do_step "$s"
