@@ -145,7 +145,8 @@ def test_a_change_that_fires_late_or_not_at_all_stops_the_run(tmp_path):
     changes = [Change(t_s=1.0, kind="link_bandwidth", event=0, link=("s1", "s3"), value=0.001),
                Change(t_s=3.0, kind="cluster_down", event=1, cluster="edgeb"),
                Change(t_s=20.0, kind="cluster_up", event=2, cluster="edgeb")]
-    r = EventRunner(SimpleNamespace(run_dir=tmp_path), None, changes, t0_s=100.0)
+    r = EventRunner(SimpleNamespace(run_dir=tmp_path, plan=SimpleNamespace(time_dilation=1.0)), None, changes,
+                    t0_s=100.0)
     r.rows.append(r._row(changes[0], 101.01, None, None, "Mbit/s", None, None, "measuring"))
     r.busy = "measuring the changes of 1 s"
     r.check_on_time(103.9, duration_s=12.0)  # events.1 is 0.9 s past its time: not yet late

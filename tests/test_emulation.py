@@ -20,6 +20,7 @@ import requests
 import yaml
 from emu_checks import expect_run_ok
 
+from testbed.core.errors import EXIT_ALL_FAILED
 from testbed.emu.cleanup import RUN_ENV, STATE_FILE, _ovs_bridges, _pids_with_run_ids, cleanup
 from testbed.emu.run import emulated_network, new_run_dir
 from testbed.emu.selfcheck import check_rtts_twice
@@ -141,8 +142,11 @@ def test_impossible_deadline_gives_deadline_misses(tmp_path):
                    sources=[{"name": "srca", "site": "A"}],
                    emulation={"of_port": 6663, "rest_port": 8088, "rtt_check": False})
     plan = build_plan(exp, base_dir=TRIANGLE.parent)
-    expect_run_ok(run_emulation(plan, runs_dir=tmp_path, duration_s=4), tmp_path)
-    df = pd.read_csv(next(tmp_path.iterdir()) / "records.csv")
+    code = run_emulation(plan, runs_dir=tmp_path, duration_s=4)  # every query failed: exit 6, saying why
+    run_dir = next(tmp_path.iterdir())
+    assert code == EXIT_ALL_FAILED, code
+    assert json.loads((run_dir / "summary.json").read_text())["all_failed"]
+    df = pd.read_csv(run_dir / "records.csv")
     assert len(df) > 5
     assert (df["outcome"] == "failure").all()
     assert set(df["failure_cause"]) == {"deadline_miss"}

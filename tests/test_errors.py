@@ -12,7 +12,7 @@ import pkgutil
 import pytest
 
 import testbed
-from testbed.core.errors import EXIT_BRINGUP, EXIT_INPUT, InputError, RunFailure, TestbedError
+from testbed.core.errors import EXIT_BRINGUP, EXIT_INPUT, EXIT_INTEGRITY, InputError, RunFailure, TestbedError
 
 #: Exceptions that never reach the ``testbed`` command, with the reason.
 ALLOWED_OUTSIDE = {
@@ -45,7 +45,7 @@ def test_every_exception_derives_from_testbed_error():
     assert not stale, f"allow-list entries that no longer exist: {stale}"
     for q, cls in found.items():
         if issubclass(cls, TestbedError):
-            assert cls.exit_code in (EXIT_INPUT, EXIT_BRINGUP, 4, 5), (q, cls.exit_code)
+            assert cls.exit_code in (EXIT_INPUT, EXIT_BRINGUP, 4, 5, 6, EXIT_INTEGRITY), (q, cls.exit_code)
 
 
 @pytest.mark.parametrize(("name", "code", "stdlib"), [

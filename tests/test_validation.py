@@ -854,7 +854,8 @@ def test_summary_tables_read_as_what_they_are(tmp_path):
                       "util_ba_max": 0.0, "drops": 0}}
     simulated = _tables({"links": link, "mode": "simulation"})
     assert [t[0] for t in simulated] == ["Busiest links (the simulator's link load)"]
-    assert [t[0] for t in _tables({"links": link})] == ["Busiest links (controller port stats)"]
+    assert [t[0] for t in _tables({"links": link})] == [
+        "Busiest links (controller port stats: the bytes each link delivered at its far end, after its shaper)"]
 
 
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="preflight checks root first")

@@ -25,6 +25,7 @@ from testbed.agent.general import export_general, forward
 from testbed.aset.general import episode_data, fit, sim_fingerprint
 from testbed.aset.generator import draw_scenario, plan_document
 from testbed.core.distributed import imap_unordered
+from testbed.core.errors import InputError
 from testbed.core.util import write_json_atomic
 from testbed.plan.policies import aset_actions
 from testbed.spec.aset import AsetConfig
@@ -88,7 +89,6 @@ def train_general(cfg: AsetConfig, base: Path, *, jobs: int | None = None, backe
     Raises:
         testbed.core.errors.InputError: the config has no ``general:`` section.
     """
-    from testbed.core.errors import InputError
 
     g = cfg.general
     if g is None:

@@ -10,15 +10,20 @@ against them, over seeds in the simulator, confirmed on fresh seeds; tables of s
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from testbed.aset.evaluate import agreement_markdown, evaluate, results_markdown, summary_markdown
+from testbed.aset.general_eval import MIN_SEEDS, evaluate_experiments
+from testbed.aset.general_eval import results_markdown as general_results_markdown
 from testbed.cli.common import console, plain_help
 from testbed.core.errors import InputError
+from testbed.core.util import REPO_ROOT
 from testbed.plan.policies import aset_actions, load_aset
 from testbed.spec.aset import (
     MAX_CAUSAL_SAMPLES,
     MAX_EPISODE_S,  # one bound for evaluation.duration and --duration
 )
+from testbed.spec.experiment import DEFAULT_ASET_CHECKPOINT
 from testbed.spec.schema import load_yaml_file
 from testbed.spec.units import UnitError, parse_duration_arg_s
 
@@ -135,12 +140,6 @@ def _experiments(args: argparse.Namespace) -> int:
 
     Raises:
         InputError: a file that is not an experiment, or an option of the config form."""
-    from pathlib import Path
-
-    from testbed.aset.general_eval import MIN_SEEDS, evaluate_experiments, results_markdown
-    from testbed.core.util import REPO_ROOT
-    from testbed.spec.experiment import DEFAULT_ASET_CHECKPOINT
-
     files = [args.config, *args.more]
     bad = [f for f in files if not _is_experiment(f)]
     if bad:
@@ -156,7 +155,7 @@ def _experiments(args: argparse.Namespace) -> int:
                                 workers=args.workers, backend="ray" if args.ray_address else args.backend,
                                 ray_address=args.ray_address, out=Path(args.out or "runs/aset-eval/files"),
                                 progress=lambda m: console.print(m, markup=False, highlight=False))
-    console.print(results_markdown(rows), markup=False, highlight=False)
+    console.print(general_results_markdown(rows), markup=False, highlight=False)
     return 0
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from testbed.agent.npolicy import policy_files
 from testbed.aset import train as aset_train  # through the module: tests stand in for its functions
 from testbed.aset.episode import episode_windows
+from testbed.aset.general_train import train_general
 from testbed.aset.rollout import train_rollout, written_lines
 from testbed.cli.common import console, plain_help
 from testbed.cli.simulate import seed_arg
@@ -119,7 +120,6 @@ def _general(cfg, base: Path, args: argparse.Namespace) -> int:
         InputError: a DQN option, or seeds the section refuses, named after the config."""
     from pydantic import ValidationError
 
-    from testbed.aset.general_train import train_general
 
     dqn = [o for o, v in (("--steps", args.steps), ("--specialise", args.specialise or None),
                           ("--rollout-workers", args.rollout_workers)) if v is not None]
