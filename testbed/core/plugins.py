@@ -104,8 +104,8 @@ def format_ref(target: str, params: Mapping[str, Any] | None = None) -> str:
 def _check_target(target: str, ref: str) -> None:
     mod, colon, attr = target.partition(":")
     if not _DOTTED.match(mod) or (colon and not _DOTTED.match(attr)):
-        raise PluginError(f"{ref!r}: not a policy reference; write a name, package.module:callable, or "
-                          f"either with parameters, e.g. mypkg.sched:p2c(d=2) or {{use: mypkg.sched:p2c, params: {{d: 2}}}}")
+        raise PluginError(f"{ref!r}: not a reference; write a name, package.module:callable, or either with "
+                          f"parameters: mypkg.sched:p2c(d=2), or {{use: mypkg.sched:p2c, params: {{d: 2}}}}")
 
 
 def parse_ref(text: str) -> PluginRef:
@@ -272,6 +272,31 @@ def load(ref: PluginRef, group: str) -> Loaded:
     return Loaded(obj, dict(ref.params), _origin(text, module.strip(), attr.strip(), mod, ep.dist, ep.name))
 
 
+def ref_slug(ref: str) -> str:
+    """``ref`` as a file-name part: itself when it has only ``[A-Za-z0-9_.-]`` (every built-in
+    policy); else its other characters as ``_`` and 8 hex digits of its SHA-256 (two references
+    never share a slug), e.g. ``slack_policy.policy_slack_margin_ms_5_-1a2b3c4d``."""
+    if re.fullmatch(r"[A-Za-z0-9_.-]+", ref):
+        return ref
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", ref).strip("_")[:80] + "-" + hashlib.sha256(ref.encode()).hexdigest()[:8]
+
+
+def split_refs(text: str) -> list[str]:
+    """Comma-separated references (``closest, mypkg.sched:p2c(d=2, k=3)``), split at the commas outside
+    parentheses and brackets, each stripped; empty ones left out."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur).strip())
+    return [x for x in out if x]
+
+
 def add_sys_paths(paths: list[str] | tuple[str, ...]) -> None:
     """Put ``paths`` (the :attr:`Origin.sys_path` of plug-ins resolved in another process) at the end
     of ``sys.path`` when they are not on it, so that this process imports the same modules."""
@@ -281,4 +306,4 @@ def add_sys_paths(paths: list[str] | tuple[str, ...]) -> None:
 
 
 __all__ = ["NOT_INSTALLED", "Loaded", "Origin", "PluginError", "PluginHook", "PluginRef", "add_sys_paths",
-           "entry_point_names", "format_ref", "load", "normalize_ref", "parse_ref"]
+           "entry_point_names", "format_ref", "load", "normalize_ref", "parse_ref", "ref_slug", "split_refs"]

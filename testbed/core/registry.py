@@ -130,9 +130,10 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def unknown(self, name: object, where: str = "", extra: Sequence[str] = ()) -> UnknownNameError:
         """The error for ``name`` not being registered: names ``where`` (the item, e.g.
-        ``sources.atl.policy``), the known names (plus ``extra`` ones the caller also accepts) and
-        a close match when there is one."""
-        known = (*self._items, *extra)
+        ``sources.atl.policy``), the known names (plus ``extra`` ones the caller also accepts, and
+        with a plug-in hook the installed entry points of its group) and a close match when there
+        is one."""
+        known = (*self._items, *extra, *(entry_point_names(self._hook.group) if self._hook is not None else ()))
         text = f"unknown {self.kind} {name!r}; known: {', '.join(known) or '(none)'}"
         close = difflib.get_close_matches(str(name), known, n=1) if isinstance(name, str) else []
         if close:
@@ -175,7 +176,7 @@ class Registry(Mapping[str, T], Generic[T]):
                               f"write {ref.target!r}")
         group = self._hook.group
         if not ref.is_import_path and ref.target not in entry_point_names(group):
-            raise self.unknown(name, where, extra=entry_point_names(group))
+            raise self.unknown(name, where)
         try:
             loaded = load(ref, group)
         except PluginError as exc:

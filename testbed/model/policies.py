@@ -619,7 +619,7 @@ def decide(policy: str, options: list[Option], deadline_ms: float, min_accuracy:
 
 
 __all__ = ["CATALOGUE", "DETERMINISTIC", "LOAD_AWARE", "PLUGIN_GROUP", "POLICIES", "REGISTRY", "Context", "Decision",
-           "ManyFn", "Option", "Policy", "PolicyFailure", "PolicyFn", "PolicyTraits", "check_plugin", "closest", "cloud",
-           "decide", "decide_many", "feasible", "least_loaded", "max_accuracy", "min_latency", "plugin_origins",
-           "plugin_policy", "policy", "policy_plugin", "random", "register_policy", "round_robin",
+           "ManyFn", "Option", "Policy", "PolicyFailure", "PolicyFn", "PolicyTraits", "check_plugin", "closest",
+           "cloud", "decide", "decide_many", "feasible", "least_loaded", "max_accuracy", "min_latency",
+           "plugin_origins", "plugin_policy", "policy", "policy_plugin", "random", "register_policy", "round_robin",
            "unregister_policy"]
