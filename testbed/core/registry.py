@@ -132,13 +132,13 @@ class Registry(Mapping[str, T], Generic[T]):
         """The error for ``name`` not being registered: names ``where`` (the item, e.g.
         ``sources.atl.policy``), the known names (plus ``extra`` ones the caller also accepts, and
         with a plug-in hook the installed entry points of its group) and a close match when there
-        is one."""
+        is one; else, with a plug-in hook, the forms a plug-in takes."""
         known = (*self._items, *extra, *(entry_point_names(self._hook.group) if self._hook is not None else ()))
         text = f"unknown {self.kind} {name!r}; known: {', '.join(known) or '(none)'}"
         close = difflib.get_close_matches(str(name), known, n=1) if isinstance(name, str) else []
         if close:
             text += f" (did you mean {close[0]!r}?)"
-        if self._hook is not None:
+        elif self._hook is not None:  # no likely typo: say what else a name may be
             text += (f"; or a plug-in: a name of entry-point group {self._hook.group!r} or "
                      f"package.module:callable")
         return UnknownNameError(f"{where}: {text}" if where else text, str(name), tuple(known), where)
