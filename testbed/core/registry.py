@@ -39,6 +39,8 @@ from testbed.core.errors import InputError
 from testbed.core.plugins import PluginError, PluginHook, entry_point_names, load, parse_ref
 
 T = TypeVar("T")
+#: What a look-up gives for a name that is not there (an entry may be any value, None included).
+_MISSING = object()
 
 
 class UnknownNameError(InputError):
@@ -154,14 +156,16 @@ class Registry(Mapping[str, T], Generic[T]):
                 message leads with ``where`` and names the plug-in and what to fix.
         """
         try:
-            return self._items[name]  # type: ignore[index]
-        except (KeyError, TypeError):
-            pass
-        if self._hook is None or not isinstance(name, str):
+            hit = self._items.get(name, _MISSING)  # type: ignore[arg-type]
+            if hit is _MISSING:
+                hit = self._plugins.get(name, _MISSING)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable name
             raise self.unknown(name, where) from None
-        hit = self._plugins.get(name)
-        if hit is None:
-            hit = self._plugins[name] = self._load(name, where)
+        if hit is not _MISSING:
+            return hit
+        if self._hook is None or not isinstance(name, str):
+            raise self.unknown(name, where)
+        hit = self._plugins[name] = self._load(name, where)
         return hit
 
     def _load(self, name: str, where: str) -> T:
