@@ -228,13 +228,13 @@ def test_simulate_records_the_plugin_and_its_origin(sched, tmp_path, capsys):
 def test_an_experiment_file_with_the_mapping_form_runs_the_entry_point(example_installed, tmp_path, capsys):
     data = yaml.safe_load(TRIANGLE.read_text())
     data["topology"]["source"] = str(TRIANGLE.parent / data["topology"]["source"])
-    data["sources"][0]["policy"] = {"use": "slack", "params": {"margin_ms": 5, "prefer_accuracy": True}}
+    data["sources"][0]["policy"] = {"use": "slack", "params": {"margin_ms": 20}}
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump(data))
     assert main(["simulate", str(exp), "--duration", "4s", "--runs-dir", str(tmp_path / "runs")]) == 0, \
         capsys.readouterr().out
     run = json.loads((next((tmp_path / "runs").iterdir()) / "run.json").read_text())
-    ref = "slack(margin_ms=5, prefer_accuracy=True)"
+    ref = "slack(margin_ms=20)"
     assert run["policies"] == {"srca": ref, "srcc": "closest"}
     assert run["policy_plugins"][ref]["distribution"] == "testbed-slack-policy"
     assert list(run["policy_plugins"]) == [ref]
