@@ -111,7 +111,10 @@ class Source:
             self.aset = LivePolicySelector(cfg)
             policy = (cfg.aset.options or {}).get("initial_policy", "closest") if cfg.aset else "closest"
         add_sys_paths(cfg.plugin_paths)  # where the plan found its policy plug-ins
-        REGISTRY.resolve(policy, f"source {self.name}")
+        origin = REGISTRY.resolve(policy, f"source {self.name}").origin
+        if origin is not None and cfg.plugin_sha256.get(policy, origin.sha256) != origin.sha256:
+            raise ValueError(f"policy {policy!r}: {origin.file} has SHA-256 {origin.sha256}, not the "
+                             f"{cfg.plugin_sha256[policy]} of the file the plan resolved (changed since); run again")
         self.dispatcher = Dispatcher([o.option for o in cfg.options], policy,
                                      seeds.dispatcher(seeds.run_key(cfg.seed), cfg.source_index))
         self.ip = {o.option.cluster: o.ip for o in cfg.options}
