@@ -281,6 +281,31 @@ def test_a_plugin_that_raises_during_a_simulation_stops_it_naming_it(sched, tmp_
     assert not list(tmp_path.iterdir())  # no run directory that looks finished
 
 
+def test_a_source_process_whose_plugin_raises_exits_4_with_its_traceback(sched, tmp_path):
+    """``python -m testbed.emu.source`` (the process testbed run starts in each source host), run
+    here outside a network (its queries find no server): it imports the plug-in from its config's
+    ``plugin_paths`` alone (not on its PYTHONPATH), and when the plug-in raises it writes the
+    traceback to its log and exits 4, the code the run's health watch turns into the run's exit 4."""
+    import time
+
+    from testbed.core.util import write_json_atomic
+    from testbed.plan.boundaries import SourceConfig
+
+    ref = "tb_sched:fails_later(after=6)"
+    plan = _plan(ref, sources=[{"name": "srca", "site": "A"}])
+    (tmp_path / "sources").mkdir()
+    cfg = SourceConfig.from_plan(plan, "srca", start_ns=time.time_ns() + int(1e9), duration_s=20, run_dir=tmp_path)
+    path = write_json_atomic(tmp_path / "srca.json", cfg)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "testbed.emu.source", str(path)], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 4, proc.stderr
+    assert "the policy failed while dispatching" in proc.stderr and "Traceback" in proc.stderr
+    assert "deliberately broken" in proc.stderr and "tb_sched.py" in proc.stderr
+    tally = json.loads((tmp_path / "sources" / "srca.tally.json").read_text())
+    assert 0 < tally["created"] == tally["written"]  # the queries dispatched before it raised are on record
+
+
 def test_a_plugin_raising_in_the_engine_is_a_policy_failure(sched):
     from testbed.sim import Simulator
 
