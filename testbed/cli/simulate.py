@@ -9,9 +9,11 @@ from pathlib import Path
 
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
 from testbed.core.errors import EXIT_ALL_FAILED, EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure
+from testbed.core.plugins import PluginError, normalize_ref
 from testbed.core.util import repo_path
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import check_load_bounds, events_after_end, plan_experiment, runs_dir_problem
+from testbed.plan.policies import check_policy
 from testbed.results import runs
 from testbed.spec.experiment import MAX_SEED
 
@@ -28,6 +30,15 @@ def seed_arg(text: str) -> int:
     return v
 
 
+def policy_arg(text: str) -> str:
+    """argparse type of a policy: its string form (:func:`testbed.core.plugins.normalize_ref`);
+    resolved later, where the policy is used."""
+    try:
+        return normalize_ref(text)
+    except PluginError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers) -> None:
 
     p = subparsers.add_parser("simulate", help="run an experiment in the simulator (fast, no root)",
@@ -35,7 +46,9 @@ def register(subparsers) -> None:
     p.add_argument("experiment", help="experiment YAML file")
     p.add_argument("--duration", type=duration_arg, default=None, help=DURATION_HELP)
     p.add_argument("--seed", type=seed_arg, default=None, help="override the experiment's seed (0 .. 2^32 - 1)")
-    p.add_argument("--policy", choices=CATALOGUE, default=None, help="override every source's policy")
+    p.add_argument("--policy", type=policy_arg, default=None,
+                   help=f"override every source's policy: {', '.join(CATALOGUE)}, or a plug-in (an entry-point "
+                        f"name or package.module:callable, with parameters: mypkg.sched:p2c(d=2); docs/extending.md)")
     p.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
     p.set_defaults(func=_cmd)
 
@@ -43,6 +56,8 @@ def register(subparsers) -> None:
 def _cmd(args: argparse.Namespace) -> int:
 
     plan = plan_experiment(args.experiment)  # bad input: an InputError, printed once by testbed.cli.main
+    if args.policy is not None:
+        check_policy(args.policy, "--policy")  # resolved and checked before anything runs
     if args.duration is not None:  # the same bounds the plan checked for the experiment's own duration
         check_load_bounds(plan.experiment, plan.weights, args.duration, Path(plan.base_dir))
     if args.runs_dir and Path(args.runs_dir).exists() and not Path(args.runs_dir).is_dir():

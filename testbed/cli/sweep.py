@@ -13,8 +13,10 @@ from pathlib import Path
 from testbed.cli.common import DURATION_HELP, console, duration_arg, plain_help
 from testbed.core.distributed import DistributedError
 from testbed.core.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure
+from testbed.core.plugins import normalize_ref, split_refs
 from testbed.core.util import repeated, scenarios_problem
 from testbed.model.policies import CATALOGUE
+from testbed.plan.policies import check_policy
 from testbed.results.sweep import sweep
 from testbed.spec.experiment import MAX_SEED, load_experiment
 
@@ -23,7 +25,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="policies x scenarios x seeds in the simulator, with tables and plots",
                               description=plain_help(__doc__))
     p.add_argument("experiments", nargs="+", help="experiment YAML files (e.g. experiments/scenario-*.yaml)")
-    p.add_argument("--policies", default="all", help="comma-separated policy names, or 'all' (the catalogue)")
+    p.add_argument("--policies", default="all",
+                   help="comma-separated policies, or 'all' (the catalogue); a plug-in is an entry-point name or "
+                        "package.module:callable, with parameters or not: closest,mypkg.sched:p2c(d=2)")
     p.add_argument("--seeds", type=int, default=5, help="number of seeds (1..N), default 5")
     p.add_argument("--seed-base", type=int, default=1, help="first seed, default 1")
     p.add_argument("--jobs", type=int, default=None,
@@ -55,11 +59,12 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[str], float | None]
     path that is a file, the same experiment file twice, two experiments with one ``name`` (the
     tables key their rows by it, so their runs would be pooled)."""
 
-    pols = list(CATALOGUE) if args.policies == "all" else [x.strip() for x in args.policies.split(",") if x.strip()]
-    bad = [p for p in pols if p not in CATALOGUE]
-    if bad or not pols:
-        raise InputError(f"--policies: {'unknown ' + ', '.join(map(repr, bad)) if bad else 'none given'}; "
-                         f"known: {', '.join(CATALOGUE)}")
+    pols = list(CATALOGUE) if args.policies == "all" else split_refs(args.policies)
+    if not pols:
+        raise InputError(f"--policies: none given; known: {', '.join(CATALOGUE)}")
+    pols = [normalize_ref(p) for p in pols]
+    for p in pols:  # each resolved (a plug-in loaded and checked) before any cell runs
+        check_policy(p, "--policies")
     twice_p = repeated(pols)
     if twice_p:  # its seeds would count twice in the table's mean and CI
         raise InputError(f"--policies: {twice_p[0]!r} is given twice")

@@ -12,6 +12,14 @@ Views that stay current when an item is added or removed:
   compares equal to the tuple of the same names);
 - :meth:`Registry.subset`: the names whose entry satisfies a predicate, a :class:`SubsetView` (a set).
 
+A registry built with a :class:`testbed.core.plugins.PluginHook` also resolves names it does not
+hold: an entry-point name of the hook's group, ``package.module:callable``, or either with
+parameters (:mod:`testbed.core.plugins`). :meth:`Registry.resolve` is the one place this happens:
+a registered name is a dictionary look-up (the fast path); a plug-in is loaded, checked by the
+hook's ``make`` and kept (:meth:`Registry.plugins`), once per process. Plug-ins are not part of the
+registration order: :meth:`Registry.names`, the views, ``in`` and iteration are the registered
+entries only.
+
 Example::
 
     KINDS: Registry[Kind] = Registry("event kind")
@@ -28,8 +36,11 @@ from contextlib import contextmanager
 from typing import Generic, TypeVar, overload
 
 from testbed.core.errors import InputError
+from testbed.core.plugins import PluginError, PluginHook, entry_point_names, load, parse_ref
 
 T = TypeVar("T")
+#: What a look-up gives for a name that is not there (an entry may be any value, None included).
+_MISSING = object()
 
 
 class UnknownNameError(InputError):
@@ -50,11 +61,15 @@ class Registry(Mapping[str, T], Generic[T]):
 
     Args:
         kind: what an entry is, for the messages ("policy", "event kind").
+        plugins: how to resolve a name that is not registered (module docstring); None: it is an
+            :class:`UnknownNameError`.
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, plugins: PluginHook[T] | None = None):
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._hook = plugins
+        self._plugins: dict[str, T] = {}
 
     # -- Mapping ---------------------------------------------------------------------------
     def __getitem__(self, name: str) -> T:
@@ -117,25 +132,68 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def unknown(self, name: object, where: str = "", extra: Sequence[str] = ()) -> UnknownNameError:
         """The error for ``name`` not being registered: names ``where`` (the item, e.g.
-        ``sources.atl.policy``), the known names (plus ``extra`` ones the caller also accepts) and
-        a close match when there is one."""
-        known = (*self._items, *extra)
+        ``sources.atl.policy``), the known names (plus ``extra`` ones the caller also accepts, and
+        with a plug-in hook the installed entry points of its group) and a close match when there
+        is one; else, with a plug-in hook, the forms a plug-in takes."""
+        known = (*self._items, *extra, *(entry_point_names(self._hook.group) if self._hook is not None else ()))
         text = f"unknown {self.kind} {name!r}; known: {', '.join(known) or '(none)'}"
         close = difflib.get_close_matches(str(name), known, n=1) if isinstance(name, str) else []
         if close:
             text += f" (did you mean {close[0]!r}?)"
+        elif self._hook is not None:  # no likely typo: say what else a name may be
+            text += (f"; or a plug-in: a name of entry-point group {self._hook.group!r} or "
+                     f"package.module:callable")
         return UnknownNameError(f"{where}: {text}" if where else text, str(name), tuple(known), where)
 
     def resolve(self, name: object, where: str = "") -> T:
-        """The entry registered as ``name``.
+        """The entry registered as ``name``, or the plug-in ``name`` refers to (module docstring).
 
         Raises:
-            UnknownNameError: ``name`` is not registered (the message as :meth:`unknown`).
+            UnknownNameError: ``name`` is not registered, nor (with a plug-in hook) an entry point of
+                its group or a ``module:callable`` (the message as :meth:`unknown`, the entry points
+                listed with the registered names).
+            testbed.core.plugins.PluginError: the plug-in cannot be loaded or its hook refuses it: the
+                message leads with ``where`` and names the plug-in and what to fix.
         """
         try:
-            return self._items[name]  # type: ignore[index]
-        except (KeyError, TypeError):
+            hit = self._items.get(name, _MISSING)  # type: ignore[arg-type]
+            if hit is _MISSING:
+                hit = self._plugins.get(name, _MISSING)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable name
             raise self.unknown(name, where) from None
+        if hit is not _MISSING:
+            return hit
+        if self._hook is None or not isinstance(name, str):
+            raise self.unknown(name, where)
+        hit = self._plugins[name] = self._load(name, where)
+        return hit
+
+    def _load(self, name: str, where: str) -> T:
+        """Load, check and wrap the plug-in ``name`` (:meth:`resolve`)."""
+        lead = f"{where}: " if where else ""
+        try:
+            ref = parse_ref(name)
+        except PluginError as exc:
+            raise PluginError(f"{lead}{self.kind} {exc}") from None
+        if ref.target in self._items:
+            raise PluginError(f"{lead}built-in {self.kind} {ref.target!r} takes no parameters (given {name!r}); "
+                              f"write {ref.target!r}")
+        group = self._hook.group
+        if not ref.is_import_path and ref.target not in entry_point_names(group):
+            raise self.unknown(name, where)
+        try:
+            loaded = load(ref, group)
+        except PluginError as exc:
+            raise PluginError(f"{lead}{self.kind} {exc}") from None
+        try:
+            return self._hook.make(name, loaded)
+        except (TypeError, ValueError) as exc:
+            raise PluginError(f"{lead}{self.kind} {name!r} ({loaded.origin.import_path}, {loaded.origin.file}): "
+                              f"{exc}") from None
+
+    def plugins(self) -> dict[str, T]:
+        """The plug-ins resolved in this process so far: reference -> entry, in resolution order."""
+        return dict(self._plugins)
 
     def names_view(self) -> NamesView:
         """The names in registration order, kept current (see :class:`NamesView`)."""

@@ -83,6 +83,7 @@ from testbed.emu.load import loaded_sources, run_load
 from testbed.emu.servers import ClusterServers
 from testbed.emu.storage import Storage, estimate_storage
 from testbed.model.events import LINK_KINDS, kind_of
+from testbed.model.policies import plugin_origins
 from testbed.plan.build import Plan, check_load_bounds, run_dir_limit_problem
 from testbed.plan.dilation import dilate
 from testbed.sdn.client import _port_in_use
@@ -385,7 +386,9 @@ def _warm_summary(warm: dict[str, dict]) -> dict:
 
 def _start_record(plan: Plan, run_id: str, run_dir: Path, duration_s: float, storage: Storage) -> RunRecord:
     """``run.json`` as the run begins: what it is, who runs it, its storage estimate, its
-    controller policy (``status: running`` until the outcome is recorded)."""
+    controller policy, where each policy plug-in of the sources came from (``policy_plugins``:
+    import path, distribution and version, file and SHA-256; :func:`testbed.model.policies.plugin_origins`)
+    (``status: running`` until the outcome is recorded)."""
     record = RunRecord(run_dir / "run.json", {
         "mode": "emulation", "run_id": run_id, "status": "running", "process": process_identity(),
         "provenance": provenance(),
@@ -395,7 +398,8 @@ def _start_record(plan: Plan, run_id: str, run_dir: Path, duration_s: float, sto
         "mtu_bytes": plan.experiment.topology.mtu,
         "storage": {"estimate_bytes": storage.estimate.total, "reserve_bytes": storage.estimate.reserve,
                     "free_bytes_at_start": storage.free_bytes()},
-        "health": {"controller_policy": CONTROLLER_POLICY}})
+        "health": {"controller_policy": CONTROLLER_POLICY},
+        "policy_plugins": plugin_origins({s.policy or plan.experiment.policy for s in plan.experiment.sources})})
     record.update()
     return record
 

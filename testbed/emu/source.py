@@ -46,11 +46,13 @@ from typing import Any
 import numpy as np
 
 from testbed.agent.live import LivePolicySelector
+from testbed.core.errors import EXIT_COMPONENT_DIED
+from testbed.core.plugins import add_sys_paths
 from testbed.core.util import write_json_atomic
 from testbed.model import seeds
 from testbed.model.dispatch import Dispatcher, Heard
 from testbed.model.network import path_cut
-from testbed.model.policies import CATALOGUE, REGISTRY
+from testbed.model.policies import REGISTRY, PolicyFailure
 from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
 from testbed.plan.boundaries import AppInfo, SourceConfig, SourceTally, StreamConfig, read_config, tally_path
 from testbed.plan.dilation import Stretched, emulated_times
@@ -108,8 +110,11 @@ class Source:
         if policy == ASET_POLICY:
             self.aset = LivePolicySelector(cfg)
             policy = (cfg.aset.options or {}).get("initial_policy", "closest") if cfg.aset else "closest"
-        if policy not in CATALOGUE:
-            raise REGISTRY.unknown(policy, f"source {self.name}", extra=(ASET_POLICY,))
+        add_sys_paths(cfg.plugin_paths)  # where the plan found its policy plug-ins
+        origin = REGISTRY.resolve(policy, f"source {self.name}").origin
+        if origin is not None and cfg.plugin_sha256.get(policy, origin.sha256) != origin.sha256:
+            raise ValueError(f"policy {policy!r}: {origin.file} has SHA-256 {origin.sha256}, not the "
+                             f"{cfg.plugin_sha256[policy]} of the file the plan resolved (changed since); run again")
         self.dispatcher = Dispatcher([o.option for o in cfg.options], policy,
                                      seeds.dispatcher(seeds.run_key(cfg.seed), cfg.source_index))
         self.ip = {o.option.cluster: o.ip for o in cfg.options}
@@ -130,6 +135,7 @@ class Source:
         self.written = 0  # rows handed to the CSV writer
         self.pending: set[asyncio.Task] = set()
         self.failed_queries = 0  # query tasks that raised (a bug): the source then exits 3
+        self.policy_failure: PolicyFailure | None = None  # a plug-in policy raised: the source stops, exit 4
         self.stopping = False
         self.win_arrivals: dict[str, int] = {}
         # (application, success, t0_s, cluster, e2e_ms or None) of the queries resolved in the window
@@ -177,14 +183,14 @@ class Source:
     async def _query(self, session, app: AppInfo) -> None:
         import aiohttp
 
-        self.seq += 1
-        qid = f"{self.name}-{self.seq}"
         bodies, labels = self.bodies[app.name]
         k = int(self.rng.integers(len(bodies)))
         body, label = bodies[k], labels[k]
         t0 = time.time_ns()
         policy = self.dispatcher.policy
-        d = self.dispatcher.dispatch(app.deadline_ms, app.min_accuracy, app.family)
+        d = self.dispatcher.dispatch(app.deadline_ms, app.min_accuracy, app.family)  # a plug-in may raise
+        self.seq += 1  # a query exists once it is dispatched
+        qid = f"{self.name}-{self.seq}"
         opt = self.options[(d.cluster, d.model)]
         self.win_arrivals[app.name] = self.win_arrivals.get(app.name, 0) + 1
         self.in_flight[d.cluster] = self.in_flight.get(d.cluster, 0) + 1
@@ -278,9 +284,7 @@ class Source:
             await asyncio.sleep(window)
             state = self._aset_state()
             self.win_arrivals, self.win_resolved = {}, []
-            choice = self.aset.choose(state)
-            if choice in CATALOGUE:
-                self.dispatcher.policy = choice
+            self.dispatcher.policy = self.aset.choose(state)  # a name of its action set
 
     async def _arrivals(self, session, stream: StreamConfig, t_start: float, end: float) -> None:
         """Queries of one workload entry, times from :mod:`testbed.model.arrivals` (same seeds as the simulator)."""
@@ -410,6 +414,15 @@ class Source:
         if task.cancelled() or task.exception() is None:
             return
         exc = task.exception()
+        if isinstance(exc, PolicyFailure):  # the plug-in's bug, not the source's: told, and the source stops
+            if self.policy_failure is None:
+                import traceback
+
+                self.policy_failure = exc
+                self.stopping = True
+                print("[source] the policy failed while dispatching; the source stops (exit 4):\n"
+                      + "".join(traceback.format_exception(exc)), file=sys.stderr, flush=True)
+            return
         self.failed_queries += 1
         if self.failed_queries == 1:
             import traceback
@@ -420,8 +433,11 @@ class Source:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m testbed.emu.source CONFIG.json``. Exit code 0; 2 with the reason
-    on stderr when the config or the zoo is unusable; 3 when a query's task raised (its record
-    may be missing: the run fails rather than report a biased success ratio)."""
+    on stderr when the config or the zoo is unusable (a policy plug-in that does not resolve
+    too); 3 when a query's task raised (its record may be missing: the run fails rather than
+    report a biased success ratio); 4 when a policy plug-in raised while dispatching
+    (:class:`testbed.model.policies.PolicyFailure`, its traceback on stderr): the source stops at
+    once, and the run's health watch stops the run (exit 4)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m testbed.emu.source CONFIG.json", file=sys.stderr)
@@ -432,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[source] cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     asyncio.run(source.run())
+    if source.policy_failure is not None:
+        print(f"[source] stopped: {str(source.policy_failure).splitlines()[0]}", file=sys.stderr)
+        return EXIT_COMPONENT_DIED
     if source.failed_queries:
         print(f"[source] {source.failed_queries} query task(s) failed inside the source (first traceback above); "
               "the run's records are incomplete", file=sys.stderr)

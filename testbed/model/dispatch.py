@@ -99,13 +99,15 @@ class Dispatcher:
 
     Args:
         specs: one :class:`OptionSpec` per (cluster, model) pair the source may use.
-        policy: the policy in force (a name of :data:`testbed.model.policies.CATALOGUE`); ``policy`` may
-            be reassigned at any time (ASET does, per window).
+        policy: the policy in force (a name of :data:`testbed.model.policies.CATALOGUE`, or a plug-in
+            reference that :data:`testbed.model.policies.REGISTRY` resolves); ``policy`` may be
+            reassigned at any time (ASET does, per window).
         rng: the source's generator for ``random`` (seeded by the caller).
 
     Raises:
         ValueError: no options, or an unknown policy
-            (:class:`testbed.core.registry.UnknownNameError`).
+            (:class:`testbed.core.registry.UnknownNameError`), or a plug-in that cannot be used
+            (:class:`testbed.core.plugins.PluginError`).
     """
 
     def __init__(self, specs: Sequence[OptionSpec], policy: str, rng: np.random.Generator):

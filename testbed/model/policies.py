@@ -26,15 +26,31 @@ meeting A_a it takes the most accurate one (the query will fail with cause ``acc
 Clusters last heard down are avoided while any cluster is up.
 
 Ties are broken by (cluster name, model name), so every pick is reproducible.
+
+A policy of one's own needs no edit here (``docs/extending.md``, "A policy of your own (plug-in)"):
+wherever a policy is named, :data:`REGISTRY` also resolves an entry-point name of the group
+:data:`PLUGIN_GROUP`, a ``package.module:callable``, or either with parameters
+(:mod:`testbed.core.plugins`). The callable is a decision function of the signature above whose
+parameters are keyword arguments after ``ctx``; it declares its properties with
+:func:`policy_plugin`, and it is checked when resolved (:func:`plugin_policy`): its signature, its
+declared properties, and calls on a synthetic option list. A plug-in is not in :data:`CATALOGUE`
+(ASET's default action space): it is used where it is named. A plug-in that raises while deciding
+is a :class:`PolicyFailure` (exit code 4) naming it, with its traceback.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
+from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
+from testbed.core.plugins import Loaded, Origin, PluginHook
 from testbed.core.registry import NamesView, Registry, SubsetView
 
 
@@ -97,7 +113,8 @@ class Policy:
     dispatcher's :class:`Context` (its seeded ``rng``, its ``rr`` counters): never cached, and
     :func:`decide` refuses a missing ``ctx``. ``all_options``: the policy is given every option of
     the query's family (``cloud`` ignores the deadline), not only the feasible ones. ``many``: a
-    batched form for :func:`decide_many` (``ManyFn``; None: ``n`` calls of ``fn``).
+    batched form for :func:`decide_many` (``ManyFn``; None: ``n`` calls of ``fn``). ``origin``: where
+    a plug-in came from (:class:`testbed.core.plugins.Origin`); None for a built-in policy.
     """
 
     name: str
@@ -107,19 +124,27 @@ class Policy:
     stateful: bool = False
     all_options: bool = False
     many: ManyFn | None = None
+    origin: Origin | None = None
 
     def __call__(self, options: list[Option], deadline_ms: float, min_accuracy: float,
                  ctx: Context | None = None) -> Decision:
-        return self.fn(options, deadline_ms, min_accuracy, ctx)
+        if self.origin is None:
+            return self.fn(options, deadline_ms, min_accuracy, ctx)
+        return _run_plugin(self, options, deadline_ms, min_accuracy, ctx)
 
     def __deepcopy__(self, memo: dict) -> Policy:
         return self  # a registry entry: immutable, shared by every copy of a dispatcher
 
 
+#: The entry-point group of policy plug-ins (``[project.entry-points."testbed.policies"]`` of a
+#: plug-in package's ``pyproject.toml``).
+PLUGIN_GROUP = "testbed.policies"
 #: name -> :class:`Policy`, in registration order: the order of the ``@register_policy`` functions
 #: in this file. The order is ASET's action index (a trained checkpoint stores action numbers):
 #: a new policy goes after the others.
-REGISTRY: Registry[Policy] = Registry("policy")
+#: Plug-ins (module docstring) are resolved by the same registry and kept apart from the order.
+REGISTRY: Registry[Policy] = Registry("policy", plugins=PluginHook(PLUGIN_GROUP,
+                                                                     lambda name, loaded: plugin_policy(name, loaded)))
 #: The policy names in registration order: index = ASET's action (a live view of :data:`REGISTRY`).
 CATALOGUE: NamesView = REGISTRY.names_view()
 #: Policies whose decision depends only on (options, deadline, accuracy): constant between two
@@ -172,6 +197,219 @@ def policy(name: str, where: str = "") -> Policy:
             that named it), the known policies and a close match.
     """
     return REGISTRY.resolve(name, where)
+
+
+# --------------------------------------------------------------------------- plug-ins
+
+#: The attribute :func:`policy_plugin` sets on a decision function: its :class:`PolicyTraits`.
+TRAITS_ATTR = "testbed_policy"
+F = TypeVar("F", bound=Callable[..., Decision])
+
+
+@dataclass(frozen=True)
+class PolicyTraits:
+    """What a plug-in declares about its decisions (the flags of :class:`Policy`, same meaning)."""
+
+    deterministic: bool = False
+    load_aware: bool = False
+    stateful: bool = False
+    all_options: bool = False
+
+
+def policy_plugin(*, deterministic: bool = False, load_aware: bool = False, stateful: bool = False,
+                  all_options: bool = False) -> Callable[[F], F]:
+    """Decorator: declare a decision function a policy plug-in with these properties (as
+    :class:`Policy`); returns the function unchanged, with :class:`PolicyTraits` as its
+    ``testbed_policy`` attribute. Its signature is ``fn(options, deadline_ms, min_accuracy, ctx=None,
+    *, <its parameters>) -> Decision``; the parameters come from the reference
+    (``mypkg.sched:slack(margin_ms=5)`` or ``{use: ..., params: {...}}``). A stateful plug-in keeps
+    its state in the dispatcher's :class:`Context`: ``ctx.rng`` (seeded per source) and ``ctx.rr``
+    (a dict; use keys of your own, e.g. tuples that start with your policy's name).
+
+    Example::
+
+        @policy_plugin(deterministic=True, load_aware=True)
+        def slack(options, deadline_ms, min_accuracy, ctx=None, *, margin_ms=0.0) -> Decision: ...
+
+    Raises:
+        ValueError: ``deterministic`` with ``stateful``.
+    """
+    if deterministic and stateful:
+        raise ValueError("a stateful policy is not deterministic (its decisions are not cached)")
+    traits = PolicyTraits(deterministic, load_aware, stateful, all_options)
+
+    def mark(fn: F) -> F:
+        setattr(fn, TRAITS_ATTR, traits)
+        return fn
+
+    return mark
+
+
+class PolicyFailure(RunFailure):
+    """A policy plug-in raised, or returned something that is not a :class:`Decision` among its
+    options, while deciding during a run. Exit code 4 (a component failed during the run); the
+    message names the policy and its import path and holds the plug-in's traceback."""
+
+    exit_code = EXIT_COMPONENT_DIED
+
+
+def _origin_text(p: Policy) -> str:
+    return f"{p.origin.import_path}, {p.origin.file}" if p.origin else "built-in"
+
+
+def _run_plugin(p: Policy, options: list[Option], deadline_ms: float, min_accuracy: float,
+                ctx: Context | None) -> Decision:
+    """Apply plug-in ``p``; raises :class:`PolicyFailure` for an exception or a wrong answer."""
+    try:
+        d = p.fn(options, deadline_ms, min_accuracy, ctx)
+    except Exception as exc:
+        tb = "".join(traceback.format_exception(exc))
+        raise PolicyFailure(f"policy {p.name!r} ({_origin_text(p)}) raised {type(exc).__name__}: {exc}\n{tb}") from exc
+    problem = _wrong_answer(d, options)
+    if problem:
+        raise PolicyFailure(f"policy {p.name!r} ({_origin_text(p)}) {problem}")
+    return d
+
+
+def _wrong_answer(d: object, options: list[Option]) -> str:
+    """What is wrong with ``d`` as a decision among ``options`` ("" when nothing)."""
+    if not isinstance(d, Decision):
+        return (f"returned {type(d).__name__} {d!r}, not a testbed.model.policies.Decision(cluster, model, "
+                f"fallback)")
+    if not any(o.cluster == d.cluster and o.model == d.model for o in options):
+        return f"returned ({d.cluster}, {d.model}), which is not one of the options it was given"
+    return ""
+
+
+def _check_signature(fn: Callable, params: Mapping[str, Any]) -> None:
+    """``fn`` accepts ``(options, deadline_ms, min_accuracy, ctx, **params)``."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn!r} is not a function whose signature can be read") from None
+    try:
+        sig.bind([], 0.0, 0.0, None, **params)
+    except TypeError as exc:
+        given = ", ".join(params) or "none"
+        raise TypeError(f"signature {fn.__name__}{sig} does not match what the dispatcher calls, "
+                        f"fn(options, deadline_ms, min_accuracy, ctx=None, *, <parameters>) -> Decision, with "
+                        f"the parameters given ({given}): {exc}") from None
+
+
+#: The synthetic option list of the check (:func:`check_plugin`): three tiers, two models; at a 50 ms
+#: deadline and accuracy 0.85, two options are feasible.
+_SYNTHETIC = (Option("edge-a", "large", 2.0, 20.0, 0.92, 0.0, 0.2, "far_edge"),
+              Option("edge-a", "small", 2.0, 5.0, 0.80, 0.0, 0.2, "far_edge"),
+              Option("edge-b", "large", 8.0, 20.0, 0.92, 6.0, 1.0, "near_edge"),
+              Option("edge-b", "small", 8.0, 5.0, 0.80, 6.0, 1.0, "near_edge"),
+              Option("cloud", "large", 40.0, 12.0, 0.92, 0.0, 0.1, "cloud"),
+              Option("cloud", "small", 40.0, 3.0, 0.80, 0.0, 0.1, "cloud"))
+_DEADLINE_MS, _MIN_ACCURACY = 50.0, 0.85
+
+
+def _given(p: Policy, options: list[Option], deadline_ms: float) -> list[Option]:
+    """What the dispatcher hands ``p`` (:meth:`testbed.model.dispatch.Dispatcher._for_policy`)."""
+    if p.all_options:
+        return list(options)
+    return feasible(options, deadline_ms, _MIN_ACCURACY) or list(options)
+
+
+def _call(p: Policy, options: list[Option], deadline_ms: float, ctx: Context, what: str) -> Decision:
+    try:
+        d = p.fn(options, deadline_ms, _MIN_ACCURACY, ctx)
+    except Exception as exc:
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        raise ValueError(f"raised {type(exc).__name__}: {exc} (at {last.filename}:{last.lineno}) when called on "
+                         f"{what}; it must decide on any non-empty option list") from None
+    problem = _wrong_answer(d, options)
+    if problem:
+        raise ValueError(f"{problem} (called on {what})")
+    return d
+
+
+def _ctx_state(ctx: Context) -> tuple:
+    return repr(ctx.rng.bit_generator.state), repr(ctx.rr)
+
+
+def check_plugin(p: Policy) -> None:
+    """Call plug-in ``p`` as a dispatcher would, on a synthetic option list (three tiers, two models,
+    some load), and hold it to what it declares:
+
+    - on the feasible options and on options none of which is feasible, it returns a
+      :class:`Decision` among the options given;
+    - not ``stateful``: it leaves the :class:`Context` as it was (draws nothing from ``ctx.rng``,
+      writes nothing in ``ctx.rr``);
+    - ``deterministic``: the same options give the same decision with another ``ctx``;
+    - ``deterministic`` and not ``load_aware``: the decision does not change when the loads do (the
+      dispatcher would keep a decision that depends on them past its own sends).
+
+    Raises:
+        ValueError: the first of these that fails, saying what to change.
+    """
+    ctx = Context(rng=np.random.default_rng(0))
+    before = _ctx_state(ctx)
+    opts = _given(p, list(_SYNTHETIC), _DEADLINE_MS)
+    first = _call(p, opts, _DEADLINE_MS, ctx, f"{len(opts)} synthetic options at a {_DEADLINE_MS:g} ms deadline")
+    _call(p, _given(p, list(_SYNTHETIC), 1.0), 1.0, ctx, "synthetic options none of which meets a 1 ms deadline")
+    if not p.stateful and _ctx_state(ctx) != before:
+        raise ValueError("it changed the dispatcher's Context (drew from ctx.rng or wrote ctx.rr) but does not "
+                         "declare it: use @policy_plugin(stateful=True)")
+    if not p.deterministic:
+        return
+    again = _call(p, opts, _DEADLINE_MS, Context(rng=np.random.default_rng(1)), "the same options again")
+    if again != first:
+        raise ValueError(f"it declares deterministic=True but decided {first} then {again} on the same options; "
+                         f"declare deterministic=False (or stateful=True if it uses ctx)")
+    if p.load_aware:
+        return
+    loaded = [Option(o.cluster, o.model, o.rtt_ms, o.service_ms, o.accuracy, o.queue_wait_ms + 1000.0 * (i % 2 == 0),
+                     o.load + 10.0 * (i % 2 == 0), o.tier, o.up) for i, o in enumerate(opts)]
+    moved = _call(p, loaded, _DEADLINE_MS, Context(rng=np.random.default_rng(0)), "the same options under load")
+    if moved != first:
+        raise ValueError("its decision changes with the load (queue_wait_ms, load) but it does not declare it: "
+                         "use @policy_plugin(deterministic=True, load_aware=True)")
+
+
+def plugin_policy(name: str, loaded: Loaded) -> Policy:
+    """The :class:`Policy` of a loaded plug-in (the hook of :data:`REGISTRY`): ``loaded.obj`` must be a
+    decision function marked by :func:`policy_plugin`, accepting its parameters; its decisions are
+    checked (:func:`check_plugin`).
+
+    Raises:
+        TypeError: not callable, no declared properties, or a signature that does not fit.
+        ValueError: :func:`check_plugin` fails.
+    """
+    fn = loaded.obj
+    if not callable(fn):
+        raise TypeError(f"{type(fn).__name__} {fn!r} is not callable: a policy plug-in is a decision function")
+    traits = getattr(fn, TRAITS_ATTR, None)
+    if not isinstance(traits, PolicyTraits):
+        raise TypeError("declares no properties: decorate it with @testbed.model.policies.policy_plugin(...) "
+                        "(deterministic=, load_aware=, stateful=; docs/extending.md)")
+    _check_signature(fn, loaded.params)
+    bound = functools.partial(fn, **loaded.params) if loaded.params else fn
+    p = Policy(name, bound, traits.deterministic, traits.load_aware, traits.stateful, traits.all_options,
+               origin=loaded.origin)
+    check_plugin(p)
+    return p
+
+
+def plugin_origins(names: list[str] | tuple[str, ...] | set[str]) -> dict[str, dict[str, Any]]:
+    """For each name of ``names`` that is a plug-in: where it came from (:class:`Origin` as a dict:
+    ``import_path``, ``distribution``, ``version``, ``file``, ``sha256``, ...), for ``run.json``.
+    Built-in names and ``aset`` are left out.
+
+    Raises:
+        testbed.core.registry.UnknownNameError, testbed.core.plugins.PluginError: as ``REGISTRY.resolve``.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for n in names:
+        if n in REGISTRY or n == "aset":
+            continue
+        origin = REGISTRY.resolve(n).origin
+        if origin is not None:
+            out[n] = origin.as_dict()
+    return out
 
 
 def _usable(options: list[Option]) -> list[Option]:
@@ -364,19 +602,24 @@ def decide_many(policy: str, options: list[Option], deadline_ms: float, min_accu
 
 def decide(policy: str, options: list[Option], deadline_ms: float, min_accuracy: float,
            ctx: Context | None = None) -> Decision:
-    """Apply the policy called ``policy`` (a name of :data:`CATALOGUE`).
+    """Apply the policy called ``policy`` (a name of :data:`CATALOGUE`, or a plug-in reference).
 
     Raises:
         ValueError: unknown policy name (:class:`testbed.core.registry.UnknownNameError`, the message
             lists the catalogue), empty ``options``, or no ``ctx`` for a stateful policy.
+        testbed.core.plugins.PluginError: a plug-in that cannot be resolved.
+        PolicyFailure: a plug-in raised or answered something that is not one of ``options``.
     """
     p = REGISTRY.resolve(policy)
     if ctx is None and p.stateful:
         raise ValueError(f"policy {policy!r} needs a Context")
-    return p.fn(options, deadline_ms, min_accuracy, ctx)
+    if p.origin is None:
+        return p.fn(options, deadline_ms, min_accuracy, ctx)
+    return _run_plugin(p, options, deadline_ms, min_accuracy, ctx)
 
 
-__all__ = ["CATALOGUE", "DETERMINISTIC", "LOAD_AWARE", "POLICIES", "REGISTRY", "Context", "Decision", "ManyFn",
-           "Option", "Policy", "PolicyFn", "closest", "cloud", "decide", "decide_many", "feasible", "least_loaded",
-           "max_accuracy", "min_latency", "policy", "random", "register_policy", "round_robin",
+__all__ = ["CATALOGUE", "DETERMINISTIC", "LOAD_AWARE", "PLUGIN_GROUP", "POLICIES", "REGISTRY", "Context", "Decision",
+           "ManyFn", "Option", "Policy", "PolicyFailure", "PolicyFn", "PolicyTraits", "check_plugin", "closest",
+           "cloud", "decide", "decide_many", "feasible", "least_loaded", "max_accuracy", "min_latency",
+           "plugin_origins", "plugin_policy", "policy", "policy_plugin", "random", "register_policy", "round_robin",
            "unregister_policy"]

@@ -26,6 +26,7 @@ from testbed.core.errors import InputError
 from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import threads_per_call
 from testbed.model.dispatch import OptionSpec
+from testbed.model.policies import plugin_origins
 from testbed.model.records import GRACE_MS
 from testbed.plan.dilation import cpu_pad, wall_factor
 from testbed.plan.resolved import Plan
@@ -161,6 +162,10 @@ class SourceConfig(_Boundary):
     draws in emulated time and stretches by k (:class:`testbed.plan.dilation.Stretched`), and
     ``aset.window_s``, which it waits k x (the agent checks it against its checkpoint's); the
     source writes its records in emulated time (:func:`testbed.plan.dilation.emulated_times`).
+    ``plugin_paths``: the ``sys.path`` entries the plan imported its policy plug-ins from
+    (:attr:`testbed.core.plugins.Origin.sys_path`), which the source adds to its own before it
+    resolves ``policy``; ``plugin_sha256``: per plug-in, the SHA-256 of the file the plan resolved
+    (and ``run.json`` records), which the file the source resolves must have.
     """
 
     source: str
@@ -187,6 +192,8 @@ class SourceConfig(_Boundary):
     go_file: str | None = None
     no_route: dict[str, list[tuple[float, float]]] = {}
     time_dilation: float = Field(1.0, ge=1.0)
+    plugin_paths: list[str] = []
+    plugin_sha256: dict[str, str] = {}
 
     @classmethod
     def from_plan(cls, plan: Plan, source: str, start_ns: int, duration_s: float, run_dir: Path) -> SourceConfig | None:
@@ -212,8 +219,13 @@ class SourceConfig(_Boundary):
         spec_s = next(x for x in exp.sources if x.name == source)
         no_route = {c: [(a, min(b, NO_ROUTE_END_S)) for a, b in spans]
                     for (s, c), spans in plan.no_route_spans().items() if s == source and spans}
+        policy = spec_s.policy or exp.policy
+        plugins = plugin_origins([policy])
+        plugin_paths = sorted({o["sys_path"] for o in plugins.values()})
+        plugin_sha256 = {ref: o["sha256"] for ref, o in plugins.items()}
         return cls(source=source, source_index=[h.name for h in plan.sources].index(source), seed=exp.seed,
-                   policy=spec_s.policy or exp.policy, start_ns=start_ns, duration_s=duration_s,
+                   policy=policy, plugin_paths=plugin_paths, plugin_sha256=plugin_sha256, start_ns=start_ns,
+                   duration_s=duration_s,
                    report_interval_s=exp.report_interval_s, server_port=exp.emulation.server_port,
                    applications=apps, streams=streams, options=options, base_dir=plan.base_dir,
                    path_links=path_links, link_util_file=str(run_dir / "link_util.json"), aset=exp.aset,

@@ -1,10 +1,14 @@
-"""Policy names, checked against the policy registry when an experiment or an ASET config is used.
+"""Policies, resolved by the policy registry when an experiment or an ASET config is used.
 
 The experiment and ASET files (:mod:`testbed.spec`) hold a policy as a name string and know no
 list of policies: the list is the registry of :mod:`testbed.model.policies` (one
 ``@register_policy`` entry per policy), which the spec layer cannot import. The names are resolved
 here, once, with an error that names the item (``sources.atl.policy``, ``actions``,
-``reward.baseline_mix.triangle``), the known policies and a close match:
+``reward.baseline_mix.triangle``), the known policies and a close match. A plug-in
+(:mod:`testbed.core.plugins`: an entry-point name, ``package.module:callable``, with parameters or
+not) is loaded and checked here, at plan time (:func:`testbed.model.policies.plugin_policy`: its
+signature, its declared properties, calls on a synthetic option list); a failure is a plan error
+that names the item, the plug-in and what to fix:
 
 - :func:`check_policy`: one name (the experiment's ``aset`` is accepted where a source's policy may be it);
 - :func:`check_experiment_policies`: the experiment's ``policy`` and every source's (called by
@@ -20,7 +24,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from testbed.core.errors import naming_file
+from testbed.core.errors import InputError, naming_file
+from testbed.core.registry import UnknownNameError
 from testbed.model.policies import CATALOGUE, REGISTRY
 from testbed.plan.resolved import PlanError
 from testbed.spec.aset import AsetConfig, load_aset_config
@@ -28,20 +33,27 @@ from testbed.spec.experiment import ASET_POLICY, ConfigError, Experiment
 
 
 def check_policy(name: str, item: str, *, aset: bool = False) -> str:
-    """``name`` when it is a registered policy (or :data:`~testbed.spec.experiment.ASET_POLICY`
-    with ``aset``).
+    """``name`` when it is a registered policy or a plug-in that resolves and passes its checks (or
+    :data:`~testbed.spec.experiment.ASET_POLICY` with ``aset``).
 
     Args:
-        name: the policy name as written.
+        name: the policy as written (its string form, :data:`testbed.spec.experiment.PolicyName`).
         item: where it was written, for the message (e.g. ``sources.atl.policy``).
         aset: ``aset`` is accepted too (a source's policy may be ASET's).
 
     Raises:
-        PlanError: not a policy: ``<item>: unknown policy 'x'; known: closest, ... (did you mean 'y'?)``.
+        PlanError: not a policy: ``<item>: unknown policy 'x'; known: closest, ... (did you mean 'y'?)``;
+            or a plug-in that cannot be used: ``<item>: policy 'mypkg.sched:p2c' (...): <what to fix>``.
     """
     if name in REGISTRY or (aset and name == ASET_POLICY):
         return name
-    raise PlanError(str(REGISTRY.unknown(name, item, extra=(ASET_POLICY,) if aset else ())))
+    try:
+        REGISTRY.resolve(name, item)
+    except UnknownNameError:
+        raise PlanError(str(REGISTRY.unknown(name, item, extra=(ASET_POLICY,) if aset else ()))) from None
+    except InputError as exc:
+        raise PlanError(str(exc)) from None
+    return name
 
 
 def check_experiment_policies(exp: Experiment) -> None:
@@ -68,15 +80,19 @@ def _aset_names(cfg: AsetConfig) -> list[tuple[str, list[str]]]:
 
 def check_aset_policies(cfg: AsetConfig) -> AsetConfig:
     """Every policy an ASET config names (``actions``, ``reward.baseline``,
-    ``reward.baseline_mix.<scenario>``, ``observation.plans.<scenario>``) is registered; returns ``cfg``.
+    ``reward.baseline_mix.<scenario>``, ``observation.plans.<scenario>``) is registered or a plug-in
+    that resolves (:func:`check_policy`); returns ``cfg``.
 
     Raises:
-        ConfigError: ``<item>: unknown policy 'x'; known: ...`` for the first unknown name.
+        ConfigError: ``<item>: unknown policy 'x'; known: ...`` for the first unknown name, or the
+            plug-in's error naming the item.
     """
     for item, names in _aset_names(cfg):
         for name in names:
-            if name not in REGISTRY:
-                raise ConfigError(str(REGISTRY.unknown(name, item)))
+            try:
+                REGISTRY.resolve(name, item)
+            except InputError as exc:
+                raise ConfigError(str(exc)) from None
     return cfg
 
 

@@ -33,6 +33,7 @@ from testbed.core.errors import (
     RunFailure,
     TestbedError,
 )
+from testbed.core.plugins import ref_slug
 from testbed.core.util import repo_path, write_json_atomic
 from testbed.emu.run import EmulationOutcome, emulate
 from testbed.plan.build import Plan
@@ -128,7 +129,7 @@ def run_simulation(plan: Plan, base_dir: Path | None = None, runs_dir: Path | No
     out = simulate(plan, base_dir=base_dir, duration_s=duration_s, seed=seed, policy=policy)
     if run_dir is None:
         base = Path(runs_dir) if runs_dir else repo_path(exp.runs_dir)
-        tag = f"-{policy}" if policy else ""
+        tag = f"-{ref_slug(policy)}" if policy else ""
         run_dir = base / f"{datetime.now():%Y%m%d-%H%M%S}-{exp.name}{tag}-sim-s{out.sim.seed}"
     n = len(out.sim.queries_recorded)
     s = _write_whole(out.sim, Path(run_dir), out.duration_s, out.wall_s)

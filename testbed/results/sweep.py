@@ -49,6 +49,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from testbed.core.distributed import imap_unordered
 from testbed.core.errors import EXIT_BRINGUP, EXIT_INPUT, InputError, RunFailure
+from testbed.core.plugins import ref_slug
 from testbed.core.util import ci95, markdown_table, replace_atomic, write_json_atomic
 from testbed.model.records import CAUSES
 from testbed.plan.build import build_plan, events_after_end, plan_experiment, runs_dir_problem
@@ -95,7 +96,7 @@ def run_one(plan, policy: str, seed: int, duration_s: float | None, runs_dir: st
                              f"{tempfile.gettempdir()} ({exc.strerror or exc})", EXIT_BRINGUP) from None
         run_dir = Path(tmp) / "run"
     else:
-        run_dir = Path(runs_dir) / f"{name}-{policy}-s{seed}"
+        run_dir = Path(runs_dir) / f"{name}-{ref_slug(policy)}-s{seed}"
     try:
         _, s = run_simulation(plan, duration_s=duration_s, seed=seed, policy=policy, run_dir=run_dir, quiet=True)
     finally:
@@ -122,7 +123,7 @@ def run_one_emulated(plan, policy: str, seed: int, duration_s: float | None, run
         RunFailure: the run exited non-zero (its run directory is named).
     """
     name = plan.experiment.name
-    cell_dir = Path(runs_dir) / f"{name}-{policy}-s{seed}"
+    cell_dir = Path(runs_dir) / f"{name}-{ref_slug(policy)}-s{seed}"
     cell_dir.mkdir(parents=True, exist_ok=True)
     cell_plan = with_policy_and_seed(plan, policy, seed)
     with open(EMULATION_LOCK, "a") as lock:
@@ -197,7 +198,7 @@ def fingerprint(plan, duration_s: float | None, emulate: bool, link_emulator: st
 
 def cell_path(out: Path, name: str, fp: str, policy: str, seed: int) -> Path:
     """Where a finished cell's row is kept (one-row Parquet file)."""
-    return out / "cells" / f"{name}-{fp}" / f"{policy}-s{seed}.parquet"
+    return out / "cells" / f"{name}-{fp}" / f"{ref_slug(policy)}-s{seed}.parquet"
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from testbed.core.util import provenance, write_json_atomic
 from testbed.model.network import path_cut
+from testbed.model.policies import plugin_origins
 from testbed.model.records import GRACE_MS, RECORD_FIELDS, classify, make_record
 from testbed.plan.boundaries import SourceTally, tally_path
 
@@ -197,7 +198,8 @@ class RunColumns:
         """Write the run directory in the emulation's layout: ``sources/<source>.records.csv``
         (:data:`RECORD_FIELDS`) and its tally (:class:`testbed.plan.boundaries.SourceTally`),
         ``clusters/<name>.stats.json``, ``link_stats.csv``, ``plan.json``
-        and ``run.json`` (``{"mode": "simulation", ...}``)."""
+        and ``run.json`` (``{"mode": "simulation", ...}``; ``policy_plugins``: for each policy plug-in
+        the run used, where it came from, :func:`testbed.model.policies.plugin_origins`)."""
         run_dir = Path(run_dir)
         for sub in ("sources", "clusters"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -225,7 +227,7 @@ class RunColumns:
                 "request_bytes": dict(zip([a.name for a in self.apps], self.req_bytes_app, strict=True)),
                 "response_bytes": self.resp_bytes,
                 "warmup_s": self.warmup_s, "epoch": "t_ns = 0 when the load starts (virtual)",
-                "provenance": provenance()}
+                "provenance": provenance(), "policy_plugins": plugin_origins(self.policy_names)}
         write_json_atomic(run_dir / "run.json", info | (extra or {}))
 
 

@@ -78,7 +78,8 @@ class Simulator(Links, RunColumns):
         sim.path_links(source, cluster) # [(switch a, switch b), ...] of the current route
         sim.drain_resolved()            # [Resolved, ...] since the last call, by resolution time
         sim.drain_created()             # [(source, application), ...] created since the last call
-        sim.policy_names                # testbed.model.policies.CATALOGUE (ASET's action space)
+        sim.policy_names                # testbed.model.policies.CATALOGUE (ASET's action space),
+                                        # then the plug-ins the sources use
         sim.source_view(source)         # SourceView: what that source's dispatcher knows (read-only)
         sim.clone()                     # an independent copy that continues exactly as this one would
         sim.reseed(salt)                # the future from fresh random streams (common random numbers)
@@ -205,8 +206,14 @@ class Simulator(Links, RunColumns):
         return len(self.q)
 
     def _check_policy(self, p: str) -> None:
-        if p not in pol.REGISTRY:
-            raise SimError(str(pol.REGISTRY.unknown(p)))
+        """``p`` resolves (a registered policy or a plug-in, :data:`testbed.model.policies.REGISTRY`);
+        a plug-in joins :attr:`policy_names` (the records' policy column indexes it)."""
+        try:
+            pol.REGISTRY.resolve(p)
+        except InputError as exc:
+            raise SimError(str(exc)) from None
+        if p not in self.policy_names:
+            self.policy_names.append(p)
 
     def set_policy(self, source: str, policy: str) -> None:
         """Apply ``policy`` to the queries ``source`` creates from now on.

@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from testbed.core.errors import counted
 from testbed.core.util import InputFileError, repeated
-from testbed.spec.experiment import MAX_SEED, ConfigError, format_validation_error
+from testbed.spec.experiment import MAX_SEED, ConfigError, PolicyName, format_validation_error
 from testbed.spec.schema import Num, StrictModel, YamlValueError, load_yaml_file, unit_pair
 from testbed.spec.units import parse_delay_ms, parse_duration_s
 
@@ -107,7 +107,7 @@ class ObservationSpec(StrictModel):
     queue_scale: Num = Field(4.0, gt=0)
     rtt_scale_ms: Num = Field(100.0, gt=0)
     clip: Num = Field(5.0, gt=0)
-    plans: dict[str, list[str]] | None = None
+    plans: dict[str, list[PolicyName]] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -220,8 +220,8 @@ class RewardSpec(StrictModel):
     empty ``baseline_mix: {}`` (it would change nothing) is refused here.
     """
 
-    baseline: str | None = None
-    baseline_mix: dict[str, list[str]] | None = None
+    baseline: PolicyName | None = None
+    baseline_mix: dict[str, list[PolicyName]] | None = None
     team_weight: Num = Field(0.0, ge=0, le=1)
 
     def baseline_for(self, scenario: str, n_sources: int) -> list[str] | None:
@@ -502,7 +502,7 @@ class AsetConfig(StrictModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     seed: Seed = 1
-    actions: list[str] | None = None
+    actions: list[PolicyName] | None = None
     observation: ObservationSpec = ObservationSpec()
     agent: AgentSpec = AgentSpec()
     reward: RewardSpec = RewardSpec()

@@ -46,12 +46,13 @@ as planned).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from testbed.core.errors import InputError
+from testbed.core.plugins import normalize_ref
 from testbed.core.util import InputFileError, repeated
 from testbed.spec.capture import CaptureSpec
 from testbed.spec.events import EventSpec
@@ -66,10 +67,19 @@ ASET_POLICY = "aset"
 #: The checkpoint ``policy: aset`` uses when the experiment names none (no ``aset:`` section, or one
 #: without ``checkpoint``): the general agent (docs/aset.md), which fits any experiment within its bounds.
 DEFAULT_ASET_CHECKPOINT = "models/aset/general"
-#: A policy's name: a static policy of the policy registry (testbed.model.policies; the experiment
-#: knows no list of them: the plan checks the name, testbed.plan.policies.check_policy), or
-#: :data:`ASET_POLICY`.
-PolicyName = str
+
+def _policy_ref(value: Any) -> Any:
+    """A policy as written, in its one string form (:func:`testbed.core.plugins.normalize_ref`): the
+    mapping ``{use: mypkg.sched:p2c, params: {d: 2}}`` becomes ``mypkg.sched:p2c(d=2)``."""
+    return normalize_ref(value)
+
+
+#: A policy: a static policy of the policy registry (testbed.model.policies; the experiment knows no
+#: list of them: the plan resolves it, testbed.plan.policies.check_policy), :data:`ASET_POLICY`, or
+#: a plug-in: an entry-point name of group ``testbed.policies``, ``package.module:callable``, either
+#: with parameters (``mypkg.sched:p2c(d=2)``), or the mapping ``{use: ..., params: {...}}``, held as
+#: that string form (docs/extending.md, "A policy of your own (plug-in)").
+PolicyName = Annotated[str, BeforeValidator(_policy_ref)]
 
 
 MAX_SEED = 2**32 - 1
