@@ -175,6 +175,26 @@ class LiteRTModel:
         return warm_up(self, x, calls, batch)
 
 
+def tflite_params(path: Path) -> int:
+    """Weights in a ``.tflite`` file: elements of its constant float tensors (float32 / float16).
+
+    Raises:
+        ImportError: ``ai-edge-litert`` is not installed.
+    """
+    from ai_edge_litert import schema_py_generated as fb
+
+    m = fb.Model.GetRootAsModel(path.read_bytes(), 0)
+    n = 0
+    for i in range(m.SubgraphsLength()):
+        sg = m.Subgraphs(i)
+        for j in range(sg.TensorsLength()):
+            t = sg.Tensors(j)
+            b = m.Buffers(t.Buffer())
+            if t.Type() in (fb.TensorType.FLOAT32, fb.TensorType.FLOAT16) and (b.DataLength() or b.Size()):
+                n += int(np.prod(t.ShapeAsNumpy())) if t.ShapeLength() else 1
+    return n
+
+
 def load_model(zoo_dir: str | os.PathLike[str], name: str, runtime: str = "tensorflow",
                manifest: dict[str, Any] | None = None, threads: int = 1, pool: int = 1) -> Any:
     """Load variant ``name`` with ``runtime`` (``tensorflow`` | ``litert``).
@@ -286,4 +306,4 @@ def machine_info() -> dict[str, Any]:
 
 
 __all__ = ["ANSWER_CHECK_MARGIN", "ANSWER_CHECK_N", "LiteRTModel", "ZooModel", "check_answers",
-           "configure_tf_threads", "load_model", "machine_info"]
+           "configure_tf_threads", "load_model", "machine_info", "tflite_params"]
