@@ -363,13 +363,14 @@ def _why(exc: BaseException, runtime: str, family: dict[str, Any]) -> str:
 
 
 def _params(where: Path, entry: dict[str, Any]) -> int:
-    """Weights of the staged model: constant float tensors (.tflite), or the SavedModel's variables."""
+    """Weights of the staged model: constant float tensors (.tflite), or the variables its
+    SavedModel's serving signature reads."""
     if entry.get("tflite"):
         return tflite_params(where / entry["tflite"])
     import tensorflow as tf  # only for a SavedModel, whose check has imported it already
 
-    loaded = tf.saved_model.load(str(where / entry["path"]))
-    return int(sum(int(np.prod(v.shape)) for v in getattr(loaded, "variables", ())))
+    fn = tf.saved_model.load(str(where / entry["path"])).signatures[zoo.SIGNATURE_KEY]
+    return int(sum(int(np.prod(v.shape)) for v in fn.variables))  # what the call reads: no optimizer state
 
 
 def measure(where: Path, profiles: Path, req: AddRequest, runtime: str, log: Callable[[str], None]) -> None:
