@@ -369,7 +369,8 @@ def _params(where: Path, entry: dict[str, Any]) -> int:
         return tflite_params(where / entry["tflite"])
     import tensorflow as tf  # only for a SavedModel, whose check has imported it already
 
-    fn = tf.saved_model.load(str(where / entry["path"])).signatures[zoo.SIGNATURE_KEY]
+    loaded = tf.saved_model.load(str(where / entry["path"]))  # kept alive: the signature holds weak references
+    fn = loaded.signatures[zoo.SIGNATURE_KEY]
     return int(sum(int(np.prod(v.shape)) for v in fn.variables))  # what the call reads: no optimizer state
 
 
