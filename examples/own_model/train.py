@@ -89,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     acc = right / len(y_te)
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes) and the SavedModel {saved}/")
     print(f"top-1 on the held-out split (LiteRT, one input per call): {right}/{len(y_te)} = {acc:.4f}")
+    shown = os.path.relpath(args.out) if not os.path.relpath(args.out).startswith("..") else str(args.out)
     print("add it to the zoo:")
-    print(f"  testbed zoo add {args.out} --family digits --variant digits_lenet --accuracy {acc:.4f} "
+    print(f"  testbed zoo add {shown} --family digits --variant digits_lenet --accuracy {acc:.4f} "
           f"--accuracy-source \"measured: top-1 {right}/{len(y_te)} on the digits held-out split "
           f"(examples/own_model/train.py, seed 0)\"")
     return 0
