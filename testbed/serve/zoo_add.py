@@ -514,6 +514,9 @@ def add_model(req: AddRequest, log: Callable[[str], None] = print) -> AddResult:
     warnings: list[str] = []
     with zoo.zoo_lock(req.zoo_dir):  # no build and no other zoo add writes the zoo meanwhile
         manifest, kind = check_request(req)
+        for old in req.zoo_dir.glob(".add-*"):  # under the lock: left by an add that was killed
+            log(f"[zoo add] removing {old}, the staging of an earlier zoo add that did not finish")
+            shutil.rmtree(old, ignore_errors=True)
         runtime = KINDS[kind]
         with _staging(req.zoo_dir, req.variant) as (where, profiles):
             mini = stage(req, kind, manifest, where)
