@@ -150,7 +150,8 @@ class LiteRTModel:
             interp = Interpreter(model_content=self._model_bytes, num_threads=self.num_threads)
             inp = interp.get_input_details()[0]
             if list(inp["shape"][1:]) != list(self.input_shape) or inp["dtype"] != np.float32:
-                raise ZooError(f"variant {self.name!r}: LiteRT input is {inp['dtype'].__name__} {list(inp['shape'])}, "
+                got = [int(d) for d in inp["shape"]]
+                raise ZooError(f"variant {self.name!r}: LiteRT input is {inp['dtype'].__name__} {got}, "
                                f"expected float32 [1, {', '.join(map(str, self.input_shape))}]")
             if batch != int(inp["shape"][0]):
                 interp.resize_tensor_input(inp["index"], [batch, *self.input_shape], strict=False)
