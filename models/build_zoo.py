@@ -71,7 +71,10 @@ builds the rest.
 Idempotent: if ``<out>/manifest.json`` has this ``RECIPE_VERSION``, the same ``PARTS`` versions and
 every file is there, it does nothing; otherwise each part whose version (and, for Keras, weights
 source) is unchanged is copied from the old zoo and only the rest is built. The wheels are
-downloaded once into ``models/.cache/wheels`` (git-ignored). ``--force`` rebuilds all. Bump a
+downloaded once into ``models/.cache/wheels`` (git-ignored). ``--force`` rebuilds all. Variants
+added with ``testbed zoo add`` (manifest key ``added``: the user's own model files) are not the
+build's: they do not make a zoo out of date, and every rebuild, ``--force`` included, copies them
+into the new zoo (:func:`keep_added`). Bump a
 part's version whenever anything changes its models.
 Seeds are fixed; figures may still differ slightly across CPUs (floating-point summation order).
 """
@@ -80,8 +83,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -89,7 +90,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -298,16 +298,10 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-@contextlib.contextmanager
-def build_lock(out: Path) -> Iterator[None]:
-    """Serialise concurrent builds of the same ``out`` (lock file in the system temp dir)."""
-    key = hashlib.sha1(str(out).encode()).hexdigest()[:12]
-    with open(Path(tempfile.gettempdir()) / f"build_zoo-{key}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def build_lock(out: Path) -> contextlib.AbstractContextManager[None]:
+    """Serialise concurrent builds of the same ``out``, and a build with ``testbed zoo add``
+    (:func:`testbed.plan.zoo.zoo_lock`)."""
+    return zoo.zoo_lock(out)
 
 
 def up_to_date(out: Path, families: list[str] | None = None) -> bool:
@@ -316,11 +310,12 @@ def up_to_date(out: Path, families: list[str] | None = None) -> bool:
     if not zoo.zoo_complete(out):
         return False
     manifest = zoo.load_manifest(out)
+    built = set(manifest["variants"]) - set(zoo.added_variants(manifest))  # added ones are the user's: kept
     if families is not None:
         return (manifest["recipe_version"] == RECIPE_VERSION and manifest.get("parts") == {"trained": PARTS["trained"]}
-                and set(manifest["variants"]) == set(trained_variants(families)))
+                and built == set(trained_variants(families)))
     return (manifest["recipe_version"] == RECIPE_VERSION and manifest.get("parts") == PARTS
-            and set(manifest["variants"]) == set(ALL_VARIANTS)
+            and built == set(ALL_VARIANTS)
             and all(_keras_reusable(manifest, n) for n in src.KERAS_VARIANTS))
 
 
@@ -479,22 +474,6 @@ def build_image_families(tmp: Path, manifest: dict[str, Any], images: Path) -> N
         log(f"{fam}: {wire['n']} frames {h}x{h}, JPEG q{wire['jpeg_quality']} {wire['jpeg_bytes_mean']} bytes mean")
 
 
-def _tflite_params(path: Path) -> int:
-    """Weights in a .tflite file: elements of its constant float tensors (float32 / float16)."""
-    from ai_edge_litert import schema_py_generated as fb
-
-    m = fb.Model.GetRootAsModel(path.read_bytes(), 0)
-    n = 0
-    for i in range(m.SubgraphsLength()):
-        sg = m.Subgraphs(i)
-        for j in range(sg.TensorsLength()):
-            t = sg.Tensors(j)
-            b = m.Buffers(t.Buffer())
-            if t.Type() in (fb.TensorType.FLOAT32, fb.TensorType.FLOAT16) and (b.DataLength() or b.Size()):
-                n += int(np.prod(t.ShapeAsNumpy())) if t.ShapeLength() else 1
-    return n
-
-
 def build_mediapipe(tmp: Path, manifest: dict[str, Any], mp_dir: Path) -> None:
     """Copy the checked MediaPipe files into the zoo and write their variants (faces measured later)."""
     (tmp / src.MP_DIR).mkdir(exist_ok=True)
@@ -506,7 +485,7 @@ def build_mediapipe(tmp: Path, manifest: dict[str, Any], mp_dir: Path) -> None:
             "family": spec["family"], "path": None, "graph": spec["graph"], "tflite_files": files,
             "accuracy": spec["accuracy"] if spec["accuracy"] is not None else 0.0,
             "accuracy_source": spec.get("accuracy_source", "measured: see below"),
-            "params": sum(_tflite_params(tmp / f["path"]) for f in files.values()),
+            "params": sum(loaders.tflite_params(tmp / f["path"]) for f in files.values()),
             "size_bytes": sum((tmp / f["path"]).stat().st_size for f in files.values()),
             "weights": f"trained (Google MediaPipe), from the {src.MEDIAPIPE_WHEEL[2]} wheel",
             "weights_source": "real MediaPipe weights (mediapipe 0.10.21 wheel)",
@@ -657,12 +636,13 @@ def build(out: Path, cache: Path = CACHE, reuse: bool = True, families: list[str
     """
     if out.exists() and any(out.iterdir()) and not (out / zoo.MANIFEST).is_file():
         raise SystemExit(f"{out} exists, is not empty and has no {zoo.MANIFEST}: refusing to replace it")
-    old = None
-    if reuse and (out / zoo.MANIFEST).is_file():
+    previous = None  # the zoo there now: its added variants are kept even by --force
+    if (out / zoo.MANIFEST).is_file():
         try:
-            old = zoo.load_manifest(out)
+            previous = zoo.load_manifest(out)
         except zoo.ZooError:
-            old = None
+            previous = None
+    old = previous if reuse else None
     t0 = time.perf_counter()
     try:
         mp_dir, images = fetch_sources(cache) if families is None else (cache, cache)
@@ -696,6 +676,7 @@ def build(out: Path, cache: Path = CACHE, reuse: bool = True, families: list[str
         else:
             manifest["parts"] = {"trained": PARTS["trained"]}
             del manifest["sources"]
+        keep_added(previous, out, tmp, manifest)
         manifest["tensorflow"] = tf.__version__
         manifest["built_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         n = zoo.record_hashes(tmp, manifest)  # what every load checks its files against
@@ -707,6 +688,23 @@ def build(out: Path, cache: Path = CACHE, reuse: bool = True, families: list[str
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def keep_added(old: dict[str, Any] | None, old_dir: Path, tmp: Path, manifest: dict[str, Any]) -> None:
+    """Carry the variants added with ``testbed zoo add`` (models of the user's own, which no build
+    can make again) from the old zoo into the new one: their files copied, their entries kept. One
+    whose family this build does not have, or whose name a built variant now takes, is dropped,
+    and the log says so."""
+    for name in zoo.added_variants(old) if old else []:
+        entry = old["variants"][name]
+        if entry["family"] not in manifest["families"] or name in manifest["variants"]:
+            why = ("its family is not in this build" if entry["family"] not in manifest["families"]
+                   else "a built variant has its name")
+            log(f"{name}: added variant dropped ({why}); add it again with testbed zoo add")
+            continue
+        _copy_variant(old_dir, tmp, entry)
+        manifest["variants"][name] = entry
+        log(f"{name}: added variant kept (testbed zoo add, from {entry[zoo.ADDED].get('from')})")
 
 
 def record_missing_hashes(out: Path) -> None:

@@ -92,6 +92,13 @@ class ZooCatalog:
                          accuracy_source=str(v.get("accuracy_source", "")))
 
     def samples(self, name: str, runtime: str, threads: int) -> Samples:
+        self.model(name)
+        have = zoo.runtimes_of(self.manifest, name)
+        if runtime not in have:  # no file to serve it with: measuring cannot help
+            fix = (f"server: {{runtime: {have[0]}}} (or model_runtimes: {{{name}: {have[0]}}})" if have else
+                   "another model")
+            raise CatalogError(f"model {name!r} has no {runtime} model file in the zoo {self.zoo_dir} (has: "
+                               f"{', '.join(have) or 'none'}); give the cluster {fix}")
         try:
             ct = profiles.cpu_time(self.profiles_dir, name, runtime, 1, threads)
             prof = zoo.load_profile(self.profiles_dir, name)

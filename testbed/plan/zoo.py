@@ -40,11 +40,15 @@ before the hashes were recorded gets them, for the files it holds then, from
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,15 +127,45 @@ def recorded_hashes(v: dict[str, Any]) -> dict[str, str]:
     return {**pinned, **(v.get(FILES_SHA256) or {})}
 
 
+def record_variant_hashes(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any]) -> int:
+    """Record in ``manifest["variants"][name]`` (in place; the caller writes the manifest) the
+    SHA-256 of every model file of variant ``name`` as it is in ``zoo_dir`` now (``files_sha256``:
+    {path relative to ``zoo_dir``: hex digest}); returns the number of files hashed."""
+    files = model_files(zoo_dir, name, manifest)
+    manifest["variants"][name][FILES_SHA256] = {rel: sha256_of(Path(zoo_dir) / rel) for rel in files}
+    return len(files)
+
+
 def record_hashes(zoo_dir: str | os.PathLike[str], manifest: dict[str, Any]) -> int:
     """Record in ``manifest`` (in place; the caller writes it) the SHA-256 of every model file of
-    every variant as it is in ``zoo_dir`` now; returns the number of files hashed."""
-    n = 0
-    for name, v in manifest["variants"].items():
-        files = model_files(zoo_dir, name, manifest)
-        v[FILES_SHA256] = {rel: sha256_of(Path(zoo_dir) / rel) for rel in files}
-        n += len(files)
-    return n
+    every variant as it is in ``zoo_dir`` now (:func:`record_variant_hashes`); returns the number
+    of files hashed."""
+    return sum(record_variant_hashes(zoo_dir, name, manifest) for name in manifest["variants"])
+
+
+#: The manifest key of a variant added with ``testbed zoo add`` (a model of one's own, not built by
+#: ``models/build_zoo.py``): ``{"from": the file given, "at": ISO time, "kind": "tflite" | "savedmodel",
+#: "accuracy_measured": {...}}``. A rebuild of the zoo keeps such variants (their files are copied).
+ADDED = "added"
+
+
+def added_variants(manifest: dict[str, Any]) -> list[str]:
+    """The variants of ``manifest`` added with ``testbed zoo add`` (they carry :data:`ADDED`)."""
+    return [n for n, v in manifest["variants"].items() if v.get(ADDED)]
+
+
+@contextlib.contextmanager
+def zoo_lock(zoo_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the exclusive lock of the zoo at ``zoo_dir`` (a lock file in the system temp dir, keyed
+    by the resolved path): a build (``models/build_zoo.py``) and ``testbed zoo add`` never write
+    the same zoo at once. Blocks until the lock is free."""
+    key = hashlib.sha1(str(Path(zoo_dir).resolve()).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir()) / f"build_zoo-{key}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def missing_hashes(manifest: dict[str, Any]) -> list[str]:
@@ -454,9 +488,10 @@ def ensure_zoo(zoo_dir: str | os.PathLike[str] = "models/zoo", profiles_dir: str
     return load_manifest(zoo_dir)
 
 
-__all__ = ["BUILD_SCRIPT", "DEFAULT_FAMILY", "FILES_SHA256", "INPUT_NAME", "INPUT_SHAPE", "MANIFEST", "NUM_CLASSES",
-           "OUTPUT_NAME", "PAYLOADS", "PAYLOADS_DIR", "RUNTIMES", "SIGNATURE_KEY", "ZooError", "ZooFileMissing",
-           "ZooIntegrityError", "ensure_zoo", "families", "family_info", "input_shape", "known_variant", "load_jpegs",
-           "load_manifest", "load_payloads", "load_profile", "missing_hashes", "model_files", "record_hashes",
-           "recorded_hashes", "request_bodies", "runtimes_of", "sha256_of", "tflite_path", "variant_dir",
-           "verify_model_files", "zoo_complete"]
+__all__ = ["ADDED", "BUILD_SCRIPT", "DEFAULT_FAMILY", "FILES_SHA256", "INPUT_NAME", "INPUT_SHAPE", "MANIFEST",
+           "NUM_CLASSES", "OUTPUT_NAME", "PAYLOADS", "PAYLOADS_DIR", "RUNTIMES", "SIGNATURE_KEY", "ZooError",
+           "ZooFileMissing", "ZooIntegrityError", "added_variants", "ensure_zoo", "families", "family_info",
+           "input_shape", "known_variant", "load_jpegs", "load_manifest", "load_payloads", "load_profile",
+           "missing_hashes", "model_files", "record_hashes", "record_variant_hashes", "recorded_hashes",
+           "request_bodies", "runtimes_of", "sha256_of", "tflite_path", "variant_dir", "verify_model_files",
+           "zoo_complete", "zoo_lock"]

@@ -150,7 +150,8 @@ class LiteRTModel:
             interp = Interpreter(model_content=self._model_bytes, num_threads=self.num_threads)
             inp = interp.get_input_details()[0]
             if list(inp["shape"][1:]) != list(self.input_shape) or inp["dtype"] != np.float32:
-                raise ZooError(f"variant {self.name!r}: LiteRT input is {inp['dtype'].__name__} {list(inp['shape'])}, "
+                got = [int(d) for d in inp["shape"]]
+                raise ZooError(f"variant {self.name!r}: LiteRT input is {inp['dtype'].__name__} {got}, "
                                f"expected float32 [1, {', '.join(map(str, self.input_shape))}]")
             if batch != int(inp["shape"][0]):
                 interp.resize_tensor_input(inp["index"], [batch, *self.input_shape], strict=False)
@@ -173,6 +174,26 @@ class LiteRTModel:
     def warm_up(self, x: np.ndarray, calls: int = 20, batch: int = 1) -> float:
         """Run ``calls`` predictions of ``batch`` inputs from ``x``; return their total wall time [ms]."""
         return warm_up(self, x, calls, batch)
+
+
+def tflite_params(path: Path) -> int:
+    """Weights in a ``.tflite`` file: elements of its constant float tensors (float32 / float16).
+
+    Raises:
+        ImportError: ``ai-edge-litert`` is not installed.
+    """
+    from ai_edge_litert import schema_py_generated as fb
+
+    m = fb.Model.GetRootAsModel(path.read_bytes(), 0)
+    n = 0
+    for i in range(m.SubgraphsLength()):
+        sg = m.Subgraphs(i)
+        for j in range(sg.TensorsLength()):
+            t = sg.Tensors(j)
+            b = m.Buffers(t.Buffer())
+            if t.Type() in (fb.TensorType.FLOAT32, fb.TensorType.FLOAT16) and (b.DataLength() or b.Size()):
+                n += int(np.prod(t.ShapeAsNumpy())) if t.ShapeLength() else 1
+    return n
 
 
 def load_model(zoo_dir: str | os.PathLike[str], name: str, runtime: str = "tensorflow",
@@ -286,4 +307,4 @@ def machine_info() -> dict[str, Any]:
 
 
 __all__ = ["ANSWER_CHECK_MARGIN", "ANSWER_CHECK_N", "LiteRTModel", "ZooModel", "check_answers",
-           "configure_tf_threads", "load_model", "machine_info"]
+           "configure_tf_threads", "load_model", "machine_info", "tflite_params"]
