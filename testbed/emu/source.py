@@ -12,7 +12,9 @@ Stale state, as in the simulator: every ``report_interval_s`` the source polls e
 ``GET /v1/stats`` over the emulated network and the dispatcher hears it (a failed poll: the
 cluster is taken as down). With ``policy: aset`` the source asks
 ``testbed.agent.live.LivePolicySelector(cfg).choose(state)`` every ``aset.window_s`` (default: the
-checkpoint's window) which static policy to apply. Each record carries the policy in force.
+checkpoint's window) which static policy to apply; with ``aset.selector``, the selector of one's own
+(:class:`testbed.agent.live.SelectorLive`; one that raises stops the source with exit code 4).
+Each record carries the policy in force.
 
 Timestamps are ``time.time_ns()``: all emulated hosts share one kernel clock, so t0..t4 from
 different hosts are directly comparable. Under time dilation k (``SourceConfig.time_dilation``)
@@ -45,7 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from testbed.agent.live import LivePolicySelector
+from testbed.agent.live import live_selector
+from testbed.agent.selector import SelectorFailed
+from testbed.core.errors import EXIT_COMPONENT_DIED
 from testbed.core.util import write_json_atomic
 from testbed.model import seeds
 from testbed.model.dispatch import Dispatcher, Heard
@@ -105,8 +109,9 @@ class Source:
         self.name = cfg.source
         self.aset = None
         policy = cfg.policy
+        self.selector_failed: SelectorFailed | None = None
         if policy == ASET_POLICY:
-            self.aset = LivePolicySelector(cfg)
+            self.aset = live_selector(cfg)
             policy = (cfg.aset.options or {}).get("initial_policy", "closest") if cfg.aset else "closest"
         if policy not in CATALOGUE:
             raise REGISTRY.unknown(policy, f"source {self.name}", extra=(ASET_POLICY,))
@@ -278,7 +283,13 @@ class Source:
             await asyncio.sleep(window)
             state = self._aset_state()
             self.win_arrivals, self.win_resolved = {}, []
-            choice = self.aset.choose(state)
+            try:
+                choice = self.aset.choose(state)
+            except SelectorFailed as exc:  # a selector of one's own raised: told with its traceback, the run stops
+                print(f"[source] {exc}", file=sys.stderr, flush=True)
+                self.selector_failed = exc
+                self._stop()
+                return
             if choice in CATALOGUE:
                 self.dispatcher.policy = choice
 
@@ -421,7 +432,8 @@ class Source:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m testbed.emu.source CONFIG.json``. Exit code 0; 2 with the reason
     on stderr when the config or the zoo is unusable; 3 when a query's task raised (its record
-    may be missing: the run fails rather than report a biased success ratio)."""
+    may be missing: the run fails rather than report a biased success ratio); 4 when its selector of
+    one's own (``aset.selector``) raised or returned no policy (the traceback on stderr)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m testbed.emu.source CONFIG.json", file=sys.stderr)
@@ -432,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[source] cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     asyncio.run(source.run())
+    if source.selector_failed is not None:
+        return EXIT_COMPONENT_DIED
     if source.failed_queries:
         print(f"[source] {source.failed_queries} query task(s) failed inside the source (first traceback above); "
               "the run's records are incomplete", file=sys.stderr)
