@@ -62,8 +62,9 @@ class SelectorFailed(RunFailure):
     """A selector raised, or returned no policy, during a run (exit code 4); the message names it,
     the source and the window, and ends with the traceback."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, what: str = "", tb: str = ""):
         super().__init__(message, EXIT_COMPONENT_DIED)
+        self.what, self.tb = what, tb
 
 
 @dataclass(frozen=True)
@@ -344,7 +345,7 @@ class SelectorDriver:
 
     def _failed(self, what: str, tb: str = "") -> SelectorFailed:
         return SelectorFailed(f"aset.selector {self.resolved.name} (source {self.ctx.source}, window "
-                              f"{self.window}): {what}; the run stops" + (f"\n{tb}" if tb else ""))
+                              f"{self.window}): {what}; the run stops" + (f"\n{tb}" if tb else ""), what, tb)
 
     def choose(self, state: Mapping[str, Any]) -> str:
         """The policy for the next window.
@@ -405,8 +406,8 @@ def check_selector(resolved: ResolvedSelector, ctx: SelectorContext, window_s: f
     try:
         driver.choose(first_state(ctx, initial))
     except SelectorFailed as exc:
-        raise SelectorError(f"{where}: its first call on a synthetic observation failed: "
-                            f"{str(exc).split(': ', 1)[1]}") from None
+        raise SelectorError(f"{where}: its first call, on the observation of a window without queries, "
+                            f"{exc.what}" + (f"\n{exc.tb}" if exc.tb else "")) from None
 
 
 def selector_window(aset, report_interval_s: float) -> float:
