@@ -278,5 +278,5 @@ def test_class_selector_drives_real_sources(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(exp), "--runs-dir", str(tmp_path / "bad")],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == EXIT_COMPONENT_DIED, proc.stdout[-3000:] + proc.stderr[-3000:]
-    logs = "".join(f.read_text() for f in (tmp_path / "bad").rglob("*.log") if "src" in f.name)
+    logs = "".join(f.read_text() for f in (tmp_path / "bad").glob("*/logs/source-*.log"))
     assert "FailsAt" in logs and "ZeroDivisionError" in logs and "Traceback" in logs, logs[-2000:]
