@@ -185,7 +185,8 @@ def test_a_busy_thread_of_the_testbeds_own_processes_is_kept_and_warned(monkeypa
     m, share, _ = _sampled_around_a_burning_child(burn_s=1.5, interval_s=0.25, monkeypatch=monkeypatch)
     hot = {k: v for k, v in m.hot_threads.items() if k.startswith(f"{BURNER}: ")}
     assert len(hot) <= 1 and all(secs <= 1.75 for secs in hot.values()), (share, m.hot_threads)
-    assert not any(k.startswith("run process: ") for k in m.hot_threads), m.hot_threads  # the sampler's own process sleeps
+    # the sampler's own process sleeps
+    assert not any(k.startswith("run process: ") for k in m.hot_threads), m.hot_threads
     if share < 0.95:
         pytest.skip(f"the burning thread got {share:.0%} of one CPU (other jobs' CPU-bound processes took the rest), "
                     f"not the 95 % that makes a whole step at >= 90 % certain")

@@ -47,6 +47,13 @@ from testbed.agent.features import PolicyFeaturizer
 from testbed.agent.general import GeneralPolicy, config_feature_context, is_general
 from testbed.agent.npolicy import NumpyPolicy, ObservationSizeError, application_names_problem
 from testbed.agent.observation import SourceContext, SourceObserver, context_size
+from testbed.agent.selector import (
+    ResolvedSelector,
+    SelectorDriver,
+    check_plan_selector,
+    resolve_selector,
+    selector_window,
+)
 from testbed.core.errors import InputError
 from testbed.core.util import REPO_ROOT
 from testbed.plan.boundaries import SourceConfig
@@ -154,19 +161,26 @@ def source_context(policy: NumpyPolicy, cfg, ckpt: Path) -> SourceContext:
     return ctx
 
 
-def refuse_unfit_checkpoint(plan) -> None:
-    """:func:`check_experiment_checkpoint` on a run's plan, as an input error: the one pre-check of
-    ``testbed plan`` and of ``testbed run`` before bring-up.
+def refuse_unfit_checkpoint(plan) -> dict | None:
+    """:func:`check_experiment_checkpoint` on a run's plan, as an input error, and the experiment's
+    ``aset.selector`` resolved and checked (:func:`testbed.agent.selector.check_plan_selector`):
+    the one pre-check of ``testbed plan`` and of ``testbed run`` before bring-up.
+
+    Returns:
+        ``run.json``'s record of the selector (None without one).
 
     Raises:
-        testbed.core.errors.InputError: (exit code 2) naming the checkpoint, the source and what is
-            wrong; a missing, unreadable or corrupt file included.
+        testbed.core.errors.InputError: (exit code 2) naming the checkpoint or the selector, the
+            source and what is wrong; a missing, unreadable or corrupt file included.
     """
 
     try:
         check_experiment_checkpoint(plan)
+    except InputError:
+        raise
     except (OSError, ValueError) as exc:
         raise InputError(str(exc)) from None
+    return check_plan_selector(plan)
 
 
 def check_experiment_checkpoint(run, repo_dir: str | Path | None = None) -> None:
@@ -326,6 +340,46 @@ class LivePolicySelector:
         ms = np.asarray(self.decision_ns, dtype=np.float64) / 1e6
         return {"n": int(ms.size), "mean_ms": float(ms.mean()), "p50_ms": float(np.percentile(ms, 50)),
                 "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max())}
+
+
+class SelectorLive(LivePolicySelector):
+    """A selector of one's own (``aset.selector``, :mod:`testbed.agent.selector`) in a source
+    process, with the interface of :class:`LivePolicySelector` (``choose``, ``window_s``,
+    ``restart_at``, the ``.aset.json`` report): the same :class:`~testbed.agent.selector.SelectorDriver`
+    as the simulator's, fed the same window state (``resolved`` completed from the records tail).
+
+    Raises:
+        testbed.agent.selector.SelectorError: the selector cannot be resolved, or the config has
+            no ``selector_context``.
+    """
+
+    def __init__(self, cfg, resolved: ResolvedSelector | None = None):
+        aset = cfg.aset
+        if aset is None or aset.selector is None or cfg.selector_context is None:
+            raise KeyError("source config: 'aset.selector' and 'selector_context' are required for a selector")
+        self.resolved = resolved or resolve_selector(aset.selector, cfg.repo_dir)
+        self.window_s = selector_window(aset, cfg.report_interval_s / cfg.time_dilation)
+        self.driver = SelectorDriver(self.resolved, cfg.selector_context, self.window_s)
+        self.source, self.policies = cfg.source, self.driver.policies
+        self.control = None
+        self.decision_ns = self.driver.decision_ns
+        self.choices = self.driver.choices
+        self.report_path = Path(cfg.records).with_suffix(".aset.json") if cfg.records else None
+        self.tail = RecordsTail(cfg.records, cfg.start_ns) if cfg.records else None
+        self.start_ns = int(cfg.start_ns)
+
+    def choose(self, state: Mapping) -> str:
+        """The policy name for the next window (raises
+        :class:`~testbed.agent.selector.SelectorFailed` when the selector raises)."""
+        return self.driver.choose(self.complete(state))
+
+
+def live_selector(cfg) -> LivePolicySelector:
+    """The per-window selector of a source on policy ``aset``: :class:`SelectorLive` with
+    ``aset.selector``, else the checkpoint's :class:`LivePolicySelector`."""
+    if cfg.aset is not None and cfg.aset.selector is not None:
+        return SelectorLive(cfg)
+    return LivePolicySelector(cfg)
 
 
 class RecordsTail:

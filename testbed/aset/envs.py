@@ -29,7 +29,6 @@ One shared Q-network serves all rows (the trainer batches them).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from testbed.aset.scenarios import SHAPE_PARTS, PlanSampler, scenario_sampler, s
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import Plan
 from testbed.plan.policies import aset_actions, load_aset
+from testbed.sim.window import SimWindowStates
 from testbed.spec.aset import AsetConfig, ObservationSpec, RandomiseSpec, RewardSpec, plan_key
 from testbed.spec.experiment import ConfigError, format_validation_error
 from testbed.spec.schema import Num, StrictModel
@@ -110,61 +110,18 @@ class _Settler:
         return out
 
 
-class WindowView:
-    """Builds each source's raw window state (:mod:`testbed.agent.observation`) from an
-    :class:`Episode`: arrivals (``drain_created``), what the dispatcher last heard
-    (``cluster_state(source)``) and how old it is, path utilization, the queries resolved in the
-    window (with cluster and e2e), and the queries each source has in flight per cluster (sent,
-    from ``Simulator.source_view``, minus resolved). A simulator without ``source_view`` (a test's
-    fake) gives no report ages and no in-flight counts."""
+class WindowView(SimWindowStates):
+    """The window states of an :class:`Episode`'s sources (:class:`testbed.sim.window.SimWindowStates`),
+    one row per context (its source, and its clusters for the path utilization); reads the
+    episode's current simulator."""
 
     def __init__(self, ep: Episode, contexts: list[SourceContext]):
         self.ep, self.contexts = ep, contexts
-        self.index = {c.source: i for i, c in enumerate(contexts)}
-        self.arrivals: list[dict[str, int]] = [defaultdict(int) for _ in contexts]
-        self.resolved: list[list[tuple]] = [[] for _ in contexts]
-        self.in_flight: list[dict[str, int]] = [defaultdict(int) for _ in contexts]
-        self._sent_seen: list[dict[str, int]] = [{} for _ in contexts]
-        self.views = [ep.sim.source_view(c.source) for c in contexts] if hasattr(ep.sim, "source_view") else None
+        super().__init__(ep.sim, [c.source for c in contexts], [c.clusters for c in contexts])
 
-    def absorb(self, resolved: list) -> None:
-        """Take in one window: the queries created (and where they went) and those resolved."""
-        sim = self.ep.sim
-        self.arrivals = [defaultdict(int) for _ in self.contexts]
-        for src, app in sim.drain_created() if hasattr(sim, "drain_created") else ():
-            i = self.index.get(src)
-            if i is not None:
-                self.arrivals[i][app] += 1
-        if self.views is not None:
-            for i, view in enumerate(self.views):
-                sent, seen = view.sent(), self._sent_seen[i]
-                for c, n in sent.items():
-                    if n > seen.get(c, 0):
-                        self.in_flight[i][c] += n - seen.get(c, 0)
-                self._sent_seen[i] = sent
-        self.resolved = [[] for _ in self.contexts]
-        for r in resolved:
-            i = self.index.get(r.source)
-            if i is None:
-                continue
-            cluster = getattr(r, "cluster", None)
-            if cluster is None:
-                self.resolved[i].append((r.application, bool(r.success), r.t0_s))
-                continue
-            self.resolved[i].append((r.application, bool(r.success), r.t0_s, cluster, r.e2e_ms))
-            if self.views is not None:
-                self.in_flight[i][cluster] -= 1
-
-    def state(self, i: int, policy: str) -> dict:
-        ctx, sim = self.contexts[i], self.ep.sim
-        heard = sim.cluster_state(ctx.source)
-        lu = sim.link_utilization()
-        path_util = {c: max((lu.get((a, b), lu.get((b, a), 0.0)) for a, b in sim.path_links(ctx.source, c)),
-                            default=0.0) for c in ctx.clusters}
-        age = self.views[i].report_age_s() if self.views is not None else {}
-        return {"arrivals": dict(self.arrivals[i]), "clusters": heard, "path_util": path_util,
-                "resolved": self.resolved[i], "in_flight": dict(self.in_flight[i]), "report_age_s": age,
-                "policy": policy}
+    @property
+    def sim(self):
+        return self.ep.sim
 
 
 class AsetSimEnv(gym.Env):

@@ -50,6 +50,7 @@ from rich.console import Console
 from rich.text import Text
 
 from testbed.agent.live import refuse_unfit_checkpoint
+from testbed.agent.selector import check_plan_selector
 from testbed.core.errors import (
     EXIT_BRINGUP,
     EXIT_INPUT,
@@ -400,6 +401,9 @@ def _start_record(plan: Plan, run_id: str, run_dir: Path, duration_s: float, sto
                     "free_bytes_at_start": storage.free_bytes()},
         "health": {"controller_policy": CONTROLLER_POLICY},
         "policy_plugins": plugin_origins({s.policy or plan.experiment.policy for s in plan.experiment.sources})})
+    selector = check_plan_selector(plan)  # aset.selector: what drives the sources (import path or file, SHA-256)
+    if selector is not None:
+        record.update(selector=selector)
     record.update()
     return record
 

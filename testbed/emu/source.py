@@ -12,7 +12,9 @@ Stale state, as in the simulator: every ``report_interval_s`` the source polls e
 ``GET /v1/stats`` over the emulated network and the dispatcher hears it (a failed poll: the
 cluster is taken as down). With ``policy: aset`` the source asks
 ``testbed.agent.live.LivePolicySelector(cfg).choose(state)`` every ``aset.window_s`` (default: the
-checkpoint's window) which static policy to apply. Each record carries the policy in force.
+checkpoint's window) which static policy to apply; with ``aset.selector``, the selector of one's own
+(:class:`testbed.agent.live.SelectorLive`; one that raises stops the source with exit code 4).
+Each record carries the policy in force.
 
 Timestamps are ``time.time_ns()``: all emulated hosts share one kernel clock, so t0..t4 from
 different hosts are directly comparable. Under time dilation k (``SourceConfig.time_dilation``)
@@ -45,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from testbed.agent.live import LivePolicySelector
+from testbed.agent.live import live_selector
+from testbed.agent.selector import SelectorFailed
 from testbed.core.errors import EXIT_COMPONENT_DIED
 from testbed.core.plugins import add_sys_paths
 from testbed.core.util import write_json_atomic
@@ -107,8 +110,9 @@ class Source:
         self.name = cfg.source
         self.aset = None
         policy = cfg.policy
+        self.selector_failed: SelectorFailed | None = None
         if policy == ASET_POLICY:
-            self.aset = LivePolicySelector(cfg)
+            self.aset = live_selector(cfg)
             policy = (cfg.aset.options or {}).get("initial_policy", "closest") if cfg.aset else "closest"
         add_sys_paths(cfg.plugin_paths)  # where the plan found its policy plug-ins
         origin = REGISTRY.resolve(policy, f"source {self.name}").origin
@@ -284,7 +288,14 @@ class Source:
             await asyncio.sleep(window)
             state = self._aset_state()
             self.win_arrivals, self.win_resolved = {}, []
-            self.dispatcher.policy = self.aset.choose(state)  # a name of its action set
+            try:
+                choice = self.aset.choose(state)
+            except SelectorFailed as exc:  # a selector of one's own raised: told with its traceback, the run stops
+                print(f"[source] {exc}", file=sys.stderr, flush=True)
+                self.selector_failed = exc
+                self._stop()
+                return
+            self.dispatcher.policy = choice  # a name of its action set (the selector checks what it returns)
 
     async def _arrivals(self, session, stream: StreamConfig, t_start: float, end: float) -> None:
         """Queries of one workload entry, times from :mod:`testbed.model.arrivals` (same seeds as the simulator)."""
@@ -436,8 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     on stderr when the config or the zoo is unusable (a policy plug-in that does not resolve
     too); 3 when a query's task raised (its record may be missing: the run fails rather than
     report a biased success ratio); 4 when a policy plug-in raised while dispatching
-    (:class:`testbed.model.policies.PolicyFailure`, its traceback on stderr): the source stops at
-    once, and the run's health watch stops the run (exit 4)."""
+    (:class:`testbed.model.policies.PolicyFailure`, its traceback on stderr), or its selector of
+    one's own (``aset.selector``) raised or returned no policy (the traceback on stderr): the source
+    stops at once, and the run's health watch stops the run (exit 4)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m testbed.emu.source CONFIG.json", file=sys.stderr)
@@ -450,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(source.run())
     if source.policy_failure is not None:
         print(f"[source] stopped: {str(source.policy_failure).splitlines()[0]}", file=sys.stderr)
+        return EXIT_COMPONENT_DIED
+    if source.selector_failed is not None:
         return EXIT_COMPONENT_DIED
     if source.failed_queries:
         print(f"[source] {source.failed_queries} query task(s) failed inside the source (first traceback above); "

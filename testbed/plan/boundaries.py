@@ -140,6 +140,44 @@ class SourceOption(_Boundary):
 NO_ROUTE_END_S = 1e12
 
 
+class SelectorContext(_Boundary):
+    """What a selector's observation (:mod:`testbed.agent.selector`) is built from for one source:
+    the experiment's ``applications`` (sorted by name) with their ``deadlines_ms``, its
+    ``clusters`` (sorted) with this source's planned ``rtt_ms`` to each (emulated time), its
+    ``sources`` (sorted; ``source`` is one: the identity one-hot) and the action space
+    ``policies`` (action-index order). The same lists, in the same order, as a row of
+    ``testbed/AsetSim-v0`` (:func:`testbed.aset.envs.plan_contexts`), so that a model trained
+    there reads the same features in both engines."""
+
+    source: str
+    applications: list[str]
+    deadlines_ms: list[float]
+    clusters: list[str]
+    rtt_ms: list[float]
+    sources: list[str]
+    policies: list[str] = Field(min_length=2)
+
+    @classmethod
+    def from_plan(cls, plan: Plan, source: str) -> SelectorContext | None:
+        """The context of ``source`` under the experiment's ``aset.selector`` (None without one).
+
+        ``policies``: ``aset.selector.policies``, default every built-in policy
+        (:data:`testbed.model.policies.CATALOGUE`)."""
+        from testbed.model.policies import CATALOGUE
+
+        exp = plan.experiment
+        if exp.aset is None or exp.aset.selector is None:
+            return None
+        k = wall_factor(plan)
+        apps = sorted(exp.applications, key=lambda a: a.name)
+        clusters = sorted(c.name for c in plan.clusters)
+        return cls(source=source, applications=[a.name for a in apps],
+                   deadlines_ms=[float(a.deadline_ms) for a in apps], clusters=clusters,
+                   rtt_ms=[plan.rtt_ms(source, c) / k for c in clusters],
+                   sources=sorted(h.name for h in plan.sources),
+                   policies=list(exp.aset.selector.policies or CATALOGUE))
+
+
 class SourceConfig(_Boundary):
     """One query source (workload generator + dispatcher, :mod:`testbed.emu.source`).
 
@@ -166,6 +204,7 @@ class SourceConfig(_Boundary):
     (:attr:`testbed.core.plugins.Origin.sys_path`), which the source adds to its own before it
     resolves ``policy``; ``plugin_sha256``: per plug-in, the SHA-256 of the file the plan resolved
     (and ``run.json`` records), which the file the source resolves must have.
+    ``selector_context``: with ``aset.selector``, what the selector observes (:class:`SelectorContext`).
     """
 
     source: str
@@ -194,6 +233,7 @@ class SourceConfig(_Boundary):
     time_dilation: float = Field(1.0, ge=1.0)
     plugin_paths: list[str] = []
     plugin_sha256: dict[str, str] = {}
+    selector_context: SelectorContext | None = None
 
     @classmethod
     def from_plan(cls, plan: Plan, source: str, start_ns: int, duration_s: float, run_dir: Path) -> SourceConfig | None:
@@ -231,7 +271,8 @@ class SourceConfig(_Boundary):
                    path_links=path_links, link_util_file=str(run_dir / "link_util.json"), aset=exp.aset,
                    zoo_dir=plan.zoo_dir, repo_dir=str(REPO_ROOT),
                    records=str(run_dir / "sources" / f"{source}.records.csv"), experiment=exp.name,
-                   no_route=no_route, grace_ms=GRACE_MS * k, time_dilation=k)
+                   no_route=no_route, grace_ms=GRACE_MS * k, time_dilation=k,
+                   selector_context=SelectorContext.from_plan(plan, source))
 
 
 class SourceTally(_Boundary):

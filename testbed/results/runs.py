@@ -132,7 +132,7 @@ def run_simulation(plan: Plan, base_dir: Path | None = None, runs_dir: Path | No
         tag = f"-{ref_slug(policy)}" if policy else ""
         run_dir = base / f"{datetime.now():%Y%m%d-%H%M%S}-{exp.name}{tag}-sim-s{out.sim.seed}"
     n = len(out.sim.queries_recorded)
-    s = _write_whole(out.sim, Path(run_dir), out.duration_s, out.wall_s)
+    s = _write_whole(out.sim, Path(run_dir), out.duration_s, out.wall_s, out.selector)
     if not quiet:
         console = console or Console()
         print_summary(s, console)
@@ -141,7 +141,8 @@ def run_simulation(plan: Plan, base_dir: Path | None = None, runs_dir: Path | No
     return run_dir, s
 
 
-def _write_whole(sim: Simulator, run_dir: Path, duration_s: float, wall_s: float) -> dict:
+def _write_whole(sim: Simulator, run_dir: Path, duration_s: float, wall_s: float, selector: dict | None = None
+                 ) -> dict:
     """Write the simulated run (records, ``run.json``, ``summary.json``, ``summary.md``) into a
     hidden sibling of ``run_dir`` and rename it to ``run_dir`` once everything is written; an
     earlier simulated run of the same name is replaced. Returns the summary.
@@ -154,8 +155,11 @@ def _write_whole(sim: Simulator, run_dir: Path, duration_s: float, wall_s: float
     tmp = run_dir.with_name(f".{run_dir.name}.partial-{os.getpid()}")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
-        sim.write_run(tmp, {"simulated_s": duration_s, "wall_s": round(wall_s, 3), "queries": len(sim.queries_recorded),
-                            "status": "ok"})
+        extra = {"simulated_s": duration_s, "wall_s": round(wall_s, 3), "queries": len(sim.queries_recorded),
+                 "status": "ok"}
+        if selector is not None:  # aset.selector: what drove the sources (import path or file, version, SHA-256)
+            extra["selector"] = selector
+        sim.write_run(tmp, extra)
         s = summarize(tmp, duration_s)
         s["mode"] = "simulation"
         s["time_dilation"] = 1.0  # the simulator's clock is virtual: emulation.time_dilation does not apply

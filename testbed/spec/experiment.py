@@ -390,23 +390,74 @@ class WorkloadSpec(_Model):
         return self
 
 
+#: ``selector.use``: ``package.module:attribute`` (dotted names, one colon).
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+SELECTOR_USE_RE = rf"^{_DOTTED}:{_DOTTED}$"
+
+
+class SelectorSpec(_Model):
+    """A selector of one's own in place of the ASET checkpoint (``aset: {selector: ...}``;
+    :mod:`testbed.agent.selector`, docs/extending.md, "A selector of your own"). Exactly one of:
+
+    ``use``: ``package.module:attribute``, a callable ``obs -> policy`` or a class with
+    ``select(obs)`` (and optionally ``reset()``), built as ``Class(**params)`` once per source;
+    ``params`` (a mapping) only with ``use``.
+    ``sb3``: the path of a Stable-Baselines3 model (``.zip``, relative to the repository) trained on
+    ``testbed/AsetSim-v0``; ``algorithm``: its Stable-Baselines3 class (default ``DQN``).
+
+    ``policies``: the action space, policy names in action-index order (default: every built-in
+    policy, :data:`testbed.model.policies.CATALOGUE`, the default action set of AsetSim-v0)."""
+
+    use: str | None = Field(None, pattern=SELECTOR_USE_RE)
+    params: dict[str, Any] = {}
+    sb3: str | None = None
+    algorithm: str = Field("DQN", pattern=r"^[A-Za-z][A-Za-z0-9]*$")
+    policies: list[str] | None = Field(None, min_length=2)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> SelectorSpec:
+        if (self.use is None) == (self.sb3 is None):
+            raise ValueError("give exactly one of use (package.module:callable_or_class) and sb3 (path/to/model.zip)")
+        if self.params and self.use is None:
+            raise ValueError("params: only with use (a Stable-Baselines3 model takes none)")
+        if self.algorithm != "DQN" and self.sb3 is None:  # a JSON round trip sets the default: not counted
+            raise ValueError("algorithm: only with sb3 (the Stable-Baselines3 class of the model)")
+        if self.policies is not None and len(set(self.policies)) != len(self.policies):
+            raise ValueError("policies: a policy is listed twice")
+        return self
+
+    @property
+    def name(self) -> str:
+        """How messages name this selector: ``use`` or ``sb3``."""
+        return self.use or f"sb3:{self.sb3}"
+
+
 class AsetSpec(_Model):
     """Settings of the ``aset`` policy (testbed.aset): ``checkpoint`` (path of the trained agent),
     ``window`` (decision window; default: the checkpoint's own, which a set window must equal: the
     agent's arrival-rate features are per window), ``options`` (free-form, read by testbed.aset),
     ``plan``: which scenario's plan a checkpoint with plans (``observation.plans``, docs/aset.md)
     applies, by scenario name (default: this experiment's ``name``), e.g. for a renamed copy of a
-    scenario of the suite."""
+    scenario of the suite. ``selector`` (:class:`SelectorSpec`): a selector of one's own instead of
+    the checkpoint (then no ``checkpoint``; ``window`` default: the report interval)."""
 
     checkpoint: str | None = None
     window_s: Num | None = Field(None, ge=MIN_ASET_WINDOW_S)
     options: dict[str, Any] = {}
     plan: str | None = None
+    selector: SelectorSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _units(cls, data: Any) -> Any:
         return _unit_pair(data, "window", parse_duration_s, "s")
+
+    @model_validator(mode="after")
+    def _checkpoint_or_selector(self) -> AsetSpec:
+        if self.selector is not None and self.checkpoint:
+            raise ValueError(f"selector ({self.selector.name}) and checkpoint ({self.checkpoint}): the selector "
+                             f"replaces the checkpoint; give one of them")
+        return self
 
 
 class SimulationSpec(_Model):
@@ -532,7 +583,7 @@ class Experiment(_Model):
         aset = data.get("aset")
         if uses and aset is None:
             return {**data, "aset": {"checkpoint": DEFAULT_ASET_CHECKPOINT}}
-        if uses and isinstance(aset, dict) and not aset.get("checkpoint"):
+        if uses and isinstance(aset, dict) and not aset.get("checkpoint") and aset.get("selector") is None:
             return {**data, "aset": {**aset, "checkpoint": DEFAULT_ASET_CHECKPOINT}}
         return data
 
@@ -567,8 +618,9 @@ class Experiment(_Model):
                     if s not in srcs:
                         raise ValueError(f"workload[{i}].weights: unknown source {s!r}; known: {sorted(srcs)}")
         uses_aset = self.policy == ASET_POLICY or any(s.policy == ASET_POLICY for s in self.sources)
-        if uses_aset and (self.aset is None or not self.aset.checkpoint):
-            raise ValueError("policy 'aset' needs an 'aset:' section with a checkpoint (aset: {checkpoint: PATH})")
+        if uses_aset and (self.aset is None or not (self.aset.checkpoint or self.aset.selector)):
+            raise ValueError("policy 'aset' needs an 'aset:' section with a checkpoint (aset: {checkpoint: PATH}) "
+                             "or a selector (aset: {selector: {use: package.module:callable}})")
         clusters = {c.name for c in self.clusters}
         for i, ev in enumerate(self.events):
             if ev.cluster is not None and ev.cluster not in clusters:
