@@ -99,7 +99,14 @@ class Network:
             raise PlanError(f"{item}: label {ref!r} names {len(by_label)} nodes; use the node id instead")
         options = list(self.nodes) + [s.label for s in self.nodes.values()]
         why = " (topohub drops nodes that have no coordinates before loading)" if self.raw.origin == "topohub" else ""
-        raise PlanError(f"{item}: unknown node {ref!r}{suggest(ref, options)}{why}")
+        close = suggest(ref, options)
+        raise PlanError(f"{item}: unknown node {ref!r}{close}{why}{'' if close else self.node_list()}")
+
+    def node_list(self, most: int = 60) -> str:
+        """``; the topology's nodes (label, else id): A, B, ...`` (at most ``most`` of them, then how many more)."""
+        labels = [s.label for s in self.nodes.values()]
+        more = f" ... and {len(labels) - most} more" if len(labels) > most else ""
+        return f"; the topology's nodes: {', '.join(map(repr, labels[:most]))}{more}"
 
     def site_switch(self, site: str, item: str) -> Switch:
         """The switch of a site: ``cloud`` or a node reference (:meth:`node_of`)."""

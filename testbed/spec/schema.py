@@ -42,7 +42,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
 from testbed.core.errors import InputError
 from testbed.core.util import read_input_text
-from testbed.spec.units import UnitError
+from testbed.spec.units import KEY_FORM_TAIL, UnitError, bare_number_hint
 
 NAME_RE = r"^[a-z][a-z0-9]*$"
 
@@ -242,10 +242,12 @@ def unit_pair(data: Any, key: str, parse, suffix: str) -> Any:
         raise ValueError(f"give either '{key}' or '{key}_{suffix}', not both")
     if key in data:
         data = dict(data)
+        value = data.pop(key)
         try:
-            data[f"{key}_{suffix}"] = parse(data.pop(key), item=key)
+            data[f"{key}_{suffix}"] = parse(value, item=key)
         except UnitError as exc:
-            raise ValueError(str(exc)) from None
+            hint = bare_number_hint(key, suffix, value)
+            raise ValueError(str(exc).removesuffix(KEY_FORM_TAIL) + hint if hint else str(exc)) from None
     return data
 
 
