@@ -342,8 +342,8 @@ def markdown_table(rows: Any, columns: Sequence[str] | None = None) -> str:
     return text.to_markdown(index=False, disable_numparse=True) + "\n"
 
 
-__all__ = ["REPO_ROOT", "SOURCE_CHECKOUT", "ci95", "did_you_mean", "markdown_table", "poll_until", "repo_path", "stop_processes",
-           "stopped", "write_json_atomic"]
+__all__ = ["REPO_ROOT", "SOURCE_CHECKOUT", "ci95", "did_you_mean", "markdown_table", "poll_until", "repo_path",
+           "stop_processes", "stopped", "write_json_atomic"]
 
 
 @contextmanager

@@ -564,7 +564,8 @@ class Experiment(_Model):
             if w.sources != "all":
                 for s in w.sources:
                     if s not in srcs:
-                        raise ValueError(f"workload[{i}]: unknown source {s!r}; known: {sorted(srcs)}{did_you_mean(s, srcs)}")
+                        raise ValueError(f"workload[{i}]: unknown source {s!r}; known: {sorted(srcs)}"
+                                         f"{did_you_mean(s, srcs)}")
             if w.weights is not None:
                 for s in w.weights:
                     if s not in srcs:
