@@ -99,8 +99,7 @@ class Network:
             raise PlanError(f"{item}: label {ref!r} names {len(by_label)} nodes; use the node id instead")
         options = list(self.nodes) + [s.label for s in self.nodes.values()]
         why = " (topohub drops nodes that have no coordinates before loading)" if self.raw.origin == "topohub" else ""
-        close = suggest(ref, options)
-        raise PlanError(f"{item}: unknown node {ref!r}{close}{why}{'' if close else self.node_list()}")
+        raise PlanError(f"{item}: unknown node {ref!r}{suggest(ref, options)}{why}{self.node_list()}")
 
     def node_list(self, most: int = 60) -> str:
         """``; the topology's nodes (label, else id): A, B, ...`` (at most ``most`` of them, then how many more)."""

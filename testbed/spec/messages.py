@@ -15,7 +15,8 @@ pydantic error                  what the message adds
 ``missing``                     both forms of a key with a unit (``deadline: 100ms`` or
                                 ``deadline_ms: 100``)
 a string for a number           what the key's unit is and the number to write: ``duration_s is
-(``... carries its unit``)      in seconds: write 'duration_s: 600' or 'duration: 600s'``
+(``... carries its unit``,      in seconds: write 'duration_s: 600' or 'duration: 600s'``
+``float_parsing``)
 ``literal_error`` (a choice)    the value given and the nearest choice
 ``string_pattern_mismatch``     for names (``[a-z][a-z0-9]*``): the rule and the name rewritten
                                 by it
@@ -203,7 +204,8 @@ def explain(err: dict[str, Any], root: type[BaseModel] | None = None) -> str:
         return _choice(err)
     if kind == "string_pattern_mismatch":
         return _name_rule(err)
-    if "carries its unit already" in msg and loc:
+    if loc and isinstance(err.get("input"), str) and ("carries its unit already" in msg
+                                                      or kind in ("float_parsing", "int_parsing")):
         here = model_at(root, loc[:-1]) if root is not None else None
         hint = unit_key_hint(str(loc[-1]), err.get("input"), stem_form=here is not None
                              and str(loc[-1]) in unit_forms(here).values())
