@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import networkx as nx
+from pydantic import ValidationError
 
 from testbed.cli.common import console
 from testbed.core.errors import InputError
@@ -480,8 +481,6 @@ def write_experiment(args: argparse.Namespace) -> tuple[str, Path | None]:
 
 def _check_plans(text: str, raw: RawTopology, base: Path) -> None:
     """The text validates and plans (as ``testbed plan``), or NewExperimentError saying why."""
-    from pydantic import ValidationError
-
     try:
         exp = Experiment.model_validate(load_yaml(text))
     except ValidationError as exc:

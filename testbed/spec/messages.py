@@ -42,6 +42,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel
 
 from testbed.core.util import did_you_mean
+from testbed.spec.schema import StrictModel
 from testbed.spec.units import key_unit, unit_key_hint
 
 #: pydantic error types of a number outside a Field bound (``ge``, ``gt``, ``le``, ``lt``).
@@ -216,8 +217,6 @@ def explain(err: dict[str, Any], root: type[BaseModel] | None = None) -> str:
 def model_named(title: str) -> type[BaseModel] | None:
     """The strict model (a :class:`testbed.spec.schema.StrictModel` subclass) whose name is
     ``title`` (a ValidationError's ``title``), when exactly one has it."""
-    from testbed.spec.schema import StrictModel
-
     found: list[type[BaseModel]] = []
     todo = list(StrictModel.__subclasses__())
     while todo:
