@@ -179,6 +179,16 @@ EVENTS = "events:\n  - {at: 5s, kind: link_down, link: [Chicago, Indianapolis]}\
     ("topology:\n", "topology:\n  clusters: []\n", "topology.clusters",
      "'clusters' is a key of the top level, not of 'topology'; move it there"),
     ("seed: 1", "seed: 1\nhost_bandwidth: 1Gbit/s", "host_bandwidth", "is a key of 'topology', not of the top level"),
+    ("deadline: 60ms", "deadline_s: 0.06", "applications.0.deadline_s",
+     "this quantity's key is 'deadline_ms' (milliseconds): write 'deadline_ms: 60' or 'deadline: 0.06s'"),
+    ("duration: 40s", "duration_ms: 40000", "duration_ms", "write 'duration_s: 40' or 'duration: 40000ms'"),
+    ("topology:\n  source: topohub:topozoo/Abilene\n", "topology: topohub:topozoo/Abilene\nx:\n",
+     "topology:", "write 'topology: {source: topohub:topozoo/Abilene}'"),
+    ("models: [digits_small]}", "models: digits_small}", "clusters.0.models",
+     "write a list, e.g. 'models: [digits_small]'"),
+    ("{application: digits, sources: all", "{application: digits, sources: sea", "workload.0.sources:",
+     "Input should be a valid list or 'all'; got 'sea': for a list write 'sources: [sea]'"),
+    ("cpu_cores: 0.25", "cpu_cores: 0.25cores", "clusters.0.cpu_cores", "write 'cpu_cores: 0.25'"),
 ])
 def test_hand_edit_error_says_where_and_what_to_write(tmp_path, old, new, where, fix):
     msg = _edited(tmp_path, old, new)

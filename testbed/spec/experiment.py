@@ -56,7 +56,7 @@ from testbed.core.errors import InputError
 from testbed.core.util import InputFileError, did_you_mean, repeated
 from testbed.spec.capture import CaptureSpec
 from testbed.spec.events import EventSpec
-from testbed.spec.messages import explain, model_named
+from testbed.spec.messages import explain, merged, model_named
 from testbed.spec.schema import NAME_RE, Num, YamlValueError, load_yaml_file
 from testbed.spec.schema import StrictModel as _Model
 from testbed.spec.schema import unit_pair as _unit_pair
@@ -600,7 +600,7 @@ def format_validation_error(exc: ValidationError, path: str, what: str = "experi
     error's title)."""
     root = model or model_named(exc.title)
     lines = [f"{path}: invalid {what}"]
-    for err in exc.errors():
+    for err in merged(exc.errors()):
         loc = ".".join(str(p) for p in err["loc"])
         msg = explain(err, root)
         lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")

@@ -21,6 +21,13 @@ a string for a number           what the key's unit is and the number to write: 
 ``string_pattern_mismatch``     for names (``[a-z][a-z0-9]*``): the rule and the name rewritten
                                 by it
 a number out of its bound       the value given
+a key with another unit         the quantity's key and the number converted: ``deadline_s: 0.06``
+(``deadline_s``)                -> ``write 'deadline_ms: 60' or 'deadline: 0.06s'``
+``list_type`` (a value)         the list to write: ``models: [digits_small]``
+``model_type`` (a value where   the mapping to write: ``topology: {source: topohub:...}``
+a section belongs)
+a union's branches              one line: ``Input should be a valid list or 'all'; got 'sea'``
+(``sources.list[str]``, ...)    (:func:`merged`)
 ==============================  ===============================================================
 
 The model tree is walked by the error's location (``clusters.0.queue_limt``: the experiment's
@@ -138,11 +145,33 @@ def homes_of(root: type[BaseModel], key: str) -> list[str]:
     return [path or "the top level" for path, cls in _tree(root) if key in keys_of(cls)]
 
 
-def _unknown_key(root: type[BaseModel] | None, loc: tuple[int | str, ...]) -> str:
+def _other_unit(here: type[BaseModel], key: str, value: Any) -> str:
+    """For ``deadline_s: 0.06`` where the model counts ``deadline_ms``: ``this quantity's key is
+    'deadline_ms' (milliseconds): write 'deadline_ms: 60' or 'deadline: 0.06s'``; "" otherwise."""
+    ku = key_unit(key)
+    if ku is None:
+        return ""
+    stem = key[: -len(ku[0])]
+    field = unit_forms(here).get(stem)
+    if field is None:
+        return ""
+    want = key_unit(field)
+    ratio = {("_s", "_ms"): 1e3, ("_ms", "_s"): 1e-3}.get((ku[0], want[0]) if want else ("", ""))
+    text = f"unknown key: this quantity's key is {field!r} ({want[1] if want else ''})"
+    if ratio is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return text
+    unit = "s" if ku[0] == "_s" else "ms"
+    return f"{text}: write '{field}: {value * ratio:g}' or '{stem}: {value:g}{unit}'"
+
+
+def _unknown_key(root: type[BaseModel] | None, loc: tuple[int | str, ...], value: Any = None) -> str:
     key = str(loc[-1])
     here = model_at(root, loc[:-1]) if root is not None else None
     if here is None:
         return "unknown key"
+    other_unit = _other_unit(here, key, value)
+    if other_unit:
+        return other_unit
     keys = keys_of(here)
     close = did_you_mean(key, keys)
     if close:
@@ -196,7 +225,7 @@ def explain(err: dict[str, Any], root: type[BaseModel] | None = None) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     kind = err["type"]
     if kind == "extra_forbidden":
-        return _unknown_key(root, loc)
+        return _unknown_key(root, loc, err.get("input"))
     if kind == "missing":
         return _missing(root, loc, msg)
     if kind in BOUND_ERRORS:  # pydantic states the bound; the value makes it an answer
@@ -209,9 +238,62 @@ def explain(err: dict[str, Any], root: type[BaseModel] | None = None) -> str:
                                                       or kind in ("float_parsing", "int_parsing")):
         here = model_at(root, loc[:-1]) if root is not None else None
         hint = unit_key_hint(str(loc[-1]), err.get("input"), stem_form=here is not None
-                             and str(loc[-1]) in unit_forms(here).values())
+                             and str(loc[-1]) in unit_forms(here).values()) or _plain_number(str(loc[-1]), err["input"])
         return f"{msg}; {hint}" if hint else msg
+    if kind == "list_type" and isinstance(err.get("input"), str | int | float) and loc:
+        return f"{msg}; got {err['input']!r}: write a list, e.g. '{loc[-1]}: [{err['input']}]'"
+    if kind == "model_type" and loc and not isinstance(err.get("input"), dict):
+        return _mapping_expected(root, loc, msg, err.get("input"))
     return msg
+
+
+def _plain_number(key: str, value: str) -> str:
+    """``write 'cpu_cores: 0.25'`` for ``'0.25cores'``: the number a value starts with, or ""."""
+    m = re.match(r"\s*(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)", value)
+    return f"write '{key}: {float(m[1]):g}' (a plain number)" if m else ""
+
+
+def _mapping_expected(root: type[BaseModel] | None, loc: tuple[int | str, ...], msg: str, got: Any) -> str:
+    """A section written as a value (``topology: topohub:...``): the mapping it should be."""
+    here = model_at(root, loc) if root is not None else None
+    if here is None:
+        return msg
+    required = [f.alias or n for n, f in here.model_fields.items() if f.is_required()]
+    key = str(loc[-1]) if not isinstance(loc[-1], int) else "the item"
+    if len(required) == 1 and isinstance(got, str | int | float):
+        return (f"{msg}; got {got!r}: {key} is a mapping of its keys; write "
+                f"'{key}: {{{required[0]}: {got}}}'")
+    return f"{msg}; got {got!r}: {key} is a mapping of its keys ({', '.join(required) or 'all optional'} required)"
+
+
+#: Location parts pydantic adds for the branch of a union (``list[str]``, ``literal['all']``, ``float``).
+_BRANCH = re.compile(r".*\[.*\]|str|int|float|bool|none|dict|list|[A-Z]\w*")
+
+
+def merged(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pydantic's errors with the branches of a union merged: ``sources.list[str]: Input should be
+    a valid list`` and ``sources.literal['all']: Input should be 'all'`` become one error at
+    ``sources``: ``Input should be a valid list or 'all'``."""
+    out: list[dict[str, Any]] = []
+    seen: dict[tuple, dict[str, Any]] = {}
+    for err in errors:
+        loc = tuple(err["loc"])
+        clean = tuple(p for p in loc if isinstance(p, int) or not _BRANCH.fullmatch(str(p)))
+        if clean == loc:
+            out.append(err)
+            continue
+        if clean in seen:
+            first = seen[clean]
+            first["msg"] = f"{first['msg']} or {err['msg'].removeprefix('Input should be ')}"
+            continue
+        err = {**err, "loc": clean, "msg": err["msg"], "type": "union"}
+        seen[clean] = err
+        out.append(err)
+    for err in seen.values():
+        err["msg"] += f"; got {err['input']!r}"
+        if "a valid list" in err["msg"] and isinstance(err["input"], str) and err["loc"]:
+            err["msg"] += f": for a list write '{err['loc'][-1]}: [{err['input']}]'"
+    return out
 
 
 def model_named(title: str) -> type[BaseModel] | None:
@@ -227,4 +309,4 @@ def model_named(title: str) -> type[BaseModel] | None:
     return found[0] if len(found) == 1 else None
 
 
-__all__ = ["BOUND_ERRORS", "explain", "homes_of", "keys_of", "model_at", "model_named", "unit_forms"]
+__all__ = ["BOUND_ERRORS", "explain", "merged", "homes_of", "keys_of", "model_at", "model_named", "unit_forms"]
