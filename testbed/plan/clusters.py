@@ -77,7 +77,12 @@ def resolve_models(exp: Experiment, catalog: Catalog,
     """
     check_families(exp, catalog)
     models: dict[str, ModelInfo] = {}
-    services = {c.name: cluster_services(c, catalog, models, notes) for c in exp.clusters}
+    services = {}
+    for i, c in enumerate(exp.clusters):
+        try:
+            services[c.name] = cluster_services(c, catalog, models, notes)
+        except PlanError as exc:
+            raise PlanError(f"clusters.{i}.models: {exc}") from None
     check_served(exp, models)
     return models, services
 

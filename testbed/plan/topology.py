@@ -330,11 +330,11 @@ def add_cloud(net: Network) -> None:
 def add_hosts(net: Network) -> None:
     """One host per source and cluster, with its IP (10.0.0.k/8) and MAC (00:..:k)."""
     hbw = net.exp.topology.host_bandwidth_mbps
-    for src in net.exp.sources:
-        sw = net.site_switch(src.site, f"source {src.name!r}")
+    for i, src in enumerate(net.exp.sources):
+        sw = net.site_switch(src.site, f"sources.{i}.site: source {src.name!r}")
         net.hosts.append(Host(name=src.name, role="source", switch=sw.name, site=sw.label, bandwidth_mbps=hbw))
-    for c in net.exp.clusters:
-        sw = net.site_switch(c.site, f"cluster {c.name!r}")
+    for i, c in enumerate(net.exp.clusters):
+        sw = net.site_switch(c.site, f"clusters.{i}.site: cluster {c.name!r}")
         net.hosts.append(Host(name=c.name, role="cluster", switch=sw.name, site=sw.label, bandwidth_mbps=hbw,
                               tier=c.tier, cpu_cores=c.cpu_cores, workers=c.workers, models=list(c.models)))
     addresses = ipaddress.ip_network("10.0.0.0/8")
