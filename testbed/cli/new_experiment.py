@@ -423,6 +423,8 @@ def _options(args: argparse.Namespace, raw: RawTopology) -> Options:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) or len(name.encode()) > MAX_NAME_BYTES:
         raise NewExperimentError(f"--name {name!r}: letters, digits, '_', '.', '-' (starting with a letter or "
                                  f"digit), at most {MAX_NAME_BYTES} bytes")
+    if not args.family:
+        raise NewExperimentError("--family: name at least one family of the model zoo, e.g. digits")
     if not (0 < args.rate <= 10_000):
         raise NewExperimentError(f"--rate {args.rate:g}: queries per second per source, in (0, 10000]")
     return Options(_command_line(args), name, args.seed,
