@@ -189,6 +189,8 @@ EVENTS = "events:\n  - {at: 5s, kind: link_down, link: [Chicago, Indianapolis]}\
     ("{application: digits, sources: all", "{application: digits, sources: sea", "workload.0.sources:",
      "Input should be a valid list or 'all'; got 'sea': for a list write 'sources: [sea]'"),
     ("cpu_cores: 0.25", "cpu_cores: 0.25cores", "clusters.0.cpu_cores", "write 'cpu_cores: 0.25'"),
+    ("cpu_cores: 0.25", "cpu_cores: 0.25, memory_mib: 2GiB", "memory_mib",
+     "memory_mib is in MiB: write 'memory_mib: 2048'"),
 ])
 def test_hand_edit_error_says_where_and_what_to_write(tmp_path, old, new, where, fix):
     msg = _edited(tmp_path, old, new)

@@ -42,7 +42,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
 from testbed.core.errors import InputError
 from testbed.core.util import read_input_text
-from testbed.spec.units import KEY_FORM_TAIL, UnitError, bare_number_hint
+from testbed.spec.units import KEY_FORM_TAIL, UnitError, bare_number_hint, unit_key_hint
 
 NAME_RE = r"^[a-z][a-z0-9]*$"
 
@@ -298,7 +298,8 @@ def _kind_error(key: str, value: Any, admits: set[Any]) -> str | None:
     if admits <= {bool, type(None)} and bool in admits and value is not None:
         return f"{key}: expected true or false, got {value!r}"
     if isinstance(value, str) and int in admits and not admits & {str, float}:
-        return f"{key}: expected an integer, got the string {value!r}"
+        hint = unit_key_hint(key, value)
+        return f"{key}: expected an integer, got the string {value!r}" + (f"; {hint}" if hint else "")
     return None
 
 

@@ -117,6 +117,14 @@ KEY_UNITS: dict[str, tuple[str, str | None, float]] = {
 }
 
 
+#: The units a value of a counted key may be written with, by mistake, and their factor to the key's unit.
+_COUNT_UNITS: dict[str, dict[str, float]] = {
+    "_qps": {"": 1.0, "/s": 1.0, "qps": 1.0, "q/s": 1.0, "queries/s": 1.0},
+    "_pct": {"": 1.0, "%": 1.0, "pct": 1.0, "percent": 1.0},
+    "_mib": {"": 1.0, "MiB": 1.0, "M": 1.0, "GiB": 1024.0, "G": 1024.0},
+}
+
+
 def key_unit(key: str) -> tuple[str, str, str | None, float] | None:
     """(suffix, what the number means, kind, factor) of a key that carries its unit, or None."""
     for suffix, (meaning, kind, factor) in KEY_UNITS.items():
@@ -135,8 +143,9 @@ def unit_key_hint(key: str, value: object, stem_form: bool = False) -> str:
         return ""
     suffix, meaning, kind, factor = ku
     if kind is None:
-        m = re.match(r"\s*" + _NUMBER, value)
-        number = float(m["num"]) if m else None
+        m = re.fullmatch(r"\s*" + _NUMBER + r"\s*(?P<unit>.*?)\s*", value)
+        scale = _COUNT_UNITS[suffix].get(m["unit"]) if m else None
+        number = float(m["num"]) * scale if m and scale else None
     else:
         got = read_loosely(value, kind)
         number = None if got is None else got * factor
