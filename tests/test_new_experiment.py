@@ -224,3 +224,17 @@ def test_loose_reading_only_feeds_the_message():
     with pytest.raises(InputError, match="write '1Gbit/s'"):
         parse_rate_mbps("1 Gbit/s", "x")
     assert parse_rate_mbps("1Gbit/s", "x") == 1000.0
+
+
+@pytest.mark.parametrize("old, new, fix", [
+    ("seed: 1", "seed: 1\n\tpolicy: closest", "line 6, column 1: .* YAML indents with spaces, never tabs"),
+    ("site: Seattle}", "site: Seattle: WA}", "line 26, .*a ':' inside a value of a \\{...\\}: quote the value"),
+    ("models: [digits_small]}", "models: [digits_small}", "line 20, .*an unclosed \\[...\\] or a ',' missing"),
+    ("policy: closest", "policy closest", "line 9, .*could not find expected ':'; .* add the ':'"),
+    ("  - {name: sea, site: Seattle}", "  sea: {site: Seattle}",
+     "line 27, .*a list item \\('- '\\) where a key was expected: indent a list's items under the key"),
+])
+def test_yaml_syntax_error_says_where_and_what_to_change(tmp_path, old, new, fix):
+    msg = _edited(tmp_path, old, new)
+    assert re.search("not valid YAML at " + fix, msg), msg
+

@@ -57,7 +57,7 @@ from testbed.core.util import InputFileError, did_you_mean, repeated
 from testbed.spec.capture import CaptureSpec
 from testbed.spec.events import EventSpec
 from testbed.spec.messages import explain, merged, model_named
-from testbed.spec.schema import NAME_RE, Num, YamlValueError, load_yaml_file
+from testbed.spec.schema import NAME_RE, Num, YamlValueError, describe_yaml_error, load_yaml_file
 from testbed.spec.schema import StrictModel as _Model
 from testbed.spec.schema import unit_pair as _unit_pair
 from testbed.spec.serving import ServerSpec
@@ -622,7 +622,7 @@ def load_experiment(path: str | Path) -> Experiment:
     except YamlValueError as exc:  # a key twice, an integer too long to read
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: {describe_yaml_error(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     try:

@@ -38,7 +38,7 @@ from pydantic import Field, ValidationError, model_validator
 from testbed.core.errors import InputError
 from testbed.core.util import REPO_ROOT, InputFileError, did_you_mean
 from testbed.spec.experiment import format_validation_error
-from testbed.spec.schema import StrictModel, YamlValueError, load_yaml_file
+from testbed.spec.schema import StrictModel, YamlValueError, describe_yaml_error, load_yaml_file
 from testbed.spec.schema import unit_pair as _unit_pair
 from testbed.spec.units import MAX_DELAY_MS, MAX_RATE_MBPS, parse_delay_ms, parse_rate_mbps
 
@@ -151,7 +151,7 @@ def load_yaml_topology(path: Path) -> RawTopology:
     except YamlValueError as exc:  # a key twice, an integer too long to read
         raise TopologyError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise TopologyError(f"cannot read topology {path}: {exc}") from None
+        raise TopologyError(f"cannot read topology {path}: {describe_yaml_error(exc)}") from None
     try:
         topo = _YTopo.model_validate(data)
     except ValidationError as exc:
