@@ -11,6 +11,7 @@
 * :func:`read_input_text`: a user's input file (experiment, topology, trace, demand matrix) as
   text, refused clearly when it is not a regular file, too large or not UTF-8.
 * :func:`provenance`: the command line and the code (git commit) a run came from, for its run.json.
+* :func:`did_you_mean`: `` (did you mean 'x'?)`` for a name that is not one of the known ones.
 * :func:`native_stderr_to`: what native libraries write to file descriptor 2 (TensorFlow's and
   LiteRT's C++ log lines) goes to a log file instead of the console, for the time of a block.
 """
@@ -266,6 +267,17 @@ def natural_key(name: str) -> tuple:
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name))
 
 
+def did_you_mean(name: object, options: Iterable[str], n: int = 3) -> str:
+    """`` (did you mean 'x', 'y'?)`` for the ``options`` close to ``name`` (``difflib``'s ratio >=
+    0.5, closest first, at most ``n``), or "" when none is close or ``name`` is not a string."""
+    import difflib
+
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, list(dict.fromkeys(options)), n=n, cutoff=0.5)
+    return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+
+
 def repeated(items: Sequence[T]) -> list[T]:
     """The items of ``items`` that occur more than once, each once, sorted (for the errors that
     name what was given twice: a model, a seed, a policy, a column)."""
@@ -330,8 +342,8 @@ def markdown_table(rows: Any, columns: Sequence[str] | None = None) -> str:
     return text.to_markdown(index=False, disable_numparse=True) + "\n"
 
 
-__all__ = ["REPO_ROOT", "SOURCE_CHECKOUT", "ci95", "markdown_table", "poll_until", "repo_path", "stop_processes",
-           "stopped", "write_json_atomic"]
+__all__ = ["REPO_ROOT", "SOURCE_CHECKOUT", "ci95", "did_you_mean", "markdown_table", "poll_until", "repo_path",
+           "stop_processes", "stopped", "write_json_atomic"]
 
 
 @contextmanager

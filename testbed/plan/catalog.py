@@ -17,6 +17,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from testbed.core.errors import InputError
+from testbed.core.util import did_you_mean
 from testbed.plan import handling, profiles, zoo
 
 
@@ -86,7 +87,8 @@ class ZooCatalog:
     def model(self, name: str) -> ModelInfo:
         variants = self.manifest["variants"]
         if name not in variants:
-            raise CatalogError(f"model {name!r} is not in the zoo {self.zoo_dir} (has: {', '.join(sorted(variants))})")
+            raise CatalogError(f"model {name!r} is not in the zoo {self.zoo_dir}{did_you_mean(name, variants)} "
+                               f"(has: {', '.join(sorted(variants))})")
         v = variants[name]
         return ModelInfo(name=name, family=v["family"], accuracy=float(v["accuracy"]),
                          accuracy_source=str(v.get("accuracy_source", "")))

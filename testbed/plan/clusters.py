@@ -4,6 +4,7 @@ and the request bytes of each application."""
 
 from __future__ import annotations
 
+from testbed.core.util import did_you_mean
 from testbed.model.cpu import threads_per_call
 from testbed.model.service import ServiceFigures, service_figures
 from testbed.plan.catalog import Catalog, CatalogError, ModelInfo
@@ -20,8 +21,8 @@ def check_families(exp: Experiment, catalog: Catalog) -> None:
     families = set(catalog.families())
     for a in exp.applications:
         if a.family not in families:
-            raise PlanError(f"application {a.name!r}: family {a.family!r} is not in the model zoo "
-                            f"(has: {', '.join(sorted(families))})")
+            raise PlanError(f"application {a.name!r}: family {a.family!r} is not in the model zoo"
+                            f"{did_you_mean(a.family, families)} (has: {', '.join(sorted(families))})")
 
 
 def cluster_services(c: ClusterSpec, catalog: Catalog, models: dict[str, ModelInfo],
@@ -76,7 +77,12 @@ def resolve_models(exp: Experiment, catalog: Catalog,
     """
     check_families(exp, catalog)
     models: dict[str, ModelInfo] = {}
-    services = {c.name: cluster_services(c, catalog, models, notes) for c in exp.clusters}
+    services = {}
+    for i, c in enumerate(exp.clusters):
+        try:
+            services[c.name] = cluster_services(c, catalog, models, notes)
+        except PlanError as exc:
+            raise PlanError(f"clusters.{i}.models: {exc}") from None
     check_served(exp, models)
     return models, services
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from testbed.core.util import repo_path
 from testbed.model.events import Change, expand, kind_of
-from testbed.plan.resolved import PlanError
+from testbed.plan.resolved import PlanError, Switch
 from testbed.plan.topology import Network
 
 
@@ -38,6 +38,15 @@ def read_value_trace(path: Path, column: str, item: str) -> list[tuple[float, fl
     return list(zip(t.astype(float).tolist(), v.astype(float).tolist(), strict=True))
 
 
+def _links_at(net: Network, end: Switch | None, ref: str) -> str:
+    """``'Chicago' links to 'Indianapolis', 'Kansas City'``: the ends of the links at a site, by label."""
+    if end is None:
+        return f"{ref!r} has no links"
+    label = {s.name: s.label for s in net.switches}
+    others = [label[lk.b] if lk.a == end.name else label[lk.a] for lk in net.links if end.name in (lk.a, lk.b)]
+    return f"{ref!r} links to {', '.join(map(repr, others)) or 'nothing'}"
+
+
 def _event_link(net: Network, ends: tuple[str, str], item: str) -> tuple[str, str]:
     """The plan's (a, b) switch names of an event's link between sites ``ends``.
 
@@ -49,7 +58,8 @@ def _event_link(net: Network, ends: tuple[str, str], item: str) -> tuple[str, st
     b = net.cloud_switch if ends[1] == "cloud" else net.node_of(ends[1], f"{item}.link")
     pair = by_pair.get(frozenset((a.name, b.name))) if a and b else None
     if pair is None:
-        raise PlanError(f"{item}: no link between {ends[0]!r} and {ends[1]!r} in the topology")
+        raise PlanError(f"{item}: no link between {ends[0]!r} and {ends[1]!r} in the topology; "
+                        f"{_links_at(net, a, ends[0])}; {_links_at(net, b, ends[1])}")
     return a.name, b.name
 
 

@@ -99,7 +99,13 @@ class Network:
             raise PlanError(f"{item}: label {ref!r} names {len(by_label)} nodes; use the node id instead")
         options = list(self.nodes) + [s.label for s in self.nodes.values()]
         why = " (topohub drops nodes that have no coordinates before loading)" if self.raw.origin == "topohub" else ""
-        raise PlanError(f"{item}: unknown node {ref!r}{suggest(ref, options)}{why}")
+        raise PlanError(f"{item}: unknown node {ref!r}{suggest(ref, options)}{why}{self.node_list()}")
+
+    def node_list(self, most: int = 60) -> str:
+        """``; the topology's nodes (label, else id): A, B, ...`` (at most ``most`` of them, then how many more)."""
+        labels = [s.label for s in self.nodes.values()]
+        more = f" ... and {len(labels) - most} more" if len(labels) > most else ""
+        return f"; the topology's nodes: {', '.join(map(repr, labels[:most]))}{more}"
 
     def site_switch(self, site: str, item: str) -> Switch:
         """The switch of a site: ``cloud`` or a node reference (:meth:`node_of`)."""
@@ -324,11 +330,11 @@ def add_cloud(net: Network) -> None:
 def add_hosts(net: Network) -> None:
     """One host per source and cluster, with its IP (10.0.0.k/8) and MAC (00:..:k)."""
     hbw = net.exp.topology.host_bandwidth_mbps
-    for src in net.exp.sources:
-        sw = net.site_switch(src.site, f"source {src.name!r}")
+    for i, src in enumerate(net.exp.sources):
+        sw = net.site_switch(src.site, f"sources.{i}.site: source {src.name!r}")
         net.hosts.append(Host(name=src.name, role="source", switch=sw.name, site=sw.label, bandwidth_mbps=hbw))
-    for c in net.exp.clusters:
-        sw = net.site_switch(c.site, f"cluster {c.name!r}")
+    for i, c in enumerate(net.exp.clusters):
+        sw = net.site_switch(c.site, f"clusters.{i}.site: cluster {c.name!r}")
         net.hosts.append(Host(name=c.name, role="cluster", switch=sw.name, site=sw.label, bandwidth_mbps=hbw,
                               tier=c.tier, cpu_cores=c.cpu_cores, workers=c.workers, models=list(c.models)))
     addresses = ipaddress.ip_network("10.0.0.0/8")

@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from testbed.core.errors import counted
 from testbed.core.util import InputFileError, repeated
 from testbed.spec.experiment import MAX_SEED, ConfigError, PolicyName, format_validation_error
-from testbed.spec.schema import Num, StrictModel, YamlValueError, load_yaml_file, unit_pair
+from testbed.spec.schema import Num, StrictModel, YamlValueError, describe_yaml_error, load_yaml_file, unit_pair
 from testbed.spec.units import parse_delay_ms, parse_duration_s
 
 
@@ -528,7 +528,7 @@ def load_aset_config(path: str | Path) -> tuple[AsetConfig, Path]:
     except YamlValueError as exc:  # a key given twice, an integer too long to read
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: {describe_yaml_error(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     try:

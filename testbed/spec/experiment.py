@@ -13,7 +13,8 @@ what                           bound
 ``seed``                       0 .. 2^32 - 1 (numpy's SeedSequence takes no negative entropy)
 ``duration``                   (0, 1e6 s]; and at most ``MAX_WINDOWS`` report intervals, the drain
                                after the load included (:func:`report_windows`)
-``deadline``                   (0, 600 s] (``MAX_DEADLINE_S``: it sets how long a run drains)
+``deadline``                   [1 ms, 600 s] (``MIN_DEADLINE_MS``: request handling alone takes about
+                               1 ms; ``MAX_DEADLINE_S``: it sets how long a run drains)
 link delays                    [0, 600 s] one-way (``testbed.spec.units.MAX_DELAY_MS``): topology links,
                                ``cloud.delay``, ``link_delay`` events
 ``report_interval``            >= 10 ms (every source polls every cluster once per interval)
@@ -49,14 +50,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from testbed.core.errors import InputError
 from testbed.core.plugins import normalize_ref
-from testbed.core.util import InputFileError, repeated
+from testbed.core.util import InputFileError, did_you_mean, repeated
 from testbed.spec.capture import CaptureSpec
 from testbed.spec.events import EventSpec
-from testbed.spec.schema import NAME_RE, Num, YamlValueError, load_yaml_file
+from testbed.spec.messages import explain, merged, model_named
+from testbed.spec.schema import NAME_RE, Num, YamlValueError, describe_yaml_error, load_yaml_file
 from testbed.spec.schema import StrictModel as _Model
 from testbed.spec.schema import unit_pair as _unit_pair
 from testbed.spec.serving import ServerSpec
@@ -112,6 +114,11 @@ GRACE_MS = 2000.0
 #: for 51 queries, 1e7 s over a minute). 600 s is far beyond any interactive inference deadline
 #: (the experiments' are 33-370 ms) and keeps a run's end within ten minutes of its load.
 MAX_DEADLINE_S = 600.0
+#: Shortest application deadline (ms). Why: an inference server's request handling alone takes
+#: about a millisecond per query (models/profiles/handling.json: 1.15 ms for digits_small, the
+#: smallest model of the zoo), so a shorter deadline fails every query; and a number under 1 in a
+#: key that counts milliseconds (``deadline_ms: 0.1``) is most often seconds written by mistake.
+MIN_DEADLINE_MS = 1.0
 
 
 class ConfigError(InputError):
@@ -272,6 +279,11 @@ class ApplicationSpec(_Model):
     @field_validator("deadline_ms")
     @classmethod
     def _deadline_bound(cls, v: float) -> float:
+        if v < MIN_DEADLINE_MS:
+            raise ValueError(f"{v:g} ms is under the bound of {MIN_DEADLINE_MS:g} ms "
+                             f"(testbed.spec.experiment.MIN_DEADLINE_MS: a server's request handling alone takes "
+                             f"about 1 ms); deadline_ms counts milliseconds: if you meant {v:g} s, write "
+                             f"'deadline_ms: {v * 1e3:g}' or 'deadline: {v * 1e3:g}ms'")
         if v > MAX_DEADLINE_S * 1e3:
             raise ValueError(f"{v / 1e3:g} s is over the bound of {MAX_DEADLINE_S:g} s "
                              f"(testbed.spec.experiment.MAX_DEADLINE_S): after the load a run waits up to the longest "
@@ -608,15 +620,18 @@ class Experiment(_Model):
         srcs = {s.name for s in self.sources}
         for i, w in enumerate(self.workload):
             if w.application not in apps:
-                raise ValueError(f"workload[{i}]: unknown application {w.application!r}; known: {sorted(apps)}")
+                raise ValueError(f"workload[{i}]: unknown application {w.application!r}; known: {sorted(apps)}"
+                                 f"{did_you_mean(w.application, apps)}")
             if w.sources != "all":
                 for s in w.sources:
                     if s not in srcs:
-                        raise ValueError(f"workload[{i}]: unknown source {s!r}; known: {sorted(srcs)}")
+                        raise ValueError(f"workload[{i}]: unknown source {s!r}; known: {sorted(srcs)}"
+                                         f"{did_you_mean(s, srcs)}")
             if w.weights is not None:
                 for s in w.weights:
                     if s not in srcs:
-                        raise ValueError(f"workload[{i}].weights: unknown source {s!r}; known: {sorted(srcs)}")
+                        raise ValueError(f"workload[{i}].weights: unknown source {s!r}; known: {sorted(srcs)}"
+                                         f"{did_you_mean(s, srcs)}")
         uses_aset = self.policy == ASET_POLICY or any(s.policy == ASET_POLICY for s in self.sources)
         if uses_aset and (self.aset is None or not (self.aset.checkpoint or self.aset.selector)):
             raise ValueError("policy 'aset' needs an 'aset:' section with a checkpoint (aset: {checkpoint: PATH}) "
@@ -624,7 +639,8 @@ class Experiment(_Model):
         clusters = {c.name for c in self.clusters}
         for i, ev in enumerate(self.events):
             if ev.cluster is not None and ev.cluster not in clusters:
-                raise ValueError(f"events[{i}]: unknown cluster {ev.cluster!r}; known: {sorted(clusters)}")
+                raise ValueError(f"events[{i}]: unknown cluster {ev.cluster!r}; known: {sorted(clusters)}"
+                                 f"{did_you_mean(ev.cluster, clusters)}")
         if self.cloud is None:
             for s in self.sources:
                 if s.site == "cloud":
@@ -637,21 +653,18 @@ class Experiment(_Model):
         return self
 
 
-#: pydantic error types of a number outside a Field bound (``ge``, ``gt``, ``le``, ``lt``).
-_BOUND_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
-
-
-def format_validation_error(exc: ValidationError, path: str, what: str = "experiment") -> str:
-    """One line per pydantic error: its location (e.g. ``links.2.delay``) and message; an error of
-    the whole file (a rule across its items, which names them itself) has no location."""
+def format_validation_error(exc: ValidationError, path: str, what: str = "experiment",
+                            model: type[BaseModel] | None = None) -> str:
+    """One line per pydantic error: its location (e.g. ``links.2.delay``) and a message that points
+    at the fix (:func:`testbed.spec.messages.explain`: the nearest key, the unit, the nearest
+    choice); an error of the whole file (a rule across its items, which names them itself) has no
+    location. ``model``: the model of the whole document (default: the strict model named by the
+    error's title)."""
+    root = model or model_named(exc.title)
     lines = [f"{path}: invalid {what}"]
-    for err in exc.errors():
+    for err in merged(exc.errors()):
         loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif err["type"] in _BOUND_ERRORS:  # pydantic states the bound; the value makes it an answer
-            msg += f" (got {err['input']!r})"
+        msg = explain(err, root)
         lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
     return "\n".join(lines)
 
@@ -671,10 +684,10 @@ def load_experiment(path: str | Path) -> Experiment:
     except YamlValueError as exc:  # a key twice, an integer too long to read
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: {describe_yaml_error(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     try:
         return Experiment.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(path))) from None
+        raise ConfigError(format_validation_error(exc, str(path), model=Experiment)) from None

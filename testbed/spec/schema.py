@@ -42,7 +42,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
 from testbed.core.errors import InputError
 from testbed.core.util import read_input_text
-from testbed.spec.units import UnitError
+from testbed.spec.units import KEY_FORM_TAIL, UnitError, bare_number_hint, unit_key_hint
 
 NAME_RE = r"^[a-z][a-z0-9]*$"
 
@@ -234,6 +234,40 @@ def load_yaml_file(path: str | Path) -> Any:
     return load_yaml(read_input_text(path, max_bytes=MAX_YAML_BYTES))
 
 
+#: What the most common YAML syntax errors of a hand edit mean, by PyYAML's problem text.
+_YAML_ADVICE = (
+    ("found character '\\t'", "YAML indents with spaces, never tabs: replace the tab with spaces"),
+    ("but got ':'", "a ':' inside a value of a {...}: quote the value (site: \"Seattle: WA\")"),
+    ("mapping values are not allowed here", "a ':' followed by a space inside a value, or a key indented "
+                                             "under a value: quote the value (site: \"A: B\") or fix the indentation"),
+    ("expected <block end>, but found '-'", "a list item ('- ') where a key was expected: indent a list's items "
+                                             "under the key that holds them (clusters:), all by the same amount"),
+    ("expected <block end>, but found '<block sequence start>'",
+     "a list item ('- ') at another indentation than the items before it: indent every item of a list alike"),
+    ("expected <block end>, but found '<block mapping start>'",
+     "a key indented deeper than its neighbours: indent the keys of one mapping alike"),
+    ("could not find expected ':'", "a line that is neither 'key: value' nor a list item: add the ':' or "
+                                     "join it to the line above"),
+    ("expected ',' or '}'", "an unclosed {...} or a ',' missing between its entries"),
+    ("expected ',' or ']'", "an unclosed [...] or a ',' missing between its items"),
+)
+
+
+def describe_yaml_error(exc: yaml.YAMLError) -> str:
+    """A YAML syntax error in one line: where (line and column of the problem), what PyYAML saw,
+    and for the common hand-edit mistakes (tabs, a ':' in a value, a list or key at the wrong
+    indentation, unclosed brackets) what to change."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return f"not valid YAML: {exc}"
+    context = getattr(exc, "context", None)
+    text = f"{context}, {problem}" if context else str(problem)
+    advice = next((a for key, a in _YAML_ADVICE if key in text), "")
+    return (f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {text}"
+            + (f"; {advice}" if advice else ""))
+
+
 def unit_pair(data: Any, key: str, parse, suffix: str) -> Any:
     """Accept ``key: "<num><unit>"`` or ``key_<suffix>: <num>``; store under ``key_<suffix>``."""
     if not isinstance(data, dict):
@@ -242,10 +276,12 @@ def unit_pair(data: Any, key: str, parse, suffix: str) -> Any:
         raise ValueError(f"give either '{key}' or '{key}_{suffix}', not both")
     if key in data:
         data = dict(data)
+        value = data.pop(key)
         try:
-            data[f"{key}_{suffix}"] = parse(data.pop(key), item=key)
+            data[f"{key}_{suffix}"] = parse(value, item=key)
         except UnitError as exc:
-            raise ValueError(str(exc)) from None
+            hint = bare_number_hint(key, suffix, value)
+            raise ValueError(str(exc).removesuffix(KEY_FORM_TAIL) + hint if hint else str(exc)) from None
     return data
 
 
@@ -296,7 +332,8 @@ def _kind_error(key: str, value: Any, admits: set[Any]) -> str | None:
     if admits <= {bool, type(None)} and bool in admits and value is not None:
         return f"{key}: expected true or false, got {value!r}"
     if isinstance(value, str) and int in admits and not admits & {str, float}:
-        return f"{key}: expected an integer, got the string {value!r}"
+        hint = unit_key_hint(key, value)
+        return f"{key}: expected an integer, got the string {value!r}" + (f"; {hint}" if hint else "")
     return None
 
 
@@ -321,5 +358,6 @@ class StrictModel(BaseModel):
 
 
 __all__ = ["MAX_YAML_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_NODES", "NAME_RE", "DuplicateKeyError", "Num",
+           "describe_yaml_error",
            "NumberTooLongError", "StrictModel", "YamlLimitError", "YamlValueError", "load_yaml", "load_yaml_file",
            "number_only", "unit_pair"]

@@ -36,9 +36,9 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from testbed.core.errors import InputError
-from testbed.core.util import REPO_ROOT, InputFileError
+from testbed.core.util import REPO_ROOT, InputFileError, did_you_mean
 from testbed.spec.experiment import format_validation_error
-from testbed.spec.schema import StrictModel, YamlValueError, load_yaml_file
+from testbed.spec.schema import StrictModel, YamlValueError, describe_yaml_error, load_yaml_file
 from testbed.spec.schema import unit_pair as _unit_pair
 from testbed.spec.units import MAX_DELAY_MS, MAX_RATE_MBPS, parse_delay_ms, parse_rate_mbps
 
@@ -151,7 +151,7 @@ def load_yaml_topology(path: Path) -> RawTopology:
     except YamlValueError as exc:  # a key twice, an integer too long to read
         raise TopologyError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise TopologyError(f"cannot read topology {path}: {exc}") from None
+        raise TopologyError(f"cannot read topology {path}: {describe_yaml_error(exc)}") from None
     try:
         topo = _YTopo.model_validate(data)
     except ValidationError as exc:
@@ -167,6 +167,31 @@ def load_yaml_topology(path: Path) -> RawTopology:
 
 # --- topohub --------------------------------------------------------------------------------
 
+#: A topohub key: parts of letters, digits, ``_``, ``-`` and ``.`` (not ``.`` or ``..`` alone) joined by
+#: ``/``. topohub reads ``data/<key>.json`` inside its package: a key is a name, never a path.
+TOPOHUB_KEY_RE = re.compile(r"(?!\.{1,2}(?:/|$))[A-Za-z0-9_.-]+(?:/(?!\.{1,2}(?:/|$))[A-Za-z0-9_.-]+)*")
+
+
+def topohub_keys() -> list[str]:
+    """Every key of topohub's embedded repository (``group/name``), sorted: the JSON files under
+    its ``data`` folder (topohub has no listing function of its own)."""
+    import importlib.resources
+
+    import topohub
+
+    root = importlib.resources.files(topohub) / "data"
+    out: list[str] = []
+    todo = [(root, "")]
+    while todo:
+        folder, prefix = todo.pop()
+        for entry in folder.iterdir():
+            if entry.is_dir() and not entry.name.startswith("_"):
+                todo.append((entry, f"{prefix}{entry.name}/"))
+            elif entry.name.endswith(".json"):
+                out.append(prefix + entry.name.removesuffix(".json"))
+    return sorted(out)
+
+
 def load_topohub(key: str) -> RawTopology:
     """Load ``group/name`` from topohub's embedded repository (positions are (lon, lat)).
 
@@ -177,11 +202,21 @@ def load_topohub(key: str) -> RawTopology:
     """
     import topohub
 
+    if not TOPOHUB_KEY_RE.fullmatch(key):
+        raise TopologyError(f"topohub key {key!r}: expected GROUP/NAME (letters, digits, '_', '-', '.', parts "
+                            f"joined by '/'), e.g. topozoo/Abilene, sndlib/polska, gabriel/25/0")
     try:
         data = topohub.get(key)
     except (KeyError, FileNotFoundError, ValueError):
+        keys = topohub_keys()
+        close = did_you_mean(key, keys) or did_you_mean(key.lower(), {k.lower(): k for k in keys})
+        group = key.split("/", 1)[0]
+        in_group = [k for k in keys if k.startswith(group + "/")]
+        listed = (f"; {group} has {len(in_group)}: {', '.join(in_group[:30])}{' ...' if len(in_group) > 30 else ''}"
+                  if in_group and not close else "")
         raise TopologyError(
-            f"topohub has no topology {key!r} (examples: topozoo/Abilene, sndlib/polska, gabriel/25/0)"
+            f"topohub has no topology {key!r}{close} (examples: topozoo/Abilene, sndlib/polska, gabriel/25/0; "
+            f"groups: {', '.join(sorted({k.split('/', 1)[0] for k in keys}))}){listed}"
         ) from None
     planar = key.split("/", 1)[0] == "gabriel"  # synthetic graphs: positions on a plane, not lon/lat
     nodes = []
