@@ -34,7 +34,9 @@
 # Settings (environment): KP_CACHE (default /var/cache/testbed-guest), KP_SSH_PORT (10022),
 # KP_SMP (2), KP_MEM_MB (4096), KP_DISK_GB (16), KP_OUT (<repo>/runs/kernel-path-guest),
 # KP_EXPERIMENT (experiments/kernel-path.yaml), KP_ZOO_FAMILIES (digits),
-# KP_STEPS (the steps to do, default all, in the order above).
+# KP_STEPS (the steps to do, default all, in the order above), KP_RUN_ARGS (more options of
+# `testbed run`, e.g. `--time-dilation 4`), KP_CGROUP (v2, Debian 12's default, or v1: the guest
+# kernel boots with systemd.unified_cgroup_hierarchy=0; time dilation above 1 needs v1).
 set -euo pipefail
 
 REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
@@ -45,6 +47,8 @@ MEM_MB=${KP_MEM_MB:-4096}
 DISK_GB=${KP_DISK_GB:-16}
 OUT=${KP_OUT:-$REPO/runs/kernel-path-guest}
 EXPERIMENT=${KP_EXPERIMENT:-experiments/kernel-path.yaml}
+RUN_ARGS=${KP_RUN_ARGS:-}
+CGROUP=${KP_CGROUP:-v2}
 ZOO_FAMILIES=${KP_ZOO_FAMILIES:-digits}
 STEPS=${KP_STEPS:-image overlay boot copy zoo install run fetch check shutdown}
 SUITE=bookworm
@@ -164,6 +168,12 @@ stop_stale_qemu() {  # a QEMU of an earlier, killed invocation of this script (s
 }
 
 start_qemu() {
+  local CGROUP_ARG=""
+  case $CGROUP in
+    v2) ;;
+    v1) CGROUP_ARG=" systemd.unified_cgroup_hierarchy=0" ;;
+    *) die "KP_CGROUP=$CGROUP: give v1 or v2" ;;
+  esac
   stop_stale_qemu
   if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
     die "127.0.0.1:$PORT is in use by another process: set KP_SSH_PORT"
@@ -171,7 +181,7 @@ start_qemu() {
   qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp "$SMP" -m "$MEM_MB" \
     -display none -monitor none -serial "file:$WORK/console.log" \
     -kernel "$BASE/vmlinuz" -initrd "$BASE/initrd.img" \
-    -append "root=/dev/vda rw console=ttyS0 net.ifnames=0 systemd.show_status=0" \
+    -append "root=/dev/vda rw console=ttyS0 net.ifnames=0 systemd.show_status=0$CGROUP_ARG" \
     -drive "file=$WORK/guest.qcow2,if=virtio,format=qcow2,cache=writeback" \
     -netdev "user,id=n0,hostfwd=tcp:127.0.0.1:$PORT-:22" -device virtio-net-pci,netdev=n0 \
     -pidfile "$WORK/qemu.pid" &
@@ -214,7 +224,7 @@ step_install() {
 step_run() {  # a failed run is kept too (its folder says why): the check step judges it
   local rc=0
   gssh "cd /root/testbed && modprobe openvswitch && modprobe sch_netem && mkdir -p /root/runs \
-        && .venv/bin/testbed run '$EXPERIMENT' --runs-dir /root/runs" 2>&1 | tee -a "$WORK/run.log" || rc=$?
+        && .venv/bin/testbed run '$EXPERIMENT' --runs-dir /root/runs $RUN_ARGS" 2>&1 | tee -a "$WORK/run.log" || rc=$?
   gssh 'ls -1t /root/runs | head -1' > "$WORK/run_id"
   echo "$rc" > "$WORK/run_rc"
   log "run folder: $(cat "$WORK/run_id") (testbed run exit $rc)"
