@@ -184,7 +184,7 @@ class Source:
         body, label = bodies[k], labels[k]
         t0 = time.time_ns()
         policy = self.dispatcher.policy
-        d = self.dispatcher.dispatch(app.deadline_ms, app.min_accuracy, app.family)
+        d = self.dispatcher.dispatch(app.deadline_ms, app.min_accuracy, app.family, t0 / 1e9)
         opt = self.options[(d.cluster, d.model)]
         self.win_arrivals[app.name] = self.win_arrivals.get(app.name, 0) + 1
         self.in_flight[d.cluster] = self.in_flight.get(d.cluster, 0) + 1
