@@ -31,7 +31,7 @@ The clock: a decision may be given the time it is taken (``now_s``, on the clock
 :attr:`Heard.at_s`: the simulator's virtual time, the emulated source's ``time.time()``), which
 the dispatcher hands to the policy as ``Context.now_s`` (``age_aware`` reads the age of each report
 from it). Each option also carries the parts of the load estimate (``reported``, ``sent``,
-``workers``, ``heard_at_s``) and the cluster's service rate, ``W x 1000 / t``, t the mean of
+``workers``, ``heard_at_s``) and the cluster's service rate, ``W x 1000 / t`` (W as last heard), t the mean of
 ``mean_service_ms`` over the cluster's options as this source sees them (every model deployed
 there; our choice: a report does not say which models its queue holds).
 """
@@ -128,10 +128,8 @@ class Dispatcher:
         for s in self.specs:
             self.heard.setdefault(s.cluster, Heard(workers=s.workers))
         self.ctx = pol.Context(rng=rng)
-        self._rate: dict[str, float] = {}  # cluster -> service rate with every worker busy (queries/s)
-        for c, idx in self._pos.items():
-            mean_ms = sum(self.specs[i].mean_service_ms for i in idx) / len(idx)
-            self._rate[c] = max(1, self.specs[idx[0]].workers) * 1e3 / mean_ms if mean_ms > 0 else 0.0
+        # cluster -> mean busy service time of its models (ms), for its service rate W x 1000 / it
+        self._mean_ms = {c: sum(self.specs[i].mean_service_ms for i in idx) / len(idx) for c, idx in self._pos.items()}
         self.sent: dict[str, int] = dict.fromkeys(self.clusters, 0)  # own queries since the last report
         self._options: list[pol.Option] | None = None
         self._family: dict[str, list[int]] = {}  # family -> its options (fixed)
@@ -191,7 +189,8 @@ class Dispatcher:
         busy = min(n, w)
         return pol.Option(s.cluster, s.model, s.rtt_ms, s.service_ms, s.accuracy,
                           expected_wait_ms(n - busy, busy, w, s.mean_service_ms), n / w, s.tier, h.up,
-                          h.queue_len + h.busy, self.sent[s.cluster], w, h.at_s, self._rate[s.cluster])
+                          h.queue_len + h.busy, self.sent[s.cluster], w, h.at_s,
+                          w * 1e3 / self._mean_ms[s.cluster] if self._mean_ms[s.cluster] > 0 else 0.0)
 
     @property
     def options(self) -> list[pol.Option]:
