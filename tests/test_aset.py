@@ -376,7 +376,8 @@ def test_checkpoint_of_another_observation_size_fails_naming_both_sizes(toy_trai
 
     result, cfg = toy_training
     size = result.agent.obs_size
-    assert size == context_size(plan_contexts(plan, CATALOGUE)[0], SPEC) == 1 * 2 + 8 * 2 + 1 + 7 + 2
+    n = len(CATALOGUE)  # the toy config names no actions: the whole catalogue
+    assert size == context_size(plan_contexts(plan, CATALOGUE)[0], SPEC) == 1 * 2 + 8 * 2 + 1 + n + 2
     old = tmp_path / "v2"
     assert _write_v2_copy(result.policy_path, old) == size - 2
     pol = NumpyPolicy(old)  # opens, so that the size check can say what changed
@@ -406,13 +407,13 @@ def test_checkpoint_of_another_observation_size_fails_naming_both_sizes(toy_trai
     # the TensorFlow training checkpoint
     result.agent.save(tmp_path / "ck")
     other = DQNAgent(size - 2, len(CATALOGUE), cfg.agent, seed=1)
-    with pytest.raises(ObservationSizeError, match=rf"network of {size} observation features -> 7 actions; this agent "
-                       rf"has {size - 2} -> 7"):
+    with pytest.raises(ObservationSizeError, match=rf"network of {size} observation features -> {n} actions; this "
+                       rf"agent has {size - 2} -> {n}"):
         other.load(tmp_path / "ck")
     # the same sizes in and out, other hidden layers (agent.hidden changed): named, not TensorFlow's restore error
     narrow = DQNAgent(size, len(CATALOGUE), cfg.agent.model_copy(update={"hidden": [16]}), seed=1)
-    with pytest.raises(ObservationSizeError, match=r"layers of widths \[\d+, \d+, 7\]; this agent's are \[16, 7\] "
-                       r"\(agent.hidden changed\? retrain"):
+    with pytest.raises(ObservationSizeError, match=rf"layers of widths \[\d+, \d+, {n}\]; this agent's are "
+                       rf"\[16, {n}\] \(agent.hidden changed\? retrain"):
         narrow.load(tmp_path / "ck")
     DQNAgent(size, len(CATALOGUE), cfg.agent, seed=2).load(tmp_path / "ck")  # the same network loads
     # one written before the sizes were saved with it: read from the target network's kernels

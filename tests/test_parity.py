@@ -284,8 +284,8 @@ def test_reported_state_gives_the_same_decisions(tmp_path):
         b = Dispatcher(specs, policy, np.random.default_rng(7))
         a.hear_all([("c", heard_sim)])
         b.hear("c", heard_srv)
-        da = [a.decide(25.0, 0.8) for _ in range(5)]
-        db = [b.decide(25.0, 0.8) for _ in range(5)]
+        da = [a.decide(25.0, 0.8, now_s=0.001 + 0.02 * k) for k in range(5)]  # reports aging (age_aware)
+        db = [b.decide(25.0, 0.8, now_s=0.001 + 0.02 * k) for k in range(5)]
         assert da == db, policy
         if policy in DETERMINISTIC:
             assert len(set(da)) == 1

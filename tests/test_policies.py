@@ -23,7 +23,8 @@ def pick(name, deadline=60.0, acc=0.9, opts=OPTS, ctx=None):
 
 
 def test_catalogue_order_is_fixed():
-    assert CATALOGUE == ("closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random", "round_robin")
+    assert CATALOGUE == ("closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random", "round_robin",
+                         "p2c", "age_aware")
     assert tuple(pol.POLICIES) == CATALOGUE
 
 
@@ -175,7 +176,7 @@ def test_unknown_policy_names_the_item_and_a_close_match():
     from testbed.plan.policies import check_policy
 
     with pytest.raises(InputError, match=r"^sources\.atl\.policy: unknown policy 'closet'; known: closest, "
-                                         r".*round_robin, aset \(did you mean 'closest'\?\)$"):
+                                         r".*age_aware, aset \(did you mean 'closest'\?\)$"):
         check_policy("closet", "sources.atl.policy", aset=True)
     assert check_policy("aset", "policy", aset=True) == "aset"
     with pytest.raises(InputError, match="^actions: unknown policy 'aset'"):

@@ -147,7 +147,7 @@ def test_api_for_the_aset_environment():
     plan = plan_experiment(REPO / "experiments/digits-abilene.yaml")
     sim = Simulator(plan, seed=3)
     assert sim.policy_names == ["closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random",
-                                "round_robin"]
+                                "round_robin", "p2c", "age_aware"]
     sim.run_until(2.0)
     n1 = len(sim.drain_resolved())
     assert sim.now_s == 2.0 and n1 > 0 and sim.drain_resolved() == []

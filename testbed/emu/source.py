@@ -192,7 +192,7 @@ class Source:
         body, label = bodies[k], labels[k]
         t0 = time.time_ns()
         policy = self.dispatcher.policy
-        d = self.dispatcher.dispatch(app.deadline_ms, app.min_accuracy, app.family)  # a plug-in may raise
+        d = self.dispatcher.dispatch(app.deadline_ms, app.min_accuracy, app.family, t0 / 1e9)  # a plug-in may raise
         self.seq += 1  # a query exists once it is dispatched
         qid = f"{self.name}-{self.seq}"
         opt = self.options[(d.cluster, d.model)]

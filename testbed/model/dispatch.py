@@ -26,6 +26,14 @@ Decisions of the deterministic policies (``deterministic`` of :class:`testbed.mo
 per application until something is heard, or, for the load-aware ones (``load_aware``,
 :data:`LOAD_AWARE`), until it sends a query. What the dispatcher does with a policy follows from
 its registry entry's flags alone: no policy is named here.
+
+The clock: a decision may be given the time it is taken (``now_s``, on the clock of
+:attr:`Heard.at_s`: the simulator's virtual time, the emulated source's ``time.time()``), which
+the dispatcher hands to the policy as ``Context.now_s`` (``age_aware`` reads the age of each report
+from it). Each option also carries the parts of the load estimate (``reported``, ``sent``,
+``workers``, ``heard_at_s``) and the cluster's service rate, ``W x 1000 / t`` (W as last heard), t the mean of
+``mean_service_ms`` over the cluster's options as this source sees them (every model deployed
+there; our choice: a report does not say which models its queue holds).
 """
 
 from __future__ import annotations
@@ -122,6 +130,8 @@ class Dispatcher:
         for s in self.specs:
             self.heard.setdefault(s.cluster, Heard(workers=s.workers))
         self.ctx = pol.Context(rng=rng)
+        # cluster -> mean busy service time of its models (ms), for its service rate W x 1000 / it
+        self._mean_ms = {c: sum(self.specs[i].mean_service_ms for i in idx) / len(idx) for c, idx in self._pos.items()}
         self.sent: dict[str, int] = dict.fromkeys(self.clusters, 0)  # own queries since the last report
         self._options: list[pol.Option] | None = None
         self._family: dict[str, list[int]] = {}  # family -> its options (fixed)
@@ -180,7 +190,9 @@ class Dispatcher:
         n = h.queue_len + h.busy + self.sent[s.cluster]
         busy = min(n, w)
         return pol.Option(s.cluster, s.model, s.rtt_ms, s.service_ms, s.accuracy,
-                          expected_wait_ms(n - busy, busy, w, s.mean_service_ms), n / w, s.tier, h.up)
+                          expected_wait_ms(n - busy, busy, w, s.mean_service_ms), n / w, s.tier, h.up,
+                          h.queue_len + h.busy, self.sent[s.cluster], w, h.at_s,
+                          w * 1e3 / self._mean_ms[s.cluster] if self._mean_ms[s.cluster] > 0 else 0.0)
 
     @property
     def options(self) -> list[pol.Option]:
@@ -223,9 +235,12 @@ class Dispatcher:
         return [opts[i] for i in cand]
 
     # -- decisions -------------------------------------------------------------------------
-    def decide(self, deadline_ms: float, min_accuracy: float, family: str = "") -> pol.Decision:
+    def decide(self, deadline_ms: float, min_accuracy: float, family: str = "",
+               now_s: float | None = None) -> pol.Decision:
         """The decision of the policy in force for a query of an application (D_a, A_a, its
-        family), without sending it (see :meth:`dispatch`)."""
+        family), taken at ``now_s`` (s, on the clock of :attr:`Heard.at_s`; None: unknown, set as
+        ``ctx.now_s``), without sending it (see :meth:`dispatch`)."""
+        self.ctx.now_s = now_s
         if self._entry.deterministic:
             key = (family, deadline_ms, min_accuracy)
             d = self._cache.get(key)
@@ -236,20 +251,34 @@ class Dispatcher:
         return pol.decide(self._policy, self._for_policy(family, deadline_ms, min_accuracy), deadline_ms,
                           min_accuracy, self.ctx)
 
-    def dispatch(self, deadline_ms: float, min_accuracy: float, family: str = "") -> pol.Decision:
-        """Decide for one query and count it as sent (the dispatcher step of one query)."""
-        d = self.decide(deadline_ms, min_accuracy, family)
+    def dispatch(self, deadline_ms: float, min_accuracy: float, family: str = "",
+                 now_s: float | None = None) -> pol.Decision:
+        """Decide for one query at ``now_s`` (as :meth:`decide`) and count it as sent (the
+        dispatcher step of one query)."""
+        d = self.decide(deadline_ms, min_accuracy, family, now_s)
         self.note_sent(d.cluster)
         return d
 
-    def dispatch_many(self, deadline_ms: float, min_accuracy: float, n: int, family: str = "") -> list[pol.Decision]:
+    def dispatch_many(self, deadline_ms: float, min_accuracy: float, n: int, family: str = "",
+                      times: Sequence[float] | None = None) -> list[pol.Decision]:
         """``n`` successive queries of one application with no report in between: the same
         decisions as ``n`` calls of :meth:`dispatch` (``random`` draws its ``n`` indices at once,
-        :func:`testbed.model.policies.decide_many`)."""
+        :func:`testbed.model.policies.decide_many`). ``times``: the ``n`` queries' times (as
+        ``now_s`` of :meth:`dispatch`; a load-aware policy decides each at its own, any other at the
+        first; None: unknown).
+
+        Raises:
+            ValueError: ``times`` is not of length ``n``.
+        """
+        if times is not None and len(times) != n:
+            raise ValueError(f"dispatch_many: {len(times)} times for {n} queries")
         if self._entry.load_aware:
-            return [self.dispatch(deadline_ms, min_accuracy, family) for _ in range(n)]
+            if times is None:
+                return [self.dispatch(deadline_ms, min_accuracy, family) for _ in range(n)]
+            return [self.dispatch(deadline_ms, min_accuracy, family, t) for t in times]
+        self.ctx.now_s = times[0] if times else None
         if self._entry.deterministic:
-            d = self.decide(deadline_ms, min_accuracy, family)
+            d = self.decide(deadline_ms, min_accuracy, family, self.ctx.now_s)
             self.note_sent(d.cluster, n)
             return [d] * n
         out = pol.decide_many(self._policy, self._for_policy(family, deadline_ms, min_accuracy), deadline_ms,

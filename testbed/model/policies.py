@@ -14,10 +14,12 @@ Every policy has the signature ``policy(options, deadline_ms, min_accuracy, ctx=
 - ``options``: one :class:`Option` per (cluster, model) pair, carrying what the dispatcher knows:
   the expected RTT, the expected service time t_m, the accuracy, and the load it last heard
   (stale by the report interval): ``queue_wait_ms`` (expected queueing delay) and ``load``
-  (queries at the cluster per worker), ``up`` (the cluster answered its last report).
-- ``ctx``: the dispatcher's own state for the two stateful policies: a seeded
-  ``numpy.random.Generator`` (``random``) and round-robin counters (``round_robin``), one
-  :class:`Context` per dispatcher. Deterministic given options, ctx and seed.
+  (queries at the cluster per worker), ``up`` (the cluster answered its last report), and the
+  parts of that estimate: ``reported`` (queries in the report), ``sent`` (the dispatcher's own
+  sends since), ``workers``, ``heard_at_s`` (when the report was heard) and ``service_rate_qps``.
+- ``ctx``: the dispatcher's own state: a seeded ``numpy.random.Generator`` (``random``, ``p2c``),
+  round-robin counters (``round_robin``) and the clock of the decision (``now_s``, which
+  ``age_aware`` reads), one :class:`Context` per dispatcher. Deterministic given options, ctx and seed.
 
 A feasible pair is (cluster, model) with accuracy >= A_a and RTT(source, cluster) + t_m <= D_a
 on a cluster last heard up. With no feasible pair a policy falls back to ``min_latency`` over the
@@ -64,6 +66,14 @@ class Option:
     cluster per worker, waiting or in service, as last reported plus the dispatcher's own sends
     since (:mod:`testbed.model.dispatch`; 0 when unknown). ``tier``: ``far_edge``, ``near_edge`` or
     ``cloud``. ``up``: False when the cluster did not answer its last report.
+
+    The parts of the load estimate, per cluster (the same on each of its options):
+    ``reported``: queries waiting or in service in the last report. ``sent``: the queries the
+    dispatcher sent there since that report (``load = (reported + sent) / workers``).
+    ``workers``: the cluster's W. ``heard_at_s``: when the report was heard, on the caller's clock
+    (s; None: never), compared with :attr:`Context.now_s`. ``service_rate_qps``: queries/s the
+    cluster completes with every worker busy, ``W x 1000 / mean service time`` (the mean over its
+    models, :class:`testbed.model.dispatch.Dispatcher`; 0 when unknown).
     """
 
     cluster: str
@@ -75,6 +85,11 @@ class Option:
     load: float = 0.0
     tier: str = ""
     up: bool = True
+    reported: int = 0
+    sent: int = 0
+    workers: int = 1
+    heard_at_s: float | None = None
+    service_rate_qps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -88,11 +103,14 @@ class Decision:
 
 @dataclass
 class Context:
-    """A dispatcher's own state for ``random`` (``rng``) and ``round_robin`` (``rr``: next index
-    per key, the key being the application's (deadline, accuracy))."""
+    """A dispatcher's own state for ``random`` and ``p2c`` (``rng``), ``round_robin`` (``rr``: next
+    index per key, the key being the application's (deadline, accuracy)) and ``age_aware``
+    (``now_s``: the time of the decision on the clock of :attr:`Option.heard_at_s`, s; None:
+    unknown, every report taken as fresh). The dispatcher sets ``now_s`` at each decision."""
 
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     rr: dict = field(default_factory=dict)
+    now_s: float | None = None
 
 
 #: A decision function: ``(options, deadline_ms, min_accuracy, ctx) -> Decision``.
@@ -577,6 +595,70 @@ def round_robin(options: list[Option], deadline_ms: float, min_accuracy: float,
     return Decision(pick.cluster, pick.model, False)
 
 
+def _lightest(ok: list[Option], load: Callable[[Option], float]) -> Decision:
+    """The feasible cluster with the lowest ``load`` (ties: smaller RTT, then name), there the
+    fastest feasible model."""
+    cluster = min(ok, key=lambda o: (load(o), o.rtt_ms, o.cluster)).cluster
+    pick = _fastest_at(ok, cluster)
+    return Decision(pick.cluster, pick.model, False)
+
+
+@register_policy("p2c", load_aware=True, stateful=True)
+def p2c(options: list[Option], deadline_ms: float, min_accuracy: float, ctx: Context | None = None) -> Decision:
+    """``p2c`` (power of two choices): two distinct feasible clusters drawn uniformly from
+    ``ctx.rng`` (the clusters sorted by name; one draw from ``n``, one from the ``n - 1`` others),
+    the one with the lower load (queries per worker: last report plus the dispatcher's own sends
+    since, ``Option.load``; ties: smaller RTT, then name); there the fastest feasible model. With
+    one feasible cluster, that one (no draw). Mitzenmacher, "How useful is old information?",
+    IEEE TPDS 11(1), 2000: two random choices keep most of the benefit of load information and
+    herd far less than the least loaded of all when the information is stale.
+
+    Raises:
+        ValueError: ``options`` is empty; ``ctx`` is None.
+    """
+    if ctx is None:
+        raise ValueError("policy 'p2c' needs a Context with a seeded rng")
+    ok = feasible(options, deadline_ms, min_accuracy)
+    if not ok:
+        return _fallback(options, min_accuracy)
+    clusters = sorted({o.cluster for o in ok})
+    if len(clusters) > 1:
+        a = int(ctx.rng.integers(len(clusters)))
+        b = int(ctx.rng.integers(len(clusters) - 1))
+        drawn = {clusters[a], clusters[b + (b >= a)]}
+        ok = [o for o in ok if o.cluster in drawn]
+    return _lightest(ok, lambda o: o.load)
+
+
+def age_discounted_load(o: Option, now_s: float | None) -> float:
+    """The expected queries per worker at ``o``'s cluster now, its report discounted by its age:
+    ``(max(0, reported - age x service_rate_qps) + sent) / workers``, ``age = max(0, now_s -
+    heard_at_s)`` in s (0 when either is None). The reported queries drain at the cluster's full
+    service rate while the report ages; arrivals from other dispatchers since are not estimated,
+    the dispatcher's own sends are added. After Dahlin, "Interpreting stale load information",
+    IEEE TPDS 11(10), 2000 (a report is read in the light of its age)."""
+    age_s = max(0.0, now_s - o.heard_at_s) if now_s is not None and o.heard_at_s is not None else 0.0
+    return (max(0.0, o.reported - age_s * o.service_rate_qps) + o.sent) / max(1, o.workers)
+
+
+@register_policy("age_aware", load_aware=True)
+def age_aware(options: list[Option], deadline_ms: float, min_accuracy: float,
+              ctx: Context | None = None) -> Decision:
+    """``age_aware``: ``least_loaded`` on the age-discounted load (:func:`age_discounted_load`,
+    at ``ctx.now_s``): the feasible cluster with the lowest expected queries per worker now
+    (ties: smaller RTT, then name), there the fastest feasible model. Without ``ctx`` or
+    ``ctx.now_s``, every report is taken as fresh (``least_loaded``'s choice).
+
+    Raises:
+        ValueError: ``options`` is empty.
+    """
+    ok = feasible(options, deadline_ms, min_accuracy)
+    if not ok:
+        return _fallback(options, min_accuracy)
+    now_s = ctx.now_s if ctx is not None else None
+    return _lightest(ok, lambda o: age_discounted_load(o, now_s))
+
+
 def decide_many(policy: str, options: list[Option], deadline_ms: float, min_accuracy: float, n: int,
                 ctx: Context | None = None) -> list[Decision]:
     """``n`` successive decisions of ``policy`` for the same application on the same state, as ``n``
@@ -619,7 +701,7 @@ def decide(policy: str, options: list[Option], deadline_ms: float, min_accuracy:
 
 
 __all__ = ["CATALOGUE", "DETERMINISTIC", "LOAD_AWARE", "PLUGIN_GROUP", "POLICIES", "REGISTRY", "Context", "Decision",
-           "ManyFn", "Option", "Policy", "PolicyFailure", "PolicyFn", "PolicyTraits", "check_plugin", "closest",
-           "cloud", "decide", "decide_many", "feasible", "least_loaded", "max_accuracy", "min_latency",
-           "plugin_origins", "plugin_policy", "policy", "policy_plugin", "random", "register_policy", "round_robin",
-           "unregister_policy"]
+           "ManyFn", "Option", "Policy", "PolicyFailure", "PolicyFn", "PolicyTraits", "age_aware",
+           "age_discounted_load", "check_plugin", "closest", "cloud", "decide", "decide_many", "feasible", "least_loaded", "max_accuracy",
+           "min_latency", "p2c", "plugin_origins", "plugin_policy", "policy", "policy_plugin", "random",
+           "register_policy", "round_robin", "unregister_policy"]

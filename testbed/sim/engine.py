@@ -366,7 +366,7 @@ class Simulator(Links, RunColumns):
         for t_list, ai in items:
             app = self.apps[ai]
             self._created[(si, ai)] = self._created.get((si, ai), 0) + len(t_list)
-            decisions = disp.dispatch_many(app.deadline_ms, app.min_accuracy, len(t_list), app.family)
+            decisions = disp.dispatch_many(app.deadline_ms, app.min_accuracy, len(t_list), app.family, t_list)
             if decisions.count(decisions[0]) == len(decisions):
                 groups = {decisions[0]: t_list}
             else:
@@ -505,7 +505,9 @@ class SourceView:
         """(cluster, model) ``policy`` would pick now for one query of that application, decided on
         a copy of the dispatcher's context (its random stream and round-robin state are left as they are)."""
         d = self._sim.dispatchers[self._si]
-        dec = pol.decide(policy, d.options_for(family), deadline_ms, min_accuracy, copy.deepcopy(d.ctx))
+        ctx = copy.deepcopy(d.ctx)
+        ctx.now_s = self._sim.now_s
+        dec = pol.decide(policy, d.options_for(family), deadline_ms, min_accuracy, ctx)
         return dec.cluster, dec.model
 
 
