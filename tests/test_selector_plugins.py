@@ -79,7 +79,7 @@ def test_callable_selector_drives_the_simulator_window_by_window():
     plan = _plan({"use": "selector_fixtures:by_index", "params": {"every": 1}})
     out = simulate(plan)
     # the k-th decision (at the end of window k, k from 0) applies to window k + 1
-    _assert_follows(_policy_by_window(out.sim.records()), lambda w: "closest" if w == 0 else CATALOGUE[(w - 1) % 7])
+    _assert_follows(_policy_by_window(out.sim.records()), lambda w: "closest" if w == 0 else CATALOGUE[(w - 1) % len(CATALOGUE)])
     assert out.selector["kind"] == "callable" and out.selector["sources"] == ["srca", "srcc"]
     assert sum(out.selector["choices"]["srca"].values()) == 12  # 6 s of 500 ms windows
 
@@ -116,7 +116,7 @@ def test_a_window_of_two_report_intervals_decides_every_second():
     ({"use": "selector_fixtures:NoSelect"}, "the class has no select(obs) method"),
     ({"use": "selector_fixtures:two_args"}, "its signature (obs, other)"),
     ({"use": "selector_fixtures:by_index", "params": {"nope": 1}}, "cannot be called so"),
-    ({"use": "selector_fixtures:out_of_range"}, "returned 99, neither an index in [0, 7)"),
+    ({"use": "selector_fixtures:out_of_range"}, f"returned 99, neither an index in [0, {len(CATALOGUE)})"),
     ({"use": "selector_fixtures:Cycle", "params": {"policies": ["warp"]}}, "returned 'warp'"),
     ({"use": "selector_fixtures:FailsAt", "params": {"at": 0}}, "raised ZeroDivisionError"),
 ])
@@ -230,7 +230,7 @@ def test_sb3_model_of_other_spaces_is_a_plan_error(tmp_path):
     pytest.importorskip("stable_baselines3", reason="Stable-Baselines3 is the optional extra 'peer' "
                                                     "(pip install -e '.[peer]')")
     model = _sb3_model(tmp_path, TRIANGLE)
-    with pytest.raises(SelectorError, match=r"its action space has 7 actions, the policy list 2"):
+    with pytest.raises(SelectorError, match=rf"its action space has {len(CATALOGUE)} actions, the policy list 2"):
         refuse_unfit_checkpoint(_plan({"sb3": str(model), "policies": ["closest", "cloud"]}))
     other = REPO / "experiments" / "scenario-capacity.yaml"
     data = yaml.safe_load(other.read_text())

@@ -702,6 +702,6 @@ def decide(policy: str, options: list[Option], deadline_ms: float, min_accuracy:
 
 __all__ = ["CATALOGUE", "DETERMINISTIC", "LOAD_AWARE", "PLUGIN_GROUP", "POLICIES", "REGISTRY", "Context", "Decision",
            "ManyFn", "Option", "Policy", "PolicyFailure", "PolicyFn", "PolicyTraits", "age_aware",
-           "age_discounted_load", "check_plugin", "closest", "cloud", "decide", "decide_many", "feasible", "least_loaded", "max_accuracy",
-           "min_latency", "p2c", "plugin_origins", "plugin_policy", "policy", "policy_plugin", "random",
-           "register_policy", "round_robin", "unregister_policy"]
+           "age_discounted_load", "check_plugin", "closest", "cloud", "decide", "decide_many", "feasible",
+           "least_loaded", "max_accuracy", "min_latency", "p2c", "plugin_origins", "plugin_policy", "policy",
+           "policy_plugin", "random", "register_policy", "round_robin", "unregister_policy"]
