@@ -79,7 +79,8 @@ def test_callable_selector_drives_the_simulator_window_by_window():
     plan = _plan({"use": "selector_fixtures:by_index", "params": {"every": 1}})
     out = simulate(plan)
     # the k-th decision (at the end of window k, k from 0) applies to window k + 1
-    _assert_follows(_policy_by_window(out.sim.records()), lambda w: "closest" if w == 0 else CATALOGUE[(w - 1) % len(CATALOGUE)])
+    _assert_follows(_policy_by_window(out.sim.records()),
+                    lambda w: "closest" if w == 0 else CATALOGUE[(w - 1) % len(CATALOGUE)])
     assert out.selector["kind"] == "callable" and out.selector["sources"] == ["srca", "srcc"]
     assert sum(out.selector["choices"]["srca"].values()) == 12  # 6 s of 500 ms windows
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from testbed.model.records import RECORD_FIELDS
 from testbed.plan.build import PlanError, build_plan, plan_experiment
@@ -287,18 +288,35 @@ def test_cli_simulate_and_sweep(tmp_path):
     assert main(["simulate", str(bad)]) == 2
 
 
-def test_simulate_refuses_the_aset_policy_it_cannot_run(tmp_path):
-    """A plain simulation has no ASET agent: a source on policy aset used to run on closest while
-    the run said nothing of it (exit 0). Refused, naming the sources; --policy still simulates."""
+def test_simulate_runs_policy_aset_on_its_checkpoint_and_refuses_a_missing_one(tmp_path):
+    """A source on policy aset is driven in the simulator by its checkpoint, through the
+    emulation's own selector (testbed.agent.live.LivePolicySelector): by default the general agent,
+    on a held-out scenario no file was edited for. A checkpoint that does not exist is refused
+    before anything is written, naming it; --policy still simulates a static policy."""
+    import json
+
     from testbed.cli.main import main
 
     exp = tmp_path / "live.yaml"
     exp.write_text((REPO / "experiments/triangle.yaml").read_text().replace(
         "policy: closest", "policy: aset\naset: {checkpoint: models/aset/nope, window: 500ms}"))
-    plan = plan_experiment(exp)
-    with pytest.raises(SimError, match=r"policy aset \(srca, srcc\): a simulation runs static policies only"):
-        run_simulation(plan, runs_dir=tmp_path / "runs", duration_s=2)
+    with pytest.raises(SimError, match=r"source srca on aset: .*models/aset/nope"):
+        run_simulation(plan_experiment(exp), runs_dir=tmp_path / "runs", duration_s=2)
     assert not (tmp_path / "runs").exists()
     assert main(["simulate", str(exp), "--duration", "2s", "--runs-dir", str(tmp_path / "runs")]) == 2
     assert main(["simulate", str(exp), "--duration", "2s", "--policy", "closest", "--runs-dir",
                  str(tmp_path / "runs")]) == 0
+
+    held = yaml.safe_load((REPO / "experiments/generated/held-out/gen-heldout-1.yaml").read_text())
+    held["policy"] = "aset"  # no aset: section: the shipped general checkpoint
+    (tmp_path / "held.yaml").write_text(yaml.safe_dump(held))
+    plan = plan_experiment(tmp_path / "held.yaml")
+    run_dir, _ = run_simulation(plan, runs_dir=tmp_path / "held", duration_s=6, quiet=True)
+    rec = json.loads((run_dir / "run.json").read_text())["selector"]
+    assert rec["kind"] == "checkpoint" and rec["checkpoint"] == "models/aset/general"
+    assert rec["sources"] == sorted(s.name for s in plan.sources) and rec["window_s"] == 0.5
+    assert all(sum(c.values()) == 12 for c in rec["choices"].values())  # 6 s of 500 ms windows
+    records = pd.concat([pd.read_csv(f) for f in (run_dir / "sources").glob("*.records.csv")])
+    assert set(records["policy"]) <= set(rec["policies"])
+    chosen = {p for c in rec["choices"].values() for p, n in c.items() if n}
+    assert set(records["policy"]) - {"closest"} and set(records["policy"]) - {"closest"} <= chosen
