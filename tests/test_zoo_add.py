@@ -50,27 +50,33 @@ FAST = (["--shares", "0.5,1"] if _cgroups_usable() else ["--no-cgroup"]) + [
     "--batches", "1", "--samples", "20", "--isolated-samples", "5", "--warmup", "5", "--handling-n", "100"]
 
 
-@pytest.fixture
-def tiny(tmp_path: Path) -> tuple[Path, Path]:
-    """``(zoo, profiles)`` under ``tmp_path``: the digits family with ``digits_small`` alone (its
-    ``.tflite``, SavedModel, payloads, hashes, profile and handling row)."""
+def small_zoo(root: Path, variants: tuple[str, ...] = ("digits_small",)) -> tuple[Path, Path]:
+    """``(zoo, profiles)`` under ``root``: the digits family with ``variants`` alone (their
+    ``.tflite``, SavedModel, payloads, hashes, profiles and handling rows)."""
     src = zoo.load_manifest(ZOO)
-    out, prof = tmp_path / "zoo", tmp_path / "profiles"
+    out, prof = root / "zoo", root / "profiles"
     out.mkdir()
     prof.mkdir()
     manifest = {k: v for k, v in src.items() if k not in ("families", "variants")}
     manifest["families"] = {"digits": src["families"]["digits"]}
-    manifest["variants"] = {"digits_small": src["variants"]["digits_small"]}
+    manifest["variants"] = {v: src["variants"][v] for v in variants}
     shutil.copy(ZOO / src["families"]["digits"]["payloads"], out / src["families"]["digits"]["payloads"])
-    shutil.copy(ZOO / "digits_small.tflite", out / "digits_small.tflite")
-    shutil.copytree(ZOO / "digits_small", out / "digits_small")
-    (out / zoo.MANIFEST).write_text(json.dumps(manifest, indent=2))
-    shutil.copy(PROFILES / "digits_small.json", prof / "digits_small.json")
     handling = json.loads((PROFILES / "handling.json").read_text())
-    handling["variants"] = {"digits_small": handling["variants"]["digits_small"]}
+    handling["variants"] = {v: handling["variants"][v] for v in variants}
     handling.pop("other_runtimes", None)
+    for v in variants:
+        shutil.copy(ZOO / f"{v}.tflite", out / f"{v}.tflite")
+        shutil.copytree(ZOO / v, out / v)
+        shutil.copy(PROFILES / f"{v}.json", prof / f"{v}.json")
+    (out / zoo.MANIFEST).write_text(json.dumps(manifest, indent=2))
     (prof / "handling.json").write_text(json.dumps(handling))
     return out, prof
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> tuple[Path, Path]:
+    """:func:`small_zoo` with ``digits_small`` alone."""
+    return small_zoo(tmp_path)
 
 
 @pytest.fixture(scope="module")
