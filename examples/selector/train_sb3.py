@@ -10,8 +10,8 @@ The environment is Gymnasium's ``testbed/AsetSim-v0`` on the experiment (default
 with ``immediate_reward=True`` (each window's reward settled at once, as SB3 needs); its sources
 are the sub-environments of one SB3 ``VecEnv`` (``benchmarks/aset_sb3.py``'s ``sources_vec_env``:
 one network for every source, each row's observation ends with its source's identity one-hot).
-The saved model's spaces are ``Discrete(number of built-in policies)`` and ``Box(obs_size,)``: what ``aset.selector: {sb3: ...}``
-checks at plan time against the experiment it drives.
+The saved model's spaces are ``Discrete(number of built-in policies)`` and ``Box(obs_size,)``:
+what ``aset.selector: {sb3: ...}`` checks at plan time against the experiment it drives.
 """
 
 from __future__ import annotations
