@@ -222,10 +222,21 @@ step_install() {
 }
 
 step_run() {  # a failed run is kept too (its folder says why): the check step judges it
-  local rc=0
+  # Detached in the guest (setsid, its output to /root/runs/kp.log, its exit code to kp.rc): an ssh
+  # session that drops under TCG (one did, at the summary of a dilated run) cannot take the run down.
+  local rc deadline
   gssh "cd /root/testbed && modprobe openvswitch && modprobe sch_netem && mkdir -p /root/runs \
-        && .venv/bin/testbed run '$EXPERIMENT' --runs-dir /root/runs $RUN_ARGS" 2>&1 | tee -a "$WORK/run.log" || rc=$?
-  gssh 'ls -1t /root/runs | head -1' > "$WORK/run_id"
+        && rm -f /root/runs/kp.rc /root/runs/kp.log \
+        && (setsid sh -c '.venv/bin/testbed run $EXPERIMENT --runs-dir /root/runs $RUN_ARGS > /root/runs/kp.log 2>&1; \
+              echo \$? > /root/runs/kp.rc' < /dev/null > /dev/null 2>&1 &)"
+  deadline=$(( $(date +%s) + 7200 ))
+  until gssh 'test -s /root/runs/kp.rc' 2>/dev/null; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "the guest's run did not end within 7200 s (its log: /root/runs/kp.log)"
+    sleep 15
+  done
+  gssh 'cat /root/runs/kp.log' | tee -a "$WORK/run.log"
+  rc=$(gssh 'cat /root/runs/kp.rc')
+  gssh 'ls -1t /root/runs | grep -v "^kp\." | head -1' > "$WORK/run_id"
   echo "$rc" > "$WORK/run_rc"
   log "run folder: $(cat "$WORK/run_id") (testbed run exit $rc)"
   [ -s "$WORK/run_id" ] || die "no run folder in the guest's /root/runs"
