@@ -63,25 +63,51 @@ def scaled_copy(scenario: Path, factor: float) -> Path:
     return path
 
 
-def emulate(scenario: Path, seed: int, policy: str, checkpoint: str, runs_dir: Path) -> dict:
-    """One emulated run; returns its summary (success ratio, queries) and run directory."""
+def _general(checkpoint: str) -> bool:
+    from testbed.agent.general import is_general
+
+    return is_general(REPO / checkpoint)
+
+
+def _aset_section(data: dict, checkpoint: str) -> dict:
+    """``aset:`` of a copy driven by ``checkpoint``: the general agent needs no plan; a plan-based
+    one keeps the scenario's (its name is changed by the copy)."""
+    if _general(checkpoint):
+        return {"checkpoint": checkpoint, "window": "500ms"}
+    return {"checkpoint": checkpoint, "window": "500ms", "plan": (data.get("aset") or {}).get("plan") or data["name"]}
+
+
+def duration_copy(scenario: Path, duration: str) -> Path:
+    """The scenario with its load lasting ``duration`` (e.g. ``15s``) in both engines, beside it."""
     data = yaml.safe_load(scenario.read_text())
-    key = (data.get("aset") or {}).get("plan") or data["name"]  # renamed below: the plan stays the scenario's
+    data.pop("duration_s", None)
+    data["duration"] = duration
+    path = scenario.parent / f".bench-{scenario.stem}-d{duration}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def emulate(scenario: Path, seed: int, policy: str, checkpoint: str, runs_dir: Path,
+            run_args: tuple[str, ...] = ()) -> dict:
+    """One emulated run (``run_args``: more options of ``testbed run``, e.g. ``--time-dilation 2``);
+    returns its summary (success ratio, queries) and run directory."""
+    data = yaml.safe_load(scenario.read_text())
+    aset = _aset_section(data, checkpoint)  # before the rename below
     data.update(seed=seed, policy=policy, name=f"{data['name']}-{policy.replace('_', '')}-s{seed}")
     if policy == "aset":
-        data["aset"] = {"checkpoint": checkpoint, "window": "500ms", "plan": key}
+        data["aset"] = aset
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=scenario.parent, delete=False) as f:
         yaml.safe_dump(data, f, sort_keys=False)
         tmp = Path(f.name)
     try:
         before = set(runs_dir.glob("*")) if runs_dir.is_dir() else set()
-        subprocess.run(["flock", LOCK, str(REPO / ".venv/bin/testbed"), "run", str(tmp), "--runs-dir", str(runs_dir)],
-                       check=False)
+        subprocess.run(["flock", LOCK, str(REPO / ".venv/bin/testbed"), "run", str(tmp), "--runs-dir", str(runs_dir),
+                        *run_args], check=False)
         new = sorted(set(runs_dir.glob("*")) - before)
     finally:
         tmp.unlink(missing_ok=True)
-    if not new:
-        return {"success_ratio": None, "run": None}
+    if not new or not (new[-1] / "summary.json").is_file():  # refused or failed: its run.json says why
+        return {"success_ratio": None, "run": str(new[-1]) if new else None}
     summ = json.loads((new[-1] / "summary.json").read_text())
     m = summ.get("machine_cpu") or {}  # testbed.emu.machine: the CPUs over the load
     return {"success_ratio": summ.get("success_ratio"), "queries": summ.get("queries"), "run": str(new[-1]),
@@ -92,6 +118,15 @@ def emulate(scenario: Path, seed: int, policy: str, checkpoint: str, runs_dir: P
 def simulate(scenario: Path, seed: int, policy: str, checkpoint: str) -> float:
     from testbed.aset.evaluate import aset_job, static_job
 
+    if policy == "aset" and _general(checkpoint):  # testbed simulate's own path (the emulation's selector)
+        from testbed.plan.build import build_plan
+        from testbed.sim.run import simulate as simulate_run
+        from testbed.spec.experiment import Experiment
+
+        data = yaml.safe_load(scenario.read_text())
+        data.update(seed=seed, policy="aset", aset=_aset_section(data, checkpoint))
+        rec = simulate_run(build_plan(Experiment.model_validate(data), base_dir=scenario.parent)).sim.records()
+        return sum(r["outcome"] == "success" for r in rec) / len(rec)
     if policy == "aset":
         r = aset_job(str(scenario), seed, checkpoint, None)
         return r["ok"] / r["n"]
@@ -256,9 +291,12 @@ def run_all(args: argparse.Namespace) -> list[dict]:
     raw = []
     for sc in args.scenarios.split(","):
         path = scaled_copy((REPO / sc).resolve(), args.load_scale)
+        if args.duration:
+            path = duration_copy(path, args.duration)
+        run_args = ("--time-dilation", args.time_dilation) if args.time_dilation else ()
         for policy in ("aset", args.static):
             for k in [int(s) for s in args.seeds.split(",")]:
-                emu = emulate(path, k, policy, args.checkpoint, args.runs_dir)
+                emu = emulate(path, k, policy, args.checkpoint, args.runs_dir, run_args)
                 sim = simulate(path, k, policy, args.checkpoint)
                 raw.append({"scenario": (REPO / sc).stem, "load_scale": args.load_scale, "path": str(path),
                             "policy": policy, "seed": k, **emu, "simulated": sim})
@@ -274,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "aset-emulation")
     ap.add_argument("--load-scale", type=float, default=1.0,
                     help="every arrival rate x this, in the emulation and the simulator alike")
+    ap.add_argument("--time-dilation", default=None, help="testbed run --time-dilation K|auto for every emulated run")
+    ap.add_argument("--duration", default=None, help="the load's duration in both engines, e.g. 15s (default: "
+                                                      "the scenario's)")
     ap.add_argument("--tables-only", action="store_true",
                     help="rebuild the tables from <runs-dir>/results.json (no emulation)")
     args = ap.parse_args(argv)
