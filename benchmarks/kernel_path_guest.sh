@@ -227,7 +227,7 @@ step_run() {  # a failed run is kept too (its folder says why): the check step j
   local rc deadline
   gssh "cd /root/testbed && modprobe openvswitch && modprobe sch_netem && mkdir -p /root/runs \
         && rm -f /root/runs/kp.rc /root/runs/kp.log \
-        && (setsid sh -c '.venv/bin/testbed run $EXPERIMENT --runs-dir /root/runs $RUN_ARGS > /root/runs/kp.log 2>&1; \
+        && (setsid sh -c 'PYTHONFAULTHANDLER=1 .venv/bin/testbed run $EXPERIMENT --runs-dir /root/runs $RUN_ARGS > /root/runs/kp.log 2>&1; \
               echo \$? > /root/runs/kp.rc' < /dev/null > /dev/null 2>&1 &)"
   deadline=$(( $(date +%s) + 7200 ))
   until gssh 'test -s /root/runs/kp.rc' 2>/dev/null; do
