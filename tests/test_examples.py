@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
-from test_policy_plugins import example_installed  # noqa: F401 - a fixture
 from test_zoo_add import _add, own_model, small_zoo  # noqa: F401 - own_model: a fixture
 
 from testbed.plan.build import plan_experiment
@@ -22,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "together" / "experiment.yaml"
 
 
-def test_the_three_plug_ins_together_in_the_simulator(tmp_path, own_model, example_installed):  # noqa: F811
+def test_the_three_plug_ins_together_in_the_simulator(tmp_path, own_model, example_installed):  # noqa: F811 - fixtures
     model, accuracy = own_model
     zoo_dir, profiles = small_zoo(tmp_path, ("digits_small", "digits_medium"))
     assert _add(model, zoo_dir, "digits_lenet", accuracy) == 0

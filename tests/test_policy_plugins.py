@@ -16,7 +16,6 @@ import hashlib
 import importlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -105,21 +104,6 @@ def sched(tmp_path_factory) -> Path:
     importlib.invalidate_caches()
     yield folder
     sys.path.remove(str(folder))
-
-
-@pytest.fixture(scope="module")
-def example_installed(tmp_path_factory) -> Path:
-    """``examples/policy_plugin`` installed with pip into a temporary folder on ``sys.path``: its
-    entry point ``slack`` of group ``testbed.policies`` is then visible to importlib.metadata."""
-    target = tmp_path_factory.mktemp("site")
-    copy = tmp_path_factory.mktemp("example") / "policy_plugin"  # the build's files land beside the copy
-    shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
-                    "--quiet", "--target", str(target), str(copy)], check=True, cwd=copy)
-    sys.path.insert(0, str(target))
-    importlib.invalidate_caches()
-    yield target
-    sys.path.remove(str(target))
 
 
 def _experiment(**changes) -> Experiment:

@@ -26,7 +26,7 @@ from testbed.core.errors import InputError
 from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import threads_per_call
 from testbed.model.dispatch import OptionSpec
-from testbed.model.policies import plugin_origins
+from testbed.model.policies import CATALOGUE, plugin_origins
 from testbed.model.records import GRACE_MS
 from testbed.plan.dilation import cpu_pad, wall_factor
 from testbed.plan.resolved import Plan
@@ -163,8 +163,6 @@ class SelectorContext(_Boundary):
 
         ``policies``: ``aset.selector.policies``, default every built-in policy
         (:data:`testbed.model.policies.CATALOGUE`)."""
-        from testbed.model.policies import CATALOGUE
-
         exp = plan.experiment
         if exp.aset is None or exp.aset.selector is None:
             return None
