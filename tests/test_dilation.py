@@ -301,3 +301,24 @@ def test_events_csv_rows_are_in_emulated_time_and_units():
     bw = Change(t_s=3.0, kind="link_bandwidth", event=1, link=("s1", "s2"), value=10.0)
     row = runner._row(bw, 1003.0, None, 9.8, "Mbit/s", None, None, "")
     assert [float(row["value_asked"]), float(row["value_measured"])] == pytest.approx([30.0, 29.4])
+
+
+def test_aset_under_dilation_is_checked_on_the_sources_plan_and_simulated_in_emulated_time():
+    """policy aset at k = 2: testbed run's pre-check builds each source's config from the
+    wall-clock plan, as the sources get it (it used to refuse the emulated one: "the plan has time
+    dilation 2 but is in emulated time"), and testbed simulate drives the checkpoint on the
+    emulated clock."""
+    from testbed.agent.live import refuse_unfit_checkpoint
+    from testbed.sim.run import simulate
+
+    repo = Path(__file__).resolve().parent.parent
+    path = repo / "experiments" / "generated" / "held-out" / "gen-heldout-6.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["policy"] = "aset"
+    data.setdefault("emulation", {})["time_dilation"] = 2
+    plan = build_plan(Experiment.model_validate(data), base_dir=path.parent)
+    assert plan.time_dilation == 2.0 and plan.clock == "emulated"
+    assert refuse_unfit_checkpoint(plan) is None  # no selector of one's own: nothing to record, no error
+    out = simulate(plan, duration_s=2.0)
+    assert out.selector["kind"] == "checkpoint"
+    assert all(sum(c.values()) == 4 for c in out.selector["choices"].values())  # 2 s of 500 ms windows

@@ -57,6 +57,7 @@ from testbed.agent.selector import (
 from testbed.core.errors import InputError
 from testbed.core.util import REPO_ROOT
 from testbed.plan.boundaries import SourceConfig
+from testbed.plan.dilation import dilate
 from testbed.spec.aset import plan_key
 
 REPO = REPO_ROOT
@@ -174,8 +175,8 @@ def refuse_unfit_checkpoint(plan) -> dict | None:
             source and what is wrong; a missing, unreadable or corrupt file included.
     """
 
-    try:
-        check_experiment_checkpoint(plan)
+    try:  # on the plan the sources get: under time dilation, the wall-clock one
+        check_experiment_checkpoint(dilate(plan) if plan.clock == "emulated" and plan.time_dilation != 1.0 else plan)
     except InputError:
         raise
     except (OSError, ValueError) as exc:

@@ -18,6 +18,7 @@ from testbed.agent.selector import (
 )
 from testbed.plan.boundaries import SelectorContext, SourceConfig
 from testbed.plan.build import Plan
+from testbed.plan.dilation import with_time_dilation
 from testbed.sim.engine import SimError, Simulator
 from testbed.sim.window import SimWindowStates
 from testbed.spec.experiment import drain_s
@@ -84,7 +85,8 @@ def simulate(plan: Plan, base_dir: Path | None = None, duration_s: float | None 
 
 def _checkpoint_record(plan: Plan, sources: list[str], duration_s: float) -> dict[str, Any]:
     """The selectors of checkpoint-driven ``sources``: :class:`testbed.agent.live.LivePolicySelector`,
-    built from each source's config as an emulated source builds it (the window: ``aset.window_s``,
+    built from each source's config as an emulated source builds it, in emulated time (the
+    simulator's clock: k = 1, :func:`testbed.plan.dilation.with_time_dilation`; the window: ``aset.window_s``,
     default the checkpoint's); ``run.json``'s record, its ``drivers`` taken out by :func:`simulate`.
 
     Raises:
@@ -94,7 +96,7 @@ def _checkpoint_record(plan: Plan, sources: list[str], duration_s: float) -> dic
     exp = plan.experiment
     drivers, clusters = [], []
     for s in sources:
-        cfg = SourceConfig.from_plan(plan, s, 0, duration_s, Path("."))
+        cfg = SourceConfig.from_plan(with_time_dilation(plan, 1.0), s, 0, duration_s, Path("."))
         try:
             drivers.append(LivePolicySelector(cfg.model_copy(update={"records": ""})))
         except (KeyError, OSError, ValueError) as exc:
