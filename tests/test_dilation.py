@@ -322,3 +322,23 @@ def test_aset_under_dilation_is_checked_on_the_sources_plan_and_simulated_in_emu
     out = simulate(plan, duration_s=2.0)
     assert out.selector["kind"] == "checkpoint"
     assert all(sum(c.values()) == 4 for c in out.selector["choices"].values())  # 2 s of 500 ms windows
+
+
+def test_the_general_agent_sees_a_dilated_source_in_emulated_time(tmp_path):
+    """Under time dilation a source's config is on the wall clock (RTTs, service times and
+    deadlines x k); the general agent's features divide them by k, so a dilated source scores its
+    policies on the same figures as the undilated plan (and as the simulator)."""
+    from testbed.agent.general import config_feature_context, plan_feature_context
+    from testbed.plan.dilation import dilate, with_time_dilation
+
+    plan = with_time_dilation(build_plan(load_experiment(TRIANGLE), base_dir=TRIANGLE.parent), 4.0)
+    pols = ("closest", "min_latency")
+    for s in ("srca", "srcc"):
+        wall = config_feature_context(SourceConfig.from_plan(dilate(plan), s, 0, 10.0, tmp_path), pols)
+        emulated = plan_feature_context(plan, s, pols)
+        assert [(o.cluster, o.model) for o in wall.options] == [(o.cluster, o.model) for o in emulated.options]
+        for w, e in zip(wall.options, emulated.options, strict=True):
+            assert w.rtt_ms == pytest.approx(e.rtt_ms) and w.service_ms == pytest.approx(e.service_ms)
+        deadlines = [a.deadline_ms for a in emulated.applications]
+        assert [a.deadline_ms for a in wall.applications] == pytest.approx(deadlines)
+        assert any(o.rtt_ms > 0 for o in wall.options)  # the comparison compares something

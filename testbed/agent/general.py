@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -156,13 +157,20 @@ class GeneralPolicy:
 def config_feature_context(cfg, policies: Sequence[str]) -> FeatureContext:
     """The :class:`FeatureContext` of the emulation's source config ``cfg``
     (:class:`testbed.plan.boundaries.SourceConfig`: its options are the plan's, its applications
-    those of its workload entries).
+    those of its workload entries), in emulated time: under time dilation k the config's RTTs,
+    service times and deadlines are on the wall clock (x k), and are divided by k here, as the
+    window's measured figures are (the source's records), so that the features are those of
+    :func:`plan_feature_context` on the undilated plan.
 
     Raises:
         ValueError: beyond a bound (:class:`FeatureContext`), naming the source.
     """
-    apps = tuple(AppView(a.name, float(a.deadline_ms), float(a.min_accuracy), a.family or "") for a in cfg.applications)
-    return FeatureContext(cfg.source, tuple(o.option for o in cfg.options), apps, tuple(policies))
+    k = float(getattr(cfg, "time_dilation", 1.0) or 1.0)
+    apps = tuple(AppView(a.name, float(a.deadline_ms) / k, float(a.min_accuracy), a.family or "")
+                 for a in cfg.applications)
+    options = tuple(o.option if k == 1.0 else replace(o.option, rtt_ms=o.option.rtt_ms / k,
+                                                      service_ms=o.option.service_ms / k) for o in cfg.options)
+    return FeatureContext(cfg.source, options, apps, tuple(policies))
 
 
 def plan_feature_context(plan, source: str, policies: Sequence[str]) -> FeatureContext:
