@@ -175,8 +175,11 @@ def refuse_unfit_checkpoint(plan) -> dict | None:
             source and what is wrong; a missing, unreadable or corrupt file included.
     """
 
+    exp = plan.experiment
+    dilated = (plan.clock == "emulated" and plan.time_dilation != 1.0
+               and any((s.policy or exp.policy) == "aset" for s in exp.sources))
     try:  # on the plan the sources get: under time dilation, the wall-clock one
-        check_experiment_checkpoint(dilate(plan) if plan.clock == "emulated" and plan.time_dilation != 1.0 else plan)
+        check_experiment_checkpoint(dilate(plan) if dilated else plan)
     except InputError:
         raise
     except (OSError, ValueError) as exc:
