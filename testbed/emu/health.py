@@ -451,7 +451,8 @@ class HealthWatch(threading.Thread):
         self.console.print(f"HEALTH: {inc.message()}", markup=False, highlight=False)
         if self.failure is None:
             integrity = inc.fault == "died" and inc.exit_code == EXIT_INTEGRITY  # the server's own refusal
-            said = f" ({inc.last_lines[-1]})" if integrity and inc.last_lines else ""
+            said = (f" (it refused to serve: {inc.last_lines[-1] if inc.last_lines else 'see its log'})"
+                    if integrity else "")
             self.failure = RunFailure(f"{inc.message(with_log=False)}{said}. The run stops: its measurements after "
                                       f"this point would not be of the planned experiment (run.json: health).",
                                       EXIT_INTEGRITY if integrity else EXIT_COMPONENT_DIED)
