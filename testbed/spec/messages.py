@@ -128,16 +128,16 @@ def _tree(root: type[BaseModel]) -> Iterator[tuple[str, type[BaseModel]]]:
     """(path, model) of every model of ``root``'s tree (``""`` for the root; ``clusters``,
     ``clusters.server``, ...), each model once."""
     seen: set[type[BaseModel]] = set()
-    todo: list[tuple[str, type[BaseModel]]] = [("", root)]
-    while todo:
-        path, cls = todo.pop(0)
+    pending: list[tuple[str, type[BaseModel]]] = [("", root)]
+    while pending:
+        path, cls = pending.pop(0)
         if cls in seen:
             continue
         seen.add(cls)
         yield path, cls
         for name, field in cls.model_fields.items():
             for sub in _models_in(field.annotation):
-                todo.append((f"{path}.{name}" if path else name, sub))
+                pending.append((f"{path}.{name}" if path else name, sub))
 
 
 def homes_of(root: type[BaseModel], key: str) -> list[str]:
@@ -300,10 +300,10 @@ def model_named(title: str) -> type[BaseModel] | None:
     """The strict model (a :class:`testbed.spec.schema.StrictModel` subclass) whose name is
     ``title`` (a ValidationError's ``title``), when exactly one has it."""
     found: list[type[BaseModel]] = []
-    todo = list(StrictModel.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
+    pending = list(StrictModel.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
         if cls.__name__ == title and cls not in found:
             found.append(cls)
     return found[0] if len(found) == 1 else None
