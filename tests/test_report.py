@@ -34,7 +34,7 @@ def make_run(root: Path, name: str, policies: list[str], n: int = 40, mode: str 
         rows.append({"query_id": f"srca-{i + 1}", "source": "srca", "application": "digits", "cluster": "edgec",
                      "model": "digits_small", "policy": policies[i * len(policies) // n], "deadline_ms": 50.0,
                      "t0_ns": T0 + i * S // 4, "e2e_ms": None if fail else 10.0 + i,
-                     "network_ms": None if fail else 5.0,
+                     "dispatch_ms": None if fail else 0.0, "network_ms": None if fail else 5.0,
                      "queueing_ms": None if fail else 3.0, "inference_ms": None if fail else 2.0,
                      "http_status": None if fail else 200, "outcome": "failure" if fail else "success",
                      "failure_cause": "deadline_miss" if fail else ""})
@@ -265,12 +265,12 @@ def _corrupt(root: Path, name: str, edit) -> Path:
 
 
 @pytest.mark.parametrize("edit,problem", [
-    (lambda t: t[:-40], r"line 41 has \d+ fields, the header 32 \(the file is truncated"),
+    (lambda t: t[:-40], r"line 41 has \d+ fields, the header 37 \(the file is truncated"),
     (lambda t: t[:-1], "the last line does not end with a newline"),
     (lambda t: "\n".join(t.splitlines()[:21]) + "\n", "20 records, but summary.json counted 40 queries"),
     (lambda t: t.replace("query_id,", "qid,", 1), r"column\(s\) of the record schema missing \(query_id\)"),
-    (lambda t: "a,b\n1,2\n", r"32 column\(s\) of the record schema missing"),
-    (lambda t: t.replace(",10.0,5.0,", ",ten,5.0,", 1), "column 'e2e_ms', row 1: 'ten' is not a number"),
+    (lambda t: "a,b\n1,2\n", r"37 column\(s\) of the record schema missing"),
+    (lambda t: t.replace(",10.0,0.0,5.0,", ",ten,0.0,5.0,", 1), "column 'e2e_ms', row 1: 'ten' is not a number"),
     (lambda t: t.replace(f",{T0 + S // 4},", ",soon,", 1), "column 't0_ns', row 2: 'soon' is not a number"),
     (lambda t: t.replace(",success,", ",succes,", 1), "column 'outcome', row 1: 'succes' is not one of"),
     (lambda t: t.replace("query_id,source,", "query_id,query_id,", 1), "column 'query_id' appears twice"),

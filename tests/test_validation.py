@@ -534,7 +534,7 @@ def test_a_source_file_whose_last_line_is_cut_keeps_its_whole_rows_and_says_so(t
     df = merge_records(tmp_path, write=False)
     assert len(df) == whole.count(b"\n") - 2 == 7  # 8 records, the header, the cut one left out
     s = summarize(tmp_path, 1.0)
-    note = "its last line is cut short and left out (line 9 has 19 fields, the header 32 (the file is truncated " \
+    note = "its last line is cut short and left out (line 9 has 24 fields, the header 37 (the file is truncated " \
            "or not a records file))"
     assert s["records_check"]["cut_last_line"] == {"a": note}
     assert f"WARNING: sources/a.records.csv: {note}; its whole rows are kept." in _headline(s)

@@ -64,15 +64,22 @@ COLUMNS: tuple[Column, ...] = (
     Column("deadline_ms", "ms", "the application's deadline D_a"),
     Column("min_accuracy", "0-1", "the application's minimum accuracy A_a"),
     Column("model_accuracy", "0-1", "accuracy alpha_m of the chosen model"),
-    Column("expected_rtt_ms", "ms", "the plan's RTT source -> cluster (2 x sum of one-way delays)"),
+    Column("expected_rtt_ms", "ms", "RTT of the path in force when the query was sent (at td), with the link "
+                                    "delays in force then (2 x sum of one-way delays)"),
     Column("t0_ns", "ns", "query created at the source (just before the policy decides)"),
-    Column("t1_ns", "ns", "request fully received by the inference server"),
+    Column("td_ns", "ns", "the dispatcher's decision made: the request starts on its way"),
+    Column("t1_ns", "ns", "request fully arrived at the cluster's host (before the server reads it)"),
+    Column("t1h_ns", "ns", "request read and decoded by the server: the query enters the queue"),
     Column("t2_ns", "ns", "inference starts"),
     Column("t3_ns", "ns", "inference ends"),
+    Column("t3h_ns", "ns", "answer encoded and handed to the network by the server"),
     Column("t4_ns", "ns", "response fully read at the source"),
-    Column("e2e_ms", "ms", "t4 - t0"),
-    Column("network_ms", "ms", "(t1 - t0) + (t4 - t3)"),
-    Column("queueing_ms", "ms", "t2 - t1"),
+    Column("e2e_ms", "ms", "t4 - t0 = dispatch + network + handling + queueing + inference"),
+    Column("dispatch_ms", "ms", "td - t0: the dispatcher's decision (a policy or plug-in's own cost)"),
+    Column("network_ms", "ms", "(t1 - td) + (t4 - t3h): transfer of request and answer only"),
+    Column("handling_ms", "ms", "(t1h - t1) + (t3h - t3): the server reading the request and writing the answer, "
+                                "on the cluster's CPU quota"),
+    Column("queueing_ms", "ms", "t2 - t1h"),
     Column("inference_ms", "ms", "t3 - t2"),
     Column("batch", "inputs", "inputs in the model call that served the query"),
     Column("request_bytes", "bytes", "request body size"),
@@ -93,7 +100,8 @@ RECORD_FIELDS: list[str] = [c.name for c in COLUMNS]
 TEXT_FIELDS: frozenset[str] = frozenset({"query_id", "source", "application", "cluster", "model", "policy",
                                          "drop_reason", "outcome", "failure_cause", "error"})
 #: Numeric columns whose values are integers (counts, codes, ns, 0/1 flags, class indices).
-INTEGER_FIELDS: frozenset[str] = frozenset({"fallback", "t0_ns", "t1_ns", "t2_ns", "t3_ns", "t4_ns", "batch",
+INTEGER_FIELDS: frozenset[str] = frozenset({"fallback", "t0_ns", "td_ns", "t1_ns", "t1h_ns", "t2_ns", "t3_ns", "t3h_ns",
+                                            "t4_ns", "batch",
                                             "request_bytes", "response_bytes", "http_status",
                                             "queue_len_at_arrival", "cold", "label", "predicted"})
 
@@ -146,17 +154,21 @@ def _ms(a_ns: int | None, b_ns: int | None) -> float | None:
 
 def make_record(*, query_id: str, source: str, application: str, cluster: str, model: str, policy: str,
                 fallback: bool, deadline_ms: float, min_accuracy: float, model_accuracy: float,
-                expected_rtt_ms: float, t0_ns: int, status: int | None, t1_ns: int | None = None,
-                t2_ns: int | None = None, t3_ns: int | None = None, t4_ns: int | None = None,
+                expected_rtt_ms: float, t0_ns: int, status: int | None, td_ns: int | None = None,
+                t1_ns: int | None = None, t1h_ns: int | None = None, t2_ns: int | None = None,
+                t3_ns: int | None = None, t3h_ns: int | None = None, t4_ns: int | None = None,
                 batch: int | None = None, request_bytes: int | None = None, response_bytes: int | None = None,
                 queue_len_at_arrival: int | None = None, drop_reason: str = "", cold: bool = False,
                 label: object = "", predicted: object = "", error: str = "", cut: bool = False) -> dict[str, object]:
     """One record row (keys :data:`RECORD_FIELDS`), with the derived durations, outcome and cause
     (``cut``: as :func:`classify`).
 
-    Durations are derived from the times given: ``e2e_ms`` from t0/t4, ``network_ms`` etc. only
-    when t1..t3 are known (an answered query). ``status`` as :func:`classify`; a late answer (after
-    deadline + grace) is recorded without its times, as an unanswered query.
+    Durations are derived from the times given: ``e2e_ms`` from t0/t4, ``dispatch_ms`` from t0/td
+    (whenever td is known), ``network_ms`` etc. only when t1..t3 are known (an answered query).
+    An engine that does not give ``td_ns`` / ``t1h_ns`` / ``t3h_ns`` gets them equal to t0 / t1 /
+    t3 (a zero dispatch or handling share), so the five shares always add up to e2e.
+    ``status`` as :func:`classify`; a late answer (after deadline + grace) is recorded without its
+    times, as an unanswered query.
     """
     e2e = _ms(t0_ns, t4_ns)
     status = answered_in_time(status, e2e, deadline_ms)
@@ -165,6 +177,7 @@ def make_record(*, query_id: str, source: str, application: str, cluster: str, m
         "query_id": query_id, "source": source, "application": application, "cluster": cluster, "model": model,
         "policy": policy, "fallback": int(bool(fallback)), "deadline_ms": deadline_ms, "min_accuracy": min_accuracy,
         "model_accuracy": model_accuracy, "expected_rtt_ms": round(expected_rtt_ms, 3), "t0_ns": t0_ns,
+        "td_ns": t0_ns if td_ns is None else td_ns, "dispatch_ms": _ms(t0_ns, t0_ns if td_ns is None else td_ns),
         "request_bytes": request_bytes, "label": label, "outcome": outcome, "failure_cause": cause,
         "error": error, "cold": int(bool(cold)), "drop_reason": drop_reason if status == 503 else ""}
     if status is not None:
@@ -172,10 +185,14 @@ def make_record(*, query_id: str, source: str, application: str, cluster: str, m
         if status == 503:
             row["queue_len_at_arrival"] = queue_len_at_arrival
     if status == 200 and None not in (t1_ns, t2_ns, t3_ns, t4_ns):
-        network = round(((t1_ns - t0_ns) + (t4_ns - t3_ns)) / 1e6, 3)
-        row.update(t1_ns=t1_ns, t2_ns=t2_ns, t3_ns=t3_ns, network_ms=network, queueing_ms=_ms(t1_ns, t2_ns),
-                   inference_ms=_ms(t2_ns, t3_ns), batch=batch, queue_len_at_arrival=queue_len_at_arrival,
-                   predicted=predicted)
+        td = row["td_ns"]
+        t1h = t1h_ns if t1h_ns is not None else t1_ns
+        t3h = t3h_ns if t3h_ns is not None else t3_ns
+        network = round(((t1_ns - td) + (t4_ns - t3h)) / 1e6, 3)
+        handling = round(((t1h - t1_ns) + (t3h - t3_ns)) / 1e6, 3)
+        row.update(t1_ns=t1_ns, t1h_ns=t1h, t2_ns=t2_ns, t3_ns=t3_ns, t3h_ns=t3h, network_ms=network,
+                   handling_ms=handling, queueing_ms=_ms(t1h, t2_ns), inference_ms=_ms(t2_ns, t3_ns), batch=batch,
+                   queue_len_at_arrival=queue_len_at_arrival, predicted=predicted)
     return row
 
 
