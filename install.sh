@@ -41,14 +41,19 @@ for cand in python3.11 python3; do
 done
 [ -n "$PY" ] || { echo "Python 3.11 is required (Debian 12's python3 is 3.11)" >&2; exit 1; }
 
-stamp=".venv/.installed-$(cat requirements.lock setup.py | sha256sum | cut -c1-16)"
+stamp=".venv/.installed-$(cat requirements.lock pyproject.toml setup.py | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "== Python venv (.venv) from requirements.lock"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
-  .venv/bin/pip install -q --no-cache-dir --upgrade 'pip==25.2'
-  .venv/bin/pip install -q --no-cache-dir 'setuptools==65.5.0' 'wheel==0.48.0' 'pbr==7.1.3'
-  .venv/bin/pip install -q --no-cache-dir --no-build-isolation -r requirements.lock
-  .venv/bin/pip install -q --no-cache-dir --no-build-isolation --no-deps -e .
+  # pip's own output goes to .venv/install.log too: .ci/wheel-check finds any deprecation there.
+  # Ryu is built through PEP 517 (--use-pep517) with the venv's setuptools < 68 (--no-build-isolation);
+  # this package is installed editable through PEP 660 (pyproject.toml).
+  {
+    .venv/bin/pip install -q --no-cache-dir --upgrade 'pip==25.2'
+    .venv/bin/pip install -q --no-cache-dir 'setuptools==65.5.0' 'wheel==0.48.0' 'pbr==7.1.3'
+    .venv/bin/pip install -q --no-cache-dir --no-build-isolation --use-pep517 -r requirements.lock
+    .venv/bin/pip install -q --no-cache-dir --no-build-isolation --no-deps -e .
+  } 2>&1 | tee .venv/install.log | { grep -v "^WARNING: Location 'file:" || true; }
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
