@@ -9,6 +9,8 @@
 #      architectures exported to SavedModel and LiteRT, the small digits models for quick checks);
 #      TESTBED_ZOO_FAMILIES=digits (or digits,parity,cancer) builds only those small trained families
 #      (build_zoo.py --families: no download, minutes instead of an hour on a slow machine or guest)
+#   --with-tests: also what only the test suite needs (Debian's chromium: the HTML report is opened in a
+#      headless browser by tests/test_report_browser.py)
 # Re-running it does only what is missing. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -16,6 +18,12 @@ if [ "$(id -u)" != 0 ]; then echo "install.sh needs root: sudo ./install.sh" >&2
 
 APT_PKGS="mininet openvswitch-switch iproute2 ethtool iputils-ping tcpdump libpcap0.8 psmisc procps iperf3
           net-tools python3 python3-venv python3-dev gcc"
+for arg in "$@"; do
+  case "$arg" in
+    --with-tests) APT_PKGS="$APT_PKGS chromium" ;;
+    *) echo "install.sh: unknown option '$arg' (the one option: --with-tests)" >&2; exit 2 ;;
+  esac
+done
 missing=""
 for p in $APT_PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
