@@ -9,6 +9,8 @@
 #      architectures exported to SavedModel and LiteRT, the small digits models for quick checks);
 #      TESTBED_ZOO_FAMILIES=digits (or digits,parity,cancer) builds only those small trained families
 #      (build_zoo.py --families: no download, minutes instead of an hour on a slow machine or guest)
+#   --with-tests: also what only the test suite needs (Debian's chromium: the HTML report is opened in a
+#      headless browser by tests/test_report_browser.py)
 # Re-running it does only what is missing. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -16,6 +18,12 @@ if [ "$(id -u)" != 0 ]; then echo "install.sh needs root: sudo ./install.sh" >&2
 
 APT_PKGS="mininet openvswitch-switch iproute2 ethtool iputils-ping tcpdump libpcap0.8 psmisc procps iperf3
           net-tools python3 python3-venv python3-dev gcc"
+for arg in "$@"; do
+  case "$arg" in
+    --with-tests) APT_PKGS="$APT_PKGS chromium" ;;
+    *) echo "install.sh: unknown option '$arg' (the one option: --with-tests)" >&2; exit 2 ;;
+  esac
+done
 missing=""
 for p in $APT_PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -41,14 +49,19 @@ for cand in python3.11 python3; do
 done
 [ -n "$PY" ] || { echo "Python 3.11 is required (Debian 12's python3 is 3.11)" >&2; exit 1; }
 
-stamp=".venv/.installed-$(cat requirements.lock setup.py | sha256sum | cut -c1-16)"
+stamp=".venv/.installed-$(cat requirements.lock pyproject.toml setup.py | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "== Python venv (.venv) from requirements.lock"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
-  .venv/bin/pip install -q --no-cache-dir --upgrade 'pip==25.2'
-  .venv/bin/pip install -q --no-cache-dir 'setuptools==65.5.0' 'wheel==0.48.0' 'pbr==7.1.3'
-  .venv/bin/pip install -q --no-cache-dir --no-build-isolation -r requirements.lock
-  .venv/bin/pip install -q --no-cache-dir --no-build-isolation --no-deps -e .
+  # pip's own output goes to .venv/install.log too: .ci/wheel-check finds any deprecation there.
+  # Ryu is built through PEP 517 (--use-pep517) with the venv's setuptools < 68 (--no-build-isolation);
+  # this package is installed editable through PEP 660 (pyproject.toml).
+  {
+    .venv/bin/pip install -q --no-cache-dir --upgrade 'pip==25.2'
+    .venv/bin/pip install -q --no-cache-dir 'setuptools==65.5.0' 'wheel==0.48.0' 'pbr==7.1.3'
+    .venv/bin/pip install -q --no-cache-dir --no-build-isolation --use-pep517 -r requirements.lock
+    .venv/bin/pip install -q --no-cache-dir --no-build-isolation --no-deps -e .
+  } 2>&1 | tee .venv/install.log | { grep -v "^WARNING: Location 'file:" || true; }
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

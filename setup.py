@@ -1,8 +1,5 @@
-"""Install the ``testbed`` package and its ``testbed`` console command.
-
-Pinned dependency versions live in ``requirements.lock`` (installed by ``install.sh``);
-``install_requires`` here names what the package imports, without pins, so that
-``pip install -e .`` never fights the lock file.
+"""The setuptools shim of ``pyproject.toml`` (which holds the package's metadata, dependencies and
+``testbed`` command): it adds one build step, copying the Ryu app into a built package.
 
 What an installed copy (``pip install .``, a wheel) reads at run time:
 
@@ -14,14 +11,15 @@ What an installed copy (``pip install .``, a wheel) reads at run time:
   topologies, the model zoo and its profiles (``models/``), ASET checkpoints and ``runs/``. A path
   relative to the checkout, used outside one, is refused naming the checkout it needs.
 
+An editable install (``pip install -e .``, PEP 660) reads the checkout's ``controllers/`` instead.
 ``.ci/wheel-check`` builds the wheel, installs it in a scratch venv and runs it from outside the
-checkout.
+checkout, and checks that pip prints no deprecation for this package's installs.
 """
 
 import shutil
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
@@ -43,40 +41,4 @@ class BuildWithRyuApp(build_py):
         shutil.copyfile(RYU_APP, dst)
 
 
-setup(
-    name="aset-testbed",
-    version="0.1.0",
-    description="Network-emulation testbed for scheduling DNN inference on edge clusters (ASET)",
-    python_requires=">=3.11,<3.12",
-    packages=find_packages(include=["testbed", "testbed.*"]),
-    install_requires=[
-        "pydantic>=2",
-        "PyYAML",
-        "networkx",
-        "topohub",
-        "aiohttp",
-        "orjson",
-        "simplejpeg",
-        "pillow",
-        "rich",
-        "pandas",
-        "pyarrow",
-        "tabulate",
-        "numpy",
-        "scipy",
-        "matplotlib",
-        "gymnasium",
-        "scapy",
-        "dpkt",
-        "ray",
-        "psutil",
-        "ai-edge-litert",
-        "tensorflow-cpu",
-    ],
-    # optional: the Stable-Baselines3 peer check of ASET (benchmarks/aset_sb3.py, docs/aset.md);
-    # torch 2.13.0 resolves to its CPU build here (2.13.0+cpu)
-    # optional: the peer check's DQN (docs/aset.md, "A peer check"), and the TensorBoard viewer
-    extras_require={"peer": ["stable-baselines3==2.9.2", "torch==2.13.0"], "tensorboard": ["tensorboard==2.21.0"]},
-    entry_points={"console_scripts": ["testbed=testbed.cli.main:main"]},
-    cmdclass={"build_py": BuildWithRyuApp},
-)
+setup(cmdclass={"build_py": BuildWithRyuApp})

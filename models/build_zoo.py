@@ -82,8 +82,10 @@ Seeds are fixed; figures may still differ slightly across CPUs (floating-point s
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -108,6 +110,9 @@ RECIPE_VERSION = 5
 #: Version of each part of the zoo; a part is rebuilt iff its version changed.
 PARTS = {"trained": 4, "images": 3, "mediapipe": 1, "keras": 2}
 CACHE = Path(__file__).resolve().parent / ".cache"
+#: Worker processes building the imagenet variants beside the rest of the build: every core but the
+#: one this process keeps (at least one).
+KERAS_WORKERS = max(1, (os.cpu_count() or 2) - 1)
 SEED = 0
 TEST_FRACTION = 0.3
 
@@ -605,26 +610,50 @@ def build_keras_variant(tmp: Path, name: str, frames: np.ndarray) -> dict[str, A
             "outputs": {zoo.OUTPUT_NAME: [1000]}}
 
 
-def build_keras(tmp: Path, manifest: dict[str, Any], old: dict[str, Any] | None, old_dir: Path) -> None:
-    """The imagenet variants (reused when the part version and weights source are unchanged), then
-    their TensorFlow vs LiteRT agreement on the imagenet frames."""
-    x, _ = zoo.load_payloads(tmp, "imagenet")
+def _keras_job(tmp: Path, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """One imagenet variant, in a worker process: built (:func:`build_keras_variant`), then its
+    TensorFlow vs LiteRT agreement on the imagenet frames; returns its manifest entry. Raises
+    ``SystemExit`` on non-finite outputs (a broken export)."""
+    loaders.configure_tf_threads(intra_op=1, inter_op=1)
+    with np.load(tmp / manifest["families"]["imagenet"]["payloads"]) as data:  # the frames, as load_payloads reads
+        x = data["x"]
+    entry = build_keras_variant(tmp, name, x)
+    view = {**manifest, "variants": {**manifest["variants"], name: entry}}
+    tf_p = _predict_all(loaders.ZooModel(tmp, name, view), x)
+    lite_p = _predict_all(loaders.LiteRTModel(tmp, name, view), x)
+    if not (np.isfinite(tf_p).all() and np.isfinite(lite_p).all()):
+        raise SystemExit(f"{name}: non-finite outputs (TensorFlow or LiteRT): the export is broken")
+    entry.update(top1_agreement_litert=round(float((tf_p.argmax(1) == lite_p.argmax(1)).mean()), 4),
+                 max_abs_diff_litert=float(np.abs(tf_p - lite_p).max()))
+    entry["size_bytes"] = (tmp / entry["tflite"]).stat().st_size
+    entry["savedmodel_bytes"] = sum(p.stat().st_size for p in (tmp / name).rglob("*") if p.is_file())
+    return entry
+
+
+def start_keras(tmp: Path, manifest: dict[str, Any], old: dict[str, Any] | None, old_dir: Path,
+                pool: concurrent.futures.Executor) -> dict[str, concurrent.futures.Future]:
+    """The imagenet variants: those reusable (part version and weights source unchanged) copied now,
+    the others submitted to ``pool`` (:func:`_keras_job`; each variant is independent, so they build
+    beside the rest of the zoo, one per core). Returns name -> future of its manifest entry
+    (:func:`finish_keras` collects them). Needs the imagenet frames in ``tmp``."""
+    jobs = {}
     for name in src.KERAS_VARIANTS:
         if _keras_reusable(old, name):
             _copy_variant(old_dir, tmp, old["variants"][name])
             manifest["variants"][name] = old["variants"][name]
             log(f"{name}: reused from {old_dir}")
-            continue
-        entry = build_keras_variant(tmp, name, x)
-        manifest["variants"][name] = entry
-        tf_p = _predict_all(loaders.ZooModel(tmp, name, manifest), x)
-        lite_p = _predict_all(loaders.LiteRTModel(tmp, name, manifest), x)
-        if not (np.isfinite(tf_p).all() and np.isfinite(lite_p).all()):
-            raise SystemExit(f"{name}: non-finite outputs (TensorFlow or LiteRT): the export is broken")
-        entry.update(top1_agreement_litert=round(float((tf_p.argmax(1) == lite_p.argmax(1)).mean()), 4),
-                     max_abs_diff_litert=float(np.abs(tf_p - lite_p).max()))
-        entry["size_bytes"] = (tmp / entry["tflite"]).stat().st_size
-        entry["savedmodel_bytes"] = sum(p.stat().st_size for p in (tmp / name).rglob("*") if p.is_file())
+        else:
+            jobs[name] = pool.submit(_keras_job, tmp, name, {"variants": dict(manifest["variants"]),
+                                                            **{k: v for k, v in manifest.items() if k != "variants"}})
+    return jobs
+
+
+def finish_keras(manifest: dict[str, Any], jobs: dict[str, concurrent.futures.Future]) -> None:
+    """Wait for the variants :func:`start_keras` submitted and add their entries, in the catalogue's
+    order (the manifest reads the same whatever finished first)."""
+    for name in src.KERAS_VARIANTS:
+        if name in jobs:
+            manifest["variants"][name] = jobs[name].result()
 
 
 def build(out: Path, cache: Path = CACHE, reuse: bool = True, families: list[str] | None = None) -> dict[str, Any]:
@@ -666,14 +695,10 @@ def build(out: Path, cache: Path = CACHE, reuse: bool = True, families: list[str
                                                     strict=True)),
                         "skimage_wheel": dict(zip(("dist", "version", "file", "sha256"), src.SKIMAGE_WHEEL,
                                                   strict=True))}}
-        build_trained(tmp, manifest, old, out, families)
         if families is None:
-            build_image_families(tmp, manifest, images)
-            build_mediapipe(tmp, manifest, mp_dir)
-            write_json(tmp / zoo.MANIFEST, manifest)  # provisional: the measurements read the zoo like a server
-            measure_faces(tmp, manifest)
-            build_keras(tmp, manifest, old, out)
+            build_parts(tmp, manifest, old, out, mp_dir, images)
         else:
+            build_trained(tmp, manifest, old, out, families)
             manifest["parts"] = {"trained": PARTS["trained"]}
             del manifest["sources"]
         keep_added(previous, out, tmp, manifest)
@@ -688,6 +713,27 @@ def build(out: Path, cache: Path = CACHE, reuse: bool = True, families: list[str
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def build_parts(tmp: Path, manifest: dict[str, Any], old: dict[str, Any] | None, old_dir: Path, mp_dir: Path,
+                images: Path) -> None:
+    """The whole zoo: the image frames first, then the imagenet variants in worker processes
+    (:data:`KERAS_WORKERS`, started with ``spawn``: TensorFlow does not survive a fork) while this
+    process trains the small families and measures the MediaPipe ones; the Keras entries last."""
+    build_image_families(tmp, manifest, images)
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=KERAS_WORKERS, mp_context=ctx) as pool:
+        jobs = start_keras(tmp, manifest, old, old_dir, pool)
+        build_trained(tmp, manifest, old, old_dir, None)
+        build_mediapipe(tmp, manifest, mp_dir)
+        write_json(tmp / zoo.MANIFEST, manifest)  # provisional: the measurements read the zoo like a server
+        measure_faces(tmp, manifest)
+        finish_keras(manifest, jobs)
+    trained = [f for f in FAMILIES if f in manifest["families"]]  # the manifest's order: trained families first
+    for key in ("families", "variants"):
+        d = manifest[key]
+        first = [k for k in d if (d[k] if key == "variants" else {"family": k}).get("family") in trained]
+        manifest[key] = {k: d[k] for k in first + [k for k in d if k not in first]}
 
 
 def keep_added(old: dict[str, Any] | None, old_dir: Path, tmp: Path, manifest: dict[str, Any]) -> None:

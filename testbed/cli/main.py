@@ -89,6 +89,13 @@ def print_plan(plan: Plan, out: Console | None = None) -> None:
                      [[p.source, p.cluster, len(p.switches) - 1, " > ".join(p.switches), f"{p.one_way_ms:.3f}",
                        f"{p.rtt_ms:.3f}"] for p in plan.paths],
                      right={"hops", "one-way ms", "expected RTT ms"}))
+    if plan.changes:
+        out.print(_table("Events (the timeline both engines apply; s since the load starts)",
+                         ["t s", "event", "kind", "target", "value"],
+                         [[f"{c.t_s:g}", c.event if not c.step else f"{c.event}.{c.step}", c.kind,
+                           " - ".join(c.link) if c.link else c.cluster or "-",
+                           "-" if c.value is None else f"{c.value:g}"] for c in plan.changes],
+                         right={"t s", "value"}))
     if plan.notes:
         out.print(Text("Notes", style="bold"))
         for n in plan.notes:
@@ -179,11 +186,19 @@ COMMAND_MODULES = (evaluate, generate, new_experiment, profile, report, simulate
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="testbed", description=plain_help(__doc__.split("\n\n")[0].replace("\n", " ")))
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("plan", help="print the resolved plan of an experiment; builds nothing, needs no root")
+    p = sub.add_parser("plan", help="print the resolved plan of an experiment; builds nothing, needs no root",
+                       description="Validate an experiment (or an ASET config) and print what it resolves to: "
+                                   "switches, links with their delays, hosts, paths and their RTTs, the events' "
+                                   "timeline, and notes. Nothing is built; no root needed. Exit 2 names what is "
+                                   "invalid.")
     p.add_argument("experiment", type=Path)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
-    p = sub.add_parser("run", help="emulate the experiment (root): Mininet + Ryu + inference servers")
+    p = sub.add_parser("run", help="emulate the experiment (root): Mininet + Ryu + inference servers",
+                       description="Emulate an experiment on this machine (root): Mininet with Open vSwitch, a "
+                                   "Ryu controller, real inference servers on CPU-limited cluster hosts and query "
+                                   "sources; every query measured. Writes a run directory (records, summary, "
+                                   "run.json) and prints the summary. Exit codes: README.md.")
     p.add_argument("experiment", type=Path)
     p.add_argument("--duration", type=duration_arg, help=DURATION_HELP)
     p.add_argument("--link-emulator", choices=["auto", "netem", "userspace"], help="override emulation.link_emulator")
@@ -226,8 +241,44 @@ def _attach_negative_values(argv: list[str], options: set[str]) -> list[str]:
     return out
 
 
+class _PipeSafe:
+    """Standard output that outlives its reader: once the reader has gone (``testbed ... | head``),
+    writes are dropped instead of raising, so the command runs to its end and exits with its own
+    code (a run keeps measuring); the closed pipe is replaced by /dev/null, as the Python docs advise
+    (library/signal, "Note on SIGPIPE")."""
+
+    def __init__(self, stream):
+        self._stream, self.lost = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.lost:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._lose()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.lost:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._lose()
+
+    def _lose(self) -> None:
+        self.lost = True
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``testbed`` console command: the one place errors are printed."""
+    if not isinstance(sys.stdout, _PipeSafe):
+        sys.stdout = _PipeSafe(sys.stdout)
     ap = _parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(_attach_negative_values(argv, _value_options(ap)))

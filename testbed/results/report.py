@@ -412,11 +412,34 @@ def _not_ok_warning(runs: list[RunData]) -> str:
               "compare them with care.")
 
 
+#: Data columns per HTML table: a wider table is split into several, each repeating the key column,
+#: so that every one fits a page of about 1,200 pixels (13 px text) without scrolling sideways.
+HTML_COLUMNS_PER_TABLE = 8
+
+
+def column_groups(table: pd.DataFrame, per_table: int = HTML_COLUMNS_PER_TABLE) -> list[pd.DataFrame]:
+    """``table`` split by columns into tables of at most ``per_table`` data columns, each led by
+    the first (key) column; one table when it fits."""
+    key, rest = list(table.columns[:1]), list(table.columns[1:])
+    if len(rest) <= per_table:
+        return [table]
+    return [table[key + rest[i:i + per_table]] for i in range(0, len(rest), per_table)]
+
+
+def html_table(table: pd.DataFrame) -> str:
+    """One table as HTML (text escaped; missing cells '-'), in a box that scrolls sideways if its
+    cells cannot wrap to the page's width."""
+    shown = table.astype(object).where(table.notna(), None)
+    body = shown.to_html(index=False, na_rep="-", escape=True).replace("<td>None</td>", "<td>-</td>")
+    return f"<div class='wide'>{body.replace('_', '_<wbr>')}</div>"
+
+
 def _write_html(path: Path, runs, table: pd.DataFrame, figures, titles, skipped, hops) -> None:
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>ASET testbed report</title><style>",
              "body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;"
-             "text-align:right}th{background:#f2f2f2}img{max-width:100%;border:1px solid #eee}"
+             "table{border-collapse:collapse;font-size:13px;margin:0 0 1em 0;max-width:100%}"
+             "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right;overflow-wrap:break-word}"
+             "th{background:#f2f2f2}img{max-width:100%;border:1px solid #eee}.wide{overflow-x:auto;max-width:100%}"
              "</style></head><body>",
              f"<h1>ASET testbed report</h1><p>Generated {datetime.now():%Y-%m-%d %H:%M:%S} from "
              f"{len(runs)} run(s):</p><ul>"]
@@ -425,14 +448,14 @@ def _write_html(path: Path, runs, table: pd.DataFrame, figures, titles, skipped,
     warning = _not_ok_warning(runs)
     if warning:
         parts.append(f"<p style='color:#b00020;font-weight:bold'>{html.escape(warning)}</p>")
-    parts.append(table.to_html(index=False, na_rep="-", escape=True))
+    parts += [html_table(part) for part in column_groups(table)]
     parts.append(f"<p>{html.escape(TABLE_NOTE)}</p>")
     for name, p in figures.items():
         b64 = base64.b64encode(p.read_bytes()).decode()
         parts.append(f"<h2>{html.escape(titles[name])}</h2><img alt='{name}' src='data:image/png;base64,{b64}'>")
     for label, h in hops:
         parts.append(f"<h3>Per-hop one-way delay: {html.escape(label)}</h3>")
-        parts.append(h.to_html(index=False, na_rep="-", escape=True))
+        parts += [html_table(part) for part in column_groups(h)]
     if skipped:
         parts.append("<h2>Not drawn</h2><ul>")
         parts += [f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in skipped.items()]
