@@ -269,7 +269,7 @@ def test_reported_state_gives_the_same_decisions(tmp_path):
     sim.q.dl.extend([1.0] * 4)
     sim.q.t1.extend([0.0] * 4)
     sim.q.back.extend([0.0] * 4)
-    for col in (sim.q.t2, sim.q.t3, sim.q.t4, sim.q.status, sim.q.qlen, sim.q.batch):
+    for col in (sim.q.t1h, sim.q.t2, sim.q.t3, sim.q.t3h, sim.q.t4, sim.q.status, sim.q.qlen, sim.q.batch):
         col.extend([None] * 4)
     cl.advance(0.001)
     heard_sim = cl.snapshot(0.001, 0.05)

@@ -122,6 +122,8 @@ class Simulator(Links, RunColumns):
         self.R = float(exp.report_interval_s)
         self.now_s = 0.0
         self.policy_names: list[str] = list(pol.CATALOGUE)
+        #: per policy of :attr:`policy_names` (same index): the decision cost charged (s; td - t0)
+        self.decision_s: list[float] = [self._decision_s(p) for p in self.policy_names]
         self.base_dir = Path(base_dir) if base_dir is not None else Path(plan.base_dir)
         self.q = Queries()
         self.res_heap: list[tuple[float, int]] | None = [] if track_resolved else None
@@ -214,6 +216,14 @@ class Simulator(Links, RunColumns):
             raise SimError(str(exc)) from None
         if p not in self.policy_names:
             self.policy_names.append(p)
+            self.decision_s.append(self._decision_s(p))
+
+    def _decision_s(self, p: str) -> float:
+        """The cost (s) charged to each decision of policy ``p``: the plan's ``decision_ms`` (fixed
+        at plan time, so a plan simulated again gives the same run), else the policy's own
+        (:attr:`testbed.model.policies.Policy.decision_ms`: 0 for a built-in one)."""
+        ms = self.plan.decision_ms.get(p)
+        return (pol.REGISTRY.resolve(p).decision_ms if ms is None else ms) / 1e3
 
     def set_policy(self, source: str, policy: str) -> None:
         """Apply ``policy`` to the queries ``source`` creates from now on.
@@ -387,7 +397,8 @@ class Simulator(Links, RunColumns):
         k = len(ts)
         ci, m = self.cl_index[d.cluster], self.model_index[d.model]
         dl_s = self.apps[ai].deadline_ms / 1e3
-        f, bk = self.fwd_app[ai][si][ci], self.back_s[si][ci]
+        pi = self.policy_names.index(self.dispatchers[si].policy)
+        f, bk = self.fwd_app[ai][si][ci] + self.decision_s[pi], self.back_s[si][ci]  # the request leaves at td
         nbytes = self.req_bytes_app[ai]
         loss = self.loss_pct[si, ci]
         if loss > 0:  # one retransmission timeout per direction that loses a frame (model.network)
@@ -400,12 +411,11 @@ class Simulator(Links, RunColumns):
         base = len(q.t0)
         idx = range(base, base + k)
         dls = [t + dl_s for t in ts]
-        for col, v in ((q.src, si), (q.app, ai), (q.cl, ci), (q.model, m),
-                       (q.pol, self.policy_names.index(self.dispatchers[si].policy))):
+        for col, v in ((q.src, si), (q.app, ai), (q.cl, ci), (q.model, m), (q.pol, pi)):
             col.extend([v] * k)
         q.fb.extend(bytes([int(d.fallback)]) * k)
         q.released.extend(bytes(k))
-        for col in (q.t2, q.t3, q.t4, q.status, q.qlen, q.batch):
+        for col in (q.t1h, q.t2, q.t3, q.t3h, q.t4, q.status, q.qlen, q.batch):
             col.extend([None] * k)
         q.t0.extend(ts)
         q.t1.extend(t1)
