@@ -35,10 +35,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from testbed.core.clock import EmulatedClock
 from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.emu.dynamics import PREPARE_S
 from testbed.model.events import CLUSTER_KINDS, EVENT_KINDS, LINK_KINDS, Change
-from testbed.core.clock import EmulatedClock
 
 #: Kinds the emulation applies: every registered kind (kept current with the registry).
 APPLIED_KINDS = EVENT_KINDS.names_view()
@@ -89,7 +89,8 @@ class EventRunner(threading.Thread):
                  on_event: Callable[[dict], None] | None = None):
         super().__init__(daemon=True, name="events")
         self.live, self.servers, self.changes, self.t0_s = live, servers, list(changes), t0_s
-        self.clock = EmulatedClock(live.plan.time_dilation)  # the changes are on the wall clock; events.csv is in emulated time
+        # the changes are on the wall clock; events.csv is in emulated time
+        self.clock = EmulatedClock(live.plan.time_dilation)
         self.on_event = on_event
         self.stop_event = threading.Event()
         self.path: Path = live.run_dir / "events.csv"

@@ -339,5 +339,6 @@ def path_cut(spans: Sequence[Span], t_from_s: float, t_to_s: float) -> bool:
 
 __all__ = ["DEFAULT_MTU", "DEFAULT_QUEUE_PACKETS", "FRAME_OVERHEAD_BYTES", "FULL_FRAME_BYTES", "IP_TCP_HEADER_BYTES",
            "MSS_BYTES", "TCP_RTO_MIN_MS", "LinkState", "LinkView", "NetworkState", "Span", "frames", "mss_of",
-           "RttStep", "no_route_spans", "p_retransmit", "path_cut", "path_rtt_ms", "rtt_at", "rtt_timeline", "transfer_ms",
+           "RttStep", "no_route_spans", "p_retransmit", "path_cut", "path_rtt_ms", "rtt_at", "rtt_timeline",
+           "transfer_ms",
            "wire_bytes"]

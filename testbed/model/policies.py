@@ -723,7 +723,8 @@ def decide(policy: str, options: list[Option], deadline_ms: float, min_accuracy:
     return _run_plugin(p, options, deadline_ms, min_accuracy, ctx)
 
 
-__all__ = ["BUILTIN_DECISION_MS", "CATALOGUE", "DETERMINISTIC", "LOAD_AWARE", "PLUGIN_GROUP", "POLICIES", "REGISTRY", "Context", "Decision",
+__all__ = ["BUILTIN_DECISION_MS", "CATALOGUE", "DETERMINISTIC", "LOAD_AWARE", "PLUGIN_GROUP", "POLICIES", "REGISTRY",
+           "Context", "Decision",
            "ManyFn", "Option", "Policy", "PolicyFailure", "PolicyFn", "PolicyTraits", "age_aware",
            "age_discounted_load", "check_plugin", "closest", "cloud", "decide", "decide_many", "feasible",
            "least_loaded", "max_accuracy", "min_latency", "p2c", "plugin_origins", "plugin_policy", "policy",

@@ -15,7 +15,8 @@ the cluster's share and worker count:
 
 ``handling_ms`` (CPU ms per query of the server's event loop: reading the request (HTTP, base64
 and JPEG decoding) and writing the answer (encoding it, handing it to the socket), measured per
-model by :mod:`testbed.serve.handling`; ``answer_ms`` of it is the answer's side) and ``cold_factor`` (a model call after
+model by :mod:`testbed.serve.handling`; ``answer_ms`` of it is the answer's side) and ``cold_factor``
+(a model call after
 idleness over a warm one in the server, :func:`testbed.plan.handling.call_factors`) are the two
 CPU costs beside the warm model call that the emulation's quota pays
 (benchmarks/cpu_model_bench.py compares the three with the emulation's measured times).
@@ -43,7 +44,8 @@ class ServiceFigures(BaseModel):
     batch size -> mean unthrottled per-call time. ``cores``/``workers``/``threads``: the cluster's
     share, W and threads per call. ``handling_ms``: CPU time of the server's event loop per query
     (one thread, charged to the same quota): reading the request, and writing the answer, of which
-    ``answer_ms`` is the answer's side (<= ``handling_ms``; :attr:`request_ms` the rest). ``cold_factor``: a cold call's unthrottled time over
+    ``answer_ms`` is the answer's side (<= ``handling_ms``; :attr:`request_ms` the rest).
+    ``cold_factor``: a cold call's unthrottled time over
     a warm one's (>= 1). ``source``: the profile file the samples come from.
     """
 
@@ -139,8 +141,8 @@ def service_figures(model: str, runtime: str, cores: float, workers: int, thread
         raise ValueError(f"model {model!r}: answer_ms {answer_ms} must be within [0, handling_ms = {handling_ms}]")
     quota = CfsQuota(cores, threads, workers, handling=handling_ms > 0)
     mean = sum(samples) / len(samples)
-    isolated = [isolated_query_s(cores, threads, workers, s / 1e3, handling_ms / 1e3, cold_factor, answer_ms / 1e3) * 1e3
-                for s in samples]
+    isolated = [isolated_query_s(cores, threads, workers, s / 1e3, handling_ms / 1e3, cold_factor,
+                                 answer_ms / 1e3) * 1e3 for s in samples]
     bm = {int(b): float(t) for b, t in batch_mean_ms.items()} or {1: mean}
     return ServiceFigures(model=model, runtime=runtime, cores=cores, workers=workers, threads=threads,
                           samples_ms=samples, batch_mean_ms=bm, wall_mean_ms=mean,

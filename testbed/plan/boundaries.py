@@ -23,13 +23,13 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from testbed.core.clock import EmulatedClock
 from testbed.core.errors import InputError
 from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import threads_per_call
 from testbed.model.dispatch import OptionSpec
 from testbed.model.policies import CATALOGUE, plugin_origins
 from testbed.model.records import GRACE_MS
-from testbed.core.clock import EmulatedClock
 from testbed.plan.dilation import cpu_pad, wall_clock
 from testbed.plan.resolved import Plan
 from testbed.spec.experiment import AsetSpec, WorkloadSpec, format_validation_error
@@ -196,7 +196,8 @@ class SourceConfig(_Boundary):
     which the planned network has no route to it (:meth:`testbed.plan.resolved.Plan.no_route_spans`;
     an open span ends at :data:`NO_ROUTE_END_S`): a query that got no answer in one is ``unreachable``.
     ``rtt_steps``: per cluster, the RTT of the path in force over the run as steps ``(from_s,
-    rtt_ms)`` (wall clock; :meth:`testbed.plan.resolved.Plan.rtt_timelines`; None: no route): a record's ``expected_rtt_ms`` is the step in force at its ``td``.
+    rtt_ms)`` (wall clock; :meth:`testbed.plan.resolved.Plan.rtt_timelines`; None: no route): a
+    record's ``expected_rtt_ms`` is the step in force at its ``td``.
     ``time_dilation`` k: every time constant here is already on the wall clock (dilated by
     :func:`testbed.plan.dilation.dilate`), except the streams' arrival processes, which the source
     draws in emulated time and stretches (:class:`testbed.plan.dilation.Stretched`), and

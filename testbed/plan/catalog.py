@@ -42,7 +42,8 @@ class Samples:
     """Unthrottled per-call times (ms) of one model at batch 1 as the server makes the call, the
     measured batch sizes' means (ms per call), the file(s) they come from, and the server's other
     CPU costs (:mod:`testbed.model.cpu`): ``handling_ms`` of the event loop per query (CPU ms, one
-    thread: reading the request and writing the answer, ``answer_ms`` of it the answer's) and the ``cold_factor`` of a call after idleness (>= 1). ``server_factor``: the
+    thread: reading the request and writing the answer, ``answer_ms`` of it the answer's) and the
+    ``cold_factor`` of a call after idleness (>= 1). ``server_factor``: the
     in-server call over the profiler's bare call, already applied to ``samples_ms`` and
     ``batch_mean_ms`` (1.0: none applied). ``note``: what the plan should say about these figures
     (e.g. call factors of another runtime than the one asked for; "" when nothing)."""

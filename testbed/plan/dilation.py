@@ -57,6 +57,7 @@ from testbed.model.service import ServiceFigures
 from testbed.plan.resolved import Plan, PlanError
 from testbed.spec.experiment import MAX_TIME_DILATION
 
+
 def scale_of(unit: str, k: float) -> float:
     """The factor a value in ``unit`` is multiplied by under dilation k (k, 1/k or 1):
     :meth:`testbed.core.clock.EmulatedClock.scale`.
@@ -174,8 +175,8 @@ def dilate(plan: Plan) -> Plan:
     c = EmulatedClock(k)
     wall = plan.model_copy(update={
         "experiment": _experiment(plan, c),
-        "links": [lk.model_copy(update={"delay_ms": c.wall(lk.delay_ms), "bandwidth_mbps": c.wall_rate(lk.bandwidth_mbps)})
-                  for lk in plan.links],
+        "links": [lk.model_copy(update={"delay_ms": c.wall(lk.delay_ms),
+                                        "bandwidth_mbps": c.wall_rate(lk.bandwidth_mbps)}) for lk in plan.links],
         "hosts": [h.model_copy(update={"bandwidth_mbps": c.wall_rate(h.bandwidth_mbps)}) for h in plan.hosts],
         "paths": [p.model_copy(update={"one_way_ms": c.wall(p.one_way_ms)}) for p in plan.paths],
         "services": {cl: {m: _service(f, c) for m, f in by.items()} for cl, by in plan.services.items()},
@@ -231,5 +232,5 @@ class Stretched(ArrivalProcess):
         self.inner.reseed(rng, self.clock.emulated(now_s))
 
 
-__all__ = ["UNIT_SCALE", "EmulatedClock", "Stretched", "check_dilation", "cpu_pad", "dilate", "nested_cpu", "rto_min_ms",
-           "scale_of", "wall_clock", "wall_factor", "with_time_dilation"]
+__all__ = ["UNIT_SCALE", "EmulatedClock", "Stretched", "check_dilation", "cpu_pad", "dilate", "nested_cpu",
+           "rto_min_ms", "scale_of", "wall_clock", "wall_factor", "with_time_dilation"]

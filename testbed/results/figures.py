@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from testbed.core.clock import EmulatedClock
 from testbed.core.util import natural_key
 from testbed.emu.health import read_health
 from testbed.emu.machine import machine_cpu_of_run
@@ -354,13 +355,13 @@ def _machine_cpu(run_dir: Path, df: pd.DataFrame, plan: dict | None = None) -> t
     if t0.empty:
         return {}, ""
     lo, hi = float(t0.min()) / 1e9, float(t0.max()) / 1e9
-    k = float(((plan or {}).get("experiment") or {}).get("emulation", {}).get("time_dilation", 1.0))
-    if k != 1.0:  # the records are in emulated time, the samples on the wall clock: t = start + (t' - start) x k
+    clock = EmulatedClock(float(((plan or {}).get("experiment") or {}).get("emulation", {}).get("time_dilation", 1.0)))
+    if clock.dilated:  # the records are in emulated time, the samples on the wall clock
         try:
-            start = int(json.loads((run_dir / "load_start.json").read_text())["start_ns"]) / 1e9
+            clock = clock.at(int(json.loads((run_dir / "load_start.json").read_text())["start_ns"]))
         except (OSError, ValueError, KeyError, TypeError):
             return {}, "the load's start (load_start.json) is unreadable: no wall-clock window for the CPU samples"
-        lo, hi = start + (lo - start) * k, start + (hi - start) * k
+        lo, hi = clock.wall_ns(int(t0.min())) / 1e9, clock.wall_ns(int(t0.max())) / 1e9
     got, note = machine_cpu_of_run(run_dir, lo, hi)
     return (got.model_dump() if got else {}), note
 

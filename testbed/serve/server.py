@@ -74,6 +74,7 @@ from testbed.core.errors import EXIT_INTEGRITY, TestbedError
 from testbed.core.util import write_json_atomic
 from testbed.plan import zoo
 from testbed.plan.boundaries import ServerConfig, read_config
+from testbed.serve import rxstamp
 from testbed.serve.payload import (
     RequestError,
     encode_json,
@@ -81,7 +82,6 @@ from testbed.serve.payload import (
     parse_predict_body,
     predict_response,
 )
-from testbed.serve import rxstamp
 from testbed.serve.scheduler import Job, Scheduler
 from testbed.serve.zoo import check_answers, configure_tf_threads, load_model
 
@@ -171,7 +171,8 @@ class InferenceServer:
         if self.cpu_pad:  # the handling at 1 / k speed (a time-dilated cluster below one core)
             await asyncio.sleep(self.cpu_pad * (time.thread_time() - cpu0))
         t1h = time.time_ns()
-        headers = {"X-Testbed-T1": str(t1), "X-Testbed-T1h": str(t1h), "X-Testbed-Queue-Len": str(self.scheduler.queue_len()),
+        headers = {"X-Testbed-T1": str(t1), "X-Testbed-T1h": str(t1h),
+                   "X-Testbed-Queue-Len": str(self.scheduler.queue_len()),
                    "X-Testbed-Model": name, "X-Testbed-Runtime": model.runtime}
         loop = asyncio.get_running_loop()
         future = loop.create_future()

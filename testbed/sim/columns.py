@@ -44,7 +44,8 @@ class Queries:
     ``t1h`` is when the server's event loop has read the request (the query enters the queue),
     ``t3h`` when it has written the answer (None until then). An answered query has ``t2``/``t3``
     (start / end of its model call) and nothing in ``status``/``t4``, which :meth:`status_of` and
-    :meth:`t4_of` derive (HTTP 200, t3h + the response's way back); a query refused or lost has ``status`` (503 or connection refused) and
+    :meth:`t4_of` derive (HTTP 200, t3h + the response's way back); a query refused or lost has
+    ``status`` (503 or connection refused) and
     ``t4`` (when the refusal reached the source); ``batch`` is set for batches of more than one.
     """
 
@@ -163,7 +164,8 @@ class RunColumns:
                 min_accuracy=a.min_accuracy, model_accuracy=self.accuracy[q.model[qi]],
                 expected_rtt_ms=rtt_at(self.rtt_steps[q.src[qi]][ci], td), t0_ns=ns(q.t0[qi]), td_ns=ns(td),
                 status=st, t1_ns=ns(q.t1[qi]) if st == 200 else None, t1h_ns=ns(q.t1h[qi]) if st == 200 else None,
-                t2_ns=ns(q.t2[qi]), t3_ns=ns(q.t3[qi]), t3h_ns=ns(q.t3h[qi]), t4_ns=ns(q.t4_of(qi)), batch=q.batch[qi] or 1, request_bytes=self.req_bytes_app[q.app[qi]],
+                t2_ns=ns(q.t2[qi]), t3_ns=ns(q.t3[qi]), t3h_ns=ns(q.t3h[qi]), t4_ns=ns(q.t4_of(qi)),
+                batch=q.batch[qi] or 1, request_bytes=self.req_bytes_app[q.app[qi]],
                 response_bytes=self.resp_bytes if st == 200 else 0, queue_len_at_arrival=q.qlen[qi],
                 drop_reason=q.reason.get(qi, ""), cut=self._cut(qi)))
         return rows
