@@ -40,6 +40,8 @@ SUCCESS = "success"
 FAILURE = "failure"
 #: Failure causes (``""`` on success); the precedence is the table's above.
 CAUSES: tuple[str, ...] = ("deadline_miss", "server_down", "dropped", "error", "accuracy", "unreachable")
+#: The five shares of e2e (``<share>_ms`` columns), in the query's order: e2e = their sum.
+SHARES: tuple[str, ...] = ("dispatch", "network", "handling", "queueing", "inference")
 #: The causes that are the network's (the summary's headline names them when every query failed).
 NETWORK_CAUSES: frozenset[str] = frozenset({"unreachable"})
 
@@ -201,4 +203,4 @@ def make_record(*, query_id: str, source: str, application: str, cluster: str, m
 
 
 __all__ = ["CAUSES", "CLIENT_ERROR", "COLUMNS", "CONNECTION_REFUSED", "FAILURE", "GRACE_MS", "NETWORK_CAUSES",
-           "NO_ANSWER", "RECORD_FIELDS", "SUCCESS", "Column", "answered_in_time", "classify", "make_record"]
+           "NO_ANSWER", "RECORD_FIELDS", "SHARES", "SUCCESS", "Column", "answered_in_time", "classify", "make_record"]
