@@ -263,6 +263,7 @@ def test_reported_state_gives_the_same_decisions(tmp_path):
         cl.add([(0.0, i, sim.model_index["fast"], 1.0)])
     for _ in range(4):
         sim.q.t0.append(0.0)
+        sim.q.td.append(0.0)
     for col in (sim.q.src, sim.q.app, sim.q.cl, sim.q.pol):
         col.extend([0] * 4)
     sim.q.model.extend([sim.model_index["fast"]] * 4)

@@ -41,7 +41,8 @@ class Resolved:
 class Queries:
     """Every query of a run, one list per field (index = query number).
 
-    ``t1h`` is when the server's event loop has read the request (the query enters the queue),
+    ``td`` is when the dispatcher's decision was made (the request leaves; t0 + the decision's
+    cost, :attr:`~testbed.sim.engine.Simulator.decision_s`), ``t1h`` when the server's event loop has read the request (the query enters the queue),
     ``t3h`` when it has written the answer (None until then). An answered query has ``t2``/``t3``
     (start / end of its model call) and nothing in ``status``/``t4``, which :meth:`status_of` and
     :meth:`t4_of` derive (HTTP 200, t3h + the response's way back); a query refused or lost has
@@ -49,7 +50,7 @@ class Queries:
     ``t4`` (when the refusal reached the source); ``batch`` is set for batches of more than one.
     """
 
-    __slots__ = ("src", "app", "cl", "model", "pol", "fb", "t0", "t1", "t1h", "dl", "back", "t2", "t3", "t3h", "t4",
+    __slots__ = ("src", "app", "cl", "model", "pol", "fb", "t0", "td", "t1", "t1h", "dl", "back", "t2", "t3", "t3h", "t4",
                  "status",
                  "qlen", "batch", "reason", "released", "recorded")
 
@@ -155,7 +156,7 @@ class RunColumns:
                 return None if v is None else int(round(v * 1e9))
 
             st = q.status_of(qi)
-            td = q.t0[qi] + self.decision_s[q.pol[qi]]
+            td = q.td[qi]
             rows.append(make_record(
                 query_id=f"{self.sources[q.src[qi]]}-{seq[q.src[qi]]}", source=self.sources[q.src[qi]],
                 application=a.name,
@@ -184,7 +185,7 @@ class RunColumns:
             "source": [self.sources[i] for i in q.src], "application": [self.apps[i].name for i in q.app],
             "cluster": [self.clusters[i].name for i in q.cl], "model": [self.model_names[i] for i in q.model],
             "policy": [self.policy_names[i] for i in q.pol], "t0_s": q.t0,
-            "td_s": [t + self.decision_s[p] for t, p in zip(q.t0, q.pol, strict=True)], "t1_s": q.t1,
+            "td_s": q.td, "t1_s": q.t1,
             "t1h_s": pd.array(q.t1h, dtype="Float64"),
             "t2_s": pd.array(q.t2, dtype="Float64"), "t3_s": pd.array(q.t3, dtype="Float64"),
             "t3h_s": pd.array(q.t3h, dtype="Float64"),
