@@ -74,8 +74,10 @@ class Queries:
         return new
 
     def status_of(self, qi: int) -> int | None:
-        """HTTP status as the source sees it (None: no answer yet)."""
-        return 200 if self.t2[qi] is not None else self.status[qi]
+        """HTTP status as the source sees it (None: no answer yet, its answer not written included)."""
+        if self.t2[qi] is None:
+            return self.status[qi]
+        return 200 if self.t3h[qi] is not None else None
 
     def t4_of(self, qi: int) -> float | None:
         """When the answer or the refusal reached the source (s; None: not yet)."""
