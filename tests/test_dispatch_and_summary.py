@@ -54,7 +54,8 @@ def test_summary_from_known_records(tmp_path):
         ok = i < 8
         rows.append({"query_id": f"a-{i}", "source": "a", "application": "app", "cluster": "c1",
                      "model": "small", "t0_ns": i * 500_000_000, "e2e_ms": 10.0 * (i + 1), "dispatch_ms": 0.5,
-                     "network_ms": 5.0, "handling_ms": 1.5, "queueing_ms": 2.0, "inference_ms": 1.0, "http_status": 200 if i != 9 else 503,
+                     "network_ms": 5.0, "handling_ms": 1.5, "queueing_ms": 2.0, "inference_ms": 1.0,
+                     "http_status": 200 if i != 9 else 503,
                      "outcome": "success" if ok else "failure",
                      "failure_cause": "" if ok else ("deadline_miss" if i == 8 else "dropped")})
     pd.DataFrame(rows, columns=RECORD_FIELDS).to_csv(tmp_path / "sources" / "a.records.csv", index=False)

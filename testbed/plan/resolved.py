@@ -138,7 +138,8 @@ class Plan(_PlanModel):
     engines read) or ``wall`` (the copy the emulation runs on the wall clock under time dilation,
     :func:`testbed.plan.dilation.dilate`; its :attr:`emulated` is the plan it came from).
     ``decision_ms``: per policy the sources use, the cost (ms) the simulator charges each decision it
-    makes (td - t0, ``dispatch_ms``; a decision the dispatcher's cache gives costs nothing): 0 for a built-in policy, the median of a plug-in's
+    makes (td - t0, ``dispatch_ms``; a decision the dispatcher's cache gives costs nothing): 0 for a
+    built-in policy, the median of a plug-in's
     plan-time check calls for a plug-in (:func:`testbed.plan.policies.decision_costs`); fixed here
     so that simulating ``plan.json`` again gives the same run.
     """

@@ -42,16 +42,16 @@ class Queries:
     """Every query of a run, one list per field (index = query number).
 
     ``td`` is when the dispatcher's decision was made (the request leaves; t0 + the decision's
-    cost, :attr:`~testbed.sim.engine.Simulator.decision_s`), ``t1h`` when the server's event loop has read the request (the query enters the queue),
-    ``t3h`` when it has written the answer (None until then). An answered query has ``t2``/``t3``
-    (start / end of its model call) and nothing in ``status``/``t4``, which :meth:`status_of` and
-    :meth:`t4_of` derive (HTTP 200, t3h + the response's way back); a query refused or lost has
-    ``status`` (503 or connection refused) and
+    cost, :attr:`~testbed.sim.engine.Simulator.decision_s`), ``t1h`` when the server's event loop
+    has read the request (the query enters the queue), ``t3h`` when it has written the answer (None
+    until then). An answered query has ``t2``/``t3`` (start / end of its model call) and nothing in
+    ``status``/``t4``, which :meth:`status_of` and :meth:`t4_of` derive (HTTP 200, t3h + the
+    response's way back); a query refused or lost has ``status`` (503 or connection refused) and
     ``t4`` (when the refusal reached the source); ``batch`` is set for batches of more than one.
     """
 
-    __slots__ = ("src", "app", "cl", "model", "pol", "fb", "t0", "td", "t1", "t1h", "dl", "back", "t2", "t3", "t3h", "t4",
-                 "status",
+    __slots__ = ("src", "app", "cl", "model", "pol", "fb", "t0", "td", "t1", "t1h", "dl", "back", "t2", "t3", "t3h",
+                 "t4", "status",
                  "qlen", "batch", "reason", "released", "recorded")
 
     def __init__(self) -> None:
