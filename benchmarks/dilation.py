@@ -122,6 +122,7 @@ def _service_samples(model: str, cores: float, k: float, samples: int) -> tuple[
     ``cores`` under dilation k: nested per-thread caps at one core or more, the server's padding below
     (:func:`testbed.plan.dilation.nested_cpu`), inside the cluster's quota per k x its period."""
     from testbed.core import cgroups
+    from testbed.core.clock import EmulatedClock
     from testbed.model.cpu import threads_per_call
     from testbed.plan.dilation import nested_cpu
     from testbed.serve.handling import default_runtime
@@ -152,7 +153,7 @@ def _service_samples(model: str, cores: float, k: float, samples: int) -> tuple[
         for d in dirs:
             d.rmdir()
     got = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
-    return [v / k for v in got["wall_ms"]], got["cpu_ms"]
+    return [EmulatedClock(k).emulated(v) for v in got["wall_ms"]], got["cpu_ms"]
 
 
 def _profile_row(model: str, cores: float) -> dict:

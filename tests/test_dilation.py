@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from testbed.core.clock import EmulatedClock
 from testbed.emu.events import EventRunner
 from testbed.emu.selfcheck import check_rtts
 from testbed.model.arrivals import make_process
@@ -24,7 +25,6 @@ from testbed.plan.build import build_plan
 from testbed.plan.dilation import (
     Stretched,
     dilate,
-    emulated_times,
     nested_cpu,
     rto_min_ms,
     with_time_dilation,
@@ -43,11 +43,12 @@ TIME = [r"experiment\.duration_s", r"experiment\.report_interval_s", r"experimen
         r"experiment\.emulation\.stats_interval_s",
         r"experiment\.clusters\.\d+\.server\.max_queue_delay_ms", r"links\.\d+\.delay_ms", r"paths\.\d+\.one_way_ms",
         r"paths\.\d+\.rtt_ms", r"services\.\w+\.\w+\.(samples_ms\.\d+|batch_mean_ms\.\d+|wall_mean_ms|wall_p95_ms|"
-        r"expected_ms|busy_mean_ms|handling_ms)", r"changes\.\d+\.t_s",
+        r"expected_ms|busy_mean_ms|handling_ms|answer_ms)", r"changes\.\d+\.t_s",
         # boundary files
         r"duration_s", r"report_interval_s", r"grace_ms", r"applications\.\d+\.deadline_ms",
         r"options\.\d+\.option\.(rtt_ms|service_ms|mean_service_ms)", r"mean_service_ms\.\w+", r"max_queue_delay_ms",
-        r"stats_interval_s", r"links\.\d+\.delay_ms", r"hosts\.\d+\.delay_ms"]
+        r"stats_interval_s", r"links\.\d+\.delay_ms", r"hosts\.\d+\.delay_ms",
+        r"rtt_steps\.\w+\.\d+\.[01]"]  # the RTT timeline's instants (s) and RTTs (ms)
 #: / k: rates.
 RATE = [r"links\.\d+\.bandwidth_mbps", r"hosts\.\d+\.bandwidth_mbps"]
 #: = k (1 against 3): the dilation itself.
@@ -192,7 +193,7 @@ def test_a_plan_is_dilated_once_and_processes_get_only_a_wall_plan(plans, tmp_pa
         ServerConfig.from_plan(emulated, "edgec", 8501, tmp_path)
     with pytest.raises(PlanError, match="outside 1 .. 10"):
         with_time_dilation(emulated, 0.5)
-    assert rto_min_ms(K) == 600.0
+    assert rto_min_ms(EmulatedClock(K)) == 600.0
 
 
 @pytest.mark.parametrize("value", [0.5, 11, "fast"])
@@ -215,7 +216,7 @@ SPECS = [{"application": "a", "rate_qps": 40},
 def test_stretched_arrivals_are_the_undilated_ones_k_times_later(spec):
     w = WorkloadSpec.model_validate(spec)
     plain = make_process(w, np.random.default_rng(5))
-    stretched = Stretched(make_process(w, np.random.default_rng(5)), K)
+    stretched = Stretched(make_process(w, np.random.default_rng(5)), EmulatedClock(K))
     want, got = [], []
     for i in range(20):  # the source's windows: report intervals, on the wall clock
         want.append(plain.times(i * 0.25, (i + 1) * 0.25))
@@ -228,9 +229,10 @@ def test_stretched_arrivals_are_the_undilated_ones_k_times_later(spec):
 def test_measured_instants_go_back_to_emulated_time():
     start = 1_700_000_000_000_000_000
     wall = {"t1_ns": start + 3_000_000, "t4_ns": start + 9_000_001, "t2_ns": None}
-    got = emulated_times(wall, start, K)
+    got = EmulatedClock(K, start).instants(wall)
     assert got == {"t1_ns": start + 1_000_000, "t4_ns": start + 3_000_000, "t2_ns": None}
-    assert emulated_times(wall, start, 1.0) == wall
+    assert EmulatedClock(1.0, start).instants(wall) == wall
+    assert EmulatedClock(K, start).wall_ns(got["t1_ns"]) == wall["t1_ns"]
     assert math.isclose((got["t4_ns"] - got["t1_ns"]) * K, wall["t4_ns"] - wall["t1_ns"], abs_tol=K)
 
 
@@ -284,14 +286,14 @@ def test_the_self_check_judges_emulated_rtts_with_the_experiments_tolerance():
     emu = SimpleNamespace(node=lambda name: SimpleNamespace(popen=lambda *a, **k: proc))
     # the controller holds the dilated path: 15 ms one way on the wall clock, 5 ms emulated
     [r] = check_rtts(emu, plan, lambda a, b: ([1, 2], 15.0), count=3, tol_ms=1.0, tol_pct=0.0, per_switch_ms=0.0,
-                     time_dilation=K)
+                     clock=EmulatedClock(K))
     assert r.expected_ms == pytest.approx(10.0) and r.samples == pytest.approx([10.4, 10.2, 11.0])
     assert r.tolerance_ms == 1.0 and r.ok  # 0.4 ms off in emulated time, within the experiment's 1 ms
 
 
 def test_events_csv_rows_are_in_emulated_time_and_units():
     runner = EventRunner.__new__(EventRunner)  # only its row builder: no network
-    runner.k, runner.t0_s = K, 1000.0
+    runner.clock, runner.t0_s = EmulatedClock(K), 1000.0
     delay = Change(t_s=6.0, kind="link_delay", event=0, link=("s1", "s2"), value=21.0)  # the dilated timeline
     row = runner._row(delay, 1000.0 + 6.3, 30.0, 21.6, "ms", 3.0, True, "")
     assert (row["planned_s"], row["applied_s"], row["lag_ms"]) == (2.0, 2.1, pytest.approx(100.0))

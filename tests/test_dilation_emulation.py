@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from emu_checks import expect_run_ok
 
+from testbed.core.clock import EmulatedClock
 from testbed.emu.run import emulated_network, new_run_dir
 from testbed.emu.selfcheck import check_rtts_twice
 from testbed.plan.build import plan_experiment
@@ -44,7 +45,7 @@ def test_dilated_network_delays_rto_and_self_check(tmp_path):
             assert "rto_min 400ms" in route or "rto_min lock 400ms" in route, (h.name, route)
         em = wall.experiment.emulation
         results = check_rtts_twice(live.emu, wall, live.path_of, 10, em.rtt_tolerance_ms, em.rtt_tolerance_pct,
-                                   em.rtt_tolerance_per_switch_ms, time_dilation=K)
+                                   em.rtt_tolerance_per_switch_ms, clock=EmulatedClock(K))
         for r in results:
             # judged in emulated ms against the undilated plan, with the experiment's own tolerance
             assert r.expected_ms == pytest.approx(PLANNED_RTT_MS[(r.source, r.cluster)])

@@ -53,8 +53,9 @@ def test_summary_from_known_records(tmp_path):
     for i in range(10):
         ok = i < 8
         rows.append({"query_id": f"a-{i}", "source": "a", "application": "app", "cluster": "c1",
-                     "model": "small", "t0_ns": i * 500_000_000, "e2e_ms": 10.0 * (i + 1), "network_ms": 5.0,
-                     "queueing_ms": 2.0, "inference_ms": 1.0, "http_status": 200 if i != 9 else 503,
+                     "model": "small", "t0_ns": i * 500_000_000, "e2e_ms": 10.0 * (i + 1), "dispatch_ms": 0.5,
+                     "network_ms": 5.0, "handling_ms": 1.5, "queueing_ms": 2.0, "inference_ms": 1.0,
+                     "http_status": 200 if i != 9 else 503,
                      "outcome": "success" if ok else "failure",
                      "failure_cause": "" if ok else ("deadline_miss" if i == 8 else "dropped")})
     pd.DataFrame(rows, columns=RECORD_FIELDS).to_csv(tmp_path / "sources" / "a.records.csv", index=False)
@@ -68,7 +69,7 @@ def test_summary_from_known_records(tmp_path):
     assert s["failures"] == {"deadline_miss": 1, "dropped": 1}
     assert s["throughput_qps"] == pytest.approx(9 / 5.0)
     assert s["e2e_ms"]["p50"] == pytest.approx(50.0)  # median of 10..90 over the 9 answered
-    assert s["breakdown_ms"] == {"network": 5.0, "queueing": 2.0, "inference": 1.0}
+    assert s["breakdown_ms"] == {"dispatch": 0.5, "network": 5.0, "handling": 1.5, "queueing": 2.0, "inference": 1.0}
     assert s["per_cluster"]["c1"]["utilization"] == 0.25
     assert s["links"]["1-2"]["util_ab_mean"] == pytest.approx(0.2) and s["links"]["1-2"]["drops"] == 2
     assert (tmp_path / "records.parquet").exists() and len(pd.read_csv(tmp_path / "records.csv")) == 10

@@ -19,6 +19,7 @@ same decisions.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from pathlib import Path
@@ -217,20 +218,24 @@ def test_simulator_and_server_decide_the_same(server, tmp_path):
         d_ms = (r.deadline_s - r.t0_s) * 1e3
         base = dict(query_id=str(i), source="src", application=r.application, cluster="c", model=r.model,
                     policy="closest", fallback=False, deadline_ms=d_ms, min_accuracy=0.5, model_accuracy=0.9,
-                    expected_rtt_ms=0.0, t0_ns=int(round(r.t0_s * 1e9)))
-        if s["refused"] is None:
+                    expected_rtt_ms=0.0, t0_ns=int(round(r.t0_s * 1e9)), td_ns=int(round(r.td_s * 1e9)))
+        if s["refused"] is None:  # the harness has no event loop: the server reads and writes at once
             t4 = s["t3"] + int(round(r.back_s * 1e9))
-            rec_srv = make_record(**base, status=200, t1_ns=int(round(r.t1_s * 1e9)), t2_ns=s["t2"], t3_ns=s["t3"],
-                                  t4_ns=t4)
+            rec_srv = make_record(**base, status=200, t1_ns=int(round(r.t1_s * 1e9)), t1h_ns=int(round(r.t1_s * 1e9)),
+                                  t2_ns=s["t2"], t3_ns=s["t3"], t3h_ns=s["t3"], t4_ns=t4)
         else:
             rec_srv = make_record(**base, status=503, t4_ns=int(round((r.t1_s + r.back_s) * 1e9)),
                                   drop_reason=s["refused"])
         st = int(r.status)
-        rec_sim = make_record(**base, status=st, t1_ns=int(round(r.t1_s * 1e9)),
-                              t2_ns=None if pd.isna(r.t2_s) else int(round(r.t2_s * 1e9)),
-                              t3_ns=None if pd.isna(r.t3_s) else int(round(r.t3_s * 1e9)),
-                              t4_ns=int(round(r.t4_s * 1e9)), drop_reason=s["refused"] or "")
+        def ns(v: float) -> int | None:
+            return None if pd.isna(v) else int(round(v * 1e9))
+
+        rec_sim = make_record(**base, status=st, t1_ns=ns(r.t1_s), t1h_ns=ns(r.t1h_s), t2_ns=ns(r.t2_s),
+                              t3_ns=ns(r.t3_s), t3h_ns=ns(r.t3h_s), t4_ns=ns(r.t4_s), drop_reason=s["refused"] or "")
         assert (rec_srv["outcome"], rec_srv["failure_cause"]) == (rec_sim["outcome"], rec_sim["failure_cause"]), i
+        for col in ("e2e_ms", "dispatch_ms", "network_ms", "handling_ms", "queueing_ms", "inference_ms"):
+            a, b = rec_srv.get(col), rec_sim.get(col)  # the same time columns, to the us (ns rounding)
+            assert (a is None) == (b is None) and (a is None or abs(a - b) <= 0.002), (i, col, a, b)
     if server.get("admission") or server.get("discipline") == "fifo" and "max_batch" not in server:
         assert refused_somewhere, "the trace should refuse something in this case"
 
@@ -263,13 +268,14 @@ def test_reported_state_gives_the_same_decisions(tmp_path):
         cl.add([(0.0, i, sim.model_index["fast"], 1.0)])
     for _ in range(4):
         sim.q.t0.append(0.0)
+        sim.q.td.append(0.0)
     for col in (sim.q.src, sim.q.app, sim.q.cl, sim.q.pol):
         col.extend([0] * 4)
     sim.q.model.extend([sim.model_index["fast"]] * 4)
     sim.q.dl.extend([1.0] * 4)
     sim.q.t1.extend([0.0] * 4)
     sim.q.back.extend([0.0] * 4)
-    for col in (sim.q.t2, sim.q.t3, sim.q.t4, sim.q.status, sim.q.qlen, sim.q.batch):
+    for col in (sim.q.t1h, sim.q.t2, sim.q.t3, sim.q.t3h, sim.q.t4, sim.q.status, sim.q.qlen, sim.q.batch):
         col.extend([None] * 4)
     cl.advance(0.001)
     heard_sim = cl.snapshot(0.001, 0.05)
@@ -320,6 +326,9 @@ def test_a_source_gets_the_same_options_and_random_streams_in_both_engines(shipp
         d = sim.dispatchers[sim.src_index[host.name]]
         assert cfg.source_index == si and cfg.seed == sim.seed
         assert [o.option for o in cfg.options] == d.specs == plan.options(host.name)
+        for ci, c in enumerate(sim.clusters):  # expected_rtt_ms: the same timeline of the path in force
+            assert cfg.rtt_steps[c.name] == [(t, None if math.isinf(r) else r) for t, r in sim.rtt_steps[si][ci]]
+        assert sim.decision_s[sim.policy_names.index(d.policy)] == plan.decision_ms.get(d.policy, 0.0) / 1e3
         src = Source(cfg)
         try:
             assert src.dispatcher.specs == d.specs and src.dispatcher.policy == d.policy

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from testbed.core.errors import InputError
-from testbed.model.records import RECORD_FIELDS
+from testbed.model.records import RECORD_FIELDS, SHARES
 from testbed.results.plots import link_utilization
 from testbed.results.report import ReportError, build_report, comparison_table, load_run
 from testbed.results.summary import load_duration_s, summarize
@@ -94,7 +94,7 @@ def test_the_report_and_the_summary_give_one_set_of_latency_figures(tmp_path):
     s = summarize(d, 10.0)
     (row,) = comparison_table([load_run(d)]).to_dict("records")
     assert {q: row[f"e2e_{q}_ms"] for q in ("p50", "p95", "p99")} == s["e2e_ms"]
-    assert {k: row[f"{k}_mean_ms"] for k in ("network", "queueing", "inference")} == s["breakdown_ms"]
+    assert {k: row[f"{k}_mean_ms"] for k in SHARES} == s["breakdown_ms"]
     assert s["e2e_ms"]["p99"] == pytest.approx(47.0 + 0.69 * 1.0) and s["cold_queries"] == row["cold"] == 2
     assert s["breakdown_ms"]["network"] == pytest.approx(round((31 * 5.0 + 9.0) / 32, 3))
     out = build_report([d], tmp_path / "rep")

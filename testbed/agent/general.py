@@ -32,6 +32,7 @@ from testbed.agent.features import (
     scorer_input,
 )
 from testbed.agent.npolicy import policy_files
+from testbed.core.clock import EmulatedClock
 from testbed.spec.aset import ObservationSpec
 
 #: Format of the general checkpoint's JSON.
@@ -159,17 +160,18 @@ def config_feature_context(cfg, policies: Sequence[str]) -> FeatureContext:
     (:class:`testbed.plan.boundaries.SourceConfig`: its options are the plan's, its applications
     those of its workload entries), in emulated time: under time dilation k the config's RTTs,
     service times and deadlines are on the wall clock (x k), and are divided by k here, as the
-    window's measured figures are (the source's records), so that the features are those of
+    window's measured figures are (the source's records), through the config's clock, so that the features are those of
     :func:`plan_feature_context` on the undilated plan.
 
     Raises:
         ValueError: beyond a bound (:class:`FeatureContext`), naming the source.
     """
-    k = float(getattr(cfg, "time_dilation", 1.0) or 1.0)
-    apps = tuple(AppView(a.name, float(a.deadline_ms) / k, float(a.min_accuracy), a.family or "")
+    c = EmulatedClock(float(getattr(cfg, "time_dilation", 1.0) or 1.0))
+    apps = tuple(AppView(a.name, c.emulated(float(a.deadline_ms)), float(a.min_accuracy), a.family or "")
                  for a in cfg.applications)
-    options = tuple(o.option if k == 1.0 else replace(o.option, rtt_ms=o.option.rtt_ms / k,
-                                                      service_ms=o.option.service_ms / k) for o in cfg.options)
+    options = tuple(o.option if not c.dilated else replace(o.option, rtt_ms=c.emulated(o.option.rtt_ms),
+                                                           service_ms=c.emulated(o.option.service_ms))
+                    for o in cfg.options)
     return FeatureContext(cfg.source, options, apps, tuple(policies))
 
 

@@ -362,7 +362,7 @@ class SelectorLive(LivePolicySelector):
         if aset is None or aset.selector is None or cfg.selector_context is None:
             raise KeyError("source config: 'aset.selector' and 'selector_context' are required for a selector")
         self.resolved = resolved or resolve_selector(aset.selector, cfg.repo_dir)
-        self.window_s = selector_window(aset, cfg.report_interval_s / cfg.time_dilation)
+        self.window_s = selector_window(aset, cfg.clock.emulated(cfg.report_interval_s))
         self.driver = SelectorDriver(self.resolved, cfg.selector_context, self.window_s)
         self.source, self.policies = cfg.source, self.driver.policies
         self.control = None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from testbed.core.clock import EmulatedClock
 from testbed.core.errors import RunFailure
 
 ROOT = Path("/sys/fs/cgroup")
@@ -67,7 +68,7 @@ def dilated_period_us(time_dilation: float) -> int:
     Raises:
         CgroupError: the period would exceed the kernel's 1 s (k > 10).
     """
-    period = int(round(time_dilation * PERIOD_US))
+    period = int(round(EmulatedClock(time_dilation).wall(PERIOD_US)))
     if period > MAX_PERIOD_US:
         raise CgroupError(f"time dilation {time_dilation:g}: the cluster's CFS period would be {period} us, above "
                           f"the kernel's {MAX_PERIOD_US} us")
@@ -174,7 +175,7 @@ def cap_threads(dirs: list[Path], pid: int, time_dilation: float) -> int:
     cpu = next((d for d in dirs if d.parent == ROOT / "cpu"), None)
     if cpu is None:
         raise CgroupError(f"time dilation {time_dilation:g}: no cgroup v1 cpu group among {[str(d) for d in dirs]}")
-    period = str(max(THREAD_QUOTA_US, int(round(time_dilation * THREAD_QUOTA_US))))
+    period = str(max(THREAD_QUOTA_US, int(round(EmulatedClock(time_dilation).wall(THREAD_QUOTA_US)))))
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from testbed.core.clock import EmulatedClock
 from testbed.core.errors import InputError
 from testbed.core.util import repo_path
 from testbed.emu.machine import machine_ticks
@@ -162,8 +163,8 @@ def choose(plan: Plan, console=None, idle: float | None = None) -> AutoDilation:
            f"needed at k = 1: {needed:.2f} cores (clusters' part capped at their {cluster_cores:g} cores), Open "
            f"vSwitch {ovs:.2f} of its one thread; idle now {idle:.2f} of {cpus} cores",
            f"k = {k:g}: the smallest multiple of {K_STEP:g} keeping the emulation's CPU at most "
-           f"{MAX_BUSY_FRACTION:.0%} of the idle cores ({needed / k:.2f} of {idle:.2f}) and Open vSwitch's "
-           f"thread at most {MAX_BUSY_FRACTION:.0%} busy ({ovs / k:.2f})"]
+           f"{MAX_BUSY_FRACTION:.0%} of the idle cores ({EmulatedClock(k).wall_rate(needed):.2f} of {idle:.2f}) and "
+           f"Open vSwitch's thread at most {MAX_BUSY_FRACTION:.0%} busy ({EmulatedClock(k).wall_rate(ovs):.2f})"]
     if k > MAX_TIME_DILATION:
         raise InputError(f"time dilation auto: k would be {k_raw:.1f}, above the largest, {MAX_TIME_DILATION:g}: "
                          + "; ".join(why[:2]) + "; lower the load, or run on a larger or idler machine")

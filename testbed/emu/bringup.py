@@ -57,6 +57,7 @@ from testbed.emu.selfcheck import check_rtts, check_rtts_twice, excess_per_switc
 from testbed.model.events import LINK_KINDS
 from testbed.plan.boundaries import ControllerConfig, HostEntry
 from testbed.plan.build import Plan
+from testbed.plan.dilation import wall_clock
 from testbed.sdn import client as ctl
 from testbed.sdn.client import ControllerError, get_path
 
@@ -474,7 +475,7 @@ def rtt_self_check(live: Live, console: Console) -> None:
     with console.status("RTT self-check (ping every source -> cluster path)..."):
         results = check_rtts_twice(live.emu, live.plan, live.path_of, em.ping_count, em.rtt_tolerance_ms,
                                    em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms,
-                                   time_dilation=live.plan.time_dilation)  # judged in emulated ms
+                                   clock=wall_clock(live.plan))  # judged in emulated ms
     _write_rtt_csv(results, live.run_dir)
     _print_rtt(results, console)
     bad = [r for r in results if not r.ok]

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from testbed.core.clock import EmulatedClock
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT
 from testbed.emu.linkctl import SETTLE_S, Applied, DaemonHandle, EmuLink, Readback
@@ -88,8 +89,8 @@ class Dynamics:
         self.path_probes = any(c.kind in PATH_KINDS for c in plan.changes)
         self.model = plan.network_state()
         em = plan.experiment.emulation
-        k = plan.time_dilation  # the read-backs measure on the wall clock: the emulated tolerance in wall ms
-        self.tol = Tolerance(em.rtt_tolerance_ms * k, em.rtt_tolerance_pct, em.rtt_tolerance_per_switch_ms * k)
+        w = EmulatedClock(plan.time_dilation).wall  # the read-backs measure on the wall clock: tolerances in wall ms
+        self.tol = Tolerance(w(em.rtt_tolerance_ms), em.rtt_tolerance_pct, w(em.rtt_tolerance_per_switch_ms))
 
     # ------------------------------------------------------------------ start / stop
     def start(self, python: str = sys.executable) -> None:

@@ -35,10 +35,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from testbed.core.clock import EmulatedClock
 from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.emu.dynamics import PREPARE_S
 from testbed.model.events import CLUSTER_KINDS, EVENT_KINDS, LINK_KINDS, Change
-from testbed.plan.dilation import to_emulated
 
 #: Kinds the emulation applies: every registered kind (kept current with the registry).
 APPLIED_KINDS = EVENT_KINDS.names_view()
@@ -89,7 +89,8 @@ class EventRunner(threading.Thread):
                  on_event: Callable[[dict], None] | None = None):
         super().__init__(daemon=True, name="events")
         self.live, self.servers, self.changes, self.t0_s = live, servers, list(changes), t0_s
-        self.k = live.plan.time_dilation  # the changes are on the wall clock; events.csv is in emulated time
+        # the changes are on the wall clock; events.csv is in emulated time
+        self.clock = EmulatedClock(live.plan.time_dilation)
         self.on_event = on_event
         self.stop_event = threading.Event()
         self.path: Path = live.run_dir / "events.csv"
@@ -224,17 +225,17 @@ class EventRunner(threading.Thread):
 
     def _row(self, ch: Change, t_fire: float, effect_ms, measured, unit, tol, ok, note) -> dict:
         """One events.csv row, in emulated time and units (times, and values by their unit, back
-        from the wall clock: :func:`testbed.plan.dilation.to_emulated`); ``applied_unix_s`` stays
-        the wall-clock instant."""
-        k = self.k
-        applied = (t_fire - self.t0_s) / k
-        planned = ch.t_s / k
-        asked = to_emulated(ch.value, ch.entry.unit or "", k)
+        from the wall clock: :meth:`testbed.core.clock.EmulatedClock.emulated_value`); ``applied_unix_s``
+        stays the wall-clock instant."""
+        c = self.clock
+        applied = c.emulated(t_fire - self.t0_s)
+        planned = c.emulated(ch.t_s)
+        asked = c.emulated_value(ch.value, ch.entry.unit or "")
         return {"event": ch.event, "step": ch.step, "kind": ch.kind, "target": target_of(ch),
                 "planned_s": round(planned, 6), "applied_s": round(applied, 6),
-                "lag_ms": round((applied - planned) * 1e3, 3), "effect_ms": _num(to_emulated(effect_ms, "ms", k)),
-                "value_asked": _num(asked, 6), "value_measured": _num(to_emulated(measured, unit or "", k)),
-                "unit": unit, "tolerance": _num(to_emulated(tol, unit or "", k)),
+                "lag_ms": round((applied - planned) * 1e3, 3), "effect_ms": _num(c.emulated_value(effect_ms, "ms")),
+                "value_asked": _num(asked, 6), "value_measured": _num(c.emulated_value(measured, unit or "")),
+                "unit": unit, "tolerance": _num(c.emulated_value(tol, unit or "")),
                 "ok": "" if ok is None else int(bool(ok)), "note": note, "applied_unix_s": f"{t_fire:.6f}"}
 
     def _apply_cluster(self, ch: Change, done: Callable[[dict], None]) -> None:

@@ -74,7 +74,7 @@ from testbed.emu.netplan import (
 from testbed.emu.tc import htb_commands, netem_leaf, read_htb_rate_mbps, read_htb_rates_mbps, run_tc, tc_change_commands
 from testbed.model.network import mss_of
 from testbed.plan.build import Plan
-from testbed.plan.dilation import rto_min_ms
+from testbed.plan.dilation import rto_min_ms, wall_clock
 
 OFFLOAD_OFF = "rx off tx off sg off tso off gso off gro off"
 OVS_SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
@@ -435,13 +435,13 @@ class Emulation:
         plan host, HTB on its own end (switch ports are shaped once OVS has them). Under time
         dilation k its route carries TCP's minimum RTO x k (:func:`testbed.plan.dilation.rto_min_ms`)."""
         sent = []
-        k = self.plan.time_dilation
+        clock = wall_clock(self.plan)
         for node, intf, ip, rate in hosts:
             cmds = [["ip", "addr", "add", f"{ip}/8", "dev", intf]]
-            if k != 1.0:
+            if clock.dilated:
                 net = ipaddress.ip_interface(f"{ip}/8").network
                 cmds.append(["ip", "route", "replace", str(net), "dev", intf, "proto", "kernel", "scope", "link",
-                             "src", ip, "rto_min", f"{rto_min_ms(k):g}ms"])
+                             "src", ip, "rto_min", f"{rto_min_ms(clock):g}ms"])
             cmds += htb_commands(intf, rate) if rate is not None else []
             script = " && ".join(f"{' '.join(c)} 2>&1" for c in cmds)
             node.sendCmd(f"{script}; echo rc=$?")

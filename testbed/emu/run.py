@@ -51,6 +51,7 @@ from rich.text import Text
 
 from testbed.agent.live import refuse_unfit_checkpoint
 from testbed.agent.selector import check_plan_selector
+from testbed.core.clock import EmulatedClock
 from testbed.core.errors import (
     EXIT_BRINGUP,
     EXIT_INPUT,
@@ -86,7 +87,7 @@ from testbed.emu.storage import Storage, estimate_storage
 from testbed.model.events import LINK_KINDS, kind_of
 from testbed.model.policies import plugin_origins
 from testbed.plan.build import Plan, check_load_bounds, run_dir_limit_problem
-from testbed.plan.dilation import dilate
+from testbed.plan.dilation import dilate, wall_clock
 from testbed.sdn.client import _port_in_use
 from testbed.serve.handling import host_speed
 
@@ -394,7 +395,7 @@ def _start_record(plan: Plan, run_id: str, run_dir: Path, duration_s: float, sto
         "mode": "emulation", "run_id": run_id, "status": "running", "process": process_identity(),
         "provenance": provenance(),
         "duration_s": duration_s,
-        "time_dilation": plan.time_dilation, "wall_duration_s": duration_s * plan.time_dilation,
+        "time_dilation": plan.time_dilation, "wall_duration_s": EmulatedClock(plan.time_dilation).wall(duration_s),
         "seed": plan.experiment.seed, "report_interval_s": plan.experiment.report_interval_s,
         "mtu_bytes": plan.experiment.topology.mtu,
         "storage": {"estimate_bytes": storage.estimate.total, "reserve_bytes": storage.estimate.reserve,
@@ -453,11 +454,12 @@ def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = 
         return
     record = _start_record(plan, run_id, run_dir, duration_s, storage)
     wall = dilate(plan)  # the constants on the wall clock: every process and the network run these
-    if wall.time_dilation != 1.0:
-        console.print(f"time dilation k = {wall.time_dilation:g}: the emulated system runs {wall.time_dilation:g} "
+    clock = wall_clock(wall)
+    if clock.dilated:
+        console.print(f"time dilation k = {clock.k:g}: the emulated system runs {clock.k:g} "
                       f"times slower than the wall clock ({duration_s:g} s emulated take "
-                      f"{duration_s * wall.time_dilation:g} s); records are in emulated time", markup=False)
-    ctx = RunContext(wall, run_id, run_dir, duration_s * wall.time_dilation, link_emulator, console, record,
+                      f"{clock.wall(duration_s):g} s); records are in emulated time", markup=False)
+    ctx = RunContext(wall, run_id, run_dir, clock.wall(duration_s), link_emulator, console, record,
                      storage)
     with _Interrupts(console, process_ends):  # until run.json has its outcome: a second Ctrl-C cannot cut the teardown
         status, message = _run_steps(ctx)

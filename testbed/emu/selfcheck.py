@@ -16,6 +16,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from testbed.core.clock import UNDILATED, EmulatedClock
+
 _TIME = re.compile(r"time=([\d.]+) ms")
 
 #: A path out of tolerance is pinged once more after this pause (s), and the run goes on only if
@@ -61,7 +63,7 @@ def parse_ping(output: str) -> list[float]:
 
 def check_rtts(emu, plan, path_of, count: int, tol_ms: float, tol_pct: float,
                per_switch_ms: float = 0.0, pairs: list[tuple[str, str]] | None = None,
-               time_dilation: float = 1.0) -> list[RttResult]:
+               clock: EmulatedClock = UNDILATED) -> list[RttResult]:
     """Ping every cluster from every source (in parallel per pair) and compare with the expected RTT.
 
     Args:
@@ -72,7 +74,7 @@ def check_rtts(emu, plan, path_of, count: int, tol_ms: float, tol_pct: float,
         tol_ms, tol_pct, per_switch_ms: tolerance, absolute (ms) plus relative (% of expected) plus
             per switch on the controller's path (ms).
         pairs: (source, cluster) names to check; all of them when None.
-        time_dilation: k; the results are in emulated ms (measured and expected / k).
+        clock: the run's emulated clock (time dilation k); the results are in emulated ms.
 
     Returns:
         One :class:`RttResult` per (source, cluster) pair.
@@ -90,30 +92,30 @@ def check_rtts(emu, plan, path_of, count: int, tol_ms: float, tol_pct: float,
     for (s, c), p in zip(pairs, procs, strict=True):
         out, _ = p.communicate()
         dpids, one_way = path_of(s.mac, c.mac)
-        expected = 2.0 * one_way / time_dilation
-        results.append(RttResult(s.name, c.name, dpids, expected, [x / time_dilation for x in parse_ping(out)],
+        expected = clock.emulated(2.0 * one_way)
+        results.append(RttResult(s.name, c.name, dpids, expected, [clock.emulated(x) for x in parse_ping(out)],
                                  tol_ms + tol_pct / 100.0 * expected + per_switch_ms * len(dpids)))
     return results
 
 
 def check_rtts_twice(emu, plan, path_of, count: int, tol_ms: float, tol_pct: float,
                      per_switch_ms: float = 0.0, pause_s: float = RECHECK_PAUSE_S,
-                     time_dilation: float = 1.0) -> list[RttResult]:
+                     clock: EmulatedClock = UNDILATED) -> list[RttResult]:
     """:func:`check_rtts`, then the failed paths once more after ``pause_s`` s (:data:`RECHECK_PAUSE_S`);
-    ``time_dilation`` as there.
+    ``clock`` as there.
 
     Returns:
         One :class:`RttResult` per pair, in :func:`check_rtts`'s order: a re-measured pair's second
         result, with ``attempt`` 2 and the first median in ``first_median_ms``.
     """
-    first = check_rtts(emu, plan, path_of, count, tol_ms, tol_pct, per_switch_ms, time_dilation=time_dilation)
+    first = check_rtts(emu, plan, path_of, count, tol_ms, tol_pct, per_switch_ms, clock=clock)
     bad = [(r.source, r.cluster) for r in first if not r.ok]
     if not bad:
         return first
     time.sleep(pause_s)
     again = {(r.source, r.cluster): r
              for r in check_rtts(emu, plan, path_of, count, tol_ms, tol_pct, per_switch_ms, pairs=bad,
-                                 time_dilation=time_dilation)}
+                                 clock=clock)}
     for r in first:
         if (r.source, r.cluster) in again:
             again[r.source, r.cluster].attempt = 2

@@ -34,6 +34,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from testbed.core import cgroups
+from testbed.core.clock import EmulatedClock
 from testbed.core.errors import EXIT_INTEGRITY, RunFailure
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT, poll_until, stop_processes, stopped, write_json_atomic
@@ -64,7 +65,8 @@ class ClusterServers:
         self.started_at: dict[str, float] = {}
         self.lives: dict[str, int] = {}
         self.ready_lives: dict[str, int] = {}
-        self.k = live.plan.time_dilation
+        self.clock = EmulatedClock(live.plan.time_dilation)
+        self.k = self.clock.k
         self.cap_error: str = ""
         self._capping = threading.Event()
         stack.callback(self._stop_all)
@@ -204,7 +206,7 @@ class ClusterServers:
         try:
             for s in sources:
                 spec = {"source": s, "zoo_dir": plan.zoo_dir, "requests": WARMUP_REQUESTS,
-                        "timeout_s": WARMUP_REQUEST_TIMEOUT_S * self.k,
+                        "timeout_s": self.clock.wall(WARMUP_REQUEST_TIMEOUT_S),
                         "out": str(run_dir / "sources" / f"{s}.warmup.json"),
                         "targets": [{"cluster": c.name, "url": f"http://{c.ip}:{port}/v1/models/{m}:predict",
                                      "model": m, "family": plan.models[m].family}

@@ -17,9 +17,15 @@ checkpoint's window) which static policy to apply; with ``aset.selector``, the s
 Each record carries the policy in force.
 
 Timestamps are ``time.time_ns()``: all emulated hosts share one kernel clock, so t0..t4 from
-different hosts are directly comparable. Under time dilation k (``SourceConfig.time_dilation``)
-the arrivals are drawn in emulated time and played k times slower, and each record is written in
-emulated time: instants ``start + (t - start) / k``, the deadline and the planned RTT / k.
+different hosts are directly comparable. t0 is taken just before the dispatcher decides, td just
+after (``dispatch_ms`` = td - t0: the decision's own cost); the server's instants (t1, t1h, t2,
+t3, t3h) come back in its answer's headers. ``expected_rtt_ms`` is the RTT of the path in force at
+td, with the delays in force then (``SourceConfig.rtt_steps``, :func:`testbed.model.network.rtt_at`,
+the simulator's rule). Under time dilation k (``SourceConfig.clock``) the arrivals are drawn in
+emulated time and played k times slower, and each record is written in emulated time (instants,
+the deadline and the RTT through the clock); a plug-in policy's decision, which the source makes at
+the host's full speed, is padded to k times its wall time (a sleep of the rest), so that its
+emulated cost is its cost, as the simulator charges it (``plan.decision_ms``).
 Records are appended (and flushed) as each query
 resolves, so a run stopped at any point keeps what was measured; a write that fails (a full
 disk) keeps the row in memory, retried with the next row and at exit.
@@ -54,11 +60,11 @@ from testbed.core.plugins import add_sys_paths
 from testbed.core.util import write_json_atomic
 from testbed.model import seeds
 from testbed.model.dispatch import Dispatcher, Heard
-from testbed.model.network import path_cut
+from testbed.model.network import path_cut, rtt_at
 from testbed.model.policies import REGISTRY, PolicyFailure
 from testbed.model.records import CLIENT_ERROR, CONNECTION_REFUSED, RECORD_FIELDS, make_record
 from testbed.plan.boundaries import AppInfo, SourceConfig, SourceTally, StreamConfig, read_config, tally_path
-from testbed.plan.dilation import Stretched, emulated_times
+from testbed.plan.dilation import Stretched
 from testbed.plan.traces import arrival_process
 from testbed.plan.zoo import request_bodies
 from testbed.spec.experiment import ASET_POLICY
@@ -94,8 +100,8 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
-#: The instants a query's answer carries (t0 is taken before it is sent).
-_INSTANTS = ("t1_ns", "t2_ns", "t3_ns", "t4_ns")
+#: The instants a query's answer carries (t0 and td are taken before it is sent).
+_INSTANTS = ("t1_ns", "t1h_ns", "t2_ns", "t3_ns", "t3h_ns", "t4_ns")
 
 #: How often a source looks for the run's go (s), and how long it waits for it at most (s).
 GO_POLL_S = 0.005
@@ -145,10 +151,18 @@ class Source:
         # (application, success, t0_s, cluster, e2e_ms or None) of the queries resolved in the window
         self.win_resolved: list[tuple[str, bool, float, str, float | None]] = []
         self.in_flight: dict[str, int] = {}  # per cluster: this source's queries sent, not resolved yet
+        self._plugins: dict[str, bool] = {}
 
     @property
     def policy_name(self) -> str:
         return self.dispatcher.policy
+
+    def _is_plugin(self, policy: str) -> bool:
+        """Whether ``policy`` is a plug-in (not a built-in policy: those cost nothing in the simulator)."""
+        plugin = self._plugins.get(policy)
+        if plugin is None:
+            plugin = self._plugins[policy] = REGISTRY.resolve(policy, f"source {self.name}").origin is not None
+        return plugin
 
     def _write(self, row: dict) -> None:
         self.unwritten.append(row)
@@ -171,9 +185,11 @@ class Source:
             h = resp.headers
             if "X-Testbed-T1" in h:
                 out.update(t1_ns=int(h["X-Testbed-T1"]), queue_len_at_arrival=int(h.get("X-Testbed-Queue-Len", 0)))
+                if "X-Testbed-T1h" in h:
+                    out["t1h_ns"] = int(h["X-Testbed-T1h"])
             if resp.status == 200 and "X-Testbed-T2" in h:
                 out.update(t2_ns=int(h["X-Testbed-T2"]), t3_ns=int(h["X-Testbed-T3"]),
-                           batch=int(h.get("X-Testbed-Batch", 1)))
+                           t3h_ns=int(h["X-Testbed-T3h"]), batch=int(h.get("X-Testbed-Batch", 1)))
                 preds = json.loads(payload).get("predictions")
                 if isinstance(preds, list) and preds and isinstance(preds[0], list):
                     out["predicted"] = int(np.argmax(preds[0]))
@@ -190,9 +206,14 @@ class Source:
         bodies, labels = self.bodies[app.name]
         k = int(self.rng.integers(len(bodies)))
         body, label = bodies[k], labels[k]
+        clock = self.cfg.clock
         t0 = time.time_ns()
         policy = self.dispatcher.policy
         d = self.dispatcher.dispatch(app.deadline_ms, app.min_accuracy, app.family, t0 / 1e9)  # a plug-in may raise
+        td = time.time_ns()
+        if clock.dilated and self._is_plugin(policy):  # the decision at the emulated speed (module doc)
+            await asyncio.sleep(clock.wall((td - t0) / 1e9) - (td - t0) / 1e9)
+            td = time.time_ns()
         self.seq += 1  # a query exists once it is dispatched
         qid = f"{self.name}-{self.seq}"
         opt = self.options[(d.cluster, d.model)]
@@ -214,13 +235,16 @@ class Source:
             got = {"status": CONNECTION_REFUSED if _refused(exc) else CLIENT_ERROR, "t4_ns": time.time_ns()}
         t0_s = (t0 - self.cfg.start_ns) / 1e9
         cut = path_cut(self.cfg.no_route.get(d.cluster, ()), t0_s, t0_s + (app.deadline_ms + self.cfg.grace_ms) / 1e3)
-        k = self.cfg.time_dilation  # the record in emulated time: instants from the load's start / k, durations / k
-        got.update(emulated_times({name: got.get(name) for name in _INSTANTS if name in got}, self.cfg.start_ns, k))
+        steps = self.cfg.rtt_steps.get(d.cluster)
+        rtt = rtt_at(steps, (td - self.cfg.start_ns) / 1e9) if steps else opt.rtt_ms  # wall ms; None: no route
+        # the record in emulated time (SourceConfig.clock)
+        got.update(clock.instants({name: got[name] for name in _INSTANTS if name in got}))
         row = make_record(query_id=qid, source=self.name, application=app.name, cluster=d.cluster, model=d.model,
-                          policy=policy, fallback=d.fallback, deadline_ms=app.deadline_ms / k,
-                          min_accuracy=app.min_accuracy, model_accuracy=opt.accuracy, expected_rtt_ms=opt.rtt_ms / k,
-                          t0_ns=emulated_times({"t0": t0}, self.cfg.start_ns, k)["t0"], request_bytes=len(body),
-                          label=label, error=error, cold=trace["cold"], cut=cut, **got)
+                          policy=policy, fallback=d.fallback, deadline_ms=clock.emulated(app.deadline_ms),
+                          min_accuracy=app.min_accuracy, model_accuracy=opt.accuracy,
+                          expected_rtt_ms=None if rtt is None else clock.emulated(rtt), t0_ns=clock.emulated_ns(t0),
+                          td_ns=clock.emulated_ns(td), request_bytes=len(body), label=label, error=error,
+                          cold=trace["cold"], cut=cut, **got)
         self._write(row)  # first: whatever follows, the query is on record
         self.in_flight[d.cluster] -= 1
         # e2e_ms is absent for a query with no answer within deadline + grace (the simulator's None)
@@ -278,12 +302,12 @@ class Source:
         return {"arrivals": dict(self.win_arrivals), "clusters": self.dispatcher.heard_state(),
                 "path_util": self._path_util(), "resolved": list(self.win_resolved), "in_flight": dict(self.in_flight),
                 "policy": self.policy_name,
-                "now_s": (time.time_ns() - self.cfg.start_ns) / 1e9 / self.cfg.time_dilation}
+                "now_s": self.cfg.clock.emulated((time.time_ns() - self.cfg.start_ns) / 1e9)}
 
     async def _aset_loop(self, end: float) -> None:
         loop = asyncio.get_running_loop()
-        # the configured window (default: the checkpoint's), in emulated time: k x it on the wall clock
-        window = ((self.cfg.aset.window_s if self.cfg.aset else None) or self.aset.window_s) * self.cfg.time_dilation
+        # the configured window (default: the checkpoint's), in emulated time: dilated on the wall clock
+        window = self.cfg.clock.wall((self.cfg.aset.window_s if self.cfg.aset else None) or self.aset.window_s)
         while not self.stopping and loop.time() < end:
             await asyncio.sleep(window)
             state = self._aset_state()
@@ -302,8 +326,8 @@ class Source:
         loop = asyncio.get_running_loop()
         rng = seeds.arrivals(seeds.run_key(self.cfg.seed), stream.index, self.cfg.source_index)
         proc = arrival_process(stream.spec, rng, stream.weight, Path(self.cfg.base_dir))
-        if self.cfg.time_dilation != 1.0:
-            proc = Stretched(proc, self.cfg.time_dilation)  # drawn in emulated time, played k x slower
+        if self.cfg.clock.dilated:
+            proc = Stretched(proc, self.cfg.clock)  # drawn in emulated time, played k x slower
         app = self.apps[stream.spec.application]
         window = self.cfg.report_interval_s
         a = 0.0

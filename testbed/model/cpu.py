@@ -30,11 +30,13 @@ one. The factor is per model, runtime and host: measured by :mod:`testbed.serve.
 (:func:`~testbed.plan.handling.call_factors`) into ``handling.json``, which the plan reads
 (:class:`testbed.plan.catalog.ZooCatalog`).
 
-Request handling (:meth:`CfsQuota.handle`): the server's event loop parses each request (HTTP,
-base64, JPEG decoding) in the same cgroup, on one thread, before the query reaches the queue; that
-CPU time is charged to the same quota (``handling_ms`` per request, measured per model by
-:mod:`testbed.serve.handling`). It does not count as a model call for the cold rule: the
-profiler's isolated calls had no request handling before them either.
+Request handling (:meth:`CfsQuota.handle`): the server's event loop, one thread in the same
+cgroup, reads each request (HTTP, base64, JPEG decoding) before the query reaches the queue
+(t1 -> t1h), and writes each answer (encodes it and hands it to the socket) after its model call
+(t3 -> t3h); both are charged to the same quota (``handling_ms`` per query, ``answer_ms`` of it the
+answer's side, measured per model by :mod:`testbed.serve.handling`), one rule for both. Neither
+counts as a model call for the cold rule: the profiler's isolated calls had no request handling
+around them either.
 """
 
 from __future__ import annotations
@@ -112,8 +114,9 @@ class CfsQuota:
         return self._run(start_s, wall_s, self.threads)
 
     def handle(self, start_s: float, cpu_s: float) -> float:
-        """Book ``cpu_s`` s of request handling (one thread) starting at ``start_s``; return its end
-        (s). Booked in start order with the calls (:meth:`run`); not a model call for the cold rule."""
+        """Book ``cpu_s`` s of the event loop's work (reading a request or writing an answer, one
+        thread) starting at ``start_s``; return its end (s), quota waits included. Booked in start
+        order with the calls (:meth:`run`); not a model call for the cold rule."""
         if cpu_s <= 0:
             return start_s
         return self._run(start_s, cpu_s, 1)

@@ -137,6 +137,8 @@ class Dispatcher:
         self._family: dict[str, list[int]] = {}  # family -> its options (fixed)
         self._candidates: dict[tuple[str, float, float], list[int]] = {}  # feasible options, until a report
         self._cache: dict[tuple[str, float, float], pol.Decision] = {}
+        #: decisions the policy actually made (a cached one is not made again): what costs a decision
+        self.decisions_made = 0
         self._policy = ""
         self._entry: pol.Policy | None = None
         self.policy = policy
@@ -247,7 +249,9 @@ class Dispatcher:
             if d is None:
                 opts = self._for_policy(family, deadline_ms, min_accuracy)
                 d = self._cache[key] = pol.decide(self._policy, opts, deadline_ms, min_accuracy, self.ctx)
+                self.decisions_made += 1
             return d
+        self.decisions_made += 1
         return pol.decide(self._policy, self._for_policy(family, deadline_ms, min_accuracy), deadline_ms,
                           min_accuracy, self.ctx)
 
@@ -283,6 +287,7 @@ class Dispatcher:
             return [d] * n
         out = pol.decide_many(self._policy, self._for_policy(family, deadline_ms, min_accuracy), deadline_ms,
                               min_accuracy, n, self.ctx)
+        self.decisions_made += n
         counts: dict[str, int] = {}
         for d in out:
             counts[d.cluster] = counts.get(d.cluster, 0) + 1

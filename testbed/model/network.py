@@ -31,6 +31,7 @@ Loss, from ``link_loss`` or an overloaded link, costs a TCP query one retransmis
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -271,6 +272,65 @@ def no_route_spans(net: NetworkState, changes: Sequence[Change],
     return spans
 
 
+#: One step of a path's RTT over a run: (from_s, rtt_ms), s since the load started; the RTT holds
+#: until the next step (``inf``: no route).
+RttStep = tuple[float, float]
+
+
+def path_rtt_ms(net: NetworkState, path: Sequence[str] | None) -> float:
+    """The RTT (ms) of ``path`` (switch names) with the delays of ``net`` now: 2 x the sum of its
+    links' one-way delays (``docs/system-model.md``: the host links have none); ``inf`` for None."""
+    if path is None:
+        return math.inf
+    return 2.0 * sum(net.link(a, b).delay_ms for a, b in zip(path, path[1:], strict=False))
+
+
+def rtt_timeline(net: NetworkState, changes: Sequence[Change],
+                 pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[RttStep]]:
+    """The RTT of the path in force between each pair of switches over a run's timeline, with the
+    delays in force: the route :meth:`NetworkState.routes` chooses (the controller's rule) and
+    :func:`path_rtt_ms` of it, at the start and after every network step of ``changes`` (a
+    ``link_down`` reroutes, a ``link_delay`` slows a path; steps at one instant are one look).
+    ``net`` is changed in place: pass a fresh one. The one rule of ``expected_rtt_ms`` in both
+    engines (:func:`rtt_at`).
+
+    Args:
+        net: the planned network (:meth:`testbed.plan.resolved.Plan.network_state`).
+        changes: the events' timeline (:func:`testbed.model.events.expand`), sorted by ``t_s``.
+        pairs: (from switch, to switch) pairs.
+
+    Returns:
+        Per pair, its steps ``(from_s, rtt_ms)`` in time order, the first at 0; a step is added
+        only when the RTT changes.
+    """
+    pairs = list(dict.fromkeys(pairs))
+    out: dict[tuple[str, str], list[RttStep]] = {p: [] for p in pairs}
+
+    def look(t: float) -> None:
+        routes = net.routes(pairs)
+        for p in pairs:
+            rtt = path_rtt_ms(net, routes[p])
+            if not out[p] or out[p][-1][1] != rtt:
+                out[p].append((t, rtt))
+
+    look(0.0)
+    steps = [ch for ch in changes if ch.link is not None]
+    for i, ch in enumerate(steps):
+        net.apply(ch)
+        if i + 1 == len(steps) or steps[i + 1].t_s != ch.t_s:
+            look(ch.t_s)
+    return out
+
+
+def rtt_at(steps: Sequence[RttStep], t_s: float) -> float:
+    """The RTT (ms) in force at ``t_s`` (s since the load started) of a pair's :func:`rtt_timeline`
+    (the last step at or before ``t_s``; the first step before it; ``inf`` for no steps)."""
+    if not steps:
+        return math.inf
+    i = bisect.bisect_right(steps, t_s, key=lambda st: st[0])
+    return steps[max(0, i - 1)][1]
+
+
 def path_cut(spans: Sequence[Span], t_from_s: float, t_to_s: float) -> bool:
     """Whether the life of a query, [``t_from_s``, ``t_to_s``] (s since the load started: its
     creation to its deadline plus the grace), meets a span without a route (:func:`no_route_spans`)."""
@@ -279,4 +339,6 @@ def path_cut(spans: Sequence[Span], t_from_s: float, t_to_s: float) -> bool:
 
 __all__ = ["DEFAULT_MTU", "DEFAULT_QUEUE_PACKETS", "FRAME_OVERHEAD_BYTES", "FULL_FRAME_BYTES", "IP_TCP_HEADER_BYTES",
            "MSS_BYTES", "TCP_RTO_MIN_MS", "LinkState", "LinkView", "NetworkState", "Span", "frames", "mss_of",
-           "no_route_spans", "p_retransmit", "path_cut", "transfer_ms", "wire_bytes"]
+           "RttStep", "no_route_spans", "p_retransmit", "path_cut", "path_rtt_ms", "rtt_at", "rtt_timeline",
+           "transfer_ms",
+           "wire_bytes"]

@@ -42,8 +42,10 @@ is a :class:`PolicyFailure` (exit code 4) naming it, with its traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -133,6 +135,9 @@ class Policy:
     the query's family (``cloud`` ignores the deadline), not only the feasible ones. ``many``: a
     batched form for :func:`decide_many` (``ManyFn``; None: ``n`` calls of ``fn``). ``origin``: where
     a plug-in came from (:class:`testbed.core.plugins.Origin`); None for a built-in policy.
+    ``decision_ms``: what one decision costs, as the simulator charges it (``dispatch_ms``): 0 for a
+    built-in policy (:data:`BUILTIN_DECISION_MS` says why), for a plug-in the median wall time of
+    its plan-time check calls (:func:`check_plugin`).
     """
 
     name: str
@@ -143,6 +148,7 @@ class Policy:
     all_options: bool = False
     many: ManyFn | None = None
     origin: Origin | None = None
+    decision_ms: float = 0.0
 
     def __call__(self, options: list[Option], deadline_ms: float, min_accuracy: float,
                  ctx: Context | None = None) -> Decision:
@@ -332,13 +338,25 @@ def _given(p: Policy, options: list[Option], deadline_ms: float) -> list[Option]
     return feasible(options, deadline_ms, _MIN_ACCURACY) or list(options)
 
 
-def _call(p: Policy, options: list[Option], deadline_ms: float, ctx: Context, what: str) -> Decision:
+#: The decision cost the simulator charges a built-in policy, ms: none. A built-in decision is a few
+#: comparisons over at most a few dozen options, 5-60 us of Python per query here
+#: (benchmarks/dilation.py's runs: the emulation's dispatch_ms p95 of the built-in policies), below
+#: the resolution of every other stage; a constant 0 keeps the simulator's runs independent of the
+#: machine that planned them.
+BUILTIN_DECISION_MS = 0.0
+
+
+def _call(p: Policy, options: list[Option], deadline_ms: float, ctx: Context, what: str,
+          took_ms: list[float] | None = None) -> Decision:
+    t0 = time.perf_counter_ns()
     try:
         d = p.fn(options, deadline_ms, _MIN_ACCURACY, ctx)
     except Exception as exc:
         last = traceback.extract_tb(exc.__traceback__)[-1]
         raise ValueError(f"raised {type(exc).__name__}: {exc} (at {last.filename}:{last.lineno}) when called on "
                          f"{what}; it must decide on any non-empty option list") from None
+    if took_ms is not None:
+        took_ms.append((time.perf_counter_ns() - t0) / 1e6)
     problem = _wrong_answer(d, options)
     if problem:
         raise ValueError(f"{problem} (called on {what})")
@@ -349,9 +367,10 @@ def _ctx_state(ctx: Context) -> tuple:
     return repr(ctx.rng.bit_generator.state), repr(ctx.rr)
 
 
-def check_plugin(p: Policy) -> None:
+def check_plugin(p: Policy) -> float:
     """Call plug-in ``p`` as a dispatcher would, on a synthetic option list (three tiers, two models,
-    some load), and hold it to what it declares:
+    some load), and hold it to what it declares; return the median wall time of these calls (ms,
+    ``time.perf_counter_ns``): its decision cost (:attr:`Policy.decision_ms`).
 
     - on the feasible options and on options none of which is feasible, it returns a
       :class:`Decision` among the options given;
@@ -366,26 +385,31 @@ def check_plugin(p: Policy) -> None:
     """
     ctx = Context(rng=np.random.default_rng(0))
     before = _ctx_state(ctx)
+    took: list[float] = []
     opts = _given(p, list(_SYNTHETIC), _DEADLINE_MS)
-    first = _call(p, opts, _DEADLINE_MS, ctx, f"{len(opts)} synthetic options at a {_DEADLINE_MS:g} ms deadline")
-    _call(p, _given(p, list(_SYNTHETIC), 1.0), 1.0, ctx, "synthetic options none of which meets a 1 ms deadline")
+    first = _call(p, opts, _DEADLINE_MS, ctx, f"{len(opts)} synthetic options at a {_DEADLINE_MS:g} ms deadline",
+                  took)
+    _call(p, _given(p, list(_SYNTHETIC), 1.0), 1.0, ctx, "synthetic options none of which meets a 1 ms deadline",
+          took)
     if not p.stateful and _ctx_state(ctx) != before:
         raise ValueError("it changed the dispatcher's Context (drew from ctx.rng or wrote ctx.rr) but does not "
                          "declare it: use @policy_plugin(stateful=True)")
     if not p.deterministic:
-        return
-    again = _call(p, opts, _DEADLINE_MS, Context(rng=np.random.default_rng(1)), "the same options again")
+        return float(np.median(took))
+    again = _call(p, opts, _DEADLINE_MS, Context(rng=np.random.default_rng(1)), "the same options again", took)
     if again != first:
         raise ValueError(f"it declares deterministic=True but decided {first} then {again} on the same options; "
                          f"declare deterministic=False (or stateful=True if it uses ctx)")
     if p.load_aware:
-        return
+        return float(np.median(took))
     loaded = [Option(o.cluster, o.model, o.rtt_ms, o.service_ms, o.accuracy, o.queue_wait_ms + 1000.0 * (i % 2 == 0),
                      o.load + 10.0 * (i % 2 == 0), o.tier, o.up) for i, o in enumerate(opts)]
-    moved = _call(p, loaded, _DEADLINE_MS, Context(rng=np.random.default_rng(0)), "the same options under load")
+    moved = _call(p, loaded, _DEADLINE_MS, Context(rng=np.random.default_rng(0)), "the same options under load",
+                  took)
     if moved != first:
         raise ValueError("its decision changes with the load (queue_wait_ms, load) but it does not declare it: "
                          "use @policy_plugin(deterministic=True, load_aware=True)")
+    return float(np.median(took))
 
 
 def plugin_policy(name: str, loaded: Loaded) -> Policy:
@@ -408,8 +432,7 @@ def plugin_policy(name: str, loaded: Loaded) -> Policy:
     bound = functools.partial(fn, **loaded.params) if loaded.params else fn
     p = Policy(name, bound, traits.deterministic, traits.load_aware, traits.stateful, traits.all_options,
                origin=loaded.origin)
-    check_plugin(p)
-    return p
+    return dataclasses.replace(p, decision_ms=round(check_plugin(p), 4))
 
 
 def plugin_origins(names: list[str] | tuple[str, ...] | set[str]) -> dict[str, dict[str, Any]]:
@@ -700,7 +723,8 @@ def decide(policy: str, options: list[Option], deadline_ms: float, min_accuracy:
     return _run_plugin(p, options, deadline_ms, min_accuracy, ctx)
 
 
-__all__ = ["CATALOGUE", "DETERMINISTIC", "LOAD_AWARE", "PLUGIN_GROUP", "POLICIES", "REGISTRY", "Context", "Decision",
+__all__ = ["BUILTIN_DECISION_MS", "CATALOGUE", "DETERMINISTIC", "LOAD_AWARE", "PLUGIN_GROUP", "POLICIES", "REGISTRY",
+           "Context", "Decision",
            "ManyFn", "Option", "Policy", "PolicyFailure", "PolicyFn", "PolicyTraits", "age_aware",
            "age_discounted_load", "check_plugin", "closest", "cloud", "decide", "decide_many", "feasible",
            "least_loaded", "max_accuracy", "min_latency", "p2c", "plugin_origins", "plugin_policy", "policy",

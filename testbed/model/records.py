@@ -26,6 +26,7 @@ order of precedence (:func:`classify`):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from testbed.spec.experiment import GRACE_MS  # the grace is part of what an experiment's deadline means
@@ -39,6 +40,8 @@ SUCCESS = "success"
 FAILURE = "failure"
 #: Failure causes (``""`` on success); the precedence is the table's above.
 CAUSES: tuple[str, ...] = ("deadline_miss", "server_down", "dropped", "error", "accuracy", "unreachable")
+#: The five shares of e2e (``<share>_ms`` columns), in the query's order: e2e = their sum.
+SHARES: tuple[str, ...] = ("dispatch", "network", "handling", "queueing", "inference")
 #: The causes that are the network's (the summary's headline names them when every query failed).
 NETWORK_CAUSES: frozenset[str] = frozenset({"unreachable"})
 
@@ -65,7 +68,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("min_accuracy", "0-1", "the application's minimum accuracy A_a"),
     Column("model_accuracy", "0-1", "accuracy alpha_m of the chosen model"),
     Column("expected_rtt_ms", "ms", "RTT of the path in force when the query was sent (at td), with the link "
-                                    "delays in force then (2 x sum of one-way delays)"),
+                                    "delays in force then (2 x sum of one-way delays); empty: no route then"),
     Column("t0_ns", "ns", "query created at the source (just before the policy decides)"),
     Column("td_ns", "ns", "the dispatcher's decision made: the request starts on its way"),
     Column("t1_ns", "ns", "request fully arrived at the cluster's host (before the server reads it)"),
@@ -154,7 +157,7 @@ def _ms(a_ns: int | None, b_ns: int | None) -> float | None:
 
 def make_record(*, query_id: str, source: str, application: str, cluster: str, model: str, policy: str,
                 fallback: bool, deadline_ms: float, min_accuracy: float, model_accuracy: float,
-                expected_rtt_ms: float, t0_ns: int, status: int | None, td_ns: int | None = None,
+                expected_rtt_ms: float | None, t0_ns: int, status: int | None, td_ns: int | None = None,
                 t1_ns: int | None = None, t1h_ns: int | None = None, t2_ns: int | None = None,
                 t3_ns: int | None = None, t3h_ns: int | None = None, t4_ns: int | None = None,
                 batch: int | None = None, request_bytes: int | None = None, response_bytes: int | None = None,
@@ -167,6 +170,7 @@ def make_record(*, query_id: str, source: str, application: str, cluster: str, m
     (whenever td is known), ``network_ms`` etc. only when t1..t3 are known (an answered query).
     An engine that does not give ``td_ns`` / ``t1h_ns`` / ``t3h_ns`` gets them equal to t0 / t1 /
     t3 (a zero dispatch or handling share), so the five shares always add up to e2e.
+    ``expected_rtt_ms`` None or infinite (no route when the query was sent) is left empty.
     ``status`` as :func:`classify`; a late answer (after deadline + grace) is recorded without its
     times, as an unanswered query.
     """
@@ -176,7 +180,9 @@ def make_record(*, query_id: str, source: str, application: str, cluster: str, m
     row: dict[str, object] = {
         "query_id": query_id, "source": source, "application": application, "cluster": cluster, "model": model,
         "policy": policy, "fallback": int(bool(fallback)), "deadline_ms": deadline_ms, "min_accuracy": min_accuracy,
-        "model_accuracy": model_accuracy, "expected_rtt_ms": round(expected_rtt_ms, 3), "t0_ns": t0_ns,
+        "model_accuracy": model_accuracy, "t0_ns": t0_ns,
+        "expected_rtt_ms": None if expected_rtt_ms is None or not math.isfinite(expected_rtt_ms)
+        else round(expected_rtt_ms, 3),
         "td_ns": t0_ns if td_ns is None else td_ns, "dispatch_ms": _ms(t0_ns, t0_ns if td_ns is None else td_ns),
         "request_bytes": request_bytes, "label": label, "outcome": outcome, "failure_cause": cause,
         "error": error, "cold": int(bool(cold)), "drop_reason": drop_reason if status == 503 else ""}
@@ -197,4 +203,4 @@ def make_record(*, query_id: str, source: str, application: str, cluster: str, m
 
 
 __all__ = ["CAUSES", "CLIENT_ERROR", "COLUMNS", "CONNECTION_REFUSED", "FAILURE", "GRACE_MS", "NETWORK_CAUSES",
-           "NO_ANSWER", "RECORD_FIELDS", "SUCCESS", "Column", "answered_in_time", "classify", "make_record"]
+           "NO_ANSWER", "RECORD_FIELDS", "SHARES", "SUCCESS", "Column", "answered_in_time", "classify", "make_record"]

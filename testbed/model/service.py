@@ -7,13 +7,16 @@ the cluster's share and worker count:
 
 * ``expected_ms`` = t_m, the time a dispatcher expects the server to take (the feasibility test
   RTT + t_m <= D_a): the p95 of an isolated query (low load: the quota refilled), that is its
-  request handling (``handling_ms``) followed by a cold model call (``cold_factor``);
+  request handling (``handling_ms - answer_ms``), a cold model call (``cold_factor``), then the
+  answer's writing (``answer_ms``);
 * ``busy_mean_ms``: mean time per call when every worker is busy (high load; queue-wait
   estimates and the server's admission use it): the quota pays each query's model call and its
   request handling.
 
-``handling_ms`` (CPU ms per request of the server's event loop: HTTP, base64 and JPEG decoding,
-measured per model by :mod:`testbed.serve.handling`) and ``cold_factor`` (a model call after
+``handling_ms`` (CPU ms per query of the server's event loop: reading the request (HTTP, base64
+and JPEG decoding) and writing the answer (encoding it, handing it to the socket), measured per
+model by :mod:`testbed.serve.handling`; ``answer_ms`` of it is the answer's side) and ``cold_factor``
+(a model call after
 idleness over a warm one in the server, :func:`testbed.plan.handling.call_factors`) are the two
 CPU costs beside the warm model call that the emulation's quota pays
 (benchmarks/cpu_model_bench.py compares the three with the emulation's measured times).
@@ -39,8 +42,10 @@ class ServiceFigures(BaseModel):
 
     ``samples_ms``: unthrottled per-call times of one input (batch 1). ``batch_mean_ms``: measured
     batch size -> mean unthrottled per-call time. ``cores``/``workers``/``threads``: the cluster's
-    share, W and threads per call. ``handling_ms``: CPU time of the request handling per query
-    (one thread, charged to the same quota). ``cold_factor``: a cold call's unthrottled time over
+    share, W and threads per call. ``handling_ms``: CPU time of the server's event loop per query
+    (one thread, charged to the same quota): reading the request, and writing the answer, of which
+    ``answer_ms`` is the answer's side (<= ``handling_ms``; :attr:`request_ms` the rest).
+    ``cold_factor``: a cold call's unthrottled time over
     a warm one's (>= 1). ``source``: the profile file the samples come from.
     """
 
@@ -58,8 +63,14 @@ class ServiceFigures(BaseModel):
     expected_ms: float
     busy_mean_ms: float
     handling_ms: float = Field(default=0.0, ge=0)
+    answer_ms: float = Field(default=0.0, ge=0)
     cold_factor: float = Field(default=1.0, ge=1.0)
     source: str = ""
+
+    @property
+    def request_ms(self) -> float:
+        """CPU ms per query of reading the request (its handling before the queue): ``handling_ms - answer_ms``."""
+        return max(0.0, self.handling_ms - self.answer_ms)
 
     def quota(self) -> CfsQuota:
         """A fresh CFS quota of this cluster (one per cluster and run) with this model's cold rule."""
@@ -98,24 +109,26 @@ def batch_scale(fig: ServiceFigures, batch: int) -> float:
 
 
 def isolated_query_s(cores: float, threads: int, workers: int, wall_s: float, handling_s: float = 0.0,
-                     cold_factor: float = 1.0) -> float:
-    """Time (s) from a request's arrival to its answer at an idle server whose quota is full (low
-    load; the arrival at a period boundary): its handling, then a cold model call of ``wall_s``
-    unthrottled, through :class:`CfsQuota`."""
+                     cold_factor: float = 1.0, answer_s: float = 0.0) -> float:
+    """Time (s) from a request's arrival to its answer written at an idle server whose quota is
+    full (low load; the arrival at a period boundary): reading the request (``handling_s -
+    answer_s`` of CPU), a cold model call of ``wall_s`` unthrottled, then writing the answer
+    (``answer_s``), through :class:`CfsQuota`."""
     q = CfsQuota(cores, threads, workers, cold_factor=cold_factor, handling=handling_s > 0)
-    return q.run(q.handle(0.0, handling_s), wall_s)
+    return q.handle(q.run(q.handle(0.0, max(0.0, handling_s - answer_s)), wall_s), answer_s)
 
 
 def service_figures(model: str, runtime: str, cores: float, workers: int, threads: int, samples_ms: Sequence[float],
                     batch_mean_ms: Mapping[int, float], source: str = "", handling_ms: float = 0.0,
-                    cold_factor: float = 1.0) -> ServiceFigures:
+                    cold_factor: float = 1.0, answer_ms: float = 0.0) -> ServiceFigures:
     """The :class:`ServiceFigures` of ``model`` at a cluster of ``cores`` cores and ``workers``
-    workers, from unthrottled batch-1 ``samples_ms`` (ms), ``handling_ms`` of request handling per
-    query and the model's ``cold_factor``.
+    workers, from unthrottled batch-1 ``samples_ms`` (ms), ``handling_ms`` of the event loop's CPU
+    per query (``answer_ms`` of it writing the answer) and the model's ``cold_factor``.
 
     Raises:
         ValueError: no samples, a non-positive or non-finite sample, bad cores/workers/threads, a
-            negative or infinite ``handling_ms`` or a ``cold_factor`` below 1 or infinite.
+            negative or infinite ``handling_ms``, an ``answer_ms`` outside [0, ``handling_ms``] or a
+            ``cold_factor`` below 1 or infinite.
     """
     samples = [float(s) for s in samples_ms]
     if not samples or min(samples) <= 0 or not all(math.isfinite(x) for x in samples):
@@ -124,16 +137,19 @@ def service_figures(model: str, runtime: str, cores: float, workers: int, thread
     if not 0 <= handling_ms < math.inf or not 1.0 <= cold_factor < math.inf:
         raise ValueError(f"model {model!r}: handling_ms must be >= 0 and cold_factor >= 1 "
                          f"(got {handling_ms}, {cold_factor})")
+    if not 0 <= answer_ms <= handling_ms:
+        raise ValueError(f"model {model!r}: answer_ms {answer_ms} must be within [0, handling_ms = {handling_ms}]")
     quota = CfsQuota(cores, threads, workers, handling=handling_ms > 0)
     mean = sum(samples) / len(samples)
-    isolated = [isolated_query_s(cores, threads, workers, s / 1e3, handling_ms / 1e3, cold_factor) * 1e3
-                for s in samples]
+    isolated = [isolated_query_s(cores, threads, workers, s / 1e3, handling_ms / 1e3, cold_factor,
+                                 answer_ms / 1e3) * 1e3 for s in samples]
     bm = {int(b): float(t) for b, t in batch_mean_ms.items()} or {1: mean}
     return ServiceFigures(model=model, runtime=runtime, cores=cores, workers=workers, threads=threads,
                           samples_ms=samples, batch_mean_ms=bm, wall_mean_ms=mean,
                           wall_p95_ms=_percentile(samples, 95), expected_ms=_percentile(isolated, 95),
                           busy_mean_ms=quota.saturated_s(mean / 1e3, workers, handling_ms / 1e3) * 1e3,
-                          handling_ms=float(handling_ms), cold_factor=float(cold_factor), source=source)
+                          handling_ms=float(handling_ms), answer_ms=float(answer_ms), cold_factor=float(cold_factor),
+                          source=source)
 
 
 __all__ = ["ServiceFigures", "batch_scale", "isolated_query_s", "mean_at_batch", "service_figures"]

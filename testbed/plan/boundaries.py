@@ -16,19 +16,21 @@ model                  read by                                       file
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from testbed.core.clock import EmulatedClock
 from testbed.core.errors import InputError
 from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import threads_per_call
 from testbed.model.dispatch import OptionSpec
 from testbed.model.policies import CATALOGUE, plugin_origins
 from testbed.model.records import GRACE_MS
-from testbed.plan.dilation import cpu_pad, wall_factor
+from testbed.plan.dilation import cpu_pad, wall_clock
 from testbed.plan.resolved import Plan
 from testbed.spec.experiment import AsetSpec, WorkloadSpec, format_validation_error
 from testbed.spec.serving import Runtime
@@ -93,7 +95,7 @@ class ServerConfig(_Boundary):
         Raises:
             PlanError: a dilated experiment's plan not yet on the wall clock.
         """
-        wall_factor(plan)
+        wall_clock(plan)
         spec = next(c for c in plan.experiment.clusters if c.name == cluster)
         q = plan.queue(cluster)
         files = {} if run_dir is None else {
@@ -166,12 +168,12 @@ class SelectorContext(_Boundary):
         exp = plan.experiment
         if exp.aset is None or exp.aset.selector is None:
             return None
-        k = wall_factor(plan)
+        clock = wall_clock(plan)
         apps = sorted(exp.applications, key=lambda a: a.name)
         clusters = sorted(c.name for c in plan.clusters)
         return cls(source=source, applications=[a.name for a in apps],
                    deadlines_ms=[float(a.deadline_ms) for a in apps], clusters=clusters,
-                   rtt_ms=[plan.rtt_ms(source, c) / k for c in clusters],
+                   rtt_ms=[clock.emulated(plan.rtt_ms(source, c)) for c in clusters],
                    sources=sorted(h.name for h in plan.sources),
                    policies=list(exp.aset.selector.policies or CATALOGUE))
 
@@ -193,11 +195,14 @@ class SourceConfig(_Boundary):
     ``no_route``: per cluster, the spans of the run (s since the load started, on the wall clock) in
     which the planned network has no route to it (:meth:`testbed.plan.resolved.Plan.no_route_spans`;
     an open span ends at :data:`NO_ROUTE_END_S`): a query that got no answer in one is ``unreachable``.
-    ``time_dilation`` k: every time constant here is already on the wall clock (x k:
+    ``rtt_steps``: per cluster, the RTT of the path in force over the run as steps ``(from_s,
+    rtt_ms)`` (wall clock; :meth:`testbed.plan.resolved.Plan.rtt_timelines`; None: no route): a
+    record's ``expected_rtt_ms`` is the step in force at its ``td``.
+    ``time_dilation`` k: every time constant here is already on the wall clock (dilated by
     :func:`testbed.plan.dilation.dilate`), except the streams' arrival processes, which the source
-    draws in emulated time and stretches by k (:class:`testbed.plan.dilation.Stretched`), and
-    ``aset.window_s``, which it waits k x (the agent checks it against its checkpoint's); the
-    source writes its records in emulated time (:func:`testbed.plan.dilation.emulated_times`).
+    draws in emulated time and stretches (:class:`testbed.plan.dilation.Stretched`), and
+    ``aset.window_s``, which it waits dilated (the agent checks it against its checkpoint's); the
+    source writes its records in emulated time (:attr:`clock`).
     ``plugin_paths``: the ``sys.path`` entries the plan imported its policy plug-ins from
     (:attr:`testbed.core.plugins.Origin.sys_path`), which the source adds to its own before it
     resolves ``policy``; ``plugin_sha256``: per plug-in, the SHA-256 of the file the plan resolved
@@ -228,10 +233,16 @@ class SourceConfig(_Boundary):
     ready_file: str | None = None
     go_file: str | None = None
     no_route: dict[str, list[tuple[float, float]]] = {}
+    rtt_steps: dict[str, list[tuple[float, float | None]]] = {}
     time_dilation: float = Field(1.0, ge=1.0)
     plugin_paths: list[str] = []
     plugin_sha256: dict[str, str] = {}
     selector_context: SelectorContext | None = None
+
+    @property
+    def clock(self) -> EmulatedClock:
+        """The run's emulated clock: ``time_dilation`` around the load's start ``start_ns``."""
+        return EmulatedClock(self.time_dilation, self.start_ns)
 
     @classmethod
     def from_plan(cls, plan: Plan, source: str, start_ns: int, duration_s: float, run_dir: Path) -> SourceConfig | None:
@@ -240,9 +251,9 @@ class SourceConfig(_Boundary):
 
         Raises:
             PlanError: a dilated experiment's plan not yet on the wall clock
-                (:func:`testbed.plan.dilation.wall_factor`).
+                (:func:`testbed.plan.dilation.wall_clock`).
         """
-        k = wall_factor(plan)
+        clock = wall_clock(plan)
         exp = plan.experiment
         streams = [StreamConfig(index=wi, spec=w, weight=plan.weights[wi][source])
                    for wi, w in enumerate(exp.workload) if source in plan.weights[wi]]
@@ -257,6 +268,8 @@ class SourceConfig(_Boundary):
         spec_s = next(x for x in exp.sources if x.name == source)
         no_route = {c: [(a, min(b, NO_ROUTE_END_S)) for a, b in spans]
                     for (s, c), spans in plan.no_route_spans().items() if s == source and spans}
+        rtt_steps = {c: [(a, rtt if math.isfinite(rtt) else None) for a, rtt in steps]
+                     for (s, c), steps in plan.rtt_timelines().items() if s == source}
         policy = spec_s.policy or exp.policy
         plugins = plugin_origins([policy])
         plugin_paths = sorted({o["sys_path"] for o in plugins.values()})
@@ -269,7 +282,7 @@ class SourceConfig(_Boundary):
                    path_links=path_links, link_util_file=str(run_dir / "link_util.json"), aset=exp.aset,
                    zoo_dir=plan.zoo_dir, repo_dir=str(REPO_ROOT),
                    records=str(run_dir / "sources" / f"{source}.records.csv"), experiment=exp.name,
-                   no_route=no_route, grace_ms=GRACE_MS * k, time_dilation=k,
+                   no_route=no_route, rtt_steps=rtt_steps, grace_ms=clock.wall(GRACE_MS), time_dilation=clock.k,
                    selector_context=SelectorContext.from_plan(plan, source))
 
 
@@ -382,7 +395,7 @@ class ControllerConfig(_Boundary):
         Raises:
             PlanError: a dilated experiment's plan not yet on the wall clock.
         """
-        wall_factor(plan)
+        wall_clock(plan)
         dpid = {s.name: s.dpid for s in plan.switches}
         return cls(switches=[SwitchEntry(name=s.name, dpid=s.dpid) for s in plan.switches],
                    links=[LinkEntry(a=dpid[lk.a], b=dpid[lk.b], delay_ms=lk.delay_ms,

@@ -84,7 +84,7 @@ from testbed.plan.checks import (
 )
 from testbed.plan.clusters import request_sizes, resolve_models
 from testbed.plan.events import events_after_end, resolve_events
-from testbed.plan.policies import check_experiment_policies
+from testbed.plan.policies import check_experiment_policies, decision_costs
 from testbed.plan.resolved import Host, Link, PathInfo, Plan, PlanError, QueueSettings, Switch
 from testbed.plan.workload import check_load_bounds, resolve_weights
 from testbed.spec.experiment import Experiment, load_experiment
@@ -129,7 +129,7 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
     plan = Plan(experiment=exp, topology_name=raw.name, switches=net.switches, links=net.links, hosts=net.hosts,
                 paths=paths, notes=net.notes, models=models, services=services, changes=changes,
                 weights=weights, request_bytes=request_bytes, base_dir=str(base_dir.resolve()),
-                zoo_dir=str(zoo_dir), profiles_dir=str(profiles_dir))
+                zoo_dir=str(zoo_dir), profiles_dir=str(profiles_dir), decision_ms=decision_costs(exp))
     problem = run_dir_limit_problem(repo_path(exp.runs_dir), plan)
     if problem:
         raise PlanError(f"runs_dir: {problem}")

@@ -41,8 +41,9 @@ class ModelInfo(BaseModel):
 class Samples:
     """Unthrottled per-call times (ms) of one model at batch 1 as the server makes the call, the
     measured batch sizes' means (ms per call), the file(s) they come from, and the server's other
-    CPU costs (:mod:`testbed.model.cpu`): ``handling_ms`` of request handling per query (CPU ms,
-    one thread) and the ``cold_factor`` of a call after idleness (>= 1). ``server_factor``: the
+    CPU costs (:mod:`testbed.model.cpu`): ``handling_ms`` of the event loop per query (CPU ms, one
+    thread: reading the request and writing the answer, ``answer_ms`` of it the answer's) and the
+    ``cold_factor`` of a call after idleness (>= 1). ``server_factor``: the
     in-server call over the profiler's bare call, already applied to ``samples_ms`` and
     ``batch_mean_ms`` (1.0: none applied). ``note``: what the plan should say about these figures
     (e.g. call factors of another runtime than the one asked for; "" when nothing)."""
@@ -54,6 +55,7 @@ class Samples:
     cold_factor: float = 1.0
     server_factor: float = 1.0
     note: str = ""
+    answer_ms: float = 0.0
 
 
 class Catalog(Protocol):
@@ -109,12 +111,12 @@ class ZooCatalog:
         rows = [r for r in profiles.measurements(prof) if r.get("runtime", "tensorflow") == runtime
                 and float(r["cpu_cores"]) == ct.measured_cpu_cores]
         means = {int(r["batch"]): float(r["mean_ms"]) for r in rows}
-        handling, server, cold, source, note = self._server_costs(name, runtime)
+        handling, server, cold, source, note, answer = self._server_costs(name, runtime)
         return Samples([float(s) * server for s in ct.samples_ms], {b: m * server for b, m in means.items()},
-                       str(self.profiles_dir / f"{name}.json") + source, handling, cold, server, note)
+                       str(self.profiles_dir / f"{name}.json") + source, handling, cold, server, note, answer)
 
-    def _server_costs(self, name: str, runtime: str) -> tuple[float, float, float, str, str]:
-        """(handling ms, in-server factor, cold factor, source suffix, plan note) of ``name`` from
+    def _server_costs(self, name: str, runtime: str) -> tuple[float, float, float, str, str, float]:
+        """(handling ms, in-server factor, cold factor, source suffix, plan note, answer ms) of ``name`` from
         ``handling.json`` (:mod:`testbed.plan.handling`). Without a row of ``runtime``, the
         call factors of the row there are not applied, and the note says so."""
         try:
@@ -129,8 +131,8 @@ class ZooCatalog:
                     f"1.0); measure them: python -m testbed.serve.handling --runtime {runtime} "
                     f"--variants {name} -n 1000")
             return row["handling_ms"], 1.0, 1.0, (f" + {path} (handling only: its call factors are of "
-                                                   f"{row['runtime']}, not {runtime})"), note
-        return row["handling_ms"], server, cold, f" + {path}", ""
+                                                   f"{row['runtime']}, not {runtime})"), note, row["answer_ms"]
+        return row["handling_ms"], server, cold, f" + {path}", "", row["answer_ms"]
 
     def request_bytes(self, family: str) -> int:
         """Mean size (bytes) of the zoo's request bodies for ``family`` (what the sources send)."""
@@ -153,6 +155,7 @@ class FixedCatalog:
     body_bytes: int = 1000
     handling_ms: float = 0.0
     cold_factor: float = 1.0
+    answer_ms: float = 0.0
 
     def families(self) -> list[str]:
         return sorted({f for f, _, _ in self.models.values()})
@@ -167,7 +170,7 @@ class FixedCatalog:
         self.model(name)
         s = [float(x) for x in self.models[name][2]]
         return Samples(s, self.batch_mean_ms.get(name) or {1: sum(s) / len(s)}, "fixed", self.handling_ms,
-                       self.cold_factor)
+                       self.cold_factor, answer_ms=self.answer_ms)
 
     def request_bytes(self, family: str) -> int:
         return self.body_bytes

@@ -45,7 +45,7 @@ def cluster_services(c: ClusterSpec, catalog: Catalog, models: dict[str, ModelIn
         if smp.note and smp.note not in notes:  # said once, however many clusters serve it
             notes.append(smp.note)
         out[m] = service_figures(m, rt, c.cpu_cores, c.workers, threads, smp.samples_ms, smp.batch_mean_ms,
-                                 smp.source, smp.handling_ms, smp.cold_factor)
+                                 smp.source, smp.handling_ms, smp.cold_factor, smp.answer_ms)
     return out
 
 

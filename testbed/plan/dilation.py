@@ -38,15 +38,18 @@ divides what it measures by k); loss, sizes, counts, CPU shares (the cluster's C
 cgroups or padding, :func:`nested_cpu`); the simulator's settings.
 TCP's minimum retransmission timeout is :func:`rto_min_ms`.
 
-Measured times go back to emulated time in one place per kind of measurement: a source's records
-(:func:`emulated_times`, applied by :mod:`testbed.emu.source` before it builds each record), the
-RTT self-check, and the events' read-back (:func:`to_emulated`).
+Every conversion between the clocks is a method of one object, :class:`testbed.core.clock.EmulatedClock`
+(:func:`wall_clock` gives a wall-clock plan's): :func:`dilate` scales with it, and measured times go
+back to emulated time with it in one place per kind of measurement: a source's records
+(:mod:`testbed.emu.source`, before it builds each record), the RTT self-check, and the events'
+read-back.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from testbed.core.clock import UNIT_SCALE, EmulatedClock
 from testbed.model.arrivals import ArrivalProcess
 from testbed.model.events import Change, kind_of
 from testbed.model.network import TCP_RTO_MIN_MS
@@ -54,24 +57,15 @@ from testbed.model.service import ServiceFigures
 from testbed.plan.resolved import Plan, PlanError
 from testbed.spec.experiment import MAX_TIME_DILATION
 
-#: How an event value of each unit scales: ``time`` (x k), ``rate`` (/ k) or ``none``.
-UNIT_SCALE: dict[str, str] = {"ms": "time", "s": "time", "Mbit/s": "rate", "%": "none", "": "none"}
-
 
 def scale_of(unit: str, k: float) -> float:
-    """The factor a value in ``unit`` is multiplied by under dilation k (k, 1/k or 1).
+    """The factor a value in ``unit`` is multiplied by under dilation k (k, 1/k or 1):
+    :meth:`testbed.core.clock.EmulatedClock.scale`.
 
     Raises:
         KeyError: a unit with no rule (a new event kind must say how its value dilates).
     """
-    rule = UNIT_SCALE[unit]
-    return k if rule == "time" else 1.0 / k if rule == "rate" else 1.0
-
-
-def to_emulated(value: float | None, unit: str, k: float) -> float | None:
-    """A measured ``value`` in ``unit`` on the wall clock, in emulated terms (the inverse of the
-    dilation's scale: ms / k, Mbit/s x k); None stays None."""
-    return None if value is None else value / scale_of(unit, k)
+    return EmulatedClock(k).scale(unit)
 
 
 def check_dilation(k: float) -> float:
@@ -101,28 +95,28 @@ def with_time_dilation(plan: Plan, k: float) -> Plan:
     return plan.model_copy(update={"experiment": exp.model_copy(update={"emulation": emulation})})
 
 
-def _service(f: ServiceFigures, k: float) -> ServiceFigures:
+def _service(f: ServiceFigures, c: EmulatedClock) -> ServiceFigures:
+    w = c.wall
     return f.model_copy(update={
-        "samples_ms": [x * k for x in f.samples_ms], "batch_mean_ms": {b: x * k for b, x in f.batch_mean_ms.items()},
-        "wall_mean_ms": f.wall_mean_ms * k, "wall_p95_ms": f.wall_p95_ms * k, "expected_ms": f.expected_ms * k,
-        "busy_mean_ms": f.busy_mean_ms * k, "handling_ms": f.handling_ms * k})
+        "samples_ms": [w(x) for x in f.samples_ms], "batch_mean_ms": {b: w(x) for b, x in f.batch_mean_ms.items()},
+        "wall_mean_ms": w(f.wall_mean_ms), "wall_p95_ms": w(f.wall_p95_ms), "expected_ms": w(f.expected_ms),
+        "busy_mean_ms": w(f.busy_mean_ms), "handling_ms": w(f.handling_ms), "answer_ms": w(f.answer_ms)})
 
 
-def _change(ch: Change, k: float) -> Change:
-    value = None if ch.value is None else ch.value * scale_of(kind_of(ch.kind).unit or "", k)
-    return ch.model_copy(update={"t_s": ch.t_s * k, "value": value})
+def _change(ch: Change, c: EmulatedClock) -> Change:
+    return ch.model_copy(update={"t_s": c.wall(ch.t_s), "value": c.wall_value(ch.value, kind_of(ch.kind).unit or "")})
 
 
-def _experiment(plan: Plan, k: float):
-    exp = plan.experiment
-    apps = [a.model_copy(update={"deadline_ms": a.deadline_ms * k}) for a in exp.applications]
-    clusters = [c.model_copy(update={"server": c.server.model_copy(
-        update={"max_queue_delay_ms": c.server.max_queue_delay_ms * k})}) for c in exp.clusters]
-    update = {"duration_s": exp.duration_s * k, "report_interval_s": exp.report_interval_s * k,
+def _experiment(plan: Plan, c: EmulatedClock):
+    exp, w = plan.experiment, c.wall
+    apps = [a.model_copy(update={"deadline_ms": w(a.deadline_ms)}) for a in exp.applications]
+    clusters = [cl.model_copy(update={"server": cl.server.model_copy(
+        update={"max_queue_delay_ms": w(cl.server.max_queue_delay_ms)})}) for cl in exp.clusters]
+    update = {"duration_s": w(exp.duration_s), "report_interval_s": w(exp.report_interval_s),
               "applications": apps, "clusters": clusters,
-              "emulation": exp.emulation.model_copy(update={"stats_interval_s": exp.emulation.stats_interval_s * k})}
+              "emulation": exp.emulation.model_copy(update={"stats_interval_s": w(exp.emulation.stats_interval_s)})}
     if exp.capture is not None:
-        update["capture"] = exp.capture.model_copy(update={"start_delay_s": exp.capture.start_delay_s * k})
+        update["capture"] = exp.capture.model_copy(update={"start_delay_s": w(exp.capture.start_delay_s)})
     return exp.model_copy(update=update)
 
 
@@ -140,8 +134,8 @@ def nested_cpu(cores: float) -> bool:
 def cpu_pad(plan: Plan, cores: float) -> float:
     """``ServerConfig.cpu_pad`` of a cluster of ``cores`` in a wall-clock plan: k - 1 when it is
     dilated by padding (:func:`nested_cpu`), else 0."""
-    k = plan.time_dilation if plan.clock == "wall" else 1.0
-    return 0.0 if k == 1.0 or nested_cpu(cores) else k - 1.0
+    c = EmulatedClock(plan.time_dilation) if plan.clock == "wall" else EmulatedClock()
+    return 0.0 if not c.dilated or nested_cpu(cores) else c.wall(1.0) - 1.0
 
 
 def _check_padded_runtimes(plan: Plan, k: float) -> None:
@@ -178,66 +172,65 @@ def dilate(plan: Plan) -> Plan:
         raise PlanError("the plan is already dilated (clock: wall); dilating it again would scale every constant twice")
     k = check_dilation(plan.time_dilation)
     _check_padded_runtimes(plan, k)
+    c = EmulatedClock(k)
     wall = plan.model_copy(update={
-        "experiment": _experiment(plan, k),
-        "links": [lk.model_copy(update={"delay_ms": lk.delay_ms * k, "bandwidth_mbps": lk.bandwidth_mbps / k})
-                  for lk in plan.links],
-        "hosts": [h.model_copy(update={"bandwidth_mbps": h.bandwidth_mbps / k}) for h in plan.hosts],
-        "paths": [p.model_copy(update={"one_way_ms": p.one_way_ms * k}) for p in plan.paths],
-        "services": {c: {m: _service(f, k) for m, f in by.items()} for c, by in plan.services.items()},
-        "changes": [_change(ch, k) for ch in plan.changes],
+        "experiment": _experiment(plan, c),
+        "links": [lk.model_copy(update={"delay_ms": c.wall(lk.delay_ms),
+                                        "bandwidth_mbps": c.wall_rate(lk.bandwidth_mbps)}) for lk in plan.links],
+        "hosts": [h.model_copy(update={"bandwidth_mbps": c.wall_rate(h.bandwidth_mbps)}) for h in plan.hosts],
+        "paths": [p.model_copy(update={"one_way_ms": c.wall(p.one_way_ms)}) for p in plan.paths],
+        "services": {cl: {m: _service(f, c) for m, f in by.items()} for cl, by in plan.services.items()},
+        "changes": [_change(ch, c) for ch in plan.changes],
         "clock": "wall"})
     wall._emulated = plan
     return wall
 
 
-def wall_factor(plan: Plan) -> float:
-    """k for a wall-clock plan (what its boundary files are built from), 1 for an undilated one.
+def wall_clock(plan: Plan) -> EmulatedClock:
+    """The :class:`~testbed.core.clock.EmulatedClock` of a wall-clock plan (what its boundary files
+    are built from; k = 1 for an undilated one).
 
     Raises:
         PlanError: an emulated plan with k != 1: its constants are not dilated yet (build the
             boundary files from :func:`dilate`'s result).
     """
     if plan.clock == "wall":
-        return plan.time_dilation
+        return EmulatedClock(plan.time_dilation)
     if plan.time_dilation != 1.0:
         raise PlanError(f"the plan has time dilation {plan.time_dilation:g} but is in emulated time: the "
                         f"emulation's processes get testbed.plan.dilation.dilate(plan)")
-    return 1.0
+    return EmulatedClock()
 
 
-def rto_min_ms(k: float) -> float:
-    """TCP's minimum retransmission timeout on the wall clock (ms): Linux's 200 ms
-    (:data:`testbed.model.network.TCP_RTO_MIN_MS`) x k, so that loss recovery keeps its emulated
-    timing (set per route, ``ip route ... rto_min``)."""
-    return TCP_RTO_MIN_MS * k
+def wall_factor(plan: Plan) -> float:
+    """k of :func:`wall_clock` (the same checks)."""
+    return wall_clock(plan).k
 
 
-def emulated_times(times_ns: dict[str, int | None], origin_ns: int, k: float) -> dict[str, int | None]:
-    """Wall-clock instants (ns, epoch) as emulated instants: ``origin + (t - origin) / k``, rounded
-    to the ns; ``origin_ns`` is the instant both clocks share (the load's start). None stays None.
-    Durations computed from the results (e2e, network, ...) are then in emulated time."""
-    if k == 1.0:
-        return dict(times_ns)
-    return {name: None if t is None else origin_ns + round((t - origin_ns) / k) for name, t in times_ns.items()}
+def rto_min_ms(clock: EmulatedClock) -> float:
+    """TCP's minimum retransmission timeout on the wall clock of ``clock`` (ms): Linux's 200 ms
+    (:data:`testbed.model.network.TCP_RTO_MIN_MS`) dilated, so that loss recovery keeps its
+    emulated timing (set per route, ``ip route ... rto_min``)."""
+    return clock.wall(TCP_RTO_MIN_MS)
 
 
 class Stretched(ArrivalProcess):
-    """An arrival process in emulated time played on the wall clock at dilation k:
-    ``times(a, b) = k x inner.times(a / k, b / k)`` (s). The inner process draws exactly what it
-    draws undilated (same seeds, same windows: the simulator's arrivals), only later."""
+    """An arrival process in emulated time played on the wall clock of ``clock``:
+    ``times(a, b) = wall(inner.times(emulated(a), emulated(b)))`` (s). The inner process draws
+    exactly what it draws undilated (same seeds, same windows: the simulator's arrivals), only later."""
 
-    def __init__(self, inner: ArrivalProcess, k: float):
+    def __init__(self, inner: ArrivalProcess, clock: EmulatedClock):
         super().__init__(inner.rng)
-        self.inner, self.k = inner, float(k)
-        self.mean_rate_qps = inner.mean_rate_qps / self.k
+        self.inner, self.clock = inner, clock
+        self.mean_rate_qps = clock.wall_rate(inner.mean_rate_qps)
 
     def times(self, start_s: float, end_s: float) -> np.ndarray:
-        return self.inner.times(start_s / self.k, end_s / self.k) * self.k
+        c = self.clock
+        return c.wall(self.inner.times(c.emulated(start_s), c.emulated(end_s)))
 
     def reseed(self, rng: np.random.Generator, now_s: float) -> None:
-        self.inner.reseed(rng, now_s / self.k)
+        self.inner.reseed(rng, self.clock.emulated(now_s))
 
 
-__all__ = ["UNIT_SCALE", "Stretched", "check_dilation", "dilate", "emulated_times", "rto_min_ms", "scale_of",
-           "to_emulated", "wall_factor", "with_time_dilation", "nested_cpu", "cpu_pad"]
+__all__ = ["UNIT_SCALE", "EmulatedClock", "Stretched", "check_dilation", "cpu_pad", "dilate", "nested_cpu",
+           "rto_min_ms", "scale_of", "wall_clock", "wall_factor", "with_time_dilation"]

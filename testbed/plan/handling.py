@@ -1,8 +1,10 @@
 """The request-handling figures of the zoo's models: reading ``<profiles>/handling.json`` (schema 1),
 measured by :mod:`testbed.serve.handling` (its docstring has the method and the file's format).
 
-Per variant: ``handling_ms``, the CPU a server spends on each query beside the model call (request
-parsing on its event loop), and the call factors (:func:`call_factors`): the in-server call over
+Per variant: ``handling_ms``, the CPU a server spends on each query beside the model call (its
+event loop reading the request and writing the answer), ``answer_ms`` of it the answer's side
+(encoding it; 0 in a row measured before it was: the whole handling then counts as the request's),
+and the call factors (:func:`call_factors`): the in-server call over
 the profiler's bare call, and a cold call over a warm one. The plan's catalog reads them
 (:class:`testbed.plan.catalog.ZooCatalog`) into each cluster's
 :class:`~testbed.model.service.ServiceFigures`.
@@ -47,7 +49,8 @@ def _field(row: dict, key: str, kind: type, lo: float, hi: float) -> float | int
 
 def measured_row(profiles_dir: str | os.PathLike[str], variant: str, runtime: str | None = None) -> dict[str, Any]:
     """The row of ``variant`` in ``handling.json`` with every figure checked: the four CPU times
-    finite numbers in [0, :data:`MAX_FIGURE_MS`] ms, the query counts integers in
+    finite numbers in [0, :data:`MAX_FIGURE_MS`] ms, ``answer_ms`` (0 when the row has none) in
+    [0, ``handling_ms``], the query counts integers in
     [:data:`MIN_QUERIES`, :data:`MAX_QUERIES`], the runtime one of the zoo's. With ``runtime``: its
     row in ``other_runtimes`` when there is one, else the row in ``variants`` (whose ``runtime``
     then says which it is).
@@ -90,6 +93,7 @@ def measured_row(profiles_dir: str | os.PathLike[str], variant: str, runtime: st
         if other is not None and row["runtime"] != runtime:
             raise ValueError(f"other_runtimes: the {runtime} row says runtime = {row['runtime']!r}")
         got["runtime"] = row["runtime"]
+        got["answer_ms"] = _field(row, "answer_ms", float, 0.0, got["handling_ms"]) if "answer_ms" in row else 0.0
     except ValueError as exc:
         raise zoo.ZooError(f"{path}: variant {variant!r}: {exc}; {hint}") from None
     return got

@@ -69,6 +69,19 @@ def check_experiment_policies(exp: Experiment) -> None:
             check_policy(s.policy, f"sources.{s.name}.policy", aset=True)
 
 
+def decision_costs(exp: Experiment) -> dict[str, float]:
+    """The decision cost (ms) the simulator charges per decision of each policy the experiment's
+    sources use (the plan's ``decision_ms``): :attr:`testbed.model.policies.Policy.decision_ms`, 0 for
+    a built-in policy, the median of a plug-in's plan-time check calls for a plug-in. ``aset`` is
+    left out (the policies it switches to are looked up when it does).
+
+    Raises:
+        PlanError: as :func:`check_policy`.
+    """
+    names = {exp.policy} | {s.policy for s in exp.sources if s.policy is not None}
+    return {n: REGISTRY.resolve(n).decision_ms for n in sorted(names) if n != ASET_POLICY}
+
+
 def _aset_names(cfg: AsetConfig) -> list[tuple[str, list[str]]]:
     """(item, the policy names it lists) for every place of an ASET config that names policies."""
     named = [("actions", list(cfg.actions or [])),
@@ -122,4 +135,5 @@ def load_aset(path: str | Path) -> tuple[AsetConfig, Path]:
     return cfg, base
 
 
-__all__ = ["aset_actions", "check_aset_policies", "check_experiment_policies", "check_policy", "load_aset"]
+__all__ = ["aset_actions", "check_aset_policies", "check_experiment_policies", "check_policy", "decision_costs",
+           "load_aset"]

@@ -19,7 +19,7 @@ from testbed.core.errors import InputError
 from testbed.core.util import write_json_atomic
 from testbed.model.dispatch import OptionSpec
 from testbed.model.events import Change
-from testbed.model.network import NetworkState, no_route_spans
+from testbed.model.network import NetworkState, RttStep, no_route_spans, rtt_timeline
 from testbed.model.queue import ServerQueue
 from testbed.model.service import ServiceFigures
 from testbed.plan.catalog import ModelInfo
@@ -137,6 +137,11 @@ class Plan(_PlanModel):
     ``emulated`` (every figure in the emulated system's time: what ``build_plan`` makes, what both
     engines read) or ``wall`` (the copy the emulation runs on the wall clock under time dilation,
     :func:`testbed.plan.dilation.dilate`; its :attr:`emulated` is the plan it came from).
+    ``decision_ms``: per policy the sources use, the cost (ms) the simulator charges each decision it
+    makes (td - t0, ``dispatch_ms``; a decision the dispatcher's cache gives costs nothing): 0 for a
+    built-in policy, the median of a plug-in's
+    plan-time check calls for a plug-in (:func:`testbed.plan.policies.decision_costs`); fixed here
+    so that simulating ``plan.json`` again gives the same run.
     """
 
     experiment: Experiment
@@ -155,6 +160,7 @@ class Plan(_PlanModel):
     zoo_dir: str = ""
     profiles_dir: str = ""
     clock: Literal["emulated", "wall"] = "emulated"
+    decision_ms: dict[str, float] = {}
     _emulated: Plan | None = PrivateAttr(default=None)
 
     @property
@@ -232,6 +238,16 @@ class Plan(_PlanModel):
         pairs = {(s.name, c.name): (sw[s.name], sw[c.name]) for s in self.sources for c in self.clusters}
         spans = no_route_spans(self.network_state(), self.changes, pairs.values())
         return {k: spans[p] for k, p in pairs.items()}
+
+    def rtt_timelines(self) -> dict[tuple[str, str], list[RttStep]]:
+        """Per (source, cluster): the RTT (ms) of the path in force over the run, with the delays in
+        force, as steps ``(from_s, rtt_ms)`` (s since the load started; :func:`testbed.model.network.rtt_timeline`
+        over the events' timeline; on this plan's clock). Both engines' ``expected_rtt_ms`` is
+        :func:`testbed.model.network.rtt_at` of it at the query's ``td``."""
+        sw = {h.name: h.switch for h in self.hosts}
+        pairs = {(s.name, c.name): (sw[s.name], sw[c.name]) for s in self.sources for c in self.clusters}
+        steps = rtt_timeline(self.network_state(), self.changes, pairs.values())
+        return {k: steps[p] for k, p in pairs.items()}
 
     def to_dict(self) -> dict:
         """A JSON-serialisable view (``plan.json``), with each link's ``emu_name`` and each

@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from testbed.core.clock import EmulatedClock
 from testbed.core.util import natural_key
 from testbed.emu.health import read_health
 from testbed.emu.machine import machine_cpu_of_run
 from testbed.model.cpu import COLD_AFTER_S
-from testbed.model.records import CAUSES
+from testbed.model.records import CAUSES, SHARES
 
 #: What ``cold = 1`` marks (printed with the summary; docs/trustworthy-runs.md, "New connections").
 COLD_RULE = ("every source -> cluster/model path was warmed and each source opened one connection to every cluster "
@@ -103,23 +104,81 @@ def cold_queries(df: pd.DataFrame) -> int:
     return int((pd.to_numeric(df["cold"], errors="coerce").fillna(0) == 1).sum())
 
 
+def network_excess(df: pd.DataFrame) -> pd.Series:
+    """``network_ms - expected_rtt_ms`` per query of ``df`` (ms; NaN where either is missing): the
+    network time beyond the RTT of the path in force when the query was sent, that is the transfer
+    of request and answer on the links (their rates and queues), a cold query's TCP handshake, and
+    in an emulation the forwarding cost of its own processes."""
+    return _numeric(df, "network_ms") - _numeric(df, "expected_rtt_ms")
+
+
 def latency_figures(df: pd.DataFrame) -> dict:
     """The latency figures of records ``df`` (:data:`LATENCY_RULE`): ``e2e_ms`` p50/p95/p99 and
-    ``breakdown_ms`` (mean network / queueing / inference), all in ms rounded to 3 decimals (None
-    without an answered query), over :func:`answered`; ``network_excess_ms`` p50/p95: network
-    time minus the planned RTT of the query's path (``network_ms - expected_rtt_ms``: the transfer
-    of request and answer, the links' queues, and in an emulation the forwarding cost of its own
-    processes); ``answered`` (queries) and ``cold_queries`` (queries that opened a new connection,
-    every outcome)."""
+    ``breakdown_ms`` (mean of each of the five shares of e2e, :data:`testbed.model.records.SHARES`:
+    dispatch / network / handling / queueing / inference), all in ms rounded to 3 decimals (None
+    without an answered query), over :func:`answered`; ``network_excess_ms`` p50/p95
+    (:func:`network_excess`); ``answered`` (queries) and ``cold_queries`` (queries that opened a new
+    connection, every outcome)."""
     ans = answered(df)
     breakdown = {}
-    for k in ("network", "queueing", "inference"):
+    for k in SHARES:
         col = _numeric(ans, f"{k}_ms").dropna()
         breakdown[k] = None if col.empty else round(float(col.mean()), 3)
-    excess = (_numeric(ans, "network_ms") - _numeric(ans, "expected_rtt_ms")).dropna()
+    excess = network_excess(ans).dropna()
     return {"e2e_ms": {f"p{q}": _pct(_numeric(ans, "e2e_ms"), q / 100) for q in (50, 95, 99)},
             "breakdown_ms": breakdown, "network_excess_ms": {f"p{q}": _pct(excess, q / 100) for q in (50, 95)},
             "answered": int(len(ans)), "cold_queries": cold_queries(df)}
+
+
+def path_stages(df: pd.DataFrame) -> dict[str, dict]:
+    """Per path (``<source>><cluster>``) of the answered queries of ``df``: ``answered`` and the
+    median and p95 (ms) of each share of e2e (:data:`testbed.model.records.SHARES`), of
+    ``network_excess`` (:func:`network_excess`) and of ``expected_rtt``: where the time of each path
+    goes (the twin report compares these between the engines)."""
+    ans = answered(df)
+    if ans.empty or "source" not in ans or "cluster" not in ans:
+        return {}
+    out: dict[str, dict] = {}
+    for (src, cl), g in ans.groupby(["source", "cluster"], sort=True):
+        cols = {f"{k}_ms": _numeric(g, f"{k}_ms") for k in SHARES}
+        cols["network_excess_ms"] = network_excess(g)
+        cols["expected_rtt_ms"] = _numeric(g, "expected_rtt_ms")
+        out[f"{src}>{cl}"] = {"answered": int(len(g)),
+                              **{name: {"p50": _pct(v.dropna(), 0.5), "p95": _pct(v.dropna(), 0.95)}
+                                 for name, v in cols.items()}}
+    return out
+
+
+#: A decision cost is noticeable (a WARNING in the summary's first lines) when a policy's
+#: ``dispatch_ms`` p95 is at least this share of the smallest deadline of the applications it
+#: decided for. Why 5 %: the built-in policies cost 0.01-0.1 ms a decision here, under 1 % of the
+#: smallest deadline of any shipped experiment (10 ms), so they never trip it; at 5 % the decision
+#: alone moves e2e by more than the validation's per-stage tolerance (1 ms or 10 % of a stage), and a
+#: deadline met with a margin of 5 % or less becomes a miss.
+DECISION_SHARE_NOTABLE = 0.05
+
+
+def decision_costs(df: pd.DataFrame) -> dict[str, dict]:
+    """Per policy of records ``df`` (every query, answered or not: its decision was made): the
+    decision cost ``dispatch_ms`` p50 / p95 / max (ms), ``queries``, the smallest deadline of its
+    queries (``min_deadline_ms``), the p95's share of it (``share_of_deadline``) and ``notable``
+    (that share >= :data:`DECISION_SHARE_NOTABLE`)."""
+    if df.empty or "dispatch_ms" not in df or "policy" not in df:
+        return {}
+    out: dict[str, dict] = {}
+    for policy, g in df.groupby("policy", sort=True):
+        d = _numeric(g, "dispatch_ms").dropna()
+        if d.empty:
+            continue
+        dl = _numeric(g, "deadline_ms").dropna()
+        p95 = _pct(d, 0.95)
+        share = None if dl.empty or not float(dl.min()) > 0 else round(p95 / float(dl.min()), 4)
+        out[str(policy)] = {"queries": int(len(d)), "p50_ms": _pct(d, 0.5), "p95_ms": p95,
+                            "max_ms": round(float(d.max()), 3),
+                            "min_deadline_ms": None if dl.empty else round(float(dl.min()), 3),
+                            "share_of_deadline": share,
+                            "notable": share is not None and share >= DECISION_SHARE_NOTABLE}
+    return out
 
 
 def _numeric(df: pd.DataFrame, col: str) -> pd.Series:
@@ -354,13 +413,13 @@ def _machine_cpu(run_dir: Path, df: pd.DataFrame, plan: dict | None = None) -> t
     if t0.empty:
         return {}, ""
     lo, hi = float(t0.min()) / 1e9, float(t0.max()) / 1e9
-    k = float(((plan or {}).get("experiment") or {}).get("emulation", {}).get("time_dilation", 1.0))
-    if k != 1.0:  # the records are in emulated time, the samples on the wall clock: t = start + (t' - start) x k
+    clock = EmulatedClock(float(((plan or {}).get("experiment") or {}).get("emulation", {}).get("time_dilation", 1.0)))
+    if clock.dilated:  # the records are in emulated time, the samples on the wall clock
         try:
-            start = int(json.loads((run_dir / "load_start.json").read_text())["start_ns"]) / 1e9
+            clock = clock.at(int(json.loads((run_dir / "load_start.json").read_text())["start_ns"]))
         except (OSError, ValueError, KeyError, TypeError):
             return {}, "the load's start (load_start.json) is unreadable: no wall-clock window for the CPU samples"
-        lo, hi = start + (lo - start) * k, start + (hi - start) * k
+        lo, hi = clock.wall_ns(int(t0.min())) / 1e9, clock.wall_ns(int(t0.max())) / 1e9
     got, note = machine_cpu_of_run(run_dir, lo, hi)
     return (got.model_dump() if got else {}), note
 
@@ -372,8 +431,9 @@ def query_figures(df: pd.DataFrame, duration_s: float) -> dict:
     load, s): ``queries``, ``duration_s``, ``load_s`` (:func:`load_duration_s`), ``cold_rule``,
     ``latency_rule``, ``success_ratio`` (0-1, None without records), ``throughput_qps`` (answered
     per s of load), ``failures`` (per cause, causes with none left out), ``drop_reasons``,
-    ``cold_queries``, ``e2e_ms``, ``breakdown_ms``, ``network_excess_ms`` (:func:`latency_figures`)
-    and ``per_application`` (:func:`_per_group`); ``all_failed`` (:func:`all_failed_reason`) when
+    ``cold_queries``, ``e2e_ms``, ``breakdown_ms``, ``network_excess_ms`` (:func:`latency_figures`),
+    ``per_path`` (:func:`path_stages`), ``decision_cost`` (:func:`decision_costs`) and
+    ``per_application`` (:func:`_per_group`); ``all_failed`` (:func:`all_failed_reason`) when
     no query succeeded."""
     s: dict = {"queries": int(len(df)), "duration_s": duration_s,
                "load_s": round(load_duration_s(df["t0_ns"], duration_s), 3) if "t0_ns" in df else duration_s,
@@ -390,7 +450,7 @@ def query_figures(df: pd.DataFrame, duration_s: float) -> dict:
     s["drop_reasons"] = {str(k) or "unknown": int(v)
                          for k, v in dropped["drop_reason"].astype("string").fillna("").value_counts().items()}
     s.update(cold_queries=lat["cold_queries"], e2e_ms=lat["e2e_ms"], breakdown_ms=lat["breakdown_ms"],
-             network_excess_ms=lat["network_excess_ms"])
+             network_excess_ms=lat["network_excess_ms"], per_path=path_stages(df), decision_cost=decision_costs(df))
     s["per_application"] = _per_group(df, "application")
     if not ok.any():
         s["all_failed"] = all_failed_reason(s["queries"], s["failures"])

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from testbed.model.records import SHARES
 from testbed.results.figures import answered, aset_sources, node_names, switch_of
 
 MAX_POLICY_PANELS = 8
@@ -123,21 +124,23 @@ def fig_latency_cdf(runs: list[RunData], path: Path) -> bool:
 
 
 def fig_breakdown(runs: list[RunData], path: Path) -> bool:
-    """Stacked bars: mean network / queueing / inference (ms) of answered queries per run and policy."""
+    """Stacked bars: mean dispatch / network / handling / queueing / inference (ms, the five shares of
+    e2e, :data:`testbed.model.records.SHARES`) of answered queries per run and policy."""
     plt = _plt()
     rows = []
     for label, _r, g in _groups(runs):
         a = answered(g)
         if len(a):
-            rows.append((label, *(float(pd.to_numeric(a.get(f"{k}_ms"), errors="coerce").mean())
-                                  for k in ("network", "queueing", "inference"))))
+            rows.append((label, *(float(pd.to_numeric(a[f"{k}_ms"], errors="coerce").mean()) if f"{k}_ms" in a
+                                  else float("nan") for k in SHARES)))
     fig, ax = plt.subplots(figsize=(7, 1.2 + 0.45 * max(len(rows), 3)))
     left = np.zeros(len(rows))
-    for i, (name, color) in enumerate((("network", "#4c72b0"), ("queueing", "#dd8452"), ("inference", "#55a868"))):
+    for i, (name, color) in enumerate(zip(SHARES, ("#8172b3", "#4c72b0", "#937860", "#dd8452", "#55a868"),
+                                          strict=True)):
         vals = np.nan_to_num(np.array([r[i + 1] for r in rows], dtype=float))
         ax.barh([r[0] for r in rows], vals, left=left, color=color, label=name)
         left += vals
-    ax.set(xlabel="mean time per answered query (ms)", title="Where the time goes: network / queueing / inference")
+    ax.set(xlabel="mean time per answered query (ms)", title="Where the time goes: " + " / ".join(SHARES))
     ax.legend(fontsize=8, loc="lower right")
     ax.invert_yaxis()
     _save(fig, path)

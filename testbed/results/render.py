@@ -17,8 +17,8 @@ from rich.text import Text
 from testbed.core.errors import EXIT_ALL_FAILED
 from testbed.core.util import markdown_table, replace_atomic
 from testbed.emu.machine import OTHER_NOTABLE_CORES, SATURATED_SHARE, STEAL_NOTABLE_CORES, MachineCpu
-from testbed.model.records import CAUSES
-from testbed.results.figures import COLD_RULE, LATENCY_RULE, LINKEMU_COUNTERS
+from testbed.model.records import CAUSES, SHARES
+from testbed.results.figures import COLD_RULE, DECISION_SHARE_NOTABLE, LATENCY_RULE, LINKEMU_COUNTERS
 
 SummaryTable = tuple[str, list[str], list[list[object]]]
 #: The failure-cause columns of the per-cluster and per-application tables: counts of failed
@@ -28,8 +28,8 @@ CAUSE_COLUMNS = [f"fail {c}" for c in CAUSES]
 
 def _tables(s: dict) -> list[SummaryTable]:
     """The summary's tables: (title, columns, rows), the same on the console and in summary.md."""
-    return [t for step in (_record_tables, _server_table, _link_emulator_table, _links_table, _capture_table,
-                           _health_table) for t in step(s)]
+    return [t for step in (_record_tables, _stage_tables, _server_table, _link_emulator_table, _links_table,
+                           _capture_table, _health_table) for t in step(s)]
 
 
 def _cell(v: float | None, fmt: str = "") -> str:
@@ -50,6 +50,37 @@ def _record_tables(s: dict) -> list[SummaryTable]:
             out.append((f"Per {what} (from the records; fail <cause>: failed queries by cause)",
                         [what, "queries", "success", "success ratio", "answered", *CAUSE_COLUMNS, "e2e p95 ms"], rows))
     return out
+
+
+def _stage_tables(s: dict) -> list[SummaryTable]:
+    """Where the time goes per path (medians of the five shares of e2e and the network excess, ms)
+    and the decision cost per policy (dispatch_ms p50 / p95, ms)."""
+    out = []
+    rows = [[path, v["answered"], *(_cell(v[f"{k}_ms"]["p50"]) for k in SHARES),
+             _cell(v["network_excess_ms"]["p50"]), _cell(v["expected_rtt_ms"]["p50"])]
+            for path, v in (s.get("per_path") or {}).items()]
+    if rows:
+        out.append(("Where the time goes, per path (medians, ms, of the answered queries; excess = network - "
+                    "expected RTT of the path in force at td)",
+                    ["source>cluster", "answered", *SHARES, "network excess", "expected RTT"], rows))
+    rows = [[p, v["queries"], _cell(v["p50_ms"]), _cell(v["p95_ms"]), _cell(v["max_ms"]), _cell(v["min_deadline_ms"]),
+             "-" if v["share_of_deadline"] is None else f"{100 * v['share_of_deadline']:.1f} %"]
+            for p, v in (s.get("decision_cost") or {}).items()]
+    if rows:
+        out.append(("Decision cost per policy (dispatch_ms = td - t0, every query)",
+                    ["policy", "queries", "p50 ms", "p95 ms", "max ms", "smallest deadline ms", "p95 / deadline"],
+                    rows))
+    return out
+
+
+def _decision_warnings(s: dict) -> list[str]:
+    """A WARNING per policy whose decision cost is a noticeable share of its deadlines
+    (:data:`testbed.results.figures.DECISION_SHARE_NOTABLE`)."""
+    return [f"WARNING: policy {p}'s decisions cost {v['p50_ms']} ms (p50), {v['p95_ms']} ms (p95) each: "
+            f"{100 * v['share_of_deadline']:.1f} % of the smallest deadline it decided for ({v['min_deadline_ms']} ms; "
+            f"warned from {100 * DECISION_SHARE_NOTABLE:g} %). That time is in dispatch_ms and in e2e: the query "
+            f"leaves the source only once it is decided."
+            for p, v in (s.get("decision_cost") or {}).items() if v.get("notable")]
 
 
 def _server_table(s: dict) -> list[SummaryTable]:
@@ -236,21 +267,21 @@ def _headline(s: dict) -> list[str]:
         lines.append(f"Time dilation k = {k:g}: the run took {k:g} x its emulated time on the wall clock; every figure "
                      f"from the records is in emulated time (the link emulators' lateness and the links' rates are "
                      f"on the wall clock).")
+    lines[1:1] = _decision_warnings(s)
     if s.get("all_failed"):
         lines.insert(0, f"ALL QUERIES FAILED (exit code {EXIT_ALL_FAILED}): {s['all_failed']}")
     e, b = s.get("e2e_ms", {}), s.get("breakdown_ms", {})
     if e:
         lines.append(f"e2e ms: p50 {_cell(e.get('p50'))}  p95 {_cell(e.get('p95'))}  p99 {_cell(e.get('p99'))};  "
-                     f"mean breakdown ms: network {_cell(b.get('network'))}  queueing {_cell(b.get('queueing'))}  "
-                     f"inference {_cell(b.get('inference'))} "
-                     f"({s.get('latency_rule', LATENCY_RULE)})")
+                     "mean breakdown ms: " + "  ".join(f"{k} {_cell(b.get(k))}" for k in SHARES)
+                     + f" ({s.get('latency_rule', LATENCY_RULE)})")
     ex = s.get("network_excess_ms") or {}
     if ex.get("p50") is not None:
-        lines.append(f"Network time above the planned RTT: p50 {ex['p50']:+.3f} ms, p95 {ex['p95']:+.3f} ms "
-                     f"(network_ms - expected_rtt_ms, network_ms = t1 - t0 + t4 - t3: the transfer of request and "
-                     f"answer, the links' queues, the source's dispatch decision, the server's reading of the "
-                     f"request and writing of the answer, a cold query's TCP handshake, and in an emulation the "
-                     f"forwarding cost of its own processes).")
+        lines.append(f"Network time above the RTT of the path in force: p50 {ex['p50']:+.3f} ms, p95 {ex['p95']:+.3f} "
+                     f"ms (network_ms - expected_rtt_ms, network_ms = (t1 - td) + (t4 - t3h): the transfer of "
+                     f"request and answer on the links, their queues, a cold query's TCP handshake, and in an "
+                     f"emulation the forwarding cost of its own processes; the decision is dispatch_ms, the "
+                     f"server's reading and writing handling_ms).")
     lines.extend(_machine_lines(s.get("machine_cpu") or {}, s.get("machine_cpu_note") or ""))
     lines.append(f"New connections (cold = 1): {s.get('cold_queries', 0)} queries here; "
                  f"{s.get('cold_rule', COLD_RULE)}.")

@@ -5,7 +5,7 @@ into ``--out``: ``report.html`` (self-contained: every figure embedded as a base
 ``report.md`` (same content, linking the PNGs) and ``figures/*.png``. Figures (docs/reports.md):
 
 * ``latency_cdf.png``: CDF of end-to-end latency (ms) of answered queries, per run and policy;
-* ``breakdown.png``: mean network / queueing / inference time (ms) of answered queries;
+* ``breakdown.png``: mean dispatch / network / handling / queueing / inference time (ms) of answered queries;
 * ``success_over_time.png``: success ratio per time bin (s since the run's first query);
 * ``policy_over_time.png``: the policy in force for each query (``policy`` column) over time;
 * ``link_util_<k>.png``: per run with ``link_stats.csv``: link utilization over time as a heatmap
@@ -245,7 +245,7 @@ TABLE_NOTE = (f"Latency percentiles, the mean breakdown, the latency CDF and the
 # ------------------------------------------------------------------------------------------- report
 
 FIGURES = [("latency_cdf", "Latency CDF per policy", fig_latency_cdf),
-           ("breakdown", "Network / queueing / inference breakdown", fig_breakdown),
+           ("breakdown", "Dispatch / network / handling / queueing / inference breakdown", fig_breakdown),
            ("success_over_time", "Success ratio over time", fig_success_over_time),
            ("policy_over_time", "Policy in force over time", fig_policy_over_time),
            ("hop_delays", "Per-hop one-way delay (packet capture)", fig_hop_delays)]

@@ -16,8 +16,13 @@ one at a time with the family's real request bodies (:func:`testbed.plan.zoo.req
 after 20 warm-up ones: first ``n`` back to back (warm), then ``max(30, n / 4)`` each 100 ms after
 the previous answer (cold, as the profiler's isolated rows). Per pass, CPU time (user + system,
 from ``/proc/<pid>/task/<tid>/stat``) divided by the queries: ``handling_ms`` = the server's main
-thread, which runs the event loop and nothing else per query; ``call_cpu_ms`` = every other
-thread (the worker's model call and its hand-off). CPU time, not wall time, so that the machine's
+thread, which runs the event loop and nothing else per query (reading the request and writing the
+answer); ``answer_ms`` = the part of it encoding the answer (the server's own count,
+``answer_cpu_s`` of ``GET /v1/stats``, by the thread's CPU clock around the encoding: the answer's
+writing, t3 -> t3h, which the simulator charges after the call on the same quota; the few
+microseconds of aiohttp's hand-off to the socket after T3h stay in ``handling_ms - answer_ms``,
+charged before the queue); ``call_cpu_ms`` = every other thread (the worker's model call and its
+hand-off). CPU time, not wall time, so that the machine's
 other load does not stretch the figures (the wall times of the model call, T3 - T2, are kept
 too). Just before the server starts, ``bare_call_cpu_ms``: the same model's bare call in this
 process, as the profiler makes it (1 thread, back to back, ``n`` calls; for TensorFlow the
@@ -29,7 +34,7 @@ Writes ``<profiles>/handling.json`` (schema 1)::
 
     {"schema": 1, "method", "measured_at", "machine": {"cpu", "cores"},
      "variants": {"<variant>": {"family", "runtime", "queries", "isolated_queries", "bare_call_cpu_ms", "handling_ms",
-                                "call_cpu_ms", "handling_isolated_ms", "call_cpu_isolated_ms",
+                                "answer_ms", "call_cpu_ms", "handling_isolated_ms", "call_cpu_isolated_ms",
                                 "call_wall_ms", "call_wall_isolated_ms", "request_bytes_mean",
                                 "loadavg_1min"}},
      "other_runtimes": {"<variant>": {"<runtime>": {the same fields}}}}
@@ -174,17 +179,24 @@ def measure_one(zoo_dir: Path, variant: str, n: int, tmp: Path, runtime: str | N
                 raise RuntimeError(f"{variant}: HTTP {resp.status} from the server")
             return (int(resp.getheader("X-Testbed-T3")) - int(resp.getheader("X-Testbed-T2"))) / 1e6
 
+        def answer_cpu_s() -> float:
+            conn.request("GET", "/v1/stats")
+            return float(json.loads(conn.getresponse().read()).get("answer_cpu_s", 0.0))
+
         for i in range(WARMUP):
             query(i)
         time.sleep(0.3)
+        a0 = answer_cpu_s()
         warm = _pass(proc, query, n, 0.0)
+        answer_ms = (answer_cpu_s() - a0) / n * 1e3
         cold = _pass(proc, query, n_iso, ISOLATED_GAP_S)
         conn.close()
     finally:
         stop_processes([proc])
     return {"family": family, "runtime": runtime, "queries": n, "isolated_queries": n_iso,
             "bare_call_cpu_ms": round(bare_ms, 3),
-            "handling_ms": round(warm["main_ms"], 3), "call_cpu_ms": round(warm["other_ms"], 3),
+            "handling_ms": round(warm["main_ms"], 3), "answer_ms": round(min(answer_ms, warm["main_ms"]), 4),
+            "call_cpu_ms": round(warm["other_ms"], 3),
             "handling_isolated_ms": round(cold["main_ms"], 3), "call_cpu_isolated_ms": round(cold["other_ms"], 3),
             "call_wall_ms": round(warm["wall_ms"], 3), "call_wall_isolated_ms": round(cold["wall_ms"], 3),
             "request_bytes_mean": int(np.mean([len(b) for b in bodies]))}

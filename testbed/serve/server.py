@@ -30,18 +30,23 @@ Endpoints (TensorFlow Serving REST API, https://www.tensorflow.org/tfx/serving/a
   ``{"error": message, "reason": "queue_full" | "admission"}``. Bad JSON, wrong shape, bad base64,
   non-numbers, a bad deadline header: 400 naming the problem; unknown model or version: 404; too
   large a body: 413; an inference failure: 500; all ``{"error": message}``. No input crashes it.
-  Response headers (epoch ns, ``time.time_ns()``, the clock all emulated hosts share):
-  ``X-Testbed-T1`` body received, ``X-Testbed-T2`` inference start, ``X-Testbed-T3`` inference
-  end, ``X-Testbed-Queue-Len`` queries waiting when it arrived, ``X-Testbed-Batch`` inputs in the
-  model call that served it, ``X-Testbed-Model``, ``X-Testbed-Runtime``. A 503 carries T1 and the
-  queue length too. T2 - T1 includes decoding the JSON body in the event loop.
+  Response headers (epoch ns, the clock all emulated hosts share):
+  ``X-Testbed-T1`` the request's last byte arrived at the host (the kernel's receive timestamp,
+  before the event loop read it: :mod:`testbed.serve.rxstamp`), ``X-Testbed-T1h`` the request read
+  and decoded (it enters the queue), ``X-Testbed-T2`` inference start, ``X-Testbed-T3`` inference
+  end, ``X-Testbed-T3h`` the answer encoded, just before it is written, ``X-Testbed-Queue-Len``
+  queries waiting when it arrived, ``X-Testbed-Batch`` inputs in the model call that served it,
+  ``X-Testbed-Model``, ``X-Testbed-Runtime``. A 503 carries T1, T1h and the queue length.
+  T1h - T1 and T3h - T3 are the event loop's handling (waits for the CPU quota included).
 * ``GET /v1/models/{name}[/versions/1]``: model status (version "1", state AVAILABLE); 404 if unknown.
 * ``GET /v1/models/{name}[/versions/1]/metadata``: signature_def (input ``x`` DT_FLOAT [-1, *shape],
   output ``probabilities`` DT_FLOAT [-1, classes]) in TF Serving's JSON shape.
 * ``GET /v1/models``: the served variants with family, runtime, accuracy, params.
 * ``GET /v1/stats``: ``queue_len``, ``busy_workers``, ``workers``, ``served``, ``dropped``
   (``dropped_queue_full`` + ``dropped_admission``), ``errors`` (failed inferences and refused
-  requests), ``batches``, ``mean_batch``, ``busy_s`` (sum of model-call time), ``uptime_s``,
+  requests), ``batches``, ``mean_batch``, ``busy_s`` (sum of model-call time), ``answer_cpu_s``
+  (CPU time of the event loop encoding the answers, for :mod:`testbed.serve.handling`), ``unstamped_reads``
+  (reads that came without a kernel timestamp: their T1 is the read's time), ``uptime_s``,
   ``utilization`` = busy_s / (uptime_s x workers), ``per_model``.
 
 The same stats JSON goes to ``stats_file`` every ``stats_interval_s`` s (atomic) and once more
@@ -56,8 +61,10 @@ import asyncio
 import gc
 import os
 import signal
+import socket
 import sys
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -67,6 +74,7 @@ from testbed.core.errors import EXIT_INTEGRITY, TestbedError
 from testbed.core.util import write_json_atomic
 from testbed.plan import zoo
 from testbed.plan.boundaries import ServerConfig, read_config
+from testbed.serve import rxstamp
 from testbed.serve.payload import (
     RequestError,
     encode_json,
@@ -102,6 +110,9 @@ class InferenceServer:
                                    service_ms=service_ms, cpu_pad=cpu_pad)
         self.cpu_pad = cpu_pad
         self.refused = 0  # 4xx / 5xx answers other than 503 (bad requests, unknown models, failures)
+        self.answer_cpu_s = 0.0  # the event loop's CPU encoding answers
+        #: per connection's transport, its socket that keeps the kernel's receive timestamps
+        self.stamps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def start_workers(self) -> None:
         """Start the inference threads (uptime counts from here)."""
@@ -115,7 +126,8 @@ class InferenceServer:
         """The stats dict (see the module doc)."""
         snap = self.scheduler.snapshot()
         snap["errors"] += self.refused
-        snap.update(pid=os.getpid(), time_ns=time.time_ns())
+        snap.update(pid=os.getpid(), time_ns=time.time_ns(), answer_cpu_s=round(self.answer_cpu_s, 6),
+                    unstamped_reads=sum(s.unstamped for s in list(self.stamps.values())))
         return snap
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None, count: bool = True,
@@ -143,7 +155,7 @@ class InferenceServer:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._error(413, f"request body larger than {MAX_BODY_BYTES} bytes")
-        t1 = time.time_ns()
+        t1 = self._arrived_ns(request)
         deadline = request.headers.get("X-Testbed-Deadline-Ns")
         try:
             if deadline is not None:
@@ -158,7 +170,9 @@ class InferenceServer:
             return self._error(exc.status, str(exc))
         if self.cpu_pad:  # the handling at 1 / k speed (a time-dilated cluster below one core)
             await asyncio.sleep(self.cpu_pad * (time.thread_time() - cpu0))
-        headers = {"X-Testbed-T1": str(t1), "X-Testbed-Queue-Len": str(self.scheduler.queue_len()),
+        t1h = time.time_ns()
+        headers = {"X-Testbed-T1": str(t1), "X-Testbed-T1h": str(t1h),
+                   "X-Testbed-Queue-Len": str(self.scheduler.queue_len()),
                    "X-Testbed-Model": name, "X-Testbed-Runtime": model.runtime}
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -177,8 +191,22 @@ class InferenceServer:
         headers.update({"X-Testbed-T2": str(job.t2), "X-Testbed-T3": str(job.t3), "X-Testbed-Batch": str(job.batch)})
         if job.error is not None or job.result is None:
             return self._error(500, f"inference failed in model {name!r}: {job.error}", headers, count=False)
-        return web.Response(body=encode_json(predict_response(job.result, columnar)), headers=headers,
-                            content_type="application/json")
+        cpu0 = time.thread_time()
+        answer = encode_json(predict_response(job.result, columnar))
+        cpu = time.thread_time() - cpu0
+        self.answer_cpu_s += cpu
+        if self.cpu_pad:  # the encoding at 1 / k speed, as the request's decoding
+            await asyncio.sleep(self.cpu_pad * cpu)
+        headers["X-Testbed-T3h"] = str(time.time_ns())  # encoded; aiohttp writes it as the handler returns
+        return web.Response(body=answer, headers=headers, content_type="application/json")
+
+    def _arrived_ns(self, request: web.Request) -> int:
+        """When the request's last byte reached the host (:mod:`testbed.serve.rxstamp`): the kernel's
+        timestamp of the connection's latest read, or now when it has none (a stamped socket that
+        read no stamp: counted in ``unstamped_reads``)."""
+        sock = self.stamps.get(request.transport) if request.transport is not None else None
+        stamp = sock.last_rx_ns if sock is not None else None
+        return stamp if stamp is not None else time.time_ns()
 
     async def model_status(self, request: web.Request) -> web.Response:
         """``GET /v1/models/{name}``: TF Serving's model status shape."""
@@ -256,9 +284,11 @@ async def serve(server: InferenceServer, host: str, port: int, stats_file: str |
     runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False,
                            shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, shutdown_timeout=SHUTDOWN_GRACE_S)
-    await site.start()
-    bound = runner.addresses[0][1] if runner.addresses else port
+    # our own listening socket, stamped (:mod:`testbed.serve.rxstamp`), and aiohttp's handler per connection
+    sock = socket.create_server((host, port), backlog=1024, family=socket.AF_INET)
+    rxstamp.enable(sock)
+    listener = await loop.create_server(lambda: rxstamp.StampingProtocol(runner.server(), server.stamps), sock=sock)
+    bound = sock.getsockname()[1]
     server.start_workers()
     if ready_file:
         write_json_atomic(ready_file, {"pid": os.getpid(), "port": bound, "host": host, **ready_info})
@@ -277,7 +307,8 @@ async def serve(server: InferenceServer, host: str, port: int, stats_file: str |
     writer = asyncio.create_task(write_stats())
     await stop.wait()
     writer.cancel()
-    await runner.cleanup()  # stops accepting, waits for in-flight queries (<= SHUTDOWN_GRACE_S)
+    listener.close()  # stops accepting
+    await runner.cleanup()  # waits for in-flight queries (<= SHUTDOWN_GRACE_S)
     await asyncio.to_thread(server.stop_workers)
     if stats_file:
         write_json_atomic(stats_file, server.snapshot())

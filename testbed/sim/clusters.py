@@ -101,6 +101,8 @@ class BatchSamplers:
 
 
 UP, KILLED, STOPPED = 0, 1, 2
+#: The event loop's two kinds of job: reading a request (t1 -> t1h), writing an answer (t3 -> t3h).
+REQUEST, ANSWER = 0, 1
 
 
 class Cluster:
@@ -116,19 +118,22 @@ class Cluster:
         fig0 = next(iter(figures.values()))
         self.workers = fig0.workers
         self.queue = queue  # the plan's settings (testbed.plan.build.Plan.queue), models by index
-        #: request handling (s of CPU per request, per model) and cold-call factors: the model's
-        #: CPU rules (:mod:`testbed.model.cpu`); handling runs on one thread, in arrival order
-        self.handling_s = {m: f.handling_ms / 1e3 for m, f in figures.items()}
+        #: the event loop's CPU per query, per model (s): reading the request (before the queue) and
+        #: writing the answer (after the call), and cold-call factors: the model's CPU rules
+        #: (:mod:`testbed.model.cpu`); the loop is one thread, its jobs served in the order they come
+        self.request_s = {m: f.request_ms / 1e3 for m, f in figures.items()}
+        self.answer_s = {m: f.answer_ms / 1e3 for m, f in figures.items()}
         #: None when no model has cold calls: the quota then skips its idleness tracking per call
         self.cold = {m: f.cold_factor for m, f in figures.items()} \
             if any(f.cold_factor != 1.0 for f in figures.values()) else None
-        self.handles = any(h > 0 for h in self.handling_s.values())
+        self.handles = any(f.handling_ms > 0 for f in figures.values())
         self.quota = CfsQuota(fig0.cores, fig0.threads, fig0.workers, handling=self.handles)
-        #: the request being handled (t1, query, model, deadline) and when its handling ends (INF:
-        #: none), and those waiting for the event loop behind it
-        self.h_cur: tuple[float, int, int, float] | None = None
+        #: the event loop's job in progress (t, query, model, deadline, ANSWER or REQUEST) and when it
+        #: ends (INF: none), the jobs waiting behind it, and how many of all these are requests
+        self.h_cur: tuple[float, int, int, float, int] | None = None
         self.h_end = INF
-        self.h_wait: deque[tuple[float, int, int, float]] = deque()
+        self.h_wait: deque[tuple[float, int, int, float, int]] = deque()
+        self.h_requests = 0
         #: arrivals (t1, query, model, deadline) sorted by t1, processed up to pi (what the loop
         #: needs of a query travels with it: fewer column lookups on the hot path)
         self.pending: list[tuple[float, int, int, float]] = []
@@ -166,7 +171,7 @@ class Cluster:
         simulator's ``view="fresh"``): waiting = queued + in request handling + dispatched and not
         yet arrived (on the wire: what the queue will hold once they arrive); busy workers now;
         ``utilization`` as last reported (a rate over an interval, not a state)."""
-        waiting = len(self.queue) + (len(self.pending) - self.pi) + len(self.h_wait) + (self.h_cur is not None)
+        waiting = len(self.queue) + (len(self.pending) - self.pi) + self.h_requests
         return Heard(waiting, self.queue.busy, self.workers, utilization, self.state == UP, t)
 
     def add(self, items: list[tuple[float, int, int, float]]) -> None:
@@ -195,8 +200,9 @@ class Cluster:
         model's (:class:`ServerQueue`); here only the clock and the bookkeeping: a started call's
         end comes from the CPU quota (:class:`CfsQuota`) and a drawn unthrottled service time.
         With request handling, an arrival first waits for the one event-loop thread, whose
-        handling the quota also pays (:meth:`CfsQuota.handle`), and reaches the queue when it
-        ends (at equal times: completions, batch starts, handling ends, arrivals)."""
+        reading of it the quota also pays (:meth:`CfsQuota.handle`), and reaches the queue when it
+        ends (t1h); a finished call's answer waits for the same thread, which writes it (t3h) on
+        the same quota (at equal times: completions, batch starts, loop jobs' ends, arrivals)."""
         q, queue = self.q, self.queue
         pend, comp, heap = self.pending, self.comp, queue.heap
         i, n = self.pi, len(pend)
@@ -205,6 +211,7 @@ class Cluster:
         run, samplers, batch_sampler = self.quota.run, self.samplers, self.batch_sampler
         handles, cold = self.handles, self.cold
         models, dls, qlens, t1s, t2s, t3s, batch, back = q.model, q.dl, q.qlen, q.t1, q.t2, q.t3, q.batch, q.back
+        t1hs, t3hs = q.t1h, q.t3h
         res, push, pop = self.res, heapq.heappush, heapq.heappop
         killed, started, waiting = self.state == KILLED, mq.STARTED, mq.WAITING
         t_last, floor = self.t_last, self.floor_s
@@ -221,7 +228,10 @@ class Cluster:
                 if tc >= until:
                     break
                 t = t_last = tc
-                pop(comp)
+                done = pop(comp)[2]
+                if handles:  # the answers wait for the event loop, which writes them
+                    for qi in done:
+                        self._begin_loop_job((tc, qi, models[qi], dls[qi], ANSWER))
                 items = complete(tc)
                 if items is None:
                     continue
@@ -233,12 +243,18 @@ class Cluster:
                 _, items = take(tb)
                 model = models[items[0]]
             else:
-                if th <= ta:  # a request's handling ends: it reaches the queue
+                if th <= ta:  # the event loop's job ends: a request read reaches the queue, an answer is written
                     if th >= until:
                         break
                     t = t_last = th
-                    _, qi, model, dl = self.h_cur
-                    self._next_handling(th)
+                    _, qi, model, dl, kind = self.h_cur
+                    self._next_loop_job(th)
+                    if kind == ANSWER:
+                        t3hs[qi] = th
+                        if res is not None and th + back[qi] < dls[qi]:
+                            push(res, (th + back[qi], qi))
+                        continue
+                    t1hs[qi] = th
                 else:  # an arrival
                     if ta >= until:
                         break
@@ -253,8 +269,9 @@ class Cluster:
                         self._refuse(qi, CONNECTION_REFUSED, "", ta)
                         continue
                     if handles:
-                        self._begin_handling(ta, item)
+                        self._begin_loop_job((*item, REQUEST))
                         continue
+                    t1hs[qi] = ta
                 qlens[qi] = len(heap)
                 code = arrive(qi, model, t, dl)
                 if code != started:
@@ -275,25 +292,35 @@ class Cluster:
                 t3s[qi] = end
                 if k > 1:
                     batch[qi] = k
-                if res is not None and end + back[qi] < dls[qi]:
-                    push(res, (end + back[qi], qi))
+                if not handles:  # no event loop modelled: the answer leaves as the call ends
+                    t3hs[qi] = end
+                    if res is not None and end + back[qi] < dls[qi]:
+                        push(res, (end + back[qi], qi))
         self.pi, self.t_last = i, t_last
         self.busy_started += busy
         self.served += served
 
-    def _begin_handling(self, t: float, item: tuple[float, int, int, float]) -> None:
-        """``item`` arrives at ``t``: handled now if the event loop is free, else after those before it."""
-        if self.h_cur is None:
-            self.h_cur = item
-            self.h_end = self.quota.handle(t, self.handling_s[item[2]])
-        else:
-            self.h_wait.append(item)
+    def _loop_cpu_s(self, job: tuple[float, int, int, float, int]) -> float:
+        return (self.answer_s if job[4] == ANSWER else self.request_s)[job[2]]
 
-    def _next_handling(self, t: float) -> None:
-        """The current request's handling ended at ``t``: the loop takes the next one waiting."""
+    def _begin_loop_job(self, job: tuple[float, int, int, float, int]) -> None:
+        """``job`` (a request read or an answer write, ready at ``job[0]``) comes to the event loop:
+        done now if the loop is free, else after the jobs before it."""
+        if job[4] == REQUEST:
+            self.h_requests += 1
+        if self.h_cur is None:
+            self.h_cur = job
+            self.h_end = self.quota.handle(job[0], self._loop_cpu_s(job))
+        else:
+            self.h_wait.append(job)
+
+    def _next_loop_job(self, t: float) -> None:
+        """The loop's current job ended at ``t``: it takes the next one waiting."""
+        if self.h_cur is not None and self.h_cur[4] == REQUEST:
+            self.h_requests -= 1
         if self.h_wait:
-            self.h_cur = item = self.h_wait.popleft()
-            self.h_end = self.quota.handle(t, self.handling_s[item[2]])
+            self.h_cur = job = self.h_wait.popleft()
+            self.h_end = self.quota.handle(t, self._loop_cpu_s(job))
         else:
             self.h_cur, self.h_end = None, INF
 
@@ -314,6 +341,9 @@ class Cluster:
                     end += shift
                     for qi in items:
                         q.t3[qi] = end
+                        if self.handles:  # its answer is written by the event loop once it ends
+                            continue
+                        q.t3h[qi] = end
                         a4 = end + q.back[qi]
                         if self.res is not None and a4 < q.dl[qi]:
                             heapq.heappush(self.res, (a4, qi))
@@ -327,7 +357,11 @@ class Cluster:
         held = ([self.h_cur] if self.h_cur is not None else []) + list(self.h_wait)
         self.h_cur, self.h_end = None, INF
         self.h_wait.clear()
-        for _, qi, _, _ in held:
+        self.h_requests = 0
+        for _, qi, _, _, kind in held:  # read, or answered but not written: the connection is reset
+            if kind == ANSWER:
+                q.t2[qi] = q.t3[qi] = None
+                self.served -= 1
             self.lost += 1
             self._refuse(qi, CONNECTION_REFUSED, "", t)
         for qi in self.queue.clear():
@@ -353,4 +387,4 @@ class Cluster:
 
 _first = operator.itemgetter(0)
 
-__all__ = ["KILLED", "STOPPED", "UP", "BatchSamplers", "Cluster", "ServiceSampler"]
+__all__ = ["ANSWER", "KILLED", "REQUEST", "STOPPED", "UP", "BatchSamplers", "Cluster", "ServiceSampler"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.core.util import provenance, write_json_atomic
-from testbed.model.network import path_cut
+from testbed.model.network import path_cut, rtt_at
 from testbed.model.policies import plugin_origins
 from testbed.model.records import GRACE_MS, RECORD_FIELDS, classify, make_record
 from testbed.plan.boundaries import SourceTally, tally_path
@@ -41,13 +41,17 @@ class Resolved:
 class Queries:
     """Every query of a run, one list per field (index = query number).
 
-    An answered query has ``t2``/``t3`` (start / end of its model call) and nothing in
-    ``status``/``t4``, which :meth:`status_of` and :meth:`t4_of` derive (HTTP 200, t3 + the
+    ``td`` is when the dispatcher's decision was made (the request leaves; t0 + the decision's
+    cost, :attr:`~testbed.sim.engine.Simulator.decision_s`), ``t1h`` when the server's event loop
+    has read the request (the query enters the queue), ``t3h`` when it has written the answer (None
+    until then). An answered query has ``t2``/``t3`` (start / end of its model call) and nothing in
+    ``status``/``t4``, which :meth:`status_of` and :meth:`t4_of` derive (HTTP 200, t3h + the
     response's way back); a query refused or lost has ``status`` (503 or connection refused) and
     ``t4`` (when the refusal reached the source); ``batch`` is set for batches of more than one.
     """
 
-    __slots__ = ("src", "app", "cl", "model", "pol", "fb", "t0", "t1", "dl", "back", "t2", "t3", "t4", "status",
+    __slots__ = ("src", "app", "cl", "model", "pol", "fb", "t0", "td", "t1", "t1h", "dl", "back", "t2", "t3", "t3h",
+                 "t4", "status",
                  "qlen", "batch", "reason", "released", "recorded")
 
     def __init__(self) -> None:
@@ -70,13 +74,17 @@ class Queries:
         return new
 
     def status_of(self, qi: int) -> int | None:
-        """HTTP status as the source sees it (None: no answer yet)."""
-        return 200 if self.t2[qi] is not None else self.status[qi]
+        """HTTP status as the source sees it (None: no answer yet, its answer not written included)."""
+        if self.t2[qi] is None:
+            return self.status[qi]
+        return 200 if self.t3h[qi] is not None else None
 
     def t4_of(self, qi: int) -> float | None:
         """When the answer or the refusal reached the source (s; None: not yet)."""
-        t3 = self.t3[qi]
-        return t3 + self.back[qi] if t3 is not None and self.t2[qi] is not None else self.t4[qi]
+        if self.t2[qi] is None:
+            return self.t4[qi]
+        t3h = self.t3h[qi]
+        return None if t3h is None else t3h + self.back[qi]
 
 
 class RunColumns:
@@ -150,22 +158,25 @@ class RunColumns:
                 return None if v is None else int(round(v * 1e9))
 
             st = q.status_of(qi)
+            td = q.td[qi]
             rows.append(make_record(
                 query_id=f"{self.sources[q.src[qi]]}-{seq[q.src[qi]]}", source=self.sources[q.src[qi]],
                 application=a.name,
                 cluster=self.clusters[ci].name, model=self.model_names[q.model[qi]],
                 policy=self.policy_names[q.pol[qi]], fallback=q.fb[qi], deadline_ms=a.deadline_ms,
                 min_accuracy=a.min_accuracy, model_accuracy=self.accuracy[q.model[qi]],
-                expected_rtt_ms=float(self.rtt_plan[q.src[qi], ci]), t0_ns=ns(q.t0[qi]), status=st,
-                t1_ns=ns(q.t1[qi]) if st == 200 else None, t2_ns=ns(q.t2[qi]), t3_ns=ns(q.t3[qi]),
-                t4_ns=ns(q.t4_of(qi)), batch=q.batch[qi] or 1, request_bytes=self.req_bytes_app[q.app[qi]],
+                expected_rtt_ms=rtt_at(self.rtt_steps[q.src[qi]][ci], td), t0_ns=ns(q.t0[qi]), td_ns=ns(td),
+                status=st, t1_ns=ns(q.t1[qi]) if st == 200 else None, t1h_ns=ns(q.t1h[qi]) if st == 200 else None,
+                t2_ns=ns(q.t2[qi]), t3_ns=ns(q.t3[qi]), t3h_ns=ns(q.t3h[qi]), t4_ns=ns(q.t4_of(qi)),
+                batch=q.batch[qi] or 1, request_bytes=self.req_bytes_app[q.app[qi]],
                 response_bytes=self.resp_bytes if st == 200 else 0, queue_len_at_arrival=q.qlen[qi],
                 drop_reason=q.reason.get(qi, ""), cut=self._cut(qi)))
         return rows
 
     def query_table(self):
         """Every query so far as a ``pandas.DataFrame``, one row per query (recorded or not): source,
-        application, cluster, model, policy, t0_s .. t4_s (s of simulated time; NaN when not reached),
+        application, cluster, model, policy, t0_s, td_s, t1_s, t1h_s, t2_s, t3_s, t3h_s, t4_s (s of simulated
+        time; NaN when not reached),
         status (200, 503, -1 refused; NaN: no answer yet), batch (inputs in its model call),
         queue_len_at_arrival. For analysis and tests; :meth:`records` is the run's record schema."""
         import pandas as pd
@@ -175,8 +186,11 @@ class RunColumns:
         return pd.DataFrame({
             "source": [self.sources[i] for i in q.src], "application": [self.apps[i].name for i in q.app],
             "cluster": [self.clusters[i].name for i in q.cl], "model": [self.model_names[i] for i in q.model],
-            "policy": [self.policy_names[i] for i in q.pol], "t0_s": q.t0, "t1_s": q.t1,
+            "policy": [self.policy_names[i] for i in q.pol], "t0_s": q.t0,
+            "td_s": q.td, "t1_s": q.t1,
+            "t1h_s": pd.array(q.t1h, dtype="Float64"),
             "t2_s": pd.array(q.t2, dtype="Float64"), "t3_s": pd.array(q.t3, dtype="Float64"),
+            "t3h_s": pd.array(q.t3h, dtype="Float64"),
             "t4_s": pd.array([q.t4_of(i) for i in range(n)], dtype="Float64"),
             "status": pd.array([q.status_of(i) for i in range(n)], dtype="Int64"),
             "batch": [(b or 1) if t2 is not None else None for b, t2 in zip(q.batch, q.t2, strict=True)],

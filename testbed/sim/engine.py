@@ -122,6 +122,8 @@ class Simulator(Links, RunColumns):
         self.R = float(exp.report_interval_s)
         self.now_s = 0.0
         self.policy_names: list[str] = list(pol.CATALOGUE)
+        #: per policy of :attr:`policy_names` (same index): the decision cost charged (s; td - t0)
+        self.decision_s: list[float] = [self._decision_s(p) for p in self.policy_names]
         self.base_dir = Path(base_dir) if base_dir is not None else Path(plan.base_dir)
         self.q = Queries()
         self.res_heap: list[tuple[float, int]] | None = [] if track_resolved else None
@@ -214,6 +216,14 @@ class Simulator(Links, RunColumns):
             raise SimError(str(exc)) from None
         if p not in self.policy_names:
             self.policy_names.append(p)
+            self.decision_s.append(self._decision_s(p))
+
+    def _decision_s(self, p: str) -> float:
+        """The cost (s) charged to each decision of policy ``p``: the plan's ``decision_ms`` (fixed
+        at plan time, so a plan simulated again gives the same run), else the policy's own
+        (:attr:`testbed.model.policies.Policy.decision_ms`: 0 for a built-in one)."""
+        ms = self.plan.decision_ms.get(p)
+        return (pol.REGISTRY.resolve(p).decision_ms if ms is None else ms) / 1e3
 
     def set_policy(self, source: str, policy: str) -> None:
         """Apply ``policy`` to the queries ``source`` creates from now on.
@@ -366,28 +376,34 @@ class Simulator(Links, RunColumns):
         for t_list, ai in items:
             app = self.apps[ai]
             self._created[(si, ai)] = self._created.get((si, ai), 0) + len(t_list)
+            made = disp.decisions_made
             decisions = disp.dispatch_many(app.deadline_ms, app.min_accuracy, len(t_list), app.family, t_list)
-            if decisions.count(decisions[0]) == len(decisions):
-                groups = {decisions[0]: t_list}
+            made = disp.decisions_made - made  # the first `made` queries' decisions were made (the rest cached)
+            if decisions.count(decisions[0]) == len(decisions) and made in (0, len(t_list)):
+                groups = {(decisions[0], made > 0): t_list}
             else:
-                groups: dict[pol.Decision, list[float]] = {}
-                for t0, d in zip(t_list, decisions, strict=True):
-                    groups.setdefault(d, []).append(t0)
-            for d, ts in groups.items():
-                self._create(si, ai, d, ts, new, sent)
+                groups: dict[tuple[pol.Decision, bool], list[float]] = {}
+                for i, (t0, d) in enumerate(zip(t_list, decisions, strict=True)):
+                    groups.setdefault((d, i < made), []).append(t0)
+            for (d, decided), ts in groups.items():
+                self._create(si, ai, d, ts, new, sent, decided)
 
     def _create(self, si: int, ai: int, d: pol.Decision, ts: list[float],
                 new: list[list[tuple[float, int, int, float]]],
-                sent: tuple[np.ndarray, np.ndarray]) -> None:
+                sent: tuple[np.ndarray, np.ndarray], decided: bool = True) -> None:
         """Append the queries created at times ``ts`` by source ``si`` for application ``ai``, all
         sent to the same (cluster, model) ``d``, to the query columns and to the cluster's arrivals.
         ``sent``: (request bytes, queries) per (source, cluster) of this step, for link
-        utilization; a query's response is counted with it (our bookkeeping choice)."""
+        utilization; a query's response is counted with it (our bookkeeping choice). ``decided``:
+        the policy made these queries' decisions (else the dispatcher's cache gave them, at no
+        cost): each then leaves the source the policy's decision cost after its creation (td)."""
         q = self.q
         k = len(ts)
         ci, m = self.cl_index[d.cluster], self.model_index[d.model]
         dl_s = self.apps[ai].deadline_ms / 1e3
-        f, bk = self.fwd_app[ai][si][ci], self.back_s[si][ci]
+        pi = self.policy_names.index(self.dispatchers[si].policy)
+        cost = self.decision_s[pi] if decided else 0.0
+        f, bk = self.fwd_app[ai][si][ci] + cost, self.back_s[si][ci]  # the request leaves at td
         nbytes = self.req_bytes_app[ai]
         loss = self.loss_pct[si, ci]
         if loss > 0:  # one retransmission timeout per direction that loses a frame (model.network)
@@ -400,14 +416,14 @@ class Simulator(Links, RunColumns):
         base = len(q.t0)
         idx = range(base, base + k)
         dls = [t + dl_s for t in ts]
-        for col, v in ((q.src, si), (q.app, ai), (q.cl, ci), (q.model, m),
-                       (q.pol, self.policy_names.index(self.dispatchers[si].policy))):
+        for col, v in ((q.src, si), (q.app, ai), (q.cl, ci), (q.model, m), (q.pol, pi)):
             col.extend([v] * k)
         q.fb.extend(bytes([int(d.fallback)]) * k)
         q.released.extend(bytes(k))
-        for col in (q.t2, q.t3, q.t4, q.status, q.qlen, q.batch):
+        for col in (q.t1h, q.t2, q.t3, q.t3h, q.t4, q.status, q.qlen, q.batch):
             col.extend([None] * k)
         q.t0.extend(ts)
+        q.td.extend([t + cost for t in ts] if cost else ts)
         q.t1.extend(t1)
         q.dl.extend(dls)
         q.back.extend(back)

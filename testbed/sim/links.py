@@ -32,6 +32,8 @@ class Links:
         self.per_hop_ms = self.exp.simulation.per_hop_ms
         self.warmup_s = self.exp.simulation.warmup_s
         self.rtt_plan = np.array([[plan.rtt_ms(s, c.name) for c in self.clusters] for s in self.sources])
+        steps = plan.rtt_timelines()  # the model's rule for expected_rtt_ms: the path in force at td
+        self.rtt_steps = [[steps[(s, c.name)] for c in self.clusters] for s in self.sources]
         self._link_bits = np.zeros((len(self.link_keys), 2))
         self._resp = np.zeros((len(self.sources), len(plan.clusters)))  # responses per (source, cluster)
         self.link_util: dict[tuple[str, str], float] = dict.fromkeys(self.link_keys, 0.0)
