@@ -229,6 +229,19 @@ class NetworkState:
         return (1.0 - keep) * 100.0
 
 
+def message_ms(net: NetworkState, path: Sequence[str], nbytes: int, host_mbps: tuple[float, float],
+               per_hop_ms: float = 0.0) -> float:
+    """One-way time (ms) of a message of ``nbytes`` payload bytes from a host at ``path[0]`` to a
+    host at ``path[-1]`` (switch names, in order): the switch links as they are now
+    (:meth:`NetworkState.path_ms`: delay, transfer, queueing behind background), plus its
+    transfer on the two host links of ``host_mbps`` (Mbit/s, first host then last; 0 ms delay),
+    plus ``per_hop_ms / 2`` per switch link (the simulator's calibration knob, 0 in the model).
+    The one formula of a query's network time: the simulator's per-message times and the plan's
+    zero-load feasibility (:func:`testbed.plan.checks.zero_load_feasibility`) both call it."""
+    host = transfer_ms(nbytes, host_mbps[0], net.mss) + transfer_ms(nbytes, host_mbps[1], net.mss)
+    return net.path_ms(path, nbytes) + host + (len(path) - 1) * per_hop_ms / 2
+
+
 #: A span of a run without a route, (from_s, to_s), s since the load started; to_s may be inf.
 Span = tuple[float, float]
 
@@ -279,4 +292,4 @@ def path_cut(spans: Sequence[Span], t_from_s: float, t_to_s: float) -> bool:
 
 __all__ = ["DEFAULT_MTU", "DEFAULT_QUEUE_PACKETS", "FRAME_OVERHEAD_BYTES", "FULL_FRAME_BYTES", "IP_TCP_HEADER_BYTES",
            "MSS_BYTES", "TCP_RTO_MIN_MS", "LinkState", "LinkView", "NetworkState", "Span", "frames", "mss_of",
-           "no_route_spans", "p_retransmit", "path_cut", "transfer_ms", "wire_bytes"]
+           "message_ms", "no_route_spans", "p_retransmit", "path_cut", "transfer_ms", "wire_bytes"]

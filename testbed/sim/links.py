@@ -10,7 +10,7 @@ import numpy as np
 from scipy import sparse
 
 from testbed.model import seeds
-from testbed.model.network import transfer_ms
+from testbed.model.network import message_ms
 
 INF = math.inf
 
@@ -63,7 +63,6 @@ class Links:
                 if path is None:
                     continue
                 hc = self.host_bw[self.clusters[ci].name]
-                hops = len(path) - 1
                 for a, b in zip(path, path[1:], strict=False):
                     li = lidx[(a, b)]
                     rows.append(si * nC + ci)
@@ -71,12 +70,9 @@ class Links:
                     ab.append(self.link_keys[li] == (a, b))
                     self.path_li[si][ci].append(li)
                 self.loss_pct[si, ci] = self.net.path_loss_pct(path)
-                extra = hops * self.per_hop_ms / 2
-                back[si, ci] = (self.net.path_ms(path[::-1], self.resp_bytes)
-                                + _host_ms(self.resp_bytes, hs, hc, self.net.mss) + extra) / 1e3
+                back[si, ci] = message_ms(self.net, path[::-1], self.resp_bytes, (hc, hs), self.per_hop_ms) / 1e3
                 for ai, nb in enumerate(self.req_bytes_app):
-                    fwd[ai][si, ci] = (self.net.path_ms(path, nb) + _host_ms(nb, hs, hc, self.net.mss) + extra) / 1e3 \
-                        + self.overhead_s
+                    fwd[ai][si, ci] = message_ms(self.net, path, nb, (hs, hc), self.per_hop_ms) / 1e3 + self.overhead_s
         self.back_s = back.tolist()
         self.fwd_app = [f.tolist() for f in fwd]
         # (source, cluster) x link incidence per direction of traversal, sparse: a few hops per path
@@ -121,11 +117,6 @@ class Links:
     def path_rtt_ms(self, source: str, cluster: str) -> float:
         """The plan's RTT (ms) source -> cluster (what the dispatchers assume)."""
         return float(self.rtt_plan[self.src_index[source], self.cl_index[cluster]])
-
-
-def _host_ms(nbytes: int, mbps_source: float, mbps_cluster: float, mss: int) -> float:
-    """Transfer time (ms) of a message on the two host links (0 ms delay each), ``mss`` bytes per frame."""
-    return transfer_ms(nbytes, mbps_source, mss) + transfer_ms(nbytes, mbps_cluster, mss)
 
 
 __all__ = ["Links"]
