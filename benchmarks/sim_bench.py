@@ -44,6 +44,38 @@ def bench_plan(rate: float, policy: str):
     return build_plan(exp)
 
 
+def topology_plan(source: str, rate: float, policy: str, n_sources: int = 20, n_clusters: int = 10):
+    """The scenario of :func:`bench_plan` on any topology: ``n_sources`` sources and ``n_clusters``
+    edge clusters at evenly spaced nodes of its largest component (in the topology's node order;
+    the clusters offset by half a step), the cloud off its first node; the same clusters,
+    applications and rates."""
+    import networkx as nx
+
+    from testbed.spec.topology import load_topology
+
+    raw = load_topology(source, REPO)
+    g = nx.Graph()
+    g.add_edges_from((lk.a, lk.b) for lk in raw.links)
+    comp = max(nx.connected_components(g), key=len)
+    ids = [n.id for n in raw.nodes if n.id in comp]
+    step_s, step_c = len(ids) / n_sources, len(ids) / n_clusters
+    exp = Experiment.model_validate({
+        "name": "benchtopo", "duration": "60s", "policy": policy, "report_interval": "500ms",
+        "topology": {"source": source, "bandwidth": "100Mbit/s", "keep_largest_component": True},
+        "cloud": {"attach_to": ids[0], "delay": "20ms"},
+        "clusters": [{"name": f"edge{i}", "site": ids[int((i + 0.5) * step_c)],
+                      "tier": "far_edge" if i % 2 else "near_edge", "cpu_cores": 0.5, "workers": 2,
+                      "queue_limit": 64, "models": ["digits_small", "digits_large"]} for i in range(n_clusters)]
+        + [{"name": "cloud", "site": "cloud", "tier": "cloud", "cpu_cores": 1.0, "workers": 8, "queue_limit": 256,
+            "models": ["digits_small", "digits_large"]}],
+        "sources": [{"name": f"src{i}", "site": ids[int(i * step_s)]} for i in range(n_sources)],
+        "applications": [{"name": "fast", "deadline": "60ms", "min_accuracy": 0.9},
+                         {"name": "hq", "deadline": "150ms", "min_accuracy": 0.97}],
+        "workload": [{"application": "fast", "rate_qps": rate}, {"application": "hq", "rate_qps": rate / 2}],
+        "simulation": {"request_bytes": 2000}})
+    return build_plan(exp, raw=raw, base_dir=REPO)
+
+
 def run_ours(plan, sim_s: float) -> tuple[int, float, float]:
     from testbed.sim import Simulator
 
@@ -114,15 +146,36 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=250.0, help="q/s of application 'fast' per source (hq: half)")
     ap.add_argument("--policy", default="closest")
     ap.add_argument("--no-simpy", action="store_true")
+    ap.add_argument("--topologies", nargs="*", default=None,
+                    help="topohub sources (e.g. topohub:backbone/world): the same scenario on each (topology_plan); "
+                         "default: gabriel/100/0 with the nodes of bench_plan")
     a = ap.parse_args()
-    plan = bench_plan(a.rate, a.policy)
-    n, wall, served = run_ours(plan, a.sim_seconds)
-    print(f"ours : {n} queries, {a.sim_seconds:g} simulated s, {wall:.2f} s wall -> {n / wall:,.0f} q/s "
-          f"(served fraction {served:.3f}; {len(plan.switches)} switches, {len(plan.links)} links)")
-    if not a.no_simpy:
-        n2, wall2 = run_simpy(plan, a.sim_seconds)
-        print(f"simpy: {n2} queries, {wall2:.2f} s wall -> {n2 / wall2:,.0f} q/s")
-        print(f"ratio ours / simpy: {(n / wall) / (n2 / wall2):.1f}x")
+    rows = []
+    for source in a.topologies or [None]:
+        t = time.perf_counter()
+        plan = bench_plan(a.rate, a.policy) if source is None else topology_plan(source, a.rate, a.policy)
+        plan_s = time.perf_counter() - t
+        t = time.perf_counter()
+        n, wall, served = run_ours(plan, a.sim_seconds)
+        total = time.perf_counter() - t
+        print(f"ours : {n} queries, {a.sim_seconds:g} simulated s, {wall:.2f} s wall -> {n / wall:,.0f} q/s "
+              f"(served fraction {served:.3f}; {len(plan.switches)} switches, {len(plan.links)} links; plan "
+              f"{plan_s:.2f} s, simulator set-up {total - wall:.2f} s)", flush=True)
+        row = {"topology": source or "topohub:gabriel/100/0", "switches": len(plan.switches),
+               "links": len(plan.links), "plan_s": plan_s, "setup_s": total - wall, "queries": n,
+               "ours_qps": n / wall}
+        if not a.no_simpy:
+            n2, wall2 = run_simpy(plan, a.sim_seconds)
+            print(f"simpy: {n2} queries, {wall2:.2f} s wall -> {n2 / wall2:,.0f} q/s", flush=True)
+            print(f"ratio ours / simpy: {(n / wall) / (n2 / wall2):.1f}x", flush=True)
+            row.update(simpy_qps=n2 / wall2, ratio=(n / wall) / (n2 / wall2))
+        rows.append(row)
+    if len(rows) > 1:
+        print("\n| topology | switches / links | plan s | simulator set-up s | ours q/s | SimPy q/s | ours / SimPy |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['topology']} | {r['switches']:,} / {r['links']:,} | {r['plan_s']:.2f} | {r['setup_s']:.2f} | "
+                  f"{r['ours_qps']:,.0f} | {r.get('simpy_qps', 0):,.0f} | {r.get('ratio', 0):.1f}x |")
 
 
 if __name__ == "__main__":

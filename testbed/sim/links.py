@@ -34,7 +34,8 @@ class Links:
         self.rtt_plan = np.array([[plan.rtt_ms(s, c.name) for c in self.clusters] for s in self.sources])
         self._link_bits = np.zeros((len(self.link_keys), 2))
         self._resp = np.zeros((len(self.sources), len(plan.clusters)))  # responses per (source, cluster)
-        self.link_util: dict[tuple[str, str], float] = dict.fromkeys(self.link_keys, 0.0)
+        self._util_max, self._util_dict = np.zeros(len(self.link_keys)), None
+        self._cap_version = -1  # the net's version the capacity and background arrays are of
         self.loss_rng = [seeds.loss(seeds.run_key(self.seed), i) for i in range(len(self.sources))]
         spans = plan.no_route_spans()  # the model's rule for an unanswered query's cause (unreachable)
         self.no_route = [[spans[(s, c.name)] for c in self.clusters] for s in self.sources]
@@ -91,11 +92,13 @@ class Links:
 
     def _link_report(self, t: float) -> None:
         links = self.net.links
-        cap = np.array([lk.capacity_mbps for lk in links]) * 1e6 * self.R
-        bg = np.array([[lk.bg_ab, lk.bg_ba] for lk in links]) * 1e6 * self.R
-        bits = self._link_bits + bg
-        util = np.minimum(1.0, bits / cap[:, None])
-        self.link_util = {k: float(max(u)) for k, u in zip(self.link_keys, util, strict=True)}
+        if self._cap_version != self.net.version:  # capacities and background change only by events
+            self._cap_bits = np.array([lk.capacity_mbps for lk in links]) * 1e6 * self.R
+            self._bg_bits = np.array([[lk.bg_ab, lk.bg_ba] for lk in links]) * 1e6 * self.R
+            self._cap_version = self.net.version
+        bits = self._link_bits + self._bg_bits
+        util = np.minimum(1.0, bits / self._cap_bits[:, None])
+        self._util_max, self._util_dict = util.max(axis=1), None  # the dict is made when asked for
         if self.record:
             for (a, b), lk, u, bt in zip(self.link_keys, links, util, bits, strict=True):
                 self.link_rows.append({"t": round(t, 6), "a": a, "b": b, "kind": "switch",
@@ -103,6 +106,14 @@ class Links:
                                        "rate_mbps_ba": bt[1] / self.R / 1e6, "util_ab": float(u[0]),
                                        "util_ba": float(u[1]), "drops_ab": 0, "drops_ba": 0, "drops_total": 0})
         self._link_bits[:] = 0
+
+    @property
+    def link_util(self) -> dict[tuple[str, str], float]:
+        """Per link (switch a, switch b): the busier direction's utilization over the last report
+        interval (0 before the first report); made from the report's array when first read."""
+        if self._util_dict is None:
+            self._util_dict = dict(zip(self.link_keys, self._util_max.tolist(), strict=True))
+        return self._util_dict
 
     def link_utilization(self) -> dict[tuple[str, str], float]:
         """Per link (switch a, switch b): utilization 0..1 over the last report interval (the busier
