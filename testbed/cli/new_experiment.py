@@ -15,6 +15,17 @@ the most central one); none by default.
 ``--sources``: ``auto:N`` (default ``auto:4``): the N least central nodes (where users attach, at
 the edge of the network), nodes without a cluster first; or comma-separated ``NODE`` items.
 
+Deadlines at zero load: the file must let every application's queries succeed. Where the placement
+above leaves a source without a (cluster, model) that answers within the deadline at zero load
+(the plan's own check, :func:`testbed.plan.checks.zero_load_feasibility`: the path's RTT, the
+messages' transfer on every link, the model's expected time at the cluster's share), ``auto:N``
+clusters are placed again, greedily, to bring every source within reach and then further within
+it, and ``auto:N`` sources out of every cluster's reach move to the least central nodes within one
+(:func:`reach_deadlines`; the file's header says so). When no query of an application could meet
+its deadline even so, nothing is written and the error names, per application, the fastest pair
+and the nearest deadline that would work. Sources left out of reach (named nodes, too few
+clusters) are a note, and the file is written.
+
 A NODE is a node's id or its label, as in an experiment file. A name the topology does not have
 is refused with the nearest names (``difflib``) and the topology's node names.
 
