@@ -212,6 +212,26 @@ class NetworkState:
         (the controller's trees; ties: fewer hops, then the lower DPID of :attr:`dpids`)."""
         return least_delay_paths(((lk.a, lk.b, lk.delay_ms) for lk in self.links if lk.up), pairs, self.dpids)
 
+    def components(self) -> dict[str, str]:
+        """Each switch that has a link up -> a representative switch of its connected part over
+        the links that are up (union-find): two switches have a route (:meth:`routes`) exactly when
+        their representatives are equal."""
+        parent: dict[str, str] = {}
+
+        def find(x: str) -> str:
+            parent.setdefault(x, x)
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for lk in self.links:
+            if lk.up:
+                ra, rb = find(lk.a), find(lk.b)
+                if ra != rb:
+                    parent[ra] = rb
+        return {x: find(x) for x in parent}
+
     def path_ms(self, path: Sequence[str], nbytes: int) -> float:
         """One-way time (ms) of a message of ``nbytes`` along ``path`` (switch names, in order)."""
         total = 0.0
@@ -266,11 +286,12 @@ def no_route_spans(net: NetworkState, changes: Sequence[Change],
     since: dict[tuple[str, str], float] = {}
 
     def look(t: float) -> None:
-        routes = net.routes(pairs)
+        part = net.components()  # a route exists exactly where the two switches are connected
         for p in pairs:
-            if routes[p] is None and p not in since:
+            cut = p[0] != p[1] and (p[0] not in part or part.get(p[0]) != part.get(p[1]))
+            if cut and p not in since:
                 since[p] = t
-            elif routes[p] is not None and p in since:
+            elif not cut and p in since:
                 spans[p].append((since.pop(p), t))
 
     look(0.0)
