@@ -34,6 +34,26 @@ emulators, inference servers, sources, controller, ovs-vswitchd, ..., ``other``;
 
     sudo .venv/bin/python benchmarks/scale_bench.py load --rates 100 200 500 800 [--seconds 10] \\
         [--runtime litert]   # every cluster's models on LiteRT: the servers' own CPU out of the way
+
+``costs``: what a run's parts cost (the pre-flight's :data:`testbed.emu.capacity.COSTS`): per
+topology, the testbed's network brought up and left idle, per role of its processes their
+number, threads, memory (PSS) and descriptors, the kernel's own memory grown, and the idle
+network's CPU; with ``--run EXPERIMENT`` a short run of it (servers and sources), the largest
+sample of each role::
+
+    sudo .venv/bin/python benchmarks/scale_bench.py costs topohub:gabriel/50/0 topohub:gabriel/100/0
+    sudo .venv/bin/python benchmarks/scale_bench.py costs --run experiments/default.yaml --seconds 15
+
+``big``: one whole emulation per experiment file or topohub topology (which gets ``testbed
+new-experiment`` and the events of the shipped big experiments): the pre-flight's estimate and k,
+plain Mininet's ``build()`` + ``start()`` on the same graph in a child process stopped after
+``--plain-timeout-s``, the run at k (``--k``, default the pre-flight's) with every check on and the
+peak memory of its processes, then from its run directory the bring-up times, the RTT self-check's
+median / max error, the events read back within their tolerance, success, and the simulator's
+success on the same plan and seed (docs/scale-out.md, "The largest networks on one machine")::
+
+    sudo .venv/bin/python benchmarks/scale_bench.py big topohub:gabriel/500/0 experiments/isp-att.yaml \\
+        experiments/continent-americas.yaml [--plain-timeout-s 1800] [--json F]
 """
 
 from __future__ import annotations
