@@ -392,7 +392,7 @@ def _run_figures(run_dir: Path) -> dict:
     ev = list(csv.DictReader(open(run_dir / "events.csv"))) if (run_dir / "events.csv").exists() else []
     ev = [r for r in ev if r.get("phase", "measured") == "measured"]
     t = s.get("timings_s") or {}
-    return {"exit_code": rj.get("exit_code"), "message": rj.get("message"),
+    return {"message": rj.get("message"),
             "network_up_s": t.get("network_s"), "bringup_s": t.get("bringup_s"), "total_s": t.get("total_s"),
             "rtt_paths_ok": f"{sum(r['ok'] == '1' for r in last.values())}/{len(last)}",
             "rtt_error_median_ms": round(statistics.median(errs), 2) if errs else None,
