@@ -34,6 +34,26 @@ emulators, inference servers, sources, controller, ovs-vswitchd, ..., ``other``;
 
     sudo .venv/bin/python benchmarks/scale_bench.py load --rates 100 200 500 800 [--seconds 10] \\
         [--runtime litert]   # every cluster's models on LiteRT: the servers' own CPU out of the way
+
+``costs``: what a run's parts cost (the pre-flight's :data:`testbed.emu.capacity.COSTS`): per
+topology, the testbed's network brought up and left idle, per role of its processes their
+number, threads, memory (PSS) and descriptors, the kernel's own memory grown, and the idle
+network's CPU; with ``--run EXPERIMENT`` a short run of it (servers and sources), the largest
+sample of each role::
+
+    sudo .venv/bin/python benchmarks/scale_bench.py costs topohub:gabriel/50/0 topohub:gabriel/100/0
+    sudo .venv/bin/python benchmarks/scale_bench.py costs --run experiments/default.yaml --seconds 15
+
+``big``: one whole emulation per experiment file or topohub topology (which gets ``testbed
+new-experiment`` and the events of the shipped big experiments): the pre-flight's estimate and k,
+plain Mininet's ``build()`` + ``start()`` on the same graph in a child process stopped after
+``--plain-timeout-s``, the run at k (``--k``, default the pre-flight's) with every check on and the
+peak memory of its processes, then from its run directory the bring-up times, the RTT self-check's
+median / max error, the events read back within their tolerance, success, and the simulator's
+success on the same plan and seed (docs/scale-out.md, "The largest networks on one machine")::
+
+    sudo .venv/bin/python benchmarks/scale_bench.py big topohub:gabriel/500/0 experiments/isp-att.yaml \\
+        experiments/continent-americas.yaml [--plain-timeout-s 1800] [--json F]
 """
 
 from __future__ import annotations
@@ -212,7 +232,8 @@ class _MemSampler(threading.Thread):
             try:
                 env = p.environ() if self.run_id else {}
                 cmd = " ".join(p.info["cmdline"] or [])
-                if (self.run_id and env.get("TESTBED_RUN_ID") == self.run_id) or \
+                tagged = env.get("TESTBED_RUN_ID") == self.run_id or (self.run_id == "*" and "TESTBED_RUN_ID" in env)
+                if (self.run_id and tagged) or \
                         (not self.run_id and ("mnexec" in cmd or cmd.startswith("bash --norc"))):
                     total += p.memory_info().rss
             except (psutil.Error, OSError):
@@ -318,6 +339,265 @@ def cmd_bringup(args) -> dict:
     return {"bringup": rows}
 
 
+# ------------------------------------------------------------------------------------- big
+
+def _plain_capped(plan, timeout_s: float) -> dict:
+    """:func:`plain_mininet` in a child process, stopped after ``timeout_s`` (then: how many of the
+    plan's bridges the system's Open vSwitch had, and what the child left is removed: its process
+    group, the bridges and their interfaces, by name)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+
+    def child() -> None:
+        os.setpgrp()
+        q.put(plain_mininet(plan))
+
+    t0 = time.monotonic()
+    proc = ctx.Process(target=child)
+    proc.start()
+    proc.join(timeout_s)
+    if not proc.is_alive():
+        return q.get() if not q.empty() else {"plain_up_s": None, "plain_note": f"exit code {proc.exitcode}"}
+    bridges = set(_sh("ovs-vsctl --timeout=60 list-br", check=False).split())
+    names = [sw.name for sw in plan.switches]
+    made = sum(n in bridges for n in names)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, 9)
+    proc.join(10)
+    gone = [n for n in names if n in bridges]
+    for i in range(0, len(gone), 200):
+        _sh("ovs-vsctl --timeout=300 " + " ".join(f"-- --if-exists del-br {n}" for n in gone[i:i + 200]), check=False)
+    for line in _sh("ip -o link show", check=False).splitlines():
+        dev = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if dev.split("-eth")[0] in set(names) | {h.name for h in plan.hosts}:
+            _sh(f"ip link del {dev}", check=False)
+    return {"plain_up_s": None, "plain_note": f"stopped after {time.monotonic() - t0:.0f} s with {made} of "
+                                              f"{len(names)} bridges made"}
+
+
+def _run_figures(run_dir: Path) -> dict:
+    """The checks of one emulated run, from its files: bring-up, RTT self-check errors, events
+    read back (events.csv ``ok``), success."""
+    import csv
+
+    s = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    rj = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
+    rtt = list(csv.DictReader(open(run_dir / "rtt_check.csv"))) if (run_dir / "rtt_check.csv").exists() else []
+    last = {}
+    for r in rtt:  # a path's last attempt counts
+        last[(r["source"], r["cluster"])] = r
+    errs = sorted(abs(float(r["error_ms"])) for r in last.values())
+    ev = list(csv.DictReader(open(run_dir / "events.csv"))) if (run_dir / "events.csv").exists() else []
+    ev = [r for r in ev if r.get("phase", "measured") == "measured"]
+    t = s.get("timings_s") or {}
+    return {"message": rj.get("message"),
+            "network_up_s": t.get("network_s"), "bringup_s": t.get("bringup_s"), "total_s": t.get("total_s"),
+            "rtt_paths_ok": f"{sum(r['ok'] == '1' for r in last.values())}/{len(last)}",
+            "rtt_error_median_ms": round(statistics.median(errs), 2) if errs else None,
+            "rtt_error_max_ms": round(errs[-1], 2) if errs else None,
+            "events": [{"kind": r["kind"], "asked": r.get("value_asked"), "measured": r.get("value_measured"),
+                        "unit": r.get("unit"), "tolerance": r.get("tolerance"), "ok": r.get("ok")} for r in ev],
+            "success_ratio": s.get("success_ratio"), "queries": s.get("queries")}
+
+
+def _experiment_for(source: str) -> str:
+    """An experiment file for a topohub topology: ``testbed new-experiment`` (4 clusters, 4 sources,
+    40 s), with the events of the shipped big experiments: a link's delay at 10 s, a cluster down
+    from 15 to 25 s, a link down from 20 to 30 s (a link of a source's path to its nearest cluster,
+    the failed one not a bridge, so that a route around it exists); links named by node id."""
+    import networkx as nx
+    import yaml
+
+    from testbed.cli.main import main as testbed
+    from testbed.plan.build import plan_experiment
+
+    out = Path(tempfile.mkdtemp(prefix="big-exp-")) / f"{source.split(':')[1].replace('/', '-')}.yaml"
+    if testbed(["new-experiment", "--topology", source, "--clusters", "auto:4", "--sources", "auto:4",
+                "--duration", "40s", "--out", str(out)]) != 0:
+        raise SystemExit(f"new-experiment failed on {source}")
+    plan = plan_experiment(out)
+    node = {sw.name: sw.node_id for sw in plan.switches}
+    g = nx.Graph((lk.a, lk.b) for lk in plan.links)
+    bridges = {frozenset(e) for e in nx.bridges(g)}
+    nearest = [min((p for p in plan.paths if p.source == s.name), key=lambda p: p.rtt_ms) for s in plan.sources]
+    on_paths = [(a, b) for p in nearest for a, b in zip(p.switches, p.switches[1:], strict=False)]
+    spare = [e for e in on_paths if frozenset(e) not in bridges] or \
+        [(lk.a, lk.b) for lk in plan.links if frozenset((lk.a, lk.b)) not in bridges]
+    delay = (on_paths or spare)[0]
+    cluster = plan.clusters[0].name
+    d = yaml.safe_load(out.read_text())
+    d["events"] = [{"at": "10s", "kind": "link_delay", "link": [node[delay[0]], node[delay[1]]], "delay": "10ms"},
+                   {"at": "15s", "kind": "cluster_down", "cluster": cluster},
+                   {"at": "25s", "kind": "cluster_up", "cluster": cluster},
+                   {"at": "20s", "kind": "link_down", "link": [node[spare[0][0]], node[spare[0][1]]]},
+                   {"at": "30s", "kind": "link_up", "link": [node[spare[0][0]], node[spare[0][1]]]}]
+    out.write_text(yaml.safe_dump(d, sort_keys=False))
+    return str(out)
+
+
+def cmd_big(args) -> dict:
+    """One whole emulation per experiment (module doc, ``big``)."""
+    from rich.console import Console
+
+    from testbed.emu.capacity import check_capacity
+    from testbed.emu.network import _import_mininet
+    from testbed.plan.build import plan_experiment
+    from testbed.plan.dilation import with_time_dilation
+    from testbed.results.runs import run_emulation, run_simulation
+
+    _import_mininet()
+    rows = []
+    for path in args.experiments:
+        path = _experiment_for(path) if path.startswith("topohub:") else path
+        plan = plan_experiment(path)
+        cap = check_capacity(plan)
+        k = args.k if args.k is not None else (cap.k or 1.0)
+        row = {"experiment": path, "switches": len(plan.switches), "links": len(plan.links), "k": k,
+               "estimate_mib": round(cap.needs.memory_mib), "estimate": cap.needs.line(), "fits": cap.fits}
+        print(json.dumps(row), flush=True)
+        with emulation_lock():
+            row["load_before"] = round(os.getloadavg()[0], 2)
+            if args.plain_timeout_s > 0:
+                row.update(_plain_capped(plan, args.plain_timeout_s))
+                print(json.dumps({k_: row[k_] for k_ in row if k_.startswith("plain")}), flush=True)
+            runs = Path(tempfile.mkdtemp(prefix="big-"))
+            mem = _MemSampler("*")
+            mem.start()
+            t0 = time.monotonic()
+            code = run_emulation(with_time_dilation(plan, k), console=Console(stderr=True), runs_dir=runs,
+                                 duration_s=args.seconds)
+            wall = time.monotonic() - t0
+            mem.stop.set()
+        run_dir = next(runs.iterdir())
+        row.update(exit_code=code, wall_s=round(wall, 1), peak_mib=round(mem.peak_mib), run_dir=str(run_dir),
+                   **_run_figures(run_dir))
+        _, sim = run_simulation(plan, runs_dir=runs, duration_s=args.seconds, quiet=True)
+        row["sim_success_ratio"] = sim.get("success_ratio")
+        if row.get("success_ratio") is not None and row["sim_success_ratio"] is not None:
+            row["success_gap_points"] = round(100 * (row["success_ratio"] - row["sim_success_ratio"]), 1)
+        if row.get("plain_up_s") and row.get("network_up_s"):
+            row["ratio"] = round(row["network_up_s"] / row["plain_up_s"], 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print("\n| experiment | switches / links | plain Mininet up | testbed network up | bring-up (servers, warm) | "
+          "peak MiB (estimate) | k | wall s | RTT error median / max ms | self-check | events ok | success emu / sim |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        plain = f"{r['plain_up_s']} s" if r.get("plain_up_s") else r.get("plain_note", "-")
+        ev_ok = f"{sum(e['ok'] == '1' for e in r['events'])}/{len(r['events'])}"
+        print(f"| {r['experiment']} | {r['switches']} / {r['links']} | {plain} | {r.get('network_up_s')} s | "
+              f"{r.get('bringup_s')} s | {r['peak_mib']} ({r['estimate_mib']}) | {r['k']:g} | {r['wall_s']} | "
+              f"{r.get('rtt_error_median_ms')} / {r.get('rtt_error_max_ms')} | {r.get('rtt_paths_ok')} | {ev_ok} | "
+              f"{r.get('success_ratio')} / {r.get('sim_success_ratio')} |")
+    return {"big": rows}
+
+
+# ------------------------------------------------------------------------------------- costs
+
+def _role_cpu_s(run_id: str) -> dict[str, float]:
+    """CPU seconds so far per role of the run's processes (testbed.emu.capacity.role_of)."""
+    import psutil
+
+    from testbed.emu.capacity import role_of
+    from testbed.emu.cleanup import RUN_ENV
+
+    out: dict[str, float] = {}
+    for p in psutil.process_iter(["cmdline", "cpu_times"]):
+        try:
+            if p.environ().get(RUN_ENV) == run_id:
+                role = role_of(" ".join(p.info["cmdline"] or []))
+                out[role] = out.get(role, 0.0) + p.info["cpu_times"].user + p.info["cpu_times"].system
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def _usage_row(usage: dict) -> dict:
+    return {role: {"processes": u.processes, "threads": u.threads, "pss_mib": round(u.pss_mib, 1), "fds": u.fds,
+                   "max_fds": u.max_fds} for role, u in sorted(usage.items())}
+
+
+def cmd_costs(args) -> dict:
+    """What a run's parts cost (testbed.emu.capacity.COSTS): per topology, the testbed's network
+    brought up and left idle, then per role of its processes their count, threads, memory (PSS)
+    and descriptors, the kernel's own memory grown (Slab, stacks, page tables), and the CPU the
+    idle network takes over ``--idle-s``; with ``--run``, a short run of that experiment
+    (servers and sources), sampled every second, the largest of each role kept."""
+    from testbed.emu.bringup import emulated_network, new_run_dir
+    from testbed.emu.capacity import count_items, kernel_mib, usage_by_role
+
+    rows = []
+    for source in args.topologies:
+        plan = scale_experiment(source)
+        with emulation_lock():
+            kern0 = kernel_mib()
+            run_id, run_dir = new_run_dir(plan, Path(tempfile.mkdtemp(prefix="costs-")))
+            with emulated_network(plan, run_id, run_dir) as live:
+                time.sleep(2)
+                cpu0, t0 = _role_cpu_s(run_id), time.monotonic()
+                time.sleep(args.idle_s)
+                cpu1, dt = _role_cpu_s(run_id), time.monotonic() - t0
+                usage = usage_by_role(run_id)
+                kern1 = kernel_mib()
+                items = count_items(plan, live.link_emulator, live.datapath)
+        row = {"topology": source, "items": items, "kernel_mib": round(kern1 - kern0, 1),
+               "idle_cores": {r: round((cpu1.get(r, 0) - cpu0.get(r, 0)) / dt, 4) for r in cpu1},
+               "roles": _usage_row(usage)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    out = {"bringup": rows}
+    if args.run and not args.topologies:
+        rows.clear()
+    if args.run:
+        out["run"] = _costs_of_a_run(Path(args.run), args.seconds)
+        print(json.dumps(out["run"]), flush=True)
+    return out
+
+
+def _costs_of_a_run(path: Path, seconds: float) -> dict:
+    """The largest usage per role over a short run of ``path`` (every second)."""
+    from rich.console import Console
+
+    from testbed.emu.capacity import usage_by_role
+    from testbed.emu.cleanup import RUN_ENV
+    from testbed.plan.build import plan_experiment
+    from testbed.results.runs import run_emulation
+
+    plan = plan_experiment(path)  # without its RTT self-check: memory does not depend on it, a busy machine fails it
+    exp = plan.experiment
+    plan = plan.model_copy(update={"experiment": exp.model_copy(update={"emulation": exp.emulation.model_copy(
+        update={"rtt_check": False})})})
+    peak: dict[str, dict] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        import psutil
+
+        while not stop.wait(1.0):
+            ids = set()
+            for p in psutil.process_iter():
+                try:
+                    ids.add(p.environ().get(RUN_ENV))
+                except (psutil.Error, OSError):
+                    continue
+            for run_id in ids - {None}:
+                for role, u in _usage_row(usage_by_role(run_id)).items():
+                    if u["pss_mib"] > peak.get(role, {}).get("pss_mib", -1):
+                        peak[role] = u
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    with emulation_lock():
+        code = run_emulation(plan, console=Console(quiet=True), runs_dir=Path(tempfile.mkdtemp(prefix="costs-run-")),
+                             duration_s=seconds)
+    stop.set()
+    th.join()
+    return {"experiment": str(path), "exit_code": code, "items": {"clusters": len(plan.clusters),
+            "sources": len(plan.sources)}, "roles": peak}
+
+
 # ------------------------------------------------------------------------------------- load
 
 def cmd_load(args) -> dict:
@@ -388,6 +668,17 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("bringup")
     b.add_argument("topologies", nargs="+")
     b.add_argument("--runs", type=int, default=1)
+    e = sub.add_parser("big")
+    e.add_argument("experiments", nargs="+", help="experiment files (e.g. experiments/isp-att.yaml)")
+    e.add_argument("--k", type=float, default=None, help="time dilation (default: the pre-flight's k)")
+    e.add_argument("--seconds", type=float, default=None, help="load duration (default: the experiment's)")
+    e.add_argument("--plain-timeout-s", type=float, default=1800.0,
+                   help="stop plain Mininet's bring-up after this long (0: skip it)")
+    d = sub.add_parser("costs")
+    d.add_argument("topologies", nargs="*")
+    d.add_argument("--idle-s", type=float, default=10.0)
+    d.add_argument("--run", default=None, help="also a short run of this experiment (servers and sources)")
+    d.add_argument("--seconds", type=float, default=15.0)
     c = sub.add_parser("load")
     c.add_argument("--experiment", default=str(REPO / "experiments" / "scenario-failure.yaml"))
     c.add_argument("--rates", nargs="+", type=float, default=[100, 200, 500])
@@ -402,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--policy", default=None, choices=CATALOGUE,
                    help="every source's policy (default: the experiment's); e.g. round_robin spreads the load "
                         "over every cluster, so that the clusters' quotas do not saturate before the testbed")
-    return run_benchmark(p, {"profile": cmd_profile, "bringup": cmd_bringup, "load": cmd_load}, argv)
+    return run_benchmark(p, {"profile": cmd_profile, "bringup": cmd_bringup, "big": cmd_big, "costs": cmd_costs,
+                                        "load": cmd_load}, argv)
 
 
 def run_benchmark(parser: argparse.ArgumentParser, commands: dict, argv: list[str] | None) -> int:

@@ -54,6 +54,45 @@ def test_topohub_experiment_plans_and_simulates(tmp_path, capsys, args):
     assert _simulated_queries(tmp_path, path) > 0
 
 
+def test_continental_topology_places_clusters_within_every_sources_deadline(tmp_path, capsys):
+    """backbone/americas (1,138 nodes): the most central nodes are 33-370 ms of RTT from the
+    peripheral sources, past the 100 ms deadline; new-experiment places the clusters so that every
+    source has a (cluster, model) within it at zero load (the plan's own check), and the file says
+    so; its simulation succeeds."""
+    from testbed.plan.checks import zero_load_feasibility
+
+    code, out, path = _new(tmp_path, capsys, "--topology", "topohub:backbone/americas", "--clusters", "auto:6",
+                           "--sources", "auto:8")
+    assert code == 0 and "note:" not in out
+    assert "# Placement: 6 clusters placed to bring the sources within the deadline at zero load" in path.read_text()
+    plan = plan_experiment(path)
+    (f,) = zero_load_feasibility(plan)
+    assert f.ok and not f.late_sources and len(f.fastest) == 8
+    assert max(p.e2e_ms for p in f.fastest.values()) <= 100
+    assert not [n for n in plan.notes if "WARNING" in n]
+    runs = tmp_path / "runs"
+    assert main(["simulate", str(path), "--duration", "5", "--runs-dir", str(runs)]) == 0
+    (summary,) = runs.glob("*/summary.json")
+    assert json.loads(summary.read_text())["success_ratio"] > 0.9
+
+
+def test_continental_topology_refuses_a_deadline_no_placement_meets_and_names_the_nearest(tmp_path, capsys):
+    """A deadline below a model's service time plus the host links' transfers: no placement can
+    meet it; nothing is written, and the message names the fastest pair and the nearest deadline
+    (whole ms), which then writes a file."""
+    code, out, path = _new(tmp_path, capsys, "--topology", "topohub:backbone/americas", "--clusters", "auto:6",
+                           "--sources", "auto:8", "--deadline", "1.2ms", "--bandwidth", "10Gbit/s")
+    assert code == 2 and not path.exists()
+    m = re.search(r"application 'digits': no \(source, cluster, model\) meets its deadline of 1.2 ms even at zero "
+                  r"load \(the fastest: .* (\d+\.\d) ms \(RTT .*\)\); the nearest deadline that would work: (\d+) ms",
+                  out)
+    assert m, out
+    assert int(m[2]) - 1 < float(m[1]) <= int(m[2])  # the fastest pair's time, rounded up to a whole ms
+    code, out, path = _new(tmp_path, capsys, "--topology", "topohub:backbone/americas", "--clusters", "auto:6",
+                           "--sources", "auto:8", "--deadline", f"{m[2]}ms", "--bandwidth", "10Gbit/s")
+    assert code == 0 and path.exists()
+
+
 def test_local_topology_by_node_names(tmp_path, capsys):
     code, _, path = _new(tmp_path, capsys, "--topology", str(TRIANGLE), "--clusters", "B:0.5,C:near_edge:1",
                          "--sources", "A,C", "--family", "digits", "--deadline", "80ms", "--rate", "3")

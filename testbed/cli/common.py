@@ -17,6 +17,8 @@ import sys
 
 from rich.console import Console
 
+from testbed.plan.checks import feasibility_warnings
+from testbed.plan.resolved import Plan
 from testbed.spec.experiment import MAX_DURATION_S
 from testbed.spec.units import UnitError, parse_duration_arg_s
 
@@ -49,3 +51,11 @@ def duration_arg(text: str) -> float:
     if not 0 < value <= MAX_DURATION_S:
         raise argparse.ArgumentTypeError(f"{text!r}: the duration must be in (0, {MAX_DURATION_S:g}] s")
     return value
+
+
+def print_feasibility(plan: Plan, out: Console | None = None) -> None:
+    """Print the plan's zero-load feasibility lines (:func:`testbed.plan.checks.feasibility_warnings`,
+    the ones ``testbed plan`` lists under Notes) before a run or a simulation starts."""
+    for line in feasibility_warnings(plan):
+        (out or console).print(line if line.startswith("WARNING") else f"note: {line}", markup=False,
+                               highlight=False)

@@ -28,7 +28,7 @@ from rich.text import Text
 from testbed.agent.live import refuse_unfit_checkpoint
 from testbed.aset.train import resolve, training_scenarios
 from testbed.cli import evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo
-from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
+from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help, print_feasibility
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
 from testbed.emu.autodilate import choose
 from testbed.emu.cleanup import cleanup
@@ -150,6 +150,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         overrides["duration_s"] = args.duration
     if args.link_emulator is not None:
         overrides["link_emulator"] = args.link_emulator
+    print_feasibility(plan)
     return run_emulation(plan, console=console, runs_dir=args.runs_dir,
                           base_dir=args.experiment.parent, process_ends=True, **overrides)
 

@@ -15,6 +15,17 @@ the most central one); none by default.
 ``--sources``: ``auto:N`` (default ``auto:4``): the N least central nodes (where users attach, at
 the edge of the network), nodes without a cluster first; or comma-separated ``NODE`` items.
 
+Deadlines at zero load: the file must let every application's queries succeed. Where the placement
+above leaves a source without a (cluster, model) that answers within the deadline at zero load
+(the plan's own check, :func:`testbed.plan.checks.zero_load_feasibility`: the path's RTT, the
+messages' transfer on every link, the model's expected time at the cluster's share), ``auto:N``
+clusters are placed again, greedily, to bring every source within reach and then further within
+it, and ``auto:N`` sources out of every cluster's reach move to the least central nodes within one
+(:func:`reach_deadlines`; the file's header says so). When no query of an application could meet
+its deadline even so, nothing is written and the error names, per application, the fastest pair
+and the nearest deadline that would work. Sources left out of reach (named nodes, too few
+clusters) are a note, and the file is written.
+
 A NODE is a node's id or its label, as in an experiment file. A name the topology does not have
 is refused with the nearest names (``difflib``) and the topology's node names.
 
@@ -33,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shlex
@@ -48,6 +60,9 @@ from testbed.core.errors import InputError
 from testbed.core.util import did_you_mean, replace_atomic, repo_path
 from testbed.plan import zoo
 from testbed.plan.build import build_plan
+from testbed.plan.checks import AppFeasibility, feasibility_warnings, zero_load_feasibility
+from testbed.plan.placement import Demand, cover_sources, covers, zero_load_from
+from testbed.plan.resolved import Plan
 from testbed.spec.experiment import MAX_NAME_BYTES, ConfigError, Experiment, format_validation_error
 from testbed.spec.schema import NAME_RE, load_yaml
 from testbed.spec.topology import RawTopology, load_topology, resolve_topology_path
@@ -362,9 +377,12 @@ def _cluster_lines(clusters: list[Placement], apps: list[App]) -> list[str]:
 
 
 def render(opts: Options, raw: RawTopology, source: str, clusters: list[Placement], cloud: Node | None,
-           sources: list[Placement], apps: list[App], dropped: bool, out_label: str) -> str:
-    """The experiment file's text (comments included)."""
+           sources: list[Placement], apps: list[App], dropped: bool, out_label: str, placement: str = "") -> str:
+    """The experiment file's text (comments included); ``placement``: a line on how the clusters
+    and sources were placed, when not by centrality alone."""
     text = _header(opts, raw, source, dropped, out_label)
+    if placement:
+        text = text.replace("\n# Check it:", f"\n# Placement: {placement}.\n# Check it:", 1)
     if cloud is not None:
         text += (f"\ncloud:                         # a site behind one long link, for the tier cloud\n"
                  f"  attach_to: {q(cloud.ref)}\n  delay: 20ms                  # one way\n"
@@ -445,9 +463,17 @@ def _topology_source(text: str, out: Path | None) -> tuple[str, RawTopology, Pat
 def write_experiment(args: argparse.Namespace) -> tuple[str, Path | None]:
     """Compose, check (as ``testbed plan``) and write the experiment; returns (its text, where written).
 
+    Placement: where a placement of ``auto:N`` leaves a source without a (cluster, model) that
+    answers within the deadline at zero load (:func:`testbed.plan.checks.zero_load_feasibility`),
+    the clusters (``--clusters auto:N``) are placed again to bring every source within reach, and
+    sources (``--sources auto:N``) out of every cluster's reach are replaced by the next least
+    central nodes within it (:func:`reach_deadlines`).
+
     Raises:
         NewExperimentError: a bad option, an unknown node or family, an existing ``--out`` without
-            ``--force``, or a file that would not plan (names the reason; nothing is written).
+            ``--force``, a file that would not plan, or an application none of whose queries could
+            meet its deadline even at zero load (names the nearest deadline that would work; nothing
+            is written).
         TopologyError: the topology cannot be loaded.
     """
     out: Path | None = args.out
@@ -469,8 +495,20 @@ def write_experiment(args: argparse.Namespace) -> tuple[str, Path | None]:
         clusters.append(Placement(host_name("cloud", used), cloud, "cloud", TIER_CORES["cloud"]))
     sources = place_sources(args.sources, nodes, g, clusters, used)
     apps = applications(args.family, args.min_accuracy, repo_path("models/zoo"), used)
-    text = render(opts, raw, source, clusters, cloud, sources, apps, dropped, str(out) if out else "FILE.yaml")
-    _check_plans(text, raw, base)
+    label = str(out) if out else "FILE.yaml"
+    text = render(opts, raw, source, clusters, cloud, sources, apps, dropped, label)
+    plan = _check_plans(text, raw, base)
+    verdicts = zero_load_feasibility(plan)
+    auto_clusters, auto_sources = _items(args.clusters, "--clusters")[0], _items(args.sources, "--sources")[0]
+    if any(not f.ok or f.late_sources for f in verdicts) and (auto_clusters or auto_sources):
+        picked, chosen, why = reach_deadlines(plan, g, nodes, clusters, sources, auto_clusters, auto_sources)
+        clusters, sources, apps = _named(picked, cloud, chosen, args)
+        text = render(opts, raw, source, clusters, cloud, sources, apps, dropped, label, placement=why)
+        plan = _check_plans(text, raw, base)
+        verdicts = zero_load_feasibility(plan)
+    _refuse_infeasible(verdicts)
+    for line in feasibility_warnings(plan, verdicts):  # sources left out of reach (named nodes, too few clusters)
+        console.print(f"note: {line}", markup=False, highlight=False)
     if out is not None:
         if out.exists() and not args.force:
             raise NewExperimentError(f"--out {out}: the file exists; pass --force to replace it")
@@ -481,14 +519,105 @@ def write_experiment(args: argparse.Namespace) -> tuple[str, Path | None]:
     return text, out
 
 
-def _check_plans(text: str, raw: RawTopology, base: Path) -> None:
-    """The text validates and plans (as ``testbed plan``), or NewExperimentError saying why."""
+def _named(picked: list[tuple[Node, str, float]], cloud: Node | None, chosen: list[Node],
+           args: argparse.Namespace) -> tuple[list[Placement], list[Placement], list[App]]:
+    """Host names for a new placement, given in the order the first one was named."""
+    used: set[str] = set()
+    prefix = {"far_edge": "fe", "near_edge": "ne"}
+    clusters = [Placement(host_name(x.label, used, prefix[tier]), x, tier, cores) for x, tier, cores in picked]
+    if cloud is not None:
+        clusters.append(Placement(host_name("cloud", used), cloud, "cloud", TIER_CORES["cloud"]))
+    sources = [Placement(host_name(x.label, used, fallback=f"src{x.id}"), x) for x in chosen]
+    return clusters, sources, applications(args.family, args.min_accuracy, repo_path("models/zoo"), used)
+
+
+def _demands(plan: Plan) -> list[Demand]:
+    """Each application's deadline and request bytes, and the expected time of its fastest model
+    meeting its accuracy at the slowest of the plan's edge clusters (a placement that meets the
+    deadline with it meets it at any of them)."""
+    out = []
+    edge = [c for c in plan.clusters if c.tier != "cloud"] or plan.clusters
+    for a in plan.experiment.applications:
+        best = [min((f.expected_ms for m, f in plan.services[c.name].items()
+                     if plan.models[m].family == a.family and plan.models[m].accuracy >= a.min_accuracy),
+                    default=math.inf) for c in edge]
+        out.append(Demand(a.name, a.deadline_ms, plan.request_bytes[a.name], max(best)))
+    return out
+
+
+def reach_deadlines(plan: Plan, g: nx.Graph, nodes: list[Node], clusters: list[Placement], sources: list[Placement],
+                    n_clusters: int | None, n_sources: int | None) -> tuple[list[tuple[Node, str, float]],
+                                                                             list[Node], str]:
+    """A placement within every application's deadline at zero load (:mod:`testbed.plan.placement`):
+
+    * ``--clusters auto:N``: clusters picked greedily (:func:`testbed.plan.placement.cover_sources`):
+      first to bring every source within reach, then to bring the sources further within their
+      deadlines (ties: the more central node). The first pick is near edge, the others far edge.
+    * ``--sources auto:N``: the sources a cluster reaches are kept; the others are replaced by the
+      least central nodes a cluster reaches (the rest stay, when too few nodes are in reach).
+
+    Returns (the clusters as (node, tier, cores), the source nodes, a line on what was done).
+    """
+    demands = _demands(plan)
+    by_id = {x.id: x for x in nodes}
+    sw_of = {s.node_id: s.name for s in plan.switches if s.node_id in by_id}
+    node_of = {sw: by_id[i] for i, sw in sw_of.items()}
+    central = [sw_of[x.id] for x in _by_centrality(g, by_id) if x.id in sw_of]
+    host_mbps = plan.experiment.topology.host_bandwidth_mbps
+    edge = [c for c in clusters if c.tier != "cloud"]
+    src_nodes = [x.node for x in sources]
+    why = []
+    if n_clusters is not None:
+        reach = {sw_of[x.id]: zero_load_from(plan, sw_of[x.id], True, demands, host_mbps) for x in src_nodes}
+        picks, _ = cover_sources(reach, demands, central, n_clusters)
+        tiers = ["near_edge"] + ["far_edge"] * (len(picks) - 1)
+        picked = [(node_of[sw], t, TIER_CORES[t]) for sw, t in zip(picks, tiers, strict=True)]
+        why.append(f"{n_clusters} clusters placed to bring the sources within the deadline at zero load")
+    else:
+        picked = [(c.node, c.tier, c.cores) for c in edge]
+    if n_sources is not None:
+        served = {}
+        for x, _, _ in picked:
+            for sw, times in zero_load_from(plan, sw_of[x.id], False, demands, host_mbps).items():
+                served[sw] = served.get(sw, False) or covers(times, demands)
+        kept = [x for x in src_nodes if served.get(sw_of[x.id])]
+        taken = {x.id for x, _, _ in picked} | {x.id for x in src_nodes}
+        fresh = [node_of[sw] for sw in central[::-1] if served.get(sw) and node_of[sw].id not in taken]
+        spare = [x for x in src_nodes if x not in kept]
+        moved = min(len(spare), len(fresh))
+        src_nodes = kept + fresh[:moved] + spare[moved:]
+        if moved:
+            why.append(f"{moved} source(s) moved to the least central nodes within reach of a cluster")
+    return picked, src_nodes, "; ".join(why)
+
+
+def _refuse_infeasible(verdicts: list[AppFeasibility]) -> None:
+    """NewExperimentError naming, per application none of whose queries can meet its deadline at
+    zero load, the fastest pair and the nearest deadline that would work."""
+    bad = [f for f in verdicts if not f.ok and f.fastest]
+    if not bad:
+        return
+    parts = []
+    for f in bad:
+        best = min(f.fastest.values(), key=lambda p: p.e2e_ms)
+        parts.append(f"application {f.application!r}: no (source, cluster, model) meets its deadline of "
+                     f"{f.deadline_ms:g} ms even at zero load (the fastest: {best.parts()}); the nearest deadline "
+                     f"that would work: {f.nearest_deadline_ms():g} ms ({f.nearest_deadline_ms(every_source=True):g} "
+                     f"ms for every source)")
+    longest = max(f.nearest_deadline_ms(every_source=True) or 0 for f in bad)
+    raise NewExperimentError("no query could succeed in the experiment these options make: " + "; ".join(parts)
+                             + f"; give a longer --deadline (e.g. --deadline {longest:g}ms), or name clusters nearer "
+                               f"the sources; nothing was written")
+
+
+def _check_plans(text: str, raw: RawTopology, base: Path) -> Plan:
+    """The text validates and plans (as ``testbed plan``): its plan, or NewExperimentError saying why."""
     try:
         exp = Experiment.model_validate(load_yaml(text))
     except ValidationError as exc:
         raise NewExperimentError(format_validation_error(exc, "the generated experiment", model=Experiment)) from None
     try:
-        build_plan(exp, raw=raw, base_dir=base)
+        return build_plan(exp, raw=raw, base_dir=base)
     except (InputError, ConfigError) as exc:
         raise NewExperimentError(f"the experiment these options make does not plan: {exc}; change the options "
                                  f"(--clusters, --sources, --family, --deadline, --rate)") from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
+from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help, print_feasibility
 from testbed.core.errors import EXIT_ALL_FAILED, EXIT_BRINGUP, EXIT_NOTHING_MEASURED, InputError, RunFailure
 from testbed.core.plugins import PluginError, normalize_ref
 from testbed.core.util import repo_path
@@ -72,6 +72,7 @@ def _cmd(args: argparse.Namespace) -> int:
     late = events_after_end(plan.changes, duration)
     if late:
         console.print(f"note: {late}", markup=False, highlight=False)
+    print_feasibility(plan)
     if plan.experiment.capture is not None:  # said, not skipped in silence
         console.print("note: the experiment's capture: section applies to an emulation only (the simulator has "
                       "no packets); no packet capture in this run", markup=False, highlight=False)

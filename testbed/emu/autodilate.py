@@ -129,6 +129,36 @@ def _reference(runs_dir: Path, name: str) -> tuple[str, dict[str, float], float 
     return ref, per, call
 
 
+def needed_cores(plan: Plan, per: dict[str, float], rate: float) -> tuple[float, float]:
+    """(cores the emulation needs at k = 1, cores of Open vSwitch's one thread) for ``rate``
+    emulated q/s at ``per`` CPU ms per query and role (the clusters' part capped at their shares)."""
+    cluster_cores = sum(c.cpu_cores for c in plan.experiment.clusters)
+    servers = min(cluster_cores, rate * sum(ms for r, ms in per.items() if r in SERVER_ROLES) / 1e3)
+    needed = rate * sum(ms for r, ms in per.items() if r not in SERVER_ROLES) / 1e3 + servers
+    return needed, rate * per.get("ovs-vswitchd", 0.0) / 1e3
+
+
+def smallest_k(needed: float, ovs: float, idle: float) -> float:
+    """The smallest k (>= 1, not rounded) keeping ``needed`` cores within MAX_BUSY_FRACTION of
+    ``idle`` cores and Open vSwitch's thread (``ovs`` cores) within MAX_BUSY_FRACTION of one."""
+    return max(1.0, needed / (MAX_BUSY_FRACTION * max(idle, 1e-9)), ovs / MAX_BUSY_FRACTION)
+
+
+def k_for(plan: Plan, idle: float) -> tuple[float | None, str]:
+    """The k (a multiple of K_STEP) at which ``idle`` cores carry ``plan``'s load by the rule of
+    :func:`choose`, without measuring anything (per-query CPU from the newest reference run, else
+    :data:`DEFAULT_QUERY_CPU_MS`; model calls at the reference's speed): (k, or None above the
+    largest; a line saying why)."""
+    rate = emulated_rate_qps(plan)
+    ref = _reference(repo_path(plan.experiment.runs_dir), plan.experiment.name)
+    reference, per = ("default", dict(DEFAULT_QUERY_CPU_MS)) if ref is None else ref[:2]
+    needed, ovs = needed_cores(plan, per, rate)
+    k = math.ceil(smallest_k(needed, ovs, idle) / K_STEP - 1e-9) * K_STEP
+    why = (f"{rate:.1f} q/s emulated x CPU per query of {reference}: {needed:.2f} cores at k = 1, Open vSwitch "
+           f"{ovs:.2f} of its thread, on {max(idle, 0):.2f} idle cores")
+    return (k if k <= MAX_TIME_DILATION else None), why
+
+
 def choose(plan: Plan, console=None, idle: float | None = None) -> AutoDilation:
     """Measure the machine and choose k for ``plan`` (module docstring); prints the choice and why
     on ``console`` when given. ``idle``: the idle cores to assume instead of measuring them (e.g.
@@ -152,10 +182,8 @@ def choose(plan: Plan, console=None, idle: float | None = None) -> AutoDilation:
                          f"over {IDLE_SAMPLE_S:g} s, at least {MIN_IDLE_CORES:g} needed): no k can keep the "
                          f"emulation within {MAX_BUSY_FRACTION:.0%} of nothing; give --time-dilation K")
     cluster_cores = sum(c.cpu_cores for c in plan.experiment.clusters)
-    servers = min(cluster_cores, rate * sum(ms for r, ms in per.items() if r in SERVER_ROLES) / 1e3)
-    needed = rate * sum(ms for r, ms in per.items() if r not in SERVER_ROLES) / 1e3 + servers
-    ovs = rate * per.get("ovs-vswitchd", 0.0) / 1e3
-    k_raw = max(1.0, needed / (MAX_BUSY_FRACTION * idle), ovs / MAX_BUSY_FRACTION)
+    needed, ovs = needed_cores(plan, per, rate)
+    k_raw = smallest_k(needed, ovs, idle)
     k = math.ceil(k_raw / K_STEP - 1e-9) * K_STEP
     why = [f"emulated load {rate:.1f} q/s; CPU per query from {reference}: "
            + ", ".join(f"{r} {ms:.1f} ms" for r, ms in sorted(per.items()) if ms >= 0.05)
@@ -176,4 +204,5 @@ def choose(plan: Plan, console=None, idle: float | None = None) -> AutoDilation:
     return out
 
 
-__all__ = ["DEFAULT_QUERY_CPU_MS", "MAX_BUSY_FRACTION", "AutoDilation", "choose", "emulated_rate_qps", "idle_cores"]
+__all__ = ["DEFAULT_QUERY_CPU_MS", "MAX_BUSY_FRACTION", "AutoDilation", "choose", "emulated_rate_qps", "idle_cores",
+           "k_for", "needed_cores", "smallest_k"]

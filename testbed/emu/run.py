@@ -4,7 +4,8 @@ Steps, in order (each a function below):
 
 1. checks before anything is built (:func:`check_before_bringup`): root, tools and OVS
    (:func:`testbed.emu.bringup.preflight`), events the emulation can apply, the load within
-   the engines' bounds (also for ``--duration``), the OpenFlow and REST ports free, the run
+   the engines' bounds (also for ``--duration``), the OpenFlow and REST ports free, the machine
+   big enough (:mod:`testbed.emu.capacity`: memory, processes, file descriptors), the run
    directory writable with room for the run (:class:`testbed.emu.storage.Storage`, stating its
    estimate) and its paths within the Linux limits;
 2. the network (:func:`testbed.emu.bringup.emulated_network`: lock, cleanup of leftovers,
@@ -70,6 +71,7 @@ from testbed.emu.bringup import (
     preflight,
     rtt_self_check,
 )
+from testbed.emu.capacity import refuse_unfit
 from testbed.emu.cleanup import other_run_present, process_identity
 from testbed.emu.context import EmulationOutcome, RunContext
 from testbed.emu.events import unsupported
@@ -82,6 +84,7 @@ from testbed.emu.health import (
     ovs_components,
 )
 from testbed.emu.load import loaded_sources, run_load
+from testbed.emu.network import choose_datapath, choose_link_emulator
 from testbed.emu.servers import ClusterServers
 from testbed.emu.storage import Storage, estimate_storage
 from testbed.model.events import LINK_KINDS, kind_of
@@ -160,8 +163,12 @@ def _check_ports(plan: Plan) -> None:
                              f"or service? `ss -ltnp 'sport = :{port}'`); choose another port", EXIT_BRINGUP)
 
 
-def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None) -> tuple[str, Path, Storage]:
-    """Step 1 (module docstring); creates the run directory and takes its storage reserve.
+def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None, link_emulator: str | None = None,
+                         console: Console | None = None) -> tuple[str, Path, Storage]:
+    """Step 1 (module docstring); creates the run directory and takes its storage reserve. The
+    pre-flight estimate (:func:`testbed.emu.capacity.refuse_unfit`: memory, processes, file
+    descriptors, the k the CPU needs) is printed on ``console``; a run that cannot fit is refused
+    before the run directory is created.
 
     Returns:
         (run id, run directory, its :class:`Storage`).
@@ -177,6 +184,8 @@ def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None) -
     expected = check_load_bounds(plan.experiment, plan.weights, duration_s, Path(plan.base_dir))
     refuse_unfit_checkpoint(plan)  # the ASET checkpoint fits every source that applies aset (as testbed plan)
     _check_ports(plan)
+    em = plan.experiment.emulation
+    refuse_unfit(plan, console, choose_link_emulator(link_emulator or em.link_emulator), choose_datapath(em.datapath))
     base = Path(runs_dir) if runs_dir else repo_path(plan.experiment.runs_dir)
     problem = run_dir_limit_problem(base, plan)
     if problem:
@@ -447,7 +456,7 @@ def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = 
     console = console or Console(markup=False, highlight=False, soft_wrap=True)
     duration_s = duration_s or plan.experiment.duration_s
     try:
-        run_id, run_dir, storage = check_before_bringup(plan, duration_s, runs_dir)
+        run_id, run_dir, storage = check_before_bringup(plan, duration_s, runs_dir, link_emulator, console)
     except TestbedError as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
         yield EmulationOutcome(exc.exit_code, str(exc), duration_s=duration_s)

@@ -134,6 +134,7 @@ class Dispatcher:
         self._mean_ms = {c: sum(self.specs[i].mean_service_ms for i in idx) / len(idx) for c, idx in self._pos.items()}
         self.sent: dict[str, int] = dict.fromkeys(self.clusters, 0)  # own queries since the last report
         self._options: list[pol.Option] | None = None
+        self._stale: set[str] = set()  # clusters sent to since their options were built
         self._family: dict[str, list[int]] = {}  # family -> its options (fixed)
         self._candidates: dict[tuple[str, float, float], list[int]] = {}  # feasible options, until a report
         self._cache: dict[tuple[str, float, float], pol.Decision] = {}
@@ -166,6 +167,7 @@ class Dispatcher:
             self.heard[cluster] = heard
             self.sent[cluster] = 0
         self._options = None
+        self._stale.clear()
         self._candidates = {}
         self._cache = {}
 
@@ -179,8 +181,7 @@ class Dispatcher:
         does the load it sees there (feasibility does not change: it ignores the load)."""
         self.sent[cluster] += n
         if self._options is not None:
-            for i in self._pos[cluster]:
-                self._options[i] = self._option(i)
+            self._stale.add(cluster)  # its options are rebuilt when next read (options)
         if self._entry.load_aware:
             self._cache = {}
 
@@ -201,6 +202,12 @@ class Dispatcher:
         """The :class:`testbed.model.policies.Option` list as this dispatcher sees it now."""
         if self._options is None:
             self._options = [self._option(i) for i in range(len(self.specs))]
+            self._stale.clear()
+        elif self._stale:
+            for cluster in self._stale:
+                for i in self._pos[cluster]:
+                    self._options[i] = self._option(i)
+            self._stale.clear()
         return self._options
 
     def _family_idx(self, family: str) -> list[int]:

@@ -213,6 +213,26 @@ class NetworkState:
         (the controller's trees; ties: fewer hops, then the lower DPID of :attr:`dpids`)."""
         return least_delay_paths(((lk.a, lk.b, lk.delay_ms) for lk in self.links if lk.up), pairs, self.dpids)
 
+    def components(self) -> dict[str, str]:
+        """Each switch that has a link up -> a representative switch of its connected part over
+        the links that are up (union-find): two switches have a route (:meth:`routes`) exactly when
+        their representatives are equal."""
+        parent: dict[str, str] = {}
+
+        def find(x: str) -> str:
+            parent.setdefault(x, x)
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for lk in self.links:
+            if lk.up:
+                ra, rb = find(lk.a), find(lk.b)
+                if ra != rb:
+                    parent[ra] = rb
+        return {x: find(x) for x in parent}
+
     def path_ms(self, path: Sequence[str], nbytes: int) -> float:
         """One-way time (ms) of a message of ``nbytes`` along ``path`` (switch names, in order)."""
         total = 0.0
@@ -228,6 +248,19 @@ class NetworkState:
             lk = self.link(a, b)
             keep *= 1.0 - lk.loss((lk.a, lk.b) == (a, b)) / 100.0
         return (1.0 - keep) * 100.0
+
+
+def message_ms(net: NetworkState, path: Sequence[str], nbytes: int, host_mbps: tuple[float, float],
+               per_hop_ms: float = 0.0) -> float:
+    """One-way time (ms) of a message of ``nbytes`` payload bytes from a host at ``path[0]`` to a
+    host at ``path[-1]`` (switch names, in order): the switch links as they are now
+    (:meth:`NetworkState.path_ms`: delay, transfer, queueing behind background), plus its
+    transfer on the two host links of ``host_mbps`` (Mbit/s, first host then last; 0 ms delay),
+    plus ``per_hop_ms / 2`` per switch link (the simulator's calibration knob, 0 in the model).
+    The one formula of a query's network time: the simulator's per-message times and the plan's
+    zero-load feasibility (:func:`testbed.plan.checks.zero_load_feasibility`) both call it."""
+    host = transfer_ms(nbytes, host_mbps[0], net.mss) + transfer_ms(nbytes, host_mbps[1], net.mss)
+    return net.path_ms(path, nbytes) + host + (len(path) - 1) * per_hop_ms / 2
 
 
 #: A span of a run without a route, (from_s, to_s), s since the load started; to_s may be inf.
@@ -254,11 +287,12 @@ def no_route_spans(net: NetworkState, changes: Sequence[Change],
     since: dict[tuple[str, str], float] = {}
 
     def look(t: float) -> None:
-        routes = net.routes(pairs)
+        part = net.components()  # a route exists exactly where the two switches are connected
         for p in pairs:
-            if routes[p] is None and p not in since:
+            cut = p[0] != p[1] and (p[0] not in part or part.get(p[0]) != part.get(p[1]))
+            if cut and p not in since:
                 since[p] = t
-            elif routes[p] is not None and p in since:
+            elif not cut and p in since:
                 spans[p].append((since.pop(p), t))
 
     look(0.0)
@@ -339,6 +373,5 @@ def path_cut(spans: Sequence[Span], t_from_s: float, t_to_s: float) -> bool:
 
 __all__ = ["DEFAULT_MTU", "DEFAULT_QUEUE_PACKETS", "FRAME_OVERHEAD_BYTES", "FULL_FRAME_BYTES", "IP_TCP_HEADER_BYTES",
            "MSS_BYTES", "TCP_RTO_MIN_MS", "LinkState", "LinkView", "NetworkState", "Span", "frames", "mss_of",
-           "RttStep", "no_route_spans", "p_retransmit", "path_cut", "path_rtt_ms", "rtt_at", "rtt_timeline",
-           "transfer_ms",
-           "wire_bytes"]
+           "RttStep", "message_ms", "no_route_spans", "p_retransmit", "path_cut", "path_rtt_ms", "rtt_at",
+           "rtt_timeline", "transfer_ms", "wire_bytes"]

@@ -150,18 +150,21 @@ def shortest_path_tree(graph: SwitchGraph, root: int) -> dict[int, int]:
     best: dict[int, tuple[float, int, int]] = {root: (0.0, 0, -1)}
     done: set[int] = set()
     heap: list[tuple[float, int, int, int]] = [(0.0, 0, -1, root)]
+    adj, pop, push = graph.adj, heapq.heappop, heapq.heappush  # the hot loop of every plan and controller
     while heap:
-        d, h, parent, u = heapq.heappop(heap)
+        d, h, parent, u = pop(heap)
         if u in done:
             continue
         done.add(u)
-        for v, attrs in graph.adj[u].items():
+        h += 1
+        for v, attrs in adj[u].items():
             if v in done:
                 continue
-            cand = (round(d + float(attrs["delay_ms"]), DELAY_DECIMALS), h + 1, u)
-            if v not in best or cand < best[v]:
+            cand = (round(d + attrs["delay_ms"], DELAY_DECIMALS), h, u)  # delays are floats (build_graph)
+            old = best.get(v)
+            if old is None or cand < old:
                 best[v] = cand
-                heapq.heappush(heap, (*cand, v))
+                push(heap, (*cand, v))
     return {v: lab[2] for v, lab in best.items() if v != root}
 
 

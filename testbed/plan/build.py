@@ -77,7 +77,7 @@ from testbed.plan.checks import (
     check_names,
     check_transfers,
     cpu_note,
-    deadlines_below_rtt,
+    feasibility_warnings,
     run_dir_limit_problem,
     runs_dir_problem,
     senders_and_servers,
@@ -135,7 +135,7 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
         raise PlanError(f"runs_dir: {problem}")
     validate_capture(plan)  # a capture point that is not in the network: refused before anything is built
     plan.notes += [n for n in (cpu_note(exp), events_after_end(changes, exp.duration_s)) if n]
-    plan.notes += deadlines_below_rtt(plan)
+    plan.notes += feasibility_warnings(plan)
     return plan
 
 
@@ -155,5 +155,5 @@ def plan_experiment(path: str | Path, catalog: Catalog | None = None) -> Plan:
 
 
 __all__ = ["CPU_HEADROOM_CORES", "Host", "Link", "PathInfo", "Plan", "PlanError", "QueueSettings", "Switch",
-           "TopologyError", "build_plan", "check_load_bounds", "deadlines_below_rtt", "events_after_end",
+           "TopologyError", "build_plan", "check_load_bounds", "events_after_end", "feasibility_warnings",
            "plan_experiment", "run_dir_limit_problem", "runs_dir_problem", "senders_and_servers"]

@@ -5,11 +5,14 @@ deadlines (the rows ``names``, ``bandwidth`` and ``run directory paths`` of
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.model.network import mss_of, transfer_ms
+from testbed.model import policies as pol
+from testbed.model.network import message_ms, mss_of, transfer_ms
 from testbed.plan.catalog import ModelInfo
 from testbed.plan.resolved import Host, Link, PathInfo, Plan, PlanError, Switch
 from testbed.plan.topology import Network
@@ -170,26 +173,136 @@ def senders_and_servers(exp: Experiment, models: dict[str, ModelInfo],
     return senders, servers
 
 
-def deadlines_below_rtt(plan: Plan) -> list[str]:
-    """A note per application whose deadline is below the planned RTT from a source that sends it
-    to every cluster that serves its family: those queries miss their deadline before any service
-    time (a valid scenario, e.g. a test of deadline misses, so a note, not an error)."""
-    rtt = {(p.source, p.cluster): p.rtt_ms for p in plan.paths}
+@dataclass(frozen=True)
+class ZeroLoadPair:
+    """One (source, cluster, model) of an application at zero load (ms): ``rtt_ms`` the plan's RTT
+    of the path, ``network_ms`` the request's and the answer's one-way times along it
+    (:func:`testbed.model.network.message_ms`: the RTT plus the messages' transfer on every link,
+    host links included), ``service_ms`` the model's expected time at the cluster's share
+    (:attr:`testbed.model.service.ServiceFigures.expected_ms`, the dispatcher's t_m)."""
+
+    source: str
+    cluster: str
+    model: str
+    rtt_ms: float
+    network_ms: float
+    service_ms: float
+
+    @property
+    def e2e_ms(self) -> float:
+        """The query's end-to-end time at zero load (ms): network + service."""
+        return self.network_ms + self.service_ms
+
+    def parts(self) -> str:
+        """``src -> cluster with model, E ms (RTT r + transfers t + service s ms)``."""
+        return (f"{self.source} -> {self.cluster} with {self.model}, {self.e2e_ms:.1f} ms (RTT {self.rtt_ms:.1f} + "
+                f"transfers {self.network_ms - self.rtt_ms:.1f} + service {self.service_ms:.1f} ms)")
+
+
+@dataclass(frozen=True)
+class AppFeasibility:
+    """Whether an application's queries can meet its deadline at zero load. ``fastest``: per source
+    that sends it, its fastest (cluster, model) among those meeting the accuracy floor (absent: no
+    such model is served). ``feasible``: the pairs that meet the deadline (the model's feasibility
+    rule, :func:`testbed.model.policies.feasible`, with the zero-load network time as the RTT)."""
+
+    application: str
+    deadline_ms: float
+    fastest: dict[str, ZeroLoadPair]
+    feasible: list[ZeroLoadPair]
+
+    @property
+    def ok(self) -> bool:
+        """At least one (source, cluster, model) meets the deadline at zero load."""
+        return bool(self.feasible)
+
+    @property
+    def late_sources(self) -> list[str]:
+        """Sources that send the application and have no pair within its deadline at zero load."""
+        return sorted(s for s, p in self.fastest.items() if p.e2e_ms > self.deadline_ms)
+
+    def nearest_deadline_ms(self, every_source: bool = False) -> float | None:
+        """The shortest whole-ms deadline that one pair (``every_source``: every sending source's
+        fastest pair) meets at zero load; None when no model meets the accuracy floor."""
+        if not self.fastest:
+            return None
+        times = [p.e2e_ms for p in self.fastest.values()]
+        return float(math.ceil((max(times) if every_source else min(times)) - 1e-9))
+
+
+def zero_load_feasibility(plan: Plan) -> list[AppFeasibility]:
+    """Per application that some source sends and some cluster serves: its (source, cluster,
+    model) pairs at zero load (:class:`ZeroLoadPair`) from the plan's own figures: the planned
+    paths and the links as planned (no events), the request bytes of the application and the
+    answer bytes (``simulation.response_bytes``), and the models' ``expected_ms`` at each cluster.
+    A pair is feasible when its accuracy meets ``min_accuracy`` and network + service <= deadline
+    (the dispatcher's rule, RTT + t_m <= D, with the messages' transfer times added: without them
+    a continental path of 70 hops at 100 Mbit/s passes that rule and every query still misses)."""
+    plan = plan.emulated
+    exp = plan.experiment
+    net = plan.network_state()
+    host = {h.name: h for h in plan.hosts}
+    resp = exp.simulation.response_bytes
     out = []
-    for a in plan.experiment.applications:
-        senders, servers = senders_and_servers(plan.experiment, plan.models, a)
-        if not servers:
+    for a in exp.applications:
+        senders, servers = senders_and_servers(exp, plan.models, a)
+        if not senders or not servers:
             continue
-        shortest = {src: min((rtt[src, c], c) for c in servers) for src in senders}
-        late = {src: best for src, best in shortest.items() if best[0] > a.deadline_ms}
-        if late:
-            who = "every source that sends it" if len(late) == len(senders) else "source(s) " + ", ".join(late)
-            src, (ms, cl) = min(late.items(), key=lambda kv: kv[1][0])
-            out.append(f"application {a.name!r}: its deadline of {a.deadline_ms:g} ms is below the planned RTT "
-                       f"from {who} to every cluster that serves it (the shortest: {ms:.3g} ms, {src} -> {cl}): "
-                       f"those queries will all miss their deadline")
+        req = plan.request_bytes[a.name]
+        fastest: dict[str, ZeroLoadPair] = {}
+        feasible: list[ZeroLoadPair] = []
+        for p in plan.paths:
+            if p.source not in senders or p.cluster not in servers:
+                continue
+            hs, hc = host[p.source].bandwidth_mbps, host[p.cluster].bandwidth_mbps
+            network = message_ms(net, p.switches, req, (hs, hc)) + message_ms(net, p.switches[::-1], resp, (hc, hs))
+            figs = plan.services[p.cluster]
+            options = [pol.Option(p.cluster, m, network, f.expected_ms, plan.models[m].accuracy)
+                       for m, f in figs.items() if plan.models[m].family == a.family]
+            accurate = [o for o in options if o.accuracy >= a.min_accuracy]
+            for o in pol.feasible(options, a.deadline_ms, a.min_accuracy):
+                feasible.append(ZeroLoadPair(p.source, p.cluster, o.model, p.rtt_ms, network, o.service_ms))
+            if accurate:
+                best = min(accurate, key=lambda o: (o.service_ms, o.model))
+                pair = ZeroLoadPair(p.source, p.cluster, best.model, p.rtt_ms, network, best.service_ms)
+                if p.source not in fastest or pair.e2e_ms < fastest[p.source].e2e_ms:
+                    fastest[p.source] = pair
+        out.append(AppFeasibility(a.name, a.deadline_ms, fastest, feasible))
     return out
 
 
-__all__ = ["CPU_HEADROOM_CORES", "IFNAMSIZ", "PATH_MAX", "check_names", "check_transfers", "cpu_note",
-           "deadlines_below_rtt", "run_dir_limit_problem", "runs_dir_problem", "senders_and_servers"]
+#: The prefix of the warning :func:`feasibility_warnings` gives for an application no query of
+#: which can meet its deadline.
+INFEASIBLE_WARNING = "WARNING: no query of application"
+
+
+def feasibility_warnings(plan: Plan, verdicts: list[AppFeasibility] | None = None) -> list[str]:
+    """The plan's lines on :func:`zero_load_feasibility`: a WARNING per application with no pair
+    within its deadline at zero load (naming the fastest pair, its parts, and the nearest deadline
+    that would work), and a note per application some of whose sources have none (a valid scenario,
+    e.g. a test of deadline misses: ``testbed plan``, ``run`` and ``simulate`` say so and go on)."""
+    out = []
+    for f in verdicts if verdicts is not None else zero_load_feasibility(plan):
+        if not f.fastest:
+            continue  # no model meets the accuracy floor: the plan refuses that before (check_served)
+        if not f.ok:
+            best = min(f.fastest.values(), key=lambda p: p.e2e_ms)
+            out.append(f"{INFEASIBLE_WARNING} {f.application!r} can meet its deadline of {f.deadline_ms:g} ms, even "
+                       f"at zero load: no (source, cluster, model) answers within it; the fastest is {best.parts()}. "
+                       f"The nearest deadline that would work: {f.nearest_deadline_ms():g} ms "
+                       f"({f.nearest_deadline_ms(every_source=True):g} ms for every source); or place clusters "
+                       f"nearer the sources (testbed new-experiment does)")
+        elif f.late_sources:
+            late = f.late_sources
+            worst = max((f.fastest[s] for s in late), key=lambda p: p.e2e_ms)
+            out.append(f"application {f.application!r}: {len(late)} of {len(f.fastest)} sources that send it have no "
+                       f"(cluster, model) within its deadline of {f.deadline_ms:g} ms at zero load "
+                       f"({', '.join(late[:8])}{' ...' if len(late) > 8 else ''}; the slowest: {worst.parts()}): "
+                       f"their queries will miss it; a deadline of {f.nearest_deadline_ms(every_source=True):g} ms "
+                       f"would serve every source")
+    return out
+
+
+__all__ = ["CPU_HEADROOM_CORES", "IFNAMSIZ", "INFEASIBLE_WARNING", "PATH_MAX", "AppFeasibility", "ZeroLoadPair",
+           "check_names", "check_transfers", "cpu_note", "feasibility_warnings", "run_dir_limit_problem",
+           "runs_dir_problem", "senders_and_servers", "zero_load_feasibility"]

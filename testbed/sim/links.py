@@ -10,7 +10,7 @@ import numpy as np
 from scipy import sparse
 
 from testbed.model import seeds
-from testbed.model.network import transfer_ms
+from testbed.model.network import message_ms
 
 INF = math.inf
 
@@ -36,7 +36,8 @@ class Links:
         self.rtt_steps = [[steps[(s, c.name)] for c in self.clusters] for s in self.sources]
         self._link_bits = np.zeros((len(self.link_keys), 2))
         self._resp = np.zeros((len(self.sources), len(plan.clusters)))  # responses per (source, cluster)
-        self.link_util: dict[tuple[str, str], float] = dict.fromkeys(self.link_keys, 0.0)
+        self._util_max, self._util_dict = np.zeros(len(self.link_keys)), None
+        self._cap_version = -1  # the net's version the capacity and background arrays are of
         self.loss_rng = [seeds.loss(seeds.run_key(self.seed), i) for i in range(len(self.sources))]
         spans = plan.no_route_spans()  # the model's rule for an unanswered query's cause (unreachable)
         self.no_route = [[spans[(s, c.name)] for c in self.clusters] for s in self.sources]
@@ -65,7 +66,6 @@ class Links:
                 if path is None:
                     continue
                 hc = self.host_bw[self.clusters[ci].name]
-                hops = len(path) - 1
                 for a, b in zip(path, path[1:], strict=False):
                     li = lidx[(a, b)]
                     rows.append(si * nC + ci)
@@ -73,12 +73,9 @@ class Links:
                     ab.append(self.link_keys[li] == (a, b))
                     self.path_li[si][ci].append(li)
                 self.loss_pct[si, ci] = self.net.path_loss_pct(path)
-                extra = hops * self.per_hop_ms / 2
-                back[si, ci] = (self.net.path_ms(path[::-1], self.resp_bytes)
-                                + _host_ms(self.resp_bytes, hs, hc, self.net.mss) + extra) / 1e3
+                back[si, ci] = message_ms(self.net, path[::-1], self.resp_bytes, (hc, hs), self.per_hop_ms) / 1e3
                 for ai, nb in enumerate(self.req_bytes_app):
-                    fwd[ai][si, ci] = (self.net.path_ms(path, nb) + _host_ms(nb, hs, hc, self.net.mss) + extra) / 1e3 \
-                        + self.overhead_s
+                    fwd[ai][si, ci] = message_ms(self.net, path, nb, (hs, hc), self.per_hop_ms) / 1e3 + self.overhead_s
         self.back_s = back.tolist()
         self.fwd_app = [f.tolist() for f in fwd]
         # (source, cluster) x link incidence per direction of traversal, sparse: a few hops per path
@@ -97,11 +94,13 @@ class Links:
 
     def _link_report(self, t: float) -> None:
         links = self.net.links
-        cap = np.array([lk.capacity_mbps for lk in links]) * 1e6 * self.R
-        bg = np.array([[lk.bg_ab, lk.bg_ba] for lk in links]) * 1e6 * self.R
-        bits = self._link_bits + bg
-        util = np.minimum(1.0, bits / cap[:, None])
-        self.link_util = {k: float(max(u)) for k, u in zip(self.link_keys, util, strict=True)}
+        if self._cap_version != self.net.version:  # capacities and background change only by events
+            self._cap_bits = np.array([lk.capacity_mbps for lk in links]) * 1e6 * self.R
+            self._bg_bits = np.array([[lk.bg_ab, lk.bg_ba] for lk in links]) * 1e6 * self.R
+            self._cap_version = self.net.version
+        bits = self._link_bits + self._bg_bits
+        util = np.minimum(1.0, bits / self._cap_bits[:, None])
+        self._util_max, self._util_dict = util.max(axis=1), None  # the dict is made when asked for
         if self.record:
             for (a, b), lk, u, bt in zip(self.link_keys, links, util, bits, strict=True):
                 self.link_rows.append({"t": round(t, 6), "a": a, "b": b, "kind": "switch",
@@ -109,6 +108,14 @@ class Links:
                                        "rate_mbps_ba": bt[1] / self.R / 1e6, "util_ab": float(u[0]),
                                        "util_ba": float(u[1]), "drops_ab": 0, "drops_ba": 0, "drops_total": 0})
         self._link_bits[:] = 0
+
+    @property
+    def link_util(self) -> dict[tuple[str, str], float]:
+        """Per link (switch a, switch b): the busier direction's utilization over the last report
+        interval (0 before the first report); made from the report's array when first read."""
+        if self._util_dict is None:
+            self._util_dict = dict(zip(self.link_keys, self._util_max.tolist(), strict=True))
+        return self._util_dict
 
     def link_utilization(self) -> dict[tuple[str, str], float]:
         """Per link (switch a, switch b): utilization 0..1 over the last report interval (the busier
@@ -123,11 +130,6 @@ class Links:
     def path_rtt_ms(self, source: str, cluster: str) -> float:
         """The plan's RTT (ms) source -> cluster (what the dispatchers assume)."""
         return float(self.rtt_plan[self.src_index[source], self.cl_index[cluster]])
-
-
-def _host_ms(nbytes: int, mbps_source: float, mbps_cluster: float, mss: int) -> float:
-    """Transfer time (ms) of a message on the two host links (0 ms delay each), ``mss`` bytes per frame."""
-    return transfer_ms(nbytes, mbps_source, mss) + transfer_ms(nbytes, mbps_cluster, mss)
 
 
 __all__ = ["Links"]

@@ -1,0 +1,84 @@
+"""The pre-flight estimate: a run that needs more memory than the machine has is refused before
+anything is built (exit code 3), saying what it needs and what there is; a fake memory limit
+(``$TESTBED_MEM_AVAILABLE_MIB``, or ``Machine`` given to the check) stands for a small machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.core.errors import EXIT_BRINGUP, RunFailure
+from testbed.emu.capacity import (
+    COSTS,
+    MEM_ENV,
+    MEMORY_SHARE,
+    Machine,
+    check_capacity,
+    count_items,
+    estimate,
+    machine,
+    refuse_unfit,
+)
+from testbed.emu.netplan import probe_hosts
+from testbed.plan.build import plan_experiment
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT = REPO / "experiments" / "default.yaml"
+
+
+def test_estimate_counts_the_parts_the_bring_up_builds():
+    """default.yaml: 11 switches + the cloud, 15 links in one link emulator, no OVS shards (<= 16
+    switches), 4 clusters of 1 LiteRT worker, 4 sources; memory is the items times their costs."""
+    plan = plan_experiment(DEFAULT)
+    items = count_items(plan)
+    assert (items["switch"], items["link"], items["link emulator"], items["ovs shard"]) == (12, 15, 1, 0)
+    assert (items["server litert"], items["server tensorflow"], items["source"]) == (4, 0, 4)
+    probes = len(probe_hosts(plan))
+    assert items["mininet node"] == len(plan.hosts) + probes + 1  # + the link emulator's namespace
+    assert items["interface"] == 15 * 4 + 2 * (len(plan.hosts) + probes)  # veth ends
+    needs = estimate(plan)
+    assert needs.memory_mib == pytest.approx(sum(n * COSTS[i].mib for i, n in items.items()))
+    assert needs.processes == sum(n * COSTS[i].processes for i, n in items.items())
+
+
+def test_a_run_needing_more_memory_than_the_machine_has_is_refused_with_the_figures():
+    plan = plan_experiment(DEFAULT)
+    need = estimate(plan).memory_mib
+    small = Machine(mem_available_mib=need / 2, nofile=65536, pids_left=30000, cpus=2, fake=True)
+    cap = check_capacity(plan, have=small)
+    assert not cap.fits and len(cap.problems) == 1
+    assert cap.problems[0].startswith(f"memory: it needs about {need:,.0f} MiB, over 90% of the {need / 2:,.0f} MiB "
+                                      f"available (${MEM_ENV})")
+    assert check_capacity(plan, have=Machine(need / MEMORY_SHARE + 1, 65536, 30000, 2)).fits
+    few_fds = check_capacity(plan, have=Machine(10 * need, 32, 30000, 2))
+    assert [p.split(":")[0] for p in few_fds.problems] == ["file descriptors"]
+
+
+def test_the_fake_memory_limit_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv(MEM_ENV, "512")
+    assert machine().mem_available_mib == 512 and machine().fake
+    plan = plan_experiment(DEFAULT)
+    with pytest.raises(RunFailure, match=r"does not fit this machine: memory: .* 512 MiB available") as err:
+        refuse_unfit(plan, None)
+    assert err.value.exit_code == EXIT_BRINGUP
+    monkeypatch.setenv(MEM_ENV, "lots")
+    with pytest.raises(RunFailure, match="not a number of MiB"):
+        machine()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="testbed run checks root first")
+def test_testbed_run_refuses_before_building_anything(tmp_path):
+    """``testbed run`` with a fake 300 MiB machine: exit 3 after the pre-flight line, no run
+    directory, no network (nothing of the run's was created)."""
+    runs = tmp_path / "runs"
+    env = dict(os.environ, **{MEM_ENV: "300"})
+    r = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(DEFAULT), "--duration", "5s",
+                        "--runs-dir", str(runs)], capture_output=True, text=True, env=env, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == EXIT_BRINGUP, out
+    assert "pre-flight: needs" in out and "this run does not fit this machine: memory" in out
+    assert "nothing was built" in out and not runs.exists()
