@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from testbed.core.errors import EXIT_INTEGRITY
+from testbed.core.hashing import file_sha256
 from testbed.plan import zoo
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,7 +110,7 @@ def test_the_build_records_every_model_file_and_a_load_checks_them(tmp_path):
     files = manifest["variants"][VARIANT][zoo.FILES_SHA256]
     assert f"{VARIANT}.tflite" in files and f"{VARIANT}/saved_model.pb" in files
     assert any(f.startswith(f"{VARIANT}/variables/") for f in files)
-    assert files[f"{VARIANT}.tflite"] == zoo.sha256_of(out / f"{VARIANT}.tflite")
+    assert files[f"{VARIANT}.tflite"] == file_sha256(out / f"{VARIANT}.tflite")
     for runtime in ("litert", "tensorflow"):
         zoo.verify_model_files(out, VARIANT, manifest, runtime)
     # a SavedModel's weights are checked too (tensorflow runtime), the .tflite's not read by it

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from testbed.core.errors import EXIT_INTEGRITY, InputError
+from testbed.core.hashing import file_sha256
 from testbed.core.util import REPO_ROOT
 
 #: Input of the default family "digits": one grey-scale 32x32 image, float32 in [0, 1] (H, W, C).
@@ -95,15 +96,6 @@ class ZooIntegrityError(ZooError):
 FILES_SHA256 = "files_sha256"
 
 
-def sha256_of(path: Path) -> str:
-    """Hex SHA-256 of the file at ``path``, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def model_files(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any],
                 runtime: str | None = None) -> list[str]:
     """The files (relative to ``zoo_dir``, sorted) a load of variant ``name`` reads: its SavedModel's
@@ -132,7 +124,7 @@ def record_variant_hashes(zoo_dir: str | os.PathLike[str], name: str, manifest: 
     SHA-256 of every model file of variant ``name`` as it is in ``zoo_dir`` now (``files_sha256``:
     {path relative to ``zoo_dir``: hex digest}); returns the number of files hashed."""
     files = model_files(zoo_dir, name, manifest)
-    manifest["variants"][name][FILES_SHA256] = {rel: sha256_of(Path(zoo_dir) / rel) for rel in files}
+    manifest["variants"][name][FILES_SHA256] = {rel: file_sha256(Path(zoo_dir) / rel) for rel in files}
     return len(files)
 
 
@@ -195,7 +187,7 @@ def verify_model_files(zoo_dir: str | os.PathLike[str], name: str, manifest: dic
         if not path.is_file():
             raise ZooFileMissing(f"model file {path} (variant {name!r}) does not exist (rebuild: python "
                                  f"models/build_zoo.py --out {zoo_dir} --force)")
-        got = sha256_of(path)
+        got = file_sha256(path)
         if got != known[rel]:
             raise ZooIntegrityError(
                 f"model file {path} (variant {name!r}): SHA-256 {got} differs from the {known[rel]} recorded when "
@@ -493,5 +485,5 @@ __all__ = ["ADDED", "BUILD_SCRIPT", "DEFAULT_FAMILY", "FILES_SHA256", "INPUT_NAM
            "ZooFileMissing", "ZooIntegrityError", "added_variants", "ensure_zoo", "families", "family_info",
            "input_shape", "known_variant", "load_jpegs", "load_manifest", "load_payloads", "load_profile",
            "missing_hashes", "model_files", "record_hashes", "record_variant_hashes", "recorded_hashes",
-           "request_bodies", "runtimes_of", "sha256_of", "tflite_path", "variant_dir", "verify_model_files",
+           "request_bodies", "runtimes_of", "tflite_path", "variant_dir", "verify_model_files",
            "zoo_complete", "zoo_lock"]
