@@ -38,6 +38,7 @@ from testbed.core.util import repo_path, write_json_atomic
 from testbed.emu.run import EmulationOutcome, emulate
 from testbed.plan.build import Plan
 from testbed.results.capture import analyze_run
+from testbed.results.records import storage_faults
 from testbed.results.summary import print_summary, summarize
 from testbed.sim.engine import Simulator
 from testbed.sim.run import simulate
@@ -67,7 +68,10 @@ def run_emulation(plan: Plan, console: Console | None = None, runs_dir: Path | N
 def finish_emulation(outcome: EmulationOutcome, console: Console) -> tuple[int, str]:
     """Merge and summarise what an emulation measured: (exit code, message). A run that measured
     nothing never exits 0 (:data:`~testbed.core.errors.EXIT_NOTHING_MEASURED`), nor one in which
-    every query failed (:data:`~testbed.core.errors.EXIT_ALL_FAILED`); a summary that
+    every query failed (:data:`~testbed.core.errors.EXIT_ALL_FAILED`), nor one whose records on
+    disk do not match the sources' tallies (a records file deleted or cut, a source that vanished
+    without its tally: :func:`testbed.results.records.storage_faults`, exit code 4, each said on a
+    ``RECORDS:`` line); a summary that
     cannot be written fails the run (:data:`~testbed.core.errors.EXIT_COMPONENT_DIED` unless it
     had failed already), naming where the records are."""
     status, message = outcome.status, outcome.message
@@ -77,6 +81,14 @@ def finish_emulation(outcome: EmulationOutcome, console: Console) -> tuple[int, 
         console.print(f"error: the summary could not be written: {exc}; the records are in "
                       f"{outcome.run_dir / 'sources'}", markup=False, highlight=False)
         return (status if status != EXIT_OK else EXIT_COMPONENT_DIED), f"summary failed: {exc}"
+    faults = storage_faults(s.get("records_check") or {})
+    for fault in faults:  # what the sources wrote against what is on disk: said whatever the run's status
+        console.print(f"RECORDS: {fault}", markup=False, highlight=False)
+    if status == EXIT_OK and faults:
+        message = f"{faults[0]} (and {len(faults) - 1} more)" if len(faults) > 1 else faults[0]
+        console.print(f"error: {message}; the run's records are not whole (exit code {EXIT_COMPONENT_DIED})",
+                      markup=False, highlight=False)
+        return EXIT_COMPONENT_DIED, message
     if status == EXIT_OK and not s.get("queries"):
         console.print("error: the run measured no query", markup=False)
         return EXIT_NOTHING_MEASURED, "the run measured no query"
