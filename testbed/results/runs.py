@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from testbed.agent.live import checkpoint_path
 from testbed.core.errors import (
     EXIT_ALL_FAILED,
     EXIT_BRINGUP,
@@ -33,6 +34,7 @@ from testbed.core.errors import (
     RunFailure,
     TestbedError,
 )
+from testbed.core.hashing import file_sha256
 from testbed.core.plugins import ref_slug
 from testbed.core.util import repo_path, write_json_atomic
 from testbed.emu.run import EmulationOutcome, emulate
@@ -41,9 +43,9 @@ from testbed.results.capture import analyze_run
 from testbed.results.records import storage_faults
 from testbed.results.summary import print_summary, summarize
 from testbed.sim.engine import Simulator
-from testbed.sim.run import simulate
+from testbed.sim.run import checkpoint_sources, simulate
 
-__all__ = ["run_emulation", "run_simulation"]
+__all__ = ["checkpoint_line", "finish_emulation", "run_emulation", "run_simulation"]
 
 
 # ----------------------------------------------------------------------------- emulation
@@ -59,10 +61,29 @@ def run_emulation(plan: Plan, console: Console | None = None, runs_dir: Path | N
     SIGTERM stay ignored once the outcome is recorded, so the process's exit status is the
     recorded one."""
     console = console or Console(markup=False, highlight=False, soft_wrap=True)
+    said = checkpoint_line(plan)
+    if said:
+        console.print(said, markup=False, highlight=False)
     with emulate(plan, console, runs_dir, duration_s, link_emulator, process_ends) as outcome:
         if outcome.run_dir is not None:
             outcome.status, outcome.message = finish_emulation(outcome, console)
     return outcome.status
+
+
+def checkpoint_line(plan: Plan, policy: str | None = None) -> str | None:
+    """The console's line naming the ASET checkpoint a run loads, for the sources it drives
+    (:func:`testbed.sim.run.checkpoint_sources`; None when none): its ``aset.checkpoint``, the
+    weights file it resolves to and the first 16 hex digits of that file's SHA-256 (``run.json``
+    records the checkpoint too)."""
+    sources = checkpoint_sources(plan, policy)
+    aset = plan.experiment.aset
+    if not sources or aset is None or not aset.checkpoint:
+        return None
+    base = checkpoint_path(aset.checkpoint)
+    weights = base.with_name(base.name + ".npz")
+    digest = f"SHA-256 {file_sha256(weights)[:16]}..." if weights.is_file() else "its weights file is missing"
+    return (f"ASET: source(s) {', '.join(sources)} choose their policy each window with the checkpoint "
+            f"{aset.checkpoint} ({weights}, {digest})")
 
 
 def finish_emulation(outcome: EmulationOutcome, console: Console) -> tuple[int, str]:
@@ -147,6 +168,9 @@ def run_simulation(plan: Plan, base_dir: Path | None = None, runs_dir: Path | No
     s = _write_whole(out.sim, Path(run_dir), out.duration_s, out.wall_s, out.selector)
     if not quiet:
         console = console or Console()
+        said = checkpoint_line(plan, policy)
+        if said:
+            console.print(said, markup=False, highlight=False)
         print_summary(s, console)
         console.print(f"simulated {out.duration_s:g} s, {n} queries in {out.wall_s:.2f} s wall; run directory: "
                       f"{run_dir}")
