@@ -143,7 +143,7 @@ def test_a_zoo_without_hashes_is_refused_saying_how_to_record_them(tmp_path):
 
 
 def test_a_server_refuses_to_serve_a_model_whose_weights_were_corrupted(tmp_path):
-    """An adversarial user's find: with 200 bytes flipped inside a digits model's weights the run
+    """With 200 bytes flipped inside a digits model's weights the run
     reported success 1.000 while 6-10 % of its answers were right. The file's hash now differs:
     the server names the file, exits 7 and never serves."""
     out = _tiny_zoo(tmp_path)
