@@ -481,8 +481,9 @@ def test_per_cluster_and_per_cause_tables_agree_with_the_records(tmp_path):
                                             "max_late_ms": 21.0}
     assert s["cold_queries"] == 1 and s["e2e_ms"]["p50"] == 10.0
     assert s["records_check"] == {"rows_per_source_file": {"a": 8}, "rows_merged": 8, "missing_query_ids": {},
-                                  "queries_created": {}, "sources_without_tally": ["a"], "cut_last_line": {},
-                                  "records_file_missing": []}
+                                  "queries_created": {}, "queries_written": {}, "sources_without_tally": ["a"],
+                                  "cut_last_line": {}, "records_file_missing": [], "rows_lost": {},
+                                  "records_restored": []}
 
 
 def test_summary_md_holds_markdown_tables(tmp_path):
