@@ -9,24 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from triangle_inputs import scenario
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
-
-
-def _scenario(folder: Path, stem: str, name: str = "triangle", extra_source: bool = False, **replace: str) -> Path:
-    """A copy of the triangle experiment in ``folder`` (topology by absolute path), renamed, with
-    a third source if asked and any text replaced."""
-    text = TRIANGLE.read_text().replace("../topologies/triangle.yaml", str(REPO / "topologies" / "triangle.yaml"))
-    text = text.replace("name: triangle", f"name: {name}", 1)
-    if extra_source:
-        text = text.replace("  - {name: srcc, site: C}\n", "  - {name: srcc, site: C}\n  - {name: srcb, site: B}\n")
-    for old, new in replace.items():
-        text = text.replace(old, new)
-    path = folder / f"{stem}.yaml"
-    folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
 
 
 @pytest.fixture
@@ -63,7 +49,7 @@ def test_simulated_records_are_reused_only_when_made_from_the_same_inputs(bench,
         return run_dir, {}
 
     monkeypatch.setattr(runs, "run_simulation", fake)
-    scen = _scenario(tmp_path / "exp", "sc")
+    scen = scenario(tmp_path / "exp", "sc")
     stale = tmp_path / "sim" / "sc-minlatency-s1-sim"  # a record of the old naming: another scenario's
     stale.mkdir(parents=True)
     for f in ("summary.json", "records.parquet"):

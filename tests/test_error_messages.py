@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from triangle_inputs import scenario
 
 from testbed.spec.experiment import ConfigError
 
@@ -16,27 +17,12 @@ REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
 
 
-def _scenario(folder: Path, stem: str, name: str = "triangle", extra_source: bool = False, **replace: str) -> Path:
-    """A copy of the triangle experiment in ``folder`` (topology by absolute path), renamed, with
-    a third source if asked and any text replaced."""
-    text = TRIANGLE.read_text().replace("../topologies/triangle.yaml", str(REPO / "topologies" / "triangle.yaml"))
-    text = text.replace("name: triangle", f"name: {name}", 1)
-    if extra_source:
-        text = text.replace("  - {name: srcc, site: C}\n", "  - {name: srcc, site: C}\n  - {name: srcb, site: B}\n")
-    for old, new in replace.items():
-        text = text.replace(old, new)
-    path = folder / f"{stem}.yaml"
-    folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
-
 def test_a_plan_error_names_the_experiment_file(tmp_path):
     from testbed.aset.train import scenario_sampler
     from testbed.plan.build import PlanError, plan_experiment
     from testbed.spec.aset import RandomiseSpec
 
-    bad = _scenario(tmp_path, "bad", **{"min_accuracy: 0.5}": "min_accuracy: 0.5, family: nosuch}"})
+    bad = scenario(tmp_path, "bad", **{"min_accuracy: 0.5}": "min_accuracy: 0.5, family: nosuch}"})
     with pytest.raises(PlanError, match=rf"^{bad}: application 'digits': family 'nosuch'"):
         plan_experiment(bad)
     with pytest.raises(PlanError, match=rf"^{bad}: application 'digits'"):
@@ -46,8 +32,8 @@ def test_a_plan_error_names_the_experiment_file(tmp_path):
 def test_the_train_command_names_the_config_its_scenarios_came_from(tmp_path, capsys):
     from testbed.cli.main import main
 
-    a = _scenario(tmp_path / "exp", "a")
-    b = _scenario(tmp_path / "exp", "b", name="tri3", extra_source=True)
+    a = scenario(tmp_path / "exp", "a")
+    b = scenario(tmp_path / "exp", "b", name="tri3", extra_source=True)
     cfg = tmp_path / "experiments" / "aset.yaml"
     cfg.parent.mkdir()
     cfg.write_text(f"name: t\ntraining: {{scenarios: [{a}, {b}], out_dir: {tmp_path / 'out'}}}\n")
@@ -70,7 +56,7 @@ def test_counts_in_messages_agree_in_number():
 def test_an_error_of_the_whole_file_has_no_location_prefix(tmp_path):
     from testbed.spec.experiment import load_experiment
 
-    f = _scenario(tmp_path, "twice", **{"  - {name: srcc, site: C}\n": "  - {name: srcc, site: C}\n"
+    f = scenario(tmp_path, "twice", **{"  - {name: srcc, site: C}\n": "  - {name: srcc, site: C}\n"
                                                                        "  - {name: srcc, site: B}\n"})
     with pytest.raises(ConfigError) as err:
         load_experiment(f)
@@ -80,7 +66,7 @@ def test_an_error_of_the_whole_file_has_no_location_prefix(tmp_path):
 def test_a_negative_duration_is_said_to_be_negative(tmp_path):
     from testbed.spec.experiment import load_experiment
 
-    f = _scenario(tmp_path, "neg", **{"duration: 8s": "duration: -1s"})
+    f = scenario(tmp_path, "neg", **{"duration: 8s": "duration: -1s"})
     with pytest.raises(ConfigError, match=r"\n  duration: '-1s' is negative; a duration must be positive$"):
         load_experiment(f)
 
@@ -100,7 +86,7 @@ def test_a_directory_given_as_the_topology_file_is_said_to_be_one(tmp_path):
     from testbed.spec.topology import TopologyError
 
     (tmp_path / "topo.yaml").mkdir()
-    f = _scenario(tmp_path, "tdir", **{str(REPO / "topologies" / "triangle.yaml"): "topo.yaml"})
+    f = scenario(tmp_path, "tdir", **{str(REPO / "topologies" / "triangle.yaml"): "topo.yaml"})
     with pytest.raises(TopologyError, match=rf"^{f}: topology file 'topo.yaml': {tmp_path / 'topo.yaml'} is a "
                                             r"directory, not a topology file$"):
         plan_experiment(f)

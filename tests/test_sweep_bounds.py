@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from triangle_inputs import triangle
 
 from testbed.cli.main import main
 
@@ -17,23 +18,11 @@ _COMMANDS = {"run": ["run", "e.yaml"], "simulate": ["simulate", "e.yaml"],
              "sweep": ["sweep", "e.yaml", "--out", "o"], "evaluate": ["evaluate", "aset.yaml"]}
 
 
-def _triangle(tmp_path: Path, name: str = "e.yaml", **replace: str) -> Path:
-    """experiments/triangle.yaml in ``tmp_path`` (its topology by absolute path), ``old=new`` texts
-    replaced (each must be there)."""
-    text = TRIANGLE.read_text().replace("../topologies/triangle.yaml", str(REPO / "topologies" / "triangle.yaml"))
-    for old, new in replace.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
 @pytest.mark.parametrize(("seeds", "base", "code"), [(2, 2**32 - 2, 0), (1, 2**32 - 1, 0), (2, 2**32 - 1, 2)])
 def test_sweep_seed_base_reaches_the_last_seed(tmp_path, capsys, seeds, base, code):
     """``--seeds 2 --seed-base 4294967294`` (seeds ..94, ..95) reaches the last seed, 2**32 - 1."""
     out = tmp_path / "sw"
-    args = ["sweep", str(_triangle(tmp_path)), "--seeds", str(seeds), "--seed-base", str(base), "--policies",
+    args = ["sweep", str(triangle(tmp_path)), "--seeds", str(seeds), "--seed-base", str(base), "--policies",
             "closest", "--duration", "1s", "--out", str(out), "--jobs", "1"]
     assert main(args) == code
     got = capsys.readouterr()
@@ -47,7 +36,7 @@ def test_a_sweep_of_more_cells_than_it_runs_is_refused_before_it_plans_them(tmp_
     memory would take tens of GiB)."""
     out = tmp_path / "sw"
     t = time.monotonic()
-    code = main(["sweep", str(_triangle(tmp_path)), "--seeds", "100000000", "--policies", "closest,round_robin",
+    code = main(["sweep", str(triangle(tmp_path)), "--seeds", "100000000", "--policies", "closest,round_robin",
                  "--duration", "1s", "--out", str(out)])
     said = " ".join(capsys.readouterr().out.split())
     assert code == 2 and time.monotonic() - t < 30 and not out.exists()

@@ -8,26 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from triangle_inputs import scenario
 
 from testbed.spec.experiment import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
-
-
-def _scenario(folder: Path, stem: str, name: str = "triangle", extra_source: bool = False, **replace: str) -> Path:
-    """A copy of the triangle experiment in ``folder`` (topology by absolute path), renamed, with
-    a third source if asked and any text replaced."""
-    text = TRIANGLE.read_text().replace("../topologies/triangle.yaml", str(REPO / "topologies" / "triangle.yaml"))
-    text = text.replace("name: triangle", f"name: {name}", 1)
-    if extra_source:
-        text = text.replace("  - {name: srcc, site: C}\n", "  - {name: srcc, site: C}\n  - {name: srcb, site: B}\n")
-    for old, new in replace.items():
-        text = text.replace(old, new)
-    path = folder / f"{stem}.yaml"
-    folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
 
 
 def _aset_cfg(tmp_path: Path, scenarios: list[Path], **reward):
@@ -40,8 +26,8 @@ def _aset_cfg(tmp_path: Path, scenarios: list[Path], **reward):
 def test_training_scenarios_of_another_shape_are_refused_before_anything_is_written(tmp_path):
     from testbed.aset.train import train_seeds
 
-    a = _scenario(tmp_path / "exp", "a")
-    b = _scenario(tmp_path / "exp", "b", name="tri3", extra_source=True)
+    a = scenario(tmp_path / "exp", "a")
+    b = scenario(tmp_path / "exp", "b", name="tri3", extra_source=True)
     cfg = _aset_cfg(tmp_path, [a, b])
     with pytest.raises(ConfigError) as err:
         train_seeds(cfg, tmp_path, steps=1)
@@ -54,8 +40,8 @@ def test_training_scenarios_of_another_shape_are_refused_before_anything_is_writ
 def test_two_training_scenarios_of_one_name_are_refused_naming_both_files(tmp_path):
     from testbed.aset.train import train_seeds
 
-    a = _scenario(tmp_path / "exp", "a")
-    a2 = _scenario(tmp_path / "exp", "a2", **{"rate_qps: 4": "rate_qps: 6"})
+    a = scenario(tmp_path / "exp", "a")
+    a2 = scenario(tmp_path / "exp", "a2", **{"rate_qps: 4": "rate_qps: 6"})
     cfg = _aset_cfg(tmp_path, [a, a2], baseline_mix={"triangle": ["cloud", "closest"]})
     with pytest.raises(ConfigError, match=rf"{a} and {a2} are both named 'triangle'"):
         train_seeds(cfg, tmp_path, steps=1)

@@ -7,37 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from testbed.cli.main import main
+from triangle_inputs import run_cli, topology, triangle
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
 TRIANGLE_TOPO = REPO / "topologies" / "triangle.yaml"
-
-
-def _write(tmp_path: Path, name: str, text: str, **replace: str) -> Path:
-    for old, new in replace.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
-def _triangle(tmp_path: Path, name: str = "e.yaml", topology: Path = TRIANGLE_TOPO, **replace: str) -> Path:
-    """experiments/triangle.yaml in ``tmp_path`` with ``topology`` (absolute path), ``old=new`` replaced."""
-    text = TRIANGLE.read_text().replace("../topologies/triangle.yaml", str(topology))
-    return _write(tmp_path, name, text, **replace)
-
-
-def _topology(tmp_path: Path, **replace: str) -> Path:
-    return _write(tmp_path, "t.yaml", TRIANGLE_TOPO.read_text(), **replace)
-
-
-def _run(capsys, *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, " ".join((out.out + out.err).split())
 
 
 @pytest.mark.parametrize(("where", "old", "new", "said"), [
@@ -55,8 +29,8 @@ def _run(capsys, *argv: str) -> tuple[int, str]:
 ])
 def test_values_past_their_bounds_are_clear_errors(tmp_path, capsys, where, old, new, said):
     if where == "topology":
-        path = _triangle(tmp_path, topology=_topology(tmp_path, **{old: new}))
+        path = triangle(tmp_path, topology=topology(tmp_path, **{old: new}))
     else:
-        path = _triangle(tmp_path, **{old: new})
-    code, out = _run(capsys, "plan", str(path))
+        path = triangle(tmp_path, **{old: new})
+    code, out = run_cli(capsys, "plan", str(path))
     assert code == 2 and said in out, out

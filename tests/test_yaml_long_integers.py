@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from triangle_inputs import plan_cli, triangle
 
 from testbed.cli.main import main
 
@@ -17,29 +18,10 @@ _COMMANDS = {"run": ["run", "e.yaml"], "simulate": ["simulate", "e.yaml"],
              "sweep": ["sweep", "e.yaml", "--out", "o"], "evaluate": ["evaluate", "aset.yaml"]}
 
 
-def _triangle(tmp_path: Path, name: str = "e.yaml", **replace: str) -> Path:
-    """experiments/triangle.yaml in ``tmp_path`` (its topology by absolute path), ``old=new`` texts
-    replaced (each must be there)."""
-    text = TRIANGLE.read_text().replace("../topologies/triangle.yaml", str(REPO / "topologies" / "triangle.yaml"))
-    for old, new in replace.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
-def _plan(capsys, path: Path) -> tuple[int, str]:
-    """``testbed plan PATH``: exit code and output (one line per message: the console may wrap)."""
-    code = main(["plan", str(path)])
-    out = capsys.readouterr()
-    return code, " ".join((out.out + out.err).split())
-
-
 def test_an_integer_too_long_to_read_is_an_input_error_naming_its_line(tmp_path, capsys):
     """5001 digits: PyYAML's int() raised ValueError past Python's 4300-digit limit, a traceback
     and exit 1."""
-    code, out = _plan(capsys, _triangle(tmp_path, **{"rate_qps: 4": "rate_qps: 1" + "0" * 5000}))
+    code, out = plan_cli(capsys, triangle(tmp_path, **{"rate_qps: 4": "rate_qps: 1" + "0" * 5000}))
     assert code == 2 and "Traceback" not in out
     assert ("e.yaml: line 24: an integer of 5001 digits, over the 4300 digits Python reads, and far over every bound "
             "of the testbed; write a smaller number") in out
