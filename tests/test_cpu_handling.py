@@ -1,4 +1,4 @@
-"""Request handling in the CPU-share model (testbed/model/cpu.py, issue 13 item 3): the server's
+"""Request handling in the CPU-share model (testbed/model/cpu.py): the server's
 event loop spends CPU of the same quota on every request before it reaches the queue. Exact values."""
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_handling_figures_of_the_committed_zoo_are_read_and_checked(tmp_path):
 
 
 def test_a_variant_has_a_row_per_runtime_and_the_plan_takes_its_runtimes(tmp_path):
-    """digits_small's LiteRT call is below the CPU clock's resolution; its TensorFlow call is not,
+    """Digits_small's LiteRT call is below the CPU clock's resolution; its TensorFlow call is not,
     and TensorFlow's cold call costs ~2x its warm one (models/profiles/handling.json): the
     triangle's plan (TensorFlow) carries that cold factor, not LiteRT's 1.0."""
     import json

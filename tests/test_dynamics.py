@@ -1,4 +1,4 @@
-"""Network dynamics (issue 11): plan-time rules of events, and every link change applied for real
+"""Network dynamics: plan-time rules of events, and every link change applied for real
 and read back by measurement on a triangle (real Mininet, OVS userspace, ryu-manager).
 
 The emulation tests share one triangle (A-B 2 ms, B-C 3 ms, A-C 10 ms; hosts at 2 Gbit/s) whose
@@ -135,7 +135,7 @@ def test_every_builtin_kind_is_registered_with_its_form():
 
 
 def test_a_change_that_fires_late_or_not_at_all_stops_the_run(tmp_path):
-    """Found by a reviewer (Dec 4): a packet train at 1 kbit/s held the event runner for 576 s and
+    """A packet train at 1 kbit/s held the event runner for 576 s and
     the later changes never fired, in a run that ended 'ok'. Now a change 1 s late stops it."""
     from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""Congestion in a whole emulated run (issue 11): background traffic over one link raises the
+"""Congestion in a whole emulated run: background traffic over one link raises the
 queries' network time on the path that crosses it, and not on the others.
 
 The triangle (A-B 2 ms, B-C 3 ms, A-C 10 ms); with ``closest`` srca's queries go to edgeb over

@@ -137,7 +137,7 @@ def test_short_run_records_and_success(tmp_path):
 def test_impossible_deadline_gives_deadline_misses(tmp_path):
     # 2 ms is below the RTT of every pair srca has (4 ms to edgeb, 10 ms to edgec through B), while
     # one request still crosses each 100 Mbit/s link in 1.6 ms, so the plan accepts it (a deadline
-    # below that is refused before anything is built: tests/test_bad_input_round7.py).
+    # below that is refused before anything is built: tests/test_plan_refusals.py).
     exp = _variant(applications=[{"name": "digits", "deadline": "2ms", "min_accuracy": 0.5}],
                    sources=[{"name": "srca", "site": "A"}],
                    emulation={"of_port": 6663, "rest_port": 8088, "rtt_check": False})

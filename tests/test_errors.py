@@ -18,6 +18,8 @@ from testbed.core.errors import EXIT_BRINGUP, EXIT_INPUT, EXIT_INTEGRITY, InputE
 ALLOWED_OUTSIDE = {
     "testbed.serve.payload.RequestError": "an HTTP refusal of the inference server, answered in serve/server.py",
     "testbed.serve.server._StopWhileLoading": "control flow inside the server's main() (a signal while loading)",
+    "testbed.core.plugins._Expired": "control flow inside a plug-in's call (its time limit; a BaseException so the "
+                                     "plug-in's own except Exception does not swallow it), turned into PluginFault",
 }
 
 

@@ -1,4 +1,4 @@
-"""Fault injection on the real emulation (issue 14): kill a server, kill ryu-manager, take a link
+"""Fault injection on the real emulation: kill a server, kill ryu-manager, take a link
 down, fill the run directory, SIGKILL the run during bring-up; and a planned outage that must not
 fail the run. Each test asserts what is reported (console and run.json), the exit code, that no
 record is lost (every source's query ids 1..n present, the merge holds every row) and that nothing
@@ -360,7 +360,7 @@ def test_repeated_ctrl_c_still_tears_everything_down(tmp_path):
 
 
 def _processes_of(run_id: str) -> dict[int, str]:
-    """pid -> command line of every process tagged with ``run_id`` (still there, zombies aside)."""
+    """Pid -> command line of every process tagged with ``run_id`` (still there, zombies aside)."""
     out = {}
     for pid in _pids_with_run_ids({run_id}):
         with contextlib.suppress(OSError, IndexError):

@@ -1,9 +1,9 @@
 """``testbed simulate`` and ``testbed sweep`` on a full or unwritable disk: a clear message and exit
 code 3 (as ``testbed run``), no traceback, and nothing half-written that looks like a finished run.
 
-Real tmpfs mounts (root; skipped otherwise): a 4 MiB tmpfs filled up with one file, as the review
-did (``OSError: [Errno 28]`` in ``sim/core.py`` ``write_run`` and in pyarrow, exit 1, a partial run
-directory left behind), and a read-only one."""
+Real tmpfs mounts (root; skipped otherwise): a 4 MiB tmpfs filled up with one file (once
+``OSError: [Errno 28]`` in ``write_run`` and in pyarrow, exit 1, a partial run directory left
+behind), and a read-only one."""
 
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ def test_short_stops_are_not_added_up_and_a_running_process_is_never_reported(tm
 
 
 def test_a_server_killed_by_its_memory_limit_says_so(tmp_path, clock, proc):
-    """A reviewer's find (Dec 4): a server OOM-killed by its cgroup's memory limit was logged as
+    """A server OOM-killed by its cgroup's memory limit was logged as
     'ended when the run stopped it', and nothing named memory_mib. The component's ``why`` (the
     servers' oom_note, read from the memory cgroup) goes into the incident and the epitaph."""
     log = tmp_path / "server-edge.log"

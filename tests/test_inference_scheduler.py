@@ -196,8 +196,8 @@ def test_http_503_carries_the_reason_and_stats_count_it():
 
 
 def test_the_server_command_has_a_help_and_a_usage_error(capsys):
-    """docs/models-and-servers.md gives `python -m testbed.serve.server --help`; it read
-    '--help' as the config file's path (a docs reviewer's find, Dec 4)."""
+    """Docs/models-and-servers.md gives `python -m testbed.serve.server --help`; it read
+    '--help' as the config file's path."""
     from testbed.serve.server import main
 
     assert main(["--help"]) == 0

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from testbed.core.errors import EXIT_INTEGRITY
+from testbed.core.hashing import file_sha256
 from testbed.plan import zoo
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,7 +110,7 @@ def test_the_build_records_every_model_file_and_a_load_checks_them(tmp_path):
     files = manifest["variants"][VARIANT][zoo.FILES_SHA256]
     assert f"{VARIANT}.tflite" in files and f"{VARIANT}/saved_model.pb" in files
     assert any(f.startswith(f"{VARIANT}/variables/") for f in files)
-    assert files[f"{VARIANT}.tflite"] == zoo.sha256_of(out / f"{VARIANT}.tflite")
+    assert files[f"{VARIANT}.tflite"] == file_sha256(out / f"{VARIANT}.tflite")
     for runtime in ("litert", "tensorflow"):
         zoo.verify_model_files(out, VARIANT, manifest, runtime)
     # a SavedModel's weights are checked too (tensorflow runtime), the .tflite's not read by it
@@ -142,7 +143,7 @@ def test_a_zoo_without_hashes_is_refused_saying_how_to_record_them(tmp_path):
 
 
 def test_a_server_refuses_to_serve_a_model_whose_weights_were_corrupted(tmp_path):
-    """An adversarial user's find: with 200 bytes flipped inside a digits model's weights the run
+    """With 200 bytes flipped inside a digits model's weights the run
     reported success 1.000 while 6-10 % of its answers were right. The file's hash now differs:
     the server names the file, exits 7 and never serves."""
     out = _tiny_zoo(tmp_path)

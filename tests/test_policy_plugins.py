@@ -227,7 +227,6 @@ def test_an_experiment_file_with_the_mapping_form_runs_the_entry_point(example_i
 @pytest.mark.parametrize(("policy", "says"), [
     ("tb_sched:short_signature", ["signature short_signature(options, deadline_ms)", "does not match"]),
     ("tb_sched:two_choices(k=3)", ["signature two_choices", "unexpected keyword argument 'k'"]),
-    ("tb_sched:undeclared", ["declares no properties", "@testbed.model.policies.policy_plugin"]),
     ("tb_sched:divides_by_zero", ["raised ZeroDivisionError", "tb_sched.py:"]),
     ("tb_sched:answers_a_tuple", ["returned tuple", "not a testbed.model.policies.Decision"]),
     ("tb_sched:draws_undeclared", ["changed the dispatcher's Context", "stateful=True"]),
@@ -309,9 +308,9 @@ def test_sweep_runs_a_plugin_in_its_worker_processes(sched, tmp_path, capsys):
 
 
 def test_sweep_refuses_a_plugin_that_cannot_be_used_before_running(sched, tmp_path, capsys):
-    code = main(["sweep", str(TRIANGLE), "--policies", "closest,tb_sched:undeclared", "--seeds", "1",
+    code = main(["sweep", str(TRIANGLE), "--policies", "closest,tb_sched:short_signature", "--seeds", "1",
                  "--out", str(tmp_path / "out")])
-    assert code == 2 and "--policies: policy 'tb_sched:undeclared'" in capsys.readouterr().out
+    assert code == 2 and "--policies: policy 'tb_sched:short_signature'" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
 
 
@@ -332,8 +331,8 @@ def test_a_plugin_is_an_aset_action(sched):
         _, _, _, truncated, _ = env.step(np.ones(len(env.contexts), dtype=np.int64))
     pols = set(env.sim.query_table()["policy"])
     assert ref in pols
-    with pytest.raises(Exception, match="actions: policy 'tb_sched:undeclared'"):
-        aset_actions(AsetConfig.model_validate({"name": "plug", "actions": ["closest", "tb_sched:undeclared"]}))
+    with pytest.raises(Exception, match="actions: policy 'tb_sched:divides_by_zero'"):
+        aset_actions(AsetConfig.model_validate({"name": "plug", "actions": ["closest", "tb_sched:divides_by_zero"]}))
 
 
 def test_train_and_evaluate_take_a_plugin_action(example_installed, tmp_path, capsys):

@@ -309,7 +309,7 @@ def test_a_half_written_json_file_of_a_run_is_named_not_a_traceback(tmp_path, na
 
 def test_the_report_carries_a_saturated_machines_warning_and_busy_cpus(tmp_path):
     """A run whose summary warned that the machine was saturated was compared in the report without
-    a word (a reviewer's find): the warning is in its entry, and the table has the CPUs' busy %."""
+    a word: the warning is in its entry, and the table has the CPUs' busy %."""
     a = make_run(tmp_path, "hot", ["closest"])
     s = json.loads((a / "summary.json").read_text())
     s["machine_cpu"] = {"window_s": 40.0, "cpus": 2, "busy_cores": 1.9, "steal_cores": 0.06, "by_role": {},
@@ -322,7 +322,7 @@ def test_the_report_carries_a_saturated_machines_warning_and_busy_cpus(tmp_path)
 
 
 def test_a_capture_file_the_analysis_could_not_read_is_said_in_the_summary_and_the_report(tmp_path):
-    """Found by a reviewer (Dec 4): a capture point whose file was unreadable was dropped in
+    """A capture point whose file was unreadable was dropped in
     silence (its two hops merged into one, exit 0); analysis.json's errors are now warnings."""
     from testbed.results.summary import _headline
 
@@ -340,7 +340,7 @@ def test_a_capture_file_the_analysis_could_not_read_is_said_in_the_summary_and_t
 
 
 def test_an_aset_run_is_one_row_not_a_row_per_policy_it_chose(tmp_path):
-    """A reviewer's find (Dec 4): the report of aset-live had a row per static policy ASET chose,
+    """The report of aset-live had a row per static policy ASET chose,
     each with a rate over its scattered windows (27.58 q/s over '1.05 s'), and none for the run."""
     a = make_run(tmp_path, "live", ["closest", "min_latency", "round_robin"])
     plan = json.loads((a / "plan.json").read_text())

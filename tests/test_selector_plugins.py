@@ -19,9 +19,10 @@ import pytest
 import yaml
 
 from testbed.agent.live import SelectorLive, refuse_unfit_checkpoint
-from testbed.agent.selector import SelectorError, SelectorFailed, file_sha256, source_context
+from testbed.agent.selector import SelectorError, SelectorFailed, source_context
 from testbed.cli.main import main as cli_main
 from testbed.core.errors import EXIT_COMPONENT_DIED, EXIT_INPUT
+from testbed.core.hashing import file_sha256
 from testbed.model.policies import CATALOGUE
 from testbed.plan.boundaries import SelectorContext, SourceConfig
 from testbed.plan.build import build_plan
@@ -111,7 +112,7 @@ def test_a_window_of_two_report_intervals_decides_every_second():
 # -- plan-time errors -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("selector, says", [
-    ({"use": "no_such_pkg.sel:f"}, "cannot import no_such_pkg.sel (ModuleNotFoundError"),
+    ({"use": "no_such_pkg.sel:f"}, "module 'no_such_pkg' is not found"),
     ({"use": "selector_fixtures:missing"}, "has no attribute 'missing'"),
     ({"use": "selector_fixtures:NOT_CALLABLE"}, "a int, not a callable or a class with select"),
     ({"use": "selector_fixtures:NoSelect"}, "the class has no select(obs) method"),

@@ -141,7 +141,7 @@ def _sleep_then(i: int, s: float) -> int:
 
 
 def test_an_abandoned_process_pool_stops_its_workers_at_once():
-    """A reviewer's find (Dec 4): an interrupted sweep waited for its running cells (80 s), and a
+    """An interrupted sweep waited for its running cells (80 s), and a
     SIGTERM to the command left the pool's workers running as orphans. Closing the iterator (what
     an interrupt or a failed task does) now stops them."""
     import multiprocessing
@@ -180,7 +180,7 @@ def test_sigterm_to_a_sweep_exits_130_and_leaves_no_worker(tmp_path):
 
 
 def test_sigkill_to_a_sweep_ends_its_workers(tmp_path):
-    """An adversarial user's find: after ``kill -9`` of ``testbed sweep --jobs 2`` the two workers
+    """After ``kill -9`` of ``testbed sweep --jobs 2`` the two workers
     (170 MB each) kept running. They now get the lifeline's death signal."""
     import os
     import signal
@@ -218,7 +218,7 @@ def test_sigkill_to_a_sweep_ends_its_workers(tmp_path):
 
 
 def test_a_sweep_shorter_than_its_scenarios_events_says_they_do_not_happen(tmp_path):
-    """As testbed simulate does (a docs reviewer's find, Dec 4: the sweep's scenario-failure rows
+    """As testbed simulate does (the sweep's scenario-failure rows
     came from runs in which nothing failed, without a word)."""
     import io
 
@@ -232,7 +232,7 @@ def test_a_sweep_shorter_than_its_scenarios_events_says_they_do_not_happen(tmp_p
 
 
 def test_help_texts_carry_no_rest_markup(capsys):
-    """`testbed --help` showed ``literals`` and :mod:`roles` from the docstrings (a docs reviewer's find)."""
+    """`testbed --help` showed ``literals`` and :mod:`roles` from the docstrings."""
     from testbed.cli.common import plain_help
     from testbed.cli.main import main
 

@@ -43,7 +43,7 @@ def _sweep_args(out: Path, *more: str) -> list[str]:
 
 
 def test_sweep_refuses_a_folder_another_tool_made(tmp_path, capsys):
-    """The review: --out at a copy of an ASET evaluation folder replaced its runs.csv, so its
+    """--out at a copy of an ASET evaluation folder replaced its runs.csv, so its
     results.md no longer matched it."""
     ev = tmp_path / "aset-tiny"
     ev.mkdir()
@@ -79,7 +79,7 @@ def test_sweep_resumes_its_own_folder_and_extends_it_with_other_inputs(tmp_path,
 
 
 def test_a_cell_file_cut_short_runs_again(tmp_path, capsys):
-    """The review: a truncated cells/.../closest-s1.parquet counted as done, then the end of the
+    """A truncated cells/.../closest-s1.parquet counted as done, then the end of the
     sweep died in pyarrow (ArrowInvalid: magic bytes not found)."""
     out = tmp_path / "sw"
     assert main(_sweep_args(out)) == 0
@@ -105,7 +105,7 @@ def test_another_cells_row_in_a_cell_file_runs_again(tmp_path):
 
 
 def test_sweep_out_under_a_file_is_refused_by_name(tmp_path, capsys):
-    """The review: --out <file>/sub said 'nothing was run; the cells finished so far are kept: run
+    """--out <file>/sub said 'nothing was run; the cells finished so far are kept: run
     again to resume'."""
     f = tmp_path / "afile"
     f.write_text("x")
@@ -116,7 +116,7 @@ def test_sweep_out_under_a_file_is_refused_by_name(tmp_path, capsys):
 
 
 def test_an_unreachable_ray_leaves_no_output_folder(tmp_path):
-    """The review: an unreachable --ray-address left an empty out folder behind."""
+    """An unreachable --ray-address left an empty out folder behind."""
     new = tmp_path / "new" / "sw"
     with pytest.raises(InputError, match="127.0.0.1:1"):
         sweep([TRIANGLE], ["closest"], [1], new, duration_s=2.0, ray_address="127.0.0.1:1")
@@ -150,7 +150,7 @@ def _sources_rows(run: Path) -> int:
 
 
 def test_report_does_not_write_into_the_run_it_reads(unfinished_run, tmp_path, capsys):
-    """The review: a report of a run with only sources/*.records.csv wrote records.csv and
+    """A report of a run with only sources/*.records.csv wrote records.csv and
     records.parquet into it (merge_records), which later reports then preferred."""
     from testbed.results.report import build_report
 
@@ -184,7 +184,7 @@ def test_the_runs_own_merge_still_writes_the_merged_records(unfinished_run):
 
 
 def test_a_failed_extension_keeps_the_record_of_the_tables_there(tmp_path, capsys):
-    """sweep.json describes the tables in the folder: an extension that fails before its tables
+    """Sweep.json describes the tables in the folder: an extension that fails before its tables
     are written leaves the old record (it used to say the new seeds at once)."""
     out = tmp_path / "sw"
     assert main(_sweep_args(out)) == 0

@@ -79,7 +79,7 @@ def test_the_model_rule_spans_without_a_route_and_the_cause():
 
 
 def test_a_source_cut_off_from_every_cluster_fails_unreachable_and_the_run_exits_6(tmp_path, capsys):
-    """An adversarial user's find: with every cluster cut off at 0 s all queries failed as
+    """With every cluster cut off at 0 s all queries failed as
     deadline_miss and the run exited 0, nothing in the summary saying why."""
     path = _experiment(tmp_path, [_down("0s", "A", "B"), _down("0s", "A", "C")])
     code = main(["simulate", str(path), "--runs-dir", str(tmp_path / "runs")])

@@ -1,4 +1,4 @@
-"""What `testbed plan` refuses before anything is built (issue 14), one test per rule, and the
+"""What `testbed plan` refuses before anything is built, one test per rule, and the
 pieces of a trustworthy run that need no root: the health watch, storage, the summary's tables."""
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def test_trace_is_read_at_plan_time(tmp_path):
     (b"t_s\n" + b"1" * 200_000 + b"\n", r"line 2: not CSV \(field larger than field limit"),
     ("fifo", "is not a regular file"), ("/dev/zero", "is not a regular file")])
 def test_a_trace_or_demand_matrix_that_is_not_csv_text_is_named_not_a_traceback_or_a_hang(tmp_path, content, message):
-    """Found by a reviewer (Dec 4): a non-UTF-8 or over-long field gave a traceback, /dev/zero or a
+    """A non-UTF-8 or over-long field gave a traceback, /dev/zero or a
     FIFO made `testbed plan` read forever."""
     import os
 
@@ -481,8 +481,9 @@ def test_per_cluster_and_per_cause_tables_agree_with_the_records(tmp_path):
                                             "max_late_ms": 21.0}
     assert s["cold_queries"] == 1 and s["e2e_ms"]["p50"] == 10.0
     assert s["records_check"] == {"rows_per_source_file": {"a": 8}, "rows_merged": 8, "missing_query_ids": {},
-                                  "queries_created": {}, "sources_without_tally": ["a"], "cut_last_line": {},
-                                  "records_file_missing": []}
+                                  "queries_created": {}, "queries_written": {}, "sources_without_tally": ["a"],
+                                  "cut_last_line": {}, "records_file_missing": [], "rows_lost": {},
+                                  "records_restored": []}
 
 
 def test_summary_md_holds_markdown_tables(tmp_path):
@@ -522,7 +523,7 @@ def test_records_lost_at_the_end_of_a_file_are_counted_from_the_sources_tally(tm
 
 
 def test_a_source_file_whose_last_line_is_cut_keeps_its_whole_rows_and_says_so(tmp_path):
-    """Found by a reviewer (Dec 4): `testbed report` of a killed run whose source file ended in a
+    """`testbed report` of a killed run whose source file ended in a
     cut line was refused, naming a glob and a row of the merged frame. The whole rows are kept, the
     cut line is said; a bad line before the last is refused naming the file."""
     from testbed.results.summary import RecordsError, _headline
@@ -545,7 +546,7 @@ def test_a_source_file_whose_last_line_is_cut_keeps_its_whole_rows_and_says_so(t
 
 
 def test_a_source_whose_records_file_is_gone_is_counted_from_its_tally(tmp_path):
-    """A reviewer's find (Dec 4): a records file deleted during the run left its source out of the
+    """A records file deleted during the run left its source out of the
     summary and of the records check, while its tally said 19 records were written."""
     from testbed.core.util import write_json_atomic
     from testbed.plan.boundaries import SourceTally, tally_path
@@ -578,7 +579,7 @@ def test_the_merge_never_truncates_records(tmp_path, monkeypatch):
 
 
 def test_cold_is_what_the_source_saw_and_the_merge_marks_nothing(tmp_path):
-    """cold = 1 is a query that opened a new connection (the source's tracing); the merge used to
+    """Cold = 1 is a query that opened a new connection (the source's tracing); the merge used to
     mark the first query of each (source, cluster) pair of an emulated run when no query was cold,
     though the source had opened that connection before the load."""
     _records(tmp_path)
@@ -659,7 +660,7 @@ def yaml_dump(d: dict) -> str:
     return yaml.safe_dump(d, sort_keys=False)
 
 
-EXP_YAML = """name: t
+EXP_YAML = """Name: t
 duration: 5s
 topology: {source: tri.yaml}
 clusters: [{name: edge, site: B, tier: far_edge, cpu_cores: 0.5, WORKERS models: [digits_small]}]
@@ -860,7 +861,7 @@ def test_summary_tables_read_as_what_they_are(tmp_path):
 
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="preflight checks root first")
 def test_preflight_names_a_dead_ovs_vswitchd_before_anything_is_built(monkeypatch):
-    """A reviewer's find (Dec 4): with ovs-vswitchd killed (its monitor does not restart it after a
+    """With ovs-vswitchd killed (its monitor does not restart it after a
     SIGKILL), `ovs-vsctl show` still answered from the database, and the run failed 60 s later
     creating the bridges. Each daemon is asked now (the OVS answers faked: a pure-logic test)."""
     import testbed.emu.bringup as bringup
@@ -882,7 +883,7 @@ def test_preflight_names_a_dead_ovs_vswitchd_before_anything_is_built(monkeypatc
 
 
 def test_a_run_records_the_command_and_the_code_that_reproduce_it():
-    """A reviewer's find (Dec 4): no output named the command line or the code version of its
+    """No output named the command line or the code version of its
     run; run.json now has them (testbed.core.util.provenance) and the summary says them."""
     import re as _re
 
@@ -899,7 +900,7 @@ def test_a_run_records_the_command_and_the_code_that_reproduce_it():
 
 
 def test_records_parquet_has_one_schema_whatever_values_a_run_had(tmp_path):
-    """A reviewer's find (Dec 4): pandas guessed each run's Parquet types (failure_cause double in a
+    """Pandas guessed each run's Parquet types (failure_cause double in a
     run without failures, label int64 in one and double in another), so an emulated and a simulated
     file did not concatenate. The record columns now have their one type."""
     import pyarrow as pa
@@ -924,7 +925,7 @@ def test_records_parquet_has_one_schema_whatever_values_a_run_had(tmp_path):
 
 
 def test_simulate_says_a_capture_section_is_not_simulated(tmp_path, capsys):
-    """A reviewer's find (Dec 4): `testbed simulate` of experiments/capture.yaml ignored its
+    """`testbed simulate` of experiments/capture.yaml ignored its
     capture: section in silence, and the report then gave a wrong reason for the missing hops."""
     from testbed.cli.main import main
 

@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 
 from testbed.cli.main import main
+from testbed.core.hashing import file_sha256
 from testbed.plan import zoo
 from testbed.plan.build import plan_experiment
 from testbed.plan.profiles import cpu_time
@@ -125,8 +126,8 @@ def test_a_good_file_is_added_profiled_and_served_by_an_experiment(tiny, own_mod
     entry = manifest["variants"][VARIANT]
     # the file, its hash recorded as the build records them, the declared and the measured accuracy
     assert entry["tflite"] == f"{VARIANT}.tflite" and entry["path"] is None
-    assert entry[zoo.FILES_SHA256] == {f"{VARIANT}.tflite": zoo.sha256_of(src)}
-    assert zoo.sha256_of(zoo_dir / f"{VARIANT}.tflite") == zoo.sha256_of(src)
+    assert entry[zoo.FILES_SHA256] == {f"{VARIANT}.tflite": file_sha256(src)}
+    assert file_sha256(zoo_dir / f"{VARIANT}.tflite") == file_sha256(src)
     assert entry["accuracy"] == round(acc, 4) and entry["accuracy_litert"] == pytest.approx(acc, abs=1e-4)
     assert entry[zoo.ADDED]["accuracy_measured"]["n"] == 540 and entry["params"] > 1000
     assert "digits_small" in manifest["variants"]
@@ -259,7 +260,7 @@ def test_a_rebuild_keeps_the_added_variants(tiny, tmp_path):
     new = {"families": {"digits": old["families"]["digits"]}, "variants": {}}
     build_zoo.keep_added(old, zoo_dir, new_dir, new)
     assert new["variants"]["mine"] == old["variants"]["mine"]
-    assert zoo.sha256_of(new_dir / "mine.tflite") == zoo.sha256_of(zoo_dir / "mine.tflite")
+    assert file_sha256(new_dir / "mine.tflite") == file_sha256(zoo_dir / "mine.tflite")
     gone = {"families": {"parity": {}}, "variants": {}}
     build_zoo.keep_added(old, zoo_dir, tmp_path, gone)
     assert "mine" not in gone["variants"]

@@ -31,15 +31,11 @@ with its traceback: the run stops, it is never swallowed.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import inspect
-import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +43,8 @@ import numpy as np
 
 from testbed.agent.observation import SourceContext, SourceObserver, observation_layout
 from testbed.core.errors import EXIT_COMPONENT_DIED, InputError, RunFailure
+from testbed.core.hashing import file_sha256
+from testbed.core.plugins import NOT_INSTALLED, PluginError, PluginFault, call_plugin, load, parse_ref, time_limit_s
 from testbed.core.util import REPO_ROOT
 from testbed.plan.boundaries import SelectorContext
 from testbed.spec.aset import ObservationSpec
@@ -154,49 +152,51 @@ class _SB3Selector:
         pass
 
 
-def file_sha256(path: str | Path) -> str:
-    """The SHA-256 (hex) of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+#: The entry-point group a selector's ``use`` may name (``[project.entry-points."testbed.selectors"]``).
+SELECTOR_GROUP = "testbed.selectors"
 
 
-def _distribution_version(module_name: str) -> tuple[str | None, str | None]:
-    """(distribution, version) that provides the top-level package of ``module_name``, or
-    (None, None) for a module of no installed distribution (a checkout on the path)."""
-    top = module_name.split(".")[0]
-    for dist in metadata.packages_distributions().get(top, []):
-        try:
-            return dist, metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None, None
+class _Shielded:
+    """A selector object of one's own as the driver calls it: ``select(obs)`` and ``reset()`` through
+    :func:`testbed.core.plugins.call_plugin` (an exit of the plug-in is a
+    :class:`~testbed.core.plugins.PluginFault`, an Exception the driver reports with the plug-in's
+    traceback); every other attribute is the object's."""
+
+    def __init__(self, inner: Any, name: str):
+        self._inner, self._name = inner, name
+
+    def select(self, obs: Any) -> Any:
+        return call_plugin(f"aset.selector {self._name}, select", self._inner.select, obs)
+
+    def reset(self) -> None:
+        reset = getattr(self._inner, "reset", None)
+        if callable(reset):
+            call_plugin(f"aset.selector {self._name}, reset", reset)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
-def _import(spec: SelectorSpec) -> Any:
-    """The object ``spec.use`` names: its module imported from ``sys.path``, the repository root
+def _import(spec: SelectorSpec) -> tuple[Any, dict[str, Any]]:
+    """The object ``spec.use`` names and its provenance, loaded by the one plug-in loader
+    (:func:`testbed.core.plugins.load`): its module imported from ``sys.path``, the repository root
     appended to it (so that a module of the checkout, such as ``examples.selector.rules``, needs no
-    install).
+    install), under the plug-ins' time limit.
 
     Raises:
         SelectorError: the module cannot be imported (any exception while importing it), or has
             no such attribute; naming the selector.
+        PluginFault: the module exits or hangs as it is imported (exit code 4).
     """
-    module_name, attr = spec.use.split(":")
-    if str(REPO_ROOT) not in sys.path:  # a module of the checkout (examples.selector...) without installing it
-        sys.path.append(str(REPO_ROOT))
     try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure of a plug-in is its plan error
-        raise SelectorError(f"aset.selector {spec.use}: cannot import {module_name} "
-                            f"({type(exc).__name__}: {exc})") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise SelectorError(f"aset.selector {spec.use}: {module_name} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+        loaded = load(parse_ref(spec.use), SELECTOR_GROUP, extra_path=str(REPO_ROOT))
+    except PluginError as exc:
+        raise SelectorError(f"aset.selector {spec.use}: {exc}") from None
+    o = loaded.origin
+    prov = {"use": spec.use, "params": dict(spec.params), "module_file": o.file, "sha256": o.sha256,
+            "distribution": None if o.distribution == NOT_INSTALLED else o.distribution,
+            "version": None if o.version == NOT_INSTALLED else o.version}
+    return loaded.obj, prov
 
 
 def _check_binds(fn: Callable, args: tuple, kwargs: Mapping[str, Any], what: str, spec: SelectorSpec) -> None:
@@ -213,14 +213,7 @@ def _check_binds(fn: Callable, args: tuple, kwargs: Mapping[str, Any], what: str
 
 
 def _resolve_use(spec: SelectorSpec) -> ResolvedSelector:
-    obj = _import(spec)
-    module_name = spec.use.split(":")[0]
-    module = importlib.import_module(module_name)
-    mod_file = getattr(module, "__file__", None)
-    dist, version = _distribution_version(module_name)
-    prov: dict[str, Any] = {"use": spec.use, "params": dict(spec.params), "module_file": mod_file,
-                            "sha256": file_sha256(mod_file) if mod_file and Path(mod_file).is_file() else None,
-                            "distribution": dist, "version": version}
+    obj, prov = _import(spec)
     if inspect.isclass(obj):
         if not callable(getattr(obj, "select", None)):
             raise SelectorError(f"aset.selector {spec.use}: the class has no select(obs) method")
@@ -231,17 +224,22 @@ def _resolve_use(spec: SelectorSpec) -> ResolvedSelector:
 
         def make() -> Any:
             try:
-                return obj(**spec.params)
+                made = call_plugin(f"aset.selector {spec.use}, {obj.__name__}(**params)", obj, **spec.params,
+                                   limit_s=time_limit_s())
+            except PluginFault:
+                raise
             except Exception as exc:  # noqa: BLE001 - the plug-in's own constructor: named
                 raise SelectorError(f"aset.selector {spec.use}: {obj.__name__}(**params) raised "
                                     f"{type(exc).__name__}: {exc}") from exc
+            return _Shielded(made, spec.use)
 
         return ResolvedSelector(spec, make, {"kind": "class", **prov})
     if not callable(obj):
         raise SelectorError(f"aset.selector {spec.use}: a {type(obj).__name__}, not a callable or a class with "
                             f"select(obs)")
     _check_binds(obj, (None,), spec.params, "its signature", spec)
-    return ResolvedSelector(spec, lambda: _CallableSelector(obj, spec.params), {"kind": "callable", **prov})
+    return ResolvedSelector(spec, lambda: _Shielded(_CallableSelector(obj, spec.params), spec.use),
+                            {"kind": "callable", **prov})
 
 
 def _resolve_sb3(spec: SelectorSpec, repo_dir: str | Path | None) -> ResolvedSelector:
@@ -465,5 +463,5 @@ def selected_sources(plan) -> list[str]:
 
 
 __all__ = ["Observation", "ResolvedSelector", "SelectorDriver", "SelectorError", "SelectorFailed",
-           "check_plan_selector", "check_selector", "file_sha256", "first_state", "initial_policy",
+           "check_plan_selector", "check_selector", "first_state", "initial_policy",
            "observation_spec", "resolve_selector", "selected_sources", "selector_window", "source_context"]

@@ -16,6 +16,7 @@ may hold ``[/bold]`` and the like) print verbatim; our own styling goes through 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import sys
@@ -30,6 +31,7 @@ from testbed.aset.train import resolve, training_scenarios
 from testbed.cli import evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help, print_feasibility
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
+from testbed.core.plugins import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 from testbed.emu.autodilate import choose
 from testbed.emu.cleanup import cleanup
 from testbed.plan.build import Plan, plan_experiment
@@ -169,6 +171,18 @@ def _dilation_arg(text: str) -> float | str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _plugin_timeout_arg(text: str) -> str:
+    """``--plugin-timeout``: a number of seconds >= 0 (0: no limit), as the environment variable's text."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the time limit of a plug-in's import and plan-time checks is a "
+                                         f"number of seconds >= 0 (0: no limit)")
+    return text.strip()
+
+
 def _cmd_cleanup(args: argparse.Namespace) -> int:
 
     try:
@@ -186,6 +200,10 @@ COMMAND_MODULES = (evaluate, generate, new_experiment, profile, report, simulate
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="testbed", description=plain_help(__doc__.split("\n\n")[0].replace("\n", " ")))
+    ap.add_argument("--plugin-timeout", type=_plugin_timeout_arg, metavar="S",
+                    help=f"the time limit (s) of a plug-in's import and of its plan-time checks (policies, "
+                         f"selectors of one's own; default {DEFAULT_TIMEOUT_S:g}, 0: none); sets {TIMEOUT_ENV}, "
+                         f"which every process of a run inherits")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="print the resolved plan of an experiment; builds nothing, needs no root",
                        description="Validate an experiment (or an ASET config) and print what it resolves to: "
@@ -283,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(_attach_negative_values(argv, _value_options(ap)))
+    if args.plugin_timeout is not None:
+        os.environ[TIMEOUT_ENV] = args.plugin_timeout  # read where a plug-in is loaded, here and in a run's processes
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # `testbed run` has its own during the run
     try:
         return args.func(args)

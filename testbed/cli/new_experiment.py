@@ -63,7 +63,7 @@ from testbed.plan.build import build_plan
 from testbed.plan.checks import AppFeasibility, feasibility_warnings, zero_load_feasibility
 from testbed.plan.placement import Demand, cover_sources, covers, zero_load_from
 from testbed.plan.resolved import Plan
-from testbed.spec.experiment import MAX_NAME_BYTES, ConfigError, Experiment, format_validation_error
+from testbed.spec.experiment import MAX_CPU_CORES, MAX_NAME_BYTES, ConfigError, Experiment, format_validation_error
 from testbed.spec.schema import NAME_RE, load_yaml
 from testbed.spec.topology import RawTopology, load_topology, resolve_topology_path
 from testbed.spec.units import UnitError, parse_delay_ms, parse_duration_s, parse_rate_mbps
@@ -208,7 +208,37 @@ def _cluster_item(item: str) -> tuple[str, str, float | None]:
             break
     if cores is not None and cores < 0.01:
         raise NewExperimentError(f"--clusters {item!r}: {cores:g} cores is under 0.01 (the smallest CPU share)")
+    if cores is not None and cores > MAX_CPU_CORES:
+        raise NewExperimentError(f"--clusters {item!r}: {cores:g} cores is over {MAX_CPU_CORES:g}, the most a cluster "
+                                 f"(one host) has (testbed.spec.experiment.MAX_CPU_CORES)")
     return ref, tier, cores
+
+
+def _refuse_unread_part(item: str, ref: str, nodes: list[Node]) -> None:
+    """When ``ref`` (what :func:`_cluster_item` left of ``item`` as the node) is not a node but a
+    node followed by ``:`` parts that are neither a tier nor a CPU share (``B:far_edge:-1``), the
+    error names the part that is wrong, not the whole as a node.
+
+    Raises:
+        NewExperimentError: naming the node and the part after it.
+    """
+    names = {n.id for n in nodes} | {n.label for n in nodes}
+    head, rest = ref, []
+    while ":" in head:
+        head, _, last = head.rpartition(":")
+        rest.insert(0, last)
+        if head in names:
+            bad = next((x for x in rest if x not in ("far_edge", "near_edge")), rest[-1])
+            try:
+                number = float(bad)
+            except ValueError:
+                number = None
+            what = (f"{bad!r} is not a CPU share: cores are a number from 0.01 to {MAX_CPU_CORES:g}"
+                    if number is not None else
+                    f"{bad!r} is neither a tier (far_edge or near_edge) nor a CPU share in cores (a number from "
+                    f"0.01 to {MAX_CPU_CORES:g})")
+            raise NewExperimentError(f"--clusters {item!r}: node {head!r} is in the topology; {what}; write "
+                                     f"NODE[:TIER][:CORES], e.g. {head}:far_edge:2")
 
 
 def place_clusters(spec: str, nodes: list[Node], g: nx.Graph, used: set[str]) -> list[Placement]:
@@ -224,7 +254,12 @@ def place_clusters(spec: str, nodes: list[Node], g: nx.Graph, used: set[str]) ->
         picked = []
         for item in items:
             ref, tier, cores = _cluster_item(item)
-            picked.append((_find(ref, nodes, set(g), f"--clusters {item!r}"), tier, cores))
+            try:
+                node = _find(ref, nodes, set(g), f"--clusters {item!r}")
+            except NewExperimentError:
+                _refuse_unread_part(item, ref, nodes)
+                raise
+            picked.append((node, tier, cores))
     prefix = {"far_edge": "fe", "near_edge": "ne"}
     return [Placement(host_name(x.label, used, prefix[tier]), x, tier, cores or TIER_CORES[tier])
             for x, tier, cores in picked]

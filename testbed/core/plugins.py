@@ -20,23 +20,39 @@ installed"`` for a module found on ``sys.path`` only), the module file and its S
 ``sys.path`` entry it was imported from (so another process, e.g. an emulated source, can import it
 too). Every failure is a :class:`PluginError` (an :class:`testbed.core.errors.InputError`, exit
 code 2) that names the reference and says what to fix.
+
+A plug-in's code runs inside the testbed's processes; every call of it (its import here, its
+checks and decisions, a selector's calls) goes through :func:`call_plugin`: an exit or another
+BaseException that is not an Exception raised by the plug-in is a :class:`PluginFault` (exit code 4)
+naming it, with its traceback, never the end of the process. Its import and its plan-time calls
+have a time limit (:func:`time_limit_s`: :data:`TIMEOUT_ENV`, default :data:`DEFAULT_TIMEOUT_S`).
+What cannot be caught in-process: ``os._exit`` (and a crash of native code) ends the process at
+once; the run's tally check then says which source vanished (``docs/extending.md``).
 """
 
 from __future__ import annotations
 
 import ast
+import dis
 import hashlib
 import importlib
 import importlib.metadata as md
+import math
+import os
 import re
+import signal
 import sys
-from collections.abc import Callable, Mapping
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from testbed.core.errors import InputError
+from testbed.core.errors import EXIT_COMPONENT_DIED, InputError, RunFailure
+from testbed.core.hashing import file_sha256
 
 T = TypeVar("T")
 
@@ -50,6 +66,21 @@ NOT_INSTALLED = "not installed"
 class PluginError(InputError):
     """A plug-in reference that cannot be used: bad syntax, nothing by that name, a module that does
     not import, an object of the wrong shape. The message names the reference and what to fix."""
+
+
+class PluginFault(RunFailure):
+    """A plug-in that left the testbed's control where it was called: it exited (``sys.exit``,
+    ``SystemExit``), raised another BaseException that is not an Exception (``KeyboardInterrupt``
+    raised by its own code, ``GeneratorExit``, a class of its own), or ran past its time limit
+    (:func:`time_limit_s`; the import and the plan-time calls only). Exit code 4, the plug-in's fault;
+    ``what`` names the plug-in and the call, ``tb`` is its traceback (also at the end of the message).
+    An :class:`Exception`, so that every handler of a plug-in's errors sees it."""
+
+    exit_code = EXIT_COMPONENT_DIED
+
+    def __init__(self, message: str, what: str = "", tb: str = ""):
+        super().__init__(message)
+        self.what, self.tb = what, tb
 
 
 @dataclass(frozen=True)
@@ -208,18 +239,17 @@ def _packages_distributions() -> Mapping[str, list[str]]:
     return md.packages_distributions()
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _import(module: str, attr: str, ref: str) -> tuple[Any, Any]:
-    """(module object, the attribute) of ``module:attr``."""
+def _import(module: str, attr: str, ref: str, extra_path: str | None = None) -> tuple[Any, Any]:
+    """(module object, the attribute) of ``module:attr``, the import under :func:`time_limit_s`
+    (:func:`call_plugin`); ``extra_path`` (a folder) is appended to ``sys.path`` first when it is not
+    on it."""
+    if extra_path and extra_path not in sys.path:
+        sys.path.append(extra_path)
     try:
-        mod = importlib.import_module(module)
+        mod = call_plugin(f"{ref!r}: importing module {module!r}", importlib.import_module, module,
+                          limit_s=time_limit_s())
+    except PluginFault:
+        raise
     except ModuleNotFoundError as exc:
         raise PluginError(f"{ref!r}: module {exc.name!r} is not found (sys.path: install the package that provides "
                           f"it, or add its folder to PYTHONPATH)") from None
@@ -234,6 +264,146 @@ def _import(module: str, attr: str, ref: str) -> tuple[Any, Any]:
     return mod, obj
 
 
+#: The environment variable that sets the time limit (s) of a plug-in's import and of its plan-time
+#: calls (:func:`time_limit_s`); ``0`` or ``inf``: no limit. The ``testbed`` command's
+#: ``--plugin-timeout S`` sets it (and so every process a run starts inherits it).
+TIMEOUT_ENV = "TESTBED_PLUGIN_TIMEOUT_S"
+#: The default time limit (s): a module's import and its checks take well under a second; 30 s
+#: leaves room for a plug-in that imports a large library (TensorFlow imports in 3.5-4.4 s here).
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def time_limit_s() -> float:
+    """The time limit (s) of a plug-in's import and of its plan-time calls: :data:`TIMEOUT_ENV`,
+    default :data:`DEFAULT_TIMEOUT_S`; ``math.inf`` for no limit (``0``, ``inf``).
+
+    Raises:
+        PluginError: the variable is set to something that is not a number >= 0.
+    """
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise PluginError(f"{TIMEOUT_ENV}={text!r}: the time limit of a plug-in's import and plan-time calls is a "
+                          f"number of seconds >= 0 (0: no limit)")
+    return math.inf if value == 0 else value
+
+
+class _Expired(BaseException):
+    """Raised inside a plug-in's code when its time limit ends (a BaseException, so that the
+    plug-in's own ``except Exception`` does not swallow it)."""
+
+
+@contextmanager
+def _alarm(limit_s: float) -> Iterator[bool]:
+    """Raise :class:`_Expired` in the main thread after ``limit_s`` s (``SIGALRM``, a real-time
+    timer); yields whether the limit is armed: not in another thread (signals go to the main thread
+    only), not for ``inf``, not when a timer of someone else's is running. The previous handler is
+    restored after."""
+    armed = (math.isfinite(limit_s) and limit_s > 0 and threading.current_thread() is threading.main_thread()
+             and hasattr(signal, "setitimer") and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
+    if not armed:
+        yield False
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise _Expired
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        yield True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+#: The opcodes of a ``raise`` statement: an exception whose innermost frame stopped at one was
+#: raised by that code, not delivered by a signal between two instructions.
+_RAISES = frozenset(dis.opmap[n] for n in ("RAISE_VARARGS", "RERAISE") if n in dis.opmap)
+
+
+def _from_a_signal(exc: BaseException) -> bool:
+    """Whether ``exc`` was delivered to the plug-in's code from outside: raised by a signal handler
+    installed in this process (a Python handler's frame is in its traceback), or a
+    ``KeyboardInterrupt`` that no ``raise`` statement raised (Python's own SIGINT handler, Ctrl-C)."""
+    handlers = set()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        code = getattr(signal.getsignal(sig), "__code__", None)
+        if code is not None:
+            handlers.add(code)
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code in handlers:
+            return True
+        last, tb = tb, tb.tb_next
+    if isinstance(exc, KeyboardInterrupt) and last is not None:
+        code = last.tb_frame.f_code.co_code
+        return not (0 <= last.tb_lasti < len(code) and code[last.tb_lasti] in _RAISES)
+    return False
+
+
+#: Where the testbed's own frames and the import machinery's are: a plug-in's traceback starts at its
+#: first frame outside them.
+_OWN = (str(Path(__file__).resolve().parents[1]), str(Path(importlib.__file__).parent), "<frozen importlib")
+
+
+def plugin_traceback(exc: BaseException, stopped: bool = False) -> str:
+    """The traceback of ``exc`` from the plug-in's first frame: the frames of the testbed (and of
+    the import machinery) that called it are left out (all kept when every frame is ours). With
+    ``stopped`` (``exc`` is the testbed's own interruption of the plug-in), the frames where the
+    plug-in was, without the testbed's frames that stopped it nor the exception's line."""
+    te = traceback.TracebackException.from_exception(exc)
+    frames = list(te.stack)
+    while frames and frames[0].filename.startswith(_OWN):
+        frames.pop(0)
+    if stopped:
+        while len(frames) > 1 and frames[-1].filename.startswith(_OWN):
+            frames.pop()
+        return "Where it was (most recent call last):\n" + "".join(traceback.format_list(frames))
+    if frames:
+        te.stack = traceback.StackSummary.from_list(frames)
+    return "".join(te.format())
+
+
+def call_plugin(what: str, fn: Callable[..., T], *args: Any, limit_s: float = math.inf, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``, a plug-in's code, kept within the testbed's control: what ``fn``
+    raises as an :class:`Exception` passes unchanged (the caller says what it means); an exit
+    (``SystemExit``) or another BaseException that is not an Exception raised by ``fn``'s own code
+    becomes a :class:`PluginFault` naming ``what`` (e.g. ``"policy 'mypkg.sched:p2c' (..., file)
+    deciding"``) with the traceback; a Ctrl-C or a signal's handler is not the plug-in's fault and
+    passes unchanged. With a finite ``limit_s`` (main thread only), ``fn`` is stopped after
+    ``limit_s`` s with a :class:`PluginFault` saying so (:data:`TIMEOUT_ENV` to change the limit).
+
+    Raises:
+        PluginFault: as above.
+        Exception: whatever ``fn`` raises.
+    """
+    try:
+        with _alarm(limit_s):
+            return fn(*args, **kwargs)
+    except Exception:
+        raise
+    except _Expired as exc:
+        tb = plugin_traceback(exc, stopped=True)
+        raise PluginFault(f"{what}: did not finish within {limit_s:g} s, the time limit of a plug-in's import and "
+                          f"plan-time calls (set {TIMEOUT_ENV}=<seconds>, or testbed --plugin-timeout <seconds>; "
+                          f"0: no limit).\n{tb}", what, tb) from None
+    except BaseException as exc:
+        if _from_a_signal(exc):
+            raise
+        tb = plugin_traceback(exc)
+        kind = f"exited ({type(exc).__name__}({exc.args[0] if exc.args else ''!r}))" if isinstance(exc, SystemExit) \
+            else f"raised {type(exc).__name__}: {exc}"
+        raise PluginFault(f"{what}: the plug-in {kind}, which would have ended the testbed's process; "
+                          f"a plug-in raises an Exception, never exits (the plug-in's fault, exit code 4):\n{tb}",
+                          what, tb) from exc
+
+
 def _origin(ref: str, module: str, attr: str, mod: Any, dist: md.Distribution | None, ep: str | None) -> Origin:
     file = getattr(mod, "__file__", None)
     if not file:
@@ -246,20 +416,27 @@ def _origin(ref: str, module: str, attr: str, mod: Any, dist: md.Distribution | 
     return Origin(ref=ref, import_path=f"{module}:{attr}", entry_point=ep,
                   distribution=dist.metadata["Name"] if dist else NOT_INSTALLED,
                   version=dist.version if dist else NOT_INSTALLED, file=str(Path(file).resolve()),
-                  sha256=_sha256(file), sys_path=str(Path(file).resolve().parents[depth]))
+                  sha256=file_sha256(file), sys_path=str(Path(file).resolve().parents[depth]))
 
 
-def load(ref: PluginRef, group: str) -> Loaded:
-    """Import the object ``ref`` names: its entry point in ``group``, or its ``module:attr``.
+def load(ref: PluginRef, group: str, extra_path: str | None = None) -> Loaded:
+    """Import the object ``ref`` names: its entry point in ``group``, or its ``module:attr`` (with
+    ``extra_path``, a folder, appended to ``sys.path`` when it is not on it: e.g. the repository's
+    root, so that ``examples.selector.rules`` needs no install). The one loader of every kind of
+    plug-in (policies, ASET selectors).
 
     Raises:
         PluginError: no such entry point (the message lists the installed ones), the module is not
-            found or raises as it is imported, the attribute is missing, or the module has no file.
+            found or raises an exception as it is imported, the attribute is missing, or the module
+            has no file.
+        PluginFault: the module exits (``sys.exit``) or raises another BaseException that is not an
+            Exception as it is imported, or its import takes longer than :func:`time_limit_s`
+            (exit code 4; the message names the reference and holds the traceback).
     """
     text = str(ref)
     if ref.is_import_path:
         module, _, attr = ref.target.partition(":")
-        mod, obj = _import(module, attr, text)
+        mod, obj = _import(module, attr, text, extra_path)
         return Loaded(obj, dict(ref.params), _origin(text, module, attr, mod, None, None))
     eps = [ep for ep in md.entry_points(group=group) if ep.name == ref.target]
     if not eps:
@@ -305,5 +482,6 @@ def add_sys_paths(paths: list[str] | tuple[str, ...]) -> None:
             sys.path.append(p)
 
 
-__all__ = ["NOT_INSTALLED", "Loaded", "Origin", "PluginError", "PluginHook", "PluginRef", "add_sys_paths",
-           "entry_point_names", "format_ref", "load", "normalize_ref", "parse_ref", "ref_slug", "split_refs"]
+__all__ = ["DEFAULT_TIMEOUT_S", "NOT_INSTALLED", "TIMEOUT_ENV", "Loaded", "Origin", "PluginError", "PluginFault",
+           "PluginHook", "PluginRef", "add_sys_paths", "call_plugin", "entry_point_names", "format_ref", "load",
+           "normalize_ref", "plugin_traceback", "parse_ref", "ref_slug", "split_refs", "time_limit_s"]

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from typing import Generic, TypeVar, overload
 
 from testbed.core.errors import InputError
-from testbed.core.plugins import PluginError, PluginHook, entry_point_names, load, parse_ref
+from testbed.core.plugins import PluginError, PluginFault, PluginHook, entry_point_names, load, parse_ref
 
 T = TypeVar("T")
 #: What a look-up gives for a name that is not there (an entry may be any value, None included).
@@ -154,6 +154,8 @@ class Registry(Mapping[str, T], Generic[T]):
                 listed with the registered names).
             testbed.core.plugins.PluginError: the plug-in cannot be loaded or its hook refuses it: the
                 message leads with ``where`` and names the plug-in and what to fix.
+            testbed.core.plugins.PluginFault: the plug-in exited or hung as it was imported or
+                checked (exit code 4), led by ``where``.
         """
         try:
             hit = self._items.get(name, _MISSING)  # type: ignore[arg-type]
@@ -185,11 +187,23 @@ class Registry(Mapping[str, T], Generic[T]):
             loaded = load(ref, group)
         except PluginError as exc:
             raise PluginError(f"{lead}{self.kind} {exc}") from None
+        except PluginFault as exc:  # it exited or hung as it was imported: exit code 4, led by the item
+            raise PluginFault(f"{lead}{self.kind} {exc}", exc.what, exc.tb) from exc.__cause__
         try:
             return self._hook.make(name, loaded)
+        except PluginFault as exc:
+            raise PluginFault(f"{lead}{exc}", exc.what, exc.tb) from exc.__cause__
         except (TypeError, ValueError) as exc:
             raise PluginError(f"{lead}{self.kind} {name!r} ({loaded.origin.import_path}, {loaded.origin.file}): "
                               f"{exc}") from None
+
+    def set_plugins(self, hook: PluginHook[T]) -> None:
+        """Resolve names this registry does not hold through ``hook`` from now on (module
+        docstring): a layer above the registry's own installs how a plug-in is checked and wrapped
+        (the policy registry of the pure model gets its hook from :mod:`testbed.plan.policy_plugins`).
+        The plug-ins resolved before are dropped."""
+        self._hook = hook
+        self._plugins.clear()
 
     def plugins(self) -> dict[str, T]:
         """The plug-ins resolved in this process so far: reference -> entry, in resolution order."""

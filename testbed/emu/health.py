@@ -19,7 +19,8 @@ component           where it comes from                         a death is plann
                     traffic generators)
 links               the controller's ``/testbed/status``        a ``link_down`` event is in force
                     (``missing_links``)                         (or a ``link_up`` < 10 s ago)
-storage             ``statvfs`` of the run directory            never
+storage             ``statvfs`` of the run directory; the       never
+                    sources' records files still there
 ==================  ==========================================  =================================
 
 An unplanned death is reported at once: on the console, and in ``run.json`` (``health.incidents``:
@@ -37,7 +38,8 @@ log is never silent about why its process exited (a SIGKILLed process cannot say
 The run directory's storage (:class:`testbed.emu.storage.Storage`: checked before bring-up, a
 reserve file held during the run) is watched here too: when the file system fills up the watch
 frees the reserve at once, so the sources' buffered records, the merge and the summary still fit,
-and stops the run.
+and stops the run; a source's records file that is no longer there (deleted during the run,
+:meth:`testbed.emu.storage.Storage.vanished`) is a storage fault too, and stops the run.
 """
 
 from __future__ import annotations
@@ -416,7 +418,15 @@ class HealthWatch(threading.Thread):
         self.links_down &= set(down)
 
     def _check_storage(self) -> None:
-        if self.storage is None or self.storage.released:
+        if self.storage is None:
+            return
+        for rel in self.storage.vanished():
+            inc = self._incident(rel, "storage", None,
+                                 "was deleted during the run: what the source wrote there is no longer on disk; the "
+                                 "source keeps writing to its open file and writes it back when it stops, and the "
+                                 "run stops", False, None, fault="storage")
+            self._report(inc)
+        if self.storage.released:
             return
         problem = self.storage.problem()
         if problem is None:

@@ -28,7 +28,8 @@ the host's full speed, is padded to k times its wall time (a sleep of the rest),
 emulated cost is its cost, as the simulator charges it (``plan.decision_ms``).
 Records are appended (and flushed) as each query
 resolves, so a run stopped at any point keeps what was measured; a write that fails (a full
-disk) keeps the row in memory, retried with the next row and at exit.
+disk) keeps the row in memory, retried with the next row and at exit. A records file deleted
+during the run is written back from the open file at exit (the tally says ``restored``).
 
 New connections: before the load starts the source opens a keep-alive connection to every
 cluster (a ``GET /v1/stats``), so its first query to a cluster normally reuses it. A query that
@@ -45,6 +46,7 @@ import asyncio
 import csv
 import errno
 import json
+import os
 import signal
 import sys
 import time
@@ -57,7 +59,7 @@ from testbed.agent.live import live_selector
 from testbed.agent.selector import SelectorFailed
 from testbed.core.errors import EXIT_COMPONENT_DIED
 from testbed.core.plugins import add_sys_paths
-from testbed.core.util import write_json_atomic
+from testbed.core.util import replace_atomic, write_json_atomic
 from testbed.model import seeds
 from testbed.model.dispatch import Dispatcher, Heard
 from testbed.model.network import path_cut, rtt_at
@@ -425,17 +427,42 @@ class Source:
             self.unwritten.pop(0)
             self.written += 1
 
+    def _restore_if_deleted(self) -> bool:
+        """Write the records file back from the open file when it is no longer at its path (deleted
+        during the run: the rows written since went to the open, unlinked file); True when it did.
+        The run's health watch has reported the deletion already (a storage fault)."""
+        path = Path(self.cfg.records)
+        try:
+            self.out.flush()
+            mine = os.fstat(self.out.fileno())
+            there = os.stat(path) if path.exists() else None
+            if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+                return False
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(f"/proc/self/fd/{self.out.fileno()}", "rb") as src:
+                replace_atomic(path, lambda p: p.write_bytes(src.read()))
+        except OSError as exc:
+            print(f"[source] its records file {path} was deleted during the run and cannot be written back: {exc}",
+                  file=sys.stderr, flush=True)
+            return False
+        print(f"[source] its records file {path} was deleted during the run; written back from the open file "
+              f"({self.written} rows)", file=sys.stderr, flush=True)
+        return True
+
     def _close(self) -> None:
-        """Write what a failed write kept, close the records file, then write the tally
-        (:class:`testbed.plan.boundaries.SourceTally`)."""
+        """Write what a failed write kept, write the records file back if it was deleted during the
+        run, close it, then write the tally (:class:`testbed.plan.boundaries.SourceTally`)."""
+        restored = False
         try:
             self._drain()
+            restored = self._restore_if_deleted()
             self.out.close()
         except OSError as exc:
             print(f"[source] {len(self.unwritten)} record(s) could not be written: {exc}", file=sys.stderr)
         tally = SourceTally(source=self.name, created=self.seq, written=self.written,
-                            unwritten=len(self.unwritten), failed=self.failed_queries)
+                            unwritten=len(self.unwritten), failed=self.failed_queries, restored=restored)
         try:
+            tally_path(self.cfg.records).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(tally_path(self.cfg.records), tally)
         except OSError as exc:
             print(f"[source] cannot write its tally ({tally.model_dump_json()}): {exc}", file=sys.stderr)

@@ -5,7 +5,10 @@ bytes). :class:`Storage` checks the run directory before anything is built (writ
 space for that estimate) and holds a reserve file (``.reserve``) during the run; the health watch
 (:class:`testbed.emu.health.HealthWatch`) asks it for a problem every tick and, when the file system
 fills up, frees the reserve at once, so the sources' buffered records, the merge and the summary
-still fit, and stops the run.
+still fit, and stops the run. It also notices a source's records file (``sources/*.records.csv``)
+that was there and is no longer (:meth:`Storage.vanished`: deleted during the run), which the
+watch reports as a storage fault (exit code 4); the source writes it back from its open file when
+it stops (:mod:`testbed.emu.source`).
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class Storage:
         self.reserve_path = self.run_dir / ".reserve"
         self.released = False
         self.low_water = max(2 * MIB, estimate.reserve // 8)
+        self._records: set[str] = set()  # the sources' records files seen so far (names)
+        self._gone: set[str] = set()  # those reported gone
 
     def free_bytes(self) -> int:
         st = os.statvfs(self.run_dir)
@@ -117,6 +122,19 @@ class Storage:
         """Free the reserve (the file system filled up, or the run is ending)."""
         self.released = True
         self.reserve_path.unlink(missing_ok=True)
+
+    def vanished(self) -> list[str]:
+        """The sources' records files (``sources/<name>.records.csv``, names relative to the run
+        directory) seen by an earlier call that are not there now, each reported once: a file
+        deleted (or moved away) during the run."""
+        try:
+            now = {f"sources/{p.name}" for p in (self.run_dir / "sources").glob("*.records.csv")}
+        except OSError:
+            now = set()
+        gone = sorted(self._records - now - self._gone)
+        self._gone |= set(gone)
+        self._records |= now
+        return gone
 
     def problem(self) -> str | None:
         """What is wrong with the run directory now (free space below the low-water mark), or None."""

@@ -31,22 +31,19 @@ Ties are broken by (cluster name, model name), so every pick is reproducible.
 
 A policy of one's own needs no edit here (``docs/extending.md``, "A policy of your own (plug-in)"):
 wherever a policy is named, :data:`REGISTRY` also resolves an entry-point name of the group
-:data:`PLUGIN_GROUP`, a ``package.module:callable``, or either with parameters
-(:mod:`testbed.core.plugins`). The callable is a decision function of the signature above whose
-parameters are keyword arguments after ``ctx``; it declares its properties with
-:func:`policy_plugin`, and it is checked when resolved (:func:`plugin_policy`): its signature, its
-declared properties, and calls on a synthetic option list. A plug-in is not in :data:`CATALOGUE`
-(ASET's default action space): it is used where it is named. A plug-in that raises while deciding
-is a :class:`PolicyFailure` (exit code 4) naming it, with its traceback.
+:data:`PLUGIN_GROUP`, a ``package.module:callable``, or either with parameters, once
+:mod:`testbed.plan.policy_plugins` (imported by every planning process) has installed how: it
+loads the plug-in (:mod:`testbed.core.plugins`), checks it (its signature, its properties, calls on
+a synthetic option list) and wraps it. The callable is a decision function of the signature above
+whose parameters are keyword arguments after ``ctx``; it declares its properties with
+:func:`policy_plugin` (without it: the safe defaults, never cached). A plug-in is not in
+:data:`CATALOGUE` (ASET's default action space): it is used where it is named. A plug-in that
+raises or exits while deciding is a :class:`PolicyFailure` (exit code 4) naming it, with its
+traceback.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import inspect
-import time
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -54,7 +51,6 @@ from typing import Any, TypeVar
 import numpy as np
 
 from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
-from testbed.core.plugins import Loaded, Origin, PluginHook
 from testbed.core.registry import NamesView, Registry, SubsetView
 
 
@@ -134,10 +130,12 @@ class Policy:
     :func:`decide` refuses a missing ``ctx``. ``all_options``: the policy is given every option of
     the query's family (``cloud`` ignores the deadline), not only the feasible ones. ``many``: a
     batched form for :func:`decide_many` (``ManyFn``; None: ``n`` calls of ``fn``). ``origin``: where
-    a plug-in came from (:class:`testbed.core.plugins.Origin`); None for a built-in policy.
-    ``decision_ms``: what one decision costs, as the simulator charges it (``dispatch_ms``): 0 for a
-    built-in policy (:data:`BUILTIN_DECISION_MS` says why), for a plug-in the median wall time of
-    its plan-time check calls (:func:`check_plugin`).
+    a plug-in came from (a :class:`testbed.core.plugins.Origin`, set by
+    :mod:`testbed.plan.policy_plugins`; the model reads no module or file); None for a built-in policy.
+    A plug-in's ``fn`` is its wrapper: every decision through it is checked and any failure is a
+    :class:`PolicyFailure`. ``decision_ms``: what one decision costs, as the simulator charges it
+    (``dispatch_ms``): :data:`BUILTIN_DECISION_MS` for a built-in policy, for a plug-in the median
+    wall time of its plan-time check calls (:func:`testbed.plan.policy_plugins.check_plugin`).
     """
 
     name: str
@@ -147,14 +145,12 @@ class Policy:
     stateful: bool = False
     all_options: bool = False
     many: ManyFn | None = None
-    origin: Origin | None = None
+    origin: Any = None
     decision_ms: float = 0.0
 
     def __call__(self, options: list[Option], deadline_ms: float, min_accuracy: float,
                  ctx: Context | None = None) -> Decision:
-        if self.origin is None:
-            return self.fn(options, deadline_ms, min_accuracy, ctx)
-        return _run_plugin(self, options, deadline_ms, min_accuracy, ctx)
+        return self.fn(options, deadline_ms, min_accuracy, ctx)
 
     def __deepcopy__(self, memo: dict) -> Policy:
         return self  # a registry entry: immutable, shared by every copy of a dispatcher
@@ -167,8 +163,9 @@ PLUGIN_GROUP = "testbed.policies"
 #: in this file. The order is ASET's action index (a trained checkpoint stores action numbers):
 #: a new policy goes after the others.
 #: Plug-ins (module docstring) are resolved by the same registry and kept apart from the order.
-REGISTRY: Registry[Policy] = Registry("policy", plugins=PluginHook(PLUGIN_GROUP,
-                                                                     lambda name, loaded: plugin_policy(name, loaded)))
+#: How a plug-in is loaded, checked and wrapped is installed by :mod:`testbed.plan.policy_plugins`
+#: (``REGISTRY.set_plugins``), which every planning process imports: the model reads no module.
+REGISTRY: Registry[Policy] = Registry("policy")
 #: The policy names in registration order: index = ASET's action (a live view of :data:`REGISTRY`).
 CATALOGUE: NamesView = REGISTRY.names_view()
 #: Policies whose decision depends only on (options, deadline, accuracy): constant between two
@@ -240,6 +237,12 @@ class PolicyTraits:
     all_options: bool = False
 
 
+#: The properties of a plug-in that declares none (a plain ``module:callable``, no
+#: :func:`policy_plugin`): the safe ones, whatever it does. Not deterministic (never cached: it is
+#: called at every query), load-aware, stateful (it may use the dispatcher's :class:`Context`).
+UNDECLARED = PolicyTraits(deterministic=False, load_aware=True, stateful=True)
+
+
 def policy_plugin(*, deterministic: bool = False, load_aware: bool = False, stateful: bool = False,
                   all_options: bool = False) -> Callable[[F], F]:
     """Decorator: declare a decision function a policy plug-in with these properties (as
@@ -248,7 +251,9 @@ def policy_plugin(*, deterministic: bool = False, load_aware: bool = False, stat
     *, <its parameters>) -> Decision``; the parameters come from the reference
     (``mypkg.sched:slack(margin_ms=5)`` or ``{use: ..., params: {...}}``). A stateful plug-in keeps
     its state in the dispatcher's :class:`Context`: ``ctx.rng`` (seeded per source) and ``ctx.rr``
-    (a dict; use keys of your own, e.g. tuples that start with your policy's name).
+    (a dict; use keys of your own, e.g. tuples that start with your policy's name). A plain
+    function without this decorator is taken with :data:`UNDECLARED` (never cached); declaring
+    ``deterministic=True`` lets the dispatcher cache its decisions between two load reports.
 
     Example::
 
@@ -269,75 +274,6 @@ def policy_plugin(*, deterministic: bool = False, load_aware: bool = False, stat
     return mark
 
 
-class PolicyFailure(RunFailure):
-    """A policy plug-in raised, or returned something that is not a :class:`Decision` among its
-    options, while deciding during a run. Exit code 4 (a component failed during the run); the
-    message names the policy and its import path and holds the plug-in's traceback."""
-
-    exit_code = EXIT_COMPONENT_DIED
-
-
-def _origin_text(p: Policy) -> str:
-    return f"{p.origin.import_path}, {p.origin.file}" if p.origin else "built-in"
-
-
-def _run_plugin(p: Policy, options: list[Option], deadline_ms: float, min_accuracy: float,
-                ctx: Context | None) -> Decision:
-    """Apply plug-in ``p``; raises :class:`PolicyFailure` for an exception or a wrong answer."""
-    try:
-        d = p.fn(options, deadline_ms, min_accuracy, ctx)
-    except Exception as exc:
-        tb = "".join(traceback.format_exception(exc))
-        raise PolicyFailure(f"policy {p.name!r} ({_origin_text(p)}) raised {type(exc).__name__}: {exc}\n{tb}") from exc
-    problem = _wrong_answer(d, options)
-    if problem:
-        raise PolicyFailure(f"policy {p.name!r} ({_origin_text(p)}) {problem}")
-    return d
-
-
-def _wrong_answer(d: object, options: list[Option]) -> str:
-    """What is wrong with ``d`` as a decision among ``options`` ("" when nothing)."""
-    if not isinstance(d, Decision):
-        return (f"returned {type(d).__name__} {d!r}, not a testbed.model.policies.Decision(cluster, model, "
-                f"fallback)")
-    if not any(o.cluster == d.cluster and o.model == d.model for o in options):
-        return f"returned ({d.cluster}, {d.model}), which is not one of the options it was given"
-    return ""
-
-
-def _check_signature(fn: Callable, params: Mapping[str, Any]) -> None:
-    """``fn`` accepts ``(options, deadline_ms, min_accuracy, ctx, **params)``."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        raise TypeError(f"{fn!r} is not a function whose signature can be read") from None
-    try:
-        sig.bind([], 0.0, 0.0, None, **params)
-    except TypeError as exc:
-        given = ", ".join(params) or "none"
-        raise TypeError(f"signature {fn.__name__}{sig} does not match what the dispatcher calls, "
-                        f"fn(options, deadline_ms, min_accuracy, ctx=None, *, <parameters>) -> Decision, with "
-                        f"the parameters given ({given}): {exc}") from None
-
-
-#: The synthetic option list of the check (:func:`check_plugin`): three tiers, two models; at a 50 ms
-#: deadline and accuracy 0.85, two options are feasible.
-_SYNTHETIC = (Option("edge-a", "large", 2.0, 20.0, 0.92, 0.0, 0.2, "far_edge"),
-              Option("edge-a", "small", 2.0, 5.0, 0.80, 0.0, 0.2, "far_edge"),
-              Option("edge-b", "large", 8.0, 20.0, 0.92, 6.0, 1.0, "near_edge"),
-              Option("edge-b", "small", 8.0, 5.0, 0.80, 6.0, 1.0, "near_edge"),
-              Option("cloud", "large", 40.0, 12.0, 0.92, 0.0, 0.1, "cloud"),
-              Option("cloud", "small", 40.0, 3.0, 0.80, 0.0, 0.1, "cloud"))
-_DEADLINE_MS, _MIN_ACCURACY = 50.0, 0.85
-
-
-def _given(p: Policy, options: list[Option], deadline_ms: float) -> list[Option]:
-    """What the dispatcher hands ``p`` (:meth:`testbed.model.dispatch.Dispatcher._for_policy`)."""
-    if p.all_options:
-        return list(options)
-    return feasible(options, deadline_ms, _MIN_ACCURACY) or list(options)
-
-
 #: The decision cost the simulator charges a built-in policy, ms: none. A built-in decision is a few
 #: comparisons over at most a few dozen options, 5-60 us of Python per query here
 #: (benchmarks/dilation.py's runs: the emulation's dispatch_ms p95 of the built-in policies), below
@@ -346,93 +282,14 @@ def _given(p: Policy, options: list[Option], deadline_ms: float) -> list[Option]
 BUILTIN_DECISION_MS = 0.0
 
 
-def _call(p: Policy, options: list[Option], deadline_ms: float, ctx: Context, what: str,
-          took_ms: list[float] | None = None) -> Decision:
-    t0 = time.perf_counter_ns()
-    try:
-        d = p.fn(options, deadline_ms, _MIN_ACCURACY, ctx)
-    except Exception as exc:
-        last = traceback.extract_tb(exc.__traceback__)[-1]
-        raise ValueError(f"raised {type(exc).__name__}: {exc} (at {last.filename}:{last.lineno}) when called on "
-                         f"{what}; it must decide on any non-empty option list") from None
-    if took_ms is not None:
-        took_ms.append((time.perf_counter_ns() - t0) / 1e6)
-    problem = _wrong_answer(d, options)
-    if problem:
-        raise ValueError(f"{problem} (called on {what})")
-    return d
+class PolicyFailure(RunFailure):
+    """A policy plug-in raised, exited, or returned something that is not a :class:`Decision` among
+    its options, while deciding during a run. Exit code 4 (a component failed during the run); the
+    message names the policy and its import path and holds the plug-in's traceback. Raised by the
+    plug-in's wrapper (:mod:`testbed.plan.policy_plugins`), through which every decision of a
+    plug-in goes."""
 
-
-def _ctx_state(ctx: Context) -> tuple:
-    return repr(ctx.rng.bit_generator.state), repr(ctx.rr)
-
-
-def check_plugin(p: Policy) -> float:
-    """Call plug-in ``p`` as a dispatcher would, on a synthetic option list (three tiers, two models,
-    some load), and hold it to what it declares; return the median wall time of these calls (ms,
-    ``time.perf_counter_ns``): its decision cost (:attr:`Policy.decision_ms`).
-
-    - on the feasible options and on options none of which is feasible, it returns a
-      :class:`Decision` among the options given;
-    - not ``stateful``: it leaves the :class:`Context` as it was (draws nothing from ``ctx.rng``,
-      writes nothing in ``ctx.rr``);
-    - ``deterministic``: the same options give the same decision with another ``ctx``;
-    - ``deterministic`` and not ``load_aware``: the decision does not change when the loads do (the
-      dispatcher would keep a decision that depends on them past its own sends).
-
-    Raises:
-        ValueError: the first of these that fails, saying what to change.
-    """
-    ctx = Context(rng=np.random.default_rng(0))
-    before = _ctx_state(ctx)
-    took: list[float] = []
-    opts = _given(p, list(_SYNTHETIC), _DEADLINE_MS)
-    first = _call(p, opts, _DEADLINE_MS, ctx, f"{len(opts)} synthetic options at a {_DEADLINE_MS:g} ms deadline",
-                  took)
-    _call(p, _given(p, list(_SYNTHETIC), 1.0), 1.0, ctx, "synthetic options none of which meets a 1 ms deadline",
-          took)
-    if not p.stateful and _ctx_state(ctx) != before:
-        raise ValueError("it changed the dispatcher's Context (drew from ctx.rng or wrote ctx.rr) but does not "
-                         "declare it: use @policy_plugin(stateful=True)")
-    if not p.deterministic:
-        return float(np.median(took))
-    again = _call(p, opts, _DEADLINE_MS, Context(rng=np.random.default_rng(1)), "the same options again", took)
-    if again != first:
-        raise ValueError(f"it declares deterministic=True but decided {first} then {again} on the same options; "
-                         f"declare deterministic=False (or stateful=True if it uses ctx)")
-    if p.load_aware:
-        return float(np.median(took))
-    loaded = [Option(o.cluster, o.model, o.rtt_ms, o.service_ms, o.accuracy, o.queue_wait_ms + 1000.0 * (i % 2 == 0),
-                     o.load + 10.0 * (i % 2 == 0), o.tier, o.up) for i, o in enumerate(opts)]
-    moved = _call(p, loaded, _DEADLINE_MS, Context(rng=np.random.default_rng(0)), "the same options under load",
-                  took)
-    if moved != first:
-        raise ValueError("its decision changes with the load (queue_wait_ms, load) but it does not declare it: "
-                         "use @policy_plugin(deterministic=True, load_aware=True)")
-    return float(np.median(took))
-
-
-def plugin_policy(name: str, loaded: Loaded) -> Policy:
-    """The :class:`Policy` of a loaded plug-in (the hook of :data:`REGISTRY`): ``loaded.obj`` must be a
-    decision function marked by :func:`policy_plugin`, accepting its parameters; its decisions are
-    checked (:func:`check_plugin`).
-
-    Raises:
-        TypeError: not callable, no declared properties, or a signature that does not fit.
-        ValueError: :func:`check_plugin` fails.
-    """
-    fn = loaded.obj
-    if not callable(fn):
-        raise TypeError(f"{type(fn).__name__} {fn!r} is not callable: a policy plug-in is a decision function")
-    traits = getattr(fn, TRAITS_ATTR, None)
-    if not isinstance(traits, PolicyTraits):
-        raise TypeError("declares no properties: decorate it with @testbed.model.policies.policy_plugin(...) "
-                        "(deterministic=, load_aware=, stateful=; docs/extending.md)")
-    _check_signature(fn, loaded.params)
-    bound = functools.partial(fn, **loaded.params) if loaded.params else fn
-    p = Policy(name, bound, traits.deterministic, traits.load_aware, traits.stateful, traits.all_options,
-               origin=loaded.origin)
-    return dataclasses.replace(p, decision_ms=round(check_plugin(p), 4))
+    exit_code = EXIT_COMPONENT_DIED
 
 
 def plugin_origins(names: list[str] | tuple[str, ...] | set[str]) -> dict[str, dict[str, Any]]:
@@ -718,14 +575,12 @@ def decide(policy: str, options: list[Option], deadline_ms: float, min_accuracy:
     p = REGISTRY.resolve(policy)
     if ctx is None and p.stateful:
         raise ValueError(f"policy {policy!r} needs a Context")
-    if p.origin is None:
-        return p.fn(options, deadline_ms, min_accuracy, ctx)
-    return _run_plugin(p, options, deadline_ms, min_accuracy, ctx)
+    return p.fn(options, deadline_ms, min_accuracy, ctx)
 
 
 __all__ = ["BUILTIN_DECISION_MS", "CATALOGUE", "DETERMINISTIC", "LOAD_AWARE", "PLUGIN_GROUP", "POLICIES", "REGISTRY",
            "Context", "Decision",
-           "ManyFn", "Option", "Policy", "PolicyFailure", "PolicyFn", "PolicyTraits", "age_aware",
-           "age_discounted_load", "check_plugin", "closest", "cloud", "decide", "decide_many", "feasible",
-           "least_loaded", "max_accuracy", "min_latency", "p2c", "plugin_origins", "plugin_policy", "policy",
+           "ManyFn", "Option", "Policy", "PolicyFailure", "PolicyFn", "PolicyTraits", "UNDECLARED", "age_aware",
+           "age_discounted_load", "closest", "cloud", "decide", "decide_many", "feasible",
+           "least_loaded", "max_accuracy", "min_latency", "p2c", "plugin_origins", "policy",
            "policy_plugin", "random", "register_policy", "round_robin", "unregister_policy"]

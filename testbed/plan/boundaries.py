@@ -291,13 +291,15 @@ class SourceTally(_Boundary):
     ``created`` queries (ids ``<source>-1`` .. ``<source>-<created>``), rows it ``written`` to its
     records CSV, rows still ``unwritten`` (a full disk), and query tasks that ``failed`` (raised:
     a bug). The run's records check compares it with the rows it finds, so records lost at the
-    end of a file are counted too; a source killed before it exits leaves none."""
+    end of a file are counted too; a source killed before it exits leaves none. ``restored``: its
+    records file had been deleted during the run and the source wrote it back from its open file."""
 
     source: str
     created: int = Field(ge=0)
     written: int = Field(ge=0)
     unwritten: int = Field(ge=0)
     failed: int = Field(ge=0)
+    restored: bool = False
 
 
 def tally_path(records: str | Path) -> Path:

@@ -78,6 +78,7 @@ class ZooCatalog:
 
     def __init__(self, zoo_dir: str | os.PathLike[str], profiles_dir: str | os.PathLike[str]):
         self.zoo_dir, self.profiles_dir = Path(zoo_dir), Path(profiles_dir)
+        self._checked: set[tuple[str, str]] = set()  # (model, runtime) whose files matched their record
         try:
             self.manifest = zoo.load_manifest(self.zoo_dir)
         except zoo.ZooError as exc:
@@ -103,6 +104,7 @@ class ZooCatalog:
                    "another model")
             raise CatalogError(f"model {name!r} has no {runtime} model file in the zoo {self.zoo_dir} (has: "
                                f"{', '.join(have) or 'none'}); give the cluster {fix}")
+        self._check_files(name, runtime)
         try:
             ct = profiles.cpu_time(self.profiles_dir, name, runtime, 1, threads)
             prof = zoo.load_profile(self.profiles_dir, name)
@@ -114,6 +116,21 @@ class ZooCatalog:
         handling, server, cold, source, note, answer = self._server_costs(name, runtime)
         return Samples([float(s) * server for s in ct.samples_ms], {b: m * server for b, m in means.items()},
                        str(self.profiles_dir / f"{name}.json") + source, handling, cold, server, note, answer)
+
+    def _check_files(self, name: str, runtime: str) -> None:
+        """The files a ``runtime`` load of ``name`` reads match the zoo's recorded SHA-256, checked
+        once per catalog (:func:`testbed.plan.zoo.verify_model_files`, digests cached by size and
+        modification time): a corrupt model is a plan error, not a bring-up failure.
+
+        Raises:
+            testbed.plan.zoo.ZooIntegrityError: a file differs from its record, or none is recorded
+                (exit code 7, naming the file).
+            testbed.plan.zoo.ZooFileMissing: a file is missing.
+        """
+        if (name, runtime) in self._checked:
+            return
+        zoo.verify_model_files(self.zoo_dir, name, self.manifest, runtime, cached=True)
+        self._checked.add((name, runtime))
 
     def _server_costs(self, name: str, runtime: str) -> tuple[float, float, float, str, str, float]:
         """(handling ms, in-server factor, cold factor, source suffix, plan note, answer ms) of ``name`` from

@@ -6,7 +6,7 @@ list of policies: the list is the registry of :mod:`testbed.model.policies` (one
 here, once, with an error that names the item (``sources.atl.policy``, ``actions``,
 ``reward.baseline_mix.triangle``), the known policies and a close match. A plug-in
 (:mod:`testbed.core.plugins`: an entry-point name, ``package.module:callable``, with parameters or
-not) is loaded and checked here, at plan time (:func:`testbed.model.policies.plugin_policy`: its
+not) is loaded and checked here, at plan time (:func:`testbed.plan.policy_plugins.plugin_policy`: its
 signature, its declared properties, calls on a synthetic option list); a failure is a plan error
 that names the item, the plug-in and what to fix:
 

@@ -55,7 +55,8 @@ from typing import Any
 import numpy as np
 
 from testbed.core.errors import EXIT_INTEGRITY, InputError
-from testbed.core.util import REPO_ROOT
+from testbed.core.hashing import file_sha256
+from testbed.core.util import REPO_ROOT, replace_atomic
 
 #: Input of the default family "digits": one grey-scale 32x32 image, float32 in [0, 1] (H, W, C).
 INPUT_SHAPE: tuple[int, ...] = (32, 32, 1)
@@ -95,15 +96,6 @@ class ZooIntegrityError(ZooError):
 FILES_SHA256 = "files_sha256"
 
 
-def sha256_of(path: Path) -> str:
-    """Hex SHA-256 of the file at ``path``, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def model_files(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any],
                 runtime: str | None = None) -> list[str]:
     """The files (relative to ``zoo_dir``, sorted) a load of variant ``name`` reads: its SavedModel's
@@ -132,7 +124,7 @@ def record_variant_hashes(zoo_dir: str | os.PathLike[str], name: str, manifest: 
     SHA-256 of every model file of variant ``name`` as it is in ``zoo_dir`` now (``files_sha256``:
     {path relative to ``zoo_dir``: hex digest}); returns the number of files hashed."""
     files = model_files(zoo_dir, name, manifest)
-    manifest["variants"][name][FILES_SHA256] = {rel: sha256_of(Path(zoo_dir) / rel) for rel in files}
+    manifest["variants"][name][FILES_SHA256] = {rel: file_sha256(Path(zoo_dir) / rel) for rel in files}
     return len(files)
 
 
@@ -173,8 +165,61 @@ def missing_hashes(manifest: dict[str, Any]) -> list[str]:
     return [n for n, v in manifest["variants"].items() if not v.get(FILES_SHA256)]
 
 
-def verify_model_files(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any], runtime: str) -> None:
-    """Check every file a ``runtime`` load of variant ``name`` reads against the zoo's record.
+def hash_cache_path() -> Path:
+    """Where :func:`cached_file_sha256` keeps what it hashed: ``$XDG_CACHE_HOME/testbed/file-hashes.json``
+    (default ``~/.cache``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "testbed" / "file-hashes.json"
+
+
+#: This process's copy of the hash cache (None: not read yet), as :func:`cached_file_sha256` keeps it.
+_HASHES: dict[str, list] | None = None
+
+
+def _hash_cache() -> dict[str, list]:
+    global _HASHES
+    if _HASHES is None:
+        try:
+            data = json.loads(hash_cache_path().read_text())
+            _HASHES = data if isinstance(data, dict) else {}
+        except (OSError, ValueError):  # none yet, or unreadable: hashed again
+            _HASHES = {}
+    return _HASHES
+
+
+def cached_file_sha256(path: str | os.PathLike[str]) -> str:
+    """:func:`testbed.core.hashing.file_sha256` of ``path``, or the digest recorded for it while its
+    size and modification time (ns) were what they are now (:func:`hash_cache_path`): the cheap
+    check of ``testbed plan`` and ``simulate``. A change that keeps both (a rewrite in place with
+    the time set back) is not seen here; every server still checks the whole bytes when it loads
+    a model (:func:`testbed.serve.zoo`). The cache is written back when a file was hashed (a cache
+    that cannot be written costs a hash next time, nothing else).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    p = Path(path).resolve()
+    st = p.stat()
+    cache = _hash_cache()
+    hit = cache.get(str(p))
+    if isinstance(hit, list) and len(hit) == 3 and hit[:2] == [st.st_size, st.st_mtime_ns]:
+        return str(hit[2])
+    digest = file_sha256(p)
+    cache[str(p)] = [st.st_size, st.st_mtime_ns, digest]
+    try:
+        out = hash_cache_path()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomic(out, lambda t: t.write_text(json.dumps(cache)))
+    except OSError:
+        pass
+    return digest
+
+
+def verify_model_files(zoo_dir: str | os.PathLike[str], name: str, manifest: dict[str, Any], runtime: str,
+                       cached: bool = False) -> None:
+    """Check every file a ``runtime`` load of variant ``name`` reads against the zoo's record; with
+    ``cached``, each file's digest may come from :func:`cached_file_sha256` (the plan's check; a
+    server loading the model checks the bytes themselves).
 
     Raises:
         ZooIntegrityError: the manifest records no hash of a file (a zoo built before they were
@@ -195,7 +240,7 @@ def verify_model_files(zoo_dir: str | os.PathLike[str], name: str, manifest: dic
         if not path.is_file():
             raise ZooFileMissing(f"model file {path} (variant {name!r}) does not exist (rebuild: python "
                                  f"models/build_zoo.py --out {zoo_dir} --force)")
-        got = sha256_of(path)
+        got = cached_file_sha256(path) if cached else file_sha256(path)
         if got != known[rel]:
             raise ZooIntegrityError(
                 f"model file {path} (variant {name!r}): SHA-256 {got} differs from the {known[rel]} recorded when "
@@ -493,5 +538,6 @@ __all__ = ["ADDED", "BUILD_SCRIPT", "DEFAULT_FAMILY", "FILES_SHA256", "INPUT_NAM
            "ZooFileMissing", "ZooIntegrityError", "added_variants", "ensure_zoo", "families", "family_info",
            "input_shape", "known_variant", "load_jpegs", "load_manifest", "load_payloads", "load_profile",
            "missing_hashes", "model_files", "record_hashes", "record_variant_hashes", "recorded_hashes",
-           "request_bodies", "runtimes_of", "sha256_of", "tflite_path", "variant_dir", "verify_model_files",
+           "request_bodies", "runtimes_of", "tflite_path", "variant_dir", "verify_model_files", "cached_file_sha256",
+           "hash_cache_path",
            "zoo_complete", "zoo_lock"]

@@ -258,9 +258,12 @@ def records_check(run_dir: Path, df: pd.DataFrame) -> dict:
     so records lost at the end of a file count too; without a tally (a source killed before it
     exited) only gaps inside 1 .. the largest id seen can be counted, and the source is listed in
     ``sources_without_tally``. A source whose tally is there but whose records file is not (deleted
-    during the run) is in ``records_file_missing``, and all its created queries are missing.
+    during the run) is in ``records_file_missing``, and all its created queries are missing;
+    ``rows_lost``: per source, the rows its tally says it wrote that its file no longer holds;
+    ``records_restored``: the sources that wrote their file back after it was deleted
+    (:class:`testbed.plan.boundaries.SourceTally`). :func:`storage_faults` reads the verdict.
     """
-    per_file, created, no_tally, cut, gone = {}, {}, [], {}, []
+    per_file, created, no_tally, cut, gone, written, restored = {}, {}, [], {}, [], {}, []
     files = {p.name.removesuffix(".records.csv"): p for p in (run_dir / "sources").glob("*.records.csv")}
     for t in (run_dir / "sources").glob("*.tally.json"):  # a source whose records file is gone: all lost
         files.setdefault(t.name.removesuffix(".tally.json"), t.with_name(t.name.replace(".tally.json", ".records.csv")))
@@ -277,9 +280,13 @@ def records_check(run_dir: Path, df: pd.DataFrame) -> dict:
             per_file[name] = 0
             gone.append(name)
         try:
-            created[name] = read_config(tally_path(p), SourceTally).created
+            tally = read_config(tally_path(p), SourceTally)
         except InputError:
             no_tally.append(name)
+            continue
+        created[name], written[name] = tally.created, tally.written
+        if tally.restored:
+            restored.append(name)
     seen: dict[str, set[int]] = {name: set() for name in per_file}
     if not df.empty and "query_id" in df:
         for src, g in df.groupby("source"):
@@ -290,7 +297,33 @@ def records_check(run_dir: Path, df: pd.DataFrame) -> dict:
         missing = created[src] - len(ids) if src in created else (max(ids) - len(ids) if ids else 0)
         if missing:
             gaps[src] = missing
+    lost = {name: n - per_file.get(name, 0) for name, n in written.items() if n > per_file.get(name, 0)}
     return {"rows_per_source_file": per_file, "rows_merged": int(len(df)), "missing_query_ids": gaps,
-            "queries_created": created, "sources_without_tally": no_tally, "cut_last_line": cut,
-            "records_file_missing": gone}
+            "queries_created": created, "queries_written": written, "sources_without_tally": no_tally,
+            "cut_last_line": cut, "records_file_missing": gone, "rows_lost": lost, "records_restored": restored}
+
+
+def storage_faults(rc: dict) -> list[str]:
+    """What :func:`records_check`'s result ``rc`` says went wrong with what the sources wrote, one
+    sentence each ([] when nothing): a records file missing while its source's tally says it wrote
+    rows, rows written that a file no longer holds, a file written back after it was deleted
+    during the run, and a source that left no tally (it vanished: ``os._exit`` in a plug-in, a
+    SIGKILL, a crash of native code; it never said how many queries it made). Any of them fails
+    a run that had not failed already (exit code 4, :func:`testbed.results.runs.finish_emulation`)."""
+    out = []
+    for name in rc.get("records_file_missing") or []:
+        out.append(f"storage: sources/{name}.records.csv is missing while source {name}'s tally says it wrote "
+                   f"{(rc.get('queries_written') or {}).get(name, '?')} records; none of them is in this run")
+    for name, n in (rc.get("rows_lost") or {}).items():
+        if name not in (rc.get("records_file_missing") or []):
+            out.append(f"storage: sources/{name}.records.csv holds {rc['rows_per_source_file'].get(name, 0)} rows "
+                       f"while source {name}'s tally says it wrote {rc['queries_written'][name]}: {n} lost")
+    for name in rc.get("records_restored") or []:
+        out.append(f"storage: sources/{name}.records.csv was deleted during the run; source {name} wrote it back "
+                   f"from its open file ({(rc.get('queries_written') or {}).get(name, '?')} rows), but the run was "
+                   f"disturbed")
+    for name in rc.get("sources_without_tally") or []:
+        out.append(f"source {name} vanished: it left no tally (it exited without closing its records: os._exit in a "
+                   f"plug-in, a kill, a crash), so the queries it made after its last record are not counted")
+    return out
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from testbed.agent.live import checkpoint_path
 from testbed.core.errors import (
     EXIT_ALL_FAILED,
     EXIT_BRINGUP,
@@ -33,16 +34,18 @@ from testbed.core.errors import (
     RunFailure,
     TestbedError,
 )
+from testbed.core.hashing import file_sha256
 from testbed.core.plugins import ref_slug
 from testbed.core.util import repo_path, write_json_atomic
 from testbed.emu.run import EmulationOutcome, emulate
 from testbed.plan.build import Plan
 from testbed.results.capture import analyze_run
+from testbed.results.records import storage_faults
 from testbed.results.summary import print_summary, summarize
 from testbed.sim.engine import Simulator
-from testbed.sim.run import simulate
+from testbed.sim.run import checkpoint_sources, simulate
 
-__all__ = ["run_emulation", "run_simulation"]
+__all__ = ["checkpoint_line", "finish_emulation", "run_emulation", "run_simulation"]
 
 
 # ----------------------------------------------------------------------------- emulation
@@ -58,16 +61,38 @@ def run_emulation(plan: Plan, console: Console | None = None, runs_dir: Path | N
     SIGTERM stay ignored once the outcome is recorded, so the process's exit status is the
     recorded one."""
     console = console or Console(markup=False, highlight=False, soft_wrap=True)
+    said = checkpoint_line(plan)
+    if said:
+        console.print(said, markup=False, highlight=False)
     with emulate(plan, console, runs_dir, duration_s, link_emulator, process_ends) as outcome:
         if outcome.run_dir is not None:
             outcome.status, outcome.message = finish_emulation(outcome, console)
     return outcome.status
 
 
+def checkpoint_line(plan: Plan, policy: str | None = None) -> str | None:
+    """The console's line naming the ASET checkpoint a run loads, for the sources it drives
+    (:func:`testbed.sim.run.checkpoint_sources`; None when none): its ``aset.checkpoint``, the
+    weights file it resolves to and the first 16 hex digits of that file's SHA-256 (``run.json``
+    records the checkpoint too)."""
+    sources = checkpoint_sources(plan, policy)
+    aset = plan.experiment.aset
+    if not sources or aset is None or not aset.checkpoint:
+        return None
+    base = checkpoint_path(aset.checkpoint)
+    weights = base.with_name(base.name + ".npz")
+    digest = f"SHA-256 {file_sha256(weights)[:16]}..." if weights.is_file() else "its weights file is missing"
+    return (f"ASET: source(s) {', '.join(sources)} choose their policy each window with the checkpoint "
+            f"{aset.checkpoint} ({weights}, {digest})")
+
+
 def finish_emulation(outcome: EmulationOutcome, console: Console) -> tuple[int, str]:
     """Merge and summarise what an emulation measured: (exit code, message). A run that measured
     nothing never exits 0 (:data:`~testbed.core.errors.EXIT_NOTHING_MEASURED`), nor one in which
-    every query failed (:data:`~testbed.core.errors.EXIT_ALL_FAILED`); a summary that
+    every query failed (:data:`~testbed.core.errors.EXIT_ALL_FAILED`), nor one whose records on
+    disk do not match the sources' tallies (a records file deleted or cut, a source that vanished
+    without its tally: :func:`testbed.results.records.storage_faults`, exit code 4, each said on a
+    ``RECORDS:`` line); a summary that
     cannot be written fails the run (:data:`~testbed.core.errors.EXIT_COMPONENT_DIED` unless it
     had failed already), naming where the records are."""
     status, message = outcome.status, outcome.message
@@ -77,6 +102,14 @@ def finish_emulation(outcome: EmulationOutcome, console: Console) -> tuple[int, 
         console.print(f"error: the summary could not be written: {exc}; the records are in "
                       f"{outcome.run_dir / 'sources'}", markup=False, highlight=False)
         return (status if status != EXIT_OK else EXIT_COMPONENT_DIED), f"summary failed: {exc}"
+    faults = storage_faults(s.get("records_check") or {})
+    for fault in faults:  # what the sources wrote against what is on disk: said whatever the run's status
+        console.print(f"RECORDS: {fault}", markup=False, highlight=False)
+    if status == EXIT_OK and faults:
+        message = f"{faults[0]} (and {len(faults) - 1} more)" if len(faults) > 1 else faults[0]
+        console.print(f"error: {message}; the run's records are not whole (exit code {EXIT_COMPONENT_DIED})",
+                      markup=False, highlight=False)
+        return EXIT_COMPONENT_DIED, message
     if status == EXIT_OK and not s.get("queries"):
         console.print("error: the run measured no query", markup=False)
         return EXIT_NOTHING_MEASURED, "the run measured no query"
@@ -135,6 +168,9 @@ def run_simulation(plan: Plan, base_dir: Path | None = None, runs_dir: Path | No
     s = _write_whole(out.sim, Path(run_dir), out.duration_s, out.wall_s, out.selector)
     if not quiet:
         console = console or Console()
+        said = checkpoint_line(plan, policy)
+        if said:
+            console.print(said, markup=False, highlight=False)
         print_summary(s, console)
         console.print(f"simulated {out.duration_s:g} s, {n} queries in {out.wall_s:.2f} s wall; run directory: "
                       f"{run_dir}")

@@ -79,15 +79,6 @@ HAND_SIZE = 224
 PALM_ROI_SCALE, PALM_ROI_SHIFT_Y = 2.6, -0.5
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of the file at ``path``."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def verified_bytes(path: Path, sha256: str) -> bytes:
     """The bytes of ``path`` after checking their sha256.
 

@@ -92,6 +92,11 @@ MIN_STATS_INTERVAL_S = 0.1
 MIN_ASET_WINDOW_S = 0.01
 MAX_RATE_QPS = 10_000.0
 MAX_WORKERS = 64
+#: The most CPU cores a cluster has. Why: a cluster is one host running one inference server
+#: (:class:`ClusterSpec`), and the largest single servers have 512 hardware threads (two 128-core
+#: AMD EPYC 9754 with SMT, 2023); a larger number is a unit slip (``cpu_cores: 1e6``), and the
+#: service-time profiles it would need (one measured at that share) cannot exist.
+MAX_CPU_CORES = 512.0
 #: The largest memory limit of a cluster, MiB: 1 TiB, beyond the RAM of any machine the testbed runs
 #: on (a limit past the machine's RAM limits nothing).
 MAX_MEMORY_MIB = 1_048_576
@@ -250,6 +255,16 @@ class ClusterSpec(_Model):
         if twice:
             raise ValueError(f"{', '.join(map(repr, twice))} listed twice: a cluster serves each model once "
                              f"(one interpreter per worker), so list it once")
+        return v
+
+    @field_validator("cpu_cores")
+    @classmethod
+    def _cores_bound(cls, v: float) -> float:
+        if v > MAX_CPU_CORES:
+            raise ValueError(f"{v:g} cores is over the bound of {MAX_CPU_CORES:g} per cluster "
+                             f"(testbed.spec.experiment.MAX_CPU_CORES): a cluster is one host running one inference "
+                             f"server, and the largest servers have 512 hardware threads; give the host's CPU share "
+                             f"in cores, e.g. cpu_cores: 2")
         return v
 
     @field_validator("workers")

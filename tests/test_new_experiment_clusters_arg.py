@@ -1,0 +1,32 @@
+"""``testbed new-experiment --clusters NODE[:TIER][:CORES]``: a wrong part after a node that exists
+is named as the wrong part (a tier, a CPU share), never as a node the topology lacks; a CPU share
+past what a cluster can be is refused with the bound."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.cli.main import main
+from testbed.spec.experiment import MAX_CPU_CORES
+
+REPO = Path(__file__).resolve().parent.parent
+TRIANGLE_TOPO = REPO / "topologies" / "triangle.yaml"
+
+
+@pytest.mark.parametrize("clusters, said", [
+    ("B:far_edge:-1", "node 'B' is in the topology; '-1' is not a CPU share: cores are a number from 0.01 to 512"),
+    ("B:-1", "node 'B' is in the topology; '-1' is not a CPU share"),
+    ("B:far_edge:1e6", "'1e6' is not a CPU share"),
+    ("B:far_edge:lots", "'lots' is neither a tier (far_edge or near_edge) nor a CPU share"),
+    ("B:far_edge:100000", f"100000 cores is over {MAX_CPU_CORES:g}, the most a cluster (one host) has"),
+    ("Q:far_edge:1", "the topology has no node 'Q'"),
+])
+def test_the_wrong_part_of_a_cluster_item_is_named(clusters, said, tmp_path, capsys):
+    code = main(["new-experiment", "--topology", str(TRIANGLE_TOPO), "--clusters", clusters, "--sources", "auto:1",
+                 "--out", str(tmp_path / "e.yaml")])
+    out = capsys.readouterr().out
+    assert code == 2 and said in out, out
+    assert "no node 'B:" not in out
+    assert not (tmp_path / "e.yaml").exists()
