@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.core.errors import EXIT_BRINGUP, RunFailure
+from testbed.emu.autodilate import k_for
 from testbed.emu.cleanup import RUN_ENV
 from testbed.emu.machine import CPU_ROLES
 from testbed.emu.netplan import emulator_groups, ovs_shards, probe_hosts
@@ -220,8 +221,6 @@ def estimate(plan: Plan, link_emulator: str = "userspace", datapath: str = "user
 def check_capacity(plan: Plan, link_emulator: str = "userspace", datapath: str = "user",
                    have: Machine | None = None) -> Capacity:
     """The verdict for ``plan`` on this machine (or ``have``), with the k the CPU needs (module doc)."""
-    from testbed.emu.autodilate import k_for
-
     needs = estimate(plan, link_emulator, datapath)
     have = have or machine()
     out = Capacity(needs, have)
