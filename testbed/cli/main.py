@@ -1,5 +1,5 @@
 """The ``testbed`` command: ``plan``, ``run`` and ``cleanup``, and the subcommands of
-:data:`COMMAND_MODULES` (evaluate, generate, new-experiment, profile, report, simulate, sweep, train: one
+:data:`COMMAND_MODULES` (compare, evaluate, generate, new-experiment, profile, report, simulate, sweep, train: one
 module each in
 :mod:`testbed.cli`).
 
@@ -27,7 +27,7 @@ from rich.text import Text
 
 from testbed.agent.live import refuse_unfit_checkpoint
 from testbed.aset.train import resolve, training_scenarios
-from testbed.cli import evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo
+from testbed.cli import compare, evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
 from testbed.emu.autodilate import choose
@@ -173,7 +173,7 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
 
 #: The further subcommands: each module has ``register(subparsers)``, which adds its parser with
 #: ``func(args) -> exit code`` as default. Modules import cheaply (no TensorFlow at import).
-COMMAND_MODULES = (evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo)
+COMMAND_MODULES = (compare, evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo)
 
 
 def _parser() -> argparse.ArgumentParser:
