@@ -424,7 +424,7 @@ def twin_line(run_dir: Path, plan: Plan, queries: int, ok: bool) -> tuple[str, d
     (``verdict``, ``report`` or ``how``). The twin is compared (:func:`compare_run`, into
     ``RUN_DIR/compare``) when the run ended ok and :func:`twin_cost` is at most
     :data:`TWIN_BUDGET_S`; otherwise the line says why not and how to get it. A comparison that
-    fails says so: the run's own results stand."""
+    fails, or is interrupted (Ctrl-C), says so: the run's own results and exit code stand."""
     how = f"testbed compare {run_dir}"
     if not ok:
         return (f"twin: not compared, the run did not end ok; `{how}` compares what it measured",
@@ -435,6 +435,8 @@ def twin_line(run_dir: Path, plan: Plan, queries: int, ok: bool) -> tuple[str, d
         return f"twin: not compared ({why}); get it with `{how}`", {"how": how, "why": why}
     try:
         result = compare_run(run_dir)
+    except KeyboardInterrupt:  # the run itself is over and recorded as it ended: only its twin is skipped
+        return f"twin: interrupted; get it with `{how}`", {"how": how, "why": "interrupted"}
     except Exception as exc:  # noqa: BLE001 - the run's own results stand; the comparison's failure is said
         first = str(exc).splitlines()[0] if str(exc) else ""
         return (f"twin: the comparison failed ({type(exc).__name__}: {first}); the run's results stand; retry with "
