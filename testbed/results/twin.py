@@ -275,7 +275,7 @@ def success_difference(pairs: pd.DataFrame, duration_s: float) -> dict:
 
 
 def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}" if abs(x) < 10 else f"{x:.0f}"
+    return "-" if x is None else f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
 
 
 def where_they_part(groups: dict[str, list[dict]]) -> dict | None:
