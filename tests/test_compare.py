@@ -256,6 +256,7 @@ def test_compare_on_a_short_emulation_pairs_its_queries_and_names_where_they_par
     assert summary["twin"]["verdict"].startswith("twin: success ")
     assert summary["twin"]["verdict"] in (run_dir / "summary.md").read_text().splitlines()[-1]
     result = json.loads((run_dir / "compare" / "compare.json").read_text())
+    assert result["run_status"] == "ok"  # the outcome the run knew, before run.json recorded it
     pr = result["pairing"]
     assert pr["emulated"] == summary["queries"] >= 50 and pr["share"] >= 0.95, pr
     w = result["parts"]

@@ -149,8 +149,10 @@ def simulate_twin(run: EmulatedRun, out: Path) -> tuple[pd.DataFrame, Path, floa
     return read_records(sim_dir / "records.parquet"), sim_dir, wall
 
 
-def compare_run(run_dir: Path, out_dir: Path | None = None) -> dict:
+def compare_run(run_dir: Path, out_dir: Path | None = None, run_status: str | None = None) -> dict:
     """Compare an emulated run with its simulated twin and write the report (module docstring).
+    ``run_status``: how the run ended, when the caller knows it before ``run.json`` says it
+    (``testbed run``'s summary; default: ``run.json``'s ``status``).
 
     Returns ``compare.json``'s content, with ``html``, ``markdown`` and ``json`` (the paths written).
 
@@ -161,6 +163,8 @@ def compare_run(run_dir: Path, out_dir: Path | None = None) -> dict:
     """
     t = time.perf_counter()
     run = read_emulated_run(run_dir)
+    if run_status is not None:
+        run.status = run_status
     out = Path(out_dir) if out_dir is not None else run.run_dir / COMPARE_DIR
     created = _make_out_dir(out)
     try:
@@ -435,7 +439,7 @@ def twin_line(run_dir: Path, plan: Plan, queries: int, ok: bool) -> tuple[str, d
         why = why or f"expected to take {cost:.0f} s, over {TWIN_BUDGET_S:g} s"
         return f"twin: not compared ({why}); get it with `{how}`", {"how": how, "why": why}
     try:
-        result = compare_run(run_dir)
+        result = compare_run(run_dir, run_status="ok")  # run.json records the outcome after the summary
     except KeyboardInterrupt:  # the run itself is over and recorded as it ended: only its twin is skipped
         return f"twin: interrupted; get it with `{how}`", {"how": how, "why": "interrupted"}
     except Exception as exc:  # noqa: BLE001 - the run's own results stand; the comparison's failure is said
