@@ -17,14 +17,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from emu_checks import expect_run_ok
 from scipy import stats
 
 from testbed.cli.main import main
 from testbed.core.errors import EXIT_INPUT
 from testbed.model.records import RECORD_FIELDS
 from testbed.plan.build import plan_experiment
-from testbed.results.compare import twin_cost
-from testbed.results.runs import run_simulation
+from testbed.results.compare import twin_cost, twin_line
+from testbed.results.runs import run_emulation, run_simulation
 from testbed.results.twin import (
     ARRIVAL_TOLERANCE_MS,
     MIN_PAIRS,
@@ -245,11 +246,8 @@ def test_corrupted_records_exit_2_naming_the_file(own_twin, tmp_path, capsys):
 @pytest.mark.emulation
 @pytest.mark.skipif(os.geteuid() != 0, reason="emulation needs root")
 def test_compare_on_a_short_emulation_pairs_its_queries_and_names_where_they_part(tmp_path, capsys):
-    from emu_checks import expect_run_ok
-
-    from testbed.results.runs import run_emulation
-
-    expect_run_ok(run_emulation(plan_experiment(TRIANGLE), runs_dir=tmp_path, duration_s=10), tmp_path)
+    expect_run_ok(run_emulation(plan_experiment(TRIANGLE), runs_dir=tmp_path, duration_s=10, twin=twin_line),
+                  tmp_path)
     run_dir = next(p for p in tmp_path.iterdir() if (p / "run.json").exists())
     summary = json.loads((run_dir / "summary.json").read_text())
     # the run's summary ends with the twin's verdict (10 s of the triangle is cheap to simulate)
@@ -276,8 +274,6 @@ def test_compare_on_a_short_emulation_pairs_its_queries_and_names_where_they_par
 
 
 def test_the_run_summarys_twin_line_says_why_it_did_not_compare_and_how_to(own_twin, tmp_path):
-    from testbed.results.compare import twin_line
-
     plan = plan_experiment(TRIANGLE)
     line, facts = twin_line(own_twin, plan, 100, ok=False)
     assert line == (f"twin: not compared, the run did not end ok; `testbed compare {own_twin}` compares what it "

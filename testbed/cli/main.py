@@ -36,6 +36,7 @@ from testbed.plan.build import Plan, plan_experiment
 from testbed.plan.dilation import check_dilation, with_time_dilation
 from testbed.plan.policies import load_aset
 from testbed.plan.resolved import PlanError
+from testbed.results.compare import twin_line
 from testbed.results.runs import run_emulation
 from testbed.spec.schema import load_yaml_file
 
@@ -144,7 +145,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.link_emulator is not None:
         overrides["link_emulator"] = args.link_emulator
     return run_emulation(plan, console=console, runs_dir=args.runs_dir,
-                          base_dir=args.experiment.parent, process_ends=True, **overrides)
+                          base_dir=args.experiment.parent, process_ends=True, twin=twin_line, **overrides)
 
 
 def _dilation_arg(text: str) -> float | str:

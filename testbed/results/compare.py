@@ -40,6 +40,7 @@ from testbed.results.page import Block, write_html, write_markdown
 from testbed.results.plots import _plt, _save
 from testbed.results.records import read_records
 from testbed.results.report import _json, _make_out_dir, load_run
+from testbed.results.runs import run_simulation
 from testbed.results.twin import (
     COLUMNS,
     MIN_PAIRS,
@@ -139,8 +140,6 @@ def simulate_twin(run: EmulatedRun, out: Path) -> tuple[pd.DataFrame, Path, floa
     Raises:
         testbed.sim.SimError, testbed.core.errors.RunFailure: as :func:`testbed.results.runs.run_simulation`.
     """
-    from testbed.results.runs import run_simulation  # runs calls this module's twin_line: imported when used
-
     plan = apply_speeds(run.plan, run.speeds) if run.speeds is not None else run.plan
     t = time.perf_counter()
     sim_dir, _s = run_simulation(plan, duration_s=run.duration_s, seed=run.seed, run_dir=out / "simulated",
