@@ -1,5 +1,5 @@
 """The ``testbed`` command: ``plan``, ``run`` and ``cleanup``, and the subcommands of
-:data:`COMMAND_MODULES` (evaluate, generate, new-experiment, profile, report, simulate, sweep, train: one
+:data:`COMMAND_MODULES` (compare, evaluate, generate, new-experiment, profile, report, simulate, sweep, train: one
 module each in
 :mod:`testbed.cli`).
 
@@ -28,7 +28,7 @@ from rich.text import Text
 
 from testbed.agent.live import refuse_unfit_checkpoint
 from testbed.aset.train import resolve, training_scenarios
-from testbed.cli import evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo
+from testbed.cli import compare, evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help, print_feasibility
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
 from testbed.core.plugins import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
@@ -38,6 +38,7 @@ from testbed.plan.build import Plan, plan_experiment
 from testbed.plan.dilation import check_dilation, with_time_dilation
 from testbed.plan.policies import load_aset
 from testbed.plan.resolved import PlanError
+from testbed.results.compare import twin_line
 from testbed.results.runs import run_emulation
 from testbed.spec.schema import load_yaml_file
 
@@ -154,7 +155,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         overrides["link_emulator"] = args.link_emulator
     print_feasibility(plan)
     return run_emulation(plan, console=console, runs_dir=args.runs_dir,
-                          base_dir=args.experiment.parent, process_ends=True, **overrides)
+                          base_dir=args.experiment.parent, process_ends=True, twin=twin_line, **overrides)
 
 
 def _dilation_arg(text: str) -> float | str:
@@ -195,7 +196,7 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
 
 #: The further subcommands: each module has ``register(subparsers)``, which adds its parser with
 #: ``func(args) -> exit code`` as default. Modules import cheaply (no TensorFlow at import).
-COMMAND_MODULES = (evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo)
+COMMAND_MODULES = (compare, evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo)
 
 
 def _parser() -> argparse.ArgumentParser:

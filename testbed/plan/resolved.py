@@ -263,5 +263,20 @@ class Plan(_PlanModel):
         """Write :meth:`to_dict` to ``path`` (atomically)."""
         write_json_atomic(path, self.to_dict(), indent=1)
 
+    @classmethod
+    def from_dict(cls, doc: dict) -> Plan:
+        """The plan of a :meth:`to_dict` view (``plan.json``'s object): the fields added for readers of
+        the file (each link's ``emu_name``, each path's ``rtt_ms``) are dropped, the rest validated.
+
+        Raises:
+            pydantic.ValidationError: ``doc`` is not a plan's view (names the field).
+        """
+        doc = dict(doc)
+        doc["links"] = [{k: v for k, v in row.items() if k != "emu_name"} if isinstance(row, dict) else row
+                        for row in doc.get("links") or []]
+        doc["paths"] = [{k: v for k, v in row.items() if k != "rtt_ms"} if isinstance(row, dict) else row
+                        for row in doc.get("paths") or []]
+        return cls.model_validate(doc)
+
 
 __all__ = ["Host", "Link", "PathInfo", "Plan", "PlanError", "QueueSettings", "Switch"]

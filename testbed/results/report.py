@@ -5,7 +5,7 @@ into ``--out``: ``report.html`` (self-contained: every figure embedded as a base
 ``report.md`` (same content, linking the PNGs) and ``figures/*.png``. Figures (docs/reports.md):
 
 * ``latency_cdf.png``: CDF of end-to-end latency (ms) of answered queries, per run and policy;
-* ``breakdown.png``: mean dispatch / network / handling / queueing / inference time (ms) of answered queries;
+* ``breakdown.png``: mean network / queueing / inference time (ms) of answered queries;
 * ``success_over_time.png``: success ratio per time bin (s since the run's first query);
 * ``policy_over_time.png``: the policy in force for each query (``policy`` column) over time;
 * ``link_util_<k>.png``: per run with ``link_stats.csv``: link utilization over time as a heatmap
@@ -26,8 +26,6 @@ queries, :data:`testbed.results.summary.LATENCY_RULE`, stated under the table): 
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import os
 import shutil
@@ -37,8 +35,8 @@ from pathlib import Path
 import pandas as pd
 
 from testbed.core.errors import EXIT_INTERRUPTED, InputError
-from testbed.core.util import markdown_table
 from testbed.results.figures import COLD_RULE, LATENCY_RULE, latency_figures, load_duration_s
+from testbed.results.page import Block, write_html, write_markdown
 from testbed.results.plots import (
     RunData,
     RunStatus,
@@ -245,7 +243,7 @@ TABLE_NOTE = (f"Latency percentiles, the mean breakdown, the latency CDF and the
 # ------------------------------------------------------------------------------------------- report
 
 FIGURES = [("latency_cdf", "Latency CDF per policy", fig_latency_cdf),
-           ("breakdown", "Dispatch / network / handling / queueing / inference breakdown", fig_breakdown),
+           ("breakdown", "Network / queueing / inference breakdown", fig_breakdown),
            ("success_over_time", "Success ratio over time", fig_success_over_time),
            ("policy_over_time", "Policy in force over time", fig_policy_over_time),
            ("hop_delays", "Per-hop one-way delay (packet capture)", fig_hop_delays)]
@@ -412,66 +410,28 @@ def _not_ok_warning(runs: list[RunData]) -> str:
               "compare them with care.")
 
 
-#: Data columns per HTML table: a wider table is split into several, each repeating the key column,
-#: so that every one fits a page of about 1,200 pixels (13 px text) without scrolling sideways.
-HTML_COLUMNS_PER_TABLE = 8
-
-
-def column_groups(table: pd.DataFrame, per_table: int = HTML_COLUMNS_PER_TABLE) -> list[pd.DataFrame]:
-    """``table`` split by columns into tables of at most ``per_table`` data columns, each led by
-    the first (key) column; one table when it fits."""
-    key, rest = list(table.columns[:1]), list(table.columns[1:])
-    if len(rest) <= per_table:
-        return [table]
-    return [table[key + rest[i:i + per_table]] for i in range(0, len(rest), per_table)]
-
-
-def html_table(table: pd.DataFrame) -> str:
-    """One table as HTML (text escaped; missing cells '-'), in a box that scrolls sideways if its
-    cells cannot wrap to the page's width."""
-    shown = table.astype(object).where(table.notna(), None)
-    body = shown.to_html(index=False, na_rep="-", escape=True).replace("<td>None</td>", "<td>-</td>")
-    return f"<div class='wide'>{body.replace('_', '_<wbr>')}</div>"
+def _page(runs, table: pd.DataFrame, figures, titles, skipped, hops) -> list[Block]:
+    """The report as blocks (:mod:`testbed.results.page`), the same in ``report.html`` and ``report.md``."""
+    blocks = [Block("h1", "ASET testbed report"),
+              Block("p", f"Generated {datetime.now():%Y-%m-%d %H:%M:%S} from {len(runs)} run(s):"),
+              Block("list", items=tuple(_runs_list(runs))), Block("h2", "Comparison across runs")]
+    warning = _not_ok_warning(runs)
+    if warning:
+        blocks.append(Block("warning", warning))
+    blocks += [Block("table", table=table), Block("p", TABLE_NOTE)]
+    for name, p in figures.items():
+        blocks += [Block("h2", titles[name]), Block("figure", name, path=p)]
+    for label, h in hops:
+        blocks += [Block("h3", f"Per-hop one-way delay: {label}"), Block("table", table=h)]
+    if skipped:
+        blocks += [Block("h2", "Not drawn"), Block("list", items=tuple(f"{k}: {v}" for k, v in skipped.items()))]
+    blocks.append(Block("p", "Columns and units: docs/records-schema.md; figures: docs/reports.md."))
+    return blocks
 
 
 def _write_html(path: Path, runs, table: pd.DataFrame, figures, titles, skipped, hops) -> None:
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>ASET testbed report</title><style>",
-             "body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;font-size:13px;margin:0 0 1em 0;max-width:100%}"
-             "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right;overflow-wrap:break-word}"
-             "th{background:#f2f2f2}img{max-width:100%;border:1px solid #eee}.wide{overflow-x:auto;max-width:100%}"
-             "</style></head><body>",
-             f"<h1>ASET testbed report</h1><p>Generated {datetime.now():%Y-%m-%d %H:%M:%S} from "
-             f"{len(runs)} run(s):</p><ul>"]
-    parts += [f"<li>{html.escape(x)}</li>" for x in _runs_list(runs)]
-    parts.append("</ul><h2>Comparison across runs</h2>")
-    warning = _not_ok_warning(runs)
-    if warning:
-        parts.append(f"<p style='color:#b00020;font-weight:bold'>{html.escape(warning)}</p>")
-    parts += [html_table(part) for part in column_groups(table)]
-    parts.append(f"<p>{html.escape(TABLE_NOTE)}</p>")
-    for name, p in figures.items():
-        b64 = base64.b64encode(p.read_bytes()).decode()
-        parts.append(f"<h2>{html.escape(titles[name])}</h2><img alt='{name}' src='data:image/png;base64,{b64}'>")
-    for label, h in hops:
-        parts.append(f"<h3>Per-hop one-way delay: {html.escape(label)}</h3>")
-        parts += [html_table(part) for part in column_groups(h)]
-    if skipped:
-        parts.append("<h2>Not drawn</h2><ul>")
-        parts += [f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in skipped.items()]
-        parts.append("</ul>")
-    parts.append("<p>Columns and units: docs/records-schema.md; figures: docs/reports.md.</p></body></html>")
-    path.write_text("\n".join(parts))
+    write_html(path, "ASET testbed report", _page(runs, table, figures, titles, skipped, hops))
 
 
 def _write_md(path: Path, runs, table: pd.DataFrame, figures, titles, skipped, hops) -> None:
-    warning = _not_ok_warning(runs)
-    parts = ["# ASET testbed report", "", *[f"- {x}" for x in _runs_list(runs)], "", "## Comparison across runs",
-             "", *([f"**{warning}**", ""] if warning else []), markdown_table(table), "", TABLE_NOTE, ""]
-    for name, p in figures.items():
-        parts += [f"## {titles[name]}", "", f"![{name}]({p.relative_to(path.parent)})", ""]
-    for label, h in hops:
-        parts += [f"### Per-hop one-way delay: {label}", "", markdown_table(h), ""]
-    if skipped:
-        parts += ["## Not drawn", "", *[f"- {k}: {v}" for k, v in skipped.items()], ""]
-    path.write_text("\n".join(parts))
+    write_markdown(path, _page(runs, table, figures, titles, skipped, hops))

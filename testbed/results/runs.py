@@ -19,6 +19,7 @@ import io
 import json
 import os
 import shutil
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from testbed.core.errors import (
 )
 from testbed.core.hashing import file_sha256
 from testbed.core.plugins import ref_slug
-from testbed.core.util import repo_path, write_json_atomic
+from testbed.core.util import replace_atomic, repo_path, write_json_atomic
 from testbed.emu.run import EmulationOutcome, emulate
 from testbed.plan.build import Plan
 from testbed.results.capture import analyze_run
@@ -45,16 +46,22 @@ from testbed.results.summary import print_summary, summarize
 from testbed.sim.engine import Simulator
 from testbed.sim.run import checkpoint_sources, simulate
 
-__all__ = ["checkpoint_line", "finish_emulation", "run_emulation", "run_simulation"]
+__all__ = ["TwinLine", "checkpoint_line", "finish_emulation", "run_emulation", "run_simulation"]
+
+#: The twin's line of a run's summary: (run folder, plan, queries measured, whether the run ended
+#: ok) -> (the line, what ``summary.json`` keeps of it); :func:`testbed.results.compare.twin_line`.
+TwinLine = Callable[[Path, Plan, int, bool], tuple[str, dict]]
 
 
 # ----------------------------------------------------------------------------- emulation
 
 def run_emulation(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
                   duration_s: float | None = None, link_emulator: str | None = None,
-                  base_dir: Path | None = None, process_ends: bool = False) -> int:
+                  base_dir: Path | None = None, process_ends: bool = False, twin: TwinLine | None = None) -> int:
     """Emulate a planned experiment end to end (:func:`testbed.emu.run.emulate`), then merge and
-    summarise what was measured; returns the exit code (:mod:`testbed.core.errors`). Results go to
+    summarise what was measured, the summary ending with the twin's line when ``twin`` is given
+    (:func:`summarize_twin`; ``testbed run`` gives :func:`testbed.results.compare.twin_line`);
+    returns the exit code (:mod:`testbed.core.errors`). Results go to
     ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an interruption are
     kept and summarised. ``base_dir`` is unused (the plan carries the experiment's folder).
     ``process_ends``: the caller exits with the returned code right after (the CLI): SIGINT and
@@ -66,7 +73,7 @@ def run_emulation(plan: Plan, console: Console | None = None, runs_dir: Path | N
         console.print(said, markup=False, highlight=False)
     with emulate(plan, console, runs_dir, duration_s, link_emulator, process_ends) as outcome:
         if outcome.run_dir is not None:
-            outcome.status, outcome.message = finish_emulation(outcome, console)
+            outcome.status, outcome.message = finish_emulation(outcome, console, plan, twin)
     return outcome.status
 
 
@@ -86,7 +93,8 @@ def checkpoint_line(plan: Plan, policy: str | None = None) -> str | None:
             f"{aset.checkpoint} ({weights}, {digest})")
 
 
-def finish_emulation(outcome: EmulationOutcome, console: Console) -> tuple[int, str]:
+def finish_emulation(outcome: EmulationOutcome, console: Console, plan: Plan | None = None,
+                     twin: TwinLine | None = None) -> tuple[int, str]:
     """Merge and summarise what an emulation measured: (exit code, message). A run that measured
     nothing never exits 0 (:data:`~testbed.core.errors.EXIT_NOTHING_MEASURED`), nor one in which
     every query failed (:data:`~testbed.core.errors.EXIT_ALL_FAILED`), nor one whose records on
@@ -94,10 +102,13 @@ def finish_emulation(outcome: EmulationOutcome, console: Console) -> tuple[int, 
     without its tally: :func:`testbed.results.records.storage_faults`, exit code 4, each said on a
     ``RECORDS:`` line); a summary that
     cannot be written fails the run (:data:`~testbed.core.errors.EXIT_COMPONENT_DIED` unless it
-    had failed already), naming where the records are."""
+    had failed already), naming where the records are. With ``twin`` (and the run's ``plan``), the
+    summary ends with the twin's line (:func:`summarize_twin`)."""
     status, message = outcome.status, outcome.message
     try:
         s = summarize_emulation(outcome, console)
+        if twin is not None and plan is not None and s.get("queries"):
+            summarize_twin(twin, outcome.run_dir, plan, s, status == EXIT_OK, console)
     except (OSError, TestbedError) as exc:
         console.print(f"error: the summary could not be written: {exc}; the records are in "
                       f"{outcome.run_dir / 'sources'}", markup=False, highlight=False)
@@ -136,6 +147,24 @@ def summarize_emulation(outcome: EmulationOutcome, console: Console) -> dict:
     write_json_atomic(run_dir / "summary.json", s, indent=2)
     print_summary(s, console if measured else Console(file=io.StringIO()), run_dir)
     return s
+
+
+def summarize_twin(twin: TwinLine, run_dir: Path, plan: Plan, s: dict, ok: bool, console: Console) -> None:
+    """The summary's last line: the simulated twin's verdict, or how to get it (``twin``, e.g.
+    :func:`testbed.results.compare.twin_line`: compared when the run ended ok and that is cheap);
+    kept as ``twin`` in ``summary.json`` and as the last line of ``summary.md``.
+
+    Raises:
+        OSError: ``summary.json`` or ``summary.md`` cannot be written.
+    """
+    line, facts = twin(run_dir, plan, int(s["queries"]), ok)
+    console.print(line, markup=False, highlight=False)
+    s["twin"] = facts
+    write_json_atomic(run_dir / "summary.json", s, indent=2)
+    md = run_dir / "summary.md"
+    if md.exists():
+        text = md.read_text().rstrip("\n") + f"\n\n{line}\n"
+        replace_atomic(md, lambda p: p.write_text(text))
 
 
 # ----------------------------------------------------------------------------- simulation
