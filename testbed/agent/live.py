@@ -131,7 +131,7 @@ def resolve_agent(aset: AsetSpec, setup: SourceSetup, report_interval_s: float,
     make = agent_kind(ckpt.kind).make
     try:
         make(ckpt, mine)  # every check of the factory, now: a misfit is a plan error
-    except CheckpointError:
+    except InputError:  # CheckpointError, ObservationSizeError: they name the file
         raise
     except (KeyError, ValueError) as exc:  # the factory's own "does not fit" (ObservationSizeError too)
         raise CheckpointError(f"ASET checkpoint {path} (source {setup.source}): {exc}") from None
@@ -155,8 +155,9 @@ class SourceSelector:
     """
 
     def __init__(self, cfg: SourceConfig, agent: Agent | None = None):
-        if cfg.aset is None or cfg.selector_context is None:
-            raise KeyError("source config: 'aset' and 'selector_context' are required with policy 'aset'")
+        if cfg.aset is None or not (cfg.aset.checkpoint or cfg.aset.selector) or cfg.selector_context is None:
+            raise KeyError("source config: 'aset' with 'aset.checkpoint' or 'aset.selector', and 'selector_context', "
+                           "are required with policy 'aset'")
         k = float(cfg.time_dilation or 1.0)
         self.agent = agent or resolve_agent(cfg.aset, source_setup(cfg), cfg.report_interval_s / k, cfg.repo_dir)
         self.window_s = self.agent.window_s
@@ -166,6 +167,11 @@ class SourceSelector:
         self.report_path = Path(cfg.records).with_suffix(".aset.json") if cfg.records else None
         self.tail = RecordsTail(cfg.records, cfg.start_ns) if cfg.records else None
         self.start_ns = int(cfg.start_ns)
+
+    @property
+    def selector(self):
+        """The acting object (``select(obs)``, ``reset()``): a checkpoint kind's selector, or one's own."""
+        return self.driver.obj
 
     def restart_at(self, start_ns: int) -> None:
         """The load's start time once the run's start barrier released the source (epoch ns):
