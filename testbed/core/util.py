@@ -326,20 +326,20 @@ def ci95(values: Sequence[float | None]) -> tuple[float, float]:
 def paired_test(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     """``a - b`` paired per seed (the same index: common random numbers), the pairs with a None or
     NaN left out: ``mean`` and ``ci`` (the 95 % CI half-width, :func:`ci95`), ``n`` (pairs) and
-    ``p`` (two-sided paired t test, ``scipy.stats.ttest_rel``; 1.0 when every difference is 0,
-    NaN for fewer than 2 pairs)."""
+    ``p`` (two-sided paired t test, ``scipy.stats.ttest_rel``; with no spread, 1.0 when every
+    difference is 0 and 0.0 when they are all one other value; NaN for fewer than 2 pairs)."""
     from scipy import stats
 
     d = [(float(x), float(y)) for x, y in zip(a, b, strict=True)
          if x is not None and y is not None and not math.isnan(float(x)) and not math.isnan(float(y))]
     m, h = ci95([x - y for x, y in d])
+    diffs = {x - y for x, y in d}
     if len(d) < 2:
         p = math.nan
-    elif all(x == y for x, y in d):
-        p = 1.0
+    elif len(diffs) == 1:  # no spread: certain (or no difference at all)
+        p = 1.0 if diffs == {0.0} else 0.0
     else:
         p = float(stats.ttest_rel([x for x, _ in d], [y for _, y in d]).pvalue)
-        p = 0.0 if math.isnan(p) else p  # differences all equal and non-zero: no spread, certain
     return {"mean": m, "ci": h, "n": len(d), "p": p}
 
 
