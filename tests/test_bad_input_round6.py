@@ -40,7 +40,7 @@ def _aset_cfg(tmp_path: Path, scenarios: list[Path], **reward):
 # --------------------------------------------------------------------------------------- F3
 
 def test_training_scenarios_of_another_shape_are_refused_before_anything_is_written(tmp_path):
-    from testbed.aset.train import train_seeds
+    from testbed.aset.dqn import train_seeds
 
     a = _scenario(tmp_path / "exp", "a")
     b = _scenario(tmp_path / "exp", "b", name="tri3", extra_source=True)
@@ -56,7 +56,7 @@ def test_training_scenarios_of_another_shape_are_refused_before_anything_is_writ
 # --------------------------------------------------------------------------------------- F4
 
 def test_two_training_scenarios_of_one_name_are_refused_naming_both_files(tmp_path):
-    from testbed.aset.train import train_seeds
+    from testbed.aset.dqn import train_seeds
 
     a = _scenario(tmp_path / "exp", "a")
     a2 = _scenario(tmp_path / "exp", "a2", **{"rate_qps: 4": "rate_qps: 6"})
@@ -69,7 +69,7 @@ def test_two_training_scenarios_of_one_name_are_refused_naming_both_files(tmp_pa
 
 
 def test_a_mix_that_does_not_fit_names_the_scenario_file_it_does_not_fit():
-    from testbed.aset.train import check_reward_baselines
+    from testbed.aset.scenarios import check_reward_baselines
     from testbed.plan.build import plan_experiment
     from testbed.spec.aset import RewardSpec
 
@@ -148,7 +148,7 @@ def test_simulated_records_are_reused_only_when_made_from_the_same_inputs(bench,
 # --------------------------------------------------------------------------------------- F11/F13
 
 def test_a_plan_error_names_the_experiment_file(tmp_path):
-    from testbed.aset.train import scenario_sampler
+    from testbed.aset.scenarios import scenario_sampler
     from testbed.plan.build import PlanError, plan_experiment
     from testbed.spec.aset import RandomiseSpec
 
@@ -227,16 +227,16 @@ def _double(x: int) -> int:
 
 
 def test_a_corrupt_evaluation_cache_file_is_a_miss_with_a_warning(tmp_path):
-    from testbed.aset.evaluate import _parallel, task_key
+    from testbed.aset.jobs import run_jobs, task_key
 
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / f"{task_key(_double, (2,))}.json").write_text('{"truncat')
     (cache / f"{task_key(_double, (3,))}.json").write_text("7")  # a good entry is still served
     warned: list[str] = []
-    assert _parallel(_double, [(2,), (3,)], "process", 1, None, None, cache, warned.append) == [4, 7]
-    assert len(warned) == 1 and f"evaluation cache file {cache / task_key(_double, (2,))}.json is unreadable or " \
-        f"corrupt (JSONDecodeError" in warned[0]
+    assert run_jobs(_double, [(2,), (3,)], cache=cache, workers=1, warn=warned.append) == [4, 7]
+    assert len(warned) == 1 and f"evaluation cache file {cache / task_key(_double, (2,))}.json is unreadable " \
+        f"(JSONDecodeError" in warned[0]
     assert (cache / f"{task_key(_double, (2,))}.json").read_text() == "4"  # recomputed and written again
 
 
