@@ -24,8 +24,8 @@ from testbed.aset.generator import (
 from testbed.model.policies import CATALOGUE
 from testbed.plan.boundaries import SourceConfig
 from testbed.plan.build import build_plan, plan_experiment
-from testbed.spec.aset import ObservationSpec
 from testbed.sim.run import drive
+from testbed.spec.aset import ObservationSpec
 from testbed.spec.experiment import AsetSpec, Experiment
 
 REPO = Path(__file__).resolve().parent.parent

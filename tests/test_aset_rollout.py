@@ -208,7 +208,7 @@ def test_train_command_exports_a_policy_that_acts_by_the_plan_rule_and_reuses_it
     out = capsys.readouterr().out
     assert "seed 1: 36 samples of 3 episodes" in out and "seed 2: " in out
     pol = NumpyPolicy(tmp_path / "models" / "ro")
-    assert pol.plan_margin == 0.02 and pol.meta["meta"]["method"] == "rollout" and pol.obs_size == 29
+    assert pol.plan_margin == 0.02 and pol.meta["provenance"]["method"] == "rollout" and pol.obs_size == 29
     cache = sorted((tmp_path / "runs" / "rollout-cache").glob("*.npz"))
     assert len(cache) == 6  # 3 episodes x 2 seeds
     z = np.load(cache[0])

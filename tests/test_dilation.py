@@ -61,6 +61,7 @@ EXEMPT = [r"experiment\.workload\..*", r"streams\..*",  # drawn in emulated time
           r"experiment\.simulation\..*",  # the simulator's, unused by the emulation
           r"experiment\.events\..*",  # the emulation runs plan.changes, dilated
           r"experiment\.(topology|cloud)\..*",  # planning inputs: the emulation runs plan.links and plan.hosts
+          r"selector_context\..*",  # what the selector observes, in emulated time (the features' own clock)
           r"start_ns",  # an instant: the load's start, where the two clocks meet
           r"clock"]
 #: A leaf whose name says it is a time or a rate must be classified above.

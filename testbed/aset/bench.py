@@ -22,6 +22,7 @@ from testbed.agent.live import SourceSelector, source_configs
 from testbed.core.errors import InputError, TestbedError
 from testbed.core.util import REPO_ROOT
 from testbed.plan.build import plan_experiment
+from testbed.plan.dilation import with_time_dilation
 from testbed.spec.experiment import AsetSpec
 
 REPO = REPO_ROOT
@@ -62,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _selector(ckpt: Path, plan):
     """The selector of the plan's first source with the checkpoint, as every engine builds it."""
-    from testbed.plan.dilation import with_time_dilation
-
     cfgs = source_configs(with_time_dilation(plan, 1.0), [plan.sources[0].name], AsetSpec(checkpoint=str(ckpt)))
     try:
         return SourceSelector(cfgs[0])

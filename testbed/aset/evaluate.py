@@ -246,6 +246,11 @@ def _n_jobs(n_s: int, p: Protocol, n_agents: int) -> int:
     return n_s * (tuning + n_e * (1 + p.fresh + p.mix + n_agents) + n_r * (1 + (p.causal_samples > 0)))
 
 
+def _load_aware(policy: str) -> bool:
+    """Whether ``policy`` (a built-in name or a plug-in) reads load (its fresh-state runs differ)."""
+    return bool(REGISTRY.resolve(policy, "actions").load_aware)
+
+
 def _ratio(c) -> float:
     return c[0] / c[1] if c[1] else math.nan
 
@@ -306,7 +311,7 @@ def _tune(run: _Runner, scenarios: list[str], plans: dict[str, Plan], p: Protoco
     means = {s: {a: float(np.nanmean(v)) for a, v in stale[s].items()} for s in scenarios}
     best = {s: max(p.actions, key=lambda a, s=s: (means[s][a], a)) for s in scenarios}
     fresh_means = {s: dict(means[s]) for s in scenarios}
-    aware = [a for a in p.actions if REGISTRY[a].load_aware] if p.fresh else []
+    aware = [a for a in p.actions if _load_aware(a)] if p.fresh else []
     if aware:
         res = run("tuning: fresh-state", static_job, [(s, k, aware, p.duration_s, "fresh") for s, k in pairs])
         fr = {s: {a: [] for a in aware} for s in scenarios}
@@ -339,7 +344,7 @@ def _score(run: _Runner, scenarios: list[str], p: Protocol, chosen: dict[str, di
         per_seed[s][BEST] = list(per_seed[s][chosen[s]["best"]])
     if p.fresh:
         fp = {s: chosen[s]["fresh"] for s in scenarios}
-        aware = [s for s in scenarios if REGISTRY[fp[s]].load_aware]
+        aware = [s for s in scenarios if _load_aware(fp[s])]
         res = run("evaluation: fresh-state", static_job, [(s, k, [fp[s]], p.duration_s, "fresh")
                                                           for s in aware for k in E])
         run.skip(len(E) * (len(scenarios) - len(aware)))

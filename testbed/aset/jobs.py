@@ -24,7 +24,7 @@ from pathlib import Path
 
 from testbed.agent.checkpoint import checkpoint_files, checkpoint_path
 from testbed.agent.selector import initial_policy
-from testbed.aset.episode import Episode
+from testbed.aset.episode import Episode, run_static
 from testbed.aset.headroom import best_mix, causal_planner, rollout_oracle, static_ratio
 from testbed.core.distributed import imap_unordered
 from testbed.core.util import repo_path, write_json_atomic
@@ -48,8 +48,6 @@ def static_job(scenario: str, seed: int, actions: Sequence[str], duration_s: flo
                view: str = "reports") -> dict[str, list[int]]:
     """Every static policy on one seed, the dispatchers' ``view`` (``reports`` or ``fresh``):
     ``{policy: [ok, n]}``."""
-    from testbed.aset.episode import run_static
-
     plan = plan_of(scenario)
     out = {}
     for a in actions:
