@@ -1,9 +1,12 @@
-"""Selectors of one's own: anything that maps a source's window observation to a policy drives the
-sources in place of the ASET checkpoint, in the simulator (:func:`testbed.sim.run.simulate`) and in
-the emulation's source processes (:class:`testbed.agent.live.SelectorLive`), through this ONE
-module.
+"""The selector protocol of every agent: an object with ``select(obs) -> policy`` and, optionally,
+``reset()`` (called once before the first window), asked once per decision window for one source.
+The general agent, the paper's DQN and the rollout agent (checkpoint kinds,
+:mod:`testbed.agent.checkpoint`), an SB3 model and a selector of one's own are all selectors; ONE
+function resolves any of them (:func:`testbed.agent.live.resolve_agent`) and the same
+:class:`SelectorDriver` drives it in the simulator, the evaluation and the emulation's source
+processes (:class:`testbed.agent.live.SourceSelector`).
 
-The experiment names it under ``aset: {selector: ...}`` (:class:`testbed.spec.experiment.SelectorSpec`):
+A selector of one's own is named under ``aset: {selector: ...}`` (:class:`testbed.spec.experiment.SelectorSpec`):
 
 - ``{use: package.module:function, params: {...}}``: a callable ``f(obs, **params) -> policy``;
 - ``{use: package.module:Class, params: {...}}``: ``Class(**params)`` (one instance per source)
