@@ -10,8 +10,8 @@ scenario file is copied with ``seed`` and ``policy`` set and emulated with ``tes
 ``flock /tmp/testbed-emulation.lock`` (runs queue behind other engineers' emulations); its
 ``summary.json`` gives the emulated success ratio. The simulator runs the same plan and seed
 (same arrival streams, :mod:`testbed.model.arrivals`) through :class:`testbed.aset.episode.Episode`
-(static) or :func:`testbed.aset.evaluate.aset_job` (ASET). Prints one Markdown row per (scenario,
-policy): emulated mean and 95 % CI over the seeds, simulated, the gap, the paired
+(static) or :func:`testbed.aset.jobs.agent_job` (ASET, the loop of testbed simulate). Prints one
+Markdown row per (scenario, policy): emulated mean and 95 % CI over the seeds, simulated, the gap, the paired
 difference ASET - static in each, and how busy (or stolen) the machine's CPUs were during the emulated loads
 (range over the seeds; ``machine_cpu`` of the summary, :mod:`testbed.emu.machine`).
 Writes ``runs/aset-emulation/results.md``. Root needed.
@@ -47,10 +47,10 @@ LOCK = "/tmp/testbed-emulation.lock"
 
 
 def scaled_copy(scenario: Path, factor: float) -> Path:
-    """The scenario with every arrival rate x ``factor`` (:func:`testbed.aset.train.scale_rates`),
+    """The scenario with every arrival rate x ``factor`` (:func:`testbed.aset.scenarios.scale_rates`),
     as ``.bench-<stem>-x<factor>.yaml`` beside it (its relative paths keep working; git ignores
     it), named ``<name>-x<factor>`` inside, for both the emulation and the simulator; ``scenario`` itself at 1."""
-    from testbed.aset.train import scale_rates
+    from testbed.aset.scenarios import scale_rates
 
     if factor == 1.0:
         return scenario
@@ -64,9 +64,9 @@ def scaled_copy(scenario: Path, factor: float) -> Path:
 
 
 def _general(checkpoint: str) -> bool:
-    from testbed.agent.general import is_general
+    from testbed.agent.checkpoint import read_checkpoint
 
-    return is_general(REPO / checkpoint)
+    return read_checkpoint(REPO / checkpoint).kind == "general"
 
 
 def _aset_section(data: dict, checkpoint: str) -> dict:
@@ -116,19 +116,12 @@ def emulate(scenario: Path, seed: int, policy: str, checkpoint: str, runs_dir: P
 
 
 def simulate(scenario: Path, seed: int, policy: str, checkpoint: str) -> float:
-    from testbed.aset.evaluate import aset_job, static_job
+    from testbed.aset.jobs import agent_job, static_job
+    from testbed.spec.experiment import AsetSpec
 
-    if policy == "aset" and _general(checkpoint):  # testbed simulate's own path (the emulation's selector)
-        from testbed.plan.build import build_plan
-        from testbed.sim.run import simulate as simulate_run
-        from testbed.spec.experiment import Experiment
-
-        data = yaml.safe_load(scenario.read_text())
-        data.update(seed=seed, policy="aset", aset=_aset_section(data, checkpoint))
-        rec = simulate_run(build_plan(Experiment.model_validate(data), base_dir=scenario.parent)).sim.records()
-        return sum(r["outcome"] == "success" for r in rec) / len(rec)
-    if policy == "aset":
-        r = aset_job(str(scenario), seed, checkpoint, None)
+    if policy == "aset":  # the one loop of testbed simulate and testbed evaluate (the emulation's selector)
+        aset = AsetSpec.model_validate(_aset_section(yaml.safe_load(scenario.read_text()), checkpoint))
+        r = agent_job(str(scenario), seed, aset.model_dump_json(), None)
         return r["ok"] / r["n"]
     ok, n = static_job(str(scenario), seed, [policy], None)[policy]
     return ok / n
@@ -138,11 +131,11 @@ def simulate_records(scenario: Path, seed: int, policy: str, out: Path) -> Path:
     """The static run simulated with records, in the emulation's layout; returns its directory.
 
     An earlier run's directory is reused only if the same inputs made it: its name ends with the
-    key of ``testbed evaluate``'s cache (:func:`testbed.aset.evaluate.task_key`: the scenario
+    key of ``testbed evaluate``'s cache (:func:`testbed.aset.jobs.task_key`: the scenario
     file's content, its profiles, zoo manifest and topology, the package's code, seed and
     policy), so records of another scenario, configuration or code are never reused (simulated
     again, into their own directory), and only once complete (``summary.json``, written last)."""
-    from testbed.aset.evaluate import task_key
+    from testbed.aset.jobs import task_key
     from testbed.plan.build import plan_experiment
     from testbed.results.runs import run_simulation
 

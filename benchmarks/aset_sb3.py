@@ -12,7 +12,7 @@ reward is that step's: SB3 has no delayed transitions), the sources as the sub-e
 one SB3 ``VecEnv`` over one shared simulator (:class:`SourcesVecEnv`: one network for every
 dispatcher, as ours; each row's observation ends with its source's identity one-hot). Then both
 greedy policies (SB3's and ``evaluation.checkpoint``) run on the evaluation seeds through
-:func:`testbed.aset.evaluate.aset_job`'s measure; prints mean success ratio and 95 % CI of each,
+:func:`testbed.aset.jobs.agent_job`'s measure; prints mean success ratio and 95 % CI of each,
 and of min_latency, on the same seeds. The checkpoint is checked against each scenario's
 observation before SB3 trains (a checkpoint of another observation size fails at once, naming
 both sizes, instead of after the training).
@@ -91,15 +91,15 @@ def run(cfg_path: str, scenarios: list[str], steps: int, seeds: int) -> int:
     from stable_baselines3 import DQN
 
     from testbed.aset.envs import AsetSimEnv
-    from testbed.aset.evaluate import aset_job, check_checkpoint, static_job
+    from testbed.aset.jobs import agent_job, static_job
     from testbed.core.util import ci95, repo_path
     from testbed.plan.build import plan_experiment
     from testbed.plan.policies import aset_actions, load_aset
+    from testbed.spec.experiment import AsetSpec
 
     cfg, base = load_aset(cfg_path)
     a = cfg.agent
-    ckpt = str(repo_path(cfg.evaluation.checkpoint, base))
-    check_checkpoint(Path(ckpt), [str(repo_path(sc, base)) for sc in scenarios])
+    agent = AsetSpec(checkpoint=str(repo_path(cfg.evaluation.checkpoint, base))).model_dump_json()
     for sc in scenarios:
         plan = plan_experiment(repo_path(sc, base))
         env = AsetSimEnv(plan, cfg.observation, plan.experiment.duration_s, policies=aset_actions(cfg),
@@ -122,7 +122,7 @@ def run(cfg_path: str, scenarios: list[str], steps: int, seeds: int) -> int:
                 act, _ = model.predict(obs, deterministic=True)
                 obs, _, _, done, _ = env_eval.step(act)
             sb3.append(env_eval.ep.success_ratio)
-            r = aset_job(str(repo_path(sc, base)), k, ckpt, None)
+            r = agent_job(str(repo_path(sc, base)), k, agent, None)
             ours.append(r["ok"] / r["n"])
             ok, nq = static_job(str(repo_path(sc, base)), k, ["min_latency"], None)["min_latency"]
             minlat.append(ok / nq)

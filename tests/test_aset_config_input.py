@@ -139,20 +139,19 @@ def _with_aset(plan, **aset):
 def _check_aset(plan) -> str:
     """The message of the ASET pre-check of ``testbed plan`` and of ``testbed run`` before
     bring-up (an InputError, exit code 2)."""
-    from testbed.agent.live import refuse_unfit_checkpoint
+    from testbed.agent.live import check_agents
     from testbed.core.errors import EXIT_INPUT, InputError
 
     with pytest.raises(InputError) as err:
-        refuse_unfit_checkpoint(plan)
+        check_agents(plan)
     assert err.value.exit_code == EXIT_INPUT
     return str(err.value)
 
 
 def test_the_shipped_live_experiment_passes_the_check(live_plan):
-    from testbed.agent.live import check_experiment_checkpoint, refuse_unfit_checkpoint
+    from testbed.agent.live import check_agents
 
-    check_experiment_checkpoint(live_plan)
-    refuse_unfit_checkpoint(live_plan)
+    assert check_agents(live_plan)["checkpoint"] == "models/aset/aset"
 
 
 @pytest.mark.parametrize(("aset", "given"), [({"window": "300ms"}, 300), ({"window": "1s"}, 1000)])
@@ -165,11 +164,11 @@ def test_a_window_other_than_the_checkpoint_s_fails_before_bring_up(live_plan, a
 def test_no_window_takes_the_checkpoints(live_plan):
     """aset.window defaulted to 100 ms, a window no shipped checkpoint has, so leaving it out
     failed the check; it now means the checkpoint's own."""
-    from testbed.agent.live import refuse_unfit_checkpoint
+    from testbed.agent.live import check_agents
 
     plan = _with_aset(live_plan, checkpoint="models/aset/aset")
     assert plan.experiment.aset.window_s is None
-    assert refuse_unfit_checkpoint(plan) is None
+    assert check_agents(plan)["window_s"] == 0.5
 
 
 def test_testbed_plan_refuses_a_checkpoint_that_testbed_run_would(tmp_path, capsys):
@@ -238,21 +237,21 @@ def _triangle_checkpoint(path: Path) -> Path:
 
 
 def test_a_checkpoint_of_another_topology_fails_before_bring_up_as_in_the_source(live_plan, tmp_path):
-    from testbed.agent.live import LivePolicySelector
+    from testbed.agent.live import SourceSelector as LivePolicySelector
     from testbed.plan.boundaries import SourceConfig
 
     _triangle_checkpoint(tmp_path / "tri")
     plan = _with_aset(live_plan, checkpoint=str(tmp_path / "tri"), window="500ms")
     msg = _check_aset(plan)
     assert "(source " in msg and "differ from the checkpoint's ['edgeb', 'edgec'" in msg
-    cfg = SourceConfig.from_plan(plan, "sea", 0, 1.0, tmp_path)
+    cfg = SourceConfig.from_plan(plan, "atl", 0, 1.0, tmp_path)  # the first source the pre-check checks
     with pytest.raises(ValueError) as err:
         LivePolicySelector(cfg)  # the same check in the source process, the same words
     assert str(err.value) in msg
 
 
 def test_the_selector_and_the_pre_check_share_the_window_rule(live_plan, tmp_path):
-    from testbed.agent.live import LivePolicySelector
+    from testbed.agent.live import SourceSelector as LivePolicySelector
     from testbed.plan.boundaries import SourceConfig
 
     plan = _with_aset(live_plan, checkpoint="models/aset/aset", window="1s")

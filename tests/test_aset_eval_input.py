@@ -1,9 +1,9 @@
-"""``testbed evaluate`` refuses bad input before any run, naming it (a reviewer's findings):
-two scenarios of one name or one file listed twice, results folders that cannot be written, a
-duration that expects no query or is not whole decision windows, a checkpoint cut short,
-``--headroom --specialised``; and a seed on which no query was created never divides by zero.
+"""``testbed evaluate`` refuses bad input before any run, naming it: two scenarios of one name or
+one file listed twice, results folders that cannot be written, a duration that expects no query or
+is not whole decision windows, a checkpoint cut short; and a seed on which no query was created
+never divides by zero.
 
-Every check here runs before the first job: :func:`testbed.aset.evaluate._parallel` is replaced by
+Every check here runs before the first job: :func:`testbed.aset.evaluate.run_jobs` is replaced by
 a function that fails the test if a job is started.
 """
 
@@ -19,7 +19,7 @@ import yaml
 from testbed.aset import evaluate as ev_mod
 from testbed.cli.main import main
 from testbed.core.errors import EXIT_BRINGUP, EXIT_INPUT, EXIT_NOTHING_MEASURED, InputError, RunFailure
-from testbed.spec.aset import load_aset_config
+from testbed.model.policies import CATALOGUE
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
@@ -40,13 +40,6 @@ def _scenario(tmp_path: Path, file: str = "triangle.yaml", **changes) -> Path:
     return path
 
 
-def _config(tmp_path: Path, scenarios: list[str], **evaluation):
-    """aset-tiny with these evaluation scenarios, results under ``tmp_path / "ev"``."""
-    cfg, base = load_aset_config(REPO / "experiments" / "aset-tiny.yaml")
-    upd = {"scenarios": scenarios, "out_dir": str(tmp_path / "ev"), "duration_s": 3.0, **evaluation}
-    return cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update=upd)}), base
-
-
 def _config_file(tmp_path: Path, scenarios: list[str], **evaluation) -> Path:
     """The same as a YAML file (absolute paths), for the command line."""
     d = yaml.safe_load((REPO / "experiments" / "aset-tiny.yaml").read_text())
@@ -62,41 +55,43 @@ def no_jobs(monkeypatch):
     """Fail the test if evaluate starts a job (the checks must come first)."""
     def refuse(*_a, **_k):
         raise AssertionError("a job was started before the input was checked")
-    monkeypatch.setattr(ev_mod, "_parallel", refuse)
+    monkeypatch.setattr(ev_mod, "run_jobs", refuse)
 
 
-def _headroom(cfg, base, **kw):
-    return ev_mod.evaluate(cfg, base, headroom_only=True, workers=1, progress=False, **kw)
+def _protocol(**kw) -> ev_mod.Protocol:
+    return ev_mod.Protocol(**{"tuning": [1, 2], "seeds": [3, 4], "actions": list(CATALOGUE), "duration_s": 3.0,
+                              **kw})
+
+
+def _headroom(tmp_path: Path, scenarios: list, **kw):
+    return ev_mod.evaluate([str(s) for s in scenarios], _protocol(**kw), tmp_path / "ev", workers=1, progress=False)
 
 
 # ----------------------------------------------------------------------------- 1. one name, one file
 def test_two_scenarios_of_one_name_are_refused_naming_both_files(tmp_path, no_jobs):
     a = _scenario(tmp_path)
     b = _scenario(tmp_path, "copy.yaml", rate_qps=6, deadline="80ms")  # also named 'triangle'
-    cfg, base = _config(tmp_path, [str(a), str(b)])
     with pytest.raises(InputError, match=rf"{a}.*{b}.*both named 'triangle'"):
-        _headroom(cfg, base)
+        _headroom(tmp_path, [a, b])
     assert not (tmp_path / "ev").exists()
 
 
 def test_one_file_listed_twice_is_refused_even_spelled_otherwise(tmp_path, no_jobs):
     a = _scenario(tmp_path)
-    cfg, base = _config(tmp_path, [str(a), str(tmp_path / "." / a.name)])
     with pytest.raises(InputError, match=rf"{a} is listed twice"):
-        _headroom(cfg, base)
+        _headroom(tmp_path, [a, tmp_path / "." / a.name])
     assert not (tmp_path / "ev").exists()
 
 
 # ----------------------------------------------------------------------------- 2. results folders
-@pytest.mark.parametrize("in_the_way", ["ev", "ev/aset-tiny", "ev/cache"])
+@pytest.mark.parametrize("in_the_way", ["ev", "ev/cache"])
 def test_a_file_in_the_way_of_the_results_is_refused_before_any_run(tmp_path, no_jobs, in_the_way):
     a = _scenario(tmp_path)
     blocker = tmp_path / in_the_way
     blocker.parent.mkdir(parents=True, exist_ok=True)
     blocker.write_text("not a folder")
-    cfg, base = _config(tmp_path, [str(a)])
-    with pytest.raises(RunFailure, match=rf"evaluation.out_dir .*{blocker} exists and is not a directory") as exc:
-        _headroom(cfg, base)
+    with pytest.raises(RunFailure, match=rf"results folder .*{blocker} exists and is not a directory") as exc:
+        _headroom(tmp_path, [a])
     assert exc.value.exit_code == EXIT_BRINGUP
     assert blocker.read_text() == "not a folder"  # nothing else written
     if in_the_way != "ev":
@@ -106,19 +101,16 @@ def test_a_file_in_the_way_of_the_results_is_refused_before_any_run(tmp_path, no
 def test_the_command_says_the_results_folder_is_a_file_without_a_traceback(tmp_path, capsys, no_jobs):
     (tmp_path / "ev").write_text("")
     path = _config_file(tmp_path, [str(_scenario(tmp_path))])
-    assert main(["evaluate", str(path), "--headroom"]) == EXIT_BRINGUP
+    assert main(["evaluate", str(path), "--headroom", "--out", str(tmp_path / "ev")]) == EXIT_BRINGUP
     out = capsys.readouterr().out
-    assert "error: evaluation.out_dir" in out and "Traceback" not in out
+    assert "error: results folder" in out and "Traceback" not in out
 
 
 # ----------------------------------------------------------------------------- 3. no query expected / met
 def test_a_duration_the_workload_expects_no_query_in_is_refused_naming_file_and_duration(tmp_path, no_jobs):
     low = _scenario(tmp_path, rate_qps=0.07)
-    cfg, base = _config(tmp_path, [str(low)])
     with pytest.raises(InputError, match=rf"{low} with --duration 0.5 s: the workload expects 0.07 queries"):
-        _headroom(cfg, base, duration_s=0.5)
-    with pytest.raises(InputError, match=rf"{low} with evaluation.duration 0.5 s"):
-        _headroom(*_config(tmp_path, [str(low)], duration_s=0.5))
+        _headroom(tmp_path, [low], duration_s=0.5)
 
 
 def test_best_mix_leaves_out_a_seed_without_query_and_says_when_every_seed_has_none(monkeypatch):
@@ -135,31 +127,38 @@ def test_best_mix_leaves_out_a_seed_without_query_and_says_when_every_seed_has_n
         headroom.best_mix(plan, [1, 2], ["closest", "cloud"], "closest")
 
 
-def test_a_scenario_without_any_query_on_the_tuning_seeds_stops_with_exit_5():
-    def run(fn, tasks):
-        assert fn is ev_mod.static_job, "the mix must not be chosen on no query"
-        return [{"closest": (0, 0), "cloud": (0, 0)} for _ in tasks]
+def _fake_runs(monkeypatch, static):
+    """evaluate's jobs replaced: ``static(seed) -> {policy: (ok, n)}``; the mix keeps 'cloud'."""
+    def run_jobs(fn, tasks, **_kw):
+        if fn is ev_mod.static_job:
+            return [{a: static(t[1]) [a] for a in t[2]} for t in tasks]
+        if fn is ev_mod.mix_job:
+            return [[["cloud", "cloud"], 1.0] for _ in tasks]
+        if fn is ev_mod.assignment_job:
+            return [list(static(t[1])["cloud"]) for t in tasks]
+        raise AssertionError(fn)
+    monkeypatch.setattr(ev_mod, "run_jobs", run_jobs)
 
-    with pytest.raises(RunFailure, match=r"low.yaml: no query was created on any of the tuning seeds 1..2 in 0.5 s") \
-            as exc:
-        ev_mod._statics_and_mix(["low.yaml"], {"low.yaml": "low"}, [1, 2], ["closest", "cloud"], 0.5, run, "tuning")
+
+def test_a_scenario_without_any_query_on_the_tuning_seeds_stops_with_exit_5(tmp_path, monkeypatch):
+    _fake_runs(monkeypatch, lambda k: {"closest": (0, 0), "cloud": (0, 0)})
+    with pytest.raises(RunFailure, match=r"triangle.yaml: no query was created on any tuning seed \(1,2\)") as exc:
+        ev_mod.evaluate([str(_scenario(tmp_path))], _protocol(actions=["closest", "cloud"], fresh=False),
+                        tmp_path / "ev", progress=False)
     assert exc.value.exit_code == EXIT_NOTHING_MEASURED
 
 
-def test_a_seed_without_query_counts_in_no_mean_and_no_seed_count():
-    """Seed 2 created no query (success ratio NaN): the best static is chosen on seed 1, and the
-    tables say 1 seed, not 2."""
-    def run(fn, tasks):
-        if fn is ev_mod.static_job:
-            return [{"closest": (1, 2), "cloud": (2, 2)} if k == 1 else {"closest": (0, 0), "cloud": (0, 0)}
-                    for _s, k, *_ in tasks]
-        return [(["cloud"], 1.0) for _ in tasks]
-
-    st, _ = ev_mod._statics_and_mix(["s.yaml"], {"s.yaml": "s"}, [1, 2], ["closest", "cloud"], 1.0, run, "tuning")
-    assert st["means"]["s.yaml"] == {"closest": 0.5, "cloud": 1.0}
-    (row,) = ev_mod.summarise(st["runs"], ["closest", "cloud"])
-    assert row["best_static"] == "cloud" and row["cloud"][0] == 1.0 and row["cloud"][2] == 1
-    assert math.isnan(row["cloud"][1])
+def test_a_seed_without_query_counts_in_no_mean_and_no_seed_count(tmp_path, monkeypatch):
+    """Seeds 2 and 4 created no query (success ratio NaN): the best static is chosen on seed 1, and
+    the tables say 1 evaluation seed, not 2."""
+    _fake_runs(monkeypatch, lambda k: {"closest": (1, 2), "cloud": (2, 2)} if k in (1, 3)
+               else {"closest": (0, 0), "cloud": (0, 0)})
+    res = ev_mod.evaluate([str(_scenario(tmp_path))], _protocol(actions=["closest", "cloud"], fresh=False),
+                          tmp_path / "ev", progress=False)
+    (row,) = res.rows
+    assert row["best_static"] == "cloud" and row["tuning_means"] == {"closest": 50.0, "cloud": 100.0}
+    assert row["rows"]["cloud"]["mean"] == 100.0 and row["rows"]["cloud"]["seeds"] == 1
+    assert math.isnan(row["rows"]["cloud"]["ci"]) and row["gains"]["mix"]["n"] == 1
 
 
 # ----------------------------------------------------------------------------- 4. a checkpoint cut short
@@ -171,8 +170,9 @@ def _export(path: Path) -> Path:
     size = observation_size(1, 2, 2, 4, 2)
     rng = np.random.default_rng(0)
     ws = [rng.normal(size=(size, 8)), np.zeros(8), rng.normal(size=(8, 2)), np.zeros(2)]
-    return export_policy(ws, path, obs_spec=ObservationSpec(), applications=["digits"], clusters=["edgeb", "edgec"],
-                         policies=["closest", "cloud"], sources=["srca", "srcc"])
+    export_policy(ws, path, obs_spec=ObservationSpec(), applications=["digits"], clusters=["edgeb", "edgec"],
+                  policies=["closest", "cloud"], sources=["srca", "srcc"])
+    return path.with_name(path.name + ".npz")
 
 
 def test_a_cut_npz_or_json_is_a_value_error_naming_the_file(tmp_path):
@@ -188,8 +188,8 @@ def test_a_cut_npz_or_json_is_a_value_error_naming_the_file(tmp_path):
     meta.write_text(meta.read_text()[:29])
     with pytest.raises(ValueError, match=rf"{meta} is unreadable or not JSON"):
         NumpyPolicy(tmp_path / "policy")
-    meta.write_text('{"format": "aset-policy-v3"}')
-    with pytest.raises(ValueError, match=rf"{meta}: no layers, policies, observation"):
+    meta.write_text('{"kind": "qnetwork", "version": 3}')
+    with pytest.raises(ValueError, match=rf"{meta}: no list of at least 2 policies"):
         NumpyPolicy(tmp_path / "policy")
 
 
@@ -201,23 +201,13 @@ def test_evaluate_and_the_bench_name_a_cut_checkpoint_without_a_traceback(tmp_pa
     path = _config_file(tmp_path, [str(_scenario(tmp_path))], checkpoint=str(tmp_path / "policy"))
     assert main(["evaluate", str(path)]) == EXIT_INPUT
     out = capsys.readouterr().out
-    assert f"error: ASET checkpoint file {npz} is not a readable numpy archive" in out and "Traceback" not in out
+    assert f"ASET checkpoint file {npz} is not a readable numpy archive" in out and "Traceback" not in out
     live = _scenario(tmp_path, "live.yaml", aset={"checkpoint": str(tmp_path / "policy"), "window": "500ms"})
     assert bench.main([str(tmp_path / "policy"), str(live), "10"]) == EXIT_INPUT
     assert str(npz) in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------- 5. --headroom --specialised
-def test_headroom_with_specialised_is_refused(tmp_path, capsys, no_jobs):
-    cfg, base = _config(tmp_path, [str(_scenario(tmp_path))])
-    with pytest.raises(InputError, match="--specialised with --headroom"):
-        _headroom(cfg, base, specialised=True)
-    path = _config_file(tmp_path, [str(_scenario(tmp_path))])
-    assert main(["evaluate", str(path), "--headroom", "--specialised"]) == EXIT_INPUT
-    assert not (tmp_path / "ev").exists()
-
-
-# ----------------------------------------------------------------------------- 6. --duration
+# ----------------------------------------------------------------------------- 5. --duration
 def test_duration_help_and_check_say_the_same_range(capsys):
     from testbed.cli.evaluate import DURATION_HELP, MAX_EPISODE_S
 
@@ -233,32 +223,18 @@ def test_duration_help_and_check_say_the_same_range(capsys):
                                                 (0.7, r"--duration 0.7 s is not a whole number of decision windows")])
 def test_a_duration_that_is_not_whole_decision_windows_is_refused_naming_both(tmp_path, no_jobs, duration, says):
     a = _scenario(tmp_path)
-    cfg, base = _config(tmp_path, [str(a)])
-    with pytest.raises(InputError, match=rf"{says} \(the report_interval of {a}: 500 ms\)"):
-        _headroom(cfg, base, duration_s=duration)
+    with pytest.raises(InputError, match=rf"{says} \(the report interval of {a}: 500 ms\)"):
+        _headroom(tmp_path, [a], duration_s=duration)
     assert not (tmp_path / "ev").exists()
 
 
-def test_aset_decision_window_is_checked_too(tmp_path):
-    from testbed.plan.build import plan_experiment
-
-    a = _scenario(tmp_path)
-    plans = {str(a): plan_experiment(a)}
-    ev_mod.check_durations(plans, 3.0, "--duration", {str(a): 1.0})
-    with pytest.raises(InputError, match=r"--duration 2.5 s is not a whole number .*observation.window.*1000 ms"):
-        ev_mod.check_durations(plans, 2.5, "--duration", {str(a): 1.0})
-
-
-def test_a_checkpoint_trained_with_another_observation_is_refused(tmp_path, no_jobs):
-    """evaluate runs the checkpoint's own observation: a config saying otherwise (another window,
-    history or scale) was evaluated silently as what it is not (a reviewer's find)."""
+def test_an_agent_s_decision_window_is_checked_too(tmp_path, no_jobs):
+    from testbed.agent.general import export_general
+    from testbed.aset.general import init_weights
     from testbed.spec.aset import ObservationSpec
 
-    _export(tmp_path / "policy")  # trained with ObservationSpec(): aset-tiny's observation
-    cfg, base = _config(tmp_path, [str(_scenario(tmp_path))], checkpoint=str(tmp_path / "policy"))
-    other = cfg.model_copy(update={"observation": ObservationSpec(history_windows=3, clip=4.0)})
-    with pytest.raises(InputError, match=r"was trained with another observation than the config's "
-                                         r"\(history_windows 4 there, 3 in the config; clip 5.0 there, 4.0"):
-        ev_mod.evaluate(other, base, workers=1, progress=False)
-    with pytest.raises(AssertionError, match="a job was started"):  # the same observation: on to the runs
-        ev_mod.evaluate(cfg, base, workers=1, progress=False)
+    export_general(init_weights([4], 1), tmp_path / "g1s", policies=["closest", "cloud"],
+                   obs_spec=ObservationSpec(window_ms=1000))
+    with pytest.raises(InputError, match=r"--duration 2.5 s is not a whole number .*g1s's window: 1000 ms"):
+        ev_mod.evaluate([str(_scenario(tmp_path))], _protocol(duration_s=2.5), tmp_path / "ev",
+                        agents={"g1s": str(tmp_path / "g1s")}, progress=False)

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import yaml
 
-from testbed.agent.features import INPUT_SIZE, LOCAL_FEATURES, POLICY_FEATURES, PolicyFeaturizer
-from testbed.agent.general import GeneralPolicy, config_feature_context, export_general, plan_feature_context
-from testbed.aset.general import GeneralRun, init_weights, run_general
+from testbed.agent.features import INPUT_SIZE, LOCAL_FEATURES, POLICY_FEATURES, FeatureContext
+from testbed.agent.general import GeneralPolicy, export_general
+from testbed.agent.live import SourceSelector, check_agents, source_configs, source_setup
+from testbed.aset.episode import Episode
+from testbed.aset.general import GeneralRun, init_weights
 from testbed.aset.generator import (
     HELD_OUT_PATTERNS,
     HELD_OUT_TOPOLOGIES,
@@ -22,8 +24,9 @@ from testbed.aset.generator import (
 from testbed.model.policies import CATALOGUE
 from testbed.plan.boundaries import SourceConfig
 from testbed.plan.build import build_plan, plan_experiment
+from testbed.sim.run import drive
 from testbed.spec.aset import ObservationSpec
-from testbed.spec.experiment import Experiment
+from testbed.spec.experiment import AsetSpec, Experiment
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = ObservationSpec()
@@ -39,6 +42,15 @@ def checkpoint(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("ckpt") / "general"
     export_general(init_weights([32, 32], 7), path, policies=POLICIES, obs_spec=SPEC)
     return path
+
+
+def _drive(plan, seed: int, checkpoint: Path, duration_s: float) -> tuple[Episode, dict[str, list[str]]]:
+    """Every source on the checkpoint through the one loop of simulate and evaluate."""
+    srcs = sorted(h.name for h in plan.sources)
+    ep = Episode(plan, seed, dict.fromkeys(srcs, "closest"), None, duration_s)
+    schedule = drive(ep.sim, plan, srcs, AsetSpec(checkpoint=str(checkpoint)), duration_s, on_resolved=ep.count)
+    ep.finish()
+    return ep, schedule
 
 
 def _with_sources(n: int) -> dict:
@@ -69,15 +81,15 @@ def test_generator_is_deterministic_and_its_scenarios_plan(tmp_path):
 
 def test_one_checkpoint_drives_2_4_and_7_sources_on_other_topologies(checkpoint):
     policy = GeneralPolicy(checkpoint)
-    assert policy.policies == POLICIES and policy.meta["policy_features"] == list(POLICY_FEATURES)
+    assert policy.policies == POLICIES and policy.meta["features"]["policy_features"] == list(POLICY_FEATURES)
     topologies = set()
     for n in (2, 4, 7):
         doc = _with_sources(n)
         topologies.add(doc["topology"]["source"])
         plan = plan_document(doc)
-        res = run_general(plan, 1, policy, duration_s=5)
-        assert res["n"] > 0 and sum(res["choices"].values()) == 10 * n
-        # the emulation's selector builds the same features from the source's config
+        ep, schedule = _drive(plan, 1, checkpoint, 5.0)
+        assert ep.queries > 0 and sum(len(x) for x in schedule.values()) == 10 * n
+        # the trainer's episodes and every engine's selector build the same features
         run = GeneralRun(plan, 2, POLICIES, SPEC, duration_s=5)
         srcs = sorted(h.name for h in plan.sources)
         states: list[list[dict]] = []
@@ -85,10 +97,10 @@ def test_one_checkpoint_drives_2_4_and_7_sources_on_other_topologies(checkpoint)
             run.observe()
             states.append([run.view.state(i, "least_loaded") for i in range(n)])
             run.step(["least_loaded"] * n)
-        for i, s in enumerate(srcs):
-            cfg = SourceConfig.from_plan(plan, s, 0, 5.0, Path("/tmp"))
-            live = PolicyFeaturizer(config_feature_context(cfg, POLICIES), SPEC)
-            sim = PolicyFeaturizer(plan_feature_context(plan, s, POLICIES), SPEC)
+        cfgs = source_configs(plan, srcs, AsetSpec(checkpoint=str(checkpoint)))
+        for i, cfg in enumerate(cfgs):
+            live = SourceSelector(cfg).driver.obj.featurizer
+            sim = GeneralRun(plan, 2, POLICIES, SPEC, duration_s=5).featurizers[i]
             for window in states:
                 (la, pa), (lb, pb) = live.observe(window[i]), sim.observe(window[i])
                 assert pa.shape == (len(POLICIES), len(POLICY_FEATURES)) and la.shape == (len(LOCAL_FEATURES),)
@@ -160,7 +172,7 @@ def test_general_checkpoint_refuses_other_features(checkpoint, tmp_path):
     for suffix in (".npz", ".json"):
         shutil.copy(f"{checkpoint}{suffix}", tmp_path / f"old{suffix}")
     meta = json.loads((tmp_path / "old.json").read_text())
-    meta["policy_features"] = meta["policy_features"][:-1]
+    meta["features"]["policy_features"] = meta["features"]["policy_features"][:-1]
     (tmp_path / "old.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="policy_features differ from this testbed's"):
         GeneralPolicy(tmp_path / "old")
@@ -169,9 +181,10 @@ def test_general_checkpoint_refuses_other_features(checkpoint, tmp_path):
 
 def test_feature_context_bounds():
     plan = plan_experiment(REPO / "experiments/scenario-failure.yaml")
-    ctx = plan_feature_context(plan, "atl", POLICIES)
+    setup = source_setup(source_configs(plan, ["atl"])[0])
+    ctx = FeatureContext("atl", setup.options, setup.applications, POLICIES)
     with pytest.raises(ValueError, match="policies, need 2"):
-        plan_feature_context(plan, "atl", ("closest",))
+        FeatureContext("atl", setup.options, setup.applications, ("closest",))
     assert len(ctx.clusters) == 4 and len(ctx.applications) == 3
 
 
@@ -216,35 +229,35 @@ def _renamed_app_experiment(tmp_path: Path) -> Path:
 
 
 def test_evaluate_refuses_an_application_name_mismatch_like_the_live_selector(tmp_path):
-    from testbed.agent.live import LivePolicySelector
-    from testbed.aset.general_eval import evaluate_experiments
+    from testbed.aset.evaluate import Protocol, evaluate
     from testbed.core.errors import InputError
 
     path = _renamed_app_experiment(tmp_path)
     want = r"applications \['handz'\] unknown to the checkpoint \(trained on \['classify', 'faces', 'hands'\]\)"
     with pytest.raises(InputError, match=want):
-        evaluate_experiments([str(path)], checkpoint=REPO / "models/aset/aset", seeds=10)
+        evaluate([str(path)], Protocol([1], [2], list(POLICIES)), tmp_path / "out",
+                 agents={"ASET": str(REPO / "models/aset/aset")}, progress=False)
+    assert not (tmp_path / "out").exists()
     plan = plan_experiment(path)
-    cfg = SourceConfig.from_plan(plan, "atl", 0, 5.0, tmp_path)
+    cfg = source_configs(plan, ["atl"], AsetSpec(checkpoint="models/aset/aset"))[0]
     with pytest.raises(ValueError, match=want):
-        LivePolicySelector(cfg)
+        SourceSelector(cfg)
 
 
 def test_policy_aset_without_a_checkpoint_drives_a_held_out_scenario_live():
     """The shipped general checkpoint is what ``policy: aset`` runs with no ``aset:`` section; the
     run's pre-check accepts it on a held-out scenario and the live selector picks a policy."""
-    from testbed.agent.live import LivePolicySelector, check_experiment_checkpoint
-
     doc = yaml.safe_load((REPO / "experiments/generated/held-out/gen-heldout-7.yaml").read_text())
     doc["policy"] = "aset"
     exp = Experiment.model_validate(doc)
     assert exp.aset.checkpoint == "models/aset/general"
     plan = build_plan(exp)
-    check_experiment_checkpoint(plan)
+    record = check_agents(plan)
+    assert record["kind"] == "general" and record["checkpoint"] == "models/aset/general"
     shipped = GeneralPolicy(REPO / "models/aset/general")
     assert shipped.policies == TRAINED and shipped.default_policy in TRAINED  # its own list, not the catalogue
     src = sorted(h.name for h in plan.sources)[0]
-    sel = LivePolicySelector(SourceConfig.from_plan(plan, src, 0, 5.0, Path("/tmp")))
+    sel = SourceSelector(SourceConfig.from_plan(plan, src, 0, 5.0, Path("/tmp")))
     state = {"arrivals": {a.name: 3 for a in exp.applications}, "policy": "closest", "resolved": [],
              "clusters": {c.name: {"queue_len": 1, "busy": 1, "workers": 1, "utilization": 0.5, "up": True}
                           for c in exp.clusters}}
@@ -254,7 +267,7 @@ def test_policy_aset_without_a_checkpoint_drives_a_held_out_scenario_live():
 def test_decision_rule_default_and_margin():
     """The default policy is the one of the highest mean target in the training data; the margin is
     the one whose picks gain most on the validation data (ties: the larger)."""
-    from testbed.aset.general_train import MARGINS, decision_rule
+    from testbed.aset.general import MARGINS, decision_rule
 
     rng = np.random.default_rng(0)
     ws = init_weights([8], 3)

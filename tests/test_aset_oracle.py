@@ -144,23 +144,36 @@ def test_causal_planner_switches_after_the_change_and_beats_both_statics(plan):
         causal_planner(plan, 1, ["closest", "cloud"], ACTIONS, samples=1)
 
 
-def test_summary_pairs_headroom_and_capture_on_the_oracle_seeds_only():
-    """With the oracle on seeds 1-2 of 4 (``evaluation.oracle_seeds``), the headroom is paired over
-    seeds 1-2 and the captured share uses ASET - best static on those same seeds."""
-    from testbed.aset.evaluate import summarise
+def _summary(per_seed: dict[str, list[float]], agents=("ASET",)) -> dict:
+    """The evaluation's summary of one scenario from per-seed success ratios (evaluation seeds 3-6)."""
+    from testbed.aset.evaluate import Protocol, _summary
 
-    def row(policy, seed, ok):
-        return {"scenario": "s", "kind": "tuning", "policy": policy, "seed": seed, "ok": ok, "n": 100,
-                "success_ratio": ok / 100}
+    class _Plan:
+        experiment = type("E", (), {"name": "s"})()
+        sources = [1]
 
-    runs = [row("closest", k, 80) for k in (1, 2, 3, 4)] + [row("cloud", k, 50) for k in (1, 2, 3, 4)]
-    runs += [row("mix", k, 80) for k in (1, 2, 3, 4)] + [row("oracle", 1, 90), row("oracle", 2, 88)]
-    runs += [row("aset", 1, 85), row("aset", 2, 84), row("aset", 3, 80), row("aset", 4, 80)]
-    (t,) = summarise(runs, ACTIONS)
+    p = Protocol(tuning=[1, 2], seeds=[3, 4, 5, 6], actions=ACTIONS, reference_seeds=2)
+    chosen = {"best": "closest", "fresh": None, "mix": ["closest"], "tuning_means": {"closest": 0.8, "cloud": 0.5}}
+    ps = {"best static": per_seed["closest"], **per_seed}
+    return _summary("s.yaml", _Plan(), p, chosen, ps, {a: {"closest": 1.0} for a in agents}, list(agents))
+
+
+def test_headroom_is_the_mix_s_or_the_planner_s_gain_never_the_oracle_s():
+    """Paired per seed; the oracle and the causal planner on the reference seeds only (NaN after):
+    their gains pair over those seeds; the headroom is the larger of the mix's and the planner's."""
+    nan = float("nan")
+    t = _summary({"closest": [0.80] * 4, "cloud": [0.5] * 4, "mix": [0.81, 0.82, 0.81, 0.82],
+                  "oracle": [0.90, 0.88, nan, nan], "causal planner": [0.86, 0.84, nan, nan],
+                  "ASET": [0.85, 0.84, 0.80, 0.80]})
     assert t["best_static"] == "closest"
-    assert t["headroom"][0] == pytest.approx(0.09) and t["oracle"][2] == 2
-    assert t["diff"][0] == pytest.approx(0.0225)  # over all 4 seeds
-    assert t["captured"] == pytest.approx(0.045 / 0.09)  # (5 + 4) / 2 pts over (10 + 8) / 2 pts
+    assert t["gains"]["oracle"]["mean"] == pytest.approx(9.0) and t["gains"]["oracle"]["n"] == 2
+    assert t["gains"]["causal planner"]["mean"] == pytest.approx(5.0) and t["rows"]["causal planner"]["seeds"] == 2
+    assert t["headroom"] == {"by": "causal planner", "points": pytest.approx(5.0)}
+    a = t["agents"]["ASET"]
+    assert a["vs_best"]["mean"] == pytest.approx(2.25) and a["vs_best"]["n"] == 4  # over all 4 seeds
+    assert a["vs_causal"]["mean"] == pytest.approx(-0.5) and a["vs_causal"]["n"] == 2  # the planner's seeds
+    assert a["vs_mix"]["mean"] == pytest.approx(0.75) and 0 < a["vs_mix"]["p"] < 1
+    assert "capture" not in str(t)
 
 
 def test_paired_gain_t():
@@ -175,39 +188,32 @@ def test_paired_gain_t():
     assert paired_gain_t(np.array([-1.0, -3.0])) == pytest.approx(-2.0)
 
 
-def _eval_config(scenario: Path, out: Path, causal: int):
-    from testbed.spec.aset import load_aset_config
+def _protocol(causal: int, **kw):
+    from testbed.aset.evaluate import Protocol
 
-    cfg, base = load_aset_config(REPO / "experiments" / "aset-tiny.yaml")
-    ev = cfg.evaluation.model_copy(update={"scenarios": [str(scenario)], "out_dir": str(out), "duration_s": 6.0,
-                                           "oracle_horizon": 2, "causal_samples": causal})
-    return cfg.model_copy(update={"evaluation": ev, "actions": ACTIONS}), base
+    return Protocol(**{"tuning": [1, 2], "seeds": [3, 4, 5, 6, 7], "actions": ACTIONS, "reference_seeds": 5,
+                       "causal_samples": causal, "horizon": 2, "duration_s": 6.0, "fresh": False, **kw})
 
 
-def test_evaluate_with_the_causal_planner_adds_its_rows_paired_on_the_oracle_seeds(switch_path, tmp_path):
-    """``testbed evaluate --causal K`` (evaluation.causal_samples): the planner runs over the mix on
-    the oracle's seeds, on the same queries, and beats the mix there (the scheduled change at 3 s);
-    it is not a static policy, and its schedules are saved."""
+def test_evaluate_with_the_causal_planner_adds_its_rows_paired_on_the_reference_seeds(switch_path, tmp_path):
+    """``testbed evaluate --oracle 5 --causal K``: the planner runs over the mix (chosen on the tuning
+    seeds) on the reference seeds, on the same queries, and beats the mix there (the scheduled
+    change at 3 s); the oracle is reported beside it, never as the headroom."""
     import json
 
-    from testbed.aset.evaluate import CAUSAL, evaluate
+    from testbed.aset.evaluate import CAUSAL, ORACLE, evaluate
 
-    cfg, base = _eval_config(switch_path, tmp_path, causal=4)
-    res = evaluate(cfg, base, headroom_only=True, workers=1, progress=False, agreement_check=False)
-    rows = {(r["policy"], r["seed"]): r for r in res.runs}
-    for k in (1, 2):
-        c = rows[CAUSAL, k]
-        assert c["n"] == rows["mix", k]["n"] == rows["closest", k]["n"]  # common random numbers
-        assert c["ok"] > rows["mix", k]["ok"] and 0 < c["deviations"] < 1
-    (t,) = res.table
-    assert t["best_static"] == "closest" and CAUSAL not in (t["best_static"], t["winner"])
-    assert t["causal_gain"][0] > 0 and 0 < t["causal_share"] <= 1.5
-    doc = json.loads((res.out_dir / "oracle.json").read_text())
-    saved = doc["causal"]["switch"]
-    assert set(saved) == {"tuning-1", "tuning-2"} and all(len(s[0]) == 1 for s in saved.values())
-    assert doc["causal_settings"] == {"samples": 4, "min_t": 1.64, "horizon_windows": 2}
-    md = (res.out_dir / "results.md").read_text()
-    assert "causal - mix (pts)" in md and "causal planner: 4 sampled futures per decision" in md
+    res = evaluate([str(switch_path)], _protocol(causal=4), tmp_path / "ev", workers=1, progress=False)
+    (t,) = res.rows
+    assert t["best_static"] == "closest" and t["rows"][CAUSAL]["seeds"] == t["rows"][ORACLE]["seeds"] == 5
+    assert t["gains"][CAUSAL]["mean"] > 0 and t["gains"][CAUSAL]["n"] == 5
+    assert t["headroom"]["by"] in ("mix", CAUSAL) and t["headroom"]["points"] >= t["gains"][CAUSAL]["mean"]
+    doc = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert doc["protocol"]["reference_seeds"] == [3, 4, 5, 6, 7] and not doc["protocol"]["full_strength"]
+    runs = (tmp_path / "ev" / "runs.csv").read_text()
+    assert "switch,tuning,closest,1," in runs and "switch,evaluation,causal planner,7," in runs
+    md = (tmp_path / "ev" / "results.md").read_text()
+    assert "FEWER than the protocol's 20" in md and "| causal planner" in md
 
 
 def test_evaluate_refuses_the_causal_planner_on_a_batching_cluster_before_any_run(tmp_path):
@@ -219,21 +225,22 @@ def test_evaluate_refuses_the_causal_planner_on_a_batching_cluster_before_any_ru
     d["topology"]["source"] = str(REPO / "topologies" / "triangle.yaml")
     scen = tmp_path / "batching.yaml"
     scen.write_text(yaml.safe_dump(d))
-    cfg, base = _eval_config(scen, tmp_path / "ev", causal=2)
     with pytest.raises(InputError, match=rf"{d['clusters'][0]['name']}.*batch"):
-        evaluate(cfg, base, headroom_only=True, workers=1, progress=False)
+        evaluate([str(scen)], _protocol(causal=2), tmp_path / "ev", workers=1, progress=False)
     assert not (tmp_path / "ev").exists()  # nothing ran, nothing written
 
 
-def test_one_sampled_future_with_a_t_rule_and_too_many_are_refused_before_any_run(switch_path, tmp_path):
-    """A breaker's review: at K = 1 the t rule passed any positive gain (no spread); K had no bound."""
+def test_one_sampled_future_with_a_t_rule_too_many_and_too_few_seeds_are_refused_before_any_run(switch_path, tmp_path):
+    """At K = 1 the t rule passed any positive gain (no spread); K has a bound; the references need
+    at least 5 seeds (their CIs)."""
     from testbed.aset.evaluate import evaluate
     from testbed.cli.main import main
     from testbed.core.errors import InputError
 
-    cfg, base = _eval_config(switch_path, tmp_path / "ev", causal=1)
     with pytest.raises(InputError, match="needs at least 2 sampled futures"):
-        evaluate(cfg, base, headroom_only=True, workers=1, progress=False)
+        evaluate([str(switch_path)], _protocol(causal=1), tmp_path / "ev", workers=1, progress=False)
+    with pytest.raises(InputError, match="at least 5 evaluation seeds"):
+        evaluate([str(switch_path)], _protocol(causal=2, reference_seeds=2), tmp_path / "ev", progress=False)
     assert not (tmp_path / "ev").exists()
     with pytest.raises(ValueError, match="needs samples >= 2"):
         causal_planner(plan_experiment(switch_path), 1, ["closest"], ACTIONS, samples=1, min_t=1.64)
@@ -242,18 +249,20 @@ def test_one_sampled_future_with_a_t_rule_and_too_many_are_refused_before_any_ru
     assert exc.value.code == 2
 
 
-def test_summary_of_the_causal_planner_pairs_it_with_the_mix_the_oracle_and_aset():
-    from testbed.aset.evaluate import summarise
+def test_claims_over_scenarios_are_holm_corrected():
+    """"Above the best static policy beyond the CI in k of n" is counted after Holm's correction over
+    the scenarios."""
+    from testbed.aset.evaluate import _claims
+    from testbed.core.util import holm
 
-    def row(policy, seed, ok):
-        return {"scenario": "s", "kind": "tuning", "policy": policy, "seed": seed, "ok": ok, "n": 100,
-                "success_ratio": ok / 100}
-
-    runs = [row(p, k, ok) for p, ok in (("closest", 80), ("cloud", 50), ("mix", 80)) for k in (1, 2, 3)]
-    runs += [row("oracle", 1, 90), row("oracle", 2, 88), row("causal", 1, 86), row("causal", 2, 84)]
-    runs += [row("aset", 1, 85), row("aset", 2, 84), row("aset", 3, 80)]
-    (t,) = summarise(runs, ACTIONS)
-    assert t["best_static"] == "closest" and t["causal"][2] == 2
-    assert t["causal_gain"][0] == pytest.approx(0.05)  # (6 + 4) / 2 pts over the mix
-    assert t["causal_share"] == pytest.approx(0.05 / 0.09)  # of the oracle's (10 + 8) / 2 pts over the mix
-    assert t["aset_vs_causal"][0] == pytest.approx(-0.005)  # (-1 + 0) / 2 pts, on the planner's seeds
+    assert holm([0.01, 0.02, 0.5]) == [True, True, False]
+    assert holm([0.01, 0.03, 0.5]) == [True, False, False]  # 0.03 > 0.05 / 2
+    assert holm([0.04, 0.04, 0.04]) == [False, False, False]
+    rows = [{"gains": {"ASET": {"mean": m, "ci": 1.0, "n": 20, "p": p}}} for m, p in ((2.0, 0.01), (1.0, 0.03),
+                                                                                          (-3.0, 0.001))]
+    c = _claims(rows, ["ASET"])["ASET"]
+    assert (c["above"], c["below"], c["scenarios"]) == (2, 1, 3) and c["worst_gain"] == -3.0
+    for r in rows:  # each beyond the CI alone (p 0.02 < 0.05), none after the correction over 3 (0.02 > 0.05 / 3)
+        r["gains"]["ASET"]["p"] = 0.02
+    c = _claims(rows, ["ASET"])["ASET"]
+    assert (c["above"], c["below"]) == (0, 0)

@@ -208,7 +208,7 @@ def test_train_command_exports_a_policy_that_acts_by_the_plan_rule_and_reuses_it
     out = capsys.readouterr().out
     assert "seed 1: 36 samples of 3 episodes" in out and "seed 2: " in out
     pol = NumpyPolicy(tmp_path / "models" / "ro")
-    assert pol.plan_margin == 0.02 and pol.meta["meta"]["method"] == "rollout" and pol.obs_size == 29
+    assert pol.plan_margin == 0.02 and pol.meta["provenance"]["method"] == "rollout" and pol.obs_size == 29
     cache = sorted((tmp_path / "runs" / "rollout-cache").glob("*.npz"))
     assert len(cache) == 6  # 3 episodes x 2 seeds
     z = np.load(cache[0])
@@ -243,7 +243,7 @@ def test_bad_rollout_settings_are_refused_naming_the_key(tmp_path, change, messa
 
 
 def test_a_rollout_config_needs_plans_and_is_not_trained_by_the_dqn(tmp_path):
-    from testbed.aset.train import train_seeds
+    from testbed.aset.dqn import train_seeds
 
     path = _config(tmp_path)
     d = yaml.safe_load(path.read_text())
@@ -264,7 +264,7 @@ def test_a_rollout_config_needs_plans_and_is_not_trained_by_the_dqn(tmp_path):
 
 @pytest.mark.parametrize(("method", "key", "value"), [
     ("rollout", "steps", 32000), ("rollout", "checkpoint_every", 8000), ("rollout", "rollout_workers", 2),
-    ("rollout", "specialise", {"steps": 6000}), ("dqn", "rollout", {"horizon_windows": 3}),
+    ("dqn", "rollout", {"horizon_windows": 3}),
 ])
 def test_a_training_key_of_the_other_method_is_refused_naming_it(tmp_path, method, key, value):
     path = _config(tmp_path)

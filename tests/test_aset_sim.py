@@ -63,35 +63,26 @@ def test_real_env_deterministic_per_seed_and_counts_every_query(plan):
     assert int(round(float(newest.sum()) * scale)) == n
 
 
-def test_ci95_and_verdicts_exact():
-    from testbed.aset.evaluate import summarise
-    from testbed.core.util import ci95
+def test_ci95_and_the_paired_test_exact():
+    from scipy import stats
+
+    from testbed.core.util import ci95, paired_test
 
     m, h = ci95([1.0, 2.0, 3.0])
     assert m == 2.0 and h == pytest.approx(4.302652729911275 / np.sqrt(3), rel=1e-9)
-    table = {"closest": [0.90, 0.92, 0.94], "cloud": [0.80, 0.80, 0.80], "mix": [0.91, 0.93, 0.95],
-             "oracle": [0.97, 0.98, 0.99], "aset": [0.95, 0.96, 0.99]}
-    runs = [{"scenario": "s", "kind": "tuning", "policy": p, "seed": k, "success_ratio": v}
-            for p, vals in table.items() for k, v in enumerate(vals, 1)]
-    (row,) = summarise(runs, ["closest", "cloud"])
-    assert row["best_static"] == "closest" and row["kind"] == "tuning"
-    assert row["diff"][0] == pytest.approx(0.0466666667)
-    assert row["headroom"][0] == pytest.approx(0.06) and row["captured"] == pytest.approx(0.0466666667 / 0.06)
-    assert row["within_1pt"] and row["above_beyond_ci"]  # paired diffs 0.05, 0.04, 0.05 (and 0.04, 0.03, 0.04)
-    runs[-1]["success_ratio"] = 0.90  # paired diffs 0.05, 0.04, -0.04: CI crosses 0
-    (row,) = summarise(runs, ["closest", "cloud"])
-    assert row["within_1pt"] and not row["above_beyond_ci"]
-    # fresh seeds keep the best static policy chosen on the tuning seeds, even if another wins there
-    runs += [{"scenario": "s", "kind": "fresh", "policy": p, "seed": 100 + k, "success_ratio": v}
-             for p, vals in {"closest": [0.5, 0.5], "cloud": [0.6, 0.7]}.items() for k, v in enumerate(vals)]
-    tuning, fresh = summarise(runs, ["closest", "cloud"])
-    assert fresh["best_static"] == "closest" and fresh["winner"] == "cloud"
+    a, b = [95.0, 96.0, 99.0], [90.0, 92.0, 94.0]
+    g = paired_test(a, b)
+    assert g["mean"] == pytest.approx(14 / 3) and g["n"] == 3
+    assert g["ci"] == pytest.approx(ci95([5.0, 4.0, 5.0])[1]) and g["p"] == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    assert paired_test([1.0, float("nan"), 3.0], [0.0, 1.0, 2.0])["n"] == 2  # a seed without queries: no pair
+    assert paired_test([1.0, 2.0], [1.0, 2.0])["p"] == 1.0
 
 
 def test_train_then_evaluate_end_to_end_on_triangle(tmp_path):
-    """aset-tiny (150 steps) on the real simulator, then evaluate: 2 seeds x (7 static + ASET)."""
-    from testbed.aset.evaluate import evaluate
-    from testbed.aset.train import train
+    """aset-tiny (150 steps) on the real simulator, then evaluate: every static, the mix, the
+    oracle and ASET on the evaluation seeds, chosen on the tuning seeds."""
+    from testbed.aset.dqn import train
+    from testbed.aset.evaluate import ORACLE, Protocol, evaluate
     from testbed.spec.aset import load_aset_config
 
     cfg, base = load_aset_config(REPO / "experiments" / "aset-tiny.yaml")
@@ -100,80 +91,25 @@ def test_train_then_evaluate_end_to_end_on_triangle(tmp_path):
     assert res.policy_path.with_suffix(".npz").is_file() and len(res.episodes) == 15
     assert {e["scenario"] for e in res.episodes} == {"triangle"}
     assert (res.out_dir / "checkpoints" / "ckpt-150.index").is_file()
-    ev = cfg.evaluation.model_copy(update={"checkpoint": str(res.policy_path), "out_dir": str(tmp_path / "ev"),
-                                           "duration_s": 3.0})
-    out = evaluate(cfg.model_copy(update={"evaluation": ev}), base, seeds=2, workers=1, progress=False)
-    acts = aset_actions(cfg)  # the config's actions: the 7 the shipped checkpoints have, not the whole catalogue
-    assert acts == tuple(CATALOGUE)[:7] and len(CATALOGUE) > 7
-    assert len(out.runs) == 2 * (len(acts) + 3)  # every static, the mix, the oracle, ASET
-    assert {r["policy"] for r in out.runs} == {*acts, "mix", "oracle", "aset"}
-    (row,) = out.table
-    assert row["scenario"] == "triangle" and row["aset"][2] == 2
-    for f in ("runs.csv", "results.csv", "results.md", "results.png", "oracle.json", "agreement.md"):
-        assert (out.out_dir / f).is_file()
-    # same seed -> same arrivals for every schedule (common random numbers)
-    assert len({r["n"] for r in out.runs if r["seed"] == 1}) == 1
+    acts = aset_actions(cfg)  # the config's actions: every built-in policy
+    assert acts == tuple(CATALOGUE) and len(CATALOGUE) == 9
+    p = Protocol(tuning=[1, 2], seeds=[3, 4, 5, 6, 7], actions=list(acts), reference_seeds=5, duration_s=3.0,
+                 fresh=False)
+    out = evaluate([str(TRIANGLE)], p, tmp_path / "ev", agents={"ASET": str(res.policy_path)}, workers=1,
+                   progress=False)
+    (row,) = out.rows
+    assert row["scenario"] == "triangle" and row["rows"]["ASET"]["seeds"] == 5
+    assert set(row["rows"]) == {*acts, "best static", "mix", ORACLE, "ASET"}
+    assert abs(sum(row["agents"]["ASET"]["shares"].values()) - 1) < 1e-9
+    for f in ("runs.csv", "results.json", "results.md", "choices.json"):
+        assert (out.out / f).is_file()
     # the oracle is never below the best static policy nor the mix, seed by seed
-    for k in (1, 2):
-        by = {r["policy"]: r["success_ratio"] for r in out.runs if r["seed"] == k}
-        assert by["oracle"] >= by["mix"] - 1e-12 and by["oracle"] >= by[row["best_static"]] - 1e-12
-
-
-def test_specialise_starts_from_the_general_network_and_evaluates_per_scenario(tmp_path):
-    """aset-tiny: the general run (1 seed, 100 steps), then --specialise (50 steps on the triangle
-    from its last checkpoint), then evaluate --specialised: ASET's rows use the specialised file."""
-    import json
-
-    from testbed.agent.npolicy import NumpyPolicy
-    from testbed.aset.evaluate import evaluate
-    from testbed.aset.train import last_checkpoint, specialise, specialised_path, train_seeds
-    from testbed.spec.aset import load_aset_config
-
-    cfg, base = load_aset_config(REPO / "experiments" / "aset-tiny.yaml")
-    export = tmp_path / "aset"
-    tr = cfg.training.model_copy(update={"out_dir": str(tmp_path), "seeds": [1], "export_to": str(export)})
-    cfg = cfg.model_copy(update={"training": tr})
-    with pytest.raises(FileNotFoundError, match="no training checkpoint"):
-        specialise(cfg, base)
-    train_seeds(cfg, base, steps=100)
-    assert last_checkpoint(tmp_path / "aset-tiny" / "seed-1").name == "ckpt-100"
-    (res,) = specialise(cfg, base, steps=50)
-    spec = specialised_path(export, "triangle")
-    assert spec.name == "aset-triangle" and spec.with_suffix(".npz").is_file()
-    assert len(res.episodes) == 5 and res.out_dir == tmp_path / "aset-tiny" / "specialised" / "triangle"
-    # it started from the general network (epsilon from training.specialise, not from 1.0) and moved on
-    assert res.episodes[0]["epsilon"] <= cfg.training.specialise.epsilon_start
-    general, special = NumpyPolicy(export), NumpyPolicy(spec)
-    assert json.loads(spec.with_suffix(".json").read_text())["meta"]["steps"] == 50
-    assert any(not np.array_equal(a[0], b[0]) for a, b in zip(general.layers, special.layers, strict=True))
-    ev = cfg.evaluation.model_copy(update={"checkpoint": str(export), "out_dir": str(tmp_path / "ev"),
-                                           "duration_s": 3.0})
-    ecfg = cfg.model_copy(update={"evaluation": ev})
-    out = evaluate(ecfg, base, seeds=2, workers=1, progress=False, specialised=True, agreement_check=False)
-    assert out.out_dir.name == "aset-tiny-specialised" and out.table[0]["aset"][2] == 2
-    spec.with_suffix(".npz").unlink()
-    with pytest.raises(FileNotFoundError, match="testbed train --specialise"):
-        evaluate(ecfg, base, seeds=2, workers=1, progress=False, specialised=True)
-
-
-def test_specialise_from_the_command_line_without_jobs(tmp_path):
-    """``testbed train CONFIG --specialise`` with ``--jobs`` left out (it used to crash on
-    ``max(1, None)``): one worker, exit 0, the specialised file exported."""
-    import yaml
-
-    from testbed.aset.train import specialised_path
-    from testbed.cli.main import main
-
-    d = yaml.safe_load((REPO / "experiments" / "aset-tiny.yaml").read_text())
-    d["training"].update({"scenarios": [str(TRIANGLE)], "seeds": [1], "steps": 100, "out_dir": str(tmp_path / "runs"),
-                          "export_to": str(tmp_path / "aset")})
-    d["evaluation"].update({"scenarios": [str(TRIANGLE)], "checkpoint": str(tmp_path / "aset"),
-                            "out_dir": str(tmp_path / "ev")})
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(d))
-    assert main(["train", str(path)]) == 0
-    assert main(["train", str(path), "--specialise", "--steps", "50"]) == 0
-    assert specialised_path(tmp_path / "aset", "triangle").with_suffix(".npz").is_file()
+    by = {}
+    for r in out.runs:
+        if r["seeds"] == "evaluation":
+            by.setdefault(r["seed"], {})[r["row"]] = r["success_ratio"]
+    for k in p.seeds:
+        assert by[k][ORACLE] >= by[k]["mix"] - 1e-12 and by[k][ORACLE] >= by[k]["best static"] - 1e-12
 
 
 def test_a_mix_baseline_gives_zero_reward_to_the_agent_that_plays_the_mix():
@@ -198,7 +134,7 @@ def test_a_mix_baseline_gives_zero_reward_to_the_agent_that_plays_the_mix():
 
 
 def test_a_mix_baseline_that_does_not_fit_is_refused_naming_it(plan):
-    from testbed.aset.train import check_reward_baselines
+    from testbed.aset.scenarios import check_reward_baselines
     from testbed.plan.policies import check_aset_policies
     from testbed.spec.aset import AsetConfig, RewardSpec
     from testbed.spec.experiment import ConfigError
@@ -225,7 +161,7 @@ def test_the_evaluation_cache_key_follows_the_profiles_and_the_code(tmp_path, mo
     simulation does not read does not."""
     import shutil
 
-    from testbed.aset import evaluate as ev
+    from testbed.aset import jobs as ev
 
     prof, zoo = tmp_path / "profiles", tmp_path / "zoo"
     prof.mkdir()
@@ -263,24 +199,26 @@ def test_the_evaluation_cache_key_follows_the_profiles_and_the_code(tmp_path, mo
 
 
 def test_the_evaluation_cache_key_covers_the_checkpoints_json_and_dotted_names(tmp_path):
-    """The decision rule (plan_margin), the plans and the observation spec live in the policy's
-    JSON: a changed JSON with the same weights is another policy, so another key. A checkpoint
+    """The decision rule (plan_margin), the plans and the observation spec live in the checkpoint's
+    JSON: a changed JSON with the same weights is another agent, so another key. A checkpoint
     named with a dot (aset-v1.2) is the pair aset-v1.2.npz / .json, not aset-v1.npz."""
     import json
 
     import numpy as np
 
-    from testbed.agent.npolicy import policy_files
-    from testbed.aset import evaluate as ev
+    from testbed.agent.checkpoint import checkpoint_files
+    from testbed.aset import jobs as ev
+    from testbed.spec.experiment import AsetSpec
 
-    assert policy_files(tmp_path / "aset-v1.2") == (tmp_path / "aset-v1.2.npz", tmp_path / "aset-v1.2.json")
-    assert policy_files(tmp_path / "aset-v1.2.json") == policy_files(tmp_path / "aset-v1.2.npz")
-    npz, meta = policy_files(tmp_path / "aset-v1.2")
+    assert checkpoint_files(tmp_path / "aset-v1.2") == (tmp_path / "aset-v1.2.npz", tmp_path / "aset-v1.2.json")
+    assert checkpoint_files(tmp_path / "aset-v1.2.json") == checkpoint_files(tmp_path / "aset-v1.2.npz")
+    npz, meta = checkpoint_files(tmp_path / "aset-v1.2")
     np.savez(npz, w0=np.zeros((2, 2)), w1=np.zeros(2))
     meta.write_text(json.dumps({"plan_margin": 0.02}))
+    agent = AsetSpec(checkpoint=str(tmp_path / "aset-v1.2")).model_dump_json()
 
     def key() -> str:
-        return ev.task_key(ev.aset_job, (str(TRIANGLE), 1, str(tmp_path / "aset-v1.2"), None))
+        return ev.task_key(ev.agent_job, (str(TRIANGLE), 1, agent, None))
 
     k0 = key()
     assert key() == k0

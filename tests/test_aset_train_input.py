@@ -53,9 +53,7 @@ def _error(capsys) -> str:
 
 
 # ------------------------------------------------------------------ 1: a new run, an emptied folder
-def test_a_new_run_of_a_seed_starts_from_an_emptied_folder_so_specialise_takes_its_checkpoint(tmp_path):
-    from testbed.aset.train import last_checkpoint
-
+def test_a_new_run_of_a_seed_starts_from_an_emptied_folder(tmp_path):
     cfg = _config(tmp_path, steps=100)
     seed = tmp_path / "runs" / "aset-tiny" / "seed-1"
     (seed / "checkpoints").mkdir(parents=True)
@@ -64,7 +62,7 @@ def test_a_new_run_of_a_seed_starts_from_an_emptied_folder_so_specialise_takes_i
                 "policy.npz", "notes.txt"):
         (seed / old).write_text("an earlier run's")
     assert main(["train", str(cfg)]) == 0
-    assert last_checkpoint(seed).name == "ckpt-100"  # the earlier run's ckpt-300 would win on its number
+    assert sorted(p.name for p in (seed / "checkpoints").glob("*.index")) == ["ckpt-100.index"]
     assert not (seed / "checkpoints" / "ckpt-300.index").exists() and not (seed / "tb" / "events.out.old").exists()
     assert (seed / "policy.npz").read_bytes() != b"an earlier run's"
     assert (seed / "notes.txt").read_text() == "an earlier run's"  # not training's: kept
@@ -168,7 +166,7 @@ def test_the_lowest_load_scale_is_checked_over_the_scenarios_own_duration_too(tm
 
 # ------------------------------------------------------------------ 6: no seed
 def test_an_empty_seed_list_is_refused(tmp_path, capsys):
-    from testbed.aset.train import train_seeds
+    from testbed.aset.dqn import train_seeds
     from testbed.spec.aset import load_aset_config
     from testbed.spec.experiment import ConfigError
 

@@ -62,6 +62,7 @@ EXEMPT = [r"experiment\.workload\..*", r"streams\..*",  # drawn in emulated time
           r"experiment\.simulation\..*",  # the simulator's, unused by the emulation
           r"experiment\.events\..*",  # the emulation runs plan.changes, dilated
           r"experiment\.(topology|cloud)\..*",  # planning inputs: the emulation runs plan.links and plan.hosts
+          r"selector_context\..*",  # what the selector observes, in emulated time (the features' own clock)
           r"start_ns",  # an instant: the load's start, where the two clocks meet
           r"clock"]
 #: A leaf whose name says it is a time or a rate must be classified above.
@@ -310,7 +311,7 @@ def test_aset_under_dilation_is_checked_on_the_sources_plan_and_simulated_in_emu
     wall-clock plan, as the sources get it (it used to refuse the emulated one: "the plan has time
     dilation 2 but is in emulated time"), and testbed simulate drives the checkpoint on the
     emulated clock."""
-    from testbed.agent.live import refuse_unfit_checkpoint
+    from testbed.agent.live import check_agents
     from testbed.sim.run import simulate
 
     repo = Path(__file__).resolve().parent.parent
@@ -320,9 +321,9 @@ def test_aset_under_dilation_is_checked_on_the_sources_plan_and_simulated_in_emu
     data.setdefault("emulation", {})["time_dilation"] = 2
     plan = build_plan(Experiment.model_validate(data), base_dir=path.parent)
     assert plan.time_dilation == 2.0 and plan.clock == "emulated"
-    assert refuse_unfit_checkpoint(plan) is None  # no selector of one's own: nothing to record, no error
+    assert check_agents(plan)["kind"] == "general"  # the wall-clock plan's source configs fit the checkpoint
     out = simulate(plan, duration_s=2.0)
-    assert out.selector["kind"] == "checkpoint"
+    assert out.selector["kind"] == "general"
     assert all(sum(c.values()) == 4 for c in out.selector["choices"].values())  # 2 s of 500 ms windows
 
 
@@ -330,14 +331,13 @@ def test_the_general_agent_sees_a_dilated_source_in_emulated_time(tmp_path):
     """Under time dilation a source's config is on the wall clock (RTTs, service times and
     deadlines x k); the general agent's features divide them by k, so a dilated source scores its
     policies on the same figures as the undilated plan (and as the simulator)."""
-    from testbed.agent.general import config_feature_context, plan_feature_context
+    from testbed.agent.live import source_setup
     from testbed.plan.dilation import dilate, with_time_dilation
 
     plan = with_time_dilation(build_plan(load_experiment(TRIANGLE), base_dir=TRIANGLE.parent), 4.0)
-    pols = ("closest", "min_latency")
     for s in ("srca", "srcc"):
-        wall = config_feature_context(SourceConfig.from_plan(dilate(plan), s, 0, 10.0, tmp_path), pols)
-        emulated = plan_feature_context(plan, s, pols)
+        wall = source_setup(SourceConfig.from_plan(dilate(plan), s, 0, 10.0, tmp_path))
+        emulated = source_setup(SourceConfig.from_plan(with_time_dilation(plan, 1.0), s, 0, 10.0, tmp_path))
         assert [(o.cluster, o.model) for o in wall.options] == [(o.cluster, o.model) for o in emulated.options]
         for w, e in zip(wall.options, emulated.options, strict=True):
             assert w.rtt_ms == pytest.approx(e.rtt_ms) and w.service_ms == pytest.approx(e.service_ms)

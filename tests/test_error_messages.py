@@ -18,7 +18,7 @@ TRIANGLE = REPO / "experiments" / "triangle.yaml"
 
 
 def test_a_plan_error_names_the_experiment_file(tmp_path):
-    from testbed.aset.train import scenario_sampler
+    from testbed.aset.scenarios import scenario_sampler
     from testbed.plan.build import PlanError, plan_experiment
     from testbed.spec.aset import RandomiseSpec
 

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from testbed.agent.live import SelectorLive, refuse_unfit_checkpoint
+from testbed.agent.live import SourceSelector, check_agents
 from testbed.agent.selector import SelectorError, SelectorFailed, source_context
 from testbed.cli.main import main as cli_main
 from testbed.core.errors import EXIT_COMPONENT_DIED, EXIT_INPUT
@@ -125,7 +125,7 @@ def test_a_window_of_two_report_intervals_decides_every_second():
 def test_a_bad_selector_is_a_plan_error_naming_it(selector, says, tmp_path, capsys):
     plan = _plan(selector)
     with pytest.raises(SelectorError) as err:
-        refuse_unfit_checkpoint(plan)  # the pre-check of testbed plan and testbed run
+        check_agents(plan)  # the pre-check of testbed plan and testbed run
     assert selector["use"] in str(err.value) and says in str(err.value)
     with pytest.raises(SelectorError):
         simulate(plan)
@@ -157,14 +157,14 @@ def test_a_selector_window_off_the_report_interval_is_refused():
     plan = _plan({"use": "selector_fixtures:by_index"},
                  aset={"selector": {"use": "selector_fixtures:by_index"}, "window": "750ms"})
     with pytest.raises(SelectorError, match=r"aset.window 750 ms: .* whole number .* \(500 ms\)"):
-        refuse_unfit_checkpoint(plan)
+        check_agents(plan)
 
 
 # -- run-time failure -------------------------------------------------------------------------------
 
 def test_a_selector_raising_mid_run_stops_the_simulation_naming_it(tmp_path, capsys):
     plan = _plan({"use": "selector_fixtures:FailsAt", "params": {"at": 3}})
-    refuse_unfit_checkpoint(plan)  # its first call passes
+    check_agents(plan)  # its first call passes
     with pytest.raises(SelectorFailed) as err:
         simulate(plan)
     msg = str(err.value)
@@ -182,12 +182,12 @@ def test_a_selector_raising_mid_run_stops_the_simulation_naming_it(tmp_path, cap
 
 
 def test_the_emulation_selector_uses_the_same_driver_and_raises_the_same(tmp_path):
-    """The source process's selector (SelectorLive, built from the JSON config testbed.emu.run writes)
+    """The source process's selector (SourceSelector, built from the JSON config testbed.emu.run writes)
     decides as the simulator's and raises SelectorFailed the same way."""
     plan = _plan({"use": "selector_fixtures:FailsAt", "params": {"at": 2}})
     cfg = SourceConfig.model_validate_json(SourceConfig.from_plan(plan, "srca", 0, 6.0, tmp_path).model_dump_json())
     cfg = cfg.model_copy(update={"records": ""})
-    sel = SelectorLive(cfg)
+    sel = SourceSelector(cfg)
     state = {"arrivals": {}, "clusters": {}, "path_util": {}, "resolved": [], "policy": "closest"}
     assert sel.choose(state) == "closest" and sel.choose(state) == "closest"
     with pytest.raises(SelectorFailed, match="FailsAt .source srca, window 2.: raised ZeroDivisionError"):
@@ -233,18 +233,18 @@ def test_sb3_model_of_other_spaces_is_a_plan_error(tmp_path):
                                                     "(pip install -e '.[peer]')")
     model = _sb3_model(tmp_path, TRIANGLE)
     with pytest.raises(SelectorError, match=rf"its action space has {len(CATALOGUE)} actions, the policy list 2"):
-        refuse_unfit_checkpoint(_plan({"sb3": str(model), "policies": ["closest", "cloud"]}))
+        check_agents(_plan({"sb3": str(model), "policies": ["closest", "cloud"]}))
     other = REPO / "experiments" / "scenario-capacity.yaml"
     data = yaml.safe_load(other.read_text())
     data.update(policy="aset", aset={"selector": {"sb3": str(model)}})
     plan = build_plan(Experiment.model_validate(data), base_dir=other.parent)
     with pytest.raises(SelectorError, match=r"takes observations of shape \(\d+,\), this experiment's are"):
-        refuse_unfit_checkpoint(plan)
+        check_agents(plan)
     with pytest.raises(SelectorError, match="no such file"):
-        refuse_unfit_checkpoint(_plan({"sb3": str(tmp_path / "missing.zip")}))
+        check_agents(_plan({"sb3": str(tmp_path / "missing.zip")}))
     (tmp_path / "cut.zip").write_bytes(model.read_bytes()[:200])
     with pytest.raises(SelectorError, match=r"DQN.load\(.*cut.zip\) failed"):
-        refuse_unfit_checkpoint(_plan({"sb3": str(tmp_path / "cut.zip")}))
+        check_agents(_plan({"sb3": str(tmp_path / "cut.zip")}))
 
 
 # -- the emulation ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from testbed.core.errors import InputError
 from testbed.model.records import RECORD_FIELDS
 from testbed.plan.build import PlanError, build_plan, plan_experiment
 from testbed.plan.catalog import FixedCatalog
@@ -290,7 +291,7 @@ def test_cli_simulate_and_sweep(tmp_path):
 
 def test_simulate_runs_policy_aset_on_its_checkpoint_and_refuses_a_missing_one(tmp_path):
     """A source on policy aset is driven in the simulator by its checkpoint, through the
-    emulation's own selector (testbed.agent.live.LivePolicySelector): by default the general agent,
+    emulation's own selector (testbed.agent.live.SourceSelector): by default the general agent,
     on a held-out scenario no file was edited for. A checkpoint that does not exist is refused
     before anything is written, naming it; --policy still simulates a static policy."""
     import json
@@ -300,7 +301,7 @@ def test_simulate_runs_policy_aset_on_its_checkpoint_and_refuses_a_missing_one(t
     exp = tmp_path / "live.yaml"
     exp.write_text((REPO / "experiments/triangle.yaml").read_text().replace(
         "policy: closest", "policy: aset\naset: {checkpoint: models/aset/nope, window: 500ms}"))
-    with pytest.raises(SimError, match=r"source srca on aset: .*models/aset/nope"):
+    with pytest.raises(InputError, match=r"models/aset/nope.npz is missing"):
         run_simulation(plan_experiment(exp), runs_dir=tmp_path / "runs", duration_s=2)
     assert not (tmp_path / "runs").exists()
     assert main(["simulate", str(exp), "--duration", "2s", "--runs-dir", str(tmp_path / "runs")]) == 2
@@ -313,7 +314,7 @@ def test_simulate_runs_policy_aset_on_its_checkpoint_and_refuses_a_missing_one(t
     plan = plan_experiment(tmp_path / "held.yaml")
     run_dir, _ = run_simulation(plan, runs_dir=tmp_path / "held", duration_s=6, quiet=True)
     rec = json.loads((run_dir / "run.json").read_text())["selector"]
-    assert rec["kind"] == "checkpoint" and rec["checkpoint"] == "models/aset/general"
+    assert rec["kind"] == "general" and rec["checkpoint"] == "models/aset/general" and len(rec["sha256"]) == 2
     assert rec["sources"] == sorted(s.name for s in plan.sources) and rec["window_s"] == 0.5
     assert all(sum(c.values()) == 12 for c in rec["choices"].values())  # 6 s of 500 ms windows
     records = pd.concat([pd.read_csv(f) for f in (run_dir / "sources").glob("*.records.csv")])

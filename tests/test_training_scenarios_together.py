@@ -24,7 +24,7 @@ def _aset_cfg(tmp_path: Path, scenarios: list[Path], **reward):
 
 
 def test_training_scenarios_of_another_shape_are_refused_before_anything_is_written(tmp_path):
-    from testbed.aset.train import train_seeds
+    from testbed.aset.dqn import train_seeds
 
     a = scenario(tmp_path / "exp", "a")
     b = scenario(tmp_path / "exp", "b", name="tri3", extra_source=True)
@@ -38,7 +38,7 @@ def test_training_scenarios_of_another_shape_are_refused_before_anything_is_writ
 
 
 def test_two_training_scenarios_of_one_name_are_refused_naming_both_files(tmp_path):
-    from testbed.aset.train import train_seeds
+    from testbed.aset.dqn import train_seeds
 
     a = scenario(tmp_path / "exp", "a")
     a2 = scenario(tmp_path / "exp", "a2", **{"rate_qps: 4": "rate_qps: 6"})
@@ -51,7 +51,7 @@ def test_two_training_scenarios_of_one_name_are_refused_naming_both_files(tmp_pa
 
 
 def test_a_mix_that_does_not_fit_names_the_scenario_file_it_does_not_fit():
-    from testbed.aset.train import check_reward_baselines
+    from testbed.aset.scenarios import check_reward_baselines
     from testbed.plan.build import plan_experiment
     from testbed.spec.aset import RewardSpec
 

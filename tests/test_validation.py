@@ -744,8 +744,8 @@ def test_aset_bench_help_is_help_and_a_missing_checkpoint_is_named(tmp_path):
 
 
 def _fake_training(root: Path, steps: int, episodes: int):
-    """What testbed.aset.train.train_seeds writes for one seed (files only, no TensorFlow)."""
-    from testbed.aset.train import TrainResult
+    """What testbed.aset.dqn.train_seeds writes for one seed (files only, no TensorFlow)."""
+    from testbed.aset.scenarios import TrainResult
 
     def train_seeds(cfg, base, **kw):
         out = root / "seed-1"
@@ -762,7 +762,7 @@ def _fake_training(root: Path, steps: int, episodes: int):
 
 
 def test_train_says_what_it_wrote_and_never_shows_curves_it_did_not_write(tmp_path, monkeypatch, capsys):
-    import testbed.aset.train as train_mod
+    import testbed.aset.dqn as train_mod
     from testbed.cli.main import main
 
     cfg = tmp_path / "experiments" / "tiny.yaml"

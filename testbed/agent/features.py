@@ -1,5 +1,6 @@
-"""The general ASET observation: local features of one dispatcher and, per policy, features of what
-that policy would do now. ONE construction for the simulator and the emulation's live selector.
+"""The general agent's features: local features of one dispatcher and, per policy, features of what
+that policy would do now, from the raw window state of :mod:`testbed.agent.observation` (the
+general agent's selector builds them in every engine: :mod:`testbed.agent.general`).
 
 The plan-based observation (:mod:`testbed.agent.observation`) is a vector laid out by the
 experiment's names (a block per cluster, a block per application, a one-hot per source), so a

@@ -1,94 +1,46 @@
-"""The deployable ASET policy: exported weights (``.npz`` + ``.json``) and a numpy forward pass.
+"""The plan-based ASET agent as it acts: a Q-network over the plan-based observation
+(:mod:`testbed.agent.observation`), in numpy; the checkpoint kind ``qnetwork``
+(:mod:`testbed.agent.checkpoint`), written by the paper's double DQN (:mod:`testbed.aset.dqn`) and
+by the rollout regression (:mod:`testbed.aset.rollout`); ``provenance.method`` says which.
 
 No TensorFlow here: the emulation's source processes and ``testbed evaluate`` load the policy
-without the 3-4 s / ~500 MB TensorFlow import. :func:`export_policy` writes ``NAME.npz`` (the
-online Q-network's Dense weights W0, b0, W1, b1, ...) and ``NAME.json`` (the observation spec,
-applications, clusters, sources and catalogue order); :class:`NumpyPolicy` computes the greedy
-action with one matmul + ReLU per layer (no ``model.predict``).
-
-The observation size is part of the checkpoint (the first layer's input width, and ``obs_size`` in
-the JSON); every user checks it against the observation it builds
+without the 3-4 s / ~500 MB TensorFlow import. The checkpoint's JSON carries, besides the
+container's keys, everything needed to rebuild the same observation: ``applications`` and
+``clusters`` (feature order), ``sources`` (source-id order), ``deadlines_ms`` (per application),
+``obs_size``, ``layers`` and ``plan_margin`` (the decision rule, :func:`plan_scores`); its
+``features`` hold the observation spec. The observation size is part of the checkpoint (the first
+layer's input width); every user checks it against the observation it builds
 (:meth:`NumpyPolicy.check_size`, :meth:`NumpyPolicy.check_contexts`) and fails with
-:class:`ObservationSizeError` naming both sizes, never with a numpy shape error.
+:class:`ObservationSizeError` naming both sizes, never with a numpy shape error. Version 2 (no
+source identity) opens, so that the size check can say what changed, but cannot drive this
+observation: retrain.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from testbed.agent.observation import SourceContext, context_size, observation_size
+from testbed.agent.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    SourceSetup,
+    read_checkpoint,
+    register_kind,
+    write_checkpoint,
+)
+from testbed.agent.observation import SourceContext, SourceObserver, context_size, observation_size
 from testbed.core.errors import InputError, counted
 from testbed.spec.aset import ObservationSpec
 
-#: Format of the exported JSON; v3 = v2 + the source-identity one-hot (and ``sources``,
-#: ``obs_size`` in the JSON); v2 = the observation with measured latency, report age and
-#: in-flight queries per cluster. v1 files are refused; v2 files open, so that the size check can say
-#: what changed, but cannot drive this observation: retrain.
-FORMAT = "aset-policy-v3"
-#: Older formats :class:`NumpyPolicy` opens (for the size error), with what their observation lacks.
-OLDER_FORMATS = {"aset-policy-v2": "no source identity"}
-
-
-def policy_files(path: str | Path) -> tuple[Path, Path]:
-    """The two files of an exported policy, ``(NAME.npz, NAME.json)``. A path given with either
-    suffix names the same pair; any other dot belongs to the name (``aset-v1.2`` ->
-    ``aset-v1.2.npz``, where ``Path.with_suffix`` would give ``aset-v1.npz``)."""
-    p = Path(path)
-    if p.suffix in (".npz", ".json"):
-        p = p.with_suffix("")
-    return p.with_name(p.name + ".npz"), p.with_name(p.name + ".json")
-
-
-#: What :class:`NumpyPolicy` reads from a policy's JSON besides ``format``.
-META_KEYS = ("layers", "policies", "observation")
-
-
-def _read_meta(path: Path) -> dict:
-    """The policy JSON as a dict.
-
-    Raises:
-        ValueError: unreadable, not JSON (a cut file) or not an object, naming ``path`` and what is wrong.
-    """
-    try:
-        meta = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
-        raise ValueError(f"ASET checkpoint file {path} is unreadable or not JSON (cut short? export the policy "
-                         f"again): {exc}") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"ASET checkpoint file {path}: a JSON {type(meta).__name__}, not an object")
-    return meta
-
-
-def _read_weights(path: Path) -> list[np.ndarray]:
-    """The arrays ``w0, w1, ...`` of a policy's ``.npz``, as float32.
-
-    Raises:
-        ValueError: not a readable numpy archive (a cut or corrupt file), or its arrays are not
-            named ``w0`` .. ``w<n-1>``, naming ``path`` and what is wrong.
-    """
-    import zipfile
-    import zlib
-
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            names = sorted(data.files)
-            expected = sorted(f"w{i}" for i in range(len(names)))
-            if names != expected:
-                raise ValueError(f"ASET checkpoint file {path}: arrays {', '.join(names) or 'none'}, expected "
-                                 f"{', '.join(expected) or 'w0, w1, ...'}")
-            return [data[f"w{i}"].astype(np.float32) for i in range(len(names))]
-    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise ValueError(f"ASET checkpoint file {path} is not a readable numpy archive (cut short? export the "
-                         f"policy again): {type(exc).__name__}: {exc}") from None
-    except ValueError as exc:
-        if str(path) in str(exc):
-            raise
-        raise ValueError(f"ASET checkpoint file {path} is not a readable numpy archive (export the policy "
-                         f"again): {exc}") from None
+#: The checkpoint kind and the format version this code writes; :data:`OLDER_VERSIONS` it opens.
+KIND, VERSION = "qnetwork", 3
+#: Older versions :class:`NumpyPolicy` opens (for the size error), with what their observation lacks.
+OLDER_VERSIONS = {2: "no source identity"}
+#: What :class:`NumpyPolicy` reads from a checkpoint's JSON besides the container's keys.
+META_KEYS = ("layers",)
 
 
 def application_names_problem(where: str, applications, trained) -> str | None:
@@ -121,15 +73,9 @@ def plan_scores(q, obs, margin: float, n_actions: int):
 
 def export_policy(weights: list[np.ndarray], path: str | Path, *, obs_spec: ObservationSpec,
                   applications: list[str], clusters: list[str], policies: list[str], sources: list[str],
-                  meta: dict | None = None, deadlines_ms: list[float] | None = None,
+                  provenance: Mapping | None = None, deadlines_ms: list[float] | None = None,
                   plan_margin: float = 0.0) -> Path:
-    """Write the deployable policy: ``PATH.npz`` (W0, b0, W1, b1, ...) and ``PATH.json``.
-
-    The JSON carries everything :class:`NumpyPolicy` and the live selector need to rebuild the same
-    observation: ``observation`` (the spec), ``applications`` and ``clusters`` (feature order),
-    ``sources`` (source-id order), ``policies`` (action order), ``deadlines_ms`` (per application,
-    for the measured-latency feature), ``obs_size``, ``layers``, ``plan_margin`` (the decision
-    rule, :func:`plan_scores`) and free-form ``meta``. Returns the .npz path.
+    """Write the checkpoint ``PATH.{npz,json}`` (module docstring); returns ``PATH``.
 
     Raises:
         ObservationSizeError: the weights' input width is not the observation size of these names.
@@ -141,27 +87,12 @@ def export_policy(weights: list[np.ndarray], path: str | Path, *, obs_spec: Obse
                                    f"{size} of {counted(len(sources), 'source')}, "
                                    f"{counted(len(applications), 'application')}, {counted(len(clusters), 'cluster')}, "
                                    f"{counted(len(policies), 'policy', 'policies')}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    npz, meta_file = policy_files(path)
-    np.savez(npz, **{f"w{i}": w for i, w in enumerate(weights)})
-    meta_file.write_text(json.dumps({
-        "format": FORMAT, "observation": obs_spec.model_dump(), "applications": list(applications),
-        "clusters": list(clusters), "sources": list(sources), "policies": list(policies),
-        "deadlines_ms": list(deadlines_ms or []), "obs_size": size, "layers": len(weights) // 2,
-        "plan_margin": float(plan_margin), "meta": meta or {}}, indent=2))
-    return npz
-
-
-def copy_policy(src: str | Path, dst: str | Path) -> Path:
-    """Copy an exported policy (``src.npz`` + ``src.json``) to ``dst``; returns the .npz path."""
-    import shutil
-
-    src, dst = Path(src), Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    for a, b in zip(policy_files(src), policy_files(dst), strict=True):
-        shutil.copyfile(a, b)
-    return policy_files(dst)[0]
+    return write_checkpoint(path, kind=KIND, version=VERSION, policies=policies,
+                            features={"observation": obs_spec.model_dump()},
+                            arrays={f"w{i}": np.asarray(w, np.float32) for i, w in enumerate(weights)},
+                            provenance=provenance, applications=list(applications), clusters=list(clusters),
+                            sources=list(sources), deadlines_ms=list(deadlines_ms or []), obs_size=size,
+                            layers=len(weights) // 2, plan_margin=float(plan_margin))
 
 
 class NumpyPolicy:
@@ -177,43 +108,40 @@ class NumpyPolicy:
             :class:`ObservationSizeError` when the JSON's observation size is not the network's.
     """
 
-    def __init__(self, path: str | Path):
-        path = Path(path)
-        self.path = path
-        npz, meta = policy_files(path)
-        for f in (npz, meta):
-            if f.exists() and not f.is_file():  # a folder, a device, a FIFO (reading one could block)
-                raise FileNotFoundError(f"ASET checkpoint file {f} is not a regular file")
-            if not f.is_file():
-                raise FileNotFoundError(f"ASET checkpoint file {f} is missing")
-        self.meta = _read_meta(meta)
-        self.format = self.meta.get("format")
-        if self.format != FORMAT and self.format not in OLDER_FORMATS:
-            raise ValueError(f"{meta}: format {self.format!r}, this testbed reads {FORMAT!r} "
-                             f"(the observation changed; retrain with testbed train)")
-        missing = [k for k in META_KEYS if k not in self.meta]
-        if missing:
-            raise ValueError(f"{meta}: no {', '.join(missing)} (an incomplete export: export the policy again)")
-        ws = _read_weights(npz)
-        if len(ws) != 2 * self.meta["layers"] or len(ws) < 2:
-            raise ValueError(f"{npz}: {len(ws)} arrays for {self.meta['layers']} layers")
-        self.layers = list(zip(ws[0::2], ws[1::2], strict=True))
-        if self.layers[-1][0].shape[1] != len(self.meta["policies"]):
-            raise ValueError(f"{npz}: output width {self.layers[-1][0].shape[1]} != "
-                             f"{counted(len(self.meta['policies']), 'policy', 'policies')} in {meta}")
-        self.obs_spec = ObservationSpec.model_validate(self.meta["observation"])
+    def __init__(self, checkpoint: Checkpoint | str | Path):
+        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
+        self.path, self.meta = ckpt.path, dict(ckpt.meta)
+        where = f"ASET checkpoint {ckpt.path}"
+        if ckpt.kind != KIND:
+            raise CheckpointError(f"{where}: kind {ckpt.kind!r}, not a Q-network over the plan-based observation")
+        self.version = ckpt.version
+        self.format = f"{KIND} v{ckpt.version}"
+        self.layers = ckpt.layers()
+        if self.layers[-1][0].shape[1] != len(ckpt.policies):
+            raise CheckpointError(f"{where}.npz: output width {self.layers[-1][0].shape[1]} != "
+                                  f"{counted(len(ckpt.policies), 'policy', 'policies')} in its JSON")
+        try:
+            self.obs_spec = ObservationSpec.model_validate(ckpt.features["observation"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{where}: no valid observation spec ({type(exc).__name__})") from None
+        self.policies = ckpt.policies
         self.obs_size = self.layers[0][0].shape[0]
         self.sources = tuple(self.meta.get("sources") or ())
         self.plan_margin = float(self.meta.get("plan_margin") or 0.0)
         if self.plan_margin and self.obs_spec.plans is None:
-            raise ValueError(f"{meta}: plan_margin {self.plan_margin:g} without observation plans")
-        if self.format == FORMAT:
+            raise CheckpointError(f"{where}: plan_margin {self.plan_margin:g} without observation plans")
+        if self.version == VERSION:
             m = self.meta
-            size = observation_size(len(m["applications"]), len(m["clusters"]), len(m["policies"]),
-                                    self.obs_spec.history_windows, len(self.sources), self.obs_spec.plans is not None)
+            try:
+                size = observation_size(len(m["applications"]), len(m["clusters"]), len(ckpt.policies),
+                                        self.obs_spec.history_windows, len(self.sources),
+                                        self.obs_spec.plans is not None)
+            except (KeyError, TypeError) as exc:
+                raise CheckpointError(f"{where}: no {exc} in its JSON (an incomplete export: export it "
+                                      f"again)") from None
             if size != self.obs_size or m.get("obs_size", size) != size:
-                raise ObservationSizeError(f"{npz}: network input {self.obs_size} features, but {meta} describes "
-                                           f"an observation of {size} (obs_size {m.get('obs_size')})")
+                raise ObservationSizeError(f"{where}.npz: network input {self.obs_size} features, but its JSON "
+                                           f"describes an observation of {size} (obs_size {m.get('obs_size')})")
 
     @classmethod
     def from_weights(cls, weights: list[np.ndarray], obs_spec: ObservationSpec,
@@ -224,7 +152,7 @@ class NumpyPolicy:
         ws = [np.asarray(w, np.float32) for w in weights]
         self.layers = list(zip(ws[0::2], ws[1::2], strict=True))
         self.meta = {"layers": len(self.layers)}
-        self.path, self.format, self.sources = Path("<weights>"), FORMAT, ()
+        self.path, self.format, self.version, self.sources = Path("<weights>"), f"{KIND} v{VERSION}", VERSION, ()
         self.obs_spec = obs_spec
         self.obs_size = self.layers[0][0].shape[0]
         self.plan_margin = float(plan_margin)
@@ -237,7 +165,7 @@ class NumpyPolicy:
             ObservationSizeError: naming both sizes (and, for an older format, what it lacks).
         """
         if size != self.obs_size:
-            old = f", format {self.format}: {OLDER_FORMATS[self.format]}" if self.format in OLDER_FORMATS else ""
+            old = f", {self.format}: {OLDER_VERSIONS[self.version]}" if self.version in OLDER_VERSIONS else ""
             raise ObservationSizeError(f"ASET checkpoint {self.path}: its network takes observations of "
                                        f"{self.obs_size} features{old}; {what} builds {size}: retrain with "
                                        f"testbed train (docs/aset.md)")
@@ -282,3 +210,85 @@ class NumpyPolicy:
         x = np.atleast_2d(np.asarray(obs, np.float32))
         q = self.q_values(x)
         return np.argmax(plan_scores(q, x, self.plan_margin, q.shape[1]), axis=1)
+
+
+def _check_window(policy: NumpyPolicy, window_s: float | None) -> None:
+    window_ms = policy.obs_spec.window_ms
+    if window_s is not None and abs(float(window_s) * 1e3 - window_ms) > 1e-6:
+        raise ValueError(f"aset.window {float(window_s) * 1e3:g} ms differs from the checkpoint's "
+                         f"window {window_ms:g} ms ({policy.path}); set aset.window to {window_ms:g}ms")
+
+
+def source_context(policy: NumpyPolicy, setup: SourceSetup) -> SourceContext:
+    """The observation context of the source ``setup`` under ``policy``, after EVERY check that the
+    checkpoint fits it.
+
+    Raises:
+        ValueError: the source's clusters are not the checkpoint's, an application is unknown to
+            it, the source is not one of its sources, or it has plans and none (or one of another
+            size) for this scenario; each named. ObservationSizeError: an older version, or
+            another observation size.
+    """
+    meta, src = policy.meta, setup.source
+    _check_window(policy, setup.window_s)
+    rtt: dict[str, float] = {}
+    for o in setup.options:
+        rtt[o.cluster] = min(rtt.get(o.cluster, float("inf")), float(o.rtt_ms))
+    if set(rtt) != set(meta["clusters"]):
+        raise ValueError(f"source {src!r}: clusters {sorted(rtt)} differ from the checkpoint's "
+                         f"{meta['clusters']} ({policy.path})")
+    problem = application_names_problem(f"source {src!r}", [a.name for a in setup.applications],
+                                        meta["applications"])
+    if problem:
+        raise ValueError(problem)
+    sources = policy.sources
+    if not sources:
+        raise ObservationSizeError(f"ASET checkpoint {policy.path}: {policy.format} takes observations of "
+                                   f"{policy.obs_size} features without the source identity; this testbed's "
+                                   f"observation adds one feature per source of the experiment: retrain")
+    if src not in sources:
+        raise ValueError(f"source {src!r} is not one of the checkpoint's sources {list(sources)} ({policy.path}): "
+                         f"its source identity is unknown")
+    deadline = {a.name: float(a.deadline_ms) for a in setup.applications}
+    deadline.update({a: d for a, d in zip(meta["applications"], meta.get("deadlines_ms") or [], strict=False)
+                     if a not in deadline})
+    planned = policy.obs_spec.planned(setup.scenario, sources)
+    ctx = SourceContext(src, tuple(meta["applications"]), tuple(meta["clusters"]),
+                        tuple(rtt[c] for c in meta["clusters"]), tuple(policy.policies),
+                        tuple(deadline.get(a, 0.0) for a in meta["applications"]), sources=sources,
+                        plan=planned[sources.index(src)] if planned else None)
+    policy.check_size(context_size(ctx, policy.obs_spec), f"the selector of source {src!r}")
+    return ctx
+
+
+class QNetworkSelector:
+    """A ``qnetwork`` checkpoint as a selector (:mod:`testbed.agent.selector`'s protocol) of one
+    source: the plan-based observation in the checkpoint's order, from the raw window state
+    (``obs.state``), and the greedy decision of :func:`plan_scores`."""
+
+    def __init__(self, policy: NumpyPolicy, ctx: SourceContext):
+        self.policy, self.ctx = policy, ctx
+        self.observer = SourceObserver(ctx, policy.obs_spec)
+
+    def select(self, obs) -> int:
+        return int(self.policy.act(self.observer.observe(obs.state))[0])
+
+    def reset(self) -> None:
+        self.observer.reset()
+
+
+def make_selector(ckpt: Checkpoint, setup: SourceSetup) -> QNetworkSelector:
+    """The ``qnetwork`` kind's factory (:func:`testbed.agent.checkpoint.register_kind`).
+
+    Raises:
+        CheckpointError: the checkpoint cannot be read. ValueError, ObservationSizeError: it does
+            not fit the source (:func:`source_context`).
+    """
+    policy = NumpyPolicy(ckpt)
+    return QNetworkSelector(policy, source_context(policy, setup))
+
+
+register_kind(KIND, make_selector, versions=(VERSION, *OLDER_VERSIONS))
+
+__all__ = ["KIND", "VERSION", "NumpyPolicy", "ObservationSizeError", "QNetworkSelector", "application_names_problem",
+           "export_policy", "make_selector", "plan_scores", "source_context"]

@@ -1,7 +1,11 @@
-"""The per-window observation of one dispatcher: ONE construction for simulator and emulation.
+"""The plan-based observation of one dispatcher: the vector every selector's
+:class:`~testbed.agent.selector.Observation` carries, the input of the ``qnetwork`` checkpoint kind
+(the paper's DQN, the rollout regression) and of ``testbed/AsetSim-v0``. The general agent's
+features are another observation, :mod:`testbed.agent.features`; both are built from the same raw
+window state.
 
-Both Gymnasium environments and the live selector first reduce their world to the same raw
-*window state* of one source (the dict the emulation's dispatcher passes every window)::
+Every engine first reduces its world to the raw *window state* of one source (the simulator:
+:class:`testbed.sim.window.SimWindowStates`; the emulation: the source's dispatcher)::
 
     {"arrivals":  {application: queries created in the window},
      "clusters":  {cluster: {"queue_len", "busy", "workers", "utilization", "up"}}  # as last heard (stale)

@@ -1,9 +1,12 @@
-"""Selectors of one's own: anything that maps a source's window observation to a policy drives the
-sources in place of the ASET checkpoint, in the simulator (:func:`testbed.sim.run.simulate`) and in
-the emulation's source processes (:class:`testbed.agent.live.SelectorLive`), through this ONE
-module.
+"""The selector protocol of every agent: an object with ``select(obs) -> policy`` and, optionally,
+``reset()`` (called once before the first window), asked once per decision window for one source.
+The general agent, the paper's DQN and the rollout agent (checkpoint kinds,
+:mod:`testbed.agent.checkpoint`), an SB3 model and a selector of one's own are all selectors; ONE
+function resolves any of them (:func:`testbed.agent.live.resolve_agent`) and the same
+:class:`SelectorDriver` drives it in the simulator, the evaluation and the emulation's source
+processes (:class:`testbed.agent.live.SourceSelector`).
 
-The experiment names it under ``aset: {selector: ...}`` (:class:`testbed.spec.experiment.SelectorSpec`):
+A selector of one's own is named under ``aset: {selector: ...}`` (:class:`testbed.spec.experiment.SelectorSpec`):
 
 - ``{use: package.module:function, params: {...}}``: a callable ``f(obs, **params) -> policy``;
 - ``{use: package.module:Class, params: {...}}``: ``Class(**params)`` (one instance per source)
@@ -117,16 +120,18 @@ class Observation:
 @dataclass
 class ResolvedSelector:
     """A resolved selector: ``make()`` gives a fresh acting object (``select(obs)``, ``reset()``),
-    ``provenance`` what ``run.json`` records (kind, import path or file, version, SHA-256)."""
+    ``provenance`` what ``run.json`` records (kind, import path or file, version, SHA-256).
+    ``spec``: the ``aset.selector`` it came from (None for a checkpoint's, named by ``label``)."""
 
-    spec: SelectorSpec
+    spec: SelectorSpec | None
     make: Callable[[], Any]
     provenance: dict[str, Any]
     spaces: Callable[[Any], tuple[int | None, tuple[int, ...] | None]] = field(default=lambda obj: (None, None))
+    label: str | None = None
 
     @property
     def name(self) -> str:
-        return self.spec.name
+        return self.label or self.spec.name
 
 
 class _CallableSelector:
@@ -391,7 +396,7 @@ def check_selector(resolved: ResolvedSelector, ctx: SelectorContext, window_s: f
     driver = SelectorDriver(resolved, ctx, window_s)
     n, shape = resolved.spaces(driver.obj)
     size = int(driver.observer.size)
-    if n is None and resolved.spec.sb3 is not None:
+    if n is None and resolved.spec is not None and resolved.spec.sb3 is not None:
         raise SelectorError(f"{where}: its action space is not Discrete (a policy index per window)")
     if n is not None and n != len(ctx.policies):
         raise SelectorError(f"{where}: its action space has {n} actions, the policy list {len(ctx.policies)} "
@@ -428,40 +433,6 @@ def initial_policy(aset) -> str:
     return str((aset.options or {}).get("initial_policy", "closest"))
 
 
-def check_plan_selector(plan) -> dict[str, Any] | None:
-    """Resolve and check the experiment's ``aset.selector`` on every source of ``plan`` that
-    applies ``aset`` (a :class:`testbed.plan.resolved.Plan`); None without a selector.
-
-    Returns:
-        ``run.json``'s record of it: the provenance, ``policies``, ``window_s`` and ``sources``.
-
-    Raises:
-        SelectorError: naming the selector and what is wrong (:func:`resolve_selector`,
-            :func:`check_selector`, :func:`selector_window`).
-    """
-    exp = plan.experiment
-    if exp.aset is None or exp.aset.selector is None:
-        return None
-    uses = selected_sources(plan)
-    if not uses:
-        return None
-    window = selector_window(exp.aset, exp.report_interval_s)
-    resolved = resolve_selector(exp.aset.selector)
-    ctxs = [SelectorContext.from_plan(plan, s) for s in uses]
-    for ctx in ctxs:
-        check_selector(resolved, ctx, window, initial_policy(exp.aset))
-    return {**resolved.provenance, "policies": list(ctxs[0].policies), "window_s": window, "sources": uses}
-
-
-def selected_sources(plan) -> list[str]:
-    """The sources of ``plan`` a selector drives: those on policy ``aset`` when the experiment has
-    ``aset.selector`` (sorted by name)."""
-    exp = plan.experiment
-    if exp.aset is None or exp.aset.selector is None:
-        return []
-    return sorted(s.name for s in exp.sources if (s.policy or exp.policy) == "aset")
-
-
 __all__ = ["Observation", "ResolvedSelector", "SelectorDriver", "SelectorError", "SelectorFailed",
-           "check_plan_selector", "check_selector", "first_state", "initial_policy",
-           "observation_spec", "resolve_selector", "selected_sources", "selector_window", "source_context"]
+           "check_selector", "first_state", "initial_policy", "observation_spec", "resolve_selector",
+           "selector_window", "source_context"]

@@ -1,21 +1,22 @@
-"""ASET: a deep Q-learning agent that picks the scheduling policy of each dispatcher per window.
+"""ASET's training and evaluation (the agents as they act are in :mod:`testbed.agent`).
 
-``docs/system-model.md``, section "ASET": one agent decision per dispatcher (source) and window ``dt``;
-the action indexes the static policy catalogue; the reward is the success ratio of the queries the
-dispatcher created in the window, assigned once all of them are resolved. Modules:
+``docs/system-model.md``, section "ASET": one agent decision per dispatcher (source) and window; the
+action indexes the static policy catalogue. Every agent acts through one seam
+(:mod:`testbed.agent.live`: :func:`~testbed.agent.live.resolve_agent`, a checkpoint kind of
+:mod:`testbed.agent.checkpoint` or a selector of one's own). Modules:
 
-- :mod:`testbed.spec.aset`: the ``experiments/aset-*.yaml`` schema (every constant).
-- :mod:`testbed.agent.observation`: the ONE feature construction, used by the simulator env, the
-  live env and the live selector.
-- :mod:`testbed.aset.envs`: Gymnasium environments ``AsetSimEnv`` and ``AsetLiveEnv``.
-- :mod:`testbed.aset.agent`: double DQN (TensorFlow/Keras).
-- :mod:`testbed.agent.npolicy`: exported weights (.npz + .json) and their numpy forward pass.
-- :mod:`testbed.agent.live`: ``LivePolicySelector`` called by the emulation's dispatcher.
-- :mod:`testbed.aset.train`, :mod:`testbed.aset.evaluate`: ``testbed train`` / ``testbed evaluate``.
-- :mod:`testbed.aset.bench`: decision time per window (``python -m testbed.aset.bench``).
+- :mod:`testbed.aset.evaluate`, :mod:`testbed.aset.jobs`: ``testbed evaluate`` (the protocol, the
+  worker jobs, the result cache); :mod:`testbed.aset.headroom`: the mix, the oracle, the causal
+  planner; :mod:`testbed.aset.episode`: the one measure of every figure.
+- Learners, one file each: :mod:`testbed.aset.general` (the general agent),
+  :mod:`testbed.aset.dqn` (the paper's double DQN; imports TensorFlow), :mod:`testbed.aset.rollout`
+  (the Q-network regressed on rollout targets).
+- :mod:`testbed.aset.envs`: the Gymnasium environment ``testbed/AsetSim-v0``;
+  :mod:`testbed.aset.scenarios`: the training scenarios and what the trainers share;
+  :mod:`testbed.aset.generator`: generated scenarios; :mod:`testbed.aset.bench`: decision time.
 
-Importing this package does not import TensorFlow (:mod:`testbed.aset.agent` does); it registers
-the Gymnasium environment ``testbed/AsetSim-v0`` (:func:`testbed.aset.envs.make_sim_env`)::
+Importing this package does not import TensorFlow; it registers the Gymnasium environment
+``testbed/AsetSim-v0`` (:func:`testbed.aset.envs.make_sim_env`)::
 
     import gymnasium, testbed.aset
     env = gymnasium.make("testbed/AsetSim-v0", experiment="experiments/scenario-bursty.yaml")

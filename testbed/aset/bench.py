@@ -2,9 +2,9 @@
 
     .venv/bin/python -m testbed.aset.bench [CHECKPOINT] [EXPERIMENT] [N]   (--help: the arguments)
 
-defaults: ``models/aset/aset``, ``experiments/aset-live.yaml``, 20000 decisions. Builds the live
-selector exactly as the emulation's dispatcher does (the source config ``testbed.emu.run`` writes,
-:meth:`testbed.plan.boundaries.SourceConfig.from_plan`) and feeds it window states drawn at random
+defaults: ``models/aset/aset``, ``experiments/aset-live.yaml``, 20000 decisions. Builds the source's
+selector exactly as every engine does (:class:`testbed.agent.live.SourceSelector` of the source
+config ``testbed.emu.run`` writes) and feeds it window states drawn at random
 (arrivals, stale cluster stats, path utilization, resolved queries with cluster and e2e, in-flight
 counts). Prints n, mean, p50, p99, max in ms. Goal: p99 < 2 ms. Timings on the shared
 2-core machine are noisy.
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.agent.live import LivePolicySelector
+from testbed.agent.live import SourceSelector, source_configs
 from testbed.core.errors import InputError, TestbedError
 from testbed.core.util import REPO_ROOT
-from testbed.plan.boundaries import SourceConfig
 from testbed.plan.build import plan_experiment
+from testbed.plan.dilation import with_time_dilation
+from testbed.spec.experiment import AsetSpec
 
 REPO = REPO_ROOT
 
@@ -61,15 +62,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _selector(ckpt: Path, plan):
-    """The live selector of the plan's first source with the checkpoint, as the emulation builds it."""
-    import tempfile
-
-
-    cfg = SourceConfig.from_plan(plan, plan.sources[0].name, 0, 1.0, Path(tempfile.gettempdir()))
-    cfg = cfg.model_copy(update={"policy": "aset", "records": "",
-                                 "aset": cfg.aset.model_copy(update={"checkpoint": str(ckpt)}) if cfg.aset else None})
+    """The selector of the plan's first source with the checkpoint, as every engine builds it."""
+    cfgs = source_configs(with_time_dilation(plan, 1.0), [plan.sources[0].name], AsetSpec(checkpoint=str(ckpt)))
     try:
-        return LivePolicySelector(cfg)
+        return SourceSelector(cfgs[0])
     except (KeyError, OSError, ValueError) as exc:  # missing files, a checkpoint of another experiment's shape
         raise InputError(f"checkpoint {ckpt} with experiment {plan.experiment.name!r}: {exc}") from None
 
@@ -80,7 +76,7 @@ def _bench(ckpt: Path, exp: Path, n: int) -> int:
         raise InputError(f"checkpoint {ckpt}: no file {ckpt}.npz (give the exported policy without .npz/.json)")
     plan = plan_experiment(exp)
     sel = _selector(ckpt, plan)
-    apps = list(sel.ctx.applications)
+    apps = list(sel.agent.context.applications)
     rng = np.random.default_rng(0)
     for _ in range(n):
         state = {"arrivals": {a: int(rng.poisson(1.0)) for a in apps},
@@ -92,7 +88,7 @@ def _bench(ckpt: Path, exp: Path, n: int) -> int:
                                plan.clusters[int(rng.integers(len(plan.clusters)))].name, float(rng.uniform(5, 60)))
                               for _ in range(int(rng.integers(0, 4)))],
                  "in_flight": {c.name: int(rng.integers(0, 4)) for c in plan.clusters},
-                 "policy": sel.ctx.policies[int(rng.integers(len(sel.ctx.policies)))]}
+                 "policy": sel.policies[int(rng.integers(len(sel.policies)))]}
         sel.choose(state)
     t = sel.timing()
     print(f"decisions {t['n']}: mean {t['mean_ms']:.4f} ms, p50 {t['p50_ms']:.4f} ms, p99 {t['p99_ms']:.4f} ms, "

@@ -1,5 +1,5 @@
 """The learning curves ASET's trainers write: the double DQN's episodes (``episodes.csv``, ``curve.png``,
-``curves.png``; :mod:`testbed.aset.train`) and the rollout regression's losses per epoch
+``curves.png``; :mod:`testbed.aset.dqn`) and the rollout regression's losses per epoch
 (:mod:`testbed.aset.rollout`). matplotlib is imported only when a figure is drawn."""
 
 from __future__ import annotations

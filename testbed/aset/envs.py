@@ -1,5 +1,6 @@
-"""Gymnasium environments of ASET: over the simulator (:class:`AsetSimEnv`) and over a live
-emulation (:class:`AsetLiveEnv`), with identical observation and action spaces.
+"""The Gymnasium environment of ASET over the simulator (:class:`AsetSimEnv`, ``testbed/AsetSim-v0``):
+what the paper's double DQN (:mod:`testbed.aset.dqn`), the rollout regression's data and a
+Stable-Baselines3 model (examples/selector/train_sb3.py) learn on.
 
 Multi-dispatcher design (our choice, ``docs/system-model.md``, "ASET"): ONE environment step is ONE
 decision window for ALL dispatchers of the shared network. The window is a whole number of report
@@ -37,7 +38,6 @@ import gymnasium as gym
 import numpy as np
 from pydantic import Field
 
-from testbed.agent.live import ControlServer
 from testbed.agent.observation import SourceContext, SourceObserver, context_size
 from testbed.aset.episode import Episode, run_static, window_of
 from testbed.aset.scenarios import SHAPE_PARTS, PlanSampler, scenario_sampler, space_shape  # noqa: F401
@@ -48,11 +48,6 @@ from testbed.sim.window import SimWindowStates
 from testbed.spec.aset import AsetConfig, ObservationSpec, RandomiseSpec, RewardSpec, plan_key
 from testbed.spec.experiment import ConfigError, format_validation_error
 from testbed.spec.schema import Num, StrictModel
-
-
-def _catalogue() -> tuple[str, ...]:
-
-    return CATALOGUE
 
 
 def plan_contexts(plan: Plan, policies: tuple[str, ...], obs_spec: ObservationSpec | None = None
@@ -156,7 +151,7 @@ class AsetSimEnv(gym.Env):
         if episode_s < self.dt:
             raise ValueError(f"episode_s {episode_s} is shorter than one window ({self.dt} s)")
         self.episode_s = float(episode_s)
-        self.policies = tuple(policies or _catalogue())
+        self.policies = tuple(policies or CATALOGUE)
         if initial_policy not in self.policies:
             initial_policy = self.policies[0]
         self.initial_policy = initial_policy
@@ -353,103 +348,3 @@ def make_sim_env(experiment: str | list[str], config: str | None = None, episode
             raise ConfigError(f"{path}: {exc} (the observation window, window_ms)") from None
     return AsetSimEnv(sampler, spec, opts.episode_s or plans[0].experiment.duration_s, policies=aset_actions(cfg),
                       reward=cfg.reward, immediate_reward=opts.immediate_reward)
-
-
-class AsetLiveEnv(gym.Env):
-    """ASET over a running emulation, with the SAME spaces as :class:`AsetSimEnv`.
-
-    Each source's dispatcher (``testbed.emu.source`` with ``policy: aset`` and
-    ``aset.options.control_socket`` set) sends its raw window state to this env over a Unix
-    datagram socket (the filesystem is shared across Mininet's network namespaces) and waits for
-    the policy name; :meth:`step` replies to every source and waits for the next window's states.
-    Rewards as in the simulator env: the live window state carries ``(application, success, t0_s,
-    ...)`` of the queries resolved in the window and ``now_s`` (the source's clock, s since its load
-    started); each query is counted in the window it was created in ((t0_s - the episode's
-    ``now_s`` at reset) / window; earlier queries are left out) and a window's transition is
-    settled once the largest deadline has passed (``info["transitions"]``;
-    ``info["reward_kind"] = "per_creation_window"``).
-
-    Args:
-        contexts: one :class:`SourceContext` per source (sorted by source), as in the sim env.
-        obs_spec: the same observation settings as the checkpoint.
-        socket_path: the Unix socket path to bind.
-        timeout_s: how long to wait for every source's state per window.
-        episode_windows: windows per episode (truncation).
-        team_weight: the team share of the reward, as :class:`testbed.spec.aset.RewardSpec`
-            (the live reward has no baseline run).
-    """
-
-    metadata = {"render_modes": []}
-
-    def __init__(self, contexts: list[SourceContext], obs_spec: ObservationSpec, socket_path: str,
-                 timeout_s: float = 5.0, episode_windows: int = 600, max_deadline_ms: float | None = None,
-                 team_weight: float = 0.0):
-        super().__init__()
-
-        self.contexts = contexts
-        self.spec_obs = obs_spec
-        self.policies = contexts[0].policies
-        self.dt = obs_spec.window_ms / 1e3
-        ctx = contexts[0]
-        self.obs_size = context_size(ctx, obs_spec)
-        self.observation_space = gym.spaces.Box(0.0, float(obs_spec.clip), (len(contexts), self.obs_size),
-                                                np.float32)
-        self.action_space = gym.spaces.MultiDiscrete([len(self.policies)] * len(contexts))
-        self.server = ControlServer(socket_path)
-        self.timeout_s = timeout_s
-        self.episode_windows = episode_windows
-        dl = max_deadline_ms if max_deadline_ms is not None else max(ctx.deadline_ms or (1000.0,))
-        self.settle_lag = int(math.ceil(dl / 1e3 / self.dt)) + 1
-        self.team_weight = float(team_weight)
-
-    def _gather(self, first: bool = False) -> np.ndarray:
-        states = self.server.receive_all([c.source for c in self.contexts], self.timeout_s)
-        obs = []
-        for i, c in enumerate(self.contexts):
-            st = states[c.source]
-            obs.append(self.observers[i].observe(st))
-            if first:  # the episode's origin on this source's clock (s since its load started)
-                self.origin[i] = float(st.get("now_s") or 0.0)
-                continue
-            for r in st.get("resolved") or []:
-                if len(r) >= 3 and r[2] is not None:
-                    w = int((float(r[2]) - self.origin[i]) // self.dt)
-                    if 0 <= w < self.ok.shape[0]:
-                        self.n[w, i] += 1
-                        self.ok[w, i] += int(bool(r[1]))
-        return np.stack(obs)
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
-        super().reset(seed=seed)
-        self.observers = [SourceObserver(c, self.spec_obs) for c in self.contexts]
-        self.window = 0
-        size = self.episode_windows + self.settle_lag + 2
-        self.ok = np.zeros((size, len(self.contexts)), np.int64)
-        self.n = np.zeros((size, len(self.contexts)), np.int64)
-        self.settler = _Settler(self.team_weight)
-        self.policy_windows = np.zeros((len(self.contexts), len(self.policies)), np.int64)
-        self.origin = np.zeros(len(self.contexts))
-        self._last_obs = self._gather(first=True)
-        return self._last_obs, {"reward_kind": "per_creation_window"}
-
-    def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
-        action = np.asarray(action, dtype=np.int64).reshape(-1)
-        w = self.window
-        for i, a in enumerate(action):
-            self.settler.decisions[(w, i)] = (self._last_obs[i], int(a))
-            self.policy_windows[i, int(a)] += 1
-        self.server.reply_all({c.source: self.policies[int(a)] for c, a in zip(self.contexts, action, strict=True)})
-        obs = self._gather()
-        self._last_obs = obs
-        for i in range(len(self.contexts)):
-            self.settler.next_obs[(w, i)] = obs[i]
-        self.window += 1
-        trans = self.settler.settle(self.window - self.settle_lag + 1, self.ok, self.n, None)
-        reward = float(np.mean([t[3] for t in trans])) if trans else 0.0
-        return obs, reward, False, self.window >= self.episode_windows, {"reward_kind": "per_creation_window",
-                                                                        "transitions": trans, "window": self.window}
-
-    def close(self) -> None:
-        srv = getattr(self, "server", None)
-        if srv is not None:
-            srv.close()

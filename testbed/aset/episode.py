@@ -148,7 +148,12 @@ class Episode:
     def collect(self) -> list:
         """Count the queries the simulator resolved since the last call (each in the window and
         source it was created in); returns them (``Simulator.Resolved``)."""
-        out = self.sim.drain_resolved()
+        return self.count(self.sim.drain_resolved())
+
+    def count(self, out: list) -> list:
+        """Count queries resolved (``Simulator.Resolved``), each in the window and source it was
+        created in; returns them. For a loop that drains the simulator itself
+        (:func:`testbed.sim.run.drive`'s ``on_resolved``)."""
         dt, nw = self.window_s, self.n_windows
         for q in out:
             i = self._index.get(q.source)

@@ -1,5 +1,6 @@
-"""The general ASET agent in the simulator: episodes driven by the general features
-(:mod:`testbed.agent.features`), its training data and its fit.
+"""The general ASET agent's learner (``testbed train`` of an ASET config with ``general:``), one
+file top to bottom: episodes driven by the general features (:mod:`testbed.agent.features`), their
+training data, the fit of the scorer, the decision rule and the export.
 
 **Episodes** (:class:`GeneralRun`): an :class:`~testbed.aset.episode.Episode` of any plan (any
 number of sources, clusters, applications within the bounds), one
@@ -21,27 +22,48 @@ reference (i's own action in the episode).
 
 **Fit** (:func:`fit`): the shared scorer (:mod:`testbed.agent.general`, ReLU MLP) learns
 ``Q(s, a) - Q(s, ref) = target_a`` (Huber loss, Adam, numpy): the values of one-window deviations
-from varied bases, so the scores rank the policies given what the source observes. Acting is the
-argmax of Q. What it gives up: one step of policy iteration (the target values one window of a
-followed by the base), as the rollout agent of :mod:`testbed.aset.rollout`.
+from varied bases, so the scores rank the policies given what the source observes. What it gives
+up: one step of policy iteration (the target values one window of a followed by the base), as the
+rollout agent of :mod:`testbed.aset.rollout`.
+
+**Rule and export** (:func:`decision_rule`, :func:`train_general`): the default policy is the one
+of the highest mean target in the training data; the margin (points) the agent's argmax must beat
+it by is chosen on held-out episodes from :data:`MARGINS`. Acting: the ``general`` checkpoint kind
+(:mod:`testbed.agent.general`), through the one seam of every agent (:mod:`testbed.agent.live`).
+
+Outputs in ``<general.out_dir>/<config name>/``: ``seed-<k>/curve.csv`` (epoch, train loss,
+validation loss, validation decision gain in points), ``seed-<k>/general.{npz,json}``,
+``curves.png`` (every seed), ``data.json`` (episodes, samples, simulation wall time); the export
+seed's checkpoint at ``general.export_to``. Each episode's data is cached in ``<out>/cache`` as npz,
+keyed by everything it depends on (the simulation's code, :func:`testbed.aset.jobs.code_fingerprint`;
+the generator seed, the simulator seed, the data settings).
 """
 
 from __future__ import annotations
 
-import functools
+import csv
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from testbed.agent.features import INPUT_SIZE, PolicyFeaturizer, scorer_input
-from testbed.agent.general import GeneralPolicy, forward, plan_feature_context
+from testbed.agent.features import INPUT_SIZE, FeatureContext, PolicyFeaturizer, scorer_input
+from testbed.agent.general import export_general, forward
+from testbed.agent.live import source_configs, source_setup
 from testbed.aset.envs import WindowView
 from testbed.aset.episode import Episode
+from testbed.aset.generator import draw_scenario, plan_document
 from testbed.aset.headroom import continuation_ok
+from testbed.aset.jobs import code_fingerprint
+from testbed.core.distributed import imap_unordered
+from testbed.core.errors import InputError
+from testbed.core.util import write_json_atomic
 from testbed.plan.build import Plan
-from testbed.spec.aset import ObservationSpec
+from testbed.plan.policies import aset_actions
+from testbed.spec.aset import AsetConfig, ObservationSpec
 
 
 @dataclass(frozen=True)
@@ -73,7 +95,13 @@ class GeneralRun:
         srcs = sorted(h.name for h in plan.sources)
         self.plan, self.policies, self.spec = plan, tuple(policies), spec
         self.ep = Episode(plan, seed, dict.fromkeys(srcs, initial), spec.window_ms / 1e3, duration_s)
-        self.featurizers = [PolicyFeaturizer(plan_feature_context(plan, s, self.policies), spec) for s in srcs]
+        setups = {c.source: source_setup(c) for c in source_configs(plan, srcs)}
+        missing = [s for s in srcs if s not in setups]
+        if missing:
+            raise ValueError(f"{plan.experiment.name}: source(s) {', '.join(missing)} create no query (no workload "
+                             f"entry selects them): nothing to decide for")
+        self.featurizers = [PolicyFeaturizer(FeatureContext(s, setups[s].options, setups[s].applications,
+                                                            self.policies), spec) for s in srcs]
         clusters = tuple(sorted(c.name for c in plan.clusters))
         self.view = WindowView(self.ep, [_ViewContext(s, clusters) for s in srcs])
         self.current = [initial] * len(srcs)
@@ -91,19 +119,6 @@ class GeneralRun:
         self.current = list(names)
         self.ep.set_policies(self.current)
         self.view.absorb(self.ep.step())
-
-
-def run_general(plan: Plan, seed: int, policy: GeneralPolicy, duration_s: float | None = None) -> dict:
-    """ASET (a general checkpoint) on one seed: ``{"ok", "n", "choices": {policy: windows}}``."""
-    run = GeneralRun(plan, seed, policy.policies, policy.obs_spec, duration_s)
-    choices: dict[str, int] = {}
-    while not run.done:
-        names = [policy.policies[policy.act(loc, pp)] for loc, pp in run.observe()]
-        for n in names:
-            choices[n] = choices.get(n, 0) + 1
-        run.step(names)
-    run.ep.finish()
-    return {"ok": int(run.ep.ok.sum()), "n": int(run.ep.n.sum()), "choices": choices}
 
 
 def episode_data(plan: Plan, seed: int, policies: tuple[str, ...], spec: ObservationSpec, *, horizon: int = 2,
@@ -232,31 +247,178 @@ def fit(train: dict, valid: dict, *, hidden: list[int], seed: int, epochs: int =
     return {"weights": best_ws, "curve": curve, "best_valid": best}
 
 
-#: The code an episode's figures depend on (folders and files under ``testbed/``): the model, the
-#: simulator, the plan, the specs, the episodes, the references' rollouts, the generator and the
-#: general features. Not the trainer's or the evaluation's orchestration, nor the command line.
-SIM_CODE = ("core", "model", "sim", "plan", "spec", "aset/episode.py", "aset/headroom.py", "aset/generator.py",
-            "aset/general.py", "aset/envs.py", "aset/scenarios.py", "aset/jobs.py", "agent")
+# -- the training run -----------------------------------------------------------------------------
+
+#: What the data of one episode depends on besides the code and its seeds.
+DATA_KEYS = ("episode_s", "horizon_windows", "probe_every", "behaviour_epsilon")
 
 
-@functools.cache
-def sim_fingerprint() -> str:
-    """sha256 of :data:`SIM_CODE`'s Python files (paths and bytes): the key of the cached episodes of
-    :mod:`testbed.aset.general_train` and :mod:`testbed.aset.general_eval`, so a change of the
-    orchestration, the docs or the command line does not re-simulate them."""
-    import hashlib
-
-    pkg = Path(__file__).resolve().parents[1]
-    files = []
-    for part in SIM_CODE:
-        p = pkg / part
-        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
-    h = hashlib.sha256()
-    for f in files:
-        if "__pycache__" not in f.parts:
-            h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
+def episode_tasks(cfg: AsetConfig, seed: int) -> list[tuple[int, int]]:
+    """(generator seed, simulator seed) of each data episode of training seed ``seed``."""
+    g = cfg.general
+    rng = np.random.default_rng([seed, 3102])
+    lo, hi = g.scenario_seeds
+    return [(int(rng.integers(lo, hi + 1)), int(rng.integers(1, 2**31 - 1))) for _ in range(g.episodes)]
 
 
-__all__ = ["SIM_CODE", "GeneralRun", "decision_gain", "episode_data", "fit", "init_weights", "run_general",
-           "sim_fingerprint"]
+def _key(cfg: AsetConfig, policies: tuple[str, ...], gen_seed: int, sim_seed: int) -> str:
+    g = cfg.general
+    blob = json.dumps({"code": code_fingerprint(), "obs": cfg.observation.model_dump(), "policies": policies,
+                       "data": {k: getattr(g, k) for k in DATA_KEYS}, "gen": gen_seed, "sim": sim_seed},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def data_job(cfg_json: str, gen_seed: int, sim_seed: int, cache: str) -> dict:
+    """One data episode (:func:`testbed.aset.general.episode_data`) of generated training scenario
+    ``gen_seed``, read from or written to the cache; ``x``, ``y``, ``ref`` arrays and figures."""
+    cfg = AsetConfig.model_validate_json(cfg_json)
+    policies = aset_actions(cfg)
+    f = Path(cache) / f"{_key(cfg, policies, gen_seed, sim_seed)}.npz"
+    if f.is_file():
+        try:
+            with np.load(f, allow_pickle=False) as d:
+                return {k: d[k] for k in d.files} | {"cached": True}
+        except (OSError, ValueError):
+            pass
+    doc = draw_scenario("train", gen_seed)
+    info = doc.pop("x_generated")
+    g = cfg.general
+    out = episode_data(plan_document(doc), sim_seed, policies, cfg.observation, horizon=g.horizon_windows,
+                       probe_every=g.probe_every, behaviour_epsilon=g.behaviour_epsilon, duration_s=g.episode_s)
+    out.pop("base")
+    out["pattern"] = np.array(info["pattern"])
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **out)
+    tmp.replace(f)
+    return out | {"cached": False}
+
+
+def _join(parts: list[dict]) -> dict:
+    if not parts:
+        return {"x": np.zeros((0, 1, 1), np.float32), "y": np.zeros((0, 1), np.float32), "ref": np.zeros(0, np.int64)}
+    return {k: np.concatenate([p[k] for p in parts]) for k in ("x", "y", "ref")}
+
+
+def train_general(cfg: AsetConfig, base: Path, *, jobs: int | None = None, backend: str = "process",
+                  ray_address: str | None = None, console=None) -> list[str]:
+    """Train (module docstring); returns the lines to print (what was written, with figures).
+
+    Raises:
+        testbed.core.errors.InputError: the config has no ``general:`` section.
+    """
+
+    g = cfg.general
+    if g is None:
+        raise InputError(f"ASET config {cfg.name}: no 'general:' section")
+    policies = aset_actions(cfg)
+    root = (base / g.out_dir / cfg.name).resolve()
+    cache = root / "cache"
+    tasks = [(cfg.model_dump_json(), gs, ss, str(cache)) for seed in g.seeds for gs, ss in episode_tasks(cfg, seed)]
+    owner = [seed for seed in g.seeds for _ in range(g.episodes)]
+    t0 = time.perf_counter()
+    results: list[dict | None] = [None] * len(tasks)
+    for i, r in imap_unordered(data_job, tasks, backend=backend, jobs=jobs or g.workers, ray_address=ray_address):
+        results[i] = r
+        if console is not None and (i % 20 == 0):
+            console.print(f"data: {sum(x is not None for x in results)}/{len(tasks)} episodes")
+    wall = time.perf_counter() - t0
+    sim_s = float(sum(float(r["wall_s"]) for r in results if not r["cached"]))
+    lines, curves = [], {}
+    export_seed = g.export_seed if g.export_seed is not None else g.seeds[0]
+    for seed in g.seeds:
+        eps = [r for r, o in zip(results, owner, strict=True) if o == seed and len(r["x"])]
+        rng = np.random.default_rng([seed, 3103])
+        n_valid = max(1, int(round(g.validation_fraction * len(eps))))
+        valid_idx = set(rng.choice(len(eps), size=n_valid, replace=False).tolist())
+        train = _join([e for i, e in enumerate(eps) if i not in valid_idx])
+        valid = _join([e for i, e in enumerate(eps) if i in valid_idx])
+        t1 = time.perf_counter()
+        res = fit(train, valid, hidden=list(g.hidden), seed=seed, epochs=g.epochs, batch=g.batch_size,
+                  lr=g.learning_rate, delta=g.huber_delta)
+        fit_s = time.perf_counter() - t1
+        out = root / f"seed-{seed}"
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "curve.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["epoch", "train_loss", "valid_loss", "valid_gain_points"])
+            w.writerows([[e, f"{a:.6f}", f"{b:.6f}", f"{c:.4f}"] for e, a, b, c in res["curve"]])
+        curves[seed] = res["curve"]
+        best = min(res["curve"], key=lambda r: r[2])
+        default, margin, gains = decision_rule(res["weights"], train, valid, policies)
+        meta = {"seed": seed, "episodes": len(eps), "train_samples": int(len(train["x"])),
+                "valid_samples": int(len(valid["x"])), "best_epoch": best[0], "valid_loss": best[2],
+                "valid_gain_points": best[3], "fit_s": round(fit_s, 1), "config": cfg.name,
+                "valid_gain_by_margin": gains}
+        rule = {"default_policy": default, "margin": margin}
+        export_general(res["weights"], out / "general", policies=policies, obs_spec=cfg.observation, provenance=meta,
+                       **rule)
+        lines.append(f"seed {seed}: {len(eps)} episodes, {meta['train_samples']} + {meta['valid_samples']} samples, "
+                     f"best epoch {best[0]}: validation loss {best[2]:.4f}; default {default}, margin {margin:g}: "
+                     f"validation gain {gains[str(margin)]:+.3f} points per probed decision (default alone "
+                     f"{gains['default']:+.3f}, margin 0 {gains['0.0']:+.3f}); fit {fit_s:.0f} s -> {out / 'general'}")
+        if seed == export_seed:
+            dst = base / g.export_to
+            export_general(res["weights"], dst, policies=policies, obs_spec=cfg.observation, provenance=meta, **rule)
+            lines.append(f"exported seed {seed} -> {dst}.{{npz,json}}")
+    write_json_atomic(root / "data.json", {"episodes": len(tasks), "wall_s": round(wall, 1),
+                                           "simulation_cpu_s": round(sim_s, 1),
+                                           "samples": int(sum(len(r["x"]) for r in results))})
+    _plot(root / "curves.png", curves)
+    lines.append(f"data: {len(tasks)} episodes, {wall:.0f} s wall ({sim_s:.0f} s of simulation in the workers, "
+                 f"cached episodes excluded) -> {root}")
+    return lines
+
+
+#: The margins (points) the decision rule is chosen from, on the validation episodes.
+MARGINS = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0)
+
+
+def decision_rule(weights: list[np.ndarray], train: dict, valid: dict,
+                  policies: tuple[str, ...]) -> tuple[str, float, dict[str, float]]:
+    """The acting rule of :meth:`testbed.agent.general.GeneralPolicy.act`: the default policy = the
+    one of the highest mean target in ``train`` (the policy that, deviated to for one window, gains
+    the most on average over the training distribution), and the margin of :data:`MARGINS` with the
+    highest mean target of the picks on ``valid`` (ties: the larger margin). Returns (default,
+    margin, validation gain per margin and of the default alone, points per probed decision)."""
+    default = policies[int(np.argmax(train["y"].mean(axis=0)))]
+    d = policies.index(default)
+    layers = list(zip(weights[0::2], weights[1::2], strict=True))
+    q = forward(layers, valid["x"]) if len(valid["x"]) else np.zeros((0, len(policies)))
+    rows = np.arange(len(q))
+    gains = {"default": float(valid["y"][:, d].mean()) if len(q) else float("nan")}
+    best_m, best_g = MARGINS[-1], -np.inf
+    for m in MARGINS:
+        qq = q.copy()
+        qq[:, d] += m
+        g = float(valid["y"][rows, qq.argmax(axis=1)].mean()) if len(q) else float("nan")
+        gains[str(m)] = g
+        if g >= best_g:
+            best_m, best_g = m, g
+    return default, best_m, gains
+
+
+def _plot(path: Path, curves: dict[int, list]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for seed, c in curves.items():
+        e = [r[0] for r in c]
+        axes[0].plot(e, [r[1] for r in c], ls="--", label=f"seed {seed} train")
+        axes[0].plot(e, [r[2] for r in c], label=f"seed {seed} validation")
+        axes[1].plot(e, [r[3] for r in c], label=f"seed {seed}")
+    axes[0].set(xlabel="epoch", ylabel="Huber loss (points)", title="general ASET: loss")
+    axes[1].set(xlabel="epoch", ylabel="points per probed decision", title="validation decision gain")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+__all__ = ["MARGINS", "GeneralRun", "data_job", "decision_gain", "decision_rule", "episode_data", "episode_tasks",
+           "fit", "init_weights", "train_general"]

@@ -1,17 +1,42 @@
-"""The jobs of ``testbed evaluate`` (:mod:`testbed.aset.evaluate`), each run in a worker process:
-one static policy, the per-source mix, one schedule, the oracle, the causal planner, ASET and the
-decision agreement, on one scenario and seed (plans are loaded in the worker)."""
+"""The jobs of ``testbed evaluate`` (:mod:`testbed.aset.evaluate`), each run in a worker process on
+one scenario file and seed (plans are loaded in the worker), and the ONE result cache of the
+evaluation and the trainers' data episodes.
+
+Jobs: every static policy (:func:`static_job`), one per-source assignment (:func:`assignment_job`),
+the mix search (:func:`mix_job`), the oracle (:func:`oracle_job`), the causal planner
+(:func:`causal_job`) and an agent (:func:`agent_job`: the SAME loop as ``testbed simulate``,
+:func:`testbed.sim.run.drive`, so the same seed gives the same decisions). Every figure is counted
+by :class:`testbed.aset.episode.Episode` (the queries created in the run's duration, on common
+random numbers).
+
+Cache: a job's result is kept as JSON under :func:`task_key`: the job, its arguments, the
+simulation's code (:func:`code_fingerprint`), a scenario's file and inputs
+(:func:`inputs_fingerprint`), and a checkpoint's files.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import hashlib
+import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from testbed.agent.npolicy import NumpyPolicy
-from testbed.aset.envs import AsetSimEnv, plan_contexts
-from testbed.aset.episode import Episode
+from testbed.agent.checkpoint import checkpoint_files, checkpoint_path
+from testbed.agent.selector import initial_policy
+from testbed.aset.episode import Episode, run_static
 from testbed.aset.headroom import best_mix, causal_planner, rollout_oracle, static_ratio
+from testbed.core.distributed import imap_unordered
+from testbed.core.util import repo_path, write_json_atomic
 from testbed.plan.build import Plan, plan_experiment
+from testbed.sim.run import drive
+from testbed.spec.experiment import AsetSpec, load_experiment
+
+#: The code a simulated figure depends on (folders and files under ``testbed/``): the model, the
+#: simulator, the plan, the specs, the agents, the episodes, the references' rollouts, the
+#: generator. Not the orchestration (evaluate, the trainers), the docs nor the command line.
+SIM_CODE = ("core", "model", "sim", "plan", "spec", "agent", "aset/episode.py", "aset/headroom.py",
+            "aset/generator.py", "aset/envs.py", "aset/scenarios.py", "aset/jobs.py")
 
 
 def plan_of(scenario: str) -> Plan:
@@ -19,97 +44,175 @@ def plan_of(scenario: str) -> Plan:
     return plan_experiment(scenario)
 
 
-def static_job(scenario: str, seed: int, actions: Sequence[str], duration_s: float | None) -> dict:
-    """Every static policy on one seed: ``{policy: (ok, n)}``."""
+def static_job(scenario: str, seed: int, actions: Sequence[str], duration_s: float | None,
+               view: str = "reports") -> dict[str, list[int]]:
+    """Every static policy on one seed, the dispatchers' ``view`` (``reports`` or ``fresh``):
+    ``{policy: [ok, n]}``."""
     plan = plan_of(scenario)
-    n = len(plan.sources)
-    return {a: static_ratio(plan, seed, [a] * n, None, duration_s) for a in actions}
+    out = {}
+    for a in actions:
+        ep = run_static(plan, seed, [a] * len(plan.sources), None, duration_s, view=view)
+        out[a] = [int(ep.ok.sum()), int(ep.n.sum())]
+    return out
+
+
+def assignment_job(scenario: str, seed: int, assignment: Sequence[str], duration_s: float | None) -> list[int]:
+    """One constant per-source assignment (sorted source order) on one seed: [ok, n]."""
+    return list(static_ratio(plan_of(scenario), seed, assignment, None, duration_s))
 
 
 def mix_job(scenario: str, seeds: Sequence[int], actions: Sequence[str], duration_s: float | None,
-            known: dict[str, float]) -> tuple[list[str], float]:
-    """The per-source mix of one scenario chosen on ``seeds`` (``known``: static means)."""
+            known: dict[str, float]) -> list:
+    """The per-source mix of one scenario chosen on ``seeds`` by coordinate ascent from the best
+    of ``known`` (static policy -> mean on those seeds): [mix, its mean]."""
     plan = plan_of(scenario)
     n = len(plan.sources)
     start = max(known, key=lambda p: (known[p], p))
     mix, v, _ = best_mix(plan, seeds, actions, start, None, duration_s, {tuple([p] * n): m for p, m in known.items()})
-    return mix, v
+    return [mix, v]
 
 
-def assignment_job(scenario: str, seed: int, assignment: Sequence[str], duration_s: float | None) -> tuple[int, int]:
-    """One constant per-source assignment on one seed: (ok, n)."""
-
-    return static_ratio(plan_of(scenario), seed, assignment, None, duration_s)
-
-
-def oracle_job(scenario: str, seed: int, base: Sequence[Sequence[str]], actions: Sequence[str],
+def oracle_job(scenario: str, seed: int, bases: Sequence[Sequence[str]], actions: Sequence[str],
                duration_s: float | None, horizon: int | None) -> dict:
-    """The oracle on one seed (:func:`testbed.aset.headroom.rollout_oracle`)."""
-
-    r = rollout_oracle(plan_of(scenario), seed, base, actions, None, duration_s, horizon)
-    return {"ok": r.ok, "n": r.n, "base_ok": r.base_ok, "fallback": r.fallback, "trials": r.trials,
-            "schedule": r.schedule}
+    """The clairvoyant oracle on one seed (:func:`testbed.aset.headroom.rollout_oracle`)."""
+    r = rollout_oracle(plan_of(scenario), seed, bases, actions, None, duration_s, horizon)
+    return {"ok": r.ok, "n": r.n, "fallback": r.fallback, "schedule": r.schedule}
 
 
 def causal_job(scenario: str, seed: int, base: Sequence[str], actions: Sequence[str], samples: int,
-               duration_s: float | None, horizon: int | None, min_t: float = 0.0) -> dict:
-    """The causal planner on one seed (:func:`testbed.aset.headroom.causal_planner`; base: the mix)."""
-
+               duration_s: float | None, horizon: int | None, min_t: float) -> dict:
+    """The causal planner on one seed (:func:`testbed.aset.headroom.causal_planner`, over ``base``)."""
     r = causal_planner(plan_of(scenario), seed, base, actions, samples, None, duration_s, horizon, min_t)
     moved = sum(a != b for row in r.schedule for a, b in zip(row, base, strict=True))
-    return {"ok": r.ok, "n": r.n, "base_ok": r.base_ok, "trials": r.trials, "schedule": r.schedule,
-            "deviations": moved / max(1, len(r.schedule) * len(base))}
+    return {"ok": r.ok, "n": r.n, "schedule": r.schedule, "deviations": moved / max(1, len(r.schedule) * len(base))}
 
 
-def aset_job(scenario: str, seed: int, checkpoint: str, duration_s: float | None) -> dict:
-    """ASET's greedy policy on one seed: (ok, n) and how often it chose each action."""
-
-    pol = NumpyPolicy(checkpoint)
+def agent_job(scenario: str, seed: int, agent: str, duration_s: float | None) -> dict:
+    """An agent (``agent``: an ``aset:`` section as JSON, :class:`testbed.spec.experiment.AsetSpec`)
+    driving every source on one seed, through :func:`testbed.sim.run.drive` (``testbed simulate``'s
+    loop): ``{"ok", "n", "shares": {policy: share of the decisions}, "schedule": {source: [policy per
+    window]}}``."""
     plan = plan_of(scenario)
-    env = AsetSimEnv(plan, pol.obs_spec, duration_s or plan.experiment.duration_s, policies=tuple(pol.meta["policies"]))
-    pol.check_contexts(env.contexts, f"the simulator env of {scenario}")
-    obs, _ = env.reset(seed=seed, options={"sim_seed": seed})
-    done, info = False, {}
-    while not done:
-        obs, _, _, done, info = env.step(pol.act(obs))
-    share = env.policy_windows.sum(0) / max(1, env.policy_windows.sum())
-    return {"ok": int(env.ep.ok.sum()), "n": int(env.ep.n.sum()),
-            "share": {p: round(float(s), 4) for p, s in zip(env.policies, share, strict=True) if s > 0}}
+    aset = AsetSpec.model_validate_json(agent)
+    srcs = sorted(h.name for h in plan.sources)
+    ep = Episode(plan, seed, dict.fromkeys(srcs, initial_policy(aset)), None, duration_s)
+    schedule = drive(ep.sim, plan, srcs, aset, ep.duration_s, on_resolved=ep.count)
+    ep.finish()
+    counts: dict[str, int] = {}
+    for names in schedule.values():
+        for p in names:
+            counts[p] = counts.get(p, 0) + 1
+    total = max(1, sum(counts.values()))
+    return {"ok": int(ep.ok.sum()), "n": int(ep.n.sum()), "shares": {p: c / total for p, c in sorted(counts.items())},
+            "schedule": schedule}
 
 
-def check_checkpoint(ckpt: Path, scenarios: Sequence[str]) -> NumpyPolicy:
-    """Fail at once (not after hours of runs) when the checkpoint cannot drive a scenario; returns
-    the checkpoint's policy.
-
-    Raises:
-        ValueError: a checkpoint file that cannot be read (cut short, corrupt), naming it; other
-            clusters or sources than the scenario's; ObservationSizeError.
-    """
-
-    pol = NumpyPolicy(ckpt)
-    for s in scenarios:
-        pol.check_contexts(plan_contexts(plan_of(s), tuple(pol.meta["policies"]), pol.obs_spec),
-                           f"the simulator env of {s}")
-    return pol
+# ----------------------------------------------------------------------------- the cache
+def _hash_files(files: Sequence[Path], root: Path) -> str:
+    """sha256 over each file's path relative to ``root`` and its bytes, in sorted order."""
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(str(f.relative_to(root)).encode() + b"\0")
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
-def agreement_job(scenario: str, seed: int, actions: Sequence[str], duration_s: float | None) -> dict:
-    """Pairwise decision agreement of the actions: under each static policy in turn, at every
-    window start, for every source and application, every action decides on the dispatcher's
-    current options (``random`` / ``round_robin`` on a copy of its state, so the run is unchanged).
-    Returns ``{"a|b": [same, total]}``."""
-    plan = plan_of(scenario)
-    apps = list(plan.experiment.applications)
-    counts: dict[str, list[int]] = {f"{a}|{b}": [0, 0] for i, a in enumerate(actions) for b in actions[i + 1:]}
-    for run_policy in actions:
-        ep = Episode(plan, seed, {h.name: run_policy for h in plan.sources}, None, duration_s)
-        while ep.w < ep.n_windows:
-            for view in (ep.sim.source_view(s) for s in ep.sources):
-                for app in apps:
-                    picks = {a: view.would_pick(a, app.deadline_ms, app.min_accuracy, app.family) for a in actions}
-                    for key, c in counts.items():
-                        a, b = key.split("|")
-                        c[0] += int(picks[a] == picks[b])
-                        c[1] += 1
-            ep.step()
-    return counts
+@functools.cache
+def code_fingerprint() -> str:
+    """sha256 of :data:`SIM_CODE`'s Python files (paths and bytes): the ONE key of every cached
+    simulation (evaluation jobs, the trainers' data episodes)."""
+    pkg = Path(__file__).resolve().parents[1]
+    files: list[Path] = []
+    for part in SIM_CODE:
+        p = pkg / part
+        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    return _hash_files([f for f in files if "__pycache__" not in f.parts], pkg)
+
+
+@functools.cache
+def inputs_fingerprint(scenario: str) -> str:
+    """sha256 of what a scenario's simulation reads besides its own file: every file of its
+    profiles folder, its zoo's ``manifest.json`` and its topology file (a ``topohub:`` source is
+    fixed by the pinned package). A missing folder hashes as empty; planning reports it."""
+    exp = load_experiment(scenario)
+    profiles, zoo = repo_path(exp.profiles_dir), repo_path(exp.zoo_dir)
+    files = [f for f in profiles.rglob("*") if f.is_file()] if profiles.is_dir() else []
+    manifest = zoo / "manifest.json"
+    out = _hash_files(files, profiles) + (_hash_files([manifest], zoo) if manifest.is_file() else "")
+    src = str(exp.topology.source)
+    if not src.startswith("topohub:"):
+        for cand in (Path(scenario).parent / src, repo_path("topologies") / src, Path(src)):
+            if cand.is_file():
+                out += _hash_files([cand.resolve()], cand.resolve().parent)
+                break
+    return out
+
+
+def task_key(fn: Callable, task: tuple) -> str:
+    """The cache key of one job (module docstring)."""
+    h = hashlib.sha256(f"{fn.__name__}\0{code_fingerprint()}".encode())
+    for a in task:
+        h.update(json.dumps(a, sort_keys=True, default=str).encode())
+        if isinstance(a, str) and a.endswith((".yaml", ".yml")) and Path(a).is_file():
+            h.update(Path(a).read_bytes())
+            h.update(inputs_fingerprint(str(Path(a).resolve())).encode())
+    if fn is agent_job:
+        ckpt = AsetSpec.model_validate_json(task[2]).checkpoint
+        for f in checkpoint_files(checkpoint_path(ckpt)) if ckpt else ():
+            h.update(f.read_bytes() if f.is_file() else b"")
+    return h.hexdigest()[:24]
+
+
+def run_jobs(fn: Callable, tasks: list[tuple], *, cache: Path | None, workers: int = 2, backend: str = "process",
+             ray_address: str | None = None, advance: Callable[[], None] | None = None,
+             warn: Callable[[str], None] | None = None) -> list:
+    """``fn(*task)`` for every task, in task order, in parallel (:mod:`testbed.core.distributed`),
+    each result kept in ``cache`` (a folder; None: no cache) under :func:`task_key` and reused; a
+    cache file that cannot be read is a miss (said by ``warn``) and is written again.
+    ``advance`` is called once per task done (a progress bar)."""
+    keys = [cache / f"{task_key(fn, t)}.json" if cache is not None else None for t in tasks]
+    out: list = [None] * len(tasks)
+    todo = []
+    for i, f in enumerate(keys):
+        if f is not None and f.is_file():
+            try:
+                out[i] = json.loads(f.read_text())
+                if advance is not None:
+                    advance()
+                continue
+            except (OSError, ValueError) as exc:
+                if warn is not None:
+                    warn(f"evaluation cache file {f} is unreadable ({type(exc).__name__}: {exc}); computing it again")
+        todo.append(i)
+    for k, r in imap_unordered(fn, [tasks[i] for i in todo], backend=backend, jobs=workers, ray_address=ray_address):
+        i = todo[k]
+        out[i] = json.loads(json.dumps(r))  # the same types as a cached result
+        if keys[i] is not None:
+            keys[i].parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(keys[i], r, indent=None)
+        if advance is not None:
+            advance()
+    return out
+
+
+def progress_bar(console, total: int, label: str):
+    """A started rich progress bar of ``total`` jobs: ``(bar, task)``; its description is the
+    phase, with done / total, elapsed time and the estimated time left."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(TextColumn(f"[bold]{label}[/bold] {{task.description}}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
+    task = bar.add_task("", total=total)
+    bar.start()
+    return bar, task
+
+
+__all__ = ["SIM_CODE", "agent_job", "assignment_job", "causal_job", "code_fingerprint", "inputs_fingerprint",
+           "mix_job", "oracle_job", "plan_of", "progress_bar", "run_jobs", "static_job", "task_key"]

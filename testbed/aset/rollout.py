@@ -9,7 +9,7 @@ of a deviation can instead be MEASURED, paired on common random numbers, for eve
 
 **Data** (:func:`episode_data`, one episode per task, in parallel through
 :mod:`testbed.core.distributed`): a scenario of ``training.scenarios`` with its load randomised
-(:func:`testbed.aset.train.scenario_sampler`, ``training.randomise``), a simulator seed drawn from
+(:func:`testbed.aset.scenarios.scenario_sampler`, ``training.randomise``), a simulator seed drawn from
 the training seed; the base schedule is each source's planned policy (``observation.plans``, the
 scenario's per-source mix). An :class:`~testbed.aset.envs.AsetSimEnv` is driven with the base
 actions, so every observation is the env's own. At each window w, before it runs, and for each
@@ -27,7 +27,7 @@ nothing was created in [w, w + H) give no sample. With ``behaviour_epsilon`` the
 leaves the plan now and then (an action drawn uniformly), so that observations after a deviation,
 whose current-policy one-hot is not the plan, are in the data; the targets are the same
 measure from the states so reached. Each episode's data set is kept in ``cache_dir`` as npz, keyed by
-:func:`testbed.aset.evaluate.task_key` (the code, the scenario file and its inputs, the
+:func:`testbed.aset.jobs.task_key` (the code, the scenario file and its inputs, the
 observation, the actions, the horizon, the load randomisation, the seed), so a rerun does not
 simulate it again.
 
@@ -62,13 +62,14 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from testbed.agent.npolicy import copy_policy, plan_scores, policy_files
+from testbed.agent.checkpoint import checkpoint_files, copy_checkpoint
+from testbed.agent.npolicy import plan_scores
 from testbed.aset.curves import write_loss_curves
 from testbed.aset.envs import AsetSimEnv, PlanSampler
 from testbed.aset.episode import settle_s
-from testbed.aset.evaluate import code_fingerprint, inputs_fingerprint, progress_bar, task_key
 from testbed.aset.headroom import continuation_ok
-from testbed.aset.train import (
+from testbed.aset.jobs import code_fingerprint, inputs_fingerprint, progress_bar, task_key
+from testbed.aset.scenarios import (
     TrainResult,
     check_outputs,
     clear_run_dir,
@@ -388,14 +389,14 @@ class FitResult:
 
 def fit(data: RolloutData, cfg: AsetConfig, seed: int) -> FitResult:
     """Regress the Q-network on the data's targets (module docstring); the network is
-    :func:`testbed.aset.agent.build_q_network` of ``agent.hidden`` seeded by ``seed``, which also
+    :func:`testbed.aset.dqn.build_q_network` of ``agent.hidden`` seeded by ``seed``, which also
     draws the validation episodes and the minibatches.
 
     Raises:
         ValueError: nothing to hold out, or nothing left to train on (:meth:`RolloutData.split`)."""
     import tensorflow as tf  # heavy: only when fitting
 
-    from testbed.aset.agent import build_q_network  # imports TensorFlow
+    from testbed.aset.dqn import build_q_network  # imports TensorFlow
 
     tf_one_thread()
     t0 = time.perf_counter()
@@ -471,15 +472,15 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
     ``training.out_dir/<name>/seed-<k>/policy`` with its ``epochs.csv``, ``curve.png``,
     ``rollout.json`` and data set (``data.npz``, :meth:`RolloutData.save`); ``curves.png`` of
     every seed; the policy of ``export_seed`` (default the first seed) copied to
-    ``training.export_to``. ``scenarios``: :func:`~testbed.aset.train.training_scenarios` of
+    ``training.export_to``. ``scenarios``: :func:`~testbed.aset.scenarios.training_scenarios` of
     ``cfg`` when the caller has them. Each seed's folder is emptied of an earlier run's outputs
-    (:func:`testbed.aset.train.clear_run_dir`) before its own are written.
+    (:func:`testbed.aset.scenarios.clear_run_dir`) before its own are written.
 
     Raises:
         ValueError: no ``training:`` section, or not ``method: rollout``. Before anything is
-            simulated: the scenarios' errors (:func:`testbed.aset.train.training_scenarios`),
+            simulated: the scenarios' errors (:func:`testbed.aset.scenarios.training_scenarios`),
             ``training.seeds`` and an output path that cannot be written (the cache, ``out_dir``,
-            ``export_to``: InputError, :func:`testbed.aset.train.check_outputs`). RunFailure: a
+            ``export_to``: InputError, :func:`testbed.aset.scenarios.check_outputs`). RunFailure: a
             seed's data leaves nothing to fit (:func:`fit`'s ValueError; nothing copied).
     """
 
@@ -517,7 +518,7 @@ def train_rollout(cfg: AsetConfig, base: Path, *, workers: int | None = None, ba
                       f"ASET rollout regression ({len(results)} seeds)")
     chosen = tr.export_seed if tr.export_seed is not None else seeds[0]
     if tr.export_to:
-        copy_policy(next(r for r in results if r.seed == chosen).policy_path, resolve(base, tr.export_to))
+        copy_checkpoint(next(r for r in results if r.seed == chosen).policy_path, resolve(base, tr.export_to))
     return results
 
 
@@ -564,7 +565,7 @@ def written_lines(cfg: AsetConfig, base: Path, results: list[RolloutResult]) -> 
     lines.append(f"  {resolve(base, cfg.training.out_dir) / cfg.name / 'curves.png'} (the loss curves)")
     if cfg.training.export_to:
 
-        stem = str(policy_files(cfg.training.export_to)[0]).removesuffix(".npz")
+        stem = str(checkpoint_files(cfg.training.export_to)[0]).removesuffix(".npz")
         lines.append(f"  {stem}.npz/.json (the policy, exported)")
     return lines
 

@@ -1,22 +1,28 @@
 """The scenarios ASET trains on: the plan sampler over scenario files (load scaling), the shape
-every scenario of one agent shares, and the checks made before anything is trained or built.
+every scenario of one agent shares, the checks made before anything is trained or built, and
+what the plan-based trainers share (their seeds, output folders and export).
 
-Both the Gymnasium environments (:mod:`testbed.aset.envs`) and the trainer (:mod:`testbed.aset.train`)
-read these; this module imports neither.
+The Gymnasium environment (:mod:`testbed.aset.envs`) and the trainers (:mod:`testbed.aset.dqn`,
+:mod:`testbed.aset.rollout`) read these; this module imports none of them.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from pydantic import ValidationError
 
+from testbed.agent.checkpoint import checkpoint_files
+from testbed.agent.npolicy import export_policy
 from testbed.aset.episode import episode_windows, window_of
 from testbed.core.errors import InputError, naming_file
 from testbed.core.util import repo_path, scenarios_problem
-from testbed.plan.build import Plan, PlanError, build_plan, check_load_bounds
+from testbed.plan.build import Plan, PlanError, build_plan, check_load_bounds, runs_dir_problem
 from testbed.spec.aset import AsetConfig, ObservationSpec, RandomiseSpec, RewardSpec, check_scenario_keys, plan_key
 from testbed.spec.experiment import ConfigError, Experiment, format_validation_error, load_experiment
 from testbed.spec.topology import load_topology
@@ -100,7 +106,7 @@ def check_training_scenarios(paths: list[Path], plans: list[Plan]) -> None:
     """Refuse scenario files one agent cannot train on together, before anything is built.
 
     Each needs its own experiment ``name`` (``reward.baseline_mix``, the episode log and
-    ``--specialise``'s outputs are keyed by it: two files of one name would share them), and the
+    the trainers' outputs are keyed by it: two files of one name would share them), and the
     same sources, applications and clusters (names, :func:`testbed.aset.envs.space_shape`) as the
     first: they fix the observation and action spaces of the one network.
 
@@ -112,7 +118,7 @@ def check_training_scenarios(paths: list[Path], plans: list[Plan]) -> None:
             another shape with what differs from the first file.
     """
     problem = scenarios_problem("training.scenarios", paths, [p.experiment.name for p in plans],
-                                "the reward's baseline_mix, the episode log and --specialise")
+                                "the reward's baseline_mix and the episode log")
     if problem:
         raise ConfigError(problem)
     ref = space_shape(plans[0])
@@ -224,13 +230,134 @@ def check_plans(obs: ObservationSpec, plans: list, paths: list[Path]) -> None:
             raise ConfigError(f"{exc} (training scenario {path})") from None
 
 
+# ----------------------------------------------------------------------------- what every trainer shares
+def training_seeds(cfg: AsetConfig) -> list[int]:
+    """The seeds of ``cfg``'s training runs: ``training.seeds``, or ``[seed]`` when left out.
+
+    Raises:
+        ConfigError: ``training.seeds`` is an empty list (it would train nothing; a config built
+            with ``model_copy``, which skips validation, can carry one).
+    """
+    seeds = cfg.training.seeds
+    if seeds is not None and not seeds:
+        raise ConfigError(f"training.seeds: an empty list trains nothing; list at least one seed, or leave it out "
+                          f"for the config's seed ({cfg.seed})")
+    return list(seeds) if seeds is not None else [cfg.seed]
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why a file cannot be written at ``path``, or None (its folder: :func:`runs_dir_problem`)."""
+    if path.is_dir():
+        return f"{path} is a folder"
+    return runs_dir_problem(path.parent)
+
+
+def export_problem(export_to: str, base: Path) -> str | None:
+    """Why a policy cannot be exported to ``export_to`` (its ``.npz`` and ``.json``), or None: a
+    name that looks like a folder (a trailing ``/``, ``.``, ``..``, an existing folder: the files
+    would be written beside it as ``<folder>.npz``), or a path that cannot be written."""
+
+    if export_to.endswith(("/", os.sep)) or Path(export_to).name in ("", ".", ".."):
+        return (f"{export_to!r} names a folder; give the policy's file name without suffix (e.g. models/aset/aset, "
+                f"written as aset.npz and aset.json)")
+    dst = resolve(base, export_to)
+    if dst.is_dir():
+        return (f"{dst} is a folder; give the policy's file name without suffix (e.g. {export_to.rstrip('/')}/aset, "
+                f"written as .npz and .json)")
+    return next((problem for f in checkpoint_files(dst) if (problem := _file_problem(f))), None)
+
+
+def check_outputs(cfg: AsetConfig, base: Path, seeds: list[int], folders: tuple[tuple[str, Path], ...] = (),
+                  exports: tuple[str, ...] = ()) -> None:
+    """Refuse, before any work, output paths training could not write (folders tried for real and
+    left as they were, :func:`testbed.plan.build.runs_dir_problem`): ``training.out_dir/<name>``, each
+    seed's folder (``seed-<k>``) and ``curves.png`` there, ``training.export_to``, and the caller's
+    ``folders`` ((item, folder): e.g. the rollout cache) and ``exports``.
+
+    Raises:
+        InputError: naming the item (``training.out_dir``, ``training.export_to``) and the path.
+    """
+    tr = cfg.training
+    root = resolve(base, tr.out_dir) / cfg.name
+    out = f"training.out_dir {tr.out_dir}"
+    checks = [(out, runs_dir_problem(p)) for p in (root, *(root / f"seed-{s}" for s in seeds))]
+    checks += [(out, _file_problem(root / "curves.png"))]
+    checks += [(item, runs_dir_problem(p)) for item, p in folders]
+    checks += [(f"training.export_to {e}", export_problem(e, base))
+               for e in ([tr.export_to] if tr.export_to else []) + list(exports)]
+    for item, problem in checks:
+        if problem:
+            raise InputError(f"{item}: {problem}; choose another path (checked before training, which would "
+                             f"fail to write there after its work)")
+
+
+#: What a training run writes in its folder (``seed-<k>``), either method:
+#: removed when a run starts there (:func:`clear_run_dir`).
+RUN_OUTPUTS = ("checkpoints", "tb", "episodes.csv", "curve.png", "policy.npz", "policy.json", "data.npz",
+               "epochs.csv", "rollout.json")
+
+
+def clear_run_dir(out: Path) -> None:
+    """Remove what an earlier training run wrote in ``out`` (:data:`RUN_OUTPUTS`; nothing else), so
+    the new run starts from an empty folder: its ``checkpoints/`` hold its own steps only
+    and ``tb/`` its own events."""
+    for name in RUN_OUTPUTS:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+@dataclass
+class TrainResult:
+    """What a training run produced: output folder, exported policy path (no suffix), per-episode
+    log rows (step, scenario, success_ratio, mean_reward, epsilon), wall time in s, ``updates``:
+    the gradient steps the network took (0: nothing was exported, :func:`train`)."""
+
+    out_dir: Path
+    policy_path: Path
+    seed: int = 0
+    episodes: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+    steps: int = 0
+    agent: object = None
+    updates: int = 0
+
+
+def tf_one_thread() -> None:
+    """TensorFlow on 1 intra-op and 1 inter-op thread: the 2 cores are shared (docs/aset.md). Only
+    possible before TensorFlow's first op; later calls change nothing."""
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:
+        pass
+
+
+def export_weights(cfg: AsetConfig, env, weights: list[np.ndarray], path: Path, seed: int,
+                   meta: dict) -> None:
+    """Export a Q-network's weights trained on ``env``'s spaces as the deployable greedy policy
+    (:func:`testbed.agent.npolicy.export_policy`, the decision rule of ``cfg.agent.plan_margin``);
+    ``meta`` is stored with the config's name, the seed and the training scenarios."""
+
+    ctx = env.contexts[0]
+    meta = {"config": cfg.name, "seed": seed, "trained_on": list(cfg.training.scenarios), **meta}
+    export_policy(weights, path, obs_spec=cfg.observation, applications=list(ctx.applications),
+                  clusters=list(ctx.clusters), policies=list(env.policies), sources=list(ctx.sources),
+                  provenance=meta, deadlines_ms=list(ctx.deadline_ms), plan_margin=cfg.agent.plan_margin)
+
+
 def resolve(base: Path, p: str) -> Path:
     """``p`` relative to ``base`` unless absolute."""
     return repo_path(p, base)
 
 
 __all__ = [
-    "PlanSampler", "SHAPE_PARTS", "check_episode_loads", "check_plans", "check_reward_baselines",
-    "check_training_scenarios", "resolve", "scale_rates", "scaled_experiment", "scenario_sampler", "space_shape",
-    "training_scenarios"
+    "RUN_OUTPUTS", "SHAPE_PARTS", "PlanSampler", "TrainResult", "check_episode_loads", "check_outputs", "check_plans",
+    "check_reward_baselines", "check_training_scenarios", "clear_run_dir", "export_problem", "export_weights",
+    "resolve", "scale_rates", "scaled_experiment", "scenario_sampler", "space_shape", "tf_one_thread",
+    "training_scenarios", "training_seeds",
 ]

@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from testbed.agent.live import refuse_unfit_checkpoint
-from testbed.aset.train import resolve, training_scenarios
+from testbed.agent.live import check_agents
+from testbed.aset.scenarios import resolve, training_scenarios
 from testbed.cli import compare, evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help, print_feasibility
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
@@ -132,7 +132,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if isinstance(top, dict) and ASET_CONFIG_KEYS & set(top) and "topology" not in top:
         return _plan_aset_config(args.experiment)
     plan = plan_experiment(args.experiment)
-    refuse_unfit_checkpoint(plan)  # what testbed run checks before bring-up
+    check_agents(plan)  # what testbed run checks before bring-up
     if args.json:
         import json
 

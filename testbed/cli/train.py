@@ -1,19 +1,20 @@
-"""``testbed train ASET_CONFIG.yaml``: train the ASET agent in the simulator over randomised
-scenarios, one run per seed of ``training.seeds``. ``training.method: dqn`` (double DQN,
-:mod:`testbed.aset.train`): TensorBoard logs, checkpoints, learning curves and the exported policy
-go to ``training.out_dir/<name>/``. ``training.method: rollout`` (:mod:`testbed.aset.rollout`):
-the rollout data set, loss curves and the exported policy, same folder."""
+"""``testbed train ASET_CONFIG.yaml``: train an ASET agent in the simulator, one run per training
+seed. ``general:`` (the general agent, :mod:`testbed.aset.general`): data episodes over generated
+scenarios, the scorer's fit, the export. ``training.method: dqn`` (the paper's double DQN,
+:mod:`testbed.aset.dqn`): TensorBoard logs, checkpoints, learning curves and the exported policy go
+to ``training.out_dir/<name>/``. ``training.method: rollout`` (:mod:`testbed.aset.rollout`): the
+rollout data set, loss curves and the exported policy, same folder."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from testbed.agent.npolicy import policy_files
-from testbed.aset import train as aset_train  # through the module: tests stand in for its functions
+from testbed.agent.checkpoint import checkpoint_files
 from testbed.aset.episode import episode_windows
-from testbed.aset.general_train import train_general
+from testbed.aset.general import train_general
 from testbed.aset.rollout import train_rollout, written_lines
+from testbed.aset.scenarios import resolve, training_scenarios
 from testbed.cli.common import console, plain_help
 from testbed.cli.simulate import seed_arg
 from testbed.core.errors import InputError, counted, naming_file
@@ -46,17 +47,13 @@ def register(subparsers) -> None:
                               description=plain_help(__doc__))
     p.add_argument("config", help="ASET config YAML (e.g. experiments/aset-train.yaml)")
     p.add_argument("--steps", type=_positive_int, default=None,
-                   help="override training.steps (windows; with --specialise: training.specialise.steps); DQN only")
+                   help="override training.steps (windows); DQN only")
     p.add_argument("--seeds", type=_seed_list, default=None, help="override training.seeds, e.g. 1,2,3")
     p.add_argument("--jobs", type=_positive_int, default=None,
                    help="seeds trained at once (parallel processes; default 1); with training.method: rollout, "
                         "data episodes simulated at once (default training.rollout.workers)")
     p.add_argument("--rollout-workers", type=_int_at_least(0), default=None,
                    help="override training.rollout_workers (DQN only)")
-    p.add_argument("--specialise", action="store_true",
-                   help="instead of training: fine-tune the export seed's last checkpoint of an earlier "
-                        "`testbed train` per scenario (training.specialise; exported to "
-                        "<export_to>-<scenario>); DQN only")
     p.add_argument("--backend", choices=["process", "ray"], default="process", help="parallel backend")
     p.add_argument("--ray-address", default=None, help="a Ray cluster (HOST:PORT or auto); default: local")
     p.set_defaults(func=_cmd)
@@ -88,18 +85,18 @@ def _cmd(args: argparse.Namespace) -> int:
         problem = cfg.training_problem()
         if problem:
             raise InputError(f"{args.config} with the command line's training overrides: {problem}")
-    root = aset_train.resolve(base, cfg.training.out_dir) / cfg.name
+    root = resolve(base, cfg.training.out_dir) / cfg.name
     try:  # every scenario planned and checked (together, against reward) before anything is written
-        scenarios = aset_train.training_scenarios(cfg, base)
+        scenarios = training_scenarios(cfg, base)
     except InputError as exc:  # named after the config whose training section refers to them
         raise naming_file(exc, args.config) from None
     if cfg.training.method == "rollout":
         return _rollout(cfg, base, args, scenarios)
-    if args.specialise:
-        return _specialise(cfg, base, args, scenarios)
+    from testbed.aset import dqn  # imports TensorFlow: only for the DQN
+
     before = _files(root)
     try:  # the steps, the seeds and every output path are checked before any work
-        results = aset_train.train_seeds(cfg, base, steps=args.steps, jobs=args.jobs or 1, console=console,
+        results = dqn.train_seeds(cfg, base, steps=args.steps, jobs=args.jobs or 1, console=console,
                               backend="ray" if args.ray_address else args.backend, ray_address=args.ray_address,
                               scenarios=scenarios)
     except InputError as exc:
@@ -113,7 +110,7 @@ def _cmd(args: argparse.Namespace) -> int:
 
 
 def _general(cfg, base: Path, args: argparse.Namespace) -> int:
-    """A ``general:`` config (:mod:`testbed.aset.general_train`): the DQN's options are refused;
+    """A ``general:`` config (:mod:`testbed.aset.general`): the DQN's options are refused;
     ``--seeds`` and ``--jobs`` apply.
 
     Raises:
@@ -121,8 +118,7 @@ def _general(cfg, base: Path, args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
 
-    dqn = [o for o, v in (("--steps", args.steps), ("--specialise", args.specialise or None),
-                          ("--rollout-workers", args.rollout_workers)) if v is not None]
+    dqn = [o for o, v in (("--steps", args.steps), ("--rollout-workers", args.rollout_workers)) if v is not None]
     if dqn:
         raise InputError(f"{args.config}: {', '.join(dqn)}: not used by the general agent's training (general:)")
     if args.seeds:
@@ -142,8 +138,7 @@ def _refuse_dqn_options(args: argparse.Namespace) -> None:
 
     Raises:
         InputError: one of them was given."""
-    dqn = [o for o, v in (("--steps", args.steps), ("--specialise", args.specialise or None),
-                          ("--rollout-workers", args.rollout_workers)) if v is not None]
+    dqn = [o for o, v in (("--steps", args.steps), ("--rollout-workers", args.rollout_workers)) if v is not None]
     if dqn:
         raise InputError(f"{args.config}: {', '.join(dqn)}: the DQN's (training.method: dqn); this config trains "
                          f"on rollout targets (training.rollout)")
@@ -164,30 +159,6 @@ def _rollout(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
         raise naming_file(exc, args.config) from None
     for line in written_lines(cfg, base, results):
         console.print(line, markup=False, highlight=False)
-    return 0
-
-
-def _specialise(cfg, base: Path, args: argparse.Namespace, scenarios) -> int:
-    """``--specialise``: per-scenario fine-tuning from the general training's last checkpoint.
-
-    Raises:
-        InputError: no checkpoint, too few steps, an output path (named after the config).
-        RunFailure: a scenario's network took no gradient step (nothing exported)."""
-
-    try:
-        backend = "ray" if args.ray_address else args.backend
-        results = aset_train.specialise(cfg, base, jobs=args.jobs or 1, backend=backend, ray_address=args.ray_address,
-                                        console=console, steps=args.steps, scenarios=scenarios)
-    except InputError as exc:
-        raise naming_file(exc, args.config) from None
-    except (FileNotFoundError, ValueError) as exc:
-        raise InputError(str(exc)) from None
-    for res in results:
-        last = res.episodes[-10:]
-        mean = sum(e["success_ratio"] for e in last) / len(last) if last else float("nan")
-        exported = aset_train.specialised_path(cfg.training.export_to, res.out_dir.name)
-        console.print(f"{res.out_dir.name}: {counted(res.steps, 'step')}, success ratio of the last "
-                      f"{counted(len(last), 'episode')} {mean:.3f}; exported to {exported}.npz/.json")
     return 0
 
 
@@ -235,7 +206,7 @@ def _written(root: Path, results: list, export_to: str | None, changed: set[Path
         lines.append(f"  {curves} (the learning curves)")
     if export_to:
 
-        lines.append(f"  {str(policy_files(export_to)[0]).removesuffix('.npz')}.npz/.json (the policy, exported)")
+        lines.append(f"  {str(checkpoint_files(export_to)[0]).removesuffix('.npz')}.npz/.json (the policy, exported)")
     if curves not in changed:
         steps = max(r.steps for r in results)
         stale = f"; the {curves} there is an earlier run's" if curves.exists() else ""

@@ -323,6 +323,41 @@ def ci95(values: Sequence[float | None]) -> tuple[float, float]:
     return m, float(stats.t.ppf(0.975, len(v) - 1)) * sd / math.sqrt(len(v))
 
 
+def paired_test(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """``a - b`` paired per seed (the same index: common random numbers), the pairs with a None or
+    NaN left out: ``mean`` and ``ci`` (the 95 % CI half-width, :func:`ci95`), ``n`` (pairs) and
+    ``p`` (two-sided paired t test, ``scipy.stats.ttest_rel``; with no spread, 1.0 when every
+    difference is 0 and 0.0 when they are all one other value; NaN for fewer than 2 pairs)."""
+    from scipy import stats
+
+    d = [(float(x), float(y)) for x, y in zip(a, b, strict=True)
+         if x is not None and y is not None and not math.isnan(float(x)) and not math.isnan(float(y))]
+    m, h = ci95([x - y for x, y in d])
+    diffs = {x - y for x, y in d}
+    if len(d) < 2:
+        p = math.nan
+    elif len(diffs) == 1:  # no spread: certain (or no difference at all)
+        p = 1.0 if diffs == {0.0} else 0.0
+    else:
+        p = float(stats.ttest_rel([x for x, _ in d], [y for _, y in d]).pvalue)
+    return {"mean": m, "ci": h, "n": len(d), "p": p}
+
+
+def holm(pvalues: Sequence[float], alpha: float = 0.05) -> list[bool]:
+    """Which of ``pvalues`` are rejected at family-wise level ``alpha`` by Holm's step-down method
+    (Holm, "A simple sequentially rejective multiple test procedure", Scand. J. Statist. 1979):
+    sorted ascending, the i-th (from 0) is rejected while p <= alpha / (m - i). NaN is never rejected."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: (math.isnan(pvalues[i]), pvalues[i]))
+    out = [False] * m
+    for rank, i in enumerate(order):
+        p = pvalues[i]
+        if math.isnan(p) or p > alpha / (m - rank):
+            break
+        out[i] = True
+    return out
+
+
 def markdown_table(rows: Any, columns: Sequence[str] | None = None) -> str:
     """A GitHub-flavoured Markdown table of ``rows`` (a DataFrame, or a list of dicts), with
     ``columns`` in that order (default: all). Cells are text: ``|`` in a cell is escaped, None and
@@ -342,8 +377,8 @@ def markdown_table(rows: Any, columns: Sequence[str] | None = None) -> str:
     return text.to_markdown(index=False, disable_numparse=True) + "\n"
 
 
-__all__ = ["REPO_ROOT", "SOURCE_CHECKOUT", "ci95", "did_you_mean", "markdown_table", "poll_until", "repo_path",
-           "stop_processes", "stopped", "write_json_atomic"]
+__all__ = ["REPO_ROOT", "SOURCE_CHECKOUT", "ci95", "did_you_mean", "holm", "markdown_table", "paired_test",
+           "poll_until", "repo_path", "stop_processes", "stopped", "write_json_atomic"]
 
 
 @contextmanager

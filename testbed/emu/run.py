@@ -50,8 +50,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from testbed.agent.live import refuse_unfit_checkpoint
-from testbed.agent.selector import check_plan_selector
+from testbed.agent.live import check_agents
 from testbed.core.clock import EmulatedClock
 from testbed.core.errors import (
     EXIT_BRINGUP,
@@ -182,7 +181,7 @@ def check_before_bringup(plan: Plan, duration_s: float, runs_dir: Path | None, l
         raise RunError(f"the emulation cannot apply {', '.join(bad)} yet; run the scenario with "
                        f"`testbed simulate`, or remove the event", EXIT_INPUT)
     expected = check_load_bounds(plan.experiment, plan.weights, duration_s, Path(plan.base_dir))
-    refuse_unfit_checkpoint(plan)  # the ASET checkpoint fits every source that applies aset (as testbed plan)
+    check_agents(plan)  # every aset source's agent resolves and fits it (as testbed plan)
     _check_ports(plan)
     em = plan.experiment.emulation
     refuse_unfit(plan, console, choose_link_emulator(link_emulator or em.link_emulator), choose_datapath(em.datapath))
@@ -411,7 +410,7 @@ def _start_record(plan: Plan, run_id: str, run_dir: Path, duration_s: float, sto
                     "free_bytes_at_start": storage.free_bytes()},
         "health": {"controller_policy": CONTROLLER_POLICY},
         "policy_plugins": plugin_origins({s.policy or plan.experiment.policy for s in plan.experiment.sources})})
-    selector = check_plan_selector(plan)  # aset.selector: what drives the sources (import path or file, SHA-256)
+    selector = check_agents(plan)  # what drives the aset sources: a checkpoint (file, kind, SHA-256) or a selector
     if selector is not None:
         record.update(selector=selector)
     record.update()

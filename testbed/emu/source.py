@@ -11,9 +11,9 @@ last heard); each query is the real request body sent as TensorFlow Serving REST
 Stale state, as in the simulator: every ``report_interval_s`` the source polls each cluster's
 ``GET /v1/stats`` over the emulated network and the dispatcher hears it (a failed poll: the
 cluster is taken as down). With ``policy: aset`` the source asks
-``testbed.agent.live.LivePolicySelector(cfg).choose(state)`` every ``aset.window_s`` (default: the
+``testbed.agent.live.SourceSelector(cfg).choose(state)`` every ``aset.window_s`` (default: the
 checkpoint's window) which static policy to apply; with ``aset.selector``, the selector of one's own
-(:class:`testbed.agent.live.SelectorLive`; one that raises stops the source with exit code 4).
+(the same :class:`testbed.agent.live.SourceSelector`; one that raises stops the source with exit code 4).
 Each record carries the policy in force.
 
 Timestamps are ``time.time_ns()``: all emulated hosts share one kernel clock, so t0..t4 from
@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.agent.live import live_selector
+from testbed.agent.live import SourceSelector
 from testbed.agent.selector import SelectorFailed
 from testbed.core.errors import EXIT_COMPONENT_DIED
 from testbed.core.plugins import add_sys_paths
@@ -120,7 +120,7 @@ class Source:
         policy = cfg.policy
         self.selector_failed: SelectorFailed | None = None
         if policy == ASET_POLICY:
-            self.aset = live_selector(cfg)
+            self.aset = SourceSelector(cfg)
             policy = (cfg.aset.options or {}).get("initial_policy", "closest") if cfg.aset else "closest"
         add_sys_paths(cfg.plugin_paths)  # where the plan found its policy plug-ins
         origin = REGISTRY.resolve(policy, f"source {self.name}").origin
@@ -298,7 +298,7 @@ class Source:
                 for c, pl in self.cfg.path_links.items()}
 
     def _aset_state(self) -> dict:
-        """The window's raw view handed to ``LivePolicySelector.choose`` (testbed.agent.observation)."""
+        """The window's raw view handed to ``SourceSelector.choose`` (testbed.agent.observation)."""
         # No ``report_age_s``: the simulator's windows start right after a report (age 0, the agent was
         # trained on that), while here the stats poll and the window run on separate timers.
         return {"arrivals": dict(self.win_arrivals), "clusters": self.dispatcher.heard_state(),
@@ -308,8 +308,8 @@ class Source:
 
     async def _aset_loop(self, end: float) -> None:
         loop = asyncio.get_running_loop()
-        # the configured window (default: the checkpoint's), in emulated time: dilated on the wall clock
-        window = self.cfg.clock.wall((self.cfg.aset.window_s if self.cfg.aset else None) or self.aset.window_s)
+        # the agent's window (aset.window, default the checkpoint's), in emulated time: dilated on the wall clock
+        window = self.cfg.clock.wall(self.aset.window_s)
         while not self.stopping and loop.time() < end:
             await asyncio.sleep(window)
             state = self._aset_state()

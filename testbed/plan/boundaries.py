@@ -160,14 +160,12 @@ class SelectorContext(_Boundary):
     policies: list[str] = Field(min_length=2)
 
     @classmethod
-    def from_plan(cls, plan: Plan, source: str) -> SelectorContext | None:
-        """The context of ``source`` under the experiment's ``aset.selector`` (None without one).
-
-        ``policies``: ``aset.selector.policies``, default every built-in policy
-        (:data:`testbed.model.policies.CATALOGUE`)."""
+    def from_plan(cls, plan: Plan, source: str) -> SelectorContext:
+        """The context of ``source``. ``policies``: ``aset.selector.policies``, default every
+        built-in policy (:data:`testbed.model.policies.CATALOGUE`); a checkpoint puts its own in
+        their place (:func:`testbed.agent.live.resolve_agent`)."""
         exp = plan.experiment
-        if exp.aset is None or exp.aset.selector is None:
-            return None
+        chosen = exp.aset.selector.policies if exp.aset is not None and exp.aset.selector is not None else None
         clock = wall_clock(plan)
         apps = sorted(exp.applications, key=lambda a: a.name)
         clusters = sorted(c.name for c in plan.clusters)
@@ -175,7 +173,7 @@ class SelectorContext(_Boundary):
                    deadlines_ms=[float(a.deadline_ms) for a in apps], clusters=clusters,
                    rtt_ms=[clock.emulated(plan.rtt_ms(source, c)) for c in clusters],
                    sources=sorted(h.name for h in plan.sources),
-                   policies=list(exp.aset.selector.policies or CATALOGUE))
+                   policies=list(chosen or CATALOGUE))
 
 
 class SourceConfig(_Boundary):
@@ -207,7 +205,7 @@ class SourceConfig(_Boundary):
     (:attr:`testbed.core.plugins.Origin.sys_path`), which the source adds to its own before it
     resolves ``policy``; ``plugin_sha256``: per plug-in, the SHA-256 of the file the plan resolved
     (and ``run.json`` records), which the file the source resolves must have.
-    ``selector_context``: with ``aset.selector``, what the selector observes (:class:`SelectorContext`).
+    ``selector_context``: what the source's selector observes (:class:`SelectorContext`).
     """
 
     source: str

@@ -183,7 +183,7 @@ def run_simulation(plan: Plan, base_dir: Path | None = None, runs_dir: Path | No
 
     Raises:
         testbed.sim.SimError, testbed.model.arrivals.ArrivalError: bad input, naming the item (a source
-            a checkpoint that does not fit a source on ``aset``: :func:`testbed.sim.run.checkpoint_sources`).
+            a checkpoint that does not fit a source on ``aset``: :func:`testbed.agent.live.check_agents`).
         testbed.core.errors.RunFailure: the run directory cannot be written (exit code 3; names it and
             the reason; nothing is left there).
     """

@@ -8,31 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.agent.live import LivePolicySelector
-from testbed.agent.selector import (
-    SelectorDriver,
-    check_plan_selector,
-    initial_policy,
-    resolve_selector,
-    selected_sources,
-)
-from testbed.plan.boundaries import SelectorContext, SourceConfig
+from testbed.agent.live import SourceSelector, aset_sources, check_agents, source_configs
+from testbed.agent.selector import initial_policy
 from testbed.plan.build import Plan
 from testbed.plan.dilation import with_time_dilation
-from testbed.sim.engine import SimError, Simulator
+from testbed.sim.engine import Simulator
 from testbed.sim.window import SimWindowStates
-from testbed.spec.experiment import drain_s
-
-
-def checkpoint_sources(plan: Plan, policy: str | None = None) -> list[str]:
-    """The sources of ``plan`` on policy ``aset`` that its checkpoint drives (``aset.checkpoint``,
-    by default the general agent, :data:`testbed.spec.experiment.DEFAULT_ASET_CHECKPOINT`), sorted:
-    none with a ``policy`` override or a selector of one's own (``aset.selector``)."""
-    if policy is not None:
-        return []
-    exp = plan.experiment
-    selected = set(selected_sources(plan))
-    return sorted(s.name for s in exp.sources if (s.policy or exp.policy) == "aset" and s.name not in selected)
+from testbed.spec.experiment import AsetSpec, drain_s
 
 
 @dataclass
@@ -45,6 +27,7 @@ class SimOutcome:
     duration_s: float
     wall_s: float
     selector: dict[str, Any] | None = None
+    schedule: dict[str, list[str]] | None = None
 
 
 def simulate(plan: Plan, base_dir: Path | None = None, duration_s: float | None = None, seed: int | None = None,
@@ -53,89 +36,78 @@ def simulate(plan: Plan, base_dir: Path | None = None, duration_s: float | None 
 
     Queries are created during ``duration_s``; the simulation then continues until every query is
     resolved (deadline + grace), as the emulation's sources wait for their last answers.
-    ``policy`` overrides the policy of every source. Writes nothing (the run folder and its
-    summary: :func:`testbed.results.runs.run_simulation`).
+    ``policy`` overrides the policy of every source. The sources on ``aset`` are driven by their
+    agents (:func:`drive`). Writes nothing (the run folder and its summary:
+    :func:`testbed.results.runs.run_simulation`).
 
     Raises:
-        testbed.sim.SimError, testbed.model.arrivals.ArrivalError: bad input, naming the item (a
-            checkpoint that does not fit a source on ``aset``: :func:`checkpoint_sources`).
+        testbed.sim.SimError, testbed.model.arrivals.ArrivalError: bad input, naming the item.
+        testbed.core.errors.InputError: an agent that cannot drive a source (:func:`testbed.agent.live.check_agents`).
         testbed.agent.selector.SelectorFailed: a selector raised or returned no policy (exit code 4).
     """
     exp = plan.experiment
     duration_s = duration_s or exp.duration_s
     pols = {s.name: policy for s in plan.sources} if policy else None
-    record = check_plan_selector(plan) if policy is None else None
-    agents = checkpoint_sources(plan, policy)
-    if agents:  # the checkpoint's selector, as in the emulation's sources (it checks the checkpoint fits)
-        record = _checkpoint_record(plan, agents, duration_s)
+    agents = [] if policy else aset_sources(plan)
+    record = check_agents(plan, agents) if agents else None
     t_wall = time.perf_counter()
     if record is not None:
         pols = dict.fromkeys(record["sources"], initial_policy(exp.aset))
     sim = Simulator(plan, seed=seed, policies=pols, record=True, base_dir=base_dir)
     sim.arrivals_end = duration_s
+    schedule = None
     if record is not None:
-        drivers, clusters = record.pop("drivers", None), record.pop("clusters", None)
-        if drivers is None:
-            drivers, clusters = _selector_drivers(plan, record)
-        record["choices"] = _run_driven(sim, record["sources"], drivers, clusters, record["window_s"], exp.aset,
-                                        duration_s)
+        schedule = drive(sim, plan, record["sources"], exp.aset, duration_s)
+        record["choices"] = {s: _counts(ps) for s, ps in schedule.items()}
     sim.run_until(duration_s + drain_s([a.deadline_ms for a in exp.applications]))
-    return SimOutcome(sim, duration_s, time.perf_counter() - t_wall, record)
+    return SimOutcome(sim, duration_s, time.perf_counter() - t_wall, record, schedule)
 
 
-def _checkpoint_record(plan: Plan, sources: list[str], duration_s: float) -> dict[str, Any]:
-    """The selectors of checkpoint-driven ``sources``: :class:`testbed.agent.live.LivePolicySelector`,
-    built from each source's config as an emulated source builds it, in emulated time (the
-    simulator's clock: k = 1, :func:`testbed.plan.dilation.with_time_dilation`; the window: ``aset.window_s``,
-    default the checkpoint's); ``run.json``'s record, its ``drivers`` taken out by :func:`simulate`.
-
-    Raises:
-        SimError: the checkpoint is missing, corrupt or does not fit a source (the selector's
-            message, naming it).
-    """
-    exp = plan.experiment
-    drivers, clusters = [], []
-    for s in sources:
-        cfg = SourceConfig.from_plan(with_time_dilation(plan, 1.0), s, 0, duration_s, Path("."))
-        try:
-            drivers.append(LivePolicySelector(cfg.model_copy(update={"records": ""})))
-        except (KeyError, OSError, ValueError) as exc:
-            raise SimError(f"source {s} on aset: {exc}") from exc
-        clusters.append(sorted({o.option.cluster for o in cfg.options}))
-    window = (exp.aset.window_s if exp.aset is not None and exp.aset.window_s else None) or drivers[0].window_s
-    ckpt = exp.aset.checkpoint if exp.aset is not None else None
-    return {"kind": "checkpoint", "checkpoint": ckpt, "policies": list(drivers[0].policies), "window_s": window,
-            "sources": sources, "drivers": drivers, "clusters": clusters}
+def _counts(names: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in names:
+        out[n] = out.get(n, 0) + 1
+    return out
 
 
-def _selector_drivers(plan: Plan, record: dict[str, Any]) -> tuple[list[SelectorDriver], list[list[str]]]:
-    """One :class:`~testbed.agent.selector.SelectorDriver` of ``aset.selector`` per source of
-    ``record`` (:func:`~testbed.agent.selector.check_plan_selector`'s), and each one's clusters."""
-    resolved = resolve_selector(plan.experiment.aset.selector)
-    ctxs = [SelectorContext.from_plan(plan, s) for s in record["sources"]]
-    return [SelectorDriver(resolved, c, record["window_s"]) for c in ctxs], [list(c.clusters) for c in ctxs]
+def drive(sim, plan: Plan, sources: list[str], aset: AsetSpec, duration_s: float,
+          on_resolved=None) -> dict[str, list[str]]:
+    """THE loop of every agent-driven simulation (``testbed simulate``, ``testbed evaluate``):
+    ``sources`` (sorted) each driven by its :class:`~testbed.agent.live.SourceSelector`, built from
+    the config the emulation gives that source (in the simulator's time: k = 1), with ``aset`` as
+    its agent. At the end of every decision window each source's raw window state
+    (:class:`~testbed.sim.window.SimWindowStates`, with ``now_s``, the simulated time) goes to its
+    selector, whose answer applies from then on, as in the emulation's source loop (the first
+    window runs on ``aset.options.initial_policy``). ``sim`` is run to ``duration_s`` (not drained).
 
+    Args:
+        on_resolved: called with each window's resolved queries (``Simulator.drain_resolved``),
+            e.g. :meth:`testbed.aset.episode.Episode.count`.
 
-def _run_driven(sim: Simulator, sources: list[str], drivers: list, clusters: list[list[str]], window: float, aset,
-                duration_s: float) -> dict[str, dict[str, int]]:
-    """Run ``sim`` to ``duration_s`` with ``sources`` driven by ``drivers`` (one per source, each with
-    ``choose(state) -> policy name`` and ``choices``): at the end of every ``window`` (s) each
-    source's window state (:class:`~testbed.sim.window.SimWindowStates`, with ``now_s``, the
-    simulated time) goes to its driver, whose answer applies from then on, as in the emulation's
-    source loop (the first window runs on the initial policy). Returns, per source, how many
-    windows each policy was chosen.
+    Returns:
+        Per source, its policy for each window after the first (the schedule).
 
     Raises:
+        testbed.core.errors.InputError: an agent that cannot be resolved (:func:`testbed.agent.live.resolve_agent`).
         testbed.agent.selector.SelectorFailed: a selector raised or returned no policy (exit code 4).
     """
-    states = SimWindowStates(sim, sources, clusters)
-    current = [initial_policy(aset)] * len(sources)
+    cfgs = source_configs(with_time_dilation(plan, 1.0), sources, aset)
+    selectors = [SourceSelector(c) for c in cfgs]
+    names = [c.source for c in cfgs]
+    window = selectors[0].window_s
+    states = SimWindowStates(sim, names, [sorted({o.option.cluster for o in c.options}) for c in cfgs])
+    current = [initial_policy(aset)] * len(names)
+    schedule: dict[str, list[str]] = {s: [] for s in names}
     w = 1
     while w * window <= duration_s + 1e-9:
         sim.run_until(w * window)
-        states.absorb(sim.drain_resolved())
-        for i, (s, d) in enumerate(zip(sources, drivers, strict=True)):
-            current[i] = d.choose({**states.state(i, current[i]), "now_s": w * window})
+        resolved = sim.drain_resolved()
+        if on_resolved is not None:
+            on_resolved(resolved)
+        states.absorb(resolved)
+        for i, (s, sel) in enumerate(zip(names, selectors, strict=True)):
+            current[i] = sel.choose({**states.state(i, current[i]), "now_s": w * window})
             sim.set_policy(s, current[i])
+            schedule[s].append(current[i])
         w += 1
-    return {s: dict(d.choices) for s, d in zip(sources, drivers, strict=True)}
+    return schedule

@@ -48,7 +48,7 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 def check_scenario_keys(item: str, table: Mapping[str, Any] | None, known: Mapping[str, str]) -> None:
     """Refuse a key of a per-scenario table (``reward.baseline_mix``, ``observation.plans``) that
-    names no training scenario: ONE rule for every such table (``testbed.aset.train.check_reward_baselines``
+    names no training scenario: ONE rule for every such table (``testbed.aset.scenarios.check_reward_baselines``
     applies it to ``reward.baseline_mix``; ``observation.plans`` may also plan evaluation-only
     scenarios, so training does not apply it there).
 
@@ -153,7 +153,7 @@ class ObservationSpec(StrictModel):
         return _fits(plan, f"observation.plans.{scenario}", len(sources), f" ({', '.join(sources)})")
 
 
-#: The agent keys only the double DQN reads (:mod:`testbed.aset.train`); ``training.method:
+#: The agent keys only the double DQN reads (:mod:`testbed.aset.dqn`); ``training.method:
 #: rollout`` refuses them set away from their defaults.
 DQN_ONLY_AGENT_KEYS = ("gamma", "batch_size", "replay_size", "train_start", "train_every", "target_update_steps",
                        "epsilon_start", "epsilon_end", "epsilon_decay_steps")
@@ -215,7 +215,7 @@ class RewardSpec(StrictModel):
     scenario then applies the assignment instead of ``baseline``. Why (docs/aset.md, fifth round):
     the gap left is between ASET and the mix; a baseline run that is the mix's own run is the
     closest to the agent's, so the difference keeps less of the arrivals' noise where the decision
-    matters. Scenarios not listed use ``baseline``; :func:`testbed.aset.train.check_reward_baselines`
+    matters. Scenarios not listed use ``baseline``; :func:`testbed.aset.scenarios.check_reward_baselines`
     refuses, before training, a training scenario that has neither, or a key naming none; an
     empty ``baseline_mix: {}`` (it would change nothing) is refused here.
     """
@@ -255,19 +255,6 @@ class RandomiseSpec(StrictModel):
         if not 0 < lo <= hi:
             raise ValueError(f"load_scale: need 0 < low <= high, got {list(self.load_scale)}")
         return self
-
-
-class SpecialiseSpec(StrictModel):
-    """Per-scenario fine-tuning (``testbed train --specialise``; docs/aset.md, third round): for
-    each scenario of ``training.scenarios``, the export seed's final network trained ``steps``
-    more windows on that scenario alone, epsilon from ``epsilon_start`` down to the agent's
-    ``epsilon_end`` over ``epsilon_decay_steps`` decisions (4 per window on the suite), exported
-    to ``<training.export_to>-<scenario name>``. Why: the per-source static mix it is measured
-    against is chosen per scenario; one network over all scenarios must also tell them apart."""
-
-    steps: int = Field(8000, ge=1)
-    epsilon_start: Num = Field(0.2, ge=0, le=1)
-    epsilon_decay_steps: int = Field(16000, ge=1)
 
 
 class RolloutSpec(StrictModel):
@@ -318,10 +305,10 @@ class TrainingSpec(StrictModel):
     workers (:mod:`testbed.core.distributed`) with the current greedy weights and epsilon, their
     transitions then replayed by the learner.
 
-    ``method``: ``dqn`` (default: the double DQN of :mod:`testbed.aset.train`) or ``rollout``
+    ``method``: ``dqn`` (default: the double DQN of :mod:`testbed.aset.dqn`) or ``rollout``
     (regression on counterfactual rollout targets, :class:`RolloutSpec` in ``rollout``; needs
-    ``observation.plans``, the rollout's base). ``steps``, ``checkpoint_every``,
-    ``rollout_workers`` and ``specialise`` are the DQN's, ``rollout`` the rollout's: a key of the
+    ``observation.plans``, the rollout's base). ``steps``, ``checkpoint_every`` and
+    ``rollout_workers`` are the DQN's, ``rollout`` the rollout's: a key of the
     other method set to anything but its default is refused, naming it (it would be ignored)."""
 
     method: Literal["dqn", "rollout"] = "dqn"
@@ -336,7 +323,6 @@ class TrainingSpec(StrictModel):
     out_dir: str = "runs/aset-train"
     export_to: str | None = None
     randomise: RandomiseSpec = RandomiseSpec()
-    specialise: SpecialiseSpec = SpecialiseSpec()
 
     @model_validator(mode="before")
     @classmethod
@@ -345,7 +331,7 @@ class TrainingSpec(StrictModel):
 
     @model_validator(mode="after")
     def _one_method(self) -> TrainingSpec:
-        other = (("steps", "checkpoint_every", "rollout_workers", "specialise") if self.method == "rollout"
+        other = (("steps", "checkpoint_every", "rollout_workers") if self.method == "rollout"
                  else ("rollout",))
         given = _set_away_from_default(self, other)
         if given:
@@ -355,7 +341,7 @@ class TrainingSpec(StrictModel):
 
 
 class GeneralTrainingSpec(StrictModel):
-    """The general agent's training (:mod:`testbed.aset.general_train`; docs/aset.md, "The general
+    """The general agent's training (:mod:`testbed.aset.general`; docs/aset.md, "The general
     agent"). Per training seed (``seeds``; the export is ``export_seed``'s, default the first),
     ``episodes`` data episodes, each a scenario of the generator's ``train`` split (a generator seed
     drawn from ``scenario_seeds``, inclusive) on a simulator seed drawn from the training seed,
@@ -411,39 +397,96 @@ MAX_EPISODE_S = 3600.0
 MAX_CAUSAL_SAMPLES = 64
 
 
+#: The evaluation protocol's defaults (docs/aset.md, "Evaluation"): tuning seeds (everything chosen
+#: is chosen on them), evaluation seeds (everything reported is scored on them; disjoint), the
+#: fewest evaluation seeds of a full-strength claim, and the fewest seeds of the costly references.
+DEFAULT_TUNING_SEEDS = tuple(range(1, 6))
+DEFAULT_EVALUATION_SEEDS = tuple(range(101, 121))
+MIN_EVALUATION_SEEDS = 20
+MIN_REFERENCE_SEEDS = 5
+
+
+def parse_seeds(value: Any, *, count_from: int = 1) -> list[int]:
+    """Seeds written as a list (``[1, 2]``), ranges and lists in a string (``"101-120"``,
+    ``"1,4,9"``), or a count (``20``: ``count_from`` .. ``count_from + 19``).
+
+    Raises:
+        ValueError: not one of those forms, an empty or negative set, or a seed given twice.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"seeds {value!r}: give a list, a range such as 101-120, or a count")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"seeds {value}: a count must be >= 1")
+        out = list(range(count_from, count_from + value))
+    elif isinstance(value, str):
+        out = []
+        try:
+            for part in value.replace(" ", "").split(","):
+                lo, _, hi = part.partition("-")
+                out += list(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise ValueError(f"seeds {value!r}: expected e.g. 101-120, 1,4,9 or a count") from None
+        if value.strip().isdigit():  # a bare number is a count
+            return parse_seeds(int(value), count_from=count_from)
+    elif isinstance(value, list | tuple):
+        out = [int(v) for v in value]
+    else:
+        raise ValueError(f"seeds {value!r}: give a list, a range such as 101-120, or a count")
+    if not out or min(out) < 0 or max(out) > MAX_SEED:
+        raise ValueError(f"seeds {value!r}: need at least one seed in [0, {MAX_SEED}]")
+    if len(set(out)) != len(out):
+        raise ValueError(f"seeds {value!r}: a seed is given twice")
+    return out
+
+
 class EvaluationSpec(StrictModel):
-    """``testbed evaluate``: every static policy, the per-source static mix, the clairvoyant
-    oracle and ASET (``checkpoint``) on ``scenarios``, seeds 1..``seeds`` each (>= 5 for the 95 %
-    CI), ``duration_s`` simulated seconds per run. The mix is chosen on those seeds and the
-    headroom confirmed on ``fresh_seeds`` more (seeds ``fresh_from`` ...). ``oracle_horizon``:
-    windows of look-ahead of the oracle (None: to the end of the episode; see
-    :mod:`testbed.aset.headroom`). ``oracle_seeds`` / ``oracle_fresh_seeds``: the oracle (by far
-    the costliest job, ~40 s per scenario and seed) on the first N tuning / fresh seeds only
-    (None: all); the headroom is then paired over those seeds. ``causal_samples`` K > 0: the causal
-    planner too (:func:`testbed.aset.headroom.causal_planner`: the oracle's rollout over the mix,
-    each candidate scored on K futures drawn afresh, with ``oracle_horizon`` windows of look-ahead,
-    leaving the mix only when the paired one-sided t statistic is >= ``causal_min_t``; 1.64 is the
-    one-sided 5 % point of the normal law; a t statistic needs K >= 2), on the oracle's seeds;
-    about 5 min per scenario and seed at K = 8, at most :data:`MAX_CAUSAL_SAMPLES`. 0 (default):
-    not run."""
+    """``testbed evaluate``'s protocol for an ASET config (the same as on experiment files;
+    docs/aset.md, "Evaluation"): on ``scenarios``, everything that is chosen (the best static
+    policy, the per-source mix, the fresh-state reference) is chosen on ``tuning_seeds``, and
+    everything reported (every static policy, the mix, the references, ASET = ``checkpoint``) is
+    scored on ``seeds``, disjoint from them (common random numbers, paired per seed; at least
+    :data:`MIN_EVALUATION_SEEDS` for a full-strength claim). ``mix``: search the per-source mix.
+    ``reference_seeds`` N: the clairvoyant oracle and, with ``causal_samples`` K > 0, the causal
+    planner on the first N evaluation seeds (0: neither; else at least :data:`MIN_REFERENCE_SEEDS`);
+    ``oracle_horizon``: their windows of look-ahead; ``causal_min_t``: the planner's paired t to
+    leave the mix. ``duration_s``: simulated seconds per run (default each experiment's)."""
 
     scenarios: list[str] = Field(min_length=1)
-    seeds: int = Field(5, ge=2)
-    fresh_seeds: int = Field(0, ge=0)
-    fresh_from: int = Field(101, ge=1)
-    duration_s: Num | None = Field(None, gt=0, le=MAX_EPISODE_S)
-    oracle_horizon: int | None = Field(6, ge=1)
-    oracle_seeds: int | None = Field(None, ge=2)
-    oracle_fresh_seeds: int | None = Field(None, ge=0)
+    tuning_seeds: list[int] = list(DEFAULT_TUNING_SEEDS)
+    seeds: list[int] = list(DEFAULT_EVALUATION_SEEDS)
+    mix: bool = True
+    fresh: bool = True
+    reference_seeds: int = Field(0, ge=0)
+    oracle_horizon: int | None = Field(2, ge=1)
     causal_samples: int = Field(0, ge=0, le=MAX_CAUSAL_SAMPLES)
     causal_min_t: float = Field(1.64, ge=0)
-    checkpoint: str = "models/aset/aset"
+    duration_s: Num | None = Field(None, gt=0, le=MAX_EPISODE_S)
+    checkpoint: str = "models/aset/general"
     out_dir: str = "runs/aset-eval"
 
     @model_validator(mode="before")
     @classmethod
     def _units(cls, data: Any) -> Any:
         return unit_pair(data, "duration", parse_duration_s, "s")
+
+    @field_validator("tuning_seeds", mode="before")
+    @classmethod
+    def _tuning(cls, v: Any) -> list[int]:
+        return parse_seeds(v, count_from=DEFAULT_TUNING_SEEDS[0])
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _evaluation(cls, v: Any) -> list[int]:
+        return parse_seeds(v, count_from=DEFAULT_EVALUATION_SEEDS[0])
+
+    @field_validator("reference_seeds")
+    @classmethod
+    def _references(cls, v: int) -> int:
+        if 0 < v < MIN_REFERENCE_SEEDS:
+            raise ValueError(f"{v}: the oracle and the causal planner run on at least {MIN_REFERENCE_SEEDS} seeds "
+                             f"(their CIs), or 0 (off)")
+        return v
 
 
 class AsetConfig(StrictModel):

@@ -1,77 +1,212 @@
-"""``testbed train CONFIG``: train the ASET double DQN in the simulator over randomised scenarios.
+"""The paper's agent: a double DQN (TensorFlow/Keras) that picks each dispatcher's policy per
+window, trained in the simulator over randomised scenarios (``testbed train`` of an ASET config
+with ``training:``, ``method: dqn``). One file, top to bottom: the replay buffer, the Q-network, the
+agent, then the training run.
 
-Per episode a scenario is drawn from ``training.scenarios`` (bursts, hotspot moves, link changes,
-cluster failures...) and its load scaled by a factor from ``training.randomise.load_scale``; the
-simulator is seeded from the training seed, so a run is reproducible on the same machine. One run
-per seed of ``training.seeds`` (default: the config's seed). Outputs in
-``training.out_dir/<name>/seed-<k>/``:
+Learning (``docs/system-model.md``, "ASET"): Q-network = MLP (``agent.hidden``, default 2 x 64,
+ReLU) -> one Q-value per policy of the action set; double DQN target (van Hasselt, Guez, Silver,
+"Deep Reinforcement Learning with Double Q-learning", AAAI 2016)::
 
-- ``tb/``: TensorBoard logs (``tf.summary``: loss, epsilon, mean reward, episode success ratio);
-- ``checkpoints/ckpt-<step>``: TensorFlow checkpoints (online + target network + optimizer);
-- ``policy.npz`` / ``policy.json``: the exported greedy policy;
-- ``episodes.csv`` and ``curve.png``: the training curve (episode success ratio vs step);
+    y = r + gamma * (1 - done) * Q_target(s', argmax_a Q_online(s', a))
 
-and in ``training.out_dir/<name>/``: ``curves.png`` (every seed's curve, smoothed) and the policy
-of ``export_seed`` copied to ``training.export_to`` when set (e.g. ``models/aset/aset``).
+where the argmax (here and when acting) is over :func:`~testbed.agent.npolicy.plan_scores`, i.e.
+Q + ``agent.plan_margin`` at the source's planned policy (0 by default: the plain rule). Huber
+loss (``agent.huber_delta``), Adam; uniform experience replay (``agent.replay_size``); target
+network copied every ``agent.target_update_steps`` gradient steps; epsilon-greedy with a linear
+schedule. One network is shared by all dispatchers: every dispatcher's transition goes into the
+same replay buffer. The environment is :class:`testbed.aset.envs.AsetSimEnv` (one step = one
+window of every dispatcher; a window's reward is settled once its queries are resolved).
 
-Rollout workers (``training.rollout_workers`` N >= 1): episodes are simulated N at a time in
-worker processes (:func:`testbed.core.distributed.imap_unordered`, process pool or Ray) by the numpy
-copy of the current online network with the current epsilon; the learner then stores their
-transitions and runs the gradient steps those windows are due (``agent.train_every``). Our choice
-against RLlib: the agent is ~200 lines of TensorFlow whose transitions settle windows late (the
-reward of a window is known only once its queries resolved), which RLlib's DQN has no notion of;
-RLlib would also bring its own torch/TF stack. Ray is used as it is elsewhere in the testbed, as
-the backend that runs the workers.
+Training: per episode a scenario is drawn from ``training.scenarios`` and its load scaled by a
+factor from ``training.randomise.load_scale``; the simulator is seeded from the training seed, so a
+run is reproducible on the same machine. One run per seed of ``training.seeds``. Outputs in
+``training.out_dir/<name>/seed-<k>/``: ``tb/`` (TensorBoard: loss, epsilon, mean reward, episode
+success ratio), ``checkpoints/ckpt-<step>`` (TensorFlow training checkpoints), ``policy.{npz,json}``
+(the greedy policy: a ``qnetwork`` checkpoint, :mod:`testbed.agent.checkpoint`), ``episodes.csv``
+and ``curve.png``; in ``training.out_dir/<name>/``: ``curves.png`` (every seed) and the policy of
+``export_seed`` copied to ``training.export_to``.
+
+Rollout workers (``training.rollout_workers`` N >= 1): episodes are simulated N at a time in worker
+processes (:func:`testbed.core.distributed.imap_unordered`, process pool or Ray) by the numpy copy of
+the current online network with the current epsilon; the learner then stores their transitions
+and runs the gradient steps those windows are due.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import tensorflow as tf
 
-from testbed.agent.npolicy import NumpyPolicy, copy_policy, export_policy, policy_files
-from testbed.aset.curves import plot_curves, write_curve  # noqa: F401 - write_curve importable from here too
+from testbed.agent.checkpoint import copy_checkpoint
+from testbed.agent.npolicy import NumpyPolicy, plan_scores
+from testbed.aset.curves import plot_curves, write_curve
 from testbed.aset.envs import AsetSimEnv
-from testbed.aset.scenarios import (  # noqa: F401 - importable from here too (cli, tests)
+from testbed.aset.scenarios import (
     PlanSampler,
-    check_episode_loads,
-    check_plans,
-    check_reward_baselines,
-    check_training_scenarios,
+    TrainResult,
+    check_outputs,
+    clear_run_dir,
+    export_weights,
     resolve,
-    scale_rates,
-    scaled_experiment,
     scenario_sampler,
+    tf_one_thread,
     training_scenarios,
+    training_seeds,
 )
 from testbed.core.distributed import imap_unordered
 from testbed.core.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure, counted
-from testbed.plan.build import Plan, runs_dir_problem
+from testbed.plan.build import Plan
 from testbed.plan.policies import aset_actions
-from testbed.spec.aset import AsetConfig, TrainingSpec
-from testbed.spec.experiment import ConfigError
+from testbed.spec.aset import AgentSpec, AsetConfig, TrainingSpec
 
 
-def training_seeds(cfg: AsetConfig) -> list[int]:
-    """The seeds of ``cfg``'s training runs: ``training.seeds``, or ``[seed]`` when left out.
+# ----------------------------------------------------------------------------- the agent
+class ReplayBuffer:
+    """Uniform experience replay: a ring buffer of (obs, action, reward, next_obs, done).
 
-    Raises:
-        ConfigError: ``training.seeds`` is an empty list (it would train nothing; a config built
-            with ``model_copy``, which skips validation, can carry one).
+    Shapes: obs/next_obs (capacity, obs_size) float32; action int32; reward, done float32.
     """
-    seeds = cfg.training.seeds
-    if seeds is not None and not seeds:
-        raise ConfigError(f"training.seeds: an empty list trains nothing; list at least one seed, or leave it out "
-                          f"for the config's seed ({cfg.seed})")
-    return list(seeds) if seeds is not None else [cfg.seed]
+
+    def __init__(self, capacity: int, obs_size: int):
+        self.capacity = capacity
+        self.obs = np.zeros((capacity, obs_size), np.float32)
+        self.next_obs = np.zeros((capacity, obs_size), np.float32)
+        self.action = np.zeros(capacity, np.int32)
+        self.reward = np.zeros(capacity, np.float32)
+        self.done = np.zeros(capacity, np.float32)
+        self.size = 0
+        self._i = 0
+
+    def add(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray, done: bool) -> None:
+        i = self._i
+        self.obs[i], self.action[i], self.reward[i], self.next_obs[i], self.done[i] = (
+            obs, action, reward, next_obs, float(done))
+        self._i = (i + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
+        idx = rng.integers(0, self.size, size=n)
+        return self.obs[idx], self.action[idx], self.reward[idx], self.next_obs[idx], self.done[idx]
 
 
+def build_q_network(obs_size: int, n_actions: int, hidden: list[int], seed: int):
+    """MLP ``obs_size -> hidden... (ReLU) -> n_actions`` (linear). Glorot-uniform init, seeded."""
+    inp = tf.keras.Input(shape=(obs_size,), dtype=tf.float32)
+    x = inp
+    for i, width in enumerate(hidden):
+        x = tf.keras.layers.Dense(width, activation="relu",
+                                  kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + i))(x)
+    out = tf.keras.layers.Dense(n_actions, kernel_initializer=tf.keras.initializers.GlorotUniform(
+        seed=seed + len(hidden)))(x)
+    return tf.keras.Model(inp, out)
+
+
+class DQNAgent:
+    """Double DQN agent shared by all dispatchers.
+
+    Args:
+        obs_size: length of the observation (see :func:`testbed.agent.observation.observation_size`).
+        n_actions: size of the policy catalogue.
+        spec: hyper-parameters (:class:`testbed.spec.aset.AgentSpec`).
+        seed: seeds the network init, the replay sampling and epsilon-greedy.
+    """
+
+    def __init__(self, obs_size: int, n_actions: int, spec: AgentSpec, seed: int = 0):
+        tf.random.set_seed(seed)
+        self.spec = spec
+        self.obs_size, self.n_actions = obs_size, n_actions
+        self.rng = np.random.default_rng(seed)
+        self.online = build_q_network(obs_size, n_actions, spec.hidden, seed)
+        self.target = build_q_network(obs_size, n_actions, spec.hidden, seed)
+        self.target.set_weights(self.online.get_weights())
+        self.optimizer = tf.keras.optimizers.Adam(learning_rate=spec.learning_rate)
+        self.replay = ReplayBuffer(spec.replay_size, obs_size)
+        self.decisions = 0
+        self.updates = 0
+        self._gamma = tf.constant(spec.gamma, tf.float32)
+        self._loss = tf.keras.losses.Huber(delta=spec.huber_delta)
+
+    # -- acting -------------------------------------------------------------------------------
+    def epsilon(self) -> float:
+        """Linear schedule over ``epsilon_decay_steps`` decisions."""
+        s = self.spec
+        frac = min(1.0, self.decisions / s.epsilon_decay_steps)
+        return s.epsilon_start + frac * (s.epsilon_end - s.epsilon_start)
+
+    @tf.function(reduce_retracing=True)
+    def _q(self, obs: tf.Tensor) -> tf.Tensor:
+        return self.online(obs, training=False)
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        """Q-values, shape (batch, n_actions), for observations of shape (batch, obs_size)."""
+        return self._q(tf.convert_to_tensor(np.asarray(obs, np.float32))).numpy()
+
+    def act(self, obs: np.ndarray, explore: bool = True) -> np.ndarray:
+        """Actions (int array, shape (batch,)) for a batch of observations (one row per dispatcher);
+        epsilon-greedy when ``explore`` (each row explores independently), greedy otherwise."""
+        obs = np.atleast_2d(obs)
+        greedy = np.argmax(plan_scores(self.q_values(obs), obs, self.spec.plan_margin, self.n_actions), axis=1)
+        if not explore:
+            return greedy
+        eps = self.epsilon()
+        self.decisions += len(obs)
+        rnd = self.rng.random(len(obs)) < eps
+        return np.where(rnd, self.rng.integers(0, self.n_actions, len(obs)), greedy)
+
+    # -- learning -----------------------------------------------------------------------------
+    @tf.function
+    def _train_step(self, obs, action, reward, next_obs, done):
+        next_online = plan_scores(self.online(next_obs, training=False), next_obs, self.spec.plan_margin,
+                                  self.n_actions)
+        best = tf.argmax(next_online, axis=1, output_type=tf.int32)
+        next_target = self.target(next_obs, training=False)
+        next_q = tf.gather(next_target, best, axis=1, batch_dims=1)
+        y = tf.stop_gradient(reward + self._gamma * (1.0 - done) * next_q)
+        with tf.GradientTape() as tape:
+            q = tf.gather(self.online(obs, training=True), action, axis=1, batch_dims=1)
+            loss = self._loss(y, q)
+        grads = tape.gradient(loss, self.online.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.online.trainable_variables, strict=True))
+        return loss
+
+    def remember(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray, done: bool) -> None:
+        """Store one transition (reward in [0, 1]: the window's success ratio)."""
+        self.replay.add(obs, action, reward, next_obs, done)
+
+    def maybe_train(self) -> float | None:
+        """One gradient step if the buffer holds ``train_start`` transitions and it is time
+        (every ``train_every`` calls); copy to the target network on schedule. Returns the loss."""
+        s = self.spec
+        if self.replay.size < max(s.train_start, s.batch_size):
+            return None
+        self._calls = getattr(self, "_calls", 0) + 1
+        if self._calls % s.train_every:
+            return None
+        batch = self.replay.sample(self.rng, s.batch_size)
+        loss = float(self._train_step(*(tf.convert_to_tensor(b) for b in batch)))
+        self.updates += 1
+        if self.updates % s.target_update_steps == 0:
+            self.target.set_weights(self.online.get_weights())
+        return loss
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def weights(self) -> list[np.ndarray]:
+        """Online network weights [W0, b0, W1, b1, ...] (Dense kernels are (in, out))."""
+        return [np.asarray(w) for w in self.online.get_weights()]
+
+    def save(self, path: str | Path) -> None:
+        """Training checkpoint (``tf.train.Checkpoint``: online, target, optimizer, and ``io_sizes``
+        = [observation size, actions], checked by :meth:`load`) at ``path``."""
+        ckpt = tf.train.Checkpoint(online=self.online, target=self.target, optimizer=self.optimizer,
+                                   io_sizes=tf.Variable([self.obs_size, self.n_actions], dtype=tf.int64))
+        ckpt.write(str(path))
+
+
+# ----------------------------------------------------------------------------- training
 def check_can_train(cfg: AsetConfig, plans: list[Plan], steps: int, item: str) -> None:
     """Refuse a run whose network could take no gradient step: each step (window) gives at most one
     transition per dispatcher (source), and the first gradient step needs ``agent.train_start`` (and
@@ -94,91 +229,9 @@ def check_can_train(cfg: AsetConfig, plans: list[Plan], steps: int, item: str) -
                          f"{-(-need // n)} or lower {which}")
 
 
-def _file_problem(path: Path) -> str | None:
-    """Why a file cannot be written at ``path``, or None (its folder: :func:`runs_dir_problem`)."""
-    if path.is_dir():
-        return f"{path} is a folder"
-    return runs_dir_problem(path.parent)
-
-
-def export_problem(export_to: str, base: Path) -> str | None:
-    """Why a policy cannot be exported to ``export_to`` (its ``.npz`` and ``.json``), or None: a
-    name that looks like a folder (a trailing ``/``, ``.``, ``..``, an existing folder: the files
-    would be written beside it as ``<folder>.npz``), or a path that cannot be written."""
-
-    if export_to.endswith(("/", os.sep)) or Path(export_to).name in ("", ".", ".."):
-        return (f"{export_to!r} names a folder; give the policy's file name without suffix (e.g. models/aset/aset, "
-                f"written as aset.npz and aset.json)")
-    dst = resolve(base, export_to)
-    if dst.is_dir():
-        return (f"{dst} is a folder; give the policy's file name without suffix (e.g. {export_to.rstrip('/')}/aset, "
-                f"written as .npz and .json)")
-    return next((problem for f in policy_files(dst) if (problem := _file_problem(f))), None)
-
-
-def check_outputs(cfg: AsetConfig, base: Path, seeds: list[int], folders: tuple[tuple[str, Path], ...] = (),
-                  exports: tuple[str, ...] = ()) -> None:
-    """Refuse, before any work, output paths training could not write (folders tried for real and
-    left as they were, :func:`testbed.plan.build.runs_dir_problem`): ``training.out_dir/<name>``, each
-    seed's folder (``seed-<k>``) and ``curves.png`` there, ``training.export_to``, and the caller's
-    ``folders`` ((item, folder): e.g. the rollout cache) and ``exports`` (e.g. the
-    specialised policies).
-
-    Raises:
-        InputError: naming the item (``training.out_dir``, ``training.export_to``) and the path.
-    """
-    tr = cfg.training
-    root = resolve(base, tr.out_dir) / cfg.name
-    out = f"training.out_dir {tr.out_dir}"
-    checks = [(out, runs_dir_problem(p)) for p in (root, *(root / f"seed-{s}" for s in seeds))]
-    checks += [(out, _file_problem(root / "curves.png"))]
-    checks += [(item, runs_dir_problem(p)) for item, p in folders]
-    checks += [(f"training.export_to {e}", export_problem(e, base))
-               for e in ([tr.export_to] if tr.export_to else []) + list(exports)]
-    for item, problem in checks:
-        if problem:
-            raise InputError(f"{item}: {problem}; choose another path (checked before training, which would "
-                             f"fail to write there after its work)")
-
-
-#: What a training run writes in its folder (``seed-<k>``, ``specialised/<scenario>``), either method:
-#: removed when a run starts there (:func:`clear_run_dir`).
-RUN_OUTPUTS = ("checkpoints", "tb", "episodes.csv", "curve.png", "policy.npz", "policy.json", "data.npz",
-               "epochs.csv", "rollout.json")
-
-
-def clear_run_dir(out: Path) -> None:
-    """Remove what an earlier training run wrote in ``out`` (:data:`RUN_OUTPUTS`; nothing else), so
-    the new run starts from an empty folder: its ``checkpoints/`` hold its own steps only
-    (:func:`last_checkpoint`, hence ``--specialise``, takes this run's) and ``tb/`` its own events."""
-    for name in RUN_OUTPUTS:
-        p = out / name
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
-
-
-@dataclass
-class TrainResult:
-    """What a training run produced: output folder, exported policy path (no suffix), per-episode
-    log rows (step, scenario, success_ratio, mean_reward, epsilon), wall time in s, ``updates``:
-    the gradient steps the network took (0: nothing was exported, :func:`train`)."""
-
-    out_dir: Path
-    policy_path: Path
-    seed: int = 0
-    episodes: list[dict] = field(default_factory=list)
-    wall_s: float = 0.0
-    steps: int = 0
-    agent: object = None
-    updates: int = 0
-
-
 def _scalar(tag: str, value: float, step: int) -> None:
     """Write one TensorBoard scalar with ``tf.summary.write`` (TensorFlow core: the TensorBoard
     package is not needed to write the event files, only to view them)."""
-    import tensorflow as tf
     from tensorflow.core.framework import summary_pb2
 
     md = summary_pb2.SummaryMetadata()
@@ -187,26 +240,10 @@ def _scalar(tag: str, value: float, step: int) -> None:
     tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step, metadata=md.SerializeToString())
 
 
-def tf_one_thread() -> None:
-    """TensorFlow on 1 intra-op and 1 inter-op thread: the 2 cores are shared (docs/aset.md). Only
-    possible before TensorFlow's first op; later calls change nothing."""
-    import tensorflow as tf
-
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(1)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
-    except RuntimeError:
-        pass
-
-
 class _Run:
     """The state of one training run (one seed): env, agent, log writer, progress bar."""
 
     def __init__(self, cfg: AsetConfig, base: Path, seed: int, out: Path, plans, simulator_factory):
-        import tensorflow as tf  # heavy: only when training
-
-        from testbed.aset.agent import DQNAgent  # imports TensorFlow
-
         tf_one_thread()
         tr = cfg.training
         self.cfg, self.seed, self.out = cfg, seed, out
@@ -356,23 +393,9 @@ def _export(run: _Run, path: Path, steps: int) -> None:
     export_weights(run.cfg, run.env, run.agent.weights(), path, run.seed, meta)
 
 
-def export_weights(cfg: AsetConfig, env: AsetSimEnv, weights: list[np.ndarray], path: Path, seed: int,
-                   meta: dict) -> None:
-    """Export a Q-network's weights trained on ``env``'s spaces as the deployable greedy policy
-    (:func:`testbed.agent.npolicy.export_policy`, the decision rule of ``cfg.agent.plan_margin``);
-    ``meta`` is stored with the config's name, the seed and the training scenarios."""
-
-    ctx = env.contexts[0]
-    meta = {"config": cfg.name, "seed": seed, "trained_on": list(cfg.training.scenarios), **meta}
-    export_policy(weights, path, obs_spec=cfg.observation, applications=list(ctx.applications),
-                  clusters=list(ctx.clusters), policies=list(env.policies), sources=list(ctx.sources),
-                  meta=meta, deadlines_ms=list(ctx.deadline_ms), plan_margin=cfg.agent.plan_margin)
-
-
 def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bool = True,
           simulator_factory=None, plans=None, console=None, seed: int | None = None,
-          out_dir: Path | None = None, backend: str = "process", ray_address: str | None = None,
-          init_checkpoint: Path | None = None) -> TrainResult:
+          out_dir: Path | None = None, backend: str = "process", ray_address: str | None = None) -> TrainResult:
     """One training run (one seed) per ``cfg`` (``cfg.training`` required) in ``out_dir``, emptied
     first of what an earlier run wrote there (:func:`clear_run_dir`); exports its policy unless the
     network took no gradient step (``updates`` 0 in the result: nothing exported, the caller says so).
@@ -383,8 +406,6 @@ def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bo
         simulator_factory / plans: for tests (a fake simulator; a Plan or PlanSampler).
         seed: the run's seed (default the config's). out_dir: the run's folder (default
             ``training.out_dir/<name>``). backend / ray_address: where rollout workers run.
-        init_checkpoint: start from this :meth:`DQNAgent.save` checkpoint (online and target
-            network, optimizer) instead of a fresh network (:func:`specialise`).
 
     Raises:
         ValueError: ``cfg.training`` is missing.
@@ -394,8 +415,6 @@ def train(cfg: AsetConfig, base: Path, *, steps: int | None = None, progress: bo
     seed = cfg.seed if seed is None else int(seed)
     out = out_dir or resolve(base, tr.out_dir) / cfg.name
     run = _Run(cfg, base, seed, out, plans, simulator_factory)
-    if init_checkpoint is not None:
-        run.agent.load(init_checkpoint)
     t_start = time.perf_counter()
     bar = _progress_bar(console, steps) if progress else None
     try:
@@ -432,11 +451,10 @@ def _dqn_training(cfg: AsetConfig) -> TrainingSpec:
     return cfg.training
 
 
-def _train_seed(cfg_json: str, base: str, seed: int, steps: int | None, out: str, init: str | None = None) -> dict:
+def _train_seed(cfg_json: str, base: str, seed: int, steps: int | None, out: str) -> dict:
     """One seed's training run in a worker process; returns what the parent needs."""
     cfg = AsetConfig.model_validate_json(cfg_json)
-    res = train(cfg, Path(base), steps=steps, progress=False, seed=seed, out_dir=Path(out),
-                init_checkpoint=Path(init) if init else None)
+    res = train(cfg, Path(base), steps=steps, progress=False, seed=seed, out_dir=Path(out))
     return {"seed": seed, "episodes": res.episodes, "wall_s": res.wall_s, "steps": res.steps,
             "policy_path": str(res.policy_path), "out_dir": str(res.out_dir), "updates": res.updates}
 
@@ -504,90 +522,7 @@ def train_seeds(cfg: AsetConfig, base: Path, *, steps: int | None = None, jobs: 
     if tr.export_to:
 
         src = next(r for r in results if r.seed == chosen).policy_path
-        copy_policy(src, resolve(base, tr.export_to))
-    return results
-
-
-def specialised_path(checkpoint: str | Path, scenario: str) -> Path:
-    """Where the checkpoint specialised to ``scenario`` (its experiment name) lives:
-    ``<checkpoint>-<scenario>`` (``.npz`` / ``.json``), a ``.`` of the name written ``_`` (the
-    policy files are named by suffix)."""
-    p = Path(checkpoint)
-    return p.with_name(f"{p.name}-{scenario.replace('.', '_')}")
-
-
-def last_checkpoint(seed_dir: Path) -> Path:
-    """The newest ``checkpoints/ckpt-<step>`` (highest step) of one seed's training run: that of
-    the latest run, as each run starts from an emptied folder (:func:`clear_run_dir`).
-
-    Raises:
-        FileNotFoundError: the run has no checkpoint (train first).
-    """
-    found = sorted((int(c.stem.split("-")[-1]), c.with_suffix(""))
-                   for c in (seed_dir / "checkpoints").glob("ckpt-*.index"))
-    if not found:
-        raise FileNotFoundError(f"{seed_dir / 'checkpoints'}: no training checkpoint (run testbed train first)")
-    return found[-1][1]
-
-
-def specialise(cfg: AsetConfig, base: Path, *, jobs: int = 1, backend: str = "process",
-               ray_address: str | None = None, console=None, steps: int | None = None,
-               scenarios: tuple[PlanSampler, list[Plan]] | None = None) -> list[TrainResult]:
-    """Per-scenario fine-tuning (:class:`testbed.spec.aset.SpecialiseSpec`): for each scenario of
-    ``training.scenarios``, the export seed's last checkpoint trained on that scenario alone
-    (load randomised as in training), ``jobs`` scenarios at a time; output in
-    ``training.out_dir/<name>/specialised/<scenario>/``, the policy exported to
-    :func:`specialised_path` of ``training.export_to``.
-
-    ``scenarios``: :func:`training_scenarios` of ``cfg`` when the caller has them. Each
-    scenario's folder is emptied first of an earlier run's outputs.
-
-    Raises:
-        ValueError: no ``training:`` section or no ``export_to``; ConfigError (a ValueError) and
-            the plan's errors: the scenarios as :func:`training_scenarios`. FileNotFoundError: the
-            general training has not run (no checkpoint of the export seed). InputError: steps too
-            few to train (:func:`check_can_train`), an output path that cannot be written
-            (:func:`check_outputs`). RunFailure: a scenario's network took no gradient step
-            (nothing exported for any scenario, :func:`refuse_untrained`).
-    """
-
-    tr = cfg.training
-    if tr is None or not tr.export_to:
-        raise ValueError(f"ASET config {cfg.name!r}: --specialise needs 'training:' with 'export_to'")
-    plans = (scenarios or training_scenarios(cfg, base))[1]  # distinct names: each names its own folder
-    sp = tr.specialise
-    seed = tr.export_seed if tr.export_seed is not None else training_seeds(cfg)[0]
-    root = resolve(base, tr.out_dir) / cfg.name
-    init = last_checkpoint(root / f"seed-{seed}")
-    check_can_train(cfg, plans, steps or sp.steps, "--steps" if steps else "training.specialise.steps")
-    names = [p.experiment.name for p in plans]
-    check_outputs(cfg, base, [], folders=tuple((f"training.out_dir {tr.out_dir}", root / "specialised" / n)
-                                               for n in names),
-                  exports=tuple(str(specialised_path(tr.export_to, n)) for n in names))
-    agent = cfg.agent.model_copy(update={"epsilon_start": sp.epsilon_start,
-                                         "epsilon_decay_steps": sp.epsilon_decay_steps})
-    steps = steps or sp.steps
-    tasks = []
-    for scenario, name in zip(tr.scenarios, names, strict=True):
-        mix = (cfg.reward.baseline_mix or {}).get(name)  # this scenario's mix only: the run has no other
-        reward = cfg.reward.model_copy(update={"baseline_mix": {name: mix} if mix is not None else None})
-        sub = cfg.model_copy(update={"agent": agent, "reward": reward, "training": tr.model_copy(update={
-            "scenarios": [scenario], "steps": steps, "seeds": [seed]})})
-        tasks.append((sub.model_dump_json(), str(base), seed, steps, str(root / "specialised" / name), str(init)))
-    results: list[TrainResult] = []
-    curves: dict[str, list[dict]] = {}
-    for i, r in imap_unordered(_train_seed, tasks, backend=backend, jobs=max(1, jobs), ray_address=ray_address):
-        results.append(_from_worker(r))
-        curves[names[i]] = r["episodes"]
-        if console is not None:
-            console.print(f"{names[i]}: {counted(r['steps'], 'step')} in {r['wall_s']:.0f} s from {init}")
-    if any(curves.values()):
-        plot_curves(root / "specialised" / "curves.png", {n: e for n, e in curves.items() if e},
-                     f"ASET specialised per scenario (seed {seed})")
-    refuse_untrained(results, lambda r: f"specialised {r.out_dir.name}")
-    results.sort(key=lambda r: names.index(r.out_dir.name))
-    for res in results:
-        copy_policy(res.policy_path, resolve(base, str(specialised_path(tr.export_to, res.out_dir.name))))
+        copy_checkpoint(src, resolve(base, tr.export_to))
     return results
 
 
