@@ -200,7 +200,7 @@ def test_aset_selector_is_called_with_the_window_state(tmp_path, monkeypatch):
     import testbed.emu.source
     from testbed.emu.source import Source
 
-    monkeypatch.setattr(testbed.emu.source, "live_selector", FakeSelector)
+    monkeypatch.setattr(testbed.emu.source, "SourceSelector", FakeSelector)
     (tmp_path / "link_util.json").write_text(json.dumps({"t": 0, "links": {"s1-s2": 0.25, "s3-s2": 0.5}}))
 
     src = Source(_source_cfg(tmp_path, "aset"))

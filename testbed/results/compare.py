@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from testbed.agent.selector import selected_sources
+from testbed.agent.live import aset_sources
 from testbed.core.errors import InputError
 from testbed.core.util import write_json_atomic
 from testbed.plan.resolved import Plan
@@ -59,7 +59,6 @@ from testbed.results.twin import (
     where_they_part,
     window_s,
 )
-from testbed.sim.run import checkpoint_sources
 
 #: The most cluster figures a report draws (one per cluster, after the one of all pairs).
 MAX_CLUSTER_FIGURES = 8
@@ -417,7 +416,7 @@ def twin_cost(plan: Plan, queries: int) -> tuple[float | None, str]:
     ``queries / SIM_QPS_FLOOR + COMPARE_FIXED_S``; None (with why) when it cannot be told cheaply:
     sources driven by an ASET checkpoint or a selector plug-in (the twin runs the agent window by
     window)."""
-    driven = sorted(set(checkpoint_sources(plan)) | set(selected_sources(plan)))
+    driven = aset_sources(plan)
     if driven:
         return None, f"sources {', '.join(driven)} are driven by an ASET agent or selector, which the twin runs too"
     return queries / SIM_QPS_FLOOR + COMPARE_FIXED_S, ""

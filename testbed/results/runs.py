@@ -25,7 +25,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from testbed.agent.live import checkpoint_path
+from testbed.agent.checkpoint import checkpoint_files, checkpoint_path
+from testbed.agent.live import aset_sources
 from testbed.core.errors import (
     EXIT_ALL_FAILED,
     EXIT_BRINGUP,
@@ -44,7 +45,7 @@ from testbed.results.capture import analyze_run
 from testbed.results.records import storage_faults
 from testbed.results.summary import print_summary, summarize
 from testbed.sim.engine import Simulator
-from testbed.sim.run import checkpoint_sources, simulate
+from testbed.sim.run import simulate
 
 __all__ = ["TwinLine", "checkpoint_line", "finish_emulation", "run_emulation", "run_simulation"]
 
@@ -78,16 +79,15 @@ def run_emulation(plan: Plan, console: Console | None = None, runs_dir: Path | N
 
 
 def checkpoint_line(plan: Plan, policy: str | None = None) -> str | None:
-    """The console's line naming the ASET checkpoint a run loads, for the sources it drives
-    (:func:`testbed.sim.run.checkpoint_sources`; None when none): its ``aset.checkpoint``, the
-    weights file it resolves to and the first 16 hex digits of that file's SHA-256 (``run.json``
-    records the checkpoint too)."""
-    sources = checkpoint_sources(plan, policy)
+    """The console's line naming the ASET checkpoint a run loads, for the sources it drives (those on
+    policy ``aset`` without a selector of one's own; none with a ``policy`` override): its
+    ``aset.checkpoint``, the weights file it resolves to and the first 16 hex digits of that file's
+    SHA-256 (``run.json`` records the checkpoint too). None when no checkpoint drives a source."""
     aset = plan.experiment.aset
-    if not sources or aset is None or not aset.checkpoint:
+    sources = [] if policy is not None else aset_sources(plan)
+    if not sources or aset is None or not aset.checkpoint or aset.selector is not None:
         return None
-    base = checkpoint_path(aset.checkpoint)
-    weights = base.with_name(base.name + ".npz")
+    weights = checkpoint_files(checkpoint_path(aset.checkpoint))[0]
     digest = f"SHA-256 {file_sha256(weights)[:16]}..." if weights.is_file() else "its weights file is missing"
     return (f"ASET: source(s) {', '.join(sources)} choose their policy each window with the checkpoint "
             f"{aset.checkpoint} ({weights}, {digest})")
