@@ -192,6 +192,7 @@ def test_aset_selector_is_called_with_the_window_state(tmp_path, monkeypatch):
     class FakeSelector:  # stands in for testbed.agent.live's selector: pure logic under test
         def __init__(self, cfg):
             self.cfg = cfg
+            self.window_s = cfg.aset.window_s  # the agent's window (its checkpoint's, or aset.window)
 
         def choose(self, state):
             calls.append(state)
