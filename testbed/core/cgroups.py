@@ -12,7 +12,8 @@ clock (s: the host's bare call over the profile's; 1 when the speed is left to t
 nested limits give that (cgroup v1 ``cpu``):
 
 - the cluster's group: ``c x s x 100 ms`` of CPU per period of ``k x 100 ms`` (c x s / k cores;
-  :func:`create_limited_group` at c, then :func:`set_cpu_quota` once the server has measured s);
+  :func:`create_limited_group`, its quota lifted while the server starts and times its bare calls,
+  then :func:`set_cpu_quota` at c x s);
 - inside it, one child group per thread of the server (:func:`cap_threads`), each capped at s / k
   core over a short period (``THREAD_QUOTA_US`` per ``k / s x THREAD_QUOTA_US``): the quota alone
   would let a burst within it run at full speed, k / s times too fast in emulated time.
@@ -117,23 +118,24 @@ def create_limited_group(name: str, cpu_cores: float, memory_mib: int, time_dila
     return [group]
 
 
-def set_cpu_quota(dirs: list[Path], cpu_cores: float) -> int:
+def set_cpu_quota(dirs: list[Path], cpu_cores: float | None) -> int:
     """Set the CFS quota of a group made by :func:`create_limited_group` to ``cpu_cores`` x
-    :data:`PERIOD_US` (at least the kernel's 1 ms) per its period as it stands (k x 100 ms under
-    time dilation); returns the quota (us).
+    :data:`PERIOD_US` (rounded up, at least the kernel's 1 ms) per its period as it stands (k x
+    100 ms under time dilation), or lift it (``cpu_cores`` None: no limit, quota -1 / ``max``);
+    returns the quota (us; -1 when lifted).
 
     Raises:
         CgroupError: no cpu group among ``dirs``, or the write fails (v1: a child group's
             quota/period above the new one's).
     """
-    quota = max(1000, math.ceil(cpu_cores * PERIOD_US - 1e-6))  # up: a thread's cap (rounded down) fits in it
+    quota = -1 if cpu_cores is None else max(1000, math.ceil(cpu_cores * PERIOD_US - 1e-6))
     for d in dirs:
         if (d / "cpu.cfs_quota_us").exists():
             _write(d / "cpu.cfs_quota_us", str(quota))
             return quota
         if (d / "cpu.max").exists():
             period = (d / "cpu.max").read_text().split()[1]
-            _write(d / "cpu.max", f"{quota} {period}")
+            _write(d / "cpu.max", f"{'max' if quota < 0 else quota} {period}")
             return quota
     raise CgroupError(f"no cgroup cpu group among {[str(d) for d in dirs]}: cannot set the quota")
 

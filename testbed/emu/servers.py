@@ -5,7 +5,9 @@ Each cluster host runs one ``python -m testbed.serve.server`` process (config:
 :class:`testbed.plan.boundaries.ServerConfig`, from the plan) inside a cgroup holding the cluster's CPU
 share (CFS quota, :mod:`testbed.core.cgroups`; under time dilation k, the same quota per k x the
 period) and memory limit. Each server times its models' bare calls before it is ready
-(:mod:`testbed.serve.speed`); from its ready file the cluster's speed (:mod:`testbed.plan.speeds`):
+(:mod:`testbed.serve.speed`; its group has no CPU limit until then: a throttled call runs cold
+after each wait, so a bare call timed under the quota reads slow); from its ready file the
+cluster's speed (:mod:`testbed.plan.speeds`):
 with ``emulation.speed: profile`` its quota becomes cores x s per k x 100 ms and, at one core or
 more, each of its threads is capped at s / k core (below one core the server pads its calls
 itself: :func:`testbed.plan.dilation.nested_cpu`), s being the host's speed factor; a host too slow
@@ -116,6 +118,9 @@ class ClusterServers:
             spec = next(c for c in plan.experiment.clusters if c.name == cluster)
             self.groups[cluster] = cgroups.create_limited_group(f"testbed-{live.run_id}-{cluster}", host.cpu_cores,
                                                                 spec.memory_mib, time_dilation=self.k)
+            # no CPU limit until the first life has timed its bare calls (a call throttled by the
+            # quota runs cold after each wait: testbed.serve.speed): _apply_speed sets it
+            cgroups.set_cpu_quota(self.groups[cluster], None)
         if cluster in self.lives:
             self._keep_stats(cluster)
             cgroups.remove_thread_groups(self.groups[cluster])  # the ended life's (a reused tid gets a fresh cap)
@@ -183,9 +188,10 @@ class ClusterServers:
 
     def _apply_speed(self, cluster: str) -> None:
         """The first ready life of ``cluster``: its speed from the ready file (the server's check,
-        :mod:`testbed.serve.speed`), checked against the dilation (:func:`testbed.plan.speeds.check_fits`),
-        and its cgroup's quota set to cores x scale. A later life ran at the same scale (its server
-        was given the first life's bare calls); its quota is already set."""
+        :mod:`testbed.serve.speed`, made with no CPU limit), checked against the dilation
+        (:func:`testbed.plan.speeds.check_fits`), and its cgroup's quota set to cores x scale (until
+        then it had none). A later life ran at the same scale (its server was given the first
+        life's bare calls) under the quota already set."""
         if cluster in self.speeds:
             return
         ready = json.loads(self._ready_file(cluster).read_text())

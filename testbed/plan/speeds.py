@@ -6,9 +6,9 @@ one day; the host of a run is faster or slower (on the project's build machines 
 ran at 0.83-1.29x its profile from one day to another: docs/models-and-servers.md, "The host's
 speed"). At start-up each inference server times the bare call of each model it serves (the
 profiler's call: one input, back to back, after the warm-up, at the cluster's threads per call;
-CPU time per call, :func:`testbed.serve.handling.time_bare_calls`) and compares it with the
-profile's unthrottled per-call time of the same runtime and threads
-(:func:`testbed.plan.profiles.cpu_time`, its mean):
+the median CPU time per call, :func:`testbed.serve.handling.time_bare_calls`) and compares it
+with the profile's unthrottled per-call time of the same runtime and threads
+(:func:`testbed.plan.profiles.cpu_time`, its median):
 
     factor_m = bare_ms_m / profile_ms_m        (below 1: the host runs the model faster than profiled)
 
@@ -255,7 +255,7 @@ def expected_weights(plan: Plan) -> dict[str, dict[str, float]]:
 def speed_target(plan: Plan, cluster: str, measured_ms: dict[str, float] | None = None,
                  weights: dict[str, dict[str, float]] | None = None) -> SpeedTarget:
     """The :class:`SpeedTarget` of ``cluster``'s server: the profile's bare call of each of its
-    models at its runtime and threads per call (:func:`testbed.plan.profiles.cpu_time`, mean),
+    models at its runtime and threads per call (:func:`testbed.plan.profiles.cpu_time`, median),
     the rule's weights (``weights``: :func:`expected_weights`, computed when not given).
 
     Raises:
@@ -266,7 +266,7 @@ def speed_target(plan: Plan, cluster: str, measured_ms: dict[str, float] | None 
     profile_ms = {}
     for m in spec.models:
         try:
-            profile_ms[m] = float(cpu_time(plan.profiles_dir, m, spec.server.runtime_of(m), 1, threads).mean_ms)
+            profile_ms[m] = float(cpu_time(plan.profiles_dir, m, spec.server.runtime_of(m), 1, threads).p50_ms)
         except (zoo.ZooError, OSError) as exc:
             raise PlanError(f"cluster {cluster}: the speed check needs {m!r}'s profile: {exc}") from None
     weights = weights if weights is not None else expected_weights(plan)

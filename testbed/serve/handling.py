@@ -125,19 +125,21 @@ def _pass(proc: subprocess.Popen, query: Callable[[int], float], n: int, gap_s: 
             "wall_ms": float(np.mean(walls))}
 
 
-def time_bare_calls(model: Any, x: np.ndarray, n: int, all_threads: bool = False) -> float:
-    """CPU ms per call of ``n`` bare calls of a loaded ``model`` (one input each, cycling through
+def time_bare_calls(model: Any, x: np.ndarray, n: int, all_threads: bool = False) -> np.ndarray:
+    """CPU ms of each of ``n`` bare calls of a loaded ``model`` (one input each, cycling through
     the payloads ``x``, back to back: the profiler's call; warm the model up first). The calling
     thread's CPU time, or with ``all_threads`` the process's (TensorFlow runs a graph's ops on its
-    own pool threads; a runtime on several threads). CPU time, not wall time: a CFS quota's
-    throttling and other processes' load do not stretch it. The one timer of the bare call: the
-    host-speed check, the handling measurement and each inference server's speed check
-    (:mod:`testbed.serve.speed`) use it."""
+    own pool threads; a runtime on several threads). CPU time, not wall time: other processes'
+    load does not stretch it. The one timer of the bare call: the host-speed check, the handling
+    measurement (their mean) and each inference server's speed check (:mod:`testbed.serve.speed`,
+    its median) use it."""
     clock = time.process_time if all_threads else time.thread_time
-    t0 = clock()
+    out = np.empty(n)
     for i in range(n):
+        t0 = clock()
         model.predict(x[i % len(x)][None])
-    return (clock() - t0) / n * 1e3
+        out[i] = clock() - t0
+    return out * 1e3
 
 
 def bare_calls_for(profile_ms: float, budget_s: float, least: int) -> int:
@@ -157,7 +159,7 @@ def bare_call_cpu_ms(zoo_dir: Path, variant: str, runtime: str, manifest: dict[s
     model = load_model(zoo_dir, variant, runtime, manifest, threads=1)
     x = zoo.load_payloads(zoo_dir, manifest["variants"][variant]["family"])[0]
     model.warm_up(x, calls=WARMUP, batch=1)
-    return time_bare_calls(model, x, n, all_threads)
+    return float(time_bare_calls(model, x, n, all_threads).mean())
 
 
 def default_runtime(manifest: dict[str, Any], variant: str) -> str:
