@@ -43,16 +43,17 @@ TRIANGLE = REPO / "experiments" / "triangle.yaml"
 
 
 def _target(profile_ms: dict[str, float], weights: dict[str, float] | None = None, k: float = 1.0,
-            nested: bool = False, mode: str = "profile") -> SpeedTarget:
-    return SpeedTarget(mode=mode, time_dilation=k, nested=nested, threads=1, profile_ms=profile_ms,
-                       weights=weights if weights is not None else dict.fromkeys(profile_ms, 1.0))
+            nested: bool = False, mode: str = "profile", workers: int = 1, threads: int = 1) -> SpeedTarget:
+    weights = weights if weights is not None else dict.fromkeys(profile_ms, 1.0)
+    return SpeedTarget(mode=mode, time_dilation=k, nested=nested, workers=workers, threads=threads,
+                       profile_ms=profile_ms, weights=weights)
 
 
 # ----------------------------------------------------------------------------- the rule
 
 def test_a_faster_host_gets_less_quota_and_its_calls_padded_to_the_profile():
     cs = cluster_speed(_target({"m": 2.0}), 0.5, {"m": 1.6})  # the host runs m at 0.8x its profile
-    assert cs.factor == pytest.approx(0.8) and cs.scale == pytest.approx(0.8)
+    assert cs.factor == pytest.approx(0.8) and cs.scale == cs.call_scale == pytest.approx(0.8)
     assert cs.quota_cores == pytest.approx(0.4)  # 0.5 core x 0.8: the same calls per second as profiled
     assert cs.models["m"].residual == pytest.approx(1.0)
     # below one core: each call's CPU time (0.8 x the profile's) padded to k / s = 1.25 x it, the profile's
@@ -60,25 +61,42 @@ def test_a_faster_host_gets_less_quota_and_its_calls_padded_to_the_profile():
     assert 1.6 * (1 + cs.cpu_pad) == pytest.approx(2.0)
 
 
-def test_a_slower_host_gets_more_quota_within_what_dilation_gives():
+def test_a_slower_host_gets_more_quota_and_dilation_holds_its_calls_to_the_profile():
     cs = cluster_speed(_target({"m": 2.0}, k=2.0), 0.5, {"m": 2.6})  # 1.3x slower, k = 2
-    assert cs.scale == pytest.approx(1.3) and cs.quota_cores == pytest.approx(0.65)
+    assert cs.scale == cs.call_scale == pytest.approx(1.3) and cs.quota_cores == pytest.approx(0.65)
     assert cs.slowdown == pytest.approx(2.0 / 1.3) and cs.cpu_pad == pytest.approx(2.0 / 1.3 - 1)
-    assert cs.fits and cs.models["m"].residual == pytest.approx(1.0)
-    check_fits("c", cs)  # no error
+    assert cs.fits(2) and not cs.calls_slow and cs.models["m"].residual == pytest.approx(1.0)
+    check_fits("c", cs, 2)  # no error
 
 
-def test_a_host_too_slow_for_the_dilation_stops_the_run_naming_the_k_that_fits():
+def test_a_host_too_slow_for_the_dilation_gets_the_quota_and_says_its_calls_are_slow():
     cs = cluster_speed(_target({"m": 2.0}), 0.5, {"m": 2.6})  # 1.3x slower at k = 1
-    assert cs.scale == 1.0 and cs.residual == pytest.approx(1.3) and not cs.fits
-    with pytest.raises(RunFailure, match=r"cluster c: .*1\.30x slower.*--time-dilation 1\.3 .*speed: host") as exc:
-        check_fits("c", cs)
-    assert exc.value.exit_code == 3
+    # the quota keeps the profile's throughput; a call cannot run faster than one core: host speed
+    assert cs.scale == pytest.approx(1.3) and cs.quota_cores == pytest.approx(0.65) and cs.call_scale == 1.0
+    assert cs.applied_by == "none" and cs.cpu_pad == 0.0 and cs.fits(2) and cs.calls_slow
+    assert cs.residual == pytest.approx(1.3) and cs.models["m"].residual == pytest.approx(1.3)
+    check_fits("c", cs, 2)  # 0.65 cores: its thread can use them
+    (w,) = Speeds(mode="profile", time_dilation=1.0, clusters={"c": cs}).warnings()
+    assert "cluster c's calls ran 1.30x slower" in w and "--time-dilation 1.3 or more" in w
     assert needed_dilation(1.3) == pytest.approx(1.3) and needed_dilation(1.31) == pytest.approx(1.4)
-    # within the tolerance: scale k, the residual reported, no error
+    # within the tolerance: not called slow
     near = cluster_speed(_target({"m": 2.0}), 0.5, {"m": 2.0 * (1 + TOLERANCE / 2)})
-    assert near.fits and near.scale == 1.0 and near.models["m"].residual == pytest.approx(1 + TOLERANCE / 2)
-    check_fits("c", near)
+    assert not near.calls_slow and near.models["m"].residual == pytest.approx(1 + TOLERANCE / 2)
+
+
+def test_a_quota_the_clusters_threads_cannot_use_stops_the_run_naming_the_k_that_fits():
+    # one core, one worker, one thread: 1.3 cores of quota, of which its thread can use 1
+    cs = cluster_speed(_target({"m": 2.0}, nested=True), 1.0, {"m": 2.6})
+    assert not cs.fits(2)
+    with pytest.raises(RunFailure, match=r"cluster c: .*1\.30x slower.*--time-dilation 1\.3 .*speed: host") as exc:
+        check_fits("c", cs, 2)
+    assert exc.value.exit_code == 3
+    # two workers can use it; at k = 2 one thread can too; at most the machine's CPUs
+    assert cluster_speed(_target({"m": 2.0}, nested=True, workers=2), 1.0, {"m": 2.6}).fits(2)
+    assert cluster_speed(_target({"m": 2.0}, k=2.0, nested=True), 1.0, {"m": 2.6}).fits(2)
+    assert not cluster_speed(_target({"m": 2.0}, nested=True, workers=2), 1.0, {"m": 2.6}).fits(1)
+    # speed: host asks nothing
+    assert cluster_speed(_target({"m": 2.0}, nested=True, mode="host"), 1.0, {"m": 2.6}).fits(1)
 
 
 def test_several_models_share_one_scale_weighted_by_their_expected_cpu():
@@ -107,7 +125,7 @@ def test_dilations_nested_caps_are_scaled_by_the_host_speed():
 
 def test_speed_host_scales_nothing_and_keeps_the_factors_as_residuals():
     cs = cluster_speed(_target({"a": 1.0, "b": 2.0}, k=3.0, mode="host"), 0.5, {"a": 0.8, "b": 2.6})
-    assert cs.scale == 1.0 and cs.quota_cores == 0.5 and cs.fits
+    assert cs.scale == 1.0 and cs.quota_cores == 0.5 and cs.fits(1) and not cs.calls_slow
     assert cs.cpu_pad == pytest.approx(2.0)  # the dilation's own k - 1
     assert cs.models["a"].residual == pytest.approx(0.8) and cs.models["b"].residual == pytest.approx(1.3)
 

@@ -360,6 +360,8 @@ def _start_servers_and_warm(ctx: RunContext) -> None:
     speeds = servers.speeds_of_run()  # each server's bare calls against the profile (testbed.plan.speeds)
     ctx.record.update(speeds=speeds.model_dump(mode="json"))
     ctx.console.print(Text(speeds.line()))
+    for warning in speeds.warnings():
+        ctx.console.print(Text(warning))
     with ctx.console.status("warming every source -> cluster path..."):
         t_warm = time.monotonic()
         warm = servers.warm_paths(loaded_sources(ctx.plan))

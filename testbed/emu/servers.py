@@ -10,9 +10,10 @@ after each wait, so a bare call timed under the quota reads slow); from its read
 cluster's speed (:mod:`testbed.plan.speeds`):
 with ``emulation.speed: profile`` its quota becomes cores x s per k x 100 ms and, at one core or
 more, each of its threads is capped at s / k core (below one core the server pads its calls
-itself: :func:`testbed.plan.dilation.nested_cpu`), s being the host's speed factor; a host too slow
-for dilation k stops the run (:func:`testbed.plan.speeds.check_fits`). :attr:`ClusterServers.speeds`
-holds every cluster's.
+itself: :func:`testbed.plan.dilation.nested_cpu`), s being the host's speed factor (on a host
+slower than k makes up, s > k, the calls run at the host's speed and the quota alone is raised);
+a quota the cluster's threads cannot use stops the run (:func:`testbed.plan.speeds.check_fits`).
+:attr:`ClusterServers.speeds` holds every cluster's.
 :class:`ClusterServers` starts them all and waits until every one is warmed up, and applies outages: ``kill`` (SIGKILL,
 connections refused until a restart) and ``stop`` (SIGSTOP / SIGCONT). A restarted server starts
 its counters from zero; the stats file of its earlier life is kept as
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -157,8 +159,8 @@ class ClusterServers:
         Raises:
             RunFailure: a server exited, or was not ready within ``timeout_s`` (names it and its log);
                 exit code 7 (:data:`~testbed.core.errors.EXIT_INTEGRITY`) with the server's own
-                message, which names the file, when a model failed its integrity check; a host too
-                slow for the cluster's profile at this dilation (names the k that fits).
+                message, which names the file, when a model failed its integrity check; a quota at
+                the profile's speed that the cluster's threads cannot use (names the k that fits).
             CgroupError: the scaled quota or a thread's cap cannot be written.
         """
         def check() -> bool:
@@ -198,7 +200,7 @@ class ClusterServers:
         if not ready.get("speed"):
             raise RunFailure(f"inference server {cluster} reported no speed check in {self._ready_file(cluster)}")
         cs = ClusterSpeed.model_validate(ready["speed"])
-        check_fits(cluster, cs)
+        check_fits(cluster, cs, os.cpu_count() or 1)
         cgroups.set_cpu_quota(self.groups[cluster], cs.quota_cores)
         self.speeds[cluster] = cs
 

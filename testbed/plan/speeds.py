@@ -27,19 +27,25 @@ equally.
 * the cluster's CFS quota is ``cores x s`` x 100 ms per k x 100 ms: a faster host (s < 1) gets
   less quota, a slower one more, so a saturated cluster serves as many calls per second as the
   profile says;
-* each call runs k / s times its measured CPU time on the wall clock, so an idle cluster's calls
-  take as long as the profile says too: at one core or more each thread of the server is capped
-  at s / k core (1 ms per k / s ms, nested cgroups: :func:`testbed.core.cgroups.cap_threads`);
-  below one core each model call and each request's handling is followed by a sleep of
-  (k / s - 1) x its CPU time (:attr:`ClusterSpeed.cpu_pad`; :func:`testbed.plan.dilation.nested_cpu`
-  says why).
+* each call runs k / s times its measured CPU time on the wall clock (s <= k; below), so an idle
+  cluster's calls take as long as the profile says too: at one core or more each thread of the
+  server is capped at s / k core (1 ms per k / s ms, nested cgroups:
+  :func:`testbed.core.cgroups.cap_threads`); below one core each model call and each request's
+  handling is followed by a sleep of (k / s - 1) x its CPU time (:attr:`ClusterSpeed.cpu_pad`;
+  :func:`testbed.plan.dilation.nested_cpu` says why).
 
 What is left is each model's residual factor, factor_m / s: 1 for a cluster of one model, the
 spread of its models' factors around s for a cluster of several (the simulator can take it:
-:func:`apply_speeds`). A thread cannot run faster than one core, so s <= k: a host slower than the
-profile by more than k x (1 + :data:`TOLERANCE`) cannot be brought to the profile's speed at
-dilation k, and the run stops, naming the k that would (:func:`check_fits`); between k and
-k x (1 + TOLERANCE) the scale is k and the residual is reported.
+:func:`apply_speeds`).
+
+A slower host (s > 1) gets more quota, which it can give while the cluster's threads can use it:
+cores x s / k at most min(workers x threads per call, the machine's CPUs) (x (1 + :data:`TOLERANCE`));
+beyond that the run stops before the load, naming the time dilation that would fit
+(:func:`check_fits`). A thread cannot run faster than one core either, so a call cannot be sped
+up beyond the host's speed: with s > k the calls run at the host's speed (the per-call scale is k,
+no cap and no pad), each call is s / k times slower than its profile while the quota keeps the
+profile's throughput, and the summary says so with the k that would hold the per-call time too
+(:attr:`ClusterSpeed.calls_slow`; ``call_scale``, and each model's residual factor_m / call_scale).
 
 ``emulation.speed: host`` scales nothing (s = 1: the clusters run at the host's speed, every
 residual is the factor itself) and keeps the factors: the run's quick re-profile of the day's
@@ -70,9 +76,9 @@ from testbed.plan.traces import arrival_process
 
 SpeedMode = Literal["profile", "host"]
 
-#: A host slower than the profile by up to this share beyond what dilation k can make up (s <= k)
-#: runs at scale k and reports the residual (at most 1 + TOLERANCE); beyond it the run stops. Our
-#: choice: the bare call's own repeatability minutes apart on a quiet host (a few %).
+#: Slack of the slow-host bounds: a quota up to this share beyond what the cluster's threads can use
+#: is given all the same, and calls up to this share slower than the profile are not called slow.
+#: Our choice: the bare call's own repeatability minutes apart on a quiet host (a few %).
 TOLERANCE = 0.05
 #: The key of the speeds in ``run.json``.
 RUN_KEY = "speeds"
@@ -85,13 +91,15 @@ class _Frozen(BaseModel):
 class SpeedTarget(_Frozen):
     """What a server needs to scale itself (``ServerConfig.speed``): the run's ``mode``, the time
     dilation k, whether the cluster's threads are capped (``nested``, at one core or more) or its
-    calls padded, per model the profile's bare call (``profile_ms``, ms) and the rule's weight
-    (``weights``, :func:`expected_weights`), and for a restarted server the bare calls its first
-    life measured (``measured_ms``; None: measure them), so that every life runs at one scale."""
+    calls padded, its ``workers`` and ``threads`` per call, per model the profile's bare call
+    (``profile_ms``, ms) and the rule's weight (``weights``, :func:`expected_weights`), and for a
+    restarted server the bare calls its first life measured (``measured_ms``; None: measure them),
+    so that every life runs at one scale."""
 
     mode: SpeedMode
     time_dilation: float = Field(ge=1.0)
     nested: bool
+    workers: int = Field(1, ge=1)
     threads: int = Field(ge=1)
     profile_ms: dict[str, float]
     weights: dict[str, float]
@@ -99,10 +107,11 @@ class SpeedTarget(_Frozen):
 
 
 class ModelSpeed(_Frozen):
-    """One model at one cluster: its bare call now (``bare_ms``, CPU ms per call, over ``calls``
-    calls) and in its profile (``profile_ms``), ``factor`` = bare / profile, its ``weight`` in the
-    cluster's scale (expected CPU ms per s at the profile's speed), the cluster's ``scale`` and the
-    ``residual`` factor = factor / scale."""
+    """One model at one cluster: its bare call now (``bare_ms``, median CPU ms per call, over
+    ``calls`` calls) and in its profile (``profile_ms``), ``factor`` = bare / profile, its
+    ``weight`` in the cluster's scale (expected CPU ms per s at the profile's speed), the cluster's
+    quota ``scale`` and the ``residual`` factor = factor / the cluster's per-call scale: its calls'
+    time over the profile's as the run held them."""
 
     bare_ms: float = Field(gt=0)
     profile_ms: float = Field(gt=0)
@@ -115,17 +124,20 @@ class ModelSpeed(_Frozen):
 
 class ClusterSpeed(_Frozen):
     """One cluster's speed (module docstring): ``factor`` (the weighted mean of its models'
-    factors, the scale it asks for), ``scale`` (s, the one applied: 1 with ``mode`` host, else
-    min(factor, k)), ``residual`` (factor / scale), ``cores`` (its share) and ``quota_cores``
-    (cores x scale: the CFS quota per k x 100 ms, in cores of the emulated system), how its calls'
-    speed is held (``applied_by``: ``caps`` per thread, ``pad`` after each call, or ``none`` when
-    k / s = 1), and per model a :class:`ModelSpeed`."""
+    factors, the scale it asks for), ``scale`` (s, the quota's: 1 with ``mode`` host, else the
+    factor), ``call_scale`` (the calls': min(s, k)), ``residual`` (factor / call_scale),
+    ``cores`` (its share), ``usable_cores`` (what its threads can use: workers x threads per call)
+    and ``quota_cores`` (cores x scale: the CFS quota per k x 100 ms), how its calls' speed is held
+    (``applied_by``: ``caps`` per thread, ``pad`` after each call, or ``none`` when k / call_scale
+    = 1), and per model a :class:`ModelSpeed`."""
 
     mode: SpeedMode
     time_dilation: float = Field(ge=1.0)
     cores: float = Field(gt=0)
+    usable_cores: float = Field(gt=0)
     factor: float = Field(gt=0)
     scale: float = Field(gt=0)
+    call_scale: float = Field(gt=0)
     residual: float = Field(gt=0)
     quota_cores: float = Field(gt=0)
     applied_by: Literal["caps", "pad", "none"]
@@ -133,18 +145,24 @@ class ClusterSpeed(_Frozen):
 
     @property
     def slowdown(self) -> float:
-        """k / s: a call's wall time over its CPU time on this host (1: nothing to slow)."""
-        return self.time_dilation / self.scale
+        """k / call_scale: a call's wall time over its CPU time on this host (1: nothing to slow)."""
+        return self.time_dilation / self.call_scale
 
     @property
     def cpu_pad(self) -> float:
-        """The server's pad (``Scheduler.cpu_pad``): k / s - 1 when the cluster is padded, else 0."""
+        """The server's pad (``Scheduler.cpu_pad``): k / call_scale - 1 when the cluster is padded, else 0."""
         return self.slowdown - 1.0 if self.applied_by == "pad" else 0.0
 
     @property
-    def fits(self) -> bool:
-        """Whether the scale asked for is within what dilation k can give (s <= k x (1 + TOLERANCE))."""
-        return self.mode == "host" or self.factor <= self.time_dilation * (1.0 + TOLERANCE)
+    def calls_slow(self) -> bool:
+        """Whether its calls run slower than the profile because the host is (s > k x (1 + TOLERANCE))."""
+        return self.mode == "profile" and self.factor > self.time_dilation * (1.0 + TOLERANCE)
+
+    def fits(self, cpus: int) -> bool:
+        """Whether the quota asked for can be used: cores x s / k at most min(``usable_cores``,
+        ``cpus``) x (1 + TOLERANCE) (always with ``mode`` host: nothing is asked)."""
+        room = min(self.usable_cores, float(cpus))
+        return self.mode == "host" or self.quota_cores / self.time_dilation <= room * (1.0 + TOLERANCE)
 
 
 class Speeds(_Frozen):
@@ -155,6 +173,14 @@ class Speeds(_Frozen):
     time_dilation: float = Field(ge=1.0)
     clusters: dict[str, ClusterSpeed]
 
+    def warnings(self) -> list[str]:
+        """One line per cluster whose calls ran slower than their profile (:attr:`ClusterSpeed.calls_slow`)."""
+        return [f"WARNING: cluster {c}'s calls ran {cs.residual:.2f}x slower than their profiles: this host runs its "
+                f"models {cs.factor:.2f}x slower and a thread cannot run faster than one core at time dilation "
+                f"{cs.time_dilation:g} (its quota was raised to {cs.quota_cores:.2f} cores to keep the profile's "
+                f"throughput); for the profile's per-call time too, run with --time-dilation "
+                f"{needed_dilation(cs.factor):g} or more" for c, cs in self.clusters.items() if cs.calls_slow]
+
     def line(self) -> str:
         """The summary's line: per cluster its scale and each model's factor (and residual when it
         is not 1 to within 1 %)."""
@@ -163,7 +189,9 @@ class Speeds(_Frozen):
             models = ", ".join(f"{m} {ms.factor:.2f}x" + (f" (residual {ms.residual:.2f})"
                                                           if abs(ms.residual - 1) >= 0.01 else "")
                                for m, ms in cs.models.items())
-            parts.append(f"{c} quota x{cs.scale:.2f}: {models}")
+            slow = f", calls {cs.residual:.2f}x the profile's (host too slow for k = {cs.time_dilation:g})" \
+                if cs.calls_slow else ""
+            parts.append(f"{c} quota x{cs.scale:.2f}{slow}: {models}")
         head = ("clusters at their profile's speed (host's bare call over the profile's; quota scale)"
                 if self.mode == "profile" else "clusters at the host's speed (speed: host; bare call over the profile)")
         return f"{head}: " + "; ".join(parts)
@@ -191,41 +219,46 @@ def cluster_speed(target: SpeedTarget, cores: float, bare_ms: dict[str, float],
         w = {m: 1.0 for m in models}
     wanted = sum(w[m] * factors[m] for m in models) / sum(w.values())
     k = target.time_dilation
-    scale = 1.0 if target.mode == "host" else min(wanted, k)
-    slowdown = k / scale
+    scale = 1.0 if target.mode == "host" else wanted
+    call_scale = min(scale, k)
+    slowdown = k / call_scale
     applied = "none" if abs(slowdown - 1.0) < 1e-9 else "caps" if target.nested else "pad"
     calls = calls or {}
     return ClusterSpeed(
-        mode=target.mode, time_dilation=k, cores=cores, factor=wanted, scale=scale, residual=wanted / scale,
-        quota_cores=cores * scale, applied_by=applied,
+        mode=target.mode, time_dilation=k, cores=cores, usable_cores=float(target.workers * target.threads),
+        factor=wanted, scale=scale, call_scale=call_scale, residual=wanted / call_scale, quota_cores=cores * scale,
+        applied_by=applied,
         models={m: ModelSpeed(bare_ms=bare_ms[m], profile_ms=target.profile_ms[m], factor=factors[m],
-                              weight=w[m], calls=int(calls.get(m, 0)), scale=scale, residual=factors[m] / scale)
+                              weight=w[m], calls=int(calls.get(m, 0)), scale=scale, residual=factors[m] / call_scale)
                 for m in models})
 
 
-def needed_dilation(factor: float) -> float:
-    """The smallest time dilation, rounded up to 0.1, at which a cluster whose scale is ``factor``
-    runs at its profile's speed (s <= k)."""
-    return max(1.0, math.ceil(factor * 10 - 1e-9) / 10)
+def needed_dilation(ratio: float) -> float:
+    """The smallest time dilation, rounded up to 0.1, at which ``ratio`` (what is asked over what
+    one k gives) is at most k."""
+    return max(1.0, math.ceil(ratio * 10 - 1e-9) / 10)
 
 
-def check_fits(cluster: str, cs: ClusterSpeed) -> None:
-    """Raise when ``cs`` asks for more than dilation k gives (:attr:`ClusterSpeed.fits`).
+def check_fits(cluster: str, cs: ClusterSpeed, cpus: int) -> None:
+    """Raise when ``cs``'s quota cannot be used at its dilation on a machine of ``cpus`` CPUs
+    (:meth:`ClusterSpeed.fits`).
 
     Raises:
         RunFailure: naming the cluster, its slowest model, and the time dilation that would fit
             (exit code 3: a precondition of the run).
     """
-    if cs.fits:
+    if cs.fits(cpus):
         return
     slow = max(cs.models.items(), key=lambda kv: kv[1].factor)
-    k = needed_dilation(cs.factor)
+    room = min(cs.usable_cores, float(cpus))
+    k = needed_dilation(cs.quota_cores / room)
     raise RunFailure(
         f"cluster {cluster}: this host runs its models {cs.factor:.2f}x slower than their profiles (e.g. {slow[0]}: "
-        f"bare call {slow[1].bare_ms:.3f} ms against {slow[1].profile_ms:.3f} ms profiled), and a thread cannot run "
-        f"faster than one core: at time dilation {cs.time_dilation:g} the cluster cannot run at its profile's speed. "
-        f"Run with --time-dilation {k:g} (or more), or set emulation.speed: host to run at the host's speed "
-        f"(testbed simulate --speeds RUN_DIR then simulates at it)")
+        f"bare call {slow[1].bare_ms:.3f} ms against {slow[1].profile_ms:.3f} ms profiled): its {cs.cores:g} cores "
+        f"at the profile's speed need {cs.quota_cores:.2f} cores of this host, more than its threads can use "
+        f"({room:g}: workers x threads per call, at most the machine's {cpus} CPUs) at time dilation "
+        f"{cs.time_dilation:g}. Run with --time-dilation {k:g} (or more), or set emulation.speed: host to run at "
+        f"the host's speed (testbed simulate --speeds RUN_DIR then simulates at it)")
 
 
 def expected_weights(plan: Plan) -> dict[str, dict[str, float]]:
@@ -272,8 +305,8 @@ def speed_target(plan: Plan, cluster: str, measured_ms: dict[str, float] | None 
     weights = weights if weights is not None else expected_weights(plan)
     em = plan.experiment.emulation
     return SpeedTarget(mode=em.speed, time_dilation=plan.time_dilation, nested=nested_cpu(spec.cpu_cores),
-                       threads=threads, profile_ms=profile_ms, weights=dict(weights.get(cluster, {})),
-                       measured_ms=measured_ms)
+                       workers=spec.workers, threads=threads, profile_ms=profile_ms,
+                       weights=dict(weights.get(cluster, {})), measured_ms=measured_ms)
 
 
 def read_speeds(run_dir: Path) -> Speeds | None:
@@ -300,22 +333,24 @@ def read_speeds(run_dir: Path) -> Speeds | None:
             from None
 
 
-def _scaled(f: ServiceFigures, r: float, r_handling: float, note: str) -> ServiceFigures:
+def _scaled(f: ServiceFigures, r: float, r_handling: float, r_cores: float, note: str) -> ServiceFigures:
     """``f`` with what the simulator draws scaled by ``r`` (the model call) and ``r_handling``
-    (the request's handling); the estimates the dispatcher and the admission take from the plan
-    (``expected_ms``, ``busy_mean_ms``) are kept: the run's sources and servers used the plan's."""
+    (the request's handling), and the cluster's share by ``r_cores``; the estimates the dispatcher
+    and the admission take from the plan (``expected_ms``, ``busy_mean_ms``) are kept: the run's
+    sources and servers used the plan's."""
     return f.model_copy(update={
         "samples_ms": [x * r for x in f.samples_ms], "batch_mean_ms": {b: x * r for b, x in f.batch_mean_ms.items()},
         "wall_mean_ms": f.wall_mean_ms * r, "wall_p95_ms": f.wall_p95_ms * r, "handling_ms": f.handling_ms * r_handling,
-        "source": f"{f.source} x {note}"})
+        "cores": f.cores * r_cores, "source": f"{f.source} x {note}"})
 
 
 def apply_speeds(plan: Plan, speeds: Speeds) -> Plan:
     """The plan whose service figures the simulator should use to reproduce a run of ``speeds``:
     each model's samples (and its batch means) x its residual factor, each request's handling x its
     cluster's (with ``mode`` host the residual is the measured factor; with ``profile`` what the
-    scaling left). The dispatcher's and the admission's estimates stay the plan's, as the run had
-    them. ``plan`` in emulated time.
+    scaling left), and the cluster's share x scale / call_scale (1 unless the host was too slow for
+    the calls: then its quota was raised beyond what the calls' speed made up). The dispatcher's
+    and the admission's estimates stay the plan's, as the run had them. ``plan`` in emulated time.
 
     Raises:
         PlanError: ``plan`` is a wall-clock plan, or a cluster or model it serves has no speed
@@ -333,8 +368,8 @@ def apply_speeds(plan: Plan, speeds: Speeds) -> Plan:
         if lacking:
             raise PlanError(f"the speeds of cluster {c!r} have no model {', '.join(map(repr, lacking))} (they have: "
                             f"{', '.join(cs.models)}): they come from a run of another experiment")
-        services[c] = {m: _scaled(f, cs.models[m].residual, cs.residual, f"speed {cs.models[m].residual:.3f}")
-                       for m, f in by.items()}
+        services[c] = {m: _scaled(f, cs.models[m].residual, cs.residual, cs.scale / cs.call_scale,
+                                  f"speed {cs.models[m].residual:.3f}") for m, f in by.items()}
     note = (f"service samples x each model's residual speed factor of a run (speed: {speeds.mode}): "
             + "; ".join(f"{c}: " + ", ".join(f"{m} {ms.residual:.3f}" for m, ms in cs.models.items())
                         for c, cs in speeds.clusters.items() if c in services))

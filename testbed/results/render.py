@@ -238,7 +238,9 @@ def _headline(s: dict) -> list[str]:
                      f"from the records is in emulated time (the link emulators' lateness and the links' rates are "
                      f"on the wall clock).")
     if s.get("speeds"):
-        lines.append("Speeds: " + Speeds.model_validate(s["speeds"]).line() + ".")
+        speeds = Speeds.model_validate(s["speeds"])
+        lines.append("Speeds: " + speeds.line() + ".")
+        lines.extend(w + "." for w in speeds.warnings())
     if s.get("all_failed"):
         lines.insert(0, f"ALL QUERIES FAILED (exit code {EXIT_ALL_FAILED}): {s['all_failed']}")
     e, b = s.get("e2e_ms", {}), s.get("breakdown_ms", {})
