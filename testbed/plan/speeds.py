@@ -3,9 +3,10 @@ scales a cluster's CPU by them.
 
 The profiles (``models/profiles``, :mod:`testbed.serve.profiler`) were measured on one machine on
 one day; the host of a run is faster or slower (on the project's build machines the same bare call
-ran at 0.83-1.29x its profile from one day to another: docs/models-and-servers.md, "The host's
-speed"). At start-up each inference server times the bare call of each model it serves (the
-profiler's call: one input, back to back, after the warm-up, at the cluster's threads per call;
+ran at 0.83-1.29x its profile from one day to another: docs/models-and-servers.md, "Clusters at
+their profile's speed"). At start-up each inference server times the bare call of each model it
+serves (the profiler's call: one input, back to back, after the warm-up, at the cluster's threads
+per call;
 the median CPU time per call, :func:`testbed.serve.handling.time_bare_calls`) and compares it
 with the profile's unthrottled per-call time of the same runtime and threads
 (:func:`testbed.plan.profiles.cpu_time`, its median):
