@@ -1,5 +1,8 @@
 """Shared checks of the emulation tests (imported by them; pytest puts ``tests/`` on ``sys.path``).
 
+A run's wall-clock figures on a machine other jobs keep saturated measure the machine:
+:func:`assert_unless_saturated` skips a failed check then, with the figures.
+
 An emulation refuses to measure when its RTT self-check finds a path outside its tolerance
 (exit 3, :data:`testbed.core.errors.EXIT_BRINGUP`; ``rtt_check.csv`` keeps every path's figures):
 that is the testbed behaving as designed. On a machine other jobs keep busy the paths measure
@@ -53,3 +56,18 @@ def expect_run_ok(code: int, runs_dir: Path | None = None, run_dir: Path | None 
     if why:
         pytest.skip(why)
     raise AssertionError(f"the emulation exited {code} (run: {where})")
+
+
+def assert_unless_saturated(run_dir: Path, checks: dict[str, bool], figures: str) -> None:
+    """The checks of an emulation that hold only with CPU to spare (a packet train, or a call's wall
+    time, read back on a saturated machine measures the machine): a failed one skips with the
+    run's ``figures`` when the run's own CPU sampler (``summary.json`` ``machine_cpu``) saw the
+    CPUs at least 90 % busy for over 1 s of the load, and fails otherwise."""
+    failed = [name for name, ok in checks.items() if not ok]
+    if not failed:
+        return
+    cpu = json.loads((run_dir / "summary.json").read_text()).get("machine_cpu") or {}
+    if cpu.get("saturated_s", 0.0) > 1.0:
+        pytest.skip(f"not met: {'; '.join(failed)} ({figures}), while the CPUs were at least 90 % busy for "
+                    f"{cpu['saturated_s']:g} s of the {cpu.get('window_s', 0):g} s load (the run's machine_cpu)")
+    raise AssertionError(f"not met: {'; '.join(failed)} ({figures})")

@@ -245,7 +245,10 @@ def test_a_cluster_below_one_core_is_padded_and_must_serve_litert():
     dilate(with_time_dilation(plan, 2.0))  # one worker: the process's CPU clock is the call's
     tf = exp.model_copy(update={"clusters": [exp.clusters[0].model_copy(update={"workers": 2}), exp.clusters[1]]})
     tf_plan = plan.model_copy(update={"experiment": tf})
-    dilate(with_time_dilation(tf_plan, 1.0))  # undilated: nothing to pad
+    host = tf.model_copy(update={"emulation": tf.emulation.model_copy(update={"speed": "host"})})
+    dilate(with_time_dilation(plan.model_copy(update={"experiment": host}), 1.0))  # at the host's speed: no pad
+    with pytest.raises(PlanError, match="clusters.edgeb: emulation.speed: profile .*runtime litert, use workers: 1"):
+        dilate(with_time_dilation(tf_plan, 1.0))  # at the profile's speed the calls are padded undilated too
     with pytest.raises(PlanError, match="clusters.edgeb: .*runtime litert, use workers: 1"):
         dilate(with_time_dilation(tf_plan, 2.0))
 

@@ -14,14 +14,13 @@ Mininet, OVS, ryu-manager and TensorFlow servers; about 40 s.
 from __future__ import annotations
 
 import copy
-import json
 import os
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from emu_checks import expect_run_ok
+from emu_checks import assert_unless_saturated, expect_run_ok
 
 from testbed.plan.build import build_plan
 from testbed.results.runs import run_emulation
@@ -65,24 +64,8 @@ def test_congestion_raises_network_time_on_the_congested_path_only(tmp_path):
     congested = net("srca", "edgeb", during) - net("srca", "edgeb", outside)
     other = net("srcc", "edgec", during) - net("srcc", "edgec", outside)
     assert congested > 50.0, congested  # the filling FIFO adds 30 -> 300 ms one way over the window
-    _assert_unless_saturated(run_dir, {
+    assert_unless_saturated(run_dir, {
         "the other path's network time moved by less than 3 ms": abs(other) < 3.0,
         "the congested link carried at least its capacity less the tolerance": carried >= 20.0 - tol,
         "every event's read-back met its tolerance": bool((ev["ok"] == 1).all())},
         f"other path {other:+.2f} ms; events {ev[['kind', 'value_asked', 'value_measured', 'ok']].to_dict('records')}")
-
-
-def _assert_unless_saturated(run_dir: Path, checks: dict[str, bool], figures: str) -> None:
-    """The checks that hold only with CPU to spare: the background's frames cost the single-threaded
-    userspace OVS datapath and the link emulators CPU that every path shares, and a packet train
-    read back on a saturated machine measures the machine. A failed check skips with the run's
-    figures when the run's machine_cpu saw the CPUs at least 90 % busy for over 1 s of the load,
-    and fails otherwise."""
-    failed = [name for name, ok in checks.items() if not ok]
-    if not failed:
-        return
-    cpu = json.loads((run_dir / "summary.json").read_text()).get("machine_cpu") or {}
-    if cpu.get("saturated_s", 0.0) > 1.0:
-        pytest.skip(f"not met: {'; '.join(failed)} ({figures}), while the CPUs were at least 90 % busy for "
-                    f"{cpu['saturated_s']:g} s of the {cpu.get('window_s', 0):g} s load (the run's machine_cpu)")
-    raise AssertionError(f"not met: {'; '.join(failed)} ({figures})")

@@ -1,6 +1,8 @@
 """``testbed simulate EXPERIMENT.yaml``: run an experiment in the discrete-event simulator (no root,
 no Mininet); the run directory has the emulation's layout (records, summary) plus
-``run.json`` with ``"mode": "simulation"``."""
+``run.json`` with ``"mode": "simulation"``. ``--speeds RUN_DIR``: simulate at the speeds an
+emulated run measured (each model's profile samples x its residual speed factor there, the measured
+factor itself when the run had ``emulation.speed: host``; :mod:`testbed.plan.speeds`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from testbed.core.util import repo_path
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import check_load_bounds, events_after_end, plan_experiment, runs_dir_problem
 from testbed.plan.policies import check_policy
+from testbed.plan.speeds import apply_speeds, read_speeds
 from testbed.results import runs
 from testbed.spec.experiment import MAX_SEED
 
@@ -50,12 +53,40 @@ def register(subparsers) -> None:
                    help=f"override every source's policy: {', '.join(CATALOGUE)}, or a plug-in (an entry-point "
                         f"name or package.module:callable, with parameters: mypkg.sched:p2c(d=2); docs/extending.md)")
     p.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    p.add_argument("--speeds", metavar="RUN_DIR", default=None,
+                   help="simulate at the speeds an emulated run of this experiment measured (its run.json's "
+                        "speeds): each model's service samples x its residual factor there (the measured factor "
+                        "itself with emulation.speed: host)")
     p.set_defaults(func=_cmd)
+
+
+def _with_speeds(plan, run_dir: str):
+    """``plan`` at the speeds of the run in ``run_dir`` (:func:`testbed.plan.speeds.apply_speeds`).
+
+    Raises:
+        InputError: ``run_dir`` is not a run folder, its run has no speeds, or they do not fit the plan.
+    """
+    where = Path(run_dir)
+    if not (where / "run.json").is_file():
+        raise InputError(f"--speeds {run_dir}: no run.json there (give an emulated run's folder)")
+    try:
+        speeds = read_speeds(where)
+    except ValueError as exc:
+        raise InputError(f"--speeds {run_dir}: {exc}") from None
+    if speeds is None:
+        raise InputError(f"--speeds {run_dir}: its run.json has no speeds (a simulation, a run stopped before its "
+                         f"servers were ready, or a run from before the speed check)")
+    try:
+        return apply_speeds(plan, speeds)
+    except InputError as exc:
+        raise InputError(f"--speeds {run_dir}: {exc}") from None
 
 
 def _cmd(args: argparse.Namespace) -> int:
 
     plan = plan_experiment(args.experiment)  # bad input: an InputError, printed once by testbed.cli.main
+    if args.speeds is not None:
+        plan = _with_speeds(plan, args.speeds)
     if args.policy is not None:
         check_policy(args.policy, "--policy")  # resolved and checked before anything runs
     if args.duration is not None:  # the same bounds the plan checked for the experiment's own duration

@@ -5,15 +5,18 @@ cgroup v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, cgroup v2 ``cpu.max`` (Lin
 Documentation/scheduler/sched-bwc.rst). Memory: v1 ``memory.limit_in_bytes``, v2 ``memory.max``.
 Group names start with ``testbed-<run id>-`` so that cleanup removes only ours.
 
-Time dilation k (``emulation.time_dilation``, :mod:`testbed.plan.dilation`): a cluster of c cores
-must run in emulated time as it does undilated, i.e. at 1/k of its speed on the wall clock. Two
+Time dilation k (``emulation.time_dilation``, :mod:`testbed.plan.dilation`) and the host's speed
+(``emulation.speed``, :mod:`testbed.plan.speeds`): a cluster of c cores must run in emulated time
+as it does undilated on the profiled machine, i.e. each call at k / s times its CPU time on the wall
+clock (s: the host's bare call over the profile's; 1 when the speed is left to the host). Two
 nested limits give that (cgroup v1 ``cpu``):
 
-- the cluster's group: the same quota per period in emulated time, ``c x 100 ms`` of CPU per
-  period of ``k x 100 ms`` (c / k cores);
-- inside it, one child group per thread of the server (:func:`cap_threads`), each capped at 1 / k
-  core over a short period (``THREAD_QUOTA_US`` per ``k x THREAD_QUOTA_US``): the quota alone
-  would let a burst within it run at full speed, k times too fast in emulated time.
+- the cluster's group: ``c x s x 100 ms`` of CPU per period of ``k x 100 ms`` (c x s / k cores;
+  :func:`create_limited_group`, its quota lifted while the server starts and times its bare calls,
+  then :func:`set_cpu_quota` at c x s);
+- inside it, one child group per thread of the server (:func:`cap_threads`), each capped at s / k
+  core over a short period (``THREAD_QUOTA_US`` per ``k / s x THREAD_QUOTA_US``): the quota alone
+  would let a burst within it run at full speed, k / s times too fast in emulated time.
 
 The kernel takes quotas and periods of at least 1 ms and periods of at most 1 s (sched-bwc.rst),
 hence ``THREAD_QUOTA_US`` = 1 ms and k <= 10. Cgroup v1 also refuses a child whose quota/period
@@ -23,6 +26,7 @@ server pads its work instead: :func:`testbed.plan.dilation.nested_cpu`).
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -115,6 +119,28 @@ def create_limited_group(name: str, cpu_cores: float, memory_mib: int, time_dila
     return [group]
 
 
+def set_cpu_quota(dirs: list[Path], cpu_cores: float | None) -> int:
+    """Set the CFS quota of a group made by :func:`create_limited_group` to ``cpu_cores`` x
+    :data:`PERIOD_US` (rounded up, at least the kernel's 1 ms) per its period as it stands (k x
+    100 ms under time dilation), or lift it (``cpu_cores`` None: no limit, quota -1 / ``max``);
+    returns the quota (us; -1 when lifted).
+
+    Raises:
+        CgroupError: no cpu group among ``dirs``, or the write fails (v1: a child group's
+            quota/period above the new one's).
+    """
+    quota = -1 if cpu_cores is None else max(1000, math.ceil(cpu_cores * PERIOD_US - 1e-6))
+    for d in dirs:
+        if (d / "cpu.cfs_quota_us").exists():
+            _write(d / "cpu.cfs_quota_us", str(quota))
+            return quota
+        if (d / "cpu.max").exists():
+            period = (d / "cpu.max").read_text().split()[1]
+            _write(d / "cpu.max", f"{'max' if quota < 0 else quota} {period}")
+            return quota
+    raise CgroupError(f"no cgroup cpu group among {[str(d) for d in dirs]}: cannot set the quota")
+
+
 def cpu_stat(dirs: list[Path]) -> dict[str, float]:
     """CFS bandwidth counters of a group made by :func:`create_limited_group`: ``periods`` (CFS
     periods in which the group ran), ``throttled_periods`` (of those, how many ran out of quota),
@@ -160,22 +186,25 @@ def thread_groups(dirs: list[Path]) -> list[Path]:
     return [c for d in dirs if d.parent == ROOT / "cpu" for c in sorted(d.glob("t[0-9]*")) if c.is_dir()]
 
 
-def cap_threads(dirs: list[Path], pid: int, time_dilation: float) -> int:
+def cap_threads(dirs: list[Path], pid: int, slowdown: float) -> int:
     """Put every thread of process ``pid`` not yet capped into a child group of its own under the
-    v1 cpu group of ``dirs``, capped at 1 / k core (:data:`THREAD_QUOTA_US` per k x that). Call it
-    again to catch threads started since (a thread starts in its creator's group, so until then it
-    shares that cap: slower, never faster). Returns how many threads it placed; 0 at k = 1.
+    v1 cpu group of ``dirs``, capped at 1 / ``slowdown`` core (:data:`THREAD_QUOTA_US` per
+    ``slowdown`` x that): ``slowdown`` = k / s, a call's wall time over its CPU time (k under time
+    dilation at the host's speed). Call it again to catch threads started since (a thread starts in
+    its creator's group, so until then it shares that cap: slower, never faster). Returns how many
+    threads it placed; 0 when ``slowdown`` is 1.
 
     Raises:
         CgroupError: a group cannot be made or written (a thread that has exited meanwhile is
             skipped).
     """
-    if time_dilation == 1.0:
+    if slowdown == 1.0:
         return 0
     cpu = next((d for d in dirs if d.parent == ROOT / "cpu"), None)
     if cpu is None:
-        raise CgroupError(f"time dilation {time_dilation:g}: no cgroup v1 cpu group among {[str(d) for d in dirs]}")
-    period = str(max(THREAD_QUOTA_US, int(round(EmulatedClock(time_dilation).wall(THREAD_QUOTA_US)))))
+        raise CgroupError(f"a slowdown of {slowdown:g}: no cgroup v1 cpu group among {[str(d) for d in dirs]}")
+    # rounded up: the cap never exceeds 1 / slowdown, nor the cluster's share (cgroup v1 refuses that)
+    period = str(max(THREAD_QUOTA_US, math.ceil(slowdown * THREAD_QUOTA_US - 1e-6)))
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:
@@ -191,7 +220,7 @@ def cap_threads(dirs: list[Path], pid: int, time_dilation: float) -> int:
             (child / "cpu.cfs_quota_us").write_text(str(THREAD_QUOTA_US))
         except OSError as exc:
             child.rmdir()
-            raise CgroupError(f"cannot cap thread {tid} of {cpu.name} at 1/{time_dilation:g} core: {exc.strerror} "
+            raise CgroupError(f"cannot cap thread {tid} of {cpu.name} at 1/{slowdown:.3g} core: {exc.strerror} "
                               f"(cgroup v1 refuses a child whose quota/period exceeds its parent's: the group has "
                               f"less than one core)") from None
         try:

@@ -364,8 +364,13 @@ def _start_servers_and_warm(ctx: RunContext) -> None:
     """The inference servers up and watched, every source's path warmed (steps 4-5)."""
     ctx.servers = servers = ClusterServers(ctx.live, ctx.stack)
     ctx.watch.add(lambda: _server_components(servers))
-    with ctx.console.status("starting inference servers (warm-up)..."):
+    with ctx.console.status("starting inference servers (warm-up, speed check)..."):
         servers.start_all()
+    speeds = servers.speeds_of_run()  # each server's bare calls against the profile (testbed.plan.speeds)
+    ctx.record.update(speeds=speeds.model_dump(mode="json"))
+    ctx.console.print(Text(speeds.line()))
+    for warning in speeds.warnings():
+        ctx.console.print(Text(warning))
     with ctx.console.status("warming every source -> cluster path..."):
         t_warm = time.monotonic()
         warm = servers.warm_paths(loaded_sources(ctx.plan))

@@ -1,11 +1,19 @@
-"""The clusters' inference servers in the emulation: started CPU-limited, watched, killed, restarted,
-and every source's path to them warmed before the load.
+"""The clusters' inference servers in the emulation: started CPU-limited, at their profile's speed,
+watched, killed, restarted, and every source's path to them warmed before the load.
 
 Each cluster host runs one ``python -m testbed.serve.server`` process (config:
 :class:`testbed.plan.boundaries.ServerConfig`, from the plan) inside a cgroup holding the cluster's CPU
 share (CFS quota, :mod:`testbed.core.cgroups`; under time dilation k, the same quota per k x the
-period, and at one core or more each of its threads capped at 1 / k core once it is ready, below
-one core its calls padded by the server: :func:`testbed.plan.dilation.nested_cpu`) and memory limit.
+period) and memory limit. Each server times its models' bare calls before it is ready
+(:mod:`testbed.serve.speed`; its group has no CPU limit until then: a throttled call runs cold
+after each wait, so a bare call timed under the quota reads slow); from its ready file the
+cluster's speed (:mod:`testbed.plan.speeds`):
+with ``emulation.speed: profile`` its quota becomes cores x s per k x 100 ms and, at one core or
+more, each of its threads is capped at s / k core (below one core the server pads its calls
+itself: :func:`testbed.plan.dilation.nested_cpu`), s being the host's speed factor (on a host
+slower than k makes up, s > k, the calls run at the host's speed and the quota alone is raised);
+a quota the cluster's threads cannot use stops the run (:func:`testbed.plan.speeds.check_fits`).
+:attr:`ClusterServers.speeds` holds every cluster's.
 :class:`ClusterServers` starts them all and waits until every one is warmed up, and applies outages: ``kill`` (SIGKILL,
 connections refused until a restart) and ``stop`` (SIGSTOP / SIGCONT). A restarted server starts
 its counters from zero; the stats file of its earlier life is kept as
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -38,7 +47,7 @@ from testbed.core.clock import EmulatedClock
 from testbed.core.errors import EXIT_INTEGRITY, RunFailure
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT, poll_until, stop_processes, stopped, write_json_atomic
-from testbed.plan.dilation import nested_cpu
+from testbed.plan.speeds import ClusterSpeed, Speeds, check_fits, expected_weights, speed_target
 from testbed.plan.zoo import request_bodies
 from testbed.serve.launch import server_command, write_server_config
 
@@ -67,6 +76,8 @@ class ClusterServers:
         self.ready_lives: dict[str, int] = {}
         self.clock = EmulatedClock(live.plan.time_dilation)
         self.k = self.clock.k
+        self.speeds: dict[str, ClusterSpeed] = {}
+        self._weights = expected_weights(live.plan)
         self.cap_error: str = ""
         self._capping = threading.Event()
         stack.callback(self._stop_all)
@@ -111,13 +122,19 @@ class ClusterServers:
             spec = next(c for c in plan.experiment.clusters if c.name == cluster)
             self.groups[cluster] = cgroups.create_limited_group(f"testbed-{live.run_id}-{cluster}", host.cpu_cores,
                                                                 spec.memory_mib, time_dilation=self.k)
+            # no CPU limit until the first life has timed its bare calls (a call throttled by the
+            # quota runs cold after each wait: testbed.serve.speed): _apply_speed sets it
+            cgroups.set_cpu_quota(self.groups[cluster], None)
         if cluster in self.lives:
             self._keep_stats(cluster)
             cgroups.remove_thread_groups(self.groups[cluster])  # the ended life's (a reused tid gets a fresh cap)
         self.lives[cluster] = self.lives.get(cluster, 0) + 1
         self._write_lives(cluster)
         self._ready_file(cluster).unlink(missing_ok=True)
-        cfg = write_server_config(plan, cluster, plan.experiment.emulation.server_port, run_dir)
+        first = self.speeds.get(cluster)  # a later life keeps the first one's bare calls, hence its scale
+        target = speed_target(plan, cluster, {m: ms.bare_ms for m, ms in first.models.items()} if first else None,
+                              self._weights)
+        cfg = write_server_config(plan, cluster, plan.experiment.emulation.server_port, run_dir, target)
         p = tied_popen(live.emu.node(cluster).popen, server_command(cfg), stdout=self._log(cluster),
                        stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
         cgroups.add_process(self.groups[cluster], p.pid)
@@ -139,10 +156,14 @@ class ClusterServers:
     def wait_ready(self, clusters: list[str], timeout_s: float = 180.0) -> None:
         """Wait until each server of ``clusters`` wrote its ready file (models warm, port open).
 
+        Then apply each one's speed (:meth:`_apply_speed`).
+
         Raises:
             RunFailure: a server exited, or was not ready within ``timeout_s`` (names it and its log);
                 exit code 7 (:data:`~testbed.core.errors.EXIT_INTEGRITY`) with the server's own
-                message, which names the file, when a model failed its integrity check.
+                message, which names the file, when a model failed its integrity check; a quota at
+                the profile's speed that the cluster's threads cannot use (names the k that fits).
+            CgroupError: the scaled quota or a thread's cap cannot be written.
         """
         def check() -> bool:
             for n in clusters:
@@ -162,26 +183,50 @@ class ClusterServers:
         for n in clusters:
             self.ready_lives[n] = self.ready_lives.get(n, 0) + 1
             self._write_lives(n)
-            if self._nested(n):
-                cgroups.cap_threads(self.groups[n], self.procs[n].pid, self.k)  # raises: the dilation not applied
-        if self.k != 1.0 and not self._capping.is_set():
+            self._apply_speed(n)
+            if self._nested(n):  # raises: the dilation, or the speed, not applied
+                cgroups.cap_threads(self.groups[n], self.procs[n].pid, self.speeds[n].slowdown)
+        if any(self._nested(c) for c in self.speeds) and not self._capping.is_set():
             self._capping.set()
             threading.Thread(target=self._cap_new_threads, name="thread-caps", daemon=True).start()
 
+    def _apply_speed(self, cluster: str) -> None:
+        """The first ready life of ``cluster``: its speed from the ready file (the server's check,
+        :mod:`testbed.serve.speed`, made with no CPU limit), checked against the dilation
+        (:func:`testbed.plan.speeds.check_fits`), and its cgroup's quota set to cores x scale (until
+        then it had none). A later life ran at the same scale (its server was given the first
+        life's bare calls) under the quota already set."""
+        if cluster in self.speeds:
+            return
+        ready = json.loads(self._ready_file(cluster).read_text())
+        if not ready.get("speed"):
+            raise RunFailure(f"inference server {cluster} reported no speed check in {self._ready_file(cluster)}")
+        cs = ClusterSpeed.model_validate(ready["speed"])
+        check_fits(cluster, cs, os.cpu_count() or 1)
+        cgroups.set_cpu_quota(self.groups[cluster], cs.quota_cores)
+        self.speeds[cluster] = cs
+
+    def speeds_of_run(self) -> Speeds:
+        """Every cluster's speed (``run.json`` ``speeds``)."""
+        em = self.live.plan.experiment.emulation
+        return Speeds(mode=em.speed, time_dilation=self.k, clusters=dict(self.speeds))
+
     def _nested(self, cluster: str) -> bool:
-        """Whether ``cluster``'s threads get their own caps (:func:`testbed.plan.dilation.nested_cpu`;
-        below one core its server pads its calls instead)."""
-        return self.k != 1.0 and nested_cpu(self.live.plan.host(cluster).cpu_cores)
+        """Whether ``cluster``'s threads get their own caps (at one core or more, when its calls
+        must be slowed: :attr:`testbed.plan.speeds.ClusterSpeed.applied_by`; below one core its
+        server pads its calls instead)."""
+        cs = self.speeds.get(cluster)
+        return cs is not None and cs.applied_by == "caps"
 
     def _cap_new_threads(self) -> None:
-        """Under time dilation: every :data:`CAP_POLL_S`, cap the threads the ready servers started
+        """While a cluster's threads are capped: every :data:`CAP_POLL_S`, cap the threads the ready servers started
         since (:func:`testbed.core.cgroups.cap_threads`); a failure is kept in ``cap_error``, which
         fails the run when the load ends (:meth:`write_cpu_during_load`)."""
         while self._capping.is_set():
             for c, p in list(self.procs.items()):
                 if self._nested(c) and p.poll() is None and self._ready_file(c).exists():
                     try:
-                        cgroups.cap_threads(self.groups[c], p.pid, self.k)
+                        cgroups.cap_threads(self.groups[c], p.pid, self.speeds[c].slowdown)
                     except cgroups.CgroupError as exc:
                         self.cap_error = self.cap_error or f"cluster {c}: {exc}"
             time.sleep(CAP_POLL_S)
@@ -273,8 +318,8 @@ class ClusterServers:
         load started): periods, throttled periods and their share, seconds throttled.
 
         Raises:
-            RunFailure: under time dilation, a thread could not be capped during the load (the
-                clusters' CPU was not dilated as planned).
+            RunFailure: a thread could not be capped during the load (the clusters' CPU was not
+                dilated, or not held to the profile's speed, as planned).
         """
         for c, now in self.cpu_stats().items():
             b = before.get(c) or {}
@@ -289,8 +334,8 @@ class ClusterServers:
                 print(f"[testbed] cannot write {path}: {exc}; cluster {c}'s CFS counters are not kept",
                       file=sys.stderr)
         if self.cap_error:
-            raise RunFailure(f"time dilation: a server thread could not be capped at 1/{self.k:g} core during the "
-                             f"load ({self.cap_error}); its CPU ran faster than the emulated system's")
+            raise RunFailure(f"a server thread could not be capped during the load ({self.cap_error}); its CPU ran "
+                             f"faster than the emulated system's")
 
     def _stop_all(self) -> None:
         self._capping.clear()

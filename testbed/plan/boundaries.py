@@ -32,6 +32,7 @@ from testbed.model.policies import CATALOGUE, plugin_origins
 from testbed.model.records import GRACE_MS
 from testbed.plan.dilation import cpu_pad, wall_clock
 from testbed.plan.resolved import Plan
+from testbed.plan.speeds import SpeedTarget
 from testbed.spec.experiment import AsetSpec, WorkloadSpec, format_validation_error
 from testbed.spec.serving import Runtime
 
@@ -55,7 +56,9 @@ class ServerConfig(_Boundary):
     Files: ``stats_file`` rewritten every ``stats_interval_s`` s, ``ready_file`` written once warm.
     ``cpu_pad``: under time dilation k of a cluster below one core, k - 1: each model call and each
     request's handling is followed by a sleep of ``cpu_pad`` x its CPU time
-    (:func:`testbed.plan.dilation.nested_cpu` says why); 0 otherwise.
+    (:func:`testbed.plan.dilation.nested_cpu` says why); 0 otherwise. ``speed``: the speed check
+    the server makes at start-up and the scale it applies (:mod:`testbed.plan.speeds`; its pad
+    then replaces ``cpu_pad``); None (a server outside a run): none.
     """
 
     cluster: str
@@ -78,6 +81,7 @@ class ServerConfig(_Boundary):
     ready_file: str | None = None
     stats_interval_s: float = Field(1.0, gt=0)
     cpu_pad: float = Field(0.0, ge=0)
+    speed: SpeedTarget | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ServerConfig:
@@ -89,8 +93,10 @@ class ServerConfig(_Boundary):
         return self
 
     @classmethod
-    def from_plan(cls, plan: Plan, cluster: str, port: int, run_dir: Path | None = None) -> ServerConfig:
-        """The server of ``cluster`` as the plan has it (files in ``run_dir/clusters/``).
+    def from_plan(cls, plan: Plan, cluster: str, port: int, run_dir: Path | None = None,
+                  speed: SpeedTarget | None = None) -> ServerConfig:
+        """The server of ``cluster`` as the plan has it (files in ``run_dir/clusters/``), with the
+        speed check ``speed`` (:func:`testbed.plan.speeds.speed_target`; None: none).
 
         Raises:
             PlanError: a dilated experiment's plan not yet on the wall clock.
@@ -108,7 +114,7 @@ class ServerConfig(_Boundary):
                    max_queue_delay_ms=q.max_queue_delay_ms, warmup_calls=spec.server.warmup_calls,
                    cpu_cores=spec.cpu_cores, mean_service_ms=dict(q.mean_service_ms),
                    stats_interval_s=plan.experiment.emulation.stats_interval_s,
-                   cpu_pad=cpu_pad(plan, spec.cpu_cores), **files)
+                   cpu_pad=cpu_pad(plan, spec.cpu_cores), speed=speed, **files)
 
 
 # --------------------------------------------------------------------------- query source

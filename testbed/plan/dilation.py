@@ -28,7 +28,9 @@ events' values in Mbit/s                / k      ``link_bandwidth``, ``link_cong
 ======================================  =======  =================================================
 
 The clusters' CPU: at one core or more, nested cgroups (:func:`nested_cpu`); below, the server pads
-each call and each request's handling by (k - 1) x its CPU time (:func:`cpu_pad`).
+each call and each request's handling by (k - 1) x its CPU time (:func:`cpu_pad`). With
+``emulation.speed: profile`` both also make up for the host's speed: k / s instead of k, s being
+the host's bare call over the profile's (:mod:`testbed.plan.speeds`).
 
 Not scaled, on purpose: the workload's arrival processes (the sources draw them in emulated time,
 from the same seeds as the simulator, and stretch the times by k: :class:`Stretched`); the ASET
@@ -141,23 +143,27 @@ def cpu_pad(plan: Plan, cores: float) -> float:
 def _check_padded_runtimes(plan: Plan, k: float) -> None:
     """A padded cluster times each call by its worker thread's CPU clock, which a TensorFlow call
     (run on TensorFlow's own pool threads) does not reach: the server reads the process's CPU
-    clock for those, which is the call's alone only with one worker.
+    clock for those, which is the call's alone only with one worker. Padded: under time dilation,
+    and with ``emulation.speed: profile`` (:mod:`testbed.plan.speeds`) at any k.
 
     Raises:
         PlanError: naming the cluster and the model.
     """
-    if k == 1.0:
+    speed = plan.experiment.emulation.speed == "profile"
+    if k == 1.0 and not speed:
         return
+    why = f"time dilation {k:g}" if k != 1.0 else "emulation.speed: profile"
+    alt = "" if k != 1.0 else ", or set emulation.speed: host"
     for c in plan.experiment.clusters:
         if nested_cpu(c.cpu_cores) or c.workers == 1:
             continue
         for m in c.models:
             if c.server.runtime_of(m) != "litert":
-                raise PlanError(f"clusters.{c.name}: time dilation {k:g} of a cluster under one core pads each "
+                raise PlanError(f"clusters.{c.name}: {why} of a cluster under one core pads each "
                                 f"model call by its CPU time; a {c.server.runtime_of(m)} call of {m!r} runs on "
                                 f"TensorFlow's own threads, whose CPU is the call's alone only with one worker "
                                 f"(this cluster has {c.workers}): serve it with runtime litert, use workers: 1, or "
-                                f"give the cluster cpu_cores >= 1")
+                                f"give the cluster cpu_cores >= 1{alt}")
 
 
 def dilate(plan: Plan) -> Plan:

@@ -1,31 +1,381 @@
-"""The clusters' speeds of a run, for the simulator (placeholder: the calibration's own module
-replaces this file; these stubs keep the interface it exposes, so that callers are written once).
+"""Clusters at their profile's speed, whatever the host: the speed factors, and the rule that
+scales a cluster's CPU by them.
 
-:func:`read_speeds` reads a run folder's speeds (None: none recorded, the clusters ran at their
-profile's speed); :func:`apply_speeds` returns the plan with its service times at those speeds.
+The profiles (``models/profiles``, :mod:`testbed.serve.profiler`) were measured on one machine on
+one day; the host of a run is faster or slower (on the project's build machines the same bare call
+ran at 0.83-1.29x its profile from one day to another: docs/models-and-servers.md, "Clusters at
+their profile's speed"). At start-up each inference server times the bare call of each model it
+serves (the profiler's call: one input, back to back, after the warm-up, at the cluster's threads
+per call;
+the median CPU time per call, :func:`testbed.serve.handling.time_bare_calls`) and compares it
+with the profile's unthrottled per-call time of the same runtime and threads
+(:func:`testbed.plan.profiles.cpu_time`, its median):
+
+    factor_m = bare_ms_m / profile_ms_m        (below 1: the host runs the model faster than profiled)
+
+A cluster has one CPU quota, hence one scale s for all the models it serves (our rule,
+:func:`cluster_speed`): the mean of their factors weighted by w_m = lambda_m x t_m, the CPU per
+second each model is expected to take at the profile's speed (t_m: the plan's mean unthrottled
+call, the profile's with the in-server factor), so that s is the cluster's expected CPU per second
+on this host over that at the profile's speed. lambda_m is the plan's expected query rate to
+(cluster, model) (:func:`expected_weights`): each application's mean rate split evenly over the
+(cluster, model) options that serve its family at its minimum accuracy (all of its family's when
+none does, as the dispatcher's fallback). A cluster that no application can use weighs its models
+equally.
+
+``emulation.speed: profile`` (the default) applies s at time dilation k (k = 1: undilated):
+
+* the cluster's CFS quota is ``cores x s`` x 100 ms per k x 100 ms: a faster host (s < 1) gets
+  less quota, a slower one more, so a saturated cluster serves as many calls per second as the
+  profile says;
+* each call runs k / s times its measured CPU time on the wall clock (s <= k; below), so an idle
+  cluster's calls take as long as the profile says too: at one core or more each thread of the
+  server is capped at s / k core (1 ms per k / s ms, nested cgroups:
+  :func:`testbed.core.cgroups.cap_threads`); below one core each model call and each request's
+  handling is followed by a sleep of (k / s - 1) x its CPU time (:attr:`ClusterSpeed.cpu_pad`;
+  :func:`testbed.plan.dilation.nested_cpu` says why).
+
+What is left is each model's residual factor, factor_m / s: 1 for a cluster of one model, the
+spread of its models' factors around s for a cluster of several (the simulator can take it:
+:func:`apply_speeds`).
+
+A slower host (s > 1) gets more quota, which it can give while the cluster's threads can use it:
+cores x s / k at most min(workers x threads per call, the machine's CPUs) (x (1 + :data:`TOLERANCE`));
+beyond that the run stops before the load, naming the time dilation that would fit
+(:func:`check_fits`). A thread cannot run faster than one core either, so a call cannot be sped
+up beyond the host's speed: with s > k the calls run at the host's speed (the per-call scale is k,
+no cap and no pad), each call is s / k times slower than its profile while the quota keeps the
+profile's throughput, and the summary says so with the k that would hold the per-call time too
+(:attr:`ClusterSpeed.calls_slow`; ``call_scale``, and each model's residual factor_m / call_scale).
+
+``emulation.speed: host`` scales nothing (s = 1: the clusters run at the host's speed, every
+residual is the factor itself) and keeps the factors: the run's quick re-profile of the day's
+speeds, which ``testbed simulate EXP --speeds RUN_DIR`` applies to the profile's samples.
+
+Where the figures go: ``run.json`` ``speeds`` (:class:`Speeds`, read back by :func:`read_speeds`)
+and one line of the run's summary.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from testbed.plan.resolved import Plan
+from testbed.core.errors import RunFailure
+from testbed.model.cpu import threads_per_call
+from testbed.model.service import ServiceFigures
+from testbed.plan import zoo
+from testbed.plan.dilation import nested_cpu
+from testbed.plan.profiles import cpu_time
+from testbed.plan.resolved import Plan, PlanError
+from testbed.plan.traces import arrival_process
+
+SpeedMode = Literal["profile", "host"]
+
+#: Slack of the slow-host bounds: a quota up to this share beyond what the cluster's threads can use
+#: is given all the same, and calls up to this share slower than the profile are not called slow.
+#: Our choice: the bare call's own repeatability minutes apart on a quiet host (a few %).
+TOLERANCE = 0.05
+#: The key of the speeds in ``run.json``.
+RUN_KEY = "speeds"
 
 
-class Speeds(BaseModel):
-    mode: str = "profile"
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class SpeedTarget(_Frozen):
+    """What a server needs to scale itself (``ServerConfig.speed``): the run's ``mode``, the time
+    dilation k, whether the cluster's threads are capped (``nested``, at one core or more) or its
+    calls padded, its ``workers`` and ``threads`` per call, per model the profile's bare call
+    (``profile_ms``, ms) and the rule's weight (``weights``, :func:`expected_weights`), and for a
+    restarted server the bare calls its first life measured (``measured_ms``; None: measure them),
+    so that every life runs at one scale."""
+
+    mode: SpeedMode
+    time_dilation: float = Field(ge=1.0)
+    nested: bool
+    workers: int = Field(1, ge=1)
+    threads: int = Field(ge=1)
+    profile_ms: dict[str, float]
+    weights: dict[str, float]
+    measured_ms: dict[str, float] | None = None
+
+
+class ModelSpeed(_Frozen):
+    """One model at one cluster: its bare call now (``bare_ms``, median CPU ms per call, over
+    ``calls`` calls) and in its profile (``profile_ms``), ``factor`` = bare / profile, its
+    ``weight`` in the cluster's scale (expected CPU ms per s at the profile's speed), the cluster's
+    quota ``scale`` and the ``residual`` factor = factor / the cluster's per-call scale: its calls'
+    time over the profile's as the run held them."""
+
+    bare_ms: float = Field(gt=0)
+    profile_ms: float = Field(gt=0)
+    factor: float = Field(gt=0)
+    weight: float = Field(ge=0)
+    calls: int = Field(ge=0)
+    scale: float = Field(gt=0)
+    residual: float = Field(gt=0)
+
+
+class ClusterSpeed(_Frozen):
+    """One cluster's speed (module docstring): ``factor`` (the weighted mean of its models'
+    factors, the scale it asks for), ``scale`` (s, the quota's: 1 with ``mode`` host, else the
+    factor), ``call_scale`` (the calls': min(s, k)), ``residual`` (factor / call_scale),
+    ``cores`` (its share), ``usable_cores`` (what its threads can use: workers x threads per call)
+    and ``quota_cores`` (cores x scale: the CFS quota per k x 100 ms), how its calls' speed is held
+    (``applied_by``: ``caps`` per thread, ``pad`` after each call, or ``none`` when k / call_scale
+    = 1), and per model a :class:`ModelSpeed`."""
+
+    mode: SpeedMode
+    time_dilation: float = Field(ge=1.0)
+    cores: float = Field(gt=0)
+    usable_cores: float = Field(gt=0)
+    factor: float = Field(gt=0)
+    scale: float = Field(gt=0)
+    call_scale: float = Field(gt=0)
+    residual: float = Field(gt=0)
+    quota_cores: float = Field(gt=0)
+    applied_by: Literal["caps", "pad", "none"]
+    models: dict[str, ModelSpeed]
+
+    @property
+    def slowdown(self) -> float:
+        """k / call_scale: a call's wall time over its CPU time on this host (1: nothing to slow)."""
+        return self.time_dilation / self.call_scale
+
+    @property
+    def cpu_pad(self) -> float:
+        """The server's pad (``Scheduler.cpu_pad``): k / call_scale - 1 when the cluster is padded, else 0."""
+        return self.slowdown - 1.0 if self.applied_by == "pad" else 0.0
+
+    @property
+    def calls_slow(self) -> bool:
+        """Whether its calls run slower than the profile because the host is (s > k x (1 + TOLERANCE))."""
+        return self.mode == "profile" and self.factor > self.time_dilation * (1.0 + TOLERANCE)
+
+    def fits(self, cpus: int) -> bool:
+        """Whether the quota asked for can be used: cores x s / k at most min(``usable_cores``,
+        ``cpus``) x (1 + TOLERANCE) (always with ``mode`` host: nothing is asked)."""
+        room = min(self.usable_cores, float(cpus))
+        return self.mode == "host" or self.quota_cores / self.time_dilation <= room * (1.0 + TOLERANCE)
+
+
+class Speeds(_Frozen):
+    """The speeds of a run (``run.json`` ``speeds``): its ``mode``, its time dilation k and, per
+    cluster, a :class:`ClusterSpeed`."""
+
+    mode: SpeedMode
+    time_dilation: float = Field(ge=1.0)
+    clusters: dict[str, ClusterSpeed]
+
+    def warnings(self) -> list[str]:
+        """One line per cluster whose calls ran slower than their profile (:attr:`ClusterSpeed.calls_slow`)."""
+        return [f"WARNING: cluster {c}'s calls ran {cs.residual:.2f}x slower than their profiles: this host runs its "
+                f"models {cs.factor:.2f}x slower and a thread cannot run faster than one core at time dilation "
+                f"{cs.time_dilation:g} (its quota was raised to {cs.quota_cores:.2f} cores to keep the profile's "
+                f"throughput); for the profile's per-call time too, run with --time-dilation "
+                f"{needed_dilation(cs.factor):g} or more" for c, cs in self.clusters.items() if cs.calls_slow]
+
+    def line(self) -> str:
+        """The summary's line: per cluster its scale and each model's factor (and residual when it
+        is not 1 to within 1 %)."""
+        parts = []
+        for c, cs in self.clusters.items():
+            models = ", ".join(f"{m} {ms.factor:.2f}x" + (f" (residual {ms.residual:.2f})"
+                                                          if abs(ms.residual - 1) >= 0.01 else "")
+                               for m, ms in cs.models.items())
+            slow = f", calls {cs.residual:.2f}x the profile's (host too slow for k = {cs.time_dilation:g})" \
+                if cs.calls_slow else ""
+            parts.append(f"{c} quota x{cs.scale:.2f}{slow}: {models}")
+        head = ("clusters at their profile's speed (host's bare call over the profile's; quota scale)"
+                if self.mode == "profile" else "clusters at the host's speed (speed: host; bare call over the profile)")
+        return f"{head}: " + "; ".join(parts)
+
+
+def cluster_speed(target: SpeedTarget, cores: float, bare_ms: dict[str, float],
+                  calls: dict[str, int] | None = None) -> ClusterSpeed:
+    """The rule (module docstring): the speed of a cluster of ``cores`` whose server measured
+    ``bare_ms`` (model -> CPU ms per bare call, over ``calls`` calls) for ``target``.
+
+    Raises:
+        ValueError: a model of ``target`` has no measurement, or a figure is not > 0.
+    """
+    missing = [m for m in target.profile_ms if m not in bare_ms]
+    if missing:
+        raise ValueError(f"no bare-call measurement of {', '.join(missing)}")
+    bad = {f"{what} {m}": v for what, d in (("bare", bare_ms), ("profile", target.profile_ms)) for m, v in d.items()
+           if not (v > 0 and math.isfinite(v))}
+    if bad:
+        raise ValueError(f"bare-call figures must be finite and > 0 ms (got {bad})")
+    models = list(target.profile_ms)
+    factors = {m: bare_ms[m] / target.profile_ms[m] for m in models}
+    w = {m: max(0.0, target.weights.get(m, 0.0)) for m in models}
+    if sum(w.values()) <= 0:
+        w = {m: 1.0 for m in models}
+    wanted = sum(w[m] * factors[m] for m in models) / sum(w.values())
+    k = target.time_dilation
+    scale = 1.0 if target.mode == "host" else wanted
+    call_scale = min(scale, k)
+    slowdown = k / call_scale
+    applied = "none" if abs(slowdown - 1.0) < 1e-9 else "caps" if target.nested else "pad"
+    calls = calls or {}
+    return ClusterSpeed(
+        mode=target.mode, time_dilation=k, cores=cores, usable_cores=float(target.workers * target.threads),
+        factor=wanted, scale=scale, call_scale=call_scale, residual=wanted / call_scale, quota_cores=cores * scale,
+        applied_by=applied,
+        models={m: ModelSpeed(bare_ms=bare_ms[m], profile_ms=target.profile_ms[m], factor=factors[m],
+                              weight=w[m], calls=int(calls.get(m, 0)), scale=scale, residual=factors[m] / call_scale)
+                for m in models})
+
+
+def needed_dilation(ratio: float) -> float:
+    """The smallest time dilation, rounded up to 0.1, at which ``ratio`` (what is asked over what
+    one k gives) is at most k."""
+    return max(1.0, math.ceil(ratio * 10 - 1e-9) / 10)
+
+
+def check_fits(cluster: str, cs: ClusterSpeed, cpus: int) -> None:
+    """Raise when ``cs``'s quota cannot be used at its dilation on a machine of ``cpus`` CPUs
+    (:meth:`ClusterSpeed.fits`).
+
+    Raises:
+        RunFailure: naming the cluster, its slowest model, and the time dilation that would fit
+            (exit code 3: a precondition of the run).
+    """
+    if cs.fits(cpus):
+        return
+    slow = max(cs.models.items(), key=lambda kv: kv[1].factor)
+    room = min(cs.usable_cores, float(cpus))
+    k = needed_dilation(cs.quota_cores / room)
+    raise RunFailure(
+        f"cluster {cluster}: this host runs its models {cs.factor:.2f}x slower than their profiles (e.g. {slow[0]}: "
+        f"bare call {slow[1].bare_ms:.3f} ms against {slow[1].profile_ms:.3f} ms profiled): its {cs.cores:g} cores "
+        f"at the profile's speed need {cs.quota_cores:.2f} cores of this host, more than its threads can use "
+        f"({room:g}: workers x threads per call, at most the machine's {cpus} CPUs) at time dilation "
+        f"{cs.time_dilation:g}. Run with --time-dilation {k:g} (or more), or set emulation.speed: host to run at "
+        f"the host's speed (testbed simulate --speeds RUN_DIR then simulates at it)")
+
+
+def expected_weights(plan: Plan) -> dict[str, dict[str, float]]:
+    """Per cluster and model, the rule's weight: lambda_m x t_m (module docstring), in expected CPU
+    ms per s at the profile's speed (the plan's mean rates and mean unthrottled calls). From the
+    emulated plan when ``plan`` is a wall one.
+
+    Raises:
+        testbed.model.arrivals.ArrivalError: a workload entry's process cannot be built (the plan
+            has checked it before).
+    """
+    plan = plan.emulated
+    rng = np.random.default_rng(0)
+    rate = {a.name: 0.0 for a in plan.experiment.applications}
+    for wi, w in enumerate(plan.experiment.workload):
+        for weight in plan.weights[wi].values():
+            rate[w.application] += arrival_process(w, rng, weight, Path(plan.base_dir)).mean_rate_qps
+    lam: dict[tuple[str, str], float] = {}
+    for a in plan.experiment.applications:
+        family = [(c, m) for c, by in plan.services.items() for m in by if plan.models[m].family == a.family]
+        good = [(c, m) for c, m in family if plan.models[m].accuracy >= a.min_accuracy] or family
+        for key in good:
+            lam[key] = lam.get(key, 0.0) + rate[a.name] / len(good)
+    return {c: {m: lam.get((c, m), 0.0) * f.wall_mean_ms for m, f in by.items()} for c, by in plan.services.items()}
+
+
+def speed_target(plan: Plan, cluster: str, measured_ms: dict[str, float] | None = None,
+                 weights: dict[str, dict[str, float]] | None = None) -> SpeedTarget:
+    """The :class:`SpeedTarget` of ``cluster``'s server: the profile's bare call of each of its
+    models at its runtime and threads per call (:func:`testbed.plan.profiles.cpu_time`, median),
+    the rule's weights (``weights``: :func:`expected_weights`, computed when not given).
+
+    Raises:
+        PlanError: a model's profile cannot be read (names the cluster and the model).
+    """
+    spec = next(c for c in plan.experiment.clusters if c.name == cluster)
+    threads = threads_per_call(spec.cpu_cores, spec.workers)
+    profile_ms = {}
+    for m in spec.models:
+        try:
+            profile_ms[m] = float(cpu_time(plan.profiles_dir, m, spec.server.runtime_of(m), 1, threads).p50_ms)
+        except (zoo.ZooError, OSError) as exc:
+            raise PlanError(f"cluster {cluster}: the speed check needs {m!r}'s profile: {exc}") from None
+    weights = weights if weights is not None else expected_weights(plan)
+    em = plan.experiment.emulation
+    return SpeedTarget(mode=em.speed, time_dilation=plan.time_dilation, nested=nested_cpu(spec.cpu_cores),
+                       workers=spec.workers, threads=threads, profile_ms=profile_ms,
+                       weights=dict(weights.get(cluster, {})), measured_ms=measured_ms)
 
 
 def read_speeds(run_dir: Path) -> Speeds | None:
-    """The speeds recorded in ``run_dir`` (None: none; the stub records none)."""
-    return None
+    """The speeds of the run in ``run_dir`` (``run.json`` ``speeds``); None when it has none (a
+    simulation, a run stopped before its servers were ready, or a run from before speeds).
+
+    Raises:
+        ValueError: ``run.json`` is not JSON, or its ``speeds`` are malformed (names the file).
+    """
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    raw = doc.get(RUN_KEY) if isinstance(doc, dict) else None
+    if raw is None:
+        return None
+    try:
+        return Speeds.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(f"{path}: '{RUN_KEY}' is malformed: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") \
+            from None
+
+
+def _scaled(f: ServiceFigures, r: float, r_handling: float, r_cores: float, note: str) -> ServiceFigures:
+    """``f`` with what the simulator draws scaled by ``r`` (the model call) and ``r_handling``
+    (the request's handling), and the cluster's share by ``r_cores``; the estimates the dispatcher
+    and the admission take from the plan (``expected_ms``, ``busy_mean_ms``) are kept: the run's
+    sources and servers used the plan's."""
+    return f.model_copy(update={
+        "samples_ms": [x * r for x in f.samples_ms], "batch_mean_ms": {b: x * r for b, x in f.batch_mean_ms.items()},
+        "wall_mean_ms": f.wall_mean_ms * r, "wall_p95_ms": f.wall_p95_ms * r, "handling_ms": f.handling_ms * r_handling,
+        "cores": f.cores * r_cores, "source": f"{f.source} x {note}"})
 
 
 def apply_speeds(plan: Plan, speeds: Speeds) -> Plan:
-    """``plan`` with its service times at ``speeds`` (the stub returns ``plan`` unchanged)."""
-    return plan
+    """The plan whose service figures the simulator should use to reproduce a run of ``speeds``:
+    each model's samples (and its batch means) x its residual factor, each request's handling x its
+    cluster's (with ``mode`` host the residual is the measured factor; with ``profile`` what the
+    scaling left), and the cluster's share x scale / call_scale (1 unless the host was too slow for
+    the calls: then its quota was raised beyond what the calls' speed made up). The dispatcher's
+    and the admission's estimates stay the plan's, as the run had them. ``plan`` in emulated time.
+
+    Raises:
+        PlanError: ``plan`` is a wall-clock plan, or a cluster or model it serves has no speed
+            (names it and what the speeds have).
+    """
+    if plan.clock != "emulated":
+        raise PlanError("apply_speeds takes the emulated plan (the simulator's), not a dilated one")
+    services: dict[str, dict[str, ServiceFigures]] = {}
+    for c, by in plan.services.items():
+        cs = speeds.clusters.get(c)
+        if cs is None:
+            raise PlanError(f"the speeds have no cluster {c!r} (they have: {', '.join(speeds.clusters) or 'none'}): "
+                            f"they come from a run of another experiment")
+        lacking = [m for m in by if m not in cs.models]
+        if lacking:
+            raise PlanError(f"the speeds of cluster {c!r} have no model {', '.join(map(repr, lacking))} (they have: "
+                            f"{', '.join(cs.models)}): they come from a run of another experiment")
+        services[c] = {m: _scaled(f, cs.models[m].residual, cs.residual, cs.scale / cs.call_scale,
+                                  f"speed {cs.models[m].residual:.3f}") for m, f in by.items()}
+    note = (f"service samples x each model's residual speed factor of a run (speed: {speeds.mode}): "
+            + "; ".join(f"{c}: " + ", ".join(f"{m} {ms.residual:.3f}" for m, ms in cs.models.items())
+                        for c, cs in speeds.clusters.items() if c in services))
+    return plan.model_copy(update={"services": services, "notes": [*plan.notes, note]})
 
 
-__all__ = ["Speeds", "apply_speeds", "read_speeds"]
+__all__ = ["RUN_KEY", "TOLERANCE", "ClusterSpeed", "ModelSpeed", "SpeedMode", "SpeedTarget", "Speeds", "apply_speeds",
+           "check_fits", "cluster_speed", "expected_weights", "needed_dilation", "read_speeds", "speed_target"]

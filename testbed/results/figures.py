@@ -22,6 +22,7 @@ from testbed.emu.health import read_health
 from testbed.emu.machine import machine_cpu_of_run
 from testbed.model.cpu import COLD_AFTER_S
 from testbed.model.records import CAUSES, SHARES
+from testbed.plan.speeds import read_speeds
 
 #: What ``cold = 1`` marks (printed with the summary; docs/trustworthy-runs.md, "New connections").
 COLD_RULE = ("every source -> cluster/model path was warmed and each source opened one connection to every cluster "
@@ -479,7 +480,8 @@ def cluster_figures(run_dir: Path, df: pd.DataFrame) -> dict[str, dict]:
 
 def run_facts(run_dir: Path, df: pd.DataFrame, plan: dict | None) -> dict:
     """What the run's own files say beside the records: ``host_speed`` (``host_speed.json``, ``{}``
-    when not measured), ``machine_cpu`` and ``machine_cpu_note`` (:func:`_machine_cpu`), and when
+    when not measured), ``speeds`` (``run.json`` ``speeds``, :func:`testbed.plan.speeds.read_speeds`;
+    absent when the run has none), ``machine_cpu`` and ``machine_cpu_note`` (:func:`_machine_cpu`), and when
     present ``health`` (``run.json``), ``aset_choices`` (:func:`_aset_choices`) and ``provenance``
     (the command and code the run came from, :func:`testbed.core.util.provenance`)."""
     out: dict = {}
@@ -487,6 +489,12 @@ def run_facts(run_dir: Path, df: pd.DataFrame, plan: dict | None) -> dict:
         out["host_speed"] = json.loads((run_dir / "host_speed.json").read_text())
     except (OSError, ValueError):
         out["host_speed"] = {}
+    try:
+        speeds = read_speeds(run_dir)
+    except ValueError:
+        speeds = None
+    if speeds is not None:
+        out["speeds"] = speeds.model_dump(mode="json")
     out["machine_cpu"], out["machine_cpu_note"] = _machine_cpu(run_dir, df, plan)
     health = read_health(run_dir)
     if health:

@@ -18,6 +18,7 @@ from testbed.core.errors import EXIT_ALL_FAILED
 from testbed.core.util import markdown_table, replace_atomic
 from testbed.emu.machine import OTHER_NOTABLE_CORES, SATURATED_SHARE, STEAL_NOTABLE_CORES, MachineCpu
 from testbed.model.records import CAUSES, SHARES
+from testbed.plan.speeds import Speeds
 from testbed.results.figures import COLD_RULE, DECISION_SHARE_NOTABLE, LATENCY_RULE, LINKEMU_COUNTERS
 
 SummaryTable = tuple[str, list[str], list[list[object]]]
@@ -267,6 +268,10 @@ def _headline(s: dict) -> list[str]:
         lines.append(f"Time dilation k = {k:g}: the run took {k:g} x its emulated time on the wall clock; every figure "
                      f"from the records is in emulated time (the link emulators' lateness and the links' rates are "
                      f"on the wall clock).")
+    if s.get("speeds"):
+        speeds = Speeds.model_validate(s["speeds"])
+        lines.append("Speeds: " + speeds.line() + ".")
+        lines.extend(w + "." for w in speeds.warnings())
     lines[1:1] = _decision_warnings(s)
     if s.get("all_failed"):
         lines.insert(0, f"ALL QUERIES FAILED (exit code {EXIT_ALL_FAILED}): {s['all_failed']}")
@@ -292,7 +297,7 @@ def _headline(s: dict) -> list[str]:
                      f"by the bandwidth shaper, {le['dropped_down']} on a link down, {le['kernel_drops']} by the "
                      f"kernel (the emulator fell behind), {le['send_errors']} send errors.")
     hs = s.get("host_speed") or {}
-    if hs.get("slow"):
+    if hs.get("slow") and (s.get("speeds") or {}).get("mode") != "profile":  # speed: profile made up for it
         lines.append(f"WARNING: this machine ran {hs['model']}'s bare model call {hs['ratio']}x slower than its "
                      f"profile ({hs['now_ms']} against {hs['profile_ms']} ms): every simulated figure of this "
                      f"plan is optimistic for this machine now (the warning starts at 1.25x); re-measure the "

@@ -130,22 +130,41 @@ def _pass(proc: subprocess.Popen, query: Callable[[int], float], n: int, gap_s: 
             "wall_ms": float(np.mean(walls))}
 
 
+def time_bare_calls(model: Any, x: np.ndarray, n: int, all_threads: bool = False) -> np.ndarray:
+    """CPU ms of each of ``n`` bare calls of a loaded ``model`` (one input each, cycling through
+    the payloads ``x``, back to back: the profiler's call; warm the model up first). The calling
+    thread's CPU time, or with ``all_threads`` the process's (TensorFlow runs a graph's ops on its
+    own pool threads; a runtime on several threads). CPU time, not wall time: other processes'
+    load does not stretch it. The one timer of the bare call: the host-speed check, the handling
+    measurement (their mean) and each inference server's speed check (:mod:`testbed.serve.speed`,
+    its median) use it."""
+    clock = time.process_time if all_threads else time.thread_time
+    out = np.empty(n)
+    for i in range(n):
+        t0 = clock()
+        model.predict(x[i % len(x)][None])
+        out[i] = clock() - t0
+    return out * 1e3
+
+
+def bare_calls_for(profile_ms: float, budget_s: float, least: int) -> int:
+    """How many bare calls to time: about ``budget_s`` of CPU at the profile's ``profile_ms`` per
+    call, and at least ``least``."""
+    return max(least, int(budget_s * 1e3 / max(profile_ms, 1e-6)))
+
+
 def bare_call_cpu_ms(zoo_dir: Path, variant: str, runtime: str, manifest: dict[str, Any], n: int,
                      all_threads: bool = False) -> float:
     """CPU ms per call of ``variant``'s bare model call in this process (1 thread, back to back,
-    the family's decoded payloads, after 20 warm-up calls): the profiler's call, measured minutes
-    before the server's so that both see the same machine (on a shared host, CPU time per call
-    itself varies by 10-30 % over an hour). The calling thread's CPU time, or with
-    ``all_threads`` the process's: TensorFlow's executor runs a graph's ops on its own pool
-    threads, which the server's figure (every thread but the event loop's) counts too."""
+    the family's decoded payloads, after 20 warm-up calls; :func:`time_bare_calls`): the
+    profiler's call, measured minutes before the server's so that both see the same machine (on a
+    shared host, CPU time per call itself varies by 10-30 % over an hour). The calling thread's
+    CPU time, or with ``all_threads`` the process's: TensorFlow's executor runs a graph's ops on
+    its own pool threads, which the server's figure (every thread but the event loop's) counts too."""
     model = load_model(zoo_dir, variant, runtime, manifest, threads=1)
     x = zoo.load_payloads(zoo_dir, manifest["variants"][variant]["family"])[0]
     model.warm_up(x, calls=WARMUP, batch=1)
-    clock = time.process_time if all_threads else time.thread_time
-    t0 = clock()
-    for i in range(n):
-        model.predict(x[i % len(x)][None])
-    return (clock() - t0) / n * 1e3
+    return float(time_bare_calls(model, x, n, all_threads).mean())
 
 
 def default_runtime(manifest: dict[str, Any], variant: str) -> str:
@@ -317,7 +336,7 @@ def host_speed(zoo_dir: str | os.PathLike[str], profiles_dir: str | os.PathLike[
     if not cands:
         return {}
     prof_ms, name, runtime = min(cands)
-    n = max(30, int(HOST_CHECK_S * 1e3 / prof_ms))
+    n = bare_calls_for(prof_ms, HOST_CHECK_S, 30)
     # TensorFlow runs a graph's ops on its own pool threads: the process's CPU, as measure_one does
     # (the calling thread's alone read 0.40 ms for digits_large against 2.59 ms profiled: "0.15x")
     now = bare_call_cpu_ms(Path(zoo_dir), name, runtime, manifest, n, all_threads=runtime == "tensorflow")

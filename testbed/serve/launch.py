@@ -7,12 +7,14 @@ from pathlib import Path
 
 from testbed.core.util import write_json_atomic
 from testbed.plan.boundaries import ServerConfig
+from testbed.plan.speeds import SpeedTarget
 
 
-def write_server_config(plan, cluster: str, port: int, run_dir: Path) -> Path:
-    """Write ``run_dir/clusters/<cluster>.server.json`` (:class:`ServerConfig` from the plan)."""
+def write_server_config(plan, cluster: str, port: int, run_dir: Path, speed: SpeedTarget | None = None) -> Path:
+    """Write ``run_dir/clusters/<cluster>.server.json`` (:class:`ServerConfig` from the plan, with
+    the speed check ``speed``)."""
     path = Path(run_dir) / "clusters" / f"{cluster}.server.json"
-    write_json_atomic(path, ServerConfig.from_plan(plan, cluster, port, run_dir))
+    write_json_atomic(path, ServerConfig.from_plan(plan, cluster, port, run_dir, speed))
     return path
 
 

@@ -9,8 +9,10 @@ worker's LiteRT interpreter ``threads`` threads (``ServerConfig.threads``, from
 sample (:func:`testbed.serve.zoo.check_answers`; it exits 7 without serving, naming the file, on a
 hash mismatch or an accuracy far below the model's: :data:`testbed.core.errors.EXIT_INTEGRITY`),
 warms each up (``warmup_calls`` calls at batch 1, and as many at ``max_batch`` when batching),
-binds the socket, starts ``workers`` inference threads, then writes ``ready_file`` (JSON {"pid",
-"port", "host", "models", "runtimes", "mean_service_ms", "warmup_ms", ...}; ``port`` 0 picks a
+times each model's bare call when ``speed`` asks (:mod:`testbed.serve.speed`: the cluster's scale,
+and its pad replaces ``cpu_pad``), binds the socket, starts ``workers`` inference threads, then
+writes ``ready_file`` (JSON {"pid", "port", "host", "models", "runtimes", "mean_service_ms",
+"warmup_ms", "speed" (a :class:`testbed.plan.speeds.ClusterSpeed`, or null), ...}; ``port`` 0 picks a
 free port, reported there). Queue, discipline, admission and batching: the model's
 (:mod:`testbed.model.queue`, through :mod:`testbed.serve.scheduler`); admission's mean service
 time per model is the plan's (``ServerConfig.mean_service_ms``).
@@ -83,6 +85,7 @@ from testbed.serve.payload import (
     predict_response,
 )
 from testbed.serve.scheduler import Job, Scheduler
+from testbed.serve.speed import measure as measure_speed
 from testbed.serve.zoo import check_answers, configure_tf_threads, load_model
 
 #: Largest request body [bytes] (one 32x32 image as JSON is ~5-10 kB).
@@ -379,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         models = load_models(cfg)
         answers = {n: check_answers(cfg.zoo_dir, n, m, zoo.load_manifest(cfg.zoo_dir)) for n, m in models.items()}
         warmup = warm_up(cfg, models)
+        speed = measure_speed(cfg.speed, cfg.cpu_cores, cfg.zoo_dir, models) if cfg.speed else None
         for sig in (signal.SIGTERM, signal.SIGINT):  # until the event loop takes over
             signal.signal(sig, lambda signum, _frame: early_stop.append(signum))
     except _StopWhileLoading:
@@ -396,14 +400,14 @@ def main(argv: list[str] | None = None) -> int:
     server = InferenceServer(models, workers=cfg.workers, queue_limit=cfg.queue_limit, discipline=cfg.discipline,
                              admission=cfg.admission, max_batch=cfg.max_batch,
                              max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms,
-                             cpu_pad=cfg.cpu_pad)
+                             cpu_pad=speed.cpu_pad if speed else cfg.cpu_pad)
     if early_stop:
         if cfg.stats_file:
             write_json_atomic(cfg.stats_file, server.snapshot())
         return 0
     ready_info = {"models": cfg.models, "runtimes": cfg.runtimes, "mean_service_ms": cfg.mean_service_ms,
                   "warmup_ms": round(sum(warmup.values()), 3), "warmup_ms_per_model": warmup,
-                  "answer_check": answers,
+                  "answer_check": answers, "speed": speed.model_dump(mode="json") if speed else None,
                   "config": cfg.model_dump(mode="json")}
     try:
         asyncio.run(serve(server, cfg.host, cfg.port, cfg.stats_file, cfg.ready_file, ready_info,

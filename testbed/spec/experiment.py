@@ -531,6 +531,11 @@ class EmulationSpec(_Model):
     times slower than the wall clock (its delays x k, bandwidths and rates / k, CPU at 1/k speed);
     measured times are divided by k, so records and summaries are in emulated time
     (:mod:`testbed.plan.dilation`, docs/dilation.md). ``testbed run --time-dilation`` overrides it.
+    ``speed``: ``profile`` (default) runs every cluster at its models' profiled speed whatever the
+    host's speed of the day: each server times its models' bare calls at start-up, and the
+    cluster's CPU quota, and its threads' caps or its calls' padding, are scaled by the measured
+    factor (:mod:`testbed.plan.speeds`); ``host`` leaves the clusters at the host's speed and
+    only records the factors (``testbed simulate --speeds RUN_DIR`` then simulates at them).
     """
 
     link_emulator: Literal["auto", "netem", "userspace"] = "auto"
@@ -549,6 +554,7 @@ class EmulationSpec(_Model):
     server_port: int = Field(8501, ge=1, le=65535)
     stats_interval_s: Num = Field(1.0, ge=MIN_STATS_INTERVAL_S)
     time_dilation: Num = Field(1.0, ge=1.0, le=MAX_TIME_DILATION)
+    speed: Literal["profile", "host"] = "profile"
 
     @model_validator(mode="before")
     @classmethod

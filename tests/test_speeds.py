@@ -1,0 +1,296 @@
+"""Clusters at their profile's speed (testbed.plan.speeds): the rule that scales a cluster's quota
+and its calls' speed from the host's bare calls, the figures a run keeps, and the simulator taking
+them. Pure logic, a fake model for the server's timer, and (root, cgroup v1) the kernel taking the
+scaled quota and caps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from testbed.core import cgroups
+from testbed.core.errors import RunFailure
+from testbed.plan.boundaries import ServerConfig
+from testbed.plan.build import build_plan, plan_experiment
+from testbed.plan.dilation import dilate, with_time_dilation
+from testbed.plan.resolved import PlanError
+from testbed.plan.speeds import (
+    TOLERANCE,
+    ClusterSpeed,
+    Speeds,
+    SpeedTarget,
+    apply_speeds,
+    check_fits,
+    cluster_speed,
+    expected_weights,
+    needed_dilation,
+    read_speeds,
+    speed_target,
+)
+from testbed.serve import speed as server_speed
+from testbed.spec.experiment import Experiment
+
+REPO = Path(__file__).resolve().parent.parent
+TRIANGLE = REPO / "experiments" / "triangle.yaml"
+
+
+def _target(profile_ms: dict[str, float], weights: dict[str, float] | None = None, k: float = 1.0,
+            nested: bool = False, mode: str = "profile", workers: int = 1, threads: int = 1) -> SpeedTarget:
+    weights = weights if weights is not None else dict.fromkeys(profile_ms, 1.0)
+    return SpeedTarget(mode=mode, time_dilation=k, nested=nested, workers=workers, threads=threads,
+                       profile_ms=profile_ms, weights=weights)
+
+
+# ----------------------------------------------------------------------------- the rule
+
+def test_a_faster_host_gets_less_quota_and_its_calls_padded_to_the_profile():
+    cs = cluster_speed(_target({"m": 2.0}), 0.5, {"m": 1.6})  # the host runs m at 0.8x its profile
+    assert cs.factor == pytest.approx(0.8) and cs.scale == cs.call_scale == pytest.approx(0.8)
+    assert cs.quota_cores == pytest.approx(0.4)  # 0.5 core x 0.8: the same calls per second as profiled
+    assert cs.models["m"].residual == pytest.approx(1.0)
+    # below one core: each call's CPU time (0.8 x the profile's) padded to k / s = 1.25 x it, the profile's
+    assert cs.applied_by == "pad" and cs.cpu_pad == pytest.approx(0.25)
+    assert 1.6 * (1 + cs.cpu_pad) == pytest.approx(2.0)
+
+
+def test_a_slower_host_gets_more_quota_and_dilation_holds_its_calls_to_the_profile():
+    cs = cluster_speed(_target({"m": 2.0}, k=2.0), 0.5, {"m": 2.6})  # 1.3x slower, k = 2
+    assert cs.scale == cs.call_scale == pytest.approx(1.3) and cs.quota_cores == pytest.approx(0.65)
+    assert cs.slowdown == pytest.approx(2.0 / 1.3) and cs.cpu_pad == pytest.approx(2.0 / 1.3 - 1)
+    assert cs.fits(2) and not cs.calls_slow and cs.models["m"].residual == pytest.approx(1.0)
+    check_fits("c", cs, 2)  # no error
+
+
+def test_a_host_too_slow_for_the_dilation_gets_the_quota_and_says_its_calls_are_slow():
+    cs = cluster_speed(_target({"m": 2.0}), 0.5, {"m": 2.6})  # 1.3x slower at k = 1
+    # the quota keeps the profile's throughput; a call cannot run faster than one core: host speed
+    assert cs.scale == pytest.approx(1.3) and cs.quota_cores == pytest.approx(0.65) and cs.call_scale == 1.0
+    assert cs.applied_by == "none" and cs.cpu_pad == 0.0 and cs.fits(2) and cs.calls_slow
+    assert cs.residual == pytest.approx(1.3) and cs.models["m"].residual == pytest.approx(1.3)
+    check_fits("c", cs, 2)  # 0.65 cores: its thread can use them
+    (w,) = Speeds(mode="profile", time_dilation=1.0, clusters={"c": cs}).warnings()
+    assert "cluster c's calls ran 1.30x slower" in w and "--time-dilation 1.3 or more" in w
+    assert needed_dilation(1.3) == pytest.approx(1.3) and needed_dilation(1.31) == pytest.approx(1.4)
+    # within the tolerance: not called slow
+    near = cluster_speed(_target({"m": 2.0}), 0.5, {"m": 2.0 * (1 + TOLERANCE / 2)})
+    assert not near.calls_slow and near.models["m"].residual == pytest.approx(1 + TOLERANCE / 2)
+
+
+def test_a_quota_the_clusters_threads_cannot_use_stops_the_run_naming_the_k_that_fits():
+    # one core, one worker, one thread: 1.3 cores of quota, of which its thread can use 1
+    cs = cluster_speed(_target({"m": 2.0}, nested=True), 1.0, {"m": 2.6})
+    assert not cs.fits(2)
+    with pytest.raises(RunFailure, match=r"cluster c: .*1\.30x slower.*--time-dilation 1\.3 .*speed: host") as exc:
+        check_fits("c", cs, 2)
+    assert exc.value.exit_code == 3
+    # two workers can use it; at k = 2 one thread can too; at most the machine's CPUs
+    assert cluster_speed(_target({"m": 2.0}, nested=True, workers=2), 1.0, {"m": 2.6}).fits(2)
+    assert cluster_speed(_target({"m": 2.0}, k=2.0, nested=True), 1.0, {"m": 2.6}).fits(2)
+    assert not cluster_speed(_target({"m": 2.0}, nested=True, workers=2), 1.0, {"m": 2.6}).fits(1)
+    # speed: host asks nothing
+    assert cluster_speed(_target({"m": 2.0}, nested=True, mode="host"), 1.0, {"m": 2.6}).fits(1)
+
+
+def test_several_models_share_one_scale_weighted_by_their_expected_cpu():
+    # a: 0.7x, b: 0.9x; b takes 3x the CPU a takes: s = (1 x 0.7 + 3 x 0.9) / 4 = 0.85
+    cs = cluster_speed(_target({"a": 1.0, "b": 4.0}, weights={"a": 1.0, "b": 3.0}), 2.0, {"a": 0.7, "b": 3.6})
+    assert cs.scale == pytest.approx(0.85) and cs.quota_cores == pytest.approx(1.7)
+    assert cs.models["a"].residual == pytest.approx(0.7 / 0.85) and cs.models["b"].residual == pytest.approx(0.9 / 0.85)
+    assert cs.models["a"].scale == cs.models["b"].scale == cs.scale
+    # no expected load on any: equal weights
+    eq = cluster_speed(_target({"a": 1.0, "b": 4.0}, weights={"a": 0.0, "b": 0.0}), 2.0, {"a": 0.7, "b": 3.6})
+    assert eq.scale == pytest.approx(0.8)
+
+
+def test_dilations_nested_caps_are_scaled_by_the_host_speed():
+    # a cluster of 2 cores at k = 4 on a host 0.8x its profile: quota 1.6 cores per 400 ms, each
+    # thread capped at 0.8 / 4 = 0.2 core (1 ms per 5 ms)
+    cs = cluster_speed(_target({"m": 2.0}, k=4.0, nested=True), 2.0, {"m": 1.6})
+    assert cs.applied_by == "caps" and cs.cpu_pad == 0.0
+    assert cs.slowdown == pytest.approx(5.0) and cs.quota_cores == pytest.approx(1.6)
+    # undilated, a faster host's threads are capped too (a burst within the quota must not run fast)
+    cs1 = cluster_speed(_target({"m": 2.0}, nested=True), 1.0, {"m": 1.6})
+    assert cs1.applied_by == "caps" and cs1.slowdown == pytest.approx(1.25)
+    # at the profile's speed undilated: nothing to slow
+    assert cluster_speed(_target({"m": 2.0}, nested=True), 1.0, {"m": 2.0}).applied_by == "none"
+
+
+def test_speed_host_scales_nothing_and_keeps_the_factors_as_residuals():
+    cs = cluster_speed(_target({"a": 1.0, "b": 2.0}, k=3.0, mode="host"), 0.5, {"a": 0.8, "b": 2.6})
+    assert cs.scale == 1.0 and cs.quota_cores == 0.5 and cs.fits(1) and not cs.calls_slow
+    assert cs.cpu_pad == pytest.approx(2.0)  # the dilation's own k - 1
+    assert cs.models["a"].residual == pytest.approx(0.8) and cs.models["b"].residual == pytest.approx(1.3)
+
+
+def test_the_rule_refuses_a_model_without_a_measurement():
+    with pytest.raises(ValueError, match="no bare-call measurement of b"):
+        cluster_speed(_target({"a": 1.0, "b": 2.0}), 1.0, {"a": 1.0})
+    with pytest.raises(ValueError, match="finite and > 0"):
+        cluster_speed(_target({"a": 1.0}), 1.0, {"a": 0.0})
+
+
+# ----------------------------------------------------------------------------- from the plan
+
+def test_the_triangles_weights_split_the_applications_rate_over_its_options():
+    plan = plan_experiment(TRIANGLE)
+    w = expected_weights(plan)
+    # one application (digits, 4 q/s at each of 2 sources), three (cluster, model) options of its family
+    for c, m in (("edgeb", "digits_small"), ("edgec", "digits_small"), ("edgec", "digits_large")):
+        assert w[c][m] == pytest.approx(8.0 / 3 * plan.services[c][m].wall_mean_ms)
+    t = speed_target(dilate(with_time_dilation(plan, 2.0)), "edgec")  # the same from the wall-clock plan
+    assert t.mode == "profile" and t.time_dilation == 2.0 and not t.nested and t.threads == 1
+    assert set(t.profile_ms) == {"digits_small", "digits_large"} and t.weights == w["edgec"]
+    cfg = ServerConfig.from_plan(dilate(plan), "edgec", 0, None, t)
+    assert ServerConfig.model_validate_json(cfg.model_dump_json()).speed == t
+
+
+def test_a_padded_tensorflow_cluster_with_workers_is_refused_at_the_profiles_speed_undilated():
+    exp = yaml.safe_load(TRIANGLE.read_text())
+    exp["topology"]["source"] = str(REPO / "topologies" / "triangle.yaml")
+    exp["clusters"][0]["workers"] = 2
+    plan = build_plan(Experiment.model_validate(exp), base_dir=REPO / "experiments")
+    with pytest.raises(PlanError, match=r"clusters\.edgeb: emulation\.speed: profile .*or set emulation\.speed: host"):
+        dilate(plan)
+    host = exp | {"emulation": {**exp["emulation"], "speed": "host"}}
+    dilate(build_plan(Experiment.model_validate(host), base_dir=REPO / "experiments"))  # no pad: accepted
+
+
+# ----------------------------------------------------------------------------- the run's figures
+
+def _speeds(mode: str = "profile") -> Speeds:
+    plan = plan_experiment(TRIANGLE)
+    w = expected_weights(plan)
+    clusters = {}
+    for c, bare in (("edgeb", {"digits_small": 0.25}), ("edgec", {"digits_small": 0.25, "digits_large": 2.2})):
+        t = speed_target(plan, c, weights=w).model_copy(update={"mode": mode})
+        clusters[c] = cluster_speed(t, 0.5, bare)
+    return Speeds(mode=mode, time_dilation=1.0, clusters=clusters)
+
+
+def test_read_speeds_reads_run_json_and_says_when_there_are_none(tmp_path):
+    assert read_speeds(tmp_path) is None
+    (tmp_path / "run.json").write_text(json.dumps({"mode": "simulation"}))
+    assert read_speeds(tmp_path) is None
+    sp = _speeds()
+    (tmp_path / "run.json").write_text(json.dumps({"mode": "emulation", "speeds": sp.model_dump(mode="json")}))
+    assert read_speeds(tmp_path) == sp
+    (tmp_path / "run.json").write_text(json.dumps({"speeds": {"mode": "fast"}}))
+    with pytest.raises(ValueError, match=r"run\.json: 'speeds' is malformed"):
+        read_speeds(tmp_path)
+    line = sp.line()
+    assert "edgec quota x" in line and "digits_large" in line and "residual" in line
+
+
+@pytest.mark.parametrize("mode", ["profile", "host"])
+def test_apply_speeds_scales_what_the_simulator_draws_by_the_residuals(mode):
+    plan = plan_experiment(TRIANGLE)
+    sp = _speeds(mode)
+    out = apply_speeds(plan, sp)
+    for c, by in plan.services.items():
+        for m, f in by.items():
+            r = sp.clusters[c].models[m].residual
+            g = out.services[c][m]
+            assert g.samples_ms == pytest.approx([x * r for x in f.samples_ms])
+            assert g.batch_mean_ms[1] == pytest.approx(f.batch_mean_ms[1] * r)
+            assert g.handling_ms == pytest.approx(f.handling_ms * sp.clusters[c].residual)
+            # the estimates the run's sources and servers took from the plan stay the plan's
+            assert (g.expected_ms, g.busy_mean_ms) == (f.expected_ms, f.busy_mean_ms)
+    if mode == "host":  # the measured factors themselves
+        large = sp.clusters["edgec"].models["digits_large"]
+        assert large.residual == pytest.approx(2.2 / large.profile_ms) and large.scale == 1.0
+    assert "residual speed factor" in out.notes[-1]
+
+
+def test_apply_speeds_refuses_speeds_of_another_experiment():
+    plan = plan_experiment(TRIANGLE)
+    sp = _speeds()
+    other = sp.model_copy(update={"clusters": {"edgeb": sp.clusters["edgeb"]}})
+    with pytest.raises(PlanError, match="no cluster 'edgec'"):
+        apply_speeds(plan, other)
+    with pytest.raises(PlanError, match="emulated plan"):
+        apply_speeds(dilate(with_time_dilation(plan, 2.0)), sp)
+
+
+def test_simulate_takes_a_runs_speeds(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"mode": "emulation", "speeds": _speeds("host").model_dump(mode="json")}))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "testbed.cli.main", "simulate", str(TRIANGLE), "--duration", "2s", "--runs-dir",
+           str(tmp_path / "sims")]
+    got = subprocess.run([*cmd, "--speeds", str(run)], capture_output=True, text=True, env=env, timeout=300)
+    assert got.returncode == 0, got.stdout + got.stderr
+    plan = json.loads(next((tmp_path / "sims").glob("*/plan.json")).read_text())
+    r = _speeds("host").clusters["edgec"].models["digits_large"].residual
+    assert f"x speed {r:.3f}" in plan["services"]["edgec"]["digits_large"]["source"]
+    bad = subprocess.run([*cmd, "--speeds", str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "no run.json there" in bad.stdout + bad.stderr
+
+
+# ----------------------------------------------------------------------------- the server's check
+
+class _Spin:
+    """A fake model whose bare call burns ``ms`` of its thread's CPU."""
+
+    runtime = "litert"
+
+    def __init__(self, ms: float):
+        self.ms = ms
+
+    def predict(self, x):
+        t = time.thread_time()
+        while time.thread_time() - t < self.ms / 1e3:
+            pass
+        return x
+
+
+def test_the_servers_check_times_the_bare_call_in_cpu_time(monkeypatch):
+    monkeypatch.setattr(server_speed.zoo, "load_manifest", lambda _z: {"variants": {"m": {"family": "f"}}})
+    monkeypatch.setattr(server_speed.zoo, "load_payloads", lambda _z, _f: (np.zeros((4, 1)),))
+    cs = server_speed.measure(_target({"m": 4.0}), 0.5, "zoo", {"m": _Spin(2.0)})
+    assert cs.models["m"].factor == pytest.approx(0.5, rel=0.1) and cs.models["m"].calls >= server_speed.LEAST_CALLS
+    # a restarted server takes its first life's figures and times nothing
+    again = server_speed.measure(_target({"m": 4.0}).model_copy(update={"measured_ms": {"m": 3.0}}), 0.5, "zoo", {})
+    assert again.models["m"].factor == pytest.approx(0.75) and again.models["m"].calls == 0
+
+
+# ----------------------------------------------------------------------------- the kernel takes it
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (cgroups.ROOT / "cpu" / "cpu.cfs_quota_us").exists(),
+                    reason="needs root and cgroup v1's cpu controller")
+def test_the_kernel_takes_the_scaled_quota_and_the_threads_caps():
+    # one core at k = 1 on a host 0.84x its profile: quota 0.84 core, each thread capped at 0.84 core
+    cs = cluster_speed(_target({"m": 1.0}, nested=True), 1.0, {"m": 0.84})
+    dirs = cgroups.create_limited_group(f"testbed-speedtest-{os.getpid()}", 1.0, 256)
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE)
+    try:
+        cgroups.add_process(dirs, p.pid)
+        assert cgroups.set_cpu_quota(dirs, None) == -1  # no limit while the server times its calls
+        assert (dirs[0] / "cpu.cfs_quota_us").read_text().strip() == "-1"
+        assert cgroups.set_cpu_quota(dirs, cs.quota_cores) == 84_000
+        cpu = dirs[0]
+        assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "84000"
+        assert (cpu / "cpu.cfs_period_us").read_text().strip() == "100000"
+        assert cgroups.cap_threads(dirs, p.pid, cs.slowdown) == 1
+        child = cgroups.thread_groups(dirs)[0]
+        quota, period = (int((child / f).read_text()) for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+        assert (quota, period) == (1000, 1191)  # rounded up: never above 0.84 core, nor the group's share
+        assert quota / period <= cs.scale
+    finally:
+        p.communicate(b"\n", timeout=10)
+        cgroups.remove_thread_groups(dirs)
+        for d in dirs:
+            d.rmdir()
+
+
+def test_cluster_speed_json_round_trip():
+    cs = cluster_speed(_target({"m": 2.0}, k=2.0), 0.5, {"m": 1.6}, {"m": 30})
+    assert ClusterSpeed.model_validate_json(cs.model_dump_json()) == cs
