@@ -65,14 +65,19 @@ def section(doc: dict[str, Any], source: str) -> list[str]:
     return lines + ([""] if doc.get("notes") else [])
 
 
-def sources(results_dir: Path = RESULTS_DIR) -> list[Path]:
-    """The source files in page order (:data:`ORDER`, then by name)."""
-    files = {p.stem: p for p in results_dir.glob("*.json")}
+def sources(results_dir: Path | None = None) -> list[Path]:
+    """The source files in page order (:data:`ORDER`, then by name); ``results_dir`` defaults to
+    :data:`RESULTS_DIR`."""
+    files = {p.stem: p for p in (results_dir or RESULTS_DIR).glob("*.json")}
     return [files[n] for n in ORDER if n in files] + [files[n] for n in sorted(files) if n not in ORDER]
 
 
-def render(results_dir: Path = RESULTS_DIR) -> str:
-    """The whole page from the source files. Raises ValueError naming a file that is not a result."""
+def render(results_dir: Path | None = None) -> str:
+    """The whole page from the source files (``results_dir``, default :data:`RESULTS_DIR`).
+
+    Raises:
+        ValueError: naming a file that is not a result file.
+    """
     lines = HEADER.splitlines() + [""]
     for path in sources(results_dir):
         try:

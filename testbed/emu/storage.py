@@ -24,7 +24,7 @@ MIB = 1024 * 1024
 
 @dataclass
 class StorageEstimate:
-    """Bytes a run writes, by part (README's run directory layout)."""
+    """Bytes a run writes, by part (docs/trustworthy-runs.md, "Storage")."""
 
     records: int
     link_stats: int

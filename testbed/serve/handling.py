@@ -308,7 +308,7 @@ def _place_row(doc: dict[str, Any], manifest: dict[str, Any], variant: str, row:
 #: The host-speed check (:func:`host_speed`): a bare call this many times slower than the profile
 #: means the machine is slower now than when it was profiled: on a shared host the same bare call
 #: drifts by more than that over a day, while repeats minutes apart differ by 10-30 %
-#: (docs/models-and-servers.md, "The host's speed drifts").
+#: (docs/models-and-servers.md, "The host-speed check").
 HOST_SLOW_FACTOR = 1.25
 #: CPU time the host-speed check spends on calls (s).
 HOST_CHECK_S = 0.5

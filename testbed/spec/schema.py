@@ -5,7 +5,7 @@ capture settings): strict pydantic models, strict YAML reading and the unit rule
 A quantity carries its unit in the value (``deadline: 80ms``) or in the key (``deadline_ms: 80``),
 never neither: :func:`unit_pair` turns the first form into the second.
 
-Nothing is guessed (README, "Experiment files"):
+Nothing is guessed (docs/extending.md, "Experiment files"):
 
 * :func:`load_yaml` refuses a mapping that gives the same key twice (YAML itself would keep the
   last one silently); the error names the key and both lines. It reads ``1e12`` as the number it
