@@ -119,7 +119,7 @@ class ClusterServers:
         plan, run_dir = live.plan, live.run_dir
         host = plan.host(cluster)
         if cluster not in self.groups:
-            spec = next(c for c in plan.experiment.clusters if c.name == cluster)
+            spec = plan.cluster_spec(cluster)
             self.groups[cluster] = cgroups.create_limited_group(f"testbed-{live.run_id}-{cluster}", host.cpu_cores,
                                                                 spec.memory_mib, time_dilation=self.k)
             # no CPU limit until the first life has timed its bare calls (a call throttled by the
@@ -149,7 +149,7 @@ class ClusterServers:
         kills = cgroups.oom_kills(self.groups.get(cluster, []))
         if not kills:
             return ""
-        mib = next((c.memory_mib for c in self.live.plan.experiment.clusters if c.name == cluster), None)
+        mib = self.live.plan.cluster_spec(cluster).memory_mib
         return (f"; its cgroup's memory limit (clusters.{cluster}.memory_mib: {mib} MiB) killed it ({kills} OOM "
                 f"kill(s) in the group): raise memory_mib")
 

@@ -102,7 +102,7 @@ class ServerConfig(_Boundary):
             PlanError: a dilated experiment's plan not yet on the wall clock.
         """
         wall_clock(plan)
-        spec = next(c for c in plan.experiment.clusters if c.name == cluster)
+        spec = plan.cluster_spec(cluster)
         q = plan.queue(cluster)
         files = {} if run_dir is None else {
             "stats_file": str(Path(run_dir) / "clusters" / f"{cluster}.stats.json"),

@@ -23,7 +23,7 @@ from testbed.model.network import NetworkState, RttStep, no_route_spans, rtt_tim
 from testbed.model.queue import ServerQueue
 from testbed.model.service import ServiceFigures
 from testbed.plan.catalog import ModelInfo
-from testbed.spec.experiment import Experiment
+from testbed.spec.experiment import ClusterSpec, Experiment
 
 
 class PlanError(InputError):
@@ -180,6 +180,14 @@ class Plan(_PlanModel):
                 return s
         raise KeyError(name)
 
+    def cluster_spec(self, name: str) -> ClusterSpec:
+        """The experiment's settings of cluster ``name`` as configured (cores, workers, memory,
+        models, server): the one lookup by name (KeyError if none)."""
+        for c in self.experiment.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
     def host(self, name: str) -> Host:
         """The host called ``name`` (KeyError if none)."""
         for h in self.hosts:
@@ -215,9 +223,7 @@ class Plan(_PlanModel):
 
     def queue(self, cluster: str) -> QueueSettings:
         """The server queue of ``cluster`` (its spec's settings, the plan's busy means; KeyError if none)."""
-        spec = next((c for c in self.experiment.clusters if c.name == cluster), None)
-        if spec is None:
-            raise KeyError(cluster)
+        spec = self.cluster_spec(cluster)
         srv = spec.server
         return QueueSettings(spec.workers, spec.queue_limit, srv.discipline, srv.admission, srv.max_batch,
                              srv.max_queue_delay_ms,

@@ -295,7 +295,7 @@ def speed_target(plan: Plan, cluster: str, measured_ms: dict[str, float] | None 
     Raises:
         PlanError: a model's profile cannot be read (names the cluster and the model).
     """
-    spec = next(c for c in plan.experiment.clusters if c.name == cluster)
+    spec = plan.cluster_spec(cluster)
     threads = threads_per_call(spec.cpu_cores, spec.workers)
     profile_ms = {}
     for m in spec.models:
