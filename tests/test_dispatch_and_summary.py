@@ -174,7 +174,7 @@ def test_dispatcher_decides_on_the_state_it_last_heard(tmp_path):
     d = src.dispatcher
     assert d.decide(60, 0.9).cluster == "near"  # equal load 0: ties break by the smaller RTT
     d.hear("near", Heard(0, 0, 2, 0.0, True))
-    d.hear("far", heard_from_stats({"queue_len": 6, "busy_workers": 2, "workers": 2}, 2, 1.0, 0.0))
+    d.hear("far", heard_from_stats({"queue_len": 6, "busy": 2, "workers": 2}, 2, 1.0, 0.0))
     far = next(o for o in d.options if o.cluster == "far")
     assert far.load == 4.0 and far.queue_wait_ms == 3.5  # (6 + 1) / 2 workers x 1 ms mean
     assert d.decide(60, 0.9).cluster == "near"

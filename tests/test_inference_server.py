@@ -366,7 +366,7 @@ def test_queue_overload_drops_with_503(servers, payloads):
     assert stats["served"] == codes.count(200) and stats["dropped"] == codes.count(503)
     assert stats["dropped_queue_full"] == codes.count(503) and stats["dropped_admission"] == 0
     assert stats["served"] + stats["dropped"] == 30
-    assert stats["workers"] == 1 and stats["queue_len"] == 0 and stats["busy_workers"] == 0
+    assert stats["workers"] == 1 and stats["queue_len"] == 0 and stats["busy"] == 0
     assert stats["busy_s"] > 0 and 0 < stats["utilization"] <= 1
 
 
@@ -374,7 +374,7 @@ def test_stats_endpoint_and_file(servers):
     s = servers["main"]
     status, _, stats = http("GET", f"{s.url}/v1/stats")
     assert status == 200
-    for key in ("queue_len", "busy_workers", "workers", "served", "dropped", "dropped_queue_full",
+    for key in ("queue_len", "busy", "workers", "served", "dropped", "dropped_queue_full",
                 "dropped_admission", "errors", "batches", "mean_batch", "busy_s", "uptime_s", "utilization"):
         assert key in stats
     deadline = time.monotonic() + 5

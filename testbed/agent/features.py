@@ -149,13 +149,6 @@ class FeatureContext:
         return tuple(dict.fromkeys(o.cluster for o in self.options))
 
 
-def _heard(d: Mapping | None, workers: int) -> Heard:
-    if d is None:
-        return Heard(workers=workers, up=False)
-    return Heard(int(d.get("queue_len", 0) or 0), int(d.get("busy", 0) or 0), int(d.get("workers", workers) or workers),
-                 float(d.get("utilization", 0.0) or 0.0), bool(d.get("up", True)))
-
-
 def probe_counts(expected: Sequence[float], cap: int = PROBE_QUERIES) -> list[int]:
     """Probe queries per application: the expected queries of the next window (``expected``, one
     per application) rounded, at least 1 each, scaled down to ``cap`` in all when above it."""
@@ -261,7 +254,7 @@ class PolicyFeaturizer:
     def _probe(self, policy: str, heard: Mapping) -> list[tuple]:
         """The probe of ``policy`` (module docstring): (application, option at decision, fallback) per query."""
         disp = Dispatcher(self.ctx.options, policy, np.random.default_rng(0))
-        disp.hear_all((c, _heard(heard.get(c), self.workers[c])) for c in self.clusters)
+        disp.hear_all((c, Heard.of(heard.get(c), self.workers[c])) for c in self.clusters)
         k = self.spec.history_windows
         counts = probe_counts([sum(self.counts[a.name]) / k for a in self.apps])
         order = [a for i in range(max(counts)) for a, n in zip(self.apps, counts, strict=True) if i < n]

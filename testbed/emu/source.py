@@ -77,10 +77,9 @@ REFUSED_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET})
 
 
 def heard_from_stats(stats: dict[str, Any], workers: int, utilization: float, at_s: float) -> Heard:
-    """What a dispatcher hears from a server's ``GET /v1/stats`` answer (queue length, busy
-    workers); ``utilization`` measured by the caller from ``busy_s`` differences."""
-    return Heard(int(stats.get("queue_len") or 0), int(stats.get("busy_workers", stats.get("busy", 0)) or 0),
-                 int(stats.get("workers") or workers), max(0.0, min(1.0, float(utilization))), True, at_s)
+    """What a dispatcher hears from a server's ``GET /v1/stats`` answer (:meth:`Heard.of`), with
+    ``utilization`` measured by the caller from ``busy_s`` differences."""
+    return Heard.of({**stats, "utilization": utilization}, workers, at_s)
 
 
 def _refused(exc: BaseException) -> bool:

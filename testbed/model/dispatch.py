@@ -38,8 +38,9 @@ there; our choice: a report does not say which models its queue holds).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -90,6 +91,19 @@ class Heard:
         ``utilization``, ``up``)."""
         return {"queue_len": self.queue_len, "busy": self.busy, "workers": self.workers,
                 "utilization": self.utilization, "up": self.up}
+
+    @classmethod
+    def of(cls, report: Mapping[str, Any] | None, workers: int, at_s: float | None = None) -> Heard:
+        """The one reading of a cluster's load report, whoever made it: a server's ``GET /v1/stats``
+        answer (the emulation's sources), a simulated cluster's report, ASET's window state. Each
+        carries ``queue_len``, ``busy`` (workers busy), ``workers``, ``utilization`` (0..1 over the
+        last report interval; clamped) and ``up`` (default True); a missing count reads 0 and a
+        missing ``workers`` the plan's ``workers``. ``report`` None: nothing was heard (down)."""
+        if report is None:
+            return cls(workers=workers, up=False, at_s=at_s)
+        return cls(int(report.get("queue_len") or 0), int(report.get("busy") or 0),
+                   int(report.get("workers") or workers),
+                   max(0.0, min(1.0, float(report.get("utilization") or 0.0))), bool(report.get("up", True)), at_s)
 
 
 def expected_wait_ms(queue_len: int, busy: int, workers: int, mean_service_ms: float) -> float:

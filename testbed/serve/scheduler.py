@@ -238,12 +238,12 @@ class Scheduler:
             t.join(timeout=max(0.01, deadline - time.monotonic()))
 
     def snapshot(self) -> dict[str, Any]:
-        """Stats: queue_len, busy_workers, served, dropped (+ by reason), errors, batches, mean batch,
+        """Stats: queue_len, busy, served, dropped (+ by reason), errors, batches, mean batch,
         busy_s (sum of model-call time [s]), uptime_s, utilization = busy_s / (uptime_s x workers)."""
         with self.cond:
             c = self.counters
             uptime = max(time.monotonic() - self.started, 1e-9)
-            return {"queue_len": len(self.queue), "busy_workers": self.queue.busy, "workers": self.workers,
+            return {"queue_len": len(self.queue), "busy": self.queue.busy, "workers": self.workers,
                     "queue_limit": self.queue_limit, "discipline": self.discipline, "admission": self.admission,
                     "max_batch": self.max_batch, "served": c.served,
                     "dropped": c.dropped_queue_full + c.dropped_admission,

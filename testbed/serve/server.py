@@ -44,7 +44,7 @@ Endpoints (TensorFlow Serving REST API, https://www.tensorflow.org/tfx/serving/a
 * ``GET /v1/models/{name}[/versions/1]/metadata``: signature_def (input ``x`` DT_FLOAT [-1, *shape],
   output ``probabilities`` DT_FLOAT [-1, classes]) in TF Serving's JSON shape.
 * ``GET /v1/models``: the served variants with family, runtime, accuracy, params.
-* ``GET /v1/stats``: ``queue_len``, ``busy_workers``, ``workers``, ``served``, ``dropped``
+* ``GET /v1/stats``: ``queue_len``, ``busy``, ``workers``, ``served``, ``dropped``
   (``dropped_queue_full`` + ``dropped_admission``), ``errors`` (failed inferences and refused
   requests), ``batches``, ``mean_batch``, ``busy_s`` (sum of model-call time), ``answer_cpu_s``
   (CPU time of the event loop encoding the answers, for :mod:`testbed.serve.handling`), ``unstamped_reads``

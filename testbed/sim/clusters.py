@@ -164,7 +164,8 @@ class Cluster:
         cb = self.cum_busy(t)
         util = (cb - self._busy_mark) / (interval_s * self.workers) if interval_s > 0 else 0.0
         self._busy_mark = cb
-        return Heard(len(self.queue), self.queue.busy, self.workers, min(1.0, max(0.0, util)), self.state == UP, t)
+        return Heard.of({"queue_len": len(self.queue), "busy": self.queue.busy, "utilization": util,
+                         "up": self.state == UP}, self.workers, t)
 
     def fresh(self, t: float, utilization: float) -> Heard:
         """The cluster's true state at ``t``, as a dispatcher with fresh information hears it (the
@@ -172,7 +173,8 @@ class Cluster:
         yet arrived (on the wire: what the queue will hold once they arrive); busy workers now;
         ``utilization`` as last reported (a rate over an interval, not a state)."""
         waiting = len(self.queue) + (len(self.pending) - self.pi) + self.h_requests
-        return Heard(waiting, self.queue.busy, self.workers, utilization, self.state == UP, t)
+        return Heard.of({"queue_len": waiting, "busy": self.queue.busy, "utilization": utilization,
+                         "up": self.state == UP}, self.workers, t)
 
     def add(self, items: list[tuple[float, int, int, float]]) -> None:
         """New arrivals (t1, query, model, deadline), any order."""

@@ -202,7 +202,7 @@ class RunColumns:
         out = {}
         for c in self.clusters:
             up = max(t, 1e-9)
-            out[c.name] = {"queue_len": len(c.queue), "busy_workers": c.queue.busy, "workers": c.workers,
+            out[c.name] = {"queue_len": len(c.queue), "busy": c.queue.busy, "workers": c.workers,
                            "queue_limit": c.queue.limit, "served": c.served, "dropped": c.dropped, "lost": c.lost,
                            "busy_s": round(c.cum_busy(t), 6), "uptime_s": round(t, 6),
                            "utilization": round(c.cum_busy(t) / (up * c.workers), 6)}
