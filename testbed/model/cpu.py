@@ -16,10 +16,20 @@ Our choices, stated (each can be checked against the emulation, see benchmarks/c
 
 * Periods are aligned at t = 0 of the caller's clock (the kernel's period timer has its own
   phase, which we do not know).
-* A call consumes quota at ``threads`` CPU-seconds per second of wall time while it runs.
-* Concurrent workers share the one quota in the order their calls start: a call books the quota
-  it uses, period by period, and a later call gets what is left (exact for one worker).
-* Other load on the host (the emulation's own processes) is not modelled.
+* A call consumes quota at ``threads`` CPU-seconds per second of wall time while it runs, a piece
+  of the event loop's work at one.
+* The jobs that run at once (the workers' calls, the event loop's work) each run at full speed on
+  threads of their own and draw on the one quota together, until it is spent; then all of them
+  wait for the next period (:meth:`CfsQuota.start`, :meth:`~CfsQuota.ends`). So a job that starts
+  later shares what the running ones had not yet spent, and can move their ends: the kernel keeps
+  one pool of quota per group and period, "assigned to per-cpu run queues in slices as threads in
+  the cgroup become runnable", and throttles them all once it is assigned (sched-bwc.rst; the
+  slices, ``sched_cfs_bandwidth_slice_us`` = 5 ms, are not modelled). A model that let the job that started
+  first keep everything it needed made a request read wait for the quota a running call had not
+  yet used (``benchmarks/quota_server_bench.py`` measures both against the real server).
+* The host has a core for every thread of the cluster (the quota, not the host, is the limit);
+  other load on the host (the emulation's own processes, other jobs) is not modelled: it stretches
+  a thread's run in wall time while its CPU time, which the quota counts, stays the same.
 
 Cold calls (optional, ``cold_factor``; 1.0 = off): a model call that starts at least
 ``cold_after_s`` after the cgroup's previous model call ended runs ``cold_factor`` x its
@@ -30,10 +40,11 @@ one. The factor is per model, runtime and host: measured by :mod:`testbed.serve.
 (:func:`~testbed.plan.handling.call_factors`) into ``handling.json``, which the plan reads
 (:class:`testbed.plan.catalog.ZooCatalog`).
 
-Request handling (:meth:`CfsQuota.handle`): the server's event loop, one thread in the same
-cgroup, reads each request (HTTP, base64, JPEG decoding) before the query reaches the queue
-(t1 -> t1h), and writes each answer (encodes it and hands it to the socket) after its model call
-(t3 -> t3h); both are charged to the same quota (``handling_ms`` per query, ``answer_ms`` of it the
+Request handling (:meth:`CfsQuota.start` with ``call=False``, :meth:`CfsQuota.handle` for a job
+alone): the server's event loop, one thread in the same cgroup, reads each request (HTTP, base64,
+JPEG decoding) before the query reaches the queue (t1 -> t1h), and writes each answer (encodes it
+and hands it to the socket) after its model call (t3 -> t3h), one job at a time; both are charged to
+the same quota, beside the running calls (``handling_ms`` per query, ``answer_ms`` of it the
 answer's side, measured per model by :mod:`testbed.serve.handling`), one rule for both. Neither
 counts as a model call for the cold rule: the profiler's isolated calls had no request handling
 around them either.
