@@ -120,7 +120,7 @@ async def drive(port: int, t_s: np.ndarray, models: list[str], bodies: dict[str,
                                **{c: int(h[f"X-Testbed-{c}"]) if f"X-Testbed-{c}" in h else None
                                   for c in ("T1", "T1h", "T2", "T3", "T3h")},
                                "qlen": int(h.get("X-Testbed-Queue-Len", -1))}
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 rows[i] = {"model": m, "status": -1, "sent": sent, "error": str(exc)}
 
         await asyncio.gather(*(one(i) for i in range(len(t_s))))
@@ -135,9 +135,8 @@ def run_server(plan, cluster: str, k: float, tmp: Path, t_s, models, seed: int) 
     from testbed.core.util import poll_until, stop_processes
     from testbed.plan import zoo
     from testbed.plan.boundaries import ServerConfig
-    from testbed.serve.launch import server_command
-
     from testbed.plan.dilation import dilate, with_time_dilation
+    from testbed.serve.launch import server_command
 
     spec = next(c for c in plan.experiment.clusters if c.name == cluster)
     zoo_dir = plan.zoo_dir
@@ -278,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                        replay(figures, spec, t1, gm, call_scale, loop_per_q), a.duration)]
     prof_h = np.mean([figures[m].handling_ms for m in gm])
     print(f"CPU per query (ms): event loop {loop_per_q:.2f} (profile {prof_h:.2f}); model calls "
-          f"{cpu['other_cpu_ms'] / max(answered, 1):.2f} per answered query (profile {prof_call / max(answered, 1):.2f}); "
+          f"{cpu['other_cpu_ms'] / max(answered, 1):.2f} per answered query "
+          f"(profile {prof_call / max(answered, 1):.2f}); "
           f"throttled {cpu['throttled_periods']} of {cpu['periods']} periods, {cpu['throttled_s']} s; "
           f"load average now {os.getloadavg()[0]:.2f}")
     print(markdown_table(table))
