@@ -16,10 +16,20 @@ Our choices, stated (each can be checked against the emulation, see benchmarks/c
 
 * Periods are aligned at t = 0 of the caller's clock (the kernel's period timer has its own
   phase, which we do not know).
-* A call consumes quota at ``threads`` CPU-seconds per second of wall time while it runs.
-* Concurrent workers share the one quota in the order their calls start: a call books the quota
-  it uses, period by period, and a later call gets what is left (exact for one worker).
-* Other load on the host (the emulation's own processes) is not modelled.
+* A call consumes quota at ``threads`` CPU-seconds per second of wall time while it runs, a piece
+  of the event loop's work at one.
+* The jobs that run at once (the workers' calls, the event loop's work) each run at full speed on
+  threads of their own and draw on the one quota together, until it is spent; then all of them
+  wait for the next period (:meth:`CfsQuota.start`, :meth:`~CfsQuota.ends`). So a job that starts
+  later shares what the running ones had not yet spent, and can move their ends: the kernel keeps
+  one pool of quota per group and period, "assigned to per-cpu run queues in slices as threads in
+  the cgroup become runnable", and throttles them all once it is assigned (sched-bwc.rst; the
+  slices, ``sched_cfs_bandwidth_slice_us`` = 5 ms, are not modelled). A model that let the job that started
+  first keep everything it needed made a request read wait for the quota a running call had not
+  yet used (``benchmarks/quota_server_bench.py`` measures both against the real server).
+* The host has a core for every thread of the cluster (the quota, not the host, is the limit);
+  other load on the host (the emulation's own processes, other jobs) is not modelled: it stretches
+  a thread's run in wall time while its CPU time, which the quota counts, stays the same.
 
 Cold calls (optional, ``cold_factor``; 1.0 = off): a model call that starts at least
 ``cold_after_s`` after the cgroup's previous model call ended runs ``cold_factor`` x its
@@ -30,10 +40,11 @@ one. The factor is per model, runtime and host: measured by :mod:`testbed.serve.
 (:func:`~testbed.plan.handling.call_factors`) into ``handling.json``, which the plan reads
 (:class:`testbed.plan.catalog.ZooCatalog`).
 
-Request handling (:meth:`CfsQuota.handle`): the server's event loop, one thread in the same
-cgroup, reads each request (HTTP, base64, JPEG decoding) before the query reaches the queue
-(t1 -> t1h), and writes each answer (encodes it and hands it to the socket) after its model call
-(t3 -> t3h); both are charged to the same quota (``handling_ms`` per query, ``answer_ms`` of it the
+Request handling (:meth:`CfsQuota.start` with ``call=False``, :meth:`CfsQuota.handle` for a job
+alone): the server's event loop, one thread in the same cgroup, reads each request (HTTP, base64,
+JPEG decoding) before the query reaches the queue (t1 -> t1h), and writes each answer (encodes it
+and hands it to the socket) after its model call (t3 -> t3h), one job at a time; both are charged to
+the same quota, beside the running calls (``handling_ms`` per query, ``answer_ms`` of it the
 answer's side, measured per model by :mod:`testbed.serve.handling`), one rule for both. Neither
 counts as a model call for the cold rule: the profiler's isolated calls had no request handling
 around them either.
@@ -59,7 +70,16 @@ def threads_per_call(cores: float, workers: int) -> int:
 
 
 class CfsQuota:
-    """The CPU quota of one cluster's cgroup, as the calls of its workers consume it.
+    """The CPU quota of one cluster's cgroup, as the threads of its server consume it.
+
+    The rule (module doc): every job (a model call on ``threads`` threads, or a piece of the event
+    loop's work on one) runs at full speed on threads of its own, all of them drawing on the one
+    quota of the current period at once, until the quota is spent; then every job waits for the
+    next period. A job that starts later therefore shortens the period's run of the jobs already
+    running (they share what is left), and the end of a job is known only until the next one
+    starts: :meth:`start`, :meth:`finish` and :meth:`ends` keep that state (the simulator's
+    clusters); :meth:`run` and :meth:`handle` book a job that runs alone (no other job of the
+    quota overlaps it), which is all a sequence of calls one after the other needs.
 
     Args:
         cores: the share (cores, > 0): quota = cores x period per period.
@@ -77,8 +97,8 @@ class CfsQuota:
             ``cold_factor`` < 1.
     """
 
-    __slots__ = ("cores", "threads", "period", "quota", "unlimited", "_k", "_p1", "_cur", "_later",
-                 "cold_factor", "cold_after", "_cold", "_last_end")
+    __slots__ = ("cores", "threads", "period", "quota", "unlimited", "cold_factor", "cold_after", "_cold",
+                 "_last_end", "_jobs", "_calls", "_t", "_k", "_left", "_ends")
 
     def __init__(self, cores: float, threads: int = 1, workers: int = 1, period_s: float = PERIOD_S,
                  cold_factor: float = 1.0, cold_after_s: float = COLD_AFTER_S, handling: bool = False):
@@ -88,87 +108,158 @@ class CfsQuota:
         self.cores, self.threads, self.period = float(cores), int(threads), float(period_s)
         self.quota = self.cores * self.period  # CPU-s per period
         self.unlimited = workers * threads + (1 if handling else 0) <= self.cores
-        self._k, self._p1 = -1, -1.0  # the current period (the latest booking's start) and its end, s
-        self._cur = self.quota  # CPU-s of quota the current period has left
-        self._later: dict[int, float] = {}  # later period -> CPU-s left (absent: all of it)
         self.cold_factor, self.cold_after = float(cold_factor), float(cold_after_s)
         self._cold = self.cold_factor != 1.0
-        self._last_end = -float("inf")  # end of the latest call booked (s)
+        self.reset()
 
-    def run(self, start_s: float, wall_s: float, cold_factor: float | None = None) -> float:
-        """Book a call starting at ``start_s`` that needs ``wall_s`` s unthrottled; return its end (s).
+    def reset(self) -> None:
+        """Forget the jobs and the consumption (a server restarted)."""
+        #: running jobs: key -> [CPU-s still needed, threads (CPU-s per s), is a model call]
+        self._jobs: dict[int, list] = {}
+        self._calls = 0  # model calls among them
+        self._last_end = -math.inf  # end of the latest model call (s)
+        self._t, self._k, self._left = 0.0, -1, self.quota  # the state's time, its period, quota left in it
+        self._ends: dict[int, float] | None = {}
 
-        Calls must be booked in order of their start times (the engines do). The quota left in
-        the current period is kept, and that of later periods a long call already reached. With
-        cold calls on (``cold_factor`` of the quota, or of this call's model when given), a call
-        after ``cold_after_s`` of idleness needs that factor x ``wall_s`` (give a per-call factor
-        for every call of the quota or for none: idleness is tracked only while cold calls are on).
+    # -- jobs that overlap --
+    def start(self, key: int, t: float, wall_s: float, call: bool = True, cold_factor: float | None = None) -> None:
+        """Job ``key`` starts at ``t`` (s, not before the latest start or finish): a model call
+        (``call``: on ``threads`` threads, cold rule applied: a call that starts with no other call
+        running, ``cold_after_s`` or more after the latest call ended, needs ``cold_factor`` (this
+        call's model's, else the quota's) x ``wall_s``), or ``wall_s`` s of the event loop's work
+        (one thread, not a model call for the cold rule). Its end: :meth:`ends`.
+
+        Raises:
+            ValueError: ``key`` is already running.
         """
-        if self._cold or cold_factor is not None:
-            if start_s - self._last_end >= self.cold_after:
-                wall_s *= self.cold_factor if cold_factor is None else cold_factor
-            end = self._run(start_s, wall_s, self.threads)
+        if key in self._jobs:
+            raise ValueError(f"job {key} is already running")
+        self._advance(t)
+        if call:
+            wall_s *= self._cold_of(t, cold_factor)
+            self._calls += 1
+        tau = self.threads if call else 1
+        self._jobs[key] = [wall_s * tau, tau, call]
+        self._ends = None
+
+    def finish(self, key: int, t: float) -> None:
+        """Job ``key`` ended at ``t`` (its :meth:`ends` value): it stops drawing on the quota."""
+        self._advance(t)
+        job = self._jobs.pop(key)
+        if job[2]:
+            self._calls -= 1
+            if t > self._last_end:
+                self._last_end = t
+        self._ends = None
+
+    def ends(self) -> dict[int, float]:
+        """When each running job ends (s) if no other job starts meanwhile (the same dict until the
+        next :meth:`start`, :meth:`finish` or :meth:`pause`; do not change it)."""
+        if self._ends is None:
+            rem = {k: j[0] for k, j in self._jobs.items()}
+            taus = {k: j[1] for k, j in self._jobs.items()}
+            out: dict[int, float] = {}
+            self._flow(self._t, self._k, self._left, rem, taus, math.inf, out)
+            self._ends = out
+        return self._ends
+
+    def pause(self, t: float, until: float) -> None:
+        """The server is frozen from ``t`` to ``until`` (s): its jobs neither run nor draw on the quota."""
+        self._advance(t)
+        if until > self._t:
+            self._t = until
+        self._ends = None
+
+    # -- a job alone --
+    def run(self, start_s: float, wall_s: float, cold_factor: float | None = None) -> float:
+        """A model call starting at ``start_s`` that needs ``wall_s`` s unthrottled, with no other job
+        of the quota overlapping it; return its end (s). Calls are booked in order of their start
+        times. With cold calls on (``cold_factor`` of the quota, or of this call's model when given),
+        a call after ``cold_after_s`` of idleness needs that factor x ``wall_s``.
+        """
+        if self.unlimited:  # nothing is throttled: no state but the cold rule's
+            end = start_s + wall_s * self._cold_of(start_s, cold_factor)
             if end > self._last_end:
                 self._last_end = end
             return end
-        return self._run(start_s, wall_s, self.threads)
+        return self._alone(start_s, wall_s, True, cold_factor)
 
     def handle(self, start_s: float, cpu_s: float) -> float:
-        """Book ``cpu_s`` s of the event loop's work (reading a request or writing an answer, one
-        thread) starting at ``start_s``; return its end (s), quota waits included. Booked in start
-        order with the calls (:meth:`run`); not a model call for the cold rule."""
+        """``cpu_s`` s of the event loop's work (reading a request or writing an answer, one thread)
+        starting at ``start_s``, no other job of the quota overlapping it; return its end (s), quota
+        waits included. Not a model call for the cold rule."""
         if cpu_s <= 0:
             return start_s
-        return self._run(start_s, cpu_s, 1)
-
-    def _run(self, start_s: float, wall_s: float, tau: int) -> float:
         if self.unlimited:
-            return start_s + wall_s
-        if start_s >= self._p1:  # a later period: no booking can reach back before it
-            self._enter(start_s)
-        need = wall_s * tau
-        end = start_s + wall_s
-        left = self._cur
-        if need <= left and end <= self._p1:  # fits in what this period has left
-            self._cur = left - need
-            return end
-        return self._book_across(start_s, need, tau)
+            return start_s + cpu_s
+        return self._alone(start_s, cpu_s, False, None)
 
-    def _enter(self, t: float) -> None:
-        k = int(t // self.period)
-        self._k, self._p1 = k, (k + 1) * self.period
-        later = self._later
-        self._cur = later.pop(k, self.quota)
-        for old in [x for x in later if x < k]:
-            del later[old]
+    def _alone(self, start_s: float, wall_s: float, call: bool, cold_factor: float | None) -> float:
+        self.start(-1, start_s, wall_s, call, cold_factor)
+        end = self.ends()[-1]
+        self.finish(-1, end)
+        return end
 
-    def _book_across(self, t: float, need: float, tau: int) -> float:
-        """The slow path of :meth:`run`: the call is throttled or crosses period boundaries."""
-        period, quota, later = self.period, self.quota, self._later
-        k, boundary, left = self._k, self._p1, self._cur
-        first = True
-        while True:
-            can = (boundary - t) * tau
-            if left < can:
-                can = left
-            if need <= can:
-                left -= need
-                t += need / tau
-                break
-            need -= can
-            left -= can
-            if first:
-                self._cur, first = left, False
-            else:
-                later[k] = left
-            k += 1
-            t, boundary = boundary, boundary + period
-            left = later.get(k, quota)
-        if first:
-            self._cur = left
-        else:
-            later[k] = left
-        return t
+    def _cold_of(self, t: float, cold_factor: float | None) -> float:
+        if (self._cold or cold_factor is not None) and self._calls == 0 and t - self._last_end >= self.cold_after:
+            return self.cold_factor if cold_factor is None else cold_factor
+        return 1.0
+
+    # -- the flow of CPU --
+    def _advance(self, t: float) -> None:
+        """Bring the state to ``t``: every running job draws on the quota from the state's time."""
+        if t <= self._t:
+            return
+        rem = {k: j[0] for k, j in self._jobs.items()}
+        taus = {k: j[1] for k, j in self._jobs.items()}
+        self._t, self._k, self._left = self._flow(self._t, self._k, self._left, rem, taus, t, None)
+        for k, j in self._jobs.items():
+            j[0] = rem[k]
+
+    def _flow(self, now: float, k: int, left: float, rem: dict[int, float], taus: dict[int, int], until: float,
+              ends: dict[int, float] | None) -> tuple[float, int, float]:
+        """Run the jobs (``rem``: CPU-s still needed, ``taus``: their threads) from ``now`` (period
+        ``k``, ``left`` CPU-s of its quota left) to ``until``, or with ``ends`` until every job is
+        done, noting there when each ends. Changes ``rem``; returns (time, period, quota left)."""
+        period, quota = self.period, self.quota
+        active = [key for key, r in rem.items() if r > _EPS]
+        for key in [key for key, r in rem.items() if r <= _EPS]:
+            rem[key] = 0.0
+            if ends is not None:
+                ends[key] = now
+        while active and now < until:
+            p1 = (k + 1) * period
+            if now >= p1:  # a new period: the quota is refilled
+                k = max(k + 1, int(now // period))
+                p1 = (k + 1) * period
+                if now >= p1:  # floor division rounded down at a boundary
+                    k += 1
+                    p1 = (k + 1) * period
+                left = quota
+            if left <= _EPS:  # throttled: nothing runs until the next period
+                now = min(until, p1)
+                continue
+            rate = sum(taus[key] for key in active)
+            h = min(until, p1, now + left / rate)
+            for key in active:
+                h = min(h, now + rem[key] / taus[key])
+            dt = h - now
+            left = max(0.0, left - rate * dt)
+            done = []
+            for key in active:
+                r = rem[key] - taus[key] * dt
+                if r <= _EPS:
+                    r = 0.0
+                    done.append(key)
+                rem[key] = r
+            now = h
+            for key in done:
+                active.remove(key)
+                if ends is not None:
+                    ends[key] = now
+        if not active and ends is None and now < until:
+            now = until
+        return now, k, left
 
     def isolated_s(self, wall_s: float) -> float:
         """End - start of a call that starts at a period boundary with the whole quota (low load)."""
@@ -186,11 +277,9 @@ class CfsQuota:
             return wall_s
         return max(wall_s, (wall_s * self.threads + handling_s) * workers / self.cores)
 
-    def reset(self) -> None:
-        """Forget the consumption (a server restarted)."""
-        self._k, self._p1, self._cur = -1, -1.0, self.quota
-        self._later.clear()
-        self._last_end = -float("inf")
+
+#: CPU-s below which a job's need or a period's quota counts as spent (rounding).
+_EPS = 1e-12
 
 
 __all__ = ["COLD_AFTER_S", "PERIOD_S", "CfsQuota"]

@@ -103,6 +103,8 @@ class BatchSamplers:
 UP, KILLED, STOPPED = 0, 1, 2
 #: The event loop's two kinds of job: reading a request (t1 -> t1h), writing an answer (t3 -> t3h).
 REQUEST, ANSWER = 0, 1
+#: The event loop's job among the quota's jobs (a model call's key is its first query's number, >= 0).
+LOOP = -2
 
 
 class Cluster:
@@ -128,12 +130,16 @@ class Cluster:
             if any(f.cold_factor != 1.0 for f in figures.values()) else None
         self.handles = any(f.handling_ms > 0 for f in figures.values())
         self.quota = CfsQuota(fig0.cores, fig0.threads, fig0.workers, handling=self.handles)
+        #: whether a job's end can move when another starts (the jobs share a quota that can run
+        #: out): then every start and end reschedules the running jobs (:meth:`_reschedule`)
+        self.shared = not self.quota.unlimited
         #: the event loop's job in progress (t, query, model, deadline, ANSWER or REQUEST) and when it
         #: ends (INF: none), the jobs waiting behind it, and how many of all these are requests
         self.h_cur: tuple[float, int, int, float, int] | None = None
         self.h_end = INF
         self.h_wait: deque[tuple[float, int, int, float, int]] = deque()
         self.h_requests = 0
+        self.h_quota = False  # the job in progress draws on the shared quota (it has CPU to spend)
         #: arrivals (t1, query, model, deadline) sorted by t1, processed up to pi (what the loop
         #: needs of a query travels with it: fewer column lookups on the hot path)
         self.pending: list[tuple[float, int, int, float]] = []
@@ -144,14 +150,16 @@ class Cluster:
         self.state = UP
         self.floor_s = 0.0  # nothing happens before this time (a stopped server resumes then)
         self.t_last = 0.0
-        self.busy_started = 0.0  # total duration of started model calls, s
+        self.busy_done = 0.0  # total duration of the model calls that ended, s
+        #: the running jobs' ends (:meth:`CfsQuota.ends`) when the quota is shared
+        self.ends: dict[int, float] = {}
         self.served = self.dropped = self.lost = 0
         self._busy_mark = 0.0
 
     # -- state --
     def cum_busy(self, t: float) -> float:
-        """Worker-seconds of model calls done up to ``t`` (started minus the unserved remainder)."""
-        return self.busy_started - sum(e - max(t, s) for e, _, _, s in self.comp if e > t)
+        """Worker-seconds of model calls done up to ``t`` (those ended, and the running ones' part)."""
+        return self.busy_done + sum(min(t, e) - s for e, _, _, s in self.comp if t > s)
 
     def mean_wait_s(self) -> float:
         """Mean t2 - t1 (s) of the queries this cluster started (queueing-theory checks)."""
@@ -215,10 +223,13 @@ class Cluster:
         models, dls, qlens, t1s, t2s, t3s, batch, back = q.model, q.dl, q.qlen, q.t1, q.t2, q.t3, q.batch, q.back
         t1hs, t3hs = q.t1h, q.t3h
         res, push, pop = self.res, heapq.heappush, heapq.heappop
+        shared = self.shared
         killed, started, waiting = self.state == KILLED, mq.STARTED, mq.WAITING
         t_last, floor = self.t_last, self.floor_s
         busy, served = 0.0, 0
         while True:
+            if shared:  # a job of the shared quota started or ended: the running jobs' ends moved
+                self._reschedule()
             ta = pend[i][0] if i < n else INF
             late = ta < floor  # came while the server was stopped: read when it resumes
             if late:
@@ -230,7 +241,16 @@ class Cluster:
                 if tc >= until:
                     break
                 t = t_last = tc
-                done = pop(comp)[2]
+                _, key, done, start = pop(comp)
+                busy += tc - start
+                if shared:  # its end is known now: the quota's other jobs may have moved it
+                    self.quota.finish(key, tc)
+                    for qi in done:
+                        t3s[qi] = tc
+                        if not handles:
+                            t3hs[qi] = tc
+                            if res is not None and tc + back[qi] < dls[qi]:
+                                push(res, (tc + back[qi], qi))
                 if handles:  # the answers wait for the event loop, which writes them
                     for qi in done:
                         self._begin_loop_job((tc, qi, models[qi], dls[qi], ANSWER))
@@ -285,21 +305,25 @@ class Cluster:
             # a worker starts one model call for `items` at t
             k = len(items)
             wall = (samplers[model] if k == 1 else batch_sampler(model, k)).draw() / 1e3
-            end = run(t, wall, cold[model]) if cold is not None else run(t, wall)
-            push(comp, (end, items[0], items, t))
-            busy += end - t
             served += k
             for qi in items:
                 t2s[qi] = t
-                t3s[qi] = end
                 if k > 1:
                     batch[qi] = k
+            if shared:  # its end, and the running jobs', come from the shared quota: t3 once it ends
+                self.quota.start(items[0], t, wall, True, cold[model] if cold is not None else None)
+                comp.append((t, items[0], items, t))
+                continue
+            end = run(t, wall, cold[model]) if cold is not None else run(t, wall)
+            push(comp, (end, items[0], items, t))
+            for qi in items:
+                t3s[qi] = end
                 if not handles:  # no event loop modelled: the answer leaves as the call ends
                     t3hs[qi] = end
                     if res is not None and end + back[qi] < dls[qi]:
                         push(res, (end + back[qi], qi))
         self.pi, self.t_last = i, t_last
-        self.busy_started += busy
+        self.busy_done += busy
         self.served += served
 
     def _loop_cpu_s(self, job: tuple[float, int, int, float, int]) -> float:
@@ -312,7 +336,7 @@ class Cluster:
             self.h_requests += 1
         if self.h_cur is None:
             self.h_cur = job
-            self.h_end = self.quota.handle(job[0], self._loop_cpu_s(job))
+            self._loop_start(job[0], job)
         else:
             self.h_wait.append(job)
 
@@ -320,11 +344,38 @@ class Cluster:
         """The loop's current job ended at ``t``: it takes the next one waiting."""
         if self.h_cur is not None and self.h_cur[4] == REQUEST:
             self.h_requests -= 1
+        if self.h_quota:
+            self.quota.finish(LOOP, t)
+            self.h_quota = False
         if self.h_wait:
             self.h_cur = job = self.h_wait.popleft()
-            self.h_end = self.quota.handle(t, self._loop_cpu_s(job))
+            self._loop_start(t, job)
         else:
             self.h_cur, self.h_end = None, INF
+
+    def _loop_start(self, t: float, job: tuple[float, int, int, float, int]) -> None:
+        """The event loop starts ``job`` at ``t``: its end from the quota (shared: it may move the
+        running calls' ends, and theirs its own)."""
+        cpu = self._loop_cpu_s(job)
+        if not self.shared or cpu <= 0:
+            self.h_end = self.quota.handle(t, cpu)
+            return
+        self.quota.start(LOOP, t, cpu, call=False)
+        self.h_quota = True
+        self.h_end = -INF  # until the loop's next turn reschedules it
+
+    def _reschedule(self) -> None:
+        """The running jobs' ends after a job of the shared quota started or ended: the calls'
+        (``comp``, kept a heap in place) and the event loop's (``h_end``)."""
+        e = self.quota.ends()
+        if e is self.ends:
+            return
+        self.ends = e
+        comp = self.comp
+        comp[:] = [(e[key], key, items, s) for _, key, items, s in comp]
+        heapq.heapify(comp)
+        if LOOP in e:
+            self.h_end = e[LOOP]
 
     # -- outages --
     def down(self, t: float, mode: str, resume_s: float) -> None:
@@ -336,6 +387,10 @@ class Cluster:
         q = self.q
         if mode == "stop":
             self.state, self.floor_s = STOPPED, resume_s
+            if self.shared:  # the quota's jobs are frozen with it: their ends follow from its state
+                self.quota.pause(t, resume_s)
+                self._reschedule()
+                return
             shift = resume_s - t
             moved = []
             for end, seq, items, start in self.comp:
@@ -360,6 +415,7 @@ class Cluster:
         self.h_cur, self.h_end = None, INF
         self.h_wait.clear()
         self.h_requests = 0
+        self.h_quota = False
         for _, qi, _, _, kind in held:  # read, or answered but not written: the connection is reset
             if kind == ANSWER:
                 q.t2[qi] = q.t3[qi] = None
@@ -371,7 +427,7 @@ class Cluster:
             self._refuse(qi, CONNECTION_REFUSED, "", t)
         for end, _, items, start in self.comp:
             if end > t:
-                self.busy_started -= end - max(t, start)
+                self.busy_done += max(t, start) - start
                 self.served -= len(items)
                 for qi in items:
                     q.t2[qi] = q.t3[qi] = None
