@@ -43,10 +43,17 @@ refuses, with the figures.
 The first candidate (:func:`first_candidate`) is a guess from the plan alone (its rate and path
 lengths, with :data:`GUESS_CPU_MS_PER_HOP` and :data:`GUESS_CPU_MS_PER_QUERY`); only the warm-ups'
 measurements decide.
+
+Warm-ups are kept (``auto-dilation/warmups.json`` beside their run folders) and reused for the same
+plan (its network, clusters, sources and workload: :func:`plan_key`) for
+:data:`REUSE_MAX_AGE_S`, while other jobs' CPU is within :data:`REUSE_LOAD_TOLERANCE` cores of what
+it was then: the usual run-change-run loop pays for its warm-ups once. The run's own check
+(:mod:`testbed.results.verdict`, "too small a k") judges every run, warm-ups reused or not.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -60,7 +67,7 @@ import pandas as pd
 from rich.console import Console
 
 from testbed.core.errors import EXIT_OK, InputError, RunFailure
-from testbed.core.util import repo_path
+from testbed.core.util import repo_path, write_json_atomic
 from testbed.emu.machine import (
     NICED_OTHER,
     TESTBED_ROLES,
@@ -105,6 +112,12 @@ GUESS_CPU_MS_PER_HOP = 2.2
 GUESS_CPU_MS_PER_QUERY = 3.5
 #: The inference servers' role (:data:`testbed.emu.machine.CPU_ROLES`).
 SERVER_ROLE = "inference servers"
+#: Warm-ups of the same plan are reused this long (s) ...
+REUSE_MAX_AGE_S = 3600.0
+#: ... while other jobs' competing CPU differs by at most this many cores from then.
+REUSE_LOAD_TOLERANCE = 0.25
+#: The warm-ups kept for reuse, in the warm-ups' folder.
+WARMUPS_FILE = "warmups.json"
 
 
 @dataclass
@@ -143,6 +156,7 @@ class Warmup:
     success: float | None
     run_dir: str = ""
     wall_s: float = 0.0
+    timings_s: dict[str, float] = field(default_factory=dict)
 
     def cpu_ms_per_query(self) -> dict[str, float]:
         """CPU (ms, wall clock) per query of each role (cores x window / queries)."""
@@ -233,9 +247,7 @@ def next_candidate(tried: list[tuple[float, float]]) -> float | None:
         if lower <= k / LOWER_MARGIN and lower > max(failed, default=0.0) and lower not in carried:
             return lower
         return None
-    up = k_grid(need)
-    if up <= k:
-        up = k_grid(k * 1.25)
+    up = k_grid(need)  # > k: k is on the grid
     if up > MAX_TIME_DILATION or up in failed:
         return None
     smaller_carried = [kk for kk in carried if kk < up]
@@ -354,7 +366,56 @@ def run_warmup(plan: Plan, k: float, runs_dir: Path) -> Warmup:
         where = f" ({outcome.run_dir})" if outcome.run_dir else ""
         raise RunFailure(f"time dilation auto: the warm-up at k = {k:g} failed{where}: {outcome.message}",
                          outcome.status or 3)
-    return read_warmup(outcome.run_dir, k, time.monotonic() - t)
+    got = read_warmup(outcome.run_dir, k, time.monotonic() - t)
+    got.timings_s = {name: round(v, 1) for name, v in outcome.timings.items()}
+    return got
+
+
+def plan_key(plan: Plan) -> str:
+    """What makes two plans' warm-ups the same (SHA-256, hex): the plan at k = 1 without its
+    duration, events, capture and run folder."""
+    exp = plan.experiment.model_copy(update={"duration_s": 1.0, "events": [], "capture": None, "runs_dir": "."})
+    doc = plan.model_copy(update={"experiment": exp, "changes": []}).model_dump_json(
+        exclude={"experiment": {"emulation": {"time_dilation"}}})
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def _kept(folder: Path) -> dict:
+    try:
+        got = json.loads((folder / WARMUPS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def kept_warmups(folder: Path, key: str, machine: Machine, now: float | None = None) -> tuple[list[Warmup], str]:
+    """The warm-ups kept for plan ``key`` that may be reused now (module docstring), and a line
+    saying when they were measured; ([], "") when there are none."""
+    entry = _kept(folder).get(key) or {}
+    now = time.time() if now is None else now
+    age = now - float(entry.get("t", 0.0))
+    then = float((entry.get("machine") or {}).get("competing", math.inf))
+    if not entry or age > REUSE_MAX_AGE_S or abs(then - machine.competing) > REUSE_LOAD_TOLERANCE:
+        return [], ""
+    try:
+        warmups = [Warmup(**w) for w in entry.get("warmups") or []]
+    except TypeError:
+        return [], ""
+    return warmups, (f"reusing the warm-ups of this plan from {age / 60:.0f} min ago (other jobs then "
+                     f"{then:.2f} cores, now {machine.competing:.2f}; kept {REUSE_MAX_AGE_S / 60:g} min while "
+                     f"within {REUSE_LOAD_TOLERANCE:g} cores)")
+
+
+def keep_warmups(folder: Path, key: str, machine: Machine, warmups: list[Warmup]) -> None:
+    """Keep ``warmups`` for plan ``key`` (:data:`WARMUPS_FILE`; entries past their age dropped).
+    A write that fails is not an error (the next choice measures again)."""
+    kept = {k: v for k, v in _kept(folder).items() if time.time() - float(v.get("t", 0)) <= REUSE_MAX_AGE_S}
+    kept[key] = {"t": time.time(), "machine": asdict(machine), "warmups": [asdict(w) for w in warmups]}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(folder / WARMUPS_FILE, kept, indent=1)
+    except OSError:
+        pass
 
 
 # ----------------------------------------------------------------------------- the choice
@@ -362,14 +423,22 @@ def run_warmup(plan: Plan, k: float, runs_dir: Path) -> Warmup:
 def _warmup_line(w: Warmup, n: Need, rate: float) -> str:
     per = w.cpu_ms_per_query()
     testbed = sum(ms for r, ms in per.items() if r in TESTBED_ROLES)
-    hop = (per.get("ovs-vswitchd", 0.0) + per.get("link emulators", 0.0)) / w.hops if w.hops else 0.0
+    net = per.get("ovs-vswitchd", 0.0) + per.get("link emulators", 0.0)
     host = "-" if w.host_ms is None else f"{w.host_ms:.2f} ms"
     verdict = "carried" if n.k <= w.k else f"too small (needs {n.k:.1f}, set by {n.binding()})"
-    return (f"warm-up at k = {w.k:g} ({w.queries} queries, {w.wall_s:.0f} s): the testbed's CPU {testbed:.1f} ms per "
-            f"query ({hop:.2f} ms per switch link over {w.hops:.1f} links), servers "
+    return (f"warm-up at k = {w.k:g} ({w.queries} queries, {w.wall_s:.0f} s of wall clock): the testbed's CPU "
+            f"{testbed:.1f} ms per query (Open vSwitch and link emulators {net:.1f} ms over paths of {w.hops:.1f} "
+            f"switch links on average), servers "
             f"{per.get(SERVER_ROLE, 0.0):.1f} ms; host's share of the network time p50 {host} (target "
             f"{n.target_ms:.2f} ms); at {rate:.0f} q/s: {n.needed_cores:.2f} cores at k = 1, Open vSwitch "
             f"{n.ovs_cores:.2f}: {verdict}")
+
+
+def _judge(out: AutoDilation, tried: list[tuple[float, float]], w: Warmup, n: Need, rate: float, say) -> None:
+    out.warmups.append((w, n))
+    out.why.append(_warmup_line(w, n, rate))
+    say("  " + out.why[-1])
+    tried.append((w.k, n.k))
 
 
 def choose(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
@@ -390,6 +459,8 @@ def choose(plan: Plan, console: Console | None = None, runs_dir: Path | None = N
     rate = emulated_rate_qps(plan)
     cores = sum(c.cpu_cores for c in plan.experiment.clusters)
     folder = Path(runs_dir or repo_path(plan.experiment.runs_dir)) / "auto-dilation"
+    key = plan_key(plan)
+    reused, when = kept_warmups(folder, key, machine) if warm is run_warmup else ([], "")
     k = first_candidate(plan, machine)
     say(f"time dilation auto: {rate:.1f} emulated q/s at peak; other jobs use {machine.competing:.2f} of "
         f"{machine.cpus} cores (and niced ones {machine.niced:.2f}, which yield): {machine.available:.2f} available; "
@@ -397,17 +468,21 @@ def choose(plan: Plan, console: Console | None = None, runs_dir: Path | None = N
         f"k = {k:g}, in {folder}")
     out = AutoDilation(k, False, rate, machine)
     tried: list[tuple[float, float]] = []
-    for _ in range(MAX_WARMUPS):
+    if reused:
+        say("  " + when)
+        out.why.append(when)
+    for w in reused:
+        _judge(out, tried, w, needed_k(w, rate, cores, machine), rate, say)
+    if reused:
+        k = next_candidate(tried)
+    measured = []
+    while k is not None and len(measured) < MAX_WARMUPS:
         w = warm(plan, k, folder)
-        n = needed_k(w, rate, cores, machine)
-        out.warmups.append((w, n))
-        out.why.append(_warmup_line(w, n, rate))
-        say("  " + out.why[-1])
-        tried.append((k, n.k))
-        nxt = next_candidate(tried)
-        if nxt is None:
-            break
-        k = nxt
+        measured.append(w)
+        _judge(out, tried, w, needed_k(w, rate, cores, machine), rate, say)
+        k = next_candidate(tried)
+    if measured and warm is run_warmup:
+        keep_warmups(folder, key, machine, [w for w, _ in out.warmups])
     out.k, out.verified = decision(tried)
     out.wall_s = time.monotonic() - t_all
     if out.k > MAX_TIME_DILATION:
