@@ -17,7 +17,8 @@ load's teardown:
   (``SC_CLK_TCK``);
 * ``/proc/<pid>/stat`` of every process (utime + stime), summed per role (:data:`CPU_ROLES`,
   matched on the command line; the sampling process itself is ``run process``, anything else
-  ``other``: other jobs on the machine).
+  ``other``: other jobs on the machine; :data:`NICED_OTHER` for those niced above this run, which
+  yield the CPU to it: :func:`competing_cores`).
 
 Each sample is cumulative: the machine's busy and steal seconds, and per role the CPU seconds of
 every process seen so far (a process that exited keeps what it used until its last sample; what
