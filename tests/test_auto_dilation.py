@@ -206,3 +206,21 @@ def test_k_goes_up_to_100():
     assert MAX_TIME_DILATION == 100.0 and check_dilation(100) == 100.0
     with pytest.raises(PlanError, match="outside 1 .. 100"):
         check_dilation(100.5)
+
+
+def test_a_share_that_does_not_fall_with_k_is_fitted_as_a_floor_and_does_not_drive_k(tmp_path):
+    from testbed.emu.autodilate import network_floor
+
+    assert network_floor([(2.0, 6.0)]) == 0.0  # one k: all of it is taken to fall as 1 / k
+    assert network_floor([(1.0, 9.0), (4.0, 3.0)]) == pytest.approx(1.0)  # 1 + 8 / k
+    assert network_floor([(1.5, 10.2), (15.5, 10.4)]) == pytest.approx(10.3)  # none of it falls
+    plan = build_plan(load_experiment(TRIANGLE), base_dir=TRIANGLE.parent)
+    seen = []
+
+    def warm(p, k, folder):  # 10 ms that no k removes, and 3 ms that falls as 1 / k
+        seen.append(k)
+        return _warmup(k, host_ms=10.0 + 3.0 / k, planned_ms=5.0)
+
+    got = choose(plan, None, tmp_path, warm=warm, machine=QUIET)
+    assert seen[:2] == [1.0, 13.0] and got.verified and got.k <= 3.0
+    assert "does not fall with k" in " ".join(got.why)

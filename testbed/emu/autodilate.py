@@ -31,7 +31,10 @@ From one warm-up at k_c the smallest k that carries the load is the largest of (
 - the network: the host's share scales as 1 / k (the emulator's wall-clock cost per packet, divided
   by k in emulated time; docs/dilation.md measured 3.6-4.6 x less at k = 4 than at k = 1), so
   k_c x share / target, with the target :func:`excess_target_ms`: the validation's bound on a
-  stage's median, 1 ms or 10 % of the planned network time's median, whichever is larger.
+  stage's median, 1 ms or 10 % of the planned network time's median, whichever is larger. Once
+  warm-ups at two k or more are measured, the share is fitted as ``floor + b / k``
+  (:func:`network_floor`): only ``b / k`` falls with k, so k is ``b / target``; a floor that does
+  not fall with k is printed (dilation cannot remove it) and does not drive k.
 
 k is then rounded up on :func:`k_grid` and checked by a warm-up at that k, up to
 :data:`MAX_WARMUPS` warm-ups (:func:`choose`): a warm-up whose figures ask for more k leads to one
@@ -177,6 +180,7 @@ class Need:
     needed_cores: float
     ovs_cores: float
     target_ms: float
+    floor_ms: float = 0.0
 
     def binding(self) -> str:
         """Which criterion sets ``k``."""
@@ -221,9 +225,25 @@ def excess_target_ms(planned_network_ms: float | None) -> float:
     return max(EXCESS_TARGET_MS, EXCESS_TARGET_SHARE * (planned_network_ms or 0.0))
 
 
-def needed_k(w: Warmup, rate_qps: float, cluster_cores: float, machine: Machine) -> Need:
+def network_floor(points: list[tuple[float, float]]) -> float:
+    """The part of the host's share of the network time that does not fall with k (ms): ``a`` of
+    ``share = a + b / k`` fitted by least squares to the warm-ups' (k, share) (``a, b >= 0``); 0
+    with fewer than two distinct k."""
+    pts = [(1.0 / k, x) for k, x in points if x is not None]
+    if len({round(u, 9) for u, _ in pts}) < 2:
+        return 0.0
+    u = np.array([p[0] for p in pts])
+    y = np.array([p[1] for p in pts])
+    b = float(np.polyfit(u, y, 1)[0])
+    if b <= 0:  # no part falls with k: all of it is floor
+        return max(0.0, float(y.mean()))
+    return max(0.0, float(np.mean(y - b * u)))
+
+
+def needed_k(w: Warmup, rate_qps: float, cluster_cores: float, machine: Machine, floor_ms: float = 0.0) -> Need:
     """The k each criterion of the module docstring asks for, from warm-up ``w`` at the plan's peak
-    emulated rate ``rate_qps`` (q/s), the clusters' ``cluster_cores`` and the ``machine``."""
+    emulated rate ``rate_qps`` (q/s), the clusters' ``cluster_cores`` and the ``machine``;
+    ``floor_ms``: the part of the host's share that does not fall with k (:func:`network_floor`)."""
     per = w.cpu_ms_per_query()
     testbed = sum(ms for r, ms in per.items() if r in TESTBED_ROLES)
     servers = min(cluster_cores, rate_qps * per.get(SERVER_ROLE, 0.0) / 1e3)
@@ -232,8 +252,8 @@ def needed_k(w: Warmup, rate_qps: float, cluster_cores: float, machine: Machine)
     k_cpu = needed / (MAX_BUSY_FRACTION * machine.available)
     k_ovs = ovs / MAX_BUSY_FRACTION
     target = excess_target_ms(w.planned_network_ms)
-    k_net = w.k * max(0.0, w.host_ms) / target if w.host_ms is not None else 0.0
-    return Need(max(1.0, k_cpu, k_ovs, k_net), k_cpu, k_ovs, k_net, needed, ovs, target)
+    k_net = w.k * max(0.0, w.host_ms - floor_ms) / target if w.host_ms is not None else 0.0
+    return Need(max(1.0, k_cpu, k_ovs, k_net), k_cpu, k_ovs, k_net, needed, ovs, target, floor_ms)
 
 
 def next_candidate(tried: list[tuple[float, float]]) -> float | None:
@@ -434,11 +454,18 @@ def _warmup_line(w: Warmup, n: Need, rate: float) -> str:
             f"{n.ovs_cores:.2f}: {verdict}")
 
 
-def _judge(out: AutoDilation, tried: list[tuple[float, float]], w: Warmup, n: Need, rate: float, say) -> None:
-    out.warmups.append((w, n))
-    out.why.append(_warmup_line(w, n, rate))
+def _judge(out: AutoDilation, tried: list[tuple[float, float]], w: Warmup, rate: float, cores: float, say) -> None:
+    """Add warm-up ``w`` and judge every warm-up so far again with the floor they now give."""
+    ws = [x for x, _ in out.warmups] + [w]
+    floor = network_floor([(x.k, x.host_ms) for x in ws])
+    needs = [needed_k(x, rate, cores, out.machine, floor) for x in ws]
+    out.warmups[:] = list(zip(ws, needs, strict=True))
+    tried[:] = [(x.k, n.k) for x, n in out.warmups]
+    out.why.append(_warmup_line(w, needs[-1], rate))
+    if floor > 0:
+        out.why[-1] += (f"; of the host's share {floor:.2f} ms does not fall with k (fitted over the warm-ups at k = "
+                        f"{', '.join(f'{x.k:g}' for x in ws)}): dilation cannot remove it, it does not drive k")
     say("  " + out.why[-1])
-    tried.append((w.k, n.k))
 
 
 def choose(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
@@ -472,14 +499,14 @@ def choose(plan: Plan, console: Console | None = None, runs_dir: Path | None = N
         say("  " + when)
         out.why.append(when)
     for w in reused:
-        _judge(out, tried, w, needed_k(w, rate, cores, machine), rate, say)
+        _judge(out, tried, w, rate, cores, say)
     if reused:
         k = next_candidate(tried)
     measured = []
     while k is not None and len(measured) < MAX_WARMUPS:
         w = warm(plan, k, folder)
         measured.append(w)
-        _judge(out, tried, w, needed_k(w, rate, cores, machine), rate, say)
+        _judge(out, tried, w, rate, cores, say)
         k = next_candidate(tried)
     if measured and warm is run_warmup:
         keep_warmups(folder, key, machine, [w for w, _ in out.warmups])
