@@ -142,6 +142,7 @@ def test_the_warm_up_is_short_and_stated():
     assert autodilate.warmup_seconds(20.0, 1.0) == pytest.approx(10.0)  # 200 queries at 20 q/s
     assert autodilate.warmup_seconds(2.0, 1.0) == pytest.approx(15.0)  # capped at 15 s of wall clock
     assert autodilate.warmup_seconds(1000.0, 10.0) == pytest.approx(0.5)  # at least 5 s of wall clock
+    assert autodilate.warmup_seconds(20.0, 15.0) == pytest.approx(2.5)  # at least 50 queries
 
 
 # ----------------------------------------------------------------------------- niced CPU, a fake /proc

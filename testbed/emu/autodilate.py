@@ -94,8 +94,10 @@ MAX_BUSY_FRACTION = 0.5
 #: on a stage's median (docs/dilation.md).
 EXCESS_TARGET_MS = 1.0
 EXCESS_TARGET_SHARE = 0.10
-#: A warm-up's load: about this many queries, within these bounds of wall clock (s).
+#: A warm-up's load: about this many queries, within these bounds of wall clock (s), and at least
+#: :data:`WARMUP_MIN_QUERIES` whatever the wall clock.
 WARMUP_QUERIES = 200
+WARMUP_MIN_QUERIES = 50
 WARMUP_MIN_WALL_S = 5.0
 WARMUP_MAX_WALL_S = 15.0
 #: At most this many warm-ups per choice.
@@ -322,9 +324,12 @@ def first_candidate(plan: Plan, machine: Machine) -> float:
 
 def warmup_seconds(rate_qps: float, k: float) -> float:
     """A warm-up's load, emulated s: :data:`WARMUP_QUERIES` at ``rate_qps``, within
-    [:data:`WARMUP_MIN_WALL_S`, :data:`WARMUP_MAX_WALL_S`] s of wall clock at k."""
-    want = WARMUP_QUERIES / rate_qps if rate_qps > 0 else WARMUP_MAX_WALL_S
-    return min(max(want, WARMUP_MIN_WALL_S / k), WARMUP_MAX_WALL_S / k)
+    [:data:`WARMUP_MIN_WALL_S`, :data:`WARMUP_MAX_WALL_S`] s of wall clock at k, and at least
+    :data:`WARMUP_MIN_QUERIES` queries."""
+    if rate_qps <= 0:
+        return WARMUP_MAX_WALL_S / k
+    within = min(max(WARMUP_QUERIES / rate_qps, WARMUP_MIN_WALL_S / k), WARMUP_MAX_WALL_S / k)
+    return max(within, WARMUP_MIN_QUERIES / rate_qps)
 
 
 def warmup_plan(plan: Plan, k: float) -> Plan:
@@ -491,7 +496,8 @@ def choose(plan: Plan, console: Console | None = None, runs_dir: Path | None = N
     k = first_candidate(plan, machine)
     say(f"time dilation auto: {rate:.1f} emulated q/s at peak; other jobs use {machine.competing:.2f} of "
         f"{machine.cpus} cores (and niced ones {machine.niced:.2f}, which yield): {machine.available:.2f} available; "
-        f"warm-ups of ~{WARMUP_QUERIES} queries ({WARMUP_MIN_WALL_S:g}-{WARMUP_MAX_WALL_S:g} s of load each) from "
+        f"warm-ups of ~{WARMUP_QUERIES} queries ({WARMUP_MIN_WALL_S:g}-{WARMUP_MAX_WALL_S:g} s of load each, at least "
+        f"{WARMUP_MIN_QUERIES} queries) from "
         f"k = {k:g}, in {folder}")
     out = AutoDilation(k, False, rate, machine)
     tried: list[tuple[float, float]] = []
