@@ -140,7 +140,7 @@ def test_kept_warm_ups_are_reused_only_for_the_same_plan_recently_and_under_a_si
 
 def test_the_warm_up_is_short_and_stated():
     assert autodilate.warmup_seconds(20.0, 1.0) == pytest.approx(10.0)  # 200 queries at 20 q/s
-    assert autodilate.warmup_seconds(2.0, 1.0) == pytest.approx(15.0)  # capped at 15 s of wall clock
+    assert autodilate.warmup_seconds(4.0, 1.0) == pytest.approx(15.0)  # capped at 15 s of wall clock (60 queries)
     assert autodilate.warmup_seconds(1000.0, 10.0) == pytest.approx(0.5)  # at least 5 s of wall clock
     assert autodilate.warmup_seconds(20.0, 15.0) == pytest.approx(2.5)  # at least 50 queries
 
