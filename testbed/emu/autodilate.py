@@ -4,7 +4,8 @@ The rule (our choice, stated; docs/dilation.md, "auto"). A warm-up at a candidat
 experiment emulated as it will run (its network, clusters, sources and workload), for a short
 load (:func:`warmup_seconds`: about :data:`WARMUP_QUERIES` queries, between
 :data:`WARMUP_MIN_WALL_S` and :data:`WARMUP_MAX_WALL_S` of wall clock), without its scenario
-events, packet capture and RTT self-check. It measures, on this machine now:
+events, packet capture, RTT self-check and path warming (each source still opens one connection
+to every cluster before the load; warming every path takes k x its time, minutes at large k). It measures, on this machine now:
 
 - the CPU per query of each of the testbed's own roles (Open vSwitch, link emulators, sources,
   controller, the run process) and of the inference servers (CPU s per query, wall clock:
@@ -385,7 +386,7 @@ def run_warmup(plan: Plan, k: float, runs_dir: Path) -> Warmup:
     seconds = warmup_seconds(emulated_rate_qps(plan), k)
     log = io.StringIO()
     t = time.monotonic()
-    with emulate(wplan, Console(file=log, width=200), runs_dir, seconds) as outcome:
+    with emulate(wplan, Console(file=log, width=200), runs_dir, seconds, warm_paths=False) as outcome:
         pass
     if outcome.status != EXIT_OK or outcome.run_dir is None:
         where = f" ({outcome.run_dir})" if outcome.run_dir else ""

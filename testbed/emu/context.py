@@ -35,6 +35,7 @@ class RunContext:
     console: Console
     record: RunRecord
     storage: Storage
+    warm_paths: bool = True  # step 5 (False: auto dilation's warm-ups)
     timings: dict[str, float] = field(default_factory=dict)
     t0: float = 0.0
     live: Live | None = None

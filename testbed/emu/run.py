@@ -94,6 +94,8 @@ from testbed.serve.handling import host_speed
 __all__ = ["EmulationOutcome", "Live", "RunContext", "RunError", "check_before_bringup", "emulate", "emulated_network",
            "new_run_dir"]
 
+#: How long (s, emulated) warming every source's paths may take: 180 s, x k on the wall clock.
+WARM_PATHS_TIMEOUT_S = 180.0
 #: ryu-manager's death stops the run (not restarted): docs/trustworthy-runs.md, "ryu-manager".
 CONTROLLER_POLICY = ("stop the run: a restarted controller clears its flows and reinstalls them only after LLDP "
                      "rediscovers every link, and it answers ARP and reroutes; without it the run no longer "
@@ -360,9 +362,14 @@ def _start_servers_and_warm(ctx: RunContext) -> None:
     ctx.watch.add(lambda: _server_components(servers))
     with ctx.console.status("starting inference servers (warm-up)..."):
         servers.start_all()
+    if not ctx.warm_paths:  # auto dilation's warm-up: the sources still open one connection per cluster
+        ctx.record.update(warm_up="not done: a warm-up of time dilation auto (testbed.emu.autodilate)")
+        ctx.timings["bringup_s"] = time.monotonic() - ctx.t0
+        return
     with ctx.console.status("warming every source -> cluster path..."):
         t_warm = time.monotonic()
-        warm = servers.warm_paths(loaded_sources(ctx.plan))
+        # each request takes k x its emulated time on the wall clock: so does the whole warm-up
+        warm = servers.warm_paths(loaded_sources(ctx.plan), timeout_s=WARM_PATHS_TIMEOUT_S * ctx.plan.time_dilation)
         ctx.timings["warm_paths_s"] = time.monotonic() - t_warm
     ctx.record.update(warm_up=_warm_summary(warm))
     ctx.timings["bringup_s"] = time.monotonic() - ctx.t0
@@ -443,7 +450,8 @@ def _run_steps(ctx: RunContext) -> tuple[int, str]:
 @contextmanager
 def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
             duration_s: float | None = None, link_emulator: str | None = None,
-            process_ends: bool = False, auto: dict | None = None) -> Iterator[EmulationOutcome]:
+            process_ends: bool = False, auto: dict | None = None, warm_paths: bool = True
+            ) -> Iterator[EmulationOutcome]:
     """Emulate a planned experiment (steps 1-6 of the module docstring) and yield its
     :class:`EmulationOutcome`. ``plan`` is in emulated time (``duration_s`` too); under time
     dilation k the steps run :func:`testbed.plan.dilation.dilate`'s wall-clock plan, k x longer.
@@ -458,7 +466,8 @@ def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = 
     status right after (the CLI), so they stay ignored after it. A check before the bring-up that
     refuses the run yields an outcome without ``run_dir``, its exit code and message, and does
     nothing more. ``auto``: how ``time_dilation: auto`` chose k (:func:`testbed.emu.autodilate.resolve`),
-    for ``run.json``. The outcome carries ``run.json`` (``record``), so that the caller records its
+    for ``run.json``. ``warm_paths``: False skips step 5 (auto dilation's warm-ups; run.json's
+    ``warm_up`` says so). The outcome carries ``run.json`` (``record``), so that the caller records its
     verdict before it summarises.
 
     Raises:
@@ -482,7 +491,7 @@ def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = 
                       f"times slower than the wall clock ({duration_s:g} s emulated take "
                       f"{duration_s * wall.time_dilation:g} s); records are in emulated time", markup=False)
     ctx = RunContext(wall, run_id, run_dir, duration_s * wall.time_dilation, link_emulator, console, record,
-                     storage)
+                     storage, warm_paths=warm_paths)
     with _Interrupts(console, process_ends):  # until run.json has its outcome: a second Ctrl-C cannot cut the teardown
         status, message = _run_steps(ctx)
         outcome = EmulationOutcome(status, message, run_dir, duration_s, ctx.timings,
