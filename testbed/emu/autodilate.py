@@ -5,7 +5,8 @@ experiment emulated as it will run (its network, clusters, sources and workload)
 load (:func:`warmup_seconds`: about :data:`WARMUP_QUERIES` queries, between
 :data:`WARMUP_MIN_WALL_S` and :data:`WARMUP_MAX_WALL_S` of wall clock), without its scenario
 events, packet capture, RTT self-check and path warming (each source still opens one connection
-to every cluster before the load; warming every path takes k x its time, minutes at large k). It measures, on this machine now:
+to every cluster before the load; warming every path takes k x its time, minutes at large k).
+It measures, on this machine now:
 
 - the CPU per query of each of the testbed's own roles (Open vSwitch, link emulators, sources,
   controller, the run process) and of the inference servers (CPU s per query, wall clock:
