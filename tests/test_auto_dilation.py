@@ -147,13 +147,16 @@ def test_the_warm_up_is_short_and_stated():
 
 # ----------------------------------------------------------------------------- niced CPU, a fake /proc
 
-def _proc(root: Path, procs: dict[int, tuple[int, int]]) -> Path:
-    """A fake /proc: per pid, (utime + stime in clock ticks, nice) in a stat line of proc(5)'s shape."""
-    for pid, (ticks, nice) in procs.items():
+def _proc(root: Path, procs: dict[int, tuple]) -> Path:
+    """A fake /proc: per pid, (utime + stime in clock ticks, nice[, runnable s]) in a stat line of
+    proc(5)'s shape (and a schedstat line: run ns, wait ns, slices)."""
+    for pid, (ticks, nice, *runnable) in procs.items():
         d = root / str(pid)
         d.mkdir(parents=True, exist_ok=True)
         fields = ["S"] + ["0"] * 10 + [str(ticks), "0"] + ["0"] * 3 + [str(nice)] + ["0"] * 20
         (d / "stat").write_text(f"{pid} (a (b) c) " + " ".join(fields) + "\n")
+        if runnable:
+            (d / "schedstat").write_text(f"{int(runnable[0] * 0.4e9)} {int(runnable[0] * 0.6e9)} 7\n")
     (root / "self").mkdir(exist_ok=True)  # not a pid: skipped
     return root
 
@@ -161,7 +164,7 @@ def _proc(root: Path, procs: dict[int, tuple[int, int]]) -> Path:
 def test_niced_processes_cpu_is_counted_as_yielding_from_their_stat_lines(tmp_path):
     t = int(CLK_TCK)
     before = cpu_by_process(_proc(tmp_path / "a", {10: (0, 0), 11: (0, 19), 12: (0, -5), 13: (0, 0)}))
-    assert before[11] == (0.0, 19)
+    assert before[11] == (0.0, 19, 0.0)
     after = cpu_by_process(_proc(tmp_path / "b", {10: (2 * t, 0), 11: (4 * t, 19), 12: (t, -5), 13: (9 * t, 0),
                                                    14: (2 * t, 5)}))
     compete, niced = competing_cores(before, after, 2.0, 0, exclude=frozenset({13}))
@@ -170,6 +173,15 @@ def test_niced_processes_cpu_is_counted_as_yielding_from_their_stat_lines(tmp_pa
     # under `nice -n 5` the run yields to nobody at 5: a job at nice 5 competes with it
     compete5, niced5 = competing_cores(before, after, 2.0, 5, exclude=frozenset({13}))
     assert compete5 == pytest.approx((2 + 1 + 2) / 2) and niced5 == pytest.approx(4 / 2)
+
+
+def test_a_job_that_waits_for_the_cpu_counts_for_what_it_asks_not_only_what_it_got(tmp_path):
+    t = int(CLK_TCK)
+    # a hog on a saturated machine: 0.5 s of CPU in 2 s, but runnable all 2 s (on a CPU or waiting)
+    before = cpu_by_process(_proc(tmp_path / "a", {20: (0, 0, 10.0), 21: (0, 10, 10.0)}))
+    after = cpu_by_process(_proc(tmp_path / "b", {20: (t // 2, 0, 12.0), 21: (t // 2, 10, 12.0)}))
+    compete, niced = competing_cores(before, after, 2.0, 0)
+    assert compete == pytest.approx(1.0) and niced == pytest.approx(0.25)  # niced: what it used
 
 
 def test_the_cpu_sampler_names_niced_jobs_apart():

@@ -146,37 +146,51 @@ def own_nice() -> int:
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 
-def cpu_by_process(proc: Path = Path("/proc")) -> dict[int, tuple[float, int]]:
-    """Every process's (CPU s, niceness) now (:func:`proc_cpu_nice`); processes that vanish while
-    read are left out."""
-    out: dict[int, tuple[float, int]] = {}
+def runnable_s(path: Path) -> float:
+    """Seconds a task has been runnable, on a CPU or waiting for one: ``/proc/<pid>/schedstat``'s
+    first two fields (ns; Linux Documentation/scheduler/sched-stats.rst); 0 when it cannot be read."""
+    try:
+        run_ns, wait_ns = path.read_text().split()[:2]
+        return (int(run_ns) + int(wait_ns)) / 1e9
+    except (OSError, ValueError):
+        return 0.0
+
+
+def cpu_by_process(proc: Path = Path("/proc")) -> dict[int, tuple[float, int, float]]:
+    """Every process's (CPU s, niceness, runnable s of its main thread) now (:func:`proc_cpu_nice`,
+    :func:`runnable_s`); processes that vanish while read are left out."""
+    out: dict[int, tuple[float, int, float]] = {}
     for name in os.listdir(proc):
         if name.isdigit():
             try:
-                out[int(name)] = proc_cpu_nice(proc / name / "stat")
+                cpu, nice = proc_cpu_nice(proc / name / "stat")
             except (OSError, ValueError, IndexError):
                 continue
+            out[int(name)] = (cpu, nice, runnable_s(proc / name / "schedstat"))
     return out
 
 
-def competing_cores(before: dict[int, tuple[float, int]], after: dict[int, tuple[float, int]], dt_s: float,
-                    nice: int, exclude: frozenset[int] = frozenset()) -> tuple[float, float]:
+def competing_cores(before: dict[int, tuple[float, int, float]], after: dict[int, tuple[float, int, float]],
+                    dt_s: float, nice: int, exclude: frozenset[int] = frozenset()) -> tuple[float, float]:
     """(cores that compete with a process of niceness ``nice``, cores that yield to it) over
-    ``dt_s`` s between two :func:`cpu_by_process` readings: the CPU other processes used, split by
-    whether their niceness is at most ``nice`` (they compete: the CPU they take is not available)
-    or above it (niced: they yield, :data:`NICED_OTHER`). ``exclude``: pids not counted (this run's
-    own). A process seen only in ``after`` counts from 0; one gone by then is left out."""
+    ``dt_s`` s between two :func:`cpu_by_process` readings. A process's demand is the larger of the
+    CPU it used and the time its main thread was runnable (on a CPU or waiting for one: on a
+    saturated machine an always-busy job uses less than it asks for); split by whether its
+    niceness is at most ``nice`` (it competes: the CPU it asks for is not available) or above it
+    (niced: it yields, :data:`NICED_OTHER`; there the CPU it used). ``exclude``: pids not counted
+    (this run's own). A process seen only in ``after`` counts from 0; one gone by then is left out."""
     if dt_s <= 0:
         return 0.0, 0.0
     compete = yield_ = 0.0
-    for pid, (cpu, n) in after.items():
+    for pid, (cpu, n, runnable) in after.items():
         if pid in exclude:
             continue
-        used = max(0.0, cpu - before.get(pid, (0.0, n))[0])
+        cpu0, _, runnable0 = before.get(pid, (0.0, n, 0.0))
+        used = max(0.0, cpu - cpu0)
         if n > nice:
             yield_ += used
         else:
-            compete += used
+            compete += max(used, min(dt_s, runnable - runnable0))
     return compete / dt_s, yield_ / dt_s
 
 
@@ -230,7 +244,7 @@ class CpuSampler(threading.Thread):
         return self._roles[pid]
 
     def _sample(self) -> None:
-        for pid, (cpu, nice) in cpu_by_process().items():
+        for pid, (cpu, nice, _) in cpu_by_process().items():
             self._role(pid, nice)
             self._last[pid] = cpu
         by_role: dict[str, float] = {}
