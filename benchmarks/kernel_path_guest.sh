@@ -249,7 +249,7 @@ step_run() {  # a failed run is kept too (its folder says why): the check step j
   done
   gssh 'cat /root/runs/kp.log' | tee -a "$WORK/run.log"
   rc=$(gssh 'cat /root/runs/kp.rc')
-  gssh 'ls -1t /root/runs | grep -v "^kp\." | head -1' > "$WORK/run_id"
+  gssh 'ls -1t /root/runs | grep -v -e "^kp\." -e "^val\." -e "^auto-dilation$" -e "^validate$" | head -1' > "$WORK/run_id"
   echo "$rc" > "$WORK/run_rc"
   log "run folder: $(cat "$WORK/run_id") (testbed run exit $rc)"
   [ -s "$WORK/run_id" ] || die "no run folder in the guest's /root/runs"

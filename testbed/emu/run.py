@@ -96,6 +96,9 @@ __all__ = ["EmulationOutcome", "Live", "RunContext", "RunError", "check_before_b
 
 #: How long (s, emulated) warming every source's paths may take: 180 s, x k on the wall clock.
 WARM_PATHS_TIMEOUT_S = 180.0
+#: How long (s, emulated) the inference servers may take to be ready (import, load, warm their
+#: models): 180 s, x k on the wall clock (they start inside their cluster's dilated quota).
+SERVERS_READY_TIMEOUT_S = 180.0
 #: ryu-manager's death stops the run (not restarted): docs/trustworthy-runs.md, "ryu-manager".
 CONTROLLER_POLICY = ("stop the run: a restarted controller clears its flows and reinstalls them only after LLDP "
                      "rediscovers every link, and it answers ARP and reroutes; without it the run no longer "
@@ -361,7 +364,7 @@ def _start_servers_and_warm(ctx: RunContext) -> None:
     ctx.servers = servers = ClusterServers(ctx.live, ctx.stack)
     ctx.watch.add(lambda: _server_components(servers))
     with ctx.console.status("starting inference servers (warm-up)..."):
-        servers.start_all()
+        servers.start_all(SERVERS_READY_TIMEOUT_S * ctx.plan.time_dilation)  # they start under their k-dilated quota
     if not ctx.warm_paths:  # auto dilation's warm-up: the sources still open one connection per cluster
         ctx.record.update(warm_up="not done: a warm-up of time dilation auto (testbed.emu.autodilate)")
         ctx.timings["bringup_s"] = time.monotonic() - ctx.t0
