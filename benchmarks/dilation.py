@@ -9,21 +9,29 @@ Run from the repository root (root; every emulation under the shared lock: ``flo
     the server's padding below: :func:`testbed.plan.dilation.nested_cpu`): p50, p95, mean, the
     two-sample Kolmogorov-Smirnov statistic against k = 1 and against the model's profile at
     ``cores`` (``models/profiles``: the undilated reference) (no emulation, no lock).
-``python -m benchmarks.dilation validate [EXPERIMENT ...] [--k auto|K[,K...]] [--duration 20s]``
-    each experiment (default: ``experiments/default.yaml`` and the 9 ``scenario-*.yaml``) emulated
-    at each k (``auto``: :func:`testbed.emu.autodilate.choose`) and simulated on the same seed: success
-    ratio, e2e p50 and network excess p50 of each, and the emulation's wall time.
+``python -m benchmarks.dilation validate [EXPERIMENT ...] [--k auto|K[,K...]] [--duration 20s] [--hogs 0,2]``
+    the validation matrix: each experiment (default: ``experiments/default.yaml``, the 9
+    ``scenario-*.yaml`` and the 3 held-out ``generated/held-out/gen-heldout-{1,2,3}.yaml``) emulated
+    at each k (default ``auto``: chosen from measured warm-ups, :mod:`testbed.emu.autodilate`) under
+    each condition of ``--hogs`` (``0``: as the machine is; ``2``: beside two ``python3 -c "while True:
+    pass"``, not niced, started before that condition's rows and stopped after), and simulated on the
+    same seed. Each row: k and how long choosing it took, the emulation's wall time, success, e2e
+    p50 / p95 and the per-stage medians (dispatch, network, handling, queueing, inference; answered
+    queries) of both engines, the run's own "too small a k" check, and the targets judged
+    (:data:`TARGETS`: success within 3 points, e2e p50 and p95 within 10 %, every stage's median
+    within 1 ms or 10 %). Writes ``validate.json`` (rows, targets, the command), ``validate.csv`` and
+    ``validate.md`` under ``--out`` (replaced, not appended).
 ``python -m benchmarks.dilation light [--ks 1,4] [--duration 20s]``
     a light experiment (the triangle, 4 q/s per source) at each k: success ratio with its 95 %
     Wilson interval and e2e p50 with its 95 % order-statistic interval.
-``python -m benchmarks.dilation ceiling [--ks 1,2,4,auto] [--rates 50,100,200,400,800,1200]``
+``python -m benchmarks.dilation ceiling [--ks 1,2,4,auto] [--rates 50,100,200,400,800,1200] [--hogs N]``
     the triangle's load ceiling in emulated q/s at MTU 1500 (both sources, ``rate_qps`` per source
     = rate / 2, ``duration`` 10 s emulated, clusters of 2 cores and 2 workers: ``CEILING_CLUSTERS``):
     the highest rate whose network excess p50 stays under 2 ms with no query dropped; and the
     wall time each run took.
 
-Every subcommand appends its rows to ``--out`` (default ``runs/dilation``) as ``<subcommand>.csv``
-and prints a Markdown table. Emulated figures depend on this machine's load (2 shared cores): each
+The other subcommands append their rows to ``--out`` (default ``runs/dilation``) as
+``<subcommand>.csv`` and print a Markdown table. Emulated figures depend on this machine's load (2 shared cores): each
 table compares rows measured in the same invocation.
 """
 
@@ -44,6 +52,14 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted(str(p) for p in (REPO / "experiments").glob("scenario-*.yaml"))
 DEFAULT = str(REPO / "experiments" / "default.yaml")
+HELD_OUT = [str(REPO / "experiments" / "generated" / "held-out" / f"gen-heldout-{i}.yaml") for i in (1, 2, 3)]
+#: The validation's targets (issue: one experiment, one answer on any host): success within 3
+#: points; e2e p50 and p95 within 10 %; every stage's median within 1 ms or 10 %.
+TARGETS = {"success_points": 3.0, "e2e_pct": 10.0, "stage_ms": 1.0, "stage_pct": 10.0}
+#: The per-query stages (records' columns, ms) whose medians are compared.
+STAGES = ("dispatch", "network", "handling", "queueing", "inference")
+#: A CPU hog (``--hogs``): not niced, so it competes with the emulation.
+HOG = "while True: pass"
 TRIANGLE = REPO / "experiments" / "triangle.yaml"
 #: The ceiling's clusters: the triangle's, with 2 cores and 2 workers each (the network, not the
 #: clusters' CPU, is what the ceiling measures).
@@ -215,14 +231,32 @@ def _plan(path: str | Path, k: float | None, overrides: dict | None = None):
     return with_time_dilation(plan, k) if k is not None else plan
 
 
-def _k_of(a_k: str, plan) -> float:
-    if a_k == "auto":
-        from rich.console import Console
+def _k_of(a_k: str, plan):
+    """``auto`` or a number, as ``with_time_dilation`` takes it (auto is chosen by the run)."""
+    return "auto" if a_k == "auto" else float(a_k)
 
-        from testbed.emu.autodilate import choose
 
-        return choose(plan, Console()).k
-    return float(a_k)
+class Hogs:
+    """``n`` CPU hogs (``python3 -c "while True: pass"``, not niced) while inside; stopped on exit."""
+
+    def __init__(self, n: int):
+        self.n, self.procs = n, []
+
+    def __enter__(self) -> Hogs:
+        self.procs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(self.n)]
+        if self.procs:
+            print(f"{self.n} CPU hog(s) started: pids {', '.join(str(p.pid) for p in self.procs)}", flush=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 def _figures(s: dict) -> dict:
@@ -231,6 +265,8 @@ def _figures(s: dict) -> dict:
 
 
 def _emulate(plan, out: Path, duration: float) -> tuple[dict, float, Path]:
+    """Emulate ``plan`` (auto: k chosen by the run) under ``out``: (summary with ``exit_code``, ``k``
+    and ``auto_s``, the wall time of the run alone, its run directory)."""
     from testbed.results.runs import run_emulation
 
     out.mkdir(parents=True, exist_ok=True)
@@ -238,41 +274,135 @@ def _emulate(plan, out: Path, duration: float) -> tuple[dict, float, Path]:
     t = time.monotonic()
     code = run_emulation(plan, runs_dir=out, duration_s=duration)
     wall = time.monotonic() - t
-    run_dir = next(iter(set(out.iterdir()) - before))
+    new = [p for p in set(out.iterdir()) - before if (p / "run.json").exists()]
+    if not new:
+        return {"exit_code": code}, wall, out
+    run_dir = new[0]
     s = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    s["exit_code"] = code
-    return s, wall, run_dir
+    rec = json.loads((run_dir / "run.json").read_text())
+    auto = rec.get("time_dilation_auto") or {}
+    s.update(exit_code=code, k=rec.get("time_dilation"), auto_s=auto.get("wall_s"))
+    return s, wall - float(auto.get("wall_s") or 0.0), run_dir
 
 
 def _simulate(plan, out: Path, duration: float) -> dict:
     from testbed.results.runs import run_simulation
 
-    _, s = run_simulation(plan, runs_dir=out, duration_s=duration, quiet=True)
+    run_dir, s = run_simulation(plan, runs_dir=out, duration_s=duration, quiet=True)
+    s["_run_dir"] = str(run_dir)
     return s
 
 
 # ----------------------------------------------------------------------------- validate
 
+def _stage_medians(run_dir: Path) -> dict[str, float | None]:
+    """Median (ms) of each stage of :data:`STAGES` and e2e p50 / p95 over the answered queries."""
+    from testbed.results.figures import answered
+    from testbed.results.records import read_records
+
+    path = run_dir / "records.parquet"
+    df = answered(read_records(path if path.exists() else run_dir / "records.csv")) if (
+        path.exists() or (run_dir / "records.csv").exists()) else pd.DataFrame()
+    out: dict[str, float | None] = {}
+    for st in STAGES:
+        col = pd.to_numeric(df[f"{st}_ms"], errors="coerce").dropna() if f"{st}_ms" in df else pd.Series(dtype=float)
+        out[st] = None if col.empty else float(col.median())
+    e2e = pd.to_numeric(df["e2e_ms"], errors="coerce").dropna() if "e2e_ms" in df else pd.Series(dtype=float)
+    out["e2e_p50"] = None if e2e.empty else float(e2e.quantile(0.5))
+    out["e2e_p95"] = None if e2e.empty else float(e2e.quantile(0.95))
+    return out
+
+
+def _pct(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else 100.0 * (a - b) / b
+
+
+def judge_row(emu: dict, sim: dict, success_emu: float | None, success_sim: float | None) -> dict:
+    """The targets (:data:`TARGETS`) judged on one row: per figure its difference and whether it
+    is within (None: not measured in both engines), and ``all_ok``."""
+    row: dict = {}
+    d = None if success_emu is None or success_sim is None else 100 * (success_emu - success_sim)
+    row["d_success_pts"] = d
+    row["success_ok"] = None if d is None else abs(d) <= TARGETS["success_points"]
+    for q in ("e2e_p50", "e2e_p95"):
+        p = _pct(emu.get(q), sim.get(q))
+        row[f"d_{q}_pct"] = p
+        row[f"{q}_ok"] = None if p is None else abs(p) <= TARGETS["e2e_pct"]
+    for st in STAGES:
+        a, b = emu.get(st), sim.get(st)
+        diff = None if a is None or b is None else a - b
+        row[f"d_{st}_ms"] = diff
+        row[f"{st}_ok"] = None if diff is None else (abs(diff) <= TARGETS["stage_ms"]
+                                                     or abs(diff) <= TARGETS["stage_pct"] / 100 * abs(b))
+    judged = [v for k, v in row.items() if k.endswith("_ok")]
+    row["all_ok"] = bool(judged) and all(v is not False for v in judged) and any(v is not None for v in judged)
+    return row
+
+
+def _validate_row(path: str, k_text: str, hogs: int, duration: float, out: Path) -> dict:
+    from testbed.plan.dilation import with_time_dilation
+
+    plan = _plan(path, None)
+    emu_plan = with_time_dilation(plan, _k_of(k_text, plan))
+    s_emu, wall, run_dir = _emulate(emu_plan, out / "validate-emu", duration)
+    s_sim = _simulate(with_time_dilation(plan, 1.0), out / "validate-sim", duration)
+    sim_dir = Path(s_sim.pop("_run_dir"))
+    e = _stage_medians(run_dir) if s_emu.get("queries") else {}
+    m = _stage_medians(sim_dir)
+    check = s_emu.get("dilation_check") or {}
+    row = {"experiment": Path(path).stem, "hogs": hogs, "k_asked": k_text, "k": s_emu.get("k"),
+           "auto_s": s_emu.get("auto_s"), "wall_s": round(wall, 1), "exit": s_emu["exit_code"],
+           "queries": s_emu.get("queries"), "success_emu": s_emu.get("success_ratio"),
+           "success_sim": s_sim.get("success_ratio"),
+           **{f"{q}_{eng}": fig.get(q) for eng, fig in (("emu", e), ("sim", m)) for q in ("e2e_p50", "e2e_p95")},
+           **{f"{st}_{eng}": fig.get(st) for eng, fig in (("emu", e), ("sim", m)) for st in STAGES},
+           "k_too_small": check.get("too_small"), "run_dir": str(run_dir), "sim_dir": str(sim_dir)}
+    row.update(judge_row(e, m, s_emu.get("success_ratio"), s_sim.get("success_ratio")))
+    return row
+
+
+#: The Markdown table's columns (the JSON and CSV have every field).
+MD_COLUMNS = ["experiment", "hogs", "k", "auto_s", "wall_s", "exit", "queries", "success_emu", "success_sim",
+              "d_success_pts", "e2e_p50_emu", "e2e_p50_sim", "e2e_p95_emu", "e2e_p95_sim",
+              *[f"d_{st}_ms" for st in STAGES], "k_too_small", "all_ok"]
+
+
+def _write_validation(out: Path, rows: list[dict], argv: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"command": "python -m benchmarks.dilation " + " ".join(argv), "targets": TARGETS, "stages": STAGES,
+           "rows": rows}
+    (out / "validate.json").write_text(json.dumps(doc, indent=1, default=str))
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "validate.csv", index=False)
+    md = _table(df[[c for c in MD_COLUMNS if c in df]]) if not df.empty else "(no rows)"
+    ok = int(df["all_ok"].sum()) if "all_ok" in df else 0
+    (out / "validate.md").write_text(
+        f"# Validation matrix\n\n`{doc['command']}`\n\nTargets: success within {TARGETS['success_points']:g} "
+        f"points, e2e p50 and p95 within {TARGETS['e2e_pct']:g} %, every stage's median within "
+        f"{TARGETS['stage_ms']:g} ms or {TARGETS['stage_pct']:g} % (d_<stage>_ms: emulated - simulated median). "
+        f"{ok} of {len(rows)} rows meet every target.\n\n{md}\n")
+
+
 def cmd_validate(a: argparse.Namespace) -> int:
     from testbed.spec.units import parse_duration_s
 
     duration = parse_duration_s(a.duration, item="--duration")
+    out = Path(a.out)
     rows = []
-    for path, k_text in ((p, k) for p in a.experiments or [DEFAULT, *SCENARIOS] for k in a.k.split(",")):
-        plan = _plan(path, None)
-        k = _k_of(k_text, plan)
-        plan = _plan(path, k)
-        s_emu, wall, run_dir = _emulate(plan, Path(a.out) / "validate-emu", duration)
-        s_sim = _simulate(plan, Path(a.out) / "validate-sim", duration)
-        e, m = _figures(s_emu), _figures(s_sim)
-        rows.append({"experiment": Path(path).stem, "k": k, "exit": s_emu["exit_code"], "queries": e["queries"],
-                     "success_emu": e["success"], "success_sim": m["success"],
-                     "d_success_pts": None if e["success"] is None else 100 * (e["success"] - m["success"]),
-                     "e2e_p50_emu": e["e2e_p50_ms"], "e2e_p50_sim": m["e2e_p50_ms"],
-                     "excess_p50_emu": e["excess_p50_ms"], "excess_p50_sim": m["excess_p50_ms"],
-                     "wall_s": round(wall, 1), "run_dir": run_dir.name})
-        print(rows[-1], flush=True)
-    _save(Path(a.out), "validate", rows)
+    for hogs in (int(h) for h in a.hogs.split(",")):
+        with Hogs(hogs):
+            for path, k_text in ((p, k) for p in a.experiments or [DEFAULT, *SCENARIOS, *HELD_OUT]
+                                 for k in a.k.split(",")):
+                t = time.monotonic()
+                try:
+                    rows.append(_validate_row(path, k_text, hogs, duration, out))
+                except Exception as exc:  # noqa: BLE001 - a row that fails is a row, not the end of the matrix
+                    rows.append({"experiment": Path(path).stem, "hogs": hogs, "k_asked": k_text,
+                                 "error": f"{type(exc).__name__}: {exc}", "all_ok": False})
+                rows[-1]["row_wall_s"] = round(time.monotonic() - t, 1)
+                print(json.dumps(rows[-1], default=str), flush=True)
+                _write_validation(out, rows, sys.argv[1:])
+    print((out / "validate.md").read_text())
     return 0
 
 
@@ -326,6 +456,11 @@ def cmd_light(a: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- ceiling
 
 def cmd_ceiling(a: argparse.Namespace) -> int:
+    with Hogs(a.hogs):
+        return _ceiling(a)
+
+
+def _ceiling(a: argparse.Namespace) -> int:
     rows = []
     for k_text in a.ks.split(","):
         for rate in (float(r) for r in a.rates.split(",")):
@@ -337,7 +472,9 @@ def cmd_ceiling(a: argparse.Namespace) -> int:
             f = _figures(s)
             full = (s.get("failures") or {}).get("dropped", 0)
             carried = f["excess_p50_ms"] is not None and f["excess_p50_ms"] < CEILING_EXCESS_MS and not full
-            rows.append({"k_asked": k_text, "k": k, "rate_qps": rate, "exit": s["exit_code"], "queries": f["queries"],
+            k = s.get("k", k)
+            rows.append({"k_asked": k_text, "k": k, "auto_s": s.get("auto_s"), "rate_qps": rate,
+                         "exit": s["exit_code"], "queries": f["queries"],
                          "answered_qps": s.get("throughput_qps"), "success": f["success"],
                          "excess_p50_ms": f["excess_p50_ms"], "dropped": full, "carried": carried,
                          "wall_s": round(wall, 1), "run_dir": run_dir.name})
@@ -362,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("experiments", nargs="*")
     p.add_argument("--k", default="auto")
     p.add_argument("--duration", default="20s")
+    p.add_argument("--hogs", default="0", help="conditions, comma-separated: CPU hogs beside the runs (e.g. 0,2)")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("light")
     p.add_argument("--ks", default="1,4")
@@ -371,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ks", default="1,2,4,auto")
     p.add_argument("--rates", default="50,100,200,400,800,1200")
     p.add_argument("--duration-s", type=float, default=10.0)
+    p.add_argument("--hogs", type=int, default=0)
     p.set_defaults(func=cmd_ceiling)
     a = ap.parse_args(argv)
     return a.func(a)

@@ -12,8 +12,13 @@
 #             mke2fs -d makes the ext4 disk (no loop device). Cached in $KP_CACHE/base, keyed by
 #             the package list: reused by every later run on this machine.
 #   overlay   a qcow2 overlay on the base image: the guest's own disk (install and runs go there).
-#   boot      QEMU, software emulation (-accel tcg -cpu max), user-mode networking only: ssh
+#   boot      QEMU, software emulation (-accel tcg -cpu $KP_CPU), user-mode networking only: ssh
 #             forwarded on 127.0.0.1:$KP_SSH_PORT, no host bridge, no address on the host.
+#             KP_CPU (default SandyBridge-v2): a named model with AVX but without AVX2 and AVX-512.
+#             TensorFlow's wheel needs AVX (install.sh imports it); with `-cpu max` (AVX2) the
+#             guest's run died with SIGSEGV in pandas' groupby (numpy's AVX2 sort paths under TCG's
+#             vector emulation, new in QEMU 7.2, are the suspect); without AVX2 numpy takes its
+#             SSE/AVX paths.
 #             Not stamped: done on every invocation that has steps left.
 #   copy      `git archive HEAD` of the checkout this script is in, to /root/testbed in the guest.
 #   zoo       the reduced zoo (KP_ZOO_FAMILIES, models/build_zoo.py --families) built on the host
@@ -26,6 +31,10 @@
 #   fetch     the run folder back to $KP_OUT/<run id> on the host.
 #   check     the run's run.json says datapath kernel and link emulator netem; prints the RTT
 #             self-check (rtt_check.csv) and the events' read-back (events.csv).
+#   validate  `python -m benchmarks.dilation validate $KP_VALIDATE --k auto --duration
+#             $KP_VALIDATE_DURATION` in the guest (the experiment at auto, against the simulator;
+#             default KP_VALIDATE: the kernel-path experiment, which the digits zoo serves), and its
+#             validate.{json,md} back to $KP_OUT/validate.
 #   shutdown  poweroff in the guest; QEMU exits.
 # The stamps of copy / install / run / fetch / check name the commit: a new commit copies again
 # (install.sh then does only what changed). On exit the script stops the QEMU it started, and only
@@ -34,6 +43,7 @@
 # Settings (environment): KP_CACHE (default /var/cache/testbed-guest), KP_SSH_PORT (10022),
 # KP_SMP (2), KP_MEM_MB (4096), KP_DISK_GB (16), KP_OUT (<repo>/runs/kernel-path-guest),
 # KP_EXPERIMENT (experiments/kernel-path.yaml), KP_ZOO_FAMILIES (digits),
+# KP_CPU (SandyBridge-v2), KP_VALIDATE (experiments/kernel-path.yaml), KP_VALIDATE_DURATION (20s),
 # KP_STEPS (the steps to do, default all, in the order above), KP_RUN_ARGS (more options of
 # `testbed run`, e.g. `--time-dilation 4`), KP_CGROUP (v2, Debian 12's default, or v1: the guest
 # kernel boots with systemd.unified_cgroup_hierarchy=0; time dilation above 1 needs v1).
@@ -50,7 +60,10 @@ EXPERIMENT=${KP_EXPERIMENT:-experiments/kernel-path.yaml}
 RUN_ARGS=${KP_RUN_ARGS:-}
 CGROUP=${KP_CGROUP:-v2}
 ZOO_FAMILIES=${KP_ZOO_FAMILIES:-digits}
-STEPS=${KP_STEPS:-image overlay boot copy zoo install run fetch check shutdown}
+CPU=${KP_CPU:-SandyBridge-v2}
+VALIDATE=${KP_VALIDATE:-experiments/kernel-path.yaml}
+VALIDATE_DURATION=${KP_VALIDATE_DURATION:-20s}
+STEPS=${KP_STEPS:-image overlay boot copy zoo install run fetch check validate shutdown}
 SUITE=bookworm
 BASE=$CACHE/base
 WORK=$CACHE/work
@@ -178,7 +191,7 @@ start_qemu() {
   if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
     die "127.0.0.1:$PORT is in use by another process: set KP_SSH_PORT"
   fi
-  qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp "$SMP" -m "$MEM_MB" \
+  qemu-system-x86_64 -accel tcg,thread=multi -cpu "$CPU" -smp "$SMP" -m "$MEM_MB" \
     -display none -monitor none -serial "file:$WORK/console.log" \
     -kernel "$BASE/vmlinuz" -initrd "$BASE/initrd.img" \
     -append "root=/dev/vda rw console=ttyS0 net.ifnames=0 systemd.show_status=0$CGROUP_ARG" \
@@ -186,7 +199,7 @@ start_qemu() {
     -netdev "user,id=n0,hostfwd=tcp:127.0.0.1:$PORT-:22" -device virtio-net-pci,netdev=n0 \
     -pidfile "$WORK/qemu.pid" &
   QEMU_PID=$!
-  log "QEMU $QEMU_PID: TCG, $SMP vCPU, $MEM_MB MB, ssh on 127.0.0.1:$PORT"
+  log "QEMU $QEMU_PID: TCG, CPU model $CPU, $SMP vCPU, $MEM_MB MB, ssh on 127.0.0.1:$PORT"
 }
 
 step_boot() {  # wait for ssh (start_qemu has launched the guest)
@@ -196,7 +209,7 @@ step_boot() {  # wait for ssh (start_qemu has launched the guest)
     [ "$(date +%s)" -lt "$deadline" ] || die "no ssh after 1200 s (console: $WORK/console.log)"
     sleep 5
   done
-  gssh 'uname -r; nproc; free -m | sed -n 2p'
+  gssh 'uname -r; nproc; free -m | sed -n 2p; grep -o -w "avx512f\|avx2\|avx\|sse4_2" /proc/cpuinfo | sort -u | tr "\n" " "; echo'
 }
 
 step_copy() {
@@ -236,7 +249,7 @@ step_run() {  # a failed run is kept too (its folder says why): the check step j
   done
   gssh 'cat /root/runs/kp.log' | tee -a "$WORK/run.log"
   rc=$(gssh 'cat /root/runs/kp.rc')
-  gssh 'ls -1t /root/runs | grep -v "^kp\." | head -1' > "$WORK/run_id"
+  gssh 'ls -1t /root/runs | grep -v -e "^kp\." -e "^val\." -e "^auto-dilation$" -e "^validate$" | head -1' > "$WORK/run_id"
   echo "$rc" > "$WORK/run_rc"
   log "run folder: $(cat "$WORK/run_id") (testbed run exit $rc)"
   [ -s "$WORK/run_id" ] || die "no run folder in the guest's /root/runs"
@@ -283,10 +296,31 @@ if run.get("link_emulator") != "netem":
     bad.append(f"link emulator {run.get('link_emulator')!r}, not netem")
 if run.get("status") != "ok":
     bad.append(f"run status {run.get('status')!r}")
+if (run.get("summary") or {}).get("status") != "ok" or not (d / "summary.json").is_file():
+    bad.append(f"summary {(run.get('summary') or {}).get('status')!r} (run.json: summary), not ok")
+print(f"verdict (before the summary): {run.get('verdict')}")
 if bad:
     sys.exit("check failed: " + "; ".join(bad) + " (to run again: rm the run-*, fetch-* and check-* stamps)")
 print("check: kernel datapath and netem, run ok")
 EOF
+}
+
+step_validate() {  # detached as the run step is; its exit code to val.rc
+  local deadline
+  gssh "cd /root/testbed && mkdir -p /root/runs/validate && rm -f /root/runs/val.rc \
+        && (setsid sh -c 'PYTHONFAULTHANDLER=1 .venv/bin/python -m benchmarks.dilation --out /root/runs/validate \
+              validate $VALIDATE --k auto --duration $VALIDATE_DURATION > /root/runs/val.log 2>&1; \
+              echo \$? > /root/runs/val.rc' < /dev/null > /dev/null 2>&1 &)"
+  deadline=$(( $(date +%s) + 10800 ))
+  until gssh 'test -s /root/runs/val.rc' 2>/dev/null; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "the guest's validate did not end within 10800 s (/root/runs/val.log)"
+    sleep 30
+  done
+  gssh 'cat /root/runs/val.log' | tee -a "$WORK/validate.log"
+  mkdir -p "$OUT/validate"
+  gssh 'tar -C /root/runs/validate -c validate.json validate.md validate.csv' | tar -x -C "$OUT/validate"
+  log "validate exit $(gssh 'cat /root/runs/val.rc'); $OUT/validate/validate.md"
+  [ "$(gssh 'cat /root/runs/val.rc')" = 0 ]
 }
 
 step_shutdown() {  # in do_step's subshell: cleanup sees the QEMU gone
@@ -315,7 +349,7 @@ trap 'exit 130' INT TERM
 log "repo $REPO at $SHORT; cache $CACHE; steps: $STEPS"
 for s in $STEPS; do
   case $s in
-    image|overlay|boot|copy|zoo|install|run|fetch|check|shutdown) ;;
+    image|overlay|boot|copy|zoo|install|run|fetch|check|validate|shutdown) ;;
     *) die "unknown step $s" ;;
   esac
 done
@@ -328,7 +362,7 @@ for s in $STEPS; do
 done
 for s in $STEPS; do
   # The guest is booted only when a later step needs it.
-  if { [ "$s" = boot ] || [ "$s" = shutdown ]; } && ! grep -qE 'copy|zoo|install|run|fetch' <<< "$pending"; then
+  if { [ "$s" = boot ] || [ "$s" = shutdown ]; } && ! grep -qE 'copy|zoo|install|run|fetch|validate' <<< "$pending"; then
     continue
   fi
   do_step "$s"

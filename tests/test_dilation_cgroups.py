@@ -130,7 +130,9 @@ def test_threads_started_later_get_their_own_cap():
         _remove(dirs)
 
 
-def test_a_dilation_the_kernel_cannot_take_is_refused():
-    with pytest.raises(cgroups.CgroupError, match="above the kernel's"):
-        cgroups.dilated_period_us(10.5)
+def test_past_k_10_the_cluster_period_stays_within_the_kernels_second_with_the_quota_scaled():
+    assert cgroups.dilated_period_us(4) == 400_000 and cgroups.dilated_quota_us(0.5, 4) == 50_000
+    assert cgroups.dilated_period_us(10.5) == cgroups.dilated_period_us(100) == cgroups.MAX_PERIOD_US
+    assert cgroups.dilated_quota_us(0.5, 100) == 5_000  # 0.5 core / 100 of each 1 s period
+    assert cgroups.dilated_quota_us(0.05, 100) == 1_000  # the kernel's smallest quota
     assert cgroups.cap_threads([], os.getpid(), 1.0) == 0

@@ -32,7 +32,6 @@ from testbed.cli import compare, evaluate, generate, new_experiment, profile, re
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help, print_feasibility
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
 from testbed.core.plugins import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
-from testbed.emu.autodilate import choose
 from testbed.emu.cleanup import cleanup
 from testbed.plan.build import Plan, plan_experiment
 from testbed.plan.dilation import check_dilation, with_time_dilation
@@ -70,7 +69,8 @@ def print_plan(plan: Plan, out: Console | None = None) -> None:
     head = Text("Experiment", style="bold")
     head.append(f" {exp.name}: topology {plan.topology_name!r}, {len(plan.switches)} switches, {len(plan.links)} "
                 f"links, {len(plan.hosts)} hosts, policy {exp.policy}, duration {exp.duration_s:g} s, seed {exp.seed}"
-                + (f", time dilation {plan.time_dilation:g} (run {plan.time_dilation:g} x slower than the wall clock)"
+                + (", time dilation auto (chosen from a measured warm-up when it runs)" if plan.dilation_auto else
+                   f", time dilation {plan.time_dilation:g} (run {plan.time_dilation:g} x slower than the wall clock)"
                    if plan.time_dilation != 1.0 else ""), style="")
     out.print(head)
     out.print(_table("Switches", ["name", "DPID", "label", "lat", "lon"],
@@ -144,9 +144,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     plan = plan_experiment(args.experiment)
-    if args.time_dilation == "auto":
-        plan = with_time_dilation(plan, choose(plan, console).k)
-    elif args.time_dilation is not None:
+    if args.time_dilation is not None:  # a number, or auto: chosen by run_emulation from a measured warm-up
         plan = with_time_dilation(plan, args.time_dilation)
     overrides = {}
     if args.duration is not None:
@@ -155,7 +153,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         overrides["link_emulator"] = args.link_emulator
     print_feasibility(plan)
     return run_emulation(plan, console=console, runs_dir=args.runs_dir,
-                          base_dir=args.experiment.parent, process_ends=True, twin=twin_line, **overrides)
+                          base_dir=args.experiment.parent, process_ends=True, strict=args.strict, twin=twin_line,
+                          **overrides)
 
 
 def _dilation_arg(text: str) -> float | str:
@@ -224,8 +223,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--link-emulator", choices=["auto", "netem", "userspace"], help="override emulation.link_emulator")
     p.add_argument("--runs-dir", type=Path, help=RUNS_DIR_HELP)
     p.add_argument("--time-dilation", type=_dilation_arg, metavar="K|auto",
-                   help="override emulation.time_dilation: run the emulated system K (1-10) times slower than the "
-                        "wall clock, or 'auto': the smallest K this machine carries the load at (docs/dilation.md)")
+                   help="override emulation.time_dilation: run the emulated system K (1-100) times slower than the "
+                        "wall clock, or 'auto': K chosen from a short measured warm-up of this experiment's load "
+                        "(docs/dilation.md)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 3 when the run's own measurements say its time dilation was too small (the summary "
+                        "says so in any case; docs/dilation.md, 'Too small a k')")
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("cleanup", help="remove what an interrupted or crashed run left behind (ours only)")
     p.set_defaults(func=_cmd_cleanup)

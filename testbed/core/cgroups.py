@@ -19,7 +19,8 @@ nested limits give that (cgroup v1 ``cpu``):
   would let a burst within it run at full speed, k / s times too fast in emulated time.
 
 The kernel takes quotas and periods of at least 1 ms and periods of at most 1 s (sched-bwc.rst),
-hence ``THREAD_QUOTA_US`` = 1 ms and k <= 10. Cgroup v1 also refuses a child whose quota/period
+hence ``THREAD_QUOTA_US`` = 1 ms; past k = 10 the cluster's period stays 1 s and its quota is
+``c x 1 s / k`` (:func:`dilated_quota_us`). Cgroup v1 also refuses a child whose quota/period
 exceeds its parent's, so the per-thread caps need a cluster of at least one core (below, the
 server pads its work instead: :func:`testbed.plan.dilation.nested_cpu`).
 """
@@ -30,7 +31,6 @@ import math
 import os
 from pathlib import Path
 
-from testbed.core.clock import EmulatedClock
 from testbed.core.errors import RunFailure
 
 ROOT = Path("/sys/fs/cgroup")
@@ -67,22 +67,23 @@ def _write(path: Path, value: str) -> None:
 
 
 def dilated_period_us(time_dilation: float) -> int:
-    """The CFS period (us) of a cluster's group at dilation k: k x :data:`PERIOD_US`.
+    """The CFS period (us) of a cluster's group at dilation k: k x :data:`PERIOD_US`, at most the
+    kernel's 1 s (:data:`MAX_PERIOD_US`; k > 10 keeps 1 s, with the quota scaled down to match:
+    :func:`dilated_quota_us`)."""
+    return min(MAX_PERIOD_US, int(round(time_dilation * PERIOD_US)))
 
-    Raises:
-        CgroupError: the period would exceed the kernel's 1 s (k > 10).
-    """
-    period = int(round(EmulatedClock(time_dilation).wall(PERIOD_US)))
-    if period > MAX_PERIOD_US:
-        raise CgroupError(f"time dilation {time_dilation:g}: the cluster's CFS period would be {period} us, above "
-                          f"the kernel's {MAX_PERIOD_US} us")
-    return period
+
+def dilated_quota_us(cpu_cores: float, time_dilation: float) -> int:
+    """The CFS quota (us) of a cluster of ``cpu_cores`` per :func:`dilated_period_us` at dilation k:
+    ``cores x period / k`` (``cores x 100 ms`` while k <= 10), at least the kernel's 1 ms."""
+    return max(1000, int(round(cpu_cores * dilated_period_us(time_dilation) / time_dilation)))
 
 
 def create_limited_group(name: str, cpu_cores: float, memory_mib: int, time_dilation: float = 1.0) -> list[Path]:
     """Create cgroup(s) called ``name`` limited to ``cpu_cores`` cores and ``memory_mib`` MiB; under
-    ``time_dilation`` k > 1 the same quota (``cpu_cores x 100 ms``) per period of k x 100 ms (the
-    threads' own caps follow with :func:`cap_threads`).
+    ``time_dilation`` k > 1 the same quota (``cpu_cores x 100 ms``) per period of k x 100 ms, past
+    k = 10 ``cpu_cores x 1 s / k`` per 1 s (:func:`dilated_quota_us`; the threads' own caps
+    follow with :func:`cap_threads`).
 
     Returns the created directories (to record for cleanup and to pass to :func:`add_process`).
 
@@ -90,7 +91,7 @@ def create_limited_group(name: str, cpu_cores: float, memory_mib: int, time_dila
         CgroupError: cgroups unavailable, a limit cannot be written, or k > 1 on cgroup v2 (its
             per-thread groups would need a threaded subtree, which this module does not build).
     """
-    quota = max(1000, int(round(cpu_cores * PERIOD_US)))
+    quota = dilated_quota_us(cpu_cores, time_dilation)
     period = dilated_period_us(time_dilation)
     limit = str(memory_mib * 1024 * 1024)
     if cgroup_version() == 1:

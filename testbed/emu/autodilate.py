@@ -1,208 +1,518 @@
-"""``--time-dilation auto``: the smallest time dilation k this machine can carry the experiment at.
+"""``time_dilation: auto``: k chosen from a short warm-up of the experiment's own load, measured.
 
-The rule (our choice, stated): on the wall clock, the CPU an emulation needs is the per-query CPU
-of every process on a query's path (the testbed's own: Open vSwitch, link emulators, sources,
-controller, run process; and the inference servers' request handling and model calls) times the
-emulated query rate, divided by k. k is the smallest value (a multiple of :data:`K_STEP`, 1 ..
-:data:`~testbed.spec.experiment.MAX_TIME_DILATION`) that keeps
+The rule (our choice, stated; docs/dilation.md, "auto"). A warm-up at a candidate k is the
+experiment emulated as it will run (its network, clusters, sources and workload), for a short
+load (:func:`warmup_seconds`: about :data:`WARMUP_QUERIES` queries, between
+:data:`WARMUP_MIN_WALL_S` and :data:`WARMUP_MAX_WALL_S` of wall clock), without its scenario
+events, packet capture, RTT self-check and path warming (each source still opens one connection
+to every cluster before the load; warming every path takes k x its time, minutes at large k).
+It measures, on this machine now:
 
-- that CPU at most :data:`MAX_BUSY_FRACTION` of the cores idle now (other jobs' load, measured
-  over :data:`IDLE_SAMPLE_S` from ``/proc/stat``, is taken as staying), and
-- Open vSwitch's share at most :data:`MAX_BUSY_FRACTION` of one core (its user-space datapath
-  forwards every packet in one thread).
+- the CPU per query of each of the testbed's own roles (Open vSwitch, link emulators, sources,
+  controller, the run process) and of the inference servers (CPU s per query, wall clock:
+  :mod:`testbed.emu.machine`), over the load's window; a query's path length is in these figures
+  (a longer path costs more Open vSwitch and link emulator CPU), and is printed as CPU per
+  switch link;
+- the host's share of the network time: per answered query, ``network_ms - expected_rtt_ms`` minus
+  the planned transfer the simulator models (:func:`testbed.plan.transfer.host_share_ms`), p50,
+  in emulated ms.
 
-Below half busy, a process that wakes finds a free CPU at least half the time, and the mean wait
-for one stays below its own service time (M/M/1: wait / service = rho / (1 - rho) <= 1 at
-rho = 0.5).
+Before the warm-ups the machine's other jobs are sampled for :data:`MACHINE_SAMPLE_S` s
+(:func:`measure_machine`): CPU of processes niced above this one counts as available (they yield:
+:data:`testbed.emu.machine.NICED_OTHER`), CPU of the others and the hypervisor's steal does not.
 
-Where the figures come from:
+From one warm-up at k_c the smallest k that carries the load is the largest of (:func:`needed_k`):
 
-- per-query CPU per role: the newest emulated run on this machine (``summary.json``'s
-  ``machine_cpu``, :mod:`testbed.emu.machine`) under the experiment's ``runs_dir``, preferring one
-  of the same experiment, with at least :data:`MIN_REFERENCE_QUERIES` queries; without one,
-  :data:`DEFAULT_QUERY_CPU_MS` (measured here: see its comment);
-- the inference servers' part is scaled by the bare model call's speed now against that run's
-  (``host_speed.json``; :func:`testbed.serve.handling.host_speed`);
-- the emulated query rate: the plan's arrival processes' mean rates with the spatial weights.
+- CPU: the emulation's cores at k = 1 (the testbed's CPU per query x the plan's peak emulated
+  rate, plus the servers', capped at the clusters' cores), over :data:`MAX_BUSY_FRACTION` of the
+  available cores (``cpus - competing``, at least ``cpus / (1 + competing)``: the share CFS gives
+  a waking process beside always-busy ones). Below half busy the mean wait for a CPU stays below
+  the work's own time (M/M/1: wait / service = rho / (1 - rho) <= 1 at rho = 0.5);
+- Open vSwitch: its cores at k = 1 over :data:`MAX_BUSY_FRACTION` of one core (its user-space
+  datapath forwards in one thread);
+- the network: the host's share scales as 1 / k (the emulator's wall-clock cost per packet, divided
+  by k in emulated time; docs/dilation.md measured 3.6-4.6 x less at k = 4 than at k = 1), so
+  k_c x share / target, with the target :func:`excess_target_ms`: the validation's bound on a
+  stage's median, 1 ms or 10 % of the planned network time's median, whichever is larger. Once
+  warm-ups at two k or more are measured, the share is fitted as ``floor + b / k``
+  (:func:`network_floor`): only ``b / k`` falls with k, so k is ``b / target``; a floor that does
+  not fall with k is printed (dilation cannot remove it) and does not drive k.
+
+k is then rounded up on :func:`k_grid` and checked by a warm-up at that k, up to
+:data:`MAX_WARMUPS` warm-ups (:func:`choose`): a warm-up whose figures ask for more k leads to one
+at the larger k; one that carries its k with room to spare (it asks for at most k / 1.5) leads to
+one at the smaller k. The smallest k a warm-up carried is chosen; when none did, the last figures'
+k, said to be unverified. Above :data:`~testbed.spec.experiment.MAX_TIME_DILATION` ``auto``
+refuses, with the figures.
+
+The first candidate (:func:`first_candidate`) is a guess from the plan alone (its rate and path
+lengths, :func:`testbed.emu.capacity.guess_cores`, the pre-flight's estimate); only the warm-ups'
+measurements decide.
+
+Warm-ups are kept (``auto-dilation/warmups.json`` beside their run folders) and reused for the same
+plan (its network, clusters, sources and workload: :func:`plan_key`) for
+:data:`REUSE_MAX_AGE_S`, while other jobs' CPU is within :data:`REUSE_LOAD_TOLERANCE` cores of what
+it was then: the usual run-change-run loop pays for its warm-ups once. The run's own check
+(:mod:`testbed.results.verdict`, "too small a k") judges every run, warm-ups reused or not.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from rich.console import Console
 
-from testbed.core.clock import EmulatedClock
-from testbed.core.errors import InputError
-from testbed.core.util import repo_path
-from testbed.emu.machine import machine_ticks
+from testbed.core.errors import EXIT_OK, InputError, RunFailure
+from testbed.core.util import repo_path, write_json_atomic
+from testbed.emu.capacity import (
+    MAX_BUSY_FRACTION,
+    emulated_rate_qps,
+    guess_cores,
+    k_grid,
+)
+from testbed.emu.machine import (
+    NICED_OTHER,
+    TESTBED_ROLES,
+    competing_cores,
+    cpu_by_process,
+    machine_cpu_of_run,
+    machine_ticks,
+    own_nice,
+)
+from testbed.emu.run import emulate
 from testbed.plan.build import Plan
-from testbed.plan.traces import arrival_process
-from testbed.serve.handling import host_speed
+from testbed.plan.dilation import with_time_dilation
+from testbed.plan.transfer import TransferTable, host_share_ms
 from testbed.spec.experiment import MAX_TIME_DILATION
 
-#: The busy fraction k keeps the machine's idle cores (and Open vSwitch's one thread) under.
-MAX_BUSY_FRACTION = 0.5
-#: Fewer idle cores than this (other jobs' load) and ``auto`` refuses to choose.
-MIN_IDLE_CORES = 0.1
-#: k is chosen in steps of this.
-K_STEP = 0.5
-#: How long (s) the machine's idle cores are sampled.
-IDLE_SAMPLE_S = 1.0
-#: A reference run needs at least this many queries.
-MIN_REFERENCE_QUERIES = 100
-#: Per-query CPU (ms) by role when no reference run exists: ``testbed run experiments/default.yaml``
-#: on this 2-core machine, 803 queries in 40 s (runs 20261204-184719 and -185346): Open vSwitch
-#: 0.227-0.249 cores, link emulators 0.064-0.071, sources 0.050-0.072, controller and run process
-#: 0.025-0.028, inference servers 0.211-0.219, i.e. x 40 s / 803 queries (the higher of the two).
-DEFAULT_QUERY_CPU_MS = {"ovs-vswitchd": 12.4, "link emulators": 3.5, "sources": 3.6, "controller": 0.4,
-                        "run process": 1.0, "inference servers": 10.9}
-#: Roles that are the inference servers (scaled by the model call's speed).
-SERVER_ROLES = ("inference servers",)
+#: The host's share of the network time p50 auto aims under (ms), or this share of the planned
+#: network time's median, whichever is larger (:func:`excess_target_ms`): the validation's bound
+#: on a stage's median (docs/dilation.md).
+EXCESS_TARGET_MS = 1.0
+EXCESS_TARGET_SHARE = 0.10
+#: A warm-up's load: about this many queries, within these bounds of wall clock (s), and at least
+#: :data:`WARMUP_MIN_QUERIES` whatever the wall clock.
+WARMUP_QUERIES = 200
+WARMUP_MIN_QUERIES = 50
+WARMUP_MIN_WALL_S = 5.0
+WARMUP_MAX_WALL_S = 15.0
+#: At most this many warm-ups per choice.
+MAX_WARMUPS = 3
+#: A warm-up that carried its k asks for a smaller one only below k / this.
+LOWER_MARGIN = 1.5
+#: How long (s) other jobs' CPU is sampled before the warm-ups.
+MACHINE_SAMPLE_S = 1.0
+#: Fewer answered queries than this and a warm-up's network figure is not judged (its CPU is).
+MIN_ANSWERED = 20
+#: The inference servers' role (:data:`testbed.emu.machine.CPU_ROLES`).
+SERVER_ROLE = "inference servers"
+#: Warm-ups of the same plan are reused this long (s) ...
+REUSE_MAX_AGE_S = 3600.0
+#: ... while other jobs' competing CPU differs by at most this many cores from then.
+REUSE_LOAD_TOLERANCE = 0.25
+#: The warm-ups kept for reuse, in the warm-ups' folder.
+WARMUPS_FILE = "warmups.json"
+
+
+@dataclass
+class Machine:
+    """Other jobs on this machine now: ``cpus``, ``competing`` (cores of processes not niced
+    above this one, plus the hypervisor's steal), ``niced`` (cores of niced ones: available)."""
+
+    cpus: int
+    competing: float
+    niced: float
+
+    @property
+    def available(self) -> float:
+        """Cores the emulation can count on: ``cpus - competing``, at least ``cpus / (1 + competing)``
+        (the share CFS gives a waking process beside ``competing`` always-busy ones)."""
+        return max(self.cpus - self.competing, self.cpus / (1.0 + self.competing))
+
+
+@dataclass
+class Warmup:
+    """What one warm-up at ``k`` measured: ``queries`` (all) and ``answered``; ``window_s`` (wall
+    s of the load: first to last query); ``role_cores`` (mean cores per role over it, wall
+    clock); ``host_ms`` (p50 of the host's share of the network time, emulated ms; None with
+    fewer than :data:`MIN_ANSWERED` answered); ``planned_network_ms`` (p50 of RTT + planned
+    transfer, emulated ms); ``hops`` (mean switch links per answered query's path);
+    ``success`` (ratio); ``run_dir``; ``wall_s`` (the warm-up, bring-up included)."""
+
+    k: float
+    queries: int
+    answered: int
+    window_s: float
+    role_cores: dict[str, float]
+    host_ms: float | None
+    planned_network_ms: float | None
+    hops: float
+    success: float | None
+    run_dir: str = ""
+    wall_s: float = 0.0
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def cpu_ms_per_query(self) -> dict[str, float]:
+        """CPU (ms, wall clock) per query of each role (cores x window / queries)."""
+        if self.queries <= 0:
+            return {}
+        return {r: c * self.window_s / self.queries * 1e3 for r, c in self.role_cores.items()}
+
+
+@dataclass
+class Need:
+    """The k each criterion asks for from one warm-up (:func:`needed_k`), and ``k`` (their largest,
+    at least 1), with the figures behind them."""
+
+    k: float
+    k_cpu: float
+    k_ovs: float
+    k_network: float
+    needed_cores: float
+    ovs_cores: float
+    target_ms: float
+    floor_ms: float = 0.0
+
+    def binding(self) -> str:
+        """Which criterion sets ``k``."""
+        return max((("CPU", self.k_cpu), ("Open vSwitch", self.k_ovs), ("network", self.k_network)),
+                   key=lambda kv: kv[1])[0]
 
 
 @dataclass
 class AutoDilation:
-    """What ``auto`` measured and chose: ``k``; ``rate_qps`` (emulated q/s); ``query_cpu_ms`` per
-    role; ``reference`` (the run they come from, or ``default``); ``call_speed`` (bare model call
-    now / in the reference run); ``cpus`` and ``idle_cores`` (measured now); ``needed_cores`` at k = 1;
-    ``why`` (one line per reason)."""
+    """What ``auto`` chose: ``k``; ``verified`` (a warm-up at ``k`` carried it); ``rate_qps``
+    (the plan's peak emulated q/s); ``machine``; ``warmups`` (each with its :class:`Need`);
+    ``why`` (the lines printed); ``wall_s`` (the whole choice)."""
 
     k: float
+    verified: bool
     rate_qps: float
-    query_cpu_ms: dict[str, float]
-    reference: str
-    call_speed: float
-    cpus: int
-    idle_cores: float
-    needed_cores: float
+    machine: Machine
+    warmups: list[tuple[Warmup, Need]] = field(default_factory=list)
     why: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        """For ``run.json`` (``time_dilation_auto``)."""
+        return {"k": self.k, "verified": self.verified, "rate_qps": round(self.rate_qps, 3),
+                "machine": asdict(self.machine), "wall_s": round(self.wall_s, 1), "why": self.why,
+                "warmups": [{**asdict(w), "need": asdict(n)} for w, n in self.warmups]}
 
 
-def idle_cores(sample_s: float = IDLE_SAMPLE_S) -> tuple[int, float]:
-    """(online CPUs, mean idle cores over ``sample_s`` s now), from ``/proc/stat`` (busy and steal)."""
-    cpus = os.cpu_count() or 1
-    b0, s0 = machine_ticks()
-    t0 = time.monotonic()
-    time.sleep(sample_s)
-    b1, s1 = machine_ticks()
-    used = ((b1 - b0) + (s1 - s0)) / (time.monotonic() - t0)
-    return cpus, max(0.0, cpus - used)
+# ----------------------------------------------------------------------------- pure rules
+
+def excess_target_ms(planned_network_ms: float | None) -> float:
+    """The host's share of the network time p50 (ms) auto aims under: :data:`EXCESS_TARGET_MS`, or
+    :data:`EXCESS_TARGET_SHARE` of the planned network time's median, whichever is larger."""
+    return max(EXCESS_TARGET_MS, EXCESS_TARGET_SHARE * (planned_network_ms or 0.0))
 
 
-def emulated_rate_qps(plan: Plan) -> float:
-    """The plan's mean query rate (q/s, emulated): each workload entry's arrival process at each
-    source it selects, with the source's spatial weight (a step process counts its highest rate)."""
-    rng = np.random.default_rng(0)
-    return sum(arrival_process(w, rng, weight, Path(plan.base_dir)).mean_rate_qps
-               for wi, w in enumerate(plan.experiment.workload) for weight in plan.weights[wi].values())
+def network_floor(points: list[tuple[float, float]]) -> float:
+    """The part of the host's share of the network time that does not fall with k (ms): ``a`` of
+    ``share = a + b / k`` fitted by least squares to the warm-ups' (k, share) (``a, b >= 0``); 0
+    with fewer than two distinct k."""
+    pts = [(1.0 / k, x) for k, x in points if x is not None]
+    if len({round(u, 9) for u, _ in pts}) < 2:
+        return 0.0
+    u = np.array([p[0] for p in pts])
+    y = np.array([p[1] for p in pts])
+    b = float(np.polyfit(u, y, 1)[0])
+    if b <= 0:  # no part falls with k: all of it is floor
+        return max(0.0, float(y.mean()))
+    return max(0.0, float(np.mean(y - b * u)))
 
 
-def _reference(runs_dir: Path, name: str) -> tuple[str, dict[str, float], float | None] | None:
-    """The newest emulated run under ``runs_dir`` with ``machine_cpu`` and enough queries (one of
-    experiment ``name`` first): (its folder name, per-query CPU ms per role, its bare call ms)."""
-    found = []
-    for d in sorted(runs_dir.glob("*"), reverse=True) if runs_dir.is_dir() else []:
-        try:
-            s = json.loads((d / "summary.json").read_text())
-        except (OSError, ValueError):
-            continue
-        m, n = s.get("machine_cpu") or {}, int(s.get("queries") or 0)
-        if s.get("mode") == "simulation" or not m.get("by_role") or n < MIN_REFERENCE_QUERIES:
-            continue
-        # mean cores over the load's wall-clock window (under dilation too): CPU s = cores x window
-        per = {role: cores * float(m["window_s"]) / n * 1e3 for role, cores in m["by_role"].items() if role != "other"}
-        try:
-            call = float(json.loads((d / "host_speed.json").read_text())["now_ms"])
-        except (OSError, ValueError, KeyError, TypeError):
-            call = None
-        found.append((d.name.endswith(f"-{name}"), d.name, per, call))
-    if not found:
+def needed_k(w: Warmup, rate_qps: float, cluster_cores: float, machine: Machine, floor_ms: float = 0.0) -> Need:
+    """The k each criterion of the module docstring asks for, from warm-up ``w`` at the plan's peak
+    emulated rate ``rate_qps`` (q/s), the clusters' ``cluster_cores`` and the ``machine``;
+    ``floor_ms``: the part of the host's share that does not fall with k (:func:`network_floor`)."""
+    per = w.cpu_ms_per_query()
+    testbed = sum(ms for r, ms in per.items() if r in TESTBED_ROLES)
+    servers = min(cluster_cores, rate_qps * per.get(SERVER_ROLE, 0.0) / 1e3)
+    needed = rate_qps * testbed / 1e3 + servers  # cores at k = 1
+    ovs = rate_qps * per.get("ovs-vswitchd", 0.0) / 1e3
+    k_cpu = needed / (MAX_BUSY_FRACTION * machine.available)
+    k_ovs = ovs / MAX_BUSY_FRACTION
+    target = excess_target_ms(w.planned_network_ms)
+    k_net = w.k * max(0.0, w.host_ms - floor_ms) / target if w.host_ms is not None else 0.0
+    return Need(max(1.0, k_cpu, k_ovs, k_net), k_cpu, k_ovs, k_net, needed, ovs, target, floor_ms)
+
+
+def next_candidate(tried: list[tuple[float, float]]) -> float | None:
+    """The next k to warm up at, from the (k, needed k) of the warm-ups so far (:func:`choose`'s
+    rule), or None: the choice is made."""
+    k, need = tried[-1]
+    carried = [kk for kk, n in tried if n <= kk]
+    failed = [kk for kk, n in tried if n > kk]
+    if need <= k:
+        lower = k_grid(need)
+        if lower <= k / LOWER_MARGIN and lower > max(failed, default=0.0) and lower not in carried:
+            return lower
         return None
-    same = [f for f in found if f[0]]
-    _, ref, per, call = (same or found)[0]
-    return ref, per, call
+    up = k_grid(need)  # > k: k is on the grid
+    if up > MAX_TIME_DILATION or up in failed:
+        return None
+    smaller_carried = [kk for kk in carried if kk < up]
+    return None if smaller_carried else up
 
 
-def needed_cores(plan: Plan, per: dict[str, float], rate: float) -> tuple[float, float]:
-    """(cores the emulation needs at k = 1, cores of Open vSwitch's one thread) for ``rate``
-    emulated q/s at ``per`` CPU ms per query and role (the clusters' part capped at their shares)."""
-    cluster_cores = sum(c.cpu_cores for c in plan.experiment.clusters)
-    servers = min(cluster_cores, rate * sum(ms for r, ms in per.items() if r in SERVER_ROLES) / 1e3)
-    needed = rate * sum(ms for r, ms in per.items() if r not in SERVER_ROLES) / 1e3 + servers
-    return needed, rate * per.get("ovs-vswitchd", 0.0) / 1e3
+def decision(tried: list[tuple[float, float]]) -> tuple[float, bool]:
+    """(k, verified) from the warm-ups' (k, needed k): the smallest k a warm-up carried, else the
+    last warm-up's needed k on the grid (not verified)."""
+    carried = [k for k, n in tried if n <= k]
+    if carried:
+        return min(carried), True
+    return k_grid(tried[-1][1]), False
 
 
-def smallest_k(needed: float, ovs: float, idle: float) -> float:
-    """The smallest k (>= 1, not rounded) keeping ``needed`` cores within MAX_BUSY_FRACTION of
-    ``idle`` cores and Open vSwitch's thread (``ovs`` cores) within MAX_BUSY_FRACTION of one."""
-    return max(1.0, needed / (MAX_BUSY_FRACTION * max(idle, 1e-9)), ovs / MAX_BUSY_FRACTION)
+# ----------------------------------------------------------------------------- measurements
+
+def measure_machine(sample_s: float = MACHINE_SAMPLE_S, proc: Path = Path("/proc")) -> Machine:
+    """Other jobs' CPU now, over ``sample_s`` s (:class:`Machine`; this process left out)."""
+    nice = own_nice()
+    _, s0 = machine_ticks()
+    before, t0 = cpu_by_process(proc), time.monotonic()
+    time.sleep(sample_s)
+    after, dt = cpu_by_process(proc), time.monotonic() - t0
+    _, s1 = machine_ticks()
+    compete, niced = competing_cores(before, after, dt, nice, frozenset({os.getpid()}))
+    steal = max(0.0, (s1 - s0) / dt)
+    cpus = os.cpu_count() or 1
+    return Machine(cpus, round(min(float(cpus), compete + steal), 3), round(niced, 3))
 
 
-def k_for(plan: Plan, idle: float) -> tuple[float | None, str]:
-    """The k (a multiple of K_STEP) at which ``idle`` cores carry ``plan``'s load by the rule of
-    :func:`choose`, without measuring anything (per-query CPU from the newest reference run, else
-    :data:`DEFAULT_QUERY_CPU_MS`; model calls at the reference's speed): (k, or None above the
-    largest; a line saying why)."""
-    rate = emulated_rate_qps(plan)
-    ref = _reference(repo_path(plan.experiment.runs_dir), plan.experiment.name)
-    reference, per = ("default", dict(DEFAULT_QUERY_CPU_MS)) if ref is None else ref[:2]
-    needed, ovs = needed_cores(plan, per, rate)
-    k = math.ceil(smallest_k(needed, ovs, idle) / K_STEP - 1e-9) * K_STEP
-    why = (f"{rate:.1f} q/s emulated x CPU per query of {reference}: {needed:.2f} cores at k = 1, Open vSwitch "
-           f"{ovs:.2f} of its thread, on {max(idle, 0):.2f} idle cores")
-    return (k if k <= MAX_TIME_DILATION else None), why
+def first_candidate(plan: Plan, machine: Machine) -> float:
+    """The first k to warm up at: a guess from the plan's rate and path lengths
+    (:func:`testbed.emu.capacity.guess_cores`, the pre-flight's estimate)."""
+    return min(MAX_TIME_DILATION, k_grid(guess_cores(plan) / (MAX_BUSY_FRACTION * machine.available)))
 
 
-def choose(plan: Plan, console=None, idle: float | None = None) -> AutoDilation:
-    """Measure the machine and choose k for ``plan`` (module docstring); prints the choice and why
-    on ``console`` when given. ``idle``: the idle cores to assume instead of measuring them (e.g.
-    the machine's cores: the k for this machine idle).
+def warmup_seconds(rate_qps: float, k: float) -> float:
+    """A warm-up's load, emulated s: :data:`WARMUP_QUERIES` at ``rate_qps``, within
+    [:data:`WARMUP_MIN_WALL_S`, :data:`WARMUP_MAX_WALL_S`] s of wall clock at k, and at least
+    :data:`WARMUP_MIN_QUERIES` queries."""
+    if rate_qps <= 0:
+        return WARMUP_MAX_WALL_S / k
+    within = min(max(WARMUP_QUERIES / rate_qps, WARMUP_MIN_WALL_S / k), WARMUP_MAX_WALL_S / k)
+    return max(within, WARMUP_MIN_QUERIES / rate_qps)
+
+
+def warmup_plan(plan: Plan, k: float) -> Plan:
+    """``plan`` at k for a warm-up: no scenario events, no packet capture, no RTT self-check."""
+    exp = plan.experiment
+    emulation = exp.emulation.model_copy(update={"rtt_check": False})
+    exp = exp.model_copy(update={"events": [], "capture": None, "emulation": emulation})
+    return with_time_dilation(plan.model_copy(update={"experiment": exp, "changes": []}), k)
+
+
+def read_warmup(run_dir: Path, k: float, wall_s: float = 0.0) -> Warmup:
+    """A warm-up's figures (:class:`Warmup`) from its run directory: the sources' records, the
+    machine's CPU samples over the load's window, ``plan.json``.
 
     Raises:
-        InputError: other jobs leave less than :data:`MIN_IDLE_CORES` idle, or no k up to the
-            largest keeps the machine within the bound (names the figures).
+        RunFailure: it measured no query.
     """
+    files = sorted((run_dir / "sources").glob("*.records.csv"))
+    frames = [pd.read_csv(f) for f in files if f.stat().st_size]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if df.empty or "t0_ns" not in df:
+        raise RunFailure(f"time dilation auto: the warm-up at k = {k:g} measured no query ({run_dir})")
+    plan_doc = json.loads((run_dir / "plan.json").read_text())
+    t0 = pd.to_numeric(df["t0_ns"], errors="coerce").dropna() / 1e9
+    start = int(json.loads((run_dir / "load_start.json").read_text())["start_ns"]) / 1e9
+    lo, hi = start + (t0.min() - start) * k, start + (t0.max() - start) * k  # records: emulated time
+    cpu, _ = machine_cpu_of_run(run_dir, lo, hi)
+    ans = df[pd.to_numeric(df["http_status"], errors="coerce") == 200]
+    rows = ans.to_dict("records")
+    share = host_share_ms(plan_doc, rows)
+    table = TransferTable(plan_doc)
+    planned = [float(r["expected_rtt_ms"]) + table.transfer_ms(str(r["source"]), str(r["cluster"]),
+                                                               float(r["request_bytes"]), float(r["response_bytes"]))
+               for r in rows]
+    planned = [x for x in planned if math.isfinite(x)]
+    hops = [table.hops(str(r["source"]), str(r["cluster"])) or 0 for r in rows]
+    ok = (df["outcome"] == "success").sum() if "outcome" in df else 0
+    return Warmup(k=k, queries=len(df), answered=len(ans), window_s=cpu.window_s if cpu else 0.0,
+                  role_cores=dict(cpu.by_role) if cpu else {},
+                  host_ms=float(np.median(share)) if len(share) >= MIN_ANSWERED else None,
+                  planned_network_ms=float(np.median(planned)) if planned else None,
+                  hops=float(np.mean(hops)) if hops else 0.0, success=float(ok) / len(df),
+                  run_dir=str(run_dir), wall_s=round(wall_s, 1))
+
+
+def run_warmup(plan: Plan, k: float, runs_dir: Path) -> Warmup:
+    """One warm-up at k (:func:`warmup_plan`, :func:`warmup_seconds`) under ``runs_dir``, quiet.
+
+    Raises:
+        RunFailure: the warm-up failed (its message and run directory) or measured nothing.
+    """
+    wplan = warmup_plan(plan, k)
+    seconds = warmup_seconds(emulated_rate_qps(plan), k)
+    log = io.StringIO()
+    t = time.monotonic()
+    with emulate(wplan, Console(file=log, width=200), runs_dir, seconds, warm_paths=False) as outcome:
+        pass
+    if outcome.status != EXIT_OK or outcome.run_dir is None:
+        where = f" ({outcome.run_dir})" if outcome.run_dir else ""
+        raise RunFailure(f"time dilation auto: the warm-up at k = {k:g} failed{where}: {outcome.message}",
+                         outcome.status or 3)
+    got = read_warmup(outcome.run_dir, k, time.monotonic() - t)
+    got.timings_s = {name: round(v, 1) for name, v in outcome.timings.items()}
+    return got
+
+
+def plan_key(plan: Plan) -> str:
+    """What makes two plans' warm-ups the same (SHA-256, hex): the plan at k = 1 without its
+    duration, events, capture and run folder."""
+    exp = plan.experiment.model_copy(update={"duration_s": 1.0, "events": [], "capture": None, "runs_dir": "."})
+    doc = plan.model_copy(update={"experiment": exp, "changes": []}).model_dump_json(
+        exclude={"experiment": {"emulation": {"time_dilation"}}})
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def _kept(folder: Path) -> dict:
+    try:
+        got = json.loads((folder / WARMUPS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def kept_warmups(folder: Path, key: str, machine: Machine, now: float | None = None) -> tuple[list[Warmup], str]:
+    """The warm-ups kept for plan ``key`` that may be reused now (module docstring), and a line
+    saying when they were measured; ([], "") when there are none."""
+    entry = _kept(folder).get(key) or {}
+    now = time.time() if now is None else now
+    age = now - float(entry.get("t", 0.0))
+    then = float((entry.get("machine") or {}).get("competing", math.inf))
+    if not entry or age > REUSE_MAX_AGE_S or abs(then - machine.competing) > REUSE_LOAD_TOLERANCE:
+        return [], ""
+    try:
+        warmups = [Warmup(**w) for w in entry.get("warmups") or []]
+    except TypeError:
+        return [], ""
+    return warmups, (f"reusing the warm-ups of this plan from {age / 60:.0f} min ago (other jobs then "
+                     f"{then:.2f} cores, now {machine.competing:.2f}; kept {REUSE_MAX_AGE_S / 60:g} min while "
+                     f"within {REUSE_LOAD_TOLERANCE:g} cores)")
+
+
+def keep_warmups(folder: Path, key: str, machine: Machine, warmups: list[Warmup]) -> None:
+    """Keep ``warmups`` for plan ``key`` (:data:`WARMUPS_FILE`; entries past their age dropped).
+    A write that fails is not an error (the next choice measures again)."""
+    kept = {k: v for k, v in _kept(folder).items() if time.time() - float(v.get("t", 0)) <= REUSE_MAX_AGE_S}
+    kept[key] = {"t": time.time(), "machine": asdict(machine), "warmups": [asdict(w) for w in warmups]}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(folder / WARMUPS_FILE, kept, indent=1)
+    except OSError:
+        pass
+
+
+# ----------------------------------------------------------------------------- the choice
+
+def _warmup_line(w: Warmup, n: Need, rate: float) -> str:
+    per = w.cpu_ms_per_query()
+    testbed = sum(ms for r, ms in per.items() if r in TESTBED_ROLES)
+    net = per.get("ovs-vswitchd", 0.0) + per.get("link emulators", 0.0)
+    host = "-" if w.host_ms is None else f"{w.host_ms:.2f} ms"
+    verdict = "carried" if n.k <= w.k else f"too small (needs {n.k:.1f}, set by {n.binding()})"
+    return (f"warm-up at k = {w.k:g} ({w.queries} queries, {w.wall_s:.0f} s of wall clock): the testbed's CPU "
+            f"{testbed:.1f} ms per query (Open vSwitch and link emulators {net:.1f} ms over paths of {w.hops:.1f} "
+            f"switch links on average), servers "
+            f"{per.get(SERVER_ROLE, 0.0):.1f} ms; host's share of the network time p50 {host} (target "
+            f"{n.target_ms:.2f} ms); at {rate:.0f} q/s: {n.needed_cores:.2f} cores at k = 1, Open vSwitch "
+            f"{n.ovs_cores:.2f}: {verdict}")
+
+
+def _judge(out: AutoDilation, tried: list[tuple[float, float]], w: Warmup, rate: float, cores: float, say) -> None:
+    """Add warm-up ``w`` and judge every warm-up so far again with the floor they now give."""
+    ws = [x for x, _ in out.warmups] + [w]
+    floor = network_floor([(x.k, x.host_ms) for x in ws])
+    needs = [needed_k(x, rate, cores, out.machine, floor) for x in ws]
+    out.warmups[:] = list(zip(ws, needs, strict=True))
+    tried[:] = [(x.k, n.k) for x, n in out.warmups]
+    out.why.append(_warmup_line(w, needs[-1], rate))
+    if floor > 0:
+        out.why[-1] += (f"; of the host's share {floor:.2f} ms does not fall with k (fitted over the warm-ups at k = "
+                        f"{', '.join(f'{x.k:g}' for x in ws)}): dilation cannot remove it, it does not drive k")
+    say("  " + out.why[-1])
+
+
+def choose(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
+           warm=run_warmup, machine: Machine | None = None) -> AutoDilation:
+    """Choose k for ``plan`` from measured warm-ups (module docstring); prints the choice and why
+    on ``console``. Warm-up runs go to ``runs_dir/auto-dilation`` (default: the experiment's
+    ``runs_dir``). ``warm`` (plan, k, folder) -> :class:`Warmup` and ``machine``: what measures
+    (replaced in unit tests of the rule).
+
+    Raises:
+        InputError: the figures ask for k above :data:`~testbed.spec.experiment.MAX_TIME_DILATION`.
+        RunFailure: a warm-up failed (its message and run directory).
+    """
+    t_all = time.monotonic()
+    say = (lambda line: console.print(line, markup=False, highlight=False)) if console is not None else (
+        lambda line: None)
+    machine = machine or measure_machine()
     rate = emulated_rate_qps(plan)
-    ref = _reference(repo_path(plan.experiment.runs_dir), plan.experiment.name)
-    reference, per, ref_call = ("default", dict(DEFAULT_QUERY_CPU_MS), None) if ref is None else ref
-    models = {m: c.server.runtime_of(m) for c in plan.experiment.clusters for m in c.models}
-    speed = host_speed(plan.zoo_dir, plan.profiles_dir, models) if ref_call else {}
-    call_speed = speed["now_ms"] / ref_call if speed and ref_call else 1.0
-    per = {r: ms * (call_speed if r in SERVER_ROLES else 1.0) for r, ms in per.items()}
-    cpus, measured = idle_cores()
-    idle = measured if idle is None else float(idle)
-    if idle < MIN_IDLE_CORES:
-        raise InputError(f"time dilation auto: other jobs keep this machine's {cpus} cores busy ({idle:.2f} idle "
-                         f"over {IDLE_SAMPLE_S:g} s, at least {MIN_IDLE_CORES:g} needed): no k can keep the "
-                         f"emulation within {MAX_BUSY_FRACTION:.0%} of nothing; give --time-dilation K")
-    cluster_cores = sum(c.cpu_cores for c in plan.experiment.clusters)
-    needed, ovs = needed_cores(plan, per, rate)
-    k_raw = smallest_k(needed, ovs, idle)
-    k = math.ceil(k_raw / K_STEP - 1e-9) * K_STEP
-    why = [f"emulated load {rate:.1f} q/s; CPU per query from {reference}: "
-           + ", ".join(f"{r} {ms:.1f} ms" for r, ms in sorted(per.items()) if ms >= 0.05)
-           + (f" (model calls x {call_speed:.2f}: the bare call now against then)" if ref_call else ""),
-           f"needed at k = 1: {needed:.2f} cores (clusters' part capped at their {cluster_cores:g} cores), Open "
-           f"vSwitch {ovs:.2f} of its one thread; idle now {idle:.2f} of {cpus} cores",
-           f"k = {k:g}: the smallest multiple of {K_STEP:g} keeping the emulation's CPU at most "
-           f"{MAX_BUSY_FRACTION:.0%} of the idle cores ({EmulatedClock(k).wall_rate(needed):.2f} of {idle:.2f}) and "
-           f"Open vSwitch's thread at most {MAX_BUSY_FRACTION:.0%} busy ({EmulatedClock(k).wall_rate(ovs):.2f})"]
-    if k > MAX_TIME_DILATION:
-        raise InputError(f"time dilation auto: k would be {k_raw:.1f}, above the largest, {MAX_TIME_DILATION:g}: "
-                         + "; ".join(why[:2]) + "; lower the load, or run on a larger or idler machine")
-    out = AutoDilation(k, rate, per, reference, call_speed, cpus, idle, needed, why)
-    if console is not None:
-        console.print(f"time dilation auto: k = {k:g}", markup=False, highlight=False)
-        for line in why:
-            console.print(f"  {line}", markup=False, highlight=False)
+    cores = sum(c.cpu_cores for c in plan.experiment.clusters)
+    folder = Path(runs_dir or repo_path(plan.experiment.runs_dir)) / "auto-dilation"
+    key = plan_key(plan)
+    reused, when = kept_warmups(folder, key, machine) if warm is run_warmup else ([], "")
+    k = first_candidate(plan, machine)
+    say(f"time dilation auto: {rate:.1f} emulated q/s at peak; other jobs use {machine.competing:.2f} of "
+        f"{machine.cpus} cores (and niced ones {machine.niced:.2f}, which yield): {machine.available:.2f} available; "
+        f"warm-ups of ~{WARMUP_QUERIES} queries ({WARMUP_MIN_WALL_S:g}-{WARMUP_MAX_WALL_S:g} s of load each, at least "
+        f"{WARMUP_MIN_QUERIES} queries) from "
+        f"k = {k:g}, in {folder}")
+    out = AutoDilation(k, False, rate, machine)
+    tried: list[tuple[float, float]] = []
+    if reused:
+        say("  " + when)
+        out.why.append(when)
+    for w in reused:
+        _judge(out, tried, w, rate, cores, say)
+    if reused:
+        k = next_candidate(tried)
+    measured = []
+    while k is not None and len(measured) < MAX_WARMUPS:
+        w = warm(plan, k, folder)
+        measured.append(w)
+        _judge(out, tried, w, rate, cores, say)
+        k = next_candidate(tried)
+    if measured and warm is run_warmup:
+        keep_warmups(folder, key, machine, [w for w, _ in out.warmups])
+    out.k, out.verified = decision(tried)
+    out.wall_s = time.monotonic() - t_all
+    if out.k > MAX_TIME_DILATION:
+        raise InputError(f"time dilation auto: this load needs k = {tried[-1][1]:.1f}, above the largest, "
+                         f"{MAX_TIME_DILATION:g}: " + "; ".join(out.why) + "; lower the load, or run on a larger or "
+                         "idler machine")
+    how = ("a warm-up at it carried the load" if out.verified else
+           f"UNVERIFIED: no warm-up carried its k within {MAX_WARMUPS} warm-ups; this is the last one's figure")
+    out.why.append(f"k = {out.k:g}: {how} (choice took {out.wall_s:.0f} s)")
+    say(f"time dilation auto: k = {out.k:g}: {how} ({out.wall_s:.0f} s)")
     return out
 
 
-__all__ = ["DEFAULT_QUERY_CPU_MS", "MAX_BUSY_FRACTION", "AutoDilation", "choose", "emulated_rate_qps", "idle_cores",
-           "k_for", "needed_cores", "smallest_k"]
+def resolve(plan: Plan, console: Console | None = None, runs_dir: Path | None = None) -> tuple[Plan, dict | None]:
+    """``plan`` with its time dilation chosen when it is ``auto`` (:func:`choose`), and the choice
+    for ``run.json`` (None when k was given)."""
+    if not plan.dilation_auto:
+        return plan, None
+    got = choose(plan, console, runs_dir)
+    return with_time_dilation(plan, got.k), got.to_dict()
+
+
+__all__ = ["EXCESS_TARGET_MS", "MAX_BUSY_FRACTION", "NICED_OTHER", "AutoDilation", "Machine", "Need", "Warmup",
+           "choose", "decision", "emulated_rate_qps", "excess_target_ms", "first_candidate", "k_grid",
+           "measure_machine", "needed_k", "next_candidate", "read_warmup", "resolve", "warmup_seconds"]

@@ -31,17 +31,22 @@ machine idle, less the CPU the idle network itself takes, :data:`IDLE_CORES_PER_
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from testbed.core.errors import EXIT_BRINGUP, RunFailure
-from testbed.emu.autodilate import k_for
 from testbed.emu.cleanup import RUN_ENV
 from testbed.emu.machine import CPU_ROLES
 from testbed.emu.netplan import emulator_groups, ovs_shards, probe_hosts
 from testbed.plan.build import Plan
+from testbed.plan.traces import arrival_process
+from testbed.plan.transfer import TransferTable
+from testbed.spec.experiment import MAX_TIME_DILATION
 
 #: The environment variable that replaces the measured MemAvailable (MiB): a fake memory limit.
 MEM_ENV = "TESTBED_MEM_AVAILABLE_MIB"
@@ -216,6 +221,60 @@ def estimate(plan: Plan, link_emulator: str = "userspace", datapath: str = "user
     run_fds = costs["run process"].fds + sum(n * costs[i].run_fds for i, n in items.items())
     idle = items["ovs shard"] * IDLE_CORES_PER_SHARD + items["switch"] * IDLE_CORES_PER_SWITCH
     return Needs(items, mem, procs, threads, run_fds, idle)
+
+
+#: The busy fraction a k keeps the available cores (and Open vSwitch's one thread) under (the rule of
+#: ``--time-dilation auto``, :mod:`testbed.emu.autodilate`: below half busy the mean wait for a CPU
+#: stays below the work's own time, M/M/1).
+MAX_BUSY_FRACTION = 0.5
+#: The CPU a query costs the testbed (ms, wall clock) before anything is measured: Open vSwitch and
+#: the link emulators per switch link of the path, and the sources, controller and run process per
+#: query. From ``testbed run experiments/default.yaml --duration 10s`` on the 2-core build machine
+#: (243 queries, summary.json machine_cpu: Open vSwitch 6.2 and link emulators 1.7 ms per query over
+#: 3.6 links per path; sources 2.8, controller 0.2, run process 0.5). A guess: auto's warm-ups measure.
+GUESS_CPU_MS_PER_HOP = 2.2
+GUESS_CPU_MS_PER_QUERY = 3.5
+
+
+def k_grid(k: float) -> float:
+    """``k`` rounded up on the grid auto chooses from: steps of 0.5 up to 10, of 1 up to 20, of 5
+    above (at least 1)."""
+    k = max(1.0, float(k))
+    step = 0.5 if k <= 10 else 1.0 if k <= 20 else 5.0
+    return math.ceil(k / step - 1e-9) * step
+
+
+def emulated_rate_qps(plan: Plan) -> float:
+    """The plan's peak emulated query rate (q/s): each workload entry's arrival process at each
+    source it selects, with the source's spatial weight (a step process counts its highest rate)."""
+    rng = np.random.default_rng(0)
+    return sum(arrival_process(w, rng, weight, Path(plan.base_dir)).mean_rate_qps
+               for wi, w in enumerate(plan.experiment.workload) for weight in plan.weights[wi].values())
+
+
+def guess_cores(plan: Plan) -> float:
+    """The cores the emulation of ``plan`` needs at k = 1, guessed from the plan alone: its peak rate
+    x (:data:`GUESS_CPU_MS_PER_QUERY` + :data:`GUESS_CPU_MS_PER_HOP` x the mean path length in switch
+    links), plus the servers' busy CPU at that rate, capped at the clusters' cores."""
+    rate = emulated_rate_qps(plan)
+    table = TransferTable(plan.to_dict())
+    hops = [table.hops(p.source, p.cluster) or 0 for p in plan.paths]
+    per_query = GUESS_CPU_MS_PER_QUERY + GUESS_CPU_MS_PER_HOP * (float(np.mean(hops)) if hops else 0.0)
+    services = [f.busy_mean_ms for by in plan.services.values() for f in by.values()]
+    cluster_cores = sum(c.cpu_cores for c in plan.experiment.clusters)
+    servers = min(cluster_cores, rate * (float(np.mean(services)) if services else 0.0) / 1e3)
+    return rate * per_query / 1e3 + servers
+
+
+def k_for(plan: Plan, available: float) -> tuple[float | None, str]:
+    """The k at which ``available`` cores would carry ``plan``'s load by the rule of ``auto``
+    (:data:`MAX_BUSY_FRACTION`), from :func:`guess_cores` (nothing measured): (k on :func:`k_grid`,
+    or None above the largest; a line saying why)."""
+    needed = guess_cores(plan)
+    k = k_grid(needed / (MAX_BUSY_FRACTION * max(available, 1e-9)))
+    why = (f"{emulated_rate_qps(plan):.1f} q/s emulated: about {needed:.2f} cores at k = 1 (a guess from the plan's "
+           f"rate and path lengths), on {max(available, 0):.2f} available cores")
+    return (k if k <= MAX_TIME_DILATION else None), why
 
 
 def check_capacity(plan: Plan, link_emulator: str = "userspace", datapath: str = "user",

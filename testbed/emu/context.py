@@ -35,6 +35,7 @@ class RunContext:
     console: Console
     record: RunRecord
     storage: Storage
+    warm_paths: bool = True  # step 5 (False: auto dilation's warm-ups)
     timings: dict[str, float] = field(default_factory=dict)
     t0: float = 0.0
     live: Live | None = None
@@ -49,8 +50,10 @@ class EmulationOutcome:
     """What an emulation measured and how it ended: ``status`` (exit code, :mod:`testbed.core.errors`)
     and ``message`` (``"ok"``, or what stopped it), ``run_dir`` (None when a check before the
     bring-up refused the run: nothing was made), ``duration_s`` (the configured load, s),
-    ``timings`` (s per step), ``capture`` (the experiment captured packets). The caller that
-    summarises the run may change ``status`` and ``message`` before the outcome is recorded."""
+    ``timings`` (s per step, wall clock), ``capture`` (the experiment captured packets), ``record``
+    (its ``run.json``, None when nothing was made). The caller that summarises the run may change
+    ``status`` and ``message`` before the outcome is recorded, and records its verdict in
+    ``record`` before it summarises."""
 
     status: int
     message: str
@@ -58,3 +61,4 @@ class EmulationOutcome:
     duration_s: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     capture: bool = False
+    record: RunRecord | None = None

@@ -63,6 +63,12 @@ PATH_KINDS = EVENT_KINDS.subset(lambda k: bool(getattr(k, "paths", ())))
 PREPARE_S = 0.1
 
 
+#: How long (s) a probe daemon may take to answer its first ping: a Python start-up, which took over
+#: 10 s in a QEMU guest under software emulation (TCG) beside other jobs; a daemon that exits is
+#: reported at once, so the bound costs nothing when it is healthy.
+PROBE_START_TIMEOUT_S = 60.0
+
+
 class Dynamics:
     """Applies and measures link changes (module doc).
 
@@ -110,7 +116,7 @@ class Dynamics:
             started.append((name, ip, proc))
         for name, ip, proc in started:
             try:
-                client = wait_ready(ctl / f"{name}.sock", proc=proc)
+                client = wait_ready(ctl / f"{name}.sock", PROBE_START_TIMEOUT_S, proc=proc)
             except ProbeError as exc:
                 raise EmulationError(f"probe daemon in {name}: {exc}") from None
             self.daemons[name] = DaemonHandle(name, proc, client, ip)

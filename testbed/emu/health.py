@@ -168,11 +168,22 @@ class Incident:
     fault: str = "died"
     pid: int | None = None
     serves: list[str] = field(default_factory=list)
+    #: The run's time dilation k: ``t_run_s`` and ``t_load_s`` are on the wall clock, and under
+    #: dilation ``t_load_emulated_s`` (``t_load_s / k``) is the same instant in emulated time.
+    time_dilation: float = 1.0
+    t_load_emulated_s: float | None = None
 
     def message(self, with_log: bool = True) -> str:
-        """One line (and, ``with_log``, the log's last lines) for the console and errors."""
-        when = f"{self.t_load_s:.2f} s into the load" if self.t_load_s is not None else \
-            f"{self.t_run_s:.1f} s into the run, before the load"
+        """One line (and, ``with_log``, the log's last lines) for the console and errors; under time
+        dilation each time says its clock."""
+        k = self.time_dilation
+        if self.t_load_s is None:
+            when = f"{self.t_run_s:.1f} s{' (wall clock)' if k != 1.0 else ''} into the run, before the load"
+        elif k != 1.0:
+            when = (f"{self.t_load_s:.2f} s (wall clock) into the load, {self.t_load_emulated_s:.3f} s of emulated "
+                    f"time (k = {k:g})")
+        else:
+            when = f"{self.t_load_s:.2f} s into the load"
         proc = ""  # a process serving several things (a link emulator's links) is named with all of them
         if self.serves:
             pid = f"pid {self.pid}; " if self.pid is not None else ""
@@ -307,6 +318,7 @@ class HealthWatch(threading.Thread):
         self.interval_s = interval_s
         self.t_run0 = time.monotonic()
         self.t_load0: float | None = None  # epoch s the load started
+        self.time_dilation = 1.0  # k: incidents' times are on the wall clock; they also give the emulated one
         self.failure: RunFailure | None = None
         self.incidents: list[Incident] = []
         self.seen: dict[str, tuple[int, Component]] = {}  # name -> (id of its process object, component)
@@ -444,12 +456,15 @@ class HealthWatch(threading.Thread):
         """An incident of ``name`` now; ``of``: its component (its pid and what it serves)."""
         now = time.time()
         wall = datetime.fromtimestamp(now).isoformat(timespec="milliseconds")
+        t_load = None if self.t_load0 is None or now < self.t_load0 else round(now - self.t_load0, 3)
+        k = self.time_dilation
         return Incident(component=name, kind=kind, wall_time=wall,
                         t_run_s=round(time.monotonic() - self.t_run0, 3),
-                        t_load_s=None if self.t_load0 is None or now < self.t_load0 else round(now - self.t_load0, 3),
+                        t_load_s=t_load,
                         exit_code=code if known else None, how=how, planned=planned,
                         log=None if log is None else str(log), last_lines=tail(log) if not planned else [],
-                        fault=fault, pid=_pid_of(of), serves=list(of.serves) if of is not None else [])
+                        fault=fault, pid=_pid_of(of), serves=list(of.serves) if of is not None else [],
+                        time_dilation=k, t_load_emulated_s=None if t_load is None else round(t_load / k, 4))
 
     def _report(self, inc: Incident) -> None:
         if self.stopped:

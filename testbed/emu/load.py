@@ -192,9 +192,11 @@ def _start_events(ctx: RunContext, start_ns: int) -> EventRunner | None:
     if not ctx.plan.changes:
         return None
 
+    clock = " of emulated time" if ctx.plan.time_dilation != 1.0 else ""  # events.csv is in emulated time
+
     def shown(row: dict) -> None:
         ctx.console.print(f"event {row['kind']} {row['target']} {row.get('phase', 'applied')} at "
-                          f"{row['applied_s']:.2f} s (asked {row['value_asked'] or '-'}, measured "
+                          f"{row['applied_s']:.2f} s{clock} (asked {row['value_asked'] or '-'}, measured "
                           f"{row['value_measured'] or '-'})", markup=False, highlight=False)
 
     events = EventRunner(ctx.live, ctx.servers, ctx.plan.changes, start_ns / 1e9, shown)
@@ -214,7 +216,8 @@ def _follow_load(ctx: RunContext, sources: dict[str, subprocess.Popen], events: 
     """
     exp, duration_s = ctx.plan.experiment, ctx.duration_s
     counter = _RecordCounter([ctx.run_dir / "sources" / f"{s}.records.csv" for s in sources])
-    with Progress(TextColumn("[bold]load[/bold]"), BarColumn(), TimeElapsedColumn(),
+    label = "[bold]load[/bold]" if ctx.plan.time_dilation == 1.0 else "[bold]load[/bold] (wall clock)"
+    with Progress(TextColumn(label), BarColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[info]}", markup=False), console=ctx.console) as prog:
         task = prog.add_task("load", total=duration_s, info="")
         t_load = time.time()

@@ -17,7 +17,8 @@ load's teardown:
   (``SC_CLK_TCK``);
 * ``/proc/<pid>/stat`` of every process (utime + stime), summed per role (:data:`CPU_ROLES`,
   matched on the command line; the sampling process itself is ``run process``, anything else
-  ``other``: other jobs on the machine).
+  ``other``: other jobs on the machine; :data:`NICED_OTHER` for those niced above this run, which
+  yield the CPU to it: :func:`competing_cores`).
 
 Each sample is cumulative: the machine's busy and steal seconds, and per role the CPU seconds of
 every process seen so far (a process that exited keeps what it used until its last sample; what
@@ -56,6 +57,10 @@ CPU_ROLES: tuple[tuple[str, str], ...] = (
     ("sources", "testbed.emu.source"), ("controller", "testbed.sdn.launcher"), ("controller", "ryu-manager"),
     ("ovs-vswitchd", "ovs-vswitchd"), ("ovsdb-server", "ovsdb-server"), ("packet capture", "tcpdump"),
     ("link probes", "testbed.emu.probe"))
+#: The role of other jobs' processes niced above this run's own niceness (nice(1)): the kernel's
+#: scheduler gives the CPU to this run's processes first (CFS weights: each nice level is ~1.25 x
+#: less weight; sched(7)), so their CPU counts as available to the emulation, not as taken.
+NICED_OTHER = "other (niced)"
 #: The roles that are the testbed's own machinery (not the clusters' inference, not other jobs).
 TESTBED_ROLES = ("link emulators", "sources", "controller", "ovs-vswitchd", "ovsdb-server", "packet capture",
                  "link probes", "run process")
@@ -118,9 +123,75 @@ def machine_ticks(stat: Path = Path("/proc/stat")) -> tuple[float, float]:
     raise ValueError(f"{stat}: no 'cpu' line")
 
 
-def role_of(cmdline: str) -> str:
-    """The role of a process from its command line (:data:`CPU_ROLES`), else ``other``."""
-    return next((role for role, pattern in CPU_ROLES if pattern in cmdline), "other")
+def role_of(cmdline: str, nice: int = 0, own_nice: int = 0) -> str:
+    """The role of a process from its command line (:data:`CPU_ROLES`), else ``other``, or
+    :data:`NICED_OTHER` when its niceness ``nice`` is above ``own_nice`` (this run's)."""
+    role = next((role for role, pattern in CPU_ROLES if pattern in cmdline), "other")
+    return NICED_OTHER if role == "other" and nice > own_nice else role
+
+
+def proc_cpu_nice(path: Path) -> tuple[float, int]:
+    """(user + system CPU s, niceness) from a ``/proc/<pid>/stat`` file (proc(5): utime, stime,
+    nice: fields 14, 15 and 19).
+
+    Raises:
+        OSError: the process is gone. ValueError, IndexError: not a stat line.
+    """
+    fields = path.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK, int(fields[16])
+
+
+def own_nice() -> int:
+    """This process's niceness (what another job's must exceed for it to yield to this run)."""
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def runnable_s(path: Path) -> float:
+    """Seconds a task has been runnable, on a CPU or waiting for one: ``/proc/<pid>/schedstat``'s
+    first two fields (ns; Linux Documentation/scheduler/sched-stats.rst); 0 when it cannot be read."""
+    try:
+        run_ns, wait_ns = path.read_text().split()[:2]
+        return (int(run_ns) + int(wait_ns)) / 1e9
+    except (OSError, ValueError):
+        return 0.0
+
+
+def cpu_by_process(proc: Path = Path("/proc")) -> dict[int, tuple[float, int, float]]:
+    """Every process's (CPU s, niceness, runnable s of its main thread) now (:func:`proc_cpu_nice`,
+    :func:`runnable_s`); processes that vanish while read are left out."""
+    out: dict[int, tuple[float, int, float]] = {}
+    for name in os.listdir(proc):
+        if name.isdigit():
+            try:
+                cpu, nice = proc_cpu_nice(proc / name / "stat")
+            except (OSError, ValueError, IndexError):
+                continue
+            out[int(name)] = (cpu, nice, runnable_s(proc / name / "schedstat"))
+    return out
+
+
+def competing_cores(before: dict[int, tuple[float, int, float]], after: dict[int, tuple[float, int, float]],
+                    dt_s: float, nice: int, exclude: frozenset[int] = frozenset()) -> tuple[float, float]:
+    """(cores that compete with a process of niceness ``nice``, cores that yield to it) over
+    ``dt_s`` s between two :func:`cpu_by_process` readings. A process's demand is the larger of the
+    CPU it used and the time its main thread was runnable (on a CPU or waiting for one: on a
+    saturated machine an always-busy job uses less than it asks for); split by whether its
+    niceness is at most ``nice`` (it competes: the CPU it asks for is not available) or above it
+    (niced: it yields, :data:`NICED_OTHER`; there the CPU it used). ``exclude``: pids not counted
+    (this run's own). A process seen only in ``after`` counts from 0; one gone by then is left out."""
+    if dt_s <= 0:
+        return 0.0, 0.0
+    compete = yield_ = 0.0
+    for pid, (cpu, n, runnable) in after.items():
+        if pid in exclude:
+            continue
+        cpu0, _, runnable0 = before.get(pid, (0.0, n, 0.0))
+        used = max(0.0, cpu - cpu0)
+        if n > nice:
+            yield_ += used
+        else:
+            compete += max(used, min(dt_s, runnable - runnable0))
+    return compete / dt_s, yield_ / dt_s
 
 
 class Sample(BaseModel):
@@ -155,11 +226,12 @@ class CpuSampler(threading.Thread):
         self._done = threading.Event()
         self._roles: dict[int, str] = {}
         self._me = os.getpid()
+        self._nice = own_nice()
         self._last: dict[int, float] = {}  # pid -> CPU s at the last sample that saw it (kept after its exit)
         self._threads: dict[tuple[int, int], float] = {}  # (pid, tid) -> CPU s at the previous sample
         self._t_prev: float | None = None
 
-    def _role(self, pid: int) -> str:
+    def _role(self, pid: int, nice: int = 0) -> str:
         if pid not in self._roles:
             if pid == self._me:
                 self._roles[pid] = "run process"
@@ -168,19 +240,12 @@ class CpuSampler(threading.Thread):
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 except OSError:
                     cmd = ""
-                self._roles[pid] = role_of(cmd)
+                self._roles[pid] = role_of(cmd, nice, self._nice)
         return self._roles[pid]
 
     def _sample(self) -> None:
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                cpu = proc_cpu_s(Path(f"/proc/{name}/stat"))
-            except (OSError, ValueError, IndexError):
-                continue
-            pid = int(name)
-            self._role(pid)
+        for pid, (cpu, nice, _) in cpu_by_process().items():
+            self._role(pid, nice)
             self._last[pid] = cpu
         by_role: dict[str, float] = {}
         for pid, cpu in self._last.items():

@@ -90,12 +90,18 @@ from testbed.model.events import LINK_KINDS, kind_of
 from testbed.model.policies import plugin_origins
 from testbed.plan.build import Plan, check_load_bounds, run_dir_limit_problem
 from testbed.plan.dilation import dilate, wall_clock
+from testbed.plan.resolved import PlanError
 from testbed.sdn.client import _port_in_use
 from testbed.serve.handling import host_speed
 
 __all__ = ["EmulationOutcome", "Live", "RunContext", "RunError", "check_before_bringup", "emulate", "emulated_network",
            "new_run_dir"]
 
+#: How long (s, emulated) warming every source's paths may take: 180 s, x k on the wall clock.
+WARM_PATHS_TIMEOUT_S = 180.0
+#: How long (s, emulated) the inference servers may take to be ready (import, load, warm their
+#: models): 180 s, x k on the wall clock (they start inside their cluster's dilated quota).
+SERVERS_READY_TIMEOUT_S = 180.0
 #: ryu-manager's death stops the run (not restarted): docs/trustworthy-runs.md, "ryu-manager".
 CONTROLLER_POLICY = ("stop the run: a restarted controller clears its flows and reinstalls them only after LLDP "
                      "rediscovers every link, and it answers ARP and reroutes; without it the run no longer "
@@ -286,6 +292,7 @@ def _start_watch(live: Live, record: RunRecord, storage: Storage, console: Conso
     links = LinkCheck(live.rest_url, live.plan, planned, live.plan.experiment.emulation.stats_interval_s)
     watch = HealthWatch(record, console, [lambda: _network_components(live), ovs_components], storage, links,
                         on_failure=lambda: signal.pthread_kill(main, signal.SIGUSR1))
+    watch.time_dilation = live.plan.time_dilation  # incidents say both clocks under dilation
     watch_ref.append(watch)
     watch.start()
     return watch
@@ -343,8 +350,9 @@ def _bring_up_and_load(ctx: RunContext) -> None:
     _start_servers_and_warm(ctx)
     ctx.watch.check()
     _record_watched(ctx)
+    wall = " of wall clock" if ctx.plan.time_dilation != 1.0 else ""
     ctx.console.print(f"{len(ctx.servers.procs)} inference servers ready, every path warmed; bring-up took "
-                      f"{ctx.timings['bringup_s']:.1f} s; watching {len(ctx.watch.seen)} components")
+                      f"{ctx.timings['bringup_s']:.1f} s{wall}; watching {len(ctx.watch.seen)} components")
     _check_host_speed(ctx.plan, ctx.run_dir, ctx.console, ctx.timings)
     cpu_before = ctx.servers.cpu_stats()
     ctx.stack.callback(ctx.servers.write_cpu_during_load, cpu_before)  # also after a failed or interrupted load
@@ -364,16 +372,22 @@ def _start_servers_and_warm(ctx: RunContext) -> None:
     """The inference servers up and watched, every source's path warmed (steps 4-5)."""
     ctx.servers = servers = ClusterServers(ctx.live, ctx.stack)
     ctx.watch.add(lambda: _server_components(servers))
+    clock = wall_clock(ctx.plan)
     with ctx.console.status("starting inference servers (warm-up, speed check)..."):
-        servers.start_all()
+        servers.start_all(clock.wall(SERVERS_READY_TIMEOUT_S))  # they start under their k-dilated quota
     speeds = servers.speeds_of_run()  # each server's bare calls against the profile (testbed.plan.speeds)
     ctx.record.update(speeds=speeds.model_dump(mode="json"))
     ctx.console.print(Text(speeds.line()))
     for warning in speeds.warnings():
         ctx.console.print(Text(warning))
+    if not ctx.warm_paths:  # auto dilation's warm-up: the sources still open one connection per cluster
+        ctx.record.update(warm_up="not done: a warm-up of time dilation auto (testbed.emu.autodilate)")
+        ctx.timings["bringup_s"] = time.monotonic() - ctx.t0
+        return
     with ctx.console.status("warming every source -> cluster path..."):
         t_warm = time.monotonic()
-        warm = servers.warm_paths(loaded_sources(ctx.plan))
+        # each request takes k x its emulated time on the wall clock: so does the whole warm-up
+        warm = servers.warm_paths(loaded_sources(ctx.plan), timeout_s=clock.wall(WARM_PATHS_TIMEOUT_S))
         ctx.timings["warm_paths_s"] = time.monotonic() - t_warm
     ctx.record.update(warm_up=_warm_summary(warm))
     ctx.timings["bringup_s"] = time.monotonic() - ctx.t0
@@ -399,16 +413,27 @@ def _warm_summary(warm: dict[str, dict]) -> dict:
     return {s: {k: {"first_ms": v[0], "last_ms": v[-1]} for k, v in d.items() if v} for s, d in warm.items()}
 
 
-def _start_record(plan: Plan, run_id: str, run_dir: Path, duration_s: float, storage: Storage) -> RunRecord:
+#: ``run.json``'s ``clocks``: the clock of each time it holds (under dilation they differ).
+RUN_CLOCKS = {"duration_s": "emulated", "wall_duration_s": "wall", "report_interval_s": "emulated",
+              "timings_s": "wall", "health.incidents.t_run_s": "wall", "health.incidents.t_load_s": "wall",
+              "health.incidents.t_load_emulated_s": "emulated", "health.incidents.wall_time": "wall (local date)",
+              "time_dilation_auto": "wall (warm-ups' wall_s), emulated (their network figures, ms)"}
+
+
+def _start_record(plan: Plan, run_id: str, run_dir: Path, duration_s: float, storage: Storage,
+                  auto: dict | None = None) -> RunRecord:
     """``run.json`` as the run begins: what it is, who runs it, its storage estimate, its
     controller policy, where each policy plug-in of the sources came from (``policy_plugins``:
-    import path, distribution and version, file and SHA-256; :func:`testbed.model.policies.plugin_origins`)
+    import path, distribution and version, file and SHA-256; :func:`testbed.model.policies.plugin_origins`),
+    the clock of each time (``clocks``: :data:`RUN_CLOCKS`), and with ``time_dilation: auto`` how
+    k was chosen (``time_dilation_auto``: :meth:`testbed.emu.autodilate.AutoDilation.to_dict`)
     (``status: running`` until the outcome is recorded)."""
     record = RunRecord(run_dir / "run.json", {
         "mode": "emulation", "run_id": run_id, "status": "running", "process": process_identity(),
         "provenance": provenance(),
         "duration_s": duration_s,
         "time_dilation": plan.time_dilation, "wall_duration_s": EmulatedClock(plan.time_dilation).wall(duration_s),
+        "clocks": RUN_CLOCKS,
         "seed": plan.experiment.seed, "report_interval_s": plan.experiment.report_interval_s,
         "mtu_bytes": plan.experiment.topology.mtu,
         "storage": {"estimate_bytes": storage.estimate.total, "reserve_bytes": storage.estimate.reserve,
@@ -418,6 +443,8 @@ def _start_record(plan: Plan, run_id: str, run_dir: Path, duration_s: float, sto
     selector = check_agents(plan)  # what drives the aset sources: a checkpoint (file, kind, SHA-256) or a selector
     if selector is not None:
         record.update(selector=selector)
+    if auto is not None:
+        record.update(time_dilation_auto=auto)
     record.update()
     return record
 
@@ -441,7 +468,8 @@ def _run_steps(ctx: RunContext) -> tuple[int, str]:
 @contextmanager
 def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
             duration_s: float | None = None, link_emulator: str | None = None,
-            process_ends: bool = False) -> Iterator[EmulationOutcome]:
+            process_ends: bool = False, auto: dict | None = None, warm_paths: bool = True
+            ) -> Iterator[EmulationOutcome]:
     """Emulate a planned experiment (steps 1-6 of the module docstring) and yield its
     :class:`EmulationOutcome`. ``plan`` is in emulated time (``duration_s`` too); under time
     dilation k the steps run :func:`testbed.plan.dilation.dilate`'s wall-clock plan, k x longer.
@@ -455,9 +483,18 @@ def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = 
     outcome is recorded (:class:`_Interrupts`); ``process_ends``: the caller exits with the
     status right after (the CLI), so they stay ignored after it. A check before the bring-up that
     refuses the run yields an outcome without ``run_dir``, its exit code and message, and does
-    nothing more.
+    nothing more. ``auto``: how ``time_dilation: auto`` chose k (:func:`testbed.emu.autodilate.resolve`),
+    for ``run.json``. ``warm_paths``: False skips step 5 (auto dilation's warm-ups; run.json's
+    ``warm_up`` says so). The outcome carries ``run.json`` (``record``), so that the caller records its
+    verdict before it summarises.
+
+    Raises:
+        PlanError: ``plan``'s time dilation is ``auto`` and not chosen yet (choose it first:
+            :func:`testbed.emu.autodilate.resolve`).
     """
     console = console or Console(markup=False, highlight=False, soft_wrap=True)
+    if plan.dilation_auto:
+        raise PlanError("time dilation auto is chosen before the emulation: testbed.emu.autodilate.resolve(plan)")
     duration_s = duration_s or plan.experiment.duration_s
     try:
         run_id, run_dir, storage = check_before_bringup(plan, duration_s, runs_dir, link_emulator, console)
@@ -465,7 +502,7 @@ def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = 
         console.print(f"error: {exc}", markup=False, highlight=False)
         yield EmulationOutcome(exc.exit_code, str(exc), duration_s=duration_s)
         return
-    record = _start_record(plan, run_id, run_dir, duration_s, storage)
+    record = _start_record(plan, run_id, run_dir, duration_s, storage, auto)
     wall = dilate(plan)  # the constants on the wall clock: every process and the network run these
     clock = wall_clock(wall)
     if clock.dilated:
@@ -473,11 +510,11 @@ def emulate(plan: Plan, console: Console | None = None, runs_dir: Path | None = 
                       f"times slower than the wall clock ({duration_s:g} s emulated take "
                       f"{clock.wall(duration_s):g} s); records are in emulated time", markup=False)
     ctx = RunContext(wall, run_id, run_dir, clock.wall(duration_s), link_emulator, console, record,
-                     storage)
+                     storage, warm_paths=warm_paths)
     with _Interrupts(console, process_ends):  # until run.json has its outcome: a second Ctrl-C cannot cut the teardown
         status, message = _run_steps(ctx)
         outcome = EmulationOutcome(status, message, run_dir, duration_s, ctx.timings,
-                                   capture=plan.experiment.capture is not None)
+                                   capture=plan.experiment.capture is not None, record=record)
         yield outcome
         record.update(status="ok" if outcome.status == EXIT_OK else "failed", exit_code=outcome.status,
                       message=outcome.message)

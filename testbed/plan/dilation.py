@@ -57,7 +57,7 @@ from testbed.model.events import Change, kind_of
 from testbed.model.network import TCP_RTO_MIN_MS
 from testbed.model.service import ServiceFigures
 from testbed.plan.resolved import Plan, PlanError
-from testbed.spec.experiment import MAX_TIME_DILATION
+from testbed.spec.experiment import AUTO_DILATION, MAX_TIME_DILATION
 
 
 def scale_of(unit: str, k: float) -> float:
@@ -78,20 +78,21 @@ def check_dilation(k: float) -> float:
     """
     k = float(k)
     if not 1.0 <= k <= MAX_TIME_DILATION:
-        raise PlanError(f"time dilation {k:g} is outside 1 .. {MAX_TIME_DILATION:g} (the cluster's CFS period, "
-                        f"k x 100 ms, must stay within the kernel's 1 s)")
+        raise PlanError(f"time dilation {k:g} is outside 1 .. {MAX_TIME_DILATION:g} (a dilated cluster's "
+                        f"per-thread cap is 1 ms of CPU per k ms: spec.experiment.MAX_TIME_DILATION says why)")
     return k
 
 
-def with_time_dilation(plan: Plan, k: float) -> Plan:
-    """``plan`` with ``emulation.time_dilation`` = k (``testbed run --time-dilation``).
+def with_time_dilation(plan: Plan, k: float | str) -> Plan:
+    """``plan`` with ``emulation.time_dilation`` = k (``testbed run --time-dilation``), or ``auto``
+    (chosen when the emulation runs: :mod:`testbed.emu.autodilate`).
 
     Raises:
         PlanError: k out of range, or ``plan`` is already a wall-clock plan.
     """
     if plan.clock != "emulated":
         raise PlanError("the time dilation is set on the emulated plan, before it is dilated")
-    k = check_dilation(k)
+    k = AUTO_DILATION if k == AUTO_DILATION else check_dilation(k)
     exp = plan.experiment
     emulation = exp.emulation.model_copy(update={"time_dilation": k})
     return plan.model_copy(update={"experiment": exp.model_copy(update={"emulation": emulation})})
@@ -176,6 +177,9 @@ def dilate(plan: Plan) -> Plan:
     """
     if plan.clock != "emulated":
         raise PlanError("the plan is already dilated (clock: wall); dilating it again would scale every constant twice")
+    if plan.dilation_auto:
+        raise PlanError("time dilation auto is chosen before the emulation is built (testbed.emu.autodilate.choose; "
+                        "testbed.results.runs.run_emulation does it)")
     k = check_dilation(plan.time_dilation)
     _check_padded_runtimes(plan, k)
     c = EmulatedClock(k)

@@ -165,8 +165,17 @@ class Plan(_PlanModel):
 
     @property
     def time_dilation(self) -> float:
-        """k, the emulation's time dilation (``emulation.time_dilation``, >= 1)."""
-        return float(self.experiment.emulation.time_dilation)
+        """k, the emulation's time dilation (``emulation.time_dilation``, >= 1); 1 while it is
+        ``auto`` and not chosen yet (:attr:`dilation_auto`: the emulation chooses it before it
+        builds anything, :func:`testbed.plan.dilation.dilate` refuses it unchosen)."""
+        k = self.experiment.emulation.time_dilation
+        return 1.0 if k == "auto" else float(k)
+
+    @property
+    def dilation_auto(self) -> bool:
+        """Whether ``emulation.time_dilation`` is ``auto``, still to be chosen from a measured
+        warm-up (:mod:`testbed.emu.autodilate`)."""
+        return self.experiment.emulation.time_dilation == "auto"
 
     @property
     def emulated(self) -> Plan:

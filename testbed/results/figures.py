@@ -262,6 +262,13 @@ def cold_calls(df: pd.DataFrame) -> pd.Series:
     return cold.reindex(df.index, fill_value=False)
 
 
+def plan_dilation(plan: dict | None) -> float:
+    """k of a run from its ``plan.json`` (``emulation.time_dilation``): 1 when absent, and for a
+    simulated run of an experiment that says ``auto`` (the simulator's clock is virtual)."""
+    k = (((plan or {}).get("experiment") or {}).get("emulation") or {}).get("time_dilation", 1.0)
+    return 1.0 if k in (None, "auto") else float(k)
+
+
 def _plan_doc(run_dir: Path) -> dict | None:
     """The run's plan.json as an object, or None when it is missing or unreadable (a run made
     before plans were saved, or a file cut short)."""
@@ -414,7 +421,7 @@ def _machine_cpu(run_dir: Path, df: pd.DataFrame, plan: dict | None = None) -> t
     if t0.empty:
         return {}, ""
     lo, hi = float(t0.min()) / 1e9, float(t0.max()) / 1e9
-    clock = EmulatedClock(float(((plan or {}).get("experiment") or {}).get("emulation", {}).get("time_dilation", 1.0)))
+    clock = EmulatedClock(plan_dilation(plan))
     if clock.dilated:  # the records are in emulated time, the samples on the wall clock
         try:
             clock = clock.at(int(json.loads((run_dir / "load_start.json").read_text())["start_ns"]))

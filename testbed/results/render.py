@@ -20,6 +20,7 @@ from testbed.emu.machine import OTHER_NOTABLE_CORES, SATURATED_SHARE, STEAL_NOTA
 from testbed.model.records import CAUSES, SHARES
 from testbed.plan.speeds import Speeds
 from testbed.results.figures import COLD_RULE, DECISION_SHARE_NOTABLE, LATENCY_RULE, LINKEMU_COUNTERS
+from testbed.results.verdict import dilation_warning
 
 SummaryTable = tuple[str, list[str], list[list[object]]]
 #: The failure-cause columns of the per-cluster and per-application tables: counts of failed
@@ -156,6 +157,12 @@ def _health_table(s: dict) -> list[SummaryTable]:
     incidents = (s.get("health") or {}).get("incidents") or []
     if not incidents:
         return []
+    if float(s.get("time_dilation", 1.0)) != 1.0:
+        return [("Health: components that died or failed during the run (run.json)",
+                 ["component", "kind", "what", "s into the load (wall clock)", "s into the load (emulated)",
+                  "exit code", "pid, serving"],
+                 [[i["component"], i["kind"], i["how"], i.get("t_load_s"), i.get("t_load_emulated_s"),
+                   i.get("exit_code"), _serving(i)] for i in incidents])]
     return [("Health: components that died or failed during the run (run.json)",
              ["component", "kind", "what", "s into the load", "exit code", "pid, serving"],
              [[i["component"], i["kind"], i["how"], i.get("t_load_s"), i.get("exit_code"), _serving(i)]
@@ -261,18 +268,22 @@ def _headline(s: dict) -> list[str]:
     drops = s.get("drop_reasons") or {}
     if drops:
         fails += " (dropped: " + ", ".join(f"{k} {v}" for k, v in drops.items()) + ")"
-    lines = [f"Summary: {s['queries']} queries in {span}, success ratio {'-' if sr is None else f'{sr:.3f}'}, "
-             f"answered {s.get('throughput_qps', 0)} q/s; failures {fails}"]
     k = s.get("time_dilation", 1.0)
+    clock = " (emulated clock)" if k != 1.0 else ""
+    lines = [f"Summary: {s['queries']} queries in {span}{clock}, success ratio {'-' if sr is None else f'{sr:.3f}'}, "
+             f"answered {s.get('throughput_qps', 0)} q/s{clock}; failures {fails}"]
     if k != 1.0:
         lines.append(f"Time dilation k = {k:g}: the run took {k:g} x its emulated time on the wall clock; every figure "
-                     f"from the records is in emulated time (the link emulators' lateness and the links' rates are "
-                     f"on the wall clock).")
+                     f"from the records is in emulated time (the link emulators' lateness, the links' rates, the "
+                     f"machine's CPU, the health incidents' times and timings_s are on the wall clock).")
     if s.get("speeds"):
         speeds = Speeds.model_validate(s["speeds"])
         lines.append("Speeds: " + speeds.line() + ".")
         lines.extend(w + "." for w in speeds.warnings())
     lines[1:1] = _decision_warnings(s)
+    small = dilation_warning(s.get("dilation_check") or {})
+    if small:
+        lines.insert(0, small)
     if s.get("all_failed"):
         lines.insert(0, f"ALL QUERIES FAILED (exit code {EXIT_ALL_FAILED}): {s['all_failed']}")
     e, b = s.get("e2e_ms", {}), s.get("breakdown_ms", {})

@@ -4,11 +4,14 @@ The engines measure (:func:`testbed.emu.run.emulate`, :func:`testbed.sim.run.sim
 what they measured; this module, above them, turns that into a run folder with its summary and
 the command's exit code (:mod:`testbed.core.errors`):
 
-- :func:`run_emulation` (``testbed run``, the emulated sweep): records merged and summarised
-  whatever happened before (``summary.json``, ``summary.md``; with packet capture, the packet
-  analysis first); a run that measured nothing never exits 0 (5), nor one in which every query
-  failed (6), and a summary that cannot be
-  written turns a successful run into a failed one (4), the records staying in ``sources/``;
+- :func:`run_emulation` (``testbed run``, the emulated sweep): ``time_dilation: auto`` chosen
+  first (:mod:`testbed.emu.autodilate`); then the run's verdict (what the sources wrote, counted)
+  recorded in ``run.json`` before the summary, and the records merged and summarised, in a child
+  process, whatever happened before (``summary.json``, ``summary.md``; with packet capture, the
+  packet analysis first: :mod:`testbed.results.verdict`); a run that measured nothing never exits
+  0 (5), nor one in which every query failed (6); a summary that fails or crashes turns a
+  successful run into a failed one (4), ``run.json`` keeping the verdict and saying so, the
+  records staying in ``sources/``; ``--strict``: a run whose time dilation was too small exits 3;
 - :func:`run_simulation` (``testbed simulate``, the sweep): the simulated run folder written whole
   or not at all (a full or unwritable disk leaves nothing that looks like a finished run: exit 3).
 """
@@ -31,19 +34,21 @@ from testbed.core.errors import (
     EXIT_ALL_FAILED,
     EXIT_BRINGUP,
     EXIT_COMPONENT_DIED,
+    EXIT_INTERRUPTED,
     EXIT_NOTHING_MEASURED,
     EXIT_OK,
     RunFailure,
-    TestbedError,
 )
 from testbed.core.hashing import file_sha256
 from testbed.core.plugins import ref_slug
 from testbed.core.util import replace_atomic, repo_path, write_json_atomic
+from testbed.emu.autodilate import resolve
 from testbed.emu.run import EmulationOutcome, emulate
 from testbed.plan.build import Plan
-from testbed.results.capture import analyze_run
+from testbed.results.figures import all_failed_reason
 from testbed.results.records import storage_faults
 from testbed.results.summary import print_summary, summarize
+from testbed.results.verdict import measured_verdict, summarise_in_child
 from testbed.sim.engine import Simulator
 from testbed.sim.run import simulate
 
@@ -58,23 +63,32 @@ TwinLine = Callable[[Path, Plan, int, bool], tuple[str, dict]]
 
 def run_emulation(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
                   duration_s: float | None = None, link_emulator: str | None = None,
-                  base_dir: Path | None = None, process_ends: bool = False, twin: TwinLine | None = None) -> int:
-    """Emulate a planned experiment end to end (:func:`testbed.emu.run.emulate`), then merge and
-    summarise what was measured, the summary ending with the twin's line when ``twin`` is given
-    (:func:`summarize_twin`; ``testbed run`` gives :func:`testbed.results.compare.twin_line`);
-    returns the exit code (:mod:`testbed.core.errors`). Results go to
-    ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an interruption are
-    kept and summarised. ``base_dir`` is unused (the plan carries the experiment's folder).
-    ``process_ends``: the caller exits with the returned code right after (the CLI): SIGINT and
-    SIGTERM stay ignored once the outcome is recorded, so the process's exit status is the
-    recorded one."""
+                  base_dir: Path | None = None, process_ends: bool = False, strict: bool = False,
+                  summarise: Summariser | None = None, twin: TwinLine | None = None) -> int:
+    """Emulate a planned experiment end to end (:func:`testbed.emu.run.emulate`), then record its
+    verdict and summarise what was measured (:func:`finish_emulation`); returns the exit code
+    (:mod:`testbed.core.errors`). A plan whose time dilation is ``auto`` gets its k first, from
+    measured warm-ups (:func:`testbed.emu.autodilate.resolve`; they go to ``runs_dir/auto-dilation``).
+    Results go to ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an
+    interruption are kept and summarised. ``base_dir`` is unused (the plan carries the experiment's
+    folder). ``process_ends``: the caller exits with the returned code right after (the CLI):
+    SIGINT and SIGTERM stay ignored once the outcome is recorded, so the process's exit status is
+    the recorded one. ``strict``: a run whose measurements say its time dilation was too small exits
+    3 (:mod:`testbed.results.verdict`). ``summarise``: what summarises (default:
+    :func:`summarise_run`, in a child process). ``twin``: the summary ends with the simulated twin's
+    line (:func:`summarize_twin`; ``testbed run`` gives :func:`testbed.results.compare.twin_line`).
+
+    Raises:
+        InputError: ``auto`` found no k within the bound; RunFailure: a warm-up failed.
+    """
     console = console or Console(markup=False, highlight=False, soft_wrap=True)
     said = checkpoint_line(plan)
     if said:
         console.print(said, markup=False, highlight=False)
-    with emulate(plan, console, runs_dir, duration_s, link_emulator, process_ends) as outcome:
+    plan, auto = resolve(plan, console, runs_dir)
+    with emulate(plan, console, runs_dir, duration_s, link_emulator, process_ends, auto=auto) as outcome:
         if outcome.run_dir is not None:
-            outcome.status, outcome.message = finish_emulation(outcome, console, plan, twin)
+            outcome.status, outcome.message = finish_emulation(outcome, console, strict, summarise, plan, twin)
     return outcome.status
 
 
@@ -93,26 +107,71 @@ def checkpoint_line(plan: Plan, policy: str | None = None) -> str | None:
             f"{aset.checkpoint} ({weights}, {digest})")
 
 
-def finish_emulation(outcome: EmulationOutcome, console: Console, plan: Plan | None = None,
+#: What summarises a run: (outcome, console) -> summary dict (:func:`summarise_run`).
+Summariser = Callable[[EmulationOutcome, Console], dict]
+
+
+def verdict_of(status: int, message: str, verdict: dict) -> tuple[int, str]:
+    """The run's exit code and message from the engine's and what the sources wrote
+    (:func:`testbed.results.verdict.measured_verdict`): a run that measured nothing never exits 0
+    (:data:`~testbed.core.errors.EXIT_NOTHING_MEASURED`), nor one in which every query failed
+    (:data:`~testbed.core.errors.EXIT_ALL_FAILED`)."""
+    if status != EXIT_OK:
+        return status, message
+    if not verdict["queries"]:
+        return EXIT_NOTHING_MEASURED, "the run measured no query"
+    if not verdict["success"]:
+        return EXIT_ALL_FAILED, all_failed_reason(verdict["queries"], verdict["failures"])
+    return status, message
+
+
+def _record(outcome: EmulationOutcome, **fields) -> None:
+    if outcome.record is not None:
+        outcome.record.update(**fields)
+
+
+def finish_emulation(outcome: EmulationOutcome, console: Console, strict: bool = False,
+                     summarise: Summariser | None = None, plan: Plan | None = None,
                      twin: TwinLine | None = None) -> tuple[int, str]:
-    """Merge and summarise what an emulation measured: (exit code, message). A run that measured
-    nothing never exits 0 (:data:`~testbed.core.errors.EXIT_NOTHING_MEASURED`), nor one in which
-    every query failed (:data:`~testbed.core.errors.EXIT_ALL_FAILED`), nor one whose records on
-    disk do not match the sources' tallies (a records file deleted or cut, a source that vanished
-    without its tally: :func:`testbed.results.records.storage_faults`, exit code 4, each said on a
-    ``RECORDS:`` line); a summary that
-    cannot be written fails the run (:data:`~testbed.core.errors.EXIT_COMPONENT_DIED` unless it
-    had failed already), naming where the records are. With ``twin`` (and the run's ``plan``), the
-    summary ends with the twin's line (:func:`summarize_twin`)."""
-    status, message = outcome.status, outcome.message
+    """Record the run's verdict, then summarise it: (exit code, message).
+
+    1. The verdict: what the sources wrote, counted (:func:`testbed.results.verdict.measured_verdict`),
+       the exit code from it (:func:`verdict_of`), into ``run.json`` (``verdict``, ``status``,
+       ``exit_code``, ``message``; ``summary: {"status": "running"}``) before anything else.
+    2. The summary (``summarise``, default :func:`summarise_run`: in a child process). When it
+       fails, whatever the cause (an exception, a crash of the child), the run fails
+       (:data:`~testbed.core.errors.EXIT_COMPONENT_DIED` unless it had failed already), ``run.json``
+       says ``summary: {"status": "failed", "error": ...}``, and the records stay in ``sources/``
+       (``testbed report RUN_DIR`` summarises them).
+    3. The records against the sources' tallies (a records file deleted or cut, a source that
+       vanished without its tally: :func:`testbed.results.records.storage_faults`), each said on a
+       ``RECORDS:`` line; a run that ended ok with such a fault exits
+       :data:`~testbed.core.errors.EXIT_COMPONENT_DIED`.
+    4. With ``twin`` (and the run's ``plan``), the summary's last line: the twin's verdict
+       (:func:`summarize_twin`).
+    5. ``strict``: a run whose measurements say its time dilation was too small
+       (``summary.json`` ``dilation_check``) exits :data:`~testbed.core.errors.EXIT_BRINGUP` (3).
+    """
+    verdict = measured_verdict(outcome.run_dir)
+    status, message = verdict_of(outcome.status, outcome.message, verdict)
+    if status != outcome.status:
+        console.print(f"error: {message} (exit code {status})", markup=False, highlight=False)
+    _record(outcome, verdict=verdict, status="ok" if status == EXIT_OK else "failed", exit_code=status,
+            message=message, summary={"status": "running"})
     try:
-        s = summarize_emulation(outcome, console)
-        if twin is not None and plan is not None and s.get("queries"):
-            summarize_twin(twin, outcome.run_dir, plan, s, status == EXIT_OK, console)
-    except (OSError, TestbedError) as exc:
-        console.print(f"error: the summary could not be written: {exc}; the records are in "
-                      f"{outcome.run_dir / 'sources'}", markup=False, highlight=False)
-        return (status if status != EXIT_OK else EXIT_COMPONENT_DIED), f"summary failed: {exc}"
+        s = (summarise or summarise_run)(outcome, console)
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - whatever stops the summary, the verdict stays
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+        console.print(f"error: the summary could not be made ({why}); the verdict is in run.json, the records are "
+                      f"in {outcome.run_dir / 'sources'} (testbed report {outcome.run_dir} summarises them)",
+                      markup=False, highlight=False)
+        if status == EXIT_OK:
+            status = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_COMPONENT_DIED
+        _record(outcome, summary={"status": "failed", "error": why}, status="failed", exit_code=status,
+                message=f"summary failed: {why}")
+        return status, f"summary failed: {why}"
+    check = s.get("dilation_check") or {}
+    _record(outcome, summary={"status": "ok"}, dilation_check=check)
     faults = storage_faults(s.get("records_check") or {})
     for fault in faults:  # what the sources wrote against what is on disk: said whatever the run's status
         console.print(f"RECORDS: {fault}", markup=False, highlight=False)
@@ -120,31 +179,31 @@ def finish_emulation(outcome: EmulationOutcome, console: Console, plan: Plan | N
         message = f"{faults[0]} (and {len(faults) - 1} more)" if len(faults) > 1 else faults[0]
         console.print(f"error: {message}; the run's records are not whole (exit code {EXIT_COMPONENT_DIED})",
                       markup=False, highlight=False)
+        _record(outcome, status="failed", exit_code=EXIT_COMPONENT_DIED, message=message)
         return EXIT_COMPONENT_DIED, message
-    if status == EXIT_OK and not s.get("queries"):
-        console.print("error: the run measured no query", markup=False)
-        return EXIT_NOTHING_MEASURED, "the run measured no query"
-    if status == EXIT_OK and s.get("all_failed"):
-        console.print(f"error: {s['all_failed']} (exit code {EXIT_ALL_FAILED})", markup=False, highlight=False)
-        return EXIT_ALL_FAILED, s["all_failed"]
+    if twin is not None and plan is not None and s.get("queries"):
+        try:
+            summarize_twin(twin, outcome.run_dir, plan, s, status == EXIT_OK, console)
+        except OSError as exc:
+            console.print(f"twin: not written ({exc})", markup=False, highlight=False)
+    if strict and status == EXIT_OK and check.get("too_small"):
+        message = "time dilation too small (--strict): " + "; ".join(check["reasons"])
+        console.print(f"error: {message} (exit code {EXIT_BRINGUP})", markup=False, highlight=False)
+        return EXIT_BRINGUP, message
     return status, message
 
 
-def summarize_emulation(outcome: EmulationOutcome, console: Console) -> dict:
-    """``summary.json`` and ``summary.md`` of whatever was measured (also of nothing: a run that
-    failed before its load says so there too), with the run's ``timings_s``; the packet analysis
-    first when the run captured packets; printed when there are records.
+def summarise_run(outcome: EmulationOutcome, console: Console) -> dict:
+    """``summary.json`` (in a child process: :func:`testbed.results.verdict.summarise_in_child`) and
+    ``summary.md`` of whatever was measured (also of nothing: a run that failed before its load
+    says so there too); printed when there are records.
 
     Raises:
-        OSError, TestbedError: the records cannot be merged or the summary written.
+        SummaryFailed: the child failed or crashed; OSError: ``summary.md`` cannot be written.
     """
     run_dir = outcome.run_dir
     measured = any((run_dir / "sources").glob("*.records.csv"))
-    if measured and outcome.capture and (run_dir / "pcap").is_dir():
-        analyze_run(run_dir)
-    s = summarize(run_dir, outcome.duration_s)
-    s["timings_s"] = {k: round(v, 2) for k, v in outcome.timings.items()}
-    write_json_atomic(run_dir / "summary.json", s, indent=2)
+    s = summarise_in_child(run_dir, outcome.duration_s, outcome.timings, outcome.capture)
     print_summary(s, console if measured else Console(file=io.StringIO()), run_dir)
     return s
 

@@ -57,6 +57,7 @@ from testbed.results.figures import (
     latency_figures,
     load_duration_s,
     node_names,
+    plan_dilation,
     query_figures,
     run_facts,
     switch_of,
@@ -114,7 +115,7 @@ def summarize(run_dir: Path, duration_s: float) -> dict:
     s["records_check"] = records_check(run_dir, df)
     s.update(run_facts(run_dir, df, plan))
     # k: the records are in emulated time; the link emulators' lateness and the links' rates are on the wall clock
-    s["time_dilation"] = float(((plan or {}).get("experiment") or {}).get("emulation", {}).get("time_dilation", 1.0))
+    s["time_dilation"] = plan_dilation(plan)
     cap = capture_figures(run_dir)
     if cap is not None:
         s["capture"] = cap

@@ -28,8 +28,8 @@ expected queries of a run      <= 1,000,000 (the simulator holds every query in 
 ``mmpp`` ``dwell``             >= 1 ms, at most 10^7 expected state changes per source
 ports                          ``of_port``, ``rest_port`` and ``server_port`` all different
 ``name``                       at most 100 bytes (it names the run directory and the cgroups)
-``emulation.time_dilation``    1 .. 10 (``MAX_TIME_DILATION``: the cluster's CFS period, k x 100 ms,
-                               stays within the kernel's 1 s bound)
+``emulation.time_dilation``    1 .. 100 (``MAX_TIME_DILATION``), or ``auto`` (chosen from a measured
+                               warm-up when the emulation runs: :mod:`testbed.emu.autodilate`)
 =============================  ==================================================================
 
 Booleans are never numbers (``workers: true`` is an error) and duplicate keys are errors
@@ -58,7 +58,7 @@ from testbed.core.util import InputFileError, did_you_mean, repeated
 from testbed.spec.capture import CaptureSpec
 from testbed.spec.events import EventSpec
 from testbed.spec.messages import explain, merged, model_named
-from testbed.spec.schema import NAME_RE, Num, YamlValueError, describe_yaml_error, load_yaml_file
+from testbed.spec.schema import NAME_RE, Num, YamlValueError, describe_yaml_error, load_yaml_file, number_only
 from testbed.spec.schema import StrictModel as _Model
 from testbed.spec.schema import unit_pair as _unit_pair
 from testbed.spec.serving import ServerSpec
@@ -104,10 +104,29 @@ MAX_EXPECTED_QUERIES = 1_000_000
 MIN_DWELL_S = 0.001
 MAX_STATE_CHANGES = 10**7
 MAX_NAME_BYTES = 100
-#: Largest ``emulation.time_dilation`` k. Why: a dilated cluster's CFS period is k x 100 ms
-#: (:mod:`testbed.core.cgroups`), and the kernel takes at most 1 s (``cpu.cfs_period_us`` <=
-#: 1,000,000; Linux Documentation/scheduler/sched-bwc.rst).
-MAX_TIME_DILATION = 10.0
+#: Largest ``emulation.time_dilation`` k. Why: the per-thread cap of a dilated cluster is the
+#: kernel's smallest CFS quota, 1 ms, per k ms (:mod:`testbed.core.cgroups`), so k ms is that
+#: cap's period: at k = 100 a call runs at 1/k speed to within 100 ms of wall clock (1 ms
+#: emulated); the cluster's own period is k x 100 ms up to the kernel's 1 s, then 1 s (Linux
+#: Documentation/scheduler/sched-bwc.rst). Past 100 a 40 s run would take over an hour.
+MAX_TIME_DILATION = 100.0
+#: ``emulation.time_dilation: auto`` (and ``testbed run --time-dilation auto``): k chosen when the
+#: emulation runs, from a measured warm-up (:mod:`testbed.emu.autodilate`).
+AUTO_DILATION = "auto"
+
+
+def _dilation_value(v: Any) -> Any:
+    """``emulation.time_dilation`` as written: ``auto`` (any case) or a number (:func:`number_only`'s
+    rule, with a message that names both forms)."""
+    if isinstance(v, str) and v.strip().lower() == AUTO_DILATION:
+        return AUTO_DILATION
+    if isinstance(v, str):
+        raise ValueError(f"{v!r}: give a number (k, 1 .. {MAX_TIME_DILATION:g}) or 'auto'")
+    return number_only(v)
+
+
+#: k, or ``auto`` (:data:`AUTO_DILATION`).
+TimeDilation = Annotated[float | Literal["auto"], BeforeValidator(_dilation_value)]
 #: How long (ms) a source waits past a query's deadline before it calls the query unanswered (our
 #: choice: long enough to see how late late answers are, short enough to end a run promptly). The
 #: outcome rule (:func:`testbed.model.records.classify`) and the run's drain (:func:`drain_s`) use it.
@@ -527,10 +546,12 @@ class EmulationSpec(_Model):
     self-check, every path is pinged, the datapath's own RTT per switch is taken as the median over
     paths of (min RTT - expected) / switches, and half of it is taken off every link's emulated
     one-way delay (:func:`testbed.emu.bringup.calibrate_datapath`; ``datapath_calibration.json``).
-    ``time_dilation`` k (1 .. :data:`MAX_TIME_DILATION`, default 1): the emulated system runs k
-    times slower than the wall clock (its delays x k, bandwidths and rates / k, CPU at 1/k speed);
-    measured times are divided by k, so records and summaries are in emulated time
-    (:mod:`testbed.plan.dilation`, docs/dilation.md). ``testbed run --time-dilation`` overrides it.
+    ``time_dilation`` k (1 .. :data:`MAX_TIME_DILATION`, default 1), or ``auto``: the emulated
+    system runs k times slower than the wall clock (its delays x k, bandwidths and rates / k, CPU
+    at 1/k speed); measured times are divided by k, so records and summaries are in emulated time
+    (:mod:`testbed.plan.dilation`, docs/dilation.md). ``auto``: k is chosen when the emulation
+    runs, from a measured warm-up (:mod:`testbed.emu.autodilate`); the simulator ignores k.
+    ``testbed run --time-dilation`` overrides it.
     ``speed``: ``profile`` (default) runs every cluster at its models' profiled speed whatever the
     host's speed of the day: each server times its models' bare calls at start-up, and the
     cluster's CPU quota, and its threads' caps or its calls' padding, are scaled by the measured
@@ -553,7 +574,7 @@ class EmulationSpec(_Model):
     rest_port: int = Field(8080, ge=1, le=65535)
     server_port: int = Field(8501, ge=1, le=65535)
     stats_interval_s: Num = Field(1.0, ge=MIN_STATS_INTERVAL_S)
-    time_dilation: Num = Field(1.0, ge=1.0, le=MAX_TIME_DILATION)
+    time_dilation: TimeDilation = 1.0
     speed: Literal["profile", "host"] = "profile"
 
     @model_validator(mode="before")
@@ -561,6 +582,13 @@ class EmulationSpec(_Model):
     def _units(cls, data: Any) -> Any:
         data = _unit_pair(data, "rtt_tolerance", parse_delay_ms, "ms")
         return _unit_pair(data, "stats_interval", parse_duration_s, "s")
+
+    @field_validator("time_dilation")
+    @classmethod
+    def _dilation_bounds(cls, v: float | str) -> float | str:
+        if v != AUTO_DILATION and not 1.0 <= v <= MAX_TIME_DILATION:
+            raise ValueError(f"time dilation {v:g} is outside 1 .. {MAX_TIME_DILATION:g} (or give 'auto')")
+        return v
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> EmulationSpec:

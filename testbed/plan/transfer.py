@@ -1,0 +1,95 @@
+"""The planned network time of a query beyond its path's RTT: the transfer of its request and its
+answer, as the simulator models it, so that what an emulation measures above it is the host's.
+
+A query's ``network_ms - expected_rtt_ms`` (its network excess) is, in the simulator, the transfer of
+the request and of the answer on every switch link of the path and on the two host links
+(:func:`testbed.model.network.transfer_ms`, frames back to back at the link's capacity), plus the
+experiment's ``simulation.per_hop_ms`` per link and direction and ``simulation.overhead_ms`` per
+query (both 0 by default), with no background traffic. In an emulation the same query also pays
+the emulator's own forwarding (Open vSwitch, link emulators, the kernel) and its waits for a CPU:
+:func:`host_share_ms` is what is left after the planned part, the figure ``auto`` dilation and the
+"too small a k" check judge (:mod:`testbed.emu.autodilate`).
+
+Everything here reads a plan as ``plan.json`` holds it (:meth:`testbed.plan.resolved.Plan.to_dict`),
+so a finished run directory is enough.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from testbed.model.network import DEFAULT_MTU, mss_of, transfer_ms
+
+
+class TransferTable:
+    """Per (source, cluster) of a plan document: the capacities (Mbit/s) of the planned path's
+    switch links and of the two host links, with the MTU and the simulator's per-hop and
+    per-query overheads (ms)."""
+
+    def __init__(self, plan_doc: dict):
+        exp = plan_doc.get("experiment") or {}
+        self.mss = mss_of(int((exp.get("topology") or {}).get("mtu") or DEFAULT_MTU))
+        sim = exp.get("simulation") or {}
+        self.per_hop_ms = float(sim.get("per_hop_ms") or 0.0)
+        self.overhead_ms = float(sim.get("overhead_ms") or 0.0)
+        caps = {}
+        for lk in plan_doc.get("links") or []:
+            caps[(lk["a"], lk["b"])] = caps[(lk["b"], lk["a"])] = float(lk["bandwidth_mbps"])
+        hosts = {h["name"]: float(h.get("bandwidth_mbps") or math.inf) for h in plan_doc.get("hosts") or []}
+        self.paths: dict[tuple[str, str], tuple[list[float], float, float]] = {}
+        for p in plan_doc.get("paths") or []:
+            sw = p.get("switches") or []
+            links = [caps[(a, b)] for a, b in zip(sw, sw[1:], strict=False) if (a, b) in caps]
+            self.paths[(p["source"], p["cluster"])] = (links, hosts.get(p["source"], math.inf),
+                                                       hosts.get(p["cluster"], math.inf))
+
+    def hops(self, source: str, cluster: str) -> int | None:
+        """Switch links on the planned path (None: no such pair in the plan)."""
+        got = self.paths.get((source, cluster))
+        return None if got is None else len(got[0])
+
+    def transfer_ms(self, source: str, cluster: str, request_bytes: float, response_bytes: float) -> float:
+        """The planned network time (ms) of one query beyond its path's RTT (module docstring); NaN
+        for a pair the plan has no path for, or sizes that are not known."""
+        got = self.paths.get((source, cluster))
+        if got is None or not (request_bytes >= 0 and response_bytes >= 0):  # NaN fails both
+            return math.nan
+        links, host_s, host_c = got
+        total = self.overhead_ms + 2 * len(links) * self.per_hop_ms / 2
+        for nbytes in (int(request_bytes), int(response_bytes)):
+            total += sum(transfer_ms(nbytes, c, self.mss) for c in (*links, host_s, host_c) if math.isfinite(c))
+        return total
+
+
+def host_share_ms(plan_doc: dict, rows: Iterable[dict]) -> list[float]:
+    """Per answered query of ``rows`` (records as dicts: ``source``, ``cluster``, ``network_ms``,
+    ``expected_rtt_ms``, ``request_bytes``, ``response_bytes``; ms), the network time above the
+    planned one: ``network_ms - expected_rtt_ms -`` :meth:`TransferTable.transfer_ms` (ms; the
+    emulator's own share). Rows without those figures are left out."""
+    table = TransferTable(plan_doc)
+    out = []
+    for r in rows:
+        try:
+            net, rtt = float(r["network_ms"]), float(r["expected_rtt_ms"])
+            planned = table.transfer_ms(str(r["source"]), str(r["cluster"]), float(r["request_bytes"]),
+                                        float(r["response_bytes"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        x = net - rtt - planned
+        if math.isfinite(x):
+            out.append(x)
+    return out
+
+
+def mean_hops(plan_doc: dict, weights: dict[tuple[str, str], float]) -> float:
+    """The mean number of switch links on the planned paths, each (source, cluster) pair weighted
+    by ``weights`` (e.g. the queries it carried); 0 without any."""
+    table = TransferTable(plan_doc)
+    total = sum(w for (s, c), w in weights.items() if table.hops(s, c) is not None)
+    if total <= 0:
+        return 0.0
+    return sum(w * (table.hops(s, c) or 0) for (s, c), w in weights.items() if table.hops(s, c) is not None) / total
+
+
+__all__ = ["TransferTable", "host_share_ms", "mean_hops"]
