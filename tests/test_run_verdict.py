@@ -45,7 +45,8 @@ def simulated(tmp_path_factory) -> Path:
 
 def _emulated_like(simulated: Path, tmp_path: Path) -> tuple[EmulationOutcome, Path]:
     """A run directory as an emulation leaves it before its summary: the records in ``sources/``
-    (the simulated run's, split per source), ``plan.json``, ``run.json`` saying ``running``."""
+    (the simulated run's, split per source) with the sources' tallies, ``plan.json``, ``run.json``
+    saying ``running``."""
     run_dir = tmp_path / "run"
     (run_dir / "sources").mkdir(parents=True)
     (run_dir / "logs").mkdir()
@@ -56,6 +57,8 @@ def _emulated_like(simulated: Path, tmp_path: Path) -> tuple[EmulationOutcome, P
     for name in sorted({r.split(",")[source] for r in rows}):
         mine = [r for r in rows if r.split(",")[source] == name]
         (run_dir / "sources" / f"{name}.records.csv").write_text("\n".join([head, *mine]) + "\n")
+    for tally in (simulated / "sources").glob("*.tally.json"):  # what each source says it wrote
+        shutil.copy(tally, run_dir / "sources" / tally.name)
     record = RunRecord(run_dir / "run.json", {"mode": "emulation", "status": "running"})
     record.update()
     return EmulationOutcome(EXIT_OK, "ok", run_dir, 4.0, {"total_s": 1.0}, record=record), run_dir

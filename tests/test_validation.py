@@ -608,7 +608,8 @@ def test_queries_that_opened_a_connection_count_in_the_latency_figures(tmp_path)
     assert s["e2e_ms"] == {"p50": 10.0, "p95": 69.5, "p99": 77.9}
     assert s["cold_queries"] == 1 and s["per_cluster"]["c2"]["e2e_p95_ms"] == 76.5  # 10 and 80 ms
     # network = (t1 - t0) + (t4 - t3): 2 + 6 ms for the 10 ms answers, 2 + 76 for the 80 ms one
-    assert s["breakdown_ms"] == {"network": 25.5, "queueing": 1.0, "inference": 1.0}  # (3 x 8 + 78) / 4
+    assert s["breakdown_ms"] == {"dispatch": 0.0, "network": 25.5, "handling": 0.0, "queueing": 1.0,
+                                 "inference": 1.0}  # network (3 x 8 + 78) / 4
 
 
 def test_links_a_link_event_takes_down_are_planned_from_the_timeline(monkeypatch):
@@ -848,8 +849,8 @@ def test_summary_tables_read_as_what_they_are(tmp_path):
                "per_cluster": {"c": {"queries": 3, "success": 0, "success_ratio": 0.0, "answered": 0,
                                      "failures": {"deadline_miss": 3}, "e2e_p95_ms": None}}}
     headline = _headline(nothing)
-    assert "e2e ms: p50 n/a  p95 n/a  p99 n/a;  mean breakdown ms: network n/a  queueing n/a  inference n/a" \
-        in headline[1] and "None" not in " ".join(headline)
+    assert ("e2e ms: p50 n/a  p95 n/a  p99 n/a;  mean breakdown ms: dispatch n/a  network n/a  handling n/a  "
+            "queueing n/a  inference n/a") in headline[1] and "None" not in " ".join(headline)
     assert _tables(nothing)[0][2][0][-1] == "n/a"
     link = {"s1-s2": {"capacity_mbps": 100.0, "util_ab_mean": 0.1, "util_ab_max": 0.2, "util_ba_mean": 0.0,
                       "util_ba_max": 0.0, "drops": 0}}
