@@ -1,4 +1,4 @@
-"""Small command-line rules: ``evaluate`` given experiment files refuses the ASET config's options,
+"""Small command-line rules: ``evaluate`` refuses too few reference seeds before any run,
 ``report`` refuses a run folder given twice, the host-speed warning says the profilers overwrite
 the tracked profiles, and ``cleanup`` removes a killed run's control folder.
 """
@@ -15,16 +15,12 @@ _COMMANDS = {"run": ["run", "e.yaml"], "simulate": ["simulate", "e.yaml"],
              "sweep": ["sweep", "e.yaml", "--out", "o"], "evaluate": ["evaluate", "aset.yaml"]}
 
 
-def test_evaluate_given_an_experiment_file_refuses_the_config_options(capsys):
-    """An experiment file is evaluated as such (docs/aset.md, "The general agent"): an option of an
-    ASET config's evaluation, or fewer than 10 seeds, is refused by name before any run."""
-    code = main(["evaluate", str(REPO / "experiments" / "default.yaml"), "--headroom"])
+def test_evaluate_refuses_too_few_reference_seeds_before_any_run(capsys):
+    """The oracle and the causal planner run on at least 5 evaluation seeds (their CIs), or not at
+    all: ``--oracle 3`` is refused by name before any scenario runs, for experiment files too."""
+    code = main(["evaluate", str(REPO / "experiments" / "default.yaml"), "--headroom", "--oracle", "3"])
     out = " ".join(capsys.readouterr().out.split())
-    assert code == 2 and "unknown key" not in out
-    assert "--headroom: options of an ASET config's evaluation, not of experiment files" in out
-    code = main(["evaluate", str(REPO / "experiments" / "default.yaml"), "--seeds", "5"])
-    out = " ".join(capsys.readouterr().out.split())
-    assert code == 2 and "--seeds 5: at least 10" in out
+    assert code == 2 and "--oracle 3: the oracle and the causal planner run on at least 5" in out, out
 
 
 def test_report_refuses_a_run_folder_given_twice(tmp_path, capsys):

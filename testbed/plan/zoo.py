@@ -412,9 +412,15 @@ def load_payloads(zoo_dir: str | os.PathLike[str], family: str = DEFAULT_FAMILY)
     if tuple(x.shape[1:]) != shape or y.shape != (x.shape[0],):
         raise ZooError(f"zoo payloads {path}: x {list(x.shape)} / y {list(y.shape)}, expected [N, "
                        f"{', '.join(map(str, shape))}] / [N]")
-    if x.dtype == np.uint8:  # image families: 8-bit RGB frames
-        return x.astype(np.float32) / np.float32(255.0), y.astype(np.int64, copy=False)
-    return x.astype(np.float32, copy=False), y.astype(np.int64, copy=False)
+    return as_inputs(x), y.astype(np.int64, copy=False)
+
+
+def as_inputs(x: np.ndarray) -> np.ndarray:
+    """Stored payloads as the models take them: float32, same shape; 8-bit RGB frames (the image
+    families store ``uint8``) scaled to [0, 1], anything else as it is."""
+    if x.dtype == np.uint8:
+        return x.astype(np.float32) / np.float32(255.0)
+    return x.astype(np.float32, copy=False)
 
 
 def _read_arrays(path: Path, keys: tuple[str, ...]) -> list[np.ndarray]:

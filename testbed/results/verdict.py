@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.core.util import REPO_ROOT
 from testbed.emu.autodilate import Machine
 from testbed.plan.transfer import TransferTable, host_share_ms
@@ -52,8 +53,11 @@ UNDERSIZED_OVS_CORES = 0.90
 SUMMARY_MODULE = "testbed.results.summary_process"
 
 
-class SummaryFailed(RuntimeError):
-    """The summary's child process failed (its exit code or signal, and its last lines)."""
+class SummaryFailed(RunFailure):
+    """The summary's child process failed (its exit code or signal, and its last lines); a component
+    of the run died (exit code :data:`~testbed.core.errors.EXIT_COMPONENT_DIED`)."""
+
+    exit_code = EXIT_COMPONENT_DIED
 
 
 # ----------------------------------------------------------------------------- the verdict
