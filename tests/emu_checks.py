@@ -3,11 +3,13 @@
 A run's wall-clock figures on a machine other jobs keep saturated measure the machine:
 :func:`assert_unless_saturated` skips a failed check then, with the figures.
 
-An emulation refuses to measure when its RTT self-check finds a path outside its tolerance
-(exit 3, :data:`testbed.core.errors.EXIT_BRINGUP`; ``rtt_check.csv`` keeps every path's figures):
-that is the testbed behaving as designed. On a machine other jobs keep busy the paths measure
-*slower* than planned (a busy host only adds time), so a test whose subject is not the self-check
-skips with those figures; a path measured faster than planned, or any other exit, fails it.
+An emulation refuses to measure (exit 3, :data:`testbed.core.errors.EXIT_BRINGUP`) when its RTT
+self-check finds a path outside its tolerance (``rtt_check.csv`` keeps every path's figures), or when
+its speed calibration finds the host's model calls too slow for a cluster's threads at the run's
+dilation: that is the testbed behaving as designed. On a machine other jobs keep busy the paths
+measure *slower* than planned and the calls run slower (a busy host only adds time), so a test whose
+subject is neither check skips with those figures; a path measured faster than planned, or any other
+exit, fails it.
 """
 
 from __future__ import annotations
@@ -26,14 +28,24 @@ def _newest_run(runs_dir: Path) -> Path | None:
     return runs[-1].parent if runs else None
 
 
+#: What the speed calibration's refusal says when the host's bare model calls are slower than their
+#: profiles by more than a cluster's threads can make up at the run's dilation
+#: (:func:`testbed.plan.speeds.check_fits`).
+SLOW_MODELS = "slower than their profiles"
+
+
 def host_too_slow(run_dir: Path) -> str:
-    """Why ``run_dir``'s run was refused by its RTT self-check with every failing path measured
-    slower than planned (ms, from ``rtt_check.csv``), or "" when it was not (another refusal, a
-    path faster than planned, no failing path)."""
+    """Why ``run_dir``'s run was refused because the host was too busy, or "" when it was not:
+    its RTT self-check with every failing path measured slower than planned (ms, from
+    ``rtt_check.csv``), or its speed calibration with the models' bare calls too slow for the
+    cluster's threads at the run's dilation (another refusal, a path faster than planned, no
+    failing path: "")."""
     rec = json.loads((run_dir / "run.json").read_text())
     check = run_dir / "rtt_check.csv"
-    if rec.get("exit_code") != EXIT_BRINGUP or not str(rec.get("message", "")).startswith("RTT self-check failed") \
-            or not check.exists():
+    message = str(rec.get("message", ""))
+    if rec.get("exit_code") == EXIT_BRINGUP and SLOW_MODELS in message and "more than its threads can use" in message:
+        return f"the run's speed calibration refused it: the host's bare model calls were too slow ({message})"
+    if rec.get("exit_code") != EXIT_BRINGUP or not message.startswith("RTT self-check failed") or not check.exists():
         return ""
     with open(check, newline="") as f:
         bad = [r for r in csv.DictReader(f) if r["ok"] != "1"]
