@@ -101,7 +101,7 @@ import json, sys, threading, time
 from pathlib import Path
 from testbed.plan import zoo
 from testbed.serve.scheduler import Job, Scheduler
-from testbed.serve.zoo import load_model
+from testbed.serve.loaders import load_model
 zoo_dir, name, runtime, threads, pad, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), \
     float(sys.argv[5]), int(sys.argv[6])
 manifest = zoo.load_manifest(zoo_dir)
@@ -142,7 +142,7 @@ def _service_samples(model: str, cores: float, k: float, samples: int) -> tuple[
     from testbed.model.cpu import threads_per_call
     from testbed.plan.dilation import nested_cpu
     from testbed.serve.handling import default_runtime
-    from testbed.serve.zoo import load_manifest
+    from testbed.serve.loaders import load_manifest
 
     zoo = REPO / "models" / "zoo"
     runtime = default_runtime(load_manifest(zoo), model)

@@ -103,7 +103,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo_sources as src  # noqa: E402
 
 from testbed.plan import zoo  # noqa: E402
-from testbed.serve import zoo as loaders  # noqa: E402
+from testbed.serve import loaders  # noqa: E402
 
 #: Bump when data preparation, split, architectures or training change.
 RECIPE_VERSION = 5

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from testbed.core.clock import EmulatedClock
-from testbed.emu.events import EventRunner
+from testbed.emu.event_runner import EventRunner
 from testbed.emu.selfcheck import check_rtts
 from testbed.model.arrivals import make_process
-from testbed.model.events import Change, kind_of
+from testbed.model.timeline import Change, kind_of
 from testbed.plan.boundaries import ControllerConfig, ServerConfig, SourceConfig
 from testbed.plan.build import build_plan
 from testbed.plan.dilation import (

@@ -26,7 +26,7 @@ from testbed.core.hashing import file_sha256
 from testbed.plan import zoo
 from testbed.plan.build import plan_experiment
 from testbed.plan.profiles import cpu_time
-from testbed.serve.zoo import check_answers, load_model
+from testbed.serve.loaders import check_answers, load_model
 from testbed.serve.zoo_add import ACCURACY_REFUSE_MARGIN, accuracy_verdict
 
 REPO = Path(__file__).resolve().parent.parent

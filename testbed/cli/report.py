@@ -8,7 +8,7 @@ from pathlib import Path
 from testbed.cli.common import console
 from testbed.core.errors import InputError
 from testbed.core.util import repeated
-from testbed.results.capture import analyze_run
+from testbed.results.pcap_analysis import analyze_run
 from testbed.results.report import build_report, merged_by_its_run
 from testbed.results.summary import capture_warnings, merge_records
 

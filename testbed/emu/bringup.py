@@ -54,7 +54,7 @@ from testbed.emu.network import (
     choose_link_emulator,
 )
 from testbed.emu.selfcheck import check_rtts, check_rtts_twice, excess_per_switch_ms
-from testbed.model.events import LINK_KINDS
+from testbed.model.timeline import LINK_KINDS
 from testbed.plan.boundaries import ControllerConfig, HostEntry
 from testbed.plan.build import Plan
 from testbed.plan.dilation import wall_clock

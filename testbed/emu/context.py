@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from testbed.emu.bringup import Live
-from testbed.emu.events import EventRunner
+from testbed.emu.event_runner import EventRunner
 from testbed.emu.health import HealthWatch, RunRecord
 from testbed.emu.servers import ClusterServers
 from testbed.emu.storage import Storage

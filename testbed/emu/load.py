@@ -25,11 +25,11 @@ from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT, stop_processes, write_json_atomic
 from testbed.emu.bringup import Live
-from testbed.emu.capture import start_capture
 from testbed.emu.context import RunContext
-from testbed.emu.events import EventRunner
+from testbed.emu.event_runner import EventRunner
 from testbed.emu.health import Component, HealthWatch, PidProcess, tagged_processes
 from testbed.emu.machine import SAMPLES_FILE, CpuSampler, write_samples
+from testbed.emu.pcap import start_capture
 from testbed.emu.servers import ClusterServers
 from testbed.plan.boundaries import SourceConfig
 from testbed.plan.build import Plan

@@ -57,10 +57,10 @@ and dispatchers and the simulator all take them from here. A plan
 (``Plan.model_dump_json``) and what every process of a run reads back.
 
 :func:`build_plan` is the list of steps; each lives with its concern: :mod:`testbed.plan.topology`
-(switches, links, hosts, paths), :mod:`testbed.plan.events`, :mod:`testbed.plan.workload`
+(switches, links, hosts, paths), :mod:`testbed.plan.event_resolution`, :mod:`testbed.plan.workload`
 (weights, load bounds), :mod:`testbed.plan.clusters` (models, service times, request bytes),
 :mod:`testbed.plan.checks` (names, transfers, run directory, notes) and
-:mod:`testbed.plan.capture`.
+:mod:`testbed.plan.capture_points`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ from pathlib import Path
 from testbed.core.errors import InputError, naming_file
 from testbed.core.util import repo_path
 from testbed.plan import topology
-from testbed.plan.capture import validate_capture
+from testbed.plan.capture_points import validate_capture
 from testbed.plan.catalog import Catalog, ZooCatalog
 from testbed.plan.checks import (
     CPU_HEADROOM_CORES,
@@ -83,7 +83,7 @@ from testbed.plan.checks import (
     senders_and_servers,
 )
 from testbed.plan.clusters import request_sizes, resolve_models
-from testbed.plan.events import events_after_end, resolve_events
+from testbed.plan.event_resolution import events_after_end, resolve_events
 from testbed.plan.policies import check_experiment_policies, decision_costs
 from testbed.plan.resolved import Host, Link, PathInfo, Plan, PlanError, QueueSettings, Switch
 from testbed.plan.workload import check_load_bounds, resolve_weights

@@ -519,7 +519,7 @@ def run_facts(run_dir: Path, df: pd.DataFrame, plan: dict | None) -> dict:
 
 
 def capture_figures(run_dir: Path) -> dict | None:
-    """The packet analysis's figures (``capture/analysis.json``, :mod:`testbed.results.capture`):
+    """The packet analysis's figures (``capture/analysis.json``, :mod:`testbed.results.pcap_analysis`):
     queries matched, retransmissions, per-hop one-way delay (ms) and the files it could not read;
     None without packet capture."""
     cap = run_dir / "capture" / "analysis.json"

@@ -11,7 +11,7 @@ Files in a run directory (written by :mod:`testbed.emu.run` and :mod:`testbed.re
 ``rtt_check.csv``, ``clusters/<name>.stats.json`` (server counters; ``<name>.stats.<n>.json``
 for the earlier lives of a restarted server), ``linkemu/<node>.json`` (each user-space link
 emulator's counters), ``run.json`` (what happened: ``health``), ``summary.json``, ``summary.md``;
-with packet capture also ``capture/queries.csv`` (``pkt_*`` columns, :mod:`testbed.results.capture`),
+with packet capture also ``capture/queries.csv`` (``pkt_*`` columns, :mod:`testbed.results.pcap_analysis`),
 joined into the records here. Every column is documented in docs/records-schema.md.
 
 Every count of queries in the summary (totals, per cause, per cluster, per application) comes

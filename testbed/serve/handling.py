@@ -71,7 +71,7 @@ from testbed.plan.boundaries import ServerConfig
 from testbed.plan.handling import FILE, MIN_ISOLATED, MIN_N, RESOLUTION_S, SCHEMA, queries_to_resolve, resolved
 from testbed.plan.profiles import cpu_time
 from testbed.serve.launch import server_command
-from testbed.serve.zoo import load_model
+from testbed.serve.loaders import load_model
 
 WARMUP = 20
 #: Idle time before each query of the isolated pass (s): the CFS period, as the profiler's isolated rows.

@@ -58,7 +58,7 @@ from testbed.core.util import REPO_ROOT
 from testbed.plan import zoo
 from testbed.plan.profiles import measurements
 from testbed.serve.calls import Model
-from testbed.serve.zoo import configure_tf_threads, load_model, machine_info
+from testbed.serve.loaders import configure_tf_threads, load_model, machine_info
 
 DEFAULT_SHARES = (0.1, 0.25, 0.5, 1.0, 2.0)
 DEFAULT_BATCHES = (1, 8)

@@ -456,7 +456,7 @@ class Simulator(Links, RunColumns):
                         for c in self.clusters])
 
     def _apply(self, ch, t: float) -> None:
-        """One step of the events' timeline: its kind (:mod:`testbed.model.events`) applied to the
+        """One step of the events' timeline: its kind (:mod:`testbed.model.timeline`) applied to the
         cluster (:class:`_ClusterAt`), or to the network's link, which then reroutes."""
         if ch.entry.target == "cluster":
             ch.entry.apply(ch, _ClusterAt(self, ch, t))
@@ -467,7 +467,7 @@ class Simulator(Links, RunColumns):
 
 class _ClusterAt:
     """A cluster as an event changes it at virtual time ``t`` (the simulator's
-    :class:`testbed.model.events.ClusterControl`): down until the next change of the timeline that
+    :class:`testbed.model.timeline.ClusterControl`): down until the next change of the timeline that
     brings it back up (a ``stop`` resumes then), or up."""
 
     def __init__(self, sim: Simulator, ch, t: float):

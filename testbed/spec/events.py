@@ -31,7 +31,7 @@ VALUE_FIELDS = ("delay_ms", "bandwidth_mbps", "loss_pct", "background_mbps")
 
 
 class EventForm:
-    """The YAML form of one event kind (the spec part of a kind; :class:`testbed.model.events.EventKind`
+    """The YAML form of one event kind (the spec part of a kind; :class:`testbed.model.timeline.EventKind`
     adds how it is applied and measured).
 
     Class attributes: ``name`` (the ``kind:`` string), ``target`` (``"link"`` or ``"cluster"``),

@@ -7,7 +7,7 @@ the sources start, stopped (SIGINT, so the file is complete) when the load ends.
 ``RUN_DIR/pcap/capture.json`` (the points, the bounds and tcpdump's own counters),
 ``RUN_DIR/logs/tcpdump-<interface>.log``.
 
-Capture points (:func:`testbed.plan.capture.capture_points`, resolved and checked at plan time):
+Capture points (:func:`testbed.plan.capture_points.capture_points`, resolved and checked at plan time):
 
 * a host ``h``: its interface ``h-eth0`` in the host's namespace;
 * a link ``lK`` (``K`` = link index, as in ``testbed plan``): with the user-space link emulator,
@@ -36,7 +36,7 @@ from typing import Any
 
 from testbed.core.lifeline import tied_popen
 from testbed.emu.network import EmulationError
-from testbed.plan.capture import CapturePoint, capture_points
+from testbed.plan.capture_points import CapturePoint, capture_points
 from testbed.plan.resolved import Plan
 from testbed.spec.capture import CaptureSpec
 
