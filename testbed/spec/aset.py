@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from testbed.core.errors import counted
 from testbed.core.util import InputFileError, repeated
 from testbed.spec.experiment import MAX_SEED, ConfigError, PolicyName, format_validation_error
-from testbed.spec.schema import Num, StrictModel, YamlValueError, describe_yaml_error, load_yaml_file, unit_pair
+from testbed.spec.schema import Num, StrictModel, YamlValueError, describe_yaml_error, load_yaml_file
 from testbed.spec.units import parse_delay_ms, parse_duration_s
 
 
@@ -109,11 +109,7 @@ class ObservationSpec(StrictModel):
     clip: Num = Field(5.0, gt=0)
     plans: dict[str, list[PolicyName]] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = unit_pair(data, "window", parse_delay_ms, "ms")
-        return unit_pair(data, "rtt_scale", parse_delay_ms, "ms")
+    unit_keys = (("window", parse_delay_ms, "ms"), ("rtt_scale", parse_delay_ms, "ms"))
 
     @field_validator("plans")
     @classmethod
@@ -324,10 +320,7 @@ class TrainingSpec(StrictModel):
     export_to: str | None = None
     randomise: RandomiseSpec = RandomiseSpec()
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return unit_pair(data, "episode", parse_duration_s, "s")
+    unit_keys = (("episode", parse_duration_s, "s"),)
 
     @model_validator(mode="after")
     def _one_method(self) -> TrainingSpec:
@@ -371,10 +364,7 @@ class GeneralTrainingSpec(StrictModel):
     out_dir: str = "runs/aset-train"
     export_to: str = "models/aset/general"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return unit_pair(data, "episode", parse_duration_s, "s")
+    unit_keys = (("episode", parse_duration_s, "s"),)
 
     @model_validator(mode="after")
     def _check(self) -> GeneralTrainingSpec:
@@ -465,10 +455,7 @@ class EvaluationSpec(StrictModel):
     checkpoint: str = "models/aset/general"
     out_dir: str = "runs/aset-eval"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return unit_pair(data, "duration", parse_duration_s, "s")
+    unit_keys = (("duration", parse_duration_s, "s"),)
 
     @field_validator("tuning_seeds", mode="before")
     @classmethod

@@ -60,7 +60,6 @@ from testbed.spec.events import EventSpec
 from testbed.spec.messages import explain, merged, model_named
 from testbed.spec.schema import NAME_RE, Num, YamlValueError, describe_yaml_error, load_yaml_file, number_only
 from testbed.spec.schema import StrictModel as _Model
-from testbed.spec.schema import unit_pair as _unit_pair
 from testbed.spec.serving import ServerSpec
 from testbed.spec.units import MAX_DELAY_MS, MAX_RATE_MBPS, parse_delay_ms, parse_duration_s, parse_rate_mbps
 
@@ -223,12 +222,9 @@ class TopologySpec(_Model):
                                  f"lon in [-180, 180], got {ll}")
         return v
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "delay_floor", parse_delay_ms, "ms")
-        data = _unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
-        return _unit_pair(data, "host_bandwidth", parse_rate_mbps, "mbps")
+    unit_keys = (("delay_floor", parse_delay_ms, "ms"),
+                 ("bandwidth", parse_rate_mbps, "mbps"),
+                 ("host_bandwidth", parse_rate_mbps, "mbps"))
 
 
 class CloudSpec(_Model):
@@ -238,11 +234,7 @@ class CloudSpec(_Model):
     delay_ms: Num = Field(20.0, ge=0, le=MAX_DELAY_MS)
     bandwidth_mbps: Num = Field(1000.0, gt=0, le=MAX_RATE_MBPS)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "delay", parse_delay_ms, "ms")
-        return _unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
+    unit_keys = (("delay", parse_delay_ms, "ms"), ("bandwidth", parse_rate_mbps, "mbps"))
 
 
 class ClusterSpec(_Model):
@@ -305,10 +297,7 @@ class ApplicationSpec(_Model):
     min_accuracy: Num = Field(ge=0, le=1)
     family: str = "digits"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return _unit_pair(data, "deadline", parse_delay_ms, "ms")
+    unit_keys = (("deadline", parse_delay_ms, "ms"),)
 
     @field_validator("deadline_ms")
     @classmethod
@@ -343,10 +332,7 @@ class StepSpec(_Model):
 
     _rate_bound = field_validator("rate_qps")(_rate_within_bound)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return _unit_pair(data, "at", parse_duration_s, "s")
+    unit_keys = (("at", parse_duration_s, "s"),)
 
 
 class WorkloadSpec(_Model):
@@ -396,11 +382,7 @@ class WorkloadSpec(_Model):
                              "write 'all'")
         return v
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "period", parse_duration_s, "s")
-        return _unit_pair(data, "phase", parse_duration_s, "s")
+    unit_keys = (("period", parse_duration_s, "s"), ("phase", parse_duration_s, "s"))
 
     @model_validator(mode="after")
     def _process_keys(self) -> WorkloadSpec:
@@ -493,10 +475,7 @@ class AsetSpec(_Model):
     plan: str | None = None
     selector: SelectorSpec | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return _unit_pair(data, "window", parse_duration_s, "s")
+    unit_keys = (("window", parse_duration_s, "s"),)
 
     @model_validator(mode="after")
     def _checkpoint_or_selector(self) -> AsetSpec:
@@ -524,12 +503,9 @@ class SimulationSpec(_Model):
     per_hop_ms: Num = Field(0.0, ge=0)
     warmup_s: Num = Field(0.0, ge=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "overhead", parse_delay_ms, "ms")
-        data = _unit_pair(data, "per_hop", parse_delay_ms, "ms")
-        return _unit_pair(data, "warmup", parse_duration_s, "s")
+    unit_keys = (("overhead", parse_delay_ms, "ms"),
+                 ("per_hop", parse_delay_ms, "ms"),
+                 ("warmup", parse_duration_s, "s"))
 
 
 class EmulationSpec(_Model):
@@ -577,11 +553,7 @@ class EmulationSpec(_Model):
     time_dilation: TimeDilation = 1.0
     speed: Literal["profile", "host"] = "profile"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "rtt_tolerance", parse_delay_ms, "ms")
-        return _unit_pair(data, "stats_interval", parse_duration_s, "s")
+    unit_keys = (("rtt_tolerance", parse_delay_ms, "ms"), ("stats_interval", parse_duration_s, "s"))
 
     @field_validator("time_dilation")
     @classmethod
@@ -626,11 +598,7 @@ class Experiment(_Model):
     profiles_dir: str = "models/profiles"
     runs_dir: str = "runs"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "duration", parse_duration_s, "s")
-        return _unit_pair(data, "report_interval", parse_duration_s, "s")
+    unit_keys = (("duration", parse_duration_s, "s"), ("report_interval", parse_duration_s, "s"))
 
     @model_validator(mode="before")
     @classmethod

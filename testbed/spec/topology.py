@@ -30,16 +30,15 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
 
 from testbed.core.errors import InputError
 from testbed.core.util import REPO_ROOT, InputFileError, did_you_mean
 from testbed.spec.experiment import format_validation_error
 from testbed.spec.schema import StrictModel, YamlValueError, describe_yaml_error, load_yaml_file
-from testbed.spec.schema import unit_pair as _unit_pair
 from testbed.spec.units import MAX_DELAY_MS, MAX_RATE_MBPS, parse_delay_ms, parse_rate_mbps
 
 TOPOLOGIES_DIR = REPO_ROOT / "topologies"
@@ -112,11 +111,7 @@ class _YLink(StrictModel):
     bandwidth_mbps: float | None = Field(None, gt=0, le=MAX_RATE_MBPS)
     loss_pct: float = Field(0.0, ge=0, le=100)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "delay", parse_delay_ms, "ms")
-        return _unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
+    unit_keys = (("delay", parse_delay_ms, "ms"), ("bandwidth", parse_rate_mbps, "mbps"))
 
 
 class _YTopo(StrictModel):
