@@ -201,11 +201,7 @@ def run_child(zoo_dir: Path, variants: list[str], runtime: str, share: float, ba
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for d in dirs:
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+        cgroups.remove_groups(dirs)
     results = [ln[len("RESULT "):] for ln in out.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not results:
         raise ProfileError(f"profiler child ({runtime}, {share} cores) exited {proc.returncode}: {err[-2000:]}")
