@@ -15,13 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from testbed.core.errors import counted
-from testbed.core.util import InputFileError, repeated
-from testbed.spec.experiment import MAX_SEED, ConfigError, PolicyName, format_validation_error
-from testbed.spec.schema import Num, StrictModel, YamlValueError, describe_yaml_error, load_yaml_file
+from testbed.core.util import repeated
+from testbed.spec.experiment import MAX_SEED, ConfigError, PolicyName, load_yaml_model
+from testbed.spec.schema import Num, StrictModel
 from testbed.spec.units import parse_delay_ms, parse_duration_s
 
 
@@ -551,18 +550,5 @@ def load_aset_config(path: str | Path) -> tuple[AsetConfig, Path]:
             (e.g. ``agent.gamma: Input should be less than 1``).
     """
     path = Path(path)
-    try:
-        data = load_yaml_file(path)
-    except InputFileError as exc:
-        raise ConfigError(f"ASET config {exc}") from None
-    except YamlValueError as exc:  # a key given twice, an integer too long to read
-        raise ConfigError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: {describe_yaml_error(exc)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    try:
-        cfg = AsetConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(path), what="ASET config")) from None
+    cfg = load_yaml_model(path, AsetConfig, "ASET config")
     return cfg, path.resolve().parent.parent

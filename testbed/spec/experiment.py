@@ -47,7 +47,7 @@ as planned).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
@@ -686,25 +686,44 @@ def format_validation_error(exc: ValidationError, path: str, what: str = "experi
     return "\n".join(lines)
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_yaml_model(path: str | Path, model: type[M], what: str, error: type[InputError] | None = None) -> M:
+    """The one reader of a YAML input file into its schema ``model`` (experiments, ASET configs,
+    topologies): :func:`testbed.spec.schema.load_yaml_file`, then ``model.model_validate``.
+
+    ``what`` names the kind of file in the messages (``experiment``, ``ASET config``, ``topology``).
+
+    Raises:
+        InputError: ``error`` (default :class:`ConfigError`): the file is missing or unreadable,
+            is not YAML (line, column and the likely fix), gives a key twice, is not a mapping at
+            the top level, or fails validation (:func:`format_validation_error`: each offending
+            item by its location, e.g. ``applications.0.deadline``).
+    """
+    error = error or ConfigError
+    path = Path(path)
+    try:
+        data = load_yaml_file(path)
+    except InputFileError as exc:
+        raise error(f"{what} file {exc}") from None
+    except YamlValueError as exc:  # a key twice, an integer too long to read
+        raise error(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: {describe_yaml_error(exc)}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a mapping at the top level")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise error(format_validation_error(exc, str(path), what=what, model=model)) from None
+
+
 def load_experiment(path: str | Path) -> Experiment:
-    """Read and validate an experiment YAML file.
+    """Read and validate an experiment YAML file (:func:`load_yaml_model`).
 
     Raises:
         ConfigError: the file is missing, is not YAML, or fails validation; the message lists each
             offending item by its location (e.g. ``applications.0.deadline``).
     """
-    path = Path(path)
-    try:
-        data = load_yaml_file(path)
-    except InputFileError as exc:
-        raise ConfigError(f"experiment file {exc}") from None
-    except YamlValueError as exc:  # a key twice, an integer too long to read
-        raise ConfigError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: {describe_yaml_error(exc)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    try:
-        return Experiment.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(path), model=Experiment)) from None
+    return load_yaml_model(path, Experiment, "experiment")

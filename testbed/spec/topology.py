@@ -32,13 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from testbed.core.errors import InputError
-from testbed.core.util import REPO_ROOT, InputFileError, did_you_mean
-from testbed.spec.experiment import format_validation_error
-from testbed.spec.schema import StrictModel, YamlValueError, describe_yaml_error, load_yaml_file
+from testbed.core.util import REPO_ROOT, did_you_mean
+from testbed.spec.experiment import load_yaml_model
+from testbed.spec.schema import StrictModel
 from testbed.spec.units import MAX_DELAY_MS, MAX_RATE_MBPS, parse_delay_ms, parse_rate_mbps
 
 TOPOLOGIES_DIR = REPO_ROOT / "topologies"
@@ -139,18 +138,7 @@ def load_yaml_topology(path: Path) -> RawTopology:
     Raises:
         TopologyError: unreadable file, invalid YAML, or schema errors (each located, e.g. ``links.2.delay``).
     """
-    try:
-        data = load_yaml_file(path)
-    except InputFileError as exc:
-        raise TopologyError(f"topology file {exc}") from None
-    except YamlValueError as exc:  # a key twice, an integer too long to read
-        raise TopologyError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise TopologyError(f"cannot read topology {path}: {describe_yaml_error(exc)}") from None
-    try:
-        topo = _YTopo.model_validate(data)
-    except ValidationError as exc:
-        raise TopologyError(format_validation_error(exc, str(path), "topology")) from None
+    topo = load_yaml_model(path, _YTopo, "topology", TopologyError)
     nodes = [
         RawNode(id=str(n.id), label=n.label or str(n.id), lat=n.lat, lon=n.lon, name=n.name,
                 dpid=_parse_dpid(n.dpid, f"node {n.id}"))
