@@ -298,7 +298,7 @@ def _simulate(plan, out: Path, duration: float) -> dict:
 def _stage_medians(run_dir: Path) -> dict[str, float | None]:
     """Median (ms) of each stage of :data:`STAGES` and e2e p50 / p95 over the answered queries."""
     from testbed.results.figures import answered
-    from testbed.results.records import read_records
+    from testbed.results.record_files import read_records
 
     path = run_dir / "records.parquet"
     df = answered(read_records(path if path.exists() else run_dir / "records.csv")) if (

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from testbed.emu.linkctl import Readback
-from testbed.emu.network import (
+from testbed.emu.mininet_network import (
     check_interface_names,
     htb_commands,
     probe_hosts,
@@ -293,7 +293,7 @@ def test_link_down_reroutes_and_the_time_is_recorded(live):
 @pytest.mark.emulation
 @root
 def test_links_above_1gbits_are_shaped_not_clamped(live, tmp_path):
-    from testbed.emu.network import read_htb_rate_mbps
+    from testbed.emu.mininet_network import read_htb_rate_mbps
 
     table = live.emu.applied_table()
     for h in table["hosts"]:  # both ends of every host link at 2000 Mbit/s (Mininet would drop bw > 1000)

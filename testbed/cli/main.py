@@ -37,8 +37,8 @@ from testbed.plan.build import Plan, plan_experiment
 from testbed.plan.dilation import check_dilation, with_time_dilation
 from testbed.plan.policies import load_aset
 from testbed.plan.resolved import PlanError
-from testbed.results.compare import twin_line
 from testbed.results.runs import run_emulation
+from testbed.results.twin_comparison import twin_line
 from testbed.spec.schema import load_yaml_file
 
 #: The console every subcommand prints to. ``markup=False``: ``[...]`` in a string is printed as

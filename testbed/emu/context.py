@@ -1,5 +1,5 @@
 """What an emulation's steps hand on (:class:`RunContext`) and what the run yields when it ends
-(:class:`EmulationOutcome`); :mod:`testbed.emu.run` runs the steps, :mod:`testbed.emu.load` the load.
+(:class:`EmulationOutcome`); :mod:`testbed.emu.lifecycle` runs the steps, :mod:`testbed.emu.load` the load.
 """
 
 from __future__ import annotations

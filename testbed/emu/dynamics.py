@@ -37,7 +37,7 @@ from testbed.core.clock import EmulatedClock
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT
 from testbed.emu.linkctl import SETTLE_S, Applied, DaemonHandle, EmuLink, Readback
-from testbed.emu.network import Emulation, EmulationError, ProbeHost, control_dir
+from testbed.emu.mininet_network import Emulation, EmulationError, ProbeHost, control_dir
 from testbed.emu.probe import ProbeError, wait_ready
 from testbed.model.network import NetworkState
 from testbed.model.timeline import EVENT_KINDS, Change, Measured, Tolerance

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from testbed.emu.network import EMULATOR_CEILING_MBPS, Emulation, EmulationError, ProbeHost
+from testbed.emu.mininet_network import EMULATOR_CEILING_MBPS, Emulation, EmulationError, ProbeHost
 from testbed.emu.probe import FRAME_EXTRA_BYTES, ProbeClient, ProbeError
 from testbed.model.network import NetworkState
 from testbed.model.timeline import Change, Measured

@@ -1,4 +1,4 @@
-"""The load of an emulation (step 6 of :mod:`testbed.emu.run`): the sources started in their hosts
+"""The load of an emulation (step 6 of :mod:`testbed.emu.lifecycle`): the sources started in their hosts
 and released at one instant, what records the load beside them (the controller's link stats,
 packet capture, the machine's CPU), the scenario's events, progress until every source has its
 last answers, and the last word on every component.

@@ -9,7 +9,7 @@ Routes are least one-way delay over the links that are up (the Ryu controller's 
 
 A message of ``n`` bytes crossing a link direction of capacity C with background traffic r
 (our link model, stated; each direction is one FIFO of ``queue_packets`` frames served at C: the
-link emulator's shaper, or HTB with its pfifo, see :mod:`testbed.emu.network`):
+link emulator's shaper, or HTB with its pfifo, see :mod:`testbed.emu.mininet_network`):
 
 * queueing behind background frames, M/D/1 with utilization rho = r / C (Pollaczek-Khinchine):
   ``rho / (2 (1 - rho)) x L / C`` with L one full frame, while rho < 1;

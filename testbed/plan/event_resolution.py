@@ -8,8 +8,8 @@ from pathlib import Path
 
 from testbed.core.util import repo_path
 from testbed.model.timeline import Change, expand, kind_of
+from testbed.plan.network_layout import Network
 from testbed.plan.resolved import PlanError, Switch
-from testbed.plan.topology import Network
 
 
 def read_value_trace(path: Path, column: str, item: str) -> list[tuple[float, float]]:

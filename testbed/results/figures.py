@@ -1,7 +1,7 @@
 """The figures of a run's summary, computed from its merged records and the files beside them.
 
 Every count of queries (totals, per cause, per cluster, per application) comes from the records
-(:mod:`testbed.results.records`); the servers' own counters (:func:`_server_counters`), the link
+(:mod:`testbed.results.record_files`); the servers' own counters (:func:`_server_counters`), the link
 emulators' (:func:`_link_emulators`) and the controller's port stats (:func:`_links`) are kept
 apart. Latency figures follow one rule (:func:`latency_figures`, :data:`LATENCY_RULE`), the
 summary's and ``testbed report``'s. Times in ms unless a name says otherwise.

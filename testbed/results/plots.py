@@ -1,4 +1,4 @@
-"""The figures of a report (:mod:`testbed.results.report`): what one run directory gives a report
+"""The figures of a report (:mod:`testbed.results.html_report`): what one run directory gives a report
 (:class:`RunData`, :class:`RunStatus`), its records grouped per run and policy (:func:`_groups`),
 and one function per figure, each drawing into a PNG and returning False when it has nothing to
 draw. Latency figures take the summary's queries (:func:`testbed.results.figures.answered`).

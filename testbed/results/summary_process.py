@@ -14,7 +14,7 @@ from pathlib import Path
 from testbed.core.util import write_json_atomic
 from testbed.results.figures import _plan_doc, answered
 from testbed.results.pcap_analysis import analyze_run
-from testbed.results.records import read_records
+from testbed.results.record_files import read_records
 from testbed.results.summary import summarize
 from testbed.results.verdict import dilation_check, dilation_figures
 

@@ -68,8 +68,8 @@ import numpy as np
 from testbed.core.errors import RunFailure
 from testbed.core.util import native_stderr_to, write_json_atomic
 from testbed.plan import zoo
-from testbed.plan.handling import FILE as HANDLING_FILE
-from testbed.plan.handling import MIN_N
+from testbed.plan.handling_profiles import FILE as HANDLING_FILE
+from testbed.plan.handling_profiles import MIN_N
 from testbed.serve import handling, profiler
 from testbed.serve.loaders import ANSWER_CHECK_MARGIN, check_answers, load_model, tflite_params
 

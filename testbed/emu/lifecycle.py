@@ -83,7 +83,7 @@ from testbed.emu.health import (
     ovs_components,
 )
 from testbed.emu.load import loaded_sources, run_load
-from testbed.emu.network import choose_datapath, choose_link_emulator
+from testbed.emu.mininet_network import choose_datapath, choose_link_emulator
 from testbed.emu.servers import ClusterServers
 from testbed.emu.storage import Storage, estimate_storage
 from testbed.model.policies import plugin_origins
