@@ -88,7 +88,7 @@ def cmd_events(args) -> dict:
             plan = build_plan(exp.model_copy(update={"seed": seed}), base_dir=path.parent)
             load = os.getloadavg()[0]
             emu, events = _emulate(plan, tmp / f"{name}-{seed}-emu")
-            _, sim = run_simulation(plan, path.parent, tmp / f"{name}-{seed}-sim", seed=seed, quiet=True)
+            _, sim = run_simulation(plan, tmp / f"{name}-{seed}-sim", seed=seed, quiet=True)
             out["runs"].append({"scenario": name, "seed": seed, "load_before": round(load, 2), "emulation": emu,
                                 "simulation": _summary_row(sim)})
             out["events"] += [{"scenario": name, "seed": seed, **{k: e[k] for k in

@@ -32,6 +32,9 @@ from testbed.spec.units import UnitError, parse_duration_arg_s
 DURATION_HELP = (f"override the simulated time per run: seconds (40) or with its unit (40s); more than 0 and at most "
                  f"1 h ({MAX_EPISODE_S:g} s), a whole number of decision windows (at least one)")
 
+#: Where ``testbed evaluate`` of experiment files writes without ``--out`` (under the repository).
+DEFAULT_FILES_OUT = "runs/aset-eval/files"
+
 
 def _episode_s(text: str) -> float:
     """``--duration``: seconds or with a unit (:func:`testbed.spec.units.parse_duration_arg_s`), in
@@ -92,8 +95,9 @@ def register(subparsers) -> None:
     p.add_argument("--causal", type=_causal_samples, default=None, metavar="K",
                    help="the causal planner with K sampled futures per decision, on the oracle's seeds "
                         "(~5 min per scenario and seed at K=8)")
-    p.add_argument("--out", default=None, help="results folder (default runs/aset-eval/files, or the config's "
-                                               "evaluation.out_dir/<name>)")
+    p.add_argument("--out", default=None, help=f"results folder (default {DEFAULT_FILES_OUT} of experiment files, or "
+                                               f"the ASET config's evaluation.out_dir/<name>; a default is under the "
+                                               f"repository whatever the current directory, as simulate's runs/)")
     p.add_argument("--duration", type=_episode_s, default=None, help=DURATION_HELP)
     p.add_argument("--workers", type=int_at_least(1), default=2, help="parallel workers (default 2)")
     p.add_argument("--backend", choices=["process", "ray"], default="process", help="parallel backend")
@@ -126,7 +130,7 @@ def _cmd(args: argparse.Namespace) -> int:
                             seeds=args.seeds or list(DEFAULT_EVALUATION_SEEDS), actions=list(CATALOGUE),
                             mix=not args.no_mix, fresh=not args.no_fresh, reference_seeds=args.oracle or 0,
                             causal_samples=args.causal or 0, duration_s=args.duration)
-        out = Path(args.out or "runs/aset-eval/files")
+        out = Path(args.out) if args.out else repo_path(DEFAULT_FILES_OUT)
         checkpoints = args.checkpoint or [DEFAULT_ASET_CHECKPOINT]
     else:
         if args.more:

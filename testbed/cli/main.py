@@ -152,9 +152,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.link_emulator is not None:
         overrides["link_emulator"] = args.link_emulator
     print_feasibility(plan)
-    return run_emulation(plan, console=console, runs_dir=args.runs_dir,
-                          base_dir=args.experiment.parent, process_ends=True, strict=args.strict, twin=twin_line,
-                          **overrides)
+    return run_emulation(plan, console=console, runs_dir=args.runs_dir, process_ends=True, strict=args.strict,
+                         twin=twin_line, **overrides)
 
 
 def _dilation_arg(text: str) -> float | str:

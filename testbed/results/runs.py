@@ -63,15 +63,15 @@ TwinLine = Callable[[Path, Plan, int, bool], tuple[str, dict]]
 
 def run_emulation(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
                   duration_s: float | None = None, link_emulator: str | None = None,
-                  base_dir: Path | None = None, process_ends: bool = False, strict: bool = False,
+                  process_ends: bool = False, strict: bool = False,
                   summarise: Summariser | None = None, twin: TwinLine | None = None) -> int:
     """Emulate a planned experiment end to end (:func:`testbed.emu.lifecycle.emulate`), then record its
     verdict and summarise what was measured (:func:`finish_emulation`); returns the exit code
     (:mod:`testbed.core.errors`). A plan whose time dilation is ``auto`` gets its k first, from
     measured warm-ups (:func:`testbed.emu.autodilate.resolve`; they go to ``runs_dir/auto-dilation``).
     Results go to ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an
-    interruption are kept and summarised. ``base_dir`` is unused (the plan carries the experiment's
-    folder). ``process_ends``: the caller exits with the returned code right after (the CLI):
+    interruption are kept and summarised (the plan carries the experiment's folder, where its traces
+    are read). ``process_ends``: the caller exits with the returned code right after (the CLI):
     SIGINT and SIGTERM stay ignored once the outcome is recorded, so the process's exit status is
     the recorded one. ``strict``: a run whose measurements say its time dilation was too small exits
     3 (:mod:`testbed.results.verdict`). ``summarise``: what summarises (default:
@@ -228,7 +228,7 @@ def summarize_twin(twin: TwinLine, run_dir: Path, plan: Plan, s: dict, ok: bool,
 
 # ----------------------------------------------------------------------------- simulation
 
-def run_simulation(plan: Plan, base_dir: Path | None = None, runs_dir: Path | None = None,
+def run_simulation(plan: Plan, runs_dir: Path | None = None,
                    duration_s: float | None = None, seed: int | None = None, policy: str | None = None,
                    run_dir: Path | None = None, console: Console | None = None,
                    quiet: bool = False) -> tuple[Path, dict]:
@@ -247,7 +247,7 @@ def run_simulation(plan: Plan, base_dir: Path | None = None, runs_dir: Path | No
             the reason; nothing is left there).
     """
     exp = plan.experiment
-    out = simulate(plan, base_dir=base_dir, duration_s=duration_s, seed=seed, policy=policy)
+    out = simulate(plan, duration_s=duration_s, seed=seed, policy=policy)
     if run_dir is None:
         base = Path(runs_dir) if runs_dir else repo_path(exp.runs_dir)
         tag = f"-{ref_slug(policy)}" if policy else ""
