@@ -138,7 +138,7 @@ def run_server(plan, cluster: str, k: float, tmp: Path, t_s, models, seed: int) 
     from testbed.plan.dilation import dilate, with_time_dilation
     from testbed.serve.launch import server_command
 
-    spec = next(c for c in plan.experiment.clusters if c.name == cluster)
+    spec = plan.cluster_spec(cluster)
     zoo_dir = plan.zoo_dir
     manifest = zoo.load_manifest(zoo_dir)
     ready = tmp / "ready.json"
