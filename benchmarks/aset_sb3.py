@@ -106,7 +106,7 @@ def run(cfg_path: str, scenarios: list[str], steps: int, seeds: int) -> int:
     from testbed.aset.jobs import agent_job, static_job
     from testbed.core.util import ci95, repo_path
     from testbed.plan.build import plan_experiment
-    from testbed.plan.policies import aset_actions, load_aset
+    from testbed.plan.policy_resolution import aset_actions, load_aset
     from testbed.spec.experiment import AsetSpec
 
     cfg, base = load_aset(cfg_path)

@@ -25,7 +25,7 @@ from testbed.agent.observation import (
 from testbed.aset.envs import AsetSimEnv
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import build_plan, plan_experiment
-from testbed.plan.policies import check_aset_policies
+from testbed.plan.policy_resolution import check_aset_policies
 from testbed.spec.aset import AgentSpec, AsetConfig, ObservationSpec, TrainingSpec, load_aset_config
 from testbed.spec.experiment import ConfigError
 

@@ -311,7 +311,7 @@ def test_sweep_refuses_a_plugin_that_cannot_be_used_before_running(sched, tmp_pa
 
 def test_a_plugin_is_an_aset_action(sched):
     from testbed.aset.envs import AsetSimEnv
-    from testbed.plan.policies import aset_actions
+    from testbed.plan.policy_resolution import aset_actions
     from testbed.spec.aset import AsetConfig
 
     ref = "tb_sched:two_choices(d=2)"

@@ -16,7 +16,7 @@ from testbed.cli.common import console, int_at_least, plain_help
 from testbed.core.errors import InputError
 from testbed.core.util import repo_path
 from testbed.model.policies import CATALOGUE
-from testbed.plan.policies import aset_actions, load_aset
+from testbed.plan.policy_resolution import aset_actions, load_aset
 from testbed.spec.aset import (
     DEFAULT_EVALUATION_SEEDS,
     DEFAULT_TUNING_SEEDS,

@@ -35,7 +35,7 @@ from testbed.core.plugins import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 from testbed.emu.cleanup import cleanup
 from testbed.plan.build import Plan, plan_experiment
 from testbed.plan.dilation import check_dilation, with_time_dilation
-from testbed.plan.policies import load_aset
+from testbed.plan.policy_resolution import load_aset
 from testbed.plan.resolved import PlanError
 from testbed.results.runs import run_emulation
 from testbed.results.twin_comparison import twin_line

@@ -15,7 +15,7 @@ from testbed.core.plugins import PluginError, normalize_ref
 from testbed.core.util import repo_path
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import check_load_bounds, events_after_end, plan_experiment, runs_dir_problem
-from testbed.plan.policies import check_policy
+from testbed.plan.policy_resolution import check_policy
 from testbed.plan.speeds import apply_speeds, read_speeds
 from testbed.results import runs
 from testbed.spec.experiment import MAX_SEED

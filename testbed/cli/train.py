@@ -18,7 +18,7 @@ from testbed.aset.scenarios import resolve, training_scenarios
 from testbed.cli.common import console, int_at_least, plain_help
 from testbed.cli.simulate import seed_arg
 from testbed.core.errors import InputError, counted, naming_file
-from testbed.plan.policies import load_aset
+from testbed.plan.policy_resolution import load_aset
 from testbed.spec.experiment import format_validation_error
 
 _positive_int = int_at_least(1)

@@ -44,7 +44,7 @@ service-time profile   error unless the catalog has one for the       same
                        model at the cluster's runtime
 policy names           error unless the experiment's and each         same
                        source's ``policy`` is a registered policy
-                       or ``aset`` (testbed.plan.policies)
+                       or ``aset`` (testbed.plan.policy_resolution)
 =====================  =============================================  ===============================
 
 Link delay: the configured one if given, else great-circle km x ms_per_km x route_factor, never
@@ -84,7 +84,7 @@ from testbed.plan.checks import (
 )
 from testbed.plan.cluster_figures import request_sizes, resolve_models
 from testbed.plan.event_resolution import events_after_end, resolve_events
-from testbed.plan.policies import check_experiment_policies, decision_costs
+from testbed.plan.policy_resolution import check_experiment_policies, decision_costs
 from testbed.plan.resolved import Host, Link, PathInfo, Plan, PlanError, QueueSettings, Switch
 from testbed.plan.workload import check_load_bounds, resolve_weights
 from testbed.spec.experiment import Experiment, load_experiment

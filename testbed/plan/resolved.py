@@ -140,7 +140,7 @@ class Plan(_PlanModel):
     ``decision_ms``: per policy the sources use, the cost (ms) the simulator charges each decision it
     makes (td - t0, ``dispatch_ms``; a decision the dispatcher's cache gives costs nothing): 0 for a
     built-in policy, the median of a plug-in's
-    plan-time check calls for a plug-in (:func:`testbed.plan.policies.decision_costs`); fixed here
+    plan-time check calls for a plug-in (:func:`testbed.plan.policy_resolution.decision_costs`); fixed here
     so that simulating ``plan.json`` again gives the same run.
     """
 

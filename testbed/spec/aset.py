@@ -480,8 +480,8 @@ class AsetConfig(StrictModel):
     action-index order (default: every registered policy, :data:`testbed.model.policies.CATALOGUE`).
     A policy is a name here; the names (``actions``, the reward's baselines, the observation's
     plans) are checked against the policy registry where the config is loaded for use
-    (:func:`testbed.plan.policies.load_aset`), and the action set is
-    :func:`testbed.plan.policies.aset_actions`."""
+    (:func:`testbed.plan.policy_resolution.load_aset`), and the action set is
+    :func:`testbed.plan.policy_resolution.aset_actions`."""
 
     @model_validator(mode="after")
     def _consistent(self) -> AsetConfig:

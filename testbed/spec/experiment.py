@@ -76,7 +76,7 @@ def _policy_ref(value: Any) -> Any:
 
 
 #: A policy: a static policy of the policy registry (testbed.model.policies; the experiment knows no
-#: list of them: the plan resolves it, testbed.plan.policies.check_policy), :data:`ASET_POLICY`, or
+#: list of them: the plan resolves it, testbed.plan.policy_resolution.check_policy), :data:`ASET_POLICY`, or
 #: a plug-in: an entry-point name of group ``testbed.policies``, ``package.module:callable``, either
 #: with parameters (``mypkg.sched:p2c(d=2)``), or the mapping ``{use: ..., params: {...}}``, held as
 #: that string form (docs/extending.md, "A policy of your own (plug-in)").
