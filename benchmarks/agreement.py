@@ -63,23 +63,20 @@ def main() -> int:
         if a.no_rtt_check:
             exp = exp.model_copy(update={"emulation": exp.emulation.model_copy(update={"rtt_check": False})})
         plan = build_plan(exp, base_dir=Path(a.experiment).parent)
-        sim_dir, s = run_simulation(plan, Path(a.experiment).parent, duration_s=duration,
-                                         run_dir=out / f"sim-{pol}", quiet=True)
+        sim_dir, s = run_simulation(plan, duration_s=duration, run_dir=out / f"sim-{pol}", quiet=True)
         rows.append(_row("simulation", pol, sim_dir, s))
         oh, ph = parse_delay_ms(a.overhead, item="--overhead"), parse_delay_ms(a.per_hop, item="--per-hop")
         if oh or ph:
             cal = exp.model_copy(update={"simulation": exp.simulation.model_copy(
                 update={"overhead_ms": oh, "per_hop_ms": ph})})
-            cdir, cs = run_simulation(build_plan(cal, base_dir=Path(a.experiment).parent),
-                                           Path(a.experiment).parent, duration_s=duration,
+            cdir, cs = run_simulation(build_plan(cal, base_dir=Path(a.experiment).parent), duration_s=duration,
                                            run_dir=out / f"simcal-{pol}", quiet=True)
             rows.append(_row("simulation-calibrated", pol, cdir, cs))
         emu_runs = out / f"emu-{pol}"
         done = [d for d in sorted(emu_runs.glob("*")) if (d / "summary.json").exists()] if a.reuse else []
         for _attempt in range(0 if done else 10):
             try:
-                code = run_emulation(plan, console=console, runs_dir=emu_runs, duration_s=duration,
-                                      base_dir=Path(a.experiment).parent)
+                code = run_emulation(plan, console=console, runs_dir=emu_runs, duration_s=duration)
             except RunLockedError:
                 code = 75
             run_dirs = sorted(emu_runs.glob("*")) if emu_runs.exists() else []

@@ -30,6 +30,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+def peer_extra_missing(what: str) -> bool:
+    """True, with the install command said on stderr, when the optional extra 'peer'
+    (Stable-Baselines3 and torch) that ``what`` needs is not installed."""
+    try:
+        import stable_baselines3  # noqa: F401 - the optional extra
+    except ImportError:
+        print(f"error: {what} needs the optional extra 'peer' (Stable-Baselines3 and torch): "
+              ".venv/bin/pip install -e '.[peer]'", file=sys.stderr)
+        return True
+    return False
+
+
 def sources_vec_env(env):
     """An SB3 ``VecEnv`` whose sub-environments are the sources of one :class:`AsetSimEnv`."""
     from stable_baselines3.common.vec_env import VecEnv
@@ -94,7 +106,7 @@ def run(cfg_path: str, scenarios: list[str], steps: int, seeds: int) -> int:
     from testbed.aset.jobs import agent_job, static_job
     from testbed.core.util import ci95, repo_path
     from testbed.plan.build import plan_experiment
-    from testbed.plan.policies import aset_actions, load_aset
+    from testbed.plan.policy_resolution import aset_actions, load_aset
     from testbed.spec.experiment import AsetSpec
 
     cfg, base = load_aset(cfg_path)
@@ -139,11 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=16000, help="windows of training (x the sources: SB3 steps)")
     ap.add_argument("--seeds", type=int, default=10)
     args = ap.parse_args(argv)
-    try:
-        import stable_baselines3  # noqa: F401 - the optional extra
-    except ImportError:
-        print("error: this benchmark needs the optional extra 'peer' (Stable-Baselines3 and torch): "
-              ".venv/bin/pip install -e '.[peer]'", file=sys.stderr)
+    if peer_extra_missing("this benchmark"):
         return 2
     return run(args.config, args.scenarios.split(","), args.steps, args.seeds)
 

@@ -101,7 +101,7 @@ import json, sys, threading, time
 from pathlib import Path
 from testbed.plan import zoo
 from testbed.serve.scheduler import Job, Scheduler
-from testbed.serve.zoo import load_model
+from testbed.serve.loaders import load_model
 zoo_dir, name, runtime, threads, pad, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), \
     float(sys.argv[5]), int(sys.argv[6])
 manifest = zoo.load_manifest(zoo_dir)
@@ -142,7 +142,7 @@ def _service_samples(model: str, cores: float, k: float, samples: int) -> tuple[
     from testbed.model.cpu import threads_per_call
     from testbed.plan.dilation import nested_cpu
     from testbed.serve.handling import default_runtime
-    from testbed.serve.zoo import load_manifest
+    from testbed.serve.loaders import load_manifest
 
     zoo = REPO / "models" / "zoo"
     runtime = default_runtime(load_manifest(zoo), model)
@@ -298,7 +298,7 @@ def _simulate(plan, out: Path, duration: float) -> dict:
 def _stage_medians(run_dir: Path) -> dict[str, float | None]:
     """Median (ms) of each stage of :data:`STAGES` and e2e p50 / p95 over the answered queries."""
     from testbed.results.figures import answered
-    from testbed.results.records import read_records
+    from testbed.results.record_files import read_records
 
     path = run_dir / "records.parquet"
     df = answered(read_records(path if path.exists() else run_dir / "records.csv")) if (

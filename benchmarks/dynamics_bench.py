@@ -9,7 +9,7 @@ from the event to its effect, the value asked and the value measured::
     sudo .venv/bin/python benchmarks/dynamics_bench.py events --scenarios degradation failure \\
         --seeds 1 2 3 [--json out.json]
 
-``kinds`` (root): every registered kind of link event (:data:`testbed.model.events.LINK_KINDS`:
+``kinds`` (root): every registered kind of link event (:data:`testbed.model.timeline.LINK_KINDS`:
 the values of its ``examples``, then back), ``--repeat`` times each, fired on the triangle
 (``experiments/triangle.yaml``, no servers, no load); per kind the lag, the time from the event to
 its effect, value asked vs measured, the share within tolerance, and for ``link_down`` the time
@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.scale_bench import emulation_lock, run_benchmark  # noqa: E402 - after the path
-from testbed.model.events import LINK_KINDS, kind_of  # noqa: E402 - after the path
+from testbed.model.timeline import LINK_KINDS, kind_of  # noqa: E402 - after the path
 
 # ------------------------------------------------------------------------------------- events
 
@@ -88,7 +88,7 @@ def cmd_events(args) -> dict:
             plan = build_plan(exp.model_copy(update={"seed": seed}), base_dir=path.parent)
             load = os.getloadavg()[0]
             emu, events = _emulate(plan, tmp / f"{name}-{seed}-emu")
-            _, sim = run_simulation(plan, path.parent, tmp / f"{name}-{seed}-sim", seed=seed, quiet=True)
+            _, sim = run_simulation(plan, tmp / f"{name}-{seed}-sim", seed=seed, quiet=True)
             out["runs"].append({"scenario": name, "seed": seed, "load_before": round(load, 2), "emulation": emu,
                                 "simulation": _summary_row(sim)})
             out["events"] += [{"scenario": name, "seed": seed, **{k: e[k] for k in
@@ -142,8 +142,8 @@ def cmd_kinds(args) -> dict:
     import yaml
 
     from testbed.emu.bringup import emulated_network, new_run_dir
-    from testbed.emu.events import EventRunner
-    from testbed.model.events import Change
+    from testbed.emu.event_runner import EventRunner
+    from testbed.model.timeline import Change
     from testbed.plan.build import build_plan
     from testbed.spec.experiment import Experiment
 

@@ -234,19 +234,26 @@ step_install() {
   return "${PIPESTATUS[0]}"
 }
 
-step_run() {  # a failed run is kept too (its folder says why): the check step judges it
-  # Detached in the guest (setsid, its output to /root/runs/kp.log, its exit code to kp.rc): an ssh
-  # session that drops under TCG (one did, at the summary of a dilated run) cannot take the run down.
-  local rc deadline
-  gssh "cd /root/testbed && modprobe openvswitch && modprobe sch_netem && mkdir -p /root/runs \
-        && rm -f /root/runs/kp.rc /root/runs/kp.log \
-        && (setsid sh -c 'PYTHONFAULTHANDLER=1 .venv/bin/testbed run $EXPERIMENT --runs-dir /root/runs $RUN_ARGS > /root/runs/kp.log 2>&1; \
-              echo \$? > /root/runs/kp.rc' < /dev/null > /dev/null 2>&1 &)"
-  deadline=$(( $(date +%s) + 7200 ))
-  until gssh 'test -s /root/runs/kp.rc' 2>/dev/null; do
-    [ "$(date +%s)" -lt "$deadline" ] || die "the guest's run did not end within 7200 s (its log: /root/runs/kp.log)"
-    sleep 15
+guest_detached() {  # guest_detached NAME WHAT LIMIT_S POLL_S PREP CMD
+  # CMD in the guest's /root/testbed after PREP, detached (setsid, its output to /root/runs/NAME.log,
+  # its exit code to NAME.rc, PYTHONFAULTHANDLER=1): an ssh session that drops under TCG (one did, at
+  # the summary of a dilated run) cannot take it down. Waits for NAME.rc, polling every POLL_S, at
+  # most LIMIT_S.
+  local name=$1 what=$2 limit=$3 poll=$4 prep=$5 cmd=$6 deadline
+  gssh "cd /root/testbed && $prep && rm -f /root/runs/$name.rc /root/runs/$name.log \
+        && (setsid sh -c 'PYTHONFAULTHANDLER=1 $cmd > /root/runs/$name.log 2>&1; \
+              echo \$? > /root/runs/$name.rc' < /dev/null > /dev/null 2>&1 &)"
+  deadline=$(( $(date +%s) + limit ))
+  until gssh "test -s /root/runs/$name.rc" 2>/dev/null; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "the guest's $what did not end within $limit s (its log: /root/runs/$name.log)"
+    sleep "$poll"
   done
+}
+
+step_run() {  # a failed run is kept too (its folder says why): the check step judges it
+  local rc
+  guest_detached kp run 7200 15 "modprobe openvswitch && modprobe sch_netem && mkdir -p /root/runs" \
+    ".venv/bin/testbed run $EXPERIMENT --runs-dir /root/runs $RUN_ARGS"
   gssh 'cat /root/runs/kp.log' | tee -a "$WORK/run.log"
   rc=$(gssh 'cat /root/runs/kp.rc')
   gssh 'ls -1t /root/runs | grep -v -e "^kp\." -e "^val\." -e "^auto-dilation$" -e "^validate$" | head -1' > "$WORK/run_id"
@@ -305,17 +312,9 @@ print("check: kernel datapath and netem, run ok")
 EOF
 }
 
-step_validate() {  # detached as the run step is; its exit code to val.rc
-  local deadline
-  gssh "cd /root/testbed && mkdir -p /root/runs/validate && rm -f /root/runs/val.rc \
-        && (setsid sh -c 'PYTHONFAULTHANDLER=1 .venv/bin/python -m benchmarks.dilation --out /root/runs/validate \
-              validate $VALIDATE --k auto --duration $VALIDATE_DURATION > /root/runs/val.log 2>&1; \
-              echo \$? > /root/runs/val.rc' < /dev/null > /dev/null 2>&1 &)"
-  deadline=$(( $(date +%s) + 10800 ))
-  until gssh 'test -s /root/runs/val.rc' 2>/dev/null; do
-    [ "$(date +%s)" -lt "$deadline" ] || die "the guest's validate did not end within 10800 s (/root/runs/val.log)"
-    sleep 30
-  done
+step_validate() {  # detached as the run step is
+  guest_detached val validate 10800 30 "mkdir -p /root/runs/validate" \
+    ".venv/bin/python -m benchmarks.dilation --out /root/runs/validate validate $VALIDATE --k auto --duration $VALIDATE_DURATION"
   gssh 'cat /root/runs/val.log' | tee -a "$WORK/validate.log"
   mkdir -p "$OUT/validate"
   gssh 'tar -C /root/runs/validate -c validate.json validate.md validate.csv' | tar -x -C "$OUT/validate"

@@ -1,4 +1,4 @@
-"""Reading a capture: scapy's full dissection vs dpkt vs what testbed/results/capture.py does.
+"""Reading a capture: scapy's full dissection vs dpkt vs what testbed/results/pcap_analysis.py does.
 
 Run: ``nice -n 19 .venv/bin/python benchmarks/pcap_bench.py [--packets 200000] [--baseline-rev 7e10f15]``
 
@@ -10,8 +10,8 @@ payload head) per packet:
 * ``scapy dissect``: scapy ``RawPcapReader`` + ``Ether(frame)`` and its IP/TCP layers;
 * ``dpkt``: ``dpkt.pcap.UniversalReader`` + ``dpkt.ethernet.Ethernet`` (timestamps are floats
   there: 1.8e9 s since the epoch in a float64 keep about 0.24 us, not the ns the capture has);
-* ``analysis.py``: :func:`testbed.results.capture.read_pcap` (scapy ``RawPcapReader``, exact
-  integer ns) + :func:`~testbed.results.capture.parse_tcp` (dpkt);
+* ``analysis.py``: :func:`testbed.results.pcap_analysis.read_pcap` (scapy ``RawPcapReader``, exact
+  integer ns) + :func:`~testbed.results.pcap_analysis.parse_tcp` (dpkt);
 * ``scapy read only``: scapy ``RawPcapReader`` without dissection (the reading cost alone);
 * with ``--baseline-rev``: the hand-written reader and parser of that revision (``git show``).
 
@@ -86,7 +86,7 @@ def dpkt_only(path: Path) -> int:
 
 def analysis(path: Path, mod=None) -> int:
     if mod is None:
-        from testbed.results import capture as mod
+        from testbed.results import pcap_analysis as mod
     return sum(1 for _ts, f in mod.read_pcap(path) if isinstance(mod.parse_tcp(f), tuple))
 
 
@@ -97,11 +97,11 @@ def scapy_read_only(path: Path) -> int:
 
 
 def baseline_module(rev: str) -> types.ModuleType:
-    """testbed/results/capture.py of revision ``rev``, as a module."""
-    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:testbed/results/capture.py"], check=True,
+    """testbed/results/pcap_analysis.py of revision ``rev``, as a module."""
+    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:testbed/results/pcap_analysis.py"], check=True,
                          capture_output=True, text=True).stdout
     mod = types.ModuleType(f"analysis_{rev}")
-    exec(compile(src, f"{rev}:testbed/results/capture.py", "exec"), mod.__dict__)  # noqa: S102 - our own history
+    exec(compile(src, f"{rev}:testbed/results/pcap_analysis.py", "exec"), mod.__dict__)  # noqa: S102 - our own history
     return mod
 
 

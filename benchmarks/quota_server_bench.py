@@ -138,7 +138,7 @@ def run_server(plan, cluster: str, k: float, tmp: Path, t_s, models, seed: int) 
     from testbed.plan.dilation import dilate, with_time_dilation
     from testbed.serve.launch import server_command
 
-    spec = next(c for c in plan.experiment.clusters if c.name == cluster)
+    spec = plan.cluster_spec(cluster)
     zoo_dir = plan.zoo_dir
     manifest = zoo.load_manifest(zoo_dir)
     ready = tmp / "ready.json"
@@ -164,11 +164,7 @@ def run_server(plan, cluster: str, k: float, tmp: Path, t_s, models, seed: int) 
     finally:
         stop_processes([proc])
         log.close()
-        for d in dirs:
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+        cgroups.remove_groups(dirs)
     loop = (c1.get(proc.pid, 0) - c0.get(proc.pid, 0)) / 1e6
     others = sum(v - c0.get(t, 0) for t, v in c1.items() if t != proc.pid) / 1e6
     cpu = {"loop_cpu_ms": round(loop, 1), "other_cpu_ms": round(others, 1), "pad": pad,

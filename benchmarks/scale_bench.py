@@ -248,7 +248,7 @@ class _MemSampler(threading.Thread):
 #: Process roles of the CPU breakdown (``load``): the first whose pattern is in the command line.
 def plain_mininet(plan) -> dict:
     """Plain Mininet on the plan's switches and links (module doc); seconds and peak memory."""
-    from testbed.emu.network import _import_mininet
+    from testbed.emu.mininet_network import _import_mininet
 
     mn_net, mn_node, mn_link = _import_mininet()
     mem = _MemSampler(None)
@@ -313,7 +313,7 @@ def testbed_bringup(plan, pings: int = 20) -> dict:
 
 
 def cmd_bringup(args) -> dict:
-    from testbed.emu.network import _import_mininet
+    from testbed.emu.mininet_network import _import_mininet
 
     _import_mininet()  # both sides are timed without Python's import of Mininet
     rows = []
@@ -442,7 +442,7 @@ def cmd_big(args) -> dict:
     from rich.console import Console
 
     from testbed.emu.capacity import check_capacity
-    from testbed.emu.network import _import_mininet
+    from testbed.emu.mininet_network import _import_mininet
     from testbed.plan.build import plan_experiment
     from testbed.plan.dilation import with_time_dilation
     from testbed.results.runs import run_emulation, run_simulation

@@ -113,11 +113,9 @@ def stop_server(proc: subprocess.Popen, dirs: list) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    for d in dirs:
-        try:
-            d.rmdir()
-        except OSError:
-            pass
+    from testbed.core import cgroups
+
+    cgroups.remove_groups(dirs)
 
 
 class RawHTTP:

@@ -10,7 +10,7 @@ Each experiment (default: ``experiments/default.yaml`` and the five scenarios wi
 ``report_interval`` set to each of ``--intervals`` (default 0.1, 0.5, 2 s; the shipped files use
 0.5 s) and renamed ``<name>.R<interval>s``; every (experiment, interval) x policy (default: the
 whole catalogue) x seed 1..``--seeds`` (default 10) is one simulated run, the cell of
-``testbed sweep`` (:func:`testbed.results.sweep.run_one`, through
+``testbed sweep`` (:func:`testbed.results.sweep_runner.run_one`, through
 :func:`testbed.core.distributed.imap_unordered`'s process pool). The sweep itself takes experiment
 files; the report interval is not one of its overrides, hence this script.
 
@@ -58,7 +58,7 @@ def _plans(experiments: list[str], intervals: list[float]) -> list:
 def _run(plans: list, policies: list[str], seeds: list[int], jobs: int, duration_s: float | None) -> pd.DataFrame:
     """One row per (plan, policy, seed): the sweep's cell, in a pool of ``jobs`` processes."""
     from testbed.core.distributed import imap_unordered
-    from testbed.results.sweep import run_one
+    from testbed.results.sweep_runner import run_one
 
     tasks = [(plan, p, s, duration_s, None) for plan in plans for p in policies for s in seeds]
     rows, t = [], time.perf_counter()

@@ -8,7 +8,7 @@ experiments/scenario-{low,capacity,bursty,hotspot,degradation,failure}.yaml`` --
 least_loaded, min_latency, random x seeds 1..2, each run 120 simulated s: 48 cells with six) three
 ways, each into a fresh folder:
 
-1. ``process``: :func:`testbed.results.sweep.sweep` with the process pool, ``--jobs`` workers (default 2);
+1. ``process``: :func:`testbed.results.sweep_runner.sweep` with the process pool, ``--jobs`` workers (default 2);
 2. ``ray embedded``: ``backend="ray"``, the embedded local Ray with ``--jobs`` CPUs (``ray.init()``);
 3. ``ray cluster``: a local two-node cluster (``ray.cluster_utils.Cluster``: head + one worker,
    ``--jobs`` // 2 CPUs each, every service on 127.0.0.1), the sweep with ``ray_address``.
@@ -44,7 +44,7 @@ def main() -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only (testbed.core.distributed)
     from rich.console import Console
 
-    from testbed.results.sweep import sweep
+    from testbed.results.sweep_runner import sweep
     from testbed.spec.units import parse_duration_s
 
     pols = a.policies.split(",")

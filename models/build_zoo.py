@@ -102,8 +102,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo_sources as src  # noqa: E402
 
+from testbed.core.hashing import file_sha256  # noqa: E402
 from testbed.plan import zoo  # noqa: E402
-from testbed.serve import zoo as loaders  # noqa: E402
+from testbed.serve import loaders  # noqa: E402
 
 #: Bump when data preparation, split, architectures or training change.
 RECIPE_VERSION = 5
@@ -363,7 +364,7 @@ def _keras_weights(name: str) -> tuple[Path | None, str]:
     path = src.keras_weights_file(src.KERAS_VARIANTS[name]["weights_file"])
     if path is None:
         return None, "random"
-    return path, f"imagenet: {path} (sha256 {src.sha256(path.read_bytes())})"
+    return path, f"imagenet: {path} (sha256 {file_sha256(path)})"
 
 
 def _keras_reusable(old: dict[str, Any] | None, name: str) -> bool:

@@ -17,7 +17,6 @@ Every published figure below carries its source.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import subprocess
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from testbed.core.hashing import bytes_sha256, file_sha256
 
 #: (distribution, version, wheel file name, sha256 of the wheel) -- checked by pip (--require-hashes) and here.
 MEDIAPIPE_WHEEL = ("mediapipe", "0.10.21", "mediapipe-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
@@ -89,11 +90,6 @@ class SourceError(RuntimeError):
     """A wheel cannot be downloaded or a file in it is missing or has the wrong sha256 (named)."""
 
 
-def sha256(data: bytes) -> str:
-    """Hex sha256 of ``data``."""
-    return hashlib.sha256(data).hexdigest()
-
-
 def fetch_wheel(wheel: tuple[str, str, str, str], cache: Path) -> Path:
     """The wheel file in ``cache``, downloaded once with ``pip download --no-deps --require-hashes``.
 
@@ -102,7 +98,7 @@ def fetch_wheel(wheel: tuple[str, str, str, str], cache: Path) -> Path:
     """
     dist, version, fname, digest = wheel
     path = cache / fname
-    if not path.is_file() or sha256(path.read_bytes()) != digest:
+    if not path.is_file() or file_sha256(path) != digest:
         cache.mkdir(parents=True, exist_ok=True)
         req = cache / f"{dist}.requirements.txt"
         req.write_text(f"{dist}=={version} --hash=sha256:{digest}\n")
@@ -112,7 +108,7 @@ def fetch_wheel(wheel: tuple[str, str, str, str], cache: Path) -> Path:
         if proc.returncode != 0 or not path.is_file():
             tail = (proc.stdout + proc.stderr)[-2000:]
             raise SourceError(f"cannot download {dist}=={version} ({' '.join(cmd)}):\n{tail}")
-    got = sha256(path.read_bytes())
+    got = file_sha256(path)
     if got != digest:
         raise SourceError(f"{path}: sha256 {got} != pinned {digest}")
     return path
@@ -141,7 +137,7 @@ def extract(wheel_path: Path, members: dict[str, str], out: Path) -> dict[str, P
 
 def check_sha256(name: str, data: bytes, digest: str) -> None:
     """Raise SourceError naming ``name`` unless sha256(``data``) == ``digest``."""
-    got = sha256(data)
+    got = bytes_sha256(data)
     if got != digest:
         raise SourceError(f"{name}: sha256 {got} != pinned {digest} (corrupt download or a different release)")
 

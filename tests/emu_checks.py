@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,28 @@ def assert_unless_saturated(run_dir: Path, checks: dict[str, bool], figures: str
         pytest.skip(f"not met: {'; '.join(failed)} ({figures}), while the CPUs were at least 90 % busy for "
                     f"{cpu['saturated_s']:g} s of the {cpu.get('window_s', 0):g} s load (the run's machine_cpu)")
     raise AssertionError(f"not met: {'; '.join(failed)} ({figures})")
+
+
+def run_triangle(tmp_path: Path, **top) -> tuple[int, Path]:
+    """experiments/triangle.yaml with the top-level keys of ``top`` (:func:`triangle_inputs.triangle_data`)
+    emulated for real into ``tmp_path/runs``: the exit code and the run folder."""
+    from triangle_inputs import triangle_data, write_data
+
+    from testbed.plan.build import plan_experiment
+    from testbed.results.runs import run_emulation
+
+    plan = plan_experiment(write_data(tmp_path, "triangle.yaml", triangle_data(**top)))
+    runs = tmp_path / "runs"
+    code = run_emulation(plan, runs_dir=runs)
+    return code, next(runs.iterdir())
+
+
+def cgroups_usable() -> bool:
+    """True as root on a machine with a cgroup cpu controller (a CFS quota can be set)."""
+    from testbed.core import cgroups
+
+    try:
+        cgroups.cgroup_version()
+    except cgroups.CgroupError:
+        return False
+    return os.geteuid() == 0

@@ -25,7 +25,7 @@ from testbed.agent.observation import (
 from testbed.aset.envs import AsetSimEnv
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import build_plan, plan_experiment
-from testbed.plan.policies import check_aset_policies
+from testbed.plan.policy_resolution import check_aset_policies
 from testbed.spec.aset import AgentSpec, AsetConfig, ObservationSpec, TrainingSpec, load_aset_config
 from testbed.spec.experiment import ConfigError
 
@@ -393,7 +393,7 @@ def test_checkpoint_of_another_observation_size_fails_naming_both_sizes(toy_trai
 
 
 def _live_cfg(plan, aset, options=None, records=None):
-    """A source's config as testbed.emu.run writes it (testbed.plan.boundaries.SourceConfig)."""
+    """A source's config as testbed.emu.lifecycle writes it (testbed.plan.boundaries.SourceConfig)."""
     from testbed.plan.boundaries import SelectorContext, SourceConfig
 
     opts = options or [(h.name, plan.rtt_ms("srca", h.name)) for h in plan.clusters]
@@ -469,7 +469,7 @@ def _skip_unless_committed_checkpoint_is_current() -> None:
 
 
 def test_live_experiment_source_configs_drive_a_policy_of_its_plan(tmp_path):
-    """Every source config of experiments/aset-live.yaml, as testbed.emu.run writes it, drives the live
+    """Every source config of experiments/aset-live.yaml, as testbed.emu.lifecycle writes it, drives the live
     selector of a policy exported for that plan (random weights: the fit of names, source ids and
     sizes is what is tested, whatever models/aset/aset is)."""
     from testbed.agent.live import SourceSelector as LivePolicySelector
@@ -501,7 +501,7 @@ def test_live_experiment_source_configs_drive_a_policy_of_its_plan(tmp_path):
 
 
 def test_committed_checkpoint_drives_the_live_experiment():
-    """models/aset/aset fits experiments/aset-live.yaml: the source config as testbed.emu.run writes it
+    """models/aset/aset fits experiments/aset-live.yaml: the source config as testbed.emu.lifecycle writes it
     (applications, per (cluster, model) options, the experiment's aset section) is accepted."""
     from testbed.agent.live import SourceSelector as LivePolicySelector
     from testbed.plan.boundaries import SourceConfig

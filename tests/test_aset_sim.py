@@ -11,7 +11,7 @@ import pytest
 from testbed.aset.envs import AsetSimEnv
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import plan_experiment
-from testbed.plan.policies import aset_actions
+from testbed.plan.policy_resolution import aset_actions
 from testbed.spec.aset import ObservationSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,7 +135,7 @@ def test_a_mix_baseline_gives_zero_reward_to_the_agent_that_plays_the_mix():
 
 def test_a_mix_baseline_that_does_not_fit_is_refused_naming_it(plan):
     from testbed.aset.scenarios import check_reward_baselines
-    from testbed.plan.policies import check_aset_policies
+    from testbed.plan.policy_resolution import check_aset_policies
     from testbed.spec.aset import AsetConfig, RewardSpec
     from testbed.spec.experiment import ConfigError
 

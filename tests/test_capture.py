@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed.emu.capture import packet_bound, tcpdump_command
+from testbed.emu.pcap import packet_bound, tcpdump_command
 from testbed.model.records import RECORD_FIELDS
 from testbed.plan.build import PlanError, plan_experiment
-from testbed.plan.capture import capture_points, validate_capture
-from testbed.results.capture import IPV6, PcapError, analyze_run, load_packets, parse_tcp, read_pcap
+from testbed.plan.capture_points import capture_points, validate_capture
+from testbed.results.pcap_analysis import IPV6, PcapError, analyze_run, load_packets, parse_tcp, read_pcap
 from testbed.results.summary import merge_records
 from testbed.spec.capture import CaptureSpec
 

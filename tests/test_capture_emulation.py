@@ -16,7 +16,7 @@ import pytest
 from emu_checks import expect_run_ok
 
 from testbed.plan.build import plan_experiment
-from testbed.results.report import build_report
+from testbed.results.html_report import build_report
 from testbed.results.runs import run_emulation
 
 REPO = Path(__file__).resolve().parents[1]

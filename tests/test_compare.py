@@ -1,4 +1,4 @@
-"""``testbed compare RUN_DIR``: the twin report (testbed.results.twin's rules, testbed.results.compare).
+"""``testbed compare RUN_DIR``: the twin report (testbed.results.twin's rules, testbed.results.twin_comparison).
 
 The pairing, the "parts at" rule and the windowed interval are tested on synthetic records (pure
 logic). A simulated run relabelled as emulated is its own twin: compare must pair every query and
@@ -24,7 +24,6 @@ from testbed.cli.main import main
 from testbed.core.errors import EXIT_INPUT
 from testbed.model.records import RECORD_FIELDS
 from testbed.plan.build import plan_experiment
-from testbed.results.compare import twin_cost, twin_line
 from testbed.results.runs import run_emulation, run_simulation
 from testbed.results.twin import (
     ARRIVAL_TOLERANCE_MS,
@@ -41,6 +40,7 @@ from testbed.results.twin import (
     where_they_part,
     window_s,
 )
+from testbed.results.twin_comparison import twin_cost, twin_line
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = REPO / "experiments" / "triangle.yaml"

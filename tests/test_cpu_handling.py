@@ -9,7 +9,7 @@ import pytest
 from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import CfsQuota
 from testbed.model.service import isolated_query_s, service_figures
-from testbed.plan import handling as figures
+from testbed.plan import handling_profiles as figures
 from testbed.plan import zoo
 from testbed.plan.build import build_plan
 from testbed.plan.catalog import FixedCatalog

@@ -28,26 +28,22 @@ def test_jobs_that_overlap_share_the_period_quota():
     assert q.run(0.110, 0.005) == pytest.approx(0.115)  # 20 ms of the second period's quota left
 
 
-def test_a_read_during_a_throttled_call_runs_at_the_next_period_beside_it():
+@pytest.mark.parametrize("call_ms, job_at_ms, job_ms, job_end_ms, call_end_ms", [
     # a 40 ms call from 0 runs 25 ms, is throttled, and needs 15 ms more from 100 ms; a 2 ms read
-    # that comes at 50 ms (throttled) runs at 100 ms beside the call, not after its 15 ms
-    q = CfsQuota(0.25, handling=True)
-    q.start(1, 0.0, 0.040)
-    q.start(2, 0.050, 0.002, call=False)
-    ends = q.ends()
-    assert ends[2] == pytest.approx(0.102)
-    assert ends[1] == pytest.approx(0.115)  # the period's quota covers both: the call is not delayed
-
-
-def test_a_job_started_later_can_throttle_the_running_one():
+    # that comes at 50 ms (throttled) runs at 100 ms beside the call, not after its 15 ms: the
+    # period's quota covers both, the call is not delayed
+    (40, 50, 2, 102, 115),
     # the call alone would end at 20 ms; a loop job of 12 ms from 5 ms makes both draw on the 20 ms
     # left, spent at 15 ms: the call has 5 ms to go, the loop 2 ms, both from the next period
+    (20, 5, 12, 102, 105),
+], ids=["a_read_during_a_throttled_call_runs_beside_it", "a_job_started_later_throttles_the_call"])
+def test_a_loop_job_beside_a_call(call_ms, job_at_ms, job_ms, job_end_ms, call_end_ms):
     q = CfsQuota(0.25, handling=True)
-    q.start(1, 0.0, 0.020)
-    q.start(2, 0.005, 0.012, call=False)
-    e = q.ends()
-    assert e[2] == pytest.approx(0.102)
-    assert e[1] == pytest.approx(0.105)
+    q.start(1, 0.0, call_ms / 1e3)
+    q.start(2, job_at_ms / 1e3, job_ms / 1e3, call=False)
+    ends = q.ends()
+    assert ends[2] == pytest.approx(job_end_ms / 1e3)
+    assert ends[1] == pytest.approx(call_end_ms / 1e3)
 
 
 def test_pause_freezes_the_jobs_and_their_quota():

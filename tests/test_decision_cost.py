@@ -8,16 +8,15 @@ per policy and warns (50 ms of a 100 ms deadline); a short real emulation measur
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from emu_checks import expect_run_ok
+from emu_checks import expect_run_ok, run_triangle
+from plugin_files import modules_on_path
 
-from testbed.plan.build import build_plan, plan_experiment
+from testbed.plan.build import build_plan
 from testbed.plan.resolved import Plan
 from testbed.results.figures import DECISION_SHARE_NOTABLE, decision_costs
 from testbed.sim import Simulator
@@ -44,12 +43,7 @@ REF = "tb_slow_policy:slow_closest"
 
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("slowpolicy")
-    (folder / "tb_slow_policy.py").write_text(SLOW)
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-    yield folder
-    sys.path.remove(str(folder))
+    yield from modules_on_path(tmp_path_factory, "slowpolicy", {"tb_slow_policy.py": SLOW})
 
 
 def _experiment(policy: str) -> Experiment:
@@ -100,17 +94,7 @@ def test_the_summary_reports_the_decision_cost_and_warns():
 def test_the_emulation_measures_the_decision_in_dispatch_not_network(slow, tmp_path):
     """A short real emulation with the sleeping plug-in: ~50 ms in dispatch_ms per query, and the
     network excess of the built-in policy's order (a few ms), not +50 ms."""
-    from testbed.results.runs import run_emulation
-
-    data = yaml.safe_load(TRIANGLE.read_text())
-    data.update(policy=REF, duration="6s")
-    data["topology"]["source"] = str(REPO / "topologies" / "triangle.yaml")
-    exp_file = tmp_path / "slow.yaml"
-    exp_file.write_text(yaml.safe_dump(data))
-    plan = plan_experiment(exp_file)
-    runs = tmp_path / "runs"
-    code = run_emulation(plan, runs_dir=runs)
-    run_dir = next(runs.iterdir())
+    code, run_dir = run_triangle(tmp_path, policy=REF, duration="6s")
     expect_run_ok(code, run_dir=run_dir)
     from testbed.results.summary import read_csv_exact
 

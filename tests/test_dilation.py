@@ -7,19 +7,19 @@ from __future__ import annotations
 import math
 import re
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import yaml
+from fakes import SpinModel
 
 from testbed.core.clock import EmulatedClock
-from testbed.emu.events import EventRunner
+from testbed.emu.event_runner import EventRunner
 from testbed.emu.selfcheck import check_rtts
 from testbed.model.arrivals import make_process
-from testbed.model.events import Change, kind_of
+from testbed.model.timeline import Change, kind_of
 from testbed.plan.boundaries import ControllerConfig, ServerConfig, SourceConfig
 from testbed.plan.build import build_plan
 from testbed.plan.dilation import (
@@ -253,22 +253,9 @@ def test_a_cluster_below_one_core_is_padded_and_must_serve_litert():
         dilate(with_time_dilation(tf_plan, 2.0))
 
 
-class _Burn:
-    """A model whose call burns ``ms`` of CPU on the calling thread."""
-
-    def __init__(self, ms: float):
-        self.ms = ms
-
-    def predict(self, x):
-        t = time.thread_time()
-        while time.thread_time() - t < self.ms / 1e3:
-            pass
-        return np.zeros((len(x), 2), dtype=np.float32)
-
-
 def test_a_padded_call_takes_at_least_k_times_its_cpu_time():
     done = threading.Event()
-    sched = Scheduler({"m": _Burn(20.0)}, cpu_pad=K - 1)
+    sched = Scheduler({"m": SpinModel(20.0)}, cpu_pad=K - 1)
     sched.start()
     try:
         job = Job(model="m", x=np.zeros((1, 2), dtype=np.float32), done=lambda j: done.set())

@@ -14,7 +14,7 @@ import pytest
 from emu_checks import expect_run_ok
 
 from testbed.core.clock import EmulatedClock
-from testbed.emu.run import emulated_network, new_run_dir
+from testbed.emu.lifecycle import emulated_network, new_run_dir
 from testbed.emu.selfcheck import check_rtts_twice
 from testbed.plan.build import plan_experiment
 from testbed.plan.dilation import dilate, with_time_dilation

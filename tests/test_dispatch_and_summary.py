@@ -285,7 +285,7 @@ def test_only_the_first_interrupt_of_a_run_unwinds_it():
 
     from rich.console import Console
 
-    from testbed.emu.run import _Interrupts
+    from testbed.emu.lifecycle import _Interrupts
 
     before = signal.getsignal(signal.SIGINT)
     out = io.StringIO()

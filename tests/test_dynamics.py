@@ -3,7 +3,7 @@ and read back by measurement on a triangle (real Mininet, OVS userspace, ryu-man
 
 The emulation tests share one triangle (A-B 2 ms, B-C 3 ms, A-C 10 ms; hosts at 2 Gbit/s) whose
 scenario changes A-B and B-C, so both links have probe hosts. Each test fires its own changes
-through :class:`testbed.emu.events.EventRunner` and leaves the links as planned.
+through :class:`testbed.emu.event_runner.EventRunner` and leaves the links as planned.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import pytest
 import yaml
 
 from testbed.emu.linkctl import Readback
-from testbed.emu.network import (
+from testbed.emu.mininet_network import (
     check_interface_names,
     htb_commands,
     probe_hosts,
     switch_port_names,
     tc_change_commands,
 )
-from testbed.model.events import (
+from testbed.model.timeline import (
     CLUSTER_KINDS,
     EVENT_KINDS,
     LINK_KINDS,
@@ -140,7 +140,7 @@ def test_a_change_that_fires_late_or_not_at_all_stops_the_run(tmp_path):
     from types import SimpleNamespace
 
     from testbed.core.errors import RunFailure
-    from testbed.emu.events import EventRunner
+    from testbed.emu.event_runner import EventRunner
 
     changes = [Change(t_s=1.0, kind="link_bandwidth", event=0, link=("s1", "s3"), value=0.001),
                Change(t_s=3.0, kind="cluster_down", event=1, cluster="edgeb"),
@@ -211,7 +211,7 @@ def live(tmp_path_factory):
 
 def _fire(live, steps: list[tuple[float, str, tuple[str, str], float | None]]) -> list[dict]:
     """Fire ``(t_s, kind, link, value)`` changes now (+0.3 s) and return their events.csv rows."""
-    from testbed.emu.events import EventRunner
+    from testbed.emu.event_runner import EventRunner
 
     changes = [Change(t_s=t, kind=k, event=i, link=link, value=v) for i, (t, k, link, v) in enumerate(steps)]
     runner = EventRunner(live, None, changes, time.time() + 0.3)
@@ -293,7 +293,7 @@ def test_link_down_reroutes_and_the_time_is_recorded(live):
 @pytest.mark.emulation
 @root
 def test_links_above_1gbits_are_shaped_not_clamped(live, tmp_path):
-    from testbed.emu.network import read_htb_rate_mbps
+    from testbed.emu.mininet_network import read_htb_rate_mbps
 
     table = live.emu.applied_table()
     for h in table["hosts"]:  # both ends of every host link at 2000 Mbit/s (Mininet would drop bw > 1000)

@@ -22,7 +22,7 @@ from emu_checks import expect_run_ok
 
 from testbed.core.errors import EXIT_ALL_FAILED
 from testbed.emu.cleanup import RUN_ENV, STATE_FILE, _ovs_bridges, _pids_with_run_ids, cleanup
-from testbed.emu.run import emulated_network, new_run_dir
+from testbed.emu.lifecycle import emulated_network, new_run_dir
 from testbed.emu.selfcheck import check_rtts_twice
 from testbed.plan.build import build_plan, plan_experiment
 from testbed.results.runs import run_emulation

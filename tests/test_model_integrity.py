@@ -172,7 +172,7 @@ def test_a_server_refuses_a_model_that_answers_its_labelled_sample_far_below_its
 
 def test_an_intact_model_passes_its_start_up_sample_and_serves(tmp_path):
     """The same server on the intact copy: ready, its check in the ready file, the port answers."""
-    from testbed.serve.zoo import ANSWER_CHECK_N, check_answers, load_model
+    from testbed.serve.loaders import ANSWER_CHECK_N, check_answers, load_model
 
     out = _tiny_zoo(tmp_path)
     manifest = zoo.load_manifest(out)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from triangle_inputs import triangle_data, write_data
 
 from testbed.model.network import FRAME_OVERHEAD_BYTES, LinkState, NetworkState, frames, mss_of, wire_bytes
 from testbed.plan.build import build_plan
@@ -66,12 +67,10 @@ def test_the_simulators_transfer_times_use_the_plans_mtu():
 
 @pytest.mark.parametrize("mtu", [575, 9001, "jumbo"])
 def test_an_mtu_out_of_range_is_refused_naming_it(tmp_path, mtu):
-    exp = yaml.safe_load(TRIANGLE.read_text())
+    exp = triangle_data()
     exp["topology"]["mtu"] = mtu
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(exp))
     with pytest.raises(ConfigError, match=r"topology(\.|: )mtu: "):
-        load_experiment(path)
+        load_experiment(write_data(tmp_path, "bad.yaml", exp))
 
 
 @pytest.mark.emulation

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from plugin_files import modules_on_path
 
 from testbed.cli.main import main
 from testbed.core.errors import EXIT_COMPONENT_DIED
@@ -131,15 +132,7 @@ class SelectsThenExits:
 @pytest.fixture(scope="module")
 def mods(tmp_path_factory) -> Path:
     """A folder holding :data:`MODULES`, on ``sys.path`` for the module's tests."""
-    import importlib
-
-    folder = tmp_path_factory.mktemp("plugin_faults")
-    for name, text in MODULES.items():
-        (folder / name).write_text(text)
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-    yield folder
-    sys.path.remove(str(folder))
+    yield from modules_on_path(tmp_path_factory, "plugin_faults", MODULES)
 
 
 def _experiment_file(tmp_path: Path, **changes) -> Path:

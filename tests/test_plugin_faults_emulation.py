@@ -7,14 +7,13 @@ About 40 s each here; under the shared emulation lock.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from plugin_files import modules_on_path
 
 from testbed.plan.build import build_plan
 from testbed.spec.experiment import Experiment
@@ -55,12 +54,7 @@ def os_exits_later(options, deadline_ms, min_accuracy, ctx=None, *, after=5):
 
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("plugin_emu")
-    (folder / "tbx_emu_exits.py").write_text(PLUGIN)
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-    yield folder
-    sys.path.remove(str(folder))
+    yield from modules_on_path(tmp_path_factory, "plugin_emu", {"tbx_emu_exits.py": PLUGIN})
 
 
 def _run(tmp_path: Path, policy: str, capsys) -> tuple[int, str, Path]:

@@ -173,7 +173,7 @@ def test_a_policy_is_one_registry_entry_seen_by_the_catalogue_the_plan_and_the_s
 
 def test_unknown_policy_names_the_item_and_a_close_match():
     from testbed.core.errors import InputError
-    from testbed.plan.policies import check_policy
+    from testbed.plan.policy_resolution import check_policy
 
     with pytest.raises(InputError, match=r"^sources\.atl\.policy: unknown policy 'closet'; known: closest, "
                                          r".*age_aware, aset(, [\w.:-]+)* \(did you mean 'closest'\?\)$"):

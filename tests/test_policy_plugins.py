@@ -13,7 +13,6 @@ raises mid-run.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import subprocess
@@ -24,6 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from plugin_files import modules_on_path
 
 from testbed.cli.main import main
 from testbed.core.plugins import NOT_INSTALLED, normalize_ref
@@ -98,12 +98,7 @@ def fails_later(options, deadline_ms, min_accuracy, ctx=None, *, after=5):
 @pytest.fixture(scope="module")
 def sched(tmp_path_factory) -> Path:
     """The folder holding ``tb_sched.py`` (:data:`SCHED`), on ``sys.path`` for the module's tests."""
-    folder = tmp_path_factory.mktemp("plugin")
-    (folder / "tb_sched.py").write_text(SCHED)
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-    yield folder
-    sys.path.remove(str(folder))
+    yield from modules_on_path(tmp_path_factory, "plugin", {"tb_sched.py": SCHED})
 
 
 def _experiment(**changes) -> Experiment:
@@ -316,7 +311,7 @@ def test_sweep_refuses_a_plugin_that_cannot_be_used_before_running(sched, tmp_pa
 
 def test_a_plugin_is_an_aset_action(sched):
     from testbed.aset.envs import AsetSimEnv
-    from testbed.plan.policies import aset_actions
+    from testbed.plan.policy_resolution import aset_actions
     from testbed.spec.aset import AsetConfig
 
     ref = "tb_sched:two_choices(d=2)"

@@ -10,29 +10,19 @@ because this machine's 2 cores are shared with other work (the p50 of a 2 ms cal
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from emu_checks import cgroups_usable
 
 from testbed.plan import profiles, zoo
 from testbed.serve import profiler
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"
-
-
-def _cgroups_usable() -> bool:
-    from testbed.core import cgroups
-
-    try:
-        cgroups.cgroup_version()
-    except cgroups.CgroupError:
-        return False
-    return os.geteuid() == 0
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +48,7 @@ def test_bad_options_exit_2_naming_the_option(zoo_dir, tmp_path, args, needle):
 
 
 def test_two_profiler_runs_agree(zoo_dir, tmp_path):
-    use_cgroup = _cgroups_usable()
+    use_cgroup = cgroups_usable()
     runs = []
     for i in range(2):
         out = tmp_path / f"run{i}"
@@ -80,7 +70,7 @@ def test_two_profiler_runs_agree(zoo_dir, tmp_path):
     assert all(r.measured_cpu_cores == 1.0 and r.measured_batch == 1 and r.p50_ms > 0 for r in runs)
 
 
-@pytest.mark.skipif(not _cgroups_usable(), reason="needs root and cgroups (a CFS quota)")
+@pytest.mark.skipif(not cgroups_usable(), reason="needs root and cgroups (a CFS quota)")
 def test_fractional_share_is_measured_isolated_and_back_to_back(zoo_dir, tmp_path):
     """Below one core: both loads, marked validation; isolated calls are spaced by the CFS period."""
     t = time.monotonic()

@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from testbed.core.distributed import DistributedError, imap_unordered  # noqa: E402
-from testbed.results.sweep import sweep  # noqa: E402
+from testbed.results.sweep_runner import sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

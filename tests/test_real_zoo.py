@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 
 from testbed.plan import zoo
-from testbed.serve import calls, graphs, payload
-from testbed.serve import zoo as loaders
+from testbed.serve import calls, graphs, loaders, payload
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"

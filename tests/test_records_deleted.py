@@ -48,7 +48,7 @@ def test_the_storage_watch_reports_a_records_file_that_is_gone_once(tmp_path):
 
 
 def test_the_tally_check_names_lost_restored_and_vanished_records():
-    from testbed.results.records import storage_faults
+    from testbed.results.record_files import storage_faults
 
     rc = {"rows_per_source_file": {"a": 5, "b": 0, "c": 9, "d": 3}, "queries_written": {"a": 8, "b": 4, "c": 9},
           "records_file_missing": ["b"], "rows_lost": {"a": 3, "b": 4}, "records_restored": ["c"],

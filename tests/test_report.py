@@ -14,8 +14,8 @@ from PIL import Image
 
 from testbed.core.errors import InputError
 from testbed.model.records import RECORD_FIELDS, SHARES
+from testbed.results.html_report import ReportError, build_report, comparison_table, load_run
 from testbed.results.plots import link_utilization
-from testbed.results.report import ReportError, build_report, comparison_table, load_run
 from testbed.results.summary import load_duration_s, summarize
 
 S = 1_000_000_000
@@ -245,7 +245,7 @@ def test_report_out_that_is_a_file_or_unwritable_is_an_input_error(tmp_path, mon
 
 def test_a_write_failing_midway_leaves_no_half_report(tmp_path, monkeypatch):
     a = make_run(tmp_path, "run-a", ["closest"])
-    import testbed.results.report as report
+    import testbed.results.html_report as report
 
     def full_disk(path, *args, **kwargs):
         raise OSError(28, "No space left on device", str(path))

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from testbed.plan.build import plan_experiment
+from testbed.results.html_report import build_report
 from testbed.results.page import HTML_COLUMNS_PER_TABLE, column_groups
-from testbed.results.report import build_report
 from testbed.results.runs import run_simulation
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,8 +21,8 @@ from testbed.core.errors import EXIT_ALL_FAILED, EXIT_BRINGUP, EXIT_COMPONENT_DI
 from testbed.emu.context import EmulationOutcome
 from testbed.emu.health import RunRecord
 from testbed.plan.build import plan_experiment
+from testbed.results.html_report import build_report, run_status
 from testbed.results.render import _headline
-from testbed.results.report import build_report, run_status
 from testbed.results.runs import finish_emulation, run_simulation, summarise_run
 from testbed.results.verdict import (
     SummaryFailed,

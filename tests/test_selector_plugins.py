@@ -182,7 +182,7 @@ def test_a_selector_raising_mid_run_stops_the_simulation_naming_it(tmp_path, cap
 
 
 def test_the_emulation_selector_uses_the_same_driver_and_raises_the_same(tmp_path):
-    """The source process's selector (SourceSelector, built from the JSON config testbed.emu.run writes)
+    """The source process's selector (SourceSelector, built from the JSON config testbed.emu.lifecycle writes)
     decides as the simulator's and raises SelectorFailed the same way."""
     plan = _plan({"use": "selector_fixtures:FailsAt", "params": {"at": 2}})
     cfg = SourceConfig.model_validate_json(SourceConfig.from_plan(plan, "srca", 0, 6.0, tmp_path).model_dump_json())

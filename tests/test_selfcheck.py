@@ -98,7 +98,7 @@ def test_excess_per_switch_is_the_median_of_each_paths_minimum_over_its_switches
 def test_compensation_lowers_what_the_emulator_holds_never_what_was_asked(tmp_path):
     import yaml
 
-    from testbed.emu.network import Emulation, EmulationError
+    from testbed.emu.mininet_network import Emulation, EmulationError
     from testbed.plan.build import build_plan
     from testbed.spec.experiment import Experiment
 

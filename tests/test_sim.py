@@ -119,9 +119,9 @@ def test_batching_takes_up_to_max_batch():
 
 def test_default_experiment_is_deterministic_per_seed_and_writes_emulation_layout(tmp_path):
     plan = plan_experiment(REPO / "experiments/digits-abilene.yaml")
-    a, sa = run_simulation(plan, REPO / "experiments", run_dir=tmp_path / "a", duration_s=20, quiet=True)
-    b, sb = run_simulation(plan, REPO / "experiments", run_dir=tmp_path / "b", duration_s=20, quiet=True)
-    c, sc = run_simulation(plan, REPO / "experiments", run_dir=tmp_path / "c", duration_s=20, seed=99, quiet=True)
+    a, sa = run_simulation(plan, run_dir=tmp_path / "a", duration_s=20, quiet=True)
+    b, sb = run_simulation(plan, run_dir=tmp_path / "b", duration_s=20, quiet=True)
+    c, sc = run_simulation(plan, run_dir=tmp_path / "c", duration_s=20, seed=99, quiet=True)
     ra, rb, rc = (pd.read_csv(d / "records.csv") for d in (a, b, c))
     assert list(ra.columns) == RECORD_FIELDS
     pd.testing.assert_frame_equal(ra, rb)

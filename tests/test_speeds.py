@@ -9,12 +9,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from fakes import SpinModel
 
 from testbed.core import cgroups
 from testbed.core.errors import RunFailure
@@ -237,25 +237,10 @@ def test_simulate_takes_a_runs_speeds(tmp_path):
 
 # ----------------------------------------------------------------------------- the server's check
 
-class _Spin:
-    """A fake model whose bare call burns ``ms`` of its thread's CPU."""
-
-    runtime = "litert"
-
-    def __init__(self, ms: float):
-        self.ms = ms
-
-    def predict(self, x):
-        t = time.thread_time()
-        while time.thread_time() - t < self.ms / 1e3:
-            pass
-        return x
-
-
 def test_the_servers_check_times_the_bare_call_in_cpu_time(monkeypatch):
     monkeypatch.setattr(server_speed.zoo, "load_manifest", lambda _z: {"variants": {"m": {"family": "f"}}})
     monkeypatch.setattr(server_speed.zoo, "load_payloads", lambda _z, _f: (np.zeros((4, 1)),))
-    cs = server_speed.measure(_target({"m": 4.0}), 0.5, "zoo", {"m": _Spin(2.0)})
+    cs = server_speed.measure(_target({"m": 4.0}), 0.5, "zoo", {"m": SpinModel(2.0)})
     assert cs.models["m"].factor == pytest.approx(0.5, rel=0.1) and cs.models["m"].calls >= server_speed.LEAST_CALLS
     # a restarted server takes its first life's figures and times nothing
     again = server_speed.measure(_target({"m": 4.0}).model_copy(update={"measured_ms": {"m": 3.0}}), 0.5, "zoo", {})

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from testbed.core.util import ci95
-from testbed.results.sweep import sweep
+from testbed.results.sweep_runner import sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,7 +98,7 @@ def test_a_cells_own_os_error_is_not_blamed_on_the_output_folder(tmp_path, monke
     import errno
     import os
 
-    import testbed.results.sweep as sw
+    import testbed.results.sweep_runner as sw
     from testbed.core.errors import RunFailure
 
     def no_space(*_a, **_k):

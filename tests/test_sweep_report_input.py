@@ -19,7 +19,7 @@ import pytest
 
 from testbed.cli.main import main
 from testbed.core.errors import InputError
-from testbed.results.sweep import sweep
+from testbed.results.sweep_runner import sweep
 
 REPO = Path(__file__).resolve().parent.parent
 TRIANGLE = str(REPO / "experiments/triangle.yaml")
@@ -152,7 +152,7 @@ def _sources_rows(run: Path) -> int:
 def test_report_does_not_write_into_the_run_it_reads(unfinished_run, tmp_path, capsys):
     """A report of a run with only sources/*.records.csv wrote records.csv and
     records.parquet into it (merge_records), which later reports then preferred."""
-    from testbed.results.report import build_report
+    from testbed.results.html_report import build_report
 
     before = _files(unfinished_run)
     assert main(["report", str(unfinished_run), "--out", str(tmp_path / "rep")]) == 0
@@ -166,7 +166,7 @@ def test_report_does_not_write_into_the_run_it_reads(unfinished_run, tmp_path, c
 def test_report_of_an_unfinished_run_reads_its_sources_not_an_older_snapshot(unfinished_run):
     """A records.csv that an older ``testbed report`` left in an unfinished run is not the run's own
     merge: the sources (which went on growing) are read."""
-    from testbed.results.report import load_run
+    from testbed.results.html_report import load_run
 
     merged = pd.concat([pd.read_csv(p) for p in sorted((unfinished_run / "sources").glob("*.records.csv"))])
     merged = merged.sort_values("t0_ns")

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
-from emu_checks import expect_run_ok
+from emu_checks import expect_run_ok, run_triangle
 
 from testbed.model.cpu import CfsQuota
 from testbed.model.records import SHARES
@@ -106,17 +105,7 @@ def test_the_emulation_fills_every_time_column_and_the_shares_add_up(tmp_path):
     """A short real emulation of the triangle: every instant from the source and the server's
     headers (T1 the kernel's receive stamp, T1h, T2, T3, T3h), the shares adding up to e2e, and the
     server's reading and writing in handling_ms: the network excess stays below the handling."""
-    from testbed.results.runs import run_emulation
-
-    data = yaml.safe_load(TRIANGLE.read_text())
-    data["duration"] = "8s"
-    exp_file = tmp_path / "triangle.yaml"
-    data["topology"]["source"] = str(REPO / "topologies" / "triangle.yaml")
-    exp_file.write_text(yaml.safe_dump(data))
-    plan = plan_experiment(exp_file)
-    runs = tmp_path / "runs"
-    code = run_emulation(plan, runs_dir=runs)
-    run_dir = next(runs.iterdir())
+    code, run_dir = run_triangle(tmp_path, duration="8s")
     expect_run_ok(code, run_dir=run_dir)
     df = read_csv_exact(run_dir / "records.csv")
     ans = check_columns(df)

@@ -613,21 +613,21 @@ def test_queries_that_opened_a_connection_count_in_the_latency_figures(tmp_path)
 
 
 def test_links_a_link_event_takes_down_are_planned_from_the_timeline(monkeypatch):
-    from testbed.emu import run
+    from testbed.emu import lifecycle
 
     e = exp(events=[{"at": "2s", "kind": "link_down", "link": ["A", "B"]}, {"at": "5s", "kind": "link_up",
                                                                           "link": ["A", "B"]}])
     plan = build_plan(e, topo())
     ab = frozenset(("s1", "s2"))
-    monkeypatch.setattr(run.time, "time", lambda: 1000.0)
-    assert run._planned_links(plan, None) == set()  # before the load: nothing is planned down
-    assert run._planned_links(plan, 1000.0 - 0.5) == set()
-    assert run._planned_links(plan, 1000.0 - 1.5) == {ab}  # prepared ahead of its time
-    assert run._planned_links(plan, 1000.0 - 20.0) == {ab}  # link_up not applied (reported) yet
+    monkeypatch.setattr(lifecycle.time, "time", lambda: 1000.0)
+    assert lifecycle._planned_links(plan, None) == set()  # before the load: nothing is planned down
+    assert lifecycle._planned_links(plan, 1000.0 - 0.5) == set()
+    assert lifecycle._planned_links(plan, 1000.0 - 1.5) == {ab}  # prepared ahead of its time
+    assert lifecycle._planned_links(plan, 1000.0 - 20.0) == {ab}  # link_up not applied (reported) yet
     up = [{"event": 1, "step": 0, "kind": "link_up", "applied_s": 5.2, "applied_unix_s": 1000.0 - 14.8}]
-    assert run._planned_links(plan, 1000.0 - 20.0, up) == set()
+    assert lifecycle._planned_links(plan, 1000.0 - 20.0, up) == set()
     up[0]["applied_unix_s"] = 1000.0 - 3.0  # applied late (the runner lagged): rediscovery grace from then
-    assert run._planned_links(plan, 1000.0 - 20.0, up) == {ab}
+    assert lifecycle._planned_links(plan, 1000.0 - 20.0, up) == {ab}
 
 
 def test_capture_points_and_cpu_share_are_checked_at_plan_time():
@@ -797,8 +797,8 @@ def test_a_dead_link_emulator_process_is_named_with_its_pid_and_every_link_it_se
     incident naming the process, its pid and every link (it was reported as linkemu-l1 and
     linkemu-l2, l3 missing, no pid, no log)."""
     from testbed.emu.bringup import Live
-    from testbed.emu.network import Emulation
-    from testbed.emu.run import _network_components
+    from testbed.emu.lifecycle import _network_components
+    from testbed.emu.mininet_network import Emulation
     from testbed.plan.build import plan_experiment
 
     plan = plan_experiment(REPO / "experiments" / "triangle.yaml")

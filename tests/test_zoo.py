@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from testbed.plan import profiles, zoo
-from testbed.serve import zoo as loaders
+from testbed.serve import loaders
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "models" / "zoo"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -20,13 +19,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from emu_checks import cgroups_usable
 
 from testbed.cli.main import main
 from testbed.core.hashing import file_sha256
 from testbed.plan import zoo
 from testbed.plan.build import plan_experiment
 from testbed.plan.profiles import cpu_time
-from testbed.serve.zoo import check_answers, load_model
+from testbed.serve.loaders import check_answers, load_model
 from testbed.serve.zoo_add import ACCURACY_REFUSE_MARGIN, accuracy_verdict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,19 +35,9 @@ PROFILES = REPO / "models" / "profiles"
 VARIANT = "digits_lenet"
 
 
-def _cgroups_usable() -> bool:
-    from testbed.core import cgroups
-
-    try:
-        cgroups.cgroup_version()
-    except cgroups.CgroupError:
-        return False
-    return os.geteuid() == 0
-
-
 #: Short profiling: what the profiler's options allow at the least (a share below one core and one
 #: at it when the CPU quota can be applied, else share 1 at full speed).
-FAST = (["--shares", "0.5,1"] if _cgroups_usable() else ["--no-cgroup"]) + [
+FAST = (["--shares", "0.5,1"] if cgroups_usable() else ["--no-cgroup"]) + [
     "--batches", "1", "--samples", "20", "--isolated-samples", "5", "--warmup", "5", "--handling-n", "100"]
 
 

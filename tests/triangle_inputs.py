@@ -5,6 +5,9 @@ with its output on one line (the console may wrap a message)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from testbed.cli.main import main
 
@@ -27,6 +30,21 @@ def triangle(tmp_path: Path, name: str = "e.yaml", topology: Path = TRIANGLE_TOP
     """experiments/triangle.yaml in ``tmp_path`` with ``topology`` (absolute path), ``old=new`` replaced."""
     text = TRIANGLE.read_text().replace("../topologies/triangle.yaml", str(topology))
     return write(tmp_path, name, text, **replace)
+
+
+def triangle_data(**top: Any) -> dict[str, Any]:
+    """experiments/triangle.yaml as data, its topology by absolute path, with the top-level keys of ``top``."""
+    data = yaml.safe_load(TRIANGLE.read_text())
+    data["topology"]["source"] = str(TRIANGLE_TOPO)
+    data.update(top)
+    return data
+
+
+def write_data(tmp_path: Path, name: str, data: dict[str, Any]) -> Path:
+    """``data`` as YAML in ``tmp_path/name``."""
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 def topology(tmp_path: Path, **replace: str) -> Path:

@@ -53,11 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=1600, help="windows of training (20 episodes of 40 s)")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
-    try:
-        import stable_baselines3  # noqa: F401 - the optional extra
-    except ImportError:
-        print("error: this example needs the optional extra 'peer' (Stable-Baselines3 and torch): "
-              ".venv/bin/pip install -e '.[peer]'", file=sys.stderr)
+    from benchmarks.aset_sb3 import peer_extra_missing
+
+    if peer_extra_missing("this example"):
         return 2
     t = time.perf_counter()
     out = train(args.experiment, Path(args.out), args.steps, args.seed)

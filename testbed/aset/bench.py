@@ -4,7 +4,7 @@
 
 defaults: ``models/aset/aset``, ``experiments/aset-live.yaml``, 20000 decisions. Builds the source's
 selector exactly as every engine does (:class:`testbed.agent.live.SourceSelector` of the source
-config ``testbed.emu.run`` writes) and feeds it window states drawn at random
+config ``testbed.emu.lifecycle`` writes) and feeds it window states drawn at random
 (arrivals, stale cluster stats, path utilization, resolved queries with cluster and e2e, in-flight
 counts). Prints n, mean, p50, p99, max in ms. Goal: p99 < 2 ms. Timings on the shared
 2-core machine are noisy.

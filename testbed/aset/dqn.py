@@ -60,7 +60,7 @@ from testbed.aset.scenarios import (
 from testbed.core.distributed import imap_unordered
 from testbed.core.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure, counted
 from testbed.plan.build import Plan
-from testbed.plan.policies import aset_actions
+from testbed.plan.policy_resolution import aset_actions
 from testbed.spec.aset import AgentSpec, AsetConfig, TrainingSpec
 
 

@@ -43,7 +43,7 @@ from testbed.aset.episode import Episode, run_static, window_of
 from testbed.aset.scenarios import SHAPE_PARTS, PlanSampler, scenario_sampler, space_shape  # noqa: F401
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import Plan
-from testbed.plan.policies import aset_actions, load_aset
+from testbed.plan.policy_resolution import aset_actions, load_aset
 from testbed.sim.window import SimWindowStates
 from testbed.spec.aset import AsetConfig, ObservationSpec, RandomiseSpec, RewardSpec, plan_key
 from testbed.spec.experiment import ConfigError, format_validation_error

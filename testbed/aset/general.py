@@ -62,7 +62,7 @@ from testbed.core.distributed import imap_unordered
 from testbed.core.errors import InputError
 from testbed.core.util import write_json_atomic
 from testbed.plan.build import Plan
-from testbed.plan.policies import aset_actions
+from testbed.plan.policy_resolution import aset_actions
 from testbed.spec.aset import AsetConfig, ObservationSpec
 
 

@@ -83,7 +83,7 @@ from testbed.aset.scenarios import (
 from testbed.core.distributed import imap_unordered
 from testbed.core.errors import EXIT_NOTHING_MEASURED, RunFailure
 from testbed.core.util import replace_atomic
-from testbed.plan.policies import aset_actions
+from testbed.plan.policy_resolution import aset_actions
 from testbed.spec.aset import AsetConfig, ObservationSpec, RandomiseSpec
 from testbed.spec.schema import StrictModel
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 
 from rich.console import Console
 
@@ -51,6 +52,20 @@ def duration_arg(text: str) -> float:
     if not 0 < value <= MAX_DURATION_S:
         raise argparse.ArgumentTypeError(f"{text!r}: the duration must be in (0, {MAX_DURATION_S:g}] s")
     return value
+
+
+def int_at_least(n: int) -> Callable[[str], int]:
+    """argparse type of an integer option that must be at least ``n``."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < n:
+            raise argparse.ArgumentTypeError(f"{text!r}: need an integer >= {n}")
+        return v
+    return parse
 
 
 def print_feasibility(plan: Plan, out: Console | None = None) -> None:

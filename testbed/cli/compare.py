@@ -1,6 +1,6 @@
 """``testbed compare RUN_DIR [--out DIR]``: an emulated run beside its simulated twin (the run's plan,
 seed and duration in the simulator), stage by stage: where the engines part, and the success
-difference with its interval (:mod:`testbed.results.compare`; docs/reports.md, "The twin report")."""
+difference with its interval (:mod:`testbed.results.twin_comparison`; docs/reports.md, "The twin report")."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from testbed.cli.common import console, plain_help
-from testbed.results.compare import compare_run
+from testbed.results.twin_comparison import compare_run
 
 
 def register(subparsers) -> None:

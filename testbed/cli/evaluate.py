@@ -12,11 +12,11 @@ import argparse
 from pathlib import Path
 
 from testbed.aset.evaluate import Protocol, evaluate
-from testbed.cli.common import console, plain_help
+from testbed.cli.common import console, int_at_least, plain_help
 from testbed.core.errors import InputError
 from testbed.core.util import repo_path
 from testbed.model.policies import CATALOGUE
-from testbed.plan.policies import aset_actions, load_aset
+from testbed.plan.policy_resolution import aset_actions, load_aset
 from testbed.spec.aset import (
     DEFAULT_EVALUATION_SEEDS,
     DEFAULT_TUNING_SEEDS,
@@ -31,6 +31,9 @@ from testbed.spec.units import UnitError, parse_duration_arg_s
 #: ``--duration``'s help: the range :func:`_episode_s` accepts (and the window rule evaluate checks).
 DURATION_HELP = (f"override the simulated time per run: seconds (40) or with its unit (40s); more than 0 and at most "
                  f"1 h ({MAX_EPISODE_S:g} s), a whole number of decision windows (at least one)")
+
+#: Where ``testbed evaluate`` of experiment files writes without ``--out`` (under the repository).
+DEFAULT_FILES_OUT = "runs/aset-eval/files"
 
 
 def _episode_s(text: str) -> float:
@@ -50,21 +53,9 @@ def _episode_s(text: str) -> float:
     return v
 
 
-def _int_at_least(n: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < n:
-            raise argparse.ArgumentTypeError(f"{text!r}: need an integer >= {n}")
-        return v
-    return parse
-
-
 def _causal_samples(text: str) -> int:
     """``--causal K``: an integer in [0, MAX_CAUSAL_SAMPLES]."""
-    v = _int_at_least(0)(text)
+    v = int_at_least(0)(text)
     if v > MAX_CAUSAL_SAMPLES:
         raise argparse.ArgumentTypeError(f"{text!r}: at most {MAX_CAUSAL_SAMPLES} sampled futures (8 take about "
                                          f"5 min per scenario and seed)")
@@ -98,16 +89,17 @@ def register(subparsers) -> None:
                         "(20 = 101-120); default 101-120 (20, the protocol's least)")
     p.add_argument("--no-mix", action="store_true", help="skip the per-source mix")
     p.add_argument("--no-fresh", action="store_true", help="skip the fresh-state reference")
-    p.add_argument("--oracle", type=_int_at_least(0), default=None, metavar="N",
+    p.add_argument("--oracle", type=int_at_least(0), default=None, metavar="N",
                    help="the clairvoyant oracle (and with --causal K the causal planner) on the first N evaluation "
                         "seeds (N >= 5; 0: off, the default)")
     p.add_argument("--causal", type=_causal_samples, default=None, metavar="K",
                    help="the causal planner with K sampled futures per decision, on the oracle's seeds "
                         "(~5 min per scenario and seed at K=8)")
-    p.add_argument("--out", default=None, help="results folder (default runs/aset-eval/files, or the config's "
-                                               "evaluation.out_dir/<name>)")
+    p.add_argument("--out", default=None, help=f"results folder (default {DEFAULT_FILES_OUT} of experiment files, or "
+                                               f"the ASET config's evaluation.out_dir/<name>; a default is under the "
+                                               f"repository whatever the current directory, as simulate's runs/)")
     p.add_argument("--duration", type=_episode_s, default=None, help=DURATION_HELP)
-    p.add_argument("--workers", type=_int_at_least(1), default=2, help="parallel workers (default 2)")
+    p.add_argument("--workers", type=int_at_least(1), default=2, help="parallel workers (default 2)")
     p.add_argument("--backend", choices=["process", "ray"], default="process", help="parallel backend")
     p.add_argument("--ray-address", default=None, help="a Ray cluster (HOST:PORT or auto); default: local")
     p.set_defaults(func=_cmd)
@@ -138,7 +130,7 @@ def _cmd(args: argparse.Namespace) -> int:
                             seeds=args.seeds or list(DEFAULT_EVALUATION_SEEDS), actions=list(CATALOGUE),
                             mix=not args.no_mix, fresh=not args.no_fresh, reference_seeds=args.oracle or 0,
                             causal_samples=args.causal or 0, duration_s=args.duration)
-        out = Path(args.out or "runs/aset-eval/files")
+        out = Path(args.out) if args.out else repo_path(DEFAULT_FILES_OUT)
         checkpoints = args.checkpoint or [DEFAULT_ASET_CHECKPOINT]
     else:
         if args.more:

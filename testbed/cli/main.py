@@ -35,10 +35,10 @@ from testbed.core.plugins import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 from testbed.emu.cleanup import cleanup
 from testbed.plan.build import Plan, plan_experiment
 from testbed.plan.dilation import check_dilation, with_time_dilation
-from testbed.plan.policies import load_aset
+from testbed.plan.policy_resolution import load_aset
 from testbed.plan.resolved import PlanError
-from testbed.results.compare import twin_line
 from testbed.results.runs import run_emulation
+from testbed.results.twin_comparison import twin_line
 from testbed.spec.schema import load_yaml_file
 
 #: The console every subcommand prints to. ``markup=False``: ``[...]`` in a string is printed as
@@ -152,9 +152,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.link_emulator is not None:
         overrides["link_emulator"] = args.link_emulator
     print_feasibility(plan)
-    return run_emulation(plan, console=console, runs_dir=args.runs_dir,
-                          base_dir=args.experiment.parent, process_ends=True, strict=args.strict, twin=twin_line,
-                          **overrides)
+    return run_emulation(plan, console=console, runs_dir=args.runs_dir, process_ends=True, strict=args.strict,
+                         twin=twin_line, **overrides)
 
 
 def _dilation_arg(text: str) -> float | str:

@@ -8,13 +8,13 @@ from pathlib import Path
 from testbed.cli.common import console
 from testbed.core.errors import InputError
 from testbed.core.util import repeated
-from testbed.results.capture import analyze_run
-from testbed.results.report import build_report, merged_by_its_run
+from testbed.results.html_report import build_report, merged_by_its_run
+from testbed.results.pcap_analysis import analyze_run
 from testbed.results.summary import capture_warnings, merge_records
 
 
 def register(subparsers) -> None:
-    """Add the ``report`` subcommand (see :mod:`testbed.results.report`)."""
+    """Add the ``report`` subcommand (see :mod:`testbed.results.html_report`)."""
     p = subparsers.add_parser(
         "report", help="write a report (HTML with embedded PNGs + Markdown) of one or more run directories",
         description="Latency CDFs per policy, network/queueing/inference breakdown, success ratio and policy "

@@ -15,7 +15,7 @@ from testbed.core.plugins import PluginError, normalize_ref
 from testbed.core.util import repo_path
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import check_load_bounds, events_after_end, plan_experiment, runs_dir_problem
-from testbed.plan.policies import check_policy
+from testbed.plan.policy_resolution import check_policy
 from testbed.plan.speeds import apply_speeds, read_speeds
 from testbed.results import runs
 from testbed.spec.experiment import MAX_SEED
@@ -107,7 +107,7 @@ def _cmd(args: argparse.Namespace) -> int:
     if plan.experiment.capture is not None:  # said, not skipped in silence
         console.print("note: the experiment's capture: section applies to an emulation only (the simulator has "
                       "no packets); no packet capture in this run", markup=False, highlight=False)
-    _, s = runs.run_simulation(plan, Path(args.experiment).parent, Path(args.runs_dir) if args.runs_dir else None,
+    _, s = runs.run_simulation(plan, Path(args.runs_dir) if args.runs_dir else None,
                                args.duration, args.seed, args.policy, console=console)
     if not s["queries"]:
         console.print("the run measured no query (exit code 5)", markup=False)

@@ -16,8 +16,8 @@ from testbed.core.errors import EXIT_NOTHING_MEASURED, InputError, RunFailure
 from testbed.core.plugins import normalize_ref, split_refs
 from testbed.core.util import repeated, scenarios_problem
 from testbed.model.policies import CATALOGUE
-from testbed.plan.policies import check_policy
-from testbed.results.sweep import sweep
+from testbed.plan.policy_resolution import check_policy
+from testbed.results.sweep_runner import sweep
 from testbed.spec.experiment import MAX_SEED, load_experiment
 
 

@@ -15,26 +15,13 @@ from testbed.aset.episode import episode_windows
 from testbed.aset.general import train_general
 from testbed.aset.rollout import train_rollout, written_lines
 from testbed.aset.scenarios import resolve, training_scenarios
-from testbed.cli.common import console, plain_help
+from testbed.cli.common import console, int_at_least, plain_help
 from testbed.cli.simulate import seed_arg
 from testbed.core.errors import InputError, counted, naming_file
-from testbed.plan.policies import load_aset
+from testbed.plan.policy_resolution import load_aset
 from testbed.spec.experiment import format_validation_error
 
-
-def _int_at_least(n: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < n:
-            raise argparse.ArgumentTypeError(f"{text!r}: need an integer >= {n}")
-        return v
-    return parse
-
-
-_positive_int = _int_at_least(1)
+_positive_int = int_at_least(1)
 
 
 def _seed_list(text: str) -> list[int]:
@@ -52,7 +39,7 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", type=_positive_int, default=None,
                    help="seeds trained at once (parallel processes; default 1); with training.method: rollout, "
                         "data episodes simulated at once (default training.rollout.workers)")
-    p.add_argument("--rollout-workers", type=_int_at_least(0), default=None,
+    p.add_argument("--rollout-workers", type=int_at_least(0), default=None,
                    help="override training.rollout_workers (DQN only)")
     p.add_argument("--backend", choices=["process", "ray"], default="process", help="parallel backend")
     p.add_argument("--ray-address", default=None, help="a Ray cluster (HOST:PORT or auto); default: local")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from testbed.core.errors import RunFailure
@@ -233,13 +234,19 @@ def cap_threads(dirs: list[Path], pid: int, slowdown: float) -> int:
     return placed
 
 
-def remove_thread_groups(dirs: list[Path]) -> None:
-    """Remove the per-thread child groups (empty once the process ended; a busy one is left)."""
-    for child in thread_groups(dirs):
+def remove_groups(dirs: Iterable[Path]) -> None:
+    """Remove the groups ``dirs``, in that order (each empty once its processes ended; a busy or
+    vanished one is left as it is)."""
+    for d in dirs:
         try:
-            child.rmdir()
+            d.rmdir()
         except OSError:
             pass
+
+
+def remove_thread_groups(dirs: list[Path]) -> None:
+    """Remove the per-thread child groups (empty once the process ended; a busy one is left)."""
+    remove_groups(thread_groups(dirs))
 
 
 def add_process(dirs: list[Path], pid: int) -> None:

@@ -79,6 +79,7 @@ from testbed.emu.capacity import (
     guess_cores,
     k_grid,
 )
+from testbed.emu.lifecycle import emulate
 from testbed.emu.machine import (
     NICED_OTHER,
     TESTBED_ROLES,
@@ -88,7 +89,6 @@ from testbed.emu.machine import (
     machine_ticks,
     own_nice,
 )
-from testbed.emu.run import emulate
 from testbed.plan.build import Plan
 from testbed.plan.dilation import with_time_dilation
 from testbed.plan.transfer import TransferTable, host_share_ms

@@ -46,15 +46,15 @@ from testbed.emu.cleanup import (
     write_state,
 )
 from testbed.emu.dynamics import PATH_KINDS, Dynamics, write_controller_events
-from testbed.emu.netplan import planned_root_interfaces
-from testbed.emu.network import (
+from testbed.emu.mininet_network import (
     Emulation,
     EmulationError,
     choose_datapath,
     choose_link_emulator,
 )
+from testbed.emu.netplan import planned_root_interfaces
 from testbed.emu.selfcheck import check_rtts, check_rtts_twice, excess_per_switch_ms
-from testbed.model.events import LINK_KINDS
+from testbed.model.timeline import LINK_KINDS
 from testbed.plan.boundaries import ControllerConfig, HostEntry
 from testbed.plan.build import Plan
 from testbed.plan.dilation import wall_clock

@@ -1,5 +1,5 @@
 """What an emulation's steps hand on (:class:`RunContext`) and what the run yields when it ends
-(:class:`EmulationOutcome`); :mod:`testbed.emu.run` runs the steps, :mod:`testbed.emu.load` the load.
+(:class:`EmulationOutcome`); :mod:`testbed.emu.lifecycle` runs the steps, :mod:`testbed.emu.load` the load.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from testbed.emu.bringup import Live
-from testbed.emu.events import EventRunner
+from testbed.emu.event_runner import EventRunner
 from testbed.emu.health import HealthWatch, RunRecord
 from testbed.emu.servers import ClusterServers
 from testbed.emu.storage import Storage

@@ -8,12 +8,12 @@ and every cluster host (reflecting). A baseline at bring-up gives, per probed li
 the forwarding overhead of the probe path (measured one-way delay minus the configured one: two
 OVS traversals, the emulator, two host links), which is subtracted from every later reading.
 
-:meth:`Dynamics.apply` applies one :class:`~testbed.model.events.Change` and
+:meth:`Dynamics.apply` applies one :class:`~testbed.model.timeline.Change` and
 :meth:`Dynamics.measure` reads it back over a window after it. What each kind does is its
 registry entry's (:mod:`testbed.model.event_kinds`): it changes the link through
-:class:`testbed.emu.linkctl.EmuLink` (the emulation's :class:`~testbed.model.events.LinkControl`)
+:class:`testbed.emu.linkctl.EmuLink` (the emulation's :class:`~testbed.model.timeline.LinkControl`)
 and is read back through :class:`testbed.emu.linkctl.Readback` (the
-:class:`~testbed.model.events.Probe`); its window, probe rate and tolerance are the entry's too.
+:class:`~testbed.model.timeline.Probe`); its window, probe rate and tolerance are the entry's too.
 :mod:`testbed.emu.linkctl` lists how the built-in kinds are applied and measured, and what
 ``effect_ms`` means. Each measurement is judged against a stated tolerance
 (:meth:`Dynamics.tolerance`); the outcome is recorded, not enforced.
@@ -37,10 +37,10 @@ from testbed.core.clock import EmulatedClock
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT
 from testbed.emu.linkctl import SETTLE_S, Applied, DaemonHandle, EmuLink, Readback
-from testbed.emu.network import Emulation, EmulationError, ProbeHost, control_dir
+from testbed.emu.mininet_network import Emulation, EmulationError, ProbeHost, control_dir
 from testbed.emu.probe import ProbeError, wait_ready
-from testbed.model.events import EVENT_KINDS, Change, Measured, Tolerance
 from testbed.model.network import NetworkState
+from testbed.model.timeline import EVENT_KINDS, Change, Measured, Tolerance
 from testbed.plan.build import Plan
 from testbed.sdn.client import ControllerError, get_events, get_path
 
@@ -234,7 +234,7 @@ class Dynamics:
     def apply(self, ch: Change, affected: list[tuple[str, str]] | None = None) -> Applied:
         """Apply one link change now: its kind changes the link through :class:`EmuLink`, the model
         follows, then the kind may start its measurement
-        (:meth:`~testbed.model.events.EventKind.after_apply`: a bandwidth change's packet train).
+        (:meth:`~testbed.model.timeline.EventKind.after_apply`: a bandwidth change's packet train).
         ``affected`` from :meth:`prepare` (looked up now when None).
 
         Raises:
@@ -288,13 +288,13 @@ class Dynamics:
     # ------------------------------------------------------------------ measure
     def tolerance(self, ch: Change, n: int = 0) -> float | None:
         """The tolerance a measurement of ``ch`` is judged with, in its unit (its kind's
-        :meth:`~testbed.model.events.EventKind.tolerance` with this run's RTT tolerance; ``n``
+        :meth:`~testbed.model.timeline.EventKind.tolerance` with this run's RTT tolerance; ``n``
         probes counted)."""
         return ch.entry.tolerance(ch, self.tol, n)
 
     def measure(self, ap: Applied, until: float) -> Measured:
         """Read ``ap``'s change back from the probes sent in ``[t_fire, until]`` (unix s): its kind's
-        :meth:`~testbed.model.events.EventKind.measure` through :class:`Readback`.
+        :meth:`~testbed.model.timeline.EventKind.measure` through :class:`Readback`.
 
         Raises:
             EmulationError: a probe daemon or the controller failed to answer.

@@ -1,8 +1,8 @@
 """Link changes in the emulation, carried out and read back: what each event kind calls.
 
 An event kind (:mod:`testbed.model.event_kinds`) changes a link through :class:`EmuLink` (the
-emulation's :class:`~testbed.model.events.LinkControl`) and reads the change back through
-:class:`Readback` (its :class:`~testbed.model.events.Probe`). Both work on the probe daemons and
+emulation's :class:`~testbed.model.timeline.LinkControl`) and reads the change back through
+:class:`Readback` (its :class:`~testbed.model.timeline.Probe`). Both work on the probe daemons and
 the model that :class:`testbed.emu.dynamics.Dynamics` holds (:class:`ProbedLinks`); ``Dynamics``
 builds them when it applies and measures a change. The built-in kinds:
 
@@ -41,10 +41,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from testbed.emu.network import EMULATOR_CEILING_MBPS, Emulation, EmulationError, ProbeHost
+from testbed.emu.mininet_network import EMULATOR_CEILING_MBPS, Emulation, EmulationError, ProbeHost
 from testbed.emu.probe import FRAME_EXTRA_BYTES, ProbeClient, ProbeError
-from testbed.model.events import Change, Measured
 from testbed.model.network import NetworkState
+from testbed.model.timeline import Change, Measured
 from testbed.plan.build import Plan
 from testbed.plan.resolved import Link
 from testbed.sdn.client import ControllerError, get_events, post_link
@@ -113,7 +113,7 @@ def _median(xs: list[float]) -> float | None:
 
 class EmuLink:
     """One emulated link as an event changes it, oriented as the change names ``link`` (the
-    emulation's :class:`~testbed.model.events.LinkControl`): the link emulator (or ``tc``) applies
+    emulation's :class:`~testbed.model.timeline.LinkControl`): the link emulator (or ``tc``) applies
     the change; the controller is told a new delay or capacity (``POST /testbed/link``); background
     traffic comes from the link's probe daemons. ``t_applied``: when the emulator (or the
     background's sender) confirmed the last change (unix s; None before one); ``note``: what the
@@ -183,7 +183,7 @@ class EmuLink:
 
 
 class Readback:
-    """The emulation's :class:`~testbed.model.events.Probe` for one applied change ``ap``: each
+    """The emulation's :class:`~testbed.model.timeline.Probe` for one applied change ``ap``: each
     reading is of the probes sent from its firing to ``until`` (unix s; the end of its window).
 
     Raises (from the readings):

@@ -1,4 +1,4 @@
-"""The load of an emulation (step 6 of :mod:`testbed.emu.run`): the sources started in their hosts
+"""The load of an emulation (step 6 of :mod:`testbed.emu.lifecycle`): the sources started in their hosts
 and released at one instant, what records the load beside them (the controller's link stats,
 packet capture, the machine's CPU), the scenario's events, progress until every source has its
 last answers, and the last word on every component.
@@ -25,11 +25,11 @@ from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT, stop_processes, write_json_atomic
 from testbed.emu.bringup import Live
-from testbed.emu.capture import start_capture
 from testbed.emu.context import RunContext
-from testbed.emu.events import EventRunner
+from testbed.emu.event_runner import EventRunner
 from testbed.emu.health import Component, HealthWatch, PidProcess, tagged_processes
 from testbed.emu.machine import SAMPLES_FILE, CpuSampler, write_samples
+from testbed.emu.pcap import start_capture
 from testbed.emu.servers import ClusterServers
 from testbed.plan.boundaries import SourceConfig
 from testbed.plan.build import Plan

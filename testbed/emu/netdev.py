@@ -10,7 +10,7 @@ thread's network namespace only), opens a socket there, and makes the ioctls tha
 
 * ``SIOCGIFFLAGS`` / ``SIOCSIFFLAGS`` with ``IFF_UP`` (``ip link set X up``);
 * ``ETHTOOL_SFEATURES`` clearing the features that ``ethtool -K X rx off tx off sg off tso off
-  gso off gro off`` (:data:`testbed.emu.network.OFFLOAD_OFF`) clears: those whose names match
+  gso off gro off`` (:data:`testbed.emu.mininet_network.OFFLOAD_OFF`) clears: those whose names match
   ethtool's own patterns for these words (:data:`OFFLOAD_PATTERNS`, from ethtool's
   ``off_flag_def``), found in the kernel's feature names (``ETH_SS_FEATURES``). By name, not by
   the legacy per-flag ioctls: on kernel 6.18 ``ETHTOOL_STSO`` leaves ``tx-tcp-accecn-segmentation``
@@ -55,7 +55,7 @@ ETH_GSTRING_LEN = 32
 #: ethtool's word -> the kernel feature names it stands for (ethtool's ``off_flag_def`` patterns).
 OFFLOAD_PATTERNS = {"rx": "rx-checksum", "tx": "tx-checksum-*", "sg": "tx-scatter-gather*",
                     "tso": "tx-tcp*-segmentation", "gso": "tx-generic-segmentation", "gro": "rx-gro"}
-#: What :data:`testbed.emu.network.OFFLOAD_OFF` switches off.
+#: What :data:`testbed.emu.mininet_network.OFFLOAD_OFF` switches off.
 OFFLOADS_OFF = ("rx", "tx", "sg", "tso", "gso", "gro")
 _IFREQ = 40  # sizeof(struct ifreq) on 64-bit Linux
 

@@ -3,7 +3,7 @@
 Which links get probe hosts (:func:`probed_links`, :class:`ProbeHost`), how links are grouped over
 link-emulator processes (:func:`emulator_groups`) and switches over OVS shards (:func:`ovs_shards`),
 the names of switch ports and control veths (Linux's 15-byte limit: :func:`check_interface_names`)
-and the shards' control addresses. :mod:`testbed.emu.network` builds the network from these.
+and the shards' control addresses. :mod:`testbed.emu.mininet_network` builds the network from these.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from testbed.core.errors import RunFailure
@@ -83,6 +83,17 @@ def _kernel_ts(anc: Iterable[tuple[int, int, bytes]]) -> int:
             sec, nsec = _TS.unpack_from(data)
             return sec * 1_000_000_000 + nsec
     return time.time_ns()
+
+
+def _datagrams(sock: socket.socket, most: int, size: int) -> Iterator[tuple[bytes, int, tuple]]:
+    """Up to ``most`` datagrams waiting on the non-blocking ``sock`` (at most ``size`` bytes each):
+    (data, the kernel's receive stamp in ns, the sender's address); ends when none is left."""
+    for _ in range(most):
+        try:
+            data, anc, _flags, addr = sock.recvmsg(size, 64)
+        except BlockingIOError:
+            return
+        yield data, _kernel_ts(anc), addr
 
 
 def _train_parts(rows: list[tuple[int, int, int]]) -> list[int]:
@@ -225,12 +236,7 @@ class ProbeDaemon:
 
     # -- receive --
     def _on_udp(self) -> None:
-        for _ in range(256):
-            try:
-                data, anc, _flags, addr = self.udp.recvmsg(2048, 64)
-            except BlockingIOError:
-                return
-            t_rx = _kernel_ts(anc)
+        for data, t_rx, addr in _datagrams(self.udp, 256, 2048):
             if len(data) < _HDR.size or data[:4] != MAGIC:
                 continue
             kind = data[4]
@@ -266,12 +272,8 @@ class ProbeDaemon:
                               rate_mbps=statistics.median(rates) if rates else None)
 
     def _on_sink_udp(self) -> None:
-        for _ in range(512):
-            try:
-                data, anc, _f, _a = self.sink_udp.recvmsg(65536, 64)
-            except BlockingIOError:
-                return
-            self._count(_kernel_ts(anc), len(data) + FRAME_EXTRA_BYTES)
+        for data, t_rx, _addr in _datagrams(self.sink_udp, 512, 65536):
+            self._count(t_rx, len(data) + FRAME_EXTRA_BYTES)
 
     def _count(self, t_ns: int, nbytes: int) -> None:
         b = t_ns - t_ns % SINK_BUCKET_NS

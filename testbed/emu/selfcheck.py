@@ -67,7 +67,7 @@ def check_rtts(emu, plan, path_of, count: int, tol_ms: float, tol_pct: float,
     """Ping every cluster from every source (in parallel per pair) and compare with the expected RTT.
 
     Args:
-        emu: the started :class:`~testbed.emu.network.Emulation`.
+        emu: the started :class:`~testbed.emu.mininet_network.Emulation`.
         plan: its plan.
         path_of: ``(src_mac, dst_mac) -> (dpids, one_way_ms)`` from the controller.
         count: pings per pair (after one warm-up ping that resolves ARP).

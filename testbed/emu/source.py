@@ -1,7 +1,7 @@
 """A query source: workload generator + dispatcher, run inside a source host's namespace.
 
 ``python -m testbed.emu.source CONFIG.json`` (a :class:`testbed.plan.boundaries.SourceConfig` written by
-:mod:`testbed.emu.run`). For each workload entry it draws arrivals from the same :mod:`testbed.model.arrivals`
+:mod:`testbed.emu.lifecycle`). For each workload entry it draws arrivals from the same :mod:`testbed.model.arrivals`
 process (and the same seeds) as the simulator, window by window (the report interval); the
 dispatcher step is the model's (:class:`testbed.model.dispatch.Dispatcher`, deciding on the state
 last heard); each query is the real request body sent as TensorFlow Serving REST
@@ -286,7 +286,7 @@ class Source:
 
     def _path_util(self) -> dict[str, float]:
         """Max link utilization on the path to each cluster, from the run's ``link_util.json``
-        (written by testbed.emu.run from the controller's port stats); 0 when unknown."""
+        (written by testbed.emu.lifecycle from the controller's port stats); 0 when unknown."""
         links: dict = {}
         if self.cfg.link_util_file:
             try:

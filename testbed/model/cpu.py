@@ -37,7 +37,7 @@ unthrottled time. A call after idleness is slower than a back-to-back one (cache
 core cooled down; benchmarks/cpu_model_bench.py, figures in docs/models-and-servers.md, "The CPU a
 query costs"), which the plain rule cannot give: it predicts the isolated time as the unthrottled
 one. The factor is per model, runtime and host: measured by :mod:`testbed.serve.handling`
-(:func:`~testbed.plan.handling.call_factors`) into ``handling.json``, which the plan reads
+(:func:`~testbed.plan.handling_profiles.call_factors`) into ``handling.json``, which the plan reads
 (:class:`testbed.plan.catalog.ZooCatalog`).
 
 Request handling (:meth:`CfsQuota.start` with ``call=False``, :meth:`CfsQuota.handle` for a job

@@ -1,4 +1,4 @@
-"""The built-in scenario event kinds, one registered class each (:func:`testbed.model.events.register`).
+"""The built-in scenario event kinds, one registered class each (:func:`testbed.model.timeline.register`).
 
 =================  ==========================  =====================================================
 kind               value                       effect
@@ -18,9 +18,9 @@ kind               value                       effect
 
 Each class holds everything about its kind: the YAML form (``name``, ``value_field``, ``unit``,
 :meth:`rule`), how both engines apply it (:meth:`apply`, on a
-:class:`~testbed.model.events.LinkControl` or :class:`~testbed.model.events.ClusterControl`), and
+:class:`~testbed.model.timeline.LinkControl` or :class:`~testbed.model.timeline.ClusterControl`), and
 how the emulation measures it (``window_s``, ``boost_hz``, ``paths``, :meth:`tolerance`,
-:meth:`measure` through a :class:`~testbed.model.events.Probe`). Adding a kind is one more class
+:meth:`measure` through a :class:`~testbed.model.timeline.Probe`). Adding a kind is one more class
 here (``docs/extending.md``). Imported by :mod:`testbed.model` (its package), so the kinds are
 registered whenever the model is.
 """
@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from testbed.model.events import (
+from testbed.model.timeline import (
     Change,
     ClusterControl,
     ClusterKind,

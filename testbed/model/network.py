@@ -2,14 +2,14 @@
 
 :class:`NetworkState` holds every switch link's current one-way delay (ms), capacity (Mbit/s),
 loss (%), background traffic (Mbit/s, per direction) and whether it is up; :meth:`apply` takes a
-:class:`~testbed.model.events.Change`, whose kind changes the link through a :class:`LinkView`.
+:class:`~testbed.model.timeline.Change`, whose kind changes the link through a :class:`LinkView`.
 Routes are least one-way delay over the links that are up (the Ryu controller's rule,
 :func:`testbed.model.routing.least_delay_paths`): the paths the controller installs, ties included
 (least delay, then fewer hops, then the lower DPID).
 
 A message of ``n`` bytes crossing a link direction of capacity C with background traffic r
 (our link model, stated; each direction is one FIFO of ``queue_packets`` frames served at C: the
-link emulator's shaper, or HTB with its pfifo, see :mod:`testbed.emu.network`):
+link emulator's shaper, or HTB with its pfifo, see :mod:`testbed.emu.mininet_network`):
 
 * queueing behind background frames, M/D/1 with utilization rho = r / C (Pollaczek-Khinchine):
   ``rho / (2 (1 - rho)) x L / C`` with L one full frame, while rho < 1;
@@ -35,8 +35,8 @@ import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from testbed.model.events import Change
 from testbed.model.routing import least_delay_paths
+from testbed.model.timeline import Change
 
 #: Bytes per frame on the wire beyond the TCP payload (Ethernet 14 + IPv4 20 + TCP 32 with
 #: timestamps), and the TCP payload per frame at a 1500-byte MTU (1500 - 20 - 32).
@@ -127,7 +127,7 @@ class LinkState:
 
 class LinkView:
     """One link oriented as a change names it (``ab``: from its first switch to its second): the
-    model's :class:`~testbed.model.events.LinkControl`, which event kinds change."""
+    model's :class:`~testbed.model.timeline.LinkControl`, which event kinds change."""
 
     __slots__ = ("lk", "forward")
 
@@ -200,7 +200,7 @@ class NetworkState:
         return LinkView(lk, (lk.a, lk.b) == (a, b))
 
     def apply(self, ch: Change) -> None:
-        """Apply one step of the timeline: its kind's :meth:`~testbed.model.events.EventKind.apply`
+        """Apply one step of the timeline: its kind's :meth:`~testbed.model.timeline.EventKind.apply`
         on the link (cluster changes are not the network's and are ignored)."""
         if ch.link is None:
             return
@@ -275,7 +275,7 @@ def no_route_spans(net: NetworkState, changes: Sequence[Change],
 
     Args:
         net: the planned network (:meth:`testbed.plan.resolved.Plan.network_state`).
-        changes: the events' timeline (:func:`testbed.model.events.expand`), sorted by ``t_s``.
+        changes: the events' timeline (:func:`testbed.model.timeline.expand`), sorted by ``t_s``.
         pairs: (from switch, to switch) pairs.
 
     Returns:
@@ -330,7 +330,7 @@ def rtt_timeline(net: NetworkState, changes: Sequence[Change],
 
     Args:
         net: the planned network (:meth:`testbed.plan.resolved.Plan.network_state`).
-        changes: the events' timeline (:func:`testbed.model.events.expand`), sorted by ``t_s``.
+        changes: the events' timeline (:func:`testbed.model.timeline.expand`), sorted by ``t_s``.
         pairs: (from switch, to switch) pairs.
 
     Returns:

@@ -3,7 +3,7 @@
 Routing: a message from switch s to switch d follows the tree rooted at d
 (:func:`shortest_path_tree`): the Ryu controller installs exactly these trees
 (``eth_dst = host MAC -> port toward the next hop``), and :func:`least_delay_paths` reads the
-same trees for the plan's expected paths (:func:`testbed.plan.topology.expected_paths`) and the
+same trees for the plan's expected paths (:func:`testbed.plan.network_layout.expected_paths`) and the
 model's routes (:meth:`testbed.model.network.NetworkState.routes`, which the simulator and the
 emulation's event checks use). So the planned, simulated and installed paths agree by construction,
 ties included.

@@ -17,7 +17,7 @@ the cluster's share and worker count:
 and JPEG decoding) and writing the answer (encoding it, handing it to the socket), measured per
 model by :mod:`testbed.serve.handling`; ``answer_ms`` of it is the answer's side) and ``cold_factor``
 (a model call after
-idleness over a warm one in the server, :func:`testbed.plan.handling.call_factors`) are the two
+idleness over a warm one in the server, :func:`testbed.plan.handling_profiles.call_factors`) are the two
 CPU costs beside the warm model call that the emulation's quota pays
 (benchmarks/cpu_model_bench.py compares the three with the emulation's measured times).
 

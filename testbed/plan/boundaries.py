@@ -1,6 +1,6 @@
 """What a run hands to each process it starts: one pydantic model per kind of child process.
 
-The run (:mod:`testbed.emu.run`) builds each from the plan (``from_plan``), writes it with
+The run (:mod:`testbed.emu.lifecycle`) builds each from the plan (``from_plan``), writes it with
 ``model_dump_json`` into the run directory, and the child reads it back with
 ``model_validate_json`` (:func:`read_config`). No child states a default of its own: every
 setting comes from the experiment through the plan.

@@ -44,7 +44,7 @@ service-time profile   error unless the catalog has one for the       same
                        model at the cluster's runtime
 policy names           error unless the experiment's and each         same
                        source's ``policy`` is a registered policy
-                       or ``aset`` (testbed.plan.policies)
+                       or ``aset`` (testbed.plan.policy_resolution)
 =====================  =============================================  ===============================
 
 Link delay: the configured one if given, else great-circle km x ms_per_km x route_factor, never
@@ -56,11 +56,11 @@ and dispatchers and the simulator all take them from here. A plan
 (:class:`testbed.plan.resolved.Plan`) is a pydantic model; it is what ``plan.json`` holds
 (``Plan.model_dump_json``) and what every process of a run reads back.
 
-:func:`build_plan` is the list of steps; each lives with its concern: :mod:`testbed.plan.topology`
-(switches, links, hosts, paths), :mod:`testbed.plan.events`, :mod:`testbed.plan.workload`
-(weights, load bounds), :mod:`testbed.plan.clusters` (models, service times, request bytes),
+:func:`build_plan` is the list of steps; each lives with its concern: :mod:`testbed.plan.network_layout`
+(switches, links, hosts, paths), :mod:`testbed.plan.event_resolution`, :mod:`testbed.plan.workload`
+(weights, load bounds), :mod:`testbed.plan.cluster_figures` (models, service times, request bytes),
 :mod:`testbed.plan.checks` (names, transfers, run directory, notes) and
-:mod:`testbed.plan.capture`.
+:mod:`testbed.plan.capture_points`.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ from pathlib import Path
 
 from testbed.core.errors import InputError, naming_file
 from testbed.core.util import repo_path
-from testbed.plan import topology
-from testbed.plan.capture import validate_capture
+from testbed.plan import network_layout
+from testbed.plan.capture_points import validate_capture
 from testbed.plan.catalog import Catalog, ZooCatalog
 from testbed.plan.checks import (
     CPU_HEADROOM_CORES,
@@ -82,9 +82,9 @@ from testbed.plan.checks import (
     runs_dir_problem,
     senders_and_servers,
 )
-from testbed.plan.clusters import request_sizes, resolve_models
-from testbed.plan.events import events_after_end, resolve_events
-from testbed.plan.policies import check_experiment_policies, decision_costs
+from testbed.plan.cluster_figures import request_sizes, resolve_models
+from testbed.plan.event_resolution import events_after_end, resolve_events
+from testbed.plan.policy_resolution import check_experiment_policies, decision_costs
 from testbed.plan.resolved import Host, Link, PathInfo, Plan, PlanError, QueueSettings, Switch
 from testbed.plan.workload import check_load_bounds, resolve_weights
 from testbed.spec.experiment import Experiment, load_experiment
@@ -112,13 +112,13 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
     check_experiment_policies(exp)
     raw = raw if raw is not None else load_topology(exp.topology.source, base_dir)
     zoo_dir, profiles_dir = repo_path(exp.zoo_dir), repo_path(exp.profiles_dir)
-    net = topology.Network(exp, raw, notes=list(raw.notes))
-    topology.add_nodes(net)
-    topology.keep_connected(net, topology.read_links(net))
-    topology.add_cloud(net)
-    topology.add_hosts(net)
+    net = network_layout.Network(exp, raw, notes=list(raw.notes))
+    network_layout.add_nodes(net)
+    network_layout.keep_connected(net, network_layout.read_links(net))
+    network_layout.add_cloud(net)
+    network_layout.add_hosts(net)
     check_names(net.switches, net.links, net.hosts)
-    paths = topology.expected_paths(net)
+    paths = network_layout.expected_paths(net)
     changes = resolve_events(net, base_dir)
     weights = resolve_weights(net, base_dir)
     check_load_bounds(exp, weights, exp.duration_s, base_dir)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from testbed.core.errors import InputError
 from testbed.core.util import did_you_mean
-from testbed.plan import handling, profiles, zoo
+from testbed.plan import handling_profiles, profiles, zoo
 
 
 class CatalogError(InputError):
@@ -134,14 +134,14 @@ class ZooCatalog:
 
     def _server_costs(self, name: str, runtime: str) -> tuple[float, float, float, str, str, float]:
         """(handling ms, in-server factor, cold factor, source suffix, plan note, answer ms) of ``name`` from
-        ``handling.json`` (:mod:`testbed.plan.handling`). Without a row of ``runtime``, the
+        ``handling.json`` (:mod:`testbed.plan.handling_profiles`). Without a row of ``runtime``, the
         call factors of the row there are not applied, and the note says so."""
         try:
-            row = handling.measured_row(self.profiles_dir, name, runtime)
-            server, cold = handling.factors_of(row)
+            row = handling_profiles.measured_row(self.profiles_dir, name, runtime)
+            server, cold = handling_profiles.factors_of(row)
         except (zoo.ZooError, ValueError) as exc:
             raise CatalogError(f"model {name!r}: no request-handling figures to plan with: {exc}") from None
-        path = self.profiles_dir / handling.FILE
+        path = self.profiles_dir / handling_profiles.FILE
         if row["runtime"] != runtime:
             note = (f"model {name!r} runs on {runtime}, but {path} has only {row['runtime']}'s row for it: its "
                     f"request handling is taken, its call factors are not (in-server and cold calls charged at "

@@ -14,8 +14,8 @@ from pathlib import Path
 from testbed.model import policies as pol
 from testbed.model.network import message_ms, mss_of, transfer_ms
 from testbed.plan.catalog import ModelInfo
+from testbed.plan.network_layout import Network
 from testbed.plan.resolved import Host, Link, PathInfo, Plan, PlanError, Switch
-from testbed.plan.topology import Network
 from testbed.spec.experiment import ApplicationSpec, Experiment
 
 IFNAMSIZ = 16  # Linux include/uapi/linux/if.h; names hold at most IFNAMSIZ-1 = 15 bytes

@@ -53,9 +53,9 @@ import numpy as np
 
 from testbed.core.clock import UNIT_SCALE, EmulatedClock
 from testbed.model.arrivals import ArrivalProcess
-from testbed.model.events import Change, kind_of
 from testbed.model.network import TCP_RTO_MIN_MS
 from testbed.model.service import ServiceFigures
+from testbed.model.timeline import Change, kind_of
 from testbed.plan.resolved import Plan, PlanError
 from testbed.spec.experiment import AUTO_DILATION, MAX_TIME_DILATION
 

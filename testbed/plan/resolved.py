@@ -18,10 +18,10 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 from testbed.core.errors import InputError
 from testbed.core.util import write_json_atomic
 from testbed.model.dispatch import OptionSpec
-from testbed.model.events import Change
 from testbed.model.network import NetworkState, RttStep, no_route_spans, rtt_timeline
 from testbed.model.queue import ServerQueue
 from testbed.model.service import ServiceFigures
+from testbed.model.timeline import Change
 from testbed.plan.catalog import ModelInfo
 from testbed.spec.experiment import ClusterSpec, Experiment
 
@@ -128,7 +128,7 @@ class Plan(_PlanModel):
     """Everything ``testbed run`` and ``testbed simulate`` execute, resolved and validated.
 
     ``models``: every model variant a cluster serves. ``services``: cluster -> model -> its
-    service times there. ``changes``: the events' timeline (:func:`testbed.model.events.expand`),
+    service times there. ``changes``: the events' timeline (:func:`testbed.model.timeline.expand`),
     links named by the plan's switch names. ``weights``: per workload entry, the spatial weight
     of each source it selects (:func:`testbed.plan.traces.source_weights`). ``request_bytes``: per
     application, the request body size (bytes) its queries put on the wire. ``base_dir``: the
@@ -140,7 +140,7 @@ class Plan(_PlanModel):
     ``decision_ms``: per policy the sources use, the cost (ms) the simulator charges each decision it
     makes (td - t0, ``dispatch_ms``; a decision the dispatcher's cache gives costs nothing): 0 for a
     built-in policy, the median of a plug-in's
-    plan-time check calls for a plug-in (:func:`testbed.plan.policies.decision_costs`); fixed here
+    plan-time check calls for a plug-in (:func:`testbed.plan.policy_resolution.decision_costs`); fixed here
     so that simulating ``plan.json`` again gives the same run.
     """
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from testbed.core.util import repo_path
 from testbed.model.arrivals import ArrivalError
+from testbed.plan.network_layout import Network
 from testbed.plan.resolved import PlanError
-from testbed.plan.topology import Network
 from testbed.plan.traces import read_trace, source_weights
 from testbed.spec import experiment as cfg
 from testbed.spec.experiment import Experiment, WorkloadSpec

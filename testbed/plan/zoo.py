@@ -1,5 +1,5 @@
 """The model zoo's inventory on disk: manifest, payloads (sample inputs), request bodies and
-service-time profiles, read without TensorFlow or LiteRT (the loaders are :mod:`testbed.serve.zoo`).
+service-time profiles, read without TensorFlow or LiteRT (the loaders are :mod:`testbed.serve.loaders`).
 
 Layout (written by ``models/build_zoo.py``; nothing here is downloaded)::
 
@@ -28,7 +28,7 @@ file, a ``FileNotFoundError`` too) whose message names the variant / family and 
 Integrity: the build records the SHA-256 of every model file of every variant (SavedModel files,
 ``.tflite``, MediaPipe files) in the manifest, ``variants.<name>.files_sha256`` ({path relative to
 the zoo: hex digest}; :func:`record_hashes`); a MediaPipe file's is also pinned from its wheel
-(``tflite_files``). Every load of a model (:func:`testbed.serve.zoo.load_model`: the inference
+(``tflite_files``). Every load of a model (:func:`testbed.serve.loaders.load_model`: the inference
 server, the profiler, the host-speed check) first checks the files it reads against them
 (:func:`verify_model_files`); a mismatch, or a zoo whose manifest records none, is a
 :class:`ZooIntegrityError` naming the file, exit code 7
@@ -192,7 +192,7 @@ def cached_file_sha256(path: str | os.PathLike[str]) -> str:
     size and modification time (ns) were what they are now (:func:`hash_cache_path`): the cheap
     check of ``testbed plan`` and ``simulate``. A change that keeps both (a rewrite in place with
     the time set back) is not seen here; every server still checks the whole bytes when it loads
-    a model (:func:`testbed.serve.zoo`). The cache is written back when a file was hashed (a cache
+    a model (:func:`testbed.serve.loaders`). The cache is written back when a file was hashed (a cache
     that cannot be written costs a hash next time, nothing else).
 
     Raises:

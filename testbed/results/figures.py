@@ -1,7 +1,7 @@
 """The figures of a run's summary, computed from its merged records and the files beside them.
 
 Every count of queries (totals, per cause, per cluster, per application) comes from the records
-(:mod:`testbed.results.records`); the servers' own counters (:func:`_server_counters`), the link
+(:mod:`testbed.results.record_files`); the servers' own counters (:func:`_server_counters`), the link
 emulators' (:func:`_link_emulators`) and the controller's port stats (:func:`_links`) are kept
 apart. Latency figures follow one rule (:func:`latency_figures`, :data:`LATENCY_RULE`), the
 summary's and ``testbed report``'s. Times in ms unless a name says otherwise.
@@ -519,7 +519,7 @@ def run_facts(run_dir: Path, df: pd.DataFrame, plan: dict | None) -> dict:
 
 
 def capture_figures(run_dir: Path) -> dict | None:
-    """The packet analysis's figures (``capture/analysis.json``, :mod:`testbed.results.capture`):
+    """The packet analysis's figures (``capture/analysis.json``, :mod:`testbed.results.pcap_analysis`):
     queries matched, retransmissions, per-hop one-way delay (ms) and the files it could not read;
     None without packet capture."""
     cap = run_dir / "capture" / "analysis.json"

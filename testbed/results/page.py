@@ -1,8 +1,8 @@
 """One page, two renderings: a report as a list of blocks, written as self-contained HTML (figures
 embedded as base64 PNGs, text escaped) and as Markdown (figures linked, tables as GitHub tables).
 
-``testbed report`` (:mod:`testbed.results.report`) and ``testbed compare``
-(:mod:`testbed.results.compare`) build their pages from these blocks, so both look alike and
+``testbed report`` (:mod:`testbed.results.html_report`) and ``testbed compare``
+(:mod:`testbed.results.twin_comparison`) build their pages from these blocks, so both look alike and
 neither writes HTML of its own. Every text is data: it is escaped in HTML, and written as it is in
 Markdown (table cells through :func:`testbed.core.util.markdown_table`).
 """

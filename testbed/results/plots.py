@@ -1,4 +1,4 @@
-"""The figures of a report (:mod:`testbed.results.report`): what one run directory gives a report
+"""The figures of a report (:mod:`testbed.results.html_report`): what one run directory gives a report
 (:class:`RunData`, :class:`RunStatus`), its records grouped per run and policy (:func:`_groups`),
 and one function per figure, each drawing into a PNG and returning False when it has nothing to
 draw. Latency figures take the summary's queries (:func:`testbed.results.figures.answered`).
@@ -100,6 +100,16 @@ def _save(fig, path: Path) -> None:
     _plt().close(fig)
 
 
+def _save_lines(fig, ax, path: Path, drawn: int, legend_loc: str) -> bool:
+    """Finish a figure of ``drawn`` lines (a light grid, the legend where there is a line) and
+    :func:`_save` it; True when there was something to draw."""
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8, loc=legend_loc)
+    _save(fig, path)
+    return drawn > 0
+
+
 def fig_latency_cdf(runs: list[RunData], path: Path) -> bool:
     """CDF of e2e latency (ms) of answered queries per run and policy; False when nothing to draw."""
     plt = _plt()
@@ -116,11 +126,7 @@ def fig_latency_cdf(runs: list[RunData], path: Path) -> bool:
         ax.axvline(d, color="grey", ls=":", lw=1)
     ax.set(xlabel="end-to-end latency (ms)", ylabel="fraction of answered queries", ylim=(0, 1.02),
            title="Latency CDF per policy" + (" (dotted: deadlines)" if deadlines else ""))
-    ax.grid(alpha=0.3)
-    if drawn:
-        ax.legend(fontsize=8, loc="lower right")
-    _save(fig, path)
-    return drawn > 0
+    return _save_lines(fig, ax, path, drawn, "lower right")
 
 
 def fig_breakdown(runs: list[RunData], path: Path) -> bool:
@@ -171,11 +177,7 @@ def fig_success_over_time(runs: list[RunData], path: Path) -> bool:
         drawn += 1
     ax.set(xlabel=f"time since the first query (s), {width:g} s bins", ylabel="success ratio", ylim=(-0.02, 1.05),
            title="Success ratio over time")
-    ax.grid(alpha=0.3)
-    if drawn:
-        ax.legend(fontsize=8, loc="lower left")
-    _save(fig, path)
-    return drawn > 0
+    return _save_lines(fig, ax, path, drawn, "lower left")
 
 
 def fig_policy_over_time(runs: list[RunData], path: Path) -> bool:

@@ -132,7 +132,7 @@ def _links_table(s: dict) -> list[SummaryTable]:
 
 def capture_warnings(errors: list[str]) -> list[str]:
     """One warning per capture file the packet analysis left out or read in part (``analysis.json``
-    ``errors``, :func:`testbed.results.capture.analyze_run`): without it, the hops on either side
+    ``errors``, :func:`testbed.results.pcap_analysis.analyze_run`): without it, the hops on either side
     of an unread capture point are merged into one, with no word of it."""
     return [f"WARNING: packet capture: {e}; the per-hop delays skip that capture point (the hops on either "
             f"side of it show as one)" for e in errors]

@@ -1,6 +1,6 @@
 """Running one experiment end to end: an engine, then the merge, the summary and the exit code.
 
-The engines measure (:func:`testbed.emu.run.emulate`, :func:`testbed.sim.run.simulate`) and say
+The engines measure (:func:`testbed.emu.lifecycle.emulate`, :func:`testbed.sim.run.simulate`) and say
 what they measured; this module, above them, turns that into a run folder with its summary and
 the command's exit code (:mod:`testbed.core.errors`):
 
@@ -43,10 +43,10 @@ from testbed.core.hashing import file_sha256
 from testbed.core.plugins import ref_slug
 from testbed.core.util import replace_atomic, repo_path, write_json_atomic
 from testbed.emu.autodilate import resolve
-from testbed.emu.run import EmulationOutcome, emulate
+from testbed.emu.lifecycle import EmulationOutcome, emulate
 from testbed.plan.build import Plan
 from testbed.results.figures import all_failed_reason
-from testbed.results.records import storage_faults
+from testbed.results.record_files import storage_faults
 from testbed.results.summary import print_summary, summarize
 from testbed.results.verdict import measured_verdict, summarise_in_child
 from testbed.sim.engine import Simulator
@@ -55,7 +55,7 @@ from testbed.sim.run import simulate
 __all__ = ["TwinLine", "checkpoint_line", "finish_emulation", "run_emulation", "run_simulation"]
 
 #: The twin's line of a run's summary: (run folder, plan, queries measured, whether the run ended
-#: ok) -> (the line, what ``summary.json`` keeps of it); :func:`testbed.results.compare.twin_line`.
+#: ok) -> (the line, what ``summary.json`` keeps of it); :func:`testbed.results.twin_comparison.twin_line`.
 TwinLine = Callable[[Path, Plan, int, bool], tuple[str, dict]]
 
 
@@ -63,20 +63,20 @@ TwinLine = Callable[[Path, Plan, int, bool], tuple[str, dict]]
 
 def run_emulation(plan: Plan, console: Console | None = None, runs_dir: Path | None = None,
                   duration_s: float | None = None, link_emulator: str | None = None,
-                  base_dir: Path | None = None, process_ends: bool = False, strict: bool = False,
+                  process_ends: bool = False, strict: bool = False,
                   summarise: Summariser | None = None, twin: TwinLine | None = None) -> int:
-    """Emulate a planned experiment end to end (:func:`testbed.emu.run.emulate`), then record its
+    """Emulate a planned experiment end to end (:func:`testbed.emu.lifecycle.emulate`), then record its
     verdict and summarise what was measured (:func:`finish_emulation`); returns the exit code
     (:mod:`testbed.core.errors`). A plan whose time dilation is ``auto`` gets its k first, from
     measured warm-ups (:func:`testbed.emu.autodilate.resolve`; they go to ``runs_dir/auto-dilation``).
     Results go to ``runs_dir/<timestamp>-<name>/``; records measured before a failure or an
-    interruption are kept and summarised. ``base_dir`` is unused (the plan carries the experiment's
-    folder). ``process_ends``: the caller exits with the returned code right after (the CLI):
+    interruption are kept and summarised (the plan carries the experiment's folder, where its traces
+    are read). ``process_ends``: the caller exits with the returned code right after (the CLI):
     SIGINT and SIGTERM stay ignored once the outcome is recorded, so the process's exit status is
     the recorded one. ``strict``: a run whose measurements say its time dilation was too small exits
     3 (:mod:`testbed.results.verdict`). ``summarise``: what summarises (default:
     :func:`summarise_run`, in a child process). ``twin``: the summary ends with the simulated twin's
-    line (:func:`summarize_twin`; ``testbed run`` gives :func:`testbed.results.compare.twin_line`).
+    line (:func:`summarize_twin`; ``testbed run`` gives :func:`testbed.results.twin_comparison.twin_line`).
 
     Raises:
         InputError: ``auto`` found no k within the bound; RunFailure: a warm-up failed.
@@ -144,7 +144,7 @@ def finish_emulation(outcome: EmulationOutcome, console: Console, strict: bool =
        says ``summary: {"status": "failed", "error": ...}``, and the records stay in ``sources/``
        (``testbed report RUN_DIR`` summarises them).
     3. The records against the sources' tallies (a records file deleted or cut, a source that
-       vanished without its tally: :func:`testbed.results.records.storage_faults`), each said on a
+       vanished without its tally: :func:`testbed.results.record_files.storage_faults`), each said on a
        ``RECORDS:`` line; a run that ended ok with such a fault exits
        :data:`~testbed.core.errors.EXIT_COMPONENT_DIED`.
     4. With ``twin`` (and the run's ``plan``), the summary's last line: the twin's verdict
@@ -210,7 +210,7 @@ def summarise_run(outcome: EmulationOutcome, console: Console) -> dict:
 
 def summarize_twin(twin: TwinLine, run_dir: Path, plan: Plan, s: dict, ok: bool, console: Console) -> None:
     """The summary's last line: the simulated twin's verdict, or how to get it (``twin``, e.g.
-    :func:`testbed.results.compare.twin_line`: compared when the run ended ok and that is cheap);
+    :func:`testbed.results.twin_comparison.twin_line`: compared when the run ended ok and that is cheap);
     kept as ``twin`` in ``summary.json`` and as the last line of ``summary.md``.
 
     Raises:
@@ -228,7 +228,7 @@ def summarize_twin(twin: TwinLine, run_dir: Path, plan: Plan, s: dict, ok: bool,
 
 # ----------------------------------------------------------------------------- simulation
 
-def run_simulation(plan: Plan, base_dir: Path | None = None, runs_dir: Path | None = None,
+def run_simulation(plan: Plan, runs_dir: Path | None = None,
                    duration_s: float | None = None, seed: int | None = None, policy: str | None = None,
                    run_dir: Path | None = None, console: Console | None = None,
                    quiet: bool = False) -> tuple[Path, dict]:
@@ -247,7 +247,7 @@ def run_simulation(plan: Plan, base_dir: Path | None = None, runs_dir: Path | No
             the reason; nothing is left there).
     """
     exp = plan.experiment
-    out = simulate(plan, base_dir=base_dir, duration_s=duration_s, seed=seed, policy=policy)
+    out = simulate(plan, duration_s=duration_s, seed=seed, policy=policy)
     if run_dir is None:
         base = Path(runs_dir) if runs_dir else repo_path(exp.runs_dir)
         tag = f"-{ref_slug(policy)}" if policy else ""

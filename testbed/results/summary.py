@@ -1,17 +1,17 @@
 """Run results: merge the per-source records, summarise them, print and save the summary.
 
-The steps live in three modules: :mod:`testbed.results.records` (reading, merging, checking the
+The steps live in three modules: :mod:`testbed.results.record_files` (reading, merging, checking the
 records), :mod:`testbed.results.figures` (what the summary computes) and
 :mod:`testbed.results.render` (``summary.md``, the console's tables, the headline); this module
 is :func:`summarize` and :func:`print_summary`, and keeps the names other code imports.
 
-Files in a run directory (written by :mod:`testbed.emu.run` and :mod:`testbed.results.runs`):
+Files in a run directory (written by :mod:`testbed.emu.lifecycle` and :mod:`testbed.results.runs`):
 ``records.csv`` / ``records.parquet`` (one row per query, columns of
 :data:`testbed.model.records.RECORD_FIELDS`), ``link_stats.csv`` (controller port stats per poll),
 ``rtt_check.csv``, ``clusters/<name>.stats.json`` (server counters; ``<name>.stats.<n>.json``
 for the earlier lives of a restarted server), ``linkemu/<node>.json`` (each user-space link
 emulator's counters), ``run.json`` (what happened: ``health``), ``summary.json``, ``summary.md``;
-with packet capture also ``capture/queries.csv`` (``pkt_*`` columns, :mod:`testbed.results.capture`),
+with packet capture also ``capture/queries.csv`` (``pkt_*`` columns, :mod:`testbed.results.pcap_analysis`),
 joined into the records here. Every column is documented in docs/records-schema.md.
 
 Every count of queries in the summary (totals, per cause, per cluster, per application) comes
@@ -62,7 +62,7 @@ from testbed.results.figures import (
     run_facts,
     switch_of,
 )
-from testbed.results.records import (
+from testbed.results.record_files import (
     NUMERIC_RECORD_FIELDS,
     RecordsError,
     check_records,

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from testbed.core.util import write_json_atomic
-from testbed.results.capture import analyze_run
 from testbed.results.figures import _plan_doc, answered
-from testbed.results.records import read_records
+from testbed.results.pcap_analysis import analyze_run
+from testbed.results.record_files import read_records
 from testbed.results.summary import summarize
 from testbed.results.verdict import dilation_check, dilation_figures
 

@@ -1,7 +1,7 @@
 """The twin's arithmetic: an emulated run's queries paired with the simulator's, stage by stage.
 
 Pure functions of two record frames (:data:`testbed.model.records.RECORD_FIELDS`), no I/O; the
-command that reads a run, simulates it and writes the report is :mod:`testbed.results.compare`.
+command that reads a run, simulates it and writes the report is :mod:`testbed.results.twin_comparison`.
 
 Rules (stated once here; docs/reports.md, "The twin report"):
 
@@ -298,7 +298,7 @@ def where_they_part(groups: dict[str, list[dict]]) -> dict | None:
 
 
 def verdict(result: dict) -> str:
-    """The twin's one line from :mod:`testbed.results.compare`'s result (``compare.json``): the
+    """The twin's one line from :mod:`testbed.results.twin_comparison`'s result (``compare.json``): the
     success ratios and their difference with its interval, and where the engines part."""
     sd, pr = result["success"], result["pairing"]
     if sd["emu"] is None:

@@ -346,7 +346,7 @@ def wait_ready(rest_url: str, timeout_s: float = 60.0, poll_s: float = 0.25,
         proc: the controller process; defaults to the one :func:`start_controller` started for this
             REST port, so an early exit is reported at once with its log.
         nudge: called at each poll while a switch is missing (e.g.
-            :meth:`testbed.emu.network.Emulation.nudge_switches`).
+            :meth:`testbed.emu.mininet_network.Emulation.nudge_switches`).
 
     Returns:
         The final status dict.

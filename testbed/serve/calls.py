@@ -1,6 +1,6 @@
 """What a loaded model is to the server and the profiler: the :class:`Model` call, its
 :class:`NamedOutputs` (multi-output models) and the warm-up loop. The loaders
-(:mod:`testbed.serve.zoo`, :mod:`testbed.serve.graphs`) both build on these.
+(:mod:`testbed.serve.loaders`, :mod:`testbed.serve.graphs`) both build on these.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ A batch of N frames is N model invocations (these models have a fixed batch of 1
 
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from testbed.core.errors import InputError
+from testbed.core.hashing import bytes_sha256
 from testbed.serve.calls import NamedOutputs, warm_up
 
 #: Which decoder each variant's ``graph`` names, and the models it runs in order.
@@ -88,7 +88,7 @@ def verified_bytes(path: Path, sha256: str) -> bytes:
     if not path.is_file():
         raise GraphError(f"MediaPipe model file {path} does not exist (build: python models/build_zoo.py)")
     data = path.read_bytes()
-    got = hashlib.sha256(data).hexdigest()
+    got = bytes_sha256(data)
     if got != sha256:
         raise GraphError(f"MediaPipe model file {path}: sha256 {got} != pinned {sha256}; the file is corrupt or "
                          "not the one from mediapipe 0.10.21 (rebuild: python models/build_zoo.py --force)")

@@ -28,7 +28,7 @@ too). Just before the server starts, ``bare_call_cpu_ms``: the same model's bare
 process, as the profiler makes it (1 thread, back to back, ``n`` calls; for TensorFlow the
 process's CPU time, as its executor runs a graph's ops on its own pool threads). ``call_cpu_ms`` over it
 is the model call as the server makes it, after the event loop decoded a real request and
-handed it to a worker thread (:func:`testbed.plan.handling.call_factors`).
+handed it to a worker thread (:func:`testbed.plan.handling_profiles.call_factors`).
 
 Writes ``<profiles>/handling.json`` (schema 1)::
 
@@ -42,7 +42,7 @@ Writes ``<profiles>/handling.json`` (schema 1)::
 ``variants`` holds each variant's row in its default runtime (LiteRT where it has it);
 ``--runtime tensorflow`` measures a variant that has LiteRT too into ``other_runtimes`` (the
 call factors differ by runtime: TensorFlow's graph executor pays more per call, and after
-idleness, than LiteRT's interpreter). :func:`testbed.plan.handling.measured_row` reads the row
+idleness, than LiteRT's interpreter). :func:`testbed.plan.handling_profiles.measured_row` reads the row
 of a runtime (the plan's :class:`~testbed.model.service.ServiceFigures`).
 """
 
@@ -68,10 +68,10 @@ from testbed.core.errors import RunFailure
 from testbed.core.util import REPO_ROOT, poll_until, stop_processes, write_json_atomic
 from testbed.plan import zoo
 from testbed.plan.boundaries import ServerConfig
-from testbed.plan.handling import FILE, MIN_ISOLATED, MIN_N, RESOLUTION_S, SCHEMA, queries_to_resolve, resolved
+from testbed.plan.handling_profiles import FILE, MIN_ISOLATED, MIN_N, RESOLUTION_S, SCHEMA, queries_to_resolve, resolved
 from testbed.plan.profiles import cpu_time
 from testbed.serve.launch import server_command
-from testbed.serve.zoo import load_model
+from testbed.serve.loaders import load_model
 
 WARMUP = 20
 #: Idle time before each query of the isolated pass (s): the CFS period, as the profiler's isolated rows.

@@ -58,7 +58,7 @@ from testbed.core.util import REPO_ROOT
 from testbed.plan import zoo
 from testbed.plan.profiles import measurements
 from testbed.serve.calls import Model
-from testbed.serve.zoo import configure_tf_threads, load_model, machine_info
+from testbed.serve.loaders import configure_tf_threads, load_model, machine_info
 
 DEFAULT_SHARES = (0.1, 0.25, 0.5, 1.0, 2.0)
 DEFAULT_BATCHES = (1, 8)
@@ -201,11 +201,7 @@ def run_child(zoo_dir: Path, variants: list[str], runtime: str, share: float, ba
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for d in dirs:
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+        cgroups.remove_groups(dirs)
     results = [ln[len("RESULT "):] for ln in out.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not results:
         raise ProfileError(f"profiler child ({runtime}, {share} cores) exited {proc.returncode}: {err[-2000:]}")

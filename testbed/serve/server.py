@@ -6,7 +6,7 @@ Start-up: TensorFlow's intra-op pool gets ``workers x threads`` threads (inter-o
 worker's LiteRT interpreter ``threads`` threads (``ServerConfig.threads``, from
 :func:`testbed.model.cpu.threads_per_call`). It loads the listed variants with their runtime
 (each file checked against the SHA-256 the zoo recorded), answers each one's labelled start-up
-sample (:func:`testbed.serve.zoo.check_answers`; it exits 7 without serving, naming the file, on a
+sample (:func:`testbed.serve.loaders.check_answers`; it exits 7 without serving, naming the file, on a
 hash mismatch or an accuracy far below the model's: :data:`testbed.core.errors.EXIT_INTEGRITY`),
 warms each up (``warmup_calls`` calls at batch 1, and as many at ``max_batch`` when batching),
 times each model's bare call when ``speed`` asks (:mod:`testbed.serve.speed`: the cluster's scale,
@@ -77,6 +77,7 @@ from testbed.core.util import write_json_atomic
 from testbed.plan import zoo
 from testbed.plan.boundaries import ServerConfig, read_config
 from testbed.serve import rxstamp
+from testbed.serve.loaders import check_answers, configure_tf_threads, load_model
 from testbed.serve.payload import (
     RequestError,
     encode_json,
@@ -86,7 +87,6 @@ from testbed.serve.payload import (
 )
 from testbed.serve.scheduler import Job, Scheduler
 from testbed.serve.speed import measure as measure_speed
-from testbed.serve.zoo import check_answers, configure_tf_threads, load_model
 
 #: Largest request body [bytes] (one 32x32 image as JSON is ~5-10 kB).
 MAX_BODY_BYTES = 32 * 1024 * 1024

@@ -19,10 +19,10 @@ Steps (:func:`add_model`), every one before anything in the zoo or the profiles 
    zoo of its own; the SHA-256 of the model files is recorded as the build records it
    (:func:`testbed.plan.zoo.record_variant_hashes`);
 3. the check (:func:`check_model`): the model is loaded as a server loads it
-   (:func:`testbed.serve.zoo.load_model`, hashes verified), answers one query of each of the
+   (:func:`testbed.serve.loaders.load_model`, hashes verified), answers one query of each of the
    family's held-out samples, each answer ``[1, classes]`` and finite, and its top-1 accuracy on
    the labelled ones is measured and judged against the declared one (:func:`accuracy_verdict`);
-   then the server's start-up check (:func:`testbed.serve.zoo.check_answers`);
+   then the server's start-up check (:func:`testbed.serve.loaders.check_answers`);
 4. the measurements: its service-time profile (:func:`testbed.serve.profiler.run`, by default at
    the shares and batch sizes of every profile in the zoo, ``DEFAULT_SHARES`` x
    ``DEFAULT_BATCHES``) and its request-handling row (:func:`testbed.serve.handling.run`), made
@@ -33,7 +33,7 @@ Steps (:func:`add_model`), every one before anything in the zoo or the profiles 
 
 The accuracy rule (:func:`accuracy_verdict`), with ``A`` the declared accuracy and ``a`` the share
 of the ``n`` labelled held-out samples answered right: refused when ``a < A - 0.2``
-(:data:`testbed.serve.zoo.ANSWER_CHECK_MARGIN`: the margin below which a server refuses to serve a
+(:data:`testbed.serve.loaders.ANSWER_CHECK_MARGIN`: the margin below which a server refuses to serve a
 model at start-up), a warning when ``a < A - 3 sqrt(A (1 - A) / n)`` (three binomial standard
 deviations of the share at accuracy ``A``). A family without labels (``imagenet``'s photographs)
 has no measured accuracy: a warning says so and the declared figure stands. The manifest keeps
@@ -68,10 +68,10 @@ import numpy as np
 from testbed.core.errors import RunFailure
 from testbed.core.util import native_stderr_to, write_json_atomic
 from testbed.plan import zoo
-from testbed.plan.handling import FILE as HANDLING_FILE
-from testbed.plan.handling import MIN_N
+from testbed.plan.handling_profiles import FILE as HANDLING_FILE
+from testbed.plan.handling_profiles import MIN_N
 from testbed.serve import handling, profiler
-from testbed.serve.zoo import ANSWER_CHECK_MARGIN, check_answers, load_model, tflite_params
+from testbed.serve.loaders import ANSWER_CHECK_MARGIN, check_answers, load_model, tflite_params
 
 #: A variant's name: a file name in the zoo and a path segment of the server's URL.
 VARIANT_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"

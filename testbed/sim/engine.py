@@ -110,7 +110,7 @@ class Simulator(Links, RunColumns):
 
     def __init__(self, plan: Plan, seed: int | None = None, policies: dict[str, str] | None = None,
                  record: bool = False, service: Callable[[str, str], ServiceSampler] | None = None,
-                 track_resolved: bool = True, base_dir: str | Path | None = None, view: str = "reports"):
+                 track_resolved: bool = True, view: str = "reports"):
         if view not in VIEWS:
             raise SimError(f"view {view!r}: one of {', '.join(VIEWS)}")
         self.view = view
@@ -124,7 +124,7 @@ class Simulator(Links, RunColumns):
         self.policy_names: list[str] = list(pol.CATALOGUE)
         #: per policy of :attr:`policy_names` (same index): the decision cost charged (s; td - t0)
         self.decision_s: list[float] = [self._decision_s(p) for p in self.policy_names]
-        self.base_dir = Path(base_dir) if base_dir is not None else Path(plan.base_dir)
+        self.base_dir = Path(plan.base_dir)  # the experiment file's folder: where its traces are read
         self.q = Queries()
         self.res_heap: list[tuple[float, int]] | None = [] if track_resolved else None
         self.track_resolved = track_resolved
@@ -456,7 +456,7 @@ class Simulator(Links, RunColumns):
                         for c in self.clusters])
 
     def _apply(self, ch, t: float) -> None:
-        """One step of the events' timeline: its kind (:mod:`testbed.model.events`) applied to the
+        """One step of the events' timeline: its kind (:mod:`testbed.model.timeline`) applied to the
         cluster (:class:`_ClusterAt`), or to the network's link, which then reroutes."""
         if ch.entry.target == "cluster":
             ch.entry.apply(ch, _ClusterAt(self, ch, t))
@@ -467,7 +467,7 @@ class Simulator(Links, RunColumns):
 
 class _ClusterAt:
     """A cluster as an event changes it at virtual time ``t`` (the simulator's
-    :class:`testbed.model.events.ClusterControl`): down until the next change of the timeline that
+    :class:`testbed.model.timeline.ClusterControl`): down until the next change of the timeline that
     brings it back up (a ``stop`` resumes then), or up."""
 
     def __init__(self, sim: Simulator, ch, t: float):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from testbed.agent.live import SourceSelector, aset_sources, check_agents, source_configs
@@ -30,7 +29,7 @@ class SimOutcome:
     schedule: dict[str, list[str]] | None = None
 
 
-def simulate(plan: Plan, base_dir: Path | None = None, duration_s: float | None = None, seed: int | None = None,
+def simulate(plan: Plan, duration_s: float | None = None, seed: int | None = None,
              policy: str | None = None) -> SimOutcome:
     """Simulate ``plan`` for ``duration_s`` (default: the experiment's), recording every query.
 
@@ -53,7 +52,7 @@ def simulate(plan: Plan, base_dir: Path | None = None, duration_s: float | None 
     t_wall = time.perf_counter()
     if record is not None:
         pols = dict.fromkeys(record["sources"], initial_policy(exp.aset))
-    sim = Simulator(plan, seed=seed, policies=pols, record=True, base_dir=base_dir)
+    sim = Simulator(plan, seed=seed, policies=pols, record=True)
     sim.arrivals_end = duration_s
     schedule = None
     if record is not None:

@@ -15,13 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from testbed.core.errors import counted
-from testbed.core.util import InputFileError, repeated
-from testbed.spec.experiment import MAX_SEED, ConfigError, PolicyName, format_validation_error
-from testbed.spec.schema import Num, StrictModel, YamlValueError, describe_yaml_error, load_yaml_file, unit_pair
+from testbed.core.util import repeated
+from testbed.spec.experiment import MAX_SEED, ConfigError, PolicyName, load_yaml_model
+from testbed.spec.schema import Num, StrictModel
 from testbed.spec.units import parse_delay_ms, parse_duration_s
 
 
@@ -109,11 +108,7 @@ class ObservationSpec(StrictModel):
     clip: Num = Field(5.0, gt=0)
     plans: dict[str, list[PolicyName]] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = unit_pair(data, "window", parse_delay_ms, "ms")
-        return unit_pair(data, "rtt_scale", parse_delay_ms, "ms")
+    unit_keys = (("window", parse_delay_ms, "ms"), ("rtt_scale", parse_delay_ms, "ms"))
 
     @field_validator("plans")
     @classmethod
@@ -324,10 +319,7 @@ class TrainingSpec(StrictModel):
     export_to: str | None = None
     randomise: RandomiseSpec = RandomiseSpec()
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return unit_pair(data, "episode", parse_duration_s, "s")
+    unit_keys = (("episode", parse_duration_s, "s"),)
 
     @model_validator(mode="after")
     def _one_method(self) -> TrainingSpec:
@@ -371,10 +363,7 @@ class GeneralTrainingSpec(StrictModel):
     out_dir: str = "runs/aset-train"
     export_to: str = "models/aset/general"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return unit_pair(data, "episode", parse_duration_s, "s")
+    unit_keys = (("episode", parse_duration_s, "s"),)
 
     @model_validator(mode="after")
     def _check(self) -> GeneralTrainingSpec:
@@ -465,10 +454,7 @@ class EvaluationSpec(StrictModel):
     checkpoint: str = "models/aset/general"
     out_dir: str = "runs/aset-eval"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return unit_pair(data, "duration", parse_duration_s, "s")
+    unit_keys = (("duration", parse_duration_s, "s"),)
 
     @field_validator("tuning_seeds", mode="before")
     @classmethod
@@ -494,8 +480,8 @@ class AsetConfig(StrictModel):
     action-index order (default: every registered policy, :data:`testbed.model.policies.CATALOGUE`).
     A policy is a name here; the names (``actions``, the reward's baselines, the observation's
     plans) are checked against the policy registry where the config is loaded for use
-    (:func:`testbed.plan.policies.load_aset`), and the action set is
-    :func:`testbed.plan.policies.aset_actions`."""
+    (:func:`testbed.plan.policy_resolution.load_aset`), and the action set is
+    :func:`testbed.plan.policy_resolution.aset_actions`."""
 
     @model_validator(mode="after")
     def _consistent(self) -> AsetConfig:
@@ -564,18 +550,5 @@ def load_aset_config(path: str | Path) -> tuple[AsetConfig, Path]:
             (e.g. ``agent.gamma: Input should be less than 1``).
     """
     path = Path(path)
-    try:
-        data = load_yaml_file(path)
-    except InputFileError as exc:
-        raise ConfigError(f"ASET config {exc}") from None
-    except YamlValueError as exc:  # a key given twice, an integer too long to read
-        raise ConfigError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: {describe_yaml_error(exc)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    try:
-        cfg = AsetConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(path), what="ASET config")) from None
+    cfg = load_yaml_model(path, AsetConfig, "ASET config")
     return cfg, path.resolve().parent.parent

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from testbed.spec.schema import Num, StrictModel, unit_pair
+from testbed.spec.schema import Num, StrictModel
 from testbed.spec.units import parse_duration_s
 
 CAPTURE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
@@ -27,7 +27,4 @@ class CaptureSpec(StrictModel):
     max_mib: Num = Field(50.0, gt=0, le=10000)
     start_delay_s: Num = Field(0.0, ge=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return unit_pair(data, "start_delay", parse_duration_s, "s")
+    unit_keys = (("start_delay", parse_duration_s, "s"),)

@@ -18,12 +18,12 @@ kind's unit key, ``t_s`` relative to ``at``).
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from testbed.core.registry import Registry
-from testbed.spec.schema import Num, StrictModel, unit_pair
+from testbed.spec.schema import Num, StrictModel
 from testbed.spec.units import MAX_DELAY_MS, RATE_UNITS_MBPS, _parse, parse_delay_ms, parse_duration_s, parse_rate_mbps
 
 #: The value fields an event may carry (each in its unit: ms, Mbit/s, %, Mbit/s); a kind takes one or none.
@@ -31,7 +31,7 @@ VALUE_FIELDS = ("delay_ms", "bandwidth_mbps", "loss_pct", "background_mbps")
 
 
 class EventForm:
-    """The YAML form of one event kind (the spec part of a kind; :class:`testbed.model.events.EventKind`
+    """The YAML form of one event kind (the spec part of a kind; :class:`testbed.model.timeline.EventKind`
     adds how it is applied and measured).
 
     Class attributes: ``name`` (the ``kind:`` string), ``target`` (``"link"`` or ``"cluster"``),
@@ -104,11 +104,7 @@ class RampSpec(StrictModel):
     over_s: Num = Field(gt=0)
     every_s: Num = Field(1.0, gt=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = unit_pair(data, "over", parse_duration_s, "s")
-        return unit_pair(data, "every", parse_duration_s, "s")
+    unit_keys = (("over", parse_duration_s, "s"), ("every", parse_duration_s, "s"))
 
 
 class EventSpec(StrictModel):
@@ -136,13 +132,10 @@ class EventSpec(StrictModel):
     ramp: RampSpec | None = None
     trace: str | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = unit_pair(data, "at", parse_duration_s, "s")
-        data = unit_pair(data, "delay", parse_delay_ms, "ms")
-        data = unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
-        return unit_pair(data, "background", parse_background_mbps, "mbps")
+    unit_keys = (("at", parse_duration_s, "s"),
+                 ("delay", parse_delay_ms, "ms"),
+                 ("bandwidth", parse_rate_mbps, "mbps"),
+                 ("background", parse_background_mbps, "mbps"))
 
     @field_validator("kind")
     @classmethod

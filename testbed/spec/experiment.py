@@ -47,7 +47,7 @@ as planned).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
@@ -60,7 +60,6 @@ from testbed.spec.events import EventSpec
 from testbed.spec.messages import explain, merged, model_named
 from testbed.spec.schema import NAME_RE, Num, YamlValueError, describe_yaml_error, load_yaml_file, number_only
 from testbed.spec.schema import StrictModel as _Model
-from testbed.spec.schema import unit_pair as _unit_pair
 from testbed.spec.serving import ServerSpec
 from testbed.spec.units import MAX_DELAY_MS, MAX_RATE_MBPS, parse_delay_ms, parse_duration_s, parse_rate_mbps
 
@@ -77,7 +76,7 @@ def _policy_ref(value: Any) -> Any:
 
 
 #: A policy: a static policy of the policy registry (testbed.model.policies; the experiment knows no
-#: list of them: the plan resolves it, testbed.plan.policies.check_policy), :data:`ASET_POLICY`, or
+#: list of them: the plan resolves it, testbed.plan.policy_resolution.check_policy), :data:`ASET_POLICY`, or
 #: a plug-in: an entry-point name of group ``testbed.policies``, ``package.module:callable``, either
 #: with parameters (``mypkg.sched:p2c(d=2)``), or the mapping ``{use: ..., params: {...}}``, held as
 #: that string form (docs/extending.md, "A policy of your own (plug-in)").
@@ -223,12 +222,9 @@ class TopologySpec(_Model):
                                  f"lon in [-180, 180], got {ll}")
         return v
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "delay_floor", parse_delay_ms, "ms")
-        data = _unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
-        return _unit_pair(data, "host_bandwidth", parse_rate_mbps, "mbps")
+    unit_keys = (("delay_floor", parse_delay_ms, "ms"),
+                 ("bandwidth", parse_rate_mbps, "mbps"),
+                 ("host_bandwidth", parse_rate_mbps, "mbps"))
 
 
 class CloudSpec(_Model):
@@ -238,11 +234,7 @@ class CloudSpec(_Model):
     delay_ms: Num = Field(20.0, ge=0, le=MAX_DELAY_MS)
     bandwidth_mbps: Num = Field(1000.0, gt=0, le=MAX_RATE_MBPS)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "delay", parse_delay_ms, "ms")
-        return _unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
+    unit_keys = (("delay", parse_delay_ms, "ms"), ("bandwidth", parse_rate_mbps, "mbps"))
 
 
 class ClusterSpec(_Model):
@@ -305,10 +297,7 @@ class ApplicationSpec(_Model):
     min_accuracy: Num = Field(ge=0, le=1)
     family: str = "digits"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return _unit_pair(data, "deadline", parse_delay_ms, "ms")
+    unit_keys = (("deadline", parse_delay_ms, "ms"),)
 
     @field_validator("deadline_ms")
     @classmethod
@@ -343,10 +332,7 @@ class StepSpec(_Model):
 
     _rate_bound = field_validator("rate_qps")(_rate_within_bound)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return _unit_pair(data, "at", parse_duration_s, "s")
+    unit_keys = (("at", parse_duration_s, "s"),)
 
 
 class WorkloadSpec(_Model):
@@ -396,11 +382,7 @@ class WorkloadSpec(_Model):
                              "write 'all'")
         return v
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "period", parse_duration_s, "s")
-        return _unit_pair(data, "phase", parse_duration_s, "s")
+    unit_keys = (("period", parse_duration_s, "s"), ("phase", parse_duration_s, "s"))
 
     @model_validator(mode="after")
     def _process_keys(self) -> WorkloadSpec:
@@ -493,10 +475,7 @@ class AsetSpec(_Model):
     plan: str | None = None
     selector: SelectorSpec | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return _unit_pair(data, "window", parse_duration_s, "s")
+    unit_keys = (("window", parse_duration_s, "s"),)
 
     @model_validator(mode="after")
     def _checkpoint_or_selector(self) -> AsetSpec:
@@ -524,12 +503,9 @@ class SimulationSpec(_Model):
     per_hop_ms: Num = Field(0.0, ge=0)
     warmup_s: Num = Field(0.0, ge=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "overhead", parse_delay_ms, "ms")
-        data = _unit_pair(data, "per_hop", parse_delay_ms, "ms")
-        return _unit_pair(data, "warmup", parse_duration_s, "s")
+    unit_keys = (("overhead", parse_delay_ms, "ms"),
+                 ("per_hop", parse_delay_ms, "ms"),
+                 ("warmup", parse_duration_s, "s"))
 
 
 class EmulationSpec(_Model):
@@ -577,11 +553,7 @@ class EmulationSpec(_Model):
     time_dilation: TimeDilation = 1.0
     speed: Literal["profile", "host"] = "profile"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "rtt_tolerance", parse_delay_ms, "ms")
-        return _unit_pair(data, "stats_interval", parse_duration_s, "s")
+    unit_keys = (("rtt_tolerance", parse_delay_ms, "ms"), ("stats_interval", parse_duration_s, "s"))
 
     @field_validator("time_dilation")
     @classmethod
@@ -626,11 +598,7 @@ class Experiment(_Model):
     profiles_dir: str = "models/profiles"
     runs_dir: str = "runs"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "duration", parse_duration_s, "s")
-        return _unit_pair(data, "report_interval", parse_duration_s, "s")
+    unit_keys = (("duration", parse_duration_s, "s"), ("report_interval", parse_duration_s, "s"))
 
     @model_validator(mode="before")
     @classmethod
@@ -718,25 +686,44 @@ def format_validation_error(exc: ValidationError, path: str, what: str = "experi
     return "\n".join(lines)
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_yaml_model(path: str | Path, model: type[M], what: str, error: type[InputError] | None = None) -> M:
+    """The one reader of a YAML input file into its schema ``model`` (experiments, ASET configs,
+    topologies): :func:`testbed.spec.schema.load_yaml_file`, then ``model.model_validate``.
+
+    ``what`` names the kind of file in the messages (``experiment``, ``ASET config``, ``topology``).
+
+    Raises:
+        InputError: ``error`` (default :class:`ConfigError`): the file is missing or unreadable,
+            is not YAML (line, column and the likely fix), gives a key twice, is not a mapping at
+            the top level, or fails validation (:func:`format_validation_error`: each offending
+            item by its location, e.g. ``applications.0.deadline``).
+    """
+    error = error or ConfigError
+    path = Path(path)
+    try:
+        data = load_yaml_file(path)
+    except InputFileError as exc:
+        raise error(f"{what} file {exc}") from None
+    except YamlValueError as exc:  # a key twice, an integer too long to read
+        raise error(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: {describe_yaml_error(exc)}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a mapping at the top level")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise error(format_validation_error(exc, str(path), what=what, model=model)) from None
+
+
 def load_experiment(path: str | Path) -> Experiment:
-    """Read and validate an experiment YAML file.
+    """Read and validate an experiment YAML file (:func:`load_yaml_model`).
 
     Raises:
         ConfigError: the file is missing, is not YAML, or fails validation; the message lists each
             offending item by its location (e.g. ``applications.0.deadline``).
     """
-    path = Path(path)
-    try:
-        data = load_yaml_file(path)
-    except InputFileError as exc:
-        raise ConfigError(f"experiment file {exc}") from None
-    except YamlValueError as exc:  # a key twice, an integer too long to read
-        raise ConfigError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: {describe_yaml_error(exc)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    try:
-        return Experiment.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(path), model=Experiment)) from None
+    return load_yaml_model(path, Experiment, "experiment")

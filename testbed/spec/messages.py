@@ -33,13 +33,11 @@ a union's branches              one line: ``Input should be a valid list or 'all
 The model tree is walked by the error's location (``clusters.0.queue_limt``: the experiment's
 ``clusters`` field, a list of :class:`~testbed.spec.experiment.ClusterSpec`), so the keys named
 are the ones the schema takes, never a list written by hand. Which keys have a unit form
-(``deadline`` for ``deadline_ms``) is read from each model's own ``_units`` validator
-(:func:`unit_forms`).
+(``deadline`` for ``deadline_ms``) is read from each model's ``unit_keys`` (:func:`unit_forms`).
 """
 
 from __future__ import annotations
 
-import functools
 import re
 import types
 import typing
@@ -54,8 +52,6 @@ from testbed.spec.units import key_unit, unit_key_hint
 
 #: pydantic error types of a number outside a Field bound (``ge``, ``gt``, ``le``, ``lt``).
 BOUND_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
-#: A sample value per unit suffix, to ask a model's ``_units`` validator whether it reads the unit form.
-_SAMPLES = {"_ms": "1ms", "_s": "1s", "_mbps": "1Mbit/s"}
 #: The most keys listed when none is close to an unknown one.
 _MAX_LISTED = 40
 
@@ -96,26 +92,10 @@ def model_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseMode
     return cls
 
 
-@functools.cache
 def unit_forms(cls: type[BaseModel]) -> dict[str, str]:
-    """The unit form of each key with a unit that ``cls`` reads (``{"deadline": "deadline_ms"}``):
-    found by giving the model's own ``_units`` validator a sample value of each such key."""
-    units = getattr(cls, "_units", None)
-    out: dict[str, str] = {}
-    if units is None:
-        return out
-    for name in cls.model_fields:
-        ku = key_unit(name)
-        if ku is None or ku[0] not in _SAMPLES:
-            continue
-        stem = name[: -len(ku[0])]
-        try:
-            data = units({stem: _SAMPLES[ku[0]]})
-        except Exception:  # noqa: BLE001 - a validator that cannot read the sample: no unit form
-            continue
-        if isinstance(data, dict) and name in data and stem not in data:
-            out[stem] = name
-    return out
+    """The unit form of each key with a unit that ``cls`` reads (``{"deadline": "deadline_ms"}``), from
+    its :attr:`~testbed.spec.schema.StrictModel.unit_keys`."""
+    return {key: f"{key}_{suffix}" for key, _parse, suffix in getattr(cls, "unit_keys", ())}
 
 
 def keys_of(cls: type[BaseModel]) -> list[str]:

@@ -34,8 +34,9 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
@@ -268,6 +269,11 @@ def describe_yaml_error(exc: yaml.YAMLError) -> str:
             + (f"; {advice}" if advice else ""))
 
 
+#: A quantity's two forms: ``(key, parse, suffix)`` reads ``key: "<num><unit>"`` with ``parse`` into
+#: ``key_<suffix>`` (:func:`unit_pair`).
+UnitKey = tuple[str, Callable[..., float], str]
+
+
 def unit_pair(data: Any, key: str, parse, suffix: str) -> Any:
     """Accept ``key: "<num><unit>"`` or ``key_<suffix>: <num>``; store under ``key_<suffix>``."""
     if not isinstance(data, dict):
@@ -342,12 +348,16 @@ class StrictModel(BaseModel):
     are never converted into one another (module docstring)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    #: The quantities this model reads in either form, in the order they are read (:data:`UnitKey`).
+    unit_keys: ClassVar[tuple[UnitKey, ...]] = ()
 
     @model_validator(mode="before")
     @classmethod
     def _no_silent_conversions(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        for key, parse, suffix in cls.unit_keys:
+            data = unit_pair(data, key, parse, suffix)
         for name, field in cls.model_fields.items():
             for key in (name, field.alias):
                 if key is not None and key in data:
@@ -358,6 +368,5 @@ class StrictModel(BaseModel):
 
 
 __all__ = ["MAX_YAML_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_NODES", "NAME_RE", "DuplicateKeyError", "Num",
-           "describe_yaml_error",
-           "NumberTooLongError", "StrictModel", "YamlLimitError", "YamlValueError", "load_yaml", "load_yaml_file",
-           "number_only", "unit_pair"]
+           "NumberTooLongError", "StrictModel", "UnitKey", "YamlLimitError", "YamlValueError", "describe_yaml_error",
+           "load_yaml", "load_yaml_file", "number_only", "unit_pair"]

@@ -6,11 +6,11 @@ models the same queue discipline, admission rule and batching.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from testbed.spec.schema import Num, StrictModel, unit_pair
+from testbed.spec.schema import Num, StrictModel
 from testbed.spec.units import parse_delay_ms
 
 Runtime = Literal["tensorflow", "litert"]
@@ -50,10 +50,7 @@ class ServerSpec(StrictModel):
     max_queue_delay_ms: Num = Field(0.0, ge=0)
     warmup_calls: int = Field(20, ge=0, le=10000)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        return unit_pair(data, "max_queue_delay", parse_delay_ms, "ms")
+    unit_keys = (("max_queue_delay", parse_delay_ms, "ms"),)
 
     def runtime_of(self, model: str) -> Runtime:
         """The runtime that serves ``model``."""

@@ -30,16 +30,14 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field
 
 from testbed.core.errors import InputError
-from testbed.core.util import REPO_ROOT, InputFileError, did_you_mean
-from testbed.spec.experiment import format_validation_error
-from testbed.spec.schema import StrictModel, YamlValueError, describe_yaml_error, load_yaml_file
-from testbed.spec.schema import unit_pair as _unit_pair
+from testbed.core.util import REPO_ROOT, did_you_mean
+from testbed.spec.experiment import load_yaml_model
+from testbed.spec.schema import StrictModel
 from testbed.spec.units import MAX_DELAY_MS, MAX_RATE_MBPS, parse_delay_ms, parse_rate_mbps
 
 TOPOLOGIES_DIR = REPO_ROOT / "topologies"
@@ -112,11 +110,7 @@ class _YLink(StrictModel):
     bandwidth_mbps: float | None = Field(None, gt=0, le=MAX_RATE_MBPS)
     loss_pct: float = Field(0.0, ge=0, le=100)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _units(cls, data: Any) -> Any:
-        data = _unit_pair(data, "delay", parse_delay_ms, "ms")
-        return _unit_pair(data, "bandwidth", parse_rate_mbps, "mbps")
+    unit_keys = (("delay", parse_delay_ms, "ms"), ("bandwidth", parse_rate_mbps, "mbps"))
 
 
 class _YTopo(StrictModel):
@@ -144,18 +138,7 @@ def load_yaml_topology(path: Path) -> RawTopology:
     Raises:
         TopologyError: unreadable file, invalid YAML, or schema errors (each located, e.g. ``links.2.delay``).
     """
-    try:
-        data = load_yaml_file(path)
-    except InputFileError as exc:
-        raise TopologyError(f"topology file {exc}") from None
-    except YamlValueError as exc:  # a key twice, an integer too long to read
-        raise TopologyError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise TopologyError(f"cannot read topology {path}: {describe_yaml_error(exc)}") from None
-    try:
-        topo = _YTopo.model_validate(data)
-    except ValidationError as exc:
-        raise TopologyError(format_validation_error(exc, str(path), "topology")) from None
+    topo = load_yaml_model(path, _YTopo, "topology", TopologyError)
     nodes = [
         RawNode(id=str(n.id), label=n.label or str(n.id), lat=n.lat, lon=n.lon, name=n.name,
                 dpid=_parse_dpid(n.dpid, f"node {n.id}"))

@@ -91,22 +91,24 @@ def read_loosely(value: object, kind: str) -> float | None:
     return None if loose is None else number * loose[0]
 
 
+def _show(value: float, small: str, unit: str, big: str) -> str:
+    """``value`` (in ``unit``) in the strict form with the unit that reads best: ``big`` (x 1000)
+    from 1000, ``unit`` from 1 (and for 0), else ``small`` (/ 1000)."""
+    if value >= 1e3:
+        return f"{value / 1e3:g}{big}"
+    if value >= 1 or value == 0:
+        return f"{value:g}{unit}"
+    return f"{value * 1e3:g}{small}"
+
+
 def show_time(ms: float) -> str:
     """A time in ms written in the strict form with the unit that reads best: ``600s``, ``60ms``, ``250us``."""
-    if ms >= 1e3:
-        return f"{ms / 1e3:g}s"
-    if ms >= 1 or ms == 0:
-        return f"{ms:g}ms"
-    return f"{ms * 1e3:g}us"
+    return _show(ms, "us", "ms", "s")
 
 
 def show_rate(mbps: float) -> str:
     """A rate in Mbit/s written in the strict form: ``800Mbit/s``, ``1Gbit/s``, ``64kbit/s``."""
-    if mbps >= 1e3:
-        return f"{mbps / 1e3:g}Gbit/s"
-    if mbps >= 1 or mbps == 0:
-        return f"{mbps:g}Mbit/s"
-    return f"{mbps * 1e3:g}kbit/s"
+    return _show(mbps, "kbit/s", "Mbit/s", "Gbit/s")
 
 
 #: The unit suffixes of keys (``deadline_ms``): what the number means, and how a value with a unit

@@ -14,7 +14,7 @@ Steps, in order (each a function below):
 3. RTT self-check; 4. inference servers (CPU-limited, warmed up; :mod:`testbed.emu.servers`);
 5. every source's path to every (cluster, model) warmed (:meth:`ClusterServers.warm_paths`);
 6. the load: every source starts at the same instant, scenario events apply at their times
-   (:mod:`testbed.emu.events`), link statistics are polled, progress is shown.
+   (:mod:`testbed.emu.event_runner`), link statistics are polled, progress is shown.
 
 The steps hand one :class:`~testbed.emu.context.RunContext` on (:mod:`testbed.emu.context`); the
 load is :mod:`testbed.emu.load`'s; :func:`emulate` runs them and yields what they measured
@@ -73,7 +73,7 @@ from testbed.emu.bringup import (
 from testbed.emu.capacity import refuse_unfit
 from testbed.emu.cleanup import other_run_present, process_identity
 from testbed.emu.context import EmulationOutcome, RunContext
-from testbed.emu.events import unsupported
+from testbed.emu.event_runner import unsupported
 from testbed.emu.health import (
     LINK_UP_GRACE_S,
     Component,
@@ -83,11 +83,11 @@ from testbed.emu.health import (
     ovs_components,
 )
 from testbed.emu.load import loaded_sources, run_load
-from testbed.emu.network import choose_datapath, choose_link_emulator
+from testbed.emu.mininet_network import choose_datapath, choose_link_emulator
 from testbed.emu.servers import ClusterServers
 from testbed.emu.storage import Storage, estimate_storage
-from testbed.model.events import LINK_KINDS, kind_of
 from testbed.model.policies import plugin_origins
+from testbed.model.timeline import LINK_KINDS, kind_of
 from testbed.plan.build import Plan, check_load_bounds, run_dir_limit_problem
 from testbed.plan.dilation import dilate, wall_clock
 from testbed.plan.resolved import PlanError

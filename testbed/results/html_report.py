@@ -49,7 +49,7 @@ from testbed.results.plots import (
     fig_policy_over_time,
     fig_success_over_time,
 )
-from testbed.results.records import check_records, merge_records, read_records
+from testbed.results.record_files import check_records, merge_records, read_records
 from testbed.results.render import _headline, capture_warnings
 
 
@@ -62,7 +62,7 @@ def _first_sentence(text: str) -> str:
 
 
 def run_status(run: dict) -> RunStatus:
-    """A run's status from its ``run.json`` (written by :mod:`testbed.emu.run`; ``killed`` set by
+    """A run's status from its ``run.json`` (written by :mod:`testbed.emu.lifecycle`; ``killed`` set by
     :func:`testbed.emu.cleanup.mark_killed_runs`). A component that failed is named
     (``health.failure``, or the exit code and first sentence of ``message``); a simulated run's
     ``run.json`` without a status is ok (the simulator writes its run directory only once it

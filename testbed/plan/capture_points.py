@@ -1,5 +1,5 @@
 """Capture points of an experiment's ``capture:`` key, resolved against the plan (no root, builds
-nothing). The capture itself (one ``tcpdump`` per point) is :mod:`testbed.emu.capture`'s.
+nothing). The capture itself (one ``tcpdump`` per point) is :mod:`testbed.emu.pcap`'s.
 
 Capture points (see :func:`capture_points`):
 

@@ -1,4 +1,4 @@
-"""Per-hop, per-query analysis of a run's pcaps (written by :mod:`testbed.emu.capture`).
+"""Per-hop, per-query analysis of a run's pcaps (written by :mod:`testbed.emu.pcap`).
 
 Reading: files through scapy's ``RawPcapReader`` / ``RawPcapNgReader`` (pcap and pcapng, exact
 integer ns timestamps), headers through dpkt. Not scapy's own dissection: on the same 200,000

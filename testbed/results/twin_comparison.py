@@ -36,10 +36,10 @@ from testbed.core.errors import InputError
 from testbed.core.util import write_json_atomic
 from testbed.plan.resolved import Plan
 from testbed.plan.speeds import Speeds, apply_speeds, read_speeds
+from testbed.results.html_report import _json, _make_out_dir, load_run
 from testbed.results.page import Block, write_html, write_markdown
 from testbed.results.plots import _plt, _save
-from testbed.results.records import read_records
-from testbed.results.report import _json, _make_out_dir, load_run
+from testbed.results.record_files import read_records
 from testbed.results.runs import run_simulation
 from testbed.results.twin import (
     COLUMNS,
@@ -92,8 +92,8 @@ def read_emulated_run(run_dir: Path) -> EmulatedRun:
 
     Raises:
         CompareError: not a folder, no ``run.json``, a simulated run, no or a broken ``plan.json``
-            (each named); testbed.results.report.ReportError: no records, a JSON file cut short;
-            testbed.results.records.RecordsError: records that are not whole (names the file).
+            (each named); testbed.results.html_report.ReportError: no records, a JSON file cut short;
+            testbed.results.record_files.RecordsError: records that are not whole (names the file).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -7,7 +7,7 @@ the sources start, stopped (SIGINT, so the file is complete) when the load ends.
 ``RUN_DIR/pcap/capture.json`` (the points, the bounds and tcpdump's own counters),
 ``RUN_DIR/logs/tcpdump-<interface>.log``.
 
-Capture points (:func:`testbed.plan.capture.capture_points`, resolved and checked at plan time):
+Capture points (:func:`testbed.plan.capture_points.capture_points`, resolved and checked at plan time):
 
 * a host ``h``: its interface ``h-eth0`` in the host's namespace;
 * a link ``lK`` (``K`` = link index, as in ``testbed plan``): with the user-space link emulator,
@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.core.lifeline import tied_popen
-from testbed.emu.network import EmulationError
-from testbed.plan.capture import CapturePoint, capture_points
+from testbed.emu.mininet_network import EmulationError
+from testbed.plan.capture_points import CapturePoint, capture_points
 from testbed.plan.resolved import Plan
 from testbed.spec.capture import CaptureSpec
 
@@ -91,10 +91,10 @@ def _stop(procs: dict[str, subprocess.Popen], logs: dict[str, Path], meta: dict,
 def start_capture(live: Any, spec: CaptureSpec, stack: ExitStack, ready_timeout_s: float = 5.0) -> list[CapturePoint]:
     """Start one tcpdump per capture point; register their stop on ``stack``.
 
-    ``live``: the running :class:`testbed.emu.run.Live`. Pcaps go to ``live.run_dir / "pcap"``. Waits
+    ``live``: the running :class:`testbed.emu.lifecycle.Live`. Pcaps go to ``live.run_dir / "pcap"``. Waits
     until every tcpdump says it is listening (at most ``ready_timeout_s`` s each, skipped with
     ``start_delay_s``). Returns the points. Raises PlanError (unknown name) before starting anything,
-    :class:`testbed.emu.network.EmulationError` when a tcpdump exits at once or does not
+    :class:`testbed.emu.mininet_network.EmulationError` when a tcpdump exits at once or does not
     start listening (its log is named); what was started is stopped by ``stack``.
     """
 

@@ -110,19 +110,24 @@ def ovs_kernel_datapath_available() -> bool:
     return subprocess.run(["modprobe", "-q", "openvswitch"], capture_output=True).returncode == 0
 
 
+def _choose(setting: str, requested: str, have: bool, native: str, fallback: str, missing: str) -> str:
+    """Resolve ``emulation.<setting>``: ``auto`` is ``native`` when this machine has it (``have``), else
+    ``fallback``; ``native`` asked for where it is missing is an :class:`EmulationError` saying ``missing``."""
+    if requested == native and not have:
+        raise EmulationError(f"emulation.{setting}={native}, but {missing}; use {setting}: {fallback} (or auto)")
+    if requested == "auto":
+        return native if have else fallback
+    return requested
+
+
 def choose_datapath(requested: str) -> str:
     """Resolve ``auto|kernel|user`` into ``kernel`` or ``user``.
 
     Raises:
         EmulationError: ``kernel`` requested but the module is missing.
     """
-    have = ovs_kernel_datapath_available()
-    if requested == "kernel" and not have:
-        raise EmulationError("emulation.datapath=kernel, but the openvswitch kernel module is not available; "
-                             "use datapath: user (or auto)")
-    if requested == "auto":
-        return "kernel" if have else "user"
-    return requested
+    return _choose("datapath", requested, ovs_kernel_datapath_available(), "kernel", "user",
+                   "the openvswitch kernel module is not available")
 
 
 def choose_link_emulator(requested: str) -> str:
@@ -131,13 +136,8 @@ def choose_link_emulator(requested: str) -> str:
     Raises:
         EmulationError: ``netem`` requested but the kernel lacks the netem qdisc.
     """
-    have = netem_available()
-    if requested == "netem" and not have:
-        raise EmulationError("emulation.link_emulator=netem, but this kernel has no netem qdisc "
-                             "(sch_netem); use link_emulator: userspace (or auto)")
-    if requested == "auto":
-        return "netem" if have else "userspace"
-    return requested
+    return _choose("link_emulator", requested, netem_available(), "netem", "userspace",
+                   "this kernel has no netem qdisc (sch_netem)")
 
 
 def _priority_prefix() -> list[str]:

@@ -1,5 +1,5 @@
 """The events of a plan: each event's link named by the plan's switches, its trace read, and the
-timeline expanded into changes (:func:`testbed.model.events.expand`)."""
+timeline expanded into changes (:func:`testbed.model.timeline.expand`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 
 from testbed.core.util import repo_path
-from testbed.model.events import Change, expand, kind_of
+from testbed.model.timeline import Change, expand, kind_of
+from testbed.plan.network_layout import Network
 from testbed.plan.resolved import PlanError, Switch
-from testbed.plan.topology import Network
 
 
 def read_value_trace(path: Path, column: str, item: str) -> list[tuple[float, float]]:

@@ -10,7 +10,7 @@ which lists them with their values and effects). An entry holds
 * how it is applied, :meth:`EventKind.apply`, to a :class:`LinkControl` or a :class:`ClusterControl`:
   both engines implement these, the simulator's model state
   (:class:`testbed.model.network.NetworkState`, :mod:`testbed.sim`) and the emulation
-  (:mod:`testbed.emu.dynamics`, :mod:`testbed.emu.events`), so the kind never names an engine;
+  (:mod:`testbed.emu.dynamics`, :mod:`testbed.emu.event_runner`), so the kind never names an engine;
 * how the emulation measures it: the measurement window, probe rate and tolerance, and
   :meth:`EventKind.measure`, which reads the change back through a :class:`Probe`.
 

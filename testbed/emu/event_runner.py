@@ -1,7 +1,7 @@
 """Scenario events in the emulation: each step of ``plan.changes`` applied for real, at its time,
 and read back by measurement.
 
-The timeline and its meaning are the model's (:mod:`testbed.model.events`: each step's kind, a
+The timeline and its meaning are the model's (:mod:`testbed.model.timeline`: each step's kind, a
 registry entry, says how it is applied and measured); this module applies each step to the
 running emulation and records it in ``events.csv`` (:data:`EVENTS_FIELDS`; in emulated time and
 units under time dilation): planned time, the time the run fired it (``applied_s``, s since the
@@ -14,7 +14,7 @@ measured (``unit``), the ``tolerance`` the measurement is judged with and whethe
   link (and along the source -> cluster paths it carried) measure the result over a window after
   the change (cut short by the next change).
 * Cluster events (``cluster_down`` / ``cluster_up``) go to the clusters' servers (:class:`_Server`,
-  the emulation's :class:`~testbed.model.events.ClusterControl`): ``kill``: SIGKILL, then a restart
+  the emulation's :class:`~testbed.model.timeline.ClusterControl`): ``kill``: SIGKILL, then a restart
   that waits until the server is warm again (measured: the seconds until it answered); ``stop``:
   SIGSTOP / SIGCONT. A restart
   runs beside the timeline (it can take longer than the gap to the next change, which must still
@@ -38,7 +38,7 @@ from pathlib import Path
 from testbed.core.clock import EmulatedClock
 from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.emu.dynamics import PREPARE_S
-from testbed.model.events import CLUSTER_KINDS, EVENT_KINDS, LINK_KINDS, Change
+from testbed.model.timeline import CLUSTER_KINDS, EVENT_KINDS, LINK_KINDS, Change
 
 #: Kinds the emulation applies: every registered kind (kept current with the registry).
 APPLIED_KINDS = EVENT_KINDS.names_view()
@@ -272,7 +272,7 @@ class EventRunner(threading.Thread):
 
 class _Server:
     """One cluster's server as an event changes it (the emulation's
-    :class:`~testbed.model.events.ClusterControl`, over :class:`testbed.emu.servers.ClusterServers`).
+    :class:`~testbed.model.timeline.ClusterControl`, over :class:`testbed.emu.servers.ClusterServers`).
     ``note``: what a change down did; ``ready_s``: seconds a change up took until the server answered."""
 
     def __init__(self, servers, cluster: str):
