@@ -351,7 +351,10 @@ class GeneralTrainingSpec(StrictModel):
     with probability ``behaviour_epsilon`` per (window, source). The scorer (``hidden`` widths, ReLU)
     is fitted ``epochs`` passes of ``batch_size`` (Adam at ``learning_rate``, Huber ``huber_delta``),
     whole episodes (``validation_fraction``) held out; the epoch of the lowest validation loss is
-    exported. ``workers``: data episodes simulated at once (``testbed train --jobs`` overrides)."""
+    exported. ``workers``: data episodes simulated at once (``testbed train --jobs`` overrides).
+    ``ensemble`` B >= 2: the export is instead a gated checkpoint (:mod:`testbed.agent.gate`) of B
+    scorers, each fitted on a bootstrap resample of every seed's training episodes, that leaves its
+    default policy only where the ensemble's lower bound of the gain beats its margin; 0: one scorer."""
 
     seeds: list[Seed] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
     export_seed: Seed | None = None
@@ -368,6 +371,7 @@ class GeneralTrainingSpec(StrictModel):
     batch_size: int = Field(128, ge=1)
     validation_fraction: Num = Field(0.2, gt=0, lt=1)
     workers: int = Field(2, ge=1, le=64)
+    ensemble: int = Field(0, ge=0, le=64)
     out_dir: str = "runs/aset-train"
     export_to: str = "models/aset/general"
 
@@ -385,6 +389,8 @@ class GeneralTrainingSpec(StrictModel):
             raise ValueError(f"export_seed: {self.export_seed} is not among the seeds {self.seeds}")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError("seeds: a seed is given twice")
+        if self.ensemble == 1:
+            raise ValueError("ensemble: 0 (one scorer) or at least 2 members (the gate's lower bound needs a spread)")
         return self
 
 
