@@ -165,10 +165,10 @@ def episode_data(plan: Plan, seed: int, policies: tuple[str, ...], spec: Observa
 
 # -- the fit ------------------------------------------------------------------------------------------
 
-def init_weights(hidden: list[int], seed: int) -> list[np.ndarray]:
-    """Glorot-uniform weights and zero biases of the scorer ``INPUT_SIZE -> hidden... -> 1``."""
+def init_weights(hidden: list[int], seed: int, inputs: int = INPUT_SIZE) -> list[np.ndarray]:
+    """Glorot-uniform weights and zero biases of the scorer ``inputs -> hidden... -> 1``."""
     rng = np.random.default_rng(seed)
-    sizes = [INPUT_SIZE, *hidden, 1]
+    sizes = [inputs, *hidden, 1]
     ws: list[np.ndarray] = []
     for a, b in zip(sizes, sizes[1:], strict=False):
         lim = np.sqrt(6.0 / (a + b))
@@ -219,10 +219,11 @@ def decision_gain(ws: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> float:
 
 def fit(train: dict, valid: dict, *, hidden: list[int], seed: int, epochs: int = 60, batch: int = 128,
         lr: float = 1e-3, delta: float = 1.0) -> dict:
-    """Fit the scorer on ``train`` (``x``, ``y``, ``ref`` of :func:`episode_data`, joined), keep the
-    epoch of the lowest loss on ``valid``; returns ``weights`` and the ``curve`` (epoch, train loss,
-    valid loss, valid decision gain in points)."""
-    ws = init_weights(hidden, seed)
+    """Fit the scorer on ``train`` (``x``, ``y``, ``ref`` of :func:`episode_data`, joined; ``x`` of
+    any input width: a gated member's, :func:`testbed.agent.gate.input_width`), keep the epoch of the
+    lowest loss on ``valid``; returns ``weights`` and the ``curve`` (epoch, train loss, valid loss,
+    valid decision gain in points)."""
+    ws = init_weights(hidden, seed, int(train["x"].shape[-1]))
     m = [np.zeros_like(w) for w in ws]
     v = [np.zeros_like(w) for w in ws]
     rng = np.random.default_rng(seed)
