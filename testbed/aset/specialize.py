@@ -76,12 +76,13 @@ from testbed.plan.build import Plan, build_plan, plan_experiment
 from testbed.spec.aset import ObservationSpec
 from testbed.spec.experiment import AsetSpec, Experiment
 
-#: Tuning seeds are ``TUNING_SEED_BASE + 1000 * seed + k``: far above the evaluation seeds (1..N).
+#: Tuning seeds are ``TUNING_SEED_BASE + 1000 * seed + k``: far above the evaluation seeds (``testbed
+#: evaluate``'s 101-120).
 TUNING_SEED_BASE = 1_000_000
 #: The margin (points) of a specialized checkpoint's gate unless ``--margin`` says otherwise: chosen
-#: on the validation set (experiments/generated/validation, the first 6, seeds 1-6) by
-#: ``python -m testbed.aset.gate_margin`` (docs/aset-specialize.md): margin 0 was 0.38 point below the
-#: plan on one scenario (not admissible), 0.25 gained -0.01 on average, and 0.5 to 4 never left the
+#: on the validation set (experiments/generated/validation, the first 6, seeds 1-6) by ``python -m
+#: testbed.aset.gate_margin`` (docs/aset.md, "Specialization and the confidence gate"): margin 0 was
+#: 0.38 point below the plan on one scenario (not admissible), 0.25 gained -0.01 on average, and 0.5 to 4 never left the
 #: plan there (gain 0), so the rule's tie-break (the larger) gives 4.
 DEFAULT_MARGIN = 4.0
 #: The margin of a checkpoint whose corrections the final check switched off (never deviates).
@@ -416,7 +417,7 @@ def specialize(path: str | Path, out: str | Path, *, budget_s: float, seed: int 
     rep.wall_s = round(time.monotonic() - t_start, 1)
     rep.clock = s.clock
     rep.cpu_s = round(_cpu_s() - cpu_start, 1)
-    meta = asdict(rep) | {"settings": asdict(s), "window_s": window_s, "file_sha256": _sha256(path),
+    meta = asdict(rep) | {"settings": asdict(s), "workers": workers, "window_s": window_s, "file_sha256": _sha256(path),
                           "episodes": episodes, "kind": "specialized"}
     export_gated(members, out, policies=pols, obs_spec=ObservationSpec(window=f"{window_s * 1e3:g}ms"),
                  reference=dict(zip(srcs, rep.mix, strict=True)), sources=srcs, margin=margin, z=s.z, provenance=meta)
