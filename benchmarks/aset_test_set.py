@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--specialized", type=Path, default=None, help="folder of testbed specialize's checkpoints")
     ap.add_argument("--oracle", type=int, default=0, help="reference seeds of the oracle (and causal planner)")
     ap.add_argument("--causal", type=int, default=0, help="sampled futures of the causal planner (0: off)")
+    ap.add_argument("--no-mix", action="store_true", help="skip the per-source mix")
+    ap.add_argument("--no-fresh", action="store_true", help="skip the fresh-state reference")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--name", default="aset-test-set", help="the results file's name (docs/results.md section)")
     ap.add_argument("--out", type=Path, default=Path("runs/aset-test-set/eval"))
@@ -124,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.specialized is not None:
         agents[SPEC] = str(args.specialized / "{stem}")
     protocol = Protocol(tuning=list(range(1, 6)), seeds=list(range(101, 121)), actions=list(CATALOGUE),
-                        reference_seeds=args.oracle, causal_samples=args.causal)
+                        mix=not args.no_mix, fresh=not args.no_fresh, reference_seeds=args.oracle,
+                        causal_samples=args.causal)
     res = evaluate([str(s) for s in args.scenarios], protocol, args.out, agents=agents, workers=args.workers)
     rows = res.rows
     checks = verdicts(rows, res.claims)
