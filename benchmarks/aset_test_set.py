@@ -47,32 +47,37 @@ def _pct(x: dict) -> str:
 
 
 def tables(rows: list[dict], claims: dict, agents: list[str]) -> list[dict]:
-    """The page's tables: gains per scenario, every static policy per scenario, the claims."""
+    """The page's tables: per scenario every static policy and each row's gain; the claims."""
     refs = [r for r in (MIX, FRESH, ORACLE, CAUSAL) if any(r in row["gains"] for row in rows)]
     gain_cols = [*refs, *agents]
-    t1 = {"caption": "Per scenario: the best static policy (chosen on tuning seeds 1-5) and its success % on "
-                     "evaluation seeds 101-120; each row's gain over it in points (mean ± 95 % CI, paired per "
-                     "seed; the oracle and the causal planner on the first reference seeds only)",
-          "columns": ["scenario", "sources", "best static", "%", *[f"{c} - best" for c in gain_cols]],
-          "rows": [[r["scenario"], r["sources"], r["best_static"], _pct(r["rows"][BEST]),
-                    *[_pm(r["gains"].get(c)) for c in gain_cols]] for r in rows]}
-    t2 = {"caption": "Every static policy's success % (mean over the evaluation seeds; CIs in the run's results.md)",
-          "columns": ["scenario", *CATALOGUE],
-          "rows": [[r["scenario"], *[_pct(r["rows"][p]) if p in r["rows"] else "-" for p in CATALOGUE]]
+    t1 = {"caption": "Per scenario: every static policy's success % (mean over evaluation seeds 101-120), the best "
+                     "static policy (chosen on tuning seeds 1-5), and each row's gain over it in points (mean ± "
+                     "95 % CI, paired per seed; the oracle and the causal planner on the first reference seeds)",
+          "columns": ["scenario", "sources", *CATALOGUE, "best static", *[f"{c} - best" for c in gain_cols]],
+          "rows": [[r["scenario"], r["sources"], *[_pct(r["rows"][p]) if p in r["rows"] else "-" for p in CATALOGUE],
+                    f"{r['best_static']} {_pct(r['rows'][BEST])}", *[_pm(r["gains"].get(c)) for c in gain_cols]]
                    for r in rows]}
-    t3 = {"caption": "Over the scenarios: above (below) the best static policy beyond the CI, paired t tests at "
+    t2 = {"caption": "Over the scenarios: above (below) the best static policy beyond the CI, paired t tests at "
                      "5 % Holm-corrected over the scenarios",
           "columns": ["row", "scenarios", "mean gain (pts)", "worst (pts)", "above", "below"],
           "rows": [[k, c["scenarios"], f"{c['mean_gain']:+.2f}", f"{c['worst_gain']:+.2f}",
                     f"{c['above']} of {c['scenarios']}", f"{c['below']} of {c['scenarios']}"]
                    for k, c in claims.items()]}
-    shares = {"caption": "Each agent's choice shares (share of its decisions on each policy, over the evaluation "
-                         "seeds)",
-              "columns": ["scenario", "agent", "shares"],
-              "rows": [[r["scenario"], a, ", ".join(f"{p} {100 * v:.1f} %" for p, v in
-                                                   sorted(r["agents"][a]["shares"].items(), key=lambda kv: -kv[1]))]
-                       for r in rows for a in agents if a in r["agents"]]}
-    return [t1, t2, t3, shares]
+    return [t1, t2]
+
+
+def shares_note(rows: list[dict], agents: list[str]) -> str:
+    """One line: each agent's most chosen policy and its share of the decisions, per scenario."""
+    parts = []
+    for a in agents:
+        per = []
+        for r in rows:
+            sh = (r["agents"].get(a) or {}).get("shares") or {}
+            if sh:
+                top = max(sh, key=lambda p: sh[p])
+                per.append(f"{r['scenario']} {top} {100 * sh[top]:.0f} %")
+        parts.append(f"{a}: " + ", ".join(per))
+    return "Choice shares (the most chosen policy): " + "; ".join(parts) + "."
 
 
 def verdicts(rows: list[dict], claims: dict) -> list[list[str]]:
@@ -141,10 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     path = write_result(args.name, f"ASET on the frozen test set ({', '.join(r['scenario'] for r in rows)})"
                         if len(rows) <= 4 else f"ASET on the frozen test set ({len(rows)} scenarios)", command, tabs,
                         summary=summary,
-                        notes=["The specialized checkpoints were tuned on their own seeds (>= 1000000), disjoint "
-                               "from the evaluation seeds; zero-shot is models/aset/general, the gated ensemble "
-                               "(margin 4 points, chosen on the validation set).",
-                               f"Per-seed figures: {args.out}/results.json, runs.csv (not committed)."])
+                        notes=[shares_note(rows, list(agents)),
+                               "Zero-shot is models/aset/general (the gated ensemble, margin 4 points chosen on the "
+                               "validation set); specialized checkpoints were tuned on their own seeds (>= 1000000)."])
     print(res.markdown)
     for c in checks:
         print(f"{c[0]}: {c[1]} ({c[2]})")
