@@ -396,7 +396,8 @@ def specialize(path: str | Path, out: str | Path, *, budget_s: float, seed: int 
     c_episode = (c_static + n_win * len(srcs) * s.costs.feature_s
                  + probes * len(pols) * max(1, s.futures) * (s.costs.clone_s + s.costs.continuation_share * c_static))
     n_check = 2 * s.check_seeds * (c_static + n_win * len(srcs) * s.costs.feature_s)
-    left = capacity - clock.now() * workers - n_check
+    planned = c_static * s.tuning_seeds * (len(pols) + rep.mix_candidates)  # step 1's nominal CPU s, not its clock
+    left = capacity - planned - n_check
     per_round = max(s.min_episodes, int(left * 0.9 / (c_episode * s.rounds)))
     data_deadline = deadline - (n_check / workers) / 0.8 - 5
     members, episodes = _dagger(runner, exp, exp_json, base_dir, rep, srcs, s, per_round, window_s, seed,
