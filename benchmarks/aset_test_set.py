@@ -104,7 +104,7 @@ def verdicts(rows: list[dict], claims: dict) -> list[list[str]]:
     big = [r for r in spec if MIX in r["gains"] and r["gains"][MIX]["mean"] >= MIX_GAIN]
     beyond = [r for r in big if r["gains"][SPEC]["mean"] - r["gains"][SPEC]["ci"] > 0]
     out.append([f"specialized above the best static beyond the CI where the mix gains >= {MIX_GAIN:g}",
-                "met" if len(beyond) == len(big) else "missed",
+                ("met" if len(beyond) == len(big) else "missed") if big else "not tested",
                 f"{len(beyond)} of {len(big)} such scenarios" + ("" if big else " (none here: vacuous)")])
     mean = sum(x for _, x in g) / len(g)
     head = [r["headroom"]["points"] for r in spec if r.get("headroom")]

@@ -16,7 +16,7 @@ from testbed.agent.features import INPUT_SIZE, LOCAL_FEATURES, POLICY_FEATURES
 from testbed.agent.gate import GatedPolicy, export_gated, input_width
 from testbed.aset.generator import draw_scenario, plan_document
 from testbed.aset.jobs import agent_job
-from testbed.aset.specialize import OFF_MARGIN, Settings, specialize, tuning_seeds, variant
+from testbed.aset.specialize import OFF_MARGIN, Costs, Settings, specialize, tuning_seeds, variant
 from testbed.model.policies import CATALOGUE
 from testbed.plan.build import plan_experiment
 from testbed.spec.aset import ObservationSpec
@@ -154,8 +154,9 @@ def test_variant_redraws_times_rates_and_staleness_in_order(tmp_path):
 
 
 def _small(**kw) -> Settings:
+    # nominal costs of a slow machine: the budget plans the least work (one episode per round)
     base = dict(tuning_seeds=2, check_seeds=1, rounds=2, members=2, epochs=2, futures=1, probe_every=3,
-                mix_share=0.05, check_margins=(0.0,), min_episodes=1, wall_guard=False)
+                mix_share=0.05, check_margins=(0.0,), min_episodes=1, wall_guard=False, costs=Costs(static_s=2.0))
     return Settings(**(base | kw))
 
 
