@@ -52,10 +52,9 @@ from testbed.agent.features import (
     LOCAL_FEATURES,
     POLICY_FEATURES,
     FeatureContext,
-    PolicyFeaturizer,
     scorer_input,
 )
-from testbed.agent.general import forward
+from testbed.agent.general import GeneralSelector, forward
 from testbed.spec.aset import ObservationSpec
 
 #: The checkpoint kind and the format version this code writes and reads.
@@ -113,6 +112,10 @@ class SourceActor:
     @property
     def initial(self) -> str:
         return self.gated.policies[self.ref]
+
+    @property
+    def obs_spec(self) -> ObservationSpec:
+        return self.gated.obs_spec
 
     def bounds(self, local: np.ndarray, per_policy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mean gain, lower bound) per policy over the reference, points."""
@@ -270,21 +273,14 @@ def set_margin(path: str | Path, margin: float, choice: Mapping) -> None:
     g.export(path, {**g.provenance, "margin_choice": dict(choice)})
 
 
-class GatedSelector:
+class GatedSelector(GeneralSelector):
     """A gated checkpoint as a selector (:mod:`testbed.agent.selector`'s protocol) of one source:
-    the general features from the raw window state (``obs.state``) and the gate's decision;
+    the general agent's selector (its features from the raw window state) acting through the gate;
     ``initial_policy``: the source's reference (the policy before the first decision)."""
 
     def __init__(self, actor: SourceActor, ctx: FeatureContext):
-        self.actor = actor
+        super().__init__(actor, ctx)
         self.initial_policy = actor.initial
-        self.featurizer = PolicyFeaturizer(ctx, actor.gated.obs_spec)
-
-    def select(self, obs) -> int:
-        return self.actor.act(*self.featurizer.observe(obs.state))
-
-    def reset(self) -> None:
-        self.featurizer.reset()
 
 
 def make_selector(ckpt: Checkpoint, setup: SourceSetup) -> GatedSelector:
