@@ -64,9 +64,10 @@ def scaled_copy(scenario: Path, factor: float) -> Path:
 
 
 def _general(checkpoint: str) -> bool:
+    """Whether the checkpoint observes no plan (``general``, ``gated``): its features have no plans."""
     from testbed.agent.checkpoint import read_checkpoint
 
-    return read_checkpoint(REPO / checkpoint).kind == "general"
+    return (read_checkpoint(REPO / checkpoint).features.get("observation") or {}).get("plans") is None
 
 
 def _aset_section(data: dict, checkpoint: str) -> dict:
@@ -289,8 +290,9 @@ def run_all(args: argparse.Namespace) -> list[dict]:
         run_args = ("--time-dilation", args.time_dilation) if args.time_dilation else ()
         for policy in ("aset", args.static):
             for k in [int(s) for s in args.seeds.split(",")]:
-                emu = emulate(path, k, policy, args.checkpoint, args.runs_dir, run_args)
-                sim = simulate(path, k, policy, args.checkpoint)
+                ckpt = args.checkpoint.replace("{stem}", Path(sc).stem)  # a checkpoint per scenario
+                emu = emulate(path, k, policy, ckpt, args.runs_dir, run_args)
+                sim = simulate(path, k, policy, ckpt)
                 raw.append({"scenario": (REPO / sc).stem, "load_scale": args.load_scale, "path": str(path),
                             "policy": policy, "seed": k, **emu, "simulated": sim})
     return raw
@@ -301,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default="experiments/scenario-hotspot.yaml,experiments/scenario-failure.yaml")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--static", default="min_latency", help="the best static policy of these scenarios")
-    ap.add_argument("--checkpoint", default="models/aset/aset")
+    ap.add_argument("--checkpoint", default="models/aset/aset",
+                    help="the agent's checkpoint; {stem} stands for each scenario's file stem (testbed specialize's)")
     ap.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "aset-emulation")
     ap.add_argument("--load-scale", type=float, default=1.0,
                     help="every arrival rate x this, in the emulation and the simulator alike")

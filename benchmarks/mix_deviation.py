@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does one source gain by leaving a per-source static assignment? (docs/aset.md, third round)
+"""Does one source gain by leaving a per-source static assignment? (docs/history.md, "ASET rounds")
 
     .venv/bin/python benchmarks/mix_deviation.py experiments/scenario-overload.yaml \\
         --assignment min_latency,cloud,min_latency,cloud --deviate min_latency [--seeds 1-5]

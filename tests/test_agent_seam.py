@@ -19,6 +19,7 @@ from testbed.agent.checkpoint import (
     register_kind,
     write_checkpoint,
 )
+from testbed.agent.gate import GatedPolicy
 from testbed.agent.live import SourceSelector, check_agents, source_configs
 from testbed.aset.jobs import agent_job
 from testbed.cli.main import main as cli_main
@@ -62,7 +63,8 @@ def _selector(experiment: Path, aset: dict) -> SourceSelector:
 
 
 @pytest.mark.parametrize("experiment, aset, kind", [
-    (TRIANGLE, {"checkpoint": "models/aset/general"}, "general"),
+    (TRIANGLE, {"checkpoint": "models/aset/general"}, "gated"),              # the shipped general ensemble
+    (TRIANGLE, {"checkpoint": "models/aset/general-single"}, "general"),     # one general scorer
     (SUITE, {"checkpoint": "models/aset/aset"}, "qnetwork"),            # the paper's double DQN
     (SUITE, {"checkpoint": "models/aset/aset-rollout"}, "qnetwork"),    # the rollout regression
     (TRIANGLE, {"selector": {"use": "examples.selector.rules:SuccessGuard", "params": {"hold": 2}}}, "class"),
@@ -95,7 +97,7 @@ def test_a_registered_kind_is_one_entry_and_loads_through_the_seam(tmp_path):
 
 def test_corrupt_and_unknown_checkpoints_are_refused_naming_the_file(tmp_path):
     for suffix in (".npz", ".json"):
-        shutil.copy(REPO / f"models/aset/general{suffix}", tmp_path / f"g{suffix}")
+        shutil.copy(REPO / f"models/aset/general-single{suffix}", tmp_path / f"g{suffix}")  # a legacy file
     meta = json.loads((tmp_path / "g.json").read_text())
     for name, change in (("kind", {"kind": "nonesuch", "version": 1}), ("version", {"kind": "general", "version": 9}),
                          ("format", {"format": "aset-policy-v1"})):
@@ -123,12 +125,15 @@ def test_corrupt_and_unknown_checkpoints_are_refused_naming_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("checkpoint, experiment", [
-    ("models/aset/general", REPO / "experiments/generated/held-out/gen-heldout-2.yaml"),
+    ("gated margin 0", REPO / "experiments/generated/held-out/gen-heldout-2.yaml"),
     ("models/aset/aset", SUITE),
 ])
 def test_simulate_and_evaluate_give_the_same_aset_decisions_per_seed(tmp_path, checkpoint, experiment):
     """``testbed simulate`` and ``testbed evaluate``'s ASET runs (agent_job) drive the sources
-    through the same loop: the same seed gives the same schedule, window by window."""
+    through the same loop: the same seed gives the same schedule, window by window (the shipped
+    gated checkpoint at margin 0, so that it leaves its reference)."""
+    if checkpoint == "gated margin 0":
+        checkpoint = str(GatedPolicy(REPO / "models/aset/general").with_margin(0.0).export(tmp_path / "g0"))
     doc = copy.deepcopy(yaml.safe_load(experiment.read_text()))
     doc.update(policy="aset", aset={"checkpoint": checkpoint})
     for s in doc["sources"]:

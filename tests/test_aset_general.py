@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from testbed.agent.features import INPUT_SIZE, LOCAL_FEATURES, POLICY_FEATURES, FeatureContext
+from testbed.agent.gate import GatedPolicy
 from testbed.agent.general import GeneralPolicy, export_general
 from testbed.agent.live import SourceSelector, check_agents, source_configs, source_setup
 from testbed.aset.episode import Episode
@@ -31,9 +32,6 @@ from testbed.spec.experiment import AsetSpec, Experiment
 REPO = Path(__file__).resolve().parent.parent
 SPEC = ObservationSpec()
 POLICIES = tuple(CATALOGUE)
-#: The action space the shipped checkpoints (models/aset/*) were trained with: the policies registered since
-#: are not among their actions.
-TRAINED = ("closest", "cloud", "least_loaded", "min_latency", "max_accuracy", "random", "round_robin")
 
 
 @pytest.fixture(scope="module")
@@ -253,15 +251,16 @@ def test_policy_aset_without_a_checkpoint_drives_a_held_out_scenario_live():
     assert exp.aset.checkpoint == "models/aset/general"
     plan = build_plan(exp)
     record = check_agents(plan)
-    assert record["kind"] == "general" and record["checkpoint"] == "models/aset/general"
-    shipped = GeneralPolicy(REPO / "models/aset/general")
-    assert shipped.policies == TRAINED and shipped.default_policy in TRAINED  # its own list, not the catalogue
+    assert record["kind"] == "gated" and record["checkpoint"] == "models/aset/general"
+    shipped = GatedPolicy(REPO / "models/aset/general")  # a gated ensemble over every built-in policy
+    assert not shipped.specialized and shipped.policies == POLICIES and shipped.reference == "min_latency"
     src = sorted(h.name for h in plan.sources)[0]
     sel = SourceSelector(SourceConfig.from_plan(plan, src, 0, 5.0, Path("/tmp")))
+    assert sel.initial == "min_latency"  # it starts on its reference, in every engine
     state = {"arrivals": {a.name: 3 for a in exp.applications}, "policy": "closest", "resolved": [],
              "clusters": {c.name: {"queue_len": 1, "busy": 1, "workers": 1, "utilization": 0.5, "up": True}
                           for c in exp.clusters}}
-    assert all(sel.choose(state) in TRAINED for _ in range(3))
+    assert all(sel.choose(state) in POLICIES for _ in range(3))
 
 
 def test_decision_rule_default_and_margin():

@@ -311,9 +311,9 @@ def test_aset_under_dilation_is_checked_on_the_sources_plan_and_simulated_in_emu
     data.setdefault("emulation", {})["time_dilation"] = 2
     plan = build_plan(Experiment.model_validate(data), base_dir=path.parent)
     assert plan.time_dilation == 2.0 and plan.clock == "emulated"
-    assert check_agents(plan)["kind"] == "general"  # the wall-clock plan's source configs fit the checkpoint
+    assert check_agents(plan)["kind"] == "gated"  # the wall-clock plan's source configs fit the checkpoint
     out = simulate(plan, duration_s=2.0)
-    assert out.selector["kind"] == "general"
+    assert out.selector["kind"] == "gated"
     assert all(sum(c.values()) == 4 for c in out.selector["choices"].values())  # 2 s of 500 ms windows
 
 

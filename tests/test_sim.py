@@ -314,7 +314,8 @@ def test_simulate_runs_policy_aset_on_its_checkpoint_and_refuses_a_missing_one(t
     plan = plan_experiment(tmp_path / "held.yaml")
     run_dir, _ = run_simulation(plan, runs_dir=tmp_path / "held", duration_s=6, quiet=True)
     rec = json.loads((run_dir / "run.json").read_text())["selector"]
-    assert rec["kind"] == "general" and rec["checkpoint"] == "models/aset/general" and len(rec["sha256"]) == 2
+    assert rec["kind"] == "gated" and rec["checkpoint"] == "models/aset/general" and len(rec["sha256"]) == 2
+    assert rec["initial"] == {s: "min_latency" for s in rec["sources"]}  # the gated checkpoint's reference
     assert rec["sources"] == sorted(s.name for s in plan.sources) and rec["window_s"] == 0.5
     assert all(sum(c.values()) == 12 for c in rec["choices"].values())  # 6 s of 500 ms windows
     records = pd.concat([pd.read_csv(f) for f in (run_dir / "sources").glob("*.records.csv")])

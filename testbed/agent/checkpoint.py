@@ -35,8 +35,14 @@ returned as a name of ``ckpt.policies`` or an index). It raises ``ValueError`` (
 :class:`CheckpointError`) naming what does not fit; the message is shown as the run's plan error.
 A built-in kind lives in ``testbed/agent/`` (every engine imports it: simulator, evaluation and
 the emulation's source processes) and is listed in :data:`BUILTIN_KINDS` (module imported on
-first use, which calls :func:`register_kind`). The built-ins: ``general`` (:mod:`testbed.agent.general`)
-and ``qnetwork`` (:mod:`testbed.agent.npolicy`: the paper's double DQN and the rollout regression).
+first use, which calls :func:`register_kind`). The built-ins: ``general`` (:mod:`testbed.agent.general`),
+``qnetwork`` (:mod:`testbed.agent.npolicy`: the paper's double DQN and the rollout regression) and
+``gated`` (:mod:`testbed.agent.gate`: a bootstrap ensemble that leaves its reference policy only
+with confidence; the shipped general checkpoint and ``testbed specialize``'s).
+
+A selector may name the policy its source applies before its first decision with an attribute
+``initial_policy`` (a name of ``ckpt.policies``; a gated checkpoint's reference); without it the
+source starts on ``aset.options.initial_policy`` (:attr:`testbed.agent.live.SourceSelector.initial`).
 
 :func:`write_checkpoint` writes the pair (the JSON last, each file atomically);
 :func:`read_checkpoint` reads it once per file version (kept by path, size and modification time).
@@ -66,7 +72,8 @@ from testbed.plan.boundaries import SelectorContext
 LEGACY_FORMATS: dict[str, tuple[str, int]] = {"aset-general-v1": ("general", 1), "aset-policy-v3": ("qnetwork", 3),
                                               "aset-policy-v2": ("qnetwork", 2)}
 #: Built-in kinds -> the module that registers it (imported on first use).
-BUILTIN_KINDS: dict[str, str] = {"general": "testbed.agent.general", "qnetwork": "testbed.agent.npolicy"}
+BUILTIN_KINDS: dict[str, str] = {"general": "testbed.agent.general", "qnetwork": "testbed.agent.npolicy",
+                                  "gated": "testbed.agent.gate"}
 
 
 class CheckpointError(InputError):

@@ -165,6 +165,7 @@ class SourceSelector:
         self.driver = SelectorDriver(self.agent.resolved, self.agent.context, self.window_s)
         self.source, self.policies = cfg.source, self.driver.policies
         self.decision_ns, self.choices = self.driver.decision_ns, self.driver.choices
+        self.cfg_aset = cfg.aset
         self.report_path = Path(cfg.records).with_suffix(".aset.json") if cfg.records else None
         self.tail = RecordsTail(cfg.records, cfg.start_ns) if cfg.records else None
         self.start_ns = int(cfg.start_ns)
@@ -173,6 +174,15 @@ class SourceSelector:
     def selector(self):
         """The acting object (``select(obs)``, ``reset()``): a checkpoint kind's selector, or one's own."""
         return self.driver.obj
+
+    @property
+    def initial(self) -> str:
+        """The policy the source applies before the selector's first decision: the selector's own
+        ``initial_policy`` where it names one (a gated checkpoint's reference,
+        :mod:`testbed.agent.checkpoint`), else ``aset.options.initial_policy`` (default ``closest``).
+        ONE rule for the simulator's loop, the evaluation's jobs and the emulation's sources."""
+        own = getattr(self.driver.obj, "initial_policy", None)
+        return str(own) if own else initial_policy(self.cfg_aset)
 
     def restart_at(self, start_ns: int) -> None:
         """The load's start time once the run's start barrier released the source (epoch ns):
@@ -269,8 +279,9 @@ def check_agents(plan, sources: list[str] | None = None) -> dict[str, Any] | Non
             raise InputError(f"source {cfg.source} on aset: {exc}") from None
         if record is None:
             record = {**sel.agent.resolved.provenance, "policies": list(sel.policies), "window_s": sel.window_s,
-                      "sources": [c.source for c in cfgs]}
-        check_selector(sel.agent.resolved, sel.agent.context, sel.window_s, initial_policy(exp.aset))
+                      "sources": [c.source for c in cfgs], "initial": {}}
+        record["initial"][cfg.source] = sel.initial
+        check_selector(sel.agent.resolved, sel.agent.context, sel.window_s, sel.initial)
     return record
 
 

@@ -37,7 +37,7 @@ per app: success ratio, last window        n_apps          resolved in the windo
                                                            resolved; 1.0 at the start
 current policy, one-hot                    n_policies      -
 source identity, one-hot *                 n_sources       1 at this source's index in ``SourceContext.sources``
-planned policy, one-hot (with ``plans``) * n_policies      1 at ``SourceContext.plan`` (sixth round)
+planned policy, one-hot (with ``plans``) * n_policies      1 at ``SourceContext.plan`` (docs/history.md)
 =========================================  ==============  =====================================================
 
 Measured latency is relative to each query's deadline so that one number per cluster covers
@@ -45,7 +45,7 @@ applications of different deadlines (our choice); it is what tells a link degrad
 apart, which the plan RTT (what the static policies use) does not show.
 
 The source identity (without it the shared network, telling the sources apart only through their
-plan RTTs, stayed below the best per-source static mix everywhere: docs/aset.md) is a one-hot over
+plan RTTs, stayed below the best per-source static mix everywhere: docs/history.md, "ASET rounds") is a one-hot over
 the experiment's sources in sorted-name order, the order of :func:`testbed.aset.envs.plan_contexts`
 and of the exported policy's ``sources``. With it the first layer has one weight column per
 source, so ONE shared network can learn a constant per-source assignment (the mix) as a per-source
@@ -55,7 +55,7 @@ sources of an experiment (4), needs no scale, and the checkpoint is tied to the 
 anyway (its applications and clusters); what it gives up is generalising to a source not trained
 on, which no experiment of ours has.
 
-The planned policy (sixth round, docs/aset.md; only when ``ObservationSpec.plans`` is set) is the
+The planned policy (docs/history.md, "ASET rounds"; only when ``ObservationSpec.plans`` is set) is the
 source's policy in the scenario's per-source static mix, which the simulator finds before
 training (``testbed evaluate --headroom``). With ``AgentSpec.plan_margin`` it is the agent's
 default decision (:func:`testbed.agent.npolicy.plan_scores`).

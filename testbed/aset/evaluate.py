@@ -157,7 +157,7 @@ def check_scenarios(scenarios: Sequence[str], p: Protocol, agents: dict[str, str
         windows = {f"the report interval of {s}": window_of(plan, None)}
         for label, ckpt in agents.items():
             try:
-                windows[f"{label}'s window"] = _agent_window(plan, ckpt)
+                windows[f"{label}'s window"] = _agent_window(plan, agent_checkpoint(ckpt, s))
             except InputError as exc:
                 raise naming_file(exc, s) from None
         _check_duration(s, plan, p.duration_s, windows)
@@ -167,6 +167,13 @@ def check_scenarios(scenarios: Sequence[str], p: Protocol, agents: dict[str, str
                 raise InputError(f"{s}: cluster(s) {', '.join(batching)} batch (server.max_batch > 1); the causal "
                                  f"planner cannot redraw a batching cluster's future: run without --causal")
     return plans
+
+
+def agent_checkpoint(checkpoint: str, scenario: str) -> str:
+    """An agent's checkpoint for one scenario: ``{stem}`` in it stands for the scenario file's stem
+    (one specialized checkpoint per scenario, e.g. ``runs/spec/{stem}``); any other path is every
+    scenario's."""
+    return checkpoint.replace("{stem}", Path(scenario).stem)
 
 
 def _agent_window(plan: Plan, checkpoint: str) -> float:
@@ -259,7 +266,8 @@ def evaluate(scenarios: Sequence[str], protocol: Protocol, out: Path, *, agents:
              workers: int = 2, backend: str = "process", ray_address: str | None = None, console=None,
              progress: bool = True) -> Evaluation:
     """Run the protocol (module docstring) on ``scenarios`` (experiment files) with ``agents``
-    (label -> checkpoint, e.g. ``{"ASET": "models/aset/general"}``; none: the references only);
+    (label -> checkpoint, e.g. ``{"ASET": "models/aset/general"}``, ``{stem}`` standing for each
+    scenario's file stem: :func:`agent_checkpoint`; none: the references only);
     writes ``out`` and returns the figures.
 
     Raises:
@@ -359,8 +367,8 @@ def _score(run: _Runner, scenarios: list[str], p: Protocol, chosen: dict[str, di
     shares: dict[str, dict] = {s: {} for s in scenarios}
     schedules: dict[str, dict] = {}
     for label, ckpt in agents.items():
-        agent = AsetSpec(checkpoint=ckpt).model_dump_json()
-        res = run(f"evaluation: {label}", agent_job, [(s, k, agent, p.duration_s) for s, k in pairs])
+        agent = {s: AsetSpec(checkpoint=agent_checkpoint(ckpt, s)).model_dump_json() for s in scenarios}
+        res = run(f"evaluation: {label}", agent_job, [(s, k, agent[s], p.duration_s) for s, k in pairs])
         for i, s in enumerate(scenarios):
             mine = res[i * len(E):(i + 1) * len(E)]
             per_seed[s][label] = [_ratio((r["ok"], r["n"])) for r in mine]
@@ -528,5 +536,5 @@ def _write(out: Path, rows: list[dict], claims: dict, md: str, runs: list[dict],
         write_json_atomic(out / "choices.json", schedules, indent=None)
 
 
-__all__ = ["BEST", "CAUSAL", "FRESH", "MIX", "ORACLE", "Evaluation", "Protocol", "check_protocol", "check_scenarios",
-           "evaluate", "results_markdown"]
+__all__ = ["BEST", "CAUSAL", "FRESH", "MIX", "ORACLE", "Evaluation", "Protocol", "agent_checkpoint", "check_protocol",
+           "check_scenarios", "evaluate", "results_markdown"]

@@ -34,7 +34,9 @@ it by is chosen on held-out episodes from :data:`MARGINS`. Acting: the ``general
 Outputs in ``<general.out_dir>/<config name>/``: ``seed-<k>/curve.csv`` (epoch, train loss,
 validation loss, validation decision gain in points), ``seed-<k>/general.{npz,json}``,
 ``curves.png`` (every seed), ``data.json`` (episodes, samples, simulation wall time); the export
-seed's checkpoint at ``general.export_to``. Each episode's data is cached in ``<out>/cache`` as npz,
+seed's checkpoint at ``general.export_to`` or, with ``general.ensemble`` B >= 2, the gated ensemble
+of B bootstrap fits over every seed's episodes (:func:`export_ensemble`; kind ``gated``,
+:mod:`testbed.agent.gate`). Each episode's data is cached in ``<out>/cache`` as npz,
 keyed by everything it depends on (the simulation's code, :func:`testbed.aset.jobs.code_fingerprint`;
 the generator seed, the simulator seed, the data settings).
 """
@@ -51,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from testbed.agent.features import INPUT_SIZE, FeatureContext, PolicyFeaturizer, scorer_input
+from testbed.agent.gate import GatedPolicy, gain_bounds, gate_choice
 from testbed.agent.general import export_general, forward
 from testbed.agent.live import source_configs, source_setup
 from testbed.aset.envs import WindowView
@@ -165,10 +168,10 @@ def episode_data(plan: Plan, seed: int, policies: tuple[str, ...], spec: Observa
 
 # -- the fit ------------------------------------------------------------------------------------------
 
-def init_weights(hidden: list[int], seed: int) -> list[np.ndarray]:
-    """Glorot-uniform weights and zero biases of the scorer ``INPUT_SIZE -> hidden... -> 1``."""
+def init_weights(hidden: list[int], seed: int, inputs: int = INPUT_SIZE) -> list[np.ndarray]:
+    """Glorot-uniform weights and zero biases of the scorer ``inputs -> hidden... -> 1``."""
     rng = np.random.default_rng(seed)
-    sizes = [INPUT_SIZE, *hidden, 1]
+    sizes = [inputs, *hidden, 1]
     ws: list[np.ndarray] = []
     for a, b in zip(sizes, sizes[1:], strict=False):
         lim = np.sqrt(6.0 / (a + b))
@@ -219,10 +222,11 @@ def decision_gain(ws: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> float:
 
 def fit(train: dict, valid: dict, *, hidden: list[int], seed: int, epochs: int = 60, batch: int = 128,
         lr: float = 1e-3, delta: float = 1.0) -> dict:
-    """Fit the scorer on ``train`` (``x``, ``y``, ``ref`` of :func:`episode_data`, joined), keep the
-    epoch of the lowest loss on ``valid``; returns ``weights`` and the ``curve`` (epoch, train loss,
-    valid loss, valid decision gain in points)."""
-    ws = init_weights(hidden, seed)
+    """Fit the scorer on ``train`` (``x``, ``y``, ``ref`` of :func:`episode_data`, joined; ``x`` of
+    any input width: a gated member's, :func:`testbed.agent.gate.input_width`), keep the epoch of the
+    lowest loss on ``valid``; returns ``weights`` and the ``curve`` (epoch, train loss, valid loss,
+    valid decision gain in points)."""
+    ws = init_weights(hidden, seed, int(train["x"].shape[-1]))
     m = [np.zeros_like(w) for w in ws]
     v = [np.zeros_like(w) for w in ws]
     rng = np.random.default_rng(seed)
@@ -358,10 +362,12 @@ def train_general(cfg: AsetConfig, base: Path, *, jobs: int | None = None, backe
                      f"best epoch {best[0]}: validation loss {best[2]:.4f}; default {default}, margin {margin:g}: "
                      f"validation gain {gains[str(margin)]:+.3f} points per probed decision (default alone "
                      f"{gains['default']:+.3f}, margin 0 {gains['0.0']:+.3f}); fit {fit_s:.0f} s -> {out / 'general'}")
-        if seed == export_seed:
+        if seed == export_seed and not g.ensemble:
             dst = base / g.export_to
             export_general(res["weights"], dst, policies=policies, obs_spec=cfg.observation, provenance=meta, **rule)
             lines.append(f"exported seed {seed} -> {dst}.{{npz,json}}")
+    if g.ensemble:
+        lines += export_ensemble(cfg, [r for r in results if len(r["x"])], policies, base, root)
     write_json_atomic(root / "data.json", {"episodes": len(tasks), "wall_s": round(wall, 1),
                                            "simulation_cpu_s": round(sim_s, 1),
                                            "samples": int(sum(len(r["x"]) for r in results))})
@@ -369,6 +375,63 @@ def train_general(cfg: AsetConfig, base: Path, *, jobs: int | None = None, backe
     lines.append(f"data: {len(tasks)} episodes, {wall:.0f} s wall ({sim_s:.0f} s of simulation in the workers, "
                  f"cached episodes excluded) -> {root}")
     return lines
+
+
+def export_ensemble(cfg: AsetConfig, episodes: list[dict], policies: tuple[str, ...], base: Path,
+                    root: Path) -> list[str]:
+    """The gated general checkpoint (:mod:`testbed.agent.gate`): every seed's episodes pooled, a
+    share ``validation_fraction`` of them held out (seeded), ``general.ensemble`` scorers each
+    fitted on a bootstrap resample of the rest (whole episodes; its out-of-bag episodes choose its
+    epoch), the reference = :func:`decision_rule`'s default (highest mean target in the training
+    data) and a provisional margin (the best of :data:`MARGINS` for the gated picks on the held-out
+    episodes; :mod:`testbed.aset.gate_margin` chooses the one shipped, on the validation scenarios).
+    Written to ``general.export_to`` and ``<root>/ensemble/general``; returns the lines to print."""
+    g = cfg.general
+    rng = np.random.default_rng([3105, len(episodes)])
+    n_valid = max(1, int(round(g.validation_fraction * len(episodes))))
+    valid_idx = set(rng.choice(len(episodes), size=n_valid, replace=False).tolist())
+    train_eps = [e for i, e in enumerate(episodes) if i not in valid_idx]
+    valid = _join([e for i, e in enumerate(episodes) if i in valid_idx])
+    members, epochs, t0 = [], [], time.perf_counter()
+    for b in range(g.ensemble):
+        pick = np.random.default_rng([3106, b]).integers(0, len(train_eps), len(train_eps))
+        oob = sorted(set(range(len(train_eps))) - set(pick.tolist()))
+        res = fit(_join([train_eps[i] for i in pick]), _join([train_eps[i] for i in oob]) if oob else valid,
+                  hidden=list(g.hidden), seed=1000 + b, epochs=g.epochs, batch=g.batch_size, lr=g.learning_rate,
+                  delta=g.huber_delta)
+        members.append(res["weights"])
+        epochs.append(int(min(res["curve"], key=lambda r: r[2])[0]))
+    train = _join(train_eps)
+    default = policies[int(np.argmax(train["y"].mean(axis=0)))]
+    gated = GatedPolicy.from_members(members, policies, cfg.observation, default)
+    gains = gated_gains(gated, valid)
+    margin = max(MARGINS, key=lambda m: (gains[str(m)], m))
+    meta = {"members": len(members), "best_epochs": epochs, "train_episodes": len(train_eps),
+            "valid_episodes": len(valid_idx), "train_samples": int(len(train["x"])),
+            "valid_samples": int(len(valid["x"])), "valid_gain_by_margin": gains, "config": cfg.name,
+            "fit_s": round(time.perf_counter() - t0, 1), "margin_choice": {"on": "held-out training episodes"}}
+    lines = []
+    for dst in (root / "ensemble" / "general", base / g.export_to):
+        gated.with_margin(margin).export(dst, meta)
+        lines.append(f"gated ensemble of {len(members)} -> {dst}.{{npz,json}}: reference {default}, provisional "
+                     f"margin {margin:g} (held-out episodes: {gains[str(margin)]:+.3f} points per probed decision, "
+                     f"reference alone {gains['default']:+.3f}); fits {meta['fit_s']:.0f} s")
+    return lines
+
+
+def gated_gains(gated: GatedPolicy, data: dict) -> dict[str, float]:
+    """Mean target (points per probed decision) of the gated picks on ``data`` (``x`` of the scorer,
+    ``y``), per margin of :data:`MARGINS`, and of the reference alone (``default``)."""
+    if not len(data["x"]):
+        return {"default": float("nan")} | {str(m): float("nan") for m in MARGINS}
+    ref = gated.policies.index(gated.reference)
+    rows = np.arange(len(data["x"]))
+    lowers = [gain_bounds(gated.member_scores(x), ref, gated.z)[1] for x in data["x"]]
+    out = {"default": float(data["y"][:, ref].mean())}
+    for m in MARGINS:
+        picks = np.array([gate_choice(lo, ref, m) for lo in lowers])
+        out[str(m)] = float(data["y"][rows, picks].mean())
+    return out
 
 
 #: The margins (points) the decision rule is chosen from, on the validation episodes.
@@ -421,4 +484,4 @@ def _plot(path: Path, curves: dict[int, list]) -> None:
 
 
 __all__ = ["MARGINS", "GeneralRun", "data_job", "decision_gain", "decision_rule", "episode_data", "episode_tasks",
-           "fit", "init_weights", "train_general"]
+           "export_ensemble", "fit", "gated_gains", "init_weights", "train_general"]

@@ -24,6 +24,13 @@ seed])``; topohub's data is read, not drawn). It draws:
 **Held out** (never drawn by ``split="train"``, only by ``split="held_out"``): whole topologies
 (:data:`HELD_OUT_TOPOLOGIES`) and whole event patterns (:data:`HELD_OUT_PATTERNS`). A held-out
 scenario has a held-out topology or a held-out pattern (or both): half of them each way.
+
+**Test and validation** (``split="test"``, ``split="validation"``; the frozen sets
+``experiments/generated/test`` and ``.../validation``): every scenario has a topology of
+:data:`TEST_TOPOLOGIES` (resp. :data:`VALIDATION_TOPOLOGIES`, disjoint from them) and, half of
+the time, a held-out event pattern (else any pattern). ``split="train"`` draws none of the
+families of those topologies nor of the held-out ones (:func:`train_topologies`: Geant2012 held
+out shuts out every Geant), so training never sees a test or validation topology.
 Every document passes ``testbed plan`` (:func:`plan_document` builds it; a test plans a range
 of seeds).
 """
@@ -31,6 +38,7 @@ of seeds).
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -42,13 +50,21 @@ from testbed.plan.build import Plan, build_plan
 from testbed.spec.experiment import Experiment
 from testbed.spec.topology import RawTopology, load_topohub
 
-Split = Literal["train", "held_out"]
+Split = Literal["train", "held_out", "validation", "test"]
+#: The rng stream of each split (``numpy.random.default_rng([SALT, index, seed])``).
+SPLIT_INDEX = {"train": 0, "held_out": 1, "test": 2, "validation": 3}
 SALT = 3101
 #: Switch-count bounds of a drawn topology.
 MIN_SWITCHES, MAX_SWITCHES = 8, 60
 #: Topologies training never sees (the suite's Abilene among them: the suite is a test set).
 HELD_OUT_TOPOLOGIES: tuple[str, ...] = ("topozoo/Abilene", "topozoo/Geant2012", "topozoo/Cesnet201006",
                                         "topozoo/Bellcanada", "gabriel/25/0", "gabriel/40/1")
+#: The frozen test set's topologies (``split="test"``): the held-out ones and six more families.
+TEST_TOPOLOGIES: tuple[str, ...] = HELD_OUT_TOPOLOGIES + ("topozoo/Surfnet", "topozoo/Sinet", "topozoo/Rnp",
+                                                         "topozoo/Arnes", "topozoo/Uunet", "gabriel/50/3")
+#: The validation set's topologies (``split="validation"``), disjoint from the test set's.
+VALIDATION_TOPOLOGIES: tuple[str, ...] = ("topozoo/Janetbackbone", "topozoo/Grnet", "topozoo/Karen", "topozoo/Sunet",
+                                          "gabriel/30/2", "gabriel/45/3")
 #: Event patterns: name -> the kinds it combines.
 PATTERNS: dict[str, tuple[str, ...]] = {
     "calm": (), "degradation": ("degradation",), "congestion": ("congestion",), "linkfail": ("linkfail",),
@@ -125,13 +141,30 @@ def _name(rng: np.random.Generator, used: set[str], prefix: str) -> str:
             return n
 
 
+def family(key: str) -> str:
+    """A topology's family: a Topology Zoo key without its trailing year or digits (Geant2012 ->
+    topozoo/Geant, Cesnet201006 -> topozoo/Cesnet), a Gabriel key itself (each is its own graph)."""
+    return key if key.startswith("gabriel/") else re.sub(r"\d+$", "", key)
+
+
+def train_topologies() -> list[str]:
+    """The topologies ``split="train"`` draws from: the pool without any family of the held-out,
+    test or validation topologies (sorted)."""
+    shut = {family(k) for k in HELD_OUT_TOPOLOGIES + TEST_TOPOLOGIES + VALIDATION_TOPOLOGIES}
+    return [k for k in topology_pool() if family(k) not in shut]
+
+
 def _choose(rng: np.random.Generator, split: Split) -> tuple[str, str]:
     """(topology key, pattern name) of a scenario of ``split``."""
     pool = topology_pool()
-    train_topos = [k for k in pool if k not in HELD_OUT_TOPOLOGIES]
     train_pats = [p for p in PATTERNS if p not in HELD_OUT_PATTERNS]
     if split == "train":
-        return _pick(rng, train_topos)[0], _pick(rng, train_pats)[0]
+        return _pick(rng, train_topologies())[0], _pick(rng, train_pats)[0]
+    if split in ("test", "validation"):  # always a topology training never sees; half the time a held-out pattern
+        topos = TEST_TOPOLOGIES if split == "test" else VALIDATION_TOPOLOGIES
+        pats = list(HELD_OUT_PATTERNS) if rng.random() < 0.5 else list(PATTERNS)
+        return _pick(rng, list(topos))[0], _pick(rng, pats)[0]
+    train_topos = [k for k in pool if k not in HELD_OUT_TOPOLOGIES]  # the held-out set as it was drawn
     if rng.random() < 0.5:  # a held-out topology, any pattern
         return _pick(rng, list(HELD_OUT_TOPOLOGIES))[0], _pick(rng, list(PATTERNS))[0]
     return _pick(rng, train_topos)[0], _pick(rng, list(HELD_OUT_PATTERNS))[0]
@@ -244,7 +277,7 @@ def _events(rng: np.random.Generator, doc: dict, g: nx.Graph, plan: Plan, kinds:
 def draw_scenario(split: Split, seed: int) -> dict:
     """One generated experiment document (module docstring), named ``gen-<split>-<seed>``; its
     ``x_generated`` key is not part of it (:func:`write_scenarios` keeps it as a comment)."""
-    rng = np.random.default_rng([SALT, 0 if split == "train" else 1, int(seed)])
+    rng = np.random.default_rng([SALT, SPLIT_INDEX[split], int(seed)])
     key, pattern = _choose(rng, split)
     kinds = PATTERNS[pattern]
     doc, g = _skeleton(rng, key, f"gen-{split.replace('_', '')}-{seed}", seed)
@@ -277,5 +310,6 @@ def write_scenarios(out: Path, split: Split, seeds: list[int]) -> list[Path]:
     return paths
 
 
-__all__ = ["HELD_OUT_PATTERNS", "HELD_OUT_TOPOLOGIES", "PATTERNS", "draw_scenario", "plan_document", "topology_pool",
+__all__ = ["HELD_OUT_PATTERNS", "HELD_OUT_TOPOLOGIES", "PATTERNS", "SPLIT_INDEX", "TEST_TOPOLOGIES",
+           "VALIDATION_TOPOLOGIES", "draw_scenario", "family", "plan_document", "topology_pool", "train_topologies",
            "write_scenarios"]

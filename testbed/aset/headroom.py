@@ -142,6 +142,13 @@ def continuation_ok(ep: Episode, w: int, horizon: int | None, base: Sequence[str
     ``w`` and left there). One measure for the oracle's candidates and the rollout training
     targets (:mod:`testbed.aset.rollout`). ``resample``: the clone's future is drawn afresh
     (``Simulator.reseed(resample)``: the causal planner's sampled futures), else it is the seed's own."""
+    return continuation_counts(ep, w, horizon, base, first, resample)[0]
+
+
+def continuation_counts(ep: Episode, w: int, horizon: int | None, base: Sequence[str], first: Sequence[str],
+                        resample: Sequence[int] | None = None) -> tuple[int, int]:
+    """(successes, queries) among the queries created in windows [w, w + horizon) of the clone of
+    :func:`continuation_ok` (with ``resample`` the queries are the sampled future's own)."""
     c = ep.clone()
     if resample is not None:
         c.sim.reseed(resample)
@@ -154,7 +161,7 @@ def continuation_ok(ep: Episode, w: int, horizon: int | None, base: Sequence[str
         c.finish()
     else:
         c.settle_to(end)
-    return int(c.ok[w:end].sum())
+    return int(c.ok[w:end].sum()), int(c.n[w:end].sum())
 
 
 def _rollout_schedule(ep: Episode, base: Sequence[str], actions: Sequence[str], value: Callable[[int, list[str]], V],
@@ -279,5 +286,5 @@ def causal_planner(plan: Plan, seed: int, base: Sequence[str], actions: Sequence
                         ep.ok.tolist())
 
 
-__all__ = ["OracleResult", "best_mix", "causal_planner", "continuation_ok", "mean_ratio", "paired_gain_t",
-           "rollout_oracle", "static_ratio"]
+__all__ = ["OracleResult", "best_mix", "causal_planner", "continuation_counts", "continuation_ok", "mean_ratio",
+           "paired_gain_t", "rollout_oracle", "static_ratio"]

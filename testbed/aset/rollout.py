@@ -2,7 +2,7 @@
 approximate policy iteration (Bertsekas, "Rollout, Policy Iteration, and Distributed Reinforcement
 Learning", 2020) from the per-source static mix.
 
-Why (docs/aset.md, sixth round): the DQN's reward of one window (its success ratio minus a
+Why (docs/history.md, "ASET rounds"): the DQN's reward of one window (its success ratio minus a
 baseline run's) is too noisy for the network to tell a good deviation from the plan from noise.
 The simulator is deterministic per seed and :meth:`Episode.clone` continues exactly, so the value
 of a deviation can instead be MEASURED, paired on common random numbers, for every action at once.

@@ -71,6 +71,12 @@ def _seeds(count_from: int):
     return parse
 
 
+def _agent(text: str) -> tuple[str, str]:
+    """(label, checkpoint) of a ``--checkpoint``: ``LABEL=PATH`` or ``PATH`` (its own label)."""
+    label, sep, path = text.partition("=")
+    return (label, path) if sep and label and path else (text, text)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("evaluate", help="ASET against every static policy and the references (simulator), "
                                                "chosen on tuning seeds, scored on evaluation seeds",
@@ -79,7 +85,8 @@ def register(subparsers) -> None:
     p.add_argument("more", nargs="*", help="further experiment files")
     p.add_argument("--checkpoint", action="append", default=None, metavar="PATH",
                    help=f"the agent to evaluate (default {DEFAULT_ASET_CHECKPOINT}); repeat for several columns, "
-                        f"each named by its path")
+                        f"each named by its path, or LABEL=PATH; {{stem}} in PATH stands for each scenario's file "
+                        f"stem (a checkpoint per scenario, e.g. testbed specialize's)")
     p.add_argument("--headroom", action="store_true", help="no agent: the static policies and the references only")
     p.add_argument("--tuning-seeds", type=_seeds(DEFAULT_TUNING_SEEDS[0]), default=None, metavar="SEEDS",
                    help="seeds everything is chosen on: a range (1-5), a list (1,4,9) or a count (5 = 1-5); "
@@ -150,7 +157,7 @@ def _cmd(args: argparse.Namespace) -> int:
                             duration_s=args.duration or ev.duration_s)
         out = Path(args.out) if args.out else repo_path(ev.out_dir, base) / cfg.name
         checkpoints = args.checkpoint or [str(repo_path(ev.checkpoint, base))]
-    agents = {} if args.headroom else {c: c for c in checkpoints}
+    agents = {} if args.headroom else dict(_agent(c) for c in checkpoints)
     res = evaluate(files, protocol, out, agents=agents, workers=args.workers, backend=backend,
                    ray_address=args.ray_address, console=console)
     console.print(res.markdown, markup=False, highlight=False)

@@ -1,4 +1,4 @@
-"""``testbed generate --split train|held_out --seeds 1-20 [--out DIR]``: write generated scenarios
+"""``testbed generate --split train|held_out|validation|test --seeds 1-20 [--out DIR]``: write generated scenarios
 (:mod:`testbed.aset.generator`), each planned before it is written.
 
 At most :data:`MAX_SEEDS` seeds per command (each scenario is drawn and planned, about 0.3-1 s
@@ -49,8 +49,9 @@ def register(subparsers) -> None:
     """Add the ``generate`` subcommand."""
     p = subparsers.add_parser("generate", help="write seeded generated scenarios (topohub topologies, clusters, "
                                                "sources, zoo applications, loads, events) for ASET")
-    p.add_argument("--split", choices=["train", "held_out"], default="held_out",
-                   help="the training distribution, or the held-out set (held-out topologies and event patterns)")
+    p.add_argument("--split", choices=["train", "held_out", "validation", "test"], default="held_out",
+                   help="the training distribution, the held-out set (held-out topologies and event patterns), or "
+                        "the frozen validation and test sets (topologies training never sees)")
     p.add_argument("--seeds", type=_seeds, default=_seeds("1-8"),
                    help=f"seeds, e.g. 1-20 or 1,4,9 (default 1-8; at most {MAX_SEEDS:,})")
     p.add_argument("--out", type=Path, default=None, help="output folder (default experiments/generated/<split>)")

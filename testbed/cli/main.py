@@ -28,7 +28,19 @@ from rich.text import Text
 
 from testbed.agent.live import check_agents
 from testbed.aset.scenarios import resolve, training_scenarios
-from testbed.cli import compare, evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo
+from testbed.cli import (
+    compare,
+    evaluate,
+    generate,
+    new_experiment,
+    profile,
+    report,
+    simulate,
+    specialize,
+    sweep,
+    train,
+    zoo,
+)
 from testbed.cli.common import DURATION_HELP, RUNS_DIR_HELP, console, duration_arg, plain_help, print_feasibility
 from testbed.core.errors import EXIT_INTERRUPTED, InputError, TestbedError
 from testbed.core.plugins import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
@@ -194,7 +206,8 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
 
 #: The further subcommands: each module has ``register(subparsers)``, which adds its parser with
 #: ``func(args) -> exit code`` as default. Modules import cheaply (no TensorFlow at import).
-COMMAND_MODULES = (compare, evaluate, generate, new_experiment, profile, report, simulate, sweep, train, zoo)
+COMMAND_MODULES = (compare, evaluate, generate, new_experiment, profile, report, simulate, specialize, sweep, train,
+                   zoo)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -120,7 +120,7 @@ class Source:
         self.selector_failed: SelectorFailed | None = None
         if policy == ASET_POLICY:
             self.aset = SourceSelector(cfg)
-            policy = (cfg.aset.options or {}).get("initial_policy", "closest") if cfg.aset else "closest"
+            policy = self.aset.initial
         add_sys_paths(cfg.plugin_paths)  # where the plan found its policy plug-ins
         origin = REGISTRY.resolve(policy, f"source {self.name}").origin
         if origin is not None and cfg.plugin_sha256.get(policy, origin.sha256) != origin.sha256:

@@ -51,7 +51,7 @@ def simulate(plan: Plan, duration_s: float | None = None, seed: int | None = Non
     record = check_agents(plan, agents) if agents else None
     t_wall = time.perf_counter()
     if record is not None:
-        pols = dict.fromkeys(record["sources"], initial_policy(exp.aset))
+        pols = {s: record["initial"].get(s, initial_policy(exp.aset)) for s in record["sources"]}
     sim = Simulator(plan, seed=seed, policies=pols, record=True)
     sim.arrivals_end = duration_s
     schedule = None
@@ -77,7 +77,8 @@ def drive(sim, plan: Plan, sources: list[str], aset: AsetSpec, duration_s: float
     its agent. At the end of every decision window each source's raw window state
     (:class:`~testbed.sim.window.SimWindowStates`, with ``now_s``, the simulated time) goes to its
     selector, whose answer applies from then on, as in the emulation's source loop (the first
-    window runs on ``aset.options.initial_policy``). ``sim`` is run to ``duration_s`` (not drained).
+    window runs on :attr:`~testbed.agent.live.SourceSelector.initial`, applied here at the start).
+    ``sim`` is run to ``duration_s`` (not drained).
 
     Args:
         on_resolved: called with each window's resolved queries (``Simulator.drain_resolved``),
@@ -95,7 +96,9 @@ def drive(sim, plan: Plan, sources: list[str], aset: AsetSpec, duration_s: float
     names = [c.source for c in cfgs]
     window = selectors[0].window_s
     states = SimWindowStates(sim, names, [sorted({o.option.cluster for o in c.options}) for c in cfgs])
-    current = [initial_policy(aset)] * len(names)
+    current = [sel.initial for sel in selectors]
+    for s, p in zip(names, current, strict=True):
+        sim.set_policy(s, p)
     schedule: dict[str, list[str]] = {s: [] for s in names}
     w = 1
     while w * window <= duration_s + 1e-9:

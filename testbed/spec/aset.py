@@ -92,7 +92,7 @@ class ObservationSpec(StrictModel):
     length per worker is divided by this. ``rtt_scale_ms``: RTTs are divided by this (ms).
     ``clip``: every feature is clipped to [0, clip] so the Gymnasium Box is bounded.
 
-    ``plans`` (sixth round, docs/aset.md): per scenario (its experiment ``name``), the planned
+    ``plans`` (docs/history.md, "ASET rounds"): per scenario (its experiment ``name``), the planned
     policy of each source (sources sorted by name): the per-source static mix that
     ``testbed evaluate --headroom`` finds in the simulator (``oracle.json``'s ``mixes``). When set,
     the observation ends with a one-hot of the source's planned policy, and the agent's
@@ -163,7 +163,7 @@ class AgentSpec(StrictModel):
     of ``batch_size`` every ``train_every`` decisions; the target network is copied every
     ``target_update_steps`` gradient steps. ``huber_delta``: the Huber loss threshold.
 
-    ``plan_margin`` (sixth round, docs/aset.md; needs ``observation.plans``): the greedy decision
+    ``plan_margin`` (docs/history.md, "ASET rounds"; needs ``observation.plans``): the greedy decision
     is ``argmax_a Q(s, a) + plan_margin * [a is the source's planned policy]``, in acting, in the
     double-DQN target's argmax and in the exported policy alike: the agent leaves its plan only
     where it estimates another policy better by more than the margin (a reward unit: success
@@ -186,7 +186,7 @@ class AgentSpec(StrictModel):
 
 
 class RewardSpec(StrictModel):
-    """The reward of one (source, window) decision (docs/aset.md, "Reward").
+    """The reward of one (source, window) decision (docs/aset.md, "The plan-based agents").
 
     ``baseline``: None, or a static policy name: the reward is then the window's success ratio
     minus the success ratio the same source had in the same window of a run where every source
@@ -198,7 +198,7 @@ class RewardSpec(StrictModel):
     ``team_weight`` (0..1, default 0): the share of the reward that is the TEAM's figure, i.e.
     the same difference over the queries of every source created in that window (each
     window's successes over its queries), the rest being the source's own figure:
-    ``r = (1 - team_weight) * own + team_weight * team``. Why (docs/aset.md, third round): the
+    ``r = (1 - team_weight) * own + team_weight * team``. Why (docs/history.md, "ASET rounds"): the
     sources share the clusters, so one source's choice changes the others' outcomes (two sources
     leaving the edges to the cloud lift the other two); a reward of its own queries only cannot
     see that gain. The evaluation's figure is the success ratio over all queries, which is the
@@ -207,7 +207,7 @@ class RewardSpec(StrictModel):
     ``baseline_mix`` (fifth round): per scenario (its experiment ``name``), a per-source
     assignment (one policy per source, sources sorted by name: the order of ``oracle.json``'s
     ``mixes``, written by ``testbed evaluate --headroom``). The baseline run of an episode of that
-    scenario then applies the assignment instead of ``baseline``. Why (docs/aset.md, fifth round):
+    scenario then applies the assignment instead of ``baseline``. Why (docs/history.md, "ASET rounds"):
     the gap left is between ASET and the mix; a baseline run that is the mix's own run is the
     closest to the agent's, so the difference keeps less of the arrivals' noise where the decision
     matters. Scenarios not listed use ``baseline``; :func:`testbed.aset.scenarios.check_reward_baselines`
@@ -343,7 +343,10 @@ class GeneralTrainingSpec(StrictModel):
     with probability ``behaviour_epsilon`` per (window, source). The scorer (``hidden`` widths, ReLU)
     is fitted ``epochs`` passes of ``batch_size`` (Adam at ``learning_rate``, Huber ``huber_delta``),
     whole episodes (``validation_fraction``) held out; the epoch of the lowest validation loss is
-    exported. ``workers``: data episodes simulated at once (``testbed train --jobs`` overrides)."""
+    exported. ``workers``: data episodes simulated at once (``testbed train --jobs`` overrides).
+    ``ensemble`` B >= 2: the export is instead a gated checkpoint (:mod:`testbed.agent.gate`) of B
+    scorers, each fitted on a bootstrap resample of every seed's training episodes, that leaves its
+    default policy only where the ensemble's lower bound of the gain beats its margin; 0: one scorer."""
 
     seeds: list[Seed] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
     export_seed: Seed | None = None
@@ -360,6 +363,7 @@ class GeneralTrainingSpec(StrictModel):
     batch_size: int = Field(128, ge=1)
     validation_fraction: Num = Field(0.2, gt=0, lt=1)
     workers: int = Field(2, ge=1, le=64)
+    ensemble: int = Field(0, ge=0, le=64)
     out_dir: str = "runs/aset-train"
     export_to: str = "models/aset/general"
 
@@ -374,6 +378,8 @@ class GeneralTrainingSpec(StrictModel):
             raise ValueError(f"export_seed: {self.export_seed} is not among the seeds {self.seeds}")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError("seeds: a seed is given twice")
+        if self.ensemble == 1:
+            raise ValueError("ensemble: 0 (one scorer) or at least 2 members (the gate's lower bound needs a spread)")
         return self
 
 
