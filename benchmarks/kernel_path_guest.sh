@@ -38,7 +38,7 @@
 #   shutdown  poweroff in the guest; QEMU exits.
 # The stamps of copy / install / run / fetch / check name the commit: a new commit copies again
 # (install.sh then does only what changed). On exit the script stops the QEMU it started, and only
-# that one. Not part of CI: it takes an hour or more (docs/kernel-path.md has the figures).
+# that one. Not part of CI: it takes an hour or more (docs/history.md ("The kernel path in a QEMU guest") has the figures).
 #
 # Settings (environment): KP_CACHE (default /var/cache/testbed-guest), KP_SSH_PORT (10022),
 # KP_SMP (2), KP_MEM_MB (4096), KP_DISK_GB (16), KP_OUT (<repo>/runs/kernel-path-guest),
