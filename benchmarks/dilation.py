@@ -451,10 +451,11 @@ def cmd_validate(a: argparse.Namespace) -> int:
     out = Path(a.out)
     rows = []
     conditions = [int(h) for h in a.hogs.split(",")]
+    stop_at = _next_utc(a.no_row_after) if a.no_row_after else None
     # each experiment under every condition before the next experiment: a matrix cut short still pairs them
     for path, k_text in ((p, k) for p in a.experiments or [DEFAULT, *SCENARIOS, *HELD_OUT] for k in a.k.split(",")):
         for hogs in conditions:
-            if a.no_row_after and time.strftime("%H:%M", time.gmtime()) >= a.no_row_after:
+            if stop_at is not None and time.time() >= stop_at:
                 print(f"{a.no_row_after} UTC passed: no further row ({Path(path).stem}, hogs {hogs} and after)")
                 break
             rows.append(_validate_cell(path, k_text, hogs, duration, out, a.lock))
@@ -462,8 +463,22 @@ def cmd_validate(a: argparse.Namespace) -> int:
             _write_validation(out, rows, sys.argv[1:])
             if a.result:
                 _validation_result(a.result, rows, sys.argv[1:])
-    print((out / "validate.md").read_text())
+    print((out / "validate.md").read_text() if rows else "(no rows)")
     return 0
+
+
+def _next_utc(hh_mm: str) -> float:
+    """The next instant (epoch s) at which the UTC clock reads ``hh_mm`` (``HH:MM``).
+
+    Raises:
+        ValueError: not ``HH:MM``.
+    """
+    import datetime as dt
+
+    t = dt.datetime.strptime(hh_mm, "%H:%M").time()
+    now = dt.datetime.now(dt.UTC)
+    at = now.replace(hour=t.hour, minute=t.minute, second=0, microsecond=0)
+    return (at if at > now else at + dt.timedelta(days=1)).timestamp()
 
 
 #: The validation's columns on docs/results.md (:func:`_validation_result`).
@@ -598,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lock", default=None, help="take this flock (e.g. /tmp/emu.lock) per row, hogs inside it, "
                    "so that other jobs can emulate between rows (instead of flock around the whole command)")
     p.add_argument("--no-row-after", default=None, metavar="HH:MM",
-                   help="start no row after this UTC time (same day): a deadline cuts the matrix, not a row")
+                   help="start no row after the next time the UTC clock reads HH:MM")
     p.add_argument("--result", default=None, help="also write benchmarks/results/<RESULT>.json (docs/results.md)")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("light")
