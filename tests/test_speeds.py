@@ -294,3 +294,56 @@ def test_the_kernel_takes_the_scaled_quota_and_the_threads_caps():
 def test_cluster_speed_json_round_trip():
     cs = cluster_speed(_target({"m": 2.0}, k=2.0), 0.5, {"m": 1.6}, {"m": 30})
     assert ClusterSpeed.model_validate_json(cs.model_dump_json()) == cs
+
+
+def test_the_pad_counts_from_the_start_of_the_work_and_never_adds_to_a_late_one():
+    """A padded piece of work takes (1 + pad) x its CPU time in all: time the host kept the thread
+    off the CPU is part of it, not added on top; work the host already made slower than that is
+    late (counted), and gets no pad."""
+    from testbed.serve.scheduler import pad_counters, pad_rest_s, pad_to_target
+
+    slept: list[float] = []
+    on_time = pad_to_target(0.5, cpu_s=0.002, elapsed_s=0.0022, sleep=slept.append)  # target 3 ms: 0.8 ms left
+    assert slept == [pytest.approx(0.0008)] and not on_time.late
+    late = pad_to_target(0.5, cpu_s=0.002, elapsed_s=0.0049, sleep=slept.append)  # waited 2.9 ms for the CPU
+    assert len(slept) == 1 and late.late and pad_rest_s(0.5, 0.002, 0.0049) == pytest.approx(-0.0019)
+    counters = pad_counters()
+    for o in (on_time, late):
+        o.count(counters)
+    assert counters == {"timed": 2, "late": 1, "cpu_s": pytest.approx(0.004), "unpadded_s": pytest.approx(0.0071)}
+
+
+def test_a_padded_servers_stats_count_its_calls_cpu_and_the_late_ones():
+    import threading
+
+    from testbed.serve.scheduler import Job, Scheduler
+
+    class Burn:
+        def predict(self, x):
+            t = time.thread_time()
+            while time.thread_time() - t < 0.005:
+                pass
+            return np.zeros((len(x), 2), dtype=np.float32)
+
+    sched = Scheduler({"m": Burn()}, cpu_pad=1.0)
+    sched.start()
+    try:
+        for _ in range(3):
+            done = threading.Event()
+            job = Job(model="m", x=np.zeros((1, 2), dtype=np.float32), done=lambda j, d=done: d.set())
+            assert sched.submit(job) is None and done.wait(30)
+            assert (job.t3 - job.t2) / 1e6 >= 2 * 5.0  # at least (1 + pad) x its CPU time
+    finally:
+        sched.stop()
+    pm = sched.snapshot()["per_model"]["m"]
+    assert pm["served"] == 3 and pm["timed"] == 3 and 0 <= pm["late"] <= 3
+    assert pm["cpu_s"] >= 3 * 0.005 and pm["unpadded_s"] >= pm["cpu_s"] * 0.99
+
+
+def test_unpadded_work_is_timed_and_late_only_beyond_the_tolerance():
+    from testbed.serve.scheduler import LATE_TOLERANCE, pad_to_target
+
+    slept: list[float] = []
+    assert not pad_to_target(0.0, 0.002, 0.002 * (1 + LATE_TOLERANCE / 2), sleep=slept.append).late
+    assert pad_to_target(0.0, 0.002, 0.002 * (1 + 2 * LATE_TOLERANCE), sleep=slept.append).late
+    assert slept == []
