@@ -296,21 +296,21 @@ def test_cluster_speed_json_round_trip():
     assert ClusterSpeed.model_validate_json(cs.model_dump_json()) == cs
 
 
-def test_the_pad_counts_from_the_start_of_the_work_and_never_adds_to_a_late_one():
-    """A padded piece of work takes (1 + pad) x its CPU time in all: time the host kept the thread
-    off the CPU is part of it, not added on top; work the host already made slower than that is
-    late (counted), and gets no pad."""
-    from testbed.serve.scheduler import pad_counters, pad_rest_s, pad_to_target
+def test_the_pad_is_added_to_the_work_and_a_wait_beyond_the_tolerance_is_late():
+    """A padded piece of work sleeps pad x its CPU time after it, whatever it waited (a throttled
+    quota's wait is the emulated system's own time); work that waited for the CPU beyond
+    LATE_TOLERANCE of its target ((1 + pad) x its CPU time) is counted late."""
+    from testbed.serve.scheduler import LATE_TOLERANCE, pad_counters, pad_work
 
     slept: list[float] = []
-    on_time = pad_to_target(0.5, cpu_s=0.002, elapsed_s=0.0022, sleep=slept.append)  # target 3 ms: 0.8 ms left
-    assert slept == [pytest.approx(0.0008)] and not on_time.late
-    late = pad_to_target(0.5, cpu_s=0.002, elapsed_s=0.0049, sleep=slept.append)  # waited 2.9 ms for the CPU
-    assert len(slept) == 1 and late.late and pad_rest_s(0.5, 0.002, 0.0049) == pytest.approx(-0.0019)
+    on_time = pad_work(0.5, cpu_s=0.002, elapsed_s=0.002 + 0.5 * LATE_TOLERANCE * 0.003, sleep=slept.append)
+    late = pad_work(0.5, cpu_s=0.002, elapsed_s=0.0049, sleep=slept.append)  # waited 2.9 ms for the CPU
+    assert slept == [pytest.approx(0.001), pytest.approx(0.001)] and not on_time.late and late.late
     counters = pad_counters()
     for o in (on_time, late):
         o.count(counters)
-    assert counters == {"timed": 2, "late": 1, "cpu_s": pytest.approx(0.004), "unpadded_s": pytest.approx(0.0071)}
+    assert counters == {"timed": 2, "late": 1, "cpu_s": pytest.approx(0.004),
+                        "unpadded_s": pytest.approx(on_time.unpadded_s + 0.0049)}
 
 
 def test_a_padded_servers_stats_count_its_calls_cpu_and_the_late_ones():
@@ -341,9 +341,9 @@ def test_a_padded_servers_stats_count_its_calls_cpu_and_the_late_ones():
 
 
 def test_unpadded_work_is_timed_and_late_only_beyond_the_tolerance():
-    from testbed.serve.scheduler import LATE_TOLERANCE, pad_to_target
+    from testbed.serve.scheduler import LATE_TOLERANCE, pad_work
 
     slept: list[float] = []
-    assert not pad_to_target(0.0, 0.002, 0.002 * (1 + LATE_TOLERANCE / 2), sleep=slept.append).late
-    assert pad_to_target(0.0, 0.002, 0.002 * (1 + 2 * LATE_TOLERANCE), sleep=slept.append).late
+    assert not pad_work(0.0, 0.002, 0.002 * (1 + LATE_TOLERANCE / 2), sleep=slept.append).late
+    assert pad_work(0.0, 0.002, 0.002 * (1 + 2 * LATE_TOLERANCE), sleep=slept.append).late
     assert slept == []

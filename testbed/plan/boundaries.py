@@ -55,8 +55,7 @@ class ServerConfig(_Boundary):
     ``warmup_calls``: calls per model at batch 1 (and at ``max_batch`` when batching) before ready.
     Files: ``stats_file`` rewritten every ``stats_interval_s`` s, ``ready_file`` written once warm.
     ``cpu_pad``: under time dilation k of a cluster below one core, k - 1: each model call and each
-    request's handling is padded to (1 + ``cpu_pad``) x its CPU time since it began
-    (:func:`testbed.serve.scheduler.pad_to_target`)
+    request's handling is followed by a sleep of ``cpu_pad`` x its CPU time
     (:func:`testbed.plan.dilation.nested_cpu` says why); 0 otherwise. ``speed``: the speed check
     the server makes at start-up and the scale it applies (:mod:`testbed.plan.speeds`; its pad
     then replaces ``cpu_pad``); None (a server outside a run): none.

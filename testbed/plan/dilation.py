@@ -28,7 +28,7 @@ events' values in Mbit/s                / k      ``link_bandwidth``, ``link_cong
 ======================================  =======  =================================================
 
 The clusters' CPU: at one core or more, nested cgroups (:func:`nested_cpu`); below, the server pads
-each call and each request's handling to k x its CPU time (:func:`cpu_pad`). With
+each call and each request's handling by (k - 1) x its CPU time (:func:`cpu_pad`). With
 ``emulation.speed: profile`` both also make up for the host's speed: k / s instead of k, s being
 the host's bare call over the profile's (:mod:`testbed.plan.speeds`).
 
@@ -128,10 +128,9 @@ def nested_cpu(cores: float) -> bool:
     under the cluster's quota, :func:`testbed.core.cgroups.cap_threads`): at one core or more. Below
     one core cgroup v1 refuses a child whose quota/period exceeds its parent's (c / k < 1 / k:
     ``tg_cfs_schedulable_down`` in kernel/sched/core.c returns EINVAL), so there the server pads
-    each model call and each request's handling with a sleep until it has taken k x its CPU time
-    since it began instead (``ServerConfig.cpu_pad``, :func:`testbed.serve.scheduler.pad_to_target`):
-    on the wall clock the work takes k x its CPU time (or longer, when the host kept it off the CPU
-    for longer), inside the same cluster quota."""
+    each model call and each request's handling with a sleep of (k - 1) x its CPU time instead
+    (``ServerConfig.cpu_pad``): on the wall clock the work takes k x its CPU time, inside the same
+    cluster quota."""
     return cores >= 1.0
 
 

@@ -32,10 +32,8 @@ equally.
   cluster's calls take as long as the profile says too: at one core or more each thread of the
   server is capped at s / k core (1 ms per k / s ms, nested cgroups:
   :func:`testbed.core.cgroups.cap_threads`); below one core each model call and each request's
-  handling is padded with a sleep until it has taken k / s x its CPU time since it began
-  (:attr:`ClusterSpeed.cpu_pad`; :func:`testbed.serve.scheduler.pad_to_target`: a wait for the CPU
-  counts in it, and a call the host made slower than that already is counted late in the server's
-  stats; :func:`testbed.plan.dilation.nested_cpu` says why).
+  handling is followed by a sleep of (k / s - 1) x its CPU time (:attr:`ClusterSpeed.cpu_pad`;
+  :func:`testbed.plan.dilation.nested_cpu` says why).
 
 What is left is each model's residual factor, factor_m / s: 1 for a cluster of one model, the
 spread of its models' factors around s for a cluster of several (the simulator can take it:

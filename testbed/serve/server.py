@@ -51,8 +51,8 @@ Endpoints (TensorFlow Serving REST API, https://www.tensorflow.org/tfx/serving/a
   (reads that came without a kernel timestamp: their T1 is the read's time), ``uptime_s``,
   ``utilization`` = busy_s / (uptime_s x workers), ``per_model`` (per model: ``served``, ``busy_s``, and
   the calls' speed: ``timed`` calls, their ``cpu_s`` and wall time before the pad ``unpadded_s``, and
-  the ``late`` ones, which the host ran slower than their target before any pad:
-  :func:`testbed.serve.scheduler.pad_to_target`).
+  the ``late`` ones, which waited for the CPU (quota or host) beyond 10 % of their target:
+  :func:`testbed.serve.scheduler.pad_work`).
 
 The same stats JSON goes to ``stats_file`` every ``stats_interval_s`` s (atomic) and once more
 on SIGTERM / SIGINT, after which the server finishes in-flight queries (up to 5 s), stops and
@@ -87,7 +87,7 @@ from testbed.serve.payload import (
     parse_predict_body,
     predict_response,
 )
-from testbed.serve.scheduler import Job, Scheduler, pad_rest_s
+from testbed.serve.scheduler import Job, Scheduler
 from testbed.serve.speed import measure as measure_speed
 from testbed.serve.zoo import check_answers, configure_tf_threads, load_model
 
@@ -104,9 +104,8 @@ class InferenceServer:
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
                  service_ms: dict[str, float] | None = None, cpu_pad: float = 0.0):
         """``models``: name -> loaded variant (``predict``, ``input_shape``, ``classes``, ``info``, ``runtime``).
-        ``cpu_pad``: each request's handling (and each model call, :class:`Scheduler`) is padded to
-        (1 + ``cpu_pad``) x its CPU time since it began (a time-dilated cluster below one core, or
-        a host faster than the profile: :func:`testbed.serve.scheduler.pad_to_target`).
+        ``cpu_pad``: each request's handling (and each model call, :class:`Scheduler`) is followed
+        by a sleep of ``cpu_pad`` x its CPU time (a time-dilated cluster below one core).
 
         Raises:
             ValueError: a bad scheduler setting.
@@ -171,12 +170,12 @@ class InferenceServer:
                 except ValueError:
                     raise RequestError(400, f"X-Testbed-Deadline-Ns {deadline[:40]!r} is not an integer "
                                             "(absolute deadline, ns since the epoch)") from None
-            cpu0, wall0 = time.thread_time(), time.monotonic()
+            cpu0 = time.thread_time()
             x, columnar = parse_predict_body(body, model.input_shape)
         except RequestError as exc:
             return self._error(exc.status, str(exc))
-        if self.cpu_pad:  # the handling at the speed asked (a time-dilated cluster below one core; speeds)
-            await self._pad(time.thread_time() - cpu0, time.monotonic() - wall0)
+        if self.cpu_pad:  # the handling at 1 / k speed (a time-dilated cluster below one core)
+            await asyncio.sleep(self.cpu_pad * (time.thread_time() - cpu0))
         t1h = time.time_ns()
         headers = {"X-Testbed-T1": str(t1), "X-Testbed-T1h": str(t1h),
                    "X-Testbed-Queue-Len": str(self.scheduler.queue_len()),
@@ -198,23 +197,14 @@ class InferenceServer:
         headers.update({"X-Testbed-T2": str(job.t2), "X-Testbed-T3": str(job.t3), "X-Testbed-Batch": str(job.batch)})
         if job.error is not None or job.result is None:
             return self._error(500, f"inference failed in model {name!r}: {job.error}", headers, count=False)
-        cpu0, wall0 = time.thread_time(), time.monotonic()
+        cpu0 = time.thread_time()
         answer = encode_json(predict_response(job.result, columnar))
         cpu = time.thread_time() - cpu0
         self.answer_cpu_s += cpu
-        if self.cpu_pad:  # the encoding at the speed asked, as the request's decoding
-            await self._pad(cpu, time.monotonic() - wall0)
+        if self.cpu_pad:  # the encoding at 1 / k speed, as the request's decoding
+            await asyncio.sleep(self.cpu_pad * cpu)
         headers["X-Testbed-T3h"] = str(time.time_ns())  # encoded; aiohttp writes it as the handler returns
         return web.Response(body=answer, headers=headers, content_type="application/json")
-
-    async def _pad(self, cpu_s: float, elapsed_s: float) -> None:
-        """The event loop's pad after a request's decoding or an answer's encoding: the rest of
-        (1 + ``cpu_pad``) x its CPU time since it began (:func:`testbed.serve.scheduler.pad_to_target`,
-        the rule of the model calls' pad: :func:`~testbed.serve.scheduler.pad_rest_s`), slept without
-        holding the loop."""
-        rest = pad_rest_s(self.cpu_pad, cpu_s, elapsed_s)
-        if rest > 0:
-            await asyncio.sleep(rest)
 
     def _arrived_ns(self, request: web.Request) -> int:
         """When the request's last byte reached the host (:mod:`testbed.serve.rxstamp`): the kernel's
