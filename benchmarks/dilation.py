@@ -20,7 +20,11 @@ Run from the repository root (root; every emulation under the shared lock: ``flo
     queries) of both engines, the run's own "too small a k" check, and the targets judged
     (:data:`TARGETS`: success within 3 points, e2e p50 and p95 within 10 %, every stage's median
     within 1 ms or 10 %). Writes ``validate.json`` (rows, targets, the command), ``validate.csv`` and
-    ``validate.md`` under ``--out`` (replaced, not appended).
+    ``validate.md`` under ``--out`` (replaced, not appended); each row also has the host's load average
+    before it (``load_before``; the machine may be shared). ``--lock /tmp/emu.lock`` takes the lock per
+    row (hogs inside it) instead of around the whole matrix; ``--result NAME`` also writes
+    ``benchmarks/results/NAME.json`` (docs/results.md); ``--no-row-after HH:MM`` starts no row after
+    that UTC time.
 ``python -m benchmarks.dilation light [--ks 1,4] [--duration 20s]``
     a light experiment (the triangle, 4 q/s per source) at each k: success ratio with its 95 %
     Wilson interval and e2e p50 with its 95 % order-statistic interval.
@@ -54,8 +58,9 @@ SCENARIOS = sorted(str(p) for p in (REPO / "experiments").glob("scenario-*.yaml"
 DEFAULT = str(REPO / "experiments" / "default.yaml")
 HELD_OUT = [str(REPO / "experiments" / "generated" / "held-out" / f"gen-heldout-{i}.yaml") for i in (1, 2, 3)]
 #: The validation's targets (issue: one experiment, one answer on any host): success within 3
-#: points; e2e p50 and p95 within 10 %; every stage's median within 1 ms or 10 %.
-TARGETS = {"success_points": 3.0, "e2e_pct": 10.0, "stage_ms": 1.0, "stage_pct": 10.0}
+#: points; e2e p50 and p95 within 10 %; every stage's median within 1 ms or 10 %; the network
+#: excess p50 (network time over the path's expected RTT) within 2 ms of the simulator's.
+TARGETS = {"success_points": 3.0, "e2e_pct": 10.0, "stage_ms": 1.0, "stage_pct": 10.0, "excess_ms": 2.0}
 #: The per-query stages (records' columns, ms) whose medians are compared.
 STAGES = ("dispatch", "network", "handling", "queueing", "inference")
 #: A CPU hog (``--hogs``): not niced, so it competes with the emulation.
@@ -317,10 +322,15 @@ def _pct(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else 100.0 * (a - b) / b
 
 
-def judge_row(emu: dict, sim: dict, success_emu: float | None, success_sim: float | None) -> dict:
+def judge_row(emu: dict, sim: dict, success_emu: float | None, success_sim: float | None,
+              excess_emu: float | None = None, excess_sim: float | None = None) -> dict:
     """The targets (:data:`TARGETS`) judged on one row: per figure its difference and whether it
-    is within (None: not measured in both engines), and ``all_ok``."""
+    is within (None: not measured in both engines), and ``all_ok``. ``excess_*``: the network
+    excess p50 (ms) of each engine's summary."""
     row: dict = {}
+    dx = None if excess_emu is None or excess_sim is None else excess_emu - excess_sim
+    row["d_excess_p50_ms"] = dx
+    row["excess_ok"] = None if dx is None else abs(dx) <= TARGETS["excess_ms"]
     d = None if success_emu is None or success_sim is None else 100 * (success_emu - success_sim)
     row["d_success_pts"] = d
     row["success_ok"] = None if d is None else abs(d) <= TARGETS["success_points"]
@@ -339,6 +349,10 @@ def judge_row(emu: dict, sim: dict, success_emu: float | None, success_sim: floa
     return row
 
 
+def _excess_p50(s: dict) -> float | None:
+    return (s.get("network_excess_ms") or {}).get("p50")
+
+
 def _validate_row(path: str, k_text: str, hogs: int, duration: float, out: Path) -> dict:
     from testbed.plan.dilation import with_time_dilation
 
@@ -353,17 +367,20 @@ def _validate_row(path: str, k_text: str, hogs: int, duration: float, out: Path)
     row = {"experiment": Path(path).stem, "hogs": hogs, "k_asked": k_text, "k": s_emu.get("k"),
            "auto_s": s_emu.get("auto_s"), "wall_s": round(wall, 1), "exit": s_emu["exit_code"],
            "queries": s_emu.get("queries"), "success_emu": s_emu.get("success_ratio"),
-           "success_sim": s_sim.get("success_ratio"),
+           "success_sim": s_sim.get("success_ratio"), "excess_p50_emu": _excess_p50(s_emu),
+           "excess_p50_sim": _excess_p50(s_sim),
            **{f"{q}_{eng}": fig.get(q) for eng, fig in (("emu", e), ("sim", m)) for q in ("e2e_p50", "e2e_p95")},
            **{f"{st}_{eng}": fig.get(st) for eng, fig in (("emu", e), ("sim", m)) for st in STAGES},
            "k_too_small": check.get("too_small"), "run_dir": str(run_dir), "sim_dir": str(sim_dir)}
-    row.update(judge_row(e, m, s_emu.get("success_ratio"), s_sim.get("success_ratio")))
+    row.update(judge_row(e, m, s_emu.get("success_ratio"), s_sim.get("success_ratio"), _excess_p50(s_emu),
+                         _excess_p50(s_sim)))
     return row
 
 
 #: The Markdown table's columns (the JSON and CSV have every field).
-MD_COLUMNS = ["experiment", "hogs", "k", "auto_s", "wall_s", "exit", "queries", "success_emu", "success_sim",
-              "d_success_pts", "e2e_p50_emu", "e2e_p50_sim", "e2e_p95_emu", "e2e_p95_sim",
+MD_COLUMNS = ["experiment", "hogs", "load_before", "k", "auto_s", "wall_s", "exit", "queries", "success_emu",
+              "success_sim", "d_success_pts", "e2e_p50_emu", "e2e_p50_sim", "e2e_p95_emu", "e2e_p95_sim",
+              "excess_p50_emu", "excess_p50_sim",
               *[f"d_{st}_ms" for st in STAGES], "k_too_small", "all_ok"]
 
 
@@ -379,8 +396,52 @@ def _write_validation(out: Path, rows: list[dict], argv: list[str]) -> None:
     (out / "validate.md").write_text(
         f"# Validation matrix\n\n`{doc['command']}`\n\nTargets: success within {TARGETS['success_points']:g} "
         f"points, e2e p50 and p95 within {TARGETS['e2e_pct']:g} %, every stage's median within "
-        f"{TARGETS['stage_ms']:g} ms or {TARGETS['stage_pct']:g} % (d_<stage>_ms: emulated - simulated median). "
+        f"{TARGETS['stage_ms']:g} ms or {TARGETS['stage_pct']:g} % (d_<stage>_ms: emulated - simulated median), "
+        f"network excess p50 within {TARGETS['excess_ms']:g} ms. load_before: the host's 1-minute load average "
+        f"before the row (other jobs on the shared machine). "
         f"{ok} of {len(rows)} rows meet every target.\n\n{md}\n")
+
+
+class Lock:
+    """The shared emulation lock (``flock`` on ``path``) while inside; nothing when ``path`` is None.
+    ``waited_s``: how long it took to get it."""
+
+    def __init__(self, path: str | None):
+        self.path, self.fd, self.waited_s = path, None, 0.0
+
+    def __enter__(self) -> Lock:
+        if self.path:
+            import fcntl
+
+            t = time.monotonic()
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            self.waited_s = time.monotonic() - t
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+
+def _validate_cell(path: str, k_text: str, hogs: int, duration: float, out: Path, lock: str | None) -> dict:
+    """One row of the matrix: under the lock (when given) the hogs, then the row; the host's load
+    average before the hogs start and after the row (before they stop)."""
+    with Lock(lock) as held:
+        load_before = os.getloadavg()[0]
+        t = time.monotonic()
+        with Hogs(hogs):
+            try:
+                row = _validate_row(path, k_text, hogs, duration, out)
+            except Exception as exc:  # noqa: BLE001 - a row that fails is a row, not the end of the matrix
+                row = {"experiment": Path(path).stem, "hogs": hogs, "k_asked": k_text,
+                       "error": f"{type(exc).__name__}: {exc}", "all_ok": False}
+            load_after = os.getloadavg()[0]
+        row.update(load_before=round(load_before, 2), load_after=round(load_after, 2),
+                   lock_wait_s=round(held.waited_s, 1), row_wall_s=round(time.monotonic() - t, 1),
+                   at_utc=time.strftime("%H:%M", time.gmtime()))
+    return row
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
@@ -389,21 +450,70 @@ def cmd_validate(a: argparse.Namespace) -> int:
     duration = parse_duration_s(a.duration, item="--duration")
     out = Path(a.out)
     rows = []
-    for hogs in (int(h) for h in a.hogs.split(",")):
-        with Hogs(hogs):
-            for path, k_text in ((p, k) for p in a.experiments or [DEFAULT, *SCENARIOS, *HELD_OUT]
-                                 for k in a.k.split(",")):
-                t = time.monotonic()
-                try:
-                    rows.append(_validate_row(path, k_text, hogs, duration, out))
-                except Exception as exc:  # noqa: BLE001 - a row that fails is a row, not the end of the matrix
-                    rows.append({"experiment": Path(path).stem, "hogs": hogs, "k_asked": k_text,
-                                 "error": f"{type(exc).__name__}: {exc}", "all_ok": False})
-                rows[-1]["row_wall_s"] = round(time.monotonic() - t, 1)
-                print(json.dumps(rows[-1], default=str), flush=True)
-                _write_validation(out, rows, sys.argv[1:])
-    print((out / "validate.md").read_text())
+    conditions = [int(h) for h in a.hogs.split(",")]
+    stop_at = _next_utc(a.no_row_after) if a.no_row_after else None
+    # each experiment under every condition before the next experiment: a matrix cut short still pairs them
+    for path, k_text in ((p, k) for p in a.experiments or [DEFAULT, *SCENARIOS, *HELD_OUT] for k in a.k.split(",")):
+        for hogs in conditions:
+            if stop_at is not None and time.time() >= stop_at:
+                print(f"{a.no_row_after} UTC passed: no further row ({Path(path).stem}, hogs {hogs} and after)")
+                break
+            rows.append(_validate_cell(path, k_text, hogs, duration, out, a.lock))
+            print(json.dumps(rows[-1], default=str), flush=True)
+            _write_validation(out, rows, sys.argv[1:])
+            if a.result:
+                _validation_result(a.result, rows, sys.argv[1:])
+    print((out / "validate.md").read_text() if rows else "(no rows)")
     return 0
+
+
+def _next_utc(hh_mm: str) -> float:
+    """The next instant (epoch s) at which the UTC clock reads ``hh_mm`` (``HH:MM``).
+
+    Raises:
+        ValueError: not ``HH:MM``.
+    """
+    import datetime as dt
+
+    t = dt.datetime.strptime(hh_mm, "%H:%M").time()
+    now = dt.datetime.now(dt.UTC)
+    at = now.replace(hour=t.hour, minute=t.minute, second=0, microsecond=0)
+    return (at if at > now else at + dt.timedelta(days=1)).timestamp()
+
+
+#: The validation's columns on docs/results.md (:func:`_validation_result`).
+RESULT_COLUMNS = ["experiment", "hogs", "load_before", "k", "auto_s", "wall_s", "exit", "success_emu", "success_sim",
+                  "d_success_pts", "e2e_p50_emu", "e2e_p50_sim", "d_e2e_p50_pct", "excess_p50_emu", "excess_p50_sim",
+                  "d_network_ms", "d_handling_ms", "d_queueing_ms", "d_inference_ms", "all_ok"]
+
+
+def _validation_result(name: str, rows: list[dict], argv: list[str]) -> Path:
+    """The matrix as a results source file (:func:`benchmarks.resultfile.write_result`), the
+    targets judged in its summary."""
+    from benchmarks.resultfile import write_result
+
+    def cell(v):
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else (
+            round(v, 3) if isinstance(v, float) else v)
+
+    def met(key: str) -> str:
+        judged = [r for r in rows if r.get(key) is not None]
+        return f"{sum(bool(r[key]) for r in judged)}/{len(judged)}"
+
+    ok = sum(bool(r.get("all_ok")) for r in rows)
+    summary = (f"{len(rows)} rows: success within {TARGETS['success_points']:g} points in {met('success_ok')}, "
+               f"e2e p50 within {TARGETS['e2e_pct']:g} % in {met('e2e_p50_ok')}, network excess p50 within "
+               f"{TARGETS['excess_ms']:g} ms in {met('excess_ok')}; every target in {ok}/{len(rows)}.")
+    errors = [f"{r['experiment']} (hogs {r['hogs']}): {r['error']}" for r in rows if r.get("error")]
+    notes = ["Shared 2-core machine: other helpers' jobs ran beside every row (load_before: the 1-minute load "
+             "average before the row's hogs started); 'hogs 0' is the machine as it was, not a quiet host.",
+             "d_*: emulated - simulated (points, %, ms medians of answered queries); the simulator runs the same "
+             "plan and seed at k = 1.", *errors]
+    return write_result(name, "Time dilation: the validation matrix (emulation at auto k against the simulator)",
+                        "python -m benchmarks.dilation " + " ".join(argv),
+                        [{"caption": "one row per experiment and condition (hogs: un-niced CPU hogs beside the run)",
+                          "columns": RESULT_COLUMNS, "rows": [[cell(r.get(c)) for c in RESULT_COLUMNS] for r in rows]}],
+                        summary=summary, notes=notes)
 
 
 # ----------------------------------------------------------------------------- light
@@ -500,6 +610,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", default="auto")
     p.add_argument("--duration", default="20s")
     p.add_argument("--hogs", default="0", help="conditions, comma-separated: CPU hogs beside the runs (e.g. 0,2)")
+    p.add_argument("--lock", default=None, help="take this flock (e.g. /tmp/emu.lock) per row, hogs inside it, "
+                   "so that other jobs can emulate between rows (instead of flock around the whole command)")
+    p.add_argument("--no-row-after", default=None, metavar="HH:MM",
+                   help="start no row after the next time the UTC clock reads HH:MM")
+    p.add_argument("--result", default=None, help="also write benchmarks/results/<RESULT>.json (docs/results.md)")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("light")
     p.add_argument("--ks", default="1,4")

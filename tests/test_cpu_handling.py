@@ -268,3 +268,25 @@ def test_host_speeds_native_log_line_goes_to_the_log_not_the_console(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "XNNPACK delegate" in log.read_text()
     assert "XNNPACK" not in res.stderr and res.stderr.strip() == "after hand_lite"  # fd 2 restored after the block
+
+
+def test_every_shipped_row_has_its_answer_side_and_a_row_without_it_is_refused(tmp_path):
+    """The answer's writing (t3 -> t3h) is part of the handling in both engines: the simulator
+    charges ``answer_ms`` after the call. A row without it would leave the simulator's t3h at t3
+    while the emulation's server takes its time to encode the answer."""
+    import json
+
+    profiles = REPO_ROOT / "models" / "profiles"
+    doc = json.loads((profiles / "handling.json").read_text())
+    rows = [(v, None, r) for v, r in doc["variants"].items()]
+    rows += [(v, rt, r) for v, by in doc.get("other_runtimes", {}).items() for rt, r in by.items()]
+    assert [f"{v}/{rt}" for v, rt, r in rows if "answer_ms" not in r] == []
+    for v, rt, _r in rows:
+        got = figures.measured_row(profiles, v, rt)
+        assert 0.0 <= got["answer_ms"] <= got["handling_ms"]
+    assert any(figures.measured_row(profiles, v, rt)["answer_ms"] > 0 for v, rt, _ in rows)
+    old = dict(doc["variants"]["digits_small"])
+    del old["answer_ms"]
+    (tmp_path / "handling.json").write_text(json.dumps({"schema": 1, "variants": {"digits_small": old}}))
+    with pytest.raises(zoo.ZooError, match=r"digits_small.*no answer_ms.*--variants digits_small"):
+        figures.measured_row(tmp_path, "digits_small")

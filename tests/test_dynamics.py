@@ -162,6 +162,26 @@ def test_a_change_that_fires_late_or_not_at_all_stops_the_run(tmp_path):
     r.check_on_time(130.0, duration_s=12.0)  # events.2 (20 s) is after the 12 s load: it never counts
 
 
+def test_an_event_is_late_by_the_emulated_clock_under_dilation(tmp_path):
+    """Under dilation k the plan's change times are on the wall clock (k x the scenario's): a change
+    is late after 1 emulated second, k wall seconds, not after 1 wall second."""
+    from types import SimpleNamespace
+
+    from testbed.core.errors import RunFailure
+    from testbed.emu.events import EventRunner
+
+    k = 4.0
+    changes = [Change(t_s=3.0 * k, kind="cluster_down", event=0, cluster="edgeb")]  # 3 s emulated
+    r = EventRunner(SimpleNamespace(run_dir=tmp_path, plan=SimpleNamespace(time_dilation=k)), None, changes,
+                    t0_s=100.0)
+    r.check_on_time(100.0 + 12.0 + 3.9, duration_s=40.0)  # 3.9 wall s = 0.975 emulated s: on time
+    with pytest.raises(RunFailure, match=r"events.0 \(cluster_down edgeb\) planned at 3 s has not fired 1.1 s after "
+                                         r"its time \(4.4 s on the wall clock at k = 4\) \(more than 1 s\)"):
+        r.check_on_time(100.0 + 12.0 + 4.4, duration_s=40.0)
+    r.rows.append(r._row(changes[0], 100.0 + 12.0 + 3.5, None, None, "", None, None, "server killed"))
+    r.check_on_time(200.0, duration_s=40.0)  # fired 3.5 wall s = 0.875 emulated s after its time
+
+
 def test_a_packet_train_never_outlasts_its_bound():
     """Below ~0.1 Mbit/s no train of 8 full frames fits in 1 s: the rate is applied, not measured
     (returned before any probe is asked: no emulation needed)."""

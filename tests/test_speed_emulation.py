@@ -8,7 +8,15 @@ day: the measured inference_ms median of each (cluster, model) whose profiled ca
 model's residual factor: testbed.plan.speeds.apply_speeds). A shorter call (digits_small, 0.3 ms)
 is mostly TensorFlow's per-call overhead, which the bare call's speed does not measure (the
 host-speed check leaves such models out for the same reason): its figures are reported, not held
-to the bound. Root only, marked ``emulation``; run under ``flock /tmp/emu.lock``."""
+to the bound.
+
+On a busy host a call waits for the CPU (other processes, or the hypervisor's steal time, which a
+guest's CPU sampler does not see as busy), and the pad (k / s - 1) x its CPU time comes on top of
+that: the server counts a call that waited beyond 10 % of its target as late
+(testbed.serve.scheduler.pad_work). When most calls of a held (cluster, model) were late, its median
+is beyond the bound before any pad and no pad can bring it back: the test skips and says so, with
+the calls' CPU and wall time. Root only, marked ``emulation``; run
+under ``flock /tmp/emu.lock``."""
 
 from __future__ import annotations
 
@@ -34,6 +42,10 @@ DURATION_S = 15.0
 BOUND = 0.10
 #: Calls held to the bound: those the profile times at this many ms or more.
 LEAST_CALL_MS = 1.0
+#: Above this share of late calls (a call that waited for the CPU beyond 10 % of its target,
+#: (1 + pad) x its CPU time: testbed.serve.scheduler.LATE_TOLERANCE, the bound) the median call is
+#: a late one, beyond the bound before any pad: the host cannot reach the profile.
+LATE_SHARE = 0.5
 
 pytestmark = [pytest.mark.emulation, pytest.mark.skipif(os.geteuid() != 0, reason="emulation needs root")]
 
@@ -77,9 +89,31 @@ def test_triangle_runs_at_its_profiles_speed(tmp_path):
     assert len(pairs) == 4, pairs  # random dispatch reaches every option
     held = [(c, m) for c, m in pairs if speeds.clusters[c].models[m].profile_ms >= LEAST_CALL_MS]
     assert {m for _, m in held} == {"digits_large"} and len(held) == 2
+    pads = {c: json.loads((run_dir / "clusters" / f"{c}.stats.json").read_text())["per_model"] for c in speeds.clusters}
     figures = "; ".join(f"{c}/{m} emulated {med['emu'].get((c, m), float('nan')):.3f} ms against "
-                        f"{med['sim'][(c, m)]:.3f} ms simulated (factor {speeds.clusters[c].models[m].factor:.2f}"
-                        f"{'' if (c, m) in held else ', not held to the bound'})" for c, m in pairs)
+                        f"{med['sim'][(c, m)]:.3f} ms simulated (factor {speeds.clusters[c].models[m].factor:.2f}, "
+                        f"{_pad_figures(pads[c][m])}{'' if (c, m) in held else ', not held to the bound'})"
+                        for c, m in pairs)
+    late = {(c, m): _late_share(pads[c][m]) for c, m in held}
+    if any(v > LATE_SHARE for v in late.values()):  # the median call ran slower than the profile before any pad
+        pytest.skip("the host could not run the calls at the profile's speed: "
+                    + ", ".join(f"{c}/{m} {v:.0%} of its calls waited for the CPU beyond 10 % of their target"
+                                for (c, m), v in late.items() if v > LATE_SHARE)
+                    + f" (the host kept their thread off the CPU: a busy machine; {figures})")
     assert_unless_saturated(run_dir, {
         f"{c}/{m}'s inference_ms median within {BOUND:.0%} of the profile's":
             abs(med["emu"].get((c, m), float("inf")) / med["sim"][(c, m)] - 1) <= BOUND for c, m in held}, figures)
+
+
+def _late_share(pm: dict) -> float:
+    """The share of a (cluster, model)'s calls that were late (the server's ``per_model`` counters,
+    testbed.serve.scheduler.pad_work); 0 when none was timed."""
+    return pm.get("late", 0) / pm["timed"] if pm.get("timed") else 0.0
+
+
+def _pad_figures(pm: dict) -> str:
+    n = pm.get("timed", 0)
+    if not n:
+        return "no call timed"
+    return (f"{pm['late']}/{n} calls late, CPU {1e3 * pm['cpu_s'] / n:.3f} ms and wall before the pad "
+            f"{1e3 * pm['unpadded_s'] / n:.3f} ms per call")

@@ -279,3 +279,56 @@ def test_the_kernel_takes_the_scaled_quota_and_the_threads_caps():
 def test_cluster_speed_json_round_trip():
     cs = cluster_speed(_target({"m": 2.0}, k=2.0), 0.5, {"m": 1.6}, {"m": 30})
     assert ClusterSpeed.model_validate_json(cs.model_dump_json()) == cs
+
+
+def test_the_pad_is_added_to_the_work_and_a_wait_beyond_the_tolerance_is_late():
+    """A padded piece of work sleeps pad x its CPU time after it, whatever it waited (a throttled
+    quota's wait is the emulated system's own time); work that waited for the CPU beyond
+    LATE_TOLERANCE of its target ((1 + pad) x its CPU time) is counted late."""
+    from testbed.serve.scheduler import LATE_TOLERANCE, pad_counters, pad_work
+
+    slept: list[float] = []
+    on_time = pad_work(0.5, cpu_s=0.002, elapsed_s=0.002 + 0.5 * LATE_TOLERANCE * 0.003, sleep=slept.append)
+    late = pad_work(0.5, cpu_s=0.002, elapsed_s=0.0049, sleep=slept.append)  # waited 2.9 ms for the CPU
+    assert slept == [pytest.approx(0.001), pytest.approx(0.001)] and not on_time.late and late.late
+    counters = pad_counters()
+    for o in (on_time, late):
+        o.count(counters)
+    assert counters == {"timed": 2, "late": 1, "cpu_s": pytest.approx(0.004),
+                        "unpadded_s": pytest.approx(on_time.unpadded_s + 0.0049)}
+
+
+def test_a_padded_servers_stats_count_its_calls_cpu_and_the_late_ones():
+    import threading
+
+    from testbed.serve.scheduler import Job, Scheduler
+
+    class Burn:
+        def predict(self, x):
+            t = time.thread_time()
+            while time.thread_time() - t < 0.005:
+                pass
+            return np.zeros((len(x), 2), dtype=np.float32)
+
+    sched = Scheduler({"m": Burn()}, cpu_pad=1.0)
+    sched.start()
+    try:
+        for _ in range(3):
+            done = threading.Event()
+            job = Job(model="m", x=np.zeros((1, 2), dtype=np.float32), done=lambda j, d=done: d.set())
+            assert sched.submit(job) is None and done.wait(30)
+            assert (job.t3 - job.t2) / 1e6 >= 2 * 5.0  # at least (1 + pad) x its CPU time
+    finally:
+        sched.stop()
+    pm = sched.snapshot()["per_model"]["m"]
+    assert pm["served"] == 3 and pm["timed"] == 3 and 0 <= pm["late"] <= 3
+    assert pm["cpu_s"] >= 3 * 0.005 and pm["unpadded_s"] >= pm["cpu_s"] * 0.99
+
+
+def test_unpadded_work_is_timed_and_late_only_beyond_the_tolerance():
+    from testbed.serve.scheduler import LATE_TOLERANCE, pad_work
+
+    slept: list[float] = []
+    assert not pad_work(0.0, 0.002, 0.002 * (1 + LATE_TOLERANCE / 2), sleep=slept.append).late
+    assert pad_work(0.0, 0.002, 0.002 * (1 + 2 * LATE_TOLERANCE), sleep=slept.append).late
+    assert slept == []

@@ -23,7 +23,7 @@ measured (``unit``), the ``tolerance`` the measurement is judged with and whethe
 
 A change that cannot be applied, or whose measurement cannot be taken, stops the runner; the
 error is kept in :attr:`EventRunner.error` and the run stops with it. So does a change that is
-:data:`EVENT_LATE_S` late (:meth:`EventRunner.check_on_time`, which the run calls as the load goes
+:data:`EVENT_LATE_S` late in emulated time (:meth:`EventRunner.check_on_time`, which the run calls as the load goes
 and once it ends). A measurement outside its tolerance is recorded (``ok`` 0) and shown, not fatal.
 """
 
@@ -48,8 +48,9 @@ EVENTS_FIELDS = ["event", "step", "kind", "target", "planned_s", "applied_s", "l
 WINDOW_MARGIN_S = PREPARE_S + 0.02
 #: After the runner is stopped, a restart still running gets this long (s) before its row is closed.
 RESTART_JOIN_S = 1.0
-#: A change that fires this long (s) after its planned time, or has not fired by then, stops the run
-#: (:meth:`EventRunner.check_on_time`): the run would measure another scenario than the one planned.
+#: A change that fires this long (emulated s: k x as long on the wall clock under dilation k) after
+#: its planned time, or has not fired by then, stops the run (:meth:`EventRunner.check_on_time`):
+#: the run would measure another scenario than the one planned.
 #: Changes fire well within it here (events.csv ``lag_ms``; docs/network-dynamics.md).
 EVENT_LATE_S = 1.0
 
@@ -178,26 +179,33 @@ class EventRunner(threading.Thread):
         return row
 
     def check_on_time(self, now: float, duration_s: float) -> None:
-        """Raise when a change planned inside the ``duration_s`` load fired more than
-        :data:`EVENT_LATE_S` after its time, or has not fired that long after it (``now``, epoch s).
+        """Raise when a change planned inside the ``duration_s`` load (wall s, as the plan this
+        runner is given) fired more than :data:`EVENT_LATE_S` emulated seconds after its time, or
+        has not fired that long after it (``now``, epoch s). Lateness is judged on the emulated
+        clock (:attr:`clock`): the scenario is planned in emulated time, so under dilation k a change
+        may be up to k x :data:`EVENT_LATE_S` late on the wall clock.
 
         Raises:
-            RunFailure: (exit code 4) naming the change, how late it is and what the runner was
-                doing (e.g. a long measurement of the change before it).
+            RunFailure: (exit code 4) naming the change, how late it is (emulated s, and wall s
+                under dilation) and what the runner was doing (e.g. a long measurement of the
+                change before it).
         """
+        c = self.clock
         fired = {(r["event"], r["step"]): r for r in list(self.rows)}
         for ch in self.changes:
             if ch.t_s >= duration_s:
                 continue
             row = fired.get((ch.event, ch.step))
             fired_at = float(row["applied_unix_s"]) if row is not None else now  # wall clock, as ch.t_s
-            late = fired_at - self.t0_s - ch.t_s
+            late_wall = fired_at - self.t0_s - ch.t_s
+            late = c.emulated(late_wall)
             if late > EVENT_LATE_S:
                 what = "fired" if row is not None else "has not fired"
                 doing = f"; the event runner was busy with {self.busy}" if self.busy else ""
-                raise RunFailure(f"events.{ch.event} ({ch.kind} {target_of(ch)}) planned at {ch.t_s:g} s {what} "
-                                 f"{late:.1f} s after its time (more than {EVENT_LATE_S:g} s){doing}: the run would "
-                                 f"measure another scenario than the one planned", EXIT_COMPONENT_DIED)
+                wall = f" ({late_wall:.1f} s on the wall clock at k = {c.k:g})" if c.dilated else ""
+                raise RunFailure(f"events.{ch.event} ({ch.kind} {target_of(ch)}) planned at {c.emulated(ch.t_s):g} s "
+                                 f"{what} {late:.1f} s after its time{wall} (more than {EVENT_LATE_S:g} s){doing}: "
+                                 f"the run would measure another scenario than the one planned", EXIT_COMPONENT_DIED)
 
     def _apply_group(self, group: list[Change], prepared: list, next_fire: float, done: Callable[[dict], None]) -> None:
         """Apply every change of one instant (each row shown as it fires), wait for their windows,

@@ -3,7 +3,9 @@ measured by :mod:`testbed.serve.handling` (its docstring has the method and the 
 
 Per variant: ``handling_ms``, the CPU a server spends on each query beside the model call (its
 event loop reading the request and writing the answer), ``answer_ms`` of it the answer's side
-(encoding it; 0 in a row measured before it was: the whole handling then counts as the request's),
+(encoding it: the server's writing of the answer, t3 -> t3h, which both engines put in ``handling_ms``
+after the model call; a row without it, measured before it was, is refused with the command that
+measures it),
 and the call factors (:func:`call_factors`): the in-server call over
 the profiler's bare call, and a cold call over a warm one. The plan's catalog reads them
 (:class:`testbed.plan.catalog.ZooCatalog`) into each cluster's
@@ -49,15 +51,14 @@ def _field(row: dict, key: str, kind: type, lo: float, hi: float) -> float | int
 
 def measured_row(profiles_dir: str | os.PathLike[str], variant: str, runtime: str | None = None) -> dict[str, Any]:
     """The row of ``variant`` in ``handling.json`` with every figure checked: the four CPU times
-    finite numbers in [0, :data:`MAX_FIGURE_MS`] ms, ``answer_ms`` (0 when the row has none) in
-    [0, ``handling_ms``], the query counts integers in
+    finite numbers in [0, :data:`MAX_FIGURE_MS`] ms, ``answer_ms`` in [0, ``handling_ms``], the query counts integers in
     [:data:`MIN_QUERIES`, :data:`MAX_QUERIES`], the runtime one of the zoo's. With ``runtime``: its
     row in ``other_runtimes`` when there is one, else the row in ``variants`` (whose ``runtime``
     then says which it is).
 
     Raises:
         zoo.ZooFileMissing: no ``handling.json``, or no row for ``variant`` (with the command to measure it).
-        zoo.ZooError: the file is malformed, or a figure is out of range (naming the field and value).
+        zoo.ZooError: the file is malformed, or a figure is out of range or missing (naming the field and value).
     """
     path = Path(profiles_dir) / FILE
     hint = (f"measure it: python -m testbed.serve.handling --variants {variant}"
@@ -93,7 +94,11 @@ def measured_row(profiles_dir: str | os.PathLike[str], variant: str, runtime: st
         if other is not None and row["runtime"] != runtime:
             raise ValueError(f"other_runtimes: the {runtime} row says runtime = {row['runtime']!r}")
         got["runtime"] = row["runtime"]
-        got["answer_ms"] = _field(row, "answer_ms", float, 0.0, got["handling_ms"]) if "answer_ms" in row else 0.0
+        if "answer_ms" not in row:
+            raise ValueError("no answer_ms (the answer's side of the handling: the row was measured before it "
+                             "was; without it the simulator would write no answer time, t3h - t3, while the "
+                             "emulation's server does)")
+        got["answer_ms"] = _field(row, "answer_ms", float, 0.0, got["handling_ms"])
     except ValueError as exc:
         raise zoo.ZooError(f"{path}: variant {variant!r}: {exc}; {hint}") from None
     return got

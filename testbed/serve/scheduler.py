@@ -52,6 +52,55 @@ class Job:
         return int(self.x.shape[0])
 
 
+@dataclass(frozen=True)
+class PadOutcome:
+    """One timed piece of work (:func:`pad_work`): its CPU time and its wall time before the pad
+    (s), and whether it was ``late``: it waited for the CPU (the cluster's quota, or the host's
+    other load) more than :data:`LATE_TOLERANCE` of its target time, so it ran that much slower
+    than the speed asked before any pad."""
+
+    cpu_s: float
+    unpadded_s: float
+    late: bool
+
+    def count(self, into: dict[str, float]) -> None:
+        """Add this outcome to a per-model counter dict (:func:`pad_counters`)."""
+        into["timed"] += 1
+        into["late"] += int(self.late)
+        into["cpu_s"] += self.cpu_s
+        into["unpadded_s"] += self.unpadded_s
+
+
+def pad_counters() -> dict[str, float]:
+    """The per-model counters of the calls' speed (``/v1/stats`` ``per_model``): ``timed`` calls,
+    ``late`` ones (:class:`PadOutcome`), their CPU and unpadded wall time (``cpu_s``, ``unpadded_s``)."""
+    return {"timed": 0, "late": 0, "cpu_s": 0.0, "unpadded_s": 0.0}
+
+
+#: Work that waited for the CPU more than this share of its target time, (1 + pad) x its CPU time,
+#: is late (:func:`pad_work`). Our choice: the speed tests' bound (a call within 10 % of its
+#: profile's time); a late median call is beyond it before any pad.
+LATE_TOLERANCE = 0.10
+
+
+def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[float], None] = time.sleep
+             ) -> PadOutcome:
+    """Pad a piece of work that took ``cpu_s`` of CPU and ``elapsed_s`` of wall time with a sleep of
+    ``cpu_pad`` x ``cpu_s`` (the CPU made 1 + ``cpu_pad`` times slower: a time-dilated cluster below
+    one core, or a host faster than the profile, :mod:`testbed.plan.speeds`), and time it.
+
+    The pad is added to the work's wall time, waits included: a wait for the cluster's CFS quota
+    (throttling) is part of the emulated system's time, as the simulator charges it, and a wait
+    for the host's other load cannot be told from it here. Work whose waits (``elapsed_s -
+    cpu_s``) exceed :data:`LATE_TOLERANCE` of its target, ``(1 + cpu_pad) x cpu_s``, is ``late``:
+    it ran slower than the speed asked (a throttled quota, or a busy host). With ``cpu_pad`` 0
+    nothing is slept; the work is timed all the same.
+    """
+    if cpu_pad > 0:
+        sleep(cpu_pad * cpu_s)
+    return PadOutcome(cpu_s, elapsed_s, elapsed_s - cpu_s > LATE_TOLERANCE * (1.0 + cpu_pad) * cpu_s)
+
+
 @dataclass
 class Counters:
     """Totals since start (read under the scheduler's lock)."""
@@ -88,9 +137,10 @@ class Scheduler:
         clock_ns: the wall clock, ns since the epoch (``time.time_ns``; the parity test passes a
             scripted one). The queue's rules get it in s.
         cpu_pad: after each model call the worker sleeps ``cpu_pad`` x the call's CPU time before
-            the call counts as ended: a time-dilated cluster below one core (``ServerConfig.cpu_pad``);
-            0: no pad. The CPU time is the worker thread's (``time.thread_time``), or for a
-            TensorFlow model (``runtime`` ``tensorflow``: its ops run on TensorFlow's pool threads)
+            the call counts as ended (:func:`pad_work`, which also times it): a time-dilated cluster
+            below one core (``ServerConfig.cpu_pad``), or a host faster than the profile; 0: no pad.
+            The CPU time is the worker thread's (``time.thread_time``), or for a TensorFlow model
+            (``runtime`` ``tensorflow``: its ops run on TensorFlow's pool threads)
             the process's (``time.process_time``; exact with one worker, which the plan requires).
 
     Raises:
@@ -112,7 +162,7 @@ class Scheduler:
         self.service_ms = service_ms
         self.workers, self.queue_limit, self.discipline = workers, queue_limit, discipline
         self.admission, self.max_batch = admission, max_batch
-        self.counters = Counters(per_model={m: {"served": 0, "busy_s": 0.0} for m in models})
+        self.counters = Counters(per_model={m: {"served": 0, "busy_s": 0.0, **pad_counters()} for m in models})
         self.clock_ns = clock_ns
         self.cpu_pad = cpu_pad
         self.cond = threading.Condition()
@@ -167,13 +217,16 @@ class Scheduler:
                 self.cond.wait(None if due == mq.INF else max(0.0, due - now))
                 self.idle -= 1
 
-    def _finished(self, batch: list[Job], busy: float, error: str | None) -> list[Job] | None:
+    def _finished(self, batch: list[Job], busy: float, error: str | None, pad: PadOutcome | None = None
+                  ) -> list[Job] | None:
         """Count a served batch; the queue may hand this worker the next query at once."""
         with self.cond:
             c = self.counters
             c.busy_s += busy
             c.batches += 1
             c.per_model[batch[0].model]["busy_s"] += busy
+            if pad is not None:
+                pad.count(c.per_model[batch[0].model])
             if error is None:
                 c.served += len(batch)
                 c.per_model[batch[0].model]["served"] += len(batch)
@@ -192,19 +245,18 @@ class Scheduler:
         t2 = self.clock_ns()
         tf = getattr(self.models[model], "runtime", "") == "tensorflow"
         cpu_clock = time.process_time if tf else time.thread_time
-        cpu0 = cpu_clock()
+        cpu0, wall0 = cpu_clock(), time.perf_counter()
         result, error = None, None
         try:
             result = self.models[model].predict(x)
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
             error = f"{type(exc).__name__}: {exc}"
-        if self.cpu_pad:
-            time.sleep(self.cpu_pad * (cpu_clock() - cpu0))
+        pad = pad_work(self.cpu_pad, cpu_clock() - cpu0, time.perf_counter() - wall0)
         t3 = self.clock_ns()
         # The bookkeeping (counters, the queue's completion at T3) before the answers: a client
         # that reads /v1/stats after its answer, or a query that arrives right after it, sees the
         # queue as the model has it at T3 (answering first was within noise, and raced both).
-        nxt = self._finished(batch, (t3 - t2) / 1e9, error)
+        nxt = self._finished(batch, (t3 - t2) / 1e9, error, pad)
         i = 0
         for j in batch:
             j.t2, j.t3, j.batch, j.error = t2, t3, int(x.shape[0]), error

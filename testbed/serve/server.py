@@ -49,7 +49,10 @@ Endpoints (TensorFlow Serving REST API, https://www.tensorflow.org/tfx/serving/a
   requests), ``batches``, ``mean_batch``, ``busy_s`` (sum of model-call time), ``answer_cpu_s``
   (CPU time of the event loop encoding the answers, for :mod:`testbed.serve.handling`), ``unstamped_reads``
   (reads that came without a kernel timestamp: their T1 is the read's time), ``uptime_s``,
-  ``utilization`` = busy_s / (uptime_s x workers), ``per_model``.
+  ``utilization`` = busy_s / (uptime_s x workers), ``per_model`` (per model: ``served``, ``busy_s``, and
+  the calls' speed: ``timed`` calls, their ``cpu_s`` and wall time before the pad ``unpadded_s``, and
+  the ``late`` ones, which waited for the CPU (quota or host) beyond 10 % of their target:
+  :func:`testbed.serve.scheduler.pad_work`).
 
 The same stats JSON goes to ``stats_file`` every ``stats_interval_s`` s (atomic) and once more
 on SIGTERM / SIGINT, after which the server finishes in-flight queries (up to 5 s), stops and
