@@ -168,7 +168,7 @@ def test_an_event_is_late_by_the_emulated_clock_under_dilation(tmp_path):
     from types import SimpleNamespace
 
     from testbed.core.errors import RunFailure
-    from testbed.emu.events import EventRunner
+    from testbed.emu.event_runner import EventRunner
 
     k = 4.0
     changes = [Change(t_s=3.0 * k, kind="cluster_down", event=0, cluster="edgeb")]  # 3 s emulated

@@ -303,14 +303,7 @@ def test_a_padded_servers_stats_count_its_calls_cpu_and_the_late_ones():
 
     from testbed.serve.scheduler import Job, Scheduler
 
-    class Burn:
-        def predict(self, x):
-            t = time.thread_time()
-            while time.thread_time() - t < 0.005:
-                pass
-            return np.zeros((len(x), 2), dtype=np.float32)
-
-    sched = Scheduler({"m": Burn()}, cpu_pad=1.0)
+    sched = Scheduler({"m": SpinModel(5.0)}, cpu_pad=1.0)
     sched.start()
     try:
         for _ in range(3):
