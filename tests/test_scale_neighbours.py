@@ -83,7 +83,8 @@ for ip in sys.argv[1:]:
     s.close()
 '''
 _LISTEN = ("import socket\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
-           "s.bind(('0.0.0.0',8501));s.listen(16);print('listening',flush=True)\nwhile True:\n c,_=s.accept();c.close()")
+           "s.bind(('0.0.0.0',8501));s.listen(16);print('listening',flush=True)\n"
+           "while True:\n c,_=s.accept();c.close()")
 
 
 @pytest.mark.emulation
