@@ -481,6 +481,8 @@ def cmd_big(args) -> dict:
                                f"dilation's warm-ups failed (see {runs})")
             rows.append(row)
             print(json.dumps(row), flush=True)
+            if args.result:
+                _write_scale(rows, args)
             continue
         row.update(exit_code=code, wall_s=round(wall, 1), peak_mib=round(mem.peak_mib), run_dir=str(run_dir),
                    **_run_figures(run_dir))
@@ -496,8 +498,8 @@ def cmd_big(args) -> dict:
             row["ratio"] = round(row["network_up_s"] / row["plain_up_s"], 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if args.result:
-        _write_scale(rows, args)
+        if args.result:  # after each network: a stopped invocation keeps the networks it measured
+            _write_scale(rows, args)
     print("\n| experiment | switches / links | plain Mininet up | testbed network up | bring-up (servers, warm) | "
           "peak MiB (estimate) | k | wall s | RTT error median / max ms | self-check | events ok | success emu / sim |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
