@@ -453,11 +453,11 @@ def cmd_big(args) -> dict:
     _import_mininet()
     rows = []
     for path in args.experiments:
-        path = _experiment_for(path) if path.startswith("topohub:") else path
+        source, path = path, _experiment_for(path) if path.startswith("topohub:") else path
         plan = plan_experiment(path)
         cap = check_capacity(plan)
         k = "auto" if args.k == "auto" else float(args.k) if args.k is not None else (cap.k or 1.0)
-        row = {"experiment": path, "switches": len(plan.switches), "links": len(plan.links), "k": k,
+        row = {"experiment": path, "source": source, "switches": len(plan.switches), "links": len(plan.links), "k": k,
                "estimate_mib": round(cap.needs.memory_mib), "estimate": cap.needs.line(), "fits": cap.fits}
         print(json.dumps(row), flush=True)
         with emulation_lock(args.shared_lock):
@@ -564,7 +564,7 @@ def _write_scale(rows: list[dict], args) -> None:
         plain = f"{r['plain_up_s']} s" if r.get("plain_up_s") else r.get("plain_note", "not measured")
         ev = r.get("events") or []
         gap = r.get("success_gap_points")
-        table.append([r["experiment"], f"{r['switches']} / {r['links']}", plain, r.get("network_up_s"),
+        table.append([r.get("source", r["experiment"]), f"{r['switches']} / {r['links']}", plain, r.get("network_up_s"),
                       r.get("bringup_s"), f"{r.get('peak_mib')} ({r.get('estimate_mib')})", r.get("k"),
                       r.get("wall_s"),
                       f"{r.get('rtt_error_median_ms')} / {r.get('rtt_error_max_ms')} ({r.get('rtt_paths_ok')})",
@@ -573,10 +573,13 @@ def _write_scale(rows: list[dict], args) -> None:
                       f"{r.get('success_ratio')} / {r.get('sim_success_ratio')}"
                       + (f" ({gap:+.1f})" if gap is not None else ""),
                       f"{r.get('load_before')} / {r.get('load_after')}", "; ".join(_checks(r)) or "none"])
-    passed = [r["experiment"] for r in rows if not _checks(r)]
-    failed = [r["experiment"] for r in rows if _checks(r)]
+    passed = [r.get("source", r["experiment"]) for r in rows if not _checks(r)]
+    failed = [r.get("source", r["experiment"]) for r in rows if _checks(r)]
+    done = {r.get("source", r["experiment"]) for r in rows}
+    pending = [e for e in args.experiments if e not in done]
     summary = (f"Every check passed on {', '.join(passed) or 'none'}"
-               + (f"; MISSED on {', '.join(failed)} (column 'missed')." if failed else "."))
+               + (f"; MISSED on {', '.join(failed)} (column 'missed')" if failed else "")
+               + (f"; not measured (the invocation stopped first): {', '.join(pending)}." if pending else "."))
     write_result("scale", "The largest networks on one machine",
                  "sudo .venv/bin/python benchmarks/scale_bench.py " + shlex.join(sys.argv[1:]),
                  [{"caption": "one emulation per network, every check on; plain Mininet's build() + start() "
