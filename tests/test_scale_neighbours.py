@@ -38,9 +38,22 @@ def test_every_host_gets_a_permanent_entry_for_every_other(tmp_path):
     name = plan.sources[0].name
     lines = emu._neighbour_batch(name, f"{name}-eth0").read_text().splitlines()
     assert len(lines) == len(hosts) - 1 + len(emu.probes)
+    assert len(emu._every_host()) == len(hosts) + len(emu.probes)  # each host once
     for other in hosts.values():
         line = f"neigh replace {other.ip} lladdr {other.mac} dev {name}-eth0 nud permanent"
         assert (line in lines) == (other.name != name)
+
+
+def test_probe_hosts_are_neighbours_too(tmp_path):
+    plan = plan_experiment(REPO / "experiments" / "isp-att.yaml")
+    (tmp_path / "logs").mkdir()
+    emu = Emulation(plan, "userspace", "user", tmp_path, "r1")
+    assert emu.probes, "the scenario's link events give probe hosts"
+    names = [h[0] for h in emu._every_host()]
+    assert len(names) == len(set(names)) == len(plan.hosts) + len(emu.probes)
+    probe = emu.probes[0]
+    lines = emu._neighbour_batch(plan.sources[0].name, "x-eth0").read_text().splitlines()
+    assert f"neigh replace {probe.ip} lladdr {probe.mac} dev x-eth0 nud permanent" in lines
 
 
 def test_connect_error_names_the_errno():

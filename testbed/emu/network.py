@@ -385,7 +385,6 @@ class Emulation:
         host_cls = _host_class(mn_node)
         out = []
         every = self._every_host()
-        every += [(p.name, p.ip, p.mac, p.switch, None) for p in self.probes]
         for name, ip, mac, switch, rate in every:
             node = net.addHost(name, cls=host_cls, ip=f"{ip}/8", mac=mac)
             port = next(names)
