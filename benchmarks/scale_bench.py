@@ -77,9 +77,12 @@ LOCK = "/tmp/testbed-emulation.lock"
 
 
 @contextlib.contextmanager
-def emulation_lock():
-    with open(LOCK, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+def emulation_lock(shared: str | None = None):
+    """The testbed's emulation lock, and ``shared`` too when given (taken first)."""
+    with contextlib.ExitStack() as stack:
+        for path in ([shared] if shared else []) + [LOCK]:
+            f = stack.enter_context(open(path, "a"))
+            fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
 
@@ -450,14 +453,14 @@ def cmd_big(args) -> dict:
     _import_mininet()
     rows = []
     for path in args.experiments:
-        path = _experiment_for(path) if path.startswith("topohub:") else path
+        source, path = path, _experiment_for(path) if path.startswith("topohub:") else path
         plan = plan_experiment(path)
         cap = check_capacity(plan)
-        k = args.k if args.k is not None else (cap.k or 1.0)
-        row = {"experiment": path, "switches": len(plan.switches), "links": len(plan.links), "k": k,
+        k = "auto" if args.k == "auto" else float(args.k) if args.k is not None else (cap.k or 1.0)
+        row = {"experiment": path, "source": source, "switches": len(plan.switches), "links": len(plan.links), "k": k,
                "estimate_mib": round(cap.needs.memory_mib), "estimate": cap.needs.line(), "fits": cap.fits}
         print(json.dumps(row), flush=True)
-        with emulation_lock():
+        with emulation_lock(args.shared_lock):
             row["load_before"] = round(os.getloadavg()[0], 2)
             if args.plain_timeout_s > 0:
                 row.update(_plain_capped(plan, args.plain_timeout_s))
@@ -470,9 +473,23 @@ def cmd_big(args) -> dict:
                                  duration_s=args.seconds)
             wall = time.monotonic() - t0
             mem.stop.set()
-        run_dir = next(runs.iterdir())
+            row["load_after"] = round(os.getloadavg()[0], 2)
+        run_dir = max((d for d in runs.iterdir() if (d / "run.json").exists()), key=lambda d: d.name, default=None)
+        if run_dir is None:
+            row.update(exit_code=code, wall_s=round(wall, 1), peak_mib=round(mem.peak_mib), events=[],
+                       message=f"no run directory (exit code {code}): refused before the bring-up, or auto "
+                               f"dilation's warm-ups failed (see {runs})")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.result:
+                _write_scale(rows, args)
+            continue
         row.update(exit_code=code, wall_s=round(wall, 1), peak_mib=round(mem.peak_mib), run_dir=str(run_dir),
                    **_run_figures(run_dir))
+        if k == "auto":
+            rj = json.loads((run_dir / "run.json").read_text())
+            row["k"] = rj.get("time_dilation")
+            row["k_auto_verified"] = (rj.get("time_dilation_auto") or {}).get("verified")
         _, sim = run_simulation(plan, runs_dir=runs, duration_s=args.seconds, quiet=True)
         row["sim_success_ratio"] = sim.get("success_ratio")
         if row.get("success_ratio") is not None and row["sim_success_ratio"] is not None:
@@ -481,6 +498,8 @@ def cmd_big(args) -> dict:
             row["ratio"] = round(row["network_up_s"] / row["plain_up_s"], 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        if args.result:  # after each network: a stopped invocation keeps the networks it measured
+            _write_scale(rows, args)
     print("\n| experiment | switches / links | plain Mininet up | testbed network up | bring-up (servers, warm) | "
           "peak MiB (estimate) | k | wall s | RTT error median / max ms | self-check | events ok | success emu / sim |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -488,10 +507,97 @@ def cmd_big(args) -> dict:
         plain = f"{r['plain_up_s']} s" if r.get("plain_up_s") else r.get("plain_note", "-")
         ev_ok = f"{sum(e['ok'] == '1' for e in r['events'])}/{len(r['events'])}"
         print(f"| {r['experiment']} | {r['switches']} / {r['links']} | {plain} | {r.get('network_up_s')} s | "
-              f"{r.get('bringup_s')} s | {r['peak_mib']} ({r['estimate_mib']}) | {r['k']:g} | {r['wall_s']} | "
+              f"{r.get('bringup_s')} s | {r['peak_mib']} ({r['estimate_mib']}) | {r['k']} | {r['wall_s']} | "
               f"{r.get('rtt_error_median_ms')} / {r.get('rtt_error_max_ms')} | {r.get('rtt_paths_ok')} | {ev_ok} | "
               f"{r.get('success_ratio')} / {r.get('sim_success_ratio')} |")
     return {"big": rows}
+
+
+#: Success of the emulation within this many points of the simulator's on the same seed (issue 39).
+SUCCESS_GAP_POINTS = 3.0
+
+
+def _event_cell(events: list[dict], kinds: tuple[str, ...]) -> tuple[str, bool | None]:
+    """The first read-back event of ``kinds``: a table cell (asked, measured, tolerance, ok) and its ok
+    (None: the run has no such event)."""
+    e = next((x for x in events if x["kind"] in kinds), None)
+    if e is None:
+        return "not read back", None
+    ok = e.get("ok") == "1"
+    got = f"{e['kind']}: asked {e.get('asked') or '-'}, measured {e.get('measured') or '-'} {e.get('unit') or ''}"
+    tol = f" (tolerance {e['tolerance']})" if e.get("tolerance") else ""
+    return f"{got.strip()}{tol}: {'ok' if ok else 'FAILED'}", ok
+
+
+def _checks(r: dict) -> list[str]:
+    """What a row missed (empty: every check passed)."""
+    missed = []
+    if r.get("exit_code") != 0:
+        missed.append(f"exit code {r.get('exit_code')} ({r.get('message')})")
+    ok, n = (r.get("rtt_paths_ok") or "0/0").split("/")
+    if n == "0" or ok != n:
+        missed.append(f"RTT self-check {r.get('rtt_paths_ok') or 'not run'}")
+    for name, kinds in (("link event", ("link_delay",)), ("cluster event", ("cluster_down",)),
+                        ("reroute", ("link_down",))):
+        _, good = _event_cell(r.get("events") or [], kinds)
+        if not good:
+            missed.append(f"{name} {'not read back' if good is None else 'out of tolerance'}")
+    gap = r.get("success_gap_points")
+    if gap is None or abs(gap) > SUCCESS_GAP_POINTS:
+        missed.append(f"success {r.get('success_ratio')} against the simulator's {r.get('sim_success_ratio')}"
+                      + (f" ({gap:+.1f} points)" if gap is not None else ""))
+    return missed
+
+
+def _write_scale(rows: list[dict], args) -> None:
+    """``benchmarks/results/scale.json``: the scale table (issue 39 item 1) with what each network missed."""
+    import shlex
+
+    from benchmarks.resultfile import write_result
+
+    cols = ["experiment", "switches / links", "plain Mininet net.start()", "testbed network up s",
+            "bring-up s (servers ready)", "peak MiB (estimate)", "k", "wall s", "RTT error median / max ms (paths ok)",
+            "link event", "cluster event", "reroute around a failed link", "success emu / sim (points)",
+            "load before / after", "missed"]
+    table = []
+    for r in rows:
+        plain = f"{r['plain_up_s']} s" if r.get("plain_up_s") else r.get("plain_note", "not measured")
+        ev = r.get("events") or []
+        gap = r.get("success_gap_points")
+        table.append([r.get("source", r["experiment"]), f"{r['switches']} / {r['links']}", plain, r.get("network_up_s"),
+                      r.get("bringup_s"), f"{r.get('peak_mib')} ({r.get('estimate_mib')})", r.get("k"),
+                      r.get("wall_s"),
+                      f"{r.get('rtt_error_median_ms')} / {r.get('rtt_error_max_ms')} ({r.get('rtt_paths_ok')})",
+                      _event_cell(ev, ("link_delay",))[0], _event_cell(ev, ("cluster_down",))[0],
+                      _event_cell(ev, ("link_down",))[0],
+                      f"{r.get('success_ratio')} / {r.get('sim_success_ratio')}"
+                      + (f" ({gap:+.1f})" if gap is not None else ""),
+                      f"{r.get('load_before')} / {r.get('load_after')}", "; ".join(_checks(r)) or "none"])
+    passed = [r.get("source", r["experiment"]) for r in rows if not _checks(r)]
+    failed = [r.get("source", r["experiment"]) for r in rows if _checks(r)]
+    done = {r.get("source", r["experiment"]) for r in rows}
+    pending = [e for e in args.experiments if e not in done]
+    summary = (f"Every check passed on {', '.join(passed) or 'none'}"
+               + (f"; MISSED on {', '.join(failed)} (column 'missed')" if failed else "")
+               + (f"; not measured (the invocation stopped first): {', '.join(pending)}." if pending else "."))
+    write_result("scale", "The largest networks on one machine",
+                 "sudo .venv/bin/python benchmarks/scale_bench.py " + shlex.join(sys.argv[1:]),
+                 [{"caption": "one emulation per network, every check on; plain Mininet's build() + start() "
+                              "on the same graph measured in the same invocation, before the run",
+                   "columns": cols, "rows": table}],
+                 summary=summary,
+                 notes=["Plain Mininet: the same switches, links and hosts, userspace datapath, no delays, no "
+                        "controller, in a child process stopped after --plain-timeout-s (then: the bridges it had "
+                        "made).",
+                        "Peak MiB: RSS of the run's processes summed every 0.5 s; estimate: the pre-flight's "
+                        "(testbed.emu.capacity).",
+                        "Events: events.csv's measured rows (link_delay: the new delay carried by probes; "
+                        "cluster_down: the server stopped answering; link_down: every affected source -> cluster "
+                        "path answering again over another route).",
+                        f"Success: the emulation's against `testbed simulate` on the same plan and seed; target "
+                        f"within {SUCCESS_GAP_POINTS:g} points.",
+                        "Load: the machine's 1-minute load average before and after each network's run (other "
+                        "jobs share this 2-core machine)."])
 
 
 # ------------------------------------------------------------------------------------- costs
@@ -670,7 +776,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--runs", type=int, default=1)
     e = sub.add_parser("big")
     e.add_argument("experiments", nargs="+", help="experiment files (e.g. experiments/isp-att.yaml)")
-    e.add_argument("--k", type=float, default=None, help="time dilation (default: the pre-flight's k)")
+    e.add_argument("--k", default=None, help="time dilation: a number, or auto (measured warm-ups: "
+                   "testbed.emu.autodilate); default: the pre-flight's k")
+    e.add_argument("--shared-lock", default=None,
+                   help="also hold this lock file per network (e.g. /tmp/emu.lock on shared build machines), "
+                        "released between networks")
+    e.add_argument("--result", action="store_true",
+                   help="write benchmarks/results/scale.json (docs/results.md's section)")
     e.add_argument("--seconds", type=float, default=None, help="load duration (default: the experiment's)")
     e.add_argument("--plain-timeout-s", type=float, default=1800.0,
                    help="stop plain Mininet's bring-up after this long (0: skip it)")

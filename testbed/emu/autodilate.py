@@ -89,6 +89,7 @@ from testbed.emu.machine import (
     machine_ticks,
     own_nice,
 )
+from testbed.emu.source import CANNOT_REACH
 from testbed.plan.build import Plan
 from testbed.plan.dilation import with_time_dilation
 from testbed.plan.transfer import TransferTable, host_share_ms
@@ -350,11 +351,23 @@ def read_warmup(run_dir: Path, k: float, wall_s: float = 0.0) -> Warmup:
                   run_dir=str(run_dir), wall_s=round(wall_s, 1))
 
 
+def unreached_clusters(run_dir: Path) -> list[str]:
+    """The lines of the sources' logs (``logs/source-<name>.log``) saying a source could not connect to a
+    cluster before the load (:data:`testbed.emu.source.CANNOT_REACH`), each prefixed with its source."""
+    out = []
+    for log in sorted((run_dir / "logs").glob("source-*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(CANNOT_REACH):
+                out.append(f"{log.stem.removeprefix('source-')}: {line.removeprefix('[source] ')}")
+    return out
+
+
 def run_warmup(plan: Plan, k: float, runs_dir: Path) -> Warmup:
     """One warm-up at k (:func:`warmup_plan`, :func:`warmup_seconds`) under ``runs_dir``, quiet.
 
     Raises:
-        RunFailure: the warm-up failed (its message and run directory) or measured nothing.
+        RunFailure: the warm-up failed (its message and run directory), a source could not connect to a
+            cluster before its load (:func:`unreached_clusters`), or it measured nothing.
     """
     wplan = warmup_plan(plan, k)
     seconds = warmup_seconds(emulated_rate_qps(plan), k)
@@ -366,6 +379,11 @@ def run_warmup(plan: Plan, k: float, runs_dir: Path) -> Warmup:
         where = f" ({outcome.run_dir})" if outcome.run_dir else ""
         raise RunFailure(f"time dilation auto: the warm-up at k = {k:g} failed{where}: {outcome.message}",
                          outcome.status or 3)
+    unreached = unreached_clusters(outcome.run_dir)
+    if unreached:
+        raise RunFailure(f"time dilation auto: in the warm-up at k = {k:g} ({outcome.run_dir}) sources could not "
+                         f"connect to clusters before the load, so it measured a broken network, not the load: "
+                         + "; ".join(unreached), 3)
     got = read_warmup(outcome.run_dir, k, time.monotonic() - t)
     got.timings_s = {name: round(v, 1) for name, v in outcome.timings.items()}
     return got

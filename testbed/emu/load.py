@@ -31,6 +31,7 @@ from testbed.emu.health import Component, HealthWatch, PidProcess, tagged_proces
 from testbed.emu.machine import SAMPLES_FILE, CpuSampler, write_samples
 from testbed.emu.pcap import start_capture
 from testbed.emu.servers import ClusterServers
+from testbed.emu.source import OPEN_TIMEOUT_S
 from testbed.plan.boundaries import SourceConfig
 from testbed.plan.build import Plan
 from testbed.sdn.client import ControllerError, get_links
@@ -97,13 +98,21 @@ class _RecordCounter:
                     self.ok += b",success," in line
 
 
-#: How long the sources may take to be ready (imports, request bodies, a connection to every
-#: cluster) before the run gives up (s); and how far after the last one is ready the load starts (s).
+#: How long the sources may take to be ready (imports, request bodies; their connection to every
+#: cluster adds :data:`testbed.emu.source.OPEN_TIMEOUT_S` x k: :func:`sources_ready_timeout_s`) before
+#: the run gives up (s); and how far after the last one is ready the load starts (s).
 SOURCES_READY_TIMEOUT_S = 120.0
 START_LEAD_S = 0.3
 #: The load's common start time, in the run folder (``{"start_ns": N}``; not under ``sources/``,
 #: whose files are named after the sources).
 LOAD_START_FILE = "load_start.json"
+
+
+def sources_ready_timeout_s(plan: Plan) -> float:
+    """Wall s the sources of ``plan`` (the wall-clock plan, at its k) may take to be ready:
+    :data:`SOURCES_READY_TIMEOUT_S` plus their first request to every cluster's timeout
+    (:data:`testbed.emu.source.OPEN_TIMEOUT_S` x k)."""
+    return SOURCES_READY_TIMEOUT_S + OPEN_TIMEOUT_S * max(1.0, plan.time_dilation)
 
 
 def _start_sources(live: Live, duration_s: float, stack: ExitStack) -> dict[str, subprocess.Popen]:
@@ -112,7 +121,7 @@ def _start_sources(live: Live, duration_s: float, stack: ExitStack) -> dict[str,
     ``stack`` exit."""
     procs: dict[str, subprocess.Popen] = {}
     stack.callback(stop_processes, procs.values(), signal.SIGINT)
-    fallback_ns = time.time_ns() + int(SOURCES_READY_TIMEOUT_S * 1e9)  # replaced by LOAD_START_FILE's start_ns
+    fallback_ns = time.time_ns() + int(sources_ready_timeout_s(live.plan) * 1e9)  # LOAD_START_FILE replaces it
     for s in live.plan.sources:
         cfg = SourceConfig.from_plan(live.plan, s.name, fallback_ns, duration_s, live.run_dir)
         if cfg is None:
@@ -135,10 +144,11 @@ def _release_sources(live: Live, procs: dict[str, subprocess.Popen], watch: Heal
 
     Raises:
         RunFailure: a source exited before it was ready (the health watch names it), or not every
-            source was ready within :data:`SOURCES_READY_TIMEOUT_S`.
+            source was ready within :func:`sources_ready_timeout_s`.
     """
     sources = live.run_dir / "sources"
-    deadline = time.monotonic() + SOURCES_READY_TIMEOUT_S
+    ready_s = sources_ready_timeout_s(live.plan)
+    deadline = time.monotonic() + ready_s
     while not all((sources / f"{n}.ready").exists() for n in procs):
         if watch is not None:
             watch.check()
@@ -150,7 +160,7 @@ def _release_sources(live: Live, procs: dict[str, subprocess.Popen], watch: Heal
                              f"logs/source-<name>.log", EXIT_COMPONENT_DIED)
         if time.monotonic() > deadline:
             late = [n for n in procs if not (sources / f"{n}.ready").exists()]
-            raise RunFailure(f"source(s) {', '.join(late)} not ready to send after {SOURCES_READY_TIMEOUT_S:g} s",
+            raise RunFailure(f"source(s) {', '.join(late)} not ready to send after {ready_s:g} s",
                              EXIT_COMPONENT_DIED)
         time.sleep(0.02)
     start_ns = time.time_ns() + int(START_LEAD_S * 1e9)

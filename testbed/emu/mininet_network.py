@@ -15,6 +15,12 @@ links at run time.
   ``tc class change`` / ``tc qdisc change`` (:func:`testbed.emu.tc.tc_change_commands`).
 * Host links: a veth host <-> switch, HTB at the host's bandwidth on both ends (``tc`` directly,
   so rates above Mininet's 1000 Mbit/s limit are shaped too), a pfifo of :data:`~testbed.emu.tc.QUEUE_PACKETS`.
+* Neighbours: every host (plan hosts and probe hosts) holds a permanent neighbour entry for every
+  other one (``ip neigh replace ... nud permanent``), so that no planned packet waits for ARP. ARP
+  would go to the controller (proxy ARP), a nice-0 process that a busy machine can stall for
+  seconds: a host re-resolving a peer then gets no answer within its 3 probes and fails the
+  connection with ``EHOSTUNREACH`` (reproduced by stopping ryu-manager while a source connects:
+  ``Connect call failed`` after 3 s). The controller still answers ARP for hosts not in the plan.
 * Probe hosts ``P<i>a`` / ``P<i>b`` (unshaped) at both ends of every link that scenario events
   change: they measure each change and carry congestion traffic (:mod:`testbed.emu.dynamics`).
   Names with capitals cannot collide with a plan's names (``[a-z][a-z0-9]*``).
@@ -378,8 +384,7 @@ class Emulation:
         ``pairs`` (the host end carrying the host's MAC); ``(node, interface, ip, rate or None)``."""
         host_cls = _host_class(mn_node)
         out = []
-        every = [(h.name, h.ip, h.mac, h.switch, h.bandwidth_mbps) for h in self.plan.hosts]
-        every += [(p.name, p.ip, p.mac, p.switch, None) for p in self.probes]
+        every = self._every_host()
         for name, ip, mac, switch, rate in every:
             node = net.addHost(name, cls=host_cls, ip=f"{ip}/8", mac=mac)
             port = next(names)
@@ -390,6 +395,20 @@ class Emulation:
                 self.host_intfs[name] = (f"{name}-eth0", port)
             out.append((node, f"{name}-eth0", ip, rate))
         return out
+
+    def _every_host(self) -> list[tuple]:
+        """``(name, ip, mac, switch, rate or None)`` of the plan's hosts, then the probe hosts."""
+        every = [(h.name, h.ip, h.mac, h.switch, h.bandwidth_mbps) for h in self.plan.hosts]
+        return every + [(p.name, p.ip, p.mac, p.switch, None) for p in self.probes]
+
+    def _neighbour_batch(self, name: str, intf: str) -> Path:
+        """An ``ip -batch`` file giving host ``name`` (interface ``intf``) a permanent neighbour
+        entry for every other host (module doc, "Neighbours"); in the run's ``logs/``."""
+        lines = [f"neigh replace {ip} lladdr {mac} dev {intf} nud permanent"
+                 for other, ip, mac, _sw, _rate in self._every_host() if other != name]
+        path = self.run_dir / "logs" / f"neigh-{name}.batch"
+        path.write_text("\n".join(lines) + "\n")
+        return path
 
     def _fast_veths(self, pairs: list[tuple]) -> None:
         """Create veths ``(node_a, name_a, node_b, name_b, mac_a or None)`` with one ``ip -batch``
@@ -431,9 +450,10 @@ class Emulation:
             raise EmulationError(f"setting up the veths: {exc}") from None
 
     def _configure_hosts(self, hosts: list[tuple]) -> None:
-        """Per host, in one shell round trip each and all hosts at once: its address and, for a
-        plan host, HTB on its own end (switch ports are shaped once OVS has them). Under time
-        dilation k its route carries TCP's minimum RTO x k (:func:`testbed.plan.dilation.rto_min_ms`)."""
+        """Per host, in one shell round trip each and all hosts at once: its address, its permanent
+        neighbours (:meth:`_neighbour_batch`) and, for a plan host, HTB on its own end (switch ports
+        are shaped once OVS has them). Under time dilation k its route carries TCP's minimum RTO x k
+        (:func:`testbed.plan.dilation.rto_min_ms`)."""
         sent = []
         clock = wall_clock(self.plan)
         for node, intf, ip, rate in hosts:
@@ -442,6 +462,7 @@ class Emulation:
                 net = ipaddress.ip_interface(f"{ip}/8").network
                 cmds.append(["ip", "route", "replace", str(net), "dev", intf, "proto", "kernel", "scope", "link",
                              "src", ip, "rto_min", f"{rto_min_ms(clock):g}ms"])
+            cmds.append(["ip", "-batch", str(self._neighbour_batch(node.name, intf))])
             cmds += htb_commands(intf, rate) if rate is not None else []
             script = " && ".join(f"{' '.join(c)} 2>&1" for c in cmds)
             node.sendCmd(f"{script}; echo rc=$?")

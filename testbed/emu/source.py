@@ -71,6 +71,13 @@ from testbed.plan.traces import arrival_process
 from testbed.plan.zoo import request_bodies
 from testbed.spec.experiment import ASET_POLICY
 
+#: How a source's log says that it could not open its connection to a cluster before the load
+#: (:mod:`testbed.emu.autodilate` refuses a warm-up whose sources say so).
+CANNOT_REACH = "[source] cannot reach cluster"
+#: How long (emulated s; x k on the wall clock) a source's first request to a cluster may take before the
+#: load: a new connection and the server's stats, over the path's RTT, on a machine that may be busy (the
+#: path warm-up's request timeout, :data:`testbed.emu.servers.WARMUP_REQUEST_TIMEOUT_S`).
+OPEN_TIMEOUT_S = 20.0
 #: Client-side errors that mean nothing listens at the server (it is down): connection refused or
 #: reset. "No route to host" is a network failure, not a server that is down: it stays an ``error``.
 REFUSED_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET})
@@ -344,17 +351,23 @@ class Source:
             a += window
 
     async def _open_connections(self, session) -> None:
-        """One keep-alive connection to every cluster before the load (a ``GET /v1/stats`` each;
-        a failure is only noted: the first report will say the cluster is down)."""
+        """One keep-alive connection to every cluster before the load (a ``GET /v1/stats`` each,
+        within :data:`OPEN_TIMEOUT_S` x k); a failure is noted in the log (:data:`CANNOT_REACH`, with
+        its errno: :func:`testbed.emu.servers.connect_error`): after the run's path warm-up it does not
+        happen; auto dilation's warm-ups, which skip that, refuse to measure when it does."""
         import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=self.cfg.clock.wall(OPEN_TIMEOUT_S))
 
         async def one(cluster: str) -> None:
             url = f"http://{self.ip[cluster]}:{self.cfg.server_port}/v1/stats"
             try:
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                async with session.get(url, timeout=timeout) as resp:
                     await resp.read()
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                print(f"[source] cannot reach cluster {cluster} before the load: {exc}", file=sys.stderr)
+                from testbed.emu.servers import connect_error  # only on this path: the source starts light
+
+                print(f"{CANNOT_REACH} {cluster} before the load: {connect_error(exc)}", file=sys.stderr)
 
         await asyncio.gather(*(one(c) for c in self.ip))
 
