@@ -20,7 +20,7 @@ import pytest
 
 from testbed.emu.autodilate import unreached_clusters
 from testbed.emu.load import SOURCES_READY_TIMEOUT_S, sources_ready_timeout_s
-from testbed.emu.network import Emulation
+from testbed.emu.mininet_network import Emulation
 from testbed.emu.servers import connect_error
 from testbed.emu.source import CANNOT_REACH, OPEN_TIMEOUT_S
 from testbed.plan.build import plan_experiment
@@ -103,7 +103,7 @@ _LISTEN = ("import socket\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,sock
 @pytest.mark.emulation
 @pytest.mark.skipif(os.geteuid() != 0, reason="emulation needs root")
 def test_sources_connect_while_the_controller_is_stalled(tmp_path):
-    from testbed.emu.run import emulated_network, new_run_dir
+    from testbed.emu.lifecycle import emulated_network, new_run_dir
 
     plan = plan_experiment(TRIANGLE)
     run_id, run_dir = new_run_dir(plan, tmp_path)
