@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import concurrent.futures.process
 import contextlib
 import json
 import multiprocessing
@@ -654,7 +655,11 @@ def finish_keras(manifest: dict[str, Any], jobs: dict[str, concurrent.futures.Fu
     order (the manifest reads the same whatever finished first)."""
     for name in src.KERAS_VARIANTS:
         if name in jobs:
-            manifest["variants"][name] = jobs[name].result()
+            try:
+                manifest["variants"][name] = jobs[name].result()
+            except concurrent.futures.process.BrokenProcessPool:
+                raise SystemExit(f"{name}: the worker process building it died (killed: most often out of memory; "
+                                 f"`dmesg | grep -i killed` says); free memory and run the build again") from None
 
 
 def build(out: Path, cache: Path = CACHE, reuse: bool = True, families: list[str] | None = None) -> dict[str, Any]:
@@ -723,7 +728,10 @@ def build_parts(tmp: Path, manifest: dict[str, Any], old: dict[str, Any] | None,
     process trains the small families and measures the MediaPipe ones; the Keras entries last."""
     build_image_families(tmp, manifest, images)
     ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=KERAS_WORKERS, mp_context=ctx) as pool:
+    # a fresh worker per variant: TensorFlow keeps what each build allocated (one worker building all
+    # five grew to 14 GB and was killed on a 24 GB machine), a new process gives it back
+    with concurrent.futures.ProcessPoolExecutor(max_workers=KERAS_WORKERS, mp_context=ctx,
+                                                max_tasks_per_child=1) as pool:
         jobs = start_keras(tmp, manifest, old, old_dir, pool)
         build_trained(tmp, manifest, old, old_dir, None)
         build_mediapipe(tmp, manifest, mp_dir)
