@@ -367,15 +367,15 @@ class Cluster:
     def _reschedule(self) -> None:
         """The running jobs' ends after a job of the shared quota started or ended: the calls'
         (``comp``, kept a heap in place) and the event loop's (``h_end``)."""
-        e = self.quota.ends()
+        e = self.quota.next_ends()
         if e is self.ends:
             return
         self.ends = e
         comp = self.comp
-        comp[:] = [(e[key], key, items, s) for _, key, items, s in comp]
+        comp[:] = [(e.get(key, INF), key, items, s) for _, key, items, s in comp]
         heapq.heapify(comp)
-        if LOOP in e:
-            self.h_end = e[LOOP]
+        if self.h_quota:
+            self.h_end = e.get(LOOP, INF)
 
     # -- outages --
     def down(self, t: float, mode: str, resume_s: float) -> None:
