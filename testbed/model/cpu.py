@@ -98,7 +98,8 @@ class CfsQuota:
     """
 
     __slots__ = ("cores", "threads", "period", "quota", "unlimited", "cold_factor", "cold_after", "_cold",
-                 "_last_end", "_jobs", "_calls", "_t", "_k", "_left", "_ends", "_next", "_reach")
+                 "_last_end", "_rem", "_tau", "_call", "_calls", "_t", "_k", "_left", "_ends", "_next", "_reach",
+                 "version")
 
     def __init__(self, cores: float, threads: int = 1, workers: int = 1, period_s: float = PERIOD_S,
                  cold_factor: float = 1.0, cold_after_s: float = COLD_AFTER_S, handling: bool = False):
@@ -114,8 +115,13 @@ class CfsQuota:
 
     def reset(self) -> None:
         """Forget the jobs and the consumption (a server restarted)."""
-        #: running jobs: key -> [CPU-s still needed, threads (CPU-s per s), is a model call]
-        self._jobs: dict[int, list] = {}
+        #: running jobs: key -> CPU-s still needed, threads (CPU-s per s), is a model call
+        self._rem: dict[int, float] = {}
+        self._tau: dict[int, int] = {}
+        self._call: dict[int, bool] = {}
+        #: counts the changes of the running jobs (start, finish, pause, reset): the ends cached by a
+        #: driver are those of :meth:`next_ends` as long as it is the same
+        self.version = getattr(self, "version", 0) + 1
         self._calls = 0  # model calls among them
         self._last_end = -math.inf  # end of the latest model call (s)
         self._t, self._k, self._left = 0.0, -1, self.quota  # the state's time, its period, quota left in it
@@ -136,34 +142,34 @@ class CfsQuota:
         Raises:
             ValueError: ``key`` is already running.
         """
-        if key in self._jobs:
+        if key in self._rem:
             raise ValueError(f"job {key} is already running")
         self._advance(t)
         if call:
             wall_s *= self._cold_of(t, cold_factor)
             self._calls += 1
         tau = self.threads if call else 1
-        self._jobs[key] = [wall_s * tau, tau, call]
+        self._rem[key], self._tau[key], self._call[key] = wall_s * tau, tau, call
         self._ends = self._next = None
+        self.version += 1
 
     def finish(self, key: int, t: float) -> None:
         """Job ``key`` ended at ``t`` (its :meth:`ends` value): it stops drawing on the quota."""
         self._advance(t)
-        job = self._jobs.pop(key)
-        if job[2]:
+        del self._rem[key], self._tau[key]
+        if self._call.pop(key):
             self._calls -= 1
             if t > self._last_end:
                 self._last_end = t
         self._ends = self._next = None
+        self.version += 1
 
     def ends(self) -> dict[int, float]:
         """When each running job ends (s) if no other job starts meanwhile (the same dict until the
         next :meth:`start`, :meth:`finish` or :meth:`pause`; do not change it)."""
         if self._ends is None:
-            rem = {k: j[0] for k, j in self._jobs.items()}
-            taus = {k: j[1] for k, j in self._jobs.items()}
             out: dict[int, float] = {}
-            self._flow(self._t, self._k, self._left, rem, taus, math.inf, out)
+            self._flow(self._t, self._k, self._left, dict(self._rem), self._tau, math.inf, out)
             self._ends = out
         return self._ends
 
@@ -176,10 +182,9 @@ class CfsQuota:
         clusters) uses. The same dict until the next :meth:`start`, :meth:`finish` or :meth:`pause`;
         do not change it."""
         if self._next is None:
-            rem = {k: j[0] for k, j in self._jobs.items()}
-            taus = {k: j[1] for k, j in self._jobs.items()}
+            rem = dict(self._rem)
             out: dict[int, float] = {}
-            t, k, left = self._flow(self._t, self._k, self._left, rem, taus, math.inf, out, True)
+            t, k, left = self._flow(self._t, self._k, self._left, rem, self._tau, math.inf, out, True)
             self._next, self._reach = out, (t, k, left, rem)
         return self._next
 
@@ -189,6 +194,7 @@ class CfsQuota:
         if until > self._t:
             self._t = until
         self._ends = self._next = None
+        self.version += 1
 
     # -- a job alone --
     def run(self, start_s: float, wall_s: float, cold_factor: float | None = None) -> float:
@@ -232,13 +238,13 @@ class CfsQuota:
             return
         reach, self._reach = self._reach, None
         if reach is not None and reach[0] == t:  # the flow to t is the one next_ends() ran: its state
-            self._t, self._k, self._left, rem = reach
-        else:
-            rem = {k: j[0] for k, j in self._jobs.items()}
-            taus = {k: j[1] for k, j in self._jobs.items()}
-            self._t, self._k, self._left = self._flow(self._t, self._k, self._left, rem, taus, t, None)
-        for k, j in self._jobs.items():
-            j[0] = rem[k]
+            self._t, self._k, self._left, self._rem = reach
+        elif self._rem:
+            rem = dict(self._rem)
+            self._t, self._k, self._left = self._flow(self._t, self._k, self._left, rem, self._tau, t, None)
+            self._rem = rem
+        else:  # nothing runs: the flow would only move the time
+            self._t = t
 
     def _flow(self, now: float, k: int, left: float, rem: dict[int, float], taus: dict[int, int], until: float,
               ends: dict[int, float] | None, first: bool = False) -> tuple[float, int, float]:
@@ -252,14 +258,20 @@ class CfsQuota:
         quota's end and the jobs' ends), so stopping at the first end reaches the state a flow to
         that time reaches, bit for bit (:meth:`next_ends`, :meth:`_advance`)."""
         period, quota = self.period, self.quota
-        active = [key for key, r in rem.items() if r > _EPS]
-        for key in [key for key, r in rem.items() if r <= _EPS]:
-            rem[key] = 0.0
-            if ends is not None:
-                ends[key] = now
+        keys, rs, ts = [], [], []  # the jobs still running: keys, CPU-s still needed, threads
+        for key, r in rem.items():
+            if r > _EPS:
+                keys.append(key)
+                rs.append(r)
+                ts.append(taus[key])
+            else:
+                rem[key] = 0.0
+                if ends is not None:
+                    ends[key] = now
         if first and ends:
             return now, k, left
-        while active and now < until:
+        rate = sum(ts)  # CPU-s per s they draw together
+        while keys and now < until:
             p1 = (k + 1) * period
             if now >= p1:  # a new period: the quota is refilled
                 k = max(k + 1, int(now // period))
@@ -269,29 +281,45 @@ class CfsQuota:
                     p1 = (k + 1) * period
                 left = quota
             if left <= _EPS:  # throttled: nothing runs until the next period
-                now = min(until, p1)
+                now = until if until < p1 else p1
                 continue
-            rate = sum(taus[key] for key in active)
-            h = min(until, p1, now + left / rate)
-            for key in active:
-                h = min(h, now + rem[key] / taus[key])
+            # the step: to the earliest of until, the period's end, the quota's and the jobs' ends
+            h = now + left / rate
+            if p1 < h:
+                h = p1
+            if until < h:
+                h = until
+            for r, tau in zip(rs, ts, strict=True):
+                x = now + r / tau
+                if x < h:
+                    h = x
             dt = h - now
-            left = max(0.0, left - rate * dt)
-            done = []
-            for key in active:
-                r = rem[key] - taus[key] * dt
+            left -= rate * dt
+            if not left > 0.0:
+                left = 0.0
+            done = False
+            for i, tau in enumerate(ts):
+                r = rs[i] - tau * dt
                 if r <= _EPS:
                     r = 0.0
-                    done.append(key)
-                rem[key] = r
+                    done = True
+                rs[i] = r
             now = h
-            for key in done:
-                active.remove(key)
-                if ends is not None:
-                    ends[key] = now
-            if first and done:
-                break
-        if not active and ends is None and now < until:
+            if done:  # the jobs that ended leave the flow
+                for key, r in zip(keys, rs, strict=True):
+                    if r == 0.0:
+                        rem[key] = 0.0
+                        if ends is not None:
+                            ends[key] = now
+                keys = [key for key, r in zip(keys, rs, strict=True) if r != 0.0]
+                ts = [tau for tau, r in zip(ts, rs, strict=True) if r != 0.0]
+                rs = [r for r in rs if r != 0.0]
+                rate = sum(ts)
+                if first:
+                    break
+        for key, r in zip(keys, rs, strict=True):
+            rem[key] = r
+        if not keys and ends is None and now < until:
             now = until
         return now, k, left
 

@@ -151,8 +151,9 @@ class Cluster:
         self.floor_s = 0.0  # nothing happens before this time (a stopped server resumes then)
         self.t_last = 0.0
         self.busy_done = 0.0  # total duration of the model calls that ended, s
-        #: the running jobs' ends (:meth:`CfsQuota.ends`) when the quota is shared
-        self.ends: dict[int, float] = {}
+        #: the quota's :attr:`~CfsQuota.version` whose :meth:`~CfsQuota.next_ends` ``comp`` and ``h_end``
+        #: hold (shared quota)
+        self.version = -1
         self.served = self.dropped = self.lost = 0
         self._busy_mark = 0.0
 
@@ -223,12 +224,12 @@ class Cluster:
         models, dls, qlens, t1s, t2s, t3s, batch, back = q.model, q.dl, q.qlen, q.t1, q.t2, q.t3, q.batch, q.back
         t1hs, t3hs = q.t1h, q.t3h
         res, push, pop = self.res, heapq.heappush, heapq.heappop
-        shared = self.shared
+        shared, quota = self.shared, self.quota
         killed, started, waiting = self.state == KILLED, mq.STARTED, mq.WAITING
         t_last, floor = self.t_last, self.floor_s
         busy, served = 0.0, 0
         while True:
-            if shared:  # a job of the shared quota started or ended: the running jobs' ends moved
+            if shared and quota.version != self.version:  # a job of the shared quota started or ended
                 self._reschedule()
             ta = pend[i][0] if i < n else INF
             late = ta < floor  # came while the server was stopped: read when it resumes
@@ -367,10 +368,11 @@ class Cluster:
     def _reschedule(self) -> None:
         """The running jobs' ends after a job of the shared quota started or ended: the calls'
         (``comp``, kept a heap in place) and the event loop's (``h_end``)."""
-        e = self.quota.next_ends()
-        if e is self.ends:
+        quota = self.quota
+        if quota.version == self.version:
             return
-        self.ends = e
+        self.version = quota.version
+        e = quota.next_ends()
         comp = self.comp
         comp[:] = [(e.get(key, INF), key, items, s) for _, key, items, s in comp]
         heapq.heapify(comp)
