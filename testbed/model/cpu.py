@@ -258,20 +258,20 @@ class CfsQuota:
         quota's end and the jobs' ends), so stopping at the first end reaches the state a flow to
         that time reaches, bit for bit (:meth:`next_ends`, :meth:`_advance`)."""
         period, quota = self.period, self.quota
-        keys, rs, ts = [], [], []  # the jobs still running: keys, CPU-s still needed, threads
-        for key, r in rem.items():
-            if r > _EPS:
-                keys.append(key)
-                rs.append(r)
-                ts.append(taus[key])
-            else:
-                rem[key] = 0.0
-                if ends is not None:
-                    ends[key] = now
-        if first and ends:
-            return now, k, left
+        keys = [key for key, r in rem.items() if r > _EPS]  # the jobs still running
+        if len(keys) < len(rem):
+            for key, r in rem.items():
+                if r <= _EPS:
+                    rem[key] = 0.0
+                    if ends is not None:
+                        ends[key] = now
+            if first and ends:
+                return now, k, left
+        rs = [rem[key] for key in keys]  # CPU-s they still need
+        ts = [taus[key] for key in keys]  # their threads
         rate = sum(ts)  # CPU-s per s they draw together
-        while keys and now < until:
+        n = len(keys)
+        while n and now < until:
             p1 = (k + 1) * period
             if now >= p1:  # a new period: the quota is refilled
                 k = max(k + 1, int(now // period))
@@ -289,37 +289,36 @@ class CfsQuota:
                 h = p1
             if until < h:
                 h = until
-            for r, tau in zip(rs, ts, strict=True):
-                x = now + r / tau
+            for i in range(n):
+                x = now + rs[i] / ts[i]
                 if x < h:
                     h = x
             dt = h - now
             left -= rate * dt
             if not left > 0.0:
                 left = 0.0
+            now = h
             done = False
-            for i, tau in enumerate(ts):
-                r = rs[i] - tau * dt
+            for i in range(n):
+                r = rs[i] - ts[i] * dt
                 if r <= _EPS:
                     r = 0.0
                     done = True
+                    if ends is not None:
+                        ends[keys[i]] = now
                 rs[i] = r
-            now = h
             if done:  # the jobs that ended leave the flow
-                for key, r in zip(keys, rs, strict=True):
-                    if r == 0.0:
-                        rem[key] = 0.0
-                        if ends is not None:
-                            ends[key] = now
-                keys = [key for key, r in zip(keys, rs, strict=True) if r != 0.0]
-                ts = [tau for tau, r in zip(ts, rs, strict=True) if r != 0.0]
-                rs = [r for r in rs if r != 0.0]
-                rate = sum(ts)
                 if first:
                     break
-        for key, r in zip(keys, rs, strict=True):
-            rem[key] = r
-        if not keys and ends is None and now < until:
+                for i in range(n):
+                    if rs[i] == 0.0:
+                        rem[keys[i]] = 0.0
+                run = [i for i in range(n) if rs[i] != 0.0]
+                keys, rs, ts = [keys[i] for i in run], [rs[i] for i in run], [ts[i] for i in run]
+                rate, n = sum(ts), len(run)
+        for i in range(n):
+            rem[keys[i]] = rs[i]
+        if not n and ends is None and now < until:
             now = until
         return now, k, left
 
