@@ -77,8 +77,9 @@ class CfsQuota:
     quota of the current period at once, until the quota is spent; then every job waits for the
     next period. A job that starts later therefore shortens the period's run of the jobs already
     running (they share what is left), and the end of a job is known only until the next one
-    starts: :meth:`start`, :meth:`finish` and :meth:`ends` keep that state (the simulator's
-    clusters); :meth:`run` and :meth:`handle` book a job that runs alone (no other job of the
+    starts: :meth:`start`, :meth:`finish` and :meth:`ends` (or :meth:`next_ends`, the first of them,
+    which is what the simulator's clusters read, and :attr:`version`, which changes when they may
+    have moved) keep that state; :meth:`run` and :meth:`handle` book a job that runs alone (no other job of the
     quota overlaps it), which is all a sequence of calls one after the other needs.
 
     Args:

@@ -131,7 +131,8 @@ class Cluster:
         self.handles = any(f.handling_ms > 0 for f in figures.values())
         self.quota = CfsQuota(fig0.cores, fig0.threads, fig0.workers, handling=self.handles)
         #: whether a job's end can move when another starts (the jobs share a quota that can run
-        #: out): then every start and end reschedules the running jobs (:meth:`_reschedule`)
+        #: out): then every start and end reschedules the running jobs (:meth:`_reschedule`, when
+        #: the quota's version is not the one ``comp`` and ``h_end`` hold)
         self.shared = not self.quota.unlimited
         #: the event loop's job in progress (t, query, model, deadline, ANSWER or REQUEST) and when it
         #: ends (INF: none), the jobs waiting behind it, and how many of all these are requests
@@ -367,15 +368,25 @@ class Cluster:
 
     def _reschedule(self) -> None:
         """The running jobs' ends after a job of the shared quota started or ended: the calls'
-        (``comp``, kept a heap in place) and the event loop's (``h_end``)."""
+        (``comp``, kept a heap in place) and the event loop's (``h_end``).
+
+        Only the jobs that end first get their end (:meth:`CfsQuota.next_ends`); the others get INF,
+        which stands for "strictly later": the next event is the earliest of that end and the
+        arrivals and batches, and the job that ends first finishes (which changes the quota's
+        version) before any other can, so every choice and every time is the one the ends of all
+        jobs would give. (:meth:`cum_busy` and :meth:`down` read the ends at a time the cluster has
+        been advanced to, not after any running call's end: INF compares there as the true end.)"""
         quota = self.quota
         if quota.version == self.version:
             return
         self.version = quota.version
         e = quota.next_ends()
         comp = self.comp
-        comp[:] = [(e.get(key, INF), key, items, s) for _, key, items, s in comp]
-        heapq.heapify(comp)
+        if comp:
+            get = e.get
+            comp[:] = [(get(key, INF), key, items, s) for _, key, items, s in comp]
+            if len(comp) > 1:
+                heapq.heapify(comp)
         if self.h_quota:
             self.h_end = e.get(LOOP, INF)
 
