@@ -259,20 +259,20 @@ class CfsQuota:
         quota's end and the jobs' ends), so stopping at the first end reaches the state a flow to
         that time reaches, bit for bit (:meth:`next_ends`, :meth:`_advance`)."""
         period, quota = self.period, self.quota
-        keys = [key for key, r in rem.items() if r > _EPS]  # the jobs still running
-        if len(keys) < len(rem):
-            for key, r in rem.items():
-                if r <= _EPS:
-                    rem[key] = 0.0
-                    if ends is not None:
-                        ends[key] = now
-            if first and ends:
-                return now, k, left
-        rs = [rem[key] for key in keys]  # CPU-s they still need
-        ts = [taus[key] for key in keys]  # their threads
-        rate = sum(ts)  # CPU-s per s they draw together
-        n = len(keys)
-        while n and now < until:
+        jobs = []  # the jobs still running: [key, CPU-s still needed, threads]
+        rate = 0  # CPU-s per s they draw together
+        for key, r in rem.items():
+            if r > _EPS:
+                tau = taus[key]
+                jobs.append([key, r, tau])
+                rate += tau
+            else:
+                rem[key] = 0.0
+                if ends is not None:
+                    ends[key] = now
+        if first and ends:
+            return now, k, left
+        while jobs and now < until:
             p1 = (k + 1) * period
             if now >= p1:  # a new period: the quota is refilled
                 k = max(k + 1, int(now // period))
@@ -290,8 +290,8 @@ class CfsQuota:
                 h = p1
             if until < h:
                 h = until
-            for i in range(n):
-                x = now + rs[i] / ts[i]
+            for _, r, tau in jobs:
+                x = now + r / tau
                 if x < h:
                     h = x
             dt = h - now
@@ -300,26 +300,25 @@ class CfsQuota:
                 left = 0.0
             now = h
             done = False
-            for i in range(n):
-                r = rs[i] - ts[i] * dt
+            for job in jobs:
+                r = job[1] - job[2] * dt
                 if r <= _EPS:
                     r = 0.0
                     done = True
                     if ends is not None:
-                        ends[keys[i]] = now
-                rs[i] = r
+                        ends[job[0]] = now
+                job[1] = r
             if done:  # the jobs that ended leave the flow
                 if first:
                     break
-                for i in range(n):
-                    if rs[i] == 0.0:
-                        rem[keys[i]] = 0.0
-                run = [i for i in range(n) if rs[i] != 0.0]
-                keys, rs, ts = [keys[i] for i in run], [rs[i] for i in run], [ts[i] for i in run]
-                rate, n = sum(ts), len(run)
-        for i in range(n):
-            rem[keys[i]] = rs[i]
-        if not n and ends is None and now < until:
+                for key, r, _ in jobs:
+                    if r == 0.0:
+                        rem[key] = 0.0
+                jobs = [job for job in jobs if job[1] != 0.0]
+                rate = sum(job[2] for job in jobs)
+        for key, r, _ in jobs:
+            rem[key] = r
+        if not jobs and ends is None and now < until:
             now = until
         return now, k, left
 
