@@ -145,9 +145,11 @@ class CfsQuota:
         """
         if key in self._rem:
             raise ValueError(f"job {key} is already running")
-        self._advance(t)
+        if t > self._t:
+            self._advance(t)
         if call:
-            wall_s *= self._cold_of(t, cold_factor)
+            if self._cold or cold_factor is not None:
+                wall_s *= self._cold_of(t, cold_factor)
             self._calls += 1
         tau = self.threads if call else 1
         self._rem[key], self._tau[key], self._call[key] = wall_s * tau, tau, call
@@ -156,7 +158,8 @@ class CfsQuota:
 
     def finish(self, key: int, t: float) -> None:
         """Job ``key`` ended at ``t`` (its :meth:`ends` value): it stops drawing on the quota."""
-        self._advance(t)
+        if t > self._t:
+            self._advance(t)
         del self._rem[key], self._tau[key]
         if self._call.pop(key):
             self._calls -= 1
