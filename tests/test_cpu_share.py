@@ -116,3 +116,38 @@ def test_the_simulator_reads_a_request_beside_a_running_call_on_the_quota_left()
     assert q.t3[0] == pytest.approx(0.119)  # 8 + 2 + 11 ms in the first period, 19 ms from 100 ms
     assert q.t2[1] == pytest.approx(0.119)
     assert q.t3[1] == pytest.approx(0.309)  # 6 ms left at 119 ms, then 25 ms, then 9 ms
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_first_ends_are_those_of_all_ends_to_the_bit(seed):
+    # a quota read through next_ends (its flow stops at the first end, a finish there takes the state
+    # it reached) and one read through ends (every flow run in full) given the same random jobs:
+    # the same first ends, exactly, and the same state after every step
+    rng = np.random.default_rng(seed)
+    cores, threads = [(0.25, 1), (0.5, 1), (0.5, 2), (1.0, 1)][seed % 4]
+    lazy, full = (CfsQuota(cores, threads, workers=3, handling=True) for _ in range(2))
+    t, key, checked = 0.0, 0, 0
+    for _ in range(400):
+        e = full.ends()
+        first = min(e.values(), default=None)
+        assert lazy.next_ends() == {k: v for k, v in e.items() if v == first}
+        checked += len(e) > 1
+        u = rng.random()
+        if first is not None and u < 0.45:  # the job that ends first ends
+            k = min(k for k, v in e.items() if v == first)
+            t = first
+            for q in (lazy, full):
+                q.finish(k, t)
+        elif u < 0.5:  # the server is frozen a while
+            t2 = t + float(rng.uniform(0.0, 0.15))
+            for q in (lazy, full):
+                q.pause(t, t2)
+            t = t2
+        else:  # a job starts before the first end
+            t = t + float(rng.uniform(0.0, 0.03)) if first is None else float(rng.uniform(t, first))
+            wall, call = float(rng.exponential(0.02)), bool(rng.random() < 0.6)
+            for q in (lazy, full):
+                q.start(key, t, wall, call)
+            key += 1
+        assert (lazy._t, lazy._k, lazy._left, lazy._rem) == (full._t, full._k, full._left, full._rem)
+    assert checked > 50  # jobs did overlap

@@ -77,8 +77,9 @@ class CfsQuota:
     quota of the current period at once, until the quota is spent; then every job waits for the
     next period. A job that starts later therefore shortens the period's run of the jobs already
     running (they share what is left), and the end of a job is known only until the next one
-    starts: :meth:`start`, :meth:`finish` and :meth:`ends` keep that state (the simulator's
-    clusters); :meth:`run` and :meth:`handle` book a job that runs alone (no other job of the
+    starts: :meth:`start`, :meth:`finish` and :meth:`ends` (or :meth:`next_ends`, the first of them,
+    which is what the simulator's clusters read, and :attr:`version`, which changes when they may
+    have moved) keep that state; :meth:`run` and :meth:`handle` book a job that runs alone (no other job of the
     quota overlaps it), which is all a sequence of calls one after the other needs.
 
     Args:
@@ -98,7 +99,8 @@ class CfsQuota:
     """
 
     __slots__ = ("cores", "threads", "period", "quota", "unlimited", "cold_factor", "cold_after", "_cold",
-                 "_last_end", "_jobs", "_calls", "_t", "_k", "_left", "_ends")
+                 "_last_end", "_rem", "_tau", "_call", "_calls", "_t", "_k", "_left", "_ends", "_next", "_reach",
+                 "version")
 
     def __init__(self, cores: float, threads: int = 1, workers: int = 1, period_s: float = PERIOD_S,
                  cold_factor: float = 1.0, cold_after_s: float = COLD_AFTER_S, handling: bool = False):
@@ -114,12 +116,21 @@ class CfsQuota:
 
     def reset(self) -> None:
         """Forget the jobs and the consumption (a server restarted)."""
-        #: running jobs: key -> [CPU-s still needed, threads (CPU-s per s), is a model call]
-        self._jobs: dict[int, list] = {}
+        #: running jobs: key -> CPU-s still needed, threads (CPU-s per s), is a model call
+        self._rem: dict[int, float] = {}
+        self._tau: dict[int, int] = {}
+        self._call: dict[int, bool] = {}
+        #: counts the changes of the running jobs (start, finish, pause, reset): the ends cached by a
+        #: driver are those of :meth:`next_ends` as long as it is the same
+        self.version = getattr(self, "version", 0) + 1
         self._calls = 0  # model calls among them
         self._last_end = -math.inf  # end of the latest model call (s)
         self._t, self._k, self._left = 0.0, -1, self.quota  # the state's time, its period, quota left in it
         self._ends: dict[int, float] | None = {}
+        self._next: dict[int, float] | None = {}  # next_ends(), None: not known
+        #: the state next_ends() reached (time, period, quota left, CPU-s each job still needs): the
+        #: state at that time, which a finish then takes instead of running the flow again
+        self._reach: tuple[float, int, float, dict[int, float]] | None = None
 
     # -- jobs that overlap --
     def start(self, key: int, t: float, wall_s: float, call: bool = True, cold_factor: float | None = None) -> None:
@@ -132,43 +143,62 @@ class CfsQuota:
         Raises:
             ValueError: ``key`` is already running.
         """
-        if key in self._jobs:
+        if key in self._rem:
             raise ValueError(f"job {key} is already running")
-        self._advance(t)
+        if t > self._t:
+            self._advance(t)
         if call:
-            wall_s *= self._cold_of(t, cold_factor)
+            if self._cold or cold_factor is not None:
+                wall_s *= self._cold_of(t, cold_factor)
             self._calls += 1
         tau = self.threads if call else 1
-        self._jobs[key] = [wall_s * tau, tau, call]
-        self._ends = None
+        self._rem[key], self._tau[key], self._call[key] = wall_s * tau, tau, call
+        self._ends = self._next = None
+        self.version += 1
 
     def finish(self, key: int, t: float) -> None:
         """Job ``key`` ended at ``t`` (its :meth:`ends` value): it stops drawing on the quota."""
-        self._advance(t)
-        job = self._jobs.pop(key)
-        if job[2]:
+        if t > self._t:
+            self._advance(t)
+        del self._rem[key], self._tau[key]
+        if self._call.pop(key):
             self._calls -= 1
             if t > self._last_end:
                 self._last_end = t
-        self._ends = None
+        self._ends = self._next = None
+        self.version += 1
 
     def ends(self) -> dict[int, float]:
         """When each running job ends (s) if no other job starts meanwhile (the same dict until the
         next :meth:`start`, :meth:`finish` or :meth:`pause`; do not change it)."""
         if self._ends is None:
-            rem = {k: j[0] for k, j in self._jobs.items()}
-            taus = {k: j[1] for k, j in self._jobs.items()}
             out: dict[int, float] = {}
-            self._flow(self._t, self._k, self._left, rem, taus, math.inf, out)
+            self._flow(self._t, self._k, self._left, dict(self._rem), self._tau, math.inf, out)
             self._ends = out
         return self._ends
+
+    def next_ends(self) -> dict[int, float]:
+        """The running jobs that end first, and when (s), if no other job starts meanwhile: those of
+        :meth:`ends` with the earliest end (several when they end together), the same values; every
+        other job ends strictly later. Cheaper than :meth:`ends` (the flow stops there, and a
+        :meth:`finish` at that time takes the state it reached instead of running it again), which
+        is all a driver that finishes the first job before it needs the next end (the simulator's
+        clusters) uses. The same dict until the next :meth:`start`, :meth:`finish` or :meth:`pause`;
+        do not change it."""
+        if self._next is None:
+            rem = dict(self._rem)
+            out: dict[int, float] = {}
+            t, k, left = self._flow(self._t, self._k, self._left, rem, self._tau, math.inf, out, True)
+            self._next, self._reach = out, (t, k, left, rem)
+        return self._next
 
     def pause(self, t: float, until: float) -> None:
         """The server is frozen from ``t`` to ``until`` (s): its jobs neither run nor draw on the quota."""
         self._advance(t)
         if until > self._t:
             self._t = until
-        self._ends = None
+        self._ends = self._next = None
+        self.version += 1
 
     # -- a job alone --
     def run(self, start_s: float, wall_s: float, cold_factor: float | None = None) -> float:
@@ -196,7 +226,7 @@ class CfsQuota:
 
     def _alone(self, start_s: float, wall_s: float, call: bool, cold_factor: float | None) -> float:
         self.start(-1, start_s, wall_s, call, cold_factor)
-        end = self.ends()[-1]
+        end = self.next_ends()[-1]
         self.finish(-1, end)
         return end
 
@@ -210,24 +240,42 @@ class CfsQuota:
         """Bring the state to ``t``: every running job draws on the quota from the state's time."""
         if t <= self._t:
             return
-        rem = {k: j[0] for k, j in self._jobs.items()}
-        taus = {k: j[1] for k, j in self._jobs.items()}
-        self._t, self._k, self._left = self._flow(self._t, self._k, self._left, rem, taus, t, None)
-        for k, j in self._jobs.items():
-            j[0] = rem[k]
+        reach, self._reach = self._reach, None
+        if reach is not None and reach[0] == t:  # the flow to t is the one next_ends() ran: its state
+            self._t, self._k, self._left, self._rem = reach
+        elif self._rem:
+            rem = dict(self._rem)
+            self._t, self._k, self._left = self._flow(self._t, self._k, self._left, rem, self._tau, t, None)
+            self._rem = rem
+        else:  # nothing runs: the flow would only move the time
+            self._t = t
 
     def _flow(self, now: float, k: int, left: float, rem: dict[int, float], taus: dict[int, int], until: float,
-              ends: dict[int, float] | None) -> tuple[float, int, float]:
+              ends: dict[int, float] | None, first: bool = False) -> tuple[float, int, float]:
         """Run the jobs (``rem``: CPU-s still needed, ``taus``: their threads) from ``now`` (period
         ``k``, ``left`` CPU-s of its quota left) to ``until``, or with ``ends`` until every job is
-        done, noting there when each ends. Changes ``rem``; returns (time, period, quota left)."""
+        done (``first``: until the first is), noting there when each ends. Changes ``rem``; returns
+        (time, period, quota left).
+
+        A flow to ``until`` takes the same steps as one to the first end as long as they lead to
+        ``until`` or before (each step goes to the earliest of ``until``, the period's end, the
+        quota's end and the jobs' ends), so stopping at the first end reaches the state a flow to
+        that time reaches, bit for bit (:meth:`next_ends`, :meth:`_advance`)."""
         period, quota = self.period, self.quota
-        active = [key for key, r in rem.items() if r > _EPS]
-        for key in [key for key, r in rem.items() if r <= _EPS]:
-            rem[key] = 0.0
-            if ends is not None:
-                ends[key] = now
-        while active and now < until:
+        jobs = []  # the jobs still running: [key, CPU-s still needed, threads]
+        rate = 0  # CPU-s per s they draw together
+        for key, r in rem.items():
+            if r > _EPS:
+                tau = taus[key]
+                jobs.append([key, r, tau])
+                rate += tau
+            else:
+                rem[key] = 0.0
+                if ends is not None:
+                    ends[key] = now
+        if first and ends:
+            return now, k, left
+        while jobs and now < until:
             p1 = (k + 1) * period
             if now >= p1:  # a new period: the quota is refilled
                 k = max(k + 1, int(now // period))
@@ -237,27 +285,43 @@ class CfsQuota:
                     p1 = (k + 1) * period
                 left = quota
             if left <= _EPS:  # throttled: nothing runs until the next period
-                now = min(until, p1)
+                now = until if until < p1 else p1
                 continue
-            rate = sum(taus[key] for key in active)
-            h = min(until, p1, now + left / rate)
-            for key in active:
-                h = min(h, now + rem[key] / taus[key])
+            # the step: to the earliest of until, the period's end, the quota's and the jobs' ends
+            h = now + left / rate
+            if p1 < h:
+                h = p1
+            if until < h:
+                h = until
+            for _, r, tau in jobs:
+                x = now + r / tau
+                if x < h:
+                    h = x
             dt = h - now
-            left = max(0.0, left - rate * dt)
-            done = []
-            for key in active:
-                r = rem[key] - taus[key] * dt
+            left -= rate * dt
+            if not left > 0.0:
+                left = 0.0
+            now = h
+            done = False
+            for job in jobs:
+                r = job[1] - job[2] * dt
                 if r <= _EPS:
                     r = 0.0
-                    done.append(key)
-                rem[key] = r
-            now = h
-            for key in done:
-                active.remove(key)
-                if ends is not None:
-                    ends[key] = now
-        if not active and ends is None and now < until:
+                    done = True
+                    if ends is not None:
+                        ends[job[0]] = now
+                job[1] = r
+            if done:  # the jobs that ended leave the flow
+                if first:
+                    break
+                for key, r, _ in jobs:
+                    if r == 0.0:
+                        rem[key] = 0.0
+                jobs = [job for job in jobs if job[1] != 0.0]
+                rate = sum(job[2] for job in jobs)
+        for key, r, _ in jobs:
+            rem[key] = r
+        if not jobs and ends is None and now < until:
             now = until
         return now, k, left
 

@@ -131,7 +131,8 @@ class Cluster:
         self.handles = any(f.handling_ms > 0 for f in figures.values())
         self.quota = CfsQuota(fig0.cores, fig0.threads, fig0.workers, handling=self.handles)
         #: whether a job's end can move when another starts (the jobs share a quota that can run
-        #: out): then every start and end reschedules the running jobs (:meth:`_reschedule`)
+        #: out): then every start and end reschedules the running jobs (:meth:`_reschedule`, when
+        #: the quota's version is not the one ``comp`` and ``h_end`` hold)
         self.shared = not self.quota.unlimited
         #: the event loop's job in progress (t, query, model, deadline, ANSWER or REQUEST) and when it
         #: ends (INF: none), the jobs waiting behind it, and how many of all these are requests
@@ -151,8 +152,9 @@ class Cluster:
         self.floor_s = 0.0  # nothing happens before this time (a stopped server resumes then)
         self.t_last = 0.0
         self.busy_done = 0.0  # total duration of the model calls that ended, s
-        #: the running jobs' ends (:meth:`CfsQuota.ends`) when the quota is shared
-        self.ends: dict[int, float] = {}
+        #: the quota's :attr:`~CfsQuota.version` whose :meth:`~CfsQuota.next_ends` ``comp`` and ``h_end``
+        #: hold (shared quota)
+        self.version = -1
         self.served = self.dropped = self.lost = 0
         self._busy_mark = 0.0
 
@@ -223,12 +225,12 @@ class Cluster:
         models, dls, qlens, t1s, t2s, t3s, batch, back = q.model, q.dl, q.qlen, q.t1, q.t2, q.t3, q.batch, q.back
         t1hs, t3hs = q.t1h, q.t3h
         res, push, pop = self.res, heapq.heappush, heapq.heappop
-        shared = self.shared
+        shared, quota = self.shared, self.quota
         killed, started, waiting = self.state == KILLED, mq.STARTED, mq.WAITING
         t_last, floor = self.t_last, self.floor_s
         busy, served = 0.0, 0
         while True:
-            if shared:  # a job of the shared quota started or ended: the running jobs' ends moved
+            if shared and quota.version != self.version:  # a job of the shared quota started or ended
                 self._reschedule()
             ta = pend[i][0] if i < n else INF
             late = ta < floor  # came while the server was stopped: read when it resumes
@@ -366,16 +368,27 @@ class Cluster:
 
     def _reschedule(self) -> None:
         """The running jobs' ends after a job of the shared quota started or ended: the calls'
-        (``comp``, kept a heap in place) and the event loop's (``h_end``)."""
-        e = self.quota.ends()
-        if e is self.ends:
+        (``comp``, kept a heap in place) and the event loop's (``h_end``).
+
+        Only the jobs that end first get their end (:meth:`CfsQuota.next_ends`); the others get INF,
+        which stands for "strictly later": the next event is the earliest of that end and the
+        arrivals and batches, and the job that ends first finishes (which changes the quota's
+        version) before any other can, so every choice and every time is the one the ends of all
+        jobs would give. (:meth:`cum_busy` and :meth:`down` read the ends at a time the cluster has
+        been advanced to, not after any running call's end: INF compares there as the true end.)"""
+        quota = self.quota
+        if quota.version == self.version:
             return
-        self.ends = e
+        self.version = quota.version
+        e = quota.next_ends()
         comp = self.comp
-        comp[:] = [(e[key], key, items, s) for _, key, items, s in comp]
-        heapq.heapify(comp)
-        if LOOP in e:
-            self.h_end = e[LOOP]
+        if comp:
+            get = e.get
+            comp[:] = [(get(key, INF), key, items, s) for _, key, items, s in comp]
+            if len(comp) > 1:
+                heapq.heapify(comp)
+        if self.h_quota:
+            self.h_end = e.get(LOOP, INF)
 
     # -- outages --
     def down(self, t: float, mode: str, resume_s: float) -> None:
