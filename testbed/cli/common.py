@@ -54,18 +54,27 @@ def duration_arg(text: str) -> float:
     return value
 
 
-def int_at_least(n: int) -> Callable[[str], int]:
-    """argparse type of an integer option that must be at least ``n``."""
+def bounded(kind: type[int] | type[float], low: float, high: float | None = None,
+            unit: str = "") -> Callable[[str], int | float]:
+    """argparse type of a number option (``kind``: int or float) in [``low``, ``high``] (no upper
+    bound when ``high`` is None); ``unit`` names what is counted in the message (e.g. "workers")."""
+    noun = "an integer" if kind is int else "a number"
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> int | float:
         try:
-            v = int(text)
+            v = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < n:
-            raise argparse.ArgumentTypeError(f"{text!r}: need an integer >= {n}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if v != v or v < low or (high is not None and v > high):  # v != v: NaN
+            span = f">= {low:g}" if high is None else f"{low:g} .. {high:g}"
+            raise argparse.ArgumentTypeError(f"{text!r}: need {noun} {span}{' ' + unit if unit else ''}")
         return v
     return parse
+
+
+def int_at_least(n: int) -> Callable[[str], int]:
+    """argparse type of an integer option that must be at least ``n``."""
+    return bounded(int, n)  # type: ignore[return-value]
 
 
 def print_feasibility(plan: Plan, out: Console | None = None) -> None:

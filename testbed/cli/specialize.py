@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from testbed.aset.specialize import Settings, specialize
-from testbed.cli.common import console, plain_help
+from testbed.cli.common import bounded, console, plain_help
 from testbed.cli.simulate import seed_arg
 from testbed.spec.units import UnitError, parse_duration_arg_s
 
@@ -31,26 +31,6 @@ def _budget(text: str) -> float:
     return v
 
 
-def _workers(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 1 <= v <= 256:
-        raise argparse.ArgumentTypeError(f"{text!r}: 1 .. 256 workers")
-    return v
-
-
-def _margin(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= v <= 100:
-        raise argparse.ArgumentTypeError(f"{text!r}: a margin is 0 .. 100 points")
-    return v
-
-
 def register(subparsers) -> None:
     """Add the ``specialize`` subcommand."""
     p = subparsers.add_parser("specialize", help="specialize ASET for one experiment within a time budget "
@@ -61,8 +41,9 @@ def register(subparsers) -> None:
                    help="wall-clock budget: minutes (10m) or seconds (300s, 300) (default 10m)")
     p.add_argument("--out", type=Path, required=True, help="checkpoint path without suffix (writes .npz and .json)")
     p.add_argument("--seed", type=seed_arg, default=1, help="specialization seed (tuning seeds, variants; default 1)")
-    p.add_argument("--workers", type=_workers, default=2, help="parallel simulations (default 2)")
-    p.add_argument("--margin", type=_margin, default=None,
+    p.add_argument("--workers", type=bounded(int, 1, 256, "workers"), default=2,
+                   help="parallel simulations (default 2)")
+    p.add_argument("--margin", type=bounded(float, 0, 100, "points of margin"), default=None,
                    help="the gate's margin in points (default: the one chosen on the validation set)")
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="what the budget counts: wall time (default), or the CPU time of the workers / their number "
