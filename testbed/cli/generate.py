@@ -47,8 +47,11 @@ def _seeds(text: str) -> list[int]:
 
 def register(subparsers) -> None:
     """Add the ``generate`` subcommand."""
-    p = subparsers.add_parser("generate", help="write seeded generated scenarios (topohub topologies, clusters, "
-                                               "sources, zoo applications, loads, events) for ASET")
+    what = "write seeded generated scenarios (topohub topologies, clusters, sources, zoo applications, loads, events)"
+    p = subparsers.add_parser("generate", help=what + " for ASET",
+                              description=what[0].upper() + what[1:] + " for training and evaluating ASET: one "
+                              "experiment file per seed, the same file for the same split and seed (at most 10,000 "
+                              "seeds at once).")
     p.add_argument("--split", choices=["train", "held_out", "validation", "test"], default="held_out",
                    help="the training distribution, the held-out set (held-out topologies and event patterns), or "
                         "the frozen validation and test sets (topologies training never sees)")

@@ -1,7 +1,8 @@
-"""The ``testbed`` command: ``plan``, ``run`` and ``cleanup``, and the subcommands of
-:data:`COMMAND_MODULES` (compare, evaluate, generate, new-experiment, profile, report, simulate, sweep, train: one
-module each in
-:mod:`testbed.cli`).
+"""The ``testbed`` command: plan, run, cleanup, compare, evaluate, generate, new-experiment, profile,
+report, simulate, specialize, sweep, train and zoo.
+
+``plan``, ``run`` and ``cleanup`` are here; the others are one module each in :mod:`testbed.cli`
+(:data:`COMMAND_MODULES`).
 
 Exit codes (:mod:`testbed.core.errors`): 0 success; 2 invalid input (nothing was built); 3 a
 precondition or self-check failed, or a component did not come up; 4 a component died during the

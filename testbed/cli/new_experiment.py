@@ -348,7 +348,7 @@ def _header(opts: Options, raw: RawTopology, source: str, dropped: bool, out_lab
              f"# Topology {q(raw.name)}: {len(raw.nodes)} nodes, {len(raw.links)} links"
              f"{'; nodes outside its largest connected part are dropped' if dropped else ''}.\n"
              f"# Check it: testbed plan {out}; simulate it: testbed simulate {out};\n"
-             f"# emulate it: sudo testbed run {out}\n"
+             f"# emulate it: sudo .venv/bin/testbed run {out}\n"
              f"# Every quantity carries its unit, in the value (deadline: 100ms) or in the key (deadline_ms: 100):\n"
              f"# times in us, ms or s; rates in bit/s, kbit/s, Mbit/s or Gbit/s (no space before the unit).\n")
     return intro + _commented([
@@ -660,8 +660,12 @@ def _check_plans(text: str, raw: RawTopology, base: Path) -> Plan:
 
 def register(subparsers) -> None:
     """Add the ``new-experiment`` subcommand."""
-    p = subparsers.add_parser("new-experiment", help="write a commented experiment file for a topology (topohub or "
-                                                     "a file), clusters and sources; planned before it is written")
+    what = ("write a commented experiment file for a topology (topohub or a file), clusters and sources; planned "
+            "before it is written")
+    p = subparsers.add_parser("new-experiment", help=what,
+                              description=what[0].upper() + what[1:] + ": every application gets a (source, cluster) "
+                              "pair that meets its deadline at zero load, or the command says it cannot and names the "
+                              "nearest deadline that would work.")
     p.add_argument("--topology", required=True, help="topohub:GROUP/NAME (e.g. topohub:sndlib/polska), a .graphml or "
                                                      "a .yaml topology file")
     p.add_argument("--clusters", default="auto:3", help="auto:N (the N most central nodes) or NODE[:TIER][:CORES],... "
