@@ -193,6 +193,7 @@ def test_aset_selector_is_called_with_the_window_state(tmp_path, monkeypatch):
         def __init__(self, cfg):
             self.cfg = cfg
             self.window_s = cfg.aset.window_s  # the agent's window (its checkpoint's, or aset.window)
+            self.initial = "closest"  # the policy before its first decision (SourceSelector.initial)
 
         def choose(self, state):
             calls.append(state)

@@ -20,6 +20,8 @@ ALLOWED_OUTSIDE = {
     "testbed.serve.server._StopWhileLoading": "control flow inside the server's main() (a signal while loading)",
     "testbed.core.plugins._Expired": "control flow inside a plug-in's call (its time limit; a BaseException so the "
                                      "plug-in's own except Exception does not swallow it), turned into PluginFault",
+    "testbed.aset.specialize._OverBudget": "control flow inside specialize (the budget's guard stops a step), caught "
+                                           "there and said in the report's truncated steps",
 }
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from testbed.core.hashing import bytes_sha256
 from testbed.plan import zoo
 from testbed.serve import calls, graphs, loaders, payload
 
@@ -141,7 +142,7 @@ def test_sources_are_hash_pinned_registry_wheels_and_no_mediapipe_runtime(manife
     monkeypatch.setattr(src.subprocess, "run", lambda *a, **k: calls.append(a) or pytest.fail("downloaded again"))
     for wheel in (src.MEDIAPIPE_WHEEL, src.SKIMAGE_WHEEL):
         path = src.fetch_wheel(wheel, cache)  # cached and matching its pin: no download
-        assert path.name == wheel[2] and src.sha256(path.read_bytes()) == wheel[3]
+        assert path.name == wheel[2] and bytes_sha256(path.read_bytes()) == wheel[3]
         assert manifest["sources"]["mediapipe_wheel" if wheel is src.MEDIAPIPE_WHEEL else "skimage_wheel"]["sha256"] \
             == wheel[3]
     assert not calls

@@ -18,10 +18,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from testbed.core.errors import connect_error
 from testbed.emu.autodilate import unreached_clusters
 from testbed.emu.load import SOURCES_READY_TIMEOUT_S, sources_ready_timeout_s
 from testbed.emu.mininet_network import Emulation
-from testbed.emu.servers import connect_error
 from testbed.emu.source import CANNOT_REACH, OPEN_TIMEOUT_S
 from testbed.plan.build import plan_experiment
 from testbed.plan.dilation import dilate, with_time_dilation

@@ -24,6 +24,8 @@ code meaning
 
 from __future__ import annotations
 
+import errno
+
 EXIT_OK = 0
 EXIT_INPUT = 2
 EXIT_BRINGUP = 3
@@ -56,6 +58,26 @@ class RunFailure(TestbedError, RuntimeError):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+#: What a connection error's errno says about the path (:func:`connect_error`).
+ERRNO_MEANING = {
+    "EHOSTUNREACH": "the source's neighbour entry for the cluster failed (ARP unanswered)",
+    "ECONNREFUSED": "nothing listens on the server's port at the cluster's address",
+    "ENETUNREACH": "the source has no route to the cluster's address",
+    "ECONNRESET": "the server reset the connection",
+}
+
+
+def connect_error(exc: BaseException) -> str:
+    """A client error with its errno named: ``ClientConnectorError: EHOSTUNREACH (meaning): text``.
+    aiohttp's message keeps only asyncio's ``Connect call failed (ip, port)``, which reads the same
+    for a refused connection and an unanswered ARP."""
+    os_err = getattr(exc, "os_error", exc)
+    code = getattr(os_err, "errno", None)
+    name = errno.errorcode.get(code, "") if isinstance(code, int) else ""
+    what = f"{name} ({ERRNO_MEANING[name]}): " if name in ERRNO_MEANING else (f"{name}: " if name else "")
+    return f"{type(exc).__name__}: {what}{exc}"
 
 
 def counted(n: int, noun: str, nouns: str | None = None) -> str:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from testbed.core import cgroups
 from testbed.core.clock import EmulatedClock
-from testbed.core.errors import EXIT_INTEGRITY, RunFailure
+from testbed.core.errors import EXIT_INTEGRITY, RunFailure, connect_error
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT, poll_until, stop_processes, stopped, write_json_atomic
 from testbed.plan.speeds import ClusterSpeed, Speeds, check_fits, expected_weights, speed_target
@@ -349,28 +349,6 @@ class ClusterServers:
 
 # ----------------------------------------------------------------------------- warm-up client
 
-#: What a connection error's errno says about the path (:func:`connect_error`).
-ERRNO_MEANING = {
-    "EHOSTUNREACH": "the source's neighbour entry for the cluster failed (ARP unanswered)",
-    "ECONNREFUSED": "nothing listens on the server's port at the cluster's address",
-    "ENETUNREACH": "the source has no route to the cluster's address",
-    "ECONNRESET": "the server reset the connection",
-}
-
-
-def connect_error(exc: BaseException) -> str:
-    """A client error with its errno named: ``ClientConnectorError: EHOSTUNREACH (meaning): text``.
-    aiohttp's message keeps only asyncio's ``Connect call failed (ip, port)``, which reads the same
-    for a refused connection and an unanswered ARP."""
-    import errno as errno_mod
-
-    os_err = getattr(exc, "os_error", exc)
-    code = getattr(os_err, "errno", None)
-    name = errno_mod.errorcode.get(code, "") if isinstance(code, int) else ""
-    what = f"{name} ({ERRNO_MEANING[name]}): " if name in ERRNO_MEANING else (f"{name}: " if name else "")
-    return f"{type(exc).__name__}: {what}{exc}"
-
-
 async def _warm(spec: dict) -> dict[str, list[float]]:
     """Send the warm-up requests of ``spec`` one after the other; ms of each, per cluster/model.
 
@@ -422,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["WARMUP_REQUESTS", "ClusterServers", "connect_error", "main"]
+__all__ = ["WARMUP_REQUESTS", "ClusterServers", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

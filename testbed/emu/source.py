@@ -57,7 +57,7 @@ import numpy as np
 
 from testbed.agent.live import SourceSelector
 from testbed.agent.selector import SelectorFailed
-from testbed.core.errors import EXIT_COMPONENT_DIED
+from testbed.core.errors import EXIT_COMPONENT_DIED, connect_error
 from testbed.core.plugins import add_sys_paths
 from testbed.core.util import replace_atomic, write_json_atomic
 from testbed.model import seeds
@@ -353,7 +353,7 @@ class Source:
     async def _open_connections(self, session) -> None:
         """One keep-alive connection to every cluster before the load (a ``GET /v1/stats`` each,
         within :data:`OPEN_TIMEOUT_S` x k); a failure is noted in the log (:data:`CANNOT_REACH`, with
-        its errno: :func:`testbed.emu.servers.connect_error`): after the run's path warm-up it does not
+        its errno: :func:`testbed.core.errors.connect_error`): after the run's path warm-up it does not
         happen; auto dilation's warm-ups, which skip that, refuse to measure when it does."""
         import aiohttp
 
@@ -365,7 +365,6 @@ class Source:
                 async with session.get(url, timeout=timeout) as resp:
                     await resp.read()
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                from testbed.emu.servers import connect_error  # only on this path: the source starts light
 
                 print(f"{CANNOT_REACH} {cluster} before the load: {connect_error(exc)}", file=sys.stderr)
 
