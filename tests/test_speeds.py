@@ -298,6 +298,27 @@ def test_the_pad_is_added_to_the_work_and_a_wait_beyond_the_tolerance_is_late():
                         "unpadded_s": pytest.approx(on_time.unpadded_s + 0.0049)}
 
 
+def test_work_that_took_more_cpu_than_at_start_up_is_late_and_the_summary_warns():
+    """A call of one input whose CPU time exceeds what the speed check measured at start-up by
+    more than LATE_TOLERANCE ran slower than the run asked, with no wait at all (a busy host runs
+    the same call slower); within it, it is on time. The summary counts the late calls per
+    cluster and warns when most of a model's calls were."""
+    from testbed.results.render import _late_warnings, _server_table
+    from testbed.serve.scheduler import LATE_TOLERANCE, pad_work
+
+    slow = pad_work(0.2, cpu_s=0.0025, elapsed_s=0.0025, sleep=lambda _: None, expected_cpu_s=0.002)
+    fine = pad_work(0.2, cpu_s=0.002 * (1 + LATE_TOLERANCE / 2), elapsed_s=0.002 * (1 + LATE_TOLERANCE / 2),
+                    sleep=lambda _: None, expected_cpu_s=0.002)
+    assert slow.late and not fine.late
+    calls = {"a": {"timed": 24, "late": 13}, "b": {"timed": 24, "late": 12}}
+    s = {"per_cluster": {"edge": {"server": {"lives": 1, "lives_not_ready": 0, "served": 48, "dropped_queue_full": 0,
+                                             "dropped_admission": 0, "errors": 0, "utilization": 0.1,
+                                             "calls": calls}}}}
+    warnings = _late_warnings(s)
+    assert len(warnings) == 1 and "edge's calls of a" in warnings[0] and "13 of 24" in warnings[0]
+    assert _server_table(s)[0][2][0][-1] == "25/48"
+
+
 def test_a_padded_servers_stats_count_its_calls_cpu_and_the_late_ones():
     import threading
 

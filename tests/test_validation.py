@@ -450,9 +450,11 @@ def _records(tmp_path: Path) -> pd.DataFrame:
                                 drop_reason="queue_full" if st == 503 else "", cold=(i == 1), **common))
     pd.DataFrame(rows, columns=RECORD_FIELDS).to_csv(tmp_path / "sources" / "a.records.csv", index=False)
     # c1's server was restarted: its first life's stats kept apart; they disagree with the records on purpose
-    (tmp_path / "clusters" / "c1.stats.1.json").write_text(json.dumps({"served": 1, "dropped": 0}))
+    (tmp_path / "clusters" / "c1.stats.1.json").write_text(json.dumps({"served": 1, "dropped": 0, "per_model": {
+        "m": {"timed": 1, "late": 1}}}))
     (tmp_path / "clusters" / "c1.stats.json").write_text(json.dumps({"served": 3, "dropped_queue_full": 2,
-                                                                      "dropped": 2, "utilization": 0.1}))
+                                                                      "dropped": 2, "utilization": 0.1, "per_model": {
+                                                                          "m": {"timed": 3, "late": 0}}}))
     (tmp_path / "clusters" / "c1.lives.json").write_text(json.dumps({"lives": 3, "ready": 2}))
     (tmp_path / "linkemu" / "l1.json").write_text(json.dumps({"frames_ab": 10, "frames_ba": 5, "lost_ab": 1,
                                                               "max_lateness_us": 21000.0, "mean_lateness_us": 300.0,
@@ -474,7 +476,8 @@ def test_per_cluster_and_per_cause_tables_agree_with_the_records(tmp_path):
     assert s["drop_reasons"] == {"queue_full": 1}
     assert s["per_cluster"]["c1"]["server"] == {"lives": 3, "lives_not_ready": 1, "served": 4, "dropped": 2,
                                                 "dropped_queue_full": 2, "dropped_admission": 0, "errors": 0,
-                                                "utilization": 0.1}  # a third life killed while loading
+                                                "utilization": 0.1, "calls": {"m": {"timed": 4, "late": 1}}}
+    # (a third life killed while loading; the late calls summed over the lives)
     assert s["per_cluster"]["c1"]["success"] == 2  # the records, not the server's 4
     assert s["link_emulators"]["total"] == {"frames": 15, "lost": 1, "overflow": 2, "shaper_drops": 7,
                                             "dropped_down": 0, "kernel_drops": 0, "send_errors": 0,

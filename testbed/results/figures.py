@@ -202,7 +202,9 @@ def _server_counters(run_dir: Path) -> dict[str, dict]:
 
     ``lives`` counts the lives started (``<cluster>.lives.json``, written by the run) and
     ``lives_not_ready`` those that never became ready (killed or ended while loading: no counters);
-    without that file, every stats file is one life."""
+    without that file, every stats file is one life. ``calls``: per model, its model calls
+    ``timed`` and the ``late`` ones, which ran slower than the speed the run asked
+    (:func:`testbed.serve.scheduler.pad_work`)."""
     out: dict[str, dict] = {}
     for f in sorted((run_dir / "clusters").glob("*.stats*.json")):
         name = f.name.split(".stats")[0]
@@ -211,10 +213,15 @@ def _server_counters(run_dir: Path) -> dict[str, dict]:
         except (OSError, ValueError):
             continue
         c = out.setdefault(name, {"lives": 0, "lives_not_ready": 0, "served": 0, "dropped": 0,
-                                  "dropped_queue_full": 0, "dropped_admission": 0, "errors": 0, "utilization": None})
+                                  "dropped_queue_full": 0, "dropped_admission": 0, "errors": 0, "utilization": None,
+                                  "calls": {}})
         c["lives"] += 1
         for k in ("served", "dropped", "dropped_queue_full", "dropped_admission", "errors"):
             c[k] += int(st.get(k) or 0)
+        for model, pm in (st.get("per_model") or {}).items():
+            calls = c["calls"].setdefault(model, {"timed": 0, "late": 0})
+            for k in calls:
+                calls[k] += int(pm.get(k) or 0)
         if f.name == f"{name}.stats.json":
             c["utilization"] = st.get("utilization")
     for name, c in out.items():

@@ -85,19 +85,50 @@ def _decision_warnings(s: dict) -> list[str]:
             for p, v in (s.get("decision_cost") or {}).items() if v.get("notable")]
 
 
+#: A (cluster, model) with more than this share of its model calls late (their median call ran
+#: slower than the speed the run asked: :func:`testbed.serve.scheduler.pad_work`) gets a WARNING.
+LATE_CALLS_NOTABLE = 0.5
+#: ... when at least this many of its calls were timed (fewer say little either way).
+LATE_CALLS_LEAST = 10
+
+
+def _late_cell(calls: dict) -> str:
+    timed = sum(v["timed"] for v in calls.values())
+    return "-" if not timed else f"{sum(v['late'] for v in calls.values())}/{timed}"
+
+
+def _late_warnings(s: dict) -> list[str]:
+    """A WARNING per (cluster, model) most of whose model calls were late."""
+    out = []
+    for name, v in (s.get("per_cluster") or {}).items():
+        for model, c in ((v.get("server") or {}).get("calls") or {}).items():
+            if c["timed"] >= LATE_CALLS_LEAST and c["late"] > LATE_CALLS_NOTABLE * c["timed"]:
+                out.append(f"WARNING: cluster {name}'s calls of {model} ran slower than the speed the run asked: "
+                           f"{c['late']} of {c['timed']} were late (beyond 10 % of their target: they waited for "
+                           f"the CPU, or took more CPU than the server's speed check measured at start-up from "
+                           f"back-to-back calls, as on a busy host or where a call after an idle gap costs this host "
+                           f"more than it cost the profile's machine), so this cluster was not at its profile's "
+                           f"speed: its inference_ms are longer than the simulator's. Waits shrink on a quieter machine "
+                           f"or at a larger time dilation; a call's extra CPU does not (per_model cpu_s / timed in "
+                           f"clusters/{name}.stats.json against its bare_ms in run.json speeds tells which)")
+    return out
+
+
 def _server_table(s: dict) -> list[SummaryTable]:
     """The servers' own counters (utilization 0-1, 3 decimals)."""
     rows = [[name, _lives_cell(v["server"]), v["server"]["served"], v["server"]["dropped_queue_full"],
              v["server"]["dropped_admission"], v["server"]["errors"], _cell(v["server"]["utilization"], ".3f"),
-             "-" if "cpu" not in v else f"{v['cpu']['throttled_periods']}/{v['cpu']['periods']}"]
+             "-" if "cpu" not in v else f"{v['cpu']['throttled_periods']}/{v['cpu']['periods']}",
+             _late_cell(v["server"].get("calls") or {})]
             for name, v in s.get("per_cluster", {}).items() if "server" in v]
     if not rows:
         return []
     return [("Server counters (each server's own view, summed over its lives: includes warm-up requests "
              "and answers the source had given up on; a killed life's last stats interval is missing; "
-             "throttled = CFS periods of the load in which the cluster's cgroup ran out of its quota)",
+             "throttled = CFS periods of the load in which the cluster's cgroup ran out of its quota; "
+             "late calls = model calls that ran beyond 10 % of the time the run's speed asked)",
              ["cluster", "lives", "served", "dropped queue_full", "dropped admission", "errors",
-              "utilization", "throttled / periods"], rows)]
+              "utilization", "throttled / periods", "late calls / timed"], rows)]
 
 
 def _link_emulator_table(s: dict) -> list[SummaryTable]:
@@ -280,6 +311,7 @@ def _headline(s: dict) -> list[str]:
         speeds = Speeds.model_validate(s["speeds"])
         lines.append("Speeds: " + speeds.line() + ".")
         lines.extend(w + "." for w in speeds.warnings())
+    lines.extend(w + "." for w in _late_warnings(s))
     lines[1:1] = _decision_warnings(s)
     small = dilation_warning(s.get("dilation_check") or {})
     if small:

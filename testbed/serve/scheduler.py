@@ -77,28 +77,34 @@ def pad_counters() -> dict[str, float]:
     return {"timed": 0, "late": 0, "cpu_s": 0.0, "unpadded_s": 0.0}
 
 
-#: Work that waited for the CPU more than this share of its target time, (1 + pad) x its CPU time,
-#: is late (:func:`pad_work`). Our choice: the speed tests' bound (a call within 10 % of its
-#: profile's time); a late median call is beyond it before any pad.
+#: Work whose wall time with its pad exceeds its target time by more than this share is late
+#: (:func:`pad_work`). Our choice: the speed tests' bound (a call within 10 % of its profile's
+#: time); a late median call is beyond it before any pad.
 LATE_TOLERANCE = 0.10
 
 
-def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[float], None] = time.sleep
-             ) -> PadOutcome:
+def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[float], None] = time.sleep,
+             expected_cpu_s: float | None = None) -> PadOutcome:
     """Pad a piece of work that took ``cpu_s`` of CPU and ``elapsed_s`` of wall time with a sleep of
     ``cpu_pad`` x ``cpu_s`` (the CPU made 1 + ``cpu_pad`` times slower: a time-dilated cluster below
     one core, or a host faster than the profile, :mod:`testbed.plan.speeds`), and time it.
 
     The pad is added to the work's wall time, waits included: a wait for the cluster's CFS quota
     (throttling) is part of the emulated system's time, as the simulator charges it, and a wait
-    for the host's other load cannot be told from it here. Work whose waits (``elapsed_s -
-    cpu_s``) exceed :data:`LATE_TOLERANCE` of its target, ``(1 + cpu_pad) x cpu_s``, is ``late``:
-    it ran slower than the speed asked (a throttled quota, or a busy host). With ``cpu_pad`` 0
-    nothing is slept; the work is timed all the same.
+    for the host's other load cannot be told from it here. The work's target time is ``(1 +
+    cpu_pad) x`` its CPU time at the speed the server measured at start-up: ``expected_cpu_s``
+    (s) when given (a model call of one input: the bare call's median,
+    :mod:`testbed.serve.speed`), else ``cpu_s`` itself. Work whose padded wall time (``elapsed_s
+    + cpu_pad x cpu_s``) exceeds that target by more than :data:`LATE_TOLERANCE` is ``late``: it
+    ran slower than the speed asked, because it waited for the CPU (a throttled quota, or a busy
+    host) or because the host ran it slower than at start-up (a busy machine shares its caches,
+    memory bandwidth and, under a hypervisor, its cores). With ``cpu_pad`` 0 nothing is slept;
+    the work is timed all the same.
     """
     if cpu_pad > 0:
         sleep(cpu_pad * cpu_s)
-    return PadOutcome(cpu_s, elapsed_s, elapsed_s - cpu_s > LATE_TOLERANCE * (1.0 + cpu_pad) * cpu_s)
+    target = (1.0 + cpu_pad) * (cpu_s if expected_cpu_s is None else expected_cpu_s)
+    return PadOutcome(cpu_s, elapsed_s, elapsed_s + cpu_pad * cpu_s > (1.0 + LATE_TOLERANCE) * target)
 
 
 @dataclass
@@ -142,6 +148,9 @@ class Scheduler:
             The CPU time is the worker thread's (``time.thread_time``), or for a TensorFlow model
             (``runtime`` ``tensorflow``: its ops run on TensorFlow's pool threads)
             the process's (``time.process_time``; exact with one worker, which the plan requires).
+        expected_cpu_ms: model -> the CPU time (ms) of its call of one input at the speed the server
+            measured at start-up (the bare call's median, :mod:`testbed.serve.speed`): a call of one
+            input is late when it ran slower than that (:func:`pad_work`); absent: only its waits count.
 
     Raises:
         ValueError: a bad setting (names it).
@@ -150,7 +159,8 @@ class Scheduler:
     def __init__(self, models: dict[str, Any], workers: int = 1, queue_limit: int = 64, discipline: str = "fifo",
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
                  service_ms: dict[str, float] | None = None,
-                 clock_ns: Callable[[], int] = time.time_ns, cpu_pad: float = 0.0):
+                 clock_ns: Callable[[], int] = time.time_ns, cpu_pad: float = 0.0,
+                 expected_cpu_ms: dict[str, float] | None = None):
         service_ms = dict(service_ms or {})
         if admission:
             missing = [m for m in models if not service_ms.get(m, 0) > 0]
@@ -165,6 +175,7 @@ class Scheduler:
         self.counters = Counters(per_model={m: {"served": 0, "busy_s": 0.0, **pad_counters()} for m in models})
         self.clock_ns = clock_ns
         self.cpu_pad = cpu_pad
+        self.expected_cpu_s = {m: v / 1e3 for m, v in (expected_cpu_ms or {}).items()}
         self.cond = threading.Condition()
         self.idle = 0  # workers waiting for work (the parity test watches it)
         self._ready: deque[list[Job]] = deque()  # batches the queue started, for an idle worker
@@ -251,7 +262,8 @@ class Scheduler:
             result = self.models[model].predict(x)
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
             error = f"{type(exc).__name__}: {exc}"
-        pad = pad_work(self.cpu_pad, cpu_clock() - cpu0, time.perf_counter() - wall0)
+        pad = pad_work(self.cpu_pad, cpu_clock() - cpu0, time.perf_counter() - wall0,
+                       expected_cpu_s=self.expected_cpu_s.get(model) if x.shape[0] == 1 else None)
         t3 = self.clock_ns()
         # The bookkeeping (counters, the queue's completion at T3) before the answers: a client
         # that reads /v1/stats after its answer, or a query that arrives right after it, sees the

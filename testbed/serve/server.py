@@ -51,7 +51,8 @@ Endpoints (TensorFlow Serving REST API, https://www.tensorflow.org/tfx/serving/a
   (reads that came without a kernel timestamp: their T1 is the read's time), ``uptime_s``,
   ``utilization`` = busy_s / (uptime_s x workers), ``per_model`` (per model: ``served``, ``busy_s``, and
   the calls' speed: ``timed`` calls, their ``cpu_s`` and wall time before the pad ``unpadded_s``, and
-  the ``late`` ones, which waited for the CPU (quota or host) beyond 10 % of their target:
+  the ``late`` ones, which ran beyond 10 % of their target (waits for the CPU, or a call of one input
+  that took more CPU than the speed check measured at start-up):
   :func:`testbed.serve.scheduler.pad_work`).
 
 The same stats JSON goes to ``stats_file`` every ``stats_interval_s`` s (atomic) and once more
@@ -79,6 +80,7 @@ from testbed.core.errors import EXIT_INTEGRITY, TestbedError
 from testbed.core.util import write_json_atomic
 from testbed.plan import zoo
 from testbed.plan.boundaries import ServerConfig, read_config
+from testbed.plan.speeds import ClusterSpeed
 from testbed.serve import rxstamp
 from testbed.serve.loaders import check_answers, configure_tf_threads, load_model
 from testbed.serve.payload import (
@@ -97,15 +99,29 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 SHUTDOWN_GRACE_S = 5.0
 
 
+def _expected_cpu_ms(cfg: ServerConfig, speed: ClusterSpeed | None, models: dict[str, Any]) -> dict[str, float]:
+    """Per model, the CPU ms of its call of one input as the speed check measured it at start-up
+    (the bare call's median per thread x the threads), for the models whose call the scheduler
+    times on the same clock (:meth:`Scheduler.run_batch`: TensorFlow's the process's, one thread's
+    otherwise); empty without a speed check."""
+    if speed is None or cfg.speed is None:
+        return {}
+    threads = cfg.speed.threads
+    return {m: ms.bare_ms * threads for m, ms in speed.models.items()
+            if threads == 1 or getattr(models.get(m), "runtime", "") == "tensorflow"}
+
+
 class InferenceServer:
     """The aiohttp handlers around a :class:`Scheduler` of loaded variants."""
 
     def __init__(self, models: dict[str, Any], workers: int = 1, queue_limit: int = 64, discipline: str = "fifo",
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
-                 service_ms: dict[str, float] | None = None, cpu_pad: float = 0.0):
+                 service_ms: dict[str, float] | None = None, cpu_pad: float = 0.0,
+                 expected_cpu_ms: dict[str, float] | None = None):
         """``models``: name -> loaded variant (``predict``, ``input_shape``, ``classes``, ``info``, ``runtime``).
         ``cpu_pad``: each request's handling (and each model call, :class:`Scheduler`) is followed
         by a sleep of ``cpu_pad`` x its CPU time (a time-dilated cluster below one core).
+        ``expected_cpu_ms``: per model, its call's CPU ms at start-up (:class:`Scheduler`).
 
         Raises:
             ValueError: a bad scheduler setting.
@@ -113,7 +129,7 @@ class InferenceServer:
         self.models = models
         self.scheduler = Scheduler(models, workers=workers, queue_limit=queue_limit, discipline=discipline,
                                    admission=admission, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
-                                   service_ms=service_ms, cpu_pad=cpu_pad)
+                                   service_ms=service_ms, cpu_pad=cpu_pad, expected_cpu_ms=expected_cpu_ms)
         self.cpu_pad = cpu_pad
         self.refused = 0  # 4xx / 5xx answers other than 503 (bad requests, unknown models, failures)
         self.answer_cpu_s = 0.0  # the event loop's CPU encoding answers
@@ -403,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     server = InferenceServer(models, workers=cfg.workers, queue_limit=cfg.queue_limit, discipline=cfg.discipline,
                              admission=cfg.admission, max_batch=cfg.max_batch,
                              max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms,
-                             cpu_pad=speed.cpu_pad if speed else cfg.cpu_pad)
+                             cpu_pad=speed.cpu_pad if speed else cfg.cpu_pad,
+                             expected_cpu_ms=_expected_cpu_ms(cfg, speed, models))
     if early_stop:
         if cfg.stats_file:
             write_json_atomic(cfg.stats_file, server.snapshot())
