@@ -108,9 +108,9 @@ def _late_warnings(s: dict) -> list[str]:
                            f"the CPU, or took more CPU than the server's speed check measured at start-up from "
                            f"back-to-back calls, as on a busy host or where a call after an idle gap costs this host "
                            f"more than it cost the profile's machine), so this cluster was not at its profile's "
-                           f"speed: its inference_ms are longer than the simulator's. Waits shrink on a quieter machine "
-                           f"or at a larger time dilation; a call's extra CPU does not (per_model cpu_s / timed in "
-                           f"clusters/{name}.stats.json against its bare_ms in run.json speeds tells which)")
+                           f"speed: its inference_ms are longer than the simulator's. Waits shrink on a quieter "
+                           f"machine or at a larger time dilation; a call's extra CPU does not (per_model cpu_s / timed"
+                           f" in clusters/{name}.stats.json against its bare_ms in run.json speeds tells which)")
     return out
 
 
