@@ -29,3 +29,15 @@ def example_installed(tmp_path_factory) -> Path:
     importlib.invalidate_caches()
     yield target
     sys.path.remove(str(target))
+
+
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Emulation tests need the machine to themselves (they time real processes): on a
+    pytest-xdist worker (``-n``) they would run beside other tests, so each one fails at once,
+    before its emulation, and says how to run them (``tests/run``)."""
+    if hasattr(item.config, "workerinput") and item.get_closest_marker("emulation"):
+        pytest.fail("an emulation test cannot run under pytest-xdist (-n): it times real processes and needs the "
+                    "machine to itself. Run tests/run (the unit tests on every CPU, then the emulation tests one "
+                    "at a time), or add -m 'not emulation'", pytrace=False)

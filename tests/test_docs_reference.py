@@ -8,7 +8,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 COMMANDS = ("sudo ./install.sh && sudo .venv/bin/testbed run experiments/default.yaml",
-            "sudo ./install.sh --with-tests && sudo .venv/bin/python -m pytest -q")
+            "sudo ./install.sh --with-tests && sudo tests/run")
 
 
 def _pages() -> list[Path]:
