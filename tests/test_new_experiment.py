@@ -190,6 +190,7 @@ EVENTS = "events:\n  - {at: 5s, kind: link_down, link: [Chicago, Indianapolis]}\
     ("duration: 40s", "duration: 10min", "duration:", "'10min' is 600s: write '600s'"),
     ("duration: 40s", "duration: 40", "duration:", "'duration: 40s' or 'duration_s: 40'"),
     ("duration: 40s", "duration_s: 10min", "duration_s:", "write 'duration_s: 600' or 'duration: 600s'"),
+    ("duration: 40s", "duration: 0s", "  duration:", "greater than 0"),  # named as written, not duration_s
     ("deadline: 60ms", "deadline_ms: 60ms", "applications.0.deadline_ms", "write 'deadline_ms: 60'"),
     ("deadline: 60ms", "deadline_ms: 0.1", "applications.0.deadline_ms",
      "if you meant 0.1 s, write 'deadline_ms: 100' or 'deadline: 100ms'"),
@@ -272,6 +273,8 @@ def test_loose_reading_only_feeds_the_message():
     ("seed: 1", "seed: 1\n\tpolicy: closest", "line 6, column 1: .* YAML indents with spaces, never tabs"),
     ("site: Seattle}", "site: Seattle: WA}", "line 26, .*a ':' inside a value of a \\{...\\}: quote the value"),
     ("models: [digits_small]}", "models: [digits_small}", "line 20, .*an unclosed \\[...\\] or a ',' missing"),
+    ("policy: closest", "clusters_x: [a, b\npolicy: closest",
+     "line 8, .*an unclosed \\[...\\] \\(its '\\]' missing before the next key\\)"),
     ("policy: closest", "policy closest", "line 9, .*could not find expected ':'; .* add the ':'"),
     ("  - {name: sea, site: Seattle}", "  sea: {site: Seattle}",
      "line 27, .*a list item \\('- '\\) where a key was expected: indent a list's items under the key"),

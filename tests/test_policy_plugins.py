@@ -245,6 +245,8 @@ def test_a_malformed_reference_is_refused_by_the_schema():
         _experiment(policy={"use": "tb_sched:two_choices", "parameters": {"d": 2}})
     with pytest.raises(Exception, match="not a reference"):
         _experiment(policy="tb sched:two choices")
+    with pytest.raises(Exception, match=r"'\$\(id\)': not a reference"):  # its name, before its parameters
+        _experiment(policy="$(id)")
     assert normalize_ref({"use": "tb_sched:two_choices(d=2)", "params": {"a": "x"}}) == \
         "tb_sched:two_choices(a='x', d=2)"
 

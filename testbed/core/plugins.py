@@ -149,6 +149,7 @@ def parse_ref(text: str) -> PluginRef:
     target, params = text, {}
     if text.endswith(")") and "(" in text:
         target = text[:text.index("(")].strip()
+        _check_target(target, text)  # the name first: '$(id)' is not a reference at all
         try:
             call = ast.parse(f"_{text[text.index('('):]}", mode="eval").body
             if not isinstance(call, ast.Call) or call.args:

@@ -24,7 +24,8 @@ class RunContext:
     ``link_emulator``), where it goes (``run_id``, ``run_dir``, ``console``), what it records
     (``record``: ``run.json``; ``storage``: the disk reserve; ``timings``: seconds per step), and
     what is up once the steps bring it up (``live``: the network; ``stack``: what stops with it;
-    ``watch``: the health watch; ``servers``; ``events``: the event runner once the load starts).
+    ``watch``: the health watch; ``servers``; ``events``: the event runner once the load starts;
+    ``load_started``: the sources were started).
     ``t0``: ``time.monotonic()`` when the bring-up began."""
 
     plan: Plan
@@ -43,6 +44,7 @@ class RunContext:
     watch: HealthWatch | None = None
     servers: ClusterServers | None = None
     events: list[EventRunner] = field(default_factory=list)
+    load_started: bool = False  # the sources were started (step 6)
 
 
 @dataclass

@@ -356,6 +356,7 @@ def _bring_up_and_load(ctx: RunContext) -> None:
     _check_host_speed(ctx.plan, ctx.run_dir, ctx.console, ctx.timings)
     cpu_before = ctx.servers.cpu_stats()
     ctx.stack.callback(ctx.servers.write_cpu_during_load, cpu_before)  # also after a failed or interrupted load
+    ctx.load_started = True
     run_load(ctx)
     ctx.timings["total_s"] = time.monotonic() - ctx.t0
 
@@ -455,7 +456,9 @@ def _run_steps(ctx: RunContext) -> tuple[int, str]:
     try:
         _emulate(ctx)
     except KeyboardInterrupt:
-        ctx.console.print("interrupted: stopped and cleaned up; what was measured so far is kept", markup=False)
+        kept = ("what was measured so far is kept" if ctx.load_started
+                else "before the load: no query was sent, nothing was measured")
+        ctx.console.print(f"interrupted: stopped and cleaned up; {kept}", markup=False)
         return EXIT_INTERRUPTED, "interrupted"
     except TestbedError as exc:
         ctx.console.print(f"error: {exc}", markup=False, highlight=False)

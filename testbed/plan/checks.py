@@ -137,7 +137,7 @@ def runs_dir_problem(runs_dir: Path) -> str | None:
             with tempfile.TemporaryFile(dir=runs_dir):
                 pass
         except OSError as exc:
-            return f"{runs_dir} is not writable: {exc.strerror or exc}"
+            return f"{runs_dir} is not writable: creating a file in it failed ({exc.strerror or exc})"
     finally:
         for d in reversed(created):
             try:

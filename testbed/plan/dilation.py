@@ -78,8 +78,9 @@ def check_dilation(k: float) -> float:
     """
     k = float(k)
     if not 1.0 <= k <= MAX_TIME_DILATION:
-        raise PlanError(f"time dilation {k:g} is outside 1 .. {MAX_TIME_DILATION:g} (a dilated cluster's "
-                        f"per-thread cap is 1 ms of CPU per k ms: spec.experiment.MAX_TIME_DILATION says why)")
+        raise PlanError(f"time dilation {k:g} is outside 1 .. {MAX_TIME_DILATION:g} (k is how many times slower "
+                        f"than real time the run goes: at most {MAX_TIME_DILATION:g}, where a 40 s run already "
+                        f"takes over an hour; at least 1)")
     return k
 
 

@@ -670,17 +670,32 @@ class Experiment(_Model):
         return self
 
 
+def _as_written(loc: tuple, data: Any) -> str:
+    """``loc`` with each key as the document wrote it: a quantity read from ``duration: 0s`` is
+    validated as ``duration_s`` (:func:`testbed.spec.schema.unit_pair`), and named ``duration``."""
+    parts, node = [], data
+    for p in loc:
+        if isinstance(node, dict) and p not in node and isinstance(p, str) and "_" in p:
+            written = p.rsplit("_", 1)[0]
+            p = written if written in node else p
+        parts.append(str(p))
+        node = node.get(p) if isinstance(node, dict) else (
+            node[p] if isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node) else None)
+    return ".".join(parts)
+
+
 def format_validation_error(exc: ValidationError, path: str, what: str = "experiment",
-                            model: type[BaseModel] | None = None) -> str:
-    """One line per pydantic error: its location (e.g. ``links.2.delay``) and a message that points
-    at the fix (:func:`testbed.spec.messages.explain`: the nearest key, the unit, the nearest
-    choice); an error of the whole file (a rule across its items, which names them itself) has no
-    location. ``model``: the model of the whole document (default: the strict model named by the
-    error's title)."""
+                            model: type[BaseModel] | None = None, data: Any = None) -> str:
+    """One line per pydantic error: its location (e.g. ``links.2.delay``, each key as ``data``, the
+    document, wrote it when given) and a message that points at the fix
+    (:func:`testbed.spec.messages.explain`: the nearest key, the unit, the nearest choice); an
+    error of the whole file (a rule across its items, which names them itself) has no location.
+    ``model``: the model of the whole document (default: the strict model named by the error's
+    title)."""
     root = model or model_named(exc.title)
     lines = [f"{path}: invalid {what}"]
     for err in merged(exc.errors()):
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = _as_written(tuple(err["loc"]), data)
         msg = explain(err, root)
         lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
     return "\n".join(lines)
@@ -716,7 +731,7 @@ def load_yaml_model(path: str | Path, model: type[M], what: str, error: type[Inp
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise error(format_validation_error(exc, str(path), what=what, model=model)) from None
+        raise error(format_validation_error(exc, str(path), what=what, model=model, data=data)) from None
 
 
 def load_experiment(path: str | Path) -> Experiment:

@@ -238,6 +238,8 @@ def load_yaml_file(path: str | Path) -> Any:
 #: What the most common YAML syntax errors of a hand edit mean, by PyYAML's problem text.
 _YAML_ADVICE = (
     ("found character '\\t'", "YAML indents with spaces, never tabs: replace the tab with spaces"),
+    ("expected ',' or ']', but got ':'", "an unclosed [...] (its ']' missing before the next key), or a ':' "
+                                          "inside one of its items: close it, or quote the item"),
     ("but got ':'", "a ':' inside a value of a {...}: quote the value (site: \"Seattle: WA\")"),
     ("mapping values are not allowed here", "a ':' followed by a space inside a value, or a key indented "
                                              "under a value: quote the value (site: \"A: B\") or fix the indentation"),
