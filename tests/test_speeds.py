@@ -36,6 +36,7 @@ from testbed.plan.speeds import (
     speed_target,
 )
 from testbed.serve import speed as server_speed
+from testbed.serve.scheduler import Job
 from testbed.spec.experiment import Experiment
 
 REPO = Path(__file__).resolve().parent.parent
@@ -298,17 +299,17 @@ def test_the_pad_is_added_to_the_work_and_a_wait_beyond_the_tolerance_is_late():
                         "unpadded_s": pytest.approx(on_time.unpadded_s + 0.0049)}
 
 
-def test_work_that_took_more_cpu_than_at_start_up_is_late_and_the_summary_warns():
-    """A call of one input whose CPU time exceeds what the speed check measured at start-up by
-    more than LATE_TOLERANCE ran slower than the run asked, with no wait at all (a busy host runs
-    the same call slower); within it, it is on time. The summary counts the late calls per
-    cluster and warns when most of a model's calls were."""
+def test_work_beyond_its_target_is_late_without_a_wait_and_the_summary_warns():
+    """A call of one input whose padded time exceeds its target (the profile's call at the run's
+    speed) by more than LATE_TOLERANCE ran slower than the run asked, with no wait at all (a busy
+    host runs the same call slower); within it, it is on time. The summary counts the late calls
+    per cluster and warns when most of a model's calls were."""
     from testbed.results.render import _late_warnings, _server_table
     from testbed.serve.scheduler import LATE_TOLERANCE, pad_work
 
-    slow = pad_work(0.2, cpu_s=0.0025, elapsed_s=0.0025, sleep=lambda _: None, expected_cpu_s=0.002)
-    fine = pad_work(0.2, cpu_s=0.002 * (1 + LATE_TOLERANCE / 2), elapsed_s=0.002 * (1 + LATE_TOLERANCE / 2),
-                    sleep=lambda _: None, expected_cpu_s=0.002)
+    slow = pad_work(0.2, cpu_s=0.0025, elapsed_s=0.0025, sleep=lambda _: None, target_s=0.0024)
+    fine = pad_work(0.2, cpu_s=0.002, elapsed_s=0.002, sleep=lambda _: None,
+                    target_s=0.0024 / (1 + LATE_TOLERANCE / 2))
     assert slow.late and not fine.late
     calls = {"a": {"timed": 24, "late": 13}, "b": {"timed": 24, "late": 12}}
     s = {"per_cluster": {"edge": {"server": {"lives": 1, "lives_not_ready": 0, "served": 48, "dropped_queue_full": 0,
@@ -319,10 +320,63 @@ def test_work_that_took_more_cpu_than_at_start_up_is_late_and_the_summary_warns(
     assert _server_table(s)[0][2][0][-1] == "25/48"
 
 
+def test_a_cold_call_is_padded_to_the_profiles_cold_call_whatever_this_hosts_cold_ratio():
+    """The host's cold call costs it 1.4x its warm one, the profile's 1.1x: a cold call is padded
+    less than a warm one, so that both take the profile's time x k / s; a host whose cold ratio
+    exceeds what the pad can absorb gets no pad (its cold calls are late), and an unpadded
+    cluster has no cold pad."""
+    from testbed.serve.scheduler import CallPace
+
+    t = _target({"m": 2.0}, k=2.0).model_copy(update={"cold_factor": {"m": 1.1}})
+    cs = cluster_speed(t, 0.5, {"m": 1.6}, {"m": 30}, {"m": 1.6 * 1.4})  # s = 0.8: k / s = 2.5
+    ms = cs.models["m"]
+    assert ms.host_cold_ratio == pytest.approx(1.4) and ms.cold_factor == 1.1 and cs.applied_by == "pad"
+    assert cs.cold_pad("m") == pytest.approx(2.5 * 1.1 / 1.4 - 1)
+    assert 2.24 * (1 + cs.cold_pad("m")) == pytest.approx(2.0 * 1.1 * 2.0)  # the profile's cold call x k
+    steep = cluster_speed(t, 0.5, {"m": 1.6}, None, {"m": 1.6 * 3.0})
+    assert steep.cold_pad("m") == 0.0
+    capped = t.model_copy(update={"nested": True})  # at one core or more: per-thread caps, no pad
+    assert cluster_speed(capped, 2.0, {"m": 1.6}, None, {"m": 2.0}).cold_pad("m") is None
+    assert cluster_speed(t, 0.5, {"m": 1.6}).cold_pad("m") is None  # not measured
+    pace = CallPace(target_ms=1.6 * 2.5, cold_target_ms=1.6 * 2.5 * 1.1, cold_pad=cs.cold_pad("m"))
+    assert pace.of(False, cs.cpu_pad) == (pytest.approx(1.5), pytest.approx(0.004))
+    assert pace.of(True, cs.cpu_pad) == (pytest.approx(cs.cold_pad("m")), pytest.approx(0.0044))
+    assert "cold 1.40x warm (profile 1.10x)" in Speeds(mode="profile", time_dilation=2.0, clusters={"c": cs}).line()
+
+
+def test_the_server_takes_the_cold_pad_after_idleness_only(monkeypatch):
+    """The scheduler asks the model's cold rule (testbed.model.cpu.call_is_cold) of its own calls:
+    its first call and one after idleness are padded by the cold pad and judged against the cold
+    target, one right after another call by the warm ones; a batch of several inputs by the warm
+    pad with no target."""
+    import math
+    import threading
+
+    from testbed.serve import scheduler as sch
+
+    seen: list[tuple[float, float | None]] = []
+    real = sch.pad_work
+    monkeypatch.setattr(sch, "pad_work", lambda pad, cpu, el, target_s=None: (
+        seen.append((pad, target_s)), real(pad, cpu, el, target_s=target_s))[1])
+    sched = sch.Scheduler({"m": SpinModel(1.0)}, cpu_pad=1.0, max_batch=1,
+                          paces={"m": sch.CallPace(target_ms=4.0, cold_target_ms=8.0, cold_pad=3.0)})
+    sched.start()
+    try:
+        for last_end, rows in ((None, 1), (math.inf, 1), (-math.inf, 1), (math.inf, 2)):
+            if last_end is not None:
+                sched._last_call_end = last_end  # inf: a call just ended (warm); -inf: long idle (cold)
+            done = threading.Event()
+            job = Job(model="m", x=np.zeros((rows, 2), dtype=np.float32), done=lambda j, d=done: d.set())
+            assert sched.submit(job) is None and done.wait(30)
+    finally:
+        sched.stop()
+    assert seen == [(3.0, 0.008), (1.0, 0.004), (3.0, 0.008), (1.0, None)]
+
+
 def test_a_padded_servers_stats_count_its_calls_cpu_and_the_late_ones():
     import threading
 
-    from testbed.serve.scheduler import Job, Scheduler
+    from testbed.serve.scheduler import Scheduler
 
     sched = Scheduler({"m": SpinModel(5.0)}, cpu_pad=1.0)
     sched.start()

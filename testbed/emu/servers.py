@@ -132,8 +132,7 @@ class ClusterServers:
         self._write_lives(cluster)
         self._ready_file(cluster).unlink(missing_ok=True)
         first = self.speeds.get(cluster)  # a later life keeps the first one's bare calls, hence its scale
-        target = speed_target(plan, cluster, {m: ms.bare_ms for m, ms in first.models.items()} if first else None,
-                              self._weights)
+        target = speed_target(plan, cluster, first, self._weights)
         cfg = write_server_config(plan, cluster, plan.experiment.emulation.server_port, run_dir, target)
         p = tied_popen(live.emu.node(cluster).popen, server_command(cfg), stdout=self._log(cluster),
                        stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))

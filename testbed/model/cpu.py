@@ -60,6 +60,14 @@ PERIOD_S = 0.1
 COLD_AFTER_S = 0.02
 
 
+def call_is_cold(start_s: float, last_end_s: float, calls_running: int, cold_after_s: float = COLD_AFTER_S) -> bool:
+    """The cold rule (module docstring): a model call that starts at ``start_s`` (s) with no other
+    model call of the cgroup running (``calls_running`` 0) and at least ``cold_after_s`` after the
+    latest one ended (``last_end_s``, s; ``-inf`` before the first) is cold. The simulator's quota
+    and the emulation's servers (:class:`testbed.serve.scheduler.Scheduler`) both ask it."""
+    return calls_running == 0 and start_s - last_end_s >= cold_after_s
+
+
 def threads_per_call(cores: float, workers: int) -> int:
     """Threads one model call runs on at a cluster of ``cores`` cores and ``workers`` workers (our
     choice): ``max(1, ceil(cores / workers))``, so that the workers' calls together can use the
@@ -231,7 +239,7 @@ class CfsQuota:
         return end
 
     def _cold_of(self, t: float, cold_factor: float | None) -> float:
-        if (self._cold or cold_factor is not None) and self._calls == 0 and t - self._last_end >= self.cold_after:
+        if (self._cold or cold_factor is not None) and call_is_cold(t, self._last_end, self._calls, self.cold_after):
             return self.cold_factor if cold_factor is None else cold_factor
         return 1.0
 
@@ -346,4 +354,4 @@ class CfsQuota:
 _EPS = 1e-12
 
 
-__all__ = ["COLD_AFTER_S", "PERIOD_S", "CfsQuota"]
+__all__ = ["COLD_AFTER_S", "PERIOD_S", "CfsQuota", "call_is_cold"]

@@ -94,8 +94,10 @@ class SpeedTarget(_Frozen):
     dilation k, whether the cluster's threads are capped (``nested``, at one core or more) or its
     calls padded, its ``workers`` and ``threads`` per call, per model the profile's bare call
     (``profile_ms``, ms) and the rule's weight (``weights``, :func:`expected_weights`), and for a
-    restarted server the bare calls its first life measured (``measured_ms``; None: measure them),
-    so that every life runs at one scale."""
+    restarted server the bare calls its first life measured (``measured_ms``, and after idleness
+    ``measured_cold_ms``; None: measure them), so that every life runs at one scale; per model the
+    profile's ``cold_factor`` (a call after idleness over a warm one,
+    :class:`testbed.model.service.ServiceFigures`; absent: 1)."""
 
     mode: SpeedMode
     time_dilation: float = Field(ge=1.0)
@@ -104,7 +106,9 @@ class SpeedTarget(_Frozen):
     threads: int = Field(ge=1)
     profile_ms: dict[str, float]
     weights: dict[str, float]
+    cold_factor: dict[str, float] = Field(default_factory=dict)
     measured_ms: dict[str, float] | None = None
+    measured_cold_ms: dict[str, float] | None = None
 
 
 class ModelSpeed(_Frozen):
@@ -112,7 +116,9 @@ class ModelSpeed(_Frozen):
     ``calls`` calls) and in its profile (``profile_ms``), ``factor`` = bare / profile, its
     ``weight`` in the cluster's scale (expected CPU ms per s at the profile's speed), the cluster's
     quota ``scale`` and the ``residual`` factor = factor / the cluster's per-call scale: its calls'
-    time over the profile's as the run held them."""
+    time over the profile's as the run held them. A call after idleness (the cold rule,
+    :func:`testbed.model.cpu.call_is_cold`): ``bare_cold_ms`` (median CPU ms of bare calls each
+    after an idle gap; None: not measured) and the profile's ``cold_factor``."""
 
     bare_ms: float = Field(gt=0)
     profile_ms: float = Field(gt=0)
@@ -121,6 +127,13 @@ class ModelSpeed(_Frozen):
     calls: int = Field(ge=0)
     scale: float = Field(gt=0)
     residual: float = Field(gt=0)
+    bare_cold_ms: float | None = Field(None, gt=0)
+    cold_factor: float = Field(1.0, ge=1.0)
+
+    @property
+    def host_cold_ratio(self) -> float | None:
+        """This host's cold call over its warm one (``bare_cold_ms / bare_ms``); None when not measured."""
+        return None if self.bare_cold_ms is None else self.bare_cold_ms / self.bare_ms
 
 
 class ClusterSpeed(_Frozen):
@@ -154,6 +167,19 @@ class ClusterSpeed(_Frozen):
         """The server's pad (``Scheduler.cpu_pad``): k / call_scale - 1 when the cluster is padded, else 0."""
         return self.slowdown - 1.0 if self.applied_by == "pad" else 0.0
 
+    def cold_pad(self, model: str) -> float | None:
+        """The pad of ``model``'s cold call of one input (the server's, after the call, x its CPU
+        time), so that it takes the profile's cold call x its residual: with a warm call's pad p
+        (:attr:`cpu_pad`), ``(1 + p) x cold_factor / host_cold_ratio - 1`` (a host whose cold
+        call costs it more than the profile's cold factor gets less pad), at least 0 (a pad cannot
+        speed a call up: such a call is late, :func:`testbed.serve.scheduler.pad_work`). None when
+        the calls are not padded (``applied_by`` caps or none) or the ratio was not measured."""
+        ms = self.models[model]
+        ratio = ms.host_cold_ratio
+        if self.applied_by != "pad" or ratio is None:
+            return None
+        return max(0.0, self.slowdown * ms.cold_factor / ratio - 1.0)
+
     @property
     def calls_slow(self) -> bool:
         """Whether its calls run slower than the profile because the host is (s > k x (1 + TOLERANCE))."""
@@ -184,11 +210,14 @@ class Speeds(_Frozen):
 
     def line(self) -> str:
         """The summary's line: per cluster its scale and each model's factor (and residual when it
-        is not 1 to within 1 %)."""
+        is not 1 to within 1 %), and its cold call over its warm one on this host beside the
+        profile's cold factor."""
         parts = []
         for c, cs in self.clusters.items():
             models = ", ".join(f"{m} {ms.factor:.2f}x" + (f" (residual {ms.residual:.2f})"
                                                           if abs(ms.residual - 1) >= 0.01 else "")
+                               + ("" if ms.host_cold_ratio is None else
+                                  f" cold {ms.host_cold_ratio:.2f}x warm (profile {ms.cold_factor:.2f}x)")
                                for m, ms in cs.models.items())
             slow = f", calls {cs.residual:.2f}x the profile's (host too slow for k = {cs.time_dilation:g})" \
                 if cs.calls_slow else ""
@@ -199,9 +228,10 @@ class Speeds(_Frozen):
 
 
 def cluster_speed(target: SpeedTarget, cores: float, bare_ms: dict[str, float],
-                  calls: dict[str, int] | None = None) -> ClusterSpeed:
+                  calls: dict[str, int] | None = None, bare_cold_ms: dict[str, float] | None = None) -> ClusterSpeed:
     """The rule (module docstring): the speed of a cluster of ``cores`` whose server measured
-    ``bare_ms`` (model -> CPU ms per bare call, over ``calls`` calls) for ``target``.
+    ``bare_ms`` (model -> CPU ms per bare call, over ``calls`` calls; ``bare_cold_ms``: per call
+    after an idle gap) for ``target``.
 
     Raises:
         ValueError: a model of ``target`` has no measurement, or a figure is not > 0.
@@ -209,8 +239,9 @@ def cluster_speed(target: SpeedTarget, cores: float, bare_ms: dict[str, float],
     missing = [m for m in target.profile_ms if m not in bare_ms]
     if missing:
         raise ValueError(f"no bare-call measurement of {', '.join(missing)}")
-    bad = {f"{what} {m}": v for what, d in (("bare", bare_ms), ("profile", target.profile_ms)) for m, v in d.items()
-           if not (v > 0 and math.isfinite(v))}
+    cold = dict(bare_cold_ms or {})
+    bad = {f"{what} {m}": v for what, d in (("bare", bare_ms), ("profile", target.profile_ms), ("cold", cold))
+           for m, v in d.items() if not (v > 0 and math.isfinite(v))}
     if bad:
         raise ValueError(f"bare-call figures must be finite and > 0 ms (got {bad})")
     models = list(target.profile_ms)
@@ -230,7 +261,8 @@ def cluster_speed(target: SpeedTarget, cores: float, bare_ms: dict[str, float],
         factor=wanted, scale=scale, call_scale=call_scale, residual=wanted / call_scale, quota_cores=cores * scale,
         applied_by=applied,
         models={m: ModelSpeed(bare_ms=bare_ms[m], profile_ms=target.profile_ms[m], factor=factors[m],
-                              weight=w[m], calls=int(calls.get(m, 0)), scale=scale, residual=factors[m] / call_scale)
+                              weight=w[m], calls=int(calls.get(m, 0)), scale=scale, residual=factors[m] / call_scale,
+                              bare_cold_ms=cold.get(m), cold_factor=max(1.0, target.cold_factor.get(m, 1.0)))
                 for m in models})
 
 
@@ -286,11 +318,12 @@ def expected_weights(plan: Plan) -> dict[str, dict[str, float]]:
     return {c: {m: lam.get((c, m), 0.0) * f.wall_mean_ms for m, f in by.items()} for c, by in plan.services.items()}
 
 
-def speed_target(plan: Plan, cluster: str, measured_ms: dict[str, float] | None = None,
+def speed_target(plan: Plan, cluster: str, first: ClusterSpeed | None = None,
                  weights: dict[str, dict[str, float]] | None = None) -> SpeedTarget:
     """The :class:`SpeedTarget` of ``cluster``'s server: the profile's bare call of each of its
-    models at its runtime and threads per call (:func:`testbed.plan.profiles.cpu_time`, median),
-    the rule's weights (``weights``: :func:`expected_weights`, computed when not given).
+    models at its runtime and threads per call (:func:`testbed.plan.profiles.cpu_time`, median)
+    and its cold factor (the plan's), the rule's weights (``weights``: :func:`expected_weights`,
+    computed when not given), and for a later life the bare calls of the ``first``.
 
     Raises:
         PlanError: a model's profile cannot be read (names the cluster and the model).
@@ -305,9 +338,15 @@ def speed_target(plan: Plan, cluster: str, measured_ms: dict[str, float] | None 
             raise PlanError(f"cluster {cluster}: the speed check needs {m!r}'s profile: {exc}") from None
     weights = weights if weights is not None else expected_weights(plan)
     em = plan.experiment.emulation
+    figures = plan.services.get(cluster, {})
+    measured_cold = None if first is None else {m: ms.bare_cold_ms for m, ms in first.models.items()
+                                                if ms.bare_cold_ms is not None}
     return SpeedTarget(mode=em.speed, time_dilation=plan.time_dilation, nested=nested_cpu(spec.cpu_cores),
                        workers=spec.workers, threads=threads, profile_ms=profile_ms,
-                       weights=dict(weights.get(cluster, {})), measured_ms=measured_ms)
+                       weights=dict(weights.get(cluster, {})),
+                       cold_factor={m: figures[m].cold_factor for m in spec.models if m in figures},
+                       measured_ms=None if first is None else {m: ms.bare_ms for m, ms in first.models.items()},
+                       measured_cold_ms=measured_cold)
 
 
 def read_speeds(run_dir: Path) -> Speeds | None:

@@ -130,9 +130,10 @@ def _pass(proc: subprocess.Popen, query: Callable[[int], float], n: int, gap_s: 
             "wall_ms": float(np.mean(walls))}
 
 
-def time_bare_calls(model: Any, x: np.ndarray, n: int, all_threads: bool = False) -> np.ndarray:
+def time_bare_calls(model: Any, x: np.ndarray, n: int, all_threads: bool = False, gap_s: float = 0.0) -> np.ndarray:
     """CPU ms of each of ``n`` bare calls of a loaded ``model`` (one input each, cycling through
-    the payloads ``x``, back to back: the profiler's call; warm the model up first). The calling
+    the payloads ``x``, back to back: the profiler's call; warm the model up first; with ``gap_s``
+    > 0 each call after that many s of sleep: a call after idleness). The calling
     thread's CPU time, or with ``all_threads`` the process's (TensorFlow runs a graph's ops on its
     own pool threads; a runtime on several threads). CPU time, not wall time: other processes'
     load does not stretch it. The one timer of the bare call: the host-speed check, the handling
@@ -141,6 +142,8 @@ def time_bare_calls(model: Any, x: np.ndarray, n: int, all_threads: bool = False
     clock = time.process_time if all_threads else time.thread_time
     out = np.empty(n)
     for i in range(n):
+        if gap_s > 0:
+            time.sleep(gap_s)
         t0 = clock()
         model.predict(x[i % len(x)][None])
         out[i] = clock() - t0

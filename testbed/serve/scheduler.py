@@ -11,6 +11,7 @@ without waiting for batches to fill.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from testbed.model import queue as mq
+from testbed.model.cpu import call_is_cold
 from testbed.model.queue import ADMISSION, QUEUE_FULL, ServerQueue
 
 __all__ = ["ADMISSION", "QUEUE_FULL", "Counters", "Job", "Scheduler"]
@@ -84,27 +86,46 @@ LATE_TOLERANCE = 0.10
 
 
 def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[float], None] = time.sleep,
-             expected_cpu_s: float | None = None) -> PadOutcome:
+             target_s: float | None = None) -> PadOutcome:
     """Pad a piece of work that took ``cpu_s`` of CPU and ``elapsed_s`` of wall time with a sleep of
     ``cpu_pad`` x ``cpu_s`` (the CPU made 1 + ``cpu_pad`` times slower: a time-dilated cluster below
     one core, or a host faster than the profile, :mod:`testbed.plan.speeds`), and time it.
 
     The pad is added to the work's wall time, waits included: a wait for the cluster's CFS quota
     (throttling) is part of the emulated system's time, as the simulator charges it, and a wait
-    for the host's other load cannot be told from it here. The work's target time is ``(1 +
-    cpu_pad) x`` its CPU time at the speed the server measured at start-up: ``expected_cpu_s``
-    (s) when given (a model call of one input: the bare call's median,
-    :mod:`testbed.serve.speed`), else ``cpu_s`` itself. Work whose padded wall time (``elapsed_s
-    + cpu_pad x cpu_s``) exceeds that target by more than :data:`LATE_TOLERANCE` is ``late``: it
+    for the host's other load cannot be told from it here. The work's target time is ``target_s``
+    (s) when given (a model call of one input: the profile's call at this run's speed,
+    :class:`CallPace`), else ``(1 + cpu_pad) x cpu_s``. Work whose padded wall time (``elapsed_s
+    + cpu_pad x cpu_s``) exceeds its target by more than :data:`LATE_TOLERANCE` is ``late``: it
     ran slower than the speed asked, because it waited for the CPU (a throttled quota, or a busy
-    host) or because the host ran it slower than at start-up (a busy machine shares its caches,
-    memory bandwidth and, under a hypervisor, its cores). With ``cpu_pad`` 0 nothing is slept;
-    the work is timed all the same.
+    host) or because the host ran it slower than its speed check at start-up (a busy machine
+    shares its caches, memory bandwidth and, under a hypervisor, its cores). With ``cpu_pad`` 0
+    nothing is slept; the work is timed all the same.
     """
     if cpu_pad > 0:
         sleep(cpu_pad * cpu_s)
-    target = (1.0 + cpu_pad) * (cpu_s if expected_cpu_s is None else expected_cpu_s)
+    target = (1.0 + cpu_pad) * cpu_s if target_s is None else target_s
     return PadOutcome(cpu_s, elapsed_s, elapsed_s + cpu_pad * cpu_s > (1.0 + LATE_TOLERANCE) * target)
+
+
+@dataclass(frozen=True)
+class CallPace:
+    """How a model's call of one input is paced and judged (:func:`pad_work`), from the server's
+    speed check at start-up (:mod:`testbed.serve.speed`, :class:`testbed.plan.speeds.ClusterSpeed`):
+    the time (ms) the call should take, warm (``target_ms``: the bare call x k / s) and cold
+    (``cold_target_ms``: x the profile's cold factor too; :func:`testbed.model.cpu.call_is_cold`),
+    and the cold call's own pad (``cold_pad``, :meth:`~testbed.plan.speeds.ClusterSpeed.cold_pad`;
+    None: the warm call's)."""
+
+    target_ms: float
+    cold_target_ms: float
+    cold_pad: float | None = None
+
+    def of(self, cold: bool, warm_pad: float) -> tuple[float, float]:
+        """(pad, target s) of a call, cold or not, beside the warm call's pad ``warm_pad``."""
+        if cold:
+            return (warm_pad if self.cold_pad is None else self.cold_pad), self.cold_target_ms / 1e3
+        return warm_pad, self.target_ms / 1e3
 
 
 @dataclass
@@ -148,9 +169,10 @@ class Scheduler:
             The CPU time is the worker thread's (``time.thread_time``), or for a TensorFlow model
             (``runtime`` ``tensorflow``: its ops run on TensorFlow's pool threads)
             the process's (``time.process_time``; exact with one worker, which the plan requires).
-        expected_cpu_ms: model -> the CPU time (ms) of its call of one input at the speed the server
-            measured at start-up (the bare call's median, :mod:`testbed.serve.speed`): a call of one
-            input is late when it ran slower than that (:func:`pad_work`); absent: only its waits count.
+        paces: model -> its :class:`CallPace`, for its calls of one input: a cold one (the model's
+            rule, :func:`testbed.model.cpu.call_is_cold`, on this server's calls) takes its own pad,
+            and a call is late when it took longer than its target (:func:`pad_work`); absent: the
+            warm pad, and only its waits count.
 
     Raises:
         ValueError: a bad setting (names it).
@@ -160,7 +182,7 @@ class Scheduler:
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
                  service_ms: dict[str, float] | None = None,
                  clock_ns: Callable[[], int] = time.time_ns, cpu_pad: float = 0.0,
-                 expected_cpu_ms: dict[str, float] | None = None):
+                 paces: dict[str, CallPace] | None = None):
         service_ms = dict(service_ms or {})
         if admission:
             missing = [m for m in models if not service_ms.get(m, 0) > 0]
@@ -175,7 +197,10 @@ class Scheduler:
         self.counters = Counters(per_model={m: {"served": 0, "busy_s": 0.0, **pad_counters()} for m in models})
         self.clock_ns = clock_ns
         self.cpu_pad = cpu_pad
-        self.expected_cpu_s = {m: v / 1e3 for m, v in (expected_cpu_ms or {}).items()}
+        self.paces = dict(paces or {})
+        self._pace_lock = threading.Lock()
+        self._calls_running = 0
+        self._last_call_end = -math.inf  # time.perf_counter() (s) when the latest model call ended, pad included
         self.cond = threading.Condition()
         self.idle = 0  # workers waiting for work (the parity test watches it)
         self._ready: deque[list[Job]] = deque()  # batches the queue started, for an idle worker
@@ -256,14 +281,21 @@ class Scheduler:
         t2 = self.clock_ns()
         tf = getattr(self.models[model], "runtime", "") == "tensorflow"
         cpu_clock = time.process_time if tf else time.thread_time
+        with self._pace_lock:
+            cold = call_is_cold(time.perf_counter(), self._last_call_end, self._calls_running)
+            self._calls_running += 1
+        pace = self.paces.get(model) if x.shape[0] == 1 else None
+        pad_rate, target_s = pace.of(cold, self.cpu_pad) if pace is not None else (self.cpu_pad, None)
         cpu0, wall0 = cpu_clock(), time.perf_counter()
         result, error = None, None
         try:
             result = self.models[model].predict(x)
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
             error = f"{type(exc).__name__}: {exc}"
-        pad = pad_work(self.cpu_pad, cpu_clock() - cpu0, time.perf_counter() - wall0,
-                       expected_cpu_s=self.expected_cpu_s.get(model) if x.shape[0] == 1 else None)
+        pad = pad_work(pad_rate, cpu_clock() - cpu0, time.perf_counter() - wall0, target_s=target_s)
+        with self._pace_lock:
+            self._calls_running -= 1
+            self._last_call_end = max(self._last_call_end, time.perf_counter())
         t3 = self.clock_ns()
         # The bookkeeping (counters, the queue's completion at T3) before the answers: a client
         # that reads /v1/stats after its answer, or a query that arrives right after it, sees the

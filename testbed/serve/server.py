@@ -90,7 +90,7 @@ from testbed.serve.payload import (
     parse_predict_body,
     predict_response,
 )
-from testbed.serve.scheduler import Job, Scheduler
+from testbed.serve.scheduler import CallPace, Job, Scheduler
 from testbed.serve.speed import measure as measure_speed
 
 #: Largest request body [bytes] (one 32x32 image as JSON is ~5-10 kB).
@@ -99,16 +99,16 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 SHUTDOWN_GRACE_S = 5.0
 
 
-def _expected_cpu_ms(cfg: ServerConfig, speed: ClusterSpeed | None, models: dict[str, Any]) -> dict[str, float]:
-    """Per model, the CPU ms of its call of one input as the speed check measured it at start-up
-    (the bare call's median per thread x the threads), for the models whose call the scheduler
-    times on the same clock (:meth:`Scheduler.run_batch`: TensorFlow's the process's, one thread's
-    otherwise); empty without a speed check."""
-    if speed is None or cfg.speed is None:
+def _paces(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, CallPace]:
+    """Per model, how its call of one input is paced and judged (:class:`CallPace`): the time it
+    should take, warm (its bare call at start-up x k / s: :attr:`ClusterSpeed.slowdown`) and cold
+    (x the profile's cold factor), and the cold call's pad (:meth:`ClusterSpeed.cold_pad`); for a
+    cluster of one thread per call (on more, a call's CPU time is its threads' sum, which no wall
+    time target reads); empty without a speed check."""
+    if speed is None or cfg.speed is None or cfg.speed.threads != 1:
         return {}
-    threads = cfg.speed.threads
-    return {m: ms.bare_ms * threads for m, ms in speed.models.items()
-            if threads == 1 or getattr(models.get(m), "runtime", "") == "tensorflow"}
+    return {m: CallPace(ms.bare_ms * speed.slowdown, ms.bare_ms * speed.slowdown * ms.cold_factor, speed.cold_pad(m))
+            for m, ms in speed.models.items()}
 
 
 class InferenceServer:
@@ -117,11 +117,11 @@ class InferenceServer:
     def __init__(self, models: dict[str, Any], workers: int = 1, queue_limit: int = 64, discipline: str = "fifo",
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
                  service_ms: dict[str, float] | None = None, cpu_pad: float = 0.0,
-                 expected_cpu_ms: dict[str, float] | None = None):
+                 paces: dict[str, CallPace] | None = None):
         """``models``: name -> loaded variant (``predict``, ``input_shape``, ``classes``, ``info``, ``runtime``).
         ``cpu_pad``: each request's handling (and each model call, :class:`Scheduler`) is followed
         by a sleep of ``cpu_pad`` x its CPU time (a time-dilated cluster below one core).
-        ``expected_cpu_ms``: per model, its call's CPU ms at start-up (:class:`Scheduler`).
+        ``paces``: per model, how its call of one input is paced and judged (:class:`Scheduler`).
 
         Raises:
             ValueError: a bad scheduler setting.
@@ -129,7 +129,7 @@ class InferenceServer:
         self.models = models
         self.scheduler = Scheduler(models, workers=workers, queue_limit=queue_limit, discipline=discipline,
                                    admission=admission, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
-                                   service_ms=service_ms, cpu_pad=cpu_pad, expected_cpu_ms=expected_cpu_ms)
+                                   service_ms=service_ms, cpu_pad=cpu_pad, paces=paces)
         self.cpu_pad = cpu_pad
         self.refused = 0  # 4xx / 5xx answers other than 503 (bad requests, unknown models, failures)
         self.answer_cpu_s = 0.0  # the event loop's CPU encoding answers
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                              admission=cfg.admission, max_batch=cfg.max_batch,
                              max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms,
                              cpu_pad=speed.cpu_pad if speed else cfg.cpu_pad,
-                             expected_cpu_ms=_expected_cpu_ms(cfg, speed, models))
+                             paces=_paces(cfg, speed))
     if early_stop:
         if cfg.stats_file:
             write_json_atomic(cfg.stats_file, server.snapshot())

@@ -16,9 +16,17 @@ graph's ops on its own pool threads); a call on t > 1 threads is taken as its CP
 CPU model charges a call, :mod:`testbed.model.cpu`: t CPU-s per s of wall time; a call whose
 threads are not all busy reads faster than it is).
 
+It then times :data:`COLD_CALLS` bare calls of each model, each after :data:`ISOLATED_GAP_S` of
+sleep (the handling measurement's isolated pass, whose ratio to the warm call is the profile's
+cold factor: :func:`testbed.plan.handling_profiles.call_factors`): the median is the model's
+``bare_cold_ms``. A call after idleness costs a host more CPU than a back-to-back one (caches and
+the idle core cooled down), and by another ratio than it cost the profile's machine (this project's
+build VMs: 1.4x against the profile's 1.1x for digits_large), so a cold call of one input is padded
+to the profile's cold call (:meth:`testbed.plan.speeds.ClusterSpeed.cold_pad`).
+
 A restarted server (a ``cluster_down`` kill, then ``cluster_up``) is given the bare calls of its
-first life (``SpeedTarget.measured_ms``) and does not time them again: every life of a cluster runs
-at one scale.
+first life (``SpeedTarget.measured_ms``, ``measured_cold_ms``) and does not time them again: every
+life of a cluster runs at one scale.
 """
 
 from __future__ import annotations
@@ -29,13 +37,16 @@ import numpy as np
 
 from testbed.plan import zoo
 from testbed.plan.speeds import ClusterSpeed, SpeedTarget, cluster_speed
-from testbed.serve.handling import bare_calls_for, time_bare_calls
+from testbed.serve.handling import ISOLATED_GAP_S, bare_calls_for, time_bare_calls
 
 #: CPU time (s) the speed check spends per model (our choice: the bare call's median over about
 #: that much CPU repeats within a few % on a quiet host).
 SPEED_CHECK_S = 0.25
 #: Fewest timed calls per model (resnet50, the zoo's slowest, ~90 ms: about 1 s of CPU).
 LEAST_CALLS = 10
+#: Bare calls after an idle gap timed per model (our choice: about 1 s of bring-up per model; the
+#: median of 10 repeats within a few % on a quiet host).
+COLD_CALLS = 10
 
 
 def measure(target: SpeedTarget, cores: float, zoo_dir: str, models: dict[str, Any]) -> ClusterSpeed:
@@ -48,17 +59,20 @@ def measure(target: SpeedTarget, cores: float, zoo_dir: str, models: dict[str, A
         ValueError: a model has no profile figure in ``target``, or a figure is not > 0.
     """
     if target.measured_ms is not None:
-        return cluster_speed(target, cores, dict(target.measured_ms))
+        return cluster_speed(target, cores, dict(target.measured_ms), bare_cold_ms=target.measured_cold_ms)
     manifest = zoo.load_manifest(zoo_dir)
     bare: dict[str, float] = {}
+    cold: dict[str, float] = {}
     calls: dict[str, int] = {}
     for name, model in models.items():
         x = zoo.load_payloads(zoo_dir, manifest["variants"][name]["family"])[0]
         n = bare_calls_for(target.profile_ms[name], SPEED_CHECK_S, LEAST_CALLS)
         all_threads = getattr(model, "runtime", "") == "tensorflow" or target.threads > 1
         bare[name] = float(np.median(time_bare_calls(model, x, n, all_threads))) / target.threads
+        cold[name] = float(np.median(time_bare_calls(model, x, COLD_CALLS, all_threads, ISOLATED_GAP_S))) \
+            / target.threads
         calls[name] = n
-    return cluster_speed(target, cores, bare, calls)
+    return cluster_speed(target, cores, bare, calls, cold)
 
 
-__all__ = ["LEAST_CALLS", "SPEED_CHECK_S", "measure"]
+__all__ = ["COLD_CALLS", "LEAST_CALLS", "SPEED_CHECK_S", "measure"]
