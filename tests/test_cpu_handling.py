@@ -242,13 +242,14 @@ def test_host_speed_times_the_cheapest_real_model_and_the_summary_warns():
 
 def test_host_speed_of_a_tensorflow_model_counts_its_pool_threads():
     """TensorFlow runs a graph's ops on its own pool threads: the calling thread's CPU alone read
-    0.40 ms for digits_large against 2.59 ms profiled ("0.15x" on the triangle runs, Dec 4). With
-    the process's CPU the ratio is of the host's speed again (within what a shared host varies)."""
+    0.40 ms for digits_large against 2.59 ms profiled (0.15x). With the process's CPU the ratio is
+    of the host's speed again, within what these shared VMs vary (0.48x to 1.87x seen): at least
+    0.3x, twice the thread-only reading."""
     from testbed.serve import handling
 
     got = handling.host_speed(REPO_ROOT / "models" / "zoo", REPO_ROOT / "models" / "profiles",
                               {"digits_large": "tensorflow"})
-    assert got["runtime"] == "tensorflow" and 0.5 <= got["ratio"] <= 3.0, got
+    assert got["runtime"] == "tensorflow" and 0.3 <= got["ratio"] <= 3.0, got
 
 
 def test_host_speeds_native_log_line_goes_to_the_log_not_the_console(tmp_path):

@@ -190,7 +190,7 @@ EVENTS = "events:\n  - {at: 5s, kind: link_down, link: [Chicago, Indianapolis]}\
     ("duration: 40s", "duration: 10min", "duration:", "'10min' is 600s: write '600s'"),
     ("duration: 40s", "duration: 40", "duration:", "'duration: 40s' or 'duration_s: 40'"),
     ("duration: 40s", "duration_s: 10min", "duration_s:", "write 'duration_s: 600' or 'duration: 600s'"),
-    ("duration: 40s", "duration: 0s", "  duration:", "greater than 0"),  # named as written, not duration_s
+    ("duration: 40s", "duration: 0s", "  duration in s:", "greater than 0"),  # as written, not duration_s
     ("deadline: 60ms", "deadline_ms: 60ms", "applications.0.deadline_ms", "write 'deadline_ms: 60'"),
     ("deadline: 60ms", "deadline_ms: 0.1", "applications.0.deadline_ms",
      "if you meant 0.1 s, write 'deadline_ms: 100' or 'deadline: 100ms'"),

@@ -103,7 +103,7 @@ def test_a_deadline_beyond_the_bound_is_refused_naming_why(tmp_path, capsys):
     load (the longest deadline + 2 s grace) once per report interval, never ended."""
     code, out = plan_cli(capsys, triangle(tmp_path, **{"deadline: 100ms": "deadline: 1e12s"}))
     assert code == 2
-    assert ("applications.0.deadline_ms: 1e+12 s is over the bound of 600 s "
+    assert ("applications.0.deadline in ms: 1e+12 s is over the bound of 600 s "
             "(testbed.spec.experiment.MAX_DEADLINE_S): after the load a run waits up to the longest deadline + 2 s "
             "for the last answers") in out
 
@@ -139,16 +139,16 @@ def test_link_delays_above_600_s_are_refused_naming_them(tmp_path, capsys):
     cloud = triangle(tmp_path, "c.yaml",
                       **{"policy: closest": "policy: closest\ncloud: {attach_to: C, delay: 1e308ms}"})
     code, out = plan_cli(capsys, cloud)
-    assert code == 2 and "cloud.delay_ms: Input should be less than or equal to 600000" in out
+    assert code == 2 and "cloud.delay in ms: Input should be less than or equal to 600000" in out
     topo = (REPO / "topologies" / "triangle.yaml").read_text().replace("delay: 10ms", "delay: 1e12ms")
     (tmp_path / "t.yaml").write_text(topo)
     code, out = plan_cli(capsys, triangle(tmp_path, "e.yaml", **{str(REPO / "topologies" / "triangle.yaml"):
                                                                str(tmp_path / "t.yaml")}))
-    assert code == 2 and "links.2.delay_ms: Input should be less than or equal to 600000" in out
+    assert code == 2 and "links.2.delay in ms: Input should be less than or equal to 600000" in out
     event = triangle(tmp_path, "v.yaml", **{"policy: closest": "policy: closest\nevents:\n"
                                             "  - {at: 1s, kind: link_delay, link: [A, B], delay: 1e15ms}"})
     code, out = plan_cli(capsys, event)
-    assert code == 2 and "events.0.delay_ms: Input should be less than or equal to 600000" in out
+    assert code == 2 and "events.0.delay in ms: Input should be less than or equal to 600000" in out
 
 
 def test_an_empty_node_id_is_refused_naming_the_node(tmp_path, capsys):

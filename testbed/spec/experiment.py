@@ -670,15 +670,22 @@ class Experiment(_Model):
         return self
 
 
+#: The unit of a quantity's number form, by its key's suffix (:func:`testbed.spec.schema.unit_pair`).
+_SUFFIX_UNITS = {"s": "s", "ms": "ms", "mbps": "Mbit/s"}
+
+
 def _as_written(loc: tuple, data: Any) -> str:
     """``loc`` with each key as the document wrote it: a quantity read from ``duration: 0s`` is
-    validated as ``duration_s`` (:func:`testbed.spec.schema.unit_pair`), and named ``duration``."""
+    validated as ``duration_s`` (:func:`testbed.spec.schema.unit_pair`), and named ``duration in s``
+    (the bounds in the message are in that unit)."""
     parts, node = [], data
     for p in loc:
+        shown = str(p)
         if isinstance(node, dict) and p not in node and isinstance(p, str) and "_" in p:
-            written = p.rsplit("_", 1)[0]
-            p = written if written in node else p
-        parts.append(str(p))
+            written, suffix = p.rsplit("_", 1)
+            if written in node and suffix in _SUFFIX_UNITS:
+                p, shown = written, f"{written} in {_SUFFIX_UNITS[suffix]}"
+        parts.append(shown)
         node = node.get(p) if isinstance(node, dict) else (
             node[p] if isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node) else None)
     return ".".join(parts)
