@@ -194,7 +194,7 @@ def test_an_emulation_far_beyond_its_k_says_so_and_strict_exits_3(tmp_path):
 
     exp = load_experiment(TRIANGLE)
     exp = type(exp).model_validate({**exp.model_dump(), "workload": [
-        {"application": "digits", "sources": "all", "rate_qps": 300.0}]})
+        {"application": "digits", "sources": "all", "rate_qps": 1000.0}]})
     plan = build_plan(exp, base_dir=TRIANGLE.parent)
     out = io.StringIO()
     code = run_emulation(plan, Console(file=out, width=400), runs_dir=tmp_path, duration_s=4.0, strict=True)
