@@ -16,6 +16,7 @@ import subprocess
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -137,7 +138,7 @@ def test_every_builtin_kind_is_registered_with_its_form():
 def test_a_change_that_fires_late_or_not_at_all_stops_the_run(tmp_path):
     """A packet train at 1 kbit/s held the event runner for 576 s and
     the later changes never fired, in a run that ended 'ok'. Now a change 1 s late stops it."""
-    from types import SimpleNamespace
+
 
     from testbed.core.errors import RunFailure
     from testbed.emu.event_runner import EventRunner
@@ -165,7 +166,7 @@ def test_a_change_that_fires_late_or_not_at_all_stops_the_run(tmp_path):
 def test_an_event_is_late_by_the_emulated_clock_under_dilation(tmp_path):
     """Under dilation k the plan's change times are on the wall clock (k x the scenario's): a change
     is late after 1 emulated second, k wall seconds, not after 1 wall second."""
-    from types import SimpleNamespace
+
 
     from testbed.core.errors import RunFailure
     from testbed.emu.event_runner import EventRunner
@@ -184,11 +185,15 @@ def test_an_event_is_late_by_the_emulated_clock_under_dilation(tmp_path):
 
 def test_a_packet_train_never_outlasts_its_bound():
     """Below ~0.1 Mbit/s no train of 8 full frames fits in 1 s: the rate is applied, not measured
-    (returned before any probe is asked: no emulation needed)."""
-    got = Readback._one_train(None, None, None, 0.001)
-    assert got == {"not_measured": "a packet train of 8 frames of 1500 bytes would take 96.0 s at 0.001 Mbit/s, "
-                                   "more than the 1 s a train may hold up the next events: the rate is applied (the "
-                                   "shaper confirmed it), not measured"}
+    (returned before any probe is asked: no emulation needed). At time dilation k the bound is k s
+    on the wall clock, where the links run at 1 / k of their rate: the same links are measured."""
+    undilated = SimpleNamespace(dyn=SimpleNamespace(plan=SimpleNamespace(time_dilation=1.0)))
+    got = Readback._one_train(undilated, None, None, 0.001)
+    assert got == {"not_measured": "a packet train of 8 frames of 1500 bytes would take 96.0 s at 0.001 Mbit/s on "
+                                   "the wall clock, more than the 1 s a train may hold up the next events: the rate "
+                                   "is applied (the shaper confirmed it), not measured"}
+    dilated = SimpleNamespace(dyn=SimpleNamespace(plan=SimpleNamespace(time_dilation=10.0)))
+    assert "more than the 10 s" in Readback._one_train(dilated, None, None, 0.0001)["not_measured"]
 
 
 def test_probe_hosts_ports_and_names():

@@ -51,9 +51,10 @@ from testbed.sdn.client import ControllerError, get_events, post_link
 
 #: Packet trains last about this long at the link's rate (s), within these frame counts.
 TRAIN_S, TRAIN_MIN, TRAIN_MAX = 0.020, 48, 800
-#: ... but never longer than this (s): a train holds up the scenario's next events (48 frames at
-#: 1 kbit/s would take 576 s). Fewer than :data:`TRAIN_FEWEST` frames in that time (below about
-#: 0.1 Mbit/s): the rate is applied but not measured, and the row says so.
+#: ... but never longer than this (s of emulated time: k x this on the wall clock of a run at time
+#: dilation k, whose links' rates are 1 / k): a train holds up the scenario's next events (48
+#: frames at 1 kbit/s would take 576 s). Fewer than :data:`TRAIN_FEWEST` frames in that time
+#: (below about 0.1 Mbit/s emulated): the rate is applied but not measured, and the row says so.
 TRAIN_MAX_S, TRAIN_FEWEST = 1.0, 8
 TRAIN_PAYLOAD = 1458  # + 42 = 1500-byte frames
 #: Probes sent later than this before the end of a window are not judged lost yet (s).
@@ -251,16 +252,18 @@ class Readback:
                                                      f"{second.get('frames_sent')} frames, not used"}
 
     def _one_train(self, a: ProbeHost, b: ProbeHost, rate_mbps: float) -> dict:
-        """A packet train a>b sized to last about :data:`TRAIN_S` at ``rate_mbps`` (at most
-        :data:`TRAIN_MAX_S`); ``{"not_measured": why}`` when fewer than :data:`TRAIN_FEWEST` frames
-        fit in that time."""
+        """A packet train a>b sized to last about :data:`TRAIN_S` at ``rate_mbps`` (the wall
+        clock's, Mbit/s; at most :data:`TRAIN_MAX_S` x the run's time dilation k on the wall
+        clock); ``{"not_measured": why}`` when fewer than :data:`TRAIN_FEWEST` frames fit in that time."""
         frame_bits = (TRAIN_PAYLOAD + FRAME_EXTRA_BYTES) * 8
-        fit = rate_mbps * 1e6 * TRAIN_MAX_S / frame_bits
+        budget_s = TRAIN_MAX_S * self.dyn.plan.time_dilation
+        fit = rate_mbps * 1e6 * budget_s / frame_bits
         if fit < TRAIN_FEWEST:
             return {"not_measured": f"a packet train of {TRAIN_FEWEST} frames of {TRAIN_PAYLOAD + FRAME_EXTRA_BYTES} "
                                     f"bytes would take {TRAIN_FEWEST * frame_bits / (rate_mbps * 1e6):.1f} s at "
-                                    f"{rate_mbps:g} Mbit/s, more than the {TRAIN_MAX_S:g} s a train may hold up the "
-                                    f"next events: the rate is applied (the shaper confirmed it), not measured"}
+                                    f"{rate_mbps:g} Mbit/s on the wall clock, more than the {budget_s:g} s a train "
+                                    f"may hold up the next events: the rate is applied (the shaper confirmed it), "
+                                    f"not measured"}
         frames = int(min(TRAIN_MAX, fit, max(TRAIN_MIN, rate_mbps * 1e6 * TRAIN_S / frame_bits)))
         c = self.dyn.daemons[a.name].client
         try:
