@@ -344,6 +344,20 @@ def test_a_cold_call_is_padded_to_the_profiles_cold_call_whatever_this_hosts_col
     assert "cold 1.40x warm (profile 1.10x)" in Speeds(mode="profile", time_dilation=2.0, clusters={"c": cs}).line()
 
 
+def test_only_calls_of_a_millisecond_or_more_are_paced():
+    """A call the profile times below LEAST_PACED_MS is mostly per-call overhead: the server paces
+    (and judges) only the longer ones, and only on one thread per call."""
+    from types import SimpleNamespace
+
+    from testbed.plan.speeds import LEAST_PACED_MS
+    from testbed.serve.server import _paces
+
+    cs = cluster_speed(_target({"big": 2.0, "tiny": LEAST_PACED_MS / 4}), 0.5, {"big": 1.6, "tiny": 0.2},
+                       None, {"big": 2.0, "tiny": 3.0})
+    assert set(_paces(SimpleNamespace(speed=SimpleNamespace(threads=1)), cs)) == {"big"}
+    assert _paces(SimpleNamespace(speed=SimpleNamespace(threads=2)), cs) == {}
+
+
 def test_the_server_takes_the_cold_pad_after_idleness_only(monkeypatch):
     """The scheduler asks the model's cold rule (testbed.model.cpu.call_is_cold) of its own calls:
     its first call and one after idleness are padded by the cold pad and judged against the cold

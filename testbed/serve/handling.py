@@ -70,6 +70,7 @@ from testbed.plan import zoo
 from testbed.plan.boundaries import ServerConfig
 from testbed.plan.handling_profiles import FILE, MIN_ISOLATED, MIN_N, RESOLUTION_S, SCHEMA, queries_to_resolve, resolved
 from testbed.plan.profiles import cpu_time
+from testbed.plan.speeds import LEAST_PACED_MS
 from testbed.serve.launch import server_command
 from testbed.serve.loaders import load_model
 
@@ -334,7 +335,7 @@ def host_speed(zoo_dir: str | os.PathLike[str], profiles_dir: str | os.PathLike[
     cands = []
     for name, runtime in sorted(models.items()):
         ms = float(cpu_time(profiles_dir, name, runtime, 1, 1).samples_ms.mean())
-        if ms >= 1.0:
+        if ms >= LEAST_PACED_MS:
             cands.append((ms, name, runtime))
     if not cands:
         return {}
