@@ -403,6 +403,12 @@ def test_unplanned_link_down_and_planned_link_down(tmp_path, monkeypatch):
     planned.clear()
     w.check()
     assert "network link s1-s2 (l1) went down without a planned event" in str(w.failure)
+    # a link that a planned link_up brings back and that the controller has not rediscovered is named so
+    links.brought_up = {frozenset(("s1", "s2"))}
+    w2, _out, _record, _failed = _watch(tmp_path / "2", [], links=links)
+    w2.check()
+    assert ("network link s1-s2 (l1) is missing at the controller with no planned event holding it down (lost "
+            "again, or not rediscovered by LLDP within 10 s, wall clock, of its planned link_up)") in str(w2.failure)
 
 
 def test_storage_full_frees_the_reserve_and_fails_the_run(tmp_path, monkeypatch):

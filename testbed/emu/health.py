@@ -233,8 +233,10 @@ class RunRecord:
 
 class LinkCheck:
     """Links the controller lost (``missing_links`` of ``/testbed/status``) that no event took
-    down. ``planned_down()``: the (switch, switch) pairs a ``link_down`` event has down now, and
-    ``recently_up()``: those a ``link_up`` brought back less than :data:`LINK_UP_GRACE_S` ago."""
+    down. ``planned_down()``: the (switch, switch) pairs the plan holds down now (a ``link_down``
+    event's, and a ``link_up``'s until :data:`LINK_UP_GRACE_S` after it: LLDP rediscovery);
+    ``brought_up``: the pairs some ``link_up`` event of the plan brings back (a missing one may
+    not have been rediscovered in the grace)."""
 
     def __init__(self, rest_url: str, plan, planned_down: Callable[[], set[frozenset[str]]] | None = None,
                  interval_s: float = 1.0):
@@ -242,6 +244,8 @@ class LinkCheck:
         self.planned_down = planned_down or (lambda: set())
         self.names = {s.dpid: s.name for s in plan.switches}
         self.emu = {frozenset((lk.a, lk.b)): lk.emu_name for lk in plan.links}
+        self.brought_up = {frozenset(ch.link) for ch in getattr(plan, "changes", ())
+                           if ch.link and ch.entry.sets_up}
         self.next_at = 0.0
 
     def down(self) -> list[tuple[str, str]]:
@@ -422,9 +426,12 @@ class HealthWatch(threading.Thread):
                 continue
             self.links_down.add(key)
             emu = self.links.emu.get(key)
+            how = ((f"is missing at the controller with no planned event holding it down (lost again, or not "
+                    f"rediscovered by LLDP within {LINK_UP_GRACE_S:g} s, wall clock, of its planned link_up)")
+                   if key in self.links.brought_up else
+                   "went down without a planned event (the controller lost it: port down or LLDP timeout)")
             inc = self._incident(f"{a}-{b}" + (f" ({emu})" if emu else ""), "network link", None,
-                                 "went down without a planned event (the controller lost it: port down or LLDP "
-                                 "timeout; traffic is rerouted, so the run no longer measures the planned network)",
+                                 how + "; traffic is rerouted, so the run no longer measures the planned network",
                                  False, None, fault="link_down")
             self._report(inc)
         self.links_down &= set(down)
