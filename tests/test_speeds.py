@@ -318,6 +318,11 @@ def test_work_beyond_its_target_is_late_without_a_wait_and_the_summary_warns():
     warnings = _late_warnings(s)
     assert len(warnings) == 1 and "edge's calls of a" in warnings[0] and "13 of 24" in warnings[0]
     assert _server_table(s)[0][2][0][-1] == "25/48"
+    # a cluster out of its quota in most periods: its calls waited for the emulated system's own quota
+    s["per_cluster"]["edge"]["cpu"] = {"throttled_periods": 203, "periods": 213}
+    assert _late_warnings(s) == []
+    s["per_cluster"]["edge"]["cpu"] = {"throttled_periods": 3, "periods": 213}
+    assert len(_late_warnings(s)) == 1
 
 
 def test_a_cold_call_is_padded_to_the_profiles_cold_call_whatever_this_hosts_cold_ratio():

@@ -88,8 +88,13 @@ def _decision_warnings(s: dict) -> list[str]:
 #: A (cluster, model) with more than this share of its model calls late (their median call ran
 #: slower than the speed the run asked: :func:`testbed.serve.scheduler.pad_work`) gets a WARNING.
 LATE_CALLS_NOTABLE = 0.5
-#: ... when at least this many of its calls were timed (fewer say little either way).
+#: ... when at least this many of its calls were timed (fewer say little either way),
 LATE_CALLS_LEAST = 10
+#: ... and its cluster's cgroup ran out of its quota in less than this share of the load's CFS
+#: periods: a call that waited for its own cluster's quota is late too, and that wait is the
+#: emulated system's own (the simulator charges it), so a cluster throttled in most periods is
+#: not called slow for it.
+LATE_CALLS_MAX_THROTTLED = 0.5
 
 
 def _late_cell(calls: dict) -> str:
@@ -98,9 +103,13 @@ def _late_cell(calls: dict) -> str:
 
 
 def _late_warnings(s: dict) -> list[str]:
-    """A WARNING per (cluster, model) most of whose model calls were late."""
+    """A WARNING per (cluster, model) most of whose model calls were late, at a cluster that was
+    not throttled in most periods (:data:`LATE_CALLS_MAX_THROTTLED`)."""
     out = []
     for name, v in (s.get("per_cluster") or {}).items():
+        cpu = v.get("cpu") or {}
+        if cpu.get("periods") and cpu.get("throttled_periods", 0) >= LATE_CALLS_MAX_THROTTLED * cpu["periods"]:
+            continue
         for model, c in ((v.get("server") or {}).get("calls") or {}).items():
             if c["timed"] >= LATE_CALLS_LEAST and c["late"] > LATE_CALLS_NOTABLE * c["timed"]:
                 out.append(f"WARNING: cluster {name}'s calls of {model} ran slower than the speed the run asked: "
