@@ -357,10 +357,10 @@ def test_only_calls_of_a_millisecond_or_more_are_paced():
     from testbed.plan.speeds import LEAST_PACED_MS
     from testbed.serve.server import _paces
 
-    cs = cluster_speed(_target({"big": 2.0, "tiny": LEAST_PACED_MS / 4}), 0.5, {"big": 1.6, "tiny": 0.2},
-                       None, {"big": 2.0, "tiny": 3.0})
-    assert set(_paces(SimpleNamespace(speed=SimpleNamespace(threads=1)), cs)) == {"big"}
-    assert _paces(SimpleNamespace(speed=SimpleNamespace(threads=2)), cs) == {}
+    profile = {"big": 2.0, "tiny": LEAST_PACED_MS / 4}
+    cs = cluster_speed(_target(profile), 0.5, {"big": 1.6, "tiny": 0.2}, None, {"big": 2.0, "tiny": 3.0})
+    assert set(_paces(SimpleNamespace(speed=_target(profile, threads=1)), cs)) == {"big"}
+    assert _paces(SimpleNamespace(speed=_target(profile, threads=2)), cs) == {}
 
 
 def test_the_server_takes_the_cold_pad_after_idleness_only(monkeypatch):

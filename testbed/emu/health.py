@@ -244,8 +244,7 @@ class LinkCheck:
         self.planned_down = planned_down or (lambda: set())
         self.names = {s.dpid: s.name for s in plan.switches}
         self.emu = {frozenset((lk.a, lk.b)): lk.emu_name for lk in plan.links}
-        self.brought_up = {frozenset(ch.link) for ch in getattr(plan, "changes", ())
-                           if ch.link and ch.entry.sets_up}
+        self.brought_up = {frozenset(ch.link) for ch in plan.changes if ch.link and ch.entry.sets_up}
         self.next_at = 0.0
 
     def down(self) -> list[tuple[str, str]]:

@@ -115,6 +115,19 @@ class SpeedTarget(_Frozen):
     measured_ms: dict[str, float] | None = None
     measured_cold_ms: dict[str, float] | None = None
 
+    def paced(self, model: str) -> bool:
+        """Whether ``model``'s calls of one input are paced and judged by a target
+        (:class:`testbed.serve.scheduler.CallPace`): on one thread per call (on more, a call's CPU
+        time is its threads' sum, which no wall-time target reads) and profiled at
+        :data:`LEAST_PACED_MS` or more."""
+        return self.threads == 1 and self.profile_ms[model] >= LEAST_PACED_MS
+
+    def times_cold(self, model: str) -> bool:
+        """Whether the speed check times ``model``'s cold calls: a paced model of a padded cluster
+        (below one core), the only one whose cold call gets a pad of its own
+        (:meth:`ClusterSpeed.cold_pad`)."""
+        return self.paced(model) and not self.nested
+
 
 class ModelSpeed(_Frozen):
     """One model at one cluster: its bare call now (``bare_ms``, median CPU ms per call, over

@@ -80,7 +80,7 @@ from testbed.core.errors import EXIT_INTEGRITY, TestbedError
 from testbed.core.util import write_json_atomic
 from testbed.plan import zoo
 from testbed.plan.boundaries import ServerConfig, read_config
-from testbed.plan.speeds import LEAST_PACED_MS, ClusterSpeed
+from testbed.plan.speeds import ClusterSpeed
 from testbed.serve import rxstamp
 from testbed.serve.loaders import check_answers, configure_tf_threads, load_model
 from testbed.serve.payload import (
@@ -100,16 +100,14 @@ SHUTDOWN_GRACE_S = 5.0
 
 
 def _paces(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, CallPace]:
-    """Per model, how its call of one input is paced and judged (:class:`CallPace`): the time it
-    should take, warm (its bare call at start-up x k / s: :attr:`ClusterSpeed.slowdown`) and cold
-    (x the profile's cold factor), and the cold call's pad (:meth:`ClusterSpeed.cold_pad`); for a
-    cluster of one thread per call (on more, a call's CPU time is its threads' sum, which no wall
-    time target reads), and models whose profiled call takes at least
-    :data:`~testbed.plan.speeds.LEAST_PACED_MS`; empty without a speed check."""
-    if speed is None or cfg.speed is None or cfg.speed.threads != 1:
+    """Per paced model (:meth:`testbed.plan.speeds.SpeedTarget.paced`), how its call of one input is
+    paced and judged (:class:`CallPace`): the time it should take, warm (its bare call at start-up x
+    k / s: :attr:`ClusterSpeed.slowdown`) and cold (x the profile's cold factor), and the cold call's
+    pad (:meth:`ClusterSpeed.cold_pad`); empty without a speed check."""
+    if speed is None or cfg.speed is None:
         return {}
     return {m: CallPace(ms.bare_ms * speed.slowdown, ms.bare_ms * speed.slowdown * ms.cold_factor, speed.cold_pad(m))
-            for m, ms in speed.models.items() if ms.profile_ms >= LEAST_PACED_MS}
+            for m, ms in speed.models.items() if cfg.speed.paced(m)}
 
 
 class InferenceServer:

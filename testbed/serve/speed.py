@@ -16,7 +16,8 @@ graph's ops on its own pool threads); a call on t > 1 threads is taken as its CP
 CPU model charges a call, :mod:`testbed.model.cpu`: t CPU-s per s of wall time; a call whose
 threads are not all busy reads faster than it is).
 
-It then times :data:`COLD_CALLS` bare calls of each model, each after :data:`ISOLATED_GAP_S` of
+It then times :data:`COLD_CALLS` bare calls of each model whose cold call is padded
+(:meth:`testbed.plan.speeds.SpeedTarget.times_cold`), each after :data:`ISOLATED_GAP_S` of
 sleep (the handling measurement's isolated pass, whose ratio to the warm call is the profile's
 cold factor: :func:`testbed.plan.handling_profiles.call_factors`): the median is the model's
 ``bare_cold_ms``. A call after idleness costs a host more CPU than a back-to-back one (caches and
@@ -70,8 +71,8 @@ def measure(target: SpeedTarget, cores: float, zoo_dir: str, models: dict[str, A
         n = bare_calls_for(target.profile_ms[name], SPEED_CHECK_S, LEAST_CALLS)
         all_threads = getattr(model, "runtime", "") == "tensorflow" or target.threads > 1
         bare[name] = float(np.median(time_bare_calls(model, x, n, all_threads))) / target.threads
-        cold[name] = float(np.median(time_bare_calls(model, x, COLD_CALLS, all_threads, ISOLATED_GAP_S))) \
-            / target.threads
+        if target.times_cold(name):
+            cold[name] = float(np.median(time_bare_calls(model, x, COLD_CALLS, all_threads, ISOLATED_GAP_S)))
         calls[name] = n
     return cluster_speed(target, cores, bare, calls, cold)
 
