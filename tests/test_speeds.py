@@ -299,6 +299,24 @@ def test_the_pad_is_added_to_the_work_and_a_wait_beyond_the_tolerance_is_late():
                         "unpadded_s": pytest.approx(on_time.unpadded_s + 0.0049)}
 
 
+def test_a_paced_call_is_padded_until_it_takes_its_target():
+    """A padded call of one input sleeps until its wall time reaches its target (2.4 ms), whatever
+    CPU it took (2.0 ms against a 1.2 ms bare call: pad 1.0 x its CPU would give 4.0 ms) or waited
+    within it: the host's extra CPU and wall time are not scaled by k / s. A call beyond its target
+    gets no pad and, beyond LATE_TOLERANCE, is late; an unpadded cluster's call (pad 0) sleeps
+    nothing and is judged all the same."""
+    from testbed.serve.scheduler import pad_work
+
+    slept: list[float] = []
+    heavy = pad_work(1.0, cpu_s=0.0020, elapsed_s=0.0020, sleep=slept.append, target_s=0.0024)
+    cheap = pad_work(1.0, cpu_s=0.0010, elapsed_s=0.0012, sleep=slept.append, target_s=0.0024)
+    waited = pad_work(1.0, cpu_s=0.0020, elapsed_s=0.0030, sleep=slept.append, target_s=0.0024)
+    beyond = pad_work(1.0, cpu_s=0.0030, elapsed_s=0.0030, sleep=slept.append, target_s=0.0024)
+    unpadded = pad_work(0.0, cpu_s=0.0030, elapsed_s=0.0030, sleep=slept.append, target_s=0.0024)
+    assert slept == [pytest.approx(0.0004), pytest.approx(0.0012)]
+    assert not heavy.late and not cheap.late and waited.late and beyond.late and unpadded.late
+
+
 def test_work_beyond_its_target_is_late_without_a_wait_and_the_summary_warns():
     """A call of one input whose padded time exceeds its target (the profile's call at the run's
     speed) by more than LATE_TOLERANCE ran slower than the run asked, with no wait at all (a busy
@@ -307,7 +325,7 @@ def test_work_beyond_its_target_is_late_without_a_wait_and_the_summary_warns():
     from testbed.results.render import _late_warnings, _server_table
     from testbed.serve.scheduler import LATE_TOLERANCE, pad_work
 
-    slow = pad_work(0.2, cpu_s=0.0025, elapsed_s=0.0025, sleep=lambda _: None, target_s=0.0024)
+    slow = pad_work(0.2, cpu_s=0.0027, elapsed_s=0.0027, sleep=lambda _: None, target_s=0.0024)
     fine = pad_work(0.2, cpu_s=0.002, elapsed_s=0.002, sleep=lambda _: None,
                     target_s=0.0024 / (1 + LATE_TOLERANCE / 2))
     assert slow.late and not fine.late
@@ -325,27 +343,21 @@ def test_work_beyond_its_target_is_late_without_a_wait_and_the_summary_warns():
     assert len(_late_warnings(s)) == 1
 
 
-def test_a_cold_call_is_padded_to_the_profiles_cold_call_whatever_this_hosts_cold_ratio():
-    """The host's cold call costs it 1.4x its warm one, the profile's 1.1x: a cold call is padded
-    less than a warm one, so that both take the profile's time x k / s; a host whose cold ratio
-    exceeds what the pad can absorb gets no pad (its cold calls are late), and an unpadded
-    cluster has no cold pad."""
-    from testbed.serve.scheduler import CallPace
+def test_a_cold_call_is_paced_to_the_profiles_cold_call_and_the_hosts_ratio_is_reported():
+    """The host's cold call costs it 1.4x its warm one, the profile's 1.1x: a cold call's target is
+    the profile's cold call x k / s (the bare call x k / s x the profile's cold factor), whatever
+    the host's ratio, which the Speeds line reports beside the profile's."""
+    from types import SimpleNamespace
 
-    t = _target({"m": 2.0}, k=2.0).model_copy(update={"cold_factor": {"m": 1.1}})
+    from testbed.serve.server import _paces
+
+    t = _target({"m": 2.0}, k=2.0, threads=1).model_copy(update={"cold_factor": {"m": 1.1}})
     cs = cluster_speed(t, 0.5, {"m": 1.6}, {"m": 30}, {"m": 1.6 * 1.4})  # s = 0.8: k / s = 2.5
     ms = cs.models["m"]
     assert ms.host_cold_ratio == pytest.approx(1.4) and ms.cold_factor == 1.1 and cs.applied_by == "pad"
-    assert cs.cold_pad("m") == pytest.approx(2.5 * 1.1 / 1.4 - 1)
-    assert 2.24 * (1 + cs.cold_pad("m")) == pytest.approx(2.0 * 1.1 * 2.0)  # the profile's cold call x k
-    steep = cluster_speed(t, 0.5, {"m": 1.6}, None, {"m": 1.6 * 3.0})
-    assert steep.cold_pad("m") == 0.0
-    capped = t.model_copy(update={"nested": True})  # at one core or more: per-thread caps, no pad
-    assert cluster_speed(capped, 2.0, {"m": 1.6}, None, {"m": 2.0}).cold_pad("m") is None
-    assert cluster_speed(t, 0.5, {"m": 1.6}).cold_pad("m") is None  # not measured
-    pace = CallPace(target_ms=1.6 * 2.5, cold_target_ms=1.6 * 2.5 * 1.1, cold_pad=cs.cold_pad("m"))
-    assert pace.of(False, cs.cpu_pad) == (pytest.approx(1.5), pytest.approx(0.004))
-    assert pace.of(True, cs.cpu_pad) == (pytest.approx(cs.cold_pad("m")), pytest.approx(0.0044))
+    pace = _paces(SimpleNamespace(speed=t), cs)["m"]
+    assert pace.target_s(False) == pytest.approx(1.6 * 2.5 / 1e3) == pytest.approx(2.0 * 2.0 / 1e3)
+    assert pace.target_s(True) == pytest.approx(2.0 * 1.1 * 2.0 / 1e3)  # the profile's cold call x k
     assert "cold 1.40x warm (profile 1.10x)" in Speeds(mode="profile", time_dilation=2.0, clusters={"c": cs}).line()
 
 
@@ -363,11 +375,10 @@ def test_only_calls_of_a_millisecond_or_more_are_paced():
     assert _paces(SimpleNamespace(speed=_target(profile, threads=2)), cs) == {}
 
 
-def test_the_server_takes_the_cold_pad_after_idleness_only(monkeypatch):
+def test_the_server_takes_the_cold_target_after_idleness_only(monkeypatch):
     """The scheduler asks the model's cold rule (testbed.model.cpu.call_is_cold) of its own calls:
-    its first call and one after idleness are padded by the cold pad and judged against the cold
-    target, one right after another call by the warm ones; a batch of several inputs by the warm
-    pad with no target."""
+    its first call and one after idleness are paced to the cold target, one right after another
+    call to the warm one; a batch of several inputs by the pad x its CPU, with no target."""
     import math
     import threading
 
@@ -378,7 +389,7 @@ def test_the_server_takes_the_cold_pad_after_idleness_only(monkeypatch):
     monkeypatch.setattr(sch, "pad_work", lambda pad, cpu, el, target_s=None: (
         seen.append((pad, target_s)), real(pad, cpu, el, target_s=target_s))[1])
     sched = sch.Scheduler({"m": SpinModel(1.0)}, cpu_pad=1.0, max_batch=1,
-                          paces={"m": sch.CallPace(target_ms=4.0, cold_target_ms=8.0, cold_pad=3.0)})
+                          paces={"m": sch.CallPace(target_ms=4.0, cold_target_ms=8.0)})
     sched.start()
     try:
         for last_end, rows in ((None, 1), (math.inf, 1), (-math.inf, 1), (math.inf, 2)):
@@ -389,7 +400,7 @@ def test_the_server_takes_the_cold_pad_after_idleness_only(monkeypatch):
             assert sched.submit(job) is None and done.wait(30)
     finally:
         sched.stop()
-    assert seen == [(3.0, 0.008), (1.0, 0.004), (3.0, 0.008), (1.0, None)]
+    assert seen == [(1.0, 0.008), (1.0, 0.004), (1.0, 0.008), (1.0, None)]
 
 
 def test_a_padded_servers_stats_count_its_calls_cpu_and_the_late_ones():

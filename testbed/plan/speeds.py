@@ -33,7 +33,8 @@ equally.
   server is capped at s / k core (1 ms per k / s ms, nested cgroups:
   :func:`testbed.core.cgroups.cap_threads`); below one core each model call and each request's
   handling is followed by a sleep of (k / s - 1) x its CPU time (:attr:`ClusterSpeed.cpu_pad`;
-  :func:`testbed.plan.dilation.nested_cpu` says why).
+  :func:`testbed.plan.dilation.nested_cpu` says why), a paced call of one input until it
+  takes the profile's call x k / s (:func:`testbed.serve.scheduler.pad_work`).
 
 What is left is each model's residual factor, factor_m / s: 1 for a cluster of one model, the
 spread of its models' factors around s for a cluster of several (the simulator can take it:
@@ -124,8 +125,10 @@ class SpeedTarget(_Frozen):
 
     def times_cold(self, model: str) -> bool:
         """Whether the speed check times ``model``'s cold calls: a paced model of a padded cluster
-        (below one core), the only one whose cold call gets a pad of its own
-        (:meth:`ClusterSpeed.cold_pad`)."""
+        (below one core), whose cold call is padded to the profile's cold call x k / s
+        (:func:`testbed.serve.scheduler.pad_work`): a host whose cold call costs it more, against
+        its warm one, than the profile's cold factor, makes them late, and the Speeds line says
+        by how much."""
         return self.paced(model) and not self.nested
 
 
@@ -184,19 +187,6 @@ class ClusterSpeed(_Frozen):
     def cpu_pad(self) -> float:
         """The server's pad (``Scheduler.cpu_pad``): k / call_scale - 1 when the cluster is padded, else 0."""
         return self.slowdown - 1.0 if self.applied_by == "pad" else 0.0
-
-    def cold_pad(self, model: str) -> float | None:
-        """The pad of ``model``'s cold call of one input (the server's, after the call, x its CPU
-        time), so that it takes the profile's cold call x its residual: with a warm call's pad p
-        (:attr:`cpu_pad`), ``(1 + p) x cold_factor / host_cold_ratio - 1`` (a host whose cold
-        call costs it more than the profile's cold factor gets less pad), at least 0 (a pad cannot
-        speed a call up: such a call is late, :func:`testbed.serve.scheduler.pad_work`). None when
-        the calls are not padded (``applied_by`` caps or none) or the ratio was not measured."""
-        ms = self.models[model]
-        ratio = ms.host_cold_ratio
-        if self.applied_by != "pad" or ratio is None:
-            return None
-        return max(0.0, self.slowdown * ms.cold_factor / ratio - 1.0)
 
     @property
     def calls_slow(self) -> bool:

@@ -87,25 +87,36 @@ LATE_TOLERANCE = 0.10
 
 def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[float], None] = time.sleep,
              target_s: float | None = None) -> PadOutcome:
-    """Pad a piece of work that took ``cpu_s`` of CPU and ``elapsed_s`` of wall time with a sleep of
-    ``cpu_pad`` x ``cpu_s`` (the CPU made 1 + ``cpu_pad`` times slower: a time-dilated cluster below
-    one core, or a host faster than the profile, :mod:`testbed.plan.speeds`), and time it.
+    """Pad a piece of work that took ``cpu_s`` of CPU and ``elapsed_s`` of wall time (s) with a
+    sleep, the CPU made 1 + ``cpu_pad`` times slower (a time-dilated cluster below one core, or a
+    host faster than the profile, :mod:`testbed.plan.speeds`), and time it.
 
-    The pad is added to the work's wall time, waits included: a wait for the cluster's CFS quota
-    (throttling) is part of the emulated system's time, as the simulator charges it, and a wait
-    for the host's other load cannot be told from it here. The work's target time is ``target_s``
-    (s) when given (a model call of one input: the profile's call at this run's speed,
-    :class:`CallPace`), else ``(1 + cpu_pad) x cpu_s``. Work whose padded wall time (``elapsed_s
-    + cpu_pad x cpu_s``) exceeds its target by more than :data:`LATE_TOLERANCE` is ``late``: it
-    ran slower than the speed asked, because it waited for the CPU (a throttled quota, or a busy
-    host) or because the host ran it slower than its speed check at start-up (a busy machine
-    shares its caches, memory bandwidth and, under a hypervisor, its cores). With ``cpu_pad`` 0
-    nothing is slept; the work is timed all the same.
+    Without a target the sleep is ``cpu_pad`` x ``cpu_s``, added to the work's wall time, waits
+    included: a wait for the cluster's CFS quota (throttling) is part of the emulated system's
+    time, as the simulator charges it, and a wait for the host's other load cannot be told from
+    it here; its target is ``(1 + cpu_pad) x cpu_s``. With a target ``target_s`` (a model call of
+    one input: the profile's call, warm or cold, at this run's speed, :class:`CallPace`) padded
+    work (``cpu_pad`` > 0) sleeps until its wall time reaches the target, ``max(0, target_s -
+    elapsed_s)``, as the simulator charges the profile's call: CPU this host spent beyond its
+    speed check's bare call (the other threads' CPU in a TensorFlow process's clock, a busy
+    machine's caches, a call after idleness) and wall time beyond its CPU time (the runtime's
+    thread hand-offs) are the host's, not the profile's, and are not scaled by k / s. A wait for
+    the quota (to its period's end: tens of ms) loses at most the pad. Work whose padded wall time
+    exceeds its target by more than :data:`LATE_TOLERANCE` is ``late``: it ran slower than the
+    speed asked, because it waited for the CPU (a throttled quota, or a busy host) or because the
+    host ran it slower than its target. With ``cpu_pad`` 0 nothing is slept; the work is timed
+    all the same.
     """
-    if cpu_pad > 0:
-        sleep(cpu_pad * cpu_s)
+    if cpu_pad <= 0:
+        pad_s = 0.0
+    elif target_s is None:
+        pad_s = cpu_pad * cpu_s
+    else:
+        pad_s = max(0.0, target_s - elapsed_s)
+    if pad_s > 0:
+        sleep(pad_s)
     target = (1.0 + cpu_pad) * cpu_s if target_s is None else target_s
-    return PadOutcome(cpu_s, elapsed_s, elapsed_s + cpu_pad * cpu_s > (1.0 + LATE_TOLERANCE) * target)
+    return PadOutcome(cpu_s, elapsed_s, elapsed_s + pad_s > (1.0 + LATE_TOLERANCE) * target)
 
 
 @dataclass(frozen=True)
@@ -113,19 +124,14 @@ class CallPace:
     """How a model's call of one input is paced and judged (:func:`pad_work`), from the server's
     speed check at start-up (:mod:`testbed.serve.speed`, :class:`testbed.plan.speeds.ClusterSpeed`):
     the time (ms) the call should take, warm (``target_ms``: the bare call x k / s) and cold
-    (``cold_target_ms``: x the profile's cold factor too; :func:`testbed.model.cpu.call_is_cold`),
-    and the cold call's own pad (``cold_pad``, :meth:`~testbed.plan.speeds.ClusterSpeed.cold_pad`;
-    None: the warm call's)."""
+    (``cold_target_ms``: x the profile's cold factor too; :func:`testbed.model.cpu.call_is_cold`)."""
 
     target_ms: float
     cold_target_ms: float
-    cold_pad: float | None = None
 
-    def of(self, cold: bool, warm_pad: float) -> tuple[float, float]:
-        """(pad, target s) of a call, cold or not, beside the warm call's pad ``warm_pad``."""
-        if cold:
-            return (warm_pad if self.cold_pad is None else self.cold_pad), self.cold_target_ms / 1e3
-        return warm_pad, self.target_ms / 1e3
+    def target_s(self, cold: bool) -> float:
+        """The target (s) of a call, cold or not."""
+        return (self.cold_target_ms if cold else self.target_ms) / 1e3
 
 
 @dataclass
@@ -169,10 +175,10 @@ class Scheduler:
             The CPU time is the worker thread's (``time.thread_time``), or for a TensorFlow model
             (``runtime`` ``tensorflow``: its ops run on TensorFlow's pool threads)
             the process's (``time.process_time``; exact with one worker, which the plan requires).
-        paces: model -> its :class:`CallPace`, for its calls of one input: a cold one (the model's
-            rule, :func:`testbed.model.cpu.call_is_cold`, on this server's calls) takes its own pad,
-            and a call is late when it took longer than its target (:func:`pad_work`); absent: the
-            warm pad, and only its waits count.
+        paces: model -> its :class:`CallPace`, for its calls of one input: a padded call ends at
+            its target, cold (the model's rule, :func:`testbed.model.cpu.call_is_cold`, on this
+            server's calls) or warm, and is late when it took longer (:func:`pad_work`); absent:
+            the pad x its CPU time, and only its waits count.
 
     Raises:
         ValueError: a bad setting (names it).
@@ -278,21 +284,21 @@ class Scheduler:
         batch the queue gives this worker (None: go back to waiting)."""
         model = batch[0].model
         x = _concat([j.x for j in batch])
-        t2 = self.clock_ns()
+        t2, wall0 = self.clock_ns(), time.perf_counter()  # the pad counts the call's time from T2
         tf = getattr(self.models[model], "runtime", "") == "tensorflow"
         cpu_clock = time.process_time if tf else time.thread_time
         with self._pace_lock:
             cold = call_is_cold(time.perf_counter(), self._last_call_end, self._calls_running)
             self._calls_running += 1
         pace = self.paces.get(model) if x.shape[0] == 1 else None
-        pad_rate, target_s = pace.of(cold, self.cpu_pad) if pace is not None else (self.cpu_pad, None)
-        cpu0, wall0 = cpu_clock(), time.perf_counter()
+        target_s = pace.target_s(cold) if pace is not None else None
+        cpu0 = cpu_clock()
         result, error = None, None
         try:
             result = self.models[model].predict(x)
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
             error = f"{type(exc).__name__}: {exc}"
-        pad = pad_work(pad_rate, cpu_clock() - cpu0, time.perf_counter() - wall0, target_s=target_s)
+        pad = pad_work(self.cpu_pad, cpu_clock() - cpu0, time.perf_counter() - wall0, target_s=target_s)
         with self._pace_lock:
             self._calls_running -= 1
             self._last_call_end = max(self._last_call_end, time.perf_counter())

@@ -102,11 +102,11 @@ SHUTDOWN_GRACE_S = 5.0
 def _paces(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, CallPace]:
     """Per paced model (:meth:`testbed.plan.speeds.SpeedTarget.paced`), how its call of one input is
     paced and judged (:class:`CallPace`): the time it should take, warm (its bare call at start-up x
-    k / s: :attr:`ClusterSpeed.slowdown`) and cold (x the profile's cold factor), and the cold call's
-    pad (:meth:`ClusterSpeed.cold_pad`); empty without a speed check."""
+    k / s: :attr:`ClusterSpeed.slowdown`) and cold (x the profile's cold factor); empty without a
+    speed check."""
     if speed is None or cfg.speed is None:
         return {}
-    return {m: CallPace(ms.bare_ms * speed.slowdown, ms.bare_ms * speed.slowdown * ms.cold_factor, speed.cold_pad(m))
+    return {m: CallPace(ms.bare_ms * speed.slowdown, ms.bare_ms * speed.slowdown * ms.cold_factor)
             for m, ms in speed.models.items() if cfg.speed.paced(m)}
 
 

@@ -22,9 +22,9 @@ sleep (the handling measurement's isolated pass, whose ratio to the warm call is
 cold factor: :func:`testbed.plan.handling_profiles.call_factors`): the median is the model's
 ``bare_cold_ms``. A call after idleness costs a host more CPU than a back-to-back one (caches and
 the idle core cooled down), and by another ratio than it cost the profile's machine (this project's
-build VMs: 1.74-1.81x against the profile's 1.56x for digits_large, docs/models-and-servers.md), so
-a cold call of one input is padded to the profile's cold call
-(:meth:`testbed.plan.speeds.ClusterSpeed.cold_pad`).
+build VMs: 1.74-1.81x against the profile's 1.56x for digits_large, docs/models-and-servers.md); a
+cold call of one input is padded to the profile's cold call x k / s
+(:func:`testbed.serve.scheduler.pad_work`), and the ratio says how much room the host leaves it.
 
 A restarted server (a ``cluster_down`` kill, then ``cluster_up``) is given the bare calls of its
 first life (``SpeedTarget.measured_ms``, ``measured_cold_ms``) and does not time them again: every
