@@ -24,7 +24,8 @@ td, with the delays in force then (``SourceConfig.rtt_steps``, :func:`testbed.mo
 the simulator's rule). Under time dilation k (``SourceConfig.clock``) the arrivals are drawn in
 emulated time and played k times slower, and each record is written in emulated time (instants,
 the deadline and the RTT through the clock); a plug-in policy's decision, which the source makes at
-the host's full speed, is padded to k times its wall time (a sleep of the rest), so that its
+the host's full speed, is padded to k times its wall time (a blocking sleep of the rest, the loop held as by the
+decision's CPU: :func:`testbed.core.util.hold_loop`), so that its
 emulated cost is its cost, as the simulator charges it (``plan.decision_ms``).
 Records are appended (and flushed) as each query
 resolves, so a run stopped at any point keeps what was measured; a write that fails (a full
@@ -59,7 +60,7 @@ from testbed.agent.live import SourceSelector
 from testbed.agent.selector import SelectorFailed
 from testbed.core.errors import EXIT_COMPONENT_DIED, connect_error
 from testbed.core.plugins import add_sys_paths
-from testbed.core.util import replace_atomic, write_json_atomic
+from testbed.core.util import hold_loop, replace_atomic, write_json_atomic
 from testbed.model import seeds
 from testbed.model.dispatch import Dispatcher, Heard
 from testbed.model.network import path_cut, rtt_at
@@ -220,7 +221,7 @@ class Source:
         d = self.dispatcher.dispatch(app.deadline_ms, app.min_accuracy, app.family, t0 / 1e9)  # a plug-in may raise
         td = time.time_ns()
         if clock.dilated and self._is_plugin(policy):  # the decision at the emulated speed (module doc)
-            await asyncio.sleep(clock.wall((td - t0) / 1e9) - (td - t0) / 1e9)
+            hold_loop(clock.wall((td - t0) / 1e9) - (td - t0) / 1e9)  # the loop's own CPU, as the decision's
             td = time.time_ns()
         self.seq += 1  # a query exists once it is dispatched
         qid = f"{self.name}-{self.seq}"

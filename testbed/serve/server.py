@@ -77,7 +77,7 @@ import numpy as np
 from aiohttp import web
 
 from testbed.core.errors import EXIT_INTEGRITY, TestbedError
-from testbed.core.util import write_json_atomic
+from testbed.core.util import hold_loop, write_json_atomic
 from testbed.plan import zoo
 from testbed.plan.boundaries import ServerConfig, read_config
 from testbed.plan.speeds import ClusterSpeed
@@ -190,7 +190,7 @@ class InferenceServer:
         except RequestError as exc:
             return self._error(exc.status, str(exc))
         if self.cpu_pad:  # the handling at 1 / k speed (a time-dilated cluster below one core)
-            await asyncio.sleep(self.cpu_pad * (time.thread_time() - cpu0))
+            hold_loop(self.cpu_pad * (time.thread_time() - cpu0))
         t1h = time.time_ns()
         headers = {"X-Testbed-T1": str(t1), "X-Testbed-T1h": str(t1h),
                    "X-Testbed-Queue-Len": str(self.scheduler.queue_len()),
@@ -217,7 +217,7 @@ class InferenceServer:
         cpu = time.thread_time() - cpu0
         self.answer_cpu_s += cpu
         if self.cpu_pad:  # the encoding at 1 / k speed, as the request's decoding
-            await asyncio.sleep(self.cpu_pad * cpu)
+            hold_loop(self.cpu_pad * cpu)
         headers["X-Testbed-T3h"] = str(time.time_ns())  # encoded; aiohttp writes it as the handler returns
         return web.Response(body=answer, headers=headers, content_type="application/json")
 
