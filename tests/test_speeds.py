@@ -296,7 +296,8 @@ def test_the_pad_is_added_to_the_work_and_a_wait_beyond_the_tolerance_is_late():
     for o in (on_time, late):
         o.count(counters)
     assert counters == {"timed": 2, "late": 1, "cpu_s": pytest.approx(0.004),
-                        "unpadded_s": pytest.approx(on_time.unpadded_s + 0.0049)}
+                        "unpadded_s": pytest.approx(on_time.unpadded_s + 0.0049), "paced_cpu_s": 0.0,
+                        "expected_cpu_s": 0.0}  # neither was paced
 
 
 def test_a_paced_call_is_padded_until_it_takes_its_target():
@@ -430,3 +431,34 @@ def test_unpadded_work_is_timed_and_late_only_beyond_the_tolerance():
     assert not pad_work(0.0, 0.002, 0.002 * (1 + LATE_TOLERANCE / 2), sleep=slept.append).late
     assert pad_work(0.0, 0.002, 0.002 * (1 + 2 * LATE_TOLERANCE), sleep=slept.append).late
     assert slept == []
+
+
+def test_the_quota_follows_the_paced_calls_cpu_over_their_bare_calls():
+    """The followed factor r is the paced calls' CPU time over what the quota expects of them (the
+    bare call, x the profile's cold factor when cold), within FOLLOW_BOUNDS; too few calls keep the
+    quota as it stands. A server counts both per model for its paced calls only."""
+    from testbed.plan.speeds import FOLLOW_BOUNDS, FOLLOW_MIN_EXPECTED_S, followed_quota_factor
+    from testbed.serve.scheduler import CallPace, pad_counters, pad_work
+
+    assert followed_quota_factor(0.125, 0.1) == pytest.approx(1.25)
+    assert followed_quota_factor(0.1, 0.1) == 1.0  # back-to-back warm calls: the bare calls' quota
+    assert followed_quota_factor(1.0, FOLLOW_MIN_EXPECTED_S / 2) is None
+    assert followed_quota_factor(10.0, 0.1) == FOLLOW_BOUNDS[1] and followed_quota_factor(0.0, 0.1) == FOLLOW_BOUNDS[0]
+    pace = CallPace(target_ms=4.0, cold_target_ms=6.0, slowdown=2.0)
+    assert pace.expected_cpu_s(False) == pytest.approx(0.002) and pace.expected_cpu_s(True) == pytest.approx(0.003)
+    counters = pad_counters()
+    pad_work(1.0, 0.0025, 0.0025, sleep=lambda _: None).count(counters)  # not paced: not in the ratio
+    from dataclasses import replace
+    replace(pad_work(1.0, 0.0036, 0.0036, sleep=lambda _: None, target_s=0.006),
+            expected_cpu_s=pace.expected_cpu_s(True)).count(counters)
+    assert counters["paced_cpu_s"] == pytest.approx(0.0036) and counters["expected_cpu_s"] == pytest.approx(0.003)
+    assert counters["cpu_s"] == pytest.approx(0.0061) and counters["timed"] == 2
+
+
+def test_the_summary_names_the_followed_quotas():
+    from testbed.results.render import _followed_quotas
+
+    s = {"per_cluster": {"a": {"cpu": {"quota_factor": {"mean": 1.21, "min": 1.05, "max": 1.3}}}, "b": {"cpu": {}}}}
+    line = _followed_quotas(s)
+    assert "a x1.21 mean (x1.05-1.30)" in line and " b " not in line
+    assert _followed_quotas({"per_cluster": {"b": {"cpu": {"periods": 3}}}}) == ""

@@ -356,6 +356,7 @@ def _bring_up_and_load(ctx: RunContext) -> None:
     _check_host_speed(ctx.plan, ctx.run_dir, ctx.console, ctx.timings)
     cpu_before = ctx.servers.cpu_stats()
     ctx.stack.callback(ctx.servers.write_cpu_during_load, cpu_before)  # also after a failed or interrupted load
+    ctx.servers.follow_quotas()
     ctx.load_started = True
     run_load(ctx)
     ctx.timings["total_s"] = time.monotonic() - ctx.t0

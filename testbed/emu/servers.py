@@ -13,7 +13,10 @@ more, each of its threads is capped at s / k core (below one core the server pad
 itself: :func:`testbed.plan.dilation.nested_cpu`), s being the host's speed factor (on a host
 slower than k makes up, s > k, the calls run at the host's speed and the quota alone is raised);
 a quota the cluster's threads cannot use stops the run (:func:`testbed.plan.speeds.check_fits`).
-:attr:`ClusterServers.speeds` holds every cluster's.
+:attr:`ClusterServers.speeds` holds every cluster's. During the load the quota of a padded cluster
+follows its paced calls' CPU (:meth:`ClusterServers.follow_quotas`,
+:func:`testbed.plan.speeds.followed_quota_factor`); ``clusters/<cluster>.cpu.json`` keeps the
+factors it took.
 :class:`ClusterServers` starts them all and waits until every one is warmed up, and applies outages: ``kill`` (SIGKILL,
 connections refused until a restart) and ``stop`` (SIGSTOP / SIGCONT). A restarted server starts
 its counters from zero; the stats file of its earlier life is kept as
@@ -39,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -47,7 +51,16 @@ from testbed.core.clock import EmulatedClock
 from testbed.core.errors import EXIT_INTEGRITY, RunFailure, connect_error
 from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT, poll_until, stop_processes, stopped, write_json_atomic
-from testbed.plan.speeds import ClusterSpeed, Speeds, check_fits, expected_weights, speed_target
+from testbed.plan.speeds import (
+    FOLLOW_POLL_S,
+    FOLLOW_WINDOW_S,
+    ClusterSpeed,
+    Speeds,
+    check_fits,
+    expected_weights,
+    followed_quota_factor,
+    speed_target,
+)
 from testbed.plan.zoo import request_bodies
 from testbed.serve.launch import server_command, write_server_config
 
@@ -80,6 +93,9 @@ class ClusterServers:
         self._weights = expected_weights(live.plan)
         self.cap_error: str = ""
         self._capping = threading.Event()
+        self._following = threading.Event()
+        #: Per followed cluster, the quota factors set during the load: (s since the load started, r).
+        self.followed: dict[str, list[tuple[float, float]]] = {}
         stack.callback(self._stop_all)
 
     def _log(self, cluster: str):
@@ -312,20 +328,78 @@ class ClusterServers:
         """Per cluster, its cgroup's CFS counters now (:func:`testbed.core.cgroups.cpu_stat`)."""
         return {c: cgroups.cpu_stat(dirs) for c, dirs in self.groups.items()}
 
+    def follow_quotas(self) -> None:
+        """From now (the load's start) until :meth:`write_cpu_during_load`, every
+        :data:`~testbed.plan.speeds.FOLLOW_POLL_S`, set the quota of each padded cluster with paced
+        models to ``cores x s x r`` (:func:`testbed.plan.speeds.followed_quota_factor` over the
+        last :data:`~testbed.plan.speeds.FOLLOW_WINDOW_S` of its server's counters); the factors
+        go to :attr:`followed`. A quota that cannot be set fails the run when the load ends."""
+        clusters = [c for c, cs in self.speeds.items() if cs.applied_by == "pad"]
+        if not clusters or self._following.is_set():
+            return
+        self.followed = {c: [] for c in clusters}
+        self._following.set()
+        threading.Thread(target=self._follow, args=(clusters, time.monotonic()), name="quota-follow",
+                         daemon=True).start()
+
+    def _paced_totals(self, cluster: str) -> tuple[float, float] | None:
+        """The paced calls' CPU time taken and expected (s), summed over the models of the live
+        server's counters (``clusters/<cluster>.stats.json``); None when unreadable or none paced."""
+        try:
+            per_model = json.loads((self.live.run_dir / "clusters" / f"{cluster}.stats.json").read_text())["per_model"]
+            taken = sum(float(v.get("paced_cpu_s", 0.0)) for v in per_model.values())
+            expected = sum(float(v.get("expected_cpu_s", 0.0)) for v in per_model.values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return (taken, expected) if expected > 0 else None
+
+    def _follow(self, clusters: list[str], t0: float) -> None:
+        windows: dict[str, deque[tuple[float, float, float]]] = {c: deque() for c in clusters}
+        while self._following.is_set():
+            time.sleep(FOLLOW_POLL_S)
+            now = time.monotonic()
+            for c in clusters:
+                totals = self._paced_totals(c)
+                if totals is None or not self._following.is_set():
+                    continue
+                w = windows[c]
+                if w and (totals[0] < w[-1][1] or totals[1] < w[-1][2]):
+                    w.clear()  # a new life: its counters start from zero
+                w.append((now, *totals))
+                while len(w) > 2 and now - w[1][0] >= FOLLOW_WINDOW_S:
+                    w.popleft()
+                r = followed_quota_factor(w[-1][1] - w[0][1], w[-1][2] - w[0][2])
+                if r is None:
+                    continue
+                try:
+                    cgroups.set_cpu_quota(self.groups[c], self.speeds[c].quota_cores * r)
+                except cgroups.CgroupError as exc:
+                    self.cap_error = self.cap_error or f"cluster {c}'s quota could not follow its calls: {exc}"
+                    continue
+                self.followed[c].append((round(now - t0, 3), round(r, 4)))
+
     def write_cpu_during_load(self, before: dict[str, dict[str, float]]) -> None:
         """``clusters/<cluster>.cpu.json``: the CFS counters' growth since ``before`` (taken when the
-        load started): periods, throttled periods and their share, seconds throttled.
+        load started): periods, throttled periods and their share, seconds throttled; for a
+        cluster whose quota followed its calls (:meth:`follow_quotas`, which this stops), the
+        factors r it took (``quota_factor``: mean, min, max, and ``quota_factors``: every one, with
+        its time in s since the load's start).
 
         Raises:
             RunFailure: a thread could not be capped during the load (the clusters' CPU was not
                 dilated, or not held to the profile's speed, as planned).
         """
+        self._following.clear()
         for c, now in self.cpu_stats().items():
             b = before.get(c) or {}
             if not now or not b:
                 continue
-            d = {k: now[k] - b.get(k, 0) for k in now}
+            d: dict = {k: now[k] - b.get(k, 0) for k in now}
             d["throttled_share"] = round(d["throttled_periods"] / d["periods"], 4) if d["periods"] else 0.0
+            rs = [r for _, r in self.followed.get(c, [])]
+            if rs:
+                d["quota_factor"] = {"mean": round(sum(rs) / len(rs), 4), "min": min(rs), "max": max(rs)}
+                d["quota_factors"] = self.followed[c]
             path = self.live.run_dir / "clusters" / f"{c}.cpu.json"
             try:
                 write_json_atomic(path, d, indent=1)
@@ -338,6 +412,7 @@ class ClusterServers:
 
     def _stop_all(self) -> None:
         self._capping.clear()
+        self._following.clear()
         for c in list(self.stopped):
             if self.procs[c].poll() is None:
                 self.procs[c].send_signal(signal.SIGCONT)

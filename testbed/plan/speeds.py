@@ -36,6 +36,16 @@ equally.
   :func:`testbed.plan.dilation.nested_cpu` says why), a paced call of one input until it
   takes the profile's call x k / s (:func:`testbed.serve.scheduler.pad_work`).
 
+During the load the quota of a padded cluster follows its paced calls (:func:`followed_quota_factor`):
+a call between idle gaps, or between another model's calls, costs a host more CPU than the
+back-to-back bare call of the speed check, by its own ratio (a cold call of mobilenet_v2_100 cost
+this project's VM 1.40x its warm one against the profile's 1.00x), and a quota scaled by the bare
+call alone ran out in a third of the periods where the simulator's seldom does. Every
+:data:`FOLLOW_POLL_S` the run sets the quota to ``cores x s x r``, r the calls' CPU time over what
+the quota expects of them (their bare calls, x the profile's cold factor when cold) over the last
+:data:`FOLLOW_WINDOW_S` of the server's counters; back-to-back warm calls (a saturated cluster)
+give r = 1, the quota the bare calls gave.
+
 What is left is each model's residual factor, factor_m / s: 1 for a cluster of one model, the
 spread of its models' factors around s for a cluster of several (the simulator can take it:
 :func:`apply_speeds`).
@@ -89,6 +99,33 @@ RUN_KEY = "speeds"
 #: gap): its calls are padded at the cluster's rate and judged by their waits alone, and the
 #: host-speed check leaves it out (:func:`testbed.serve.handling.host_speed`). Our choice.
 LEAST_PACED_MS = 1.0
+#: How often (s of wall time) the run sets a padded cluster's quota to follow its paced calls'
+#: CPU (:func:`followed_quota_factor`): the servers write their counters every
+#: ``emulation.stats_interval_s`` (1 s by default). Our choice.
+FOLLOW_POLL_S = 1.0
+#: The window (s of wall time) of the server's counters whose calls set the followed quota: a few
+#: stats intervals, so that a burst of cold calls does not swing it, short against a run's phases.
+#: Our choice.
+FOLLOW_WINDOW_S = 5.0
+#: Less expected CPU (s) than this in the window (about 5 calls of a few ms) keeps the quota as it
+#: stands: too few calls to read a ratio from. Our choice.
+FOLLOW_MIN_EXPECTED_S = 0.02
+#: The bounds of the followed factor r: a ratio beyond them is not a call's cost (a stalled
+#: process clock, a call that ran mostly on other threads). Our choice.
+FOLLOW_BOUNDS = (0.5, 3.0)
+
+
+def followed_quota_factor(paced_cpu_s: float, expected_cpu_s: float) -> float | None:
+    """The factor r of a padded cluster's quota (``cores x s x r``, module docstring) from its
+    paced calls over the window: the CPU time they took (``paced_cpu_s``, s) over what the quota
+    expects of them (``expected_cpu_s``, s: each call's bare call at start-up, x the profile's
+    cold factor when cold, :meth:`testbed.serve.scheduler.CallPace.expected_cpu_s`), within
+    :data:`FOLLOW_BOUNDS`; None when the window expected less than :data:`FOLLOW_MIN_EXPECTED_S`
+    (the quota stays as it stands)."""
+    if not expected_cpu_s >= FOLLOW_MIN_EXPECTED_S or not math.isfinite(paced_cpu_s):
+        return None
+    lo, hi = FOLLOW_BOUNDS
+    return min(hi, max(lo, paced_cpu_s / expected_cpu_s))
 
 
 class _Frozen(BaseModel):

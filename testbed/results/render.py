@@ -102,6 +102,19 @@ def _late_cell(calls: dict) -> str:
     return "-" if not timed else f"{sum(v['late'] for v in calls.values())}/{timed}"
 
 
+def _followed_quotas(s: dict) -> str:
+    """The summary's line on the quotas that followed their paced calls' CPU during the load
+    (``clusters/<name>.cpu.json`` ``quota_factor``: :meth:`testbed.emu.servers.ClusterServers.follow_quotas`);
+    empty when none did."""
+    got = {c: (v.get("cpu") or {}).get("quota_factor") for c, v in (s.get("per_cluster") or {}).items()}
+    got = {c: f for c, f in got.items() if f}
+    if not got:
+        return ""
+    each = ", ".join(f"{c} x{f['mean']:.2f} mean (x{f['min']:.2f}-{f['max']:.2f})" for c, f in sorted(got.items()))
+    return (f"Quotas followed the paced calls' CPU over what their bare calls at start-up gave (cores x s x r, "
+            f"r = the calls' CPU time over their bare calls', x the profile's cold factor when cold): {each}.")
+
+
 def _late_warnings(s: dict) -> list[str]:
     """A WARNING per (cluster, model) most of whose model calls were late, at a cluster that was
     not throttled in most periods (:data:`LATE_CALLS_MAX_THROTTLED`)."""
@@ -320,6 +333,9 @@ def _headline(s: dict) -> list[str]:
         speeds = Speeds.model_validate(s["speeds"])
         lines.append("Speeds: " + speeds.line() + ".")
         lines.extend(w + "." for w in speeds.warnings())
+        followed = _followed_quotas(s)
+        if followed:
+            lines.append(followed)
     lines.extend(w + "." for w in _late_warnings(s))
     lines[1:1] = _decision_warnings(s)
     small = dilation_warning(s.get("dilation_check") or {})

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -64,6 +64,9 @@ class PadOutcome:
     cpu_s: float
     unpadded_s: float
     late: bool
+    #: A paced call's expected CPU time (s): its speed check's bare call, x the profile's cold
+    #: factor when cold (:meth:`CallPace.expected_cpu_s`); None: not paced.
+    expected_cpu_s: float | None = None
 
     def count(self, into: dict[str, float]) -> None:
         """Add this outcome to a per-model counter dict (:func:`pad_counters`)."""
@@ -71,12 +74,17 @@ class PadOutcome:
         into["late"] += int(self.late)
         into["cpu_s"] += self.cpu_s
         into["unpadded_s"] += self.unpadded_s
+        if self.expected_cpu_s is not None:
+            into["paced_cpu_s"] += self.cpu_s
+            into["expected_cpu_s"] += self.expected_cpu_s
 
 
 def pad_counters() -> dict[str, float]:
     """The per-model counters of the calls' speed (``/v1/stats`` ``per_model``): ``timed`` calls,
-    ``late`` ones (:class:`PadOutcome`), their CPU and unpadded wall time (``cpu_s``, ``unpadded_s``)."""
-    return {"timed": 0, "late": 0, "cpu_s": 0.0, "unpadded_s": 0.0}
+    ``late`` ones (:class:`PadOutcome`), their CPU and unpadded wall time (``cpu_s``, ``unpadded_s``),
+    and of the paced calls the CPU time taken and expected (``paced_cpu_s``, ``expected_cpu_s``:
+    the run's quota follows their ratio, :func:`testbed.plan.speeds.followed_quota_factor`)."""
+    return {"timed": 0, "late": 0, "cpu_s": 0.0, "unpadded_s": 0.0, "paced_cpu_s": 0.0, "expected_cpu_s": 0.0}
 
 
 #: Work whose wall time with its pad exceeds its target time by more than this share is late
@@ -124,14 +132,21 @@ class CallPace:
     """How a model's call of one input is paced and judged (:func:`pad_work`), from the server's
     speed check at start-up (:mod:`testbed.serve.speed`, :class:`testbed.plan.speeds.ClusterSpeed`):
     the time (ms) the call should take, warm (``target_ms``: the bare call x k / s) and cold
-    (``cold_target_ms``: x the profile's cold factor too; :func:`testbed.model.cpu.call_is_cold`)."""
+    (``cold_target_ms``: x the profile's cold factor too; :func:`testbed.model.cpu.call_is_cold`),
+    and ``slowdown`` k / s (:attr:`testbed.plan.speeds.ClusterSpeed.slowdown`)."""
 
     target_ms: float
     cold_target_ms: float
+    slowdown: float = 1.0
 
     def target_s(self, cold: bool) -> float:
         """The target (s) of a call, cold or not."""
         return (self.cold_target_ms if cold else self.target_ms) / 1e3
+
+    def expected_cpu_s(self, cold: bool) -> float:
+        """The CPU time (s) the cluster's quota expects of a call, cold or not: its target / (k / s),
+        the speed check's bare call (x the profile's cold factor when cold)."""
+        return self.target_s(cold) / self.slowdown
 
 
 @dataclass
@@ -299,6 +314,8 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
             error = f"{type(exc).__name__}: {exc}"
         pad = pad_work(self.cpu_pad, cpu_clock() - cpu0, time.perf_counter() - wall0, target_s=target_s)
+        if pace is not None:
+            pad = replace(pad, expected_cpu_s=pace.expected_cpu_s(cold))
         with self._pace_lock:
             self._calls_running -= 1
             self._last_call_end = max(self._last_call_end, time.perf_counter())

@@ -106,7 +106,7 @@ def _paces(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, CallPace]
     speed check."""
     if speed is None or cfg.speed is None:
         return {}
-    return {m: CallPace(ms.bare_ms * speed.slowdown, ms.bare_ms * speed.slowdown * ms.cold_factor)
+    return {m: CallPace(ms.bare_ms * speed.slowdown, ms.bare_ms * speed.slowdown * ms.cold_factor, speed.slowdown)
             for m, ms in speed.models.items() if cfg.speed.paced(m)}
 
 
