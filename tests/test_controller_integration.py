@@ -203,6 +203,32 @@ def test_link_failure_reroutes_and_recovers(triangle):
     ctl.wait_ready(rest_url, timeout_s=15)
 
 
+def test_a_link_whose_first_lldp_is_lost_on_coming_up_is_rediscovered_at_once(triangle):
+    """A port that comes back up is probed again until its link is known (the controller's
+    REPROBE_AFTER_UP_S): with both ends dropping every frame for the first 0.3 s after the link
+    comes up (netem, 100 % loss), ryu.topology's one probe at port-up is lost, and the next periodic
+    one would come 10 s later (LLDP_PERIOD_RUNNING_S); the link is back well before."""
+    net, rest_url, _ = triangle
+    link = net.linksBetween(net.get("rc1"), net.get("rc2"))[0]
+    ends = [link.intf1.name, link.intf2.name]
+    net.configLinkStatus("rc1", "rc2", "down")
+    try:
+        _wait_path(rest_url, _mac(1), _mac(3), [1, 3], 15)
+        for intf in ends:
+            assert os.system(f"tc qdisc add dev {intf} root netem loss 100%") == 0
+        net.configLinkStatus("rc1", "rc2", "up")
+        t_up = time.monotonic()
+        time.sleep(0.3)
+    finally:
+        for intf in ends:
+            os.system(f"tc qdisc del dev {intf} root >/dev/null 2>&1")
+        net.configLinkStatus("rc1", "rc2", "up")
+    p = _wait_path(rest_url, _mac(1), _mac(3), [1, 2, 3], 15)
+    back_s = time.monotonic() - t_up
+    assert p["dpids"] == [1, 2, 3] and back_s < 8.0, f"rediscovered {back_s:.1f} s after the link came up"
+    ctl.wait_ready(rest_url, timeout_s=15)
+
+
 def test_controller_process_imports_numpy_only_at_first_use():
     """ryu-manager's process (testbed.sdn.launcher) loads the controller app and its config
     validation without running numpy, networkx, dnspython or setuptools (the bring-up waits for

@@ -151,6 +151,10 @@ def test_the_triangles_weights_split_the_applications_rate_over_its_options():
     assert set(t.profile_ms) == {"digits_small", "digits_large"} and t.weights == w["edgec"]
     cfg = ServerConfig.from_plan(dilate(plan), "edgec", 0, None, t)
     assert ServerConfig.model_validate_json(cfg.model_dump_json()).speed == t
+    # a paced call draws its target from the simulator's samples (emulated ms, the in-server factor
+    # applied), over the profile's median: from the wall-clock plan too
+    for m in t.profile_ms:
+        assert t.draws[m] == pytest.approx([x / t.profile_ms[m] for x in plan.services["edgec"][m].samples_ms])
 
 
 def test_a_padded_tensorflow_cluster_with_workers_is_refused_at_the_profiles_speed_undilated():
@@ -402,6 +406,34 @@ def test_the_server_takes_the_cold_target_after_idleness_only(monkeypatch):
     finally:
         sched.stop()
     assert seen == [(1.0, 0.008), (1.0, 0.004), (1.0, 0.008), (1.0, None)]
+
+
+def test_a_paced_calls_target_is_drawn_as_the_simulator_draws_its_call(monkeypatch):
+    """Each paced call's target is its warm or cold target x one of the pace's draws, at random
+    (seeded): over many calls every draw comes up, and the quota's expected CPU takes the same draw."""
+    import threading
+
+    from testbed.serve import scheduler as sch
+
+    seen: list[float] = []
+    real = sch.pad_work
+    monkeypatch.setattr(sch, "pad_work", lambda pad, cpu, el, target_s=None: (
+        seen.append(target_s), real(pad, cpu, el, target_s=target_s))[1])
+    pace = sch.CallPace(target_ms=1.0, cold_target_ms=1.0, slowdown=2.0, draws=(0.5, 2.0))
+    assert pace.expected_cpu_s(False, 2.0) == pytest.approx(0.001)
+    sched = sch.Scheduler({"m": SpinModel(0.05)}, cpu_pad=1.0, max_batch=1, paces={"m": pace}, seed=7)
+    sched.start()
+    try:
+        for _ in range(40):
+            done = threading.Event()
+            assert sched.submit(Job(model="m", x=np.zeros((1, 2), dtype=np.float32),
+                                    done=lambda j, d=done: d.set())) is None and done.wait(30)
+    finally:
+        sched.stop()
+    assert sorted({round(t, 9) for t in seen}) == [0.0005, 0.002]
+    assert 10 <= sum(t == pytest.approx(0.002) for t in seen) <= 30  # seeded: 40 fair draws
+    pm = sched.counters.per_model["m"]
+    assert pm["expected_cpu_s"] == pytest.approx(sum(seen) / 2.0)
 
 
 def test_a_padded_servers_stats_count_its_calls_cpu_and_the_late_ones():

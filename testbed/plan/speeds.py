@@ -140,7 +140,10 @@ class SpeedTarget(_Frozen):
     restarted server the bare calls its first life measured (``measured_ms``, and after idleness
     ``measured_cold_ms``; None: measure them), so that every life runs at one scale; per model the
     profile's ``cold_factor`` (a call after idleness over a warm one,
-    :class:`testbed.model.service.ServiceFigures`; absent: 1)."""
+    :class:`testbed.model.service.ServiceFigures`; absent: 1) and its ``draws``: the simulator's
+    samples of one call (the plan's ``samples_ms``, the in-server factor applied) over
+    ``profile_ms``, from which a paced call draws its target as the simulator draws its time
+    (:class:`testbed.serve.scheduler.CallPace`; absent: every call the median's)."""
 
     mode: SpeedMode
     time_dilation: float = Field(ge=1.0)
@@ -152,6 +155,7 @@ class SpeedTarget(_Frozen):
     cold_factor: dict[str, float] = Field(default_factory=dict)
     measured_ms: dict[str, float] | None = None
     measured_cold_ms: dict[str, float] | None = None
+    draws: dict[str, list[float]] = Field(default_factory=dict)
 
     def paced(self, model: str) -> bool:
         """Whether ``model``'s calls of one input are paced and judged by a target
@@ -384,6 +388,7 @@ def speed_target(plan: Plan, cluster: str, first: ClusterSpeed | None = None,
     weights = weights if weights is not None else expected_weights(plan)
     em = plan.experiment.emulation
     figures = plan.services.get(cluster, {})
+    samples = plan.emulated.services.get(cluster, {})  # the simulator's draws, in emulated ms
     measured_cold = None if first is None else {m: ms.bare_cold_ms for m, ms in first.models.items()
                                                 if ms.bare_cold_ms is not None}
     return SpeedTarget(mode=em.speed, time_dilation=plan.time_dilation, nested=nested_cpu(spec.cpu_cores),
@@ -391,7 +396,9 @@ def speed_target(plan: Plan, cluster: str, first: ClusterSpeed | None = None,
                        weights=dict(weights.get(cluster, {})),
                        cold_factor={m: figures[m].cold_factor for m in spec.models if m in figures},
                        measured_ms=None if first is None else {m: ms.bare_ms for m, ms in first.models.items()},
-                       measured_cold_ms=measured_cold)
+                       measured_cold_ms=measured_cold,
+                       draws={m: [x / profile_ms[m] for x in samples[m].samples_ms]
+                              for m in spec.models if m in samples})
 
 
 def read_speeds(run_dir: Path) -> Speeds | None:

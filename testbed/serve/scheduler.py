@@ -12,6 +12,7 @@ without waiting for batches to fill.
 from __future__ import annotations
 
 import math
+import random
 import threading
 import time
 from collections import deque
@@ -133,20 +134,29 @@ class CallPace:
     speed check at start-up (:mod:`testbed.serve.speed`, :class:`testbed.plan.speeds.ClusterSpeed`):
     the time (ms) the call should take, warm (``target_ms``: the bare call x k / s) and cold
     (``cold_target_ms``: x the profile's cold factor too; :func:`testbed.model.cpu.call_is_cold`),
-    and ``slowdown`` k / s (:attr:`testbed.plan.speeds.ClusterSpeed.slowdown`)."""
+    ``slowdown`` k / s (:attr:`testbed.plan.speeds.ClusterSpeed.slowdown`), and the ``draws`` a
+    call's target is multiplied by, one drawn at random per call (the simulator's samples of the
+    call over the profile's median, :attr:`testbed.plan.speeds.SpeedTarget.draws`: so that the
+    calls' times are distributed as the simulator's, mean and tail included; empty: 1)."""
 
     target_ms: float
     cold_target_ms: float
     slowdown: float = 1.0
+    draws: tuple[float, ...] = ()
 
-    def target_s(self, cold: bool) -> float:
-        """The target (s) of a call, cold or not."""
-        return (self.cold_target_ms if cold else self.target_ms) / 1e3
+    def draw(self, rng: random.Random) -> float:
+        """One call's draw (1.0 without draws)."""
+        return rng.choice(self.draws) if self.draws else 1.0
 
-    def expected_cpu_s(self, cold: bool) -> float:
-        """The CPU time (s) the cluster's quota expects of a call, cold or not: its target / (k / s),
-        the speed check's bare call (x the profile's cold factor when cold)."""
-        return self.target_s(cold) / self.slowdown
+    def target_s(self, cold: bool, draw: float = 1.0) -> float:
+        """The target (s) of a call, cold or not, of draw ``draw``."""
+        return (self.cold_target_ms if cold else self.target_ms) * draw / 1e3
+
+    def expected_cpu_s(self, cold: bool, draw: float = 1.0) -> float:
+        """The CPU time (s) the cluster's quota expects of a call, cold or not, of draw ``draw``:
+        its target / (k / s), the speed check's bare call (x the profile's cold factor when cold)
+        x the draw, as the simulator's quota is charged the drawn call."""
+        return self.target_s(cold, draw) / self.slowdown
 
 
 @dataclass
@@ -203,7 +213,7 @@ class Scheduler:
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
                  service_ms: dict[str, float] | None = None,
                  clock_ns: Callable[[], int] = time.time_ns, cpu_pad: float = 0.0,
-                 paces: dict[str, CallPace] | None = None):
+                 paces: dict[str, CallPace] | None = None, seed: int = 0):
         service_ms = dict(service_ms or {})
         if admission:
             missing = [m for m in models if not service_ms.get(m, 0) > 0]
@@ -219,6 +229,7 @@ class Scheduler:
         self.clock_ns = clock_ns
         self.cpu_pad = cpu_pad
         self.paces = dict(paces or {})
+        self._rng = random.Random(seed)  # the paced calls' draws (worker threads, under the GIL)
         self._pace_lock = threading.Lock()
         self._calls_running = 0
         self._last_call_end = -math.inf  # time.perf_counter() (s) when the latest model call ended, pad included
@@ -306,7 +317,8 @@ class Scheduler:
             cold = call_is_cold(time.perf_counter(), self._last_call_end, self._calls_running)
             self._calls_running += 1
         pace = self.paces.get(model) if x.shape[0] == 1 else None
-        target_s = pace.target_s(cold) if pace is not None else None
+        draw = pace.draw(self._rng) if pace is not None else 1.0
+        target_s = pace.target_s(cold, draw) if pace is not None else None
         cpu0 = cpu_clock()
         result, error = None, None
         try:
@@ -315,7 +327,7 @@ class Scheduler:
             error = f"{type(exc).__name__}: {exc}"
         pad = pad_work(self.cpu_pad, cpu_clock() - cpu0, time.perf_counter() - wall0, target_s=target_s)
         if pace is not None:
-            pad = replace(pad, expected_cpu_s=pace.expected_cpu_s(cold))
+            pad = replace(pad, expected_cpu_s=pace.expected_cpu_s(cold, draw))
         with self._pace_lock:
             self._calls_running -= 1
             self._last_call_end = max(self._last_call_end, time.perf_counter())

@@ -71,6 +71,7 @@ import socket
 import sys
 import time
 import weakref
+import zlib
 from typing import Any
 
 import numpy as np
@@ -102,11 +103,13 @@ SHUTDOWN_GRACE_S = 5.0
 def _paces(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, CallPace]:
     """Per paced model (:meth:`testbed.plan.speeds.SpeedTarget.paced`), how its call of one input is
     paced and judged (:class:`CallPace`): the time it should take, warm (its bare call at start-up x
-    k / s: :attr:`ClusterSpeed.slowdown`) and cold (x the profile's cold factor); empty without a
-    speed check."""
+    k / s: :attr:`ClusterSpeed.slowdown`) and cold (x the profile's cold factor), each call's x a
+    draw of the simulator's samples over the profile's median (``SpeedTarget.draws``); empty
+    without a speed check."""
     if speed is None or cfg.speed is None:
         return {}
-    return {m: CallPace(ms.bare_ms * speed.slowdown, ms.bare_ms * speed.slowdown * ms.cold_factor, speed.slowdown)
+    return {m: CallPace(ms.bare_ms * speed.slowdown, ms.bare_ms * speed.slowdown * ms.cold_factor, speed.slowdown,
+                        tuple(cfg.speed.draws.get(m, ())))
             for m, ms in speed.models.items() if cfg.speed.paced(m)}
 
 
@@ -116,11 +119,12 @@ class InferenceServer:
     def __init__(self, models: dict[str, Any], workers: int = 1, queue_limit: int = 64, discipline: str = "fifo",
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
                  service_ms: dict[str, float] | None = None, cpu_pad: float = 0.0,
-                 paces: dict[str, CallPace] | None = None):
+                 paces: dict[str, CallPace] | None = None, seed: int = 0):
         """``models``: name -> loaded variant (``predict``, ``input_shape``, ``classes``, ``info``, ``runtime``).
         ``cpu_pad``: each request's handling (and each model call, :class:`Scheduler`) is followed
         by a sleep of ``cpu_pad`` x its CPU time (a time-dilated cluster below one core).
-        ``paces``: per model, how its call of one input is paced and judged (:class:`Scheduler`).
+        ``paces``: per model, how its call of one input is paced and judged (:class:`Scheduler`),
+        its draws seeded by ``seed``.
 
         Raises:
             ValueError: a bad scheduler setting.
@@ -128,7 +132,7 @@ class InferenceServer:
         self.models = models
         self.scheduler = Scheduler(models, workers=workers, queue_limit=queue_limit, discipline=discipline,
                                    admission=admission, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
-                                   service_ms=service_ms, cpu_pad=cpu_pad, paces=paces)
+                                   service_ms=service_ms, cpu_pad=cpu_pad, paces=paces, seed=seed)
         self.cpu_pad = cpu_pad
         self.refused = 0  # 4xx / 5xx answers other than 503 (bad requests, unknown models, failures)
         self.answer_cpu_s = 0.0  # the event loop's CPU encoding answers
@@ -419,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                              admission=cfg.admission, max_batch=cfg.max_batch,
                              max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms,
                              cpu_pad=speed.cpu_pad if speed else cfg.cpu_pad,
-                             paces=_paces(cfg, speed))
+                             paces=_paces(cfg, speed), seed=zlib.crc32(cfg.cluster.encode()))
     if early_stop:
         if cfg.stats_file:
             write_json_atomic(cfg.stats_file, server.snapshot())
