@@ -73,6 +73,12 @@ import testbed.model.routing as routing
 #: front), so frequent LLDP only loads the switches and the links.
 Switches.LLDP_SEND_GUARD = 0.001
 LLDP_PERIOD_RUNNING_S = float(os.environ.get("TESTBED_LLDP_PERIOD_S", "10"))
+#: After a port comes back up its LLDP probe is sent again at these times (s after its port
+#: status) until its link is rediscovered: ``ryu.topology`` probes a repaired port once, at once,
+#: and that frame can be lost while the link is still coming up (its emulator, or the far port,
+#: not passing frames yet); the next probe would wait :data:`LLDP_PERIOD_RUNNING_S`, beyond the
+#: run's grace for a planned link_up (``testbed.emu.health.LINK_UP_GRACE_S``). Our choice.
+REPROBE_AFTER_UP_S = (0.2, 0.5, 1.0, 2.0, 4.0)
 
 CONFIG_ENV = "TESTBED_CONTROLLER_CONFIG"
 PINS_ENV = "TESTBED_CONTROLLER_PINS"
@@ -288,6 +294,27 @@ class TestbedController(app_manager.RyuApp):
                     reason=reason, link_down=down)
         self.logger.info("port status: %s port %d %s%s", self.switch_names.get(dp.id, dp.id), desc.port_no, reason,
                          " (link down)" if down else "")
+        if msg.reason == ofp.OFPPR_MODIFY and not down and self.initial_done:
+            hub.spawn(self._reprobe, dp.id, desc.port_no)
+
+    def _reprobe(self, dpid: int, port_no: int) -> None:
+        """Probe a port that came back up with LLDP at :data:`REPROBE_AFTER_UP_S` until a link from
+        it is known again (``ryu.topology``'s own pacing: the port moved to the front of its LLDP
+        queue)."""
+        switches = app_manager.lookup_service_brick("switches")
+        if switches is None:
+            return
+        waited = 0.0
+        for at in REPROBE_AFTER_UP_S:
+            hub.sleep(at - waited)
+            waited = at
+            if any(src == dpid and ports[0] == port_no for (src, _), ports in self.dir_links.items()):
+                return
+            port = switches._get_port(dpid, port_no)
+            if port is None:
+                return
+            switches.ports.move_front(port)
+            switches.lldp_event.set()
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev) -> None:
