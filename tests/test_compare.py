@@ -263,7 +263,9 @@ def test_compare_on_a_short_emulation_pairs_its_queries_and_names_where_they_par
         assert w["stage"] in STAGES and row["parts"] and abs(row["emu_p50"] - row["sim_p50"]) > 1.0
         assert f"engines part at {w['stage'].removesuffix('_ms')} on {w['group']}" in result["verdict"]
     else:
-        assert not any(r["parts"] for g in result["groups"].values() for r in g)
+        # no cluster or path parts (the verdict's rule, where_they_part); the pooled "all" may, with
+        # more pairs behind its test, and names no place
+        assert not any(r["parts"] for name, g in result["groups"].items() if name != "all" for r in g)
     clusters = {g for g in result["groups"] if g != "all" and " -> " not in g}
     assert clusters == {"edgeb", "edgec"} and all(result["groups"][c][0]["n"] > 0 for c in clusters)
     assert result["success"]["emu"] is not None and result["success"]["windows"] == 8
