@@ -487,6 +487,41 @@ def test_the_quota_follows_the_paced_calls_cpu_over_their_bare_calls():
     assert counters["cpu_s"] == pytest.approx(0.0061) and counters["timed"] == 2
 
 
+def test_the_followed_quota_charges_the_handling_as_the_model_does():
+    """The work the quota is charged for: the paced calls' expected CPU, the unpaced calls' own CPU
+    and s x the profile's handling per query; the taken side is the whole process's CPU. A
+    saturated cluster whose process spends on each query its call's expected CPU plus the
+    profile's handling at this host's speed gets r = 1 (the simulator's throughput), where a rule
+    that left the handling out gave it a quota that paid for the handling on top."""
+    from testbed.plan.speeds import followed_quota_factor, work_totals
+
+    stats = {"process_cpu_s": 2.0, "expected_handling_s": 0.1,
+             "per_model": {"a": {"cpu_s": 1.2, "paced_cpu_s": 1.0, "expected_cpu_s": 0.9},
+                           "b": {"cpu_s": 0.0, "paced_cpu_s": 0.0, "expected_cpu_s": 0.0}}}
+    taken, expected = work_totals(stats)
+    assert taken == 2.0 and expected == pytest.approx(0.9 + 0.2 + 0.1)
+    assert work_totals({**stats, "per_model": {"a": {"cpu_s": 1.0, "expected_cpu_s": 0.0}}}) is None  # none paced
+    assert work_totals({"per_model": stats["per_model"]}) is None  # a server without the process's clock
+    assert work_totals({**stats, "process_cpu_s": "x"}) is None
+    # 100 queries at 0.25 core, s = 0.5: calls of 8 ms of profile CPU (4 ms here) and 1.2 ms of handling
+    calls, handling = 100 * 0.004, 100 * 0.5 * 0.0012
+    assert followed_quota_factor(calls + handling, calls + handling) == 1.0
+    assert followed_quota_factor(calls + 0.1 * handling, calls + handling) < 1.0  # a cheaper loop: less quota
+
+
+def test_a_server_counts_the_handling_the_model_charges():
+    """s x the profile's reading (handling - answer) and writing (answer) per query, per model."""
+    from types import SimpleNamespace
+
+    from testbed.serve.server import _handling_expected
+
+    cfg = SimpleNamespace(speed=SimpleNamespace(handling_ms={"m": 1.3, "n": 0.5}, answer_ms={"m": 0.1, "n": 0.9}))
+    got = _handling_expected(cfg, SimpleNamespace(scale=0.5))
+    assert got["m"] == (pytest.approx(0.0006), pytest.approx(0.00005))
+    assert got["n"] == (0.0, pytest.approx(0.00025))  # an answer figure above the whole is capped at it
+    assert _handling_expected(cfg, None) == {}
+
+
 def test_the_summary_names_the_followed_quotas():
     from testbed.results.render import _followed_quotas
 

@@ -14,7 +14,7 @@ itself: :func:`testbed.plan.dilation.nested_cpu`), s being the host's speed fact
 slower than k makes up, s > k, the calls run at the host's speed and the quota alone is raised);
 a quota the cluster's threads cannot use stops the run (:func:`testbed.plan.speeds.check_fits`).
 :attr:`ClusterServers.speeds` holds every cluster's. During the load the quota of a padded cluster
-follows its paced calls' CPU (:meth:`ClusterServers.follow_quotas`,
+follows its work: its server process's CPU over what the model charges (:meth:`ClusterServers.follow_quotas`,
 :func:`testbed.plan.speeds.followed_quota_factor`); ``clusters/<cluster>.cpu.json`` keeps the
 factors it took.
 :class:`ClusterServers` starts them all and waits until every one is warmed up, and applies outages: ``kill`` (SIGKILL,
@@ -60,6 +60,7 @@ from testbed.plan.speeds import (
     expected_weights,
     followed_quota_factor,
     speed_target,
+    work_totals,
 )
 from testbed.plan.zoo import request_bodies
 from testbed.serve.launch import server_command, write_server_config
@@ -342,16 +343,15 @@ class ClusterServers:
         threading.Thread(target=self._follow, args=(clusters, time.monotonic()), name="quota-follow",
                          daemon=True).start()
 
-    def _paced_totals(self, cluster: str) -> tuple[float, float] | None:
-        """The paced calls' CPU time taken and expected (s), summed over the models of the live
-        server's counters (``clusters/<cluster>.stats.json``); None when unreadable or none paced."""
+    def _work_totals(self, cluster: str) -> tuple[float, float] | None:
+        """The server process's CPU time and what the model charges for its work (s,
+        :func:`testbed.plan.speeds.work_totals`), from the live server's counters
+        (``clusters/<cluster>.stats.json``); None when unreadable or none paced."""
         try:
-            per_model = json.loads((self.live.run_dir / "clusters" / f"{cluster}.stats.json").read_text())["per_model"]
-            taken = sum(float(v.get("paced_cpu_s", 0.0)) for v in per_model.values())
-            expected = sum(float(v.get("expected_cpu_s", 0.0)) for v in per_model.values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            stats = json.loads((self.live.run_dir / "clusters" / f"{cluster}.stats.json").read_text())
+        except (OSError, ValueError):
             return None
-        return (taken, expected) if expected > 0 else None
+        return work_totals(stats) if isinstance(stats, dict) else None
 
     def _follow(self, clusters: list[str], t0: float) -> None:
         windows: dict[str, deque[tuple[float, float, float]]] = {c: deque() for c in clusters}
@@ -359,7 +359,7 @@ class ClusterServers:
             time.sleep(FOLLOW_POLL_S)
             now = time.monotonic()
             for c in clusters:
-                totals = self._paced_totals(c)
+                totals = self._work_totals(c)
                 if totals is None or not self._following.is_set():
                     continue
                 w = windows[c]

@@ -36,15 +36,21 @@ equally.
   :func:`testbed.plan.dilation.nested_cpu` says why), a paced call of one input until it
   takes the profile's call x k / s (:func:`testbed.serve.scheduler.pad_work`).
 
-During the load the quota of a padded cluster follows its paced calls (:func:`followed_quota_factor`):
-a call between idle gaps, or between another model's calls, costs a host more CPU than the
-back-to-back bare call of the speed check, by its own ratio (a cold call of mobilenet_v2_100 cost
-this project's VM 1.40x its warm one against the profile's 1.00x), and a quota scaled by the bare
-call alone ran out in a third of the periods where the simulator's seldom does. Every
-:data:`FOLLOW_POLL_S` the run sets the quota to ``cores x s x r``, r the calls' CPU time over what
-the quota expects of them (their bare calls, x the profile's cold factor when cold) over the last
-:data:`FOLLOW_WINDOW_S` of the server's counters; back-to-back warm calls (a saturated cluster)
-give r = 1, the quota the bare calls gave.
+During the load the quota of a padded cluster follows its work (:func:`followed_quota_factor`):
+the model charges a cluster's quota for each call (its drawn time) and for each request's handling
+(the profile's ``handling_ms`` of the event loop per query, :mod:`testbed.serve.handling`), and
+nothing else; the server process spends CPU beside both (a call between idle gaps, or between
+another model's calls, costs a host more than the back-to-back bare call of the speed check: a
+cold call of mobilenet_v2_100 cost this project's VM 1.40x its warm one against the profile's
+1.00x; the event loop's work that no pad measures; the runtime's other threads). A quota scaled
+by the bare calls alone ran out in a third of the periods where the simulator's seldom does, and
+one scaled by the calls' own CPU left the handling unpaid: a saturated cluster then served 1.2x
+the simulator's queries. Every :data:`FOLLOW_POLL_S` the run sets the quota to ``cores x s x r``,
+r the server process's CPU time over what the model charges for its work at this host's speed
+(:func:`work_totals`: the paced calls' bare calls x their draws, x the profile's cold factor
+when cold; s x the profile's handling per query; unpaced calls at their own CPU) over the last
+:data:`FOLLOW_WINDOW_S` of the server's counters, so that a saturated cluster serves as many
+queries per second as the simulator's.
 
 What is left is each model's residual factor, factor_m / s: 1 for a cluster of one model, the
 spread of its models' factors around s for a cluster of several (the simulator can take it:
@@ -115,17 +121,38 @@ FOLLOW_MIN_EXPECTED_S = 0.02
 FOLLOW_BOUNDS = (0.5, 3.0)
 
 
-def followed_quota_factor(paced_cpu_s: float, expected_cpu_s: float) -> float | None:
-    """The factor r of a padded cluster's quota (``cores x s x r``, module docstring) from its
-    paced calls over the window: the CPU time they took (``paced_cpu_s``, s) over what the quota
-    expects of them (``expected_cpu_s``, s: each call's bare call at start-up, x the profile's
-    cold factor when cold, :meth:`testbed.serve.scheduler.CallPace.expected_cpu_s`), within
+def followed_quota_factor(taken_cpu_s: float, expected_cpu_s: float) -> float | None:
+    """The factor r of a padded cluster's quota (``cores x s x r``, module docstring) over the
+    window: the CPU time its server process took (``taken_cpu_s``, s) over what the model charges
+    for its work at this host's speed (``expected_cpu_s``, s; :func:`work_totals`), within
     :data:`FOLLOW_BOUNDS`; None when the window expected less than :data:`FOLLOW_MIN_EXPECTED_S`
     (the quota stays as it stands)."""
-    if not expected_cpu_s >= FOLLOW_MIN_EXPECTED_S or not math.isfinite(paced_cpu_s):
+    if not expected_cpu_s >= FOLLOW_MIN_EXPECTED_S or not math.isfinite(taken_cpu_s):
         return None
     lo, hi = FOLLOW_BOUNDS
-    return min(hi, max(lo, paced_cpu_s / expected_cpu_s))
+    return min(hi, max(lo, taken_cpu_s / expected_cpu_s))
+
+
+def work_totals(stats: dict) -> tuple[float, float] | None:
+    """From one server's counters (its ``GET /v1/stats`` dict, :mod:`testbed.serve.server`): the
+    CPU time (s) its process has taken since it started (``process_cpu_s``), and what the model
+    charges for the work it did at this host's speed (s): per model the paced calls' expected CPU
+    (``expected_cpu_s``: each bare call x its draw, x the profile's cold factor when cold), the
+    unpaced calls' own CPU (``cpu_s - paced_cpu_s``: batches and calls too short to pace, charged
+    as they ran), and the handling's (``expected_handling_s``: s x the profile's handling of each
+    query). Cumulative totals; None when a field is missing or malformed, or no call was paced (a
+    cluster whose quota does not follow)."""
+    try:
+        per_model = stats["per_model"].values()
+        paced = sum(float(v.get("expected_cpu_s", 0.0)) for v in per_model)
+        unpaced = sum(max(0.0, float(v.get("cpu_s", 0.0)) - float(v.get("paced_cpu_s", 0.0))) for v in per_model)
+        taken = float(stats["process_cpu_s"])
+        handling = float(stats.get("expected_handling_s", 0.0))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if not paced > 0 or not math.isfinite(taken):
+        return None
+    return taken, paced + unpaced + handling
 
 
 class _Frozen(BaseModel):
@@ -143,7 +170,10 @@ class SpeedTarget(_Frozen):
     :class:`testbed.model.service.ServiceFigures`; absent: 1) and its ``draws``: the simulator's
     samples of one call (the plan's ``samples_ms``, the in-server factor applied) over
     ``profile_ms``, from which a paced call draws its target as the simulator draws its time
-    (:class:`testbed.serve.scheduler.CallPace`; absent: every call the median's)."""
+    (:class:`testbed.serve.scheduler.CallPace`; absent: every call the median's); per model the
+    profile's CPU of the event loop per query (``handling_ms``, ms, ``answer_ms`` of it the
+    answer's side: :class:`testbed.model.service.ServiceFigures`; absent: 0), which the model
+    charges the cluster's quota and its followed quota counts (:func:`work_totals`)."""
 
     mode: SpeedMode
     time_dilation: float = Field(ge=1.0)
@@ -156,6 +186,8 @@ class SpeedTarget(_Frozen):
     measured_ms: dict[str, float] | None = None
     measured_cold_ms: dict[str, float] | None = None
     draws: dict[str, list[float]] = Field(default_factory=dict)
+    handling_ms: dict[str, float] = Field(default_factory=dict)
+    answer_ms: dict[str, float] = Field(default_factory=dict)
 
     def paced(self, model: str) -> bool:
         """Whether ``model``'s calls of one input are paced and judged by a target
@@ -398,7 +430,9 @@ def speed_target(plan: Plan, cluster: str, first: ClusterSpeed | None = None,
                        measured_ms=None if first is None else {m: ms.bare_ms for m, ms in first.models.items()},
                        measured_cold_ms=measured_cold,
                        draws={m: [x / profile_ms[m] for x in samples[m].samples_ms]
-                              for m in spec.models if m in samples})
+                              for m in spec.models if m in samples},
+                       handling_ms={m: figures[m].handling_ms for m in spec.models if m in figures},
+                       answer_ms={m: figures[m].answer_ms for m in spec.models if m in figures})
 
 
 def read_speeds(run_dir: Path) -> Speeds | None:

@@ -47,7 +47,10 @@ Endpoints (TensorFlow Serving REST API, https://www.tensorflow.org/tfx/serving/a
 * ``GET /v1/stats``: ``queue_len``, ``busy``, ``workers``, ``served``, ``dropped``
   (``dropped_queue_full`` + ``dropped_admission``), ``errors`` (failed inferences and refused
   requests), ``batches``, ``mean_batch``, ``busy_s`` (sum of model-call time), ``answer_cpu_s``
-  (CPU time of the event loop encoding the answers, for :mod:`testbed.serve.handling`), ``unstamped_reads``
+  (CPU time of the event loop encoding the answers, for :mod:`testbed.serve.handling`),
+  ``process_cpu_s`` (the process's CPU time since it started), ``expected_handling_s`` (what the
+  model charged the quota for the handling of the queries so far, at this host's speed:
+  :func:`testbed.plan.speeds.work_totals`), ``unstamped_reads``
   (reads that came without a kernel timestamp: their T1 is the read's time), ``uptime_s``,
   ``utilization`` = busy_s / (uptime_s x workers), ``per_model`` (per model: ``served``, ``busy_s``, and
   the calls' speed: ``timed`` calls, their ``cpu_s`` and wall time before the pad ``unpadded_s``, and
@@ -113,18 +116,33 @@ def _paces(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, CallPace]
             for m, ms in speed.models.items() if cfg.speed.paced(m)}
 
 
+def _handling_expected(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, tuple[float, float]]:
+    """Per model, the CPU (s) the model charges the cluster's quota for a query's handling at this
+    host's speed: s x the profile's reading of the request and writing of the answer
+    (``SpeedTarget.handling_ms`` - ``answer_ms``, ``answer_ms``); empty without a speed check."""
+    if speed is None or cfg.speed is None:
+        return {}
+    out = {}
+    for m, total_ms in cfg.speed.handling_ms.items():
+        answer_ms = min(total_ms, cfg.speed.answer_ms.get(m, 0.0))
+        out[m] = (speed.scale * (total_ms - answer_ms) / 1e3, speed.scale * answer_ms / 1e3)
+    return out
+
+
 class InferenceServer:
     """The aiohttp handlers around a :class:`Scheduler` of loaded variants."""
 
     def __init__(self, models: dict[str, Any], workers: int = 1, queue_limit: int = 64, discipline: str = "fifo",
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
                  service_ms: dict[str, float] | None = None, cpu_pad: float = 0.0,
-                 paces: dict[str, CallPace] | None = None, seed: int = 0):
+                 paces: dict[str, CallPace] | None = None, seed: int = 0,
+                 handling_expected: dict[str, tuple[float, float]] | None = None):
         """``models``: name -> loaded variant (``predict``, ``input_shape``, ``classes``, ``info``, ``runtime``).
         ``cpu_pad``: each request's handling (and each model call, :class:`Scheduler`) is followed
         by a sleep of ``cpu_pad`` x its CPU time (a time-dilated cluster below one core).
         ``paces``: per model, how its call of one input is paced and judged (:class:`Scheduler`),
-        its draws seeded by ``seed``.
+        its draws seeded by ``seed``. ``handling_expected``: per model, the CPU (s) the model
+        charges for reading a request and writing its answer (counted in ``expected_handling_s``).
 
         Raises:
             ValueError: a bad scheduler setting.
@@ -136,6 +154,8 @@ class InferenceServer:
         self.cpu_pad = cpu_pad
         self.refused = 0  # 4xx / 5xx answers other than 503 (bad requests, unknown models, failures)
         self.answer_cpu_s = 0.0  # the event loop's CPU encoding answers
+        self.handling_expected = handling_expected or {}
+        self.expected_handling_s = 0.0  # what the model charged for the handling so far
         #: per connection's transport, its socket that keeps the kernel's receive timestamps
         self.stamps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -152,6 +172,8 @@ class InferenceServer:
         snap = self.scheduler.snapshot()
         snap["errors"] += self.refused
         snap.update(pid=os.getpid(), time_ns=time.time_ns(), answer_cpu_s=round(self.answer_cpu_s, 6),
+                    process_cpu_s=round(time.process_time(), 6),
+                    expected_handling_s=round(self.expected_handling_s, 6),
                     unstamped_reads=sum(s.unstamped for s in list(self.stamps.values())))
         return snap
 
@@ -195,6 +217,7 @@ class InferenceServer:
             return self._error(exc.status, str(exc))
         if self.cpu_pad:  # the handling at 1 / k speed (a time-dilated cluster below one core)
             hold_loop(self.cpu_pad * (time.thread_time() - cpu0))
+        self.expected_handling_s += self.handling_expected.get(name, (0.0, 0.0))[0]
         t1h = time.time_ns()
         headers = {"X-Testbed-T1": str(t1), "X-Testbed-T1h": str(t1h),
                    "X-Testbed-Queue-Len": str(self.scheduler.queue_len()),
@@ -222,6 +245,7 @@ class InferenceServer:
         self.answer_cpu_s += cpu
         if self.cpu_pad:  # the encoding at 1 / k speed, as the request's decoding
             hold_loop(self.cpu_pad * cpu)
+        self.expected_handling_s += self.handling_expected.get(name, (0.0, 0.0))[1]
         headers["X-Testbed-T3h"] = str(time.time_ns())  # encoded; aiohttp writes it as the handler returns
         return web.Response(body=answer, headers=headers, content_type="application/json")
 
@@ -423,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                              admission=cfg.admission, max_batch=cfg.max_batch,
                              max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms,
                              cpu_pad=speed.cpu_pad if speed else cfg.cpu_pad,
-                             paces=_paces(cfg, speed), seed=zlib.crc32(cfg.cluster.encode()))
+                             paces=_paces(cfg, speed), seed=zlib.crc32(cfg.cluster.encode()),
+                             handling_expected=_handling_expected(cfg, speed))
     if early_stop:
         if cfg.stats_file:
             write_json_atomic(cfg.stats_file, server.snapshot())
