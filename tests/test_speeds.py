@@ -155,6 +155,9 @@ def test_the_triangles_weights_split_the_applications_rate_over_its_options():
     # applied), over the profile's median: from the wall-clock plan too
     for m in t.profile_ms:
         assert t.draws[m] == pytest.approx([x / t.profile_ms[m] for x in plan.services["edgec"][m].samples_ms])
+        # and the handling the model charges, in profile ms (not x k: the quota's CPU is not dilated)
+        assert t.handling_ms[m] == plan.services["edgec"][m].handling_ms > 0
+        assert t.answer_ms[m] == plan.services["edgec"][m].answer_ms
 
 
 def test_a_padded_tensorflow_cluster_with_workers_is_refused_at_the_profiles_speed_undilated():

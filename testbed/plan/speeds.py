@@ -420,7 +420,7 @@ def speed_target(plan: Plan, cluster: str, first: ClusterSpeed | None = None,
     weights = weights if weights is not None else expected_weights(plan)
     em = plan.experiment.emulation
     figures = plan.services.get(cluster, {})
-    samples = plan.emulated.services.get(cluster, {})  # the simulator's draws, in emulated ms
+    samples = plan.emulated.services.get(cluster, {})  # the simulator's figures, in emulated ms (not x k)
     measured_cold = None if first is None else {m: ms.bare_cold_ms for m, ms in first.models.items()
                                                 if ms.bare_cold_ms is not None}
     return SpeedTarget(mode=em.speed, time_dilation=plan.time_dilation, nested=nested_cpu(spec.cpu_cores),
@@ -431,8 +431,8 @@ def speed_target(plan: Plan, cluster: str, first: ClusterSpeed | None = None,
                        measured_cold_ms=measured_cold,
                        draws={m: [x / profile_ms[m] for x in samples[m].samples_ms]
                               for m in spec.models if m in samples},
-                       handling_ms={m: figures[m].handling_ms for m in spec.models if m in figures},
-                       answer_ms={m: figures[m].answer_ms for m in spec.models if m in figures})
+                       handling_ms={m: samples[m].handling_ms for m in spec.models if m in samples},
+                       answer_ms={m: samples[m].answer_ms for m in spec.models if m in samples})
 
 
 def read_speeds(run_dir: Path) -> Speeds | None:
