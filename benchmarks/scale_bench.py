@@ -523,9 +523,11 @@ SUCCESS_GAP_POINTS = 3.0
 
 
 def _event_cell(events: list[dict], kinds: tuple[str, ...]) -> tuple[str, bool | None]:
-    """The first read-back event of ``kinds``: a table cell (asked, measured, tolerance, ok) and its ok
-    (None: the run has no such event)."""
-    e = next((x for x in events if x["kind"] in kinds), None)
+    """The first read-back event of ``kinds`` that was judged (its ``ok`` set; else the first of
+    them): a table cell (asked, measured, tolerance, ok) and its ok (None: the run has no such
+    event)."""
+    of_kinds = [x for x in events if x["kind"] in kinds]
+    e = next((x for x in of_kinds if x.get("ok") not in (None, "")), of_kinds[0] if of_kinds else None)
     if e is None:
         return "not read back", None
     ok = e.get("ok") == "1"
@@ -542,7 +544,7 @@ def _checks(r: dict) -> list[str]:
     ok, n = (r.get("rtt_paths_ok") or "0/0").split("/")
     if n == "0" or ok != n:
         missed.append(f"RTT self-check {r.get('rtt_paths_ok') or 'not run'}")
-    for name, kinds in (("link event", ("link_delay",)), ("cluster event", ("cluster_down",)),
+    for name, kinds in (("link event", ("link_delay",)), ("cluster event", ("cluster_down", "cluster_up")),
                         ("reroute", ("link_down",))):
         _, good = _event_cell(r.get("events") or [], kinds)
         if not good:
@@ -586,7 +588,7 @@ def _scale_row(r: dict) -> list:
     return [r.get("source", r["experiment"]), f"{r['switches']} / {r['links']}", plain, r.get("network_up_s"),
             r.get("bringup_s"), f"{r.get('peak_mib')} ({r.get('estimate_mib')})", r.get("k"), r.get("wall_s"),
             f"{r.get('rtt_error_median_ms')} / {r.get('rtt_error_max_ms')} ({r.get('rtt_paths_ok')})",
-            _event_cell(ev, ("link_delay",))[0], _event_cell(ev, ("cluster_down",))[0],
+            _event_cell(ev, ("link_delay",))[0], _event_cell(ev, ("cluster_down", "cluster_up"))[0],
             _event_cell(ev, ("link_down",))[0],
             f"{r.get('success_ratio')} / {r.get('sim_success_ratio')}" + (f" ({gap:+.1f})" if gap is not None else ""),
             f"{r.get('load_before')} / {r.get('load_after')}", "; ".join(_checks(r)) or "none"]

@@ -277,7 +277,8 @@ class EventRunner(threading.Thread):
         server = _Server(self.servers, ch.cluster)
         if not ch.entry.sets_up:
             ch.entry.apply(ch, server)
-            done(self._fired(self._row(ch, t_fire, None, None, "", None, None, server.note)))
+            done(self._fired(self._row(ch, t_fire, server.down_ms, server.down_ms, "ms", None,
+                                       server.down_ms is not None, server.note)))
             return
         row = self._fired(self._row(ch, t_fire, None, None, "s", None, None, "restarting"))
 
@@ -288,7 +289,7 @@ class EventRunner(threading.Thread):
                 self.error = RunFailure(f"events.{ch.event} ({ch.kind} {ch.cluster}) at {ch.t_s:g} s failed: {exc}")
                 return
             ready_s = server.ready_s or 0.0
-            row.update(self._row(ch, t_fire, ready_s * 1e3, ready_s, "s", None, None,
+            row.update(self._row(ch, t_fire, ready_s * 1e3, ready_s, "s", None, True,
                                  "seconds until the server answered again"))
             done(row)
 
@@ -304,19 +305,22 @@ class EventRunner(threading.Thread):
 class _Server:
     """One cluster's server as an event changes it (the emulation's
     :class:`~testbed.model.timeline.ClusterControl`, over :class:`testbed.emu.servers.ClusterServers`).
-    ``note``: what a change down did; ``ready_s``: seconds a change up took until the server answered."""
+    ``note``: what a change down did and what its read-back saw, ``down_ms``: ms (wall) until the
+    server was gone or stopped (None: it was not); ``ready_s``: seconds a change up took until the
+    server answered."""
 
     def __init__(self, servers, cluster: str):
         self.servers, self.cluster = servers, cluster
         self.note = ""
+        self.down_ms: float | None = None
         self.ready_s: float | None = None
 
     def set_up(self, up: bool, mode: str) -> None:
         if up:
             self.ready_s = self.servers.up(self.cluster)
             return
-        self.servers.down(self.cluster, mode)
-        self.note = f"server {'stopped (SIGSTOP)' if mode == 'stop' else 'killed (SIGKILL)'}"
+        self.down_ms, seen = self.servers.down(self.cluster, mode)
+        self.note = f"server {'stopped (SIGSTOP)' if mode == 'stop' else 'killed (SIGKILL)'}: {seen}"
 
 
 __all__ = ["APPLIED_KINDS", "EVENTS_FIELDS", "EventRunner", "unsupported"]
