@@ -53,7 +53,12 @@ median / max error, the events read back within their tolerance, success, and th
 success on the same plan and seed (docs/scale-out.md, "The largest networks on one machine")::
 
     sudo .venv/bin/python benchmarks/scale_bench.py big topohub:gabriel/500/0 experiments/isp-att.yaml \\
-        experiments/continent-americas.yaml [--plain-timeout-s 1800] [--json F]
+        experiments/continent-americas.yaml [--plain-timeout-s 1800] [--json F] [--result]
+
+``--result`` merges each network measured into ``benchmarks/results/scale.json`` (one row per network
+and time dilation k; a row of the same network and k is replaced, the others stay, each with when,
+on which commit and by which command it was measured); a row whose plain Mininet was not measured
+(``--plain-timeout-s 0``) shows the network's earlier figure with its date.
 """
 
 from __future__ import annotations
@@ -518,9 +523,11 @@ SUCCESS_GAP_POINTS = 3.0
 
 
 def _event_cell(events: list[dict], kinds: tuple[str, ...]) -> tuple[str, bool | None]:
-    """The first read-back event of ``kinds``: a table cell (asked, measured, tolerance, ok) and its ok
-    (None: the run has no such event)."""
-    e = next((x for x in events if x["kind"] in kinds), None)
+    """The first read-back event of ``kinds`` that was judged (its ``ok`` set; else the first of
+    them): a table cell (asked, measured, tolerance, ok) and its ok (None: the run has no such
+    event)."""
+    of_kinds = [x for x in events if x["kind"] in kinds]
+    e = next((x for x in of_kinds if x.get("ok") not in (None, "")), of_kinds[0] if of_kinds else None)
     if e is None:
         return "not read back", None
     ok = e.get("ok") == "1"
@@ -537,7 +544,7 @@ def _checks(r: dict) -> list[str]:
     ok, n = (r.get("rtt_paths_ok") or "0/0").split("/")
     if n == "0" or ok != n:
         missed.append(f"RTT self-check {r.get('rtt_paths_ok') or 'not run'}")
-    for name, kinds in (("link event", ("link_delay",)), ("cluster event", ("cluster_down",)),
+    for name, kinds in (("link event", ("link_delay",)), ("cluster event", ("cluster_down", "cluster_up")),
                         ("reroute", ("link_down",))):
         _, good = _event_cell(r.get("events") or [], kinds)
         if not good:
@@ -549,55 +556,128 @@ def _checks(r: dict) -> list[str]:
     return missed
 
 
-def _write_scale(rows: list[dict], args) -> None:
-    """``benchmarks/results/scale.json``: the scale table (issue 39 item 1) with what each network missed."""
+#: The scale table's columns; a row is one network (``experiment``) at one time dilation (``k``).
+SCALE_COLUMNS = ["experiment", "switches / links", "plain Mininet net.start()", "testbed network up s",
+                 "bring-up s (servers ready)", "peak MiB (estimate)", "k", "wall s",
+                 "RTT error median / max ms (paths ok)", "link event", "cluster event", "reroute around a failed link",
+                 "success emu / sim (points)", "load before / after", "missed"]
+SCALE_KEY = ("experiment", "k")
+PLAIN = "plain Mininet net.start()"
+NOT_MEASURED = "not measured"
+SCALE_NOTES = [
+    "Plain Mininet: the same switches, links and hosts, userspace datapath, no delays, no controller, in a child "
+    "process stopped after --plain-timeout-s (then: the bridges it had made); a row measured without it shows the "
+    "network's earlier figure, with its date.",
+    "Peak MiB: RSS of the run's processes summed every 0.5 s; estimate: the pre-flight's (testbed.emu.capacity).",
+    "Events: events.csv's measured rows (link_delay: the new delay carried by probes; cluster_down: the server "
+    "stopped answering; link_down: every affected source -> cluster path answering again over another route).",
+    f"Success: the emulation's against `testbed simulate` on the same plan and seed; target within "
+    f"{SUCCESS_GAP_POINTS:g} points.",
+    "Load: the machine's 1-minute load average before and after each network's run (other jobs share this 2-core "
+    "machine).",
+    "Rows: one per network and time dilation k; a run of the same network at the same k replaces its row, the "
+    "others stay (benchmarks/resultfile.py, merge_rows).",
+]
+
+
+def _scale_row(r: dict) -> list:
+    """One network's row of the scale table (:data:`SCALE_COLUMNS`) from ``cmd_big``'s figures."""
+    plain = f"{r['plain_up_s']} s" if r.get("plain_up_s") else r.get("plain_note", NOT_MEASURED)
+    ev = r.get("events") or []
+    gap = r.get("success_gap_points")
+    return [r.get("source", r["experiment"]), f"{r['switches']} / {r['links']}", plain, r.get("network_up_s"),
+            r.get("bringup_s"), f"{r.get('peak_mib')} ({r.get('estimate_mib')})", r.get("k"), r.get("wall_s"),
+            f"{r.get('rtt_error_median_ms')} / {r.get('rtt_error_max_ms')} ({r.get('rtt_paths_ok')})",
+            _event_cell(ev, ("link_delay",))[0], _event_cell(ev, ("cluster_down", "cluster_up"))[0],
+            _event_cell(ev, ("link_down",))[0],
+            f"{r.get('success_ratio')} / {r.get('sim_success_ratio')}" + (f" ({gap:+.1f})" if gap is not None else ""),
+            f"{r.get('load_before')} / {r.get('load_after')}", "; ".join(_checks(r)) or "none"]
+
+
+def _keep_plain_baseline(table: dict, old: dict | None) -> None:
+    """A new row whose network's plain Mininet was not measured (``--plain-timeout-s 0``) takes the
+    figure of that network's row in ``old`` (the merged table so far; the same k first), with the
+    date it was measured: the baseline is the network's, whatever k."""
+    if not old:
+        return
+    cols, ocols = table["columns"], old["columns"]
+    if PLAIN not in ocols:
+        return
+    ex, pl, k = cols.index("experiment"), cols.index(PLAIN), cols.index("k")
+    for row in table["rows"]:
+        if row[pl] != NOT_MEASURED:
+            continue
+        earlier = [(o[ocols.index("k")] != row[k], o[ocols.index(PLAIN)], m) for o, m in
+                   zip(old["rows"], old.get("row_measured") or [{}] * len(old["rows"]), strict=True)
+                   if o[ocols.index("experiment")] == row[ex] and o[ocols.index(PLAIN)] not in (None, NOT_MEASURED)]
+        if earlier:
+            _, cell, measured = min(earlier, key=lambda x: x[0])
+            when = measured.get("measured_at")
+            row[pl] = cell if "(measured " in str(cell) or not when else f"{cell} (measured {when})"
+
+
+def _row_label(row: list, cols: list[str]) -> str:
+    """A scale row's key as text: 'experiments/isp-att.yaml at k = 6.5'."""
+    k = row[cols.index("k")]
+    return f"{row[cols.index('experiment')]} at k = {k:g}" if isinstance(k, float | int) else \
+        f"{row[cols.index('experiment')]} at k = {k}"
+
+
+def _scale_summary(table: dict, pending: list[str]) -> str:
+    """One sentence over every row of the merged table: where every check passed, where one missed."""
+    cols = table["columns"]
+    missed = cols.index("missed")
+    label = [_row_label(r, cols) for r in table["rows"]]
+    passed = [x for x, r in zip(label, table["rows"], strict=True) if r[missed] == "none"]
+    failed = [x for x, r in zip(label, table["rows"], strict=True) if r[missed] != "none"]
+    parts = ([f"Every check passed on {', '.join(passed)}"] if passed else []) + \
+            ([f"MISSED on {', '.join(failed)} (column 'missed')"] if failed else []) + \
+            ([f"not measured (the invocation stopped first): {', '.join(pending)}"] if pending else [])
+    return "; ".join(parts) + "."
+
+
+def _scale_notes(table: dict) -> list[str]:
+    """:data:`SCALE_NOTES`, then the command, commit and machine of each row (its date is a column)."""
+    cols = table["columns"]
+    per_row = [f"{_row_label(r, cols)}: measured {m.get('measured_at', 'at a time not recorded')} on commit "
+               f"{m.get('commit', 'not recorded')} ({m.get('machine', 'machine not recorded')}) by "
+               f"`{m.get('command', 'a command not recorded')}`."
+               for r, m in zip(table["rows"], table["row_measured"], strict=True)]
+    return SCALE_NOTES + per_row
+
+
+def _write_scale(rows: list[dict], args, out_dir: Path | None = None) -> Path:
+    """Merge this invocation's networks into ``benchmarks/results/scale.json`` (``out_dir``: another
+    folder): each replaces the row of the same network at the same k, the other rows stay
+    (:func:`benchmarks.resultfile.merge_rows`), and every row says when, on which commit and by which
+    command it was measured. Returns the file's path.
+
+    Raises:
+        ValueError: the existing file is not a result file, or not the scale table.
+    """
     import shlex
 
-    from benchmarks.resultfile import write_result
+    from benchmarks.resultfile import RESULTS_DIR, merge_rows, provenance, read_result, write_result
 
-    cols = ["experiment", "switches / links", "plain Mininet net.start()", "testbed network up s",
-            "bring-up s (servers ready)", "peak MiB (estimate)", "k", "wall s", "RTT error median / max ms (paths ok)",
-            "link event", "cluster event", "reroute around a failed link", "success emu / sim (points)",
-            "load before / after", "missed"]
-    table = []
-    for r in rows:
-        plain = f"{r['plain_up_s']} s" if r.get("plain_up_s") else r.get("plain_note", "not measured")
-        ev = r.get("events") or []
-        gap = r.get("success_gap_points")
-        table.append([r.get("source", r["experiment"]), f"{r['switches']} / {r['links']}", plain, r.get("network_up_s"),
-                      r.get("bringup_s"), f"{r.get('peak_mib')} ({r.get('estimate_mib')})", r.get("k"),
-                      r.get("wall_s"),
-                      f"{r.get('rtt_error_median_ms')} / {r.get('rtt_error_max_ms')} ({r.get('rtt_paths_ok')})",
-                      _event_cell(ev, ("link_delay",))[0], _event_cell(ev, ("cluster_down",))[0],
-                      _event_cell(ev, ("link_down",))[0],
-                      f"{r.get('success_ratio')} / {r.get('sim_success_ratio')}"
-                      + (f" ({gap:+.1f})" if gap is not None else ""),
-                      f"{r.get('load_before')} / {r.get('load_after')}", "; ".join(_checks(r)) or "none"])
-    passed = [r.get("source", r["experiment"]) for r in rows if not _checks(r)]
-    failed = [r.get("source", r["experiment"]) for r in rows if _checks(r)]
+    out_dir = out_dir or RESULTS_DIR
+    command = "sudo .venv/bin/python benchmarks/scale_bench.py " + shlex.join(sys.argv[1:])
+    old_doc = read_result("scale", out_dir)
+    old = old_doc["tables"][0] if old_doc and old_doc.get("tables") else None
+    old_measured = {f: old_doc[f] for f in ("command", "commit", "measured_at", "machine") if f in old_doc} \
+        if old_doc else {}
+    table = {"caption": "one emulation per network and time dilation, every check on; plain Mininet's build() + "
+                        "start() on the same graph measured in the same invocation, before the run",
+             "columns": SCALE_COLUMNS, "rows": [_scale_row(r) for r in rows],
+             "row_measured": [provenance(command) for _ in rows]}
+    if old is not None:  # its rows with their provenance (an older file's: the file's own, for every row)
+        old = merge_rows(None, {**old, "row_measured": old.get("row_measured") or [old_measured] * len(old["rows"])},
+                         SCALE_KEY)
+    _keep_plain_baseline(table, old)
+    merged = merge_rows(old, table, SCALE_KEY)
     done = {r.get("source", r["experiment"]) for r in rows}
     pending = [e for e in args.experiments if e not in done]
-    summary = (f"Every check passed on {', '.join(passed) or 'none'}"
-               + (f"; MISSED on {', '.join(failed)} (column 'missed')" if failed else "")
-               + (f"; not measured (the invocation stopped first): {', '.join(pending)}." if pending else "."))
-    write_result("scale", "The largest networks on one machine",
-                 "sudo .venv/bin/python benchmarks/scale_bench.py " + shlex.join(sys.argv[1:]),
-                 [{"caption": "one emulation per network, every check on; plain Mininet's build() + start() "
-                              "on the same graph measured in the same invocation, before the run",
-                   "columns": cols, "rows": table}],
-                 summary=summary,
-                 notes=["Plain Mininet: the same switches, links and hosts, userspace datapath, no delays, no "
-                        "controller, in a child process stopped after --plain-timeout-s (then: the bridges it had "
-                        "made).",
-                        "Peak MiB: RSS of the run's processes summed every 0.5 s; estimate: the pre-flight's "
-                        "(testbed.emu.capacity).",
-                        "Events: events.csv's measured rows (link_delay: the new delay carried by probes; "
-                        "cluster_down: the server stopped answering; link_down: every affected source -> cluster "
-                        "path answering again over another route).",
-                        f"Success: the emulation's against `testbed simulate` on the same plan and seed; target "
-                        f"within {SUCCESS_GAP_POINTS:g} points.",
-                        "Load: the machine's 1-minute load average before and after each network's run (other "
-                        "jobs share this 2-core machine)."])
+    return write_result("scale", "The largest networks on one machine", command, [merged],
+                        summary=_scale_summary(merged, pending), notes=_scale_notes(merged), out_dir=out_dir)
 
 
 # ------------------------------------------------------------------------------------- costs
@@ -782,7 +862,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also hold this lock file per network (e.g. /tmp/emu.lock on shared build machines), "
                         "released between networks")
     e.add_argument("--result", action="store_true",
-                   help="write benchmarks/results/scale.json (docs/results.md's section)")
+                   help="merge the networks measured into benchmarks/results/scale.json (docs/results.md's "
+                        "section): each replaces its network's row at the same k, the other rows stay")
     e.add_argument("--seconds", type=float, default=None, help="load duration (default: the experiment's)")
     e.add_argument("--plain-timeout-s", type=float, default=1800.0,
                    help="stop plain Mininet's bring-up after this long (0: skip it)")

@@ -234,6 +234,8 @@ def test_planned_outages_of_a_server_and_a_link_do_not_fail_the_run(tmp_path):
     assert "error" not in set(df["failure_cause"].dropna())
     ev = pd.read_csv(run_dir / "events.csv")
     assert {"cluster_down", "cluster_up", "link_down", "link_up"} <= set(ev["kind"])
+    down = ev[ev["kind"] == "cluster_down"].iloc[0]  # read back: the process was gone
+    assert down["ok"] == 1 and "gone (killed by SIGKILL)" in down["note"] and down["value_measured"] >= 0
     s = json.loads((run_dir / "summary.json").read_text())
     server = s["per_cluster"]["edgeb"]["server"]
     assert server["lives"] == 2  # both lives counted, the second even if the run ended while it loaded
@@ -260,6 +262,9 @@ def test_a_planned_stop_of_a_server_does_not_fail_the_run(tmp_path):
     (planned,) = rj["health"]["planned"]
     assert (planned["component"], planned["fault"]) == ("server-edgeb", "stopped")
     assert planned["how"].startswith("was stopped as planned: process state T")
+    ev = pd.read_csv(run_dir / "events.csv")
+    down = ev[ev["kind"] == "cluster_down"].iloc[0]  # read back: the process was stopped
+    assert down["ok"] == 1 and "stopped (state T)" in down["note"]
     _assert_no_record_lost(run_dir)
     _assert_nothing_left(rj["run_id"], plan_experiment(exp))
 

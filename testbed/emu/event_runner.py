@@ -12,7 +12,9 @@ measured (``unit``), the ``tolerance`` the measurement is judged with and whethe
 * Link events (every ``link_*`` kind) go through :class:`testbed.emu.dynamics.Dynamics`:
   the emulator or ``tc`` changes the link, the controller is told or reacts, and probes across the
   link (and along the source -> cluster paths it carried) measure the result over a window after
-  the change (cut short by the next change).
+  the change (cut short by the next change); a reading still pending then (the controller has not
+  rerouted yet) is taken again until the kind's ``watch_s`` has passed, the next change is due or
+  the runner stops.
 * Cluster events (``cluster_down`` / ``cluster_up``) go to the clusters' servers (:class:`_Server`,
   the emulation's :class:`~testbed.model.timeline.ClusterControl`): ``kill``: SIGKILL, then a restart
   that waits until the server is warm again (measured: the seconds until it answered); ``stop``:
@@ -38,7 +40,7 @@ from pathlib import Path
 from testbed.core.clock import EmulatedClock
 from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.emu.dynamics import PREPARE_S
-from testbed.model.timeline import CLUSTER_KINDS, EVENT_KINDS, LINK_KINDS, Change
+from testbed.model.timeline import CLUSTER_KINDS, EVENT_KINDS, LINK_KINDS, Change, Measured
 
 #: Kinds the emulation applies: every registered kind (kept current with the registry).
 APPLIED_KINDS = EVENT_KINDS.names_view()
@@ -46,6 +48,8 @@ EVENTS_FIELDS = ["event", "step", "kind", "target", "planned_s", "applied_s", "l
                  "value_measured", "unit", "tolerance", "ok", "note", "applied_unix_s"]
 #: A measurement window ends this long (s) before the next change fires (its preparation first).
 WINDOW_MARGIN_S = PREPARE_S + 0.02
+#: While a reading is pending (the change has not taken effect yet), it is taken again this often (s, wall clock).
+WATCH_POLL_S = 0.25
 #: After the runner is stopped, a restart still running gets this long (s) before its row is closed.
 RESTART_JOIN_S = 1.0
 #: A change that fires this long (emulated s: k x as long on the wall clock under dilation k) after
@@ -226,10 +230,29 @@ class EventRunner(threading.Thread):
         self.busy = f"measuring the changes of {group[0].t_s:g} s"
         self.stop_event.wait(max(0.0, end - time.time()))
         for ap, row in pending:
-            m = dyn.measure(ap, min(time.time(), next_fire))
+            m = self._measure(dyn, ap, next_fire)
             row.update(self._row(ap.change, ap.t_fire, m.effect_ms, m.value, m.unit, m.tolerance, m.ok, m.note))
             done(row)
         self.busy = ""
+
+    def _measure(self, dyn, ap, next_fire: float) -> Measured:
+        """Read ``ap`` (:class:`testbed.emu.linkctl.Applied`) back through ``dyn`` at the end of its
+        window, and while the reading is pending (:class:`~testbed.model.timeline.Measured`: e.g. the
+        controller has not rerouted yet) again every :data:`WATCH_POLL_S` until its kind's
+        ``watch_s`` after the window, ``next_fire`` (unix s) or the runner's stop; the last reading
+        stands (it says what had not shown in the time watched).
+
+        Raises:
+            EmulationError: a probe daemon or the controller failed to answer.
+        """
+        watch_end = min(next_fire, ap.t_fire + dyn.window_s(ap.change) + ap.change.entry.watch_s)
+        while True:
+            m = dyn.measure(ap, min(time.time(), next_fire))
+            left = watch_end - time.time()
+            if not m.pending or left <= 0 or self.stop_event.is_set():
+                return m
+            self.busy = f"watching events.{ap.change.event} ({ap.change.kind} {target_of(ap.change)}) take effect"
+            self.stop_event.wait(min(WATCH_POLL_S, left))
 
     def _row(self, ch: Change, t_fire: float, effect_ms, measured, unit, tol, ok, note) -> dict:
         """One events.csv row, in emulated time and units (times, and values by their unit, back
@@ -254,7 +277,8 @@ class EventRunner(threading.Thread):
         server = _Server(self.servers, ch.cluster)
         if not ch.entry.sets_up:
             ch.entry.apply(ch, server)
-            done(self._fired(self._row(ch, t_fire, None, None, "", None, None, server.note)))
+            done(self._fired(self._row(ch, t_fire, server.down_ms, server.down_ms, "ms", None,
+                                       server.down_ms is not None, server.note)))
             return
         row = self._fired(self._row(ch, t_fire, None, None, "s", None, None, "restarting"))
 
@@ -265,7 +289,7 @@ class EventRunner(threading.Thread):
                 self.error = RunFailure(f"events.{ch.event} ({ch.kind} {ch.cluster}) at {ch.t_s:g} s failed: {exc}")
                 return
             ready_s = server.ready_s or 0.0
-            row.update(self._row(ch, t_fire, ready_s * 1e3, ready_s, "s", None, None,
+            row.update(self._row(ch, t_fire, ready_s * 1e3, ready_s, "s", None, True,
                                  "seconds until the server answered again"))
             done(row)
 
@@ -281,19 +305,22 @@ class EventRunner(threading.Thread):
 class _Server:
     """One cluster's server as an event changes it (the emulation's
     :class:`~testbed.model.timeline.ClusterControl`, over :class:`testbed.emu.servers.ClusterServers`).
-    ``note``: what a change down did; ``ready_s``: seconds a change up took until the server answered."""
+    ``note``: what a change down did and what its read-back saw, ``down_ms``: ms (wall) until the
+    server was gone or stopped (None: it was not); ``ready_s``: seconds a change up took until the
+    server answered."""
 
     def __init__(self, servers, cluster: str):
         self.servers, self.cluster = servers, cluster
         self.note = ""
+        self.down_ms: float | None = None
         self.ready_s: float | None = None
 
     def set_up(self, up: bool, mode: str) -> None:
         if up:
             self.ready_s = self.servers.up(self.cluster)
             return
-        self.servers.down(self.cluster, mode)
-        self.note = f"server {'stopped (SIGSTOP)' if mode == 'stop' else 'killed (SIGKILL)'}"
+        self.down_ms, seen = self.servers.down(self.cluster, mode)
+        self.note = f"server {'stopped (SIGSTOP)' if mode == 'stop' else 'killed (SIGKILL)'}: {seen}"
 
 
 __all__ = ["APPLIED_KINDS", "EVENTS_FIELDS", "EventRunner", "unsupported"]

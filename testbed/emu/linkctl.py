@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from testbed.core.clock import EmulatedClock
 from testbed.emu.mininet_network import EMULATOR_CEILING_MBPS, Emulation, EmulationError, ProbeHost
 from testbed.emu.probe import FRAME_EXTRA_BYTES, ProbeClient, ProbeError
 from testbed.model.network import NetworkState
@@ -110,6 +111,42 @@ class ProbedLinks(Protocol):
 
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
+
+
+def routes_over_link(events: list[dict], da: int, db: int) -> tuple[dict | None, str]:
+    """When the controller routes over the link between switches ``da`` and ``db`` (dpids, either
+    order) again, from its event log after a ``link_up`` (``/testbed/events``: ``seq``, ``t`` unix s,
+    ``kind``, fields): the event from which it does, or None, and what it was (or what is missing).
+
+    The link joins the controller's trees once LLDP has seen it both ways (``link_add`` src -> dst
+    and dst -> src, in either order): the second one recomputes the trees
+    (``controllers/testbed_controller.py``, ``_link_add``). When flows changed, a ``reroute`` whose
+    reason is ``link <src>-><dst> up`` of that add follows, and the routes are in force at its
+    ``reroute_done`` (every changed switch acknowledged its flows); when none changed, at the
+    second ``link_add``. Another reroute (another link's change) is not this one.
+    """
+    evs = sorted(events, key=lambda e: e["seq"])
+    seen: list[tuple[int, int]] = []
+    both = None
+    for e in evs:
+        if e["kind"] == "link_add" and {e["src"], e["dst"]} == {da, db} and (e["src"], e["dst"]) not in seen:
+            seen.append((e["src"], e["dst"]))
+            if len(seen) == 2:
+                both = e
+                break
+    if both is None:
+        return None, ("LLDP has not seen the link either way" if not seen else
+                      f"LLDP has seen {seen[0][0]}->{seen[0][1]} only, not {seen[0][1]}->{seen[0][0]}")
+    reason = f"link {both['src']}->{both['dst']} up"
+    rr = next((e for e in evs if e["kind"] == "reroute" and e["seq"] > both["seq"] and e.get("reason") == reason),
+              None)
+    if rr is None:
+        return both, "LLDP both ways; no flow changed: the trees hold the link since"
+    done = next((e for e in evs if e["kind"] == "reroute_done" and e.get("reroute") == rr["seq"]), None)
+    flows = f"{rr.get('flows')} flow(s) on {len(rr.get('switches', []))} switch(es)"
+    if done is None:
+        return None, f"LLDP both ways; {rr.get('flows')} flow(s) rerouted, not all acknowledged yet"
+    return done, f"LLDP both ways, {flows} acknowledged"
 
 
 class EmuLink:
@@ -185,7 +222,10 @@ class EmuLink:
 
 class Readback:
     """The emulation's :class:`~testbed.model.timeline.Probe` for one applied change ``ap``: each
-    reading is of the probes sent from its firing to ``until`` (unix s; the end of its window).
+    reading is of the probes sent, and the controller's events logged, from its firing to ``until``
+    (unix s; the end of its window, or of its watch: now when None). Values and ``effect_ms`` are
+    on the wall clock (the event runner takes them back to emulated time); the notes of the link
+    down / up readings give their times in emulated ms already, as ``events.csv`` is.
 
     Raises (from the readings):
         EmulationError: a packet train could not be sent, or the controller's events could not be read.
@@ -195,6 +235,24 @@ class Readback:
     def __init__(self, dyn: ProbedLinks, ap: Applied, until: float | None = None):
         self.dyn, self.ap = dyn, ap
         self.t0, self.t1 = int(ap.t_fire * 1e9), int((until if until is not None else time.time()) * 1e9)
+
+    def _ms(self, wall_ms: float) -> str:
+        """A duration measured on the wall clock (ms) as the emulated ms a note shows."""
+        return f"{EmulatedClock(self.dyn.plan.time_dilation).emulated(wall_ms):.1f} ms"
+
+    def _clock_note(self) -> str:
+        """Under time dilation, which clock the note's times are on ('' at k = 1)."""
+        k = self.dyn.plan.time_dilation
+        return f"times in emulated ms (k = {k:g})" if EmulatedClock(k).dilated else ""
+
+    def _events(self) -> list[dict]:
+        """The controller's events logged from the firing to the end of the reading (unix s ``t``).
+
+        Raises:
+            testbed.sdn.client.ControllerError: the controller did not answer.
+        """
+        lo, hi = self.ap.t_fire - 0.01, self.t1 / 1e9
+        return [e for e in get_events(self.dyn.rest_url) if lo <= e["t"] <= hi]
 
     # ------------------------------------------------------------------ delay
     def delay(self, expect_ms: float, tolerance_ms: float) -> Measured:
@@ -324,7 +382,8 @@ class Readback:
     # ------------------------------------------------------------------ down / up
     def reroute(self) -> Measured:
         """After a link went down: the time (ms) until every affected source -> cluster path that
-        has another route answers again; ok when none is left unanswered in the window."""
+        has another route answers again; ok when none is left unanswered in the window (pending
+        while some is: the event runner reads it again within the kind's watch)."""
         dyn, ap, t0, t1 = self.dyn, self.ap, self.t0, self.t1
         effect = self._link_loss_effect(dyn.link_index(ap.change))
         alt = dyn.model.routes({(dyn.plan.host(s).switch, dyn.plan.host(c).switch) for s, c in ap.affected})
@@ -341,18 +400,18 @@ class Readback:
                 stuck.append(f"{s}>{c}")
             else:
                 restored.append(((back[1] - t0) / 1e6, f"{s}>{c}"))
-        events = self._controller_note()
+        events = "; ".join(x for x in (self._controller_note(), self._clock_note()) if x)
         if not ap.affected:
             return Measured(None, "ms", effect, None, effect is not None,
                             "no source-cluster path used the link; " + events)
         worst = max(restored)[0] if restored else None
-        note = ", ".join(f"{p} {ms:.0f} ms" for ms, p in sorted(restored))
+        note = ", ".join(f"{p} {self._ms(ms)}" for ms, p in sorted(restored))
         if stuck:
-            note += f"; not restored within the window: {', '.join(stuck)}"
+            note += f"; not restored in the {self._ms((t1 - t0) / 1e6)} watched: {', '.join(stuck)}"
         if no_route:
             note += f"; no other route: {', '.join(no_route)}"
         return Measured(None if worst is None else round(worst, 3), "ms", effect, None, not stuck,
-                        f"connectivity restored after: {note}; {events}")
+                        f"connectivity restored after: {note}; {events}", pending=bool(stuck))
 
     def _link_loss_effect(self, i: int) -> float | None:
         """ms from the firing to the first probe of link ``i`` that was lost (None: none was)."""
@@ -362,42 +421,48 @@ class Readback:
         return None if first is None else round((first[1] - self.t0) / 1e6, 3)
 
     def _controller_note(self) -> str:
-        """Port status / link delete / reroute timing from the controller's event log since the firing."""
+        """Port status / link delete / reroute timing (emulated ms) from the controller's event log
+        from the firing to the end of the reading."""
         t_fire = self.ap.t_fire
         try:
-            evs = [e for e in get_events(self.dyn.rest_url) if e["t"] >= t_fire - 0.01]
+            evs = self._events()
         except ControllerError as exc:
             return f"controller events unavailable: {exc}"
         parts = []
         for kind in ("port_status", "link_delete", "link_add", "reroute", "reroute_done"):
             e = next((e for e in evs if e["kind"] == kind), None)
             if e is not None:
-                parts.append(f"{kind} +{(e['t'] - t_fire) * 1e3:.0f} ms")
+                parts.append(f"{kind} +{self._ms((e['t'] - t_fire) * 1e3)}")
         return "controller: " + (", ".join(parts) if parts else "no event")
 
     def rediscovery(self) -> Measured:
-        """After a link came up: the time (ms) until the controller routes over it again (LLDP seen
-        both ways, flows acknowledged); ``effect_ms`` when its probes answer again."""
+        """After a link came up: the time (ms) until the controller routes over it again
+        (:func:`routes_over_link`: LLDP seen both ways, flows acknowledged); ``effect_ms`` when its
+        probes answer again. Pending (the event runner reads it again within the kind's watch)
+        until both have shown; the note says which had not in the time watched.
+
+        Raises:
+            EmulationError: the controller's events could not be read.
+        """
         dyn, ap = self.dyn, self.ap
         a, b = dyn.by_link[dyn.link_index(ap.change)]
         rows = dyn.samples(a.name, b.name, self.t0, self.t1)
         first = next((r for r in rows if r[4]), None)
         effect = None if first is None else round((first[1] - self.t0) / 1e6, 3)
-        da, db = dyn.dpid[ap.change.link[0]], dyn.dpid[ap.change.link[1]]
         try:
-            evs = [e for e in get_events(dyn.rest_url) if e["t"] >= ap.t_fire - 0.01]
+            at, how = routes_over_link(self._events(), dyn.dpid[ap.change.link[0]], dyn.dpid[ap.change.link[1]])
         except ControllerError as exc:
             raise EmulationError(f"controller events: {exc}") from None
-        adds = [e for e in evs if e["kind"] == "link_add" and {e["src"], e["dst"]} == {da, db}]
-        done = None
-        if len(adds) >= 2:  # seen both ways: the trees were recomputed with it
-            last = max(adds, key=lambda e: e["seq"])
-            done = next((e for e in evs if e["kind"] == "reroute_done" and e["reroute"] > last["seq"]), last)
-        value = None if done is None else round((done["t"] - ap.t_fire) * 1e3, 3)
-        note = (f"link probes answered again after {effect} ms; routes over the link again after {value} ms "
-                f"(LLDP both ways, flows acknowledged); pairs expected back on it: "
-                f"{', '.join(f'{s}>{c}' for s, c in ap.affected) or 'none'}")
-        return Measured(value, "ms", effect, None, effect is not None and done is not None, note)
+        value = None if at is None else round((at["t"] - ap.t_fire) * 1e3, 3)
+        watched = self._ms((self.t1 - self.t0) / 1e6)
+        probes = (f"link probes answered again after {self._ms(effect)}" if effect is not None
+                  else f"no link probe answered in the {watched} watched")
+        routes = (f"routes over the link again after {self._ms(value)} ({how})" if value is not None
+                  else f"routes not over the link again in the {watched} watched ({how})")
+        pairs = f"pairs expected back on it: {', '.join(f'{s}>{c}' for s, c in ap.affected) or 'none'}"
+        note = "; ".join(x for x in (probes, routes, pairs, self._clock_note()) if x)
+        done = effect is not None and value is not None
+        return Measured(value, "ms", effect, None, done, note, pending=not done)
 
     # ------------------------------------------------------------------ congestion
     def carried(self, expect_mbps: float, tolerance_mbps: float) -> Measured:
@@ -437,4 +502,4 @@ class Readback:
 
 
 __all__ = ["SETTLE_S", "TRAIN_FEWEST", "TRAIN_MAX", "TRAIN_MAX_S", "TRAIN_MIN", "TRAIN_PAYLOAD", "TRAIN_S", "Applied",
-           "DaemonHandle", "EmuLink", "ProbedLinks", "Readback"]
+           "DaemonHandle", "EmuLink", "ProbedLinks", "Readback", "routes_over_link"]

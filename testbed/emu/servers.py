@@ -74,6 +74,25 @@ WARMUP_REQUEST_TIMEOUT_S = 20.0
 CAP_POLL_S = 0.2
 
 
+#: How long (s, wall) a cluster_down's read-back waits for the server to be gone or stopped.
+DOWN_READBACK_S = 2.0
+
+
+def _poll_state(pid: int, want: str, timeout_s: float) -> str | None:
+    """The process state letter of ``pid`` (``/proc/<pid>/stat``, proc(5)), polled every 5 ms
+    until it is ``want`` or ``timeout_s`` (s) passed; None when unreadable (the process is gone)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return None
+        if state == want or time.monotonic() >= deadline:
+            return state
+        time.sleep(0.005)
+
+
 class ClusterServers:
     """The inference server of every cluster of a running emulation (``live``: a
     :class:`testbed.emu.bringup.Live`). Stopped (SIGTERM, then SIGKILL) on ``stack`` exit."""
@@ -292,18 +311,29 @@ class ClusterServers:
                 raise RunFailure(f"warm-up from source {s} failed (exit code {p.returncode}): {' / '.join(log)}")
         return out
 
-    def down(self, cluster: str, mode: str) -> None:
-        """``kill``: SIGKILL (what it held is lost; connections refused); ``stop``: SIGSTOP."""
+    def down(self, cluster: str, mode: str) -> tuple[float | None, str]:
+        """``kill``: SIGKILL (what it held is lost; connections refused); ``stop``: SIGSTOP. Read
+        back: the ms (wall) until the process was gone (reaped, killed by SIGKILL) or stopped (its
+        state in ``/proc/<pid>/stat`` is ``T``), within :data:`DOWN_READBACK_S`; None when it was
+        not, and what was seen."""
         p = self.procs[cluster]
+        t = time.monotonic()
         if p.poll() is not None:
-            return
+            return None, f"the server had already exited (code {p.returncode})"
         if mode == "stop":
             self.stopped.add(cluster)
             p.send_signal(signal.SIGSTOP)
-        else:
-            self.killed.add(cluster)
-            p.kill()
-            p.wait()
+            state = _poll_state(p.pid, "T", DOWN_READBACK_S)
+            ms = round((time.monotonic() - t) * 1e3, 3)
+            return (ms, "stopped (state T)") if state == "T" else (None, f"not stopped: state {state or 'unreadable'}")
+        self.killed.add(cluster)
+        p.kill()
+        try:
+            code = p.wait(DOWN_READBACK_S)
+        except subprocess.TimeoutExpired:
+            return None, f"still running {DOWN_READBACK_S:g} s after SIGKILL"
+        ms = round((time.monotonic() - t) * 1e3, 3)
+        return (ms, "gone (killed by SIGKILL)") if code == -signal.SIGKILL else (None, f"exited with code {code}")
 
     def up(self, cluster: str, timeout_s: float = 180.0) -> float:
         """Resume a stopped server, or restart a killed one and wait until it is ready; returns

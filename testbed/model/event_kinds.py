@@ -136,6 +136,10 @@ class LinkDown(LinkKind):
     effect = "the link carries nothing; routes avoid it"
     sets_up = False
     window_s, boost_hz = 2.0, 200.0
+    #: 10 s from the firing in all, while paths that used the link have not answered again: the
+    #: controller reroutes on the port status (no LLDP wait), but the changed switches may take
+    #: seconds to acknowledge their flows on a busy machine (1.3 s for 468 flows on 594 switches).
+    watch_s = 8.0
     paths: ClassVar[frozenset[str]] = frozenset({"now"})
 
     def apply(self, ch: Change, target: LinkControl) -> None:
@@ -151,6 +155,10 @@ class LinkUp(LinkKind):
     effect = "the link is back; routes may use it again"
     sets_up = True
     window_s, boost_hz = 3.0, 200.0
+    #: 15 s from the firing in all, until the controller routes over the link again: the run's
+    #: grace for the LLDP rediscovery (``testbed.emu.health.LINK_UP_GRACE_S``, 10 s: 5.0 s on 594
+    #: switches beside other jobs) and 5 s for the changed switches to acknowledge their flows.
+    watch_s = 12.0
     paths: ClassVar[frozenset[str]] = frozenset({"after"})
 
     def apply(self, ch: Change, target: LinkControl) -> None:

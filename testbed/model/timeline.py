@@ -80,7 +80,8 @@ class ClusterControl(Protocol):
 class Measured:
     """What a change's measurement found: ``value`` in ``unit`` (None: nothing measurable),
     ``effect_ms`` (from firing to the first measurement showing it), the ``tolerance`` it is
-    judged with, ``ok``, a ``note``."""
+    judged with, ``ok``, a ``note``; ``pending``: what it waits for has not shown yet, so the
+    emulation reads it again while its kind's ``watch_s`` lasts (the last reading is recorded)."""
 
     value: float | None
     unit: str
@@ -88,6 +89,7 @@ class Measured:
     tolerance: float | None
     ok: bool | None
     note: str
+    pending: bool = False
 
 
 class Probe(Protocol):
@@ -143,6 +145,10 @@ class EventKind(EventForm):
     * ``measured_unit``: the unit of the emulation's measured value (default: ``unit``, else ms);
     * ``window_s``: how long the emulation measures after applying it (s, cut short by the next
       change); ``boost_hz``: the link probes' rate meanwhile (per second);
+    * ``watch_s``: how much longer (wall s) the emulation keeps reading a change back while its
+      reading is ``pending`` (:class:`Measured`), e.g. the controller has not rerouted yet: the
+      controller and its LLDP run on the wall clock, undilated; cut short by the next change and
+      by the run's end (default 0: read once, at the end of the window);
     * ``paths``: which source -> cluster paths its measurement probes: ``"now"`` (paths that cross
       the link before the change), ``"after"`` (paths that will cross it after), both, or none;
     * ``examples``: values ``benchmarks/dynamics_bench.py kinds`` fires in turn (then the link's
@@ -152,6 +158,7 @@ class EventKind(EventForm):
     sets_up: ClassVar[bool | None] = None
     measured_unit: ClassVar[str] = ""
     window_s: ClassVar[float] = 0.0
+    watch_s: ClassVar[float] = 0.0
     boost_hz: ClassVar[float] = 20.0
     paths: ClassVar[frozenset[str]] = frozenset()
     examples: ClassVar[tuple[float, ...]] = ()
