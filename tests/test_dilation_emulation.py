@@ -43,6 +43,9 @@ def test_dilated_network_delays_rto_and_self_check(tmp_path):
         for h in wall.hosts:
             route = live.emu.node(h.name).cmd("ip route")
             assert "rto_min 400ms" in route or "rto_min lock 400ms" in route, (h.name, route)
+            # and a congestion window kept across idle periods (the model's transfer: a warm window)
+            got = live.emu.node(h.name).cmd("sysctl -n net.ipv4.tcp_slow_start_after_idle").strip()
+            assert got == "0", (h.name, got)
         em = wall.experiment.emulation
         results = check_rtts_twice(live.emu, wall, live.path_of, 10, em.rtt_tolerance_ms, em.rtt_tolerance_pct,
                                    em.rtt_tolerance_per_switch_ms, clock=EmulatedClock(K))

@@ -498,11 +498,11 @@ def test_the_followed_quota_charges_the_handling_as_the_model_does():
     that left the handling out gave it a quota that paid for the handling on top."""
     from testbed.plan.speeds import followed_quota_factor, work_totals
 
-    stats = {"process_cpu_s": 2.0, "expected_handling_s": 0.1,
+    stats = {"process_cpu_s": 2.0, "expected_handling_s": 0.1, "time_ns": 5_000_000_000,
              "per_model": {"a": {"cpu_s": 1.2, "paced_cpu_s": 1.0, "expected_cpu_s": 0.9},
                            "b": {"cpu_s": 0.0, "paced_cpu_s": 0.0, "expected_cpu_s": 0.0}}}
-    taken, expected = work_totals(stats)
-    assert taken == 2.0 and expected == pytest.approx(0.9 + 0.2 + 0.1)
+    at, taken, expected = work_totals(stats)
+    assert at == 5.0 and taken == 2.0 and expected == pytest.approx(0.9 + 0.2 + 0.1)
     assert work_totals({**stats, "per_model": {"a": {"cpu_s": 1.0, "expected_cpu_s": 0.0}}}) is None  # none paced
     assert work_totals({"per_model": stats["per_model"]}) is None  # a server without the process's clock
     assert work_totals({**stats, "process_cpu_s": "x"}) is None
@@ -510,6 +510,22 @@ def test_the_followed_quota_charges_the_handling_as_the_model_does():
     calls, handling = 100 * 0.004, 100 * 0.5 * 0.0012
     assert followed_quota_factor(calls + handling, calls + handling) == 1.0
     assert followed_quota_factor(calls + 0.1 * handling, calls + handling) < 1.0  # a cheaper loop: less quota
+
+
+def test_the_followed_quota_takes_off_what_the_group_ran_past_its_quota():
+    """u = the CPU rate taken over the quota applied (wall clock: / k), at least 1: a group that
+    ran 25 % past its quota gets its quota / 1.25; one that took less (not saturated) is not
+    raised for it; too little work keeps the quota."""
+    from testbed.plan.speeds import FOLLOW_MIN_EXPECTED_S, OVERRUN_BOUND, followed_quota
+
+    # 0.25-core cluster, s = 0.5, k = 2.5: applied 0.125 x 1.2 per 250 ms = 0.06 wall cores
+    r, u, cores = followed_quota(0.125, 2.5, taken_cpu_s=0.375, expected_cpu_s=0.3125, span_s=5.0, applied_cores=0.15)
+    assert r == pytest.approx(1.2) and u == pytest.approx(1.25) and cores == pytest.approx(0.125 * 1.2 / 1.25)
+    r, u, cores = followed_quota(0.125, 2.5, taken_cpu_s=0.15, expected_cpu_s=0.125, span_s=5.0, applied_cores=0.15)
+    assert u == 1.0 and cores == pytest.approx(0.125 * r)  # half the quota taken: no overrun
+    assert followed_quota(0.125, 1.0, 3.0, 1.0, 1.0, 0.1)[1] == OVERRUN_BOUND
+    assert followed_quota(0.125, 2.5, 1.0, FOLLOW_MIN_EXPECTED_S / 2, 5.0, 0.15) is None
+    assert followed_quota(0.125, 2.5, 0.375, 0.3125, 0.0, 0.15)[1] == 1.0  # no span: nothing to read u from
 
 
 def test_a_server_counts_the_handling_the_model_charges():
@@ -532,3 +548,5 @@ def test_the_summary_names_the_followed_quotas():
     line = _followed_quotas(s)
     assert "a x1.21 mean (x1.05-1.30)" in line and " b " not in line
     assert _followed_quotas({"per_cluster": {"b": {"cpu": {"periods": 3}}}}) == ""
+    s["per_cluster"]["a"]["cpu"]["quota_overrun"] = {"mean": 1.2, "max": 1.3}
+    assert "a x1.21 mean (x1.05-1.30), overrun /1.20" in _followed_quotas(s)

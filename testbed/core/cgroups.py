@@ -146,9 +146,10 @@ def set_cpu_quota(dirs: list[Path], cpu_cores: float | None) -> int:
 def cpu_stat(dirs: list[Path]) -> dict[str, float]:
     """CFS bandwidth counters of a group made by :func:`create_limited_group`: ``periods`` (CFS
     periods in which the group ran), ``throttled_periods`` (of those, how many ran out of quota),
-    ``throttled_s`` (time its threads waited for the next period). From ``cpu.stat`` (v1:
-    ``throttled_time`` ns; v2: ``throttled_usec``; Linux Documentation/scheduler/sched-bwc.rst).
-    Empty when the file cannot be read (the group is gone)."""
+    ``throttled_s`` (time its threads waited for the next period), and on cgroup v2 ``usage_s``
+    (the CPU time its threads took). From ``cpu.stat`` (v1: ``throttled_time`` ns; v2:
+    ``throttled_usec``, ``usage_usec``; Linux Documentation/scheduler/sched-bwc.rst,
+    Documentation/admin-guide/cgroup-v2.rst). Empty when the file cannot be read (the group is gone)."""
     for d in dirs:
         kv = _flat_keyed(d / "cpu.stat")
         if kv is None or "nr_periods" not in kv:
@@ -157,8 +158,11 @@ def cpu_stat(dirs: list[Path]) -> dict[str, float]:
             throttled = int(kv["throttled_time"]) / 1e9
         else:  # v2, us
             throttled = int(kv.get("throttled_usec", 0)) / 1e6
-        return {"periods": int(kv["nr_periods"]), "throttled_periods": int(kv.get("nr_throttled", 0)),
-                "throttled_s": throttled}
+        out = {"periods": int(kv["nr_periods"]), "throttled_periods": int(kv.get("nr_throttled", 0)),
+               "throttled_s": throttled}
+        if "usage_usec" in kv:
+            out["usage_s"] = int(kv["usage_usec"]) / 1e6
+        return out
     return {}
 
 

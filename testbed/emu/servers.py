@@ -15,7 +15,7 @@ slower than k makes up, s > k, the calls run at the host's speed and the quota a
 a quota the cluster's threads cannot use stops the run (:func:`testbed.plan.speeds.check_fits`).
 :attr:`ClusterServers.speeds` holds every cluster's. During the load the quota of a padded cluster
 follows its work: its server process's CPU over what the model charges (:meth:`ClusterServers.follow_quotas`,
-:func:`testbed.plan.speeds.followed_quota_factor`); ``clusters/<cluster>.cpu.json`` keeps the
+:func:`testbed.plan.speeds.followed_quota`); ``clusters/<cluster>.cpu.json`` keeps the
 factors it took.
 :class:`ClusterServers` starts them all and waits until every one is warmed up, and applies outages: ``kill`` (SIGKILL,
 connections refused until a restart) and ``stop`` (SIGSTOP / SIGCONT). A restarted server starts
@@ -58,7 +58,7 @@ from testbed.plan.speeds import (
     Speeds,
     check_fits,
     expected_weights,
-    followed_quota_factor,
+    followed_quota,
     speed_target,
     work_totals,
 )
@@ -115,7 +115,7 @@ class ClusterServers:
         self._capping = threading.Event()
         self._following = threading.Event()
         #: Per followed cluster, the quota factors set during the load: (s since the load started, r).
-        self.followed: dict[str, list[tuple[float, float]]] = {}
+        self.followed: dict[str, list[tuple[float, ...]]] = {}
         stack.callback(self._stop_all)
 
     def _log(self, cluster: str):
@@ -362,7 +362,7 @@ class ClusterServers:
     def follow_quotas(self) -> None:
         """From now (the load's start) until :meth:`write_cpu_during_load`, every
         :data:`~testbed.plan.speeds.FOLLOW_POLL_S`, set the quota of each padded cluster with paced
-        models to ``cores x s x r`` (:func:`testbed.plan.speeds.followed_quota_factor` over the
+        models to ``cores x s x r / u`` (:func:`testbed.plan.speeds.followed_quota` over the
         last :data:`~testbed.plan.speeds.FOLLOW_WINDOW_S` of its server's counters); the factors
         go to :attr:`followed`. A quota that cannot be set fails the run when the load ends."""
         clusters = [c for c, cs in self.speeds.items() if cs.applied_by == "pad"]
@@ -373,8 +373,8 @@ class ClusterServers:
         threading.Thread(target=self._follow, args=(clusters, time.monotonic()), name="quota-follow",
                          daemon=True).start()
 
-    def _work_totals(self, cluster: str) -> tuple[float, float] | None:
-        """The server process's CPU time and what the model charges for its work (s,
+    def _work_totals(self, cluster: str) -> tuple[float, float, float] | None:
+        """The counters' time, the server process's CPU time and what the model charges for its work (s,
         :func:`testbed.plan.speeds.work_totals`), from the live server's counters
         (``clusters/<cluster>.stats.json``); None when unreadable or none paced."""
         try:
@@ -384,7 +384,9 @@ class ClusterServers:
         return work_totals(stats) if isinstance(stats, dict) else None
 
     def _follow(self, clusters: list[str], t0: float) -> None:
-        windows: dict[str, deque[tuple[float, float, float]]] = {c: deque() for c in clusters}
+        # per cluster: (poll s, snapshot s, CPU taken s, expected s, quota applied until then)
+        windows: dict[str, deque[tuple[float, float, float, float, float]]] = {c: deque() for c in clusters}
+        applied = {c: self.speeds[c].quota_cores for c in clusters}
         while self._following.is_set():
             time.sleep(FOLLOW_POLL_S)
             now = time.monotonic()
@@ -393,27 +395,33 @@ class ClusterServers:
                 if totals is None or not self._following.is_set():
                     continue
                 w = windows[c]
-                if w and (totals[0] < w[-1][1] or totals[1] < w[-1][2]):
+                if w and (totals[1] < w[-1][2] or totals[2] < w[-1][3]):
                     w.clear()  # a new life: its counters start from zero
-                w.append((now, *totals))
+                w.append((now, *totals, applied[c]))
                 while len(w) > 2 and now - w[1][0] >= FOLLOW_WINDOW_S:
                     w.popleft()
-                r = followed_quota_factor(w[-1][1] - w[0][1], w[-1][2] - w[0][2])
-                if r is None:
+                got = followed_quota(self.speeds[c].quota_cores, self.k, w[-1][2] - w[0][2], w[-1][3] - w[0][3],
+                                     w[-1][1] - w[0][1], sum(x[4] for x in list(w)[1:]) / max(1, len(w) - 1))
+                if got is None:
                     continue
+                r, u, cores = got
                 try:
-                    cgroups.set_cpu_quota(self.groups[c], self.speeds[c].quota_cores * r)
+                    cgroups.set_cpu_quota(self.groups[c], cores)
                 except cgroups.CgroupError as exc:
                     self.cap_error = self.cap_error or f"cluster {c}'s quota could not follow its calls: {exc}"
                     continue
-                self.followed[c].append((round(now - t0, 3), round(r, 4)))
+                applied[c] = cores
+                self.followed[c].append((round(now - t0, 3), round(r, 4), round(u, 4), round(w[-1][2] - w[0][2], 6),
+                                         round(w[-1][3] - w[0][3], 6)))
 
     def write_cpu_during_load(self, before: dict[str, dict[str, float]]) -> None:
         """``clusters/<cluster>.cpu.json``: the CFS counters' growth since ``before`` (taken when the
         load started): periods, throttled periods and their share, seconds throttled; for a
         cluster whose quota followed its calls (:meth:`follow_quotas`, which this stops), the
-        factors r it took (``quota_factor``: mean, min, max, and ``quota_factors``: every one, with
-        its time in s since the load's start).
+        factors r it took (``quota_factor``: mean, min, max; ``quota_overrun``: u's mean and max;
+        ``quota_factors``: every one as
+        [s since the load's start, r, the overrun u it corrected, the window's CPU taken (s), the
+        work's expected CPU (s)]; :func:`testbed.plan.speeds.followed_quota`).
 
         Raises:
             RunFailure: a thread could not be capped during the load (the clusters' CPU was not
@@ -426,9 +434,11 @@ class ClusterServers:
                 continue
             d: dict = {k: now[k] - b.get(k, 0) for k in now}
             d["throttled_share"] = round(d["throttled_periods"] / d["periods"], 4) if d["periods"] else 0.0
-            rs = [r for _, r in self.followed.get(c, [])]
+            rs = [f[1] for f in self.followed.get(c, [])]
+            us = [f[2] for f in self.followed.get(c, [])]
             if rs:
                 d["quota_factor"] = {"mean": round(sum(rs) / len(rs), 4), "min": min(rs), "max": max(rs)}
+                d["quota_overrun"] = {"mean": round(sum(us) / len(us), 4), "max": max(us)}
                 d["quota_factors"] = self.followed[c]
             path = self.live.run_dir / "clusters" / f"{c}.cpu.json"
             try:

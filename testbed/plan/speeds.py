@@ -45,12 +45,13 @@ cold call of mobilenet_v2_100 cost this project's VM 1.40x its warm one against 
 1.00x; the event loop's work that no pad measures; the runtime's other threads). A quota scaled
 by the bare calls alone ran out in a third of the periods where the simulator's seldom does, and
 one scaled by the calls' own CPU left the handling unpaid: a saturated cluster then served 1.2x
-the simulator's queries. Every :data:`FOLLOW_POLL_S` the run sets the quota to ``cores x s x r``,
+the simulator's queries. Every :data:`FOLLOW_POLL_S` the run sets the quota to ``cores x s x r / u``,
 r the server process's CPU time over what the model charges for its work at this host's speed
 (:func:`work_totals`: the paced calls' bare calls x their draws, x the profile's cold factor
 when cold; s x the profile's handling per query; unpaced calls at their own CPU) over the last
-:data:`FOLLOW_WINDOW_S` of the server's counters, so that a saturated cluster serves as many
-queries per second as the simulator's.
+:data:`FOLLOW_WINDOW_S` of the server's counters, divided by the quota's overrun u over the same
+window (CFS lets a group run past its quota by the runtime its CPUs hold: :func:`followed_quota`),
+so that a saturated cluster serves as many queries per second as the simulator's.
 
 What is left is each model's residual factor, factor_m / s: 1 for a cluster of one model, the
 spread of its models' factors around s for a cluster of several (the simulator can take it:
@@ -119,6 +120,10 @@ FOLLOW_MIN_EXPECTED_S = 0.02
 #: The bounds of the followed factor r: a ratio beyond them is not a call's cost (a stalled
 #: process clock, a call that ran mostly on other threads). Our choice.
 FOLLOW_BOUNDS = (0.5, 3.0)
+#: The largest overrun of a CFS quota the followed quota corrects (:func:`followed_quota`): a
+#: group takes at most its quota plus a slice per CPU per period (Linux's default slice 5 ms, a
+#: period of k x 100 ms). Our choice, twice this VM's largest measured (1.25).
+OVERRUN_BOUND = 2.0
 
 
 def followed_quota_factor(taken_cpu_s: float, expected_cpu_s: float) -> float | None:
@@ -133,9 +138,32 @@ def followed_quota_factor(taken_cpu_s: float, expected_cpu_s: float) -> float | 
     return min(hi, max(lo, taken_cpu_s / expected_cpu_s))
 
 
-def work_totals(stats: dict) -> tuple[float, float] | None:
-    """From one server's counters (its ``GET /v1/stats`` dict, :mod:`testbed.serve.server`): the
-    CPU time (s) its process has taken since it started (``process_cpu_s``), and what the model
+def followed_quota(quota_cores: float, time_dilation: float, taken_cpu_s: float, expected_cpu_s: float,
+                   span_s: float, applied_cores: float) -> tuple[float, float, float] | None:
+    """The quota (cores per k x 100 ms) of a padded cluster for the next poll, from a window of
+    its server's counters: ``(r, u, quota_cores x r / u)``, r the work's factor
+    (:func:`followed_quota_factor`: the CPU ``taken_cpu_s`` over ``expected_cpu_s``, s) and u the
+    quota's overrun over the window: the CPU rate the process took (``taken_cpu_s`` over the
+    window's ``span_s``, s of wall clock) over the quota applied meanwhile (``applied_cores``,
+    cores per k x 100 ms, mean over the window; / ``time_dilation`` k on the wall clock), at least 1
+    and at most :data:`OVERRUN_BOUND`. CFS lets a group run past its quota by the runtime its CPUs
+    hold locally (Linux Documentation/scheduler/sched-bwc.rst, "the slice"): this project's VM gave
+    a server of a 0.25-core cluster at k = 2.5 0.083 cores against a quota of 0.067, so a
+    saturated cluster served 1.3x the model's queries; dividing by u holds the CPU it takes to the
+    model's. None when the window has too little work (:func:`followed_quota_factor`)."""
+    r = followed_quota_factor(taken_cpu_s, expected_cpu_s)
+    if r is None:
+        return None
+    u = 1.0
+    if span_s > 0 and applied_cores > 0 and time_dilation > 0:
+        u = min(OVERRUN_BOUND, max(1.0, taken_cpu_s / span_s / (applied_cores / time_dilation)))
+    return r, u, quota_cores * r / u
+
+
+def work_totals(stats: dict) -> tuple[float, float, float] | None:
+    """From one server's counters (its ``GET /v1/stats`` dict, :mod:`testbed.serve.server`): when
+    they were taken (``time_ns``, as unix s), the CPU time (s) its process has taken since it
+    started (``process_cpu_s``), and what the model
     charges for the work it did at this host's speed (s): per model the paced calls' expected CPU
     (``expected_cpu_s``: each bare call x its draw, x the profile's cold factor when cold), the
     unpaced calls' own CPU (``cpu_s - paced_cpu_s``: batches and calls too short to pace, charged
@@ -148,11 +176,12 @@ def work_totals(stats: dict) -> tuple[float, float] | None:
         unpaced = sum(max(0.0, float(v.get("cpu_s", 0.0)) - float(v.get("paced_cpu_s", 0.0))) for v in per_model)
         taken = float(stats["process_cpu_s"])
         handling = float(stats.get("expected_handling_s", 0.0))
+        at = int(stats["time_ns"]) / 1e9
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     if not paced > 0 or not math.isfinite(taken):
         return None
-    return taken, paced + unpaced + handling
+    return at, taken, paced + unpaced + handling
 
 
 class _Frozen(BaseModel):

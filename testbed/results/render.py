@@ -103,16 +103,22 @@ def _late_cell(calls: dict) -> str:
 
 
 def _followed_quotas(s: dict) -> str:
-    """The summary's line on the quotas that followed their paced calls' CPU during the load
-    (``clusters/<name>.cpu.json`` ``quota_factor``: :meth:`testbed.emu.servers.ClusterServers.follow_quotas`);
-    empty when none did."""
-    got = {c: (v.get("cpu") or {}).get("quota_factor") for c, v in (s.get("per_cluster") or {}).items()}
-    got = {c: f for c, f in got.items() if f}
+    """The summary's line on the quotas that followed their work during the load
+    (``clusters/<name>.cpu.json`` ``quota_factor`` and ``quota_overrun``:
+    :meth:`testbed.emu.servers.ClusterServers.follow_quotas`); empty when none did."""
+    cpu = {c: (v.get("cpu") or {}) for c, v in (s.get("per_cluster") or {}).items()}
+    got = {c: v for c, v in cpu.items() if v.get("quota_factor")}
     if not got:
         return ""
-    each = ", ".join(f"{c} x{f['mean']:.2f} mean (x{f['min']:.2f}-{f['max']:.2f})" for c, f in sorted(got.items()))
-    return (f"Quotas followed the paced calls' CPU over what their bare calls at start-up gave (cores x s x r, "
-            f"r = the calls' CPU time over their bare calls', x the profile's cold factor when cold): {each}.")
+
+    def one(c: str, v: dict) -> str:
+        f, u = v["quota_factor"], v.get("quota_overrun")
+        over = f", overrun /{u['mean']:.2f}" if u and u.get("mean", 1.0) > 1.0 else ""
+        return f"{c} x{f['mean']:.2f} mean (x{f['min']:.2f}-{f['max']:.2f}){over}"
+
+    each = ", ".join(one(c, v) for c, v in sorted(got.items()))
+    return ("Quotas followed the clusters' work (cores x s x r / u: r = the server's CPU over what the model "
+            "charges for its calls and handling, u = how far CFS let it run past its quota): " + each + ".")
 
 
 def _late_warnings(s: dict) -> list[str]:
