@@ -86,13 +86,11 @@ OFFLOAD_OFF = "rx off tx off sg off tso off gso off gro off"
 OVS_SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 #: TCP settings of every emulated host's namespace. The model sends a message's frames back to back
 #: at the link's rate (:mod:`testbed.model.network`, "transfer"): a warm congestion window. Linux
-#: resets the window to its initial 10 segments (RFC 6928) after an idle period of
-#: one RTO (RFC 5681 section 4.1, ``tcp_slow_start_after_idle`` = 1 by default), and a source's
-#: pooled connections each idle for hundreds of ms between queries, so a request of more than 10
-#: segments waited for an ACK: one more fraction of an RTT that the model has not (the default
-#: experiment at k = 1: network excess p50 5.0 ms for requests of 11-23 segments against 2.8 ms
-#: for smaller ones). Kept off, as latency-sensitive servers commonly run (Grigorik, High
-#: Performance Browser Networking, ch. 2, "Slow-Start Restart").
+#: restarts the window from its initial 10 segments (RFC 6928) after an idle RTO (RFC 5681 section
+#: 4.1, ``tcp_slow_start_after_idle`` = 1 by default), which would cost a request of more than 10
+#: segments on a connection idle that long one more round trip that the model has not. Kept off, as
+#: latency-sensitive servers commonly run (Grigorik, High Performance Browser Networking, ch. 2,
+#: "Slow-Start Restart").
 TCP_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": 0}
 #: SCHED_FIFO priority of the forwarding processes (link emulators, shards' ovs-vswitchd); 0: nice -10
 #: only. netem works in softirq, ahead of every process; this is its user-space counterpart. Measured
