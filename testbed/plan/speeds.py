@@ -121,11 +121,9 @@ FOLLOW_MIN_EXPECTED_S = 0.02
 #: process clock, a call that ran mostly on other threads). Our choice.
 FOLLOW_BOUNDS = (0.5, 3.0)
 #: The largest overrun of a CFS quota the followed quota corrects (:func:`followed_quota`): a
-#: group takes at most its quota plus about a slice per CPU per period (Linux's default slice 5 ms;
-#: a period of k x 100 ms, 1 s past k = 10, so that a sub-core cluster's quota per period shrinks
-#: as 1 / k there while the overrun does not). Our choice: this VM's overruns were 1.22-1.26 at
-#: k = 2.5 and reached 2 (then the bound) at k = 14 for a 0.25-core cluster.
-OVERRUN_BOUND = 4.0
+#: group takes at most its quota plus a slice per CPU per period (Linux's default slice 5 ms, a
+#: period of k x 100 ms). Our choice, twice this VM's largest measured (1.25).
+OVERRUN_BOUND = 2.0
 
 
 def followed_quota_factor(taken_cpu_s: float, expected_cpu_s: float) -> float | None:
