@@ -1,19 +1,17 @@
 """The house's layers hold: the import-linter contract (.importlinter) is kept, and no cycle or import
 against the layers hides in an import inside a function (benchmarks/layers.py counts those)."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+from bench_modules import load_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _layers():
-    spec = importlib.util.spec_from_file_location("layers_bench", REPO / "benchmarks" / "layers.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("layers", "layers_bench")
 
 
 def test_the_import_contract_is_kept():

@@ -2,25 +2,19 @@
 benchmarks/results/*.json, every section names a source file that exists, and the one writer of those
 files (benchmarks/resultfile.py: write_result) refuses what would not render."""
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
+from bench_modules import load_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
-
-results = _load("results")
-resultfile = _load("resultfile")
+results = load_benchmark("results")
+resultfile = load_benchmark("resultfile")
 
 TABLE = {"caption": "per rate", "columns": ["rate q/s", "success"], "rows": [[100, 0.996], [300, 0.53]]}
 

@@ -3,27 +3,17 @@ machine") is merged row by row: a network measured again at the same time dilati
 row, the other rows stay, and every row says when and by which command it was measured. No emulation:
 ``scale_bench.big``'s figures are given."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from bench_modules import load_benchmark
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-resultfile = _load("resultfile")
-scale_bench = _load("scale_bench")
-results = _load("results")
+resultfile = load_benchmark("resultfile")
+scale_bench = load_benchmark("scale_bench")
+results = load_benchmark("results")
 
 OLD_AT = "2026-12-06T04:15:12+00:00"
 
