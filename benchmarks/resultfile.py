@@ -83,9 +83,8 @@ def write_result(name: str, title: str, command: str, tables: list[dict[str, Any
         if bad:
             raise ValueError(f"result {name!r}, table {t.get('caption', '')!r}: row {bad[0]} has "
                              f"{len(t['rows'][bad[0]])} values for {len(t['columns'])} columns")
-    doc = {"name": name, "title": title, "command": command, "commit": commit_of(),
-           "measured_at": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
-           "summary": summary, "tables": tables, "notes": list(notes or [])}
+    doc = {"name": name, "title": title, **provenance(command), "summary": summary, "tables": tables,
+           "notes": list(notes or [])}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
