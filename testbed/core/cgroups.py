@@ -18,6 +18,9 @@ nested limits give that (cgroup v1 ``cpu``):
   core over a short period (``THREAD_QUOTA_US`` per ``k / s x THREAD_QUOTA_US``): the quota alone
   would let a burst within it run at full speed, k / s times too fast in emulated time.
 
+A quota written while a group runs refills its runtime at once, so writes during the load wait for
+the start of the group's period (:class:`PeriodAligned`).
+
 The kernel takes quotas and periods of at least 1 ms and periods of at most 1 s (sched-bwc.rst),
 hence ``THREAD_QUOTA_US`` = 1 ms; past k = 10 the cluster's period stays 1 s and its quota is
 ``c x 1 s / k`` (:func:`dilated_quota_us`). Cgroup v1 also refuses a child whose quota/period
@@ -29,7 +32,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from testbed.core.errors import RunFailure
@@ -141,6 +145,66 @@ def set_cpu_quota(dirs: list[Path], cpu_cores: float | None) -> int:
             _write(d / "cpu.max", f"{'max' if quota < 0 else quota} {period}")
             return quota
     raise CgroupError(f"no cgroup cpu group among {[str(d) for d in dirs]}: cannot set the quota")
+
+
+class PeriodAligned:
+    """Quota writes timed to the start of a group's CFS period.
+
+    Writing ``cpu.cfs_quota_us`` (v1) or ``cpu.max`` (v2) refills the group's runtime to the whole
+    quota at once (Linux kernel/sched/core.c, ``tg_set_cfs_bandwidth`` calls
+    ``__refill_cfs_bandwidth_runtime``), so a write in mid-period grants the CPU already used in that
+    period a second time: a saturated group whose quota is written once a second runs
+    ``1 + period / 1 s`` times its quota (1.25x at k = 2.5, 2x at k >= 10). Written just after the
+    period timer's own refill, which ``cpu.stat``'s ``nr_periods`` counts, a write grants only what
+    the group ran since, at most :attr:`step_s` of its CPUs.
+
+    The next period's start is predicted from the last one seen (the period timer keeps its phase
+    while the group is active) and checked; an idle group (its timer stopped, its runtime full,
+    nothing to grant twice) is written after one period of waiting.
+    """
+
+    def __init__(self, dirs: list[Path], period_s: float, step_s: float = 0.0005,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        """``dirs``: a group made by :func:`create_limited_group`; ``period_s``: its CFS period (s,
+        :func:`dilated_period_us` / 1e6); ``step_s``: how often (s) ``cpu.stat`` is read while a
+        period's end is due; ``clock``/``sleep``: the time source (s), replaceable in tests."""
+        self.dirs, self.period_s, self.step_s = dirs, period_s, step_s
+        self.clock, self.sleep = clock, sleep
+        self.last_start: float | None = None  # clock time a period was last seen to start
+
+    def _periods(self) -> int | None:
+        return cpu_stat(self.dirs).get("periods")  # type: ignore[return-value]
+
+    def _watch(self, until: float) -> bool:
+        """Read ``nr_periods`` every :attr:`step_s` until it counts up (True) or ``until``."""
+        n0 = self._periods()
+        while n0 is not None and self.clock() < until:
+            self.sleep(self.step_s)
+            if self._periods() != n0:
+                self.last_start = self.clock()
+                return True
+        return False
+
+    def wait_period_start(self) -> bool:
+        """Return just after the group's next CFS period starts (True), or after a period and a
+        little more without one (False: the group is idle, its period timer stopped)."""
+        if self.last_start is not None:
+            now = self.clock()
+            due = self.last_start + math.ceil((now - self.last_start) / self.period_s + 1e-9) * self.period_s
+            if due - now > 0.003:
+                self.sleep(due - now - 0.003)
+            if self._watch(due + 0.005):
+                return True
+        return self._watch(self.clock() + self.period_s + 0.005)
+
+    def set_cpu_quota(self, cpu_cores: float | None) -> int:
+        """:func:`set_cpu_quota`, written when :meth:`wait_period_start` returns.
+
+        Raises:
+            CgroupError: as :func:`set_cpu_quota`.
+        """
+        self.wait_period_start()
+        return set_cpu_quota(self.dirs, cpu_cores)
 
 
 def cpu_stat(dirs: list[Path]) -> dict[str, float]:

@@ -53,6 +53,7 @@ from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT, poll_until, stop_processes, stopped, write_json_atomic
 from testbed.plan.speeds import (
     FOLLOW_POLL_S,
+    FOLLOW_STEP,
     FOLLOW_WINDOW_S,
     ClusterSpeed,
     Speeds,
@@ -370,8 +371,9 @@ class ClusterServers:
             return
         self.followed = {c: [] for c in clusters}
         self._following.set()
-        threading.Thread(target=self._follow, args=(clusters, time.monotonic()), name="quota-follow",
-                         daemon=True).start()
+        t0 = time.monotonic()
+        for c in clusters:
+            threading.Thread(target=self._follow, args=(c, t0), name=f"quota-follow-{c}", daemon=True).start()
 
     def _work_totals(self, cluster: str) -> tuple[float, float, float] | None:
         """The counters' time, the server process's CPU time and what the model charges for its work (s,
@@ -383,36 +385,39 @@ class ClusterServers:
             return None
         return work_totals(stats) if isinstance(stats, dict) else None
 
-    def _follow(self, clusters: list[str], t0: float) -> None:
-        # per cluster: (poll s, snapshot s, CPU taken s, expected s, quota applied until then)
-        windows: dict[str, deque[tuple[float, float, float, float, float]]] = {c: deque() for c in clusters}
-        applied = {c: self.speeds[c].quota_cores for c in clusters}
+    def _follow(self, c: str, t0: float) -> None:
+        """Cluster ``c``'s quota follower (:meth:`follow_quotas`); its writes wait for the start of
+        the group's CFS period (:class:`testbed.core.cgroups.PeriodAligned`: a write in mid-period
+        would grant the period's quota twice)."""
+        # (poll s, snapshot s, CPU taken s, expected s, quota applied until then)
+        w: deque[tuple[float, float, float, float, float]] = deque()
+        applied = self.speeds[c].quota_cores
+        writer = cgroups.PeriodAligned(self.groups[c], cgroups.dilated_period_us(self.k) / 1e6)
         while self._following.is_set():
             time.sleep(FOLLOW_POLL_S)
             now = time.monotonic()
-            for c in clusters:
-                totals = self._work_totals(c)
-                if totals is None or not self._following.is_set():
-                    continue
-                w = windows[c]
-                if w and (totals[1] < w[-1][2] or totals[2] < w[-1][3]):
-                    w.clear()  # a new life: its counters start from zero
-                w.append((now, *totals, applied[c]))
-                while len(w) > 2 and now - w[1][0] >= FOLLOW_WINDOW_S:
-                    w.popleft()
-                got = followed_quota(self.speeds[c].quota_cores, self.k, w[-1][2] - w[0][2], w[-1][3] - w[0][3],
-                                     w[-1][1] - w[0][1], sum(x[4] for x in list(w)[1:]) / max(1, len(w) - 1))
-                if got is None:
-                    continue
-                r, u, cores = got
+            totals = self._work_totals(c)
+            if totals is None or not self._following.is_set():
+                continue
+            if w and (totals[1] < w[-1][2] or totals[2] < w[-1][3]):
+                w.clear()  # a new life: its counters start from zero
+            w.append((now, *totals, applied))
+            while len(w) > 2 and now - w[1][0] >= FOLLOW_WINDOW_S:
+                w.popleft()
+            got = followed_quota(self.speeds[c].quota_cores, self.k, w[-1][2] - w[0][2], w[-1][3] - w[0][3],
+                                 w[-1][1] - w[0][1], sum(x[4] for x in list(w)[1:]) / max(1, len(w) - 1))
+            if got is None:
+                continue
+            r, u, cores = got
+            if abs(cores - applied) > FOLLOW_STEP * applied:
                 try:
-                    cgroups.set_cpu_quota(self.groups[c], cores)
+                    writer.set_cpu_quota(cores)
+                    applied = cores
                 except cgroups.CgroupError as exc:
                     self.cap_error = self.cap_error or f"cluster {c}'s quota could not follow its calls: {exc}"
                     continue
-                applied[c] = cores
-                self.followed[c].append((round(now - t0, 3), round(r, 4), round(u, 4), round(w[-1][2] - w[0][2], 6),
-                                         round(w[-1][3] - w[0][3], 6)))
+            self.followed[c].append((round(now - t0, 3), round(r, 4), round(u, 4), round(w[-1][2] - w[0][2], 6),
+                                     round(w[-1][3] - w[0][3], 6)))
 
     def write_cpu_during_load(self, before: dict[str, dict[str, float]]) -> None:
         """``clusters/<cluster>.cpu.json``: the CFS counters' growth since ``before`` (taken when the

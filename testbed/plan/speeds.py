@@ -50,8 +50,9 @@ r the server process's CPU time over what the model charges for its work at this
 (:func:`work_totals`: the paced calls' bare calls x their draws, x the profile's cold factor
 when cold; s x the profile's handling per query; unpaced calls at their own CPU) over the last
 :data:`FOLLOW_WINDOW_S` of the server's counters, divided by the quota's overrun u over the same
-window (CFS lets a group run past its quota by the runtime its CPUs hold: :func:`followed_quota`),
-so that a saturated cluster serves as many queries per second as the simulator's.
+window (what the group took past its quota: :func:`followed_quota`), so that a saturated cluster
+serves as many queries per second as the simulator's; the quota is written only when it changes
+by more than :data:`FOLLOW_STEP`, as a CFS period starts.
 
 What is left is each model's residual factor, factor_m / s: 1 for a cluster of one model, the
 spread of its models' factors around s for a cluster of several (the simulator can take it:
@@ -120,10 +121,14 @@ FOLLOW_MIN_EXPECTED_S = 0.02
 #: The bounds of the followed factor r: a ratio beyond them is not a call's cost (a stalled
 #: process clock, a call that ran mostly on other threads). Our choice.
 FOLLOW_BOUNDS = (0.5, 3.0)
-#: The largest overrun of a CFS quota the followed quota corrects (:func:`followed_quota`): a
-#: group takes at most its quota plus a slice per CPU per period (Linux's default slice 5 ms, a
-#: period of k x 100 ms). Our choice, twice this VM's largest measured (1.25).
+#: The largest overrun of a CFS quota the followed quota corrects (:func:`followed_quota`). Our
+#: choice: writes timed to the period's start leave a few percent (tests/test_dilation_cgroups.py).
 OVERRUN_BOUND = 2.0
+#: A followed quota within this fraction of the one applied is not written (our choice): every
+#: write forgives the group what it ran past its last period's quota (about a scheduler tick of
+#: CPU, :class:`testbed.core.cgroups.PeriodAligned`), so a write that changes nothing that matters
+#: would give that CPU away.
+FOLLOW_STEP = 0.02
 
 
 def followed_quota_factor(taken_cpu_s: float, expected_cpu_s: float) -> float | None:
@@ -146,11 +151,10 @@ def followed_quota(quota_cores: float, time_dilation: float, taken_cpu_s: float,
     quota's overrun over the window: the CPU rate the process took (``taken_cpu_s`` over the
     window's ``span_s``, s of wall clock) over the quota applied meanwhile (``applied_cores``,
     cores per k x 100 ms, mean over the window; / ``time_dilation`` k on the wall clock), at least 1
-    and at most :data:`OVERRUN_BOUND`. CFS lets a group run past its quota by the runtime its CPUs
-    hold locally (Linux Documentation/scheduler/sched-bwc.rst, "the slice"): this project's VM gave
-    a server of a 0.25-core cluster at k = 2.5 0.083 cores against a quota of 0.067, so a
-    saturated cluster served 1.3x the model's queries; dividing by u holds the CPU it takes to the
-    model's. None when the window has too little work (:func:`followed_quota_factor`)."""
+    and at most :data:`OVERRUN_BOUND`. A group runs past its quota when the quota is written in
+    mid-period (the write refills its runtime: :class:`testbed.core.cgroups.PeriodAligned`, which
+    the run's writes wait for) and by what each write forgives (a few percent); dividing by u holds
+    the CPU it takes to the model's. None when the window has too little work (:func:`followed_quota_factor`)."""
     r = followed_quota_factor(taken_cpu_s, expected_cpu_s)
     if r is None:
         return None
