@@ -9,11 +9,10 @@ quota is written again about every 1.5 s, in four ways:
 
 - ``none``: never (the kernel's own enforcement);
 - ``anywhere``: :func:`testbed.core.cgroups.set_cpu_quota` at once, wherever the period stands;
-- ``aligned, busy thread``: :class:`testbed.core.cgroups.PeriodAligned` (the write waits for the
-  period's start) in this process, beside a thread that spins in Python (as the run process has
-  busy threads: the wait is then late by up to the thread switch interval, 5 ms);
-- ``writer process, busy thread``: :class:`testbed.core.cgroups.PeriodAlignedProcess`, the run's
-  own writer.
+- ``aligned``: :class:`testbed.core.cgroups.PeriodAligned`, as the run's quota follower writes
+  (the write waits for the period's start);
+- ``aligned, busy thread``: the same beside a thread of this process that spins in Python (the
+  wait is then late by up to the thread switch interval, 5 ms).
 
 Prints a Markdown table of the CPU the process took over what its quota allows (1.00 = exact),
 one column per period, the mean over ``--repeats``. Root and cgroup v1. The machine's 1-minute
@@ -48,7 +47,7 @@ SPIN = textwrap.dedent("""
     print(time.process_time() - cpu0, flush=True)
 """)
 CORES = 0.1
-WAYS = ("none", "anywhere", "aligned, busy thread", "writer process, busy thread")
+WAYS = ("none", "anywhere", "aligned", "aligned, busy thread")
 
 
 def _busy(stop: threading.Event) -> None:
@@ -61,8 +60,7 @@ def measure(way: str, k: float, seconds: float, every_s: float = 1.5) -> float:
     """The CPU the spinning process took over its quota's allowance, written ``way`` every ``every_s``."""
     dirs = cgroups.create_limited_group(f"testbed-bench-writes-{os.getpid()}", CORES, 256, time_dilation=k)
     period_s = cgroups.dilated_period_us(k) / 1e6
-    writer = (cgroups.PeriodAlignedProcess(dirs, period_s) if way.startswith("writer")
-              else cgroups.PeriodAligned(dirs, period_s))
+    writer = cgroups.PeriodAligned(dirs, period_s)
     stop = threading.Event()
     if "busy" in way:
         threading.Thread(target=_busy, args=(stop,), daemon=True).start()
@@ -82,8 +80,6 @@ def measure(way: str, k: float, seconds: float, every_s: float = 1.5) -> float:
         cpu_s = float(p.stdout.read())
     finally:
         stop.set()
-        if isinstance(writer, cgroups.PeriodAlignedProcess):
-            writer.close()
         if p.poll() is None:
             p.kill()
             p.wait()

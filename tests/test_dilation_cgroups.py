@@ -156,7 +156,7 @@ def _spin_under_rewrites(aligned: bool, name: str, period_s: float = 0.2, cores:
     """A CPU-bound process in a group of ``cores`` per ``period_s`` whose quota is written again
     (the same value) every ``every_s``; returns its CPU time over what the quota allows."""
     dirs = cgroups.create_limited_group(name, cores, 256, time_dilation=period_s / 0.1)
-    writer = cgroups.PeriodAlignedProcess(dirs, period_s)
+    writer = cgroups.PeriodAligned(dirs, period_s)
     p = subprocess.Popen([sys.executable, "-c", SPIN, str(run_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True)
     try:
@@ -172,7 +172,6 @@ def _spin_under_rewrites(aligned: bool, name: str, period_s: float = 0.2, cores:
                 cgroups.set_cpu_quota(dirs, cores)
         cpu_s = float(p.stdout.read())
     finally:
-        writer.close()
         if p.poll() is None:
             p.kill()
             p.wait()
@@ -182,9 +181,8 @@ def _spin_under_rewrites(aligned: bool, name: str, period_s: float = 0.2, cores:
 
 def test_quota_writes_at_the_period_start_grant_no_second_quota():
     """Writing a quota refills the group's runtime (kernel/sched/core.c, tg_set_cfs_bandwidth): in
-    mid-period a throttled group gets the period's quota again; written as its period starts (by the
-    run's writer process), next to nothing. Slower hosts only lower both ratios (the process gets
-    less CPU, never more)."""
+    mid-period a throttled group gets the period's quota again; written as its period starts, next
+    to nothing. Slower hosts only lower both ratios (the process gets less CPU, never more)."""
     anywhere = _spin_under_rewrites(False, f"testbed-test-rewrite-{os.getpid()}")
     aligned = _spin_under_rewrites(True, f"testbed-test-aligned-{os.getpid()}")
     assert anywhere > 1.5, anywhere  # 1.9-2.0 here: about one extra quota per write

@@ -19,8 +19,7 @@ nested limits give that (cgroup v1 ``cpu``):
   would let a burst within it run at full speed, k / s times too fast in emulated time.
 
 A quota written while a group runs refills its runtime at once, so writes during the load wait for
-the start of the group's period, in a process of their own (:class:`PeriodAligned`,
-:class:`PeriodAlignedProcess`).
+the start of the group's period (:class:`PeriodAligned`).
 
 The kernel takes quotas and periods of at least 1 ms and periods of at most 1 s (sched-bwc.rst),
 hence ``THREAD_QUOTA_US`` = 1 ms; past k = 10 the cluster's period stays 1 s and its quota is
@@ -33,14 +32,11 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from testbed.core.errors import RunFailure
-from testbed.core.lifeline import tied_popen
 
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
@@ -211,74 +207,6 @@ class PeriodAligned:
         return set_cpu_quota(self.dirs, cpu_cores)
 
 
-class PeriodAlignedProcess:
-    """:class:`PeriodAligned`'s writes, made by a process of its own (``python -m
-    testbed.core.cgroups PERIOD_S DIR...``, tied to this one: :func:`testbed.core.lifeline.tied_popen`).
-
-    In a process with other busy threads the wait for the period's start is late by up to Python's
-    thread switch interval (5 ms, ``sys.getswitchinterval``), and a sub-core cluster above k = 10
-    (a few ms of quota per 1 s period, on two CPUs) has run its quota out by then, so the write
-    grants it again: a spinning process under such writes took 1.72x its quota, 1.37x when the
-    writer ran alone (1.33x with no write). The writer process runs at SCHED_FIFO priority 1 when
-    it may (root; otherwise at its ordinary priority) and sleeps between reads of ``cpu.stat``.
-    """
-
-    def __init__(self, dirs: list[Path], period_s: float) -> None:
-        """Start the writer of the group ``dirs`` whose CFS period is ``period_s`` (s).
-
-        Raises:
-            OSError: the process cannot be started.
-        """
-        self.dirs = dirs
-        self.proc = tied_popen(subprocess.Popen, [sys.executable, "-m", "testbed.core.cgroups", str(period_s),
-                                                  *map(str, dirs)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-
-    def set_cpu_quota(self, cpu_cores: float | None) -> int:
-        """:meth:`PeriodAligned.set_cpu_quota` in the writer process; returns the quota (us).
-
-        Raises:
-            CgroupError: the write failed, or the writer process has ended.
-        """
-        try:
-            self.proc.stdin.write(("-" if cpu_cores is None else repr(float(cpu_cores))) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        except (OSError, ValueError):
-            line = ""
-        if not line:
-            raise CgroupError(f"the quota writer of {self.dirs[0]} has ended (exit code {self.proc.poll()})")
-        if line.startswith("error "):
-            raise CgroupError(line[6:].strip())
-        return int(line)
-
-    def close(self) -> None:
-        """End the writer process (it ends when its input closes)."""
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _writer_main(argv: list[str]) -> None:
-    """The loop of :class:`PeriodAlignedProcess`'s process: ``PERIOD_S DIR...`` on the command line,
-    one quota (cores, or ``-`` to lift it) per input line, the quota written (us) or ``error ...``
-    per output line."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-    except (OSError, AttributeError):
-        pass  # not root: ordinary priority, the writes are as timely as the machine lets them be
-    writer = PeriodAligned([Path(d) for d in argv[1:]], float(argv[0]), step_s=0.0002)
-    for line in sys.stdin:
-        try:
-            quota = writer.set_cpu_quota(None if line.strip() == "-" else float(line))
-            print(quota, flush=True)
-        except (CgroupError, ValueError) as exc:
-            print("error", str(exc).replace("\n", " "), flush=True)
-
-
 def cpu_stat(dirs: list[Path]) -> dict[str, float]:
     """CFS bandwidth counters of a group made by :func:`create_limited_group`: ``periods`` (CFS
     periods in which the group ran), ``throttled_periods`` (of those, how many ran out of quota),
@@ -397,7 +325,3 @@ def add_process(dirs: list[Path], pid: int) -> None:
     """
     for d in dirs:
         _write(d / "cgroup.procs", str(pid))
-
-
-if __name__ == "__main__":
-    _writer_main(sys.argv[1:])

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import signal
 import subprocess
@@ -56,7 +55,6 @@ from testbed.plan.speeds import (
     FOLLOW_POLL_S,
     FOLLOW_STEP,
     FOLLOW_WINDOW_S,
-    FOLLOW_WRITE_EVERY_S,
     ClusterSpeed,
     Speeds,
     check_fits,
@@ -389,22 +387,12 @@ class ClusterServers:
 
     def _follow(self, c: str, t0: float) -> None:
         """Cluster ``c``'s quota follower (:meth:`follow_quotas`); its writes wait for the start of
-        the group's CFS period, in a process of their own (:class:`testbed.core.cgroups.PeriodAlignedProcess`:
-        a write in mid-period would grant the period's quota twice)."""
-        try:
-            writer = cgroups.PeriodAlignedProcess(self.groups[c], cgroups.dilated_period_us(self.k) / 1e6)
-        except OSError as exc:
-            self.cap_error = self.cap_error or f"cluster {c}'s quota writer could not start: {exc}"
-            return
-        try:
-            self._follow_with(c, t0, writer)
-        finally:
-            writer.close()
-
-    def _follow_with(self, c: str, t0: float, writer: cgroups.PeriodAlignedProcess) -> None:
+        the group's CFS period (:class:`testbed.core.cgroups.PeriodAligned`: a write in mid-period
+        would grant the period's quota twice)."""
         # (poll s, snapshot s, CPU taken s, expected s, quota applied until then)
         w: deque[tuple[float, float, float, float, float]] = deque()
-        applied, written = self.speeds[c].quota_cores, -math.inf
+        applied = self.speeds[c].quota_cores
+        writer = cgroups.PeriodAligned(self.groups[c], cgroups.dilated_period_us(self.k) / 1e6)
         while self._following.is_set():
             time.sleep(FOLLOW_POLL_S)
             now = time.monotonic()
@@ -421,10 +409,10 @@ class ClusterServers:
             if got is None:
                 continue
             r, u, cores = got
-            if abs(cores - applied) > FOLLOW_STEP * applied and now - written >= FOLLOW_WRITE_EVERY_S:
+            if abs(cores - applied) > FOLLOW_STEP * applied:
                 try:
                     writer.set_cpu_quota(cores)
-                    applied, written = cores, now
+                    applied = cores
                 except cgroups.CgroupError as exc:
                     self.cap_error = self.cap_error or f"cluster {c}'s quota could not follow its calls: {exc}"
                     continue

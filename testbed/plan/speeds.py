@@ -52,8 +52,7 @@ when cold; s x the profile's handling per query; unpaced calls at their own CPU)
 :data:`FOLLOW_WINDOW_S` of the server's counters, divided by the quota's overrun u over the same
 window (what the group took past its quota: :func:`followed_quota`), so that a saturated cluster
 serves as many queries per second as the simulator's; the quota is written only when it changes
-by more than :data:`FOLLOW_STEP`, at most every :data:`FOLLOW_WRITE_EVERY_S`, as a CFS period
-starts.
+by more than :data:`FOLLOW_STEP`, as a CFS period starts.
 
 What is left is each model's residual factor, factor_m / s: 1 for a cluster of one model, the
 spread of its models' factors around s for a cluster of several (the simulator can take it:
@@ -130,10 +129,6 @@ OVERRUN_BOUND = 2.0
 #: CPU, :class:`testbed.core.cgroups.PeriodAligned`), so a write that changes nothing that matters
 #: would give that CPU away.
 FOLLOW_STEP = 0.02
-#: The shortest time (s of wall clock) between two writes of a followed quota, for the same reason
-#: (above k = 10 a sub-core cluster's quota is a few ms per 1 s period, about what a write forgives):
-#: the window's length, so that each write acts on a window of its own. Our choice.
-FOLLOW_WRITE_EVERY_S = FOLLOW_WINDOW_S
 
 
 def followed_quota_factor(taken_cpu_s: float, expected_cpu_s: float) -> float | None:
