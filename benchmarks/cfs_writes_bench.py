@@ -39,7 +39,7 @@ SPIN = textwrap.dedent("""
     def spin():
         while time.monotonic() < end:
             pass
-    ts = [threading.Thread(target=spin) for _ in range(2)]
+    ts = [threading.Thread(target=spin) for _ in range(int(sys.argv[2]))]
     for t in ts:
         t.start()
     for t in ts:
@@ -56,16 +56,18 @@ def _busy(stop: threading.Event) -> None:
         x += 1
 
 
-def measure(way: str, k: float, seconds: float, every_s: float = 1.5) -> float:
-    """The CPU the spinning process took over its quota's allowance, written ``way`` every ``every_s``."""
+def measure(way: str, k: float, seconds: float, every_s: float = 1.5, threads: int = 2) -> float:
+    """The CPU a process of ``threads`` spinning threads took over its quota's allowance (1.0 =
+    exact), in a group of :data:`CORES` at dilation ``k`` for ``seconds``, its quota written
+    ``way`` (one of :data:`WAYS`) every ``every_s``."""
     dirs = cgroups.create_limited_group(f"testbed-bench-writes-{os.getpid()}", CORES, 256, time_dilation=k)
     period_s = cgroups.dilated_period_us(k) / 1e6
     writer = cgroups.PeriodAligned(dirs, period_s)
     stop = threading.Event()
     if "busy" in way:
         threading.Thread(target=_busy, args=(stop,), daemon=True).start()
-    p = subprocess.Popen([sys.executable, "-c", SPIN, str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen([sys.executable, "-c", SPIN, str(seconds), str(threads)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
     try:
         p.stdout.readline()
         cgroups.add_process(dirs, p.pid)

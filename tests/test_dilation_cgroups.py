@@ -9,10 +9,10 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from bench_modules import load_benchmark
 
 from testbed.core import cgroups
 
@@ -139,52 +139,14 @@ def test_past_k_10_the_cluster_period_stays_within_the_kernels_second_with_the_q
     assert cgroups.cap_threads([], os.getpid(), 1.0) == 0
 
 
-#: Once told, spins until its wall-clock time is up, then prints the CPU time (s) it took meanwhile.
-SPIN = textwrap.dedent("""
-    import sys, time
-    print("READY", flush=True)
-    sys.stdin.readline()
-    cpu0, end = time.process_time(), time.monotonic() + float(sys.argv[1])
-    while time.monotonic() < end:
-        pass
-    print(time.process_time() - cpu0, flush=True)
-""")
-
-
-def _spin_under_rewrites(aligned: bool, name: str, period_s: float = 0.2, cores: float = 0.1,
-                         run_s: float = 2.4, every_s: float = 0.25) -> float:
-    """A CPU-bound process in a group of ``cores`` per ``period_s`` whose quota is written again
-    (the same value) every ``every_s``; returns its CPU time over what the quota allows."""
-    dirs = cgroups.create_limited_group(name, cores, 256, time_dilation=period_s / 0.1)
-    writer = cgroups.PeriodAligned(dirs, period_s)
-    p = subprocess.Popen([sys.executable, "-c", SPIN, str(run_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True)
-    try:
-        assert p.stdout.readline().strip() == "READY"
-        cgroups.add_process(dirs, p.pid)
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        while p.poll() is None:
-            time.sleep(every_s)
-            if aligned:
-                writer.set_cpu_quota(cores)
-            else:
-                cgroups.set_cpu_quota(dirs, cores)
-        cpu_s = float(p.stdout.read())
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        _remove(dirs)
-    return cpu_s / (run_s * cores * 0.1 / period_s)
-
-
 def test_quota_writes_at_the_period_start_grant_no_second_quota():
     """Writing a quota refills the group's runtime (kernel/sched/core.c, tg_set_cfs_bandwidth): in
     mid-period a throttled group gets the period's quota again; written as its period starts, next
     to nothing. Slower hosts only lower both ratios (the process gets less CPU, never more)."""
-    anywhere = _spin_under_rewrites(False, f"testbed-test-rewrite-{os.getpid()}")
-    aligned = _spin_under_rewrites(True, f"testbed-test-aligned-{os.getpid()}")
+    # one spinning thread in a 0.05-core group (0.1 core per 0.2 s period), rewritten every 0.25 s
+    bench = load_benchmark("cfs_writes_bench")
+    anywhere = bench.measure("anywhere", 2.0, 2.4, every_s=0.25, threads=1)
+    aligned = bench.measure("aligned", 2.0, 2.4, every_s=0.25, threads=1)
     assert anywhere > 1.5, anywhere  # 1.9-2.0 here: about one extra quota per write
     # 1.15-1.28 here: what the process took past its quota when it started (~1.1 with no write),
     # and the overshoot each write forgives
