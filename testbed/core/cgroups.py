@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from testbed.core.errors import RunFailure
@@ -163,13 +163,11 @@ class PeriodAligned:
     nothing to grant twice) is written after one period of waiting.
     """
 
-    def __init__(self, dirs: list[Path], period_s: float, step_s: float = 0.0005,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, dirs: list[Path], period_s: float, step_s: float = 0.0005) -> None:
         """``dirs``: a group made by :func:`create_limited_group`; ``period_s``: its CFS period (s,
         :func:`dilated_period_us` / 1e6); ``step_s``: how often (s) ``cpu.stat`` is read while a
-        period's end is due; ``clock``/``sleep``: the time source (s), replaceable in tests."""
+        period's end is due."""
         self.dirs, self.period_s, self.step_s = dirs, period_s, step_s
-        self.clock, self.sleep = clock, sleep
         self.last_start: float | None = None  # clock time a period was last seen to start
 
     def _periods(self) -> int | None:
@@ -178,10 +176,10 @@ class PeriodAligned:
     def _watch(self, until: float) -> bool:
         """Read ``nr_periods`` every :attr:`step_s` until it counts up (True) or ``until``."""
         n0 = self._periods()
-        while n0 is not None and self.clock() < until:
-            self.sleep(self.step_s)
+        while n0 is not None and time.monotonic() < until:
+            time.sleep(self.step_s)
             if self._periods() != n0:
-                self.last_start = self.clock()
+                self.last_start = time.monotonic()
                 return True
         return False
 
@@ -189,13 +187,13 @@ class PeriodAligned:
         """Return just after the group's next CFS period starts (True), or after a period and a
         little more without one (False: the group is idle, its period timer stopped)."""
         if self.last_start is not None:
-            now = self.clock()
+            now = time.monotonic()
             due = self.last_start + math.ceil((now - self.last_start) / self.period_s + 1e-9) * self.period_s
             if due - now > 0.003:
-                self.sleep(due - now - 0.003)
+                time.sleep(due - now - 0.003)
             if self._watch(due + 0.005):
                 return True
-        return self._watch(self.clock() + self.period_s + 0.005)
+        return self._watch(time.monotonic() + self.period_s + 0.005)
 
     def set_cpu_quota(self, cpu_cores: float | None) -> int:
         """:func:`set_cpu_quota`, written when :meth:`wait_period_start` returns.
