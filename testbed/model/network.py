@@ -16,7 +16,10 @@ link emulator's shaper, or HTB with its pfifo, see :mod:`testbed.emu.mininet_net
 * transfer: then its own frames (``ceil(n / MSS)`` frames of MSS + :data:`FRAME_OVERHEAD_BYTES`,
   MSS from the network's MTU, :func:`mss_of`)
   back to back at the full capacity C: in a FIFO, background frames that arrive meanwhile wait
-  behind the message, they do not share the link with it;
+  behind the message, they do not share the link with it. Along a path the frames are pipelined
+  (:func:`pipelined_ms`): each link stores and forwards one frame at a time, so the message pays
+  its first frame on every link and the rest once, at the slowest link, not the whole message per
+  link;
 * at rho >= 1 (the background alone fills the link) the shaper's FIFO is full: every frame waits
   ``queue_packets x L / C`` and the share ``1 - C / r`` of frames is dropped (:meth:`loss`).
 
@@ -76,6 +79,21 @@ def transfer_ms(nbytes: int, capacity_mbps: float, mss: int = MSS_BYTES) -> floa
     return wire_bytes(nbytes, mss) * 8 / (capacity_mbps * 1e3)
 
 
+def pipelined_ms(nbytes: int, capacities_mbps: Iterable[float], mss: int = MSS_BYTES) -> float:
+    """Time (ms) for a message of ``nbytes`` payload bytes to cross links of ``capacities_mbps``
+    (Mbit/s, in series; infinite ones cost nothing) with no delay or queueing: store-and-forward
+    per frame, pipelined, ``sum_i L / C_i + (W - L) / min_i C_i`` with W the message's
+    :func:`wire_bytes` and L its first frame's (exact for equal frames in FIFOs without other
+    traffic; e.g. Kurose and Ross, "Computer Networking", 1.4.1, store-and-forward transmission
+    of P packets over N links). One link: :func:`transfer_ms`."""
+    caps = [float(c) for c in capacities_mbps if math.isfinite(c)]
+    if not caps:
+        return 0.0
+    wire = wire_bytes(nbytes, mss)
+    first = min(wire, mss + FRAME_OVERHEAD_BYTES)
+    return (sum(first * 8 / (c * 1e3) for c in caps) + (wire - first) * 8 / (min(caps) * 1e3))
+
+
 def p_retransmit(loss_pct: float, nbytes: int, mss: int = MSS_BYTES) -> float:
     """Probability that at least one of the message's frames is lost, at ``loss_pct`` % per frame."""
     if loss_pct <= 0:
@@ -112,17 +130,19 @@ class LinkState:
         over = (1.0 - 1.0 / rho) * 100.0 if rho > 1.0 else 0.0
         return 100.0 - (100.0 - self.loss_pct) * (100.0 - over) / 100.0
 
-    def one_way_ms(self, nbytes: int, forward: bool) -> float:
-        """Time (ms) for a message of ``nbytes`` payload to cross the link one way (module doc)."""
-        c = self.capacity_mbps
+    def queue_ms(self, forward: bool) -> float:
+        """Mean wait (ms) behind background frames in one direction (module doc: M/D/1 while
+        rho < 1, the full FIFO at rho >= 1)."""
         rho = self.utilization(forward)
-        transfer = transfer_ms(nbytes, c, self.mss)
-        frame_ms = FULL_FRAME_BYTES * 8 / (c * 1e3)
+        frame_ms = FULL_FRAME_BYTES * 8 / (self.capacity_mbps * 1e3)
         if rho >= 1.0:
-            queue = self.queue_packets * frame_ms
-        else:
-            queue = rho / (2 * (1 - rho)) * frame_ms
-        return self.delay_ms + transfer + queue
+            return self.queue_packets * frame_ms
+        return rho / (2 * (1 - rho)) * frame_ms
+
+    def one_way_ms(self, nbytes: int, forward: bool) -> float:
+        """Time (ms) for a message of ``nbytes`` payload to cross the link one way (module doc):
+        delay, queueing and transfer."""
+        return self.delay_ms + self.queue_ms(forward) + transfer_ms(nbytes, self.capacity_mbps, self.mss)
 
 
 class LinkView:
@@ -233,13 +253,16 @@ class NetworkState:
                     parent[ra] = rb
         return {x: find(x) for x in parent}
 
-    def path_ms(self, path: Sequence[str], nbytes: int) -> float:
-        """One-way time (ms) of a message of ``nbytes`` along ``path`` (switch names, in order)."""
-        total = 0.0
+    def path_ms(self, path: Sequence[str], nbytes: int, host_mbps: Iterable[float] = ()) -> float:
+        """One-way time (ms) of a message of ``nbytes`` along ``path`` (switch names, in order):
+        each link's delay and queueing (:meth:`LinkState.queue_ms`), plus the message's frames
+        pipelined over the links and the host links of ``host_mbps`` (Mbit/s; :func:`pipelined_ms`)."""
+        total, caps = 0.0, list(host_mbps)
         for a, b in zip(path, path[1:], strict=False):
             lk = self.link(a, b)
-            total += lk.one_way_ms(nbytes, (lk.a, lk.b) == (a, b))
-        return total
+            total += lk.delay_ms + lk.queue_ms((lk.a, lk.b) == (a, b))
+            caps.append(lk.capacity_mbps)
+        return total + pipelined_ms(nbytes, caps, self.mss)
 
     def path_loss_pct(self, path: Sequence[str]) -> float:
         """Frame loss (%) along ``path``: 1 - prod(1 - loss of each link direction)."""
@@ -253,14 +276,14 @@ class NetworkState:
 def message_ms(net: NetworkState, path: Sequence[str], nbytes: int, host_mbps: tuple[float, float],
                per_hop_ms: float = 0.0) -> float:
     """One-way time (ms) of a message of ``nbytes`` payload bytes from a host at ``path[0]`` to a
-    host at ``path[-1]`` (switch names, in order): the switch links as they are now
-    (:meth:`NetworkState.path_ms`: delay, transfer, queueing behind background), plus its
-    transfer on the two host links of ``host_mbps`` (Mbit/s, first host then last; 0 ms delay),
-    plus ``per_hop_ms / 2`` per switch link (the simulator's calibration knob, 0 in the model).
-    The one formula of a query's network time: the simulator's per-message times and the plan's
-    zero-load feasibility (:func:`testbed.plan.checks.zero_load_feasibility`) both call it."""
-    host = transfer_ms(nbytes, host_mbps[0], net.mss) + transfer_ms(nbytes, host_mbps[1], net.mss)
-    return net.path_ms(path, nbytes) + host + (len(path) - 1) * per_hop_ms / 2
+    host at ``path[-1]`` (switch names, in order): the switch links as they are now and the two
+    host links of ``host_mbps`` (Mbit/s, first host then last; 0 ms delay), by
+    :meth:`NetworkState.path_ms` (delays, queueing behind background, the frames pipelined), plus
+    ``per_hop_ms / 2`` per switch link (the simulator's calibration knob, 0 in the model).
+    The one formula of a query's network time: the simulator's per-message times, the plan's
+    zero-load feasibility (:func:`testbed.plan.checks.zero_load_feasibility`) and the planned
+    transfer the emulation's excess is judged against (:mod:`testbed.plan.transfer`) all call it."""
+    return net.path_ms(path, nbytes, host_mbps) + (len(path) - 1) * per_hop_ms / 2
 
 
 #: A span of a run without a route, (from_s, to_s), s since the load started; to_s may be inf.
@@ -373,5 +396,5 @@ def path_cut(spans: Sequence[Span], t_from_s: float, t_to_s: float) -> bool:
 
 __all__ = ["DEFAULT_MTU", "DEFAULT_QUEUE_PACKETS", "FRAME_OVERHEAD_BYTES", "FULL_FRAME_BYTES", "IP_TCP_HEADER_BYTES",
            "MSS_BYTES", "TCP_RTO_MIN_MS", "LinkState", "LinkView", "NetworkState", "Span", "frames", "mss_of",
-           "RttStep", "message_ms", "no_route_spans", "p_retransmit", "path_cut", "path_rtt_ms", "rtt_at",
-           "rtt_timeline", "transfer_ms", "wire_bytes"]
+           "RttStep", "message_ms", "no_route_spans", "p_retransmit", "pipelined_ms", "path_cut", "path_rtt_ms",
+           "rtt_at", "rtt_timeline", "transfer_ms", "wire_bytes"]

@@ -2,8 +2,8 @@
 answer, as the simulator models it, so that what an emulation measures above it is the host's.
 
 A query's ``network_ms - expected_rtt_ms`` (its network excess) is, in the simulator, the transfer of
-the request and of the answer on every switch link of the path and on the two host links
-(:func:`testbed.model.network.transfer_ms`, frames back to back at the link's capacity), plus the
+the request and of the answer over the switch links of the path and the two host links
+(:func:`testbed.model.network.pipelined_ms`, frames pipelined along the path), plus the
 experiment's ``simulation.per_hop_ms`` per link and direction and ``simulation.overhead_ms`` per
 query (both 0 by default), with no background traffic. In an emulation the same query also pays
 the emulator's own forwarding (Open vSwitch, link emulators, the kernel) and its waits for a CPU:
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from testbed.model.network import DEFAULT_MTU, mss_of, transfer_ms
+from testbed.model.network import DEFAULT_MTU, mss_of, pipelined_ms
 
 
 class TransferTable:
@@ -58,7 +58,7 @@ class TransferTable:
         links, host_s, host_c = got
         total = self.overhead_ms + 2 * len(links) * self.per_hop_ms / 2
         for nbytes in (int(request_bytes), int(response_bytes)):
-            total += sum(transfer_ms(nbytes, c, self.mss) for c in (*links, host_s, host_c) if math.isfinite(c))
+            total += pipelined_ms(nbytes, (host_s, *links, host_c), self.mss)
         return total
 
 
