@@ -92,6 +92,14 @@ OVS_SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 #: latency-sensitive servers commonly run (Grigorik, High Performance Browser Networking, ch. 2,
 #: "Slow-Start Restart").
 TCP_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": 0}
+#: The congestion control of every emulated host's route (``ip route ... congctl``). Back to back
+#: also means an unpaced sender: CUBIC (RFC 9438; Linux's default since 2.6.19). A new namespace
+#: inherits the machine's default, and a namespace other than the first may set its default only
+#: to one of ``tcp_allowed_congestion_control`` (EPERM otherwise), so the route carries it. BBR,
+#: which some machines set, paces each message at its bandwidth estimate (Cardwell et al., "BBR:
+#: Congestion-Based Congestion Control", ACM Queue 14(5), 2016): a share of the RTT per message
+#: that the model has not.
+TCP_CONGESTION_CONTROL = "cubic"
 #: SCHED_FIFO priority of the forwarding processes (link emulators, shards' ovs-vswitchd); 0: nice -10
 #: only. netem works in softirq, ahead of every process; this is its user-space counterpart. Measured
 #: on Gabriel 100 (20 shards) while other jobs kept both cores busy (load 3): RTT self-check error
@@ -459,18 +467,19 @@ class Emulation:
 
     def _configure_hosts(self, hosts: list[tuple]) -> None:
         """Per host, in one shell round trip each and all hosts at once: its address, its permanent
-        neighbours (:meth:`_neighbour_batch`), TCP's congestion window kept across idle periods
+        neighbours (:meth:`_neighbour_batch`), TCP's window kept across idle periods
         (:data:`TCP_SYSCTLS`) and, for a plan host, HTB on its own end (switch ports are shaped
-        once OVS has them). Under time dilation k its route carries TCP's minimum RTO x k
+        once OVS has them). Its route carries TCP's congestion control
+        (:data:`TCP_CONGESTION_CONTROL`) and, under time dilation k, TCP's minimum RTO x k
         (:func:`testbed.plan.dilation.rto_min_ms`)."""
         sent = []
         clock = wall_clock(self.plan)
         for node, intf, ip, rate in hosts:
-            cmds = [["ip", "addr", "add", f"{ip}/8", "dev", intf]]
-            if clock.dilated:
-                net = ipaddress.ip_interface(f"{ip}/8").network
-                cmds.append(["ip", "route", "replace", str(net), "dev", intf, "proto", "kernel", "scope", "link",
-                             "src", ip, "rto_min", f"{rto_min_ms(clock):g}ms"])
+            net = ipaddress.ip_interface(f"{ip}/8").network
+            rto = ["rto_min", f"{rto_min_ms(clock):g}ms"] if clock.dilated else []
+            cmds = [["ip", "addr", "add", f"{ip}/8", "dev", intf],
+                    ["ip", "route", "replace", str(net), "dev", intf, "proto", "kernel", "scope", "link",
+                     "src", ip, *rto, "congctl", TCP_CONGESTION_CONTROL]]
             cmds.append(["ip", "-batch", str(self._neighbour_batch(node.name, intf))])
             cmds += [["sysctl", "-q", "-w", f"{key}={value}"] for key, value in TCP_SYSCTLS.items()]
             cmds += htb_commands(intf, rate) if rate is not None else []
