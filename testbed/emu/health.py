@@ -428,7 +428,8 @@ class HealthWatch(threading.Thread):
             how = ((f"is missing at the controller with no planned event holding it down (lost again, or not "
                     f"rediscovered by LLDP within {LINK_UP_GRACE_S:g} s, wall clock, of its planned link_up)")
                    if key in self.links.brought_up else
-                   "went down without a planned event (the controller lost it: port down or LLDP timeout)")
+                   "went down without a planned event (the controller lost it: its port went down, or a switch "
+                   "disconnected)")
             inc = self._incident(f"{a}-{b}" + (f" ({emu})" if emu else ""), "network link", None,
                                  how + "; traffic is rerouted, so the run no longer measures the planned network",
                                  False, None, fault="link_down")

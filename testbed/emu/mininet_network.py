@@ -92,6 +92,13 @@ OVS_SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 #: latency-sensitive servers commonly run (Grigorik, High Performance Browser Networking, ch. 2,
 #: "Slow-Start Restart").
 TCP_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": 0}
+#: Each switch's controller connection (``ovs-vsctl set controller``): out of band, reconnecting
+#: within 1 s, and no inactivity probe. Open vSwitch's default probe (5 s) disconnects a switch
+#: whose controller has not answered within 5 s; on backbone/americas (1,138 switches, load
+#: average 92) it disconnected hundreds, each a reroute around a switch that never failed. The
+#: controller is local: its death closes the connections at once (and the run's health watch
+#: reports it, ``testbed.emu.health``).
+CONTROLLER_SETTINGS = ("connection_mode=out-of-band", "max_backoff=1000", "inactivity_probe=0")
 #: The congestion control of every emulated host's route (``ip route ... congctl``). Back to back
 #: also means an unpaced sender: CUBIC (RFC 9438; Linux's default since 2.6.19). A new namespace
 #: inherits the machine's default, and a namespace other than the first may set its default only
@@ -548,7 +555,7 @@ class Emulation:
                          "protocols=OpenFlow13", f"other_config:datapath-id={dpid[sw]:016x}",
                          "other_config:disable-in-band=true", f"external_ids:testbed_run={run_id}",
                          "--", "set-controller", sw, f"tcp:{CONTROLLER_IP}:{of_port}",
-                         "--", "set", "controller", sw, "connection_mode=out-of-band", "max_backoff=1000"]
+                         "--", "set", "controller", sw, *CONTROLLER_SETTINGS]
                 for port in ports_of.get(sw, []):
                     args += ["--", "add-port", sw, port, "--", "set", "interface", port,
                              f"ofport_request={port.rsplit('-eth', 1)[1]}"]
@@ -694,7 +701,7 @@ class Emulation:
         args: list[str] = []
         for s in self.plan.switches:
             args += ["--", "set-controller", s.name, f"tcp:127.0.0.1:{of_port}",
-                     "--", "set", "controller", s.name, "connection_mode=out-of-band", "max_backoff=1000"]
+                     "--", "set", "controller", s.name, *CONTROLLER_SETTINGS]
         _sh(["ovs-vsctl", "--timeout=30", *args], "connecting the switches to the controller")
 
     def nudge_switches(self) -> None:
