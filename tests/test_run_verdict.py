@@ -12,8 +12,10 @@ import io
 import json
 import os
 import shutil
+import statistics
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from rich.console import Console
 
@@ -21,6 +23,7 @@ from testbed.core.errors import EXIT_ALL_FAILED, EXIT_BRINGUP, EXIT_COMPONENT_DI
 from testbed.emu.context import EmulationOutcome
 from testbed.emu.health import RunRecord
 from testbed.plan.build import plan_experiment
+from testbed.plan.transfer import dilation_figures, host_share_ms
 from testbed.results.html_report import build_report, run_status
 from testbed.results.render import _headline
 from testbed.results.runs import finish_emulation, run_simulation, summarise_run
@@ -152,6 +155,22 @@ def test_k_is_too_small_when_the_host_adds_more_than_twice_auto_s_target_to_the_
     got = dilation_check(4, 2.1, 5.0, CPU_OK)
     assert got["too_small"] and "2.10 ms" in got["reasons"][0]
     assert not dilation_check(4, 7.9, 40.0, CPU_OK)["too_small"]  # 20 % of a 40 ms planned network time
+
+
+def test_the_hosts_share_leaves_out_queries_that_opened_a_connection(simulated):
+    plan_doc = json.loads((simulated / "plan.json").read_text())
+    rows = [r for r in pd.read_csv(simulated / "records.csv").to_dict("records") if r["http_status"] == 200]
+    rows = rows[:len(rows) // 2 * 2]
+    base, planned, n = dilation_figures(plan_doc, rows)
+    assert n == len(rows) >= 10 and base is not None and planned is not None
+    # a handshake's round trip more on half of them, marked cold as either engine writes it
+    slow = [dict(r, network_ms=r["network_ms"] + 50.0, cold=(1 if i % 4 == 1 else True)) for i, r in enumerate(rows)]
+    mixed = [s if i % 2 else r for i, (r, s) in enumerate(zip(rows, slow, strict=True))]
+    share, planned_mixed, judged = dilation_figures(plan_doc, mixed)
+    assert judged == len(rows) // 2 and planned_mixed == planned
+    assert share == pytest.approx(statistics.median(host_share_ms(plan_doc, rows[::2])))
+    unmarked = [dict(r, cold=0) for r in mixed]  # the same rows, not marked: the handshakes count
+    assert dilation_figures(plan_doc, unmarked)[0] > share + 1.0
 
 
 def test_k_is_too_small_when_the_emulation_was_short_of_cpu_or_open_vswitch_saturated():

@@ -13,9 +13,9 @@ It measures, on this machine now:
   :mod:`testbed.emu.machine`), over the load's window; a query's path length is in these figures
   (a longer path costs more Open vSwitch and link emulator CPU), and is printed as CPU per
   switch link;
-- the host's share of the network time: per answered query, ``network_ms - expected_rtt_ms`` minus
-  the planned transfer the simulator models (:func:`testbed.plan.transfer.host_share_ms`), p50,
-  in emulated ms.
+- the host's share of the network time: per answered query on an open connection, ``network_ms -
+  expected_rtt_ms`` minus the planned transfer the simulator models
+  (:func:`testbed.plan.transfer.host_share_ms`), p50, in emulated ms.
 
 Before the warm-ups the machine's other jobs are sampled for :data:`MACHINE_SAMPLE_S` s
 (:func:`measure_machine`): CPU of processes niced above this one counts as available (they yield:
@@ -92,7 +92,7 @@ from testbed.emu.machine import (
 from testbed.emu.source import CANNOT_REACH
 from testbed.plan.build import Plan
 from testbed.plan.dilation import with_time_dilation
-from testbed.plan.transfer import TransferTable, host_share_ms
+from testbed.plan.transfer import TransferTable, dilation_figures
 from testbed.spec.experiment import MAX_TIME_DILATION
 
 #: The host's share of the network time p50 auto aims under (ms), or this share of the planned
@@ -115,7 +115,8 @@ MAX_WARMUPS = 4
 LOWER_MARGIN = 1.5
 #: How long (s) other jobs' CPU is sampled before the warm-ups.
 MACHINE_SAMPLE_S = 1.0
-#: Fewer answered queries than this and a warm-up's network figure is not judged (its CPU is).
+#: Fewer answered queries on open connections than this and a warm-up's network figure is not
+#: judged (its CPU is).
 MIN_ANSWERED = 20
 #: The inference servers' role (:data:`testbed.emu.machine.CPU_ROLES`).
 SERVER_ROLE = "inference servers"
@@ -338,18 +339,14 @@ def read_warmup(run_dir: Path, k: float, wall_s: float = 0.0) -> Warmup:
     cpu, _ = machine_cpu_of_run(run_dir, lo, hi)
     ans = df[pd.to_numeric(df["http_status"], errors="coerce") == 200]
     rows = ans.to_dict("records")
-    share = host_share_ms(plan_doc, rows)
+    host_ms, planned_ms, judged = dilation_figures(plan_doc, rows)
     table = TransferTable(plan_doc)
-    planned = [float(r["expected_rtt_ms"]) + table.transfer_ms(str(r["source"]), str(r["cluster"]),
-                                                               float(r["request_bytes"]), float(r["response_bytes"]))
-               for r in rows]
-    planned = [x for x in planned if math.isfinite(x)]
     hops = [table.hops(str(r["source"]), str(r["cluster"])) or 0 for r in rows]
     ok = (df["outcome"] == "success").sum() if "outcome" in df else 0
     return Warmup(k=k, queries=len(df), answered=len(ans), window_s=cpu.window_s if cpu else 0.0,
                   role_cores=dict(cpu.by_role) if cpu else {},
-                  host_ms=float(np.median(share)) if len(share) >= MIN_ANSWERED else None,
-                  planned_network_ms=float(np.median(planned)) if planned else None,
+                  host_ms=host_ms if judged >= MIN_ANSWERED else None,
+                  planned_network_ms=planned_ms,
                   hops=float(np.mean(hops)) if hops else 0.0, success=float(ok) / len(df),
                   run_dir=str(run_dir), wall_s=round(wall_s, 1))
 

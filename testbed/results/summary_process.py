@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 from testbed.core.util import write_json_atomic
+from testbed.plan.transfer import dilation_figures
 from testbed.results.figures import _plan_doc, answered
 from testbed.results.pcap_analysis import analyze_run
 from testbed.results.record_files import read_records
 from testbed.results.summary import summarize
-from testbed.results.verdict import dilation_check, dilation_figures
+from testbed.results.verdict import dilation_check
 
 
 def summarise(run_dir: Path, duration_s: float, timings: dict[str, float], capture: bool) -> dict:
@@ -40,7 +41,7 @@ def summarise(run_dir: Path, duration_s: float, timings: dict[str, float], captu
     if measured and s.get("queries"):
         merged = run_dir / "records.parquet"
         rows = answered(read_records(merged if merged.exists() else run_dir / "records.csv")).to_dict("records")
-        host, planned = dilation_figures(_plan_doc(run_dir) or {}, rows)
+        host, planned, _ = dilation_figures(_plan_doc(run_dir) or {}, rows)
         s["dilation_check"] = dilation_check(float(s.get("time_dilation", 1.0)), host, planned,
                                              s.get("machine_cpu") or {})
     write_json_atomic(run_dir / "summary.json", s, indent=2)

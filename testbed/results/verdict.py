@@ -13,10 +13,11 @@ records.
 **Too small a k** (:func:`dilation_check`; docs/dilation.md, "Too small a k"). A run's own
 measurements say its time dilation k was too small, whatever k it was (1 included), when any of:
 
-1. the network: the host's share of the network time (per answered query ``network_ms -
-   expected_rtt_ms`` minus the planned transfer, :func:`testbed.plan.transfer.host_share_ms`) has
-   a p50 above :data:`UNDERSIZED_HOST_MS` and above :data:`UNDERSIZED_HOST_SHARE` of the planned
-   network time's p50: twice what ``auto`` aims at (:func:`testbed.emu.autodilate.excess_target_ms`);
+1. the network: the host's share of the network time (per answered query on an open connection
+   ``network_ms - expected_rtt_ms`` minus the planned transfer,
+   :func:`testbed.plan.transfer.host_share_ms`) has a p50 above :data:`UNDERSIZED_HOST_MS` and
+   above :data:`UNDERSIZED_HOST_SHARE` of the planned network time's p50: twice what ``auto``
+   aims at (:func:`testbed.emu.autodilate.excess_target_ms`);
 2. the CPU: the emulation's own processes and its servers used at least
    :data:`UNDERSIZED_CPU_SHARE` of the cores available to it over the load (the machine's cores
    less other jobs' that are not niced and the hypervisor's steal, at least the CFS fair share:
@@ -37,12 +38,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.core.util import REPO_ROOT
 from testbed.emu.autodilate import Machine
-from testbed.plan.transfer import TransferTable, host_share_ms
 
 #: The "too small a k" thresholds (module docstring).
 UNDERSIZED_HOST_MS = 2.0
@@ -136,22 +134,6 @@ def summarise_in_child(run_dir: Path, duration_s: float, timings: dict[str, floa
 
 # ----------------------------------------------------------------------------- too small a k
 
-def dilation_figures(plan_doc: dict, rows: list[dict]) -> tuple[float | None, float | None]:
-    """(p50 of the host's share of the network time, p50 of the planned network time: RTT + the
-    planned transfer), ms, over the answered queries of ``rows`` (records as dicts); None without one."""
-    share = host_share_ms(plan_doc, rows)
-    table = TransferTable(plan_doc)
-    planned = []
-    for r in rows:
-        try:
-            planned.append(float(r["expected_rtt_ms"]) + table.transfer_ms(
-                str(r["source"]), str(r["cluster"]), float(r["request_bytes"]), float(r["response_bytes"])))
-        except (KeyError, TypeError, ValueError):
-            continue
-    planned = [x for x in planned if np.isfinite(x)]
-    return (float(np.median(share)) if share else None), (float(np.median(planned)) if planned else None)
-
-
 def dilation_check(k: float, host_p50_ms: float | None, planned_p50_ms: float | None, machine_cpu: dict) -> dict:
     """The module docstring's rule on a run's figures: ``too_small`` (bool), ``reasons`` (one
     sentence per criterion met), ``figures`` and ``rule``. ``machine_cpu``: ``summary.json``'s
@@ -204,5 +186,5 @@ def dilation_warning(check: dict) -> str | None:
             "testbed run --strict exits 3 on this.")
 
 
-__all__ = ["SUMMARY_MODULE", "SummaryFailed", "dilation_check", "dilation_figures", "dilation_warning",
+__all__ = ["SUMMARY_MODULE", "SummaryFailed", "dilation_check", "dilation_warning",
            "measured_verdict", "summarise_in_child"]
