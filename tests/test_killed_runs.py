@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed.emu.cleanup import killed_run_line, mark_killed_runs, process_gone, process_identity
+from testbed.emu.cleanup import (
+    killed_run_line,
+    mark_killed_runs,
+    process_gone,
+    process_identity,
+    remove_orphan_groups,
+)
 
 NOW = datetime(2026, 12, 2, 18, 0, 0)
 
@@ -122,3 +128,16 @@ def test_a_run_json_that_cannot_be_rewritten_is_an_error(tmp_path, dead, monkeyp
     with pytest.raises(RunFailure, match="cannot mark a killed earlier run: .*run.json: No space left on device"):
         bringup._clean_up_earlier_runs("next", tmp_path / "next", None)
     assert _json(d)["status"] == "running"
+
+
+def test_cleanup_removes_the_empty_groups_of_gone_processes_only(tmp_path):
+    gone = 2**22 + 12345  # above pid_max's largest value (2^22): no such process
+    for ctrl in ("cpu", "memory"):
+        (tmp_path / ctrl / f"aset-profile-{gone}-litert-0p5").mkdir(parents=True)
+        (tmp_path / ctrl / f"testbed-speedtest-{os.getpid()}").mkdir()  # its process lives
+        (tmp_path / ctrl / f"someone-else-{gone}").mkdir()  # not ours
+    (tmp_path / "cpu" / f"testbed-speedtest-{gone}" / "busy").mkdir(parents=True)  # not empty: EBUSY-like
+    assert remove_orphan_groups(root=tmp_path) == 2
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/*"))
+    assert left == [f"cpu/someone-else-{gone}", f"cpu/testbed-speedtest-{gone}", f"cpu/testbed-speedtest-{os.getpid()}",
+                    f"memory/someone-else-{gone}", f"memory/testbed-speedtest-{os.getpid()}"]

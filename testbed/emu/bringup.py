@@ -43,6 +43,7 @@ from testbed.emu.cleanup import (
     read_state,
     remove_control_dirs,
     remove_leftovers,
+    remove_orphan_groups,
     write_state,
 )
 from testbed.emu.dynamics import PATH_KINDS, Dynamics, write_controller_events
@@ -233,7 +234,7 @@ def _clean_up_earlier_runs(run_id: str, run_dir: Path, console: Console) -> None
         RunFailure: (exit code 3) a killed run's ``run.json`` cannot be rewritten.
     """
     state = read_state()
-    left = remove_leftovers() + remove_control_dirs()
+    left = remove_leftovers() + remove_control_dirs() + remove_orphan_groups()
     if left:
         console.print(f"removed {left} leftover item(s) of an earlier run")
     try:

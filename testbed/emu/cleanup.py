@@ -13,7 +13,9 @@ inherits the environment variable ``TESTBED_RUN_ID=<id>``. :func:`cleanup` then 
 * root-namespace interfaces named in the state file that still exist;
 * our cgroups (``testbed-<id>-*``);
 * the runs' link-emulator control folders (``/run/aset-testbed/ctl-*``, with the lock held: no run
-  is under way), as the next run's bring-up does.
+  is under way), as the next run's bring-up does;
+* empty cgroups named after a process that is gone (:data:`PID_GROUPS`: the profiler's, and the
+  tests' that measure speed), which a killed profile or test leaves behind.
 
 Nothing else is touched: no ``mn -c``. A lock (``flock``) keeps two runs from overlapping.
 
@@ -33,6 +35,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -51,6 +54,11 @@ STATE_FILE = STATE_DIR / "state.json"
 LOCK_FILE = STATE_DIR / "lock"
 RUN_ENV = "TESTBED_RUN_ID"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+#: Our cgroups named after the process that made them (group 1: its pid): ``aset-profile-<pid>-...``
+#: (:mod:`testbed.serve.profiler`) and ``testbed-speedtest-<pid>`` (the tests).
+PID_GROUPS = re.compile(r"^(?:aset-profile|testbed-speedtest)-(\d+)(?:-|$)")
 
 
 class RunLockedError(RunFailure):
@@ -178,6 +186,28 @@ def remove_control_dirs(verbose: bool = False) -> int:
     return n
 
 
+def remove_orphan_groups(verbose: bool = False, root: Path = CGROUP_ROOT) -> int:
+    """Remove the empty cgroups of :data:`PID_GROUPS` whose process is gone, under every controller
+    of ``root`` (cgroup v1: ``cpu``, ``memory``, ...; v2: the root itself). Returns how many; a group
+    that still holds a task, or whose process lives, is left alone."""
+    n = 0
+    for parent in [root, *(d for d in root.iterdir() if d.is_dir())] if root.is_dir() else []:
+        for g in parent.iterdir():
+            m = PID_GROUPS.match(g.name)
+            if m is None or not g.is_dir() or Path(f"/proc/{m.group(1)}").exists():
+                continue
+            try:
+                for child in g.glob("t[0-9]*"):
+                    child.rmdir()
+                g.rmdir()  # EBUSY while a task is in it
+            except OSError:
+                continue
+            n += 1
+            if verbose:
+                print(f"removed cgroup {g} (its process {m.group(1)} is gone)")
+    return n
+
+
 def cleanup(verbose: bool = False) -> int:
     """Remove leftovers of earlier runs named in the state file. Returns how many items were removed.
 
@@ -189,7 +219,7 @@ def cleanup(verbose: bool = False) -> int:
     fd = acquire_lock()
     try:
         state = read_state()
-        removed = remove_leftovers(verbose) + remove_control_dirs(verbose)
+        removed = remove_leftovers(verbose) + remove_control_dirs(verbose) + remove_orphan_groups(verbose)
         for run_dir in mark_killed_runs(None, "testbed cleanup", state):
             if verbose:
                 print(killed_run_line(run_dir))
