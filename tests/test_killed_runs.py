@@ -138,6 +138,6 @@ def test_cleanup_removes_the_empty_groups_of_gone_processes_only(tmp_path):
         (tmp_path / ctrl / f"someone-else-{gone}").mkdir()  # not ours
     (tmp_path / "cpu" / f"testbed-speedtest-{gone}" / "busy").mkdir(parents=True)  # not empty: EBUSY-like
     assert remove_orphan_groups(root=tmp_path) == 2
-    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/*"))
-    assert left == [f"cpu/someone-else-{gone}", f"cpu/testbed-speedtest-{gone}", f"cpu/testbed-speedtest-{os.getpid()}",
-                    f"memory/someone-else-{gone}", f"memory/testbed-speedtest-{os.getpid()}"]
+    left = {str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/*")}
+    assert left == {f"cpu/someone-else-{gone}", f"cpu/testbed-speedtest-{gone}", f"cpu/testbed-speedtest-{os.getpid()}",
+                    f"memory/someone-else-{gone}", f"memory/testbed-speedtest-{os.getpid()}"}
