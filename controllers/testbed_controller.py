@@ -75,8 +75,8 @@ import testbed.model.routing as routing
 Switches.LLDP_SEND_GUARD = 0.001
 #: ``ryu.topology`` also deletes a link whose LLDP went unanswered more than ``LINK_LLDP_DROP`` (5)
 #: times. The testbed fails a link only by taking its carrier down, which arrives as port status
-#: (deleted at once, above); LLDP silence is the machine's starvation, not a failure: on
-#: backbone/americas (1,138 switches, load average 92) it deleted a link 50 s into the load. Off.
+#: (deleted at once, above); LLDP unanswered is a starved controller or switch (a large network
+#: on a small machine), not a failure. Off.
 Switches.LINK_LLDP_DROP = 2**62
 LLDP_PERIOD_RUNNING_S = float(os.environ.get("TESTBED_LLDP_PERIOD_S", "10"))
 #: After a port comes back up its LLDP probe is sent again at these times (s after its port

@@ -107,9 +107,8 @@ WARMUP_MIN_QUERIES = 50
 WARMUP_MIN_WALL_S = 5.0
 WARMUP_MAX_WALL_S = 15.0
 #: At most this many warm-ups per choice: enough for a first guess too small (it asks for much
-#: more), the larger k (it carries, asking for less), and two steps down to the smallest k that
-#: carries. On scenario-overload three stopped at 3 -> 18 -> 7 (7 asking 9.4), so auto ran at 18,
-#: above k = 10 where the kernel enforces a sub-core quota loosely (docs/dilation.md).
+#: more), the larger k (it carries, asking for less), and two steps down towards the smallest k
+#: that carries; above k = 10 the kernel enforces a sub-core quota loosely (docs/dilation.md).
 MAX_WARMUPS = 4
 #: A warm-up that carried its k asks for a smaller one only below k / this.
 LOWER_MARGIN = 1.5

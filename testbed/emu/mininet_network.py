@@ -94,8 +94,8 @@ OVS_SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 TCP_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": 0}
 #: Each switch's controller connection (``ovs-vsctl set controller``): out of band, reconnecting
 #: within 1 s, and no inactivity probe. Open vSwitch's default probe (5 s) disconnects a switch
-#: whose controller has not answered within 5 s; on backbone/americas (1,138 switches, load
-#: average 92) it disconnected hundreds, each a reroute around a switch that never failed. The
+#: whose controller has not answered within 5 s, which a starved controller of a large network
+#: does not, and each disconnection is a reroute around a switch that never failed. The
 #: controller is local: its death closes the connections at once (and the run's health watch
 #: reports it, ``testbed.emu.health``).
 CONTROLLER_SETTINGS = ("connection_mode=out-of-band", "max_backoff=1000", "inactivity_probe=0")

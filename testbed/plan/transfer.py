@@ -76,8 +76,7 @@ def host_share_ms(plan_doc: dict, rows: Iterable[dict]) -> list[float]:
     :meth:`TransferTable.transfer_ms` (ms; the emulator's own share). Rows without those figures
     are left out, and so are cold ones (:func:`opened_a_connection`): a new connection's handshake,
     and its first window for a request of more than 10 segments (RFC 6928), cost round trips that
-    the model has not and that no dilation removes (in an overloaded warm-up half the answered
-    queries opened one)."""
+    the model has not and that no dilation removes (a short warm-up under overload opens many)."""
     table = TransferTable(plan_doc)
     out = []
     for r in rows:
