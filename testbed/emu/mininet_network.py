@@ -97,7 +97,9 @@ TCP_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": 0}
 #: whose controller has not answered within 5 s, which a starved controller of a large network
 #: does not, and each disconnection is a reroute around a switch that never failed. The
 #: controller is local: its death closes the connections at once (and the run's health watch
-#: reports it, ``testbed.emu.health``).
+#: reports it, ``testbed.emu.health``). Open vSwitch 3.1 opens the connection with a 5 s probe
+#: all the same and applies this one at the bridge's next reconfiguration after it is up
+#: (ofproto/connmgr.c, ``ofservice_create``): a starved shard can be disconnected before.
 CONTROLLER_SETTINGS = ("connection_mode=out-of-band", "max_backoff=1000", "inactivity_probe=0")
 #: The congestion control of every emulated host's route (``ip route ... congctl``). Back to back
 #: also means an unpaced sender: CUBIC (RFC 9438; Linux's default since 2.6.19). A new namespace
