@@ -186,6 +186,18 @@ def remove_control_dirs(verbose: bool = False) -> int:
     return n
 
 
+def _remove_group(p: Path) -> bool:
+    """Remove cgroup ``p`` and its per-thread groups (``t<n>``, a dilated cluster's:
+    :mod:`testbed.core.cgroups`); False when the kernel refuses (EBUSY: a task is still in it)."""
+    try:
+        for child in p.glob("t[0-9]*"):
+            child.rmdir()
+        p.rmdir()
+    except OSError:
+        return False
+    return True
+
+
 def remove_orphan_groups(verbose: bool = False, root: Path = CGROUP_ROOT) -> int:
     """Remove the empty cgroups of :data:`PID_GROUPS` whose process is gone, under every controller
     of ``root`` (cgroup v1: ``cpu``, ``memory``, ...; v2: the root itself). Returns how many; a group
@@ -196,11 +208,7 @@ def remove_orphan_groups(verbose: bool = False, root: Path = CGROUP_ROOT) -> int
             m = PID_GROUPS.match(g.name)
             if m is None or not g.is_dir() or Path(f"/proc/{m.group(1)}").exists():
                 continue
-            try:
-                for child in g.glob("t[0-9]*"):
-                    child.rmdir()
-                g.rmdir()  # EBUSY while a task is in it
-            except OSError:
+            if not _remove_group(g):
                 continue
             n += 1
             if verbose:
@@ -271,16 +279,10 @@ def remove_leftovers(verbose: bool = False) -> int:
                 print(f"removed interface {name}")
     for cg in state.get("cgroups", []):
         p = Path(cg)
-        if p.is_dir() and p.name.startswith("testbed-"):
-            try:
-                for child in p.glob("t[0-9]*"):  # per-thread groups of a dilated cluster (testbed.core.cgroups)
-                    child.rmdir()
-                p.rmdir()
-                removed += 1
-                if verbose:
-                    print(f"removed cgroup {p}")
-            except OSError:
-                pass
+        if p.is_dir() and p.name.startswith("testbed-") and _remove_group(p):
+            removed += 1
+            if verbose:
+                print(f"removed cgroup {p}")
     STATE_FILE.unlink(missing_ok=True)
     return removed
 

@@ -280,9 +280,10 @@ def message_ms(net: NetworkState, path: Sequence[str], nbytes: int, host_mbps: t
     host links of ``host_mbps`` (Mbit/s, first host then last; 0 ms delay), by
     :meth:`NetworkState.path_ms` (delays, queueing behind background, the frames pipelined), plus
     ``per_hop_ms / 2`` per switch link (the simulator's calibration knob, 0 in the model).
-    The one formula of a query's network time: the simulator's per-message times, the plan's
-    zero-load feasibility (:func:`testbed.plan.checks.zero_load_feasibility`) and the planned
-    transfer the emulation's excess is judged against (:mod:`testbed.plan.transfer`) all call it."""
+    The one formula of a query's network time: the simulator's per-message times and the plan's
+    zero-load feasibility (:func:`testbed.plan.checks.zero_load_feasibility`) both call it; the
+    planned transfer the emulation's excess is judged against (:mod:`testbed.plan.transfer`, from
+    a plan document, without link state) calls its transfer part, :func:`pipelined_ms`."""
     return net.path_ms(path, nbytes, host_mbps) + (len(path) - 1) * per_hop_ms / 2
 
 

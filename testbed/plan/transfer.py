@@ -69,6 +69,37 @@ def opened_a_connection(row: dict) -> bool:
     return str(row.get("cold", "")).strip().lower() in ("1", "1.0", "true")
 
 
+def _planned_ms(table: TransferTable, r: dict) -> float | None:
+    """A record's planned network time (ms): ``expected_rtt_ms`` + :meth:`TransferTable.transfer_ms`;
+    None when a figure is missing or not finite."""
+    try:
+        x = float(r["expected_rtt_ms"]) + table.transfer_ms(str(r["source"]), str(r["cluster"]),
+                                                            float(r["request_bytes"]), float(r["response_bytes"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _shares_and_planned(plan_doc: dict, rows: Iterable[dict]) -> tuple[list[float], list[float]]:
+    """(:func:`host_share_ms` of ``rows``, their planned network times), in one pass."""
+    table = TransferTable(plan_doc)
+    share, planned = [], []
+    for r in rows:
+        p = _planned_ms(table, r)
+        if p is None:
+            continue
+        planned.append(p)
+        if opened_a_connection(r):
+            continue
+        try:
+            x = float(r["network_ms"]) - p
+        except (KeyError, TypeError, ValueError):
+            continue
+        if math.isfinite(x):
+            share.append(x)
+    return share, planned
+
+
 def host_share_ms(plan_doc: dict, rows: Iterable[dict]) -> list[float]:
     """Per answered query of ``rows`` (records as dicts: ``source``, ``cluster``, ``network_ms``,
     ``expected_rtt_ms``, ``request_bytes``, ``response_bytes``, ``cold``; ms) on a connection
@@ -77,21 +108,7 @@ def host_share_ms(plan_doc: dict, rows: Iterable[dict]) -> list[float]:
     are left out, and so are cold ones (:func:`opened_a_connection`): a new connection's handshake,
     and its first window for a request of more than 10 segments (RFC 6928), cost round trips that
     the model has not and that no dilation removes (a short warm-up under overload opens many)."""
-    table = TransferTable(plan_doc)
-    out = []
-    for r in rows:
-        if opened_a_connection(r):
-            continue
-        try:
-            net, rtt = float(r["network_ms"]), float(r["expected_rtt_ms"])
-            planned = table.transfer_ms(str(r["source"]), str(r["cluster"]), float(r["request_bytes"]),
-                                        float(r["response_bytes"]))
-        except (KeyError, TypeError, ValueError):
-            continue
-        x = net - rtt - planned
-        if math.isfinite(x):
-            out.append(x)
-    return out
+    return _shares_and_planned(plan_doc, rows)[0]
 
 
 def dilation_figures(plan_doc: dict, rows: list[dict]) -> tuple[float | None, float | None, int]:
@@ -99,16 +116,7 @@ def dilation_figures(plan_doc: dict, rows: list[dict]) -> tuple[float | None, fl
     network time: RTT + the planned transfer, queries the share is over), ms, over the answered
     queries of ``rows`` (records as dicts); None without one. What ``auto`` dilation and the run's
     "too small a k" check judge (:mod:`testbed.emu.autodilate`, :mod:`testbed.results.verdict`)."""
-    share = host_share_ms(plan_doc, rows)
-    table = TransferTable(plan_doc)
-    planned = []
-    for r in rows:
-        try:
-            planned.append(float(r["expected_rtt_ms"]) + table.transfer_ms(
-                str(r["source"]), str(r["cluster"]), float(r["request_bytes"]), float(r["response_bytes"])))
-        except (KeyError, TypeError, ValueError):
-            continue
-    planned = [x for x in planned if math.isfinite(x)]
+    share, planned = _shares_and_planned(plan_doc, rows)
     return ((float(statistics.median(share)) if share else None),
             (float(statistics.median(planned)) if planned else None), len(share))
 
