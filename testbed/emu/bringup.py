@@ -213,7 +213,8 @@ def _launch_controller(plan: Plan, emu: Emulation, run_dir: Path):
 
 
 def _start_switches(plan: Plan, emu: Emulation, proc, run_id: str, console: Console, mark) -> None:
-    """Once ryu-manager listens: the switches, then every switch, link and flow acknowledged."""
+    """Once ryu-manager listens: the switches, then every switch, link and flow acknowledged, then
+    the controller settings applied to the open connections."""
     em = plan.experiment.emulation
     with console.status("starting the switches (ryu-manager discovers the links)..."):
         wait_listening(em.of_port, proc, timeout_s=30, host=emu.controller_host)
@@ -222,6 +223,7 @@ def _start_switches(plan: Plan, emu: Emulation, proc, run_id: str, console: Cons
         mark("switches_started")
         ctl.wait_ready(f"http://127.0.0.1:{em.rest_port}", timeout_s=60 + 2 * len(plan.links), poll_s=0.02,
                        nudge=emu.nudge_switches)
+        emu.apply_controller_settings()
         mark("controller_ready")
 
 

@@ -98,8 +98,9 @@ TCP_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": 0}
 #: does not, and each disconnection is a reroute around a switch that never failed. The
 #: controller is local: its death closes the connections at once (and the run's health watch
 #: reports it, ``testbed.emu.health``). Open vSwitch 3.1 opens the connection with a 5 s probe
-#: all the same and applies this one at the bridge's next reconfiguration after it is up
-#: (ofproto/connmgr.c, ``ofservice_create``): a starved shard can be disconnected before.
+#: all the same and applies this one only at a reconfiguration while it is up (ofproto/connmgr.c:
+#: ``ofservice_create`` and ``ofconn_create`` leave the 5 s, ``ofservice_reconfigure`` sets it):
+#: :meth:`Emulation.apply_controller_settings` makes that reconfiguration.
 CONTROLLER_SETTINGS = ("connection_mode=out-of-band", "max_backoff=1000", "inactivity_probe=0")
 #: The congestion control of every emulated host's route (``ip route ... congctl``). Back to back
 #: also means an unpaced sender: CUBIC (RFC 9438; Linux's default since 2.6.19). A new namespace
@@ -705,6 +706,28 @@ class Emulation:
             args += ["--", "set-controller", s.name, f"tcp:127.0.0.1:{of_port}",
                      "--", "set", "controller", s.name, *CONTROLLER_SETTINGS]
         _sh(["ovs-vsctl", "--timeout=30", *args], "connecting the switches to the controller")
+
+    def apply_controller_settings(self) -> None:
+        """Make every ovs-vswitchd of the run apply :data:`CONTROLLER_SETTINGS` to its open
+        controller connections; call once every switch is connected. Open vSwitch applies a
+        Controller row's ``inactivity_probe`` to a connection only when it reconfigures the bridge
+        while the connection is up, and it reconfigures on a change to a column it watches (a
+        Bridge's ``external_ids``; a Controller's are not watched). So one write per database,
+        ``external_ids:testbed_connected=true`` on each of the run's bridges, which ``ovs-vsctl``
+        waits for ovs-vswitchd to have applied. The connection object outlives reconnections, so
+        the setting then holds for the run.
+
+        Raises:
+            EmulationError: ``ovs-vsctl`` failed or timed out (the database is named).
+        """
+        mark = "external_ids:testbed_connected=true"
+        if self.shards:
+            for sh in self.shards:
+                args = [a for sw in sh.switches for a in ("--", "set", "bridge", sw, mark)]
+                _sh(sh.vsctl(*args), f"controller settings of shard {sh.node}")
+            return
+        args = [a for s in self.plan.switches for a in ("--", "set", "bridge", s.name, mark)]
+        _sh(["ovs-vsctl", "--timeout=60", *args], "controller settings of the switches")
 
     def nudge_switches(self) -> None:
         """Wake every ovs-vswitchd of the run once (a cheap ``ovs-appctl version``), so that a switch
