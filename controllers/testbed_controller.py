@@ -79,10 +79,22 @@ Switches.LLDP_SEND_GUARD = 0.001
 #: on a small machine), not a failure. Off.
 Switches.LINK_LLDP_DROP = 2**62
 LLDP_PERIOD_RUNNING_S = float(os.environ.get("TESTBED_LLDP_PERIOD_S", "10"))
+#: Once every link is known, at most this many periodic LLDP frames per second (the period grows
+#: with the ports: 2,948 on backbone/americas would be 295 frames/s at 10 s, each a packet-out and a
+#: packet-in through this one thread beside 1,138 switches' port statistics). Our choice.
+LLDP_MAX_PER_S = 30.0
+
+
+def lldp_period_s(links: int) -> float:
+    """The running LLDP period per port (s) for ``links`` configured links (two ports each):
+    :data:`LLDP_PERIOD_RUNNING_S`, or longer so that at most :data:`LLDP_MAX_PER_S` frames go out per second."""
+    return max(LLDP_PERIOD_RUNNING_S, 2 * links / LLDP_MAX_PER_S)
+
+
 #: After a port comes back up its LLDP probe is sent again at these times (s after its port
 #: status) until its link is rediscovered: ``ryu.topology`` probes a repaired port once, at once,
 #: and that frame can be lost while the link is still coming up (its emulator, or the far port,
-#: not passing frames yet); the next probe would wait :data:`LLDP_PERIOD_RUNNING_S`, beyond the
+#: not passing frames yet); the next probe would wait the running period (:func:`lldp_period_s`), beyond the
 #: run's grace for a planned link_up (``testbed.emu.health.LINK_UP_GRACE_S``). Our choice.
 REPROBE_AFTER_UP_S = (0.2, 0.5, 1.0, 2.0, 4.0)
 
@@ -418,7 +430,7 @@ class TestbedController(app_manager.RyuApp):
         if not self.initial_done:
             self.logger.info("all %d switches and %d links present: installing %d flows (%s)",
                              len(self.switch_names), len(self.link_cfg), len(desired), reason)
-            Switches.LLDP_SEND_PERIOD_PER_PORT = LLDP_PERIOD_RUNNING_S
+            Switches.LLDP_SEND_PERIOD_PER_PORT = lldp_period_s(len(self.link_cfg))
         elif touched:
             self.logger.info("routes recomputed (%s): %d switch(es), %d flow(s) updated", reason, len(touched),
                              changed)

@@ -252,3 +252,17 @@ def test_controller_process_imports_numpy_only_at_first_use():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=str(ctl.REPO_ROOT), check=True).stdout.split()
     assert out == ["[]", "6"]
+
+
+def test_the_running_lldp_period_grows_with_the_ports():
+    """10 s on a small network; on 1,474 links (2,948 ports) long enough for 30 frames/s at most."""
+    import subprocess
+
+    code = ("import sys; import testbed.sdn.launcher as l; l._lazy_imports(); l._patch_eventlet(); "
+            "sys.path.insert(0, 'controllers'); import testbed_controller as t; "
+            "print(t.lldp_period_s(15), round(t.lldp_period_s(1474), 2))")
+    env = dict(os.environ, **ctl.FAST_START_ENV)
+    env.pop("TESTBED_LLDP_PERIOD_S", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=str(ctl.REPO_ROOT), check=True).stdout.split()
+    assert out == ["10.0", "98.27"]
