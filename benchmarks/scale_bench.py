@@ -216,13 +216,17 @@ def scale_experiment(source: str, seed: int = 1, duration_s: float = 5.0):
 
 
 class _MemSampler(threading.Thread):
-    """Peak of the summed RSS (MiB) of processes tagged with ``run_id`` (or, with None, of
-    Mininet's shells and the system's ovs-vswitchd) every 0.5 s."""
+    """Every 0.5 s: the peak of the summed RSS (MiB) of processes tagged with ``run_id`` (or, with
+    None, of Mininet's shells and the system's ovs-vswitchd), ``peak_mib``; and the largest drop of
+    the machine's ``MemAvailable`` (proc(5)) below its value at the start, ``taken_mib``: what the
+    pre-flight's estimate is judged against (summed RSS counts each process's shared pages again,
+    so it overstates; the drop also counts the kernel's memory for the network, and other jobs')."""
 
     def __init__(self, run_id: str | None):
         super().__init__(daemon=True)
         self.run_id, self.peak_mib, self.stop = run_id, 0.0, threading.Event()
         self.base = self._system_ovs()
+        self.available0, self.taken_mib = _mem_available_mib(), 0.0
 
     @staticmethod
     def _system_ovs() -> float:
@@ -251,6 +255,14 @@ class _MemSampler(threading.Thread):
     def run(self) -> None:
         while not self.stop.wait(0.5):
             self.peak_mib = max(self.peak_mib, self.sample())
+            self.taken_mib = max(self.taken_mib, self.available0 - _mem_available_mib())
+
+
+def _mem_available_mib() -> float:
+    """The machine's ``MemAvailable`` (MiB; psutil's ``available`` on Linux), as the pre-flight reads it."""
+    import psutil
+
+    return psutil.virtual_memory().available / 2**20
 
 
 #: Process roles of the CPU breakdown (``load``): the first whose pattern is in the command line.
@@ -481,7 +493,8 @@ def cmd_big(args) -> dict:
             row["load_after"] = round(os.getloadavg()[0], 2)
         run_dir = max((d for d in runs.iterdir() if (d / "run.json").exists()), key=lambda d: d.name, default=None)
         if run_dir is None:
-            row.update(exit_code=code, wall_s=round(wall, 1), peak_mib=round(mem.peak_mib), events=[],
+            row.update(exit_code=code, wall_s=round(wall, 1), peak_mib=round(mem.peak_mib),
+                       taken_mib=round(mem.taken_mib), events=[],
                        message=f"no run directory (exit code {code}): refused before the bring-up, or auto "
                                f"dilation's warm-ups failed (see {runs})")
             rows.append(row)
@@ -489,7 +502,8 @@ def cmd_big(args) -> dict:
             if args.result:
                 _write_scale(rows, args)
             continue
-        row.update(exit_code=code, wall_s=round(wall, 1), peak_mib=round(mem.peak_mib), run_dir=str(run_dir),
+        row.update(exit_code=code, wall_s=round(wall, 1), peak_mib=round(mem.peak_mib), taken_mib=round(mem.taken_mib),
+                   run_dir=str(run_dir),
                    **_run_figures(run_dir))
         if k == "auto":
             rj = json.loads((run_dir / "run.json").read_text())
@@ -506,13 +520,15 @@ def cmd_big(args) -> dict:
         if args.result:  # after each network: a stopped invocation keeps the networks it measured
             _write_scale(rows, args)
     print("\n| experiment | switches / links | plain Mininet up | testbed network up | bring-up (servers, warm) | "
-          "peak MiB (estimate) | k | wall s | RTT error median / max ms | self-check | events ok | success emu / sim |")
+          "peak MiB: RSS / taken (estimate) | k | wall s | RTT error median / max ms | self-check | events ok | "
+          "success emu / sim |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         plain = f"{r['plain_up_s']} s" if r.get("plain_up_s") else r.get("plain_note", "-")
         ev_ok = f"{sum(e['ok'] == '1' for e in r['events'])}/{len(r['events'])}"
         print(f"| {r['experiment']} | {r['switches']} / {r['links']} | {plain} | {r.get('network_up_s')} s | "
-              f"{r.get('bringup_s')} s | {r['peak_mib']} ({r['estimate_mib']}) | {r['k']} | {r['wall_s']} | "
+              f"{r.get('bringup_s')} s | {r['peak_mib']} / {r.get('taken_mib')} ({r['estimate_mib']}) | {r['k']} | "
+              f"{r['wall_s']} | "
               f"{r.get('rtt_error_median_ms')} / {r.get('rtt_error_max_ms')} | {r.get('rtt_paths_ok')} | {ev_ok} | "
               f"{r.get('success_ratio')} / {r.get('sim_success_ratio')} |")
     return {"big": rows}
@@ -556,9 +572,10 @@ def _checks(r: dict) -> list[str]:
     return missed
 
 
+PEAK = "peak MiB: RSS summed / MemAvailable taken (estimate)"
 #: The scale table's columns; a row is one network (``experiment``) at one time dilation (``k``).
 SCALE_COLUMNS = ["experiment", "switches / links", "plain Mininet net.start()", "testbed network up s",
-                 "bring-up s (servers ready)", "peak MiB (estimate)", "k", "wall s",
+                 "bring-up s (servers ready)", PEAK, "k", "wall s",
                  "RTT error median / max ms (paths ok)", "link event", "cluster event", "reroute around a failed link",
                  "success emu / sim (points)", "load before / after", "missed"]
 SCALE_KEY = ("experiment", "k")
@@ -568,7 +585,10 @@ SCALE_NOTES = [
     "Plain Mininet: the same switches, links and hosts, userspace datapath, no delays, no controller, in a child "
     "process stopped after --plain-timeout-s (then: the bridges it had made); a row measured without it shows the "
     "network's earlier figure, with its date.",
-    "Peak MiB: RSS of the run's processes summed every 0.5 s; estimate: the pre-flight's (testbed.emu.capacity).",
+    "Peak MiB, every 0.5 s: the RSS of the run's processes summed (each process's shared pages counted again); the "
+    "largest drop of the machine's MemAvailable below its value at the start (what the pre-flight judges against; "
+    "it also counts the kernel's memory for the network, and other jobs'; 'not measured' in rows before it was); "
+    "estimate: the pre-flight's (testbed.emu.capacity).",
     "Events: events.csv's measured rows (link_delay: the new delay carried by probes; cluster_down: the server "
     "stopped answering; link_down: every affected source -> cluster path answering again over another route).",
     f"Success: the emulation's against `testbed simulate` on the same plan and seed; target within "
@@ -586,7 +606,8 @@ def _scale_row(r: dict) -> list:
     ev = r.get("events") or []
     gap = r.get("success_gap_points")
     return [r.get("source", r["experiment"]), f"{r['switches']} / {r['links']}", plain, r.get("network_up_s"),
-            r.get("bringup_s"), f"{r.get('peak_mib')} ({r.get('estimate_mib')})", r.get("k"), r.get("wall_s"),
+            r.get("bringup_s"), f"{r.get('peak_mib')} / {r.get('taken_mib', NOT_MEASURED)} ({r.get('estimate_mib')})",
+            r.get("k"), r.get("wall_s"),
             f"{r.get('rtt_error_median_ms')} / {r.get('rtt_error_max_ms')} ({r.get('rtt_paths_ok')})",
             _event_cell(ev, ("link_delay",))[0], _event_cell(ev, ("cluster_down", "cluster_up"))[0],
             _event_cell(ev, ("link_down",))[0],
