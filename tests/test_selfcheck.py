@@ -7,7 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from testbed.emu.selfcheck import RttResult, check_rtts, check_rtts_twice, excess_per_switch_ms, parse_ping
+from testbed.emu.selfcheck import (
+    RttResult,
+    check_rtts,
+    check_rtts_twice,
+    excess_per_switch_ms,
+    parse_ping,
+    reply_wait_s,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -159,3 +166,20 @@ def test_emulation_tests_skip_only_a_refusal_measured_slower_than_planned(tmp_pa
         with pytest.raises(AssertionError):
             expect_run_ok(3, run_dir=d)
     expect_run_ok(0, run_dir=other)
+
+
+def test_ping_waits_for_a_reply_longer_than_the_path_s_wall_clock_rtt():
+    """A path of 106 ms emulated at k = 30 has a 3.2 s RTT on the wall clock: ping's default 2 s wait
+    would read it as no reply (nan) and fail the self-check."""
+    assert [reply_wait_s(ms) for ms in (10.0, 499.0, 3188.4)] == ["2", "2", "8"]
+    src = SimpleNamespace(name="s", mac="m1", ip="10.0.0.1")
+    plan = SimpleNamespace(sources=[src], clusters=[SimpleNamespace(name="c", mac="m2", ip="10.0.0.2")])
+    cmds: list[list[str]] = []
+
+    def popen(cmd, **_k):
+        cmds.append(cmd)
+        return _Proc(PING)
+
+    emu = SimpleNamespace(node=lambda name: SimpleNamespace(popen=popen))
+    check_rtts(emu, plan, lambda a, b: ([1, 2], 1594.2), count=3, tol_ms=1.0, tol_pct=0.0)
+    assert [c[c.index("-W") + 1] for c in cmds] == ["8", "8"]  # the warm-up's and the measurement's

@@ -10,6 +10,7 @@ divided by k, and the tolerance is the experiment's, in emulated ms.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import subprocess
@@ -61,6 +62,13 @@ def parse_ping(output: str) -> list[float]:
     return [float(m) for m in _TIME.findall(output)]
 
 
+def reply_wait_s(rtt_wall_ms: float) -> str:
+    """``ping -W``'s value (whole s, as text) for a path of ``rtt_wall_ms`` (wall-clock ms): 2 s, or
+    twice the RTT and 1 s more. iputils ``ping -c`` stops waiting ``-W`` s after its last request
+    when no reply came (ping(8)), so a dilated path whose RTT is over 2 s would read as no reply."""
+    return str(max(2, math.ceil(2.0 * rtt_wall_ms / 1000.0) + 1))
+
+
 def check_rtts(emu, plan, path_of, count: int, tol_ms: float, tol_pct: float,
                per_switch_ms: float = 0.0, pairs: list[tuple[str, str]] | None = None,
                clock: EmulatedClock = UNDILATED) -> list[RttResult]:
@@ -81,17 +89,19 @@ def check_rtts(emu, plan, path_of, count: int, tol_ms: float, tol_pct: float,
     """
     chosen = None if pairs is None else set(pairs)
     pairs = [(s, c) for s in plan.sources for c in plan.clusters if chosen is None or (s.name, c.name) in chosen]
-    warm = [emu.node(s.name).popen(["ping", "-c", "2", "-i", "0.2", "-W", "2", c.ip],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for s, c in pairs]
+    paths = [path_of(s.mac, c.mac) for s, c in pairs]
+    waits = [reply_wait_s(2.0 * one_way) for _, one_way in paths]
+    warm = [emu.node(s.name).popen(["ping", "-c", "2", "-i", "0.2", "-W", w, c.ip],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for (s, c), w in zip(pairs, waits, strict=True)]
     for p in warm:
         p.wait()
-    procs = [emu.node(s.name).popen(["ping", "-n", "-c", str(count), "-i", "0.2", "-W", "2", c.ip],
+    procs = [emu.node(s.name).popen(["ping", "-n", "-c", str(count), "-i", "0.2", "-W", w, c.ip],
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for s, c in pairs]
+             for (s, c), w in zip(pairs, waits, strict=True)]
     results = []
-    for (s, c), p in zip(pairs, procs, strict=True):
+    for (s, c), p, (dpids, one_way) in zip(pairs, procs, paths, strict=True):
         out, _ = p.communicate()
-        dpids, one_way = path_of(s.mac, c.mac)
         expected = clock.emulated(2.0 * one_way)
         results.append(RttResult(s.name, c.name, dpids, expected, [clock.emulated(x) for x in parse_ping(out)],
                                  tol_ms + tol_pct / 100.0 * expected + per_switch_ms * len(dpids)))
