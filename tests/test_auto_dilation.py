@@ -237,3 +237,30 @@ def test_a_share_that_does_not_fall_with_k_is_fitted_as_a_floor_and_does_not_dri
     got = choose(plan, None, tmp_path, warm=warm, machine=QUIET)
     assert seen[:2] == [1.0, 13.0] and got.verified and got.k <= 3.0
     assert "does not fall with k" in " ".join(got.why)
+
+
+def test_the_testbeds_cpu_that_does_not_fall_with_the_rate_is_taken_from_the_budget(tmp_path):
+    """0.12 cores of the testbed's CPU whatever the rate, 27 ms per query on top, beside two CPU hogs
+    (2/3 of a core available): counted per query it made each warm-up at a larger k ask for a larger
+    k still; fitted as fixed, the warm-ups agree."""
+    from testbed.emu.autodilate import cpu_floor
+
+    def warmup(k: float) -> Warmup:
+        qps = 123.0 / k
+        return Warmup(k=k, queries=round(qps * 40), answered=round(qps * 40), window_s=40.0,
+                      role_cores={"ovs-vswitchd": 0.06 + 0.013 * qps, "link emulators": 0.06 + 0.014 * qps,
+                                  "inference servers": 0.0025 * qps}, host_ms=0.2, planned_network_ms=20.0,
+                      hops=3.0, success=1.0)
+
+    hogs = Machine(2, 2.0, 0.0)
+    ws = [warmup(9.5), warmup(30.0)]
+    fixed, ovs_fixed = cpu_floor(ws)
+    assert fixed == pytest.approx(0.12, abs=0.01) and ovs_fixed == pytest.approx(0.06, abs=0.01)
+    assert cpu_floor(ws[:1]) == (0.0, 0.0)  # one rate: all of it counted per query
+    per_query = [needed_k(w, 123.0, 2.0, hogs).k for w in ws]
+    assert per_query[1] > per_query[0] * 1.5  # the fixed part, per query, grows as the rate falls
+    fitted = [needed_k(w, 123.0, 2.0, hogs, fixed_cores=(fixed, ovs_fixed)).k for w in ws]
+    assert fitted[0] == pytest.approx(fitted[1], rel=0.05)
+    # 123 q/s x (27 + 2.5) ms = 3.6 cores at k = 1 over (1/3 - 0.12) cores of budget
+    assert fitted[0] == pytest.approx(123 * 0.0295 / (hogs.available / 2 - 0.12), rel=0.05)
+    assert fitted[0] < per_query[1]

@@ -29,7 +29,9 @@ From one warm-up at k_c the smallest k that carries the load is the largest of (
   a waking process beside always-busy ones). Below half busy the mean wait for a CPU stays below
   the work's own time (M/M/1: wait / service = rho / (1 - rho) <= 1 at rho = 0.5);
 - Open vSwitch: its cores at k = 1 over :data:`MAX_BUSY_FRACTION` of one core (its user-space
-  datapath forwards in one thread);
+  datapath forwards in one thread). Once warm-ups at two rates or more are measured, the testbed's
+  CPU that does not fall with the rate (the idle network's timers and polls, :func:`cpu_floor`) is
+  taken from these budgets and only the rest is counted per query;
 - the network: the host's share scales as 1 / k (the emulator's wall-clock cost per packet, divided
   by k in emulated time; docs/dilation.md measured 3.6-4.6 x less at k = 4 than at k = 1), so
   k_c x share / target, with the target :func:`excess_target_ms`: the validation's bound on a
@@ -117,6 +119,10 @@ MACHINE_SAMPLE_S = 1.0
 #: Fewer answered queries on open connections than this and a warm-up's network figure is not
 #: judged (its CPU is).
 MIN_ANSWERED = 20
+#: The testbed's CPU that does not fall with the rate (:func:`cpu_floor`) is taken from the CPU
+#: budget up to this share of it; beyond, the rest counts per query as before (our choice: a fit
+#: over a few warm-ups on a busy machine is not trusted to leave less than a quarter).
+MAX_FIXED_SHARE = 0.75
 #: The inference servers' role (:data:`testbed.emu.machine.CPU_ROLES`).
 SERVER_ROLE = "inference servers"
 #: Warm-ups of the same plan are reused this long (s) ...
@@ -171,11 +177,20 @@ class Warmup:
             return {}
         return {r: c * self.window_s / self.queries * 1e3 for r, c in self.role_cores.items()}
 
+    def wall_qps(self) -> float:
+        """The load's queries per second of wall clock."""
+        return self.queries / self.window_s if self.window_s > 0 else 0.0
+
+    def testbed_cores(self) -> tuple[float, float]:
+        """Mean cores over the load of the testbed's own roles, and of Open vSwitch among them."""
+        return (sum(c for r, c in self.role_cores.items() if r in TESTBED_ROLES),
+                self.role_cores.get("ovs-vswitchd", 0.0))
+
 
 @dataclass
 class Need:
     """The k each criterion asks for from one warm-up (:func:`needed_k`), and ``k`` (their largest,
-    at least 1), with the figures behind them."""
+    at least 1), with the figures behind them (``fixed_cores``: :func:`cpu_floor`'s)."""
 
     k: float
     k_cpu: float
@@ -185,6 +200,7 @@ class Need:
     ovs_cores: float
     target_ms: float
     floor_ms: float = 0.0
+    fixed_cores: tuple[float, float] = (0.0, 0.0)
 
     def binding(self) -> str:
         """Which criterion sets ``k``."""
@@ -221,35 +237,58 @@ def excess_target_ms(planned_network_ms: float | None) -> float:
     return max(EXCESS_TARGET_MS, EXCESS_TARGET_SHARE * (planned_network_ms or 0.0))
 
 
-def network_floor(points: list[tuple[float, float]]) -> float:
-    """The part of the host's share of the network time that does not fall with k (ms): ``a`` of
-    ``share = a + b / k`` fitted by least squares to the warm-ups' (k, share) (``a, b >= 0``); 0
-    with fewer than two distinct k."""
-    pts = [(1.0 / k, x) for k, x in points if x is not None]
+def _intercept(pts: list[tuple[float, float]]) -> float:
+    """``a`` of ``y = a + b u`` fitted by least squares to ``pts`` (u, y), with ``a, b >= 0`` (all of
+    y is ``a`` when the slope is not positive); 0 with fewer than two distinct u."""
     if len({round(u, 9) for u, _ in pts}) < 2:
         return 0.0
     u = np.array([p[0] for p in pts])
     y = np.array([p[1] for p in pts])
     b = float(np.polyfit(u, y, 1)[0])
-    if b <= 0:  # no part falls with k: all of it is floor
+    if b <= 0:
         return max(0.0, float(y.mean()))
     return max(0.0, float(np.mean(y - b * u)))
 
 
-def needed_k(w: Warmup, rate_qps: float, cluster_cores: float, machine: Machine, floor_ms: float = 0.0) -> Need:
+def network_floor(points: list[tuple[float, float]]) -> float:
+    """The part of the host's share of the network time that does not fall with k (ms): ``a`` of
+    ``share = a + b / k`` fitted by least squares to the warm-ups' (k, share) (``a, b >= 0``); 0
+    with fewer than two distinct k."""
+    return _intercept([(1.0 / k, x) for k, x in points if x is not None])
+
+
+def cpu_floor(warmups: list[Warmup]) -> tuple[float, float]:
+    """The testbed's CPU that does not fall with the load's rate (cores: its own roles, and Open
+    vSwitch among them): ``a`` of ``cores = a + b x q/s`` fitted to the warm-ups' (wall-clock q/s,
+    cores) as :func:`network_floor` fits the share; (0, 0) with fewer than two distinct rates. The
+    idle network's timers and polls cost this whatever k; counted per query, they made a warm-up
+    at a larger k (fewer queries per second) ask for a larger k still."""
+    pts = [(w.wall_qps(), w.testbed_cores()) for w in warmups if w.queries > 0]
+    return (_intercept([(q, c[0]) for q, c in pts]), _intercept([(q, c[1]) for q, c in pts]))
+
+
+def needed_k(w: Warmup, rate_qps: float, cluster_cores: float, machine: Machine, floor_ms: float = 0.0,
+             fixed_cores: tuple[float, float] = (0.0, 0.0)) -> Need:
     """The k each criterion of the module docstring asks for, from warm-up ``w`` at the plan's peak
     emulated rate ``rate_qps`` (q/s), the clusters' ``cluster_cores`` and the ``machine``;
-    ``floor_ms``: the part of the host's share that does not fall with k (:func:`network_floor`)."""
+    ``floor_ms``: the part of the host's share that does not fall with k (:func:`network_floor`);
+    ``fixed_cores``: the testbed's and Open vSwitch's CPU that does not fall with the rate
+    (:func:`cpu_floor`), taken from their budgets (at most :data:`MAX_FIXED_SHARE` of each)
+    rather than counted per query."""
     per = w.cpu_ms_per_query()
-    testbed = sum(ms for r, ms in per.items() if r in TESTBED_ROLES)
+    qps = w.wall_qps()
+    (testbed_cores, ovs_cores), (fixed, ovs_fixed) = w.testbed_cores(), fixed_cores
+    testbed = max(0.0, testbed_cores - fixed) / qps * 1e3 if qps > 0 else 0.0  # ms per query
     servers = min(cluster_cores, rate_qps * per.get(SERVER_ROLE, 0.0) / 1e3)
     needed = rate_qps * testbed / 1e3 + servers  # cores at k = 1
-    ovs = rate_qps * per.get("ovs-vswitchd", 0.0) / 1e3
-    k_cpu = needed / (MAX_BUSY_FRACTION * machine.available)
-    k_ovs = ovs / MAX_BUSY_FRACTION
+    ovs = rate_qps * (max(0.0, ovs_cores - ovs_fixed) / qps if qps > 0 else 0.0)
+    budget = MAX_BUSY_FRACTION * machine.available
+    k_cpu = needed / max(budget - fixed, (1.0 - MAX_FIXED_SHARE) * budget)
+    k_ovs = ovs / max(MAX_BUSY_FRACTION - ovs_fixed, (1.0 - MAX_FIXED_SHARE) * MAX_BUSY_FRACTION)
     target = excess_target_ms(w.planned_network_ms)
     k_net = w.k * max(0.0, w.host_ms - floor_ms) / target if w.host_ms is not None else 0.0
-    return Need(max(1.0, k_cpu, k_ovs, k_net), k_cpu, k_ovs, k_net, needed, ovs, target, floor_ms)
+    return Need(max(1.0, k_cpu, k_ovs, k_net), k_cpu, k_ovs, k_net, needed, ovs, target, floor_ms,
+                (fixed, ovs_fixed))
 
 
 def next_candidate(tried: list[tuple[float, float]]) -> float | None:
@@ -455,13 +494,18 @@ def _judge(out: AutoDilation, tried: list[tuple[float, float]], w: Warmup, rate:
     """Add warm-up ``w`` and judge every warm-up so far again with the floor they now give."""
     ws = [x for x, _ in out.warmups] + [w]
     floor = network_floor([(x.k, x.host_ms) for x in ws])
-    needs = [needed_k(x, rate, cores, out.machine, floor) for x in ws]
+    fixed = cpu_floor(ws)
+    needs = [needed_k(x, rate, cores, out.machine, floor, fixed) for x in ws]
     out.warmups[:] = list(zip(ws, needs, strict=True))
     tried[:] = [(x.k, n.k) for x, n in out.warmups]
     out.why.append(_warmup_line(w, needs[-1], rate))
+    over = f"fitted over the warm-ups at k = {', '.join(f'{x.k:g}' for x in ws)}"
     if floor > 0:
-        out.why[-1] += (f"; of the host's share {floor:.2f} ms does not fall with k (fitted over the warm-ups at k = "
-                        f"{', '.join(f'{x.k:g}' for x in ws)}): dilation cannot remove it, it does not drive k")
+        out.why[-1] += (f"; of the host's share {floor:.2f} ms does not fall with k ({over}): dilation cannot "
+                        "remove it, it does not drive k")
+    if fixed[0] > 0:
+        out.why[-1] += (f"; of the testbed's CPU {fixed[0]:.2f} cores (Open vSwitch {fixed[1]:.2f}) do not fall with "
+                        f"the rate ({over}): taken from the budget, not counted per query")
     say("  " + out.why[-1])
 
 
