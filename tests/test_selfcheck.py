@@ -160,8 +160,9 @@ def test_emulation_tests_skip_only_a_refusal_measured_slower_than_planned(tmp_pa
     with pytest.raises(pytest.skip.Exception):
         expect_run_ok(3, run_dir=slow)
     fast = _refused_run(tmp_path / "fast", [(6.0, 2.0, 0)])
+    silent = _refused_run(tmp_path / "silent", [(6.0, float("nan"), 0), (4.0, 9.0, 0)])  # no reply: broken
     other = _refused_run(tmp_path / "other", [(6.0, 9.0, 0)], code=4, message="inference server died")
-    for d in (fast, other):
+    for d in (fast, silent, other):
         assert host_too_slow(d) == ""
         with pytest.raises(AssertionError):
             expect_run_ok(3, run_dir=d)
@@ -183,3 +184,20 @@ def test_ping_waits_for_a_reply_longer_than_the_path_s_wall_clock_rtt():
     emu = SimpleNamespace(node=lambda name: SimpleNamespace(popen=popen))
     check_rtts(emu, plan, lambda a, b: ([1, 2], 1594.2), count=3, tol_ms=1.0, tol_pct=0.0)
     assert [c[c.index("-W") + 1] for c in cmds] == ["8", "8"]  # the warm-up's and the measurement's
+
+
+def test_a_path_that_answers_no_ping_is_named_broken_not_slow(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from testbed.emu import bringup
+    from testbed.emu.mininet_network import EmulationError
+
+    results = [RttResult("s", "near", [1, 2], 10.0, [10.1, 10.2], 2.0),
+               RttResult("s", "far", [1, 3], 106.0, [], 10.0, attempt=2, first_median_ms=float("nan"))]
+    monkeypatch.setattr(bringup, "check_rtts_twice", lambda *a, **k: results)
+    monkeypatch.setattr(bringup, "wall_clock", lambda plan: None)
+    em = SimpleNamespace(ping_count=5, rtt_tolerance_ms=2.0, rtt_tolerance_pct=5.0, rtt_tolerance_per_switch_ms=0.0)
+    live = SimpleNamespace(emu=None, plan=SimpleNamespace(experiment=SimpleNamespace(emulation=em)),
+                           path_of=None, run_dir=tmp_path)
+    with pytest.raises(EmulationError, match=r"1 answered no ping at all, e.g. s -> far .*broken .*not slow"):
+        bringup.rtt_self_check(live, Console(quiet=True))

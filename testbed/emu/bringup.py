@@ -472,7 +472,8 @@ def rtt_self_check(live: Live, console: Console) -> None:
     (:func:`~testbed.emu.selfcheck.check_rtts_twice`), save ``rtt_check.csv``, print the table.
 
     Raises:
-        EmulationError: a path is out of tolerance twice (the message names it and the figures).
+        EmulationError: a path is out of tolerance twice (the message names it and the figures; a path
+            that answered no ping is named as broken, not slow).
     """
     em = live.plan.experiment.emulation
     with console.status("RTT self-check (ping every source -> cluster path)..."):
@@ -483,7 +484,13 @@ def rtt_self_check(live: Live, console: Console) -> None:
     _print_rtt(results, console)
     bad = [r for r in results if not r.ok]
     if bad:
-        b = bad[0]
+        silent = [r for r in bad if not r.samples]
+        b = (silent or bad)[0]
+        if silent:
+            raise EmulationError(
+                f"RTT self-check failed on {len(bad)} path(s), twice each; {len(silent)} answered no ping at all, "
+                f"e.g. {b.source} -> {b.cluster} (expected {b.expected_ms:.2f} ms): the path is broken (its flows, "
+                f"a link emulator or a host route), not slow; see {live.run_dir / 'rtt_check.csv'}")
         raise EmulationError(
             f"RTT self-check failed on {len(bad)} path(s), twice each, e.g. {b.source} -> {b.cluster}: measured "
             f"{b.first_median_ms:.2f} then {b.median_ms:.2f} ms vs expected {b.expected_ms:.2f} ms (tolerance "
