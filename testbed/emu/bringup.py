@@ -486,16 +486,14 @@ def rtt_self_check(live: Live, console: Console) -> None:
     if bad:
         silent = [r for r in bad if not r.samples]
         b = (silent or bad)[0]
-        if silent:
-            raise EmulationError(
-                f"RTT self-check failed on {len(bad)} path(s), twice each; {len(silent)} answered no ping at all, "
-                f"e.g. {b.source} -> {b.cluster} (expected {b.expected_ms:.2f} ms): the path is broken (its flows, "
-                f"a link emulator or a host route), not slow; see {live.run_dir / 'rtt_check.csv'}")
-        raise EmulationError(
-            f"RTT self-check failed on {len(bad)} path(s), twice each, e.g. {b.source} -> {b.cluster}: measured "
-            f"{b.first_median_ms:.2f} then {b.median_ms:.2f} ms vs expected {b.expected_ms:.2f} ms (tolerance "
-            f"{b.tolerance_ms:.2f} ms). "
-            f"The emulated delays are not trustworthy now (CPU overload?); see {live.run_dir / 'rtt_check.csv'}")
+        why = (f"; {len(silent)} answered no ping at all, e.g. {b.source} -> {b.cluster} (expected "
+               f"{b.expected_ms:.2f} ms): the path is broken (its flows, a link emulator or a host route), not slow"
+               if silent else
+               f", e.g. {b.source} -> {b.cluster}: measured {b.first_median_ms:.2f} then {b.median_ms:.2f} ms vs "
+               f"expected {b.expected_ms:.2f} ms (tolerance {b.tolerance_ms:.2f} ms). The emulated delays are not "
+               "trustworthy now (CPU overload?)")
+        raise EmulationError(f"RTT self-check failed on {len(bad)} path(s), twice each{why}; see "
+                             f"{live.run_dir / 'rtt_check.csv'}")
 
 
 __all__ = ["Live", "RunError", "calibrate_datapath", "emulated_network", "new_run_dir", "preflight", "rtt_self_check",
