@@ -160,6 +160,23 @@ def merge_rows(old: dict[str, Any] | None, new: dict[str, Any], key: Sequence[st
             "row_measured": [prov for _, prov in merged.values()]}
 
 
+def previous_table(name: str, key: Sequence[str], out_dir: Path = RESULTS_DIR) -> dict[str, Any] | None:
+    """The first table of ``out_dir/<name>.json`` as :func:`merge_rows` takes it for ``old``: every row
+    with its ``row_measured`` (a file written before rows carried their own: the file's command,
+    commit, date and machine for each), or None when there is no such file or table.
+
+    Raises:
+        ValueError: the file is not JSON, or a key column is not in its table.
+    """
+    doc = read_result(name, out_dir)
+    if not doc or not doc.get("tables"):
+        return None
+    old = doc["tables"][0]
+    file_measured = {f: doc[f] for f in ("command", "commit", "measured_at", "machine") if f in doc}
+    return merge_rows(None, {**old, "row_measured": old.get("row_measured") or [file_measured] * len(old["rows"])},
+                      key)
+
+
 def _measured_cell(prov: dict[str, str]) -> str:
     """A row's :data:`MEASURED_COLUMN` cell: its date and commit ('not recorded' when unknown)."""
     if not prov.get("measured_at"):

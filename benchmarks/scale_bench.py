@@ -678,21 +678,15 @@ def _write_scale(rows: list[dict], args, out_dir: Path | None = None) -> Path:
     """
     import shlex
 
-    from benchmarks.resultfile import RESULTS_DIR, merge_rows, provenance, read_result, write_result
+    from benchmarks.resultfile import RESULTS_DIR, merge_rows, previous_table, provenance, write_result
 
     out_dir = out_dir or RESULTS_DIR
     command = "sudo .venv/bin/python benchmarks/scale_bench.py " + shlex.join(sys.argv[1:])
-    old_doc = read_result("scale", out_dir)
-    old = old_doc["tables"][0] if old_doc and old_doc.get("tables") else None
-    old_measured = {f: old_doc[f] for f in ("command", "commit", "measured_at", "machine") if f in old_doc} \
-        if old_doc else {}
+    old = previous_table("scale", SCALE_KEY, out_dir)
     table = {"caption": "one emulation per network and time dilation, every check on; plain Mininet's build() + "
                         "start() on the same graph measured in the same invocation, before the run",
              "columns": SCALE_COLUMNS, "rows": [_scale_row(r) for r in rows],
              "row_measured": [provenance(command) for _ in rows]}
-    if old is not None:  # its rows with their provenance (an older file's: the file's own, for every row)
-        old = merge_rows(None, {**old, "row_measured": old.get("row_measured") or [old_measured] * len(old["rows"])},
-                         SCALE_KEY)
     _keep_plain_baseline(table, old)
     merged = merge_rows(old, table, SCALE_KEY)
     done = {r.get("source", r["experiment"]) for r in rows}

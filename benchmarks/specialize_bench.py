@@ -8,10 +8,11 @@ candidates and moves, labelled states, DAgger rounds, the final check's verdict)
 Each experiment is specialized as ``testbed specialize EXP --budget B --clock C --workers 2 --seed 1
 --out OUT/<stem>`` does (:func:`testbed.aset.specialize.specialize`); ``--reuse`` reads a checkpoint
 already at ``OUT/<stem>`` instead when its provenance says it was made from the same file bytes with
-the same budget, clock, workers and seed (its figures are then that run's). Writes
-``benchmarks/results/aset-specialize-cost.json`` (docs/results.md). With ``--clock cpu`` the budget
-counts the workers' CPU seconds over their number: the wall time on idle cores; the wall time
-measured on the shared machine is given beside it.
+the same budget, clock, workers and seed (its figures are then that run's). Merges its rows into
+``benchmarks/results/aset-specialize-cost.json`` (docs/results.md): a row replaces the row of the
+same experiment and budget, the others stay with when and by which command they were measured.
+With ``--clock cpu`` the budget counts the workers' CPU seconds over their number: the wall time on
+idle cores; the wall time measured on the shared machine is given beside it.
 """
 
 from __future__ import annotations
@@ -25,10 +26,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.resultfile import write_result  # noqa: E402
+from benchmarks.resultfile import merge_rows, previous_table, provenance, write_result  # noqa: E402
 from testbed.agent.checkpoint import checkpoint_files  # noqa: E402
 from testbed.aset.specialize import Settings, specialize  # noqa: E402
 from testbed.plan.build import plan_experiment  # noqa: E402
+
+#: The result file and the columns that name a row (one per experiment and budget).
+RESULT = "aset-specialize-cost"
+COST_KEY = ("experiment", "budget s (clock)")
 
 
 def _reused(out: Path, exp: Path, budget: float, clock: str, workers: int, seed: int) -> dict | None:
@@ -77,12 +82,13 @@ def main(argv: list[str] | None = None) -> int:
             "rounds / episodes / labels", "corrections", "truncated"]
     command = "nice -n 5 .venv/bin/python benchmarks/specialize_bench.py " + " ".join(
         shlex.quote(a) for a in (argv or sys.argv[1:]))
-    path = write_result("aset-specialize-cost", "The cost of testbed specialize", command,
-                        [{"caption": "Per experiment: what the budget bought and what it cost (CPU s: the command "
-                                     "and its workers; wall s on the shared machine)", "columns": cols,
-                          "rows": rows}],
-                        summary=f"{len(rows)} experiments specialized, {args.workers} workers, budget "
-                                f"{args.budget:g} s counted on the {args.clock} clock.",
+    table = {"caption": "Per experiment: what the budget bought and what it cost (CPU s: the command and its "
+                        "workers; wall s on the shared machine)", "columns": cols, "rows": rows,
+             "row_measured": [provenance(command) for _ in rows]}
+    merged = merge_rows(previous_table(RESULT, COST_KEY), table, COST_KEY)
+    path = write_result(RESULT, "The cost of testbed specialize", command, [merged],
+                        summary=f"{len(merged['rows'])} specializations; the last command's {len(rows)}: "
+                                f"{args.workers} workers, budget {args.budget:g} s counted on the {args.clock} clock.",
                         notes=["Issue 37 asks <= 10 min on 2 cores for a 40 s experiment of <= 60 switches: with "
                                "--clock cpu the budget is that wall time on idle cores (CPU s / 2)."])
     print(json.dumps(rows, indent=1))
