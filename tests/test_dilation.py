@@ -64,6 +64,7 @@ EXEMPT = [r"experiment\.workload\..*", r"streams\..*",  # drawn in emulated time
           r"experiment\.(topology|cloud)\..*",  # planning inputs: the emulation runs plan.links and plan.hosts
           r"selector_context\..*",  # what the selector observes, in emulated time (the features' own clock)
           r"start_ns",  # an instant: the load's start, where the two clocks meet
+          r"go_timeout_s",  # the run's own wall-clock wait, set from k by testbed.emu.load
           r"clock"]
 #: A leaf whose name says it is a time or a rate must be classified above.
 UNIT_NAME = re.compile(r"(_ms|_s|_mbps|_qps|_hz|_ns)$|^(samples_ms|batch_mean_ms|mean_service_ms)$")

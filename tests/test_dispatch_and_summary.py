@@ -349,3 +349,23 @@ def test_summary_names_links_by_place_as_the_report_does(tmp_path):
         {"dpid": 1, "name": "s1", "label": "Turin"}, {"dpid": 2, "name": "s2", "label": "Milan"},
         {"dpid": 3, "name": "s3", "label": "Genoa [red]x[/red]"}]}))
     assert set(_links(tmp_path, _plan_doc(tmp_path))) == {"Turin-Milan", "Milan-Genoa [red]x[/red]"}
+
+
+def test_a_source_waits_for_the_load_start_as_long_as_its_config_says(tmp_path):
+    import asyncio
+    import time
+
+    from testbed.emu.source import Source
+
+    go = tmp_path / "load_start.json"
+    cfg = _source_cfg(tmp_path, "closest").model_copy(update={
+        "ready_file": str(tmp_path / "a.ready"), "go_file": str(go), "go_timeout_s": 0.3})
+    src = Source(cfg)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"within 0\.3 s"):
+        asyncio.run(src._wait_for_go())
+    assert (tmp_path / "a.ready").exists() and 0.3 <= time.monotonic() - t0
+    go.write_text(json.dumps({"start_ns": 123}))
+    asyncio.run(src._wait_for_go())
+    assert src.cfg.start_ns == 123
+    src.out.close()

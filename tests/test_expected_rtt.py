@@ -78,3 +78,15 @@ def test_the_emulated_source_gets_the_same_timeline_on_the_wall_clock():
     assert cfg.rtt_steps["edgec"] == [(0.0, 30.0), (6.0, 48.0), (12.0, 60.0)]
     # the source's record: the step in force at td on the wall clock, back to emulated ms through its clock
     assert cfg.clock.emulated(rtt_at(cfg.rtt_steps["edgec"], 7.0)) == pytest.approx(16.0)
+
+
+def test_all_sources_configs_route_once_and_match_one_by_one():
+    plan = _plan(EVENTS)
+    plan.experiment.workload[0].sources.append("srcc")
+    plan = build_plan(plan.experiment, base_dir=TRIANGLE.parent)
+    every = SourceConfig.all_from_plan(plan, 0, 6.0, Path("/tmp"))
+    assert list(every) == ["srca", "srcc"]
+    for name, cfg in every.items():
+        assert cfg == SourceConfig.from_plan(plan, name, 0, 6.0, Path("/tmp"))
+    assert every["srcc"].rtt_steps["edgeb"] == [(0.0, 6.0), (2.0, 12.0)]  # C-B: 3 ms, then 6 ms; A-B down: no change
+    assert SourceConfig.all_from_plan(plan, 0, 6.0, Path("/tmp"), ["srcc", "nosuch"]).keys() == {"srcc"}

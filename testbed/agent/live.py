@@ -243,12 +243,9 @@ def source_configs(plan, sources: list[str], aset: AsetSpec | None = None) -> li
     """The configs the emulation gives ``sources`` (those no workload entry selects left out),
     with ``aset`` in place of the experiment's section when given. ``plan``: a wall-clock plan
     (:func:`testbed.plan.dilation.dilate`) under time dilation, else the plan."""
-    out = []
-    for s in sources:
-        cfg = SourceConfig.from_plan(plan, s, 0, plan.experiment.duration_s, Path(plan.base_dir))
-        if cfg is not None:
-            out.append(cfg.model_copy(update={"records": "", **({"aset": aset} if aset is not None else {})}))
-    return out
+    cfgs = SourceConfig.all_from_plan(plan, 0, plan.experiment.duration_s, Path(plan.base_dir), sources)
+    return [cfg.model_copy(update={"records": "", **({"aset": aset} if aset is not None else {})})
+            for cfg in cfgs.values()]
 
 
 def check_agents(plan, sources: list[str] | None = None) -> dict[str, Any] | None:

@@ -103,6 +103,9 @@ class _RecordCounter:
 #: the run gives up (s); and how far after the last one is ready the load starts (s).
 SOURCES_READY_TIMEOUT_S = 120.0
 START_LEAD_S = 0.3
+#: How much longer than the run (s) a ready source waits for the load's start: the sources are
+#: started one after another, so the first is ready before the run's wait for the last begins.
+GO_MARGIN_S = 60.0
 #: The load's common start time, in the run folder (``{"start_ns": N}``; not under ``sources/``,
 #: whose files are named after the sources).
 LOAD_START_FILE = "load_start.json"
@@ -118,20 +121,22 @@ def sources_ready_timeout_s(plan: Plan) -> float:
 def _start_sources(live: Live, duration_s: float, stack: ExitStack) -> dict[str, subprocess.Popen]:
     """One ``python -m testbed.emu.source`` per source with load, in its host, held at the start
     barrier (``sources/<name>.ready``, :data:`LOAD_START_FILE`: :func:`_release_sources`); stopped on
-    ``stack`` exit."""
+    ``stack`` exit. Every config is written before the first source starts, so that the sources
+    start within moments of each other even on a machine whose CPU the network's daemons take."""
     procs: dict[str, subprocess.Popen] = {}
     stack.callback(stop_processes, procs.values(), signal.SIGINT)
-    fallback_ns = time.time_ns() + int(sources_ready_timeout_s(live.plan) * 1e9)  # LOAD_START_FILE replaces it
-    for s in live.plan.sources:
-        cfg = SourceConfig.from_plan(live.plan, s.name, fallback_ns, duration_s, live.run_dir)
-        if cfg is None:
-            continue
-        cfg = cfg.model_copy(update={"ready_file": str(live.run_dir / "sources" / f"{s.name}.ready"),
-                                     "go_file": str(live.run_dir / LOAD_START_FILE)})
-        path = write_json_atomic(live.run_dir / "sources" / f"{s.name}.json", cfg)
-        log = stack.enter_context(open(live.run_dir / "logs" / f"source-{s.name}.log", "w"))
-        procs[s.name] = tied_popen(live.emu.node(s.name).popen, [sys.executable, "-m", "testbed.emu.source", str(path)],
-                                   stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+    ready_s = sources_ready_timeout_s(live.plan)
+    fallback_ns = time.time_ns() + int(ready_s * 1e9)  # LOAD_START_FILE replaces it
+    paths = {}
+    for name, cfg in SourceConfig.all_from_plan(live.plan, fallback_ns, duration_s, live.run_dir).items():
+        cfg = cfg.model_copy(update={"ready_file": str(live.run_dir / "sources" / f"{name}.ready"),
+                                     "go_file": str(live.run_dir / LOAD_START_FILE),
+                                     "go_timeout_s": ready_s + GO_MARGIN_S})
+        paths[name] = write_json_atomic(live.run_dir / "sources" / f"{name}.json", cfg)
+    for name, path in paths.items():
+        log = stack.enter_context(open(live.run_dir / "logs" / f"source-{name}.log", "w"))
+        procs[name] = tied_popen(live.emu.node(name).popen, [sys.executable, "-m", "testbed.emu.source", str(path)],
+                                 stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
     return procs
 
 

@@ -112,9 +112,8 @@ def _refused(exc: BaseException) -> bool:
 #: The instants a query's answer carries (t0 and td are taken before it is sent).
 _INSTANTS = ("t1_ns", "t1h_ns", "t2_ns", "t3_ns", "t3h_ns", "t4_ns")
 
-#: How often a source looks for the run's go (s), and how long it waits for it at most (s).
+#: How often a source looks for the run's go (s); how long it waits at most is its config's ``go_timeout_s``.
 GO_POLL_S = 0.005
-GO_TIMEOUT_S = 300.0
 
 
 class Source:
@@ -377,16 +376,16 @@ class Source:
         selector's). Without a barrier, the configured ``start_ns`` stands.
 
         Raises:
-            TimeoutError: no go within :data:`GO_TIMEOUT_S` (the run stops the source before that).
+            TimeoutError: no go within the config's ``go_timeout_s`` (the run stops the source before that).
         """
         if not self.cfg.go_file:
             return
         if self.cfg.ready_file:
             Path(self.cfg.ready_file).touch()
-        go, deadline = Path(self.cfg.go_file), time.monotonic() + GO_TIMEOUT_S
+        go, deadline = Path(self.cfg.go_file), time.monotonic() + self.cfg.go_timeout_s
         while not go.exists():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no start from the run ({go}) within {GO_TIMEOUT_S:g} s")
+                raise TimeoutError(f"no start from the run ({go}) within {self.cfg.go_timeout_s:g} s")
             await asyncio.sleep(GO_POLL_S)
         start_ns = int(json.loads(go.read_text())["start_ns"])
         self.cfg = self.cfg.model_copy(update={"start_ns": start_ns})

@@ -28,6 +28,7 @@ from testbed.core.errors import InputError
 from testbed.core.util import REPO_ROOT
 from testbed.model.cpu import threads_per_call
 from testbed.model.dispatch import OptionSpec
+from testbed.model.network import RttStep
 from testbed.model.policies import CATALOGUE, plugin_origins
 from testbed.model.records import GRACE_MS
 from testbed.plan.dilation import cpu_pad, wall_clock
@@ -196,6 +197,9 @@ class SourceConfig(_Boundary):
     ``ready_file`` once it can send (imports done, request bodies built, a connection open to every
     cluster) and waits for ``go_file``, a JSON ``{"start_ns": N}`` the run writes once every
     source is ready; ``start_ns`` is then replaced by N (the value here is only a fallback).
+    ``go_timeout_s``: how long (wall s) it waits for ``go_file`` at most; the run sets it past its
+    own wait for every source to be ready (:func:`testbed.emu.load.sources_ready_timeout_s`), so
+    that the run, not one early source, says which source was late.
     ``no_route``: per cluster, the spans of the run (s since the load started, on the wall clock) in
     which the planned network has no route to it (:meth:`testbed.plan.resolved.Plan.no_route_spans`;
     an open span ends at :data:`NO_ROUTE_END_S`): a query that got no answer in one is ``unreachable``.
@@ -236,6 +240,7 @@ class SourceConfig(_Boundary):
     experiment: str | None = None
     ready_file: str | None = None
     go_file: str | None = None
+    go_timeout_s: float = Field(300.0, gt=0)
     no_route: dict[str, list[tuple[float, float]]] = {}
     rtt_steps: dict[str, list[tuple[float, float | None]]] = {}
     time_dilation: float = Field(1.0, ge=1.0)
@@ -251,18 +256,44 @@ class SourceConfig(_Boundary):
     @classmethod
     def from_plan(cls, plan: Plan, source: str, start_ns: int, duration_s: float, run_dir: Path) -> SourceConfig | None:
         """The config of ``source`` (None when no workload entry selects it); ``duration_s`` on the
-        plan's clock.
+        plan's clock. For several sources, :meth:`all_from_plan` routes the network once.
 
         Raises:
             PlanError: a dilated experiment's plan not yet on the wall clock
                 (:func:`testbed.plan.dilation.wall_clock`).
         """
+        return cls.all_from_plan(plan, start_ns, duration_s, run_dir, [source]).get(source)
+
+    @classmethod
+    def all_from_plan(cls, plan: Plan, start_ns: int, duration_s: float, run_dir: Path,
+                      sources: list[str] | None = None) -> dict[str, SourceConfig]:
+        """Per source of ``sources`` (default: every source of the plan, in plan order) that some
+        workload entry selects, its config (:meth:`from_plan`). The routes over the events' timeline
+        (:meth:`Plan.no_route_spans`, :meth:`Plan.rtt_timelines`: shortest-path trees from every
+        cluster at every change, about 0.1 s of CPU on 1,138 switches) are computed once for all.
+
+        Raises:
+            PlanError: a dilated experiment's plan not yet on the wall clock
+                (:func:`testbed.plan.dilation.wall_clock`).
+        """
+        wall_clock(plan)
+        names = [h.name for h in plan.sources] if sources is None else list(sources)
+        loaded = [n for n in names if any(n in w for w in plan.weights)]
+        if not loaded:
+            return {}
+        spans, steps = plan.no_route_spans(), plan.rtt_timelines()
+        return {n: cls._for_source(plan, n, start_ns, duration_s, run_dir, spans, steps) for n in loaded}
+
+    @classmethod
+    def _for_source(cls, plan: Plan, source: str, start_ns: int, duration_s: float, run_dir: Path,
+                    spans: dict[tuple[str, str], list[tuple[float, float]]],
+                    steps: dict[tuple[str, str], list[RttStep]]) -> SourceConfig:
+        """The config of ``source``, which a workload entry selects, from the plan-wide ``spans``
+        and ``steps`` (:meth:`all_from_plan`)."""
         clock = wall_clock(plan)
         exp = plan.experiment
         streams = [StreamConfig(index=wi, spec=w, weight=plan.weights[wi][source])
                    for wi, w in enumerate(exp.workload) if source in plan.weights[wi]]
-        if not streams:
-            return None
         names = {st.spec.application for st in streams}
         apps = [AppInfo(name=a.name, family=a.family, deadline_ms=a.deadline_ms, min_accuracy=a.min_accuracy)
                 for a in exp.applications if a.name in names]
@@ -270,10 +301,10 @@ class SourceConfig(_Boundary):
         path_links = {p.cluster: list(zip(p.switches, p.switches[1:], strict=False))
                       for p in plan.paths if p.source == source}
         spec_s = next(x for x in exp.sources if x.name == source)
-        no_route = {c: [(a, min(b, NO_ROUTE_END_S)) for a, b in spans]
-                    for (s, c), spans in plan.no_route_spans().items() if s == source and spans}
-        rtt_steps = {c: [(a, rtt if math.isfinite(rtt) else None) for a, rtt in steps]
-                     for (s, c), steps in plan.rtt_timelines().items() if s == source}
+        no_route = {c: [(a, min(b, NO_ROUTE_END_S)) for a, b in pair_spans]
+                    for (s, c), pair_spans in spans.items() if s == source and pair_spans}
+        rtt_steps = {c: [(a, rtt if math.isfinite(rtt) else None) for a, rtt in pair_steps]
+                     for (s, c), pair_steps in steps.items() if s == source}
         policy = spec_s.policy or exp.policy
         plugins = plugin_origins([policy])
         plugin_paths = sorted({o["sys_path"] for o in plugins.values()})

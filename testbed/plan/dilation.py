@@ -37,7 +37,8 @@ from the same seeds as the simulator, and stretch the times by k: :class:`Stretc
 window (the agent checks it against its checkpoint's; the source waits k x it); the RTT
 self-check's tolerances (it judges emulated values: :func:`testbed.emu.selfcheck.check_rtts`
 divides what it measures by k); loss, sizes, counts, CPU shares (the cluster's CPU is slowed by
-cgroups or padding, :func:`nested_cpu`); the simulator's settings.
+cgroups or padding, :func:`nested_cpu`); the simulator's settings; a source's wait for the load's
+start (``go_timeout_s``: the run's own wall-clock bound, set from its k by :mod:`testbed.emu.load`).
 TCP's minimum retransmission timeout is :func:`rto_min_ms`.
 
 Every conversion between the clocks is a method of one object, :class:`testbed.core.clock.EmulatedClock`
