@@ -3,6 +3,8 @@ vSwitch's default inactivity probe allows (5 s idle, then 5 s for an answer): th
 (:data:`testbed.emu.mininet_network.CONTROLLER_SETTINGS`, applied to the open connections by
 :meth:`testbed.emu.mininet_network.Emulation.apply_controller_settings`), so a starved controller is
 not taken for a failed one. Real Mininet, Open vSwitch and ryu-manager on the triangle; root only.
+The bring-up applies them as soon as every switch is connected, before the controller installs the
+flows (a unit test of :func:`testbed.sdn.client.wait_ready`'s ``on_connected``).
 """
 
 from __future__ import annotations
@@ -47,3 +49,22 @@ def test_switches_stay_connected_while_the_controller_answers_nothing(tmp_path):
         after = log.read_text()[before:]
     assert "disconnected" not in after, after
     assert not status.get("missing_switches"), status
+
+
+def test_the_settings_are_applied_once_every_switch_is_connected_before_the_flows(monkeypatch):
+    import testbed.sdn.client as ctl
+
+    answers = iter([{"ready": False, "missing_switches": [2, 3]}, {"ready": False, "missing_switches": [3]},
+                    {"ready": False, "missing_switches": [], "missing_links": [[1, 2]]},
+                    {"ready": False, "missing_switches": [], "missing_links": []}, {"ready": True}])
+    seen: list[str] = []
+
+    def status(url, timeout_s=5.0):
+        st = next(answers)
+        seen.append("ready" if st["ready"] else f"missing {len(st['missing_switches'])}")
+        return st
+
+    monkeypatch.setattr(ctl, "get_status", status)
+    ctl.wait_ready("http://127.0.0.1:1", timeout_s=5, poll_s=0.0, proc=None,
+                   on_connected=lambda: seen.append("applied"))
+    assert seen == ["missing 2", "missing 1", "missing 0", "applied", "missing 0", "ready"]

@@ -213,17 +213,27 @@ def _launch_controller(plan: Plan, emu: Emulation, run_dir: Path):
 
 
 def _start_switches(plan: Plan, emu: Emulation, proc, run_id: str, console: Console, mark) -> None:
-    """Once ryu-manager listens: the switches, then every switch, link and flow acknowledged, then
-    the controller settings applied to the open connections."""
+    """Once ryu-manager listens: the switches, then every switch, link and flow acknowledged. The
+    controller settings are applied to the open connections as soon as every switch is connected,
+    before the controller installs the flows: while it computes and sends them (20,484 flows on
+    backbone/americas) it answers no echo request, and Open vSwitch's own 5 s probe would drop
+    the switches, each reconnection making it recompute the routes again."""
     em = plan.experiment.emulation
+    applied: list[bool] = []
+
+    def settle() -> None:
+        emu.apply_controller_settings()
+        applied.append(True)
+
     with console.status("starting the switches (ryu-manager discovers the links)..."):
         wait_listening(em.of_port, proc, timeout_s=30, host=emu.controller_host)
         mark("controller_listening")
         emu.start_switches(run_id)
         mark("switches_started")
         ctl.wait_ready(f"http://127.0.0.1:{em.rest_port}", timeout_s=60 + 2 * len(plan.links), poll_s=0.02,
-                       nudge=emu.nudge_switches)
-        emu.apply_controller_settings()
+                       nudge=emu.nudge_switches, on_connected=settle)
+        if not applied:
+            settle()
         mark("controller_ready")
 
 

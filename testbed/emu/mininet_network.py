@@ -102,6 +102,8 @@ TCP_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": 0}
 #: ``ofservice_create`` and ``ofconn_create`` leave the 5 s, ``ofservice_reconfigure`` sets it):
 #: :meth:`Emulation.apply_controller_settings` makes that reconfiguration.
 CONTROLLER_SETTINGS = ("connection_mode=out-of-band", "max_backoff=1000", "inactivity_probe=0")
+#: How many shards' databases :meth:`Emulation.apply_controller_settings` writes at a time.
+SETTINGS_PARALLEL = 8
 #: The congestion control of every emulated host's route (``ip route ... congctl``). Back to back
 #: also means an unpaced sender: CUBIC (RFC 9438; Linux's default since 2.6.19). A new namespace
 #: inherits the machine's default, and a namespace other than the first may set its default only
@@ -714,17 +716,22 @@ class Emulation:
         while the connection is up, and it reconfigures on a change to a column it watches (a
         Bridge's ``external_ids``; a Controller's are not watched). So one write per database,
         ``external_ids:testbed_connected=true`` on each of the run's bridges, which ``ovs-vsctl``
-        waits for ovs-vswitchd to have applied. The connection object outlives reconnections, so
-        the setting then holds for the run.
+        waits for ovs-vswitchd to have applied (the shards' databases :data:`SETTINGS_PARALLEL` at a
+        time). The connection object outlives reconnections, so the setting then holds for the run.
 
         Raises:
             EmulationError: ``ovs-vsctl`` failed or timed out (the database is named).
         """
         mark = "external_ids:testbed_connected=true"
         if self.shards:
-            for sh in self.shards:
+            from concurrent.futures import ThreadPoolExecutor
+
+            def one(sh) -> None:
                 args = [a for sw in sh.switches for a in ("--", "set", "bridge", sw, mark)]
                 _sh(sh.vsctl(*args), f"controller settings of shard {sh.node}")
+
+            with ThreadPoolExecutor(SETTINGS_PARALLEL) as pool:
+                list(pool.map(one, self.shards))  # the first failure raises here, the rest finished
             return
         args = [a for s in self.plan.switches for a in ("--", "set", "bridge", s.name, mark)]
         _sh(["ovs-vsctl", "--timeout=60", *args], "controller settings of the switches")

@@ -350,7 +350,8 @@ def _not_ready_message(rest_url: str, status: dict | None, last_error: str | Non
 
 
 def wait_ready(rest_url: str, timeout_s: float = 60.0, poll_s: float = 0.25,
-               proc: subprocess.Popen | None = None, nudge: Callable[[], None] | None = None) -> dict:
+               proc: subprocess.Popen | None = None, nudge: Callable[[], None] | None = None,
+               on_connected: Callable[[], None] | None = None) -> dict:
     """Poll ``/testbed/status`` until ``ready`` (all switches, all links both ways, flows acknowledged).
 
     Args:
@@ -361,6 +362,9 @@ def wait_ready(rest_url: str, timeout_s: float = 60.0, poll_s: float = 0.25,
             REST port, so an early exit is reported at once with its log.
         nudge: called at each poll while a switch is missing (e.g.
             :meth:`testbed.emu.mininet_network.Emulation.nudge_switches`).
+        on_connected: called once, at the first poll that finds every switch connected and the
+            controller not yet ready (links still being discovered, flows not yet installed); not
+            called when the first answer is already ready. What it raises propagates.
 
     Returns:
         The final status dict.
@@ -391,6 +395,10 @@ def wait_ready(rest_url: str, timeout_s: float = 60.0, poll_s: float = 0.25,
                 return status
         except ControllerError as exc:
             last_error = str(exc)
+        if on_connected is not None and status is not None and "missing_switches" in status \
+                and not status["missing_switches"]:
+            on_connected()
+            on_connected = None
         if nudge is not None and (status is None or status.get("missing_switches")):
             nudge()
         if time.monotonic() >= deadline:
