@@ -276,7 +276,7 @@ class SourceConfig(_Boundary):
             PlanError: a dilated experiment's plan not yet on the wall clock
                 (:func:`testbed.plan.dilation.wall_clock`).
         """
-        wall_clock(plan)
+        wall_clock(plan)  # an emulated plan at k != 1 is refused before anything is routed
         names = [h.name for h in plan.sources] if sources is None else list(sources)
         loaded = [n for n in names if any(n in w for w in plan.weights)]
         if not loaded:
