@@ -219,21 +219,13 @@ def _start_switches(plan: Plan, emu: Emulation, proc, run_id: str, console: Cons
     backbone/americas) it answers no echo request, and Open vSwitch's own 5 s probe would drop
     the switches, each reconnection making it recompute the routes again."""
     em = plan.experiment.emulation
-    applied: list[bool] = []
-
-    def settle() -> None:
-        emu.apply_controller_settings()
-        applied.append(True)
-
     with console.status("starting the switches (ryu-manager discovers the links)..."):
         wait_listening(em.of_port, proc, timeout_s=30, host=emu.controller_host)
         mark("controller_listening")
         emu.start_switches(run_id)
         mark("switches_started")
         ctl.wait_ready(f"http://127.0.0.1:{em.rest_port}", timeout_s=60 + 2 * len(plan.links), poll_s=0.02,
-                       nudge=emu.nudge_switches, on_connected=settle)
-        if not applied:
-            settle()
+                       nudge=emu.nudge_switches, on_connected=emu.apply_controller_settings)
         mark("controller_ready")
 
 

@@ -57,6 +57,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -724,8 +725,6 @@ class Emulation:
         """
         mark = "external_ids:testbed_connected=true"
         if self.shards:
-            from concurrent.futures import ThreadPoolExecutor
-
             def one(sh) -> None:
                 args = [a for sw in sh.switches for a in ("--", "set", "bridge", sw, mark)]
                 _sh(sh.vsctl(*args), f"controller settings of shard {sh.node}")

@@ -362,9 +362,9 @@ def wait_ready(rest_url: str, timeout_s: float = 60.0, poll_s: float = 0.25,
             REST port, so an early exit is reported at once with its log.
         nudge: called at each poll while a switch is missing (e.g.
             :meth:`testbed.emu.mininet_network.Emulation.nudge_switches`).
-        on_connected: called once, at the first poll that finds every switch connected and the
-            controller not yet ready (links still being discovered, flows not yet installed); not
-            called when the first answer is already ready. What it raises propagates.
+        on_connected: called once: at the first poll that finds every switch connected and the
+            controller not yet ready (links still being discovered, flows not yet installed), else
+            before returning ready. What it raises propagates.
 
     Returns:
         The final status dict.
@@ -392,6 +392,8 @@ def wait_ready(rest_url: str, timeout_s: float = 60.0, poll_s: float = 0.25,
         try:
             status = get_status(rest_url, timeout_s=min(5.0, max(0.5, timeout_s)))
             if status.get("ready"):
+                if on_connected is not None:
+                    on_connected()
                 return status
         except ControllerError as exc:
             last_error = str(exc)
