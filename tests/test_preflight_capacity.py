@@ -82,3 +82,34 @@ def test_testbed_run_refuses_before_building_anything(tmp_path):
     assert r.returncode == EXIT_BRINGUP, out
     assert "pre-flight: needs" in out and "this run does not fit this machine: memory" in out
     assert "nothing was built" in out and not runs.exists()
+
+
+def test_the_path_probes_keep_to_their_budget_and_the_pre_flight_counts_them():
+    """continent-americas probes 48 paths of 925 switch links in all: at 20 Hz that would be 37,000
+    packet-hops/s, so the rate is lowered to the budget (continuously and while boosted); a small
+    network with a link failure keeps the full rate; the probes' CPU is part of the idle estimate."""
+    from testbed.emu.netplan import (
+        BASE_HZ,
+        PATH_BOOST_BUDGET,
+        PATH_PROBE_BUDGET,
+        PROBE_US_PER_PACKET_HOP,
+        path_probe_cores,
+        path_probe_hops,
+        path_probe_hz,
+    )
+
+    big = plan_experiment(REPO / "experiments" / "continent-americas.yaml")
+    hops = path_probe_hops(big)
+    assert hops == sum(len(p.switches) - 1 for p in big.paths) == 925
+    hz = path_probe_hz(big, BASE_HZ, PATH_PROBE_BUDGET)
+    assert hz == pytest.approx(PATH_PROBE_BUDGET / (2 * 925)) and hz < BASE_HZ
+    one = {big.sources[0].name}
+    boost = path_probe_hz(big, 100.0, PATH_BOOST_BUDGET, one)
+    assert boost == pytest.approx(PATH_BOOST_BUDGET / (2 * path_probe_hops(big, one)))
+    assert path_probe_cores(big) == pytest.approx(PATH_PROBE_BUDGET * PROBE_US_PER_PACKET_HOP / 1e6)
+    small = plan_experiment(REPO / "experiments" / "scenario-linkfail.yaml")
+    assert path_probe_hz(small, BASE_HZ, PATH_PROBE_BUDGET) == BASE_HZ
+    full = 2 * BASE_HZ * path_probe_hops(small) * PROBE_US_PER_PACKET_HOP / 1e6
+    assert path_probe_cores(small) == pytest.approx(full)
+    assert path_probe_cores(plan_experiment(DEFAULT)) == 0.0  # no event moves a path: no path probes
+    assert estimate(big).idle_cores > estimate(big.model_copy(update={"changes": []})).idle_cores

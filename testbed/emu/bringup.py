@@ -46,7 +46,7 @@ from testbed.emu.cleanup import (
     remove_orphan_groups,
     write_state,
 )
-from testbed.emu.dynamics import PATH_KINDS, Dynamics, write_controller_events
+from testbed.emu.dynamics import Dynamics, write_controller_events
 from testbed.emu.mininet_network import (
     Emulation,
     EmulationError,
@@ -338,7 +338,8 @@ def _start_dynamics(live: Live, console: Console) -> None:
     probed = ", ".join(f"{dyn.links[i].a}-{dyn.links[i].b} ({o[0]:.2f}/{o[1]:.2f} ms)"
                        for i, o in dyn.overhead.items())
     console.print(f"probes ready on {len(dyn.overhead)} link(s), probe-path overhead a>b/b>a: {probed}"
-                  + ("; source->cluster path probes on" if kinds & PATH_KINDS else ""), markup=False)
+                  + (f"; source->cluster path probes on, {dyn.path_hz:.3g} Hz per path" if dyn.path_probes else ""),
+                  markup=False)
 
 
 def _write_network_json(live: Live, final: bool = False, console: Console | None = None) -> None:

@@ -26,7 +26,7 @@ process's descriptors at most :data:`FD_SHARE` of ``ulimit -n``. CPU does not re
 the plan's load, the run is told the time dilation k at which the CPU would carry it
 (:func:`testbed.emu.autodilate.k_for`, the rule of ``--time-dilation auto`` with the whole
 machine idle, less the CPU the idle network itself takes, :data:`IDLE_CORES_PER_SHARD` and
-:data:`IDLE_CORES_PER_SWITCH`).
+:data:`IDLE_CORES_PER_SWITCH`, and its continuous path probes, :func:`~testbed.emu.netplan.path_probe_cores`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 from testbed.core.errors import EXIT_BRINGUP, RunFailure
 from testbed.emu.cleanup import RUN_ENV
 from testbed.emu.machine import CPU_ROLES
-from testbed.emu.netplan import emulator_groups, ovs_shards, probe_hosts
+from testbed.emu.netplan import emulator_groups, ovs_shards, path_probe_cores, probe_hosts
 from testbed.plan.build import Plan
 from testbed.plan.traces import arrival_process
 from testbed.plan.transfer import TransferTable
@@ -219,7 +219,8 @@ def estimate(plan: Plan, link_emulator: str = "userspace", datapath: str = "user
     procs = sum(n * costs[i].processes for i, n in items.items())
     threads = procs + sum(n * costs[i].threads for i, n in items.items())
     run_fds = costs["run process"].fds + sum(n * costs[i].run_fds for i, n in items.items())
-    idle = items["ovs shard"] * IDLE_CORES_PER_SHARD + items["switch"] * IDLE_CORES_PER_SWITCH
+    idle = (items["ovs shard"] * IDLE_CORES_PER_SHARD + items["switch"] * IDLE_CORES_PER_SWITCH
+            + path_probe_cores(plan))
     return Needs(items, mem, procs, threads, run_fds, idle)
 
 

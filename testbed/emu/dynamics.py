@@ -38,16 +38,15 @@ from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT
 from testbed.emu.linkctl import SETTLE_S, Applied, DaemonHandle, EmuLink, Readback
 from testbed.emu.mininet_network import Emulation, EmulationError, ProbeHost, control_dir
+from testbed.emu.netplan import BASE_HZ, PATH_BOOST_BUDGET, PATH_PROBE_BUDGET, has_path_probes, path_probe_hz
 from testbed.emu.probe import ProbeError, wait_ready
 from testbed.model.network import NetworkState
-from testbed.model.timeline import EVENT_KINDS, Change, Measured, Tolerance
+from testbed.model.timeline import Change, Measured, Tolerance
 from testbed.plan.build import Plan
 from testbed.sdn.client import ControllerError, get_events, get_path
 
-#: Probes per second per target, continuously (a 64-byte UDP datagram each way). While a change is
-#: measured, the link's probes run at its kind's ``boost_hz`` for the kind's window (``window_s``).
-BASE_HZ = 20.0
-#: Probe rate per source -> cluster path while a change that moves paths is measured.
+#: Probe rate per source -> cluster path while a change that moves paths is measured. The path
+#: probes' rates are lowered to keep to a CPU budget on large networks (:func:`path_probe_hz`).
 PATH_BOOST_HZ = 100.0
 #: Seconds of the baseline at bring-up, and its probe rate.
 BASELINE_S, BASELINE_HZ = 1.0, 200.0
@@ -57,8 +56,6 @@ BASELINE_S, BASELINE_HZ = 1.0, 200.0
 #: short by as much. The baseline is then taken again, up to :data:`BASELINE_ROUNDS` times in all,
 #: keeping the lowest median per direction (``probe_baseline.json`` lists every round).
 BASELINE_SUSPECT_MS, BASELINE_ROUNDS = 1.5, 3
-#: Kinds whose measurement needs the source -> cluster path probes (kept current with the registry).
-PATH_KINDS = EVENT_KINDS.subset(lambda k: bool(getattr(k, "paths", ())))
 #: The probes are raised and the affected paths looked up this long before a change fires (s).
 PREPARE_S = 0.1
 
@@ -92,7 +89,8 @@ class Dynamics:
         self.dpid = {s.name: s.dpid for s in plan.switches}
         self.overhead: dict[int, tuple[float, float]] = {}  # link -> (a>b, b>a) ms
         self.baseline_rounds: list[dict[int, tuple[float, float]]] = []  # per round, link -> (a>b, b>a) ms
-        self.path_probes = any(c.kind in PATH_KINDS for c in plan.changes)
+        self.path_probes = has_path_probes(plan)
+        self.path_hz = path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET)  # per path, continuously
         self.model = plan.network_state()
         em = plan.experiment.emulation
         w = EmulatedClock(plan.time_dilation).wall  # the read-backs measure on the wall clock: tolerances in wall ms
@@ -125,7 +123,7 @@ class Dynamics:
         if self.path_probes:
             for s in self.plan.sources:
                 self.daemons[s.name].client.request("probe", targets={c.name: c.ip for c in self.plan.clusters},
-                                                    hz=BASE_HZ)
+                                                    hz=self.path_hz)
         self.baseline()
 
     def baseline(self) -> None:
@@ -225,8 +223,10 @@ class Dynamics:
         affected = self._affected(ch) if ch.entry.paths and self.path_probes else []
         try:
             self.daemons[a.name].client.request("boost", hz=ch.entry.boost_hz, for_s=for_s)
-            for s in {s for s, _ in affected}:
-                self.daemons[s].client.request("boost", hz=PATH_BOOST_HZ, for_s=for_s)
+            boosted = {s for s, _ in affected}
+            hz = path_probe_hz(self.plan, PATH_BOOST_HZ, PATH_BOOST_BUDGET, boosted)
+            for s in boosted:
+                self.daemons[s].client.request("boost", hz=hz, for_s=for_s)
         except ProbeError as exc:
             raise EmulationError(str(exc)) from None
         return affected

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 from testbed.core.errors import RunFailure
+from testbed.model.timeline import EVENT_KINDS
 from testbed.plan.build import Plan
 
 #: Links served by one link-emulator process (one epoll loop, one timer);
@@ -29,6 +30,23 @@ SHARD_ABOVE_SWITCHES = int(os.environ.get("TESTBED_SHARD_ABOVE", "16"))
 #: /22 the shards' control veths are numbered from (root side .2k, shard side .2k+1).
 CONTROLLER_IP = "169.254.255.254"
 CONTROL_NET = "169.254.252.0"
+#: Probes per second per target, continuously (a 64-byte UDP datagram each way; testbed.emu.dynamics).
+#: While a change is measured, the link's probes run at its kind's ``boost_hz`` for its window.
+BASE_HZ = 20.0
+#: Kinds whose measurement needs the source -> cluster path probes (kept current with the registry).
+PATH_KINDS = EVENT_KINDS.subset(lambda k: bool(getattr(k, "paths", ())))
+#: The most packet-hops per wall second the source -> cluster path probes may send in all, at their
+#: continuous rate and while a change that moves paths is measured (:func:`path_probe_hz`). A probe
+#: and its echo each cross every switch link of the path, an OVS traversal and the link emulator at
+#: each. On backbone/americas, 48 paths of 925 switch links in all probed at 20 Hz (37,000
+#: packet-hops/s) took 2.65 cores: Open vSwitch 1.8 above its idle 0.56, the link emulators 0.87
+#: (``scale_bench.py big experiments/continent-americas.yaml --k 13``, summary.json machine_cpu, and
+#: ``scale_bench.py costs topohub:backbone/americas`` for the idle), about 72 us per packet-hop. At
+#: 2,000 every other shipped experiment keeps its full rate (1,880 at most), for ~0.15 cores.
+PATH_PROBE_BUDGET = 2_000.0
+PATH_BOOST_BUDGET = 10_000.0
+#: The CPU (us) one probe packet takes per switch link it crosses, as measured above.
+PROBE_US_PER_PACKET_HOP = 72.0
 
 
 class EmulationError(RunFailure):
@@ -41,6 +59,33 @@ def probed_links(plan: Plan) -> list[int]:
     """Indices (``Link.index``) of the links that scenario events change, sorted."""
     pairs = {frozenset(c.link) for c in plan.changes if c.link is not None}
     return sorted(lk.index for lk in plan.links if frozenset((lk.a, lk.b)) in pairs)
+
+
+def has_path_probes(plan: Plan) -> bool:
+    """Whether a run of ``plan`` probes its source -> cluster paths (a change of a :data:`PATH_KINDS` kind)."""
+    return any(c.kind in PATH_KINDS for c in plan.changes)
+
+
+def path_probe_hops(plan: Plan, sources: set[str] | None = None) -> int:
+    """Switch links summed over the planned paths from ``sources`` (None: every source) to every cluster."""
+    return sum(len(p.switches) - 1 for p in plan.paths if sources is None or p.source in sources)
+
+
+def path_probe_hz(plan: Plan, hz: float, budget: float, sources: set[str] | None = None) -> float:
+    """The rate (Hz, per path) at which the probes from ``sources`` (None: every source) to every
+    cluster are sent: ``hz``, lowered so that the probes and their echoes cross at most ``budget``
+    switch links per wall second in all (:data:`PATH_PROBE_BUDGET`, :data:`PATH_BOOST_BUDGET`)."""
+    hops = path_probe_hops(plan, sources)
+    return min(hz, budget / (2 * hops)) if hops else hz
+
+
+def path_probe_cores(plan: Plan) -> float:
+    """The cores the continuous path probes of ``plan`` take (0 when it has none), at
+    :data:`PROBE_US_PER_PACKET_HOP`."""
+    if not has_path_probes(plan):
+        return 0.0
+    hz = path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET)
+    return 2 * hz * path_probe_hops(plan) * PROBE_US_PER_PACKET_HOP / 1e6
 
 
 @dataclass(frozen=True)
