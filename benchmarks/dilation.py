@@ -28,7 +28,7 @@ Run from the repository root (root; every emulation under the shared lock: ``flo
 ``python -m benchmarks.dilation light [--ks 1,4] [--duration 20s]``
     a light experiment (the triangle, 4 q/s per source) at each k: success ratio with its 95 %
     Wilson interval and e2e p50 with its 95 % order-statistic interval.
-``python -m benchmarks.dilation ceiling [--ks 1,2,4,auto] [--rates 50,100,200,400,800,1200] [--hogs N]``
+``python -m benchmarks.dilation ceiling [--ks 1,2,4,auto] [--rates 50,100,200,400,800,1200] [--hogs N] [--result NAME]``
     the triangle's load ceiling in emulated q/s at MTU 1500 (both sources, ``rate_qps`` per source
     = rate / 2, ``duration`` 10 s emulated, clusters of 2 cores and 2 workers: ``CEILING_CLUSTERS``):
     the highest rate whose network excess p50 stays under 2 ms with no query dropped; and the
@@ -577,6 +577,7 @@ def _ceiling(a: argparse.Namespace) -> int:
             over = {"workload": [{"application": "digits", "sources": "all", "rate_qps": rate / 2}],
                     "duration_s": a.duration_s, "clusters": CEILING_CLUSTERS}
             plan = _plan(TRIANGLE, None, over)
+            load_before = os.getloadavg()[0]
             k = _k_of(k_text, plan)
             s, wall, run_dir = _emulate(_plan(TRIANGLE, k, over), Path(a.out) / "ceiling", a.duration_s)
             f = _figures(s)
@@ -584,6 +585,7 @@ def _ceiling(a: argparse.Namespace) -> int:
             carried = f["excess_p50_ms"] is not None and f["excess_p50_ms"] < CEILING_EXCESS_MS and not full
             k = s.get("k", k)
             rows.append({"k_asked": k_text, "k": k, "auto_s": s.get("auto_s"), "rate_qps": rate,
+                         "load_before": round(load_before, 2),
                          "exit": s["exit_code"], "queries": f["queries"],
                          "answered_qps": s.get("throughput_qps"), "success": f["success"],
                          "excess_p50_ms": f["excess_p50_ms"], "dropped": full, "carried": carried,
@@ -592,7 +594,38 @@ def _ceiling(a: argparse.Namespace) -> int:
             if not carried:
                 break  # the ceiling at this k is the previous rate
     _save(Path(a.out), "ceiling", rows)
+    if a.result:
+        print(f"wrote {_ceiling_result(a.result, rows, a.hogs, sys.argv[1:])}")
     return 0
+
+
+#: The ceiling's columns on docs/results.md (:func:`_ceiling_result`).
+CEILING_COLUMNS = ["k_asked", "k", "auto_s", "rate_qps", "load_before", "exit", "queries", "answered_qps", "success",
+                   "excess_p50_ms", "dropped", "carried", "wall_s"]
+#: Issue 38's target: at least this many emulated q/s carried (network excess p50 < :data:`CEILING_EXCESS_MS`).
+CEILING_TARGET_QPS = 1000.0
+
+
+def _ceiling_result(name: str, rows: list[dict], hogs: int, argv: list[str], out_dir: Path | None = None) -> Path:
+    """The ceiling's rows as a results source file (in ``out_dir``, default the results folder), the
+    target judged in its summary."""
+    from benchmarks.resultfile import RESULTS_DIR, write_result
+
+    best = max((r for r in rows if r["carried"]), key=lambda r: r["rate_qps"], default=None)
+    met = best is not None and best["rate_qps"] >= CEILING_TARGET_QPS
+    summary = (f"Target >= {CEILING_TARGET_QPS:,.0f} emulated q/s with a network excess p50 under "
+               f"{CEILING_EXCESS_MS:g} ms: {'met' if met else 'MISSED'}; "
+               + (f"the highest rate carried was {best['rate_qps']:,.0f} q/s at k = {best['k']:g}."
+                  if best else "no rate was carried."))
+    notes = [f"The triangle at MTU 1500, clusters of 2 cores and 2 workers, {rows[0]['queries'] if rows else 0} "
+             f"queries in the first row; a rate is carried when the excess p50 stays under {CEILING_EXCESS_MS:g} ms "
+             f"with nothing dropped; each k stops at its first rate not carried. CPU hogs beside the runs: {hogs}; "
+             "load_before: the 1-minute load average before each row."]
+    return write_result(name, "Time dilation: the load ceiling in emulated q/s",
+                        "python -m benchmarks.dilation " + " ".join(argv),
+                        [{"caption": "one row per k and rate", "columns": CEILING_COLUMNS,
+                          "rows": [[r.get(c) for c in CEILING_COLUMNS] for r in rows]}],
+                        summary=summary, notes=notes, out_dir=out_dir or RESULTS_DIR)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -625,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default="50,100,200,400,800,1200")
     p.add_argument("--duration-s", type=float, default=10.0)
     p.add_argument("--hogs", type=int, default=0)
+    p.add_argument("--result", default=None, help="also write benchmarks/results/<RESULT>.json (docs/results.md)")
     p.set_defaults(func=cmd_ceiling)
     a = ap.parse_args(argv)
     return a.func(a)
