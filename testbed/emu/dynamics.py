@@ -43,7 +43,7 @@ from testbed.emu.probe import ProbeError, wait_ready
 from testbed.model.network import NetworkState
 from testbed.model.timeline import Change, Measured, Tolerance
 from testbed.plan.build import Plan
-from testbed.sdn.client import ControllerError, get_events, get_path
+from testbed.sdn.client import ControllerError, get_events, get_paths
 
 #: Probe rate per source -> cluster path while a change that moves paths is measured. The path
 #: probes' rates are lowered to keep to a CPU budget on large networks (:func:`path_probe_hz`).
@@ -274,12 +274,13 @@ class Dynamics:
                         out.append((s.name, c.name))
         if "now" not in ch.entry.paths:
             return out
+        try:  # one look-up for every pair: on 1,138 switches 48 single ones took up to 12 s under load
+            installed = {(p["src"], p["dst"]): p["dpids"] for p in get_paths(self.rest_url)}
+        except ControllerError:
+            installed = {}
         for s in self.plan.sources:  # pairs whose installed path crosses the link now
             for c in self.plan.clusters:
-                try:
-                    dpids = get_path(self.rest_url, s.mac, c.mac)["dpids"]
-                except ControllerError:
-                    continue
+                dpids = installed.get((s.mac, c.mac), [])
                 if (s.name, c.name) not in out and any({x, y} == {da, db} for x, y in zip(dpids, dpids[1:],
                                                                                              strict=False)):
                     out.append((s.name, c.name))
