@@ -181,6 +181,10 @@ def test_k_is_too_small_when_the_emulation_was_short_of_cpu_or_open_vswitch_satu
     assert not dilation_check(10, 0.5, 5.0, niced)["too_small"]  # niced jobs yield
     ovs = {**CPU_OK, "by_role": {"ovs-vswitchd": 0.95}, "testbed_cores": 0.95}
     assert any("Open vSwitch" in r for r in dilation_check(10, 0.5, 5.0, ovs)["reasons"])
+    # 228 shards' 1.21 cores are spread over 228 forwarding threads: none of them saturated
+    shards = {**CPU_OK, "by_role": {"ovs-vswitchd": 1.21}, "testbed_cores": 1.21}
+    assert not any("Open vSwitch" in r for r in dilation_check(13, 0.5, 5.0, shards, ovs_daemons=228)["reasons"])
+    assert any("Open vSwitch" in r for r in dilation_check(13, 0.5, 5.0, shards)["reasons"])
     assert dilation_check(1, None, None, {})["unjudged"]
 
 
@@ -256,3 +260,13 @@ def test_an_emulation_whose_summary_process_crashes_keeps_its_verdict(tmp_path, 
     # the same run summarised afterwards by the real summary agrees with its verdict
     s = summarise_run(EmulationOutcome(EXIT_OK, "ok", run_dir, 4.0), Console(file=io.StringIO()))
     assert s["queries"] == rec["verdict"]["queries"]
+
+
+def test_the_ovs_daemons_are_read_from_network_json(tmp_path):
+    from testbed.results.summary_process import ovs_daemons
+
+    assert ovs_daemons(tmp_path) == 1  # no network.json
+    (tmp_path / "network.json").write_text(json.dumps({"ovs": "the system's Open vSwitch"}))
+    assert ovs_daemons(tmp_path) == 1
+    (tmp_path / "network.json").write_text(json.dumps({"ovs": [{"shard": "O0"}, {"shard": "O1"}, {"shard": "O2"}]}))
+    assert ovs_daemons(tmp_path) == 3

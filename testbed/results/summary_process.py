@@ -43,9 +43,19 @@ def summarise(run_dir: Path, duration_s: float, timings: dict[str, float], captu
         rows = answered(read_records(merged if merged.exists() else run_dir / "records.csv")).to_dict("records")
         host, planned, _ = dilation_figures(_plan_doc(run_dir) or {}, rows)
         s["dilation_check"] = dilation_check(float(s.get("time_dilation", 1.0)), host, planned,
-                                             s.get("machine_cpu") or {})
+                                             s.get("machine_cpu") or {}, ovs_daemons(run_dir))
     write_json_atomic(run_dir / "summary.json", s, indent=2)
     return s
+
+
+def ovs_daemons(run_dir: Path) -> int:
+    """The ``ovs-vswitchd`` processes the run forwarded with: its OVS shards (``network.json``
+    ``ovs``), else 1 (the system's)."""
+    try:
+        ovs = json.loads((run_dir / "network.json").read_text()).get("ovs")
+    except (OSError, ValueError, AttributeError):
+        return 1
+    return len(ovs) if isinstance(ovs, list) and ovs else 1
 
 
 def main(argv: list[str]) -> int:

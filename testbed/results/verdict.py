@@ -22,8 +22,9 @@ measurements say its time dilation k was too small, whatever k it was (1 include
    :data:`UNDERSIZED_CPU_SHARE` of the cores available to it over the load (the machine's cores
    less other jobs' that are not niced and the hypervisor's steal, at least the CFS fair share:
    :attr:`testbed.emu.autodilate.Machine.available`): they were short of CPU;
-3. Open vSwitch: it used at least :data:`UNDERSIZED_OVS_CORES` of a core (its user-space datapath
-   forwards in one thread: it was saturated).
+3. Open vSwitch: it used at least :data:`UNDERSIZED_OVS_CORES` of a core per ``ovs-vswitchd`` (its
+   user-space datapath forwards in one thread: it was saturated). With OVS shards the mean per
+   daemon is judged (their sum is spread over many threads and cores).
 
 The summary says so in its first lines; ``testbed run --strict`` exits 3 on it.
 """
@@ -134,11 +135,13 @@ def summarise_in_child(run_dir: Path, duration_s: float, timings: dict[str, floa
 
 # ----------------------------------------------------------------------------- too small a k
 
-def dilation_check(k: float, host_p50_ms: float | None, planned_p50_ms: float | None, machine_cpu: dict) -> dict:
+def dilation_check(k: float, host_p50_ms: float | None, planned_p50_ms: float | None, machine_cpu: dict,
+                   ovs_daemons: int = 1) -> dict:
     """The module docstring's rule on a run's figures: ``too_small`` (bool), ``reasons`` (one
     sentence per criterion met), ``figures`` and ``rule``. ``machine_cpu``: ``summary.json``'s
     (:class:`testbed.emu.machine.MachineCpu` as a dict; {} when unknown: the CPU criteria are then
-    not judged, and ``unjudged`` says so)."""
+    not judged, and ``unjudged`` says so). ``ovs_daemons``: the ``ovs-vswitchd`` processes that
+    forwarded (1, or the OVS shards: ``network.json`` ``ovs``)."""
     reasons, unjudged = [], []
     host_bound = max(UNDERSIZED_HOST_MS, UNDERSIZED_HOST_SHARE * (planned_p50_ms or 0.0))
     if host_p50_ms is None:
@@ -163,8 +166,10 @@ def dilation_check(k: float, host_p50_ms: float | None, planned_p50_ms: float | 
             reasons.append(f"the emulation's own processes and servers used {own:.2f} cores of the {available:.2f} "
                            f"available to it ({cpus} cores less {competing:.2f} of other jobs not niced and of the "
                            f"hypervisor): at least {UNDERSIZED_CPU_SHARE:.0%}, they were short of CPU")
-        if ovs >= UNDERSIZED_OVS_CORES:
-            reasons.append(f"Open vSwitch used {ovs:.2f} cores, at least {UNDERSIZED_OVS_CORES:g} of its one "
+        daemons = max(1, int(ovs_daemons))
+        if ovs / daemons >= UNDERSIZED_OVS_CORES:
+            per = f" ({ovs / daemons:.2f} per ovs-vswitchd of {daemons})" if daemons > 1 else ""
+            reasons.append(f"Open vSwitch used {ovs:.2f} cores{per}, at least {UNDERSIZED_OVS_CORES:g} of its one "
                            f"forwarding thread: it was saturated")
     else:
         unjudged.append("CPU (the machine's CPU during the load is not known)")
