@@ -25,7 +25,7 @@ PAGE = REPO / "docs" / "results.md"
 #: The page's order: these sections first, in this order; any other source file after them, by name.
 ORDER = ("default-run", "newcomer", "dilation-validation-pipelined", "dilation-validation-busy", "dilation-ceiling",
          "speed-calibration", "compare",
-         "aset-test-set-4-6", "aset-test-set", "aset-specialize-cost", "aset-real-packets", "scale", "sim-throughput",
+         "aset-test-set-4-12", "aset-test-set", "aset-specialize-cost", "aset-real-packets", "scale", "sim-throughput",
          "install")
 
 HEADER = """# Measured results
