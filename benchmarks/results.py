@@ -23,7 +23,8 @@ RESULTS_DIR = REPO / "benchmarks" / "results"
 PAGE = REPO / "docs" / "results.md"
 
 #: The page's order: these sections first, in this order; any other source file after them, by name.
-ORDER = ("default-run", "newcomer", "dilation-validation-pipelined", "dilation-validation-busy", "dilation-ceiling",
+ORDER = ("default-run", "newcomer", "dilation-validation-pipelined", "dilation-validation-busy",
+         "dilation-validation-busy-rest", "dilation-ceiling",
          "speed-calibration", "compare",
          "aset-test-set-4-12", "aset-test-set", "aset-specialize-cost", "aset-real-packets", "scale", "sim-throughput",
          "install")
