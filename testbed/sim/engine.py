@@ -422,8 +422,9 @@ class Simulator(Links, RunColumns):
             col.extend([v] * k)
         q.fb.extend(bytes([int(d.fallback)]) * k)
         q.released.extend(bytes(k))
+        nones = [None] * k
         for col in (q.t1h, q.t2, q.t3, q.t3h, q.t4, q.status, q.qlen, q.batch):
-            col.extend([None] * k)
+            col.extend(nones)
         q.t0.extend(ts)
         q.td.extend([t + cost for t in ts] if cost else ts)
         q.t1.extend(t1)
