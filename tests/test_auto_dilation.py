@@ -4,6 +4,7 @@ to 100. Pure logic: no root, no emulation."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -120,6 +121,35 @@ def test_choose_warms_up_until_a_k_carries_the_load_and_says_why(monkeypatch, tm
     assert any("too small (needs 8.0, set by network)" in ln for ln in lines)
     assert lines[-1].startswith("time dilation auto: k = 8: a warm-up at it carried the load")
     assert got.to_dict()["warmups"][1]["need"]["k"] == pytest.approx(8.0)  # the 1 / k law holds: exactly carried
+
+
+def test_a_warm_up_the_speed_check_refused_raises_k_to_its_floor_and_nothing_below_it_is_tried(tmp_path):
+    plan = build_plan(load_experiment(TRIANGLE), base_dir=TRIANGLE.parent)
+    seen = []
+
+    def warm(p, k, folder):  # a host 35x slower than the profiles: 0.5 cores need k >= 17.6 on one thread
+        seen.append(k)
+        if k < 17.6:
+            raise autodilate.SpeedFloor("refused", k, 17.6, "edgeb")
+        return _warmup(k, host_ms=0.1)  # carried with room to spare: the rule alone would try lower
+    lines = []
+    console = type("C", (), {"print": lambda self, line, **kw: lines.append(line)})()
+    got = choose(plan, console, tmp_path, warm=warm, machine=QUIET)
+    assert seen == [1.0, 18.0] and got.k == 18.0 and got.verified
+    assert any("cluster edgeb's quota at its profile's speed needs k >= 17.6" in ln for ln in lines)
+
+
+def test_the_speed_floor_is_read_from_the_clusters_ready_files(tmp_path):
+    from testbed.plan.speeds import ClusterSpeed, ModelSpeed
+    ms = ModelSpeed(bare_ms=0.259, profile_ms=0.0074, factor=35.0, weight=1.0, calls=20, scale=35.0, residual=1.0)
+    cs = ClusterSpeed(mode="profile", time_dilation=4.0, cores=0.5, usable_cores=1.0, factor=35.0, scale=35.0,
+                      call_scale=35.0, residual=1.0, quota_cores=17.5, applied_by="pad", models={"digits_small": ms})
+    assert not cs.fits(2) and cs.least_dilation(2) == 17.5
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "clusters" / "edgeb.ready.json").write_text(json.dumps({"speed": cs.model_dump(mode="json")}))
+    (tmp_path / "clusters" / "edgec.ready.json").write_text(json.dumps({"pid": 1}))  # not ready with a speed
+    assert autodilate.speed_floor(tmp_path, 2) == (17.5, "edgeb")
+    assert autodilate.speed_floor(tmp_path / "nothing", 2) is None
 
 
 def test_choose_refuses_a_load_past_the_largest_k(tmp_path):

@@ -151,3 +151,12 @@ def test_the_first_ends_are_those_of_all_ends_to_the_bit(seed):
             key += 1
         assert (lazy._t, lazy._k, lazy._left, lazy._rem) == (full._t, full._k, full._left, full._rem)
     assert checked > 50  # jobs did overlap
+
+
+def test_the_runner_shortcut_is_taken_only_where_run_would_give_start_plus_wall():
+    free = CfsQuota(4.0, threads=1, workers=2)
+    assert free.runner(False)(1.0, 0.25) == 1.25 == free.run(1.0, 0.25)
+    assert free.runner(True) == free.run  # per-model cold factors: the cold rule needs run's bookkeeping
+    for q in (CfsQuota(0.5, threads=1, workers=2), CfsQuota(4.0, workers=2, cold_factor=2.0),
+              CfsQuota(2.0, workers=2, handling=True)):
+        assert q.runner(False) == q.run, (q.cores, q.cold_factor, q.unlimited)

@@ -94,6 +94,7 @@ from testbed.emu.machine import (
 from testbed.emu.source import CANNOT_REACH
 from testbed.plan.build import Plan
 from testbed.plan.dilation import with_time_dilation
+from testbed.plan.speeds import ClusterSpeed
 from testbed.plan.transfer import TransferTable, dilation_figures
 from testbed.spec.experiment import MAX_TIME_DILATION
 
@@ -400,6 +401,31 @@ def unreached_clusters(run_dir: Path) -> list[str]:
     return out
 
 
+class SpeedFloor(RunFailure):
+    """A warm-up at ``k`` was refused by the clusters' speed check (:func:`testbed.plan.speeds.check_fits`):
+    the host runs the models so much slower than their profiles that a cluster's quota at the
+    profile's speed cannot be used below time dilation ``least_k``."""
+
+    def __init__(self, message: str, k: float, least_k: float, cluster: str):
+        super().__init__(message, 3)
+        self.k, self.least_k, self.cluster = k, least_k, cluster
+
+
+def speed_floor(run_dir: Path, cpus: int) -> tuple[float, str] | None:
+    """The least k that the speed checks of a run's ready clusters allow on ``cpus`` CPUs
+    (:meth:`testbed.plan.speeds.ClusterSpeed.least_dilation`, from ``clusters/<name>.ready.json``)
+    and the cluster that sets it; None when no cluster reported a speed."""
+    floors = []
+    for f in sorted((run_dir / "clusters").glob("*.ready.json")):
+        try:
+            speed = json.loads(f.read_text()).get("speed")
+        except (OSError, ValueError):
+            continue
+        if speed:
+            floors.append((ClusterSpeed.model_validate(speed).least_dilation(cpus), f.name.removesuffix(".ready.json")))
+    return max(floors) if floors else None
+
+
 def run_warmup(plan: Plan, k: float, runs_dir: Path) -> Warmup:
     """One warm-up at k (:func:`warmup_plan`, :func:`warmup_seconds`) under ``runs_dir``, quiet.
 
@@ -415,6 +441,10 @@ def run_warmup(plan: Plan, k: float, runs_dir: Path) -> Warmup:
         pass
     if outcome.status != EXIT_OK or outcome.run_dir is None:
         where = f" ({outcome.run_dir})" if outcome.run_dir else ""
+        floor = speed_floor(outcome.run_dir, os.cpu_count() or 1) if outcome.run_dir else None
+        if floor is not None and floor[0] > k:
+            raise SpeedFloor(f"time dilation auto: the warm-up at k = {k:g}{where} was refused by the speed check of "
+                             f"cluster {floor[1]}, which needs k >= {floor[0]:g}: {outcome.message}", k, *floor)
         raise RunFailure(f"time dilation auto: the warm-up at k = {k:g} failed{where}: {outcome.message}",
                          outcome.status or 3)
     unreached = unreached_clusters(outcome.run_dir)
@@ -544,15 +574,27 @@ def choose(plan: Plan, console: Console | None = None, runs_dir: Path | None = N
         _judge(out, tried, w, rate, cores, say)
     if reused:
         k = next_candidate(tried)
-    measured = []
-    while k is not None and len(measured) < MAX_WARMUPS:
-        w = warm(plan, k, folder)
-        measured.append(w)
-        _judge(out, tried, w, rate, cores, say)
+    measured, attempts, floor = [], 0, 1.0
+    while k is not None and attempts < MAX_WARMUPS:
+        attempts += 1
+        try:
+            w = warm(plan, k, folder)
+        except SpeedFloor as e:  # the host is too slow for the clusters' quotas at this k: a failed try
+            floor = max(floor, e.least_k)
+            tried.append((k, e.least_k))
+            line = (f"warm-up at k = {k:g}: cluster {e.cluster}'s quota at its profile's speed needs k >= "
+                    f"{e.least_k:g} on this host (testbed.plan.speeds.check_fits)")
+            out.why.append(line)
+            say("  " + line)
+        else:
+            measured.append(w)
+            _judge(out, tried, w, rate, cores, say)
         k = next_candidate(tried)
+        if k is not None and k < floor:  # below the speed checks' floor: refused again
+            k = None
     if measured and warm is run_warmup:
         keep_warmups(folder, key, machine, [w for w, _ in out.warmups])
-    out.k, out.verified = decision(tried)
+    out.k, out.verified = decision([t for t in tried if t[0] >= floor] or tried)
     out.wall_s = time.monotonic() - t_all
     if out.k > MAX_TIME_DILATION:
         raise InputError(f"time dilation auto: this load needs k = {tried[-1][1]:.1f}, above the largest, "
@@ -574,6 +616,7 @@ def resolve(plan: Plan, console: Console | None = None, runs_dir: Path | None = 
     return with_time_dilation(plan, got.k), got.to_dict()
 
 
-__all__ = ["EXCESS_TARGET_MS", "MAX_BUSY_FRACTION", "NICED_OTHER", "AutoDilation", "Machine", "Need", "Warmup",
-           "choose", "decision", "emulated_rate_qps", "excess_target_ms", "first_candidate", "k_grid",
-           "measure_machine", "needed_k", "next_candidate", "read_warmup", "resolve", "warmup_seconds"]
+__all__ = ["EXCESS_TARGET_MS", "MAX_BUSY_FRACTION", "NICED_OTHER", "AutoDilation", "Machine", "Need", "SpeedFloor",
+           "Warmup", "choose", "decision", "emulated_rate_qps", "excess_target_ms", "first_candidate", "k_grid",
+           "measure_machine", "needed_k", "next_candidate", "read_warmup", "resolve", "speed_floor",
+           "warmup_seconds"]

@@ -296,6 +296,9 @@ def check_capacity(plan: Plan, link_emulator: str = "userspace", datapath: str =
                             f"of its limit of {have.nofile:,} (`ulimit -n`; raise it, e.g. `ulimit -n 65536`)")
     idle = have.cpus - needs.idle_cores
     out.k, out.k_why = k_for(plan, idle)
+    out.k_why += (f"; the idle network takes {needs.idle_cores:.2f} cores, which no k reduces, and its forwarding "
+                  f"under traffic (Open vSwitch, link emulators) is not in the guess: the run measures it and says "
+                  f"whether its k was too small")
     return out
 
 

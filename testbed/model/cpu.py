@@ -53,6 +53,8 @@ around them either.
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Callable
 
 #: CFS period of the cgroups the emulation creates, in s (``cpu.cfs_period_us`` = 100000).
 PERIOD_S = 0.1
@@ -221,6 +223,15 @@ class CfsQuota:
                 self._last_end = end
             return end
         return self._alone(start_s, wall_s, True, cold_factor)
+
+    def runner(self, cold: bool) -> Callable[..., float]:
+        """:meth:`run`, or the same rule's shortcut when nothing is throttled and no call can be
+        cold (``cold``: the caller passes per-model cold factors): a call's end is then
+        ``start_s + wall_s`` (``operator.add``; the latest end, which :meth:`run` keeps, is read
+        by the cold rule alone). For a driver that books many calls (:mod:`testbed.sim.clusters`)."""
+        if self.unlimited and not self._cold and not cold:
+            return operator.add
+        return self.run
 
     def handle(self, start_s: float, cpu_s: float) -> float:
         """``cpu_s`` s of the event loop's work (reading a request or writing an answer, one thread)

@@ -299,6 +299,13 @@ class ClusterSpeed(_Frozen):
         """Whether its calls run slower than the profile because the host is (s > k x (1 + TOLERANCE))."""
         return self.mode == "profile" and self.factor > self.time_dilation * (1.0 + TOLERANCE)
 
+    def least_dilation(self, cpus: int) -> float:
+        """The smallest time dilation (rounded up to 0.1) at which :meth:`fits` holds on ``cpus``
+        CPUs: the quota asked for (cores x s) over what the cluster's threads can use."""
+        if self.mode == "host":
+            return 1.0
+        return needed_dilation(self.quota_cores / min(self.usable_cores, float(cpus)))
+
     def fits(self, cpus: int) -> bool:
         """Whether the quota asked for can be used: cores x s / k at most min(``usable_cores``,
         ``cpus``) x (1 + TOLERANCE) (always with ``mode`` host: nothing is asked)."""
@@ -398,7 +405,7 @@ def check_fits(cluster: str, cs: ClusterSpeed, cpus: int) -> None:
         return
     slow = max(cs.models.items(), key=lambda kv: kv[1].factor)
     room = min(cs.usable_cores, float(cpus))
-    k = needed_dilation(cs.quota_cores / room)
+    k = cs.least_dilation(cpus)
     raise RunFailure(
         f"cluster {cluster}: this host runs its models {cs.factor:.2f}x slower than their profiles (e.g. {slow[0]}: "
         f"bare call {slow[1].bare_ms:.3f} ms against {slow[1].profile_ms:.3f} ms profiled): its {cs.cores:g} cores "

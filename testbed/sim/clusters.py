@@ -220,7 +220,7 @@ class Cluster:
         i, n = self.pi, len(pend)
         batching = queue.max_batch > 1
         arrive, complete, due, take = queue.arrive, queue.complete, queue.due, queue.take
-        run, samplers, batch_sampler = self.quota.run, self.samplers, self.batch_sampler
+        run, samplers, batch_sampler = self.quota.runner(self.cold is not None), self.samplers, self.batch_sampler
         handles, cold = self.handles, self.cold
         models, dls, qlens, t1s, t2s, t3s, batch, back = q.model, q.dl, q.qlen, q.t1, q.t2, q.t3, q.batch, q.back
         t1hs, t3hs = q.t1h, q.t3h

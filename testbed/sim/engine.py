@@ -379,8 +379,10 @@ class Simulator(Links, RunColumns):
             made = disp.decisions_made
             decisions = disp.dispatch_many(app.deadline_ms, app.min_accuracy, len(t_list), app.family, t_list)
             made = disp.decisions_made - made  # the first `made` queries' decisions were made (the rest cached)
-            if decisions.count(decisions[0]) == len(decisions) and made in (0, len(t_list)):
-                groups = {(decisions[0], made > 0): t_list}
+            d0 = decisions[0]
+            if decisions.count(d0) == len(decisions):  # one decision, made for the first `made` queries
+                groups = {(d0, True): t_list} if made == len(t_list) else \
+                    {(d0, False): t_list} if made == 0 else {(d0, True): t_list[:made], (d0, False): t_list[made:]}
             else:
                 groups: dict[tuple[pol.Decision, bool], list[float]] = {}
                 for i, (t0, d) in enumerate(zip(t_list, decisions, strict=True)):
@@ -420,8 +422,9 @@ class Simulator(Links, RunColumns):
             col.extend([v] * k)
         q.fb.extend(bytes([int(d.fallback)]) * k)
         q.released.extend(bytes(k))
+        nones = [None] * k
         for col in (q.t1h, q.t2, q.t3, q.t3h, q.t4, q.status, q.qlen, q.batch):
-            col.extend([None] * k)
+            col.extend(nones)
         q.t0.extend(ts)
         q.td.extend([t + cost for t in ts] if cost else ts)
         q.t1.extend(t1)
