@@ -15,11 +15,12 @@ Run from the repository root (root; every emulation under the shared lock: ``flo
     at each k (default ``auto``: chosen from measured warm-ups, :mod:`testbed.emu.autodilate`) under
     each condition of ``--hogs`` (``0``: as the machine is; ``2``: beside two ``python3 -c "while True:
     pass"``, not niced, started before that condition's rows and stopped after), and simulated on the
-    same seed. Each row: k and how long choosing it took, the emulation's wall time, success, e2e
-    p50 / p95 and the per-stage medians (dispatch, network, handling, queueing, inference; answered
-    queries) of both engines, the run's own "too small a k" check, and the targets judged
-    (:data:`TARGETS`: success within 3 points, e2e p50 and p95 within 10 %, every stage's median
-    within 1 ms or 10 %). Writes ``validate.json`` (rows, targets, the command), ``validate.csv`` and
+    same seed at the speeds the emulated run recorded (``testbed compare``'s twin). Each row: k and
+    how long choosing it took, the emulation's wall time, success, e2e p50 / p95 and the per-stage
+    medians (dispatch, network, handling, queueing, inference; answered queries) of both engines,
+    the run's own "too small a k" check, and the targets judged (:data:`TARGETS`: success within 3
+    points, e2e p50 and p95 within 10 %, every stage's median within 1 ms or 10 %). Writes
+    ``validate.json`` (rows, targets, the command), ``validate.csv`` and
     ``validate.md`` under ``--out`` (replaced, not appended); each row also has the host's load average
     before it (``load_before``; the machine may be shared). ``--lock /tmp/emu.lock`` takes the lock per
     row (hogs inside it) instead of around the whole matrix; ``--result NAME`` also writes
@@ -290,6 +291,15 @@ def _emulate(plan, out: Path, duration: float) -> tuple[dict, float, Path]:
     return s, wall - float(auto.get("wall_s") or 0.0), run_dir
 
 
+def _twin_plan(plan, run_dir: Path | None):
+    """The simulator's plan for the emulated run in ``run_dir``: at the speeds that run recorded
+    (:func:`testbed.plan.speeds.apply_speeds`, as ``testbed compare``'s twin), else as planned."""
+    from testbed.plan.speeds import apply_speeds, read_speeds
+
+    speeds = read_speeds(run_dir) if run_dir is not None else None
+    return apply_speeds(plan, speeds) if speeds is not None else plan
+
+
 def _simulate(plan, out: Path, duration: float) -> dict:
     from testbed.results.runs import run_simulation
 
@@ -359,7 +369,7 @@ def _validate_row(path: str, k_text: str, hogs: int, duration: float, out: Path)
     plan = _plan(path, None)
     emu_plan = with_time_dilation(plan, _k_of(k_text, plan))
     s_emu, wall, run_dir = _emulate(emu_plan, out / "validate-emu", duration)
-    s_sim = _simulate(with_time_dilation(plan, 1.0), out / "validate-sim", duration)
+    s_sim = _simulate(_twin_plan(with_time_dilation(plan, 1.0), run_dir), out / "validate-sim", duration)
     sim_dir = Path(s_sim.pop("_run_dir"))
     e = _stage_medians(run_dir) if s_emu.get("queries") else {}
     m = _stage_medians(sim_dir)
@@ -508,7 +518,8 @@ def _validation_result(name: str, rows: list[dict], argv: list[str]) -> Path:
     notes = ["Shared 2-core machine: other helpers' jobs ran beside every row (load_before: the 1-minute load "
              "average before the row's hogs started); 'hogs 0' is the machine as it was, not a quiet host.",
              "d_*: emulated - simulated (points, %, ms medians of answered queries); the simulator runs the same "
-             "plan and seed at k = 1.", *errors]
+             "plan and seed at k = 1, at the speeds the emulated run recorded (its models' residual factors; the "
+             "factors themselves with emulation.speed: host).", *errors]
     return write_result(name, "Time dilation: the validation matrix (emulation at auto k against the simulator)",
                         "python -m benchmarks.dilation " + " ".join(argv),
                         [{"caption": "one row per experiment and condition (hogs: un-niced CPU hogs beside the run)",
