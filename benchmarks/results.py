@@ -26,7 +26,7 @@ PAGE = REPO / "docs" / "results.md"
 ORDER = ("default-run", "newcomer", "dilation-validation-pipelined", "dilation-validation-busy",
          "dilation-validation-busy-rest", "dilation-ceiling",
          "speed-calibration", "compare",
-         "aset-test-set-4-12", "aset-test-set", "aset-specialize-cost", "aset-real-packets", "scale", "sim-throughput",
+         "aset-test-set-1-12", "aset-test-set-headroom", "aset-specialize-cost", "aset-real-packets", "scale", "sim-throughput",
          "install")
 
 HEADER = """# Measured results
