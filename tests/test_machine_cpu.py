@@ -193,3 +193,16 @@ def test_a_busy_thread_of_the_testbeds_own_processes_is_kept_and_warned(monkeypa
     assert len(hot) == 1, (share, m.hot_threads)
     (label, secs), = hot.items()
     assert "(pid " in label and ", thread " in label and 0.25 <= secs <= 1.75, (share, m.hot_threads)
+
+
+def test_a_step_too_short_to_measure_a_threads_share_does_not_count_it_hot():
+    """Between samples 10 ms apart one clock tick of a thread reads as a whole CPU: such a step
+    (under :data:`machine.HOT_STEP_TICKS` ticks) counts no hot thread; a 0.25 s step does."""
+    t = "sources: 'python' (pid 9, thread 9)"
+    short = 0.5 * machine.HOT_STEP_TICKS / CLK_TCK
+    samples = [Sample(t=0.0, busy_s=0.0, steal_s=0.0, by_role={}),
+               Sample(t=0.25, busy_s=0.25, steal_s=0.0, by_role={}, hot_threads={t: 1.0}),
+               Sample(t=0.25 + short, busy_s=0.25 + short, steal_s=0.0, by_role={},
+                      hot_threads={t: 1.0, "run process: x": 1.0})]
+    got = cores_between(samples, cpus=2)
+    assert got is not None and got.hot_threads == {t: 0.2}  # 0.25 s, rounded to 0.1 s

@@ -74,6 +74,10 @@ STEAL_NOTABLE_CORES = 0.1
 #: A thread of the testbed's own processes that used at least this share of one CPU between two
 #: samples is kept in the later one (:attr:`Sample.hot_threads`); below it, it is not.
 HOT_THREAD_RECORD = 0.5
+#: A step between two samples shorter than this many clock ticks (``SC_CLK_TCK``) measures a
+#: thread's share of a CPU to worse than 10 % (a thread's CPU time counts whole ticks): its hot
+#: threads are not counted (one tick in a 10 ms step would read as a whole CPU).
+HOT_STEP_TICKS = 10
 
 #: The samples of a run (:class:`CpuSamples`), in its folder.
 SAMPLES_FILE = "machine_cpu_samples.json"
@@ -335,7 +339,7 @@ def cores_between(samples: list[Sample], t_from: float | None = None, t_to: floa
         share = min(1.0, ((y.busy_s - x.busy_s) + (y.steal_s - x.steal_s)) / (d * n))
         shares.append(share)
         saturated += d if share >= SATURATED_SHARE else 0.0
-        for label, thread_share in y.hot_threads.items():
+        for label, thread_share in y.hot_threads.items() if d * CLK_TCK >= HOT_STEP_TICKS else ():
             if thread_share >= SATURATED_SHARE:
                 hot[label] = hot.get(label, 0.0) + d
     # /proc/stat and the clock are read a moment apart: on a busy machine busy / dt can pass n
