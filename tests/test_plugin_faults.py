@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -185,13 +186,14 @@ def test_simulate_stops_with_exit_4_naming_a_plugin_that_exits_while_deciding(mo
 
 
 def test_a_real_ctrl_c_while_a_plugin_decides_is_an_interruption_not_its_fault(mods, tmp_path):
-    """In a process of its own, as a user's command is: what earlier tests did to a shared test
-    process's signal handling does not reach it (Ray's driver, tests/test_ray.py, leaves a SIGTERM
-    handler of its own; in a shared pytest-xdist worker on a busy machine this Ctrl-C was once not
-    raised)."""
+    """In a process of its own whose SIGINT has the default action, as a command started from a
+    terminal has: an ignored SIGINT is inherited across exec (and Python then keeps ignoring it), and
+    a test process can be left ignoring it (an in-process `testbed run` ignores it once its run is
+    over, testbed.emu.lifecycle); on a busy machine this Ctrl-C was twice not raised."""
     proc = subprocess.run([sys.executable, "-m", "testbed.cli.main", "simulate", str(TRIANGLE), "--policy",
                            "tbx_exiting:gets_a_ctrl_c(after=14)", "--duration", "4s", "--runs-dir", str(tmp_path)],
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(mods), str(REPO)])),
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 130, proc.stdout + proc.stderr
     assert "interrupted" in proc.stdout, proc.stdout
