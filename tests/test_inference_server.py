@@ -1,10 +1,11 @@
 """Inference server end to end: real TensorFlow / LiteRT, real server subprocesses on 127.0.0.1.
 
 The zoo is the repository's ``models/zoo`` (built once by ``ensure_zoo`` if missing, ~2-3 min).
-Four servers start in parallel (port 0: each picks a free port and reports it in its ready file):
+Five servers start in parallel (port 0: each picks a free port and reports it in its ready file):
 ``main`` (digits_small, digits_large, parity_large on LiteRT, cancer_medium), ``overload``
 (digits_large, 1 worker, queue limit 2), ``batch`` (digits_large, max batch 8, 50 ms max queue
-delay) and ``term`` (digits_small, stopped with SIGTERM by its test). Total ~30-40 s on 2 cores.
+delay), ``term`` (digits_small, stopped with SIGTERM by its test) and ``host`` (digits_small on
+LiteRT with the speed check of ``speed: host``). Total ~30-40 s on 2 cores.
 The requests are the ones a TensorFlow Serving REST client sends (row / columnar / named /
 b64 binary inputs, status, metadata). Exact-count queue rules: tests/test_inference_scheduler.py.
 """
@@ -75,6 +76,18 @@ def _wait_ready(proc: subprocess.Popen, ready: Path, stats: Path, log: Path) -> 
     return Server(proc, f"http://127.0.0.1:{info['port']}", info, stats, log)
 
 
+def _host_speed_target(model: str, runtime: str):
+    """The speed check of a cluster of ``model`` alone at the host's speed (``speed: host``), k = 1."""
+    from testbed.plan.handling_profiles import measured_row
+    from testbed.plan.profiles import cpu_time
+    from testbed.plan.speeds import SpeedTarget
+
+    profiles = REPO / "models" / "profiles"
+    return SpeedTarget(mode="host", time_dilation=1.0, nested=True, workers=1, threads=1,
+                       profile_ms={model: float(cpu_time(profiles, model, runtime, 1, 1).p50_ms)},
+                       weights={model: 1.0}, handling_ms={model: measured_row(profiles, model, runtime)["handling_ms"]})
+
+
 @pytest.fixture(scope="module")
 def payloads() -> tuple[np.ndarray, np.ndarray]:
     """Held-out images float32 [N, 32, 32, 1] and labels [N] (the zoo is built first if missing)."""
@@ -84,7 +97,7 @@ def payloads() -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def servers(payloads, tmp_path_factory) -> dict[str, Server]:
-    """Start the three servers at once, wait until all are ready, stop the survivors at the end."""
+    """Start the servers at once, wait until all are ready, stop the survivors at the end."""
     tmp = tmp_path_factory.mktemp("inference")
     specs = {
         "main": {"models": ["digits_small", "digits_large", "parity_large", "cancer_medium"], "queue_limit": 64,
@@ -92,6 +105,8 @@ def servers(payloads, tmp_path_factory) -> dict[str, Server]:
         "batch": {"models": ["digits_large"], "queue_limit": 64, "max_batch": 8, "max_queue_delay_ms": 50},
         "overload": {"models": ["digits_large"], "queue_limit": 2},
         "term": {"models": ["digits_small"], "queue_limit": 8},
+        "host": {"models": ["digits_small"], "queue_limit": 8, "runtimes": {"digits_small": "litert"},
+                 "speed": _host_speed_target("digits_small", "litert")},
     }
     launched = {name: _launch(tmp, name, **kw) for name, kw in specs.items()}
     try:
@@ -381,6 +396,17 @@ def test_stats_endpoint_and_file(servers):
     while not s.stats_file.is_file() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert set(stats) <= set(json.loads(s.stats_file.read_text()))
+
+
+def test_at_the_hosts_speed_the_server_times_its_request_handling_before_it_serves(servers):
+    s = servers["host"]
+    speed = s.ready["speed"]
+    assert speed["mode"] == "host" and speed["scale"] == 1.0
+    # the event loop's CPU per query of real digits queries over the profile's: this machine's, near 1
+    # (the profile was measured on this project's VMs; a query's CPU time is not stretched by other load)
+    assert 0.3 < speed["handling_factor"] < 3, speed
+    # the check's queries went to a server of its own: this one has served none
+    assert http("GET", f"{s.url}/v1/stats")[2]["served"] == 0
 
 
 def test_sigterm_exits_0_with_final_stats(servers, payloads):

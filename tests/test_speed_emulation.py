@@ -83,6 +83,7 @@ def test_triangle_runs_at_its_profiles_speed(tmp_path):
         # the server's own figures, as the run applied them: quota 0.5 x s, its calls padded to k / s
         ready = json.loads((run_dir / "clusters" / f"{c}.ready.json").read_text())
         assert ready["speed"] == cs.model_dump(mode="json")
+        assert cs.handling_factor is None  # at the profile's speed the quota follows the handling
         assert cs.applied_by in ("pad", "none") and cs.quota_cores == pytest.approx(0.5 * cs.scale)
         assert cs.scale == pytest.approx(cs.factor) and set(cs.models) == set(plan.services[c])
         for ms in cs.models.values():

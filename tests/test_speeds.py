@@ -217,6 +217,38 @@ def test_apply_speeds_scales_what_the_simulator_draws_by_the_residuals(mode):
     assert "residual speed factor" in out.notes[-1]
 
 
+def test_the_handling_check_probes_the_cheapest_query_at_the_hosts_speed_once_per_cluster():
+    t = _target({"big": 20.0, "small": 0.5}, mode="host").model_copy(
+        update={"handling_ms": {"big": 0.3, "small": 1.2}})
+    assert t.handling_probe() == "small"  # 1.7 ms a query against 20.3
+    assert t.model_copy(update={"mode": "profile"}).handling_probe() is None  # the quota follows the handling
+    assert t.model_copy(update={"measured_handling_factor": 2.0}).handling_probe() is None  # a later life
+    assert t.model_copy(update={"handling_ms": {}}).handling_probe() is None  # no handling profile
+    from testbed.serve.server import HANDLING_LEAST_QUERIES, handling_queries
+    assert handling_queries(0.5, 0.1) == 500  # 0.25 s of handling
+    assert handling_queries(1.5, 95.0) == HANDLING_LEAST_QUERIES  # 1 s of calls allows 10: the least
+
+
+@pytest.mark.parametrize("mode", ["profile", "host"])
+def test_the_twin_scales_the_handling_by_its_measured_factor(mode):
+    plan = plan_experiment(TRIANGLE)
+    sp = _speeds(mode)
+    sp = sp.model_copy(update={"clusters": {**sp.clusters, "edgec": sp.clusters["edgec"].model_copy(
+        update={"handling_factor": 8.0})}})
+    assert Speeds.model_validate_json(sp.model_dump_json()) == sp
+    out = apply_speeds(plan, sp)
+    f, g = plan.services["edgec"]["digits_large"], out.services["edgec"]["digits_large"]
+    # the handling's own factor, not the calls' (which still scale the calls)
+    assert g.handling_ms == pytest.approx(f.handling_ms * 8.0)
+    assert g.samples_ms == pytest.approx([x * sp.clusters["edgec"].models["digits_large"].residual
+                                          for x in f.samples_ms])
+    b = plan.services["edgeb"]["digits_small"]  # not measured: the cluster's residual
+    assert out.services["edgeb"]["digits_small"].handling_ms == pytest.approx(b.handling_ms
+                                                                               * sp.clusters["edgeb"].residual)
+    assert "edgec quota" in sp.line() and "request handling 8.00x" in sp.line()
+    assert "handling 8.000" in out.notes[-1]
+
+
 def test_apply_speeds_refuses_speeds_of_another_experiment():
     plan = plan_experiment(TRIANGLE)
     sp = _speeds()

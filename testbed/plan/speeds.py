@@ -71,6 +71,14 @@ profile's throughput, and the summary says so with the k that would hold the per
 residual is the factor itself) and keeps the factors: the run's quick re-profile of the day's
 speeds, which ``testbed simulate EXP --speeds RUN_DIR`` applies to the profile's samples.
 
+With ``host`` each server also times its request handling (the event loop reading a request and
+writing its answer) as the handling profile was measured: real queries of its cheapest model,
+back to back on one kept-alive connection, the event loop's CPU per query
+(:func:`testbed.serve.server.time_handling`) over the profile's ``handling_ms``:
+``ClusterSpeed.handling_factor``. The twin scales the simulator's handling by it, not by the
+model calls' factor: code of another kind, which another machine can slow by another ratio
+(:attr:`ClusterSpeed.handling_residual`).
+
 Where the figures go: ``run.json`` ``speeds`` (:class:`Speeds`, read back by :func:`read_speeds`)
 and one line of the run's summary.
 """
@@ -206,7 +214,10 @@ class SpeedTarget(_Frozen):
     (:class:`testbed.serve.scheduler.CallPace`; absent: every call the median's); per model the
     profile's CPU of the event loop per query (``handling_ms``, ms, ``answer_ms`` of it the
     answer's side: :class:`testbed.model.service.ServiceFigures`; absent: 0), which the model
-    charges the cluster's quota and its followed quota counts (:func:`work_totals`)."""
+    charges the cluster's quota and its followed quota counts (:func:`work_totals`), and with
+    ``mode`` host the server's handling check holds its handling against
+    (:meth:`handling_probe`; a restarted server is given its first life's factor,
+    ``measured_handling_factor``)."""
 
     mode: SpeedMode
     time_dilation: float = Field(ge=1.0)
@@ -218,6 +229,7 @@ class SpeedTarget(_Frozen):
     cold_factor: dict[str, float] = Field(default_factory=dict)
     measured_ms: dict[str, float] | None = None
     measured_cold_ms: dict[str, float] | None = None
+    measured_handling_factor: float | None = Field(None, gt=0)
     draws: dict[str, list[float]] = Field(default_factory=dict)
     handling_ms: dict[str, float] = Field(default_factory=dict)
     answer_ms: dict[str, float] = Field(default_factory=dict)
@@ -228,6 +240,17 @@ class SpeedTarget(_Frozen):
         time is its threads' sum, which no wall-time target reads) and profiled at
         :data:`LEAST_PACED_MS` or more."""
         return self.threads == 1 and self.profile_ms[model] >= LEAST_PACED_MS
+
+    def handling_probe(self) -> str | None:
+        """The model whose queries the server's handling check sends
+        (:func:`testbed.serve.server.time_handling`): with ``mode`` host and no first life's figure
+        (``measured_handling_factor``), the one whose query costs least at the profile's speed
+        (its ``handling_ms`` + its bare call), among those with a profiled handling; None: no check."""
+        if self.mode != "host" or self.measured_handling_factor is not None:
+            return None
+        costs = [(self.handling_ms[m] + self.profile_ms[m], m) for m in self.profile_ms
+                 if self.handling_ms.get(m, 0) > 0]
+        return min(costs)[1] if costs else None
 
     def times_cold(self, model: str) -> bool:
         """Whether the speed check times ``model``'s cold calls: a paced model of a padded cluster
@@ -270,7 +293,9 @@ class ClusterSpeed(_Frozen):
     ``cores`` (its share), ``usable_cores`` (what its threads can use: workers x threads per call)
     and ``quota_cores`` (cores x scale: the CFS quota per k x 100 ms), how its calls' speed is held
     (``applied_by``: ``caps`` per thread, ``pad`` after each call, or ``none`` when k / call_scale
-    = 1), and per model a :class:`ModelSpeed`."""
+    = 1), per model a :class:`ModelSpeed`, and with ``mode`` host the ``handling_factor``: the
+    event loop's CPU per query over the profile's ``handling_ms``, from the server's handling check
+    (:func:`testbed.serve.server.time_handling`; None: not measured)."""
 
     mode: SpeedMode
     time_dilation: float = Field(ge=1.0)
@@ -283,6 +308,18 @@ class ClusterSpeed(_Frozen):
     quota_cores: float = Field(gt=0)
     applied_by: Literal["caps", "pad", "none"]
     models: dict[str, ModelSpeed]
+    handling_factor: float | None = Field(None, gt=0)
+
+    @property
+    def handling_residual(self) -> float:
+        """The request handling's time over the profile's as the run held it (what
+        :func:`apply_speeds` scales the simulator's handling by): the measured
+        :attr:`handling_factor` when there is one (``mode`` host: nothing scales the handling, and
+        it need not run at the model calls' factor; under QEMU's software emulation this project's
+        LiteRT calls ran 35-127x slower than profiled and the event loop about 8x,
+        docs/models-and-servers.md), else the cluster's ``residual`` (``mode`` profile: the quota
+        follows the work the handling took, :func:`followed_quota_factor`)."""
+        return self.handling_factor if self.handling_factor is not None else self.residual
 
     @property
     def slowdown(self) -> float:
@@ -342,7 +379,8 @@ class Speeds(_Frozen):
                                for m, ms in cs.models.items())
             slow = f", calls {cs.residual:.2f}x the profile's (host too slow for k = {cs.time_dilation:g})" \
                 if cs.calls_slow else ""
-            parts.append(f"{c} quota x{cs.scale:.2f}{slow}: {models}")
+            handling = "" if cs.handling_factor is None else f", request handling {cs.handling_factor:.2f}x"
+            parts.append(f"{c} quota x{cs.scale:.2f}{slow}: {models}{handling}")
         head = ("clusters at their profile's speed (host's bare call over the profile's; quota scale)"
                 if self.mode == "profile" else "clusters at the host's speed (speed: host; bare call over the profile)")
         return f"{head}: " + "; ".join(parts)
@@ -469,6 +507,7 @@ def speed_target(plan: Plan, cluster: str, first: ClusterSpeed | None = None,
                        cold_factor={m: figures[m].cold_factor for m in spec.models if m in figures},
                        measured_ms=None if first is None else {m: ms.bare_ms for m, ms in first.models.items()},
                        measured_cold_ms=measured_cold,
+                       measured_handling_factor=None if first is None else first.handling_factor,
                        draws={m: [x / profile_ms[m] for x in samples[m].samples_ms]
                               for m in spec.models if m in samples},
                        handling_ms={m: samples[m].handling_ms for m in spec.models if m in samples},
@@ -513,7 +552,8 @@ def _scaled(f: ServiceFigures, r: float, r_handling: float, r_cores: float, note
 def apply_speeds(plan: Plan, speeds: Speeds) -> Plan:
     """The plan whose service figures the simulator should use to reproduce a run of ``speeds``:
     each model's samples (and its batch means) x its residual factor, each request's handling x its
-    cluster's (with ``mode`` host the residual is the measured factor; with ``profile`` what the
+    cluster's :attr:`ClusterSpeed.handling_residual` (with ``mode`` host the residual is the
+    measured factor, the handling's own when the run measured it; with ``profile`` what the
     scaling left), and the cluster's share x scale / call_scale (1 unless the host was too slow for
     the calls: then its quota was raised beyond what the calls' speed made up). The dispatcher's
     and the admission's estimates stay the plan's, as the run had them. ``plan`` in emulated time.
@@ -534,10 +574,12 @@ def apply_speeds(plan: Plan, speeds: Speeds) -> Plan:
         if lacking:
             raise PlanError(f"the speeds of cluster {c!r} have no model {', '.join(map(repr, lacking))} (they have: "
                             f"{', '.join(cs.models)}): they come from a run of another experiment")
-        services[c] = {m: _scaled(f, cs.models[m].residual, cs.residual, cs.scale / cs.call_scale,
+        services[c] = {m: _scaled(f, cs.models[m].residual, cs.handling_residual, cs.scale / cs.call_scale,
                                   f"speed {cs.models[m].residual:.3f}") for m, f in by.items()}
-    note = (f"service samples x each model's residual speed factor of a run (speed: {speeds.mode}): "
+    note = (f"service samples x each model's residual speed factor of a run (speed: {speeds.mode}), each "
+            f"request's handling x its cluster's: "
             + "; ".join(f"{c}: " + ", ".join(f"{m} {ms.residual:.3f}" for m, ms in cs.models.items())
+                        + f", handling {cs.handling_residual:.3f}"
                         for c, cs in speeds.clusters.items() if c in services))
     return plan.model_copy(update={"services": services, "notes": [*plan.notes, note]})
 

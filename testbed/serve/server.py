@@ -10,7 +10,8 @@ sample (:func:`testbed.serve.loaders.check_answers`; it exits 7 without serving,
 hash mismatch or an accuracy far below the model's: :data:`testbed.core.errors.EXIT_INTEGRITY`),
 warms each up (``warmup_calls`` calls at batch 1, and as many at ``max_batch`` when batching),
 times each model's bare call when ``speed`` asks (:mod:`testbed.serve.speed`: the cluster's scale,
-and its pad replaces ``cpu_pad``), binds the socket, starts ``workers`` inference threads, then
+and its pad replaces ``cpu_pad``), with ``speed: host`` its request handling
+(:func:`with_handling`), binds the socket, starts ``workers`` inference threads, then
 writes ``ready_file`` (JSON {"pid", "port", "host", "models", "runtimes", "mean_service_ms",
 "warmup_ms", "speed" (a :class:`testbed.plan.speeds.ClusterSpeed`, or null), ...}; ``port`` 0 picks a
 free port, reported there). Queue, discipline, admission and batching: the model's
@@ -72,6 +73,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import weakref
 import zlib
@@ -317,6 +319,146 @@ def _resolve(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
+async def _listen(server: InferenceServer, host: str, port: int) -> tuple[web.AppRunner, asyncio.Server, int]:
+    """``server``'s application on our own listening socket, stamped (:mod:`testbed.serve.rxstamp`),
+    with aiohttp's handler per connection: (runner, listener, the port bound).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False,
+                           shutdown_timeout=SHUTDOWN_GRACE_S)
+    await runner.setup()
+    sock = socket.create_server((host, port), backlog=1024, family=socket.AF_INET)
+    rxstamp.enable(sock)
+    listener = await asyncio.get_running_loop().create_server(
+        lambda: rxstamp.StampingProtocol(runner.server(), server.stamps), sock=sock)
+    return runner, listener, sock.getsockname()[1]
+
+
+#: The handling check (:func:`time_handling`): about this much of the event loop's CPU at the
+#: profile's speed (s), and at most this much of the model calls' (s), in at least
+#: :data:`HANDLING_LEAST_QUERIES` timed queries after :data:`HANDLING_WARMUP` untimed ones. Our
+#: choice: the handling profile's 200 back-to-back queries of 0.2-1.6 ms repeat within a few % on
+#: a quiet host (models/profiles/handling.json, :mod:`testbed.serve.handling`).
+HANDLING_CHECK_S = 0.25
+HANDLING_CALLS_S = 1.0
+HANDLING_LEAST_QUERIES = 30
+HANDLING_WARMUP = 20
+#: The timed queries are split into this many batches, and the check's figure is the median of
+#: their means: a burst of other load that slows one batch's queries is left out (our choice).
+HANDLING_BATCHES = 5
+
+
+def handling_queries(handling_ms: float, call_ms: float) -> int:
+    """How many queries the handling check times, for a query of ``handling_ms`` of handling and
+    ``call_ms`` of model call at the profile's speed (module constants above)."""
+    by_handling = int(HANDLING_CHECK_S * 1e3 / max(handling_ms, 1e-6))
+    by_calls = int(HANDLING_CALLS_S * 1e3 / max(handling_ms + call_ms, 1e-6))
+    return max(HANDLING_LEAST_QUERIES, min(by_handling, by_calls))
+
+
+def time_handling(host: str, zoo_dir: str, name: str, model: Any, n: int) -> float:
+    """The event loop's CPU per query (ms) of ``n`` real queries of ``name`` (a loaded ``model``):
+    a server of that model alone (1 worker, our listening socket, as :func:`serve` makes it) on
+    ``host`` at a free port, and a client thread sending the family's real request bodies
+    (:func:`testbed.plan.zoo.request_bodies`) back to back on one kept-alive connection after
+    :data:`HANDLING_WARMUP` untimed ones; the event loop thread's CPU clock over each of
+    :data:`HANDLING_BATCHES` batches of the timed queries, the median of their means.
+    The handling profile's method (:mod:`testbed.serve.handling`: its server's main thread per
+    query), made inside the server's own process, in its network namespace and before its CPU
+    quota is set. The server is gone when this returns.
+
+    Raises:
+        RuntimeError: a query was not answered with HTTP 200 (names the status).
+        OSError: ``host`` cannot be bound or reached.
+    """
+    family = zoo.load_manifest(zoo_dir)["variants"][name]["family"]
+    bodies = zoo.request_bodies(zoo_dir, family)[0]
+
+    async def check() -> float:
+        server = InferenceServer({name: model}, workers=1, queue_limit=8)
+        runner, listener, port = await _listen(server, host, 0)
+        server.start_workers()
+        clock = time.pthread_getcpuclockid(threading.get_ident())  # this thread runs the event loop
+
+        def client() -> float:
+            # raw bytes on a socket: the client's own Python, which holds the interpreter's lock
+            # that the event loop then waits for, kept to a minimum
+            requests = [(f"POST /v1/models/{name}:predict HTTP/1.1\r\nHost: {host}\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(b)}\r\n\r\n").encode() + b
+                        for b in bodies]
+            with socket.create_connection((host, port), timeout=300) as conn:
+                for i in range(HANDLING_WARMUP):
+                    conn.sendall(requests[i % len(requests)])
+                    _read_answer(conn, name)
+                means = []
+                for batch in np.array_split(np.arange(n), HANDLING_BATCHES):
+                    cpu0 = time.clock_gettime(clock)
+                    for i in batch:
+                        conn.sendall(requests[i % len(requests)])
+                        _read_answer(conn, name)
+                    means.append((time.clock_gettime(clock) - cpu0) / len(batch) * 1e3)
+                return float(np.median(means))
+
+        try:
+            return await asyncio.to_thread(client)
+        finally:
+            listener.close()
+            await runner.cleanup()
+            await asyncio.to_thread(server.stop_workers)
+
+    return asyncio.run(check())
+
+
+def _read_answer(conn: socket.socket, name: str) -> None:
+    """Read one HTTP/1.1 answer (headers, then Content-Length bytes) from ``conn``.
+
+    Raises:
+        RuntimeError: the status is not 200, or the connection closed (names the model).
+        OSError: the socket failed or timed out.
+    """
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise RuntimeError(f"the handling check's connection closed before {name}'s answer")
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    status = head.split(b" ", 2)[1]
+    if status != b"200":
+        raise RuntimeError(f"the handling check's query of {name} was answered HTTP {status.decode(errors='replace')}")
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise RuntimeError(f"the handling check's connection closed in {name}'s answer")
+        body += chunk
+
+
+def with_handling(cfg: ServerConfig, speed: ClusterSpeed, models: dict[str, Any]) -> ClusterSpeed:
+    """``speed`` with its :attr:`~testbed.plan.speeds.ClusterSpeed.handling_factor`: a restarted
+    server's first life's, else its handling check's (:meth:`~testbed.plan.speeds.SpeedTarget.handling_probe`,
+    :func:`time_handling`: the event loop's CPU per query over the profile's ``handling_ms``), or
+    ``speed`` as it is when its target asks for none.
+
+    Raises:
+        RuntimeError, OSError: as :func:`time_handling`.
+    """
+    target = cfg.speed
+    if target is None:
+        return speed
+    if target.measured_handling_factor is not None:
+        return speed.model_copy(update={"handling_factor": target.measured_handling_factor})
+    probe = target.handling_probe()
+    if probe is None:
+        return speed
+    n = handling_queries(target.handling_ms[probe], target.profile_ms[probe])
+    ms = time_handling(cfg.host, cfg.zoo_dir, probe, models[probe], n)
+    return speed.model_copy(update={"handling_factor": ms / target.handling_ms[probe]})
+
+
 async def serve(server: InferenceServer, host: str, port: int, stats_file: str | None, ready_file: str | None,
                 ready_info: dict[str, Any], stats_interval_s: float = 1.0,
                 stop_requested: list[int] | None = None) -> None:
@@ -330,14 +472,7 @@ async def serve(server: InferenceServer, host: str, port: int, stats_file: str |
         loop.add_signal_handler(sig, stop.set)
     if stop_requested:
         stop.set()
-    runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False,
-                           shutdown_timeout=SHUTDOWN_GRACE_S)
-    await runner.setup()
-    # our own listening socket, stamped (:mod:`testbed.serve.rxstamp`), and aiohttp's handler per connection
-    sock = socket.create_server((host, port), backlog=1024, family=socket.AF_INET)
-    rxstamp.enable(sock)
-    listener = await loop.create_server(lambda: rxstamp.StampingProtocol(runner.server(), server.stamps), sock=sock)
-    bound = sock.getsockname()[1]
+    runner, listener, bound = await _listen(server, host, port)
     server.start_workers()
     if ready_file:
         write_json_atomic(ready_file, {"pid": os.getpid(), "port": bound, "host": host, **ready_info})
@@ -443,6 +578,12 @@ def main(argv: list[str] | None = None) -> int:
     # gc.freeze: "Freeze all the objects tracked by gc ... ignore them for all future collections").
     gc.collect()
     gc.freeze()
+    if speed is not None and not early_stop:
+        try:
+            speed = with_handling(cfg, speed, models)
+        except (RuntimeError, OSError) as exc:
+            print(f"[inference-server] the handling check failed: {exc}", file=sys.stderr)
+            return 2
     server = InferenceServer(models, workers=cfg.workers, queue_limit=cfg.queue_limit, discipline=cfg.discipline,
                              admission=cfg.admission, max_batch=cfg.max_batch,
                              max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms,
