@@ -315,8 +315,8 @@ class ClusterSpeed(_Frozen):
         """The request handling's time over the profile's as the run held it (what
         :func:`apply_speeds` scales the simulator's handling by): the measured
         :attr:`handling_factor` when there is one (``mode`` host: nothing scales the handling, and
-        it need not run at the model calls' factor; under QEMU's software emulation this project's
-        LiteRT calls ran 35-127x slower than profiled and the event loop about 8x,
+        it need not run at the model calls' factor: under QEMU's software emulation this project's
+        LiteRT calls ran 34-168x slower than profiled and the request handling 45-55x,
         docs/models-and-servers.md), else the cluster's ``residual`` (``mode`` profile: the quota
         follows the work the handling took, :func:`followed_quota_factor`)."""
         return self.handling_factor if self.handling_factor is not None else self.residual
