@@ -296,8 +296,7 @@ def _twin_plan(plan, run_dir: Path | None):
     (:func:`testbed.plan.speeds.apply_speeds`, as ``testbed compare``'s twin), else as planned."""
     from testbed.plan.speeds import apply_speeds, read_speeds
 
-    speeds = read_speeds(run_dir) if run_dir is not None else None
-    return apply_speeds(plan, speeds) if speeds is not None else plan
+    return apply_speeds(plan, read_speeds(run_dir) if run_dir is not None else None)
 
 
 def _simulate(plan, out: Path, duration: float) -> dict:

@@ -549,8 +549,9 @@ def _scaled(f: ServiceFigures, r: float, r_handling: float, r_cores: float, note
         "cores": f.cores * r_cores, "source": f"{f.source} x {note}"})
 
 
-def apply_speeds(plan: Plan, speeds: Speeds) -> Plan:
-    """The plan whose service figures the simulator should use to reproduce a run of ``speeds``:
+def apply_speeds(plan: Plan, speeds: Speeds | None) -> Plan:
+    """The plan whose service figures the simulator should use to reproduce a run of ``speeds``
+    (None, a run that recorded none: ``plan`` as it is):
     each model's samples (and its batch means) x its residual factor, each request's handling x its
     cluster's :attr:`ClusterSpeed.handling_residual` (with ``mode`` host the residual is the
     measured factor, the handling's own when the run measured it; with ``profile`` what the
@@ -564,6 +565,8 @@ def apply_speeds(plan: Plan, speeds: Speeds) -> Plan:
     """
     if plan.clock != "emulated":
         raise PlanError("apply_speeds takes the emulated plan (the simulator's), not a dilated one")
+    if speeds is None:
+        return plan
     services: dict[str, dict[str, ServiceFigures]] = {}
     for c, by in plan.services.items():
         cs = speeds.clusters.get(c)

@@ -139,7 +139,7 @@ def simulate_twin(run: EmulatedRun, out: Path) -> tuple[pd.DataFrame, Path, floa
     Raises:
         testbed.sim.SimError, testbed.core.errors.RunFailure: as :func:`testbed.results.runs.run_simulation`.
     """
-    plan = apply_speeds(run.plan, run.speeds) if run.speeds is not None else run.plan
+    plan = apply_speeds(run.plan, run.speeds)
     t = time.perf_counter()
     sim_dir, _s = run_simulation(plan, duration_s=run.duration_s, seed=run.seed, run_dir=out / "simulated",
                                  quiet=True)
