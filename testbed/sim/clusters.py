@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import heapq
 import math
-import operator
 from collections import deque
 from collections.abc import Callable
 
@@ -141,9 +140,9 @@ class Cluster:
         self.h_wait: deque[tuple[float, int, int, float, int]] = deque()
         self.h_requests = 0
         self.h_quota = False  # the job in progress draws on the shared quota (it has CPU to spend)
-        #: arrivals (t1, query, model, deadline) sorted by t1, processed up to pi (what the loop
-        #: needs of a query travels with it: fewer column lookups on the hot path)
-        self.pending: list[tuple[float, int, int, float]] = []
+        #: arrivals (query numbers) sorted by their t1 (in the order they came at equal t1s),
+        #: processed up to pi
+        self.pending: list[int] = []
         self.pi = 0
         #: model calls in progress: (end, first query, queries, start); a query starts at most once,
         #: so its number breaks ties between equal ends
@@ -186,13 +185,13 @@ class Cluster:
         return Heard.of({"queue_len": waiting, "busy": self.queue.busy, "utilization": utilization,
                          "up": self.state == UP}, self.workers, t)
 
-    def add(self, items: list[tuple[float, int, int, float]]) -> None:
-        """New arrivals (t1, query, model, deadline), any order."""
+    def add(self, items: list[int]) -> None:
+        """New arrivals (query numbers; their t1 in the query columns), any order."""
         if self.pi:
             del self.pending[: self.pi]
             self.pi = 0
         self.pending.extend(items)
-        self.pending.sort(key=_first)
+        self.pending.sort(key=self.q.t1.__getitem__)
 
     # -- service --
     def _refuse(self, qi: int, status: int, reason: str, t: float) -> None:
@@ -229,13 +228,15 @@ class Cluster:
         killed, started, waiting = self.state == KILLED, mq.STARTED, mq.WAITING
         t_last, floor = self.t_last, self.floor_s
         busy, served = 0.0, 0
+        # the next arrival: when it came (t1), when it is read (not before floor: one that came while the
+        # server was stopped is read when it resumes) and whether it came while stopped
+        came = ta = t1s[pend[i]] if i < n else INF
+        late = ta < floor
+        if late:
+            ta = floor
         while True:
             if shared and quota.version != self.version:  # a job of the shared quota started or ended
                 self._reschedule()
-            ta = pend[i][0] if i < n else INF
-            late = ta < floor  # came while the server was stopped: read when it resumes
-            if late:
-                ta = floor
             tc = comp[0][0] if comp else INF
             tb = max(due(t_last), floor) if batching else INF
             th = self.h_end
@@ -282,20 +283,26 @@ class Cluster:
                 else:  # an arrival
                     if ta >= until:
                         break
-                    item = pend[i]
-                    _, qi, model, dl = item
-                    i += 1
+                    qi = pend[i]
                     t = t_last = ta
                     if late:
                         t1s[qi] = ta
+                    i += 1
+                    came_qi = came
+                    came = ta = t1s[pend[i]] if i < n else INF
+                    late = ta < floor
+                    if late:
+                        ta = floor
                     if killed:
                         self.lost += 1
-                        self._refuse(qi, CONNECTION_REFUSED, "", ta)
+                        self._refuse(qi, CONNECTION_REFUSED, "", t)
                         continue
+                    model = models[qi]
                     if handles:
-                        self._begin_loop_job((*item, REQUEST))
+                        self._begin_loop_job((came_qi, qi, model, dls[qi], REQUEST))
                         continue
-                    t1hs[qi] = ta
+                    t1hs[qi] = t
+                    dl = dls[qi]
                 qlens[qi] = len(heap)
                 code = arrive(qi, model, t, dl)
                 if code != started:
@@ -455,7 +462,5 @@ class Cluster:
             self.floor_s = max(self.t_last, t)
         self.state = UP
 
-
-_first = operator.itemgetter(0)
 
 __all__ = ["ANSWER", "KILLED", "REQUEST", "STOPPED", "UP", "BatchSamplers", "Cluster", "ServiceSampler"]
