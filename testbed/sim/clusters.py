@@ -247,7 +247,7 @@ class Cluster:
                 _, key, done, start = pop(comp)
                 busy += tc - start
                 if shared:  # its end is known now: the quota's other jobs may have moved it
-                    self.quota.finish(key, tc)
+                    quota.finish(key, tc)
                     for qi in done:
                         t3s[qi] = tc
                         if not handles:
@@ -260,13 +260,15 @@ class Cluster:
                 items = complete(tc)
                 if items is None:
                     continue
-                model = models[items[0]]
+                qi, k = items[0], len(items)
+                model = models[qi]
             elif tb <= ta and tb <= th:  # a batch is due
                 if tb >= until:
                     break
                 t = t_last = tb
                 _, items = take(tb)
-                model = models[items[0]]
+                qi, k = items[0], len(items)
+                model = models[qi]
             else:
                 if th <= ta:  # the event loop's job ends: a request read reaches the queue, an answer is written
                     if th >= until:
@@ -310,27 +312,35 @@ class Cluster:
                         self.dropped += 1
                         self._refuse(qi, 503, mq.REASONS[code], t)
                     continue
-                items = [qi]
-            # a worker starts one model call for `items` at t
-            k = len(items)
-            wall = (samplers[model] if k == 1 else batch_sampler(model, k)).draw() / 1e3
-            served += k
-            for qi in items:
+                items, k = (qi,), 1
+            # a worker starts one model call for the k queries `items` (the first: qi) at t
+            if k == 1:
+                wall = samplers[model].draw() / 1e3
                 t2s[qi] = t
-                if k > 1:
-                    batch[qi] = k
+            else:
+                wall = batch_sampler(model, k).draw() / 1e3
+                for qb in items:
+                    t2s[qb] = t
+                    batch[qb] = k
+            served += k
             if shared:  # its end, and the running jobs', come from the shared quota: t3 once it ends
-                self.quota.start(items[0], t, wall, True, cold[model] if cold is not None else None)
-                comp.append((t, items[0], items, t))
+                quota.start(qi, t, wall, True, cold[model] if cold is not None else None)
+                comp.append((t, qi, items, t))
                 continue
             end = run(t, wall, cold[model]) if cold is not None else run(t, wall)
-            push(comp, (end, items[0], items, t))
-            for qi in items:
-                t3s[qi] = end
-                if not handles:  # no event loop modelled: the answer leaves as the call ends
-                    t3hs[qi] = end
-                    if res is not None and end + back[qi] < dls[qi]:
-                        push(res, (end + back[qi], qi))
+            push(comp, (end, qi, items, t))
+            if handles:  # the event loop writes the answer once the call ends
+                for qb in items:
+                    t3s[qb] = end
+            elif k == 1:  # no event loop modelled: the answer leaves as the call ends
+                t3s[qi] = t3hs[qi] = end
+                if res is not None and end + back[qi] < dls[qi]:
+                    push(res, (end + back[qi], qi))
+            else:
+                for qb in items:
+                    t3s[qb] = t3hs[qb] = end
+                    if res is not None and end + back[qb] < dls[qb]:
+                        push(res, (end + back[qb], qb))
         self.pi, self.t_last = i, t_last
         self.busy_done += busy
         self.served += served
