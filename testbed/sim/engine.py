@@ -380,12 +380,15 @@ class Simulator(Links, RunColumns):
             made = disp.decisions_made - made  # the first `made` queries' decisions were made (the rest cached)
             d0 = decisions[0]
             if decisions.count(d0) == len(decisions):  # one decision, made for the first `made` queries
-                groups = {(d0, True): t_list} if made == len(t_list) else \
-                    {(d0, False): t_list} if made == 0 else {(d0, True): t_list[:made], (d0, False): t_list[made:]}
-            else:
-                groups: dict[tuple[pol.Decision, bool], list[float]] = {}
-                for i, (t0, d) in enumerate(zip(t_list, decisions, strict=True)):
-                    groups.setdefault((d, i < made), []).append(t0)
+                if made == len(t_list) or made == 0:
+                    self._create(si, ai, d0, t_list, new, sent, made > 0)
+                else:
+                    self._create(si, ai, d0, t_list[:made], new, sent, True)
+                    self._create(si, ai, d0, t_list[made:], new, sent, False)
+                continue
+            groups: dict[tuple[pol.Decision, bool], list[float]] = {}
+            for i, (t0, d) in enumerate(zip(t_list, decisions, strict=True)):
+                groups.setdefault((d, i < made), []).append(t0)
             for (d, decided), ts in groups.items():
                 self._create(si, ai, d, ts, new, sent, decided)
 
