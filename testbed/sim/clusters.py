@@ -11,7 +11,7 @@ import copy
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -34,26 +34,27 @@ class ServiceSampler:
     def __init__(self, mean_ms: float, p95_ms: float, sampler: Callable, rng: np.random.Generator, block: int = 4096):
         self.mean_ms, self.p95_ms = float(mean_ms), float(p95_ms)
         self._sampler, self._rng, self._block = sampler, rng, block
-        self._buf: list[float] = []
-        self._i = 0
+        #: the drawn block's times not yet used (a list iterator: its copy goes on from the same place)
+        self._left: Iterator[float] = iter(())
 
     def draw(self) -> float:
         """One service time, ms."""
-        if self._i >= len(self._buf):
-            self._buf = np.asarray(self._sampler(self._rng, self._block), dtype=float).tolist()
-            self._i = 0
-        v = self._buf[self._i]
-        self._i += 1
-        return v
+        try:
+            return next(self._left)
+        except StopIteration:
+            self._left = iter(np.asarray(self._sampler(self._rng, self._block), dtype=float).tolist())
+            return next(self._left)
 
     def reseed(self, rng: np.random.Generator) -> None:
         """Draw the times not yet drawn from ``rng`` (the block drawn so far is dropped)."""
-        self._rng, self._buf, self._i = rng, [], 0
+        self._rng, self._left = rng, iter(())
 
     def __deepcopy__(self, memo: dict) -> ServiceSampler:
-        """A copy with its own generator; the drawn block is shared (replaced, never mutated)."""
+        """A copy with its own generator that goes on from the same place of the drawn block
+        (shared: replaced, never mutated)."""
         new = copy.copy(self)
         new._rng = copy.deepcopy(self._rng, memo)
+        new._left = copy.copy(self._left)
         memo[id(self)] = new
         return new
 
