@@ -150,7 +150,9 @@ class Dispatcher:
         self._options: list[pol.Option] | None = None
         self._stale: set[str] = set()  # clusters sent to since their options were built
         self._family: dict[str, list[int]] = {}  # family -> its options (fixed)
-        self._candidates: dict[tuple[str, float, float], list[int]] = {}  # feasible options, until a report
+        #: feasible options per application: they depend on the plan and on which clusters are up
+        #: (not on the load), so they are kept until a report changes that
+        self._candidates: dict[tuple[str, float, float], list[int]] = {}
         self._cache: dict[tuple[str, float, float], pol.Decision] = {}
         #: decisions the policy actually made (a cached one is not made again): what costs a decision
         self.decisions_made = 0
@@ -177,12 +179,17 @@ class Dispatcher:
 
     def hear_all(self, reports: Iterable[tuple[str, Heard]]) -> None:
         """Several reports at once."""
+        up_changed = False
         for cluster, heard in reports:
+            old = self.heard.get(cluster)
+            if old is None or old.up != heard.up:
+                up_changed = True
             self.heard[cluster] = heard
             self.sent[cluster] = 0
         self._options = None
         self._stale.clear()
-        self._candidates = {}
+        if up_changed:
+            self._candidates = {}
         self._cache = {}
 
     def lost(self, cluster: str, at_s: float | None = None) -> None:
