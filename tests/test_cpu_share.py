@@ -88,7 +88,7 @@ def _cluster(handling_ms: float, service_ms: float, t1s: list[float]) -> Queries
     samplers = {0: ServiceSampler.deterministic(service_ms, np.random.default_rng(0))}
     cl = Cluster(q, None, 0, "c", "far_edge", mq.ServerQueue(1, 16), {0: fig}, samplers,
                  BatchSamplers([0], {0: fig}, hooked=samplers))
-    cl.add([(t, i, 0, float("inf")) for i, t in enumerate(t1s)])
+    cl.add(list(range(n)))
     cl.advance(float("inf"))
     return q
 

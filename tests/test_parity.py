@@ -264,8 +264,6 @@ def test_reported_state_gives_the_same_decisions(tmp_path):
         sched.stop(5)
     sim = Simulator(plan, seed=1, service=lambda c, m: ServiceSampler.deterministic(50.0, np.random.default_rng(0)))
     cl = sim.clusters[0]
-    for i in range(4):
-        cl.add([(0.0, i, sim.model_index["fast"], 1.0)])
     for _ in range(4):
         sim.q.t0.append(0.0)
         sim.q.td.append(0.0)
@@ -277,6 +275,8 @@ def test_reported_state_gives_the_same_decisions(tmp_path):
     sim.q.back.extend([0.0] * 4)
     for col in (sim.q.t1h, sim.q.t2, sim.q.t3, sim.q.t3h, sim.q.t4, sim.q.status, sim.q.qlen, sim.q.batch):
         col.extend([None] * 4)
+    for i in range(4):
+        cl.add([i])
     cl.advance(0.001)
     heard_sim = cl.snapshot(0.001, 0.05)
     heard_srv = heard_from_stats(stats, 2, heard_sim.utilization, 0.001)

@@ -150,7 +150,9 @@ class Dispatcher:
         self._options: list[pol.Option] | None = None
         self._stale: set[str] = set()  # clusters sent to since their options were built
         self._family: dict[str, list[int]] = {}  # family -> its options (fixed)
-        self._candidates: dict[tuple[str, float, float], list[int]] = {}  # feasible options, until a report
+        #: feasible options per application: they depend on the plan and on which clusters are up
+        #: (not on the load), so they are kept until a report changes that
+        self._candidates: dict[tuple[str, float, float], list[int]] = {}
         self._cache: dict[tuple[str, float, float], pol.Decision] = {}
         #: decisions the policy actually made (a cached one is not made again): what costs a decision
         self.decisions_made = 0
@@ -177,12 +179,17 @@ class Dispatcher:
 
     def hear_all(self, reports: Iterable[tuple[str, Heard]]) -> None:
         """Several reports at once."""
+        up_changed = False
         for cluster, heard in reports:
+            old = self.heard.get(cluster)
+            if old is None or old.up != heard.up:
+                up_changed = True
             self.heard[cluster] = heard
             self.sent[cluster] = 0
         self._options = None
         self._stale.clear()
-        self._candidates = {}
+        if up_changed:
+            self._candidates = {}
         self._cache = {}
 
     def lost(self, cluster: str, at_s: float | None = None) -> None:
@@ -200,27 +207,33 @@ class Dispatcher:
             self._cache = {}
 
     # -- options ---------------------------------------------------------------------------
-    def _option(self, i: int) -> pol.Option:
-        s = self.specs[i]
-        h = self.heard[s.cluster]
+    def _build(self, cluster: str, out: list[pol.Option]) -> None:
+        """The options of ``cluster`` on what is heard and sent now, into ``out`` at their indices."""
+        h = self.heard[cluster]
         w = max(1, h.workers)
-        n = h.queue_len + h.busy + self.sent[s.cluster]
-        busy = min(n, w)
-        return pol.Option(s.cluster, s.model, s.rtt_ms, s.service_ms, s.accuracy,
-                          expected_wait_ms(n - busy, busy, w, s.mean_service_ms), n / w, s.tier, h.up,
-                          h.queue_len + h.busy, self.sent[s.cluster], w, h.at_s,
-                          w * 1e3 / self._mean_ms[s.cluster] if self._mean_ms[s.cluster] > 0 else 0.0)
+        reported, sent = h.queue_len + h.busy, self.sent[cluster]
+        n = reported + sent
+        busy, load = min(n, w), n / w
+        mean_ms = self._mean_ms[cluster]
+        rate = w * 1e3 / mean_ms if mean_ms > 0 else 0.0
+        for i in self._pos[cluster]:
+            s = self.specs[i]
+            out[i] = pol.Option(s.cluster, s.model, s.rtt_ms, s.service_ms, s.accuracy,
+                                expected_wait_ms(n - busy, busy, w, s.mean_service_ms), load, s.tier, h.up,
+                                reported, sent, w, h.at_s, rate)
 
     @property
     def options(self) -> list[pol.Option]:
         """The :class:`testbed.model.policies.Option` list as this dispatcher sees it now."""
         if self._options is None:
-            self._options = [self._option(i) for i in range(len(self.specs))]
+            opts: list[pol.Option] = [None] * len(self.specs)  # type: ignore[list-item]  # each set below
+            for cluster in self.clusters:
+                self._build(cluster, opts)
+            self._options = opts
             self._stale.clear()
         elif self._stale:
             for cluster in self._stale:
-                for i in self._pos[cluster]:
-                    self._options[i] = self._option(i)
+                self._build(cluster, self._options)
             self._stale.clear()
         return self._options
 

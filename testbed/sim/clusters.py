@@ -12,7 +12,7 @@ import heapq
 import math
 import operator
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -35,26 +35,27 @@ class ServiceSampler:
     def __init__(self, mean_ms: float, p95_ms: float, sampler: Callable, rng: np.random.Generator, block: int = 4096):
         self.mean_ms, self.p95_ms = float(mean_ms), float(p95_ms)
         self._sampler, self._rng, self._block = sampler, rng, block
-        self._buf: list[float] = []
-        self._i = 0
+        #: the drawn block's times not yet used (a list iterator: its copy goes on from the same place)
+        self._left: Iterator[float] = iter(())
 
     def draw(self) -> float:
         """One service time, ms."""
-        if self._i >= len(self._buf):
-            self._buf = np.asarray(self._sampler(self._rng, self._block), dtype=float).tolist()
-            self._i = 0
-        v = self._buf[self._i]
-        self._i += 1
-        return v
+        try:
+            return next(self._left)
+        except StopIteration:
+            self._left = iter(np.asarray(self._sampler(self._rng, self._block), dtype=float).tolist())
+            return next(self._left)
 
     def reseed(self, rng: np.random.Generator) -> None:
         """Draw the times not yet drawn from ``rng`` (the block drawn so far is dropped)."""
-        self._rng, self._buf, self._i = rng, [], 0
+        self._rng, self._left = rng, iter(())
 
     def __deepcopy__(self, memo: dict) -> ServiceSampler:
-        """A copy with its own generator; the drawn block is shared (replaced, never mutated)."""
+        """A copy with its own generator that goes on from the same place of the drawn block
+        (shared: replaced, never mutated)."""
         new = copy.copy(self)
         new._rng = copy.deepcopy(self._rng, memo)
+        new._left = copy.copy(self._left)
         memo[id(self)] = new
         return new
 
@@ -141,9 +142,9 @@ class Cluster:
         self.h_wait: deque[tuple[float, int, int, float, int]] = deque()
         self.h_requests = 0
         self.h_quota = False  # the job in progress draws on the shared quota (it has CPU to spend)
-        #: arrivals (t1, query, model, deadline) sorted by t1, processed up to pi (what the loop
-        #: needs of a query travels with it: fewer column lookups on the hot path)
-        self.pending: list[tuple[float, int, int, float]] = []
+        #: arrivals (query numbers) sorted by their t1 (in the order they came at equal t1s),
+        #: processed up to pi
+        self.pending: list[int] = []
         self.pi = 0
         #: model calls in progress: (end, first query, queries, start); a query starts at most once,
         #: so its number breaks ties between equal ends
@@ -186,13 +187,13 @@ class Cluster:
         return Heard.of({"queue_len": waiting, "busy": self.queue.busy, "utilization": utilization,
                          "up": self.state == UP}, self.workers, t)
 
-    def add(self, items: list[tuple[float, int, int, float]]) -> None:
-        """New arrivals (t1, query, model, deadline), any order."""
+    def add(self, items: list[int]) -> None:
+        """New arrivals (query numbers; their t1 in the query columns), any order."""
         if self.pi:
             del self.pending[: self.pi]
             self.pi = 0
         self.pending.extend(items)
-        self.pending.sort(key=_first)
+        self.pending.sort(key=self.q.t1.__getitem__)
 
     # -- service --
     def _refuse(self, qi: int, status: int, reason: str, t: float) -> None:
@@ -221,6 +222,7 @@ class Cluster:
         batching = queue.max_batch > 1
         arrive, complete, due, take = queue.arrive, queue.complete, queue.due, queue.take
         run, samplers, batch_sampler = self.quota.runner(self.cold is not None), self.samplers, self.batch_sampler
+        plain = run is operator.add  # the quota's rule says a call ends its time after it starts: no call needed
         handles, cold = self.handles, self.cold
         models, dls, qlens, t1s, t2s, t3s, batch, back = q.model, q.dl, q.qlen, q.t1, q.t2, q.t3, q.batch, q.back
         t1hs, t3hs = q.t1h, q.t3h
@@ -229,13 +231,15 @@ class Cluster:
         killed, started, waiting = self.state == KILLED, mq.STARTED, mq.WAITING
         t_last, floor = self.t_last, self.floor_s
         busy, served = 0.0, 0
+        # the next arrival: when it came (t1), when it is read (not before floor: one that came while the
+        # server was stopped is read when it resumes) and whether it came while stopped
+        came = ta = t1s[pend[i]] if i < n else INF
+        late = ta < floor
+        if late:
+            ta = floor
         while True:
             if shared and quota.version != self.version:  # a job of the shared quota started or ended
                 self._reschedule()
-            ta = pend[i][0] if i < n else INF
-            late = ta < floor  # came while the server was stopped: read when it resumes
-            if late:
-                ta = floor
             tc = comp[0][0] if comp else INF
             tb = max(due(t_last), floor) if batching else INF
             th = self.h_end
@@ -246,7 +250,7 @@ class Cluster:
                 _, key, done, start = pop(comp)
                 busy += tc - start
                 if shared:  # its end is known now: the quota's other jobs may have moved it
-                    self.quota.finish(key, tc)
+                    quota.finish(key, tc)
                     for qi in done:
                         t3s[qi] = tc
                         if not handles:
@@ -259,13 +263,15 @@ class Cluster:
                 items = complete(tc)
                 if items is None:
                     continue
-                model = models[items[0]]
+                qi, k = items[0], len(items)
+                model = models[qi]
             elif tb <= ta and tb <= th:  # a batch is due
                 if tb >= until:
                     break
                 t = t_last = tb
                 _, items = take(tb)
-                model = models[items[0]]
+                qi, k = items[0], len(items)
+                model = models[qi]
             else:
                 if th <= ta:  # the event loop's job ends: a request read reaches the queue, an answer is written
                     if th >= until:
@@ -282,20 +288,26 @@ class Cluster:
                 else:  # an arrival
                     if ta >= until:
                         break
-                    item = pend[i]
-                    _, qi, model, dl = item
-                    i += 1
+                    qi = pend[i]
                     t = t_last = ta
                     if late:
                         t1s[qi] = ta
+                    i += 1
+                    came_qi = came
+                    came = ta = t1s[pend[i]] if i < n else INF
+                    late = ta < floor
+                    if late:
+                        ta = floor
                     if killed:
                         self.lost += 1
-                        self._refuse(qi, CONNECTION_REFUSED, "", ta)
+                        self._refuse(qi, CONNECTION_REFUSED, "", t)
                         continue
+                    model = models[qi]
                     if handles:
-                        self._begin_loop_job((*item, REQUEST))
+                        self._begin_loop_job((came_qi, qi, model, dls[qi], REQUEST))
                         continue
-                    t1hs[qi] = ta
+                    t1hs[qi] = t
+                    dl = dls[qi]
                 qlens[qi] = len(heap)
                 code = arrive(qi, model, t, dl)
                 if code != started:
@@ -303,27 +315,35 @@ class Cluster:
                         self.dropped += 1
                         self._refuse(qi, 503, mq.REASONS[code], t)
                     continue
-                items = [qi]
-            # a worker starts one model call for `items` at t
-            k = len(items)
-            wall = (samplers[model] if k == 1 else batch_sampler(model, k)).draw() / 1e3
-            served += k
-            for qi in items:
+                items, k = (qi,), 1
+            # a worker starts one model call for the k queries `items` (the first: qi) at t
+            if k == 1:
+                wall = samplers[model].draw() / 1e3
                 t2s[qi] = t
-                if k > 1:
-                    batch[qi] = k
+            else:
+                wall = batch_sampler(model, k).draw() / 1e3
+                for qb in items:
+                    t2s[qb] = t
+                    batch[qb] = k
+            served += k
             if shared:  # its end, and the running jobs', come from the shared quota: t3 once it ends
-                self.quota.start(items[0], t, wall, True, cold[model] if cold is not None else None)
-                comp.append((t, items[0], items, t))
+                quota.start(qi, t, wall, True, cold[model] if cold is not None else None)
+                comp.append((t, qi, items, t))
                 continue
-            end = run(t, wall, cold[model]) if cold is not None else run(t, wall)
-            push(comp, (end, items[0], items, t))
-            for qi in items:
-                t3s[qi] = end
-                if not handles:  # no event loop modelled: the answer leaves as the call ends
-                    t3hs[qi] = end
-                    if res is not None and end + back[qi] < dls[qi]:
-                        push(res, (end + back[qi], qi))
+            end = t + wall if plain else run(t, wall, cold[model]) if cold is not None else run(t, wall)
+            push(comp, (end, qi, items, t))
+            if handles:  # the event loop writes the answer once the call ends
+                for qb in items:
+                    t3s[qb] = end
+            elif k == 1:  # no event loop modelled: the answer leaves as the call ends
+                t3s[qi] = t3hs[qi] = end
+                if res is not None and end + back[qi] < dls[qi]:
+                    push(res, (end + back[qi], qi))
+            else:
+                for qb in items:
+                    t3s[qb] = t3hs[qb] = end
+                    if res is not None and end + back[qb] < dls[qb]:
+                        push(res, (end + back[qb], qb))
         self.pi, self.t_last = i, t_last
         self.busy_done += busy
         self.served += served
@@ -455,7 +475,5 @@ class Cluster:
             self.floor_s = max(self.t_last, t)
         self.state = UP
 
-
-_first = operator.itemgetter(0)
 
 __all__ = ["ANSWER", "KILLED", "REQUEST", "STOPPED", "UP", "BatchSamplers", "Cluster", "ServiceSampler"]

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import heapq
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -354,7 +353,7 @@ class Simulator(Links, RunColumns):
         """Dispatch the queries created in [a, b), then advance every cluster to b."""
         self._generate(b)
         nC = len(self.clusters)
-        new: list[list[tuple[float, int, int, float]]] = [[] for _ in range(nC)]
+        new: list[list[int]] = [[] for _ in range(nC)]
         sent = np.zeros((len(self.sources), nC))
         sent_n = np.zeros((len(self.sources), nC))
         for si in range(len(self.sources)):
@@ -368,7 +367,7 @@ class Simulator(Links, RunColumns):
                 c.add(new[c.idx])
             c.advance(b)
 
-    def _dispatch(self, si: int, items: list[tuple[list[float], int]], new: list[list[tuple[float, int, int, float]]],
+    def _dispatch(self, si: int, items: list[tuple[list[float], int]], new: list[list[int]],
                   sent: tuple[np.ndarray, np.ndarray]) -> None:
         """Create the queries of source ``si`` (times, application) and route them to clusters:
         one decision per query, queries with the same decision created together."""
@@ -381,17 +380,20 @@ class Simulator(Links, RunColumns):
             made = disp.decisions_made - made  # the first `made` queries' decisions were made (the rest cached)
             d0 = decisions[0]
             if decisions.count(d0) == len(decisions):  # one decision, made for the first `made` queries
-                groups = {(d0, True): t_list} if made == len(t_list) else \
-                    {(d0, False): t_list} if made == 0 else {(d0, True): t_list[:made], (d0, False): t_list[made:]}
-            else:
-                groups: dict[tuple[pol.Decision, bool], list[float]] = {}
-                for i, (t0, d) in enumerate(zip(t_list, decisions, strict=True)):
-                    groups.setdefault((d, i < made), []).append(t0)
+                if made == len(t_list) or made == 0:
+                    self._create(si, ai, d0, t_list, new, sent, made > 0)
+                else:
+                    self._create(si, ai, d0, t_list[:made], new, sent, True)
+                    self._create(si, ai, d0, t_list[made:], new, sent, False)
+                continue
+            groups: dict[tuple[pol.Decision, bool], list[float]] = {}
+            for i, (t0, d) in enumerate(zip(t_list, decisions, strict=True)):
+                groups.setdefault((d, i < made), []).append(t0)
             for (d, decided), ts in groups.items():
                 self._create(si, ai, d, ts, new, sent, decided)
 
     def _create(self, si: int, ai: int, d: pol.Decision, ts: list[float],
-                new: list[list[tuple[float, int, int, float]]],
+                new: list[list[int]],
                 sent: tuple[np.ndarray, np.ndarray], decided: bool = True) -> None:
         """Append the queries created at times ``ts`` by source ``si`` for application ``ai``, all
         sent to the same (cluster, model) ``d``, to the query columns and to the cluster's arrivals.
@@ -431,7 +433,7 @@ class Simulator(Links, RunColumns):
         q.dl.extend(dls)
         q.back.extend(back)
         if f < INF:
-            new[ci].extend(zip(t1, idx, itertools.repeat(m), dls))  # noqa: B905 - same lengths by construction
+            new[ci].extend(idx)
         sent[0][si, ci] += k * nbytes
         sent[1][si, ci] += k
         self._sent[si][ci] += k

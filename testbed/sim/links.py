@@ -78,16 +78,18 @@ class Links:
                     fwd[ai][si, ci] = message_ms(self.net, path, nb, (hs, hc), self.per_hop_ms) / 1e3 + self.overhead_s
         self.back_s = back.tolist()
         self.fwd_app = [f.tolist() for f in fwd]
-        # (source, cluster) x link incidence per direction of traversal, sparse: a few hops per path
+        # link x (source, cluster) incidence per direction of traversal, sparse (a few hops per
+        # path): the transpose of the (source, cluster) x link one, kept so that a count per
+        # (source, cluster) gives its per-link sum without a transpose per call
         ab_arr, r, c = np.array(ab, dtype=bool), np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
-        self._inc_dir = tuple(sparse.csr_array((np.ones(int(m.sum())), (r[m], c[m])), shape=(nS * nC, nL))
-                              for m in (ab_arr, ~ab_arr))
+        self._inc_dir_t = tuple(sparse.csr_array((np.ones(int(m.sum())), (r[m], c[m])), shape=(nS * nC, nL)).T
+                                for m in (ab_arr, ~ab_arr))
 
     def _count_link_bytes(self, counts: np.ndarray, nbytes: int, direction: int) -> None:
         if not counts.any():
             return
         c = counts.ravel()
-        along, against = (c @ m for m in self._inc_dir)  # per link, traversed a -> b / b -> a
+        along, against = (m @ c for m in self._inc_dir_t)  # per link, traversed a -> b / b -> a
         per_link, per_link_rev = (along, against) if direction == 0 else (against, along)
         self._link_bits[:, 0] += per_link * nbytes * 8
         self._link_bits[:, 1] += per_link_rev * nbytes * 8
