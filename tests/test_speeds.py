@@ -17,7 +17,7 @@ import yaml
 from fakes import SpinModel
 
 from testbed.core import cgroups
-from testbed.core.errors import RunFailure
+from testbed.core.errors import InputError, RunFailure
 from testbed.plan.boundaries import ServerConfig
 from testbed.plan.build import build_plan, plan_experiment
 from testbed.plan.dilation import dilate, with_time_dilation
@@ -249,6 +249,29 @@ def test_the_twin_scales_the_handling_by_its_measured_factor(mode):
     assert "handling 8.000" in out.notes[-1]
 
 
+def test_speeds_beyond_the_largest_factor_are_refused_by_the_check_and_in_run_json(tmp_path):
+    with pytest.raises(ValueError, match=r"beyond the largest speed factor 1000"):
+        cluster_speed(_target({"m": 0.001}), 0.5, {"m": 5.0})  # 5,000x
+    sp = _speeds("host")
+    doc = sp.model_dump(mode="json")
+    doc["clusters"]["edgeb"]["handling_factor"] = 1e300  # a hand-edited run.json
+    (tmp_path / "run.json").write_text(json.dumps({"mode": "emulation", "speeds": doc}))
+    with pytest.raises(InputError, match=r"run\.json: 'speeds' is malformed: .*handling_factor"):
+        read_speeds(tmp_path)
+
+
+def test_apply_speeds_refuses_the_speeds_of_servers_with_another_runtime():
+    plan = plan_experiment(TRIANGLE)
+    sp = _speeds()
+    edgec = sp.clusters["edgec"]
+    other = edgec.models["digits_large"].model_copy(update={"profile_ms": edgec.models["digits_large"].profile_ms / 3})
+    sp = sp.model_copy(update={"clusters": {**sp.clusters, "edgec": edgec.model_copy(
+        update={"models": {**edgec.models, "digits_large": other}})}})
+    with pytest.raises(PlanError, match=r"cluster 'edgec' hold 'digits_large' against a profiled call of .*\(another "
+                                        r"runtime"):
+        apply_speeds(plan, sp)
+
+
 def test_apply_speeds_refuses_speeds_of_another_experiment():
     plan = plan_experiment(TRIANGLE)
     sp = _speeds()
@@ -271,6 +294,8 @@ def test_simulate_takes_a_runs_speeds(tmp_path):
     plan = json.loads(next((tmp_path / "sims").glob("*/plan.json")).read_text())
     r = _speeds("host").clusters["edgec"].models["digits_large"].residual
     assert f"x speed {r:.3f}" in plan["services"]["edgec"]["digits_large"]["source"]
+    # said on the console, with the handling the run did not measure named as the calls' factor
+    assert f"speeds of {run}: service samples x" in got.stdout and "(not measured: the calls' factor)" in got.stdout
     bad = subprocess.run([*cmd, "--speeds", str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "no run.json there" in bad.stdout + bad.stderr
 
@@ -380,7 +405,10 @@ def test_work_beyond_its_target_is_late_without_a_wait_and_the_summary_warns():
     s["per_cluster"]["edge"]["cpu"] = {"throttled_periods": 203, "periods": 213}
     assert _late_warnings(s) == []
     s["per_cluster"]["edge"]["cpu"] = {"throttled_periods": 3, "periods": 213}
-    assert len(_late_warnings(s)) == 1
+    assert len(_late_warnings(s)) == 1 and "not at its profile's speed" in _late_warnings(s)[0]
+    s["speeds"] = {"mode": "host"}  # nothing held it to the profile: slower than the speeds it recorded
+    assert "slower than the speeds the run recorded" in _late_warnings(s)[0]
+    assert "profile's speed" not in _late_warnings(s)[0]
 
 
 def test_a_cold_call_is_paced_to_the_profiles_cold_call_and_the_hosts_ratio_is_reported():

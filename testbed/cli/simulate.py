@@ -87,6 +87,7 @@ def _cmd(args: argparse.Namespace) -> int:
     plan = plan_experiment(args.experiment)  # bad input: an InputError, printed once by testbed.cli.main
     if args.speeds is not None:
         plan = _with_speeds(plan, args.speeds)
+        console.print(f"speeds of {args.speeds}: {plan.notes[-1]}", markup=False, highlight=False)
     if args.policy is not None:
         check_policy(args.policy, "--policy")  # resolved and checked before anything runs
     if args.duration is not None:  # the same bounds the plan checked for the experiment's own duration

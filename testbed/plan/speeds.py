@@ -93,7 +93,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from testbed.core.errors import RunFailure
+from testbed.core.errors import InputError, RunFailure
 from testbed.model.cpu import threads_per_call
 from testbed.model.service import ServiceFigures
 from testbed.plan import zoo
@@ -108,6 +108,11 @@ SpeedMode = Literal["profile", "host"]
 #: is given all the same, and calls up to this share slower than the profile are not called slow.
 #: Our choice: the bare call's own repeatability minutes apart on a quiet host (a few %).
 TOLERANCE = 0.05
+#: The largest speed factor (a bare call, or the request handling, over its profile) a run's speeds
+#: may hold: no host this testbed can emulate on is that much slower (the slowest seen, QEMU's
+#: software emulation, ran this project's calls at up to 168x; docs/kernel-path.md), and the
+#: simulator's times grow with it. Our choice.
+MAX_SPEED_FACTOR = 1000.0
 #: The key of the speeds in ``run.json``.
 RUN_KEY = "speeds"
 #: A model whose profiled call takes less (ms) is mostly per-call overhead, which the bare call's
@@ -229,7 +234,7 @@ class SpeedTarget(_Frozen):
     cold_factor: dict[str, float] = Field(default_factory=dict)
     measured_ms: dict[str, float] | None = None
     measured_cold_ms: dict[str, float] | None = None
-    measured_handling_factor: float | None = Field(None, gt=0)
+    measured_handling_factor: float | None = Field(None, gt=0, le=MAX_SPEED_FACTOR)
     draws: dict[str, list[float]] = Field(default_factory=dict)
     handling_ms: dict[str, float] = Field(default_factory=dict)
     answer_ms: dict[str, float] = Field(default_factory=dict)
@@ -272,11 +277,11 @@ class ModelSpeed(_Frozen):
 
     bare_ms: float = Field(gt=0)
     profile_ms: float = Field(gt=0)
-    factor: float = Field(gt=0)
+    factor: float = Field(gt=0, le=MAX_SPEED_FACTOR)
     weight: float = Field(ge=0)
     calls: int = Field(ge=0)
-    scale: float = Field(gt=0)
-    residual: float = Field(gt=0)
+    scale: float = Field(gt=0, le=MAX_SPEED_FACTOR)
+    residual: float = Field(gt=0, le=MAX_SPEED_FACTOR)
     bare_cold_ms: float | None = Field(None, gt=0)
     cold_factor: float = Field(1.0, ge=1.0)
 
@@ -301,14 +306,14 @@ class ClusterSpeed(_Frozen):
     time_dilation: float = Field(ge=1.0)
     cores: float = Field(gt=0)
     usable_cores: float = Field(gt=0)
-    factor: float = Field(gt=0)
-    scale: float = Field(gt=0)
-    call_scale: float = Field(gt=0)
-    residual: float = Field(gt=0)
+    factor: float = Field(gt=0, le=MAX_SPEED_FACTOR)
+    scale: float = Field(gt=0, le=MAX_SPEED_FACTOR)
+    call_scale: float = Field(gt=0, le=MAX_SPEED_FACTOR)
+    residual: float = Field(gt=0, le=MAX_SPEED_FACTOR)
     quota_cores: float = Field(gt=0)
     applied_by: Literal["caps", "pad", "none"]
     models: dict[str, ModelSpeed]
-    handling_factor: float | None = Field(None, gt=0)
+    handling_factor: float | None = Field(None, gt=0, le=MAX_SPEED_FACTOR)
 
     @property
     def handling_residual(self) -> float:
@@ -405,6 +410,10 @@ def cluster_speed(target: SpeedTarget, cores: float, bare_ms: dict[str, float],
         raise ValueError(f"bare-call figures must be finite and > 0 ms (got {bad})")
     models = list(target.profile_ms)
     factors = {m: bare_ms[m] / target.profile_ms[m] for m in models}
+    beyond = {m: round(f, 1) for m, f in factors.items() if f > MAX_SPEED_FACTOR}
+    if beyond:
+        raise ValueError(f"bare calls {beyond} times slower than their profiles, beyond the largest speed factor "
+                         f"{MAX_SPEED_FACTOR:g}: this host cannot stand in for the profiled one")
     w = {m: max(0.0, target.weights.get(m, 0.0)) for m in models}
     if sum(w.values()) <= 0:
         w = {m: 1.0 for m in models}
@@ -519,7 +528,8 @@ def read_speeds(run_dir: Path) -> Speeds | None:
     simulation, a run stopped before its servers were ready, or a run from before speeds).
 
     Raises:
-        ValueError: ``run.json`` is not JSON, or its ``speeds`` are malformed (names the file).
+        InputError: ``run.json`` is not JSON, or its ``speeds`` are malformed (names the file and the
+            field).
     """
     path = Path(run_dir) / "run.json"
     if not path.is_file():
@@ -527,14 +537,14 @@ def read_speeds(run_dir: Path) -> Speeds | None:
     try:
         doc = json.loads(path.read_text())
     except ValueError as exc:
-        raise ValueError(f"{path}: not JSON ({exc})") from None
+        raise InputError(f"{path}: not JSON ({exc})") from None
     raw = doc.get(RUN_KEY) if isinstance(doc, dict) else None
     if raw is None:
         return None
     try:
         return Speeds.model_validate(raw)
     except ValidationError as exc:
-        raise ValueError(f"{path}: '{RUN_KEY}' is malformed: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") \
+        raise InputError(f"{path}: '{RUN_KEY}' is malformed: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") \
             from None
 
 
@@ -549,6 +559,22 @@ def _scaled(f: ServiceFigures, r: float, r_handling: float, r_cores: float, note
         "cores": f.cores * r_cores, "source": f"{f.source} x {note}"})
 
 
+def _check_profiles(plan: Plan, cluster: str, cs: ClusterSpeed) -> None:
+    """Raise unless each model's profiled bare call in ``cs`` is the one ``plan``'s ``cluster``
+    serves it with (:func:`speed_target`: its runtime and threads per call, today's profiles).
+
+    Raises:
+        PlanError: names the cluster, the model and both figures.
+    """
+    want = speed_target(plan, cluster, weights={}).profile_ms
+    for m, ms in cs.models.items():
+        if m in want and not math.isclose(want[m], ms.profile_ms, rel_tol=1e-6):
+            raise PlanError(f"the speeds of cluster {cluster!r} hold {m!r} against a profiled call of "
+                            f"{ms.profile_ms:.4g} ms, where this plan's server calls it in {want[m]:.4g} ms (another "
+                            f"runtime or threads per call, or profiles measured since): they come from a run of "
+                            f"another experiment")
+
+
 def apply_speeds(plan: Plan, speeds: Speeds | None) -> Plan:
     """The plan whose service figures the simulator should use to reproduce a run of ``speeds``
     (None, a run that recorded none: ``plan`` as it is):
@@ -560,8 +586,9 @@ def apply_speeds(plan: Plan, speeds: Speeds | None) -> Plan:
     and the admission's estimates stay the plan's, as the run had them. ``plan`` in emulated time.
 
     Raises:
-        PlanError: ``plan`` is a wall-clock plan, or a cluster or model it serves has no speed
-            (names it and what the speeds have).
+        PlanError: ``plan`` is a wall-clock plan, a cluster or model it serves has no speed (names
+            it and what the speeds have), or a model's speed was measured against another profiled
+            call than this plan's server makes (another runtime or threads per call).
     """
     if plan.clock != "emulated":
         raise PlanError("apply_speeds takes the emulated plan (the simulator's), not a dilated one")
@@ -577,16 +604,19 @@ def apply_speeds(plan: Plan, speeds: Speeds | None) -> Plan:
         if lacking:
             raise PlanError(f"the speeds of cluster {c!r} have no model {', '.join(map(repr, lacking))} (they have: "
                             f"{', '.join(cs.models)}): they come from a run of another experiment")
+        _check_profiles(plan, c, cs)
         services[c] = {m: _scaled(f, cs.models[m].residual, cs.handling_residual, cs.scale / cs.call_scale,
                                   f"speed {cs.models[m].residual:.3f}") for m, f in by.items()}
     note = (f"service samples x each model's residual speed factor of a run (speed: {speeds.mode}), each "
             f"request's handling x its cluster's: "
             + "; ".join(f"{c}: " + ", ".join(f"{m} {ms.residual:.3f}" for m, ms in cs.models.items())
                         + f", handling {cs.handling_residual:.3f}"
+                        + (" (not measured: the calls' factor)" if cs.mode == "host" and cs.handling_factor is None
+                           else "")
                         for c, cs in speeds.clusters.items() if c in services))
     return plan.model_copy(update={"services": services, "notes": [*plan.notes, note]})
 
 
-__all__ = ["LEAST_PACED_MS", "RUN_KEY", "TOLERANCE", "ClusterSpeed", "ModelSpeed", "SpeedMode", "SpeedTarget",
-           "Speeds", "apply_speeds", "check_fits", "cluster_speed", "expected_weights", "needed_dilation",
-           "read_speeds", "speed_target"]
+__all__ = ["LEAST_PACED_MS", "MAX_SPEED_FACTOR", "RUN_KEY", "TOLERANCE", "ClusterSpeed", "ModelSpeed", "SpeedMode",
+           "SpeedTarget", "Speeds", "apply_speeds", "check_fits", "cluster_speed", "expected_weights",
+           "needed_dilation", "read_speeds", "speed_target"]

@@ -125,6 +125,9 @@ def _late_warnings(s: dict) -> list[str]:
     """A WARNING per (cluster, model) most of whose model calls were late, at a cluster that was
     not throttled in most periods (:data:`LATE_CALLS_MAX_THROTTLED`)."""
     out = []
+    held = ("ran slower than the speeds the run recorded (speed: host): its inference_ms are longer than the "
+            "twin's, which simulates at them" if (s.get("speeds") or {}).get("mode") == "host" else
+            "was not at its profile's speed: its inference_ms are longer than the simulator's")
     for name, v in (s.get("per_cluster") or {}).items():
         cpu = v.get("cpu") or {}
         if cpu.get("periods") and cpu.get("throttled_periods", 0) >= LATE_CALLS_MAX_THROTTLED * cpu["periods"]:
@@ -135,10 +138,10 @@ def _late_warnings(s: dict) -> list[str]:
                            f"{c['late']} of {c['timed']} were late (beyond 10 % of their target: they waited for "
                            f"the CPU, or took more CPU than the server's speed check measured at start-up from "
                            f"back-to-back calls, as on a busy host or where a call after an idle gap costs this host "
-                           f"more than it cost the profile's machine), so this cluster was not at its profile's "
-                           f"speed: its inference_ms are longer than the simulator's. Waits shrink on a quieter "
-                           f"machine or at a larger time dilation; a call's extra CPU does not (per_model cpu_s / timed"
-                           f" in clusters/{name}.stats.json against its bare_ms in run.json speeds tells which)")
+                           f"more than it cost the profile's machine), so this cluster {held}. Waits shrink on a "
+                           f"quieter machine or at a larger time dilation; a call's extra CPU does not (per_model "
+                           f"cpu_s / timed in clusters/{name}.stats.json against its bare_ms in run.json speeds tells "
+                           f"which)")
     return out
 
 
