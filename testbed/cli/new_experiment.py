@@ -63,7 +63,15 @@ from testbed.plan.build import build_plan
 from testbed.plan.checks import AppFeasibility, feasibility_warnings, zero_load_feasibility
 from testbed.plan.placement import Demand, cover_sources, covers, zero_load_from
 from testbed.plan.resolved import Plan
-from testbed.spec.experiment import MAX_CPU_CORES, MAX_NAME_BYTES, ConfigError, Experiment, format_validation_error
+from testbed.spec.experiment import (
+    MAX_CPU_CORES,
+    MAX_DEADLINE_S,
+    MAX_NAME_BYTES,
+    MIN_DEADLINE_MS,
+    ConfigError,
+    Experiment,
+    format_validation_error,
+)
 from testbed.spec.schema import NAME_RE, load_yaml
 from testbed.spec.topology import RawTopology, load_topology, resolve_topology_path
 from testbed.spec.units import UnitError, parse_delay_ms, parse_duration_s, parse_rate_mbps
@@ -178,12 +186,11 @@ def host_name(text: str, used: set[str], prefix: str = "", fallback: str = "h") 
 
 def _items(spec: str, option: str) -> tuple[int | None, list[str]]:
     """``auto:N`` -> (N, []); ``a,b:c`` -> (None, ["a", "b:c"])."""
-    m = re.fullmatch(r"\s*auto\s*:\s*(\d+)\s*", spec)
+    m = re.fullmatch(r"\s*auto\s*:\s*(.*?)\s*", spec)
     if m:
-        n = int(m[1])
-        if n < 1:
-            raise NewExperimentError(f"{option} {spec!r}: auto:N needs N >= 1")
-        return n, []
+        if not re.fullmatch(r"[+-]?\d+", m[1]) or int(m[1]) < 1:
+            raise NewExperimentError(f"{option} {spec!r}: auto:N needs a whole number N >= 1")
+        return int(m[1]), []
     items = [s.strip() for s in spec.split(",")]
     if not all(items):
         raise NewExperimentError(f"{option} {spec!r}: an empty item; write e.g. auto:3 or NODE,NODE")
@@ -260,6 +267,10 @@ def place_clusters(spec: str, nodes: list[Node], g: nx.Graph, used: set[str]) ->
                 _refuse_unread_part(item, ref, nodes)
                 raise
             picked.append((node, tier, cores))
+        twice = sorted({x.label for x, t, _ in picked if sum(y == x and u == t for y, u, _ in picked) > 1})
+        if twice:
+            raise NewExperimentError(f"--clusters: node(s) {', '.join(map(repr, twice))} named twice with one tier; "
+                                     f"give a cluster more cores instead (NODE:TIER:CORES), or another tier")
     prefix = {"far_edge": "fe", "near_edge": "ne"}
     return [Placement(host_name(x.label, used, prefix[tier]), x, tier, cores or TIER_CORES[tier])
             for x, tier, cores in picked]
@@ -483,7 +494,20 @@ def _options(args: argparse.Namespace, raw: RawTopology) -> Options:
     return Options(_command_line(args), name, args.seed,
                    _check_value(parse_duration_s, args.duration, "--duration"), args.policy,
                    _check_value(parse_rate_mbps, args.bandwidth, "--bandwidth"),
-                   _check_value(parse_delay_ms, args.deadline, "--deadline"), args.rate)
+                   _check_deadline(args.deadline), args.rate)
+
+
+def _check_deadline(text: str) -> str:
+    """``--deadline`` read and held to the experiment's bounds (:class:`testbed.spec.experiment.ApplicationSpec`).
+
+    Raises:
+        NewExperimentError: not a time, or out of bounds (names ``--deadline`` and the bound).
+    """
+    ms = parse_delay_ms(_check_value(parse_delay_ms, text, "--deadline"), "--deadline")
+    if not MIN_DEADLINE_MS <= ms <= MAX_DEADLINE_S * 1e3:
+        raise NewExperimentError(f"--deadline {text}: a deadline is from {MIN_DEADLINE_MS:g} ms to "
+                                 f"{MAX_DEADLINE_S:g} s (testbed.spec.experiment.MIN_DEADLINE_MS, MAX_DEADLINE_S)")
+    return text
 
 
 def _topology_source(text: str, out: Path | None) -> tuple[str, RawTopology, Path]:
