@@ -148,10 +148,10 @@ def test_existing_file_is_not_replaced_without_force(tmp_path, capsys):
 
 
 def test_options_that_would_not_plan_write_nothing(tmp_path, capsys):
-    # 0.5 ms deadline: refused as the schema refuses it, before anything is written
+    # 0.5 ms deadline: refused with the schema's bound, named as the option, before anything is written
     code, out, path = _new(tmp_path, capsys, "--topology", str(TRIANGLE), "--clusters", "B", "--sources", "A",
                            "--deadline", "0.5ms")
-    assert code == 2 and not path.exists() and "deadline_ms" in out
+    assert code == 2 and not path.exists() and "--deadline 0.5ms: a deadline is from 1 ms" in out
 
 
 def test_printed_without_out(capsys):
