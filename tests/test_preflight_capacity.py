@@ -58,6 +58,17 @@ def test_a_run_needing_more_memory_than_the_machine_has_is_refused_with_the_figu
     assert [p.split(":")[0] for p in few_fds.problems] == ["file descriptors"]
 
 
+def test_the_cpu_guess_counts_the_cores_other_jobs_take_now():
+    plan = plan_experiment(DEFAULT)
+    have = Machine(mem_available_mib=1e6, nofile=65536, pids_left=30000, cpus=2)
+    idle, busy = check_capacity(plan, have=have), check_capacity(plan, have=have, others=1.5)
+    assert "other jobs" not in idle.k_why and "other jobs take 1.50 cores now" in busy.k_why
+    # two CPUs, 1.5 cores taken: at least the share CFS gives beside them, 2 / 2.5 = 0.8 core, less the idle network
+    idle_net = estimate(plan).idle_cores
+    assert f"on {0.8 - idle_net:.2f} available cores" in busy.k_why and f"on {2 - idle_net:.2f}" in idle.k_why
+    assert busy.k >= idle.k
+
+
 def test_the_fake_memory_limit_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(MEM_ENV, "512")
     assert machine().mem_available_mib == 512 and machine().fake

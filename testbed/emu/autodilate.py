@@ -85,11 +85,8 @@ from testbed.emu.lifecycle import emulate
 from testbed.emu.machine import (
     NICED_OTHER,
     TESTBED_ROLES,
-    competing_cores,
-    cpu_by_process,
     machine_cpu_of_run,
-    machine_ticks,
-    own_nice,
+    other_jobs,
 )
 from testbed.emu.source import CANNOT_REACH
 from testbed.plan.build import Plan
@@ -322,17 +319,9 @@ def decision(tried: list[tuple[float, float]]) -> tuple[float, bool]:
 # ----------------------------------------------------------------------------- measurements
 
 def measure_machine(sample_s: float = MACHINE_SAMPLE_S, proc: Path = Path("/proc")) -> Machine:
-    """Other jobs' CPU now, over ``sample_s`` s (:class:`Machine`; this process left out)."""
-    nice = own_nice()
-    _, s0 = machine_ticks()
-    before, t0 = cpu_by_process(proc), time.monotonic()
-    time.sleep(sample_s)
-    after, dt = cpu_by_process(proc), time.monotonic() - t0
-    _, s1 = machine_ticks()
-    compete, niced = competing_cores(before, after, dt, nice, frozenset({os.getpid()}))
-    steal = max(0.0, (s1 - s0) / dt)
-    cpus = os.cpu_count() or 1
-    return Machine(cpus, round(min(float(cpus), compete + steal), 3), round(niced, 3))
+    """Other jobs' CPU now, over ``sample_s`` s (:class:`Machine`, :func:`testbed.emu.machine.other_jobs`)."""
+    compete, niced = other_jobs(sample_s, proc)
+    return Machine(os.cpu_count() or 1, compete, niced)
 
 
 def first_candidate(plan: Plan, machine: Machine) -> float:

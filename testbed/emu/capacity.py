@@ -41,7 +41,7 @@ import numpy as np
 
 from testbed.core.errors import EXIT_BRINGUP, RunFailure
 from testbed.emu.cleanup import RUN_ENV
-from testbed.emu.machine import CPU_ROLES
+from testbed.emu.machine import CPU_ROLES, other_jobs
 from testbed.emu.netplan import emulator_groups, ovs_shards, path_probe_cores, probe_hosts
 from testbed.plan.build import Plan
 from testbed.plan.traces import arrival_process
@@ -279,8 +279,10 @@ def k_for(plan: Plan, available: float) -> tuple[float | None, str]:
 
 
 def check_capacity(plan: Plan, link_emulator: str = "userspace", datapath: str = "user",
-                   have: Machine | None = None) -> Capacity:
-    """The verdict for ``plan`` on this machine (or ``have``), with the k the CPU needs (module doc)."""
+                   have: Machine | None = None, others: float = 0.0) -> Capacity:
+    """The verdict for ``plan`` on this machine (or ``have``), with the k the CPU needs (module doc)
+    on the cores other jobs leave (``others``: the cores they take now, niced ones left out; what
+    is left is at least the share CFS gives beside them, as ``auto`` counts it)."""
     needs = estimate(plan, link_emulator, datapath)
     have = have or machine()
     out = Capacity(needs, have)
@@ -294,12 +296,19 @@ def check_capacity(plan: Plan, link_emulator: str = "userspace", datapath: str =
     if needs.run_fds > FD_SHARE * have.nofile:
         out.problems.append(f"file descriptors: the run process needs about {needs.run_fds:,}, over {FD_SHARE:.0%} "
                             f"of its limit of {have.nofile:,} (`ulimit -n`; raise it, e.g. `ulimit -n 65536`)")
-    idle = have.cpus - needs.idle_cores
-    out.k, out.k_why = k_for(plan, idle)
+    left = max(have.cpus - others, have.cpus / (1.0 + others))
+    out.k, out.k_why = k_for(plan, left - needs.idle_cores)
+    if others > 0:
+        out.k_why += f"; other jobs take {others:.2f} cores now"
     out.k_why += (f"; the idle network takes {needs.idle_cores:.2f} cores, which no k reduces, and its forwarding "
                   f"under traffic (Open vSwitch, link emulators) is not in the guess: the run measures it and says "
                   f"whether its k was too small")
     return out
+
+
+#: How long (s) the pre-flight samples other jobs' CPU (:func:`testbed.emu.machine.other_jobs`): a
+#: glance, not a measurement of the run's conditions (auto samples 1 s, then measures warm-ups).
+PREFLIGHT_SAMPLE_S = 0.5
 
 
 def refuse_unfit(plan: Plan, console, link_emulator: str = "userspace", datapath: str = "user") -> Capacity:
@@ -308,7 +317,7 @@ def refuse_unfit(plan: Plan, console, link_emulator: str = "userspace", datapath
     Raises:
         RunFailure: (exit code 3, nothing built) naming every limit it would pass and the figures.
     """
-    cap = check_capacity(plan, link_emulator, datapath)
+    cap = check_capacity(plan, link_emulator, datapath, others=other_jobs(PREFLIGHT_SAMPLE_S)[0])
     m = cap.machine
     have = (f"{m.mem_available_mib:,.0f} MiB available{' ($' + MEM_ENV + ')' if m.fake else ''}, "
             f"ulimit -n {m.nofile:,}, {m.pids_left:,} pids left, {m.cpus} CPUs")

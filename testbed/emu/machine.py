@@ -380,3 +380,19 @@ def machine_cpu_of_run(run_dir: Path, t_from: float | None, t_to: float | None) 
         return None, (f"{path.name}: fewer than two samples cover the load (it lasted less than one sampling "
                       f"interval, {data.interval_s:g} s): the machine's CPU is not known")
     return got, ""
+
+
+def other_jobs(sample_s: float, proc: Path = Path("/proc")) -> tuple[float, float]:
+    """Other jobs' CPU now, over ``sample_s`` s of sleep (this process left out): (cores of the
+    processes not niced above this one plus the hypervisor's steal, at most the machine's CPUs;
+    cores of the niced ones, which yield), each rounded to 0.001 (:func:`competing_cores`)."""
+    nice = own_nice()
+    _, s0 = machine_ticks()
+    before, t0 = cpu_by_process(proc), time.monotonic()
+    time.sleep(sample_s)
+    after, dt = cpu_by_process(proc), time.monotonic() - t0
+    _, s1 = machine_ticks()
+    compete, niced = competing_cores(before, after, dt, nice, frozenset({os.getpid()}))
+    steal = max(0.0, (s1 - s0) / dt)
+    return round(min(float(os.cpu_count() or 1), compete + steal), 3), round(niced, 3)
+
