@@ -373,3 +373,20 @@ def test_simulate_prints_the_plans_feasibility_warning_before_it_starts(tmp_path
     assert warn[0] < next(i for i, line in enumerate(lines) if line.startswith("simulated "))
 
 
+
+
+def test_a_load_beyond_every_clusters_cores_is_noted_and_a_light_one_is_not():
+    light = build_plan(exp(), topo())
+    assert not any("offers at least" in n for n in light.notes)
+    heavy = build_plan(exp(workload=[{"application": "app", "rate_qps": 5000}]), topo())
+    note = next(n for n in heavy.notes if "offers at least" in n)
+    f = heavy.services["edge"]["digits_small"]
+    work = 5000 * (sum(f.samples_ms) / len(f.samples_ms) + f.handling_ms) / 1e3  # cores of work at the profile's speed
+    assert work > 0.5 and f"at least {work:.2f} cores of work" in note and "clusters of 0.5 cores" in note
+    # run and simulate print it before they start, as testbed plan lists it
+    from rich.console import Console
+
+    from testbed.cli.common import print_feasibility
+    out = Console(record=True, width=400)
+    print_feasibility(heavy, out)
+    assert f"note: {note}" in out.export_text()

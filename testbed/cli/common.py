@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from testbed.plan.checks import feasibility_warnings
+from testbed.plan.checks import feasibility_warnings, overload_note
 from testbed.plan.resolved import Plan
 from testbed.spec.experiment import MAX_DURATION_S
 from testbed.spec.units import UnitError, parse_duration_arg_s
@@ -78,8 +78,9 @@ def int_at_least(n: int) -> Callable[[str], int]:
 
 
 def print_feasibility(plan: Plan, out: Console | None = None) -> None:
-    """Print the plan's zero-load feasibility lines (:func:`testbed.plan.checks.feasibility_warnings`,
-    the ones ``testbed plan`` lists under Notes) before a run or a simulation starts."""
-    for line in feasibility_warnings(plan):
+    """Print the plan's zero-load feasibility lines (:func:`testbed.plan.checks.feasibility_warnings`)
+    and its overload note (:func:`testbed.plan.checks.overload_note`), the ones ``testbed plan``
+    lists under Notes, before a run or a simulation starts."""
+    for line in feasibility_warnings(plan) + [n for n in (overload_note(plan),) if n]:
         (out or console).print(line if line.startswith("WARNING") else f"note: {line}", markup=False,
                                highlight=False)

@@ -44,7 +44,7 @@ from testbed.emu.cleanup import RUN_ENV
 from testbed.emu.machine import CPU_ROLES, other_jobs
 from testbed.emu.netplan import emulator_groups, ovs_shards, path_probe_cores, probe_hosts
 from testbed.plan.build import Plan
-from testbed.plan.traces import arrival_process
+from testbed.plan.traces import application_rates
 from testbed.plan.transfer import TransferTable
 from testbed.spec.experiment import MAX_TIME_DILATION
 
@@ -248,9 +248,7 @@ def k_grid(k: float) -> float:
 def emulated_rate_qps(plan: Plan) -> float:
     """The plan's peak emulated query rate (q/s): each workload entry's arrival process at each
     source it selects, with the source's spatial weight (a step process counts its highest rate)."""
-    rng = np.random.default_rng(0)
-    return sum(arrival_process(w, rng, weight, Path(plan.base_dir)).mean_rate_qps
-               for wi, w in enumerate(plan.experiment.workload) for weight in plan.weights[wi].values())
+    return sum(application_rates(plan.experiment.workload, plan.weights, Path(plan.base_dir)).values())
 
 
 def guess_cores(plan: Plan) -> float:

@@ -78,6 +78,7 @@ from testbed.plan.checks import (
     check_transfers,
     cpu_note,
     feasibility_warnings,
+    overload_note,
     run_dir_limit_problem,
     runs_dir_problem,
     senders_and_servers,
@@ -134,7 +135,7 @@ def build_plan(exp: Experiment, raw: RawTopology | None = None, base_dir: Path =
     if problem:
         raise PlanError(f"runs_dir: {problem}")
     validate_capture(plan)  # a capture point that is not in the network: refused before anything is built
-    plan.notes += [n for n in (cpu_note(exp), events_after_end(changes, exp.duration_s)) if n]
+    plan.notes += [n for n in (cpu_note(exp), overload_note(plan), events_after_end(changes, exp.duration_s)) if n]
     plan.notes += feasibility_warnings(plan)
     return plan
 

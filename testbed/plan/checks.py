@@ -16,6 +16,7 @@ from testbed.model.network import message_ms, mss_of, transfer_ms
 from testbed.plan.catalog import ModelInfo
 from testbed.plan.network_layout import Network
 from testbed.plan.resolved import Host, Link, PathInfo, Plan, PlanError, Switch
+from testbed.plan.traces import application_rates
 from testbed.spec.experiment import ApplicationSpec, Experiment
 
 IFNAMSIZ = 16  # Linux include/uapi/linux/if.h; names hold at most IFNAMSIZ-1 = 15 bytes
@@ -163,6 +164,33 @@ def cpu_note(exp: Experiment) -> str | None:
             f"or the servers do not get their shares (the summary's service check says so)")
 
 
+def overload_note(plan: Plan) -> str | None:
+    """A note when the plan offers more work than all its clusters' cores together can do at the
+    profile's speed, counting each application's queries at its cheapest (cluster, model) that
+    meets its accuracy floor (unthrottled mean call + request handling, CPU ms; a lower bound of
+    the work: a valid scenario of overload then is one on purpose); None otherwise.
+
+    Raises:
+        testbed.model.arrivals.ArrivalError: a workload entry's process cannot be built (the plan
+            has checked it).
+    """
+    rates = application_rates(plan.experiment.workload, plan.weights, Path(plan.base_dir))
+    demand = 0.0
+    for app in plan.experiment.applications:
+        family = [f for by in plan.services.values() for m, f in by.items() if plan.models[m].family == app.family]
+        good = [f for by in plan.services.values() for m, f in by.items()
+                if plan.models[m].family == app.family and plan.models[m].accuracy >= app.min_accuracy] or family
+        if good and rates.get(app.name):
+            demand += rates[app.name] * min(sum(f.samples_ms) / len(f.samples_ms) + f.handling_ms for f in good)
+    cores = sum(c.cpu_cores for c in plan.experiment.clusters)
+    if demand / 1e3 <= cores:
+        return None
+    return (f"the load offers at least {demand / 1e3:.2f} cores of work (each application's queries at its "
+            f"cheapest model that meets its accuracy, model call and request handling at the profile's speed) "
+            f"to clusters of {cores:g} cores in all: their queues will grow and most queries miss their "
+            f"deadlines (an overload on purpose is a valid scenario)")
+
+
 def senders_and_servers(exp: Experiment, models: dict[str, ModelInfo],
                         app: ApplicationSpec) -> tuple[list[str], list[str]]:
     """(the sources a workload entry makes send application ``app``, the clusters that serve a
@@ -304,5 +332,5 @@ def feasibility_warnings(plan: Plan, verdicts: list[AppFeasibility] | None = Non
 
 
 __all__ = ["CPU_HEADROOM_CORES", "IFNAMSIZ", "INFEASIBLE_WARNING", "PATH_MAX", "AppFeasibility", "ZeroLoadPair",
-           "check_names", "check_transfers", "cpu_note", "feasibility_warnings", "run_dir_limit_problem",
-           "runs_dir_problem", "senders_and_servers", "zero_load_feasibility"]
+           "check_names", "check_transfers", "cpu_note", "feasibility_warnings", "overload_note",
+           "run_dir_limit_problem", "runs_dir_problem", "senders_and_servers", "zero_load_feasibility"]

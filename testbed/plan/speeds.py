@@ -90,7 +90,6 @@ import math
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from testbed.core.errors import InputError, RunFailure
@@ -100,7 +99,7 @@ from testbed.plan import zoo
 from testbed.plan.dilation import nested_cpu
 from testbed.plan.profiles import cpu_time
 from testbed.plan.resolved import Plan, PlanError
-from testbed.plan.traces import arrival_process
+from testbed.plan.traces import application_rates
 
 SpeedMode = Literal["profile", "host"]
 
@@ -472,11 +471,8 @@ def expected_weights(plan: Plan) -> dict[str, dict[str, float]]:
             has checked it before).
     """
     plan = plan.emulated
-    rng = np.random.default_rng(0)
-    rate = {a.name: 0.0 for a in plan.experiment.applications}
-    for wi, w in enumerate(plan.experiment.workload):
-        for weight in plan.weights[wi].values():
-            rate[w.application] += arrival_process(w, rng, weight, Path(plan.base_dir)).mean_rate_qps
+    rates = application_rates(plan.experiment.workload, plan.weights, Path(plan.base_dir))
+    rate = {a.name: rates.get(a.name, 0.0) for a in plan.experiment.applications}
     lam: dict[tuple[str, str], float] = {}
     for a in plan.experiment.applications:
         family = [(c, m) for c, by in plan.services.items() for m in by if plan.models[m].family == a.family]

@@ -145,4 +145,23 @@ def arrival_process(spec: WorkloadSpec, rng: np.random.Generator, weight: float,
     return make_process(spec, rng, weight, trace)
 
 
-__all__ = ["arrival_process", "read_demand_matrix", "read_trace", "source_weights"]
+def application_rates(workload: Sequence[WorkloadSpec], weights: Sequence[dict[str, float]],
+                      base_dir: Path) -> dict[str, float]:
+    """Each application's mean query rate (q/s) over its workload entries at every source they
+    select, with each source's spatial weight (``weights[i]``: source -> weight of entry i; a step
+    process counts its highest rate, :attr:`~testbed.model.arrivals.ArrivalProcess.mean_rate_qps`).
+    Applications without an entry are absent.
+
+    Raises:
+        testbed.model.arrivals.ArrivalError: an entry's process cannot be built (the plan has checked it).
+    """
+    rng = np.random.default_rng(0)
+    rates: dict[str, float] = {}
+    for w, by_source in zip(workload, weights, strict=True):
+        for weight in by_source.values():
+            rates[w.application] = rates.get(w.application, 0.0) + arrival_process(w, rng, weight,
+                                                                                     base_dir).mean_rate_qps
+    return rates
+
+
+__all__ = ["application_rates", "arrival_process", "read_demand_matrix", "read_trace", "source_weights"]
