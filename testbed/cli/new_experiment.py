@@ -503,7 +503,10 @@ def _check_deadline(text: str) -> str:
     Raises:
         NewExperimentError: not a time, or out of bounds (names ``--deadline`` and the bound).
     """
-    ms = parse_delay_ms(_check_value(parse_delay_ms, text, "--deadline"), "--deadline")
+    try:
+        ms = parse_delay_ms(text, "--deadline")
+    except UnitError as exc:
+        raise NewExperimentError(str(exc)) from None
     if not MIN_DEADLINE_MS <= ms <= MAX_DEADLINE_S * 1e3:
         raise NewExperimentError(f"--deadline {text}: a deadline is from {MIN_DEADLINE_MS:g} ms to "
                                  f"{MAX_DEADLINE_S:g} s (testbed.spec.experiment.MIN_DEADLINE_MS, MAX_DEADLINE_S)")

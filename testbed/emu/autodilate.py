@@ -85,6 +85,7 @@ from testbed.emu.lifecycle import emulate
 from testbed.emu.machine import (
     NICED_OTHER,
     TESTBED_ROLES,
+    available_cores,
     machine_cpu_of_run,
     other_jobs,
 )
@@ -142,9 +143,8 @@ class Machine:
 
     @property
     def available(self) -> float:
-        """Cores the emulation can count on: ``cpus - competing``, at least ``cpus / (1 + competing)``
-        (the share CFS gives a waking process beside ``competing`` always-busy ones)."""
-        return max(self.cpus - self.competing, self.cpus / (1.0 + self.competing))
+        """Cores the emulation can count on (:func:`testbed.emu.machine.available_cores`)."""
+        return available_cores(self.cpus, self.competing)
 
 
 @dataclass

@@ -41,7 +41,7 @@ import numpy as np
 
 from testbed.core.errors import EXIT_BRINGUP, RunFailure
 from testbed.emu.cleanup import RUN_ENV
-from testbed.emu.machine import CPU_ROLES, other_jobs
+from testbed.emu.machine import CPU_ROLES, available_cores, other_jobs
 from testbed.emu.netplan import emulator_groups, ovs_shards, path_probe_cores, probe_hosts
 from testbed.plan.build import Plan
 from testbed.plan.traces import application_rates
@@ -294,8 +294,7 @@ def check_capacity(plan: Plan, link_emulator: str = "userspace", datapath: str =
     if needs.run_fds > FD_SHARE * have.nofile:
         out.problems.append(f"file descriptors: the run process needs about {needs.run_fds:,}, over {FD_SHARE:.0%} "
                             f"of its limit of {have.nofile:,} (`ulimit -n`; raise it, e.g. `ulimit -n 65536`)")
-    left = max(have.cpus - others, have.cpus / (1.0 + others))
-    out.k, out.k_why = k_for(plan, left - needs.idle_cores)
+    out.k, out.k_why = k_for(plan, available_cores(have.cpus, others) - needs.idle_cores)
     if others > 0:
         out.k_why += f"; other jobs take {others:.2f} cores now"
     out.k_why += (f"; the idle network takes {needs.idle_cores:.2f} cores, which no k reduces, and its forwarding "

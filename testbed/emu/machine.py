@@ -396,3 +396,10 @@ def other_jobs(sample_s: float, proc: Path = Path("/proc")) -> tuple[float, floa
     steal = max(0.0, (s1 - s0) / dt)
     return round(min(float(os.cpu_count() or 1), compete + steal), 3), round(niced, 3)
 
+
+def available_cores(cpus: int, competing: float) -> float:
+    """Cores an emulation can count on beside ``competing`` cores of other jobs: ``cpus -
+    competing``, at least ``cpus / (1 + competing)`` (the share CFS gives a waking process beside
+    ``competing`` always-busy ones)."""
+    return max(cpus - competing, cpus / (1.0 + competing))
+

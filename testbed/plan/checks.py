@@ -177,11 +177,9 @@ def overload_note(plan: Plan) -> str | None:
     rates = application_rates(plan.experiment.workload, plan.weights, Path(plan.base_dir))
     demand = 0.0
     for app in plan.experiment.applications:
-        family = [f for by in plan.services.values() for m, f in by.items() if plan.models[m].family == app.family]
-        good = [f for by in plan.services.values() for m, f in by.items()
-                if plan.models[m].family == app.family and plan.models[m].accuracy >= app.min_accuracy] or family
+        good = [plan.services[c][m] for c, m in plan.served_by(app)]
         if good and rates.get(app.name):
-            demand += rates[app.name] * min(sum(f.samples_ms) / len(f.samples_ms) + f.handling_ms for f in good)
+            demand += rates[app.name] * min(f.wall_mean_ms + f.handling_ms for f in good)
     cores = sum(c.cpu_cores for c in plan.experiment.clusters)
     if demand / 1e3 <= cores:
         return None

@@ -23,7 +23,7 @@ from testbed.model.queue import ServerQueue
 from testbed.model.service import ServiceFigures
 from testbed.model.timeline import Change
 from testbed.plan.catalog import ModelInfo
-from testbed.spec.experiment import ClusterSpec, Experiment
+from testbed.spec.experiment import ApplicationSpec, ClusterSpec, Experiment
 
 
 class PlanError(InputError):
@@ -229,6 +229,13 @@ class Plan(_PlanModel):
         return [OptionSpec(c.name, m, rtt[c.name], f.expected_ms, f.busy_mean_ms, self.models[m].accuracy,
                            c.tier or "", f.workers, self.models[m].family)
                 for c in self.clusters for m, f in self.services[c.name].items()]
+
+    def served_by(self, app: ApplicationSpec) -> list[tuple[str, str]]:
+        """The (cluster, model) pairs that serve ``app``: its family's models of at least its
+        minimum accuracy, or every model of its family when none reaches it (the dispatcher's
+        fallback), in the order of :attr:`services`."""
+        family = [(c, m) for c, by in self.services.items() for m in by if self.models[m].family == app.family]
+        return [(c, m) for c, m in family if self.models[m].accuracy >= app.min_accuracy] or family
 
     def queue(self, cluster: str) -> QueueSettings:
         """The server queue of ``cluster`` (its spec's settings, the plan's busy means; KeyError if none)."""

@@ -475,8 +475,7 @@ def expected_weights(plan: Plan) -> dict[str, dict[str, float]]:
     rate = {a.name: rates.get(a.name, 0.0) for a in plan.experiment.applications}
     lam: dict[tuple[str, str], float] = {}
     for a in plan.experiment.applications:
-        family = [(c, m) for c, by in plan.services.items() for m in by if plan.models[m].family == a.family]
-        good = [(c, m) for c, m in family if plan.models[m].accuracy >= a.min_accuracy] or family
+        good = plan.served_by(a)
         for key in good:
             lam[key] = lam.get(key, 0.0) + rate[a.name] / len(good)
     return {c: {m: lam.get((c, m), 0.0) * f.wall_mean_ms for m, f in by.items()} for c, by in plan.services.items()}
