@@ -10,11 +10,13 @@ load started; ``lag_ms`` the difference; ``applied_unix_s`` the same instant, ep
 measured (``unit``), the ``tolerance`` the measurement is judged with and whether it is within (``ok``), and a note.
 
 * Link events (every ``link_*`` kind) go through :class:`testbed.emu.dynamics.Dynamics`:
-  the emulator or ``tc`` changes the link, the controller is told or reacts, and probes across the
-  link (and along the source -> cluster paths it carried) measure the result over a window after
-  the change (cut short by the next change); a reading still pending then (the controller has not
-  rerouted yet) is taken again until the kind's ``watch_s`` has passed, the next change is due or
-  the runner stops.
+  the source -> cluster pairs whose paths a change moves are looked up ahead of it, off the firing
+  thread (:class:`_Lookahead`; a look-up asks the controller, which can take seconds on a busy
+  1,000-switch network); the emulator or ``tc`` changes the link, the controller is told or
+  reacts, and probes across the link (and along the source -> cluster paths it carried) measure
+  the result over a window after the change (cut short by the next change); a reading still
+  pending then (the controller has not rerouted yet) is taken again until the kind's ``watch_s``
+  has passed, the next change is due or the runner stops.
 * Cluster events (``cluster_down`` / ``cluster_up``) go to the clusters' servers (:class:`_Server`,
   the emulation's :class:`~testbed.model.timeline.ClusterControl`): ``kill``: SIGKILL, then a restart
   that waits until the server is warm again (measured: the seconds until it answered); ``stop``:
@@ -48,6 +50,10 @@ EVENTS_FIELDS = ["event", "step", "kind", "target", "planned_s", "applied_s", "l
                  "value_measured", "unit", "tolerance", "ok", "note", "applied_unix_s"]
 #: A measurement window ends this long (s) before the next change fires (its preparation first).
 WINDOW_MARGIN_S = PREPARE_S + 0.02
+#: The pairs a group of link changes moves (:meth:`testbed.emu.dynamics.Dynamics.affected`) are looked
+#: up, in a thread of their own, once the group before has been applied and at least this long (s,
+#: wall clock) before the group fires, or twice the slowest look-up of the run so far if longer.
+LOOKUP_LEAD_S = 2.0
 #: While a reading is pending (the change has not taken effect yet), it is taken again this often (s, wall clock).
 WATCH_POLL_S = 0.25
 #: After the runner is stopped, a restart still running gets this long (s) before its row is closed.
@@ -138,16 +144,22 @@ class EventRunner(threading.Thread):
     def _timeline(self, done: Callable[[dict], None]) -> None:
         """Fire every group of changes at its time (returns early when stopped or on an error)."""
         groups = self._groups()
+        ahead = _Lookahead(self, groups)
+        ahead.start()
         for gi, group in enumerate(groups):
             fire = self.t0_s + group[0].t_s
             nxt = self.t0_s + groups[gi + 1][0].t_s - WINDOW_MARGIN_S if gi + 1 < len(groups) else float("inf")
             try:
                 if self.stop_event.wait(max(0.0, fire - PREPARE_S - time.time())):
                     return
-                prepared = self._prepare(group)
+                self.busy = f"looking up the paths events.{group[0].event} ({group[0].kind}) moves"
+                affected = ahead.result(gi)
+                if affected is None:  # stopped
+                    return
+                prepared = self._prepare(group, affected)
                 if self.stop_event.wait(max(0.0, fire - time.time())):
                     return
-                self._apply_group(group, prepared, nxt, done)
+                self._apply_group(group, prepared, nxt, done, applied=lambda gi=gi: ahead.applied(gi))
             except Exception as exc:  # noqa: BLE001 - reported by the run, which then stops
                 ch = group[0]
                 self.error = RunFailure(f"events.{ch.event} ({ch.kind} {target_of(ch)}) at {ch.t_s:g} s "
@@ -166,12 +178,28 @@ class EventRunner(threading.Thread):
                 row.update(note=f"server not ready when the run ended ({waited:.1f} s after the restart)")
                 done(row)
 
-    def _prepare(self, group: list[Change]) -> list:
-        """Per change of the group: the link change's preparation (:meth:`Dynamics.prepare`), or None."""
+    def _prepare(self, group: list[Change], affected: list[list[tuple[str, str]]]) -> list:
+        """Raise the probes for each link change of the group (:meth:`Dynamics.prepare`); per change,
+        the pairs it moves (``affected``, from :class:`_Lookahead`), or None for a cluster change."""
+        dyn = self.live.dynamics
+        out = []
+        for ch, pairs in zip(group, affected, strict=True):
+            if ch.kind in LINK_KINDS:
+                dyn.prepare(ch, pairs)
+            out.append(pairs if ch.kind in LINK_KINDS else None)
+        return out
+
+    def lookup(self, group: list[Change]) -> list[list[tuple[str, str]]]:
+        """Per change of the group, the pairs it moves (:meth:`Dynamics.affected`; empty for a
+        cluster change).
+
+        Raises:
+            RunFailure: the group has link changes and the emulation no probe hosts.
+        """
         dyn = getattr(self.live, "dynamics", None)
         if dyn is None and any(ch.kind in LINK_KINDS for ch in group):
             raise RunFailure("the emulation has no probe hosts for link events (built without them)")
-        return [dyn.prepare(ch) if ch.kind in LINK_KINDS else None for ch in group]
+        return [dyn.affected(ch) if ch.kind in LINK_KINDS else [] for ch in group]
 
     def _fired(self, row: dict) -> dict:
         """A change was applied: its row joins :attr:`rows` at once (the health watch reads which
@@ -211,9 +239,10 @@ class EventRunner(threading.Thread):
                                  f"{what} {late:.1f} s after its time{wall} (more than {EVENT_LATE_S:g} s){doing}: "
                                  f"the run would measure another scenario than the one planned", EXIT_COMPONENT_DIED)
 
-    def _apply_group(self, group: list[Change], prepared: list, next_fire: float, done: Callable[[dict], None]) -> None:
-        """Apply every change of one instant (each row shown as it fires), wait for their windows,
-        measure each (``done`` writes the completed row)."""
+    def _apply_group(self, group: list[Change], prepared: list, next_fire: float, done: Callable[[dict], None],
+                     applied: Callable[[], None] = lambda: None) -> None:
+        """Apply every change of one instant (each row shown as it fires; ``applied`` is called once
+        all are), wait for their windows, measure each (``done`` writes the completed row)."""
         dyn = getattr(self.live, "dynamics", None)
         pending = []
         for ch, prep in zip(group, prepared, strict=True):
@@ -224,6 +253,7 @@ class EventRunner(threading.Thread):
             ap = dyn.apply(ch, prep)
             row = self._fired(self._row(ch, ap.t_fire, None, None, ch.entry.shown_unit, None, None, "measuring"))
             pending.append((ap, row))
+        applied()
         if not pending:
             return
         end = min(next_fire, max(ap.t_fire + dyn.window_s(ap.change) for ap, _ in pending))
@@ -300,6 +330,60 @@ class EventRunner(threading.Thread):
     def stop(self) -> None:
         """Stop applying (the load ended or the run is interrupted)."""
         self.stop_event.set()
+
+
+class _Lookahead(threading.Thread):
+    """Looks up, for each group of changes in turn, the pairs its link changes move
+    (:meth:`EventRunner.lookup`) off the firing thread: once the group before it has been applied
+    (the look-up reads the model and the controller as they are then) and from
+    :data:`LOOKUP_LEAD_S` before the group fires, or twice the slowest look-up so far if longer
+    (the first group at once). :meth:`result` waits for a group's look-up; an error in it is raised
+    there."""
+
+    def __init__(self, runner: EventRunner, groups: list[list[Change]]):
+        super().__init__(daemon=True, name="events-lookahead")
+        self.runner, self.groups = runner, groups
+        self._done = [threading.Event() for _ in groups]
+        self._applied = [threading.Event() for _ in groups]
+        self._results: list[list | BaseException | None] = [None] * len(groups)
+        self.slowest_s = 0.0
+
+    def applied(self, gi: int) -> None:
+        """The runner has applied group ``gi``: the next group's look-up may start."""
+        self._applied[gi].set()
+
+    def result(self, gi: int) -> list[list[tuple[str, str]]] | None:
+        """Group ``gi``'s pairs per change (waits for the look-up; None once the runner is stopped).
+
+        Raises:
+            Exception: what the look-up raised.
+        """
+        stop = self.runner.stop_event
+        while not self._done[gi].wait(0.05):
+            if stop.is_set():
+                return None
+        got = self._results[gi]
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def run(self) -> None:
+        stop, t0 = self.runner.stop_event, self.runner.t0_s
+        for gi, group in enumerate(self.groups):
+            if gi > 0:
+                while not self._applied[gi - 1].wait(0.05):
+                    if stop.is_set():
+                        return
+                start = t0 + group[0].t_s - max(LOOKUP_LEAD_S, 2 * self.slowest_s)
+                if stop.wait(max(0.0, start - time.time())):
+                    return
+            t = time.time()
+            try:
+                self._results[gi] = self.runner.lookup(group)
+            except Exception as exc:  # noqa: BLE001 - raised on the runner's thread by result()
+                self._results[gi] = exc
+            self.slowest_s = max(self.slowest_s, time.time() - t)
+            self._done[gi].set()
 
 
 class _Server:

@@ -250,7 +250,7 @@ def _server_components(servers: ClusterServers) -> list[Component]:
 
 
 #: A planned ``link_down`` counts from this long (s) before its planned time (the event runner
-#: prepares each change ahead of it; testbed.emu.dynamics.PREPARE_S).
+#: prepares each change ahead of it: testbed.emu.event_runner.LOOKUP_LEAD_S, dynamics.PREPARE_S).
 EVENT_LEAD_S = 1.0
 
 
