@@ -98,29 +98,44 @@ def test_testbed_run_refuses_before_building_anything(tmp_path):
 def test_the_path_probes_keep_to_their_budget_and_the_pre_flight_counts_them():
     """continent-americas probes 48 paths of 925 switch links in all: at 20 Hz that would be 37,000
     packet-hops/s, so the rate is lowered to the budget (continuously and while boosted); a small
-    network with a link failure keeps the full rate; the probes' CPU is part of the idle estimate."""
+    network with a link failure keeps the full rate; the probes' CPU is part of the idle estimate.
+    On isp-att the paths cross a 449-port hub, alone in its OVS shard, whose every port is polled
+    per packet: that costs beyond the packet-hops, and the rate is lowered though the hops alone
+    would keep it."""
     from testbed.emu.netplan import (
         BASE_HZ,
         PATH_BOOST_BUDGET,
         PATH_PROBE_BUDGET,
         PROBE_US_PER_PACKET_HOP,
+        SHARD_MAX_PORTS,
+        ovs_ports,
+        ovs_shards,
         path_probe_cores,
-        path_probe_hops,
         path_probe_hz,
+        path_probe_us,
     )
 
     big = plan_experiment(REPO / "experiments" / "continent-americas.yaml")
-    hops = path_probe_hops(big)
-    assert hops == sum(len(p.switches) - 1 for p in big.paths) == 925
+    hops = sum(len(p.switches) - 1 for p in big.paths)
+    assert hops == 925 and max(ovs_ports(big, "user").values()) <= SHARD_MAX_PORTS
+    assert path_probe_us(big) == pytest.approx(hops * PROBE_US_PER_PACKET_HOP)
     hz = path_probe_hz(big, BASE_HZ, PATH_PROBE_BUDGET)
-    assert hz == pytest.approx(PATH_PROBE_BUDGET / (2 * 925)) and hz < BASE_HZ
+    assert hz == pytest.approx(PATH_PROBE_BUDGET * 1e6 / (2 * hops * PROBE_US_PER_PACKET_HOP)) and hz < BASE_HZ
     one = {big.sources[0].name}
     boost = path_probe_hz(big, 100.0, PATH_BOOST_BUDGET, one)
-    assert boost == pytest.approx(PATH_BOOST_BUDGET / (2 * path_probe_hops(big, one)))
-    assert path_probe_cores(big) == pytest.approx(PATH_PROBE_BUDGET * PROBE_US_PER_PACKET_HOP / 1e6)
+    assert boost == pytest.approx(PATH_BOOST_BUDGET * 1e6 / (2 * path_probe_us(big, one)))
+    assert path_probe_cores(big) == pytest.approx(PATH_PROBE_BUDGET)
+    att = plan_experiment(REPO / "experiments" / "isp-att.yaml")
+    att_hops = sum(len(p.switches) - 1 for p in att.paths)
+    assert 2 * BASE_HZ * att_hops * PROBE_US_PER_PACKET_HOP / 1e6 < PATH_PROBE_BUDGET  # the hops alone: full rate
+    ports = ovs_ports(att, "user")  # per switch, its shard's ports
+    hub = max(ports, key=ports.get)
+    assert [hub] in ovs_shards(att, "user") and ports[hub] > 400
+    assert all(len(g) == 1 or ports[g[0]] <= SHARD_MAX_PORTS for g in ovs_shards(att, "user"))
+    assert path_probe_hz(att, BASE_HZ, PATH_PROBE_BUDGET) < BASE_HZ / 2
+    assert path_probe_us(att, datapath="kernel") == pytest.approx(att_hops * PROBE_US_PER_PACKET_HOP)
     small = plan_experiment(REPO / "experiments" / "scenario-linkfail.yaml")
     assert path_probe_hz(small, BASE_HZ, PATH_PROBE_BUDGET) == BASE_HZ
-    full = 2 * BASE_HZ * path_probe_hops(small) * PROBE_US_PER_PACKET_HOP / 1e6
-    assert path_probe_cores(small) == pytest.approx(full)
+    assert path_probe_cores(small) == pytest.approx(2 * BASE_HZ * path_probe_us(small) / 1e6)
     assert path_probe_cores(plan_experiment(DEFAULT)) == 0.0  # no event moves a path: no path probes
     assert estimate(big).idle_cores > estimate(big.model_copy(update={"changes": []})).idle_cores

@@ -220,7 +220,7 @@ def estimate(plan: Plan, link_emulator: str = "userspace", datapath: str = "user
     threads = procs + sum(n * costs[i].threads for i, n in items.items())
     run_fds = costs["run process"].fds + sum(n * costs[i].run_fds for i, n in items.items())
     idle = (items["ovs shard"] * IDLE_CORES_PER_SHARD + items["switch"] * IDLE_CORES_PER_SWITCH
-            + path_probe_cores(plan))
+            + path_probe_cores(plan, datapath))
     return Needs(items, mem, procs, threads, run_fds, idle)
 
 

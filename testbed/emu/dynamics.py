@@ -91,7 +91,7 @@ class Dynamics:
         self.overhead: dict[int, tuple[float, float]] = {}  # link -> (a>b, b>a) ms
         self.baseline_rounds: list[dict[int, tuple[float, float]]] = []  # per round, link -> (a>b, b>a) ms
         self.path_probes = has_path_probes(plan)
-        self.path_hz = path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET)  # per path, continuously
+        self.path_hz = path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET, datapath=emu.datapath)  # per path, continuously
         self.model = plan.network_state()
         em = plan.experiment.emulation
         w = EmulatedClock(plan.time_dilation).wall  # the read-backs measure on the wall clock: tolerances in wall ms
@@ -224,7 +224,7 @@ class Dynamics:
         try:
             self.daemons[a.name].client.request("boost", hz=ch.entry.boost_hz, for_s=for_s)
             boosted = {s for s, _ in affected}
-            hz = path_probe_hz(self.plan, PATH_BOOST_HZ, PATH_BOOST_BUDGET, boosted)
+            hz = path_probe_hz(self.plan, PATH_BOOST_HZ, PATH_BOOST_BUDGET, boosted, self.emu.datapath)
             for s in boosted:
                 self.daemons[s].client.request("boost", hz=hz, for_s=for_s)
         except ProbeError as exc:

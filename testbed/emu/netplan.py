@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+from collections import Counter
 from dataclasses import dataclass
 
 from testbed.core.errors import RunFailure
@@ -35,18 +36,29 @@ CONTROL_NET = "169.254.252.0"
 BASE_HZ = 20.0
 #: Kinds whose measurement needs the source -> cluster path probes (kept current with the registry).
 PATH_KINDS = EVENT_KINDS.subset(lambda k: bool(getattr(k, "paths", ())))
-#: The most packet-hops per wall second the source -> cluster path probes may send in all, at their
-#: continuous rate and while a change that moves paths is measured (:func:`path_probe_hz`). A probe
-#: and its echo each cross every switch link of the path, an OVS traversal and the link emulator at
-#: each. On backbone/americas, 48 paths of 925 switch links in all probed at 20 Hz (37,000
+#: The CPU (cores) the source -> cluster path probes may take in all, at their continuous rate and
+#: while a change that moves paths is measured (:func:`path_probe_hz`): 2,000 and 10,000
+#: packet-hops a second at :data:`PROBE_US_PER_PACKET_HOP`. At 2,000 every other shipped
+#: experiment keeps its full rate (1,880 at most), for ~0.15 cores.
+PATH_PROBE_BUDGET = 2_000 * 72e-6
+PATH_BOOST_BUDGET = 10_000 * 72e-6
+#: The CPU (us) one probe packet takes per switch link it crosses (an OVS traversal and the link
+#: emulator): on backbone/americas, 48 paths of 925 switch links in all probed at 20 Hz (37,000
 #: packet-hops/s) took 2.65 cores: Open vSwitch 1.8 above its idle 0.56, the link emulators 0.87
 #: (``scale_bench.py big experiments/continent-americas.yaml --k 13``, summary.json machine_cpu, and
-#: ``scale_bench.py costs topohub:backbone/americas`` for the idle), about 72 us per packet-hop. At
-#: 2,000 every other shipped experiment keeps its full rate (1,880 at most), for ~0.15 cores.
-PATH_PROBE_BUDGET = 2_000.0
-PATH_BOOST_BUDGET = 10_000.0
-#: The CPU (us) one probe packet takes per switch link it crosses, as measured above.
+#: ``scale_bench.py costs topohub:backbone/americas`` for the idle), about 72 us per packet-hop, its
+#: OVS processes serving 15 ports on average.
 PROBE_US_PER_PACKET_HOP = 72.0
+#: And per port beyond :data:`SHARD_MAX_PORTS` of the Open vSwitch process serving a switch it
+#: traverses (a hub alone in its shard): that process wakes at the packet and polls every one of its
+#: ports (a ``recvmmsg`` and 32 packet buffers allocated and freed per port: half of its CPU in
+#: malloc / free, ``perf record`` of the hub's shard). On experiments/isp-att.yaml at 20 Hz, the
+#: shard of 531 ports (a 449-port hub) took 1.85 ms per traversal (0.67 cores for 360 traversals a
+#: second, per-shard CPU from /proc over 15 s): (1,850 - 68) / 516 us per port beyond americas' 15.
+PROBE_US_PER_OVS_PORT = 3.45
+#: Ports at most per OVS shard (with at most :data:`SWITCHES_PER_OVS` switches); a switch with more
+#: ports than this has a shard of its own, so that its neighbours' packets do not poll its ports.
+SHARD_MAX_PORTS = int(os.environ.get("TESTBED_SHARD_MAX_PORTS", "60"))
 
 
 class EmulationError(RunFailure):
@@ -66,26 +78,44 @@ def has_path_probes(plan: Plan) -> bool:
     return any(c.kind in PATH_KINDS for c in plan.changes)
 
 
-def path_probe_hops(plan: Plan, sources: set[str] | None = None) -> int:
-    """Switch links summed over the planned paths from ``sources`` (None: every source) to every cluster."""
-    return sum(len(p.switches) - 1 for p in plan.paths if sources is None or p.source in sources)
+def ovs_ports(plan: Plan, datapath: str) -> dict[str, int]:
+    """Per switch, the ports of the Open vSwitch process that serves it: its shard's
+    (:func:`ovs_shards`), or every switch port when the system's Open vSwitch serves them all in
+    userspace; 0 with the kernel datapath, which polls no port."""
+    if datapath != "user":
+        return {sw.name: 0 for sw in plan.switches}
+    own = Counter(sw for sw, _ in _port_order(plan))
+    shards = ovs_shards(plan, datapath) or [[sw.name for sw in plan.switches]]
+    return {sw: sum(own[x] for x in group) for group in shards for sw in group}
 
 
-def path_probe_hz(plan: Plan, hz: float, budget: float, sources: set[str] | None = None) -> float:
+def path_probe_us(plan: Plan, sources: set[str] | None = None, datapath: str = "user") -> float:
+    """The CPU (us) one probe packet takes along every planned path from ``sources`` (None: every
+    source) to every cluster, summed: :data:`PROBE_US_PER_PACKET_HOP` per switch link, and
+    :data:`PROBE_US_PER_OVS_PORT` per port beyond :data:`SHARD_MAX_PORTS` of the Open vSwitch
+    process of each switch traversed (:func:`ovs_ports`)."""
+    ports = ovs_ports(plan, datapath)
+    paths = [p for p in plan.paths if sources is None or p.source in sources]
+    return sum(PROBE_US_PER_PACKET_HOP * (len(p.switches) - 1)
+               + PROBE_US_PER_OVS_PORT * sum(max(0, ports[sw] - SHARD_MAX_PORTS) for sw in p.switches)
+               for p in paths)
+
+
+def path_probe_hz(plan: Plan, hz: float, budget: float, sources: set[str] | None = None,
+                  datapath: str = "user") -> float:
     """The rate (Hz, per path) at which the probes from ``sources`` (None: every source) to every
-    cluster are sent: ``hz``, lowered so that the probes and their echoes cross at most ``budget``
-    switch links per wall second in all (:data:`PATH_PROBE_BUDGET`, :data:`PATH_BOOST_BUDGET`)."""
-    hops = path_probe_hops(plan, sources)
-    return min(hz, budget / (2 * hops)) if hops else hz
+    cluster are sent: ``hz``, lowered so that the probes and their echoes take at most ``budget``
+    cores in all (:data:`PATH_PROBE_BUDGET`, :data:`PATH_BOOST_BUDGET`; cost :func:`path_probe_us`)."""
+    us = path_probe_us(plan, sources, datapath)
+    return min(hz, budget * 1e6 / (2 * us)) if us else hz
 
 
-def path_probe_cores(plan: Plan) -> float:
-    """The cores the continuous path probes of ``plan`` take (0 when it has none), at
-    :data:`PROBE_US_PER_PACKET_HOP`."""
+def path_probe_cores(plan: Plan, datapath: str = "user") -> float:
+    """The cores the continuous path probes of ``plan`` take (0 when it has none)."""
     if not has_path_probes(plan):
         return 0.0
-    hz = path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET)
-    return 2 * hz * path_probe_hops(plan) * PROBE_US_PER_PACKET_HOP / 1e6
+    return 2 * path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET, datapath=datapath) * path_probe_us(
+        plan, datapath=datapath) / 1e6
 
 
 @dataclass(frozen=True)
@@ -125,7 +155,9 @@ def emulator_groups(plan: Plan) -> dict[str, list[int]]:
 
 def ovs_shards(plan: Plan, datapath: str) -> list[list[str]]:
     """Switch names per OVS shard (module doc), breadth-first from the first switch so that
-    neighbours tend to share a shard; [] when the system's Open vSwitch serves them all."""
+    neighbours tend to share a shard, at most :data:`SWITCHES_PER_OVS` switches and
+    :data:`SHARD_MAX_PORTS` ports each (a switch with more alone); [] when the system's Open
+    vSwitch serves them all."""
     if datapath != "user" or len(plan.switches) <= SHARD_ABOVE_SWITCHES:
         return []
     adj: dict[str, list[str]] = {s.name: [] for s in plan.switches}
@@ -146,8 +178,16 @@ def ovs_shards(plan: Plan, datapath: str) -> list[list[str]]:
                 if v not in seen:
                     seen.add(v)
                     queue.append(v)
-    k = SWITCHES_PER_OVS
-    return [order[i:i + k] for i in range(0, len(order), k)]
+    own = Counter(sw for sw, _ in _port_order(plan))
+    shards: list[list[str]] = []
+    ports = 0
+    for sw in order:
+        if not shards or len(shards[-1]) >= SWITCHES_PER_OVS or ports + own[sw] > SHARD_MAX_PORTS:
+            shards.append([])
+            ports = 0
+        shards[-1].append(sw)
+        ports += own[sw]
+    return shards
 
 
 def control_veth(run_id: str, k: int) -> str:
