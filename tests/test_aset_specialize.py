@@ -218,3 +218,24 @@ def test_a_gated_run_that_never_leaves_its_plan_is_the_plans_static_run(tmp_path
         ep = run_static(plan, seed, [mix[s] for s in srcs])
         assert (res["ok"], res["n"]) == (int(ep.ok.sum()), int(ep.n.sum()))
         assert {s: set(x) for s, x in res["schedule"].items()} == {s: {mix[s]} for s in srcs}
+
+
+def test_ascent_move_takes_the_best_candidate_that_passes_the_paired_test():
+    """Source 0 of a two-source mix: 'a' has the highest mean gain but on one seed only (t ~ 1), 'b' a
+    smaller, steady gain (t ~ 9). best_mean tests 'a' alone and stays; best_passing moves to 'b'."""
+    from testbed.aset.specialize import ascent_move
+
+    pols = ["cur", "a", "b", "c"]
+    vals = np.array([0.50, 0.50, 0.50, 0.50])
+    seen = {("a", "x"): np.array([0.50, 0.50, 0.50, 0.62]),  # +3 points in mean, one seed
+            ("b", "x"): np.array([0.52, 0.52, 0.53, 0.52]),  # +2.25 points, every seed
+            ("c", "x"): np.array([0.40, 0.40, 0.40, 0.40])}
+    cands = list(seen)
+    assert ascent_move(cands, seen, vals, 0, pols, 1.64, "best_mean") is None
+    move, gain, t_stat = ascent_move(cands, seen, vals, 0, pols, 1.64, "best_passing")
+    assert move == ("b", "x") and gain == pytest.approx(2.25) and t_stat > 1.64
+    assert ascent_move(cands, seen, vals, 0, pols, 0.5, "best_mean")[0] == ("a", "x")  # 'a' passes a weaker test
+    seen[("b", "x")] = np.array([0.52, np.nan, 0.53, np.nan])  # seeds without queries are left out of the pairs
+    assert ascent_move(cands, seen, vals, 0, pols, 1.64, "best_passing")[1] == pytest.approx(2.5)
+    with pytest.raises(Exception, match="ascent rule 'best'"):
+        ascent_move(cands, seen, vals, 0, pols, 1.64, "best")

@@ -57,6 +57,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -114,6 +115,7 @@ class Settings:
 
     tuning_seeds: int = 8
     accept_t: float = 1.64
+    ascent: str = "best_mean"
     mix_share: float = 0.3
     probe_every: int = 2
     horizon: int = 2
@@ -375,18 +377,7 @@ def specialize(path: str | Path, out: str | Path, *, budget_s: float, seed: int 
 
     # 1. the plan: statics, then the paired coordinate ascent
     t = time.monotonic()
-    counts = runner.map(static_job, [(exp_json, base_dir, k, [p] * len(srcs)) for p in pols for k in rep.tuning_seeds],
-                        "static policies on the tuning seeds")
-    per = {p: np.array([_ratio(c) for c in counts[i * s.tuning_seeds:(i + 1) * s.tuning_seeds]])
-           for i, p in enumerate(pols)}
-    queries = float(np.mean([c[1] for c in counts[:s.tuning_seeds]]))
-    c_static = s.costs.static_s + s.costs.per_query_s * queries
-    rep.statics = {p: float(np.nanmean(v)) for p, v in per.items()}
-    rep.best_static = max(pols, key=lambda p: (rep.statics[p], -pols.index(p)))
-    mix_deadline = budget_s * max(s.mix_share, 0.05) * 1.6
-    max_cands = int(s.mix_share * capacity / (c_static * s.tuning_seeds))
-    rep.mix, cur_vals = _ascent(runner, exp_json, base_dir, srcs, pols, rep, per, s, max_cands, mix_deadline)
-    rep.mix_ratio = float(np.nanmean(cur_vals))
+    c_static = search_plan(runner, exp_json, base_dir, srcs, rep, s, capacity, budget_s * max(s.mix_share, 0.05) * 1.6)
     rep.phases_s["plan"] = round(time.monotonic() - t, 1)
 
     # 2-3. labels on variants, DAgger rounds
@@ -425,13 +416,40 @@ def specialize(path: str | Path, out: str | Path, *, budget_s: float, seed: int 
     return rep
 
 
+def search_plan(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], rep: Report, s: Settings,
+                capacity: float, deadline: float | None,
+                seen: dict[tuple[str, ...], np.ndarray] | None = None) -> float:
+    """Step 1 (module docstring): every built-in policy alone on ``rep.tuning_seeds``, then the ascent
+    (:func:`_ascent`) within ``s.mix_share`` of ``capacity`` (nominal CPU s; inf: no bound) and the
+    ``deadline`` (s on the runner's clock; None: none). Fills ``rep``'s ``statics``, ``best_static``,
+    ``mix``, ``mix_ratio`` and the ascent's record; ``seen`` as :func:`_ascent`'s. Returns the
+    nominal CPU seconds of one static episode (:class:`Costs`)."""
+    pols = list(CATALOGUE)
+    n = s.tuning_seeds
+    counts = runner.map(static_job, [(exp_json, base_dir, k, [p] * len(srcs)) for p in pols for k in rep.tuning_seeds],
+                        "static policies on the tuning seeds")
+    per = {p: np.array([_ratio(c) for c in counts[i * n:(i + 1) * n]]) for i, p in enumerate(pols)}
+    queries = float(np.mean([c[1] for c in counts[:n]]))
+    c_static = s.costs.static_s + s.costs.per_query_s * queries
+    rep.statics = {p: float(np.nanmean(v)) for p, v in per.items()}
+    rep.best_static = max(pols, key=lambda p: (rep.statics[p], -pols.index(p)))
+    max_cands = int(s.mix_share * capacity / (c_static * n)) if math.isfinite(capacity) else sys.maxsize
+    rep.mix, cur_vals = _ascent(runner, exp_json, base_dir, srcs, pols, rep, per, s, max_cands, deadline, seen)
+    rep.mix_ratio = float(np.nanmean(cur_vals))
+    return c_static
+
+
 def _ascent(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], pols: list[str], rep: Report,
-            per: dict[str, np.ndarray], s: Settings, max_cands: int, deadline: float) -> tuple[list[str], np.ndarray]:
+            per: dict[str, np.ndarray], s: Settings, max_cands: int, deadline: float | None,
+            seen: dict[tuple[str, ...], np.ndarray] | None = None) -> tuple[list[str], np.ndarray]:
     """The paired coordinate ascent of step 1 from the best static policy (``per``: each static
-    policy's per-seed success ratios); returns (mix, its per-seed success ratios)."""
+    policy's per-seed success ratios), moving as ``s.ascent`` says (:func:`ascent_move`); returns
+    (mix, its per-seed success ratios). ``seen``: candidates' per-seed success ratios already run
+    (kept up to date; a fresh cache when None)."""
     cur = [rep.best_static] * len(srcs)
     vals = per[rep.best_static]
-    seen = {tuple([p] * len(srcs)): v for p, v in per.items()}
+    seen = {} if seen is None else seen
+    seen.update({tuple([p] * len(srcs)): v for p, v in per.items()})
     improved, used, n = True, 0, s.tuning_seeds
     while improved:
         improved = False
@@ -452,15 +470,45 @@ def _ascent(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], pols
                 used += len(todo)
                 rep.mix_candidates = used
                 seen.update({c: np.array([_ratio(x) for x in res[j * n:(j + 1) * n]]) for j, c in enumerate(todo)})
-            best = max(cands, key=lambda c: (float(np.nanmean(seen[c])), -pols.index(c[i])))
-            d = 100 * (seen[best] - vals)
-            d = d[~np.isnan(d)]
-            t_stat = paired_gain_t(d)
-            if d.size and float(d.mean()) > 0 and t_stat >= s.accept_t:
+            move = ascent_move(cands, seen, vals, i, pols, s.accept_t, s.ascent)
+            if move is not None:
+                best, gain, t_stat = move
                 rep.mix_moves.append({"source": srcs[i], "from": cur[i], "to": best[i],
-                                      "gain_points": round(float(d.mean()), 3), "t": round(float(t_stat), 2)})
+                                      "gain_points": round(gain, 3), "t": round(t_stat, 2)})
                 cur, vals, improved = list(best), seen[best], True
     return cur, vals
+
+
+#: How the ascent picks a source's move (:func:`ascent_move`).
+ASCENT_RULES = ("best_mean", "best_passing")
+
+
+def ascent_move(cands: list[tuple[str, ...]], seen: dict[tuple[str, ...], np.ndarray], vals: np.ndarray, i: int,
+                pols: list[str], accept_t: float, rule: str) -> tuple[tuple[str, ...], float, float] | None:
+    """The ascent's move for source ``i``: (candidate, mean paired gain in points, one-sided t), or
+    None for no move. ``seen[c]``: candidate ``c``'s success ratio per tuning seed (NaN: no query);
+    ``vals``: the current mix's. A move needs a positive mean gain with t >= ``accept_t``
+    (:func:`testbed.aset.headroom.paired_gain_t`). ``rule`` ``best_mean``: the candidate with the
+    highest mean is tested, and no move when it fails; ``best_passing``: the highest mean among the
+    candidates that pass. Ties go to the catalogue's order (``pols``).
+
+    Raises:
+        InputError: an unknown ``rule`` (:data:`ASCENT_RULES`).
+    """
+    if rule not in ASCENT_RULES:
+        raise InputError(f"ascent rule {rule!r}: one of {', '.join(ASCENT_RULES)}")
+
+    def scored(c: tuple[str, ...]) -> tuple[float, float]:
+        d = 100 * (seen[c] - vals)
+        d = d[~np.isnan(d)]
+        return (float(d.mean()), float(paired_gain_t(d))) if d.size else (-math.inf, -math.inf)
+
+    order = sorted(cands, key=lambda c: (-float(np.nanmean(seen[c])), pols.index(c[i])))
+    for c in order if rule == "best_passing" else order[:1]:
+        gain, t_stat = scored(c)
+        if gain > 0 and t_stat >= accept_t:
+            return c, gain, t_stat
+    return None
 
 
 def _dagger(runner: _Runner, exp: Experiment, exp_json: str, base_dir: str, rep: Report, srcs: list[str],
