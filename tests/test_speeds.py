@@ -298,6 +298,11 @@ def test_simulate_takes_a_runs_speeds(tmp_path):
     assert f"speeds of {run}: service samples x" in got.stdout and "(not measured: the calls' factor)" in got.stdout
     bad = subprocess.run([*cmd, "--speeds", str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "no run.json there" in bad.stdout + bad.stderr
+    file = subprocess.run([*cmd, "--speeds", str(run / "run.json")], capture_output=True, text=True, env=env,
+                          timeout=300)  # the run's file names its folder
+    assert file.returncode == 0 and f"speeds of {run / 'run.json'}: service samples x" in file.stdout, file.stderr
+    empty = subprocess.run([*cmd, "--speeds", ""], capture_output=True, text=True, env=env, timeout=300)
+    assert empty.returncode == 2 and "--speeds '': no run.json there" in empty.stdout + empty.stderr
 
 
 # ----------------------------------------------------------------------------- the server's check

@@ -67,8 +67,11 @@ def _with_speeds(plan, run_dir: str):
         InputError: ``run_dir`` is not a run folder, its run has no speeds, or they do not fit the plan.
     """
     where = Path(run_dir)
-    if not (where / "run.json").is_file():
-        raise InputError(f"--speeds {run_dir}: no run.json there (give an emulated run's folder)")
+    if where.name == "run.json" and where.is_file():  # the run's file itself: its folder
+        where = where.parent
+    if not run_dir.strip() or not (where / "run.json").is_file():
+        what = "a file, not a run's folder" if where.is_file() else "no run.json there"
+        raise InputError(f"--speeds {run_dir!r}: {what} (give an emulated run's folder, e.g. runs/<run id>)")
     try:
         speeds = read_speeds(where)
     except ValueError as exc:
