@@ -30,13 +30,13 @@ Example::
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from contextlib import contextmanager
 from typing import Generic, TypeVar, overload
 
 from testbed.core.errors import InputError
 from testbed.core.plugins import PluginError, PluginFault, PluginHook, entry_point_names, load, parse_ref
+from testbed.core.util import did_you_mean
 
 T = TypeVar("T")
 #: What a look-up gives for a name that is not there (an entry may be any value, None included).
@@ -137,9 +137,9 @@ class Registry(Mapping[str, T], Generic[T]):
         is one; else, with a plug-in hook, the forms a plug-in takes."""
         known = (*self._items, *extra, *(entry_point_names(self._hook.group) if self._hook is not None else ()))
         text = f"unknown {self.kind} {name!r}; known: {', '.join(known) or '(none)'}"
-        close = difflib.get_close_matches(str(name), known, n=1) if isinstance(name, str) else []
-        if close:
-            text += f" (did you mean {close[0]!r}?)"
+        hint = did_you_mean(name, known, n=1, cutoff=0.6)
+        if hint:
+            text += hint
         elif self._hook is not None:  # no likely typo: say what else a name may be
             text += (f"; or a plug-in: a name of entry-point group {self._hook.group!r} or "
                      f"package.module:callable")

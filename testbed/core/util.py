@@ -267,14 +267,14 @@ def natural_key(name: str) -> tuple:
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name))
 
 
-def did_you_mean(name: object, options: Iterable[str], n: int = 3) -> str:
+def did_you_mean(name: object, options: Iterable[str], n: int = 3, cutoff: float = 0.5) -> str:
     """`` (did you mean 'x', 'y'?)`` for the ``options`` close to ``name`` (``difflib``'s ratio >=
-    0.5, closest first, at most ``n``), or "" when none is close or ``name`` is not a string."""
+    ``cutoff``, closest first, at most ``n``), or "" when none is close or ``name`` is not a string."""
     import difflib
 
     if not isinstance(name, str):
         return ""
-    close = difflib.get_close_matches(name, list(dict.fromkeys(options)), n=n, cutoff=0.5)
+    close = difflib.get_close_matches(name, list(dict.fromkeys(options)), n=n, cutoff=cutoff)
     return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
 
 

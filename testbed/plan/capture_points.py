@@ -13,10 +13,10 @@ Capture points (see :func:`capture_points`):
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
+from testbed.core.util import did_you_mean
 from testbed.plan.resolved import Plan, PlanError
 from testbed.spec.capture import CaptureSpec
 
@@ -100,8 +100,7 @@ def capture_points(plan: Plan, spec: CaptureSpec, link_emulator: str = "userspac
         elif item in by_if:
             found = [by_if[item]]
         else:
-            close = difflib.get_close_matches(item, list(hosts) + list(links) + list(by_if), n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            hint = did_you_mean(item, [*hosts, *links, *by_if])
             raise PlanError(f"capture.interfaces.{i}: {item!r} is not a host, switch, link emulator (lK) or "
                             f"interface of the plan{hint} (see `testbed plan`)")
         for p in found:

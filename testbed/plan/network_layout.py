@@ -8,13 +8,13 @@ Each step takes the :class:`Network` the earlier steps resolved and adds to it; 
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import re
 from dataclasses import dataclass, field
 
 import networkx as nx
 
+from testbed.core.util import did_you_mean
 from testbed.model.routing import least_delay_paths
 from testbed.plan.resolved import Host, Link, PathInfo, PlanError, Switch
 from testbed.spec.experiment import Experiment
@@ -22,12 +22,6 @@ from testbed.spec.topology import RawLink, RawTopology, great_circle_km
 
 MAX_DPID = 2**64 - 1
 NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9]*$")
-
-
-def suggest(name: str, options: list[str]) -> str:
-    """`` (did you mean 'x', 'y'?)`` for the options close to ``name``, or ""."""
-    close = difflib.get_close_matches(name, options, n=3, cutoff=0.5)
-    return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def check_name(name: str, what: str) -> None:
@@ -99,7 +93,7 @@ class Network:
             raise PlanError(f"{item}: label {ref!r} names {len(by_label)} nodes; use the node id instead")
         options = list(self.nodes) + [s.label for s in self.nodes.values()]
         why = " (topohub drops nodes that have no coordinates before loading)" if self.raw.origin == "topohub" else ""
-        raise PlanError(f"{item}: unknown node {ref!r}{suggest(ref, options)}{why}{self.node_list()}")
+        raise PlanError(f"{item}: unknown node {ref!r}{did_you_mean(ref, options)}{why}{self.node_list()}")
 
     def node_list(self, most: int = 60) -> str:
         """``; the topology's nodes (label, else id): A, B, ...`` (at most ``most`` of them, then how many more)."""
@@ -140,7 +134,7 @@ def add_nodes(net: Network) -> None:
     if given:
         known = [n.id for n in raw.nodes] + [n.label for n in raw.nodes]
         raise PlanError(f"topology.coordinates: no node {', '.join(map(repr, sorted(given)))} in topology "
-                        f"{raw.name!r}{suggest(sorted(given)[0], known)}")
+                        f"{raw.name!r}{did_you_mean(sorted(given)[0], known)}")
     _check_unique(net)
 
 
@@ -367,4 +361,4 @@ def expected_paths(net: Network) -> list[PathInfo]:
 
 
 __all__ = ["MAX_DPID", "LinkDrafts", "Network", "add_cloud", "add_hosts", "add_nodes", "check_name",
-           "expected_paths", "keep_connected", "link_delay", "read_links", "suggest"]
+           "expected_paths", "keep_connected", "link_delay", "read_links"]
