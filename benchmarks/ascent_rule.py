@@ -1,14 +1,15 @@
-"""The move rule of ``testbed specialize``'s plan search (``Settings.ascent``), compared on the
-validation set: the rule is chosen here, never on the test set it is scored on.
+"""The move rule of ``testbed specialize``'s plan search (``Settings.ascent`` and ``accept_t``),
+compared on the validation set: the rule is chosen here, never on the test set it is scored on.
 
     nice -n 5 .venv/bin/python benchmarks/ascent_rule.py experiments/generated/validation/gen-validation-*.yaml \\
-        --eval-seeds 20 --result
+        --rules best_mean:1.64 best_passing:1.64 best_mean:0 --eval-seeds 20 --result
 
 Per experiment: step 1 of :func:`testbed.aset.specialize.specialize` (every built-in policy alone,
-then the per-source coordinate ascent) on specialization seed 1's tuning seeds, once per rule of
-:data:`testbed.aset.specialize.ASCENT_RULES` (the candidates' runs shared; no budget), then each
-rule's plan and the best static policy on the evaluation seeds 1..N (common random numbers; apart
-from the tuning seeds, which start at 1,000,000). Gains are paired per seed, in points of success
+then the per-source coordinate ascent) on specialization seed 1's tuning seeds, once per rule
+(``ascent:accept_t``, :data:`testbed.aset.specialize.ASCENT_RULES`; the candidates' runs shared; no
+budget), then each rule's plan and the best static policy on the evaluation seeds 1..N (common
+random numbers; apart from the tuning seeds, which start at 1,000,000). Each rule is compared with
+the first. Gains are paired per seed, in points of success
 ratio, with 95 % CIs (:func:`testbed.core.util.paired_test`); "beyond the CI in k of n" is
 Holm-corrected over the experiments (:func:`testbed.core.util.holm`). Writes
 ``benchmarks/results/aset-ascent-rule.json`` with ``--result`` (docs/results.md).
@@ -42,7 +43,27 @@ from testbed.plan.build import plan_experiment  # noqa: E402
 RESULT = "aset-ascent-rule"
 
 
-def compare(path: Path, eval_seeds: list[int], workers: int) -> dict:
+def parse_rule(text: str) -> tuple[str, float]:
+    """``ascent:accept_t`` (e.g. ``best_mean:1.64``) -> (ascent, accept_t).
+
+    Raises:
+        argparse.ArgumentTypeError: not of that form, or an unknown ascent.
+    """
+    name, _, t = text.partition(":")
+    try:
+        value = float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give ascent:accept_t, e.g. best_mean:1.64") from None
+    if name not in ASCENT_RULES:
+        raise argparse.ArgumentTypeError(f"{text!r}: ascent one of {', '.join(ASCENT_RULES)}")
+    return name, value
+
+
+def _label(rule: tuple[str, float]) -> str:
+    return f"{rule[0]}, t >= {rule[1]:g}"
+
+
+def compare(path: Path, rules: list[tuple[str, float]], eval_seeds: list[int], workers: int) -> dict:
     """One experiment's plans under every rule and their per-seed success ratios (%) on ``eval_seeds``."""
     plan = plan_experiment(path)
     exp_json, base_dir = plan.experiment.model_dump_json(), str(plan.base_dir)
@@ -50,8 +71,8 @@ def compare(path: Path, eval_seeds: list[int], workers: int) -> dict:
     runner = _Runner(workers, None, guard=False)
     seen: dict = {}
     plans, moves, best = {}, {}, ""
-    for rule in ASCENT_RULES:
-        s = replace(Settings(), ascent=rule)
+    for rule in rules:
+        s = replace(Settings(), ascent=rule[0], accept_t=rule[1])
         rep = Report(str(path), 0.0, 1, tuning_seeds(1, s.tuning_seeds), tuning_seeds(1, s.check_seeds, 500))
         search_plan(runner, exp_json, base_dir, srcs, rep, s, math.inf, None, seen)
         plans[rule], moves[rule], best = rep.mix, rep.mix_moves, rep.best_static
@@ -70,49 +91,57 @@ def _pm(t: dict) -> str:
     return f"{t['mean']:+.2f} ± {t['ci']:.2f}"
 
 
+def _summary(base: tuple[str, float], rule: tuple[str, float], tests: list[dict | None]) -> str:
+    """One rule against the first over the experiments (None: the same plan)."""
+    changed = [t for t in tests if t is not None]
+    rejected = holm([t["p"] for t in changed])
+    above = sum(1 for t, rej in zip(changed, rejected, strict=True) if rej and t["mean"] > 0)
+    below = sum(1 for t, rej in zip(changed, rejected, strict=True) if rej and t["mean"] < 0)
+    mean_all = float(np.mean([0.0 if t is None else t["mean"] for t in tests]))
+    return (f"{_label(rule)} against {_label(base)} over {len(tests)} validation experiments: the plans differ "
+            f"in {len(changed)}; mean gain {mean_all:+.2f} points; beyond the CI (Holm) above in {above}, "
+            f"below in {below}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("experiments", nargs="+", type=Path)
+    ap.add_argument("--rules", nargs="+", type=parse_rule, default=[("best_mean", 1.64), ("best_passing", 1.64)],
+                    help="ascent:accept_t each, the first the baseline (default best_mean:1.64 best_passing:1.64)")
     ap.add_argument("--eval-seeds", type=int, default=20, help="evaluation seeds 1..N (default 20)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--result", action="store_true", help=f"write benchmarks/results/{RESULT}.json")
     args = ap.parse_args(argv)
     seeds = list(range(1, args.eval_seeds + 1))
-    old, new = ASCENT_RULES
-    rows, tests = [], []
+    base, others = args.rules[0], args.rules[1:]
+    rows, tests = [], {r: [] for r in others}
     for path in args.experiments:
-        got = compare(path, seeds, args.workers)
+        got = compare(path, args.rules, seeds, args.workers)
         r = got["ratios"]
-        t_new_old = paired_test(r[new], r[old])
-        tests.append(t_new_old)
-        row = [got["experiment"], got["sources"], f"{got['best_static']} {np.nanmean(r['best static']):.2f}",
-               f"{len(got['moves'][old])}: {_pm(paired_test(r[old], r['best static']))}",
-               f"{len(got['moves'][new])}: {_pm(paired_test(r[new], r['best static']))}",
-               "same plan" if got["plans"][new] == got["plans"][old] else _pm(t_new_old)]
+        row = [got["experiment"], got["sources"], f"{got['best_static']} {np.nanmean(r['best static']):.2f}"]
+        row += [f"{len(got['moves'][x])}: {_pm(paired_test(r[x], r['best static']))}" for x in args.rules]
+        for x in others:
+            same = got["plans"][x] == got["plans"][base]
+            tests[x].append(None if same else paired_test(r[x], r[base]))
+            row.append("same plan" if same else _pm(tests[x][-1]))
         rows.append(row)
         print(" | ".join(str(v) for v in row), flush=True)
-    changed = [t for t, row in zip(tests, rows, strict=True) if row[-1] != "same plan"]
-    rejected = holm([t["p"] for t in changed])
-    above = sum(1 for t, rej in zip(changed, rejected, strict=True) if rej and t["mean"] > 0)
-    below = sum(1 for t, rej in zip(changed, rejected, strict=True) if rej and t["mean"] < 0)
-    mean_all = float(np.mean([t["mean"] if row[-1] != "same plan" else 0.0 for t, row in zip(tests, rows,
-                                                                                               strict=True)]))
-    summary = (f"{new} against {old} over {len(rows)} validation experiments: the plans differ in {len(changed)}; "
-               f"mean gain {mean_all:+.2f} points; beyond the CI (Holm) above in {above}, below in {below}")
+    summary = "; ".join(_summary(base, x, tests[x]) for x in others)
     print(summary)
     if args.result:
-        cmd = "nice -n 5 .venv/bin/python benchmarks/ascent_rule.py " + " ".join(
-            shlex.quote(str(p)) for p in args.experiments) + f" --eval-seeds {args.eval_seeds} --result"
-        cols = ["experiment", "sources", "best static (tuning seeds' choice), % on evaluation seeds",
-                f"{old}: moves, gain over best static (points, 95 % CI)",
-                f"{new}: moves, gain over best static", f"{new} - {old}"]
+        cmd = ("nice -n 5 .venv/bin/python benchmarks/ascent_rule.py " + " ".join(shlex.quote(str(p)) for p in
+               args.experiments) + " --rules " + " ".join(f"{a}:{t:g}" for a, t in args.rules)
+               + f" --eval-seeds {args.eval_seeds} --result")
+        cols = (["experiment", "sources", "best static (tuning seeds' choice), % on evaluation seeds"]
+                + [f"{_label(x)}: moves, gain over best static (points, 95 % CI)" for x in args.rules]
+                + [f"{_label(x)} - {_label(base)}" for x in others])
         write_result(RESULT, "The plan search's move rule, on the validation set", cmd,
                      [{"caption": f"evaluation seeds 1-{args.eval_seeds}, paired; plans searched on specialization "
                                   f"seed 1's {Settings().tuning_seeds} tuning seeds", "columns": cols, "rows": rows}],
                      summary=summary,
-                     notes=[f"{old}: the candidate with the highest mean gain is tested (one-sided paired t >= "
-                            f"{Settings().accept_t}) and no move when it fails; {new}: the highest mean among the "
-                            "candidates that pass the same test."])
+                     notes=["best_mean: the candidate with the highest mean gain is tested (one-sided paired t >= "
+                            "accept_t) and no move when it fails; best_passing: the highest mean among the "
+                            "candidates that pass the same test; accept_t 0: any positive mean gain."])
     return 0
 
 

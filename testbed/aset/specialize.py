@@ -9,9 +9,10 @@ seeds apart from those an evaluation scores (:data:`TUNING_SEED_BASE`; the check
    (common random numbers: seed k gives every assignment the same arrivals). Every static policy
    first; from the best one, coordinate ascent (:func:`testbed.aset.headroom.best_mix`'s search,
    with a test): for each source in turn every other policy is tried with the others fixed, and the
-   best candidate replaces the source's policy only when its paired gain over the seeds has a
-   one-sided t of at least ``accept_t`` (:func:`testbed.aset.headroom.paired_gain_t`), until a
-   whole pass changes nothing or the step's share of the budget is spent.
+   best candidate replaces the source's policy only when its mean paired gain over the seeds is
+   positive with a one-sided t of at least ``accept_t`` (:func:`testbed.aset.headroom.paired_gain_t`;
+   0 by default: any positive mean), until a whole pass changes nothing or the step's share of the
+   budget is spent.
 2. **Labels from rollouts** (AggreVaTe, Ross and Bagnell, "Reinforcement and imitation learning via
    interactive no-regret learning", 2014) on **variants** of the experiment (:func:`variant`:
    event times, rates and report interval redrawn). In each data episode, every
@@ -114,7 +115,10 @@ class Settings:
     """What :func:`specialize` does (module docstring); the defaults are ``testbed specialize``'s."""
 
     tuning_seeds: int = 8
-    accept_t: float = 1.64
+    #: Chosen on the validation set (``benchmarks/ascent_rule.py``, docs/results.md): against 1.64,
+    #: 0 changed the plan in 9 of 12 experiments, +0.36 points on average on evaluation seeds, above
+    #: beyond the CI in 2 (Holm) and below in none; ``best_passing`` changed none.
+    accept_t: float = 0.0
     ascent: str = "best_mean"
     mix_share: float = 0.3
     probe_every: int = 2
