@@ -7,7 +7,7 @@ compared on the validation set: the rule is chosen here, never on the test set i
 Per experiment: step 1 of :func:`testbed.aset.specialize.specialize` (every built-in policy alone,
 then the per-source coordinate ascent) on specialization seed 1's tuning seeds, once per rule
 (``ascent:accept_t``, :data:`testbed.aset.specialize.ASCENT_RULES`; the candidates' runs shared; no
-budget), then each rule's plan and the best static policy on the evaluation seeds 1..N (common
+budget), then each rule's plan and the best static policy on N evaluation seeds from ``--eval-from`` (common
 random numbers; apart from the tuning seeds, which start at 1,000,000). Each rule is compared with
 the first. Gains are paired per seed, in points of success
 ratio, with 95 % CIs (:func:`testbed.core.util.paired_test`); "beyond the CI in k of n" is
@@ -108,11 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("experiments", nargs="+", type=Path)
     ap.add_argument("--rules", nargs="+", type=parse_rule, default=[("best_mean", 1.64), ("best_passing", 1.64)],
                     help="ascent:accept_t each, the first the baseline (default best_mean:1.64 best_passing:1.64)")
-    ap.add_argument("--eval-seeds", type=int, default=20, help="evaluation seeds 1..N (default 20)")
+    ap.add_argument("--eval-seeds", type=int, default=20, help="how many evaluation seeds (default 20)")
+    ap.add_argument("--eval-from", type=int, default=1, help="the first evaluation seed (default 1; the test set's "
+                                                               "evaluation, benchmarks/aset_test_set.py, uses 101)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--result", action="store_true", help=f"write benchmarks/results/{RESULT}.json")
     args = ap.parse_args(argv)
-    seeds = list(range(1, args.eval_seeds + 1))
+    seeds = list(range(args.eval_from, args.eval_from + args.eval_seeds))
     base, others = args.rules[0], args.rules[1:]
     rows, tests = [], {r: [] for r in others}
     for path in args.experiments:
@@ -131,12 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.result:
         cmd = ("nice -n 5 .venv/bin/python benchmarks/ascent_rule.py " + " ".join(shlex.quote(str(p)) for p in
                args.experiments) + " --rules " + " ".join(f"{a}:{t:g}" for a, t in args.rules)
-               + f" --eval-seeds {args.eval_seeds} --result")
+               + f" --eval-seeds {args.eval_seeds}" + (f" --eval-from {args.eval_from}" if args.eval_from != 1 else "")
+               + " --result")
         cols = (["experiment", "sources", "best static (tuning seeds' choice), % on evaluation seeds"]
                 + [f"{_label(x)}: moves, gain over best static (points, 95 % CI)" for x in args.rules]
                 + [f"{_label(x)} - {_label(base)}" for x in others])
         write_result(RESULT, "The plan search's move rule, on the validation set", cmd,
-                     [{"caption": f"evaluation seeds 1-{args.eval_seeds}, paired; plans searched on specialization "
+                     [{"caption": f"evaluation seeds {seeds[0]}-{seeds[-1]}, paired; plans searched on specialization "
                                   f"seed 1's {Settings().tuning_seeds} tuning seeds", "columns": cols, "rows": rows}],
                      summary=summary,
                      notes=["best_mean: the candidate with the highest mean gain is tested (one-sided paired t >= "
