@@ -98,7 +98,7 @@ def _summary(base: tuple[str, float], rule: tuple[str, float], tests: list[dict 
     above = sum(1 for t, rej in zip(changed, rejected, strict=True) if rej and t["mean"] > 0)
     below = sum(1 for t, rej in zip(changed, rejected, strict=True) if rej and t["mean"] < 0)
     mean_all = float(np.mean([0.0 if t is None else t["mean"] for t in tests]))
-    return (f"{_label(rule)} against {_label(base)} over {len(tests)} validation experiments: the plans differ "
+    return (f"{_label(rule)} against {_label(base)} over {len(tests)} experiments: the plans differ "
             f"in {len(changed)}; mean gain {mean_all:+.2f} points; beyond the CI (Holm) above in {above}, "
             f"below in {below}")
 
