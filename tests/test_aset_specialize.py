@@ -237,5 +237,7 @@ def test_ascent_move_takes_the_best_candidate_that_passes_the_paired_test():
     assert ascent_move(cands, seen, vals, 0, pols, 0.5, "best_mean")[0] == ("a", "x")  # 'a' passes a weaker test
     seen[("b", "x")] = np.array([0.52, np.nan, 0.53, np.nan])  # seeds without queries are left out of the pairs
     assert ascent_move(cands, seen, vals, 0, pols, 1.64, "best_passing")[1] == pytest.approx(2.5)
+    tie = {("t", "x"): vals + 1e-13}  # float rounding, not a gain: no move (a cycle of ties would never end)
+    assert ascent_move(list(tie), tie, vals, 0, ["cur", "t"], 0.0, "best_mean") is None
     with pytest.raises(Exception, match="ascent rule 'best'"):
         ascent_move(cands, seen, vals, 0, pols, 1.64, "best")

@@ -485,13 +485,16 @@ def _ascent(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], pols
 
 #: How the ascent picks a source's move (:func:`ascent_move`).
 ASCENT_RULES = ("best_mean", "best_passing")
+#: A mean gain (points) at or below this is a tie, not a move: float rounding between mixes of the
+#: same success could otherwise make the ascent go round a cycle of them for ever.
+MIN_GAIN_POINTS = 1e-9
 
 
 def ascent_move(cands: list[tuple[str, ...]], seen: dict[tuple[str, ...], np.ndarray], vals: np.ndarray, i: int,
                 pols: list[str], accept_t: float, rule: str) -> tuple[tuple[str, ...], float, float] | None:
     """The ascent's move for source ``i``: (candidate, mean paired gain in points, one-sided t), or
     None for no move. ``seen[c]``: candidate ``c``'s success ratio per tuning seed (NaN: no query);
-    ``vals``: the current mix's. A move needs a positive mean gain with t >= ``accept_t``
+    ``vals``: the current mix's. A move needs a mean gain above :data:`MIN_GAIN_POINTS` with t >= ``accept_t``
     (:func:`testbed.aset.headroom.paired_gain_t`). ``rule`` ``best_mean``: the candidate with the
     highest mean is tested, and no move when it fails; ``best_passing``: the highest mean among the
     candidates that pass. Ties go to the catalogue's order (``pols``).
@@ -510,7 +513,7 @@ def ascent_move(cands: list[tuple[str, ...]], seen: dict[tuple[str, ...], np.nda
     order = sorted(cands, key=lambda c: (-float(np.nanmean(seen[c])), pols.index(c[i])))
     for c in order if rule == "best_passing" else order[:1]:
         gain, t_stat = scored(c)
-        if gain > 0 and t_stat >= accept_t:
+        if gain > MIN_GAIN_POINTS and t_stat >= accept_t:
             return c, gain, t_stat
     return None
 

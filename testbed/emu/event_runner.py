@@ -181,7 +181,7 @@ class EventRunner(threading.Thread):
     def _prepare(self, group: list[Change], affected: list[list[tuple[str, str]]]) -> list:
         """Raise the probes for each link change of the group (:meth:`Dynamics.prepare`); per change,
         the pairs it moves (``affected``, from :class:`_Lookahead`), or None for a cluster change."""
-        dyn = self.live.dynamics
+        dyn = getattr(self.live, "dynamics", None)  # None: no link change (lookup refused those)
         out = []
         for ch, pairs in zip(group, affected, strict=True):
             if ch.kind in LINK_KINDS:
