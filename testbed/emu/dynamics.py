@@ -38,7 +38,14 @@ from testbed.core.lifeline import tied_popen
 from testbed.core.util import REPO_ROOT
 from testbed.emu.linkctl import SETTLE_S, Applied, DaemonHandle, EmuLink, Readback
 from testbed.emu.mininet_network import Emulation, EmulationError, ProbeHost, control_dir
-from testbed.emu.netplan import BASE_HZ, PATH_BOOST_BUDGET, PATH_PROBE_BUDGET, has_path_probes, path_probe_hz
+from testbed.emu.netplan import (
+    BASE_HZ,
+    PATH_BOOST_BUDGET,
+    PATH_PROBE_BUDGET,
+    has_path_probes,
+    ovs_ports,
+    path_probe_hz,
+)
 from testbed.emu.probe import ProbeError, wait_ready
 from testbed.model.network import NetworkState
 from testbed.model.timeline import Change, Measured, Tolerance
@@ -91,7 +98,8 @@ class Dynamics:
         self.overhead: dict[int, tuple[float, float]] = {}  # link -> (a>b, b>a) ms
         self.baseline_rounds: list[dict[int, tuple[float, float]]] = []  # per round, link -> (a>b, b>a) ms
         self.path_probes = has_path_probes(plan)
-        self.path_hz = path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET, datapath=emu.datapath)  # per path, continuously
+        self.ovs_ports = ovs_ports(plan, emu.datapath)  # once: each boost's rate reads it (netplan.path_probe_us)
+        self.path_hz = path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET, ports=self.ovs_ports)  # per path, continuously
         self.model = plan.network_state()
         em = plan.experiment.emulation
         w = EmulatedClock(plan.time_dilation).wall  # the read-backs measure on the wall clock: tolerances in wall ms
@@ -224,7 +232,7 @@ class Dynamics:
         try:
             self.daemons[a.name].client.request("boost", hz=ch.entry.boost_hz, for_s=for_s)
             boosted = {s for s, _ in affected}
-            hz = path_probe_hz(self.plan, PATH_BOOST_HZ, PATH_BOOST_BUDGET, boosted, self.emu.datapath)
+            hz = path_probe_hz(self.plan, PATH_BOOST_HZ, PATH_BOOST_BUDGET, boosted, ports=self.ovs_ports)
             for s in boosted:
                 self.daemons[s].client.request("boost", hz=hz, for_s=for_s)
         except ProbeError as exc:

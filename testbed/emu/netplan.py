@@ -89,12 +89,13 @@ def ovs_ports(plan: Plan, datapath: str) -> dict[str, int]:
     return {sw: sum(own[x] for x in group) for group in shards for sw in group}
 
 
-def path_probe_us(plan: Plan, sources: set[str] | None = None, datapath: str = "user") -> float:
+def path_probe_us(plan: Plan, sources: set[str] | None = None, datapath: str = "user",
+                  ports: dict[str, int] | None = None) -> float:
     """The CPU (us) one probe packet takes along every planned path from ``sources`` (None: every
     source) to every cluster, summed: :data:`PROBE_US_PER_PACKET_HOP` per switch link, and
     :data:`PROBE_US_PER_OVS_PORT` per port beyond :data:`SHARD_MAX_PORTS` of the Open vSwitch
-    process of each switch traversed (:func:`ovs_ports`)."""
-    ports = ovs_ports(plan, datapath)
+    process of each switch traversed (``ports``: :func:`ovs_ports` of ``datapath``, computed when None)."""
+    ports = ovs_ports(plan, datapath) if ports is None else ports
     paths = [p for p in plan.paths if sources is None or p.source in sources]
     return sum(PROBE_US_PER_PACKET_HOP * (len(p.switches) - 1)
                + PROBE_US_PER_OVS_PORT * sum(max(0, ports[sw] - SHARD_MAX_PORTS) for sw in p.switches)
@@ -102,11 +103,11 @@ def path_probe_us(plan: Plan, sources: set[str] | None = None, datapath: str = "
 
 
 def path_probe_hz(plan: Plan, hz: float, budget: float, sources: set[str] | None = None,
-                  datapath: str = "user") -> float:
+                  datapath: str = "user", ports: dict[str, int] | None = None) -> float:
     """The rate (Hz, per path) at which the probes from ``sources`` (None: every source) to every
     cluster are sent: ``hz``, lowered so that the probes and their echoes take at most ``budget``
     cores in all (:data:`PATH_PROBE_BUDGET`, :data:`PATH_BOOST_BUDGET`; cost :func:`path_probe_us`)."""
-    us = path_probe_us(plan, sources, datapath)
+    us = path_probe_us(plan, sources, datapath, ports)
     return min(hz, budget * 1e6 / (2 * us)) if us else hz
 
 
@@ -114,8 +115,9 @@ def path_probe_cores(plan: Plan, datapath: str = "user") -> float:
     """The cores the continuous path probes of ``plan`` take (0 when it has none)."""
     if not has_path_probes(plan):
         return 0.0
-    return 2 * path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET, datapath=datapath) * path_probe_us(
-        plan, datapath=datapath) / 1e6
+    ports = ovs_ports(plan, datapath)
+    hz = path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET, datapath=datapath, ports=ports)
+    return 2 * hz * path_probe_us(plan, ports=ports) / 1e6
 
 
 @dataclass(frozen=True)
