@@ -120,6 +120,11 @@ class Settings:
     #: beyond the CI in 2 (Holm) and below in none; ``best_passing`` changed none.
     accept_t: float = 0.0
     ascent: str = "best_mean"
+    #: Restarts of the ascent (:func:`plan_starts`): from each of the ``start_statics`` best static
+    #: policies, with the sources visited in ``orders`` orders (the first as listed, the others
+    #: permuted per seed); the end point with the highest tuning mean is the plan.
+    start_statics: int = 1
+    orders: int = 1
     mix_share: float = 0.3
     probe_every: int = 2
     horizon: int = 2
@@ -287,6 +292,7 @@ class Report:
     mix_ratio: float = math.nan
     mix_moves: list[dict] = field(default_factory=list)
     mix_candidates: int = 0
+    mix_starts: list[dict] = field(default_factory=list)
     rounds: list[dict] = field(default_factory=list)
     samples: int = 0
     check: dict = field(default_factory=dict)
@@ -438,46 +444,72 @@ def search_plan(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], 
     rep.statics = {p: float(np.nanmean(v)) for p, v in per.items()}
     rep.best_static = max(pols, key=lambda p: (rep.statics[p], -pols.index(p)))
     max_cands = int(s.mix_share * capacity / (c_static * n)) if math.isfinite(capacity) else sys.maxsize
-    rep.mix, cur_vals = _ascent(runner, exp_json, base_dir, srcs, pols, rep, per, s, max_cands, deadline, seen)
-    rep.mix_ratio = float(np.nanmean(cur_vals))
+    seen = {} if seen is None else seen
+    seen.update({tuple([p] * len(srcs)): v for p, v in per.items()})
+    best_vals = None
+    for j, (start, order) in enumerate(plan_starts(pols, rep.statics, len(srcs), s, rep.seed)):
+        truncated = len(rep.truncated)
+        mix, vals = _ascent(runner, exp_json, base_dir, srcs, pols, rep, start, order, j, s, max_cands, deadline,
+                            seen)
+        rep.mix_starts.append({"start": start, "order": [srcs[i] for i in order],
+                               "mix": mix, "ratio": float(np.nanmean(vals))})
+        if best_vals is None or 100 * (np.nanmean(vals) - np.nanmean(best_vals)) > MIN_GAIN_POINTS:
+            rep.mix, best_vals = mix, vals
+        if len(rep.truncated) > truncated:
+            break
+    rep.mix_ratio = float(np.nanmean(best_vals))
     return c_static
 
 
+def plan_starts(pols: list[str], statics: dict[str, float], n_sources: int, s: Settings,
+                seed: int) -> list[tuple[str, list[int]]]:
+    """The ascent's starts: (static policy, order of the source indices) for each of the
+    ``s.start_statics`` best static policies (``statics``: mean tuning success ratio; ties go to
+    the catalogue's order ``pols``), each with ``s.orders`` orders: the sources as listed first,
+    then permutations drawn from ``numpy.random.default_rng([seed, j])`` (j = 1, 2, ...), the same
+    for every start policy. Deterministic per ``seed``."""
+    ranked = sorted(pols, key=lambda p: (-statics[p], pols.index(p)))[:max(1, s.start_statics)]
+    orders = [list(range(n_sources))]
+    orders += [[int(i) for i in np.random.default_rng([seed, j]).permutation(n_sources)]
+               for j in range(1, max(1, s.orders))]
+    return [(p, o) for p in ranked for o in orders]
+
+
 def _ascent(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], pols: list[str], rep: Report,
-            per: dict[str, np.ndarray], s: Settings, max_cands: int, deadline: float | None,
-            seen: dict[tuple[str, ...], np.ndarray] | None = None) -> tuple[list[str], np.ndarray]:
-    """The paired coordinate ascent of step 1 from the best static policy (``per``: each static
-    policy's per-seed success ratios), moving as ``s.ascent`` says (:func:`ascent_move`); returns
+            start: str, order: list[int], start_no: int, s: Settings, max_cands: int, deadline: float | None,
+            seen: dict[tuple[str, ...], np.ndarray]) -> tuple[list[str], np.ndarray]:
+    """The paired coordinate ascent of step 1 from ``start`` on every source, visiting the sources in
+    ``order`` (indices into ``srcs``) and moving as ``s.ascent`` says (:func:`ascent_move`); returns
     (mix, its per-seed success ratios). ``seen``: candidates' per-seed success ratios already run
-    (kept up to date; a fresh cache when None)."""
-    cur = [rep.best_static] * len(srcs)
-    vals = per[rep.best_static]
-    seen = {} if seen is None else seen
-    seen.update({tuple([p] * len(srcs)): v for p, v in per.items()})
-    improved, used, n = True, 0, s.tuning_seeds
+    (kept up to date; it holds every static policy's); ``max_cands``: candidates run over all starts
+    (``rep.mix_candidates``) at most. Moves go to ``rep.mix_moves`` with their ``start_no``."""
+    cur = [start] * len(srcs)
+    vals = seen[tuple(cur)]
+    improved, n = True, s.tuning_seeds
     while improved:
         improved = False
-        for i in range(len(srcs)):
+        for i in order:
             cands = [tuple(cur[:i] + [a] + cur[i + 1:]) for a in pols if a != cur[i]]
             todo = [c for c in cands if c not in seen]
-            if used + len(todo) > max_cands:
-                rep.truncated.append(f"mix: the budget's {max_cands} candidates spent, pass stopped at source {i + 1}")
+            if rep.mix_candidates + len(todo) > max_cands:
+                rep.truncated.append(f"mix: the budget's {max_cands} candidates spent, start {start_no + 1} stopped "
+                                     f"at source {srcs[i]}")
                 return cur, vals
             if todo:
                 tasks = [(exp_json, base_dir, k, list(c)) for c in todo for k in rep.tuning_seeds]
                 try:
-                    res = runner.map(static_job, tasks, f"mix: source {i + 1}/{len(srcs)}", deadline,
+                    res = runner.map(static_job, tasks, f"mix: start {start_no + 1}, source {srcs[i]}", deadline,
                                      status=f"mix {100 * np.nanmean(vals):.2f} %")
                 except _OverBudget:
-                    rep.truncated.append(f"mix: stopped by the wall-clock guard at source {i + 1}")
+                    rep.truncated.append(f"mix: stopped by the wall-clock guard, start {start_no + 1} at source "
+                                         f"{srcs[i]}")
                     return cur, vals
-                used += len(todo)
-                rep.mix_candidates = used
+                rep.mix_candidates += len(todo)
                 seen.update({c: np.array([_ratio(x) for x in res[j * n:(j + 1) * n]]) for j, c in enumerate(todo)})
             move = ascent_move(cands, seen, vals, i, pols, s.accept_t, s.ascent)
             if move is not None:
                 best, gain, t_stat = move
-                rep.mix_moves.append({"source": srcs[i], "from": cur[i], "to": best[i],
+                rep.mix_moves.append({"start": start_no, "source": srcs[i], "from": cur[i], "to": best[i],
                                       "gain_points": round(gain, 3), "t": round(t_stat, 2)})
                 cur, vals, improved = list(best), seen[best], True
     return cur, vals
