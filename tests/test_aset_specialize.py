@@ -241,3 +241,45 @@ def test_ascent_move_takes_the_best_candidate_that_passes_the_paired_test():
     assert ascent_move(list(tie), tie, vals, 0, ["cur", "t"], 0.0, "best_mean") is None
     with pytest.raises(Exception, match="ascent rule 'best'"):
         ascent_move(cands, seen, vals, 0, pols, 1.64, "best")
+
+
+class _Landscape:
+    """A runner whose static episodes score an assignment from a table (the same on every seed, with a
+    common per-seed offset): pure logic of the plan search, no simulator."""
+
+    def __init__(self, table: dict[tuple[str, ...], float]):
+        self.table, self.runs = table, 0
+
+    def map(self, fn, tasks, what, deadline=None, status=""):
+        self.runs += len(tasks)
+        return [(round(1000 * (self.table[tuple(a)] + 1e-3 * (k % 3))), 1000) for _, _, k, a in tasks]
+
+
+def test_restarted_ascent_keeps_the_best_end_point_over_its_starts(monkeypatch):
+    """Two sources, three policies: from the best static (p, p) the ascent in the listed order moves
+    source 0 to q and ends at (q, p) = 0.55; visiting source 1 first it ends at (p, r) = 0.60. Seed
+    1's third order is the reversed one (plan_starts), so orders=3 finds 0.60."""
+    import testbed.aset.specialize as sp
+    from testbed.aset.specialize import Report, plan_starts, search_plan
+
+    monkeypatch.setattr(sp, "CATALOGUE", ["p", "q", "r"])  # the search's policies
+
+    table = {("p", "p"): 0.50, ("q", "q"): 0.45, ("r", "r"): 0.30, ("q", "p"): 0.55, ("r", "p"): 0.40,
+             ("p", "q"): 0.53, ("p", "r"): 0.60, ("q", "r"): 0.50, ("r", "q"): 0.20}
+
+    def plan(orders: int) -> Report:
+        rep = Report("x", 0.0, 1, tuning_seeds(1, 4), [])
+        search_plan(_Landscape(table), "{}", ".", ["s0", "s1"], rep, Settings(orders=orders, tuning_seeds=4),
+                    float("inf"), None)
+        return rep
+
+    assert [o for _, o in plan_starts(["p", "q", "r"], {"p": 0.5, "q": 0.45, "r": 0.3}, 2,
+                                      Settings(orders=3), 1)] == [[0, 1], [0, 1], [1, 0]]
+    one = plan(1)
+    assert one.mix == ["q", "p"] and one.mix_ratio == pytest.approx(0.551, abs=1e-3)
+    three = plan(3)
+    assert three.mix == ["p", "r"] and three.mix_ratio == pytest.approx(0.601, abs=1e-3)
+    assert [st["mix"] for st in three.mix_starts] == [["q", "p"], ["q", "p"], ["p", "r"]]
+    assert [(m["start"], m["source"], m["to"]) for m in three.mix_moves] == [(0, "s0", "q"), (1, "s0", "q"),
+                                                                            (2, "s1", "r")]
+    assert three.mix_candidates == len(table) - 3 - 1  # every non-static assignment once, (r, q) never

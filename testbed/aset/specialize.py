@@ -12,7 +12,8 @@ seeds apart from those an evaluation scores (:data:`TUNING_SEED_BASE`; the check
    best candidate replaces the source's policy only when its mean paired gain over the seeds is
    positive with a one-sided t of at least ``accept_t`` (:func:`testbed.aset.headroom.paired_gain_t`;
    0 by default: any positive mean), until a whole pass changes nothing or the step's share of the
-   budget is spent.
+   budget is spent. The ascent can restart (:func:`plan_starts`: from the few best static policies,
+   in other orders of the sources); the end point with the highest tuning mean is the plan.
 2. **Labels from rollouts** (AggreVaTe, Ross and Bagnell, "Reinforcement and imitation learning via
    interactive no-regret learning", 2014) on **variants** of the experiment (:func:`variant`:
    event times, rates and report interval redrawn). In each data episode, every

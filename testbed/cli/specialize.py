@@ -70,7 +70,8 @@ def _run(args: argparse.Namespace) -> int:
     best = rep.statics[rep.best_static]
     console.print(f"plan (tuning seeds {rep.tuning_seeds[0]}..{rep.tuning_seeds[-1]}): best static {rep.best_static} "
                   f"{100 * best:.2f} %; mix {100 * rep.mix_ratio:.2f} % ({100 * (rep.mix_ratio - best):+.2f} points; "
-                  f"{len(rep.mix_moves)} moves over {rep.mix_candidates} candidates)")
+                  f"{len(rep.mix_moves)} moves over {rep.mix_candidates} candidates, {len(rep.mix_starts)} "
+                  f"start{'s' if len(rep.mix_starts) != 1 else ''})")
     for r in rep.rounds:
         trail = r["plan_minus_agent_points"]
         console.print(f"round {r['round']}: {r['episodes']} episodes, {r['labels']} labelled states"
