@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 + [f"{_label(x)}: moves, gain over best static (points, 95 % CI)" for x in args.rules]
                 + [f"{_label(x)} - {_label(base)}" for x in others])
         title = ("The plan search's move rule, on the validation set" if args.name == RESULT
-                 else f"The plan search's rules ({args.name}), on the validation set")
+                 else "The plan search's rules, on the validation set: " + "; ".join(_label(x) for x in args.rules))
         write_result(args.name, title, cmd,
                      [{"caption": f"evaluation seeds {seeds[0]}-{seeds[-1]}, paired; plans searched on specialization "
                                   f"seed 1's {Settings().tuning_seeds} tuning seeds", "columns": cols, "rows": rows}],
@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                             "accept_t) and no move when it fails; best_passing: the highest mean among the "
                             "candidates that pass the same test; accept_t 0: any positive mean gain; starts S x O: "
                             "the ascent from each of the S best static policies in O source orders, the end "
-                            "point of the highest tuning mean kept."])
+                            "point of the highest tuning mean kept. Moves: over every start of a rule, the ones not "
+                            "kept included."])
     return 0
 
 
