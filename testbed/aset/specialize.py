@@ -116,7 +116,7 @@ class Settings:
     """What :func:`specialize` does (module docstring); the defaults are ``testbed specialize``'s."""
 
     tuning_seeds: int = 8
-    #: Chosen on the validation set (``benchmarks/ascent_rule.py``, docs/results.md): against 1.64,
+    #: Chosen on the validation set (``benchmarks/ascent_rule.py``, docs/history.md): against 1.64,
     #: 0 changed the plan in 9 of 12 experiments, +0.36 points on average on evaluation seeds, above
     #: beyond the CI in 2 (Holm) and below in none; ``best_passing`` changed none.
     accept_t: float = 0.0
