@@ -434,10 +434,12 @@ def search_plan(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], 
                 capacity: float, deadline: float | None,
                 seen: dict[tuple[str, ...], np.ndarray] | None = None) -> float:
     """Step 1 (module docstring): every built-in policy alone on ``rep.tuning_seeds``, then the ascent
-    (:func:`_ascent`) within ``s.mix_share`` of ``capacity`` (nominal CPU s; inf: no bound) and the
-    ``deadline`` (s on the runner's clock; None: none). Fills ``rep``'s ``statics``, ``best_static``,
-    ``mix``, ``mix_ratio`` and the ascent's record; ``seen`` as :func:`_ascent`'s. Returns the
-    nominal CPU seconds of one static episode (:class:`Costs`)."""
+    (:func:`_ascent`) from each of :func:`plan_starts`, all within ``s.mix_share`` of ``capacity``
+    (nominal CPU s; inf: no bound) and the ``deadline`` (s on the runner's clock; None: none); a
+    start cut by either ends the search. Fills ``rep``'s ``statics``, ``best_static``, ``mix`` and
+    ``mix_ratio`` (the start of the highest tuning mean), ``mix_starts`` and the ascent's record;
+    ``seen`` as :func:`_ascent`'s (None: a fresh cache). Returns the nominal CPU seconds of one
+    static episode (:class:`Costs`)."""
     pols = list(CATALOGUE)
     n = s.tuning_seeds
     counts = runner.map(static_job, [(exp_json, base_dir, k, [p] * len(srcs)) for p in pols for k in rep.tuning_seeds],
