@@ -26,7 +26,7 @@ PAGE = REPO / "docs" / "results.md"
 ORDER = ("default-run", "newcomer", "dilation-validation-pipelined", "dilation-validation-busy",
          "dilation-validation-busy-rest", "dilation-ceiling",
          "speed-calibration", "compare",
-         "aset-test-set-1-12", "aset-test-set-restarts", "aset-specialize-cost", "aset-plan-restarts",
+         "aset-test-set-1-12", "aset-specialize-cost", "aset-plan-restarts",
          "aset-real-packets", "scale",
          "sim-throughput", "install")
 
