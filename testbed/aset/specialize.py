@@ -454,14 +454,13 @@ def search_plan(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], 
     seen.update({tuple([p] * len(srcs)): v for p, v in per.items()})
     best_vals = None
     for j, (start, order) in enumerate(plan_starts(pols, rep.statics, len(srcs), s, rep.seed)):
-        truncated = len(rep.truncated)
-        mix, vals = _ascent(runner, exp_json, base_dir, srcs, pols, rep, start, order, j, s, max_cands, deadline,
-                            seen)
+        mix, vals, cut = _ascent(runner, exp_json, base_dir, srcs, pols, rep, start, order, j, s, max_cands,
+                                 deadline, seen)
         rep.mix_starts.append({"start": start, "order": [srcs[i] for i in order],
                                "mix": mix, "ratio": float(np.nanmean(vals))})
         if best_vals is None or 100 * (np.nanmean(vals) - np.nanmean(best_vals)) > MIN_GAIN_POINTS:
             rep.mix, best_vals = mix, vals
-        if len(rep.truncated) > truncated:
+        if cut:
             break
     rep.mix_ratio = float(np.nanmean(best_vals))
     return c_static
@@ -483,12 +482,13 @@ def plan_starts(pols: list[str], statics: dict[str, float], n_sources: int, s: S
 
 def _ascent(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], pols: list[str], rep: Report,
             start: str, order: list[int], start_no: int, s: Settings, max_cands: int, deadline: float | None,
-            seen: dict[tuple[str, ...], np.ndarray]) -> tuple[list[str], np.ndarray]:
+            seen: dict[tuple[str, ...], np.ndarray]) -> tuple[list[str], np.ndarray, bool]:
     """The paired coordinate ascent of step 1 from ``start`` on every source, visiting the sources in
     ``order`` (indices into ``srcs``) and moving as ``s.ascent`` says (:func:`ascent_move`); returns
-    (mix, its per-seed success ratios). ``seen``: candidates' per-seed success ratios already run
-    (kept up to date; it holds every static policy's); ``max_cands``: candidates run over all starts
-    (``rep.mix_candidates``) at most. Moves go to ``rep.mix_moves`` with their ``start_no``."""
+    (mix, its per-seed success ratios, True when the budget or the guard cut it, as ``rep.truncated``
+    then says). ``seen``: candidates' per-seed success ratios already run (kept up to date; it holds
+    every static policy's); ``max_cands``: candidates run over all starts (``rep.mix_candidates``) at
+    most. Moves go to ``rep.mix_moves`` with their ``start_no``."""
     cur = [start] * len(srcs)
     vals = seen[tuple(cur)]
     improved, n = True, s.tuning_seeds
@@ -500,7 +500,7 @@ def _ascent(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], pols
             if rep.mix_candidates + len(todo) > max_cands:
                 rep.truncated.append(f"mix: the budget's {max_cands} candidates spent, start {start_no + 1} stopped "
                                      f"at source {srcs[i]}")
-                return cur, vals
+                return cur, vals, True
             if todo:
                 tasks = [(exp_json, base_dir, k, list(c)) for c in todo for k in rep.tuning_seeds]
                 try:
@@ -509,7 +509,7 @@ def _ascent(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], pols
                 except _OverBudget:
                     rep.truncated.append(f"mix: stopped by the wall-clock guard, start {start_no + 1} at source "
                                          f"{srcs[i]}")
-                    return cur, vals
+                    return cur, vals, True
                 rep.mix_candidates += len(todo)
                 seen.update({c: np.array([_ratio(x) for x in res[j * n:(j + 1) * n]]) for j, c in enumerate(todo)})
             move = ascent_move(cands, seen, vals, i, pols, s.accept_t, s.ascent)
@@ -518,7 +518,7 @@ def _ascent(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], pols
                 rep.mix_moves.append({"start": start_no, "source": srcs[i], "from": cur[i], "to": best[i],
                                       "gain_points": round(gain, 3), "t": round(t_stat, 2)})
                 cur, vals, improved = list(best), seen[best], True
-    return cur, vals
+    return cur, vals, False
 
 
 #: How the ascent picks a source's move (:func:`ascent_move`).
