@@ -148,6 +148,7 @@ def test_quota_writes_at_the_period_start_grant_no_second_quota():
     anywhere = bench.measure("anywhere", 2.0, 2.4, every_s=0.25, threads=1)
     aligned = bench.measure("aligned", 2.0, 2.4, every_s=0.25, threads=1)
     assert anywhere > 1.5, anywhere  # 1.9-2.0 here: about one extra quota per write
-    # 1.15-1.28 here: what the process took past its quota when it started (~1.1 with no write),
-    # and the overshoot each write forgives
-    assert aligned < 1.4 and aligned < anywhere - 0.3, (aligned, anywhere)
+    # 1.15-1.28 here on a quiet machine, 1.42 beside two CPU hogs: what the process took past its
+    # quota when it started (~1.1 with no write), and the overshoot each write forgives (more when
+    # the writer wakes late). A second quota per write would be ~2.0; 1.5 is halfway.
+    assert aligned < 1.5 and aligned < anywhere - 0.3, (aligned, anywhere)
