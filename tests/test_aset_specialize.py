@@ -257,8 +257,8 @@ class _Landscape:
 
 def test_restarted_ascent_keeps_the_best_end_point_over_its_starts(monkeypatch):
     """Two sources, three policies: from the best static (p, p) the ascent in the listed order moves
-    source 0 to q and ends at (q, p) = 0.55; visiting source 1 first it ends at (p, r) = 0.60. Seed
-    1's third order is the reversed one (plan_starts), so orders=3 finds 0.60."""
+    source 0 to q and ends at (q, p) = 0.55; visiting source 1 first it ends at (p, r) = 0.60. Two
+    sources have two orders, so orders=3 starts twice (plan_starts) and finds 0.60."""
     import testbed.aset.specialize as sp
     from testbed.aset.specialize import Report, plan_starts, search_plan
 
@@ -274,12 +274,30 @@ def test_restarted_ascent_keeps_the_best_end_point_over_its_starts(monkeypatch):
         return rep
 
     assert [o for _, o in plan_starts(["p", "q", "r"], {"p": 0.5, "q": 0.45, "r": 0.3}, 2,
-                                      Settings(orders=3), 1)] == [[0, 1], [0, 1], [1, 0]]
+                                      Settings(orders=3), 1)] == [[0, 1], [1, 0]]
     one = plan(1)
     assert one.mix == ["q", "p"] and one.mix_ratio == pytest.approx(0.551, abs=1e-3)
     three = plan(3)
     assert three.mix == ["p", "r"] and three.mix_ratio == pytest.approx(0.601, abs=1e-3)
-    assert [st["mix"] for st in three.mix_starts] == [["q", "p"], ["q", "p"], ["p", "r"]]
-    assert [(m["start"], m["source"], m["to"]) for m in three.mix_moves] == [(0, "s0", "q"), (1, "s0", "q"),
-                                                                            (2, "s1", "r")]
+    assert [st["mix"] for st in three.mix_starts] == [["q", "p"], ["p", "r"]]
+    assert [(m["start"], m["source"], m["to"]) for m in three.mix_moves] == [(0, "s0", "q"), (1, "s1", "r")]
     assert three.mix_candidates == len(table) - 3 - 1  # every non-static assignment once, (r, q) never
+
+
+def test_plan_starts_draws_distinct_orders():
+    """Seed 1's draws for three sources repeat the listed order; the repeat is skipped, and no more
+    orders than the sources have are asked for. Four sources draw distinct orders at once: the same
+    as before any skipping."""
+    from testbed.aset.specialize import plan_starts
+
+    def orders(n: int, k: int, statics: int = 1) -> list[list[int]]:
+        st = {"p": 0.5, "q": 0.4}
+        return [o for _, o in plan_starts(["p", "q"], st, n, Settings(orders=k, start_statics=statics), 1)]
+
+    three = orders(3, 3)
+    assert len(three) == 3 and len({tuple(o) for o in three}) == 3 and three[:2] == [[0, 1, 2], [2, 0, 1]]
+    assert len({tuple(o) for o in orders(3, 6)}) == 6 and len(orders(3, 9)) == 6  # 3! orders at most
+    assert orders(4, 3) == [[0, 1, 2, 3], [2, 0, 1, 3], [3, 1, 0, 2]]
+    assert orders(1, 3) == [[0]]
+    both = plan_starts(["p", "q"], {"p": 0.5, "q": 0.6}, 3, Settings(orders=2, start_statics=2), 1)
+    assert [p for p, _ in both] == ["q", "q", "p", "p"] and both[0][1] == both[2][1]

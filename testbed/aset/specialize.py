@@ -470,13 +470,18 @@ def plan_starts(pols: list[str], statics: dict[str, float], n_sources: int, s: S
                 seed: int) -> list[tuple[str, list[int]]]:
     """The ascent's starts: (static policy, order of the source indices) for each of the
     ``s.start_statics`` best static policies (``statics``: mean tuning success ratio; ties go to
-    the catalogue's order ``pols``), each with ``s.orders`` orders: the sources as listed first,
-    then permutations drawn from ``numpy.random.default_rng([seed, j])`` (j = 1, 2, ...), the same
-    for every start policy. Deterministic per ``seed``."""
+    the catalogue's order ``pols``), each with ``s.orders`` distinct orders (fewer when the sources
+    have fewer: ``n_sources!``): the sources as listed first, then permutations drawn from
+    ``numpy.random.default_rng([seed, j])`` (j = 1, 2, ...), a draw equal to an earlier order
+    skipped, the same for every start policy. Deterministic per ``seed``."""
     ranked = sorted(pols, key=lambda p: (-statics[p], pols.index(p)))[:max(1, s.start_statics)]
-    orders = [list(range(n_sources))]
-    orders += [[int(i) for i in np.random.default_rng([seed, j]).permutation(n_sources)]
-               for j in range(1, max(1, s.orders))]
+    want = min(max(1, s.orders), math.factorial(n_sources))
+    orders, j = [list(range(n_sources))], 1
+    while len(orders) < want:
+        order = [int(i) for i in np.random.default_rng([seed, j]).permutation(n_sources)]
+        if order not in orders:
+            orders.append(order)
+        j += 1
     return [(p, o) for p in ranked for o in orders]
 
 
