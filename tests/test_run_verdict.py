@@ -203,6 +203,19 @@ def test_the_summary_says_so_in_its_first_line_and_strict_exits_3(simulated, tmp
     assert message.startswith("time dilation too small (--strict)")
 
 
+def test_past_k_10_the_summary_warns_that_the_quota_period_is_shorter_than_the_models():
+    from testbed.results.render import period_warning
+
+    s = {"queries": 10, "duration_s": 4.0, "success_ratio": 0.5}
+    for k in (1.0, 4.0, 10.0):
+        assert period_warning(k) is None
+        assert not any("CFS period" in x for x in _headline({**s, "time_dilation": k}))
+    warned = [x for x in _headline({**s, "time_dilation": 25.0}) if "CFS period" in x]
+    assert warned == [period_warning(25.0) + "."]
+    assert warned[0].startswith("WARNING: at k = 25 ")
+    assert "1 s, which is 40.0 ms of emulated time, not the 100 ms" in warned[0]
+
+
 # ----------------------------------------------------------------------------- real emulations
 
 

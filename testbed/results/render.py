@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from testbed.core.cgroups import PERIOD_US, dilated_period_us
 from testbed.core.errors import EXIT_ALL_FAILED
 from testbed.core.util import markdown_table, replace_atomic
 from testbed.emu.machine import OTHER_NOTABLE_CORES, SATURATED_SHARE, STEAL_NOTABLE_CORES, MachineCpu
@@ -322,6 +323,22 @@ def _machine_lines(m: dict, note: str = "") -> list[str]:
     return lines
 
 
+def period_warning(k: float) -> str | None:
+    """The summary's WARNING when dilation ``k`` stretches the clusters' CFS period past the kernel's
+    longest (:func:`testbed.core.cgroups.dilated_period_us`: k > 10), or None: their quota is then
+    enforced per ``1 s / k`` of emulated time, not per the model's 100 ms
+    (:data:`testbed.core.cgroups.PERIOD_US`; docs/system-model.md, "The CPU quota and service time"),
+    so a cluster that has spent its quota waits less than the simulator's before it runs again."""
+    emulated_ms = dilated_period_us(k) / k / 1000
+    if emulated_ms >= PERIOD_US / 1000 * 0.999:
+        return None
+    return (f"WARNING: at k = {k:g} the clusters' CPU quota runs over the kernel's longest CFS period, "
+            f"{dilated_period_us(k) / 1e6:g} s, which is {emulated_ms:.1f} ms of emulated time, not the "
+            f"{PERIOD_US / 1000:g} ms the simulator models: a cluster that has spent its quota waits at most that "
+            f"long for more, so under load its queries can queue less, and succeed more often, than simulated "
+            f"(docs/dilation.md)")
+
+
 def _headline(s: dict) -> list[str]:
     sr = s.get("success_ratio")
     load = s.get("load_s", s["duration_s"])
@@ -338,6 +355,9 @@ def _headline(s: dict) -> list[str]:
         lines.append(f"Time dilation k = {k:g}: the run took {k:g} x its emulated time on the wall clock; every figure "
                      f"from the records is in emulated time (the link emulators' lateness, the links' rates, the "
                      f"machine's CPU, the health incidents' times and timings_s are on the wall clock).")
+        period = period_warning(k)
+        if period:
+            lines.append(period + ".")
     if s.get("speeds"):
         speeds = Speeds.model_validate(s["speeds"])
         lines.append("Speeds: " + speeds.line() + ".")
