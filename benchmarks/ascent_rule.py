@@ -34,7 +34,7 @@ from testbed.aset.specialize import (  # noqa: E402
     ASCENT_RULES,
     Report,
     Settings,
-    _Runner,
+    TaskRunner,
     search_plan,
     static_job,
     tuning_seeds,
@@ -86,7 +86,7 @@ def compare(path: Path, rules: list[Rule], eval_seeds: list[int], workers: int) 
     plan = plan_experiment(path)
     exp_json, base_dir = plan.experiment.model_dump_json(), str(plan.base_dir)
     srcs = sorted(h.name for h in plan.sources)
-    runner = _Runner(workers, None, guard=False)
+    runner = TaskRunner(workers, None, guard=False)
     seen: dict = {}
     plans, moves, best = {}, {}, ""
     for rule in rules:

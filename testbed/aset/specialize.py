@@ -326,9 +326,13 @@ class Clock:
         return _tree_cpu_s() / self.workers - self.t0
 
 
-class _Runner:
-    """Tasks in parallel (:func:`testbed.core.distributed.imap_unordered`), results in task order,
-    each finished task ticking the progress bar; stops taking results past ``deadline`` on ``clock``."""
+class TaskRunner:
+    """Tasks in parallel (:func:`testbed.core.distributed.imap_unordered`, ``workers`` processes),
+    results in task order, each finished task ticking ``progress(what, done, total, status)``.
+
+    ``map`` raises ``_OverBudget`` (carrying the results so far) when ``guard`` is on and ``clock``
+    has passed ``deadline`` (s) before every task is done; the plan search and the benchmarks
+    that compare its rules (``benchmarks/ascent_rule.py``, ``guard=False``) share it."""
 
     def __init__(self, workers: int, progress: Callable[[str, int, int, str], None] | None, guard: bool = True,
                  clock: Clock | None = None):
@@ -386,7 +390,7 @@ def specialize(path: str | Path, out: str | Path, *, budget_s: float, seed: int 
     srcs = sorted(h.name for h in plan.sources)
     pols = list(CATALOGUE)
     rep = Report(str(path), budget_s, seed, tuning_seeds(seed, s.tuning_seeds), tuning_seeds(seed, s.check_seeds, 500))
-    runner = _Runner(workers, progress, s.wall_guard, clock)
+    runner = TaskRunner(workers, progress, s.wall_guard, clock)
     capacity = budget_s * workers * 0.8  # nominal CPU seconds planned; the rest is slack for a busy machine
 
     # 1. the plan: statics, then the paired coordinate ascent
@@ -430,7 +434,7 @@ def specialize(path: str | Path, out: str | Path, *, budget_s: float, seed: int 
     return rep
 
 
-def search_plan(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], rep: Report, s: Settings,
+def search_plan(runner: TaskRunner, exp_json: str, base_dir: str, srcs: list[str], rep: Report, s: Settings,
                 capacity: float, deadline: float | None,
                 seen: dict[tuple[str, ...], np.ndarray] | None = None) -> float:
     """Step 1 (module docstring): every built-in policy alone on ``rep.tuning_seeds``, then the ascent
@@ -485,7 +489,7 @@ def plan_starts(pols: list[str], statics: dict[str, float], n_sources: int, s: S
     return [(p, o) for p in ranked for o in orders]
 
 
-def _ascent(runner: _Runner, exp_json: str, base_dir: str, srcs: list[str], pols: list[str], rep: Report,
+def _ascent(runner: TaskRunner, exp_json: str, base_dir: str, srcs: list[str], pols: list[str], rep: Report,
             start: str, order: list[int], start_no: int, s: Settings, max_cands: int, deadline: float | None,
             seen: dict[tuple[str, ...], np.ndarray]) -> tuple[list[str], np.ndarray, bool]:
     """The paired coordinate ascent of step 1 from ``start`` on every source, visiting the sources in
@@ -561,7 +565,7 @@ def ascent_move(cands: list[tuple[str, ...]], seen: dict[tuple[str, ...], np.nda
     return None
 
 
-def _dagger(runner: _Runner, exp: Experiment, exp_json: str, base_dir: str, rep: Report, srcs: list[str],
+def _dagger(runner: TaskRunner, exp: Experiment, exp_json: str, base_dir: str, rep: Report, srcs: list[str],
             s: Settings, per_round: int, window_s: float, seed: int, deadline: float) -> tuple[list | None, int]:
     """Steps 2-3: ``s.rounds`` rounds of ``per_round`` episodes; returns (the last fit's members or
     None without data, episodes run)."""
@@ -634,7 +638,7 @@ def _null_members(n_sources: int, s: Settings) -> list:
     return [[np.zeros_like(w) for w in init_weights(list(s.hidden), 0, input_width(n_sources))] for _ in range(2)]
 
 
-def _check(runner: _Runner, path: Path, out: Path, exp_json: str, base_dir: str, rep: Report, members: list,
+def _check(runner: TaskRunner, path: Path, out: Path, exp_json: str, base_dir: str, rep: Report, members: list,
            srcs: list[str], s: Settings, window_s: float, deadline: float) -> float:
     """Step 4's check: the gated agent at each margin of ``s.check_margins`` (and ``s.margin``)
     against the plan on the check seeds (paired), kept in ``rep.check`` (``by_margin``: margin ->
@@ -732,5 +736,5 @@ def _sha256(path: Path) -> str:
 
 
 __all__ = ["CHECK_MARGINS", "DEFAULT_MARGIN", "OFF_MARGIN", "TUNING_SEED_BASE", "Costs", "Report", "Settings",
-           "apply_margin", "episode_job", "gated_job", "margin_after_check", "specialize", "static_job",
+           "TaskRunner", "apply_margin", "episode_job", "gated_job", "margin_after_check", "specialize", "static_job",
            "tuning_seeds", "variant"]
