@@ -34,10 +34,11 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 from testbed.core import cgroups
 
-SLICE_FILE = "/proc/sys/kernel/sched_cfs_bandwidth_slice_us"
+SLICE_FILE = Path("/proc/sys/kernel/sched_cfs_bandwidth_slice_us")
 
 SPIN = textwrap.dedent("""
     import sys, threading, time
@@ -122,17 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown way(s) {bad}; known: {', '.join(WAYS)}")
     print(f"load average (1 min) before: {os.getloadavg()[0]:.2f}")
-    before = open(SLICE_FILE).read().strip() if a.slice_us is not None else None
+    before = SLICE_FILE.read_text().strip()
     try:
         if a.slice_us is not None:
-            with open(SLICE_FILE, "w") as f:
-                f.write(str(a.slice_us))
-        print(f"sched_cfs_bandwidth_slice_us {open(SLICE_FILE).read().strip()}, group of {a.cores:g} cores")
+            SLICE_FILE.write_text(str(a.slice_us))
+        print(f"sched_cfs_bandwidth_slice_us {a.slice_us or before}, group of {a.cores:g} cores")
         _table(ks, ways, a.cores, a.seconds, a.repeats)
     finally:
-        if before is not None:
-            with open(SLICE_FILE, "w") as f:
-                f.write(before)
+        if a.slice_us is not None:
+            SLICE_FILE.write_text(before)
     return 0
 
 
