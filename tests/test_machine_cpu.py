@@ -13,6 +13,7 @@ import pytest
 
 from testbed.emu import machine
 from testbed.emu.machine import CLK_TCK, CpuSampler, MachineCpu, Sample, cores_between, machine_ticks, role_of
+from testbed.emu.machine import NICED_OTHER as NICED
 from testbed.results.summary import _headline, latency_figures
 
 #: A child that burns ``s`` seconds of CPU in its one thread and prints the share of one CPU it got
@@ -102,6 +103,27 @@ def test_the_window_is_the_loads_and_a_saturated_stretch_is_counted():
     assert m.busy_cores == pytest.approx(5.6 / 6, abs=0.001) and m.by_role == {"sources": 0.5}
     assert cores_between(samples, 102.2, 102.8, cpus=2).window_s == 1  # inside one interval: its two samples
     assert cores_between(samples[:1], None, None) is None
+
+
+def _role_samples(steps: list[dict[str, float]]) -> list[Sample]:
+    """Cumulative samples 1 s apart whose roles' CPU seconds grow by ``steps[i]`` in step i."""
+    out, acc = [Sample(t=0.0, busy_s=0.0, steal_s=0.0, by_role={})], {}
+    for i, step in enumerate(steps, 1):
+        acc = {r: acc.get(r, 0.0) + step.get(r, 0.0) for r in {*acc, *step}}
+        out.append(Sample(t=float(i), busy_s=sum(acc.values()), steal_s=0.0, by_role=dict(acc)))
+    return out
+
+
+def test_seconds_short_of_cpu_count_the_emulations_own_cpu_against_what_other_jobs_left():
+    """A step counts in ``short_s`` when the testbed's roles and the servers used >= 90 % of the
+    cores available beside the step's other jobs (niced ones yield); the mean hides such peaks."""
+    calm, peak = {"sources": 0.2, "inference servers": 0.2}, {"ovs-vswitchd": 1.0, "inference servers": 0.9}
+    m = cores_between(_role_samples([calm] * 8 + [peak] * 2), cpus=2)
+    assert m.short_s == 2 and m.testbed_cores + m.by_role["inference servers"] < 0.9 * 2
+    beside = {"sources": 0.5, "inference servers": 0.5, "other": 1.0}  # 1 of the 1 core left
+    assert cores_between(_role_samples([beside] * 3), cpus=2).short_s == 3
+    niced = {"sources": 0.5, "inference servers": 0.5, NICED: 1.0}  # 1 of 2: niced jobs yield
+    assert cores_between(_role_samples([niced] * 3), cpus=2).short_s == 0
 
 
 def test_the_run_reads_its_samples_or_says_why_not(tmp_path):

@@ -188,6 +188,14 @@ def test_k_is_too_small_when_the_emulation_was_short_of_cpu_or_open_vswitch_satu
     assert dilation_check(1, None, None, {})["unjudged"]
 
 
+def test_k_is_too_small_when_the_emulation_was_short_of_cpu_in_a_tenth_of_the_load():
+    """Criterion 4: the mean (CPU_OK) is well below criterion 2's, but the peaks were not carried."""
+    assert not dilation_check(9, 1.5, 9.0, {**CPU_OK, "window_s": 180.0, "short_s": 17.0})["too_small"]
+    got = dilation_check(9, 1.5, 9.0, {**CPU_OK, "window_s": 180.0, "short_s": 45.6})
+    assert got["too_small"] and got["figures"]["short_s"] == 45.6
+    assert got["reasons"] == [got["reasons"][0]] and got["reasons"][0].startswith("for 46 s of the load's 180 s")
+
+
 def test_the_summary_says_so_in_its_first_line_and_strict_exits_3(simulated, tmp_path):
     check = dilation_check(10, 30.0, 5.0, CPU_OK)
     s = {"queries": 10, "duration_s": 4.0, "success_ratio": 0.1, "time_dilation": 10.0, "dilation_check": check}

@@ -84,6 +84,7 @@ from testbed.emu.capacity import (
 from testbed.emu.lifecycle import emulate
 from testbed.emu.machine import (
     NICED_OTHER,
+    SERVER_ROLE,
     TESTBED_ROLES,
     available_cores,
     machine_cpu_of_run,
@@ -122,8 +123,6 @@ MIN_ANSWERED = 20
 #: budget up to this share of it; beyond, the rest counts per query as before (our choice: a fit
 #: over a few warm-ups on a busy machine is not trusted to leave less than a quarter).
 MAX_FIXED_SHARE = 0.75
-#: The inference servers' role (:data:`testbed.emu.machine.CPU_ROLES`).
-SERVER_ROLE = "inference servers"
 #: Warm-ups of the same plan are reused this long (s) ...
 REUSE_MAX_AGE_S = 3600.0
 #: ... while other jobs' competing CPU differs by at most this many cores from then.

@@ -64,6 +64,8 @@ NICED_OTHER = "other (niced)"
 #: The roles that are the testbed's own machinery (not the clusters' inference, not other jobs).
 TESTBED_ROLES = ("link emulators", "sources", "controller", "ovs-vswitchd", "ovsdb-server", "packet capture",
                  "link probes", "run process")
+#: The inference servers' role (:data:`CPU_ROLES`): with :data:`TESTBED_ROLES`, the emulation's own CPU.
+SERVER_ROLE = "inference servers"
 #: The summary warns when the machine's CPUs were busy (or stolen by the hypervisor) at least this
 #: share of the load window (:attr:`MachineCpu.busy_share`).
 SATURATED_SHARE = 0.9
@@ -89,7 +91,10 @@ class MachineCpu(BaseModel):
     hypervisor, from ``/proc/stat``), ``by_role`` (mean cores per role, :data:`CPU_ROLES`, ``run
     process`` and ``other``), ``testbed_cores`` (the sum over :data:`TESTBED_ROLES`),
     ``saturated_s`` (seconds of the window between two samples in which the CPUs were at least
-    :data:`SATURATED_SHARE` busy or stolen), ``peak_share`` (the highest such share) and
+    :data:`SATURATED_SHARE` busy or stolen), ``short_s`` (seconds of the window between two samples
+    in which the emulation's own processes and its servers used at least :data:`SATURATED_SHARE`
+    of the cores available to them in that step: :func:`available_cores` beside the other jobs not
+    niced and the hypervisor's steal of the step), ``peak_share`` (the highest busy share) and
     ``hot_threads`` (per thread of the testbed's own processes, ``"<role>: <thread name> (pid P,
     thread T)"``, the seconds of the window in which it was at least :data:`SATURATED_SHARE` of one
     CPU busy; threads that never were are left out)."""
@@ -101,6 +106,7 @@ class MachineCpu(BaseModel):
     by_role: dict[str, float]
     testbed_cores: float = Field(ge=0)
     saturated_s: float = Field(0.0, ge=0)
+    short_s: float = Field(0.0, ge=0)
     peak_share: float = Field(0.0, ge=0)
     hot_threads: dict[str, float] = Field(default_factory=dict)
 
@@ -330,7 +336,7 @@ def cores_between(samples: list[Sample], t_from: float | None = None, t_to: floa
     roles = {r: round(max(0.0, b.by_role.get(r, 0.0) - a.by_role.get(r, 0.0)) / dt, 3)
              for r in sorted(set(a.by_role) | set(b.by_role))}
     shares: list[float] = []  # per step between two samples: the CPUs' busy + stolen share
-    saturated = 0.0
+    saturated = short = 0.0
     hot: dict[str, float] = {}  # thread -> seconds at >= SATURATED_SHARE (a sample's: of the step ending there)
     for x, y in zip(samples[:-1], samples[1:], strict=True):
         d = y.t - x.t
@@ -339,6 +345,7 @@ def cores_between(samples: list[Sample], t_from: float | None = None, t_to: floa
         share = min(1.0, ((y.busy_s - x.busy_s) + (y.steal_s - x.steal_s)) / (d * n))
         shares.append(share)
         saturated += d if share >= SATURATED_SHARE else 0.0
+        short += d if _own_share(x, y, d, n) >= SATURATED_SHARE else 0.0
         for label, thread_share in y.hot_threads.items() if d * CLK_TCK >= HOT_STEP_TICKS else ():
             if thread_share >= SATURATED_SHARE:
                 hot[label] = hot.get(label, 0.0) + d
@@ -348,8 +355,21 @@ def cores_between(samples: list[Sample], t_from: float | None = None, t_to: floa
                       steal_cores=round(max(0.0, b.steal_s - a.steal_s) / dt, 3),
                       by_role={r: v for r, v in roles.items() if v > 0},
                       testbed_cores=round(sum(roles.get(r, 0.0) for r in TESTBED_ROLES), 3),
-                      saturated_s=round(saturated, 1), peak_share=round(max(shares, default=0.0), 3),
+                      saturated_s=round(saturated, 1), short_s=round(short, 1),
+                      peak_share=round(max(shares, default=0.0), 3),
                       hot_threads={k: round(v, 1) for k, v in sorted(hot.items(), key=lambda kv: -kv[1])})
+
+
+def _own_share(x: Sample, y: Sample, d: float, cpus: int) -> float:
+    """The emulation's own processes' and servers' cores between samples ``x`` and ``y`` (``d`` s
+    apart) over the cores available to them then (:func:`available_cores` beside the other jobs not
+    niced and the hypervisor's steal of the step)."""
+    def cores(role: str) -> float:
+        return max(0.0, y.by_role.get(role, 0.0) - x.by_role.get(role, 0.0)) / d
+
+    own = sum(cores(r) for r in (*TESTBED_ROLES, SERVER_ROLE))
+    competing = cores("other") + max(0.0, y.steal_s - x.steal_s) / d
+    return own / available_cores(cpus, min(float(cpus), competing))
 
 
 def write_samples(sampler: CpuSampler, path: Path) -> None:

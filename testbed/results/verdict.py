@@ -24,7 +24,12 @@ measurements say its time dilation k was too small, whatever k it was (1 include
    :attr:`testbed.emu.autodilate.Machine.available`): they were short of CPU;
 3. Open vSwitch: it used at least :data:`UNDERSIZED_OVS_CORES` of a core per ``ovs-vswitchd`` (its
    user-space datapath forwards in one thread: it was saturated). With OVS shards the mean per
-   daemon is judged (their sum is spread over many threads and cores).
+   daemon is judged (their sum is spread over many threads and cores);
+4. the CPU at the load's peaks: in at least :data:`UNDERSIZED_SHORT_SHARE` of the load window the
+   emulation's own processes and servers used at least
+   :data:`~testbed.emu.machine.SATURATED_SHARE` of the cores available to them in that sampling
+   step (``machine_cpu.short_s``): a mean over the window below criterion 2's hides bursts and
+   events that the machine could not carry.
 
 The summary says so in its first lines; ``testbed run --strict`` exits 3 on it.
 """
@@ -42,12 +47,14 @@ from pathlib import Path
 from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.core.util import REPO_ROOT
 from testbed.emu.autodilate import Machine
+from testbed.emu.machine import SATURATED_SHARE, SERVER_ROLE
 
 #: The "too small a k" thresholds (module docstring).
 UNDERSIZED_HOST_MS = 2.0
 UNDERSIZED_HOST_SHARE = 0.20
 UNDERSIZED_CPU_SHARE = 0.90
 UNDERSIZED_OVS_CORES = 0.90
+UNDERSIZED_SHORT_SHARE = 0.10
 #: The summary's child process (``python -m`` this module).
 SUMMARY_MODULE = "testbed.results.summary_process"
 
@@ -159,7 +166,7 @@ def dilation_check(k: float, host_p50_ms: float | None, planned_p50_ms: float | 
         cpus = int(machine_cpu.get("cpus") or os.cpu_count() or 1)
         competing = float(roles.get("other", 0.0)) + float(machine_cpu.get("steal_cores") or 0.0)
         available = Machine(cpus, competing, float(roles.get("other (niced)", 0.0))).available
-        own = float(machine_cpu.get("testbed_cores") or 0.0) + float(roles.get("inference servers", 0.0))
+        own = float(machine_cpu.get("testbed_cores") or 0.0) + float(roles.get(SERVER_ROLE, 0.0))
         ovs = float(roles.get("ovs-vswitchd", 0.0))
         figures.update(own_cores=round(own, 3), available_cores=round(available, 3), ovs_cores=round(ovs, 3))
         if own >= UNDERSIZED_CPU_SHARE * available:
@@ -171,6 +178,12 @@ def dilation_check(k: float, host_p50_ms: float | None, planned_p50_ms: float | 
             per = f" ({ovs / daemons:.2f} per ovs-vswitchd of {daemons})" if daemons > 1 else ""
             reasons.append(f"Open vSwitch used {ovs:.2f} cores{per}, at least {UNDERSIZED_OVS_CORES:g} of its one "
                            f"forwarding thread: it was saturated")
+        short, window = float(machine_cpu.get("short_s") or 0.0), float(machine_cpu.get("window_s") or 0.0)
+        figures["short_s"] = round(short, 1)
+        if window > 0 and short >= UNDERSIZED_SHORT_SHARE * window:
+            reasons.append(f"for {short:.0f} s of the load's {window:.0f} s the emulation's own processes and servers "
+                           f"used at least {SATURATED_SHARE:.0%} of the cores available to them (at least "
+                           f"{UNDERSIZED_SHORT_SHARE:.0%} of the load): they were short of CPU at its peaks")
     else:
         unjudged.append("CPU (the machine's CPU during the load is not known)")
     out = {"time_dilation": k, "too_small": bool(reasons), "reasons": reasons, "figures": figures,
