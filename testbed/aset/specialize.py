@@ -84,9 +84,9 @@ from testbed.spec.experiment import AsetSpec, Experiment
 TUNING_SEED_BASE = 1_000_000
 #: The margin (points) of a specialized checkpoint's gate unless ``--margin`` says otherwise: chosen
 #: on the validation set (experiments/generated/validation, all 12 specialized at 180 CPU-s, seeds
-#: 1-6) by ``python -m testbed.aset.gate_margin`` (benchmarks/results/aset-gate-margin.json): 0 and
-#: 0.25 were more than 0.25 point below the plan on one scenario (not admissible); 0.5 gained +0.15
-#: on average, 1 to 4 +0.11 to +0.12 (one scenario moves at any margin: within the noise).
+#: 1-6) by ``python -m testbed.aset.gate_margin`` (benchmarks/results/aset-gate-margin.json): 0 was
+#: more than 0.25 point below the plan on one scenario (not admissible); 0.5 gained +0.15 on
+#: average, 0.25 +0.10, 1 to 4 +0.11 to +0.12 (one scenario moves at any margin: within the noise).
 DEFAULT_MARGIN = 0.5
 #: The margin of a checkpoint whose corrections the final check switched off (never deviates).
 OFF_MARGIN = 1e6
