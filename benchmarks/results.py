@@ -26,7 +26,7 @@ PAGE = REPO / "docs" / "results.md"
 ORDER = ("default-run", "newcomer", "dilation-validation-quiet", "dilation-validation-busy",
          "dilation-validation-busy-rest", "dilation-ceiling",
          "speed-calibration", "compare",
-         "aset-test-set-1-12", "aset-specialize-cost", "aset-plan-restarts",
+         "aset-test-set-1-12", "aset-specialize-cost", "aset-gate-margin", "aset-plan-restarts",
          "aset-real-packets", "scale",
          "sim-throughput", "install")
 
