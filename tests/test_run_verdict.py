@@ -146,7 +146,7 @@ def test_nothing_measured_and_all_failed_are_decided_before_the_summary(simulate
 
 # ----------------------------------------------------------------------------- too small a k
 
-CPU_OK = {"cpus": 2, "by_role": {"other": 0.1, "ovs-vswitchd": 0.2, "inference servers": 0.3},
+CPU_OK = {"cpus": 2, "by_role": {"other": 0.1, "ovs-vswitchd": 0.2, "sources": 0.2, "inference servers": 0.3},
           "testbed_cores": 0.4, "steal_cores": 0.0}
 
 
@@ -174,10 +174,10 @@ def test_the_hosts_share_leaves_out_queries_that_opened_a_connection(simulated):
 
 
 def test_k_is_too_small_when_the_emulation_was_short_of_cpu_or_open_vswitch_saturated():
-    starved = {**CPU_OK, "by_role": {"other": 1.0, "inference servers": 0.4}, "testbed_cores": 0.6}
+    starved = {**CPU_OK, "by_role": {"other": 1.0, "inference servers": 0.4, "sources": 0.6}, "testbed_cores": 0.6}
     got = dilation_check(10, 0.5, 5.0, starved)  # 1.0 of the 1.0 core left by other jobs
     assert got["too_small"] and "short of CPU" in got["reasons"][0]
-    niced = {**starved, "by_role": {"other (niced)": 1.0, "inference servers": 0.4}}
+    niced = {**starved, "by_role": {"other (niced)": 1.0, "inference servers": 0.4, "sources": 0.6}}
     assert not dilation_check(10, 0.5, 5.0, niced)["too_small"]  # niced jobs yield
     ovs = {**CPU_OK, "by_role": {"ovs-vswitchd": 0.95}, "testbed_cores": 0.95}
     assert any("Open vSwitch" in r for r in dilation_check(10, 0.5, 5.0, ovs)["reasons"])

@@ -44,6 +44,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -362,14 +363,18 @@ def cores_between(samples: list[Sample], t_from: float | None = None, t_to: floa
 
 def _own_share(x: Sample, y: Sample, d: float, cpus: int) -> float:
     """The emulation's own processes' and servers' cores between samples ``x`` and ``y`` (``d`` s
-    apart) over the cores available to them then (:func:`available_cores` beside the other jobs not
-    niced and the hypervisor's steal of the step)."""
-    def cores(role: str) -> float:
-        return max(0.0, y.by_role.get(role, 0.0) - x.by_role.get(role, 0.0)) / d
+    apart) over the cores available to them then (:func:`emulation_cores` of the step)."""
+    roles = {r: max(0.0, y.by_role.get(r, 0.0) - x.by_role.get(r, 0.0)) / d for r in {*x.by_role, *y.by_role}}
+    own, available = emulation_cores(roles, max(0.0, y.steal_s - x.steal_s) / d, cpus)
+    return own / available
 
-    own = sum(cores(r) for r in (*TESTBED_ROLES, SERVER_ROLE))
-    competing = cores("other") + max(0.0, y.steal_s - x.steal_s) / d
-    return own / available_cores(cpus, min(float(cpus), competing))
+
+def emulation_cores(by_role: Mapping[str, float], steal_cores: float, cpus: int) -> tuple[float, float]:
+    """(the emulation's own cores: :data:`TESTBED_ROLES` and :data:`SERVER_ROLE`; the cores
+    available to it: :func:`available_cores` beside other jobs not niced and the hypervisor's
+    steal) from cores per role (``by_role``) over one window."""
+    own = sum(by_role.get(r, 0.0) for r in (*TESTBED_ROLES, SERVER_ROLE))
+    return own, available_cores(cpus, by_role.get("other", 0.0) + steal_cores)
 
 
 def write_samples(sampler: CpuSampler, path: Path) -> None:

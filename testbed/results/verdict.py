@@ -21,7 +21,7 @@ measurements say its time dilation k was too small, whatever k it was (1 include
 2. the CPU: the emulation's own processes and its servers used at least
    :data:`UNDERSIZED_CPU_SHARE` of the cores available to it over the load (the machine's cores
    less other jobs' that are not niced and the hypervisor's steal, at least the CFS fair share:
-   :attr:`testbed.emu.autodilate.Machine.available`): they were short of CPU;
+   :func:`testbed.emu.machine.emulation_cores`): they were short of CPU;
 3. Open vSwitch: it used at least :data:`UNDERSIZED_OVS_CORES` of a core per ``ovs-vswitchd`` (its
    user-space datapath forwards in one thread: it was saturated). With OVS shards the mean per
    daemon is judged (their sum is spread over many threads and cores);
@@ -46,8 +46,7 @@ from pathlib import Path
 
 from testbed.core.errors import EXIT_COMPONENT_DIED, RunFailure
 from testbed.core.util import REPO_ROOT
-from testbed.emu.autodilate import Machine
-from testbed.emu.machine import SATURATED_SHARE, SERVER_ROLE
+from testbed.emu.machine import SATURATED_SHARE, emulation_cores
 
 #: The "too small a k" thresholds (module docstring).
 UNDERSIZED_HOST_MS = 2.0
@@ -164,9 +163,9 @@ def dilation_check(k: float, host_p50_ms: float | None, planned_p50_ms: float | 
     roles = machine_cpu.get("by_role") or {}
     if roles:
         cpus = int(machine_cpu.get("cpus") or os.cpu_count() or 1)
-        competing = float(roles.get("other", 0.0)) + float(machine_cpu.get("steal_cores") or 0.0)
-        available = Machine(cpus, competing, float(roles.get("other (niced)", 0.0))).available
-        own = float(machine_cpu.get("testbed_cores") or 0.0) + float(roles.get(SERVER_ROLE, 0.0))
+        steal = float(machine_cpu.get("steal_cores") or 0.0)
+        competing = float(roles.get("other", 0.0)) + steal
+        own, available = emulation_cores(roles, steal, cpus)
         ovs = float(roles.get("ovs-vswitchd", 0.0))
         figures.update(own_cores=round(own, 3), available_cores=round(available, 3), ovs_cores=round(ovs, 3))
         if own >= UNDERSIZED_CPU_SHARE * available:
