@@ -175,6 +175,26 @@ def test_the_warm_up_is_short_and_stated():
     assert autodilate.warmup_seconds(20.0, 15.0) == pytest.approx(2.5)  # at least 50 queries
 
 
+def test_a_warm_up_runs_the_probes_of_the_scenarios_events_but_none_of_its_events():
+    """The warm-up's events are moved after its load (they do not happen), so its probes run as the
+    run's do (netplan: probe hosts and path probes come from the plan's changes); warm-ups are
+    reused only for a plan whose events need the same probes."""
+    from testbed.emu.netplan import has_path_probes, probed_links
+    from testbed.plan.event_resolution import events_after_end
+
+    plan = plan_experiment(REPO / "experiments" / "scenario-linkfail.yaml")
+    assert plan.changes and has_path_probes(plan)
+    seconds = 4.0
+    warm = autodilate.warmup_plan(plan, 3.0, seconds)
+    assert warm.time_dilation == 3.0 and warm.experiment.capture is None and not warm.experiment.emulation.rtt_check
+    assert [c.t_s for c in warm.changes] == [c.t_s + seconds + autodilate.EVENTS_AFTER_S for c in plan.changes]
+    assert events_after_end(warm.changes, seconds) and all(c.t_s >= seconds for c in warm.changes)
+    assert has_path_probes(warm) and probed_links(warm) == probed_links(plan)
+    later = plan.model_copy(update={"changes": [c.model_copy(update={"t_s": c.t_s + 1}) for c in plan.changes]})
+    assert autodilate.plan_key(later) == autodilate.plan_key(plan)  # the times do not change the probes
+    assert autodilate.plan_key(plan.model_copy(update={"changes": []})) != autodilate.plan_key(plan)
+
+
 # ----------------------------------------------------------------------------- niced CPU, a fake /proc
 
 def _proc(root: Path, procs: dict[int, tuple]) -> Path:

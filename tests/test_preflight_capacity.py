@@ -95,6 +95,24 @@ def test_testbed_run_refuses_before_building_anything(tmp_path):
     assert "nothing was built" in out and not runs.exists()
 
 
+def test_the_continuous_probes_keep_their_rate_in_emulated_time():
+    """Under time dilation k the continuous probes send BASE_HZ / k a wall second, per link and per
+    path, as every other rate of the emulated system; a path budget that binds at the wall clock's
+    rate binds the same way at any k, until BASE_HZ / k is below it."""
+    from testbed.emu.netplan import BASE_HZ, PATH_PROBE_BUDGET, continuous_probe_hz, path_probe_hz
+    from testbed.plan.dilation import with_time_dilation
+
+    small = plan_experiment(REPO / "experiments" / "scenario-linkfail.yaml")
+    assert continuous_probe_hz(small) == (BASE_HZ, BASE_HZ)
+    assert continuous_probe_hz(with_time_dilation(small, 9)) == pytest.approx((BASE_HZ / 9, BASE_HZ / 9))
+    big = plan_experiment(REPO / "experiments" / "continent-americas.yaml")
+    budget_hz = path_probe_hz(big, BASE_HZ, PATH_PROBE_BUDGET)
+    assert budget_hz < BASE_HZ / 9
+    assert continuous_probe_hz(with_time_dilation(big, 9)) == pytest.approx((BASE_HZ / 9, budget_hz))
+    assert continuous_probe_hz(with_time_dilation(big, 50)) == pytest.approx((BASE_HZ / 50, BASE_HZ / 50))
+    assert BASE_HZ / 50 < budget_hz
+
+
 def test_the_path_probes_keep_to_their_budget_and_the_pre_flight_counts_them():
     """continent-americas probes 48 paths of 925 switch links in all: at 20 Hz that would be 37,000
     packet-hops/s, so the rate is lowered to the budget (continuously and while boosted); a small

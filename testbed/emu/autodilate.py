@@ -3,9 +3,11 @@
 The rule (our choice, stated; docs/dilation.md, "auto"). A warm-up at a candidate k is the
 experiment emulated as it will run (its network, clusters, sources and workload), for a short
 load (:func:`warmup_seconds`: about :data:`WARMUP_QUERIES` queries, between
-:data:`WARMUP_MIN_WALL_S` and :data:`WARMUP_MAX_WALL_S` of wall clock), without its scenario
-events, packet capture, RTT self-check and path warming (each source still opens one connection
-to every cluster before the load; warming every path takes k x its time, minutes at large k).
+:data:`WARMUP_MIN_WALL_S` and :data:`WARMUP_MAX_WALL_S` of wall clock), without packet capture,
+RTT self-check and path warming (each source still opens one connection to every cluster before
+the load; warming every path takes k x its time, minutes at large k), and with its scenario events
+moved after the load's end (:func:`warmup_plan`): none happens, but the probes that would measure
+them run, and their CPU is measured with the rest.
 It measures, on this machine now:
 
 - the CPU per query of each of the testbed's own roles (Open vSwitch, link emulators, sources,
@@ -127,6 +129,9 @@ MAX_FIXED_SHARE = 0.75
 REUSE_MAX_AGE_S = 3600.0
 #: ... while other jobs' competing CPU differs by at most this many cores from then.
 REUSE_LOAD_TOLERANCE = 0.25
+#: A warm-up's scenario events are moved this long (emulated s) past its load's end: past its drain too,
+#: so that none happens while its last answers are awaited (:func:`warmup_plan`).
+EVENTS_AFTER_S = 86_400.0
 #: The warm-ups kept for reuse, in the warm-ups' folder.
 WARMUPS_FILE = "warmups.json"
 
@@ -339,12 +344,17 @@ def warmup_seconds(rate_qps: float, k: float) -> float:
     return max(within, WARMUP_MIN_QUERIES / rate_qps)
 
 
-def warmup_plan(plan: Plan, k: float) -> Plan:
-    """``plan`` at k for a warm-up: no scenario events, no packet capture, no RTT self-check."""
+def warmup_plan(plan: Plan, k: float, seconds: float) -> Plan:
+    """``plan`` at k for a warm-up of ``seconds`` (emulated s) of load: no packet capture, no RTT
+    self-check, and its scenario events moved after the load's end, so that none happens while the
+    probes that would measure them run as in the run (:mod:`testbed.emu.dynamics`: their packets
+    cost Open vSwitch and the link emulators CPU that the run pays too, and that does not fall with
+    the load's rate)."""
     exp = plan.experiment
     emulation = exp.emulation.model_copy(update={"rtt_check": False})
-    exp = exp.model_copy(update={"events": [], "capture": None, "emulation": emulation})
-    return with_time_dilation(plan.model_copy(update={"experiment": exp, "changes": []}), k)
+    exp = exp.model_copy(update={"capture": None, "emulation": emulation})
+    after = [c.model_copy(update={"t_s": c.t_s + seconds + EVENTS_AFTER_S}) for c in plan.changes]
+    return with_time_dilation(plan.model_copy(update={"experiment": exp, "changes": after}), k)
 
 
 def read_warmup(run_dir: Path, k: float, wall_s: float = 0.0) -> Warmup:
@@ -421,8 +431,8 @@ def run_warmup(plan: Plan, k: float, runs_dir: Path) -> Warmup:
         RunFailure: the warm-up failed (its message and run directory), a source could not connect to a
             cluster before its load (:func:`unreached_clusters`), or it measured nothing.
     """
-    wplan = warmup_plan(plan, k)
     seconds = warmup_seconds(emulated_rate_qps(plan), k)
+    wplan = warmup_plan(plan, k, seconds)
     log = io.StringIO()
     t = time.monotonic()
     with emulate(wplan, Console(file=log, width=200), runs_dir, seconds, warm_paths=False) as outcome:
@@ -447,10 +457,12 @@ def run_warmup(plan: Plan, k: float, runs_dir: Path) -> Warmup:
 
 def plan_key(plan: Plan) -> str:
     """What makes two plans' warm-ups the same (SHA-256, hex): the plan at k = 1 without its
-    duration, events, capture and run folder."""
+    duration, capture and run folder, and of its events only what the probes need (each step's kind
+    and link or cluster: :func:`warmup_plan`)."""
     exp = plan.experiment.model_copy(update={"duration_s": 1.0, "events": [], "capture": None, "runs_dir": "."})
+    probed = sorted({(c.kind, c.link or (), c.cluster or "") for c in plan.changes})
     doc = plan.model_copy(update={"experiment": exp, "changes": []}).model_dump_json(
-        exclude={"experiment": {"emulation": {"time_dilation"}}})
+        exclude={"experiment": {"emulation": {"time_dilation"}}}) + json.dumps(probed)
     return hashlib.sha256(doc.encode()).hexdigest()
 
 

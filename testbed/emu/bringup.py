@@ -338,7 +338,8 @@ def _start_dynamics(live: Live, console: Console) -> None:
     probed = ", ".join(f"{dyn.links[i].a}-{dyn.links[i].b} ({o[0]:.2f}/{o[1]:.2f} ms)"
                        for i, o in dyn.overhead.items())
     console.print(f"probes ready on {len(dyn.overhead)} link(s), probe-path overhead a>b/b>a: {probed}"
-                  + (f"; source->cluster path probes on, {dyn.path_hz:.3g} Hz per path" if dyn.path_probes else ""),
+                  + (f"; source->cluster path probes on, {dyn.path_hz:.3g} Hz per path (wall clock)"
+                     if dyn.path_probes else ""),
                   markup=False)
 
 

@@ -8,6 +8,12 @@ and every cluster host (reflecting). A baseline at bring-up gives, per probed li
 the forwarding overhead of the probe path (measured one-way delay minus the configured one: two
 OVS traversals, the emulator, two host links), which is subtracted from every later reading.
 
+The continuous probes run at :data:`~testbed.emu.netplan.BASE_HZ` of emulated time: under time
+dilation k, 1 / k of that a wall second, as every other rate of the emulated system (what they
+cost at the wall clock's rate: docs/dilation.md, "The probes"). The raised rates around a change
+(a kind's ``boost_hz``, :data:`PATH_BOOST_HZ`) and the baseline's stay on the wall clock: a
+read-back's samples per wall second are what its tolerance counts.
+
 :meth:`Dynamics.apply` applies one :class:`~testbed.model.timeline.Change` and
 :meth:`Dynamics.measure` reads it back over a window after it. What each kind does is its
 registry entry's (:mod:`testbed.model.event_kinds`): it changes the link through
@@ -39,9 +45,8 @@ from testbed.core.util import REPO_ROOT
 from testbed.emu.linkctl import SETTLE_S, Applied, DaemonHandle, EmuLink, Readback
 from testbed.emu.mininet_network import Emulation, EmulationError, ProbeHost, control_dir
 from testbed.emu.netplan import (
-    BASE_HZ,
     PATH_BOOST_BUDGET,
-    PATH_PROBE_BUDGET,
+    continuous_probe_hz,
     has_path_probes,
     ovs_ports,
     path_probe_hz,
@@ -99,7 +104,7 @@ class Dynamics:
         self.baseline_rounds: list[dict[int, tuple[float, float]]] = []  # per round, link -> (a>b, b>a) ms
         self.path_probes = has_path_probes(plan)
         self.ovs_ports = ovs_ports(plan, emu.datapath)  # once: each boost's rate reads it (netplan.path_probe_us)
-        self.path_hz = path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET, ports=self.ovs_ports)  # per path, continuously
+        self.link_hz, self.path_hz = continuous_probe_hz(plan, self.ovs_ports)  # wall clock, per target
         self.model = plan.network_state()
         em = plan.experiment.emulation
         w = EmulatedClock(plan.time_dilation).wall  # the read-backs measure on the wall clock: tolerances in wall ms
@@ -128,7 +133,7 @@ class Dynamics:
                 raise EmulationError(f"probe daemon in {name}: {exc}") from None
             self.daemons[name] = DaemonHandle(name, proc, client, ip)
         for a, b in self.by_link.values():
-            self.daemons[a.name].client.request("probe", targets={b.name: b.ip}, hz=BASE_HZ)
+            self.daemons[a.name].client.request("probe", targets={b.name: b.ip}, hz=self.link_hz)
         if self.path_probes:
             for s in self.plan.sources:
                 self.daemons[s.name].client.request("probe", targets={c.name: c.ip for c in self.plan.clusters},

@@ -14,6 +14,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 
+from testbed.core.clock import EmulatedClock
 from testbed.core.errors import RunFailure
 from testbed.model.timeline import EVENT_KINDS
 from testbed.plan.build import Plan
@@ -31,8 +32,9 @@ SHARD_ABOVE_SWITCHES = int(os.environ.get("TESTBED_SHARD_ABOVE", "16"))
 #: /22 the shards' control veths are numbered from (root side .2k, shard side .2k+1).
 CONTROLLER_IP = "169.254.255.254"
 CONTROL_NET = "169.254.252.0"
-#: Probes per second per target, continuously (a 64-byte UDP datagram each way; testbed.emu.dynamics).
-#: While a change is measured, the link's probes run at its kind's ``boost_hz`` for its window.
+#: Probes per second of emulated time per target, continuously (a 64-byte UDP datagram each way;
+#: testbed.emu.dynamics; under time dilation k, BASE_HZ / k a wall second). While a change is
+#: measured, the link's probes run at its kind's ``boost_hz`` (wall clock) for its window.
 BASE_HZ = 20.0
 #: Kinds whose measurement needs the source -> cluster path probes (kept current with the registry).
 PATH_KINDS = EVENT_KINDS.subset(lambda k: bool(getattr(k, "paths", ())))
@@ -109,6 +111,15 @@ def path_probe_hz(plan: Plan, hz: float, budget: float, sources: set[str] | None
     cores in all (:data:`PATH_PROBE_BUDGET`, :data:`PATH_BOOST_BUDGET`; cost :func:`path_probe_us`)."""
     us = path_probe_us(plan, sources, datapath, ports)
     return min(hz, budget * 1e6 / (2 * us)) if us else hz
+
+
+def continuous_probe_hz(plan: Plan, ports: dict[str, int] | None = None, datapath: str = "user") -> tuple[float, float]:
+    """The continuous probes' rates of a run of ``plan`` on the wall clock (Hz per target): a link's
+    probes, and a source -> cluster path's (:func:`path_probe_hz` within :data:`PATH_PROBE_BUDGET`).
+    Both are :data:`BASE_HZ` of emulated time: under time dilation k (``plan.time_dilation``),
+    ``BASE_HZ / k`` a wall second, as every other rate of the emulated system."""
+    hz = EmulatedClock(plan.time_dilation).wall_rate(BASE_HZ)
+    return hz, path_probe_hz(plan, hz, PATH_PROBE_BUDGET, datapath=datapath, ports=ports)
 
 
 def path_probe_cores(plan: Plan, datapath: str = "user") -> float:
