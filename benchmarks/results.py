@@ -23,8 +23,8 @@ RESULTS_DIR = REPO / "benchmarks" / "results"
 PAGE = REPO / "docs" / "results.md"
 
 #: The page's order: these sections first, in this order; any other source file after them, by name.
-ORDER = ("default-run", "newcomer", "dilation-validation-quiet", "dilation-validation-busy",
-         "dilation-validation-busy-rest", "dilation-ceiling",
+ORDER = ("default-run", "newcomer", "dilation-validation-quiet", "dilation-validation-quiet-probes",
+         "dilation-validation-busy", "dilation-validation-busy-rest", "dilation-ceiling",
          "speed-calibration", "compare",
          "aset-test-set-1-12", "aset-specialize-cost", "aset-gate-margin", "aset-plan-restarts",
          "aset-real-packets", "scale",
