@@ -99,7 +99,7 @@ def test_the_continuous_probes_keep_their_rate_in_emulated_time():
     """Under time dilation k the continuous probes send BASE_HZ / k a wall second, per link and per
     path, as every other rate of the emulated system; a path budget that binds at the wall clock's
     rate binds the same way at any k, until BASE_HZ / k is below it."""
-    from testbed.emu.netplan import BASE_HZ, PATH_PROBE_BUDGET, continuous_probe_hz, path_probe_hz
+    from testbed.emu.netplan import BASE_HZ, PATH_PROBE_BUDGET, continuous_probe_hz, path_probe_cores, path_probe_hz
     from testbed.plan.dilation import with_time_dilation
 
     small = plan_experiment(REPO / "experiments" / "scenario-linkfail.yaml")
@@ -111,6 +111,7 @@ def test_the_continuous_probes_keep_their_rate_in_emulated_time():
     assert continuous_probe_hz(with_time_dilation(big, 9)) == pytest.approx((BASE_HZ / 9, budget_hz))
     assert continuous_probe_hz(with_time_dilation(big, 50)) == pytest.approx((BASE_HZ / 50, BASE_HZ / 50))
     assert BASE_HZ / 50 < budget_hz
+    assert path_probe_cores(with_time_dilation(small, 4)) == pytest.approx(path_probe_cores(small) / 4)
 
 
 def test_the_path_probes_keep_to_their_budget_and_the_pre_flight_counts_them():

@@ -123,11 +123,12 @@ def continuous_probe_hz(plan: Plan, ports: dict[str, int] | None = None, datapat
 
 
 def path_probe_cores(plan: Plan, datapath: str = "user") -> float:
-    """The cores the continuous path probes of ``plan`` take (0 when it has none)."""
+    """The cores the continuous path probes of ``plan`` take at its time dilation (their wall-clock
+    rate, :func:`continuous_probe_hz`, at :func:`path_probe_us` each; 0 when it has none)."""
     if not has_path_probes(plan):
         return 0.0
     ports = ovs_ports(plan, datapath)
-    hz = path_probe_hz(plan, BASE_HZ, PATH_PROBE_BUDGET, datapath=datapath, ports=ports)
+    hz = continuous_probe_hz(plan, ports, datapath)[1]
     return 2 * hz * path_probe_us(plan, ports=ports) / 1e6
 
 
