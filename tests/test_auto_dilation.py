@@ -102,6 +102,20 @@ def test_a_generous_candidate_is_checked_lower_and_a_failed_k_is_not_retried():
     assert decision([(4.0, 1.2), (1.5, 1.4)]) == (1.5, True)
 
 
+def test_a_k_above_10_that_carried_is_checked_at_the_smaller_k_it_asks_for_up_to_10():
+    """Above k = 10 the clusters' CFS period is shorter than the model's: a warm-up that carried
+    k = 11 asking for 9.2 leads to one at 9.5 though 9.5 > 11 / 1.5; one asking for more than 10
+    does not, nor one at 10 or below; when none at 10 or below carries, the smallest that did stays."""
+    assert autodilate.FULL_PERIOD_K == 10.0
+    assert next_candidate([(3.5, 17.4), (18.0, 10.6), (11.0, 9.2)]) == 9.5
+    assert next_candidate([(11.0, 10.4)]) is None  # 10.4 is 11 on the grid
+    assert next_candidate([(12.0, 9.8)]) == 10.0
+    assert next_candidate([(10.0, 8.2)]) is None  # at 10 the period is the model's: room as before
+    assert next_candidate([(11.0, 9.2), (9.5, 9.7)]) == 10.0  # 9.5 fell short: 10, the next step
+    assert next_candidate([(11.0, 9.2), (9.5, 9.7), (10.0, 10.3)]) is None
+    assert decision([(11.0, 9.2), (9.5, 9.7), (10.0, 10.3)]) == (11.0, True)  # none at 10 or below carried
+
+
 def test_the_grid_is_finer_at_small_k():
     assert [k_grid(x) for x in (0.2, 1.01, 9.8, 10.2, 19.5, 21, 99)] == [1, 1.5, 10, 11, 20, 25, 100]
 

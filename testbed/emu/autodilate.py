@@ -44,8 +44,10 @@ From one warm-up at k_c the smallest k that carries the load is the largest of (
 
 k is then rounded up on :func:`k_grid` and checked by a warm-up at that k, up to
 :data:`MAX_WARMUPS` warm-ups (:func:`choose`): a warm-up whose figures ask for more k leads to one
-at the larger k; one that carries its k with room to spare (it asks for at most k / 1.5) leads to
-one at the smaller k. The smallest k a warm-up carried is chosen; when none did, the last figures'
+at the larger k; one that carries its k with room to spare (it asks for at most k / 1.5), or that
+carries a k above :data:`FULL_PERIOD_K` while asking for one at most that, leads to one at the
+smaller k (above it the clusters' CFS period is shorter than the model's). The smallest k a
+warm-up carried is chosen; when none did, the last figures'
 k, said to be unverified. Above :data:`~testbed.spec.experiment.MAX_TIME_DILATION` ``auto``
 refuses, with the figures.
 
@@ -75,6 +77,7 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
+from testbed.core.cgroups import MAX_PERIOD_US, PERIOD_US
 from testbed.core.errors import EXIT_OK, InputError, RunFailure
 from testbed.core.util import repo_path, write_json_atomic
 from testbed.emu.capacity import (
@@ -114,8 +117,13 @@ WARMUP_MAX_WALL_S = 15.0
 #: more), the larger k (it carries, asking for less), and two steps down towards the smallest k
 #: that carries; above k = 10 the kernel enforces a sub-core quota loosely (docs/dilation.md).
 MAX_WARMUPS = 4
-#: A warm-up that carried its k asks for a smaller one only below k / this.
+#: A warm-up that carried its k asks for a smaller one only below k / this ...
 LOWER_MARGIN = 1.5
+#: ... or when its k is above this one and the smaller is not: the largest k at which a cluster's
+#: CFS period is the model's 100 ms of emulated time (the kernel's longest period, 1 s, over
+#: 100 ms); above it the period is 1000 / k ms of emulated time and a throttled cluster waits less
+#: than simulated (docs/dilation.md, "What is not done").
+FULL_PERIOD_K = MAX_PERIOD_US / PERIOD_US
 #: How long (s) other jobs' CPU is sampled before the warm-ups.
 MACHINE_SAMPLE_S = 1.0
 #: Fewer answered queries on open connections than this and a warm-up's network figure is not
@@ -301,13 +309,14 @@ def next_candidate(tried: list[tuple[float, float]]) -> float | None:
     failed = [kk for kk, n in tried if n > kk]
     if need <= k:
         lower = k_grid(need)
-        if lower <= k / LOWER_MARGIN and lower > max(failed, default=0.0) and lower not in carried:
+        room = lower <= k / LOWER_MARGIN or lower <= FULL_PERIOD_K < k
+        if room and lower > max(failed, default=0.0) and lower not in carried:
             return lower
         return None
     up = k_grid(need)  # > k: k is on the grid
     if up > MAX_TIME_DILATION or up in failed:
         return None
-    smaller_carried = [kk for kk in carried if kk < up]
+    smaller_carried = [kk for kk in carried if kk <= up]  # up itself carried: nothing to check
     return None if smaller_carried else up
 
 
