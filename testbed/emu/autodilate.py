@@ -46,7 +46,7 @@ k is then rounded up on :func:`k_grid` and checked by a warm-up at that k, up to
 :data:`MAX_WARMUPS` warm-ups (:func:`choose`): a warm-up whose figures ask for more k leads to one
 at the larger k; one that carries its k with room to spare (it asks for at most k / 1.5), or that
 carries a k above :data:`FULL_PERIOD_K` while asking for one at most that, leads to one at the
-smaller k (above it the clusters' CFS period is shorter than the model's). The smallest k a
+smaller k (above it runs have come out well above their twins: docs/dilation.md). The smallest k a
 warm-up carried is chosen; when none did, the last figures'
 k, said to be unverified. Above :data:`~testbed.spec.experiment.MAX_TIME_DILATION` ``auto``
 refuses, with the figures.
@@ -121,8 +121,7 @@ MAX_WARMUPS = 4
 LOWER_MARGIN = 1.5
 #: ... or when its k is above this one and the smaller is not: the largest k at which a cluster's
 #: CFS period is the model's 100 ms of emulated time (the kernel's longest period, 1 s, over
-#: 100 ms); above it the period is 1000 / k ms of emulated time and a throttled cluster waits less
-#: than simulated (docs/dilation.md, "What is not done").
+#: 100 ms); above it runs have succeeded well above their twins (docs/dilation.md, "What is not done").
 FULL_PERIOD_K = MAX_PERIOD_US / PERIOD_US
 #: How long (s) other jobs' CPU is sampled before the warm-ups.
 MACHINE_SAMPLE_S = 1.0
