@@ -80,6 +80,8 @@ def test_a_call_under_k_uses_its_cpu_time_at_one_kth_of_a_core(k):
     base_dirs, base = _run_call(1.0, 1.0, 2, f"{tag}-k1")
     _remove(base_dirs)
     dirs, got = _run_call(k, 1.0, 2, f"{tag}-k{k:g}")
+    after_dirs, after = _run_call(1.0, 1.0, 2, f"{tag}-k1-after")  # the machine's load may change meanwhile
+    _remove(after_dirs)
     try:
         cpu = next(d for d in dirs if d.parent == cgroups.ROOT / "cpu")
         # the cluster's group: the same quota (c x 100 ms) per period of k x 100 ms
@@ -97,10 +99,13 @@ def test_a_call_under_k_uses_its_cpu_time_at_one_kth_of_a_core(k):
             assert st["nr_periods"] * k * quota_ns >= k * ns - 2 * k * quota_ns
             # and the cap did bind: a CPU-bound thread runs out of its quota
             assert st["nr_throttled"] >= 1 and st["throttled_time"] > 0, st
-        # the call's CPU time is the undilated one (the cap slows it, it does not make it cost more)
+        # the call's CPU time is about the undilated one (the cap slows it, it does not make it cost k
+        # times more): against the baselines just before and after it, within what a busy machine adds
+        # (beside two CPU hogs and the parallel unit tests a throttled call took up to 1.67 x the baseline
+        # before it, 1 ms slices losing their caches), below the 2 x that k = 2 would cost
         mean_k = sum(got.values()) / len(got)
-        mean_1 = sum(base.values()) / len(base)
-        assert 0.6 < mean_k / mean_1 < 1.6, (mean_k, mean_1)
+        means_1 = [sum(b.values()) / len(b) for b in (base, after)]
+        assert 0.6 * min(means_1) < mean_k < 1.8 * max(means_1), (mean_k, means_1)
     finally:
         _remove(dirs)
 
