@@ -387,6 +387,59 @@ def test_a_paced_call_is_padded_until_it_takes_its_target():
     assert not heavy.late and not cheap.late and waited.late and beyond.late and unpadded.late
 
 
+def test_a_call_the_quota_stalled_is_charged_half_its_stall_and_never_less_than_its_target():
+    """A paced call during which the cluster's quota ran out ends as the model's expected stall
+    says (pad_work's docstring): past a stall as long as its target (0.030 s of wall time against
+    0.024) it sleeps half the target; a shorter stall (0.010 s) lengthens it by half the stall; a
+    call that waited nothing still ends at its target, and an unstalled call as before. Stalled
+    or not, the pad never makes it end before its target."""
+    from testbed.serve.scheduler import pad_work
+
+    slept: list[float] = []
+    for elapsed in (0.030, 0.010, 0.0012):
+        pad_work(1.0, cpu_s=0.0012, elapsed_s=elapsed, sleep=slept.append, target_s=0.024, throttled=True)
+    pad_work(1.0, cpu_s=0.0012, elapsed_s=0.010, sleep=slept.append, target_s=0.024)
+    assert slept == [pytest.approx(0.012), pytest.approx(0.019), pytest.approx(0.0234), pytest.approx(0.014)]
+    ends = [e + p for e, p in zip((0.030, 0.010, 0.0012, 0.010), slept, strict=True)]
+    assert ends == [pytest.approx(0.042), pytest.approx(0.029), pytest.approx(0.0246), pytest.approx(0.024)]
+    # a piece of work without a target (the handling) keeps its waits and its pad x its CPU
+    slept.clear()
+    pad_work(1.0, cpu_s=0.001, elapsed_s=0.005, sleep=slept.append, throttled=True)
+    assert slept == [pytest.approx(0.001)]
+
+
+def test_a_scheduler_tells_a_paced_call_the_quota_stalled_from_its_throttle_count(monkeypatch):
+    """The worker reads the cluster's throttle count before and after each paced call: a count
+    that rose marks the call stalled (pad_work's ``throttled``); a count that stayed, no count, or
+    an unpaced call (no target) does not, and an unpaced call's count is not read at all."""
+    from testbed.serve import scheduler as sch
+
+    seen: list[bool] = []
+    original = sch.pad_work
+
+    def recorded(*args, throttled=False, **kw):
+        seen.append(throttled)
+        return original(*args, sleep=lambda _: None, throttled=throttled, **kw)
+
+    monkeypatch.setattr(sch, "pad_work", recorded)
+
+    class Model:
+        def predict(self, x):
+            return x
+
+    def serve(counts, paced=True):
+        it = iter(counts) if counts is not None else None
+        s = sch.Scheduler({"m": Model()}, cpu_pad=1.0,
+                          paces={"m": sch.CallPace(target_ms=40.0, cold_target_ms=40.0)} if paced else {},
+                          throttles=(lambda: next(it)) if it is not None else None)
+        s.run_batch([sch.Job("m", np.zeros((1, 2), np.float32))])
+        return list(it) if it is not None else []
+
+    assert serve([3, 4]) == [] and serve([3, 3]) == [] and serve(None) == []
+    assert serve([3, 4], paced=False) == [3, 4]  # never read
+    assert seen == [True, False, False, False]
+
+
 def test_work_beyond_its_target_is_late_without_a_wait_and_the_summary_warns():
     """A call of one input whose padded time exceeds its target (the profile's call at the run's
     speed) by more than LATE_TOLERANCE ran slower than the run asked, with no wait at all (a busy
@@ -459,7 +512,7 @@ def test_the_server_takes_the_cold_target_after_idleness_only(monkeypatch):
 
     seen: list[tuple[float, float | None]] = []
     real = sch.pad_work
-    monkeypatch.setattr(sch, "pad_work", lambda pad, cpu, el, target_s=None: (
+    monkeypatch.setattr(sch, "pad_work", lambda pad, cpu, el, target_s=None, throttled=False: (
         seen.append((pad, target_s)), real(pad, cpu, el, target_s=target_s))[1])
     sched = sch.Scheduler({"m": SpinModel(1.0)}, cpu_pad=1.0, max_batch=1,
                           paces={"m": sch.CallPace(target_ms=4.0, cold_target_ms=8.0)})
@@ -485,7 +538,7 @@ def test_a_paced_calls_target_is_drawn_as_the_simulator_draws_its_call(monkeypat
 
     seen: list[float] = []
     real = sch.pad_work
-    monkeypatch.setattr(sch, "pad_work", lambda pad, cpu, el, target_s=None: (
+    monkeypatch.setattr(sch, "pad_work", lambda pad, cpu, el, target_s=None, throttled=False: (
         seen.append(target_s), real(pad, cpu, el, target_s=target_s))[1])
     pace = sch.CallPace(target_ms=1.0, cold_target_ms=1.0, slowdown=2.0, draws=(0.5, 2.0))
     assert pace.expected_cpu_s(False, 2.0) == pytest.approx(0.001)

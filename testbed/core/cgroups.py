@@ -228,6 +228,23 @@ def cpu_stat(dirs: list[Path]) -> dict[str, float]:
     return {}
 
 
+def cpu_stat_file(dirs: list[Path]) -> Path | None:
+    """The ``cpu.stat`` of a group made by :func:`create_limited_group` (its CPU directory's); None
+    when it has none."""
+    return next((d / "cpu.stat" for d in dirs if (d / "cpu.stat").exists()), None)
+
+
+def throttled_periods(stat_file: Path) -> int | None:
+    """How many CFS periods the group of ``stat_file`` (its ``cpu.stat``) has run out of quota in so
+    far (``nr_throttled``, v1 and v2; Linux Documentation/scheduler/sched-bwc.rst); None when the
+    file cannot be read. One small read: a server calls it around each paced model call."""
+    kv = _flat_keyed(Path(stat_file))
+    try:
+        return int(kv["nr_throttled"]) if kv is not None else None
+    except (KeyError, ValueError):
+        return None
+
+
 def oom_kills(dirs: list[Path]) -> int | None:
     """How many processes the memory limit of a group made by :func:`create_limited_group` has
     killed: ``oom_kill`` of ``memory.oom_control`` (v1) or ``memory.events`` (v2) (Linux

@@ -170,7 +170,8 @@ class ClusterServers:
         self._ready_file(cluster).unlink(missing_ok=True)
         first = self.speeds.get(cluster)  # a later life keeps the first one's bare calls, hence its scale
         target = speed_target(plan, cluster, first, self._weights)
-        cfg = write_server_config(plan, cluster, plan.experiment.emulation.server_port, run_dir, target)
+        cfg = write_server_config(plan, cluster, plan.experiment.emulation.server_port, run_dir, target,
+                                  cgroups.cpu_stat_file(self.groups[cluster]))
         p = tied_popen(live.emu.node(cluster).popen, server_command(cfg), stdout=self._log(cluster),
                        stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
         cgroups.add_process(self.groups[cluster], p.pid)

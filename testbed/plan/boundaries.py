@@ -59,7 +59,9 @@ class ServerConfig(_Boundary):
     request's handling is followed by a sleep of ``cpu_pad`` x its CPU time
     (:func:`testbed.plan.dilation.nested_cpu` says why); 0 otherwise. ``speed``: the speed check
     the server makes at start-up and the scale it applies (:mod:`testbed.plan.speeds`; its pad
-    then replaces ``cpu_pad``); None (a server outside a run): none.
+    then replaces ``cpu_pad``); None (a server outside a run): none. ``cpu_stat_file``: the
+    ``cpu.stat`` of the cgroup the server runs in, whose throttling count tells a paced call the
+    quota stalled (:func:`testbed.serve.scheduler.pad_work`); None: none is told.
     """
 
     cluster: str
@@ -83,6 +85,7 @@ class ServerConfig(_Boundary):
     stats_interval_s: float = Field(1.0, gt=0)
     cpu_pad: float = Field(0.0, ge=0)
     speed: SpeedTarget | None = None
+    cpu_stat_file: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ServerConfig:
@@ -95,9 +98,10 @@ class ServerConfig(_Boundary):
 
     @classmethod
     def from_plan(cls, plan: Plan, cluster: str, port: int, run_dir: Path | None = None,
-                  speed: SpeedTarget | None = None) -> ServerConfig:
+                  speed: SpeedTarget | None = None, cpu_stat_file: Path | None = None) -> ServerConfig:
         """The server of ``cluster`` as the plan has it (files in ``run_dir/clusters/``), with the
-        speed check ``speed`` (:func:`testbed.plan.speeds.speed_target`; None: none).
+        speed check ``speed`` (:func:`testbed.plan.speeds.speed_target`; None: none) and the
+        ``cpu.stat`` of the cgroup it runs in (``cpu_stat_file``; None: none).
 
         Raises:
             PlanError: a dilated experiment's plan not yet on the wall clock.
@@ -115,7 +119,8 @@ class ServerConfig(_Boundary):
                    max_queue_delay_ms=q.max_queue_delay_ms, warmup_calls=spec.server.warmup_calls,
                    cpu_cores=spec.cpu_cores, mean_service_ms=dict(q.mean_service_ms),
                    stats_interval_s=plan.experiment.emulation.stats_interval_s,
-                   cpu_pad=cpu_pad(plan, spec.cpu_cores), speed=speed, **files)
+                   cpu_pad=cpu_pad(plan, spec.cpu_cores), speed=speed,
+                   cpu_stat_file=None if cpu_stat_file is None else str(cpu_stat_file), **files)
 
 
 # --------------------------------------------------------------------------- query source

@@ -10,11 +10,12 @@ from testbed.plan.boundaries import ServerConfig
 from testbed.plan.speeds import SpeedTarget
 
 
-def write_server_config(plan, cluster: str, port: int, run_dir: Path, speed: SpeedTarget | None = None) -> Path:
+def write_server_config(plan, cluster: str, port: int, run_dir: Path, speed: SpeedTarget | None = None,
+                        cpu_stat_file: Path | None = None) -> Path:
     """Write ``run_dir/clusters/<cluster>.server.json`` (:class:`ServerConfig` from the plan, with
-    the speed check ``speed``)."""
+    the speed check ``speed`` and its cgroup's ``cpu_stat_file``)."""
     path = Path(run_dir) / "clusters" / f"{cluster}.server.json"
-    write_json_atomic(path, ServerConfig.from_plan(plan, cluster, port, run_dir, speed))
+    write_json_atomic(path, ServerConfig.from_plan(plan, cluster, port, run_dir, speed, cpu_stat_file))
     return path
 
 

@@ -95,7 +95,7 @@ LATE_TOLERANCE = 0.10
 
 
 def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[float], None] = time.sleep,
-             target_s: float | None = None) -> PadOutcome:
+             target_s: float | None = None, throttled: bool = False) -> PadOutcome:
     """Pad a piece of work that took ``cpu_s`` of CPU and ``elapsed_s`` of wall time (s) with a
     sleep, the CPU made 1 + ``cpu_pad`` times slower (a time-dilated cluster below one core, or a
     host faster than the profile, :mod:`testbed.plan.speeds`), and time it.
@@ -109,17 +109,32 @@ def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[fl
     elapsed_s)``, as the simulator charges the profile's call: CPU this host spent beyond its
     speed check's bare call (the other threads' CPU in a TensorFlow process's clock, a busy
     machine's caches, a call after idleness) and wall time beyond its CPU time (the runtime's
-    thread hand-offs) are the host's, not the profile's, and are not scaled by k / s. A wait for
-    the quota (to its period's end: tens of ms) loses at most the pad. Work whose padded wall time
-    exceeds its target by more than :data:`LATE_TOLERANCE` is ``late``: it ran slower than the
-    speed asked, because it waited for the CPU (a throttled quota, or a busy host) or because the
-    host ran it slower than its target. With ``cpu_pad`` 0 nothing is slept; the work is timed
-    all the same.
+    thread hand-offs) are the host's, not the profile's, and are not scaled by k / s.
+
+    A call that the cluster's quota stalled (``throttled``: the group ran out of quota while it
+    ran, :func:`testbed.core.cgroups.throttled_periods`) is charged the model's stall instead
+    (:class:`testbed.model.cpu.CfsQuota`): there a call of t runs at full speed until the quota
+    is spent, a share f of t, waits for the period's end E, then runs the rest, ending at
+    E + (1 - f) t, never before its unthrottled end. A padded call spends its CPU first and
+    sleeps after, so the quota stalls it near its start, until E: the wall time it took,
+    ``elapsed_s``, is the model's E - start, and what the model still runs after E is unknown, as
+    f is. Given the stall, f is taken as uniform over what the stall allows, [0, min(1, elapsed /
+    target)] (our assumption), so the call sleeps ``target_s - min(target_s, elapsed_s) / 2``:
+    half the target past a stall as long as the call, half the stall past the target for a
+    shorter one. Sleeping only to the target, as an unstalled call does, would drop a stall
+    shorter than the pad (tens of ms of emulated time at most, most of the model's).
+
+    Work whose padded wall time exceeds its target by more than :data:`LATE_TOLERANCE` is
+    ``late``: it ran slower than the speed asked, because it waited for the CPU (a throttled
+    quota, or a busy host) or because the host ran it slower than its target. With ``cpu_pad`` 0
+    nothing is slept; the work is timed all the same.
     """
     if cpu_pad <= 0:
         pad_s = 0.0
     elif target_s is None:
         pad_s = cpu_pad * cpu_s
+    elif throttled:
+        pad_s = target_s - min(target_s, elapsed_s) / 2.0
     else:
         pad_s = max(0.0, target_s - elapsed_s)
     if pad_s > 0:
@@ -204,6 +219,9 @@ class Scheduler:
             its target, cold (the model's rule, :func:`testbed.model.cpu.call_is_cold`, on this
             server's calls) or warm, and is late when it took longer (:func:`pad_work`); absent:
             the pad x its CPU time, and only its waits count.
+        throttles: reads how many periods the cluster's CFS quota has run out in so far
+            (:func:`testbed.core.cgroups.throttled_periods`; None: unknown): a paced call during
+            which it counts up was stalled by the quota (:func:`pad_work`); None: no call is.
 
     Raises:
         ValueError: a bad setting (names it).
@@ -213,7 +231,8 @@ class Scheduler:
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
                  service_ms: dict[str, float] | None = None,
                  clock_ns: Callable[[], int] = time.time_ns, cpu_pad: float = 0.0,
-                 paces: dict[str, CallPace] | None = None, seed: int = 0):
+                 paces: dict[str, CallPace] | None = None, seed: int = 0,
+                 throttles: Callable[[], int | None] | None = None):
         service_ms = dict(service_ms or {})
         if admission:
             missing = [m for m in models if not service_ms.get(m, 0) > 0]
@@ -229,6 +248,7 @@ class Scheduler:
         self.clock_ns = clock_ns
         self.cpu_pad = cpu_pad
         self.paces = dict(paces or {})
+        self.throttles = throttles
         self._rng = random.Random(seed)  # the paced calls' draws (worker threads, under the GIL)
         self._pace_lock = threading.Lock()
         self._calls_running = 0
@@ -319,13 +339,18 @@ class Scheduler:
         pace = self.paces.get(model) if x.shape[0] == 1 else None
         draw = pace.draw(self._rng) if pace is not None else 1.0
         target_s = pace.target_s(cold, draw) if pace is not None else None
+        stalls = self.throttles if target_s is not None and self.cpu_pad > 0 else None
+        n0 = stalls() if stalls is not None else None
         cpu0 = cpu_clock()
         result, error = None, None
         try:
             result = self.models[model].predict(x)
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
             error = f"{type(exc).__name__}: {exc}"
-        pad = pad_work(self.cpu_pad, cpu_clock() - cpu0, time.perf_counter() - wall0, target_s=target_s)
+        cpu_s, elapsed_s = cpu_clock() - cpu0, time.perf_counter() - wall0
+        n1 = stalls() if n0 is not None and stalls is not None else None
+        pad = pad_work(self.cpu_pad, cpu_s, elapsed_s, target_s=target_s,
+                       throttled=n0 is not None and n1 is not None and n1 > n0)
         if pace is not None:
             pad = replace(pad, expected_cpu_s=pace.expected_cpu_s(cold, draw))
         with self._pace_lock:

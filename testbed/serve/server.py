@@ -77,11 +77,15 @@ import threading
 import time
 import weakref
 import zlib
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
+from testbed.core.cgroups import throttled_periods
 from testbed.core.errors import EXIT_INTEGRITY, TestbedError
 from testbed.core.util import hold_loop, write_json_atomic
 from testbed.plan import zoo
@@ -118,6 +122,12 @@ def _paces(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, CallPace]
             for m, ms in speed.models.items() if cfg.speed.paced(m)}
 
 
+def _throttles(cfg: ServerConfig) -> Callable[[], int | None] | None:
+    """How the scheduler reads the cluster's quota running out (:class:`Scheduler` ``throttles``):
+    the count of ``cfg.cpu_stat_file``; None without one."""
+    return partial(throttled_periods, Path(cfg.cpu_stat_file)) if cfg.cpu_stat_file else None
+
+
 def _handling_expected(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, tuple[float, float]]:
     """Per model, the CPU (s) the model charges the cluster's quota for a query's handling at this
     host's speed: s x the profile's reading of the request and writing of the answer
@@ -138,12 +148,14 @@ class InferenceServer:
                  admission: bool = False, max_batch: int = 1, max_queue_delay_ms: float = 0.0,
                  service_ms: dict[str, float] | None = None, cpu_pad: float = 0.0,
                  paces: dict[str, CallPace] | None = None, seed: int = 0,
-                 handling_expected: dict[str, tuple[float, float]] | None = None):
+                 handling_expected: dict[str, tuple[float, float]] | None = None,
+                 throttles: Callable[[], int | None] | None = None):
         """``models``: name -> loaded variant (``predict``, ``input_shape``, ``classes``, ``info``, ``runtime``).
         ``cpu_pad``: each request's handling (and each model call, :class:`Scheduler`) is followed
         by a sleep of ``cpu_pad`` x its CPU time (a time-dilated cluster below one core).
         ``paces``: per model, how its call of one input is paced and judged (:class:`Scheduler`),
-        its draws seeded by ``seed``. ``handling_expected``: per model, the CPU (s) the model
+        its draws seeded by ``seed``; ``throttles``: how a paced call is known to have been stalled by the
+        cluster's quota (:class:`Scheduler`). ``handling_expected``: per model, the CPU (s) the model
         charges for reading a request and writing its answer (counted in ``expected_handling_s``).
 
         Raises:
@@ -152,7 +164,8 @@ class InferenceServer:
         self.models = models
         self.scheduler = Scheduler(models, workers=workers, queue_limit=queue_limit, discipline=discipline,
                                    admission=admission, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms,
-                                   service_ms=service_ms, cpu_pad=cpu_pad, paces=paces, seed=seed)
+                                   service_ms=service_ms, cpu_pad=cpu_pad, paces=paces, seed=seed,
+                                   throttles=throttles)
         self.cpu_pad = cpu_pad
         self.refused = 0  # 4xx / 5xx answers other than 503 (bad requests, unknown models, failures)
         self.answer_cpu_s = 0.0  # the event loop's CPU encoding answers
@@ -589,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
                              max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms,
                              cpu_pad=speed.cpu_pad if speed else cfg.cpu_pad,
                              paces=_paces(cfg, speed), seed=zlib.crc32(cfg.cluster.encode()),
-                             handling_expected=_handling_expected(cfg, speed))
+                             handling_expected=_handling_expected(cfg, speed), throttles=_throttles(cfg))
     if early_stop:
         if cfg.stats_file:
             write_json_atomic(cfg.stats_file, server.snapshot())
