@@ -157,3 +157,28 @@ def test_quota_writes_at_the_period_start_grant_no_second_quota():
     # quota when it started (~1.1 with no write), and the overshoot each write forgives (more when
     # the writer wakes late). A second quota per write would be ~2.0; 1.5 is halfway.
     assert aligned < 1.5 and aligned < anywhere - 0.3, (aligned, anywhere)
+
+
+def test_a_server_in_a_mininet_namespace_reads_its_groups_throttle_counters_as_they_move():
+    """A Mininet host's namespace mounts a /sys of its own, without the cgroup hierarchy: the
+    group's cpu.stat is given to its server through this process's /proc/<pid>/root
+    (cgroups.cpu_stat_file), which a process in such a namespace can read; the counters
+    (cgroups.throttle_state) move when work in the group runs out of its quota."""
+    dirs = cgroups.create_limited_group(f"testbed-test-throttle-{os.getpid()}", 0.02, 256)
+    try:
+        stat = cgroups.cpu_stat_file(dirs)
+        assert stat is not None and str(stat).startswith(f"/proc/{os.getpid()}/root/")
+        before = cgroups.throttle_state(stat)
+        assert before is not None
+        ns = subprocess.run(["unshare", "-n", "-m", "sh", "-c", "mount --make-rprivate / && umount -l /sys && "
+                             f"mount -t sysfs sysfs /sys && ! test -e /sys/fs/cgroup/cpu && cat {stat}"],
+                            capture_output=True, text=True, timeout=60)
+        assert ns.returncode == 0 and "nr_throttled" in ns.stdout, ns.stderr
+        spin = "import time\nt = time.time()\nwhile time.time() - t < 0.5: pass"
+        burn = subprocess.Popen([sys.executable, "-c", spin])
+        cgroups.add_process(dirs, burn.pid)
+        burn.wait(timeout=60)
+        after = cgroups.throttle_state(stat)
+        assert after is not None and after[0] > before[0] and after[1] > before[1]
+    finally:
+        _remove(dirs)

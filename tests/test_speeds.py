@@ -364,7 +364,7 @@ def test_the_pad_is_added_to_the_work_and_a_wait_beyond_the_tolerance_is_late():
     counters = pad_counters()
     for o in (on_time, late):
         o.count(counters)
-    assert counters == {"timed": 2, "late": 1, "cpu_s": pytest.approx(0.004),
+    assert counters == {"timed": 2, "late": 1, "stalled": 0, "stall_s": 0.0, "cpu_s": pytest.approx(0.004),
                         "unpadded_s": pytest.approx(on_time.unpadded_s + 0.0049), "paced_cpu_s": 0.0,
                         "expected_cpu_s": 0.0}  # neither was paced
 
@@ -387,39 +387,67 @@ def test_a_paced_call_is_padded_until_it_takes_its_target():
     assert not heavy.late and not cheap.late and waited.late and beyond.late and unpadded.late
 
 
-def test_a_call_the_quota_stalled_is_charged_half_its_stall_and_never_less_than_its_target():
-    """A paced call during which the cluster's quota ran out ends as the model's expected stall
-    says (pad_work's docstring): past a stall as long as its target (0.030 s of wall time against
-    0.024) it sleeps half the target; a shorter stall (0.010 s) lengthens it by half the stall; a
-    call that waited nothing still ends at its target, and an unstalled call as before. Stalled
-    or not, the pad never makes it end before its target."""
+def test_a_call_the_quota_stalled_is_charged_the_models_stall_and_never_less_than_its_target():
+    """A paced call's CPU stalled by the cluster's quota ends as the model's expected stall says
+    (pad_work's docstring). The quota ran out while it ran (the periods' counter moved): past a
+    stall as long as its target (0.030 s of wall time against 0.024) it sleeps half the target, a
+    shorter stall (0.010 s) lengthens it by half the stall, a call that waited nothing still ends
+    at its target. It began in a stall (only the wait's counter moved): it sleeps its whole
+    target. Unstalled (no counter moved, or none read): to its target, as before."""
     from testbed.serve.scheduler import pad_work
 
     slept: list[float] = []
-    for elapsed in (0.030, 0.010, 0.0012):
-        pad_work(1.0, cpu_s=0.0012, elapsed_s=elapsed, sleep=slept.append, target_s=0.024, throttled=True)
-    pad_work(1.0, cpu_s=0.0012, elapsed_s=0.010, sleep=slept.append, target_s=0.024)
-    assert slept == [pytest.approx(0.012), pytest.approx(0.019), pytest.approx(0.0234), pytest.approx(0.014)]
-    ends = [e + p for e, p in zip((0.030, 0.010, 0.0012, 0.010), slept, strict=True)]
-    assert ends == [pytest.approx(0.042), pytest.approx(0.029), pytest.approx(0.0246), pytest.approx(0.024)]
+    ran, began, calm = ((3, 100), (4, 100)), ((3, 100), (3, 900)), ((3, 100), (3, 100))
+    outs = [pad_work(1.0, cpu_s=0.0012, elapsed_s=e, sleep=slept.append, target_s=0.024, throttles=t)
+            for e, t in ((0.030, ran), (0.010, ran), (0.0012, ran), (0.030, began), (0.010, calm), (0.010, None))]
+    assert slept == pytest.approx([0.012, 0.019, 0.0234, 0.024, 0.014, 0.014])
+    assert [o.stalled for o in outs] == [True] * 4 + [False] * 2
     # a piece of work without a target (the handling) keeps its waits and its pad x its CPU
     slept.clear()
-    pad_work(1.0, cpu_s=0.001, elapsed_s=0.005, sleep=slept.append, throttled=True)
+    pad_work(1.0, cpu_s=0.001, elapsed_s=0.005, sleep=slept.append, throttles=ran)
     assert slept == [pytest.approx(0.001)]
 
 
-def test_a_scheduler_tells_a_paced_call_the_quota_stalled_from_its_throttle_count(monkeypatch):
-    """The worker reads the cluster's throttle count before and after each paced call: a count
-    that rose marks the call stalled (pad_work's ``throttled``); a count that stayed, no count, or
-    an unpaced call (no target) does not, and an unpaced call's count is not read at all."""
+def test_a_stall_of_the_quota_during_a_pad_lengthens_it_by_the_lateness_it_caused():
+    """The pad is slept in steps of a tenth of the target; a step that wakes 30 ms late while the
+    throttle counters moved (the thread woke into a stall of the quota) lengthens the pad by those
+    30 ms; a step late by as much without a move (the host's own latency) does not, and the pad
+    then still ends at its deadline."""
+    from testbed.serve.scheduler import pad_work
+
+    def run(moves_at: int | None):
+        now, steps, reads = [0.0], [], [0]
+
+        def sleep(dt):
+            steps.append(dt)
+            now[0] += dt + (0.030 if len(steps) == 3 else 0.0)
+
+        def state():
+            reads[0] += 1
+            return (5, 0) if moves_at is not None and reads[0] >= moves_at else (4, 0)
+
+        out = pad_work(1.0, cpu_s=0.01, elapsed_s=0.01, sleep=sleep, target_s=0.110,
+                       throttles=((4, 0), (4, 0)), state=state, clock=lambda: now[0])
+        return out, now[0], steps
+
+    stalled, end, steps = run(moves_at=3)
+    assert stalled.stall_s == pytest.approx(0.030) and stalled.stalled and stalled.late
+    assert end == pytest.approx(0.100 + 0.030) and steps[0] == pytest.approx(0.011)
+    calm, end, _ = run(moves_at=None)
+    assert calm.stall_s == 0.0 and not calm.stalled and end == pytest.approx(0.100)
+
+
+def test_a_scheduler_reads_the_quotas_throttle_counters_around_each_paced_call(monkeypatch):
+    """The worker reads the cluster's throttle counters before and after each paced call's CPU
+    and hands them, and the reader, to pad_work; an unpaced call (no target) reads none."""
     from testbed.serve import scheduler as sch
 
-    seen: list[bool] = []
+    seen: list[tuple] = []
     original = sch.pad_work
 
-    def recorded(*args, throttled=False, **kw):
-        seen.append(throttled)
-        return original(*args, sleep=lambda _: None, throttled=throttled, **kw)
+    def recorded(*args, throttles=None, state=None, **kw):
+        seen.append(throttles)
+        return original(*args, sleep=lambda _: None, throttles=throttles, **kw)
 
     monkeypatch.setattr(sch, "pad_work", recorded)
 
@@ -428,16 +456,16 @@ def test_a_scheduler_tells_a_paced_call_the_quota_stalled_from_its_throttle_coun
             return x
 
     def serve(counts, paced=True):
-        it = iter(counts) if counts is not None else None
+        it = iter(counts)
         s = sch.Scheduler({"m": Model()}, cpu_pad=1.0,
                           paces={"m": sch.CallPace(target_ms=40.0, cold_target_ms=40.0)} if paced else {},
-                          throttles=(lambda: next(it)) if it is not None else None)
+                          throttles=lambda: next(it))
         s.run_batch([sch.Job("m", np.zeros((1, 2), np.float32))])
-        return list(it) if it is not None else []
+        return list(it)
 
-    assert serve([3, 4]) == [] and serve([3, 3]) == [] and serve(None) == []
-    assert serve([3, 4], paced=False) == [3, 4]  # never read
-    assert seen == [True, False, False, False]
+    assert serve([(3, 0), (4, 7), "unread"]) == ["unread"]
+    assert serve([(3, 0), (4, 7)], paced=False) == [(3, 0), (4, 7)]  # never read
+    assert seen == [((3, 0), (4, 7)), None]
 
 
 def test_work_beyond_its_target_is_late_without_a_wait_and_the_summary_warns():
@@ -512,7 +540,7 @@ def test_the_server_takes_the_cold_target_after_idleness_only(monkeypatch):
 
     seen: list[tuple[float, float | None]] = []
     real = sch.pad_work
-    monkeypatch.setattr(sch, "pad_work", lambda pad, cpu, el, target_s=None, throttled=False: (
+    monkeypatch.setattr(sch, "pad_work", lambda pad, cpu, el, target_s=None, throttles=None, state=None: (
         seen.append((pad, target_s)), real(pad, cpu, el, target_s=target_s))[1])
     sched = sch.Scheduler({"m": SpinModel(1.0)}, cpu_pad=1.0, max_batch=1,
                           paces={"m": sch.CallPace(target_ms=4.0, cold_target_ms=8.0)})
@@ -538,7 +566,7 @@ def test_a_paced_calls_target_is_drawn_as_the_simulator_draws_its_call(monkeypat
 
     seen: list[float] = []
     real = sch.pad_work
-    monkeypatch.setattr(sch, "pad_work", lambda pad, cpu, el, target_s=None, throttled=False: (
+    monkeypatch.setattr(sch, "pad_work", lambda pad, cpu, el, target_s=None, throttles=None, state=None: (
         seen.append(target_s), real(pad, cpu, el, target_s=target_s))[1])
     pace = sch.CallPace(target_ms=1.0, cold_target_ms=1.0, slowdown=2.0, draws=(0.5, 2.0))
     assert pace.expected_cpu_s(False, 2.0) == pytest.approx(0.001)

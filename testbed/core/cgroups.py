@@ -229,18 +229,26 @@ def cpu_stat(dirs: list[Path]) -> dict[str, float]:
 
 
 def cpu_stat_file(dirs: list[Path]) -> Path | None:
-    """The ``cpu.stat`` of a group made by :func:`create_limited_group` (its CPU directory's); None
-    when it has none."""
-    return next((d / "cpu.stat" for d in dirs if (d / "cpu.stat").exists()), None)
+    """The ``cpu.stat`` of a group made by :func:`create_limited_group` (its CPU directory's), as
+    any mount namespace can reach it: through this process's root (``/proc/<pid>/root``, proc(5)),
+    since a Mininet host mounts a /sys of its own, without the cgroup hierarchy (mnexec remounts
+    /sys for its network namespace). Valid while this process lives; None when the group has no
+    ``cpu.stat``."""
+    stat = next((d / "cpu.stat" for d in dirs if (d / "cpu.stat").exists()), None)
+    return None if stat is None else Path(f"/proc/{os.getpid()}/root") / stat.relative_to(stat.anchor)
 
 
-def throttled_periods(stat_file: Path) -> int | None:
-    """How many CFS periods the group of ``stat_file`` (its ``cpu.stat``) has run out of quota in so
-    far (``nr_throttled``, v1 and v2; Linux Documentation/scheduler/sched-bwc.rst); None when the
-    file cannot be read. One small read: a server calls it around each paced model call."""
+def throttle_state(stat_file: Path) -> tuple[int, int] | None:
+    """The throttling counters of the group of ``stat_file`` (its ``cpu.stat``): how many CFS
+    periods it has run out of quota in so far (``nr_throttled``) and how long it has waited for
+    its periods' ends (``throttled_time`` ns on v1, ``throttled_usec`` us on v2), as the kernel
+    counts them (Linux Documentation/scheduler/sched-bwc.rst): the first counts up when the quota
+    runs out, the second when the wait ends. None when the file cannot be read. One small read: a
+    server calls it around each paced model call and through its pad."""
     kv = _flat_keyed(Path(stat_file))
     try:
-        return int(kv["nr_throttled"]) if kv is not None else None
+        return (int(kv["nr_throttled"]), int(kv.get("throttled_time", kv.get("throttled_usec", 0)))) \
+            if kv is not None else None
     except (KeyError, ValueError):
         return None
 

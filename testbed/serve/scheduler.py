@@ -68,11 +68,17 @@ class PadOutcome:
     #: A paced call's expected CPU time (s): its speed check's bare call, x the profile's cold
     #: factor when cold (:meth:`CallPace.expected_cpu_s`); None: not paced.
     expected_cpu_s: float | None = None
+    #: Whether a stall of the cluster's quota was charged to it (:func:`pad_work`).
+    stalled: bool = False
+    #: What its pad was lengthened by for stalls of the quota during it (s).
+    stall_s: float = 0.0
 
     def count(self, into: dict[str, float]) -> None:
         """Add this outcome to a per-model counter dict (:func:`pad_counters`)."""
         into["timed"] += 1
         into["late"] += int(self.late)
+        into["stalled"] += int(self.stalled)
+        into["stall_s"] += self.stall_s
         into["cpu_s"] += self.cpu_s
         into["unpadded_s"] += self.unpadded_s
         if self.expected_cpu_s is not None:
@@ -82,10 +88,12 @@ class PadOutcome:
 
 def pad_counters() -> dict[str, float]:
     """The per-model counters of the calls' speed (``/v1/stats`` ``per_model``): ``timed`` calls,
-    ``late`` ones (:class:`PadOutcome`), their CPU and unpadded wall time (``cpu_s``, ``unpadded_s``),
-    and of the paced calls the CPU time taken and expected (``paced_cpu_s``, ``expected_cpu_s``:
-    the run's quota follows their ratio, :func:`testbed.plan.speeds.followed_quota_factor`)."""
-    return {"timed": 0, "late": 0, "cpu_s": 0.0, "unpadded_s": 0.0, "paced_cpu_s": 0.0, "expected_cpu_s": 0.0}
+    ``late`` ones, ``stalled`` ones and what their pads added for stalls (``stall_s``) (:class:`PadOutcome`),
+    their CPU and unpadded wall time (``cpu_s``, ``unpadded_s``), and of the paced calls the CPU
+    time taken and expected (``paced_cpu_s``, ``expected_cpu_s``: the run's quota follows their
+    ratio, :func:`testbed.plan.speeds.followed_quota_factor`)."""
+    return {"timed": 0, "late": 0, "stalled": 0, "stall_s": 0.0, "cpu_s": 0.0, "unpadded_s": 0.0, "paced_cpu_s": 0.0,
+            "expected_cpu_s": 0.0}
 
 
 #: Work whose wall time with its pad exceeds its target time by more than this share is late
@@ -94,8 +102,19 @@ def pad_counters() -> dict[str, float]:
 LATE_TOLERANCE = 0.10
 
 
+#: A paced call's pad is slept in steps of its target / this (at least :data:`PAD_STEP_LEAST_S`),
+#: so that a stall of the cluster's quota during the pad is seen within a tenth of the call (our
+#: choice: a wake-up costs the quota a few tens of us of CPU).
+PAD_STEPS = 10
+#: The shortest step (s) of a paced call's pad (our choice: about 20 wake-ups' latency).
+PAD_STEP_LEAST_S = 0.001
+
+ThrottleState = Callable[[], "tuple[int, int] | None"]
+
+
 def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[float], None] = time.sleep,
-             target_s: float | None = None, throttled: bool = False) -> PadOutcome:
+             target_s: float | None = None, throttles: tuple[object, object] | None = None,
+             state: ThrottleState | None = None, clock: Callable[[], float] = time.perf_counter) -> PadOutcome:
     """Pad a piece of work that took ``cpu_s`` of CPU and ``elapsed_s`` of wall time (s) with a
     sleep, the CPU made 1 + ``cpu_pad`` times slower (a time-dilated cluster below one core, or a
     host faster than the profile, :mod:`testbed.plan.speeds`), and time it.
@@ -111,36 +130,78 @@ def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[fl
     machine's caches, a call after idleness) and wall time beyond its CPU time (the runtime's
     thread hand-offs) are the host's, not the profile's, and are not scaled by k / s.
 
-    A call that the cluster's quota stalled (``throttled``: the group ran out of quota while it
-    ran, :func:`testbed.core.cgroups.throttled_periods`) is charged the model's stall instead
-    (:class:`testbed.model.cpu.CfsQuota`): there a call of t runs at full speed until the quota
-    is spent, a share f of t, waits for the period's end E, then runs the rest, ending at
-    E + (1 - f) t, never before its unthrottled end. A padded call spends its CPU first and
-    sleeps after, so the quota stalls it near its start, until E: the wall time it took,
-    ``elapsed_s``, is the model's E - start, and what the model still runs after E is unknown, as
-    f is. Given the stall, f is taken as uniform over what the stall allows, [0, min(1, elapsed /
-    target)] (our assumption), so the call sleeps ``target_s - min(target_s, elapsed_s) / 2``:
-    half the target past a stall as long as the call, half the stall past the target for a
-    shorter one. Sleeping only to the target, as an unstalled call does, would drop a stall
-    shorter than the pad (tens of ms of emulated time at most, most of the model's).
+    Stalls of the cluster's quota are charged as the model charges them
+    (:class:`testbed.model.cpu.CfsQuota`): a call of t runs at full speed while the quota lasts;
+    when any of the cluster's work spends it, at x, the call waits until the period's end E, and
+    ends at its unthrottled end + E - x. A padded call spends its CPU first and sleeps after, so:
 
-    Work whose padded wall time exceeds its target by more than :data:`LATE_TOLERANCE` is
-    ``late``: it ran slower than the speed asked, because it waited for the CPU (a throttled
-    quota, or a busy host) or because the host ran it slower than its target. With ``cpu_pad`` 0
-    nothing is slept; the work is timed all the same.
+    * ``throttles``, the group's counters (:func:`testbed.core.cgroups.throttle_state`) before
+      and after the call's CPU: a call that began while the quota was spent (only the wait's
+      counter moved) waited from its start to E and sleeps its whole target after; one whose quota
+      ran out while it ran (the periods' counter moved) waited from near its start, where the
+      model has it run a share f of t first, unknown: f taken as uniform over what the stall
+      allows, [0, min(1, elapsed / target)] (our assumption), it sleeps ``target_s -
+      min(target_s, elapsed_s) / 2``;
+    * ``state``, the same counters read through the pad, which is slept in steps of ``target_s``
+      / :data:`PAD_STEPS`: a step that wakes late while the counters moved woke into a stall of
+      the quota (the thread cannot run before E), and the pad is lengthened by that lateness (the
+      stall from the step's end, at most a step after x, to E).
+
+    Sleeping only to the target would drop every stall shorter than the pad (tens of ms of emulated
+    time, most of the model's). Work whose padded wall time exceeds its target by more than
+    :data:`LATE_TOLERANCE` is ``late``: it ran slower than the speed asked, because it waited for
+    the CPU (a throttled quota, or a busy host) or because the host ran it slower than its target.
+    With ``cpu_pad`` 0 nothing is slept; the work is timed all the same.
     """
+    paced = cpu_pad > 0 and target_s is not None
+    began, ran = _cpu_stall(throttles) if paced else (False, False)
     if cpu_pad <= 0:
         pad_s = 0.0
     elif target_s is None:
         pad_s = cpu_pad * cpu_s
-    elif throttled:
+    elif began:
+        pad_s = target_s
+    elif ran:
         pad_s = target_s - min(target_s, elapsed_s) / 2.0
     else:
         pad_s = max(0.0, target_s - elapsed_s)
-    if pad_s > 0:
+    stall_s = 0.0
+    if pad_s > 0 and paced and state is not None:
+        stall_s = _sleep_through_stalls(pad_s, max(PAD_STEP_LEAST_S, target_s / PAD_STEPS), sleep, clock, state,
+                                        throttles[1] if throttles else None)
+    elif pad_s > 0:
         sleep(pad_s)
     target = (1.0 + cpu_pad) * cpu_s if target_s is None else target_s
-    return PadOutcome(cpu_s, elapsed_s, elapsed_s + pad_s > (1.0 + LATE_TOLERANCE) * target)
+    return PadOutcome(cpu_s, elapsed_s, elapsed_s + pad_s + stall_s > (1.0 + LATE_TOLERANCE) * target,
+                      stalled=began or ran or stall_s > 0, stall_s=stall_s)
+
+
+def _cpu_stall(throttles: tuple[object, object] | None) -> tuple[bool, bool]:
+    """(the call began in a stall, the quota ran out while it ran), from the throttle counters
+    before and after its CPU (:func:`pad_work`)."""
+    if throttles is None or throttles[0] is None or throttles[1] is None:
+        return False, False
+    (n0, w0), (n1, w1) = throttles  # type: ignore[misc]
+    return n1 == n0 and w1 != w0, n1 != n0
+
+
+def _sleep_through_stalls(pad_s: float, step_s: float, sleep: Callable[[float], None], clock: Callable[[], float],
+                          state: ThrottleState, last: object) -> float:
+    """Sleep ``pad_s`` in steps of ``step_s``; a step that wakes late while the throttle counters
+    (``state()``, last read ``last``) moved lengthens the pad by its lateness. Returns what it
+    added (s)."""
+    added = 0.0
+    deadline = clock() + pad_s
+    while (now := clock()) < deadline:
+        step = min(step_s, deadline - now)
+        sleep(step)
+        late = clock() - now - step
+        seen = state()
+        if late > 0 and seen is not None and last is not None and seen != last:
+            deadline += late
+            added += late
+        last = seen
+    return added
 
 
 @dataclass(frozen=True)
@@ -219,9 +280,10 @@ class Scheduler:
             its target, cold (the model's rule, :func:`testbed.model.cpu.call_is_cold`, on this
             server's calls) or warm, and is late when it took longer (:func:`pad_work`); absent:
             the pad x its CPU time, and only its waits count.
-        throttles: reads how many periods the cluster's CFS quota has run out in so far
-            (:func:`testbed.core.cgroups.throttled_periods`; None: unknown): a paced call during
-            which it counts up was stalled by the quota (:func:`pad_work`); None: no call is.
+        throttles: reads the throttling counters of the cluster's CFS quota
+            (:func:`testbed.core.cgroups.throttle_state`), around each paced call's CPU and
+            through its pad, which charge the quota's stalls as the model does (:func:`pad_work`);
+            None: no stall is charged beyond the call's own wait.
 
     Raises:
         ValueError: a bad setting (names it).
@@ -232,7 +294,7 @@ class Scheduler:
                  service_ms: dict[str, float] | None = None,
                  clock_ns: Callable[[], int] = time.time_ns, cpu_pad: float = 0.0,
                  paces: dict[str, CallPace] | None = None, seed: int = 0,
-                 throttles: Callable[[], int | None] | None = None):
+                 throttles: ThrottleState | None = None):
         service_ms = dict(service_ms or {})
         if admission:
             missing = [m for m in models if not service_ms.get(m, 0) > 0]
@@ -339,8 +401,8 @@ class Scheduler:
         pace = self.paces.get(model) if x.shape[0] == 1 else None
         draw = pace.draw(self._rng) if pace is not None else 1.0
         target_s = pace.target_s(cold, draw) if pace is not None else None
-        stalls = self.throttles if target_s is not None and self.cpu_pad > 0 else None
-        n0 = stalls() if stalls is not None else None
+        state = self.throttles if target_s is not None and self.cpu_pad > 0 else None
+        s0 = state() if state is not None else None
         cpu0 = cpu_clock()
         result, error = None, None
         try:
@@ -348,9 +410,9 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
             error = f"{type(exc).__name__}: {exc}"
         cpu_s, elapsed_s = cpu_clock() - cpu0, time.perf_counter() - wall0
-        n1 = stalls() if n0 is not None and stalls is not None else None
+        s1 = state() if state is not None else None
         pad = pad_work(self.cpu_pad, cpu_s, elapsed_s, target_s=target_s,
-                       throttled=n0 is not None and n1 is not None and n1 > n0)
+                       throttles=(s0, s1) if state is not None else None, state=state)
         if pace is not None:
             pad = replace(pad, expected_cpu_s=pace.expected_cpu_s(cold, draw))
         with self._pace_lock:

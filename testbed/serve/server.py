@@ -85,7 +85,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from testbed.core.cgroups import throttled_periods
+from testbed.core.cgroups import throttle_state
 from testbed.core.errors import EXIT_INTEGRITY, TestbedError
 from testbed.core.util import hold_loop, write_json_atomic
 from testbed.plan import zoo
@@ -122,10 +122,19 @@ def _paces(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, CallPace]
             for m, ms in speed.models.items() if cfg.speed.paced(m)}
 
 
-def _throttles(cfg: ServerConfig) -> Callable[[], int | None] | None:
+def _throttles(cfg: ServerConfig) -> Callable[[], tuple[int, int] | None] | None:
     """How the scheduler reads the cluster's quota running out (:class:`Scheduler` ``throttles``):
-    the count of ``cfg.cpu_stat_file``; None without one."""
-    return partial(throttled_periods, Path(cfg.cpu_stat_file)) if cfg.cpu_stat_file else None
+    the counters of ``cfg.cpu_stat_file``; None without one.
+
+    Raises:
+        ValueError: the file is set but its counters cannot be read (names it).
+    """
+    if not cfg.cpu_stat_file:
+        return None
+    read = partial(throttle_state, Path(cfg.cpu_stat_file))
+    if read() is None:
+        raise ValueError(f"cannot read the throttling counters of {cfg.cpu_stat_file!r} (cpu_stat_file)")
+    return read
 
 
 def _handling_expected(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, tuple[float, float]]:
@@ -149,7 +158,7 @@ class InferenceServer:
                  service_ms: dict[str, float] | None = None, cpu_pad: float = 0.0,
                  paces: dict[str, CallPace] | None = None, seed: int = 0,
                  handling_expected: dict[str, tuple[float, float]] | None = None,
-                 throttles: Callable[[], int | None] | None = None):
+                 throttles: Callable[[], tuple[int, int] | None] | None = None):
         """``models``: name -> loaded variant (``predict``, ``input_shape``, ``classes``, ``info``, ``runtime``).
         ``cpu_pad``: each request's handling (and each model call, :class:`Scheduler`) is followed
         by a sleep of ``cpu_pad`` x its CPU time (a time-dilated cluster below one core).
@@ -573,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, stop_loading)
     try:
         cfg = read_config(argv[0], ServerConfig)
+        throttles = _throttles(cfg)
         models = load_models(cfg)
         answers = {n: check_answers(cfg.zoo_dir, n, m, zoo.load_manifest(cfg.zoo_dir)) for n, m in models.items()}
         warmup = warm_up(cfg, models)
@@ -602,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                              max_queue_delay_ms=cfg.max_queue_delay_ms, service_ms=cfg.mean_service_ms,
                              cpu_pad=speed.cpu_pad if speed else cfg.cpu_pad,
                              paces=_paces(cfg, speed), seed=zlib.crc32(cfg.cluster.encode()),
-                             handling_expected=_handling_expected(cfg, speed), throttles=_throttles(cfg))
+                             handling_expected=_handling_expected(cfg, speed), throttles=throttles)
     if early_stop:
         if cfg.stats_file:
             write_json_atomic(cfg.stats_file, server.snapshot())
