@@ -163,12 +163,13 @@ def test_a_server_in_a_mininet_namespace_reads_its_groups_throttle_counters_as_t
     """A Mininet host's namespace mounts a /sys of its own, without the cgroup hierarchy: the
     group's cpu.stat is given to its server through this process's /proc/<pid>/root
     (cgroups.cpu_stat_file), which a process in such a namespace can read; the counters
-    (cgroups.throttle_state) move when work in the group runs out of its quota."""
+    (cgroups.ThrottleCounters, one open file read again) move when work in the group runs out of its quota."""
     dirs = cgroups.create_limited_group(f"testbed-test-throttle-{os.getpid()}", 0.02, 256)
     try:
         stat = cgroups.cpu_stat_file(dirs)
         assert stat is not None and str(stat).startswith(f"/proc/{os.getpid()}/root/")
-        before = cgroups.throttle_state(stat)
+        counters = cgroups.ThrottleCounters(stat)
+        before = counters()
         assert before is not None
         ns = subprocess.run(["unshare", "-n", "-m", "sh", "-c", "mount --make-rprivate / && umount -l /sys && "
                              f"mount -t sysfs sysfs /sys && ! test -e /sys/fs/cgroup/cpu && cat {stat}"],
@@ -178,7 +179,8 @@ def test_a_server_in_a_mininet_namespace_reads_its_groups_throttle_counters_as_t
         burn = subprocess.Popen([sys.executable, "-c", spin])
         cgroups.add_process(dirs, burn.pid)
         burn.wait(timeout=60)
-        after = cgroups.throttle_state(stat)
+        after = counters()
+        counters.close()
         assert after is not None and after[0] > before[0] and after[1] > before[1]
     finally:
         _remove(dirs)

@@ -238,19 +238,34 @@ def cpu_stat_file(dirs: list[Path]) -> Path | None:
     return None if stat is None else Path(f"/proc/{os.getpid()}/root") / stat.relative_to(stat.anchor)
 
 
-def throttle_state(stat_file: Path) -> tuple[int, int] | None:
-    """The throttling counters of the group of ``stat_file`` (its ``cpu.stat``): how many CFS
-    periods it has run out of quota in so far (``nr_throttled``) and how long it has waited for
-    its periods' ends (``throttled_time`` ns on v1, ``throttled_usec`` us on v2), as the kernel
-    counts them (Linux Documentation/scheduler/sched-bwc.rst): the first counts up when the quota
-    runs out, the second when the wait ends. None when the file cannot be read. One small read: a
-    server calls it around each paced model call and through its pad."""
-    kv = _flat_keyed(Path(stat_file))
-    try:
-        return (int(kv["nr_throttled"]), int(kv.get("throttled_time", kv.get("throttled_usec", 0)))) \
-            if kv is not None else None
-    except (KeyError, ValueError):
-        return None
+class ThrottleCounters:
+    """The throttling counters of one group, read again and again from one open ``cpu.stat``
+    (``pread`` at offset 0 makes the kernel write the file anew; a few us against a path's
+    lookup's tens to hundreds): how many CFS periods the group has run out of quota in so far
+    (``nr_throttled``) and how long it has waited for its periods' ends (``throttled_time`` ns on
+    v1, ``throttled_usec`` us on v2), as the kernel counts them (Linux
+    Documentation/scheduler/sched-bwc.rst): the first counts up when the quota runs out, the
+    second when the wait ends. A server calls it around each paced model call and through its pad.
+
+    Raises:
+        OSError: ``stat_file`` cannot be opened.
+    """
+
+    def __init__(self, stat_file: Path) -> None:
+        self.fd = os.open(stat_file, os.O_RDONLY | os.O_CLOEXEC)
+
+    def __call__(self) -> tuple[int, int] | None:
+        """(nr_throttled, the wait's counter); None when the file cannot be read or lacks them."""
+        try:
+            kv = dict(line.split() for line in os.pread(self.fd, 4096, 0).decode().splitlines()
+                      if len(line.split()) == 2)
+            return int(kv["nr_throttled"]), int(kv.get("throttled_time", kv.get("throttled_usec", 0)))
+        except (OSError, KeyError, ValueError, UnicodeDecodeError):
+            return None
+
+    def close(self) -> None:
+        """Close the file."""
+        os.close(self.fd)
 
 
 def oom_kills(dirs: list[Path]) -> int | None:

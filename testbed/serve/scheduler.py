@@ -135,7 +135,7 @@ def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[fl
     when any of the cluster's work spends it, at x, the call waits until the period's end E, and
     ends at its unthrottled end + E - x. A padded call spends its CPU first and sleeps after, so:
 
-    * ``throttles``, the group's counters (:func:`testbed.core.cgroups.throttle_state`) before
+    * ``throttles``, the group's counters (:class:`testbed.core.cgroups.ThrottleCounters`) before
       and after the call's CPU: a call that began while the quota was spent (only the wait's
       counter moved) waited from its start to E and sleeps its whole target after; one whose quota
       ran out while it ran (the periods' counter moved) waited from near its start, where the
@@ -281,7 +281,7 @@ class Scheduler:
             server's calls) or warm, and is late when it took longer (:func:`pad_work`); absent:
             the pad x its CPU time, and only its waits count.
         throttles: reads the throttling counters of the cluster's CFS quota
-            (:func:`testbed.core.cgroups.throttle_state`), around each paced call's CPU and
+            (:class:`testbed.core.cgroups.ThrottleCounters`), around each paced call's CPU and
             through its pad, which charge the quota's stalls as the model does (:func:`pad_work`);
             None: no stall is charged beyond the call's own wait.
 

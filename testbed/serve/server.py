@@ -78,14 +78,13 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
-from testbed.core.cgroups import throttle_state
+from testbed.core.cgroups import ThrottleCounters
 from testbed.core.errors import EXIT_INTEGRITY, TestbedError
 from testbed.core.util import hold_loop, write_json_atomic
 from testbed.plan import zoo
@@ -122,7 +121,7 @@ def _paces(cfg: ServerConfig, speed: ClusterSpeed | None) -> dict[str, CallPace]
             for m, ms in speed.models.items() if cfg.speed.paced(m)}
 
 
-def _throttles(cfg: ServerConfig) -> Callable[[], tuple[int, int] | None] | None:
+def _throttles(cfg: ServerConfig) -> ThrottleCounters | None:
     """How the scheduler reads the cluster's quota running out (:class:`Scheduler` ``throttles``):
     the counters of ``cfg.cpu_stat_file``; None without one.
 
@@ -131,7 +130,10 @@ def _throttles(cfg: ServerConfig) -> Callable[[], tuple[int, int] | None] | None
     """
     if not cfg.cpu_stat_file:
         return None
-    read = partial(throttle_state, Path(cfg.cpu_stat_file))
+    try:
+        read = ThrottleCounters(Path(cfg.cpu_stat_file))
+    except OSError as exc:
+        raise ValueError(f"cannot open {cfg.cpu_stat_file!r} (cpu_stat_file): {exc}") from exc
     if read() is None:
         raise ValueError(f"cannot read the throttling counters of {cfg.cpu_stat_file!r} (cpu_stat_file)")
     return read
