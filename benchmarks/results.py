@@ -24,7 +24,7 @@ PAGE = REPO / "docs" / "results.md"
 
 #: The page's order: these sections first, in this order; any other source file after them, by name.
 ORDER = ("default-run", "newcomer", "dilation-validation-quiet", "dilation-validation-quiet-probes",
-         "dilation-validation-busy", "dilation-ceiling",
+         "dilation-validation-quiet-stalls", "dilation-validation-busy", "dilation-ceiling",
          "speed-calibration", "compare",
          "aset-test-set-1-12", "aset-specialize-cost", "aset-gate-margin", "aset-plan-restarts",
          "aset-real-packets", "scale",
