@@ -216,16 +216,20 @@ def cpu_stat(dirs: list[Path]) -> dict[str, float]:
         kv = _flat_keyed(d / "cpu.stat")
         if kv is None or "nr_periods" not in kv:
             continue
-        if "throttled_time" in kv:  # v1, ns
-            throttled = int(kv["throttled_time"]) / 1e9
-        else:  # v2, us
-            throttled = int(kv.get("throttled_usec", 0)) / 1e6
         out = {"periods": int(kv["nr_periods"]), "throttled_periods": int(kv.get("nr_throttled", 0)),
-               "throttled_s": throttled}
+               "throttled_s": _throttled_s(kv)}
         if "usage_usec" in kv:
             out["usage_s"] = int(kv["usage_usec"]) / 1e6
         return out
     return {}
+
+
+def _throttled_s(kv: dict[str, str]) -> float:
+    """The time (s) a group's threads waited for their periods' ends, from its ``cpu.stat``
+    (v1: ``throttled_time`` ns; v2: ``throttled_usec``)."""
+    if "throttled_time" in kv:  # v1, ns
+        return int(kv["throttled_time"]) / 1e9
+    return int(kv.get("throttled_usec", 0)) / 1e6
 
 
 def cpu_stat_file(dirs: list[Path]) -> Path | None:
@@ -242,8 +246,8 @@ class ThrottleCounters:
     """The throttling counters of one group, read again and again from one open ``cpu.stat``
     (``pread`` at offset 0 makes the kernel write the file anew; a few us against a path's
     lookup's tens to hundreds): how many CFS periods the group has run out of quota in so far
-    (``nr_throttled``) and how long it has waited for its periods' ends (``throttled_time`` ns on
-    v1, ``throttled_usec`` us on v2), as the kernel counts them (Linux
+    (``nr_throttled``) and how long (s) it has waited for its periods' ends (:func:`cpu_stat`'s
+    ``throttled_s``), as the kernel counts them (Linux
     Documentation/scheduler/sched-bwc.rst): the first counts up when the quota runs out, the
     second when the wait ends. A server calls it around each paced model call and through its pad.
 
@@ -254,12 +258,11 @@ class ThrottleCounters:
     def __init__(self, stat_file: Path) -> None:
         self.fd = os.open(stat_file, os.O_RDONLY | os.O_CLOEXEC)
 
-    def __call__(self) -> tuple[int, int] | None:
-        """(nr_throttled, the wait's counter); None when the file cannot be read or lacks them."""
+    def __call__(self) -> tuple[int, float] | None:
+        """(nr_throttled, the wait in s); None when the file cannot be read or lacks them."""
         try:
-            kv = dict(line.split() for line in os.pread(self.fd, 4096, 0).decode().splitlines()
-                      if len(line.split()) == 2)
-            return int(kv["nr_throttled"]), int(kv.get("throttled_time", kv.get("throttled_usec", 0)))
+            kv = _flat_keyed_text(os.pread(self.fd, 4096, 0).decode())
+            return int(kv["nr_throttled"]), _throttled_s(kv)
         except (OSError, KeyError, ValueError, UnicodeDecodeError):
             return None
 
@@ -284,9 +287,14 @@ def _flat_keyed(path: Path) -> dict[str, str] | None:
     """A cgroup file of ``key value`` lines (cgroup-v2.rst, "flat keyed") as a dict; None when it
     cannot be read (the group is gone, or the controller has no such file)."""
     try:
-        return dict(line.split() for line in path.read_text().splitlines() if len(line.split()) == 2)
+        return _flat_keyed_text(path.read_text())
     except OSError:
         return None
+
+
+def _flat_keyed_text(text: str) -> dict[str, str]:
+    """The ``key value`` lines of a flat-keyed cgroup file's ``text`` as a dict."""
+    return dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
 
 
 def thread_groups(dirs: list[Path]) -> list[Path]:

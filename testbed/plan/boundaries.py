@@ -60,7 +60,7 @@ class ServerConfig(_Boundary):
     (:func:`testbed.plan.dilation.nested_cpu` says why); 0 otherwise. ``speed``: the speed check
     the server makes at start-up and the scale it applies (:mod:`testbed.plan.speeds`; its pad
     then replaces ``cpu_pad``); None (a server outside a run): none. ``cpu_stat_file``: the
-    ``cpu.stat`` of the cgroup the server runs in, whose throttling count tells a paced call the
+    ``cpu.stat`` of the cgroup the server runs in, whose throttling counters tell a paced call the
     quota stalled (:func:`testbed.serve.scheduler.pad_work`); None: none is told.
     """
 

@@ -109,11 +109,14 @@ PAD_STEPS = 10
 #: The shortest step (s) of a paced call's pad (our choice: about 20 wake-ups' latency).
 PAD_STEP_LEAST_S = 0.001
 
-ThrottleState = Callable[[], "tuple[int, int] | None"]
+#: A group's throttling counters (:class:`testbed.core.cgroups.ThrottleCounters`), None: unread.
+Counters = tuple[int, float] | None
+#: What reads them.
+ThrottleState = Callable[[], Counters]
 
 
 def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[float], None] = time.sleep,
-             target_s: float | None = None, throttles: tuple[object, object] | None = None,
+             target_s: float | None = None, throttles: tuple[Counters, Counters] | None = None,
              state: ThrottleState | None = None, clock: Callable[[], float] = time.perf_counter) -> PadOutcome:
     """Pad a piece of work that took ``cpu_s`` of CPU and ``elapsed_s`` of wall time (s) with a
     sleep, the CPU made 1 + ``cpu_pad`` times slower (a time-dilated cluster below one core, or a
@@ -176,17 +179,17 @@ def pad_work(cpu_pad: float, cpu_s: float, elapsed_s: float, sleep: Callable[[fl
                       stalled=began or ran or stall_s > 0, stall_s=stall_s)
 
 
-def _cpu_stall(throttles: tuple[object, object] | None) -> tuple[bool, bool]:
+def _cpu_stall(throttles: tuple[Counters, Counters] | None) -> tuple[bool, bool]:
     """(the call began in a stall, the quota ran out while it ran), from the throttle counters
     before and after its CPU (:func:`pad_work`)."""
-    if throttles is None or throttles[0] is None or throttles[1] is None:
+    before, after = throttles or (None, None)
+    if before is None or after is None:
         return False, False
-    (n0, w0), (n1, w1) = throttles  # type: ignore[misc]
-    return n1 == n0 and w1 != w0, n1 != n0
+    return before[0] == after[0] and before[1] != after[1], before[0] != after[0]
 
 
 def _sleep_through_stalls(pad_s: float, step_s: float, sleep: Callable[[float], None], clock: Callable[[], float],
-                          state: ThrottleState, last: object) -> float:
+                          state: ThrottleState, last: Counters) -> float:
     """Sleep ``pad_s`` in steps of ``step_s``; a step that wakes late while the throttle counters
     (``state()``, last read ``last``) moved lengthens the pad by its lateness. Returns what it
     added (s)."""

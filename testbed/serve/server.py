@@ -77,7 +77,6 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +98,7 @@ from testbed.serve.payload import (
     parse_predict_body,
     predict_response,
 )
-from testbed.serve.scheduler import CallPace, Job, Scheduler
+from testbed.serve.scheduler import CallPace, Job, Scheduler, ThrottleState
 from testbed.serve.speed import measure as measure_speed
 
 #: Largest request body [bytes] (one 32x32 image as JSON is ~5-10 kB).
@@ -160,7 +159,7 @@ class InferenceServer:
                  service_ms: dict[str, float] | None = None, cpu_pad: float = 0.0,
                  paces: dict[str, CallPace] | None = None, seed: int = 0,
                  handling_expected: dict[str, tuple[float, float]] | None = None,
-                 throttles: Callable[[], tuple[int, int] | None] | None = None):
+                 throttles: ThrottleState | None = None):
         """``models``: name -> loaded variant (``predict``, ``input_shape``, ``classes``, ``info``, ``runtime``).
         ``cpu_pad``: each request's handling (and each model call, :class:`Scheduler`) is followed
         by a sleep of ``cpu_pad`` x its CPU time (a time-dilated cluster below one core).
